@@ -5,6 +5,7 @@ Tree::
     HearthNetError                      anything HearthNet raises on purpose
     ├── WireError                       has a wire code (spec §2.4) and an HTTP status
     │   ├── BadRequest                  bad_request        400
+    │   │   └── WrongFrameType          binary frame on a JSON subprotocol (or text on CBOR)
     │   ├── SchemaMismatch              schema_mismatch    400
     │   ├── PayloadTooLarge             payload_too_large  413
     │   ├── InvalidSignature            invalid_signature  401
@@ -91,6 +92,10 @@ class BadRequest(WireError):
 
     code = "bad_request"
     http_status = 400
+
+
+class WrongFrameType(BadRequest):
+    """A binary WebSocket frame on a JSON subprotocol, or text on CBOR (close 1003)."""
 
 
 class SchemaMismatch(WireError):

@@ -1,0 +1,211 @@
+"""Authentication of calls, requests and sessions (spec §1.4, §1.6, §2.2).
+
+Pure: the caller passes the time; state is the membership view and the replay cache.
+Every refusal is reported to ``on_failure(reason)`` (the node counts them in
+``hearthnet_signature_failures_total{reason}``) and raised as a :class:`WireError`.
+
+Order of checks for a signed object, cheapest refusal first:
+membership of ``from`` (unauthorized/revoked) → community → clock window (expired) →
+signature (invalid_signature) → replay cache (replayed). The replay cache is only
+written after the signature verified, so unsigned junk cannot poison it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hearthnet.bus.envelope import CallEnvelope, VerifiedCall, request_envelope
+from hearthnet.caller import Caller
+from hearthnet.community import Level, Membership
+from hearthnet.errors import (
+    BadRequest,
+    Expired,
+    InvalidSignature,
+    Replayed,
+    Revoked,
+    Unauthorized,
+    WireError,
+)
+from hearthnet.identity import verify_object
+from hearthnet.ids import is_node_id, is_ulid
+from hearthnet.replay import ReplayCache
+from hearthnet.tokens import CapabilityToken
+
+
+class Authenticator:
+    """Turns credentials into a :class:`Caller`, or refuses with the right wire code."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        membership: Membership,
+        replay: ReplayCache,
+        clock_window_ms: int = 60_000,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.membership = membership
+        self.replay = replay
+        self.clock_window_ms = clock_window_ms
+        self._on_failure = on_failure or (lambda reason: None)
+
+    @property
+    def community_id(self) -> str:
+        """The community this node belongs to."""
+        return self.membership.community_id
+
+    def _refuse(self, reason: str, error: WireError) -> WireError:
+        self._on_failure(reason)
+        return error
+
+    def caller_for_identity(self, identity: str) -> Caller:
+        """The caller for a member key (node or device), checking membership."""
+        if self.membership.is_revoked(identity):
+            raise self._refuse("revoked", Revoked("identity revoked"))
+        level = self.membership.level_of(identity)
+        if level is None:
+            raise self._refuse("not_member", Unauthorized("not a member of this community"))
+        info = self.membership.members[identity]
+        kind = "device" if info.role == "device" else "node"
+        return Caller(identity, kind, level, None, identity == self.node_id)
+
+    def caller_for_token(self, text: object, now_ms: int) -> Caller:
+        """The caller for a capability token; checks signature, community, expiry, issuer."""
+        try:
+            token = CapabilityToken.decode(text)
+        except InvalidSignature as exc:
+            raise self._refuse("bad_token", exc) from None
+        if token.community != self.community_id:
+            raise self._refuse("wrong_community", Unauthorized("token is for another community"))
+        if token.exp_ms <= now_ms:
+            raise self._refuse("token_expired", Expired("token expired"))
+        if self.membership.is_revoked(token.iss):
+            raise self._refuse("revoked", Revoked("token issuer revoked"))
+        if self.membership.is_token_revoked(token.iss, token.jti):
+            raise self._refuse("revoked", Revoked("token revoked"))
+        level = self.membership.level_of(token.iss)
+        if level is None:
+            raise self._refuse("not_member", Unauthorized("token issuer is not a member"))
+        return Caller(token.identity, "token", level, token, False)
+
+    def _check_signed(
+        self, obj: dict[str, Any], *, sender: str, community: str, ts: int, request_id: str,
+        signature: object, now_ms: int,
+    ) -> Caller:
+        caller = self.caller_for_identity(sender)
+        if community != self.community_id:
+            raise self._refuse("wrong_community", Unauthorized("request is for another community"))
+        if abs(now_ms - ts) > self.clock_window_ms:
+            raise self._refuse(
+                "expired", Expired(f"timestamp is {abs(now_ms - ts)} ms from this node's clock")
+            )
+        try:
+            verify_object(sender, obj, signature)
+        except InvalidSignature as exc:
+            raise self._refuse("bad_signature", exc) from None
+        try:
+            self.replay.check_and_add(sender, request_id, now_ms)
+        except Replayed as exc:
+            raise self._refuse("replayed", exc) from None
+        return caller
+
+    def authenticate_call(
+        self,
+        envelope_obj: object,
+        *,
+        signature: object,
+        token: object,
+        now_ms: int,
+        target: str | None = None,
+        deadline_ms: int | None = None,
+    ) -> VerifiedCall:
+        """Verify a call envelope signed by ``from``, or carried by a token.
+
+        Raises:
+            BadRequest: malformed envelope or both/neither credential.
+            WireError: the code of spec §2.4 for the refusal.
+        """
+        envelope = CallEnvelope.from_json(envelope_obj)
+        if (signature is None) == (token is None):
+            raise BadRequest("a call carries exactly one of signature and token")
+        if token is not None:
+            caller = self.caller_for_token(token, now_ms)
+            if envelope.community != self.community_id:
+                raise self._refuse("wrong_community", Unauthorized("call is for another community"))
+            return VerifiedCall(envelope, caller, None, str(token), target, deadline_ms)
+        if envelope.sender is None:
+            raise BadRequest("a signed call names its sender in from")
+        assert isinstance(envelope_obj, dict)  # checked by from_json
+        caller = self._check_signed(
+            envelope_obj, sender=envelope.sender, community=envelope.community, ts=envelope.ts,
+            request_id=envelope.request_id, signature=signature, now_ms=now_ms,
+        )
+        return VerifiedCall(envelope, caller, str(signature), None, target, deadline_ms)
+
+    def authenticate_request(
+        self,
+        *,
+        method: str,
+        path: str,
+        body: Any,
+        request_id: object,
+        sender: object,
+        community: object,
+        ts: object,
+        signature: object,
+        token: object,
+        now_ms: int,
+    ) -> Caller:
+        """Verify a signed non-call HTTP request (request envelope of spec §2.2) or a token."""
+        if token is not None:
+            return self.caller_for_token(token, now_ms)
+        if signature is None:
+            raise self._refuse("missing", Unauthorized("signed headers or a token are required"))
+        if not is_node_id(sender) or not is_node_id(community):
+            raise BadRequest("X-HearthNet-From and X-HearthNet-Community must be NodeIDs")
+        if not is_ulid(request_id):
+            raise BadRequest("X-HearthNet-Request-Id must be a ULID")
+        if not isinstance(ts, int):
+            raise BadRequest("X-HearthNet-Timestamp must be integer Unix milliseconds")
+        assert isinstance(sender, str) and isinstance(community, str) and isinstance(request_id, str)
+        envelope = request_envelope(
+            method=method, path=path, body=body, request_id=request_id, sender=sender,
+            community=community, ts=ts,
+        )
+        return self._check_signed(
+            envelope, sender=sender, community=community, ts=ts, request_id=request_id,
+            signature=signature, now_ms=now_ms,
+        )
+
+    def authenticate_session(self, frame: dict[str, Any], now_ms: int) -> Caller:
+        """Verify a WebSocket ``auth`` frame (spec §2.2): a token, or an identity proof.
+
+        The identity proof signs ``{identity, ts, nonce, node: <this node>}``;
+        ``nonce_seen`` reports (and records) whether the nonce was used before.
+        """
+        if "token" in frame:
+            return self.caller_for_token(frame["token"], now_ms)
+        identity, ts, nonce, sig = (frame.get(k) for k in ("identity", "ts", "nonce", "sig"))
+        if not is_node_id(identity) or not isinstance(ts, int) or not isinstance(nonce, str) \
+                or not 8 <= len(nonce) <= 128:
+            raise BadRequest("auth needs token, or identity, ts, nonce (8..128 chars) and sig")
+        assert isinstance(identity, str)
+        caller = self.caller_for_identity(identity)
+        if abs(now_ms - ts) > self.clock_window_ms:
+            raise self._refuse("expired", Expired("auth timestamp outside the window"))
+        proof = {"identity": identity, "ts": ts, "nonce": nonce, "node": self.node_id}
+        try:
+            verify_object(identity, proof, sig)
+        except InvalidSignature as exc:
+            raise self._refuse("bad_signature", exc) from None
+        try:
+            self.replay.check_and_add(identity, "auth:" + nonce, now_ms)
+        except Replayed as exc:
+            raise self._refuse("replayed", exc) from None
+        return caller
+
+    def level_of(self, identity: str) -> Level | None:
+        """Membership level of a NodeID (None for non-members)."""
+        return self.membership.level_of(identity)

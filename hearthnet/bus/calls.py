@@ -1,0 +1,198 @@
+"""Running a verified call: routing, authorisation, limits, deadline, exactly one end.
+
+:meth:`Bus.open` does every check that can refuse a call *before* anything is sent,
+so HTTP can still answer with a status code; :meth:`CallHandle.drive` then runs the
+provider and guarantees the stream ends with exactly one ``done`` or ``error``
+(spec §2.4), whatever the handler does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hearthnet.bus.capability import CallContext
+from hearthnet.bus.descriptor import CapabilityDescriptor
+from hearthnet.bus.envelope import VerifiedCall
+from hearthnet.bus.routing import Provider, Router
+from hearthnet.config import BusSection, LimitsSection
+from hearthnet.errors import (
+    DeadlineExceeded,
+    InternalError,
+    Unauthorized,
+    WireError,
+    error_from_wire,
+)
+from hearthnet.frames import Frame
+from hearthnet.metrics import Counter, Histogram, MetricsRegistry
+from hearthnet.ratelimit import RateLimiter
+
+log = logging.getLogger("hearthnet.bus")
+
+Emit = Callable[[Frame], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class BusMetrics:
+    """The bus's series in ``/metrics`` (spec §9)."""
+
+    calls: Counter
+    duration: Histogram
+    rate_limited: Counter
+    streams_active: int = 0
+
+    @classmethod
+    def register(cls, registry: MetricsRegistry) -> BusMetrics:
+        """Create the series on ``registry``."""
+        metrics = cls(
+            calls=registry.counter("hearthnet_calls_total", "Capability calls by result.",
+                                   ("capability", "result")),
+            duration=registry.histogram("hearthnet_call_duration_seconds",
+                                        "Capability call duration, open to end."),
+            rate_limited=registry.counter("hearthnet_rate_limited_total",
+                                          "Requests refused by a rate limit.", ("kind",)),
+        )
+        registry.gauge("hearthnet_streams_active", "Streams currently running.",
+                       lambda: float(metrics.streams_active))
+        return metrics
+
+
+class Bus:
+    """The capability bus of one node."""
+
+    def __init__(self, *, node_id: str, router: Router, limits: LimitsSection, bus: BusSection,
+                 metrics: BusMetrics) -> None:
+        self.node_id = node_id
+        self.router = router
+        self.max_deadline_s = bus.max_deadline_s
+        self.metrics = metrics
+        self._per_capability = RateLimiter(limits.calls_per_s_per_capability,
+                                           max_keys=limits.rate_limit_callers_max)
+        self._total = RateLimiter(limits.calls_per_s_total, max_keys=limits.rate_limit_callers_max)
+
+    def open(self, call: VerifiedCall, *, inline_tools: bool) -> CallHandle:
+        """Check and admit a call; the returned handle holds a concurrency slot.
+
+        Raises (each counted in ``hearthnet_calls_total``):
+            NotFound / Unavailable: no provider (or the pinned target is unreachable).
+            Unauthorized: level too low or token scope does not cover the capability.
+            RateLimited: over the caller's budget.
+            SchemaMismatch: the input fails the request schema.
+            CapacityExceeded: the provider is at ``max_concurrent``.
+        """
+        name = call.capability
+        try:
+            provider, desc = self.router.choose(name, call.version, call.target, time.monotonic())
+            if not call.caller.may_call(name, desc.version, desc.min_level):
+                raise Unauthorized(f"caller may not call {name}@{call.version}")
+            if call.caller.rate_limited:
+                now = time.monotonic()
+                try:
+                    self._total.check(call.caller.identity, now)
+                    self._per_capability.check((call.caller.identity, name), now)
+                except WireError:
+                    self.metrics.rate_limited.inc("call")
+                    raise
+            desc.validate_input(call.envelope.input)
+            provider.acquire(desc)
+        except WireError as exc:
+            self.metrics.calls.inc(name, exc.code)
+            raise
+        deadline_s = desc.timeout_s
+        if call.deadline_ms is not None:
+            deadline_s = min(call.deadline_ms / 1000, self.max_deadline_s)
+        ctx = CallContext(call, node_id=self.node_id, deadline=time.monotonic() + deadline_s,
+                          inline_tools=inline_tools)
+        return CallHandle(self, call, provider, desc, ctx)
+
+
+class CallHandle:
+    """One admitted call. Run it once with :meth:`drive` or :meth:`result`; or
+    :meth:`close` it unused (the slot is given back either way)."""
+
+    def __init__(self, bus: Bus, call: VerifiedCall, provider: Provider,
+                 descriptor: CapabilityDescriptor, ctx: CallContext) -> None:
+        self.bus = bus
+        self.call = call
+        self.provider = provider
+        self.descriptor = descriptor
+        self.ctx = ctx
+        self.started = time.monotonic()
+        self._closed = False
+
+    def close(self, result: str = "unused") -> None:
+        """Release the slot and record the outcome (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.provider.release(self.descriptor)
+        elapsed = time.monotonic() - self.started
+        metrics = self.bus.metrics
+        metrics.calls.inc(self.call.capability, result)
+        metrics.duration.observe(elapsed)
+        self.bus.router.record(self.provider, result in ("ok", "cancelled"), elapsed, time.monotonic())
+
+    async def drive(self, emit: Emit) -> Frame:
+        """Run the call, passing every non-terminal frame to ``emit``; return the one
+        terminal frame (``done`` or ``error``) for the transport to send last.
+
+        ``emit`` may block (flow control) and may raise a :class:`WireError` (an ack
+        timeout, for instance), which ends the call with that error. Cancelling the task
+        that runs ``drive`` cancels the handler (its cleanup runs) and propagates; the
+        transport then sends ``error{cancelled}``.
+        """
+        metrics = self.bus.metrics
+        metrics.streams_active += 1
+        result = "cancelled"
+        try:
+            terminal = await self._run(emit)
+            result = "ok" if terminal.event == "done" else str(terminal.data.get("code", "error"))
+            return terminal
+        finally:
+            metrics.streams_active -= 1
+            self.close(result)
+
+    async def _run(self, emit: Emit) -> Frame:
+        try:
+            async with asyncio.timeout(self.ctx.remaining_s()):
+                frames = self.provider.run(self.call, self.ctx, self.descriptor)
+                try:
+                    async for frame in frames:
+                        if frame.terminal:
+                            return frame
+                        await emit(frame)
+                finally:
+                    await frames.aclose()  # type: ignore[attr-defined]
+            return Frame("done", {"ms": int((time.monotonic() - self.started) * 1000)})
+        except TimeoutError:
+            error: WireError = DeadlineExceeded("the call's deadline passed")
+        except WireError as exc:
+            error = exc
+        except Exception:
+            log.exception("capability %s failed", self.descriptor.key,
+                          extra={"request_id": self.call.request_id})
+            error = InternalError(f"capability failed; request id {self.call.request_id}")
+        return Frame("error", error.to_frame_data())
+
+    async def result(self) -> dict[str, Any]:
+        """Run a unary call and return its output object.
+
+        Raises:
+            WireError: the call ended with an ``error`` frame.
+        """
+        outputs: list[dict[str, Any]] = []
+
+        async def collect(frame: Frame) -> None:
+            if frame.event == "output":
+                outputs.append(frame.data)
+
+        terminal = await self.drive(collect)
+        if terminal.event == "error":
+            raise error_from_wire(terminal.data, remote=False)
+        if len(outputs) != 1:
+            raise InternalError(f"{self.descriptor.key} produced {len(outputs)} outputs")
+        return outputs[0]

@@ -1,0 +1,101 @@
+"""Capability descriptors and version matching (spec §2.1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+from jsonschema import Draft202012Validator
+
+from hearthnet.bus.envelope import validate_capability_name, validate_version
+from hearthnet.community import Level
+from hearthnet.errors import BadRequest, SchemaMismatch
+
+STABILITIES = ("stable", "beta", "experimental")
+
+
+def parse_version(version: str) -> tuple[int, int]:
+    """``"2.1"`` -> ``(2, 1)``."""
+    major, minor = validate_version(version).split(".")
+    return int(major), int(minor)
+
+
+def version_satisfies(offered: str, requested: str) -> bool:
+    """An offered ``X.Y`` satisfies a request for ``A.B`` iff ``X == A and Y >= B``."""
+    x, y = parse_version(offered)
+    a, b = parse_version(requested)
+    return x == a and y >= b
+
+
+@dataclass(frozen=True, slots=True)
+class CapabilityDescriptor:
+    """What a capability offers and on what terms."""
+
+    name: str
+    version: str
+    request_schema: dict[str, Any] = field(default_factory=dict)
+    response_schema: dict[str, Any] | None = None
+    stream_schema: dict[str, Any] | None = None
+    stability: str = "stable"
+    max_concurrent: int = 64
+    timeout_s: float = 30.0
+    min_level: Level = Level.MEMBER
+    idempotent: bool = False
+    description: str = ""
+    _validator: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        validate_capability_name(self.name)
+        validate_version(self.version)
+        if self.stability not in STABILITIES:
+            raise BadRequest(f"stability must be one of {STABILITIES}")
+        if self.max_concurrent < 1 or self.timeout_s <= 0:
+            raise BadRequest("max_concurrent must be >= 1 and timeout_s > 0")
+        try:
+            Draft202012Validator.check_schema(self.request_schema)
+        except jsonschema.SchemaError as exc:
+            raise BadRequest(f"{self.name}: invalid request_schema: {exc.message}") from exc
+        # Compile once: validation runs on every call.
+        object.__setattr__(self, "_validator", Draft202012Validator(self.request_schema))
+
+    @property
+    def streaming(self) -> bool:
+        """A capability with a ``stream_schema`` answers with a stream of frames."""
+        return self.stream_schema is not None
+
+    @property
+    def key(self) -> str:
+        """``name@version``."""
+        return f"{self.name}@{self.version}"
+
+    def validate_input(self, value: Any) -> None:
+        """Validate a request input against ``request_schema``.
+
+        Raises:
+            SchemaMismatch: with the first error's path and message.
+        """
+        error = jsonschema.exceptions.best_match(self._validator.iter_errors(value))
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+            raise SchemaMismatch(f"input at {where}: {error.message}"[:500])
+
+    def to_json(self) -> dict[str, Any]:
+        """The descriptor as listed by ``/bus/v1/capabilities`` and the manifest."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "stability": self.stability,
+            "request_schema": self.request_schema,
+            "response_schema": self.response_schema,
+            "stream_schema": self.stream_schema,
+            "max_concurrent": self.max_concurrent,
+            "timeout_s": self.timeout_s,
+            "min_level": self.min_level.label,
+            "idempotent": self.idempotent,
+            "description": self.description,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """The short form used in the signed manifest (spec §7.1)."""
+        return {"name": self.name, "version": self.version, "streaming": self.streaming}

@@ -1,0 +1,30 @@
+"""Who is on the other end of a call, request or session, once authenticated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hearthnet.community import Level
+from hearthnet.tokens import CapabilityToken
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is calling, as established by authentication."""
+
+    identity: str
+    kind: str  # "node" | "device" | "token"
+    level: Level
+    token: CapabilityToken | None = None
+    is_self: bool = False
+
+    def may_call(self, name: str, version: str, min_level: Level) -> bool:
+        """Level and (for tokens) scope check for calling ``name@version``."""
+        if self.level < min_level:
+            return False
+        return self.token is None or self.token.allows_call(name, version)
+
+    @property
+    def rate_limited(self) -> bool:
+        """The node's own identity is not rate limited (spec §2.5)."""
+        return not self.is_self

@@ -1,0 +1,148 @@
+"""RFC 8785 JSON Canonicalization Scheme (JCS): the bytes that get signed (spec §1.3).
+
+Rules implemented:
+- object keys sorted by their UTF-16 code units;
+- no insignificant whitespace;
+- strings escaped as ECMAScript ``JSON.stringify`` does: ``\\"``, ``\\\\``, the short
+  escapes ``\\b \\f \\n \\r \\t``, other controls as lower-case ``\\u00xx``, everything
+  else as raw UTF-8;
+- numbers formatted as ECMAScript ``Number.prototype.toString``.
+
+Inputs that JCS cannot represent faithfully are refused with :class:`BadRequest`:
+NaN and infinities, integers beyond ±2^53 and integral floats between 2^53 and 10^21
+(JCS reads every number as an IEEE-754 double, and these would re-read as integers that
+no double holds exactly), lone surrogates, non-string keys, and non-JSON types.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from hearthnet.errors import BadRequest
+
+MAX_SAFE_INTEGER = 2**53 - 1
+# 2^53 itself is exact; 2^53 + 1 is not, so it cannot be confused with a neighbour.
+MAX_EXACT_INTEGER = 2**53
+
+# The C-accelerated string escaper behind json.dumps(ensure_ascii=False). It escapes
+# exactly what JCS requires and leaves the rest raw, with lower-case \u00xx escapes.
+_encode_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
+
+
+def _utf16_key(key: str) -> bytes:
+    return key.encode("utf-16-be", "surrogatepass")
+
+
+def format_number(value: float) -> str:
+    """ECMAScript ``Number::toString`` for a finite double (RFC 8785 §3.2.2.3)."""
+    if value != value or value in (math.inf, -math.inf):
+        raise BadRequest("NaN and Infinity have no JSON form")
+    if value == 0:
+        return "0"  # covers -0.0 as well
+    sign = "-" if value < 0 else ""
+    # repr() yields the shortest digits that round-trip, as ECMAScript requires.
+    text = repr(abs(value))
+    if "e" in text:
+        mantissa, exp_text = text.split("e")
+        exponent = int(exp_text)
+    else:
+        mantissa, exponent = text, 0
+    if "." in mantissa:
+        int_part, frac_part = mantissa.split(".")
+    else:
+        int_part, frac_part = mantissa, ""
+    if frac_part == "0":
+        frac_part = ""
+    digits = (int_part + frac_part).lstrip("0")
+    # n: position of the decimal point relative to the first significant digit
+    leading_zeros = len(int_part + frac_part) - len((int_part + frac_part).lstrip("0"))
+    n = len(int_part) + exponent - leading_zeros
+    digits = digits.rstrip("0")
+    k = len(digits)
+    if k <= n <= 21:
+        return sign + digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return sign + digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return sign + "0." + "0" * (-n) + digits
+    e = n - 1
+    exp_str = ("+" if e >= 0 else "-") + str(abs(e))
+    if k == 1:
+        return sign + digits + "e" + exp_str
+    return sign + digits[0] + "." + digits[1:] + "e" + exp_str
+
+
+def _check_string(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRequest("strings must be valid Unicode (lone surrogate)") from exc
+
+
+def _serialize(value: Any, out: list[str]) -> None:
+    if isinstance(value, str):
+        _check_string(value)
+        out.append(_encode_string(value))
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif value is None:
+        out.append("null")
+    elif isinstance(value, int):
+        if not -MAX_EXACT_INTEGER <= value <= MAX_EXACT_INTEGER:
+            raise BadRequest("integers in signed objects must be within ±2^53")
+        out.append(str(value))
+    elif isinstance(value, float):
+        if value.is_integer() and MAX_EXACT_INTEGER < abs(value) < 1e21:
+            raise BadRequest("integral floats between 2^53 and 1e21 do not round-trip; use a string")
+        out.append(format_number(value))
+    elif isinstance(value, dict):
+        out.append("{")
+        keys = list(value)
+        for key in keys:
+            if not isinstance(key, str):
+                raise BadRequest("object keys must be strings")
+        # Sorting by UTF-16 code units differs from code-point order only when a key
+        # holds characters above U+FFFF; take the cheap path when none does.
+        if any(ch > "\uffff" for key in keys for ch in key):
+            keys.sort(key=_utf16_key)
+        else:
+            keys.sort()
+        first = True
+        for key in keys:
+            if not first:
+                out.append(",")
+            first = False
+            _check_string(key)
+            out.append(_encode_string(key))
+            out.append(":")
+            _serialize(value[key], out)
+        out.append("}")
+    elif isinstance(value, list | tuple):
+        out.append("[")
+        for i, item in enumerate(value):
+            if i:
+                out.append(",")
+            _serialize(item, out)
+        out.append("]")
+    else:
+        raise BadRequest(f"{type(value).__name__} has no JSON form")
+
+
+def canonicalize(value: Any) -> bytes:
+    """The RFC 8785 canonical UTF-8 bytes of a JSON value.
+
+    Raises:
+        BadRequest: the value cannot be represented canonically (see module doc).
+    """
+    out: list[str] = []
+    _serialize(value, out)
+    return "".join(out).encode("utf-8")
+
+
+def canonicalize_without(obj: dict[str, Any], *omit: str) -> bytes:
+    """Canonical bytes of ``obj`` with the named fields (``sig``, ``signature``) left out."""
+    return canonicalize({k: v for k, v in obj.items() if k not in omit})

@@ -1,0 +1,311 @@
+"""The ``hearthnet`` command (spec §9).
+
+Exit codes: 0 ok, 1 error, 2 usage, 3 node not running, 4 auth failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from hearthnet import __version__
+from hearthnet.clock import now_ms
+from hearthnet.config import Config, default_data_dir, load_config, to_toml
+from hearthnet.errors import (
+    ConfigError,
+    Expired,
+    HearthNetError,
+    IdentityError,
+    InvalidSignature,
+    NodeNotRunning,
+    Revoked,
+    Unauthorized,
+    WireError,
+)
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_RUNNING, EXIT_AUTH = 0, 1, 2, 3, 4
+_AUTH_ERRORS = (InvalidSignature, Unauthorized, Revoked, Expired)
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, None: 1000}
+
+
+def parse_duration_ms(text: str) -> int:
+    """``"90s"``, ``"30m"``, ``"1h"``, ``"7d"``, ``"500ms"``; a bare number is seconds."""
+    match = _DURATION_RE.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use 500ms, 30s, 10m, 1h, 7d)")
+    return int(float(match.group(1)) * _UNITS_MS[match.group(2)])
+
+
+def _json_arg(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+
+
+# --- shared helpers ------------------------------------------------------------------
+
+
+def _data_dir(args: argparse.Namespace) -> Path:
+    if getattr(args, "data_dir", None):
+        return Path(args.data_dir).expanduser()
+    return default_data_dir()
+
+
+def _config(args: argparse.Namespace) -> Config:
+    data_dir = _data_dir(args)
+    overrides: dict[str, dict[str, Any]] = {"node": {"data_dir": str(data_dir)}}
+    node_flags = {"host": "host", "port": "port", "log_level": "log_level", "name": "name"}
+    for flag, key in node_flags.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides["node"][key] = value
+    path = Path(args.config).expanduser() if getattr(args, "config", None) else data_dir / "hearthnet.toml"
+    if getattr(args, "config", None) and not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    return load_config(path, overrides=overrides)
+
+
+def _node_url(args: argparse.Namespace) -> str:
+    if getattr(args, "url", None):
+        return str(args.url)
+    from hearthnet.client import find_running_node
+
+    return str(find_running_node(_data_dir(args))["url"])
+
+
+def _client(args: argparse.Namespace) -> Any:
+    """A client of the running node that signs with this data dir's node key."""
+    from hearthnet.client import Client
+    from hearthnet.identity import load_or_create_keys
+
+    url = _node_url(args)
+    data_dir = _data_dir(args)
+    if not (data_dir / "keys").exists():
+        raise IdentityError(f"no keys in {data_dir}; start a node there first")
+    return Client(url, keys=load_or_create_keys(data_dir))
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, ensure_ascii=False))
+
+
+# --- node ----------------------------------------------------------------------------
+
+
+def cmd_node_start(args: argparse.Namespace) -> int:
+    """``hearthnet node start``."""
+    from hearthnet import logs
+    from hearthnet.node import Node
+
+    config = _config(args)
+    logs.configure(config.node.log_level)
+
+    def ready(node: Node) -> None:
+        logs.configure(config.node.log_level, node.keys.node_id)
+        print(node.ready_line(), flush=True)
+
+    async def main() -> None:
+        await Node(config).serve_forever(on_ready=ready)
+
+    _run(main)
+    return EXIT_OK
+
+
+def _run(main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    try:
+        import uvloop
+
+        return uvloop.run(main())
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.run(main())
+
+
+def cmd_node_status(args: argparse.Namespace) -> int:
+    """``hearthnet node status [--json]``."""
+
+    async def main() -> Any:
+        async with _client(args) as client:
+            return await client.get_json("/status")
+
+    status = _run(main)
+    if args.json:
+        _print_json(status)
+        return EXIT_OK
+    width = max(len(k) for k in status)
+    for key, value in status.items():
+        if isinstance(value, list):
+            value = ", ".join(str(v) for v in value) or "-"
+        print(f"{key.ljust(width)}  {value}")
+    return EXIT_OK
+
+
+# --- calls ---------------------------------------------------------------------------
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    """``hearthnet call CAP --body JSON [--stream]``."""
+
+    async def main() -> int:
+        async with _client(args) as client:
+            if not args.stream:
+                result = await client.call_with_meta(args.capability, args.body, target=args.target)
+                _print_json(result["output"])
+                return EXIT_OK
+            async with client.stream(args.capability, args.body, prefer_ws=not args.sse,
+                                     cbor=args.cbor, target=args.target) as stream:
+                status = EXIT_OK
+                async for frame in stream:
+                    print(json.dumps(frame.to_json(), ensure_ascii=False), flush=True)
+                    if frame.event == "error":
+                        status = EXIT_ERROR
+                return status
+
+    result: int = _run(main)
+    return result
+
+
+# --- keys, config, tokens ------------------------------------------------------------
+
+
+def cmd_keys_show(args: argparse.Namespace) -> int:
+    """``hearthnet keys show``: NodeID and short id (never the private seed)."""
+    from hearthnet.identity import load_or_create_keys
+
+    data_dir = _data_dir(args)
+    if not (data_dir / "keys").exists():
+        raise IdentityError(f"no keys in {data_dir}; they are created by: hearthnet node start")
+    keys = load_or_create_keys(data_dir)
+    info = {"node": keys.node_id, "short_id": keys.short_id,
+            "seed_file": str(data_dir / "keys" / "node.ed25519")}
+    if args.json:
+        _print_json(info)
+    else:
+        for key, value in info.items():
+            print(f"{key:9} {value}")
+    return EXIT_OK
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    """``hearthnet config show``: the effective configuration as TOML."""
+    print(to_toml(_config(args)), end="")
+    return EXIT_OK
+
+
+def cmd_token_issue(args: argparse.Namespace) -> int:
+    """``hearthnet token issue --scope sub:chat.** --ttl 1h``: prints the token alone."""
+    from hearthnet.community import CommunityStore, open_membership
+    from hearthnet.identity import load_or_create_keys
+    from hearthnet.tokens import CapabilityToken, Scope
+
+    data_dir = _data_dir(args)
+    keys = load_or_create_keys(data_dir)
+    membership = open_membership(CommunityStore(data_dir), keys, name=_config(args).node.name,
+                                 now_ms=now_ms())
+    scopes = [Scope.parse(s) for s in args.scope]
+    token = CapabilityToken.issue(keys, community=membership.community_id, scopes=scopes,
+                                  ttl_ms=args.ttl, now_ms=now_ms(), sub=args.sub)
+    print(token.encode())
+    return EXIT_OK
+
+
+# --- parser --------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", help="data directory (default: $HEARTHNET_DATA_DIR or "
+                                           "~/.local/share/hearthnet)")
+    common.add_argument("--config", help="TOML config file (default: <data_dir>/hearthnet.toml)")
+    remote = argparse.ArgumentParser(add_help=False)
+    remote.add_argument("--url", help="node URL (default: from <data_dir>/run/node.json)")
+
+    parser = argparse.ArgumentParser(prog="hearthnet", description="HearthNet mesh node")
+    parser.add_argument("--version", action="version", version=f"hearthnet {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    node = sub.add_parser("node", help="run and inspect the node")
+    node_sub = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
+    start = node_sub.add_parser("start", parents=[common], help="start a node in the foreground")
+    start.add_argument("--host", help="listen address (default 0.0.0.0)")
+    start.add_argument("--port", type=int, help="port (default 7080; 0 picks a free port)")
+    start.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    start.add_argument("--name", help="human name of this node (default: host name)")
+    start.set_defaults(func=cmd_node_start)
+    status = node_sub.add_parser("status", parents=[common, remote], help="show the running node")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(func=cmd_node_status)
+
+    call = sub.add_parser("call", parents=[common, remote], help="call a capability")
+    call.add_argument("capability", help="NAME[@MAJOR.MINOR], e.g. echo@1.0")
+    call.add_argument("--body", type=_json_arg, default={}, help="input as JSON (default {})")
+    call.add_argument("--stream", action="store_true", help="stream frames (WS, SSE fallback)")
+    call.add_argument("--sse", action="store_true", help="with --stream: use SSE, not WebSocket")
+    call.add_argument("--cbor", action="store_true", help="with --stream: CBOR WebSocket frames")
+    call.add_argument("--target", help="run on this NodeID")
+    call.set_defaults(func=cmd_call)
+
+    keys = sub.add_parser("keys", help="node identity")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    show = keys_sub.add_parser("show", parents=[common], help="show NodeID and short id")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=cmd_keys_show)
+
+    config = sub.add_parser("config", help="configuration")
+    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    cshow = config_sub.add_parser("show", parents=[common], help="print the effective configuration")
+    cshow.set_defaults(func=cmd_config_show)
+
+    token = sub.add_parser("token", help="capability tokens for clients")
+    token_sub = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    issue = token_sub.add_parser("issue", parents=[common], help="issue a token (printed alone)")
+    issue.add_argument("--scope", action="append", required=True,
+                       help="sub:PATTERN, pub:PATTERN or call:NAME[@MAJOR]; repeatable")
+    issue.add_argument("--ttl", type=parse_duration_ms, default=parse_duration_ms("1h"),
+                       help="lifetime (default 1h)")
+    issue.add_argument("--sub", help="subject name for the client (default: generated)")
+    issue.set_defaults(func=cmd_token_issue)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hearthnet`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+        return code
+    except NodeNotRunning as exc:
+        print(f"hearthnet: {exc}", file=sys.stderr)
+        return EXIT_NOT_RUNNING
+    except _AUTH_ERRORS as exc:
+        print(f"hearthnet: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_AUTH
+    except WireError as exc:
+        print(f"hearthnet: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_ERROR
+    except (ConfigError, IdentityError) as exc:
+        print(f"hearthnet: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except HearthNetError as exc:
+        print(f"hearthnet: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # the reader of our stdout went away (| head): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""Configuration (spec §9): a TOML file, overridden by ``HEARTHNET_<SECTION>_<KEY>``
+environment variables, overridden by command-line flags.
+
+Every key lives in one section dataclass below with its default and a one-line doc;
+``docs/configuration.md`` lists them all (a test keeps the two in step), and
+``hearthnet config show`` prints the effective values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hearthnet.errors import ConfigError
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+def default_data_dir() -> Path:
+    """``$HEARTHNET_DATA_DIR`` or ``~/.local/share/hearthnet`` (spec §1.2)."""
+    env = os.environ.get("HEARTHNET_DATA_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".local" / "share" / "hearthnet"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSection:
+    """[node]: who this node is and where it listens."""
+
+    name: str = field(default_factory=socket.gethostname, metadata=_doc(
+        "Human name of this node, shown to peers and in zeroconf."))
+    host: str = field(default="0.0.0.0", metadata=_doc("Address to listen on."))  # noqa: S104
+    port: int = field(default=7080, metadata=_doc("TCP port for HTTP, SSE and WebSocket; 0 picks a free port."))
+    data_dir: str = field(default="", metadata=_doc(
+        "Keys, log, heartbeats and run files. Empty: $HEARTHNET_DATA_DIR or ~/.local/share/hearthnet."))
+    log_level: str = field(default="info", metadata=_doc("debug, info, warning or error."))
+    shutdown_grace_s: float = field(default=2.0, metadata=_doc(
+        "On SIGINT/SIGTERM, time given to streams to end before they are cancelled."))
+
+
+@dataclass(frozen=True, slots=True)
+class TransportSection:
+    """[transport]: HTTP, SSE and WebSocket limits and timers (spec §2.5, §3.6)."""
+
+    max_body_bytes: int = field(default=1 * MIB, metadata=_doc("Largest HTTP request body."))
+    max_header_bytes: int = field(default=16 * KIB, metadata=_doc("Largest total size of request headers."))
+    max_ws_message_bytes: int = field(default=1 * MIB, metadata=_doc(
+        "Largest WebSocket message; larger ones close the socket with 1009."))
+    ws_ping_s: float = field(default=30.0, metadata=_doc("Interval between WebSocket pings."))
+    ws_missed_pongs: int = field(default=2, metadata=_doc(
+        "Pongs a peer may miss before the socket is closed with 4408."))
+    ws_idle_s: float = field(default=120.0, metadata=_doc(
+        "No data frames either way for this long: close with 1000."))
+    ws_first_frame_s: float = field(default=10.0, metadata=_doc(
+        "Time a client has to send its first (call or auth) frame; else close 1008."))
+    stream_window: int = field(default=16, metadata=_doc(
+        "Unacknowledged frames in flight on a bus stream."))
+    stream_ack_timeout_s: float = field(default=5.0, metadata=_doc(
+        "A bus stream blocked this long without an ack ends with error timeout."))
+    sse_keepalive_s: float = field(default=15.0, metadata=_doc("Interval of ': keepalive' SSE comments."))
+    websocket_enabled: bool = field(default=True, metadata=_doc(
+        "Accept WebSocket upgrades; when false, upgrades get 503 and clients fall back to SSE."))
+
+
+@dataclass(frozen=True, slots=True)
+class SecuritySection:
+    """[security]: signature windows and replay protection (spec §1.4)."""
+
+    clock_window_s: float = field(default=60.0, metadata=_doc(
+        "Largest allowed distance between a request's ts and our clock."))
+    replay_window_s: float = field(default=120.0, metadata=_doc(
+        "How long a (from, request_id) pair is remembered."))
+    replay_cache_max: int = field(default=1_000_000, metadata=_doc(
+        "Most remembered request ids; when full of live ids, new signed calls get unavailable."))
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsSection:
+    """[limits]: rate and connection limits (spec §2.5)."""
+
+    calls_per_s_per_capability: float = field(default=100.0, metadata=_doc(
+        "Calls per second one caller may make to one capability."))
+    calls_per_s_total: float = field(default=1000.0, metadata=_doc("Calls per second one caller may make in all."))
+    connections_per_identity: int = field(default=100, metadata=_doc("Open streams and sockets per identity."))
+    connections_total: int = field(default=10_000, metadata=_doc("Open streams and sockets per node."))
+    rate_limit_callers_max: int = field(default=100_000, metadata=_doc(
+        "Callers whose rate budgets are tracked at once (least recently seen are forgotten)."))
+
+
+@dataclass(frozen=True, slots=True)
+class BusSection:
+    """[bus]: capability call defaults (spec §2.3). A call without
+    X-HearthNet-Deadline-Ms gets its capability's ``timeout_s`` (30 s; 120 s for llm.*)."""
+
+    max_deadline_s: float = field(default=3600.0, metadata=_doc("Largest deadline a caller may ask for."))
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The effective configuration of a node."""
+
+    node: NodeSection = field(default_factory=NodeSection)
+    transport: TransportSection = field(default_factory=TransportSection)
+    security: SecuritySection = field(default_factory=SecuritySection)
+    limits: LimitsSection = field(default_factory=LimitsSection)
+    bus: BusSection = field(default_factory=BusSection)
+
+    @property
+    def data_path(self) -> Path:
+        """The data directory as a path (defaults applied)."""
+        return Path(self.node.data_dir).expanduser() if self.node.data_dir else default_data_dir()
+
+
+def sections() -> dict[str, type[Any]]:
+    """Section name -> dataclass, in documentation order."""
+    hints = typing.get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config)}
+
+
+def _coerce(value: Any, kind: Any, where: str) -> Any:
+    origin = typing.get_origin(kind)
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
+            return False
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+    elif kind is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif kind is str:
+        if isinstance(value, str):
+            return value
+    elif origin is tuple:
+        item_kind = typing.get_args(kind)[0]
+        if isinstance(value, str):
+            value = [v for v in (p.strip() for p in value.split(",")) if v]
+        if isinstance(value, list | tuple):
+            return tuple(_coerce(v, item_kind, where) for v in value)
+    elif origin in (dict, Mapping) or kind is dict:
+        if isinstance(value, dict):
+            return value
+    elif isinstance(kind, types.UnionType) or origin is typing.Union:
+        for option in typing.get_args(kind):
+            if option is type(None) and value is None:
+                return None
+            try:
+                return _coerce(value, option, where)
+            except ConfigError:
+                continue
+    kind_name = getattr(kind, "__name__", str(kind))
+    raise ConfigError(f"{where}: expected {kind_name}, got {value!r}")
+
+
+def _apply(section_cls: type[Any], section_name: str, values: Mapping[str, Any], base: Any,
+           source: str) -> Any:
+    hints = typing.get_type_hints(section_cls)
+    known = {f.name for f in dataclasses.fields(section_cls)}
+    changes: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"{source}: unknown key [{section_name}] {key}")
+        changes[key] = _coerce(value, hints[key], f"{source} [{section_name}] {key}")
+    return dataclasses.replace(base, **changes) if changes else base
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Config:
+    """Build the effective configuration: defaults < TOML file < environment < overrides.
+
+    Args:
+        path: a TOML file; a missing file is fine only when it is the default path
+            (pass ``None`` to skip files entirely).
+        env: environment to read ``HEARTHNET_<SECTION>_<KEY>`` from (default: os.environ).
+        overrides: ``{section: {key: value}}`` from command-line flags.
+
+    Raises:
+        ConfigError: unknown section or key, wrong type, unreadable TOML.
+    """
+    env = os.environ if env is None else env
+    file_values: dict[str, Any] = {}
+    if path is not None and path.exists():
+        try:
+            file_values = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    config = Config()
+    known_sections = sections()
+    for name in file_values:
+        if name not in known_sections:
+            raise ConfigError(f"{path}: unknown section [{name}]")
+    changes: dict[str, Any] = {}
+    for name, cls in known_sections.items():
+        current = getattr(config, name)
+        table = file_values.get(name, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: [{name}] must be a table")
+        current = _apply(cls, name, table, current, str(path))
+        prefix = f"HEARTHNET_{name.upper()}_"
+        env_values = {
+            k[len(prefix):].lower(): v for k, v in env.items() if k.startswith(prefix)
+        }
+        if name == "node" and "HEARTHNET_DATA_DIR" in env and "data_dir" not in env_values:
+            env_values["data_dir"] = env["HEARTHNET_DATA_DIR"]
+        current = _apply(cls, name, env_values, current, "environment")
+        if overrides and name in overrides:
+            current = _apply(cls, name, overrides[name], current, "command line")
+        changes[name] = current
+    return dataclasses.replace(config, **changes)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{escaped}"'
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    if value is None:
+        return '""'
+    raise ConfigError(f"cannot write {value!r} as TOML")
+
+
+def to_toml(config: Config) -> str:
+    """The effective configuration as a TOML document (``hearthnet config show``)."""
+    lines: list[str] = []
+    for name in sections():
+        section = getattr(config, name)
+        lines.append(f"[{name}]")
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if isinstance(value, tuple) and value and all(isinstance(v, dict) for v in value):
+                continue  # arrays of tables are written after the plain keys
+            lines.append(f"{f.name} = {_toml_value(value)}")
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if isinstance(value, tuple) and value and all(isinstance(v, dict) for v in value):
+                for item in value:
+                    lines.append(f"[[{name}.{f.name}]]")
+                    lines.extend(f"{k} = {_toml_value(v)}" for k, v in item.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+def documented_keys() -> list[tuple[str, str, Any, str]]:
+    """Every key as ``(section, key, default, doc)``: the source of docs/configuration.md."""
+    rows = []
+    defaults = Config()
+    for name in sections():
+        section = getattr(defaults, name)
+        for f in dataclasses.fields(section):
+            rows.append((name, f.name, getattr(section, f.name), f.metadata.get("doc", "")))
+    return rows
+
+
+def configuration_table() -> str:
+    """The Markdown table of every key, default and meaning (embedded in docs/configuration.md)."""
+    lines = ["| key | default | environment | meaning |", "|---|---|---|---|"]
+    for section, key, default, doc in documented_keys():
+        shown = _toml_value(default) if not (section == "node" and key == "name") else "host name"
+        lines.append(f"| `{section}.{key}` | `{shown}` | `HEARTHNET_{section.upper()}_{key.upper()}` "
+                     f"| {doc} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,146 @@
+"""Identifiers on the wire (spec §1.1): NodeIDs, short ids, signature strings, ULIDs.
+
+Everything here is pure: no clock is read unless a caller passes none.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import threading
+import time
+
+from hearthnet.errors import BadRequest
+
+NODE_ID_PREFIX = "ed25519:"
+_B64URL_RE = re.compile(r"^[A-Za-z0-9_-]*$")
+
+
+def b64url_encode(raw: bytes) -> str:
+    """base64url without padding."""
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def b64url_decode(text: str) -> bytes:
+    """Decode base64url with or without padding; raise :class:`BadRequest` on junk."""
+    if not _B64URL_RE.match(text) or len(text) % 4 == 1:
+        raise BadRequest("not base64url")
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def node_id_from_public_key(public_key: bytes) -> str:
+    """``"ed25519:" + base64url_nopad(32-byte key)``."""
+    if len(public_key) != 32:
+        raise ValueError("an ed25519 public key has 32 bytes")
+    return NODE_ID_PREFIX + b64url_encode(public_key)
+
+
+def public_key_from_node_id(node_id: str) -> bytes:
+    """The 32 public-key bytes of a NodeID; :class:`BadRequest` if it is not one."""
+    if not isinstance(node_id, str) or not node_id.startswith(NODE_ID_PREFIX):
+        raise BadRequest("a NodeID starts with 'ed25519:'")
+    body = node_id[len(NODE_ID_PREFIX) :]
+    if len(body) != 43:
+        raise BadRequest("a NodeID has 43 base64url characters after the prefix")
+    raw = b64url_decode(body)
+    if len(raw) != 32:
+        raise BadRequest("a NodeID encodes 32 bytes")
+    return raw
+
+
+def is_node_id(value: object) -> bool:
+    """True when ``value`` is a well-formed NodeID string."""
+    if not isinstance(value, str):
+        return False
+    try:
+        public_key_from_node_id(value)
+    except BadRequest:
+        return False
+    return True
+
+
+def short_id(node_id: str) -> str:
+    """Display id: first 10 key bytes in base32, no padding, as ``XXXX-XXXX-XXXX-XXXX``."""
+    raw = public_key_from_node_id(node_id)[:10]
+    text = base64.b32encode(raw).decode("ascii")  # 10 bytes -> exactly 16 chars, no padding
+    return "-".join(text[i : i + 4] for i in range(0, 16, 4))
+
+
+def signature_to_str(signature: bytes) -> str:
+    """``"ed25519:" + base64url_nopad(64-byte signature)``."""
+    return NODE_ID_PREFIX + b64url_encode(signature)
+
+
+def signature_from_str(text: object) -> bytes:
+    """Parse a signature string; :class:`BadRequest` when malformed."""
+    if not isinstance(text, str) or not text.startswith(NODE_ID_PREFIX):
+        raise BadRequest("a signature starts with 'ed25519:'")
+    raw = b64url_decode(text[len(NODE_ID_PREFIX) :])
+    if len(raw) != 64:
+        raise BadRequest("an ed25519 signature has 64 bytes")
+    return raw
+
+
+# --- ULID -------------------------------------------------------------------
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_CROCKFORD_INDEX = {c: i for i, c in enumerate(_CROCKFORD)}
+_ULID_RE = re.compile(r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")
+
+
+class UlidGenerator:
+    """Monotonic ULID source: ids made in the same millisecond still sort in order.
+
+    Thread-safe; one shared instance (:data:`new_ulid`) serves the process.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last_ms = -1
+        self._last_rand = 0
+
+    def new(self, now_ms: int | None = None) -> str:
+        """A new ULID string for ``now_ms`` (default: the wall clock)."""
+        ms = int(time.time() * 1000) if now_ms is None else now_ms
+        with self._lock:
+            if ms <= self._last_ms:
+                ms = self._last_ms
+                rand = (self._last_rand + 1) & ((1 << 80) - 1)
+                if rand == 0:  # 2^80 ids in one ms: borrow the next millisecond
+                    ms += 1
+            else:
+                rand = int.from_bytes(os.urandom(10), "big")
+            self._last_ms, self._last_rand = ms, rand
+        return encode_ulid(ms, rand)
+
+
+def encode_ulid(ms: int, rand: int) -> str:
+    """Encode a 48-bit timestamp and 80 random bits as 26 Crockford base32 characters."""
+    value = (ms << 80) | rand
+    out = []
+    for _ in range(26):
+        out.append(_CROCKFORD[value & 31])
+        value >>= 5
+    return "".join(reversed(out))
+
+
+def is_ulid(value: object) -> bool:
+    """True when ``value`` is a canonical (upper-case) ULID string."""
+    return isinstance(value, str) and bool(_ULID_RE.match(value))
+
+
+def ulid_time_ms(ulid: str) -> int:
+    """The millisecond timestamp inside a ULID."""
+    value = 0
+    for ch in ulid[:10]:
+        value = (value << 5) | _CROCKFORD_INDEX[ch]
+    return value
+
+
+_ULIDS = UlidGenerator()
+
+
+def new_ulid(now_ms: int | None = None) -> str:
+    """A new monotonic ULID from the process-wide generator."""
+    return _ULIDS.new(now_ms)

@@ -1,0 +1,333 @@
+"""The composition root: builds a node from its parts and owns its background tasks.
+
+Nothing else in HearthNet constructs long-lived components or starts tasks without an
+owner: every background task belongs to the node's :class:`asyncio.TaskGroup`, and
+:meth:`Node.statistics` is the one snapshot behind ``/metrics``, ``/status`` and
+``hearthnet node status``.
+
+Use it as an async context manager (tests run nodes in-process this way) or through
+:meth:`Node.serve_forever` (``hearthnet node start``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from aiohttp import web
+
+from capabilities import builtin_capabilities
+from hearthnet import __version__
+from hearthnet.auth import Authenticator
+from hearthnet.bus.calls import Bus, BusMetrics
+from hearthnet.bus.capability import Capability
+from hearthnet.bus.registry import CapabilityRegistry
+from hearthnet.bus.routing import LocalProvider, Router
+from hearthnet.clock import now_ms
+from hearthnet.community import CommunityStore, Membership, open_membership
+from hearthnet.config import Config
+from hearthnet.errors import ConfigError
+from hearthnet.identity import KeyPair, load_or_create_keys
+from hearthnet.metrics import MetricsRegistry
+from hearthnet.replay import ReplayCache
+from hearthnet.transport.bus_http import BusEndpointDeps, BusHttpEndpoints
+from hearthnet.transport.bus_ws import BusWebSocketEndpoint
+from hearthnet.transport.server import (
+    ActiveStreams,
+    ConnectionTracker,
+    HttpServer,
+    TransportMetrics,
+)
+from hearthnet.transport.status import StatusEndpoints
+
+log = logging.getLogger("hearthnet.node")
+
+MANIFEST_TTL_MS = 60_000
+MANIFEST_REISSUE_MS = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatistics:
+    """A frozen snapshot of the node, for people and for ``/metrics``."""
+
+    node: str
+    short_id: str
+    community: str
+    name: str
+    version: str
+    url: str
+    pid: int
+    started_ms: int
+    uptime_s: float
+    capabilities: tuple[str, ...]
+    streams_active: int
+    connections: int
+    calls_total: int
+    members: int
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (``GET /status``, ``hearthnet node status --json``)."""
+        return {
+            "node": self.node, "short_id": self.short_id, "community": self.community,
+            "name": self.name, "version": self.version, "url": self.url, "pid": self.pid,
+            "started_ms": self.started_ms, "uptime_s": round(self.uptime_s, 3),
+            "capabilities": list(self.capabilities), "streams_active": self.streams_active,
+            "connections": self.connections, "calls_total": self.calls_total,
+            "members": self.members,
+        }
+
+
+def client_url(host: str, port: int) -> str:
+    """The URL a local client should use for a node bound to ``host:port``."""
+    if host in ("0.0.0.0", ""):  # noqa: S104 - comparing, not binding
+        host = "127.0.0.1"
+    elif host in ("::", "[::]"):
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+class DataDirLock:
+    """An exclusive lock on ``<data_dir>/run/lock``: one node per data directory."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / "run" / "lock"
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise :class:`ConfigError` naming the holder."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        f = self.path.open("a+", encoding="utf-8")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            f.close()
+            raise ConfigError(
+                f"another node is running with data dir {self.path.parent.parent} (pid {holder})"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self._file = f
+
+    def release(self) -> None:
+        """Give the lock back."""
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
+
+
+class Node:
+    """One HearthNet node."""
+
+    def __init__(self, config: Config, *, extra_capabilities: list[Capability] | None = None) -> None:
+        self.config = config
+        self.data_dir = config.data_path
+        self.metrics = MetricsRegistry()
+        self.started_ms = 0
+        self._started_mono = 0.0
+        self._lock = DataDirLock(self.data_dir)
+        self._extra_capabilities = list(extra_capabilities or [])
+        self._task_group: asyncio.TaskGroup | None = None
+        self._stop = asyncio.Event()
+        self.url = ""
+        # Built in _build(), once the data dir is locked.
+        self.keys: KeyPair
+        self.membership: Membership
+        self.registry: CapabilityRegistry
+        self.router: Router
+        self.bus: Bus
+        self.authenticator: Authenticator
+        self.server: HttpServer
+        self.streams: ActiveStreams
+        self.connections: ConnectionTracker
+        self._manifest: dict[str, Any] | None = None
+
+    # --- construction ------------------------------------------------------------
+
+    def _build(self) -> None:
+        cfg = self.config
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lock.acquire()
+        self.keys = load_or_create_keys(self.data_dir)
+        self.membership = open_membership(CommunityStore(self.data_dir), self.keys,
+                                          name=cfg.node.name, now_ms=now_ms())
+        signature_failures = self.metrics.counter(
+            "hearthnet_signature_failures_total",
+            "Signatures, tokens and credentials refused, by reason.", ("reason",))
+        self.authenticator = Authenticator(
+            node_id=self.keys.node_id,
+            membership=self.membership,
+            replay=ReplayCache(int(cfg.security.replay_window_s * 1000),
+                               cfg.security.replay_cache_max),
+            clock_window_ms=int(cfg.security.clock_window_s * 1000),
+            on_failure=lambda reason: signature_failures.inc(reason),
+        )
+        self.registry = CapabilityRegistry()
+        for cap in [*builtin_capabilities(), *self._extra_capabilities]:
+            self.registry.register(cap)
+        self.router = Router(LocalProvider(self.keys.node_id, self.registry))
+        self.bus = Bus(node_id=self.keys.node_id, router=self.router, limits=cfg.limits,
+                       bus=cfg.bus, metrics=BusMetrics.register(self.metrics))
+        transport_metrics = TransportMetrics.register(self.metrics)
+        self.streams = ActiveStreams()
+        self.connections = ConnectionTracker(cfg.limits.connections_per_identity,
+                                             cfg.limits.connections_total)
+        self.metrics.gauge("hearthnet_connections", "Open streams and sockets.",
+                           lambda: float(self.connections.total))
+        deps = BusEndpointDeps(
+            node_id=self.keys.node_id, transport=cfg.transport, authenticator=self.authenticator,
+            bus=self.bus, metrics=transport_metrics, connections=self.connections,
+            streams=self.streams,
+        )
+        routes: list[web.RouteDef] = [
+            *BusHttpEndpoints(deps).routes(),
+            *BusWebSocketEndpoint(deps).routes(),
+            *StatusEndpoints(self).routes(),
+        ]
+        self.server = HttpServer(routes=routes, metrics=transport_metrics,
+                                 max_body_bytes=cfg.transport.max_body_bytes,
+                                 max_header_bytes=cfg.transport.max_header_bytes)
+
+    # --- life cycle ----------------------------------------------------------------
+
+    async def __aenter__(self) -> Node:
+        self._build()
+        self._task_group = asyncio.TaskGroup()
+        await self._task_group.__aenter__()
+        try:
+            host, port = await self.server.start(self.config.node.host, self.config.node.port)
+        except OSError as exc:
+            await self._task_group.__aexit__(None, None, None)
+            self._lock.release()
+            raise ConfigError(f"cannot listen on {self.config.node.host}:{self.config.node.port}: "
+                              f"{exc.strerror}") from exc
+        self.url = client_url(host, port)
+        self.started_ms = now_ms()
+        self._started_mono = time.monotonic()
+        self._write_run_file()
+        log.info("node started", extra={"node": self.keys.node_id})
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        try:
+            await self.shutdown()
+        finally:
+            assert self._task_group is not None
+            await self._task_group.__aexit__(*exc_info)  # type: ignore[arg-type]
+            self._lock.release()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Start a background task owned by the node's task group."""
+        if self._task_group is None:
+            raise RuntimeError("the node is not running")
+        return self._task_group.create_task(coro, name=name)
+
+    def stop(self) -> None:
+        """Ask :meth:`serve_forever` to shut down (signal handlers call this)."""
+        self._stop.set()
+
+    async def serve_forever(self, on_ready: Callable[[Node], Awaitable[None] | None] | None = None
+                            ) -> None:
+        """Run until SIGINT/SIGTERM or :meth:`stop`; then shut down within 5 s."""
+        loop = asyncio.get_running_loop()
+        async with self:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.stop)
+            if on_ready is not None:
+                result = on_ready(self)
+                if asyncio.iscoroutine(result):
+                    await result
+            await self._stop.wait()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    async def shutdown(self) -> None:
+        """Stop accepting, end streams with a final frame, close everything (spec §9)."""
+        if self._task_group is None:
+            return
+        self._stop.set()
+        await self.server.stop_accepting()
+        await self.streams.shutdown(self.config.node.shutdown_grace_s)
+        await self.server.close()
+        self._remove_run_file()
+        log.info("node stopped", extra={"node": self.keys.node_id})
+
+    # --- run file ------------------------------------------------------------------
+
+    @property
+    def run_file(self) -> Path:
+        """``<data_dir>/run/node.json`` (spec §9)."""
+        return self.data_dir / "run" / "node.json"
+
+    def _write_run_file(self) -> None:
+        info = {"url": self.url, "pid": os.getpid(), "node": self.keys.node_id,
+                "community": self.membership.community_id, "started_ms": self.started_ms}
+        tmp = self.run_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(info) + "\n", encoding="utf-8")
+        tmp.replace(self.run_file)
+
+    def _remove_run_file(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.run_file.unlink()
+
+    # --- views ---------------------------------------------------------------------
+
+    def ready_line(self) -> str:
+        """The one line ``hearthnet node start`` prints when ready (spec §9)."""
+        return (f"hearthnet ready url={self.url} node={self.keys.node_id} "
+                f"community={self.membership.community_id}")
+
+    def statistics(self) -> NodeStatistics:
+        """A frozen snapshot of the node."""
+        calls = self.metrics.counter("hearthnet_calls_total", "", ("capability", "result"))
+        return NodeStatistics(
+            node=self.keys.node_id,
+            short_id=self.keys.short_id,
+            community=self.membership.community_id,
+            name=self.config.node.name,
+            version=__version__,
+            url=self.url,
+            pid=os.getpid(),
+            started_ms=self.started_ms,
+            uptime_s=time.monotonic() - self._started_mono,
+            capabilities=tuple(d.key for d in self.registry.descriptors()),
+            streams_active=self.bus.metrics.streams_active,
+            connections=self.connections.total,
+            calls_total=int(calls.total()),
+            members=len(self.membership.members),
+        )
+
+    def manifest(self) -> dict[str, Any]:
+        """The signed node manifest (spec §7.1), re-issued every 30 s, valid for 60 s."""
+        now = now_ms()
+        if self._manifest is None or now - self._manifest["issued_ms"] >= MANIFEST_REISSUE_MS:
+            body: dict[str, Any] = {
+                "node": self.keys.node_id,
+                "community": self.membership.community_id,
+                "name": self.config.node.name,
+                "endpoints": [self.url],
+                "capabilities": [d.summary() for d in self.registry.descriptors()],
+                "relay": False,
+                "started_ms": self.started_ms,
+                "issued_ms": now,
+                "expires_ms": now + MANIFEST_TTL_MS,
+            }
+            body["sig"] = self.keys.sign_object(body)
+            self._manifest = body
+        return self._manifest

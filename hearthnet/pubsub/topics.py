@@ -1,0 +1,92 @@
+"""Topic names and subscription patterns (spec §6.1).
+
+A topic is dot-separated segments of ``[A-Za-z0-9_-]+``, at most 16 segments and
+255 bytes. A pattern may also use ``*`` (exactly one segment) and ``**`` (one or
+more segments). Capability names in token scopes use the same grammar.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from hearthnet.errors import BadRequest
+
+MAX_SEGMENTS = 16
+MAX_BYTES = 255
+_SEGMENT_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+){0,15}$")
+
+
+def validate_topic(topic: object) -> str:
+    """Return ``topic`` if it is a valid concrete topic name, else raise :class:`BadRequest`."""
+    if not isinstance(topic, str):
+        raise BadRequest("a topic is a string")
+    if len(topic) > MAX_BYTES:  # the grammar is ASCII, so characters == bytes
+        raise BadRequest(f"a topic has at most {MAX_BYTES} bytes")
+    if not _TOPIC_RE.match(topic):
+        raise BadRequest(
+            f"invalid topic {topic[:64]!r}: dot-separated segments of [A-Za-z0-9_-], "
+            f"at most {MAX_SEGMENTS}"
+        )
+    return topic
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPattern:
+    """A parsed subscription pattern; ``matches`` is pure and cached per pattern."""
+
+    text: str
+    segments: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, text: object) -> TopicPattern:
+        """Parse and validate a pattern; :class:`BadRequest` when malformed."""
+        if not isinstance(text, str):
+            raise BadRequest("a topic pattern is a string")
+        return _parse_pattern(text)
+
+    @property
+    def is_literal(self) -> bool:
+        """True when the pattern has no wildcard (it names one topic)."""
+        return "*" not in self.segments and "**" not in self.segments
+
+    def matches(self, topic: str) -> bool:
+        """Whether the concrete ``topic`` is matched by this pattern."""
+        if self.is_literal:
+            return topic == self.text
+        return _match(self.segments, tuple(topic.split(".")))
+
+
+@lru_cache(maxsize=4096)
+def _parse_pattern(text: str) -> TopicPattern:
+    if len(text) > MAX_BYTES:
+        raise BadRequest(f"a topic pattern has at most {MAX_BYTES} bytes")
+    segments = tuple(text.split("."))
+    if len(segments) > MAX_SEGMENTS:
+        raise BadRequest(f"a topic pattern has at most {MAX_SEGMENTS} segments")
+    for seg in segments:
+        if seg not in ("*", "**") and not _SEGMENT_RE.match(seg):
+            raise BadRequest(f"invalid topic pattern {text[:64]!r}")
+    return TopicPattern(text, segments)
+
+
+@lru_cache(maxsize=65536)
+def _match(pattern: tuple[str, ...], topic: tuple[str, ...]) -> bool:
+    if not pattern:
+        return not topic
+    head = pattern[0]
+    if head == "**":
+        # one or more segments: try every non-empty prefix of the topic
+        return any(_match(pattern[1:], topic[i:]) for i in range(1, len(topic) + 1))
+    if not topic:
+        return False
+    if head in ("*", topic[0]):
+        return _match(pattern[1:], topic[1:])
+    return False
+
+
+def pattern_matches(pattern: str, topic: str) -> bool:
+    """Convenience: parse ``pattern`` (cached) and match ``topic``."""
+    return TopicPattern.parse(pattern).matches(topic)

@@ -1,0 +1,182 @@
+"""``POST /bus/v1/call`` with a JSON or SSE answer (spec §2.2, §3.3), and
+``GET /bus/v1/capabilities``.
+
+Thin glue: headers and body in, :class:`~hearthnet.auth.Authenticator` and
+:class:`~hearthnet.bus.calls.Bus` do the work, frames out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from hearthnet.auth import Authenticator
+from hearthnet.bus.calls import Bus, CallHandle
+from hearthnet.bus.envelope import VerifiedCall
+from hearthnet.bus.routing import check_target
+from hearthnet.clock import now_ms
+from hearthnet.config import TransportSection
+from hearthnet.errors import BadRequest, Unavailable
+from hearthnet.frames import Frame
+from hearthnet.ids import new_ulid
+from hearthnet.transport import headers as h
+from hearthnet.transport.codec import SSE_KEEPALIVE, loads, sse_event
+from hearthnet.transport.server import ActiveStreams, ConnectionTracker, TransportMetrics, json_response
+
+
+@dataclass(slots=True)
+class BusEndpointDeps:
+    """What the bus endpoints need from the node."""
+
+    node_id: str
+    transport: TransportSection
+    authenticator: Authenticator
+    bus: Bus
+    metrics: TransportMetrics
+    connections: ConnectionTracker
+    streams: ActiveStreams
+
+
+SHUTTING_DOWN = Unavailable("node shutting down", retry_after_ms=1000)
+
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+
+
+class SseWriter:
+    """Writes SSE events to a prepared response and comments ``: keepalive`` when quiet."""
+
+    def __init__(self, response: web.StreamResponse, keepalive_s: float) -> None:
+        self.response = response
+        self.keepalive_s = keepalive_s
+        self._last_write = time.monotonic()
+        self._keepalive: asyncio.Task[None] | None = None
+
+    async def write(self, data: bytes) -> None:
+        """Write one event (waits for TCP back-pressure: spec §3.6 over SSE)."""
+        self._last_write = time.monotonic()
+        await self.response.write(data)
+
+    def __enter__(self) -> SseWriter:
+        self._keepalive = asyncio.get_running_loop().create_task(self._keep_alive())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+
+    async def _keep_alive(self) -> None:
+        while True:
+            wait = self._last_write + self.keepalive_s - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await self.write(SSE_KEEPALIVE)
+
+
+class BusHttpEndpoints:
+    """The HTTP side of the bus."""
+
+    def __init__(self, deps: BusEndpointDeps) -> None:
+        self.deps = deps
+
+    def routes(self) -> list[web.RouteDef]:
+        """Routes this component serves (the WS upgrade on GET is in bus_ws)."""
+        return [
+            web.post("/bus/v1/call", self.call),
+            web.get("/bus/v1/capabilities", self.capabilities),
+        ]
+
+    def verify(self, request: web.Request, body: Any) -> VerifiedCall:
+        """Authenticate a call from its headers and parsed body."""
+        deps = self.deps
+        ch = h.read_call_headers(request.headers)
+        signed = ch.signed
+        envelope: dict[str, Any] = {
+            "body": body,
+            "capability": ch.capability,
+            "version": ch.version,
+            "request_id": signed.request_id or new_ulid(),
+            "community": signed.community or deps.authenticator.community_id,
+            "ts": signed.ts if signed.ts is not None else now_ms(),
+        }
+        if signed.token is None:
+            envelope["from"] = signed.sender
+        return deps.authenticator.authenticate_call(
+            envelope, signature=signed.signature if signed.token is None else None,
+            token=signed.token, now_ms=now_ms(), target=check_target(ch.target),
+            deadline_ms=ch.deadline_ms,
+        )
+
+    async def call(self, request: web.Request) -> web.StreamResponse:
+        """``POST /bus/v1/call``."""
+        raw = await request.read()
+        body = loads(raw) if raw else None
+        if not isinstance(body, dict):
+            raise BadRequest('the request body is a JSON object {"params"?, "input"}')
+        call = self.verify(request, body)
+        wants_sse = "text/event-stream" in request.headers.get("Accept", "")
+        handle = self.deps.bus.open(call, inline_tools=False)
+        if not wants_sse:
+            if handle.descriptor.streaming:
+                handle.close("bad_request")
+                raise BadRequest(f"{handle.descriptor.key} streams: send Accept: text/event-stream "
+                                 "or upgrade to WebSocket")
+            started = time.monotonic()
+            output = await handle.result()
+            ms = int((time.monotonic() - started) * 1000)
+            return json_response({"output": output, "meta": {"ms": ms, "node": handle.provider.node_id}})
+        return await self._sse(request, handle)
+
+    async def _sse(self, request: web.Request, handle: CallHandle) -> web.StreamResponse:
+        deps = self.deps
+        identity = handle.call.caller.identity
+        try:
+            deps.connections.open(identity)
+        except Exception:
+            handle.close("capacity_exceeded")
+            raise
+        response = web.StreamResponse(headers=SSE_HEADERS)
+        try:
+            await response.prepare(request)
+            with SseWriter(response, deps.transport.sse_keepalive_s) as out:
+
+                async def emit(frame: Frame) -> None:
+                    await out.write(sse_event(frame))
+
+                task = asyncio.current_task()
+                if task is not None:
+                    deps.streams.add(task)
+                try:
+                    terminal = await handle.drive(emit)
+                except asyncio.CancelledError:
+                    # The client closed the stream (its cancel, spec §3.6) or the node is
+                    # shutting down; the handler was cancelled by drive's caller chain.
+                    handle.ctx.cancel()
+                    if deps.streams.closing:
+                        with contextlib.suppress(ConnectionError, RuntimeError):
+                            await out.write(sse_event(Frame("error", SHUTTING_DOWN.to_frame_data())))
+                    else:
+                        deps.metrics.abandoned.inc("sse")
+                    raise
+                await out.write(sse_event(terminal))
+                await response.write_eof()
+        except (ConnectionResetError, ConnectionError):
+            deps.metrics.abandoned.inc("sse")
+        finally:
+            handle.close("cancelled")
+            deps.connections.close(identity)
+        return response
+
+    async def capabilities(self, request: web.Request) -> web.Response:
+        """``GET /bus/v1/capabilities``: descriptors offered in the mesh, with provider and health."""
+        return json_response({"capabilities": self.deps.bus.router.offered()})

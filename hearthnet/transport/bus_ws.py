@@ -1,0 +1,326 @@
+"""``GET /bus/v1/call`` upgraded to WebSocket (spec §3.5–3.6): aiohttp glue around
+:class:`~hearthnet.transport.bus_stream.BusStreamProtocol`.
+
+One socket carries one call. Three coroutines per socket, all owned and ended here:
+the producer (the capability's frames, paced by the window), the reader (acks, tool
+results, cancel, pings/pongs) and the watchdog (pings, missed pongs, idle close).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from hearthnet.bus.calls import CallHandle
+from hearthnet.clock import now_ms
+from hearthnet.errors import (
+    Cancelled,
+    CapacityExceeded,
+    DeadlineExceeded,
+    PayloadTooLarge,
+    Unavailable,
+    UpgradeRequired,
+    WireError,
+    WrongFrameType,
+)
+from hearthnet.frames import Frame
+from hearthnet.transport import headers as h
+from hearthnet.transport.bus_http import SHUTTING_DOWN, BusEndpointDeps
+from hearthnet.transport.bus_stream import Ack, BusStreamProtocol, CancelRequest, ToolResult
+from hearthnet.transport.codec import SUBPROTOCOLS, FrameCodec
+from hearthnet.transport.keepalive import (
+    CLOSE_MISSED_PONGS,
+    CLOSE_NORMAL,
+    CLOSE_POLICY,
+    CLOSE_TOO_BIG,
+    CLOSE_UNSUPPORTED_DATA,
+    Close,
+    Keepalive,
+    SendPing,
+)
+from hearthnet.transport.server import error_response
+
+log = logging.getLogger("hearthnet.transport.ws")
+
+CLOSE_TRY_AGAIN = 1013
+# Refusals of who the caller is, or of how it speaks, close with 1008 (spec §3.5);
+# other refusals end the call normally after the error frame.
+_POLICY_CODES = frozenset({"bad_request", "invalid_signature", "unauthorized", "revoked",
+                           "expired", "replayed", "forbidden", "upgrade_required"})
+SUBPROTOCOL_HEADER = ", ".join(SUBPROTOCOLS)
+
+
+def choose_subprotocol(header: str | None) -> str | None:
+    """The first subprotocol the client offers that we speak."""
+    offered = [p.strip() for p in (header or "").split(",") if p.strip()]
+    return next((p for p in offered if p in SUBPROTOCOLS), None)
+
+
+def close_code_for(error: WireError) -> int:
+    """The WebSocket close code that follows an ``error`` frame."""
+    if isinstance(error, WrongFrameType):
+        return CLOSE_UNSUPPORTED_DATA
+    if isinstance(error, PayloadTooLarge):
+        return CLOSE_TOO_BIG
+    if isinstance(error, CapacityExceeded):
+        return CLOSE_TRY_AGAIN
+    return CLOSE_POLICY if error.code in _POLICY_CODES else CLOSE_NORMAL
+
+
+class BusWebSocketEndpoint:
+    """Accepts bus WebSocket upgrades."""
+
+    def __init__(self, deps: BusEndpointDeps) -> None:
+        self.deps = deps
+
+    def routes(self) -> list[web.RouteDef]:
+        """``GET /bus/v1/call``."""
+        return [web.get("/bus/v1/call", self.handle)]
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Negotiate the upgrade (426/503 before 101), then run the session."""
+        deps = self.deps
+        if request.headers.get("Upgrade", "").lower() != "websocket":
+            raise UpgradeRequired("GET /bus/v1/call is the WebSocket upgrade; POST for HTTP calls")
+        if not deps.transport.websocket_enabled or deps.connections.full or deps.streams.closing:
+            deps.metrics.refused.inc("unavailable", "ws")
+            return error_response(Unavailable("WebSocket not available now; use SSE",
+                                              retry_after_ms=1000))
+        chosen = choose_subprotocol(request.headers.get("Sec-WebSocket-Protocol"))
+        if chosen is None:
+            deps.metrics.refused.inc("upgrade_required", "ws")
+            return error_response(UpgradeRequired(f"supported subprotocols: {SUBPROTOCOL_HEADER}"),
+                                  headers={"Sec-WebSocket-Protocol": SUBPROTOCOL_HEADER})
+        capability = request.headers.get(h.CAPABILITY)
+        if capability:
+            # spec §3.5: a client that names the capability learns at once that it cannot stream
+            version = request.headers.get(h.VERSION, "0.0")
+            try:
+                provider, desc = deps.bus.router.choose(capability, version, None, 0.0)
+            except WireError as exc:
+                deps.metrics.refused.inc(exc.code, "ws")
+                return error_response(exc)
+            if not desc.streaming:
+                deps.metrics.refused.inc("upgrade_required", "ws")
+                return error_response(
+                    UpgradeRequired(f"{desc.key} does not stream; use POST /bus/v1/call"),
+                    headers={"Sec-WebSocket-Protocol": SUBPROTOCOL_HEADER})
+        ws = web.WebSocketResponse(
+            protocols=(chosen,), autoping=False, autoclose=True, compress=False,
+            max_msg_size=deps.transport.max_ws_message_bytes, timeout=2.0,
+        )
+        await ws.prepare(request)
+        session = _BusSession(deps, ws, FrameCodec(chosen))
+        task = asyncio.current_task()
+        if task is not None:
+            deps.streams.add(task)
+        try:
+            await session.run()
+        finally:
+            deps.metrics.ws_closed.inc(str(ws.close_code or 1006))
+        return ws
+
+
+class _BusSession:
+    """One bus WebSocket from first frame to close."""
+
+    def __init__(self, deps: BusEndpointDeps, ws: web.WebSocketResponse, codec: FrameCodec) -> None:
+        self.deps = deps
+        self.ws = ws
+        cfg = deps.transport
+        self.proto = BusStreamProtocol(codec, window=cfg.stream_window,
+                                       max_message_bytes=cfg.max_ws_message_bytes)
+        self.opcode = WSMsgType.BINARY if codec.binary else WSMsgType.TEXT
+        self.loop = asyncio.get_running_loop()
+        self.keepalive = Keepalive(now=self.loop.time(), ping_s=cfg.ws_ping_s,
+                                   missed_pongs=cfg.ws_missed_pongs, idle_s=cfg.ws_idle_s)
+        self.window_moved = asyncio.Event()
+        self.server_close: Close | None = None
+        self.handle: CallHandle | None = None
+
+    # --- sending -----------------------------------------------------------------
+
+    async def _send(self, frame: Frame, *, numbered: bool = True) -> None:
+        data = self.proto.encode(frame) if numbered else self.proto.encode_unnumbered(frame)
+        await self.ws.send_frame(data, self.opcode)
+        self.keepalive.data(self.loop.time())
+
+    async def _emit(self, frame: Frame) -> None:
+        """The producer's sink: wait for the window (spec §3.6), then send."""
+        if not self.proto.can_send:
+            try:
+                async with asyncio.timeout(self.deps.transport.stream_ack_timeout_s):
+                    while not self.proto.can_send:
+                        self.window_moved.clear()
+                        await self.window_moved.wait()
+            except TimeoutError:
+                raise DeadlineExceeded(
+                    f"no ack for {self.deps.transport.stream_ack_timeout_s:g} s with the window full"
+                ) from None
+        await self._send(frame)
+
+    async def _refuse(self, error: WireError) -> None:
+        self.deps.metrics.refused.inc(error.code, "ws")
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self._send(Frame("error", error.to_frame_data()), numbered=False)
+        await self.ws.close(code=close_code_for(error), message=error.code.encode())
+
+    # --- receiving ---------------------------------------------------------------
+
+    async def _receive(self) -> Any:
+        """Next data message; answers pings, notes pongs; None when the socket ended."""
+        while True:
+            msg = await self.ws.receive()
+            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                self.keepalive.data(self.loop.time())
+                return msg
+            if msg.type == WSMsgType.PING:
+                await self.ws.pong(msg.data)
+            elif msg.type == WSMsgType.PONG:
+                self.keepalive.pong()
+            else:
+                if msg.type == WSMsgType.ERROR:
+                    # aiohttp closed with 1009 for an oversized message
+                    code = "payload_too_large" if self.ws.close_code == CLOSE_TOO_BIG else "bad_request"
+                    self.deps.metrics.refused.inc(code, "ws")
+                return None
+
+    def _parse(self, msg: Any) -> Any:
+        return self.proto.receive(msg.data, binary=msg.type == WSMsgType.BINARY)
+
+    async def _read_until_end(self) -> tuple[str, WireError | None]:
+        """Reader: apply acks and tool results; return why the reading stopped."""
+        assert self.handle is not None
+        ctx = self.handle.ctx
+        while True:
+            msg = await self._receive()
+            if msg is None:
+                return ("gone", None)
+            try:
+                frame = self._parse(msg)
+            except WireError as exc:
+                return ("violation", exc)
+            if isinstance(frame, Ack):
+                if frame.released:
+                    self.window_moved.set()
+                else:
+                    self.deps.metrics.ignored_acks.inc()
+            elif isinstance(frame, ToolResult):
+                try:
+                    ctx.deliver_tool_result(frame.tool_call_id, frame.body)
+                except WireError as exc:
+                    # spec §5: refused cleanly: the stream goes on; the client is told.
+                    self.deps.metrics.refused.inc(exc.code, "ws")
+                    await self.ws.send_frame(self.proto.codec.encode(
+                        {"event": "tool_result.refused",
+                         "data": {"tool_call_id": frame.tool_call_id[:64], **exc.to_frame_data()}}),
+                        self.opcode)
+            elif isinstance(frame, CancelRequest):
+                return ("cancel", None)
+
+    async def _watchdog(self) -> None:
+        """Pings every ws_ping_s; close 4408 after missed pongs; close 1000 when idle."""
+        while True:
+            delay = self.keepalive.next_deadline() - self.loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            action = self.keepalive.tick(self.loop.time())
+            if isinstance(action, SendPing):
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await self.ws.ping()
+            elif isinstance(action, Close):
+                self.server_close = action
+                await self.ws.close(code=action.code, message=action.reason.encode())
+                return
+
+    # --- the session -------------------------------------------------------------
+
+    async def run(self) -> None:
+        """First frame, admission, then stream until one side ends it."""
+        watchdog = self.loop.create_task(self._watchdog())
+        identity: str | None = None
+        try:
+            try:
+                async with asyncio.timeout(self.deps.transport.ws_first_frame_s):
+                    msg = await self._receive()
+            except TimeoutError:
+                self.deps.metrics.refused.inc("timeout", "ws")
+                await self.ws.close(code=CLOSE_POLICY, message=b"no call frame")
+                return
+            if msg is None:
+                return
+            try:
+                request = self._parse(msg)
+                call = self.deps.authenticator.authenticate_call(
+                    request.envelope, signature=request.signature, token=request.token,
+                    now_ms=now_ms())
+                self.deps.connections.open(call.caller.identity)
+                identity = call.caller.identity
+                self.handle = self.deps.bus.open(call, inline_tools=True)
+                if not self.handle.descriptor.streaming:
+                    self.handle.close("upgrade_required")
+                    raise UpgradeRequired(f"{self.handle.descriptor.key} does not stream; "
+                                          "use POST /bus/v1/call")
+            except WireError as exc:
+                await self._refuse(exc)
+                return
+            self.proto.start()
+            await self._stream()
+        finally:
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
+            if identity is not None:
+                self.deps.connections.close(identity)
+
+    async def _stream(self) -> None:
+        assert self.handle is not None
+        handle = self.handle
+        producer = self.loop.create_task(handle.drive(self._emit))
+        reader = self.loop.create_task(self._read_until_end())
+        try:
+            await asyncio.wait({producer, reader}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # node shutdown: end the stream with an error frame (spec §9)
+            await self._stop_producer(producer)
+            reader.cancel()
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await self._send(Frame("error", SHUTTING_DOWN.to_frame_data()))
+                await self.ws.close(code=1001, message=b"shutting down")
+            raise
+        if producer.done():
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            terminal = producer.result()
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await self._send(terminal)
+                await self.ws.close(code=CLOSE_NORMAL)
+            return
+        why, error = reader.result()
+        await self._stop_producer(producer)
+        if why == "cancel":
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await self._send(Frame("error", Cancelled("cancelled by the client").to_frame_data()))
+                await self.ws.close(code=CLOSE_NORMAL)
+        elif why == "violation" and error is not None:
+            self.deps.metrics.refused.inc(error.code, "ws")
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await self._send(Frame("error", error.to_frame_data()))
+            await self.ws.close(code=close_code_for(error), message=error.code.encode())
+        elif self.server_close is None:
+            self.deps.metrics.abandoned.inc("ws")
+
+    async def _stop_producer(self, producer: asyncio.Task[Frame]) -> None:
+        """Cancel the capability (spec §3.6: its cleanup runs, we end within 200 ms)."""
+        assert self.handle is not None
+        self.handle.ctx.cancel()
+        producer.cancel()
+        done, _ = await asyncio.wait({producer}, timeout=0.15)
+        if not done:
+            log.warning("capability %s ignored cancellation for 150 ms", self.handle.descriptor.key,
+                        extra={"request_id": self.handle.call.request_id})

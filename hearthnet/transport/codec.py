@@ -1,0 +1,127 @@
+"""Encoding frames for the wire: JSON text, CBOR binary (spec §3.8) and SSE (spec §3.3).
+
+Pure. The same frame object becomes identical shapes on every transport.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cbor2
+import orjson
+
+from hearthnet.errors import BadRequest, PayloadTooLarge, WrongFrameType
+from hearthnet.frames import Frame
+
+SUBPROTOCOL_JSON = "hearthnet-bus.v2"
+SUBPROTOCOL_CBOR = "hearthnet-bus.v2+cbor"
+SUBPROTOCOLS = (SUBPROTOCOL_JSON, SUBPROTOCOL_CBOR)
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON bytes (not canonical: for frames, not for signing)."""
+    return orjson.dumps(obj)
+
+
+def loads(data: bytes | str) -> Any:
+    """Parse JSON; :class:`BadRequest` on malformed input."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"malformed JSON: {exc.msg}") from exc
+
+
+class FrameCodec:
+    """Encodes server frames and decodes client frames for one subprotocol."""
+
+    def __init__(self, subprotocol: str) -> None:
+        if subprotocol not in SUBPROTOCOLS:
+            raise ValueError(f"unknown subprotocol {subprotocol}")
+        self.subprotocol = subprotocol
+        self.binary = subprotocol == SUBPROTOCOL_CBOR
+
+    def encode(self, obj: dict[str, Any]) -> bytes:
+        """Encode one object: UTF-8 JSON bytes (sent as a text frame) or CBOR."""
+        return cbor2.dumps(obj) if self.binary else orjson.dumps(obj)
+
+    def encode_frame(self, frame: Frame) -> bytes:
+        """Encode a server frame."""
+        return self.encode(frame.to_json())
+
+    def decode(self, data: bytes | str, *, binary: bool, max_bytes: int) -> dict[str, Any]:
+        """Decode one client message into an object.
+
+        Raises:
+            BadRequest: wrong frame type for the subprotocol (a binary frame on the JSON
+                subprotocol or text on CBOR), malformed encoding, or not an object.
+            PayloadTooLarge: over ``max_bytes``.
+        """
+        if len(data) > max_bytes:
+            raise PayloadTooLarge(f"message over {max_bytes} bytes")
+        if binary != self.binary:
+            kind = "binary" if binary else "text"
+            raise WrongFrameType(f"{kind} frame on subprotocol {self.subprotocol}")
+        if self.binary:
+            try:
+                obj = cbor2.loads(data)
+            except (cbor2.CBORDecodeError, ValueError, TypeError) as exc:
+                raise BadRequest(f"malformed CBOR: {exc}") from exc
+        else:
+            obj = loads(data)
+        if not isinstance(obj, dict):
+            raise BadRequest("a client frame is an object")
+        return obj
+
+
+def sse_event(frame: Frame, *, with_id: bool = False) -> bytes:
+    """One SSE event (spec §3.3): ``event:``, one-line ``data:``, optional ``id:``."""
+    parts = [b"event: ", frame.event.encode(), b"\ndata: ", orjson.dumps(frame.data), b"\n"]
+    if with_id and frame.seq is not None:
+        parts += [b"id: ", str(frame.seq).encode(), b"\n"]
+    parts.append(b"\n")
+    return b"".join(parts)
+
+
+SSE_KEEPALIVE = b": keepalive\n\n"
+
+
+class SseParser:
+    """Incremental SSE parser for the client: feed bytes, get complete events.
+
+    Returns ``(event, data_text, id)`` tuples; comment lines are skipped.
+    """
+
+    def __init__(self, max_event_bytes: int = 2 * 1024 * 1024) -> None:
+        self._buffer = b""
+        self._event = "message"
+        self._data: list[bytes] = []
+        self._id: str | None = None
+        self.max_event_bytes = max_event_bytes
+
+    def feed(self, chunk: bytes) -> list[tuple[str, str, str | None]]:
+        """Consume ``chunk``; return the events it completed."""
+        self._buffer += chunk
+        out: list[tuple[str, str, str | None]] = []
+        while True:
+            nl = self._buffer.find(b"\n")
+            if nl < 0:
+                if len(self._buffer) > self.max_event_bytes:
+                    raise PayloadTooLarge("SSE line too long")
+                return out
+            line = self._buffer[:nl].rstrip(b"\r")
+            self._buffer = self._buffer[nl + 1 :]
+            if not line:
+                if self._data:
+                    out.append((self._event, b"\n".join(self._data).decode("utf-8"), self._id))
+                self._event, self._data = "message", []
+                continue
+            if line.startswith(b":"):
+                continue
+            field, _, value = line.partition(b":")
+            value = value[1:] if value.startswith(b" ") else value
+            if field == b"event":
+                self._event = value.decode("utf-8")
+            elif field == b"data":
+                self._data.append(value)
+            elif field == b"id":
+                self._id = value.decode("utf-8")

@@ -1,0 +1,67 @@
+"""Seq/ACK flow control (spec §3.6). Pure: no clock, no I/O.
+
+The sender numbers frames with strictly increasing ``seq`` (1, 2, 3 on a bus stream;
+log positions on a pub/sub session, which may skip numbers). At most ``size`` frames
+may be unacknowledged. ``ack(upto)`` releases every sent frame with ``seq <= upto``;
+an ack for an old seq, or for a seq not yet sent, is a no-op.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class FlowWindow:
+    """The sender's view of one flow-controlled stream."""
+
+    __slots__ = ("_unacked", "acked_upto", "last_seq", "size")
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError("a window holds at least one frame")
+        self.size = size
+        self.last_seq = 0
+        self.acked_upto = 0
+        self._unacked: deque[int] = deque()
+
+    @property
+    def in_flight(self) -> int:
+        """Frames sent and not yet acknowledged."""
+        return len(self._unacked)
+
+    @property
+    def open(self) -> bool:
+        """True when one more frame may be sent."""
+        return len(self._unacked) < self.size
+
+    def sent(self, seq: int, *, force: bool = False) -> None:
+        """Record that frame ``seq`` was sent; ``force`` lets a stream's final frame past
+        a full window (a cancelled or timed-out stream must still say how it ended).
+
+        Raises:
+            ValueError: the window is full or ``seq`` does not increase (a bug in the sender).
+        """
+        if len(self._unacked) >= self.size and not force:
+            raise ValueError("flow window is full")
+        if seq <= self.last_seq:
+            raise ValueError(f"seq {seq} does not increase past {self.last_seq}")
+        self.last_seq = seq
+        self._unacked.append(seq)
+
+    def next_seq(self, *, force: bool = False) -> int:
+        """Number and record the next frame of a contiguous (bus) stream."""
+        seq = self.last_seq + 1
+        self.sent(seq, force=force)
+        return seq
+
+    def ack(self, upto: int) -> int:
+        """Apply ``ack{upto}``; return how many frames it released (0 for a no-op)."""
+        if upto <= self.acked_upto or upto > self.last_seq:
+            return 0
+        self.acked_upto = upto
+        released = 0
+        unacked = self._unacked
+        while unacked and unacked[0] <= upto:
+            unacked.popleft()
+            released += 1
+        return released

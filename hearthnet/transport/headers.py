@@ -1,0 +1,100 @@
+"""The X-HearthNet-* request headers (spec §2.2, §2.3). Pure parsing."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from hearthnet.errors import BadRequest
+
+CAPABILITY = "X-HearthNet-Capability"
+VERSION = "X-HearthNet-Capability-Version"
+REQUEST_ID = "X-HearthNet-Request-Id"
+FROM = "X-HearthNet-From"
+TOKEN = "X-HearthNet-Token"
+COMMUNITY = "X-HearthNet-Community"
+TIMESTAMP = "X-HearthNet-Timestamp"
+SIGNATURE = "X-HearthNet-Signature"
+TARGET = "X-HearthNet-Target"
+DEADLINE = "X-HearthNet-Deadline-Ms"
+
+
+@dataclass(frozen=True, slots=True)
+class SignedHeaders:
+    """Credentials carried in headers: a signature over an envelope, or a token."""
+
+    request_id: str | None
+    sender: str | None
+    community: str | None
+    ts: int | None
+    signature: str | None
+    token: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CallHeaders:
+    """Everything a ``POST /bus/v1/call`` says in its headers."""
+
+    capability: str
+    version: str
+    signed: SignedHeaders
+    target: str | None
+    deadline_ms: int | None
+
+
+def _int_header(headers: Mapping[str, str], name: str, *, minimum: int) -> int | None:
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if not raw.lstrip("-").isdigit() or len(raw) > 16:
+        raise BadRequest(f"{name} must be an integer")
+    value = int(raw)
+    if value < minimum:
+        raise BadRequest(f"{name} must be at least {minimum}")
+    return value
+
+
+def read_signed_headers(headers: Mapping[str, str], *, query_token: str | None = None
+                        ) -> SignedHeaders:
+    """Read the credential headers (``?token=`` stands in for X-HearthNet-Token, since
+    a browser EventSource cannot set headers).
+
+    Raises:
+        BadRequest: a timestamp that is not an integer.
+    """
+    return SignedHeaders(
+        request_id=headers.get(REQUEST_ID),
+        sender=headers.get(FROM),
+        community=headers.get(COMMUNITY),
+        ts=_int_header(headers, TIMESTAMP, minimum=0),
+        signature=headers.get(SIGNATURE),
+        token=headers.get(TOKEN) or query_token,
+    )
+
+
+def read_call_headers(headers: Mapping[str, str]) -> CallHeaders:
+    """Read the headers of a capability call. Token calls need only the token; the
+    node fills in request id, community and time.
+
+    Raises:
+        BadRequest: a required header is missing or malformed.
+    """
+    capability = headers.get(CAPABILITY)
+    version = headers.get(VERSION)
+    if not capability or not version:
+        raise BadRequest(f"{CAPABILITY} and {VERSION} are required")
+    signed = read_signed_headers(headers)
+    if signed.token is None:
+        missing = [n for n, v in ((REQUEST_ID, signed.request_id), (FROM, signed.sender),
+                                  (COMMUNITY, signed.community), (TIMESTAMP, signed.ts),
+                                  (SIGNATURE, signed.signature)) if v is None]
+        if missing:
+            raise BadRequest(f"missing headers: {', '.join(missing)} (or {TOKEN})")
+    return CallHeaders(
+        capability=capability.strip(),
+        version=version.strip(),
+        signed=signed,
+        target=headers.get(TARGET),
+        deadline_ms=_int_header(headers, DEADLINE, minimum=1),
+    )

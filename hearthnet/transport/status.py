@@ -1,0 +1,85 @@
+"""Operational endpoints (spec §3.2, §9): ``/health``, ``/ready``, ``/manifest``,
+``/metrics``, ``/status`` (JSON) and ``/`` (the status page for people)."""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from hearthnet.metrics import MetricsRegistry
+from hearthnet.transport.server import json_response
+
+
+class StatusSource(Protocol):
+    """What the status endpoints read from the node."""
+
+    metrics: MetricsRegistry
+
+    def statistics(self) -> Any:
+        """A frozen snapshot with ``to_json()``."""
+
+    def manifest(self) -> dict[str, Any]:
+        """The signed manifest."""
+
+
+class StatusEndpoints:
+    """Health, readiness, manifest, metrics and status."""
+
+    def __init__(self, node: StatusSource) -> None:
+        self.node = node
+
+    def routes(self) -> list[web.RouteDef]:
+        """The routes."""
+        return [
+            web.get("/health", self.health),
+            web.get("/ready", self.ready),
+            web.get("/manifest", self.manifest),
+            web.get("/metrics", self.metrics),
+            web.get("/status", self.status),
+            web.get("/", self.page),
+        ]
+
+    async def health(self, request: web.Request) -> web.Response:
+        """Liveness: the event loop answers."""
+        return json_response({"status": "ok"})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        """Readiness: storage open and bus up (the node only serves once both are)."""
+        stats = self.node.statistics()
+        return json_response({"status": "ready", "node": stats.node,
+                              "capabilities": len(stats.capabilities)})
+
+    async def manifest(self, request: web.Request) -> web.Response:
+        """The signed node manifest (spec §7.1)."""
+        return json_response(self.node.manifest())
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Prometheus text format."""
+        return web.Response(text=self.node.metrics.render(),
+                            content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Options": "nosniff"})
+
+    async def status(self, request: web.Request) -> web.Response:
+        """The statistics snapshot as JSON (``hearthnet node status``)."""
+        return json_response(self.node.statistics().to_json())
+
+    async def page(self, request: web.Request) -> web.Response:
+        """A small HTML page for people."""
+        stats = self.node.statistics().to_json()
+        rows = "".join(
+            f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+            for k, v in stats.items()
+        )
+        body = (
+            "<!doctype html><html><head><meta charset='utf-8'>"
+            f"<title>HearthNet {html.escape(stats['name'])}</title>"
+            "<meta http-equiv='refresh' content='5'>"
+            "<style>body{font-family:sans-serif;margin:2em}th{text-align:left;padding-right:1em}"
+            "</style></head><body>"
+            f"<h1>HearthNet node {html.escape(stats['name'])}</h1><table>{rows}</table>"
+            "<p><a href='/metrics'>metrics</a> · <a href='/manifest'>manifest</a> · "
+            "<a href='/bus/v1/capabilities'>capabilities</a></p></body></html>"
+        )
+        return web.Response(text=body, content_type="text/html")

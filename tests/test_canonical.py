@@ -1,0 +1,101 @@
+"""RFC 8785 canonical JSON: the RFC's own examples, our committed vectors, properties."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hearthnet.canonical import MAX_SAFE_INTEGER, canonicalize, format_number
+from hearthnet.errors import BadRequest
+from hearthnet.identity import KeyPair, verify_bytes
+
+VECTORS = Path(__file__).parent / "vectors"
+RFC = json.loads((VECTORS / "jcs_rfc8785.json").read_text(encoding="utf-8"))
+SIGNED = json.loads((VECTORS / "signatures.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("case", RFC["objects"], ids=["rfc-3.2.2", "rfc-3.2.3-sorting"])
+def test_rfc8785_objects(case: dict[str, str]) -> None:
+    """The RFC's example objects canonicalise to the RFC's bytes."""
+    assert bytes.fromhex(case["canonical_hex"]) == canonicalize(json.loads(case["input_json"]))
+
+
+@pytest.mark.parametrize(("bits", "expected"), RFC["numbers"])
+def test_rfc8785_numbers(bits: str, expected: str) -> None:
+    """IEEE-754 doubles format exactly as ECMAScript (RFC 8785 Appendix B)."""
+    assert expected == format_number(struct.unpack(">d", bytes.fromhex(bits))[0])
+
+
+@pytest.mark.parametrize("case", SIGNED["vectors"], ids=lambda c: c["canonical_hex"][:16])
+def test_committed_signature_vectors(case: dict[str, Any]) -> None:
+    """Our committed vectors: object -> canonical bytes -> deterministic ed25519 signature."""
+    keys = KeyPair.from_seed(bytes.fromhex(case["seed_hex"]))
+    canonical = canonicalize(case["object"])
+    assert (case["node_id"], case["canonical_hex"], case["signature"]) == (
+        keys.node_id, canonical.hex(), keys.sign_bytes(canonical))
+    verify_bytes(case["node_id"], canonical, case["signature"])
+
+
+@pytest.mark.parametrize("case", RFC["ed25519_rfc8032"], ids=["rfc8032-1", "rfc8032-2"])
+def test_rfc8032_ed25519(case: dict[str, str]) -> None:
+    """Our key pairs reproduce RFC 8032's ed25519 test vectors."""
+    keys = KeyPair.from_seed(bytes.fromhex(case["seed_hex"]))
+    sig = keys.sign_bytes(bytes.fromhex(case["message_hex"]))
+    from hearthnet.ids import public_key_from_node_id, signature_from_str
+
+    assert (case["public_hex"], case["signature_hex"]) == (
+        public_key_from_node_id(keys.node_id).hex(), signature_from_str(sig).hex())
+
+
+def test_rejects_what_jcs_cannot_represent() -> None:
+    """NaN, infinities, unsafe integers, lone surrogates and non-JSON types are refused."""
+    for bad in (math.nan, math.inf, -math.inf, 2**53 + 1, -(2**53) - 1, 1e17, -2.0**60, "\ud800",
+                {1: 2}, {b"x": 1}, object()):
+        with pytest.raises(BadRequest):
+            canonicalize(bad)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans()
+    | st.integers(min_value=-MAX_SAFE_INTEGER, max_value=MAX_SAFE_INTEGER)
+    | st.floats(allow_nan=False, allow_infinity=False).filter(
+        lambda f: not (f.is_integer() and 2**53 < abs(f) < 1e21))
+    | st.text(),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(), children, max_size=5),
+    max_leaves=30,
+)
+
+
+@given(json_values)
+def test_canonical_form_parses_back_to_an_equal_value(value: Any) -> None:
+    """Canonical bytes are valid JSON that parses back to the same value (as IEEE doubles,
+    which is how JCS reads every number)."""
+    assert json.loads(canonicalize(value), parse_int=float) == json.loads(json.dumps(value),
+                                                                          parse_int=float)
+
+
+@given(json_values)
+def test_canonicalisation_is_idempotent(value: Any) -> None:
+    """Canonicalising the parsed canonical form gives the same bytes."""
+    once = canonicalize(value)
+    assert once == canonicalize(json.loads(once))
+
+
+@given(st.dictionaries(st.text(), st.integers(0, 10), min_size=2, max_size=8))
+def test_keys_sorted_by_utf16_code_units(obj: dict[str, int]) -> None:
+    """Object members appear in UTF-16 code-unit order of their keys."""
+    parsed = json.loads(canonicalize(obj), object_pairs_hook=lambda pairs: [k for k, _ in pairs])
+    assert sorted(obj, key=lambda k: k.encode("utf-16-be")) == parsed
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_number_format_round_trips(x: float) -> None:
+    """Every finite double's ECMAScript form parses back to the same double."""
+    assert x == float(format_number(x)) or (x == 0 and float(format_number(x)) == 0)

@@ -1,0 +1,63 @@
+"""Configuration: TOML < environment < flags, validation, and the docs page (spec §9)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from hearthnet.config import configuration_table, load_config, to_toml
+from hearthnet.errors import ConfigError
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+
+
+def test_precedence_file_env_flags(tmp_path: Path) -> None:
+    """A flag beats the environment, which beats the file, which beats the default."""
+    path = tmp_path / "hearthnet.toml"
+    path.write_text("[node]\nport = 1111\nname = 'file'\n[transport]\nws_ping_s = 5\n")
+    config = load_config(path, env={"HEARTHNET_NODE_PORT": "2222", "HEARTHNET_TRANSPORT_WS_IDLE_S": "9"},
+                         overrides={"node": {"port": 3333}})
+    assert (3333, "file", 5.0, 9.0, 16) == (
+        config.node.port, config.node.name, config.transport.ws_ping_s, config.transport.ws_idle_s,
+        config.transport.stream_window)
+
+
+def test_data_dir_env_shortcut(tmp_path: Path) -> None:
+    """HEARTHNET_DATA_DIR sets the data directory (spec §1.2)."""
+    assert tmp_path == load_config(None, env={"HEARTHNET_DATA_DIR": str(tmp_path)}).data_path
+
+
+@pytest.mark.parametrize(("toml", "message"), [
+    ("[nodes]\nport = 1\n", "unknown section"),
+    ("[node]\nprot = 1\n", "unknown key"),
+    ("[node]\nport = 'x'\n", "expected int"),
+    ("[node\n", "hearthnet.toml"),
+])
+def test_bad_config_is_a_clear_error(tmp_path: Path, toml: str, message: str) -> None:
+    """Unknown sections or keys, wrong types and broken TOML are refused with the place named."""
+    path = tmp_path / "hearthnet.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path, env={})
+
+
+def test_bad_environment_value_refused() -> None:
+    """A malformed environment override names the variable's key."""
+    with pytest.raises(ConfigError, match="ws_ping_s"):
+        load_config(None, env={"HEARTHNET_TRANSPORT_WS_PING_S": "soon"})
+
+
+def test_config_show_output_loads_back(tmp_path: Path) -> None:
+    """`config show` prints TOML that loads back to the same configuration."""
+    config = load_config(None, env={}, overrides={"node": {"port": 4242, "data_dir": str(tmp_path)}})
+    path = tmp_path / "shown.toml"
+    path.write_text(to_toml(config))
+    tomllib.loads(path.read_text())
+    assert config == load_config(path, env={})
+
+
+def test_docs_list_every_key() -> None:
+    """docs/configuration.md carries the generated table of every key and default."""
+    assert configuration_table() in DOCS.read_text(encoding="utf-8")

@@ -1,0 +1,63 @@
+"""NodeIDs, short ids, signature strings and ULIDs (spec §1.1)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hearthnet.errors import BadRequest
+from hearthnet.identity import KeyPair
+from hearthnet.ids import (
+    UlidGenerator,
+    b64url_decode,
+    b64url_encode,
+    is_node_id,
+    is_ulid,
+    public_key_from_node_id,
+    short_id,
+    ulid_time_ms,
+)
+
+
+def test_node_id_format() -> None:
+    """A NodeID is 'ed25519:' plus 43 base64url characters of the public key."""
+    keys = KeyPair.from_seed(bytes(32))
+    assert (8 + 43, True) == (len(keys.node_id), keys.node_id.startswith("ed25519:"))
+    assert 32 == len(public_key_from_node_id(keys.node_id))
+
+
+def test_short_id_is_grouped_base32_of_ten_bytes() -> None:
+    """The short id is XXXX-XXXX-XXXX-XXXX from the first 10 key bytes."""
+    sid = short_id(KeyPair.from_seed(bytes(32)).node_id)
+    groups = sid.split("-")
+    assert ([4, 4, 4, 4], True) == ([len(g) for g in groups], sid.replace("-", "").isalnum())
+
+
+@pytest.mark.parametrize("bad", ["", "ed25519:", "ed25519:abc", "rsa:" + "A" * 43, "ed25519:" + "!" * 43, 42])
+def test_malformed_node_ids_refused(bad: object) -> None:
+    """Anything but a well-formed NodeID is refused."""
+    assert not is_node_id(bad)
+    if isinstance(bad, str):
+        with pytest.raises(BadRequest):
+            public_key_from_node_id(bad)
+
+
+@given(st.binary(max_size=100))
+def test_b64url_round_trip(raw: bytes) -> None:
+    """base64url without padding round-trips."""
+    assert raw == b64url_decode(b64url_encode(raw))
+
+
+def test_ulids_are_monotonic_within_a_millisecond() -> None:
+    """ULIDs made in the same millisecond still sort in creation order."""
+    gen = UlidGenerator()
+    ids = [gen.new(1_763_800_000_000) for _ in range(1000)]
+    assert (ids, True, 1_763_800_000_000) == (sorted(ids), all(is_ulid(i) for i in ids),
+                                               ulid_time_ms(ids[0]))
+
+
+def test_ulids_sort_by_time() -> None:
+    """A later millisecond gives a larger ULID."""
+    gen = UlidGenerator()
+    assert gen.new(1000) < gen.new(1001) < gen.new(5000)

@@ -1,0 +1,63 @@
+"""The replay cache (spec §1.4) and token-bucket rate limits (spec §2.5)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hearthnet.errors import RateLimited, Replayed, Unavailable
+from hearthnet.ratelimit import RateLimiter
+from hearthnet.replay import ReplayCache
+
+
+def test_same_pair_within_window_is_replayed() -> None:
+    """A (from, request_id) pair seen in the last 120 s is refused."""
+    cache = ReplayCache(window_ms=120_000)
+    cache.check_and_add("a", "r1", 1_000)
+    with pytest.raises(Replayed):
+        cache.check_and_add("a", "r1", 120_999)
+
+
+def test_pair_forgotten_after_window() -> None:
+    """After the window the pair is forgotten (the clock window refuses it anyway)."""
+    cache = ReplayCache(window_ms=120_000)
+    cache.check_and_add("a", "r1", 1_000)
+    cache.check_and_add("a", "r1", 121_000)
+    assert 1 == len(cache)
+
+
+def test_different_senders_do_not_collide() -> None:
+    """Request ids are per sender."""
+    cache = ReplayCache()
+    cache.check_and_add("a", "r1", 0)
+    cache.check_and_add("b", "r1", 0)
+    assert 2 == len(cache)
+
+
+def test_full_cache_refuses_rather_than_forgets() -> None:
+    """A cache full of live pairs answers unavailable with a retry hint, never forgets a live pair."""
+    cache = ReplayCache(window_ms=1_000, max_entries=2)
+    cache.check_and_add("a", "1", 0)
+    cache.check_and_add("a", "2", 100)
+    with pytest.raises(Unavailable) as info:
+        cache.check_and_add("a", "3", 200)
+    assert 800 == info.value.retry_after_ms
+    cache.check_and_add("a", "3", 1_000)  # the first pair expired, making room
+
+
+def test_rate_limiter_allows_burst_then_refuses_with_retry_after() -> None:
+    """A bucket of 10/s lets 10 through at once, then says when the next fits."""
+    limiter = RateLimiter(10)
+    for _ in range(10):
+        limiter.check("k", 0.0)
+    with pytest.raises(RateLimited) as info:
+        limiter.check("k", 0.0)
+    assert 100 == info.value.retry_after_ms
+    limiter.check("k", 0.1)
+
+
+def test_rate_limiter_is_bounded() -> None:
+    """Past max_keys the least recently used callers are forgotten."""
+    limiter = RateLimiter(1, max_keys=3)
+    for key in "abcde":
+        limiter.check(key, 0.0)
+    assert 3 == len(limiter)

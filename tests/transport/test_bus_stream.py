@@ -1,0 +1,88 @@
+"""The bus WebSocket session state machine (spec §3.5–3.6), pure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hearthnet.errors import BadRequest
+from hearthnet.frames import Frame
+from hearthnet.transport.bus_stream import Ack, BusStreamProtocol, CallRequest, CancelRequest, StreamState, ToolResult
+from hearthnet.transport.codec import SUBPROTOCOL_JSON, FrameCodec
+
+
+def proto() -> BusStreamProtocol:
+    """A fresh JSON session with the default window."""
+    return BusStreamProtocol(FrameCodec(SUBPROTOCOL_JSON), window=16, max_message_bytes=1 << 20)
+
+
+def feed(p: BusStreamProtocol, obj: object) -> object:
+    """Receive one JSON text message."""
+    return p.receive(json.dumps(obj).encode(), binary=False)
+
+
+def test_first_frame_must_be_the_call() -> None:
+    """Acks, cancels or tool results before the call frame are bad_request."""
+    for early in ({"type": "ack", "upto": 1}, {"type": "cancel"}, {"type": "tool_result"}, {}):
+        with pytest.raises(BadRequest, match="first frame"):
+            feed(proto(), early)
+
+
+def test_call_then_stream_frames() -> None:
+    """A call frame parses; frames are numbered 1, 2, ...; the terminal frame ends the session."""
+    p = proto()
+    call = feed(p, {"type": "call", "envelope": {"x": 1}, "signature": "ed25519:s"})
+    p.start()
+    first = json.loads(p.encode(Frame("token", {"text": "a"})))
+    last = json.loads(p.encode(Frame("done", {})))
+    assert (CallRequest({"x": 1}, "ed25519:s", None), 1, 2, StreamState.ENDED) == (
+        call, first["seq"], last["seq"], p.state)
+
+
+def test_client_frames_while_streaming() -> None:
+    """Acks, tool results and cancel are recognised; a second call is refused."""
+    p = proto()
+    feed(p, {"type": "call", "envelope": {}})
+    p.start()
+    for _ in range(10):
+        p.encode(Frame("token", {}))
+    assert [Ack(8, 8), Ack(3, 0), ToolResult("tc_1", {"r": 1}), CancelRequest()] == [
+        feed(p, {"type": "ack", "upto": 8}), feed(p, {"type": "ack", "upto": 3}),
+        feed(p, {"type": "tool_result", "tool_call_id": "tc_1", "body": {"r": 1}}),
+        feed(p, {"type": "cancel"})]
+    assert 1 == p.ignored_acks
+    with pytest.raises(BadRequest):
+        feed(p, {"type": "call", "envelope": {}})
+    with pytest.raises(BadRequest):
+        feed(p, {"type": "dance"})
+
+
+def test_window_full_blocks_non_terminal_frames() -> None:
+    """After 16 unacked frames can_send is false; the terminal frame still goes."""
+    p = proto()
+    feed(p, {"type": "call", "envelope": {}})
+    p.start()
+    for _ in range(16):
+        p.encode(Frame("token", {}))
+    assert not p.can_send
+    with pytest.raises(ValueError):
+        p.encode(Frame("token", {}))
+    assert 17 == json.loads(p.encode(Frame("error", {"code": "timeout"})))["seq"]
+
+
+def test_illegal_transition_raises() -> None:
+    """Starting twice is a bug, not a state."""
+    p = proto()
+    p.start()
+    with pytest.raises(RuntimeError):
+        p.start()
+
+
+def test_late_frames_after_end_are_ignored() -> None:
+    """An ack that arrives after the final frame is harmless."""
+    p = proto()
+    feed(p, {"type": "call", "envelope": {}})
+    p.start()
+    p.encode(Frame("done", {}))
+    assert None is feed(p, {"type": "ack", "upto": 1})

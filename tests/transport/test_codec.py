@@ -1,0 +1,64 @@
+"""Frame encodings: JSON, CBOR and SSE carry the same shapes (spec §3.3, §3.4, §3.8)."""
+
+from __future__ import annotations
+
+import json
+
+import cbor2
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hearthnet.errors import BadRequest, PayloadTooLarge, WrongFrameType
+from hearthnet.frames import Frame
+from hearthnet.transport.codec import (
+    SUBPROTOCOL_CBOR,
+    SUBPROTOCOL_JSON,
+    FrameCodec,
+    SseParser,
+    sse_event,
+)
+
+data = st.dictionaries(st.text(max_size=8), st.integers(-(2**63), 2**63 - 1) | st.text(max_size=20) | st.booleans(), max_size=5)
+
+
+@given(st.text(min_size=1, max_size=12), data, st.integers(min_value=1, max_value=2**31))
+def test_ws_frame_shape_matches_sse(event: str, payload: dict[str, object], seq: int) -> None:
+    """The same frame is the same {event, data} on JSON WS, CBOR WS and SSE."""
+    frame = Frame(event.replace("\n", " ").replace("\r", " "), payload, seq)
+    as_json = json.loads(FrameCodec(SUBPROTOCOL_JSON).encode_frame(frame))
+    as_cbor = cbor2.loads(FrameCodec(SUBPROTOCOL_CBOR).encode_frame(frame))
+    ((sse_name, sse_data, sse_id),) = SseParser().feed(sse_event(frame, with_id=True))
+    assert (as_json, as_json, (as_json["event"], as_json["data"], str(seq))) == (
+        frame.to_json(), as_cbor, (sse_name, json.loads(sse_data), sse_id))
+
+
+def test_sse_parser_handles_split_chunks_and_comments() -> None:
+    """Events split across reads and keepalive comments parse into whole events."""
+    raw = b": keepalive\n\n" + sse_event(Frame("token", {"t": "a"})) + sse_event(Frame("done", {}))
+    parser = SseParser()
+    events = []
+    for i in range(len(raw)):
+        events += parser.feed(raw[i : i + 1])
+    assert [("token", '{"t":"a"}', None), ("done", "{}", None)] == events
+
+
+def test_binary_frame_on_json_subprotocol_refused() -> None:
+    """A binary message on hearthnet-bus.v2 is a WrongFrameType (closes 1003)."""
+    with pytest.raises(WrongFrameType):
+        FrameCodec(SUBPROTOCOL_JSON).decode(b"{}", binary=True, max_bytes=100)
+    with pytest.raises(WrongFrameType):
+        FrameCodec(SUBPROTOCOL_CBOR).decode(b"{}", binary=False, max_bytes=100)
+
+
+@pytest.mark.parametrize("raw", [b"{", b"[1]", b"null", b"\xff"])
+def test_malformed_client_frames(raw: bytes) -> None:
+    """Not-JSON and not-an-object frames are bad_request."""
+    with pytest.raises(BadRequest):
+        FrameCodec(SUBPROTOCOL_JSON).decode(raw, binary=False, max_bytes=100)
+
+
+def test_oversized_frame() -> None:
+    """A frame over the limit is payload_too_large."""
+    with pytest.raises(PayloadTooLarge):
+        FrameCodec(SUBPROTOCOL_JSON).decode(b"{}" + b" " * 100, binary=False, max_bytes=100)
