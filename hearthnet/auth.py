@@ -91,8 +91,15 @@ class Authenticator:
         return Caller(token.identity, "token", level, token, False)
 
     def _check_signed(
-        self, obj: dict[str, Any], *, sender: str, community: str, ts: int, request_id: str,
-        signature: object, now_ms: int,
+        self,
+        obj: dict[str, Any],
+        *,
+        sender: str,
+        community: str,
+        ts: int,
+        request_id: str,
+        signature: object,
+        now_ms: int,
     ) -> Caller:
         caller = self.caller_for_identity(sender)
         if community != self.community_id:
@@ -139,8 +146,13 @@ class Authenticator:
             raise BadRequest("a signed call names its sender in from")
         assert isinstance(envelope_obj, dict)  # checked by from_json
         caller = self._check_signed(
-            envelope_obj, sender=envelope.sender, community=envelope.community, ts=envelope.ts,
-            request_id=envelope.request_id, signature=signature, now_ms=now_ms,
+            envelope_obj,
+            sender=envelope.sender,
+            community=envelope.community,
+            ts=envelope.ts,
+            request_id=envelope.request_id,
+            signature=signature,
+            now_ms=now_ms,
         )
         return VerifiedCall(envelope, caller, str(signature), None, target, deadline_ms)
 
@@ -169,14 +181,26 @@ class Authenticator:
             raise BadRequest("X-HearthNet-Request-Id must be a ULID")
         if not isinstance(ts, int):
             raise BadRequest("X-HearthNet-Timestamp must be integer Unix milliseconds")
-        assert isinstance(sender, str) and isinstance(community, str) and isinstance(request_id, str)
+        assert isinstance(sender, str)
+        assert isinstance(community, str)
+        assert isinstance(request_id, str)
         envelope = request_envelope(
-            method=method, path=path, body=body, request_id=request_id, sender=sender,
-            community=community, ts=ts,
+            method=method,
+            path=path,
+            body=body,
+            request_id=request_id,
+            sender=sender,
+            community=community,
+            ts=ts,
         )
         return self._check_signed(
-            envelope, sender=sender, community=community, ts=ts, request_id=request_id,
-            signature=signature, now_ms=now_ms,
+            envelope,
+            sender=sender,
+            community=community,
+            ts=ts,
+            request_id=request_id,
+            signature=signature,
+            now_ms=now_ms,
         )
 
     def authenticate_session(self, frame: dict[str, Any], now_ms: int) -> Caller:
@@ -188,8 +212,12 @@ class Authenticator:
         if "token" in frame:
             return self.caller_for_token(frame["token"], now_ms)
         identity, ts, nonce, sig = (frame.get(k) for k in ("identity", "ts", "nonce", "sig"))
-        if not is_node_id(identity) or not isinstance(ts, int) or not isinstance(nonce, str) \
-                or not 8 <= len(nonce) <= 128:
+        if (
+            not is_node_id(identity)
+            or not isinstance(ts, int)
+            or not isinstance(nonce, str)
+            or not 8 <= len(nonce) <= 128
+        ):
             raise BadRequest("auth needs token, or identity, ts, nonce (8..128 chars) and sig")
         assert isinstance(identity, str)
         caller = self.caller_for_identity(identity)

@@ -28,7 +28,7 @@ MAX_EXACT_INTEGER = 2**53
 
 # The C-accelerated string escaper behind json.dumps(ensure_ascii=False). It escapes
 # exactly what JCS requires and leaves the rest raw, with lower-case \u00xx escapes.
-_encode_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_encode_string = json.encoder.encode_basestring
 
 
 def _utf16_key(key: str) -> bytes:
@@ -37,7 +37,7 @@ def _utf16_key(key: str) -> bytes:
 
 def format_number(value: float) -> str:
     """ECMAScript ``Number::toString`` for a finite double (RFC 8785 §3.2.2.3)."""
-    if value != value or value in (math.inf, -math.inf):
+    if math.isnan(value) or math.isinf(value):
         raise BadRequest("NaN and Infinity have no JSON form")
     if value == 0:
         return "0"  # covers -0.0 as well
@@ -97,7 +97,9 @@ def _serialize(value: Any, out: list[str]) -> None:
         out.append(str(value))
     elif isinstance(value, float):
         if value.is_integer() and MAX_EXACT_INTEGER < abs(value) < 1e21:
-            raise BadRequest("integral floats between 2^53 and 1e21 do not round-trip; use a string")
+            raise BadRequest(
+                "integral floats between 2^53 and 1e21 do not round-trip; use a string"
+            )
         out.append(format_number(value))
     elif isinstance(value, dict):
         out.append("{")

@@ -68,7 +68,11 @@ def _config(args: argparse.Namespace) -> Config:
         value = getattr(args, flag, None)
         if value is not None:
             overrides["node"][key] = value
-    path = Path(args.config).expanduser() if getattr(args, "config", None) else data_dir / "hearthnet.toml"
+    path = (
+        Path(args.config).expanduser()
+        if getattr(args, "config", None)
+        else data_dir / "hearthnet.toml"
+    )
     if getattr(args, "config", None) and not path.exists():
         raise ConfigError(f"config file {path} does not exist")
     return load_config(path, overrides=overrides)
@@ -142,9 +146,8 @@ def cmd_node_status(args: argparse.Namespace) -> int:
         return EXIT_OK
     width = max(len(k) for k in status)
     for key, value in status.items():
-        if isinstance(value, list):
-            value = ", ".join(str(v) for v in value) or "-"
-        print(f"{key.ljust(width)}  {value}")
+        shown = ", ".join(str(v) for v in value) or "-" if isinstance(value, list) else value
+        print(f"{key.ljust(width)}  {shown}")
     return EXIT_OK
 
 
@@ -160,8 +163,13 @@ def cmd_call(args: argparse.Namespace) -> int:
                 result = await client.call_with_meta(args.capability, args.body, target=args.target)
                 _print_json(result["output"])
                 return EXIT_OK
-            async with client.stream(args.capability, args.body, prefer_ws=not args.sse,
-                                     cbor=args.cbor, target=args.target) as stream:
+            async with client.stream(
+                args.capability,
+                args.body,
+                prefer_ws=not args.sse,
+                cbor=args.cbor,
+                target=args.target,
+            ) as stream:
                 status = EXIT_OK
                 async for frame in stream:
                     print(json.dumps(frame.to_json(), ensure_ascii=False), flush=True)
@@ -184,8 +192,11 @@ def cmd_keys_show(args: argparse.Namespace) -> int:
     if not (data_dir / "keys").exists():
         raise IdentityError(f"no keys in {data_dir}; they are created by: hearthnet node start")
     keys = load_or_create_keys(data_dir)
-    info = {"node": keys.node_id, "short_id": keys.short_id,
-            "seed_file": str(data_dir / "keys" / "node.ed25519")}
+    info = {
+        "node": keys.node_id,
+        "short_id": keys.short_id,
+        "seed_file": str(data_dir / "keys" / "node.ed25519"),
+    }
     if args.json:
         _print_json(info)
     else:
@@ -208,11 +219,18 @@ def cmd_token_issue(args: argparse.Namespace) -> int:
 
     data_dir = _data_dir(args)
     keys = load_or_create_keys(data_dir)
-    membership = open_membership(CommunityStore(data_dir), keys, name=_config(args).node.name,
-                                 now_ms=now_ms())
+    membership = open_membership(
+        CommunityStore(data_dir), keys, name=_config(args).node.name, now_ms=now_ms()
+    )
     scopes = [Scope.parse(s) for s in args.scope]
-    token = CapabilityToken.issue(keys, community=membership.community_id, scopes=scopes,
-                                  ttl_ms=args.ttl, now_ms=now_ms(), sub=args.sub)
+    token = CapabilityToken.issue(
+        keys,
+        community=membership.community_id,
+        scopes=scopes,
+        ttl_ms=args.ttl,
+        now_ms=now_ms(),
+        sub=args.sub,
+    )
     print(token.encode())
     return EXIT_OK
 
@@ -223,8 +241,10 @@ def cmd_token_issue(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--data-dir", help="data directory (default: $HEARTHNET_DATA_DIR or "
-                                           "~/.local/share/hearthnet)")
+    common.add_argument(
+        "--data-dir",
+        help="data directory (default: $HEARTHNET_DATA_DIR or ~/.local/share/hearthnet)",
+    )
     common.add_argument("--config", help="TOML config file (default: <data_dir>/hearthnet.toml)")
     remote = argparse.ArgumentParser(add_help=False)
     remote.add_argument("--url", help="node URL (default: from <data_dir>/run/node.json)")
@@ -262,16 +282,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     config = sub.add_parser("config", help="configuration")
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
-    cshow = config_sub.add_parser("show", parents=[common], help="print the effective configuration")
+    cshow = config_sub.add_parser(
+        "show", parents=[common], help="print the effective configuration"
+    )
     cshow.set_defaults(func=cmd_config_show)
 
     token = sub.add_parser("token", help="capability tokens for clients")
     token_sub = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
     issue = token_sub.add_parser("issue", parents=[common], help="issue a token (printed alone)")
-    issue.add_argument("--scope", action="append", required=True,
-                       help="sub:PATTERN, pub:PATTERN or call:NAME[@MAJOR]; repeatable")
-    issue.add_argument("--ttl", type=parse_duration_ms, default=parse_duration_ms("1h"),
-                       help="lifetime (default 1h)")
+    issue.add_argument(
+        "--scope",
+        action="append",
+        required=True,
+        help="sub:PATTERN, pub:PATTERN or call:NAME[@MAJOR]; repeatable",
+    )
+    issue.add_argument(
+        "--ttl",
+        type=parse_duration_ms,
+        default=parse_duration_ms("1h"),
+        help="lifetime (default 1h)",
+    )
     issue.add_argument("--sub", help="subject name for the client (default: generated)")
     issue.set_defaults(func=cmd_token_issue)
     return parser

@@ -72,8 +72,9 @@ def find_running_node(data_dir: Path) -> dict[str, Any]:
     try:
         info: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except (FileNotFoundError, ValueError) as exc:
-        raise NodeNotRunning(f"no running node found ({path}); start one with: hearthnet node start"
-                             ) from exc
+        raise NodeNotRunning(
+            f"no running node found ({path}); start one with: hearthnet node start"
+        ) from exc
     try:
         os.kill(int(info["pid"]), 0)
     except (ProcessLookupError, KeyError, ValueError) as exc:
@@ -153,16 +154,25 @@ class Client:
     async def call_envelope(self, name: str, version: str, body: dict[str, Any]) -> dict[str, Any]:
         """The call envelope of spec §2.2 for this client."""
         envelope: dict[str, Any] = {
-            "body": body, "capability": name, "version": version, "request_id": new_ulid(),
-            "community": await self._community(), "ts": now_ms(),
+            "body": body,
+            "capability": name,
+            "version": version,
+            "request_id": new_ulid(),
+            "community": await self._community(),
+            "ts": now_ms(),
         }
         if self.keys is not None:
             envelope["from"] = self.keys.node_id
         return envelope
 
-    def _credential_headers(self, envelope: dict[str, Any], signature: str | None) -> dict[str, str]:
-        headers = {h.REQUEST_ID: envelope["request_id"], h.COMMUNITY: envelope["community"],
-                   h.TIMESTAMP: str(envelope["ts"])}
+    def _credential_headers(
+        self, envelope: dict[str, Any], signature: str | None
+    ) -> dict[str, str]:
+        headers = {
+            h.REQUEST_ID: envelope["request_id"],
+            h.COMMUNITY: envelope["community"],
+            h.TIMESTAMP: str(envelope["ts"]),
+        }
         if self.keys is not None and signature is not None:
             headers[h.FROM] = self.keys.node_id
             headers[h.SIGNATURE] = signature
@@ -178,9 +188,15 @@ class Client:
         if self.keys is None:
             assert self.token is not None
             return {h.TOKEN: self.token}
-        envelope = request_envelope(method=method, path=path, body=body, request_id=new_ulid(),
-                                    sender=self.keys.node_id, community=await self._community(),
-                                    ts=now_ms())
+        envelope = request_envelope(
+            method=method,
+            path=path,
+            body=body,
+            request_id=new_ulid(),
+            sender=self.keys.node_id,
+            community=await self._community(),
+            ts=now_ms(),
+        )
         return self._credential_headers(envelope, self.keys.sign_object(envelope))
 
     async def get_json(self, path: str) -> Any:
@@ -194,16 +210,29 @@ class Client:
         data = orjson.dumps(body) if body is not None else None
         if data is not None:
             headers["Content-Type"] = "application/json"
-        async with self.session.request(method, self.url + path, data=data, headers=headers) as resp:
+        async with self.session.request(
+            method, self.url + path, data=data, headers=headers
+        ) as resp:
             return await _json_or_raise(resp)
 
-    def _call_headers(self, envelope: dict[str, Any], signature: str | None, *, target: str | None,
-                      deadline_ms: int | None, accept: str) -> dict[str, str]:
+    def _call_headers(
+        self,
+        envelope: dict[str, Any],
+        signature: str | None,
+        *,
+        target: str | None,
+        deadline_ms: int | None,
+        accept: str,
+    ) -> dict[str, str]:
         headers = self._credential_headers(envelope, signature)
-        headers.update({
-            h.CAPABILITY: envelope["capability"], h.VERSION: envelope["version"],
-            "Accept": accept, "Content-Type": "application/json",
-        })
+        headers.update(
+            {
+                h.CAPABILITY: envelope["capability"],
+                h.VERSION: envelope["version"],
+                "Accept": accept,
+                "Content-Type": "application/json",
+            }
+        )
         if target:
             headers[h.TARGET] = target
         if deadline_ms:
@@ -212,21 +241,35 @@ class Client:
 
     # --- calls --------------------------------------------------------------------
 
-    async def call(self, capability: str, value: Any = None, *, params: dict[str, Any] | None = None,
-                   target: str | None = None, deadline_ms: int | None = None) -> dict[str, Any]:
+    async def call(
+        self,
+        capability: str,
+        value: Any = None,
+        *,
+        params: dict[str, Any] | None = None,
+        target: str | None = None,
+        deadline_ms: int | None = None,
+    ) -> dict[str, Any]:
         """Call a non-streaming capability and return its output object.
 
         Raises:
             WireError: the node's error (``remote`` is true), e.g. NotFound, SchemaMismatch.
         """
-        result = await self.call_with_meta(capability, value, params=params, target=target,
-                                           deadline_ms=deadline_ms)
+        result = await self.call_with_meta(
+            capability, value, params=params, target=target, deadline_ms=deadline_ms
+        )
         output: dict[str, Any] = result["output"]
         return output
 
-    async def call_with_meta(self, capability: str, value: Any = None, *,
-                             params: dict[str, Any] | None = None, target: str | None = None,
-                             deadline_ms: int | None = None) -> dict[str, Any]:
+    async def call_with_meta(
+        self,
+        capability: str,
+        value: Any = None,
+        *,
+        params: dict[str, Any] | None = None,
+        target: str | None = None,
+        deadline_ms: int | None = None,
+    ) -> dict[str, Any]:
         """Like :meth:`call` but returns ``{"output", "meta"}``."""
         name, version = split_capability(capability)
         version = await self._version(name, version)
@@ -234,17 +277,32 @@ class Client:
         if params:
             body["params"] = params
         envelope = await self.call_envelope(name, version, body)
-        headers = self._call_headers(envelope, self._sign(envelope), target=target,
-                                     deadline_ms=deadline_ms, accept="application/json")
-        async with self.session.post(self.url + "/bus/v1/call", data=orjson.dumps(body),
-                                     headers=headers) as resp:
+        headers = self._call_headers(
+            envelope,
+            self._sign(envelope),
+            target=target,
+            deadline_ms=deadline_ms,
+            accept="application/json",
+        )
+        async with self.session.post(
+            self.url + "/bus/v1/call", data=orjson.dumps(body), headers=headers
+        ) as resp:
             result: dict[str, Any] = await _json_or_raise(resp)
             return result
 
-    def stream(self, capability: str, value: Any = None, *, params: dict[str, Any] | None = None,
-               prefer_ws: bool = True, cbor: bool = False, target: str | None = None,
-               deadline_ms: int | None = None, tool_handler: ToolHandler | None = None,
-               auto_ack: bool = True) -> Stream:
+    def stream(
+        self,
+        capability: str,
+        value: Any = None,
+        *,
+        params: dict[str, Any] | None = None,
+        prefer_ws: bool = True,
+        cbor: bool = False,
+        target: str | None = None,
+        deadline_ms: int | None = None,
+        tool_handler: ToolHandler | None = None,
+        auto_ack: bool = True,
+    ) -> Stream:
         """Open a stream of frames from a streaming capability (use ``async with``).
 
         Args:
@@ -254,9 +312,18 @@ class Client:
                 frames inline over WebSocket.
             auto_ack: ack every 8 frames (turn off only to test flow control).
         """
-        return Stream(self, capability, value, params=params, prefer_ws=prefer_ws, cbor=cbor,
-                      target=target, deadline_ms=deadline_ms, tool_handler=tool_handler,
-                      auto_ack=auto_ack)
+        return Stream(
+            self,
+            capability,
+            value,
+            params=params,
+            prefer_ws=prefer_ws,
+            cbor=cbor,
+            target=target,
+            deadline_ms=deadline_ms,
+            tool_handler=tool_handler,
+            auto_ack=auto_ack,
+        )
 
 
 async def _json_or_raise(resp: aiohttp.ClientResponse) -> Any:
@@ -275,9 +342,20 @@ async def _json_or_raise(resp: aiohttp.ClientResponse) -> Any:
 class Stream:
     """One streaming call: an async iterator of :class:`Frame`, ending with ``done``/``error``."""
 
-    def __init__(self, client: Client, capability: str, value: Any, *, params: dict[str, Any] | None,
-                 prefer_ws: bool, cbor: bool, target: str | None, deadline_ms: int | None,
-                 tool_handler: ToolHandler | None, auto_ack: bool) -> None:
+    def __init__(
+        self,
+        client: Client,
+        capability: str,
+        value: Any,
+        *,
+        params: dict[str, Any] | None,
+        prefer_ws: bool,
+        cbor: bool,
+        target: str | None,
+        deadline_ms: int | None,
+        tool_handler: ToolHandler | None,
+        auto_ack: bool,
+    ) -> None:
         self.client = client
         self.capability = capability
         self.value = value
@@ -302,8 +380,12 @@ class Stream:
         await self.open()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.aclose()
 
     def __aiter__(self) -> AsyncIterator[Frame]:
@@ -340,9 +422,17 @@ class Stream:
         proto = SUBPROTOCOL_CBOR if self.cbor else SUBPROTOCOL_JSON
         headers = {h.CAPABILITY: envelope["capability"], h.VERSION: envelope["version"]}
         try:
-            ws = await connect(ws_url, subprotocols=[Subprotocol(proto)], additional_headers=headers,
-                               compression=None, proxy=None, ping_interval=None,
-                               max_size=16 * 1024 * 1024, max_queue=64, open_timeout=10)
+            ws = await connect(
+                ws_url,
+                subprotocols=[Subprotocol(proto)],
+                additional_headers=headers,
+                compression=None,
+                proxy=None,
+                ping_interval=None,
+                max_size=16 * 1024 * 1024,
+                max_queue=64,
+                open_timeout=10,
+            )
         except InvalidStatus as exc:
             status = exc.response.status_code
             if status in (426, 503):
@@ -383,17 +473,23 @@ class Stream:
                         yield Frame("error", Cancelled("cancelled").to_frame_data())
                         return
                     code = exc.rcvd.code if exc.rcvd else 1006
-                    yield Frame("error", {"code": "unavailable",
-                                          "message": f"connection closed ({code}) before the end"})
+                    yield Frame(
+                        "error",
+                        {
+                            "code": "unavailable",
+                            "message": f"connection closed ({code}) before the end",
+                        },
+                    )
                     return
-                if isinstance(raw, bytes):
-                    obj = cbor2.loads(raw)
-                else:
-                    obj = orjson.loads(raw)
+                obj = cbor2.loads(raw) if isinstance(raw, bytes) else orjson.loads(raw)
                 frame = Frame.from_json(obj)
                 if frame.seq is not None:
                     self._last_seq = frame.seq
-                    if self.auto_ack and self._last_seq - self._acked >= ACK_EVERY and not frame.terminal:
+                    if (
+                        self.auto_ack
+                        and self._last_seq - self._acked >= ACK_EVERY
+                        and not frame.terminal
+                    ):
                         await self.ack(self._last_seq)
                 if frame.event == "tool_call" and self.tool_handler is not None:
                     task = asyncio.get_running_loop().create_task(self._answer_tool(frame.data))
@@ -430,11 +526,17 @@ class Stream:
 
     async def _open_sse(self, envelope: dict[str, Any], body: dict[str, Any]) -> None:
         client = self.client
-        headers = client._call_headers(envelope, client._sign(envelope), target=self.target,
-                                       deadline_ms=self.deadline_ms, accept="text/event-stream")
+        headers = client._call_headers(
+            envelope,
+            client._sign(envelope),
+            target=self.target,
+            deadline_ms=self.deadline_ms,
+            accept="text/event-stream",
+        )
         try:
-            resp = await client.session.post(client.url + "/bus/v1/call", data=orjson.dumps(body),
-                                             headers=headers)
+            resp = await client.session.post(
+                client.url + "/bus/v1/call", data=orjson.dumps(body), headers=headers
+            )
         except aiohttp.ClientError as exc:
             raise Unavailable(f"cannot connect to {client.url}: {exc}") from exc
         if resp.status >= 400:
@@ -490,7 +592,7 @@ class Stream:
         return [frame async for frame in self]
 
 
-class _FallBack(HearthNetError):  # noqa: N818 - internal control flow, never escapes
+class _FallBack(HearthNetError):
     """WS upgrade refused with 426/503: use SSE."""
 
 

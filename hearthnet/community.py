@@ -122,15 +122,33 @@ class MembershipRecord:
             raise BadRequest("a membership record is an object")
         try:
             rec = cls(
-                id=obj["id"], kind=obj["kind"], community=obj["community"],
-                subject=obj["subject"], by=obj["by"], ts=obj["ts"], sig=obj["sig"],
-                level=obj.get("level"), name=obj.get("name"), role=obj.get("role"),
+                id=obj["id"],
+                kind=obj["kind"],
+                community=obj["community"],
+                subject=obj["subject"],
+                by=obj["by"],
+                ts=obj["ts"],
+                sig=obj["sig"],
+                level=obj.get("level"),
+                name=obj.get("name"),
+                role=obj.get("role"),
                 iss=obj.get("iss"),
             )
         except KeyError as exc:
             raise BadRequest(f"membership record lacks {exc.args[0]!r}") from exc
-        if set(obj) - {"id", "kind", "community", "subject", "by", "ts", "sig", "level",
-                       "name", "role", "iss"}:
+        if set(obj) - {
+            "id",
+            "kind",
+            "community",
+            "subject",
+            "by",
+            "ts",
+            "sig",
+            "level",
+            "name",
+            "role",
+            "iss",
+        }:
             raise BadRequest("membership record has unknown fields")
         if not is_ulid(rec.id) or rec.kind not in RECORD_KINDS:
             raise BadRequest("membership record id or kind is invalid")
@@ -151,8 +169,12 @@ class MembershipRecord:
     def to_json(self) -> dict[str, Any]:
         """The wire/storage form."""
         out: dict[str, Any] = {
-            "id": self.id, "kind": self.kind, "community": self.community,
-            "subject": self.subject, "by": self.by, "ts": self.ts,
+            "id": self.id,
+            "kind": self.kind,
+            "community": self.community,
+            "subject": self.subject,
+            "by": self.by,
+            "ts": self.ts,
         }
         for key in ("level", "name", "role", "iss"):
             value = getattr(self, key)
@@ -224,27 +246,41 @@ class Membership:
         signer = self.level_of(rec.by)
         if rec.kind == "community.created":
             if rec.by == rec.subject == self.community_id and not self.members:
-                self.members[rec.by] = MemberInfo(Level.ANCHOR, rec.role or "node", rec.name, rec.ts)
+                self.members[rec.by] = MemberInfo(
+                    Level.ANCHOR, rec.role or "node", rec.name, rec.ts
+                )
                 self.name = rec.name or self.name
             return
         if signer is None:
             return
         if rec.kind == "member.added":
             level = Level.parse(rec.level) if rec.level else Level.MEMBER
-            if signer >= Level.TRUSTED and level <= signer and rec.subject not in self.revoked \
-                    and rec.subject not in self.members and is_node_id(rec.subject):
+            if (
+                signer >= Level.TRUSTED
+                and level <= signer
+                and rec.subject not in self.revoked
+                and rec.subject not in self.members
+                and is_node_id(rec.subject)
+            ):
                 self.members[rec.subject] = MemberInfo(level, rec.role or "node", rec.name, rec.ts)
         elif rec.kind == "member.level_changed":
             info = self.members.get(rec.subject)
-            if signer == Level.ANCHOR and info is not None and rec.level is not None \
-                    and rec.subject != self.community_id:
+            if (
+                signer == Level.ANCHOR
+                and info is not None
+                and rec.level is not None
+                and rec.subject != self.community_id
+            ):
                 info.level = Level.parse(rec.level)
         elif rec.kind == "member.revoked":
             if signer == Level.ANCHOR and rec.subject != self.community_id:
                 self.members.pop(rec.subject, None)
                 self.revoked.add(rec.subject)
-        elif rec.kind == "token.revoked" and rec.iss is not None \
-                and (signer == Level.ANCHOR or rec.by == rec.iss):
+        elif (
+            rec.kind == "token.revoked"
+            and rec.iss is not None
+            and (signer == Level.ANCHOR or rec.by == rec.iss)
+        ):
             self.revoked_tokens.add((rec.iss, rec.subject))
 
 
@@ -267,7 +303,9 @@ class CommunityStore:
                 try:
                     records.append(MembershipRecord.parse(json.loads(line)))
                 except (ValueError, HearthNetError) as exc:
-                    raise StorageError(f"{self.path}:{lineno}: bad membership record: {exc}") from exc
+                    raise StorageError(
+                        f"{self.path}:{lineno}: bad membership record: {exc}"
+                    ) from exc
         return records
 
     def append(self, record: MembershipRecord) -> None:

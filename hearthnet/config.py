@@ -42,15 +42,26 @@ def default_data_dir() -> Path:
 class NodeSection:
     """[node]: who this node is and where it listens."""
 
-    name: str = field(default_factory=socket.gethostname, metadata=_doc(
-        "Human name of this node, shown to peers and in zeroconf."))
+    name: str = field(
+        default_factory=socket.gethostname,
+        metadata=_doc("Human name of this node, shown to peers and in zeroconf."),
+    )
     host: str = field(default="0.0.0.0", metadata=_doc("Address to listen on."))  # noqa: S104
-    port: int = field(default=7080, metadata=_doc("TCP port for HTTP, SSE and WebSocket; 0 picks a free port."))
-    data_dir: str = field(default="", metadata=_doc(
-        "Keys, log, heartbeats and run files. Empty: $HEARTHNET_DATA_DIR or ~/.local/share/hearthnet."))
+    port: int = field(
+        default=7080, metadata=_doc("TCP port for HTTP, SSE and WebSocket; 0 picks a free port.")
+    )
+    data_dir: str = field(
+        default="",
+        metadata=_doc(
+            "Keys, log, heartbeats and run files. "
+            "Empty: $HEARTHNET_DATA_DIR or ~/.local/share/hearthnet."
+        ),
+    )
     log_level: str = field(default="info", metadata=_doc("debug, info, warning or error."))
-    shutdown_grace_s: float = field(default=2.0, metadata=_doc(
-        "On SIGINT/SIGTERM, time given to streams to end before they are cancelled."))
+    shutdown_grace_s: float = field(
+        default=2.0,
+        metadata=_doc("On SIGINT/SIGTERM, time given to streams to end before they are cancelled."),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,48 +69,83 @@ class TransportSection:
     """[transport]: HTTP, SSE and WebSocket limits and timers (spec §2.5, §3.6)."""
 
     max_body_bytes: int = field(default=1 * MIB, metadata=_doc("Largest HTTP request body."))
-    max_header_bytes: int = field(default=16 * KIB, metadata=_doc("Largest total size of request headers."))
-    max_ws_message_bytes: int = field(default=1 * MIB, metadata=_doc(
-        "Largest WebSocket message; larger ones close the socket with 1009."))
+    max_header_bytes: int = field(
+        default=16 * KIB, metadata=_doc("Largest total size of request headers.")
+    )
+    max_ws_message_bytes: int = field(
+        default=1 * MIB,
+        metadata=_doc("Largest WebSocket message; larger ones close the socket with 1009."),
+    )
     ws_ping_s: float = field(default=30.0, metadata=_doc("Interval between WebSocket pings."))
-    ws_missed_pongs: int = field(default=2, metadata=_doc(
-        "Pongs a peer may miss before the socket is closed with 4408."))
-    ws_idle_s: float = field(default=120.0, metadata=_doc(
-        "No data frames either way for this long: close with 1000."))
-    ws_first_frame_s: float = field(default=10.0, metadata=_doc(
-        "Time a client has to send its first (call or auth) frame; else close 1008."))
-    stream_window: int = field(default=16, metadata=_doc(
-        "Unacknowledged frames in flight on a bus stream."))
-    stream_ack_timeout_s: float = field(default=5.0, metadata=_doc(
-        "A bus stream blocked this long without an ack ends with error timeout."))
-    sse_keepalive_s: float = field(default=15.0, metadata=_doc("Interval of ': keepalive' SSE comments."))
-    websocket_enabled: bool = field(default=True, metadata=_doc(
-        "Accept WebSocket upgrades; when false, upgrades get 503 and clients fall back to SSE."))
+    ws_missed_pongs: int = field(
+        default=2, metadata=_doc("Pongs a peer may miss before the socket is closed with 4408.")
+    )
+    ws_idle_s: float = field(
+        default=120.0, metadata=_doc("No data frames either way for this long: close with 1000.")
+    )
+    ws_first_frame_s: float = field(
+        default=10.0,
+        metadata=_doc("Time a client has to send its first (call or auth) frame; else close 1008."),
+    )
+    stream_window: int = field(
+        default=16, metadata=_doc("Unacknowledged frames in flight on a bus stream.")
+    )
+    stream_ack_timeout_s: float = field(
+        default=5.0,
+        metadata=_doc("A bus stream blocked this long without an ack ends with error timeout."),
+    )
+    sse_keepalive_s: float = field(
+        default=15.0, metadata=_doc("Interval of ': keepalive' SSE comments.")
+    )
+    websocket_enabled: bool = field(
+        default=True,
+        metadata=_doc(
+            "Accept WebSocket upgrades; when false, upgrades get 503 and clients fall back to SSE."
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class SecuritySection:
     """[security]: signature windows and replay protection (spec §1.4)."""
 
-    clock_window_s: float = field(default=60.0, metadata=_doc(
-        "Largest allowed distance between a request's ts and our clock."))
-    replay_window_s: float = field(default=120.0, metadata=_doc(
-        "How long a (from, request_id) pair is remembered."))
-    replay_cache_max: int = field(default=1_000_000, metadata=_doc(
-        "Most remembered request ids; when full of live ids, new signed calls get unavailable."))
+    clock_window_s: float = field(
+        default=60.0,
+        metadata=_doc("Largest allowed distance between a request's ts and our clock."),
+    )
+    replay_window_s: float = field(
+        default=120.0, metadata=_doc("How long a (from, request_id) pair is remembered.")
+    )
+    replay_cache_max: int = field(
+        default=1_000_000,
+        metadata=_doc(
+            "Most remembered request ids; when full of live ids, new signed calls get unavailable."
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class LimitsSection:
     """[limits]: rate and connection limits (spec §2.5)."""
 
-    calls_per_s_per_capability: float = field(default=100.0, metadata=_doc(
-        "Calls per second one caller may make to one capability."))
-    calls_per_s_total: float = field(default=1000.0, metadata=_doc("Calls per second one caller may make in all."))
-    connections_per_identity: int = field(default=100, metadata=_doc("Open streams and sockets per identity."))
-    connections_total: int = field(default=10_000, metadata=_doc("Open streams and sockets per node."))
-    rate_limit_callers_max: int = field(default=100_000, metadata=_doc(
-        "Callers whose rate budgets are tracked at once (least recently seen are forgotten)."))
+    calls_per_s_per_capability: float = field(
+        default=100.0, metadata=_doc("Calls per second one caller may make to one capability.")
+    )
+    calls_per_s_total: float = field(
+        default=1000.0, metadata=_doc("Calls per second one caller may make in all.")
+    )
+    connections_per_identity: int = field(
+        default=100, metadata=_doc("Open streams and sockets per identity.")
+    )
+    connections_total: int = field(
+        default=10_000, metadata=_doc("Open streams and sockets per node.")
+    )
+    rate_limit_callers_max: int = field(
+        default=100_000,
+        metadata=_doc(
+            "Callers whose rate budgets are tracked at once (least recently seen are forgotten)."
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +153,9 @@ class BusSection:
     """[bus]: capability call defaults (spec §2.3). A call without
     X-HearthNet-Deadline-Ms gets its capability's ``timeout_s`` (30 s; 120 s for llm.*)."""
 
-    max_deadline_s: float = field(default=3600.0, metadata=_doc("Largest deadline a caller may ask for."))
+    max_deadline_s: float = field(
+        default=3600.0, metadata=_doc("Largest deadline a caller may ask for.")
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +229,9 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
     raise ConfigError(f"{where}: expected {kind_name}, got {value!r}")
 
 
-def _apply(section_cls: type[Any], section_name: str, values: Mapping[str, Any], base: Any,
-           source: str) -> Any:
+def _apply(
+    section_cls: type[Any], section_name: str, values: Mapping[str, Any], base: Any, source: str
+) -> Any:
     hints = typing.get_type_hints(section_cls)
     known = {f.name for f in dataclasses.fields(section_cls)}
     changes: dict[str, Any] = {}
@@ -232,9 +281,7 @@ def load_config(
             raise ConfigError(f"{path}: [{name}] must be a table")
         current = _apply(cls, name, table, current, str(path))
         prefix = f"HEARTHNET_{name.upper()}_"
-        env_values = {
-            k[len(prefix):].lower(): v for k, v in env.items() if k.startswith(prefix)
-        }
+        env_values = {k[len(prefix) :].lower(): v for k, v in env.items() if k.startswith(prefix)}
         if name == "node" and "HEARTHNET_DATA_DIR" in env and "data_dir" not in env_values:
             env_values["data_dir"] = env["HEARTHNET_DATA_DIR"]
         current = _apply(cls, name, env_values, current, "environment")
@@ -298,6 +345,8 @@ def configuration_table() -> str:
     lines = ["| key | default | environment | meaning |", "|---|---|---|---|"]
     for section, key, default, doc in documented_keys():
         shown = _toml_value(default) if not (section == "node" and key == "name") else "host name"
-        lines.append(f"| `{section}.{key}` | `{shown}` | `HEARTHNET_{section.upper()}_{key.upper()}` "
-                     f"| {doc} |")
+        lines.append(
+            f"| `{section}.{key}` | `{shown}` | `HEARTHNET_{section.upper()}_{key.upper()}` "
+            f"| {doc} |"
+        )
     return "\n".join(lines) + "\n"

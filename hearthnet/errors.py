@@ -262,9 +262,9 @@ def error_from_wire(body: dict[str, Any], *, remote: bool = True) -> WireError:
     retry = body.get("retry_after_ms")
     retry_after_ms = retry if isinstance(retry, int) else None
     cls = WIRE_ERRORS.get(code) if isinstance(code, str) else None
-    extra = {k: v for k, v in body.items() if k not in ("error", "code", "message", "retry_after_ms")}
+    extra = {
+        k: v for k, v in body.items() if k not in ("error", "code", "message", "retry_after_ms")
+    }
     if cls is None:
-        return InternalError(
-            f"unknown error code {code!r}: {message}", remote=remote, extra=extra
-        )
+        return InternalError(f"unknown error code {code!r}: {message}", remote=remote, extra=extra)
     return cls(message, retry_after_ms=retry_after_ms, remote=remote, extra=extra)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hearthnet.errors import BadRequest
+
 TERMINAL_EVENTS = frozenset({"done", "error"})
 
 
@@ -38,8 +40,6 @@ class Frame:
     @classmethod
     def from_json(cls, obj: object) -> Frame:
         """Parse a server frame (client side)."""
-        from hearthnet.errors import BadRequest
-
         if not isinstance(obj, dict) or not isinstance(obj.get("event"), str):
             raise BadRequest("a frame is an object with an event string")
         data = obj.get("data", {})

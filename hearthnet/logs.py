@@ -13,8 +13,12 @@ import time
 import orjson
 
 CONTEXT_FIELDS = ("node", "peer", "request_id", "topic", "capability", "code")
-LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-          "error": logging.ERROR}
+LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 class JsonFormatter(logging.Formatter):

@@ -65,8 +65,13 @@ class Counter:
 class Gauge:
     """A value read from a callback at scrape time (one series per returned label tuple)."""
 
-    def __init__(self, name: str, help_text: str, read: Callable[[], float | dict[LabelValues, float]],
-                 labelnames: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        name: str,
+        help_text: str,
+        read: Callable[[], float | dict[LabelValues, float]],
+        labelnames: tuple[str, ...] = (),
+    ) -> None:
         self.name = name
         self.help = help_text
         self.read = read
@@ -87,9 +92,27 @@ class Gauge:
 class Histogram:
     """Cumulative-bucket histogram of observations (seconds, by convention)."""
 
-    DEFAULT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+    DEFAULT_BUCKETS = (
+        0.0005,
+        0.001,
+        0.0025,
+        0.005,
+        0.01,
+        0.025,
+        0.05,
+        0.1,
+        0.25,
+        0.5,
+        1,
+        2.5,
+        5,
+        10,
+        30,
+    )
 
-    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...] = DEFAULT_BUCKETS) -> None:
+    def __init__(
+        self, name: str, help_text: str, buckets: tuple[float, ...] = DEFAULT_BUCKETS
+    ) -> None:
         self.name = name
         self.help = help_text
         self.bounds = tuple(sorted(buckets))
@@ -131,15 +154,21 @@ class MetricsRegistry:
         self._metrics[name] = metric
         return metric
 
-    def gauge(self, name: str, help_text: str, read: Callable[[], float | dict[LabelValues, float]],
-              labelnames: tuple[str, ...] = ()) -> Gauge:
+    def gauge(
+        self,
+        name: str,
+        help_text: str,
+        read: Callable[[], float | dict[LabelValues, float]],
+        labelnames: tuple[str, ...] = (),
+    ) -> Gauge:
         """Register a callback gauge (replacing one of the same name)."""
         metric = Gauge(name, help_text, read, labelnames)
         self._metrics[name] = metric
         return metric
 
-    def histogram(self, name: str, help_text: str,
-                  buckets: tuple[float, ...] = Histogram.DEFAULT_BUCKETS) -> Histogram:
+    def histogram(
+        self, name: str, help_text: str, buckets: tuple[float, ...] = Histogram.DEFAULT_BUCKETS
+    ) -> Histogram:
         """Register (or return the existing) histogram."""
         existing = self._metrics.get(name)
         if isinstance(existing, Histogram):

@@ -34,7 +34,13 @@ from hearthnet.bus.capability import Capability
 from hearthnet.bus.registry import CapabilityRegistry
 from hearthnet.bus.routing import LocalProvider, Router
 from hearthnet.clock import now_ms
-from hearthnet.community import CommunityStore, Membership, open_membership
+from hearthnet.community import (
+    CommunityStore,
+    Level,
+    Membership,
+    MembershipRecord,
+    open_membership,
+)
 from hearthnet.config import Config
 from hearthnet.errors import ConfigError
 from hearthnet.identity import KeyPair, load_or_create_keys
@@ -78,11 +84,19 @@ class NodeStatistics:
     def to_json(self) -> dict[str, Any]:
         """JSON form (``GET /status``, ``hearthnet node status --json``)."""
         return {
-            "node": self.node, "short_id": self.short_id, "community": self.community,
-            "name": self.name, "version": self.version, "url": self.url, "pid": self.pid,
-            "started_ms": self.started_ms, "uptime_s": round(self.uptime_s, 3),
-            "capabilities": list(self.capabilities), "streams_active": self.streams_active,
-            "connections": self.connections, "calls_total": self.calls_total,
+            "node": self.node,
+            "short_id": self.short_id,
+            "community": self.community,
+            "name": self.name,
+            "version": self.version,
+            "url": self.url,
+            "pid": self.pid,
+            "started_ms": self.started_ms,
+            "uptime_s": round(self.uptime_s, 3),
+            "capabilities": list(self.capabilities),
+            "streams_active": self.streams_active,
+            "connections": self.connections,
+            "calls_total": self.calls_total,
             "members": self.members,
         }
 
@@ -135,7 +149,9 @@ class DataDirLock:
 class Node:
     """One HearthNet node."""
 
-    def __init__(self, config: Config, *, extra_capabilities: list[Capability] | None = None) -> None:
+    def __init__(
+        self, config: Config, *, extra_capabilities: list[Capability] | None = None
+    ) -> None:
         self.config = config
         self.data_dir = config.data_path
         self.metrics = MetricsRegistry()
@@ -165,34 +181,52 @@ class Node:
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock.acquire()
         self.keys = load_or_create_keys(self.data_dir)
-        self.membership = open_membership(CommunityStore(self.data_dir), self.keys,
-                                          name=cfg.node.name, now_ms=now_ms())
+        self._community_store = CommunityStore(self.data_dir)
+        self.membership = open_membership(
+            self._community_store, self.keys, name=cfg.node.name, now_ms=now_ms()
+        )
         signature_failures = self.metrics.counter(
             "hearthnet_signature_failures_total",
-            "Signatures, tokens and credentials refused, by reason.", ("reason",))
+            "Signatures, tokens and credentials refused, by reason.",
+            ("reason",),
+        )
         self.authenticator = Authenticator(
             node_id=self.keys.node_id,
             membership=self.membership,
-            replay=ReplayCache(int(cfg.security.replay_window_s * 1000),
-                               cfg.security.replay_cache_max),
+            replay=ReplayCache(
+                int(cfg.security.replay_window_s * 1000), cfg.security.replay_cache_max
+            ),
             clock_window_ms=int(cfg.security.clock_window_s * 1000),
-            on_failure=lambda reason: signature_failures.inc(reason),
+            on_failure=signature_failures.inc,
         )
         self.registry = CapabilityRegistry()
         for cap in [*builtin_capabilities(), *self._extra_capabilities]:
             self.registry.register(cap)
         self.router = Router(LocalProvider(self.keys.node_id, self.registry))
-        self.bus = Bus(node_id=self.keys.node_id, router=self.router, limits=cfg.limits,
-                       bus=cfg.bus, metrics=BusMetrics.register(self.metrics))
+        self.bus = Bus(
+            node_id=self.keys.node_id,
+            router=self.router,
+            limits=cfg.limits,
+            bus=cfg.bus,
+            metrics=BusMetrics.register(self.metrics),
+        )
         transport_metrics = TransportMetrics.register(self.metrics)
         self.streams = ActiveStreams()
-        self.connections = ConnectionTracker(cfg.limits.connections_per_identity,
-                                             cfg.limits.connections_total)
-        self.metrics.gauge("hearthnet_connections", "Open streams and sockets.",
-                           lambda: float(self.connections.total))
+        self.connections = ConnectionTracker(
+            cfg.limits.connections_per_identity, cfg.limits.connections_total
+        )
+        self.metrics.gauge(
+            "hearthnet_connections",
+            "Open streams and sockets.",
+            lambda: float(self.connections.total),
+        )
         deps = BusEndpointDeps(
-            node_id=self.keys.node_id, transport=cfg.transport, authenticator=self.authenticator,
-            bus=self.bus, metrics=transport_metrics, connections=self.connections,
+            node_id=self.keys.node_id,
+            transport=cfg.transport,
+            authenticator=self.authenticator,
+            bus=self.bus,
+            metrics=transport_metrics,
+            connections=self.connections,
             streams=self.streams,
         )
         routes: list[web.RouteDef] = [
@@ -200,9 +234,12 @@ class Node:
             *BusWebSocketEndpoint(deps).routes(),
             *StatusEndpoints(self).routes(),
         ]
-        self.server = HttpServer(routes=routes, metrics=transport_metrics,
-                                 max_body_bytes=cfg.transport.max_body_bytes,
-                                 max_header_bytes=cfg.transport.max_header_bytes)
+        self.server = HttpServer(
+            routes=routes,
+            metrics=transport_metrics,
+            max_body_bytes=cfg.transport.max_body_bytes,
+            max_header_bytes=cfg.transport.max_header_bytes,
+        )
 
     # --- life cycle ----------------------------------------------------------------
 
@@ -215,8 +252,9 @@ class Node:
         except OSError as exc:
             await self._task_group.__aexit__(None, None, None)
             self._lock.release()
-            raise ConfigError(f"cannot listen on {self.config.node.host}:{self.config.node.port}: "
-                              f"{exc.strerror}") from exc
+            raise ConfigError(
+                f"cannot listen on {self.config.node.host}:{self.config.node.port}: {exc.strerror}"
+            ) from exc
         self.url = client_url(host, port)
         self.started_ms = now_ms()
         self._started_mono = time.monotonic()
@@ -242,8 +280,9 @@ class Node:
         """Ask :meth:`serve_forever` to shut down (signal handlers call this)."""
         self._stop.set()
 
-    async def serve_forever(self, on_ready: Callable[[Node], Awaitable[None] | None] | None = None
-                            ) -> None:
+    async def serve_forever(
+        self, on_ready: Callable[[Node], Awaitable[None] | None] | None = None
+    ) -> None:
         """Run until SIGINT/SIGTERM or :meth:`stop`; then shut down within 5 s."""
         loop = asyncio.get_running_loop()
         async with self:
@@ -276,8 +315,13 @@ class Node:
         return self.data_dir / "run" / "node.json"
 
     def _write_run_file(self) -> None:
-        info = {"url": self.url, "pid": os.getpid(), "node": self.keys.node_id,
-                "community": self.membership.community_id, "started_ms": self.started_ms}
+        info = {
+            "url": self.url,
+            "pid": os.getpid(),
+            "node": self.keys.node_id,
+            "community": self.membership.community_id,
+            "started_ms": self.started_ms,
+        }
         tmp = self.run_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(info) + "\n", encoding="utf-8")
         tmp.replace(self.run_file)
@@ -286,12 +330,46 @@ class Node:
         with contextlib.suppress(FileNotFoundError):
             self.run_file.unlink()
 
+    # --- membership ------------------------------------------------------------------
+
+    def apply_membership(self, record: MembershipRecord) -> bool:
+        """Store and apply a verified membership record; False if already known or foreign."""
+        if not self.membership.add(record):
+            return False
+        self._community_store.append(record)
+        return True
+
+    def add_member(
+        self,
+        node_id: str,
+        level: Level = Level.MEMBER,
+        *,
+        role: str = "node",
+        name: str | None = None,
+    ) -> MembershipRecord:
+        """Add ``node_id`` to this node's community, signed by this node (which must be
+        an anchor or trusted member)."""
+        record = MembershipRecord.create(
+            self.keys,
+            "member.added",
+            self.membership.community_id,
+            node_id,
+            now_ms=now_ms(),
+            level=level,
+            role=role,
+            name=name,
+        )
+        self.apply_membership(record)
+        return record
+
     # --- views ---------------------------------------------------------------------
 
     def ready_line(self) -> str:
         """The one line ``hearthnet node start`` prints when ready (spec §9)."""
-        return (f"hearthnet ready url={self.url} node={self.keys.node_id} "
-                f"community={self.membership.community_id}")
+        return (
+            f"hearthnet ready url={self.url} node={self.keys.node_id} "
+            f"community={self.membership.community_id}"
+        )
 
     def statistics(self) -> NodeStatistics:
         """A frozen snapshot of the node."""

@@ -62,4 +62,6 @@ class RateLimiter:
             self._buckets.move_to_end(key)
         wait = bucket.take(now, amount)
         if wait > 0:
-            raise RateLimited("over the rate limit", retry_after_ms=max(1, int(wait * 1000 + 0.999)))
+            raise RateLimited(
+                "over the rate limit", retry_after_ms=max(1, int(wait * 1000 + 0.999))
+            )

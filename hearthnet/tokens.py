@@ -21,7 +21,7 @@ from hearthnet.identity import KeyPair, verify_object
 from hearthnet.ids import b64url_decode, b64url_encode, is_node_id, new_ulid
 from hearthnet.pubsub.topics import TopicPattern
 
-TOKEN_PREFIX = "hnt1:"
+TOKEN_PREFIX = "hnt1:"  # noqa: S105 - a format prefix, not a secret
 MAX_TOKEN_CHARS = 8192
 MAX_SCOPES = 64
 SCOPE_KINDS = ("pub", "sub", "call")
@@ -39,7 +39,9 @@ class Scope:
         """Parse the CLI form ``kind:pattern`` (``sub:chat.**``, ``call:llm.chat@2``)."""
         kind, sep, pattern = text.partition(":")
         if not sep:
-            raise BadRequest(f"scope {text!r} must look like sub:PATTERN, pub:PATTERN or call:NAME[@MAJOR]")
+            raise BadRequest(
+                f"scope {text!r} must look like sub:PATTERN, pub:PATTERN or call:NAME[@MAJOR]"
+            )
         return cls.from_json({kind: pattern})
 
     @classmethod
@@ -54,7 +56,7 @@ class Scope:
         TopicPattern.parse(name)
         if version and kind != "call":
             raise BadRequest("only call scopes carry a version")
-        if version and not all(p.isdigit() for p in version.split(".")) or version.count(".") > 1:
+        if (version and not all(p.isdigit() for p in version.split("."))) or version.count(".") > 1:
             raise BadRequest(f"scope version {version!r} must be MAJOR or MAJOR.MINOR")
         return cls(kind, pattern)
 
@@ -150,7 +152,12 @@ class CapabilityToken:
         if set(obj) != {"iss", "sub", "community", "scopes", "exp_ms", "jti", "sig"}:
             raise BadRequest("a token has exactly iss, sub, community, scopes, exp_ms, jti, sig")
         iss, sub, community, scopes, exp_ms, jti = (
-            obj["iss"], obj["sub"], obj["community"], obj["scopes"], obj["exp_ms"], obj["jti"]
+            obj["iss"],
+            obj["sub"],
+            obj["community"],
+            obj["scopes"],
+            obj["exp_ms"],
+            obj["jti"],
         )
         if not (is_node_id(iss) and is_node_id(community)):
             raise BadRequest("token iss and community must be NodeIDs")
@@ -187,9 +194,13 @@ class CapabilityToken:
     def to_json(self) -> dict[str, Any]:
         """Wire form (with ``sig``)."""
         return {
-            "iss": self.iss, "sub": self.sub, "community": self.community,
-            "scopes": [s.to_json() for s in self.scopes], "exp_ms": self.exp_ms,
-            "jti": self.jti, "sig": self.sig,
+            "iss": self.iss,
+            "sub": self.sub,
+            "community": self.community,
+            "scopes": [s.to_json() for s in self.scopes],
+            "exp_ms": self.exp_ms,
+            "jti": self.jti,
+            "sig": self.sig,
         }
 
     def encode(self) -> str:

@@ -24,17 +24,27 @@ NOW = 1_763_800_000_000
 def make_auth() -> tuple[Authenticator, list[str]]:
     """An authenticator for NODE's community with MEMBER added; returns recorded failures."""
     view = Membership(NODE.node_id)
-    view.add(MembershipRecord.create(NODE, "community.created", NODE.node_id, NODE.node_id, now_ms=1))
+    view.add(
+        MembershipRecord.create(NODE, "community.created", NODE.node_id, NODE.node_id, now_ms=1)
+    )
     view.add(MembershipRecord.create(NODE, "member.added", NODE.node_id, MEMBER.node_id, now_ms=2))
     failures: list[str] = []
-    return Authenticator(node_id=NODE.node_id, membership=view, replay=ReplayCache(),
-                         on_failure=failures.append), failures
+    return Authenticator(
+        node_id=NODE.node_id, membership=view, replay=ReplayCache(), on_failure=failures.append
+    ), failures
 
 
 def envelope(keys: KeyPair, ts: int = NOW, **over: Any) -> dict[str, Any]:
     """A call envelope from ``keys``."""
-    env = {"body": {"input": {"x": 1}}, "capability": "echo", "version": "1.0",
-           "request_id": new_ulid(ts), "from": keys.node_id, "community": NODE.node_id, "ts": ts}
+    env = {
+        "body": {"input": {"x": 1}},
+        "capability": "echo",
+        "version": "1.0",
+        "request_id": new_ulid(ts),
+        "from": keys.node_id,
+        "community": NODE.node_id,
+        "ts": ts,
+    }
     env.update(over)
     return env
 
@@ -45,17 +55,26 @@ def test_signed_call_from_member_verifies() -> None:
     env = envelope(MEMBER)
     call = auth.authenticate_call(env, signature=MEMBER.sign_object(env), token=None, now_ms=NOW)
     assert (MEMBER.node_id, Level.MEMBER, False, []) == (
-        call.caller.identity, call.caller.level, call.caller.is_self, failures)
+        call.caller.identity,
+        call.caller.level,
+        call.caller.is_self,
+        failures,
+    )
 
 
-@pytest.mark.parametrize(("case", "error", "reason"), [
-    ("bad_signature", InvalidSignature, "bad_signature"),
-    ("stale", Expired, "expired"),
-    ("future", Expired, "expired"),
-    ("stranger", Unauthorized, "not_member"),
-    ("other_community", Unauthorized, "wrong_community"),
-])
-def test_refusals_have_their_codes_and_are_counted(case: str, error: type[Exception], reason: str) -> None:
+@pytest.mark.parametrize(
+    ("case", "error", "reason"),
+    [
+        ("bad_signature", InvalidSignature, "bad_signature"),
+        ("stale", Expired, "expired"),
+        ("future", Expired, "expired"),
+        ("stranger", Unauthorized, "not_member"),
+        ("other_community", Unauthorized, "wrong_community"),
+    ],
+)
+def test_refusals_have_their_codes_and_are_counted(
+    case: str, error: type[Exception], reason: str
+) -> None:
     """Each kind of bad credential gets its wire code and one counted reason."""
     auth, failures = make_auth()
     keys = STRANGER if case == "stranger" else MEMBER
@@ -91,9 +110,18 @@ def test_bad_signature_does_not_poison_replay_cache() -> None:
     auth.authenticate_call(env, signature=MEMBER.sign_object(env), token=None, now_ms=NOW)
 
 
-@pytest.mark.parametrize("env", [None, [], {"body": {}}, {**envelope(MEMBER), "extra": 1},
-                                 {**envelope(MEMBER), "request_id": "nope"},
-                                 {**envelope(MEMBER), "ts": "1"}, {**envelope(MEMBER), "body": []}])
+@pytest.mark.parametrize(
+    "env",
+    [
+        None,
+        [],
+        {"body": {}},
+        {**envelope(MEMBER), "extra": 1},
+        {**envelope(MEMBER), "request_id": "nope"},
+        {**envelope(MEMBER), "ts": "1"},
+        {**envelope(MEMBER), "body": []},
+    ],
+)
 def test_malformed_envelopes_are_bad_requests(env: Any) -> None:
     """Structurally wrong envelopes are bad_request before any crypto."""
     auth, _ = make_auth()
@@ -104,17 +132,23 @@ def test_malformed_envelopes_are_bad_requests(env: Any) -> None:
 def test_token_call_checks_scope_expiry_and_revocation() -> None:
     """A token caller carries its scopes; expired and revoked tokens are refused."""
     auth, failures = make_auth()
-    token = CapabilityToken.issue(MEMBER, community=NODE.node_id, scopes=[Scope.parse("call:echo")],
-                                  ttl_ms=60_000, now_ms=NOW)
+    token = CapabilityToken.issue(
+        MEMBER, community=NODE.node_id, scopes=[Scope.parse("call:echo")], ttl_ms=60_000, now_ms=NOW
+    )
     env = envelope(MEMBER)
     del env["from"]
     call = auth.authenticate_call(env, signature=None, token=token.encode(), now_ms=NOW)
-    assert (True, False) == (call.caller.may_call("echo", "1.0", Level.MEMBER),
-                             call.caller.may_call("llm.chat", "2.0", Level.MEMBER))
+    assert (True, False) == (
+        call.caller.may_call("echo", "1.0", Level.MEMBER),
+        call.caller.may_call("llm.chat", "2.0", Level.MEMBER),
+    )
     with pytest.raises(Expired):
         auth.authenticate_call(env, signature=None, token=token.encode(), now_ms=NOW + 60_000)
-    auth.membership.add(MembershipRecord.create(NODE, "token.revoked", NODE.node_id, token.jti,
-                                                now_ms=3, iss=MEMBER.node_id))
+    auth.membership.add(
+        MembershipRecord.create(
+            NODE, "token.revoked", NODE.node_id, token.jti, now_ms=3, iss=MEMBER.node_id
+        )
+    )
     with pytest.raises(Revoked):
         auth.authenticate_call(env, signature=None, token=token.encode(), now_ms=NOW)
     assert ["token_expired", "revoked"] == failures
@@ -123,8 +157,13 @@ def test_token_call_checks_scope_expiry_and_revocation() -> None:
 def test_token_from_non_member_refused() -> None:
     """Only members can issue tokens."""
     auth, _ = make_auth()
-    token = CapabilityToken.issue(STRANGER, community=NODE.node_id, scopes=[Scope.parse("call:echo")],
-                                  ttl_ms=60_000, now_ms=NOW)
+    token = CapabilityToken.issue(
+        STRANGER,
+        community=NODE.node_id,
+        scopes=[Scope.parse("call:echo")],
+        ttl_ms=60_000,
+        now_ms=NOW,
+    )
     with pytest.raises(Unauthorized):
         auth.caller_for_token(token.encode(), NOW)
 
@@ -133,14 +172,31 @@ def test_signed_request_envelope() -> None:
     """A non-call request signed over {method, path, body, ...} verifies; another path does not."""
     auth, _ = make_auth()
     rid = new_ulid(NOW)
-    env = request_envelope(method="POST", path="/pubsub/v1/topics/a/messages", body={"d": 1},
-                           request_id=rid, sender=MEMBER.node_id, community=NODE.node_id, ts=NOW)
+    env = request_envelope(
+        method="POST",
+        path="/pubsub/v1/topics/a/messages",
+        body={"d": 1},
+        request_id=rid,
+        sender=MEMBER.node_id,
+        community=NODE.node_id,
+        ts=NOW,
+    )
     sig = MEMBER.sign_object(env)
-    common = {"method": "POST", "body": {"d": 1}, "sender": MEMBER.node_id,
-              "community": NODE.node_id, "ts": NOW, "signature": sig, "token": None, "now_ms": NOW}
+    common = {
+        "method": "POST",
+        "body": {"d": 1},
+        "sender": MEMBER.node_id,
+        "community": NODE.node_id,
+        "ts": NOW,
+        "signature": sig,
+        "token": None,
+        "now_ms": NOW,
+    }
     with pytest.raises(InvalidSignature):
         auth.authenticate_request(path="/pubsub/v1/topics/b/messages", request_id=rid, **common)
-    caller = auth.authenticate_request(path="/pubsub/v1/topics/a/messages", request_id=rid, **common)
+    caller = auth.authenticate_request(
+        path="/pubsub/v1/topics/a/messages", request_id=rid, **common
+    )
     assert MEMBER.node_id == caller.identity
 
 
@@ -155,4 +211,6 @@ def test_session_auth_proof_is_bound_to_this_node_and_single_use() -> None:
         auth.authenticate_session(frame, NOW)
     wrong = {**proof, "node": STRANGER.node_id}
     with pytest.raises(InvalidSignature):
-        auth.authenticate_session({**frame, "nonce": "other-nonce", "sig": MEMBER.sign_object(wrong)}, NOW)
+        auth.authenticate_session(
+            {**frame, "nonce": "other-nonce", "sig": MEMBER.sign_object(wrong)}, NOW
+        )

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hearthnet.canonical import MAX_SAFE_INTEGER, canonicalize, format_number
 from hearthnet.errors import BadRequest
 from hearthnet.identity import KeyPair, verify_bytes
+from hearthnet.ids import public_key_from_node_id, signature_from_str
 
 VECTORS = Path(__file__).parent / "vectors"
 RFC = json.loads((VECTORS / "jcs_rfc8785.json").read_text(encoding="utf-8"))
@@ -39,7 +40,10 @@ def test_committed_signature_vectors(case: dict[str, Any]) -> None:
     keys = KeyPair.from_seed(bytes.fromhex(case["seed_hex"]))
     canonical = canonicalize(case["object"])
     assert (case["node_id"], case["canonical_hex"], case["signature"]) == (
-        keys.node_id, canonical.hex(), keys.sign_bytes(canonical))
+        keys.node_id,
+        canonical.hex(),
+        keys.sign_bytes(canonical),
+    )
     verify_bytes(case["node_id"], canonical, case["signature"])
 
 
@@ -48,27 +52,42 @@ def test_rfc8032_ed25519(case: dict[str, str]) -> None:
     """Our key pairs reproduce RFC 8032's ed25519 test vectors."""
     keys = KeyPair.from_seed(bytes.fromhex(case["seed_hex"]))
     sig = keys.sign_bytes(bytes.fromhex(case["message_hex"]))
-    from hearthnet.ids import public_key_from_node_id, signature_from_str
-
     assert (case["public_hex"], case["signature_hex"]) == (
-        public_key_from_node_id(keys.node_id).hex(), signature_from_str(sig).hex())
+        public_key_from_node_id(keys.node_id).hex(),
+        signature_from_str(sig).hex(),
+    )
 
 
 def test_rejects_what_jcs_cannot_represent() -> None:
     """NaN, infinities, unsafe integers, lone surrogates and non-JSON types are refused."""
-    for bad in (math.nan, math.inf, -math.inf, 2**53 + 1, -(2**53) - 1, 1e17, -2.0**60, "\ud800",
-                {1: 2}, {b"x": 1}, object()):
+    for bad in (
+        math.nan,
+        math.inf,
+        -math.inf,
+        2**53 + 1,
+        -(2**53) - 1,
+        1e17,
+        -(2.0**60),
+        "\ud800",
+        {1: 2},
+        {b"x": 1},
+        object(),
+    ):
         with pytest.raises(BadRequest):
             canonicalize(bad)
 
 
 json_values = st.recursive(
-    st.none() | st.booleans()
+    st.none()
+    | st.booleans()
     | st.integers(min_value=-MAX_SAFE_INTEGER, max_value=MAX_SAFE_INTEGER)
     | st.floats(allow_nan=False, allow_infinity=False).filter(
-        lambda f: not (f.is_integer() and 2**53 < abs(f) < 1e21))
+        lambda f: not (f.is_integer() and 2**53 < abs(f) < 1e21)
+    )
     | st.text(),
-    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(), children, max_size=5),
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(), children, max_size=5)
+    ),
     max_leaves=30,
 )
 
@@ -77,8 +96,9 @@ json_values = st.recursive(
 def test_canonical_form_parses_back_to_an_equal_value(value: Any) -> None:
     """Canonical bytes are valid JSON that parses back to the same value (as IEEE doubles,
     which is how JCS reads every number)."""
-    assert json.loads(canonicalize(value), parse_int=float) == json.loads(json.dumps(value),
-                                                                          parse_int=float)
+    assert json.loads(canonicalize(value), parse_int=float) == json.loads(
+        json.dumps(value), parse_int=float
+    )
 
 
 @given(json_values)

@@ -44,7 +44,9 @@ def test_fold_is_order_independent() -> None:
     a = fold(GENESIS, add_alice, add_bob)
     b = fold(add_bob, add_alice, GENESIS)
     assert ({C: Level.ANCHOR, ALICE.node_id: Level.TRUSTED, BOB.node_id: Level.MEMBER},) * 2 == (
-        {k: v.level for k, v in a.members.items()}, {k: v.level for k, v in b.members.items()})
+        {k: v.level for k, v in a.members.items()},
+        {k: v.level for k, v in b.members.items()},
+    )
 
 
 def test_member_cannot_add_and_trusted_cannot_add_anchor() -> None:
@@ -66,8 +68,11 @@ def test_revocation_voids_later_records_of_the_revoked() -> None:
     revoke = rec(FOUNDER, "member.revoked", ALICE.node_id, 3)
     late_add = rec(ALICE, "member.added", BOB.node_id, 4)
     view = fold(GENESIS, add_alice, revoke, late_add)
-    assert (None, True, None) == (view.level_of(ALICE.node_id), view.is_revoked(ALICE.node_id),
-                                  view.level_of(BOB.node_id))
+    assert (None, True, None) == (
+        view.level_of(ALICE.node_id),
+        view.is_revoked(ALICE.node_id),
+        view.level_of(BOB.node_id),
+    )
 
 
 def test_founder_cannot_be_revoked() -> None:
@@ -85,7 +90,9 @@ def test_token_revocation_by_issuer_or_anchor() -> None:
     by_other = rec(BOB, "token.revoked", "jti-2", 3, iss=ALICE.node_id)
     by_anchor = rec(FOUNDER, "token.revoked", "jti-3", 3, iss=ALICE.node_id)
     view = fold(GENESIS, add_alice, add_bob, by_issuer, by_other, by_anchor)
-    assert [True, False, True] == [view.is_token_revoked(ALICE.node_id, j) for j in ("jti-1", "jti-2", "jti-3")]
+    assert [True, False, True] == [
+        view.is_token_revoked(ALICE.node_id, j) for j in ("jti-1", "jti-2", "jti-3")
+    ]
 
 
 def test_forged_record_refused() -> None:
@@ -101,5 +108,10 @@ def test_single_node_community_created_and_reloaded(tmp_path: Path) -> None:
     store = CommunityStore(tmp_path)
     first = open_membership(store, FOUNDER, name="den", now_ms=5)
     second = open_membership(store, FOUNDER, name="ignored", now_ms=6)
-    assert (C, "den", 1, C, "den") == (first.community_id, first.name, len(store.load()),
-                                       second.community_id, second.name)
+    assert (C, "den", 1, C, "den") == (
+        first.community_id,
+        first.name,
+        len(store.load()),
+        second.community_id,
+        second.name,
+    )

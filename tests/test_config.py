@@ -17,11 +17,18 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     """A flag beats the environment, which beats the file, which beats the default."""
     path = tmp_path / "hearthnet.toml"
     path.write_text("[node]\nport = 1111\nname = 'file'\n[transport]\nws_ping_s = 5\n")
-    config = load_config(path, env={"HEARTHNET_NODE_PORT": "2222", "HEARTHNET_TRANSPORT_WS_IDLE_S": "9"},
-                         overrides={"node": {"port": 3333}})
+    config = load_config(
+        path,
+        env={"HEARTHNET_NODE_PORT": "2222", "HEARTHNET_TRANSPORT_WS_IDLE_S": "9"},
+        overrides={"node": {"port": 3333}},
+    )
     assert (3333, "file", 5.0, 9.0, 16) == (
-        config.node.port, config.node.name, config.transport.ws_ping_s, config.transport.ws_idle_s,
-        config.transport.stream_window)
+        config.node.port,
+        config.node.name,
+        config.transport.ws_ping_s,
+        config.transport.ws_idle_s,
+        config.transport.stream_window,
+    )
 
 
 def test_data_dir_env_shortcut(tmp_path: Path) -> None:
@@ -29,12 +36,15 @@ def test_data_dir_env_shortcut(tmp_path: Path) -> None:
     assert tmp_path == load_config(None, env={"HEARTHNET_DATA_DIR": str(tmp_path)}).data_path
 
 
-@pytest.mark.parametrize(("toml", "message"), [
-    ("[nodes]\nport = 1\n", "unknown section"),
-    ("[node]\nprot = 1\n", "unknown key"),
-    ("[node]\nport = 'x'\n", "expected int"),
-    ("[node\n", "hearthnet.toml"),
-])
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("[nodes]\nport = 1\n", "unknown section"),
+        ("[node]\nprot = 1\n", "unknown key"),
+        ("[node]\nport = 'x'\n", "expected int"),
+        ("[node\n", "hearthnet.toml"),
+    ],
+)
 def test_bad_config_is_a_clear_error(tmp_path: Path, toml: str, message: str) -> None:
     """Unknown sections or keys, wrong types and broken TOML are refused with the place named."""
     path = tmp_path / "hearthnet.toml"
@@ -51,7 +61,9 @@ def test_bad_environment_value_refused() -> None:
 
 def test_config_show_output_loads_back(tmp_path: Path) -> None:
     """`config show` prints TOML that loads back to the same configuration."""
-    config = load_config(None, env={}, overrides={"node": {"port": 4242, "data_dir": str(tmp_path)}})
+    config = load_config(
+        None, env={}, overrides={"node": {"port": 4242, "data_dir": str(tmp_path)}}
+    )
     path = tmp_path / "shown.toml"
     path.write_text(to_toml(config))
     tomllib.loads(path.read_text())

@@ -16,8 +16,10 @@ def test_keys_created_on_first_start_with_mode_0600(tmp_path: Path) -> None:
     keys = load_or_create_keys(tmp_path)
     seed = tmp_path / "keys" / "node.ed25519"
     assert (0o600, 32, keys.node_id + "\n") == (
-        seed.stat().st_mode & 0o777, len(seed.read_bytes()),
-        (tmp_path / "keys" / "node.pub").read_text())
+        seed.stat().st_mode & 0o777,
+        len(seed.read_bytes()),
+        (tmp_path / "keys" / "node.pub").read_text(),
+    )
 
 
 def test_keys_survive_restart(tmp_path: Path) -> None:

@@ -34,7 +34,9 @@ def test_short_id_is_grouped_base32_of_ten_bytes() -> None:
     assert ([4, 4, 4, 4], True) == ([len(g) for g in groups], sid.replace("-", "").isalnum())
 
 
-@pytest.mark.parametrize("bad", ["", "ed25519:", "ed25519:abc", "rsa:" + "A" * 43, "ed25519:" + "!" * 43, 42])
+@pytest.mark.parametrize(
+    "bad", ["", "ed25519:", "ed25519:abc", "rsa:" + "A" * 43, "ed25519:" + "!" * 43, 42]
+)
 def test_malformed_node_ids_refused(bad: object) -> None:
     """Anything but a well-formed NodeID is refused."""
     assert not is_node_id(bad)
@@ -53,8 +55,11 @@ def test_ulids_are_monotonic_within_a_millisecond() -> None:
     """ULIDs made in the same millisecond still sort in creation order."""
     gen = UlidGenerator()
     ids = [gen.new(1_763_800_000_000) for _ in range(1000)]
-    assert (ids, True, 1_763_800_000_000) == (sorted(ids), all(is_ulid(i) for i in ids),
-                                               ulid_time_ms(ids[0]))
+    assert (ids, True, 1_763_800_000_000) == (
+        sorted(ids),
+        all(is_ulid(i) for i in ids),
+        ulid_time_ms(ids[0]),
+    )
 
 
 def test_ulids_sort_by_time() -> None:

@@ -34,7 +34,7 @@ def test_different_senders_do_not_collide() -> None:
 
 
 def test_full_cache_refuses_rather_than_forgets() -> None:
-    """A cache full of live pairs answers unavailable with a retry hint, never forgets a live pair."""
+    """A cache full of live pairs answers unavailable with a retry hint; none is forgotten."""
     cache = ReplayCache(window_ms=1_000, max_entries=2)
     cache.check_and_add("a", "1", 0)
     cache.check_and_add("a", "2", 100)

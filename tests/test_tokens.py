@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from hearthnet.errors import BadRequest, InvalidSignature
@@ -14,9 +16,14 @@ ISSUER = KeyPair.from_seed(bytes(range(32)))
 
 def issue(*scopes: str, ttl_ms: int = 3_600_000) -> CapabilityToken:
     """A token from ISSUER for its own community."""
-    return CapabilityToken.issue(ISSUER, community=ISSUER.node_id,
-                                 scopes=[Scope.parse(s) for s in scopes], ttl_ms=ttl_ms,
-                                 now_ms=1_000_000, sub="phone")
+    return CapabilityToken.issue(
+        ISSUER,
+        community=ISSUER.node_id,
+        scopes=[Scope.parse(s) for s in scopes],
+        ttl_ms=ttl_ms,
+        now_ms=1_000_000,
+        sub="phone",
+    )
 
 
 def test_token_round_trips_through_its_text_form() -> None:
@@ -28,8 +35,6 @@ def test_token_round_trips_through_its_text_form() -> None:
 
 def test_tampered_token_does_not_verify() -> None:
     """Changing any field (here: the scopes) breaks the signature."""
-    import json
-
     token = issue("sub:chat.*")
     obj = json.loads(b64url_decode(token.encode()[5:]))
     obj["scopes"] = [{"sub": "**"}]
@@ -48,9 +53,12 @@ def test_call_scopes_match_name_and_major() -> None:
     """call:llm.chat@2 allows llm.chat 2.x only; call:echo any version; call:llm.** any llm."""
     token = issue("call:llm.chat@2", "call:echo")
     assert [True, True, False, True, False] == [
-        token.allows_call("llm.chat", "2.0"), token.allows_call("llm.chat", "2.3"),
-        token.allows_call("llm.chat", "3.0"), token.allows_call("echo", "7.1"),
-        token.allows_call("echo.stream", "1.0")]
+        token.allows_call("llm.chat", "2.0"),
+        token.allows_call("llm.chat", "2.3"),
+        token.allows_call("llm.chat", "3.0"),
+        token.allows_call("echo", "7.1"),
+        token.allows_call("echo.stream", "1.0"),
+    ]
     assert issue("call:llm.**").allows_call("llm.chat", "2.0")
 
 
@@ -58,21 +66,29 @@ def test_topic_scopes() -> None:
     """sub/pub scopes match concrete topics with * and ** patterns."""
     token = issue("sub:chat.session.*", "pub:agent.**")
     assert [True, False, True, False] == [
-        token.allows_topic("sub", "chat.session.abc"), token.allows_topic("sub", "chat.session.a.b"),
-        token.allows_topic("pub", "agent.bot.events"), token.allows_topic("pub", "chat.session.x")]
+        token.allows_topic("sub", "chat.session.abc"),
+        token.allows_topic("sub", "chat.session.a.b"),
+        token.allows_topic("pub", "agent.bot.events"),
+        token.allows_topic("pub", "chat.session.x"),
+    ]
 
 
-@pytest.mark.parametrize(("scope", "pattern", "allowed"), [
-    ("chat.**", "chat.*", True),
-    ("chat.**", "chat.**", True),
-    ("chat.*", "chat.**", False),
-    ("chat.*", "chat.a", True),
-    ("a.**", "a.*.c", True),
-    ("a.**.b", "a.**", False),
-    ("**", "anything.**", True),
-    ("chat.*", "*.x", False),
-])
-def test_wildcard_subscriptions_must_stay_inside_the_scope(scope: str, pattern: str, allowed: bool) -> None:
+@pytest.mark.parametrize(
+    ("scope", "pattern", "allowed"),
+    [
+        ("chat.**", "chat.*", True),
+        ("chat.**", "chat.**", True),
+        ("chat.*", "chat.**", False),
+        ("chat.*", "chat.a", True),
+        ("a.**", "a.*.c", True),
+        ("a.**.b", "a.**", False),
+        ("**", "anything.**", True),
+        ("chat.*", "*.x", False),
+    ],
+)
+def test_wildcard_subscriptions_must_stay_inside_the_scope(
+    scope: str, pattern: str, allowed: bool
+) -> None:
     """A wildcard subscription is allowed only if every topic it matches is in scope."""
     assert allowed == issue(f"sub:{scope}").allows_subscription(pattern)
 

@@ -49,29 +49,43 @@ class BusMetrics:
     def register(cls, registry: MetricsRegistry) -> BusMetrics:
         """Create the series on ``registry``."""
         metrics = cls(
-            calls=registry.counter("hearthnet_calls_total", "Capability calls by result.",
-                                   ("capability", "result")),
-            duration=registry.histogram("hearthnet_call_duration_seconds",
-                                        "Capability call duration, open to end."),
-            rate_limited=registry.counter("hearthnet_rate_limited_total",
-                                          "Requests refused by a rate limit.", ("kind",)),
+            calls=registry.counter(
+                "hearthnet_calls_total", "Capability calls by result.", ("capability", "result")
+            ),
+            duration=registry.histogram(
+                "hearthnet_call_duration_seconds", "Capability call duration, open to end."
+            ),
+            rate_limited=registry.counter(
+                "hearthnet_rate_limited_total", "Requests refused by a rate limit.", ("kind",)
+            ),
         )
-        registry.gauge("hearthnet_streams_active", "Streams currently running.",
-                       lambda: float(metrics.streams_active))
+        registry.gauge(
+            "hearthnet_streams_active",
+            "Streams currently running.",
+            lambda: float(metrics.streams_active),
+        )
         return metrics
 
 
 class Bus:
     """The capability bus of one node."""
 
-    def __init__(self, *, node_id: str, router: Router, limits: LimitsSection, bus: BusSection,
-                 metrics: BusMetrics) -> None:
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        router: Router,
+        limits: LimitsSection,
+        bus: BusSection,
+        metrics: BusMetrics,
+    ) -> None:
         self.node_id = node_id
         self.router = router
         self.max_deadline_s = bus.max_deadline_s
         self.metrics = metrics
-        self._per_capability = RateLimiter(limits.calls_per_s_per_capability,
-                                           max_keys=limits.rate_limit_callers_max)
+        self._per_capability = RateLimiter(
+            limits.calls_per_s_per_capability, max_keys=limits.rate_limit_callers_max
+        )
         self._total = RateLimiter(limits.calls_per_s_total, max_keys=limits.rate_limit_callers_max)
 
     def open(self, call: VerifiedCall, *, inline_tools: bool) -> CallHandle:
@@ -105,8 +119,12 @@ class Bus:
         deadline_s = desc.timeout_s
         if call.deadline_ms is not None:
             deadline_s = min(call.deadline_ms / 1000, self.max_deadline_s)
-        ctx = CallContext(call, node_id=self.node_id, deadline=time.monotonic() + deadline_s,
-                          inline_tools=inline_tools)
+        ctx = CallContext(
+            call,
+            node_id=self.node_id,
+            deadline=time.monotonic() + deadline_s,
+            inline_tools=inline_tools,
+        )
         return CallHandle(self, call, provider, desc, ctx)
 
 
@@ -114,8 +132,14 @@ class CallHandle:
     """One admitted call. Run it once with :meth:`drive` or :meth:`result`; or
     :meth:`close` it unused (the slot is given back either way)."""
 
-    def __init__(self, bus: Bus, call: VerifiedCall, provider: Provider,
-                 descriptor: CapabilityDescriptor, ctx: CallContext) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        call: VerifiedCall,
+        provider: Provider,
+        descriptor: CapabilityDescriptor,
+        ctx: CallContext,
+    ) -> None:
         self.bus = bus
         self.call = call
         self.provider = provider
@@ -134,7 +158,9 @@ class CallHandle:
         metrics = self.bus.metrics
         metrics.calls.inc(self.call.capability, result)
         metrics.duration.observe(elapsed)
-        self.bus.router.record(self.provider, result in ("ok", "cancelled"), elapsed, time.monotonic())
+        self.bus.router.record(
+            self.provider, result in ("ok", "cancelled"), elapsed, time.monotonic()
+        )
 
     async def drive(self, emit: Emit) -> Frame:
         """Run the call, passing every non-terminal frame to ``emit``; return the one
@@ -173,8 +199,11 @@ class CallHandle:
         except WireError as exc:
             error = exc
         except Exception:
-            log.exception("capability %s failed", self.descriptor.key,
-                          extra={"request_id": self.call.request_id})
+            log.exception(
+                "capability %s failed",
+                self.descriptor.key,
+                extra={"request_id": self.call.request_id},
+            )
             error = InternalError(f"capability failed; request id {self.call.request_id}")
         return Frame("error", error.to_frame_data())
 

@@ -29,6 +29,7 @@ class Capability(Protocol):
     descriptor: CapabilityDescriptor
 
 
+@runtime_checkable
 class UnaryCapability(Capability, Protocol):
     """A capability that answers with one output object."""
 
@@ -36,6 +37,7 @@ class UnaryCapability(Capability, Protocol):
         """Compute the output for ``value`` (already schema-validated)."""
 
 
+@runtime_checkable
 class StreamingCapability(Capability, Protocol):
     """A capability that answers with a stream of frames."""
 
@@ -51,7 +53,9 @@ class CallContext:
     loop ends its stream with ``done{stop_reason:"tool_calls"}`` instead (spec §5).
     """
 
-    def __init__(self, call: VerifiedCall, *, node_id: str, deadline: float, inline_tools: bool) -> None:
+    def __init__(
+        self, call: VerifiedCall, *, node_id: str, deadline: float, inline_tools: bool
+    ) -> None:
         self.call = call
         self.node_id = node_id
         self.deadline = deadline  # time.monotonic() seconds
@@ -98,7 +102,9 @@ class CallContext:
             async with asyncio.timeout(timeout_s):
                 return await fut
         except TimeoutError as exc:
-            raise DeadlineExceeded(f"no tool result for {tool_call_id} within {timeout_s:g} s") from exc
+            raise DeadlineExceeded(
+                f"no tool result for {tool_call_id} within {timeout_s:g} s"
+            ) from exc
         finally:
             self._waiting.pop(tool_call_id, None)
             self._closed_ids.add(tool_call_id)
@@ -116,7 +122,9 @@ class CallContext:
             raise BadRequest("tool_call_id must be a string")
         fut = self._waiting.get(tool_call_id)
         if fut is None or fut.done():
-            state = "already answered or timed out" if tool_call_id in self._closed_ids else "unknown"
+            state = (
+                "already answered or timed out" if tool_call_id in self._closed_ids else "unknown"
+            )
             raise BadRequest(f"tool_call_id {tool_call_id[:64]!r} is {state}")
         fut.set_result(body)
 

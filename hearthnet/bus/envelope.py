@@ -58,7 +58,15 @@ class CallEnvelope:
         missing = {"body", "capability", "version", "request_id", "community", "ts"} - set(obj)
         if missing:
             raise BadRequest(f"call envelope lacks {sorted(missing)}")
-        unknown = set(obj) - {"body", "capability", "version", "request_id", "from", "community", "ts"}
+        unknown = set(obj) - {
+            "body",
+            "capability",
+            "version",
+            "request_id",
+            "from",
+            "community",
+            "ts",
+        }
         if unknown:
             raise BadRequest(f"call envelope has unknown fields {sorted(unknown)}")
         body = obj["body"]

@@ -24,6 +24,7 @@ from hearthnet.bus.envelope import VerifiedCall
 from hearthnet.bus.registry import CapabilityRegistry
 from hearthnet.errors import BadRequest, CapacityExceeded, NotFound, Unavailable
 from hearthnet.frames import Frame
+from hearthnet.ids import is_node_id
 
 LOCAL_LOAD_LIMIT = 0.8
 HEALTH_WINDOW = 100
@@ -49,8 +50,9 @@ class Provider(Protocol):
     def release(self, descriptor: CapabilityDescriptor) -> None:
         """Give a slot back."""
 
-    def run(self, call: VerifiedCall, ctx: CallContext, descriptor: CapabilityDescriptor
-            ) -> AsyncIterator[Frame]:
+    def run(
+        self, call: VerifiedCall, ctx: CallContext, descriptor: CapabilityDescriptor
+    ) -> AsyncIterator[Frame]:
         """Run the call. Unary capabilities yield one ``output`` frame; streams yield
         their frames. A terminal frame is optional (the bus adds ``done``)."""
 
@@ -91,8 +93,9 @@ class LocalProvider:
         """Give the slot back."""
         self.in_flight[descriptor.key] = max(0, self.in_flight.get(descriptor.key, 1) - 1)
 
-    async def run(self, call: VerifiedCall, ctx: CallContext, descriptor: CapabilityDescriptor
-                  ) -> AsyncIterator[Frame]:
+    async def run(
+        self, call: VerifiedCall, ctx: CallContext, descriptor: CapabilityDescriptor
+    ) -> AsyncIterator[Frame]:
         """Invoke the handler."""
         cap: Capability | None = self.registry.resolve(descriptor.name, descriptor.version)
         if cap is None:  # unregistered between routing and running
@@ -164,8 +167,9 @@ class Router:
         if not provider.is_local:
             self.health.setdefault(provider.node_id, ProviderHealth()).record(ok, seconds, now)
 
-    def choose(self, name: str, version: str, target: str | None, now: float
-               ) -> tuple[Provider, CapabilityDescriptor]:
+    def choose(
+        self, name: str, version: str, target: str | None, now: float
+    ) -> tuple[Provider, CapabilityDescriptor]:
         """The provider and descriptor for a call.
 
         Raises:
@@ -209,22 +213,31 @@ class Router:
     def offered(self) -> list[dict[str, Any]]:
         """Descriptors offered in the mesh, with provider and health (``/bus/v1/capabilities``)."""
         out = [
-            {**d.to_json(), "provider": self.local.node_id, "local": True,
-             "load": self.local.load(d.name, d.version)}
+            {
+                **d.to_json(),
+                "provider": self.local.node_id,
+                "local": True,
+                "load": self.local.load(d.name, d.version),
+            }
             for d in self.local.registry.descriptors()
         ]
         for node_id, provider in self.remote.items():
             health = self.health.get(node_id, ProviderHealth())
             for desc in getattr(provider, "descriptors", lambda: [])():
-                out.append({**desc.to_json(), "provider": node_id, "local": False,
-                            "success_rate": health.success_rate, "p50_ms": health.p50_s * 1000})
+                out.append(
+                    {
+                        **desc.to_json(),
+                        "provider": node_id,
+                        "local": False,
+                        "success_rate": health.success_rate,
+                        "p50_ms": health.p50_s * 1000,
+                    }
+                )
         return out
 
 
 def check_target(target: str | None) -> str | None:
     """Validate an ``X-HearthNet-Target`` value."""
-    from hearthnet.ids import is_node_id
-
     if target is not None and not is_node_id(target):
         raise BadRequest("X-HearthNet-Target must be a NodeID")
     return target

@@ -26,7 +26,12 @@ from hearthnet.frames import Frame
 from hearthnet.ids import new_ulid
 from hearthnet.transport import headers as h
 from hearthnet.transport.codec import SSE_KEEPALIVE, loads, sse_event
-from hearthnet.transport.server import ActiveStreams, ConnectionTracker, TransportMetrics, json_response
+from hearthnet.transport.server import (
+    ActiveStreams,
+    ConnectionTracker,
+    TransportMetrics,
+    json_response,
+)
 
 
 @dataclass(slots=True)
@@ -112,8 +117,11 @@ class BusHttpEndpoints:
         if signed.token is None:
             envelope["from"] = signed.sender
         return deps.authenticator.authenticate_call(
-            envelope, signature=signed.signature if signed.token is None else None,
-            token=signed.token, now_ms=now_ms(), target=check_target(ch.target),
+            envelope,
+            signature=signed.signature if signed.token is None else None,
+            token=signed.token,
+            now_ms=now_ms(),
+            target=check_target(ch.target),
             deadline_ms=ch.deadline_ms,
         )
 
@@ -129,12 +137,16 @@ class BusHttpEndpoints:
         if not wants_sse:
             if handle.descriptor.streaming:
                 handle.close("bad_request")
-                raise BadRequest(f"{handle.descriptor.key} streams: send Accept: text/event-stream "
-                                 "or upgrade to WebSocket")
+                raise BadRequest(
+                    f"{handle.descriptor.key} streams: send Accept: text/event-stream "
+                    "or upgrade to WebSocket"
+                )
             started = time.monotonic()
             output = await handle.result()
             ms = int((time.monotonic() - started) * 1000)
-            return json_response({"output": output, "meta": {"ms": ms, "node": handle.provider.node_id}})
+            return json_response(
+                {"output": output, "meta": {"ms": ms, "node": handle.provider.node_id}}
+            )
         return await self._sse(request, handle)
 
     async def _sse(self, request: web.Request, handle: CallHandle) -> web.StreamResponse:
@@ -164,7 +176,9 @@ class BusHttpEndpoints:
                     handle.ctx.cancel()
                     if deps.streams.closing:
                         with contextlib.suppress(ConnectionError, RuntimeError):
-                            await out.write(sse_event(Frame("error", SHUTTING_DOWN.to_frame_data())))
+                            await out.write(
+                                sse_event(Frame("error", SHUTTING_DOWN.to_frame_data()))
+                            )
                     else:
                         deps.metrics.abandoned.inc("sse")
                     raise
@@ -178,5 +192,5 @@ class BusHttpEndpoints:
         return response
 
     async def capabilities(self, request: web.Request) -> web.Response:
-        """``GET /bus/v1/capabilities``: descriptors offered in the mesh, with provider and health."""
+        """``GET /bus/v1/capabilities``: descriptors in the mesh, with provider and health."""
         return json_response({"capabilities": self.deps.bus.router.offered()})

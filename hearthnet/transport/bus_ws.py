@@ -33,7 +33,6 @@ from hearthnet.transport.bus_http import SHUTTING_DOWN, BusEndpointDeps
 from hearthnet.transport.bus_stream import Ack, BusStreamProtocol, CancelRequest, ToolResult
 from hearthnet.transport.codec import SUBPROTOCOLS, FrameCodec
 from hearthnet.transport.keepalive import (
-    CLOSE_MISSED_PONGS,
     CLOSE_NORMAL,
     CLOSE_POLICY,
     CLOSE_TOO_BIG,
@@ -49,8 +48,18 @@ log = logging.getLogger("hearthnet.transport.ws")
 CLOSE_TRY_AGAIN = 1013
 # Refusals of who the caller is, or of how it speaks, close with 1008 (spec §3.5);
 # other refusals end the call normally after the error frame.
-_POLICY_CODES = frozenset({"bad_request", "invalid_signature", "unauthorized", "revoked",
-                           "expired", "replayed", "forbidden", "upgrade_required"})
+_POLICY_CODES = frozenset(
+    {
+        "bad_request",
+        "invalid_signature",
+        "unauthorized",
+        "revoked",
+        "expired",
+        "replayed",
+        "forbidden",
+        "upgrade_required",
+    }
+)
 SUBPROTOCOL_HEADER = ", ".join(SUBPROTOCOLS)
 
 
@@ -88,19 +97,22 @@ class BusWebSocketEndpoint:
             raise UpgradeRequired("GET /bus/v1/call is the WebSocket upgrade; POST for HTTP calls")
         if not deps.transport.websocket_enabled or deps.connections.full or deps.streams.closing:
             deps.metrics.refused.inc("unavailable", "ws")
-            return error_response(Unavailable("WebSocket not available now; use SSE",
-                                              retry_after_ms=1000))
+            return error_response(
+                Unavailable("WebSocket not available now; use SSE", retry_after_ms=1000)
+            )
         chosen = choose_subprotocol(request.headers.get("Sec-WebSocket-Protocol"))
         if chosen is None:
             deps.metrics.refused.inc("upgrade_required", "ws")
-            return error_response(UpgradeRequired(f"supported subprotocols: {SUBPROTOCOL_HEADER}"),
-                                  headers={"Sec-WebSocket-Protocol": SUBPROTOCOL_HEADER})
+            return error_response(
+                UpgradeRequired(f"supported subprotocols: {SUBPROTOCOL_HEADER}"),
+                headers={"Sec-WebSocket-Protocol": SUBPROTOCOL_HEADER},
+            )
         capability = request.headers.get(h.CAPABILITY)
         if capability:
             # spec §3.5: a client that names the capability learns at once that it cannot stream
             version = request.headers.get(h.VERSION, "0.0")
             try:
-                provider, desc = deps.bus.router.choose(capability, version, None, 0.0)
+                _, desc = deps.bus.router.choose(capability, version, None, 0.0)
             except WireError as exc:
                 deps.metrics.refused.inc(exc.code, "ws")
                 return error_response(exc)
@@ -108,10 +120,15 @@ class BusWebSocketEndpoint:
                 deps.metrics.refused.inc("upgrade_required", "ws")
                 return error_response(
                     UpgradeRequired(f"{desc.key} does not stream; use POST /bus/v1/call"),
-                    headers={"Sec-WebSocket-Protocol": SUBPROTOCOL_HEADER})
+                    headers={"Sec-WebSocket-Protocol": SUBPROTOCOL_HEADER},
+                )
         ws = web.WebSocketResponse(
-            protocols=(chosen,), autoping=False, autoclose=True, compress=False,
-            max_msg_size=deps.transport.max_ws_message_bytes, timeout=2.0,
+            protocols=(chosen,),
+            autoping=False,
+            autoclose=True,
+            compress=False,
+            max_msg_size=deps.transport.max_ws_message_bytes,
+            timeout=2.0,
         )
         await ws.prepare(request)
         session = _BusSession(deps, ws, FrameCodec(chosen))
@@ -121,7 +138,7 @@ class BusWebSocketEndpoint:
         try:
             await session.run()
         finally:
-            deps.metrics.ws_closed.inc(str(ws.close_code or 1006))
+            deps.metrics.ws_closed.inc(str(session.close_code or ws.close_code or 1006))
         return ws
 
 
@@ -132,15 +149,21 @@ class _BusSession:
         self.deps = deps
         self.ws = ws
         cfg = deps.transport
-        self.proto = BusStreamProtocol(codec, window=cfg.stream_window,
-                                       max_message_bytes=cfg.max_ws_message_bytes)
+        self.proto = BusStreamProtocol(
+            codec, window=cfg.stream_window, max_message_bytes=cfg.max_ws_message_bytes
+        )
         self.opcode = WSMsgType.BINARY if codec.binary else WSMsgType.TEXT
         self.loop = asyncio.get_running_loop()
-        self.keepalive = Keepalive(now=self.loop.time(), ping_s=cfg.ws_ping_s,
-                                   missed_pongs=cfg.ws_missed_pongs, idle_s=cfg.ws_idle_s)
+        self.keepalive = Keepalive(
+            now=self.loop.time(),
+            ping_s=cfg.ws_ping_s,
+            missed_pongs=cfg.ws_missed_pongs,
+            idle_s=cfg.ws_idle_s,
+        )
         self.window_moved = asyncio.Event()
         self.server_close: Close | None = None
         self.handle: CallHandle | None = None
+        self.close_code: int | None = None
 
     # --- sending -----------------------------------------------------------------
 
@@ -159,7 +182,7 @@ class _BusSession:
                         await self.window_moved.wait()
             except TimeoutError:
                 raise DeadlineExceeded(
-                    f"no ack for {self.deps.transport.stream_ack_timeout_s:g} s with the window full"
+                    f"no ack for {self.deps.transport.stream_ack_timeout_s:g} s, window full"
                 ) from None
         await self._send(frame)
 
@@ -184,9 +207,12 @@ class _BusSession:
                 self.keepalive.pong()
             else:
                 if msg.type == WSMsgType.ERROR:
-                    # aiohttp closed with 1009 for an oversized message
-                    code = "payload_too_large" if self.ws.close_code == CLOSE_TOO_BIG else "bad_request"
-                    self.deps.metrics.refused.inc(code, "ws")
+                    # aiohttp has already closed with 1009 for an oversized message
+                    too_big = getattr(msg.data, "code", None) == CLOSE_TOO_BIG
+                    self.close_code = CLOSE_TOO_BIG if too_big else 1002
+                    self.deps.metrics.refused.inc(
+                        "payload_too_large" if too_big else "bad_request", "ws"
+                    )
                 return None
 
     def _parse(self, msg: Any) -> Any:
@@ -215,10 +241,18 @@ class _BusSession:
                 except WireError as exc:
                     # spec §5: refused cleanly: the stream goes on; the client is told.
                     self.deps.metrics.refused.inc(exc.code, "ws")
-                    await self.ws.send_frame(self.proto.codec.encode(
-                        {"event": "tool_result.refused",
-                         "data": {"tool_call_id": frame.tool_call_id[:64], **exc.to_frame_data()}}),
-                        self.opcode)
+                    await self.ws.send_frame(
+                        self.proto.codec.encode(
+                            {
+                                "event": "tool_result.refused",
+                                "data": {
+                                    "tool_call_id": frame.tool_call_id[:64],
+                                    **exc.to_frame_data(),
+                                },
+                            }
+                        ),
+                        self.opcode,
+                    )
             elif isinstance(frame, CancelRequest):
                 return ("cancel", None)
 
@@ -256,15 +290,19 @@ class _BusSession:
             try:
                 request = self._parse(msg)
                 call = self.deps.authenticator.authenticate_call(
-                    request.envelope, signature=request.signature, token=request.token,
-                    now_ms=now_ms())
+                    request.envelope,
+                    signature=request.signature,
+                    token=request.token,
+                    now_ms=now_ms(),
+                )
                 self.deps.connections.open(call.caller.identity)
                 identity = call.caller.identity
                 self.handle = self.deps.bus.open(call, inline_tools=True)
                 if not self.handle.descriptor.streaming:
                     self.handle.close("upgrade_required")
-                    raise UpgradeRequired(f"{self.handle.descriptor.key} does not stream; "
-                                          "use POST /bus/v1/call")
+                    raise UpgradeRequired(
+                        f"{self.handle.descriptor.key} does not stream; use POST /bus/v1/call"
+                    )
             except WireError as exc:
                 await self._refuse(exc)
                 return
@@ -285,12 +323,16 @@ class _BusSession:
         try:
             await asyncio.wait({producer, reader}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            # node shutdown: end the stream with an error frame (spec §9)
             await self._stop_producer(producer)
             reader.cancel()
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await self._send(Frame("error", SHUTTING_DOWN.to_frame_data()))
-                await self.ws.close(code=1001, message=b"shutting down")
+            if self.deps.streams.closing:
+                # node shutdown: end the stream with an error frame (spec §9)
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await self._send(Frame("error", SHUTTING_DOWN.to_frame_data()))
+                    await self.ws.close(code=1001, message=b"shutting down")
+            else:
+                # aiohttp cancels the handler when the client's connection is lost
+                self.deps.metrics.abandoned.inc("ws")
             raise
         if producer.done():
             reader.cancel()
@@ -305,7 +347,9 @@ class _BusSession:
         await self._stop_producer(producer)
         if why == "cancel":
             with contextlib.suppress(ConnectionError, RuntimeError):
-                await self._send(Frame("error", Cancelled("cancelled by the client").to_frame_data()))
+                await self._send(
+                    Frame("error", Cancelled("cancelled by the client").to_frame_data())
+                )
                 await self.ws.close(code=CLOSE_NORMAL)
         elif why == "violation" and error is not None:
             self.deps.metrics.refused.inc(error.code, "ws")
@@ -322,5 +366,8 @@ class _BusSession:
         producer.cancel()
         done, _ = await asyncio.wait({producer}, timeout=0.15)
         if not done:
-            log.warning("capability %s ignored cancellation for 150 ms", self.handle.descriptor.key,
-                        extra={"request_id": self.handle.call.request_id})
+            log.warning(
+                "capability %s ignored cancellation for 150 ms",
+                self.handle.descriptor.key,
+                extra={"request_id": self.handle.call.request_id},
+            )

@@ -63,7 +63,7 @@ class FrameCodec:
             raise WrongFrameType(f"{kind} frame on subprotocol {self.subprotocol}")
         if self.binary:
             try:
-                obj = cbor2.loads(data)
+                obj = cbor2.loads(data if isinstance(data, bytes) else data.encode())
             except (cbor2.CBORDecodeError, ValueError, TypeError) as exc:
                 raise BadRequest(f"malformed CBOR: {exc}") from exc
         else:

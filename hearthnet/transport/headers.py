@@ -11,7 +11,7 @@ CAPABILITY = "X-HearthNet-Capability"
 VERSION = "X-HearthNet-Capability-Version"
 REQUEST_ID = "X-HearthNet-Request-Id"
 FROM = "X-HearthNet-From"
-TOKEN = "X-HearthNet-Token"
+TOKEN = "X-HearthNet-Token"  # noqa: S105 - a header name, not a secret
 COMMUNITY = "X-HearthNet-Community"
 TIMESTAMP = "X-HearthNet-Timestamp"
 SIGNATURE = "X-HearthNet-Signature"
@@ -55,8 +55,9 @@ def _int_header(headers: Mapping[str, str], name: str, *, minimum: int) -> int |
     return value
 
 
-def read_signed_headers(headers: Mapping[str, str], *, query_token: str | None = None
-                        ) -> SignedHeaders:
+def read_signed_headers(
+    headers: Mapping[str, str], *, query_token: str | None = None
+) -> SignedHeaders:
     """Read the credential headers (``?token=`` stands in for X-HearthNet-Token, since
     a browser EventSource cannot set headers).
 
@@ -86,9 +87,17 @@ def read_call_headers(headers: Mapping[str, str]) -> CallHeaders:
         raise BadRequest(f"{CAPABILITY} and {VERSION} are required")
     signed = read_signed_headers(headers)
     if signed.token is None:
-        missing = [n for n, v in ((REQUEST_ID, signed.request_id), (FROM, signed.sender),
-                                  (COMMUNITY, signed.community), (TIMESTAMP, signed.ts),
-                                  (SIGNATURE, signed.signature)) if v is None]
+        missing = [
+            n
+            for n, v in (
+                (REQUEST_ID, signed.request_id),
+                (FROM, signed.sender),
+                (COMMUNITY, signed.community),
+                (TIMESTAMP, signed.ts),
+                (SIGNATURE, signed.signature),
+            )
+            if v is None
+        ]
         if missing:
             raise BadRequest(f"missing headers: {', '.join(missing)} (or {TOKEN})")
     return CallHeaders(

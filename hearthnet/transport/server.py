@@ -35,10 +35,13 @@ log = logging.getLogger("hearthnet.transport")
 _PARSER_LIMIT = 64 * 1024
 
 
-def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+def json_response(
+    obj: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
     """A JSON response encoded with orjson."""
-    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json",
-                        headers=headers)
+    return web.Response(
+        body=orjson.dumps(obj), status=status, content_type="application/json", headers=headers
+    )
 
 
 def error_response(error: WireError, headers: dict[str, str] | None = None) -> web.Response:
@@ -62,16 +65,24 @@ class TransportMetrics:
     def register(cls, registry: MetricsRegistry) -> TransportMetrics:
         """Create the series on ``registry``."""
         return cls(
-            refused=registry.counter("hearthnet_requests_refused_total",
-                                     "Requests and frames refused, by wire error code.",
-                                     ("code", "transport")),
-            ws_closed=registry.counter("hearthnet_ws_closed_total",
-                                       "WebSocket connections closed, by close code.", ("code",)),
-            abandoned=registry.counter("hearthnet_streams_abandoned_total",
-                                       "Streams whose client went away before the end.",
-                                       ("transport",)),
-            ignored_acks=registry.counter("hearthnet_ws_ignored_acks_total",
-                                          "Acks for old or unknown seqs (no-ops)."),
+            refused=registry.counter(
+                "hearthnet_requests_refused_total",
+                "Requests and frames refused, by wire error code.",
+                ("code", "transport"),
+            ),
+            ws_closed=registry.counter(
+                "hearthnet_ws_closed_total",
+                "WebSocket connections closed, by close code.",
+                ("code",),
+            ),
+            abandoned=registry.counter(
+                "hearthnet_streams_abandoned_total",
+                "Streams whose client went away before the end.",
+                ("transport",),
+            ),
+            ignored_acks=registry.counter(
+                "hearthnet_ws_ignored_acks_total", "Acks for old or unknown seqs (no-ops)."
+            ),
         )
 
 
@@ -99,8 +110,9 @@ class ConnectionTracker:
             raise CapacityExceeded("node connection limit reached", retry_after_ms=1000)
         used = self.by_identity.get(identity, 0)
         if used >= self.per_identity:
-            raise CapacityExceeded(f"at most {self.per_identity} connections per identity",
-                                   retry_after_ms=1000)
+            raise CapacityExceeded(
+                f"at most {self.per_identity} connections per identity", retry_after_ms=1000
+            )
         self.by_identity[identity] = used + 1
         self.total += 1
 
@@ -187,12 +199,20 @@ def make_header_limit_middleware(max_header_bytes: int, metrics: TransportMetric
 class HttpServer:
     """The node's single listening port."""
 
-    def __init__(self, *, routes: Iterable[web.RouteDef], metrics: TransportMetrics,
-                 max_body_bytes: int, max_header_bytes: int) -> None:
+    def __init__(
+        self,
+        *,
+        routes: Iterable[web.RouteDef],
+        metrics: TransportMetrics,
+        max_body_bytes: int,
+        max_header_bytes: int,
+    ) -> None:
         self.app = web.Application(
             client_max_size=max_body_bytes,
-            middlewares=[make_header_limit_middleware(max_header_bytes, metrics),
-                         make_error_middleware(metrics)],
+            middlewares=[
+                make_header_limit_middleware(max_header_bytes, metrics),
+                make_error_middleware(metrics),
+            ],
         )
         self.app.add_routes(list(routes))
         self._runner: web.AppRunner | None = None

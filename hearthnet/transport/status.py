@@ -48,8 +48,9 @@ class StatusEndpoints:
     async def ready(self, request: web.Request) -> web.Response:
         """Readiness: storage open and bus up (the node only serves once both are)."""
         stats = self.node.statistics()
-        return json_response({"status": "ready", "node": stats.node,
-                              "capabilities": len(stats.capabilities)})
+        return json_response(
+            {"status": "ready", "node": stats.node, "capabilities": len(stats.capabilities)}
+        )
 
     async def manifest(self, request: web.Request) -> web.Response:
         """The signed node manifest (spec §7.1)."""
@@ -57,9 +58,12 @@ class StatusEndpoints:
 
     async def metrics(self, request: web.Request) -> web.Response:
         """Prometheus text format."""
-        return web.Response(text=self.node.metrics.render(),
-                            content_type="text/plain", charset="utf-8",
-                            headers={"X-Content-Type-Options": "nosniff"})
+        return web.Response(
+            text=self.node.metrics.render(),
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"X-Content-Type-Options": "nosniff"},
+        )
 
     async def status(self, request: web.Request) -> web.Response:
         """The statistics snapshot as JSON (``hearthnet node status``)."""

@@ -55,25 +55,42 @@ class Anchored:
 def setup(limits: LimitsSection | None = None) -> tuple[Bus, Authenticator, MetricsRegistry]:
     """A bus with echo, echo.stream, broken and admin, and MEMBER in the community."""
     view = Membership(NODE.node_id)
-    view.add(MembershipRecord.create(NODE, "community.created", NODE.node_id, NODE.node_id, now_ms=1))
+    view.add(
+        MembershipRecord.create(NODE, "community.created", NODE.node_id, NODE.node_id, now_ms=1)
+    )
     view.add(MembershipRecord.create(NODE, "member.added", NODE.node_id, MEMBER.node_id, now_ms=2))
     reg = CapabilityRegistry()
     for cap in (Echo(), EchoStream(), Broken(), Anchored()):
         reg.register(cap)
     metrics = MetricsRegistry()
-    bus = Bus(node_id=NODE.node_id, router=Router(LocalProvider(NODE.node_id, reg)),
-              limits=limits or LimitsSection(), bus=BusSection(), metrics=BusMetrics.register(metrics))
+    bus = Bus(
+        node_id=NODE.node_id,
+        router=Router(LocalProvider(NODE.node_id, reg)),
+        limits=limits or LimitsSection(),
+        bus=BusSection(),
+        metrics=BusMetrics.register(metrics),
+    )
     auth = Authenticator(node_id=NODE.node_id, membership=view, replay=ReplayCache())
     return bus, auth, metrics
 
 
-def verified(auth: Authenticator, keys: KeyPair, cap: str, value: Any, version: str = "1.0",
-             **kw: Any) -> VerifiedCall:
+def verified(
+    auth: Authenticator, keys: KeyPair, cap: str, value: Any, version: str = "1.0", **kw: Any
+) -> VerifiedCall:
     """Sign and verify a call."""
     now = int(time.time() * 1000)
-    env = {"body": {"input": value}, "capability": cap, "version": version, "request_id": new_ulid(),
-           "from": keys.node_id, "community": NODE.node_id, "ts": now}
-    return auth.authenticate_call(env, signature=keys.sign_object(env), token=None, now_ms=now, **kw)
+    env = {
+        "body": {"input": value},
+        "capability": cap,
+        "version": version,
+        "request_id": new_ulid(),
+        "from": keys.node_id,
+        "community": NODE.node_id,
+        "ts": now,
+    }
+    return auth.authenticate_call(
+        env, signature=keys.sign_object(env), token=None, now_ms=now, **kw
+    )
 
 
 async def test_unary_call_returns_output() -> None:
@@ -91,10 +108,14 @@ async def test_stream_ends_with_exactly_one_done() -> None:
     async def emit(frame: Frame) -> None:
         frames.append(frame)
 
-    terminal = await bus.open(verified(auth, MEMBER, "echo.stream", {"count": 3}),
-                              inline_tools=True).drive(emit)
+    terminal = await bus.open(
+        verified(auth, MEMBER, "echo.stream", {"count": 3}), inline_tools=True
+    ).drive(emit)
     assert (["token"] * 3, [1, 2, 3], Frame("done", {"count": 3})) == (
-        [f.event for f in frames], [f.data["i"] for f in frames], terminal)
+        [f.event for f in frames],
+        [f.data["i"] for f in frames],
+        terminal,
+    )
 
 
 async def test_handler_crash_becomes_internal_error_frame() -> None:
@@ -106,8 +127,12 @@ async def test_handler_crash_becomes_internal_error_frame() -> None:
 
     terminal = await bus.open(verified(auth, MEMBER, "broken", None), inline_tools=True).drive(emit)
     assert ("error", "internal_error", 1.0) == (
-        terminal.event, terminal.data["code"],
-        metrics.counter("hearthnet_calls_total", "", ("capability", "result")).get("broken", "internal_error"))
+        terminal.event,
+        terminal.data["code"],
+        metrics.counter("hearthnet_calls_total", "", ("capability", "result")).get(
+            "broken", "internal_error"
+        ),
+    )
 
 
 async def test_deadline_ends_stream_with_timeout() -> None:
@@ -130,8 +155,9 @@ async def test_cancelling_the_driver_runs_handler_cleanup() -> None:
     async def emit(frame: Frame) -> None:
         started.set()
 
-    handle = bus.open(verified(auth, MEMBER, "echo.stream", {"count": 1000, "interval_ms": 50}),
-                      inline_tools=True)
+    handle = bus.open(
+        verified(auth, MEMBER, "echo.stream", {"count": 1000, "interval_ms": 50}), inline_tools=True
+    )
     task = asyncio.get_running_loop().create_task(handle.drive(emit))
     await asyncio.wait_for(started.wait(), 5)
     task.cancel()
@@ -147,17 +173,30 @@ async def test_checks_before_anything_runs() -> None:
         bus.open(verified(auth, MEMBER, "admin", None), inline_tools=False)
     with pytest.raises(SchemaMismatch):
         bus.open(verified(auth, MEMBER, "echo.stream", {"count": "lots"}), inline_tools=False)
-    token = CapabilityToken.issue(MEMBER, community=NODE.node_id, scopes=[Scope.parse("call:echo")],
-                                  ttl_ms=60_000, now_ms=int(time.time() * 1000))
-    env = {"body": {"input": {}}, "capability": "echo.stream", "version": "1.0",
-           "request_id": new_ulid(), "community": NODE.node_id, "ts": 0}
-    call = auth.authenticate_call(env, signature=None, token=token.encode(),
-                                  now_ms=int(time.time() * 1000))
+    token = CapabilityToken.issue(
+        MEMBER,
+        community=NODE.node_id,
+        scopes=[Scope.parse("call:echo")],
+        ttl_ms=60_000,
+        now_ms=int(time.time() * 1000),
+    )
+    env = {
+        "body": {"input": {}},
+        "capability": "echo.stream",
+        "version": "1.0",
+        "request_id": new_ulid(),
+        "community": NODE.node_id,
+        "ts": 0,
+    }
+    call = auth.authenticate_call(
+        env, signature=None, token=token.encode(), now_ms=int(time.time() * 1000)
+    )
     with pytest.raises(Unauthorized):
         bus.open(call, inline_tools=False)
     with pytest.raises(InvalidSignature):
-        auth.authenticate_call(env, signature=None, token=token.encode()[:-4] + "AAAA",
-                               now_ms=int(time.time() * 1000))
+        auth.authenticate_call(
+            env, signature=None, token=token.encode()[:-4] + "AAAA", now_ms=int(time.time() * 1000)
+        )
 
 
 async def test_rate_limit_per_capability_but_not_for_the_node_itself() -> None:
@@ -167,7 +206,8 @@ async def test_rate_limit_per_capability_but_not_for_the_node_itself() -> None:
         bus.open(verified(auth, MEMBER, "echo", 1), inline_tools=False).close()
     with pytest.raises(RateLimited) as info:
         bus.open(verified(auth, MEMBER, "echo", 1), inline_tools=False)
-    assert info.value.retry_after_ms is not None and info.value.retry_after_ms > 0
+    assert info.value.retry_after_ms is not None
+    assert info.value.retry_after_ms > 0
     for _ in range(10):
         bus.open(verified(auth, NODE, "echo", 1), inline_tools=False).close()
     assert 1.0 == metrics.counter("hearthnet_rate_limited_total", "", ("kind",)).get("call")

@@ -9,25 +9,39 @@ from hearthnet.bus.capability import CallContext
 from hearthnet.bus.descriptor import CapabilityDescriptor, version_satisfies
 from hearthnet.bus.registry import CapabilityRegistry
 from hearthnet.bus.routing import LocalProvider, ProviderHealth, Router
-from hearthnet.errors import BadRequest, CapacityExceeded, ConfigError, NotFound, SchemaMismatch, Unavailable
+from hearthnet.errors import (
+    BadRequest,
+    CapacityExceeded,
+    ConfigError,
+    NotFound,
+    SchemaMismatch,
+    Unavailable,
+)
 
 
 class Versioned:
     """A unary capability at a given version."""
 
     def __init__(self, version: str, max_concurrent: int = 4) -> None:
-        self.descriptor = CapabilityDescriptor(name="thing", version=version,
-                                               max_concurrent=max_concurrent)
+        self.descriptor = CapabilityDescriptor(
+            name="thing", version=version, max_concurrent=max_concurrent
+        )
 
     async def call(self, ctx: CallContext, value: object) -> dict[str, object]:
         """Say which version answered."""
         return {"version": self.descriptor.version}
 
 
-@pytest.mark.parametrize(("offered", "requested", "ok"), [
-    ("2.0", "2.0", True), ("2.3", "2.1", True), ("2.0", "2.1", False), ("3.0", "2.0", False),
-    ("1.9", "2.0", False),
-])
+@pytest.mark.parametrize(
+    ("offered", "requested", "ok"),
+    [
+        ("2.0", "2.0", True),
+        ("2.3", "2.1", True),
+        ("2.0", "2.1", False),
+        ("3.0", "2.0", False),
+        ("1.9", "2.0", False),
+    ],
+)
 def test_version_matching(offered: str, requested: str, ok: bool) -> None:
     """X.Y satisfies A.B iff X == A and Y >= B."""
     assert ok == version_satisfies(offered, requested)
@@ -39,7 +53,10 @@ def test_registry_resolves_highest_compatible_minor() -> None:
     for v in ("2.0", "2.4", "3.1"):
         reg.register(Versioned(v))
     found = reg.resolve("thing", "2.1")
-    assert ("2.4", None) == (found.descriptor.version if found else None, reg.resolve("thing", "2.5"))
+    assert ("2.4", None) == (
+        found.descriptor.version if found else None,
+        reg.resolve("thing", "2.5"),
+    )
 
 
 def test_registering_twice_or_without_handler_is_a_config_error() -> None:
@@ -58,8 +75,11 @@ def test_registering_twice_or_without_handler_is_a_config_error() -> None:
 
 def test_descriptor_validates_names_and_schema() -> None:
     """Bad names, versions or schemas are refused when the descriptor is made."""
-    for kwargs in ({"name": "Bad Name", "version": "1.0"}, {"name": "x", "version": "1"},
-                   {"name": "x", "version": "1.0", "request_schema": {"type": "nope"}}):
+    for kwargs in (
+        {"name": "Bad Name", "version": "1.0"},
+        {"name": "x", "version": "1"},
+        {"name": "x", "version": "1.0", "request_schema": {"type": "nope"}},
+    ):
         with pytest.raises(BadRequest):
             CapabilityDescriptor(**kwargs)  # type: ignore[arg-type]
 

@@ -15,25 +15,30 @@ segments = st.text(alphabet="abcxyz09_-", min_size=1, max_size=4)
 topics = st.lists(segments, min_size=1, max_size=6).map(".".join)
 
 
-@pytest.mark.parametrize(("pattern", "topic", "expected"), [
-    ("chat.session.abc", "chat.session.abc", True),
-    ("chat.session.*", "chat.session.abc", True),
-    ("chat.session.*", "chat.session", False),
-    ("chat.session.*", "chat.session.a.b", False),
-    ("agent.**", "agent.bot1", True),
-    ("agent.**", "agent.bot1.events", True),
-    ("agent.**", "agent", False),
-    ("**", "a", True),
-    ("a.**.z", "a.b.c.z", True),
-    ("a.**.z", "a.z", False),
-    ("*.b", "a.b", True),
-])
+@pytest.mark.parametrize(
+    ("pattern", "topic", "expected"),
+    [
+        ("chat.session.abc", "chat.session.abc", True),
+        ("chat.session.*", "chat.session.abc", True),
+        ("chat.session.*", "chat.session", False),
+        ("chat.session.*", "chat.session.a.b", False),
+        ("agent.**", "agent.bot1", True),
+        ("agent.**", "agent.bot1.events", True),
+        ("agent.**", "agent", False),
+        ("**", "a", True),
+        ("a.**.z", "a.b.c.z", True),
+        ("a.**.z", "a.z", False),
+        ("*.b", "a.b", True),
+    ],
+)
 def test_pattern_examples(pattern: str, topic: str, expected: bool) -> None:
     """* matches exactly one segment, ** one or more."""
     assert expected == TopicPattern.parse(pattern).matches(topic)
 
 
-@pytest.mark.parametrize("bad", ["", ".", "a..b", "a.", "a b", "a.*", "ü", "a." * 16 + "a", "x" * 256])
+@pytest.mark.parametrize(
+    "bad", ["", ".", "a..b", "a.", "a b", "a.*", "ü", "a." * 16 + "a", "x" * 256]
+)
 def test_invalid_topics_refused(bad: str) -> None:
     """Topics are 1..16 segments of [A-Za-z0-9_-], at most 255 bytes, no wildcards."""
     with pytest.raises(BadRequest):
@@ -47,7 +52,9 @@ def _regex(pattern: str) -> re.Pattern[str]:
     return re.compile("^" + r"\.".join(parts) + "$")
 
 
-@given(st.lists(segments | st.sampled_from(["*", "**"]), min_size=1, max_size=5).map(".".join), topics)
+@given(
+    st.lists(segments | st.sampled_from(["*", "**"]), min_size=1, max_size=5).map(".".join), topics
+)
 def test_matching_agrees_with_a_regular_expression(pattern: str, topic: str) -> None:
     """The matcher agrees with an independent regex translation of the pattern."""
     assert bool(_regex(pattern).match(topic)) == TopicPattern.parse(pattern).matches(topic)

@@ -8,7 +8,14 @@ import pytest
 
 from hearthnet.errors import BadRequest
 from hearthnet.frames import Frame
-from hearthnet.transport.bus_stream import Ack, BusStreamProtocol, CallRequest, CancelRequest, StreamState, ToolResult
+from hearthnet.transport.bus_stream import (
+    Ack,
+    BusStreamProtocol,
+    CallRequest,
+    CancelRequest,
+    StreamState,
+    ToolResult,
+)
 from hearthnet.transport.codec import SUBPROTOCOL_JSON, FrameCodec
 
 
@@ -37,7 +44,11 @@ def test_call_then_stream_frames() -> None:
     first = json.loads(p.encode(Frame("token", {"text": "a"})))
     last = json.loads(p.encode(Frame("done", {})))
     assert (CallRequest({"x": 1}, "ed25519:s", None), 1, 2, StreamState.ENDED) == (
-        call, first["seq"], last["seq"], p.state)
+        call,
+        first["seq"],
+        last["seq"],
+        p.state,
+    )
 
 
 def test_client_frames_while_streaming() -> None:
@@ -48,9 +59,11 @@ def test_client_frames_while_streaming() -> None:
     for _ in range(10):
         p.encode(Frame("token", {}))
     assert [Ack(8, 8), Ack(3, 0), ToolResult("tc_1", {"r": 1}), CancelRequest()] == [
-        feed(p, {"type": "ack", "upto": 8}), feed(p, {"type": "ack", "upto": 3}),
+        feed(p, {"type": "ack", "upto": 8}),
+        feed(p, {"type": "ack", "upto": 3}),
         feed(p, {"type": "tool_result", "tool_call_id": "tc_1", "body": {"r": 1}}),
-        feed(p, {"type": "cancel"})]
+        feed(p, {"type": "cancel"}),
+    ]
     assert 1 == p.ignored_acks
     with pytest.raises(BadRequest):
         feed(p, {"type": "call", "envelope": {}})

@@ -19,7 +19,11 @@ from hearthnet.transport.codec import (
     sse_event,
 )
 
-data = st.dictionaries(st.text(max_size=8), st.integers(-(2**63), 2**63 - 1) | st.text(max_size=20) | st.booleans(), max_size=5)
+data = st.dictionaries(
+    st.text(max_size=8),
+    st.integers(-(2**63), 2**63 - 1) | st.text(max_size=20) | st.booleans(),
+    max_size=5,
+)
 
 
 @given(st.text(min_size=1, max_size=12), data, st.integers(min_value=1, max_value=2**31))
@@ -30,7 +34,10 @@ def test_ws_frame_shape_matches_sse(event: str, payload: dict[str, object], seq:
     as_cbor = cbor2.loads(FrameCodec(SUBPROTOCOL_CBOR).encode_frame(frame))
     ((sse_name, sse_data, sse_id),) = SseParser().feed(sse_event(frame, with_id=True))
     assert (as_json, as_json, (as_json["event"], as_json["data"], str(seq))) == (
-        frame.to_json(), as_cbor, (sse_name, json.loads(sse_data), sse_id))
+        frame.to_json(),
+        as_cbor,
+        (sse_name, json.loads(sse_data), sse_id),
+    )
 
 
 def test_sse_parser_handles_split_chunks_and_comments() -> None:

@@ -1,0 +1,63 @@
+"""Fixtures: configurations on temporary data dirs, in-process nodes, clients."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hearthnet.client import Client
+from hearthnet.config import Config, load_config
+from hearthnet.node import Node
+from tests.helpers import CleanupLog, Crash, Sleepy, SlowStream
+
+MakeConfig = Callable[..., Config]
+
+
+@pytest.fixture
+def make_config(tmp_path: Path) -> MakeConfig:
+    """Build a loopback, port-0 configuration; keyword args are ``section={key: value}``."""
+    counter = iter(range(1000))
+
+    def make(**sections: dict[str, Any]) -> Config:
+        overrides: dict[str, dict[str, Any]] = {
+            "node": {
+                "data_dir": str(tmp_path / f"node{next(counter)}"),
+                "host": "127.0.0.1",
+                "port": 0,
+                "name": "test",
+            },
+        }
+        for name, values in sections.items():
+            overrides.setdefault(name, {}).update(values)
+        return load_config(None, env={}, overrides=overrides)
+
+    return make
+
+
+@pytest.fixture
+def cleanup_log() -> CleanupLog:
+    """Where test capabilities record their cleanup."""
+    return CleanupLog()
+
+
+@pytest.fixture
+def test_capabilities(cleanup_log: CleanupLog) -> list[Any]:
+    """Capabilities the transport tests exercise."""
+    return [SlowStream(cleanup_log), Crash(), Sleepy()]
+
+
+@pytest.fixture
+async def node(make_config: MakeConfig, test_capabilities: list[Any]) -> AsyncIterator[Node]:
+    """A running in-process node on a free loopback port."""
+    async with Node(make_config(), extra_capabilities=test_capabilities) as n:
+        yield n
+
+
+@pytest.fixture
+async def client(node: Node) -> AsyncIterator[Client]:
+    """A client signing with the node's own key (a member, not rate limited)."""
+    async with Client(node.url, keys=node.keys) as c:
+        yield c

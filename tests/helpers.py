@@ -1,0 +1,165 @@
+"""Shared test helpers: real capabilities for tests, waiting on conditions, node processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hearthnet.bus.capability import CallContext
+from hearthnet.bus.descriptor import CapabilityDescriptor
+from hearthnet.frames import Frame
+
+
+@dataclass
+class CleanupLog:
+    """Records when handlers start and finish their cleanup, with monotonic times."""
+
+    events: list[tuple[str, float]] = field(default_factory=list)
+
+    def note(self, what: str) -> None:
+        """Record one event."""
+        self.events.append((what, time.monotonic()))
+
+    def times(self, what: str) -> list[float]:
+        """Times of one kind of event."""
+        return [t for w, t in self.events if w == what]
+
+
+class SlowStream:
+    """``test.slow@1.0``: tokens every ``interval_ms`` until cancelled; logs its cleanup."""
+
+    def __init__(self, log: CleanupLog, max_concurrent: int = 64) -> None:
+        self.log = log
+        self.descriptor = CapabilityDescriptor(
+            name="test.slow",
+            version="1.0",
+            stream_schema={},
+            max_concurrent=max_concurrent,
+            request_schema={
+                "type": "object",
+                "properties": {"interval_ms": {"type": "integer"}, "count": {"type": "integer"}},
+            },
+        )
+
+    async def stream(self, ctx: CallContext, value: Any) -> AsyncIterator[Frame]:
+        """Stream slowly; the finally block is the cleanup the tests look for."""
+        self.log.note("start")
+        try:
+            for i in range(value.get("count", 1_000_000)):
+                yield Frame("token", {"i": i + 1})
+                await asyncio.sleep(value.get("interval_ms", 20) / 1000)
+        finally:
+            self.log.note("cleanup")
+
+
+class Crash:
+    """``test.crash@1.0``: a unary capability with a bug."""
+
+    descriptor = CapabilityDescriptor(name="test.crash", version="1.0")
+
+    async def call(self, ctx: CallContext, value: Any) -> dict[str, Any]:
+        """Fail."""
+        raise RuntimeError("a bug in a capability")
+
+
+class Sleepy:
+    """``test.sleepy@1.0``: a unary capability that sleeps ``ms`` (for deadlines)."""
+
+    descriptor = CapabilityDescriptor(name="test.sleepy", version="1.0", max_concurrent=1)
+
+    async def call(self, ctx: CallContext, value: Any) -> dict[str, Any]:
+        """Sleep, then answer."""
+        await asyncio.sleep(value.get("ms", 0) / 1000)
+        return {"slept": value.get("ms", 0)}
+
+
+async def wait_until(
+    condition: Callable[[], bool], within_s: float = 5.0, what: str = "condition"
+) -> None:
+    """Wait until ``condition()`` is true, polling the event loop; fail after ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within_s} s waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+@dataclass
+class NodeProcess:
+    """A ``hearthnet node start`` process on port 0, stopped by PID."""
+
+    proc: subprocess.Popen[str]
+    ready_line: str
+    data_dir: Path
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """The key=value pairs of the ready line."""
+        return dict(part.split("=", 1) for part in self.ready_line.split()[2:])
+
+    @property
+    def url(self) -> str:
+        """The node's URL."""
+        return self.fields["url"]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        """Signal the process and wait for it; kill it if it does not exit."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+
+def hearthnet_cmd(*args: str) -> list[str]:
+    """The command line for the CLI with this interpreter."""
+    return [sys.executable, "-m", "hearthnet.cli", *args]
+
+
+def start_node_process(
+    data_dir: Path, *extra: str, timeout: float = 20.0, env: dict[str, str] | None = None
+) -> NodeProcess:
+    """Start a node with ``--port 0`` and wait for its ready line."""
+    proc = subprocess.Popen(
+        hearthnet_cmd(
+            "node",
+            "start",
+            "--data-dir",
+            str(data_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            *extra,
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    line = ""
+    os.set_blocking(proc.stdout.fileno(), True)
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("hearthnet ready") or proc.poll() is not None:
+            break
+    if not line.startswith("hearthnet ready"):
+        proc.kill()
+        proc.wait(5)
+        raise AssertionError(f"node did not become ready (exit {proc.returncode}): {line!r}")
+    return NodeProcess(proc, line.strip(), data_dir)

@@ -1,0 +1,167 @@
+"""The ``hearthnet`` command against real node processes (spec §9)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hearthnet.client import Client
+from hearthnet.identity import load_or_create_keys
+from tests.helpers import NodeProcess, hearthnet_cmd, start_node_process
+
+
+def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """Run the CLI to completion."""
+    return subprocess.run(
+        hearthnet_cmd(*args), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.fixture
+def node_proc(tmp_path: Path) -> Iterator[NodeProcess]:
+    """A node process on a free loopback port."""
+    proc = start_node_process(tmp_path / "data")
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_ready_line_and_run_file(node_proc: NodeProcess) -> None:
+    """The ready line names url/node/community; run/node.json matches it."""
+    fields = node_proc.fields
+    info = json.loads((node_proc.data_dir / "run" / "node.json").read_text())
+    keys = load_or_create_keys(node_proc.data_dir)
+    assert (fields["url"], keys.node_id, keys.node_id, node_proc.proc.pid) == (
+        info["url"],
+        fields["node"],
+        fields["community"],
+        info["pid"],
+    )
+    assert fields["url"].startswith("http://127.0.0.1:")
+    assert not fields["url"].endswith(":0")
+
+
+def test_status_call_keys_config(node_proc: NodeProcess) -> None:
+    """node status, call (unary and stream), keys show and config show work against the node."""
+    d = str(node_proc.data_dir)
+    status = run("node", "status", "--json", "--data-dir", d)
+    echo = run("call", "echo@1.0", "--body", '{"hi": 1}', "--data-dir", d)
+    stream = run("call", "echo.stream", "--body", '{"count": 2}', "--stream", "--data-dir", d)
+    keys = run("keys", "show", "--json", "--data-dir", d)
+    config = run("config", "show", "--data-dir", d)
+    assert [0, 0, 0, 0, 0] == [p.returncode for p in (status, echo, stream, keys, config)]
+    assert (
+        node_proc.fields["node"],
+        {"echo": {"hi": 1}},
+        ["token", "token", "done"],
+        node_proc.fields["node"],
+    ) == (
+        json.loads(status.stdout)["node"],
+        json.loads(echo.stdout),
+        [json.loads(line)["event"] for line in stream.stdout.splitlines()],
+        json.loads(keys.stdout)["node"],
+    )
+    assert "[transport]" in config.stdout
+    assert f'data_dir = "{d}"' in config.stdout
+
+
+async def test_issued_token_works_for_a_client(node_proc: NodeProcess) -> None:
+    """`token issue --scope call:echo` prints a token alone; a client calls with it."""
+    issued = run(
+        "token",
+        "issue",
+        "--scope",
+        "call:echo",
+        "--ttl",
+        "10m",
+        "--data-dir",
+        str(node_proc.data_dir),
+    )
+    token = issued.stdout.strip()
+    assert (0, 1, True) == (
+        issued.returncode,
+        len(issued.stdout.splitlines()),
+        token.startswith("hnt1:"),
+    )
+    async with Client(node_proc.url, token=token) as client:
+        assert {"echo": "via token"} == await client.call("echo@1", "via token")
+
+
+def test_sigterm_shuts_down_within_5s_and_removes_run_file(tmp_path: Path) -> None:
+    """SIGTERM: exit code 0 within 5 s, run file removed."""
+    proc = start_node_process(tmp_path / "d")
+    started = time.monotonic()
+    code = proc.stop(signal.SIGTERM)
+    assert (0, True, False) == (
+        code,
+        time.monotonic() - started < 5,
+        (tmp_path / "d" / "run" / "node.json").exists(),
+    )
+
+
+def test_sigint_with_a_stream_running(tmp_path: Path) -> None:
+    """SIGINT while a client streams: the stream gets a final frame and the node exits 0 in 5 s."""
+    proc = start_node_process(tmp_path / "d")
+    streamer = subprocess.Popen(
+        hearthnet_cmd(
+            "call",
+            "echo.stream",
+            "--body",
+            '{"count": 100000, "interval_ms": 5}',
+            "--stream",
+            "--data-dir",
+            str(tmp_path / "d"),
+        ),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert streamer.stdout is not None
+    first = streamer.stdout.readline()
+    started = time.monotonic()
+    code = proc.stop(signal.SIGINT)
+    elapsed = time.monotonic() - started
+    rest, _ = streamer.communicate(timeout=10)
+    last = json.loads(rest.strip().splitlines()[-1])
+    assert ("token", 0, True, ("error", "unavailable")) == (
+        json.loads(first)["event"],
+        code,
+        elapsed < 5,
+        (last["event"], last["data"]["code"]),
+    )
+
+
+def test_second_node_on_same_data_dir_refused(node_proc: NodeProcess) -> None:
+    """Two nodes cannot share a data directory."""
+    result = run(
+        "node", "start", "--data-dir", str(node_proc.data_dir), "--port", "0", "--host", "127.0.0.1"
+    )
+    assert (1, True) == (result.returncode, "another node is running" in result.stderr)
+
+
+def test_group_readable_key_refuses_to_start(tmp_path: Path) -> None:
+    """A seed file readable by others stops start-up with exit 1 and the fix in the message."""
+    load_or_create_keys(tmp_path)
+    os.chmod(tmp_path / "keys" / "node.ed25519", 0o644)
+    result = run("node", "start", "--data-dir", str(tmp_path), "--port", "0", "--host", "127.0.0.1")
+    assert (1, True) == (result.returncode, "chmod 600" in result.stderr)
+
+
+def test_exit_codes(tmp_path: Path, node_proc: NodeProcess) -> None:
+    """3 when no node runs, 2 on usage errors, 1 on a refused call, 4 on an auth failure."""
+    no_node = run("node", "status", "--data-dir", str(tmp_path / "empty"))
+    usage = run("call")
+    refused = run("call", "nope@1.0", "--data-dir", str(node_proc.data_dir))
+    other = tmp_path / "other"
+    load_or_create_keys(other)  # a stranger's keys: not a member of the node's community
+    auth = run("call", "echo@1.0", "--data-dir", str(other), "--url", node_proc.url)
+    assert [3, 2, 1, 4] == [p.returncode for p in (no_node, usage, refused, auth)]
+    assert "unauthorized" in auth.stderr
+    assert "not_found" in refused.stderr
