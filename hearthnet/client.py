@@ -490,7 +490,10 @@ class Stream:
                         and self._last_seq - self._acked >= ACK_EVERY
                         and not frame.terminal
                     ):
-                        await self.ack(self._last_seq)
+                        # The node may already have sent its final frame and closed;
+                        # buffered frames are still read, a late ack is moot.
+                        with contextlib.suppress(ConnectionClosed):
+                            await self.ack(self._last_seq)
                 if frame.event == "tool_call" and self.tool_handler is not None:
                     task = asyncio.get_running_loop().create_task(self._answer_tool(frame.data))
                     self._tool_tasks.add(task)

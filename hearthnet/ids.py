@@ -6,6 +6,7 @@ Everything here is pure: no clock is read unless a caller passes none.
 from __future__ import annotations
 
 import base64
+import functools
 import os
 import re
 import threading
@@ -40,6 +41,11 @@ def public_key_from_node_id(node_id: str) -> bytes:
     """The 32 public-key bytes of a NodeID; :class:`BadRequest` if it is not one."""
     if not isinstance(node_id, str) or not node_id.startswith(NODE_ID_PREFIX):
         raise BadRequest("a NodeID starts with 'ed25519:'")
+    return _decode_node_id(node_id)
+
+
+@functools.lru_cache(maxsize=4096)  # the same few NodeIDs are checked on every request
+def _decode_node_id(node_id: str) -> bytes:
     body = node_id[len(NODE_ID_PREFIX) :]
     if len(body) != 43:
         raise BadRequest("a NodeID has 43 base64url characters after the prefix")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ from hearthnet.errors import BadRequest, SchemaMismatch
 STABILITIES = ("stable", "beta", "experimental")
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_version(version: str) -> tuple[int, int]:
     """``"2.1"`` -> ``(2, 1)``."""
     major, minor = validate_version(version).split(".")

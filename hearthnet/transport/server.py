@@ -149,12 +149,15 @@ class ActiveStreams:
                 await asyncio.wait(pending, timeout=1.0)
 
 
-def make_error_middleware(metrics: TransportMetrics) -> Any:
-    """Middleware: WireError -> JSON error, HTTP errors -> JSON, crashes -> internal_error."""
+def make_middleware(metrics: TransportMetrics, max_header_bytes: int) -> Any:
+    """The one middleware: header size limit, WireError -> JSON error, HTTP errors -> JSON,
+    crashes -> internal_error. (One layer: each aiohttp middleware costs every request.)"""
 
     @web.middleware
-    async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
         try:
+            if sum(len(k) + len(v) + 4 for k, v in request.raw_headers) > max_header_bytes:
+                raise PayloadTooLarge(f"headers over {max_header_bytes} bytes")
             response: web.StreamResponse = await handler(request)
             return response
         except WireError as exc:
@@ -178,22 +181,7 @@ def make_error_middleware(metrics: TransportMetrics) -> Any:
             metrics.refused.inc("internal_error", "http")
             return error_response(InternalError("unexpected failure; see the node log"))
 
-    return errors
-
-
-def make_header_limit_middleware(max_header_bytes: int, metrics: TransportMetrics) -> Any:
-    """Middleware: refuse requests whose headers total more than ``max_header_bytes``."""
-
-    @web.middleware
-    async def header_limit(request: web.Request, handler: Any) -> web.StreamResponse:
-        size = sum(len(k) + len(v) + 4 for k, v in request.raw_headers)
-        if size > max_header_bytes:
-            metrics.refused.inc("payload_too_large", "http")
-            return error_response(PayloadTooLarge(f"headers over {max_header_bytes} bytes"))
-        response: web.StreamResponse = await handler(request)
-        return response
-
-    return header_limit
+    return guard
 
 
 class HttpServer:
@@ -209,10 +197,7 @@ class HttpServer:
     ) -> None:
         self.app = web.Application(
             client_max_size=max_body_bytes,
-            middlewares=[
-                make_header_limit_middleware(max_header_bytes, metrics),
-                make_error_middleware(metrics),
-            ],
+            middlewares=[make_middleware(metrics, max_header_bytes)],
         )
         self.app.add_routes(list(routes))
         self._runner: web.AppRunner | None = None

@@ -1,0 +1,258 @@
+"""Capability bus benchmark (spec §11): a node started by the CLI, measured from outside.
+
+Measures:
+- ``hearthnet node start`` to ready, and idle RSS;
+- signed call round trip (p50/p99) at concurrency 1, and calls/s with many keep-alive
+  connections, over HTTP (echo@1.0);
+- the same over WebSocket, where one socket carries one call (connect, signed call
+  frame, frames, close);
+- one flow-controlled token stream (window 16, ack every 8) in frames/s, JSON and CBOR.
+
+The load generator pre-signs its requests (signing is the client's cost, not the
+node's) and speaks raw HTTP/1.1 over asyncio streams; its own CPU time is reported so
+it can be checked that it was not the bottleneck.
+
+Run: python bench/bench_bus.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+import cbor2
+import orjson
+import uvloop
+from websockets.asyncio.client import connect
+from websockets.protocol import State
+from websockets.typing import Subprotocol
+
+from bench.common import proc_cpu_s, proc_rss_mb, save, self_cpu_s, start_node, summarize_latencies
+from hearthnet.clock import now_ms
+from hearthnet.identity import KeyPair, load_or_create_keys
+from hearthnet.ids import new_ulid
+
+
+def signed_http_request(keys: KeyPair, community: str, value: Any) -> bytes:
+    """One complete pre-signed HTTP/1.1 request for echo@1.0."""
+    body = {"input": value}
+    envelope = {
+        "body": body,
+        "capability": "echo",
+        "version": "1.0",
+        "request_id": new_ulid(),
+        "from": keys.node_id,
+        "community": community,
+        "ts": now_ms(),
+    }
+    sig = keys.sign_object(envelope)
+    payload = orjson.dumps(body)
+    head = (
+        "POST /bus/v1/call HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Accept: application/json\r\nX-HearthNet-Capability: echo\r\n"
+        "X-HearthNet-Capability-Version: 1.0\r\n"
+        f"X-HearthNet-Request-Id: {envelope['request_id']}\r\nX-HearthNet-From: {keys.node_id}\r\n"
+        f"X-HearthNet-Community: {community}\r\nX-HearthNet-Timestamp: {envelope['ts']}\r\n"
+        f"X-HearthNet-Signature: {sig}\r\nContent-Length: {len(payload)}\r\n\r\n"
+    )
+    return head.encode() + payload
+
+
+async def http_worker(host: str, port: int, requests: list[bytes], latencies: list[float]) -> int:
+    """Send requests one at a time on one keep-alive connection; record round trips."""
+    reader, writer = await asyncio.open_connection(host, port)
+    errors = 0
+    try:
+        for req in requests:
+            t0 = time.perf_counter()
+            writer.write(req)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            await reader.readexactly(length)
+            latencies.append(time.perf_counter() - t0)
+            if not head.startswith(b"HTTP/1.1 200"):
+                errors += 1
+    finally:
+        writer.close()
+    return errors
+
+
+async def http_phase(
+    url: str, keys: KeyPair, community: str, total: int, conns: int
+) -> dict[str, Any]:
+    """Run ``total`` pre-signed calls over ``conns`` keep-alive connections."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    requests = [signed_http_request(keys, community, {"n": i}) for i in range(total)]
+    per = [requests[i::conns] for i in range(conns)]
+    latencies: list[float] = []
+    cpu0 = self_cpu_s()
+    t0 = time.perf_counter()
+    errors = sum(await asyncio.gather(*(http_worker(host, int(port), p, latencies) for p in per)))
+    wall = time.perf_counter() - t0
+    return {
+        "connections": conns,
+        "calls": total,
+        "errors": errors,
+        "calls_per_s": round(total / wall),
+        "wall_s": round(wall, 3),
+        "loadgen_cpu_s": round(self_cpu_s() - cpu0, 3),
+        **summarize_latencies(latencies),
+    }
+
+
+def ws_call_frame(
+    keys: KeyPair, community: str, value: Any, cap: str = "echo.stream"
+) -> dict[str, Any]:
+    """A signed first frame."""
+    envelope = {
+        "body": {"input": value},
+        "capability": cap,
+        "version": "1.0",
+        "request_id": new_ulid(),
+        "from": keys.node_id,
+        "community": community,
+        "ts": now_ms(),
+    }
+    return {"type": "call", "envelope": envelope, "signature": keys.sign_object(envelope)}
+
+
+async def ws_one_call(url: str, frame: bytes) -> float:
+    """Connect, send a pre-signed call frame, read to the end; return the round trip."""
+    t0 = time.perf_counter()
+    async with connect(
+        url,
+        subprotocols=[Subprotocol("hearthnet-bus.v2")],
+        compression=None,
+        proxy=None,
+        ping_interval=None,
+    ) as ws:
+        await ws.send(frame.decode())
+        async for raw in ws:
+            if b'"done"' in (raw if isinstance(raw, bytes) else raw.encode()):
+                break
+    return time.perf_counter() - t0
+
+
+async def ws_call_phase(
+    url: str, keys: KeyPair, community: str, total: int, conc: int
+) -> dict[str, Any]:
+    """WS calls of echo.stream{count:1}: one socket per call, ``conc`` at a time."""
+    ws_url = "ws" + url[4:] + "/bus/v1/call"
+    frames = [orjson.dumps(ws_call_frame(keys, community, {"count": 1})) for _ in range(total)]
+    latencies: list[float] = []
+
+    async def worker(mine: list[bytes]) -> None:
+        for f in mine:
+            latencies.append(await ws_one_call(ws_url, f))
+
+    cpu0 = self_cpu_s()
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(frames[i::conc]) for i in range(conc)))
+    wall = time.perf_counter() - t0
+    return {
+        "concurrency": conc,
+        "calls": total,
+        "calls_per_s": round(total / wall),
+        "loadgen_cpu_s": round(self_cpu_s() - cpu0, 3),
+        **summarize_latencies(latencies),
+    }
+
+
+async def ws_stream_phase(
+    url: str, keys: KeyPair, community: str, count: int, cbor: bool
+) -> dict[str, Any]:
+    """One echo.stream of ``count`` frames with acks every 8; frames/s."""
+    ws_url = "ws" + url[4:] + "/bus/v1/call"
+    proto = "hearthnet-bus.v2+cbor" if cbor else "hearthnet-bus.v2"
+    first = ws_call_frame(keys, community, {"count": count, "size": 16})
+    received = 0
+    cpu0 = self_cpu_s()
+    async with connect(
+        ws_url,
+        subprotocols=[Subprotocol(proto)],
+        compression=None,
+        proxy=None,
+        ping_interval=None,
+        max_queue=64,
+    ) as ws:
+        await ws.send(cbor2.dumps(first) if cbor else orjson.dumps(first).decode())
+        t0 = time.perf_counter()
+        async for raw in ws:
+            frame = cbor2.loads(raw) if cbor else orjson.loads(raw)
+            seq = frame.get("seq", 0)
+            if frame["event"] != "token":
+                if frame["event"] != "done":
+                    raise RuntimeError(f"stream ended with {frame}")
+                break
+            received += 1
+            if seq % 8 == 0 and ws.state is State.OPEN:  # the node may have sent done and closed
+                await ws.send(
+                    cbor2.dumps({"type": "ack", "upto": seq})
+                    if cbor
+                    else b'{"type":"ack","upto":%d}'.decode() % seq
+                )
+        wall = time.perf_counter() - t0
+    return {
+        "subprotocol": proto,
+        "frames": received,
+        "frames_per_s": round(received / wall),
+        "wall_s": round(wall, 3),
+        "loadgen_cpu_s": round(self_cpu_s() - cpu0, 3),
+    }
+
+
+async def run(quick: bool) -> dict[str, Any]:
+    """All phases against one node."""
+    node = start_node()
+    try:
+        keys = load_or_create_keys(node.data_dir)
+        community = node.fields["community"]
+        await asyncio.sleep(1.0)  # let the node settle before reading idle RSS
+        result: dict[str, Any] = {
+            "node_ready_s": round(node.ready_s, 3),
+            "node_idle_rss_mb": round(proc_rss_mb(node.pid), 1),
+        }
+        scale = 0.2 if quick else 1.0
+        await http_phase(node.url, keys, community, 500, 4)  # warm-up
+        result["http_latency"] = await http_phase(node.url, keys, community, int(3000 * scale), 1)
+        cpu0 = proc_cpu_s(node.pid)
+        result["http_throughput"] = await http_phase(
+            node.url, keys, community, int(30000 * scale), 32
+        )
+        node_cpu = proc_cpu_s(node.pid) - cpu0
+        result["http_throughput"]["node_cpu_s"] = round(node_cpu, 3)
+        result["http_throughput"]["node_cpu_us_per_call"] = round(
+            node_cpu / result["http_throughput"]["calls"] * 1e6, 1
+        )
+        result["ws_call_latency"] = await ws_call_phase(
+            node.url, keys, community, int(1000 * scale), 1
+        )
+        result["ws_call_throughput"] = await ws_call_phase(
+            node.url, keys, community, int(5000 * scale), 16
+        )
+        for cbor in (False, True):
+            cpu0 = proc_cpu_s(node.pid)
+            phase = await ws_stream_phase(node.url, keys, community, int(200_000 * scale), cbor)
+            phase["node_cpu_s"] = round(proc_cpu_s(node.pid) - cpu0, 3)
+            result["ws_stream_cbor" if cbor else "ws_stream_json"] = phase
+        result["node_rss_after_mb"] = round(proc_rss_mb(node.pid), 1)
+        return result
+    finally:
+        node.stop()
+
+
+def main() -> None:
+    """Parse arguments, run, save bench/results/bus.json."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a fifth of the work, for a smoke run")
+    args = parser.parse_args()
+    save("bus", uvloop.run(run(args.quick)))
+
+
+if __name__ == "__main__":
+    main()
