@@ -25,6 +25,21 @@ class Caller:
         return self.token is None or self.token.allows_call(name, version)
 
     @property
+    def owner(self) -> str:
+        """Who owns durable consumers and presence: the identity for members, and
+        ``token:<issuer>/<sub>`` for token clients (stable across refreshed tokens)."""
+        if self.token is not None:
+            return f"token:{self.token.iss}/{self.token.sub}"
+        return self.identity
+
+    @property
+    def sender(self) -> dict[str, str]:
+        """The ``sender`` field of messages this caller publishes (spec §6.2)."""
+        if self.token is not None:
+            return {"kind": "token", "id": f"{self.token.iss}/{self.token.sub}"}
+        return {"kind": self.kind, "id": self.identity}
+
+    @property
     def rate_limited(self) -> bool:
         """The node's own identity is not rate limited (spec §2.5)."""
         return not self.is_self

@@ -181,6 +181,90 @@ def cmd_call(args: argparse.Namespace) -> int:
     return result
 
 
+# --- pub/sub -------------------------------------------------------------------------
+
+
+def cmd_pub(args: argparse.Namespace) -> int:
+    """``hearthnet pub TOPIC --type T --data JSON [--ttl S]``: prints id and seq."""
+
+    async def main() -> Any:
+        async with _client(args) as client:
+            return await client.publish(args.topic, args.type, args.data, ttl_s=args.ttl)
+
+    _print_json(_run(main))
+    return EXIT_OK
+
+
+def _since_arg(args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.since is not None:
+        epoch, _, seq = args.since.rpartition(":")
+        if not seq.isdigit():
+            raise ConfigError("--since is SEQ or EPOCH:SEQ")
+        return {"seq": int(seq), **({"epoch": epoch} if epoch else {})}
+    if args.since_ts is not None:
+        return {"ts": args.since_ts}
+    if args.last is not None:
+        return {"last": args.last}
+    return None
+
+
+def cmd_sub(args: argparse.Namespace) -> int:
+    """``hearthnet sub PATTERN...``: one JSON line per message (or gap) until interrupted."""
+    from hearthnet.subscription import Gap
+
+    async def main() -> int:
+        seen = 0
+        async with (
+            _client(args) as client,
+            client.subscribe(
+                args.patterns, since=_since_arg(args), consumer=args.consumer
+            ) as subscription,
+        ):
+            async for item in subscription:
+                if isinstance(item, Gap):
+                    line: dict[str, Any] = {
+                        "gap": {"from_seq": item.from_seq, "to_seq": item.to_seq}
+                    }
+                else:
+                    line = (
+                        {"seq": item.seq, **item.envelope}
+                        if args.full
+                        else {
+                            "seq": item.seq,
+                            "topic": item.topic,
+                            "type": item.type,
+                            "data": item.data,
+                            "id": item.id,
+                            "ts": item.ts,
+                        }
+                    )
+                print(json.dumps(line, ensure_ascii=False), flush=True)
+                seen += 1
+                if args.count and seen >= args.count:
+                    return EXIT_OK
+        return EXIT_OK
+
+    result: int = _run(main)
+    return result
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    """``hearthnet topics [--prefix P]``."""
+
+    async def main() -> Any:
+        async with _client(args) as client:
+            return await client.topics(args.prefix or "", args.limit)
+
+    topics = _run(main)
+    if args.json:
+        _print_json(topics)
+        return EXIT_OK
+    print(f"{'topic':40} {'messages':>8} {'head_seq':>9} {'subs':>5}")
+    for t in topics:
+        print(f"{t['topic']:40} {t['messages']:>8} {t['head_seq']:>9} {t['subscribers']:>5}")
+    return EXIT_OK
+
+
 # --- keys, config, tokens ------------------------------------------------------------
 
 
@@ -273,6 +357,30 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--cbor", action="store_true", help="with --stream: CBOR WebSocket frames")
     call.add_argument("--target", help="run on this NodeID")
     call.set_defaults(func=cmd_call)
+
+    pub = sub.add_parser("pub", parents=[common, remote], help="publish a message")
+    pub.add_argument("topic")
+    pub.add_argument("--type", default="message", help="message type (default: message)")
+    pub.add_argument("--data", type=_json_arg, required=True, help="payload as JSON")
+    pub.add_argument("--ttl", type=int, help="seconds the message lives (default: retention)")
+    pub.set_defaults(func=cmd_pub)
+
+    subp = sub.add_parser("sub", parents=[common, remote], help="subscribe and print messages")
+    subp.add_argument("patterns", nargs="+", metavar="PATTERN", help="topic patterns (* and **)")
+    since = subp.add_mutually_exclusive_group()
+    since.add_argument("--since", help="resume after SEQ (or EPOCH:SEQ)")
+    since.add_argument("--since-ts", type=int, help="messages from this Unix ms on")
+    since.add_argument("--last", type=int, help="start with the last N messages")
+    subp.add_argument("--consumer", help="durable consumer name (at-least-once)")
+    subp.add_argument("--count", type=int, help="exit after N items")
+    subp.add_argument("--full", action="store_true", help="print whole envelopes")
+    subp.set_defaults(func=cmd_sub)
+
+    topics = sub.add_parser("topics", parents=[common, remote], help="list active topics")
+    topics.add_argument("--prefix")
+    topics.add_argument("--limit", type=int, default=100)
+    topics.add_argument("--json", action="store_true")
+    topics.set_defaults(func=cmd_topics)
 
     keys = sub.add_parser("keys", help="node identity")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import cbor2
@@ -30,6 +31,7 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.typing import Subprotocol
+from yarl import URL
 
 from hearthnet.bus.envelope import request_envelope
 from hearthnet.clock import now_ms
@@ -45,6 +47,7 @@ from hearthnet.errors import (
 from hearthnet.frames import Frame
 from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulid
+from hearthnet.subscription import Subscription
 from hearthnet.transport import headers as h
 from hearthnet.transport.codec import SUBPROTOCOL_CBOR, SUBPROTOCOL_JSON, SseParser
 
@@ -105,6 +108,7 @@ class Client:
         self.timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
         self._versions: dict[str, str] | None = None
+        self._node_id: str | None = None
 
     async def __aenter__(self) -> Client:
         return self
@@ -204,16 +208,126 @@ class Client:
         async with self.session.get(self.url + path) as resp:
             return await _json_or_raise(resp)
 
-    async def request_json(self, method: str, path: str, body: Any = None) -> Any:
-        """An authenticated JSON request (publish, history, presence, ...)."""
-        headers = await self.signed_headers(method, path, body)
+    async def request_json(
+        self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None
+    ) -> Any:
+        """An authenticated JSON request (publish, history, presence, ...).
+
+        The signature covers the path with its query string exactly as sent.
+        """
+        clean = {k: v for k, v in (query or {}).items() if v is not None}
+        path_qs = path + ("?" + urlencode(clean, safe="*,") if clean else "")
+        headers = await self.signed_headers(method, path_qs, body)
         data = orjson.dumps(body) if body is not None else None
         if data is not None:
             headers["Content-Type"] = "application/json"
-        async with self.session.request(
-            method, self.url + path, data=data, headers=headers
-        ) as resp:
+        url = URL(self.url + path_qs, encoded=True)
+        async with self.session.request(method, url, data=data, headers=headers) as resp:
             return await _json_or_raise(resp)
+
+    async def node_id(self) -> str:
+        """The node's NodeID (from its signed manifest)."""
+        if self._node_id is None:
+            manifest = await self.get_json("/manifest")
+            self._node_id = str(manifest["node"])
+            self.community = self.community or str(manifest["community"])
+        return self._node_id
+
+    async def session_auth(self) -> dict[str, Any]:
+        """The fields of a WebSocket ``auth`` frame (spec §2.2): a token, or a proof of
+        identity signed over ``{identity, ts, nonce, node}`` for this node."""
+        if self.keys is None:
+            return {"token": self.token}
+        proof = {
+            "identity": self.keys.node_id,
+            "ts": now_ms(),
+            "nonce": os.urandom(12).hex(),
+            "node": await self.node_id(),
+        }
+        return {
+            "identity": proof["identity"],
+            "ts": proof["ts"],
+            "nonce": proof["nonce"],
+            "sig": self.keys.sign_object(proof),
+        }
+
+    # --- pub/sub ----------------------------------------------------------------------
+
+    async def publish(
+        self, topic: str, msg_type: str, data: Any, *, ttl_s: int | None = None
+    ) -> dict[str, Any]:
+        """Publish; returns ``{"id", "seq", "origin_seq", "ts"}`` once the node has it durably."""
+        body: dict[str, Any] = {"type": msg_type, "data": data}
+        if ttl_s is not None:
+            body["ttl_s"] = ttl_s
+        result: dict[str, Any] = await self.request_json(
+            "POST", f"/pubsub/v1/topics/{topic}/messages", body
+        )
+        return result
+
+    async def history(
+        self,
+        topic: str,
+        *,
+        since_seq: int | None = None,
+        since_ts: int | None = None,
+        before_seq: int | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """A page of history: ``{"messages": [frames], "has_more"}``, oldest first."""
+        result: dict[str, Any] = await self.request_json(
+            "GET",
+            f"/pubsub/v1/topics/{topic}/history",
+            query={
+                "since_seq": since_seq,
+                "since_ts": since_ts,
+                "before_seq": before_seq,
+                "limit": limit,
+            },
+        )
+        return result
+
+    async def presence(self, topic: str) -> list[dict[str, Any]]:
+        """Who is on a topic now."""
+        result = await self.request_json("GET", f"/pubsub/v1/topics/{topic}/presence")
+        members: list[dict[str, Any]] = result["members"]
+        return members
+
+    async def topics(self, prefix: str = "", limit: int = 100) -> list[dict[str, Any]]:
+        """Active topics (with messages in the node's log) that this client may read."""
+        result = await self.request_json(
+            "GET", "/pubsub/v1/topics", query={"prefix": prefix or None, "limit": limit}
+        )
+        topics: list[dict[str, Any]] = result["topics"]
+        return topics
+
+    def subscribe(
+        self,
+        patterns: str | list[str],
+        *,
+        since: dict[str, Any] | None = None,
+        consumer: str | None = None,
+        presence: dict[str, Any] | None = None,
+        window: int = 1024,
+        on_presence: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Subscription:
+        """A subscription that resumes by itself after any disconnect (use ``async with``).
+
+        Args:
+            since: ``{"epoch","seq"}``, ``{"ts"}`` or ``{"last": N}`` for the first connect.
+            consumer: a durable consumer name (at-least-once; acks move its cursor).
+            presence: ``{"name","status","meta"}`` to appear in the topics' presence.
+            on_presence: called with each ``presence`` event's data.
+        """
+        return Subscription(
+            self,
+            [patterns] if isinstance(patterns, str) else list(patterns),
+            since=since,
+            consumer=consumer,
+            presence=presence,
+            window=window,
+            on_presence=on_presence,
+        )
 
     def _call_headers(
         self,

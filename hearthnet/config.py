@@ -159,6 +159,89 @@ class BusSection:
 
 
 @dataclass(frozen=True, slots=True)
+class PubSubSection:
+    """[pubsub]: the log, delivery, limits and rules (spec §6, §2.5)."""
+
+    sync: str = field(
+        default="full",
+        metadata=_doc(
+            "SQLite synchronous mode: full (a publish survives a power cut once acknowledged) or "
+            "normal (survives a crash of the node only)."
+        ),
+    )
+    max_payload_bytes: int = field(
+        default=256 * KIB, metadata=_doc("Largest message data (JSON bytes).")
+    )
+    max_batch: int = field(default=1024, metadata=_doc("Most messages written in one commit."))
+    queue_max: int = field(
+        default=1024,
+        metadata=_doc(
+            "Messages queued per subscriber before the oldest are dropped with a gap frame."
+        ),
+    )
+    default_window: int = field(
+        default=1024,
+        metadata=_doc(
+            "Unacknowledged message frames per WebSocket session, unless its auth frame "
+            "says otherwise."
+        ),
+    )
+    max_messages_per_topic: int = field(
+        default=1000,
+        metadata=_doc(
+            "Retention: messages kept per topic (unless a [[pubsub.retention]] rule matches)."
+        ),
+    )
+    max_age_s: float = field(
+        default=86400.0,
+        metadata=_doc("Retention: age after which messages go (unless a rule matches)."),
+    )
+    max_bytes: int = field(
+        default=1 * GIB,
+        metadata=_doc("Retention: the whole log's size cap; the oldest messages go first."),
+    )
+    retention_interval_s: float = field(default=10.0, metadata=_doc("How often retention runs."))
+    publish_per_s_member: float = field(
+        default=1000.0, metadata=_doc("Publishes per second per member.")
+    )
+    publish_per_s_token: float = field(
+        default=100.0, metadata=_doc("Publishes per second per token client.")
+    )
+    presence_silence_s: float = field(
+        default=30.0,
+        metadata=_doc("A subscriber silent this long (no frame, no pong) leaves presence."),
+    )
+    long_poll_max_s: float = field(
+        default=60.0, metadata=_doc("Longest long-poll wait (timeout_s).")
+    )
+    max_patterns_per_session: int = field(
+        default=256, metadata=_doc("Subscribed patterns per session.")
+    )
+    consumer_max_held: int = field(
+        default=10_000,
+        metadata=_doc("Unacknowledged messages kept per durable consumer past normal retention."),
+    )
+    consumer_max_age_s: float = field(
+        default=7 * 86400.0,
+        metadata=_doc("How long unacknowledged messages are kept for a durable consumer."),
+    )
+    rules: tuple[dict[str, Any], ...] = field(
+        default=(),
+        metadata=_doc(
+            "Access rules, [[pubsub.rules]] tables {pattern, subscribe, publish}; "
+            "empty: the defaults "
+            "in docs/pubsub.md."
+        ),
+    )
+    retention: tuple[dict[str, Any], ...] = field(
+        default=(),
+        metadata=_doc(
+            "Retention rules, [[pubsub.retention]] tables {pattern, max_messages, max_age_s}."
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The effective configuration of a node."""
 
@@ -167,6 +250,7 @@ class Config:
     security: SecuritySection = field(default_factory=SecuritySection)
     limits: LimitsSection = field(default_factory=LimitsSection)
     bus: BusSection = field(default_factory=BusSection)
+    pubsub: PubSubSection = field(default_factory=PubSubSection)
 
     @property
     def data_path(self) -> Path:

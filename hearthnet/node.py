@@ -45,6 +45,12 @@ from hearthnet.config import Config
 from hearthnet.errors import ConfigError
 from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.metrics import MetricsRegistry
+from hearthnet.pubsub.access import DEFAULT_RULES, AccessPolicy, AccessRule
+from hearthnet.pubsub.http import PubSubHttp
+from hearthnet.pubsub.log import MessageLog
+from hearthnet.pubsub.retention import RetentionPolicy, RetentionRule
+from hearthnet.pubsub.service import PubSub
+from hearthnet.pubsub.ws import PubSubDeps, SessionSweeper
 from hearthnet.replay import ReplayCache
 from hearthnet.transport.bus_http import BusEndpointDeps, BusHttpEndpoints
 from hearthnet.transport.bus_ws import BusWebSocketEndpoint
@@ -160,6 +166,7 @@ class Node:
         self._lock = DataDirLock(self.data_dir)
         self._extra_capabilities = list(extra_capabilities or [])
         self._task_group: asyncio.TaskGroup | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
         self.url = ""
         # Built in _build(), once the data dir is locked.
@@ -170,6 +177,10 @@ class Node:
         self.bus: Bus
         self.authenticator: Authenticator
         self.server: HttpServer
+        self.message_log: MessageLog
+        self.pubsub: PubSub
+        self.sweeper: SessionSweeper
+        self.pubsub_deps: PubSubDeps
         self.streams: ActiveStreams
         self.connections: ConnectionTracker
         self._manifest: dict[str, Any] | None = None
@@ -229,9 +240,11 @@ class Node:
             connections=self.connections,
             streams=self.streams,
         )
+        self.pubsub = self._build_pubsub(transport_metrics)
         routes: list[web.RouteDef] = [
             *BusHttpEndpoints(deps).routes(),
             *BusWebSocketEndpoint(deps).routes(),
+            *PubSubHttp(self.pubsub_deps).routes(),
             *StatusEndpoints(self).routes(),
         ]
         self.server = HttpServer(
@@ -241,16 +254,72 @@ class Node:
             max_header_bytes=cfg.transport.max_header_bytes,
         )
 
+    def _build_pubsub(self, transport_metrics: TransportMetrics) -> PubSub:
+        cfg = self.config
+        ps = cfg.pubsub
+        rules = tuple(AccessRule.from_config(r) for r in ps.rules) or DEFAULT_RULES
+        retention = RetentionPolicy(
+            tuple(RetentionRule.from_config(r) for r in ps.retention),
+            max_messages=ps.max_messages_per_topic,
+            max_age_s=ps.max_age_s,
+            max_bytes=ps.max_bytes,
+        )
+        self.message_log = MessageLog(
+            self.data_dir / "pubsub" / "log.sqlite3",
+            self.keys,
+            synchronous=ps.sync,
+            max_batch=ps.max_batch,
+        )
+        service = PubSub(
+            node_id=self.keys.node_id,
+            config=ps,
+            log_store=self.message_log,
+            policy=AccessPolicy(rules),
+            retention=retention,
+            metrics=self.metrics,
+        )
+        tick = (
+            min(
+                cfg.transport.ws_ping_s,
+                ps.presence_silence_s / 2,
+                cfg.transport.sse_keepalive_s,
+                cfg.transport.ws_idle_s,
+            )
+            / 4
+        )
+        self.sweeper = SessionSweeper(service, tick_s=max(0.005, min(1.0, tick)))
+        self.pubsub_deps = PubSubDeps(
+            node_id=self.keys.node_id,
+            transport=cfg.transport,
+            config=ps,
+            authenticator=self.authenticator,
+            service=service,
+            connections=self.connections,
+            streams=self.streams,
+            metrics=transport_metrics,
+            sweeper=self.sweeper,
+        )
+        return service
+
     # --- life cycle ----------------------------------------------------------------
 
     async def __aenter__(self) -> Node:
         self._build()
+        try:
+            await self.message_log.open()
+        except BaseException:
+            self._lock.release()
+            raise
         self._task_group = asyncio.TaskGroup()
         await self._task_group.__aenter__()
+        self.spawn(self.message_log.run(), "pubsub-log-flush")
+        self.spawn(self.pubsub.retention_loop(), "pubsub-retention")
+        self.spawn(self.sweeper.run(), "pubsub-sweeper")
         try:
             host, port = await self.server.start(self.config.node.host, self.config.node.port)
         except OSError as exc:
-            await self._task_group.__aexit__(None, None, None)
+            await self._stop_tasks()
+            await self.message_log.close()
             self._lock.release()
             raise ConfigError(
                 f"cannot listen on {self.config.node.host}:{self.config.node.port}: {exc.strerror}"
@@ -266,15 +335,26 @@ class Node:
         try:
             await self.shutdown()
         finally:
-            assert self._task_group is not None
-            await self._task_group.__aexit__(*exc_info)  # type: ignore[arg-type]
+            await self._stop_tasks()
             self._lock.release()
+
+    async def _stop_tasks(self) -> None:
+        """Cancel the node's background tasks and leave the task group."""
+        group, self._task_group = self._task_group, None
+        if group is None:
+            return
+        for task in list(self._tasks):
+            task.cancel()
+        await group.__aexit__(None, None, None)
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Start a background task owned by the node's task group."""
         if self._task_group is None:
             raise RuntimeError("the node is not running")
-        return self._task_group.create_task(coro, name=name)
+        task = self._task_group.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def stop(self) -> None:
         """Ask :meth:`serve_forever` to shut down (signal handlers call this)."""
@@ -304,6 +384,7 @@ class Node:
         await self.server.stop_accepting()
         await self.streams.shutdown(self.config.node.shutdown_grace_s)
         await self.server.close()
+        await self.message_log.close()
         self._remove_run_file()
         log.info("node stopped", extra={"node": self.keys.node_id})
 

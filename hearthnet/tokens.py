@@ -19,7 +19,7 @@ from hearthnet.canonical import canonicalize
 from hearthnet.errors import BadRequest, InvalidSignature
 from hearthnet.identity import KeyPair, verify_object
 from hearthnet.ids import b64url_decode, b64url_encode, is_node_id, new_ulid
-from hearthnet.pubsub.topics import TopicPattern
+from hearthnet.pubsub.topics import TopicPattern, pattern_covers
 
 TOKEN_PREFIX = "hnt1:"  # noqa: S105 - a format prefix, not a secret
 MAX_TOKEN_CHARS = 8192
@@ -77,7 +77,7 @@ class Scope:
         """
         if self.kind != "sub":
             return False
-        return _pattern_within(pattern.split("."), self.pattern.split("."))
+        return pattern_covers(self.pattern, pattern)
 
     def allows_call(self, name: str, version: str) -> bool:
         """Whether this scope grants calling capability ``name`` at ``version``."""
@@ -90,20 +90,6 @@ class Scope:
             return True
         have = version.split(".")
         return want.split(".") == have[: len(want.split("."))]
-
-
-def _pattern_within(sub: list[str], scope: list[str]) -> bool:
-    """True when every topic matched by ``sub`` is matched by ``scope`` (segment-wise)."""
-    if not scope:
-        return not sub
-    if scope[0] == "**":
-        rest = scope[1:]
-        return any(_pattern_within(sub[i:], rest) for i in range(1, len(sub) + 1)) if sub else False
-    if not sub or sub[0] == "**":
-        return False
-    if scope[0] == "*" or scope[0] == sub[0]:
-        return _pattern_within(sub[1:], scope[1:])
-    return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,3 +163,24 @@ def start_node_process(
         proc.wait(5)
         raise AssertionError(f"node did not become ready (exit {proc.returncode}): {line!r}")
     return NodeProcess(proc, line.strip(), data_dir)
+
+
+async def refused_upgrade(
+    http: Any, url: str, protocol: str | None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any], Any]:
+    """Attempt a WebSocket upgrade that the node is expected to refuse, as a plain GET
+    (aiohttp's ws_connect leaks the connection of a refused handshake).
+
+    Returns (status, JSON body, response headers).
+    """
+    all_headers = {
+        "Upgrade": "websocket",
+        "Connection": "Upgrade",
+        "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        **(headers or {}),
+    }
+    if protocol is not None:
+        all_headers["Sec-WebSocket-Protocol"] = protocol
+    async with http.get(url, headers=all_headers) as resp:
+        return resp.status, await resp.json(), resp.headers

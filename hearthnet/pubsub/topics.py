@@ -90,3 +90,41 @@ def _match(pattern: tuple[str, ...], topic: tuple[str, ...]) -> bool:
 def pattern_matches(pattern: str, topic: str) -> bool:
     """Convenience: parse ``pattern`` (cached) and match ``topic``."""
     return TopicPattern.parse(pattern).matches(topic)
+
+
+def pattern_covers(outer: str, inner: str) -> bool:
+    """True when every topic matched by pattern ``inner`` is matched by ``outer``
+    (``chat.**`` covers ``chat.*``; ``chat.*`` does not cover ``chat.**``)."""
+    return _within(tuple(inner.split(".")), tuple(outer.split(".")))
+
+
+@lru_cache(maxsize=16384)
+def _within(sub: tuple[str, ...], scope: tuple[str, ...]) -> bool:
+    if not scope:
+        return not sub
+    if scope[0] == "**":
+        rest = scope[1:]
+        return any(_within(sub[i:], rest) for i in range(1, len(sub) + 1)) if sub else False
+    if not sub or sub[0] == "**":
+        return False
+    if scope[0] in ("*", sub[0]):
+        return _within(sub[1:], scope[1:])
+    return False
+
+
+def patterns_overlap(a: str, b: str) -> bool:
+    """True when some concrete topic is matched by both patterns."""
+    return _overlap(tuple(a.split(".")), tuple(b.split(".")))
+
+
+@lru_cache(maxsize=16384)
+def _overlap(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    # Walk one topic segment at a time; a `**` may stay (consume more) or move on.
+    if not a or not b:
+        return not a and not b
+    a0, b0 = a[0], b[0]
+    if not (a0 in ("*", "**") or b0 in ("*", "**") or a0 == b0):
+        return False
+    next_a = (a, a[1:]) if a0 == "**" else (a[1:],)
+    next_b = (b, b[1:]) if b0 == "**" else (b[1:],)
+    return any(_overlap(na, nb) for na in next_a for nb in next_b if (na, nb) != (a, b))

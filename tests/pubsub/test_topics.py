@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hearthnet.errors import BadRequest
-from hearthnet.pubsub.topics import TopicPattern, validate_topic
+from hearthnet.pubsub.topics import TopicPattern, pattern_covers, patterns_overlap, validate_topic
 
 segments = st.text(alphabet="abcxyz09_-", min_size=1, max_size=4)
 topics = st.lists(segments, min_size=1, max_size=6).map(".".join)
@@ -58,3 +58,35 @@ def _regex(pattern: str) -> re.Pattern[str]:
 def test_matching_agrees_with_a_regular_expression(pattern: str, topic: str) -> None:
     """The matcher agrees with an independent regex translation of the pattern."""
     assert bool(_regex(pattern).match(topic)) == TopicPattern.parse(pattern).matches(topic)
+
+
+@given(
+    st.lists(segments | st.sampled_from(["*", "**"]), min_size=1, max_size=4).map(".".join),
+    st.lists(segments | st.sampled_from(["*", "**"]), min_size=1, max_size=4).map(".".join),
+    topics,
+)
+def test_cover_and_overlap_agree_with_matching(outer: str, inner: str, topic: str) -> None:
+    """If outer covers inner, any topic inner matches, outer matches; a topic both match
+    means they overlap."""
+    o, i = TopicPattern.parse(outer), TopicPattern.parse(inner)
+    if pattern_covers(outer, inner) and i.matches(topic):
+        assert o.matches(topic)
+    if o.matches(topic) and i.matches(topic):
+        assert patterns_overlap(outer, inner)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        ("node.*.inbox", "**", True),
+        ("node.*.inbox", "chat.**", False),
+        ("a.**", "*.b", True),
+        ("a.*", "a.b.c", False),
+        ("a.**.c", "a.b.**", True),
+        ("x", "x", True),
+        ("*", "**", True),
+    ],
+)
+def test_overlap_examples(a: str, b: str, expected: bool) -> None:
+    """Two patterns overlap when some topic matches both."""
+    assert expected == patterns_overlap(a, b)

@@ -18,7 +18,7 @@ from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulid
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
-from tests.helpers import CleanupLog, SlowStream, wait_until
+from tests.helpers import CleanupLog, SlowStream, refused_upgrade, wait_until
 
 
 def call_frame(
@@ -373,35 +373,25 @@ async def test_unknown_subprotocol_gets_426_listing_ours(
     node: Node, http: aiohttp.ClientSession
 ) -> None:
     """An upgrade offering no subprotocol of ours: 426 upgrade_required with ours in the header."""
-    with pytest.raises(aiohttp.WSServerHandshakeError) as info:
-        await connect(http, node, "chat.v1")
-    async with http.get(
-        node.url + "/bus/v1/call",
-        headers={
-            "Upgrade": "websocket",
-            "Connection": "Upgrade",
-            "Sec-WebSocket-Version": "13",
-            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
-            "Sec-WebSocket-Protocol": "chat.v1",
-        },
-    ) as resp:
-        answer = (resp.status, (await resp.json())["error"], resp.headers["Sec-WebSocket-Protocol"])
-    assert (426, (426, "upgrade_required", "hearthnet-bus.v2, hearthnet-bus.v2+cbor")) == (
-        info.value.status,
-        answer,
+    status, body, headers = await refused_upgrade(http, node.url + "/bus/v1/call", "chat.v1")
+    assert (426, "upgrade_required", "hearthnet-bus.v2, hearthnet-bus.v2+cbor") == (
+        status,
+        body["error"],
+        headers["Sec-WebSocket-Protocol"],
     )
 
 
-async def test_non_streaming_capability_named_in_headers_gets_426(node: Node) -> None:
+async def test_non_streaming_capability_named_in_headers_gets_426(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
     """With X-HearthNet-Capability naming a unary capability, the upgrade gets 426 at once."""
-    async with aiohttp.ClientSession() as http:
-        with pytest.raises(aiohttp.WSServerHandshakeError) as info:
-            await http.ws_connect(
-                node.url + "/bus/v1/call",
-                protocols=("hearthnet-bus.v2",),
-                headers={"X-HearthNet-Capability": "echo", "X-HearthNet-Capability-Version": "1.0"},
-            )
-    assert 426 == info.value.status
+    status, body, _ = await refused_upgrade(
+        http,
+        node.url + "/bus/v1/call",
+        "hearthnet-bus.v2",
+        {"X-HearthNet-Capability": "echo", "X-HearthNet-Capability-Version": "1.0"},
+    )
+    assert (426, "upgrade_required") == (status, body["error"])
 
 
 async def test_ws_fallback_to_sse_when_426(client: Client) -> None:

@@ -1,0 +1,188 @@
+"""Delivery to one subscriber (spec §6.5, §6.7, §3.6). Pure: bytes in, bytes out.
+
+A channel receives frames that are already encoded for its transport (the same bytes
+for every subscriber) and decides what may be written now:
+
+- **window**: at most ``window`` message frames unacknowledged (WebSocket); none for SSE
+  and long-poll, where TCP back-pressure (``writable``) paces delivery;
+- **catch-up**: while the backlog is read from the log, live messages wait in the live
+  queue; backlog frames go first, so the hand-over has no gap and no duplicate;
+- **slow subscribers**: the live queue holds at most ``queue_max`` frames; on overflow the
+  oldest are dropped *for this subscriber only* and one ``gap {from_seq, to_seq}`` frame
+  says so before the next message. Nothing is dropped silently, and nobody else waits.
+
+States::
+
+    CATCHING_UP --finish_catch_up--> LIVE --close--> CLOSED
+         \\-----------------------close-------------->/
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable
+
+from hearthnet.transport.flow import FlowWindow
+
+
+class ChannelState(enum.Enum):
+    """Where a channel is."""
+
+    CATCHING_UP = "catching_up"
+    LIVE = "live"
+    CLOSED = "closed"
+
+
+_TRANSITIONS = {
+    ChannelState.CATCHING_UP: frozenset({ChannelState.LIVE, ChannelState.CLOSED}),
+    ChannelState.LIVE: frozenset({ChannelState.CLOSED}),
+    ChannelState.CLOSED: frozenset(),
+}
+
+GapEncoder = Callable[[int, int], bytes]
+
+
+class SubscriberChannel:
+    """One subscriber's ordered, bounded, flow-controlled delivery."""
+
+    __slots__ = (
+        "_backlog",
+        "_gap",
+        "_live",
+        "delivered_seq",
+        "dropped_total",
+        "encode_gap",
+        "gaps_total",
+        "out",
+        "out_count",
+        "queue_max",
+        "state",
+        "window",
+        "writable",
+    )
+
+    def __init__(
+        self,
+        *,
+        window: int | None,
+        queue_max: int,
+        encode_gap: GapEncoder,
+        catching_up: bool = False,
+    ) -> None:
+        self.window = FlowWindow(window) if window else None
+        self.queue_max = queue_max
+        self.encode_gap = encode_gap
+        self.state = ChannelState.CATCHING_UP if catching_up else ChannelState.LIVE
+        self.out: list[bytes] = []
+        self.out_count = 0  # message frames in `out` (gap frames not counted)
+        self._live: deque[tuple[int, bytes]] = deque()
+        self._backlog: deque[tuple[int, bytes]] = deque()
+        self._gap: tuple[int, int] | None = None
+        self.delivered_seq = 0
+        self.writable = True
+        self.gaps_total = 0
+        self.dropped_total = 0
+
+    def _to(self, state: ChannelState) -> None:
+        if state not in _TRANSITIONS[self.state]:
+            raise RuntimeError(f"illegal channel transition {self.state.value} -> {state.value}")
+        self.state = state
+
+    @property
+    def queued(self) -> int:
+        """Frames waiting (backlog and live)."""
+        return len(self._live) + len(self._backlog)
+
+    @property
+    def backlog_room(self) -> int:
+        """How many backlog frames the glue may add now (it reads pages on demand)."""
+        return 0 if self._backlog else self.queue_max
+
+    def _window_open(self) -> bool:
+        return self.window is None or self.window.open
+
+    def _emit(self, seq: int, data: bytes) -> None:
+        if self.window is not None:
+            self.window.sent(seq)
+        self.delivered_seq = seq
+        self.out.append(data)
+        self.out_count += 1
+
+    def offer(self, seq: int, data: bytes) -> None:
+        """A live message for this subscriber (called by fan-out, in seq order)."""
+        if self.state is ChannelState.CLOSED or seq <= self.delivered_seq:
+            return
+        if (
+            self.state is ChannelState.LIVE
+            and not self._live
+            and self._gap is None
+            and self.writable
+            and self._window_open()
+        ):
+            self._emit(seq, data)  # the common case: straight out
+            return
+        self._live.append((seq, data))
+        if len(self._live) > self.queue_max:
+            dropped, _ = self._live.popleft()
+            self.dropped_total += 1
+            self._gap = (self._gap[0], dropped) if self._gap else (dropped, dropped)
+
+    def add_backlog(self, items: list[tuple[int, bytes]]) -> None:
+        """Backlog frames, in seq order, all older than any live frame queued."""
+        if self.state is not ChannelState.CATCHING_UP:
+            raise RuntimeError("backlog only while catching up")
+        self._backlog.extend(items)
+        self.pump()
+
+    def finish_catch_up(self) -> None:
+        """The backlog is complete: live frames follow."""
+        self._to(ChannelState.LIVE)
+        self.pump()
+
+    def ack(self, upto: int) -> int:
+        """Apply an ack; returns how many frames it released."""
+        if self.window is None:
+            return 0
+        released = self.window.ack(upto)
+        if released:
+            self.pump()
+        return released
+
+    def set_writable(self, writable: bool) -> None:
+        """The transport's buffer went above (False) or back below (True) its mark."""
+        self.writable = writable
+        if writable:
+            self.pump()
+
+    def pump(self) -> None:
+        """Move what the window and the transport allow from the queues to ``out``."""
+        while self.writable and self._window_open():
+            if self._backlog:
+                seq, data = self._backlog.popleft()
+                if seq > self.delivered_seq:
+                    self._emit(seq, data)
+                continue
+            if self.state is not ChannelState.LIVE or not self._live:
+                return
+            if self._gap is not None:
+                self.out.append(self.encode_gap(*self._gap))
+                self.gaps_total += 1
+                self._gap = None
+            seq, data = self._live.popleft()
+            if seq > self.delivered_seq:
+                self._emit(seq, data)
+
+    def take(self) -> list[bytes]:
+        """What to write now (and forget it)."""
+        out, self.out = self.out, []
+        self.out_count = 0
+        return out
+
+    def close(self) -> None:
+        """No more delivery."""
+        if self.state is not ChannelState.CLOSED:
+            self._to(ChannelState.CLOSED)
+        self._live.clear()
+        self._backlog.clear()
+        self.out = []

@@ -1,0 +1,220 @@
+"""The signed pub/sub message envelope (spec §6.2).
+
+``{"id", "topic", "type", "data", "origin", "origin_seq", "ts", "ttl_s"?, "sender"?, "sig"}``,
+signed by the origin node over the JCS form without ``sig``. A :class:`Message` always
+carries a verified signature (it is made by :meth:`Message.create`, which signs, or by
+:meth:`Message.parse`, which verifies), and keeps the exact JSON bytes it travels as, so
+fan-out never re-encodes it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from hearthnet.errors import BadRequest, PayloadTooLarge
+from hearthnet.identity import KeyPair, verify_object
+from hearthnet.ids import is_node_id, is_ulid, new_ulid
+from hearthnet.pubsub.topics import validate_topic
+
+MAX_PAYLOAD_BYTES = 256 * 1024
+MAX_TTL_S = 365 * 24 * 3600
+_TYPE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+SENDER_KINDS = ("node", "device", "token")
+_FIELDS = frozenset(
+    {"id", "topic", "type", "data", "origin", "origin_seq", "ts", "ttl_s", "sender", "sig"}
+)
+
+
+def validate_type(msg_type: object) -> str:
+    """A message type: 1..64 of ``[A-Za-z0-9_.:-]`` (``token``, ``message.complete``)."""
+    if not isinstance(msg_type, str) or not _TYPE_RE.match(msg_type):
+        raise BadRequest("a message type is 1..64 characters of [A-Za-z0-9_.:-]")
+    return msg_type
+
+
+def validate_ttl(ttl_s: object) -> int | None:
+    """An optional positive integer TTL in seconds."""
+    if ttl_s is None:
+        return None
+    if not isinstance(ttl_s, int) or isinstance(ttl_s, bool) or not 1 <= ttl_s <= MAX_TTL_S:
+        raise BadRequest(f"ttl_s must be an integer from 1 to {MAX_TTL_S}")
+    return ttl_s
+
+
+def encoded_payload(data: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> bytes:
+    """The JSON bytes of ``data``; :class:`PayloadTooLarge` over the limit."""
+    try:
+        raw = orjson.dumps(data)
+    except TypeError as exc:
+        raise BadRequest(f"data is not JSON: {exc}") from exc
+    if len(raw) > max_bytes:
+        raise PayloadTooLarge(f"data is {len(raw)} bytes; the limit is {max_bytes}")
+    return raw
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A verified message, with the bytes it travels as."""
+
+    id: str
+    topic: str
+    type: str
+    data: Any
+    origin: str
+    origin_seq: int
+    ts: int
+    sig: str
+    ttl_s: int | None = None
+    sender: dict[str, str] | None = None
+    raw: bytes = field(default=b"", compare=False, repr=False)
+
+    @property
+    def expires_ms(self) -> int | None:
+        """When the message's own TTL runs out (None: no TTL)."""
+        return self.ts + self.ttl_s * 1000 if self.ttl_s is not None else None
+
+    def body(self) -> dict[str, Any]:
+        """The envelope as a JSON object (with ``sig``)."""
+        out: dict[str, Any] = {
+            "id": self.id,
+            "topic": self.topic,
+            "type": self.type,
+            "data": self.data,
+            "origin": self.origin,
+            "origin_seq": self.origin_seq,
+            "ts": self.ts,
+        }
+        if self.ttl_s is not None:
+            out["ttl_s"] = self.ttl_s
+        if self.sender is not None:
+            out["sender"] = self.sender
+        out["sig"] = self.sig
+        return out
+
+    @classmethod
+    def create(
+        cls,
+        origin: KeyPair,
+        *,
+        topic: str,
+        msg_type: str,
+        data: Any,
+        origin_seq: int,
+        ts: int,
+        ttl_s: int | None = None,
+        sender: dict[str, str] | None = None,
+        msg_id: str | None = None,
+    ) -> Message:
+        """Sign a new message as the origin node (inputs already validated)."""
+        body: dict[str, Any] = {
+            "id": msg_id or new_ulid(ts),
+            "topic": topic,
+            "type": msg_type,
+            "data": data,
+            "origin": origin.node_id,
+            "origin_seq": origin_seq,
+            "ts": ts,
+        }
+        if ttl_s is not None:
+            body["ttl_s"] = ttl_s
+        if sender is not None:
+            body["sender"] = sender
+        sig = origin.sign_object(body)
+        body["sig"] = sig
+        return cls(
+            body["id"],
+            topic,
+            msg_type,
+            data,
+            origin.node_id,
+            origin_seq,
+            ts,
+            sig,
+            ttl_s,
+            sender,
+            orjson.dumps(body),
+        )
+
+    @classmethod
+    def parse(cls, obj: object, *, raw: bytes | None = None) -> Message:
+        """Validate an envelope and verify its signature (messages from peers or the log).
+
+        Raises:
+            BadRequest: malformed envelope.
+            PayloadTooLarge: data over 256 KiB.
+            InvalidSignature: the origin's signature does not verify.
+        """
+        if not isinstance(obj, dict):
+            raise BadRequest("a message is an object")
+        if set(obj) - _FIELDS or not {
+            "id",
+            "topic",
+            "type",
+            "data",
+            "origin",
+            "origin_seq",
+            "ts",
+            "sig",
+        } <= set(obj):
+            raise BadRequest(
+                "message fields are id, topic, type, data, origin, origin_seq, ts, "
+                "ttl_s?, sender?, sig"
+            )
+        if not is_ulid(obj["id"]) or not is_node_id(obj["origin"]):
+            raise BadRequest("message id must be a ULID and origin a NodeID")
+        for key in ("origin_seq", "ts"):
+            value = obj[key]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise BadRequest(f"message {key} must be a non-negative integer")
+        sender = obj.get("sender")
+        if sender is not None and (
+            not isinstance(sender, dict)
+            or set(sender) != {"kind", "id"}
+            or sender["kind"] not in SENDER_KINDS
+            or not isinstance(sender["id"], str)
+        ):
+            raise BadRequest("sender is {kind: node|device|token, id}")
+        topic = validate_topic(obj["topic"])
+        msg_type = validate_type(obj["type"])
+        ttl_s = validate_ttl(obj.get("ttl_s"))
+        encoded_payload(obj["data"])
+        verify_object(obj["origin"], obj, obj["sig"], "sig")
+        return cls(
+            obj["id"],
+            topic,
+            msg_type,
+            obj["data"],
+            obj["origin"],
+            obj["origin_seq"],
+            obj["ts"],
+            obj["sig"],
+            ttl_s,
+            sender,
+            raw if raw is not None else orjson.dumps(obj),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """A message at its position in this node's log (spec §6.3)."""
+
+    seq: int
+    message: Message
+
+    def frame_json(self) -> dict[str, Any]:
+        """``{"event":"message","data":<envelope>,"seq":N}`` as an object (history, long-poll)."""
+        return {"event": "message", "data": self.message.body(), "seq": self.seq}
+
+    def frame_bytes(self) -> bytes:
+        """The same frame as JSON bytes, built around the stored envelope bytes."""
+        return (
+            b'{"event":"message","data":'
+            + self.message.raw
+            + b',"seq":'
+            + str(self.seq).encode()
+            + b"}"
+        )

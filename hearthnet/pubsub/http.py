@@ -1,0 +1,332 @@
+"""Pub/sub over HTTP (spec §3.2, §6.4–6.6): publish, history, presence, topics, and
+``GET /pubsub/v1/subscribe`` as WebSocket (upgrade), SSE (``Accept: text/event-stream``)
+or long-poll (JSON).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from hearthnet.caller import Caller
+from hearthnet.clock import now_ms
+from hearthnet.errors import BadRequest, Expired, WireError
+from hearthnet.ids import new_ulid
+from hearthnet.pubsub.channel import SubscriberChannel
+from hearthnet.pubsub.frames import Since
+from hearthnet.pubsub.service import Subscriber
+from hearthnet.pubsub.topics import TopicPattern
+from hearthnet.pubsub.wire import control_frame
+from hearthnet.pubsub.ws import PubSubDeps, PubSubWebSocket, sweep_token
+from hearthnet.transport.codec import SSE_KEEPALIVE, loads
+from hearthnet.transport.headers import read_signed_headers
+from hearthnet.transport.server import json_response
+
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+LONG_POLL_LIMIT = 500
+
+
+def _int_query(
+    request: web.Request, name: str, *, minimum: int = 0, default: int | None = None
+) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or len(raw) > 16:
+        raise BadRequest(f"{name} must be a non-negative integer")
+    value = int(raw)
+    if value < minimum:
+        raise BadRequest(f"{name} must be at least {minimum}")
+    return value
+
+
+def _patterns(request: web.Request) -> tuple[TopicPattern, ...]:
+    raw = request.query.get("topics") or request.query.get("topic")
+    if not raw:
+        raise BadRequest("topics=PATTERN[,PATTERN...] is required")
+    parts = [p for p in raw.split(",") if p]
+    if not 1 <= len(parts) <= 64:
+        raise BadRequest("topics lists 1..64 patterns")
+    return tuple(TopicPattern.parse(p) for p in parts)
+
+
+class PubSubHttp:
+    """HTTP endpoints of pub/sub."""
+
+    def __init__(self, deps: PubSubDeps) -> None:
+        self.deps = deps
+        self.ws = PubSubWebSocket(deps)
+
+    def routes(self) -> list[web.RouteDef]:
+        """The routes."""
+        return [
+            web.post("/pubsub/v1/topics/{topic}/messages", self.publish),
+            web.get("/pubsub/v1/topics/{topic}/history", self.history),
+            web.get("/pubsub/v1/topics/{topic}/presence", self.presence),
+            web.get("/pubsub/v1/topics", self.topics),
+            web.get("/pubsub/v1/subscribe", self.subscribe),
+        ]
+
+    def caller(self, request: web.Request, body: Any) -> Caller:
+        """Authenticate a request: signed headers over the request envelope, or a token
+        (header, or ``?token=`` since a browser EventSource cannot set headers)."""
+        signed = read_signed_headers(request.headers, query_token=request.query.get("token"))
+        return self.deps.authenticator.authenticate_request(
+            method=request.method,
+            path=request.raw_path,
+            body=body,
+            request_id=signed.request_id,
+            sender=signed.sender,
+            community=signed.community,
+            ts=signed.ts,
+            signature=signed.signature,
+            token=signed.token,
+            now_ms=now_ms(),
+        )
+
+    async def publish(self, request: web.Request) -> web.Response:
+        """``POST /pubsub/v1/topics/{topic}/messages`` ``{"type","data","ttl_s"?}``."""
+        raw = await request.read()
+        body = loads(raw) if raw else None
+        if (
+            not isinstance(body, dict)
+            or "data" not in body
+            or set(body) - {"type", "data", "ttl_s"}
+        ):
+            raise BadRequest('the body is {"type", "data", "ttl_s"?}')
+        caller = self.caller(request, body)
+        stored = await self.deps.service.publish(
+            caller, request.match_info["topic"], body.get("type"), body["data"], body.get("ttl_s")
+        )
+        msg = stored.message
+        return json_response(
+            {"id": msg.id, "seq": stored.seq, "origin_seq": msg.origin_seq, "ts": msg.ts}
+        )
+
+    async def history(self, request: web.Request) -> web.Response:
+        """``GET /pubsub/v1/topics/{topic}/history`` (default 50, at most 500 per page)."""
+        caller = self.caller(request, None)
+        rows, has_more = await self.deps.service.history(
+            caller,
+            request.match_info["topic"],
+            since_seq=_int_query(request, "since_seq"),
+            since_ts=_int_query(request, "since_ts"),
+            before_seq=_int_query(request, "before_seq"),
+            limit=_int_query(request, "limit", minimum=1, default=50) or 50,
+        )
+        body = (
+            b'{"messages":['
+            + b",".join(r.frame_bytes() for r in rows)
+            + b'],"has_more":'
+            + (b"true" if has_more else b"false")
+            + b"}"
+        )
+        return web.Response(body=body, content_type="application/json")
+
+    async def presence(self, request: web.Request) -> web.Response:
+        """``GET /pubsub/v1/topics/{topic}/presence``."""
+        caller = self.caller(request, None)
+        topic = request.match_info["topic"]
+        return json_response({"topic": topic, "members": self.deps.service.members(caller, topic)})
+
+    async def topics(self, request: web.Request) -> web.Response:
+        """``GET /pubsub/v1/topics?prefix=&limit=``: topics with messages the caller may read."""
+        caller = self.caller(request, None)
+        limit = _int_query(request, "limit", minimum=1, default=100) or 100
+        return json_response(
+            {
+                "topics": self.deps.service.topics(
+                    caller, request.query.get("prefix", ""), min(limit, 1000)
+                )
+            }
+        )
+
+    async def subscribe(self, request: web.Request) -> web.StreamResponse:
+        """WebSocket, SSE or long-poll, by what the client asks for."""
+        if request.headers.get("Upgrade", "").lower() == "websocket":
+            return await self.ws.handle(request)
+        caller = self.caller(request, None)
+        patterns = _patterns(request)
+        if "text/event-stream" in request.headers.get("Accept", ""):
+            return await self._sse(request, caller, patterns)
+        return await self._long_poll(request, caller, patterns)
+
+    def _since(self, request: web.Request) -> Since | None:
+        epoch = request.query.get("since_epoch")
+        seq = _int_query(request, "since_seq")
+        last_event = request.headers.get("Last-Event-ID")
+        if seq is None and last_event:
+            if not last_event.isdigit():
+                raise BadRequest("Last-Event-ID must be a message seq")
+            seq = int(last_event)
+        if seq is not None:
+            return Since(epoch=epoch, seq=seq)
+        ts = _int_query(request, "since_ts")
+        if ts is not None:
+            return Since(ts=ts)
+        last = _int_query(request, "last")
+        return Since(last=min(last, 10_000)) if last is not None else None
+
+    async def _sse(
+        self, request: web.Request, caller: Caller, patterns: tuple[TopicPattern, ...]
+    ) -> web.StreamResponse:
+        deps = self.deps
+        since = self._since(request)
+        if "consumer" in request.query:
+            raise BadRequest("durable consumers need acks: subscribe over WebSocket")
+        deps.connections.open(caller.identity)
+        session = SseSession(deps, request, caller)
+        try:
+            response = web.StreamResponse(headers=SSE_HEADERS)
+            if request.version >= (1, 1):
+                response.enable_chunked_encoding()
+            await response.prepare(request)
+            session.start(response)
+            task = asyncio.current_task()
+            if task is not None:
+                deps.streams.add(task)
+            assert session.sub is not None
+            await deps.service.subscribe(session.sub, patterns, since=since)
+            if session.sub.channel.state.value == "catching_up":
+                session.sub.channel.finish_catch_up()  # a reset: stream live from now on
+                deps.service.wake(session.sub)
+            await session.closed.wait()
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await response.write_eof()
+            return response
+        finally:
+            session.end()
+            deps.connections.close(caller.identity)
+
+    async def _long_poll(
+        self, request: web.Request, caller: Caller, patterns: tuple[TopicPattern, ...]
+    ) -> web.Response:
+        deps = self.deps
+        service = deps.service
+        timeout = min(
+            float(_int_query(request, "timeout_s", default=30) or 0), deps.config.long_poll_max_s
+        )
+        since_seq = _int_query(request, "since_seq")
+        arrived = asyncio.Event()
+        frames: list[bytes] = []
+
+        def collect(written: list[bytes]) -> None:
+            frames.extend(written)
+            arrived.set()
+
+        def has_message() -> bool:
+            return any(f.startswith(b'{"event":"message"') for f in frames)
+
+        channel = SubscriberChannel(
+            window=None,
+            queue_max=LONG_POLL_LIMIT,
+            catching_up=True,
+            encode_gap=lambda a, b: control_frame("json", "gap", {"from_seq": a, "to_seq": b}),
+        )
+        sub = Subscriber(
+            caller=caller,
+            client_id="lp_" + new_ulid().lower(),
+            form="json",
+            channel=channel,
+            transport=None,
+            on_frames=collect,
+        )
+        service.register(sub)
+        try:
+            await service.subscribe(
+                sub, patterns, since=Since(seq=since_seq) if since_seq is not None else None
+            )
+            sub.flush()
+            # spec §6.5: return at once when there is backlog; else wait for the first message
+            if not has_message() and timeout > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout):
+                        while not has_message():
+                            arrived.clear()
+                            await arrived.wait()
+            sub.flush()
+        finally:
+            service.detach(sub)
+        messages = [
+            f
+            for f in frames
+            if f.startswith(b'{"event":"message"') or f.startswith(b'{"event":"gap"')
+        ]
+        body = (
+            b'{"messages":['
+            + b",".join(messages[:LONG_POLL_LIMIT])
+            + b'],"epoch":'
+            + orjson.dumps(service.log.epoch)
+            + b',"head_seq":'
+            + str(service.log.head_seq).encode()
+            + b"}"
+        )
+        return web.Response(body=body, content_type="application/json")
+
+
+class SseSession:
+    """One SSE subscription: raw chunked writes, keepalive comments, token expiry."""
+
+    def __init__(self, deps: PubSubDeps, request: web.Request, caller: Caller) -> None:
+        self.deps = deps
+        self.request = request
+        self.caller = caller
+        self.sub: Subscriber | None = None
+        self.token_exp_ms = caller.token.exp_ms if caller.token is not None else None
+        self.warned = False
+        self.closed = asyncio.Event()
+        self.chunked = request.version >= (1, 1)
+
+    def start(self, response: web.StreamResponse) -> None:
+        """Headers are out: start the subscriber and the sweeper's care."""
+        channel = SubscriberChannel(
+            window=None,
+            queue_max=self.deps.config.queue_max,
+            catching_up=True,
+            encode_gap=lambda a, b: control_frame("sse", "gap", {"from_seq": a, "to_seq": b}),
+        )
+        self.sub = Subscriber(
+            caller=self.caller,
+            client_id="sse_" + new_ulid().lower(),
+            form="sse",
+            channel=channel,
+            transport=self.request.transport,
+            chunked=self.chunked,
+        )
+        self.deps.service.register(self.sub)
+        self.deps.sweeper.add(self)
+
+    def sweep(self, now: float, wall_ms: int) -> None:
+        """Keepalive comments after ``sse_keepalive_s`` quiet; token expiry ends the stream."""
+        if sweep_token(self, wall_ms):
+            return
+        sub = self.sub
+        if sub is None:
+            return
+        if time.monotonic() - sub.last_write >= self.deps.transport.sse_keepalive_s:
+            sub.channel.out.append(SSE_KEEPALIVE)
+            sub.wake()
+
+    def hard_close(self, code: int, reason: str) -> None:
+        """End the stream (an SSE client cannot be sent a close code; it gets an error event)."""
+        if self.sub is not None:
+            error = Expired("token expired") if code == 4401 else WireError(reason)
+            self.sub.send_control("error", error.to_frame_data())
+            self.sub.flush()
+        self.closed.set()
+
+    def end(self) -> None:
+        """The response is over."""
+        self.closed.set()
+        self.deps.sweeper.remove(self)
+        if self.sub is not None:
+            self.deps.service.detach(self.sub)

@@ -1,0 +1,618 @@
+"""The node's message log in SQLite (spec §6.3, §6.4): group commit, seq, epoch, dedupe.
+
+One writer connection and one reader connection (WAL lets reads run beside the writer).
+Appends are queued; the flush loop takes everything queued, assigns ``seq`` (and, for
+local publishes, ``origin_seq``, then signs), writes the batch in one transaction and
+commits. Only after the commit does it move ``head_seq``, hand the batch to fan-out
+(``on_commit``) and resolve the publishers' futures: a publish is acknowledged only once
+durable, and a ``seq`` is never handed out twice, even across a crash.
+
+``synchronous=FULL`` (the default) makes an acknowledged publish survive a power cut;
+``normal`` survives a process crash (``kill -9``) only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sqlite3
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import orjson
+
+from hearthnet.clock import now_ms
+from hearthnet.errors import StorageError, Unavailable
+from hearthnet.identity import KeyPair
+from hearthnet.pubsub.envelope import Message, StoredMessage
+from hearthnet.pubsub.topics import TopicPattern
+
+log = logging.getLogger("hearthnet.pubsub.log")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS messages (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    topic TEXT NOT NULL,
+    origin TEXT NOT NULL,
+    origin_seq INTEGER NOT NULL,
+    ts INTEGER NOT NULL,
+    expires_ms INTEGER,
+    size INTEGER NOT NULL,
+    raw BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_topic ON messages (topic, seq);
+CREATE INDEX IF NOT EXISTS messages_origin ON messages (origin, origin_seq);
+CREATE INDEX IF NOT EXISTS messages_ts ON messages (ts);
+CREATE TABLE IF NOT EXISTS consumers (
+    identity TEXT NOT NULL,
+    name TEXT NOT NULL,
+    patterns TEXT NOT NULL,
+    cursor INTEGER NOT NULL,
+    lost_from INTEGER,
+    lost_to INTEGER,
+    updated_ms INTEGER NOT NULL,
+    PRIMARY KEY (identity, name)
+);
+"""
+
+RECENT_IDS = 200_000
+PAGE = 500
+
+
+@dataclass(slots=True)
+class TopicStats:
+    """What the log holds of one topic (kept in memory, exact)."""
+
+    messages: int = 0
+    bytes: int = 0
+    head_seq: int = 0
+    last_ts: int = 0
+
+
+@dataclass(slots=True)
+class _Pending:
+    future: asyncio.Future[StoredMessage | None]
+    message: Message | None = None  # a finished message from a peer
+    fields: dict[str, Any] | None = None  # a local publish, signed at commit time
+
+
+@dataclass(slots=True)
+class ConsumerRecord:
+    """A durable consumer's stored state (spec §6.8)."""
+
+    identity: str
+    name: str
+    patterns: tuple[str, ...]
+    cursor: int
+    lost: tuple[int, int] | None = None
+    dirty: bool = field(default=False, compare=False)
+
+
+def _sql_prefix(pattern: str) -> str:
+    """The literal leading segments of a pattern, as a topic prefix for an index range."""
+    parts: list[str] = []
+    for seg in pattern.split("."):
+        if seg in ("*", "**"):
+            return ".".join(parts) + "." if parts else ""
+        parts.append(seg)
+    return pattern
+
+
+class MessageLog:
+    """Append-only, deduplicated, group-committed log of every message the node holds."""
+
+    def __init__(
+        self,
+        path: Path,
+        keys: KeyPair,
+        *,
+        synchronous: str = "full",
+        max_batch: int = 1024,
+        on_commit: Callable[[list[StoredMessage]], None] | None = None,
+    ) -> None:
+        self.path = path
+        self.keys = keys
+        self.synchronous = synchronous.upper()
+        if self.synchronous not in ("FULL", "NORMAL"):
+            raise StorageError("pubsub.sync must be 'full' or 'normal'")
+        self.max_batch = max_batch
+        self.on_commit = on_commit or (lambda batch: None)
+        self.epoch = ""
+        self.head_seq = 0
+        self.origin_seq = 0
+        self.topics: dict[str, TopicStats] = {}
+        self.total_bytes = 0
+        self.consumers: dict[tuple[str, str], ConsumerRecord] = {}
+        self._writer: aiosqlite.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
+        self._pending: list[_Pending] = []
+        self._wake = asyncio.Event()
+        self._write_lock = asyncio.Lock()
+        self._recent_ids: OrderedDict[str, None] = OrderedDict()
+        self.batches = 0
+        self.closed = False
+
+    # --- opening ------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Open (creating on first use) and load epoch, heads, topic stats and consumers."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._writer = await aiosqlite.connect(self.path, isolation_level=None)
+            await self._writer.executescript(
+                f"PRAGMA journal_mode=WAL; PRAGMA synchronous={self.synchronous}; "
+                "PRAGMA busy_timeout=5000;" + SCHEMA
+            )
+            cur = await self._writer.execute("SELECT value FROM meta WHERE key='epoch'")
+            row = await cur.fetchone()
+            if row is None:
+                self.epoch = os.urandom(8).hex()
+                await self._writer.execute(
+                    "INSERT INTO meta (key, value) VALUES ('epoch', ?)", (self.epoch,)
+                )
+            else:
+                self.epoch = str(row[0])
+            cur = await self._writer.execute("SELECT COALESCE(MAX(seq), 0) FROM messages")
+            self.head_seq = int((await cur.fetchone() or (0,))[0])
+            cur = await self._writer.execute(
+                "SELECT COALESCE(MAX(origin_seq), 0) FROM messages WHERE origin = ?",
+                (self.keys.node_id,),
+            )
+            stored_origin = int((await cur.fetchone() or (0,))[0])
+            cur = await self._writer.execute("SELECT value FROM meta WHERE key='origin_seq'")
+            row = await cur.fetchone()
+            # meta keeps the counter even when retention has removed our latest messages
+            self.origin_seq = max(stored_origin, int(row[0]) if row else 0)
+            cur = await self._writer.execute(
+                "SELECT topic, COUNT(*), SUM(size), MAX(seq), MAX(ts) FROM messages GROUP BY topic"
+            )
+            for topic, count, size, head, last_ts in await cur.fetchall():
+                self.topics[topic] = TopicStats(count, size, head, last_ts)
+                self.total_bytes += size
+            cur = await self._writer.execute(
+                "SELECT identity, name, patterns, cursor, lost_from, lost_to FROM consumers"
+            )
+            for identity, name, patterns, cursor, lost_from, lost_to in await cur.fetchall():
+                lost = (lost_from, lost_to) if lost_from is not None else None
+                self.consumers[(identity, name)] = ConsumerRecord(
+                    identity, name, tuple(orjson.loads(patterns)), cursor, lost
+                )
+            self._reader = await aiosqlite.connect(f"file:{self.path}?mode=ro", uri=True)
+            await self._reader.execute("PRAGMA query_only=1")
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot open the message log {self.path}: {exc}") from exc
+
+    async def close(self) -> None:
+        """Flush what is queued, then close both connections."""
+        if self.closed:
+            return
+        self.closed = True  # stops run(); what is queued is flushed here
+        self._wake.set()
+        if self._pending and self._writer is not None:
+            await self._flush_all()
+        await self._persist_consumers()
+        for conn in (self._reader, self._writer):
+            if conn is not None:
+                await conn.close()
+        self._reader = self._writer = None
+
+    # --- appending ----------------------------------------------------------------
+
+    def publish(
+        self,
+        *,
+        topic: str,
+        msg_type: str,
+        data: Any,
+        ttl_s: int | None = None,
+        sender: dict[str, str] | None = None,
+    ) -> asyncio.Future[StoredMessage | None]:
+        """Queue a local publish; the future resolves once it is committed (spec §6.4)."""
+        if self.closed:
+            raise Unavailable("the node is shutting down", retry_after_ms=1000)
+        fut: asyncio.Future[StoredMessage | None] = asyncio.get_running_loop().create_future()
+        self._pending.append(
+            _Pending(
+                fut,
+                fields={
+                    "topic": topic,
+                    "msg_type": msg_type,
+                    "data": data,
+                    "ttl_s": ttl_s,
+                    "sender": sender,
+                },
+            )
+        )
+        self._wake.set()
+        return fut
+
+    def ingest(self, message: Message) -> asyncio.Future[StoredMessage | None]:
+        """Queue a verified message from a peer; resolves to None when it was a duplicate."""
+        fut: asyncio.Future[StoredMessage | None] = asyncio.get_running_loop().create_future()
+        if message.id in self._recent_ids:
+            fut.set_result(None)
+            return fut
+        self._pending.append(_Pending(fut, message=message))
+        self._wake.set()
+        return fut
+
+    def knows(self, message_id: str) -> bool:
+        """True when the id was committed recently (cheap dedupe before verifying)."""
+        return message_id in self._recent_ids
+
+    async def run(self) -> None:
+        """The flush loop: one transaction per batch, as soon as the previous one is done."""
+        while not self.closed:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self.closed:
+                await self._flush_all()
+
+    async def _flush_all(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+            await self._commit(batch)
+
+    async def _known_ids(self, ids: list[str]) -> set[str]:
+        """Which of these ids the log already holds (peers' messages after a restart)."""
+        assert self._writer is not None
+        known: set[str] = set()
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            cur = await self._writer.execute(
+                f"SELECT id FROM messages WHERE id IN ({','.join('?' * len(chunk))})", chunk
+            )
+            known.update(r[0] for r in await cur.fetchall())
+        return known
+
+    async def _commit(self, batch: list[_Pending]) -> None:
+        assert self._writer is not None
+        duplicates: list[_Pending] = []
+        stored: list[tuple[_Pending, StoredMessage]] = []
+        origin_seq = self.origin_seq
+        try:
+            async with self._write_lock:
+                origin_seq = self.origin_seq  # another commit (close()) may have run meanwhile
+                remote_ids = [p.message.id for p in batch if p.message is not None]
+                known = await self._known_ids(remote_ids) if remote_ids else set()
+                seq, ts = self.head_seq, now_ms()
+                for pending in batch:
+                    if pending.fields is not None:
+                        origin_seq += 1
+                        f = pending.fields
+                        msg = Message.create(
+                            self.keys,
+                            topic=f["topic"],
+                            msg_type=f["msg_type"],
+                            data=f["data"],
+                            origin_seq=origin_seq,
+                            ts=ts,
+                            ttl_s=f["ttl_s"],
+                            sender=f["sender"],
+                        )
+                    else:
+                        assert pending.message is not None
+                        msg = pending.message
+                        if msg.id in known or msg.id in self._recent_ids:
+                            duplicates.append(pending)
+                            continue
+                        known.add(msg.id)  # a second copy in the same batch is a duplicate
+                    seq += 1
+                    stored.append((pending, StoredMessage(seq, msg)))
+                await self._writer.execute("BEGIN")
+                await self._writer.executemany(
+                    "INSERT INTO messages"
+                    " (seq, id, topic, origin, origin_seq, ts, expires_ms, size, raw)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (
+                            s.seq,
+                            s.message.id,
+                            s.message.topic,
+                            s.message.origin,
+                            s.message.origin_seq,
+                            s.message.ts,
+                            s.message.expires_ms,
+                            len(s.message.raw),
+                            s.message.raw,
+                        )
+                        for _, s in stored
+                    ],
+                )
+                if origin_seq != self.origin_seq:
+                    await self._writer.execute(
+                        "INSERT OR REPLACE INTO meta (key, value) VALUES ('origin_seq', ?)",
+                        (str(origin_seq),),
+                    )
+                await self._write_consumers()
+                await self._writer.execute("COMMIT")
+        except sqlite3.Error as exc:
+            # Nothing of this batch was handed out: the counters stay where they were.
+            log.error("commit of %d messages failed: %s", len(batch), exc)
+            with contextlib.suppress(sqlite3.Error):
+                await self._writer.execute("ROLLBACK")
+            error = Unavailable("the message log could not commit; retry", retry_after_ms=1000)
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(error)
+            return
+        self.batches += 1
+        if stored:
+            self.head_seq = stored[-1][1].seq
+        self.origin_seq = origin_seq
+        committed = [s for _, s in stored]
+        for item in committed:
+            self._remember(item)
+        self.on_commit(committed)
+        for pending, item in stored:
+            if not pending.future.done():
+                pending.future.set_result(item)
+        for pending in duplicates:
+            if not pending.future.done():
+                pending.future.set_result(None)
+
+    def _remember(self, item: StoredMessage) -> None:
+        msg = item.message
+        self._recent_ids[msg.id] = None
+        if len(self._recent_ids) > RECENT_IDS:
+            self._recent_ids.popitem(last=False)
+        stats = self.topics.get(msg.topic)
+        if stats is None:
+            stats = self.topics[msg.topic] = TopicStats()
+        stats.messages += 1
+        stats.bytes += len(msg.raw)
+        stats.head_seq = item.seq
+        stats.last_ts = max(stats.last_ts, msg.ts)
+        self.total_bytes += len(msg.raw)
+
+    # --- durable consumers --------------------------------------------------------
+
+    def consumer(self, identity: str, name: str) -> ConsumerRecord | None:
+        """A stored consumer, or None."""
+        return self.consumers.get((identity, name))
+
+    def save_consumer(self, record: ConsumerRecord) -> None:
+        """Create or change a consumer; written with the next commit (or close)."""
+        record.dirty = True
+        self.consumers[(record.identity, record.name)] = record
+        self._wake.set()
+
+    async def _write_consumers(self) -> None:
+        assert self._writer is not None
+        dirty = [c for c in self.consumers.values() if c.dirty]
+        if not dirty:
+            return
+        ts = now_ms()
+        await self._writer.executemany(
+            "INSERT OR REPLACE INTO consumers"
+            " (identity, name, patterns, cursor, lost_from, lost_to,"
+            " updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    c.identity,
+                    c.name,
+                    orjson.dumps(list(c.patterns)).decode(),
+                    c.cursor,
+                    c.lost[0] if c.lost else None,
+                    c.lost[1] if c.lost else None,
+                    ts,
+                )
+                for c in dirty
+            ],
+        )
+        for c in dirty:
+            c.dirty = False
+
+    async def _persist_consumers(self) -> None:
+        if self._writer is None or not any(c.dirty for c in self.consumers.values()):
+            return
+        async with self._write_lock:
+            await self._writer.execute("BEGIN")
+            await self._write_consumers()
+            await self._writer.execute("COMMIT")
+
+    # --- reading ------------------------------------------------------------------
+
+    async def _rows(self, sql: str, args: Iterable[Any]) -> list[StoredMessage]:
+        assert self._reader is not None
+        try:
+            cur = await self._reader.execute(sql, tuple(args))
+            rows = await cur.fetchall()
+        except sqlite3.Error as exc:
+            raise StorageError(f"reading the message log failed: {exc}") from exc
+        out = []
+        for seq, raw in rows:
+            body = orjson.loads(raw)
+            # Stored messages were verified before they were stored; rebuild without
+            # paying for the signature again.
+            out.append(
+                StoredMessage(
+                    seq,
+                    Message(
+                        body["id"],
+                        body["topic"],
+                        body["type"],
+                        body["data"],
+                        body["origin"],
+                        body["origin_seq"],
+                        body["ts"],
+                        body["sig"],
+                        body.get("ttl_s"),
+                        body.get("sender"),
+                        bytes(raw),
+                    ),
+                )
+            )
+        return out
+
+    async def read_matching(
+        self,
+        patterns: list[TopicPattern],
+        *,
+        after_seq: int,
+        upto_seq: int,
+        min_ts: int | None = None,
+        limit: int = PAGE,
+    ) -> list[StoredMessage]:
+        """Messages matching any pattern with ``after_seq < seq <= upto_seq``, oldest first."""
+        if after_seq >= upto_seq or not patterns:
+            return []
+        literal = [p.text for p in patterns if p.is_literal]
+        prefixes = [_sql_prefix(p.text) for p in patterns if not p.is_literal]
+        clauses = []
+        args: list[Any] = [after_seq, upto_seq]
+        if literal:
+            clauses.append(f"topic IN ({','.join('?' * len(literal))})")
+            args += literal
+        for prefix in prefixes:
+            if not prefix:
+                clauses = ["1"]
+                args = [after_seq, upto_seq]
+                break
+            clauses.append("(topic >= ? AND topic < ?)")
+            args += [prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
+        where = " OR ".join(clauses)
+        ts_clause = " AND ts >= ?" if min_ts is not None else ""
+        if min_ts is not None:
+            args.append(min_ts)
+        out: list[StoredMessage] = []
+        cursor = after_seq
+        while len(out) < limit and cursor < upto_seq:
+            page_args = [cursor, *args[1:]]
+            rows = await self._rows(
+                f"SELECT seq, raw FROM messages WHERE seq > ? AND seq <= ? AND ({where}){ts_clause}"
+                f" ORDER BY seq LIMIT {PAGE}",
+                page_args,
+            )
+            if not rows:
+                break
+            out += [r for r in rows if any(p.matches(r.message.topic) for p in patterns)]
+            cursor = rows[-1].seq
+            if len(rows) < PAGE:
+                break
+        return out[:limit]
+
+    async def read_last(
+        self, patterns: list[TopicPattern], count: int, *, upto_seq: int
+    ) -> list[StoredMessage]:
+        """The last ``count`` messages matching the patterns up to ``upto_seq``, oldest first."""
+        found: list[StoredMessage] = []
+        before = upto_seq + 1
+        while len(found) < count and before > 1:
+            rows = await self._rows(
+                f"SELECT seq, raw FROM messages WHERE seq < ? ORDER BY seq DESC LIMIT {PAGE}",
+                [before],
+            )
+            if not rows:
+                break
+            found += [r for r in rows if any(p.matches(r.message.topic) for p in patterns)]
+            before = rows[-1].seq
+        return sorted(found[:count], key=lambda r: r.seq)
+
+    async def first_seq_since(self, ts: int) -> int:
+        """The seq just before the first message with ``ts >= ts`` (a resume point by time)."""
+        rows = await self._rows(
+            "SELECT seq, raw FROM messages WHERE ts >= ? ORDER BY seq LIMIT 1", [ts]
+        )
+        return rows[0].seq - 1 if rows else self.head_seq
+
+    async def history(
+        self,
+        topic: str,
+        *,
+        since_seq: int | None = None,
+        since_ts: int | None = None,
+        before_seq: int | None = None,
+        limit: int = 50,
+    ) -> tuple[list[StoredMessage], bool]:
+        """A page of one topic's history, oldest first, and whether there is more (spec §6.5).
+
+        ``since_seq``/``since_ts`` page forward (``has_more``: newer messages remain);
+        ``before_seq``, or neither, pages backward from the newest (``has_more``: older remain).
+        """
+        if since_seq is not None or since_ts is not None:
+            clauses: list[str] = ["topic = ?"]
+            args: list[Any] = [topic]
+            if since_seq is not None:
+                clauses.append("seq > ?")
+                args.append(since_seq)
+            if since_ts is not None:
+                clauses.append("ts >= ?")
+                args.append(since_ts)
+            if before_seq is not None:
+                clauses.append("seq < ?")
+                args.append(before_seq)
+            rows = await self._rows(
+                f"SELECT seq, raw FROM messages WHERE {' AND '.join(clauses)} ORDER BY seq LIMIT ?",
+                [*args, limit + 1],
+            )
+            return rows[:limit], len(rows) > limit
+        clauses = ["topic = ?"]
+        args = [topic]
+        if before_seq is not None:
+            clauses.append("seq < ?")
+            args.append(before_seq)
+        rows = await self._rows(
+            f"SELECT seq, raw FROM messages WHERE {' AND '.join(clauses)}"
+            " ORDER BY seq DESC LIMIT ?",
+            [*args, limit + 1],
+        )
+        return sorted(rows[:limit], key=lambda r: r.seq), len(rows) > limit
+
+    # --- retention ----------------------------------------------------------------
+
+    async def delete(self, seqs: list[int]) -> int:
+        """Delete messages by seq (retention); keeps topic stats exact."""
+        if not seqs:
+            return 0
+        assert self._writer is not None
+        deleted = 0
+        async with self._write_lock:
+            await self._writer.execute("BEGIN")
+            for i in range(0, len(seqs), 500):
+                chunk = seqs[i : i + 500]
+                marks = ",".join("?" * len(chunk))
+                cur = await self._writer.execute(
+                    f"SELECT topic, size FROM messages WHERE seq IN ({marks})", chunk
+                )
+                for topic, size in await cur.fetchall():
+                    stats = self.topics.get(topic)
+                    if stats is not None:
+                        stats.messages -= 1
+                        stats.bytes -= size
+                        if stats.messages <= 0:
+                            del self.topics[topic]
+                    self.total_bytes -= size
+                    deleted += 1
+                await self._writer.execute(f"DELETE FROM messages WHERE seq IN ({marks})", chunk)
+            await self._writer.execute("COMMIT")
+        return deleted
+
+    async def candidates(
+        self, sql_where: str, args: list[Any], limit: int
+    ) -> list[tuple[int, str, int]]:
+        """``(seq, topic, ts)`` of rows matching a retention condition, oldest first."""
+        assert self._reader is not None
+        cur = await self._reader.execute(
+            f"SELECT seq, topic, ts FROM messages WHERE {sql_where} ORDER BY seq LIMIT ?",
+            [*args, limit],
+        )
+        return [(int(s), str(t), int(ts)) for s, t, ts in await cur.fetchall()]
+
+    async def nth_newest_seq(self, topic: str, n: int) -> int | None:
+        """The seq of the n-th newest message of a topic (1 = newest)."""
+        assert self._reader is not None
+        cur = await self._reader.execute(
+            "SELECT seq FROM messages WHERE topic = ? ORDER BY seq DESC LIMIT 1 OFFSET ?",
+            (topic, n - 1),
+        )
+        row = await cur.fetchone()
+        return int(row[0]) if row else None

@@ -1,0 +1,693 @@
+"""Pub/sub on one node: publish, fan-out, subscriptions, presence, durable consumers,
+retention (spec §6). The asyncio glue around the pure pieces of this package.
+
+Fan-out is designed rather than hoped for (spec §11): :meth:`PubSub.on_commit` runs once
+per committed batch; each message is encoded once per transport form
+(:class:`~hearthnet.pubsub.wire.EncodedMessage`), every matching subscriber's channel gets
+the same bytes, and each subscriber's frames from one loop turn leave in one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from hearthnet.caller import Caller
+from hearthnet.clock import now_ms
+from hearthnet.config import PubSubSection
+from hearthnet.errors import BadRequest, RateLimited, WireError
+from hearthnet.metrics import Counter, MetricsRegistry
+from hearthnet.pubsub.access import AccessPolicy
+from hearthnet.pubsub.channel import ChannelState, SubscriberChannel
+from hearthnet.pubsub.envelope import StoredMessage, encoded_payload, validate_ttl, validate_type
+from hearthnet.pubsub.frames import Since
+from hearthnet.pubsub.index import SubscriptionIndex
+from hearthnet.pubsub.log import PAGE, ConsumerRecord, MessageLog
+from hearthnet.pubsub.presence import Member, PresenceEvent, PresenceTable
+from hearthnet.pubsub.retention import RetentionPolicy
+from hearthnet.pubsub.topics import TopicPattern, validate_topic
+from hearthnet.pubsub.wire import EncodedMessage, control_frame
+from hearthnet.ratelimit import RateLimiter
+
+log = logging.getLogger("hearthnet.pubsub")
+
+WRITE_HIGH_WATER = 1 << 20  # bytes buffered in a transport before a subscriber is paused
+WRITE_LOW_WATER = 256 * 1024
+DRAIN_POLL_S = 0.005
+
+
+class Transport(Protocol):
+    """The part of an asyncio transport a subscriber writes to."""
+
+    def write(self, data: bytes) -> None:
+        """Queue bytes."""
+
+    def get_write_buffer_size(self) -> int:
+        """Bytes queued and not yet sent."""
+
+    def is_closing(self) -> bool:
+        """True once closing."""
+
+
+@dataclass(slots=True)
+class PubSubMetrics:
+    """Pub/sub series in ``/metrics`` (spec §9)."""
+
+    published: Counter
+    delivered: Counter
+    gaps: Counter
+    duplicates: Counter
+    rate_limited: Counter
+
+    @classmethod
+    def register(cls, registry: MetricsRegistry, subscribers: Callable[[], float]) -> PubSubMetrics:
+        """Create the series."""
+        metrics = cls(
+            published=registry.counter(
+                "hearthnet_pubsub_published_total", "Messages committed to the log.", ("origin",)
+            ),
+            delivered=registry.counter(
+                "hearthnet_pubsub_delivered_total",
+                "Message frames handed to subscribers' transports.",
+            ),
+            gaps=registry.counter(
+                "hearthnet_pubsub_gaps_total", "Gap frames sent to slow subscribers."
+            ),
+            duplicates=registry.counter(
+                "hearthnet_gossip_duplicates_total",
+                "Messages received again that the log already held.",
+            ),
+            rate_limited=registry.counter(
+                "hearthnet_rate_limited_total", "Requests refused by a rate limit.", ("kind",)
+            ),
+        )
+        registry.gauge(
+            "hearthnet_pubsub_subscribers", "Subscribed sessions on this node.", subscribers
+        )
+        return metrics
+
+
+class Subscriber:
+    """One subscribing session (WebSocket, SSE or long-poll) as fan-out sees it."""
+
+    def __init__(
+        self,
+        *,
+        caller: Caller,
+        client_id: str,
+        form: str,
+        channel: SubscriberChannel,
+        transport: Transport | None,
+        chunked: bool = False,
+        on_frames: Callable[[list[bytes]], None] | None = None,
+        on_taken_over: Callable[[int, str], None] | None = None,
+    ) -> None:
+        self.caller = caller
+        self.client_id = client_id
+        self.form = form
+        self.channel = channel
+        self.transport = transport
+        self.chunked = chunked  # SSE over HTTP/1.1: we write the chunk framing ourselves
+        self.on_frames = on_frames  # long-poll: wake the waiting handler instead of writing
+        self.on_taken_over = on_taken_over  # durable consumer taken over: close with 4409
+        self.service: PubSub | None = None
+        self.patterns: dict[str, TopicPattern] = {}
+        self.filtered = False
+        self._allowed: dict[str, bool] = {}
+        self.consumer: ConsumerRecord | None = None
+        self.presence_topics: set[str] = set()
+        self.flush_scheduled = False
+        self.draining = False
+        self.closed = False
+        self.last_heard_ms = now_ms()
+        self.last_write = time.monotonic()
+        self.gaps_reported = 0
+        self.room = asyncio.Event()  # set when a catching-up channel can take more backlog
+
+    def deliver(self, item: EncodedMessage, policy: AccessPolicy) -> None:
+        """Offer one message (fan-out hot path)."""
+        if self.filtered:
+            allowed = self._allowed.get(item.topic)
+            if allowed is None:
+                if len(self._allowed) > 4096:
+                    self._allowed.clear()
+                allowed = self._allowed[item.topic] = policy.may_receive(self.caller, item.topic)
+            if not allowed:
+                return
+        self.channel.offer(item.seq, item.form(self.form))
+
+    def wake(self) -> None:
+        """Ask the service to flush this subscriber soon."""
+        if self.service is not None:
+            self.service.wake(self)
+
+    def send_control(self, event: str, data: dict[str, Any]) -> None:
+        """Queue a non-message frame (written with the next flush)."""
+        self.channel.out.append(control_frame(self.form, event, data))
+
+    def flush(self) -> int:
+        """Write what the channel lets out; returns how many message frames went."""
+        self.flush_scheduled = False
+        if self.closed:
+            return 0
+        count = self.channel.out_count
+        frames = self.channel.take()
+        if self.channel.state is ChannelState.CATCHING_UP and self.channel.backlog_room:
+            self.room.set()
+        if not frames:
+            return 0
+        if self.on_frames is not None:
+            self.on_frames(frames)
+            return count
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return 0
+        self.last_write = time.monotonic()
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
+        if self.chunked:
+            data = b"%x\r\n" % len(data) + data + b"\r\n"
+        transport.write(data)
+        if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
+            self.channel.set_writable(False)
+            self._start_drain_poll()
+        return count
+
+    def _start_drain_poll(self) -> None:
+        if self.draining:
+            return
+        self.draining = True
+        asyncio.get_running_loop().call_later(DRAIN_POLL_S, self._drain_poll)
+
+    def _drain_poll(self) -> None:
+        transport = self.transport
+        if self.closed or transport is None or transport.is_closing():
+            self.draining = False
+            return
+        if transport.get_write_buffer_size() <= WRITE_LOW_WATER:
+            self.draining = False
+            self.channel.set_writable(True)
+            self.flush()
+        else:
+            asyncio.get_running_loop().call_later(DRAIN_POLL_S, self._drain_poll)
+
+
+class PubSub:
+    """The pub/sub service of one node."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        config: PubSubSection,
+        log_store: MessageLog,
+        policy: AccessPolicy,
+        retention: RetentionPolicy,
+        metrics: MetricsRegistry,
+    ) -> None:
+        self.node_id = node_id
+        self.config = config
+        self.log = log_store
+        self.log.on_commit = self.on_commit
+        self.policy = policy
+        self.retention = retention
+        self.index: SubscriptionIndex[Subscriber] = SubscriptionIndex()
+        self.subscribers: set[Subscriber] = set()
+        self.presence = PresenceTable(silence_ms=int(config.presence_silence_s * 1000))
+        self.active_consumers: dict[tuple[str, str], Subscriber] = {}
+        self.metrics = PubSubMetrics.register(metrics, lambda: float(len(self.subscribers)))
+        self._member_limit = RateLimiter(config.publish_per_s_member)
+        self._token_limit = RateLimiter(config.publish_per_s_token)
+        self._dirty: list[Subscriber] = []
+        self._flush_scheduled = False
+        self.delivered_since_start = 0
+
+    # --- publishing -----------------------------------------------------------------
+
+    def check_publish(
+        self, caller: Caller, topic: object, msg_type: object, data: Any, ttl_s: object
+    ) -> tuple[str, str, int | None]:
+        """Validate a publish and its permissions; returns (topic, type, ttl_s).
+
+        Raises:
+            BadRequest, PayloadTooLarge, Forbidden, RateLimited.
+        """
+        topic = validate_topic(topic)
+        msg_type = validate_type(msg_type)
+        ttl = validate_ttl(ttl_s)
+        encoded_payload(data, self.config.max_payload_bytes)
+        self.policy.check_publish(caller, topic)
+        if caller.rate_limited:
+            limiter = self._token_limit if caller.token is not None else self._member_limit
+            try:
+                limiter.check(caller.owner, time.monotonic())
+            except RateLimited:
+                self.metrics.rate_limited.inc("publish")
+                raise
+        return topic, msg_type, ttl
+
+    async def publish(
+        self, caller: Caller, topic: object, msg_type: object, data: Any, ttl_s: object = None
+    ) -> StoredMessage:
+        """Publish as this node on behalf of ``caller``; returns once durable (spec §6.4)."""
+        topic, msg_type, ttl = self.check_publish(caller, topic, msg_type, data, ttl_s)
+        stored = await self.log.publish(
+            topic=topic, msg_type=msg_type, data=data, ttl_s=ttl, sender=caller.sender
+        )
+        assert stored is not None
+        return stored
+
+    # --- fan-out ----------------------------------------------------------------------
+
+    def on_commit(self, batch: list[StoredMessage]) -> None:
+        """Called by the log after each commit, in seq order: deliver to subscribers."""
+        policy = self.policy
+        match = self.index.match
+        dirty = self._dirty
+        for stored in batch:
+            item = EncodedMessage(stored)
+            for sub in match(stored.message.topic):
+                sub.deliver(item, policy)
+                if not sub.flush_scheduled:
+                    sub.flush_scheduled = True
+                    dirty.append(sub)
+        local = sum(1 for stored in batch if stored.message.origin == self.node_id)
+        if local:
+            self.metrics.published.inc("local", amount=local)
+        if local < len(batch):
+            self.metrics.published.inc("remote", amount=len(batch) - local)
+        if dirty and not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_dirty)
+
+    def _flush_dirty(self) -> None:
+        self._flush_scheduled = False
+        dirty, self._dirty = self._dirty, []
+        sent = 0
+        gaps = 0
+        for sub in dirty:
+            sent += sub.flush()
+            # gaps are made when the channel pumps (on offer or on ack), counted at flush
+            gaps += sub.channel.gaps_total - sub.gaps_reported
+            sub.gaps_reported = sub.channel.gaps_total
+        if sent:
+            self.metrics.delivered.inc(amount=sent)
+        if gaps:
+            self.metrics.gaps.inc(amount=gaps)
+
+    def wake(self, sub: Subscriber) -> None:
+        """Flush a subscriber soon (after an ack, a control frame, or new backlog)."""
+        if not sub.flush_scheduled:
+            sub.flush_scheduled = True
+            self._dirty.append(sub)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush_dirty)
+
+    # --- subscribing ------------------------------------------------------------------
+
+    def register(self, sub: Subscriber) -> None:
+        """A new session (before any subscription)."""
+        sub.service = self
+        self.subscribers.add(sub)
+
+    async def subscribe(
+        self,
+        sub: Subscriber,
+        patterns: tuple[TopicPattern, ...],
+        *,
+        since: Since | None = None,
+        consumer: str | None = None,
+        presence: dict[str, Any] | None = None,
+    ) -> None:
+        """Add patterns to a session, send ``subscribed``, then backlog, then live.
+
+        Raises:
+            Forbidden: an access rule denies a pattern.
+            BadRequest: ``since``/``consumer`` on a session that already subscribed, too many
+                patterns.
+        """
+        if len(sub.patterns) + len(patterns) > self.config.max_patterns_per_session:
+            raise BadRequest(f"at most {self.config.max_patterns_per_session} patterns per session")
+        if (since is not None or consumer is not None) and sub.patterns:
+            raise BadRequest(
+                "since and consumer are accepted on a session's first subscribe only; "
+                "open another session to resume other topics"
+            )
+        filtered = False
+        for pattern in patterns:
+            filtered = self.policy.check_subscribe(sub.caller, pattern.text) or filtered
+        after = await self._start_point(sub, patterns, since, consumer)
+        if after is None:
+            return  # reset sent: the client resumes by time
+        head = self.log.head_seq
+        new = [p for p in patterns if p.text not in sub.patterns]
+        for pattern in new:
+            sub.patterns[pattern.text] = pattern
+            self.index.add(pattern, sub)
+        sub.filtered = sub.filtered or filtered
+        sub.send_control(
+            "subscribed",
+            {"topics": [p.text for p in patterns], "epoch": self.log.epoch, "head_seq": head},
+        )
+        if presence is not None:
+            self._join_presence(sub, [p.text for p in patterns if p.is_literal], presence)
+        else:
+            for pattern in patterns:
+                if pattern.is_literal and pattern.text in self.presence.topics:
+                    sub.send_control(
+                        "presence",
+                        {
+                            "topic": pattern.text,
+                            "kind": "snapshot",
+                            "members": self.presence.members(pattern.text),
+                        },
+                    )
+        if after[0] < head:
+            await self._catch_up(sub, list(patterns), after[0], head, after[1])
+        elif sub.channel.state is ChannelState.CATCHING_UP:
+            sub.channel.finish_catch_up()
+        self.wake(sub)
+
+    async def _start_point(
+        self,
+        sub: Subscriber,
+        patterns: tuple[TopicPattern, ...],
+        since: Since | None,
+        consumer: str | None,
+    ) -> tuple[int, int | None] | None:
+        """Where the backlog starts: ``(after_seq, min_ts)``; None after sending ``reset``."""
+        head = self.log.head_seq
+        if consumer is not None:
+            record = self._take_consumer(sub, consumer, patterns)
+            if since is None:
+                if record.lost is not None:
+                    sub.send_control("gap", {"from_seq": record.lost[0], "to_seq": record.lost[1]})
+                    record.lost = None
+                    self.log.save_consumer(record)
+                return (record.cursor, None)
+        if since is None:
+            return (head, None)
+        if since.seq is not None:
+            if (since.epoch is not None and since.epoch != self.log.epoch) or since.seq > head:
+                # spec §6.5: a cursor from another epoch (or from the future) cannot be used
+                sub.send_control("reset", {"reason": "epoch_changed", "epoch": self.log.epoch})
+                self.wake(sub)
+                return None
+            return (since.seq, None)
+        if since.ts is not None:
+            return (0, since.ts)
+        assert since.last is not None
+        last = await self.log.read_last(list(patterns), since.last, upto_seq=head)
+        return (last[0].seq - 1 if last else head, None)
+
+    def _take_consumer(
+        self, sub: Subscriber, name: str, patterns: tuple[TopicPattern, ...]
+    ) -> ConsumerRecord:
+        owner = sub.caller.owner
+        key = (owner, name)
+        old = self.active_consumers.get(key)
+        if old is not None and old is not sub:
+            # spec §6.8: the new connection takes over; the old one is closed with 4409
+            self.detach(old)
+            if old.on_taken_over is not None:
+                old.on_taken_over(4409, "consumer taken over")
+        record = self.log.consumer(owner, name)
+        if record is None:
+            record = ConsumerRecord(owner, name, tuple(p.text for p in patterns), self.log.head_seq)
+        else:
+            record.patterns = tuple(p.text for p in patterns)
+        self.log.save_consumer(record)
+        sub.consumer = record
+        self.active_consumers[key] = sub
+        return record
+
+    async def _catch_up(
+        self,
+        sub: Subscriber,
+        patterns: list[TopicPattern],
+        after: int,
+        head: int,
+        min_ts: int | None,
+    ) -> None:
+        channel = sub.channel
+        if channel.state is not ChannelState.CATCHING_UP:
+            # Only a session's first subscribe has a backlog; its channel started catching up.
+            return
+        cursor = after
+        while cursor < head and not sub.closed:
+            while channel.backlog_room == 0 and not sub.closed:
+                sub.room.clear()
+                await sub.room.wait()  # the window or the socket is full: acks will make room
+            page = await self.log.read_matching(
+                patterns, after_seq=cursor, upto_seq=head, min_ts=min_ts, limit=PAGE
+            )
+            if not page:
+                break
+            if sub.filtered:
+                page = [m for m in page if self.policy.may_receive(sub.caller, m.message.topic)]
+            channel.add_backlog([(m.seq, EncodedMessage(m).form(sub.form)) for m in page])
+            self.wake(sub)
+            cursor = page[-1].seq if page else head
+            if len(page) < PAGE and cursor < head:
+                break
+        if not sub.closed:
+            channel.finish_catch_up()
+            self.wake(sub)
+
+    def unsubscribe(self, sub: Subscriber, patterns: tuple[TopicPattern, ...]) -> None:
+        """Remove patterns from a session."""
+        for pattern in patterns:
+            if sub.patterns.pop(pattern.text, None) is not None:
+                self.index.remove(pattern, sub)
+                if pattern.text in sub.presence_topics:
+                    sub.presence_topics.discard(pattern.text)
+                    self._broadcast_presence(self.presence.leave(sub.client_id, pattern.text))
+
+    def detach(self, sub: Subscriber) -> None:
+        """The session ended: drop subscriptions, presence and its consumer claim."""
+        if sub.closed:
+            return
+        sub.closed = True
+        sub.room.set()
+        for pattern in sub.patterns.values():
+            self.index.remove(pattern, sub)
+        sub.patterns.clear()
+        sub.channel.close()
+        self.subscribers.discard(sub)
+        if sub.presence_topics:
+            self._broadcast_presence(self.presence.leave(sub.client_id))
+        if sub.consumer is not None:
+            key = (sub.consumer.identity, sub.consumer.name)
+            if self.active_consumers.get(key) is sub:
+                del self.active_consumers[key]
+
+    def ack(self, sub: Subscriber, upto: int) -> int:
+        """Apply a client's ack: the window moves, a durable cursor advances."""
+        released = sub.channel.ack(upto)
+        if released and sub.consumer is not None and upto > sub.consumer.cursor:
+            sub.consumer.cursor = min(upto, sub.channel.delivered_seq)
+            self.log.save_consumer(sub.consumer)
+        if released:
+            self.wake(sub)
+        return released
+
+    # --- presence -------------------------------------------------------------------
+
+    def _join_presence(self, sub: Subscriber, topics: list[str], fields: dict[str, Any]) -> None:
+        """Join: others get a ``join`` event; the joiner gets a snapshot that includes itself."""
+        now = now_ms()
+        for topic in topics:
+            member = Member(
+                sub.client_id,
+                sub.caller.owner,
+                self.node_id,
+                now,
+                now,
+                fields.get("name"),
+                fields.get("status"),
+                fields.get("meta"),
+            )
+            events = self.presence.join(topic, member)
+            sub.presence_topics.add(topic)
+            self._broadcast_presence(events, skip=sub)
+            sub.send_control(
+                "presence",
+                {"topic": topic, "kind": "snapshot", "members": self.presence.members(topic)},
+            )
+
+    def update_presence(self, sub: Subscriber, fields: dict[str, Any], topic: str | None) -> None:
+        """``presence.update`` from a client."""
+        if not sub.presence_topics:
+            raise BadRequest("no presence: subscribe with presence first")
+        if topic is not None and topic not in sub.presence_topics:
+            raise BadRequest(f"no presence on {topic}")
+        self._broadcast_presence(self.presence.update(sub.client_id, fields, now_ms(), topic))
+
+    def heard(self, sub: Subscriber) -> None:
+        """The client sent a frame or a pong (spec §6.6: silence means leave)."""
+        now = now_ms()
+        sub.last_heard_ms = now
+        if sub.presence_topics:
+            self.presence.touch(sub.client_id, now)
+
+    def expire_presence(self) -> None:
+        """Leave events for silent members (run by the sweeper)."""
+        events = self.presence.expire(now_ms())
+        for event in events:
+            for sub in self.subscribers:
+                if sub.client_id == event.member["client_id"]:
+                    sub.presence_topics.discard(event.topic)
+        self._broadcast_presence(events)
+
+    def _broadcast_presence(
+        self, events: list[PresenceEvent], skip: Subscriber | None = None
+    ) -> None:
+        for event in events:
+            for sub in self.index.match(event.topic):
+                if sub is skip:
+                    continue
+                if not sub.filtered or self.policy.may_receive(sub.caller, event.topic):
+                    sub.send_control("presence", event.to_json())
+                    self.wake(sub)
+
+    # --- reading --------------------------------------------------------------------
+
+    async def history(
+        self,
+        caller: Caller,
+        topic: object,
+        *,
+        since_seq: int | None,
+        since_ts: int | None,
+        before_seq: int | None,
+        limit: int,
+    ) -> tuple[list[StoredMessage], bool]:
+        """A history page (spec §6.5), after the read check."""
+        topic = validate_topic(topic)
+        self.policy.check_read(caller, topic)
+        if not 1 <= limit <= 500:
+            raise BadRequest("limit is 1..500")
+        return await self.log.history(
+            topic, since_seq=since_seq, since_ts=since_ts, before_seq=before_seq, limit=limit
+        )
+
+    def members(self, caller: Caller, topic: object) -> list[dict[str, Any]]:
+        """Presence members of a topic, after the read check."""
+        topic = validate_topic(topic)
+        self.policy.check_read(caller, topic)
+        return self.presence.members(topic)
+
+    def topics(self, caller: Caller, prefix: str, limit: int) -> list[dict[str, Any]]:
+        """Active topics the caller may read, by name."""
+        out = []
+        for topic in sorted(t for t in self.log.topics if t.startswith(prefix)):
+            if not self.policy.may_receive(caller, topic):
+                continue
+            stats = self.log.topics[topic]
+            out.append(
+                {
+                    "topic": topic,
+                    "messages": stats.messages,
+                    "head_seq": stats.head_seq,
+                    "last_ts": stats.last_ts,
+                    "subscribers": len(self.index.match(topic)),
+                    "presence": len(self.presence.topics.get(topic, {})),
+                }
+            )
+            if len(out) >= limit:
+                break
+        return out
+
+    # --- retention --------------------------------------------------------------------
+
+    async def retention_loop(self) -> None:
+        """Run retention every ``retention_interval_s`` (owned by the node's task group)."""
+        while True:
+            await asyncio.sleep(self.config.retention_interval_s)
+            try:
+                await self.apply_retention()
+            except WireError as exc:
+                log.warning("retention failed: %s", exc)
+
+    async def apply_retention(self, now: int | None = None) -> int:
+        """One retention pass (spec §6.3, §6.8); returns how many messages were deleted."""
+        now = now_ms() if now is None else now
+        holds = await self._consumer_holds(now)
+        doomed: dict[int, tuple[str, int]] = {}
+
+        def consider(rows: list[tuple[int, str, int]]) -> None:
+            for seq, topic, ts in rows:
+                doomed[seq] = (topic, ts)
+
+        consider(
+            await self.log.candidates("expires_ms IS NOT NULL AND expires_ms <= ?", [now], 10_000)
+        )
+        default_n, default_age = self.retention.default
+        for topic, stats in list(self.log.topics.items()):
+            max_n, max_age = self.retention.limits_for(topic)
+            if stats.messages > max_n:
+                cut = await self.log.nth_newest_seq(topic, max_n)
+                if cut is not None:
+                    consider(
+                        await self.log.candidates("topic = ? AND seq < ?", [topic, cut], 10_000)
+                    )
+            if (max_n, max_age) != (default_n, default_age):
+                consider(
+                    await self.log.candidates(
+                        "topic = ? AND ts < ?", [topic, now - int(max_age * 1000)], 10_000
+                    )
+                )
+        aged = await self.log.candidates("ts < ?", [now - int(default_age * 1000)], 10_000)
+        consider([r for r in aged if self.retention.limits_for(r[1])[1] == default_age])
+        if self.log.total_bytes > self.retention.max_bytes:
+            excess = self.log.total_bytes - self.retention.max_bytes
+            oldest = await self.log.candidates("1", [], 10_000)
+            freed = 0
+            for seq, topic, ts in oldest:
+                if freed >= excess:
+                    break
+                doomed[seq] = (topic, ts)
+                freed += self.log.topics[topic].bytes // max(1, self.log.topics[topic].messages)
+        delete = []
+        for seq, (topic, ts) in sorted(doomed.items()):
+            held_by = [
+                c
+                for c, limit in holds
+                if c.cursor < seq <= limit
+                and ts >= now - int(self.config.consumer_max_age_s * 1000)
+                and any(TopicPattern.parse(p).matches(topic) for p in c.patterns)
+            ]
+            if held_by:
+                continue
+            for record, _ in holds:
+                if seq > record.cursor and any(
+                    TopicPattern.parse(p).matches(topic) for p in record.patterns
+                ):
+                    lost = record.lost
+                    record.lost = (min(lost[0], seq), max(lost[1], seq)) if lost else (seq, seq)
+                    self.log.save_consumer(record)
+            delete.append(seq)
+        return await self.log.delete(delete)
+
+    async def _consumer_holds(self, now: int) -> list[tuple[ConsumerRecord, int]]:
+        """Each consumer and the highest seq it holds (its ``consumer_max_held``-th match)."""
+        holds = []
+        for record in self.log.consumers.values():
+            patterns = [TopicPattern.parse(p) for p in record.patterns]
+            matches = await self.log.read_matching(
+                patterns,
+                after_seq=record.cursor,
+                upto_seq=self.log.head_seq,
+                limit=self.config.consumer_max_held,
+            )
+            limit = (
+                matches[-1].seq
+                if len(matches) >= self.config.consumer_max_held
+                else self.log.head_seq
+            )
+            holds.append((record, limit))
+        return holds

@@ -1,0 +1,108 @@
+"""Bytes on the wire for pub/sub: each committed message is encoded once per transport
+form and the same bytes go to every subscriber of that form (spec §11). Pure.
+
+Forms: ``ws_text`` (a complete unmasked WebSocket text frame, header included),
+``ws_cbor`` (a binary frame with the CBOR form), ``sse`` (an SSE event with ``id:``)
+and ``json`` (the frame object's JSON, for long-poll and history bodies).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import cbor2
+import orjson
+
+from hearthnet.pubsub.envelope import StoredMessage
+
+OP_TEXT = 0x1
+OP_BINARY = 0x2
+FORMS = ("ws_text", "ws_cbor", "sse", "json")
+
+
+def ws_frame(payload: bytes, opcode: int) -> bytes:
+    """A final, unmasked server WebSocket frame (RFC 6455 §5.2)."""
+    n = len(payload)
+    if n < 126:
+        return bytes((0x80 | opcode, n)) + payload
+    if n < 65536:
+        return struct.pack("!BBH", 0x80 | opcode, 126, n) + payload
+    return struct.pack("!BBQ", 0x80 | opcode, 127, n) + payload
+
+
+def sse_bytes(event: str, data: bytes, event_id: int | None = None) -> bytes:
+    """One SSE event; ``data`` is one line of JSON."""
+    out = b"event: " + event.encode() + b"\ndata: " + data + b"\n"
+    if event_id is not None:
+        out += b"id: " + str(event_id).encode() + b"\n"
+    return out + b"\n"
+
+
+class EncodedMessage:
+    """One committed message with its encodings, each made at most once."""
+
+    __slots__ = ("_json", "_sse", "_ws_cbor", "_ws_text", "stored")
+
+    def __init__(self, stored: StoredMessage) -> None:
+        self.stored = stored
+        self._json: bytes | None = None
+        self._ws_text: bytes | None = None
+        self._ws_cbor: bytes | None = None
+        self._sse: bytes | None = None
+
+    @property
+    def seq(self) -> int:
+        """The message's log position."""
+        return self.stored.seq
+
+    @property
+    def topic(self) -> str:
+        """The message's topic."""
+        return self.stored.message.topic
+
+    def json(self) -> bytes:
+        """``{"event":"message","data":<envelope>,"seq":N}`` as JSON."""
+        if self._json is None:
+            self._json = self.stored.frame_bytes()
+        return self._json
+
+    def ws_text(self) -> bytes:
+        """The JSON frame inside a WebSocket text frame."""
+        if self._ws_text is None:
+            self._ws_text = ws_frame(self.json(), OP_TEXT)
+        return self._ws_text
+
+    def ws_cbor(self) -> bytes:
+        """The CBOR frame inside a WebSocket binary frame."""
+        if self._ws_cbor is None:
+            self._ws_cbor = ws_frame(cbor2.dumps(self.stored.frame_json()), OP_BINARY)
+        return self._ws_cbor
+
+    def sse(self) -> bytes:
+        """``event: message`` with the envelope as data and the seq as ``id:``."""
+        if self._sse is None:
+            self._sse = sse_bytes("message", self.stored.message.raw, self.stored.seq)
+        return self._sse
+
+    def form(self, name: str) -> bytes:
+        """The encoding called ``name`` (one of :data:`FORMS`)."""
+        if name == "ws_text":
+            return self.ws_text()
+        if name == "ws_cbor":
+            return self.ws_cbor()
+        if name == "sse":
+            return self.sse()
+        return self.json()
+
+
+def control_frame(form: str, event: str, data: dict[str, Any]) -> bytes:
+    """A non-message frame (``subscribed``, ``gap``, ``presence``, ``error``...) in ``form``."""
+    obj = {"event": event, "data": data}
+    if form == "ws_text":
+        return ws_frame(orjson.dumps(obj), OP_TEXT)
+    if form == "ws_cbor":
+        return ws_frame(cbor2.dumps(obj), OP_BINARY)
+    if form == "sse":
+        return sse_bytes(event, orjson.dumps(data))
+    return orjson.dumps(obj)

@@ -1,0 +1,322 @@
+"""Client-side subscriptions that survive disconnects (spec §3.7, §6.5, §6.8).
+
+``Client.subscribe(patterns)`` returns a :class:`Subscription`: an async iterator of
+:class:`Delivery` and :class:`Gap` items over one WebSocket session that reconnects by
+itself (backoff 0.5 s doubling to 30 s) and resumes from its cursor, so within retention
+nothing is lost and, thanks to an id cache, nothing is seen twice.
+
+:class:`ResumeState` is the pure core: cursor, dedupe, where to resume, when to ack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.typing import Subprotocol
+
+from hearthnet.errors import HearthNetError, Unavailable, WireError, error_from_wire
+from hearthnet.transport.codec import SUBPROTOCOL_JSON
+
+if TYPE_CHECKING:
+    from hearthnet.client import Client
+
+log = logging.getLogger("hearthnet.client.subscription")
+
+SEEN_IDS = 20_000
+ACK_IDLE_S = 0.05
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message, at its position in the node's log."""
+
+    seq: int
+    envelope: dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        """The message id."""
+        return str(self.envelope["id"])
+
+    @property
+    def topic(self) -> str:
+        """The topic."""
+        return str(self.envelope["topic"])
+
+    @property
+    def type(self) -> str:
+        """The message type."""
+        return str(self.envelope["type"])
+
+    @property
+    def data(self) -> Any:
+        """The payload."""
+        return self.envelope["data"]
+
+    @property
+    def ts(self) -> int:
+        """When the origin accepted it (Unix ms)."""
+        return int(self.envelope["ts"])
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Messages ``from_seq..to_seq`` were dropped for this (slow) subscriber (spec §6.7);
+    read them from history if you still want them."""
+
+    from_seq: int
+    to_seq: int
+
+
+@dataclass
+class ResumeState:
+    """Cursor, dedupe and acks of one subscription. Pure."""
+
+    window: int = 1024
+    epoch: str | None = None
+    seq: int = 0
+    last_ts: int | None = None
+    unacked: int = 0
+    acked_seq: int = 0
+    seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
+
+    def since(self) -> dict[str, Any] | None:
+        """What to send as ``since`` when (re)subscribing; None for a first live-only start."""
+        if self.epoch is not None:
+            return {"epoch": self.epoch, "seq": self.seq}
+        if self.last_ts is not None:
+            return {"ts": self.last_ts}
+        return None
+
+    def subscribed(self, epoch: str, head_seq: int) -> None:
+        """The node accepted the subscription; a fresh start takes its head as cursor."""
+        if self.epoch is None:
+            self.seq = head_seq if self.last_ts is None else self.seq
+        self.epoch = epoch
+
+    def reset(self) -> None:
+        """The node's log is another epoch: resume by time (spec §6.5)."""
+        self.epoch = None
+        self.seq = 0
+
+    def accept(self, seq: int, envelope: dict[str, Any]) -> Delivery | None:
+        """A message frame: the delivery to hand out, or None for a duplicate."""
+        self.seq = max(self.seq, seq)
+        self.unacked += 1
+        self.last_ts = max(self.last_ts or 0, int(envelope.get("ts", 0)))
+        msg_id = str(envelope.get("id"))
+        if msg_id in self.seen:
+            return None
+        self.seen[msg_id] = None
+        if len(self.seen) > SEEN_IDS:
+            self.seen.popitem(last=False)
+        return Delivery(seq, envelope)
+
+    def ack_due(self, *, idle: bool) -> int | None:
+        """The seq to ack now: at half a window, or whenever the reader is about to wait."""
+        if (
+            self.unacked
+            and (self.unacked >= max(1, self.window // 2) or idle)
+            and self.seq > self.acked_seq
+        ):
+            self.unacked = 0
+            self.acked_seq = self.seq
+            return self.seq
+        return None
+
+
+def backoff_delays(
+    start: float = BACKOFF_START_S, cap: float = BACKOFF_MAX_S
+) -> AsyncIterator[float]:
+    """0.5 s doubling to 30 s, with ±20 % jitter (so a restarted node is not stampeded)."""
+
+    async def gen() -> AsyncIterator[float]:
+        delay = start
+        while True:
+            yield delay * random.uniform(0.8, 1.2)
+            delay = min(cap, delay * 2)
+
+    return gen()
+
+
+class Subscription:
+    """A resuming subscription: ``async with client.subscribe(...) as sub``, then
+    ``async for item in sub``."""
+
+    def __init__(
+        self,
+        client: Client,
+        patterns: list[str],
+        *,
+        since: dict[str, Any] | None = None,
+        consumer: str | None = None,
+        presence: dict[str, Any] | None = None,
+        window: int = 1024,
+        on_presence: Callable[[dict[str, Any]], None] | None = None,
+        max_backoff_s: float = BACKOFF_MAX_S,
+    ) -> None:
+        self.client = client
+        self.patterns = list(patterns)
+        self.consumer = consumer
+        self.presence = presence
+        self.on_presence = on_presence
+        self.state = ResumeState(window=window)
+        self._initial_since = since
+        self.max_backoff_s = max_backoff_s
+        self._ws: ClientConnection | None = None
+        self._closed = False
+        self.reconnects = 0
+        self.client_id: str | None = None
+
+    async def __aenter__(self) -> Subscription:
+        await self._connect(first=True)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop (the node keeps a durable consumer's cursor)."""
+        self._closed = True
+        if self._ws is not None:
+            await self._ws.close()
+
+    async def _connect(self, *, first: bool = False) -> None:
+        """Open a session, authenticate, subscribe (resuming from the cursor)."""
+        client = self.client
+        url = "ws" + client.url[4:] + "/pubsub/v1/subscribe"
+        try:
+            ws = await connect(
+                url,
+                subprotocols=[Subprotocol(SUBPROTOCOL_JSON)],
+                compression=None,
+                proxy=None,
+                ping_interval=None,
+                max_size=16 * 1024 * 1024,
+                open_timeout=10,
+            )
+        except InvalidStatus as exc:
+            raise Unavailable(f"subscribe refused with HTTP {exc.response.status_code}") from exc
+        except OSError as exc:
+            raise Unavailable(f"cannot connect to {client.url}: {exc}") from exc
+        try:
+            await ws.send(
+                orjson.dumps(
+                    {"type": "auth", "window": self.state.window, **await client.session_auth()}
+                ).decode()
+            )
+            reply = orjson.loads(await ws.recv())
+            if reply.get("event") != "auth.ok":
+                raise error_from_wire(reply.get("data", {}))
+            self.client_id = reply["data"].get("client_id")
+            frame: dict[str, Any] = {"type": "subscribe", "topics": self.patterns}
+            since = self._initial_since if first and self._initial_since else self.state.since()
+            if since is not None:
+                frame["since"] = since
+            if self.consumer:
+                frame["consumer"] = self.consumer
+            if self.presence is not None:
+                frame["presence"] = self.presence
+            await ws.send(orjson.dumps(frame).decode())
+        except (ConnectionClosed, OSError) as exc:
+            await ws.close()
+            raise Unavailable("the node closed the subscription while opening it") from exc
+        except BaseException:
+            await ws.close()
+            raise
+        self._ws = ws
+
+    async def _resubscribe_by_time(self) -> None:
+        assert self._ws is not None
+        frame: dict[str, Any] = {"type": "subscribe", "topics": self.patterns}
+        since = self.state.since()
+        if since is not None:
+            frame["since"] = since
+        if self.consumer:
+            frame["consumer"] = self.consumer
+        await self._ws.send(orjson.dumps(frame).decode())
+
+    def __aiter__(self) -> AsyncIterator[Delivery | Gap]:
+        return self._items()
+
+    async def _items(self) -> AsyncIterator[Delivery | Gap]:
+        delays = backoff_delays(cap=self.max_backoff_s)
+        while not self._closed:
+            ws = self._ws
+            if ws is None:
+                wait = await anext(delays)
+                await asyncio.sleep(wait)
+                try:
+                    await self._connect()
+                    delays = backoff_delays(cap=self.max_backoff_s)
+                    self.reconnects += 1
+                except (Unavailable, OSError) as exc:
+                    log.info("subscription reconnect failed (%s); next try soon", exc)
+                continue
+            try:
+                async for item in self._read(ws):
+                    yield item
+            except ConnectionClosed as exc:
+                if exc.rcvd is not None and exc.rcvd.code == 4409:
+                    raise Unavailable(
+                        "this durable consumer was taken over by another connection"
+                    ) from exc
+            if self._ws is ws:
+                self._ws = None
+
+    async def _recv(self, ws: ClientConnection) -> Any:
+        """The next frame; while waiting idle, ack what was consumed (a durable consumer's
+        cursor then moves promptly, and the window never fills on a quiet stream)."""
+        state = self.state
+        due = state.ack_due(idle=False)
+        if due is None and state.unacked:
+            try:
+                async with asyncio.timeout(ACK_IDLE_S):
+                    return await ws.recv()  # cancelling recv() loses nothing (websockets docs)
+            except TimeoutError:
+                due = state.ack_due(idle=True)
+        if due is not None:
+            await ws.send(b'{"type":"ack","upto":%d}'.decode() % due)
+        return await ws.recv()
+
+    async def _read(self, ws: ClientConnection) -> AsyncIterator[Delivery | Gap]:
+        state = self.state
+        while True:
+            frame = orjson.loads(await self._recv(ws))
+            event = frame.get("event")
+            data = frame.get("data", {})
+            if event == "message":
+                delivery = state.accept(int(frame["seq"]), data)
+                if delivery is not None:
+                    yield delivery
+            elif event == "gap":
+                yield Gap(int(data["from_seq"]), int(data["to_seq"]))
+            elif event == "subscribed":
+                state.subscribed(str(data["epoch"]), int(data["head_seq"]))
+            elif event == "reset":
+                state.reset()
+                await self._resubscribe_by_time()
+            elif event == "presence" and self.on_presence is not None:
+                self.on_presence(data)
+            elif event == "auth.expiring":
+                with contextlib.suppress(HearthNetError):
+                    await ws.send(
+                        orjson.dumps({"type": "auth", **await self.client.session_auth()}).decode()
+                    )
+            elif event == "error":
+                error: WireError = error_from_wire(data)
+                if error.code in ("forbidden", "unauthorized", "revoked"):
+                    raise error
+                log.warning("subscription error from node: %s", error)

@@ -1,0 +1,190 @@
+"""The message log on real SQLite: group commit, seq, epoch, dedupe, history, retention."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from hearthnet.config import PubSubSection
+from hearthnet.identity import KeyPair
+from hearthnet.metrics import MetricsRegistry
+from hearthnet.pubsub.access import AccessPolicy
+from hearthnet.pubsub.envelope import Message, StoredMessage
+from hearthnet.pubsub.log import ConsumerRecord, MessageLog
+from hearthnet.pubsub.retention import RetentionPolicy, RetentionRule
+from hearthnet.pubsub.service import PubSub
+from hearthnet.pubsub.topics import TopicPattern
+
+KEYS = KeyPair.from_seed(b"\x50" * 32)
+PEER = KeyPair.from_seed(b"\x51" * 32)
+
+
+@contextlib.asynccontextmanager
+async def opened(path: Path, sync: str = "normal") -> AsyncIterator[MessageLog]:
+    """An open log with its flush loop running."""
+    log = MessageLog(path, KEYS, synchronous=sync)
+    await log.open()
+    task = asyncio.get_running_loop().create_task(log.run())
+    try:
+        yield log
+    finally:
+        await log.close()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def publish_many(log: MessageLog, n: int, topic: str = "chat.a") -> list[StoredMessage]:
+    """Queue n publishes at once and wait for all."""
+    futures = [log.publish(topic=topic, msg_type="m", data={"i": i}) for i in range(n)]
+    results = await asyncio.gather(*futures)
+    return [r for r in results if r is not None]
+
+
+async def test_group_commit_numbers_in_order(tmp_path: Path) -> None:
+    """Publishes queued together commit in one batch with seq and origin_seq 1..n."""
+    async with opened(tmp_path / "log.db") as log:
+        stored = await publish_many(log, 50)
+    assert ([*range(1, 51)], [*range(1, 51)], 1) == (
+        [s.seq for s in stored],
+        [s.message.origin_seq for s in stored],
+        log.batches,
+    )
+
+
+async def test_publish_resolves_only_after_commit(tmp_path: Path) -> None:
+    """The future is pending until the flush loop committed it; on_commit saw it first."""
+    seen: list[int] = []
+    async with opened(tmp_path / "log.db") as log:
+        log.on_commit = lambda batch: seen.extend(s.seq for s in batch)
+        fut = log.publish(topic="a", msg_type="m", data=1)
+        pending_before = not fut.done()
+        stored = await fut
+    assert (True, [1], 1) == (pending_before, seen, stored.seq if stored else None)
+
+
+async def test_restart_keeps_epoch_head_and_origin_seq(tmp_path: Path) -> None:
+    """Reopening continues numbering; the epoch is fixed when the store is created."""
+    async with opened(tmp_path / "log.db") as log:
+        await publish_many(log, 3)
+        epoch = log.epoch
+    async with opened(tmp_path / "log.db") as log:
+        again = await publish_many(log, 1)
+        assert (epoch, 4, 4) == (log.epoch, again[0].seq, again[0].message.origin_seq)
+    async with opened(tmp_path / "other.db") as fresh:
+        assert epoch != fresh.epoch
+
+
+async def test_ingest_deduplicates_by_id_also_after_restart(tmp_path: Path) -> None:
+    """A peer's message stored once; the same id again (even after restart) is a duplicate."""
+    msg = Message.create(PEER, topic="chat.a", msg_type="m", data=1, origin_seq=7, ts=5)
+    async with opened(tmp_path / "log.db") as log:
+        first = await log.ingest(msg)
+        second = await log.ingest(msg)
+    async with opened(tmp_path / "log.db") as log:
+        third = await log.ingest(msg)
+    assert (1, None, None) == (first.seq if first else None, second, third)
+
+
+async def test_history_paging(tmp_path: Path) -> None:
+    """Forward from since_seq and backward from before_seq, oldest first, with has_more."""
+    async with opened(tmp_path / "log.db") as log:
+        for i in range(10):
+            await log.publish(topic="t.a" if i % 2 == 0 else "t.b", msg_type="m", data=i)
+        latest, more_latest = await log.history("t.a", limit=3)
+        forward, more_forward = await log.history("t.a", since_seq=1, limit=2)
+        back, more_back = await log.history("t.a", before_seq=5, limit=5)
+    assert ([5, 7, 9], True, [3, 5], True, [1, 3], False) == (
+        [m.seq for m in latest],
+        more_latest,
+        [m.seq for m in forward],
+        more_forward,
+        [m.seq for m in back],
+        more_back,
+    )
+
+
+async def test_read_matching_wildcards(tmp_path: Path) -> None:
+    """Backlog reads match literal and wildcard patterns, in seq order, within bounds."""
+    async with opened(tmp_path / "log.db") as log:
+        for topic in ("chat.a", "chat.b.c", "agent.x.events", "chat.a", "other"):
+            await log.publish(topic=topic, msg_type="m", data=0)
+        rows = await log.read_matching(
+            [TopicPattern.parse("chat.*"), TopicPattern.parse("agent.**")], after_seq=1, upto_seq=5
+        )
+        last = await log.read_last([TopicPattern.parse("chat.**")], 2, upto_seq=5)
+    assert ([3, 4], [2, 4]) == ([r.seq for r in rows], [r.seq for r in last])
+
+
+def make_service(log: MessageLog, **retention: object) -> PubSub:
+    """A service over ``log`` with the given retention."""
+    rules = retention.pop("rules", ())
+    policy = RetentionPolicy(rules, **retention)  # type: ignore[arg-type]
+    return PubSub(
+        node_id=KEYS.node_id,
+        config=PubSubSection(),
+        log_store=log,
+        policy=AccessPolicy(),
+        retention=policy,
+        metrics=MetricsRegistry(),
+    )
+
+
+async def test_retention_per_topic_count_and_rules(tmp_path: Path) -> None:
+    """Default keeps max_messages per topic; a pattern rule keeps fewer for its topics."""
+    async with opened(tmp_path / "log.db") as log:
+        service = make_service(log, max_messages=3, rules=[RetentionRule("agent.*.tokens", 1, 600)])
+        for i in range(5):
+            await log.publish(topic="chat.a", msg_type="m", data=i)
+            await log.publish(topic="agent.b.tokens", msg_type="m", data=i)
+        deleted = await service.apply_retention()
+        chat, _ = await log.history("chat.a", limit=50)
+        agent, _ = await log.history("agent.b.tokens", limit=50)
+    assert (6, [3, 4, 5], [5], (3, 1)) == (
+        deleted,
+        [m.message.data + 1 for m in chat],
+        [m.message.data + 1 for m in agent],
+        (log.topics["chat.a"].messages, log.topics["agent.b.tokens"].messages),
+    )
+
+
+async def test_retention_by_age_ttl_and_bytes(tmp_path: Path) -> None:
+    """Messages older than max_age, past their own ttl_s, or over the byte cap go."""
+    async with opened(tmp_path / "log.db") as log:
+        service = make_service(log, max_age_s=60, max_bytes=10**9)
+        await log.publish(topic="a", msg_type="m", data="ttl", ttl_s=5)
+        await log.publish(topic="a", msg_type="m", data="keep")
+        now = log.topics["a"].last_ts
+        assert 0 == await service.apply_retention(now + 1000)
+        assert 1 == await service.apply_retention(now + 6000)  # ttl passed
+        assert 1 == await service.apply_retention(now + 61_000)  # max_age passed
+        for _ in range(20):
+            await log.publish(topic="b", msg_type="m", data="x" * 1000)
+        service.retention.max_bytes = log.total_bytes // 2
+        await service.apply_retention(now + 61_000)
+    assert log.total_bytes <= service.retention.max_bytes
+
+
+async def test_durable_consumer_holds_unacked_past_retention(tmp_path: Path) -> None:
+    """Unacked messages survive retention up to the consumer's limit; beyond, a gap is noted."""
+    async with opened(tmp_path / "log.db") as log:
+        service = make_service(log, max_messages=2)
+        service.config = PubSubSection(consumer_max_held=3)
+        log.save_consumer(ConsumerRecord("me", "work", ("jobs",), 0))
+        for i in range(6):
+            await log.publish(topic="jobs", msg_type="m", data=i)
+        await service.apply_retention()
+        held, _ = await log.history("jobs", limit=50)
+        record = log.consumer("me", "work")
+    assert ([1, 2, 3, 5, 6], (4, 4)) == ([m.seq for m in held], record.lost if record else None)
+
+
+@pytest.mark.parametrize("sync", ["full", "normal"])
+async def test_both_sync_modes_open(tmp_path: Path, sync: str) -> None:
+    """full and normal synchronous modes both work."""
+    async with opened(tmp_path / "log.db", sync) as log:
+        assert 1 == len(await publish_many(log, 1))

@@ -1,0 +1,442 @@
+"""Pub/sub over WebSocket on real sockets, with raw frames (spec §2.2, §6.4–6.9)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from hearthnet.caller import Caller
+from hearthnet.clock import now_ms
+from hearthnet.community import Level
+from hearthnet.identity import KeyPair
+from hearthnet.ids import short_id
+from hearthnet.node import Node
+from hearthnet.tokens import CapabilityToken, Scope
+from tests.conftest import MakeConfig
+from tests.helpers import refused_upgrade, wait_until
+
+Frame = dict[str, Any]
+
+
+def auth_frame(keys: KeyPair, node: Node, **extra: Any) -> Frame:
+    """An identity-proof auth frame for ``node``."""
+    proof = {
+        "identity": keys.node_id,
+        "ts": now_ms(),
+        "nonce": os.urandom(8).hex(),
+        "node": node.keys.node_id,
+    }
+    return {
+        "type": "auth",
+        "identity": keys.node_id,
+        "ts": proof["ts"],
+        "nonce": proof["nonce"],
+        "sig": keys.sign_object(proof),
+        **extra,
+    }
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A plain client session."""
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+class Raw:
+    """A raw pub/sub WebSocket with small helpers."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+
+    async def send(self, frame: Frame) -> None:
+        """Send one JSON frame."""
+        await self.ws.send_json(frame)
+
+    async def next(self, event: str | None = None, within_s: float = 5.0) -> Frame:
+        """The next frame (of ``event``, skipping others)."""
+        async with asyncio.timeout(within_s):
+            while True:
+                msg = await self.ws.receive()
+                if msg.type != aiohttp.WSMsgType.TEXT:
+                    raise AssertionError(f"socket ended: {msg.type} {self.ws.close_code}")
+                frame: Frame = msg.json()
+                if event is None or frame["event"] == event:
+                    return frame
+
+    async def messages(self, count: int) -> list[Frame]:
+        """The next ``count`` message frames."""
+        return [await self.next("message") for _ in range(count)]
+
+    async def closed(self, within_s: float = 5.0) -> int | None:
+        """Wait for the server to close; the code in its close frame."""
+        async with asyncio.timeout(within_s):
+            while True:
+                msg = await self.ws.receive()
+                if msg.type == aiohttp.WSMsgType.CLOSE:
+                    return int(msg.data)
+                if msg.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING):
+                    return self.ws.close_code
+
+
+async def session(
+    http: aiohttp.ClientSession, node: Node, keys: KeyPair | None = None, **auth: Any
+) -> Raw:
+    """An authenticated session (as the node itself unless ``keys`` is given)."""
+    ws = await http.ws_connect(node.url + "/pubsub/v1/subscribe", protocols=("hearthnet-bus.v2",))
+    raw = Raw(ws)
+    await raw.send(
+        auth_frame(keys or node.keys, node, **auth)
+        if "token" not in auth
+        else {"type": "auth", **auth}
+    )
+    assert "auth.ok" == (await raw.next())["event"]
+    return raw
+
+
+async def publish(node: Node, topic: str, n: int, start: int = 0) -> list[int]:
+    """Publish n messages as the node; returns their seqs."""
+    me = Caller(node.keys.node_id, "node", Level.ANCHOR, None, True)
+    return [(await node.pubsub.publish(me, topic, "m", {"i": start + i})).seq for i in range(n)]
+
+
+def data_of(frames: list[Frame]) -> list[int]:
+    """The ``i`` of each message frame."""
+    return [f["data"]["data"]["i"] for f in frames]
+
+
+async def test_pubsub_via_ws_backlog_plus_live(node: Node, http: aiohttp.ClientSession) -> None:
+    """subscribed, then the backlog since the cursor, then live messages, in seq order."""
+    await publish(node, "chat.a", 5)
+    sub = await session(http, node)
+    await sub.send(
+        {
+            "type": "subscribe",
+            "topics": ["chat.*"],
+            "since": {"epoch": node.message_log.epoch, "seq": 2},
+        }
+    )
+    subscribed = await sub.next()
+    backlog = await sub.messages(3)
+    await publish(node, "chat.a", 2, start=5)
+    live = await sub.messages(2)
+    assert ("subscribed", 5, [2, 3, 4], [5, 6], [3, 4, 5, 6, 7]) == (
+        subscribed["event"],
+        subscribed["data"]["head_seq"],
+        data_of(backlog),
+        data_of(live),
+        [f["seq"] for f in backlog + live],
+    )
+
+
+async def test_publishes_racing_the_subscribe_have_no_gap_or_duplicate(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """Messages published while the backlog is being read arrive once, in order."""
+    await publish(node, "race", 300)
+    sub = await session(http, node)
+    racer = asyncio.get_running_loop().create_task(publish(node, "race", 200, start=300))
+    await sub.send({"type": "subscribe", "topics": ["race"], "since": {"seq": 0}})
+    got: list[int] = []
+    while len(got) < 500:
+        frame = await sub.next("message")
+        got.append(frame["data"]["data"]["i"])
+        if frame["seq"] % 512 == 0:
+            await sub.send({"type": "ack", "upto": frame["seq"]})
+    await racer
+    assert [*range(500)] == got
+
+
+async def test_resume_by_time_and_by_last(node: Node, http: aiohttp.ClientSession) -> None:
+    """since {ts} replays from that time; since {last: N} the last N."""
+    await publish(node, "t", 3)
+    cut = now_ms() + 1
+    await wait_until(lambda: now_ms() > cut)
+    await publish(node, "t", 2, start=3)
+    by_ts = await session(http, node)
+    await by_ts.send({"type": "subscribe", "topics": ["t"], "since": {"ts": cut}})
+    by_last = await session(http, node)
+    await by_last.send({"type": "subscribe", "topics": ["t"], "since": {"last": 4}})
+    assert ([3, 4], [1, 2, 3, 4]) == (
+        data_of(await by_ts.messages(2)),
+        data_of(await by_last.messages(4)),
+    )
+
+
+async def test_cursor_from_another_epoch_gets_reset(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """A cursor with a foreign epoch (or beyond the head) is answered reset{epoch_changed}."""
+    await publish(node, "t", 1)
+    sub = await session(http, node)
+    await sub.send({"type": "subscribe", "topics": ["t"], "since": {"epoch": "0000", "seq": 1}})
+    future = await session(http, node)
+    await future.send({"type": "subscribe", "topics": ["t"], "since": {"seq": 999}})
+    assert ("epoch_changed", "epoch_changed") == (
+        (await sub.next("reset"))["data"]["reason"],
+        (await future.next("reset"))["data"]["reason"],
+    )
+
+
+async def test_publish_over_ws_is_acknowledged_after_commit(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """publish → published.ok {ref, id, seq}; the message is in history."""
+    sub = await session(http, node)
+    await sub.send(
+        {"type": "publish", "topic": "p.q", "msg_type": "note", "data": {"x": 1}, "ref": "r-7"}
+    )
+    ok = await sub.next("published.ok")
+    page, _ = await node.message_log.history("p.q")
+    assert ("r-7", [ok["data"]["id"]]) == (ok["data"]["ref"], [m.message.id for m in page])
+
+
+async def test_slow_subscriber_gets_gap_while_fast_one_gets_everything(
+    make_config: MakeConfig, http: aiohttp.ClientSession
+) -> None:
+    """A subscriber that never acks (window 4, queue 10) gets a gap; another gets all, on time."""
+    async with Node(make_config(pubsub={"queue_max": 10, "sync": "normal"})) as node:
+        slow = await session(http, node, window=4)
+        fast = await session(http, node)
+        for s in (slow, fast):
+            await s.send({"type": "subscribe", "topics": ["fan"]})
+            await s.next("subscribed")
+        await publish(node, "fan", 100)
+        fast_got = data_of(await fast.messages(100))
+        slow_first = data_of(await slow.messages(4))
+        await slow.send({"type": "ack", "upto": 4})
+        gap = await slow.next()
+        rest = data_of(await slow.messages(4))
+        gaps = node.metrics.counter("hearthnet_pubsub_gaps_total", "").get()
+    assert (
+        [*range(100)],
+        [0, 1, 2, 3],
+        "gap",
+        {"from_seq": 5, "to_seq": 90},
+        [90, 91, 92, 93],
+        1.0,
+    ) == (fast_got, slow_first, gap["event"], gap["data"], rest, gaps)
+
+
+async def test_durable_consumer_redelivers_unacked_and_takeover_closes_4409(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """Acked messages are not redelivered; unacked ones are; a second connection takes over."""
+    first = await session(http, node)
+    await first.send({"type": "subscribe", "topics": ["jobs"], "consumer": "worker"})
+    await first.next("subscribed")
+    await publish(node, "jobs", 5)
+    frames = await first.messages(5)
+    await first.send({"type": "ack", "upto": frames[2]["seq"]})  # consumed 0, 1, 2
+    await wait_until(
+        lambda: node.message_log.consumer(node.keys.node_id, "worker").cursor == frames[2]["seq"]
+    )
+    second = await session(http, node)
+    await second.send({"type": "subscribe", "topics": ["jobs"], "consumer": "worker"})
+    redelivered = data_of(await second.messages(2))
+    assert ([3, 4], 4409) == (redelivered, await first.closed())
+
+
+async def test_presence_join_update_leave_and_snapshot(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """Joining shows in others' streams and in GET presence; leaving on close."""
+    ann = await session(http, node)
+    await ann.send({"type": "subscribe", "topics": ["room.1"], "presence": {"name": "Ann"}})
+    snapshot = await ann.next("presence")  # includes herself; others get her join
+    bob_keys = KeyPair.generate()
+    node.add_member(bob_keys.node_id)
+    bob = await session(http, node, bob_keys)
+    await bob.send({"type": "subscribe", "topics": ["room.1"], "presence": {"name": "Bob"}})
+    bob_snapshot = await bob.next("presence")
+    joined = await ann.next("presence")
+    await bob.send({"type": "presence.update", "status": "typing"})
+    updated = await ann.next("presence")
+    members = {m["name"] for m in node.pubsub.presence.members("room.1")}
+    await bob.ws.close()
+    left = await ann.next("presence")
+    assert (
+        ("snapshot", ["Ann"]),
+        ["Ann", "Bob"],
+        ("join", "Bob"),
+        ("update", "typing"),
+        {"Ann", "Bob"},
+        "leave",
+    ) == (
+        (snapshot["data"]["kind"], [m["name"] for m in snapshot["data"]["members"]]),
+        sorted(m["name"] for m in bob_snapshot["data"]["members"]),
+        (joined["data"]["kind"], joined["data"]["member"]["name"]),
+        (updated["data"]["kind"], updated["data"]["member"]["status"]),
+        members,
+        left["data"]["kind"],
+    )
+
+
+async def test_silent_client_leaves_presence(
+    make_config: MakeConfig, http: aiohttp.ClientSession
+) -> None:
+    """A client that sends nothing and answers no pings for presence_silence_s is a leave."""
+    async with Node(make_config(pubsub={"presence_silence_s": 0.3})) as node:
+        watcher = await session(http, node)
+        await watcher.send({"type": "subscribe", "topics": ["room"]})
+        await watcher.next("subscribed")
+        ws = await http.ws_connect(
+            node.url + "/pubsub/v1/subscribe", protocols=("hearthnet-bus.v2",), autoping=False
+        )
+        silent = Raw(ws)
+        await silent.send(auth_frame(node.keys, node))
+        await silent.next("auth.ok")
+        await silent.send({"type": "subscribe", "topics": ["room"], "presence": {"name": "Zed"}})
+        joined = await watcher.next("presence")
+        left = await watcher.next("presence", within_s=5)
+    assert ("join", "leave", "Zed") == (
+        joined["data"]["kind"],
+        left["data"]["kind"],
+        left["data"]["member"]["name"],
+    )
+
+
+async def test_token_session_expiry(make_config: MakeConfig, http: aiohttp.ClientSession) -> None:
+    """A token session gets auth.expiring (within 60 s of expiry) and is closed 4401 at expiry."""
+    async with Node(make_config()) as node:
+        token = CapabilityToken.issue(
+            node.keys,
+            community=node.membership.community_id,
+            scopes=[Scope.parse("sub:chat.**")],
+            ttl_ms=2000,
+            now_ms=now_ms(),
+        )
+        sub = await session(http, node, token=token.encode())
+        warning = await sub.next("auth.expiring", within_s=5)
+        code = await sub.closed(within_s=5)
+    assert (token.exp_ms, 4401) == (warning["data"]["expires_ms"], code)
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        ({"type": "subscribe", "topics": ["a..b"]}, "bad_request"),
+        (
+            {"type": "publish", "topic": "big", "msg_type": "m", "data": "x" * (256 * 1024 + 10)},
+            "payload_too_large",
+        ),
+        ({"type": "subscribe", "topics": ["t"], "since": {"seq": -1}}, "bad_request"),
+        ({"type": "dance"}, "bad_request"),
+    ],
+)
+async def test_bad_frames_get_error_and_the_session_goes_on(
+    node: Node, http: aiohttp.ClientSession, frame: Frame, code: str
+) -> None:
+    """Bad topics, oversized payloads, bad cursors and unknown frames: error, not a close."""
+    sub = await session(http, node)
+    await sub.send(frame)
+    error = await sub.next("error")
+    await sub.send({"type": "ping"})
+    assert (code, "pong") == (error["data"]["code"], (await sub.next("pong"))["event"])
+
+
+async def test_access_rules_enforced_over_ws(
+    make_config: MakeConfig, http: aiohttp.ClientSession
+) -> None:
+    """A member may not read another node's inbox; a token is limited to its scopes."""
+    async with Node(make_config()) as node:
+        member = KeyPair.generate()
+        node.add_member(member.node_id)
+        sub = await session(http, node, member)
+        await sub.send(
+            {"type": "subscribe", "topics": [f"node.{short_id(node.keys.node_id)}.inbox"]}
+        )
+        denied_inbox = await sub.next("error")
+        await sub.send({"type": "subscribe", "topics": [f"node.{short_id(member.node_id)}.inbox"]})
+        own_inbox = await sub.next("subscribed")
+        token = CapabilityToken.issue(
+            node.keys,
+            community=node.membership.community_id,
+            scopes=[Scope.parse("sub:chat.*")],
+            ttl_ms=600_000,
+            now_ms=now_ms(),
+        )
+        tsub = await session(http, node, token=token.encode())
+        await tsub.send({"type": "subscribe", "topics": ["chat.**"]})
+        wide = await tsub.next("error")
+        await tsub.send({"type": "publish", "topic": "chat.a", "msg_type": "m", "data": 1})
+        no_pub = await tsub.next("error")
+    assert ("forbidden", "subscribed", "forbidden", "forbidden") == (
+        denied_inbox["data"]["code"],
+        own_inbox["event"],
+        wide["data"]["code"],
+        no_pub["data"]["code"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("first", "expected_close"),
+    [
+        ({"type": "subscribe", "topics": ["a"]}, 1008),
+        ({"type": "auth", "token": "hnt1:forged"}, 1008),
+        (
+            {
+                "type": "auth",
+                "identity": KeyPair.from_seed(b"\x77" * 32).node_id,
+                "ts": 0,
+                "nonce": "n" * 8,
+                "sig": "ed25519:x",
+            },
+            1008,
+        ),
+    ],
+)
+async def test_unauthenticated_sessions_are_closed(
+    node: Node, http: aiohttp.ClientSession, first: Frame, expected_close: int
+) -> None:
+    """Anything but a valid auth first: auth.error, then close 1008."""
+    ws = await http.ws_connect(node.url + "/pubsub/v1/subscribe", protocols=("hearthnet-bus.v2",))
+    raw = Raw(ws)
+    await raw.send(first)
+    answer = await raw.next()
+    assert ("auth.error", expected_close) == (answer["event"], await raw.closed())
+
+
+async def test_binary_frame_on_json_session_closes_1003(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """A binary frame on the JSON subprotocol ends the session with 1003."""
+    sub = await session(http, node)
+    await sub.ws.send_bytes(b"\x00\x01")
+    assert 1003 == await sub.closed()
+
+
+async def test_no_subprotocol_is_json_and_unknown_is_426(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """Browsers may omit the subprotocol (JSON); offering only foreign ones gets 426."""
+    ws = await http.ws_connect(node.url + "/pubsub/v1/subscribe")
+    raw = Raw(ws)
+    await raw.send(auth_frame(node.keys, node))
+    ok = await raw.next()
+    status, body, _ = await refused_upgrade(http, node.url + "/pubsub/v1/subscribe", "mqtt")
+    assert ("auth.ok", 426, "upgrade_required") == (ok["event"], status, body["error"])
+
+
+async def test_publish_rate_limit_for_members(
+    make_config: MakeConfig, http: aiohttp.ClientSession
+) -> None:
+    """A member over publish_per_s_member gets rate_limited with retry_after_ms."""
+    async with Node(make_config(pubsub={"publish_per_s_member": 3})) as node:
+        member = KeyPair.generate()
+        node.add_member(member.node_id)
+        sub = await session(http, node, member)
+        for i in range(4):
+            await sub.send(
+                {"type": "publish", "topic": "r", "msg_type": "m", "data": i, "ref": str(i)}
+            )
+        replies = {r["data"]["ref"]: r for r in [await sub.next() for _ in range(4)]}
+    assert (["published.ok"] * 3 + ["error"], "rate_limited") == (
+        [replies[str(i)]["event"] for i in range(4)],
+        replies["3"]["data"]["code"],
+    )
