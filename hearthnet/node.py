@@ -27,6 +27,7 @@ from typing import IO, Any
 from aiohttp import web
 
 from capabilities import builtin_capabilities
+from capabilities.llm_chat import LlmChat, build_llm_chat
 from hearthnet import __version__
 from hearthnet.auth import Authenticator
 from hearthnet.bus.calls import Bus, BusMetrics
@@ -202,6 +203,10 @@ class Node:
         self.registry = CapabilityRegistry()
         for cap in [*builtin_capabilities(), *self._extra_capabilities]:
             self.registry.register(cap)
+        # spec §5: llm.chat only when a model server or the demo model is configured
+        self.llm: LlmChat | None = build_llm_chat(cfg.llm)
+        if self.llm is not None:
+            self.registry.register(self.llm)
         self.router = Router(LocalProvider(self.keys.node_id, self.registry))
         self.bus = Bus(
             node_id=self.keys.node_id,
@@ -304,6 +309,8 @@ class Node:
         await self.server.stop_accepting()
         await self.streams.shutdown(self.config.node.shutdown_grace_s)
         await self.server.close()
+        if self.llm is not None:
+            await self.llm.aclose()
         self._remove_run_file()
         log.info("node stopped", extra={"node": self.keys.node_id})
 
