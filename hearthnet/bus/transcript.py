@@ -35,8 +35,10 @@ class ToolCall:
 class ChatEvent:
     """Something the user sees: ``token``, ``tool_call`` or ``tool_result``.
 
-    ``data`` is ``{"text"}``; ``{"id", "name", "arguments"}``; or
-    ``{"id", "name", "content", "by": "node"|"caller"}``.
+    ``data`` is ``{"text"}``; ``{"id", "name", "arguments"}``; or ``{"id", "name",
+    "content"}``. Whether the caller's tool or the node produced a result (a timeout, say)
+    is not part of the event: over SSE the client applies the node's rules itself, and
+    both transports must show the user the same thing.
     """
 
     kind: str
@@ -147,11 +149,9 @@ class Transcript:
         for call in calls:
             content = self._results[call["id"]]
             self.messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
-            by = "node" if call["id"] in self._by_node else "caller"
             self.events.append(
                 ChatEvent(
-                    "tool_result",
-                    {"id": call["id"], "name": call["name"], "content": content, "by": by},
+                    "tool_result", {"id": call["id"], "name": call["name"], "content": content}
                 )
             )
         self._text, self._calls, self._results, self._by_node = [], {}, {}, set()

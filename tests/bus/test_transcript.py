@@ -128,9 +128,9 @@ def test_events_list_tokens_then_calls_then_results() -> None:
         ("tool_call", "a"),
         ("tool_call", "b"),
         ("tool_call", "c"),
-        ("tool_result", "a", "caller"),
-        ("tool_result", "b", "node"),
-        ("tool_result", "c", "caller"),
+        ("tool_result", "a", "{'hits': 3}"),
+        ("tool_result", "b", "invalid_arguments"),
+        ("tool_result", "c", "{'t': 12}"),
         ("token", "Boil it."),
     ] == [_short(e) for e in transcript.events]
 
@@ -140,7 +140,8 @@ def _short(event: ChatEvent) -> tuple[str, ...]:
         return ("token", event.data["text"])
     if event.kind == "tool_call":
         return ("tool_call", event.data["id"])
-    return ("tool_result", event.data["id"], event.data["by"])
+    content = event.data["content"]
+    return ("tool_result", event.data["id"], str(content.get("error", content)))
 
 
 def test_closing_a_round_with_a_missing_result_is_refused() -> None:
