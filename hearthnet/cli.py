@@ -68,6 +68,11 @@ def _config(args: argparse.Namespace) -> Config:
         value = getattr(args, flag, None)
         if value is not None:
             overrides["node"][key] = value
+    llm_flags = {"llm_url": "url", "llm_model": "model", "llm_demo": "demo"}
+    for flag, key in llm_flags.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.setdefault("llm", {})[key] = value
     path = (
         Path(args.config).expanduser()
         if getattr(args, "config", None)
@@ -181,6 +186,13 @@ def cmd_call(args: argparse.Namespace) -> int:
     return result
 
 
+def cmd_chat(args: argparse.Namespace) -> int:
+    """``hearthnet chat``: interactive llm.chat with tools (hearthnet.chat_cli)."""
+    from hearthnet.chat_cli import chat_command
+
+    return chat_command(args, lambda: _client(args), _run)
+
+
 # --- keys, config, tokens ------------------------------------------------------------
 
 
@@ -238,6 +250,23 @@ def cmd_token_issue(args: argparse.Namespace) -> int:
 # --- parser --------------------------------------------------------------------------
 
 
+def _add_chat_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """``hearthnet chat`` and its flags."""
+    chat = sub.add_parser("chat", parents=parents, help="chat with llm.chat; tools run as you")
+    chat.add_argument("-m", "--message", help="send this one message, print the answer, exit")
+    chat.add_argument("--system", help="a system message to start the conversation with")
+    chat.add_argument("--model", help="model name (default: the node's [llm] model)")
+    chat.add_argument("--backend", choices=["openai", "demo"], help="backend on the node")
+    chat.add_argument(
+        "--tools", help="JSON file: more tools [{name, description, parameters, capability}]"
+    )
+    chat.add_argument("--no-tools", action="store_true", help="offer no built-in tools")
+    chat.add_argument("--max-tokens", type=int, help="cap each model turn at this many tokens")
+    chat.add_argument("--sse", action="store_true", help="use SSE re-calls instead of WebSocket")
+    chat.add_argument("--json", action="store_true", help="events as JSON lines")
+    chat.set_defaults(func=cmd_chat)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     common = argparse.ArgumentParser(add_help=False)
@@ -260,6 +289,16 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--port", type=int, help="port (default 7080; 0 picks a free port)")
     start.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     start.add_argument("--name", help="human name of this node (default: host name)")
+    start.add_argument(
+        "--llm-url", help="offer llm.chat from this OpenAI-compatible server (e.g. Ollama's .../v1)"
+    )
+    start.add_argument("--llm-model", help="model name to ask that server for")
+    start.add_argument(
+        "--llm-demo",
+        action="store_true",
+        default=None,
+        help="offer llm.chat from the built-in demo model (no model server needed)",
+    )
     start.set_defaults(func=cmd_node_start)
     status = node_sub.add_parser("status", parents=[common, remote], help="show the running node")
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -273,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--cbor", action="store_true", help="with --stream: CBOR WebSocket frames")
     call.add_argument("--target", help="run on this NodeID")
     call.set_defaults(func=cmd_call)
+
+    _add_chat_parser(sub, [common, remote])
 
     keys = sub.add_parser("keys", help="node identity")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
