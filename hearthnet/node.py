@@ -179,6 +179,9 @@ class Node:
 
     def _build(self) -> None:
         cfg = self.config
+        # spec §5: llm.chat only when a model server or the demo model is configured;
+        # built first, so a bad [llm] section stops the node before it takes the lock
+        self.llm: LlmChat | None = build_llm_chat(cfg.llm)
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock.acquire()
         self.keys = load_or_create_keys(self.data_dir)
@@ -203,8 +206,6 @@ class Node:
         self.registry = CapabilityRegistry()
         for cap in [*builtin_capabilities(), *self._extra_capabilities]:
             self.registry.register(cap)
-        # spec §5: llm.chat only when a model server or the demo model is configured
-        self.llm: LlmChat | None = build_llm_chat(cfg.llm)
         if self.llm is not None:
             self.registry.register(self.llm)
         self.router = Router(LocalProvider(self.keys.node_id, self.registry))

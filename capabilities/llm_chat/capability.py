@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from capabilities.llm_chat.backends import ChatBackend
-from hearthnet.bus.capability import CallContext
+from hearthnet.bus.capability import MAX_PENDING_TOOL_RESULTS, CallContext
 from hearthnet.bus.descriptor import CapabilityDescriptor
 from hearthnet.bus.toolloop import (
     TOOL_NAME_PATTERN,
@@ -33,7 +33,7 @@ from hearthnet.bus.toolloop import (
     TurnEnd,
 )
 from hearthnet.config import LlmSection
-from hearthnet.errors import BadRequest, DeadlineExceeded
+from hearthnet.errors import BadRequest, ConfigError, DeadlineExceeded
 from hearthnet.frames import Frame
 
 MAX_CALL_ID_CHARS = 128
@@ -122,14 +122,28 @@ STREAM_SCHEMA: dict[str, Any] = {
 
 
 def tool_limits(cfg: LlmSection) -> ToolLimits:
-    """The tool loop's limits from the ``[llm]`` section."""
-    return ToolLimits(
-        max_rounds=cfg.max_rounds,
-        tool_timeout_ms=max(1, round(cfg.tool_timeout_s * 1000)),
-        max_parallel=cfg.max_parallel_tools,
-        max_tools=cfg.max_tools,
-        max_calls_per_turn=cfg.max_calls_per_turn,
-    )
+    """The tool loop's limits from the ``[llm]`` section.
+
+    Raises:
+        ConfigError: a limit below 1, a non-positive time, or more parallel tool calls
+            than a call may have waiting (16).
+    """
+    if cfg.max_parallel_tools > MAX_PENDING_TOOL_RESULTS:
+        raise ConfigError(f"[llm] max_parallel_tools must be at most {MAX_PENDING_TOOL_RESULTS}")
+    if min(cfg.timeout_s, cfg.request_timeout_s, cfg.tool_timeout_s) <= 0:
+        raise ConfigError("[llm] timeout_s, request_timeout_s and tool_timeout_s must be > 0")
+    if min(cfg.max_tokens, cfg.max_messages, cfg.max_concurrent) < 1:
+        raise ConfigError("[llm] max_tokens, max_messages and max_concurrent must be >= 1")
+    try:
+        return ToolLimits(
+            max_rounds=cfg.max_rounds,
+            tool_timeout_ms=max(1, round(cfg.tool_timeout_s * 1000)),
+            max_parallel=cfg.max_parallel_tools,
+            max_tools=cfg.max_tools,
+            max_calls_per_turn=cfg.max_calls_per_turn,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"[llm] {exc}") from exc
 
 
 class LlmChat:

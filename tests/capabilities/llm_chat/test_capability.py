@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from hearthnet.client import Client
+from hearthnet.errors import ConfigError
 from hearthnet.frames import Frame
 from hearthnet.node import Node
 from hearthnet.transport.codec import SseParser
@@ -364,3 +365,21 @@ async def test_llm_chat_is_offered_only_when_configured(make_config: MakeConfig)
             "llm.chat@2.0" in demo.statistics().capabilities,
         )
     assert (False, True) == offered
+
+
+@pytest.mark.parametrize(
+    ("llm", "message"),
+    [
+        ({"max_parallel_tools": 17}, "max_parallel_tools must be at most 16"),
+        ({"max_rounds": 0}, "tool limits must be at least 1"),
+        ({"tool_timeout_s": 0}, "must be > 0"),
+        ({"max_tokens": 0}, "must be >= 1"),
+    ],
+)
+async def test_unworkable_llm_settings_stop_the_node_at_start(
+    make_config: MakeConfig, llm: dict[str, Any], message: str
+) -> None:
+    """[llm] limits that cannot work are a ConfigError when the node starts."""
+    with pytest.raises(ConfigError, match=message):
+        async with Node(make_config(llm={"demo": True, **llm})):
+            pass
