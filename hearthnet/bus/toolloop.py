@@ -32,6 +32,7 @@ and ``{"role": "tool", "tool_call_id", "content": <JSON>}``.
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from collections import deque
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ _CALL_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 TOOL_CHOICES = ("auto", "none", "required")
 MAX_NAME_CHARS = 64
 MAX_DROPPED_TRACKED = 1024
+VALIDATOR_CACHE_SIZE = 256
 # Told to the model, as a last system message, when the round limit is reached (spec §5).
 LIMIT_NOTE = (
     "The tool-call limit for this answer has been reached. Do not call any more tools: "
@@ -145,6 +147,16 @@ BackendEvent = TextDelta | ToolCallDelta | TurnEnd
 # --- the request ----------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=VALIDATOR_CACHE_SIZE)
+def _compiled(schema_json: bytes) -> Any:
+    """A checked, compiled validator for a tool's parameters. Checking a schema against
+    the meta-schema costs about a millisecond, and an SSE caller sends the same tools on
+    every re-call, so validators are cached by the schema's canonical JSON (bounded)."""
+    schema = orjson.loads(schema_json)
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
     """A tool the model may call; the node validates arguments against ``parameters``."""
@@ -171,12 +183,12 @@ class ToolSpec:
         if not isinstance(description, str) or not isinstance(parameters, dict):
             raise SchemaMismatch(f"tool {name}: description is a string, parameters an object")
         try:
-            Draft202012Validator.check_schema(parameters)
+            validator = _compiled(orjson.dumps(parameters, option=orjson.OPT_SORT_KEYS))
         except jsonschema.SchemaError as exc:
             raise SchemaMismatch(
                 f"tool {name}: parameters is not a JSON Schema: {exc.message}"
             ) from exc
-        return cls(name, description, parameters, Draft202012Validator(parameters))
+        return cls(name, description, parameters, validator)
 
     def to_json(self) -> dict[str, Any]:
         """The tool as the model sees it."""
@@ -257,6 +269,8 @@ def _check_history(messages: tuple[dict[str, Any], ...]) -> tuple[int, set[str]]
         role = msg.get("role")
         if role == "tool":
             call_id = msg.get("tool_call_id")
+            if "content" not in msg:
+                raise SchemaMismatch(f"messages/{i}: a tool message has content")
             if call_id not in open_calls:
                 raise SchemaMismatch(
                     f"messages/{i}: tool_call_id {str(call_id)[:64]!r} answers no open tool call"
@@ -265,6 +279,11 @@ def _check_history(messages: tuple[dict[str, Any], ...]) -> tuple[int, set[str]]
             continue
         if open_calls:
             raise SchemaMismatch(f"messages/{i}: tool calls {sorted(open_calls)} have no result")
+        content = msg.get("content")
+        if role in ("system", "user") and not isinstance(content, str):
+            raise SchemaMismatch(f"messages/{i}: a {role} message has string content")
+        if role == "assistant" and not (content is None or isinstance(content, str)):
+            raise SchemaMismatch(f"messages/{i}: assistant content is a string or null")
         if role == "user":
             rounds, used = 0, set()
         elif role == "assistant" and msg.get("tool_calls"):

@@ -365,6 +365,18 @@ def test_length_finish_and_backend_token_count() -> None:
             "have no result",
         ),
         ({"messages": []}, "must not be empty"),
+        ({"messages": [{"role": "user", "content": 5}]}, "a user message has string content"),
+        ({"messages": [USER, {"role": "assistant", "content": []}]}, "string or null"),
+        (
+            {
+                "messages": [
+                    USER,
+                    {"role": "assistant", "tool_calls": [{"id": "a", "name": "t"}]},
+                    {"role": "tool", "tool_call_id": "a"},
+                ]
+            },
+            "a tool message has content",
+        ),
     ],
 )
 def test_requests_that_cannot_run_are_refused(value: dict[str, Any], message: str) -> None:

@@ -32,6 +32,7 @@ Everything here is pure except :meth:`DemoBackend.turn`, which paces the stream.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 from collections.abc import AsyncGenerator
@@ -310,6 +311,13 @@ def turn_events(plan: TurnPlan, turn: DemoTurn) -> list[BackendEvent]:
 # --- the backend ---------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=64)
+def _parsed_script(script_json: bytes) -> DemoScript:
+    # A script comes with every call and is needed on every turn; checking it costs
+    # more than the turn itself, and a parsed script is immutable.
+    return DemoScript.parse(orjson.loads(script_json))
+
+
 class DemoBackend:
     """The demo model as a backend. ``script``: the node's default script, if any."""
 
@@ -320,7 +328,7 @@ class DemoBackend:
 
     def _script(self, params: dict[str, Any]) -> DemoScript | None:
         if "script" in params:
-            return DemoScript.parse(params["script"])
+            return _parsed_script(orjson.dumps(params["script"], option=orjson.OPT_SORT_KEYS))
         return self.script
 
     def check_params(self, params: dict[str, Any]) -> None:
