@@ -29,7 +29,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from websockets.exceptions import ConnectionClosed
 
-from hearthnet.bus.toolloop import EMPTY_PARAMETERS, tool_error, tool_timeout_content
+from hearthnet.bus.chatrequest import (
+    EMPTY_PARAMETERS,
+    tool_error,
+    tool_timeout_content,
+)
 from hearthnet.bus.transcript import ChatEvent, ToolCall, Transcript
 from hearthnet.errors import BadRequest, InternalError, WireError, error_from_wire
 from hearthnet.frames import Frame

@@ -24,11 +24,13 @@ from typing import Any
 
 from capabilities.llm_chat.backends import ChatBackend
 from hearthnet.bus.capability import MAX_PENDING_TOOL_RESULTS, CallContext
-from hearthnet.bus.descriptor import CapabilityDescriptor
-from hearthnet.bus.toolloop import (
+from hearthnet.bus.chatrequest import (
     TOOL_NAME_PATTERN,
     ChatRequest,
     ToolLimits,
+)
+from hearthnet.bus.descriptor import CapabilityDescriptor
+from hearthnet.bus.toolloop import (
     ToolLoop,
     TurnEnd,
 )

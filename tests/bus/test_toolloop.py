@@ -6,19 +6,17 @@ from typing import Any
 
 import pytest
 
+from hearthnet.bus.chatrequest import ChatRequest, ToolLimits, tool_timeout_content
 from hearthnet.bus.toolloop import (
     LIMIT_NOTE,
     BackendEvent,
-    ChatRequest,
     LoopState,
     TextDelta,
     ToolCallDelta,
-    ToolLimits,
     ToolLoop,
     TurnEnd,
-    tool_timeout_content,
 )
-from hearthnet.errors import BadRequest, SchemaMismatch
+from hearthnet.errors import BadRequest
 from hearthnet.frames import Frame
 
 LOOKUP = {
@@ -335,51 +333,3 @@ def test_length_finish_and_backend_token_count() -> None:
     loop = make_loop()
     turn(loop, TextDelta("a"), TurnEnd("length", tokens_out=41))
     assert ("max_tokens", 41) == (loop.stop_reason, loop.tokens_out)
-
-
-@pytest.mark.parametrize(
-    ("value", "message"),
-    [
-        ({"messages": [USER], "tools": [LOOKUP, LOOKUP]}, "unique"),
-        ({"messages": [USER], "tools": [CLOCK] * 17}, "at most 16 tools"),
-        ({"messages": [USER], "tools": [{"name": "bad name"}]}, "must match"),
-        ({"messages": [USER], "tools": [{"name": "t", "parameters": {"type": 5}}]}, "JSON Schema"),
-        ({"messages": [USER], "tools": [CLOCK], "tool_choice": {"name": "x"}}, "names no tool"),
-        ({"messages": [USER], "tool_choice": "always"}, "tool_choice must be"),
-        (
-            {"messages": [USER, {"role": "tool", "tool_call_id": "x", "content": 1}]},
-            "answers no open tool call",
-        ),
-        (
-            {"messages": [USER, {"role": "assistant", "tool_calls": [{"id": "a", "name": "t"}]}]},
-            "have no result",
-        ),
-        (
-            {
-                "messages": [
-                    USER,
-                    {"role": "assistant", "tool_calls": [{"id": "a", "name": "t"}]},
-                    USER,
-                ]
-            },
-            "have no result",
-        ),
-        ({"messages": []}, "must not be empty"),
-        ({"messages": [{"role": "user", "content": 5}]}, "a user message has string content"),
-        ({"messages": [USER, {"role": "assistant", "content": []}]}, "string or null"),
-        (
-            {
-                "messages": [
-                    USER,
-                    {"role": "assistant", "tool_calls": [{"id": "a", "name": "t"}]},
-                    {"role": "tool", "tool_call_id": "a"},
-                ]
-            },
-            "a tool message has content",
-        ),
-    ],
-)
-def test_requests_that_cannot_run_are_refused(value: dict[str, Any], message: str) -> None:
-    """Beyond the JSON Schema: tools, tool choice and the history's calls are checked."""
-    with pytest.raises(SchemaMismatch, match=message):
-        ChatRequest.parse(value, ToolLimits())

@@ -7,15 +7,17 @@ from typing import Any
 
 import pytest
 
+from hearthnet.bus.chatrequest import (
+    ChatRequest,
+    ToolLimits,
+    tool_timeout_content,
+)
 from hearthnet.bus.toolloop import (
     BackendEvent,
-    ChatRequest,
     TextDelta,
     ToolCallDelta,
-    ToolLimits,
     ToolLoop,
     TurnEnd,
-    tool_timeout_content,
 )
 from hearthnet.bus.transcript import ChatEvent, Transcript
 from hearthnet.errors import BadRequest

@@ -16,11 +16,13 @@ from capabilities.llm_chat.backends.demo import (
     split_tokens,
     turn_events,
 )
-from hearthnet.bus.toolloop import (
+from hearthnet.bus.chatrequest import (
     ChatRequest,
+    ToolLimits,
+)
+from hearthnet.bus.toolloop import (
     TextDelta,
     ToolCallDelta,
-    ToolLimits,
     ToolLoop,
     TurnEnd,
     TurnPlan,

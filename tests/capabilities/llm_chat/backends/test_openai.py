@@ -13,7 +13,15 @@ import pytest
 from aiohttp import web
 
 from capabilities.llm_chat.backends.openai import ChunkParser, ToolNames, build_request
-from hearthnet.bus.toolloop import ChatRequest, TextDelta, ToolCallDelta, ToolLimits, TurnPlan
+from hearthnet.bus.chatrequest import (
+    ChatRequest,
+    ToolLimits,
+)
+from hearthnet.bus.toolloop import (
+    TextDelta,
+    ToolCallDelta,
+    TurnPlan,
+)
 from hearthnet.client import Client
 from hearthnet.errors import BadRequest, NotFound, RateLimited, Unavailable
 from hearthnet.node import Node
