@@ -14,7 +14,7 @@ from hearthnet.bus.transcript import ChatEvent
 from hearthnet.chat import ChatResult, ChatTool
 from hearthnet.client import Client
 from hearthnet.community import Level
-from hearthnet.errors import NotFound, SchemaMismatch
+from hearthnet.errors import DeadlineExceeded, NotFound, SchemaMismatch
 from hearthnet.identity import KeyPair
 from hearthnet.node import Node
 from tests.capabilities.llm_chat.support import CLOCK, LOOKUP, USER, WhoAmI
@@ -334,3 +334,57 @@ async def test_cancelling_chat_cancels_the_call_on_the_node(node: Node, client: 
     await wait_until(lambda: node.bus.metrics.streams_active == 0, within_s=1, what="stream end")
     cancelled = node.metrics.counter("hearthnet_calls_total", "", ("capability", "result"))
     assert 1.0 == cancelled.get("llm.chat", "cancelled")
+
+
+@TRANSPORTS
+async def test_more_calls_than_the_parallel_limit_run_four_at_a_time(
+    client: Client, prefer_ws: bool
+) -> None:
+    """Six calls in one turn: at most four run at once (the node's limit), all six answered."""
+    script = [
+        {"tool_calls": [{"name": "lookup", "arguments": {"q": str(i)}} for i in range(6)]},
+        {"text": "ok"},
+    ]
+    running: set[str] = set()
+    started: list[str] = []
+    most = 0
+
+    async def gated(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        nonlocal most
+        running.add(arguments["q"])
+        started.append(arguments["q"])
+        most = max(most, len(running))
+        # hold each call until four run together, or until every call has started
+        await wait_until(lambda: len(running) >= 4 or len(started) == 6, what="four calls")
+        running.discard(arguments["q"])
+        return lookup(name, arguments)
+
+    result = await client.chat(
+        [USER], tools=[LOOKUP], tool_handler=gated, params={"script": script}, prefer_ws=prefer_ws
+    )
+    assert (4, [lookup("lookup", {"q": str(i)}) for i in range(6)]) == (
+        most,
+        [m["content"] for m in result.messages if m["role"] == "tool"],
+    )
+
+
+async def test_the_calls_deadline_ends_a_wait_for_a_tool(make_config: MakeConfig) -> None:
+    """A call deadline shorter than the tool timeout ends the stream with error{timeout}."""
+    config = make_config(llm={"demo": True, "timeout_s": 0.3, "tool_timeout_s": 30})
+    never = asyncio.Event()
+
+    async def stuck(name: str, arguments: dict[str, Any]) -> Any:
+        await never.wait()
+
+    async with Node(config) as node, Client(node.url, keys=node.keys) as c:
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            await c.chat(
+                [USER],
+                tools=[CLOCK],
+                tool_handler=stuck,
+                params={"script": [{"tool_calls": [{"name": "clock"}]}]},
+            )
+        elapsed = time.monotonic() - started
+        await wait_until(lambda: node.bus.metrics.streams_active == 0, what="stream end")
+    assert 0.3 <= elapsed < 3
