@@ -68,6 +68,11 @@ def _config(args: argparse.Namespace) -> Config:
         value = getattr(args, flag, None)
         if value is not None:
             overrides["node"][key] = value
+    llm_flags = {"llm_url": "url", "llm_model": "model", "llm_demo": "demo"}
+    for flag, key in llm_flags.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.setdefault("llm", {})[key] = value
     path = (
         Path(args.config).expanduser()
         if getattr(args, "config", None)
@@ -265,6 +270,13 @@ def cmd_topics(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_chat(args: argparse.Namespace) -> int:
+    """``hearthnet chat``: interactive llm.chat with tools (hearthnet.chat_cli)."""
+    from hearthnet.chat_cli import chat_command
+
+    return chat_command(args, lambda: _client(args), _run)
+
+
 # --- keys, config, tokens ------------------------------------------------------------
 
 
@@ -322,34 +334,50 @@ def cmd_token_issue(args: argparse.Namespace) -> int:
 # --- parser --------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser for every subcommand."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--data-dir",
-        help="data directory (default: $HEARTHNET_DATA_DIR or ~/.local/share/hearthnet)",
+def _add_chat_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """``hearthnet chat`` and its flags."""
+    chat = sub.add_parser("chat", parents=parents, help="chat with llm.chat; tools run as you")
+    chat.add_argument("-m", "--message", help="send this one message, print the answer, exit")
+    chat.add_argument("--system", help="a system message to start the conversation with")
+    chat.add_argument("--model", help="model name (default: the node's [llm] model)")
+    chat.add_argument("--backend", choices=["openai", "demo"], help="backend on the node")
+    chat.add_argument(
+        "--tools", help="JSON file: more tools [{name, description, parameters, capability}]"
     )
-    common.add_argument("--config", help="TOML config file (default: <data_dir>/hearthnet.toml)")
-    remote = argparse.ArgumentParser(add_help=False)
-    remote.add_argument("--url", help="node URL (default: from <data_dir>/run/node.json)")
+    chat.add_argument("--no-tools", action="store_true", help="offer no built-in tools")
+    chat.add_argument("--max-tokens", type=int, help="cap each model turn at this many tokens")
+    chat.add_argument("--sse", action="store_true", help="use SSE re-calls instead of WebSocket")
+    chat.add_argument("--json", action="store_true", help="events as JSON lines")
+    chat.set_defaults(func=cmd_chat)
 
-    parser = argparse.ArgumentParser(prog="hearthnet", description="HearthNet mesh node")
-    parser.add_argument("--version", action="version", version=f"hearthnet {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+Parents = list[argparse.ArgumentParser]
+
+
+def _add_node_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     node = sub.add_parser("node", help="run and inspect the node")
     node_sub = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
-    start = node_sub.add_parser("start", parents=[common], help="start a node in the foreground")
+    start = node_sub.add_parser("start", parents=local, help="start a node in the foreground")
     start.add_argument("--host", help="listen address (default 0.0.0.0)")
     start.add_argument("--port", type=int, help="port (default 7080; 0 picks a free port)")
     start.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     start.add_argument("--name", help="human name of this node (default: host name)")
+    start.add_argument(
+        "--llm-url", help="offer llm.chat from this OpenAI-compatible server (e.g. Ollama's .../v1)"
+    )
+    start.add_argument("--llm-model", help="model name to ask that server for")
+    start.add_argument(
+        "--llm-demo",
+        action="store_true",
+        default=None,
+        help="offer llm.chat from the built-in demo model (no model server needed)",
+    )
     start.set_defaults(func=cmd_node_start)
-    status = node_sub.add_parser("status", parents=[common, remote], help="show the running node")
+    status = node_sub.add_parser("status", parents=remote, help="show the running node")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=cmd_node_status)
 
-    call = sub.add_parser("call", parents=[common, remote], help="call a capability")
+    call = sub.add_parser("call", parents=remote, help="call a capability")
     call.add_argument("capability", help="NAME[@MAJOR.MINOR], e.g. echo@1.0")
     call.add_argument("--body", type=_json_arg, default={}, help="input as JSON (default {})")
     call.add_argument("--stream", action="store_true", help="stream frames (WS, SSE fallback)")
@@ -358,14 +386,16 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--target", help="run on this NodeID")
     call.set_defaults(func=cmd_call)
 
-    pub = sub.add_parser("pub", parents=[common, remote], help="publish a message")
+
+def _add_pubsub_parsers(sub: Any, remote: Parents) -> None:
+    pub = sub.add_parser("pub", parents=remote, help="publish a message")
     pub.add_argument("topic")
     pub.add_argument("--type", default="message", help="message type (default: message)")
     pub.add_argument("--data", type=_json_arg, required=True, help="payload as JSON")
     pub.add_argument("--ttl", type=int, help="seconds the message lives (default: retention)")
     pub.set_defaults(func=cmd_pub)
 
-    subp = sub.add_parser("sub", parents=[common, remote], help="subscribe and print messages")
+    subp = sub.add_parser("sub", parents=remote, help="subscribe and print messages")
     subp.add_argument("patterns", nargs="+", metavar="PATTERN", help="topic patterns (* and **)")
     since = subp.add_mutually_exclusive_group()
     since.add_argument("--since", help="resume after SEQ (or EPOCH:SEQ)")
@@ -376,28 +406,28 @@ def build_parser() -> argparse.ArgumentParser:
     subp.add_argument("--full", action="store_true", help="print whole envelopes")
     subp.set_defaults(func=cmd_sub)
 
-    topics = sub.add_parser("topics", parents=[common, remote], help="list active topics")
+    topics = sub.add_parser("topics", parents=remote, help="list active topics")
     topics.add_argument("--prefix")
     topics.add_argument("--limit", type=int, default=100)
     topics.add_argument("--json", action="store_true")
     topics.set_defaults(func=cmd_topics)
 
+
+def _add_admin_parsers(sub: Any, local: Parents) -> None:
     keys = sub.add_parser("keys", help="node identity")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
-    show = keys_sub.add_parser("show", parents=[common], help="show NodeID and short id")
+    show = keys_sub.add_parser("show", parents=local, help="show NodeID and short id")
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=cmd_keys_show)
 
     config = sub.add_parser("config", help="configuration")
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
-    cshow = config_sub.add_parser(
-        "show", parents=[common], help="print the effective configuration"
-    )
+    cshow = config_sub.add_parser("show", parents=local, help="print the effective configuration")
     cshow.set_defaults(func=cmd_config_show)
 
     token = sub.add_parser("token", help="capability tokens for clients")
     token_sub = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
-    issue = token_sub.add_parser("issue", parents=[common], help="issue a token (printed alone)")
+    issue = token_sub.add_parser("issue", parents=local, help="issue a token (printed alone)")
     issue.add_argument(
         "--scope",
         action="append",
@@ -412,6 +442,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     issue.add_argument("--sub", help="subject name for the client (default: generated)")
     issue.set_defaults(func=cmd_token_issue)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--data-dir",
+        help="data directory (default: $HEARTHNET_DATA_DIR or ~/.local/share/hearthnet)",
+    )
+    common.add_argument("--config", help="TOML config file (default: <data_dir>/hearthnet.toml)")
+    remote = argparse.ArgumentParser(add_help=False)
+    remote.add_argument("--url", help="node URL (default: from <data_dir>/run/node.json)")
+
+    parser = argparse.ArgumentParser(prog="hearthnet", description="HearthNet mesh node")
+    parser.add_argument("--version", action="version", version=f"hearthnet {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_node_parsers(sub, [common], [common, remote])
+    _add_pubsub_parsers(sub, [common, remote])
+    _add_chat_parser(sub, [common, remote])
+    _add_admin_parsers(sub, [common])
     return parser
 
 

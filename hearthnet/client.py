@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -34,6 +34,7 @@ from websockets.typing import Subprotocol
 from yarl import URL
 
 from hearthnet.bus.envelope import request_envelope
+from hearthnet.chat import ChatResult, ChatTool, ChatToolHandler, OnEvent, run_chat
 from hearthnet.clock import now_ms
 from hearthnet.errors import (
     BadRequest,
@@ -403,6 +404,48 @@ class Client:
         ) as resp:
             result: dict[str, Any] = await _json_or_raise(resp)
             return result
+
+    async def chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        tools: Sequence[ChatTool | dict[str, Any]] = (),
+        tool_handler: ChatToolHandler | None = None,
+        tool_choice: str | dict[str, Any] = "auto",
+        max_tokens: int | None = None,
+        model: str | None = None,
+        backend: str | None = None,
+        params: dict[str, Any] | None = None,
+        prefer_ws: bool = True,
+        on_event: OnEvent | None = None,
+        deadline_ms: int | None = None,
+    ) -> ChatResult:
+        """Chat with ``llm.chat@2.0`` and run its tool calls until it answers (spec §5).
+
+        Works the same over WebSocket (tool results inline) and SSE (re-calls with the
+        results appended); see :mod:`hearthnet.chat`.
+
+        Args:
+            tools: ``{"name", "description", "parameters", "capability"?}``; a tool with
+                a ``capability`` is run with :meth:`call` under this client's identity.
+            tool_handler: ``tool_handler(name, arguments)`` (sync or async) runs the others.
+            on_event: called with each :class:`~hearthnet.bus.transcript.ChatEvent` as it
+                happens (tokens, tool calls, tool results).
+        """
+        return await run_chat(
+            self,
+            messages,
+            tools=tools,
+            tool_handler=tool_handler,
+            tool_choice=tool_choice,
+            max_tokens=max_tokens,
+            model=model,
+            backend=backend,
+            params=params,
+            prefer_ws=prefer_ws,
+            on_event=on_event,
+            deadline_ms=deadline_ms,
+        )
 
     def stream(
         self,

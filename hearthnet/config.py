@@ -242,6 +242,67 @@ class PubSubSection:
 
 
 @dataclass(frozen=True, slots=True)
+class LlmSection:
+    """[llm]: the ``llm.chat@2.0`` capability and its tool loop (spec §5). The capability is
+    offered only when ``url`` is set or ``demo`` is true."""
+
+    url: str = field(
+        default="",
+        metadata=_doc(
+            "OpenAI-compatible API base URL (Ollama http://127.0.0.1:11434/v1, llama.cpp "
+            "server http://127.0.0.1:8080/v1, vLLM http://127.0.0.1:8000/v1); empty: none."
+        ),
+    )
+    model: str = field(
+        default="", metadata=_doc("Model name sent to the model server (a call may override it).")
+    )
+    api_key_env: str = field(
+        default="HEARTHNET_LLM_API_KEY",
+        metadata=_doc(
+            "Environment variable holding the model server's API key (sent as a Bearer "
+            "token); unset or empty: no key is sent."
+        ),
+    )
+    demo: bool = field(
+        default=False,
+        metadata=_doc("Offer the deterministic demo model (no model server needed)."),
+    )
+    demo_script: str = field(
+        default="",
+        metadata=_doc("JSON file with a script for the demo model; empty: its built-in behaviour."),
+    )
+    timeout_s: float = field(
+        default=120.0,
+        metadata=_doc("Deadline of an llm.chat call without X-HearthNet-Deadline-Ms."),
+    )
+    request_timeout_s: float = field(
+        default=60.0,
+        metadata=_doc("Longest silence from the model server within one model turn."),
+    )
+    tool_timeout_s: float = field(
+        default=30.0,
+        metadata=_doc("Time a caller has to send one tool result; then the model gets an error."),
+    )
+    max_rounds: int = field(
+        default=6, metadata=_doc("Tool rounds per answer; then the model must answer without.")
+    )
+    max_parallel_tools: int = field(
+        default=4, metadata=_doc("Tool calls a caller is asked to run at the same time.")
+    )
+    max_tools: int = field(default=16, metadata=_doc("Tools one call may offer the model."))
+    max_calls_per_turn: int = field(
+        default=16,
+        metadata=_doc("Tool calls kept from one model turn; further ones are dropped and counted."),
+    )
+    max_tokens: int = field(
+        default=4096,
+        metadata=_doc("Largest max_tokens of one model turn; also the default when none is asked."),
+    )
+    max_messages: int = field(default=512, metadata=_doc("Messages one call may carry."))
+    max_concurrent: int = field(default=8, metadata=_doc("llm.chat calls running at once."))
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The effective configuration of a node."""
 
@@ -251,6 +312,7 @@ class Config:
     limits: LimitsSection = field(default_factory=LimitsSection)
     bus: BusSection = field(default_factory=BusSection)
     pubsub: PubSubSection = field(default_factory=PubSubSection)
+    llm: LlmSection = field(default_factory=LlmSection)
 
     @property
     def data_path(self) -> Path:

@@ -27,6 +27,7 @@ from typing import IO, Any
 from aiohttp import web
 
 from capabilities import builtin_capabilities
+from capabilities.llm_chat import LlmChat, build_llm_chat
 from hearthnet import __version__
 from hearthnet.auth import Authenticator
 from hearthnet.bus.calls import Bus, BusMetrics
@@ -189,6 +190,9 @@ class Node:
 
     def _build(self) -> None:
         cfg = self.config
+        # spec §5: llm.chat only when a model server or the demo model is configured;
+        # built first, so a bad [llm] section stops the node before it takes the lock
+        self.llm: LlmChat | None = build_llm_chat(cfg.llm)
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock.acquire()
         self.keys = load_or_create_keys(self.data_dir)
@@ -213,6 +217,8 @@ class Node:
         self.registry = CapabilityRegistry()
         for cap in [*builtin_capabilities(), *self._extra_capabilities]:
             self.registry.register(cap)
+        if self.llm is not None:
+            self.registry.register(self.llm)
         self.router = Router(LocalProvider(self.keys.node_id, self.registry))
         self.bus = Bus(
             node_id=self.keys.node_id,
@@ -385,6 +391,8 @@ class Node:
         await self.streams.shutdown(self.config.node.shutdown_grace_s)
         await self.server.close()
         await self.message_log.close()
+        if self.llm is not None:
+            await self.llm.aclose()
         self._remove_run_file()
         log.info("node stopped", extra={"node": self.keys.node_id})
 

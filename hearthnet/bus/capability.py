@@ -122,9 +122,9 @@ class CallContext:
             raise BadRequest("tool_call_id must be a string")
         fut = self._waiting.get(tool_call_id)
         if fut is None or fut.done():
-            state = (
-                "already answered or timed out" if tool_call_id in self._closed_ids else "unknown"
-            )
+            # A done future not yet collected by its waiter was answered a moment ago.
+            answered = fut is not None or tool_call_id in self._closed_ids
+            state = "already answered or timed out" if answered else "unknown"
             raise BadRequest(f"tool_call_id {tool_call_id[:64]!r} is {state}")
         fut.set_result(body)
 

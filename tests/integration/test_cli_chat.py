@@ -1,0 +1,102 @@
+"""``hearthnet node start --llm-demo`` and ``hearthnet chat`` as processes (spec §5, §9)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import NodeProcess, hearthnet_cmd, start_node_process
+
+
+def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the CLI to completion."""
+    return subprocess.run(
+        hearthnet_cmd(*args), input=stdin, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+@pytest.fixture
+def demo_node(tmp_path: Path) -> Iterator[NodeProcess]:
+    """A node process with the demo model."""
+    proc = start_node_process(tmp_path / "data", "--llm-demo")
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_chat_one_message_shows_tokens_the_tool_call_and_the_answer(
+    demo_node: NodeProcess,
+) -> None:
+    """`hearthnet chat -m` prints the streamed answer with the tool call and its result."""
+    done = run("chat", "--data-dir", str(demo_node.data_dir), "-m", "please echo hello mesh")
+    assert (
+        0,
+        [
+            "Let me ask the echo tool. ",
+            '  -> echo({"text": "hello mesh"})',
+            '  <- echo: {"echo": {"text": "hello mesh"}}',
+            'Here is what I found: echo returned {"echo":{"text":"hello mesh"}}.',
+        ],
+    ) == (done.returncode, done.stdout.splitlines())
+
+
+@pytest.mark.parametrize("transport", ["--json", "--sse"])
+def test_chat_reads_lines_and_keeps_the_conversation(
+    demo_node: NodeProcess, transport: str
+) -> None:
+    """Lines on stdin are a conversation (WS or SSE); --json prints one event per line."""
+    done = run(
+        "chat",
+        "--data-dir",
+        str(demo_node.data_dir),
+        "--json",
+        *(["--sse"] if transport == "--sse" else []),
+        stdin="what time is it?\nthanks\n",
+    )
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    results = [e["data"] for e in events if e["event"] == "result"]
+    assert (
+        0,
+        [("end", 1), ("end", 0)],
+        ["sse" if transport == "--sse" else "ws"] * 2,
+        "You said: thanks. I am the demo model. Name one of my tools (time, echo) and I "
+        "will call it.",
+        ["time"],
+    ) == (
+        done.returncode,
+        [(r["stop_reason"], r["tool_rounds"]) for r in results],
+        [r["transport"] for r in results],
+        results[1]["text"],
+        [e["data"]["name"] for e in events if e["event"] == "tool_call"],
+    )
+
+
+def test_chat_without_llm_on_the_node_says_how_to_get_it(tmp_path: Path) -> None:
+    """A node started without --llm-demo or --llm-url: exit 1 and a hint."""
+    node = start_node_process(tmp_path / "plain")
+    try:
+        done = run("chat", "--data-dir", str(node.data_dir), "-m", "hi")
+    finally:
+        node.stop()
+    assert (
+        1,
+        "hearthnet: the node offers no llm.chat; start it with --llm-demo "
+        "or --llm-url URL --llm-model NAME",
+    ) == (done.returncode, done.stderr.strip())
+
+
+def test_llm_url_flag_offers_llm_chat(tmp_path: Path) -> None:
+    """--llm-url and --llm-model make the node offer llm.chat from that server."""
+    node = start_node_process(
+        tmp_path / "data", "--llm-url", "http://127.0.0.1:9/v1", "--llm-model", "llama3.1:8b"
+    )
+    try:
+        status = run("node", "status", "--json", "--data-dir", str(node.data_dir))
+    finally:
+        node.stop()
+    assert "llm.chat@2.0" in json.loads(status.stdout)["capabilities"]
