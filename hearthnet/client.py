@@ -137,8 +137,7 @@ class Client:
 
     async def _community(self) -> str:
         if self.community is None:
-            async with self.session.get(self.url + "/manifest") as resp:
-                manifest = await resp.json()
+            manifest = await self.get_json("/manifest")
             self.community = str(manifest["community"])
         return self.community
 
@@ -206,8 +205,15 @@ class Client:
 
     async def get_json(self, path: str) -> Any:
         """GET a JSON resource (unauthenticated)."""
-        async with self.session.get(self.url + path) as resp:
-            return await _json_or_raise(resp)
+        return await self._send("GET", self.url + path)
+
+    async def _send(self, method: str, url: str | URL, **kwargs: Any) -> Any:
+        """One HTTP exchange; transport failures become :class:`Unavailable`."""
+        try:
+            async with self.session.request(method, url, **kwargs) as resp:
+                return await _json_or_raise(resp)
+        except (aiohttp.ClientError, OSError) as exc:
+            raise Unavailable(f"{method} {self.url}: {exc or type(exc).__name__}") from exc
 
     async def request_json(
         self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None
@@ -222,9 +228,9 @@ class Client:
         data = orjson.dumps(body) if body is not None else None
         if data is not None:
             headers["Content-Type"] = "application/json"
-        url = URL(self.url + path_qs, encoded=True)
-        async with self.session.request(method, url, data=data, headers=headers) as resp:
-            return await _json_or_raise(resp)
+        return await self._send(
+            method, URL(self.url + path_qs, encoded=True), data=data, headers=headers
+        )
 
     async def node_id(self) -> str:
         """The node's NodeID (from its signed manifest)."""
@@ -311,6 +317,7 @@ class Client:
         presence: dict[str, Any] | None = None,
         window: int = 1024,
         on_presence: Callable[[dict[str, Any]], None] | None = None,
+        first_backoff_s: float = 0.5,
     ) -> Subscription:
         """A subscription that resumes by itself after any disconnect (use ``async with``).
 
@@ -319,6 +326,7 @@ class Client:
             consumer: a durable consumer name (at-least-once; acks move its cursor).
             presence: ``{"name","status","meta"}`` to appear in the topics' presence.
             on_presence: called with each ``presence`` event's data.
+            first_backoff_s: the first reconnect delay (doubling to 30 s, spec §3.7).
         """
         return Subscription(
             self,
@@ -328,6 +336,7 @@ class Client:
             presence=presence,
             window=window,
             on_presence=on_presence,
+            first_backoff_s=first_backoff_s,
         )
 
     def _call_headers(
@@ -399,11 +408,10 @@ class Client:
             deadline_ms=deadline_ms,
             accept="application/json",
         )
-        async with self.session.post(
-            self.url + "/bus/v1/call", data=orjson.dumps(body), headers=headers
-        ) as resp:
-            result: dict[str, Any] = await _json_or_raise(resp)
-            return result
+        result: dict[str, Any] = await self._send(
+            "POST", self.url + "/bus/v1/call", data=orjson.dumps(body), headers=headers
+        )
+        return result
 
     async def chat(
         self,

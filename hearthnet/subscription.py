@@ -166,6 +166,7 @@ class Subscription:
         window: int = 1024,
         on_presence: Callable[[dict[str, Any]], None] | None = None,
         max_backoff_s: float = BACKOFF_MAX_S,
+        first_backoff_s: float = BACKOFF_START_S,
     ) -> None:
         self.client = client
         self.patterns = list(patterns)
@@ -175,6 +176,7 @@ class Subscription:
         self.state = ResumeState(window=window)
         self._initial_since = since
         self.max_backoff_s = max_backoff_s
+        self.first_backoff_s = first_backoff_s
         self._ws: ClientConnection | None = None
         self._closed = False
         self.reconnects = 0
@@ -252,7 +254,7 @@ class Subscription:
         return self._items()
 
     async def _items(self) -> AsyncIterator[Delivery | Gap]:
-        delays = backoff_delays(cap=self.max_backoff_s)
+        delays = backoff_delays(self.first_backoff_s, self.max_backoff_s)
         while not self._closed:
             ws = self._ws
             if ws is None:
@@ -260,7 +262,7 @@ class Subscription:
                 await asyncio.sleep(wait)
                 try:
                     await self._connect()
-                    delays = backoff_delays(cap=self.max_backoff_s)
+                    delays = backoff_delays(self.first_backoff_s, self.max_backoff_s)
                     self.reconnects += 1
                 except (Unavailable, OSError) as exc:
                     log.info("subscription reconnect failed (%s); next try soon", exc)

@@ -183,6 +183,9 @@ class PubSubHttp:
         since = self._since(request)
         if "consumer" in request.query:
             raise BadRequest("durable consumers need acks: subscribe over WebSocket")
+        # Every refusal must happen before the 200 and the event-stream headers go out.
+        for pattern in patterns:
+            deps.service.policy.check_subscribe(caller, pattern.text)
         deps.connections.open(caller.identity)
         session = SseSession(deps, request, caller)
         try:

@@ -1,0 +1,267 @@
+"""Pub/sub over plain HTTP: publish, history, presence, topics, SSE and long-poll (spec §6.4–6.5).
+
+The SSE tests use a hand-written HTTP/1.1 client on a raw socket (no HTTP library), as a
+browser's EventSource would behave: ``?token=`` and ``Last-Event-ID``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from hearthnet.caller import Caller
+from hearthnet.client import Client
+from hearthnet.clock import now_ms
+from hearthnet.community import Level
+from hearthnet.errors import BadRequest, Forbidden, PayloadTooLarge
+from hearthnet.identity import KeyPair
+from hearthnet.node import Node
+from hearthnet.tokens import CapabilityToken, Scope
+from tests.conftest import MakeConfig
+
+
+def token_for(node: Node, *scopes: str, ttl_ms: int = 600_000) -> str:
+    """A token issued by the node."""
+    return CapabilityToken.issue(
+        node.keys,
+        community=node.membership.community_id,
+        scopes=[Scope.parse(s) for s in scopes],
+        ttl_ms=ttl_ms,
+        now_ms=now_ms(),
+    ).encode()
+
+
+async def publish(node: Node, topic: str, n: int, start: int = 0) -> list[int]:
+    """Publish n messages as the node."""
+    me = Caller(node.keys.node_id, "node", Level.ANCHOR, None, True)
+    return [(await node.pubsub.publish(me, topic, "m", {"i": start + i})).seq for i in range(n)]
+
+
+class RawSse:
+    """A minimal HTTP/1.1 + SSE client on a raw socket (chunked transfer decoding included)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self._chunked = False
+        self._buffer = b""
+
+    @classmethod
+    async def open(cls, node: Node, path: str, headers: dict[str, str] | None = None) -> RawSse:
+        """Send the GET and read the response head."""
+        host, port = node.url.removeprefix("http://").rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        lines = [f"GET {path} HTTP/1.1", f"Host: {host}", "Accept: text/event-stream"]
+        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+        raw = cls(reader, writer)
+        head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        status_line, *header_lines = head.strip().split("\r\n")
+        raw.status = int(status_line.split()[1])
+        raw.headers = {k.lower(): v.strip() for k, v in (h.split(":", 1) for h in header_lines)}
+        raw._chunked = raw.headers.get("transfer-encoding") == "chunked"
+        return raw
+
+    async def _more(self) -> None:
+        if not self._chunked:
+            data = await self.reader.read(65536)
+            if not data:
+                raise EOFError
+            self._buffer += data
+            return
+        size_line = await self.reader.readuntil(b"\r\n")
+        size = int(size_line.strip(), 16)
+        if size == 0:
+            raise EOFError
+        self._buffer += await self.reader.readexactly(size)
+        await self.reader.readexactly(2)
+
+    async def event(self, within_s: float = 5.0) -> dict[str, Any]:
+        """The next event (comments skipped): {"event", "data", "id"}."""
+        async with asyncio.timeout(within_s):
+            while True:
+                while b"\n\n" not in self._buffer:
+                    await self._more()
+                block, self._buffer = self._buffer.split(b"\n\n", 1)
+                fields: dict[str, str] = {}
+                for line in block.decode().split("\n"):
+                    if line.startswith(":") or not line:
+                        continue
+                    name, _, value = line.partition(": ")
+                    fields[name] = value
+                if fields:
+                    return {
+                        "event": fields.get("event"),
+                        "data": json.loads(fields["data"]),
+                        "id": fields.get("id"),
+                    }
+
+    async def messages(self, count: int) -> list[dict[str, Any]]:
+        """The next ``count`` message events."""
+        out = []
+        while len(out) < count:
+            event = await self.event()
+            if event["event"] == "message":
+                out.append(event)
+        return out
+
+    def close(self) -> None:
+        """Drop the connection."""
+        self.writer.close()
+
+
+async def test_sse_resume_by_last_event_id_with_a_raw_client(node: Node) -> None:
+    """EventSource-style: ?token=, id: = seq; reconnecting with Last-Event-ID resumes exactly."""
+    token = token_for(node, "sub:feed.*")
+    await publish(node, "feed.a", 3)
+    first = await RawSse.open(node, f"/pubsub/v1/subscribe?topics=feed.*&since_seq=0&token={token}")
+    got = await first.messages(3)
+    first.close()
+    await publish(node, "feed.a", 4, start=3)  # published while disconnected
+    again = await RawSse.open(
+        node, f"/pubsub/v1/subscribe?topics=feed.*&token={token}", {"Last-Event-ID": got[-1]["id"]}
+    )
+    hello = await again.event()
+    resumed = await again.messages(4)
+    await publish(node, "feed.a", 1, start=7)
+    live = await again.messages(1)
+    again.close()
+    assert (
+        200,
+        "text/event-stream",
+        ["1", "2", "3"],
+        "subscribed",
+        [3, 4, 5, 6],
+        [7],
+        ["4", "5", "6", "7"],
+    ) == (
+        first.status,
+        first.headers["content-type"],
+        [e["id"] for e in got],
+        hello["event"],
+        [e["data"]["data"]["i"] for e in resumed],
+        [e["data"]["data"]["i"] for e in live],
+        [e["id"] for e in resumed],
+    )
+
+
+async def test_sse_refusals(node: Node) -> None:
+    """No credentials, a forged token, or a pattern outside the token's scope are refused."""
+    token = token_for(node, "sub:feed.*")
+    results = []
+    for path in (
+        "/pubsub/v1/subscribe?topics=a",
+        f"/pubsub/v1/subscribe?topics=a&token={token[:-4]}xxxx",
+        f"/pubsub/v1/subscribe?topics=other.*&token={token}",
+        f"/pubsub/v1/subscribe?topics=a..b&token={token}",
+    ):
+        raw = await RawSse.open(node, path)
+        body = json.loads(await raw.reader.readexactly(int(raw.headers["content-length"])))
+        raw.close()
+        results.append((raw.status, body["error"]))
+    assert [
+        (401, "unauthorized"),
+        (401, "invalid_signature"),
+        (403, "forbidden"),
+        (400, "bad_request"),
+    ] == results
+
+
+async def test_long_poll_returns_backlog_at_once_and_waits_for_news(
+    node: Node, client: Client
+) -> None:
+    """Backlog comes back at once; with none, the poll waits for the next message."""
+    await publish(node, "lp", 2)
+    backlog = await client.request_json(
+        "GET", "/pubsub/v1/subscribe", query={"topics": "lp", "since_seq": 0, "timeout_s": 5}
+    )
+    waiter = asyncio.get_running_loop().create_task(
+        client.request_json(
+            "GET",
+            "/pubsub/v1/subscribe",
+            query={"topics": "lp", "since_seq": backlog["head_seq"], "timeout_s": 5},
+        )
+    )
+    await asyncio.sleep(0)
+    await publish(node, "lp", 1, start=2)
+    news = await waiter
+    empty = await client.request_json(
+        "GET",
+        "/pubsub/v1/subscribe",
+        query={"topics": "lp", "since_seq": news["head_seq"], "timeout_s": 0},
+    )
+    assert ([0, 1], [2], [], node.message_log.epoch) == (
+        [m["data"]["data"]["i"] for m in backlog["messages"]],
+        [m["data"]["data"]["i"] for m in news["messages"]],
+        empty["messages"],
+        backlog["epoch"],
+    )
+
+
+async def test_publish_history_presence_topics_over_http(node: Node, client: Client) -> None:
+    """The REST side: publish ack, history paging, presence listing, topic listing."""
+    acks = [await client.publish("room.7", "note", {"n": n}, ttl_s=3600) for n in range(5)]
+    page1 = await client.history("room.7", limit=2)
+    page0 = await client.history("room.7", before_seq=page1["messages"][0]["seq"], limit=10)
+    forward = await client.history("room.7", since_seq=acks[1]["seq"], limit=2)
+    topics = await client.topics(prefix="room.")
+    members = await client.presence("room.7")
+    assert ([1, 2, 3, 4, 5], [3, 4], True, [0, 1, 2], False, [2, 3], True, [("room.7", 5)], []) == (
+        [a["seq"] for a in acks],
+        [m["data"]["data"]["n"] for m in page1["messages"]],
+        page1["has_more"],
+        [m["data"]["data"]["n"] for m in page0["messages"]],
+        page0["has_more"],
+        [m["data"]["data"]["n"] for m in forward["messages"]],
+        forward["has_more"],
+        [(t["topic"], t["messages"]) for t in topics],
+        members,
+    )
+
+
+async def test_history_is_fast_for_100_messages(node: Node, client: Client) -> None:
+    """History of 100 messages is one query and one response with all of them, in order."""
+    await publish(node, "replay", 100)
+    page = await client.history("replay", since_seq=0, limit=100)
+    assert ([*range(100)], False) == (
+        [m["data"]["data"]["i"] for m in page["messages"]],
+        page["has_more"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("topic", "body", "error"),
+    [
+        ("a..b", {"type": "m", "data": 1}, BadRequest),
+        ("ok", {"type": "bad type", "data": 1}, BadRequest),
+        ("ok", {"type": "m"}, BadRequest),
+        ("ok", {"type": "m", "data": 1, "colour": "red"}, BadRequest),
+        ("ok", {"type": "m", "data": "x" * (256 * 1024 + 1)}, PayloadTooLarge),
+        ("mesh.beacon", {"type": "m", "data": 1}, Forbidden),
+    ],
+)
+async def test_publish_refusals(
+    make_config: MakeConfig, topic: str, body: dict[str, Any], error: type[Exception]
+) -> None:
+    """Bad topics, types and bodies, oversized payloads and reserved prefixes are refused."""
+    async with Node(make_config()) as node:
+        member = KeyPair.generate()
+        node.add_member(member.node_id)
+        async with Client(node.url, keys=member) as c:
+            with pytest.raises(error):
+                await c.request_json("POST", f"/pubsub/v1/topics/{topic}/messages", body)
+
+
+async def test_signed_request_must_match_path_and_query(node: Node, client: Client) -> None:
+    """The request envelope covers the query string: replaying headers on another query fails."""
+    headers = await client.signed_headers("GET", "/pubsub/v1/topics/x/history?limit=1", None)
+    async with client.session.get(
+        node.url + "/pubsub/v1/topics/x/history?limit=2", headers=headers
+    ) as resp:
+        body = await resp.json()
+    assert (401, "invalid_signature") == (resp.status, body["error"])
