@@ -87,6 +87,12 @@ class NodeStatistics:
     connections: int
     calls_total: int
     members: int
+    log_epoch: str
+    log_head: int
+    topics: int
+    subscribers: int
+    published_total: int
+    delivered_total: int
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (``GET /status``, ``hearthnet node status --json``)."""
@@ -105,6 +111,12 @@ class NodeStatistics:
             "connections": self.connections,
             "calls_total": self.calls_total,
             "members": self.members,
+            "log_epoch": self.log_epoch,
+            "log_head": self.log_head,
+            "topics": self.topics,
+            "subscribers": self.subscribers,
+            "published_total": self.published_total,
+            "delivered_total": self.delivered_total,
         }
 
 
@@ -478,6 +490,12 @@ class Node:
             connections=self.connections.total,
             calls_total=int(calls.total()),
             members=len(self.membership.members),
+            log_epoch=self.message_log.epoch,
+            log_head=self.message_log.head_seq,
+            topics=len(self.message_log.topics),
+            subscribers=len(self.pubsub.subscribers),
+            published_total=int(self.pubsub.metrics.published.total()),
+            delivered_total=int(self.pubsub.metrics.delivered.total()),
         )
 
     def manifest(self) -> dict[str, Any]:
