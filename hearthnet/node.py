@@ -53,6 +53,7 @@ from hearthnet.pubsub.retention import RetentionPolicy, RetentionRule
 from hearthnet.pubsub.service import PubSub
 from hearthnet.pubsub.ws import PubSubDeps, SessionSweeper
 from hearthnet.replay import ReplayCache
+from hearthnet.sessions import SessionRegistry
 from hearthnet.transport.bus_http import BusEndpointDeps, BusHttpEndpoints
 from hearthnet.transport.bus_ws import BusWebSocketEndpoint
 from hearthnet.transport.server import (
@@ -241,6 +242,7 @@ class Node:
         )
         transport_metrics = TransportMetrics.register(self.metrics)
         self.streams = ActiveStreams()
+        self.sessions = SessionRegistry()
         self.connections = ConnectionTracker(
             cfg.limits.connections_per_identity, cfg.limits.connections_total
         )
@@ -257,6 +259,7 @@ class Node:
             metrics=transport_metrics,
             connections=self.connections,
             streams=self.streams,
+            sessions=self.sessions,
         )
         self.pubsub = self._build_pubsub(transport_metrics)
         routes: list[web.RouteDef] = [
@@ -316,6 +319,7 @@ class Node:
             streams=self.streams,
             metrics=transport_metrics,
             sweeper=self.sweeper,
+            sessions=self.sessions,
         )
         return service
 

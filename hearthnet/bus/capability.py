@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, runtime_checkable
 
 from hearthnet.bus.descriptor import CapabilityDescriptor
@@ -61,6 +61,8 @@ class CallContext:
         self.deadline = deadline  # time.monotonic() seconds
         self.inline_tools = inline_tools
         self.cancelled = False
+        # Set by a remote provider: tool results are forwarded instead of awaited here.
+        self.forward_tool_result: Callable[[str, Any], None] | None = None
         self._waiting: dict[str, asyncio.Future[Any]] = {}
         self._closed_ids: set[str] = set()
 
@@ -120,6 +122,10 @@ class CallContext:
             raise Cancelled("the call was cancelled")
         if not isinstance(tool_call_id, str):
             raise BadRequest("tool_call_id must be a string")
+        if self.forward_tool_result is not None:
+            # the call runs on another node: the result travels the call's path (spec §7.4)
+            self.forward_tool_result(tool_call_id, body)
+            return
         fut = self._waiting.get(tool_call_id)
         if fut is None or fut.done():
             # A done future not yet collected by its waiter was answered a moment ago.

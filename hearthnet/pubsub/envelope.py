@@ -204,6 +204,7 @@ class StoredMessage:
 
     seq: int
     message: Message
+    source: str | None = None  # the peer it came from (None: published here); not stored
 
     def frame_json(self) -> dict[str, Any]:
         """``{"event":"message","data":<envelope>,"seq":N}`` as an object (history, long-poll)."""

@@ -188,6 +188,7 @@ class PubSubHttp:
             deps.service.policy.check_subscribe(caller, pattern.text)
         deps.connections.open(caller.identity)
         session = SseSession(deps, request, caller)
+        session_key = deps.sessions.add(caller, session.revoke)
         try:
             response = web.StreamResponse(headers=SSE_HEADERS)
             if request.version >= (1, 1):
@@ -208,6 +209,7 @@ class PubSubHttp:
             return response
         finally:
             session.end()
+            deps.sessions.remove(session_key)
             deps.connections.close(caller.identity)
 
     async def _long_poll(
@@ -323,6 +325,13 @@ class SseSession:
         """End the stream (an SSE client cannot be sent a close code; it gets an error event)."""
         if self.sub is not None:
             error = Expired("token expired") if code == 4401 else WireError(reason)
+            self.sub.send_control("error", error.to_frame_data())
+            self.sub.flush()
+        self.closed.set()
+
+    def revoke(self, error: WireError) -> None:
+        """The caller was revoked: an error event, then the end of the stream."""
+        if self.sub is not None:
             self.sub.send_control("error", error.to_frame_data())
             self.sub.flush()
         self.closed.set()

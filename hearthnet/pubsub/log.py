@@ -82,6 +82,7 @@ class _Pending:
     future: asyncio.Future[StoredMessage | None]
     message: Message | None = None  # a finished message from a peer
     fields: dict[str, Any] | None = None  # a local publish, signed at commit time
+    source: str | None = None  # the peer a message came from
 
 
 @dataclass(slots=True)
@@ -124,7 +125,10 @@ class MessageLog:
         if self.synchronous not in ("FULL", "NORMAL"):
             raise StorageError("pubsub.sync must be 'full' or 'normal'")
         self.max_batch = max_batch
-        self.on_commit = on_commit or (lambda batch: None)
+        # Called after every commit, in order: fan-out first, then gossip forwarding.
+        self.listeners: list[Callable[[list[StoredMessage]], None]] = (
+            [on_commit] if on_commit else []
+        )
         self.epoch = ""
         self.head_seq = 0
         self.origin_seq = 0
@@ -234,13 +238,15 @@ class MessageLog:
         self._wake.set()
         return fut
 
-    def ingest(self, message: Message) -> asyncio.Future[StoredMessage | None]:
+    def ingest(
+        self, message: Message, source: str | None = None
+    ) -> asyncio.Future[StoredMessage | None]:
         """Queue a verified message from a peer; resolves to None when it was a duplicate."""
         fut: asyncio.Future[StoredMessage | None] = asyncio.get_running_loop().create_future()
         if message.id in self._recent_ids:
             fut.set_result(None)
             return fut
-        self._pending.append(_Pending(fut, message=message))
+        self._pending.append(_Pending(fut, message=message, source=source))
         self._wake.set()
         return fut
 
@@ -306,7 +312,7 @@ class MessageLog:
                             continue
                         known.add(msg.id)  # a second copy in the same batch is a duplicate
                     seq += 1
-                    stored.append((pending, StoredMessage(seq, msg)))
+                    stored.append((pending, StoredMessage(seq, msg, pending.source)))
                 await self._writer.execute("BEGIN")
                 await self._writer.executemany(
                     "INSERT INTO messages"
@@ -351,7 +357,8 @@ class MessageLog:
         committed = [s for _, s in stored]
         for item in committed:
             self._remember(item)
-        self.on_commit(committed)
+        for listener in self.listeners:
+            listener(committed)
         for pending, item in stored:
             if not pending.future.done():
                 pending.future.set_result(item)

@@ -211,7 +211,7 @@ class PubSub:
         self.node_id = node_id
         self.config = config
         self.log = log_store
-        self.log.on_commit = self.on_commit
+        self.log.listeners.insert(0, self.on_commit)
         self.policy = policy
         self.retention = retention
         self.index: SubscriptionIndex[Subscriber] = SubscriptionIndex()

@@ -43,6 +43,7 @@ from hearthnet.pubsub.frames import (
 )
 from hearthnet.pubsub.service import PubSub, Subscriber
 from hearthnet.pubsub.wire import control_frame, ws_frame
+from hearthnet.sessions import SessionRegistry
 from hearthnet.transport.codec import SUBPROTOCOL_CBOR, SUBPROTOCOLS, FrameCodec
 from hearthnet.transport.keepalive import (
     CLOSE_POLICY,
@@ -80,6 +81,7 @@ class PubSubDeps:
     streams: ActiveStreams
     metrics: TransportMetrics
     sweeper: SessionSweeper
+    sessions: SessionRegistry
 
 
 def close_frame(code: int, reason: str = "") -> bytes:
@@ -145,6 +147,7 @@ class WsSession:
         self.warned = False
         self.close_code: int | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.session_key: int | None = None
 
     # --- sending ----------------------------------------------------------------------
 
@@ -157,6 +160,12 @@ class WsSession:
         assert self.sub is not None
         self.sub.send_control(event, data)
         self.deps.service.wake(self.sub)
+
+    def revoke(self, error: WireError) -> None:
+        """The caller (or its token's issuer) was revoked: say so and close (spec §1.5)."""
+        if self.sub is not None:
+            self.sub.send_control("error", error.to_frame_data())
+        self.hard_close(CLOSE_POLICY, error.code)
 
     def ping(self) -> None:
         """Write a ping control frame."""
@@ -233,6 +242,8 @@ class WsSession:
             deps.sweeper.remove(self)
             if self.caller is not None:
                 deps.connections.close(self.caller.identity)
+            if self.session_key is not None:
+                deps.sessions.remove(self.session_key)
 
     async def _authenticate(self) -> bool:
         deps = self.deps
@@ -266,6 +277,7 @@ class WsSession:
             await self.ws.close(code=code, message=exc.code.encode())
             return False
         self.caller = caller
+        self.session_key = deps.sessions.add(caller, self.revoke)
         client_id = "cl_" + new_ulid().lower()
         window = frame.window or deps.config.default_window
         channel = SubscriberChannel(

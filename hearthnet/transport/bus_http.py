@@ -21,9 +21,10 @@ from hearthnet.bus.envelope import VerifiedCall
 from hearthnet.bus.routing import check_target
 from hearthnet.clock import now_ms
 from hearthnet.config import TransportSection
-from hearthnet.errors import BadRequest, Unavailable
+from hearthnet.errors import BadRequest, Unavailable, WireError
 from hearthnet.frames import Frame
 from hearthnet.ids import new_ulid
+from hearthnet.sessions import SessionRegistry
 from hearthnet.transport import headers as h
 from hearthnet.transport.codec import SSE_KEEPALIVE, loads, sse_event
 from hearthnet.transport.server import (
@@ -45,6 +46,7 @@ class BusEndpointDeps:
     metrics: TransportMetrics
     connections: ConnectionTracker
     streams: ActiveStreams
+    sessions: SessionRegistry
 
 
 SHUTTING_DOWN = Unavailable("node shutting down", retry_after_ms=1000)
@@ -166,22 +168,35 @@ class BusHttpEndpoints:
                     await out.write(sse_event(frame))
 
                 task = asyncio.current_task()
-                if task is not None:
-                    deps.streams.add(task)
+                assert task is not None
+                deps.streams.add(task)
+                revoked: list[WireError] = []
+
+                def revoke(error: WireError) -> None:
+                    revoked.append(error)
+                    task.cancel()
+
+                session_key = deps.sessions.add(handle.call.caller, revoke)
                 try:
                     terminal = await handle.drive(emit)
                 except asyncio.CancelledError:
-                    # The client closed the stream (its cancel, spec §3.6) or the node is
-                    # shutting down; the handler was cancelled by drive's caller chain.
+                    # The client closed the stream (its cancel, spec §3.6), the node is
+                    # shutting down, or the caller was revoked.
                     handle.ctx.cancel()
-                    if deps.streams.closing:
+                    if revoked:
+                        task.uncancel()
+                        terminal = Frame("error", revoked[0].to_frame_data())
+                    elif deps.streams.closing:
                         with contextlib.suppress(ConnectionError, RuntimeError):
                             await out.write(
                                 sse_event(Frame("error", SHUTTING_DOWN.to_frame_data()))
                             )
                     else:
                         deps.metrics.abandoned.inc("sse")
-                    raise
+                    if not revoked:
+                        raise
+                finally:
+                    deps.sessions.remove(session_key)
                 await out.write(sse_event(terminal))
                 await response.write_eof()
         except (ConnectionResetError, ConnectionError):

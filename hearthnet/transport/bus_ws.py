@@ -164,6 +164,8 @@ class _BusSession:
         self.server_close: Close | None = None
         self.handle: CallHandle | None = None
         self.close_code: int | None = None
+        self.revoked: WireError | None = None
+        self._reader: asyncio.Task[tuple[str, WireError | None]] | None = None
 
     # --- sending -----------------------------------------------------------------
 
@@ -277,6 +279,7 @@ class _BusSession:
         """First frame, admission, then stream until one side ends it."""
         watchdog = self.loop.create_task(self._watchdog())
         identity: str | None = None
+        session_key: int | None = None
         try:
             try:
                 async with asyncio.timeout(self.deps.transport.ws_first_frame_s):
@@ -298,6 +301,7 @@ class _BusSession:
                 self.deps.connections.open(call.caller.identity)
                 identity = call.caller.identity
                 self.handle = self.deps.bus.open(call, inline_tools=True)
+                session_key = self.deps.sessions.add(call.caller, self._revoke)
                 if not self.handle.descriptor.streaming:
                     self.handle.close("upgrade_required")
                     raise UpgradeRequired(
@@ -314,12 +318,20 @@ class _BusSession:
                 await watchdog
             if identity is not None:
                 self.deps.connections.close(identity)
+            if session_key is not None:
+                self.deps.sessions.remove(session_key)
+
+    def _revoke(self, error: WireError) -> None:
+        """The caller was revoked (spec §1.5): end the stream with that error."""
+        self.revoked = error
+        if self._reader is not None:
+            self._reader.cancel()
 
     async def _stream(self) -> None:
         assert self.handle is not None
         handle = self.handle
         producer = self.loop.create_task(handle.drive(self._emit))
-        reader = self.loop.create_task(self._read_until_end())
+        reader = self._reader = self.loop.create_task(self._read_until_end())
         try:
             await asyncio.wait({producer, reader}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
@@ -342,6 +354,12 @@ class _BusSession:
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await self._send(terminal)
                 await self.ws.close(code=CLOSE_NORMAL)
+            return
+        if reader.cancelled() and self.revoked is not None:
+            await self._stop_producer(producer)
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await self._send(Frame("error", self.revoked.to_frame_data()))
+                await self.ws.close(code=CLOSE_POLICY, message=b"revoked")
             return
         why, error = reader.result()
         await self._stop_producer(producer)

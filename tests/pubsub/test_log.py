@@ -60,7 +60,7 @@ async def test_publish_resolves_only_after_commit(tmp_path: Path) -> None:
     """The future is pending until the flush loop committed it; on_commit saw it first."""
     seen: list[int] = []
     async with opened(tmp_path / "log.db") as log:
-        log.on_commit = lambda batch: seen.extend(s.seq for s in batch)
+        log.listeners.append(lambda batch: seen.extend(s.seq for s in batch))
         fut = log.publish(topic="a", msg_type="m", data=1)
         pending_before = not fut.done()
         stored = await fut

@@ -1,0 +1,161 @@
+"""Where peers can be dialled (spec §7.1–7.2): bootstrap URLs, discovery, peer exchange.
+
+:class:`PeerBook` is pure apart from :meth:`save`/:meth:`load` (a small JSON file, so peer
+addresses survive a restart, spec §9). Each address has its own redial backoff, 0.5 s
+doubling to 30 s, reset by a successful link.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from hearthnet.errors import BadRequest
+from hearthnet.ids import is_node_id
+
+MAX_ADDRESSES = 1000
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 30.0
+
+
+def normalize_url(url: object) -> str:
+    """``http(s)://host:port`` with no path; :class:`BadRequest` for anything else."""
+    if not isinstance(url, str) or len(url) > 256:
+        raise BadRequest("a peer URL is a string")
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+        raise BadRequest(f"peer URL {url!r} must look like http://host:port")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}:{parts.port}"
+
+
+@dataclass
+class PeerAddress:
+    """One dialable address and what we know about it."""
+
+    url: str
+    node: str | None = None
+    source: str = "bootstrap"  # bootstrap | zeroconf | exchange | inbound
+    failures: int = 0
+    next_try: float = 0.0
+    last_ok_ms: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """Stored form."""
+        return {
+            "url": self.url,
+            "node": self.node,
+            "source": self.source,
+            "last_ok_ms": self.last_ok_ms,
+        }
+
+
+class PeerBook:
+    """Known peer addresses, bounded, with backoff."""
+
+    def __init__(self, path: Path | None = None, own_urls: tuple[str, ...] = ()) -> None:
+        self.path = path
+        self.own_urls = set(own_urls)
+        self.addresses: dict[str, PeerAddress] = {}
+        self.dirty = False
+
+    def add(
+        self, url: str, *, node: str | None = None, source: str = "bootstrap"
+    ) -> PeerAddress | None:
+        """Learn an address (refusing our own); returns it, or None when refused."""
+        try:
+            url = normalize_url(url)
+        except BadRequest:
+            return None
+        if url in self.own_urls or (node is not None and not is_node_id(node)):
+            return None
+        entry = self.addresses.get(url)
+        if entry is None:
+            if len(self.addresses) >= MAX_ADDRESSES:
+                self._forget_one()
+            entry = self.addresses[url] = PeerAddress(url, node, source)
+            self.dirty = True
+        elif node is not None and entry.node != node:
+            entry.node = node
+            self.dirty = True
+        return entry
+
+    def _forget_one(self) -> None:
+        worst = max(self.addresses.values(), key=lambda a: (a.failures, -a.last_ok_ms))
+        del self.addresses[worst.url]
+
+    def due(self, now: float, linked: set[str]) -> list[PeerAddress]:
+        """Addresses worth dialling now: not linked, not in backoff; best first."""
+        ready = [
+            a
+            for a in self.addresses.values()
+            if a.next_try <= now and (a.node is None or a.node not in linked)
+        ]
+        ready.sort(key=lambda a: (a.failures, -a.last_ok_ms))
+        return ready
+
+    def failed(self, url: str, now: float) -> None:
+        """A dial failed: back off (0.5 s doubling to 30 s, ±20 % jitter)."""
+        entry = self.addresses.get(url)
+        if entry is None:
+            return
+        entry.failures += 1
+        delay = min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** (entry.failures - 1))
+        entry.next_try = now + delay * random.uniform(0.8, 1.2)
+
+    def succeeded(self, url: str, node: str, wall_ms: int) -> None:
+        """A link came up through this address."""
+        entry = self.addresses.get(url) or self.add(url, node=node)
+        if entry is None:
+            return
+        entry.node, entry.failures, entry.next_try, entry.last_ok_ms = node, 0, 0.0, wall_ms
+        self.dirty = True
+
+    def hold(self, url: str, now: float, seconds: float) -> None:
+        """Do not dial ``url`` for a while (its link is up, or it refused us for good)."""
+        entry = self.addresses.get(url)
+        if entry is not None:
+            entry.next_try = now + seconds
+
+    def urls_for_exchange(self, limit: int = 64) -> list[dict[str, Any]]:
+        """Addresses to share with peers (those that worked, most recent first)."""
+        good = sorted(
+            (a for a in self.addresses.values() if a.last_ok_ms and a.node),
+            key=lambda a: -a.last_ok_ms,
+        )
+        return [{"url": a.url, "node": a.node} for a in good[:limit]]
+
+    def load(self) -> None:
+        """Read the saved addresses (a missing or corrupt file is an empty book)."""
+        if self.path is None or not self.path.exists():
+            return
+        try:
+            entries = json.loads(self.path.read_text(encoding="utf-8"))["addresses"]
+        except (ValueError, KeyError, OSError, TypeError):
+            return
+        for item in entries[:MAX_ADDRESSES]:
+            if isinstance(item, dict):
+                entry = self.add(
+                    item.get("url", ""), node=item.get("node"), source=item.get("source", "saved")
+                )
+                if entry is not None:
+                    entry.last_ok_ms = int(item.get("last_ok_ms") or 0)
+        self.dirty = False
+
+    def save(self) -> None:
+        """Write the book atomically if it changed."""
+        if self.path is None or not self.dirty:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps({"addresses": [a.to_json() for a in self.addresses.values()]}),
+            encoding="utf-8",
+        )
+        os.replace(tmp, self.path)
+        self.dirty = False

@@ -1,0 +1,259 @@
+"""Peer links over WebSocket (spec §7.2): aiohttp glue around :mod:`hearthnet.mesh.protocol`.
+
+A :class:`PeerLink` is one established link: frames go out through a bounded queue (a peer
+that cannot keep up is disconnected, never waited for) and come in to a handler. The same
+class serves both directions: the acceptor side wraps aiohttp's server WebSocket, the dialer
+side its client WebSocket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import aiohttp
+from aiohttp import WSMsgType
+
+from hearthnet.errors import BadRequest, HearthNetError, Unavailable, WireError
+from hearthnet.mesh.protocol import (
+    MAX_FRAME_BYTES,
+    SUBPROTOCOL,
+    Handshake,
+    LinkState,
+    PeerInfo,
+    TRANSITIONS,
+    decode_frame,
+    encode_frame,
+)
+
+log = logging.getLogger("hearthnet.mesh.link")
+
+HANDSHAKE_TIMEOUT_S = 10.0
+SEND_QUEUE_FRAMES = 20_000
+SEND_QUEUE_BYTES = 64 * 1024 * 1024
+
+
+class WebSocketLike(Protocol):
+    """What both aiohttp WebSocket classes offer that a link uses."""
+
+    async def send_bytes(self, data: bytes) -> None:
+        """Send one binary message."""
+
+    async def receive(self, timeout: float | None = None) -> aiohttp.WSMessage:
+        """Next message."""
+
+    async def close(self, *, code: int = 1000, message: bytes = b"") -> bool:
+        """Close."""
+
+    @property
+    def closed(self) -> bool:
+        """True once closed."""
+
+
+async def _next_binary(ws: WebSocketLike) -> bytes | None:
+    while True:
+        msg = await ws.receive()
+        if msg.type == WSMsgType.BINARY:
+            data: bytes = msg.data
+            return data
+        if msg.type in (WSMsgType.PING, WSMsgType.PONG):
+            continue
+        if msg.type == WSMsgType.TEXT:
+            raise BadRequest("peer links carry CBOR binary frames")
+        return None
+
+
+async def run_handshake(
+    ws: WebSocketLike, handshake: Handshake, now_ms: Callable[[], int]
+) -> PeerInfo:
+    """Exchange hellos until the link may go up.
+
+    Raises:
+        WireError: the peer was refused (after a ``bye`` with the reason where possible).
+        Unavailable: the socket closed or the exchange timed out.
+    """
+    try:
+        async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+            if handshake.outbound:
+                await ws.send_bytes(handshake.start())
+            while not handshake.done:
+                data = await _next_binary(ws)
+                if data is None:
+                    raise Unavailable("the peer closed during the handshake")
+                reply = handshake.receive(decode_frame(data), now_ms())
+                if reply is not None:
+                    await ws.send_bytes(reply)
+    except TimeoutError as exc:
+        raise Unavailable("peer handshake timed out") from exc
+    except WireError as exc:
+        with contextlib.suppress(Exception):
+            await ws.send_bytes(encode_frame("bye", code=exc.code, reason=exc.message[:200]))
+        raise
+    except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+        raise Unavailable(f"peer handshake failed: {exc}") from exc
+    assert handshake.peer is not None
+    return handshake.peer
+
+
+FrameHandler = Callable[["PeerLink", dict[str, Any]], None]
+
+
+class PeerLink:
+    """One established link to one peer."""
+
+    def __init__(
+        self,
+        peer: PeerInfo,
+        ws: WebSocketLike,
+        *,
+        outbound: bool,
+        on_frame: FrameHandler,
+        on_down: Callable[[PeerLink, str], None],
+        address: str | None = None,
+    ) -> None:
+        self.peer = peer
+        self.ws = ws
+        self.outbound = outbound
+        self.address = address
+        self.on_frame = on_frame
+        self.on_down = on_down
+        self.state = LinkState.HANDSHAKING
+        self._queue: deque[bytes] = deque()
+        self._queued_bytes = 0
+        self._wake = asyncio.Event()
+        self.frames_in = 0
+        self.frames_out = 0
+        self.down_reason = ""
+        self._to(LinkState.UP)
+
+    @property
+    def node(self) -> str:
+        """The peer's NodeID."""
+        return self.peer.node
+
+    def _to(self, state: LinkState) -> None:
+        if state not in TRANSITIONS[self.state]:
+            raise RuntimeError(f"illegal link transition {self.state.value} -> {state.value}")
+        self.state = state
+
+    def send(self, kind: str, **fields: Any) -> bool:
+        """Queue a frame; False (and the link closes) when the peer cannot keep up."""
+        return self.send_raw(encode_frame(kind, **fields))
+
+    def send_raw(self, data: bytes) -> bool:
+        """Queue pre-encoded frame bytes (gossip encodes a message once for all links)."""
+        if self.state is not LinkState.UP:
+            return False
+        if (
+            len(self._queue) >= SEND_QUEUE_FRAMES
+            or self._queued_bytes + len(data) > SEND_QUEUE_BYTES
+        ):
+            log.warning(
+                "peer %s cannot keep up; dropping the link", self.node, extra={"peer": self.node}
+            )
+            self.close("overloaded", send_bye=False)
+            return False
+        self._queue.append(data)
+        self._queued_bytes += len(data)
+        self._wake.set()
+        return True
+
+    @property
+    def queued(self) -> int:
+        """Frames waiting to be written."""
+        return len(self._queue)
+
+    def close(self, reason: str, *, send_bye: bool = True) -> None:
+        """Start closing: a ``bye`` goes out last (if asked), then the socket closes."""
+        if self.state is not LinkState.UP:
+            return
+        if send_bye:
+            data = encode_frame("bye", code="closing", reason=reason[:200])
+            self._queue.append(data)
+        self.down_reason = reason
+        self._to(LinkState.CLOSING)
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Write and read until the link ends; then report it down."""
+        writer = asyncio.get_running_loop().create_task(self._write_loop())
+        try:
+            await self._read_loop()
+        finally:
+            if self.state is LinkState.UP:
+                self._to(LinkState.CLOSING)
+            self._wake.set()
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(writer, 1.0)
+            writer.cancel()
+            with contextlib.suppress(Exception):
+                await self.ws.close()
+            self._to(LinkState.DOWN)
+            self.on_down(self, self.down_reason or "closed")
+
+    async def _write_loop(self) -> None:
+        ws = self.ws
+        while True:
+            while self._queue:
+                data = self._queue.popleft()
+                self._queued_bytes -= len(data)
+                try:
+                    await ws.send_bytes(data)
+                except (ConnectionError, RuntimeError, aiohttp.ClientError):
+                    self.down_reason = self.down_reason or "write failed"
+                    return
+                self.frames_out += 1
+            if self.state is not LinkState.UP:
+                with contextlib.suppress(Exception):
+                    await ws.close()
+                return
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def _read_loop(self) -> None:
+        while self.state is LinkState.UP:
+            try:
+                data = await _next_binary(self.ws)
+            except BadRequest as exc:
+                self.down_reason = exc.message
+                return
+            except (ConnectionError, aiohttp.ClientError) as exc:
+                self.down_reason = f"read failed: {exc}"
+                return
+            if data is None:
+                self.down_reason = self.down_reason or "peer closed"
+                return
+            try:
+                frame = decode_frame(data)
+            except WireError as exc:
+                log.warning("bad frame from %s: %s", self.node, exc, extra={"peer": self.node})
+                self.down_reason = f"protocol violation: {exc.message}"
+                return
+            self.frames_in += 1
+            if frame["t"] == "bye":
+                self.down_reason = f"peer said bye: {frame.get('reason', '')}"
+                return
+            try:
+                self.on_frame(self, frame)
+            except HearthNetError as exc:
+                log.warning(
+                    "frame %s from %s refused: %s",
+                    frame.get("t"),
+                    self.node,
+                    exc,
+                    extra={"peer": self.node},
+                )
+            except Exception:
+                log.exception(
+                    "handling frame %s from %s failed",
+                    frame.get("t"),
+                    self.node,
+                    extra={"peer": self.node},
+                )
+
+
+__all__ = ["MAX_FRAME_BYTES", "SUBPROTOCOL", "PeerLink", "run_handshake"]

@@ -1,0 +1,223 @@
+"""Peer links (spec §7.2): frames, the signed hello handshake and link states. Pure.
+
+One WebSocket per pair of nodes at ``/mesh/v1/peer``, subprotocol ``hearthnet-peer.v1``,
+each message one CBOR map ``{"t": kind, ...}``. The handshake is three hellos::
+
+    dialer   -> hello {node, community, ts, nonce=a, ...}                       (H1)
+    acceptor -> hello {node, community, ts, nonce=b, their_nonce=a, ...}        (H2)
+    dialer   -> hello {node, community, ts, nonce=a, their_nonce=b, ...}        (H3)
+
+Each hello is signed by its sender over the JCS form without ``sig``. Each side checks the
+other's signature, membership, clock window and that its own nonce came back, so a
+recorded hello cannot open a link. Frames other than hello before the handshake ends are
+a protocol violation.
+
+Link states::
+
+    DIALING -> HANDSHAKING -> UP -> CLOSING -> DOWN
+       \\------------\\---------------------------> DOWN
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import cbor2
+
+from hearthnet.community import Membership
+from hearthnet.errors import (
+    BadRequest,
+    Expired,
+    InvalidSignature,
+    PayloadTooLarge,
+    Revoked,
+    Unauthorized,
+)
+from hearthnet.identity import KeyPair, verify_object
+from hearthnet.ids import is_node_id
+
+SUBPROTOCOL = "hearthnet-peer.v1"
+MAX_FRAME_BYTES = 2 * 1024 * 1024
+CLOCK_WINDOW_MS = 60_000
+
+FRAME_KINDS = frozenset(
+    {
+        "hello",
+        "msg",
+        "ihave",
+        "iwant",
+        "presence",
+        "call",
+        "frame",
+        "tool_result",
+        "cancel",
+        "ack",
+        "route",
+        "membership",
+        "ping",
+        "pong",
+        "bye",
+        "caps",
+        "peers",
+    }
+)
+
+
+class LinkState(enum.Enum):
+    """Where a peer link is in its life."""
+
+    DIALING = "dialing"
+    HANDSHAKING = "handshaking"
+    UP = "up"
+    CLOSING = "closing"
+    DOWN = "down"
+
+
+TRANSITIONS: dict[LinkState, frozenset[LinkState]] = {
+    LinkState.DIALING: frozenset({LinkState.HANDSHAKING, LinkState.DOWN}),
+    LinkState.HANDSHAKING: frozenset({LinkState.UP, LinkState.CLOSING, LinkState.DOWN}),
+    LinkState.UP: frozenset({LinkState.CLOSING, LinkState.DOWN}),
+    LinkState.CLOSING: frozenset({LinkState.DOWN}),
+    LinkState.DOWN: frozenset(),
+}
+
+
+def encode_frame(kind: str, **fields: Any) -> bytes:
+    """One link frame as CBOR."""
+    return cbor2.dumps({"t": kind, **fields})
+
+
+def decode_frame(data: bytes) -> dict[str, Any]:
+    """Parse one link frame.
+
+    Raises:
+        PayloadTooLarge: over the frame limit.
+        BadRequest: not CBOR, not a map, or an unknown kind.
+    """
+    if len(data) > MAX_FRAME_BYTES:
+        raise PayloadTooLarge(f"link frame over {MAX_FRAME_BYTES} bytes")
+    try:
+        obj = cbor2.loads(data)
+    except (cbor2.CBORDecodeError, ValueError, TypeError, OverflowError) as exc:
+        raise BadRequest(f"malformed link frame: {exc}") from exc
+    if not isinstance(obj, dict) or obj.get("t") not in FRAME_KINDS:
+        raise BadRequest("a link frame is a map with a known kind t")
+    return obj
+
+
+@dataclass(frozen=True, slots=True)
+class PeerInfo:
+    """Who is at the other end of an established link."""
+
+    node: str
+    name: str
+    url: str | None
+    version: str
+
+
+@dataclass
+class Handshake:
+    """One side of the hello exchange (pure; the caller passes time and frames)."""
+
+    keys: KeyPair
+    membership: Membership
+    outbound: bool
+    now_ms: int
+    name: str = ""
+    url: str | None = None
+    version: str = ""
+    expect: str | None = None  # the NodeID we meant to reach, when we know it
+    nonce: str = field(default_factory=lambda: os.urandom(16).hex())
+    their_nonce: str | None = None
+    peer: PeerInfo | None = None
+    done: bool = False
+
+    def _hello(self, now_ms: int) -> bytes:
+        body: dict[str, Any] = {
+            "node": self.keys.node_id,
+            "community": self.membership.community_id,
+            "ts": now_ms,
+            "nonce": self.nonce,
+            "name": self.name,
+            "version": self.version,
+        }
+        if self.url:
+            body["url"] = self.url
+        if self.their_nonce is not None:
+            body["their_nonce"] = self.their_nonce
+        body["sig"] = self.keys.sign_object(body)
+        return encode_frame("hello", **body)
+
+    def start(self) -> bytes:
+        """The dialer's first hello (H1)."""
+        if not self.outbound:
+            raise RuntimeError("only the dialer starts the handshake")
+        return self._hello(self.now_ms)
+
+    def receive(self, frame: dict[str, Any], now_ms: int) -> bytes | None:
+        """Take the peer's hello; return our next hello, or None. ``done`` is set when the
+        link may go up.
+
+        Raises:
+            BadRequest: not a hello, or malformed.
+            InvalidSignature / Unauthorized / Revoked / Expired: the peer is refused.
+        """
+        if frame.get("t") != "hello":
+            raise BadRequest("the handshake is hello frames only")
+        hello = {k: v for k, v in frame.items() if k != "t"}
+        node, community, ts = hello.get("node"), hello.get("community"), hello.get("ts")
+        if (
+            not is_node_id(node)
+            or not isinstance(ts, int)
+            or not isinstance(hello.get("nonce"), str)
+        ):
+            raise BadRequest("hello needs node, community, ts and nonce")
+        assert isinstance(node, str)
+        if node == self.keys.node_id:
+            raise BadRequest("a link to ourselves")
+        if self.expect is not None and node != self.expect:
+            raise Unauthorized(f"expected {self.expect}, reached {node}")
+        if community != self.membership.community_id:
+            raise Unauthorized("the peer belongs to another community")
+        if self.membership.is_revoked(node):
+            raise Revoked("the peer is revoked")
+        if self.membership.level_of(node) is None:
+            raise Unauthorized("the peer is not a member of this community")
+        if abs(now_ms - ts) > CLOCK_WINDOW_MS:
+            raise Expired("hello timestamp outside the clock window")
+        verify_object(node, hello, hello.get("sig"), "sig")
+        echoed = hello.get("their_nonce")
+        if self.outbound:
+            if echoed != self.nonce:
+                raise InvalidSignature("the peer did not echo our nonce")
+            self.their_nonce = str(hello["nonce"])
+            self._accept(hello)
+            return self._hello(now_ms)  # H3
+        if self.their_nonce is None:
+            if echoed is not None:
+                raise BadRequest("the first hello carries no their_nonce")
+            self.their_nonce = str(hello["nonce"])
+            return self._hello(now_ms)  # H2
+        if echoed != self.nonce or hello["nonce"] != self.their_nonce:
+            raise InvalidSignature("the peer did not echo our nonce")
+        self._accept(hello)
+        return None
+
+    def _accept(self, hello: dict[str, Any]) -> None:
+        url = hello.get("url")
+        self.peer = PeerInfo(
+            str(hello["node"]),
+            str(hello.get("name", ""))[:128],
+            url if isinstance(url, str) and len(url) < 512 else None,
+            str(hello.get("version", ""))[:32],
+        )
+        self.done = True
+
+
+def winning_direction(local: str, remote: str) -> bool:
+    """Simultaneous dials (spec §7.2): the link dialed by the lower NodeID survives.
+    True when *our outbound* link to ``remote`` is the one to keep."""
+    return local < remote
