@@ -99,7 +99,7 @@ class AntiEntropy:
     requested: dict[str, tuple[int, float]] = field(default_factory=dict)  # origin -> (to, until)
 
     def plan(self, peer_heads: dict[str, int], now: float) -> dict[str, list[int]]:
-        """From a peer's ``ihave`` heads, the ``iwant`` ranges to send it: ``{origin: [from, to]}``."""
+        """From a peer's ``ihave`` heads, the ``iwant`` ranges to send: ``{origin: [from, to]}``."""
         wants: dict[str, list[int]] = {}
         for origin, peer_head in peer_heads.items():
             if not isinstance(origin, str) or not isinstance(peer_head, int):

@@ -22,10 +22,10 @@ from hearthnet.errors import BadRequest, HearthNetError, Unavailable, WireError
 from hearthnet.mesh.protocol import (
     MAX_FRAME_BYTES,
     SUBPROTOCOL,
+    TRANSITIONS,
     Handshake,
     LinkState,
     PeerInfo,
-    TRANSITIONS,
     decode_frame,
     encode_frame,
 )
@@ -43,7 +43,8 @@ class WebSocketLike(Protocol):
     async def send_bytes(self, data: bytes) -> None:
         """Send one binary message."""
 
-    async def receive(self, timeout: float | None = None) -> aiohttp.WSMessage:
+    # aiohttp's own signature, hence the timeout parameter
+    async def receive(self, timeout: float | None = None) -> aiohttp.WSMessage:  # noqa: ASYNC109
         """Next message."""
 
     async def close(self, *, code: int = 1000, message: bytes = b"") -> bool:
