@@ -68,11 +68,19 @@ def _config(args: argparse.Namespace) -> Config:
         value = getattr(args, flag, None)
         if value is not None:
             overrides["node"][key] = value
-    llm_flags = {"llm_url": "url", "llm_model": "model", "llm_demo": "demo"}
-    for flag, key in llm_flags.items():
+    section_flags = {
+        "llm_url": ("llm", "url"),
+        "llm_model": ("llm", "model"),
+        "llm_demo": ("llm", "demo"),
+        "peer": ("mesh", "peers"),
+        "heartbeat_s": ("mesh", "heartbeat_s"),
+        "zeroconf": ("mesh", "zeroconf"),
+        "advertise_url": ("mesh", "advertise_url"),
+    }
+    for flag, (section, key) in section_flags.items():
         value = getattr(args, flag, None)
         if value is not None:
-            overrides.setdefault("llm", {})[key] = value
+            overrides.setdefault(section, {})[key] = value
     path = (
         Path(args.config).expanduser()
         if getattr(args, "config", None)
@@ -123,7 +131,7 @@ def cmd_node_start(args: argparse.Namespace) -> int:
         print(node.ready_line(), flush=True)
 
     async def main() -> None:
-        await Node(config).serve_forever(on_ready=ready)
+        await Node(config, join=args.join).serve_forever(on_ready=ready)
 
     _run(main)
     return EXIT_OK
@@ -277,6 +285,167 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return chat_command(args, lambda: _client(args), _run)
 
 
+# --- mesh ----------------------------------------------------------------------------
+
+
+def cmd_peers(args: argparse.Namespace) -> int:
+    """``hearthnet peers``: linked peers and known addresses."""
+
+    async def main() -> Any:
+        async with _client(args) as client:
+            return await client.request_json("GET", "/mesh/v1/peers")
+
+    result = _run(main)
+    if args.json:
+        _print_json(result)
+        return EXIT_OK
+    print(f"{'node':52} {'name':16} {'state':9} {'rtt ms':>8} {'loss %':>6}  url")
+    for peer in result["peers"]:
+        rtt = peer.get("rtt_ms_p50")
+        loss = peer.get("loss_pct")
+        state = peer.get("direction", "known") if peer["linked"] else "known"
+        rtt_text = f"{rtt:.1f}" if rtt is not None else "-"
+        loss_text = f"{loss:.0f}" if loss is not None else "-"
+        name = str(peer.get("name") or "-")[:16]
+        print(
+            f"{peer.get('node') or '?'!s:52} {name:16} {state:9} {rtt_text:>8} {loss_text:>6}"
+            f"  {peer.get('url') or '-'}"
+        )
+    return EXIT_OK
+
+
+def _local_identity(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    from hearthnet.community import CommunityStore, open_membership
+    from hearthnet.identity import load_or_create_keys
+
+    data_dir = _data_dir(args)
+    keys = load_or_create_keys(data_dir)
+    store = CommunityStore(data_dir)
+    membership = open_membership(store, keys, name=_config(args).node.name, now_ms=now_ms())
+    return keys, store, membership
+
+
+def cmd_community_create(args: argparse.Namespace) -> int:
+    """``hearthnet community create NAME``: found a community with this node as anchor."""
+    from hearthnet.client import find_running_node
+    from hearthnet.community import MembershipRecord
+
+    data_dir = _data_dir(args)
+    try:
+        find_running_node(data_dir)
+    except NodeNotRunning:
+        pass
+    else:
+        raise ConfigError("stop the node first: a community is created while the node is stopped")
+    keys, store, membership = _local_identity(args)
+    others = set(membership.members) - {keys.node_id}
+    if (membership.community_id != keys.node_id or others) and not args.force:
+        raise ConfigError(
+            f"this node belongs to community {membership.community_id} with "
+            f"{len(membership.members)} members; use --force to leave it"
+        )
+    genesis = MembershipRecord.create(
+        keys, "community.created", keys.node_id, keys.node_id, now_ms=now_ms(), name=args.name
+    )
+    store.replace([genesis])
+    print(json.dumps({"community": keys.node_id, "name": args.name, "anchor": keys.node_id}))
+    return EXIT_OK
+
+
+def cmd_community_invite(args: argparse.Namespace) -> int:
+    """``hearthnet community invite [--level member|trusted] [--ttl 24h]``: prints hn1:..."""
+    import os as _os
+
+    from hearthnet.community import Level
+    from hearthnet.mesh.admission import Invite
+
+    keys, _, membership = _local_identity(args)
+    bootstrap = list(args.bootstrap or [])
+    if not bootstrap:
+        try:
+            bootstrap = [_status(args)["mesh_url"]]
+        except NodeNotRunning as exc:
+            raise ConfigError("pass --bootstrap URL (the node is not running to ask it)") from exc
+    own = membership.level_of(keys.node_id)
+    level = Level.parse(args.level)
+    if own is None or own < Level.TRUSTED or level > own:
+        raise ConfigError("only anchor and trusted members invite, at most at their own level")
+    invite = Invite.issue(
+        keys,
+        community=membership.community_id,
+        level=level,
+        ttl_ms=args.ttl,
+        now_ms=now_ms(),
+        bootstrap=bootstrap,
+        nonce=_os.urandom(12).hex(),
+    )
+    print(invite.encode())
+    return EXIT_OK
+
+
+def _status(args: argparse.Namespace) -> dict[str, Any]:
+    async def main() -> Any:
+        async with _client(args) as client:
+            return await client.get_json("/status")
+
+    result: dict[str, Any] = _run(main)
+    return result
+
+
+def cmd_community_revoke(args: argparse.Namespace) -> int:
+    """``hearthnet community revoke NODEID``: sign a revocation and hand it to the node."""
+    from hearthnet.community import MembershipRecord
+
+    keys, _, membership = _local_identity(args)
+    record = MembershipRecord.create(
+        keys, "member.revoked", membership.community_id, args.node, now_ms=now_ms()
+    )
+
+    async def main() -> Any:
+        async with _client(args) as client:
+            return await client.request_json(
+                "POST", "/mesh/v1/membership", {"records": [record.to_json()]}
+            )
+
+    result = _run(main)
+    if not result.get("applied"):
+        raise ConfigError(
+            "the node did not apply the revocation (only anchors revoke; the founder stays)"
+        )
+    print(json.dumps({"revoked": args.node}))
+    return EXIT_OK
+
+
+def cmd_community_show(args: argparse.Namespace) -> int:
+    """``hearthnet community show``: the community and its members."""
+    _, _, membership = _local_identity(args)
+    info = {
+        "community": membership.community_id,
+        "name": membership.name,
+        "members": [
+            {"node": n, "level": m.level.label, "role": m.role, "name": m.name}
+            for n, m in sorted(membership.members.items())
+        ],
+        "revoked": sorted(membership.revoked),
+    }
+    _print_json(info)
+    return EXIT_OK
+
+
+def cmd_heartbeat_export(args: argparse.Namespace) -> int:
+    """``hearthnet heartbeat export --out DIR [--since 24h] [--format jsonl|parquet]``."""
+    from hearthnet.identity import load_or_create_keys
+    from hearthnet.mesh.heartlog import export
+
+    data_dir = _data_dir(args)
+    keys = load_or_create_keys(data_dir)
+    counts = export(
+        data_dir, Path(args.out), node=keys.node_id, since_ms=now_ms() - args.since, fmt=args.format
+    )
+    print(json.dumps(counts))
+    return EXIT_OK
+
+
 # --- keys, config, tokens ------------------------------------------------------------
 
 
@@ -372,6 +541,22 @@ def _add_node_parsers(sub: Any, local: Parents, remote: Parents) -> None:
         default=None,
         help="offer llm.chat from the built-in demo model (no model server needed)",
     )
+    start.add_argument(
+        "--peer",
+        action="append",
+        metavar="URL",
+        help="bootstrap peer http://host:port (repeatable)",
+    )
+    start.add_argument("--join", metavar="TOKEN", help="join a community with an invite (hn1:...)")
+    start.add_argument("--heartbeat-s", type=float, help="ping interval per peer link (default 5)")
+    start.add_argument(
+        "--no-zeroconf",
+        dest="zeroconf",
+        action="store_false",
+        default=None,
+        help="do not announce or browse on the LAN",
+    )
+    start.add_argument("--advertise-url", help="URL peers should dial to reach this node")
     start.set_defaults(func=cmd_node_start)
     status = node_sub.add_parser("status", parents=remote, help="show the running node")
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -411,6 +596,42 @@ def _add_pubsub_parsers(sub: Any, remote: Parents) -> None:
     topics.add_argument("--limit", type=int, default=100)
     topics.add_argument("--json", action="store_true")
     topics.set_defaults(func=cmd_topics)
+
+
+def _add_mesh_parsers(sub: Any, local: Parents, remote: Parents) -> None:
+    peers = sub.add_parser("peers", parents=remote, help="linked peers and known addresses")
+    peers.add_argument("--json", action="store_true")
+    peers.set_defaults(func=cmd_peers)
+
+    community = sub.add_parser("community", help="community membership")
+    csub = community.add_subparsers(dest="community_command", required=True, metavar="ACTION")
+    create = csub.add_parser("create", parents=local, help="found a community (node stopped)")
+    create.add_argument("name")
+    create.add_argument("--force", action="store_true", help="leave the current community")
+    create.set_defaults(func=cmd_community_create)
+    invite = csub.add_parser("invite", parents=remote, help="print an invite token (hn1:...)")
+    invite.add_argument("--level", choices=["member", "trusted"], default="member")
+    invite.add_argument("--ttl", type=parse_duration_ms, default=parse_duration_ms("24h"))
+    invite.add_argument(
+        "--bootstrap",
+        action="append",
+        metavar="URL",
+        help="where the new node joins (default: this node's mesh URL)",
+    )
+    invite.set_defaults(func=cmd_community_invite)
+    revoke = csub.add_parser("revoke", parents=remote, help="revoke a member (anchors only)")
+    revoke.add_argument("node", help="the NodeID to revoke")
+    revoke.set_defaults(func=cmd_community_revoke)
+    show = csub.add_parser("show", parents=local, help="the community and its members")
+    show.set_defaults(func=cmd_community_show)
+
+    heartbeat = sub.add_parser("heartbeat", help="heartbeat logs")
+    hsub = heartbeat.add_subparsers(dest="heartbeat_command", required=True, metavar="ACTION")
+    exp = hsub.add_parser("export", parents=local, help="export heartbeats, beacons and traces")
+    exp.add_argument("--out", required=True, help="output directory")
+    exp.add_argument("--since", type=parse_duration_ms, default=parse_duration_ms("24h"))
+    exp.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
+    exp.set_defaults(func=cmd_heartbeat_export)
 
 
 def _add_admin_parsers(sub: Any, local: Parents) -> None:
@@ -461,6 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_node_parsers(sub, [common], [common, remote])
     _add_pubsub_parsers(sub, [common, remote])
     _add_chat_parser(sub, [common, remote])
+    _add_mesh_parsers(sub, [common], [common, remote])
     _add_admin_parsers(sub, [common])
     return parser
 

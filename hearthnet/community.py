@@ -75,6 +75,7 @@ class MembershipRecord:
     name: str | None = None
     role: str | None = None
     iss: str | None = None
+    invite: str | None = None  # member.added: the nonce of the invite it redeems
 
     @classmethod
     def create(
@@ -89,6 +90,7 @@ class MembershipRecord:
         name: str | None = None,
         role: str | None = None,
         iss: str | None = None,
+        invite: str | None = None,
     ) -> MembershipRecord:
         """Make and sign a record as ``signer``."""
         body: dict[str, Any] = {
@@ -107,6 +109,8 @@ class MembershipRecord:
             body["role"] = role
         if iss is not None:
             body["iss"] = iss
+        if invite is not None:
+            body["invite"] = invite
         body["sig"] = signer.sign_object(body)
         return cls.parse(body)
 
@@ -133,6 +137,7 @@ class MembershipRecord:
                 name=obj.get("name"),
                 role=obj.get("role"),
                 iss=obj.get("iss"),
+                invite=obj.get("invite"),
             )
         except KeyError as exc:
             raise BadRequest(f"membership record lacks {exc.args[0]!r}") from exc
@@ -148,6 +153,7 @@ class MembershipRecord:
             "name",
             "role",
             "iss",
+            "invite",
         }:
             raise BadRequest("membership record has unknown fields")
         if not is_ulid(rec.id) or rec.kind not in RECORD_KINDS:
@@ -160,7 +166,7 @@ class MembershipRecord:
             raise BadRequest("membership record subject must be a string")
         if rec.level is not None:
             Level.parse(rec.level)
-        for opt in (rec.name, rec.role, rec.iss):
+        for opt in (rec.name, rec.role, rec.iss, rec.invite):
             if opt is not None and not isinstance(opt, str):
                 raise BadRequest("membership record fields must be strings")
         verify_object(rec.by, rec.to_json(), rec.sig, "sig")
@@ -176,7 +182,7 @@ class MembershipRecord:
             "by": self.by,
             "ts": self.ts,
         }
-        for key in ("level", "name", "role", "iss"):
+        for key in ("level", "name", "role", "iss", "invite"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
@@ -209,6 +215,7 @@ class Membership:
     revoked: set[str] = field(default_factory=set)
     revoked_tokens: set[tuple[str, str]] = field(default_factory=set)
     records: dict[str, MembershipRecord] = field(default_factory=dict)
+    used_invites: set[str] = field(default_factory=set)
     version: int = 0
 
     def level_of(self, identity: str) -> Level | None:
@@ -238,6 +245,7 @@ class Membership:
         self.members.clear()
         self.revoked.clear()
         self.revoked_tokens.clear()
+        self.used_invites.clear()
         for rec in sorted(self.records.values(), key=lambda r: r.order_key):
             self._apply(rec)
         self.version += 1
@@ -261,8 +269,11 @@ class Membership:
                 and rec.subject not in self.revoked
                 and rec.subject not in self.members
                 and is_node_id(rec.subject)
+                and (rec.invite is None or rec.invite not in self.used_invites)
             ):
                 self.members[rec.subject] = MemberInfo(level, rec.role or "node", rec.name, rec.ts)
+                if rec.invite is not None:
+                    self.used_invites.add(rec.invite)
         elif rec.kind == "member.level_changed":
             info = self.members.get(rec.subject)
             if (
@@ -307,6 +318,19 @@ class CommunityStore:
                         f"{self.path}:{lineno}: bad membership record: {exc}"
                     ) from exc
         return records
+
+    def replace(self, records: list[MembershipRecord]) -> None:
+        """Replace every record (joining another community), atomically."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        with tmp.open("w", encoding="utf-8") as f:
+            for record in records:
+                f.write(
+                    json.dumps(record.to_json(), separators=(",", ":"), ensure_ascii=False) + "\n"
+                )
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
 
     def append(self, record: MembershipRecord) -> None:
         """Append one record durably (fsync: membership must survive a crash)."""

@@ -303,6 +303,62 @@ class LlmSection:
 
 
 @dataclass(frozen=True, slots=True)
+class MeshSection:
+    """[mesh]: peers, links, gossip and heartbeats (spec §7)."""
+
+    peers: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc("Bootstrap peer URLs (http://host:port), also --peer (repeatable)."),
+    )
+    max_links: int = field(
+        default=8,
+        metadata=_doc(
+            "D: peer links this node keeps open (more are accepted, up to twice as many)."
+        ),
+    )
+    zeroconf: bool = field(
+        default=True, metadata=_doc("Announce and browse _hearthnet._tcp.local. on the LAN.")
+    )
+    advertise_url: str = field(
+        default="",
+        metadata=_doc(
+            "URL peers should dial to reach this node; empty: derived from the listen address."
+        ),
+    )
+    heartbeat_s: float = field(
+        default=5.0,
+        metadata=_doc(
+            "Ping interval per link; three missed pongs mark the link down (also --heartbeat-s)."
+        ),
+    )
+    anti_entropy_s: float = field(
+        default=5.0,
+        metadata=_doc("How often each link exchanges per-origin heads to repair lost messages."),
+    )
+    repair_per_round: int = field(
+        default=500,
+        metadata=_doc(
+            "Most messages sent to one peer per anti-entropy answer (rate limit of repair)."
+        ),
+    )
+    caps_s: float = field(
+        default=10.0, metadata=_doc("How often capability routes are re-announced.")
+    )
+    presence_refresh_s: float = field(
+        default=15.0,
+        metadata=_doc(
+            "How often local presence is re-announced to peers (they expire it after 45 s)."
+        ),
+    )
+    beacon_s: float = field(
+        default=30.0, metadata=_doc("How often a beacon is published on mesh.beacon.")
+    )
+    dial_interval_s: float = field(
+        default=0.5, metadata=_doc("How often the link manager looks for peers to dial.")
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The effective configuration of a node."""
 
@@ -313,6 +369,7 @@ class Config:
     bus: BusSection = field(default_factory=BusSection)
     pubsub: PubSubSection = field(default_factory=PubSubSection)
     llm: LlmSection = field(default_factory=LlmSection)
+    mesh: MeshSection = field(default_factory=MeshSection)
 
     @property
     def data_path(self) -> Path:

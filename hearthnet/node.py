@@ -43,8 +43,11 @@ from hearthnet.community import (
     open_membership,
 )
 from hearthnet.config import Config
-from hearthnet.errors import ConfigError
+from hearthnet.errors import ConfigError, Revoked
 from hearthnet.identity import KeyPair, load_or_create_keys
+from hearthnet.mesh.admission import redeem_invite
+from hearthnet.mesh.http import MeshHttp
+from hearthnet.mesh.service import Mesh, advertised_url
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.pubsub.access import DEFAULT_RULES, AccessPolicy, AccessRule
 from hearthnet.pubsub.http import PubSubHttp
@@ -94,6 +97,8 @@ class NodeStatistics:
     subscribers: int
     published_total: int
     delivered_total: int
+    mesh_url: str
+    peers_linked: int
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (``GET /status``, ``hearthnet node status --json``)."""
@@ -118,6 +123,8 @@ class NodeStatistics:
             "subscribers": self.subscribers,
             "published_total": self.published_total,
             "delivered_total": self.delivered_total,
+            "mesh_url": self.mesh_url,
+            "peers_linked": self.peers_linked,
         }
 
 
@@ -170,9 +177,14 @@ class Node:
     """One HearthNet node."""
 
     def __init__(
-        self, config: Config, *, extra_capabilities: list[Capability] | None = None
+        self,
+        config: Config,
+        *,
+        extra_capabilities: list[Capability] | None = None,
+        join: str | None = None,
     ) -> None:
         self.config = config
+        self.join_token = join
         self.data_dir = config.data_path
         self.metrics = MetricsRegistry()
         self.started_ms = 0
@@ -195,6 +207,7 @@ class Node:
         self.pubsub: PubSub
         self.sweeper: SessionSweeper
         self.pubsub_deps: PubSubDeps
+        self.mesh: Mesh
         self.streams: ActiveStreams
         self.connections: ConnectionTracker
         self._manifest: dict[str, Any] | None = None
@@ -262,10 +275,26 @@ class Node:
             sessions=self.sessions,
         )
         self.pubsub = self._build_pubsub(transport_metrics)
+        self.mesh = Mesh(
+            keys=self.keys,
+            membership=self.membership,
+            apply_record=self._apply_from_peer,
+            config=cfg.mesh,
+            name=cfg.node.name,
+            data_dir=self.data_dir,
+            message_log=self.message_log,
+            pubsub=self.pubsub,
+            authenticator=self.authenticator,
+            bus=self.bus,
+            router=self.router,
+            metrics=self.metrics,
+            sessions=self.sessions,
+        )
         routes: list[web.RouteDef] = [
             *BusHttpEndpoints(deps).routes(),
             *BusWebSocketEndpoint(deps).routes(),
             *PubSubHttp(self.pubsub_deps).routes(),
+            *MeshHttp(self.mesh, self.authenticator, self.keys, self.apply_membership).routes(),
             *StatusEndpoints(self).routes(),
         ]
         self.server = HttpServer(
@@ -326,8 +355,10 @@ class Node:
     # --- life cycle ----------------------------------------------------------------
 
     async def __aenter__(self) -> Node:
-        self._build()
+        if self.join_token:
+            await redeem_invite(self.data_dir, self.join_token, name=self.config.node.name)
         try:
+            self._build()
             await self.message_log.open()
         except BaseException:
             self._lock.release()
@@ -347,6 +378,8 @@ class Node:
                 f"cannot listen on {self.config.node.host}:{self.config.node.port}: {exc.strerror}"
             ) from exc
         self.url = client_url(host, port)
+        await self.mesh.start(advertised_url(self.config.node.host, port, self.url))
+        self.spawn(self.mesh.run(), "mesh")
         self.started_ms = now_ms()
         self._started_mono = time.monotonic()
         self._write_run_file()
@@ -403,6 +436,7 @@ class Node:
         if self._task_group is None:
             return
         self._stop.set()
+        self.mesh.stop()
         await self.server.stop_accepting()
         await self.streams.shutdown(self.config.node.shutdown_grace_s)
         await self.server.close()
@@ -438,10 +472,26 @@ class Node:
     # --- membership ------------------------------------------------------------------
 
     def apply_membership(self, record: MembershipRecord) -> bool:
-        """Store and apply a verified membership record; False if already known or foreign."""
+        """Store, apply and gossip a verified membership record; False if already known or
+        foreign."""
+        if not self._apply_from_peer(record):
+            return False
+        self.mesh.broadcast_records([record])
+        return True
+
+    def _apply_from_peer(self, record: MembershipRecord) -> bool:
+        """Store and apply a record (the mesh floods it on); enforce revocations at once."""
         if not self.membership.add(record):
             return False
         self._community_store.append(record)
+        if record.kind == "member.revoked" and self.membership.is_revoked(record.subject):
+            # spec §1.5: links and sessions of the revoked identity end within 10 s
+            error = Revoked("identity revoked")
+            self.sessions.close_identity(record.subject, error)
+            self.mesh.close_links_of(record.subject, "revoked")
+            log.info("revoked %s", record.subject, extra={"peer": record.subject})
+        elif record.kind == "token.revoked" and record.iss is not None:
+            self.sessions.close_token(record.iss, record.subject, Revoked("token revoked"))
         return True
 
     def add_member(
@@ -500,6 +550,8 @@ class Node:
             subscribers=len(self.pubsub.subscribers),
             published_total=int(self.pubsub.metrics.published.total()),
             delivered_total=int(self.pubsub.metrics.delivered.total()),
+            mesh_url=self.mesh.url,
+            peers_linked=len(self.mesh.links),
         )
 
     def manifest(self) -> dict[str, Any]:

@@ -574,6 +574,43 @@ class MessageLog:
         )
         return sorted(rows[:limit], key=lambda r: r.seq), len(rows) > limit
 
+    async def origin_heads(self) -> list[tuple[str, int, int, list[int]]]:
+        """Per origin: ``(origin, floor, head, above)`` where ``head`` is the end of the
+        contiguous run of origin_seqs starting at the lowest held (``floor``), and
+        ``above`` the seqs held beyond a hole (bounded) — the gossip tracker's start."""
+        assert self._reader is not None
+        cur = await self._reader.execute(
+            "WITH g AS (SELECT origin, origin_seq,"
+            " origin_seq - ROW_NUMBER() OVER (PARTITION BY origin ORDER BY origin_seq) AS grp"
+            " FROM messages),"
+            " f AS (SELECT origin, MIN(grp) AS first FROM g GROUP BY origin)"
+            " SELECT g.origin, MIN(g.origin_seq), MAX(g.origin_seq) FROM g JOIN f"
+            " ON g.origin = f.origin AND g.grp = f.first GROUP BY g.origin"
+        )
+        firsts = {o: (lo, hi) for o, lo, hi in await cur.fetchall()}
+        cur = await self._reader.execute(
+            "WITH g AS (SELECT origin, origin_seq,"
+            " origin_seq - ROW_NUMBER() OVER (PARTITION BY origin ORDER BY origin_seq) AS grp"
+            " FROM messages),"
+            " f AS (SELECT origin, MIN(grp) AS first FROM g GROUP BY origin)"
+            " SELECT g.origin, g.origin_seq FROM g JOIN f ON g.origin = f.origin"
+            " WHERE g.grp <> f.first LIMIT 100000"
+        )
+        above: dict[str, list[int]] = {}
+        for origin, seq in await cur.fetchall():
+            above.setdefault(origin, []).append(seq)
+        return [(o, lo, hi, above.get(o, [])) for o, (lo, hi) in firsts.items()]
+
+    async def read_origin(self, origin: str, first: int, last: int, limit: int) -> list[bytes]:
+        """Raw envelopes of one origin with ``first <= origin_seq <= last`` (repair)."""
+        assert self._reader is not None
+        cur = await self._reader.execute(
+            "SELECT raw FROM messages WHERE origin = ? AND origin_seq BETWEEN ? AND ?"
+            " ORDER BY origin_seq LIMIT ?",
+            (origin, first, last, max(0, limit)),
+        )
+        return [bytes(r[0]) for r in await cur.fetchall()]
+
     # --- retention ----------------------------------------------------------------
 
     async def delete(self, seqs: list[int]) -> int:

@@ -27,7 +27,7 @@ from hearthnet.pubsub.envelope import StoredMessage, encoded_payload, validate_t
 from hearthnet.pubsub.frames import Since
 from hearthnet.pubsub.index import SubscriptionIndex
 from hearthnet.pubsub.log import PAGE, ConsumerRecord, MessageLog
-from hearthnet.pubsub.presence import Member, PresenceEvent, PresenceTable
+from hearthnet.pubsub.presence import Member, PresenceEvent, PresenceTable, validate_presence_fields
 from hearthnet.pubsub.retention import RetentionPolicy
 from hearthnet.pubsub.topics import TopicPattern, validate_topic
 from hearthnet.pubsub.wire import EncodedMessage, control_frame
@@ -218,6 +218,8 @@ class PubSub:
         self.subscribers: set[Subscriber] = set()
         self.presence = PresenceTable(silence_ms=int(config.presence_silence_s * 1000))
         self.active_consumers: dict[tuple[str, str], Subscriber] = {}
+        # The mesh sets this to gossip local members' presence events.
+        self.on_local_presence: Callable[[list[PresenceEvent]], None] = lambda events: None
         self.metrics = PubSubMetrics.register(metrics, lambda: float(len(self.subscribers)))
         self._member_limit = RateLimiter(config.publish_per_s_member)
         self._token_limit = RateLimiter(config.publish_per_s_token)
@@ -544,8 +546,10 @@ class PubSub:
         self._broadcast_presence(events)
 
     def _broadcast_presence(
-        self, events: list[PresenceEvent], skip: Subscriber | None = None
+        self, events: list[PresenceEvent], skip: Subscriber | None = None, *, local: bool = True
     ) -> None:
+        """Deliver presence events to local subscribers; local members' events also go to
+        the mesh (``on_local_presence``), which gossips them to other nodes (spec §6.6)."""
         for event in events:
             for sub in self.index.match(event.topic):
                 if sub is skip:
@@ -553,6 +557,68 @@ class PubSub:
                 if not sub.filtered or self.policy.may_receive(sub.caller, event.topic):
                     sub.send_control("presence", event.to_json())
                     self.wake(sub)
+        if local:
+            mine = [e for e in events if e.member.get("node") == self.node_id]
+            if mine:
+                self.on_local_presence(mine)
+
+    def local_presence(self, kind: str) -> list[dict[str, Any]]:
+        """Every local member as presence event data (for refreshing peers)."""
+        return [
+            {"topic": topic, "kind": kind, "member": member.to_json()}
+            for topic, members in self.presence.topics.items()
+            for member in members.values()
+            if member.local
+        ]
+
+    def apply_remote_presence(self, event: object) -> None:
+        """A presence event gossiped from another node: update the table (remote members
+        expire 45 s after their last refresh) and tell local subscribers of changes."""
+        if not isinstance(event, dict):
+            return
+        topic, kind, raw = event.get("topic"), event.get("kind"), event.get("member")
+        if (
+            not isinstance(topic, str)
+            or not isinstance(raw, dict)
+            or kind not in ("join", "update", "leave", "refresh")
+        ):
+            return
+        client_id, node = raw.get("client_id"), raw.get("node")
+        if not isinstance(client_id, str) or not isinstance(node, str) or node == self.node_id:
+            return
+        if kind == "leave":
+            self._broadcast_presence(self.presence.leave(client_id, topic), local=False)
+            return
+        try:
+            fields = validate_presence_fields(
+                {k: raw[k] for k in ("name", "status", "meta") if k in raw}
+            )
+        except BadRequest:
+            return
+        now = now_ms()
+        known = self.presence.topics.get(topic, {}).get(client_id)
+        member = Member(
+            client_id,
+            str(raw.get("identity", "")),
+            node,
+            int(raw.get("joined_ms") or now),
+            now,
+            fields.get("name"),
+            fields.get("status"),
+            fields.get("meta"),
+            local=False,
+        )
+        unchanged = known is not None and (known.name, known.status, known.meta) == (
+            member.name,
+            member.status,
+            member.meta,
+        )
+        try:
+            events = self.presence.join(topic, member)
+        except BadRequest:
+            return
+        if not unchanged:
+            self._broadcast_presence(events, local=False)
 
     # --- reading --------------------------------------------------------------------
 

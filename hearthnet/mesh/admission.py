@@ -1,0 +1,278 @@
+"""Invites and joining a community (spec §1.5). Pure apart from the HTTP call in
+:func:`redeem_invite`.
+
+An invite is ``{community, inviter, level, expires_ms, bootstrap: [urls], nonce}`` signed
+by the inviter (an anchor or trusted member), carried as ``hn1:`` + base64url(JCS). The
+joining node sends a *join request* to a bootstrap node, signed with its own key so the
+invite cannot be redeemed for someone else's key. The admitting node checks both and signs
+a ``member.added`` record that names the invite's nonce; the membership fold refuses a
+second record with the same nonce, so an invite works once, mesh-wide.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from hearthnet.canonical import canonicalize
+from hearthnet.clock import now_ms
+from hearthnet.community import CommunityStore, Level, Membership, MembershipRecord
+from hearthnet.errors import (
+    BadRequest,
+    Expired,
+    InvalidSignature,
+    Revoked,
+    Unauthorized,
+    Unavailable,
+)
+from hearthnet.identity import KeyPair, load_or_create_keys, verify_object
+from hearthnet.ids import b64url_decode, b64url_encode, is_node_id
+from hearthnet.mesh.addresses import PeerBook, normalize_url
+
+INVITE_PREFIX = "hn1:"
+MAX_INVITE_CHARS = 4096
+JOIN_WINDOW_MS = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class Invite:
+    """A verified invite."""
+
+    community: str
+    inviter: str
+    level: Level
+    expires_ms: int
+    bootstrap: tuple[str, ...]
+    nonce: str
+    sig: str
+
+    @classmethod
+    def issue(
+        cls,
+        inviter: KeyPair,
+        *,
+        community: str,
+        level: Level,
+        ttl_ms: int,
+        now_ms: int,
+        bootstrap: list[str],
+        nonce: str,
+    ) -> Invite:
+        """Sign a new invite."""
+        body: dict[str, Any] = {
+            "community": community,
+            "inviter": inviter.node_id,
+            "level": level.label,
+            "expires_ms": now_ms + ttl_ms,
+            "bootstrap": [normalize_url(u) for u in bootstrap],
+            "nonce": nonce,
+        }
+        body["sig"] = inviter.sign_object(body)
+        return cls.from_json(body)
+
+    @classmethod
+    def from_json(cls, obj: object) -> Invite:
+        """Validate and verify."""
+        if not isinstance(obj, dict) or set(obj) != {
+            "community",
+            "inviter",
+            "level",
+            "expires_ms",
+            "bootstrap",
+            "nonce",
+            "sig",
+        }:
+            raise BadRequest(
+                "an invite has community, inviter, level, expires_ms, bootstrap, nonce, sig"
+            )
+        if not (is_node_id(obj["community"]) and is_node_id(obj["inviter"])):
+            raise BadRequest("invite community and inviter are NodeIDs")
+        if (
+            not isinstance(obj["expires_ms"], int)
+            or not isinstance(obj["nonce"], str)
+            or not 8 <= len(obj["nonce"]) <= 64
+        ):
+            raise BadRequest("invite expires_ms is an integer and nonce 8..64 characters")
+        if not isinstance(obj["bootstrap"], list) or len(obj["bootstrap"]) > 16:
+            raise BadRequest("invite bootstrap is a list of at most 16 URLs")
+        bootstrap = tuple(normalize_url(u) for u in obj["bootstrap"])
+        level = Level.parse(obj["level"])
+        verify_object(obj["inviter"], obj, obj["sig"], "sig")
+        return cls(
+            obj["community"],
+            obj["inviter"],
+            level,
+            obj["expires_ms"],
+            bootstrap,
+            obj["nonce"],
+            obj["sig"],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """Wire form."""
+        return {
+            "community": self.community,
+            "inviter": self.inviter,
+            "level": self.level.label,
+            "expires_ms": self.expires_ms,
+            "bootstrap": list(self.bootstrap),
+            "nonce": self.nonce,
+            "sig": self.sig,
+        }
+
+    def encode(self) -> str:
+        """``hn1:`` + base64url of the canonical JSON."""
+        return INVITE_PREFIX + b64url_encode(canonicalize(self.to_json()))
+
+    @classmethod
+    def decode(cls, text: object) -> Invite:
+        """Parse ``hn1:...``.
+
+        Raises:
+            InvalidSignature: malformed or forged.
+        """
+        if (
+            not isinstance(text, str)
+            or not text.startswith(INVITE_PREFIX)
+            or len(text) > MAX_INVITE_CHARS
+        ):
+            raise InvalidSignature("an invite starts with 'hn1:'")
+        try:
+            return cls.from_json(json.loads(b64url_decode(text[len(INVITE_PREFIX) :])))
+        except (ValueError, BadRequest) as exc:
+            raise InvalidSignature(f"malformed invite: {exc}") from exc
+
+
+def join_request(keys: KeyPair, invite: Invite, *, name: str, now_ms: int) -> dict[str, Any]:
+    """The signed body a joining node sends to ``POST /mesh/v1/join``."""
+    body: dict[str, Any] = {
+        "invite": invite.encode(),
+        "node": keys.node_id,
+        "name": name[:128],
+        "community": invite.community,
+        "ts": now_ms,
+    }
+    body["sig"] = keys.sign_object(body)
+    return body
+
+
+def admit(admitter: KeyPair, membership: Membership, request: object, now: int) -> MembershipRecord:
+    """Check a join request and return the ``member.added`` record to apply.
+
+    Raises:
+        BadRequest: malformed request.
+        InvalidSignature: the invite or the request does not verify.
+        Expired: the invite expired, or the request's ``ts`` is outside the window.
+        Unauthorized: wrong community, inviter not allowed to invite at that level, or this
+            node may not add members.
+        Revoked: the joining identity or the inviter was revoked.
+    """
+    if not isinstance(request, dict) or set(request) != {
+        "invite",
+        "node",
+        "name",
+        "community",
+        "ts",
+        "sig",
+    }:
+        raise BadRequest("a join request has invite, node, name, community, ts, sig")
+    invite = Invite.decode(request["invite"])
+    node = request["node"]
+    if (
+        not is_node_id(node)
+        or not isinstance(request["ts"], int)
+        or not isinstance(request["name"], str)
+    ):
+        raise BadRequest("join request node is a NodeID, ts an integer, name a string")
+    verify_object(node, request, request["sig"], "sig")
+    if abs(now - request["ts"]) > JOIN_WINDOW_MS:
+        raise Expired("join request timestamp outside the window")
+    if invite.community != membership.community_id or request["community"] != invite.community:
+        raise Unauthorized("the invite is for another community")
+    if invite.expires_ms <= now:
+        raise Expired("the invite expired")
+    if membership.is_revoked(node) or membership.is_revoked(invite.inviter):
+        raise Revoked("the joining node or the inviter is revoked")
+    inviter_level = membership.level_of(invite.inviter)
+    if inviter_level is None or inviter_level < Level.TRUSTED or invite.level > inviter_level:
+        raise Unauthorized("the inviter may not invite at that level")
+    own = membership.level_of(admitter.node_id)
+    if own is None or own < Level.TRUSTED or invite.level > own:
+        raise Unauthorized(
+            "this node may not add members; use a bootstrap node of an anchor or trusted member"
+        )
+    if invite.nonce in membership.used_invites:
+        raise Unauthorized("this invite was already used")
+    if membership.level_of(node) is not None:
+        raise BadRequest("that node is already a member")
+    return MembershipRecord.create(
+        admitter,
+        "member.added",
+        membership.community_id,
+        node,
+        now_ms=now,
+        level=invite.level,
+        name=request["name"][:128] or None,
+        invite=invite.nonce,
+    )
+
+
+async def redeem_invite(data_dir: Path, token: str, *, name: str) -> bool:
+    """``hearthnet node start --join TOKEN``: join the invite's community before starting.
+
+    Asks the invite's bootstrap nodes in turn to admit this node, verifies the records it
+    gets back (the community's whole signed membership log, in which this node must now be
+    a member), stores them in place of the node's own community, and remembers the
+    bootstrap URLs as peers. Returns False when this node already belongs to it.
+
+    Raises:
+        InvalidSignature / Expired: a bad or expired invite.
+        Unavailable: no bootstrap node could admit us (their last error is in the message).
+    """
+    keys = load_or_create_keys(data_dir)
+    invite = Invite.decode(token)
+    if invite.expires_ms <= now_ms():
+        raise Expired("the invite expired")
+    store = CommunityStore(data_dir)
+    existing = store.load()
+    if any(r.community == invite.community and r.subject == keys.node_id for r in existing):
+        return False
+    if not invite.bootstrap:
+        raise BadRequest("the invite names no bootstrap node to join through")
+    last_error = "no bootstrap node answered"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
+        for url in invite.bootstrap:
+            body = join_request(keys, invite, name=name, now_ms=now_ms())
+            try:
+                async with http.post(url + "/mesh/v1/join", json=body) as resp:
+                    answer = await resp.json(content_type=None)
+            except (aiohttp.ClientError, OSError, ValueError) as exc:
+                last_error = f"{url}: {exc}"
+                continue
+            if resp.status != 200:
+                error = (
+                    answer.get("error", resp.status) if isinstance(answer, dict) else resp.status
+                )
+                message = answer.get("message", "") if isinstance(answer, dict) else ""
+                last_error = f"{url}: {error} {message}"
+                continue
+            records = [MembershipRecord.parse(r) for r in answer.get("records", [])]
+            view = Membership(invite.community)
+            for record in records:
+                view.add(record)
+            if view.level_of(keys.node_id) is None:
+                last_error = f"{url}: the answer does not make this node a member"
+                continue
+            store.replace(sorted(records, key=lambda r: r.order_key))
+            book = PeerBook(data_dir / "mesh" / "peers.json")
+            book.load()
+            for peer in {*invite.bootstrap, *answer.get("bootstrap", [])}:
+                book.add(peer, source="bootstrap")
+            book.dirty = True
+            book.save()
+            return True
+    raise Unavailable(f"could not join: {last_error}")

@@ -1,0 +1,239 @@
+"""The heartbeat log and its export (spec §7.5), plus message traces for propagation.
+
+Heartbeat records go to ``<data_dir>/heartbeats/YYYY-MM-DD.jsonl`` (UTC days, kept 14 days):
+one JSON object per observation (``pong``, ``miss``, ``link_up``, ``link_down``). Trace
+records (``<data_dir>/traces/``) note when a gossiped message arrived and after how many
+hops; they are sampled at a bounded rate. Writes are buffered and flushed once a second by
+the node's task.
+
+``export`` copies this node's records and the community's beacons (from the message log)
+into ``OUT/heartbeats/``, ``OUT/beacons/`` and ``OUT/traces/`` as JSON lines or Parquet,
+the input of the PySpark mesh-health job.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from hearthnet.errors import ConfigError
+from hearthnet.ids import short_id
+from hearthnet.ratelimit import TokenBucket
+
+KEEP_DAYS = 14
+BUFFER_MAX = 10_000
+TRACES_PER_S = 50.0
+
+
+def day_of(ts_ms: int) -> str:
+    """``YYYY-MM-DD`` (UTC) of a Unix-ms timestamp."""
+    return dt.datetime.fromtimestamp(ts_ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d")
+
+
+class DailyJsonl:
+    """Buffered JSON lines, one file per UTC day, old files pruned."""
+
+    def __init__(self, directory: Path, keep_days: int = KEEP_DAYS) -> None:
+        self.directory = directory
+        self.keep_days = keep_days
+        self._buffer: list[tuple[str, str]] = []
+        self.dropped = 0
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Buffer one record (dropped, and counted, if the buffer is full)."""
+        if len(self._buffer) >= BUFFER_MAX:
+            self.dropped += 1
+            return
+        self._buffer.append((day_of(int(record["ts"])), json.dumps(record, separators=(",", ":"))))
+
+    def flush(self) -> int:
+        """Append buffered records to their day files; returns how many."""
+        if not self._buffer:
+            return 0
+        batch, self._buffer = self._buffer, []
+        self.directory.mkdir(parents=True, exist_ok=True)
+        by_day: dict[str, list[str]] = {}
+        for day, line in batch:
+            by_day.setdefault(day, []).append(line)
+        for day, lines in by_day.items():
+            with (self.directory / f"{day}.jsonl").open("a", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+        return len(batch)
+
+    def prune(self, now_ms: int) -> int:
+        """Delete day files older than ``keep_days``; returns how many."""
+        if not self.directory.exists():
+            return 0
+        cutoff = day_of(now_ms - self.keep_days * 86_400_000)
+        removed = 0
+        for path in self.directory.glob("*.jsonl"):
+            if path.stem < cutoff:
+                path.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+
+class HeartbeatLog:
+    """Heartbeat and trace records of one node."""
+
+    def __init__(self, data_dir: Path, *, node: str, community: str, version: str) -> None:
+        self.node = node
+        self.community = community
+        self.version = version
+        self.heartbeats = DailyJsonl(data_dir / "heartbeats")
+        self.traces = DailyJsonl(data_dir / "traces")
+        self._trace_budget = TokenBucket(TRACES_PER_S, TRACES_PER_S, time.monotonic())
+
+    def heartbeat(
+        self,
+        *,
+        ts: int,
+        peer: str,
+        kind: str,
+        seq: int | None = None,
+        rtt_ms: float | None = None,
+        clock_offset_ms: float | None = None,
+        path: str = "direct",
+        via: str | None = None,
+        peers_linked: int = 0,
+        log_head: int = 0,
+        subscribers: int = 0,
+    ) -> None:
+        """One observation of one link (spec §7.5 record format)."""
+        self.heartbeats.add(
+            {
+                "ts": ts,
+                "node": self.node,
+                "peer": peer,
+                "community": self.community,
+                "kind": kind,
+                "seq": seq,
+                "rtt_ms": rtt_ms,
+                "path": path,
+                "via": via,
+                "clock_offset_ms": clock_offset_ms,
+                "peers_linked": peers_linked,
+                "log_head": log_head,
+                "subscribers": subscribers,
+                "version": self.version,
+            }
+        )
+
+    def trace(self, *, ts: int, msg_id: str, origin: str, published_ms: int, hops: int) -> None:
+        """A gossiped message arrived (sampled: at most 50 records a second)."""
+        if self._trace_budget.take(time.monotonic()) == 0.0:
+            self.traces.add(
+                {
+                    "ts": ts,
+                    "node": self.node,
+                    "msg_id": msg_id,
+                    "origin": origin,
+                    "published_ms": published_ms,
+                    "hops": hops,
+                }
+            )
+
+    def flush(self) -> None:
+        """Write what is buffered."""
+        self.heartbeats.flush()
+        self.traces.flush()
+
+    def prune(self, now_ms: int) -> None:
+        """Drop files older than 14 days."""
+        self.heartbeats.prune(now_ms)
+        self.traces.prune(now_ms)
+
+
+def _records_since(directory: Path, since_ms: int) -> Iterator[dict[str, Any]]:
+    if not directory.exists():
+        return
+    first_day = day_of(since_ms)
+    for path in sorted(directory.glob("*.jsonl")):
+        if path.stem < first_day:
+            continue
+        with path.open(encoding="utf-8") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # a torn last line after a crash
+                if isinstance(record, dict) and int(record.get("ts", 0)) >= since_ms:
+                    yield record
+
+
+def _beacons_since(db: Path, since_ms: int) -> Iterator[dict[str, Any]]:
+    if not db.exists():
+        return
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = conn.execute(
+            "SELECT raw FROM messages WHERE topic = 'mesh.beacon' AND ts >= ? ORDER BY seq",
+            (since_ms,),
+        )
+        for (raw,) in rows:
+            envelope = json.loads(raw)
+            if isinstance(envelope.get("data"), dict):
+                yield {**envelope["data"], "ts": envelope["ts"]}
+    finally:
+        conn.close()
+
+
+def _write(records: Iterable[dict[str, Any]], path: Path, fmt: str) -> int:
+    rows = list(records)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "jsonl":
+        with path.open("w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, separators=(",", ":")) + "\n")
+        return len(rows)
+    try:
+        import pyarrow as pa  # noqa: PLC0415 - optional: the analysis extra
+        import pyarrow.parquet as pq  # noqa: PLC0415
+    except ImportError as exc:
+        raise ConfigError(
+            "Parquet export needs pyarrow: pip install 'hearthnet[analysis]'"
+        ) from exc
+    if rows:
+        for row in rows:  # nested values (a beacon's peers) travel as JSON text in Parquet
+            for key, value in row.items():
+                if isinstance(value, list | dict):
+                    row[key] = json.dumps(value, separators=(",", ":"))
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    return len(rows)
+
+
+def export(
+    data_dir: Path, out: Path, *, node: str, since_ms: int, fmt: str = "jsonl"
+) -> dict[str, int]:
+    """Write this node's heartbeats and traces and the community's beacons under ``out``.
+
+    Returns the number of records written per kind.
+    """
+    if fmt not in ("jsonl", "parquet"):
+        raise ConfigError("--format is jsonl or parquet")
+    stem = (
+        short_id(node).replace("-", "").lower()
+        + "-"
+        + time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    )
+    ext = "jsonl" if fmt == "jsonl" else "parquet"
+    return {
+        "heartbeats": _write(
+            _records_since(data_dir / "heartbeats", since_ms),
+            out / "heartbeats" / f"{stem}.{ext}",
+            fmt,
+        ),
+        "beacons": _write(
+            _beacons_since(data_dir / "pubsub" / "log.sqlite3", since_ms),
+            out / "beacons" / f"{stem}.{ext}",
+            fmt,
+        ),
+        "traces": _write(
+            _records_since(data_dir / "traces", since_ms), out / "traces" / f"{stem}.{ext}", fmt
+        ),
+    }

@@ -1,0 +1,428 @@
+"""Capability calls across peer links (spec §2.3, §7.4).
+
+Caller side: :class:`RemoteProvider` is the :class:`~hearthnet.bus.routing.Provider` of a
+capability that runs on another node. It sends the *original* call envelope and
+credentials over the link towards the provider (the provider verifies the caller end to
+end) and turns the ``frame`` replies back into a stream; acks, tool results and cancel
+travel the same path.
+
+Provider side (and every node in between): :class:`RemoteCalls` verifies an incoming
+``call`` like any other, pins it to the provider it names and runs it through the bus, so
+a node that is not the provider simply forwards it one hop further, through the same code.
+
+Routes: every node announces the capabilities it can reach (its own at 0 hops, learnt ones
+at +1, at most :data:`MAX_HOPS`) in ``caps`` frames; the fewest hops win.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hearthnet.auth import Authenticator
+from hearthnet.bus.calls import Bus, CallHandle
+from hearthnet.bus.capability import CallContext
+from hearthnet.bus.descriptor import CapabilityDescriptor, parse_version, version_satisfies
+from hearthnet.bus.envelope import VerifiedCall
+from hearthnet.bus.routing import Router
+from hearthnet.clock import now_ms
+from hearthnet.community import Level
+from hearthnet.errors import (
+    BadRequest,
+    CapacityExceeded,
+    DeadlineExceeded,
+    Unavailable,
+    WireError,
+)
+from hearthnet.frames import Frame
+from hearthnet.ids import is_node_id, new_ulid
+from hearthnet.transport.flow import FlowWindow
+
+log = logging.getLogger("hearthnet.mesh.remote")
+
+MAX_HOPS = 4
+STREAM_WINDOW = 16
+ACK_EVERY = 8
+ACK_TIMEOUT_S = 5.0
+MAX_STREAMS_PER_LINK = 1024
+
+
+class LinkSender(Protocol):
+    """What remote calls need of a link."""
+
+    @property
+    def node(self) -> str:
+        """The peer's NodeID."""
+
+    def send(self, kind: str, **fields: Any) -> bool:
+        """Queue a frame."""
+
+
+def descriptor_from_json(obj: Any) -> CapabilityDescriptor:
+    """A peer's descriptor; :class:`BadRequest` if malformed."""
+    if not isinstance(obj, dict):
+        raise BadRequest("a descriptor is an object")
+    try:
+        return CapabilityDescriptor(
+            name=obj["name"],
+            version=obj["version"],
+            request_schema=obj.get("request_schema") or {},
+            response_schema=obj.get("response_schema"),
+            stream_schema=obj.get("stream_schema"),
+            stability=obj.get("stability", "stable"),
+            max_concurrent=int(obj.get("max_concurrent", 64)),
+            timeout_s=float(obj.get("timeout_s", 30.0)),
+            min_level=Level.parse(obj.get("min_level", "member")),
+            idempotent=bool(obj.get("idempotent", False)),
+            description=str(obj.get("description", ""))[:500],
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadRequest(f"malformed descriptor: {exc}") from exc
+
+
+@dataclass
+class _Outgoing:
+    """A call we sent towards a provider, waiting for its frames."""
+
+    via: str
+    queue: asyncio.Queue[Frame | WireError] = field(
+        default_factory=lambda: asyncio.Queue(STREAM_WINDOW * 2)
+    )
+
+
+@dataclass
+class _Incoming:
+    """A call a peer sent us (to run here, or to pass on)."""
+
+    handle: CallHandle | None
+    window: FlowWindow = field(default_factory=lambda: FlowWindow(STREAM_WINDOW))
+    moved: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class RemoteProvider:
+    """A node we can reach over the mesh, as a provider of capabilities."""
+
+    is_local = False
+
+    def __init__(self, calls: RemoteCalls, node_id: str, via: str, hops: int) -> None:
+        self.calls = calls
+        self.node_id = node_id
+        self.via = via
+        self.hops = hops
+        self._descriptors: dict[str, list[CapabilityDescriptor]] = {}
+        self.in_flight: dict[str, int] = {}
+
+    def update(self, descriptors: list[CapabilityDescriptor]) -> None:
+        """Replace what this provider offers."""
+        table: dict[str, list[CapabilityDescriptor]] = {}
+        for desc in descriptors:
+            table.setdefault(desc.name, []).append(desc)
+        for offered in table.values():
+            offered.sort(key=lambda d: parse_version(d.version), reverse=True)
+        self._descriptors = table
+
+    def descriptors(self) -> list[CapabilityDescriptor]:
+        """Everything offered."""
+        return [d for offered in self._descriptors.values() for d in offered]
+
+    def descriptor(self, name: str, version: str) -> CapabilityDescriptor | None:
+        """The best offered version for the request."""
+        for desc in self._descriptors.get(name, ()):
+            if version_satisfies(desc.version, version):
+                return desc
+        return None
+
+    def load(self, name: str, version: str) -> float:
+        """Our own in-flight calls to it over its max_concurrent."""
+        desc = self.descriptor(name, version)
+        return self.in_flight.get(desc.key, 0) / desc.max_concurrent if desc else 1.0
+
+    def acquire(self, descriptor: CapabilityDescriptor) -> None:
+        """Count a call (the provider enforces its own limit too)."""
+        used = self.in_flight.get(descriptor.key, 0)
+        if used >= descriptor.max_concurrent:
+            raise CapacityExceeded(
+                f"{descriptor.key} on {self.node_id} is busy", retry_after_ms=100
+            )
+        self.in_flight[descriptor.key] = used + 1
+
+    def release(self, descriptor: CapabilityDescriptor) -> None:
+        """Give the slot back."""
+        self.in_flight[descriptor.key] = max(0, self.in_flight.get(descriptor.key, 1) - 1)
+
+    def run(
+        self, call: VerifiedCall, ctx: CallContext, descriptor: CapabilityDescriptor
+    ) -> AsyncIterator[Frame]:
+        """Stream the call's frames back from the provider."""
+        return self.calls.stream_to(self, call, ctx)
+
+
+class RemoteCalls:
+    """Calls over peer links, both directions, and the capability routes."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        authenticator: Authenticator,
+        bus: Bus,
+        router: Router,
+        link_to: Callable[[str], LinkSender | None],
+        spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
+    ) -> None:
+        self.node_id = node_id
+        self.authenticator = authenticator
+        self.bus = bus
+        self.router = router
+        self.link_to = link_to
+        self.spawn = spawn
+        self.outgoing: dict[str, _Outgoing] = {}
+        self.incoming: dict[tuple[str, str], _Incoming] = {}
+        # routes[provider] = (hops, via neighbour, descriptors) learnt from each neighbour
+        self.learnt: dict[str, dict[str, tuple[int, list[CapabilityDescriptor]]]] = {}
+
+    # --- routes -----------------------------------------------------------------------
+
+    def announcement(self, exclude_via: str | None = None) -> list[dict[str, Any]]:
+        """What we can reach, for a ``caps`` frame (split horizon: not back to its source)."""
+        out = [
+            {
+                "node": self.node_id,
+                "hops": 0,
+                "descriptors": [d.to_json() for d in self.router.local.registry.descriptors()],
+            }
+        ]
+        for provider_id, provider in self.router.remote.items():
+            if (
+                isinstance(provider, RemoteProvider)
+                and provider.via != exclude_via
+                and provider.hops + 1 <= MAX_HOPS
+            ):
+                out.append(
+                    {
+                        "node": provider_id,
+                        "hops": provider.hops + 1,
+                        "descriptors": [d.to_json() for d in provider.descriptors()],
+                    }
+                )
+        return out
+
+    def learn(self, via: str, providers: object) -> bool:
+        """A neighbour's ``caps``: rebuild routes; True when our routes changed."""
+        table: dict[str, tuple[int, list[CapabilityDescriptor]]] = {}
+        if isinstance(providers, list):
+            for entry in providers[:1024]:
+                if not isinstance(entry, dict) or not is_node_id(entry.get("node")):
+                    continue
+                hops = entry.get("hops")
+                if (
+                    not isinstance(hops, int)
+                    or not 0 <= hops < MAX_HOPS
+                    or entry["node"] == self.node_id
+                ):
+                    continue
+                descriptors = []
+                for raw in entry.get("descriptors", [])[:256]:
+                    with contextlib.suppress(BadRequest):
+                        descriptors.append(descriptor_from_json(raw))
+                table[entry["node"]] = (hops + 1, descriptors)
+        self.learnt[via] = table
+        return self._rebuild()
+
+    def forget(self, via: str) -> bool:
+        """A neighbour went away: drop its routes; True when our routes changed."""
+        self.learnt.pop(via, None)
+        for key, stream in list(self.outgoing.items()):
+            if stream.via == via:
+                with contextlib.suppress(asyncio.QueueFull):
+                    stream.queue.put_nowait(Unavailable(f"the link to {via} went down mid-call"))
+                self.outgoing.pop(key, None)
+        for (peer, _), incoming in list(self.incoming.items()):
+            if peer == via and incoming.task is not None:
+                incoming.task.cancel()
+        return self._rebuild()
+
+    def _rebuild(self) -> bool:
+        best: dict[str, tuple[int, str, list[CapabilityDescriptor]]] = {}
+        for via, table in self.learnt.items():
+            for provider, (hops, descriptors) in table.items():
+                current = best.get(provider)
+                if current is None or (hops, via) < (current[0], current[1]):
+                    best[provider] = (hops, via, descriptors)
+        changed = False
+        for provider_id in list(self.router.remote):
+            if provider_id not in best:
+                self.router.remove_remote(provider_id)
+                changed = True
+        for provider_id, (hops, via, descriptors) in best.items():
+            existing = self.router.remote.get(provider_id)
+            if not isinstance(existing, RemoteProvider) or (existing.via, existing.hops) != (
+                via,
+                hops,
+            ):
+                existing = RemoteProvider(self, provider_id, via, hops)
+                self.router.add_remote(existing)
+                changed = True
+            before = {d.key for d in existing.descriptors()}
+            existing.update(descriptors)
+            changed = changed or before != {d.key for d in descriptors}
+        return changed
+
+    # --- caller side ------------------------------------------------------------------
+
+    async def stream_to(
+        self, provider: RemoteProvider, call: VerifiedCall, ctx: CallContext
+    ) -> AsyncIterator[Frame]:
+        """Send a call towards ``provider`` and yield its frames (acks go back as we go)."""
+        link = self.link_to(provider.via)
+        if link is None:
+            raise Unavailable(f"no link towards {provider.node_id}", retry_after_ms=1000)
+        sid = new_ulid()
+        out = self.outgoing[sid] = _Outgoing(provider.via)
+        remaining = max(1, int(ctx.remaining_s() * 1000))
+        link.send(
+            "call",
+            sid=sid,
+            to=provider.node_id,
+            envelope=call.envelope.to_json(),
+            signature=call.signature,
+            token=call.token,
+            deadline_ms=remaining,
+            inline=ctx.inline_tools,
+        )
+        ctx.forward_tool_result = lambda tool_call_id, body: self._send(
+            provider.via, "tool_result", sid=sid, tool_call_id=tool_call_id, body=body
+        )
+        finished = False
+        received = 0
+        try:
+            while True:
+                item = await out.queue.get()
+                if isinstance(item, WireError):
+                    raise item
+                received += 1
+                if item.terminal:
+                    finished = True
+                    yield item
+                    return
+                yield item
+                if received % ACK_EVERY == 0 and item.seq is not None:
+                    self._send(provider.via, "ack", sid=sid, upto=item.seq)
+        finally:
+            self.outgoing.pop(sid, None)
+            if not finished:
+                self._send(provider.via, "cancel", sid=sid)
+
+    def _send(self, node: str, kind: str, **fields: Any) -> None:
+        link = self.link_to(node)
+        if link is not None:
+            link.send(kind, **fields)
+
+    def on_frame(self, link: LinkSender, frame: dict[str, Any]) -> None:
+        """A ``frame`` reply for one of our outgoing calls."""
+        out = self.outgoing.get(str(frame.get("sid")))
+        if out is None or out.via != link.node:
+            return  # a late frame for a call that ended
+        try:
+            item = Frame.from_json(frame.get("f"))
+        except BadRequest as exc:
+            item = Frame(
+                "error",
+                BadRequest(f"malformed frame from {link.node}: {exc.message}").to_frame_data(),
+            )
+        try:
+            out.queue.put_nowait(item)
+        except asyncio.QueueFull:
+            # the provider ignored the window: end the call rather than buffer without bound
+            self.outgoing.pop(str(frame.get("sid")), None)
+            self._send(link.node, "cancel", sid=frame.get("sid"))
+
+    # --- provider side ----------------------------------------------------------------
+
+    def on_call(self, link: LinkSender, frame: dict[str, Any]) -> None:
+        """A call from a peer: verify the original caller, then run or pass it on."""
+        sid = frame.get("sid")
+        if not isinstance(sid, str) or len(sid) > 64:
+            return
+        key = (link.node, sid)
+        if (
+            key in self.incoming
+            or sum(1 for p, _ in self.incoming if p == link.node) >= MAX_STREAMS_PER_LINK
+        ):
+            link.send(
+                "frame",
+                sid=sid,
+                f=Frame(
+                    "error", CapacityExceeded("too many calls on this link").to_frame_data(), 1
+                ).to_json(),
+            )
+            return
+        target = frame.get("to")
+        deadline = frame.get("deadline_ms")
+        try:
+            call = self.authenticator.authenticate_call(
+                frame.get("envelope"),
+                signature=frame.get("signature"),
+                token=frame.get("token"),
+                now_ms=now_ms(),
+                target=target if is_node_id(target) else self.node_id,
+                deadline_ms=deadline if isinstance(deadline, int) and deadline > 0 else None,
+            )
+            handle = self.bus.open(call, inline_tools=bool(frame.get("inline")))
+        except WireError as exc:
+            link.send("frame", sid=sid, f=Frame("error", exc.to_frame_data(), 1).to_json())
+            return
+        incoming = self.incoming[key] = _Incoming(handle)
+        incoming.task = self.spawn(self._serve(link, sid, incoming), f"remote-call-{sid}")
+
+    async def _serve(self, link: LinkSender, sid: str, incoming: _Incoming) -> None:
+        handle = incoming.handle
+        assert handle is not None
+        window = incoming.window
+
+        async def emit(frame: Frame) -> None:
+            if not window.open:
+                try:
+                    async with asyncio.timeout(ACK_TIMEOUT_S):
+                        while not window.open:
+                            incoming.moved.clear()
+                            await incoming.moved.wait()
+                except TimeoutError:
+                    raise DeadlineExceeded("no ack over the mesh for 5 s") from None
+            link.send("frame", sid=sid, f=frame.with_seq(window.next_seq()).to_json())
+
+        try:
+            terminal = await handle.drive(emit)
+            link.send("frame", sid=sid, f=terminal.with_seq(window.next_seq(force=True)).to_json())
+        except asyncio.CancelledError:
+            handle.ctx.cancel()
+        finally:
+            self.incoming.pop((link.node, sid), None)
+
+    def on_ack(self, link: LinkSender, frame: dict[str, Any]) -> None:
+        """The caller side consumed frames up to ``upto``."""
+        incoming = self.incoming.get((link.node, str(frame.get("sid"))))
+        upto = frame.get("upto")
+        if incoming is not None and isinstance(upto, int) and incoming.window.ack(upto):
+            incoming.moved.set()
+
+    def on_tool_result(self, link: LinkSender, frame: dict[str, Any]) -> None:
+        """A client's tool result, forwarded along the call's path."""
+        incoming = self.incoming.get((link.node, str(frame.get("sid"))))
+        if incoming is None or incoming.handle is None:
+            return
+        try:
+            incoming.handle.ctx.deliver_tool_result(frame.get("tool_call_id"), frame.get("body"))
+        except WireError as exc:
+            log.info("tool result from %s refused: %s", link.node, exc, extra={"peer": link.node})
+
+    def on_cancel(self, link: LinkSender, frame: dict[str, Any]) -> None:
+        """The caller cancelled (or went away): cancel the handler, its cleanup runs."""
+        incoming = self.incoming.get((link.node, str(frame.get("sid"))))
+        if incoming is not None and incoming.task is not None:
+            incoming.task.cancel()

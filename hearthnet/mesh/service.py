@@ -1,0 +1,769 @@
+"""The mesh on one node (spec §7): links, dialling, gossip with anti-entropy, membership and
+presence flooding, heartbeats, capability routes.
+
+Asyncio glue around the pure cores of this package. Every background loop and every link
+task belongs to the task group of :meth:`Mesh.run`, which the node runs in its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, ClassVar
+
+import aiohttp
+import ifaddr
+import orjson
+from aiohttp import web
+
+from hearthnet import __version__
+from hearthnet.auth import Authenticator
+from hearthnet.bus.calls import Bus
+from hearthnet.bus.routing import Router
+from hearthnet.caller import Caller
+from hearthnet.clock import now_ms
+from hearthnet.community import Level, Membership, MembershipRecord
+from hearthnet.config import MeshSection
+from hearthnet.errors import HearthNetError, Unavailable, UpgradeRequired, WireError
+from hearthnet.identity import KeyPair
+from hearthnet.ids import new_ulid
+from hearthnet.mesh.addresses import PeerBook, normalize_url
+from hearthnet.mesh.gossip import AntiEntropy, OriginTracker
+from hearthnet.mesh.heartbeat import HeartbeatTracker, pong_for
+from hearthnet.mesh.heartlog import HeartbeatLog
+from hearthnet.mesh.links import PeerLink, run_handshake
+from hearthnet.mesh.protocol import MAX_FRAME_BYTES, SUBPROTOCOL, Handshake, encode_frame
+from hearthnet.mesh.remote import RemoteCalls
+from hearthnet.metrics import MetricsRegistry
+from hearthnet.pubsub.envelope import Message, StoredMessage
+from hearthnet.pubsub.log import MessageLog
+from hearthnet.pubsub.presence import PresenceEvent
+from hearthnet.pubsub.service import PubSub
+from hearthnet.sessions import SessionRegistry
+from hearthnet.transport.server import error_response
+
+log = logging.getLogger("hearthnet.mesh")
+
+SEEN_PRESENCE = 50_000
+MAX_MEMBERSHIP_RECORDS = 10_000
+
+
+class Mesh:
+    """This node's part of the community mesh."""
+
+    def __init__(
+        self,
+        *,
+        keys: KeyPair,
+        membership: Membership,
+        apply_record: Callable[[MembershipRecord], bool],
+        config: MeshSection,
+        name: str,
+        data_dir: Path,
+        message_log: MessageLog,
+        pubsub: PubSub,
+        authenticator: Authenticator,
+        bus: Bus,
+        router: Router,
+        metrics: MetricsRegistry,
+        sessions: SessionRegistry,
+    ) -> None:
+        self.keys = keys
+        self.membership = membership
+        self.apply_record = apply_record
+        self.config = config
+        self.name = name
+        self.data_dir = data_dir
+        self.log = message_log
+        self.pubsub = pubsub
+        self.authenticator = authenticator
+        self.sessions = sessions
+        self.links: dict[str, PeerLink] = {}
+        self.book = PeerBook(data_dir / "mesh" / "peers.json")
+        self.tracker = OriginTracker()
+        self.anti = AntiEntropy(self.tracker)
+        self.beats: dict[str, HeartbeatTracker] = {}
+        self.hlog = HeartbeatLog(
+            data_dir, node=keys.node_id, community=membership.community_id, version=__version__
+        )
+        self.remote = RemoteCalls(
+            node_id=keys.node_id,
+            authenticator=authenticator,
+            bus=bus,
+            router=router,
+            link_to=self._link_to,
+            spawn=self.spawn,
+        )
+        self.url = ""
+        self._dialing: set[str] = set()
+        self._hops: dict[str, int] = {}
+        self._seen_presence: OrderedDict[str, None] = OrderedDict()
+        self._group: asyncio.TaskGroup | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._http: aiohttp.ClientSession | None = None
+        self._started = time.monotonic()
+        self._cpu = (time.monotonic(), time.process_time())
+        m = metrics
+        m.gauge("hearthnet_peers_linked", "Peer links up.", lambda: float(len(self.links)))
+        self.rtt = m.histogram(
+            "hearthnet_link_rtt_seconds",
+            "Round-trip time of link pings.",
+            (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+        )
+        self.refused = m.counter(
+            "hearthnet_mesh_refused_total", "Peer links refused, by reason.", ("reason",)
+        )
+        self.link_events = m.counter(
+            "hearthnet_mesh_link_events_total", "Links up and down.", ("event",)
+        )
+        self.repaired = m.counter(
+            "hearthnet_gossip_repaired_total", "Messages sent to peers by anti-entropy repair."
+        )
+        self.sig_failures = m.counter(
+            "hearthnet_signature_failures_total",
+            "Signatures, tokens and credentials refused, by reason.",
+            ("reason",),
+        )
+        message_log.listeners.append(self.on_commit)
+        pubsub.on_local_presence = self.on_local_presence
+
+    # --- life -------------------------------------------------------------------------
+
+    async def start(self, url: str) -> None:
+        """Load what survives restarts: peer addresses and which messages we hold."""
+        self.url = self.config.advertise_url or url
+        self.book.own_urls.add(normalize_url(self.url))
+        self.book.load()
+        for peer in self.config.peers:
+            self.book.add(peer, source="bootstrap")
+        for origin, floor, head, above in await self.log.origin_heads():
+            self.tracker.load(origin, head, floor, above)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """A task owned by the mesh's task group; its failure is logged, not fatal."""
+
+        async def guarded() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("mesh task %s failed", name)
+
+        if self._group is None:
+            raise RuntimeError("the mesh is not running")
+        task = self._group.create_task(guarded(), name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def run(self) -> None:
+        """All mesh loops; returns only when cancelled (the node stops it)."""
+        self._http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5)
+        )
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                for loop_fn, name in (
+                    (self._dial_loop, "mesh-dial"),
+                    (self._repair_loop, "mesh-repair"),
+                    (self._heartbeat_loop, "mesh-heartbeat"),
+                    (self._caps_loop, "mesh-caps"),
+                    (self._presence_loop, "mesh-presence"),
+                    (self._beacon_loop, "mesh-beacon"),
+                    (self._housekeeping_loop, "mesh-housekeeping"),
+                ):
+                    group.create_task(loop_fn(), name=name)
+        finally:
+            self._group = None
+            await self._http.close()
+            self.hlog.flush()
+            self.book.save()
+
+    def stop(self) -> None:
+        """Say bye on every link (the task group is cancelled by the node right after)."""
+        for link in list(self.links.values()):
+            link.close("node shutting down")
+
+    # --- links: accepting and dialling ----------------------------------------------------
+
+    def _handshake(self, *, outbound: bool, expect: str | None = None) -> Handshake:
+        return Handshake(
+            self.keys,
+            self.membership,
+            outbound,
+            now_ms(),
+            name=self.name,
+            url=self.url,
+            version=__version__,
+            expect=expect,
+        )
+
+    async def accept(self, request: web.Request) -> web.StreamResponse:
+        """``GET /mesh/v1/peer``: a peer dials us."""
+        offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+        if SUBPROTOCOL not in offered:
+            self.refused.inc("subprotocol")
+            return error_response(
+                UpgradeRequired(f"peer links speak {SUBPROTOCOL}"),
+                headers={"Sec-WebSocket-Protocol": SUBPROTOCOL},
+            )
+        if len(self.links) >= 2 * self.config.max_links:
+            self.refused.inc("full")
+            return error_response(
+                Unavailable("this node has all the peer links it takes", retry_after_ms=5000)
+            )
+        ws = web.WebSocketResponse(
+            protocols=(SUBPROTOCOL,),
+            max_msg_size=MAX_FRAME_BYTES,
+            compress=False,
+            heartbeat=None,
+            autoping=True,
+        )
+        await ws.prepare(request)
+        try:
+            peer = await run_handshake(ws, self._handshake(outbound=False), now_ms)
+        except WireError as exc:
+            self.refused.inc(exc.code)
+            log.info("refused a peer link from %s: %s", request.remote, exc)
+            await ws.close(code=1008, message=exc.code.encode())
+            return ws
+        entry = self.book.add(peer.url, node=peer.node, source="inbound") if peer.url else None
+        link = PeerLink(
+            peer,
+            ws,
+            outbound=False,
+            on_frame=self._on_frame,
+            on_down=self._link_down,
+            address=entry.url if entry is not None else None,
+        )
+        if self._link_up(link):
+            if entry is not None:
+                # linked, so worth sharing with other peers; not dialled while the link is up
+                self.book.succeeded(entry.url, peer.node, now_ms())
+                self.book.hold(entry.url, time.monotonic(), 3600)
+            await link.run()
+        else:
+            await ws.close(code=1000, message=b"duplicate")
+        return ws
+
+    async def dial(self, url: str) -> None:
+        """Dial one address (the dial loop calls this; tests and --peer too)."""
+        assert self._http is not None
+        address = self.book.addresses.get(url)
+        expect = address.node if address is not None else None
+        self._dialing.add(url)
+        try:
+            ws = await self._http.ws_connect(
+                url + "/mesh/v1/peer",
+                protocols=(SUBPROTOCOL,),
+                max_msg_size=MAX_FRAME_BYTES,
+                autoping=True,
+                heartbeat=None,
+                compress=0,
+            )
+        except (aiohttp.ClientError, OSError) as exc:
+            self._dialing.discard(url)
+            self.book.failed(url, time.monotonic())
+            log.debug("dial %s failed: %s", url, exc)
+            return
+        try:
+            peer = await run_handshake(ws, self._handshake(outbound=True, expect=expect), now_ms)
+        except WireError as exc:
+            self._dialing.discard(url)
+            self.refused.inc(exc.code)
+            self.book.failed(url, time.monotonic())
+            if exc.code in ("revoked", "unauthorized"):
+                self.book.hold(url, time.monotonic(), 300)  # no point asking again soon
+            if "ourselves" in exc.message:
+                self.book.own_urls.add(url)
+                self.book.addresses.pop(url, None)
+            await ws.close()
+            return
+        self._dialing.discard(url)
+        self.book.succeeded(url, peer.node, now_ms())
+        link = PeerLink(
+            peer, ws, outbound=True, on_frame=self._on_frame, on_down=self._link_down, address=url
+        )
+        if self._link_up(link):
+            self.book.hold(url, time.monotonic(), 3600)
+            await link.run()
+        else:
+            self.book.hold(url, time.monotonic(), 30)
+            await ws.close()
+
+    async def _dial_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.dial_interval_s)
+            room = self.config.max_links - len(self.links) - len(self._dialing)
+            if room <= 0:
+                continue
+            for address in self.book.due(time.monotonic(), set(self.links))[:room]:
+                if address.url not in self._dialing:
+                    self._dialing.add(address.url)
+                    self.spawn(self.dial(address.url), f"dial-{address.url}")
+
+    def _link_up(self, link: PeerLink) -> bool:
+        """Admit an established link; simultaneous dials keep one (spec §7.2)."""
+        existing = self.links.get(link.node)
+        if existing is not None:
+            me, peer = self.keys.node_id, link.node
+            keep_new = (me < peer) == link.outbound  # the lower NodeID's outbound link wins
+            if (me < peer) == existing.outbound or not keep_new:
+                return False
+            existing.close("duplicate link")
+        self.links[link.node] = link
+        self.beats[link.node] = HeartbeatTracker(self.config.heartbeat_s)
+        self.link_events.inc("up")
+        self._record(link.node, "link_up")
+        log.info(
+            "link up with %s (%s)",
+            link.node,
+            "outbound" if link.outbound else "inbound",
+            extra={"peer": link.node},
+        )
+        link.send(
+            "membership",
+            records=[r.to_json() for r in self.membership.records.values()][
+                :MAX_MEMBERSHIP_RECORDS
+            ],
+        )
+        link.send("peers", peers=self.book.urls_for_exchange())
+        link.send("caps", providers=self.remote.announcement(exclude_via=link.node))
+        self._send_presence_snapshot(link)
+        self._send_ihave(link)
+        return True
+
+    def _link_down(self, link: PeerLink, reason: str) -> None:
+        if self.links.get(link.node) is not link:
+            return  # a duplicate that lost
+        del self.links[link.node]
+        self.beats.pop(link.node, None)
+        self.link_events.inc("down")
+        self._record(link.node, "link_down")
+        log.info("link down with %s: %s", link.node, reason, extra={"peer": link.node})
+        if link.address is not None:
+            self.book.hold(link.address, time.monotonic(), 0)
+        if self.remote.forget(link.node):
+            self._announce_caps()
+
+    def _link_to(self, node: str) -> PeerLink | None:
+        return self.links.get(node)
+
+    def close_links_of(self, node: str, reason: str) -> None:
+        """End the link to ``node`` (revocation)."""
+        link = self.links.get(node)
+        if link is not None:
+            link.close(reason)
+
+    def _record(
+        self,
+        peer: str,
+        kind: str,
+        *,
+        seq: int | None = None,
+        rtt_ms: float | None = None,
+        clock_offset_ms: float | None = None,
+        ts: int | None = None,
+    ) -> None:
+        """One heartbeat-log record, with this node's current counts."""
+        self.hlog.heartbeat(
+            ts=ts or now_ms(),
+            peer=peer,
+            kind=kind,
+            seq=seq,
+            rtt_ms=rtt_ms,
+            clock_offset_ms=clock_offset_ms,
+            peers_linked=len(self.links),
+            log_head=self.log.head_seq,
+            subscribers=len(self.pubsub.subscribers),
+        )
+
+    # --- frames -----------------------------------------------------------------------
+
+    def _on_frame(self, link: PeerLink, frame: dict[str, Any]) -> None:
+        kind = frame["t"]
+        handler = self._handlers.get(kind)
+        if handler is not None:
+            handler(self, link, frame)
+
+    def _h_msg(self, link: PeerLink, frame: dict[str, Any]) -> None:
+        raw = frame.get("raw")
+        if not isinstance(raw, bytes):
+            return
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return
+        msg_id = obj.get("id") if isinstance(obj, dict) else None
+        if not isinstance(msg_id, str) or self.log.knows(msg_id) or msg_id in self._hops:
+            self.pubsub.metrics.duplicates.inc()
+            return
+        try:
+            message = Message.parse(obj, raw=raw)
+        except HearthNetError as exc:
+            self.sig_failures.inc("gossip")
+            log.warning(
+                "dropped a gossiped message from %s: %s", link.node, exc, extra={"peer": link.node}
+            )
+            return
+        hops = frame.get("h")
+        hops = hops if isinstance(hops, int) and 0 < hops < 64 else 1
+        self._hops[message.id] = hops
+        self.hlog.trace(
+            ts=now_ms(),
+            msg_id=message.id,
+            origin=message.origin,
+            published_ms=message.ts,
+            hops=hops,
+        )
+        fut = self.log.ingest(message, source=link.node)
+
+        def done(f: asyncio.Future[Any]) -> None:
+            self._hops.pop(message.id, None)
+            if not f.cancelled() and f.exception() is None and f.result() is None:
+                self.pubsub.metrics.duplicates.inc()
+
+        fut.add_done_callback(done)
+
+    def on_commit(self, batch: list[StoredMessage]) -> None:
+        """Forward what this node newly holds to every link but the one it came from."""
+        links = list(self.links.values())
+        for stored in batch:
+            message = stored.message
+            self.tracker.add(message.origin, message.origin_seq)
+            if not links:
+                continue
+            hops = self._hops.get(message.id, 0) + 1
+            data = encode_frame("msg", raw=message.raw, h=hops)  # once, for every link
+            for link in links:
+                if link.node != stored.source:
+                    link.send_raw(data)
+
+    def _send_ihave(self, link: PeerLink) -> None:
+        link.send("ihave", heads=dict(self.tracker.heads), floors=dict(self.tracker.floors))
+
+    def _h_ihave(self, link: PeerLink, frame: dict[str, Any]) -> None:
+        heads, floors = frame.get("heads"), frame.get("floors")
+        if not isinstance(heads, dict):
+            return
+        if isinstance(floors, dict):
+            for origin, floor in floors.items():
+                head = heads.get(origin)
+                if isinstance(floor, int) and isinstance(head, int) and head >= floor:
+                    self.tracker.skip_to(str(origin), floor)
+        wants = self.anti.plan(heads, time.monotonic())
+        if wants:
+            link.send("iwant", want=wants)
+
+    def _h_iwant(self, link: PeerLink, frame: dict[str, Any]) -> None:
+        want = frame.get("want")
+        if isinstance(want, dict):
+            self.spawn(self._repair(link, want), f"repair-{link.node}")
+
+    async def _repair(self, link: PeerLink, want: dict[str, Any]) -> None:
+        budget = self.config.repair_per_round
+        for origin, span in list(want.items())[:256]:
+            if budget <= 0:
+                break
+            if not (
+                isinstance(span, list) and len(span) == 2 and all(isinstance(x, int) for x in span)
+            ):
+                continue
+            rows = await self.log.read_origin(
+                str(origin), span[0], span[1], min(budget, span[1] - span[0] + 1)
+            )
+            for raw in rows:
+                link.send("msg", raw=raw, h=1)
+            budget -= len(rows)
+            self.repaired.inc(amount=len(rows))
+
+    async def _repair_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.anti_entropy_s)
+            for link in list(self.links.values()):
+                self._send_ihave(link)
+
+    # --- membership -------------------------------------------------------------------
+
+    def _h_membership(self, link: PeerLink, frame: dict[str, Any]) -> None:
+        records = frame.get("records")
+        if not isinstance(records, list):
+            return
+        fresh = []
+        for raw in records[:MAX_MEMBERSHIP_RECORDS]:
+            if not isinstance(raw, dict) or raw.get("id") in self.membership.records:
+                continue
+            try:
+                record = MembershipRecord.parse(raw)
+            except HearthNetError as exc:
+                self.sig_failures.inc("membership")
+                log.warning(
+                    "bad membership record from %s: %s", link.node, exc, extra={"peer": link.node}
+                )
+                continue
+            if self.apply_record(record):
+                fresh.append(record)
+        if fresh:
+            self.broadcast_records(fresh, skip=link.node)
+
+    def broadcast_records(self, records: list[MembershipRecord], skip: str | None = None) -> None:
+        """Flood new membership records to every other link."""
+        data = encode_frame("membership", records=[r.to_json() for r in records])
+        for link in list(self.links.values()):
+            if link.node != skip:
+                link.send_raw(data)
+
+    # --- presence ---------------------------------------------------------------------
+
+    def on_local_presence(self, events: list[PresenceEvent]) -> None:
+        """Local members joined, changed or left: tell the mesh."""
+        if events and self.links:
+            self._flood_presence([e.to_json() for e in events], None)
+
+    def _flood_presence(
+        self, events: list[dict[str, Any]], skip: str | None, presence_id: str | None = None
+    ) -> None:
+        presence_id = presence_id or new_ulid()
+        self._remember_presence(presence_id)
+        data = encode_frame("presence", id=presence_id, node=self.keys.node_id, events=events)
+        for link in list(self.links.values()):
+            if link.node != skip:
+                link.send_raw(data)
+
+    def _remember_presence(self, presence_id: str) -> bool:
+        if presence_id in self._seen_presence:
+            return False
+        self._seen_presence[presence_id] = None
+        if len(self._seen_presence) > SEEN_PRESENCE:
+            self._seen_presence.popitem(last=False)
+        return True
+
+    def _h_presence(self, link: PeerLink, frame: dict[str, Any]) -> None:
+        presence_id, events = frame.get("id"), frame.get("events")
+        if (
+            not isinstance(presence_id, str)
+            or not isinstance(events, list)
+            or not self._remember_presence(presence_id)
+        ):
+            return
+        for event in events[:1000]:
+            self.pubsub.apply_remote_presence(event)
+        data = encode_frame("presence", id=presence_id, node=frame.get("node"), events=events)
+        for other in list(self.links.values()):
+            if other.node != link.node:
+                other.send_raw(data)
+
+    def _send_presence_snapshot(self, link: PeerLink) -> None:
+        events = self.pubsub.local_presence("refresh")
+        if events:
+            presence_id = new_ulid()
+            self._remember_presence(presence_id)
+            link.send("presence", id=presence_id, node=self.keys.node_id, events=events)
+
+    async def _presence_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.presence_refresh_s)
+            events = self.pubsub.local_presence("refresh")
+            if events:
+                self._flood_presence(events, None)
+
+    # --- heartbeats -------------------------------------------------------------------
+
+    def _h_ping(self, link: PeerLink, frame: dict[str, Any]) -> None:
+        link.send("pong", **pong_for(frame, now_ms()))
+
+    def _h_pong(self, link: PeerLink, frame: dict[str, Any]) -> None:
+        tracker = self.beats.get(link.node)
+        if tracker is None:
+            return
+        observation = tracker.pong(
+            frame.get("seq"), frame.get("ts_echo"), frame.get("ts"), time.monotonic(), now_ms()
+        )
+        if observation is not None and observation.rtt_ms is not None:
+            self.rtt.observe(observation.rtt_ms / 1000)
+            self._record(
+                link.node,
+                "pong",
+                seq=observation.seq,
+                rtt_ms=observation.rtt_ms,
+                clock_offset_ms=observation.clock_offset_ms,
+            )
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.01, self.config.heartbeat_s / 5))
+            mono, wall = time.monotonic(), now_ms()
+            for node, tracker in list(self.beats.items()):
+                link = self.links.get(node)
+                if link is None:
+                    continue
+                ping, misses = tracker.tick(mono, wall)
+                for miss in misses:
+                    self._record(node, "miss", seq=miss.seq, ts=wall)
+                if tracker.down:
+                    link.close("three pongs missed")
+                elif ping is not None:
+                    link.send("ping", **ping)
+
+    # --- capabilities -----------------------------------------------------------------
+
+    def _h_caps(self, link: PeerLink, frame: dict[str, Any]) -> None:
+        if self.remote.learn(link.node, frame.get("providers")):
+            self._announce_caps(skip=link.node)
+
+    def _announce_caps(self, skip: str | None = None) -> None:
+        for link in list(self.links.values()):
+            if link.node != skip:
+                link.send("caps", providers=self.remote.announcement(exclude_via=link.node))
+
+    async def _caps_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.caps_s)
+            self._announce_caps()
+
+    def _h_peers(self, link: PeerLink, frame: dict[str, Any]) -> None:
+        peers = frame.get("peers")
+        if isinstance(peers, list):
+            for entry in peers[:64]:
+                if isinstance(entry, dict) and entry.get("node") != self.keys.node_id:
+                    self.book.add(
+                        str(entry.get("url", "")), node=entry.get("node"), source="exchange"
+                    )
+
+    # --- beacons and housekeeping -----------------------------------------------------------
+
+    def beacon(self) -> dict[str, Any]:
+        """This node's beacon (spec §7.5)."""
+        mono, cpu = time.monotonic(), time.process_time()
+        last_mono, last_cpu = self._cpu
+        self._cpu = (mono, cpu)
+        cpu_pct = 100.0 * (cpu - last_cpu) / (mono - last_mono) if mono > last_mono else 0.0
+        peers = []
+        for node, tracker in self.beats.items():
+            p50 = tracker.rtt_p50_ms
+            peers.append(
+                {
+                    "peer": node,
+                    "rtt_ms_p50": round(p50, 3) if p50 is not None else None,
+                    "loss_pct": round(tracker.loss_pct, 2),
+                    "path": "direct",
+                }
+            )
+        return {
+            "node": self.keys.node_id,
+            "name": self.name,
+            "uptime_s": round(mono - self._started, 1),
+            "peers": peers,
+            "log_head": self.log.head_seq,
+            "subscribers": len(self.pubsub.subscribers),
+            "cpu_pct": round(cpu_pct, 1),
+            "rss_mb": round(_rss_mb(), 1),
+            "version": __version__,
+        }
+
+    async def _beacon_loop(self) -> None:
+        me = Caller(self.keys.node_id, "node", Level.ANCHOR, None, True)
+        while True:
+            await asyncio.sleep(self.config.beacon_s)
+            with contextlib.suppress(WireError):
+                await self.pubsub.publish(me, "mesh.beacon", "beacon", self.beacon(), 3600)
+
+    async def _housekeeping_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.hlog.flush()
+            self.book.save()
+            if int(time.monotonic()) % 3600 == 0:
+                self.hlog.prune(now_ms())
+
+    # --- status -----------------------------------------------------------------------
+
+    def peers_status(self) -> list[dict[str, Any]]:
+        """Linked peers and known addresses, for ``hearthnet peers``."""
+        out = []
+        for node, link in self.links.items():
+            tracker = self.beats.get(node)
+            member = self.membership.members.get(node)
+            out.append(
+                {
+                    "node": node,
+                    "name": link.peer.name or (member.name if member else None),
+                    "linked": True,
+                    "direction": "outbound" if link.outbound else "inbound",
+                    "url": link.address or link.peer.url,
+                    "rtt_ms_p50": tracker.rtt_p50_ms if tracker else None,
+                    "loss_pct": tracker.loss_pct if tracker else None,
+                    "queued": link.queued,
+                    "path": "direct",
+                }
+            )
+        linked = set(self.links)
+        for address in self.book.addresses.values():
+            if address.node not in linked:
+                out.append(
+                    {
+                        "node": address.node,
+                        "linked": False,
+                        "url": address.url,
+                        "source": address.source,
+                        "failures": address.failures,
+                    }
+                )
+        return out
+
+    _handlers: ClassVar[dict[str, Callable[[Mesh, PeerLink, dict[str, Any]], None]]] = {}
+
+
+def _calls(
+    method: Callable[[RemoteCalls, Any, dict[str, Any]], None],
+) -> Callable[[Mesh, PeerLink, dict[str, Any]], None]:
+    return lambda mesh, link, frame: method(mesh.remote, link, frame)
+
+
+Mesh._handlers = {
+    "msg": Mesh._h_msg,
+    "ihave": Mesh._h_ihave,
+    "iwant": Mesh._h_iwant,
+    "membership": Mesh._h_membership,
+    "presence": Mesh._h_presence,
+    "ping": Mesh._h_ping,
+    "pong": Mesh._h_pong,
+    "caps": Mesh._h_caps,
+    "peers": Mesh._h_peers,
+    "call": _calls(RemoteCalls.on_call),
+    "frame": _calls(RemoteCalls.on_frame),
+    "ack": _calls(RemoteCalls.on_ack),
+    "tool_result": _calls(RemoteCalls.on_tool_result),
+    "cancel": _calls(RemoteCalls.on_cancel),
+}
+
+
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def advertised_url(host: str, port: int, local_url: str) -> str:
+    """The URL peers should dial: for a node listening on every interface, the first
+    non-loopback IPv4 address of this host (via ifaddr, which zeroconf uses too)."""
+    if host not in ("0.0.0.0", "", "::"):  # noqa: S104 - comparing, not binding
+        return local_url
+    for adapter in ifaddr.get_adapters():
+        for ip in adapter.ips:
+            if isinstance(ip.ip, str) and not ip.ip.startswith("127."):
+                return f"http://{ip.ip}:{port}"
+    return local_url
