@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,3 +184,22 @@ async def refused_upgrade(
         all_headers["Sec-WebSocket-Protocol"] = protocol
     async with http.get(url, headers=all_headers) as resp:
         return resp.status, await resp.json(), resp.headers
+
+
+async def eventually(
+    fetch: Callable[[], Awaitable[Any]],
+    predicate: Callable[[Any], bool],
+    within_s: float = 10.0,
+    what: str = "condition",
+) -> Any:
+    """Await ``fetch()`` until ``predicate`` holds for its result; return that result."""
+    deadline = time.monotonic() + within_s
+    while True:
+        value = await fetch()
+        if predicate(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out after {within_s} s waiting for {what}; last: {value!r}"
+            )
+        await asyncio.sleep(0.05)
