@@ -1,0 +1,69 @@
+"""The peer book: normalised URLs, bounded, backoff, persisted (spec §7.1, §9)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hearthnet.errors import BadRequest
+from hearthnet.identity import KeyPair
+from hearthnet.mesh.addresses import MAX_ADDRESSES, PeerBook, normalize_url
+
+PEER = KeyPair.from_seed(b"\x71" * 32).node_id
+
+
+@pytest.mark.parametrize(
+    ("url", "normal"),
+    [
+        ("http://127.0.0.1:7080/", "http://127.0.0.1:7080"),
+        ("https://Node.local:443", "https://node.local:443"),
+        ("http://[::1]:7080", "http://[::1]:7080"),
+    ],
+)
+def test_urls_normalised(url: str, normal: str) -> None:
+    """Scheme, host and port only."""
+    assert normal == normalize_url(url)
+
+
+@pytest.mark.parametrize("url", ["ftp://x:1", "http://x", "nonsense", 5])
+def test_bad_urls(url: object) -> None:
+    """Anything but http(s)://host:port is refused."""
+    with pytest.raises(BadRequest):
+        normalize_url(url)
+
+
+def test_backoff_doubles_to_30s_and_success_resets() -> None:
+    """Failures push the next try out (0.5 s doubling, capped); success clears it."""
+    book = PeerBook()
+    book.add("http://127.0.0.1:1")
+    delays = []
+    for _ in range(10):
+        book.failed("http://127.0.0.1:1", 0.0)
+        delays.append(book.addresses["http://127.0.0.1:1"].next_try)
+    book.succeeded("http://127.0.0.1:1", PEER, 5)
+    assert (True, True, 0.0) == (
+        0.4 <= delays[0] <= 0.6,
+        24 <= delays[-1] <= 36,
+        book.addresses["http://127.0.0.1:1"].next_try,
+    )
+
+
+def test_own_urls_refused_and_book_bounded() -> None:
+    """We never dial ourselves; the book never grows past its bound."""
+    book = PeerBook(own_urls=("http://127.0.0.1:9",))
+    assert None is book.add("http://127.0.0.1:9")
+    for port in range(MAX_ADDRESSES + 50):
+        book.add(f"http://127.0.0.1:{port + 10}")
+    assert MAX_ADDRESSES == len(book.addresses)
+
+
+def test_saved_and_loaded(tmp_path: Path) -> None:
+    """Addresses survive a restart."""
+    book = PeerBook(tmp_path / "peers.json")
+    book.add("http://10.0.0.2:7080", node=PEER)
+    book.succeeded("http://10.0.0.2:7080", PEER, 42)
+    book.save()
+    again = PeerBook(tmp_path / "peers.json")
+    again.load()
+    assert [{"url": "http://10.0.0.2:7080", "node": PEER}] == again.urls_for_exchange()

@@ -1,0 +1,118 @@
+"""Invites and admission (spec §1.5). Pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from hearthnet.community import Level, Membership, MembershipRecord
+from hearthnet.errors import Expired, InvalidSignature, Revoked, Unauthorized
+from hearthnet.identity import KeyPair
+from hearthnet.mesh.admission import Invite, admit, join_request
+
+FOUNDER = KeyPair.from_seed(b"\x81" * 32)
+MEMBER = KeyPair.from_seed(b"\x82" * 32)
+NEW = KeyPair.from_seed(b"\x83" * 32)
+NOW = 1_763_800_000_000
+
+
+def view(*extra: MembershipRecord) -> Membership:
+    """The founder's community with MEMBER at member level."""
+    m = Membership(FOUNDER.node_id)
+    m.add(
+        MembershipRecord.create(
+            FOUNDER, "community.created", FOUNDER.node_id, FOUNDER.node_id, now_ms=1
+        )
+    )
+    m.add(
+        MembershipRecord.create(FOUNDER, "member.added", FOUNDER.node_id, MEMBER.node_id, now_ms=2)
+    )
+    for r in extra:
+        m.add(r)
+    return m
+
+
+def invite(
+    by: KeyPair = FOUNDER, level: Level = Level.MEMBER, ttl: int = 60_000, nonce: str = "nonce-0001"
+) -> Invite:
+    """An invite."""
+    return Invite.issue(
+        by,
+        community=FOUNDER.node_id,
+        level=level,
+        ttl_ms=ttl,
+        now_ms=NOW,
+        bootstrap=["http://127.0.0.1:7080"],
+        nonce=nonce,
+    )
+
+
+def test_invite_round_trip_and_admission() -> None:
+    """hn1: decodes; a valid join request yields a member.added naming the nonce."""
+    inv = invite()
+    record = admit(
+        FOUNDER,
+        view(),
+        join_request(NEW, Invite.decode(inv.encode()), name="attic", now_ms=NOW),
+        NOW,
+    )
+    membership = view(record)
+    assert (NEW.node_id, "nonce-0001", Level.MEMBER) == (
+        record.subject,
+        record.invite,
+        membership.level_of(NEW.node_id),
+    )
+
+
+def test_an_invite_works_once_mesh_wide() -> None:
+    """A second member.added with the same invite nonce is ignored by every fold."""
+    first = admit(FOUNDER, view(), join_request(NEW, invite(), name="a", now_ms=NOW), NOW)
+    other = KeyPair.generate()
+    sneaky = MembershipRecord.create(
+        FOUNDER, "member.added", FOUNDER.node_id, other.node_id, now_ms=NOW + 1, invite="nonce-0001"
+    )
+    folded = view(first, sneaky)
+    with pytest.raises(Unauthorized):
+        admit(FOUNDER, view(first), join_request(other, invite(), name="b", now_ms=NOW), NOW)
+    assert None is folded.level_of(other.node_id)
+
+
+@pytest.mark.parametrize(
+    ("case", "error"),
+    [
+        ("expired", Expired),
+        ("member invites", Unauthorized),
+        ("forged", InvalidSignature),
+        ("stale request", Expired),
+        ("revoked joiner", Revoked),
+        ("wrong key signs", InvalidSignature),
+    ],
+)
+def test_refusals(case: str, error: type[Exception]) -> None:
+    """Expired or forged invites, invites by plain members, stale or misdirected requests."""
+    extra: list[MembershipRecord] = []
+    inv = (
+        invite(by=MEMBER)
+        if case == "member invites"
+        else invite(ttl=-1 if case == "expired" else 60_000)
+    )
+    request = join_request(
+        NEW, inv, name="x", now_ms=NOW - 120_000 if case == "stale request" else NOW
+    )
+    if case == "forged":
+        request["invite"] = inv.encode()[:-6] + "AAAAAA"
+    if case == "wrong key signs":
+        request["sig"] = MEMBER.sign_object({k: v for k, v in request.items() if k != "sig"})
+    if case == "revoked joiner":
+        extra.append(
+            MembershipRecord.create(
+                FOUNDER, "member.revoked", FOUNDER.node_id, NEW.node_id, now_ms=3
+            )
+        )
+    with pytest.raises(error):
+        admit(FOUNDER, view(*extra), request, NOW)
+
+
+def test_only_trusted_nodes_admit() -> None:
+    """A bootstrap node that is a plain member cannot sign the member.added record."""
+    with pytest.raises(Unauthorized):
+        admit(MEMBER, view(), join_request(NEW, invite(), name="x", now_ms=NOW), NOW)

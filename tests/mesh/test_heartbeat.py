@@ -1,0 +1,32 @@
+"""Link heartbeats: pings, pongs, RTT, clock offset, three misses (spec §7.5). Pure."""
+
+from __future__ import annotations
+
+from hearthnet.mesh.heartbeat import HeartbeatTracker, Observation, pong_for
+
+
+def test_ping_pong_rtt_and_clock_offset() -> None:
+    """A pong 40 ms after the ping gives RTT 40 ms; a peer clock 1 s ahead shows +1 s."""
+    tracker = HeartbeatTracker(interval_s=5)
+    ping, _ = tracker.tick(now=10.0, wall_ms=100_000)
+    assert ping is not None
+    pong = pong_for(ping, wall_ms=100_020 + 1000)
+    observation = tracker.pong(pong["seq"], pong["ts_echo"], pong["ts"], now=10.04, wall_ms=100_040)
+    assert Observation("pong", 1, 40.0, 1000.0) == observation
+
+
+def test_three_missed_pongs_mark_the_link_down() -> None:
+    """Unanswered pings are misses; after three in a row the link is down; a pong resets it."""
+    tracker = HeartbeatTracker(interval_s=5)
+    misses = []
+    for t in (0, 5, 10, 15):
+        _, observed = tracker.tick(now=float(t), wall_ms=t * 1000)
+        misses += observed
+    assert ([1, 2, 3], True, 75.0) == ([m.seq for m in misses], tracker.down, tracker.loss_pct)
+
+
+def test_late_or_unknown_pongs_are_ignored() -> None:
+    """A pong for a seq never sent, or already counted missed, changes nothing."""
+    tracker = HeartbeatTracker(interval_s=5)
+    tracker.tick(now=0.0, wall_ms=0)
+    assert (None, None) == (tracker.pong(99, 0, 0, 1.0, 1), tracker.pong("x", 0, 0, 1.0, 1))

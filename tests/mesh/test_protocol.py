@@ -1,0 +1,155 @@
+"""The peer handshake and link frames (spec §7.2). Pure: no sockets."""
+
+from __future__ import annotations
+
+import pytest
+
+from hearthnet.community import Membership, MembershipRecord
+from hearthnet.errors import (
+    BadRequest,
+    Expired,
+    InvalidSignature,
+    PayloadTooLarge,
+    Revoked,
+    Unauthorized,
+)
+from hearthnet.identity import KeyPair
+from hearthnet.mesh.protocol import (
+    TRANSITIONS,
+    Handshake,
+    LinkState,
+    decode_frame,
+    encode_frame,
+    winning_direction,
+)
+
+A = KeyPair.from_seed(b"\x61" * 32)
+B = KeyPair.from_seed(b"\x62" * 32)
+C = KeyPair.from_seed(b"\x63" * 32)
+NOW = 1_763_800_000_000
+
+
+def community(*members: KeyPair, revoked: tuple[KeyPair, ...] = ()) -> Membership:
+    """A's community with the given members."""
+    view = Membership(A.node_id)
+    view.add(MembershipRecord.create(A, "community.created", A.node_id, A.node_id, now_ms=1))
+    for i, m in enumerate(members):
+        view.add(MembershipRecord.create(A, "member.added", A.node_id, m.node_id, now_ms=2 + i))
+    for i, r in enumerate(revoked):
+        view.add(MembershipRecord.create(A, "member.revoked", A.node_id, r.node_id, now_ms=50 + i))
+    return view
+
+
+def run(dialer: Handshake, acceptor: Handshake, tamper: object = None) -> None:
+    """Drive the three hellos; ``tamper`` may rewrite a frame dict in flight."""
+    h1 = decode_frame(dialer.start())
+    h2 = acceptor.receive(h1 if tamper is None else tamper(1, h1), NOW)  # type: ignore[operator]
+    assert h2 is not None
+    f2 = decode_frame(h2)
+    h3 = dialer.receive(f2 if tamper is None else tamper(2, f2), NOW)  # type: ignore[operator]
+    assert h3 is not None
+    f3 = decode_frame(h3)
+    assert acceptor.receive(f3 if tamper is None else tamper(3, f3), NOW) is None  # type: ignore[operator]
+
+
+def test_members_complete_the_handshake() -> None:
+    """Three hellos; both sides know who the other is."""
+    view = community(B)
+    dialer = Handshake(A, view, True, NOW, name="a", url="http://127.0.0.1:1")
+    acceptor = Handshake(B, view, False, NOW, name="b")
+    run(dialer, acceptor)
+    assert (True, True, B.node_id, A.node_id, "http://127.0.0.1:1") == (
+        dialer.done,
+        acceptor.done,
+        dialer.peer.node if dialer.peer else None,
+        acceptor.peer.node if acceptor.peer else None,
+        acceptor.peer.url if acceptor.peer else None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("members", "revoked", "error"),
+    [
+        ((), (), Unauthorized),  # B is not a member
+        ((B,), (B,), Revoked),  # B was revoked
+    ],
+)
+def test_non_members_and_revoked_are_refused(
+    members: tuple[KeyPair, ...], revoked: tuple[KeyPair, ...], error: type[Exception]
+) -> None:
+    """The acceptor refuses a dialer that is not a live member."""
+    acceptor_view = community(*members, revoked=revoked)
+    dialer = Handshake(B, community(B), True, NOW)
+    acceptor = Handshake(A, acceptor_view, False, NOW)
+    with pytest.raises(error):
+        acceptor.receive(decode_frame(dialer.start()), NOW)
+
+
+def test_other_community_refused() -> None:
+    """A member of another community cannot link."""
+    other = Membership(C.node_id)
+    other.add(MembershipRecord.create(C, "community.created", C.node_id, C.node_id, now_ms=1))
+    dialer = Handshake(C, other, True, NOW)
+    with pytest.raises(Unauthorized):
+        Handshake(A, community(), False, NOW).receive(decode_frame(dialer.start()), NOW)
+
+
+def test_replayed_hello_cannot_finish_a_link() -> None:
+    """A recorded H3 from an earlier handshake does not echo the new nonce."""
+    view = community(B)
+    first_dialer, first_acceptor = Handshake(A, view, True, NOW), Handshake(B, view, False, NOW)
+    h1 = decode_frame(first_dialer.start())
+    h3_old = decode_frame(
+        first_dialer.receive(decode_frame(first_acceptor.receive(h1, NOW) or b""), NOW) or b""
+    )
+    second = Handshake(B, view, False, NOW)
+    second.receive(h1, NOW)  # the attacker replays H1, then the old H3
+    with pytest.raises(InvalidSignature):
+        second.receive(h3_old, NOW)
+
+
+def test_tampered_or_stale_hellos() -> None:
+    """A changed field breaks the signature; an old timestamp is expired."""
+    view = community(B)
+
+    def change_name(step: int, frame: dict[str, object]) -> dict[str, object]:
+        return {**frame, "name": "evil"} if step == 2 else frame
+
+    with pytest.raises(InvalidSignature):
+        run(Handshake(A, view, True, NOW), Handshake(B, view, False, NOW), change_name)
+    with pytest.raises(Expired):
+        Handshake(B, view, False, NOW + 120_000).receive(
+            decode_frame(Handshake(A, view, True, NOW).start()), NOW + 120_000
+        )
+
+
+def test_expected_peer_enforced_and_self_links_refused() -> None:
+    """Dialling a known NodeID and reaching another is refused; so is a link to ourselves."""
+    view = community(B, C)
+    dialer = Handshake(A, view, True, NOW, expect=C.node_id)
+    acceptor = Handshake(B, view, False, NOW)
+    with pytest.raises(Unauthorized):
+        run(dialer, acceptor)
+    with pytest.raises(BadRequest):
+        Handshake(A, view, False, NOW).receive(
+            decode_frame(Handshake(A, view, True, NOW).start()), NOW
+        )
+
+
+def test_frames_codec_and_limits() -> None:
+    """CBOR frames round-trip; junk, unknown kinds and oversized frames are refused."""
+    assert {"t": "ping", "seq": 3} == decode_frame(encode_frame("ping", seq=3))
+    for bad in (b"\xff\xff", encode_frame("dance"), b"\x01"):
+        with pytest.raises(BadRequest):
+            decode_frame(bad)
+    with pytest.raises(PayloadTooLarge):
+        decode_frame(b"\x00" * (3 * 1024 * 1024))
+
+
+def test_link_state_table_and_simultaneous_dials() -> None:
+    """DOWN is final; the lower NodeID's outbound link wins a simultaneous dial."""
+    assert (frozenset(), True, False) == (
+        TRANSITIONS[LinkState.DOWN],
+        winning_direction("ed25519:A", "ed25519:B"),
+        winning_direction("ed25519:B", "ed25519:A"),
+    )
