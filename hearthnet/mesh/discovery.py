@@ -111,6 +111,9 @@ class Discovery:
             community appears or its announcement changes (port, addresses, name, tls).
         on_lost: called with the peer's NodeID when it said goodbye or its records
             expired (:data:`DEFAULT_RECORD_TTL_S` after it went silent).
+        on_ignored: optional; called with a resolved announcement of another community
+            (spec §7.1: ignored), for diagnostics. It may be called again for the same
+            node when its records are refreshed.
         interfaces: IPv4 addresses to serve mDNS on; ``None`` means every IPv4
             interface. ``["127.0.0.1"]`` keeps everything on loopback: two processes on
             one host find each other that way (tests do).
@@ -126,6 +129,7 @@ class Discovery:
         *,
         on_found: Callable[[Announcement], None],
         on_lost: Callable[[str], None],
+        on_ignored: Callable[[Announcement], None] | None = None,
         interfaces: Sequence[str] | None = None,
         max_peers: int = DEFAULT_MAX_PEERS,
         resolve_timeout_ms: int = DEFAULT_RESOLVE_TIMEOUT_MS,
@@ -135,6 +139,7 @@ class Discovery:
         self._announcement = announcement
         self._on_found = on_found
         self._on_lost = on_lost
+        self._on_ignored = on_ignored
         self._interfaces = list(interfaces) if interfaces is not None else None
         self._table = PeerTable(announcement.node, announcement.community, max_peers)
         self._resolve_timeout_ms = resolve_timeout_ms
@@ -307,8 +312,11 @@ class Discovery:
             self._malformed += 1
             log.debug("ignoring malformed announcement %s: %s", name, exc.message)
             return
-        if self._table.observe(announcement) in (Sighting.NEW, Sighting.CHANGED):
+        sighting = self._table.observe(announcement)
+        if sighting in (Sighting.NEW, Sighting.CHANGED):
             self._call(self._on_found, announcement)
+        elif sighting is Sighting.OTHER_COMMUNITY and self._on_ignored is not None:
+            self._call(self._on_ignored, announcement)
 
     def _removed(self, name: str) -> None:
         node = self._table.forget(_instance_of(name))
@@ -356,7 +364,8 @@ async def run_cli(args: argparse.Namespace) -> int:
     """Announce and browse for ``args.seconds`` (or until SIGINT/SIGTERM), printing events.
 
     Lines: ``{"event": "started", ...our announcement}``, then ``{"event": "found", ...}``
-    per peer found or changed and ``{"event": "lost", "node": ...}`` per peer lost, then
+    per peer found or changed, ``{"event": "lost", "node": ...}`` per peer lost and
+    ``{"event": "ignored", ...}`` per resolve of another community's node, then
     ``{"event": "summary", ...counters}`` at the end.
     """
     announcement = Announcement.local(
@@ -370,6 +379,7 @@ async def run_cli(args: argparse.Namespace) -> int:
         announcement,
         on_found=lambda peer: _emit("found", **_peer_fields(peer)),
         on_lost=lambda node: _emit("lost", node=node),
+        on_ignored=lambda peer: _emit("ignored", **_peer_fields(peer)),
         interfaces=args.interface or None,
         max_peers=args.max_peers,
     )
