@@ -7,7 +7,9 @@ import itertools
 import json
 import os
 import subprocess
+from pathlib import Path
 
+import aiohttp
 import pytest
 
 from tests.chaos.conftest import MakeLab
@@ -244,3 +246,30 @@ def _dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+async def test_real_nodes_in_namespaces_answer_the_test_over_aiohttp(
+    make_lab: MakeLab, tmp_path: Path
+) -> None:
+    """`hearthnet node start` runs in two namespaces; the test reaches each over aiohttp."""
+    lab = make_lab(2)
+    nodes = [
+        h.popen(
+            *h.python("-m", "hearthnet.cli", "node", "start", "--name", h.name),
+            *("--data-dir", str(tmp_path / h.name), "--host", h.ip, "--port", "7080"),
+        )
+        for h in lab.hosts
+    ]
+    ready = [n.wait_for_line(lambda line: line.startswith("hearthnet ready"), 30) for n in nodes]
+    health = []
+    for host in lab.hosts:
+        # Dial from the *other* host's namespace: the request crosses the bridge.
+        via = lab.hosts[1 - host.index]
+        connector = aiohttp.TCPConnector(socket_factory=via.socket_factory)
+        async with (
+            aiohttp.ClientSession(connector=connector) as http,
+            http.get(f"http://{host.ip}:7080/health") as resp,
+        ):
+            health.append(resp.status)
+    urls = [f"url=http://{h.ip}:7080 " in line for h, line in zip(lab.hosts, ready, strict=True)]
+    assert ([200, 200], [True, True]) == (health, urls)
