@@ -185,6 +185,8 @@ class Discovery:
             ConfigError: the interfaces cannot be used (no such address, port 5353 not
                 available, ...).
         """
+        if self._closed:
+            raise HearthNetError("a stopped Discovery cannot start again; make a new one")
         if self._zc is not None:
             return
         if not self._announcement.addresses:

@@ -21,6 +21,7 @@ from tests.chaos.netns import (
     netem_supported,
     sh,
     sweep_stale,
+    unavailable_reason,
     wait_until_sync,
 )
 
@@ -57,6 +58,12 @@ sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(sys.
 sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 255)
 sock.sendto(b"hearthnet-lab", ("224.0.0.251", 5353))
 """
+
+
+def test_labs_are_refused_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without root the harness gives a reason to skip instead of failing."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "network namespaces need root" == unavailable_reason()
 
 
 def test_every_host_pings_every_other(make_lab: MakeLab) -> None:

@@ -152,6 +152,15 @@ async def test_stop_right_after_start_ends_run() -> None:
     assert (True, None) == (task.done(), task.exception())
 
 
+async def test_stopped_discovery_does_not_start_again() -> None:
+    """start() after stop() raises: a Discovery is used once."""
+    discovery, _, _ = make_discovery(KeyPair.generate().node_id, "alpha", 7001)
+    await discovery.start()
+    await discovery.stop()
+    with pytest.raises(HearthNetError):
+        await discovery.start()
+
+
 async def test_run_before_start_is_refused() -> None:
     """run() without start() raises instead of waiting forever."""
     discovery, _, _ = make_discovery(KeyPair.generate().node_id, "alpha", 7001)
