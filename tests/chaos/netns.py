@@ -187,19 +187,25 @@ def _kill_namespace(netns: str) -> None:
     sh("ip", "netns", "del", netns, check=False)
 
 
+def _owner_alive(name: str, prefix: str) -> bool:
+    owner = name[len(prefix) :].split("-", 1)[0]
+    return owner.isdigit() and _pid_alive(int(owner))
+
+
 def sweep_stale(prefix: str = PREFIX) -> list[str]:
-    """Delete lab namespaces whose owning process is gone; returns the names deleted.
+    """Delete lab namespaces (and work directories) whose owning process is gone.
 
     A lab's namespaces are named ``hnl-<owner pid>-...``; labs of live processes (other
-    test runs on the same machine) are left alone.
+    test runs on the same machine) are left alone. Returns the namespaces deleted.
     """
     swept = []
     for netns in lab_namespaces(prefix):
-        owner = netns[len(prefix) :].split("-", 1)[0]
-        if owner.isdigit() and _pid_alive(int(owner)):
-            continue
-        _kill_namespace(netns)
-        swept.append(netns)
+        if not _owner_alive(netns, prefix):
+            _kill_namespace(netns)
+            swept.append(netns)
+    for workdir in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+        if workdir.is_dir() and not _owner_alive(workdir.name, prefix):
+            shutil.rmtree(workdir, ignore_errors=True)
     return swept
 
 

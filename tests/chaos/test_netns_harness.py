@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import aiohttp
@@ -223,16 +224,18 @@ def test_close_removes_everything_even_when_the_test_fails(lab_support: None) ->
 
 
 def test_sweeper_deletes_labs_of_dead_runs_only(make_lab: MakeLab) -> None:
-    """sweep_stale deletes namespaces of a dead owner and keeps those of live runs."""
+    """sweep_stale deletes the namespaces and work directory of a dead owner, not a live one's."""
     live = make_lab(1)
-    dead_pid = _dead_pid()
-    stale = f"hnl-{dead_pid}-dead00-h0"
-    sh("ip", "netns", "add", stale)
+    stale = f"hnl-{_dead_pid()}-dead00"
+    sh("ip", "netns", "add", f"{stale}-h0")
+    stale_workdir = Path(tempfile.mkdtemp(prefix=f"{stale}-"))
     swept = sweep_stale()
-    assert ([stale], [], [live.hosts[0].netns]) == (
-        [n for n in swept if n == stale],
+    assert ([f"{stale}-h0"], [], False, [live.hosts[0].netns], True) == (
+        [n for n in swept if n.startswith(stale)],
         lab_namespaces(stale),
+        stale_workdir.exists(),
         lab_namespaces(live.hosts[0].netns),
+        live.workdir.exists(),
     )
 
 
