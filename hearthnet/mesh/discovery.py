@@ -48,6 +48,7 @@ from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZerocon
 from hearthnet.errors import BadRequest, ConfigError, HearthNetError
 from hearthnet.mesh.announce import (
     DEFAULT_MAX_PEERS,
+    MAX_ADDRESSES,
     SERVICE_TYPE,
     Announcement,
     PeerTable,
@@ -86,6 +87,29 @@ class DiscoveryStats:
     callback_errors: int
 
 
+def local_ipv4_addresses() -> set[str]:
+    """Every IPv4 address assigned to an interface of this host (namespace)."""
+    return {
+        ip.ip for adapter in ifaddr.get_adapters() for ip in adapter.ips if isinstance(ip.ip, str)
+    }
+
+
+def check_interfaces(interfaces: Sequence[str]) -> None:
+    """:class:`ConfigError` unless every entry is an IPv4 address this host has.
+
+    Checked before zeroconf opens anything: zeroconf leaks the sockets it already
+    opened when a later interface fails.
+    """
+    local = local_ipv4_addresses()
+    for address in interfaces:
+        try:
+            ipaddress.IPv4Address(address)
+        except ValueError as exc:
+            raise ConfigError(f"mDNS interface {address!r} is not an IPv4 address") from exc
+        if address not in local and address != "0.0.0.0":  # noqa: S104 (not a bind)
+            raise ConfigError(f"mDNS interface {address} is not an address of this host")
+
+
 def default_addresses() -> list[str]:
     """Every non-loopback IPv4 address of this host, or ``["127.0.0.1"]`` if none.
 
@@ -106,7 +130,7 @@ class Discovery:
     Args:
         announcement: what to announce. When its ``addresses`` are empty, they are
             filled in at :meth:`start`: the ``interfaces`` given, or else
-            :func:`default_addresses`.
+            :func:`default_addresses` (the first :data:`MAX_ADDRESSES` of either).
         on_found: called with the peer's :class:`Announcement` when a node of our
             community appears or its announcement changes (port, addresses, name, tls).
         on_lost: called with the peer's NodeID when it said goodbye or its records
@@ -189,15 +213,17 @@ class Discovery:
             raise HearthNetError("a stopped Discovery cannot start again; make a new one")
         if self._zc is not None:
             return
+        if self._interfaces is not None:
+            check_interfaces(self._interfaces)
         if not self._announcement.addresses:
-            addresses = self._interfaces or default_addresses()
+            chosen = [a for a in self._interfaces or () if a != "0.0.0.0"]  # noqa: S104
             self._announcement = Announcement.local(
                 node=self._announcement.node,
                 community=self._announcement.community,
                 name=self._announcement.name,
                 port=self._announcement.port,
                 tls=self._announcement.tls,
-                addresses=[a for a in addresses if a != "0.0.0.0"],  # noqa: S104 (not a bind)
+                addresses=(chosen or default_addresses())[:MAX_ADDRESSES],
             )
         try:
             self._zc = AsyncZeroconf(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import orjson
 import pytest
 
-from hearthnet.errors import HearthNetError
+from hearthnet.errors import ConfigError, HearthNetError
 from hearthnet.identity import KeyPair
 from hearthnet.mesh.announce import Announcement
 from hearthnet.mesh.discovery import Discovery
@@ -158,6 +158,20 @@ async def test_stopped_discovery_does_not_start_again() -> None:
     await discovery.start()
     await discovery.stop()
     with pytest.raises(HearthNetError):
+        await discovery.start()
+
+
+async def test_unusable_interface_is_a_config_error() -> None:
+    """An interface address this host does not have is refused at start() with ConfigError."""
+    discovery = Discovery(
+        Announcement.local(
+            node=KeyPair.generate().node_id, community=KeyPair.generate().node_id, name="a", port=1
+        ),
+        on_found=lambda _: None,
+        on_lost=lambda _: None,
+        interfaces=["192.0.2.77"],  # TEST-NET-1: never assigned to a real interface
+    )
+    with pytest.raises(ConfigError):
         await discovery.start()
 
 
