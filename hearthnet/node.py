@@ -378,7 +378,11 @@ class Node:
                 f"cannot listen on {self.config.node.host}:{self.config.node.port}: {exc.strerror}"
             ) from exc
         self.url = client_url(host, port)
-        await self.mesh.start(advertised_url(self.config.node.host, port, self.url))
+        await self.mesh.start(
+            advertised_url(self.config.node.host, port, self.url),
+            host=self.config.node.host,
+            port=port,
+        )
         self.spawn(self.mesh.run(), "mesh")
         self.started_ms = now_ms()
         self._started_mono = time.monotonic()

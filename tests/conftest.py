@@ -29,6 +29,8 @@ def make_config(tmp_path: Path) -> MakeConfig:
                 "port": 0,
                 "name": "test",
             },
+            # In-process test nodes stay off the LAN; discovery has its own tests.
+            "mesh": {"zeroconf": False},
         }
         for name, values in sections.items():
             overrides.setdefault(name, {}).update(values)

@@ -34,6 +34,8 @@ from hearthnet.errors import HearthNetError, Unavailable, UpgradeRequired, WireE
 from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulid
 from hearthnet.mesh.addresses import PeerBook, normalize_url
+from hearthnet.mesh.announce import Announcement
+from hearthnet.mesh.discovery import Discovery
 from hearthnet.mesh.gossip import AntiEntropy, OriginTracker
 from hearthnet.mesh.heartbeat import HeartbeatTracker, pong_for
 from hearthnet.mesh.heartlog import HeartbeatLog
@@ -107,6 +109,7 @@ class Mesh:
         self._group: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._http: aiohttp.ClientSession | None = None
+        self.discovery: Discovery | None = None
         self._started = time.monotonic()
         self._cpu = (time.monotonic(), time.process_time())
         m = metrics
@@ -135,8 +138,9 @@ class Mesh:
 
     # --- life -------------------------------------------------------------------------
 
-    async def start(self, url: str) -> None:
-        """Load what survives restarts: peer addresses and which messages we hold."""
+    async def start(self, url: str, *, host: str, port: int) -> None:
+        """Load what survives restarts (peer addresses, which messages we hold) and start
+        announcing on the LAN."""
         self.url = self.config.advertise_url or url
         self.book.own_urls.add(normalize_url(self.url))
         self.book.load()
@@ -144,6 +148,35 @@ class Mesh:
             self.book.add(peer, source="bootstrap")
         for origin, floor, head, above in await self.log.origin_heads():
             self.tracker.load(origin, head, floor, above)
+        if self.config.zeroconf:
+            await self._start_discovery(host, port)
+
+    async def _start_discovery(self, host: str, port: int) -> None:
+        everywhere = host in ("0.0.0.0", "", "::")  # noqa: S104 - comparing, not binding
+        try:
+            announcement = Announcement.local(
+                node=self.keys.node_id,
+                community=self.membership.community_id,
+                name=self.name,
+                port=port,
+                addresses=() if everywhere else (host,),
+            )
+            self.discovery = Discovery(
+                announcement,
+                on_found=self._found_by_zeroconf,
+                on_lost=lambda node: None,
+                interfaces=None if everywhere else [host],
+            )
+            await self.discovery.start()
+        except (HearthNetError, OSError) as exc:
+            # No multicast here (a container, a host with no LAN): links still come from
+            # --peer, invites and peer exchange.
+            log.warning("zeroconf discovery is off: %s", exc)
+            self.discovery = None
+
+    def _found_by_zeroconf(self, announcement: Announcement) -> None:
+        for url in announcement.urls:
+            self.book.add(url, node=announcement.node, source="zeroconf")
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """A task owned by the mesh's task group; its failure is logged, not fatal."""
@@ -181,8 +214,13 @@ class Mesh:
                     (self._housekeeping_loop, "mesh-housekeeping"),
                 ):
                     group.create_task(loop_fn(), name=name)
+                if self.discovery is not None:
+                    group.create_task(self.discovery.run(), name="mesh-zeroconf")
         finally:
             self._group = None
+            if self.discovery is not None:
+                with contextlib.suppress(Exception):
+                    await self.discovery.stop()
             await self._http.close()
             self.hlog.flush()
             self.book.save()

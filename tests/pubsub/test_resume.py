@@ -30,6 +30,7 @@ async def scenario(data_dir: Path, ops: list[Op]) -> tuple[list[int], int]:
         overrides={
             "node": {"data_dir": str(data_dir), "host": "127.0.0.1", "port": 0},
             "pubsub": {"sync": "normal"},
+            "mesh": {"zeroconf": False},
         },
     )
     async with Node(config) as node, Client(node.url, keys=node.keys) as client:
