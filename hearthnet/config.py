@@ -58,6 +58,13 @@ class NodeSection:
         ),
     )
     log_level: str = field(default="info", metadata=_doc("debug, info, warning or error."))
+    tls: str = field(
+        default="auto",
+        metadata=_doc(
+            "TLS for peer links: auto (between hosts; plain on loopback), on (always) or off. "
+            "The port serves TLS and plain HTTP side by side; certificates carry the node's key."
+        ),
+    )
     shutdown_grace_s: float = field(
         default=2.0,
         metadata=_doc("On SIGINT/SIGTERM, time given to streams to end before they are cancelled."),

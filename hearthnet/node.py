@@ -48,6 +48,7 @@ from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.mesh.admission import redeem_invite
 from hearthnet.mesh.http import MeshHttp
 from hearthnet.mesh.service import Mesh, advertised_url
+from hearthnet.mesh.tls import ensure_certificate, server_context
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.pubsub.access import DEFAULT_RULES, AccessPolicy, AccessRule
 from hearthnet.pubsub.http import PubSubHttp
@@ -280,6 +281,7 @@ class Node:
             membership=self.membership,
             apply_record=self._apply_from_peer,
             config=cfg.mesh,
+            tls_mode=cfg.node.tls,
             name=cfg.node.name,
             data_dir=self.data_dir,
             message_log=self.message_log,
@@ -297,11 +299,15 @@ class Node:
             *MeshHttp(self.mesh, self.authenticator, self.keys, self.apply_membership).routes(),
             *StatusEndpoints(self).routes(),
         ]
+        tls = None
+        if cfg.node.tls != "off":
+            tls = server_context(*ensure_certificate(self.data_dir, self.keys))
         self.server = HttpServer(
             routes=routes,
             metrics=transport_metrics,
             max_body_bytes=cfg.transport.max_body_bytes,
             max_header_bytes=cfg.transport.max_header_bytes,
+            tls=tls,
         )
 
     def _build_pubsub(self, transport_metrics: TransportMetrics) -> PubSub:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import resource
 import time
@@ -16,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 import aiohttp
 import ifaddr
@@ -30,7 +32,14 @@ from hearthnet.caller import Caller
 from hearthnet.clock import now_ms
 from hearthnet.community import Level, Membership, MembershipRecord
 from hearthnet.config import MeshSection
-from hearthnet.errors import HearthNetError, Unavailable, UpgradeRequired, WireError
+from hearthnet.errors import (
+    ConfigError,
+    HearthNetError,
+    InvalidSignature,
+    Unavailable,
+    UpgradeRequired,
+    WireError,
+)
 from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulid
 from hearthnet.mesh.addresses import PeerBook, normalize_url
@@ -42,6 +51,7 @@ from hearthnet.mesh.heartlog import HeartbeatLog
 from hearthnet.mesh.links import PeerLink, run_handshake
 from hearthnet.mesh.protocol import MAX_FRAME_BYTES, SUBPROTOCOL, Handshake, encode_frame
 from hearthnet.mesh.remote import RemoteCalls
+from hearthnet.mesh.tls import client_context, peer_node_id
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.pubsub.envelope import Message, StoredMessage
 from hearthnet.pubsub.log import MessageLog
@@ -68,6 +78,7 @@ class Mesh:
         config: MeshSection,
         name: str,
         data_dir: Path,
+        tls_mode: str = "auto",
         message_log: MessageLog,
         pubsub: PubSub,
         authenticator: Authenticator,
@@ -80,6 +91,10 @@ class Mesh:
         self.membership = membership
         self.apply_record = apply_record
         self.config = config
+        if tls_mode not in ("auto", "on", "off"):
+            raise ConfigError("node.tls is auto, on or off")
+        self.tls_mode = tls_mode
+        self._tls_client = client_context() if tls_mode != "off" else None
         self.name = name
         self.data_dir = data_dir
         self.log = message_log
@@ -159,6 +174,7 @@ class Mesh:
                 community=self.membership.community_id,
                 name=self.name,
                 port=port,
+                tls=self.tls_mode != "off",
                 addresses=() if everywhere else (host,),
             )
             self.discovery = Discovery(
@@ -253,6 +269,13 @@ class Mesh:
                 UpgradeRequired(f"peer links speak {SUBPROTOCOL}"),
                 headers={"Sec-WebSocket-Protocol": SUBPROTOCOL},
             )
+        transport = request.transport
+        over_tls = transport is not None and transport.get_extra_info("ssl_object") is not None
+        if not over_tls and self._needs_tls(request.remote or ""):
+            self.refused.inc("plain_between_hosts")
+            return error_response(
+                UpgradeRequired("peer links between hosts use TLS: dial https://")
+            )
         if len(self.links) >= 2 * self.config.max_links:
             self.refused.inc("full")
             return error_response(
@@ -298,31 +321,32 @@ class Mesh:
         address = self.book.addresses.get(url)
         expect = address.node if address is not None else None
         self._dialing.add(url)
+        target = self._dial_url(url)
+        tls = target.startswith("https:")
         try:
             ws = await self._http.ws_connect(
-                url + "/mesh/v1/peer",
+                target + "/mesh/v1/peer",
                 protocols=(SUBPROTOCOL,),
                 max_msg_size=MAX_FRAME_BYTES,
                 autoping=True,
                 heartbeat=None,
                 compress=0,
+                ssl=self._tls_client if tls and self._tls_client is not None else False,
             )
         except (aiohttp.ClientError, OSError) as exc:
-            self._dialing.discard(url)
-            self.book.failed(url, time.monotonic())
-            log.debug("dial %s failed: %s", url, exc)
+            self._dial_failed(url, None)
+            log.debug("dial %s failed: %s", target, exc)
             return
         try:
+            # spec §3.1: the certificate must carry the key of the node we meant to reach
+            cert_node = peer_node_id(ws.get_extra_info("ssl_object")) if tls else None
+            if cert_node is not None and expect is not None and cert_node != expect:
+                raise InvalidSignature(f"{target} presented the certificate of {cert_node}")
             peer = await run_handshake(ws, self._handshake(outbound=True, expect=expect), now_ms)
+            if cert_node is not None and cert_node != peer.node:
+                raise InvalidSignature("the TLS certificate and the signed hello disagree")
         except WireError as exc:
-            self._dialing.discard(url)
-            self.refused.inc(exc.code)
-            self.book.failed(url, time.monotonic())
-            if exc.code in ("revoked", "unauthorized"):
-                self.book.hold(url, time.monotonic(), 300)  # no point asking again soon
-            if "ourselves" in exc.message:
-                self.book.own_urls.add(url)
-                self.book.addresses.pop(url, None)
+            self._dial_failed(url, exc)
             await ws.close()
             return
         self._dialing.discard(url)
@@ -391,6 +415,36 @@ class Mesh:
             self.book.hold(link.address, time.monotonic(), 0)
         if self.remote.forget(link.node):
             self._announce_caps()
+
+    def _dial_failed(self, url: str, error: WireError | None) -> None:
+        self._dialing.discard(url)
+        self.book.failed(url, time.monotonic())
+        if error is None:
+            return
+        self.refused.inc(error.code)
+        log.info("dialling %s refused: %s", url, error)
+        if error.code in ("revoked", "unauthorized"):
+            self.book.hold(url, time.monotonic(), 300)  # no point asking again soon
+        if "ourselves" in error.message:
+            self.book.own_urls.add(url)
+            self.book.addresses.pop(url, None)
+
+    def _needs_tls(self, host: str) -> bool:
+        """Whether a peer link with ``host`` must use TLS (spec §3.1: between hosts)."""
+        if self.tls_mode == "off":
+            return False
+        if self.tls_mode == "on":
+            return True
+        try:
+            return not ipaddress.ip_address(host.strip("[]")).is_loopback
+        except ValueError:
+            return host != "localhost"
+
+    def _dial_url(self, url: str) -> str:
+        """The URL to dial: https between hosts (on the same port), plain where allowed."""
+        parts = urlsplit(url)
+        scheme = "https" if self._needs_tls(parts.hostname or "") else "http"
+        return f"{scheme}://{parts.netloc}"
 
     def _link_to(self, node: str) -> PeerLink | None:
         return self.links.get(node)

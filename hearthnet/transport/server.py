@@ -9,8 +9,10 @@ the node down.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
+import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -184,8 +186,19 @@ def make_middleware(metrics: TransportMetrics, max_header_bytes: int) -> Any:
     return guard
 
 
+SNIFF_TIMEOUT_S = 10.0
+TLS_RECORD_HANDSHAKE = 0x16
+
+
 class HttpServer:
-    """The node's single listening port."""
+    """The node's single listening port (spec §3.1).
+
+    Without TLS it is a plain aiohttp site. With a TLS context it serves TLS *and* plain
+    HTTP on the same port: the first byte of each connection is peeked (a TLS handshake
+    record starts with 0x16, an HTTP request with a letter) and the connection is handed to
+    aiohttp with or without TLS, so peers link over TLS while browsers and the CLI keep
+    using plain HTTP.
+    """
 
     def __init__(
         self,
@@ -194,13 +207,18 @@ class HttpServer:
         metrics: TransportMetrics,
         max_body_bytes: int,
         max_header_bytes: int,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.app = web.Application(
             client_max_size=max_body_bytes,
             middlewares=[make_middleware(metrics, max_header_bytes)],
         )
         self.app.add_routes(list(routes))
+        self.tls = tls
         self._runner: web.AppRunner | None = None
+        self._sock: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._sniffing: set[asyncio.Task[None]] = set()
         self.host = ""
         self.port = 0
 
@@ -223,19 +241,82 @@ class HttpServer:
         sock.bind((host, port))
         sock.listen(1024)
         sock.setblocking(False)
-        site = web.SockSite(self._runner, sock)
-        await site.start()
+        self._sock = sock
+        if self.tls is None:
+            await web.SockSite(self._runner, sock).start()
+        else:
+            self._accepting = asyncio.get_running_loop().create_task(self._accept_loop(sock))
         self.host, self.port = sock.getsockname()[:2]
         return self.host, self.port
+
+    async def _accept_loop(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except OSError as exc:
+                log.warning("accept failed: %s", exc)
+                await asyncio.sleep(0.1)  # out of file descriptors, say: do not spin
+                continue
+            conn.setblocking(False)
+            task = loop.create_task(self._serve_connection(conn))
+            self._sniffing.add(task)
+            task.add_done_callback(self._sniffing.discard)
+
+    async def _serve_connection(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            first = await asyncio.wait_for(_peek(loop, conn), SNIFF_TIMEOUT_S)
+        except (TimeoutError, OSError):
+            conn.close()
+            return
+        server = self._runner.server if self._runner is not None else None
+        if not first or server is None:
+            conn.close()
+            return
+        tls = self.tls if first[0] == TLS_RECORD_HANDSHAKE else None
+        try:
+            await loop.connect_accepted_socket(
+                server, conn, ssl=tls, ssl_handshake_timeout=SNIFF_TIMEOUT_S if tls else None
+            )
+        except (OSError, ssl.SSLError) as exc:
+            log.debug("connection dropped during set-up: %s", exc)
+            conn.close()
 
     async def stop_accepting(self) -> None:
         """Close the listening socket; running requests go on."""
         if self._runner is not None:
             for site in list(self._runner.sites):
                 await site.stop()
+        if self._accepting is not None:
+            self._accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._accepting
+            self._accepting = None
+            for task in list(self._sniffing):
+                task.cancel()
+            if self._sock is not None:
+                self._sock.close()
 
     async def close(self) -> None:
         """Stop everything."""
+        await self.stop_accepting()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+async def _peek(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:
+    """The first byte the client sent, left in the socket for whoever reads next."""
+    readable: asyncio.Future[None] = loop.create_future()
+
+    def ready() -> None:
+        if not readable.done():
+            readable.set_result(None)
+
+    loop.add_reader(conn.fileno(), ready)
+    try:
+        await readable
+    finally:
+        loop.remove_reader(conn.fileno())
+    return conn.recv(1, socket.MSG_PEEK)
