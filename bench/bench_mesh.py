@@ -1,0 +1,256 @@
+"""Mesh benchmark (spec §7.3, §11).
+
+1. ``loopback``: N nodes (default 20) on loopback joined by invites; messages are published
+   on random nodes at a steady rate while one subscriber per node records arrival times.
+   Reports publish→received-on-all-nodes p50/p99 and gossip duplicates per delivered message.
+2. ``loss``: hosts in network namespaces with 10 % packet loss on every link; the share of
+   messages every node holds within 15 s.
+3. ``partition``: the namespaced mesh split in two, messages published on both sides, then
+   healed: the time until every node holds every message.
+
+Needs root and iproute2 for 2 and 3 (the chaos-test harness). Every node is stopped by PID;
+every loop is bounded.
+
+Run: python -m bench.bench_mesh [--nodes 20] [--messages 200] [--skip-netns]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from bench.common import percentile, save
+from hearthnet.client import Client
+from hearthnet.identity import load_or_create_keys
+from hearthnet.subscription import Delivery
+
+FAST = {"HEARTHNET_MESH_DIAL_INTERVAL_S": "0.2", "HEARTHNET_MESH_CAPS_S": "5",
+        "HEARTHNET_MESH_HEARTBEAT_S": "2", "HEARTHNET_LOG_LEVEL": "warning"}
+
+
+def _metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:  # noqa: S310 - loopback
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+class LoopbackMesh:
+    """N node processes on loopback, one community."""
+
+    def __init__(self, n: int, root: Path) -> None:
+        self.n = n
+        self.root = root
+        self.procs: list[subprocess.Popen[str]] = []
+        self.urls: list[str] = []
+
+    def _start(self, i: int, *extra: str) -> None:
+        data = self.root / f"n{i}"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hearthnet.cli", "node", "start", "--data-dir", str(data), "--host",
+             "127.0.0.1", "--port", "0", "--no-zeroconf", "--log-level", "warning", "--name", f"n{i}", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, **FAST})
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("hearthnet ready"):
+            proc.kill()
+            raise RuntimeError(f"node {i} did not start: {line!r}")
+        self.procs.append(proc)
+        self.urls.append(dict(p.split("=", 1) for p in line.split()[2:])["url"])
+
+    def start(self) -> None:
+        """Start node 0, then the others with invites from node 0."""
+        self._start(0)
+        for i in range(1, self.n):
+            invite = subprocess.run(
+                [sys.executable, "-m", "hearthnet.cli", "community", "invite", "--data-dir", str(self.root / "n0"),
+                 "--bootstrap", self.urls[0]], capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+            self._start(i, "--join", invite)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL, every node."""
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+            if proc.stdout:
+                proc.stdout.close()
+
+
+async def wait_links(mesh: LoopbackMesh, at_least: int, within_s: float = 120) -> float:
+    """Until every node has ``at_least`` links; returns the seconds it took."""
+    start = time.monotonic()
+    while time.monotonic() - start < within_s:
+        linked = [_metric(u, "hearthnet_peers_linked") for u in mesh.urls]
+        if min(linked) >= at_least:
+            return time.monotonic() - start
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"links never reached {at_least}")
+
+
+async def loopback(n: int, messages: int, rate: float) -> dict[str, Any]:
+    """Propagation latency to all nodes, and duplicates, in an N-node loopback mesh."""
+    root = Path(tempfile.mkdtemp(prefix="hn-mesh-"))
+    mesh = LoopbackMesh(n, root)
+    started = time.monotonic()
+    mesh.start()
+    try:
+        link_s = await wait_links(mesh, min(3, n - 1))
+        arrivals: dict[str, dict[int, float]] = {}
+        sent: dict[str, float] = {}
+        clients = [Client(u, keys=load_or_create_keys(root / f"n{i}")) for i, u in enumerate(mesh.urls)]
+        subs = [c.subscribe("bench.mesh.*") for c in clients]
+        for s in subs:
+            await s.__aenter__()
+
+        async def listen(i: int) -> None:
+            async for item in subs[i]:
+                if isinstance(item, Delivery):
+                    arrivals.setdefault(item.id, {})[i] = time.perf_counter()
+
+        listeners = [asyncio.get_running_loop().create_task(listen(i)) for i in range(n)]
+        await asyncio.sleep(1.0)
+        dup_before = sum(_metric(u, "hearthnet_gossip_duplicates_total") for u in mesh.urls)
+        rng = random.Random(7)
+        for k in range(messages):
+            i = rng.randrange(n)
+            t0 = time.perf_counter()
+            ack = await clients[i].publish(f"bench.mesh.t{k % 10}", "m", {"k": k})
+            sent[ack["id"]] = t0
+            await asyncio.sleep(1 / rate)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(len(arrivals.get(m, {})) < n for m in sent):
+            await asyncio.sleep(0.2)
+        for task in listeners:
+            task.cancel()
+        for s in subs:
+            await s.close()
+        for c in clients:
+            await c.close()
+        dup_after = sum(_metric(u, "hearthnet_gossip_duplicates_total") for u in mesh.urls)
+        to_all = [max(arrivals[m].values()) - t0 for m, t0 in sent.items() if len(arrivals.get(m, {})) == n]
+        complete = sum(1 for m in sent if len(arrivals.get(m, {})) == n)
+        rss = []
+        for proc in mesh.procs:
+            with open(f"/proc/{proc.pid}/status", encoding="ascii") as f:
+                rss += [int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:")]
+        return {
+            "nodes": n, "messages": messages, "rate_per_s": rate, "startup_s": round(link_s + (time.monotonic()
+                                                                                           - started - link_s), 1),
+            "delivered_to_all": complete,
+            "to_all_p50_ms": round(percentile(to_all, 50) * 1000, 1),
+            "to_all_p99_ms": round(percentile(to_all, 99) * 1000, 1),
+            "to_all_max_ms": round(max(to_all) * 1000, 1) if to_all else None,
+            "duplicates_per_delivery": round((dup_after - dup_before) / max(1, messages * (n - 1)), 3),
+            "node_rss_mb_mean": round(sum(rss) / len(rss), 1),
+        }
+    finally:
+        mesh.stop()
+
+
+def netns(hosts: int, messages: int) -> dict[str, Any]:
+    """Loss and partition runs in network namespaces (the chaos-test lab)."""
+    from hearthnet.community import CommunityStore, Level, MembershipRecord
+    from tests.chaos.netns import Lab, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        return {"skipped": reason}
+    root = Path(tempfile.mkdtemp(prefix="hn-mesh-ns-"))
+    result: dict[str, Any] = {"hosts": hosts}
+    with Lab(hosts) as lab:
+        keys = [load_or_create_keys(root / h.name) for h in lab.hosts]
+        founder = keys[0]
+        records = [MembershipRecord.create(founder, "community.created", founder.node_id, founder.node_id,
+                                           now_ms=1, name="bench")]
+        records += [MembershipRecord.create(founder, "member.added", founder.node_id, k.node_id, now_ms=2 + i,
+                                            level=Level.MEMBER) for i, k in enumerate(keys[1:])]
+        for h in lab.hosts:
+            CommunityStore(root / h.name).replace(records)
+        env = {**os.environ, **FAST, "HEARTHNET_MESH_ANTI_ENTROPY_S": "2", "HEARTHNET_PUBSUB_SYNC": "normal"}
+        procs = [h.popen(*h.python("-m", "hearthnet.cli", "node", "start", "--name", h.name, "--data-dir",
+                                   str(root / h.name), "--host", h.ip, "--port", "7080",
+                                   "--log-level", "warning"), env=env) for h in lab.hosts]
+        for p in procs:
+            p.wait_for_line(lambda line: line.startswith("hearthnet ready"), 60)
+
+        def cli(h: Any, *args: str) -> str:
+            return str(h.run(*h.python("-m", "hearthnet.cli", *args, "--data-dir", str(root / h.name)),
+                             timeout=60).stdout)
+
+        def counts(topic: str) -> list[int]:
+            import json
+
+            out = []
+            for h in lab.hosts:
+                topics = json.loads(cli(h, "topics", "--json", "--prefix", topic))
+                out.append(sum(t["messages"] for t in topics if t["topic"] == topic))
+            return out
+
+        def until(topic: str, want: int, within_s: float) -> float | None:
+            start = time.monotonic()
+            while time.monotonic() - start < within_s:
+                if min(counts(topic)) >= want:
+                    return time.monotonic() - start
+                time.sleep(0.5)
+            return None
+
+        time.sleep(8)  # zeroconf + links
+        lab.netem_all(loss_pct=10)
+        start = time.monotonic()
+        for k in range(messages):
+            cli(lab.hosts[k % hosts], "pub", "bench.loss", "--data", f'{{"k": {k}}}')
+        publish_s = time.monotonic() - start
+        converged = until("bench.loss", messages, 15)
+        final = counts("bench.loss")
+        result["loss"] = {"loss_pct": 10, "messages": messages, "publish_s": round(publish_s, 1),
+                          "all_held_within_15s": converged is not None,
+                          "share_held_at_15s": round(sum(min(c, messages) for c in final) / (messages * hosts), 4),
+                          "seconds_after_last_publish": round(converged, 1) if converged is not None else None}
+        half = hosts // 2
+        lab.partition(lab.hosts[:half], lab.hosts[half:])
+        for k in range(messages):
+            side = lab.hosts[:half] if k % 2 else lab.hosts[half:]
+            cli(side[k % len(side)], "pub", "bench.split", "--data", f'{{"k": {k}}}')
+        lab.heal_all()
+        healed = until("bench.split", messages, 60)
+        result["partition"] = {"messages": messages, "converged_s_after_heal": round(healed, 1) if healed else None}
+        for p in procs:
+            p.stop()
+    return result
+
+
+def main() -> None:
+    """Run and save bench/results/mesh.json."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=20)
+    parser.add_argument("--messages", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=10.0, help="publishes per second (loopback run)")
+    parser.add_argument("--hosts", type=int, default=6, help="namespaced hosts (loss and partition runs)")
+    parser.add_argument("--ns-messages", type=int, default=50)
+    parser.add_argument("--skip-netns", action="store_true")
+    args = parser.parse_args()
+    result: dict[str, Any] = {"loopback": uvloop.run(loopback(args.nodes, args.messages, args.rate))}
+    if not args.skip_netns:
+        result["netns"] = netns(args.hosts, args.ns_messages)
+    save("mesh", result)
+
+
+if __name__ == "__main__":
+    main()
