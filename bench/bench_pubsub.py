@@ -67,7 +67,7 @@ LOADGEN = FANOUT_DIR / "loadgen.mjs"
 SERVERS = ("hearthnet", "nats", "mosquitto")
 SETTINGS = (
     "duration", "warmup", "repeat", "rate", "latency_subs", "payload", "lead", "outstanding",
-    "workers", "drain", "idle_hold", "connect_concurrency",
+    "workers", "drain", "idle_hold", "connect_concurrency", "pause_subs",
 )  # fmt: skip
 PROTO = {"hearthnet": "hearthnet", "nats": "nats", "mosquitto": "mqtt"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -414,6 +414,7 @@ def fanout_run(
         "--lead", str(opts.lead),
         "--outstanding", str(opts.outstanding),
         "--drain", str(opts.drain),
+        "--pause-subs", str(opts.pause_subs),
     ]  # fmt: skip
     if sc.mode == "latency":
         args += ["--rate", str(sc.rate)]
@@ -493,6 +494,7 @@ def fanout_run(
         "subscriber_fail_reasons": result["subscriber_fail_reasons"],
         "per_subscriber_min_max": [result["per_subscriber_min"], result["per_subscriber_max"]],
         "loadgen_workers": result["workers"],
+        "paused_subscribers": result["paused_subscribers"],
         "timeline": timeline(result["series_ms_delivered_published"]),
     }
     out["lossless"] = (
@@ -722,6 +724,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--outstanding", type=int, default=256, help="max unacknowledged publishes")
     p.add_argument("--workers", type=int, default=2, help="load generator subscriber threads")
+    p.add_argument(
+        "--pause-subs",
+        type=int,
+        default=0,
+        help="diagnostic: this many subscribers stop reading while publishing (loss handling)",
+    )
     p.add_argument("--drain", type=float, default=10.0, help="max seconds to wait for stragglers")
     p.add_argument(
         "--idle", type=int, help="idle connections (full 20000, quick 1000; capped by fd limit)"
@@ -790,6 +798,8 @@ def run_fanout(
                     f"{'lossless' if r['lossless'] else 'LOSS: ' + _loss(r)}",
                     flush=True,
                 )
+                if r["paused_subscribers"]["count"]:
+                    print(f"  paused subscribers: {r['paused_subscribers']}", flush=True)
         result["fanout"][key] = {
             "scenario": sc.__dict__,
             "runs": runs,

@@ -85,7 +85,7 @@ function parseArgs(argv) {
     proto: 'hearthnet', url: '', mode: 'throughput', subs: 100, workers: 1,
     topic: 'bench.fanout', payload: 256, duration: 10, warmup: 2, rate: 2000,
     maxMsgs: 50_000_000, lead: 1000, outstanding: 256, batch: 64, window: 1024,
-    auth: '', drain: 10, hold: 60, connectConcurrency: 100, maxTime: 0, tag: '',
+    auth: '', drain: 10, hold: 60, connectConcurrency: 100, maxTime: 0, pauseSubs: 0,
   };
   for (let i = 2; i < argv.length; i += 2) {
     const key = argv[i].replace(/^--/, '').replace(/-([a-z])/g, (_, c) => c.toUpperCase());
@@ -500,7 +500,7 @@ async function subscriberWorker() {
       s.ws = await connect(opts, s.adapter, (code, reason) => {
         if (!closing) {
           s.closed = `${code} ${reason}`.trim();
-          dead[id] = 1;
+          if (!dead[id]) dead[id] = 1;
         }
       });
       subs.push(s);
@@ -517,12 +517,22 @@ async function subscriberWorker() {
   });
 
   parentPort.on('message', (msg) => {
-    if (msg.type === 'ack-all') {
+    if (msg.type === 'pause' || msg.type === 'resume') {
+      // diagnostic: subscribers that stop reading, to see how each server handles them
+      for (const s of subs) {
+        if (s.id >= opts.pauseSubs) continue;
+        s.paused = true;
+        dead[s.id] = 2; // not waited for by the publisher's lead
+        if (msg.type === 'pause') s.ws.pause();
+        else s.ws.resume();
+      }
+    } else if (msg.type === 'ack-all') {
       if (opts.proto === 'hearthnet') for (const s of subs) if (s.ws.readyState === WebSocket.OPEN) s.adapter.ack();
     } else if (msg.type === 'report') {
       const per = subs.map((s) => ({
         id: s.id, count: s.count, last: s.last, missing: s.missing, dupes: s.dupes,
         gapFrames: s.gapFrames, gapMsgs: s.gapMsgs, closed: s.closed, errors: s.errors,
+        paused: Boolean(s.paused),
       }));
       parentPort.postMessage({ type: 'report', per, hist, maxLatUs, failReasons });
     } else if (msg.type === 'close') {
@@ -736,6 +746,7 @@ async function main() {
   const series = [];
   const tStart = performance.now();
   const publishedP = once(pub, 'published');
+  if (opts.pauseSubs > 0) for (const w of workers) w.postMessage({ type: 'pause' });
   pub.postMessage({ type: 'start' });
   const sampler = setInterval(() => {
     series.push([Math.round(performance.now() - tStart), sumCounts(), ctrl[1]]);
@@ -750,6 +761,7 @@ async function main() {
   const b = { t: performance.now(), delivered: sumCounts(), published: ctrl[1], cpu: cpu() };
   emit({ event: 'steady_end' });
   Atomics.store(ctrl, 0, 1);
+  if (opts.pauseSubs > 0) for (const w of workers) w.postMessage({ type: 'resume' });
   const pubResult = await publishedP;
 
   // drain: until every live subscriber has everything, or no progress for 2 s, or --drain
@@ -782,6 +794,14 @@ async function main() {
     for (const [k, v] of Object.entries(r.failReasons)) subFail[k] = (subFail[k] ?? 0) + v;
   }
   const published = pubResult.published;
+  const pausedPer = per.filter((p) => p.paused);
+  const paused = {
+    count: pausedPer.length,
+    delivered: pausedPer.reduce((acc, p) => acc + p.count, 0),
+    missing: pausedPer.reduce((acc, p) => acc + p.missing + Math.max(0, published - 1 - p.last), 0),
+    gap_messages: pausedPer.reduce((acc, p) => acc + p.gapMsgs, 0),
+    closed: pausedPer.filter((p) => p.closed !== null).length,
+  };
   const delivered = per.reduce((acc, p) => acc + p.count, 0);
   const sumOf = (k) => per.reduce((acc, p) => acc + p[k], 0);
   const tailMissing = per.reduce((acc, p) => acc + Math.max(0, published - 1 - p.last), 0);
@@ -825,6 +845,7 @@ async function main() {
       per_subscriber_min: per.length ? Math.min(...per.map((p) => p.count)) : 0,
       per_subscriber_max: per.length ? Math.max(...per.map((p) => p.count)) : 0,
       drain_s: drainS,
+      paused_subscribers: paused,
       latency_ms: { ...lat.ms, max: maxLatUs / 1000, n: lat.n },
       loadgen_cpu_s_total: (cEnd.user + cEnd.system) / 1e6,
       series_ms_delivered_published: series,
