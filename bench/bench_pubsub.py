@@ -626,8 +626,16 @@ def ensure_loadgen() -> str:
 
 
 def median_index(runs: list[dict[str, Any]]) -> int:
-    """Index of the run with the median deliveries/s (the lower middle one for even counts)."""
-    order = sorted(range(len(runs)), key=lambda i: runs[i]["deliveries_per_s"])
+    """Index of the median run: by deliveries/s for throughput runs, by p99 for latency runs
+    (the lower middle one for even counts, i.e. the worse of the two)."""
+
+    def key(i: int) -> float:
+        r = runs[i]
+        if r["mode"] == "latency":
+            return -(r["latency_ms"].get("99") or float("inf"))
+        return float(r["deliveries_per_s"])
+
+    order = sorted(range(len(runs)), key=key)
     return order[(len(order) - 1) // 2]
 
 
