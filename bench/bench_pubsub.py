@@ -1,0 +1,935 @@
+"""Pub/sub fan-out benchmark (spec §11, issue 3): HearthNet against nats-server and
+Mosquitto, in the same run, with the same Node.js load generator (bench/fanout/loadgen.mjs).
+
+Scenarios, for every server (interleaved: each scenario runs against all servers before
+the next scenario starts, so a change in the machine's background load hits all alike):
+
+- throughput: 1 publisher -> 100 and -> 1,000 subscribers over WebSocket, 256-byte
+  payloads; the publisher runs as fast as the server accepts (bounded outstanding publish
+  acks) and at most ``--lead`` messages ahead of the slowest live subscriber, so every
+  counted delivery really happened; deliveries/s over the steady part (after a warm-up);
+- latency: publish at 2,000 msg/s to 100 subscribers; publish->deliver p50/p99/max;
+- idle: N subscribed connections held; server RSS per 1,000 (HearthNet: 20,000 in the
+  full run, capped by this process's open-file hard limit);
+- history (HearthNet only): GET .../history?limit=100 after publishing 100 messages.
+
+Measured from outside: server CPU (``/proc/PID/stat``) over the same steady window as the
+deliveries, hence server CPU time per delivery; server RSS; the load generator's CPU
+(whole process and its busiest thread, to show it was not the bottleneck); the CPU that
+other processes on the machine used meanwhile; delivered vs expected per subscriber,
+gaps, drops and disconnects (reported, never hidden).
+
+Fairness: the same load generator, payload, subscriber count and pacing for every
+server; HearthNet with acks on (window 1,024, ack every 512) and durable publish (the
+default ``sync=full``), MQTT QoS 0, plain NATS core (no JetStream).
+
+Run: python -m bench.bench_pubsub            (full; about 15 minutes)
+     python -m bench.bench_pubsub --quick    (smoke run; about 3 minutes)
+Writes bench/results/pubsub.json and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import queue
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, percentile, proc_cpu_s, proc_rss_mb, save, start_node
+from bench.servers import (
+    MissingTool,
+    RefServer,
+    require,
+    start_mosquitto,
+    start_nats,
+    system_instances,
+)
+from hearthnet.client import Client
+from hearthnet.clock import now_ms
+from hearthnet.identity import load_or_create_keys
+
+FANOUT_DIR = ROOT / "bench" / "fanout"
+LOADGEN = FANOUT_DIR / "loadgen.mjs"
+SERVERS = ("hearthnet", "nats", "mosquitto")
+SETTINGS = (
+    "duration", "warmup", "repeat", "rate", "latency_subs", "payload", "lead", "outstanding",
+    "workers", "drain", "idle_hold", "connect_concurrency", "pause_subs",
+)  # fmt: skip
+PROTO = {"hearthnet": "hearthnet", "nats": "nats", "mosquitto": "mqtt"}
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+# The node's connection limits (spec §2.5: 100 per identity, 10,000 per node) are policy;
+# the benchmark's subscribers all authenticate as the node, so it raises them.
+NODE_ENV = {
+    "HEARTHNET_LIMITS_CONNECTIONS_PER_IDENTITY": "30000",
+    "HEARTHNET_LIMITS_CONNECTIONS_TOTAL": "30000",
+}
+
+
+# --- measuring processes and the machine ---------------------------------------------
+
+
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """CPU seconds of each thread of ``pid``: ``{tid: (name, seconds)}``."""
+    out: dict[int, tuple[str, float]] = {}
+    task_dir = Path(f"/proc/{pid}/task")
+    try:
+        tids = [int(t) for t in os.listdir(task_dir)]
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            stat = (task_dir / str(tid) / "stat").read_text(encoding="ascii")
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        parts = stat.rsplit(")", 1)[1].split()
+        out[tid] = (name, (int(parts[11]) + int(parts[12])) / CLK_TCK)
+    return out
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all CPUs spent busy since boot (``/proc/stat``)."""
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = f.readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and its direct children (the node may run helpers)."""
+    total = proc_cpu_s(pid)
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii").split()
+    except OSError:
+        children = []
+    for child in children:
+        with contextlib.suppress(OSError):
+            total += proc_cpu_s(int(child))
+    return total
+
+
+@dataclass
+class Snapshot:
+    """Counters taken at one instant of a run."""
+
+    t: float
+    server_cpu: float
+    loadgen_threads: dict[int, tuple[str, float]]
+    machine_busy: float
+    server_rss: float
+
+    @classmethod
+    def take(cls, server_pid: int, loadgen_pid: int) -> Snapshot:
+        """Read everything now."""
+        return cls(
+            time.monotonic(),
+            tree_cpu_s(server_pid),
+            thread_cpu(loadgen_pid),
+            machine_busy_s(),
+            proc_rss_mb(server_pid),
+        )
+
+
+class RssPeak:
+    """Samples a process's RSS in a background thread; keeps the peak."""
+
+    def __init__(self, pid: int, every_s: float = 0.25) -> None:
+        self.pid = pid
+        self.every_s = every_s
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.peak = max(self.peak, proc_rss_mb(self.pid))
+            except OSError:
+                return
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> RssPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(2)
+
+
+# --- the servers under test ----------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """One server under test, as the load generator sees it."""
+
+    name: str
+    pid: int
+    ws_url: str
+    version: str
+    stop: Callable[[], None]
+    proc: subprocess.Popen[Any]
+    node: Any = None  # NodeUnderTest for HearthNet
+    notes: list[str] = field(default_factory=list)
+
+    def alive(self) -> bool:
+        """True while the server process runs."""
+        return self.proc.poll() is None
+
+    @property
+    def proto(self) -> str:
+        """The load generator's adapter for this server."""
+        return PROTO[self.name]
+
+
+def start_target(name: str) -> Target:
+    """Start one server on free loopback ports."""
+    if name == "hearthnet":
+        node = start_node(env=NODE_ENV)
+        ws = "ws" + node.url.removeprefix("http") + "/pubsub/v1/subscribe"
+        version = subprocess.run(
+            [sys.executable, "-m", "hearthnet.cli", "--version"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+
+        def stop() -> None:
+            node.stop()
+            shutil.rmtree(node.data_dir, ignore_errors=True)
+
+        return Target(name, node.pid, ws, version or "hearthnet", stop, node.proc, node=node)
+    ref: RefServer = start_nats() if name == "nats" else start_mosquitto()
+    return Target(name, ref.pid, ref.ws_url, ref.version, ref.stop, ref.proc, notes=ref.notes)
+
+
+def hearthnet_auth_file(target: Target, subs: int, workdir: Path) -> Path:
+    """Identity proofs signed with the node's own key: one for the publisher and one per
+    subscriber (single use; valid for 60 s, so they are made right before each run)."""
+    keys = load_or_create_keys(target.node.data_dir)
+    server_id = target.node.fields["node"]
+
+    def proof() -> dict[str, Any]:
+        fields = {
+            "identity": keys.node_id,
+            "ts": now_ms(),
+            "nonce": os.urandom(12).hex(),
+            "node": server_id,
+        }
+        return {
+            "identity": keys.node_id,
+            "ts": fields["ts"],
+            "nonce": fields["nonce"],
+            "sig": keys.sign_object(fields),
+        }
+
+    path = workdir / f"auth-{time.monotonic_ns()}.json"
+    path.write_text(
+        json.dumps({"publisher": proof(), "subscribers": [proof() for _ in range(subs)]}),
+        encoding="ascii",
+    )
+    path.chmod(0o600)
+    return path
+
+
+def hearthnet_token_file(target: Target, workdir: Path) -> Path:
+    """One capability token (``hearthnet token issue``) shared by idle subscribers: proofs
+    expire after 60 s, and opening 20,000 connections on a busy box may take longer."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hearthnet.cli",
+            "token",
+            "issue",
+            "--data-dir",
+            str(target.node.data_dir),
+            "--scope",
+            "sub:bench.**",
+            "--ttl",
+            "1h",
+            "--sub",
+            "bench-idle",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    path = workdir / "idle-token.json"
+    path.write_text(json.dumps({"shared": {"token": out.stdout.strip()}}), encoding="ascii")
+    path.chmod(0o600)
+    return path
+
+
+# --- running the load generator ------------------------------------------------------
+
+
+class LoadgenError(RuntimeError):
+    """The load generator failed or timed out."""
+
+
+class Loadgen:
+    """One load generator process: JSON-line events on stdout, stopped by PID."""
+
+    def __init__(self, args: list[str], timeout_s: float, workdir: Path) -> None:
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self.stderr_path = workdir / f"loadgen-{time.monotonic_ns()}.err"
+        self._stderr = self.stderr_path.open("wb")
+        self.proc = subprocess.Popen(
+            ["node", str(LOADGEN), *args, "--max-time", str(int(timeout_s))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            cwd=FANOUT_DIR,
+        )
+        self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        """The load generator's PID."""
+        return self.proc.pid
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.strip()
+            if line.startswith("{"):
+                with contextlib.suppress(json.JSONDecodeError):
+                    self.events.put(json.loads(line))
+        self.events.put(None)
+
+    def next_event(self) -> dict[str, Any]:
+        """The next event, or LoadgenError when the process ended or the time is up."""
+        left = self.deadline + 30 - time.monotonic()
+        try:
+            event = self.events.get(timeout=max(0.1, left))
+        except queue.Empty:
+            raise LoadgenError(
+                f"load generator silent past its deadline ({self.timeout_s} s)"
+            ) from None
+        if event is None:
+            self.proc.wait(10)
+            raise LoadgenError(
+                f"load generator exited with {self.proc.returncode}: {self.stderr_tail()}"
+            )
+        return event
+
+    def send(self, line: str) -> None:
+        """Write a line to the load generator's stdin."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def stderr_tail(self) -> str:
+        """The end of its stderr."""
+        self._stderr.flush()
+        text = self.stderr_path.read_text(errors="replace")
+        return text[-2000:]
+
+    def close(self) -> None:
+        """Wait for it to end; kill it by PID if it does not."""
+        if self.proc.poll() is None:
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._stderr.close()
+        with_stdin = self.proc.stdin
+        if with_stdin is not None and not with_stdin.closed:
+            with contextlib.suppress(BrokenPipeError):
+                with_stdin.close()
+
+
+def loadgen_thread_shares(
+    a: dict[int, tuple[str, float]], b: dict[int, tuple[str, float]], wall: float
+) -> list[dict[str, Any]]:
+    """Per-thread CPU share (of one core) between two samples, busiest first."""
+    shares = []
+    for tid, (name, cpu) in b.items():
+        before = a.get(tid, (name, 0.0))[1]
+        share = (cpu - before) / wall
+        if share > 0.005:
+            shares.append({"tid": tid, "name": name, "cores": round(share, 3)})
+    return sorted(shares, key=lambda s: -s["cores"])
+
+
+def timeline(series: list[list[int]]) -> str:
+    """Deliveries/s in each sampling interval (about 250 ms), as one compact line."""
+    rates = []
+    prev_t, prev_n = 0, 0
+    for t, n, _published in series:
+        if t > prev_t:
+            rates.append(round((n - prev_n) / (t - prev_t) * 1000))
+        prev_t, prev_n = t, n
+    return " ".join(str(r) for r in rates)
+
+
+@dataclass
+class Scenario:
+    """One fan-out run's parameters."""
+
+    mode: str  # throughput | latency
+    subs: int
+    duration_s: float
+    warmup_s: float
+    rate: int = 0
+
+
+def fanout_run(
+    target: Target, sc: Scenario, opts: argparse.Namespace, workdir: Path, run_no: int
+) -> dict[str, Any]:
+    """One throughput or latency run against one server; everything measured."""
+    topic = f"bench.fanout.r{run_no}"
+    args = [
+        "--proto", target.proto,
+        "--url", target.ws_url,
+        "--mode", sc.mode,
+        "--subs", str(sc.subs),
+        "--workers", str(opts.workers),
+        "--topic", topic,
+        "--payload", str(opts.payload),
+        "--duration", str(sc.duration_s),
+        "--warmup", str(sc.warmup_s),
+        "--lead", str(opts.lead),
+        "--outstanding", str(opts.outstanding),
+        "--drain", str(opts.drain),
+        "--pause-subs", str(opts.pause_subs),
+    ]  # fmt: skip
+    if sc.mode == "latency":
+        args += ["--rate", str(sc.rate)]
+    auth: Path | None = None
+    if target.name == "hearthnet":
+        auth = hearthnet_auth_file(target, sc.subs, workdir)
+        args += ["--auth", str(auth)]
+    timeout = sc.warmup_s + sc.duration_s + opts.drain + 60 + sc.subs / 50
+    load1 = os.getloadavg()[0]
+    rss0 = proc_rss_mb(target.pid)
+    lg = Loadgen(args, timeout, workdir)
+    snaps: dict[str, Snapshot] = {}
+    result: dict[str, Any] | None = None
+    try:
+        with RssPeak(target.pid) as peak:
+            while result is None:
+                event = lg.next_event()
+                kind = event.get("event")
+                if kind == "ready":
+                    if event["failed"]:
+                        print(f"  ! {event['failed']} subscribers failed: {event['fail_reasons']}")
+                elif kind in ("steady_start", "steady_end"):
+                    snaps[kind] = Snapshot.take(target.pid, lg.pid)
+                elif kind == "done":
+                    result = event["result"]
+    finally:
+        lg.close()
+        if auth is not None:
+            auth.unlink(missing_ok=True)
+    if not target.alive():
+        raise LoadgenError(f"{target.name} died during the run")
+    a, b = snaps["steady_start"], snaps["steady_end"]
+    wall = b.t - a.t
+    steady = result["steady"]
+    deliveries = steady["deliveries"]
+    server_cpu = b.server_cpu - a.server_cpu
+    threads = loadgen_thread_shares(a.loadgen_threads, b.loadgen_threads, wall)
+    loadgen_cores = sum(t["cores"] for t in threads)
+    busy = (b.machine_busy - a.machine_busy) / wall
+    out = {
+        "server": target.name,
+        "mode": sc.mode,
+        "subscribers": sc.subs,
+        "rate": sc.rate or None,
+        "load1_before": round(load1, 2),
+        "deliveries_per_s": round(steady["deliveries_per_s"]),
+        "publish_per_s": round(steady["publish_per_s"]),
+        "server_cpu_cores": round(server_cpu / wall, 3),
+        "server_cpu_us_per_delivery": round(server_cpu / deliveries * 1e6, 3)
+        if deliveries
+        else None,
+        "server_rss_mb_before": round(rss0, 1),
+        "server_rss_mb_peak": round(peak.peak, 1),
+        "loadgen_cpu_cores": round(loadgen_cores, 3),
+        "loadgen_busiest_thread": threads[0] if threads else None,
+        "loadgen_threads": " ".join(f"{t['name']}:{t['cores']}" for t in threads[:8]),
+        "other_processes_cpu_cores": round(max(0.0, busy - server_cpu / wall - loadgen_cores), 3),
+        "published": result["published"],
+        "delivered": result["delivered_total"],
+        "expected": result["expected_total"],
+        "subscribers_complete": result["subscribers_complete"],
+        "missing": result["missing_by_index"],
+        "gap_messages": result["gap_messages"],
+        "subscribers_closed": result["subscribers_closed"],
+        "close_codes": result["close_codes"],
+        "connect_failed": result["connect_failed"],
+        "publish_errors": result["publish_errors"],
+        "publisher_closed": result["publisher_closed"],
+        "latency_ms": {
+            k: (round(v, 3) if v is not None else None) for k, v in result["latency_ms"].items()
+        },
+        "publisher_max_behind_ms": result["publisher_max_behind_ms"],
+        "drain_s": round(result["drain_s"], 3),
+        "setup_s": round(result["setup_s"], 3),
+        "duplicates_or_reordered": result["duplicates_or_reordered"],
+        "subscriber_errors": result["subscriber_errors"],
+        "subscriber_fail_reasons": result["subscriber_fail_reasons"],
+        "per_subscriber_min_max": [result["per_subscriber_min"], result["per_subscriber_max"]],
+        "loadgen_workers": result["workers"],
+        "paused_subscribers": result["paused_subscribers"],
+        "timeline": timeline(result["series_ms_delivered_published"]),
+    }
+    out["lossless"] = (
+        out["delivered"] == out["expected"]
+        and out["missing"] == 0
+        and out["subscribers_closed"] == 0
+        and out["connect_failed"] == 0
+    )
+    return out
+
+
+def idle_run(target: Target, n: int, opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Open ``n`` subscribed connections, hold them, measure the server's RSS and CPU."""
+    args = [
+        "--proto", target.proto,
+        "--url", target.ws_url,
+        "--mode", "idle",
+        "--subs", str(n),
+        "--workers", str(opts.workers),
+        "--topic", "bench.idle",
+        "--connect-concurrency", str(opts.connect_concurrency),
+        "--hold", str(opts.idle_hold + 120),
+    ]  # fmt: skip
+    auth: Path | None = None
+    if target.name == "hearthnet":
+        auth = hearthnet_token_file(target, workdir)
+        args += ["--auth", str(auth)]
+    rss_before = proc_rss_mb(target.pid)
+    cpu_before = tree_cpu_s(target.pid)
+    load1 = os.getloadavg()[0]
+    lg = Loadgen(args, opts.idle_hold + 240 + n / 100, workdir)
+    result: dict[str, Any] | None = None
+    try:
+        ready = lg.next_event()
+        if ready.get("event") != "ready":
+            raise LoadgenError(f"unexpected event {ready}")
+        setup_cpu = tree_cpu_s(target.pid) - cpu_before
+        time.sleep(2)  # let the server settle
+        t0, c0 = time.monotonic(), tree_cpu_s(target.pid)
+        time.sleep(opts.idle_hold)
+        hold_cpu = (tree_cpu_s(target.pid) - c0) / (time.monotonic() - t0)
+        rss_held = proc_rss_mb(target.pid)
+        lg.send("stop")
+        while result is None:
+            event = lg.next_event()
+            if event.get("event") == "done":
+                result = event["result"]
+    finally:
+        lg.close()
+        if auth is not None:
+            auth.unlink(missing_ok=True)
+    connected = result["connected"]
+    return {
+        "server": target.name,
+        "requested": n,
+        "connected": connected,
+        "connect_failed": result["connect_failed"],
+        "fail_reasons": result["fail_reasons"],
+        "closed_while_held": result["closed_while_held"],
+        "load1_before": round(load1, 2),
+        "setup_s": round(result["setup_s"], 2),
+        "connections_per_s": round(connected / result["setup_s"]) if result["setup_s"] else None,
+        "server_cpu_s_setup": round(setup_cpu, 2),
+        "server_cpu_cores_held": round(hold_cpu, 4),
+        "server_rss_mb_before": round(rss_before, 1),
+        "server_rss_mb_held": round(rss_held, 1),
+        "rss_mb_per_1000": (
+            round((rss_held - rss_before) / connected * 1000, 2) if connected else None
+        ),
+        "loadgen_cpu_s_hold": round(result["loadgen_cpu_s_hold"], 3),
+    }
+
+
+def history_run(target: Target, repeats: int) -> dict[str, Any]:
+    """Publish 100 messages, then time GET /history?limit=100 (signed, keep-alive)."""
+    keys = load_or_create_keys(target.node.data_dir)
+    payload = "@@" + "0" * 15 + ":" + "0" * 10 + ":"
+    payload += "x" * (256 - len(payload))
+
+    async def go() -> dict[str, Any]:
+        async with Client(target.node.url, keys=keys) as client:
+            topic = f"bench.history.t{time.monotonic_ns()}"
+            for _ in range(100):
+                await client.publish(topic, "bench", payload)
+            times = []
+            count = 0
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                page = await client.history(topic, limit=100)
+                times.append((time.perf_counter() - t0) * 1000)
+                count = len(page["messages"])
+            return {
+                "server": target.name,
+                "messages": count,
+                "repeats": repeats,
+                "p50_ms": round(statistics.median(times), 2),
+                "p99_ms": round(percentile(times, 99), 2),
+                "first_ms": round(times[0], 2),
+            }
+
+    return asyncio.run(go())
+
+
+# --- the whole run ---------------------------------------------------------------------
+
+
+def raise_open_files() -> int:
+    """Raise this process's (and so its children's) open-file limit to the hard limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def ensure_loadgen() -> str:
+    """node is installed and bench/fanout has its packages (npm ci when missing)."""
+    require("node")
+    out = subprocess.run(["node", "--version"], capture_output=True, text=True, check=True)
+    version = out.stdout.strip()
+    if int(version.lstrip("v").split(".")[0]) < 20:
+        raise MissingTool(f"Node.js 20+ needed, found {version}")
+    if not (FANOUT_DIR / "node_modules" / "ws").exists():
+        if shutil.which("npm") is None:
+            raise MissingTool("npm not found; install it, then run `npm ci` in bench/fanout")
+        print("installing the load generator's packages (npm ci in bench/fanout)")
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=FANOUT_DIR, check=True)
+    return version
+
+
+def median_index(runs: list[dict[str, Any]]) -> int:
+    """Index of the median run: by deliveries/s for throughput runs, by p99 for latency runs
+    (the lower middle one for even counts, i.e. the worse of the two)."""
+
+    def key(i: int) -> float:
+        r = runs[i]
+        if r["mode"] == "latency":
+            return -(r["latency_ms"].get("99") or float("inf"))
+        return float(r["deliveries_per_s"])
+
+    order = sorted(range(len(runs)), key=key)
+    return order[(len(order) - 1) // 2]
+
+
+def fmt(v: Any, nd: int = 0) -> str:
+    """A number for the table."""
+    if v is None:
+        return "–"
+    if isinstance(v, float) and nd:
+        return f"{v:,.{nd}f}"
+    return f"{round(v):,}" if isinstance(v, (int, float)) else str(v)
+
+
+def table(result: dict[str, Any]) -> str:
+    """The Markdown tables for docs/benchmarks.md."""
+    lines: list[str] = []
+    if result["fanout"]:
+        lines += [
+            "| scenario | server | deliveries/s | vs NATS | server CPU µs/delivery "
+            "| server CPU (cores) | loadgen CPU (cores; busiest thread) | other load (cores) "
+            "| delivered/expected | p50 ms | p99 ms |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        ]
+    for key, sc in result["fanout"].items():
+        best = {n: sc["runs"][n][i] for n, i in sc["median_run"].items()}
+        nats = best.get("nats")
+        for server in SERVERS:
+            r = best.get(server)
+            if r is None:
+                continue
+            ratio = (
+                f"{r['deliveries_per_s'] / nats['deliveries_per_s']:.2f}×"
+                if nats and nats["deliveries_per_s"]
+                else "–"
+            )
+            busiest = (r["loadgen_busiest_thread"] or {}).get("cores")
+            # throughput runs queue up to --lead messages by design: their latency is not
+            # publish->deliver at a given rate, so the table shows it for latency runs only
+            lat = r["latency_ms"] if r["mode"] == "latency" else {}
+            delivered = f"{r['delivered']:,}/{r['expected']:,}"
+            if r["gap_messages"]:
+                delivered += f" ({r['gap_messages']:,} in gaps)"
+            if r["subscribers_closed"]:
+                delivered += f" ({r['subscribers_closed']} closed)"
+            lines.append(
+                f"| {key} | {server} | {fmt(r['deliveries_per_s'])} | {ratio} "
+                f"| {fmt(r['server_cpu_us_per_delivery'], 2)} | {fmt(r['server_cpu_cores'], 2)} "
+                f"| {fmt(r['loadgen_cpu_cores'], 2)}; {fmt(busiest, 2)} "
+                f"| {fmt(r['other_processes_cpu_cores'], 2)} | {delivered} "
+                f"| {fmt(lat.get('50'), 1)} | {fmt(lat.get('99'), 1)} |"
+            )
+    if result.get("idle"):
+        lines += [
+            *([""] if lines else []),
+            "| idle connections | server | connected | setup s | RSS before MiB | RSS held MiB "
+            "| MiB per 1,000 | server CPU held (cores) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in result["idle"]:
+            lines.append(
+                f"| {r['requested']:,} | {r['server']} | {r['connected']:,} "
+                f"| {fmt(r['setup_s'], 1)} "
+                f"| {fmt(r['server_rss_mb_before'], 1)} | {fmt(r['server_rss_mb_held'], 1)} "
+                f"| {fmt(r['rss_mb_per_1000'], 2)} | {fmt(r['server_cpu_cores_held'], 3)} |"
+            )
+    if result.get("history"):
+        h = result["history"]
+        lines += [
+            *([""] if lines else []),
+            "| history replay | messages | p50 ms | p99 ms | repeats |",
+            "|---|---:|---:|---:|---:|",
+            f"| hearthnet GET /history?limit=100 | {h['messages']} | {h['p50_ms']} "
+            f"| {h['p99_ms']} | {h['repeats']} |",
+        ]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Options (defaults: the full run; --quick shrinks durations and counts)."""
+    p = argparse.ArgumentParser(
+        prog="python -m bench.bench_pubsub", description=__doc__.splitlines()[0]
+    )
+    p.add_argument("--quick", action="store_true", help="short smoke run (about 3 minutes)")
+    p.add_argument("--servers", default=",".join(SERVERS), help="comma list of servers")
+    p.add_argument("--subs", default="100,1000", help="throughput subscriber counts")
+    p.add_argument("--duration", type=float, help="steady seconds per run (full 10, quick 3)")
+    p.add_argument("--warmup", type=float, help="warm-up seconds per run (full 3, quick 1)")
+    p.add_argument("--repeat", type=int, help="runs per scenario, median kept (full 3, quick 1)")
+    p.add_argument("--rate", type=int, default=2000, help="latency scenario publish rate")
+    p.add_argument("--latency-subs", type=int, default=100)
+    p.add_argument("--payload", type=int, default=256, help="payload bytes")
+    p.add_argument(
+        "--lead",
+        type=int,
+        default=1000,
+        help="max messages the publisher runs ahead of the slowest subscriber (0: open loop)",
+    )
+    p.add_argument("--outstanding", type=int, default=256, help="max unacknowledged publishes")
+    p.add_argument("--workers", type=int, default=2, help="load generator subscriber threads")
+    p.add_argument(
+        "--pause-subs",
+        type=int,
+        default=0,
+        help="diagnostic: this many subscribers stop reading while publishing (loss handling)",
+    )
+    p.add_argument("--drain", type=float, default=10.0, help="max seconds to wait for stragglers")
+    p.add_argument(
+        "--idle", type=int, help="idle connections (full 20000, quick 1000; capped by fd limit)"
+    )
+    p.add_argument("--idle-servers", default="hearthnet,nats,mosquitto")
+    p.add_argument("--idle-hold", type=float, default=5.0, help="seconds idle connections are held")
+    p.add_argument("--connect-concurrency", type=int, default=100)
+    p.add_argument("--history-repeats", type=int, help="history requests (full 200, quick 30)")
+    p.add_argument("--skip", default="", help="comma list of: throughput,latency,idle,history")
+    p.add_argument("--name", default="pubsub", help="results file name under bench/results/")
+    args = p.parse_args(argv)
+    q = args.quick
+    args.duration = args.duration or (3.0 if q else 10.0)
+    args.warmup = args.warmup if args.warmup is not None else (1.0 if q else 3.0)
+    args.repeat = args.repeat or (1 if q else 3)
+    args.idle = args.idle if args.idle is not None else (1000 if q else 20000)
+    args.history_repeats = args.history_repeats or (30 if q else 200)
+    return args
+
+
+def fanout_scenarios(opts: argparse.Namespace, skip: set[str]) -> list[tuple[str, Scenario]]:
+    """The throughput and latency scenarios asked for."""
+    scenarios: list[tuple[str, Scenario]] = []
+    if "throughput" not in skip:
+        for subs in (int(x) for x in opts.subs.split(",") if x):
+            sc = Scenario("throughput", subs, opts.duration, opts.warmup)
+            scenarios.append((f"throughput 1→{subs:,}", sc))
+    if "latency" not in skip:
+        sc = Scenario("latency", opts.latency_subs, opts.duration, opts.warmup, opts.rate)
+        scenarios.append((f"latency {opts.rate:,} msg/s 1→{opts.latency_subs:,}", sc))
+    return scenarios
+
+
+def run_fanout(
+    targets: dict[str, Target],
+    scenarios: list[tuple[str, Scenario]],
+    opts: argparse.Namespace,
+    workdir: Path,
+    result: dict[str, Any],
+) -> None:
+    """Each scenario against every server in turn, ``opts.repeat`` times."""
+    run_no = 0
+    for key, sc in scenarios:
+        runs: dict[str, list[dict[str, Any]]] = {n: [] for n in targets}
+        for rep in range(opts.repeat):
+            for name, target in targets.items():
+                run_no += 1
+                print(f"{key} [{rep + 1}/{opts.repeat}] {name} ...", flush=True)
+                try:
+                    r = fanout_run(target, sc, opts, workdir, run_no)
+                except LoadgenError as exc:
+                    print(f"  ! {name}: {exc}")
+                    result["notes"].append(f"{key} {name} run {rep + 1}: {exc}")
+                    if not target.alive():
+                        raise
+                    continue
+                runs[name].append(r)
+                lat = r["latency_ms"]
+                print(
+                    f"  {r['deliveries_per_s']:,}/s  server {r['server_cpu_cores']:.2f} cores "
+                    f"{r['server_cpu_us_per_delivery']} µs/delivery  loadgen "
+                    f"{r['loadgen_cpu_cores']:.2f} cores (busiest thread "
+                    f"{(r['loadgen_busiest_thread'] or {}).get('cores')})  others "
+                    f"{r['other_processes_cpu_cores']:.2f}  "
+                    f"p50 {lat.get('50')} p99 {lat.get('99')} ms  "
+                    f"{'lossless' if r['lossless'] else 'LOSS: ' + _loss(r)}",
+                    flush=True,
+                )
+                if r["paused_subscribers"]["count"]:
+                    print(f"  paused subscribers: {r['paused_subscribers']}", flush=True)
+        result["fanout"][key] = {
+            "scenario": sc.__dict__,
+            "runs": runs,
+            "median_run": {n: median_index(rs) for n, rs in runs.items() if rs},
+        }
+
+
+def run_idle(
+    names: list[str], n: int, opts: argparse.Namespace, workdir: Path, result: dict[str, Any]
+) -> None:
+    """Idle connections, each server freshly started (so its baseline RSS is its own)."""
+    for name in names:
+        print(f"idle {n:,} connections {name} ...", flush=True)
+        target = start_target(name)
+        try:
+            time.sleep(1)
+            r = idle_run(target, n, opts, workdir)
+        except LoadgenError as exc:
+            print(f"  ! {name}: {exc}")
+            result["notes"].append(f"idle {name}: {exc}")
+            continue
+        finally:
+            target.stop()
+        result["idle"].append(r)
+        print(
+            f"  {r['connected']:,} connected in {r['setup_s']} s; RSS "
+            f"{r['server_rss_mb_before']} -> {r['server_rss_mb_held']} MiB "
+            f"({r['rss_mb_per_1000']} MiB per 1,000)",
+            flush=True,
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run everything and write bench/results/pubsub.json."""
+    opts = parse_args(argv)
+    servers = [s for s in opts.servers.split(",") if s]
+    skip = set(opts.skip.split(",")) - {""}
+    for s in servers:
+        if s not in SERVERS:
+            raise SystemExit(f"unknown server {s!r}; choose from {', '.join(SERVERS)}")
+    try:
+        node_version = ensure_loadgen()
+        for s in servers:
+            if s != "hearthnet":
+                require("nats-server" if s == "nats" else "mosquitto")
+    except MissingTool as exc:
+        raise SystemExit(f"bench_pubsub: {exc}") from None
+    nofile = raise_open_files()
+    foreign = system_instances()
+    if foreign:
+        print(f"note: other broker processes are running (not ours, left alone): {foreign}")
+    idle_n = opts.idle
+    notes = []
+    if idle_n > nofile - 200:
+        notes.append(
+            f"{idle_n} idle connections asked; capped to {nofile - 200} by the open-file hard "
+            f"limit ({nofile}) of this machine"
+        )
+        idle_n = nofile - 200
+        print("note:", notes[-1])
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-pubsub-"))
+    targets: dict[str, Target] = {}
+    result: dict[str, Any] = {
+        "command": " ".join(
+            ["python -m bench.bench_pubsub", *(sys.argv[1:] if argv is None else argv)]
+        ),
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "node": node_version,
+        "open_files_limit": nofile,
+        "settings": {k: getattr(opts, k) for k in SETTINGS},
+        "hearthnet_env": NODE_ENV,
+        "versions": {},
+        "fanout": {},
+        "history": None,
+        "idle": [],
+        "notes": notes,
+    }
+    try:
+        scenarios = fanout_scenarios(opts, skip)
+        want_history = "history" not in skip and "hearthnet" in servers
+        if scenarios or want_history:
+            for name in servers if scenarios else ["hearthnet"]:
+                targets[name] = t = start_target(name)
+                result["versions"][name] = t.version
+                print(f"started {name} ({t.version}) pid {t.pid} at {t.ws_url}")
+        run_fanout(targets, scenarios, opts, workdir, result)
+        if want_history:
+            print("history replay ...", flush=True)
+            result["history"] = history_run(targets["hearthnet"], opts.history_repeats)
+            print(f"  p50 {result['history']['p50_ms']} ms", flush=True)
+        for target in targets.values():
+            target.stop()
+        targets.clear()
+        if "idle" not in skip:
+            names = [s for s in opts.idle_servers.split(",") if s in servers]
+            run_idle(names, idle_n, opts, workdir, result)
+    finally:
+        for target in targets.values():
+            try:
+                target.stop()
+            except Exception as exc:  # keep stopping the others
+                print(f"stopping {target.name}: {exc}")
+        shutil.rmtree(workdir, ignore_errors=True)
+    result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    result["table"] = table(result)
+    save(opts.name, result)
+    print()
+    print(result["table"])
+
+
+def _loss(r: dict[str, Any]) -> str:
+    parts = [f"{r['delivered']:,}/{r['expected']:,} delivered"]
+    for k in ("missing", "gap_messages", "subscribers_closed", "connect_failed", "publish_errors"):
+        if r[k]:
+            parts.append(f"{k}={r[k]}")
+    if r["publisher_closed"]:
+        parts.append(f"publisher closed: {r['publisher_closed']}")
+    return ", ".join(parts)
+
+
+if __name__ == "__main__":
+    main()

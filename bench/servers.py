@@ -1,0 +1,190 @@
+"""Reference pub/sub servers for the fan-out benchmark: nats-server and Mosquitto from
+Debian, each started on free loopback ports with its own config in a temp dir, and
+stopped by PID.
+
+Neither is run as a system service: if a package started one, it is left alone (and
+reported); ours listen on ports picked here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+
+class MissingTool(RuntimeError):
+    """A server binary the benchmark needs is not installed."""
+
+
+INSTALL_HINTS = {
+    "nats-server": "apt-get install -y nats-server",
+    "mosquitto": "apt-get install -y mosquitto",
+    "node": "install Node.js 20+ (apt-get install -y nodejs npm), then `npm ci` in bench/fanout",
+}
+
+
+def require(tool: str) -> str:
+    """The path of ``tool``, or a clear error saying how to install it."""
+    path = shutil.which(tool) or next(
+        (p for p in (f"/usr/sbin/{tool}", f"/usr/local/sbin/{tool}") if Path(p).exists()), None
+    )
+    if path is None:
+        raise MissingTool(f"{tool} not found; install it: {INSTALL_HINTS.get(tool, tool)}")
+    return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """Wait until something accepts on 127.0.0.1:port (or the process dies)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before listening")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on 127.0.0.1:{port} after {timeout_s} s")
+
+
+@dataclass
+class RefServer:
+    """A reference server process we started."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    ws_url: str
+    workdir: Path
+    version: str
+    log: IO[bytes] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        """The server's PID."""
+        return self.proc.pid
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it lingers; remove the temp dir."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if self.log is not None:
+            self.log.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of the server's log (for error reports)."""
+        path = self.workdir / "server.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _version(cmd: list[str]) -> str:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=5, check=False)
+        text = (out.stdout or out.stderr).strip().splitlines()
+        return text[0] if text else "?"
+    return "?"
+
+
+def start_nats() -> RefServer:
+    """nats-server with a WebSocket listener (no TLS, no compression) on loopback."""
+    binary = require("nats-server")
+    work = Path(tempfile.mkdtemp(prefix="bench-nats-"))
+    port, ws_port = free_port(), free_port()
+    (work / "nats.conf").write_text(
+        f'listen: "127.0.0.1:{port}"\n'
+        f"websocket {{\n"
+        f'  listen: "127.0.0.1:{ws_port}"\n'
+        f"  no_tls: true\n"
+        f"  compression: false\n"
+        f"}}\n",
+        encoding="ascii",
+    )
+    log = (work / "server.log").open("wb")
+    proc = subprocess.Popen(
+        [binary, "-c", str(work / "nats.conf")],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    server = RefServer(
+        "nats", proc, f"ws://127.0.0.1:{ws_port}", work, _version([binary, "--version"]), log
+    )
+    try:
+        wait_port(ws_port, proc)
+    except Exception:
+        server.stop()
+        raise
+    return server
+
+
+def start_mosquitto() -> RefServer:
+    """Mosquitto with a websockets listener on loopback.
+
+    Mosquitto 2.0.11 (Debian 12) refuses to start when its only listener is a websockets
+    one ("Unable to start any listening sockets"), so a plain MQTT listener on another
+    loopback port is configured too; the benchmark uses only the websockets one.
+    """
+    binary = require("mosquitto")
+    work = Path(tempfile.mkdtemp(prefix="bench-mosquitto-"))
+    work.chmod(0o755)  # mosquitto drops to its own user when started as root
+    port, ws_port = free_port(), free_port()
+    (work / "mosquitto.conf").write_text(
+        f"listener {port} 127.0.0.1\n"
+        f"listener {ws_port} 127.0.0.1\n"
+        "protocol websockets\n"
+        "allow_anonymous true\n"
+        "persistence false\n"
+        "max_connections -1\n"
+        "log_dest stderr\n"
+        "log_type error\n"
+        "log_type warning\n",
+        encoding="ascii",
+    )
+    log = (work / "server.log").open("wb")
+    proc = subprocess.Popen(
+        [binary, "-c", str(work / "mosquitto.conf")],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    server = RefServer(
+        "mosquitto", proc, f"ws://127.0.0.1:{ws_port}", work, _version([binary, "-h"]), log
+    )
+    try:
+        wait_port(ws_port, proc)
+    except Exception:
+        server.stop()
+        raise
+    return server
+
+
+def system_instances() -> list[str]:
+    """nats-server or mosquitto processes we did not start (e.g., a package's service)."""
+    found = []
+    for name in ("nats-server", "mosquitto"):
+        out = subprocess.run(
+            ["pgrep", "-a", "-x", name], capture_output=True, text=True, check=False
+        )
+        found += [line for line in out.stdout.splitlines() if line.strip()]
+    return found
