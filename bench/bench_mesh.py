@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import subprocess
@@ -32,15 +33,28 @@ import uvloop
 
 from bench.common import percentile, save
 from hearthnet.client import Client
+from hearthnet.community import CommunityStore, Level, MembershipRecord
 from hearthnet.identity import load_or_create_keys
 from hearthnet.subscription import Delivery
+from tests.chaos.netns import Lab, unavailable_reason
 
-FAST = {"HEARTHNET_MESH_DIAL_INTERVAL_S": "0.2", "HEARTHNET_MESH_CAPS_S": "5",
-        "HEARTHNET_MESH_HEARTBEAT_S": "2", "HEARTHNET_LOG_LEVEL": "warning"}
+FAST = {
+    "HEARTHNET_MESH_DIAL_INTERVAL_S": "0.2",
+    "HEARTHNET_MESH_CAPS_S": "5",
+    "HEARTHNET_MESH_HEARTBEAT_S": "2",
+    "HEARTHNET_LOG_LEVEL": "warning",
+}
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text(encoding="ascii").splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def _metric(url: str, name: str) -> float:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:  # noqa: S310 - loopback
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
         for line in resp.read().decode().splitlines():
             if line.startswith(name + " ") or line.startswith(name + "{"):
                 return float(line.rsplit(" ", 1)[1])
@@ -59,9 +73,30 @@ class LoopbackMesh:
     def _start(self, i: int, *extra: str) -> None:
         data = self.root / f"n{i}"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "hearthnet.cli", "node", "start", "--data-dir", str(data), "--host",
-             "127.0.0.1", "--port", "0", "--no-zeroconf", "--log-level", "warning", "--name", f"n{i}", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, **FAST})
+            [
+                sys.executable,
+                "-m",
+                "hearthnet.cli",
+                "node",
+                "start",
+                "--data-dir",
+                str(data),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--no-zeroconf",
+                "--log-level",
+                "warning",
+                "--name",
+                f"n{i}",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, **FAST},
+        )
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if not line.startswith("hearthnet ready"):
@@ -75,8 +110,22 @@ class LoopbackMesh:
         self._start(0)
         for i in range(1, self.n):
             invite = subprocess.run(
-                [sys.executable, "-m", "hearthnet.cli", "community", "invite", "--data-dir", str(self.root / "n0"),
-                 "--bootstrap", self.urls[0]], capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+                [
+                    sys.executable,
+                    "-m",
+                    "hearthnet.cli",
+                    "community",
+                    "invite",
+                    "--data-dir",
+                    str(self.root / "n0"),
+                    "--bootstrap",
+                    self.urls[0],
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=30,
+            ).stdout.strip()
             self._start(i, "--join", invite)
 
     def stop(self) -> None:
@@ -114,7 +163,9 @@ async def loopback(n: int, messages: int, rate: float) -> dict[str, Any]:
         link_s = await wait_links(mesh, min(3, n - 1))
         arrivals: dict[str, dict[int, float]] = {}
         sent: dict[str, float] = {}
-        clients = [Client(u, keys=load_or_create_keys(root / f"n{i}")) for i, u in enumerate(mesh.urls)]
+        clients = [
+            Client(u, keys=load_or_create_keys(root / f"n{i}")) for i, u in enumerate(mesh.urls)
+        ]
         subs = [c.subscribe("bench.mesh.*") for c in clients]
         for s in subs:
             await s.__aenter__()
@@ -135,7 +186,8 @@ async def loopback(n: int, messages: int, rate: float) -> dict[str, Any]:
             sent[ack["id"]] = t0
             await asyncio.sleep(1 / rate)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(len(arrivals.get(m, {})) < n for m in sent):
+        # Polls the arrival table (bounded by the deadline) rather than wiring an event per message.
+        while time.monotonic() < deadline and any(len(arrivals.get(m, {})) < n for m in sent):  # noqa: ASYNC110
             await asyncio.sleep(0.2)
         for task in listeners:
             task.cancel()
@@ -144,20 +196,25 @@ async def loopback(n: int, messages: int, rate: float) -> dict[str, Any]:
         for c in clients:
             await c.close()
         dup_after = sum(_metric(u, "hearthnet_gossip_duplicates_total") for u in mesh.urls)
-        to_all = [max(arrivals[m].values()) - t0 for m, t0 in sent.items() if len(arrivals.get(m, {})) == n]
+        to_all = [
+            max(arrivals[m].values()) - t0
+            for m, t0 in sent.items()
+            if len(arrivals.get(m, {})) == n
+        ]
         complete = sum(1 for m in sent if len(arrivals.get(m, {})) == n)
-        rss = []
-        for proc in mesh.procs:
-            with open(f"/proc/{proc.pid}/status", encoding="ascii") as f:
-                rss += [int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:")]
+        rss = [_rss_mib(proc.pid) for proc in mesh.procs]
         return {
-            "nodes": n, "messages": messages, "rate_per_s": rate, "startup_s": round(link_s + (time.monotonic()
-                                                                                           - started - link_s), 1),
+            "nodes": n,
+            "messages": messages,
+            "rate_per_s": rate,
+            "startup_s": round(link_s + (time.monotonic() - started - link_s), 1),
             "delivered_to_all": complete,
             "to_all_p50_ms": round(percentile(to_all, 50) * 1000, 1),
             "to_all_p99_ms": round(percentile(to_all, 99) * 1000, 1),
             "to_all_max_ms": round(max(to_all) * 1000, 1) if to_all else None,
-            "duplicates_per_delivery": round((dup_after - dup_before) / max(1, messages * (n - 1)), 3),
+            "duplicates_per_delivery": round(
+                (dup_after - dup_before) / max(1, messages * (n - 1)), 3
+            ),
             "node_rss_mb_mean": round(sum(rss) / len(rss), 1),
         }
     finally:
@@ -166,9 +223,6 @@ async def loopback(n: int, messages: int, rate: float) -> dict[str, Any]:
 
 def netns(hosts: int, messages: int) -> dict[str, Any]:
     """Loss and partition runs in network namespaces (the chaos-test lab)."""
-    from hearthnet.community import CommunityStore, Level, MembershipRecord
-    from tests.chaos.netns import Lab, unavailable_reason
-
     reason = unavailable_reason()
     if reason is not None:
         return {"skipped": reason}
@@ -177,26 +231,69 @@ def netns(hosts: int, messages: int) -> dict[str, Any]:
     with Lab(hosts) as lab:
         keys = [load_or_create_keys(root / h.name) for h in lab.hosts]
         founder = keys[0]
-        records = [MembershipRecord.create(founder, "community.created", founder.node_id, founder.node_id,
-                                           now_ms=1, name="bench")]
-        records += [MembershipRecord.create(founder, "member.added", founder.node_id, k.node_id, now_ms=2 + i,
-                                            level=Level.MEMBER) for i, k in enumerate(keys[1:])]
+        records = [
+            MembershipRecord.create(
+                founder,
+                "community.created",
+                founder.node_id,
+                founder.node_id,
+                now_ms=1,
+                name="bench",
+            )
+        ]
+        records += [
+            MembershipRecord.create(
+                founder,
+                "member.added",
+                founder.node_id,
+                k.node_id,
+                now_ms=2 + i,
+                level=Level.MEMBER,
+            )
+            for i, k in enumerate(keys[1:])
+        ]
         for h in lab.hosts:
             CommunityStore(root / h.name).replace(records)
-        env = {**os.environ, **FAST, "HEARTHNET_MESH_ANTI_ENTROPY_S": "2", "HEARTHNET_PUBSUB_SYNC": "normal"}
-        procs = [h.popen(*h.python("-m", "hearthnet.cli", "node", "start", "--name", h.name, "--data-dir",
-                                   str(root / h.name), "--host", h.ip, "--port", "7080",
-                                   "--log-level", "warning"), env=env) for h in lab.hosts]
+        env = {
+            **os.environ,
+            **FAST,
+            "HEARTHNET_MESH_ANTI_ENTROPY_S": "2",
+            "HEARTHNET_PUBSUB_SYNC": "normal",
+        }
+        procs = [
+            h.popen(
+                *h.python(
+                    "-m",
+                    "hearthnet.cli",
+                    "node",
+                    "start",
+                    "--name",
+                    h.name,
+                    "--data-dir",
+                    str(root / h.name),
+                    "--host",
+                    h.ip,
+                    "--port",
+                    "7080",
+                    "--log-level",
+                    "warning",
+                ),
+                env=env,
+            )
+            for h in lab.hosts
+        ]
         for p in procs:
             p.wait_for_line(lambda line: line.startswith("hearthnet ready"), 60)
 
         def cli(h: Any, *args: str) -> str:
-            return str(h.run(*h.python("-m", "hearthnet.cli", *args, "--data-dir", str(root / h.name)),
-                             timeout=60).stdout)
+            return str(
+                h.run(
+                    *h.python("-m", "hearthnet.cli", *args, "--data-dir", str(root / h.name)),
+                    timeout=60,
+                ).stdout
+            )
 
         def counts(topic: str) -> list[int]:
-            import json
-
             out = []
             for h in lab.hosts:
                 topics = json.loads(cli(h, "topics", "--json", "--prefix", topic))
@@ -219,10 +316,16 @@ def netns(hosts: int, messages: int) -> dict[str, Any]:
         publish_s = time.monotonic() - start
         converged = until("bench.loss", messages, 15)
         final = counts("bench.loss")
-        result["loss"] = {"loss_pct": 10, "messages": messages, "publish_s": round(publish_s, 1),
-                          "all_held_within_15s": converged is not None,
-                          "share_held_at_15s": round(sum(min(c, messages) for c in final) / (messages * hosts), 4),
-                          "seconds_after_last_publish": round(converged, 1) if converged is not None else None}
+        result["loss"] = {
+            "loss_pct": 10,
+            "messages": messages,
+            "publish_s": round(publish_s, 1),
+            "all_held_within_15s": converged is not None,
+            "share_held_at_15s": round(
+                sum(min(c, messages) for c in final) / (messages * hosts), 4
+            ),
+            "seconds_after_last_publish": round(converged, 1) if converged is not None else None,
+        }
         half = hosts // 2
         lab.partition(lab.hosts[:half], lab.hosts[half:])
         for k in range(messages):
@@ -230,7 +333,10 @@ def netns(hosts: int, messages: int) -> dict[str, Any]:
             cli(side[k % len(side)], "pub", "bench.split", "--data", f'{{"k": {k}}}')
         lab.heal_all()
         healed = until("bench.split", messages, 60)
-        result["partition"] = {"messages": messages, "converged_s_after_heal": round(healed, 1) if healed else None}
+        result["partition"] = {
+            "messages": messages,
+            "converged_s_after_heal": round(healed, 1) if healed else None,
+        }
         for p in procs:
             p.stop()
     return result
@@ -241,12 +347,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=20)
     parser.add_argument("--messages", type=int, default=200)
-    parser.add_argument("--rate", type=float, default=10.0, help="publishes per second (loopback run)")
-    parser.add_argument("--hosts", type=int, default=6, help="namespaced hosts (loss and partition runs)")
+    parser.add_argument(
+        "--rate", type=float, default=10.0, help="publishes per second (loopback run)"
+    )
+    parser.add_argument(
+        "--hosts", type=int, default=6, help="namespaced hosts (loss and partition runs)"
+    )
     parser.add_argument("--ns-messages", type=int, default=50)
     parser.add_argument("--skip-netns", action="store_true")
     args = parser.parse_args()
-    result: dict[str, Any] = {"loopback": uvloop.run(loopback(args.nodes, args.messages, args.rate))}
+    result: dict[str, Any] = {
+        "loopback": uvloop.run(loopback(args.nodes, args.messages, args.rate))
+    }
     if not args.skip_netns:
         result["netns"] = netns(args.hosts, args.ns_messages)
     save("mesh", result)

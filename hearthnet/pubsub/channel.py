@@ -128,6 +128,36 @@ class SubscriberChannel:
             self.dropped_total += 1
             self._gap = (self._gap[0], dropped) if self._gap else (dropped, dropped)
 
+    def offer_many(self, seqs: list[int], frames: list[bytes]) -> None:
+        """Live messages in seq order, as parallel lists (the fan-out hot path: one call per
+        subscriber per topic per committed batch; ``frames`` is shared, never changed)."""
+        if self.state is ChannelState.CLOSED or not seqs:
+            return
+        start = 0
+        if seqs[0] <= self.delivered_seq:  # only after a backlog overlap; rare
+            while start < len(seqs) and seqs[start] <= self.delivered_seq:
+                start += 1
+            if start == len(seqs):
+                return
+        if (
+            self.state is ChannelState.LIVE
+            and not self._live
+            and self._gap is None
+            and self.writable
+        ):
+            window = self.window
+            room = len(seqs) - start if window is None else min(window.room, len(seqs) - start)
+            if room > 0:
+                end = start + room
+                if window is not None:
+                    window.sent_many(seqs[start:end] if start or end < len(seqs) else seqs)
+                self.out.extend(frames[start:end] if start or end < len(frames) else frames)
+                self.out_count += room
+                self.delivered_seq = seqs[end - 1]
+                start = end
+        for i in range(start, len(seqs)):
+            self.offer(seqs[i], frames[i])
+
     def add_backlog(self, items: list[tuple[int, bytes]]) -> None:
         """Backlog frames, in seq order, all older than any live frame queued."""
         if self.state is not ChannelState.CATCHING_UP:

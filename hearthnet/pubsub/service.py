@@ -30,7 +30,7 @@ from hearthnet.pubsub.log import PAGE, ConsumerRecord, MessageLog
 from hearthnet.pubsub.presence import Member, PresenceEvent, PresenceTable, validate_presence_fields
 from hearthnet.pubsub.retention import RetentionPolicy
 from hearthnet.pubsub.topics import TopicPattern, validate_topic
-from hearthnet.pubsub.wire import EncodedMessage, control_frame
+from hearthnet.pubsub.wire import EncodedMessage, TopicBatch, control_frame
 from hearthnet.ratelimit import RateLimiter
 
 log = logging.getLogger("hearthnet.pubsub")
@@ -128,17 +128,30 @@ class Subscriber:
         self.gaps_reported = 0
         self.room = asyncio.Event()  # set when a catching-up channel can take more backlog
 
-    def deliver(self, item: EncodedMessage, policy: AccessPolicy) -> None:
-        """Offer one message (fan-out hot path)."""
-        if self.filtered:
-            allowed = self._allowed.get(item.topic)
-            if allowed is None:
-                if len(self._allowed) > 4096:
-                    self._allowed.clear()
-                allowed = self._allowed[item.topic] = policy.may_receive(self.caller, item.topic)
-            if not allowed:
-                return
-        self.channel.offer(item.seq, item.form(self.form))
+    def _allows(self, topic: str, policy: AccessPolicy) -> bool:
+        allowed = self._allowed.get(topic)
+        if allowed is None:
+            if len(self._allowed) > 4096:
+                self._allowed.clear()
+            allowed = self._allowed[topic] = policy.may_receive(self.caller, topic)
+        return allowed
+
+    def deliver_batch(self, group: TopicBatch, policy: AccessPolicy) -> None:
+        """Offer one topic's messages of a committed batch (fan-out hot path)."""
+        if self.filtered and not self._allows(group.topic, policy):
+            return
+        seqs, frames = group.form(self.form)
+        self.channel.offer_many(seqs, frames)
+
+    def deliver_merged(self, groups: list[TopicBatch], policy: AccessPolicy) -> None:
+        """Several topics of one batch, merged back into seq order."""
+        pairs: list[tuple[int, bytes]] = []
+        for group in groups:
+            if not self.filtered or self._allows(group.topic, policy):
+                seqs, frames = group.form(self.form)
+                pairs.extend(zip(seqs, frames, strict=True))
+        pairs.sort(key=lambda pair: pair[0])
+        self.channel.offer_many([p[0] for p in pairs], [p[1] for p in pairs])
 
     def wake(self) -> None:
         """Ask the service to flush this subscriber soon."""
@@ -265,14 +278,37 @@ class PubSub:
     # --- fan-out ----------------------------------------------------------------------
 
     def on_commit(self, batch: list[StoredMessage]) -> None:
-        """Called by the log after each commit, in seq order: deliver to subscribers."""
+        """Called by the log after each commit, in seq order: deliver to subscribers.
+
+        Messages are grouped by topic; each group is encoded once per transport form and
+        every matching subscriber takes a slice of the same lists (spec §11: encode once,
+        one write per subscriber per loop turn).
+        """
+        groups: dict[str, list[EncodedMessage]] = {}
+        for stored in batch:
+            groups.setdefault(stored.message.topic, []).append(EncodedMessage(stored))
         policy = self.policy
         match = self.index.match
         dirty = self._dirty
-        for stored in batch:
-            item = EncodedMessage(stored)
-            for sub in match(stored.message.topic):
-                sub.deliver(item, policy)
+        if len(groups) == 1:
+            ((topic, items),) = groups.items()
+            group = TopicBatch(topic, items)
+            for sub in match(topic):
+                sub.deliver_batch(group, policy)
+                if not sub.flush_scheduled:
+                    sub.flush_scheduled = True
+                    dirty.append(sub)
+        else:
+            per_sub: dict[Subscriber, list[TopicBatch]] = {}
+            for topic, items in groups.items():
+                group = TopicBatch(topic, items)
+                for sub in match(topic):
+                    per_sub.setdefault(sub, []).append(group)
+            for sub, sub_groups in per_sub.items():
+                if len(sub_groups) == 1:
+                    sub.deliver_batch(sub_groups[0], policy)
+                else:
+                    sub.deliver_merged(sub_groups, policy)  # keep seq order across topics
                 if not sub.flush_scheduled:
                     sub.flush_scheduled = True
                     dirty.append(sub)

@@ -106,3 +106,24 @@ def control_frame(form: str, event: str, data: dict[str, Any]) -> bytes:
     if form == "sse":
         return sse_bytes(event, orjson.dumps(data))
     return orjson.dumps(obj)
+
+
+class TopicBatch:
+    """The messages of one topic in one committed batch, encoded once per form and shared by
+    every subscriber: ``form(name)`` gives ``(seqs, frames)`` lists a subscriber's channel
+    takes slices of, with no per-subscriber work per message."""
+
+    __slots__ = ("_forms", "items", "seqs", "topic")
+
+    def __init__(self, topic: str, items: list[EncodedMessage]) -> None:
+        self.topic = topic
+        self.items = items
+        self.seqs = [item.seq for item in items]
+        self._forms: dict[str, list[bytes]] = {}
+
+    def form(self, name: str) -> tuple[list[int], list[bytes]]:
+        """``(seqs, frames)`` in form ``name``."""
+        frames = self._forms.get(name)
+        if frames is None:
+            frames = self._forms[name] = [item.form(name) for item in self.items]
+        return self.seqs, frames

@@ -48,6 +48,26 @@ class FlowWindow:
         self.last_seq = seq
         self._unacked.append(seq)
 
+    def sent_many(self, seqs: list[int]) -> None:
+        """Record increasing ``seqs`` sent at once (the caller checked the room).
+
+        Raises:
+            ValueError: more than the window holds, or seqs that do not increase.
+        """
+        if not seqs:
+            return
+        if len(self._unacked) + len(seqs) > self.size:
+            raise ValueError("flow window is full")
+        if seqs[0] <= self.last_seq:
+            raise ValueError(f"seq {seqs[0]} does not increase past {self.last_seq}")
+        self.last_seq = seqs[-1]
+        self._unacked.extend(seqs)
+
+    @property
+    def room(self) -> int:
+        """How many more frames may be sent now."""
+        return self.size - len(self._unacked)
+
     def next_seq(self, *, force: bool = False) -> int:
         """Number and record the next frame of a contiguous (bus) stream."""
         seq = self.last_seq + 1

@@ -64,16 +64,20 @@ async def test_tls_on_links_over_tls_and_serves_plain_http_on_the_same_port(
 
 async def test_plain_peer_link_refused_when_tls_is_required(make_config: MakeConfig) -> None:
     """A node with tls=on refuses a plain peer link with 426."""
-    async with pair(make_config, "on") as (a, _), aiohttp.ClientSession() as http, http.get(
-        a.url + "/mesh/v1/peer",
-        headers={
-            "Upgrade": "websocket",
-            "Connection": "Upgrade",
-            "Sec-WebSocket-Version": "13",
-            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
-            "Sec-WebSocket-Protocol": "hearthnet-peer.v1",
-        },
-    ) as resp:
+    async with (
+        pair(make_config, "on") as (a, _),
+        aiohttp.ClientSession() as http,
+        http.get(
+            a.url + "/mesh/v1/peer",
+            headers={
+                "Upgrade": "websocket",
+                "Connection": "Upgrade",
+                "Sec-WebSocket-Version": "13",
+                "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                "Sec-WebSocket-Protocol": "hearthnet-peer.v1",
+            },
+        ) as resp,
+    ):
         body: dict[str, Any] = await resp.json()
     assert (426, "upgrade_required") == (resp.status, body["error"])
 
