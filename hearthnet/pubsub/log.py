@@ -333,11 +333,6 @@ class MessageLog:
                         for _, s in stored
                     ],
                 )
-                if origin_seq != self.origin_seq:
-                    await self._writer.execute(
-                        "INSERT OR REPLACE INTO meta (key, value) VALUES ('origin_seq', ?)",
-                        (str(origin_seq),),
-                    )
                 await self._write_consumers()
                 await self._writer.execute("COMMIT")
         except sqlite3.Error as exc:
@@ -621,6 +616,12 @@ class MessageLog:
         deleted = 0
         async with self._write_lock:
             await self._writer.execute("BEGIN")
+            # Our origin_seq counter must survive the deletion of our newest messages; the
+            # commit path does not write it (open() reads it back from the messages).
+            await self._writer.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('origin_seq', ?)",
+                (str(self.origin_seq),),
+            )
             for i in range(0, len(seqs), 500):
                 chunk = seqs[i : i + 500]
                 marks = ",".join("?" * len(chunk))

@@ -79,6 +79,16 @@ async def test_restart_keeps_epoch_head_and_origin_seq(tmp_path: Path) -> None:
         assert epoch != fresh.epoch
 
 
+async def test_origin_seq_survives_retention_of_our_newest_messages(tmp_path: Path) -> None:
+    """Peers dedupe by (origin, origin_seq): reusing a number after a purge would be fatal."""
+    async with opened(tmp_path / "log.db") as log:
+        stored = await publish_many(log, 3)
+        assert 3 == await log.delete([s.seq for s in stored])
+    async with opened(tmp_path / "log.db") as log:
+        again = await publish_many(log, 1)
+        assert 4 == again[0].message.origin_seq
+
+
 async def test_ingest_deduplicates_by_id_also_after_restart(tmp_path: Path) -> None:
     """A peer's message stored once; the same id again (even after restart) is a duplicate."""
     msg = Message.create(PEER, topic="chat.a", msg_type="m", data=1, origin_seq=7, ts=5)
