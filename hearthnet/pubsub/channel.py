@@ -76,8 +76,10 @@ class SubscriberChannel:
         self.state = ChannelState.CATCHING_UP if catching_up else ChannelState.LIVE
         self.out: list[bytes] = []
         self.out_count = 0  # message frames in `out` (gap frames not counted)
-        self._live: deque[tuple[int, bytes]] = deque()
-        self._backlog: deque[tuple[int, bytes]] = deque()
+        # Created on first use: an empty deque costs ~600 bytes, and most subscribers of an
+        # idle node never queue anything.
+        self._live: deque[tuple[int, bytes]] | None = None
+        self._backlog: deque[tuple[int, bytes]] | None = None
         self._gap: tuple[int, int] | None = None
         self.delivered_seq = 0
         self.writable = True
@@ -92,7 +94,7 @@ class SubscriberChannel:
     @property
     def queued(self) -> int:
         """Frames waiting (backlog and live)."""
-        return len(self._live) + len(self._backlog)
+        return len(self._live or ()) + len(self._backlog or ())
 
     @property
     def backlog_room(self) -> int:
@@ -122,9 +124,12 @@ class SubscriberChannel:
         ):
             self._emit(seq, data)  # the common case: straight out
             return
-        self._live.append((seq, data))
-        if len(self._live) > self.queue_max:
-            dropped, _ = self._live.popleft()
+        live = self._live
+        if live is None:
+            live = self._live = deque()
+        live.append((seq, data))
+        if len(live) > self.queue_max:
+            dropped, _ = live.popleft()
             self.dropped_total += 1
             self._gap = (self._gap[0], dropped) if self._gap else (dropped, dropped)
 
@@ -162,7 +167,10 @@ class SubscriberChannel:
         """Backlog frames, in seq order, all older than any live frame queued."""
         if self.state is not ChannelState.CATCHING_UP:
             raise RuntimeError("backlog only while catching up")
-        self._backlog.extend(items)
+        if self._backlog is None:
+            self._backlog = deque(items)
+        else:
+            self._backlog.extend(items)
         self.pump()
 
     def finish_catch_up(self) -> None:
@@ -213,6 +221,5 @@ class SubscriberChannel:
         """No more delivery."""
         if self.state is not ChannelState.CLOSED:
             self._to(ChannelState.CLOSED)
-        self._live.clear()
-        self._backlog.clear()
+        self._live = self._backlog = None
         self.out = []

@@ -126,7 +126,9 @@ class Subscriber:
         self.last_heard_ms = now_ms()
         self.last_write = time.monotonic()
         self.gaps_reported = 0
-        self.room = asyncio.Event()  # set when a catching-up channel can take more backlog
+        # The catch-up task waits here while the channel has no room for backlog (a future
+        # made on demand: an asyncio.Event per idle subscriber costs ~800 bytes).
+        self._room_waiter: asyncio.Future[None] | None = None
 
     def _allows(self, topic: str, policy: AccessPolicy) -> bool:
         allowed = self._allowed.get(topic)
@@ -153,6 +155,19 @@ class Subscriber:
         pairs.sort(key=lambda pair: pair[0])
         self.channel.offer_many([p[0] for p in pairs], [p[1] for p in pairs])
 
+    async def wait_room(self) -> None:
+        """Until :meth:`notify_room` (the channel may take backlog again, or it closed)."""
+        waiter = self._room_waiter = asyncio.get_running_loop().create_future()
+        try:
+            await waiter
+        finally:
+            self._room_waiter = None
+
+    def notify_room(self) -> None:
+        """Wake the catch-up task if it waits for room."""
+        if self._room_waiter is not None and not self._room_waiter.done():
+            self._room_waiter.set_result(None)
+
     def wake(self) -> None:
         """Ask the service to flush this subscriber soon."""
         if self.service is not None:
@@ -170,7 +185,7 @@ class Subscriber:
         count = self.channel.out_count
         frames = self.channel.take()
         if self.channel.state is ChannelState.CATCHING_UP and self.channel.backlog_room:
-            self.room.set()
+            self.notify_room()
         if not frames:
             return 0
         if self.on_frames is not None:
@@ -478,8 +493,7 @@ class PubSub:
         cursor = after
         while cursor < head and not sub.closed:
             while channel.backlog_room == 0 and not sub.closed:
-                sub.room.clear()
-                await sub.room.wait()  # the window or the socket is full: acks will make room
+                await sub.wait_room()  # the window or the socket is full: acks make room
             page = await self.log.read_matching(
                 patterns, after_seq=cursor, upto_seq=head, min_ts=min_ts, limit=PAGE
             )
@@ -510,7 +524,7 @@ class PubSub:
         if sub.closed:
             return
         sub.closed = True
-        sub.room.set()
+        sub.notify_room()
         for pattern in sub.patterns.values():
             self.index.remove(pattern, sub)
         sub.patterns.clear()

@@ -8,7 +8,7 @@ an ack for an old seq, or for a seq not yet sent, is a no-op.
 
 from __future__ import annotations
 
-from collections import deque
+import bisect
 
 
 class FlowWindow:
@@ -22,7 +22,9 @@ class FlowWindow:
         self.size = size
         self.last_seq = 0
         self.acked_upto = 0
-        self._unacked: deque[int] = deque()
+        # Strictly increasing, so an ack is a bisect; a list (not a deque) keeps an idle
+        # window small.
+        self._unacked: list[int] = []
 
     @property
     def in_flight(self) -> int:
@@ -79,9 +81,6 @@ class FlowWindow:
         if upto <= self.acked_upto or upto > self.last_seq:
             return 0
         self.acked_upto = upto
-        released = 0
-        unacked = self._unacked
-        while unacked and unacked[0] <= upto:
-            unacked.popleft()
-            released += 1
+        released = bisect.bisect_right(self._unacked, upto)
+        del self._unacked[:released]
         return released
