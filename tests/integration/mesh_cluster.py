@@ -43,8 +43,9 @@ def invite(data_dir: Path, url: str) -> str:
 class Cluster:
     """Nodes of one community; index 0 founded it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, env: dict[str, str] | None = None) -> None:
         self.root = root
+        self.env = FAST_MESH if env is None else env
         self.nodes: list[NodeProcess] = []
         self.ports: list[int] = []
 
@@ -61,7 +62,7 @@ class Cluster:
         args = [*MESH_ARGS, "--port", str(port), *extra]
         if i > 0 and join and not (self.data(i) / "community" / "records.jsonl").exists():
             args += ["--join", invite(self.data(0), self.nodes[0].url)]
-        node = start_node_process(self.data(i), *args, env=FAST_MESH)
+        node = start_node_process(self.data(i), *args, env=self.env)
         if i < len(self.nodes):
             self.nodes[i] = node
         else:
