@@ -71,18 +71,24 @@ def window_start_ms(ts_ms: int, window_ms: int) -> int:
     return ts_ms - ts_ms % window_ms
 
 
-def full_windows(first_ts_ms: int, last_ts_ms: int, window_ms: int) -> tuple[int, int]:
-    """The first and the last window start wholly covered by ``[first_ts_ms, last_ts_ms]``.
+def full_windows(
+    first_ts_ms: int, last_ts_ms: int, window_ms: int, slack_ms: int = HEARTBEAT_MS
+) -> tuple[int, int]:
+    """The first and the last window start covered by ``[first_ts_ms, last_ts_ms]``.
 
     Windows cut by the start or the end of the data hold a sliver of evidence,
     which would read as an outage or a partition; the job leaves them out of
-    availability and partition verdicts. When the data covers no whole window,
-    the windows it touches are used instead, so short inputs still give answers.
+    availability and partition verdicts. A window counts as covered when the data
+    reaches to within ``slack_ms`` (one heartbeat) of its edges, since no record
+    can be expected closer than that. When the data covers no whole window, the
+    windows it touches are used instead, so short inputs still give answers.
     """
     first = window_start_ms(first_ts_ms, window_ms)
-    if first < first_ts_ms:
+    if first + slack_ms < first_ts_ms:
         first += window_ms
-    last = window_start_ms(last_ts_ms + 1, window_ms) - window_ms
+    last = window_start_ms(last_ts_ms, window_ms)
+    if last + window_ms - slack_ms > last_ts_ms:
+        last -= window_ms
     if last < first:
         return window_start_ms(first_ts_ms, window_ms), window_start_ms(last_ts_ms, window_ms)
     return first, last

@@ -398,6 +398,7 @@ class _ExportWriter:
         self.cfg = cfg
         self.sc = sc
         self.community = sc.order[0]
+        self.malformed_written = 0  # cycles the bad-line templates across all files
         self.degree = {n: 0 for n in sc.order}
         for lk in sc.links:
             self.degree[lk.a] += 1
@@ -491,11 +492,12 @@ class _ExportWriter:
                 else {"ts": None, "node": None, "peer": peer, "kind": "pong", "seq": i}
                 for i in range(count)
             ]
-        subst = {"n": n, "p": peer}
+        subst = {"n": n.encode(), "p": peer.encode()}
         lines = []
-        for i in range(count):
-            template = _MALFORMED_LINES[i % len(_MALFORMED_LINES)]
-            lines.append(template % {k: v.encode() for k, v in subst.items()} if b"%(" in template else template)
+        for _ in range(count):
+            template = _MALFORMED_LINES[self.malformed_written % len(_MALFORMED_LINES)]
+            self.malformed_written += 1
+            lines.append(template % subst if b"%(" in template else template)
         return lines
 
     def beacons(self, up_spans: dict[int, list[Interval]], t0: int, t_end: int) -> None:
