@@ -11,6 +11,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from spark_federation.errors import MeshHealthError
 from spark_federation.params import JobConfig, Thresholds, parse_duration_ms, parse_time_ms
@@ -77,6 +78,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "hearthnet mesh health")
     except MeshHealthError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    if "://" not in args.input and not Path(args.input).exists():
+        print(f"{prog}: error: input {args.input} does not exist", file=sys.stderr)
+        return 1
     try:
         from spark_federation import mesh_health
     except ImportError as exc:

@@ -101,7 +101,7 @@ def _availability_chart(path: Path, data: ReportData) -> Path | None:
         [sum(cells.get((n, c), [0.0])) / max(1, len(cells.get((n, c), [0.0]))) for c in columns]
         for n in nodes
     ]
-    fig, ax = plt.subplots(figsize=(min(14, 3 + 0.35 * len(columns)), 1.2 + 0.32 * len(nodes)))
+    fig, ax = plt.subplots(figsize=(min(14, max(8, 3 + 0.35 * len(columns))), 1.6 + 0.32 * len(nodes)))
     img = ax.imshow(grid, aspect="auto", cmap="RdYlGn", vmin=0.0, vmax=1.0, interpolation="nearest")
     ax.set_yticks(range(len(nodes)), [label(n, names) for n in nodes], fontsize=8)
     step = max(1, len(columns) // 12)
@@ -130,7 +130,8 @@ def _rtt_chart(path: Path, data: ReportData) -> Path | None:
         {
             "whislo": r["q"][0], "q1": r["q"][1], "med": r["q"][2], "q3": r["q"][3],
             "whishi": r["q"][4], "fliers": [r["q"][5]],
-            "label": f"{label(r['a'], names)[:18]} ↔ {label(r['b'], names)[:18]}",
+            "label": f"{names.get(r['a']) or short_id(r['a'])[:9]}"
+            f" ↔ {names.get(r['b']) or short_id(r['b'])[:9]}",
         }
         for r in rows
     ]

@@ -492,7 +492,7 @@ class _ExportWriter:
                 else {"ts": None, "node": None, "peer": peer, "kind": "pong", "seq": i}
                 for i in range(count)
             ]
-        subst = {"n": n.encode(), "p": peer.encode()}
+        subst = {b"n": n.encode(), b"p": peer.encode()}
         lines = []
         for _ in range(count):
             template = _MALFORMED_LINES[self.malformed_written % len(_MALFORMED_LINES)]
