@@ -13,22 +13,22 @@ from spark_federation.cli import INSTALL_HINT, main
 
 def test_usage_error_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     """Missing --out is a usage error: exit 2 and argparse's usage line."""
-    assert 2 == main(["--input", "x"])
+    assert main(["--input", "x"]) == 2
     assert "--out" in capsys.readouterr().err
 
 
 def test_bad_window_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     """A window that does not divide an hour is refused before Spark starts."""
-    assert 2 == main(["--input", "x", "--out", "y", "--window", "7m"])
+    assert main(["--input", "x", "--out", "y", "--window", "7m"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert (1, True) == (len(err), "does not divide an hour" in err[0])
+    assert (len(err), "does not divide an hour" in err[0]) == (1, True)
 
 
 def test_missing_local_input_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A local input path that does not exist is one line on stderr and exit 1, no traceback."""
-    assert 1 == main(["--input", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    assert main(["--input", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert (1, True) == (len(err), "does not exist" in err[0])
+    assert (len(err), "does not exist" in err[0]) == (1, True)
 
 
 def test_without_pyspark_says_how_to_install(tmp_path: Path) -> None:
@@ -40,4 +40,4 @@ def test_without_pyspark_says_how_to_install(tmp_path: Path) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=False)
-    assert (1, True) == (done.returncode, INSTALL_HINT in done.stderr)
+    assert (done.returncode, INSTALL_HINT in done.stderr) == (1, True)

@@ -119,7 +119,7 @@ def test_spark_submit_matches_local_mode(
          "--input", str(synth_run.input_dir), "--out", str(out), "--no-report"],
         env=env, capture_output=True, text=True, timeout=400, check=False, cwd=tmp_path,
     )
-    assert 0 == done.returncode, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:]
     assert "components round" in done.stdout
     cluster = json.loads((out / "summary.json").read_text())
     local = dict(synth_run.summary)

@@ -35,17 +35,17 @@ def test_bad_durations(text: str) -> None:
 
 def test_time_forms() -> None:
     """A duration counts back from now; Unix ms and ISO-8601 (zone-less = UTC) are absolute."""
-    assert 1_000_000 - 3_600_000 == parse_time_ms("1h", now_ms=1_000_000)
-    assert 1_763_800_000_123 == parse_time_ms("1763800000123")
-    assert 1_763_798_400_000 == parse_time_ms("2025-11-22T08:00:00")
-    assert 1_763_798_400_000 == parse_time_ms("2025-11-22T08:00:00Z")
+    assert parse_time_ms("1h", now_ms=1_000_000) == 1_000_000 - 3_600_000
+    assert parse_time_ms("1763800000123") == 1_763_800_000_123
+    assert parse_time_ms("2025-11-22T08:00:00") == 1_763_798_400_000
+    assert parse_time_ms("2025-11-22T08:00:00Z") == 1_763_798_400_000
 
 
 @given(TIMES, WINDOWS)
 def test_window_start_holds_the_time(ts: int, window: int) -> None:
     """The window start is aligned and the time falls inside its window."""
     start = window_start_ms(ts, window)
-    assert (0, True) == (start % window, start <= ts < start + window)
+    assert (start % window, start <= ts < start + window) == (0, True)
 
 
 @given(TIMES, st.integers(min_value=0, max_value=10 * 86_400_000), WINDOWS)
@@ -53,10 +53,10 @@ def test_full_windows_are_covered(first: int, length: int, window: int) -> None:
     """Chosen windows are aligned, ordered, and inside the data (give or take one heartbeat)."""
     last = first + length
     lo, hi = full_windows(first, last, window)
-    assert (0, 0) == (lo % window, hi % window)
+    assert (lo % window, hi % window) == (0, 0)
     assert lo <= hi
     if length >= 2 * window:
-        assert (True, True) == (lo + 5_000 >= first, hi + window - 5_000 <= last)
+        assert (lo + 5_000 >= first, hi + window - 5_000 <= last) == (True, True)
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,7 @@ def test_runs_merge_consecutive_windows(spark: Any) -> None:
     rows = [(1, w * W) for w in (0, 1, 2, 5, 6)] + [(2, 3 * W)]
     df = spark.createDataFrame(rows, "k long, win long")
     got = sorted(tuple(r) for r in runs(df, ["k"], W).collect())
-    assert [(1, 0, 3 * W, 3), (1, 5 * W, 7 * W, 2), (2, 3 * W, 4 * W, 1)] == got
+    assert got == [(1, 0, 3 * W, 3), (1, 5 * W, 7 * W, 2), (2, 3 * W, 4 * W, 1)]
 
 
 def test_flaps_count_down_then_up_only(spark: Any) -> None:
@@ -60,7 +60,7 @@ def test_flaps_count_down_then_up_only(spark: Any) -> None:
     kinds = [LINK_UP, LINK_DOWN, LINK_UP, MISS, LINK_DOWN, LINK_UP, LINK_UP]
     rows = [(1, 2, k, 1000 * i) for i, k in enumerate(kinds)]
     hb = spark.createDataFrame(rows, "nid long, pid long, kind byte, ts long")
-    assert [2000, 5000] == sorted(r["ts"] for r in flap_events(hb).collect())
+    assert sorted(r["ts"] for r in flap_events(hb).collect()) == [2000, 5000]
 
 
 def test_flapping_needs_threshold_within_an_hour(spark: Any) -> None:
@@ -71,7 +71,7 @@ def test_flapping_needs_threshold_within_an_hour(spark: Any) -> None:
     rows = [(1, 2, t) for t in (0, 600_000, 1_200_000)] + [(3, 4, t) for t in (0, hour, 2 * hour)]
     flaps = spark.createDataFrame(rows, "nid long, pid long, ts long")
     got = [(r["a"], r["b"], r["flaps"]) for r in flapping_links(flaps, 3).collect()]
-    assert [(1, 2, 3)] == got
+    assert got == [(1, 2, 3)]
 
 
 def test_outages_from_gaps(spark: Any) -> None:
