@@ -32,8 +32,9 @@ def _config(records: int, nodes: int, seed: int) -> SynthConfig:
     """Hours of a ``nodes``-node community that give about ``records`` heartbeat records."""
     links = len(_build_scenario(SynthConfig(nodes=nodes, seed=seed)).links)
     per_hour = 2 * links * HOUR_MS / HEARTBEAT_MS
-    return SynthConfig(nodes=nodes, hours=records / per_hour, seed=seed, fmt="parquet",
-                       beacons="own", traces=False)
+    return SynthConfig(
+        nodes=nodes, hours=records / per_hour, seed=seed, fmt="parquet", beacons="own", traces=False
+    )
 
 
 def main() -> int:
@@ -56,37 +57,61 @@ def main() -> int:
             t = time.monotonic()
             made = generate(cfg, data / "input")
             marker.write_text(json.dumps({"records": made.records, "hours": cfg.hours}))
-            print(f"generated {made.records} records ({cfg.hours:.1f} h of {args.nodes} nodes)"
-                  f" in {time.monotonic() - t:.0f}s", flush=True)
+            print(
+                f"generated {made.records} records ({cfg.hours:.1f} h of {args.nodes} nodes)"
+                f" in {time.monotonic() - t:.0f}s",
+                flush=True,
+            )
         made_records = json.loads(marker.read_text())["records"]
         t = time.monotonic()
         done = subprocess.run(
-            [sys.executable, "-m", "spark_federation.mesh_health", "--input", str(data / "input"),
-             "--out", str(data / "out"), "--master", args.master,
-             "--driver-memory", args.driver_memory],
-            capture_output=True, text=True, check=False,
+            [
+                sys.executable,
+                "-m",
+                "spark_federation.mesh_health",
+                "--input",
+                str(data / "input"),
+                "--out",
+                str(data / "out"),
+                "--master",
+                args.master,
+                "--driver-memory",
+                args.driver_memory,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         elapsed = time.monotonic() - t
         if done.returncode != 0:
             print(done.stdout[-2000:], done.stderr[-4000:], file=sys.stderr)
             return 1
         summary = json.loads((data / "out" / "summary.json").read_text())
-        results.append({"records": made_records, "seconds": round(elapsed, 1),
-                        "records_per_s": round(made_records / elapsed),
-                        "partitions": len(summary["partitions"]),
-                        "outages": len(summary["outages"])})
+        results.append(
+            {
+                "records": made_records,
+                "seconds": round(elapsed, 1),
+                "records_per_s": round(made_records / elapsed),
+                "partitions": len(summary["partitions"]),
+                "outages": len(summary["outages"]),
+            }
+        )
         print(f"{made_records} records: {elapsed:.1f}s", flush=True)
     print("\n| records | seconds | records/s | partitions | outages |")
     print("|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['records']:,} | {r['seconds']} | {r['records_per_s']:,} |"
-              f" {r['partitions']} | {r['outages']} |")
+        print(
+            f"| {r['records']:,} | {r['seconds']} | {r['records_per_s']:,} |"
+            f" {r['partitions']} | {r['outages']} |"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     slowest = max((r for r in results), key=lambda r: r["records"])
     verdict = "meets" if slowest["seconds"] < TARGET_S else "MISSES"
-    print(f"\n{slowest['records']:,} records in {slowest['seconds']}s: {verdict} the"
-          f" {TARGET_S:.0f}s target (spec §11)")
+    print(
+        f"\n{slowest['records']:,} records in {slowest['seconds']}s: {verdict} the"
+        f" {TARGET_S:.0f}s target (spec §11)"
+    )
     return 0
 
 

@@ -9,60 +9,66 @@ exports no beacons writes nothing either, so without beacons it reads as down.
 from __future__ import annotations
 
 from pyspark.sql import DataFrame, Window
-from pyspark.sql import functions as F
+from pyspark.sql import functions as sf
 
-from spark_federation.schema import LINK_DOWN, LINK_UP, MISS, PONG
-from spark_federation.timeline import hour_of, window_of
+from spark_federation.timeline import window_of
 
 
-def node_evidence(hb: DataFrame, beacons: DataFrame | None, window_ms: int) -> DataFrame:
+def node_evidence(lw: DataFrame, beacons: DataFrame | None, window_ms: int) -> DataFrame:
     """Per (node, window) with any sign of life: counts of each kind of evidence.
 
-    Columns: ``nid, win, own, seen, misses, downs, beacons``. ``own`` counts the
-    node's own records, ``seen`` pongs from it and link_ups to it recorded by
-    peers, ``misses``/``downs`` its own failed pings and closed links.
+    Args:
+        lw: per-link window counts (:func:`spark_federation.links.link_windows`).
+        beacons: deduplicated beacons (``nid, ts``), if exported.
+        window_ms: window width.
+
+    Returns:
+        ``nid, win, own, seen, misses, downs, beacons``: ``own`` counts the node's own
+        records, ``seen`` pongs from it and link_ups to it recorded by peers,
+        ``misses``/``downs`` its own failed pings and closed links.
     """
-    own = hb.select(
-        F.col("nid"),
-        window_of(F.col("ts"), window_ms).alias("win"),
-        F.lit(1).alias("own"),
-        F.lit(0).alias("seen"),
-        (F.col("kind") == MISS).cast("int").alias("misses"),
-        (F.col("kind") == LINK_DOWN).cast("int").alias("downs"),
-        F.lit(0).alias("beacons"),
+    zero = sf.lit(0).cast("long")
+    own = lw.select(
+        "nid",
+        "win",
+        sf.col("records").cast("long").alias("own"),
+        zero.alias("seen"),
+        sf.col("misses").cast("long").alias("misses"),
+        sf.col("downs").cast("long").alias("downs"),
+        zero.alias("beacons"),
     )
-    seen = hb.where(F.col("kind").isin(PONG, LINK_UP)).select(
-        F.col("pid").alias("nid"),
-        window_of(F.col("ts"), window_ms).alias("win"),
-        F.lit(0).alias("own"),
-        F.lit(1).alias("seen"),
-        F.lit(0).alias("misses"),
-        F.lit(0).alias("downs"),
-        F.lit(0).alias("beacons"),
+    seen = lw.where(sf.col("pongs") + sf.col("ups") > 0).select(
+        sf.col("pid").alias("nid"),
+        "win",
+        zero.alias("own"),
+        (sf.col("pongs") + sf.col("ups")).cast("long").alias("seen"),
+        zero.alias("misses"),
+        zero.alias("downs"),
+        zero.alias("beacons"),
     )
     parts = own.unionByName(seen)
     if beacons is not None:
         parts = parts.unionByName(
             beacons.select(
-                F.col("nid"),
-                window_of(F.col("ts"), window_ms).alias("win"),
-                F.lit(0).alias("own"),
-                F.lit(0).alias("seen"),
-                F.lit(0).alias("misses"),
-                F.lit(0).alias("downs"),
-                F.lit(1).alias("beacons"),
+                "nid",
+                window_of(sf.col("ts"), window_ms).alias("win"),
+                zero.alias("own"),
+                zero.alias("seen"),
+                zero.alias("misses"),
+                zero.alias("downs"),
+                sf.lit(1).cast("long").alias("beacons"),
             )
         )
     return (
         parts.groupBy("nid", "win")
-        .agg(*[F.sum(c).alias(c) for c in ("own", "seen", "misses", "downs", "beacons")])
+        .agg(*[sf.sum(c).alias(c) for c in ("own", "seen", "misses", "downs", "beacons")])
         .select("nid", "win", "own", "seen", "misses", "downs", "beacons")
     )
 
 
 def node_availability(
     evidence: DataFrame,
-    hb: DataFrame,
+    lw: DataFrame,
     nodes: DataFrame,
     windows: DataFrame,
 ) -> DataFrame:
@@ -70,7 +76,7 @@ def node_availability(
 
     Args:
         evidence: :func:`node_evidence`.
-        hb: deduplicated heartbeat observations.
+        lw: per-link window counts.
         nodes: ``nid`` of every node.
         windows: ``win, hour`` of every analysed (whole) window.
 
@@ -79,41 +85,42 @@ def node_availability(
         records, beacons``; ``pong_ratio`` is the share of peers' pings to the node
         that it answered (null when nobody pinged it that hour).
     """
-    per_hour = windows.groupBy("hour").agg(F.count(F.lit(1)).alias("windows"))
+    per_hour = windows.groupBy("hour").agg(sf.count(sf.lit(1)).alias("windows"))
     grid = nodes.select("nid").crossJoin(per_hour.select("hour", "windows"))
     up = (
         evidence.join(windows, on="win", how="inner")
         .groupBy("nid", "hour")
         .agg(
-            F.count(F.lit(1)).alias("windows_up"),
-            F.sum("own").alias("records"),
-            F.sum("beacons").alias("beacons"),
+            sf.count(sf.lit(1)).alias("windows_up"),
+            sf.sum("own").alias("records"),
+            sf.sum("beacons").alias("beacons"),
         )
     )
     asked = (
-        hb.where(F.col("kind").isin(PONG, MISS))
-        .select(
-            F.col("pid").alias("nid"),
-            hour_of(F.col("ts")).alias("hour"),
-            (F.col("kind") == PONG).cast("long").alias("pong"),
-        )
+        lw.join(windows, on="win", how="inner")
+        .select(sf.col("pid").alias("nid"), "hour", "pongs", "misses")
         .groupBy("nid", "hour")
-        .agg(F.count(F.lit(1)).alias("pings"), F.sum("pong").alias("pongs"))
+        .agg(
+            (sf.sum("pongs") + sf.sum("misses")).alias("pings"),
+            sf.sum("pongs").alias("pongs"),
+        )
     )
     return (
         grid.join(up, on=["nid", "hour"], how="left")
         .join(asked, on=["nid", "hour"], how="left")
         .select(
-            F.col("nid"),
-            F.col("hour").alias("hour_ms"),
-            F.col("windows"),
-            F.coalesce(F.col("windows_up"), F.lit(0)).alias("windows_up"),
-            (F.coalesce(F.col("windows_up"), F.lit(0)) / F.col("windows")).alias("availability"),
-            F.coalesce(F.col("pings"), F.lit(0)).alias("pings"),
-            F.coalesce(F.col("pongs"), F.lit(0)).alias("pongs"),
-            (F.col("pongs") / F.col("pings")).alias("pong_ratio"),
-            F.coalesce(F.col("records"), F.lit(0)).alias("records"),
-            F.coalesce(F.col("beacons"), F.lit(0)).alias("beacons"),
+            sf.col("nid"),
+            sf.col("hour").alias("hour_ms"),
+            sf.col("windows"),
+            sf.coalesce(sf.col("windows_up"), sf.lit(0)).alias("windows_up"),
+            sf.try_divide(sf.coalesce(sf.col("windows_up"), sf.lit(0)), sf.col("windows")).alias(
+                "availability"
+            ),
+            sf.coalesce(sf.col("pings"), sf.lit(0)).alias("pings"),
+            sf.coalesce(sf.col("pongs"), sf.lit(0)).alias("pongs"),
+            sf.try_divide(sf.col("pongs"), sf.col("pings")).alias("pong_ratio"),
+            sf.coalesce(sf.col("records"), sf.lit(0)).alias("records"),
+            sf.coalesce(sf.col("beacons"), sf.lit(0)).alias("beacons"),
         )
     )
 
@@ -124,26 +131,30 @@ def outages(
     """Runs of analysed windows in which a node was not up: ``nid, start_ms, end_ms, windows``.
 
     Computed from the gaps between a node's up windows (plus the gaps before its
-    first and after its last), so the cost follows the evidence, not nodes × windows.
+    first and after its last), so the cost follows the evidence, not nodes x windows.
     """
     span_end = last_win + window_ms
-    up = evidence.where(F.col("win").between(first_win, last_win)).select("nid", "win")
+    up = evidence.where(sf.col("win").between(first_win, last_win)).select("nid", "win")
     ordered = Window.partitionBy("nid").orderBy("win")
     with_prev = up.select(
-        "nid", "win", F.lag("win", 1).over(ordered.rowsBetween(-1, -1)).alias("prev")
+        "nid", "win", sf.lag("win", 1).over(ordered.rowsBetween(-1, -1)).alias("prev")
     )
     inner = with_prev.where(
-        F.col("prev").isNotNull() & (F.col("win") - F.col("prev") > F.lit(window_ms))
-    ).select("nid", (F.col("prev") + F.lit(window_ms)).alias("start_ms"), F.col("win").alias("end_ms"))
-    bounds = up.groupBy("nid").agg(F.min("win").alias("first"), F.max("win").alias("last"))
-    every = nodes.select("nid").join(bounds, on="nid", how="left")
-    leading = every.where(F.col("first").isNull() | (F.col("first") > F.lit(first_win))).select(
-        "nid",
-        F.lit(first_win).alias("start_ms"),
-        F.coalesce(F.col("first"), F.lit(span_end)).alias("end_ms"),
+        sf.col("prev").isNotNull() & (sf.col("win") - sf.col("prev") > sf.lit(window_ms))
+    ).select(
+        "nid", (sf.col("prev") + sf.lit(window_ms)).alias("start_ms"), sf.col("win").alias("end_ms")
     )
-    trailing = every.where(F.col("last") < F.lit(last_win)).select(
-        "nid", (F.col("last") + F.lit(window_ms)).alias("start_ms"), F.lit(span_end).alias("end_ms")
+    bounds = up.groupBy("nid").agg(sf.min("win").alias("first"), sf.max("win").alias("last"))
+    every = nodes.select("nid").join(bounds, on="nid", how="left")
+    leading = every.where(sf.col("first").isNull() | (sf.col("first") > sf.lit(first_win))).select(
+        "nid",
+        sf.lit(first_win).alias("start_ms"),
+        sf.coalesce(sf.col("first"), sf.lit(span_end)).alias("end_ms"),
+    )
+    trailing = every.where(sf.col("last") < sf.lit(last_win)).select(
+        "nid",
+        (sf.col("last") + sf.lit(window_ms)).alias("start_ms"),
+        sf.lit(span_end).alias("end_ms"),
     )
     return (
         inner.unionByName(leading)
@@ -152,6 +163,8 @@ def outages(
             "nid",
             "start_ms",
             "end_ms",
-            ((F.col("end_ms") - F.col("start_ms")) / F.lit(window_ms)).cast("long").alias("windows"),
+            ((sf.col("end_ms") - sf.col("start_ms")) / sf.lit(window_ms))
+            .cast("long")
+            .alias("windows"),
         )
     )

@@ -28,17 +28,33 @@ def build_parser(prog: str = "hearthnet mesh health") -> argparse.ArgumentParser
     )
     p.add_argument("--input", required=True, help="directory or Hadoop URI holding export dirs")
     p.add_argument("--out", required=True, help="local directory for summary.json and report.html")
-    p.add_argument("--master", help="Spark master URL (default local[*]; spark-submit sets its own)")
+    p.add_argument(
+        "--master", help="Spark master URL (default local[*]; spark-submit sets its own)"
+    )
     p.add_argument("--window", default="1m", help="analysis window (default 1m)")
-    p.add_argument("--since", help="ignore records before: 24h (back from now), Unix ms or ISO-8601")
+    p.add_argument(
+        "--since", help="ignore records before: 24h (back from now), Unix ms or ISO-8601"
+    )
     p.add_argument("--until", help="ignore records from this time on (same forms as --since)")
     p.add_argument("--tables", help="where to write Parquet tables (default OUT/tables)")
-    p.add_argument("--flap-threshold", type=int, default=_DEFAULTS.flap_threshold,
-                   help="down→up cycles within an hour that make a link flapping (default 3)")
-    p.add_argument("--skew-threshold-ms", type=float, default=_DEFAULTS.skew_threshold_ms,
-                   help="clock offset that makes a node skewed (default 500)")
-    p.add_argument("--max-iterations", type=int, default=_DEFAULTS.max_iterations,
-                   help="bound on connected-components rounds (default 40)")
+    p.add_argument(
+        "--flap-threshold",
+        type=int,
+        default=_DEFAULTS.flap_threshold,
+        help="down→up cycles within an hour that make a link flapping (default 3)",
+    )
+    p.add_argument(
+        "--skew-threshold-ms",
+        type=float,
+        default=_DEFAULTS.skew_threshold_ms,
+        help="clock offset that makes a node skewed (default 500)",
+    )
+    p.add_argument(
+        "--max-iterations",
+        type=int,
+        default=_DEFAULTS.max_iterations,
+        help="bound on connected-components rounds (default 40)",
+    )
     p.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions")
     p.add_argument("--driver-memory", default="2g", help="driver memory in local mode (default 2g)")
     p.add_argument("--no-report", action="store_true", help="skip report.html and charts")
@@ -82,10 +98,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "hearthnet mesh health")
         print(f"{prog}: error: input {args.input} does not exist", file=sys.stderr)
         return 1
     try:
-        from spark_federation import mesh_health
+        # imported here, not at the top: --help and usage errors must work without pyspark
+        from spark_federation import mesh_health  # noqa: PLC0415
     except ImportError as exc:
-        print(f"{prog}: error: PySpark is not installed ({exc.name}): {INSTALL_HINT}",
-              file=sys.stderr)
+        print(
+            f"{prog}: error: PySpark is not installed ({exc.name}): {INSTALL_HINT}", file=sys.stderr
+        )
         return 1
 
     def progress(line: str) -> None:
@@ -95,8 +113,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "hearthnet mesh health")
     spark = None
     try:
         spark = mesh_health.build_session(
-            args.master, driver_memory=args.driver_memory,
-            shuffle_partitions=args.shuffle_partitions, ui=args.ui,
+            args.master,
+            driver_memory=args.driver_memory,
+            shuffle_partitions=args.shuffle_partitions,
+            ui=args.ui,
         )
         summary = mesh_health.run(spark, cfg, progress)
     except MeshHealthError as exc:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import functions as sf
 
 from spark_federation.errors import MeshHealthError
 from spark_federation.schema import CORRUPT, KIND_CODES, SCHEMAS, with_corrupt
@@ -89,6 +89,9 @@ def _java_message(exc: Exception) -> str:
 def read_raw(spark: SparkSession, files: ExportFiles, kind: str) -> DataFrame | None:
     """Read every file of one kind with its explicit schema; None when there are none.
 
+    The columns are the schema's, ``_corrupt_record`` and ``file`` (the path the
+    row came from; Spark prunes it where it is not used).
+
     JSON lines are parsed PERMISSIVE: a line that is not JSON, is cut off, or
     has a field of the wrong type keeps its text in ``_corrupt_record`` and is
     counted as skipped later, never failing the job.
@@ -101,13 +104,17 @@ def read_raw(spark: SparkSession, files: ExportFiles, kind: str) -> DataFrame | 
             .option("mode", "PERMISSIVE")
             .option("columnNameOfCorruptRecord", CORRUPT)
             .json(files.jsonl[kind])
-            .select(*schema.fieldNames(), CORRUPT)
+            .select(*schema.fieldNames(), CORRUPT, sf.col("_metadata.file_path").alias("file"))
         )
     if files.parquet[kind]:
         parts.append(
             spark.read.schema(schema)
             .parquet(*files.parquet[kind])
-            .select(*schema.fieldNames(), F.lit(None).cast("string").alias(CORRUPT))
+            .select(
+                *schema.fieldNames(),
+                sf.lit(None).cast("string").alias(CORRUPT),
+                sf.col("_metadata.file_path").alias("file"),
+            )
         )
     if not parts:
         return None
@@ -119,24 +126,24 @@ def read_raw(spark: SparkSession, files: ExportFiles, kind: str) -> DataFrame | 
 
 def node_ok(c: Column) -> Column:
     """A NodeID of the spec §1.1 form (never null: a missing id is not well formed)."""
-    return F.coalesce((F.length(c) == NODE_ID_LENGTH) & c.startswith("ed25519:"), F.lit(False))
+    return sf.coalesce((sf.length(c) == NODE_ID_LENGTH) & c.startswith("ed25519:"), sf.lit(False))
 
 
 def node_key(c: Column) -> Column:
     """The long that stands for a NodeID inside the pipeline (null stays null)."""
-    return F.when(c.isNotNull(), F.xxhash64(c))
+    return sf.when(c.isNotNull(), sf.xxhash64(c))
 
 
 def _status(well_formed: Column, ts: Column, since_ms: int | None, until_ms: int | None) -> Column:
-    in_range = F.lit(True)
+    in_range = sf.lit(True)
     if since_ms is not None:
-        in_range = in_range & (ts >= F.lit(since_ms))
+        in_range = in_range & (ts >= sf.lit(since_ms))
     if until_ms is not None:
-        in_range = in_range & (ts < F.lit(until_ms))
+        in_range = in_range & (ts < sf.lit(until_ms))
     return (
-        F.when(~F.coalesce(well_formed, F.lit(False)), F.lit(MALFORMED))
-        .when(~in_range, F.lit(OUT_OF_RANGE))
-        .otherwise(F.lit(OK))
+        sf.when(~sf.coalesce(well_formed, sf.lit(False)), sf.lit(MALFORMED))
+        .when(~in_range, sf.lit(OUT_OF_RANGE))
+        .otherwise(sf.lit(OK))
         .cast("byte")
     )
 
@@ -151,61 +158,117 @@ def clean_heartbeats(
     negative RTT. Key columns of rows that are not ok are null, so the dedup
     step folds each such class into one group and counts it.
     """
-    kind_code = F.lit(None).cast("byte")
+    kind_code = sf.lit(None).cast("byte")
     for name, code in reversed(KIND_CODES.items()):
-        kind_code = F.when(F.col("kind") == name, F.lit(code).cast("byte")).otherwise(kind_code)
+        kind_code = sf.when(sf.col("kind") == name, sf.lit(code).cast("byte")).otherwise(kind_code)
     well_formed = (
-        F.col(CORRUPT).isNull()
-        & F.col("ts").isNotNull()
-        & (F.col("ts") > 0)
-        & node_ok(F.col("node"))
-        & node_ok(F.col("peer"))
-        & (F.col("node") != F.col("peer"))
-        & F.col("kind").isin(*KIND_CODES)
-        & (F.col("path").isNull() | F.col("path").isin("direct", "relay"))
-        & (F.col("via").isNull() | node_ok(F.col("via")))
-        & (F.col("rtt_ms").isNull() | (F.col("rtt_ms") >= 0))
+        sf.col(CORRUPT).isNull()
+        & sf.col("ts").isNotNull()
+        & (sf.col("ts") > 0)
+        & node_ok(sf.col("node"))
+        & node_ok(sf.col("peer"))
+        & (sf.col("node") != sf.col("peer"))
+        & sf.col("kind").isin(*KIND_CODES)
+        & (sf.col("path").isNull() | sf.col("path").isin("direct", "relay"))
+        & (sf.col("via").isNull() | node_ok(sf.col("via")))
+        & (sf.col("rtt_ms").isNull() | (sf.col("rtt_ms") >= 0))
     )
-    status = _status(well_formed, F.col("ts"), since_ms, until_ms)
-    ok = status == F.lit(OK)
+    status = _status(well_formed, sf.col("ts"), since_ms, until_ms)
+    ok = status == sf.lit(OK)
     return raw.select(
         status.alias("status"),
-        F.when(ok, node_key(F.col("node"))).alias("nid"),
-        F.when(ok, node_key(F.col("peer"))).alias("pid"),
-        F.when(ok, kind_code).alias("kind"),
-        F.when(ok, F.col("seq")).alias("seq"),
-        F.when(ok, F.col("ts")).alias("ts"),
-        F.when(ok, F.col("rtt_ms")).alias("rtt_ms"),
-        F.when(ok, F.col("path") == "relay").alias("relay"),
-        F.when(ok, node_key(F.col("via"))).alias("vid"),
-        F.when(ok, F.col("clock_offset_ms")).alias("clock_offset_ms"),
-        F.when(ok, node_key(F.col("community"))).alias("cid"),
+        sf.when(ok, node_key(sf.col("node"))).alias("nid"),
+        sf.when(ok, node_key(sf.col("peer"))).alias("pid"),
+        sf.when(ok, kind_code).alias("kind"),
+        sf.when(ok, sf.col("seq")).alias("seq"),
+        sf.when(ok, sf.col("ts")).alias("ts"),
+        sf.when(ok, sf.col("rtt_ms")).alias("rtt_ms"),
+        sf.when(ok, sf.col("path") == "relay").alias("relay"),
+        sf.when(ok, node_key(sf.col("via"))).alias("vid"),
+        sf.when(ok, sf.col("clock_offset_ms")).alias("clock_offset_ms"),
     )
 
 
-def dedup_heartbeats(clean: DataFrame) -> DataFrame:
+_DEDUP_COLUMNS = (
+    "status",
+    "nid",
+    "pid",
+    "kind",
+    "seq",
+    "ts",
+    "rtt_ms",
+    "relay",
+    "vid",
+    "clock_offset_ms",
+    "copies",
+)
+
+
+def multi_export_nodes(spark: SparkSession, raw: DataFrame) -> list[int]:
+    """Ids of nodes whose heartbeat records come from more than one export dir.
+
+    A node's heartbeat log holds only its own observations (spec §7.5), so the
+    same observation can be read twice only from two exports of one node (an
+    admin collected overlapping exports). Reads the node column and the file
+    name only: per file a handful of (node, file) pairs.
+    """
+    pairs = raw.select("node", "file").where(node_ok(sf.col("node"))).distinct().collect()
+    exports_of: dict[str, set[str]] = {}
+    for row in pairs:
+        export_dir = str(row["file"]).rsplit("/", 2)[0]
+        exports_of.setdefault(str(row["node"]), set()).add(export_dir)
+    multi = [node for node, dirs in exports_of.items() if len(dirs) > 1]
+    if not multi:
+        return []
+    ids = spark.createDataFrame([(n,) for n in multi], "node string")
+    return [int(r["id"]) for r in ids.select(node_key(sf.col("node")).alias("id")).collect()]
+
+
+def dedup_heartbeats(clean: DataFrame, multi_export: list[int] | None = None) -> DataFrame:
     """One row per observation (node, peer, kind, seq, ts), with how many copies were read.
 
-    Rows that are not ok collapse into one row per status, whose ``copies`` is
-    their count; ``status`` tells them apart downstream.
+    Args:
+        clean: :func:`clean_heartbeats`.
+        multi_export: ids of nodes seen in several exports (:func:`multi_export_nodes`);
+            None deduplicates every node.
+
+    Only the records of ``multi_export`` nodes are shuffled and aggregated; the
+    rest cannot hold copies and pass through with ``copies`` 1. Rows that are
+    not ok keep their status and are counted downstream.
     """
-    return clean.groupBy("status", "nid", "pid", "kind", "seq", "ts").agg(
-        F.first("rtt_ms", ignorenulls=True).alias("rtt_ms"),
-        F.first("relay", ignorenulls=True).alias("relay"),
-        F.first("vid", ignorenulls=True).alias("vid"),
-        F.first("clock_offset_ms", ignorenulls=True).alias("clock_offset_ms"),
-        F.first("cid", ignorenulls=True).alias("cid"),
-        F.count(F.lit(1)).alias("copies"),
-    ).select(
-        "status", "nid", "pid", "kind", "seq", "ts", "rtt_ms", "relay", "vid",
-        "clock_offset_ms", "cid", "copies",
+    suspect = sf.col("status") == sf.lit(OK)
+    if multi_export is not None:
+        suspect = suspect & sf.col("nid").isin(multi_export)
+    deduped = (
+        clean.where(suspect)
+        .groupBy("status", "nid", "pid", "kind", "seq", "ts")
+        .agg(
+            sf.first("rtt_ms", ignorenulls=True).alias("rtt_ms"),
+            sf.first("relay", ignorenulls=True).alias("relay"),
+            sf.first("vid", ignorenulls=True).alias("vid"),
+            sf.first("clock_offset_ms", ignorenulls=True).alias("clock_offset_ms"),
+            sf.count(sf.lit(1)).alias("copies"),
+        )
+        .select(*_DEDUP_COLUMNS)
     )
+    single = clean.where(~suspect).select(
+        *_DEDUP_COLUMNS[:-1], sf.lit(1).cast("long").alias("copies")
+    )
+    return deduped.unionByName(single).select(*_DEDUP_COLUMNS)
 
 
 def ok_rows(dedup: DataFrame) -> DataFrame:
     """The observations the analysis uses: well formed, in range, one row each."""
-    return dedup.where(F.col("status") == F.lit(OK)).select(
-        "nid", "pid", "kind", "seq", "ts", "rtt_ms", "relay", "vid", "clock_offset_ms", "cid",
+    return dedup.where(sf.col("status") == sf.lit(OK)).select(
+        "nid",
+        "pid",
+        "kind",
+        "seq",
+        "ts",
+        "rtt_ms",
+        "relay",
+        "vid",
+        "clock_offset_ms",
     )
 
 
@@ -213,22 +276,22 @@ def clean_beacons(
     raw: DataFrame, since_ms: int | None = None, until_ms: int | None = None
 ) -> DataFrame:
     """Classify beacon rows and deduplicate them on (node, ts): every node holds every beacon."""
-    well_formed = F.col(CORRUPT).isNull() & F.col("ts").isNotNull() & node_ok(F.col("node"))
-    status = _status(well_formed, F.col("ts"), since_ms, until_ms)
-    ok = status == F.lit(OK)
+    well_formed = sf.col(CORRUPT).isNull() & sf.col("ts").isNotNull() & node_ok(sf.col("node"))
+    status = _status(well_formed, sf.col("ts"), since_ms, until_ms)
+    ok = status == sf.lit(OK)
     return (
         raw.select(
             status.alias("status"),
-            F.when(ok, node_key(F.col("node"))).alias("nid"),
-            F.when(ok, F.col("ts")).alias("ts"),
-            F.when(ok, F.col("name")).alias("name"),
-            F.when(ok, F.col("uptime_s")).alias("uptime_s"),
+            sf.when(ok, node_key(sf.col("node"))).alias("nid"),
+            sf.when(ok, sf.col("ts")).alias("ts"),
+            sf.when(ok, sf.col("name")).alias("name"),
+            sf.when(ok, sf.col("uptime_s")).alias("uptime_s"),
         )
         .groupBy("status", "nid", "ts")
         .agg(
-            F.first("name", ignorenulls=True).alias("name"),
-            F.first("uptime_s", ignorenulls=True).alias("uptime_s"),
-            F.count(F.lit(1)).alias("copies"),
+            sf.first("name", ignorenulls=True).alias("name"),
+            sf.first("uptime_s", ignorenulls=True).alias("uptime_s"),
+            sf.count(sf.lit(1)).alias("copies"),
         )
         .select("status", "nid", "ts", "name", "uptime_s", "copies")
     )
@@ -239,33 +302,33 @@ def clean_traces(
 ) -> DataFrame:
     """Classify trace rows and deduplicate them on (node, msg_id)."""
     well_formed = (
-        F.col(CORRUPT).isNull()
-        & F.col("ts").isNotNull()
-        & node_ok(F.col("node"))
-        & node_ok(F.col("origin"))
-        & F.col("msg_id").isNotNull()
-        & F.col("published_ms").isNotNull()
-        & F.coalesce(F.col("hops") >= 1, F.lit(False))
+        sf.col(CORRUPT).isNull()
+        & sf.col("ts").isNotNull()
+        & node_ok(sf.col("node"))
+        & node_ok(sf.col("origin"))
+        & sf.col("msg_id").isNotNull()
+        & sf.col("published_ms").isNotNull()
+        & sf.coalesce(sf.col("hops") >= 1, sf.lit(False))
     )
-    status = _status(well_formed, F.col("ts"), since_ms, until_ms)
-    ok = status == F.lit(OK)
+    status = _status(well_formed, sf.col("ts"), since_ms, until_ms)
+    ok = status == sf.lit(OK)
     return (
         raw.select(
             status.alias("status"),
-            F.when(ok, node_key(F.col("node"))).alias("nid"),
-            F.when(ok, F.col("msg_id")).alias("msg_id"),
-            F.when(ok, node_key(F.col("origin"))).alias("oid"),
-            F.when(ok, F.col("published_ms")).alias("published_ms"),
-            F.when(ok, F.col("hops")).alias("hops"),
-            F.when(ok, F.col("ts")).alias("ts"),
+            sf.when(ok, node_key(sf.col("node"))).alias("nid"),
+            sf.when(ok, sf.col("msg_id")).alias("msg_id"),
+            sf.when(ok, node_key(sf.col("origin"))).alias("oid"),
+            sf.when(ok, sf.col("published_ms")).alias("published_ms"),
+            sf.when(ok, sf.col("hops")).alias("hops"),
+            sf.when(ok, sf.col("ts")).alias("ts"),
         )
         .groupBy("status", "nid", "msg_id")
         .agg(
-            F.first("oid", ignorenulls=True).alias("oid"),
-            F.first("published_ms", ignorenulls=True).alias("published_ms"),
-            F.first("hops", ignorenulls=True).alias("hops"),
-            F.first("ts", ignorenulls=True).alias("ts"),
-            F.count(F.lit(1)).alias("copies"),
+            sf.first("oid", ignorenulls=True).alias("oid"),
+            sf.first("published_ms", ignorenulls=True).alias("published_ms"),
+            sf.first("hops", ignorenulls=True).alias("hops"),
+            sf.first("ts", ignorenulls=True).alias("ts"),
+            sf.count(sf.lit(1)).alias("copies"),
         )
         .select("status", "nid", "msg_id", "oid", "published_ms", "hops", "ts", "copies")
     )
@@ -276,9 +339,11 @@ def record_counts(dedup: DataFrame) -> dict[str, int]:
 
     One small aggregate over the deduplicated rows; call it on a cached frame.
     """
-    rows = dedup.groupBy("status").agg(
-        F.count(F.lit(1)).alias("rows"), F.sum("copies").alias("copies")
-    ).collect()
+    rows = (
+        dedup.groupBy("status")
+        .agg(sf.count(sf.lit(1)).alias("rows"), sf.sum("copies").alias("copies"))
+        .collect()
+    )
     counts = {"records": 0, "duplicates": 0, "skipped": 0, "out_of_range": 0}
     for row in rows:
         if row["status"] == OK:
@@ -292,16 +357,17 @@ def record_counts(dedup: DataFrame) -> dict[str, int]:
 
 
 def node_dictionary(raws: list[DataFrame]) -> DataFrame:
-    """``(id, node)`` for every well-formed NodeID named anywhere in the raw inputs."""
+    """``(id, node)`` for every well-formed NodeID named anywhere in the raw inputs.
+
+    Each NodeID column is reduced on its own (a partial distinct per file keeps a
+    handful of values) before the union, so the pass reads only those columns.
+    """
     names: DataFrame | None = None
     for raw in raws:
-        cols = [c for c in ("node", "peer", "via", "community", "origin") if c in raw.columns]
-        part = raw.select(F.explode(F.array(*[F.col(c) for c in cols])).alias("node"))
-        names = part if names is None else names.unionByName(part)
+        for c in ("node", "peer", "via", "origin"):
+            if c in raw.columns:
+                part = raw.select(sf.col(c).alias("node")).where(node_ok(sf.col("node"))).distinct()
+                names = part if names is None else names.unionByName(part)
     if names is None:
         raise MeshHealthError("no inputs to build the node dictionary from")
-    return (
-        names.where(node_ok(F.col("node")))
-        .distinct()
-        .select(node_key(F.col("node")).alias("id"), F.col("node"))
-    )
+    return names.distinct().select(node_key(sf.col("node")).alias("id"), sf.col("node"))

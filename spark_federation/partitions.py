@@ -19,22 +19,25 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from pyspark.sql import functions as sf
 
 from spark_federation.errors import MeshHealthError
 from spark_federation.params import MISSES_TO_DOWN
-from spark_federation.schema import LINK_UP, PONG
-from spark_federation.timeline import runs, window_of
+from spark_federation.timeline import runs
 
 
-def window_edges(hb: DataFrame, window_ms: int) -> DataFrame:
-    """Undirected links that worked in each window: ``a, b, win`` with ``a < b``."""
+def window_edges(lw: DataFrame) -> DataFrame:
+    """Undirected links that worked in each window: ``a, b, win`` with ``a < b``.
+
+    Args:
+        lw: per-link window counts (:func:`spark_federation.links.link_windows`).
+    """
     return (
-        hb.where(F.col("kind").isin(PONG, LINK_UP))
+        lw.where(sf.col("pongs") + sf.col("ups") > 0)
         .select(
-            F.least("nid", "pid").alias("a"),
-            F.greatest("nid", "pid").alias("b"),
-            window_of(F.col("ts"), window_ms).alias("win"),
+            sf.least("nid", "pid").alias("a"),
+            sf.greatest("nid", "pid").alias("b"),
+            "win",
         )
         .distinct()
         .select("a", "b", "win")
@@ -43,11 +46,11 @@ def window_edges(hb: DataFrame, window_ms: int) -> DataFrame:
 
 def window_vertices(edges: DataFrame, evidence: DataFrame) -> DataFrame:
     """Nodes that are vertices of each window's graph: ``nid, win`` (see module docstring)."""
-    endpoints = edges.select(F.col("a").alias("nid"), "win").unionByName(
-        edges.select(F.col("b").alias("nid"), "win")
+    endpoints = edges.select(sf.col("a").alias("nid"), "win").unionByName(
+        edges.select(sf.col("b").alias("nid"), "win")
     )
     cut_off = evidence.where(
-        (F.col("downs") > 0) | (F.col("misses") >= MISSES_TO_DOWN) | (F.col("beacons") > 0)
+        (sf.col("downs") > 0) | (sf.col("misses") >= MISSES_TO_DOWN) | (sf.col("beacons") > 0)
     ).select("nid", "win")
     return endpoints.unionByName(cut_off).distinct().select("nid", "win")
 
@@ -73,32 +76,40 @@ def connected_components(
         MeshHealthError: labels still changed after ``max_iterations`` rounds.
     """
     arcs = (
-        edges.select(F.col("a").alias("src"), F.col("b").alias("dst"), "win")
-        .unionByName(edges.select(F.col("b").alias("src"), F.col("a").alias("dst"), "win"))
+        edges.select(sf.col("a").alias("src"), sf.col("b").alias("dst"), "win")
+        .unionByName(edges.select(sf.col("b").alias("src"), sf.col("a").alias("dst"), "win"))
         .localCheckpoint(eager=True)
     )
-    labels = vertices.select("nid", "win", F.col("nid").alias("label")).localCheckpoint(eager=True)
+    labels = vertices.select("nid", "win", sf.col("nid").alias("label")).localCheckpoint(eager=True)
     for rounds in range(1, max_iterations + 1):
         mine = labels.alias("m")
         from_neighbours = arcs.join(
-            mine, (F.col("src") == F.col("m.nid")) & (arcs["win"] == F.col("m.win")), how="inner"
-        ).select(F.col("dst").alias("nid"), arcs["win"].alias("win"), F.col("m.label").alias("label"))
+            mine, (sf.col("src") == sf.col("m.nid")) & (arcs["win"] == sf.col("m.win")), how="inner"
+        ).select(
+            sf.col("dst").alias("nid"), arcs["win"].alias("win"), sf.col("m.label").alias("label")
+        )
         hop = labels.alias("h")
         jumped = mine.join(
-            hop, (F.col("m.label") == F.col("h.nid")) & (F.col("m.win") == F.col("h.win")), how="inner"
-        ).select(F.col("m.nid").alias("nid"), F.col("m.win").alias("win"), F.col("h.label").alias("label"))
+            hop,
+            (sf.col("m.label") == sf.col("h.nid")) & (sf.col("m.win") == sf.col("h.win")),
+            how="inner",
+        ).select(
+            sf.col("m.nid").alias("nid"),
+            sf.col("m.win").alias("win"),
+            sf.col("h.label").alias("label"),
+        )
         best = (
             labels.unionByName(from_neighbours)
             .unionByName(jumped)
             .groupBy("nid", "win")
-            .agg(F.min("label").alias("label"))
+            .agg(sf.min("label").alias("label"))
         )
         updated = (
             best.join(labels.withColumnRenamed("label", "old"), on=["nid", "win"], how="inner")
-            .select("nid", "win", "label", (F.col("label") < F.col("old")).alias("changed"))
+            .select("nid", "win", "label", (sf.col("label") < sf.col("old")).alias("changed"))
             .localCheckpoint(eager=True)
         )
-        changed = updated.where(F.col("changed")).count()
+        changed = updated.where(sf.col("changed")).count()
         labels = updated.select("nid", "win", "label")
         if on_round is not None:
             on_round(rounds, changed)
@@ -110,11 +121,61 @@ def connected_components(
     )
 
 
+def distinct_graphs(vertices: DataFrame, edges: DataFrame) -> DataFrame:
+    """Map every window to a representative window with the very same graph: ``win, rep``.
+
+    A window's graph is fingerprinted by hashing its sorted vertex and edge ids;
+    windows with equal fingerprints share their components, so label propagation
+    runs once per distinct graph instead of once per window (a steady mesh has a
+    handful of distinct graphs in thousands of windows).
+    """
+    vsig = vertices.groupBy("win").agg(
+        sf.xxhash64(sf.sort_array(sf.collect_list("nid"))).alias("vsig")
+    )
+    esig = edges.groupBy("win").agg(
+        sf.xxhash64(sf.sort_array(sf.collect_list(sf.xxhash64("a", "b")))).alias("esig")
+    )
+    sig = vsig.join(esig, on="win", how="left").select(
+        "win", sf.xxhash64("vsig", sf.coalesce(sf.col("esig"), sf.lit(0))).alias("sig")
+    )
+    reps = sig.groupBy("sig").agg(sf.min("win").alias("rep"))
+    return sig.join(reps, on="sig", how="inner").select("win", "rep")
+
+
+def window_components(
+    vertices: DataFrame,
+    edges: DataFrame,
+    max_iterations: int,
+    on_round: Callable[[int, int], None] | None = None,
+) -> tuple[DataFrame, int, int]:
+    """:func:`connected_components` of every window, computed once per distinct graph.
+
+    Returns:
+        (``nid, win, label``, rounds taken, number of distinct graphs).
+    """
+    rep = distinct_graphs(vertices, edges).localCheckpoint(eager=True)
+    reps = rep.where(sf.col("win") == sf.col("rep")).select("win")
+    graphs = reps.count()
+    labels, rounds = connected_components(
+        vertices.join(reps, on="win", how="inner").select("nid", "win"),
+        edges.join(reps, on="win", how="inner").select("a", "b", "win"),
+        max_iterations,
+        on_round,
+    )
+    spread = rep.join(labels.withColumnRenamed("win", "rep"), on="rep", how="inner").select(
+        "nid", "win", "label"
+    )
+    return spread, rounds, graphs
+
+
 def components(labels: DataFrame) -> DataFrame:
     """Per window and component: ``win, label, size, members`` (members as node ids)."""
     return (
         labels.groupBy("win", "label")
-        .agg(F.count(F.lit(1)).alias("size"), F.sort_array(F.collect_list("nid")).alias("members"))
+        .agg(
+            sf.count(sf.lit(1)).alias("size"),
+            sf.sort_array(sf.collect_list("nid")).alias("members"),
+        )
         .select("win", "label", "size", "members")
     )
 
@@ -124,9 +185,9 @@ def window_partitions(comps: DataFrame) -> DataFrame:
     return (
         comps.groupBy("win")
         .agg(
-            F.count(F.lit(1)).alias("components"),
-            F.sort_array(F.collect_list("size"), asc=False).alias("sizes"),
-            F.sum("size").alias("nodes_up"),
+            sf.count(sf.lit(1)).alias("components"),
+            sf.sort_array(sf.collect_list("size"), asc=False).alias("sizes"),
+            sf.sum("size").alias("nodes_up"),
         )
         .select("win", "components", "sizes", "nodes_up")
     )
@@ -138,18 +199,20 @@ def partition_events(per_window: DataFrame, window_ms: int) -> DataFrame:
     ``components`` is the most seen in the run and ``sizes`` those of its first
     window with that many, so a node going down mid-partition does not split the event.
     """
-    split = per_window.where(F.col("components") > 1)
+    split = per_window.where(sf.col("components") > 1)
     events = runs(split.select("win"), [], window_ms)
     detail = split.alias("w").join(
         events.alias("e"),
-        (F.col("w.win") >= F.col("e.start_ms")) & (F.col("w.win") < F.col("e.end_ms")),
+        (sf.col("w.win") >= sf.col("e.start_ms")) & (sf.col("w.win") < sf.col("e.end_ms")),
         how="inner",
     )
     return (
         detail.groupBy("e.start_ms", "e.end_ms", "e.windows")
         .agg(
-            F.max("w.components").alias("components"),
-            F.max_by("w.sizes", F.struct(F.col("w.components"), -F.col("w.win"))).alias("sizes"),
+            sf.max("w.components").alias("components"),
+            sf.max_by("w.sizes", sf.struct(sf.col("w.components"), -sf.col("w.win"))).alias(
+                "sizes"
+            ),
         )
         .select("start_ms", "end_ms", "windows", "components", "sizes")
     )

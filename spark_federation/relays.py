@@ -11,52 +11,59 @@ cut off whenever they are.
 from __future__ import annotations
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
-
-from spark_federation.schema import MISS, PONG
+from pyspark.sql import functions as sf
 
 
-def relay_dependence(hb: DataFrame, nodes: DataFrame) -> DataFrame:
+def relay_dependence(lw: DataFrame, nodes: DataFrame) -> DataFrame:
     """Per node: ``nid, links, relayed_links, link_share, pings, relayed_pings, traffic_share,
-    relays, is_relay, relay_only`` (``relays``: ids of the relays it used)."""
-    pings = hb.where(F.col("kind").isin(PONG, MISS)).select(
-        "nid", "pid", F.coalesce(F.col("relay"), F.lit(False)).alias("relayed"), "vid"
+    relays, is_relay, relay_only`` (``relays``: ids of the relays it used).
+
+    Args:
+        lw: per-link window counts (:func:`spark_federation.links.link_windows`).
+        nodes: ``nid`` of every node.
+    """
+    per_link = (
+        lw.groupBy("nid", "pid")
+        .agg(
+            (sf.sum("pongs") + sf.sum("misses")).alias("pings"),
+            sf.sum("relayed").alias("relayed"),
+            sf.max("vid").alias("vid"),
+        )
+        .where(sf.col("pings") > 0)
     )
-    relays = pings.where(F.col("vid").isNotNull()).select(F.col("vid").alias("rid")).distinct()
-    per_node = pings.groupBy("nid").agg(
-        F.count_distinct("pid").alias("links"),
-        F.count_distinct(F.when(F.col("relayed"), F.col("pid"))).alias("relayed_links"),
-        F.count(F.lit(1)).alias("pings"),
-        F.sum(F.col("relayed").cast("long")).alias("relayed_pings"),
-        F.sort_array(F.collect_set("vid")).alias("relays"),
+    relays = per_link.where(sf.col("vid").isNotNull()).select(sf.col("vid").alias("rid")).distinct()
+    per_node = per_link.groupBy("nid").agg(
+        sf.count(sf.lit(1)).alias("links"),
+        sf.sum((sf.col("relayed") > 0).cast("long")).alias("relayed_links"),
+        sf.sum("pings").alias("pings"),
+        sf.sum("relayed").alias("relayed_pings"),
+        sf.sort_array(sf.collect_set("vid")).alias("relays"),
     )
     direct_to_members = (
-        pings.where(~F.col("relayed"))
-        .select("nid", "pid")
-        .distinct()
-        .join(relays, F.col("pid") == F.col("rid"), how="left_anti")
+        per_link.where(sf.col("pings") > sf.col("relayed"))
+        .join(relays, sf.col("pid") == sf.col("rid"), how="left_anti")
         .groupBy("nid")
-        .agg(F.count(F.lit(1)).alias("direct_members"))
+        .agg(sf.count(sf.lit(1)).alias("direct_members"))
     )
     return (
         nodes.select("nid")
         .join(per_node, on="nid", how="left")
         .join(direct_to_members, on="nid", how="left")
-        .join(relays, F.col("nid") == F.col("rid"), how="left")
+        .join(relays, sf.col("nid") == sf.col("rid"), how="left")
         .select(
             "nid",
-            F.coalesce(F.col("links"), F.lit(0)).alias("links"),
-            F.coalesce(F.col("relayed_links"), F.lit(0)).alias("relayed_links"),
-            (F.col("relayed_links") / F.col("links")).alias("link_share"),
-            F.coalesce(F.col("pings"), F.lit(0)).alias("pings"),
-            F.coalesce(F.col("relayed_pings"), F.lit(0)).alias("relayed_pings"),
-            (F.col("relayed_pings") / F.col("pings")).alias("traffic_share"),
-            F.coalesce(F.col("relays"), F.array().cast("array<bigint>")).alias("relays"),
-            F.col("rid").isNotNull().alias("is_relay"),
+            sf.coalesce(sf.col("links"), sf.lit(0)).alias("links"),
+            sf.coalesce(sf.col("relayed_links"), sf.lit(0)).alias("relayed_links"),
+            sf.try_divide(sf.col("relayed_links"), sf.col("links")).alias("link_share"),
+            sf.coalesce(sf.col("pings"), sf.lit(0)).alias("pings"),
+            sf.coalesce(sf.col("relayed_pings"), sf.lit(0)).alias("relayed_pings"),
+            sf.try_divide(sf.col("relayed_pings"), sf.col("pings")).alias("traffic_share"),
+            sf.coalesce(sf.col("relays"), sf.array().cast("array<bigint>")).alias("relays"),
+            sf.col("rid").isNotNull().alias("is_relay"),
             (
-                F.col("rid").isNull()
-                & (F.coalesce(F.col("relayed_links"), F.lit(0)) > 0)
-                & (F.coalesce(F.col("direct_members"), F.lit(0)) == 0)
+                sf.col("rid").isNull()
+                & (sf.coalesce(sf.col("relayed_links"), sf.lit(0)) > 0)
+                & (sf.coalesce(sf.col("direct_members"), sf.lit(0)) == 0)
             ).alias("relay_only"),
         )
     )

@@ -9,12 +9,15 @@ by the chart's own measure), and availability by day instead of by hour past
 
 from __future__ import annotations
 
+import base64
 import html
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from matplotlib.figure import Figure
 
 MAX_ROWS = 40
 MAX_HOURS = 24 * 14
@@ -44,8 +47,6 @@ class ReportData:
 
 def short_id(node: str) -> str:
     """Spec §1.1 short id: the first 10 key bytes in base32, grouped XXXX-XXXX-XXXX-XXXX."""
-    import base64
-
     try:
         key = base64.urlsafe_b64decode(node.removeprefix("ed25519:") + "=")
     except ValueError:
@@ -65,10 +66,11 @@ def _hm(ms: int) -> str:
 
 
 def render(out: Path, data: ReportData) -> list[Path]:
-    """Write the charts and report.html into ``out``; returns the files written."""
-    import matplotlib
+    """Write the charts and report.html into ``out``; returns the files written.
 
-    matplotlib.use("Agg")
+    Figures are built with matplotlib's object API (no pyplot), so no global
+    backend or figure state is touched and nothing needs closing.
+    """
     charts = [
         _availability_chart(out / "availability.png", data),
         _rtt_chart(out / "rtt.png", data),
@@ -81,8 +83,6 @@ def render(out: Path, data: ReportData) -> list[Path]:
 
 
 def _availability_chart(path: Path, data: ReportData) -> Path | None:
-    import matplotlib.pyplot as plt
-
     names = data.summary.get("names", {})
     overall = data.summary["availability"]
     if not data.availability:
@@ -101,25 +101,26 @@ def _availability_chart(path: Path, data: ReportData) -> Path | None:
         [sum(cells.get((n, c), [0.0])) / max(1, len(cells.get((n, c), [0.0]))) for c in columns]
         for n in nodes
     ]
-    fig, ax = plt.subplots(figsize=(min(14, max(8, 3 + 0.35 * len(columns))), 1.6 + 0.32 * len(nodes)))
+    fig = Figure(figsize=(min(14, max(8, 3 + 0.35 * len(columns))), 1.6 + 0.32 * len(nodes)))
+    ax = fig.subplots()
     img = ax.imshow(grid, aspect="auto", cmap="RdYlGn", vmin=0.0, vmax=1.0, interpolation="nearest")
     ax.set_yticks(range(len(nodes)), [label(n, names) for n in nodes], fontsize=8)
     step = max(1, len(columns) // 12)
     ax.set_xticks(
-        range(0, len(columns), step), [_hm(c) for c in columns[::step]], rotation=30, fontsize=8,
+        range(0, len(columns), step),
+        [_hm(c) for c in columns[::step]],
+        rotation=30,
+        fontsize=8,
         ha="right",
     )
     ax.set_title(f"Availability by node and {'hour' if bucket == HOUR_MS else 'day'} (UTC)")
     fig.colorbar(img, ax=ax, fraction=0.03, label="share of windows up")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 
 def _rtt_chart(path: Path, data: ReportData) -> Path | None:
-    import matplotlib.pyplot as plt
-
     names = data.summary.get("names", {})
     rows = [r for r in data.rtt if r["q"] is not None and r["q"][0] is not None]
     if not rows:
@@ -128,50 +129,70 @@ def _rtt_chart(path: Path, data: ReportData) -> Path | None:
     rows.sort(key=lambda r: r["q"][2])
     stats = [
         {
-            "whislo": r["q"][0], "q1": r["q"][1], "med": r["q"][2], "q3": r["q"][3],
-            "whishi": r["q"][4], "fliers": [r["q"][5]],
+            "whislo": r["q"][0],
+            "q1": r["q"][1],
+            "med": r["q"][2],
+            "q3": r["q"][3],
+            "whishi": r["q"][4],
+            "fliers": [r["q"][5]],
             "label": f"{names.get(r['a']) or short_id(r['a'])[:9]}"
             f" ↔ {names.get(r['b']) or short_id(r['b'])[:9]}",
         }
         for r in rows
     ]
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.3 * len(stats)))
-    ax.bxp(stats, orientation="horizontal", showfliers=True,
-           flierprops={"marker": "x", "markersize": 4})
+    fig = Figure(figsize=(10, 1.2 + 0.3 * len(stats)))
+    ax = fig.subplots()
+    ax.bxp(
+        stats,
+        orientation="horizontal",
+        showfliers=True,
+        flierprops={"marker": "x", "markersize": 4},
+    )
     ax.set_xscale("log")
     ax.set_xlabel("RTT ms (box p25-p75, whiskers p5-p95, x = p99; log scale)")
     ax.tick_params(axis="y", labelsize=8)
     ax.set_title("RTT distribution per link")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 
 def _timeline_chart(path: Path, data: ReportData) -> Path | None:
-    import matplotlib.pyplot as plt
-
     s = data.summary
     names = s.get("names", {})
     if not data.per_window:
         return None
     window = s["window_s"] * 1000
     nodes = sorted(s["availability"], key=lambda n: label(n, names))[:MAX_ROWS]
-    fig, (top, rows) = plt.subplots(
-        2, 1, figsize=(12, 2.6 + 0.3 * len(nodes)), sharex=True,
-        gridspec_kw={"height_ratios": [1.2, max(1.0, 0.3 * len(nodes))]},
+    fig = Figure(figsize=(12, 2.6 + 0.3 * len(nodes)))
+    top, rows = fig.subplots(
+        2, 1, sharex=True, gridspec_kw={"height_ratios": [1.2, max(1.0, 0.3 * len(nodes))]}
     )
     xs = [(r["win"] - s["span"]["start_ms"]) / HOUR_MS for r in data.per_window]
-    top.step(xs, [r["components"] for r in data.per_window], where="post", color="tab:red",
-             label="components")
-    top.step(xs, [r["nodes_up"] for r in data.per_window], where="post", color="tab:green",
-             label="nodes up")
+    top.step(
+        xs,
+        [r["components"] for r in data.per_window],
+        where="post",
+        color="tab:red",
+        label="components",
+    )
+    top.step(
+        xs,
+        [r["nodes_up"] for r in data.per_window],
+        where="post",
+        color="tab:green",
+        label="nodes up",
+    )
     top.set_ylabel("count")
     top.legend(loc="upper right", fontsize=8)
     top.set_title("Partitions and outages (hours from start of analysis)")
     for p in s["partitions"]:
-        top.axvspan((p["start_ms"] - s["span"]["start_ms"]) / HOUR_MS,
-                    (p["end_ms"] - s["span"]["start_ms"]) / HOUR_MS, color="tab:red", alpha=0.15)
+        top.axvspan(
+            (p["start_ms"] - s["span"]["start_ms"]) / HOUR_MS,
+            (p["end_ms"] - s["span"]["start_ms"]) / HOUR_MS,
+            color="tab:red",
+            alpha=0.15,
+        )
     largest: dict[int, int] = defaultdict(int)
     for c in data.components:
         largest[c["window_start_ms"]] = max(largest[c["window_start_ms"]], c["size"])
@@ -185,8 +206,11 @@ def _timeline_chart(path: Path, data: ReportData) -> Path | None:
         start = s["span"]["start_ms"]
         total = (s["span"]["end_ms"] - start) / HOUR_MS
         rows.broken_barh([(0, total)], (y - 0.35, 0.7), color="#cfe8cf")
-        downs = [((o["start_ms"] - start) / HOUR_MS, (o["end_ms"] - o["start_ms"]) / HOUR_MS)
-                 for o in s["outages"] if o["node"] == n]
+        downs = [
+            ((o["start_ms"] - start) / HOUR_MS, (o["end_ms"] - o["start_ms"]) / HOUR_MS)
+            for o in s["outages"]
+            if o["node"] == n
+        ]
         rows.broken_barh(downs, (y - 0.35, 0.7), color="#555555")
         cut = [((w - start) / HOUR_MS, width) for w in minority.get(n, [])]
         rows.broken_barh(cut, (y - 0.35, 0.7), color="tab:red")
@@ -194,33 +218,41 @@ def _timeline_chart(path: Path, data: ReportData) -> Path | None:
     rows.set_xlabel("hours (green: up, grey: down, red: in a smaller partition)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 
 def _relay_chart(path: Path, data: ReportData) -> Path | None:
-    import matplotlib.pyplot as plt
-
     names = data.summary.get("names", {})
     rows = sorted(data.relay_rows, key=lambda r: -(r["link_share"] or 0.0))[:MAX_ROWS]
     if not rows:
         return None
     rows.reverse()
-    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.35 * len(rows)))
+    fig = Figure(figsize=(9, 1.4 + 0.35 * len(rows)))
+    ax = fig.subplots()
     ys = range(len(rows))
-    ax.barh([y + 0.2 for y in ys], [r["link_share"] or 0.0 for r in rows], height=0.4,
-            label="share of links via relay")
-    ax.barh([y - 0.2 for y in ys], [r["traffic_share"] or 0.0 for r in rows], height=0.4,
-            label="share of pings via relay")
-    ax.set_yticks(list(ys), [label(r["node"], names) + (" *" if r["relay_only"] else "")
-                             for r in rows], fontsize=8)
+    ax.barh(
+        [y + 0.2 for y in ys],
+        [r["link_share"] or 0.0 for r in rows],
+        height=0.4,
+        label="share of links via relay",
+    )
+    ax.barh(
+        [y - 0.2 for y in ys],
+        [r["traffic_share"] or 0.0 for r in rows],
+        height=0.4,
+        label="share of pings via relay",
+    )
+    ax.set_yticks(
+        list(ys),
+        [label(r["node"], names) + (" *" if r["relay_only"] else "") for r in rows],
+        fontsize=8,
+    )
     ax.set_xlim(0, 1)
     ax.set_xlabel("share (* = relay-only: no direct link to a non-relay node)")
     ax.set_title("Relay dependence")
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 
@@ -245,48 +277,84 @@ def _html(data: ReportData, charts: list[Path]) -> str:
         return f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(a / 1000))} – {_hm(b)} UTC"
 
     verdicts = [
-        ("Nodes", s["nodes"]), ("Links", s["links"]), ("Records", s["records"]),
-        ("Skipped (malformed)", s["skipped"]), ("Duplicates", s["duplicates"]),
-        ("Window", f"{s['window_s']} s"), ("Analysed", span(s["span"]["start_ms"], s["span"]["end_ms"])),
+        ("Nodes", s["nodes"]),
+        ("Links", s["links"]),
+        ("Records", s["records"]),
+        ("Skipped (malformed)", s["skipped"]),
+        ("Duplicates", s["duplicates"]),
+        ("Window", f"{s['window_s']} s"),
+        ("Analysed", span(s["span"]["start_ms"], s["span"]["end_ms"])),
     ]
     sections = [
-        "<h2>Partitions</h2>" + _table(
+        "<h2>Partitions</h2>"
+        + _table(
             ["when", "minutes", "components", "sizes"],
-            [[span(p["start_ms"], p["end_ms"]), (p["end_ms"] - p["start_ms"]) // 60_000,
-              p["components"], ", ".join(map(str, p["sizes"]))] for p in s["partitions"]],
+            [
+                [
+                    span(p["start_ms"], p["end_ms"]),
+                    (p["end_ms"] - p["start_ms"]) // 60_000,
+                    p["components"],
+                    ", ".join(map(str, p["sizes"])),
+                ]
+                for p in s["partitions"]
+            ],
         ),
-        "<h2>Outages</h2>" + _table(
+        "<h2>Outages</h2>"
+        + _table(
             ["node", "when", "minutes"],
-            [[who(o["node"]), span(o["start_ms"], o["end_ms"]),
-              (o["end_ms"] - o["start_ms"]) // 60_000] for o in s["outages"]],
+            [
+                [
+                    who(o["node"]),
+                    span(o["start_ms"], o["end_ms"]),
+                    (o["end_ms"] - o["start_ms"]) // 60_000,
+                ]
+                for o in s["outages"]
+            ],
         ),
-        "<h2>Flapping links</h2>" + _table(
+        "<h2>Flapping links</h2>"
+        + _table(
             ["node", "peer", "down→up"],
             [[who(f["node"]), who(f["peer"]), f["flaps"]] for f in s["flapping_links"]],
         ),
-        "<h2>Relay-only nodes</h2>" + _table(
+        "<h2>Relay-only nodes</h2>"
+        + _table(
             ["node", "relays used"],
-            [[who(n), ", ".join(who(x) for r in data.relay_rows if r["node"] == n
-                                for x in r["relays"])] for n in s["relay_only_nodes"]],
+            [
+                [
+                    who(n),
+                    ", ".join(
+                        who(x) for r in data.relay_rows if r["node"] == n for x in r["relays"]
+                    ),
+                ]
+                for n in s["relay_only_nodes"]
+            ],
         ),
-        "<h2>Clock skew</h2>" + _table(
+        "<h2>Clock skew</h2>"
+        + _table(
             ["node", "offset ms", "skewed"],
-            [[who(n), v, "yes" if n in s["skewed_nodes"] else ""]
-             for n, v in sorted(s["clock_skew_ms"].items(), key=lambda kv: -abs(kv[1]))],
+            [
+                [who(n), v, "yes" if n in s["skewed_nodes"] else ""]
+                for n, v in sorted(s["clock_skew_ms"].items(), key=lambda kv: -abs(kv[1]))
+            ],
         ),
-        "<h2>Availability</h2>" + _table(
+        "<h2>Availability</h2>"
+        + _table(
             ["node", "share of windows up"],
-            [[who(n), f"{v:.1%}"] for n, v in sorted(s["availability"].items(), key=lambda kv: kv[1])],
+            [
+                [who(n), f"{v:.1%}"]
+                for n, v in sorted(s["availability"].items(), key=lambda kv: kv[1])
+            ],
         ),
     ]
     if s.get("propagation"):
-        sections.append("<h2>Propagation</h2>" + _table(
-            ["hops", "messages", "p50 ms", "p99 ms"],
-            [[p["hops"], p["messages"], p["p50_ms"], p["p99_ms"]] for p in s["propagation"]],
-        ))
-    images = "".join(
-        f'<figure><img src="{c.name}" alt="{c.stem}"></figure>' for c in charts
-    )
+        sections.append(
+            "<h2>Propagation</h2>"
+            + _table(
+                ["hops", "messages", "p50 ms", "p99 ms"],
+                [[p["hops"], p["messages"], p["p50_ms"], p["p99_ms"]] for p in s["propagation"]],
+            )
+        )
+    images = "".join(f'<figure><img src="{c.name}" alt="{c.stem}"></figure>' for c in charts)
     cards = "".join(
         f"<div class=card><b>{html.escape(str(v))}</b><span>{html.escape(k)}</span></div>"
         for k, v in verdicts
@@ -306,6 +374,6 @@ img {{ max-width: 100%; border: 1px solid #eee; }} .none {{ color: #888; }}
 <div class=cards>{cards}</div>
 {images}
 {"".join(sections)}
-<p class=none>Definitions: docs/mesh-health.md. Tables: tables/*.parquet. Verdicts: summary.json.</p>
+<p class=none>Definitions: docs/mesh-health.md. Tables: tables/. Verdicts: summary.json.</p>
 </body></html>
 """

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from spark_federation.errors import MeshHealthError
 from spark_federation.params import HEARTBEAT_MS, HOUR_MS, parse_duration_ms
@@ -181,21 +183,12 @@ def _build_scenario(cfg: SynthConfig) -> _Scenario:
         if via is not None:
             rtt = base.get(_pair(a, via), 10.0) + base.get(_pair(b, via), 10.0)
         links.append(SimLink(i, a, b, round(rtt, 3), via))
-    events: list[InjectedEvent] = [
-        InjectedEvent("relay_only", (n,), value=None) for n in nat
-    ] + [InjectedEvent("clock_skew", (n,), value=offsets[n]) for n in skewed]
+    events: list[InjectedEvent] = [InjectedEvent("relay_only", (n,), value=None) for n in nat] + [
+        InjectedEvent("clock_skew", (n,), value=offsets[n]) for n in skewed
+    ]
 
-    outage_lists: dict[str, list[Interval]] = {n: [] for n in ids}
-    down_pool = [n for n in members if n not in skewed]
-    for k in range(min(cfg.down, len(down_pool))):
-        # slot [0.10, 0.32) of the span, split between the outages
-        lo = 0.10 + 0.22 * k / max(cfg.down, 1)
-        hi = 0.10 + 0.22 * (k + 1) / max(cfg.down, 1)
-        start = t0 + int(span * (lo + (hi - lo) * 0.1)) + rng.randrange(60_000)
-        end = t0 + int(span * (lo + (hi - lo) * 0.8)) + rng.randrange(60_000)
-        victim = down_pool[k % len(down_pool)]
-        outage_lists[victim].append(Interval(start, end))
-    outages = {n: Timeline(v) for n, v in outage_lists.items()}
+    outage_lists = _outage_plan(cfg, members, skewed, t0=t0, span=span, rng=rng)
+    outages = {n: Timeline(outage_lists.get(n, [])) for n in ids}
     for n, tl in outages.items():
         events += [InjectedEvent("node_down", (n,), iv.start_ms, iv.end_ms) for iv in tl.intervals]
 
@@ -216,24 +209,58 @@ def _build_scenario(cfg: SynthConfig) -> _Scenario:
                 link_breaks[lk.index].append(Interval(start, end))
 
     direct = [lk for lk in links if lk.via is None and lk.a in members and lk.b in members]
+    events += _flap_plan(cfg, direct, link_breaks, t0=t0, span=span, rng=rng)
+    return _Scenario(nodes, ids, links, outages, link_breaks, events, partition_groups)
+
+
+def _outage_plan(
+    cfg: SynthConfig,
+    members: list[str],
+    skewed: list[str],
+    *,
+    t0: int,
+    span: int,
+    rng: random.Random,
+) -> dict[str, list[Interval]]:
+    """Node outages in the slot [0.10, 0.32) of the span, split between the stopped nodes."""
+    outage_lists: dict[str, list[Interval]] = {n: [] for n in members}
+    down_pool = [n for n in members if n not in skewed]
+    for k in range(min(cfg.down, len(down_pool))):
+        # slot [0.10, 0.32) of the span, split between the outages
+        lo = 0.10 + 0.22 * k / max(cfg.down, 1)
+        hi = 0.10 + 0.22 * (k + 1) / max(cfg.down, 1)
+        start = t0 + int(span * (lo + (hi - lo) * 0.1)) + rng.randrange(60_000)
+        end = t0 + int(span * (lo + (hi - lo) * 0.8)) + rng.randrange(60_000)
+        victim = down_pool[k % len(down_pool)]
+        outage_lists[victim].append(Interval(start, end))
+    return outage_lists
+
+
+def _flap_plan(
+    cfg: SynthConfig,
+    direct: list[SimLink],
+    link_breaks: dict[int, list[Interval]],
+    *,
+    t0: int,
+    span: int,
+    rng: random.Random,
+) -> list[InjectedEvent]:
+    """Flapping links in the slot [0.65, 0.85): ~20 s impairments every 1-2 minutes."""
+    events: list[InjectedEvent] = []
     flap_links = rng.sample(direct, min(cfg.flapping, len(direct)))
-    flap_cycles: dict[int, int] = {}
     for k, lk in enumerate(flap_links):
         lo = t0 + int(span * (0.65 + 0.2 * k / max(cfg.flapping, 1)))
         hi = t0 + int(span * (0.65 + 0.2 * (k + 1) / max(cfg.flapping, 1)))
-        t, cycles = lo, 0
+        t, cycles = float(lo), 0
         while t + 40_000 < hi and cycles < 1_000:
             length = rng.uniform(16_500.0, 24_000.0)  # > 3 pings: the link must close
             link_breaks[lk.index].append(Interval(int(t), int(t + length)))
             t += length + rng.uniform(45_000.0, 120_000.0)
             cycles += 1
-        flap_cycles[lk.index] = cycles
         events.append(
             InjectedEvent("flapping_link", tuple(sorted((lk.a, lk.b))), lo, int(t), value=cycles)
         )
-    return _Scenario(
-        nodes, ids, links, outages, link_breaks, events, partition_groups
-    )
+    return events
 
 
 def _topology(ids: list[str], rng: random.Random) -> set[tuple[str, str]]:
@@ -313,7 +340,14 @@ def generate(cfg: SynthConfig, out_dir: str | Path) -> SynthResult:
         columns: list[tuple[float, str, int | None, float | None, float | None, SimLink]] = []
         for lk in by_node[n]:
             hist: LinkHistory = simulate_link(
-                lk, sc.nodes, broken[lk.index], sc.outages, t0, t_end, cfg.seed, cfg.heartbeat_ms
+                lk,
+                sc.nodes,
+                broken[lk.index],
+                sc.outages,
+                start_ms=t0,
+                end_ms=t_end,
+                seed=cfg.seed,
+                heartbeat_ms=cfg.heartbeat_ms,
             )
             up_spans.setdefault(lk.index, hist.up_spans)
             d = hist.records[n]
@@ -356,7 +390,7 @@ def _settle_events(sc: _Scenario, up_spans: dict[int, list[Interval]]) -> list[I
             if 0 < len(ends & side) < len(ends):
                 back = [iv.start_ms for iv in up_spans[lk.index] if iv.start_ms >= start]
                 if back:
-                    heal = min(back) if heal is None else min(heal, min(back))
+                    heal = min(back) if heal is None else min(heal, *back)
         other = tuple(sorted(n for n in sc.order if n not in side))
         events.append(
             InjectedEvent(
@@ -409,12 +443,11 @@ class _ExportWriter:
         suffix = f"-reexport{copy}" if copy else ""
         return parent / f"{name}{suffix}"
 
-    def _write(self, directory: Path, day: str, rows: list[dict[str, Any]], extra: bytes = b"") -> None:
+    def _write(
+        self, directory: Path, day: str, rows: list[dict[str, Any]], extra: bytes = b""
+    ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         if self.cfg.fmt == "parquet":
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
             if rows:
                 pq.write_table(
                     pa.Table.from_pylist(rows, schema=_arrow_schema(directory.name)),
@@ -472,7 +505,7 @@ class _ExportWriter:
             extra = b""
             if i == len(days) - 1 and bad_rows:
                 if self.cfg.fmt == "parquet":
-                    day_rows = day_rows + bad_rows  # type: ignore[operator]
+                    day_rows = day_rows + bad_rows
                 else:
                     extra = b"\n".join(bad_rows)  # the last line ends without newline: cut off
             self._write(directory, day, day_rows, extra)
@@ -611,36 +644,57 @@ def _day(ts_ms: int) -> str:
 
 
 def _arrow_schema(kind: str) -> Any:
-    """The Parquet schema the node writes for each record kind (documented in docs/mesh-health.md)."""
-    import pyarrow as pa
-
+    """The Parquet schema of each record kind (documented in docs/mesh-health.md)."""
     if kind == "heartbeats":
         return pa.schema(
             [
-                ("ts", pa.int64()), ("node", pa.string()), ("peer", pa.string()),
-                ("community", pa.string()), ("kind", pa.string()), ("seq", pa.int64()),
-                ("rtt_ms", pa.float64()), ("path", pa.string()), ("via", pa.string()),
-                ("clock_offset_ms", pa.float64()), ("peers_linked", pa.int64()),
-                ("log_head", pa.int64()), ("subscribers", pa.int64()), ("version", pa.string()),
+                ("ts", pa.int64()),
+                ("node", pa.string()),
+                ("peer", pa.string()),
+                ("community", pa.string()),
+                ("kind", pa.string()),
+                ("seq", pa.int64()),
+                ("rtt_ms", pa.float64()),
+                ("path", pa.string()),
+                ("via", pa.string()),
+                ("clock_offset_ms", pa.float64()),
+                ("peers_linked", pa.int64()),
+                ("log_head", pa.int64()),
+                ("subscribers", pa.int64()),
+                ("version", pa.string()),
             ]
         )
     if kind == "beacons":
         peer = pa.struct(
-            [("peer", pa.string()), ("rtt_ms_p50", pa.float64()),
-             ("loss_pct", pa.float64()), ("path", pa.string())]
+            [
+                ("peer", pa.string()),
+                ("rtt_ms_p50", pa.float64()),
+                ("loss_pct", pa.float64()),
+                ("path", pa.string()),
+            ]
         )
         return pa.schema(
             [
-                ("ts", pa.int64()), ("node", pa.string()), ("name", pa.string()),
-                ("uptime_s", pa.int64()), ("peers", pa.list_(peer)), ("log_head", pa.int64()),
-                ("subscribers", pa.int64()), ("cpu_pct", pa.float64()), ("rss_mb", pa.float64()),
+                ("ts", pa.int64()),
+                ("node", pa.string()),
+                ("name", pa.string()),
+                ("uptime_s", pa.int64()),
+                ("peers", pa.list_(peer)),
+                ("log_head", pa.int64()),
+                ("subscribers", pa.int64()),
+                ("cpu_pct", pa.float64()),
+                ("rss_mb", pa.float64()),
                 ("version", pa.string()),
             ]
         )
     return pa.schema(
         [
-            ("ts", pa.int64()), ("node", pa.string()), ("msg_id", pa.string()),
-            ("origin", pa.string()), ("published_ms", pa.int64()), ("hops", pa.int64()),
+            ("ts", pa.int64()),
+            ("node", pa.string()),
+            ("msg_id", pa.string()),
+            ("origin", pa.string()),
+            ("published_ms", pa.int64()),
+            ("hops", pa.int64()),
         ]
     )
 
@@ -741,8 +795,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" to {args.out}"
     )
     for e in result.events:
-        print(orjson.dumps({k: v for k, v in answers["events"][result.events.index(e)].items()
-                            if v not in (None, [])}).decode())
+        print(
+            orjson.dumps(
+                {
+                    k: v
+                    for k, v in answers["events"][result.events.index(e)].items()
+                    if v not in (None, [])
+                }
+            ).decode()
+        )
     return 0
 
 

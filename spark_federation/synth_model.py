@@ -126,6 +126,7 @@ def simulate_link(
     nodes: dict[str, SimNode],
     broken: Timeline,
     outages: dict[str, Timeline],
+    *,
     start_ms: int,
     end_ms: int,
     seed: int,
@@ -138,7 +139,9 @@ def simulate_link(
     up_spans: list[Interval] = []
     seqs = dict.fromkeys(sides, 0)
     restarts = sorted(
-        iv.end_ms for n in (*sides, *([link.via] if link.via else [])) for iv in outages[n].intervals
+        iv.end_ms
+        for n in (*sides, *([link.via] if link.via else []))
+        for iv in outages[n].intervals
     )
 
     def node_up(n: str, t: float) -> bool:
@@ -187,8 +190,13 @@ def simulate_link(
         up_spans.append(Interval(int(t_up), int(t_down)))
         for n in sides:
             if node_up(n, t_down):
-                out[n].add(t_down + (0.0 if n == closer else rng.uniform(1.0, 50.0)),
-                           KIND_DOWN, None, None, None)
+                out[n].add(
+                    t_down + (0.0 if n == closer else rng.uniform(1.0, 50.0)),
+                    KIND_DOWN,
+                    None,
+                    None,
+                    None,
+                )
         t_up = _redial(t_down, broken, restarts, rng)
         if t_up >= end_ms:
             break

@@ -8,14 +8,14 @@ span on every node, in every run, in local mode and on a cluster.
 from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame, Window
-from pyspark.sql import functions as F
+from pyspark.sql import functions as sf
 
 from spark_federation.params import HOUR_MS
 
 
 def window_of(ts: Column, window_ms: int) -> Column:
     """The start of the window holding ``ts`` (Unix ms)."""
-    return ts - F.pmod(ts, F.lit(window_ms))
+    return ts - sf.pmod(ts, sf.lit(window_ms))
 
 
 def hour_of(ts: Column) -> Column:
@@ -34,29 +34,29 @@ def runs(windows: DataFrame, keys: list[str], window_ms: int) -> DataFrame:
     Returns:
         One row per run; ``end_ms`` is the end of its last window (exclusive).
     """
-    part = [F.col(k) for k in keys] or [F.lit(0)]
+    part = [sf.col(k) for k in keys] or [sf.lit(0)]
     ordered = Window.partitionBy(*part).orderBy("win")
-    prev = F.lag("win", 1).over(ordered.rowsBetween(-1, -1))
+    prev = sf.lag("win", 1).over(ordered.rowsBetween(-1, -1))
     starts = windows.select(
         *keys,
         "win",
-        F.when(prev.isNull() | (F.col("win") - prev > F.lit(window_ms)), 1)
+        sf.when(prev.isNull() | (sf.col("win") - prev > sf.lit(window_ms)), 1)
         .otherwise(0)
         .alias("starts_run"),
     )
     numbered = starts.select(
         *keys,
         "win",
-        F.sum("starts_run")
+        sf.sum("starts_run")
         .over(ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow))
         .alias("run"),
     )
     return (
         numbered.groupBy(*keys, "run")
         .agg(
-            F.min("win").alias("start_ms"),
-            (F.max("win") + F.lit(window_ms)).alias("end_ms"),
-            F.count(F.lit(1)).alias("windows"),
+            sf.min("win").alias("start_ms"),
+            (sf.max("win") + sf.lit(window_ms)).alias("end_ms"),
+            sf.count(sf.lit(1)).alias("windows"),
         )
         .select(*keys, "start_ms", "end_ms", "windows")
     )

@@ -1,4 +1,4 @@
-"""Shared Spark fixtures: one local SparkSession, one job run on synthetic data with known answers."""
+"""Shared Spark fixtures: one local SparkSession, one job run on synthetic known-answer data."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from spark_federation.mesh_health import build_session, run
+from spark_federation.params import JobConfig
 from spark_federation.synth import SynthConfig, SynthResult, generate
 
 WINDOW_MS = 60_000
@@ -44,7 +46,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def spark() -> Iterator[Any]:
     """A local[2] SparkSession with few shuffle partitions and no UI, shared by all Spark tests."""
     pytest.importorskip("pyspark")
-    from spark_federation.mesh_health import build_session
 
     session = build_session("local[2]", driver_memory="1g", shuffle_partitions=4)
     yield session
@@ -64,9 +65,6 @@ class JobRun:
 @pytest.fixture(scope="session")
 def synth_run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> JobRun:
     """Generate the synthetic community and run the whole job on it once."""
-    from spark_federation.mesh_health import run
-    from spark_federation.params import JobConfig
-
     base = tmp_path_factory.mktemp("mesh")
     result = generate(SYNTH, base / "input")
     out = base / "out"

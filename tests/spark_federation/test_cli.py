@@ -38,6 +38,7 @@ def test_without_pyspark_says_how_to_install(tmp_path: Path) -> None:
         "from spark_federation.cli import main\n"
         f"sys.exit(main(['--input', {str(tmp_path)!r}, '--out', {str(tmp_path / 'o')!r}]))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert (done.returncode, INSTALL_HINT in done.stderr) == (1, True)

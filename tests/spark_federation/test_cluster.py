@@ -1,4 +1,4 @@
-"""The job on a Spark standalone cluster (master + worker on 127.0.0.1) gives local mode's answers."""
+"""The job on a standalone cluster (master + worker on 127.0.0.1) gives local mode's answers."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyspark
 import pytest
 
 from tests.spark_federation.conftest import JobRun
@@ -35,7 +36,10 @@ class _Daemon:
     def __init__(self, spark_home: Path, cls: str, args: list[str], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
             [str(spark_home / "bin" / "spark-class"), cls, *args],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.reader = threading.Thread(target=self._pump, daemon=True)
@@ -74,25 +78,43 @@ class _Daemon:
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
     """A standalone master and one worker (2 cores, 1 GiB) bound to 127.0.0.1 on free ports."""
-    import pyspark
-
     spark_home = Path(pyspark.__file__).parent
-    env = dict(os.environ, SPARK_HOME=str(spark_home), SPARK_LOCAL_IP="127.0.0.1",
-               PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-               SPARK_LOG_DIR=str(tmp_path_factory.mktemp("spark-logs")))
+    env = dict(
+        os.environ,
+        SPARK_HOME=str(spark_home),
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+        SPARK_LOG_DIR=str(tmp_path_factory.mktemp("spark-logs")),
+    )
     port, ui = _free_port(), _free_port()
     url = f"spark://127.0.0.1:{port}"
     daemons: list[_Daemon] = []
     try:
-        master = _Daemon(spark_home, "org.apache.spark.deploy.master.Master",
-                         ["--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)], env)
+        master = _Daemon(
+            spark_home,
+            "org.apache.spark.deploy.master.Master",
+            ["--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)],
+            env,
+        )
         daemons.append(master)
         master.wait_for(r"I have been elected leader", START_DEADLINE_S)
         worker = _Daemon(
-            spark_home, "org.apache.spark.deploy.worker.Worker",
-            ["--host", "127.0.0.1", "--cores", "2", "--memory", "1g",
-             "--webui-port", str(_free_port()),
-             "--work-dir", str(tmp_path_factory.mktemp("spark-work")), url],
+            spark_home,
+            "org.apache.spark.deploy.worker.Worker",
+            [
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                "2",
+                "--memory",
+                "1g",
+                "--webui-port",
+                str(_free_port()),
+                "--work-dir",
+                str(tmp_path_factory.mktemp("spark-work")),
+                url,
+            ],
             env,
         )
         daemons.append(worker)
@@ -107,17 +129,35 @@ def test_spark_submit_matches_local_mode(
     standalone: tuple[str, dict[str, str]], synth_run: JobRun, tmp_path: Path
 ) -> None:
     """spark-submit --master spark://... of mesh_health.py writes the same summary as local mode."""
-    import pyspark
-
     url, env = standalone
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
     out = tmp_path / "cluster"
     done = subprocess.run(
-        [str(submit), "--master", url, "--driver-memory", "1g", "--executor-memory", "1g",
-         "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=4",
-         str(REPO / "spark_federation" / "mesh_health.py"),
-         "--input", str(synth_run.input_dir), "--out", str(out), "--no-report"],
-        env=env, capture_output=True, text=True, timeout=400, check=False, cwd=tmp_path,
+        [
+            str(submit),
+            "--master",
+            url,
+            "--driver-memory",
+            "1g",
+            "--executor-memory",
+            "1g",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.sql.shuffle.partitions=4",
+            str(REPO / "spark_federation" / "mesh_health.py"),
+            "--input",
+            str(synth_run.input_dir),
+            "--out",
+            str(out),
+            "--no-report",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "components round" in done.stdout

@@ -16,6 +16,9 @@ from typing import Any
 
 import pytest
 
+from spark_federation.mesh_health import run
+from spark_federation.params import JobConfig
+from spark_federation.synth import InjectedEvent
 from tests.spark_federation.verdicts import match_outage, within_window
 
 pytestmark = pytest.mark.spark
@@ -36,9 +39,6 @@ def _png_size(path: Path) -> tuple[int, int]:
 @pytest.fixture(scope="module")
 def fixture_report(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Run the job with the report on the fixture directory."""
-    from spark_federation.mesh_health import run
-    from spark_federation.params import JobConfig
-
     out = tmp_path_factory.mktemp("fixture-report")
     run(spark, JobConfig(str(FIXTURE), str(out), window_ms=WINDOW_MS), print)
     return out
@@ -59,9 +59,14 @@ def test_report_shows_verdicts(fixture_report: Path) -> None:
     sections = ["Partitions", "Outages", "Flapping links", "Relay-only nodes", "Clock skew"]
     assert [True] * len(sections) == [f"<h2>{s}</h2>" in page for s in sections]
     rows = page.count("<tr>")
-    listed = (len(summary["partitions"]) + len(summary["outages"])
-              + len(summary["flapping_links"]) + len(summary["relay_only_nodes"])
-              + len(summary["clock_skew_ms"]) + len(summary["availability"]))
+    listed = (
+        len(summary["partitions"])
+        + len(summary["outages"])
+        + len(summary["flapping_links"])
+        + len(summary["relay_only_nodes"])
+        + len(summary["clock_skew_ms"])
+        + len(summary["availability"])
+    )
     assert rows >= listed
 
 
@@ -71,15 +76,23 @@ def test_fixture_verdicts_match_expected(fixture_report: Path) -> None:
     s = json.loads((fixture_report / "summary.json").read_text())
     e = json.loads((FIXTURE / "expected.json").read_text())
     assert (e["records"], e["malformed"], e["duplicates"], len(e["nodes"])) == (
-        s["records"], s["skipped"], s["duplicates"], s["nodes"])
-    events = {k: [x for x in e["events"] if x["kind"] == k] for k in
-              ("node_down", "partition", "flapping_link", "relay_only", "clock_skew")}
+        s["records"],
+        s["skipped"],
+        s["duplicates"],
+        s["nodes"],
+    )
+    events = {
+        k: [x for x in e["events"] if x["kind"] == k]
+        for k in ("node_down", "partition", "flapping_link", "relay_only", "clock_skew")
+    }
     assert len(events["node_down"]) == len(s["outages"])
-    from spark_federation.synth import InjectedEvent
 
     assert all(
-        match_outage(InjectedEvent("node_down", tuple(x["nodes"]), x["start_ms"], x["end_ms"]),
-                     s["outages"], WINDOW_MS)
+        match_outage(
+            InjectedEvent("node_down", tuple(x["nodes"]), x["start_ms"], x["end_ms"]),
+            s["outages"],
+            WINDOW_MS,
+        )
         for x in events["node_down"]
     )
     assert len(events["partition"]) == len(s["partitions"])
@@ -87,6 +100,7 @@ def test_fixture_verdicts_match_expected(fixture_report: Path) -> None:
         assert within_window(got["start_ms"], want["start_ms"], WINDOW_MS)
         assert within_window(got["end_ms"], want["end_ms"], WINDOW_MS)
     assert sorted(tuple(sorted(x["nodes"])) for x in events["flapping_link"]) == sorted(
-        (f["node"], f["peer"]) for f in s["flapping_links"])
+        (f["node"], f["peer"]) for f in s["flapping_links"]
+    )
     assert sorted(x["nodes"][0] for x in events["relay_only"]) == s["relay_only_nodes"]
     assert sorted(x["nodes"][0] for x in events["clock_skew"]) == s["skewed_nodes"]

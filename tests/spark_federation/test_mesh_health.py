@@ -18,8 +18,14 @@ pytestmark = pytest.mark.spark
 def test_counts_match_generator(synth_run: JobRun) -> None:
     """Unique records, malformed (skipped) and duplicate counts equal what was written."""
     s, g = synth_run.summary, synth_run.synth
-    expected = {"records": g.records, "skipped": g.malformed, "duplicates": g.duplicates,
-                "nodes": len(g.nodes), "links": len(g.links), "window_s": 60}
+    expected = {
+        "records": g.records,
+        "skipped": g.malformed,
+        "duplicates": g.duplicates,
+        "nodes": len(g.nodes),
+        "links": len(g.links),
+        "window_s": 60,
+    }
     assert expected == {k: s[k] for k in expected}
     assert (SYNTH.malformed, SYNTH.duplicates) == (g.malformed, g.duplicates)
 
@@ -43,14 +49,17 @@ def test_availability_reflects_outages(synth_run: JobRun) -> None:
 
 
 def test_partition_found_with_groups_and_times(synth_run: JobRun, spark: object) -> None:
-    """The injected partition is the only one, with 2 components of the injected sizes and members."""
+    """The injected partition is the only one: 2 components of the injected sizes and members."""
     s, g = synth_run.summary, synth_run.synth
     injected = g.of_kind("partition")
     assert len(injected) == 1 == len(s["partitions"])
     found, truth = s["partitions"][0], injected[0]
-    assert truth.start_ms is not None and truth.end_ms is not None
+    assert truth.start_ms is not None
+    assert truth.end_ms is not None
     assert (2, sorted((len(x) for x in truth.groups), reverse=True)) == (
-        found["components"], found["sizes"])
+        found["components"],
+        found["sizes"],
+    )
     assert within_window(found["start_ms"], truth.start_ms, WINDOW_MS)
     assert within_window(found["end_ms"], truth.end_ms, WINDOW_MS)
     comps = pq.read_table(synth_run.out_dir / "tables" / "partition_components").to_pylist()
@@ -71,8 +80,9 @@ def test_flapping_links_are_the_injected_ones(synth_run: JobRun) -> None:
 def test_relay_only_nodes(synth_run: JobRun) -> None:
     """The NAT nodes are the relay-only ones, and the relay they used is the only relay."""
     g = synth_run.synth
-    assert sorted(e.nodes[0] for e in g.of_kind("relay_only")) == synth_run.summary[
-        "relay_only_nodes"]
+    assert (
+        sorted(e.nodes[0] for e in g.of_kind("relay_only")) == synth_run.summary["relay_only_nodes"]
+    )
     assert [g.nodes[0]] == synth_run.summary["relays"]
 
 
@@ -103,9 +113,17 @@ def test_tables_readable_without_spark(synth_run: JobRun) -> None:
     """Every table listed in summary.json is Parquet that pyarrow reads, with NodeIDs as strings."""
     tables = Path(synth_run.out_dir, "tables")
     names = synth_run.summary["tables"]
-    expected = {"node_availability", "node_outages", "link_health", "partitions",
-                "partition_components", "partition_events", "relay_dependence", "clock_skew",
-                "propagation"}
+    expected = {
+        "node_availability",
+        "node_outages",
+        "link_health",
+        "partitions",
+        "partition_components",
+        "partition_events",
+        "relay_dependence",
+        "clock_skew",
+        "propagation",
+    }
     assert expected == set(names)
     links = pq.read_table(tables / "link_health").to_pylist()
     nodes = set(synth_run.synth.nodes)

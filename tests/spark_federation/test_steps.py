@@ -6,16 +6,31 @@ from typing import Any
 
 import pytest
 
+from spark_federation import exports
+from spark_federation.availability import outages
 from spark_federation.errors import MeshHealthError
+from spark_federation.links import (
+    flap_events,
+    flapping_links,
+    link_health,
+    link_hours,
+    link_windows,
+)
+from spark_federation.partitions import connected_components
+from spark_federation.schema import LINK_DOWN, LINK_UP, MISS
+from spark_federation.timeline import runs
 
 pytestmark = pytest.mark.spark
 
 W = 60_000
 
 
-def _labels(spark: Any, vertices: list[tuple[int, int]], edges: list[tuple[int, int, int]],
-            max_iterations: int = 20) -> tuple[dict[tuple[int, int], int], int]:
-    from spark_federation.partitions import connected_components
+def _labels(
+    spark: Any,
+    vertices: list[tuple[int, int]],
+    edges: list[tuple[int, int, int]],
+    max_iterations: int = 20,
+) -> tuple[dict[tuple[int, int], int], int]:
 
     v = spark.createDataFrame(vertices, "nid long, win long")
     e = spark.createDataFrame(edges, "a long, b long, win long")
@@ -44,8 +59,6 @@ def test_components_give_up_after_the_bound(spark: Any) -> None:
 
 def test_runs_merge_consecutive_windows(spark: Any) -> None:
     """Windows 0,1,2 and 5,6 of one key make two runs; another key's window is its own run."""
-    from spark_federation.timeline import runs
-
     rows = [(1, w * W) for w in (0, 1, 2, 5, 6)] + [(2, 3 * W)]
     df = spark.createDataFrame(rows, "k long, win long")
     got = sorted(tuple(r) for r in runs(df, ["k"], W).collect())
@@ -54,9 +67,6 @@ def test_runs_merge_consecutive_windows(spark: Any) -> None:
 
 def test_flaps_count_down_then_up_only(spark: Any) -> None:
     """up, down, up, miss, down, up gives two flaps; an up after an up is not one."""
-    from spark_federation.links import flap_events
-    from spark_federation.schema import LINK_DOWN, LINK_UP, MISS
-
     kinds = [LINK_UP, LINK_DOWN, LINK_UP, MISS, LINK_DOWN, LINK_UP, LINK_UP]
     rows = [(1, 2, k, 1000 * i) for i, k in enumerate(kinds)]
     hb = spark.createDataFrame(rows, "nid long, pid long, kind byte, ts long")
@@ -65,8 +75,6 @@ def test_flaps_count_down_then_up_only(spark: Any) -> None:
 
 def test_flapping_needs_threshold_within_an_hour(spark: Any) -> None:
     """Three flaps within an hour flag a link; three spread over three hours do not."""
-    from spark_federation.links import flapping_links
-
     hour = 3_600_000
     rows = [(1, 2, t) for t in (0, 600_000, 1_200_000)] + [(3, 4, t) for t in (0, hour, 2 * hour)]
     flaps = spark.createDataFrame(rows, "nid long, pid long, ts long")
@@ -75,9 +83,7 @@ def test_flapping_needs_threshold_within_an_hour(spark: Any) -> None:
 
 
 def test_outages_from_gaps(spark: Any) -> None:
-    """Gaps inside, before and after a node's up windows are outages; a silent node is down all along."""
-    from spark_federation.availability import outages
-
+    """Gaps inside, before and after up windows are outages; a silent node is always down."""
     up = [(1, w * W) for w in (0, 1, 4, 5)] + [(2, w * W) for w in (2, 3, 4, 5, 6, 7)]
     ev = spark.createDataFrame(up, "nid long, win long")
     nodes = spark.createDataFrame([(1,), (2,), (3,)], "nid long")
@@ -88,11 +94,11 @@ def test_outages_from_gaps(spark: Any) -> None:
 
 def test_malformed_lines_are_counted_not_fatal(spark: Any, tmp_path: Any) -> None:
     """Cut-off, non-JSON, mistyped, unknown-kind and bad-id lines are skipped; good lines count."""
-    from spark_federation import exports
-
     node, peer = "ed25519:" + "A" * 43, "ed25519:" + "B" * 43
-    good = (f'{{"ts": 1000, "node": "{node}", "peer": "{peer}", "kind": "pong", "seq": 1,'
-            f' "rtt_ms": 2.5}}')
+    good = (
+        f'{{"ts": 1000, "node": "{node}", "peer": "{peer}", "kind": "pong", "seq": 1,'
+        f' "rtt_ms": 2.5}}'
+    )
     bad = [
         '{"ts": 1000, "node": "' + node,
         "not json",
@@ -114,9 +120,37 @@ def test_malformed_lines_are_counted_not_fatal(spark: Any, tmp_path: Any) -> Non
 
 def test_missing_input_is_a_clear_error(spark: Any, tmp_path: Any) -> None:
     """An input without heartbeat files raises MeshHealthError naming the layout."""
-    from spark_federation import exports
-
     with pytest.raises(MeshHealthError, match="no heartbeat files"):
         exports.discover(spark, str(tmp_path))
     with pytest.raises(MeshHealthError, match="does not exist"):
         exports.discover(spark, str(tmp_path / "nope"))
+
+
+def test_since_until_leave_records_out_of_range(spark: Any, tmp_path: Any) -> None:
+    """Records before --since or from --until on are counted out of range, not analysed."""
+    node, peer = "ed25519:" + "A" * 43, "ed25519:" + "B" * 43
+    lines = [
+        f'{{"ts": {ts}, "node": "{node}", "peer": "{peer}", "kind": "pong", "seq": {i},'
+        f' "rtt_ms": 1.0}}'
+        for i, ts in enumerate((1_000, 2_000, 3_000, 4_000))
+    ]
+    d = tmp_path / "e1" / "heartbeats"
+    d.mkdir(parents=True)
+    (d / "a.jsonl").write_text("\n".join(lines) + "\n")
+    raw = exports.read_raw(spark, exports.discover(spark, str(tmp_path)), "heartbeats")
+    assert raw is not None
+    clean = exports.clean_heartbeats(raw, since_ms=2_000, until_ms=4_000)
+    counts = exports.record_counts(exports.dedup_heartbeats(clean))
+    assert counts == {"records": 2, "duplicates": 0, "skipped": 0, "out_of_range": 2}
+
+
+def test_link_hour_without_pings_has_no_loss(spark: Any) -> None:
+    """An hour in which a link only came up has null loss, not a division error (ANSI mode)."""
+    rows = [(1, 2, LINK_UP, None, 1_000, None, False, None, None)]
+    hb = spark.createDataFrame(
+        rows,
+        "nid long, pid long, kind byte, seq long, ts long, rtt_ms double, relay boolean,"
+        " vid long, clock_offset_ms double",
+    )
+    health = link_health(link_windows(hb, W), link_hours(hb), flap_events(hb)).collect()
+    assert [(r["pings"], r["loss_pct"], r["rtt_p50_ms"]) for r in health] == [(0, None, None)]

@@ -19,13 +19,16 @@ def _records(root: Path) -> list[dict[str, object]]:
     return rows
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(seed=st.integers(0, 10_000), nodes=st.integers(3, 12))
 def test_generator_invariants(tmp_path_factory: object, seed: int, nodes: int) -> None:
     """Counts match the files, events lie in the span, and only real breaks close links."""
     out = tmp_path_factory.mktemp("synth")  # type: ignore[attr-defined]
-    result = generate(SynthConfig(nodes=nodes, hours=1.0, seed=seed, traces=False,
-                                  beacons="none"), out)
+    result = generate(
+        SynthConfig(nodes=nodes, hours=1.0, seed=seed, traces=False, beacons="none"), out
+    )
     rows = _records(out)
     assert result.records == len(rows)
     for e in result.events:
@@ -47,7 +50,9 @@ def test_generator_invariants(tmp_path_factory: object, seed: int, nodes: int) -
 def _peer_closed(rows: list[dict[str, object]], r: dict[str, object]) -> bool:
     """The other end closed the link within 50 ms (it saw the three misses)."""
     return any(
-        o["kind"] == "link_down" and o["node"] == r["peer"] and o["peer"] == r["node"]
+        o["kind"] == "link_down"
+        and o["node"] == r["peer"]
+        and o["peer"] == r["node"]
         and abs(int(o["ts"]) - int(r["ts"])) < 5_000  # type: ignore[call-overload]
         for o in rows
     )
@@ -67,11 +72,25 @@ def test_same_seed_same_exports(tmp_path: Path) -> None:
 
 def test_cli_writes_expected_json(tmp_path: Path) -> None:
     """The module's CLI writes exports and the known answers as JSON."""
-    code = main(["--nodes", "4", "--hours", "0.5", "--out", str(tmp_path / "x"),
-                 "--partition-at", "10m+5m", "--expected", str(tmp_path / "e.json")])
+    code = main(
+        [
+            "--nodes",
+            "4",
+            "--hours",
+            "0.5",
+            "--out",
+            str(tmp_path / "x"),
+            "--partition-at",
+            "10m+5m",
+            "--expected",
+            str(tmp_path / "e.json"),
+        ]
+    )
     answers = json.loads((tmp_path / "e.json").read_text())
     kinds = sorted(e["kind"] for e in answers["events"])
-    assert (
-        code, kinds) == (0, ["clock_skew", "flapping_link", "node_down", "partition", "relay_only"])
+    assert (code, kinds) == (
+        0,
+        ["clock_skew", "flapping_link", "node_down", "partition", "relay_only"],
+    )
     partition = next(e for e in answers["events"] if e["kind"] == "partition")
     assert answers["start_ms"] + 600_000 == partition["start_ms"]

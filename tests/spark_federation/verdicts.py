@@ -28,7 +28,8 @@ def expected_flaps(synth: SynthResult, a: str, b: str) -> int:
 def match_outage(event: InjectedEvent, outages: list[dict[str, Any]], window_ms: int) -> bool:
     """Whether exactly one reported outage of the event's node matches its start and end."""
     mine = [o for o in outages if o["node"] == event.nodes[0]]
-    assert event.start_ms is not None and event.end_ms is not None
+    assert event.start_ms is not None
+    assert event.end_ms is not None
     return len(mine) == 1 and (
         within_window(mine[0]["start_ms"], event.start_ms, window_ms)
         and within_window(mine[0]["end_ms"], event.end_ms, window_ms)
