@@ -86,6 +86,7 @@ class _Tables:
     spark: SparkSession
     uri: str
     names: dict[int, str]
+    cached: list[DataFrame]
     written: list[str] = field(default_factory=list)
 
     def _map(self) -> Column:
@@ -103,11 +104,17 @@ class _Tables:
         return sf.transform(c, lambda x: sf.try_element_at(self._map(), x))
 
     def write(self, df: DataFrame, name: str) -> DataFrame:
-        """Write one small aggregated table as a single Parquet file and read it back."""
+        """Write one small aggregated table as a single Parquet file; returns it cached.
+
+        The table is computed once, in parallel, into the cache; the write
+        coalesces that to one file, and later collects read the cache.
+        """
         path = f"{self.uri.rstrip('/')}/{name}"
-        df.coalesce(1).write.mode("overwrite").parquet(path)
+        kept = df.persist()
+        self.cached.append(kept)
+        kept.coalesce(1).write.mode("overwrite").parquet(path)
         self.written.append(name)
-        return self.spark.read.parquet(path)
+        return kept
 
 
 def run(spark: SparkSession, cfg: JobConfig, progress: Progress = print) -> dict[str, Any]:
@@ -207,7 +214,10 @@ class _Job:
             )
             self.names = {int(r["nid"]): str(r["name"]) for r in latest.collect()}
         self.tables = _Tables(
-            self.spark, cfg.tables_uri or (self.out / "tables").resolve().as_uri(), self.ids
+            self.spark,
+            cfg.tables_uri or (self.out / "tables").resolve().as_uri(),
+            self.ids,
+            self.cached,
         )
         self._span()
 
@@ -283,9 +293,17 @@ class _Job:
         """Connected components per window, partitions, partition_components, partition_events."""
         t, w = self.tables, self.w
         in_span = self.windows.select("win")
-        edges = partitions.window_edges(self.lw).join(in_span, on="win", how="inner")
-        vertices = partitions.window_vertices(edges, self.evidence).join(
-            in_span, on="win", how="inner"
+        edges = (
+            partitions.window_edges(self.lw)
+            .join(in_span, on="win", how="inner")
+            .select("a", "b", "win")
+            .localCheckpoint(eager=True)
+        )
+        vertices = (
+            partitions.window_vertices(edges, self.evidence)
+            .join(in_span, on="win", how="inner")
+            .select("nid", "win")
+            .localCheckpoint(eager=True)
         )
         labels, rounds, graphs = partitions.window_components(
             vertices.select("nid", "win"),

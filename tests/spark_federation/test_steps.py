@@ -15,8 +15,11 @@ from spark_federation.links import (
     link_health,
     link_hours,
     link_windows,
+    pong_histogram,
+    rtt_histogram,
 )
 from spark_federation.partitions import connected_components
+from spark_federation.quantiles import log_bucket, log_bucket_value, quantiles
 from spark_federation.schema import LINK_DOWN, LINK_UP, MISS
 from spark_federation.timeline import runs
 
@@ -152,5 +155,23 @@ def test_link_hour_without_pings_has_no_loss(spark: Any) -> None:
         "nid long, pid long, kind byte, seq long, ts long, rtt_ms double, relay boolean,"
         " vid long, clock_offset_ms double",
     )
-    health = link_health(link_windows(hb, W), link_hours(hb), flap_events(hb)).collect()
+    rtt = link_hours(rtt_histogram(pong_histogram(hb)))
+    health = link_health(link_windows(hb, W), rtt, flap_events(hb)).collect()
     assert [(r["pings"], r["loss_pct"], r["rtt_p50_ms"]) for r in health] == [(0, None, None)]
+
+
+def test_histogram_quantiles_are_nearest_rank(spark: Any) -> None:
+    """Buckets 1..10 with one row each: p10 is bucket 1, the median 5, p90 9, p100 10."""
+    hist = spark.createDataFrame([(1, b, 1) for b in range(1, 11)], "g long, bucket long, n long")
+    got = quantiles(hist, ["g"], [0.1, 0.5, 0.9, 1.0]).collect()
+    assert [(r["g"], list(r["q"])) for r in got] == [(1, [1, 5, 9, 10])]
+
+
+def test_log_buckets_hold_rtt_within_tolerance(spark: Any) -> None:
+    """A bucket's middle is within 2.2 % of every RTT that falls into it."""
+    values = [0.3, 1.0, 3.4, 17.0, 250.0, 4000.0]
+    df = spark.createDataFrame([(v,) for v in values], "v double")
+    mids = [r["m"] for r in df.select(log_bucket_value(log_bucket(df["v"])).alias("m")).collect()]
+    assert [True] * len(values) == [
+        abs(m - v) / v <= 0.022 for m, v in zip(mids, values, strict=True)
+    ]
