@@ -3,15 +3,18 @@
 Spec §11: 10 million heartbeat records in < 120 s in local mode. Each size is
 generated once (Parquet, one export per node, own beacons, no traces) into
 ``--data`` and reused by later runs; each job runs in a fresh process, so JVM
-start-up is inside the measured time, as it is for an admin.
+start-up is inside the measured time, as it is for an admin. The machine is
+shared, so each size can run ``--repeat`` times: the best time is reported,
+with every run's time and the 1-minute load average around it.
 
-    python bench/bench_mesh_health.py --records 1M,3M,10M --data /tmp/mesh-bench
+    python bench/bench_mesh_health.py --records 1M,3M,10M --repeat 2 --data /tmp/mesh-bench
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -32,8 +35,10 @@ def _config(records: int, nodes: int, seed: int) -> SynthConfig:
     """Hours of a ``nodes``-node community that give about ``records`` heartbeat records."""
     links = len(_build_scenario(SynthConfig(nodes=nodes, seed=seed)).links)
     per_hour = 2 * links * HOUR_MS / HEARTBEAT_MS
+    # outages, the partition and closed links remove ~4 % of the pings
+    hours = records / per_hour * 1.045
     return SynthConfig(
-        nodes=nodes, hours=records / per_hour, seed=seed, fmt="parquet", beacons="own", traces=False
+        nodes=nodes, hours=hours, seed=seed, fmt="parquet", beacons="own", traces=False
     )
 
 
@@ -46,8 +51,11 @@ def main() -> int:
     p.add_argument("--data", default="/tmp/mesh-bench", help="where inputs are generated")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--driver-memory", default="3g")
+    p.add_argument("--repeat", type=int, default=1, help="runs per size; the best is reported")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
+    Path(args.data).mkdir(parents=True, exist_ok=True)
+    (Path(args.data) / "bench.pid").write_text(str(os.getpid()))
     results = []
     for size in [_count(s) for s in args.records.split(",")]:
         data = Path(args.data) / f"records-{size}"
@@ -63,40 +71,47 @@ def main() -> int:
                 flush=True,
             )
         made_records = json.loads(marker.read_text())["records"]
-        t = time.monotonic()
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "spark_federation.mesh_health",
-                "--input",
-                str(data / "input"),
-                "--out",
-                str(data / "out"),
-                "--master",
-                args.master,
-                "--driver-memory",
-                args.driver_memory,
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        elapsed = time.monotonic() - t
-        if done.returncode != 0:
-            print(done.stdout[-2000:], done.stderr[-4000:], file=sys.stderr)
-            return 1
+        runs = []
+        for _ in range(args.repeat):
+            load_before = os.getloadavg()[0]
+            t = time.monotonic()
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "spark_federation.mesh_health",
+                    "--input",
+                    str(data / "input"),
+                    "--out",
+                    str(data / "out"),
+                    "--master",
+                    args.master,
+                    "--driver-memory",
+                    args.driver_memory,
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            elapsed = time.monotonic() - t
+            if done.returncode != 0:
+                print(done.stdout[-2000:], done.stderr[-4000:], file=sys.stderr)
+                return 1
+            runs.append((elapsed, max(load_before, os.getloadavg()[0])))
+            print(f"{made_records} records: {elapsed:.1f}s (load {runs[-1][1]:.1f})", flush=True)
         summary = json.loads((data / "out" / "summary.json").read_text())
+        best = min(runs)
         results.append(
             {
                 "records": made_records,
-                "seconds": round(elapsed, 1),
-                "records_per_s": round(made_records / elapsed),
+                "seconds": round(best[0], 1),
+                "all_seconds": [round(r[0], 1) for r in runs],
+                "load": [round(r[1], 1) for r in runs],
+                "records_per_s": round(made_records / best[0]),
                 "partitions": len(summary["partitions"]),
                 "outages": len(summary["outages"]),
             }
         )
-        print(f"{made_records} records: {elapsed:.1f}s", flush=True)
     print("\n| records | seconds | records/s | partitions | outages |")
     print("|---:|---:|---:|---:|---:|")
     for r in results:
