@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from spark_federation.params import HEARTBEAT_MS, HOUR_MS
-from spark_federation.synth import SynthConfig, _build_scenario, generate
+from spark_federation.synth import SynthConfig, build_scenario, generate
 
 TARGET_S = 120.0
 
@@ -34,7 +34,7 @@ def _count(text: str) -> int:
 
 def _config(records: int, nodes: int, seed: int) -> SynthConfig:
     """Hours of a ``nodes``-node community that give about ``records`` heartbeat records."""
-    links = len(_build_scenario(SynthConfig(nodes=nodes, seed=seed)).links)
+    links = len(build_scenario(SynthConfig(nodes=nodes, seed=seed)).links)
     per_hour = 2 * links * HOUR_MS / HEARTBEAT_MS
     # outages, the partition and closed links remove ~4 % of the pings
     hours = records / per_hour * 1.045

@@ -18,8 +18,15 @@ import bisect
 import math
 import random
 from dataclasses import dataclass, field
+from typing import Literal
 
 from spark_federation.params import HEARTBEAT_MS, MISSES_TO_DOWN
+
+Format = Literal["jsonl", "parquet"]
+BeaconMode = Literal["all", "own", "none"]
+VERSION = "0.3.0"
+DEFAULT_START_MS = 1_763_798_400_000  # 2025-11-22T08:00:00Z, an hour boundary
+BEACON_MS = 30_000  # spec §7.5
 
 BACKOFF_MS = (500, 1_000, 2_000, 4_000, 8_000, 16_000, 30_000)  # spec §7.2
 ORDINARY_LOSS = 0.002  # share of pings lost on a healthy link (single misses only)
@@ -221,3 +228,59 @@ def _redial(t_down: float, broken: Timeline, restarts: list[int], rng: random.Ra
             candidates.append(dial)
             break
     return min(candidates) if candidates else math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class InjectedEvent:
+    """One thing the generator made happen, in true time.
+
+    Attributes:
+        kind: ``node_down``, ``partition``, ``flapping_link``, ``relay_only`` or ``clock_skew``.
+        nodes: the nodes involved (for a link: its two ends, sorted).
+        start_ms: when it began (None for standing conditions such as relay_only).
+        end_ms: when it ended as the mesh saw it (restart, first link back).
+        groups: for a partition, the node groups that lost sight of each other.
+        value: clock offset in ms for clock_skew, down→up cycles for flapping_link.
+    """
+
+    kind: str
+    nodes: tuple[str, ...]
+    start_ms: int | None = None
+    end_ms: int | None = None
+    groups: tuple[tuple[str, ...], ...] = ()
+    value: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SynthConfig:
+    """What to generate; every default gives a small community with one event of each kind."""
+
+    nodes: int = 5
+    hours: float = 2.0
+    seed: int = 0
+    start_ms: int = DEFAULT_START_MS
+    heartbeat_ms: int = HEARTBEAT_MS
+    partitions: tuple[tuple[int, int], ...] | None = None  # (offset_ms, duration_ms)
+    down: int = 1
+    flapping: int = 1
+    relay_only: int = 1
+    skewed: int = 1
+    duplicates: int = 0
+    malformed: int = 0
+    fmt: Format = "jsonl"
+    beacons: BeaconMode = "all"
+    traces: bool = True
+    trace_interval_ms: int = 15_000
+
+
+@dataclass(slots=True)
+class Scenario:
+    """A generated community: nodes, links, outages, link impairments and injected events."""
+
+    nodes: dict[str, SimNode]
+    order: list[str]
+    links: list[SimLink]
+    outages: dict[str, Timeline]
+    link_breaks: dict[int, list[Interval]]
+    events: list[InjectedEvent]
+    partition_groups: list[tuple[int, int, set[str]]]
