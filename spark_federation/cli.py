@@ -1,0 +1,141 @@
+"""``hearthnet mesh health``: argument parsing, progress lines, exit codes.
+
+Exit codes follow spec §9: 0 ok, 1 error (one line on stderr, no traceback for
+bad input), 2 usage. Spark is imported only after the arguments parse, so
+``--help`` and usage errors work without the ``analysis`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from spark_federation.errors import MeshHealthError
+from spark_federation.params import JobConfig, Thresholds, parse_duration_ms, parse_time_ms
+
+INSTALL_HINT = "pip install 'hearthnet[analysis]'"
+_DEFAULTS = Thresholds()
+
+
+def build_parser(prog: str = "hearthnet mesh health") -> argparse.ArgumentParser:
+    """The argument parser shared by the node's CLI, ``python -m`` and spark-submit."""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Mesh-health analysis of exported heartbeat logs (PySpark).",
+    )
+    p.add_argument("--input", required=True, help="directory or Hadoop URI holding export dirs")
+    p.add_argument("--out", required=True, help="local directory for summary.json and report.html")
+    p.add_argument(
+        "--master", help="Spark master URL (default local[*]; spark-submit sets its own)"
+    )
+    p.add_argument("--window", default="1m", help="analysis window (default 1m)")
+    p.add_argument(
+        "--since", help="ignore records before: 24h (back from now), Unix ms or ISO-8601"
+    )
+    p.add_argument("--until", help="ignore records from this time on (same forms as --since)")
+    p.add_argument("--tables", help="where to write Parquet tables (default OUT/tables)")
+    p.add_argument(
+        "--flap-threshold",
+        type=int,
+        default=_DEFAULTS.flap_threshold,
+        help="down→up cycles within an hour that make a link flapping (default 3)",
+    )
+    p.add_argument(
+        "--skew-threshold-ms",
+        type=float,
+        default=_DEFAULTS.skew_threshold_ms,
+        help="clock offset that makes a node skewed (default 500)",
+    )
+    p.add_argument(
+        "--max-iterations",
+        type=int,
+        default=_DEFAULTS.max_iterations,
+        help="bound on connected-components rounds (default 40)",
+    )
+    p.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions")
+    p.add_argument("--driver-memory", default="2g", help="driver memory in local mode (default 2g)")
+    p.add_argument("--no-report", action="store_true", help="skip report.html and charts")
+    p.add_argument("--ui", action="store_true", help="enable the Spark UI (for profiling)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> JobConfig:
+    """Turn parsed arguments into a :class:`JobConfig` (raises MeshHealthError if invalid)."""
+    now = int(time.time() * 1000)
+    return JobConfig(
+        input_uri=args.input,
+        out_dir=args.out,
+        tables_uri=args.tables,
+        window_ms=parse_duration_ms(args.window),
+        since_ms=parse_time_ms(args.since, now_ms=now) if args.since else None,
+        until_ms=parse_time_ms(args.until, now_ms=now) if args.until else None,
+        thresholds=Thresholds(
+            flap_threshold=args.flap_threshold,
+            skew_threshold_ms=args.skew_threshold_ms,
+            max_iterations=args.max_iterations,
+        ),
+        report=not args.no_report,
+    )
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "hearthnet mesh health") -> int:
+    """Run the job from command-line arguments; returns the exit code."""
+    parser = build_parser(prog)
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
+        return int(exc.code or 0)
+    try:
+        cfg = config_from_args(args)
+    except MeshHealthError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    if "://" not in args.input and not Path(args.input).exists():
+        print(f"{prog}: error: input {args.input} does not exist", file=sys.stderr)
+        return 1
+    try:
+        # imported here, not at the top: --help and usage errors must work without pyspark
+        from spark_federation import mesh_health  # noqa: PLC0415
+    except ImportError as exc:
+        print(
+            f"{prog}: error: PySpark is not installed ({exc.name}): {INSTALL_HINT}", file=sys.stderr
+        )
+        return 1
+
+    def progress(line: str) -> None:
+        if not args.quiet:
+            print(f"mesh health {line}", flush=True)
+
+    spark = None
+    try:
+        spark = mesh_health.build_session(
+            args.master,
+            driver_memory=args.driver_memory,
+            shuffle_partitions=args.shuffle_partitions,
+            ui=args.ui,
+        )
+        summary = mesh_health.run(spark, cfg, progress)
+    except MeshHealthError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # Spark/JVM failure: one line, full detail only on request
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"{prog}: error: Spark job failed: {first}", file=sys.stderr)
+        return 1
+    finally:
+        if spark is not None:
+            spark.stop()
+    progress(
+        f"done: {summary['nodes']} nodes, {len(summary['partitions'])} partitions,"
+        f" {len(summary['outages'])} outages, {len(summary['flapping_links'])} flapping links,"
+        f" {len(summary['relay_only_nodes'])} relay-only, {len(summary['skewed_nodes'])} skewed"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

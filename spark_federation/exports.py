@@ -1,0 +1,373 @@
+"""Finding, reading, validating and deduplicating exported records (spec §7.5).
+
+An input directory holds export dirs at any depth; each has ``heartbeats/``,
+and optionally ``beacons/`` and ``traces/``, with ``*.jsonl``, ``*.jsonl.gz`` or
+``*.parquet`` files. Files are listed through the Hadoop FileSystem of the
+input URI, so ``file:``, ``hdfs:``, ``s3a:`` and the rest work alike.
+
+Inside the pipeline a NodeID is its ``xxhash64`` (a long): shuffles and caches
+carry 8 bytes instead of 51 characters, and :func:`node_dictionary` maps ids
+back to NodeIDs for the outputs. Two of the few thousand NodeIDs of a
+federation sharing a 64-bit hash is a chance of about 1e-12.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as sf
+
+from spark_federation.errors import MeshHealthError
+from spark_federation.schema import CORRUPT, KIND_CODES, SCHEMAS, with_corrupt
+
+KINDS = ("heartbeats", "beacons", "traces")
+NODE_ID_LENGTH = 51  # spec §1.1: "ed25519:" + 43 base64url characters
+OK, MALFORMED, OUT_OF_RANGE = 0, 1, 2
+
+
+@dataclass(slots=True)
+class ExportFiles:
+    """Record files found under the input, by kind and format."""
+
+    jsonl: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    parquet: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    exports: set[str] = field(default_factory=set)
+
+    def count(self, kind: str) -> int:
+        """How many files of this kind were found."""
+        return len(self.jsonl[kind]) + len(self.parquet[kind])
+
+
+def discover(spark: SparkSession, input_uri: str) -> ExportFiles:
+    """List the record files of every export dir under ``input_uri`` (any depth).
+
+    Raises:
+        MeshHealthError: the input does not exist or holds no heartbeat files.
+    """
+    jvm: Any = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    root = jvm.org.apache.hadoop.fs.Path(input_uri)
+    try:
+        fs = root.getFileSystem(conf)
+        exists = fs.exists(root)
+    except Exception as exc:  # py4j wraps the Hadoop IOException
+        raise MeshHealthError(f"cannot open input {input_uri}: {_java_message(exc)}") from exc
+    if not exists:
+        raise MeshHealthError(f"input {input_uri} does not exist")
+    found = ExportFiles()
+    listing = fs.listFiles(root, True)
+    while listing.hasNext():
+        path = listing.next().getPath()
+        name = str(path.getName())
+        parent = path.getParent()
+        kind = str(parent.getName())
+        if kind not in KINDS or name.startswith((".", "_")):
+            continue
+        uri = str(path.toString())
+        if name.endswith((".jsonl", ".jsonl.gz")):
+            found.jsonl[kind].append(uri)
+        elif name.endswith(".parquet"):
+            found.parquet[kind].append(uri)
+        else:
+            continue
+        found.exports.add(str(parent.getParent().toString()))
+    if found.count("heartbeats") == 0:
+        raise MeshHealthError(
+            f"no heartbeat files under {input_uri}: expected export dirs with"
+            " heartbeats/*.jsonl or heartbeats/*.parquet (hearthnet heartbeat export)"
+        )
+    return found
+
+
+def _java_message(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def read_raw(spark: SparkSession, files: ExportFiles, kind: str) -> DataFrame | None:
+    """Read every file of one kind with its explicit schema; None when there are none.
+
+    The columns are the schema's, ``_corrupt_record`` and ``file`` (the path the
+    row came from; Spark prunes it where it is not used).
+
+    JSON lines are parsed PERMISSIVE: a line that is not JSON, is cut off, or
+    has a field of the wrong type keeps its text in ``_corrupt_record`` and is
+    counted as skipped later, never failing the job.
+    """
+    schema = SCHEMAS[kind]
+    parts: list[DataFrame] = []
+    if files.jsonl[kind]:
+        parts.append(
+            spark.read.schema(with_corrupt(schema))
+            .option("mode", "PERMISSIVE")
+            .option("columnNameOfCorruptRecord", CORRUPT)
+            .json(files.jsonl[kind])
+            .select(*schema.fieldNames(), CORRUPT, sf.col("_metadata.file_path").alias("file"))
+        )
+    if files.parquet[kind]:
+        parts.append(
+            spark.read.schema(schema)
+            .parquet(*files.parquet[kind])
+            .select(
+                *schema.fieldNames(),
+                sf.lit(None).cast("string").alias(CORRUPT),
+                sf.col("_metadata.file_path").alias("file"),
+            )
+        )
+    if not parts:
+        return None
+    raw = parts[0]
+    for part in parts[1:]:
+        raw = raw.unionByName(part)
+    return raw
+
+
+def node_ok(c: Column) -> Column:
+    """A NodeID of the spec §1.1 form (never null: a missing id is not well formed)."""
+    return sf.coalesce((sf.length(c) == NODE_ID_LENGTH) & c.startswith("ed25519:"), sf.lit(False))
+
+
+def node_key(c: Column) -> Column:
+    """The long that stands for a NodeID inside the pipeline (null stays null)."""
+    return sf.when(c.isNotNull(), sf.xxhash64(c))
+
+
+def _status(well_formed: Column, ts: Column, since_ms: int | None, until_ms: int | None) -> Column:
+    in_range = sf.lit(True)
+    if since_ms is not None:
+        in_range = in_range & (ts >= sf.lit(since_ms))
+    if until_ms is not None:
+        in_range = in_range & (ts < sf.lit(until_ms))
+    return (
+        sf.when(~sf.coalesce(well_formed, sf.lit(False)), sf.lit(MALFORMED))
+        .when(~in_range, sf.lit(OUT_OF_RANGE))
+        .otherwise(sf.lit(OK))
+        .cast("byte")
+    )
+
+
+def clean_heartbeats(
+    raw: DataFrame, since_ms: int | None = None, until_ms: int | None = None
+) -> DataFrame:
+    """Classify each heartbeat row (ok, malformed, out of range) and encode the ok ones.
+
+    Malformed: unparseable or mistyped line, missing ts/node/peer/kind, a kind
+    or path outside spec §7.5, a malformed NodeID, a node pinging itself, or a
+    negative RTT. Key columns of rows that are not ok are null, so the dedup
+    step folds each such class into one group and counts it.
+    """
+    kind_code = sf.lit(None).cast("byte")
+    for name, code in reversed(KIND_CODES.items()):
+        kind_code = sf.when(sf.col("kind") == name, sf.lit(code).cast("byte")).otherwise(kind_code)
+    well_formed = (
+        sf.col(CORRUPT).isNull()
+        & sf.col("ts").isNotNull()
+        & (sf.col("ts") > 0)
+        & node_ok(sf.col("node"))
+        & node_ok(sf.col("peer"))
+        & (sf.col("node") != sf.col("peer"))
+        & sf.col("kind").isin(*KIND_CODES)
+        & (sf.col("path").isNull() | sf.col("path").isin("direct", "relay"))
+        & (sf.col("via").isNull() | node_ok(sf.col("via")))
+        & (sf.col("rtt_ms").isNull() | (sf.col("rtt_ms") >= 0))
+    )
+    status = _status(well_formed, sf.col("ts"), since_ms, until_ms)
+    ok = status == sf.lit(OK)
+    return raw.select(
+        status.alias("status"),
+        sf.when(ok, node_key(sf.col("node"))).alias("nid"),
+        sf.when(ok, node_key(sf.col("peer"))).alias("pid"),
+        sf.when(ok, kind_code).alias("kind"),
+        sf.when(ok, sf.col("seq")).alias("seq"),
+        sf.when(ok, sf.col("ts")).alias("ts"),
+        sf.when(ok, sf.col("rtt_ms")).alias("rtt_ms"),
+        sf.when(ok, sf.col("path") == "relay").alias("relay"),
+        sf.when(ok, node_key(sf.col("via"))).alias("vid"),
+        sf.when(ok, sf.col("clock_offset_ms")).alias("clock_offset_ms"),
+    )
+
+
+_DEDUP_COLUMNS = (
+    "status",
+    "nid",
+    "pid",
+    "kind",
+    "seq",
+    "ts",
+    "rtt_ms",
+    "relay",
+    "vid",
+    "clock_offset_ms",
+    "copies",
+)
+
+
+def multi_export_nodes(spark: SparkSession, raw: DataFrame) -> list[int]:
+    """Ids of nodes whose heartbeat records come from more than one export dir.
+
+    A node's heartbeat log holds only its own observations (spec §7.5), so the
+    same observation can be read twice only from two exports of one node (an
+    admin collected overlapping exports). Reads the node column and the file
+    name only: per file a handful of (node, file) pairs.
+    """
+    pairs = raw.select("node", "file").where(node_ok(sf.col("node"))).distinct().collect()
+    exports_of: dict[str, set[str]] = {}
+    for row in pairs:
+        export_dir = str(row["file"]).rsplit("/", 2)[0]
+        exports_of.setdefault(str(row["node"]), set()).add(export_dir)
+    multi = [node for node, dirs in exports_of.items() if len(dirs) > 1]
+    if not multi:
+        return []
+    ids = spark.createDataFrame([(n,) for n in multi], "node string")
+    return [int(r["id"]) for r in ids.select(node_key(sf.col("node")).alias("id")).collect()]
+
+
+def dedup_heartbeats(clean: DataFrame, multi_export: list[int] | None = None) -> DataFrame:
+    """One row per observation (node, peer, kind, seq, ts), with how many copies were read.
+
+    Args:
+        clean: :func:`clean_heartbeats`.
+        multi_export: ids of nodes seen in several exports (:func:`multi_export_nodes`);
+            None deduplicates every node.
+
+    Only the records of ``multi_export`` nodes are shuffled and aggregated; the
+    rest cannot hold copies and pass through with ``copies`` 1. Rows that are
+    not ok keep their status and are counted downstream.
+    """
+    suspect = sf.col("status") == sf.lit(OK)
+    if multi_export is not None:
+        suspect = suspect & sf.col("nid").isin(multi_export)
+    deduped = (
+        clean.where(suspect)
+        .groupBy("status", "nid", "pid", "kind", "seq", "ts")
+        .agg(
+            sf.first("rtt_ms", ignorenulls=True).alias("rtt_ms"),
+            sf.first("relay", ignorenulls=True).alias("relay"),
+            sf.first("vid", ignorenulls=True).alias("vid"),
+            sf.first("clock_offset_ms", ignorenulls=True).alias("clock_offset_ms"),
+            sf.count(sf.lit(1)).alias("copies"),
+        )
+        .select(*_DEDUP_COLUMNS)
+    )
+    single = clean.where(~suspect).select(
+        *_DEDUP_COLUMNS[:-1], sf.lit(1).cast("long").alias("copies")
+    )
+    return deduped.unionByName(single).select(*_DEDUP_COLUMNS)
+
+
+def ok_rows(dedup: DataFrame) -> DataFrame:
+    """The observations the analysis uses: well formed, in range, one row each."""
+    return dedup.where(sf.col("status") == sf.lit(OK)).select(
+        "nid",
+        "pid",
+        "kind",
+        "seq",
+        "ts",
+        "rtt_ms",
+        "relay",
+        "vid",
+        "clock_offset_ms",
+    )
+
+
+def clean_beacons(
+    raw: DataFrame, since_ms: int | None = None, until_ms: int | None = None
+) -> DataFrame:
+    """Classify beacon rows and deduplicate them on (node, ts): every node holds every beacon."""
+    well_formed = sf.col(CORRUPT).isNull() & sf.col("ts").isNotNull() & node_ok(sf.col("node"))
+    status = _status(well_formed, sf.col("ts"), since_ms, until_ms)
+    ok = status == sf.lit(OK)
+    return (
+        raw.select(
+            status.alias("status"),
+            sf.when(ok, node_key(sf.col("node"))).alias("nid"),
+            sf.when(ok, sf.col("ts")).alias("ts"),
+            sf.when(ok, sf.col("name")).alias("name"),
+            sf.when(ok, sf.col("uptime_s")).alias("uptime_s"),
+        )
+        .groupBy("status", "nid", "ts")
+        .agg(
+            sf.first("name", ignorenulls=True).alias("name"),
+            sf.first("uptime_s", ignorenulls=True).alias("uptime_s"),
+            sf.count(sf.lit(1)).alias("copies"),
+        )
+        .select("status", "nid", "ts", "name", "uptime_s", "copies")
+    )
+
+
+def clean_traces(
+    raw: DataFrame, since_ms: int | None = None, until_ms: int | None = None
+) -> DataFrame:
+    """Classify trace rows and deduplicate them on (node, msg_id)."""
+    well_formed = (
+        sf.col(CORRUPT).isNull()
+        & sf.col("ts").isNotNull()
+        & node_ok(sf.col("node"))
+        & node_ok(sf.col("origin"))
+        & sf.col("msg_id").isNotNull()
+        & sf.col("published_ms").isNotNull()
+        & sf.coalesce(sf.col("hops") >= 1, sf.lit(False))
+    )
+    status = _status(well_formed, sf.col("ts"), since_ms, until_ms)
+    ok = status == sf.lit(OK)
+    return (
+        raw.select(
+            status.alias("status"),
+            sf.when(ok, node_key(sf.col("node"))).alias("nid"),
+            sf.when(ok, sf.col("msg_id")).alias("msg_id"),
+            sf.when(ok, node_key(sf.col("origin"))).alias("oid"),
+            sf.when(ok, sf.col("published_ms")).alias("published_ms"),
+            sf.when(ok, sf.col("hops")).alias("hops"),
+            sf.when(ok, sf.col("ts")).alias("ts"),
+        )
+        .groupBy("status", "nid", "msg_id")
+        .agg(
+            sf.first("oid", ignorenulls=True).alias("oid"),
+            sf.first("published_ms", ignorenulls=True).alias("published_ms"),
+            sf.first("hops", ignorenulls=True).alias("hops"),
+            sf.first("ts", ignorenulls=True).alias("ts"),
+            sf.count(sf.lit(1)).alias("copies"),
+        )
+        .select("status", "nid", "msg_id", "oid", "published_ms", "hops", "ts", "copies")
+    )
+
+
+def record_counts(dedup: DataFrame) -> dict[str, int]:
+    """``records`` (unique ok), ``duplicates``, ``skipped`` (malformed), ``out_of_range``.
+
+    One small aggregate over the deduplicated rows; call it on a cached frame.
+    """
+    rows = (
+        dedup.groupBy("status")
+        .agg(sf.count(sf.lit(1)).alias("rows"), sf.sum("copies").alias("copies"))
+        .collect()
+    )
+    counts = {"records": 0, "duplicates": 0, "skipped": 0, "out_of_range": 0}
+    for row in rows:
+        if row["status"] == OK:
+            counts["records"] = int(row["rows"])
+            counts["duplicates"] = int(row["copies"]) - int(row["rows"])
+        elif row["status"] == MALFORMED:
+            counts["skipped"] = int(row["copies"])
+        else:
+            counts["out_of_range"] = int(row["copies"])
+    return counts
+
+
+def node_dictionary(raws: list[DataFrame]) -> DataFrame:
+    """``(id, node)`` for every well-formed NodeID named anywhere in the raw inputs.
+
+    Each NodeID column is reduced on its own (a partial distinct per file keeps a
+    handful of values) before the union, so the pass reads only those columns.
+    """
+    names: DataFrame | None = None
+    for raw in raws:
+        for c in ("node", "peer", "via", "origin"):
+            if c in raw.columns:
+                part = raw.select(sf.col(c).alias("node")).where(node_ok(sf.col("node"))).distinct()
+                names = part if names is None else names.unionByName(part)
+    if names is None:
+        raise MeshHealthError("no inputs to build the node dictionary from")
+    return names.distinct().select(node_key(sf.col("node")).alias("id"), sf.col("node"))

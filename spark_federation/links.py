@@ -1,0 +1,225 @@
+"""Link quality per (node, peer) and hour, and which links flap (spec §10).
+
+Loss is the share of pings without a pong. A *flap* is a ``link_up`` that
+follows a ``link_down`` on the same directed link (down→up). A single missed
+pong never closes a link (three do, spec §7.5), so it never makes a flap.
+
+The deduplicated records are read in few passes: :func:`link_windows` counts
+each directed link's observations per window (availability, edges of the
+up-link graph and relay dependence derive from it), and :func:`pong_histogram`
+counts its pongs per hour, RTT bucket and clock-offset millisecond (hourly and
+whole-span RTT quantiles and the clock-skew estimate derive from it). Both
+aggregate map-side before any shuffle, so only their small partial results move.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as sf
+
+from spark_federation.params import HOUR_MS
+from spark_federation.quantiles import log_bucket, log_bucket_value, quantiles
+from spark_federation.schema import LINK_DOWN, LINK_UP, MISS, PONG
+from spark_federation.timeline import hour_of, window_of
+
+RTT_QUANTILES = [0.05, 0.25, 0.5, 0.75, 0.95, 0.99]
+
+
+def _count(kind: int) -> Column:
+    return sf.sum((sf.col("kind") == kind).cast("int"))
+
+
+def link_windows(hb: DataFrame, window_ms: int) -> DataFrame:
+    """Per directed link and window: counts of each kind, relayed pings, the relay, time bounds.
+
+    Returns:
+        ``nid, pid, win, records, pongs, misses, ups, downs, relayed, vid, lo_ts, hi_ts``;
+        ``relayed`` counts pings (pongs and misses) that went via a relay.
+    """
+    return (
+        hb.select(
+            "nid",
+            "pid",
+            window_of(sf.col("ts"), window_ms).alias("win"),
+            "kind",
+            "ts",
+            (sf.coalesce(sf.col("relay"), sf.lit(False)) & sf.col("kind").isin(PONG, MISS)).alias(
+                "relayed"
+            ),
+            "vid",
+        )
+        .groupBy("nid", "pid", "win")
+        .agg(
+            sf.count(sf.lit(1)).alias("records"),
+            _count(PONG).alias("pongs"),
+            _count(MISS).alias("misses"),
+            _count(LINK_UP).alias("ups"),
+            _count(LINK_DOWN).alias("downs"),
+            sf.sum(sf.col("relayed").cast("int")).alias("relayed"),
+            sf.max("vid").alias("vid"),
+            sf.min("ts").alias("lo_ts"),
+            sf.max("ts").alias("hi_ts"),
+        )
+        .select(
+            "nid",
+            "pid",
+            "win",
+            "records",
+            "pongs",
+            "misses",
+            "ups",
+            "downs",
+            "relayed",
+            "vid",
+            "lo_ts",
+            "hi_ts",
+        )
+    )
+
+
+def pong_histogram(hb: DataFrame) -> DataFrame:
+    """Pongs per directed link, hour, RTT bucket and clock-offset millisecond.
+
+    One pass serves both the RTT quantiles and the clock-skew estimate: within a
+    link-hour RTT and offset each take a few dozen values, so the table stays small.
+
+    Returns:
+        ``nid, pid, hour_ms, bucket`` (log-spaced RTT), ``offset_ms`` (rounded), ``n``.
+    """
+    return (
+        hb.where(sf.col("kind") == PONG)
+        .select(
+            "nid",
+            "pid",
+            hour_of(sf.col("ts")).alias("hour_ms"),
+            log_bucket(sf.col("rtt_ms")).alias("bucket"),
+            sf.round("clock_offset_ms").cast("long").alias("offset_ms"),
+        )
+        .groupBy("nid", "pid", "hour_ms", "bucket", "offset_ms")
+        .agg(sf.count(sf.lit(1)).alias("n"))
+        .select("nid", "pid", "hour_ms", "bucket", "offset_ms", "n")
+    )
+
+
+def rtt_histogram(pongs: DataFrame) -> DataFrame:
+    """Pongs per directed link, hour and RTT bucket: ``nid, pid, hour_ms, bucket, n``."""
+    return (
+        pongs.where(sf.col("bucket").isNotNull())
+        .groupBy("nid", "pid", "hour_ms", "bucket")
+        .agg(sf.sum("n").alias("n"))
+        .select("nid", "pid", "hour_ms", "bucket", "n")
+    )
+
+
+def _values(q: Column) -> Column:
+    return sf.transform(q, log_bucket_value)
+
+
+def link_hours(hist: DataFrame) -> DataFrame:
+    """Per directed link and hour: ``nid, pid, hour_ms, rtt_q`` (ms at :data:`RTT_QUANTILES`)."""
+    keys = ["nid", "pid", "hour_ms"]
+    return quantiles(hist, keys, RTT_QUANTILES).select(*keys, _values(sf.col("q")).alias("rtt_q"))
+
+
+def flap_events(hb: DataFrame) -> DataFrame:
+    """Every down→up transition: ``nid, pid, ts`` of the ``link_up`` that ended a down."""
+    events = hb.where(sf.col("kind").isin(LINK_UP, LINK_DOWN)).select("nid", "pid", "ts", "kind")
+    ordered = Window.partitionBy("nid", "pid").orderBy("ts", "kind").rowsBetween(-1, -1)
+    return (
+        events.select("nid", "pid", "ts", "kind", sf.lag("kind", 1).over(ordered).alias("prev"))
+        .where((sf.col("kind") == LINK_UP) & (sf.col("prev") == LINK_DOWN))
+        .select("nid", "pid", "ts")
+    )
+
+
+def link_health(lw: DataFrame, lh: DataFrame, flaps: DataFrame) -> DataFrame:
+    """Per directed link and hour: pings, pongs, loss %, RTT p50/p95/p99, flaps, relay share.
+
+    Args:
+        lw: :func:`link_windows`.
+        lh: :func:`link_hours` (RTT quantiles).
+        flaps: :func:`flap_events`.
+
+    Returns:
+        ``nid, pid, hour_ms, pings, pongs, misses, loss_pct, rtt_p50_ms, rtt_p95_ms,
+        rtt_p99_ms, flaps, relayed_share``.
+    """
+    counts = (
+        lw.select(
+            "nid", "pid", hour_of(sf.col("win")).alias("hour_ms"), "pongs", "misses", "relayed"
+        )
+        .groupBy("nid", "pid", "hour_ms")
+        .agg(
+            sf.sum("pongs").alias("pongs"),
+            sf.sum("misses").alias("misses"),
+            sf.sum("relayed").alias("relayed"),
+        )
+    )
+    hourly_flaps = (
+        flaps.select("nid", "pid", hour_of(sf.col("ts")).alias("hour_ms"))
+        .groupBy("nid", "pid", "hour_ms")
+        .agg(sf.count(sf.lit(1)).alias("flaps"))
+    )
+    pings = sf.col("pongs") + sf.col("misses")
+    keys = ["nid", "pid", "hour_ms"]
+    return (
+        counts.join(lh, on=keys, how="left")
+        .join(hourly_flaps, on=keys, how="left")
+        .select(
+            *keys,
+            pings.alias("pings"),
+            "pongs",
+            "misses",
+            sf.try_divide(sf.lit(100.0) * sf.col("misses"), pings).alias("loss_pct"),
+            sf.col("rtt_q")[2].alias("rtt_p50_ms"),
+            sf.col("rtt_q")[4].alias("rtt_p95_ms"),
+            sf.col("rtt_q")[5].alias("rtt_p99_ms"),
+            sf.coalesce(sf.col("flaps"), sf.lit(0)).alias("flaps"),
+            sf.try_divide(sf.col("relayed"), pings).alias("relayed_share"),
+        )
+    )
+
+
+def flapping_links(flaps: DataFrame, threshold: int) -> DataFrame:
+    """Undirected links with at least ``threshold`` flaps within some hour (sliding).
+
+    Both ends record each flap, so a link's count is the larger of its two
+    directions (one end's export may be missing). Returns ``a, b, flaps,
+    max_per_hour`` with ``a < b`` as ids; the summary orders them as NodeIDs.
+    """
+    per_hour = Window.partitionBy("nid", "pid").orderBy("ts").rangeBetween(-(HOUR_MS - 1), 0)
+    directed = (
+        flaps.select("nid", "pid", sf.count(sf.lit(1)).over(per_hour).alias("in_hour"))
+        .groupBy("nid", "pid")
+        .agg(sf.count(sf.lit(1)).alias("flaps"), sf.max("in_hour").alias("max_per_hour"))
+    )
+    return (
+        directed.select(
+            sf.least("nid", "pid").alias("a"),
+            sf.greatest("nid", "pid").alias("b"),
+            "flaps",
+            "max_per_hour",
+        )
+        .groupBy("a", "b")
+        .agg(sf.max("flaps").alias("flaps"), sf.max("max_per_hour").alias("max_per_hour"))
+        .where(sf.col("max_per_hour") >= sf.lit(threshold))
+        .select("a", "b", "flaps", "max_per_hour")
+    )
+
+
+def link_rtt_distribution(hist: DataFrame) -> DataFrame:
+    """Per undirected link over the whole span: ``a, b, q`` (ms at :data:`RTT_QUANTILES`),
+    ``pongs``; both directions' pongs count (for the report's chart)."""
+    per_link = (
+        hist.select(
+            sf.least("nid", "pid").alias("a"), sf.greatest("nid", "pid").alias("b"), "bucket", "n"
+        )
+        .groupBy("a", "b", "bucket")
+        .agg(sf.sum("n").alias("n"))
+    )
+    pongs = per_link.groupBy("a", "b").agg(sf.sum("n").alias("pongs"))
+    return (
+        quantiles(per_link, ["a", "b"], RTT_QUANTILES)
+        .join(pongs, on=["a", "b"], how="inner")
+        .select("a", "b", _values(sf.col("q")).alias("q"), "pongs")
+    )

@@ -1,0 +1,72 @@
+"""Shared Spark fixtures: one local SparkSession, one job run on synthetic known-answer data."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_federation.mesh_health import build_session, run
+from spark_federation.params import JobConfig
+from spark_federation.synth import SynthConfig, SynthResult, generate
+
+WINDOW_MS = 60_000
+
+# The synthetic community every verdict test reads: 5 nodes, 2 hours, one event of
+# each kind, overlapping re-exports and every kind of malformed line twice.
+SYNTH = SynthConfig(nodes=5, hours=2.0, seed=11, duplicates=40, malformed=16)
+
+
+# Only loopback exists here; without this Spark binds the first interface it finds.
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+# PySpark reads results from the JVM over a local socket that it leaves to the garbage
+# collector (pyspark/serializers.py); with filterwarnings=error that close becomes a
+# failure in whatever test runs next. Ignore exactly that, for tests in this directory.
+_PYSPARK_SOCKET_WARNINGS = (
+    "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning",
+    "ignore:unclosed <socket.socket:ResourceWarning",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Apply the PySpark socket filters to the tests of this directory."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            for spec in _PYSPARK_SOCKET_WARNINGS:
+                item.add_marker(pytest.mark.filterwarnings(spec))
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """A local[2] SparkSession with few shuffle partitions and no UI, shared by all Spark tests."""
+    pytest.importorskip("pyspark")
+
+    session = build_session("local[2]", driver_memory="1g", shuffle_partitions=4)
+    yield session
+    session.stop()
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """The generated input, what the generator injected, and the job's outputs."""
+
+    input_dir: Path
+    out_dir: Path
+    synth: SynthResult
+    summary: dict[str, Any]
+
+
+@pytest.fixture(scope="session")
+def synth_run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> JobRun:
+    """Generate the synthetic community and run the whole job on it once."""
+    base = tmp_path_factory.mktemp("mesh")
+    result = generate(SYNTH, base / "input")
+    out = base / "out"
+    summary = run(spark, JobConfig(str(base / "input"), str(out), window_ms=WINDOW_MS), print)
+    return JobRun(base / "input", out, result, summary)

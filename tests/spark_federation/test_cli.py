@@ -1,0 +1,44 @@
+"""The command line: usage errors, clear one-line errors, the install hint (no Spark started)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spark_federation.cli import INSTALL_HINT, main
+
+
+def test_usage_error_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """Missing --out is a usage error: exit 2 and argparse's usage line."""
+    assert main(["--input", "x"]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+def test_bad_window_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """A window that does not divide an hour is refused before Spark starts."""
+    assert main(["--input", "x", "--out", "y", "--window", "7m"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (len(err), "does not divide an hour" in err[0]) == (1, True)
+
+
+def test_missing_local_input_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A local input path that does not exist is one line on stderr and exit 1, no traceback."""
+    assert main(["--input", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (len(err), "does not exist" in err[0]) == (1, True)
+
+
+def test_without_pyspark_says_how_to_install(tmp_path: Path) -> None:
+    """With pyspark unimportable the CLI exits 1 and prints the pip command for the extra."""
+    code = (
+        "import sys; sys.modules['pyspark'] = None\n"
+        "from spark_federation.cli import main\n"
+        f"sys.exit(main(['--input', {str(tmp_path)!r}, '--out', {str(tmp_path / 'o')!r}]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (done.returncode, INSTALL_HINT in done.stderr) == (1, True)

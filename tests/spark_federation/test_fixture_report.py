@@ -1,0 +1,106 @@
+"""The report from a committed fixture: every chart is a real PNG, the verdicts match the fixture.
+
+Point ``HEARTHNET_MESH_FIXTURE`` at another export directory (the real 5-node
+mesh fixture) to check it the same way; an ``expected.json`` beside its exports
+(the format :func:`spark_federation.synth.events_to_json` writes) adds the
+comparison of verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_federation.mesh_health import run
+from spark_federation.params import JobConfig
+from spark_federation.synth import InjectedEvent
+from tests.spark_federation.verdicts import match_outage, within_window
+
+pytestmark = pytest.mark.spark
+
+DEFAULT_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "heartbeats_synth"
+FIXTURE = Path(os.environ.get("HEARTHNET_MESH_FIXTURE", DEFAULT_FIXTURE))
+CHARTS = ("availability.png", "rtt.png", "partitions.png", "relays.png")
+WINDOW_MS = 60_000
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    width, height = struct.unpack(">II", data[16:24])
+    return int(width), int(height)
+
+
+@pytest.fixture(scope="module")
+def fixture_report(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Run the job with the report on the fixture directory."""
+    out = tmp_path_factory.mktemp("fixture-report")
+    run(spark, JobConfig(str(FIXTURE), str(out), window_ms=WINDOW_MS), print)
+    return out
+
+
+def test_report_has_every_chart(fixture_report: Path) -> None:
+    """report.html references the four charts, each a PNG of legible, screen-sized dimensions."""
+    page = (fixture_report / "report.html").read_text()
+    assert [True] * len(CHARTS) == [f'src="{c}"' in page for c in CHARTS]
+    sizes = [_png_size(fixture_report / c) for c in CHARTS]
+    assert [True] * len(CHARTS) == [400 <= w <= 1600 and 150 <= h <= 2000 for w, h in sizes]
+
+
+def test_report_shows_verdicts(fixture_report: Path) -> None:
+    """The page lists each partition, outage, flapping link and relay-only node of summary.json."""
+    summary = json.loads((fixture_report / "summary.json").read_text())
+    page = (fixture_report / "report.html").read_text()
+    sections = ["Partitions", "Outages", "Flapping links", "Relay-only nodes", "Clock skew"]
+    assert [True] * len(sections) == [f"<h2>{s}</h2>" in page for s in sections]
+    rows = page.count("<tr>")
+    listed = (
+        len(summary["partitions"])
+        + len(summary["outages"])
+        + len(summary["flapping_links"])
+        + len(summary["relay_only_nodes"])
+        + len(summary["clock_skew_ms"])
+        + len(summary["availability"])
+    )
+    assert rows >= listed
+
+
+@pytest.mark.skipif(not (FIXTURE / "expected.json").exists(), reason="fixture has no expected.json")
+def test_fixture_verdicts_match_expected(fixture_report: Path) -> None:
+    """Counts and every event in the fixture's expected.json are found, and nothing else."""
+    s = json.loads((fixture_report / "summary.json").read_text())
+    e = json.loads((FIXTURE / "expected.json").read_text())
+    assert (e["records"], e["malformed"], e["duplicates"], len(e["nodes"])) == (
+        s["records"],
+        s["skipped"],
+        s["duplicates"],
+        s["nodes"],
+    )
+    events = {
+        k: [x for x in e["events"] if x["kind"] == k]
+        for k in ("node_down", "partition", "flapping_link", "relay_only", "clock_skew")
+    }
+    assert len(events["node_down"]) == len(s["outages"])
+
+    assert all(
+        match_outage(
+            InjectedEvent("node_down", tuple(x["nodes"]), x["start_ms"], x["end_ms"]),
+            s["outages"],
+            WINDOW_MS,
+        )
+        for x in events["node_down"]
+    )
+    assert len(events["partition"]) == len(s["partitions"])
+    for want, got in zip(events["partition"], s["partitions"], strict=True):
+        assert within_window(got["start_ms"], want["start_ms"], WINDOW_MS)
+        assert within_window(got["end_ms"], want["end_ms"], WINDOW_MS)
+    assert sorted(tuple(sorted(x["nodes"])) for x in events["flapping_link"]) == sorted(
+        (f["node"], f["peer"]) for f in s["flapping_links"]
+    )
+    assert sorted(x["nodes"][0] for x in events["relay_only"]) == s["relay_only_nodes"]
+    assert sorted(x["nodes"][0] for x in events["clock_skew"]) == s["skewed_nodes"]

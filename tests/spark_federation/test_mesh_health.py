@@ -1,0 +1,140 @@
+"""The job finds every injected event, with the right nodes and times, and nothing else."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.spark_federation.conftest import SYNTH, WINDOW_MS, JobRun
+from tests.spark_federation.verdicts import expected_flaps, match_outage, within_window
+
+pytestmark = pytest.mark.spark
+
+
+def test_counts_match_generator(synth_run: JobRun) -> None:
+    """Unique records, malformed (skipped) and duplicate counts equal what was written."""
+    s, g = synth_run.summary, synth_run.synth
+    expected = {
+        "records": g.records,
+        "skipped": g.malformed,
+        "duplicates": g.duplicates,
+        "nodes": len(g.nodes),
+        "links": len(g.links),
+        "window_s": 60,
+    }
+    assert expected == {k: s[k] for k in expected}
+    assert (SYNTH.malformed, SYNTH.duplicates) == (g.malformed, g.duplicates)
+
+
+def test_outages_are_the_injected_node_downs(synth_run: JobRun) -> None:
+    """Each stopped node has one outage at the right times (±1 window), and no node has another."""
+    downs = synth_run.synth.of_kind("node_down")
+    outages = synth_run.summary["outages"]
+    assert len(downs) == len(outages)
+    assert [True] * len(downs) == [match_outage(e, outages, WINDOW_MS) for e in downs]
+
+
+def test_availability_reflects_outages(synth_run: JobRun) -> None:
+    """Nodes never stopped are up in every window; a stopped node is down for its outage."""
+    s, g = synth_run.summary, synth_run.synth
+    span = s["span"]["end_ms"] - s["span"]["start_ms"]
+    down = {e.nodes[0]: (e.end_ms or 0) - (e.start_ms or 0) for e in g.of_kind("node_down")}
+    for node in g.nodes:
+        expected = 1.0 - down.get(node, 0) / span
+        assert abs(expected - s["availability"][node]) <= 2 * WINDOW_MS / span, node
+
+
+def test_partition_found_with_groups_and_times(synth_run: JobRun, spark: object) -> None:
+    """The injected partition is the only one: 2 components of the injected sizes and members."""
+    s, g = synth_run.summary, synth_run.synth
+    injected = g.of_kind("partition")
+    assert len(injected) == 1 == len(s["partitions"])
+    found, truth = s["partitions"][0], injected[0]
+    assert truth.start_ms is not None
+    assert truth.end_ms is not None
+    assert (2, sorted((len(x) for x in truth.groups), reverse=True)) == (
+        found["components"],
+        found["sizes"],
+    )
+    assert within_window(found["start_ms"], truth.start_ms, WINDOW_MS)
+    assert within_window(found["end_ms"], truth.end_ms, WINDOW_MS)
+    comps = pq.read_table(synth_run.out_dir / "tables" / "partition_components").to_pylist()
+    groups = {frozenset(c["nodes"]) for c in comps}
+    assert {frozenset(x) for x in truth.groups} == groups
+
+
+def test_flapping_links_are_the_injected_ones(synth_run: JobRun) -> None:
+    """Only the injected flapping link is reported, with every down→up cycle counted."""
+    g = synth_run.synth
+    expected = [
+        {"node": min(e.nodes), "peer": max(e.nodes), "flaps": expected_flaps(g, *e.nodes)}
+        for e in g.of_kind("flapping_link")
+    ]
+    assert expected == synth_run.summary["flapping_links"]
+
+
+def test_relay_only_nodes(synth_run: JobRun) -> None:
+    """The NAT nodes are the relay-only ones, and the relay they used is the only relay."""
+    g = synth_run.synth
+    assert (
+        sorted(e.nodes[0] for e in g.of_kind("relay_only")) == synth_run.summary["relay_only_nodes"]
+    )
+    assert [g.nodes[0]] == synth_run.summary["relays"]
+
+
+def test_clock_skew(synth_run: JobRun) -> None:
+    """The skewed node is the only one reported, with its offset estimated within 50 ms."""
+    s, g = synth_run.summary, synth_run.synth
+    skewed = g.of_kind("clock_skew")
+    assert sorted(e.nodes[0] for e in skewed) == s["skewed_nodes"]
+    for e in skewed:
+        assert abs((e.value or 0.0) - s["clock_skew_ms"][e.nodes[0]]) < 50.0
+    others = [n for n in g.nodes if n not in s["skewed_nodes"]]
+    assert [True] * len(others) == [abs(s["clock_skew_ms"][n]) < 20.0 for n in others]
+
+
+def test_propagation_counts_per_hop(synth_run: JobRun) -> None:
+    """Messages per hop count equal the trace records written, and delay grows with hops."""
+    written: Counter[int] = Counter()
+    for path in synth_run.input_dir.rglob("traces/*.jsonl"):
+        for line in path.read_text().splitlines():
+            written[json.loads(line)["hops"]] += 1
+    rows = synth_run.summary["propagation"]
+    assert dict(written) == {r["hops"]: r["messages"] for r in rows}
+    medians = [r["p50_ms"] for r in rows]
+    assert medians == sorted(medians)
+
+
+def test_tables_readable_without_spark(synth_run: JobRun) -> None:
+    """Every table listed in summary.json is Parquet that pyarrow reads, with NodeIDs as strings."""
+    tables = Path(synth_run.out_dir, "tables")
+    names = synth_run.summary["tables"]
+    expected = {
+        "node_availability",
+        "node_outages",
+        "link_health",
+        "partitions",
+        "partition_components",
+        "partition_events",
+        "relay_dependence",
+        "clock_skew",
+        "propagation",
+    }
+    assert expected == set(names)
+    links = pq.read_table(tables / "link_health").to_pylist()
+    nodes = set(synth_run.synth.nodes)
+    assert {r["node"] for r in links} | {r["peer"] for r in links} == nodes
+    written = json.loads((synth_run.out_dir / "summary.json").read_text())
+    assert synth_run.summary == written
+
+
+def test_no_partition_from_normal_jitter_or_outage(synth_run: JobRun) -> None:
+    """Windows of the node outage and of the flapping link are single-component windows."""
+    per_window = pq.read_table(synth_run.out_dir / "tables" / "partitions").to_pylist()
+    split = sorted(r["window_start_ms"] for r in per_window if r["components"] > 1)
+    p = synth_run.summary["partitions"][0]
+    assert split == list(range(p["start_ms"], p["end_ms"], WINDOW_MS))

@@ -1,0 +1,177 @@
+"""Single steps on hand-made DataFrames with known answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from spark_federation import exports
+from spark_federation.availability import outages
+from spark_federation.errors import MeshHealthError
+from spark_federation.links import (
+    flap_events,
+    flapping_links,
+    link_health,
+    link_hours,
+    link_windows,
+    pong_histogram,
+    rtt_histogram,
+)
+from spark_federation.partitions import connected_components
+from spark_federation.quantiles import log_bucket, log_bucket_value, quantiles
+from spark_federation.schema import LINK_DOWN, LINK_UP, MISS
+from spark_federation.timeline import runs
+
+pytestmark = pytest.mark.spark
+
+W = 60_000
+
+
+def _labels(
+    spark: Any,
+    vertices: list[tuple[int, int]],
+    edges: list[tuple[int, int, int]],
+    max_iterations: int = 20,
+) -> tuple[dict[tuple[int, int], int], int]:
+
+    v = spark.createDataFrame(vertices, "nid long, win long")
+    e = spark.createDataFrame(edges, "a long, b long, win long")
+    labels, rounds = connected_components(v, e, max_iterations)
+    return {(r["nid"], r["win"]): r["label"] for r in labels.collect()}, rounds
+
+
+def test_components_of_a_path_and_a_split_window(spark: Any) -> None:
+    """A path 6-5-4-3-2-1 is one component; the next window's two pairs and a loner are three."""
+    path = [(n, 0) for n in range(1, 7)]
+    split = [(n, W) for n in (1, 2, 3, 4, 9)]
+    edges = [(n, n + 1, 0) for n in range(1, 6)] + [(1, 2, W), (3, 4, W)]
+    labels, _ = _labels(spark, path + split, edges)
+    expected = {(n, 0): 1 for n in range(1, 7)}
+    expected.update({(1, W): 1, (2, W): 1, (3, W): 3, (4, W): 3, (9, W): 9})
+    assert expected == labels
+
+
+def test_components_give_up_after_the_bound(spark: Any) -> None:
+    """A bound too small for the path's length raises instead of returning wrong labels."""
+    vertices = [(n, 0) for n in range(1, 41)]
+    edges = [(n, n + 1, 0) for n in range(1, 40)]
+    with pytest.raises(MeshHealthError, match="did not converge"):
+        _labels(spark, vertices, edges, max_iterations=2)
+
+
+def test_runs_merge_consecutive_windows(spark: Any) -> None:
+    """Windows 0,1,2 and 5,6 of one key make two runs; another key's window is its own run."""
+    rows = [(1, w * W) for w in (0, 1, 2, 5, 6)] + [(2, 3 * W)]
+    df = spark.createDataFrame(rows, "k long, win long")
+    got = sorted(tuple(r) for r in runs(df, ["k"], W).collect())
+    assert got == [(1, 0, 3 * W, 3), (1, 5 * W, 7 * W, 2), (2, 3 * W, 4 * W, 1)]
+
+
+def test_flaps_count_down_then_up_only(spark: Any) -> None:
+    """up, down, up, miss, down, up gives two flaps; an up after an up is not one."""
+    kinds = [LINK_UP, LINK_DOWN, LINK_UP, MISS, LINK_DOWN, LINK_UP, LINK_UP]
+    rows = [(1, 2, k, 1000 * i) for i, k in enumerate(kinds)]
+    hb = spark.createDataFrame(rows, "nid long, pid long, kind byte, ts long")
+    assert sorted(r["ts"] for r in flap_events(hb).collect()) == [2000, 5000]
+
+
+def test_flapping_needs_threshold_within_an_hour(spark: Any) -> None:
+    """Three flaps within an hour flag a link; three spread over three hours do not."""
+    hour = 3_600_000
+    rows = [(1, 2, t) for t in (0, 600_000, 1_200_000)] + [(3, 4, t) for t in (0, hour, 2 * hour)]
+    flaps = spark.createDataFrame(rows, "nid long, pid long, ts long")
+    got = [(r["a"], r["b"], r["flaps"]) for r in flapping_links(flaps, 3).collect()]
+    assert got == [(1, 2, 3)]
+
+
+def test_outages_from_gaps(spark: Any) -> None:
+    """Gaps inside, before and after up windows are outages; a silent node is always down."""
+    up = [(1, w * W) for w in (0, 1, 4, 5)] + [(2, w * W) for w in (2, 3, 4, 5, 6, 7)]
+    ev = spark.createDataFrame(up, "nid long, win long")
+    nodes = spark.createDataFrame([(1,), (2,), (3,)], "nid long")
+    got = sorted(tuple(r) for r in outages(ev, nodes, 0, 7 * W, W).collect())
+    expected = [(1, 2 * W, 4 * W, 2), (1, 6 * W, 8 * W, 2), (2, 0, 2 * W, 2), (3, 0, 8 * W, 8)]
+    assert expected == got
+
+
+def test_malformed_lines_are_counted_not_fatal(spark: Any, tmp_path: Any) -> None:
+    """Cut-off, non-JSON, mistyped, unknown-kind and bad-id lines are skipped; good lines count."""
+    node, peer = "ed25519:" + "A" * 43, "ed25519:" + "B" * 43
+    good = (
+        f'{{"ts": 1000, "node": "{node}", "peer": "{peer}", "kind": "pong", "seq": 1,'
+        f' "rtt_ms": 2.5}}'
+    )
+    bad = [
+        '{"ts": 1000, "node": "' + node,
+        "not json",
+        f'{{"ts": "soon", "node": "{node}", "peer": "{peer}", "kind": "pong", "seq": 2}}',
+        f'{{"ts": 1000, "node": "{node}", "peer": "{peer}", "kind": "ping", "seq": 3}}',
+        f'{{"ts": 1000, "node": "bob", "peer": "{peer}", "kind": "pong", "seq": 4}}',
+        f'{{"ts": 1000, "node": "{node}", "peer": "{peer}", "kind": "pong", "rtt_ms": "x"}}',
+        f'{{"ts": 1000, "node": "{node}", "peer": "{node}", "kind": "pong", "seq": 5}}',
+    ]
+    d = tmp_path / "e1" / "heartbeats"
+    d.mkdir(parents=True)
+    (d / "a.jsonl").write_text("\n".join([good, good, *bad]))
+    files = exports.discover(spark, str(tmp_path))
+    raw = exports.read_raw(spark, files, "heartbeats")
+    assert raw is not None
+    counts = exports.record_counts(exports.dedup_heartbeats(exports.clean_heartbeats(raw)))
+    assert {"records": 1, "duplicates": 1, "skipped": len(bad), "out_of_range": 0} == counts
+
+
+def test_missing_input_is_a_clear_error(spark: Any, tmp_path: Any) -> None:
+    """An input without heartbeat files raises MeshHealthError naming the layout."""
+    with pytest.raises(MeshHealthError, match="no heartbeat files"):
+        exports.discover(spark, str(tmp_path))
+    with pytest.raises(MeshHealthError, match="does not exist"):
+        exports.discover(spark, str(tmp_path / "nope"))
+
+
+def test_since_until_leave_records_out_of_range(spark: Any, tmp_path: Any) -> None:
+    """Records before --since or from --until on are counted out of range, not analysed."""
+    node, peer = "ed25519:" + "A" * 43, "ed25519:" + "B" * 43
+    lines = [
+        f'{{"ts": {ts}, "node": "{node}", "peer": "{peer}", "kind": "pong", "seq": {i},'
+        f' "rtt_ms": 1.0}}'
+        for i, ts in enumerate((1_000, 2_000, 3_000, 4_000))
+    ]
+    d = tmp_path / "e1" / "heartbeats"
+    d.mkdir(parents=True)
+    (d / "a.jsonl").write_text("\n".join(lines) + "\n")
+    raw = exports.read_raw(spark, exports.discover(spark, str(tmp_path)), "heartbeats")
+    assert raw is not None
+    clean = exports.clean_heartbeats(raw, since_ms=2_000, until_ms=4_000)
+    counts = exports.record_counts(exports.dedup_heartbeats(clean))
+    assert counts == {"records": 2, "duplicates": 0, "skipped": 0, "out_of_range": 2}
+
+
+def test_link_hour_without_pings_has_no_loss(spark: Any) -> None:
+    """An hour in which a link only came up has null loss, not a division error (ANSI mode)."""
+    rows = [(1, 2, LINK_UP, None, 1_000, None, False, None, None)]
+    hb = spark.createDataFrame(
+        rows,
+        "nid long, pid long, kind byte, seq long, ts long, rtt_ms double, relay boolean,"
+        " vid long, clock_offset_ms double",
+    )
+    rtt = link_hours(rtt_histogram(pong_histogram(hb)))
+    health = link_health(link_windows(hb, W), rtt, flap_events(hb)).collect()
+    assert [(r["pings"], r["loss_pct"], r["rtt_p50_ms"]) for r in health] == [(0, None, None)]
+
+
+def test_histogram_quantiles_are_nearest_rank(spark: Any) -> None:
+    """Buckets 1..10 with one row each: p10 is bucket 1, the median 5, p90 9, p100 10."""
+    hist = spark.createDataFrame([(1, b, 1) for b in range(1, 11)], "g long, bucket long, n long")
+    got = quantiles(hist, ["g"], [0.1, 0.5, 0.9, 1.0]).collect()
+    assert [(r["g"], list(r["q"])) for r in got] == [(1, [1, 5, 9, 10])]
+
+
+def test_log_buckets_hold_rtt_within_tolerance(spark: Any) -> None:
+    """A bucket's middle is within 2.2 % of every RTT that falls into it."""
+    values = [0.3, 1.0, 3.4, 17.0, 250.0, 4000.0]
+    df = spark.createDataFrame([(v,) for v in values], "v double")
+    mids = [r["m"] for r in df.select(log_bucket_value(log_bucket(df["v"])).alias("m")).collect()]
+    assert [True] * len(values) == [
+        abs(m - v) / v <= 0.022 for m, v in zip(mids, values, strict=True)
+    ]
