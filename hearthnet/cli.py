@@ -625,6 +625,16 @@ def _add_mesh_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     show = csub.add_parser("show", parents=local, help="the community and its members")
     show.set_defaults(func=cmd_community_show)
 
+    mesh = sub.add_parser("mesh", help="community-wide analysis")
+    msub = mesh.add_subparsers(dest="mesh_command", required=True, metavar="ACTION")
+    # `main` hands `mesh health ...` to spark_federation.cli before parsing; this entry
+    # lists the command in --help.
+    msub.add_parser(
+        "health",
+        add_help=False,
+        help="mesh-health report from heartbeat exports (PySpark; --help for options)",
+    )
+
     heartbeat = sub.add_parser("heartbeat", help="heartbeat logs")
     hsub = heartbeat.add_subparsers(dest="heartbeat_command", required=True, metavar="ACTION")
     exp = hsub.add_parser("export", parents=local, help="export heartbeats, beacons and traces")
@@ -689,8 +699,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hearthnet`` console script."""
+    words = sys.argv[1:] if argv is None else list(argv)
+    if words[:2] == ["mesh", "health"]:
+        # its own parser (shared with spark-submit); PySpark is imported only once it runs
+        from spark_federation.cli import main as mesh_health
+
+        return mesh_health(words[2:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(words)
     try:
         code: int = args.func(args)
         return code

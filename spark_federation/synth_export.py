@@ -13,6 +13,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hearthnet.mesh.heartlog import arrow_schema
 from spark_federation.synth_model import (
     BEACON_MS,
     VERSION,
@@ -261,59 +262,3 @@ def _fastest_paths(
 
 def _day(ts_ms: int) -> str:
     return datetime.fromtimestamp(ts_ms / 1000, tz=UTC).strftime("%Y-%m-%d")
-
-
-def arrow_schema(kind: str) -> Any:
-    """The Parquet schema of each record kind (documented in docs/mesh-health.md)."""
-    if kind == "heartbeats":
-        return pa.schema(
-            [
-                ("ts", pa.int64()),
-                ("node", pa.string()),
-                ("peer", pa.string()),
-                ("community", pa.string()),
-                ("kind", pa.string()),
-                ("seq", pa.int64()),
-                ("rtt_ms", pa.float64()),
-                ("path", pa.string()),
-                ("via", pa.string()),
-                ("clock_offset_ms", pa.float64()),
-                ("peers_linked", pa.int64()),
-                ("log_head", pa.int64()),
-                ("subscribers", pa.int64()),
-                ("version", pa.string()),
-            ]
-        )
-    if kind == "beacons":
-        peer = pa.struct(
-            [
-                ("peer", pa.string()),
-                ("rtt_ms_p50", pa.float64()),
-                ("loss_pct", pa.float64()),
-                ("path", pa.string()),
-            ]
-        )
-        return pa.schema(
-            [
-                ("ts", pa.int64()),
-                ("node", pa.string()),
-                ("name", pa.string()),
-                ("uptime_s", pa.int64()),
-                ("peers", pa.list_(peer)),
-                ("log_head", pa.int64()),
-                ("subscribers", pa.int64()),
-                ("cpu_pct", pa.float64()),
-                ("rss_mb", pa.float64()),
-                ("version", pa.string()),
-            ]
-        )
-    return pa.schema(
-        [
-            ("ts", pa.int64()),
-            ("node", pa.string()),
-            ("msg_id", pa.string()),
-            ("origin", pa.string()),
-            ("published_ms", pa.int64()),
-            ("hops", pa.int64()),
-        ]
-    )

@@ -183,14 +183,50 @@ def _beacons_since(db: Path, since_ms: int) -> Iterator[dict[str, Any]]:
         conn.close()
 
 
-def _write(records: Iterable[dict[str, Any]], path: Path, fmt: str) -> int:
-    rows = list(records)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "jsonl":
-        with path.open("w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, separators=(",", ":")) + "\n")
-        return len(rows)
+# Parquet column types per record kind (spec §7.5; the mesh-health job reads exactly these).
+_INT, _FLOAT, _STR = "int64", "float64", "string"
+PARQUET_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "heartbeats": (
+        ("ts", _INT),
+        ("node", _STR),
+        ("peer", _STR),
+        ("community", _STR),
+        ("kind", _STR),
+        ("seq", _INT),
+        ("rtt_ms", _FLOAT),
+        ("path", _STR),
+        ("via", _STR),
+        ("clock_offset_ms", _FLOAT),
+        ("peers_linked", _INT),
+        ("log_head", _INT),
+        ("subscribers", _INT),
+        ("version", _STR),
+    ),
+    "beacons": (
+        ("ts", _INT),
+        ("node", _STR),
+        ("name", _STR),
+        ("uptime_s", _INT),
+        ("peers", "peers"),
+        ("log_head", _INT),
+        ("subscribers", _INT),
+        ("cpu_pct", _FLOAT),
+        ("rss_mb", _FLOAT),
+        ("version", _STR),
+    ),
+    "traces": (
+        ("ts", _INT),
+        ("node", _STR),
+        ("msg_id", _STR),
+        ("origin", _STR),
+        ("published_ms", _INT),
+        ("hops", _INT),
+    ),
+}
+BEACON_PEER_FIELDS = (("peer", _STR), ("rtt_ms_p50", _FLOAT), ("loss_pct", _FLOAT), ("path", _STR))
+
+
+def _pyarrow() -> tuple[Any, Any]:
     try:
         import pyarrow as pa  # noqa: PLC0415 - optional: the analysis extra
         import pyarrow.parquet as pq  # noqa: PLC0415
@@ -198,12 +234,42 @@ def _write(records: Iterable[dict[str, Any]], path: Path, fmt: str) -> int:
         raise ConfigError(
             "Parquet export needs pyarrow: pip install 'hearthnet[analysis]'"
         ) from exc
-    if rows:
-        for row in rows:  # nested values (a beacon's peers) travel as JSON text in Parquet
-            for key, value in row.items():
-                if isinstance(value, list | dict):
-                    row[key] = json.dumps(value, separators=(",", ":"))
-        pq.write_table(pa.Table.from_pylist(rows), path)
+    return pa, pq
+
+
+def arrow_schema(kind: str) -> Any:
+    """The ``pyarrow`` schema of one record kind (``heartbeats``, ``beacons``, ``traces``)."""
+    pa, _ = _pyarrow()
+    types = {_INT: pa.int64(), _FLOAT: pa.float64(), _STR: pa.string()}
+    types["peers"] = pa.list_(pa.struct([(n, types[t]) for n, t in BEACON_PEER_FIELDS]))
+    return pa.schema([(name, types[t]) for name, t in PARQUET_FIELDS[kind]])
+
+
+def _coerce(row: dict[str, Any], kind: str) -> dict[str, Any]:
+    """Keep the schema's fields, with numbers of the schema's type (older records wrote
+    some integers as floats)."""
+    out: dict[str, Any] = {}
+    for name, t in PARQUET_FIELDS[kind]:
+        value = row.get(name)
+        if value is not None and t == _INT and isinstance(value, float):
+            value = int(value)
+        elif value is not None and t == _FLOAT and isinstance(value, int):
+            value = float(value)
+        out[name] = value
+    return out
+
+
+def _write(records: Iterable[dict[str, Any]], path: Path, fmt: str, kind: str) -> int:
+    rows = list(records)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "jsonl":
+        with path.open("w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps({**row, **_coerce(row, kind)}, separators=(",", ":")) + "\n")
+        return len(rows)
+    pa, pq = _pyarrow()
+    table = pa.Table.from_pylist([_coerce(r, kind) for r in rows], schema=arrow_schema(kind))
+    pq.write_table(table, path)
     return len(rows)
 
 
@@ -227,13 +293,18 @@ def export(
             _records_since(data_dir / "heartbeats", since_ms),
             out / "heartbeats" / f"{stem}.{ext}",
             fmt,
+            "heartbeats",
         ),
         "beacons": _write(
             _beacons_since(data_dir / "pubsub" / "log.sqlite3", since_ms),
             out / "beacons" / f"{stem}.{ext}",
             fmt,
+            "beacons",
         ),
         "traces": _write(
-            _records_since(data_dir / "traces", since_ms), out / "traces" / f"{stem}.{ext}", fmt
+            _records_since(data_dir / "traces", since_ms),
+            out / "traces" / f"{stem}.{ext}",
+            fmt,
+            "traces",
         ),
     }

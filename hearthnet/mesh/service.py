@@ -752,7 +752,7 @@ class Mesh:
         return {
             "node": self.keys.node_id,
             "name": self.name,
-            "uptime_s": round(mono - self._started, 1),
+            "uptime_s": int(mono - self._started),
             "peers": peers,
             "log_head": self.log.head_seq,
             "subscribers": len(self.pubsub.subscribers),

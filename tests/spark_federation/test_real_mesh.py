@@ -1,0 +1,108 @@
+"""The mesh-health job on what real nodes write: a recorded 5-node export through the
+``hearthnet mesh health`` command, and the node's own Parquet export read back clean.
+
+``tests/fixtures/heartbeats_5node`` was recorded by ``python -m
+scripts.record_heartbeat_fixture``: five node processes on loopback, node 4 killed with
+SIGKILL and restarted later; ``events.json`` holds the times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hearthnet.clock import now_ms
+from hearthnet.mesh.heartlog import export
+from spark_federation.mesh_health import run
+from spark_federation.params import JobConfig
+from tests.helpers import hearthnet_cmd
+from tests.mesh.test_heartlog import KEYS, write_beacon, write_records
+from tests.spark_federation.verdicts import within_window
+
+pytestmark = pytest.mark.spark
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "heartbeats_5node"
+WINDOW_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def real_summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``hearthnet mesh health`` on the recorded export, as an admin runs it."""
+    pytest.importorskip("pyspark")
+    out = tmp_path_factory.mktemp("real-mesh")
+    done = subprocess.run(
+        hearthnet_cmd(
+            "mesh", "health", "--input", str(FIXTURE), "--out", str(out),
+            "--master", "local[2]", "--driver-memory", "1g", "--shuffle-partitions", "4",
+        ),
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+    )  # fmt: skip
+    assert 0 == done.returncode, done.stderr[-2000:]
+    assert (out / "report.html").exists()
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    return summary
+
+
+def test_every_record_of_real_nodes_is_read(real_summary: dict[str, Any]) -> None:
+    """Heartbeats, beacons and traces the node wrote all fit the job's schemas."""
+    inputs = real_summary["inputs"]
+    assert (5, 0, 0, 0) == (
+        real_summary["nodes"],
+        real_summary["skipped"],
+        inputs["beacons"]["skipped"],
+        inputs["traces"]["skipped"],
+    )
+    assert real_summary["records"] > 500
+    assert inputs["beacons"]["records"] > 0
+    assert inputs["traces"]["records"] > 0
+
+
+def test_the_killed_node_is_the_one_outage(real_summary: dict[str, Any]) -> None:
+    """Node 4's SIGKILL shows as its only outage, within a window of the real times; the
+    other four were up throughout; no partition, flapping or skew on one machine."""
+    events = json.loads((FIXTURE / "events.json").read_text())
+    victim = events["nodes"][events["victim"]]
+    [outage] = real_summary["outages"]
+    assert victim == outage["node"]
+    assert within_window(outage["start_ms"], events["killed_ms"], WINDOW_MS)
+    assert within_window(outage["end_ms"], events["restarted_ms"], WINDOW_MS)
+    others = {n: a for n, a in real_summary["availability"].items() if n != victim}
+    assert {n: 1.0 for n in events["nodes"] if n != victim} == others
+    assert real_summary["availability"][victim] < 1.0
+    assert ([], [], []) == (
+        real_summary["partitions"],
+        real_summary["flapping_links"],
+        real_summary["skewed_nodes"],
+    )
+
+
+def test_propagation_from_real_traces(real_summary: dict[str, Any]) -> None:
+    """Most copies come straight from the origin within milliseconds on loopback."""
+    by_hops = {p["hops"]: p for p in real_summary["propagation"]}
+    assert by_hops[1]["messages"] > 0
+    assert by_hops[1]["p50_ms"] < 100
+
+
+async def test_node_parquet_export_reads_without_skips(spark: Any, tmp_path: Path) -> None:
+    """``hearthnet heartbeat export --format parquet`` output matches the job's schemas."""
+    ts = now_ms() - 60_000
+    write_records(tmp_path / "node", ts)
+    await write_beacon(tmp_path / "node", uptime_s=41.9)
+    export(
+        tmp_path / "node", tmp_path / "in" / "n0", node=KEYS.node_id, since_ms=ts - 1, fmt="parquet"
+    )
+    cfg = JobConfig(str(tmp_path / "in"), str(tmp_path / "out"), window_ms=WINDOW_MS, report=False)
+    summary = run(spark, cfg, lambda _: None)
+    assert (5, 0, 1, 0, 1) == (
+        summary["records"],
+        summary["skipped"],
+        summary["inputs"]["beacons"]["records"],
+        summary["inputs"]["beacons"]["skipped"],
+        summary["inputs"]["traces"]["records"],
+    )
