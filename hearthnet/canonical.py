@@ -20,6 +20,8 @@ import json
 import math
 from typing import Any
 
+import orjson
+
 from hearthnet.errors import BadRequest
 
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -134,8 +136,44 @@ def _serialize(value: Any, out: list[str]) -> None:
         raise BadRequest(f"{type(value).__name__} has no JSON form")
 
 
+def _orjson_safe(value: Any) -> bool:
+    """True when orjson's sorted output is already the JCS form: no floats (number
+    formatting differs), integers within ±2^53, ASCII keys (byte order = UTF-16 order),
+    plain dict/list/tuple/str/bool/None. orjson escapes strings exactly as JCS does."""
+    t = type(value)
+    if t is str or t is bool or value is None:
+        return True
+    if t is int:
+        return bool(-MAX_EXACT_INTEGER <= value <= MAX_EXACT_INTEGER)
+    if t is dict:
+        for key, item in value.items():
+            if type(key) is not str or not key.isascii() or not _orjson_safe(item):
+                return False
+        return True
+    if t is list or t is tuple:
+        return all(_orjson_safe(item) for item in value)
+    return False
+
+
 def canonicalize(value: Any) -> bytes:
     """The RFC 8785 canonical UTF-8 bytes of a JSON value.
+
+    Common values (no floats, ASCII keys) are encoded by orjson, about four times
+    faster; the rest by :func:`canonicalize_exact`. Both give the same bytes.
+
+    Raises:
+        BadRequest: the value cannot be represented canonically (see module doc).
+    """
+    if _orjson_safe(value):
+        try:
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError:
+            pass  # a lone surrogate or deep nesting: the exact path says which
+    return canonicalize_exact(value)
+
+
+def canonicalize_exact(value: Any) -> bytes:
+    """RFC 8785 by the rules of the module doc, for any value (the reference path).
 
     Raises:
         BadRequest: the value cannot be represented canonically (see module doc).

@@ -12,7 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hearthnet.canonical import MAX_SAFE_INTEGER, canonicalize, format_number
+from hearthnet.canonical import (
+    MAX_SAFE_INTEGER,
+    canonicalize,
+    canonicalize_exact,
+    format_number,
+)
 from hearthnet.errors import BadRequest
 from hearthnet.identity import KeyPair, verify_bytes
 from hearthnet.ids import public_key_from_node_id, signature_from_str
@@ -106,6 +111,31 @@ def test_canonicalisation_is_idempotent(value: Any) -> None:
     """Canonicalising the parsed canonical form gives the same bytes."""
     once = canonicalize(value)
     assert once == canonicalize(json.loads(once))
+
+
+@given(json_values)
+def test_fast_path_gives_the_reference_bytes(value: Any) -> None:
+    """The orjson path and the reference serializer agree byte for byte on every value."""
+    assert canonicalize_exact(value) == canonicalize(value)
+
+
+plain_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**53), max_value=2**53)
+    | st.text(alphabet=st.characters(max_codepoint=0x10FFFF, exclude_categories=["Cs"])),
+    lambda children: (
+        st.lists(children, max_size=5)
+        | st.dictionaries(st.text(st.characters(max_codepoint=127)), children, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@given(plain_values)
+def test_fast_path_on_values_it_takes(value: Any) -> None:
+    """Float-free values with ASCII keys (what the fast path encodes) match the reference."""
+    assert canonicalize_exact(value) == canonicalize(value)
 
 
 @given(st.dictionaries(st.text(), st.integers(0, 10), min_size=2, max_size=8))
