@@ -65,6 +65,7 @@ CREATE TABLE IF NOT EXISTS consumers (
 
 RECENT_IDS = 200_000
 PAGE = 500
+DELETE_CHUNK = 500  # messages per retention transaction
 
 
 @dataclass(slots=True)
@@ -609,36 +610,52 @@ class MessageLog:
     # --- retention ----------------------------------------------------------------
 
     async def delete(self, seqs: list[int]) -> int:
-        """Delete messages by seq (retention); keeps topic stats exact."""
+        """Delete messages by seq (retention); keeps topic stats exact.
+
+        Works in transactions of ``DELETE_CHUNK`` messages and lets queued commits run
+        between them: one transaction for a whole pass held publishes for 100 ms or more
+        at 2,000 messages/s.
+        """
         if not seqs:
             return 0
+        deleted = 0
+        for i in range(0, len(seqs), DELETE_CHUNK):
+            deleted += await self._delete_chunk(seqs[i : i + DELETE_CHUNK])
+            await asyncio.sleep(0)  # let the flush loop take the write lock
+        return deleted
+
+    async def _delete_chunk(self, chunk: list[int]) -> int:
         assert self._writer is not None
         deleted = 0
+        marks = ",".join("?" * len(chunk))
         async with self._write_lock:
             await self._writer.execute("BEGIN")
-            # Our origin_seq counter must survive the deletion of our newest messages; the
-            # commit path does not write it (open() reads it back from the messages).
-            await self._writer.execute(
-                "INSERT OR REPLACE INTO meta (key, value) VALUES ('origin_seq', ?)",
-                (str(self.origin_seq),),
-            )
-            for i in range(0, len(seqs), 500):
-                chunk = seqs[i : i + 500]
-                marks = ",".join("?" * len(chunk))
+            try:
+                # Our origin_seq counter must survive the deletion of our newest messages;
+                # the commit path does not write it (open() reads it back from the log).
+                await self._writer.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('origin_seq', ?)",
+                    (str(self.origin_seq),),
+                )
                 cur = await self._writer.execute(
                     f"SELECT topic, size FROM messages WHERE seq IN ({marks})", chunk
                 )
-                for topic, size in await cur.fetchall():
-                    stats = self.topics.get(topic)
-                    if stats is not None:
-                        stats.messages -= 1
-                        stats.bytes -= size
-                        if stats.messages <= 0:
-                            del self.topics[topic]
-                    self.total_bytes -= size
-                    deleted += 1
+                rows = await cur.fetchall()
                 await self._writer.execute(f"DELETE FROM messages WHERE seq IN ({marks})", chunk)
-            await self._writer.execute("COMMIT")
+                await self._writer.execute("COMMIT")
+            except sqlite3.Error as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    await self._writer.execute("ROLLBACK")
+                raise StorageError(f"retention could not delete: {exc}") from exc
+        for topic, size in rows:
+            stats = self.topics.get(topic)
+            if stats is not None:
+                stats.messages -= 1
+                stats.bytes -= size
+                if stats.messages <= 0:
+                    del self.topics[topic]
+            self.total_bytes -= size
+            deleted += 1
         return deleted
 
     async def candidates(

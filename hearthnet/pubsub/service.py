@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from hearthnet.caller import Caller
 from hearthnet.clock import now_ms
 from hearthnet.config import PubSubSection
-from hearthnet.errors import BadRequest, RateLimited, WireError
+from hearthnet.errors import BadRequest, RateLimited, StorageError, WireError
 from hearthnet.metrics import Counter, MetricsRegistry
 from hearthnet.pubsub.access import AccessPolicy
 from hearthnet.pubsub.channel import ChannelState, SubscriberChannel
@@ -726,7 +726,7 @@ class PubSub:
             await asyncio.sleep(self.config.retention_interval_s)
             try:
                 await self.apply_retention()
-            except WireError as exc:
+            except (WireError, StorageError) as exc:  # the next pass tries again
                 log.warning("retention failed: %s", exc)
 
     async def apply_retention(self, now: int | None = None) -> int:

@@ -89,6 +89,18 @@ async def test_origin_seq_survives_retention_of_our_newest_messages(tmp_path: Pa
         assert 4 == again[0].message.origin_seq
 
 
+async def test_publishes_commit_between_retention_chunks(tmp_path: Path) -> None:
+    """A large retention pass does not hold publishes until it is done."""
+    async with opened(tmp_path / "log.db") as log:
+        stored = await publish_many(log, 5000)
+        deleting = asyncio.get_running_loop().create_task(log.delete([s.seq for s in stored]))
+        await asyncio.sleep(0)  # the first chunk holds the write lock now
+        fresh = await log.publish(topic="chat.a", msg_type="m", data="during")
+        during = not deleting.done()
+        assert (True, 5000, 5001) == (during, await deleting, fresh.seq if fresh else None)
+        assert 1 == log.topics["chat.a"].messages
+
+
 async def test_ingest_deduplicates_by_id_also_after_restart(tmp_path: Path) -> None:
     """A peer's message stored once; the same id again (even after restart) is a duplicate."""
     msg = Message.create(PEER, topic="chat.a", msg_type="m", data=1, origin_seq=7, ts=5)
