@@ -1,11 +1,12 @@
 """The node's message log in SQLite (spec §6.3, §6.4): group commit, seq, epoch, dedupe.
 
 One writer connection and one reader connection (WAL lets reads run beside the writer).
-Appends are queued; the flush loop takes everything queued, assigns ``seq`` (and, for
-local publishes, ``origin_seq``, then signs), writes the batch in one transaction and
-commits. Only after the commit does it move ``head_seq``, hand the batch to fan-out
-(``on_commit``) and resolve the publishers' futures: a publish is acknowledged only once
-durable, and a ``seq`` is never handed out twice, even across a crash.
+A local publish is numbered (``origin_seq``) and signed when it is queued, so signing
+overlaps the previous batch's commit; the flush loop takes everything queued, assigns
+``seq``, writes the batch in one transaction and commits. Only after the commit does it
+move ``head_seq``, hand the batch to fan-out (``on_commit``) and resolve the publishers'
+futures: a publish is acknowledged only once durable, and a ``seq`` is never handed out
+twice, even across a crash.
 
 ``synchronous=FULL`` (the default) makes an acknowledged publish survive a power cut;
 ``normal`` survives a process crash (``kill -9``) only.
@@ -81,8 +82,8 @@ class TopicStats:
 @dataclass(slots=True)
 class _Pending:
     future: asyncio.Future[StoredMessage | None]
-    message: Message | None = None  # a finished message from a peer
-    fields: dict[str, Any] | None = None  # a local publish, signed at commit time
+    message: Message
+    local: bool = False  # our own publish (never a duplicate)
     source: str | None = None  # the peer a message came from
 
 
@@ -223,19 +224,22 @@ class MessageLog:
         """Queue a local publish; the future resolves once it is committed (spec §6.4)."""
         if self.closed:
             raise Unavailable("the node is shutting down", retry_after_ms=1000)
-        fut: asyncio.Future[StoredMessage | None] = asyncio.get_running_loop().create_future()
-        self._pending.append(
-            _Pending(
-                fut,
-                fields={
-                    "topic": topic,
-                    "msg_type": msg_type,
-                    "data": data,
-                    "ttl_s": ttl_s,
-                    "sender": sender,
-                },
-            )
+        # Numbered and signed now, while an earlier batch may be committing. A number
+        # whose batch fails to commit is never reused (peers treat it like a hole left by
+        # retention); one issued but lost in a crash was never acknowledged or gossiped.
+        msg = Message.create(
+            self.keys,
+            topic=topic,
+            msg_type=msg_type,
+            data=data,
+            origin_seq=self.origin_seq + 1,
+            ts=now_ms(),
+            ttl_s=ttl_s,
+            sender=sender,
         )
+        self.origin_seq += 1
+        fut: asyncio.Future[StoredMessage | None] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(fut, msg, local=True))
         self._wake.set()
         return fut
 
@@ -247,7 +251,7 @@ class MessageLog:
         if message.id in self._recent_ids:
             fut.set_result(None)
             return fut
-        self._pending.append(_Pending(fut, message=message, source=source))
+        self._pending.append(_Pending(fut, message, source=source))
         self._wake.set()
         return fut
 
@@ -284,30 +288,14 @@ class MessageLog:
         assert self._writer is not None
         duplicates: list[_Pending] = []
         stored: list[tuple[_Pending, StoredMessage]] = []
-        origin_seq = self.origin_seq
         try:
             async with self._write_lock:
-                origin_seq = self.origin_seq  # another commit (close()) may have run meanwhile
-                remote_ids = [p.message.id for p in batch if p.message is not None]
+                remote_ids = [p.message.id for p in batch if not p.local]
                 known = await self._known_ids(remote_ids) if remote_ids else set()
-                seq, ts = self.head_seq, now_ms()
+                seq = self.head_seq
                 for pending in batch:
-                    if pending.fields is not None:
-                        origin_seq += 1
-                        f = pending.fields
-                        msg = Message.create(
-                            self.keys,
-                            topic=f["topic"],
-                            msg_type=f["msg_type"],
-                            data=f["data"],
-                            origin_seq=origin_seq,
-                            ts=ts,
-                            ttl_s=f["ttl_s"],
-                            sender=f["sender"],
-                        )
-                    else:
-                        assert pending.message is not None
-                        msg = pending.message
+                    msg = pending.message
+                    if not pending.local:
                         if msg.id in known or msg.id in self._recent_ids:
                             duplicates.append(pending)
                             continue
@@ -349,7 +337,6 @@ class MessageLog:
         self.batches += 1
         if stored:
             self.head_seq = stored[-1][1].seq
-        self.origin_seq = origin_seq
         committed = [s for _, s in stored]
         for item in committed:
             self._remember(item)
