@@ -100,6 +100,31 @@ async def run_handshake(
     return handshake.peer
 
 
+async def send_referral(ws: WebSocketLike, peers: list[dict[str, Any]]) -> None:
+    """A full node's answer to a member it cannot link: addresses to try, then ``bye``."""
+    with contextlib.suppress(Exception):
+        await ws.send_bytes(encode_frame("peers", peers=peers))
+        await ws.send_bytes(
+            encode_frame("bye", code="full", reason="this node has all the links it takes")
+        )
+    await ws.close(code=1000, message=b"full")
+
+
+async def receive_referral(ws: WebSocketLike, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> list[Any]:
+    """The dialer's side of :func:`send_referral`: the addresses sent before ``bye``."""
+    peers: list[Any] = []
+    with contextlib.suppress(TimeoutError, WireError, aiohttp.ClientError, ConnectionError):
+        async with asyncio.timeout(timeout_s):
+            while (data := await _next_binary(ws)) is not None:
+                frame = decode_frame(data)
+                if frame["t"] == "peers" and isinstance(frame.get("peers"), list):
+                    peers = frame["peers"]
+                elif frame["t"] == "bye":
+                    break
+    await ws.close()
+    return peers
+
+
 FrameHandler = Callable[["PeerLink", dict[str, Any]], None]
 
 

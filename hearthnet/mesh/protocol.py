@@ -116,6 +116,7 @@ class PeerInfo:
     name: str
     url: str | None
     version: str
+    full: bool = False  # the peer has all the links it takes: it sends addresses, then bye
 
 
 @dataclass
@@ -130,6 +131,7 @@ class Handshake:
     url: str | None = None
     version: str = ""
     expect: str | None = None  # the NodeID we meant to reach, when we know it
+    full: bool = False  # we accept no more links: the peer gets addresses, then bye "full"
     nonce: str = field(default_factory=lambda: os.urandom(16).hex())
     their_nonce: str | None = None
     peer: PeerInfo | None = None
@@ -146,6 +148,8 @@ class Handshake:
         }
         if self.url:
             body["url"] = self.url
+        if self.full:
+            body["full"] = True
         if self.their_nonce is not None:
             body["their_nonce"] = self.their_nonce
         body["sig"] = self.keys.sign_object(body)
@@ -213,6 +217,7 @@ class Handshake:
             str(hello.get("name", ""))[:128],
             url if isinstance(url, str) and len(url) < 512 else None,
             str(hello.get("version", ""))[:32],
+            hello.get("full") is True,
         )
         self.done = True
 

@@ -48,7 +48,7 @@ from hearthnet.mesh.discovery import Discovery
 from hearthnet.mesh.gossip import AntiEntropy, OriginTracker
 from hearthnet.mesh.heartbeat import HeartbeatTracker, pong_for
 from hearthnet.mesh.heartlog import HeartbeatLog
-from hearthnet.mesh.links import PeerLink, run_handshake
+from hearthnet.mesh.links import PeerLink, receive_referral, run_handshake, send_referral
 from hearthnet.mesh.protocol import MAX_FRAME_BYTES, SUBPROTOCOL, Handshake, encode_frame
 from hearthnet.mesh.remote import RemoteCalls
 from hearthnet.mesh.tls import client_context, peer_node_id
@@ -64,6 +64,8 @@ log = logging.getLogger("hearthnet.mesh")
 
 SEEN_PRESENCE = 50_000
 MAX_MEMBERSHIP_RECORDS = 10_000
+MAX_REFERRALS = 16  # handshakes at once with members a full node only sends elsewhere
+FULL_HOLD_S = 60.0  # a node that was full is not dialled again for this long
 
 
 class Mesh:
@@ -119,6 +121,7 @@ class Mesh:
         )
         self.url = ""
         self._dialing: set[str] = set()
+        self._referrals = 0  # handshakes in flight with members we are too full to link
         self._hops: dict[str, int] = {}
         self._seen_presence: OrderedDict[str, None] = OrderedDict()
         self._group: asyncio.TaskGroup | None = None
@@ -276,7 +279,8 @@ class Mesh:
             return error_response(
                 UpgradeRequired("peer links between hosts use TLS: dial https://")
             )
-        if len(self.links) >= 2 * self.config.max_links:
+        full = len(self.links) >= 2 * self.config.max_links
+        if full and self._referrals >= MAX_REFERRALS:
             self.refused.inc("full")
             return error_response(
                 Unavailable("this node has all the peer links it takes", retry_after_ms=5000)
@@ -289,13 +293,24 @@ class Mesh:
             autoping=True,
         )
         await ws.prepare(request)
+        handshake = self._handshake(outbound=False)
+        handshake.full = full
+        self._referrals += full
         try:
-            peer = await run_handshake(ws, self._handshake(outbound=False), now_ms)
+            peer = await run_handshake(ws, handshake, now_ms)
+            if full:
+                # A verified member that found us full learns where else to link, so a
+                # node whose only bootstrap address is a busy node still joins the mesh.
+                self.refused.inc("full")
+                await send_referral(ws, self.book.urls_for_exchange())
+                return ws
         except WireError as exc:
             self.refused.inc(exc.code)
             log.info("refused a peer link from %s: %s", request.remote, exc)
             await ws.close(code=1008, message=exc.code.encode())
             return ws
+        finally:
+            self._referrals -= full
         entry = self.book.add(peer.url, node=peer.node, source="inbound") if peer.url else None
         link = PeerLink(
             peer,
@@ -351,6 +366,11 @@ class Mesh:
             return
         self._dialing.discard(url)
         self.book.succeeded(url, peer.node, now_ms())
+        if peer.full:
+            self._learn_peers(await receive_referral(ws))
+            self.book.hold(url, time.monotonic(), FULL_HOLD_S)
+            log.info("%s is full; learnt addresses from it", url)
+            return
         link = PeerLink(
             peer, ws, outbound=True, on_frame=self._on_frame, on_down=self._link_down, address=url
         )
@@ -724,11 +744,13 @@ class Mesh:
     def _h_peers(self, link: PeerLink, frame: dict[str, Any]) -> None:
         peers = frame.get("peers")
         if isinstance(peers, list):
-            for entry in peers[:64]:
-                if isinstance(entry, dict) and entry.get("node") != self.keys.node_id:
-                    self.book.add(
-                        str(entry.get("url", "")), node=entry.get("node"), source="exchange"
-                    )
+            self._learn_peers(peers)
+
+    def _learn_peers(self, peers: list[Any]) -> None:
+        """Peer exchange: remember the addresses a member shared (spec §7.1)."""
+        for entry in peers[:64]:
+            if isinstance(entry, dict) and entry.get("node") != self.keys.node_id:
+                self.book.add(str(entry.get("url", "")), node=entry.get("node"), source="exchange")
 
     # --- beacons and housekeeping -----------------------------------------------------------
 

@@ -131,6 +131,24 @@ async def test_a_non_member_cannot_link_call_or_subscribe(tmp_path: Path) -> Non
             stranger.stop()
 
 
+async def test_a_full_node_refers_a_newcomer_to_other_members(tmp_path: Path) -> None:
+    """Node 0 takes two links (D = 1); a third joiner that knows only node 0 is refused a
+    link but handed the members' addresses, and links to one of them."""
+    cluster = Cluster(tmp_path, env={**FAST_MESH, "HEARTHNET_MESH_MAX_LINKS": "1"})
+    try:
+        cluster.start(0)
+        cluster.env = FAST_MESH
+        for i in (1, 2):
+            cluster.start(i)
+        await wait_linked(cluster, [0], at_least=2)
+        cluster.start(3)
+        await wait_linked(cluster, [3], at_least=1)
+        assert 'hearthnet_mesh_refused_total{reason="full"}' in _metrics(cluster, 0)
+        assert 2 == status_of(cluster.nodes[0])["peers_linked"]
+    finally:
+        cluster.stop_all()
+
+
 async def drain(sub: Any) -> None:
     """Read a subscription until it ends (it should end with an error)."""
     async with asyncio.timeout(10):

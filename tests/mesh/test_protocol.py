@@ -67,6 +67,29 @@ def test_members_complete_the_handshake() -> None:
     )
 
 
+def test_a_full_acceptor_says_so_in_its_signed_hello() -> None:
+    """The dialer learns from H2 that no link will follow (addresses and bye instead)."""
+    view = community(B)
+    seen = []
+    for full in (False, True):
+        dialer = Handshake(A, view, True, NOW)
+        acceptor = Handshake(B, view, False, NOW, full=full)
+        run(dialer, acceptor)
+        seen.append((dialer.peer.full if dialer.peer else None, acceptor.done))
+    assert [(False, True), (True, True)] == seen
+
+
+def test_the_full_flag_is_signed() -> None:
+    """A hello whose full flag was added in flight fails its signature."""
+
+    def add_full(step: int, frame: dict[str, object]) -> dict[str, object]:
+        return {**frame, "full": True} if step == 2 else frame
+
+    view = community(B)
+    with pytest.raises(InvalidSignature):
+        run(Handshake(A, view, True, NOW), Handshake(B, view, False, NOW), add_full)
+
+
 @pytest.mark.parametrize(
     ("members", "revoked", "error"),
     [
