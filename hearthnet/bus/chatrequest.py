@@ -9,21 +9,18 @@ caller re-calling with results appended is held to the same limits).
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
-import orjson
-from jsonschema import Draft202012Validator
 
+from hearthnet.bus.descriptor import compiled_validator
 from hearthnet.errors import SchemaMismatch
 
 TOOL_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
 _TOOL_NAME_RE = re.compile(TOOL_NAME_PATTERN)
 TOOL_CHOICES = ("auto", "none", "required")
-VALIDATOR_CACHE_SIZE = 256
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
@@ -59,16 +56,6 @@ def tool_timeout_content(name: str, timeout_ms: int) -> dict[str, Any]:
     return tool_error("timeout", f"no result from tool {name} within {timeout_ms / 1000:g} s")
 
 
-@functools.lru_cache(maxsize=VALIDATOR_CACHE_SIZE)
-def _compiled(schema_json: bytes) -> Any:
-    """A checked, compiled validator for a tool's parameters. Checking a schema against
-    the meta-schema costs about a millisecond, and an SSE caller sends the same tools on
-    every re-call, so validators are cached by the schema's canonical JSON (bounded)."""
-    schema = orjson.loads(schema_json)
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema)
-
-
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
     """A tool the model may call; the node validates arguments against ``parameters``."""
@@ -95,7 +82,7 @@ class ToolSpec:
         if not isinstance(description, str) or not isinstance(parameters, dict):
             raise SchemaMismatch(f"tool {name}: description is a string, parameters an object")
         try:
-            validator = _compiled(orjson.dumps(parameters, option=orjson.OPT_SORT_KEYS))
+            validator = compiled_validator(parameters)
         except jsonschema.SchemaError as exc:
             raise SchemaMismatch(
                 f"tool {name}: parameters is not a JSON Schema: {exc.message}"

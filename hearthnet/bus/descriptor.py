@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
+import orjson
 from jsonschema import Draft202012Validator
 
 from hearthnet.bus.envelope import validate_capability_name, validate_version
@@ -14,6 +15,23 @@ from hearthnet.community import Level
 from hearthnet.errors import BadRequest, SchemaMismatch
 
 STABILITIES = ("stable", "beta", "experimental")
+VALIDATOR_CACHE_SIZE = 1024
+
+
+@functools.lru_cache(maxsize=VALIDATOR_CACHE_SIZE)
+def _compiled(schema_json: bytes) -> Any:
+    schema = orjson.loads(schema_json)
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def compiled_validator(schema: dict[str, Any]) -> Any:
+    """A checked, compiled validator for ``schema``; :class:`jsonschema.SchemaError` if the
+    schema is invalid. Checking a schema against the meta-schema costs about a millisecond,
+    and the same schemas come back all the time (every peer's ``caps`` announcement, every
+    SSE re-call of a tool loop), so validators are cached by the schema's canonical JSON
+    (bounded)."""
+    return _compiled(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -55,11 +73,13 @@ class CapabilityDescriptor:
         if self.max_concurrent < 1 or self.timeout_s <= 0:
             raise BadRequest("max_concurrent must be >= 1 and timeout_s > 0")
         try:
-            Draft202012Validator.check_schema(self.request_schema)
+            validator = compiled_validator(self.request_schema)
         except jsonschema.SchemaError as exc:
             raise BadRequest(f"{self.name}: invalid request_schema: {exc.message}") from exc
-        # Compile once: validation runs on every call.
-        object.__setattr__(self, "_validator", Draft202012Validator(self.request_schema))
+        except (TypeError, orjson.JSONEncodeError) as exc:
+            raise BadRequest(f"{self.name}: request_schema is not JSON: {exc}") from exc
+        # Compiled once (and shared): validation runs on every call.
+        object.__setattr__(self, "_validator", validator)
 
     @property
     def streaming(self) -> bool:

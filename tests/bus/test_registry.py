@@ -84,6 +84,21 @@ def test_descriptor_validates_names_and_schema() -> None:
             CapabilityDescriptor(**kwargs)  # type: ignore[arg-type]
 
 
+def test_descriptors_with_the_same_schema_share_one_checked_validator() -> None:
+    """Peers announce the same descriptors every few seconds: the schema is checked and
+    compiled once (keys in any order), and a bad schema is refused every time."""
+    schema_a = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+    schema_b = {"required": ["q"], "properties": {"q": {"type": "string"}}, "type": "object"}
+    one = CapabilityDescriptor("search", "1.0", request_schema=schema_a)
+    two = CapabilityDescriptor("search", "1.0", request_schema=schema_b)
+    assert one._validator is two._validator
+    for _ in range(2):
+        with pytest.raises(BadRequest):
+            CapabilityDescriptor("x", "1.0", request_schema={"type": 5})
+    with pytest.raises(BadRequest, match="not JSON"):
+        CapabilityDescriptor("x", "1.0", request_schema={"type": {1, 2}})
+
+
 def test_schema_mismatch_names_the_path() -> None:
     """echo.stream's schema refuses a negative count and says where."""
     with pytest.raises(SchemaMismatch, match="count"):
