@@ -413,6 +413,7 @@ def fanout_run(
         "--warmup", str(sc.warmup_s),
         "--lead", str(opts.lead),
         "--outstanding", str(opts.outstanding),
+        "--window", str(opts.window),
         "--drain", str(opts.drain),
         "--pause-subs", str(opts.pause_subs),
     ]  # fmt: skip
@@ -733,6 +734,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="max messages the publisher runs ahead of the slowest subscriber (0: open loop)",
     )
     p.add_argument("--outstanding", type=int, default=256, help="max unacknowledged publishes")
+    p.add_argument(
+        "--window",
+        type=int,
+        default=1024,
+        help="HearthNet subscriber flow-control window (spec default 1024; acks every half)",
+    )
     p.add_argument("--workers", type=int, default=2, help="load generator subscriber threads")
     p.add_argument(
         "--pause-subs",

@@ -72,6 +72,7 @@ log = logging.getLogger("hearthnet.node")
 
 MANIFEST_TTL_MS = 60_000
 MANIFEST_REISSUE_MS = 30_000
+TASK_STOP_S = 2.0  # how long shutdown waits for a cancelled background task to end
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,6 +413,14 @@ class Node:
             task.cancel()
         await group.__aexit__(None, None, None)
 
+    async def _cancel_tasks(self, *names: str) -> None:
+        """Cancel the named background tasks and wait (bounded) until they have ended."""
+        tasks = [t for t in self._tasks if t.get_name() in names]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=TASK_STOP_S)
+
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Start a background task owned by the node's task group."""
         if self._task_group is None:
@@ -450,6 +459,9 @@ class Node:
         await self.server.stop_accepting()
         await self.streams.shutdown(self.config.node.shutdown_grace_s)
         await self.server.close()
+        # Everything in the background that reads or writes the log stops before it closes;
+        # the flush loop is stopped by close() itself, after the last batch is committed.
+        await self._cancel_tasks("pubsub-retention", "pubsub-sweeper", "mesh")
         await self.message_log.close()
         if self.llm is not None:
             await self.llm.aclose()
