@@ -146,7 +146,7 @@ class WsSession:
         self.token_exp_ms: int | None = None
         self.warned = False
         self.close_code: int | None = None
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.tasks: set[asyncio.Task[Any]] | None = None  # made on first use: most have none
         self.session_key: int | None = None
 
     # --- sending ----------------------------------------------------------------------
@@ -235,7 +235,7 @@ class WsSession:
                 return
             await self._serve()
         finally:
-            for task in self.tasks:
+            for task in self.tasks or ():
                 task.cancel()
             if self.sub is not None:
                 deps.service.detach(self.sub)
@@ -284,7 +284,7 @@ class WsSession:
             window=window,
             queue_max=deps.config.queue_max,
             catching_up=True,
-            encode_gap=lambda a, b: control_frame(self.form, "gap", {"from_seq": a, "to_seq": b}),
+            encode_gap=self._gap_frame,
         )
         self.sub = Subscriber(
             caller=caller,
@@ -310,23 +310,28 @@ class WsSession:
     async def _serve(self) -> None:
         while True:
             msg = await self._receive()
-            if msg is None:
+            if msg is None or not await self._serve_one(msg):
                 return
-            try:
-                frame = parse_client_frame(self._decode(msg))
-                await self._handle(frame)
-            except WrongFrameType as exc:
-                self.deps.metrics.refused.inc(exc.code, "ws")
-                self.send("error", exc.to_frame_data())
-                self.hard_close(CLOSE_UNSUPPORTED_DATA, exc.code)
-                return
-            except WireError as exc:
-                self.deps.metrics.refused.inc(exc.code, "ws")
-                data = exc.to_frame_data()
-                ref = _ref_of(msg, self)
-                if ref is not None:
-                    data["ref"] = ref
-                self.send("error", data)
+            # An idle session waits in _receive(): it must not keep its last frame alive.
+            msg = None
+
+    async def _serve_one(self, msg: Any) -> bool:
+        """Handle one client frame; False when the session must end."""
+        try:
+            await self._handle(parse_client_frame(self._decode(msg)))
+        except WrongFrameType as exc:
+            self.deps.metrics.refused.inc(exc.code, "ws")
+            self.send("error", exc.to_frame_data())
+            self.hard_close(CLOSE_UNSUPPORTED_DATA, exc.code)
+            return False
+        except WireError as exc:
+            self.deps.metrics.refused.inc(exc.code, "ws")
+            data = exc.to_frame_data()
+            ref = _ref_of(msg, self)
+            if ref is not None:
+                data["ref"] = ref
+            self.send("error", data)
+        return True
 
     async def _handle(self, frame: Any) -> None:
         service = self.deps.service
@@ -357,8 +362,13 @@ class WsSession:
         elif isinstance(frame, Auth):
             self._refresh(frame)
 
+    def _gap_frame(self, from_seq: int, to_seq: int) -> bytes:
+        return control_frame(self.form, "gap", {"from_seq": from_seq, "to_seq": to_seq})
+
     def _spawn(self, coro: Any) -> None:
         task = self.loop.create_task(self._guard(coro))
+        if self.tasks is None:
+            self.tasks = set()
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
