@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import subprocess
 import sys
@@ -31,11 +30,11 @@ from typing import Any
 
 import uvloop
 
-from bench.common import percentile, save
+from bench.common import percentile, save, start_node
 from hearthnet.client import Client
-from hearthnet.community import CommunityStore, Level, MembershipRecord
 from hearthnet.identity import load_or_create_keys
 from hearthnet.subscription import Delivery
+from tests.chaos.mesh_lab import prepare_community, start_nodes
 from tests.chaos.netns import Lab, unavailable_reason
 
 FAST = {
@@ -71,39 +70,11 @@ class LoopbackMesh:
         self.urls: list[str] = []
 
     def _start(self, i: int, *extra: str) -> None:
-        data = self.root / f"n{i}"
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "hearthnet.cli",
-                "node",
-                "start",
-                "--data-dir",
-                str(data),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--no-zeroconf",
-                "--log-level",
-                "warning",
-                "--name",
-                f"n{i}",
-                *extra,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env={**os.environ, **FAST},
+        node = start_node(
+            "--no-zeroconf", "--name", f"n{i}", *extra, env=FAST, data_dir=self.root / f"n{i}"
         )
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line.startswith("hearthnet ready"):
-            proc.kill()
-            raise RuntimeError(f"node {i} did not start: {line!r}")
-        self.procs.append(proc)
-        self.urls.append(dict(p.split("=", 1) for p in line.split()[2:])["url"])
+        self.procs.append(node.proc)
+        self.urls.append(node.url)
 
     def start(self) -> None:
         """Start node 0, then the others with invites from node 0."""
@@ -161,6 +132,7 @@ async def loopback(n: int, messages: int, rate: float) -> dict[str, Any]:
     mesh.start()
     try:
         link_s = await wait_links(mesh, min(3, n - 1))
+        ready_s = time.monotonic() - started  # all started, joined, and linked
         arrivals: dict[str, dict[int, float]] = {}
         sent: dict[str, float] = {}
         clients = [
@@ -207,7 +179,8 @@ async def loopback(n: int, messages: int, rate: float) -> dict[str, Any]:
             "nodes": n,
             "messages": messages,
             "rate_per_s": rate,
-            "startup_s": round(link_s + (time.monotonic() - started - link_s), 1),
+            "start_join_link_s": round(ready_s, 1),
+            "links_after_start_s": round(link_s, 1),
             "delivered_to_all": complete,
             "to_all_p50_ms": round(percentile(to_all, 50) * 1000, 1),
             "to_all_p99_ms": round(percentile(to_all, 99) * 1000, 1),
@@ -229,61 +202,9 @@ def netns(hosts: int, messages: int) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="hn-mesh-ns-"))
     result: dict[str, Any] = {"hosts": hosts}
     with Lab(hosts) as lab:
-        keys = [load_or_create_keys(root / h.name) for h in lab.hosts]
-        founder = keys[0]
-        records = [
-            MembershipRecord.create(
-                founder,
-                "community.created",
-                founder.node_id,
-                founder.node_id,
-                now_ms=1,
-                name="bench",
-            )
-        ]
-        records += [
-            MembershipRecord.create(
-                founder,
-                "member.added",
-                founder.node_id,
-                k.node_id,
-                now_ms=2 + i,
-                level=Level.MEMBER,
-            )
-            for i, k in enumerate(keys[1:])
-        ]
-        for h in lab.hosts:
-            CommunityStore(root / h.name).replace(records)
-        env = {
-            **os.environ,
-            **FAST,
-            "HEARTHNET_MESH_ANTI_ENTROPY_S": "2",
-            "HEARTHNET_PUBSUB_SYNC": "normal",
-        }
-        procs = [
-            h.popen(
-                *h.python(
-                    "-m",
-                    "hearthnet.cli",
-                    "node",
-                    "start",
-                    "--name",
-                    h.name,
-                    "--data-dir",
-                    str(root / h.name),
-                    "--host",
-                    h.ip,
-                    "--port",
-                    "7080",
-                    "--log-level",
-                    "warning",
-                ),
-                env=env,
-            )
-            for h in lab.hosts
-        ]
-        for p in procs:
-            p.wait_for_line(lambda line: line.startswith("hearthnet ready"), 60)
+        prepare_community(root, lab, "bench")
+        env = {**FAST, "HEARTHNET_MESH_ANTI_ENTROPY_S": "2", "HEARTHNET_PUBSUB_SYNC": "normal"}
+        procs = start_nodes(root, lab, env, "--log-level", "warning", ready_s=60)
 
         def cli(h: Any, *args: str) -> str:
             return str(

@@ -31,6 +31,7 @@ from hearthnet.identity import verify_object
 from hearthnet.ids import is_node_id, is_ulid
 from hearthnet.replay import ReplayCache
 from hearthnet.tokens import CapabilityToken
+from hearthnet.transport.headers import SignedHeaders
 
 
 class Authenticator:
@@ -155,6 +156,23 @@ class Authenticator:
             now_ms=now_ms,
         )
         return VerifiedCall(envelope, caller, str(signature), None, target, deadline_ms)
+
+    def authenticate_headers(
+        self, *, method: str, path: str, body: Any, signed: SignedHeaders, now_ms: int
+    ) -> Caller:
+        """:meth:`authenticate_request` with the credentials read from the headers."""
+        return self.authenticate_request(
+            method=method,
+            path=path,
+            body=body,
+            request_id=signed.request_id,
+            sender=signed.sender,
+            community=signed.community,
+            ts=signed.ts,
+            signature=signed.signature,
+            token=signed.token,
+            now_ms=now_ms,
+        )
 
     def authenticate_request(
         self,

@@ -49,17 +49,11 @@ class MeshHttp:
 
     async def peers(self, request: web.Request) -> web.Response:
         """Linked peers and known addresses (members only)."""
-        signed = read_signed_headers(request.headers)
-        self.authenticator.authenticate_request(
+        self.authenticator.authenticate_headers(
             method="GET",
             path=request.raw_path,
             body=None,
-            request_id=signed.request_id,
-            sender=signed.sender,
-            community=signed.community,
-            ts=signed.ts,
-            signature=signed.signature,
-            token=signed.token,
+            signed=read_signed_headers(request.headers),
             now_ms=now_ms(),
         )
         return json_response(

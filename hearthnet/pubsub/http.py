@@ -79,17 +79,11 @@ class PubSubHttp:
     def caller(self, request: web.Request, body: Any) -> Caller:
         """Authenticate a request: signed headers over the request envelope, or a token
         (header, or ``?token=`` since a browser EventSource cannot set headers)."""
-        signed = read_signed_headers(request.headers, query_token=request.query.get("token"))
-        return self.deps.authenticator.authenticate_request(
+        return self.deps.authenticator.authenticate_headers(
             method=request.method,
             path=request.raw_path,
             body=body,
-            request_id=signed.request_id,
-            sender=signed.sender,
-            community=signed.community,
-            ts=signed.ts,
-            signature=signed.signature,
-            token=signed.token,
+            signed=read_signed_headers(request.headers, query_token=request.query.get("token")),
             now_ms=now_ms(),
         )
 

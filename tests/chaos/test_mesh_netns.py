@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from hearthnet.community import CommunityStore, Level, MembershipRecord
-from hearthnet.identity import load_or_create_keys
 from tests.chaos.conftest import MakeLab
-from tests.chaos.netns import Host, HostProcess, Lab
+from tests.chaos.mesh_lab import prepare_community, start_nodes
+from tests.chaos.netns import Host, Lab
 from tests.helpers import eventually
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
@@ -27,53 +25,6 @@ FAST = {
     "HEARTHNET_MESH_HEARTBEAT_S": "1",
     "HEARTHNET_PUBSUB_SYNC": "normal",
 }
-
-
-def prepare_community(root: Path, lab: Lab) -> None:
-    """Every host's data dir gets keys and the same membership log (host 0 founds it),
-    written offline: no invite, no bootstrap URL, nothing that tells a node where others are."""
-    keys = [load_or_create_keys(root / h.name) for h in lab.hosts]
-    founder = keys[0]
-    records = [
-        MembershipRecord.create(
-            founder, "community.created", founder.node_id, founder.node_id, now_ms=1, name="lab"
-        )
-    ]
-    records += [
-        MembershipRecord.create(
-            founder, "member.added", founder.node_id, k.node_id, now_ms=2 + i, level=Level.MEMBER
-        )
-        for i, k in enumerate(keys[1:])
-    ]
-    for host in lab.hosts:
-        CommunityStore(root / host.name).replace(records)
-
-
-def start_nodes(root: Path, lab: Lab) -> list[HostProcess]:
-    """`hearthnet node start` in each namespace, zeroconf on, no peers given."""
-    procs = [
-        h.popen(
-            *h.python(
-                "-m",
-                "hearthnet.cli",
-                "node",
-                "start",
-                "--name",
-                h.name,
-                "--data-dir",
-                str(root / h.name),
-                "--host",
-                h.ip,
-                "--port",
-                "7080",
-            ),
-            env={**os.environ, **FAST},
-        )
-        for h in lab.hosts
-    ]
-    for proc in procs:
-        proc.wait_for_line(lambda line: line.startswith("hearthnet ready"), 30)
-    return procs
 
 
 async def get(via: Host, url: str) -> Any:
@@ -94,7 +45,7 @@ async def test_nodes_find_each_other_by_zeroconf_alone_and_form_a_mesh(
     """Four hosts on a bridge, nobody told of anybody: each ends up linked to the other three."""
     lab = make_lab(4)
     prepare_community(tmp_path, lab)
-    start_nodes(tmp_path, lab)
+    start_nodes(tmp_path, lab, FAST)
     counts = await eventually(
         lambda: linked(lab),
         lambda c: c == [3, 3, 3, 3],
@@ -125,7 +76,7 @@ async def test_partition_heals_and_every_node_converges(make_lab: MakeLab, tmp_p
     """Split 2|2 with 10 % loss on every link; publish on both sides; heal: all hold everything."""
     lab = make_lab(4)
     prepare_community(tmp_path, lab)
-    start_nodes(tmp_path, lab)
+    start_nodes(tmp_path, lab, FAST)
     await eventually(
         lambda: linked(lab), lambda c: c == [3, 3, 3, 3], within_s=30, what="a full mesh"
     )

@@ -1,0 +1,62 @@
+"""A community of node processes in the chaos lab: one node per namespace (shared by the
+chaos tests and the mesh benchmark)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hearthnet.community import CommunityStore, Level, MembershipRecord
+from hearthnet.identity import load_or_create_keys
+from tests.chaos.netns import HostProcess, Lab
+
+
+def prepare_community(root: Path, lab: Lab, name: str = "lab") -> None:
+    """Every host's data dir gets keys and the same membership log (host 0 founds it),
+    written offline: no invite, no bootstrap URL, nothing that tells a node where others are."""
+    keys = [load_or_create_keys(root / h.name) for h in lab.hosts]
+    founder = keys[0]
+    records = [
+        MembershipRecord.create(
+            founder, "community.created", founder.node_id, founder.node_id, now_ms=1, name=name
+        )
+    ]
+    records += [
+        MembershipRecord.create(
+            founder, "member.added", founder.node_id, k.node_id, now_ms=2 + i, level=Level.MEMBER
+        )
+        for i, k in enumerate(keys[1:])
+    ]
+    for host in lab.hosts:
+        CommunityStore(root / host.name).replace(records)
+
+
+def start_nodes(
+    root: Path, lab: Lab, env: dict[str, str], *extra: str, ready_s: float = 30
+) -> list[HostProcess]:
+    """`hearthnet node start` in each namespace on port 7080, zeroconf on, no peers given;
+    returns once every node printed its ready line."""
+    procs = [
+        h.popen(
+            *h.python(
+                "-m",
+                "hearthnet.cli",
+                "node",
+                "start",
+                "--name",
+                h.name,
+                "--data-dir",
+                str(root / h.name),
+                "--host",
+                h.ip,
+                "--port",
+                "7080",
+                *extra,
+            ),
+            env={**os.environ, **env},
+        )
+        for h in lab.hosts
+    ]
+    for proc in procs:
+        proc.wait_for_line(lambda line: line.startswith("hearthnet ready"), ready_s)
+    return procs
