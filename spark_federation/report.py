@@ -61,6 +61,13 @@ def label(node: str, names: dict[str, str]) -> str:
     return f"{names[node]} ({sid[:9]})" if node in names else sid
 
 
+def link_end(node: str, names: dict[str, str]) -> str:
+    """A node at one end of a link label: name and 4 short-id characters (names repeat:
+    every node on one host may be called after it), or 9 characters of the short id."""
+    sid = short_id(node)
+    return f"{names[node]} ({sid[:4]})" if node in names else sid[:9]
+
+
 def _hm(ms: int) -> str:
     return time.strftime("%m-%d %H:%M", time.gmtime(ms / 1000))
 
@@ -135,8 +142,7 @@ def _rtt_chart(path: Path, data: ReportData) -> Path | None:
             "q3": r["q"][3],
             "whishi": r["q"][4],
             "fliers": [r["q"][5]],
-            "label": f"{names.get(r['a']) or short_id(r['a'])[:9]}"
-            f" ↔ {names.get(r['b']) or short_id(r['b'])[:9]}",
+            "label": f"{link_end(r['a'], names)} ↔ {link_end(r['b'], names)}",
         }
         for r in rows
     ]
@@ -163,12 +169,15 @@ def _timeline_chart(path: Path, data: ReportData) -> Path | None:
     if not data.per_window:
         return None
     window = s["window_s"] * 1000
+    # hours for long spans, minutes for short ones (a few minutes read badly as 0.03 h)
+    span_ms = s["span"]["end_ms"] - s["span"]["start_ms"]
+    unit_ms, unit = (HOUR_MS, "hours") if span_ms >= 3 * HOUR_MS else (60_000, "minutes")
     nodes = sorted(s["availability"], key=lambda n: label(n, names))[:MAX_ROWS]
     fig = Figure(figsize=(12, 2.6 + 0.3 * len(nodes)))
     top, rows = fig.subplots(
         2, 1, sharex=True, gridspec_kw={"height_ratios": [1.2, max(1.0, 0.3 * len(nodes))]}
     )
-    xs = [(r["win"] - s["span"]["start_ms"]) / HOUR_MS for r in data.per_window]
+    xs = [(r["win"] - s["span"]["start_ms"]) / unit_ms for r in data.per_window]
     top.step(
         xs,
         [r["components"] for r in data.per_window],
@@ -185,11 +194,11 @@ def _timeline_chart(path: Path, data: ReportData) -> Path | None:
     )
     top.set_ylabel("count")
     top.legend(loc="upper right", fontsize=8)
-    top.set_title("Partitions and outages (hours from start of analysis)")
+    top.set_title(f"Partitions and outages ({unit} from start of analysis)")
     for p in s["partitions"]:
         top.axvspan(
-            (p["start_ms"] - s["span"]["start_ms"]) / HOUR_MS,
-            (p["end_ms"] - s["span"]["start_ms"]) / HOUR_MS,
+            (p["start_ms"] - s["span"]["start_ms"]) / unit_ms,
+            (p["end_ms"] - s["span"]["start_ms"]) / unit_ms,
             color="tab:red",
             alpha=0.15,
         )
@@ -201,21 +210,21 @@ def _timeline_chart(path: Path, data: ReportData) -> Path | None:
         if c["size"] < largest[c["window_start_ms"]] or c["size"] == 1:
             for n in c["nodes"] or []:
                 minority[n].append(c["window_start_ms"])
-    width = window / HOUR_MS
+    width = window / unit_ms
     for y, n in enumerate(nodes):
         start = s["span"]["start_ms"]
-        total = (s["span"]["end_ms"] - start) / HOUR_MS
+        total = (s["span"]["end_ms"] - start) / unit_ms
         rows.broken_barh([(0, total)], (y - 0.35, 0.7), color="#cfe8cf")
         downs = [
-            ((o["start_ms"] - start) / HOUR_MS, (o["end_ms"] - o["start_ms"]) / HOUR_MS)
+            ((o["start_ms"] - start) / unit_ms, (o["end_ms"] - o["start_ms"]) / unit_ms)
             for o in s["outages"]
             if o["node"] == n
         ]
         rows.broken_barh(downs, (y - 0.35, 0.7), color="#555555")
-        cut = [((w - start) / HOUR_MS, width) for w in minority.get(n, [])]
+        cut = [((w - start) / unit_ms, width) for w in minority.get(n, [])]
         rows.broken_barh(cut, (y - 0.35, 0.7), color="tab:red")
     rows.set_yticks(range(len(nodes)), [label(n, names) for n in nodes], fontsize=8)
-    rows.set_xlabel("hours (green: up, grey: down, red: in a smaller partition)")
+    rows.set_xlabel(f"{unit} (green: up, grey: down, red: in a smaller partition)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return path

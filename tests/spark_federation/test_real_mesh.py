@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from hearthnet.clock import now_ms
 from hearthnet.mesh.heartlog import export
 from spark_federation.mesh_health import run
 from spark_federation.params import JobConfig
+from spark_federation.report import label
 from tests.helpers import hearthnet_cmd
 from tests.mesh.test_heartlog import KEYS, write_beacon, write_records
 from tests.spark_federation.verdicts import within_window
@@ -31,8 +33,8 @@ WINDOW_MS = 60_000
 
 
 @pytest.fixture(scope="module")
-def real_summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """``hearthnet mesh health`` on the recorded export, as an admin runs it."""
+def real_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``hearthnet mesh health`` on the recorded export, as an admin runs it; its output."""
     pytest.importorskip("pyspark")
     out = tmp_path_factory.mktemp("real-mesh")
     done = subprocess.run(
@@ -44,9 +46,27 @@ def real_summary(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
     )  # fmt: skip
     assert 0 == done.returncode, done.stderr[-2000:]
-    assert (out / "report.html").exists()
-    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    return out
+
+
+@pytest.fixture(scope="module")
+def real_summary(real_report: Path) -> dict[str, Any]:
+    """The job's summary.json for the recorded export."""
+    summary: dict[str, Any] = json.loads((real_report / "summary.json").read_text())
     return summary
+
+
+def test_the_report_names_the_outage_and_shows_its_charts(real_report: Path) -> None:
+    """report.html lists the killed node under outages by its beacon name and short id,
+    and every chart it shows is a PNG written next to it."""
+    page = (real_report / "report.html").read_text(encoding="utf-8")
+    events = json.loads((FIXTURE / "events.json").read_text())
+    victim = events["nodes"][events["victim"]]
+    summary = json.loads((real_report / "summary.json").read_text())
+    assert label(victim, summary["names"]) in page.split("<h2>Outages</h2>", 1)[1]
+    charts = re.findall(r'<img src="([^"]+)"', page)
+    assert {"availability.png", "rtt.png", "partitions.png"} <= set(charts)
+    assert all((real_report / c).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for c in charts)
 
 
 def test_every_record_of_real_nodes_is_read(real_summary: dict[str, Any]) -> None:
