@@ -120,22 +120,7 @@ def start_nats() -> RefServer:
         f"}}\n",
         encoding="ascii",
     )
-    log = (work / "server.log").open("wb")
-    proc = subprocess.Popen(
-        [binary, "-c", str(work / "nats.conf")],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    server = RefServer(
-        "nats", proc, f"ws://127.0.0.1:{ws_port}", work, _version([binary, "--version"]), log
-    )
-    try:
-        wait_port(ws_port, proc)
-    except Exception:
-        server.stop()
-        raise
-    return server
+    return _launch("nats", binary, work / "nats.conf", ws_port, _version([binary, "--version"]))
 
 
 def start_mosquitto() -> RefServer:
@@ -161,16 +146,16 @@ def start_mosquitto() -> RefServer:
         "log_type warning\n",
         encoding="ascii",
     )
-    log = (work / "server.log").open("wb")
+    return _launch("mosquitto", binary, work / "mosquitto.conf", ws_port, _version([binary, "-h"]))
+
+
+def _launch(name: str, binary: str, conf: Path, ws_port: int, version: str) -> RefServer:
+    """Start ``binary -c conf`` (log beside the config) and wait for its WebSocket port."""
+    log = (conf.parent / "server.log").open("wb")
     proc = subprocess.Popen(
-        [binary, "-c", str(work / "mosquitto.conf")],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+        [binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
-    server = RefServer(
-        "mosquitto", proc, f"ws://127.0.0.1:{ws_port}", work, _version([binary, "-h"]), log
-    )
+    server = RefServer(name, proc, f"ws://127.0.0.1:{ws_port}", conf.parent, version, log)
     try:
         wait_port(ws_port, proc)
     except Exception:
