@@ -30,7 +30,7 @@ from typing import Any
 
 import uvloop
 
-from bench.common import percentile, save, start_node
+from bench.common import percentile, save, start_node, stop_process
 from hearthnet.client import Client
 from hearthnet.identity import load_or_create_keys
 from hearthnet.subscription import Delivery
@@ -102,13 +102,9 @@ class LoopbackMesh:
     def stop(self) -> None:
         """SIGTERM, then SIGKILL, every node."""
         for proc in self.procs:
-            proc.terminate()
+            proc.terminate()  # all at once: they shut down in parallel
         for proc in self.procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+            stop_process(proc)
             if proc.stdout:
                 proc.stdout.close()
 

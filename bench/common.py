@@ -55,6 +55,17 @@ def self_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def stop_process(proc: subprocess.Popen[Any], grace_s: float = 10) -> None:
+    """Stop a process we started: SIGTERM, then SIGKILL if it lingers past ``grace_s``."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 @dataclass
 class NodeUnderTest:
     """A node started by ``hearthnet node start`` for a benchmark."""
@@ -72,13 +83,7 @@ class NodeUnderTest:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it lingers."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
 
 
 def start_node(

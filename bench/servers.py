@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -18,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from bench.common import stop_process
 
 
 class MissingTool(RuntimeError):
@@ -79,13 +80,7 @@ class RefServer:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it lingers; remove the temp dir."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
         if self.log is not None:
             self.log.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
