@@ -19,14 +19,27 @@ def test_three_missed_pongs_mark_the_link_down() -> None:
     """Unanswered pings are misses; after three in a row the link is down; a pong resets it."""
     tracker = HeartbeatTracker(interval_s=5)
     misses = []
+    ping = None
     for t in (0, 5, 10, 15):
-        _, observed = tracker.tick(now=float(t), wall_ms=t * 1000)
+        ping, observed = tracker.tick(now=float(t), wall_ms=t * 1000)
         misses += observed
-    assert ([1, 2, 3], True, 75.0) == ([m.seq for m in misses], tracker.down, tracker.loss_pct)
+    down_after_three = tracker.down
+    assert ping is not None
+    answered = tracker.pong(ping["seq"], ping["ts"], 15_050, now=15.1, wall_ms=15_100)
+    assert ([1, 2, 3], True, 75.0, 4, False) == (
+        [m.seq for m in misses],
+        down_after_three,
+        tracker.loss_pct,
+        answered.seq if answered else None,
+        tracker.down,
+    )
 
 
 def test_late_or_unknown_pongs_are_ignored() -> None:
     """A pong for a seq never sent, or already counted missed, changes nothing."""
     tracker = HeartbeatTracker(interval_s=5)
     tracker.tick(now=0.0, wall_ms=0)
-    assert (None, None) == (tracker.pong(99, 0, 0, 1.0, 1), tracker.pong("x", 0, 0, 1.0, 1))
+    unknown = (tracker.pong(99, 0, 0, 1.0, 1), tracker.pong("x", 0, 0, 1.0, 1))
+    _, missed = tracker.tick(now=5.0, wall_ms=5000)  # seq 1 is counted missed
+    late = tracker.pong(1, 0, 0, 5.1, 5100)
+    assert (None, None, [1], None, 1) == (*unknown, [m.seq for m in missed], late, tracker.missed)
