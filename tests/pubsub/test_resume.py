@@ -67,7 +67,11 @@ async def scenario(data_dir: Path, ops: list[Op]) -> tuple[list[int], int]:
                 else:
                     await asyncio.sleep(arg / 1000)
             total = published
-            await wait_until(lambda: len(received) >= total, within_s=20, what="all messages")
+            await wait_until(
+                lambda: len(received) >= total or consumer.done(), within_s=20, what="all messages"
+            )
+            if consumer.done():
+                consumer.result()  # the consumer's own failure (say, a gap), not a timeout
             consumer.cancel()
         return received, total
 

@@ -12,7 +12,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from capabilities.llm_chat.backends.openai import ChunkParser, ToolNames, build_request
+from capabilities.llm_chat.backends.openai import (
+    ChunkParser,
+    OpenAIBackend,
+    ToolNames,
+    build_request,
+)
 from hearthnet.bus.chatrequest import (
     ChatRequest,
     ToolLimits,
@@ -417,7 +422,12 @@ async def test_shutdown_closes_the_connection_pool(make_config: MakeConfig) -> N
         node = llm_node(make_config, server)
         async with node, Client(node.url, keys=node.keys) as client:
             await client.chat([USER])
-        assert node.llm is not None
-        backend = node.llm.backends["openai"]
-        session = getattr(backend, "_session", None)
-    assert (None, 1) == (session, len(server.requests))
+            assert node.llm is not None
+            backend = node.llm.backends["openai"]
+            assert isinstance(backend, OpenAIBackend)
+            session = backend._session  # the pool the call used
+        assert (True, None, 1) == (
+            session is not None and session.closed,
+            backend._session,
+            len(server.requests),
+        )
