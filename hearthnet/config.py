@@ -491,7 +491,14 @@ def load_config(
             raise ConfigError(f"{path}: [{name}] must be a table")
         current = _apply(cls, name, table, current, str(path))
         prefix = f"HEARTHNET_{name.upper()}_"
-        env_values = {k[len(prefix) :].lower(): v for k, v in env.items() if k.startswith(prefix)}
+        # Only variables that name a key: HEARTHNET_* is one namespace shared with variables
+        # that are not configuration (the LLM API key, HEARTHNET_LLM_API_KEY by default).
+        fields = {f.name for f in dataclasses.fields(cls)}
+        env_values = {
+            key: v
+            for k, v in env.items()
+            if k.startswith(prefix) and (key := k[len(prefix) :].lower()) in fields
+        }
         if name == "node" and "HEARTHNET_DATA_DIR" in env and "data_dir" not in env_values:
             env_values["data_dir"] = env["HEARTHNET_DATA_DIR"]
         current = _apply(cls, name, env_values, current, "environment")

@@ -59,6 +59,16 @@ def test_bad_environment_value_refused() -> None:
         load_config(None, env={"HEARTHNET_TRANSPORT_WS_PING_S": "soon"})
 
 
+def test_environment_variables_that_are_not_keys_are_left_alone() -> None:
+    """The LLM API key lives in HEARTHNET_LLM_API_KEY by default: a node must start with it
+    set, and it must not become configuration."""
+    config = load_config(
+        None, env={"HEARTHNET_LLM_API_KEY": "sk-secret", "HEARTHNET_LLM_MODEL": "m1"}
+    )
+    assert ("m1", "HEARTHNET_LLM_API_KEY") == (config.llm.model, config.llm.api_key_env)
+    assert "sk-secret" not in to_toml(config)
+
+
 def test_config_show_output_loads_back(tmp_path: Path) -> None:
     """`config show` prints TOML that loads back to the same configuration."""
     config = load_config(
