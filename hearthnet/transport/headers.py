@@ -42,17 +42,26 @@ class CallHeaders:
     deadline_ms: int | None
 
 
-def _int_header(headers: Mapping[str, str], name: str, *, minimum: int) -> int | None:
-    raw = headers.get(name)
-    if raw is None:
-        return None
+def parse_int(raw: str, name: str, *, minimum: int) -> int:
+    """An integer header or query value: ASCII digits with an optional minus sign, at most
+    16 characters (``isdigit`` alone lets ``²`` and ``--5`` through to ``int()``).
+
+    Raises:
+        BadRequest: not such an integer, or below ``minimum``.
+    """
     raw = raw.strip()
-    if not raw.lstrip("-").isdigit() or len(raw) > 16:
+    digits = raw[1:] if raw.startswith("-") else raw
+    if not (digits.isascii() and digits.isdigit()) or len(raw) > 16:
         raise BadRequest(f"{name} must be an integer")
     value = int(raw)
     if value < minimum:
         raise BadRequest(f"{name} must be at least {minimum}")
     return value
+
+
+def _int_header(headers: Mapping[str, str], name: str, *, minimum: int) -> int | None:
+    raw = headers.get(name)
+    return None if raw is None else parse_int(raw, name, minimum=minimum)
 
 
 def read_signed_headers(

@@ -131,6 +131,23 @@ def bad_cases(node: Node) -> list[tuple[str, dict[str, str], Any, int, str]]:
             400,
             "bad_request",
         ),
+        *(
+            (
+                f"timestamp {raw!r}",
+                {**signed_call(k, c, "echo", good), h.TIMESTAMP: raw},
+                good,
+                400,
+                "bad_request",
+            )
+            for raw in ("--5", "\u00b2", "1" * 17)
+        ),
+        (
+            "deadline not a number",
+            {**signed_call(k, c, "echo", good), h.DEADLINE: "\u0663"},
+            good,
+            400,
+            "bad_request",
+        ),
         ("bad signature", bad_sig, good, 401, "invalid_signature"),
         (
             "stale timestamp",
