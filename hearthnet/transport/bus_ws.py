@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 from aiohttp import WSMsgType, web
@@ -108,11 +109,11 @@ class BusWebSocketEndpoint:
                 headers={"Sec-WebSocket-Protocol": SUBPROTOCOL_HEADER},
             )
         capability = request.headers.get(h.CAPABILITY)
-        if capability:
+        version = request.headers.get(h.VERSION)
+        if capability and version:
             # spec §3.5: a client that names the capability learns at once that it cannot stream
-            version = request.headers.get(h.VERSION, "0.0")
             try:
-                _, desc = deps.bus.router.choose(capability, version, None, 0.0)
+                _, desc = deps.bus.router.choose(capability, version, None, time.monotonic())
             except WireError as exc:
                 deps.metrics.refused.inc(exc.code, "ws")
                 return error_response(exc)
@@ -316,6 +317,10 @@ class _BusSession:
             watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watchdog
+            if self.handle is not None:
+                # drive() closes it with the outcome; this frees the slot when the session
+                # ended before drive() ever ran (closing is idempotent)
+                self.handle.close("cancelled")
             if identity is not None:
                 self.deps.connections.close(identity)
             if session_key is not None:

@@ -394,6 +394,19 @@ async def test_non_streaming_capability_named_in_headers_gets_426(
     assert (426, "upgrade_required") == (status, body["error"])
 
 
+async def test_capability_header_without_version_does_not_block_the_upgrade(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """The early check needs both headers; a capability named without its version is
+    checked by the signed call frame instead, so the upgrade goes through."""
+    async with http.ws_connect(
+        node.url + "/bus/v1/call",
+        protocols=("hearthnet-bus.v2",),
+        headers={"X-HearthNet-Capability": "echo.stream"},
+    ) as ws:
+        assert "hearthnet-bus.v2" == ws.protocol
+
+
 async def test_ws_fallback_to_sse_when_426(client: Client) -> None:
     """The client falls back to SSE transparently when the upgrade is answered 426."""
     async with client.stream("echo@1.0", {"via": "sse"}) as stream:
