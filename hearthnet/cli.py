@@ -99,16 +99,22 @@ def _node_url(args: argparse.Namespace) -> str:
     return str(find_running_node(_data_dir(args))["url"])
 
 
+def _existing_keys(data_dir: Path) -> Any:
+    """This data dir's node keys; an error (not a new identity) when there are none, so a
+    mistyped --data-dir is noticed instead of founding a community of its own."""
+    from hearthnet.identity import load_or_create_keys
+
+    if not (data_dir / "keys").exists():
+        raise IdentityError(f"no keys in {data_dir}; they are created by: hearthnet node start")
+    return load_or_create_keys(data_dir)
+
+
 def _client(args: argparse.Namespace) -> Any:
     """A client of the running node that signs with this data dir's node key."""
     from hearthnet.client import Client
-    from hearthnet.identity import load_or_create_keys
 
     url = _node_url(args)
-    data_dir = _data_dir(args)
-    if not (data_dir / "keys").exists():
-        raise IdentityError(f"no keys in {data_dir}; start a node there first")
-    return Client(url, keys=load_or_create_keys(data_dir))
+    return Client(url, keys=_existing_keys(_data_dir(args)))
 
 
 def _print_json(obj: Any) -> None:
@@ -169,6 +175,7 @@ def cmd_node_status(args: argparse.Namespace) -> int:
 
 def cmd_call(args: argparse.Namespace) -> int:
     """``hearthnet call CAP --body JSON [--stream]``."""
+    from hearthnet.client import raise_for_terminal
 
     async def main() -> int:
         async with _client(args) as client:
@@ -183,12 +190,10 @@ def cmd_call(args: argparse.Namespace) -> int:
                 cbor=args.cbor,
                 target=args.target,
             ) as stream:
-                status = EXIT_OK
                 async for frame in stream:
                     print(json.dumps(frame.to_json(), ensure_ascii=False), flush=True)
-                    if frame.event == "error":
-                        status = EXIT_ERROR
-                return status
+                    raise_for_terminal(frame)  # main() maps the error to its exit code
+                return EXIT_OK
 
     result: int = _run(main)
     return result
@@ -314,12 +319,13 @@ def cmd_peers(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _local_identity(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+def _local_identity(args: argparse.Namespace, *, create: bool = False) -> tuple[Any, Any, Any]:
+    """Keys, membership store and view of this data dir (keys made only if ``create``)."""
     from hearthnet.community import CommunityStore, open_membership
     from hearthnet.identity import load_or_create_keys
 
     data_dir = _data_dir(args)
-    keys = load_or_create_keys(data_dir)
+    keys = load_or_create_keys(data_dir) if create else _existing_keys(data_dir)
     store = CommunityStore(data_dir)
     membership = open_membership(store, keys, name=_config(args).node.name, now_ms=now_ms())
     return keys, store, membership
@@ -337,7 +343,7 @@ def cmd_community_create(args: argparse.Namespace) -> int:
         pass
     else:
         raise ConfigError("stop the node first: a community is created while the node is stopped")
-    keys, store, membership = _local_identity(args)
+    keys, store, membership = _local_identity(args, create=True)
     others = set(membership.members) - {keys.node_id}
     if (membership.community_id != keys.node_id or others) and not args.force:
         raise ConfigError(
@@ -354,8 +360,6 @@ def cmd_community_create(args: argparse.Namespace) -> int:
 
 def cmd_community_invite(args: argparse.Namespace) -> int:
     """``hearthnet community invite [--level member|trusted] [--ttl 24h]``: prints hn1:..."""
-    import os as _os
-
     from hearthnet.community import Level
     from hearthnet.mesh.admission import Invite
 
@@ -377,7 +381,7 @@ def cmd_community_invite(args: argparse.Namespace) -> int:
         ttl_ms=args.ttl,
         now_ms=now_ms(),
         bootstrap=bootstrap,
-        nonce=_os.urandom(12).hex(),
+        nonce=os.urandom(12).hex(),
     )
     print(invite.encode())
     return EXIT_OK
@@ -434,11 +438,10 @@ def cmd_community_show(args: argparse.Namespace) -> int:
 
 def cmd_heartbeat_export(args: argparse.Namespace) -> int:
     """``hearthnet heartbeat export --out DIR [--since 24h] [--format jsonl|parquet]``."""
-    from hearthnet.identity import load_or_create_keys
     from hearthnet.mesh.heartlog import export
 
     data_dir = _data_dir(args)
-    keys = load_or_create_keys(data_dir)
+    keys = _existing_keys(data_dir)
     counts = export(
         data_dir, Path(args.out), node=keys.node_id, since_ms=now_ms() - args.since, fmt=args.format
     )
@@ -451,12 +454,8 @@ def cmd_heartbeat_export(args: argparse.Namespace) -> int:
 
 def cmd_keys_show(args: argparse.Namespace) -> int:
     """``hearthnet keys show``: NodeID and short id (never the private seed)."""
-    from hearthnet.identity import load_or_create_keys
-
     data_dir = _data_dir(args)
-    if not (data_dir / "keys").exists():
-        raise IdentityError(f"no keys in {data_dir}; they are created by: hearthnet node start")
-    keys = load_or_create_keys(data_dir)
+    keys = _existing_keys(data_dir)
     info = {
         "node": keys.node_id,
         "short_id": keys.short_id,
@@ -478,15 +477,9 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
 def cmd_token_issue(args: argparse.Namespace) -> int:
     """``hearthnet token issue --scope sub:chat.** --ttl 1h``: prints the token alone."""
-    from hearthnet.community import CommunityStore, open_membership
-    from hearthnet.identity import load_or_create_keys
     from hearthnet.tokens import CapabilityToken, Scope
 
-    data_dir = _data_dir(args)
-    keys = load_or_create_keys(data_dir)
-    membership = open_membership(
-        CommunityStore(data_dir), keys, name=_config(args).node.name, now_ms=now_ms()
-    )
+    keys, _, membership = _local_identity(args)
     scopes = [Scope.parse(s) for s in args.scope]
     token = CapabilityToken.issue(
         keys,

@@ -162,6 +162,30 @@ def test_exit_codes(tmp_path: Path, node_proc: NodeProcess) -> None:
     other = tmp_path / "other"
     load_or_create_keys(other)  # a stranger's keys: not a member of the node's community
     auth = run("call", "echo@1.0", "--data-dir", str(other), "--url", node_proc.url)
-    assert [3, 2, 1, 4] == [p.returncode for p in (no_node, usage, refused, auth)]
+    streams = [
+        run(
+            "call", "echo.stream@1.0", "--stream", *transport,
+            "--body", '{"count": 2}', "--data-dir", str(other), "--url", node_proc.url,
+        )
+        for transport in ((), ("--sse",))
+    ]  # fmt: skip
+    assert [3, 2, 1, 4, 4, 4] == [p.returncode for p in (no_node, usage, refused, auth, *streams)]
     assert "unauthorized" in auth.stderr
     assert "not_found" in refused.stderr
+
+
+def test_commands_that_read_an_identity_do_not_make_one(tmp_path: Path) -> None:
+    """A mistyped --data-dir is an error, not a new identity and community."""
+    empty = tmp_path / "typo"
+    results = [
+        run(*args, "--data-dir", str(empty))
+        for args in (
+            ("community", "show"),
+            ("community", "invite"),
+            ("token", "issue", "--scope", "sub:x"),
+            ("heartbeat", "export", "--out", str(tmp_path / "out")),
+            ("keys", "show"),
+        )
+    ]
+    assert [(1, True)] * len(results) == [(r.returncode, "no keys in" in r.stderr) for r in results]
+    assert not (empty / "keys").exists()
