@@ -372,15 +372,26 @@ class Node:
             raise
         self._task_group = asyncio.TaskGroup()
         await self._task_group.__aenter__()
+        try:
+            await self._start_serving()
+        except BaseException:
+            # whatever failed (the port, a bad advertise URL, the peer book), nothing stays
+            # open: a second try on the same data dir must not find it locked
+            await self.server.close()
+            await self._stop_tasks()
+            await self.message_log.close()
+            self._lock.release()
+            raise
+        log.info("node started", extra={"node": self.keys.node_id})
+        return self
+
+    async def _start_serving(self) -> None:
         self.spawn(self.message_log.run(), "pubsub-log-flush")
         self.spawn(self.pubsub.retention_loop(), "pubsub-retention")
         self.spawn(self.sweeper.run(), "pubsub-sweeper")
         try:
             host, port = await self.server.start(self.config.node.host, self.config.node.port)
         except OSError as exc:
-            await self._stop_tasks()
-            await self.message_log.close()
-            self._lock.release()
             raise ConfigError(
                 f"cannot listen on {self.config.node.host}:{self.config.node.port}: {exc.strerror}"
             ) from exc
@@ -394,8 +405,6 @@ class Node:
         self.started_ms = now_ms()
         self._started_mono = time.monotonic()
         self._write_run_file()
-        log.info("node started", extra={"node": self.keys.node_id})
-        return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         try:

@@ -237,10 +237,14 @@ class HttpServer:
         )
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(1024)
-        sock.setblocking(False)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(1024)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
         self._sock = sock
         if self.tls is None:
             await web.SockSite(self._runner, sock).start()
@@ -270,6 +274,9 @@ class HttpServer:
         except (TimeoutError, OSError):
             conn.close()
             return
+        except asyncio.CancelledError:  # shutdown while the client had sent nothing yet
+            conn.close()
+            raise
         server = self._runner.server if self._runner is not None else None
         if not first or server is None:
             conn.close()

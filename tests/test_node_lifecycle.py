@@ -1,0 +1,32 @@
+"""Starting a node that fails part-way leaves nothing behind (real sockets, real SQLite)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from hearthnet.errors import HearthNetError
+from hearthnet.node import Node
+from tests.conftest import MakeConfig
+
+
+async def test_a_failed_start_releases_the_data_dir_and_the_port(make_config: MakeConfig) -> None:
+    """A bad advertise URL fails after the server listens; a port in use fails before.
+    Either way the same data dir starts right after, with a good configuration."""
+    good = make_config()
+    bad_url = make_config(
+        node={"data_dir": str(good.data_path)}, mesh={"advertise_url": "not a url"}
+    )
+    with pytest.raises(HearthNetError):
+        async with Node(bad_url):
+            pass
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = make_config(node={"data_dir": str(good.data_path), "port": taken.getsockname()[1]})
+        with pytest.raises(HearthNetError, match="cannot listen"):
+            async with Node(busy):
+                pass
+    async with Node(good) as node:
+        assert node.url.startswith("http://127.0.0.1:")
