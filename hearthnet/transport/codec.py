@@ -95,25 +95,26 @@ class SseParser:
         self._buffer = b""
         self._event = "message"
         self._data: list[bytes] = []
+        self._data_bytes = 0
         self._id: str | None = None
         self.max_event_bytes = max_event_bytes
 
     def feed(self, chunk: bytes) -> list[tuple[str, str, str | None]]:
-        """Consume ``chunk``; return the events it completed."""
-        self._buffer += chunk
+        """Consume ``chunk``; return the events it completed.
+
+        Raises:
+            PayloadTooLarge: a line, or the data of one event, exceeds ``max_event_bytes``.
+        """
+        buffer = self._buffer + chunk if self._buffer else chunk
         out: list[tuple[str, str, str | None]] = []
-        while True:
-            nl = self._buffer.find(b"\n")
-            if nl < 0:
-                if len(self._buffer) > self.max_event_bytes:
-                    raise PayloadTooLarge("SSE line too long")
-                return out
-            line = self._buffer[:nl].rstrip(b"\r")
-            self._buffer = self._buffer[nl + 1 :]
+        start = 0
+        while (nl := buffer.find(b"\n", start)) >= 0:
+            line = buffer[start:nl].rstrip(b"\r")
+            start = nl + 1
             if not line:
                 if self._data:
                     out.append((self._event, b"\n".join(self._data).decode("utf-8"), self._id))
-                self._event, self._data = "message", []
+                self._event, self._data, self._data_bytes = "message", [], 0
                 continue
             if line.startswith(b":"):
                 continue
@@ -122,6 +123,13 @@ class SseParser:
             if field == b"event":
                 self._event = value.decode("utf-8")
             elif field == b"data":
+                self._data_bytes += len(value) + 1
+                if self._data_bytes > self.max_event_bytes:
+                    raise PayloadTooLarge("SSE event too large")
                 self._data.append(value)
             elif field == b"id":
                 self._id = value.decode("utf-8")
+        self._buffer = buffer[start:]  # one copy per feed, not one per line
+        if len(self._buffer) > self.max_event_bytes:
+            raise PayloadTooLarge("SSE line too long")
+        return out

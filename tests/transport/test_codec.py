@@ -50,6 +50,21 @@ def test_sse_parser_handles_split_chunks_and_comments() -> None:
     assert [("token", '{"t":"a"}', None), ("done", "{}", None)] == events
 
 
+def test_sse_parser_bounds_an_event_and_a_line() -> None:
+    """Data lines that never end their event, or one endless line, are refused at the
+    bound instead of piling up (a model server is not trusted to behave)."""
+    refused = []
+    for raw in (b"data: " + b"x" * 90 + b"\n", b"y" * 150):
+        parser = SseParser(max_event_bytes=1000)
+        try:
+            for _ in range(20):
+                parser.feed(raw)
+        except PayloadTooLarge as exc:
+            refused.append(str(exc))
+    ok = SseParser(max_event_bytes=1000).feed((b"data: " + b"x" * 90 + b"\n\n") * 20)
+    assert (["SSE event too large", "SSE line too long"], 20) == (refused, len(ok))
+
+
 def test_binary_frame_on_json_subprotocol_refused() -> None:
     """A binary message on hearthnet-bus.v2 is a WrongFrameType (closes 1003)."""
     with pytest.raises(WrongFrameType):
