@@ -17,7 +17,7 @@ from typing import Any
 
 from hearthnet.bus.envelope import CallEnvelope, VerifiedCall, request_envelope
 from hearthnet.caller import Caller
-from hearthnet.community import Level, Membership
+from hearthnet.community import Membership
 from hearthnet.errors import (
     BadRequest,
     Expired,
@@ -238,20 +238,14 @@ class Authenticator:
         ):
             raise BadRequest("auth needs token, or identity, ts, nonce (8..128 chars) and sig")
         assert isinstance(identity, str)
-        caller = self.caller_for_identity(identity)
-        if abs(now_ms - ts) > self.clock_window_ms:
-            raise self._refuse("expired", Expired("auth timestamp outside the window"))
         proof = {"identity": identity, "ts": ts, "nonce": nonce, "node": self.node_id}
-        try:
-            verify_object(identity, proof, sig)
-        except InvalidSignature as exc:
-            raise self._refuse("bad_signature", exc) from None
-        try:
-            self.replay.check_and_add(identity, "auth:" + nonce, now_ms)
-        except Replayed as exc:
-            raise self._refuse("replayed", exc) from None
-        return caller
+        return self._check_signed(
+            proof,
+            sender=identity,
+            community=self.community_id,  # the proof names this node, hence its community
+            ts=ts,
+            request_id="auth:" + nonce,
+            signature=sig,
+            now_ms=now_ms,
+        )
 
-    def level_of(self, identity: str) -> Level | None:
-        """Membership level of a NodeID (None for non-members)."""
-        return self.membership.level_of(identity)

@@ -30,13 +30,6 @@ class CapabilityRegistry:
         offered.append(capability)
         offered.sort(key=lambda c: parse_version(c.descriptor.version), reverse=True)
 
-    def unregister(self, name: str, version: str) -> None:
-        """Stop offering ``name@version`` (no error if it was not offered)."""
-        offered = self._by_name.get(name, [])
-        self._by_name[name] = [c for c in offered if c.descriptor.version != version]
-        if not self._by_name[name]:
-            del self._by_name[name]
-
     def resolve(self, name: str, version: str) -> Capability | None:
         """The best offered version for a request of ``name@version``: same major, the
         highest minor not lower than requested."""

@@ -137,7 +137,6 @@ class _Call:
     arguments: Any = None
     error: dict[str, Any] | None = None
     content: Any = None
-    answered: bool = False
 
     @property
     def raw_text(self) -> str:
@@ -307,7 +306,7 @@ class ToolLoop:
         runnable = [c for c in calls if c.error is None]
         for call in calls:
             if call.error is not None:
-                call.content, call.answered = call.error, True
+                call.content = call.error
                 frames.append(self._result_frame(call))
             elif not self.inline:
                 frames.append(self._call_frame(call))
@@ -415,7 +414,7 @@ class ToolLoop:
         call = self._outstanding.pop(tool_call_id, None)
         if call is None:
             raise BadRequest(f"tool_call_id {tool_call_id[:64]!r} is not waiting for a result")
-        call.content, call.answered = content, True
+        call.content = content
         frames = [self._result_frame(call)] if by_node else []
         frames.extend(self._dispatch())
         if not self._outstanding and not self._queue:

@@ -78,7 +78,6 @@ class BusStreamProtocol:
         self.window = FlowWindow(window)
         self.max_message_bytes = max_message_bytes
         self.state = StreamState.AWAITING_CALL
-        self.ignored_acks = 0
 
     def _to(self, state: StreamState) -> None:
         if state not in _TRANSITIONS[self.state]:
@@ -116,10 +115,8 @@ class BusStreamProtocol:
             upto = obj.get("upto")
             if not isinstance(upto, int) or isinstance(upto, bool):
                 raise BadRequest("ack needs an integer upto")
-            released = self.window.ack(upto)
-            if released == 0:
-                self.ignored_acks += 1  # old or unknown seq: a no-op by spec §3.6
-            return Ack(upto, released)
+            # released == 0: an old or unknown seq, a no-op by spec §3.6 (the glue counts it)
+            return Ack(upto, self.window.ack(upto))
         if kind == "tool_result":
             tool_call_id = obj.get("tool_call_id")
             if not isinstance(tool_call_id, str) or "body" not in obj:

@@ -18,11 +18,6 @@ SUBPROTOCOL_CBOR = "hearthnet-bus.v2+cbor"
 SUBPROTOCOLS = (SUBPROTOCOL_JSON, SUBPROTOCOL_CBOR)
 
 
-def dumps(obj: Any) -> bytes:
-    """Compact JSON bytes (not canonical: for frames, not for signing)."""
-    return orjson.dumps(obj)
-
-
 def loads(data: bytes | str) -> Any:
     """Parse JSON; :class:`BadRequest` on malformed input."""
     try:
