@@ -712,10 +712,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except WireError as exc:
         print(f"hearthnet: {exc.code}: {exc.message}", file=sys.stderr)
         return EXIT_ERROR
-    except (ConfigError, IdentityError) as exc:
-        print(f"hearthnet: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except HearthNetError as exc:
+    except HearthNetError as exc:  # configuration, identity, storage
         print(f"hearthnet: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

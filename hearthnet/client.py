@@ -15,11 +15,10 @@ its frames, the last being exactly one ``done`` or ``error``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -52,7 +51,6 @@ from hearthnet.subscription import Subscription
 from hearthnet.transport import headers as h
 from hearthnet.transport.codec import SUBPROTOCOL_CBOR, SUBPROTOCOL_JSON, SseParser
 
-ToolHandler = Callable[[str, dict[str, Any]], Awaitable[Any]]
 ACK_EVERY = 8
 
 
@@ -98,7 +96,6 @@ class Client:
         keys: KeyPair | None = None,
         token: str | None = None,
         community: str | None = None,
-        timeout_s: float = 130.0,
     ) -> None:
         if (keys is None) == (token is None):
             raise BadRequest("a Client needs exactly one of keys and token")
@@ -106,7 +103,6 @@ class Client:
         self.keys = keys
         self.token = token
         self.community = community
-        self.timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
         self._versions: dict[str, str] | None = None
         self._node_id: str | None = None
@@ -465,7 +461,6 @@ class Client:
         cbor: bool = False,
         target: str | None = None,
         deadline_ms: int | None = None,
-        tool_handler: ToolHandler | None = None,
         auto_ack: bool = True,
     ) -> Stream:
         """Open a stream of frames from a streaming capability (use ``async with``).
@@ -473,8 +468,6 @@ class Client:
         Args:
             prefer_ws: try WebSocket first; fall back to SSE on 426/503.
             cbor: use the ``hearthnet-bus.v2+cbor`` subprotocol.
-            tool_handler: ``await tool_handler(name, arguments)`` answers ``tool_call``
-                frames inline over WebSocket.
             auto_ack: ack every 8 frames (turn off only to test flow control).
         """
         return Stream(
@@ -486,7 +479,6 @@ class Client:
             cbor=cbor,
             target=target,
             deadline_ms=deadline_ms,
-            tool_handler=tool_handler,
             auto_ack=auto_ack,
         )
 
@@ -518,7 +510,6 @@ class Stream:
         cbor: bool,
         target: str | None,
         deadline_ms: int | None,
-        tool_handler: ToolHandler | None,
         auto_ack: bool,
     ) -> None:
         self.client = client
@@ -529,7 +520,6 @@ class Stream:
         self.cbor = cbor
         self.target = target
         self.deadline_ms = deadline_ms
-        self.tool_handler = tool_handler
         self.auto_ack = auto_ack
         self.transport: str | None = None
         self.request_id: str | None = None
@@ -537,7 +527,6 @@ class Stream:
         self._http: aiohttp.ClientResponse | None = None
         self._frames: AsyncIterator[Frame] | None = None
         self._cancelled = False
-        self._tool_tasks: set[asyncio.Task[None]] = set()
         self._last_seq = 0
         self._acked = 0
 
@@ -629,57 +618,38 @@ class Stream:
     async def _ws_frames(self) -> AsyncIterator[Frame]:
         assert self._ws is not None
         ws = self._ws
-        try:
-            while True:
-                try:
-                    raw = await ws.recv()
-                except ConnectionClosed as exc:
-                    if self._cancelled:
-                        yield Frame("error", Cancelled("cancelled").to_frame_data())
-                        return
-                    code = exc.rcvd.code if exc.rcvd else 1006
-                    yield Frame(
-                        "error",
-                        {
-                            "code": "unavailable",
-                            "message": f"connection closed ({code}) before the end",
-                        },
-                    )
+        while True:
+            try:
+                raw = await ws.recv()
+            except ConnectionClosed as exc:
+                if self._cancelled:
+                    yield Frame("error", Cancelled("cancelled").to_frame_data())
                     return
-                obj = cbor2.loads(raw) if isinstance(raw, bytes) else orjson.loads(raw)
-                frame = Frame.from_json(obj)
-                if frame.seq is not None:
-                    self._last_seq = frame.seq
-                    if (
-                        self.auto_ack
-                        and self._last_seq - self._acked >= ACK_EVERY
-                        and not frame.terminal
-                    ):
-                        # The node may already have sent its final frame and closed;
-                        # buffered frames are still read, a late ack is moot.
-                        with contextlib.suppress(ConnectionClosed):
-                            await self.ack(self._last_seq)
-                if frame.event == "tool_call" and self.tool_handler is not None:
-                    task = asyncio.get_running_loop().create_task(self._answer_tool(frame.data))
-                    self._tool_tasks.add(task)
-                    task.add_done_callback(self._tool_tasks.discard)
-                yield frame
-                if frame.terminal:
-                    return
-        finally:
-            for task in self._tool_tasks:
-                task.cancel()
-
-    async def _answer_tool(self, data: dict[str, Any]) -> None:
-        assert self.tool_handler is not None
-        try:
-            result = await self.tool_handler(str(data.get("name")), data.get("arguments") or {})
-        except HearthNetError as exc:
-            result = {"error": str(exc)}
-        except Exception as exc:  # a tool's failure goes back to the model, not up the stack
-            result = {"error": f"{type(exc).__name__}: {exc}"}
-        with contextlib.suppress(ConnectionClosed):
-            await self.send_tool_result(str(data.get("id")), result)
+                code = exc.rcvd.code if exc.rcvd else 1006
+                yield Frame(
+                    "error",
+                    {
+                        "code": "unavailable",
+                        "message": f"connection closed ({code}) before the end",
+                    },
+                )
+                return
+            obj = cbor2.loads(raw) if isinstance(raw, bytes) else orjson.loads(raw)
+            frame = Frame.from_json(obj)
+            if frame.seq is not None:
+                self._last_seq = frame.seq
+                if (
+                    self.auto_ack
+                    and self._last_seq - self._acked >= ACK_EVERY
+                    and not frame.terminal
+                ):
+                    # The node may already have sent its final frame and closed;
+                    # buffered frames are still read, a late ack is moot.
+                    with contextlib.suppress(ConnectionClosed):
+                        await self.ack(self._last_seq)
+            yield frame
+            if frame.terminal:
+                return
 
     async def ack(self, upto: int) -> None:
         """Send ``ack{upto}`` (automatic unless ``auto_ack=False``)."""
@@ -752,8 +722,6 @@ class Stream:
             await self._ws.close()
         if self._http is not None:
             self._http.close()
-        for task in self._tool_tasks:
-            task.cancel()
 
     async def collect(self) -> list[Frame]:
         """Read the whole stream."""

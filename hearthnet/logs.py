@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 
 import orjson
 
@@ -55,4 +54,3 @@ def configure(level: str, node: str | None = None) -> None:
     root.handlers[:] = [handler]
     root.setLevel(LEVELS.get(level.lower(), logging.INFO))
     root.propagate = False
-    logging.Formatter.converter = time.gmtime
