@@ -17,7 +17,7 @@ from hearthnet.caller import Caller
 from hearthnet.clock import now_ms
 from hearthnet.errors import BadRequest, Expired, WireError
 from hearthnet.ids import new_ulid
-from hearthnet.pubsub.channel import SubscriberChannel
+from hearthnet.pubsub.channel import ChannelState, SubscriberChannel
 from hearthnet.pubsub.frames import Since
 from hearthnet.pubsub.service import Subscriber
 from hearthnet.pubsub.topics import TopicPattern
@@ -194,9 +194,10 @@ class PubSubHttp:
                 deps.streams.add(task)
             assert session.sub is not None
             await deps.service.subscribe(session.sub, patterns, since=since)
-            if session.sub.channel.state.value == "catching_up":
-                session.sub.channel.finish_catch_up()  # a reset: stream live from now on
-                deps.service.wake(session.sub)
+            if session.sub.channel.state is ChannelState.CATCHING_UP:
+                # A reset was sent and nothing subscribed: an EventSource would reconnect with
+                # the same Last-Event-ID forever, so the stream goes on live from the head.
+                await deps.service.subscribe(session.sub, patterns)
             await session.closed.wait()
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await response.write_eof()
@@ -241,8 +242,12 @@ class PubSubHttp:
         )
         service.register(sub)
         try:
+            # Read no more backlog than one response can return.
             await service.subscribe(
-                sub, patterns, since=Since(seq=since_seq) if since_seq is not None else None
+                sub,
+                patterns,
+                since=Since(seq=since_seq) if since_seq is not None else None,
+                backlog_limit=LONG_POLL_LIMIT,
             )
             sub.flush()
             # spec §6.5: return at once when there is backlog; else wait for the first message
@@ -255,21 +260,38 @@ class PubSubHttp:
             sub.flush()
         finally:
             service.detach(sub)
-        messages = [
-            f
-            for f in frames
-            if f.startswith(b'{"event":"message"') or f.startswith(b'{"event":"gap"')
-        ]
+        messages, resume = _long_poll_page(frames, service.log.head_seq)
         body = (
             b'{"messages":['
-            + b",".join(messages[:LONG_POLL_LIMIT])
+            + b",".join(messages)
             + b'],"epoch":'
             + orjson.dumps(service.log.epoch)
             + b',"head_seq":'
-            + str(service.log.head_seq).encode()
+            + str(resume).encode()
             + b"}"
         )
         return web.Response(body=body, content_type="application/json")
+
+
+def _long_poll_page(frames: list[bytes], head_seq: int) -> tuple[list[bytes], int]:
+    """The message and gap frames of one long-poll response, and the cursor to resume from.
+
+    At most ``LONG_POLL_LIMIT`` messages go out. A full page claims no more than it
+    returns: its cursor is the last returned seq, not the log's head, so a client that
+    continues with ``since_seq=head_seq`` misses nothing (a gap frame after the cut concerns
+    messages the next poll reads from the log).
+    """
+    out: list[bytes] = []
+    count = 0
+    for frame in frames:
+        if frame.startswith(b'{"event":"message"'):
+            out.append(frame)
+            count += 1
+            if count == LONG_POLL_LIMIT:
+                return out, int(orjson.loads(frame)["seq"])
+        elif frame.startswith(b'{"event":"gap"'):
+            out.append(frame)
+    return out, head_seq
 
 
 class SseSession:

@@ -99,6 +99,22 @@ class ConsumerRecord:
     dirty: bool = field(default=False, compare=False)
 
 
+_ConsumerState = tuple[tuple[str, ...], int, tuple[int, int] | None]
+
+
+def _state(record: ConsumerRecord) -> _ConsumerState:
+    """What of a consumer is stored: patterns, cursor, lost range."""
+    return (record.patterns, record.cursor, record.lost)
+
+
+def _mark_clean(written: list[tuple[ConsumerRecord, _ConsumerState]]) -> None:
+    """After the commit: a consumer is clean unless it changed while it was being written
+    (then it stays dirty and goes with the next commit). A failed commit marks nothing."""
+    for record, state in written:
+        if _state(record) == state:
+            record.dirty = False
+
+
 def _sql_prefix(pattern: str) -> str:
     """The literal leading segments of a pattern, as a topic prefix for an index range."""
     parts: list[str] = []
@@ -322,8 +338,9 @@ class MessageLog:
                         for _, s in stored
                     ],
                 )
-                await self._write_consumers()
+                written = await self._write_consumers()
                 await self._writer.execute("COMMIT")
+                _mark_clean(written)
         except sqlite3.Error as exc:
             # Nothing of this batch was handed out: the counters stay where they were.
             log.error("commit of %d messages failed: %s", len(batch), exc)
@@ -375,11 +392,13 @@ class MessageLog:
         self.consumers[(record.identity, record.name)] = record
         self._wake.set()
 
-    async def _write_consumers(self) -> None:
+    async def _write_consumers(self) -> list[tuple[ConsumerRecord, _ConsumerState]]:
+        """Write the changed consumers into the open transaction; returns what was written,
+        for :func:`_mark_clean` once the transaction has committed."""
         assert self._writer is not None
-        dirty = [c for c in self.consumers.values() if c.dirty]
-        if not dirty:
-            return
+        written = [(c, _state(c)) for c in self.consumers.values() if c.dirty]
+        if not written:
+            return written
         ts = now_ms()
         await self._writer.executemany(
             "INSERT OR REPLACE INTO consumers"
@@ -389,25 +408,25 @@ class MessageLog:
                 (
                     c.identity,
                     c.name,
-                    orjson.dumps(list(c.patterns)).decode(),
-                    c.cursor,
-                    c.lost[0] if c.lost else None,
-                    c.lost[1] if c.lost else None,
+                    orjson.dumps(list(patterns)).decode(),
+                    cursor,
+                    lost[0] if lost else None,
+                    lost[1] if lost else None,
                     ts,
                 )
-                for c in dirty
+                for c, (patterns, cursor, lost) in written
             ],
         )
-        for c in dirty:
-            c.dirty = False
+        return written
 
     async def _persist_consumers(self) -> None:
         if self._writer is None or not any(c.dirty for c in self.consumers.values()):
             return
         async with self._write_lock:
             await self._writer.execute("BEGIN")
-            await self._write_consumers()
+            written = await self._write_consumers()
             await self._writer.execute("COMMIT")
+            _mark_clean(written)
 
     # --- reading ------------------------------------------------------------------
 
@@ -506,13 +525,6 @@ class MessageLog:
             found += [r for r in rows if any(p.matches(r.message.topic) for p in patterns)]
             before = rows[-1].seq
         return sorted(found[:count], key=lambda r: r.seq)
-
-    async def first_seq_since(self, ts: int) -> int:
-        """The seq just before the first message with ``ts >= ts`` (a resume point by time)."""
-        rows = await self._rows(
-            "SELECT seq, raw FROM messages WHERE ts >= ? ORDER BY seq LIMIT 1", [ts]
-        )
-        return rows[0].seq - 1 if rows else self.head_seq
 
     async def history(
         self,

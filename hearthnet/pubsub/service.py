@@ -32,6 +32,7 @@ from hearthnet.pubsub.retention import RetentionPolicy
 from hearthnet.pubsub.topics import TopicPattern, validate_topic
 from hearthnet.pubsub.wire import EncodedMessage, TopicBatch, control_frame
 from hearthnet.ratelimit import RateLimiter
+from hearthnet.transport.keepalive import CLOSE_TAKEN_OVER
 
 log = logging.getLogger("hearthnet.pubsub")
 
@@ -113,7 +114,7 @@ class Subscriber:
         self.transport = transport
         self.chunked = chunked  # SSE over HTTP/1.1: we write the chunk framing ourselves
         self.on_frames = on_frames  # long-poll: wake the waiting handler instead of writing
-        self.on_taken_over = on_taken_over  # durable consumer taken over: close with 4409
+        self.on_taken_over = on_taken_over  # durable consumer taken over: CLOSE_TAKEN_OVER
         self.service: PubSub | None = None
         self.patterns: dict[str, TopicPattern] = {}
         self.filtered = False
@@ -123,14 +124,23 @@ class Subscriber:
         self.flush_scheduled = False
         self.draining = False
         self.closed = False
-        self.last_heard_ms = now_ms()
         self.last_write = time.monotonic()
         self.gaps_reported = 0
         # The catch-up task waits here while the channel has no room for backlog (a future
         # made on demand: an asyncio.Event per idle subscriber costs ~800 bytes).
         self._room_waiter: asyncio.Future[None] | None = None
+        # Subscribes of one session run one at a time (made on first subscribe).
+        self._subscribing: asyncio.Lock | None = None
 
-    def _allows(self, topic: str, policy: AccessPolicy) -> bool:
+    @property
+    def subscribing(self) -> asyncio.Lock:
+        """Held while :meth:`PubSub.subscribe` works on this session."""
+        if self._subscribing is None:
+            self._subscribing = asyncio.Lock()
+        return self._subscribing
+
+    def allows(self, topic: str, policy: AccessPolicy) -> bool:
+        """Whether ``topic`` may be delivered to this session (cached per topic)."""
         allowed = self._allowed.get(topic)
         if allowed is None:
             if len(self._allowed) > 4096:
@@ -140,7 +150,7 @@ class Subscriber:
 
     def deliver_batch(self, group: TopicBatch, policy: AccessPolicy) -> None:
         """Offer one topic's messages of a committed batch (fan-out hot path)."""
-        if self.filtered and not self._allows(group.topic, policy):
+        if self.filtered and not self.allows(group.topic, policy):
             return
         seqs, frames = group.form(self.form)
         self.channel.offer_many(seqs, frames)
@@ -149,7 +159,7 @@ class Subscriber:
         """Several topics of one batch, merged back into seq order."""
         pairs: list[tuple[int, bytes]] = []
         for group in groups:
-            if not self.filtered or self._allows(group.topic, policy):
+            if not self.filtered or self.allows(group.topic, policy):
                 seqs, frames = group.form(self.form)
                 pairs.extend(zip(seqs, frames, strict=True))
         pairs.sort(key=lambda pair: pair[0])
@@ -253,7 +263,6 @@ class PubSub:
         self._token_limit = RateLimiter(config.publish_per_s_token)
         self._dirty: list[Subscriber] = []
         self._flush_scheduled = False
-        self.delivered_since_start = 0
 
     # --- publishing -----------------------------------------------------------------
 
@@ -375,14 +384,42 @@ class PubSub:
         since: Since | None = None,
         consumer: str | None = None,
         presence: dict[str, Any] | None = None,
+        backlog_limit: int | None = None,
     ) -> None:
         """Add patterns to a session, send ``subscribed``, then backlog, then live.
+
+        A session's subscribes run one at a time: a second one waits until the first has
+        queued its whole backlog (two catch-ups on one channel would break its ordering).
+        ``backlog_limit`` stops the backlog after that many messages (long-poll reads no
+        more than it can return); the channel then goes live.
 
         Raises:
             Forbidden: an access rule denies a pattern.
             BadRequest: ``since``/``consumer`` on a session that already subscribed, too many
                 patterns.
         """
+        async with sub.subscribing:
+            await self._subscribe(
+                sub,
+                patterns,
+                since=since,
+                consumer=consumer,
+                presence=presence,
+                backlog_limit=backlog_limit,
+            )
+
+    async def _subscribe(
+        self,
+        sub: Subscriber,
+        patterns: tuple[TopicPattern, ...],
+        *,
+        since: Since | None,
+        consumer: str | None,
+        presence: dict[str, Any] | None,
+        backlog_limit: int | None,
+    ) -> None:
+        if sub.closed:
+            return
         if len(sub.patterns) + len(patterns) > self.config.max_patterns_per_session:
             raise BadRequest(f"at most {self.config.max_patterns_per_session} patterns per session")
         if (since is not None or consumer is not None) and sub.patterns:
@@ -394,8 +431,8 @@ class PubSub:
         for pattern in patterns:
             filtered = self.policy.check_subscribe(sub.caller, pattern.text) or filtered
         after = await self._start_point(sub, patterns, since, consumer)
-        if after is None:
-            return  # reset sent: the client resumes by time
+        if after is None or sub.closed:
+            return  # reset sent (the client resumes by time), or the session ended
         head = self.log.head_seq
         new = [p for p in patterns if p.text not in sub.patterns]
         for pattern in new:
@@ -420,7 +457,9 @@ class PubSub:
                         },
                     )
         if after[0] < head:
-            await self._catch_up(sub, list(patterns), after[0], head, after[1])
+            await self._catch_up(
+                sub, list(patterns), after[0], head, min_ts=after[1], limit=backlog_limit
+            )
         elif sub.channel.state is ChannelState.CATCHING_UP:
             sub.channel.finish_catch_up()
         self.wake(sub)
@@ -467,7 +506,7 @@ class PubSub:
             # spec §6.8: the new connection takes over; the old one is closed with 4409
             self.detach(old)
             if old.on_taken_over is not None:
-                old.on_taken_over(4409, "consumer taken over")
+                old.on_taken_over(CLOSE_TAKEN_OVER, "consumer taken over")
         record = self.log.consumer(owner, name)
         if record is None:
             record = ConsumerRecord(owner, name, tuple(p.text for p in patterns), self.log.head_seq)
@@ -484,27 +523,38 @@ class PubSub:
         patterns: list[TopicPattern],
         after: int,
         head: int,
+        *,
         min_ts: int | None,
+        limit: int | None,
     ) -> None:
         channel = sub.channel
         if channel.state is not ChannelState.CATCHING_UP:
             # Only a session's first subscribe has a backlog; its channel started catching up.
             return
         cursor = after
-        while cursor < head and not sub.closed:
+        left = limit
+        while cursor < head and not sub.closed and (left is None or left > 0):
             while channel.backlog_room == 0 and not sub.closed:
                 await sub.wait_room()  # the window or the socket is full: acks make room
+            want = PAGE if left is None else min(PAGE, left)
             page = await self.log.read_matching(
-                patterns, after_seq=cursor, upto_seq=head, min_ts=min_ts, limit=PAGE
+                patterns, after_seq=cursor, upto_seq=head, min_ts=min_ts, limit=want
             )
-            if not page:
+            if not page or sub.closed:
                 break
+            # The cursor and the end-of-backlog test follow what was read, not what this
+            # session may see: a page of messages it may not receive is not the end of the
+            # backlog (spec §6.5: no gap).
+            cursor = page[-1].seq
+            exhausted = len(page) < want
             if sub.filtered:
-                page = [m for m in page if self.policy.may_receive(sub.caller, m.message.topic)]
-            channel.add_backlog([(m.seq, EncodedMessage(m).form(sub.form)) for m in page])
-            self.wake(sub)
-            cursor = page[-1].seq if page else head
-            if len(page) < PAGE and cursor < head:
+                page = [m for m in page if sub.allows(m.message.topic, self.policy)]
+            if page:
+                channel.add_backlog([(m.seq, EncodedMessage(m).form(sub.form)) for m in page])
+                self.wake(sub)
+                if left is not None:
+                    left -= len(page)
+            if exhausted:
                 break
         if not sub.closed:
             channel.finish_catch_up()
@@ -581,10 +631,8 @@ class PubSub:
 
     def heard(self, sub: Subscriber) -> None:
         """The client sent a frame or a pong (spec §6.6: silence means leave)."""
-        now = now_ms()
-        sub.last_heard_ms = now
         if sub.presence_topics:
-            self.presence.touch(sub.client_id, now)
+            self.presence.touch(sub.client_id, now_ms())
 
     def expire_presence(self) -> None:
         """Leave events for silent members (run by the sweeper)."""

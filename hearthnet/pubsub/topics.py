@@ -87,11 +87,6 @@ def _match(pattern: tuple[str, ...], topic: tuple[str, ...]) -> bool:
     return False
 
 
-def pattern_matches(pattern: str, topic: str) -> bool:
-    """Convenience: parse ``pattern`` (cached) and match ``topic``."""
-    return TopicPattern.parse(pattern).matches(topic)
-
-
 def pattern_covers(outer: str, inner: str) -> bool:
     """True when every topic matched by pattern ``inner`` is matched by ``outer``
     (``chat.**`` covers ``chat.*``; ``chat.*`` does not cover ``chat.**``)."""

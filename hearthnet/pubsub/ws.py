@@ -353,14 +353,22 @@ class WsSession:
                 )
             )
         elif isinstance(frame, Unsubscribe):
-            service.unsubscribe(sub, frame.patterns)
-            self.send("unsubscribed", {"topics": [p.text for p in frame.patterns]})
+            self._spawn(self._unsubscribe(frame))
         elif isinstance(frame, PresenceUpdate):
             service.update_presence(sub, frame.fields, frame.topic)
         elif isinstance(frame, Ping):
             self.send("pong", {"ts": now_ms()})
         elif isinstance(frame, Auth):
             self._refresh(frame)
+
+    async def _unsubscribe(self, frame: Unsubscribe) -> None:
+        """After the subscribes sent before it (they may wait for a catch-up): an
+        unsubscribe must not overtake the subscribe it undoes."""
+        sub = self.sub
+        assert sub is not None
+        async with sub.subscribing:
+            self.deps.service.unsubscribe(sub, frame.patterns)
+        self.send("unsubscribed", {"topics": [p.text for p in frame.patterns]})
 
     def _gap_frame(self, from_seq: int, to_seq: int) -> bytes:
         return control_frame(self.form, "gap", {"from_seq": from_seq, "to_seq": to_seq})

@@ -41,6 +41,15 @@ async def publish(node: Node, topic: str, n: int, start: int = 0) -> list[int]:
     return [(await node.pubsub.publish(me, topic, "m", {"i": start + i})).seq for i in range(n)]
 
 
+async def publish_at_once(node: Node, topic: str, n: int) -> list[int]:
+    """Publish n messages as the node, queued together (group commit); returns their seqs."""
+    me = Caller(node.keys.node_id, "node", Level.ANCHOR, None, True)
+    stored = await asyncio.gather(
+        *(node.pubsub.publish(me, topic, "m", {"i": i}) for i in range(n))
+    )
+    return [s.seq for s in stored]
+
+
 class RawSse:
     """A minimal HTTP/1.1 + SSE client on a raw socket (chunked transfer decoding included)."""
 
@@ -151,6 +160,29 @@ async def test_sse_resume_by_last_event_id_with_a_raw_client(node: Node) -> None
     )
 
 
+@pytest.mark.parametrize("cursor", ["since_epoch=0000&since_seq=1", "since_seq=999999"])
+async def test_sse_reset_goes_on_live_from_the_head(node: Node, cursor: str) -> None:
+    """A cursor from another epoch (or the future) gets reset, then the stream is subscribed
+    from the head and delivers what is published next."""
+    token = token_for(node, "sub:feed.*")
+    await publish(node, "feed.r", 1)
+    raw = await RawSse.open(node, f"/pubsub/v1/subscribe?topics=feed.*&{cursor}&token={token}")
+    reset = await raw.event()
+    subscribed = await raw.event()
+    await publish(node, "feed.r", 1, start=1)
+    live = await raw.messages(1)
+    raw.close()
+    assert (
+        ("reset", "epoch_changed"),
+        ("subscribed", ["feed.*"]),
+        [1],
+    ) == (
+        (reset["event"], reset["data"]["reason"]),
+        (subscribed["event"], subscribed["data"]["topics"]),
+        [e["data"]["data"]["i"] for e in live],
+    )
+
+
 async def test_sse_refusals(node: Node) -> None:
     """No credentials, a forged token, or a pattern outside the token's scope are refused."""
     token = token_for(node, "sub:feed.*")
@@ -206,6 +238,36 @@ async def test_long_poll_returns_backlog_at_once_and_waits_for_news(
         [m["data"]["data"]["i"] for m in news["messages"]],
         empty["messages"],
         backlog["epoch"],
+    )
+
+
+async def test_long_poll_pages_a_long_backlog_and_resumes_without_loss(
+    node: Node, client: Client
+) -> None:
+    """A backlog over 500 comes back 500 at a time; head_seq of a full page is its last seq,
+    so resuming with it gets every message exactly once, in order."""
+    seqs = await publish_at_once(node, "lp.many", 650)
+    sizes: list[int] = []
+    cursors: list[int] = []
+    got: list[int] = []
+    cursor = 0
+    for _ in range(5):
+        page = await client.request_json(
+            "GET",
+            "/pubsub/v1/subscribe",
+            query={"topics": "lp.many", "since_seq": cursor, "timeout_s": 0},
+        )
+        sizes.append(len(page["messages"]))
+        got += [m["data"]["data"]["i"] for m in page["messages"]]
+        cursor = page["head_seq"]
+        cursors.append(cursor)
+        if not page["messages"]:
+            break
+    assert ([500, 150, 0], [*range(650)], seqs[499], True) == (
+        sizes,
+        got,
+        cursors[0],
+        cursors[1] >= seqs[-1],
     )
 
 

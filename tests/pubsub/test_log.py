@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from hearthnet.config import PubSubSection
+from hearthnet.errors import Unavailable
 from hearthnet.identity import KeyPair
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.pubsub.access import AccessPolicy
@@ -203,6 +205,36 @@ async def test_durable_consumer_holds_unacked_past_retention(tmp_path: Path) -> 
         held, _ = await log.history("jobs", limit=50)
         record = log.consumer("me", "work")
     assert ([1, 2, 3, 5, 6], (4, 4)) == ([m.seq for m in held], record.lost if record else None)
+
+
+async def test_consumer_stays_dirty_until_its_commit_succeeds(tmp_path: Path) -> None:
+    """A commit that fails at COMMIT keeps the consumer change queued; the next commit
+    stores it."""
+    path = tmp_path / "log.db"
+    async with opened(path) as log:
+        # A deferred foreign key fails only at COMMIT, after the consumer row was written.
+        with contextlib.closing(sqlite3.connect(path)) as other:
+            other.executescript(
+                "CREATE TABLE parent (id INTEGER PRIMARY KEY);"
+                "CREATE TABLE child (parent INTEGER"
+                " REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED);"
+                "CREATE TRIGGER orphan AFTER INSERT ON consumers"
+                " BEGIN INSERT INTO child VALUES (1); END;"
+            )
+        assert log._writer is not None
+        await log._writer.execute("PRAGMA foreign_keys=ON")
+        record = ConsumerRecord("me", "work", ("jobs",), 0)
+        log.save_consumer(record)
+        with pytest.raises(Unavailable):
+            await log.publish(topic="jobs", msg_type="m", data=1)
+        dirty_after_failure = record.dirty
+        with contextlib.closing(sqlite3.connect(path)) as other:
+            other.execute("DROP TRIGGER orphan")
+        await log.publish(topic="jobs", msg_type="m", data=2)
+        dirty_after_commit = record.dirty
+        with contextlib.closing(sqlite3.connect(path)) as other:
+            rows = other.execute("SELECT identity, name, cursor FROM consumers").fetchall()
+    assert (True, False, [("me", "work", 0)]) == (dirty_after_failure, dirty_after_commit, rows)
 
 
 @pytest.mark.parametrize("sync", ["full", "normal"])

@@ -105,6 +105,15 @@ async def publish(node: Node, topic: str, n: int, start: int = 0) -> list[int]:
     return [(await node.pubsub.publish(me, topic, "m", {"i": start + i})).seq for i in range(n)]
 
 
+async def publish_at_once(node: Node, topic: str, n: int, start: int = 0) -> list[int]:
+    """Publish n messages as the node, queued together (group commit); returns their seqs."""
+    me = Caller(node.keys.node_id, "node", Level.ANCHOR, None, True)
+    stored = await asyncio.gather(
+        *(node.pubsub.publish(me, topic, "m", {"i": start + i}) for i in range(n))
+    )
+    return [s.seq for s in stored]
+
+
 def data_of(frames: list[Frame]) -> list[int]:
     """The ``i`` of each message frame."""
     return [f["data"]["data"]["i"] for f in frames]
@@ -150,6 +159,85 @@ async def test_publishes_racing_the_subscribe_have_no_gap_or_duplicate(
             await sub.send({"type": "ack", "upto": frame["seq"]})
     await racer
     assert [*range(500)] == got
+
+
+async def test_filtered_wildcard_catch_up_skips_only_what_it_may_not_see(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """`**` over an inbox the member may not read: hidden messages are left out of the
+    backlog, and neither a page of them nor one inside a page ends the backlog early."""
+    member = KeyPair.generate()
+    node.add_member(member.node_id)
+    inbox = f"node.{short_id(node.keys.node_id)}.inbox"
+    await publish_at_once(node, inbox, 500)  # a whole page the member may not see
+    await publish_at_once(node, "chat.a", 300)
+    await publish_at_once(node, inbox, 1)  # one hidden message inside a page
+    await publish_at_once(node, "chat.a", 400, start=300)
+    sub = await session(http, node, member)
+    await sub.send({"type": "subscribe", "topics": ["**"], "since": {"seq": 0}})
+    await sub.next("subscribed")
+    backlog = await sub.messages(700)
+    await publish(node, "chat.a", 1, start=700)
+    live = await sub.messages(1)
+    assert ([*range(701)], {"chat.a"}) == (
+        data_of(backlog + live),
+        {f["data"]["topic"] for f in backlog + live},
+    )
+
+
+async def test_back_to_back_subscribes_deliver_the_backlog_once(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """A subscribe sent while the session's first one still catches up waits for it: the
+    backlog arrives once, in order, and both subscriptions then go live."""
+    await publish_at_once(node, "pile", 1200)
+    sub = await session(http, node, window=100)  # the catch-up must wait for acks
+    await sub.send({"type": "subscribe", "topics": ["pile"], "since": {"seq": 0}})
+    await sub.send({"type": "subscribe", "topics": ["other"]})
+    events: list[str] = []
+    got: list[int] = []
+    while len(got) < 1200 or events.count("subscribed") < 2:
+        frame = await sub.next()
+        events.append(frame["event"])
+        if frame["event"] == "message":
+            got.append(frame["data"]["data"]["i"])
+            await sub.send({"type": "ack", "upto": frame["seq"]})
+    await publish(node, "other", 1, start=5000)
+    await publish(node, "pile", 1, start=1200)
+    live = await sub.messages(2)
+    assert ([*range(1200)], [5000, 1200], [], 2) == (
+        got,
+        data_of(live),
+        [e for e in events if e not in ("message", "subscribed")],
+        events.count("subscribed"),
+    )
+
+
+async def test_unsubscribe_does_not_overtake_a_waiting_subscribe(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """subscribe, subscribe, unsubscribe sent together take effect in that order, even while
+    the first subscribe's catch-up holds the second back."""
+    await publish_at_once(node, "pile", 600)
+    sub = await session(http, node, window=100)
+    await sub.send({"type": "subscribe", "topics": ["pile"], "since": {"seq": 0}})
+    await sub.send({"type": "subscribe", "topics": ["other"]})
+    await sub.send({"type": "unsubscribe", "topics": ["other"]})
+    events: list[str] = []
+    got = 0
+    while got < 600 or "unsubscribed" not in events:
+        frame = await sub.next()
+        events.append(frame["event"])
+        if frame["event"] == "message":
+            got += 1
+            await sub.send({"type": "ack", "upto": frame["seq"]})
+    await publish(node, "other", 1, start=5000)
+    await publish(node, "pile", 1, start=600)
+    live = await sub.messages(1)
+    assert (["subscribed", "subscribed", "unsubscribed"], [600]) == (
+        [e for e in events if e != "message"],
+        data_of(live),
+    )
 
 
 async def test_resume_by_time_and_by_last(node: Node, http: aiohttp.ClientSession) -> None:
