@@ -24,7 +24,7 @@ from hearthnet.pubsub.topics import TopicPattern
 from hearthnet.pubsub.wire import control_frame
 from hearthnet.pubsub.ws import PubSubDeps, PubSubWebSocket, sweep_token
 from hearthnet.transport.codec import SSE_KEEPALIVE, loads
-from hearthnet.transport.headers import read_signed_headers
+from hearthnet.transport.headers import parse_int, read_signed_headers
 from hearthnet.transport.server import json_response
 
 SSE_HEADERS = {
@@ -41,12 +41,7 @@ def _int_query(
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
-    if not raw.isdigit() or len(raw) > 16:
-        raise BadRequest(f"{name} must be a non-negative integer")
-    value = int(raw)
-    if value < minimum:
-        raise BadRequest(f"{name} must be at least {minimum}")
-    return value
+    return parse_int(raw, name, minimum=minimum)
 
 
 def _patterns(request: web.Request) -> tuple[TopicPattern, ...]:
@@ -159,9 +154,7 @@ class PubSubHttp:
         seq = _int_query(request, "since_seq")
         last_event = request.headers.get("Last-Event-ID")
         if seq is None and last_event:
-            if not last_event.isdigit():
-                raise BadRequest("Last-Event-ID must be a message seq")
-            seq = int(last_event)
+            seq = parse_int(last_event, "Last-Event-ID", minimum=0)
         if seq is not None:
             return Since(epoch=epoch, seq=seq)
         ts = _int_query(request, "since_ts")

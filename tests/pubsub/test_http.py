@@ -184,16 +184,19 @@ async def test_sse_reset_goes_on_live_from_the_head(node: Node, cursor: str) -> 
 
 
 async def test_sse_refusals(node: Node) -> None:
-    """No credentials, a forged token, or a pattern outside the token's scope are refused."""
+    """No credentials, a forged token, or a pattern outside the token's scope are refused;
+    so are a bad topic and cursors that are not plain integers."""
     token = token_for(node, "sub:feed.*")
     results = []
-    for path in (
-        "/pubsub/v1/subscribe?topics=a",
-        f"/pubsub/v1/subscribe?topics=a&token={token[:-4]}xxxx",
-        f"/pubsub/v1/subscribe?topics=other.*&token={token}",
-        f"/pubsub/v1/subscribe?topics=a..b&token={token}",
+    for path, headers in (
+        ("/pubsub/v1/subscribe?topics=a", None),
+        (f"/pubsub/v1/subscribe?topics=a&token={token[:-4]}xxxx", None),
+        (f"/pubsub/v1/subscribe?topics=other.*&token={token}", None),
+        (f"/pubsub/v1/subscribe?topics=a..b&token={token}", None),
+        (f"/pubsub/v1/subscribe?topics=feed.*&since_seq=%C2%B2&token={token}", None),
+        (f"/pubsub/v1/subscribe?topics=feed.*&token={token}", {"Last-Event-ID": "--5"}),
     ):
-        raw = await RawSse.open(node, path)
+        raw = await RawSse.open(node, path, headers)
         body = json.loads(await raw.reader.readexactly(int(raw.headers["content-length"])))
         raw.close()
         results.append((raw.status, body["error"]))
@@ -201,6 +204,8 @@ async def test_sse_refusals(node: Node) -> None:
         (401, "unauthorized"),
         (401, "invalid_signature"),
         (403, "forbidden"),
+        (400, "bad_request"),
+        (400, "bad_request"),
         (400, "bad_request"),
     ] == results
 
