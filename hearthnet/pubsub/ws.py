@@ -44,11 +44,18 @@ from hearthnet.pubsub.frames import (
 from hearthnet.pubsub.service import PubSub, Subscriber
 from hearthnet.pubsub.wire import control_frame, ws_frame
 from hearthnet.sessions import SessionRegistry
-from hearthnet.transport.codec import SUBPROTOCOL_CBOR, SUBPROTOCOLS, FrameCodec
+from hearthnet.transport.codec import (
+    SUBPROTOCOL_CBOR,
+    SUBPROTOCOL_HEADER,
+    SUBPROTOCOLS,
+    FrameCodec,
+    choose_subprotocol,
+)
 from hearthnet.transport.keepalive import (
     CLOSE_POLICY,
     CLOSE_TOKEN_EXPIRED,
     CLOSE_TOO_BIG,
+    CLOSE_TRY_AGAIN,
     CLOSE_UNSUPPORTED_DATA,
     Close,
     Keepalive,
@@ -271,7 +278,7 @@ class WsSession:
             code = (
                 CLOSE_UNSUPPORTED_DATA
                 if isinstance(exc, WrongFrameType)
-                else (1013 if isinstance(exc, CapacityExceeded) else CLOSE_POLICY)
+                else (CLOSE_TRY_AGAIN if isinstance(exc, CapacityExceeded) else CLOSE_POLICY)
             )
             self.close_code = code
             await self.ws.close(code=code, message=exc.code.encode())
@@ -490,14 +497,13 @@ class PubSubWebSocket:
             return error_response(
                 Unavailable("WebSocket not available now; use SSE", retry_after_ms=1000)
             )
-        header = request.headers.get("Sec-WebSocket-Protocol")
-        offered = [p.strip() for p in (header or "").split(",") if p.strip()]
-        chosen = next((p for p in offered if p in SUBPROTOCOLS), None)
-        if offered and chosen is None:
+        header = request.headers.get("Sec-WebSocket-Protocol") or ""
+        chosen = choose_subprotocol(header)
+        if chosen is None and header.strip(" ,"):  # none offered is fine: JSON
             deps.metrics.refused.inc("upgrade_required", "ws")
             return error_response(
-                UpgradeRequired(f"supported subprotocols: {', '.join(SUBPROTOCOLS)}"),
-                headers={"Sec-WebSocket-Protocol": ", ".join(SUBPROTOCOLS)},
+                UpgradeRequired(f"supported subprotocols: {SUBPROTOCOL_HEADER}"),
+                headers={"Sec-WebSocket-Protocol": SUBPROTOCOL_HEADER},
             )
         ws = web.WebSocketResponse(
             protocols=(chosen,) if chosen else (),

@@ -32,11 +32,12 @@ from hearthnet.frames import Frame
 from hearthnet.transport import headers as h
 from hearthnet.transport.bus_http import SHUTTING_DOWN, BusEndpointDeps
 from hearthnet.transport.bus_stream import Ack, BusStreamProtocol, CancelRequest, ToolResult
-from hearthnet.transport.codec import SUBPROTOCOLS, FrameCodec
+from hearthnet.transport.codec import SUBPROTOCOL_HEADER, FrameCodec, choose_subprotocol
 from hearthnet.transport.keepalive import (
     CLOSE_NORMAL,
     CLOSE_POLICY,
     CLOSE_TOO_BIG,
+    CLOSE_TRY_AGAIN,
     CLOSE_UNSUPPORTED_DATA,
     Close,
     Keepalive,
@@ -46,7 +47,6 @@ from hearthnet.transport.server import error_response
 
 log = logging.getLogger("hearthnet.transport.ws")
 
-CLOSE_TRY_AGAIN = 1013
 # Refusals of who the caller is, or of how it speaks, close with 1008 (spec §3.5);
 # other refusals end the call normally after the error frame.
 _POLICY_CODES = frozenset(
@@ -61,13 +61,6 @@ _POLICY_CODES = frozenset(
         "upgrade_required",
     }
 )
-SUBPROTOCOL_HEADER = ", ".join(SUBPROTOCOLS)
-
-
-def choose_subprotocol(header: str | None) -> str | None:
-    """The first subprotocol the client offers that we speak."""
-    offered = [p.strip() for p in (header or "").split(",") if p.strip()]
-    return next((p for p in offered if p in SUBPROTOCOLS), None)
 
 
 def close_code_for(error: WireError) -> int:

@@ -16,6 +16,13 @@ from hearthnet.frames import Frame
 SUBPROTOCOL_JSON = "hearthnet-bus.v2"
 SUBPROTOCOL_CBOR = "hearthnet-bus.v2+cbor"
 SUBPROTOCOLS = (SUBPROTOCOL_JSON, SUBPROTOCOL_CBOR)
+SUBPROTOCOL_HEADER = ", ".join(SUBPROTOCOLS)
+
+
+def choose_subprotocol(header: str | None) -> str | None:
+    """The first subprotocol in a ``Sec-WebSocket-Protocol`` header that we speak."""
+    offered = [p.strip() for p in (header or "").split(",") if p.strip()]
+    return next((p for p in offered if p in SUBPROTOCOLS), None)
 
 
 def loads(data: bytes | str) -> Any:
