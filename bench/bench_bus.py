@@ -12,7 +12,7 @@ The load generator pre-signs its requests (signing is the client's cost, not the
 node's) and speaks raw HTTP/1.1 over asyncio streams; its own CPU time is reported so
 it can be checked that it was not the bottleneck.
 
-Run: python bench/bench_bus.py [--quick]
+Run: python -m bench.bench_bus [--quick]
 """
 
 from __future__ import annotations

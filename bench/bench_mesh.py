@@ -30,7 +30,7 @@ from typing import Any
 
 import uvloop
 
-from bench.common import percentile, save, start_node, stop_process
+from bench.common import percentile, proc_rss_mb, save, start_node, stop_process
 from hearthnet.client import Client
 from hearthnet.identity import load_or_create_keys
 from hearthnet.subscription import Delivery
@@ -43,13 +43,6 @@ FAST = {
     "HEARTHNET_MESH_HEARTBEAT_S": "2",
     "HEARTHNET_LOG_LEVEL": "warning",
 }
-
-
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text(encoding="ascii").splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def _metric(url: str, name: str) -> float:
@@ -125,8 +118,8 @@ async def loopback(n: int, messages: int, rate: float) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="hn-mesh-"))
     mesh = LoopbackMesh(n, root)
     started = time.monotonic()
-    mesh.start()
     try:
+        mesh.start()
         link_s = await wait_links(mesh, min(3, n - 1))
         ready_s = time.monotonic() - started  # all started, joined, and linked
         arrivals: dict[str, dict[int, float]] = {}
@@ -169,15 +162,14 @@ async def loopback(n: int, messages: int, rate: float) -> dict[str, Any]:
             for m, t0 in sent.items()
             if len(arrivals.get(m, {})) == n
         ]
-        complete = sum(1 for m in sent if len(arrivals.get(m, {})) == n)
-        rss = [_rss_mib(proc.pid) for proc in mesh.procs]
+        rss = [proc_rss_mb(proc.pid) for proc in mesh.procs]
         return {
             "nodes": n,
             "messages": messages,
             "rate_per_s": rate,
             "start_join_link_s": round(ready_s, 1),
             "links_after_start_s": round(link_s, 1),
-            "delivered_to_all": complete,
+            "delivered_to_all": len(to_all),
             "to_all_p50_ms": round(percentile(to_all, 50) * 1000, 1),
             "to_all_p99_ms": round(percentile(to_all, 99) * 1000, 1),
             "to_all_max_ms": round(max(to_all) * 1000, 1) if to_all else None,

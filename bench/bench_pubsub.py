@@ -45,7 +45,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +185,6 @@ class Target:
     stop: Callable[[], None]
     proc: subprocess.Popen[Any]
     node: Any = None  # NodeUnderTest for HearthNet
-    notes: list[str] = field(default_factory=list)
 
     def alive(self) -> bool:
         """True while the server process runs."""
@@ -215,7 +214,7 @@ def start_target(name: str) -> Target:
 
         return Target(name, node.pid, ws, version or "hearthnet", stop, node.proc, node=node)
     ref: RefServer = start_nats() if name == "nats" else start_mosquitto()
-    return Target(name, ref.pid, ref.ws_url, ref.version, ref.stop, ref.proc, notes=ref.notes)
+    return Target(name, ref.pid, ref.ws_url, ref.version, ref.stop, ref.proc)
 
 
 def hearthnet_auth_file(target: Target, subs: int, workdir: Path) -> Path:

@@ -117,7 +117,7 @@ def start_node(
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.startswith("hearthnet ready"):
-        proc.kill()
+        stop_process(proc)
         raise RuntimeError(f"node did not start: {line!r}")
     ready_s = time.monotonic() - started
     fields = dict(p.split("=", 1) for p in line.split()[2:])

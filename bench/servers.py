@@ -14,7 +14,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -71,7 +71,6 @@ class RefServer:
     workdir: Path
     version: str
     log: IO[bytes] | None = None
-    notes: list[str] = field(default_factory=list)
 
     @property
     def pid(self) -> int:
@@ -84,13 +83,6 @@ class RefServer:
         if self.log is not None:
             self.log.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def log_tail(self, lines: int = 20) -> str:
-        """The last lines of the server's log (for error reports)."""
-        path = self.workdir / "server.log"
-        if not path.exists():
-            return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def _version(cmd: list[str]) -> str:

@@ -5,6 +5,7 @@ Run after adding or changing a configuration key: python scripts/gen_config_docs
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from hearthnet.config import configuration_table
@@ -17,8 +18,10 @@ def main() -> None:
     """Replace the text between the markers."""
     path = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
     text = path.read_text(encoding="utf-8")
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
+    head, begin, rest = text.partition(BEGIN)
+    _, end, tail = rest.partition(END)
+    if not (begin and end):
+        sys.exit(f"{path}: the markers are missing; nothing written")
     path.write_text(head + BEGIN + configuration_table() + END + tail, encoding="utf-8")
     print(f"updated {path}")
 

@@ -63,7 +63,8 @@ async def record(
     return events
 
 
-def export(cluster: Cluster, out: Path) -> None:
+def export(cluster: Cluster, out: Path, since_s: float) -> None:
+    """Each node's records of the last ``since_s`` seconds into ``out/n<i>``."""
     for i in range(NODES):
         target = out / f"n{i}"
         subprocess.run(  # noqa: S603 - our own CLI, fixed arguments
@@ -75,7 +76,7 @@ def export(cluster: Cluster, out: Path) -> None:
                 "--out",
                 str(target),
                 "--since",
-                "1h",
+                f"{int(since_s)}s",
             ),
             check=True,
             capture_output=True,
@@ -103,7 +104,7 @@ def main() -> int:
             events = asyncio.run(record(cluster, args.duration, args.kill_at, args.restart_at))
         finally:
             cluster.stop_all()
-        export(cluster, args.out)
+        export(cluster, args.out, since_s=args.duration + 600)  # the whole run, with margin
     (args.out / "events.json").write_text(json.dumps(events, indent=1) + "\n")
     print(json.dumps(events))
     return 0
