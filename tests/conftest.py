@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from hearthnet.client import Client
@@ -37,6 +38,13 @@ def make_config(tmp_path: Path) -> MakeConfig:
         return load_config(None, env={}, overrides=overrides)
 
     return make
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A plain aiohttp session (not our client), for raw HTTP and WebSocket requests."""
+    async with aiohttp.ClientSession() as session:
+        yield session
 
 
 @pytest.fixture

@@ -15,7 +15,12 @@ from typing import Any
 
 from hearthnet.bus.capability import CallContext
 from hearthnet.bus.descriptor import CapabilityDescriptor
+from hearthnet.caller import Caller
+from hearthnet.clock import now_ms
+from hearthnet.community import Level
 from hearthnet.frames import Frame
+from hearthnet.node import Node
+from hearthnet.tokens import CapabilityToken, Scope
 
 
 @dataclass
@@ -203,3 +208,36 @@ async def eventually(
                 f"timed out after {within_s} s waiting for {what}; last: {value!r}"
             )
         await asyncio.sleep(0.05)
+
+
+# --- pub/sub on an in-process node ----------------------------------------------------
+
+
+def token_for(node: Node, *scopes: str, ttl_ms: int = 600_000) -> str:
+    """A capability token issued by an in-process node."""
+    return CapabilityToken.issue(
+        node.keys,
+        community=node.membership.community_id,
+        scopes=[Scope.parse(s) for s in scopes],
+        ttl_ms=ttl_ms,
+        now_ms=now_ms(),
+    ).encode()
+
+
+def _node_caller(node: Node) -> Caller:
+    return Caller(node.keys.node_id, "node", Level.ANCHOR, None, True)
+
+
+async def publish(node: Node, topic: str, n: int, start: int = 0) -> list[int]:
+    """Publish n messages ``{"i": start..}`` as the node, one after another; their seqs."""
+    me = _node_caller(node)
+    return [(await node.pubsub.publish(me, topic, "m", {"i": start + i})).seq for i in range(n)]
+
+
+async def publish_at_once(node: Node, topic: str, n: int, start: int = 0) -> list[int]:
+    """Publish n messages as the node, queued together (group commit); their seqs."""
+    me = _node_caller(node)
+    stored = await asyncio.gather(
+        *(node.pubsub.publish(me, topic, "m", {"i": start + i}) for i in range(n))
+    )
+    return [s.seq for s in stored]

@@ -12,42 +12,12 @@ from typing import Any
 
 import pytest
 
-from hearthnet.caller import Caller
 from hearthnet.client import Client
-from hearthnet.clock import now_ms
-from hearthnet.community import Level
 from hearthnet.errors import BadRequest, Forbidden, PayloadTooLarge
 from hearthnet.identity import KeyPair
 from hearthnet.node import Node
-from hearthnet.tokens import CapabilityToken, Scope
 from tests.conftest import MakeConfig
-from tests.helpers import wait_until
-
-
-def token_for(node: Node, *scopes: str, ttl_ms: int = 600_000) -> str:
-    """A token issued by the node."""
-    return CapabilityToken.issue(
-        node.keys,
-        community=node.membership.community_id,
-        scopes=[Scope.parse(s) for s in scopes],
-        ttl_ms=ttl_ms,
-        now_ms=now_ms(),
-    ).encode()
-
-
-async def publish(node: Node, topic: str, n: int, start: int = 0) -> list[int]:
-    """Publish n messages as the node."""
-    me = Caller(node.keys.node_id, "node", Level.ANCHOR, None, True)
-    return [(await node.pubsub.publish(me, topic, "m", {"i": start + i})).seq for i in range(n)]
-
-
-async def publish_at_once(node: Node, topic: str, n: int) -> list[int]:
-    """Publish n messages as the node, queued together (group commit); returns their seqs."""
-    me = Caller(node.keys.node_id, "node", Level.ANCHOR, None, True)
-    stored = await asyncio.gather(
-        *(node.pubsub.publish(me, topic, "m", {"i": i}) for i in range(n))
-    )
-    return [s.seq for s in stored]
+from tests.helpers import publish, publish_at_once, token_for, wait_until
 
 
 class RawSse:

@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 
-from hearthnet.caller import Caller
 from hearthnet.clock import now_ms
-from hearthnet.community import Level
 from hearthnet.identity import KeyPair
 from hearthnet.ids import short_id
 from hearthnet.node import Node
-from hearthnet.tokens import CapabilityToken, Scope
+from hearthnet.tokens import CapabilityToken
 from tests.conftest import MakeConfig
-from tests.helpers import refused_upgrade, wait_until
+from tests.helpers import publish, publish_at_once, refused_upgrade, token_for, wait_until
 
 Frame = dict[str, Any]
 
@@ -39,13 +36,6 @@ def auth_frame(keys: KeyPair, node: Node, **extra: Any) -> Frame:
         "sig": keys.sign_object(proof),
         **extra,
     }
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    """A plain client session."""
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 class Raw:
@@ -97,21 +87,6 @@ async def session(
     )
     assert "auth.ok" == (await raw.next())["event"]
     return raw
-
-
-async def publish(node: Node, topic: str, n: int, start: int = 0) -> list[int]:
-    """Publish n messages as the node; returns their seqs."""
-    me = Caller(node.keys.node_id, "node", Level.ANCHOR, None, True)
-    return [(await node.pubsub.publish(me, topic, "m", {"i": start + i})).seq for i in range(n)]
-
-
-async def publish_at_once(node: Node, topic: str, n: int, start: int = 0) -> list[int]:
-    """Publish n messages as the node, queued together (group commit); returns their seqs."""
-    me = Caller(node.keys.node_id, "node", Level.ANCHOR, None, True)
-    stored = await asyncio.gather(
-        *(node.pubsub.publish(me, topic, "m", {"i": start + i}) for i in range(n))
-    )
-    return [s.seq for s in stored]
 
 
 def data_of(frames: list[Frame]) -> list[int]:
@@ -392,17 +367,11 @@ async def test_silent_client_leaves_presence(
 async def test_token_session_expiry(make_config: MakeConfig, http: aiohttp.ClientSession) -> None:
     """A token session gets auth.expiring (within 60 s of expiry) and is closed 4401 at expiry."""
     async with Node(make_config()) as node:
-        token = CapabilityToken.issue(
-            node.keys,
-            community=node.membership.community_id,
-            scopes=[Scope.parse("sub:chat.**")],
-            ttl_ms=2000,
-            now_ms=now_ms(),
-        )
-        sub = await session(http, node, token=token.encode())
+        token = token_for(node, "sub:chat.**", ttl_ms=2000)
+        sub = await session(http, node, token=token)
         warning = await sub.next("auth.expiring", within_s=5)
         code = await sub.closed(within_s=5)
-    assert (token.exp_ms, 4401) == (warning["data"]["expires_ms"], code)
+    assert (CapabilityToken.decode(token).exp_ms, 4401) == (warning["data"]["expires_ms"], code)
 
 
 @pytest.mark.parametrize(
@@ -442,14 +411,7 @@ async def test_access_rules_enforced_over_ws(
         denied_inbox = await sub.next("error")
         await sub.send({"type": "subscribe", "topics": [f"node.{short_id(member.node_id)}.inbox"]})
         own_inbox = await sub.next("subscribed")
-        token = CapabilityToken.issue(
-            node.keys,
-            community=node.membership.community_id,
-            scopes=[Scope.parse("sub:chat.*")],
-            ttl_ms=600_000,
-            now_ms=now_ms(),
-        )
-        tsub = await session(http, node, token=token.encode())
+        tsub = await session(http, node, token=token_for(node, "sub:chat.*"))
         await tsub.send({"type": "subscribe", "topics": ["chat.**"]})
         wide = await tsub.next("error")
         await tsub.send({"type": "publish", "topic": "chat.a", "msg_type": "m", "data": 1})

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -56,13 +55,6 @@ def signed_call(
         "Accept": accept,
         "Content-Type": "application/json",
     }
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    """A plain HTTP client session."""
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 async def post(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -41,13 +40,6 @@ def call_frame(
         "ts": now_ms() if ts is None else ts,
     }
     return {"type": "call", "envelope": envelope, "signature": keys.sign_object(envelope)}
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    """A plain HTTP/WS client session (aiohttp, not our client)."""
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 async def connect(

@@ -36,13 +36,6 @@ async def node(make_config: MakeConfig) -> AsyncIterator[Node]:
         yield n
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    """A plain aiohttp session (not our client)."""
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def open_ws(
     http: aiohttp.ClientSession, node: Node, value: Any, script: list[dict[str, Any]]
 ) -> aiohttp.ClientWebSocketResponse:
