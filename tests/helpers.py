@@ -134,6 +134,20 @@ def hearthnet_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "hearthnet.cli", *args]
 
 
+def run_cli(
+    *args: str, stdin: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI to completion (bounded), capturing its output."""
+    return subprocess.run(
+        hearthnet_cmd(*args),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def start_node_process(
     data_dir: Path, *extra: str, timeout: float = 20.0, env: dict[str, str] | None = None
 ) -> NodeProcess:

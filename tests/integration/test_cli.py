@@ -14,14 +14,7 @@ import pytest
 
 from hearthnet.client import Client
 from hearthnet.identity import load_or_create_keys
-from tests.helpers import NodeProcess, hearthnet_cmd, start_node_process
-
-
-def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """Run the CLI to completion."""
-    return subprocess.run(
-        hearthnet_cmd(*args), capture_output=True, text=True, timeout=timeout, check=False
-    )
+from tests.helpers import NodeProcess, hearthnet_cmd, run_cli, start_node_process
 
 
 @pytest.fixture
@@ -52,11 +45,11 @@ def test_ready_line_and_run_file(node_proc: NodeProcess) -> None:
 def test_status_call_keys_config(node_proc: NodeProcess) -> None:
     """node status, call (unary and stream), keys show and config show work against the node."""
     d = str(node_proc.data_dir)
-    status = run("node", "status", "--json", "--data-dir", d)
-    echo = run("call", "echo@1.0", "--body", '{"hi": 1}', "--data-dir", d)
-    stream = run("call", "echo.stream", "--body", '{"count": 2}', "--stream", "--data-dir", d)
-    keys = run("keys", "show", "--json", "--data-dir", d)
-    config = run("config", "show", "--data-dir", d)
+    status = run_cli("node", "status", "--json", "--data-dir", d)
+    echo = run_cli("call", "echo@1.0", "--body", '{"hi": 1}', "--data-dir", d)
+    stream = run_cli("call", "echo.stream", "--body", '{"count": 2}', "--stream", "--data-dir", d)
+    keys = run_cli("keys", "show", "--json", "--data-dir", d)
+    config = run_cli("config", "show", "--data-dir", d)
     assert [0, 0, 0, 0, 0] == [p.returncode for p in (status, echo, stream, keys, config)]
     assert (
         node_proc.fields["node"],
@@ -75,7 +68,7 @@ def test_status_call_keys_config(node_proc: NodeProcess) -> None:
 
 async def test_issued_token_works_for_a_client(node_proc: NodeProcess) -> None:
     """`token issue --scope call:echo` prints a token alone; a client calls with it."""
-    issued = run(
+    issued = run_cli(
         "token",
         "issue",
         "--scope",
@@ -140,7 +133,7 @@ def test_sigint_with_a_stream_running(tmp_path: Path) -> None:
 
 def test_second_node_on_same_data_dir_refused(node_proc: NodeProcess) -> None:
     """Two nodes cannot share a data directory."""
-    result = run(
+    result = run_cli(
         "node", "start", "--data-dir", str(node_proc.data_dir), "--port", "0", "--host", "127.0.0.1"
     )
     assert (1, True) == (result.returncode, "another node is running" in result.stderr)
@@ -150,20 +143,22 @@ def test_group_readable_key_refuses_to_start(tmp_path: Path) -> None:
     """A seed file readable by others stops start-up with exit 1 and the fix in the message."""
     load_or_create_keys(tmp_path)
     os.chmod(tmp_path / "keys" / "node.ed25519", 0o644)
-    result = run("node", "start", "--data-dir", str(tmp_path), "--port", "0", "--host", "127.0.0.1")
+    result = run_cli(
+        "node", "start", "--data-dir", str(tmp_path), "--port", "0", "--host", "127.0.0.1"
+    )
     assert (1, True) == (result.returncode, "chmod 600" in result.stderr)
 
 
 def test_exit_codes(tmp_path: Path, node_proc: NodeProcess) -> None:
     """3 when no node runs, 2 on usage errors, 1 on a refused call, 4 on an auth failure."""
-    no_node = run("node", "status", "--data-dir", str(tmp_path / "empty"))
-    usage = run("call")
-    refused = run("call", "nope@1.0", "--data-dir", str(node_proc.data_dir))
+    no_node = run_cli("node", "status", "--data-dir", str(tmp_path / "empty"))
+    usage = run_cli("call")
+    refused = run_cli("call", "nope@1.0", "--data-dir", str(node_proc.data_dir))
     other = tmp_path / "other"
     load_or_create_keys(other)  # a stranger's keys: not a member of the node's community
-    auth = run("call", "echo@1.0", "--data-dir", str(other), "--url", node_proc.url)
+    auth = run_cli("call", "echo@1.0", "--data-dir", str(other), "--url", node_proc.url)
     streams = [
-        run(
+        run_cli(
             "call", "echo.stream@1.0", "--stream", *transport,
             "--body", '{"count": 2}', "--data-dir", str(other), "--url", node_proc.url,
         )
@@ -178,7 +173,7 @@ def test_commands_that_read_an_identity_do_not_make_one(tmp_path: Path) -> None:
     """A mistyped --data-dir is an error, not a new identity and community."""
     empty = tmp_path / "typo"
     results = [
-        run(*args, "--data-dir", str(empty))
+        run_cli(*args, "--data-dir", str(empty))
         for args in (
             ("community", "show"),
             ("community", "invite"),

@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import NodeProcess, hearthnet_cmd, start_node_process
-
-
-def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the CLI to completion."""
-    return subprocess.run(
-        hearthnet_cmd(*args), input=stdin, capture_output=True, text=True, timeout=60, check=False
-    )
+from tests.helpers import NodeProcess, run_cli, start_node_process
 
 
 @pytest.fixture
@@ -33,7 +25,7 @@ def test_chat_one_message_shows_tokens_the_tool_call_and_the_answer(
     demo_node: NodeProcess,
 ) -> None:
     """`hearthnet chat -m` prints the streamed answer with the tool call and its result."""
-    done = run("chat", "--data-dir", str(demo_node.data_dir), "-m", "please echo hello mesh")
+    done = run_cli("chat", "--data-dir", str(demo_node.data_dir), "-m", "please echo hello mesh")
     assert (
         0,
         [
@@ -50,7 +42,7 @@ def test_chat_reads_lines_and_keeps_the_conversation(
     demo_node: NodeProcess, transport: str
 ) -> None:
     """Lines on stdin are a conversation (WS or SSE); --json prints one event per line."""
-    done = run(
+    done = run_cli(
         "chat",
         "--data-dir",
         str(demo_node.data_dir),
@@ -80,7 +72,7 @@ def test_chat_without_llm_on_the_node_says_how_to_get_it(tmp_path: Path) -> None
     """A node started without --llm-demo or --llm-url: exit 1 and a hint."""
     node = start_node_process(tmp_path / "plain")
     try:
-        done = run("chat", "--data-dir", str(node.data_dir), "-m", "hi")
+        done = run_cli("chat", "--data-dir", str(node.data_dir), "-m", "hi")
     finally:
         node.stop()
     assert (
@@ -96,7 +88,7 @@ def test_llm_url_flag_offers_llm_chat(tmp_path: Path) -> None:
         tmp_path / "data", "--llm-url", "http://127.0.0.1:9/v1", "--llm-model", "llama3.1:8b"
     )
     try:
-        status = run("node", "status", "--json", "--data-dir", str(node.data_dir))
+        status = run_cli("node", "status", "--json", "--data-dir", str(node.data_dir))
     finally:
         node.stop()
     assert "llm.chat@2.0" in json.loads(status.stdout)["capabilities"]
