@@ -248,4 +248,3 @@ class Authenticator:
             signature=sig,
             now_ms=now_ms,
         )
-
