@@ -83,7 +83,6 @@ def build_session(
 class _Tables:
     """Where tables go, and the id→NodeID map used to write them readable."""
 
-    spark: SparkSession
     uri: str
     names: dict[int, str]
     cached: list[DataFrame]
@@ -214,7 +213,6 @@ class _Job:
             )
             self.names = {int(r["nid"]): str(r["name"]) for r in latest.collect()}
         self.tables = _Tables(
-            self.spark,
             cfg.tables_uri or (self.out / "tables").resolve().as_uri(),
             self.ids,
             self.cached,

@@ -9,7 +9,6 @@ by the chart's own measure), and availability by day instead of by hour past
 
 from __future__ import annotations
 
-import base64
 import html
 import time
 from collections import defaultdict
@@ -19,9 +18,12 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from hearthnet import ids
+from hearthnet.errors import HearthNetError
+from spark_federation.params import HOUR_MS
+
 MAX_ROWS = 40
 MAX_HOURS = 24 * 14
-HOUR_MS = 3_600_000
 
 
 @dataclass(slots=True)
@@ -46,13 +48,12 @@ class ReportData:
 
 
 def short_id(node: str) -> str:
-    """Spec §1.1 short id: the first 10 key bytes in base32, grouped XXXX-XXXX-XXXX-XXXX."""
+    """Spec §1.1 short id (``XXXX-XXXX-XXXX-XXXX``); the first 16 characters of anything
+    that is not a NodeID (the job reports what the logs say)."""
     try:
-        key = base64.urlsafe_b64decode(node.removeprefix("ed25519:") + "=")
-    except ValueError:
+        return ids.short_id(node)
+    except HearthNetError:
         return node[:16]
-    b32 = base64.b32encode(key[:10]).decode().rstrip("=")
-    return "-".join(b32[i : i + 4] for i in range(0, 16, 4))
 
 
 def label(node: str, names: dict[str, str]) -> str:

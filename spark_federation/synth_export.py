@@ -5,7 +5,6 @@ from __future__ import annotations
 import heapq
 import random
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hearthnet.mesh.heartlog import arrow_schema
+from hearthnet.mesh.heartlog import arrow_schema, day_of
 from spark_federation.synth_model import (
     BEACON_MS,
     VERSION,
@@ -116,7 +115,7 @@ class ExportWriter:
         written = _Written(records=len(rows), duplicates=min(dups, len(rows)))
         by_day: dict[str, list[dict[str, Any]]] = {}
         for row in rows:
-            by_day.setdefault(_day(row["ts"]), []).append(row)
+            by_day.setdefault(day_of(row["ts"]), []).append(row)
         directory = self.export_dir(n) / "heartbeats"
         days = sorted(by_day)
         bad_rows = self._malformed(n, links, malformed)
@@ -194,7 +193,7 @@ class ExportWriter:
         everyone = [b for n in self.sc.order for b in by_node[n]]
         for n in self.sc.order:
             rows = everyone if self.cfg.beacons == "all" else by_node[n]
-            self._write(self.export_dir(n) / "beacons", _day(t0), rows)
+            self._write(self.export_dir(n) / "beacons", day_of(t0), rows)
 
     def traces(
         self,
@@ -239,7 +238,7 @@ class ExportWriter:
                 )
             t += self.cfg.trace_interval_ms
         for n, rows in per_node.items():
-            self._write(self.export_dir(n) / "traces", _day(t0), rows)
+            self._write(self.export_dir(n) / "traces", day_of(t0), rows)
         return sum(len(v) for v in per_node.values())
 
 
@@ -258,7 +257,3 @@ def _fastest_paths(
             if m not in best:
                 heapq.heappush(heap, (delay + d + rng.uniform(0.3, 2.0), hops + 1, m))
     return best
-
-
-def _day(ts_ms: int) -> str:
-    return datetime.fromtimestamp(ts_ms / 1000, tz=UTC).strftime("%Y-%m-%d")
