@@ -59,11 +59,6 @@ class OriginTracker:
             del self.above[origin]
         return head
 
-    def holds(self, origin: str, seq: int) -> bool:
-        """Whether ``(origin, seq)`` was seen."""
-        head = self.heads.get(origin, 0)
-        return seq <= head or seq in self.above.get(origin, ())
-
     def skip_to(self, origin: str, lowest_available: int) -> None:
         """A peer that is ahead holds nothing below ``lowest_available``: stop asking for the
         hole below it (retention removed those messages from the mesh)."""

@@ -26,6 +26,7 @@ from hearthnet.mesh.protocol import (
     Handshake,
     LinkState,
     PeerInfo,
+    bye_for,
     decode_frame,
     encode_frame,
 )
@@ -74,7 +75,8 @@ async def run_handshake(
     """Exchange hellos until the link may go up.
 
     Raises:
-        WireError: the peer was refused (after a ``bye`` with the reason where possible).
+        WireError: the peer was refused (after a ``bye`` with the reason where possible),
+            or (``remote`` true) the peer refused us with its ``bye``'s code.
         Unavailable: the socket closed or the exchange timed out.
     """
     try:
@@ -91,8 +93,9 @@ async def run_handshake(
     except TimeoutError as exc:
         raise Unavailable("peer handshake timed out") from exc
     except WireError as exc:
-        with contextlib.suppress(Exception):
-            await ws.send_bytes(encode_frame("bye", code=exc.code, reason=exc.message[:200]))
+        if not exc.remote:  # the peer's own refusal (its bye) is not answered with one
+            with contextlib.suppress(Exception):
+                await ws.send_bytes(bye_for(exc))
         raise
     except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
         raise Unavailable(f"peer handshake failed: {exc}") from exc
@@ -151,8 +154,6 @@ class PeerLink:
         self._queue: deque[bytes] = deque()
         self._queued_bytes = 0
         self._wake = asyncio.Event()
-        self.frames_in = 0
-        self.frames_out = 0
         self.down_reason = ""
         self._to(LinkState.UP)
 
@@ -200,6 +201,7 @@ class PeerLink:
         if send_bye:
             data = encode_frame("bye", code="closing", reason=reason[:200])
             self._queue.append(data)
+            self._queued_bytes += len(data)
         self.down_reason = reason
         self._to(LinkState.CLOSING)
         self._wake.set()
@@ -229,10 +231,17 @@ class PeerLink:
                 self._queued_bytes -= len(data)
                 try:
                     await ws.send_bytes(data)
-                except (ConnectionError, RuntimeError, aiohttp.ClientError):
-                    self.down_reason = self.down_reason or "write failed"
+                except (ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
+                    # Nothing more can go out: stop queueing and close the socket, which
+                    # ends the read loop, so run() reports the link down.
+                    self.down_reason = self.down_reason or f"write failed: {exc}"
+                    if self.state is LinkState.UP:
+                        self._to(LinkState.CLOSING)
+                    self._queue.clear()
+                    self._queued_bytes = 0
+                    with contextlib.suppress(Exception):
+                        await ws.close()
                     return
-                self.frames_out += 1
             if self.state is not LinkState.UP:
                 with contextlib.suppress(Exception):
                     await ws.close()
@@ -259,7 +268,6 @@ class PeerLink:
                 log.warning("bad frame from %s: %s", self.node, exc, extra={"peer": self.node})
                 self.down_reason = f"protocol violation: {exc.message}"
                 return
-            self.frames_in += 1
             if frame["t"] == "bye":
                 self.down_reason = f"peer said bye: {frame.get('reason', '')}"
                 return

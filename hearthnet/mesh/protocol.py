@@ -9,13 +9,17 @@ each message one CBOR map ``{"t": kind, ...}``. The handshake is three hellos::
 
 Each hello is signed by its sender over the JCS form without ``sig``. Each side checks the
 other's signature, membership, clock window and that its own nonce came back, so a
-recorded hello cannot open a link. Frames other than hello before the handshake ends are
-a protocol violation.
+recorded hello cannot open a link. Frames other than hello (or the other side's refusing
+``bye``) before the handshake ends are a protocol violation.
 
-Link states::
+A side that refuses the other says why in a ``bye {code, reason}`` before it closes; the
+refused side raises that error (:func:`refusal_from_bye`), so a dialer knows it was revoked,
+not a member, or dialling itself.
 
-    DIALING -> HANDSHAKING -> UP -> CLOSING -> DOWN
-       \\------------\\---------------------------> DOWN
+Link states (a :class:`PeerLink` exists once the handshake is done)::
+
+    HANDSHAKING -> UP -> CLOSING -> DOWN
+         \\----------\\--------------> DOWN
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from hearthnet.errors import (
     PayloadTooLarge,
     Revoked,
     Unauthorized,
+    WireError,
+    error_from_wire,
 )
 from hearthnet.identity import KeyPair, verify_object
 from hearthnet.ids import is_node_id
@@ -69,7 +75,6 @@ FRAME_KINDS = frozenset(
 class LinkState(enum.Enum):
     """Where a peer link is in its life."""
 
-    DIALING = "dialing"
     HANDSHAKING = "handshaking"
     UP = "up"
     CLOSING = "closing"
@@ -77,12 +82,33 @@ class LinkState(enum.Enum):
 
 
 TRANSITIONS: dict[LinkState, frozenset[LinkState]] = {
-    LinkState.DIALING: frozenset({LinkState.HANDSHAKING, LinkState.DOWN}),
     LinkState.HANDSHAKING: frozenset({LinkState.UP, LinkState.CLOSING, LinkState.DOWN}),
     LinkState.UP: frozenset({LinkState.CLOSING, LinkState.DOWN}),
     LinkState.CLOSING: frozenset({LinkState.DOWN}),
     LinkState.DOWN: frozenset(),
 }
+
+
+class LinkToSelf(BadRequest):
+    """The hello came from this node's own key: the address dialled is our own."""
+
+
+def bye_for(error: WireError) -> bytes:
+    """The ``bye`` that tells the peer why it was refused (``self_link`` marks a node that
+    dialled itself, so it can forget that address)."""
+    fields: dict[str, Any] = {"code": error.code, "reason": error.message[:200]}
+    if isinstance(error, LinkToSelf):
+        fields["self_link"] = True
+    return encode_frame("bye", **fields)
+
+
+def refusal_from_bye(frame: dict[str, Any]) -> WireError:
+    """The typed error a peer's ``bye`` stands for (``remote`` is true)."""
+    reason = str(frame.get("reason", ""))[:200]
+    if frame.get("self_link") is True:
+        return LinkToSelf(reason, remote=True)
+    code = frame.get("code")
+    return error_from_wire({"code": code if isinstance(code, str) else None, "message": reason})
 
 
 def encode_frame(kind: str, **fields: Any) -> bytes:
@@ -167,8 +193,12 @@ class Handshake:
 
         Raises:
             BadRequest: not a hello, or malformed.
+            LinkToSelf: the hello is our own.
             InvalidSignature / Unauthorized / Revoked / Expired: the peer is refused.
+            WireError: with ``remote`` true, the peer refused us with a ``bye`` (its code).
         """
+        if frame.get("t") == "bye":
+            raise refusal_from_bye(frame)
         if frame.get("t") != "hello":
             raise BadRequest("the handshake is hello frames only")
         hello = {k: v for k, v in frame.items() if k != "t"}
@@ -181,7 +211,7 @@ class Handshake:
             raise BadRequest("hello needs node, community, ts and nonce")
         assert isinstance(node, str)
         if node == self.keys.node_id:
-            raise BadRequest("a link to ourselves")
+            raise LinkToSelf("a link to ourselves")
         if self.expect is not None and node != self.expect:
             raise Unauthorized(f"expected {self.expect}, reached {node}")
         if community != self.membership.community_id:

@@ -93,6 +93,15 @@ class _Outgoing:
         default_factory=lambda: asyncio.Queue(STREAM_WINDOW * 2)
     )
 
+    def fail(self, error: WireError) -> None:
+        """End the call with ``error`` after the frames already queued. When the queue is
+        full (the caller is behind) those frames are dropped, the call failed anyway: the
+        error must fit, or the caller would read them and then wait for its deadline."""
+        if self.queue.full():
+            while not self.queue.empty():
+                self.queue.get_nowait()
+        self.queue.put_nowait(error)
+
 
 @dataclass
 class _Incoming:
@@ -239,8 +248,7 @@ class RemoteCalls:
         self.learnt.pop(via, None)
         for key, stream in list(self.outgoing.items()):
             if stream.via == via:
-                with contextlib.suppress(asyncio.QueueFull):
-                    stream.queue.put_nowait(Unavailable(f"the link to {via} went down mid-call"))
+                stream.fail(Unavailable(f"the link to {via} went down mid-call"))
                 self.outgoing.pop(key, None)
         for (peer, _), incoming in list(self.incoming.items()):
             if peer == via and incoming.task is not None:
@@ -340,6 +348,7 @@ class RemoteCalls:
         except asyncio.QueueFull:
             # the provider ignored the window: end the call rather than buffer without bound
             self.outgoing.pop(str(frame.get("sid")), None)
+            out.fail(Unavailable(f"{link.node} sent past the stream window; the call ended"))
             self._send(link.node, "cancel", sid=frame.get("sid"))
 
     # --- provider side ----------------------------------------------------------------

@@ -14,7 +14,7 @@ import logging
 import resource
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -36,6 +36,8 @@ from hearthnet.errors import (
     ConfigError,
     HearthNetError,
     InvalidSignature,
+    Revoked,
+    Unauthorized,
     Unavailable,
     UpgradeRequired,
     WireError,
@@ -48,8 +50,22 @@ from hearthnet.mesh.discovery import Discovery
 from hearthnet.mesh.gossip import AntiEntropy, OriginTracker
 from hearthnet.mesh.heartbeat import HeartbeatTracker, pong_for
 from hearthnet.mesh.heartlog import HeartbeatLog
-from hearthnet.mesh.links import PeerLink, receive_referral, run_handshake, send_referral
-from hearthnet.mesh.protocol import MAX_FRAME_BYTES, SUBPROTOCOL, Handshake, encode_frame
+from hearthnet.mesh.links import (
+    HANDSHAKE_TIMEOUT_S,
+    PeerLink,
+    receive_referral,
+    run_handshake,
+    send_referral,
+)
+from hearthnet.mesh.protocol import (
+    MAX_FRAME_BYTES,
+    SUBPROTOCOL,
+    Handshake,
+    LinkToSelf,
+    PeerInfo,
+    encode_frame,
+    winning_direction,
+)
 from hearthnet.mesh.remote import RemoteCalls
 from hearthnet.mesh.tls import client_context, peer_node_id
 from hearthnet.metrics import MetricsRegistry
@@ -66,6 +82,8 @@ SEEN_PRESENCE = 50_000
 MAX_MEMBERSHIP_RECORDS = 10_000
 MAX_REFERRALS = 16  # handshakes at once with members a full node only sends elsewhere
 FULL_HOLD_S = 60.0  # a node that was full is not dialled again for this long
+HOUSEKEEPING_S = 1.0  # heartbeat-log flush and peer-book save
+PRUNE_EVERY_S = 3600.0  # heartbeat-log day files past retention are removed this often
 
 
 class Mesh:
@@ -120,8 +138,10 @@ class Mesh:
             spawn=self.spawn,
         )
         self.url = ""
+        self.dial_timeout_s = HANDSHAKE_TIMEOUT_S  # connect, upgrade and handshake, in all
         self._dialing: set[str] = set()
         self._referrals = 0  # handshakes in flight with members we are too full to link
+        self._repairing: set[PeerLink] = set()  # links with an iwant being answered
         self._hops: dict[str, int] = {}
         self._seen_presence: OrderedDict[str, None] = OrderedDict()
         self._group: asyncio.TaskGroup | None = None
@@ -129,6 +149,7 @@ class Mesh:
         self._http: aiohttp.ClientSession | None = None
         self.discovery: Discovery | None = None
         self._started = time.monotonic()
+        self._next_prune = self._started  # the first housekeeping tick prunes
         self._cpu = (time.monotonic(), time.process_time())
         m = metrics
         m.gauge("hearthnet_peers_linked", "Peer links up.", lambda: float(len(self.links)))
@@ -223,18 +244,20 @@ class Mesh:
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
-                for loop_fn, name in (
-                    (self._dial_loop, "mesh-dial"),
-                    (self._repair_loop, "mesh-repair"),
-                    (self._heartbeat_loop, "mesh-heartbeat"),
-                    (self._caps_loop, "mesh-caps"),
-                    (self._presence_loop, "mesh-presence"),
-                    (self._beacon_loop, "mesh-beacon"),
-                    (self._housekeeping_loop, "mesh-housekeeping"),
+                cfg = self.config
+                for period_s, tick, name in (
+                    (cfg.dial_interval_s, self._dial_tick, "mesh-dial"),
+                    (cfg.anti_entropy_s, self._repair_tick, "mesh-repair"),
+                    (max(0.01, cfg.heartbeat_s / 5), self._heartbeat_tick, "mesh-heartbeat"),
+                    (cfg.caps_s, self._announce_caps, "mesh-caps"),
+                    (cfg.presence_refresh_s, self._presence_tick, "mesh-presence"),
+                    (cfg.beacon_s, self._beacon_tick, "mesh-beacon"),
+                    (HOUSEKEEPING_S, self._housekeeping_tick, "mesh-housekeeping"),
                 ):
-                    group.create_task(loop_fn(), name=name)
+                    group.create_task(_every(period_s, tick, name), name=name)
                 if self.discovery is not None:
-                    group.create_task(self.discovery.run(), name="mesh-zeroconf")
+                    # a zeroconf failure ends LAN discovery, not the node
+                    self.spawn(self.discovery.run(), "mesh-zeroconf")
         finally:
             self._group = None
             if self.discovery is not None:
@@ -331,40 +354,18 @@ class Mesh:
         return ws
 
     async def dial(self, url: str) -> None:
-        """Dial one address (the dial loop calls this; tests and --peer too)."""
-        assert self._http is not None
-        address = self.book.addresses.get(url)
-        expect = address.node if address is not None else None
+        """Dial one address and run the link while it is up (the dial loop calls this;
+        tests and --peer too). A second dial of an address already being dialled returns."""
+        if url in self._dialing:
+            return
         self._dialing.add(url)
-        target = self._dial_url(url)
-        tls = target.startswith("https:")
         try:
-            ws = await self._http.ws_connect(
-                target + "/mesh/v1/peer",
-                protocols=(SUBPROTOCOL,),
-                max_msg_size=MAX_FRAME_BYTES,
-                autoping=True,
-                heartbeat=None,
-                compress=0,
-                ssl=self._tls_client if tls and self._tls_client is not None else False,
-            )
-        except (aiohttp.ClientError, OSError) as exc:
-            self._dial_failed(url, None)
-            log.debug("dial %s failed: %s", target, exc)
+            opened = await self._open_link(url)
+        finally:
+            self._dialing.discard(url)
+        if opened is None:
             return
-        try:
-            # spec §3.1: the certificate must carry the key of the node we meant to reach
-            cert_node = peer_node_id(ws.get_extra_info("ssl_object")) if tls else None
-            if cert_node is not None and expect is not None and cert_node != expect:
-                raise InvalidSignature(f"{target} presented the certificate of {cert_node}")
-            peer = await run_handshake(ws, self._handshake(outbound=True, expect=expect), now_ms)
-            if cert_node is not None and cert_node != peer.node:
-                raise InvalidSignature("the TLS certificate and the signed hello disagree")
-        except WireError as exc:
-            self._dial_failed(url, exc)
-            await ws.close()
-            return
-        self._dialing.discard(url)
+        ws, peer = opened
         self.book.succeeded(url, peer.node, now_ms())
         if peer.full:
             self._learn_peers(await receive_referral(ws))
@@ -381,24 +382,60 @@ class Mesh:
             self.book.hold(url, time.monotonic(), 30)
             await ws.close()
 
-    async def _dial_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.dial_interval_s)
-            room = self.config.max_links - len(self.links) - len(self._dialing)
-            if room <= 0:
-                continue
-            for address in self.book.due(time.monotonic(), set(self.links))[:room]:
-                if address.url not in self._dialing:
-                    self._dialing.add(address.url)
-                    self.spawn(self.dial(address.url), f"dial-{address.url}")
+    async def _open_link(self, url: str) -> tuple[aiohttp.ClientWebSocketResponse, PeerInfo] | None:
+        """Connect, upgrade and shake hands with ``url``, all within ``dial_timeout_s``
+        (a peer that takes the TCP connection and never answers must not hold a dial
+        slot forever); None when that failed (and the address book knows)."""
+        assert self._http is not None
+        address = self.book.addresses.get(url)
+        expect = address.node if address is not None else None
+        target = self._dial_url(url)
+        tls = target.startswith("https:")
+        ws: aiohttp.ClientWebSocketResponse | None = None
+        try:
+            async with asyncio.timeout(self.dial_timeout_s):
+                ws = await self._http.ws_connect(
+                    target + "/mesh/v1/peer",
+                    protocols=(SUBPROTOCOL,),
+                    max_msg_size=MAX_FRAME_BYTES,
+                    autoping=True,
+                    heartbeat=None,
+                    compress=0,
+                    ssl=self._tls_client if tls and self._tls_client is not None else False,
+                )
+                # spec §3.1: the certificate must carry the key of the node we meant to reach
+                cert_node = peer_node_id(ws.get_extra_info("ssl_object")) if tls else None
+                if cert_node is not None and expect is not None and cert_node != expect:
+                    raise InvalidSignature(f"{target} presented the certificate of {cert_node}")
+                handshake = self._handshake(outbound=True, expect=expect)
+                peer = await run_handshake(ws, handshake, now_ms)
+                if cert_node is not None and cert_node != peer.node:
+                    raise InvalidSignature("the TLS certificate and the signed hello disagree")
+            return ws, peer
+        except WireError as exc:
+            self._dial_failed(url, exc)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            self._dial_failed(url, None)
+            log.debug("dial %s failed: %s", target, exc)
+        if ws is not None:
+            await ws.close()
+        return None
+
+    def _dial_tick(self) -> None:
+        room = self.config.max_links - len(self.links) - len(self._dialing)
+        if room <= 0:
+            return
+        for address in self.book.due(time.monotonic(), set(self.links))[:room]:
+            if address.url not in self._dialing:
+                self.spawn(self.dial(address.url), f"dial-{address.url}")
 
     def _link_up(self, link: PeerLink) -> bool:
         """Admit an established link; simultaneous dials keep one (spec §7.2)."""
         existing = self.links.get(link.node)
         if existing is not None:
-            me, peer = self.keys.node_id, link.node
-            keep_new = (me < peer) == link.outbound  # the lower NodeID's outbound link wins
-            if (me < peer) == existing.outbound or not keep_new:
+            # the lower NodeID's outbound link wins: ours when we are the lower one
+            outbound_wins = winning_direction(self.keys.node_id, link.node)
+            if existing.outbound == outbound_wins or link.outbound != outbound_wins:
                 return False
             existing.close("duplicate link")
         self.links[link.node] = link
@@ -437,17 +474,16 @@ class Mesh:
             self._announce_caps()
 
     def _dial_failed(self, url: str, error: WireError | None) -> None:
-        self._dialing.discard(url)
         self.book.failed(url, time.monotonic())
         if error is None:
             return
         self.refused.inc(error.code)
         log.info("dialling %s refused: %s", url, error)
-        if error.code in ("revoked", "unauthorized"):
-            self.book.hold(url, time.monotonic(), 300)  # no point asking again soon
-        if "ourselves" in error.message:
+        if isinstance(error, LinkToSelf):
             self.book.own_urls.add(url)
             self.book.addresses.pop(url, None)
+        elif isinstance(error, Revoked | Unauthorized):
+            self.book.hold(url, time.monotonic(), 300)  # no point asking again soon
 
     def _needs_tls(self, host: str) -> bool:
         """Whether a peer link with ``host`` must use TLS (spec §3.1: between hosts)."""
@@ -577,31 +613,38 @@ class Mesh:
 
     def _h_iwant(self, link: PeerLink, frame: dict[str, Any]) -> None:
         want = frame.get("want")
-        if isinstance(want, dict):
-            self.spawn(self._repair(link, want), f"repair-{link.node}")
+        if not isinstance(want, dict) or link in self._repairing:
+            # One repair per link at a time: a peer asking faster than we answer gets the
+            # rest when it asks again (its anti-entropy retries after IWANT_RETRY_S).
+            return
+        self._repairing.add(link)
+        self.spawn(self._repair(link, want), f"repair-{link.node}")
 
     async def _repair(self, link: PeerLink, want: dict[str, Any]) -> None:
-        budget = self.config.repair_per_round
-        for origin, span in list(want.items())[:256]:
-            if budget <= 0:
-                break
-            if not (
-                isinstance(span, list) and len(span) == 2 and all(isinstance(x, int) for x in span)
-            ):
-                continue
-            rows = await self.log.read_origin(
-                str(origin), span[0], span[1], min(budget, span[1] - span[0] + 1)
-            )
-            for raw in rows:
-                link.send("msg", raw=raw, h=1)
-            budget -= len(rows)
-            self.repaired.inc(amount=len(rows))
+        try:
+            budget = self.config.repair_per_round
+            for origin, span in list(want.items())[:256]:
+                if budget <= 0:
+                    break
+                if not (
+                    isinstance(span, list)
+                    and len(span) == 2
+                    and all(isinstance(x, int) for x in span)
+                ):
+                    continue
+                rows = await self.log.read_origin(
+                    str(origin), span[0], span[1], min(budget, span[1] - span[0] + 1)
+                )
+                for raw in rows:
+                    link.send("msg", raw=raw, h=1)
+                budget -= len(rows)
+                self.repaired.inc(amount=len(rows))
+        finally:
+            self._repairing.discard(link)
 
-    async def _repair_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.anti_entropy_s)
-            for link in list(self.links.values()):
-                self._send_ihave(link)
+    def _repair_tick(self) -> None:
+        for link in list(self.links.values()):
+            self._send_ihave(link)
 
     # --- membership -------------------------------------------------------------------
 
@@ -680,12 +723,10 @@ class Mesh:
             self._remember_presence(presence_id)
             link.send("presence", id=presence_id, node=self.keys.node_id, events=events)
 
-    async def _presence_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.presence_refresh_s)
-            events = self.pubsub.local_presence("refresh")
-            if events:
-                self._flood_presence(events, None)
+    def _presence_tick(self) -> None:
+        events = self.pubsub.local_presence("refresh")
+        if events:
+            self._flood_presence(events, None)
 
     # --- heartbeats -------------------------------------------------------------------
 
@@ -709,21 +750,19 @@ class Mesh:
                 clock_offset_ms=observation.clock_offset_ms,
             )
 
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(max(0.01, self.config.heartbeat_s / 5))
-            mono, wall = time.monotonic(), now_ms()
-            for node, tracker in list(self.beats.items()):
-                link = self.links.get(node)
-                if link is None:
-                    continue
-                ping, misses = tracker.tick(mono, wall)
-                for miss in misses:
-                    self._record(node, "miss", seq=miss.seq, ts=wall)
-                if tracker.down:
-                    link.close("three pongs missed")
-                elif ping is not None:
-                    link.send("ping", **ping)
+    def _heartbeat_tick(self) -> None:
+        mono, wall = time.monotonic(), now_ms()
+        for node, tracker in list(self.beats.items()):
+            link = self.links.get(node)
+            if link is None:
+                continue
+            ping, misses = tracker.tick(mono, wall)
+            for miss in misses:
+                self._record(node, "miss", seq=miss.seq, ts=wall)
+            if tracker.down:
+                link.close("three pongs missed")
+            elif ping is not None:
+                link.send("ping", **ping)
 
     # --- capabilities -----------------------------------------------------------------
 
@@ -735,11 +774,6 @@ class Mesh:
         for link in list(self.links.values()):
             if link.node != skip:
                 link.send("caps", providers=self.remote.announcement(exclude_via=link.node))
-
-    async def _caps_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.caps_s)
-            self._announce_caps()
 
     def _h_peers(self, link: PeerLink, frame: dict[str, Any]) -> None:
         peers = frame.get("peers")
@@ -783,20 +817,19 @@ class Mesh:
             "version": __version__,
         }
 
-    async def _beacon_loop(self) -> None:
+    async def _beacon_tick(self) -> None:
         me = Caller(self.keys.node_id, "node", Level.ANCHOR, None, True)
-        while True:
-            await asyncio.sleep(self.config.beacon_s)
-            with contextlib.suppress(WireError):
-                await self.pubsub.publish(me, "mesh.beacon", "beacon", self.beacon(), 3600)
+        with contextlib.suppress(WireError):
+            await self.pubsub.publish(me, "mesh.beacon", "beacon", self.beacon(), 3600)
 
-    async def _housekeeping_loop(self) -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            self.hlog.flush()
-            self.book.save()
-            if int(time.monotonic()) % 3600 == 0:
-                self.hlog.prune(now_ms())
+    def _housekeeping_tick(self) -> None:
+        # prune first: a failing flush or save must not also stop the pruning
+        mono = time.monotonic()
+        if mono >= self._next_prune:
+            self._next_prune = mono + PRUNE_EVERY_S
+            self.hlog.prune(now_ms())
+        self.hlog.flush()
+        self.book.save()
 
     # --- status -----------------------------------------------------------------------
 
@@ -858,6 +891,24 @@ Mesh._handlers = {
     "tool_result": _calls(RemoteCalls.on_tool_result),
     "cancel": _calls(RemoteCalls.on_cancel),
 }
+
+
+async def _every(period_s: float, tick: Callable[[], Awaitable[None] | None], name: str) -> None:
+    """Run ``tick`` every ``period_s`` seconds until cancelled.
+
+    A failing tick (a full disk under ``book.save()``, a bug) is logged and the loop goes
+    on: one bad round must not end the mesh's task group, and with it the node.
+    """
+    while True:
+        await asyncio.sleep(period_s)
+        try:
+            result = tick()
+            if result is not None:
+                await result
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("mesh loop %s: a round failed; the next runs as usual", name)
 
 
 def _rss_mb() -> float:

@@ -8,18 +8,23 @@ from hearthnet.community import Membership, MembershipRecord
 from hearthnet.errors import (
     BadRequest,
     Expired,
+    InternalError,
     InvalidSignature,
     PayloadTooLarge,
     Revoked,
     Unauthorized,
+    WireError,
 )
 from hearthnet.identity import KeyPair
 from hearthnet.mesh.protocol import (
     TRANSITIONS,
     Handshake,
     LinkState,
+    LinkToSelf,
+    bye_for,
     decode_frame,
     encode_frame,
+    refusal_from_bye,
     winning_direction,
 )
 
@@ -153,10 +158,44 @@ def test_expected_peer_enforced_and_self_links_refused() -> None:
     acceptor = Handshake(B, view, False, NOW)
     with pytest.raises(Unauthorized):
         run(dialer, acceptor)
-    with pytest.raises(BadRequest):
+    with pytest.raises(LinkToSelf):
         Handshake(A, view, False, NOW).receive(
             decode_frame(Handshake(A, view, True, NOW).start()), NOW
         )
+
+
+@pytest.mark.parametrize(
+    ("members", "revoked", "error"),
+    [
+        ((), (), Unauthorized),  # B is not a member
+        ((B,), (B,), Revoked),  # B was revoked
+        ((A,), (), LinkToSelf),  # the dialer reached itself
+    ],
+)
+def test_a_refused_dialer_gets_the_acceptors_error(
+    members: tuple[KeyPair, ...], revoked: tuple[KeyPair, ...], error: type[WireError]
+) -> None:
+    """The acceptor's refusal goes back in a bye; the dialer raises the same typed error."""
+    dialer_keys = B if error is not LinkToSelf else A
+    dialer = Handshake(dialer_keys, community(dialer_keys), True, NOW)
+    acceptor = Handshake(A, community(*members, revoked=revoked), False, NOW)
+    with pytest.raises(WireError) as refusal:
+        acceptor.receive(decode_frame(dialer.start()), NOW)
+    with pytest.raises(WireError) as received:
+        dialer.receive(decode_frame(bye_for(refusal.value)), NOW)
+    assert (error, error, refusal.value.message, False, True) == (
+        type(refusal.value),
+        type(received.value),
+        received.value.message,
+        refusal.value.remote,
+        received.value.remote,
+    )
+
+
+def test_a_bye_with_an_unknown_code_is_still_an_error() -> None:
+    """A refusal code this version does not know becomes internal_error, naming the code."""
+    error = refusal_from_bye({"t": "bye", "code": "newfangled", "reason": "why"})
+    assert (InternalError, True) == (type(error), "newfangled" in error.message)
 
 
 def test_frames_codec_and_limits() -> None:

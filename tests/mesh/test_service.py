@@ -1,0 +1,193 @@
+"""The mesh glue of one in-process node over real loopback sockets (spec §7): its loops
+survive a failing round, dials are bounded, refusals are understood, repairs and remote
+streams stay within their bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+import pytest
+
+from hearthnet.bus.descriptor import CapabilityDescriptor
+from hearthnet.client import Client
+from hearthnet.clock import now_ms
+from hearthnet.community import Membership, MembershipRecord
+from hearthnet.errors import Revoked
+from hearthnet.frames import Frame
+from hearthnet.identity import KeyPair
+from hearthnet.mesh.heartlog import day_of
+from hearthnet.mesh.links import run_handshake
+from hearthnet.mesh.protocol import SUBPROTOCOL, Handshake, LinkState
+from hearthnet.node import Node
+from tests.conftest import MakeConfig
+from tests.helpers import wait_until
+from tests.mesh.rawpeer import raw_peer
+
+
+async def test_a_failing_housekeeping_round_does_not_stop_the_mesh(
+    make_config: MakeConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """book.save() raising OSError is logged; the next rounds run and save once they can."""
+    async with Node(make_config()) as node:
+        book = node.mesh.book
+        assert book.path is not None
+        blocker = book.path.with_suffix(".tmp")  # save() writes here first: a directory fails
+        blocker.mkdir(parents=True)
+        book.add("http://127.0.0.1:9", source="bootstrap")
+        await wait_until(
+            lambda: any("mesh-housekeeping" in r.getMessage() for r in caplog.records),
+            what="the failed round logged",
+        )
+        blocker.rmdir()
+        await wait_until(book.path.exists, what="a later round saving the book")
+        saved = orjson.loads(book.path.read_bytes())
+    assert ["http://127.0.0.1:9"] == [a["url"] for a in saved["addresses"]]
+
+
+async def test_a_dial_to_a_peer_that_never_answers_gives_up_and_frees_its_slot(
+    make_config: MakeConfig,
+) -> None:
+    """A server that takes the TCP connection and never answers the upgrade: dial()
+    returns after the dial bound and the address no longer counts as being dialled."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        await reader.read()  # until the dialler gives up and closes
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with server, Node(make_config()) as node:
+        mesh = node.mesh
+        mesh.dial_timeout_s = 0.3
+        started = time.monotonic()
+        dial = asyncio.get_running_loop().create_task(mesh.dial(url))
+        await wait_until(lambda: url in mesh._dialing, what="the dial under way")
+        async with asyncio.timeout(5):
+            await dial
+        elapsed = time.monotonic() - started
+        in_flight = url in mesh._dialing
+    assert (True, 1, False) == (0.25 <= elapsed < 3, len(held), in_flight)
+
+
+async def test_dialling_our_own_address_forgets_it(node: Node) -> None:
+    """The acceptor (this node) refuses a link to itself; the dialling side learns from the
+    bye that the address is its own and drops it from the book."""
+    port = node.url.rsplit(":", 1)[1]
+    url = f"http://localhost:{port}"
+    mesh = node.mesh
+    mesh.book.add(url, source="bootstrap")
+    await mesh.dial(url)
+    # both ends of the refused link are this node: refused once accepting, once dialling
+    assert (True, False, 2.0, {}) == (
+        url in mesh.book.own_urls,
+        url in mesh.book.addresses,
+        mesh.refused.get("bad_request"),
+        mesh.links,
+    )
+
+
+async def test_a_revoked_dialer_is_told_so(node: Node) -> None:
+    """A revoked member dials: the acceptor's bye reaches the dialer as Revoked."""
+    keys = KeyPair.from_seed(b"\x73" * 32)
+    node.add_member(keys.node_id)
+    revocation = MembershipRecord.create(
+        node.keys, "member.revoked", node.keys.node_id, keys.node_id, now_ms=now_ms()
+    )
+    assert node.apply_membership(revocation)
+    view = Membership(node.membership.community_id)
+    for record in node.membership.records.values():
+        if record.kind != "member.revoked":
+            view.add(record)  # the dialer has not heard of its revocation
+    async with aiohttp.ClientSession() as http:
+        ws = await http.ws_connect(node.url + "/mesh/v1/peer", protocols=(SUBPROTOCOL,))
+        try:
+            with pytest.raises(Revoked) as refused:
+                await run_handshake(ws, Handshake(keys, view, True, now_ms()), now_ms)
+        finally:
+            await ws.close()
+    assert (True, 1.0) == (refused.value.remote, node.mesh.refused.get("revoked"))
+
+
+async def test_one_repair_per_link_at_a_time(node: Node, client: Client) -> None:
+    """Two iwant frames handled back to back on one link answer the range once."""
+    origin = node.keys.node_id
+    for i in range(5):
+        await client.publish("repair.test", "note", {"i": i})
+    await wait_until(lambda: node.mesh.tracker.heads.get(origin, 0) >= 5, what="5 stored")
+    async with raw_peer(node) as peer:
+        link = node.mesh.links[peer.node]
+        before = node.mesh.repaired.total()
+        iwant = {"t": "iwant", "want": {origin: [1, 5]}}
+        # Handled synchronously, as when both frames arrive in one read: the second comes
+        # while the first repair waits for the log.
+        node.mesh._on_frame(link, iwant)
+        node.mesh._on_frame(link, iwant)
+        await wait_until(lambda: len(peer.received("msg")) >= 5, what="the repair")
+        await wait_until(
+            lambda: not any(t.get_name().startswith("repair-") for t in node.mesh._tasks),
+            what="no repair in flight",
+        )
+        repaired = node.mesh.repaired.total() - before
+    assert 5 == repaired
+
+
+async def test_closing_a_link_leaves_no_bytes_queued(node: Node) -> None:
+    """close() counts the bye it queues, so the queue's byte count ends at zero."""
+    async with raw_peer(node) as peer:
+        link = node.mesh.links[peer.node]
+        link.send("ping", seq=1, ts=1)
+        link.close("test over")
+        await wait_until(lambda: link.state is LinkState.DOWN, what="the link down")
+        bye = await peer.first("bye")
+    assert (0, "test over", "closing") == (link._queued_bytes, link.down_reason, bye["code"])
+
+
+async def test_a_provider_past_the_window_ends_the_call_promptly(
+    node: Node, client: Client
+) -> None:
+    """A provider that floods frames without acks overflows the caller's bounded queue; the
+    caller gets unavailable at once, not at its deadline."""
+    flood = CapabilityDescriptor(name="test.flood", version="1.0", stream_schema={})
+    async with raw_peer(node) as peer:
+        await peer.send(
+            "caps", providers=[{"node": peer.node, "hops": 0, "descriptors": [flood.to_json()]}]
+        )
+        await wait_until(lambda: peer.node in node.router.remote, what="the route learnt")
+        async with client.stream(
+            "test.flood@1.0", {}, target=peer.node, deadline_ms=60_000
+        ) as stream:
+            call = await peer.first("call")
+            for seq in range(1, 101):
+                token = Frame("token", {"i": seq}).with_seq(seq)
+                await peer.send("frame", sid=call["sid"], f=token.to_json())
+            await wait_until(lambda: not node.mesh.remote.outgoing, what="the overflow")
+            frames = []
+            async with asyncio.timeout(5):
+                async for frame in stream:
+                    frames.append(frame)
+        cancel = await peer.first("cancel")
+    assert ("error", "unavailable", call["sid"]) == (
+        frames[-1].event,
+        frames[-1].data.get("code"),
+        cancel["sid"],
+    )
+
+
+async def test_old_heartbeat_files_are_pruned_after_start(make_config: MakeConfig) -> None:
+    """The first housekeeping round prunes day files past retention (then every hour)."""
+    config = make_config()
+    heartbeats = Path(config.node.data_dir) / "heartbeats"
+    heartbeats.mkdir(parents=True)
+    old = heartbeats / "2000-01-01.jsonl"
+    recent = heartbeats / f"{day_of(now_ms() - 86_400_000)}.jsonl"
+    for path in (old, recent):
+        path.write_text("{}\n", encoding="utf-8")
+    async with Node(config):
+        await wait_until(lambda: not old.exists(), what="the old day file pruned")
+    assert (False, True) == (old.exists(), recent.exists())
