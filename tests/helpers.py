@@ -227,7 +227,7 @@ async def eventually(
 # --- pub/sub on an in-process node ----------------------------------------------------
 
 
-def token_for(node: Node, *scopes: str, ttl_ms: int = 600_000) -> str:
+def token_for(node: Node, *scopes: str, ttl_ms: int = 600_000, sub: str | None = None) -> str:
     """A capability token issued by an in-process node."""
     return CapabilityToken.issue(
         node.keys,
@@ -235,6 +235,7 @@ def token_for(node: Node, *scopes: str, ttl_ms: int = 600_000) -> str:
         scopes=[Scope.parse(s) for s in scopes],
         ttl_ms=ttl_ms,
         now_ms=now_ms(),
+        sub=sub,
     ).encode()
 
 

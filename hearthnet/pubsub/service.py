@@ -148,6 +148,20 @@ class Subscriber:
             allowed = self._allowed[topic] = policy.may_receive(self.caller, topic)
         return allowed
 
+    def reauthorize(self, caller: Caller, policy: AccessPolicy) -> None:
+        """A refreshed token: every current pattern must still be allowed, and what is
+        delivered follows the new caller's rights (nothing cached from the old one).
+
+        Raises:
+            Forbidden: the new credentials do not cover a current subscription (then
+                nothing changes).
+        """
+        filtered = False
+        for pattern in self.patterns.values():
+            filtered = policy.check_subscribe(caller, pattern.text) or filtered
+        self.caller, self.filtered = caller, filtered
+        self._allowed.clear()
+
     def deliver_batch(self, group: TopicBatch, policy: AccessPolicy) -> None:
         """Offer one topic's messages of a committed batch (fan-out hot path)."""
         if self.filtered and not self.allows(group.topic, policy):

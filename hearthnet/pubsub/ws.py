@@ -434,9 +434,9 @@ class WsSession:
         caller = self.deps.authenticator.authenticate_session(frame.fields, now_ms())
         if caller.owner != self.caller.owner:
             raise BadRequest("a refreshed token must be for the same client (iss and sub)")
-        self.caller = caller
         if self.sub is not None:
-            self.sub.caller = caller
+            self.sub.reauthorize(caller, self.deps.service.policy)
+        self.caller = caller
         self.token_exp_ms = caller.token.exp_ms if caller.token is not None else None
         self.warned = False
         self.send(

@@ -374,6 +374,28 @@ async def test_token_session_expiry(make_config: MakeConfig, http: aiohttp.Clien
     assert (CapabilityToken.decode(token).exp_ms, 4401) == (warning["data"]["expires_ms"], code)
 
 
+async def test_a_refreshed_token_must_cover_the_current_subscriptions(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """A narrower token cannot be swapped in under a wider subscription (refused, the
+    session keeps its old rights); a token that covers it is taken."""
+    wide = token_for(node, "sub:chat.**", sub="app")
+    sub = await session(http, node, token=wide)
+    await sub.send({"type": "subscribe", "topics": ["chat.**"]})
+    await sub.next("subscribed")
+    await sub.send({"type": "auth", "token": token_for(node, "sub:chat.a", sub="app")})
+    refused = await sub.next("error")
+    await sub.send({"type": "auth", "token": token_for(node, "sub:chat.**", sub="app")})
+    renewed = await sub.next("auth.ok")
+    await publish(node, "chat.b.c", 1)
+    got = await sub.messages(1)
+    assert ("forbidden", "auth.ok", [0]) == (
+        refused["data"]["code"],
+        renewed["event"],
+        data_of(got),
+    )
+
+
 @pytest.mark.parametrize(
     ("frame", "code"),
     [
