@@ -39,6 +39,8 @@ log = logging.getLogger("hearthnet.pubsub")
 WRITE_HIGH_WATER = 1 << 20  # bytes buffered in a transport before a subscriber is paused
 WRITE_LOW_WATER = 256 * 1024
 DRAIN_POLL_S = 0.005
+AGED_PAGE = 10_000  # retention candidates read at once
+AGED_PAGES = 10  # pages of old messages looked at per retention pass
 
 
 class Transport(Protocol):
@@ -819,8 +821,17 @@ class PubSub:
                         "topic = ? AND ts < ?", [topic, now - int(max_age * 1000)], 10_000
                     )
                 )
-        aged = await self.log.candidates("ts < ?", [now - int(default_age * 1000)], 10_000)
-        consider([r for r in aged if self.retention.limits_for(r[1])[1] == default_age])
+        # Pages by seq: old rows of topics with a longer age rule must not fill the page
+        # and hide default-age rows behind them (bounded work per pass).
+        after = 0
+        for _ in range(AGED_PAGES):
+            aged = await self.log.candidates(
+                "ts < ? AND seq > ?", [now - int(default_age * 1000), after], AGED_PAGE
+            )
+            consider([r for r in aged if self.retention.limits_for(r[1])[1] == default_age])
+            if len(aged) < AGED_PAGE:
+                break
+            after = aged[-1][0]
         if self.log.total_bytes > self.retention.max_bytes:
             excess = self.log.total_bytes - self.retention.max_bytes
             oldest = await self.log.candidates("1", [], 10_000)

@@ -18,7 +18,7 @@ from hearthnet.pubsub.access import AccessPolicy
 from hearthnet.pubsub.envelope import Message, StoredMessage
 from hearthnet.pubsub.log import ConsumerRecord, MessageLog
 from hearthnet.pubsub.retention import RetentionPolicy, RetentionRule
-from hearthnet.pubsub.service import PubSub
+from hearthnet.pubsub.service import AGED_PAGE, PubSub
 from hearthnet.pubsub.topics import TopicPattern
 
 KEYS = KeyPair.from_seed(b"\x50" * 32)
@@ -191,6 +191,30 @@ async def test_retention_by_age_ttl_and_bytes(tmp_path: Path) -> None:
         service.retention.max_bytes = log.total_bytes // 2
         await service.apply_retention(now + 61_000)
     assert log.total_bytes <= service.retention.max_bytes
+
+
+async def test_default_age_applies_behind_many_old_messages_of_a_longer_rule(
+    tmp_path: Path,
+) -> None:
+    """More old messages than one candidate page on a topic kept 7 days must not hide a
+    default-age (1 day) topic's messages from retention."""
+    async with opened(tmp_path / "log.db") as log:
+        service = make_service(
+            log,
+            max_messages=100_000,
+            max_age_s=86_400,
+            rules=[RetentionRule("keep.**", 100_000, 7 * 86_400)],
+        )
+        await asyncio.gather(
+            *(log.publish(topic="keep.a", msg_type="m", data=i) for i in range(AGED_PAGE + 1))
+        )
+        await log.publish(topic="other", msg_type="m", data="old")
+        deleted = await service.apply_retention(log.topics["other"].last_ts + 2 * 86_400_000)
+    assert (1, AGED_PAGE + 1, None) == (
+        deleted,
+        log.topics["keep.a"].messages,
+        log.topics.get("other"),
+    )
 
 
 async def test_durable_consumer_holds_unacked_past_retention(tmp_path: Path) -> None:
