@@ -9,12 +9,17 @@ for every subscriber) and decides what may be written now:
   queue; backlog frames go first, so the hand-over has no gap and no duplicate;
 - **slow subscribers**: the live queue holds at most ``queue_max`` frames; on overflow the
   oldest are dropped *for this subscriber only* and one ``gap {from_seq, to_seq}`` frame
-  says so before the next message. Nothing is dropped silently, and nobody else waits.
+  says so before the next message. Nothing is dropped silently, and nobody else waits;
+- **lossless** (durable consumers, spec §6.8): an overflow drops the whole live queue and
+  sets ``refill`` instead of a gap; further live frames are ignored until the glue has read
+  everything after ``delivered_seq`` back from the log (``begin_refill``, backlog, then
+  ``finish_catch_up``). Memory stays bounded; the log is the queue.
 
 States::
 
     CATCHING_UP --finish_catch_up--> LIVE --close--> CLOSED
-         \\-----------------------close-------------->/
+         ^  \\--------------------close----------------->/
+         \\--------begin_refill (lossless)--/
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ class ChannelState(enum.Enum):
 
 _TRANSITIONS = {
     ChannelState.CATCHING_UP: frozenset({ChannelState.LIVE, ChannelState.CLOSED}),
-    ChannelState.LIVE: frozenset({ChannelState.CLOSED}),
+    ChannelState.LIVE: frozenset({ChannelState.CATCHING_UP, ChannelState.CLOSED}),
     ChannelState.CLOSED: frozenset(),
 }
 
@@ -54,9 +59,11 @@ class SubscriberChannel:
         "dropped_total",
         "encode_gap",
         "gaps_total",
+        "lossless",
         "out",
         "out_count",
         "queue_max",
+        "refill",
         "state",
         "window",
         "writable",
@@ -85,6 +92,8 @@ class SubscriberChannel:
         self.writable = True
         self.gaps_total = 0
         self.dropped_total = 0
+        self.lossless = False  # a durable consumer: overflow refills from the log
+        self.refill = False  # live frames were dropped; the log must supply them
 
     def _to(self, state: ChannelState) -> None:
         if state not in _TRANSITIONS[self.state]:
@@ -113,7 +122,7 @@ class SubscriberChannel:
 
     def offer(self, seq: int, data: bytes) -> None:
         """A live message for this subscriber (called by fan-out, in seq order)."""
-        if self.state is ChannelState.CLOSED or seq <= self.delivered_seq:
+        if self.state is ChannelState.CLOSED or seq <= self.delivered_seq or self.refill:
             return
         if (
             self.state is ChannelState.LIVE
@@ -129,6 +138,10 @@ class SubscriberChannel:
             live = self._live = deque()
         live.append((seq, data))
         if len(live) > self.queue_max:
+            if self.lossless:
+                self._live = None
+                self.refill = True
+                return
             dropped, _ = live.popleft()
             self.dropped_total += 1
             self._gap = (self._gap[0], dropped) if self._gap else (dropped, dropped)
@@ -136,7 +149,7 @@ class SubscriberChannel:
     def offer_many(self, seqs: list[int], frames: list[bytes]) -> None:
         """Live messages in seq order, as parallel lists (the fan-out hot path: one call per
         subscriber per topic per committed batch; ``frames`` is shared, never changed)."""
-        if self.state is ChannelState.CLOSED or not seqs:
+        if self.state is ChannelState.CLOSED or not seqs or self.refill:
             return
         start = 0
         if seqs[0] <= self.delivered_seq:  # only after a backlog overlap; rare
@@ -172,6 +185,14 @@ class SubscriberChannel:
         else:
             self._backlog.extend(items)
         self.pump()
+
+    def begin_refill(self) -> int:
+        """Start reading what overflowed back from the log (lossless channels); returns the
+        seq after which the log must be read. Live frames queue again from now on."""
+        if self.state is ChannelState.LIVE:
+            self._to(ChannelState.CATCHING_UP)
+        self.refill = False
+        return self.delivered_seq
 
     def finish_catch_up(self) -> None:
         """The backlog is complete: live frames follow."""

@@ -32,7 +32,7 @@ from hearthnet.pubsub.retention import RetentionPolicy
 from hearthnet.pubsub.topics import TopicPattern, validate_topic
 from hearthnet.pubsub.wire import EncodedMessage, TopicBatch, control_frame
 from hearthnet.ratelimit import RateLimiter
-from hearthnet.transport.keepalive import CLOSE_TAKEN_OVER
+from hearthnet.transport.keepalive import CLOSE_TAKEN_OVER, CLOSE_TRY_AGAIN
 
 log = logging.getLogger("hearthnet.pubsub")
 
@@ -65,6 +65,7 @@ class PubSubMetrics:
     gaps: Counter
     duplicates: Counter
     rate_limited: Counter
+    refills: Counter
 
     @classmethod
     def register(cls, registry: MetricsRegistry, subscribers: Callable[[], float]) -> PubSubMetrics:
@@ -86,6 +87,10 @@ class PubSubMetrics:
             ),
             rate_limited=registry.counter(
                 "hearthnet_rate_limited_total", "Requests refused by a rate limit.", ("kind",)
+            ),
+            refills=registry.counter(
+                "hearthnet_pubsub_consumer_refills_total",
+                "Times a durable consumer's overflowed queue was read back from the log.",
             ),
         )
         registry.gauge(
@@ -133,6 +138,8 @@ class Subscriber:
         self._room_waiter: asyncio.Future[None] | None = None
         # Subscribes of one session run one at a time (made on first subscribe).
         self._subscribing: asyncio.Lock | None = None
+        # A durable consumer reading what overflowed its queue back from the log.
+        self.refill_task: asyncio.Task[None] | None = None
 
     @property
     def subscribing(self) -> asyncio.Lock:
@@ -335,6 +342,8 @@ class PubSub:
             group = TopicBatch(topic, items)
             for sub in match(topic):
                 sub.deliver_batch(group, policy)
+                if sub.channel.refill:
+                    self._start_refill(sub)
                 if not sub.flush_scheduled:
                     sub.flush_scheduled = True
                     dirty.append(sub)
@@ -349,6 +358,8 @@ class PubSub:
                     sub.deliver_batch(sub_groups[0], policy)
                 else:
                     sub.deliver_merged(sub_groups, policy)  # keep seq order across topics
+                if sub.channel.refill:
+                    self._start_refill(sub)
                 if not sub.flush_scheduled:
                     sub.flush_scheduled = True
                     dirty.append(sub)
@@ -492,10 +503,7 @@ class PubSub:
         if consumer is not None:
             record = self._take_consumer(sub, consumer, patterns)
             if since is None:
-                if record.lost is not None:
-                    sub.send_control("gap", {"from_seq": record.lost[0], "to_seq": record.lost[1]})
-                    record.lost = None
-                    self.log.save_consumer(record)
+                self._report_lost(sub)
                 return (record.cursor, None)
         if since is None:
             return (head, None)
@@ -511,6 +519,14 @@ class PubSub:
         assert since.last is not None
         last = await self.log.read_last(list(patterns), since.last, upto_seq=head)
         return (last[0].seq - 1 if last else head, None)
+
+    def _report_lost(self, sub: Subscriber) -> None:
+        """A ``gap`` for what retention removed from a consumer past its bound (spec §6.8)."""
+        record = sub.consumer
+        if record is not None and record.lost is not None:
+            sub.send_control("gap", {"from_seq": record.lost[0], "to_seq": record.lost[1]})
+            record.lost = None
+            self.log.save_consumer(record)
 
     def _take_consumer(
         self, sub: Subscriber, name: str, patterns: tuple[TopicPattern, ...]
@@ -530,6 +546,7 @@ class PubSub:
             record.patterns = tuple(p.text for p in patterns)
         self.log.save_consumer(record)
         sub.consumer = record
+        sub.channel.lossless = True
         self.active_consumers[key] = sub
         return record
 
@@ -549,6 +566,34 @@ class PubSub:
             return
         cursor = after
         left = limit
+        while True:
+            cursor, left = await self._read_backlog(
+                sub, patterns, cursor, head, min_ts=min_ts, left=left
+            )
+            if sub.closed or not channel.refill:
+                break
+            # A durable consumer's live queue overflowed meanwhile: everything it dropped is
+            # newer than ``head`` and already in the log (head moves before fan-out).
+            channel.begin_refill()
+            self.metrics.refills.inc()
+            cursor, head = max(cursor, head), self.log.head_seq
+        if not sub.closed:
+            channel.finish_catch_up()
+            self.wake(sub)
+
+    async def _read_backlog(
+        self,
+        sub: Subscriber,
+        patterns: list[TopicPattern],
+        cursor: int,
+        head: int,
+        *,
+        min_ts: int | None,
+        left: int | None,
+    ) -> tuple[int, int | None]:
+        """Queue the matching messages in (cursor, head] as backlog, a page at a time as
+        the channel makes room; returns where it stopped and how many it may still add."""
+        channel = sub.channel
         while cursor < head and not sub.closed and (left is None or left > 0):
             while channel.backlog_room == 0 and not sub.closed:
                 await sub.wait_room()  # the window or the socket is full: acks make room
@@ -572,9 +617,35 @@ class PubSub:
                     left -= len(page)
             if exhausted:
                 break
-        if not sub.closed:
-            channel.finish_catch_up()
-            self.wake(sub)
+        return cursor, left
+
+    def _start_refill(self, sub: Subscriber) -> None:
+        """A durable consumer's queue overflowed: read what it dropped back from the log
+        (spec §6.8: at-least-once, no gap while the log still holds the messages)."""
+        if sub.refill_task is None and not sub.closed:
+            sub.refill_task = asyncio.get_running_loop().create_task(self._refill(sub))
+
+    async def _refill(self, sub: Subscriber) -> None:
+        try:
+            async with sub.subscribing:  # after a running catch-up, before later subscribes
+                channel = sub.channel
+                if sub.closed or not channel.refill or channel.state is not ChannelState.LIVE:
+                    return  # a catch-up still running took care of it
+                after = channel.begin_refill()
+                head = self.log.head_seq
+                self.metrics.refills.inc()
+                self._report_lost(sub)  # what retention removed past the consumer's bound
+                await self._catch_up(
+                    sub, list(sub.patterns.values()), after, head, min_ts=None, limit=None
+                )
+        except (WireError, StorageError) as exc:
+            log.warning("durable consumer refill stopped: %s", exc)
+            if sub.on_taken_over is not None:  # the client reconnects and resumes
+                sub.on_taken_over(CLOSE_TRY_AGAIN, "refill failed")
+        finally:
+            sub.refill_task = None
+        if sub.channel.refill:  # overflowed again between the catch-up and now
+            self._start_refill(sub)
 
     def unsubscribe(self, sub: Subscriber, patterns: tuple[TopicPattern, ...]) -> None:
         """Remove patterns from a session."""
@@ -591,6 +662,8 @@ class PubSub:
             return
         sub.closed = True
         sub.notify_room()
+        if sub.refill_task is not None:
+            sub.refill_task.cancel()
         for pattern in sub.patterns.values():
             self.index.remove(pattern, sub)
         sub.patterns.clear()

@@ -73,6 +73,33 @@ def test_slow_subscriber_gets_one_gap_for_dropped_oldest() -> None:
     )
 
 
+def test_lossless_overflow_asks_for_a_refill_instead_of_a_gap() -> None:
+    """A durable consumer's channel (queue 3) drops its live queue on overflow, ignores live
+    frames until refilled, then takes backlog from the log and goes live: no gap, no loss."""
+    ch = channel(window=1, queue_max=3)
+    ch.lossless = True
+    for seq in range(1, 8):
+        ch.offer(seq, frame(seq))
+    first = ch.take()  # seq 1 in flight; 2..5 overflow the queue of 3 -> refill
+    ch.ack(1)
+    while_refill = ch.take()
+    after = ch.begin_refill()  # the glue reads (after, head] from the log as backlog
+    ch.offer(8, frame(8))  # live again, behind the backlog
+    ch.add_backlog([(s, frame(s)) for s in range(after + 1, 8)])
+    ch.finish_catch_up()
+    rest: list[bytes] = []
+    while out := ch.take():
+        rest += out
+        ch.ack(ch.delivered_seq)
+    assert ([frame(1)], [], 1, [frame(s) for s in range(2, 9)], 0) == (
+        first,
+        while_refill,
+        after,
+        rest,
+        ch.gaps_total,
+    )
+
+
 def test_not_writable_holds_frames_back() -> None:
     """A full transport pauses delivery; resuming writes in order."""
     ch = channel(window=None)

@@ -305,6 +305,65 @@ async def test_durable_consumer_redelivers_unacked_and_takeover_closes_4409(
     assert ([3, 4], 4409) == (redelivered, await first.closed())
 
 
+async def consume(raw: Raw, count: int, *, ack_every: int) -> list[Frame]:
+    """``count`` message frames, acking every ``ack_every``; any other frame fails."""
+    got: list[Frame] = []
+    while len(got) < count:
+        frame = await raw.next()
+        assert "message" == frame["event"], frame
+        got.append(frame)
+        if len(got) % ack_every == 0:
+            await raw.send({"type": "ack", "upto": frame["seq"]})
+    return got
+
+
+async def test_slow_durable_consumer_gets_everything_from_the_log_not_a_gap(
+    make_config: MakeConfig, http: aiohttp.ClientSession
+) -> None:
+    """spec §6.8: a consumer that falls behind (window 4, queue 10, 100 messages) loses
+    nothing: what overflowed its queue is read back from the log, in order, without gap."""
+    async with Node(make_config(pubsub={"queue_max": 10, "sync": "normal"})) as node:
+        slow = await session(http, node, window=4)
+        await slow.send({"type": "subscribe", "topics": ["jobs"], "consumer": "slow"})
+        await slow.next("subscribed")
+        await publish(node, "jobs", 100)
+        got = await consume(slow, 100, ack_every=4)
+        await publish(node, "jobs", 3, start=100)  # and it is live again afterwards
+        live = data_of(await slow.messages(3))
+        await wait_until(
+            lambda: node.message_log.consumer(node.keys.node_id, "slow").cursor == got[-1]["seq"]
+        )
+        gaps = node.metrics.counter("hearthnet_pubsub_gaps_total", "").get()
+        refills = node.metrics.counter("hearthnet_pubsub_consumer_refills_total", "").get()
+    assert ([*range(100)], [100, 101, 102], 0.0, True) == (
+        data_of(got),
+        live,
+        gaps,
+        refills >= 1,
+    )
+
+
+async def test_durable_consumer_overflowing_during_its_redelivery_loses_nothing(
+    make_config: MakeConfig, http: aiohttp.ClientSession
+) -> None:
+    """Redelivery of 60 unacked messages while 40 more arrive live (queue 10): all 100, in
+    order, once."""
+    async with Node(make_config(pubsub={"queue_max": 10, "sync": "normal"})) as node:
+        first = await session(http, node)
+        await first.send({"type": "subscribe", "topics": ["jobs"], "consumer": "late"})
+        await first.next("subscribed")
+        await first.ws.close()
+        await publish(node, "jobs", 60)
+        again = await session(http, node, window=4)
+        await again.send({"type": "subscribe", "topics": ["jobs"], "consumer": "late"})
+        await again.next("subscribed")
+        live = asyncio.create_task(publish_at_once(node, "jobs", 40, start=60))
+        got = await consume(again, 100, ack_every=4)
+        await live
+        refills = node.metrics.counter("hearthnet_pubsub_consumer_refills_total", "").get()
+    assert ([*range(100)], True) == (data_of(got), refills >= 1)
+
+
 async def test_presence_join_update_leave_and_snapshot(
     node: Node, http: aiohttp.ClientSession
 ) -> None:
