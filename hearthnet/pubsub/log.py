@@ -294,10 +294,10 @@ class MessageLog:
         known: set[str] = set()
         for i in range(0, len(ids), 500):
             chunk = ids[i : i + 500]
-            cur = await self._writer.execute(
+            rows = await self._writer.execute_fetchall(
                 f"SELECT id FROM messages WHERE id IN ({','.join('?' * len(chunk))})", chunk
             )
-            known.update(r[0] for r in await cur.fetchall())
+            known.update(r[0] for r in rows)
         return known
 
     async def _commit(self, batch: list[_Pending]) -> None:
@@ -433,8 +433,7 @@ class MessageLog:
     async def _rows(self, sql: str, args: Iterable[Any]) -> list[StoredMessage]:
         assert self._reader is not None
         try:
-            cur = await self._reader.execute(sql, tuple(args))
-            rows = await cur.fetchall()
+            rows = await self._reader.execute_fetchall(sql, tuple(args))
         except sqlite3.Error as exc:
             raise StorageError(f"reading the message log failed: {exc}") from exc
         out = []
@@ -574,7 +573,7 @@ class MessageLog:
         contiguous run of origin_seqs starting at the lowest held (``floor``), and
         ``above`` the seqs held beyond a hole (bounded) — the gossip tracker's start."""
         assert self._reader is not None
-        cur = await self._reader.execute(
+        rows = await self._reader.execute_fetchall(
             "WITH g AS (SELECT origin, origin_seq,"
             " origin_seq - ROW_NUMBER() OVER (PARTITION BY origin ORDER BY origin_seq) AS grp"
             " FROM messages),"
@@ -582,8 +581,8 @@ class MessageLog:
             " SELECT g.origin, MIN(g.origin_seq), MAX(g.origin_seq) FROM g JOIN f"
             " ON g.origin = f.origin AND g.grp = f.first GROUP BY g.origin"
         )
-        firsts = {o: (lo, hi) for o, lo, hi in await cur.fetchall()}
-        cur = await self._reader.execute(
+        firsts = {o: (lo, hi) for o, lo, hi in rows}
+        rows = await self._reader.execute_fetchall(
             "WITH g AS (SELECT origin, origin_seq,"
             " origin_seq - ROW_NUMBER() OVER (PARTITION BY origin ORDER BY origin_seq) AS grp"
             " FROM messages),"
@@ -592,19 +591,19 @@ class MessageLog:
             " WHERE g.grp <> f.first LIMIT 100000"
         )
         above: dict[str, list[int]] = {}
-        for origin, seq in await cur.fetchall():
+        for origin, seq in rows:
             above.setdefault(origin, []).append(seq)
         return [(o, lo, hi, above.get(o, [])) for o, (lo, hi) in firsts.items()]
 
     async def read_origin(self, origin: str, first: int, last: int, limit: int) -> list[bytes]:
         """Raw envelopes of one origin with ``first <= origin_seq <= last`` (repair)."""
         assert self._reader is not None
-        cur = await self._reader.execute(
+        rows = await self._reader.execute_fetchall(
             "SELECT raw FROM messages WHERE origin = ? AND origin_seq BETWEEN ? AND ?"
             " ORDER BY origin_seq LIMIT ?",
             (origin, first, last, max(0, limit)),
         )
-        return [bytes(r[0]) for r in await cur.fetchall()]
+        return [bytes(r[0]) for r in rows]
 
     # --- retention ----------------------------------------------------------------
 
@@ -636,10 +635,9 @@ class MessageLog:
                     "INSERT OR REPLACE INTO meta (key, value) VALUES ('origin_seq', ?)",
                     (str(self.origin_seq),),
                 )
-                cur = await self._writer.execute(
+                rows = await self._writer.execute_fetchall(
                     f"SELECT topic, size FROM messages WHERE seq IN ({marks})", chunk
                 )
-                rows = await cur.fetchall()
                 await self._writer.execute(f"DELETE FROM messages WHERE seq IN ({marks})", chunk)
                 await self._writer.execute("COMMIT")
             except sqlite3.Error as exc:
@@ -662,18 +660,19 @@ class MessageLog:
     ) -> list[tuple[int, str, int]]:
         """``(seq, topic, ts)`` of rows matching a retention condition, oldest first."""
         assert self._reader is not None
-        cur = await self._reader.execute(
+        rows = await self._reader.execute_fetchall(
             f"SELECT seq, topic, ts FROM messages WHERE {sql_where} ORDER BY seq LIMIT ?",
             [*args, limit],
         )
-        return [(int(s), str(t), int(ts)) for s, t, ts in await cur.fetchall()]
+        return [(int(s), str(t), int(ts)) for s, t, ts in rows]
 
     async def nth_newest_seq(self, topic: str, n: int) -> int | None:
         """The seq of the n-th newest message of a topic (1 = newest)."""
         assert self._reader is not None
-        cur = await self._reader.execute(
-            "SELECT seq FROM messages WHERE topic = ? ORDER BY seq DESC LIMIT 1 OFFSET ?",
-            (topic, n - 1),
+        rows = list(
+            await self._reader.execute_fetchall(
+                "SELECT seq FROM messages WHERE topic = ? ORDER BY seq DESC LIMIT 1 OFFSET ?",
+                (topic, n - 1),
+            )
         )
-        row = await cur.fetchone()
-        return int(row[0]) if row else None
+        return int(rows[0][0]) if rows else None

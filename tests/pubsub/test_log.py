@@ -158,6 +158,27 @@ def make_service(log: MessageLog, **retention: object) -> PubSub:
     )
 
 
+async def test_a_cancelled_read_does_not_pin_an_old_snapshot(tmp_path: Path) -> None:
+    """A catch-up cancelled mid-read (its session ended) must not leave a half-read
+    statement open: SQLite would keep serving every later read from that old snapshot, and
+    resuming clients would never see newer messages."""
+    everything = [TopicPattern.parse("**")]
+    async with opened(tmp_path / "log.db") as log:
+        await publish_many(log, 300)
+        for _ in range(3):
+            task = asyncio.get_running_loop().create_task(
+                log.read_matching(everything, after_seq=0, upto_seq=log.head_seq)
+            )
+            await asyncio.sleep(0)  # the query is with the reader thread now
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await asyncio.sleep(0.05)
+        await publish_many(log, 1)
+        newest = await log.read_matching(everything, after_seq=300, upto_seq=log.head_seq)
+    assert [301] == [m.seq for m in newest]
+
+
 async def test_retention_per_topic_count_and_rules(tmp_path: Path) -> None:
     """Default keeps max_messages per topic; a pattern rule keeps fewer for its topics."""
     async with opened(tmp_path / "log.db") as log:
