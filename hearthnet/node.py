@@ -293,10 +293,11 @@ class Node:
             metrics=self.metrics,
             sessions=self.sessions,
         )
+        pubsub_http = PubSubHttp(self.pubsub_deps)
         routes: list[web.RouteDef] = [
             *BusHttpEndpoints(deps).routes(),
             *BusWebSocketEndpoint(deps).routes(),
-            *PubSubHttp(self.pubsub_deps).routes(),
+            *pubsub_http.routes(),
             *MeshHttp(self.mesh, self.authenticator, self.keys, self.apply_membership).routes(),
             *StatusEndpoints(self).routes(),
         ]
@@ -309,6 +310,7 @@ class Node:
             max_body_bytes=cfg.transport.max_body_bytes,
             max_header_bytes=cfg.transport.max_header_bytes,
             tls=tls,
+            upgrades=pubsub_http.upgrades(),
         )
 
     def _build_pubsub(self, transport_metrics: TransportMetrics) -> PubSub:

@@ -25,7 +25,7 @@ from hearthnet.pubsub.wire import control_frame
 from hearthnet.pubsub.ws import PubSubDeps, PubSubWebSocket, sweep_token
 from hearthnet.transport.codec import SSE_KEEPALIVE, loads
 from hearthnet.transport.headers import parse_int, read_signed_headers
-from hearthnet.transport.server import json_response
+from hearthnet.transport.server import RawUpgrade, json_response
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
@@ -70,6 +70,10 @@ class PubSubHttp:
             web.get("/pubsub/v1/topics", self.topics),
             web.get("/pubsub/v1/subscribe", self.subscribe),
         ]
+
+    def upgrades(self) -> dict[str, RawUpgrade]:
+        """WebSocket subscribes served without aiohttp when they open a connection."""
+        return {"/pubsub/v1/subscribe": self.ws.upgrade}
 
     def caller(self, request: web.Request, body: Any) -> Caller:
         """Authenticate a request: signed headers over the request envelope, or a token

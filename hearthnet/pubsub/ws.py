@@ -42,8 +42,9 @@ from hearthnet.pubsub.frames import (
     parse_client_frame,
 )
 from hearthnet.pubsub.service import PubSub, Subscriber
-from hearthnet.pubsub.wire import control_frame, ws_frame
+from hearthnet.pubsub.wire import OP_BINARY, OP_TEXT, control_frame, ws_frame
 from hearthnet.sessions import SessionRegistry
+from hearthnet.transport import websocket as rfc6455
 from hearthnet.transport.codec import (
     SUBPROTOCOL_CBOR,
     SUBPROTOCOL_HEADER,
@@ -52,6 +53,8 @@ from hearthnet.transport.codec import (
     choose_subprotocol,
 )
 from hearthnet.transport.keepalive import (
+    CLOSE_GOING_AWAY,
+    CLOSE_NORMAL,
     CLOSE_POLICY,
     CLOSE_TOKEN_EXPIRED,
     CLOSE_TOO_BIG,
@@ -72,6 +75,7 @@ log = logging.getLogger("hearthnet.pubsub.ws")
 
 OP_CLOSE = 0x8
 OP_PING = 0x9
+PING_FRAME = ws_frame(b"", OP_PING)
 TOKEN_WARNING_MS = 60_000
 
 
@@ -124,21 +128,42 @@ def sweep_token(session: WsSession | Any, wall_ms: int) -> bool:
 
 
 class WsSession:
-    """One pub/sub WebSocket."""
+    """One pub/sub WebSocket, fed frame by frame (no task of its own while idle).
+
+    The socket is either served by :class:`LeanWebSocket` (a connection whose first request
+    is the upgrade) or by aiohttp's WebSocket response (an upgrade on a reused keep-alive
+    connection); both call :meth:`on_message`, :meth:`on_ping`, :meth:`on_pong`,
+    :meth:`on_close`, :meth:`protocol_error` and finally :meth:`finish`. Frames go straight
+    to the transport.
+    """
+
+    __slots__ = (
+        "_auth_timer",
+        "binary",
+        "caller",
+        "close_code",
+        "codec",
+        "deps",
+        "finished",
+        "form",
+        "keepalive",
+        "loop",
+        "session_key",
+        "sub",
+        "tasks",
+        "token_exp_ms",
+        "transport",
+        "warned",
+    )
 
     def __init__(
-        self,
-        deps: PubSubDeps,
-        request: web.Request,
-        ws: web.WebSocketResponse,
-        subprotocol: str | None,
+        self, deps: PubSubDeps, transport: asyncio.Transport, subprotocol: str | None
     ) -> None:
         self.deps = deps
-        self.request = request
-        self.ws = ws
+        self.transport = transport
         self.codec = FrameCodec(subprotocol or SUBPROTOCOLS[0])
-        self.form = "ws_cbor" if subprotocol == SUBPROTOCOL_CBOR else "ws_text"
-        self.opcode = WSMsgType.BINARY if subprotocol == SUBPROTOCOL_CBOR else WSMsgType.TEXT
+        self.binary = subprotocol == SUBPROTOCOL_CBOR
+        self.form = "ws_cbor" if self.binary else "ws_text"
         self.loop = asyncio.get_running_loop()
         cfg = deps.transport
         ping_s = min(cfg.ws_ping_s, deps.config.presence_silence_s / 2)
@@ -155,12 +180,19 @@ class WsSession:
         self.close_code: int | None = None
         self.tasks: set[asyncio.Task[Any]] | None = None  # made on first use: most have none
         self.session_key: int | None = None
+        self.finished = False
+        self._auth_timer: asyncio.TimerHandle | None = self.loop.call_later(
+            cfg.ws_first_frame_s, self._no_auth
+        )
 
     # --- sending ----------------------------------------------------------------------
 
-    async def _send_direct(self, event: str, data: dict[str, Any]) -> None:
-        payload = self.codec.encode({"event": event, "data": data})
-        await self.ws.send_frame(payload, self.opcode)
+    def _write(self, data: bytes) -> bool:
+        transport = self.transport
+        if transport.is_closing():
+            return False
+        transport.write(data)
+        return True
 
     def send(self, event: str, data: dict[str, Any]) -> None:
         """Queue a control frame behind what is already queued."""
@@ -174,12 +206,6 @@ class WsSession:
             self.sub.send_control("error", error.to_frame_data())
         self.hard_close(CLOSE_POLICY, error.code)
 
-    def ping(self) -> None:
-        """Write a ping control frame."""
-        transport = self.request.transport
-        if transport is not None and not transport.is_closing():
-            transport.write(ws_frame(b"", OP_PING))
-
     def sweep(self, now: float, wall_ms: int) -> None:
         """Token expiry, then pings, missed pongs and idle close."""
         if sweep_token(self, wall_ms):
@@ -188,101 +214,143 @@ class WsSession:
             self.keepalive.data(now)  # a standing subscription is not idleness
         action = self.keepalive.tick(now)
         if isinstance(action, SendPing):
-            self.ping()
+            self._write(PING_FRAME)
         elif isinstance(action, Close):
             self.hard_close(action.code, action.reason)
 
+    def going_away(self) -> None:
+        """Node shutdown (spec §9): what is queued, then close 1001."""
+        self.hard_close(CLOSE_GOING_AWAY, "node shutting down")
+
     def hard_close(self, code: int, reason: str) -> None:
-        """Write a close frame and drop the connection (no await: sweeper and takeover use it)."""
+        """Write what is queued, a close frame, and drop the connection."""
         if self.close_code is None:
             self.close_code = code
-        transport = self.request.transport
-        if transport is not None and not transport.is_closing():
+        if not self.transport.is_closing():
             if self.sub is not None:
                 self.sub.flush()
-            transport.write(close_frame(code, reason))
-            transport.close()
+            self.transport.write(close_frame(code, reason))
+            self.transport.close()
 
     # --- receiving --------------------------------------------------------------------
 
-    async def _receive(self) -> Any:
-        while True:
-            msg = await self.ws.receive()
-            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-                self.keepalive.data(self.loop.time())
-                if self.sub is not None:
-                    self.deps.service.heard(self.sub)
-                return msg
-            if msg.type == WSMsgType.PING:
-                await self.ws.pong(msg.data)
-            elif msg.type == WSMsgType.PONG:
-                self.keepalive.pong()
-                if self.sub is not None:
-                    self.deps.service.heard(self.sub)
-            else:
-                if msg.type == WSMsgType.ERROR and getattr(msg.data, "code", None) == CLOSE_TOO_BIG:
-                    self.close_code = CLOSE_TOO_BIG
-                    self.deps.metrics.refused.inc("payload_too_large", "ws")
-                return None
+    def on_message(self, payload: bytes | str, *, binary: bool) -> None:
+        """One complete client message."""
+        if self.finished or self.transport.is_closing():
+            return
+        self.keepalive.data(self.loop.time())
+        if self.caller is None:
+            self._authenticate(payload, binary)
+            return
+        if self.sub is not None:
+            self.deps.service.heard(self.sub)
+        try:
+            self._handle(parse_client_frame(self._decode(payload, binary)))
+        except WrongFrameType as exc:
+            self.deps.metrics.refused.inc(exc.code, "ws")
+            self.send("error", exc.to_frame_data())
+            self.hard_close(CLOSE_UNSUPPORTED_DATA, exc.code)
+        except WireError as exc:
+            self.deps.metrics.refused.inc(exc.code, "ws")
+            data = exc.to_frame_data()
+            ref = self._ref_of(payload, binary)
+            if ref is not None:
+                data["ref"] = ref
+            self.send("error", data)
 
-    def _decode(self, msg: Any) -> dict[str, Any]:
+    def on_ping(self, payload: bytes) -> None:
+        """Answer a client's ping."""
+        self._write(ws_frame(payload, rfc6455.OP_PONG))
+
+    def on_pong(self) -> None:
+        """A pong: the client is alive."""
+        self.keepalive.pong()
+        if self.sub is not None:
+            self.deps.service.heard(self.sub)
+
+    def on_close(self, code: int) -> None:
+        """The client closes: answer with the same code and drop the connection."""
+        if self.close_code is None:
+            self.close_code = code
+        reply = code if code not in (rfc6455.CLOSE_NO_STATUS,) else CLOSE_NORMAL
+        if self._write(close_frame(reply)):
+            self.transport.close()
+
+    def protocol_error(self, code: int, reason: str) -> None:
+        """The client broke the protocol or sent a message over the limit."""
+        if code == CLOSE_TOO_BIG:
+            self.deps.metrics.refused.inc("payload_too_large", "ws")
+        self.hard_close(code, reason)
+
+    def _decode(self, payload: bytes | str, binary: bool) -> dict[str, Any]:
         return self.codec.decode(
-            msg.data,
-            binary=msg.type == WSMsgType.BINARY,
-            max_bytes=self.deps.transport.max_ws_message_bytes,
+            payload, binary=binary, max_bytes=self.deps.transport.max_ws_message_bytes
         )
+
+    def _ref_of(self, payload: bytes | str, binary: bool) -> str | None:
+        with contextlib.suppress(WireError):
+            ref = self._decode(payload, binary).get("ref")
+            return ref if isinstance(ref, str) else None
+        return None
 
     # --- life -------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Authenticate, then serve frames until the socket ends."""
+    def finish(self) -> None:
+        """The socket is gone: release everything the session held (once)."""
+        if self.finished:
+            return
+        self.finished = True
         deps = self.deps
-        try:
-            if not await self._authenticate():
-                return
-            await self._serve()
-        finally:
-            for task in self.tasks or ():
-                task.cancel()
-            if self.sub is not None:
-                deps.service.detach(self.sub)
-            deps.sweeper.remove(self)
-            if self.caller is not None:
-                deps.connections.close(self.caller.identity)
-            if self.session_key is not None:
-                deps.sessions.remove(self.session_key)
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
+        for task in self.tasks or ():
+            task.cancel()
+        if self.sub is not None:
+            deps.service.detach(self.sub)
+        deps.sweeper.remove(self)
+        deps.streams.sockets.discard(self)
+        if self.caller is not None:
+            deps.connections.close(self.caller.identity)
+        if self.session_key is not None:
+            deps.sessions.remove(self.session_key)
+        deps.metrics.ws_closed.inc(str(self.close_code or 1006))
 
-    async def _authenticate(self) -> bool:
+    def _no_auth(self) -> None:
+        self._auth_timer = None
+        if self.caller is None and not self.finished:
+            self.deps.metrics.refused.inc("timeout", "ws")
+            self.hard_close(CLOSE_POLICY, "no auth frame")
+
+    def _authenticate(self, payload: bytes | str, binary: bool) -> None:
         deps = self.deps
-        try:
-            async with asyncio.timeout(deps.transport.ws_first_frame_s):
-                msg = await self._receive()
-        except TimeoutError:
-            deps.metrics.refused.inc("timeout", "ws")
-            self.close_code = CLOSE_POLICY
-            await self.ws.close(code=CLOSE_POLICY, message=b"no auth frame")
-            return False
-        if msg is None:
-            return False
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
         deps.sweeper.add(self)
         try:
-            frame = parse_client_frame(self._decode(msg))
+            frame = parse_client_frame(self._decode(payload, binary))
             if not isinstance(frame, Auth):
                 raise BadRequest("the first frame must be auth")
             caller = deps.authenticator.authenticate_session(frame.fields, now_ms())
             deps.connections.open(caller.identity)
         except WireError as exc:
             deps.metrics.refused.inc(exc.code, "ws")
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await self._send_direct("auth.error", {"code": exc.code, "message": exc.message})
+            self._write(
+                ws_frame(
+                    self.codec.encode(
+                        {"event": "auth.error", "data": {"code": exc.code, "message": exc.message}}
+                    ),
+                    OP_BINARY if self.binary else OP_TEXT,
+                )
+            )
             code = (
                 CLOSE_UNSUPPORTED_DATA
                 if isinstance(exc, WrongFrameType)
                 else (CLOSE_TRY_AGAIN if isinstance(exc, CapacityExceeded) else CLOSE_POLICY)
             )
-            self.close_code = code
-            await self.ws.close(code=code, message=exc.code.encode())
-            return False
+            self.hard_close(code, exc.code)
+            return
         self.caller = caller
         self.session_key = deps.sessions.add(caller, self.revoke)
         client_id = "cl_" + new_ulid().lower()
@@ -298,7 +366,7 @@ class WsSession:
             client_id=client_id,
             form=self.form,
             channel=channel,
-            transport=self.request.transport,
+            transport=self.transport,
             on_taken_over=self.hard_close,
         )
         deps.service.register(self.sub)
@@ -312,35 +380,8 @@ class WsSession:
             self.token_exp_ms = caller.token.exp_ms
             ok["expires_ms"] = caller.token.exp_ms
         self.send("auth.ok", ok)
-        return True
 
-    async def _serve(self) -> None:
-        while True:
-            msg = await self._receive()
-            if msg is None or not await self._serve_one(msg):
-                return
-            # An idle session waits in _receive(): it must not keep its last frame alive.
-            msg = None
-
-    async def _serve_one(self, msg: Any) -> bool:
-        """Handle one client frame; False when the session must end."""
-        try:
-            await self._handle(parse_client_frame(self._decode(msg)))
-        except WrongFrameType as exc:
-            self.deps.metrics.refused.inc(exc.code, "ws")
-            self.send("error", exc.to_frame_data())
-            self.hard_close(CLOSE_UNSUPPORTED_DATA, exc.code)
-            return False
-        except WireError as exc:
-            self.deps.metrics.refused.inc(exc.code, "ws")
-            data = exc.to_frame_data()
-            ref = _ref_of(msg, self)
-            if ref is not None:
-                data["ref"] = ref
-            self.send("error", data)
-        return True
-
-    async def _handle(self, frame: Any) -> None:
+    def _handle(self, frame: Any) -> None:
         service = self.deps.service
         sub = self.sub
         assert sub is not None
@@ -449,14 +490,6 @@ class WsSession:
         )
 
 
-def _ref_of(msg: Any, session: WsSession) -> str | None:
-    with contextlib.suppress(WireError, AttributeError):
-        obj = session._decode(msg)
-        ref = obj.get("ref")
-        return ref if isinstance(ref, str) else None
-    return None
-
-
 class SessionSweeper:
     """One task for every pub/sub session's timers (pings, pongs, idle, tokens, presence)."""
 
@@ -484,27 +517,92 @@ class SessionSweeper:
             self.service.expire_presence()
 
 
+class LeanWebSocket(asyncio.Protocol):
+    """A pub/sub WebSocket served straight from the transport (spec §11: 20,000 idle
+    subscribers in ≤ 15 MiB per 1,000): a frame reader and a session, nothing else."""
+
+    __slots__ = ("reader", "session")
+
+    def __init__(self, session: WsSession, max_message: int) -> None:
+        self.session = session
+        self.reader = rfc6455.FrameReader(max_message)
+
+    def data_received(self, data: bytes) -> None:
+        """Frames in; each event to the session, until it closes."""
+        session = self.session
+        try:
+            events = self.reader.feed(data)
+        except rfc6455.WsProtocolError as exc:
+            session.protocol_error(exc.code, exc.reason)
+            return
+        transport = session.transport
+        for event in events:
+            if transport.is_closing():
+                return
+            if isinstance(event, rfc6455.Message):
+                session.on_message(event.payload, binary=event.binary)
+            elif isinstance(event, rfc6455.Ping):
+                session.on_ping(event.payload)
+            elif isinstance(event, rfc6455.Pong):
+                session.on_pong()
+            else:
+                session.on_close(event.code)
+
+    def eof_received(self) -> bool | None:
+        """The client half-closed: the transport closes."""
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The socket ended."""
+        self.session.finish()
+
+
 class PubSubWebSocket:
-    """Upgrades ``GET /pubsub/v1/subscribe``."""
+    """Upgrades ``GET /pubsub/v1/subscribe``: as a raw upgrade when it is the connection's
+    first request (:meth:`upgrade`), through aiohttp otherwise (:meth:`handle`)."""
 
     def __init__(self, deps: PubSubDeps) -> None:
         self.deps = deps
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        """Negotiate and run one session."""
+    def _refusal(self, offered: str) -> WireError | None:
         deps = self.deps
         if not deps.transport.websocket_enabled or deps.connections.full or deps.streams.closing:
-            return error_response(
-                Unavailable("WebSocket not available now; use SSE", retry_after_ms=1000)
-            )
-        header = request.headers.get("Sec-WebSocket-Protocol") or ""
-        chosen = choose_subprotocol(header)
-        if chosen is None and header.strip(" ,"):  # none offered is fine: JSON
-            deps.metrics.refused.inc("upgrade_required", "ws")
-            return error_response(
-                UpgradeRequired(f"supported subprotocols: {SUBPROTOCOL_HEADER}"),
-                headers={"Sec-WebSocket-Protocol": SUBPROTOCOL_HEADER},
-            )
+            return Unavailable("WebSocket not available now; use SSE", retry_after_ms=1000)
+        if choose_subprotocol(offered) is None and offered.strip(" ,"):  # none is fine: JSON
+            return UpgradeRequired(f"supported subprotocols: {SUBPROTOCOL_HEADER}")
+        return None
+
+    def upgrade(
+        self, transport: asyncio.Transport, head: rfc6455.RequestHead
+    ) -> LeanWebSocket | None:
+        """Take a connection whose first request is a valid upgrade; None leaves every
+        refusal and oddity to :meth:`handle` (same answers, same counters)."""
+        deps = self.deps
+        offered = head.headers.get("sec-websocket-protocol", "")
+        header_bytes = sum(len(k) + len(v) + 4 for k, v in head.headers.items())
+        if self._refusal(offered) is not None or header_bytes > deps.transport.max_header_bytes:
+            return None
+        chosen = choose_subprotocol(offered)
+        response = rfc6455.upgrade_response(head, chosen)
+        if response is None:
+            return None
+        transport.write(response)
+        session = WsSession(deps, transport, chosen)
+        deps.streams.sockets.add(session)
+        return LeanWebSocket(session, deps.transport.max_ws_message_bytes)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Negotiate and run one session over aiohttp (an upgrade on a reused connection)."""
+        deps = self.deps
+        offered = request.headers.get("Sec-WebSocket-Protocol") or ""
+        refusal = self._refusal(offered)
+        if refusal is not None:
+            headers = None
+            if isinstance(refusal, UpgradeRequired):
+                deps.metrics.refused.inc(refusal.code, "ws")
+                headers = {"Sec-WebSocket-Protocol": SUBPROTOCOL_HEADER}
+            return error_response(refusal, headers=headers)
+        chosen = choose_subprotocol(offered)
         ws = web.WebSocketResponse(
             protocols=(chosen,) if chosen else (),
             autoping=False,
@@ -513,13 +611,27 @@ class PubSubWebSocket:
             timeout=2.0,
         )
         await ws.prepare(request)
-        session = WsSession(deps, request, ws, chosen)
+        assert request.transport is not None
+        session = WsSession(deps, request.transport, chosen)
         task = asyncio.current_task()
         if task is not None:
             deps.streams.add(task)
         try:
-            await session.run()
+            while not session.transport.is_closing():
+                msg = await ws.receive()
+                if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    session.on_message(msg.data, binary=msg.type == WSMsgType.BINARY)
+                elif msg.type == WSMsgType.PING:
+                    session.on_ping(msg.data)
+                elif msg.type == WSMsgType.PONG:
+                    session.on_pong()
+                else:
+                    too_big = getattr(msg.data, "code", 0) == CLOSE_TOO_BIG
+                    if msg.type == WSMsgType.ERROR and too_big:
+                        session.protocol_error(CLOSE_TOO_BIG, "message too big")
+                    elif msg.type == WSMsgType.CLOSE and session.close_code is None:
+                        session.close_code = ws.close_code
+                    break
         finally:
-            code = session.close_code or ws.close_code or 1006
-            deps.metrics.ws_closed.inc(str(code))
+            session.finish()
         return ws

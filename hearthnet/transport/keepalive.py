@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
 CLOSE_UNSUPPORTED_DATA = 1003
 CLOSE_POLICY = 1008
 CLOSE_TOO_BIG = 1009

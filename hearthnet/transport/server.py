@@ -13,9 +13,9 @@ import contextlib
 import logging
 import socket
 import ssl
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 import orjson
 from aiohttp import web
@@ -29,6 +29,7 @@ from hearthnet.errors import (
     WireError,
 )
 from hearthnet.metrics import Counter, MetricsRegistry
+from hearthnet.transport.websocket import MAX_HEAD_BYTES, RequestHead, parse_head
 
 log = logging.getLogger("hearthnet.transport")
 
@@ -128,11 +129,19 @@ class ConnectionTracker:
         self.total = max(0, self.total - 1)
 
 
+class GoingAway(Protocol):
+    """A connection served without a task (a pub/sub WebSocket)."""
+
+    def going_away(self) -> None:
+        """Say goodbye (close 1001) and close the connection."""
+
+
 @dataclass(slots=True)
 class ActiveStreams:
     """Cancellable work the node must end on shutdown (streams, sessions)."""
 
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    sockets: set[GoingAway] = field(default_factory=set)
     closing: bool = False
 
     def add(self, task: asyncio.Task[Any]) -> None:
@@ -141,8 +150,11 @@ class ActiveStreams:
         task.add_done_callback(self.tasks.discard)
 
     async def shutdown(self, grace_s: float) -> None:
-        """Let streams end for ``grace_s``, then cancel the rest and wait for them."""
+        """Close task-less connections, let streams end for ``grace_s``, then cancel the
+        rest and wait for them."""
         self.closing = True
+        for socket_ in list(self.sockets):
+            socket_.going_away()
         if self.tasks:
             _, pending = await asyncio.wait(set(self.tasks), timeout=grace_s)
             for task in pending:
@@ -189,15 +201,101 @@ def make_middleware(metrics: TransportMetrics, max_header_bytes: int) -> Any:
 SNIFF_TIMEOUT_S = 10.0
 TLS_RECORD_HANDSHAKE = 0x16
 
+# Takes a connection whose first request is ``GET <path>`` with this head, or declines
+# (None) so aiohttp serves it: returns the protocol now in charge of the transport.
+RawUpgrade = Callable[[asyncio.Transport, RequestHead], asyncio.BaseProtocol | None]
+
+
+class FrontDoor(asyncio.Protocol):
+    """The first protocol of every connection: looks at the first request line and, for the
+    few paths with a :data:`RawUpgrade` (pub/sub WebSockets), the head; everything else is
+    handed to aiohttp untouched (bytes already read included) at the first line."""
+
+    __slots__ = ("_buf", "_http", "_timer", "_transport", "_upgrades")
+
+    def __init__(
+        self, http: Callable[[], asyncio.BaseProtocol], upgrades: Mapping[str, RawUpgrade]
+    ) -> None:
+        self._http = http
+        self._upgrades = upgrades
+        self._buf = b""
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Wait (bounded) for the first request line."""
+        # uvloop's transports are not asyncio.Transport subclasses; they behave as one.
+        self._transport = cast(asyncio.Transport, transport)
+        self._timer = asyncio.get_running_loop().call_later(SNIFF_TIMEOUT_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        """Decide as soon as the bytes allow it."""
+        buf = self._buf = self._buf + data
+        line_end = buf.find(b"\r\n")
+        if line_end < 0:
+            if len(buf) > MAX_HEAD_BYTES or not b"GET /".startswith(buf[:5]):
+                self._to_http()
+            return
+        parts = buf[:line_end].split(b" ")
+        path = parts[1].split(b"?", 1)[0].decode("latin-1") if len(parts) == 3 else ""
+        upgrade = self._upgrades.get(path) if parts[0] == b"GET" else None
+        if upgrade is None:
+            self._to_http()
+            return
+        head_end = buf.find(b"\r\n\r\n")
+        if head_end < 0:
+            if len(buf) > MAX_HEAD_BYTES:
+                self._to_http()
+            return
+        head = parse_head(buf[:head_end])
+        transport = self._transport
+        assert transport is not None
+        protocol = upgrade(transport, head) if head is not None else None
+        if protocol is None:
+            self._to_http()
+            return
+        self._done()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        rest = buf[head_end + 4 :]
+        if rest:  # frames sent right behind the head
+            cast(asyncio.Protocol, protocol).data_received(rest)
+
+    def _to_http(self) -> None:
+        transport = self._transport
+        assert transport is not None
+        buf = self._buf
+        self._done()
+        protocol = self._http()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        if buf and not transport.is_closing():
+            cast(asyncio.Protocol, protocol).data_received(buf)
+
+    def _done(self) -> None:
+        self._buf = b""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def eof_received(self) -> bool | None:
+        """The client hung up before a whole request line: nothing to serve."""
+        self._done()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Gone before a decision."""
+        self._done()
+
 
 class HttpServer:
     """The node's single listening port (spec §3.1).
 
-    Without TLS it is a plain aiohttp site. With a TLS context it serves TLS *and* plain
-    HTTP on the same port: the first byte of each connection is peeked (a TLS handshake
-    record starts with 0x16, an HTTP request with a letter) and the connection is handed to
-    aiohttp with or without TLS, so peers link over TLS while browsers and the CLI keep
-    using plain HTTP.
+    Every connection starts with a :class:`FrontDoor`, which gives it to aiohttp or, for
+    the paths in ``upgrades``, to a leaner protocol. With a TLS context the port serves TLS
+    *and* plain HTTP: the first byte of each connection is peeked (a TLS handshake record
+    starts with 0x16, an HTTP request with a letter) and the front door runs with or
+    without TLS, so peers link over TLS while browsers and the CLI keep using plain HTTP.
     """
 
     def __init__(
@@ -208,6 +306,7 @@ class HttpServer:
         max_body_bytes: int,
         max_header_bytes: int,
         tls: ssl.SSLContext | None = None,
+        upgrades: Mapping[str, RawUpgrade] | None = None,
     ) -> None:
         self.app = web.Application(
             client_max_size=max_body_bytes,
@@ -215,7 +314,9 @@ class HttpServer:
         )
         self.app.add_routes(list(routes))
         self.tls = tls
+        self.upgrades = dict(upgrades or {})
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._sniffing: set[asyncio.Task[None]] = set()
@@ -247,22 +348,29 @@ class HttpServer:
             raise
         self._sock = sock
         if self.tls is None:
-            await web.SockSite(self._runner, sock).start()
+            self._server = await asyncio.get_running_loop().create_server(
+                self._front_door, sock=sock, backlog=1024
+            )
         else:
             self._accepting = asyncio.get_running_loop().create_task(self._accept_loop(sock))
         self.host, self.port = sock.getsockname()[:2]
         return self.host, self.port
+
+    def _front_door(self) -> asyncio.BaseProtocol:
+        assert self._runner is not None
+        assert self._runner.server is not None
+        return FrontDoor(self._runner.server, self.upgrades)
 
     async def _accept_loop(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         while True:
             try:
                 conn, _ = await loop.sock_accept(sock)
+                conn.setblocking(False)
             except OSError as exc:
                 log.warning("accept failed: %s", exc)
                 await asyncio.sleep(0.1)  # out of file descriptors, say: do not spin
                 continue
-            conn.setblocking(False)
             task = loop.create_task(self._serve_connection(conn))
             self._sniffing.add(task)
             task.add_done_callback(self._sniffing.discard)
@@ -277,14 +385,16 @@ class HttpServer:
         except asyncio.CancelledError:  # shutdown while the client had sent nothing yet
             conn.close()
             raise
-        server = self._runner.server if self._runner is not None else None
-        if not first or server is None:
+        if not first or self._runner is None:
             conn.close()
             return
         tls = self.tls if first[0] == TLS_RECORD_HANDSHAKE else None
         try:
             await loop.connect_accepted_socket(
-                server, conn, ssl=tls, ssl_handshake_timeout=SNIFF_TIMEOUT_S if tls else None
+                self._front_door,
+                conn,
+                ssl=tls,
+                ssl_handshake_timeout=SNIFF_TIMEOUT_S if tls else None,
             )
         except (OSError, ssl.SSLError) as exc:
             log.debug("connection dropped during set-up: %s", exc)
@@ -292,9 +402,9 @@ class HttpServer:
 
     async def stop_accepting(self) -> None:
         """Close the listening socket; running requests go on."""
-        if self._runner is not None:
-            for site in list(self._runner.sites):
-                await site.stop()
+        if self._server is not None:
+            self._server.close()
+            self._server = None
         if self._accepting is not None:
             self._accepting.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -20,13 +20,13 @@ from tests.helpers import publish, publish_at_once, refused_upgrade, token_for, 
 Frame = dict[str, Any]
 
 
-def auth_frame(keys: KeyPair, node: Node, **extra: Any) -> Frame:
-    """An identity-proof auth frame for ``node``."""
+def auth_frame(keys: KeyPair, node: Node | str, **extra: Any) -> Frame:
+    """An identity-proof auth frame for ``node`` (a node or its NodeID)."""
     proof = {
         "identity": keys.node_id,
         "ts": now_ms(),
         "nonce": os.urandom(8).hex(),
-        "node": node.keys.node_id,
+        "node": node if isinstance(node, str) else node.keys.node_id,
     }
     return {
         "type": "auth",
