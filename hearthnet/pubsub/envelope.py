@@ -95,10 +95,9 @@ class Message:
         out["sig"] = self.sig
         return out
 
-    @classmethod
-    def create(
-        cls,
-        origin: KeyPair,
+    @staticmethod
+    def unsigned(
+        origin_id: str,
         *,
         topic: str,
         msg_type: str,
@@ -108,14 +107,14 @@ class Message:
         ttl_s: int | None = None,
         sender: dict[str, str] | None = None,
         msg_id: str | None = None,
-    ) -> Message:
-        """Sign a new message as the origin node (inputs already validated)."""
+    ) -> dict[str, Any]:
+        """A new message's fields, all but ``sig`` (inputs already validated)."""
         body: dict[str, Any] = {
             "id": msg_id or new_ulid(ts),
             "topic": topic,
             "type": msg_type,
             "data": data,
-            "origin": origin.node_id,
+            "origin": origin_id,
             "origin_seq": origin_seq,
             "ts": ts,
         }
@@ -123,21 +122,31 @@ class Message:
             body["ttl_s"] = ttl_s
         if sender is not None:
             body["sender"] = sender
-        sig = origin.sign_object(body)
-        body["sig"] = sig
+        return body
+
+    @classmethod
+    def signed(cls, origin: KeyPair, body: dict[str, Any]) -> Message:
+        """Sign an :meth:`unsigned` body as the origin node (safe to call from a thread:
+        the ed25519 work runs without the GIL)."""
+        body = {**body, "sig": origin.sign_object(body)}
         return cls(
             body["id"],
-            topic,
-            msg_type,
-            data,
-            origin.node_id,
-            origin_seq,
-            ts,
-            sig,
-            ttl_s,
-            sender,
+            body["topic"],
+            body["type"],
+            body["data"],
+            body["origin"],
+            body["origin_seq"],
+            body["ts"],
+            body["sig"],
+            body.get("ttl_s"),
+            body.get("sender"),
             orjson.dumps(body),
         )
+
+    @classmethod
+    def create(cls, origin: KeyPair, **fields: Any) -> Message:
+        """Sign a new message as the origin node (fields as for :meth:`unsigned`)."""
+        return cls.signed(origin, cls.unsigned(origin.node_id, **fields))
 
     @classmethod
     def parse(cls, obj: object, *, raw: bytes | None = None) -> Message:

@@ -82,9 +82,10 @@ class TopicStats:
 @dataclass(slots=True)
 class _Pending:
     future: asyncio.Future[StoredMessage | None]
-    message: Message
+    message: Message | None  # None until a local publish is signed (in the commit loop)
     local: bool = False  # our own publish (never a duplicate)
     source: str | None = None  # the peer a message came from
+    unsigned: dict[str, Any] | None = None  # a local publish's fields before signing
 
 
 @dataclass(slots=True)
@@ -240,11 +241,12 @@ class MessageLog:
         """Queue a local publish; the future resolves once it is committed (spec §6.4)."""
         if self.closed:
             raise Unavailable("the node is shutting down", retry_after_ms=1000)
-        # Numbered and signed now, while an earlier batch may be committing. A number
-        # whose batch fails to commit is never reused (peers treat it like a hole left by
-        # retention); one issued but lost in a crash was never acknowledged or gossiped.
-        msg = Message.create(
-            self.keys,
+        # Numbered now; signed by the commit loop, a batch at a time in a worker thread
+        # (ed25519 runs without the GIL, so parsing the next publishes goes on meanwhile).
+        # A number whose batch fails to commit is never reused (peers treat it like a hole
+        # left by retention); one issued but lost in a crash was never acknowledged.
+        body = Message.unsigned(
+            self.keys.node_id,
             topic=topic,
             msg_type=msg_type,
             data=data,
@@ -255,7 +257,7 @@ class MessageLog:
         )
         self.origin_seq += 1
         fut: asyncio.Future[StoredMessage | None] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(fut, msg, local=True))
+        self._pending.append(_Pending(fut, None, local=True, unsigned=body))
         self._wake.set()
         return fut
 
@@ -300,17 +302,28 @@ class MessageLog:
             known.update(r[0] for r in rows)
         return known
 
+    async def _sign(self, batch: list[_Pending]) -> list[Message]:
+        """The batch's messages, local publishes signed in a worker thread."""
+        unsigned = [p for p in batch if p.message is None]
+        if unsigned:
+            keys = self.keys
+            bodies = [p.unsigned or {} for p in unsigned]
+            signed = await asyncio.to_thread(lambda: [Message.signed(keys, b) for b in bodies])
+            for pending, message in zip(unsigned, signed, strict=True):
+                pending.message, pending.unsigned = message, None
+        return [p.message for p in batch if p.message is not None]
+
     async def _commit(self, batch: list[_Pending]) -> None:
         assert self._writer is not None
         duplicates: list[_Pending] = []
         stored: list[tuple[_Pending, StoredMessage]] = []
+        messages = await self._sign(batch)
         try:
             async with self._write_lock:
-                remote_ids = [p.message.id for p in batch if not p.local]
+                remote_ids = [m.id for p, m in zip(batch, messages, strict=True) if not p.local]
                 known = await self._known_ids(remote_ids) if remote_ids else set()
                 seq = self.head_seq
-                for pending in batch:
-                    msg = pending.message
+                for pending, msg in zip(batch, messages, strict=True):
                     if not pending.local:
                         if msg.id in known or msg.id in self._recent_ids:
                             duplicates.append(pending)
