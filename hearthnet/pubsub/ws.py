@@ -76,6 +76,7 @@ log = logging.getLogger("hearthnet.pubsub.ws")
 OP_CLOSE = 0x8
 OP_PING = 0x9
 PING_FRAME = ws_frame(b"", OP_PING)
+CLOSE_INTERNAL_ERROR = 1011
 TOKEN_WARNING_MS = 60_000
 
 
@@ -536,17 +537,22 @@ class LeanWebSocket(asyncio.Protocol):
             session.protocol_error(exc.code, exc.reason)
             return
         transport = session.transport
-        for event in events:
-            if transport.is_closing():
-                return
-            if isinstance(event, rfc6455.Message):
-                session.on_message(event.payload, binary=event.binary)
-            elif isinstance(event, rfc6455.Ping):
-                session.on_ping(event.payload)
-            elif isinstance(event, rfc6455.Pong):
-                session.on_pong()
-            else:
-                session.on_close(event.code)
+        try:
+            for event in events:
+                if transport.is_closing():
+                    return
+                if isinstance(event, rfc6455.Message):
+                    session.on_message(event.payload, binary=event.binary)
+                elif isinstance(event, rfc6455.Ping):
+                    session.on_ping(event.payload)
+                elif isinstance(event, rfc6455.Pong):
+                    session.on_pong()
+                else:
+                    session.on_close(event.code)
+        except Exception:  # a bug of ours: say so, end this socket, keep the node
+            log.exception("pub/sub WebSocket session failed")
+            session.deps.metrics.refused.inc("internal_error", "ws")
+            session.hard_close(CLOSE_INTERNAL_ERROR, "internal_error")
 
     def eof_received(self) -> bool | None:
         """The client half-closed: the transport closes."""
@@ -613,6 +619,7 @@ class PubSubWebSocket:
         await ws.prepare(request)
         assert request.transport is not None
         session = WsSession(deps, request.transport, chosen)
+        deps.streams.sockets.add(session)
         task = asyncio.current_task()
         if task is not None:
             deps.streams.add(task)
