@@ -113,6 +113,15 @@ class SubscriberChannel:
     def _window_open(self) -> bool:
         return self.window is None or self.window.open
 
+    def _nothing_waits(self) -> bool:
+        """Live, writable, and nothing queued or owed ahead of a new frame."""
+        return (
+            self.state is ChannelState.LIVE
+            and not self._live
+            and self._gap is None
+            and self.writable
+        )
+
     def _emit(self, seq: int, data: bytes) -> None:
         if self.window is not None:
             self.window.sent(seq)
@@ -124,13 +133,7 @@ class SubscriberChannel:
         """A live message for this subscriber (called by fan-out, in seq order)."""
         if self.state is ChannelState.CLOSED or seq <= self.delivered_seq or self.refill:
             return
-        if (
-            self.state is ChannelState.LIVE
-            and not self._live
-            and self._gap is None
-            and self.writable
-            and self._window_open()
-        ):
+        if self._nothing_waits() and self._window_open():
             self._emit(seq, data)  # the common case: straight out
             return
         live = self._live
@@ -157,12 +160,7 @@ class SubscriberChannel:
                 start += 1
             if start == len(seqs):
                 return
-        if (
-            self.state is ChannelState.LIVE
-            and not self._live
-            and self._gap is None
-            and self.writable
-        ):
+        if self._nothing_waits():
             window = self.window
             room = len(seqs) - start if window is None else min(window.room, len(seqs) - start)
             if room > 0:

@@ -449,29 +449,11 @@ class MessageLog:
             rows = await self._reader.execute_fetchall(sql, tuple(args))
         except sqlite3.Error as exc:
             raise StorageError(f"reading the message log failed: {exc}") from exc
-        out = []
-        for seq, raw in rows:
-            body = orjson.loads(raw)
-            # Stored messages were verified before they were stored; rebuild without
-            # paying for the signature again.
-            out.append(
-                StoredMessage(
-                    seq,
-                    Message(
-                        body["id"],
-                        body["topic"],
-                        body["type"],
-                        body["data"],
-                        body["origin"],
-                        body["origin_seq"],
-                        body["ts"],
-                        body["sig"],
-                        body.get("ttl_s"),
-                        body.get("sender"),
-                        bytes(raw),
-                    ),
-                )
-            )
+        # Stored messages were verified before they were stored: rebuilt without paying
+        # for the signature again.
+        out = [
+            StoredMessage(seq, Message.trusted(orjson.loads(raw), bytes(raw))) for seq, raw in rows
+        ]
         return out
 
     async def read_matching(
