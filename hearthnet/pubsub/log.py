@@ -451,10 +451,9 @@ class MessageLog:
             raise StorageError(f"reading the message log failed: {exc}") from exc
         # Stored messages were verified before they were stored: rebuilt without paying
         # for the signature again.
-        out = [
+        return [
             StoredMessage(seq, Message.trusted(orjson.loads(raw), bytes(raw))) for seq, raw in rows
         ]
-        return out
 
     async def read_matching(
         self,

@@ -336,17 +336,12 @@ class PubSub:
             groups.setdefault(stored.message.topic, []).append(EncodedMessage(stored))
         policy = self.policy
         match = self.index.match
-        dirty = self._dirty
         if len(groups) == 1:
             ((topic, items),) = groups.items()
             group = TopicBatch(topic, items)
             for sub in match(topic):
                 sub.deliver_batch(group, policy)
-                if sub.channel.refill:
-                    self._start_refill(sub)
-                if not sub.flush_scheduled:
-                    sub.flush_scheduled = True
-                    dirty.append(sub)
+                self._delivered(sub)
         else:
             per_sub: dict[Subscriber, list[TopicBatch]] = {}
             for topic, items in groups.items():
@@ -358,19 +353,19 @@ class PubSub:
                     sub.deliver_batch(sub_groups[0], policy)
                 else:
                     sub.deliver_merged(sub_groups, policy)  # keep seq order across topics
-                if sub.channel.refill:
-                    self._start_refill(sub)
-                if not sub.flush_scheduled:
-                    sub.flush_scheduled = True
-                    dirty.append(sub)
+                self._delivered(sub)
         local = sum(1 for stored in batch if stored.message.origin == self.node_id)
         if local:
             self.metrics.published.inc("local", amount=local)
         if local < len(batch):
             self.metrics.published.inc("remote", amount=len(batch) - local)
-        if dirty and not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_dirty)
+
+    def _delivered(self, sub: Subscriber) -> None:
+        """After a batch was offered to ``sub``: flush it this loop turn; a durable
+        consumer whose queue overflowed starts reading the rest from the log."""
+        if sub.channel.refill:
+            self._start_refill(sub)
+        self.wake(sub)
 
     def _flush_dirty(self) -> None:
         self._flush_scheduled = False
