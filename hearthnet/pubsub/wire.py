@@ -8,27 +8,15 @@ and ``json`` (the frame object's JSON, for long-poll and history bodies).
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 import cbor2
 import orjson
 
 from hearthnet.pubsub.envelope import StoredMessage
+from hearthnet.transport.websocket import OP_BINARY, OP_TEXT, ws_frame
 
-OP_TEXT = 0x1
-OP_BINARY = 0x2
 FORMS = ("ws_text", "ws_cbor", "sse", "json")
-
-
-def ws_frame(payload: bytes, opcode: int) -> bytes:
-    """A final, unmasked server WebSocket frame (RFC 6455 §5.2)."""
-    n = len(payload)
-    if n < 126:
-        return bytes((0x80 | opcode, n)) + payload
-    if n < 65536:
-        return struct.pack("!BBH", 0x80 | opcode, 126, n) + payload
-    return struct.pack("!BBQ", 0x80 | opcode, 127, n) + payload
 
 
 def sse_bytes(event: str, data: bytes, event_id: int | None = None) -> bytes:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import struct
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,7 +41,7 @@ from hearthnet.pubsub.frames import (
     parse_client_frame,
 )
 from hearthnet.pubsub.service import PubSub, Subscriber
-from hearthnet.pubsub.wire import OP_BINARY, OP_TEXT, control_frame, ws_frame
+from hearthnet.pubsub.wire import control_frame
 from hearthnet.sessions import SessionRegistry
 from hearthnet.transport import websocket as rfc6455
 from hearthnet.transport.codec import (
@@ -73,9 +72,7 @@ from hearthnet.transport.server import (
 
 log = logging.getLogger("hearthnet.pubsub.ws")
 
-OP_CLOSE = 0x8
-OP_PING = 0x9
-PING_FRAME = ws_frame(b"", OP_PING)
+PING_FRAME = rfc6455.ws_frame(b"", rfc6455.OP_PING)
 CLOSE_INTERNAL_ERROR = 1011
 TOKEN_WARNING_MS = 60_000
 
@@ -94,11 +91,6 @@ class PubSubDeps:
     metrics: TransportMetrics
     sweeper: SessionSweeper
     sessions: SessionRegistry
-
-
-def close_frame(code: int, reason: str = "") -> bytes:
-    """A WebSocket close frame."""
-    return ws_frame(struct.pack("!H", code) + reason.encode()[:120], OP_CLOSE)
 
 
 class SweptSession(Protocol):
@@ -140,7 +132,6 @@ class WsSession:
 
     __slots__ = (
         "_auth_timer",
-        "binary",
         "caller",
         "close_code",
         "codec",
@@ -163,8 +154,7 @@ class WsSession:
         self.deps = deps
         self.transport = transport
         self.codec = FrameCodec(subprotocol or SUBPROTOCOLS[0])
-        self.binary = subprotocol == SUBPROTOCOL_CBOR
-        self.form = "ws_cbor" if self.binary else "ws_text"
+        self.form = "ws_cbor" if subprotocol == SUBPROTOCOL_CBOR else "ws_text"
         self.loop = asyncio.get_running_loop()
         cfg = deps.transport
         ping_s = min(cfg.ws_ping_s, deps.config.presence_silence_s / 2)
@@ -230,7 +220,7 @@ class WsSession:
         if not self.transport.is_closing():
             if self.sub is not None:
                 self.sub.flush()
-            self.transport.write(close_frame(code, reason))
+            self.transport.write(rfc6455.close_frame(code, reason))
             self.transport.close()
 
     # --- receiving --------------------------------------------------------------------
@@ -261,7 +251,7 @@ class WsSession:
 
     def on_ping(self, payload: bytes) -> None:
         """Answer a client's ping."""
-        self._write(ws_frame(payload, rfc6455.OP_PONG))
+        self._write(rfc6455.ws_frame(payload, rfc6455.OP_PONG))
 
     def on_pong(self) -> None:
         """A pong: the client is alive."""
@@ -273,8 +263,8 @@ class WsSession:
         """The client closes: answer with the same code and drop the connection."""
         if self.close_code is None:
             self.close_code = code
-        reply = code if code not in (rfc6455.CLOSE_NO_STATUS,) else CLOSE_NORMAL
-        if self._write(close_frame(reply)):
+        reply = CLOSE_NORMAL if code == rfc6455.CLOSE_NO_STATUS else code
+        if self._write(rfc6455.close_frame(reply)):
             self.transport.close()
 
     def protocol_error(self, code: int, reason: str) -> None:
@@ -338,12 +328,7 @@ class WsSession:
         except WireError as exc:
             deps.metrics.refused.inc(exc.code, "ws")
             self._write(
-                ws_frame(
-                    self.codec.encode(
-                        {"event": "auth.error", "data": {"code": exc.code, "message": exc.message}}
-                    ),
-                    OP_BINARY if self.binary else OP_TEXT,
-                )
+                control_frame(self.form, "auth.error", {"code": exc.code, "message": exc.message})
             )
             code = (
                 CLOSE_UNSUPPORTED_DATA

@@ -12,7 +12,7 @@ object and a task each. This module is what that object needs to speak WebSocket
   message size limit *before* buffering a frame, and raises :class:`WsProtocolError`
   with the close code for anything a client must not send.
 
-Server frames are written with :func:`hearthnet.pubsub.wire.ws_frame`.
+Server frames are built by :func:`ws_frame` and :func:`close_frame` (unmasked, final).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import struct
 from dataclasses import dataclass
 
 from hearthnet.errors import HearthNetError
+from hearthnet.transport.keepalive import CLOSE_TOO_BIG
 
 OP_CONTINUATION = 0x0
 OP_TEXT = 0x1
@@ -35,7 +36,6 @@ OP_PONG = 0xA
 CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_NO_STATUS = 1005
 CLOSE_INVALID_DATA = 1007
-CLOSE_TOO_BIG = 1009
 
 MAX_HEAD_BYTES = 16 * 1024
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -60,6 +60,21 @@ class RequestHead:
     path: str
     query: str
     headers: dict[str, str]
+
+
+def ws_frame(payload: bytes, opcode: int) -> bytes:
+    """A final, unmasked server WebSocket frame (RFC 6455 §5.2)."""
+    n = len(payload)
+    if n < 126:
+        return bytes((0x80 | opcode, n)) + payload
+    if n < 65536:
+        return struct.pack("!BBH", 0x80 | opcode, 126, n) + payload
+    return struct.pack("!BBQ", 0x80 | opcode, 127, n) + payload
+
+
+def close_frame(code: int, reason: str = "") -> bytes:
+    """A server close frame (the reason cut to fit a control frame)."""
+    return ws_frame(struct.pack("!H", code) + reason.encode()[:120], OP_CLOSE)
 
 
 def parse_head(head: bytes) -> RequestHead | None:
