@@ -18,7 +18,7 @@ from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.node import Node
 from hearthnet.transport.websocket import OP_BINARY, OP_CLOSE, OP_PING, OP_PONG, OP_TEXT
 from tests.conftest import MakeConfig
-from tests.helpers import publish, start_node_process
+from tests.helpers import publish, start_node_process, wait_until
 from tests.pubsub.test_ws import auth_frame
 from tests.transport.test_websocket import client_frame
 
@@ -133,7 +133,7 @@ async def test_a_fresh_connection_is_served_without_aiohttp(make_config: MakeCon
         raw.send(struct.pack("!H", 1000), OP_CLOSE)
         code = await raw.close_code()
         await raw.end()
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: not node.streams.sockets, what="the session released")
         left = (node.connections.total, len(node.pubsub.subscribers), len(node.streams.sockets))
     assert (True, b"server:" not in raw.head.lower()) == (
         raw.head.startswith(b"HTTP/1.1 101 "),
