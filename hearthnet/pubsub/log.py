@@ -1,12 +1,14 @@
 """The node's message log in SQLite (spec §6.3, §6.4): group commit, seq, epoch, dedupe.
 
-One writer connection and one reader connection (WAL lets reads run beside the writer).
-A local publish is numbered (``origin_seq``) and signed when it is queued, so signing
-overlaps the previous batch's commit; the flush loop takes everything queued, assigns
-``seq``, writes the batch in one transaction and commits. Only after the commit does it
-move ``head_seq``, hand the batch to fan-out (``on_commit``) and resolve the publishers'
-futures: a publish is acknowledged only once durable, and a ``seq`` is never handed out
-twice, even across a crash.
+One writer and one reader connection (WAL lets reads run beside the writer). A local
+publish is numbered (``origin_seq``) when it is queued; the flush loop takes everything
+queued and hands the batch to the writer thread as **one job**: sign the local publishes,
+drop peers' duplicates, assign ``seq``, insert, commit. One hand-over per batch matters:
+each trip between the event loop and a worker thread waits for the GIL, and a busy loop
+(fan-out to a thousand sockets) made a trip per statement cost milliseconds. Only after
+the commit does the loop move ``head_seq``, hand the batch to fan-out (``on_commit``) and
+resolve the publishers' futures: a publish is acknowledged only once durable, and a
+``seq`` is never handed out twice, even across a crash.
 
 ``synchronous=FULL`` (the default) makes an acknowledged publish survive a power cut;
 ``normal`` survives a process crash (``kill -9``) only.
@@ -21,9 +23,10 @@ import os
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
 import orjson
@@ -64,7 +67,10 @@ CREATE TABLE IF NOT EXISTS consumers (
 );
 """
 
+T = TypeVar("T")
+
 RECENT_IDS = 200_000
+INSERT_ROWS = 256  # rows per INSERT statement (9 parameters each; SQLite allows 32,766)
 PAGE = 500
 DELETE_CHUNK = 500  # messages per retention transaction
 
@@ -126,6 +132,99 @@ def _sql_prefix(pattern: str) -> str:
     return pattern
 
 
+class SqliteWriter:
+    """One SQLite connection owned by one thread; each :meth:`run` is a single trip.
+
+    Jobs run one at a time, in the order they were submitted, so a job that spans
+    ``BEGIN`` .. ``COMMIT`` is a transaction nobody else interleaves with.
+    """
+
+    def __init__(self, path: Path, synchronous: str) -> None:
+        self.path = path
+        self.synchronous = synchronous
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hearthnet-log")
+        self._conn: sqlite3.Connection | None = None
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.executescript(
+            f"PRAGMA journal_mode=WAL; PRAGMA synchronous={self.synchronous}; "
+            "PRAGMA busy_timeout=5000;" + SCHEMA
+        )
+        self._conn = conn
+        return conn
+
+    async def run(self, job: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``job`` with the connection in the writer thread (connecting on first use)."""
+
+        def call() -> T:
+            return job(self._conn or self._connect())
+
+        return await asyncio.get_running_loop().run_in_executor(self._thread, call)
+
+    async def close(self) -> None:
+        """Close the connection and stop the thread (after the jobs already queued)."""
+
+        def close() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        await asyncio.get_running_loop().run_in_executor(self._thread, close)
+        self._thread.shutdown(wait=False)
+
+
+def _known_ids(conn: sqlite3.Connection, ids: list[str]) -> set[str]:
+    """Which of these ids the log already holds (peers' messages after a restart)."""
+    known: set[str] = set()
+    for i in range(0, len(ids), 500):
+        chunk = ids[i : i + 500]
+        rows = conn.execute(
+            f"SELECT id FROM messages WHERE id IN ({','.join('?' * len(chunk))})", chunk
+        )
+        known.update(r[0] for r in rows)
+    return known
+
+
+def _write_consumers(
+    conn: sqlite3.Connection, written: list[tuple[ConsumerRecord, _ConsumerState]]
+) -> None:
+    """Store changed consumers (inside the caller's transaction)."""
+    if not written:
+        return
+    ts = now_ms()
+    conn.executemany(
+        "INSERT OR REPLACE INTO consumers"
+        " (identity, name, patterns, cursor, lost_from, lost_to,"
+        " updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [
+            (
+                c.identity,
+                c.name,
+                orjson.dumps(list(patterns)).decode(),
+                cursor,
+                lost[0] if lost else None,
+                lost[1] if lost else None,
+                ts,
+            )
+            for c, (patterns, cursor, lost) in written
+        ],
+    )
+
+
+def _transaction(conn: sqlite3.Connection, work: Callable[[], T]) -> T:
+    """``work`` between BEGIN and COMMIT; rolled back (and re-raised) on any failure."""
+    conn.execute("BEGIN")
+    try:
+        result = work()
+        conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+    return result
+
+
 class MessageLog:
     """Append-only, deduplicated, group-committed log of every message the node holds."""
 
@@ -154,7 +253,7 @@ class MessageLog:
         self.topics: dict[str, TopicStats] = {}
         self.total_bytes = 0
         self.consumers: dict[tuple[str, str], ConsumerRecord] = {}
-        self._writer: aiosqlite.Connection | None = None
+        self._writer: SqliteWriter | None = None
         self._reader: aiosqlite.Connection | None = None
         self._pending: list[_Pending] = []
         self._wake = asyncio.Event()
@@ -168,50 +267,48 @@ class MessageLog:
     async def open(self) -> None:
         """Open (creating on first use) and load epoch, heads, topic stats and consumers."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        writer = SqliteWriter(self.path, self.synchronous)
         try:
-            self._writer = await aiosqlite.connect(self.path, isolation_level=None)
-            await self._writer.executescript(
-                f"PRAGMA journal_mode=WAL; PRAGMA synchronous={self.synchronous}; "
-                "PRAGMA busy_timeout=5000;" + SCHEMA
-            )
-            cur = await self._writer.execute("SELECT value FROM meta WHERE key='epoch'")
-            row = await cur.fetchone()
-            if row is None:
-                self.epoch = os.urandom(8).hex()
-                await self._writer.execute(
-                    "INSERT INTO meta (key, value) VALUES ('epoch', ?)", (self.epoch,)
-                )
-            else:
-                self.epoch = str(row[0])
-            cur = await self._writer.execute("SELECT COALESCE(MAX(seq), 0) FROM messages")
-            self.head_seq = int((await cur.fetchone() or (0,))[0])
-            cur = await self._writer.execute(
-                "SELECT COALESCE(MAX(origin_seq), 0) FROM messages WHERE origin = ?",
-                (self.keys.node_id,),
-            )
-            stored_origin = int((await cur.fetchone() or (0,))[0])
-            cur = await self._writer.execute("SELECT value FROM meta WHERE key='origin_seq'")
-            row = await cur.fetchone()
-            # meta keeps the counter even when retention has removed our latest messages
-            self.origin_seq = max(stored_origin, int(row[0]) if row else 0)
-            cur = await self._writer.execute(
-                "SELECT topic, COUNT(*), SUM(size), MAX(seq), MAX(ts) FROM messages GROUP BY topic"
-            )
-            for topic, count, size, head, last_ts in await cur.fetchall():
-                self.topics[topic] = TopicStats(count, size, head, last_ts)
-                self.total_bytes += size
-            cur = await self._writer.execute(
-                "SELECT identity, name, patterns, cursor, lost_from, lost_to FROM consumers"
-            )
-            for identity, name, patterns, cursor, lost_from, lost_to in await cur.fetchall():
-                lost = (lost_from, lost_to) if lost_from is not None else None
-                self.consumers[(identity, name)] = ConsumerRecord(
-                    identity, name, tuple(orjson.loads(patterns)), cursor, lost
-                )
+            await writer.run(self._load)
             self._reader = await aiosqlite.connect(f"file:{self.path}?mode=ro", uri=True)
             await self._reader.execute("PRAGMA query_only=1")
         except sqlite3.Error as exc:
+            await writer.close()
             raise StorageError(f"cannot open the message log {self.path}: {exc}") from exc
+        self._writer = writer
+
+    def _load(self, conn: sqlite3.Connection) -> None:
+        """Read what the log holds into memory (in the writer thread, before serving)."""
+        row = conn.execute("SELECT value FROM meta WHERE key='epoch'").fetchone()
+        if row is None:
+            self.epoch = os.urandom(8).hex()
+            conn.execute("INSERT INTO meta (key, value) VALUES ('epoch', ?)", (self.epoch,))
+        else:
+            self.epoch = str(row[0])
+        self.head_seq = int(
+            conn.execute("SELECT COALESCE(MAX(seq), 0) FROM messages").fetchone()[0]
+        )
+        stored_origin = int(
+            conn.execute(
+                "SELECT COALESCE(MAX(origin_seq), 0) FROM messages WHERE origin = ?",
+                (self.keys.node_id,),
+            ).fetchone()[0]
+        )
+        row = conn.execute("SELECT value FROM meta WHERE key='origin_seq'").fetchone()
+        # meta keeps the counter even when retention has removed our latest messages
+        self.origin_seq = max(stored_origin, int(row[0]) if row else 0)
+        for topic, count, size, head, last_ts in conn.execute(
+            "SELECT topic, COUNT(*), SUM(size), MAX(seq), MAX(ts) FROM messages GROUP BY topic"
+        ):
+            self.topics[topic] = TopicStats(count, size, head, last_ts)
+            self.total_bytes += size
+        for identity, name, patterns, cursor, lost_from, lost_to in conn.execute(
+            "SELECT identity, name, patterns, cursor, lost_from, lost_to FROM consumers"
+        ):
+            lost = (lost_from, lost_to) if lost_from is not None else None
+            self.consumers[(identity, name)] = ConsumerRecord(
+                identity, name, tuple(orjson.loads(patterns)), cursor, lost
+            )
 
     async def close(self) -> None:
         """Flush what is queued, then close both connections."""
@@ -222,9 +319,10 @@ class MessageLog:
         if self._pending and self._writer is not None:
             await self._flush_all()
         await self._persist_consumers()
-        for conn in (self._reader, self._writer):
-            if conn is not None:
-                await conn.close()
+        if self._reader is not None:
+            await self._reader.close()
+        if self._writer is not None:
+            await self._writer.close()
         self._reader = self._writer = None
 
     # --- appending ----------------------------------------------------------------
@@ -241,8 +339,8 @@ class MessageLog:
         """Queue a local publish; the future resolves once it is committed (spec §6.4)."""
         if self.closed:
             raise Unavailable("the node is shutting down", retry_after_ms=1000)
-        # Numbered now; signed by the commit loop, a batch at a time in a worker thread
-        # (ed25519 runs without the GIL, so parsing the next publishes goes on meanwhile).
+        # Numbered now; signed with its batch in the writer thread (ed25519 runs without
+        # the GIL, so parsing the next publishes goes on meanwhile).
         # A number whose batch fails to commit is never reused (peers treat it like a hole
         # left by retention); one issued but lost in a crash was never acknowledged.
         body = Message.unsigned(
@@ -290,94 +388,105 @@ class MessageLog:
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
             await self._commit(batch)
 
-    async def _known_ids(self, ids: list[str]) -> set[str]:
-        """Which of these ids the log already holds (peers' messages after a restart)."""
-        assert self._writer is not None
-        known: set[str] = set()
-        for i in range(0, len(ids), 500):
-            chunk = ids[i : i + 500]
-            rows = await self._writer.execute_fetchall(
-                f"SELECT id FROM messages WHERE id IN ({','.join('?' * len(chunk))})", chunk
-            )
-            known.update(r[0] for r in rows)
-        return known
-
-    async def _sign(self, batch: list[_Pending]) -> list[Message]:
-        """The batch's messages, local publishes signed in a worker thread."""
-        unsigned = [p for p in batch if p.message is None]
-        if unsigned:
-            keys = self.keys
-            bodies = [p.unsigned or {} for p in unsigned]
-            signed = await asyncio.to_thread(lambda: [Message.signed(keys, b) for b in bodies])
-            for pending, message in zip(unsigned, signed, strict=True):
-                pending.message, pending.unsigned = message, None
-        return [p.message for p in batch if p.message is not None]
-
     async def _commit(self, batch: list[_Pending]) -> None:
         assert self._writer is not None
-        duplicates: list[_Pending] = []
-        stored: list[tuple[_Pending, StoredMessage]] = []
-        messages = await self._sign(batch)
         try:
             async with self._write_lock:
-                remote_ids = [m.id for p, m in zip(batch, messages, strict=True) if not p.local]
-                known = await self._known_ids(remote_ids) if remote_ids else set()
-                seq = self.head_seq
-                for pending, msg in zip(batch, messages, strict=True):
-                    if not pending.local:
-                        if msg.id in known or msg.id in self._recent_ids:
-                            duplicates.append(pending)
-                            continue
-                        known.add(msg.id)  # a second copy in the same batch is a duplicate
-                    seq += 1
-                    stored.append((pending, StoredMessage(seq, msg, pending.source)))
-                await self._writer.execute("BEGIN")
-                await self._writer.executemany(
-                    "INSERT INTO messages"
-                    " (seq, id, topic, origin, origin_seq, ts, expires_ms, size, raw)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (
-                            s.seq,
-                            s.message.id,
-                            s.message.topic,
-                            s.message.origin,
-                            s.message.origin_seq,
-                            s.message.ts,
-                            s.message.expires_ms,
-                            len(s.message.raw),
-                            s.message.raw,
-                        )
-                        for _, s in stored
-                    ],
+                # Snapshots for the writer thread: what it reads must not change under it.
+                consumers = [(c, _state(c)) for c in self.consumers.values() if c.dirty]
+                recent = {
+                    p.message.id
+                    for p in batch
+                    if p.message is not None and not p.local and p.message.id in self._recent_ids
+                }
+                head = self.head_seq
+                results = await self._writer.run(
+                    lambda conn: self._write_batch(conn, batch, head, recent, consumers)
                 )
-                written = await self._write_consumers()
-                await self._writer.execute("COMMIT")
-                _mark_clean(written)
+                _mark_clean(consumers)
         except sqlite3.Error as exc:
             # Nothing of this batch was handed out: the counters stay where they were.
             log.error("commit of %d messages failed: %s", len(batch), exc)
-            with contextlib.suppress(sqlite3.Error):
-                await self._writer.execute("ROLLBACK")
             error = Unavailable("the message log could not commit; retry", retry_after_ms=1000)
             for pending in batch:
                 if not pending.future.done():
                     pending.future.set_exception(error)
             return
         self.batches += 1
-        if stored:
-            self.head_seq = stored[-1][1].seq
-        committed = [s for _, s in stored]
+        committed = [item for item in results if item is not None]
+        if committed:
+            self.head_seq = committed[-1].seq
         for item in committed:
             self._remember(item)
         for listener in self.listeners:
             listener(committed)
-        for pending, item in stored:
+        for pending, result in zip(batch, results, strict=True):
             if not pending.future.done():
-                pending.future.set_result(item)
-        for pending in duplicates:
-            if not pending.future.done():
-                pending.future.set_result(None)
+                pending.future.set_result(result)
+
+    def _write_batch(
+        self,
+        conn: sqlite3.Connection,
+        batch: list[_Pending],
+        head_seq: int,
+        known: set[str],
+        consumers: list[tuple[ConsumerRecord, _ConsumerState]],
+    ) -> list[StoredMessage | None]:
+        """The commit job (writer thread): sign our publishes (ed25519 runs without the
+        GIL), drop peers' messages the log already holds, number the rest after
+        ``head_seq``, insert them and the changed consumers, commit. Returns, per pending
+        item, what was stored (None: a duplicate)."""
+        keys = self.keys
+        for pending in batch:
+            if pending.message is None:
+                pending.message = Message.signed(keys, pending.unsigned or {})
+                pending.unsigned = None
+        remote = [p.message.id for p in batch if p.message is not None and not p.local]
+        if remote:
+            known = known | _known_ids(conn, remote)
+        results: list[StoredMessage | None] = []
+        seq = head_seq
+        for pending in batch:
+            msg = pending.message
+            assert msg is not None
+            if not pending.local:
+                if msg.id in known:
+                    results.append(None)
+                    continue
+                known.add(msg.id)  # a second copy in the same batch is a duplicate
+            seq += 1
+            results.append(StoredMessage(seq, msg, pending.source))
+        rows = [
+            (
+                s.seq,
+                s.message.id,
+                s.message.topic,
+                s.message.origin,
+                s.message.origin_seq,
+                s.message.ts,
+                s.message.expires_ms,
+                len(s.message.raw),
+                s.message.raw,
+            )
+            for s in results
+            if s is not None
+        ]
+
+        def work() -> None:
+            # Many rows per statement: each statement step gives up and retakes the GIL,
+            # which waits while the event loop is busy.
+            for i in range(0, len(rows), INSERT_ROWS):
+                chunk = rows[i : i + INSERT_ROWS]
+                conn.execute(
+                    "INSERT INTO messages"
+                    " (seq, id, topic, origin, origin_seq, ts, expires_ms, size, raw)"
+                    " VALUES " + ",".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(chunk)),
+                    [value for row in chunk for value in row],
+                )
+            _write_consumers(conn, consumers)
+
+        _transaction(conn, work)
+        return results
 
     def _remember(self, item: StoredMessage) -> None:
         msg = item.message
@@ -405,40 +514,16 @@ class MessageLog:
         self.consumers[(record.identity, record.name)] = record
         self._wake.set()
 
-    async def _write_consumers(self) -> list[tuple[ConsumerRecord, _ConsumerState]]:
-        """Write the changed consumers into the open transaction; returns what was written,
-        for :func:`_mark_clean` once the transaction has committed."""
-        assert self._writer is not None
-        written = [(c, _state(c)) for c in self.consumers.values() if c.dirty]
-        if not written:
-            return written
-        ts = now_ms()
-        await self._writer.executemany(
-            "INSERT OR REPLACE INTO consumers"
-            " (identity, name, patterns, cursor, lost_from, lost_to,"
-            " updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [
-                (
-                    c.identity,
-                    c.name,
-                    orjson.dumps(list(patterns)).decode(),
-                    cursor,
-                    lost[0] if lost else None,
-                    lost[1] if lost else None,
-                    ts,
-                )
-                for c, (patterns, cursor, lost) in written
-            ],
-        )
-        return written
-
     async def _persist_consumers(self) -> None:
-        if self._writer is None or not any(c.dirty for c in self.consumers.values()):
+        if self._writer is None:
             return
         async with self._write_lock:
-            await self._writer.execute("BEGIN")
-            written = await self._write_consumers()
-            await self._writer.execute("COMMIT")
+            written = [(c, _state(c)) for c in self.consumers.values() if c.dirty]
+            if not written:
+                return
+            await self._writer.run(
+                lambda conn: _transaction(conn, lambda: _write_consumers(conn, written))
+            )
             _mark_clean(written)
 
     # --- reading ------------------------------------------------------------------
@@ -618,26 +703,28 @@ class MessageLog:
 
     async def _delete_chunk(self, chunk: list[int]) -> int:
         assert self._writer is not None
-        deleted = 0
         marks = ",".join("?" * len(chunk))
-        async with self._write_lock:
-            await self._writer.execute("BEGIN")
-            try:
-                # Our origin_seq counter must survive the deletion of our newest messages;
-                # the commit path does not write it (open() reads it back from the log).
-                await self._writer.execute(
-                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('origin_seq', ?)",
-                    (str(self.origin_seq),),
-                )
-                rows = await self._writer.execute_fetchall(
-                    f"SELECT topic, size FROM messages WHERE seq IN ({marks})", chunk
-                )
-                await self._writer.execute(f"DELETE FROM messages WHERE seq IN ({marks})", chunk)
-                await self._writer.execute("COMMIT")
-            except sqlite3.Error as exc:
-                with contextlib.suppress(sqlite3.Error):
-                    await self._writer.execute("ROLLBACK")
-                raise StorageError(f"retention could not delete: {exc}") from exc
+        origin_seq = str(self.origin_seq)
+
+        def work(conn: sqlite3.Connection) -> list[tuple[str, int]]:
+            # Our origin_seq counter must survive the deletion of our newest messages;
+            # the commit path does not write it (open() reads it back from the log).
+            conn.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('origin_seq', ?)",
+                (origin_seq,),
+            )
+            rows = conn.execute(
+                f"SELECT topic, size FROM messages WHERE seq IN ({marks})", chunk
+            ).fetchall()
+            conn.execute(f"DELETE FROM messages WHERE seq IN ({marks})", chunk)
+            return rows
+
+        try:
+            async with self._write_lock:
+                rows = await self._writer.run(lambda conn: _transaction(conn, lambda: work(conn)))
+        except sqlite3.Error as exc:
+            raise StorageError(f"retention could not delete: {exc}") from exc
+        deleted = 0
         for topic, size in rows:
             stats = self.topics.get(topic)
             if stats is not None:

@@ -16,7 +16,7 @@ from hearthnet.identity import KeyPair
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.pubsub.access import AccessPolicy
 from hearthnet.pubsub.envelope import Message, StoredMessage
-from hearthnet.pubsub.log import ConsumerRecord, MessageLog
+from hearthnet.pubsub.log import INSERT_ROWS, ConsumerRecord, MessageLog
 from hearthnet.pubsub.retention import RetentionPolicy, RetentionRule
 from hearthnet.pubsub.service import AGED_PAGE, PubSub
 from hearthnet.pubsub.topics import TopicPattern
@@ -55,6 +55,23 @@ async def test_group_commit_numbers_in_order(tmp_path: Path) -> None:
         [s.seq for s in stored],
         [s.message.origin_seq for s in stored],
         log.batches,
+    )
+
+
+async def test_a_batch_larger_than_one_insert_statement_is_stored_whole(tmp_path: Path) -> None:
+    """A batch is inserted a few hundred rows per statement; all of it is stored, in order,
+    with the exact bytes that fan-out delivered."""
+    n = INSERT_ROWS * 2 + 7
+    async with opened(tmp_path / "log.db") as log:
+        stored = await publish_many(log, n)
+        batches = log.batches
+        back = await log.read_matching(
+            [TopicPattern.parse("chat.a")], after_seq=0, upto_seq=n, limit=n
+        )
+    assert ([*range(1, n + 1)], 1, [s.message.raw for s in stored]) == (
+        [s.seq for s in back],
+        batches,
+        [s.message.raw for s in back],
     )
 
 
@@ -266,7 +283,7 @@ async def test_consumer_stays_dirty_until_its_commit_succeeds(tmp_path: Path) ->
                 " BEGIN INSERT INTO child VALUES (1); END;"
             )
         assert log._writer is not None
-        await log._writer.execute("PRAGMA foreign_keys=ON")
+        await log._writer.run(lambda conn: conn.execute("PRAGMA foreign_keys=ON"))
         record = ConsumerRecord("me", "work", ("jobs",), 0)
         log.save_consumer(record)
         with pytest.raises(Unavailable):
