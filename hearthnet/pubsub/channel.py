@@ -149,9 +149,15 @@ class SubscriberChannel:
             self.dropped_total += 1
             self._gap = (self._gap[0], dropped) if self._gap else (dropped, dropped)
 
-    def offer_many(self, seqs: list[int], frames: list[bytes]) -> None:
+    def offer_many(
+        self, seqs: list[int], frames: list[bytes], whole: Callable[[], bytes] | None = None
+    ) -> None:
         """Live messages in seq order, as parallel lists (the fan-out hot path: one call per
-        subscriber per topic per committed batch; ``frames`` is shared, never changed)."""
+        subscriber per topic per committed batch; ``frames`` is shared, never changed).
+
+        ``whole``, for stream transports, gives all ``frames`` as one shared bytes object:
+        used when every frame goes out at once, so subscribers do not each join the batch.
+        """
         if self.state is ChannelState.CLOSED or not seqs or self.refill:
             return
         start = 0
@@ -167,7 +173,12 @@ class SubscriberChannel:
                 end = start + room
                 if window is not None:
                     window.sent_many(seqs[start:end] if start or end < len(seqs) else seqs)
-                self.out.extend(frames[start:end] if start or end < len(frames) else frames)
+                if start or end < len(frames):
+                    self.out.extend(frames[start:end])
+                elif whole is not None:
+                    self.out.append(whole())
+                else:
+                    self.out.extend(frames)
                 self.out_count += room
                 self.delivered_seq = seqs[end - 1]
                 start = end

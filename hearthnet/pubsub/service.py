@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from hearthnet.caller import Caller
@@ -176,7 +177,10 @@ class Subscriber:
         if self.filtered and not self.allows(group.topic, policy):
             return
         seqs, frames = group.form(self.form)
-        self.channel.offer_many(seqs, frames)
+        if self.on_frames is None:  # a byte stream: the batch may go as one shared bytes
+            self.channel.offer_many(seqs, frames, partial(group.joined, self.form))
+        else:  # long-poll collects frames one by one
+            self.channel.offer_many(seqs, frames)
 
     def deliver_merged(self, groups: list[TopicBatch], policy: AccessPolicy) -> None:
         """Several topics of one batch, merged back into seq order."""

@@ -101,13 +101,14 @@ class TopicBatch:
     every subscriber: ``form(name)`` gives ``(seqs, frames)`` lists a subscriber's channel
     takes slices of, with no per-subscriber work per message."""
 
-    __slots__ = ("_forms", "items", "seqs", "topic")
+    __slots__ = ("_forms", "_joined", "items", "seqs", "topic")
 
     def __init__(self, topic: str, items: list[EncodedMessage]) -> None:
         self.topic = topic
         self.items = items
         self.seqs = [item.seq for item in items]
         self._forms: dict[str, list[bytes]] = {}
+        self._joined: dict[str, bytes] = {}
 
     def form(self, name: str) -> tuple[list[int], list[bytes]]:
         """``(seqs, frames)`` in form ``name``."""
@@ -115,3 +116,11 @@ class TopicBatch:
         if frames is None:
             frames = self._forms[name] = [item.form(name) for item in self.items]
         return self.seqs, frames
+
+    def joined(self, name: str) -> bytes:
+        """All frames of form ``name`` as one bytes object, made once for every subscriber
+        that takes the whole batch (a stream form: frames written back to back)."""
+        data = self._joined.get(name)
+        if data is None:
+            data = self._joined[name] = b"".join(self.form(name)[1])
+        return data

@@ -55,6 +55,22 @@ def test_backlog_then_live_without_gap_or_duplicate() -> None:
     )
 
 
+def test_a_whole_batch_goes_out_as_one_shared_bytes_object() -> None:
+    """Fan-out hands a batch with its frames pre-joined: a subscriber that takes every frame
+    takes the joined bytes; one whose window cuts the batch takes its slice and queues the
+    rest."""
+    seqs = [1, 2, 3]
+    frames = [frame(s) for s in seqs]
+    joined = b"".join(frames)
+    ch = channel(window=4)
+    ch.offer_many(seqs, frames, lambda: joined)
+    whole = ch.take()
+    ch.offer_many([4, 5, 6], [frame(4), frame(5), frame(6)], lambda: b"never used")
+    cut = ch.take()
+    ch.ack(4)
+    assert ([joined], [frame(4)], [frame(5), frame(6)]) == (whole, cut, ch.take())
+
+
 def test_slow_subscriber_gets_one_gap_for_dropped_oldest() -> None:
     """Queue of 3: the oldest overflow is dropped and announced before the next message."""
     ch = channel(window=1, queue_max=3)
