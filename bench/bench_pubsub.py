@@ -67,7 +67,7 @@ LOADGEN = FANOUT_DIR / "loadgen.mjs"
 SERVERS = ("hearthnet", "nats", "mosquitto")
 SETTINGS = (
     "duration", "warmup", "repeat", "rate", "latency_subs", "payload", "lead", "outstanding",
-    "workers", "drain", "idle_hold", "connect_concurrency", "pause_subs",
+    "workers", "client", "drain", "idle_hold", "connect_concurrency", "pause_subs",
 )  # fmt: skip
 PROTO = {"hearthnet": "hearthnet", "nats": "nats", "mosquitto": "mqtt"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -406,6 +406,7 @@ def fanout_run(
         "--mode", sc.mode,
         "--subs", str(sc.subs),
         "--workers", str(opts.workers),
+        "--client", opts.client,
         "--topic", topic,
         "--payload", str(opts.payload),
         "--duration", str(sc.duration_s),
@@ -514,6 +515,7 @@ def idle_run(target: Target, n: int, opts: argparse.Namespace, workdir: Path) ->
         "--mode", "idle",
         "--subs", str(n),
         "--workers", str(opts.workers),
+        "--client", opts.client,
         "--topic", "bench.idle",
         "--connect-concurrency", str(opts.connect_concurrency),
         "--hold", str(opts.idle_hold + 120),
@@ -740,6 +742,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="HearthNet subscriber flow-control window (spec default 1024; acks every half)",
     )
     p.add_argument("--workers", type=int, default=2, help="load generator subscriber threads")
+    p.add_argument(
+        "--client",
+        choices=("lean", "ws"),
+        default="lean",
+        help="load generator WebSocket client: lean (frames parsed per TCP chunk) or ws",
+    )
     p.add_argument(
         "--pause-subs",
         type=int,

@@ -1,6 +1,9 @@
 // One WebSocket load generator for pub/sub fan-out, with three protocol adapters
 // (HearthNet pub/sub, NATS core over WebSocket, MQTT 3.1.1 over WebSocket) that share the
-// same transport (the `ws` package), payloads, pacing and measurement code.
+// same transport, payloads, pacing and measurement code. The transport is `--client`:
+// `lean` (default, leanws.mjs: frames parsed in one loop per TCP chunk) or `ws` (the `ws`
+// package, whose per-frame cost made the generator the bottleneck for servers that send
+// one message per frame).
 //
 // Modes:
 //   throughput  one publisher, N subscribers; publish as fast as the server accepts,
@@ -24,6 +27,9 @@ import { readFileSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import WebSocket from 'ws';
+import { LeanWebSocket } from './leanws.mjs';
+
+const OPEN = 1; // readyState of an open socket, for both clients
 
 // --- shared helpers ------------------------------------------------------------------
 
@@ -84,7 +90,7 @@ function parseArgs(argv) {
   const a = {
     proto: 'hearthnet', url: '', mode: 'throughput', subs: 100, workers: 1,
     topic: 'bench.fanout', payload: 256, duration: 10, warmup: 2, rate: 2000,
-    maxMsgs: 50_000_000, lead: 1000, outstanding: 256, batch: 64, window: 1024,
+    maxMsgs: 50_000_000, lead: 1000, outstanding: 256, batch: 64, window: 1024, client: 'lean',
     auth: '', drain: 10, hold: 60, connectConcurrency: 100, maxTime: 0, pauseSubs: 0,
   };
   for (let i = 2; i < argv.length; i += 2) {
@@ -96,6 +102,7 @@ function parseArgs(argv) {
   }
   if (!a.url) throw new Error('--url is required');
   if (!['hearthnet', 'nats', 'mqtt'].includes(a.proto)) throw new Error(`unknown --proto ${a.proto}`);
+  if (!['lean', 'ws'].includes(a.client)) throw new Error(`unknown --client ${a.client}`);
   if (!['throughput', 'latency', 'idle'].includes(a.mode)) throw new Error(`unknown --mode ${a.mode}`);
   if (a.payload < HEADER_LEN) throw new Error(`--payload must be >= ${HEADER_LEN}`);
   if (a.proto !== 'hearthnet' && a.outstanding < a.batch) throw new Error('--outstanding must be >= --batch');
@@ -199,7 +206,7 @@ class HearthNetAdapter {
 
   ack() {
     this.sinceAck = 0;
-    if (this.lastSeq > this.ackedSeq && this.ws.readyState === WebSocket.OPEN) {
+    if (this.lastSeq > this.ackedSeq && this.ws.readyState === OPEN) {
       this.ackedSeq = this.lastSeq;
       this.ws.send(`{"type":"ack","upto":${this.lastSeq}}`);
     }
@@ -376,7 +383,7 @@ class MqttAdapter {
   }
 
   close() {
-    if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(Buffer.from([0xe0, 0x00]));
+    if (this.ws && this.ws.readyState === OPEN) this.ws.send(Buffer.from([0xe0, 0x00]));
   }
 }
 
@@ -402,7 +409,8 @@ function authFor(auth, i) {
 function connect(opts, adapter, onClose) {
   return new Promise((resolve, reject) => {
     const protocols = adapter.subprotocol ? [adapter.subprotocol] : [];
-    const ws = new WebSocket(opts.url, protocols, WS_OPTS);
+    const Client = opts.client === 'ws' ? WebSocket : LeanWebSocket;
+    const ws = new Client(opts.url, protocols, WS_OPTS);
     ws.binaryType = 'nodebuffer';
     let settled = false;
     const timer = setTimeout(() => {
@@ -527,7 +535,7 @@ async function subscriberWorker() {
         else s.ws.resume();
       }
     } else if (msg.type === 'ack-all') {
-      if (opts.proto === 'hearthnet') for (const s of subs) if (s.ws.readyState === WebSocket.OPEN) s.adapter.ack();
+      if (opts.proto === 'hearthnet') for (const s of subs) if (s.ws.readyState === OPEN) s.adapter.ack();
     } else if (msg.type === 'report') {
       const per = subs.map((s) => ({
         id: s.id, count: s.count, last: s.last, missing: s.missing, dupes: s.dupes,
@@ -540,7 +548,7 @@ async function subscriberWorker() {
       let open = 0;
       const done = () => { if (--open <= 0) parentPort.postMessage({ type: 'closed' }); };
       for (const s of subs) {
-        if (s.ws.readyState === WebSocket.OPEN) {
+        if (s.ws.readyState === OPEN) {
           open++;
           s.ws.once('close', done);
           s.adapter.close();
