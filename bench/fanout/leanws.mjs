@@ -75,7 +75,10 @@ export class LeanWebSocket extends EventEmitter {
     this.readyState = CONNECTING;
     this.binaryType = 'nodebuffer'; // accepted for compatibility; payloads are Buffers
     this.maxPayload = options.maxPayload ?? 64 * 1024 * 1024;
-    this._pending = null; // unparsed bytes
+    this._pending = null; // handshake bytes so far
+    this._parts = null; // chunks of an incomplete frame (concatenated once it is whole)
+    this._partsLen = 0;
+    this._need = 0; // bytes the incomplete frame needs in all
     this._fragments = null; // a fragmented message being assembled
     this._fragOpcode = 0;
     this._closeSent = false;
@@ -146,22 +149,32 @@ export class LeanWebSocket extends EventEmitter {
 
   _frames(chunk) {
     let buf = chunk;
-    if (this._pending !== null) {
-      buf = Buffer.concat([this._pending, chunk]);
-      this._pending = null;
+    if (this._parts !== null) {
+      // A frame larger than one TCP chunk: gather until it is whole, then copy once
+      // (concatenating on every chunk would copy a large frame over and over).
+      this._parts.push(chunk);
+      this._partsLen += chunk.length;
+      if (this._partsLen < this._need) return;
+      buf = Buffer.concat(this._parts, this._partsLen);
+      this._parts = null;
     }
     const n = buf.length;
     let pos = 0;
-    while (pos + 2 <= n && this.readyState !== CLOSED) {
+    let need = 2; // bytes from pos the next frame needs (header first)
+    while (this.readyState !== CLOSED) {
+      need = 2;
+      if (pos + 2 > n) break;
       const b0 = buf[pos];
       const b1 = buf[pos + 1];
       let len = b1 & 0x7f;
       let at = pos + 2;
       if (len === 126) {
+        need = 4;
         if (at + 2 > n) break;
         len = buf.readUInt16BE(at);
         at += 2;
       } else if (len === 127) {
+        need = 10;
         if (at + 8 > n) break;
         len = buf.readUInt32BE(at) * 2 ** 32 + buf.readUInt32BE(at + 4);
         at += 8;
@@ -173,6 +186,7 @@ export class LeanWebSocket extends EventEmitter {
       const masked = (b1 & 0x80) !== 0;
       const keyAt = at;
       if (masked) at += 4;
+      need = at + len - pos;
       if (at + len > n) break;
       let payload = buf.subarray(at, at + len);
       if (masked) {
@@ -184,7 +198,11 @@ export class LeanWebSocket extends EventEmitter {
       pos = at + len;
       this._frame(b0 & 0x80, b0 & 0x0f, payload);
     }
-    if (pos < n && this.readyState !== CLOSED) this._pending = buf.subarray(pos);
+    if (pos < n && this.readyState !== CLOSED) {
+      this._parts = [buf.subarray(pos)];
+      this._partsLen = n - pos;
+      this._need = need;
+    }
   }
 
   _frame(fin, opcode, payload) {
