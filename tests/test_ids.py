@@ -12,6 +12,7 @@ from hearthnet.ids import (
     UlidGenerator,
     b64url_decode,
     b64url_encode,
+    encode_ulid,
     is_node_id,
     is_ulid,
     public_key_from_node_id,
@@ -60,6 +61,26 @@ def test_ulids_are_monotonic_within_a_millisecond() -> None:
         all(is_ulid(i) for i in ids),
         ulid_time_ms(ids[0]),
     )
+
+
+@given(st.integers(0, 2**48 - 1), st.integers(0, 2**80 - 1))
+def test_ulid_encoding_is_crockford_base32_of_the_130_bits(ms: int, rand: int) -> None:
+    """Each of the 26 characters is 5 bits of ``ms << 80 | rand``, most significant first,
+    in Crockford's alphabet."""
+    value = (ms << 80) | rand
+    expected = "".join(
+        "0123456789ABCDEFGHJKMNPQRSTVWXYZ"[(value >> (5 * i)) & 31] for i in range(25, -1, -1)
+    )
+    assert (expected, ms) == (encode_ulid(ms, rand), ulid_time_ms(encode_ulid(ms, rand)))
+
+
+def test_ulid_encoding_of_known_values() -> None:
+    """Edges: all zero, all ones, and the ULID spec's encodeTime example (1469918176385)."""
+    assert ["0" * 26, "7" + "Z" * 25, "01ARYZ6S41" + "0" * 16] == [
+        encode_ulid(0, 0),
+        encode_ulid(2**48 - 1, 2**80 - 1),
+        encode_ulid(1469918176385, 0),
+    ]
 
 
 def test_ulids_sort_by_time() -> None:
