@@ -212,7 +212,7 @@ class FrameReader:
         Raises:
             WsProtocolError: unmasked or reserved-bit frames, bad opcodes, bad fragments,
                 oversized control frames (1002), a message over ``max_message`` (1009), a
-                bad close payload (1002/1007).
+                bad close payload (1002/1007), a text message that is not UTF-8 (1007).
         """
         buf = self._buf + data if self._buf else data
         events: list[Event] = []
@@ -273,7 +273,7 @@ class FrameReader:
             return _close_event(payload)
         if opcode != OP_CONTINUATION:
             if fin:
-                return Message(payload, opcode == OP_BINARY)
+                return _message(payload, opcode == OP_BINARY)
             self._parts, self._parts_binary = [payload], opcode == OP_BINARY
             self._parts_len = len(payload)
             return None
@@ -282,6 +282,17 @@ class FrameReader:
         self._parts_len += len(payload)
         if not fin:
             return None
-        message = Message(b"".join(self._parts), self._parts_binary)
+        message = _message(b"".join(self._parts), self._parts_binary)
         self._parts, self._parts_len = None, 0
         return message
+
+
+def _message(payload: bytes, binary: bool) -> Message:
+    """A complete data message; a text message must be UTF-8 (RFC 6455 §8.1), checked on
+    the whole message since a character may span fragments."""
+    if not binary and not payload.isascii():
+        try:
+            payload.decode()
+        except UnicodeDecodeError as exc:
+            raise WsProtocolError(CLOSE_INVALID_DATA, "text message is not UTF-8") from exc
+    return Message(payload, binary)

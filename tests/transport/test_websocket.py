@@ -164,6 +164,11 @@ def test_a_close_without_code_is_1005() -> None:
         (client_frame(b"\x03", OP_CLOSE), CLOSE_PROTOCOL_ERROR),
         (client_frame(struct.pack("!H", 1005), OP_CLOSE), CLOSE_PROTOCOL_ERROR),
         (client_frame(struct.pack("!H", 1000) + b"\xff", OP_CLOSE), CLOSE_INVALID_DATA),
+        (client_frame(b'{"type":"ping","x":"\xff"}'), CLOSE_INVALID_DATA),
+        (
+            client_frame(b"caf\xc3", fin=False) + client_frame(b"", OP_CONTINUATION),
+            CLOSE_INVALID_DATA,
+        ),
     ],
 )
 def test_protocol_errors_carry_their_close_code(data: bytes, code: int) -> None:
@@ -171,6 +176,18 @@ def test_protocol_errors_carry_their_close_code(data: bytes, code: int) -> None:
     with pytest.raises(WsProtocolError) as caught:
         FrameReader(100).feed(data)
     assert code == caught.value.code
+
+
+def test_utf8_is_checked_on_whole_text_messages_only() -> None:
+    """A character split across fragments is fine; binary messages are not text."""
+    data = (
+        client_frame("café".encode()[:4], fin=False)
+        + client_frame("café".encode()[4:], OP_CONTINUATION)
+        + client_frame(b"\xff\xfe", OP_BINARY)
+    )
+    assert [Message("café".encode(), False), Message(b"\xff\xfe", True)] == FrameReader(100).feed(
+        data
+    )
 
 
 def test_oversized_messages_are_refused_from_the_header() -> None:
