@@ -89,11 +89,19 @@ def validate_presence_fields(obj: object) -> dict[str, Any]:
 
 @dataclass
 class PresenceTable:
-    """Members per topic."""
+    """Members per topic, and the topics of each client (so that hearing from a client,
+    which happens on every frame it sends, costs its own topics, not every topic)."""
 
     silence_ms: int = 30_000
     remote_ttl_ms: int = 45_000
     topics: dict[str, dict[str, Member]] = field(default_factory=dict)
+    by_client: dict[str, set[str]] = field(default_factory=dict)
+
+    def _topics_of(self, client_id: str, topic: str | None) -> list[str]:
+        names = self.by_client.get(client_id, ())
+        if topic is None:
+            return list(names)
+        return [topic] if topic in names else []
 
     def members(self, topic: str) -> list[dict[str, Any]]:
         """The snapshot of one topic."""
@@ -106,6 +114,7 @@ class PresenceTable:
             raise BadRequest(f"{topic} has {MAX_MEMBERS_PER_TOPIC} members already")
         kind = "update" if member.client_id in members else "join"
         members[member.client_id] = member
+        self.by_client.setdefault(member.client_id, set()).add(topic)
         return [PresenceEvent(topic, kind, member.to_json())]
 
     def update(
@@ -113,12 +122,8 @@ class PresenceTable:
     ) -> list[PresenceEvent]:
         """Change name/status/meta of a client on one topic or all its topics."""
         events = []
-        for name, members in self.topics.items():
-            if topic is not None and name != topic:
-                continue
-            member = members.get(client_id)
-            if member is None:
-                continue
+        for name in self._topics_of(client_id, topic):
+            member = self.topics[name][client_id]
             for key, value in fields.items():
                 setattr(member, key, value)
             member.last_seen_ms = now_ms
@@ -127,22 +132,22 @@ class PresenceTable:
 
     def touch(self, client_id: str, now_ms: int) -> None:
         """The client was heard from (any frame, or a pong)."""
-        for members in self.topics.values():
-            member = members.get(client_id)
-            if member is not None:
-                member.last_seen_ms = now_ms
+        for name in self.by_client.get(client_id, ()):
+            self.topics[name][client_id].last_seen_ms = now_ms
 
     def leave(self, client_id: str, topic: str | None = None) -> list[PresenceEvent]:
         """Remove a client from one topic or all of them."""
         events = []
-        for name in list(self.topics):
-            if topic is not None and name != topic:
-                continue
-            member = self.topics[name].pop(client_id, None)
-            if member is not None:
-                events.append(PresenceEvent(name, "leave", member.to_json()))
-            if not self.topics[name]:
+        for name in self._topics_of(client_id, topic):
+            members = self.topics[name]
+            member = members.pop(client_id)
+            events.append(PresenceEvent(name, "leave", member.to_json()))
+            if not members:
                 del self.topics[name]
+            names = self.by_client[client_id]
+            names.discard(name)
+            if not names:
+                del self.by_client[client_id]
         return events
 
     def expire(self, now_ms: int) -> list[PresenceEvent]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hearthnet.errors import BadRequest
 from hearthnet.pubsub.presence import Member, PresenceTable, validate_presence_fields
@@ -55,6 +57,57 @@ def test_touch_keeps_a_member() -> None:
     table.join("t", member("c", 0))
     table.touch("c", 20_000)
     assert ([], 1) == (table.expire(40_000), len(table.members("t")))
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["join", "leave_one", "leave_all", "touch", "update", "expire"]),
+        st.sampled_from(["c1", "c2", "c3"]),
+        st.sampled_from(["t1", "t2", "t3", "t4"]),
+    ),
+    max_size=40,
+)
+
+
+@given(OPS)
+def test_a_clients_topics_are_found_without_scanning_every_topic(
+    ops: list[tuple[str, str, str]],
+) -> None:
+    """Whatever joins, leaves, touches, updates and expiries happen, the table agrees with
+    a plain model (topic -> client -> last seen), and its per-client index names exactly
+    the topics each client is on."""
+    table = PresenceTable(silence_ms=10)
+    model: dict[str, dict[str, int]] = {}
+    for now, (op, client, topic) in enumerate(ops):
+        if op == "join":
+            table.join(topic, member(client, now))
+            model.setdefault(topic, {})[client] = now
+        elif op == "leave_one":
+            table.leave(client, topic)
+            model.get(topic, {}).pop(client, None)
+        elif op == "leave_all":
+            table.leave(client)
+            for members in model.values():
+                members.pop(client, None)
+        elif op in ("touch", "update"):
+            if op == "touch":
+                table.touch(client, now)
+            else:
+                table.update(client, {"status": "x"}, now)
+            for members in model.values():
+                if client in members:
+                    members[client] = now
+        else:
+            table.expire(now)
+            for members in model.values():
+                for c in [c for c, seen in members.items() if now - seen > 10]:
+                    del members[c]
+        model = {t: m for t, m in model.items() if m}
+    index = {c: {t for t, m in model.items() if c in m} for m in model.values() for c in m}
+    assert (model, index) == (
+        {t: {c: m.last_seen_ms for c, m in ms.items()} for t, ms in table.topics.items()},
+        table.by_client,
+    )
 
 
 @pytest.mark.parametrize(
