@@ -132,6 +132,27 @@ def _sql_prefix(pattern: str) -> str:
     return pattern
 
 
+def _topic_filter(patterns: list[TopicPattern]) -> tuple[str, list[str]]:
+    """An SQL condition on ``topic`` that every topic matching a pattern meets (literal
+    topics, or a range per literal prefix; ``1`` when a pattern starts with a wildcard),
+    with its arguments. Rows still need an exact :meth:`TopicPattern.matches`."""
+    literal = [p.text for p in patterns if p.is_literal]
+    clauses: list[str] = []
+    args: list[str] = []
+    if literal:
+        clauses.append(f"topic IN ({','.join('?' * len(literal))})")
+        args += literal
+    for pattern in patterns:
+        if pattern.is_literal:
+            continue
+        prefix = _sql_prefix(pattern.text)
+        if not prefix:
+            return "1", []
+        clauses.append("(topic >= ? AND topic < ?)")
+        args += [prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
+    return " OR ".join(clauses), args
+
+
 class SqliteWriter:
     """One SQLite connection owned by one thread; each :meth:`run` is a single trip.
 
@@ -552,21 +573,8 @@ class MessageLog:
         """Messages matching any pattern with ``after_seq < seq <= upto_seq``, oldest first."""
         if after_seq >= upto_seq or not patterns:
             return []
-        literal = [p.text for p in patterns if p.is_literal]
-        prefixes = [_sql_prefix(p.text) for p in patterns if not p.is_literal]
-        clauses = []
-        args: list[Any] = [after_seq, upto_seq]
-        if literal:
-            clauses.append(f"topic IN ({','.join('?' * len(literal))})")
-            args += literal
-        for prefix in prefixes:
-            if not prefix:
-                clauses = ["1"]
-                args = [after_seq, upto_seq]
-                break
-            clauses.append("(topic >= ? AND topic < ?)")
-            args += [prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
-        where = " OR ".join(clauses)
+        where, topic_args = _topic_filter(patterns)
+        args: list[Any] = [after_seq, upto_seq, *topic_args]
         ts_clause = " AND ts >= ?" if min_ts is not None else ""
         if min_ts is not None:
             args.append(min_ts)
@@ -591,6 +599,22 @@ class MessageLog:
         self, patterns: list[TopicPattern], count: int, *, upto_seq: int
     ) -> list[StoredMessage]:
         """The last ``count`` messages matching the patterns up to ``upto_seq``, oldest first."""
+        if not patterns or count < 1:
+            return []
+        if all(p.is_literal for p in patterns):
+            # Each topic's newest rows straight from the topic index: a quiet topic behind
+            # a busy log costs ``count`` rows, not a scan of everything newer.
+            newest: list[StoredMessage] = []
+            for topic in {p.text for p in patterns}:
+                newest += await self._rows(
+                    "SELECT seq, raw FROM messages WHERE topic = ? AND seq <= ?"
+                    " ORDER BY seq DESC LIMIT ?",
+                    [topic, upto_seq, count],
+                )
+            newest.sort(key=lambda r: r.seq)
+            return newest[-count:]
+        # Wildcards: walk back through the log a page at a time (a range on the topic
+        # index would have SQLite sort every row in the range for each page).
         found: list[StoredMessage] = []
         before = upto_seq + 1
         while len(found) < count and before > 1:

@@ -161,6 +161,26 @@ async def test_read_matching_wildcards(tmp_path: Path) -> None:
     assert ([3, 4], [2, 4]) == ([r.seq for r in rows], [r.seq for r in last])
 
 
+async def test_read_last_of_literal_topics_behind_a_busy_log(tmp_path: Path) -> None:
+    """``since: {last: N}`` on quiet topics: their newest N, merged in seq order, however
+    many newer messages of other topics follow (read from the topic index)."""
+    async with opened(tmp_path / "log.db") as log:
+        for topic in ("chat.quiet", "chat.other", "chat.quiet", "chat.other", "chat.quiet"):
+            await log.publish(topic=topic, msg_type="m", data=0)
+        await publish_many(log, 1200, topic="chat.busy")
+        head = log.head_seq
+        one = await log.read_last([TopicPattern.parse("chat.quiet")], 2, upto_seq=head)
+        both = await log.read_last(
+            [TopicPattern.parse("chat.quiet"), TopicPattern.parse("chat.other")], 4, upto_seq=head
+        )
+        capped = await log.read_last([TopicPattern.parse("chat.quiet")], 5, upto_seq=3)
+    assert ([3, 5], [2, 3, 4, 5], [1, 3]) == (
+        [r.seq for r in one],
+        [r.seq for r in both],
+        [r.seq for r in capped],
+    )
+
+
 def make_service(log: MessageLog, **retention: object) -> PubSub:
     """A service over ``log`` with the given retention."""
     rules = retention.pop("rules", ())
