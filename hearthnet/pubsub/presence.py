@@ -98,9 +98,11 @@ class PresenceTable:
     by_client: dict[str, set[str]] = field(default_factory=dict)
 
     def _topics_of(self, client_id: str, topic: str | None) -> list[str]:
+        """The client's topics (sorted: events come out in a stable order), or just
+        ``topic`` if the client is on it."""
         names = self.by_client.get(client_id, ())
         if topic is None:
-            return list(names)
+            return sorted(names)
         return [topic] if topic in names else []
 
     def members(self, topic: str) -> list[dict[str, Any]]:
