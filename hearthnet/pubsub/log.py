@@ -72,6 +72,8 @@ T = TypeVar("T")
 RECENT_IDS = 200_000
 INSERT_ROWS = 256  # rows per INSERT statement (9 parameters each; SQLite allows 32,766)
 PAGE = 500
+READ_LAST_TOPICS = 64  # since {last: N}: up to this many topics are read one by one
+READ_LAST_SEARCH = 10_000  # ... found among at most this many topics in the log
 DELETE_CHUNK = 500  # messages per retention transaction
 
 
@@ -601,11 +603,12 @@ class MessageLog:
         """The last ``count`` messages matching the patterns up to ``upto_seq``, oldest first."""
         if not patterns or count < 1:
             return []
-        if all(p.is_literal for p in patterns):
+        topics = self._topics_matching(patterns)
+        if topics is not None:
             # Each topic's newest rows straight from the topic index: a quiet topic behind
             # a busy log costs ``count`` rows, not a scan of everything newer.
             newest: list[StoredMessage] = []
-            for topic in {p.text for p in patterns}:
+            for topic in topics:
                 newest += await self._rows(
                     "SELECT seq, raw FROM messages WHERE topic = ? AND seq <= ?"
                     " ORDER BY seq DESC LIMIT ?",
@@ -613,7 +616,7 @@ class MessageLog:
                 )
             newest.sort(key=lambda r: r.seq)
             return newest[-count:]
-        # Wildcards: walk back through the log a page at a time (a range on the topic
+        # Many topics: walk back through the log a page at a time (a range on the topic
         # index would have SQLite sort every row in the range for each page).
         found: list[StoredMessage] = []
         before = upto_seq + 1
@@ -627,6 +630,17 @@ class MessageLog:
             found += [r for r in rows if any(p.matches(r.message.topic) for p in patterns)]
             before = rows[-1].seq
         return sorted(found[:count], key=lambda r: r.seq)
+
+    def _topics_matching(self, patterns: list[TopicPattern]) -> list[str] | None:
+        """The topics in the log that the patterns match, found in the in-memory topic
+        stats; None when there are too many to read one by one (or to search)."""
+        names = {p.text for p in patterns if p.is_literal}
+        wildcards = [p for p in patterns if not p.is_literal]
+        if wildcards:
+            if len(self.topics) > READ_LAST_SEARCH:
+                return None
+            names.update(t for t in self.topics if any(p.matches(t) for p in wildcards))
+        return sorted(names) if len(names) <= READ_LAST_TOPICS else None
 
     async def history(
         self,

@@ -16,7 +16,7 @@ from hearthnet.identity import KeyPair
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.pubsub.access import AccessPolicy
 from hearthnet.pubsub.envelope import Message, StoredMessage
-from hearthnet.pubsub.log import INSERT_ROWS, ConsumerRecord, MessageLog
+from hearthnet.pubsub.log import INSERT_ROWS, READ_LAST_TOPICS, ConsumerRecord, MessageLog
 from hearthnet.pubsub.retention import RetentionPolicy, RetentionRule
 from hearthnet.pubsub.service import AGED_PAGE, PubSub
 from hearthnet.pubsub.topics import TopicPattern
@@ -178,6 +178,24 @@ async def test_read_last_of_literal_topics_behind_a_busy_log(tmp_path: Path) -> 
         [r.seq for r in one],
         [r.seq for r in both],
         [r.seq for r in capped],
+    )
+
+
+async def test_read_last_of_wildcards_over_few_and_many_topics(tmp_path: Path) -> None:
+    """A wildcard over a few topics reads each topic's newest rows; over more topics than
+    are read one by one it walks the log back. Both give the newest N, in seq order."""
+    async with opened(tmp_path / "log.db") as log:
+        for topic in ("chat.a", "chat.b", "chat.a", "news.x", "chat.b"):
+            await log.publish(topic=topic, msg_type="m", data=0)
+        await publish_many(log, 600, topic="news.busy")
+        for i in range(READ_LAST_TOPICS + 6):
+            await log.publish(topic=f"many.t{i}", msg_type="m", data=i)
+        head = log.head_seq
+        few = await log.read_last([TopicPattern.parse("chat.*")], 3, upto_seq=head)
+        many = await log.read_last([TopicPattern.parse("many.*")], 3, upto_seq=head)
+    assert ([2, 3, 5], [head - 2, head - 1, head]) == (
+        [r.seq for r in few],
+        [r.seq for r in many],
     )
 
 
