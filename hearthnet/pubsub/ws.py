@@ -132,6 +132,8 @@ class WsSession:
 
     __slots__ = (
         "_auth_timer",
+        "_due",
+        "_token_due_ms",
         "caller",
         "close_code",
         "codec",
@@ -172,6 +174,10 @@ class WsSession:
         self.tasks: set[asyncio.Task[Any]] | None = None  # made on first use: most have none
         self.session_key: int | None = None
         self.finished = False
+        # Until when a sweep has nothing to do (loop clock; wall clock for the token):
+        # the sweeper visits every session each tick, so most visits must be a compare.
+        self._due = 0.0
+        self._token_due_ms = 0
         self._auth_timer: asyncio.TimerHandle | None = self.loop.call_later(
             cfg.ws_first_frame_s, self._no_auth
         )
@@ -199,6 +205,8 @@ class WsSession:
 
     def sweep(self, now: float, wall_ms: int) -> None:
         """Token expiry, then pings, missed pongs and idle close."""
+        if now < self._due and wall_ms < self._token_due_ms:
+            return  # nothing is due yet (deadlines only move later, except a new token's)
         if sweep_token(self, wall_ms):
             return
         if self.sub is not None and self.sub.patterns:
@@ -208,6 +216,17 @@ class WsSession:
             self._write(PING_FRAME)
         elif isinstance(action, Close):
             self.hard_close(action.code, action.reason)
+            return
+        self._due = self.keepalive.next_deadline()
+        exp = self.token_exp_ms
+        if exp is None:
+            self._token_due_ms = 1 << 62
+        else:
+            self._token_due_ms = exp if self.warned else exp - TOKEN_WARNING_MS
+
+    def _token_changed(self) -> None:
+        """A (new) token: its deadlines are looked at on the next sweep."""
+        self._token_due_ms = 0
 
     def going_away(self) -> None:
         """Node shutdown (spec §9): what is queued, then close 1001."""
@@ -364,6 +383,7 @@ class WsSession:
         }
         if caller.token is not None:
             self.token_exp_ms = caller.token.exp_ms
+            self._token_changed()
             ok["expires_ms"] = caller.token.exp_ms
         self.send("auth.ok", ok)
 
@@ -466,6 +486,7 @@ class WsSession:
         self.caller = caller
         self.token_exp_ms = caller.token.exp_ms if caller.token is not None else None
         self.warned = False
+        self._token_changed()
         self.send(
             "auth.ok",
             {
