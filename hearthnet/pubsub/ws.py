@@ -176,6 +176,7 @@ class WsSession:
         self.finished = False
         # Until when a sweep has nothing to do (loop clock; wall clock for the token):
         # the sweeper visits every session each tick, so most visits must be a compare.
+        # Zero: the first sweep (after auth) looks at everything.
         self._due = 0.0
         self._token_due_ms = 0
         self._auth_timer: asyncio.TimerHandle | None = self.loop.call_later(
@@ -383,7 +384,6 @@ class WsSession:
         }
         if caller.token is not None:
             self.token_exp_ms = caller.token.exp_ms
-            self._token_changed()
             ok["expires_ms"] = caller.token.exp_ms
         self.send("auth.ok", ok)
 

@@ -433,39 +433,27 @@ async def test_token_session_expiry(make_config: MakeConfig, http: aiohttp.Clien
     assert (CapabilityToken.decode(token).exp_ms, 4401) == (warning["data"]["expires_ms"], code)
 
 
-async def test_token_deadlines_survive_sweeps_before_auth_and_a_shorter_refresh(
+async def test_a_refresh_to_a_token_that_ends_sooner_still_expires_on_time(
     make_config: MakeConfig, http: aiohttp.ClientSession
 ) -> None:
-    """The sweeper skips sessions with nothing due; a token given after sweeps already ran
-    (before the auth frame), and a refresh to a token that ends sooner, still get
-    auth.expiring and 4401 on time."""
-    # Fast sweeps (every 50 ms) without fast pings: keepalive comments every 0.2 s.
+    """The sweeper skips a session until its next deadline; a session swept while its
+    token had an hour left, then refreshed to one that ends in 1.5 s, still gets
+    auth.expiring and 4401."""
+    # Sweeps every 50 ms (keepalive comments every 0.2 s), WebSocket pings stay slow.
     async with Node(make_config(transport={"sse_keepalive_s": 0.2})) as node:
-        late = Raw(
-            await http.ws_connect(
-                node.url + "/pubsub/v1/subscribe", protocols=("hearthnet-bus.v2",)
-            )
-        )
-        await asyncio.sleep(0.3)  # several sweeps of the not yet authenticated session
+        sub = await session(http, node, token=token_for(node, "sub:chat.**", sub="app"))
+        # Sweep it now, as the sweeper would: it notes nothing is due for an hour.
+        now, wall = asyncio.get_running_loop().time(), now_ms()
+        for swept in list(node.sweeper.sessions):
+            swept.sweep(now, wall)
         short = token_for(node, "sub:chat.**", ttl_ms=1500, sub="app")
-        await late.send({"type": "auth", "token": short})
-        await late.next("auth.ok")
-        late_warning = await late.next("auth.expiring", within_s=5)
-        late_code = await late.closed(within_s=5)
-
-        refreshed = await session(http, node, token=token_for(node, "sub:chat.**", sub="app"))
-        await asyncio.sleep(0.3)  # sweeps that find nothing due for an hour
-        await refreshed.send(
-            {"type": "auth", "token": token_for(node, "sub:chat.**", ttl_ms=1500, sub="app")}
-        )
-        await refreshed.next("auth.ok")
-        refreshed_warning = await refreshed.next("auth.expiring", within_s=5)
-        refreshed_code = await refreshed.closed(within_s=5)
-    assert (CapabilityToken.decode(short).exp_ms, 4401, "auth.expiring", 4401) == (
-        late_warning["data"]["expires_ms"],
-        late_code,
-        refreshed_warning["event"],
-        refreshed_code,
+        await sub.send({"type": "auth", "token": short})
+        await sub.next("auth.ok")
+        warning = await sub.next("auth.expiring", within_s=5)
+        code = await sub.closed(within_s=5)
+    assert (CapabilityToken.decode(short).exp_ms, 4401) == (
+        warning["data"]["expires_ms"],
+        code,
     )
 
 
