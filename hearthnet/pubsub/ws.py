@@ -73,6 +73,7 @@ from hearthnet.transport.server import (
 log = logging.getLogger("hearthnet.pubsub.ws")
 
 PING_FRAME = rfc6455.ws_frame(b"", rfc6455.OP_PING)
+_SESSION_MESSAGES = frozenset({WSMsgType.TEXT, WSMsgType.BINARY, WSMsgType.PING, WSMsgType.PONG})
 CLOSE_INTERNAL_ERROR = 1011
 TOKEN_WARNING_MS = 60_000
 
@@ -286,6 +287,13 @@ class WsSession:
         reply = CLOSE_NORMAL if code == rfc6455.CLOSE_NO_STATUS else code
         if self._write(rfc6455.close_frame(reply)):
             self.transport.close()
+
+    def internal_error(self) -> None:
+        """Handling an event failed (a bug of ours): say so, end this socket, keep the node.
+        Called by either transport from its ``except Exception``."""
+        log.exception("pub/sub WebSocket session failed")
+        self.deps.metrics.refused.inc("internal_error", "ws")
+        self.hard_close(CLOSE_INTERNAL_ERROR, "internal_error")
 
     def protocol_error(self, code: int, reason: str) -> None:
         """The client broke the protocol or sent a message over the limit."""
@@ -555,10 +563,8 @@ class LeanWebSocket(asyncio.Protocol):
                     session.on_pong()
                 else:
                     session.on_close(event.code)
-        except Exception:  # a bug of ours: say so, end this socket, keep the node
-            log.exception("pub/sub WebSocket session failed")
-            session.deps.metrics.refused.inc("internal_error", "ws")
-            session.hard_close(CLOSE_INTERNAL_ERROR, "internal_error")
+        except Exception:
+            session.internal_error()
 
     def eof_received(self) -> bool | None:
         """The client half-closed: the transport closes."""
@@ -632,19 +638,22 @@ class PubSubWebSocket:
         try:
             while not session.transport.is_closing():
                 msg = await ws.receive()
-                if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-                    session.on_message(msg.data, binary=msg.type == WSMsgType.BINARY)
-                elif msg.type == WSMsgType.PING:
-                    session.on_ping(msg.data)
-                elif msg.type == WSMsgType.PONG:
-                    session.on_pong()
-                else:
+                if msg.type not in _SESSION_MESSAGES:  # closed, closing or failed
                     too_big = getattr(msg.data, "code", 0) == CLOSE_TOO_BIG
                     if msg.type == WSMsgType.ERROR and too_big:
                         session.protocol_error(CLOSE_TOO_BIG, "message too big")
                     elif msg.type == WSMsgType.CLOSE and session.close_code is None:
                         session.close_code = ws.close_code
                     break
+                try:
+                    if msg.type == WSMsgType.PING:
+                        session.on_ping(msg.data)
+                    elif msg.type == WSMsgType.PONG:
+                        session.on_pong()
+                    else:
+                        session.on_message(msg.data, binary=msg.type == WSMsgType.BINARY)
+                except Exception:
+                    session.internal_error()
         finally:
             session.finish()
         return ws
