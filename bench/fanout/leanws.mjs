@@ -6,8 +6,10 @@
 // library, once per received frame. Servers that put many messages in one frame (NATS)
 // pay that once per batch; servers that send one message per frame (HearthNet, MQTT) pay
 // it per message, so the library's per-frame cost decides who looks faster. This client
-// parses frames in one loop over each TCP chunk and hands the adapter a view of the
-// payload (no copy, no event per frame), so the generator measures servers, not itself.
+// parses frames in one loop over each TCP chunk and, when `onframe` is set, hands each
+// whole data frame to it as (chunk, start, end, isBinary): no copy, no Buffer and no event
+// per frame, so the generator measures servers, not itself. Without `onframe` (and for
+// fragmented messages) it emits 'message' with the payload, as `ws` does.
 //
 // Scope: no TLS, no extensions (no compression), text and binary frames, fragmentation,
 // ping -> pong, close handshake. Frames it sends are masked with a random key, as a client
@@ -76,9 +78,10 @@ export class LeanWebSocket extends EventEmitter {
     this.binaryType = 'nodebuffer'; // accepted for compatibility; payloads are Buffers
     this.maxPayload = options.maxPayload ?? 64 * 1024 * 1024;
     this._pending = null; // handshake bytes so far
-    this._parts = null; // chunks of an incomplete frame (concatenated once it is whole)
+    this.onframe = null; // (buf, start, end, isBinary) for whole unmasked data frames
+    this._parts = null; // the start of an incomplete frame, gathered until it is whole
     this._partsLen = 0;
-    this._need = 0; // bytes the incomplete frame needs in all
+    this._need = 0; // bytes the incomplete frame needs in all (or its header, when unknown)
     this._fragments = null; // a fragmented message being assembled
     this._fragOpcode = 0;
     this._closeSent = false;
@@ -149,15 +152,23 @@ export class LeanWebSocket extends EventEmitter {
 
   _frames(chunk) {
     let buf = chunk;
-    if (this._parts !== null) {
-      // A frame larger than one TCP chunk: gather until it is whole, then copy once
-      // (concatenating on every chunk would copy a large frame over and over).
-      this._parts.push(chunk);
-      this._partsLen += chunk.length;
+    while (this._parts !== null) {
+      // A frame spanning TCP chunks: take only the bytes it still needs from this chunk
+      // and copy those once (joining whole chunks would copy every byte a second time).
+      const take = Math.min(buf.length, this._need - this._partsLen);
+      this._parts.push(take === buf.length ? buf : buf.subarray(0, take));
+      this._partsLen += take;
+      buf = buf.subarray(take);
       if (this._partsLen < this._need) return;
-      buf = Buffer.concat(this._parts, this._partsLen);
+      const joined = Buffer.concat(this._parts, this._partsLen);
       this._parts = null;
+      this._parse(joined); // a whole frame, or a whole header that says how much more
+      if (buf.length === 0 || this.readyState === CLOSED) return;
     }
+    this._parse(buf);
+  }
+
+  _parse(buf) {
     const n = buf.length;
     let pos = 0;
     let need = 2; // bytes from pos the next frame needs (header first)
@@ -188,6 +199,13 @@ export class LeanWebSocket extends EventEmitter {
       if (masked) at += 4;
       need = at + len - pos;
       if (at + len > n) break;
+      pos = at + len;
+      const opcode = b0 & 0x0f;
+      if (!masked && (b0 & 0x80) !== 0 && (opcode === 1 || opcode === 2)
+          && this.onframe !== null && this._fragments === null) {
+        this.onframe(buf, at, at + len, opcode === 2);
+        continue;
+      }
       let payload = buf.subarray(at, at + len);
       if (masked) {
         const key = buf.subarray(keyAt, keyAt + 4);
@@ -195,8 +213,7 @@ export class LeanWebSocket extends EventEmitter {
         maskInto(payload, key, plain, 0);
         payload = plain;
       }
-      pos = at + len;
-      this._frame(b0 & 0x80, b0 & 0x0f, payload);
+      this._frame(b0 & 0x80, opcode, payload);
     }
     if (pos < n && this.readyState !== CLOSED) {
       this._parts = [buf.subarray(pos)];

@@ -50,6 +50,14 @@ function makePayload(size, idx) {
   return head + 'x'.repeat(size - head.length);
 }
 
+/** The payload mark in buf[start, end): at `expect` when it is there (where the protocol
+ *  puts it, or where it was in the previous message), else searched for; -1 if none. */
+function findMark(buf, expect, start, end) {
+  if (buf[expect] === 0x40 && buf[expect + 1] === 0x40 && expect + 1 < end) return expect;
+  const at = buf.indexOf(MARK, start);
+  return at >= 0 && at + 1 < end ? at : -1;
+}
+
 function readDigits(buf, pos, n) {
   let v = 0;
   for (let i = 0; i < n; i++) v = v * 10 + (buf[pos + i] - 48);
@@ -113,7 +121,8 @@ function parseArgs(argv) {
 // --- protocol adapters ---------------------------------------------------------------
 //
 // An adapter owns one socket's protocol. Common surface:
-//   subprotocol, open(ws), onData(buf, isBinary), publish(idx) (publisher only)
+//   subprotocol, open(ws), onData(buf, start, end) (one WebSocket message: buf[start, end)),
+//   publish(idx) (publisher only)
 // and calls back into the owner (sub/pub state) through `sink`:
 //   sink.ready(), sink.message(buf, start, end), sink.gap(fromSeq, toSeq), sink.acked(n),
 //   sink.fail(reason)
@@ -145,6 +154,7 @@ class HearthNetAdapter {
     this.sinceAck = 0;
     this.lastSeq = 0;
     this.ackedSeq = 0;
+    this.markAt = 0; // where the payload began in the last message frame
     this.prefix = `{"type":"publish","topic":"${opts.topic}","msg_type":"bench","data":"`;
   }
 
@@ -153,17 +163,20 @@ class HearthNetAdapter {
     ws.send(JSON.stringify({ ...this.auth, type: 'auth', window: this.opts.window }));
   }
 
-  onData(buf) {
+  onData(buf, start, end) {
     // {"event":"message",...,"seq":N}: 'm' at offset 10. Everything else is rare: parse it.
-    if (buf[10] === 0x6d && buf[11] === 0x65) {
-      const at = buf.indexOf(MARK);
+    if (buf[start + 10] === 0x6d && buf[start + 11] === 0x65) {
+      // The envelope's fields come in the server's order; a node keeps that order and the
+      // lengths before `data` rarely change, so look where the last payload began first.
+      const at = findMark(buf, start + this.markAt, start, end);
+      if (at >= 0) this.markAt = at - start;
       this.sink.message(buf, at);
       // ,"seq":N} at the tail: read digits backwards from the closing brace.
-      let end = buf.length - 1;
-      while (buf[end] !== 0x7d) end--;
+      let close = end - 1;
+      while (buf[close] !== 0x7d) close--;
       let seq = 0;
       let mul = 1;
-      for (let i = end - 1; buf[i] >= 48 && buf[i] <= 57; i--) {
+      for (let i = close - 1; buf[i] >= 48 && buf[i] <= 57; i--) {
         seq += (buf[i] - 48) * mul;
         mul *= 10;
       }
@@ -173,7 +186,7 @@ class HearthNetAdapter {
     }
     let frame;
     try {
-      frame = JSON.parse(buf.toString());
+      frame = JSON.parse(buf.toString('utf8', start, end));
     } catch {
       this.sink.fail('unparsable frame');
       return;
@@ -240,10 +253,10 @@ class NatsAdapter {
     this.ws = ws;
   }
 
-  onData(chunk) {
-    let buf = chunk;
+  onData(chunk, from, to) {
+    let buf = chunk.subarray(from, to);
     if (this.pending !== null) {
-      buf = Buffer.concat([this.pending, chunk]);
+      buf = Buffer.concat([this.pending, buf]);
       this.pending = null;
     }
     let pos = 0;
@@ -262,7 +275,7 @@ class NatsAdapter {
         }
         const start = eol + 2;
         if (start + size + 2 > n) break; // payload spans frames
-        this.sink.message(buf, buf.indexOf(MARK, start));
+        this.sink.message(buf, findMark(buf, start, start, start + size));
         pos = start + size + 2;
         continue;
       }
@@ -329,10 +342,10 @@ class MqttAdapter {
     ws.send(Buffer.concat([Buffer.from([0x10, ...mqttRemaining(body.length)]), body]));
   }
 
-  onData(chunk) {
-    let buf = chunk;
+  onData(chunk, from, to) {
+    let buf = chunk.subarray(from, to);
     if (this.pending !== null) {
-      buf = Buffer.concat([this.pending, chunk]);
+      buf = Buffer.concat([this.pending, buf]);
       this.pending = null;
     }
     let pos = 0;
@@ -355,7 +368,7 @@ class MqttAdapter {
         const tlen = (buf[start] << 8) | buf[start + 1];
         let p = start + 2 + tlen;
         if ((buf[pos] & 0x06) !== 0) p += 2; // packet id for QoS > 0 (not used here)
-        this.sink.message(buf, buf.indexOf(MARK, p));
+        this.sink.message(buf, findMark(buf, p, p, end));
       } else if (type === 2) {
         if (buf[start + 1] !== 0) this.sink.fail(`CONNACK return code ${buf[start + 1]}`);
         else if (this.role === 'sub') {
@@ -429,7 +442,8 @@ function connect(opts, adapter, onClose) {
       origFail(reason);
     };
     ws.on('open', () => adapter.open(ws));
-    ws.on('message', (data, isBinary) => adapter.onData(data, isBinary));
+    ws.on('message', (data) => adapter.onData(data, 0, data.length));
+    if (ws instanceof LeanWebSocket) ws.onframe = (buf, start, end) => adapter.onData(buf, start, end);
     ws.on('error', (err) => {
       if (!settled) { settled = true; clearTimeout(timer); reject(err); }
     });
