@@ -286,13 +286,26 @@ class LoadgenError(RuntimeError):
 class Loadgen:
     """One load generator process: JSON-line events on stdout, stopped by PID."""
 
-    def __init__(self, args: list[str], timeout_s: float, workdir: Path) -> None:
+    def __init__(
+        self, args: list[str], timeout_s: float, workdir: Path, profile_dir: Path | None = None
+    ) -> None:
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
         self.stderr_path = workdir / f"loadgen-{time.monotonic_ns()}.err"
         self._stderr = self.stderr_path.open("wb")
         self.proc = subprocess.Popen(
-            ["node", str(LOADGEN), *args, "--max-time", str(int(timeout_s))],
+            [
+                "node",
+                *(
+                    []
+                    if profile_dir is None
+                    else ["--cpu-prof", "--cpu-prof-dir", str(profile_dir)]
+                ),
+                str(LOADGEN),
+                *args,
+                "--max-time",
+                str(int(timeout_s)),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -426,7 +439,7 @@ def fanout_run(
     timeout = sc.warmup_s + sc.duration_s + opts.drain + 60 + sc.subs / 50
     load1 = os.getloadavg()[0]
     rss0 = proc_rss_mb(target.pid)
-    lg = Loadgen(args, timeout, workdir)
+    lg = Loadgen(args, timeout, workdir, opts.loadgen_profile)
     snaps: dict[str, Snapshot] = {}
     result: dict[str, Any] | None = None
     try:
@@ -527,7 +540,7 @@ def idle_run(target: Target, n: int, opts: argparse.Namespace, workdir: Path) ->
     rss_before = proc_rss_mb(target.pid)
     cpu_before = tree_cpu_s(target.pid)
     load1 = os.getloadavg()[0]
-    lg = Loadgen(args, opts.idle_hold + 240 + n / 100, workdir)
+    lg = Loadgen(args, opts.idle_hold + 240 + n / 100, workdir, opts.loadgen_profile)
     result: dict[str, Any] | None = None
     try:
         ready = lg.next_event()
@@ -747,6 +760,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("lean", "ws"),
         default="lean",
         help="load generator WebSocket client: lean (frames parsed per TCP chunk) or ws",
+    )
+    p.add_argument(
+        "--loadgen-profile",
+        type=Path,
+        help="write V8 CPU profiles of the load generator (every thread) into this directory",
     )
     p.add_argument(
         "--pause-subs",
