@@ -90,7 +90,7 @@ class TopicStats:
 @dataclass(slots=True)
 class _Pending:
     future: asyncio.Future[StoredMessage | None]
-    message: Message | None  # None until a local publish is signed (in the commit loop)
+    message: Message | None  # None until a local publish is signed (in its commit job)
     local: bool = False  # our own publish (never a duplicate)
     source: str | None = None  # the peer a message came from
     unsigned: dict[str, Any] | None = None  # a local publish's fields before signing
@@ -462,7 +462,8 @@ class MessageLog:
         keys = self.keys
         for pending in batch:
             if pending.message is None:
-                pending.message = Message.signed(keys, pending.unsigned or {})
+                assert pending.unsigned is not None  # publish() queues one or the other
+                pending.message = Message.signed(keys, pending.unsigned)
                 pending.unsigned = None
         remote = [p.message.id for p in batch if p.message is not None and not p.local]
         if remote:
