@@ -33,6 +33,7 @@ from hearthnet.pubsub.retention import RetentionPolicy
 from hearthnet.pubsub.topics import TopicPattern, validate_topic
 from hearthnet.pubsub.wire import EncodedMessage, TopicBatch, control_frame
 from hearthnet.ratelimit import RateLimiter
+from hearthnet.transport.direct import plain_socket_fd, write_through
 from hearthnet.transport.keepalive import CLOSE_TAKEN_OVER, CLOSE_TRY_AGAIN
 
 log = logging.getLogger("hearthnet.pubsub")
@@ -55,6 +56,9 @@ class Transport(Protocol):
 
     def is_closing(self) -> bool:
         """True once closing."""
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """``socket``, ``ssl_object``... (see :func:`plain_socket_fd`)."""
 
 
 @dataclass(slots=True)
@@ -120,6 +124,8 @@ class Subscriber:
         self.form = form
         self.channel = channel
         self.transport = transport
+        # Fan-out writes go straight into a plain TCP socket (see transport.direct).
+        self.fd = plain_socket_fd(transport) if transport is not None else -1
         self.chunked = chunked  # SSE over HTTP/1.1: we write the chunk framing ourselves
         self.on_frames = on_frames  # long-poll: wake the waiting handler instead of writing
         self.on_taken_over = on_taken_over  # durable consumer taken over: CLOSE_TAKEN_OVER
@@ -235,7 +241,7 @@ class Subscriber:
         data = frames[0] if len(frames) == 1 else b"".join(frames)
         if self.chunked:
             data = b"%x\r\n" % len(data) + data + b"\r\n"
-        transport.write(data)
+        write_through(transport, self.fd, data)
         if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
             self.channel.set_writable(False)
             self._start_drain_poll()
