@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import os
 import sqlite3
@@ -72,8 +73,8 @@ T = TypeVar("T")
 RECENT_IDS = 200_000
 INSERT_ROWS = 256  # rows per INSERT statement (9 parameters each; SQLite allows 32,766)
 PAGE = 500
-READ_LAST_TOPICS = 64  # since {last: N}: up to this many topics are read one by one
-READ_LAST_SEARCH = 10_000  # ... found among at most this many topics in the log
+READ_LAST_QUERIES = 256  # since {last: N}: most topics read one by one before walking back
+READ_LAST_SEARCH = 10_000  # ... and most topics in the log searched for matches
 DELETE_CHUNK = 500  # messages per retention transaction
 
 
@@ -606,19 +607,11 @@ class MessageLog:
             return []
         topics = self._topics_matching(patterns)
         if topics is not None:
-            # Each topic's newest rows straight from the topic index: a quiet topic behind
-            # a busy log costs ``count`` rows, not a scan of everything newer.
-            newest: list[StoredMessage] = []
-            for topic in topics:
-                newest += await self._rows(
-                    "SELECT seq, raw FROM messages WHERE topic = ? AND seq <= ?"
-                    " ORDER BY seq DESC LIMIT ?",
-                    [topic, upto_seq, count],
-                )
-            newest.sort(key=lambda r: r.seq)
-            return newest[-count:]
-        # Many topics: walk back through the log a page at a time (a range on the topic
-        # index would have SQLite sort every row in the range for each page).
+            newest = await self._read_last_by_topic(topics, count, upto_seq)
+            if newest is not None:
+                return newest
+        # Too many topics to go through: walk back through the log a page at a time (a
+        # range on the topic index would have SQLite sort every row in the range).
         found: list[StoredMessage] = []
         before = upto_seq + 1
         while len(found) < count and before > 1:
@@ -632,16 +625,51 @@ class MessageLog:
             before = rows[-1].seq
         return sorted(found[:count], key=lambda r: r.seq)
 
+    async def _read_last_by_topic(
+        self, topics: list[str], count: int, upto_seq: int
+    ) -> list[StoredMessage] | None:
+        """The newest ``count`` rows of ``topics`` from the topic index, a topic at a time,
+        newest topic first: a quiet topic behind a busy log costs ``count`` rows, not a scan
+        of everything newer. Stops as soon as no topic left can hold one of the newest
+        (each topic's head is known), so about ``count`` topics are read at most; None when
+        that would take more than :data:`READ_LAST_QUERIES` reads."""
+        heads = sorted(
+            (
+                (min(stats.head_seq, upto_seq), topic)
+                for topic in topics
+                if (stats := self.topics.get(topic)) is not None
+            ),
+            reverse=True,
+        )
+        newest: list[tuple[int, StoredMessage]] = []  # a min-heap of at most ``count``
+        for reads, (head, topic) in enumerate(heads):
+            if len(newest) == count and newest[0][0] > head:
+                break  # every row left is older than the newest ``count`` found
+            if reads == READ_LAST_QUERIES:
+                return None
+            for row in await self._rows(
+                "SELECT seq, raw FROM messages WHERE topic = ? AND seq <= ?"
+                " ORDER BY seq DESC LIMIT ?",
+                [topic, upto_seq, count],
+            ):
+                if len(newest) < count:
+                    heapq.heappush(newest, (row.seq, row))
+                elif row.seq > newest[0][0]:
+                    heapq.heapreplace(newest, (row.seq, row))
+                else:
+                    break  # the rest of this topic is older still
+        return [row for _, row in sorted(newest, key=lambda pair: pair[0])]
+
     def _topics_matching(self, patterns: list[TopicPattern]) -> list[str] | None:
         """The topics in the log that the patterns match, found in the in-memory topic
-        stats; None when there are too many to read one by one (or to search)."""
+        stats; None when the log has too many topics to search."""
         names = {p.text for p in patterns if p.is_literal}
         wildcards = [p for p in patterns if not p.is_literal]
         if wildcards:
             if len(self.topics) > READ_LAST_SEARCH:
                 return None
             names.update(t for t in self.topics if any(p.matches(t) for p in wildcards))
-        return sorted(names) if len(names) <= READ_LAST_TOPICS else None
+        return list(names)
 
     async def history(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,7 +17,7 @@ from hearthnet.identity import KeyPair
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.pubsub.access import AccessPolicy
 from hearthnet.pubsub.envelope import Message, StoredMessage
-from hearthnet.pubsub.log import INSERT_ROWS, READ_LAST_TOPICS, ConsumerRecord, MessageLog
+from hearthnet.pubsub.log import INSERT_ROWS, READ_LAST_QUERIES, ConsumerRecord, MessageLog
 from hearthnet.pubsub.retention import RetentionPolicy, RetentionRule
 from hearthnet.pubsub.service import AGED_PAGE, PubSub
 from hearthnet.pubsub.topics import TopicPattern
@@ -182,21 +183,66 @@ async def test_read_last_of_literal_topics_behind_a_busy_log(tmp_path: Path) -> 
 
 
 async def test_read_last_of_wildcards_over_few_and_many_topics(tmp_path: Path) -> None:
-    """A wildcard over a few topics reads each topic's newest rows; over more topics than
-    are read one by one it walks the log back. Both give the newest N, in seq order."""
+    """A wildcard over quiet topics behind a busy log reads the topics newest first and
+    stops once no topic left can hold one of the newest N; when that would take more than
+    READ_LAST_QUERIES reads it walks the log back. Both give the newest N, in seq order."""
     async with opened(tmp_path / "log.db") as log:
         for topic in ("chat.a", "chat.b", "chat.a", "news.x", "chat.b"):
             await log.publish(topic=topic, msg_type="m", data=0)
         await publish_many(log, 600, topic="news.busy")
-        for i in range(READ_LAST_TOPICS + 6):
+        for i in range(READ_LAST_QUERIES + 44):
             await log.publish(topic=f"many.t{i}", msg_type="m", data=i)
+        await publish_many(log, 600, topic="news.busy")
         head = log.head_seq
+        many_first = head - 600 - (READ_LAST_QUERIES + 44) + 1
+        everything = [*range(many_first, head - 599)]
+        pattern = [TopicPattern.parse("many.*")]
         few = await log.read_last([TopicPattern.parse("chat.*")], 3, upto_seq=head)
-        many = await log.read_last([TopicPattern.parse("many.*")], 3, upto_seq=head)
-    assert ([2, 3, 5], [head - 2, head - 1, head]) == (
+        newest = await log.read_last(pattern, 3, upto_seq=head)
+        by_topic = await log._read_last_by_topic(log._topics_matching(pattern) or [], 3, head)
+        walked = await log.read_last(pattern, READ_LAST_QUERIES + 10, upto_seq=head)
+        too_many = await log._read_last_by_topic(
+            log._topics_matching(pattern) or [], READ_LAST_QUERIES + 10, head
+        )
+    assert ([2, 3, 5], everything[-3:], everything[-3:], everything[-266:], None) == (
         [r.seq for r in few],
-        [r.seq for r in many],
+        [r.seq for r in newest],
+        [r.seq for r in by_topic or []],
+        [r.seq for r in walked],
+        too_many,
     )
+
+
+async def test_read_last_gives_what_a_scan_of_the_whole_log_gives(tmp_path: Path) -> None:
+    """Random topics, patterns, counts and cut-off seqs: the newest N matching messages up
+    to the cut-off, oldest first, exactly as filtering every message would give them."""
+    rng = random.Random(20261122)
+    topics = [f"{group}.{name}" for group in ("chat", "agent", "news") for name in "abcdefg"]
+    weights = [50 if t == "news.a" else rng.choice((1, 2, 5)) for t in topics]
+    async with opened(tmp_path / "log.db") as log:
+        published: list[tuple[int, str]] = []
+        for _ in range(12):
+            batch = rng.choices(topics, weights, k=40)
+            futures = [log.publish(topic=t, msg_type="m", data=0) for t in batch]
+            published += [(s.seq, s.message.topic) for s in await asyncio.gather(*futures) if s]
+        choices = ["**", "chat.*", "agent.**", "chat.a", "news.g", "agent.c", "*.b", "nothing"]
+        for _ in range(150):
+            texts = rng.sample(choices, rng.randint(1, 3))
+            patterns = [TopicPattern.parse(t) for t in texts]
+            count = rng.choice((1, 2, 5, 20, 100, 1000))
+            upto = rng.randint(1, log.head_seq)
+            expected = [
+                seq
+                for seq, topic in published
+                if seq <= upto and any(p.matches(topic) for p in patterns)
+            ][-count:]
+            got = await log.read_last(patterns, count, upto_seq=upto)
+            assert (texts, count, upto, expected) == (
+                texts,
+                count,
+                upto,
+                [r.seq for r in got],
+            )
 
 
 def make_service(log: MessageLog, **retention: object) -> PubSub:
