@@ -105,6 +105,7 @@ class UlidGenerator:
         self._lock = threading.Lock()
         self._last_ms = -1
         self._last_rand = 0
+        self._time_chars = ""  # the encoded _last_ms: shared by every id of that millisecond
 
     def new(self, now_ms: int | None = None) -> str:
         """A new ULID string for ``now_ms`` (default: the wall clock)."""
@@ -117,21 +118,39 @@ class UlidGenerator:
                     ms += 1
             else:
                 rand = int.from_bytes(os.urandom(10), "big")
+            if ms != self._last_ms:
+                self._time_chars = _time_chars(ms)
             self._last_ms, self._last_rand = ms, rand
-        return encode_ulid(ms, rand)
+            time_chars = self._time_chars
+        return time_chars + _random_chars(rand)
 
 
-# Two characters (10 bits) per lookup: every published message gets an id, and this
-# halves the encoding time of a 5-bits-at-a-time loop.
+# Two characters (10 bits) per lookup, unrolled: every published message gets an id.
+# The 26 characters are 130 bits: 2 zero bits and the 48-bit time (10 characters), then
+# the 80 random bits (16 characters).
 _CROCKFORD_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
-_PAIR_SHIFTS = tuple(range(120, -1, -10))  # 13 pairs = 130 bits, the top 2 always zero
+
+
+def _time_chars(ms: int) -> str:
+    p = _CROCKFORD_PAIRS
+    return (
+        p[(ms >> 40) & 1023] + p[(ms >> 30) & 1023] + p[(ms >> 20) & 1023]
+        + p[(ms >> 10) & 1023] + p[ms & 1023]
+    )  # fmt: skip
+
+
+def _random_chars(rand: int) -> str:
+    p = _CROCKFORD_PAIRS
+    return (
+        p[(rand >> 70) & 1023] + p[(rand >> 60) & 1023] + p[(rand >> 50) & 1023]
+        + p[(rand >> 40) & 1023] + p[(rand >> 30) & 1023] + p[(rand >> 20) & 1023]
+        + p[(rand >> 10) & 1023] + p[rand & 1023]
+    )  # fmt: skip
 
 
 def encode_ulid(ms: int, rand: int) -> str:
     """Encode a 48-bit timestamp and 80 random bits as 26 Crockford base32 characters."""
-    value = (ms << 80) | rand
-    pairs = _CROCKFORD_PAIRS
-    return "".join([pairs[(value >> shift) & 1023] for shift in _PAIR_SHIFTS])
+    return _time_chars(ms) + _random_chars(rand)
 
 
 def is_ulid(value: object) -> bool:

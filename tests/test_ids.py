@@ -87,3 +87,25 @@ def test_ulids_sort_by_time() -> None:
     """A later millisecond gives a larger ULID."""
     gen = UlidGenerator()
     assert gen.new(1000) < gen.new(1001) < gen.new(5000)
+
+
+def test_ulids_keep_the_right_time_across_milliseconds_and_a_clock_going_back() -> None:
+    """Each id carries the millisecond it was made in; a clock that goes back keeps the last
+    millisecond; within one millisecond the random part counts up by one."""
+    gen = UlidGenerator()
+    ids = [gen.new(ms) for ms in (1000, 1000, 999, 1001, 1001)]
+    first, later = random_bits(ids[0]), random_bits(ids[3])
+    assert [
+        encode_ulid(1000, first + 1),
+        encode_ulid(1000, first + 2),
+        encode_ulid(1001, later + 1),
+    ] == [ids[1], ids[2], ids[4]]
+    assert [1000, 1000, 1000, 1001, 1001] == [ulid_time_ms(i) for i in ids]
+
+
+def random_bits(ulid: str) -> int:
+    """The 80 random bits of a ULID."""
+    value = 0
+    for ch in ulid[10:]:
+        value = (value << 5) | "0123456789ABCDEFGHJKMNPQRSTVWXYZ".index(ch)
+    return value
