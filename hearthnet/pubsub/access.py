@@ -140,8 +140,12 @@ class AccessPolicy:
 
     def check_publish(self, caller: Caller, topic: str) -> None:
         """Raise :class:`Forbidden` unless ``caller`` may publish to ``topic``."""
-        if not self._decide(caller, "publish", topic):
+        if not self.may_publish(caller, topic):
             raise Forbidden(f"publishing to {topic} is not allowed")
+
+    def may_publish(self, caller: Caller, topic: str) -> bool:
+        """Whether ``caller`` may publish to ``topic``."""
+        return self._decide(caller, "publish", topic)
 
     def check_read(self, caller: Caller, topic: str) -> None:
         """History and presence of a topic need subscribe rights to it."""

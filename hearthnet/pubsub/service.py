@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from hearthnet.caller import Caller
 from hearthnet.clock import now_ms
 from hearthnet.config import PubSubSection
-from hearthnet.errors import BadRequest, RateLimited, StorageError, WireError
+from hearthnet.errors import BadRequest, Forbidden, RateLimited, StorageError, WireError
 from hearthnet.metrics import Counter, MetricsRegistry
 from hearthnet.pubsub.access import AccessPolicy
 from hearthnet.pubsub.channel import ChannelState, SubscriberChannel
@@ -133,6 +133,7 @@ class Subscriber:
         self.patterns: dict[str, TopicPattern] = {}
         self.filtered = False
         self._allowed: dict[str, bool] = {}
+        self._may_publish: dict[str, bool] | None = None  # made on first publish
         self.consumer: ConsumerRecord | None = None
         self.presence_topics: set[str] = set()
         self.flush_scheduled = False
@@ -164,6 +165,19 @@ class Subscriber:
             allowed = self._allowed[topic] = policy.may_receive(self.caller, topic)
         return allowed
 
+    def may_publish(self, topic: str, policy: AccessPolicy) -> bool:
+        """Whether this session may publish to ``topic`` (cached per topic: the rules and
+        the caller are fixed until :meth:`reauthorize`)."""
+        cache = self._may_publish
+        if cache is None:
+            cache = self._may_publish = {}
+        allowed = cache.get(topic)
+        if allowed is None:
+            if len(cache) > 4096:
+                cache.clear()
+            allowed = cache[topic] = policy.may_publish(self.caller, topic)
+        return allowed
+
     def reauthorize(self, caller: Caller, policy: AccessPolicy) -> None:
         """A refreshed token: every current pattern must still be allowed, and what is
         delivered follows the new caller's rights (nothing cached from the old one).
@@ -177,6 +191,7 @@ class Subscriber:
             filtered = policy.check_subscribe(caller, pattern.text) or filtered
         self.caller, self.filtered = caller, filtered
         self._allowed.clear()
+        self._may_publish = None
 
     def deliver_batch(self, group: TopicBatch, policy: AccessPolicy) -> None:
         """Offer one topic's messages of a committed batch (fan-out hot path)."""
@@ -300,9 +315,17 @@ class PubSub:
     # --- publishing -----------------------------------------------------------------
 
     def check_publish(
-        self, caller: Caller, topic: object, msg_type: object, data: Any, ttl_s: object
+        self,
+        caller: Caller,
+        topic: object,
+        msg_type: object,
+        data: Any,
+        ttl_s: object,
+        *,
+        session: Subscriber | None = None,
     ) -> tuple[str, str, int | None]:
-        """Validate a publish and its permissions; returns (topic, type, ttl_s).
+        """Validate a publish and its permissions; returns (topic, type, ttl_s). A
+        ``session`` (a WebSocket's) keeps the decisions for its next publishes.
 
         Raises:
             BadRequest, PayloadTooLarge, Forbidden, RateLimited.
@@ -311,7 +334,10 @@ class PubSub:
         msg_type = validate_type(msg_type)
         ttl = validate_ttl(ttl_s)
         encoded_payload(data, self.config.max_payload_bytes)
-        self.policy.check_publish(caller, topic)
+        if session is None:
+            self.policy.check_publish(caller, topic)
+        elif not session.may_publish(topic, self.policy):
+            raise Forbidden(f"publishing to {topic} is not allowed")
         if caller.rate_limited:
             limiter = self._token_limit if caller.token is not None else self._member_limit
             try:

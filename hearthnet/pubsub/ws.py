@@ -453,7 +453,7 @@ class WsSession:
         service = self.deps.service
         assert self.caller is not None
         topic, msg_type, ttl = service.check_publish(
-            self.caller, frame.topic, frame.msg_type, frame.data, frame.ttl_s
+            self.caller, frame.topic, frame.msg_type, frame.data, frame.ttl_s, session=self.sub
         )
         fut = service.log.publish(
             topic=topic, msg_type=msg_type, data=frame.data, ttl_s=ttl, sender=self.caller.sender

@@ -479,6 +479,29 @@ async def test_a_refreshed_token_must_cover_the_current_subscriptions(
     )
 
 
+async def test_publish_rights_follow_a_refreshed_token(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """A session that published under one token is judged by its new token's scopes after a
+    refresh: what the old token allowed is refused, what the new one allows goes through."""
+    sub = await session(http, node, token=token_for(node, "pub:chat.a", sub="app"))
+    publish_a = {"type": "publish", "topic": "chat.a", "msg_type": "m", "data": 1, "ref": "a"}
+    publish_b = {"type": "publish", "topic": "chat.b", "msg_type": "m", "data": 2, "ref": "b"}
+    await sub.send(publish_a)
+    before = await sub.next("published.ok")
+    await sub.send({"type": "auth", "token": token_for(node, "pub:chat.b", sub="app")})
+    await sub.next("auth.ok")
+    await sub.send(publish_a)
+    refused = await sub.next("error")
+    await sub.send(publish_b)
+    after = await sub.next("published.ok")
+    assert ("a", ("forbidden", "a"), "b") == (
+        before["data"]["ref"],
+        (refused["data"]["code"], refused["data"]["ref"]),
+        after["data"]["ref"],
+    )
+
+
 @pytest.mark.parametrize(
     ("frame", "code"),
     [
