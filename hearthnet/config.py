@@ -83,7 +83,13 @@ class TransportSection:
         default=1 * MIB,
         metadata=_doc("Largest WebSocket message; larger ones close the socket with 1009."),
     )
-    ws_ping_s: float = field(default=30.0, metadata=_doc("Interval between WebSocket pings."))
+    ws_ping_s: float = field(
+        default=30.0,
+        metadata=_doc(
+            "Interval between WebSocket pings (presence members: half of "
+            "pubsub.presence_silence_s when that is shorter)."
+        ),
+    )
     ws_missed_pongs: int = field(
         default=2, metadata=_doc("Pongs a peer may miss before the socket is closed with 4408.")
     )

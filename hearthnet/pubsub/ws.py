@@ -160,10 +160,9 @@ class WsSession:
         self.form = "ws_cbor" if subprotocol == SUBPROTOCOL_CBOR else "ws_text"
         self.loop = asyncio.get_running_loop()
         cfg = deps.transport
-        ping_s = min(cfg.ws_ping_s, deps.config.presence_silence_s / 2)
         self.keepalive = Keepalive(
             now=self.loop.time(),
-            ping_s=ping_s,
+            ping_s=cfg.ws_ping_s,  # presence members more often: see _in_presence
             missed_pongs=cfg.ws_missed_pongs,
             idle_s=cfg.ws_idle_s,
         )
@@ -405,6 +404,8 @@ class WsSession:
         elif isinstance(frame, Publish):
             self._publish(frame)
         elif isinstance(frame, Subscribe):
+            if frame.presence is not None:
+                self._in_presence()
             self._spawn(
                 service.subscribe(
                     sub,
@@ -417,11 +418,21 @@ class WsSession:
         elif isinstance(frame, Unsubscribe):
             self._spawn(self._unsubscribe(frame))
         elif isinstance(frame, PresenceUpdate):
+            self._in_presence()
             service.update_presence(sub, frame.fields, frame.topic)
         elif isinstance(frame, Ping):
             self.send("pong", {"ts": now_ms()})
         elif isinstance(frame, Auth):
             self._refresh(frame)
+
+    def _in_presence(self) -> None:
+        """A presence member that stays silent for presence_silence_s has left (spec §6.6):
+        ping it at half that, so a live client's pong always comes in time. Other sessions
+        are pinged every ws_ping_s (spec §3.6: 30 s)."""
+        ping_s = min(self.deps.transport.ws_ping_s, self.deps.config.presence_silence_s / 2)
+        if ping_s < self.keepalive.ping_s:
+            self.keepalive.ping_every(ping_s, self.loop.time())
+            self._due = min(self._due, self.keepalive.next_deadline())
 
     async def _unsubscribe(self, frame: Unsubscribe) -> None:
         """After the subscribes sent before it (they may wait for a catch-up): an

@@ -44,6 +44,11 @@ class Keepalive:
         self.next_ping = now + ping_s
         self.unanswered = 0
 
+    def ping_every(self, ping_s: float, now: float) -> None:
+        """Ping every ``ping_s`` from now on; a ping due later than that comes sooner."""
+        self.ping_s = ping_s
+        self.next_ping = min(self.next_ping, now + ping_s)
+
     def data(self, now: float) -> None:
         """A data frame went either way."""
         self.last_data = now

@@ -423,6 +423,43 @@ async def test_silent_client_leaves_presence(
     )
 
 
+async def test_presence_members_are_pinged_often_enough_to_stay(
+    make_config: MakeConfig, http: aiohttp.ClientSession
+) -> None:
+    """Sessions are pinged every ws_ping_s; one that joins presence every half of
+    presence_silence_s, so its pongs keep it a member (spec §3.6, §6.6)."""
+    config = make_config(transport={"ws_ping_s": 1.5}, pubsub={"presence_silence_s": 0.4})
+    async with Node(config) as node:
+        pings = {"member": 0, "plain": 0}
+        sockets = {}
+        for name in pings:
+            ws = await http.ws_connect(
+                node.url + "/pubsub/v1/subscribe", protocols=("hearthnet-bus.v2",), autoping=False
+            )
+            await ws.send_json(auth_frame(node.keys, node))
+            frame: Frame = {"type": "subscribe", "topics": ["room"]}
+            if name == "member":
+                frame["presence"] = {"name": "Ann"}
+            await ws.send_json(frame)
+            sockets[name] = ws
+
+        async def count(name: str) -> None:
+            ws = sockets[name]
+            async for msg in ws:
+                if msg.type == aiohttp.WSMsgType.PING:
+                    pings[name] += 1
+                    await ws.pong(msg.data)
+
+        tasks = [asyncio.create_task(count(name)) for name in pings]
+        await asyncio.sleep(1.0)  # the behaviour under test is a rate: count over a window
+        members = [m["name"] for m in node.pubsub.presence.members("room")]
+        for task in tasks:
+            task.cancel()
+        for ws in sockets.values():
+            await ws.close()
+    assert (["Ann"], True, 0) == (members, pings["member"] >= 3, pings["plain"])
+
+
 async def test_token_session_expiry(make_config: MakeConfig, http: aiohttp.ClientSession) -> None:
     """A token session gets auth.expiring (within 60 s of expiry) and is closed 4401 at expiry."""
     async with Node(make_config()) as node:

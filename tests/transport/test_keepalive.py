@@ -38,3 +38,17 @@ def test_next_deadline_is_the_earliest_duty() -> None:
     """The glue sleeps until the next ping or idle deadline."""
     k = Keepalive(now=100, ping_s=30, missed_pongs=2, idle_s=10)
     assert 110 == k.next_deadline()
+
+
+def test_a_shorter_ping_interval_brings_the_next_ping_forward() -> None:
+    """Switching from 30 s to 10 s at t=5 pings at 15 and 25; a longer interval would not
+    put off a ping already due sooner."""
+    k = Keepalive(now=0, ping_s=30, missed_pongs=2, idle_s=1000)
+    k.ping_every(10, now=5)
+    due = [k.next_deadline()]
+    actions = [k.tick(15)]
+    k.pong()
+    due.append(k.next_deadline())
+    k.ping_every(60, now=16)
+    due.append(k.next_deadline())
+    assert ([15, 25, 25], [SendPing()]) == (due, actions)
