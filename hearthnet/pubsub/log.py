@@ -73,7 +73,7 @@ T = TypeVar("T")
 RECENT_IDS = 200_000
 INSERT_ROWS = 256  # rows per INSERT statement (9 parameters each; SQLite allows 32,766)
 PAGE = 500
-READ_LAST_QUERIES = 256  # since {last: N}: most topics read one by one before walking back
+READ_LAST_QUERIES = 2000  # since {last: N}: most topics read one by one before walking back
 READ_LAST_SEARCH = 10_000  # ... and most topics in the log searched for matches
 DELETE_CHUNK = 500  # messages per retention transaction
 
@@ -647,10 +647,12 @@ class MessageLog:
                 break  # every row left is older than the newest ``count`` found
             if reads == READ_LAST_QUERIES:
                 return None
+            # Once ``count`` are found, only rows newer than the oldest of them matter.
+            floor = newest[0][0] if len(newest) == count else 0
             for row in await self._rows(
-                "SELECT seq, raw FROM messages WHERE topic = ? AND seq <= ?"
+                "SELECT seq, raw FROM messages WHERE topic = ? AND seq <= ? AND seq > ?"
                 " ORDER BY seq DESC LIMIT ?",
-                [topic, upto_seq, count],
+                [topic, upto_seq, floor, count],
             ):
                 if len(newest) < count:
                     heapq.heappush(newest, (row.seq, row))
