@@ -428,7 +428,7 @@ async def test_presence_members_are_pinged_often_enough_to_stay(
 ) -> None:
     """Sessions are pinged every ws_ping_s; one that joins presence every half of
     presence_silence_s, so its pongs keep it a member (spec §3.6, §6.6)."""
-    config = make_config(transport={"ws_ping_s": 1.5}, pubsub={"presence_silence_s": 0.4})
+    config = make_config(transport={"ws_ping_s": 3.0}, pubsub={"presence_silence_s": 0.4})
     async with Node(config) as node:
         pings = {"member": 0, "plain": 0}
         sockets = {}
