@@ -33,7 +33,7 @@ from hearthnet.pubsub.retention import RetentionPolicy
 from hearthnet.pubsub.topics import TopicPattern, validate_topic
 from hearthnet.pubsub.wire import EncodedMessage, TopicBatch, control_frame
 from hearthnet.ratelimit import RateLimiter
-from hearthnet.transport.direct import plain_socket_fd, write_through
+from hearthnet.transport.direct import SocketTransport, plain_socket_fd, write_through
 from hearthnet.transport.keepalive import CLOSE_TAKEN_OVER, CLOSE_TRY_AGAIN
 
 log = logging.getLogger("hearthnet.pubsub")
@@ -45,20 +45,11 @@ AGED_PAGE = 10_000  # retention candidates read at once
 AGED_PAGES = 10  # pages of old messages looked at per retention pass
 
 
-class Transport(Protocol):
+class Transport(SocketTransport, Protocol):
     """The part of an asyncio transport a subscriber writes to."""
-
-    def write(self, data: bytes) -> None:
-        """Queue bytes."""
-
-    def get_write_buffer_size(self) -> int:
-        """Bytes queued and not yet sent."""
 
     def is_closing(self) -> bool:
         """True once closing."""
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        """``socket``, ``ssl_object``... (see :func:`plain_socket_fd`)."""
 
 
 @dataclass(slots=True)
@@ -315,17 +306,9 @@ class PubSub:
     # --- publishing -----------------------------------------------------------------
 
     def check_publish(
-        self,
-        caller: Caller,
-        topic: object,
-        msg_type: object,
-        data: Any,
-        ttl_s: object,
-        *,
-        session: Subscriber | None = None,
+        self, caller: Caller, topic: object, msg_type: object, data: Any, ttl_s: object
     ) -> tuple[str, str, int | None]:
-        """Validate a publish and its permissions; returns (topic, type, ttl_s). A
-        ``session`` (a WebSocket's) keeps the decisions for its next publishes.
+        """Validate a publish and its permissions; returns (topic, type, ttl_s).
 
         Raises:
             BadRequest, PayloadTooLarge, Forbidden, RateLimited.
@@ -333,10 +316,25 @@ class PubSub:
         topic = validate_topic(topic)
         msg_type = validate_type(msg_type)
         ttl = validate_ttl(ttl_s)
+        self.authorize_publish(caller, topic, data)
+        return topic, msg_type, ttl
+
+    def authorize_publish(
+        self, caller: Caller, topic: str, data: Any, session: Subscriber | None = None
+    ) -> None:
+        """The checks of a publish whose topic, type and TTL are valid already (a parsed
+        WebSocket frame): payload size, permission, rate limit. A ``session`` remembers its
+        permission decisions for its next publishes.
+
+        Raises:
+            PayloadTooLarge, Forbidden, RateLimited.
+        """
         encoded_payload(data, self.config.max_payload_bytes)
-        if session is None:
-            self.policy.check_publish(caller, topic)
-        elif not session.may_publish(topic, self.policy):
+        if session is not None:
+            allowed = session.may_publish(topic, self.policy)
+        else:
+            allowed = self.policy.may_publish(caller, topic)
+        if not allowed:
             raise Forbidden(f"publishing to {topic} is not allowed")
         if caller.rate_limited:
             limiter = self._token_limit if caller.token is not None else self._member_limit
@@ -345,7 +343,6 @@ class PubSub:
             except RateLimited:
                 self.metrics.rate_limited.inc("publish")
                 raise
-        return topic, msg_type, ttl
 
     async def publish(
         self, caller: Caller, topic: object, msg_type: object, data: Any, ttl_s: object = None

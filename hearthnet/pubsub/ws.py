@@ -463,11 +463,14 @@ class WsSession:
     def _publish(self, frame: Publish) -> None:
         service = self.deps.service
         assert self.caller is not None
-        topic, msg_type, ttl = service.check_publish(
-            self.caller, frame.topic, frame.msg_type, frame.data, frame.ttl_s, session=self.sub
-        )
+        # parse_client_frame validated topic, type and TTL
+        service.authorize_publish(self.caller, frame.topic, frame.data, self.sub)
         fut = service.log.publish(
-            topic=topic, msg_type=msg_type, data=frame.data, ttl_s=ttl, sender=self.caller.sender
+            topic=frame.topic,
+            msg_type=frame.msg_type,
+            data=frame.data,
+            ttl_s=frame.ttl_s,
+            sender=self.caller.sender,
         )
         ref = frame.ref
 
