@@ -1,0 +1,147 @@
+"""What one publish costs the node before any socket: signature, envelope, durable log.
+
+Spec §11 asks for server CPU per delivery no higher than NATS's. Per delivery, a node
+pays its per-message work divided by the number of subscribers, plus the cost of the
+delivery itself. This measures the per-message part that no network work can avoid, in
+one process, on the real code:
+
+- ``sign``: the ed25519 signature over the JCS bytes of a 256-byte publish's envelope
+  (PyNaCl, libsodium's C code);
+- ``envelope``: ``Message.signed``, the signature with the envelope around it (canonical
+  JSON, the signature string, the stored bytes);
+- ``log``: ``MessageLog.publish`` for batches of ``--batch`` publishes until every one is
+  committed: numbering, signing in the writer thread, deduplication, insert, group commit
+  (with ``--sync full``, the node's default, the commit includes the WAL fsync), and the
+  future each publisher awaits. CPU is the whole process's (event loop and writer
+  thread), so it is what the node spends per publish with no subscriber and no socket.
+
+Run: python -m bench.bench_publish_cost [--messages 20000 --batch 125 --sync full,normal]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import save
+from hearthnet.identity import KeyPair
+from hearthnet.pubsub.envelope import Message
+from hearthnet.pubsub.log import MessageLog
+
+PAYLOAD = "x" * 256
+TOPIC = "bench.cost"
+
+
+def _per_message(fn: Any, count: int) -> tuple[float, float]:
+    """(CPU µs, wall µs) per call of ``fn`` over ``count`` calls."""
+    c0, w0 = time.process_time(), time.perf_counter()
+    for _ in range(count):
+        fn()
+    return (
+        (time.process_time() - c0) / count * 1e6,
+        (time.perf_counter() - w0) / count * 1e6,
+    )
+
+
+def measure_signing(keys: KeyPair, count: int) -> dict[str, float]:
+    """The signature alone and with the envelope around it, per message."""
+    body = Message.unsigned(
+        keys.node_id,
+        topic=TOPIC,
+        msg_type="bench",
+        data=PAYLOAD,
+        origin_seq=1,
+        ts=int(time.time() * 1000),
+        sender={"kind": "node", "id": keys.node_id},
+    )
+    sign_cpu, _ = _per_message(lambda: keys.sign_object(body), count)
+    env_cpu, _ = _per_message(lambda: Message.signed(keys, body), count)
+    return {"sign_cpu_us": sign_cpu, "envelope_cpu_us": env_cpu}
+
+
+async def measure_log(keys: KeyPair, sync: str, count: int, batch: int) -> dict[str, Any]:
+    """Publishes through the real log, ``batch`` at a time, each batch awaited."""
+    with tempfile.TemporaryDirectory(prefix="hn-publish-cost-") as tmp:
+        log = MessageLog(Path(tmp) / "log.db", keys, synchronous=sync)
+        await log.open()
+        flush = asyncio.get_running_loop().create_task(log.run())
+        try:
+            # One batch first: the connection, the schema and the first pages.
+            sender = {"kind": "node", "id": keys.node_id}
+            await asyncio.gather(
+                *[
+                    log.publish(topic=TOPIC, msg_type="bench", data=PAYLOAD, sender=sender)
+                    for _ in range(batch)
+                ]
+            )
+            rounds = max(1, count // batch)
+            batch_ms = []
+            c0, w0 = time.process_time(), time.perf_counter()
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                await asyncio.gather(
+                    *[
+                        log.publish(topic=TOPIC, msg_type="bench", data=PAYLOAD, sender=sender)
+                        for _ in range(batch)
+                    ]
+                )
+                batch_ms.append((time.perf_counter() - t0) * 1000)
+            n = rounds * batch
+            return {
+                "sync": sync,
+                "messages": n,
+                "batch": batch,
+                "cpu_us_per_message": (time.process_time() - c0) / n * 1e6,
+                "wall_us_per_message": (time.perf_counter() - w0) / n * 1e6,
+                "batch_ms_p50": statistics.median(batch_ms),
+            }
+        finally:
+            await log.close()
+            flush.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flush
+
+
+async def run(opts: argparse.Namespace) -> dict[str, Any]:
+    keys = KeyPair.generate()
+    signing = measure_signing(keys, opts.messages)
+    print(
+        f"ed25519 signature: {signing['sign_cpu_us']:.1f} µs CPU; "
+        f"with the envelope: {signing['envelope_cpu_us']:.1f} µs"
+    )
+    logs = []
+    for sync in opts.sync:
+        row = await measure_log(keys, sync, opts.messages, opts.batch)
+        logs.append(row)
+        print(
+            f"log, sync={sync}, batches of {row['batch']}: "
+            f"{row['cpu_us_per_message']:.1f} µs CPU, {row['wall_us_per_message']:.1f} µs wall "
+            f"per message; batch p50 {row['batch_ms_p50']:.2f} ms"
+        )
+    return {"payload_bytes": len(PAYLOAD), **signing, "log": logs}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--messages", type=int, default=20_000, help="per measurement")
+    p.add_argument("--batch", type=int, default=125, help="publishes committed together")
+    p.add_argument("--sync", default="full,normal", help="comma list: full, normal")
+    p.add_argument("--name", default="publish_cost")
+    opts = p.parse_args()
+    opts.sync = [s.strip() for s in opts.sync.split(",") if s.strip()]
+    for s in opts.sync:
+        if s not in ("full", "normal"):
+            p.error(f"--sync: {s!r} is not full or normal")
+    if opts.messages < 1 or opts.batch < 1:
+        p.error("--messages and --batch must be at least 1")
+    save(opts.name, asyncio.run(run(opts)))
+
+
+if __name__ == "__main__":
+    main()
