@@ -47,7 +47,7 @@ from hearthnet.errors import (
 from hearthnet.frames import Frame
 from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulid
-from hearthnet.subscription import Subscription
+from hearthnet.subscription import Gap, Subscription
 from hearthnet.transport import headers as h
 from hearthnet.transport.codec import SUBPROTOCOL_CBOR, SUBPROTOCOL_JSON, SseParser
 
@@ -313,6 +313,7 @@ class Client:
         presence: dict[str, Any] | None = None,
         window: int = 1024,
         on_presence: Callable[[dict[str, Any]], None] | None = None,
+        on_gap: Callable[[Gap], None] | None = None,
         first_backoff_s: float = 0.5,
     ) -> Subscription:
         """A subscription that resumes by itself after any disconnect (use ``async with``).
@@ -322,6 +323,9 @@ class Client:
             consumer: a durable consumer name (at-least-once; acks move its cursor).
             presence: ``{"name","status","meta"}`` to appear in the topics' presence.
             on_presence: called with each ``presence`` event's data.
+            on_gap: called with each :class:`Gap` (messages the node dropped for this slow
+                subscriber; fetch them from history if needed); without it, gaps are
+                yielded by the iterator between the deliveries.
             first_backoff_s: the first reconnect delay (doubling to 30 s, spec §3.7).
         """
         return Subscription(
@@ -332,6 +336,7 @@ class Client:
             presence=presence,
             window=window,
             on_presence=on_presence,
+            on_gap=on_gap,
             first_backoff_s=first_backoff_s,
         )
 

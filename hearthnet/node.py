@@ -259,7 +259,14 @@ class Node:
         self.streams = ActiveStreams()
         self.sessions = SessionRegistry()
         self.connections = ConnectionTracker(
-            cfg.limits.connections_per_identity, cfg.limits.connections_total
+            cfg.limits.connections_per_identity,
+            cfg.limits.connections_total,
+            self.metrics.counter(
+                "hearthnet_connections_refused_total",
+                "Connections refused with capacity_exceeded, by the limit reached "
+                "(identity, node).",
+                ("limit",),
+            ),
         )
         self.metrics.gauge(
             "hearthnet_connections",

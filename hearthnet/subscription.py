@@ -24,7 +24,14 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.typing import Subprotocol
 
-from hearthnet.errors import HearthNetError, Unavailable, WireError, error_from_wire
+from hearthnet.errors import (
+    CapacityExceeded,
+    HearthNetError,
+    RateLimited,
+    Unavailable,
+    WireError,
+    error_from_wire,
+)
 from hearthnet.transport.codec import SUBPROTOCOL_JSON
 
 if TYPE_CHECKING:
@@ -36,6 +43,9 @@ SEEN_IDS = 20_000
 ACK_IDLE_S = 0.05
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
+# Refusals a reconnect waits out (a full node, a busy one, a network down); anything else
+# (a revoked or expired credential, a forbidden topic) ends the subscription with its error.
+RETRYABLE = (Unavailable, CapacityExceeded, RateLimited, OSError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +175,7 @@ class Subscription:
         presence: dict[str, Any] | None = None,
         window: int = 1024,
         on_presence: Callable[[dict[str, Any]], None] | None = None,
+        on_gap: Callable[[Gap], None] | None = None,
         max_backoff_s: float = BACKOFF_MAX_S,
         first_backoff_s: float = BACKOFF_START_S,
     ) -> None:
@@ -173,6 +184,7 @@ class Subscription:
         self.consumer = consumer
         self.presence = presence
         self.on_presence = on_presence
+        self.on_gap = on_gap
         self.state = ResumeState(window=window)
         self._initial_since = since
         self.max_backoff_s = max_backoff_s
@@ -255,16 +267,22 @@ class Subscription:
 
     async def _items(self) -> AsyncIterator[Delivery | Gap]:
         delays = backoff_delays(self.first_backoff_s, self.max_backoff_s)
+        retry_after_s = 0.0
         while not self._closed:
             ws = self._ws
             if ws is None:
-                wait = await anext(delays)
+                wait = max(await anext(delays), retry_after_s)
                 await asyncio.sleep(wait)
+                retry_after_s = 0.0
                 try:
                     await self._connect()
                     delays = backoff_delays(self.first_backoff_s, self.max_backoff_s)
                     self.reconnects += 1
-                except (Unavailable, OSError) as exc:
+                except RETRYABLE as exc:
+                    # The node is there but full or busy (or not there yet): try again later,
+                    # no sooner than it asked.
+                    if isinstance(exc, WireError) and exc.retry_after_ms:
+                        retry_after_s = min(exc.retry_after_ms / 1000, self.max_backoff_s)
                     log.info("subscription reconnect failed (%s); next try soon", exc)
                 continue
             try:
@@ -304,7 +322,11 @@ class Subscription:
                 if delivery is not None:
                     yield delivery
             elif event == "gap":
-                yield Gap(int(data["from_seq"]), int(data["to_seq"]))
+                gap = Gap(int(data["from_seq"]), int(data["to_seq"]))
+                if self.on_gap is None:
+                    yield gap
+                else:
+                    self.on_gap(gap)
             elif event == "subscribed":
                 state.subscribed(str(data["epoch"]), int(data["head_seq"]))
             elif event == "reset":

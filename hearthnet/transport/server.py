@@ -92,11 +92,12 @@ class TransportMetrics:
 class ConnectionTracker:
     """Open streams and sockets per identity and per node (spec §2.5). Pure."""
 
-    def __init__(self, per_identity: int, total: int) -> None:
+    def __init__(self, per_identity: int, total: int, refused: Counter | None = None) -> None:
         self.per_identity = per_identity
         self.total_limit = total
         self.by_identity: dict[str, int] = {}
         self.total = 0
+        self.refused = refused or Counter("refused", "", ("limit",))
 
     @property
     def full(self) -> bool:
@@ -110,9 +111,11 @@ class ConnectionTracker:
             CapacityExceeded: over the per-identity or per-node limit.
         """
         if self.total >= self.total_limit:
+            self.refused.inc("node")
             raise CapacityExceeded("node connection limit reached", retry_after_ms=1000)
         used = self.by_identity.get(identity, 0)
         if used >= self.per_identity:
+            self.refused.inc("identity")
             raise CapacityExceeded(
                 f"at most {self.per_identity} connections per identity", retry_after_ms=1000
             )

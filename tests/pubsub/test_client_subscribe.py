@@ -1,0 +1,88 @@
+"""The public client's subscription against a real node: refusals it waits out, gaps
+handed to ``on_gap`` (spec §3.7, §2.5, §6.7)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from hearthnet.client import Client
+from hearthnet.node import Node
+from hearthnet.subscription import Delivery, Gap
+from tests.conftest import MakeConfig
+from tests.helpers import publish, wait_until
+from tests.pubsub.test_ws import session
+
+
+async def test_subscription_waits_out_a_full_node_and_loses_nothing(
+    make_config: MakeConfig, http: aiohttp.ClientSession
+) -> None:
+    """A reconnect refused with capacity_exceeded is retried with backoff, not fatal."""
+    config = make_config(limits={"connections_per_identity": 2}, pubsub={"sync": "normal"})
+    async with (
+        Node(config) as node,
+        Client(node.url, keys=node.keys) as client,
+        client.subscribe("cap.*", first_backoff_s=0.3) as sub,
+    ):
+        got: list[int] = []
+
+        async def consume() -> None:
+            async for item in sub:
+                assert isinstance(item, Delivery)
+                got.append(item.data["i"])
+
+        reader = asyncio.get_running_loop().create_task(consume())
+        other = await session(http, node)  # the identity's second connection
+        await wait_until(lambda: any(s.patterns for s in node.pubsub.subscribers))
+        await publish(node, "cap.a", 3)
+        await wait_until(lambda: len(got) == 3, what="first messages")
+
+        mine = [s for s in node.pubsub.subscribers if s.patterns]
+        for s in mine:
+            assert s.transport is not None
+            s.transport.abort()
+        await wait_until(lambda: len(node.pubsub.subscribers) == 1, what="the drop seen")
+        squatter = await session(http, node)  # takes the freed slot before the reconnect
+        await publish(node, "cap.a", 3, start=3)
+        refused = node.metrics.counter("hearthnet_connections_refused_total", "", ("limit",))
+        await wait_until(
+            lambda: refused.get("identity") >= 1, within_s=5, what="a refused reconnect"
+        )
+        assert not reader.done(), reader
+        await squatter.ws.close()
+        await wait_until(lambda: len(got) == 6, within_s=10, what="resumed after the refusal")
+        await publish(node, "cap.a", 2, start=6)
+        await wait_until(lambda: len(got) == 8, what="live again")
+        reader.cancel()
+        await other.ws.close()
+    assert (got, sub.reconnects) == ([*range(8)], 1)
+
+
+async def test_on_gap_receives_the_gap_and_the_iterator_only_messages(
+    make_config: MakeConfig,
+) -> None:
+    """With ``on_gap``, a slow subscription's gap goes to the callback, in stream order."""
+    async with (
+        Node(make_config(pubsub={"queue_max": 10, "sync": "normal"})) as node,
+        Client(node.url, keys=node.keys) as client,
+    ):
+        events: list[object] = []
+        async with client.subscribe("gap.t", window=4, on_gap=events.append) as sub:
+            await wait_until(lambda: any(s.patterns for s in node.pubsub.subscribers))
+            await publish(node, "gap.t", 100)  # nobody reads: the node's queue overflows
+
+            async def read() -> None:
+                async for item in sub:
+                    events.append(item.data["i"] if isinstance(item, Delivery) else item)
+                    if item.data["i"] == 99:  # a Gap has no .data: it would fail here
+                        return
+
+            await asyncio.wait_for(read(), timeout=10)
+    gaps = [e for e in events if isinstance(e, Gap)]
+    numbers = [e for e in events if isinstance(e, int)]
+    assert len(gaps) == 1
+    assert events.index(gaps[0]) == 4  # after the window's 4 messages, before the rest
+    assert numbers[:4] == [0, 1, 2, 3]
+    # seq = i + 1; the gap names the first and last seq dropped
+    assert (gaps[0].from_seq, numbers[4:]) == (5, list(range(gaps[0].to_seq, 100)))
