@@ -153,12 +153,18 @@ class PubSubHttp:
             return await self._sse(request, caller, patterns)
         return await self._long_poll(request, caller, patterns)
 
-    def _since(self, request: web.Request) -> Since | None:
+    def _since(self, request: web.Request, *, last_event_id: bool) -> Since | None:
+        """Where a subscribe starts: ``Last-Event-ID`` (SSE), else ``since_epoch`` +
+        ``since_seq``, ``since_ts`` or ``last`` from the query."""
+        last_event = request.headers.get("Last-Event-ID") if last_event_id else None
+        if last_event:
+            # An EventSource reconnects to the URL it was opened with and adds the id of the
+            # last event it got: that id wins over the URL's starting point. The URL's
+            # since_epoch is not applied to it: ids are seqs of the epoch the stream was in,
+            # which after a reset is no longer the URL's.
+            return Since(seq=parse_int(last_event, "Last-Event-ID", minimum=0))
         epoch = request.query.get("since_epoch")
         seq = _int_query(request, "since_seq")
-        last_event = request.headers.get("Last-Event-ID")
-        if seq is None and last_event:
-            seq = parse_int(last_event, "Last-Event-ID", minimum=0)
         if seq is not None:
             return Since(epoch=epoch, seq=seq)
         ts = _int_query(request, "since_ts")
@@ -171,7 +177,7 @@ class PubSubHttp:
         self, request: web.Request, caller: Caller, patterns: tuple[TopicPattern, ...]
     ) -> web.StreamResponse:
         deps = self.deps
-        since = self._since(request)
+        since = self._since(request, last_event_id=True)
         if "consumer" in request.query:
             raise BadRequest("durable consumers need acks: subscribe over WebSocket")
         # Every refusal must happen before the 200 and the event-stream headers go out.
@@ -212,7 +218,9 @@ class PubSubHttp:
         timeout = min(
             float(_int_query(request, "timeout_s", default=30) or 0), deps.config.long_poll_max_s
         )
-        since_seq = _int_query(request, "since_seq")
+        since = self._since(request, last_event_id=False)
+        if "consumer" in request.query:
+            raise BadRequest("durable consumers need acks: subscribe over WebSocket")
         arrived = asyncio.Event()
         frames: list[bytes] = []
 
@@ -220,8 +228,9 @@ class PubSubHttp:
             frames.extend(written)
             arrived.set()
 
-        def has_message() -> bool:
-            return any(f.startswith(b'{"event":"message"') for f in frames)
+        def has_news() -> bool:
+            # a message, or a reset: the cursor cannot be used and the client must know now
+            return any(f.startswith((b'{"event":"message"', b'{"event":"reset"')) for f in frames)
 
         channel = SubscriberChannel(
             window=None,
@@ -237,27 +246,29 @@ class PubSubHttp:
             transport=None,
             on_frames=collect,
         )
+        # A long-poll holds a socket for up to timeout_s: it counts like any stream.
+        deps.connections.open(caller.identity)
         service.register(sub)
         try:
             # Read no more backlog than one response can return.
-            await service.subscribe(
-                sub,
-                patterns,
-                since=Since(seq=since_seq) if since_seq is not None else None,
-                backlog_limit=LONG_POLL_LIMIT,
-            )
-            sub.flush()
+            await service.subscribe(sub, patterns, since=since, backlog_limit=LONG_POLL_LIMIT)
+            sub.write_out()
             # spec §6.5: return at once when there is backlog; else wait for the first message
-            if not has_message() and timeout > 0:
+            if not has_news() and timeout > 0:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(timeout):
-                        while not has_message():
+                        while not has_news():
                             arrived.clear()
                             await arrived.wait()
-            sub.flush()
+            sub.write_out()
         finally:
             service.detach(sub)
+            deps.connections.close(caller.identity)
         messages, resume = _long_poll_page(frames, service.log.head_seq)
+        service.count_sent(
+            sum(1 for f in messages if f.startswith(b'{"event":"message"')),
+            sum(1 for f in messages if f.startswith(b'{"event":"gap"')),
+        )
         body = (
             b'{"messages":['
             + b",".join(messages)
@@ -286,7 +297,7 @@ def _long_poll_page(frames: list[bytes], head_seq: int) -> tuple[list[bytes], in
             count += 1
             if count == LONG_POLL_LIMIT:
                 return out, int(orjson.loads(frame)["seq"])
-        elif frame.startswith(b'{"event":"gap"'):
+        elif frame.startswith((b'{"event":"gap"', b'{"event":"reset"')):
             out.append(frame)
     return out, head_seq
 

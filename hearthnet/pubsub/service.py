@@ -227,7 +227,23 @@ class Subscriber:
         self.channel.out.append(control_frame(self.form, event, data))
 
     def flush(self) -> int:
-        """Write what the channel lets out; returns how many message frames went."""
+        """Write what the channel lets out, counted in the node's metrics; returns how
+        many message frames went."""
+        sent = self.write_out()
+        if self.service is not None:
+            self.service.count_sent(sent, self.take_gaps())
+        return sent
+
+    def take_gaps(self) -> int:
+        """Gap frames made since the last call (made when the channel pumps, on offer or
+        on ack; counted when written)."""
+        made = self.channel.gaps_total - self.gaps_reported
+        self.gaps_reported = self.channel.gaps_total
+        return made
+
+    def write_out(self) -> int:
+        """Write what the channel lets out (uncounted); returns how many message frames
+        went."""
         self.flush_scheduled = False
         if self.closed:
             return 0
@@ -238,8 +254,9 @@ class Subscriber:
         if not frames:
             return 0
         if self.on_frames is not None:
+            # Handed to a long-poll, which counts what its response returns.
             self.on_frames(frames)
-            return count
+            return 0
         transport = self.transport
         if transport is None or transport.is_closing():
             return 0
@@ -406,12 +423,14 @@ class PubSub:
         sent = 0
         gaps = 0
         for sub in dirty:
-            sent += sub.flush()
-            # gaps are made when the channel pumps (on offer or on ack), counted at flush
-            gaps += sub.channel.gaps_total - sub.gaps_reported
-            sub.gaps_reported = sub.channel.gaps_total
-        if sent:
-            self.metrics.delivered.inc(amount=sent)
+            sent += sub.write_out()
+            gaps += sub.take_gaps()
+        self.count_sent(sent, gaps)
+
+    def count_sent(self, messages: int, gaps: int) -> None:
+        """Message and gap frames written to subscribers (spec §9 metrics)."""
+        if messages:
+            self.metrics.delivered.inc(amount=messages)
         if gaps:
             self.metrics.gaps.inc(amount=gaps)
 

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from typing import Any
 
 import pytest
 
+from hearthnet.caller import Caller
 from hearthnet.client import Client
-from hearthnet.errors import BadRequest, Forbidden, PayloadTooLarge
+from hearthnet.community import Level
+from hearthnet.errors import BadRequest, CapacityExceeded, Forbidden, PayloadTooLarge
 from hearthnet.identity import KeyPair
 from hearthnet.node import Node
+from hearthnet.subscription import Delivery
 from tests.conftest import MakeConfig
 from tests.helpers import publish, publish_at_once, token_for, wait_until
 
@@ -32,10 +36,23 @@ class RawSse:
         self._buffer = b""
 
     @classmethod
-    async def open(cls, node: Node, path: str, headers: dict[str, str] | None = None) -> RawSse:
-        """Send the GET and read the response head."""
+    async def open(
+        cls,
+        node: Node,
+        path: str,
+        headers: dict[str, str] | None = None,
+        *,
+        rcvbuf: int | None = None,
+    ) -> RawSse:
+        """Send the GET and read the response head (``rcvbuf``: a small receive buffer, so
+        a reader that stops reading backs up into the node quickly)."""
         host, port = node.url.removeprefix("http://").rsplit(":", 1)
-        reader, writer = await asyncio.open_connection(host, int(port))
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+        reader, writer = await asyncio.open_connection(sock=sock)
         lines = [f"GET {path} HTTP/1.1", f"Host: {host}", "Accept: text/event-stream"]
         lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
@@ -95,17 +112,18 @@ class RawSse:
         self.writer.close()
 
 
-async def test_sse_resume_by_last_event_id_with_a_raw_client(node: Node) -> None:
-    """EventSource-style: ?token=, id: = seq; reconnecting with Last-Event-ID resumes exactly."""
+@pytest.mark.parametrize("start", ["since_seq=0", "last=3", "since_ts=0"])
+async def test_sse_resume_by_last_event_id_with_a_raw_client(node: Node, start: str) -> None:
+    """EventSource-style: ?token=, id: = seq; reconnecting to the same URL with
+    Last-Event-ID resumes exactly (the header wins over the URL's starting point)."""
     token = token_for(node, "sub:feed.*")
     await publish(node, "feed.a", 3)
-    first = await RawSse.open(node, f"/pubsub/v1/subscribe?topics=feed.*&since_seq=0&token={token}")
+    url = f"/pubsub/v1/subscribe?topics=feed.*&{start}&token={token}"
+    first = await RawSse.open(node, url)
     got = await first.messages(3)
     first.close()
     await publish(node, "feed.a", 4, start=3)  # published while disconnected
-    again = await RawSse.open(
-        node, f"/pubsub/v1/subscribe?topics=feed.*&token={token}", {"Last-Event-ID": got[-1]["id"]}
-    )
+    again = await RawSse.open(node, url, {"Last-Event-ID": got[-1]["id"]})
     hello = await again.event()
     resumed = await again.messages(4)
     await publish(node, "feed.a", 1, start=7)
@@ -128,6 +146,56 @@ async def test_sse_resume_by_last_event_id_with_a_raw_client(node: Node) -> None
         [e["data"]["data"]["i"] for e in live],
         [e["id"] for e in resumed],
     )
+
+
+async def test_slow_sse_reader_gets_a_gap_and_the_metrics_count_what_was_sent(
+    make_config: MakeConfig,
+) -> None:
+    """An SSE reader that stops reading gets a gap event for what overflowed its queue,
+    a fast WebSocket subscriber on the same topic gets everything while publishing goes
+    on, and hearthnet_pubsub_{delivered,gaps}_total count exactly the frames written."""
+    async with (
+        Node(make_config(pubsub={"queue_max": 10, "sync": "normal"})) as node,
+        Client(node.url, keys=node.keys) as client,
+        client.subscribe("slow.t") as fast,
+    ):
+        token = token_for(node, "sub:slow.*")
+        slow = await RawSse.open(
+            node, f"/pubsub/v1/subscribe?topics=slow.t&token={token}", rcvbuf=4096
+        )
+        assert (await slow.event())["event"] == "subscribed"
+        await wait_until(lambda: len([s for s in node.pubsub.subscribers if s.patterns]) == 2)
+        me = Caller(node.keys.node_id, "node", Level.ANCHOR, None, True)
+        pad = "x" * 16384
+        fast_got: list[int] = []
+
+        async def read_fast() -> None:
+            async for item in fast:
+                assert isinstance(item, Delivery)
+                fast_got.append(item.data["i"])
+                if len(fast_got) == 600:
+                    return
+
+        reader = asyncio.get_running_loop().create_task(read_fast())
+        for i in range(600):
+            await node.pubsub.publish(me, "slow.t", "m", {"i": i, "pad": pad})
+        await asyncio.wait_for(reader, timeout=10)  # the fast one is not held back
+        seen: list[int] = []
+        gaps: list[tuple[int, int]] = []
+        while len(seen) + sum(b - a + 1 for a, b in gaps) < 600:
+            event = await slow.event()
+            if event["event"] == "message":
+                seen.append(int(event["id"]))
+            elif event["event"] == "gap":
+                gaps.append((event["data"]["from_seq"], event["data"]["to_seq"]))
+        slow.close()
+        delivered = node.metrics.counter("hearthnet_pubsub_delivered_total", "").get()
+        counted_gaps = node.metrics.counter("hearthnet_pubsub_gaps_total", "").get()
+    covered = sorted(seen + [s for a, b in gaps for s in range(a, b + 1)])
+    assert fast_got == [*range(600)]
+    assert gaps, "the slow reader should have overflowed"
+    assert covered == [*range(1, 601)]  # every seq once: delivered or named by a gap
+    assert (delivered, counted_gaps) == (600 + len(seen), len(gaps))
 
 
 @pytest.mark.parametrize("cursor", ["since_epoch=0000&since_seq=1", "since_seq=999999"])
@@ -214,6 +282,83 @@ async def test_long_poll_returns_backlog_at_once_and_waits_for_news(
         empty["messages"],
         backlog["epoch"],
     )
+
+
+@pytest.mark.parametrize("cursor", [{"since_seq": 999}, {"since_epoch": "zzz", "since_seq": 0}])
+async def test_long_poll_reset_returns_at_once_with_the_new_epoch_and_head(
+    node: Node, client: Client, cursor: dict[str, object]
+) -> None:
+    """A cursor from the future or another epoch cannot be used: the poll answers at once
+    with a reset frame, the epoch and the head (spec §6.5), instead of waiting and then
+    handing out a cursor past messages it never returned."""
+    await publish(node, "lp.r", 2)
+    started = asyncio.get_running_loop().time()
+    page = await client.request_json(
+        "GET", "/pubsub/v1/subscribe", query={"topics": "lp.r", "timeout_s": 10, **cursor}
+    )
+    waited = asyncio.get_running_loop().time() - started
+    await publish(node, "lp.r", 1, start=2)
+    after = await client.request_json(
+        "GET",
+        "/pubsub/v1/subscribe",
+        query={"topics": "lp.r", "since_epoch": page["epoch"], "since_seq": page["head_seq"]},
+    )
+    assert waited < 5
+    assert [m["event"] for m in page["messages"]] == ["reset"]
+    assert (page["epoch"], page["head_seq"]) == (node.message_log.epoch, 2)
+    assert [m["data"]["data"]["i"] for m in after["messages"]] == [2]
+
+
+async def test_long_poll_starts_by_time_or_count_and_refuses_bad_cursors(
+    node: Node, client: Client
+) -> None:
+    """since_ts and last work as on SSE and WebSocket; malformed cursors are 400."""
+    await publish(node, "lp.t", 3)
+    page, _ = await node.message_log.history("lp.t")
+    by_ts = await client.request_json(
+        "GET",
+        "/pubsub/v1/subscribe",
+        query={"topics": "lp.t", "since_ts": page[1].message.ts, "timeout_s": 0},
+    )
+    by_count = await client.request_json(
+        "GET", "/pubsub/v1/subscribe", query={"topics": "lp.t", "last": 1, "timeout_s": 0}
+    )
+    refused = []
+    for bad in ({"since_ts": "abc"}, {"since_seq": "-1"}, {"last": "x"}):
+        with pytest.raises(BadRequest) as err:
+            await client.request_json(
+                "GET", "/pubsub/v1/subscribe", query={"topics": "lp.t", **bad}
+            )
+        refused.append(err.value.code)
+    assert [m["data"]["data"]["i"] for m in by_ts["messages"]][-2:] == [1, 2]
+    assert [m["data"]["data"]["i"] for m in by_count["messages"]] == [2]
+    assert refused == ["bad_request"] * 3
+
+
+async def test_long_polls_count_as_connections_and_deliveries(make_config: MakeConfig) -> None:
+    """A parked long-poll holds one of the identity's connections (spec §2.5), and what a
+    poll returns is counted in hearthnet_pubsub_delivered_total (spec §9)."""
+    async with (
+        Node(make_config(limits={"connections_per_identity": 2})) as node,
+        Client(node.url, keys=node.keys) as client,
+    ):
+        query = {"topics": "lp.c", "timeout_s": 10}
+        parked = [
+            asyncio.get_running_loop().create_task(
+                client.request_json("GET", "/pubsub/v1/subscribe", query=query)
+            )
+            for _ in range(2)
+        ]
+        await wait_until(lambda: node.connections.total == 2, what="two polls parked")
+        with pytest.raises(CapacityExceeded):
+            await client.request_json("GET", "/pubsub/v1/subscribe", query=query)
+        delivered = node.metrics.counter("hearthnet_pubsub_delivered_total", "")
+        before = delivered.get()
+        await publish(node, "lp.c", 1)
+        pages = await asyncio.gather(*parked)
+        assert [len(p["messages"]) for p in pages] == [1, 1]
+        assert delivered.get() - before == 2
+        assert node.connections.total == 0
 
 
 async def test_long_poll_pages_a_long_backlog_and_resumes_without_loss(
