@@ -493,6 +493,37 @@ def cmd_token_issue(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_token_revoke(args: argparse.Namespace) -> int:
+    """``hearthnet token revoke TOKEN|JTI``: revoke one token, mesh-wide (spec §1.6)."""
+    from hearthnet.community import MembershipRecord
+    from hearthnet.tokens import TOKEN_PREFIX, CapabilityToken
+
+    keys, _, membership = _local_identity(args)
+    if args.token.startswith(TOKEN_PREFIX):
+        token = CapabilityToken.decode(args.token)
+        iss, jti = token.iss, token.jti
+    else:
+        iss, jti = args.iss or keys.node_id, args.token
+    record = MembershipRecord.create(
+        keys, "token.revoked", membership.community_id, jti, now_ms=now_ms(), iss=iss
+    )
+
+    async def main() -> Any:
+        async with _client(args) as client:
+            return await client.request_json(
+                "POST", "/mesh/v1/membership", {"records": [record.to_json()]}
+            )
+
+    result = _run(main)
+    if not result.get("applied"):
+        raise ConfigError(
+            "the node did not apply the revocation (a token is revoked by its issuer or an "
+            "anchor; or it was revoked already)"
+        )
+    print(json.dumps({"revoked": jti, "iss": iss}))
+    return EXIT_OK
+
+
 # --- parser --------------------------------------------------------------------------
 
 
@@ -637,7 +668,7 @@ def _add_mesh_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     exp.set_defaults(func=cmd_heartbeat_export)
 
 
-def _add_admin_parsers(sub: Any, local: Parents) -> None:
+def _add_admin_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     keys = sub.add_parser("keys", help="node identity")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     show = keys_sub.add_parser("show", parents=local, help="show NodeID and short id")
@@ -666,6 +697,12 @@ def _add_admin_parsers(sub: Any, local: Parents) -> None:
     )
     issue.add_argument("--sub", help="subject name for the client (default: generated)")
     issue.set_defaults(func=cmd_token_issue)
+    revoke = token_sub.add_parser(
+        "revoke", parents=remote, help="revoke one token on every node (issuer or anchor)"
+    )
+    revoke.add_argument("token", help="the token (hnt1:...) or its jti")
+    revoke.add_argument("--iss", help="with a jti: the token's issuer (default: this node)")
+    revoke.set_defaults(func=cmd_token_revoke)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -686,7 +723,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pubsub_parsers(sub, [common, remote])
     _add_chat_parser(sub, [common, remote])
     _add_mesh_parsers(sub, [common], [common, remote])
-    _add_admin_parsers(sub, [common])
+    _add_admin_parsers(sub, [common], [common, remote])
     return parser
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -13,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from hearthnet.client import Client
+from hearthnet.errors import Revoked
 from hearthnet.identity import load_or_create_keys
+from hearthnet.tokens import CapabilityToken
 from tests.helpers import NodeProcess, hearthnet_cmd, run_cli, start_node_process
 
 
@@ -184,3 +187,60 @@ def test_commands_that_read_an_identity_do_not_make_one(tmp_path: Path) -> None:
     ]
     assert [(1, True)] * len(results) == [(r.returncode, "no keys in" in r.stderr) for r in results]
     assert not (empty / "keys").exists()
+
+
+def test_pub_sub_topics_from_the_command_line(node_proc: NodeProcess) -> None:
+    """`sub --last` prints the backlog then live messages as JSON lines; `topics` lists."""
+    d = str(node_proc.data_dir)
+    for i in range(2):
+        assert (
+            run_cli("pub", "cli.t", "--data", json.dumps({"i": i}), "--data-dir", d).returncode == 0
+        )
+    sub = subprocess.Popen(
+        hearthnet_cmd("sub", "cli.*", "--last", "5", "--count", "3", "--data-dir", d),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert sub.stdout is not None
+        first = [json.loads(sub.stdout.readline()) for _ in range(2)]  # the backlog
+        pub = run_cli("pub", "cli.t", "--type", "note", "--data", '{"i": 2}', "--data-dir", d)
+        out, err = sub.communicate(timeout=30)
+    finally:
+        if sub.poll() is None:
+            sub.kill()
+            sub.wait()
+    lines = first + [json.loads(line) for line in out.splitlines()]
+    topics = run_cli("topics", "--json", "--data-dir", d)
+    listed = {t["topic"]: t["messages"] for t in json.loads(topics.stdout)}
+    assert (sub.returncode, pub.returncode, topics.returncode) == (0, 0, 0), err
+    assert [(x["seq"], x["topic"], x["type"], x["data"]) for x in lines] == [
+        (1, "cli.t", "message", {"i": 0}),
+        (2, "cli.t", "message", {"i": 1}),
+        (3, "cli.t", "note", {"i": 2}),
+    ]
+    assert listed == {"cli.t": 3}
+
+
+async def test_token_revoke_ends_the_tokens_sessions_and_requests(node_proc: NodeProcess) -> None:
+    """`token revoke TOKEN` (spec §1.6): its live subscription ends with `revoked`, its
+    next request is refused, another token of the same issuer still works."""
+    d = str(node_proc.data_dir)
+    doomed, other = (
+        run_cli("token", "issue", "--scope", "sub:rv.*", "--data-dir", d).stdout.strip()
+        for _ in range(2)
+    )
+    async with Client(node_proc.url, token=doomed) as client, client.subscribe("rv.*") as sub:
+        reader = asyncio.get_running_loop().create_task(anext(aiter(sub)))
+        revoked = await asyncio.to_thread(run_cli, "token", "revoke", doomed, "--data-dir", d)
+        with pytest.raises(Revoked):
+            await asyncio.wait_for(reader, timeout=10)
+        with pytest.raises(Revoked):
+            await client.request_json("GET", "/pubsub/v1/topics/rv.a/history")
+    async with Client(node_proc.url, token=other) as client:
+        assert (await client.request_json("GET", "/pubsub/v1/topics/rv.a/history"))[
+            "messages"
+        ] == []
+    assert revoked.returncode == 0, revoked.stderr
+    assert json.loads(revoked.stdout)["revoked"] == CapabilityToken.decode(doomed).jti
