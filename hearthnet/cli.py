@@ -11,6 +11,7 @@ import json
 import os
 import re
 import sys
+import tomllib
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -420,6 +421,62 @@ def cmd_community_revoke(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _rules_file(path: str) -> tuple[tuple[str, str, str], ...]:
+    """Access rules from a TOML file's ``[[pubsub.rules]]`` tables (a node's config file
+    will do) or from a JSON list of ``{pattern, subscribe, publish}``."""
+    from hearthnet.pubsub.access import AccessRule
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    try:
+        tables: Any = json.loads(text) if path.endswith(".json") else tomllib.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(
+            f"{path} is not valid {'JSON' if path.endswith('.json') else 'TOML'}: {exc}"
+        ) from exc
+    if isinstance(tables, dict):
+        tables = tables.get("pubsub", {}).get("rules")
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise ConfigError(f"{path} has no [[pubsub.rules]] tables (or JSON list of rules)")
+    rules = [AccessRule.from_config(t) for t in tables]
+    return tuple((r.pattern, r.subscribe, r.publish) for r in rules)
+
+
+def cmd_community_rules(args: argparse.Namespace) -> int:
+    """``hearthnet community rules FILE|--clear``: sign the community's pub/sub access
+    rules (anchors only) and hand them to the node, which gossips them (spec §6.9)."""
+    from hearthnet.community import MembershipRecord
+
+    if args.clear == (args.file is not None):
+        raise ConfigError("give a rules file, or --clear")
+    rules = () if args.clear else _rules_file(args.file)
+    if not args.clear and not rules:
+        raise ConfigError("no rules in the file (use --clear to hand rules back to each node)")
+    keys, _, membership = _local_identity(args)
+    record = MembershipRecord.create(
+        keys,
+        "pubsub.rules",
+        membership.community_id,
+        membership.community_id,
+        now_ms=now_ms(),
+        rules=rules,
+    )
+
+    async def main() -> Any:
+        async with _client(args) as client:
+            return await client.request_json(
+                "POST", "/mesh/v1/membership", {"records": [record.to_json()]}
+            )
+
+    result = _run(main)
+    if not result.get("applied"):
+        raise ConfigError("the node did not apply the rules (only anchors set them)")
+    _print_json({"pubsub_rules": record.to_json()["rules"]})
+    return EXIT_OK
+
+
 def cmd_community_show(args: argparse.Namespace) -> int:
     """``hearthnet community show``: the community and its members."""
     _, _, membership = _local_identity(args)
@@ -431,6 +488,14 @@ def cmd_community_show(args: argparse.Namespace) -> int:
             for n, m in sorted(membership.members.items())
         ],
         "revoked": sorted(membership.revoked),
+        "pubsub_rules": (
+            None
+            if membership.pubsub_rules is None
+            else [
+                {"pattern": p, "subscribe": sub, "publish": pub}
+                for p, sub, pub in membership.pubsub_rules
+            ]
+        ),
     }
     _print_json(info)
     return EXIT_OK
@@ -646,6 +711,16 @@ def _add_mesh_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     revoke = csub.add_parser("revoke", parents=remote, help="revoke a member (anchors only)")
     revoke.add_argument("node", help="the NodeID to revoke")
     revoke.set_defaults(func=cmd_community_revoke)
+    rules = csub.add_parser(
+        "rules", parents=remote, help="set the community's pub/sub access rules (anchors only)"
+    )
+    rules.add_argument(
+        "file", nargs="?", help="TOML with [[pubsub.rules]] tables, or a .json list of rules"
+    )
+    rules.add_argument(
+        "--clear", action="store_true", help="drop them: each node uses its own config again"
+    )
+    rules.set_defaults(func=cmd_community_rules)
     show = csub.add_parser("show", parents=local, help="the community and its members")
     show.set_defaults(func=cmd_community_show)
 

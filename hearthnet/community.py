@@ -8,7 +8,10 @@ and so reaches the same view, offline, with no coordinator:
 - ``member.added``       by an anchor or trusted member, at a level no higher than its own;
 - ``member.level_changed`` by an anchor;
 - ``member.revoked``     by an anchor (the founder cannot be revoked);
-- ``token.revoked``      by the token's issuer or an anchor (``subject`` is the ``jti``).
+- ``token.revoked``      by the token's issuer or an anchor (``subject`` is the ``jti``);
+- ``pubsub.rules``       by an anchor: the community's pub/sub access rules (spec §6.9), so
+  every node enforces the same ones; the last in fold order wins, an empty list hands the
+  rules back to each node's own configuration.
 
 A record whose signer does not hold the needed level *at that point of the fold* is
 ignored, so revoking a member also voids what it signed later.
@@ -26,9 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hearthnet.errors import BadRequest, HearthNetError, StorageError
+import orjson
+
+from hearthnet.errors import BadRequest, HearthNetError, PayloadTooLarge, StorageError
 from hearthnet.identity import KeyPair, verify_object
 from hearthnet.ids import is_node_id, is_ulid, new_ulid
+from hearthnet.pubsub.topics import TopicPattern
 
 
 class Level(enum.IntEnum):
@@ -55,9 +61,49 @@ class Level(enum.IntEnum):
 
 
 RECORD_KINDS = frozenset(
-    {"community.created", "member.added", "member.level_changed", "member.revoked", "token.revoked"}
+    {
+        "community.created",
+        "member.added",
+        "member.level_changed",
+        "member.revoked",
+        "token.revoked",
+        "pubsub.rules",
+    }
 )
 MAX_RECORD_BYTES = 8 * 1024
+# Pub/sub access rules (spec §6.9): who may subscribe to and publish on a pattern.
+RULE_LEVELS = ("self", "anchor", "trusted", "member", "token", "any")
+MAX_RULES = 64
+Rule = tuple[str, str, str]  # (pattern, subscribe level, publish level)
+
+
+def check_rule(pattern: object, subscribe: object, publish: object) -> Rule:
+    """Validate one access rule; ``{self}`` stands for one segment (a member's short id).
+
+    Raises:
+        BadRequest: a level that is not one of :data:`RULE_LEVELS`, or a bad pattern.
+    """
+    if not (isinstance(pattern, str) and isinstance(subscribe, str) and isinstance(publish, str)):
+        raise BadRequest("a rule's pattern, subscribe and publish are strings")
+    for level in (subscribe, publish):
+        if level not in RULE_LEVELS:
+            raise BadRequest(f"rule {pattern!r}: level {level!r} is not one of {RULE_LEVELS}")
+    try:
+        TopicPattern.parse(pattern.replace("{self}", "x"))
+    except BadRequest as exc:
+        raise BadRequest(f"rule pattern {pattern!r} is not a topic pattern") from exc
+    return (pattern, subscribe, publish)
+
+
+def _parse_rules(value: object) -> tuple[Rule, ...]:
+    if not isinstance(value, list) or len(value) > MAX_RULES:
+        raise BadRequest(f"pubsub.rules carries a list of at most {MAX_RULES} rules")
+    rules = []
+    for item in value:
+        if not isinstance(item, dict) or set(item) != {"pattern", "subscribe", "publish"}:
+            raise BadRequest("a rule is {pattern, subscribe, publish}")
+        rules.append(check_rule(item["pattern"], item["subscribe"], item["publish"]))
+    return tuple(rules)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +122,7 @@ class MembershipRecord:
     role: str | None = None
     iss: str | None = None
     invite: str | None = None  # member.added: the nonce of the invite it redeems
+    rules: tuple[Rule, ...] | None = None  # pubsub.rules
 
     @classmethod
     def create(
@@ -91,6 +138,7 @@ class MembershipRecord:
         role: str | None = None,
         iss: str | None = None,
         invite: str | None = None,
+        rules: tuple[Rule, ...] | None = None,
     ) -> MembershipRecord:
         """Make and sign a record as ``signer``."""
         body: dict[str, Any] = {
@@ -111,6 +159,8 @@ class MembershipRecord:
             body["iss"] = iss
         if invite is not None:
             body["invite"] = invite
+        if rules is not None:
+            body["rules"] = _rules_json(rules)
         body["sig"] = signer.sign_object(body)
         return cls.parse(body)
 
@@ -138,6 +188,7 @@ class MembershipRecord:
                 role=obj.get("role"),
                 iss=obj.get("iss"),
                 invite=obj.get("invite"),
+                rules=_parse_rules(obj["rules"]) if "rules" in obj else None,
             )
         except KeyError as exc:
             raise BadRequest(f"membership record lacks {exc.args[0]!r}") from exc
@@ -154,8 +205,13 @@ class MembershipRecord:
             "role",
             "iss",
             "invite",
+            "rules",
         }:
             raise BadRequest("membership record has unknown fields")
+        if (rec.kind == "pubsub.rules") != (rec.rules is not None):
+            raise BadRequest("rules belong to (and only to) a pubsub.rules record")
+        if len(orjson.dumps(obj)) > MAX_RECORD_BYTES:
+            raise PayloadTooLarge(f"a membership record is at most {MAX_RECORD_BYTES} bytes")
         if not is_ulid(rec.id) or rec.kind not in RECORD_KINDS:
             raise BadRequest("membership record id or kind is invalid")
         if not (is_node_id(rec.community) and is_node_id(rec.by)):
@@ -186,6 +242,8 @@ class MembershipRecord:
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
+        if self.rules is not None:
+            out["rules"] = _rules_json(self.rules)
         out["sig"] = self.sig
         return out
 
@@ -193,6 +251,10 @@ class MembershipRecord:
     def order_key(self) -> tuple[int, str]:
         """Records are applied in (ts, id) order on every node."""
         return (self.ts, self.id)
+
+
+def _rules_json(rules: tuple[Rule, ...]) -> list[dict[str, str]]:
+    return [{"pattern": p, "subscribe": sub, "publish": pub} for p, sub, pub in rules]
 
 
 @dataclass(slots=True)
@@ -216,6 +278,8 @@ class Membership:
     revoked_tokens: set[tuple[str, str]] = field(default_factory=set)
     records: dict[str, MembershipRecord] = field(default_factory=dict)
     used_invites: set[str] = field(default_factory=set)
+    # The community's pub/sub rules: None while no anchor has set any (or after a clear).
+    pubsub_rules: tuple[Rule, ...] | None = None
     version: int = 0
 
     def level_of(self, identity: str) -> Level | None:
@@ -246,6 +310,7 @@ class Membership:
         self.revoked.clear()
         self.revoked_tokens.clear()
         self.used_invites.clear()
+        self.pubsub_rules = None
         for rec in sorted(self.records.values(), key=lambda r: r.order_key):
             self._apply(rec)
         self.version += 1
@@ -293,6 +358,8 @@ class Membership:
             and (signer == Level.ANCHOR or rec.by == rec.iss)
         ):
             self.revoked_tokens.add((rec.iss, rec.subject))
+        elif rec.kind == "pubsub.rules" and signer == Level.ANCHOR and rec.rules is not None:
+            self.pubsub_rules = rec.rules or None
 
 
 class CommunityStore:

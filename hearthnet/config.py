@@ -242,8 +242,8 @@ class PubSubSection:
         default=(),
         metadata=_doc(
             "Access rules, [[pubsub.rules]] tables {pattern, subscribe, publish}; "
-            "empty: the defaults "
-            "in docs/pubsub.md."
+            "empty: the defaults in docs/pubsub.md. Ignored while the community has signed "
+            "rules (hearthnet community rules)."
         ),
     )
     retention: tuple[dict[str, Any], ...] = field(

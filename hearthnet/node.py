@@ -50,7 +50,7 @@ from hearthnet.mesh.http import MeshHttp
 from hearthnet.mesh.service import Mesh, advertised_url
 from hearthnet.mesh.tls import ensure_certificate, server_context
 from hearthnet.metrics import MetricsRegistry
-from hearthnet.pubsub.access import DEFAULT_RULES, AccessPolicy, AccessRule
+from hearthnet.pubsub.access import AccessPolicy, AccessRule, effective_rules
 from hearthnet.pubsub.http import PubSubHttp
 from hearthnet.pubsub.log import MessageLog
 from hearthnet.pubsub.retention import RetentionPolicy, RetentionRule
@@ -323,7 +323,11 @@ class Node:
     def _build_pubsub(self, transport_metrics: TransportMetrics) -> PubSub:
         cfg = self.config
         ps = cfg.pubsub
-        rules = tuple(AccessRule.from_config(r) for r in ps.rules) or DEFAULT_RULES
+        # The node's own [[pubsub.rules]] apply until an anchor signs community rules.
+        self._configured_rules = tuple(AccessRule.from_config(r) for r in ps.rules)
+        rules = effective_rules(self.membership, self._configured_rules)
+        if self._configured_rules and self.membership.pubsub_rules is not None:
+            log.warning("[[pubsub.rules]] ignored: the community's signed rules apply")
         retention = RetentionPolicy(
             tuple(RetentionRule.from_config(r) for r in ps.retention),
             max_messages=ps.max_messages_per_topic,
@@ -532,6 +536,11 @@ class Node:
             log.info("revoked %s", record.subject, extra={"peer": record.subject})
         elif record.kind == "token.revoked" and record.iss is not None:
             self.sessions.close_token(record.iss, record.subject, Revoked("token revoked"))
+        # Any record can change the community's rules (a late one can change the fold).
+        rules = effective_rules(self.membership, self._configured_rules)
+        if rules != self.pubsub.policy.rules:
+            dropped = self.pubsub.replace_rules(rules)
+            log.info("pub/sub access rules changed (%d subscriptions refused now)", dropped)
         return True
 
     def add_member(

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hearthnet.community import CommunityStore, Level, Membership, MembershipRecord, open_membership
-from hearthnet.errors import InvalidSignature
+from hearthnet.errors import BadRequest, InvalidSignature
 from hearthnet.identity import KeyPair
 
 FOUNDER = KeyPair.from_seed(b"\x01" * 32)
@@ -93,6 +93,59 @@ def test_token_revocation_by_issuer_or_anchor() -> None:
     assert [True, False, True] == [
         view.is_token_revoked(ALICE.node_id, j) for j in ("jti-1", "jti-2", "jti-3")
     ]
+
+
+CHAT = (("chat.**", "member", "member"), ("**", "anchor", "anchor"))
+
+
+def test_pubsub_rules_from_anchors_only_last_wins_empty_clears() -> None:
+    """pubsub.rules (spec §6.9): only anchors set them; in fold order the last one wins,
+    whatever the arrival order; an empty list hands the rules back to each node."""
+    add_alice = rec(FOUNDER, "member.added", ALICE.node_id, 2, level=Level.TRUSTED)
+    first = rec(FOUNDER, "pubsub.rules", C, 3, rules=CHAT)
+    by_trusted = rec(ALICE, "pubsub.rules", C, 4, rules=(("**", "any", "any"),))
+    second = rec(FOUNDER, "pubsub.rules", C, 5, rules=CHAT[1:])
+    clear = rec(FOUNDER, "pubsub.rules", C, 6, rules=())
+    assert fold(GENESIS).pubsub_rules is None
+    assert fold(GENESIS, add_alice, first, by_trusted).pubsub_rules == CHAT
+    assert fold(second, by_trusted, first, add_alice, GENESIS).pubsub_rules == CHAT[1:]
+    assert fold(GENESIS, first, second, clear).pubsub_rules is None
+    assert MembershipRecord.parse(first.to_json()) == first  # survives the wire
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [
+        [{"pattern": "chat.**", "subscribe": "everyone", "publish": "member"}],
+        [{"pattern": "chat..x", "subscribe": "member", "publish": "member"}],
+        [{"pattern": "chat.**", "subscribe": "member"}],
+        [{"pattern": "chat.**", "subscribe": "member", "publish": "member", "x": "y"}],
+        [{"pattern": f"t{i}", "subscribe": "any", "publish": "any"} for i in range(65)],
+        "chat.**",
+    ],
+)
+def test_bad_pubsub_rules_are_refused_when_parsed(rules: object) -> None:
+    """A bad level, pattern or shape, or too many rules: the record is refused whole."""
+    body = {
+        "id": "01KANAR9G03AZDCKJ8EVQ3X5S7",
+        "kind": "pubsub.rules",
+        "community": C,
+        "subject": C,
+        "by": C,
+        "ts": 3,
+        "rules": rules,
+    }
+    body["sig"] = FOUNDER.sign_object(body)
+    with pytest.raises(BadRequest):
+        MembershipRecord.parse(body)
+
+
+def test_rules_only_on_pubsub_rules_records() -> None:
+    """Other kinds cannot carry rules, and pubsub.rules needs them."""
+    with pytest.raises(BadRequest):
+        rec(FOUNDER, "member.added", ALICE.node_id, 2, rules=CHAT)
+    with pytest.raises(BadRequest):
+        rec(FOUNDER, "pubsub.rules", C, 2)
 
 
 def test_forged_record_refused() -> None:

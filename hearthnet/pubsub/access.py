@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hearthnet.caller import Caller
-from hearthnet.community import Level
-from hearthnet.errors import ConfigError, Forbidden
+from hearthnet.community import RULE_LEVELS, Level, Membership, check_rule
+from hearthnet.errors import BadRequest, ConfigError, Forbidden
 from hearthnet.ids import short_id
 from hearthnet.pubsub.topics import TopicPattern, pattern_covers, patterns_overlap
 
-LEVELS = ("self", "anchor", "trusted", "member", "token", "any")
+LEVELS = RULE_LEVELS
 INBOX_PATTERN = "node.*.inbox"
 MESH_PATTERN = "mesh.**"
 
@@ -57,13 +57,10 @@ class AccessRule:
         extra = set(table) - {"pattern", "subscribe", "publish"}
         if extra:
             raise ConfigError(f"unknown keys in [[pubsub.rules]]: {sorted(extra)}")
-        for level in (rule.subscribe, rule.publish):
-            if level not in LEVELS:
-                raise ConfigError(f"rule {rule.pattern!r}: level {level!r} is not one of {LEVELS}")
         try:
-            TopicPattern.parse(rule.pattern.replace("{self}", "x"))
-        except Exception as exc:
-            raise ConfigError(f"rule pattern {rule.pattern!r} is not a topic pattern") from exc
+            check_rule(rule.pattern, rule.subscribe, rule.publish)
+        except BadRequest as exc:
+            raise ConfigError(str(exc)) from exc
         return rule
 
     @property
@@ -104,6 +101,16 @@ def inbox_owner(topic: str) -> str | None:
     if len(parts) == 3 and parts[0] == "node" and parts[2] == "inbox":
         return parts[1]
     return None
+
+
+def effective_rules(
+    membership: Membership, configured: tuple[AccessRule, ...]
+) -> tuple[AccessRule, ...]:
+    """The rules a node enforces (spec §6.9): the community's signed ones when an anchor
+    has set them, else the node's own ``[[pubsub.rules]]``, else :data:`DEFAULT_RULES`."""
+    if membership.pubsub_rules is not None:
+        return tuple(AccessRule(*rule) for rule in membership.pubsub_rules)
+    return configured or DEFAULT_RULES
 
 
 class AccessPolicy:

@@ -22,7 +22,7 @@ from hearthnet.clock import now_ms
 from hearthnet.config import PubSubSection
 from hearthnet.errors import BadRequest, Forbidden, RateLimited, StorageError, WireError
 from hearthnet.metrics import Counter, MetricsRegistry
-from hearthnet.pubsub.access import AccessPolicy
+from hearthnet.pubsub.access import AccessPolicy, AccessRule
 from hearthnet.pubsub.channel import ChannelState, SubscriberChannel
 from hearthnet.pubsub.envelope import StoredMessage, encoded_payload, validate_ttl, validate_type
 from hearthnet.pubsub.frames import Since
@@ -693,6 +693,32 @@ class PubSub:
             sub.refill_task = None
         if sub.channel.refill:  # overflowed again between the catch-up and now
             self._start_refill(sub)
+
+    def replace_rules(self, rules: tuple[AccessRule, ...]) -> int:
+        """New access rules (the community's changed, spec §6.9). Every session's rights
+        are checked again: a subscription the new rules refuse is dropped with an
+        ``error`` frame (``forbidden``; the session goes on), and what is delivered or may
+        be published follows the new rules. Returns how many subscriptions were dropped."""
+        if rules == self.policy.rules:
+            return 0
+        self.policy.rules = rules
+        dropped = 0
+        for sub in list(self.subscribers):
+            refused: list[TopicPattern] = []
+            for pattern in sub.patterns.values():
+                try:
+                    self.policy.check_subscribe(sub.caller, pattern.text)
+                except Forbidden:
+                    refused.append(pattern)
+            if refused:
+                self.unsubscribe(sub, tuple(refused))
+                names = ", ".join(p.text for p in refused)
+                error = Forbidden(f"the community's access rules no longer allow {names}")
+                sub.send_control("error", error.to_frame_data())
+                self.wake(sub)
+                dropped += len(refused)
+            sub.reauthorize(sub.caller, self.policy)  # drops what was cached per topic
+        return dropped
 
     def unsubscribe(self, sub: Subscriber, patterns: tuple[TopicPattern, ...]) -> None:
         """Remove patterns from a session."""

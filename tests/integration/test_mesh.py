@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import time
 import urllib.request
@@ -17,10 +18,10 @@ from typing import Any
 import pytest
 
 from hearthnet.client import Client
-from hearthnet.errors import Revoked, Unauthorized
+from hearthnet.errors import Forbidden, Revoked, Unauthorized
 from hearthnet.identity import load_or_create_keys
 from hearthnet.subscription import Delivery
-from tests.helpers import eventually, hearthnet_cmd, start_node_process, wait_until
+from tests.helpers import eventually, hearthnet_cmd, run_cli, start_node_process, wait_until
 from tests.integration.mesh_cluster import FAST_MESH, Cluster, cluster_of, status_of, wait_linked
 
 pytestmark = pytest.mark.slow
@@ -211,3 +212,43 @@ async def test_presence_is_seen_across_nodes(tmp_path: Path) -> None:
                 await sub.close()
             after = await eventually(present, lambda names: names == [], what="Ann to leave")
     assert (["Ann"], []) == (seen, after)
+
+
+async def test_community_rules_set_on_one_node_are_enforced_on_every_node(
+    tmp_path: Path,
+) -> None:
+    """`community rules FILE` on the founder signs the rules; node 1 learns them by
+    gossip and refuses what they forbid, also to a live subscription (spec §6.9)."""
+    rules_file = tmp_path / "rules.toml"
+    rules_file.write_text(
+        '[[pubsub.rules]]\npattern = "ops.**"\nsubscribe = "anchor"\npublish = "anchor"\n'
+        '[[pubsub.rules]]\npattern = "**"\nsubscribe = "member"\npublish = "member"\n',
+        encoding="utf-8",
+    )
+    with cluster_of(tmp_path, 2) as cluster:
+        await wait_linked(cluster, [0, 1], at_least=1)
+        async with cluster.client(1) as member:
+            async with member.subscribe("ops.alerts", first_backoff_s=0.05) as watching:
+                done = await asyncio.to_thread(
+                    subprocess.run,
+                    hearthnet_cmd(
+                        "community", "rules", str(rules_file), "--data-dir", str(cluster.data(0))
+                    ),
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                )
+                assert done.returncode == 0, done.stderr
+                with pytest.raises(Forbidden):
+                    await drain(watching)  # node 1 ended the subscription itself
+            with pytest.raises(Forbidden):
+                await member.publish("ops.alerts", "note", {"x": 1})
+            await member.publish("chat.room", "note", {"x": 1})  # still allowed
+        shown = await asyncio.to_thread(
+            run_cli, "community", "show", "--data-dir", str(cluster.data(1))
+        )
+    assert json.loads(shown.stdout)["pubsub_rules"][0] == {
+        "pattern": "ops.**",
+        "subscribe": "anchor",
+        "publish": "anchor",
+    }

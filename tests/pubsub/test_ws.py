@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from hearthnet.clock import now_ms
+from hearthnet.community import MembershipRecord
 from hearthnet.identity import KeyPair
 from hearthnet.ids import short_id
 from hearthnet.node import Node
@@ -655,3 +656,54 @@ async def test_publish_rate_limit_for_members(
         [replies[str(i)]["event"] for i in range(4)],
         replies["3"]["data"]["code"],
     )
+
+
+async def test_community_rules_change_applies_to_live_sessions(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """An anchor's pubsub.rules record (spec §6.9) takes effect at once: a subscription
+    the new rules refuse ends with an error frame (the session goes on), deliveries and
+    publish rights follow the new rules, and clearing them restores the node's own."""
+    member = KeyPair.from_seed(b"\x21" * 32)
+    node.add_member(member.node_id)
+    sub = await session(http, node, member)
+    await sub.send({"type": "subscribe", "topics": ["ops.alerts", "chat.x"]})
+    await sub.next("subscribed")
+    await sub.send({"type": "publish", "topic": "ops.alerts", "msg_type": "m", "data": 0})
+    # allowed by the default rules (and remembered per topic); the ack and the message
+    # itself come in either order
+    assert {(await sub.next())["event"] for _ in range(2)} == {"published.ok", "message"}
+    rules = (("ops.**", "anchor", "anchor"), ("**", "token", "token"))
+    node.apply_membership(
+        MembershipRecord.create(
+            node.keys,
+            "pubsub.rules",
+            node.keys.node_id,
+            node.keys.node_id,
+            now_ms=now_ms(),
+            rules=rules,
+        )
+    )
+    refused = await sub.next("error")
+    await publish(node, "ops.alerts", 1, start=1)
+    await publish(node, "chat.x", 1, start=2)
+    delivered = await sub.messages(1)
+    await sub.send({"type": "publish", "topic": "ops.alerts", "msg_type": "m", "data": 3})
+    publish_refused = await sub.next("error")
+    node.apply_membership(
+        MembershipRecord.create(
+            node.keys,
+            "pubsub.rules",
+            node.keys.node_id,
+            node.keys.node_id,
+            now_ms=now_ms(),
+            rules=(),
+        )
+    )
+    await sub.send({"type": "subscribe", "topics": ["ops.alerts"]})
+    again = await sub.next("subscribed")
+    assert refused["data"]["code"] == "forbidden"
+    assert "ops.alerts" in refused["data"]["message"]
+    assert data_of(delivered) == [2]  # ops.alerts (1) no longer reaches this session
+    assert publish_refused["data"]["code"] == "forbidden"
+    assert again["data"]["topics"] == ["ops.alerts"]
