@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from hearthnet.caller import Caller
 from hearthnet.client import Client
 from hearthnet.community import Level
-from hearthnet.errors import BadRequest, CapacityExceeded, Forbidden, PayloadTooLarge
+from hearthnet.errors import BadRequest, CapacityExceeded, Forbidden, PayloadTooLarge, WireError
 from hearthnet.identity import KeyPair
 from hearthnet.node import Node
 from hearthnet.subscription import Delivery
@@ -472,3 +473,82 @@ async def test_shutdown_while_retention_and_anti_entropy_read_the_log(
                 lambda: all(t.messages <= 2 for t in node.message_log.topics.values()),
                 what="a retention pass",
             )
+
+
+LEVEL_RULES = {
+    "rules": [
+        {"pattern": "staff.**", "subscribe": "trusted", "publish": "anchor"},
+        {"pattern": "open.**", "subscribe": "any", "publish": "member"},
+        {"pattern": "**", "subscribe": "member", "publish": "member"},
+    ],
+    "sync": "normal",
+}
+
+
+async def _outcome(request: Any) -> str:
+    """'ok', or the wire code the node refused with."""
+    try:
+        await request
+    except WireError as exc:
+        return exc.code
+    return "ok"
+
+
+async def test_access_levels_over_http(make_config: MakeConfig) -> None:
+    """anchor / trusted / member / token / any (spec §6.9) over real HTTP: history reads
+    need subscribe rights, publishes publish rights; a refusal is `forbidden`."""
+    trusted, member = KeyPair.generate(), KeyPair.generate()
+    async with Node(make_config(pubsub=LEVEL_RULES)) as node:
+        node.add_member(trusted.node_id, Level.TRUSTED)
+        node.add_member(member.node_id)
+        token = token_for(node, "sub:other.*", "pub:open.*")
+        clients = {
+            "anchor": Client(node.url, keys=node.keys),
+            "trusted": Client(node.url, keys=trusted),
+            "member": Client(node.url, keys=member),
+            "token": Client(node.url, token=token),
+        }
+        table: dict[str, list[str]] = {}
+        try:
+            for who, c in clients.items():
+                table[who] = [
+                    await _outcome(c.history("staff.a")),
+                    await _outcome(c.publish("staff.a", "m", 1)),
+                    await _outcome(c.history("open.a")),
+                    await _outcome(c.publish("open.a", "m", 1)),
+                    await _outcome(c.history("chat.a")),
+                ]
+        finally:
+            for c in clients.values():
+                await c.close()
+    forbidden = "forbidden"
+    assert table == {
+        #          staff read  staff publish  open read  open publish  chat read
+        "anchor": ["ok", "ok", "ok", "ok", "ok"],
+        "trusted": ["ok", forbidden, "ok", "ok", "ok"],
+        "member": [forbidden, forbidden, "ok", "ok", "ok"],
+        "token": [forbidden, forbidden, "ok", forbidden, forbidden],
+    }
+
+
+async def test_token_clients_are_rate_limited_on_publish(make_config: MakeConfig) -> None:
+    """Over publish_per_s_token (spec §2.5: 100/s by default) a token client gets 429
+    rate_limited with retry_after_ms; the node's own identity is never limited."""
+    async with Node(make_config(pubsub={"publish_per_s_token": 5, "sync": "normal"})) as node:
+        token = token_for(node, "pub:rl.*")
+        async with Client(node.url, token=token) as tc, Client(node.url, keys=node.keys) as me:
+            refusals: list[WireError] = []
+            started = time.monotonic()
+            for i in range(20):
+                try:
+                    await tc.publish("rl.a", "m", i)
+                except WireError as exc:
+                    refusals.append(exc)
+            elapsed = time.monotonic() - started
+            for i in range(50):
+                await me.publish("rl.a", "m", i)  # would raise if limited
+    accepted = 20 - len(refusals)
+    assert refusals
+    assert 5 <= accepted <= 5 + 5 * elapsed + 1  # a burst of 5, then 5 per second
+    assert {e.code for e in refusals} == {"rate_limited"}
+    assert all(e.retry_after_ms and e.retry_after_ms > 0 for e in refusals)
