@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 
 from hearthnet.client import Client
-from hearthnet.errors import HearthNetError
+from hearthnet.errors import HearthNetError, Unavailable
 from hearthnet.identity import load_or_create_keys
 from hearthnet.subscription import Delivery
 from tests.helpers import start_node_process, wait_until
@@ -83,3 +83,46 @@ async def test_kill_9_loses_no_acknowledged_publish_and_subscribers_resume(tmp_p
         len({d.id for d in received}),
         sorted(seqs),
     )
+
+
+async def test_subscriber_resumes_by_time_when_the_log_was_recreated(tmp_path: Path) -> None:
+    """The node comes back with a new, empty log (another epoch): the resuming client is
+    told `reset`, resubscribes by time and gets what was published since, exactly once."""
+    data, port = tmp_path / "node", free_port()
+    node = start_node_process(data, "--port", str(port))
+    keys = load_or_create_keys(data)
+    got: list[int] = []
+    try:
+        async with (
+            Client(node.url, keys=keys) as client,
+            client.subscribe("wipe.*", since={"ts": 0}, first_backoff_s=0.05) as sub,
+        ):
+
+            async def consume() -> None:
+                async for item in sub:
+                    assert isinstance(item, Delivery)
+                    got.append(item.data["i"])
+
+            consumer = asyncio.get_running_loop().create_task(consume())
+            for i in range(3):
+                await client.publish("wipe.a", "m", {"i": i})
+            await wait_until(lambda: len(got) == 3, what="the first messages")
+            epoch_before = sub.state.epoch
+            node.stop()
+            for path in (data / "pubsub").glob("log.sqlite3*"):
+                path.unlink()
+            node = start_node_process(data, "--port", str(port))
+            with contextlib.suppress(Unavailable):  # a keep-alive connection of the old process
+                await client.get_json("/status")
+            for i in range(3, 5):
+                await client.publish("wipe.b", "m", {"i": i})
+            await wait_until(lambda: len(got) == 5, within_s=30, what="resumed by time")
+            epoch_after = sub.state.epoch
+            consumer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await consumer
+    finally:
+        node.stop()
+    assert got == [0, 1, 2, 3, 4]
+    assert epoch_before is not None
+    assert epoch_after not in (None, epoch_before)
