@@ -14,7 +14,7 @@ import sys
 import tomllib
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hearthnet import __version__
 from hearthnet.clock import now_ms
@@ -30,6 +30,9 @@ from hearthnet.errors import (
     Unauthorized,
     WireError,
 )
+
+if TYPE_CHECKING:
+    from hearthnet.community import MembershipRecord
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_RUNNING, EXIT_AUTH = 0, 1, 2, 3, 4
 _AUTH_ERRORS = (InvalidSignature, Unauthorized, Revoked, Expired)
@@ -397,6 +400,23 @@ def _status(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _submit_record(args: argparse.Namespace, record: MembershipRecord, refused: str) -> None:
+    """Hand a signed membership record to the running node (which gossips it on).
+
+    Raises:
+        ConfigError: the node did not apply it (``refused`` says why that may be).
+    """
+
+    async def main() -> Any:
+        async with _client(args) as client:
+            return await client.request_json(
+                "POST", "/mesh/v1/membership", {"records": [record.to_json()]}
+            )
+
+    if not _run(main).get("applied"):
+        raise ConfigError(f"the node did not apply the record ({refused})")
+
+
 def cmd_community_revoke(args: argparse.Namespace) -> int:
     """``hearthnet community revoke NODEID``: sign a revocation and hand it to the node."""
     from hearthnet.community import MembershipRecord
@@ -405,18 +425,7 @@ def cmd_community_revoke(args: argparse.Namespace) -> int:
     record = MembershipRecord.create(
         keys, "member.revoked", membership.community_id, args.node, now_ms=now_ms()
     )
-
-    async def main() -> Any:
-        async with _client(args) as client:
-            return await client.request_json(
-                "POST", "/mesh/v1/membership", {"records": [record.to_json()]}
-            )
-
-    result = _run(main)
-    if not result.get("applied"):
-        raise ConfigError(
-            "the node did not apply the revocation (only anchors revoke; the founder stays)"
-        )
+    _submit_record(args, record, "only anchors revoke; the founder stays")
     print(json.dumps({"revoked": args.node}))
     return EXIT_OK
 
@@ -437,7 +446,8 @@ def _rules_file(path: str) -> tuple[tuple[str, str, str], ...]:
             f"{path} is not valid {'JSON' if path.endswith('.json') else 'TOML'}: {exc}"
         ) from exc
     if isinstance(tables, dict):
-        tables = tables.get("pubsub", {}).get("rules")
+        section = tables.get("pubsub")
+        tables = section.get("rules") if isinstance(section, dict) else None
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise ConfigError(f"{path} has no [[pubsub.rules]] tables (or JSON list of rules)")
     rules = [AccessRule.from_config(t) for t in tables]
@@ -463,16 +473,7 @@ def cmd_community_rules(args: argparse.Namespace) -> int:
         now_ms=now_ms(),
         rules=rules,
     )
-
-    async def main() -> Any:
-        async with _client(args) as client:
-            return await client.request_json(
-                "POST", "/mesh/v1/membership", {"records": [record.to_json()]}
-            )
-
-    result = _run(main)
-    if not result.get("applied"):
-        raise ConfigError("the node did not apply the rules (only anchors set them)")
+    _submit_record(args, record, "only anchors set the rules")
     _print_json({"pubsub_rules": record.to_json()["rules"]})
     return EXIT_OK
 
@@ -572,19 +573,7 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
     record = MembershipRecord.create(
         keys, "token.revoked", membership.community_id, jti, now_ms=now_ms(), iss=iss
     )
-
-    async def main() -> Any:
-        async with _client(args) as client:
-            return await client.request_json(
-                "POST", "/mesh/v1/membership", {"records": [record.to_json()]}
-            )
-
-    result = _run(main)
-    if not result.get("applied"):
-        raise ConfigError(
-            "the node did not apply the revocation (a token is revoked by its issuer or an "
-            "anchor; or it was revoked already)"
-        )
+    _submit_record(args, record, "a token is revoked by its issuer or an anchor")
     print(json.dumps({"revoked": jti, "iss": iss}))
     return EXIT_OK
 

@@ -236,10 +236,10 @@ class Subscriber:
 
     def take_gaps(self) -> int:
         """Gap frames made since the last call (made when the channel pumps, on offer or
-        on ack; counted when written)."""
+        on ack; counted when written). A long-poll counts what its response returns."""
         made = self.channel.gaps_total - self.gaps_reported
         self.gaps_reported = self.channel.gaps_total
-        return made
+        return made if self.on_frames is None else 0
 
     def write_out(self) -> int:
         """Write what the channel lets out (uncounted); returns how many message frames
@@ -253,8 +253,7 @@ class Subscriber:
             self.notify_room()
         if not frames:
             return 0
-        if self.on_frames is not None:
-            # Handed to a long-poll, which counts what its response returns.
+        if self.on_frames is not None:  # a long-poll: it counts what its response returns
             self.on_frames(frames)
             return 0
         transport = self.transport
