@@ -92,38 +92,63 @@ class Gap:
 
 @dataclass
 class ResumeState:
-    """Cursor, dedupe and acks of one subscription. Pure."""
+    """Cursor, dedupe and acks of one subscription. Pure.
+
+    ``seq`` is the cursor: the highest seq received, or, for a live-only start, the head
+    at subscribe time. ``start`` is the ``since`` the last subscribe frame carried: until
+    a message arrives, a reconnect asks for the same start again (a ``last: N`` backlog
+    not yet received is asked for again, not skipped). Acks name what the current
+    session received (never more, and duplicates redelivered after a reconnect count
+    too), so a backlog larger than the window keeps flowing. A durable consumer's
+    start comes from the node's stored cursor (``consumer``): its backlog is below the
+    head, so the head is never taken as its cursor.
+    """
 
     window: int = 1024
+    consumer: bool = False
     epoch: str | None = None
     seq: int = 0
+    start: dict[str, Any] | None = None
     last_ts: int | None = None
+    # Acks belong to one session: what it received and acked (reset on each subscribe).
     unacked: int = 0
+    received_seq: int = 0
     acked_seq: int = 0
     seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
 
     def since(self) -> dict[str, Any] | None:
-        """What to send as ``since`` when (re)subscribing; None for a first live-only start."""
-        if self.epoch is not None:
+        """What to send as ``since`` when (re)subscribing; None for a live-only start (or,
+        for a durable consumer, for the node's stored cursor)."""
+        if self.epoch is not None and (self.seq > 0 or self.start is None):
             return {"epoch": self.epoch, "seq": self.seq}
+        if self.start is not None:
+            return self.start  # nothing received yet: the same start again
         if self.last_ts is not None:
             return {"ts": self.last_ts}
         return None
 
+    def subscribing(self, since: dict[str, Any] | None) -> None:
+        """A subscribe frame is about to go with this ``since`` (on a new session, or
+        again after a reset): acks start over with what this one delivers."""
+        self.start = since
+        self.unacked = self.received_seq = self.acked_seq = 0
+
     def subscribed(self, epoch: str, head_seq: int) -> None:
-        """The node accepted the subscription; a fresh start takes its head as cursor."""
-        if self.epoch is None:
-            self.seq = head_seq if self.last_ts is None else self.seq
+        """The node accepted the subscription; a live-only start takes its head as cursor."""
+        if self.epoch is None and self.start is None and not self.consumer:
+            self.seq = max(self.seq, head_seq)
         self.epoch = epoch
 
     def reset(self) -> None:
         """The node's log is another epoch: resume by time (spec §6.5)."""
         self.epoch = None
         self.seq = 0
+        self.start = None
 
     def accept(self, seq: int, envelope: dict[str, Any]) -> Delivery | None:
         """A message frame: the delivery to hand out, or None for a duplicate."""
         self.seq = max(self.seq, seq)
+        self.received_seq = max(self.received_seq, seq)
         self.unacked += 1
         self.last_ts = max(self.last_ts or 0, int(envelope.get("ts", 0)))
         msg_id = str(envelope.get("id"))
@@ -139,11 +164,11 @@ class ResumeState:
         if (
             self.unacked
             and (self.unacked >= max(1, self.window // 2) or idle)
-            and self.seq > self.acked_seq
+            and self.received_seq > self.acked_seq
         ):
             self.unacked = 0
-            self.acked_seq = self.seq
-            return self.seq
+            self.acked_seq = self.received_seq
+            return self.received_seq
         return None
 
 
@@ -185,7 +210,7 @@ class Subscription:
         self.presence = presence
         self.on_presence = on_presence
         self.on_gap = on_gap
-        self.state = ResumeState(window=window)
+        self.state = ResumeState(window=window, consumer=consumer is not None)
         self._initial_since = since
         self.max_backoff_s = max_backoff_s
         self.first_backoff_s = first_backoff_s
@@ -236,7 +261,13 @@ class Subscription:
                 raise error_from_wire(reply.get("data", {}))
             self.client_id = reply["data"].get("client_id")
             frame: dict[str, Any] = {"type": "subscribe", "topics": self.patterns}
-            since = self._initial_since if first and self._initial_since else self.state.since()
+            if first and self._initial_since:
+                since: dict[str, Any] | None = self._initial_since
+            elif self.consumer:
+                since = None  # the node's stored cursor: everything after the last ack
+            else:
+                since = self.state.since()
+            self.state.subscribing(since)
             if since is not None:
                 frame["since"] = since
             if self.consumer:
@@ -256,6 +287,7 @@ class Subscription:
         assert self._ws is not None
         frame: dict[str, Any] = {"type": "subscribe", "topics": self.patterns}
         since = self.state.since()
+        self.state.subscribing(since)
         if since is not None:
             frame["since"] = since
         if self.consumer:

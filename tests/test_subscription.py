@@ -51,3 +51,52 @@ def test_fresh_subscription_starts_at_head() -> None:
     assert None is state.since()
     state.subscribed("ep", 41)
     assert {"epoch": "ep", "seq": 41} == state.since()
+
+
+def test_a_backlog_start_keeps_its_cursor_below_the_head_and_acks_what_arrived() -> None:
+    """`last: N` (or ts) starts below the head: the cursor is what arrived, acks never
+    name an undelivered seq, and before anything arrives a reconnect asks for N again."""
+    state = ResumeState(window=4)
+    state.subscribing({"last": 50})
+    state.subscribed("ep", 100)
+    before = state.since()
+    state.accept(51, env("a", 1))
+    state.accept(52, env("b", 1))
+    assert (before, state.ack_due(idle=False), state.since()) == (
+        {"last": 50},
+        52,
+        {"epoch": "ep", "seq": 52},
+    )
+
+
+def test_a_durable_consumer_never_takes_the_head_as_its_cursor() -> None:
+    """The node redelivers from its stored cursor, below the head."""
+    state = ResumeState(window=4, consumer=True)
+    state.subscribing(None)
+    state.subscribed("ep", 90)
+    state.accept(61, env("a", 1))
+    state.accept(62, env("b", 1))
+    assert (state.seq, state.ack_due(idle=False)) == (62, 62)
+
+
+def test_reset_forgets_the_start_of_the_old_epoch() -> None:
+    """After a reset the old cursor is not asked for again; time is."""
+    state = ResumeState()
+    state.subscribing({"epoch": "old", "seq": 7})
+    state.accept(9, env("a", 700))
+    state.reset()
+    assert state.since() == {"ts": 700}
+
+
+def test_a_new_session_acks_its_own_deliveries_even_when_all_are_duplicates() -> None:
+    """After a reconnect the node redelivers from its cursor; the client has seen those
+    messages but must still ack them, or the new session's window never opens."""
+    state = ResumeState(window=4, consumer=True)
+    state.subscribing(None)
+    for seq in (1, 2, 3, 4):
+        state.accept(seq, env(f"m{seq}", 1))
+    state.ack_due(idle=False)
+    state.subscribing(None)  # reconnected; the node had only seen the ack of 2
+    state.accept(3, env("m3", 1))
+    state.accept(4, env("m4", 1))
+    assert state.ack_due(idle=False) == 4

@@ -86,3 +86,62 @@ async def test_on_gap_receives_the_gap_and_the_iterator_only_messages(
     assert numbers[:4] == [0, 1, 2, 3]
     # seq = i + 1; the gap names the first and last seq dropped
     assert (gaps[0].from_seq, numbers[4:]) == (5, list(range(gaps[0].to_seq, 100)))
+
+
+async def test_a_backlog_larger_than_the_window_keeps_flowing(
+    make_config: MakeConfig,
+) -> None:
+    """`last: 50` with a window of 16: every message arrives (the client acks what it got,
+    not the head it was told about), then live ones."""
+    async with (
+        Node(make_config(pubsub={"sync": "normal"})) as node,
+        Client(node.url, keys=node.keys) as client,
+    ):
+        await publish(node, "bulk.a", 80)
+        got: list[int] = []
+        async with client.subscribe("bulk.a", since={"last": 50}, window=16) as sub:
+
+            async def read() -> None:
+                async for item in sub:
+                    assert isinstance(item, Delivery)
+                    got.append(item.data["i"])
+                    if len(got) == 52:
+                        return
+
+            reader = asyncio.get_running_loop().create_task(read())
+            await wait_until(lambda: len(got) == 50, within_s=10, what="the whole backlog")
+            await publish(node, "bulk.a", 2, start=80)
+            await asyncio.wait_for(reader, timeout=10)
+    assert got == list(range(30, 82))
+
+
+async def test_a_durable_consumer_reconnecting_mid_backlog_loses_nothing(
+    make_config: MakeConfig,
+) -> None:
+    """A consumer with more unacked messages than its window drops mid-backlog: after the
+    reconnect the node redelivers from the last ack (no `since` overrides it), and the
+    client hands out every message once, in order."""
+    async with (
+        Node(make_config(pubsub={"sync": "normal"})) as node,
+        Client(node.url, keys=node.keys) as client,
+    ):
+        async with client.subscribe("work.*", consumer="w", window=16) as sub:
+            await wait_until(lambda: any(s.patterns for s in node.pubsub.subscribers))
+        await publish(node, "work.a", 40)  # nobody connected: all held for the consumer
+        got: list[int] = []
+        async with client.subscribe("work.*", consumer="w", window=16, first_backoff_s=0.05) as sub:
+
+            async def read() -> None:
+                async for item in sub:
+                    assert isinstance(item, Delivery)
+                    got.append(item.data["i"])
+                    if len(got) == 10:  # mid-backlog, nothing acked past the window yet
+                        for s in list(node.pubsub.subscribers):
+                            if s.transport is not None:
+                                s.transport.abort()
+                    if len(got) == 40:
+                        return
+
+            await asyncio.wait_for(read(), timeout=15)
+            reconnects = sub.reconnects
+    assert (got, reconnects) == (list(range(40)), 1)
