@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_RUNNING, EXIT_AUTH = 0, 1, 2, 3, 4
 _AUTH_ERRORS = (InvalidSignature, Unauthorized, Revoked, Expired)
-_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?\Z")
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, None: 1000}
 
 

@@ -15,7 +15,7 @@ import time
 from hearthnet.errors import BadRequest
 
 NODE_ID_PREFIX = "ed25519:"
-_B64URL_RE = re.compile(r"^[A-Za-z0-9_-]*$")
+_B64URL_RE = re.compile(r"^[A-Za-z0-9_-]*\Z")
 
 
 def b64url_encode(raw: bytes) -> str:
@@ -92,7 +92,7 @@ def signature_from_str(text: object) -> bytes:
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _CROCKFORD_INDEX = {c: i for i, c in enumerate(_CROCKFORD)}
-_ULID_RE = re.compile(r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")
+_ULID_RE = re.compile(r"^[0-7][0-9A-HJKMNP-TV-Z]{25}\Z")
 
 
 class UlidGenerator:

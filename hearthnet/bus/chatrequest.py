@@ -75,7 +75,7 @@ class ToolSpec:
         if not isinstance(obj, dict):
             raise SchemaMismatch("a tool is an object")
         name = obj.get("name")
-        if not isinstance(name, str) or not _TOOL_NAME_RE.match(name):
+        if not isinstance(name, str) or not _TOOL_NAME_RE.fullmatch(name):
             raise SchemaMismatch(f"tool name {str(name)[:64]!r} must match {TOOL_NAME_PATTERN}")
         description = obj.get("description", "")
         parameters = obj.get("parameters", EMPTY_PARAMETERS)

@@ -16,8 +16,8 @@ from hearthnet.caller import Caller
 from hearthnet.errors import BadRequest
 from hearthnet.ids import is_node_id, is_ulid
 
-_CAP_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*){0,15}$")
-_VERSION_RE = re.compile(r"^\d{1,6}\.\d{1,6}$")
+_CAP_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*){0,15}\Z")
+_VERSION_RE = re.compile(r"^\d{1,6}\.\d{1,6}\Z")
 
 
 def validate_capability_name(name: object) -> str:

@@ -49,7 +49,7 @@ from hearthnet.bus.chatrequest import (
 from hearthnet.errors import BadRequest
 from hearthnet.frames import Frame
 
-_CALL_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_CALL_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}\Z")
 MAX_NAME_CHARS = 64
 MAX_DROPPED_TRACKED = 1024
 # Told to the model, as a last system message, when the round limit is reached (spec §5).

@@ -22,7 +22,7 @@ from hearthnet.pubsub.topics import validate_topic
 
 MAX_PAYLOAD_BYTES = 256 * 1024
 MAX_TTL_S = 365 * 24 * 3600
-_TYPE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_TYPE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}\Z")
 SENDER_KINDS = ("node", "device", "token")
 _FIELDS = frozenset(
     {"id", "topic", "type", "data", "origin", "origin_seq", "ts", "ttl_s", "sender", "sig"}

@@ -15,8 +15,8 @@ from hearthnet.errors import BadRequest
 
 MAX_SEGMENTS = 16
 MAX_BYTES = 255
-_SEGMENT_RE = re.compile(r"^[A-Za-z0-9_-]+$")
-_TOPIC_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+){0,15}$")
+_SEGMENT_RE = re.compile(r"^[A-Za-z0-9_-]+\Z")
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+){0,15}\Z")
 
 
 # Topics seen valid lately: every publish names one, and most publish to a few.

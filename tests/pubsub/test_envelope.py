@@ -7,7 +7,7 @@ import pytest
 
 from hearthnet.errors import BadRequest, InvalidSignature, PayloadTooLarge
 from hearthnet.identity import KeyPair
-from hearthnet.pubsub.envelope import Message
+from hearthnet.pubsub.envelope import Message, validate_type
 
 ORIGIN = KeyPair.from_seed(b"\x40" * 32)
 
@@ -62,3 +62,10 @@ def test_payload_limit() -> None:
     body["data"] = "x" * (256 * 1024 + 1)
     with pytest.raises(PayloadTooLarge):
         Message.parse(body)
+
+
+@pytest.mark.parametrize("bad", ["", "t\n", "a b", "x" * 65])
+def test_bad_message_types_refused(bad: str) -> None:
+    """Types are 1..64 of [A-Za-z0-9_.:-], with no trailing newline."""
+    with pytest.raises(BadRequest):
+        validate_type(bad)

@@ -37,12 +37,21 @@ def test_pattern_examples(pattern: str, topic: str, expected: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", ["", ".", "a..b", "a.", "a b", "a.*", "ü", "a." * 16 + "a", "x" * 256]
+    "bad",
+    ["", ".", "a..b", "a.", "a b", "a.*", "ü", "a." * 16 + "a", "x" * 256, "a.b\n", "a\n"],
 )
 def test_invalid_topics_refused(bad: str) -> None:
-    """Topics are 1..16 segments of [A-Za-z0-9_-], at most 255 bytes, no wildcards."""
+    """Topics are 1..16 segments of [A-Za-z0-9_-], at most 255 bytes, no wildcards (and
+    no trailing newline, which a `$` anchor would let through)."""
     with pytest.raises(BadRequest):
         validate_topic(bad)
+
+
+@pytest.mark.parametrize("bad", ["a.b\n", "a.*\n", "**\n"])
+def test_invalid_patterns_refused(bad: str) -> None:
+    """Subscription patterns have the same segments, plus * and **."""
+    with pytest.raises(BadRequest):
+        TopicPattern.parse(bad)
 
 
 def _regex(pattern: str) -> re.Pattern[str]:

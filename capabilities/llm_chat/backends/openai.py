@@ -32,7 +32,7 @@ from hearthnet.errors import (
 from hearthnet.transport.codec import SseParser
 
 # OpenAI's own rule for function names; local servers accept more, but one rule fits all.
-_WIRE_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_WIRE_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 MAX_ERROR_DETAIL = 300
 MAX_CHUNK_EVENT_BYTES = 1024 * 1024
 
