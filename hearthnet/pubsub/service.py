@@ -493,7 +493,9 @@ class PubSub:
     ) -> None:
         if sub.closed:
             return
-        if len(sub.patterns) + len(patterns) > self.config.max_patterns_per_session:
+        patterns = tuple({p.text: p for p in patterns}.values())  # each pattern once
+        adding = sum(1 for p in patterns if p.text not in sub.patterns)
+        if len(sub.patterns) + adding > self.config.max_patterns_per_session:
             raise BadRequest(f"at most {self.config.max_patterns_per_session} patterns per session")
         if (since is not None or consumer is not None) and sub.patterns:
             raise BadRequest(
@@ -516,19 +518,23 @@ class PubSub:
             "subscribed",
             {"topics": [p.text for p in patterns], "epoch": self.log.epoch, "head_seq": head},
         )
-        if presence is not None:
-            self._join_presence(sub, [p.text for p in patterns if p.is_literal], presence)
-        else:
-            for pattern in patterns:
-                if pattern.is_literal and pattern.text in self.presence.topics:
-                    sub.send_control(
-                        "presence",
-                        {
-                            "topic": pattern.text,
-                            "kind": "snapshot",
-                            "members": self.presence.members(pattern.text),
-                        },
-                    )
+        joined = [p.text for p in patterns if p.is_literal] if presence is not None else []
+        if joined:
+            assert presence is not None
+            self._join_presence(sub, joined, presence)  # snapshots that include the joiner
+        # spec §6.6: a new subscriber gets a snapshot of every present topic it matches
+        for topic in self.presence.topics:
+            if (
+                topic not in joined
+                and any(p.matches(topic) for p in patterns)
+                and (not sub.filtered or self.policy.may_receive(sub.caller, topic))
+            ):
+                sub.send_control(
+                    "presence",
+                    {"topic": topic, "kind": "snapshot", "members": self.presence.members(topic)},
+                )
+        if consumer is not None and since is None:
+            self._report_lost(sub)  # what retention took from the consumer, after `subscribed`
         if after[0] < head:
             await self._catch_up(
                 sub, list(patterns), after[0], head, min_ts=after[1], limit=backlog_limit
@@ -549,7 +555,6 @@ class PubSub:
         if consumer is not None:
             record = self._take_consumer(sub, consumer, patterns)
             if since is None:
-                self._report_lost(sub)
                 return (record.cursor, None)
         if since is None:
             return (head, None)

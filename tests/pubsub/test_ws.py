@@ -707,3 +707,56 @@ async def test_community_rules_change_applies_to_live_sessions(
     assert data_of(delivered) == [2]  # ops.alerts (1) no longer reaches this session
     assert publish_refused["data"]["code"] == "forbidden"
     assert again["data"]["topics"] == ["ops.alerts"]
+
+
+async def test_a_wildcard_subscriber_gets_a_presence_snapshot(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """spec §6.6: a new subscriber receives a snapshot, also through `room.*`."""
+    ann = await session(http, node)
+    await ann.send({"type": "subscribe", "topics": ["room.1"], "presence": {"name": "Ann"}})
+    await ann.next("presence")
+    carl = await session(http, node)
+    await carl.send({"type": "subscribe", "topics": ["room.*", "other.*"]})
+    frames = [await carl.next(), await carl.next()]
+    assert [f["event"] for f in frames] == ["subscribed", "presence"]
+    assert (frames[1]["data"]["topic"], frames[1]["data"]["kind"]) == ("room.1", "snapshot")
+    assert [m["name"] for m in frames[1]["data"]["members"]] == ["Ann"]
+
+
+async def test_patterns_count_once_against_the_session_limit(
+    make_config: MakeConfig, http: aiohttp.ClientSession
+) -> None:
+    """A pattern repeated in one frame, or subscribed again, takes one slot."""
+    async with Node(make_config(pubsub={"max_patterns_per_session": 2})) as node:
+        sub = await session(http, node)
+        await sub.send({"type": "subscribe", "topics": ["d.x", "d.x"]})
+        first = await sub.next()
+        await sub.send({"type": "subscribe", "topics": ["d.x", "d.y"]})
+        second = await sub.next()
+        await sub.send({"type": "subscribe", "topics": ["d.z"]})
+        third = await sub.next()
+    assert (first["event"], first["data"]["topics"]) == ("subscribed", ["d.x"])
+    assert second["event"] == "subscribed"
+    assert (third["event"], third["data"]["code"]) == ("error", "bad_request")
+
+
+async def test_a_consumers_lost_range_comes_after_subscribed(
+    make_config: MakeConfig, http: aiohttp.ClientSession
+) -> None:
+    """What retention took from a durable consumer past its bound is one gap, sent after
+    `subscribed` (spec §6.5 order), then the held messages."""
+    config = make_config(pubsub={"max_messages_per_topic": 2, "consumer_max_held": 3})
+    async with Node(config) as node:
+        sub = await session(http, node)
+        await sub.send({"type": "subscribe", "topics": ["jobs"], "consumer": "w"})
+        await sub.next("subscribed")
+        await sub.ws.close()
+        await wait_until(lambda: not node.pubsub.subscribers, what="the consumer detached")
+        await publish(node, "jobs", 6)
+        await node.pubsub.apply_retention()
+        again = await session(http, node)
+        await again.send({"type": "subscribe", "topics": ["jobs"], "consumer": "w"})
+        frames = [await again.next() for _ in range(3)]
+    assert [f["event"] for f in frames] == ["subscribed", "gap", "message"]
+    assert frames[1]["data"] == {"from_seq": 4, "to_seq": 4}
