@@ -70,6 +70,10 @@ CREATE TABLE IF NOT EXISTS consumers (
 
 T = TypeVar("T")
 
+# Readers never see a message past its own ttl_s (spec §6.3), even before retention
+# deletes it or while a durable consumer holds it: bound to the read's time.
+UNEXPIRED = "(expires_ms IS NULL OR expires_ms > ?)"
+
 RECENT_IDS = 200_000
 INSERT_ROWS = 256  # rows per INSERT statement (9 parameters each; SQLite allows 32,766)
 PAGE = 500
@@ -578,7 +582,7 @@ class MessageLog:
         if after_seq >= upto_seq or not patterns:
             return []
         where, topic_args = _topic_filter(patterns)
-        args: list[Any] = [after_seq, upto_seq, *topic_args]
+        args: list[Any] = [after_seq, upto_seq, *topic_args, now_ms()]
         ts_clause = " AND ts >= ?" if min_ts is not None else ""
         if min_ts is not None:
             args.append(min_ts)
@@ -587,8 +591,8 @@ class MessageLog:
         while len(out) < limit and cursor < upto_seq:
             page_args = [cursor, *args[1:]]
             rows = await self._rows(
-                f"SELECT seq, raw FROM messages WHERE seq > ? AND seq <= ? AND ({where}){ts_clause}"
-                f" ORDER BY seq LIMIT {PAGE}",
+                f"SELECT seq, raw FROM messages WHERE seq > ? AND seq <= ? AND ({where})"
+                f" AND {UNEXPIRED}{ts_clause} ORDER BY seq LIMIT {PAGE}",
                 page_args,
             )
             if not rows:
@@ -616,8 +620,9 @@ class MessageLog:
         before = upto_seq + 1
         while len(found) < count and before > 1:
             rows = await self._rows(
-                f"SELECT seq, raw FROM messages WHERE seq < ? ORDER BY seq DESC LIMIT {PAGE}",
-                [before],
+                f"SELECT seq, raw FROM messages WHERE seq < ? AND {UNEXPIRED}"
+                f" ORDER BY seq DESC LIMIT {PAGE}",
+                [before, now_ms()],
             )
             if not rows:
                 break
@@ -642,6 +647,7 @@ class MessageLog:
             reverse=True,
         )
         newest: list[tuple[int, StoredMessage]] = []  # a min-heap of at most ``count``
+        now = now_ms()
         for reads, (head, topic) in enumerate(heads):
             if len(newest) == count and newest[0][0] > head:
                 break  # every row left is older than the newest ``count`` found
@@ -651,8 +657,8 @@ class MessageLog:
             floor = newest[0][0] if len(newest) == count else 0
             for row in await self._rows(
                 "SELECT seq, raw FROM messages WHERE topic = ? AND seq <= ? AND seq > ?"
-                " ORDER BY seq DESC LIMIT ?",
-                [topic, upto_seq, floor, count],
+                f" AND {UNEXPIRED} ORDER BY seq DESC LIMIT ?",
+                [topic, upto_seq, floor, now, count],
             ):
                 if len(newest) < count:
                     heapq.heappush(newest, (row.seq, row))
@@ -688,8 +694,8 @@ class MessageLog:
         ``before_seq``, or neither, pages backward from the newest (``has_more``: older remain).
         """
         if since_seq is not None or since_ts is not None:
-            clauses: list[str] = ["topic = ?"]
-            args: list[Any] = [topic]
+            clauses: list[str] = ["topic = ?", UNEXPIRED]
+            args: list[Any] = [topic, now_ms()]
             if since_seq is not None:
                 clauses.append("seq > ?")
                 args.append(since_seq)
@@ -704,8 +710,8 @@ class MessageLog:
                 [*args, limit + 1],
             )
             return rows[:limit], len(rows) > limit
-        clauses = ["topic = ?"]
-        args = [topic]
+        clauses = ["topic = ?", UNEXPIRED]
+        args = [topic, now_ms()]
         if before_seq is not None:
             clauses.append("seq < ?")
             args.append(before_seq)

@@ -150,6 +150,24 @@ async def test_history_paging(tmp_path: Path) -> None:
     )
 
 
+async def test_expired_messages_are_never_read(tmp_path: Path) -> None:
+    """A message past its own ttl_s is gone for every reader (history both ways, backlog,
+    last N) before retention deletes it (spec §6.3)."""
+    async with opened(tmp_path / "log.db") as log:
+        await log.publish(topic="t.x", msg_type="m", data="short", ttl_s=1)
+        await log.publish(topic="t.x", msg_type="m", data="kept")
+        await log.publish(topic="t.y", msg_type="m", data="short", ttl_s=1)
+        fresh, _ = await log.history("t.x")
+        await asyncio.sleep(1.1)
+        pattern = [TopicPattern.parse("t.*")]
+        latest, _ = await log.history("t.x")
+        forward, _ = await log.history("t.x", since_seq=0)
+        backlog = await log.read_matching(pattern, after_seq=0, upto_seq=3)
+        last = await log.read_last(pattern, 3, upto_seq=3)
+    assert [m.seq for m in fresh] == [1, 2]
+    assert [[m.seq for m in rows] for rows in (latest, forward, backlog, last)] == [[2]] * 4
+
+
 async def test_read_matching_wildcards(tmp_path: Path) -> None:
     """Backlog reads match literal and wildcard patterns, in seq order, within bounds."""
     async with opened(tmp_path / "log.db") as log:
