@@ -604,13 +604,21 @@ class MessageLog:
         return out[:limit]
 
     async def read_last(
-        self, patterns: list[TopicPattern], count: int, *, upto_seq: int
+        self,
+        patterns: list[TopicPattern],
+        count: int,
+        *,
+        upto_seq: int,
+        keep: Callable[[str], bool] | None = None,
     ) -> list[StoredMessage]:
-        """The last ``count`` messages matching the patterns up to ``upto_seq``, oldest first."""
+        """The last ``count`` messages matching the patterns up to ``upto_seq``, oldest
+        first; with ``keep``, only messages of topics it keeps count."""
         if not patterns or count < 1:
             return []
         topics = self._topics_matching(patterns)
         if topics is not None:
+            if keep is not None:
+                topics = [t for t in topics if keep(t)]
             newest = await self._read_last_by_topic(topics, count, upto_seq)
             if newest is not None:
                 return newest
@@ -626,7 +634,12 @@ class MessageLog:
             )
             if not rows:
                 break
-            found += [r for r in rows if any(p.matches(r.message.topic) for p in patterns)]
+            found += [
+                r
+                for r in rows
+                if any(p.matches(r.message.topic) for p in patterns)
+                and (keep is None or keep(r.message.topic))
+            ]
             before = rows[-1].seq
         return sorted(found[:count], key=lambda r: r.seq)
 

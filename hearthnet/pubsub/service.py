@@ -505,7 +505,7 @@ class PubSub:
         filtered = False
         for pattern in patterns:
             filtered = self.policy.check_subscribe(sub.caller, pattern.text) or filtered
-        after = await self._start_point(sub, patterns, since, consumer)
+        after = await self._start_point(sub, patterns, since, consumer, filtered=filtered)
         if after is None or sub.closed:
             return  # reset sent (the client resumes by time), or the session ended
         head = self.log.head_seq
@@ -549,8 +549,12 @@ class PubSub:
         patterns: tuple[TopicPattern, ...],
         since: Since | None,
         consumer: str | None,
+        *,
+        filtered: bool,
     ) -> tuple[int, int | None] | None:
-        """Where the backlog starts: ``(after_seq, min_ts)``; None after sending ``reset``."""
+        """Where the backlog starts: ``(after_seq, min_ts)``; None after sending ``reset``.
+        ``filtered``: some matching topics are hidden from this caller (not counted in
+        ``last: N``)."""
         head = self.log.head_seq
         if consumer is not None:
             record = self._take_consumer(sub, consumer, patterns)
@@ -568,7 +572,13 @@ class PubSub:
         if since.ts is not None:
             return (0, since.ts)
         assert since.last is not None
-        last = await self.log.read_last(list(patterns), since.last, upto_seq=head)
+        caller, policy = sub.caller, self.policy
+        last = await self.log.read_last(
+            list(patterns),
+            since.last,
+            upto_seq=head,
+            keep=(lambda topic: policy.may_receive(caller, topic)) if filtered else None,
+        )
         return (last[0].seq - 1 if last else head, None)
 
     def _report_lost(self, sub: Subscriber) -> None:

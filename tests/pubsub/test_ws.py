@@ -760,3 +760,19 @@ async def test_a_consumers_lost_range_comes_after_subscribed(
         frames = [await again.next() for _ in range(3)]
     assert [f["event"] for f in frames] == ["subscribed", "gap", "message"]
     assert frames[1]["data"] == {"from_seq": 4, "to_seq": 4}
+
+
+async def test_last_n_counts_only_messages_the_caller_may_receive(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """`**` with `last: 3` when the newest message is on an inbox the member may not read:
+    three messages it may read, not two."""
+    member = KeyPair.generate()
+    node.add_member(member.node_id)
+    await publish(node, "chat.a", 4)
+    await publish(node, f"node.{short_id(node.keys.node_id)}.inbox", 1, start=99)
+    sub = await session(http, node, member)
+    await sub.send({"type": "subscribe", "topics": ["**"], "since": {"last": 3}})
+    await sub.next("subscribed")
+    backlog = await sub.messages(3)
+    assert data_of(backlog) == [1, 2, 3]
