@@ -28,6 +28,13 @@ class SessionRegistry:
         self._sessions[key] = (caller, close)
         return key
 
+    def update(self, key: int, caller: Caller) -> None:
+        """A session now runs on new credentials (a refreshed token): revoking the new
+        token ends it, revoking the old one no longer does."""
+        entry = self._sessions.get(key)
+        if entry is not None:
+            self._sessions[key] = (caller, entry[1])
+
     def remove(self, key: int) -> None:
         """Forget a session that ended."""
         self._sessions.pop(key, None)

@@ -506,6 +506,8 @@ class WsSession:
         if self.sub is not None:
             self.sub.reauthorize(caller, self.deps.service.policy)
         self.caller = caller
+        if self.session_key is not None:
+            self.deps.sessions.update(self.session_key, caller)
         self.token_exp_ms = caller.token.exp_ms if caller.token is not None else None
         self.warned = False
         self._token_changed()

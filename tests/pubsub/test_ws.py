@@ -517,6 +517,42 @@ async def test_a_refreshed_token_must_cover_the_current_subscriptions(
     )
 
 
+async def test_revocation_follows_a_refreshed_token(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """After a refresh, revoking the old token leaves the session alone; revoking the new
+    one ends it (spec §1.6)."""
+    old = token_for(node, "sub:chat.**", sub="app")
+    new = token_for(node, "sub:chat.**", sub="app")
+    sub = await session(http, node, token=old)
+    await sub.send({"type": "subscribe", "topics": ["chat.*"]})
+    await sub.next("subscribed")
+    await sub.send({"type": "auth", "token": new})
+    await sub.next("auth.ok")
+
+    def revoke(token: str) -> None:
+        jti = CapabilityToken.decode(token).jti
+        node.apply_membership(
+            MembershipRecord.create(
+                node.keys,
+                "token.revoked",
+                node.keys.node_id,
+                jti,
+                now_ms=now_ms(),
+                iss=node.keys.node_id,
+            )
+        )
+
+    revoke(old)
+    await publish(node, "chat.a", 1)
+    still = await sub.messages(1)
+    revoke(new)
+    ended = await sub.next("error")
+    assert data_of(still) == [0]
+    assert ended["data"]["code"] == "revoked"
+    assert await sub.closed() is not None
+
+
 async def test_publish_rights_follow_a_refreshed_token(
     node: Node, http: aiohttp.ClientSession
 ) -> None:
