@@ -46,6 +46,11 @@ BACKOFF_MAX_S = 30.0
 # Refusals a reconnect waits out (a full node, a busy one, a network down); anything else
 # (a revoked or expired credential, a forbidden topic) ends the subscription with its error.
 RETRYABLE = (Unavailable, CapacityExceeded, RateLimited, OSError)
+# Error frames that end the iteration: the subscribe (or the credentials) can never succeed
+# as sent, so resubscribing would only repeat the refusal.
+FATAL_CODES = frozenset(
+    {"bad_request", "forbidden", "unauthorized", "revoked", "expired", "invalid_signature"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +378,6 @@ class Subscription:
                     )
             elif event == "error":
                 error: WireError = error_from_wire(data)
-                if error.code in ("forbidden", "unauthorized", "revoked"):
+                if error.code in FATAL_CODES:
                     raise error
                 log.warning("subscription error from node: %s", error)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import pytest
 
 from hearthnet.client import Client
+from hearthnet.errors import BadRequest
 from hearthnet.node import Node
 from hearthnet.subscription import Delivery, Gap
 from tests.conftest import MakeConfig
@@ -145,3 +147,18 @@ async def test_a_durable_consumer_reconnecting_mid_backlog_loses_nothing(
             await asyncio.wait_for(read(), timeout=15)
             reconnects = sub.reconnects
     assert (got, reconnects) == (list(range(40)), 1)
+
+
+async def test_a_subscribe_the_node_refuses_as_malformed_ends_the_iteration(
+    make_config: MakeConfig,
+) -> None:
+    """A bad pattern or start is `bad_request`: resubscribing cannot help, so the
+    iteration ends with the error instead of waiting forever."""
+    async with (
+        Node(make_config()) as node,
+        Client(node.url, keys=node.keys) as client,
+    ):
+        for patterns, since in (("chat..x", None), ("chat.x", {"last": -3})):
+            async with client.subscribe(patterns, since=since) as sub:
+                with pytest.raises(BadRequest):
+                    await asyncio.wait_for(anext(aiter(sub)), timeout=5)
