@@ -221,16 +221,25 @@ class PubSubHttp:
         since = self._since(request, last_event_id=False)
         if "consumer" in request.query:
             raise BadRequest("durable consumers need acks: subscribe over WebSocket")
+        if caller.token is not None:  # a parked poll ends when its token does
+            timeout = min(timeout, max(0.0, (caller.token.exp_ms - now_ms()) / 1000))
         arrived = asyncio.Event()
         frames: list[bytes] = []
+        ended: list[WireError] = []  # revoked while parked
 
         def collect(written: list[bytes]) -> None:
             frames.extend(written)
             arrived.set()
 
+        def revoke(error: WireError) -> None:
+            ended.append(error)
+            arrived.set()
+
         def has_news() -> bool:
             # a message, or a reset: the cursor cannot be used and the client must know now
-            return any(f.startswith((b'{"event":"message"', b'{"event":"reset"')) for f in frames)
+            return bool(ended) or any(
+                f.startswith((b'{"event":"message"', b'{"event":"reset"')) for f in frames
+            )
 
         channel = SubscriberChannel(
             window=None,
@@ -246,8 +255,10 @@ class PubSubHttp:
             transport=None,
             on_frames=collect,
         )
-        # A long-poll holds a socket for up to timeout_s: it counts like any stream.
+        # A long-poll holds a socket for up to timeout_s: it counts like any stream, and a
+        # revocation ends it like any stream.
         deps.connections.open(caller.identity)
+        session_key = deps.sessions.add(caller, revoke)
         service.register(sub)
         try:
             # Read no more backlog than one response can return.
@@ -263,8 +274,13 @@ class PubSubHttp:
             sub.write_out()
         finally:
             service.detach(sub)
+            deps.sessions.remove(session_key)
             deps.connections.close(caller.identity)
+        if ended:
+            raise ended[0]
         messages, resume = _long_poll_page(frames, service.log.head_seq)
+        if not messages and caller.token is not None and caller.token.exp_ms <= now_ms():
+            raise Expired("token expired")
         service.count_sent(
             sum(1 for f in messages if f.startswith(b'{"event":"message"')),
             sum(1 for f in messages if f.startswith(b'{"event":"gap"')),

@@ -16,11 +16,21 @@ import pytest
 
 from hearthnet.caller import Caller
 from hearthnet.client import Client
-from hearthnet.community import Level
-from hearthnet.errors import BadRequest, CapacityExceeded, Forbidden, PayloadTooLarge, WireError
+from hearthnet.clock import now_ms
+from hearthnet.community import Level, MembershipRecord
+from hearthnet.errors import (
+    BadRequest,
+    CapacityExceeded,
+    Expired,
+    Forbidden,
+    PayloadTooLarge,
+    Revoked,
+    WireError,
+)
 from hearthnet.identity import KeyPair
 from hearthnet.node import Node
 from hearthnet.subscription import Delivery
+from hearthnet.tokens import CapabilityToken
 from tests.conftest import MakeConfig
 from tests.helpers import publish, publish_at_once, token_for, wait_until
 
@@ -552,3 +562,34 @@ async def test_token_clients_are_rate_limited_on_publish(make_config: MakeConfig
     assert 5 <= accepted <= 5 + 5 * elapsed + 1  # a burst of 5, then 5 per second
     assert {e.code for e in refusals} == {"rate_limited"}
     assert all(e.retry_after_ms and e.retry_after_ms > 0 for e in refusals)
+
+
+async def test_a_parked_long_poll_ends_with_its_token(node: Node) -> None:
+    """A poll parked on a token ends when the token expires (410 expired) or is revoked
+    (403 revoked), instead of delivering what comes after."""
+    short = token_for(node, "sub:lpt.*", ttl_ms=1500)
+    doomed = token_for(node, "sub:lpt.*")
+    query = {"topics": "lpt.a", "timeout_s": 20}
+    async with Client(node.url, token=short) as a, Client(node.url, token=doomed) as b:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(Expired):
+            await a.request_json("GET", "/pubsub/v1/subscribe", query=query)
+        expired_after = asyncio.get_running_loop().time() - started
+        parked = asyncio.get_running_loop().create_task(
+            b.request_json("GET", "/pubsub/v1/subscribe", query=query)
+        )
+        await wait_until(lambda: node.connections.total == 1, what="the poll parked")
+        node.apply_membership(
+            MembershipRecord.create(
+                node.keys,
+                "token.revoked",
+                node.keys.node_id,
+                CapabilityToken.decode(doomed).jti,
+                now_ms=now_ms(),
+                iss=node.keys.node_id,
+            )
+        )
+        await publish(node, "lpt.a", 1)
+        with pytest.raises(Revoked):
+            await asyncio.wait_for(parked, timeout=5)
+    assert expired_after < 5
