@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import os
 import re
@@ -28,6 +29,7 @@ from hearthnet.errors import (
     NodeNotRunning,
     Revoked,
     Unauthorized,
+    Unavailable,
     WireError,
 )
 
@@ -53,6 +55,33 @@ def _json_arg(text: str) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+
+
+def _cursor_arg(text: str) -> dict[str, Any]:
+    """``--since SEQ`` or ``EPOCH:SEQ``."""
+    epoch, _, seq = text.rpartition(":")
+    if not seq.isdigit():
+        raise argparse.ArgumentTypeError(f"not SEQ or EPOCH:SEQ: {text!r}")
+    return {"seq": int(seq), **({"epoch": epoch} if epoch else {})}
+
+
+def _scope_arg(text: str) -> str:
+    """``--scope sub:PATTERN``, ``pub:PATTERN`` or ``call:NAME[@MAJOR]``, checked now."""
+    from hearthnet.tokens import Scope
+
+    try:
+        Scope.parse(text)
+    except HearthNetError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return text
+
+
+def _lifetime_ms(text: str) -> int:
+    """A token lifetime: a duration above zero."""
+    ms = parse_duration_ms(text)
+    if ms <= 0:
+        raise argparse.ArgumentTypeError(f"a token must live longer than {text!r}")
+    return ms
 
 
 # --- shared helpers ------------------------------------------------------------------
@@ -219,10 +248,8 @@ def cmd_pub(args: argparse.Namespace) -> int:
 
 def _since_arg(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.since is not None:
-        epoch, _, seq = args.since.rpartition(":")
-        if not seq.isdigit():
-            raise ConfigError("--since is SEQ or EPOCH:SEQ")
-        return {"seq": int(seq), **({"epoch": epoch} if epoch else {})}
+        cursor: dict[str, Any] = args.since
+        return cursor
     if args.since_ts is not None:
         return {"ts": args.since_ts}
     if args.last is not None:
@@ -661,7 +688,7 @@ def _add_pubsub_parsers(sub: Any, remote: Parents) -> None:
     subp = sub.add_parser("sub", parents=remote, help="subscribe and print messages")
     subp.add_argument("patterns", nargs="+", metavar="PATTERN", help="topic patterns (* and **)")
     since = subp.add_mutually_exclusive_group()
-    since.add_argument("--since", help="resume after SEQ (or EPOCH:SEQ)")
+    since.add_argument("--since", type=_cursor_arg, help="resume after SEQ (or EPOCH:SEQ)")
     since.add_argument("--since-ts", type=int, help="messages from this Unix ms on")
     since.add_argument("--last", type=int, help="start with the last N messages")
     subp.add_argument("--consumer", help="durable consumer name (at-least-once)")
@@ -751,11 +778,12 @@ def _add_admin_parsers(sub: Any, local: Parents, remote: Parents) -> None:
         "--scope",
         action="append",
         required=True,
+        type=_scope_arg,
         help="sub:PATTERN, pub:PATTERN or call:NAME[@MAJOR]; repeatable",
     )
     issue.add_argument(
         "--ttl",
-        type=parse_duration_ms,
+        type=_lifetime_ms,
         default=parse_duration_ms("1h"),
         help="lifetime (default 1h)",
     )
@@ -807,6 +835,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NodeNotRunning as exc:
         print(f"hearthnet: {exc}", file=sys.stderr)
         return EXIT_NOT_RUNNING
+    except Unavailable as exc:
+        cause = exc.__cause__
+        if isinstance(cause, OSError) and cause.errno == errno.ECONNREFUSED:
+            # nothing listens at the node's address (spec §9: exit 3, node not running)
+            print(f"hearthnet: no node answers: {exc.message}", file=sys.stderr)
+            return EXIT_NOT_RUNNING
+        print(f"hearthnet: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_ERROR
     except _AUTH_ERRORS as exc:
         print(f"hearthnet: {exc.code}: {exc.message}", file=sys.stderr)
         return EXIT_AUTH

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -170,6 +171,27 @@ def test_exit_codes(tmp_path: Path, node_proc: NodeProcess) -> None:
     assert [3, 2, 1, 4, 4, 4] == [p.returncode for p in (no_node, usage, refused, auth, *streams)]
     assert "unauthorized" in auth.stderr
     assert "not_found" in refused.stderr
+
+
+def test_exit_codes_for_a_silent_url_and_bad_arguments(node_proc: NodeProcess) -> None:
+    """Nothing listening at --url is 3 (node not running), whatever the command; a bad
+    cursor, scope or token lifetime is a usage error (2), caught before anything runs."""
+    d = str(node_proc.data_dir)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        silent = f"http://127.0.0.1:{s.getsockname()[1]}"
+    codes = [
+        run_cli(*args).returncode
+        for args in (
+            ("node", "status", "--url", silent),
+            ("pub", "x", "--data", "1", "--url", silent, "--data-dir", d),
+            ("sub", "x", "--url", silent, "--data-dir", d),
+            ("sub", "x", "--since", "abc", "--data-dir", d),
+            ("token", "issue", "--scope", "bogus", "--data-dir", d),
+            ("token", "issue", "--scope", "sub:x", "--ttl", "0s", "--data-dir", d),
+        )
+    ]
+    assert codes == [3, 3, 3, 2, 2, 2]
 
 
 def test_commands_that_read_an_identity_do_not_make_one(tmp_path: Path) -> None:
