@@ -523,11 +523,15 @@ class PubSub:
             assert presence is not None
             self._join_presence(sub, joined, presence)  # snapshots that include the joiner
         # spec §6.6: a new subscriber gets a snapshot of every present topic it matches
-        for topic in self.presence.topics:
-            if (
-                topic not in joined
-                and any(p.matches(topic) for p in patterns)
-                and (not sub.filtered or self.policy.may_receive(sub.caller, topic))
+        # (literal topics looked up; only wildcards go through the present topics)
+        present = self.presence.topics
+        wildcards = [p for p in patterns if not p.is_literal]
+        matched = {p.text for p in patterns if p.is_literal and p.text in present}
+        if wildcards:
+            matched.update(t for t in present if any(p.matches(t) for p in wildcards))
+        for topic in sorted(matched):
+            if topic not in joined and (
+                not sub.filtered or self.policy.may_receive(sub.caller, topic)
             ):
                 sub.send_control(
                     "presence",
