@@ -17,9 +17,10 @@ from hearthnet.bus.capability import CallContext
 from hearthnet.bus.descriptor import CapabilityDescriptor
 from hearthnet.caller import Caller
 from hearthnet.clock import now_ms
-from hearthnet.community import Level
+from hearthnet.community import Level, MembershipRecord
 from hearthnet.frames import Frame
 from hearthnet.node import Node
+from hearthnet.subscription import Delivery
 from hearthnet.tokens import CapabilityToken, Scope
 
 
@@ -256,3 +257,23 @@ async def publish_at_once(node: Node, topic: str, n: int, start: int = 0) -> lis
         *(node.pubsub.publish(me, topic, "m", {"i": start + i}) for i in range(n))
     )
     return [s.seq for s in stored]
+
+
+async def collect_numbers(sub: AsyncIterator[Any], into: list[int], until: int | None) -> None:
+    """Append each delivery's ``data["i"]`` to ``into`` (a gap fails) until it holds
+    ``until`` items (None: until cancelled)."""
+    async for item in sub:
+        assert isinstance(item, Delivery), item
+        into.append(item.data["i"])
+        if until is not None and len(into) >= until:
+            return
+
+
+def apply_signed_record(node: Node, kind: str, subject: str, **fields: Any) -> None:
+    """A membership record signed by ``node`` (an anchor of its own community), applied
+    and gossiped as if an admin had submitted it."""
+    node.apply_membership(
+        MembershipRecord.create(
+            node.keys, kind, node.keys.node_id, subject, now_ms=now_ms(), **fields
+        )
+    )

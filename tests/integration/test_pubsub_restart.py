@@ -13,7 +13,7 @@ from hearthnet.client import Client
 from hearthnet.errors import HearthNetError
 from hearthnet.identity import load_or_create_keys
 from hearthnet.subscription import Delivery
-from tests.helpers import start_node_process, wait_until
+from tests.helpers import collect_numbers, start_node_process, wait_until
 
 
 def free_port() -> int:
@@ -97,13 +97,7 @@ async def test_subscriber_resumes_by_time_when_the_log_was_recreated(tmp_path: P
             Client(node.url, keys=keys) as client,
             client.subscribe("wipe.*", since={"ts": 0}, first_backoff_s=0.05) as sub,
         ):
-
-            async def consume() -> None:
-                async for item in sub:
-                    assert isinstance(item, Delivery)
-                    got.append(item.data["i"])
-
-            consumer = asyncio.get_running_loop().create_task(consume())
+            consumer = asyncio.get_running_loop().create_task(collect_numbers(sub, got, None))
             for i in range(3):
                 await client.publish("wipe.a", "m", {"i": i})
             await wait_until(lambda: len(got) == 3, what="the first messages")

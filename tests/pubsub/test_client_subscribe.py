@@ -13,7 +13,7 @@ from hearthnet.errors import BadRequest
 from hearthnet.node import Node
 from hearthnet.subscription import Delivery, Gap
 from tests.conftest import MakeConfig
-from tests.helpers import publish, wait_until
+from tests.helpers import collect_numbers, publish, wait_until
 from tests.pubsub.test_ws import session
 
 
@@ -28,13 +28,7 @@ async def test_subscription_waits_out_a_full_node_and_loses_nothing(
         client.subscribe("cap.*", first_backoff_s=0.3) as sub,
     ):
         got: list[int] = []
-
-        async def consume() -> None:
-            async for item in sub:
-                assert isinstance(item, Delivery)
-                got.append(item.data["i"])
-
-        reader = asyncio.get_running_loop().create_task(consume())
+        reader = asyncio.get_running_loop().create_task(collect_numbers(sub, got, None))
         other = await session(http, node)  # the identity's second connection
         await wait_until(lambda: any(s.patterns for s in node.pubsub.subscribers))
         await publish(node, "cap.a", 3)
@@ -102,15 +96,7 @@ async def test_a_backlog_larger_than_the_window_keeps_flowing(
         await publish(node, "bulk.a", 80)
         got: list[int] = []
         async with client.subscribe("bulk.a", since={"last": 50}, window=16) as sub:
-
-            async def read() -> None:
-                async for item in sub:
-                    assert isinstance(item, Delivery)
-                    got.append(item.data["i"])
-                    if len(got) == 52:
-                        return
-
-            reader = asyncio.get_running_loop().create_task(read())
+            reader = asyncio.get_running_loop().create_task(collect_numbers(sub, got, 52))
             await wait_until(lambda: len(got) == 50, within_s=10, what="the whole backlog")
             await publish(node, "bulk.a", 2, start=80)
             await asyncio.wait_for(reader, timeout=10)

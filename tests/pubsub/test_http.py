@@ -16,8 +16,7 @@ import pytest
 
 from hearthnet.caller import Caller
 from hearthnet.client import Client
-from hearthnet.clock import now_ms
-from hearthnet.community import Level, MembershipRecord
+from hearthnet.community import Level
 from hearthnet.errors import (
     BadRequest,
     CapacityExceeded,
@@ -29,10 +28,16 @@ from hearthnet.errors import (
 )
 from hearthnet.identity import KeyPair
 from hearthnet.node import Node
-from hearthnet.subscription import Delivery
 from hearthnet.tokens import CapabilityToken
 from tests.conftest import MakeConfig
-from tests.helpers import publish, publish_at_once, token_for, wait_until
+from tests.helpers import (
+    apply_signed_record,
+    collect_numbers,
+    publish,
+    publish_at_once,
+    token_for,
+    wait_until,
+)
 
 
 class RawSse:
@@ -179,15 +184,7 @@ async def test_slow_sse_reader_gets_a_gap_and_the_metrics_count_what_was_sent(
         me = Caller(node.keys.node_id, "node", Level.ANCHOR, None, True)
         pad = "x" * 16384
         fast_got: list[int] = []
-
-        async def read_fast() -> None:
-            async for item in fast:
-                assert isinstance(item, Delivery)
-                fast_got.append(item.data["i"])
-                if len(fast_got) == 600:
-                    return
-
-        reader = asyncio.get_running_loop().create_task(read_fast())
+        reader = asyncio.get_running_loop().create_task(collect_numbers(fast, fast_got, 600))
         for i in range(600):
             await node.pubsub.publish(me, "slow.t", "m", {"i": i, "pad": pad})
         await asyncio.wait_for(reader, timeout=10)  # the fast one is not held back
@@ -579,16 +576,8 @@ async def test_a_parked_long_poll_ends_with_its_token(node: Node) -> None:
             b.request_json("GET", "/pubsub/v1/subscribe", query=query)
         )
         await wait_until(lambda: node.connections.total == 1, what="the poll parked")
-        node.apply_membership(
-            MembershipRecord.create(
-                node.keys,
-                "token.revoked",
-                node.keys.node_id,
-                CapabilityToken.decode(doomed).jti,
-                now_ms=now_ms(),
-                iss=node.keys.node_id,
-            )
-        )
+        jti = CapabilityToken.decode(doomed).jti
+        apply_signed_record(node, "token.revoked", jti, iss=node.keys.node_id)
         await publish(node, "lpt.a", 1)
         with pytest.raises(Revoked):
             await asyncio.wait_for(parked, timeout=5)

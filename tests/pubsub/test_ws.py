@@ -10,13 +10,19 @@ import aiohttp
 import pytest
 
 from hearthnet.clock import now_ms
-from hearthnet.community import MembershipRecord
 from hearthnet.identity import KeyPair
 from hearthnet.ids import short_id
 from hearthnet.node import Node
 from hearthnet.tokens import CapabilityToken
 from tests.conftest import MakeConfig
-from tests.helpers import publish, publish_at_once, refused_upgrade, token_for, wait_until
+from tests.helpers import (
+    apply_signed_record,
+    publish,
+    publish_at_once,
+    refused_upgrade,
+    token_for,
+    wait_until,
+)
 
 Frame = dict[str, Any]
 
@@ -532,16 +538,7 @@ async def test_revocation_follows_a_refreshed_token(
 
     def revoke(token: str) -> None:
         jti = CapabilityToken.decode(token).jti
-        node.apply_membership(
-            MembershipRecord.create(
-                node.keys,
-                "token.revoked",
-                node.keys.node_id,
-                jti,
-                now_ms=now_ms(),
-                iss=node.keys.node_id,
-            )
-        )
+        apply_signed_record(node, "token.revoked", jti, iss=node.keys.node_id)
 
     revoke(old)
     await publish(node, "chat.a", 1)
@@ -710,32 +707,14 @@ async def test_community_rules_change_applies_to_live_sessions(
     # itself come in either order
     assert {(await sub.next())["event"] for _ in range(2)} == {"published.ok", "message"}
     rules = (("ops.**", "anchor", "anchor"), ("**", "token", "token"))
-    node.apply_membership(
-        MembershipRecord.create(
-            node.keys,
-            "pubsub.rules",
-            node.keys.node_id,
-            node.keys.node_id,
-            now_ms=now_ms(),
-            rules=rules,
-        )
-    )
+    apply_signed_record(node, "pubsub.rules", node.keys.node_id, rules=rules)
     refused = await sub.next("error")
     await publish(node, "ops.alerts", 1, start=1)
     await publish(node, "chat.x", 1, start=2)
     delivered = await sub.messages(1)
     await sub.send({"type": "publish", "topic": "ops.alerts", "msg_type": "m", "data": 3})
     publish_refused = await sub.next("error")
-    node.apply_membership(
-        MembershipRecord.create(
-            node.keys,
-            "pubsub.rules",
-            node.keys.node_id,
-            node.keys.node_id,
-            now_ms=now_ms(),
-            rules=(),
-        )
-    )
+    apply_signed_record(node, "pubsub.rules", node.keys.node_id, rules=())
     await sub.send({"type": "subscribe", "topics": ["ops.alerts"]})
     again = await sub.next("subscribed")
     assert refused["data"]["code"] == "forbidden"
