@@ -186,13 +186,8 @@ def _run(main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
 
 
 def cmd_node_status(args: argparse.Namespace) -> int:
-    """``hearthnet node status [--json]``."""
-
-    async def main() -> Any:
-        async with _client(args) as client:
-            return await client.get_json("/status")
-
-    status = _run(main)
+    """``hearthnet node status [--json]``: /status is public, so no keys are needed."""
+    status = _status(args)
     if args.json:
         _print_json(status)
         return EXIT_OK
@@ -419,9 +414,12 @@ def cmd_community_invite(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> dict[str, Any]:
+    from hearthnet.client import get_public_json
+
+    url = _node_url(args)
+
     async def main() -> Any:
-        async with _client(args) as client:
-            return await client.get_json("/status")
+        return await get_public_json(url, "/status")
 
     result: dict[str, Any] = _run(main)
     return result

@@ -488,6 +488,21 @@ class Client:
         )
 
 
+async def get_public_json(url: str, path: str) -> Any:
+    """GET an unauthenticated JSON resource of the node at ``url`` (``/status``,
+    ``/manifest``): no keys or token needed, so it works on a machine with no identity.
+
+    Raises:
+        Unavailable: nothing answered at ``url``.
+        WireError: the node answered with an error.
+    """
+    try:
+        async with aiohttp.ClientSession() as session, session.get(url.rstrip("/") + path) as resp:
+            return await _json_or_raise(resp)
+    except (aiohttp.ClientError, OSError) as exc:
+        raise Unavailable(f"GET {url}: {exc or type(exc).__name__}") from exc
+
+
 async def _json_or_raise(resp: aiohttp.ClientResponse) -> Any:
     raw = await resp.read()
     try:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,25 @@ from hearthnet.node import Node
 from tests.helpers import CleanupLog, Crash, Sleepy, SlowStream
 
 MakeConfig = Callable[..., Config]
+
+_EMPTY_HOME: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Run every test, and every process a test starts, with an empty home directory: no
+    test may pass because this machine's ``~/.local/share/hearthnet`` holds keys, ..."""
+    home = tempfile.mkdtemp(prefix="hearthnet-test-home-")
+    _EMPTY_HOME.append(home)
+    os.environ["HOME"] = home
+    # nor because of the environment it was started from (HEARTHNET_<SECTION>_<KEY>)
+    for name in [n for n in os.environ if n.startswith(("HEARTHNET_", "XDG_"))]:
+        del os.environ[name]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the empty home made for the run."""
+    for home in _EMPTY_HOME:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture

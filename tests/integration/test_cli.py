@@ -194,6 +194,18 @@ def test_exit_codes_for_a_silent_url_and_bad_arguments(node_proc: NodeProcess) -
     assert codes == [3, 3, 3, 2, 2, 2]
 
 
+def test_node_status_of_another_node_needs_no_keys_here(node_proc: NodeProcess) -> None:
+    """`node status --url` reads the public status page: it works on a machine (here: the
+    test's empty home) that holds no keys of its own, and makes none."""
+    result = run_cli("node", "status", "--url", node_proc.url, "--json")
+    home_data = Path(os.environ["HOME"]) / ".local" / "share" / "hearthnet"
+    assert (0, node_proc.fields["node"], False) == (
+        result.returncode,
+        json.loads(result.stdout)["node"],
+        home_data.exists(),
+    )
+
+
 def test_commands_that_read_an_identity_do_not_make_one(tmp_path: Path) -> None:
     """A mistyped --data-dir is an error, not a new identity and community."""
     empty = tmp_path / "typo"
