@@ -15,6 +15,7 @@ from typing import Any
 from hearthnet.caller import Caller
 from hearthnet.errors import BadRequest
 from hearthnet.ids import is_node_id, is_ulid
+from hearthnet.shapes import Shape
 
 _CAP_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*){0,15}\Z")
 _VERSION_RE = re.compile(r"^\d{1,6}\.\d{1,6}\Z")
@@ -32,6 +33,19 @@ def validate_version(version: object) -> str:
     if not isinstance(version, str) or not _VERSION_RE.match(version):
         raise BadRequest(f"invalid capability version {str(version)[:32]!r}: MAJOR.MINOR")
     return version
+
+
+# spec §2.2: the signed call envelope and the request body it carries; nothing else.
+ENVELOPE_SHAPE = Shape.of(
+    "call envelope",
+    ("body", "capability", "version", "request_id", "from", "community", "ts"),
+    {"signature": "the signature goes beside the envelope, not inside it"},
+)
+BODY_SHAPE = Shape.of(
+    "call body",
+    ("params", "input"),
+    {"parameters": "did you mean params?", "inputs": "did you mean input?"},
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,22 +72,11 @@ class CallEnvelope:
         missing = {"body", "capability", "version", "request_id", "community", "ts"} - set(obj)
         if missing:
             raise BadRequest(f"call envelope lacks {sorted(missing)}")
-        unknown = set(obj) - {
-            "body",
-            "capability",
-            "version",
-            "request_id",
-            "from",
-            "community",
-            "ts",
-        }
-        if unknown:
-            raise BadRequest(f"call envelope has unknown fields {sorted(unknown)}")
+        ENVELOPE_SHAPE.check(obj)
         body = obj["body"]
         if not isinstance(body, dict):
             raise BadRequest("the call body is an object {params?, input}")
-        if set(body) - {"params", "input"}:
-            raise BadRequest("the call body has only params and input")
+        BODY_SHAPE.check(body)
         if "params" in body and not isinstance(body["params"], dict):
             raise BadRequest("params must be an object")
         sender = obj.get("from")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,6 +10,7 @@ from hearthnet.errors import BadRequest
 from hearthnet.pubsub.envelope import validate_ttl, validate_type
 from hearthnet.pubsub.presence import validate_presence_fields
 from hearthnet.pubsub.topics import TopicPattern, validate_topic
+from hearthnet.shapes import Shape
 
 MAX_PATTERNS_PER_FRAME = 64
 MAX_WINDOW = 65536
@@ -90,18 +92,75 @@ def _int(value: object, name: str, minimum: int = 0) -> int:
     return value
 
 
-def _patterns(obj: object) -> tuple[TopicPattern, ...]:
+def _patterns(obj: object, frame: str) -> tuple[TopicPattern, ...]:
     if not isinstance(obj, list) or not 1 <= len(obj) <= MAX_PATTERNS_PER_FRAME:
-        raise BadRequest(f"topics is a list of 1..{MAX_PATTERNS_PER_FRAME} patterns")
+        raise BadRequest(f"{frame}.topics is a list of 1..{MAX_PATTERNS_PER_FRAME} patterns")
     return tuple(TopicPattern.parse(p) for p in obj)
 
 
+_SINCE_FORMS = 'since is {"epoch"?, "seq"}, {"ts"} or {"last"}'
+_SINCE_HINT = 'did you mean since: {"%s": N}?'
+
+# The fields of each client frame (spec §6.4-6.6, §2.2, §3.6). One table: a field that is
+# not listed here is refused with bad_request, never ignored.
+SHAPES: dict[str, Shape] = {
+    "ack": Shape.of("ack frame", ("type", "upto"), {"seq": "did you mean upto?"}),
+    "publish": Shape.of(
+        "publish frame",
+        ("type", "topic", "msg_type", "data", "ttl_s", "ref"),
+        {"ttl": "did you mean ttl_s?", "payload": "did you mean data?"},
+    ),
+    "subscribe": Shape.of(
+        "subscribe frame",
+        ("type", "topics", "since", "consumer", "presence"),
+        {
+            "last": _SINCE_HINT % "last",
+            "seq": 'did you mean since: {"epoch": E, "seq": N}?',
+            "epoch": 'did you mean since: {"epoch": E, "seq": N}?',
+            "ts": _SINCE_HINT % "ts",
+            "since_seq": 'did you mean since: {"seq": N}?',
+            "since_ts": _SINCE_HINT % "ts",
+            "topic": "did you mean topics: [...]?",
+            "window": "the window is set by the auth frame",
+        },
+    ),
+    "unsubscribe": Shape.of(
+        "unsubscribe frame", ("type", "topics"), {"topic": "did you mean topics: [...]?"}
+    ),
+    "presence.update": Shape.of(
+        "presence.update frame",
+        ("type", "name", "status", "meta", "topic"),
+        {"presence": "name, status and meta go at the top level of presence.update"},
+    ),
+    "ping": Shape.of("ping frame", ("type",)),
+    "auth": Shape.of(
+        "auth frame",
+        ("type", "token", "identity", "ts", "nonce", "sig", "window"),
+        {"signature": "did you mean sig?"},
+    ),
+}
+SINCE_SHAPE = Shape.of("since", ("epoch", "seq", "ts", "last"), {"since_seq": "did you mean seq?"})
+# The fields a subscribe's presence object may carry (presence.update adds topic).
+SUBSCRIBE_PRESENCE_SHAPE = Shape.of(
+    "subscribe presence", ("name", "status", "meta"), {"topic": "presence.update names a topic"}
+)
+_PROOF_FIELDS = ("identity", "ts", "nonce", "sig")
+
+
 def parse_since(obj: object) -> Since | None:
-    """``{"epoch","seq"}``, ``{"ts"}`` or ``{"last"}``."""
+    """``{"epoch"?, "seq"}``, ``{"ts"}`` or ``{"last"}``: exactly one form, nothing else.
+
+    Raises:
+        BadRequest: an unknown field, a mix of forms, or a wrong type (each named).
+    """
     if obj is None:
         return None
     if not isinstance(obj, dict):
-        raise BadRequest('since is {"epoch","seq"}, {"ts"} or {"last"}')
+        raise BadRequest(_SINCE_FORMS)
+    SINCE_SHAPE.check(obj)
+    forms = ("seq" in obj) + ("ts" in obj) + ("last" in obj)
+    if forms != 1 or ("epoch" in obj and "seq" not in obj):
+        raise BadRequest(f"{_SINCE_FORMS}, got {sorted(obj)}")
     if "seq" in obj:
         epoch = obj.get("epoch")
         if epoch is not None and not isinstance(epoch, str):
@@ -109,59 +168,97 @@ def parse_since(obj: object) -> Since | None:
         return Since(epoch=epoch, seq=_int(obj["seq"], "since.seq"))
     if "ts" in obj:
         return Since(ts=_int(obj["ts"], "since.ts"))
-    if "last" in obj:
-        return Since(last=min(_int(obj["last"], "since.last"), 10_000))
-    raise BadRequest('since is {"epoch","seq"}, {"ts"} or {"last"}')
+    return Since(last=min(_int(obj["last"], "since.last"), 10_000))
+
+
+def _ack(obj: dict[str, Any]) -> ClientFrame:
+    return AckUpto(_int(obj.get("upto"), "ack.upto"))
+
+
+def _publish(obj: dict[str, Any]) -> ClientFrame:
+    ref = obj.get("ref")
+    if ref is not None and (not isinstance(ref, str) or len(ref) > MAX_REF):
+        raise BadRequest(f"publish.ref is a string of at most {MAX_REF} characters")
+    if "data" not in obj:
+        raise BadRequest("publish needs data")
+    return Publish(
+        validate_topic(obj.get("topic")),
+        validate_type(obj.get("msg_type")),
+        obj["data"],
+        validate_ttl(obj.get("ttl_s")),
+        ref,
+    )
+
+
+def _subscribe(obj: dict[str, Any]) -> ClientFrame:
+    consumer = obj.get("consumer")
+    if consumer is not None and (not isinstance(consumer, str) or not 1 <= len(consumer) <= 64):
+        raise BadRequest("subscribe.consumer is a name of 1..64 characters")
+    presence = obj.get("presence")
+    if presence is not None:
+        if not isinstance(presence, dict):
+            raise BadRequest("subscribe.presence is an object {name?, status?, meta?}")
+        SUBSCRIBE_PRESENCE_SHAPE.check(presence)
+        presence = validate_presence_fields(presence)
+    return Subscribe(
+        _patterns(obj.get("topics"), "subscribe"),
+        parse_since(obj.get("since")),
+        consumer,
+        presence,
+    )
+
+
+def _unsubscribe(obj: dict[str, Any]) -> ClientFrame:
+    return Unsubscribe(_patterns(obj.get("topics"), "unsubscribe"))
+
+
+def _presence_update(obj: dict[str, Any]) -> ClientFrame:
+    topic = obj.get("topic")
+    return PresenceUpdate(
+        validate_presence_fields({k: v for k, v in obj.items() if k not in ("type", "topic")}),
+        validate_topic(topic) if topic is not None else None,
+    )
+
+
+def _ping(obj: dict[str, Any]) -> ClientFrame:
+    return Ping()
+
+
+def _auth(obj: dict[str, Any]) -> ClientFrame:
+    window = obj.get("window")
+    if window is not None:
+        window = _int(window, "auth.window", 1)
+        if window > MAX_WINDOW:
+            raise BadRequest(f"auth.window is 1..{MAX_WINDOW}")
+    if "token" in obj and any(k in obj for k in _PROOF_FIELDS):
+        raise BadRequest("auth carries a token, or identity, ts, nonce and sig: not both")
+    return Auth({k: v for k, v in obj.items() if k not in ("type", "window")}, window)
+
+
+_PARSERS: dict[str, Callable[[dict[str, Any]], ClientFrame]] = {
+    "ack": _ack,
+    "publish": _publish,
+    "subscribe": _subscribe,
+    "unsubscribe": _unsubscribe,
+    "presence.update": _presence_update,
+    "ping": _ping,
+    "auth": _auth,
+}
+_FRAMES = {kind: (SHAPES[kind], parse) for kind, parse in _PARSERS.items()}
 
 
 def parse_client_frame(obj: dict[str, Any]) -> ClientFrame:
-    """Parse one decoded client frame.
+    """Parse one decoded client frame: its type, then its fields against :data:`SHAPES`.
 
     Raises:
-        BadRequest: unknown type or malformed fields (the session answers ``error``).
+        BadRequest: unknown type, an unknown field (named, with a hint for known
+            mistakes), or a malformed field (the session answers ``error``).
     """
     kind = obj.get("type")
-    if kind == "ack":
-        return AckUpto(_int(obj.get("upto"), "ack.upto"))
-    if kind == "publish":
-        ref = obj.get("ref")
-        if ref is not None and (not isinstance(ref, str) or len(ref) > MAX_REF):
-            raise BadRequest(f"ref is a string of at most {MAX_REF} characters")
-        if "data" not in obj:
-            raise BadRequest("publish needs data")
-        return Publish(
-            validate_topic(obj.get("topic")),
-            validate_type(obj.get("msg_type")),
-            obj["data"],
-            validate_ttl(obj.get("ttl_s")),
-            ref,
-        )
-    if kind == "subscribe":
-        consumer = obj.get("consumer")
-        if consumer is not None and (not isinstance(consumer, str) or not 1 <= len(consumer) <= 64):
-            raise BadRequest("consumer is a name of 1..64 characters")
-        presence = obj.get("presence")
-        return Subscribe(
-            _patterns(obj.get("topics")),
-            parse_since(obj.get("since")),
-            consumer,
-            validate_presence_fields(presence) if presence is not None else None,
-        )
-    if kind == "unsubscribe":
-        return Unsubscribe(_patterns(obj.get("topics")))
-    if kind == "presence.update":
-        topic = obj.get("topic")
-        return PresenceUpdate(
-            validate_presence_fields({k: v for k, v in obj.items() if k != "type"}),
-            validate_topic(topic) if topic is not None else None,
-        )
-    if kind == "ping":
-        return Ping()
-    if kind == "auth":
-        window = obj.get("window")
-        if window is not None:
-            window = _int(window, "window", 1)
-            if window > MAX_WINDOW:
-                raise BadRequest(f"window is 1..{MAX_WINDOW}")
-        return Auth({k: v for k, v in obj.items() if k not in ("type", "window")}, window)
-    raise BadRequest(f"unknown frame type {str(kind)[:32]!r}")
+    entry = _FRAMES.get(kind) if isinstance(kind, str) else None
+    if entry is None:
+        raise BadRequest(f"unknown frame type {str(kind)[:32]!r}")
+    shape, parser = entry
+    if not obj.keys() <= shape.fields:
+        shape.refuse(obj.keys())
+    return parser(obj)

@@ -23,6 +23,7 @@ from hearthnet.pubsub.service import Subscriber
 from hearthnet.pubsub.topics import TopicPattern
 from hearthnet.pubsub.wire import control_frame
 from hearthnet.pubsub.ws import PubSubDeps, PubSubWebSocket, sweep_token
+from hearthnet.shapes import Shape
 from hearthnet.transport.codec import SSE_KEEPALIVE, loads
 from hearthnet.transport.headers import parse_int, read_signed_headers
 from hearthnet.transport.server import RawUpgrade, json_response
@@ -33,6 +34,24 @@ SSE_HEADERS = {
     "X-Accel-Buffering": "no",
 }
 LONG_POLL_LIMIT = 500
+
+# spec §6.4-6.5: the body of an HTTP publish, and the query parameters of each endpoint.
+# One table: a field or parameter not listed is refused with bad_request, never ignored
+# (``token`` everywhere: a browser EventSource cannot set headers, spec §2.2).
+PUBLISH_BODY = Shape.of(
+    "publish body",
+    ("type", "data", "ttl_s"),
+    {"msg_type": "the HTTP body names it type", "ttl": "did you mean ttl_s?"},
+)
+_SINCE = ("since_epoch", "since_seq", "since_ts", "last")
+SUBSCRIBE_QUERY = Shape.query(
+    "subscribe query", ("topics", "topic", *_SINCE, "timeout_s", "consumer", "token")
+)
+HISTORY_QUERY = Shape.query(
+    "history query", ("since_seq", "since_ts", "before_seq", "limit", "token")
+)
+PRESENCE_QUERY = Shape.query("presence query", ("token",))
+TOPICS_QUERY = Shape.query("topics query", ("prefix", "limit", "token"))
 
 
 def _int_query(
@@ -90,12 +109,11 @@ class PubSubHttp:
         """``POST /pubsub/v1/topics/{topic}/messages`` ``{"type","data","ttl_s"?}``."""
         raw = await request.read()
         body = loads(raw) if raw else None
-        if (
-            not isinstance(body, dict)
-            or "data" not in body
-            or set(body) - {"type", "data", "ttl_s"}
-        ):
+        if not isinstance(body, dict):
             raise BadRequest('the body is {"type", "data", "ttl_s"?}')
+        PUBLISH_BODY.check(body)
+        if "data" not in body:
+            raise BadRequest('the body is {"type", "data", "ttl_s"?}: data is missing')
         caller = self.caller(request, body)
         stored = await self.deps.service.publish(
             caller, request.match_info["topic"], body.get("type"), body["data"], body.get("ttl_s")
@@ -107,6 +125,7 @@ class PubSubHttp:
 
     async def history(self, request: web.Request) -> web.Response:
         """``GET /pubsub/v1/topics/{topic}/history`` (default 50, at most 500 per page)."""
+        HISTORY_QUERY.check(request.query)
         caller = self.caller(request, None)
         rows, has_more = await self.deps.service.history(
             caller,
@@ -127,12 +146,14 @@ class PubSubHttp:
 
     async def presence(self, request: web.Request) -> web.Response:
         """``GET /pubsub/v1/topics/{topic}/presence``."""
+        PRESENCE_QUERY.check(request.query)
         caller = self.caller(request, None)
         topic = request.match_info["topic"]
         return json_response({"topic": topic, "members": self.deps.service.members(caller, topic)})
 
     async def topics(self, request: web.Request) -> web.Response:
         """``GET /pubsub/v1/topics?prefix=&limit=``: topics with messages the caller may read."""
+        TOPICS_QUERY.check(request.query)
         caller = self.caller(request, None)
         limit = _int_query(request, "limit", minimum=1, default=100) or 100
         return json_response(
@@ -147,6 +168,7 @@ class PubSubHttp:
         """WebSocket, SSE or long-poll, by what the client asks for."""
         if request.headers.get("Upgrade", "").lower() == "websocket":
             return await self.ws.handle(request)
+        SUBSCRIBE_QUERY.check(request.query)
         caller = self.caller(request, None)
         patterns = _patterns(request)
         if "text/event-stream" in request.headers.get("Accept", ""):

@@ -18,6 +18,7 @@ from typing import Any
 
 from hearthnet.errors import BadRequest
 from hearthnet.frames import Frame
+from hearthnet.shapes import Shape
 from hearthnet.transport.codec import FrameCodec
 from hearthnet.transport.flow import FlowWindow
 
@@ -69,6 +70,23 @@ class CancelRequest:
 
 ClientFrame = CallRequest | Ack | ToolResult | CancelRequest
 
+# The fields of each client frame on a bus WebSocket (spec §3.5-3.6). One table: a field
+# that is not listed here is refused with bad_request, never ignored.
+SHAPES: dict[str, Shape] = {
+    "call": Shape.of(
+        "call frame",
+        ("type", "envelope", "signature", "token"),
+        {"body": "the body goes inside envelope", "sig": "did you mean signature?"},
+    ),
+    "ack": Shape.of("ack frame", ("type", "upto"), {"seq": "did you mean upto?"}),
+    "tool_result": Shape.of(
+        "tool_result frame",
+        ("type", "tool_call_id", "body"),
+        {"result": "did you mean body?", "id": "did you mean tool_call_id?"},
+    ),
+    "cancel": Shape.of("cancel frame", ("type",)),
+}
+
 
 class BusStreamProtocol:
     """Legal client frames and server frame numbering for one bus WebSocket."""
@@ -108,19 +126,25 @@ class BusStreamProtocol:
         if self.state is StreamState.AWAITING_CALL:
             if kind != "call":
                 raise BadRequest(f"the first frame must be a call frame, not {str(kind)[:32]!r}")
+            SHAPES["call"].check(obj)
             return self._parse_call(obj)
         if self.state is StreamState.ENDED:
             return None
+        shape = SHAPES.get(kind) if isinstance(kind, str) else None
+        if shape is not None and not obj.keys() <= shape.fields:
+            shape.refuse(obj.keys())
         if kind == "ack":
             upto = obj.get("upto")
             if not isinstance(upto, int) or isinstance(upto, bool):
-                raise BadRequest("ack needs an integer upto")
+                raise BadRequest("ack.upto must be an integer")
             # released == 0: an old or unknown seq, a no-op by spec §3.6 (the glue counts it)
             return Ack(upto, self.window.ack(upto))
         if kind == "tool_result":
             tool_call_id = obj.get("tool_call_id")
-            if not isinstance(tool_call_id, str) or "body" not in obj:
-                raise BadRequest("tool_result needs tool_call_id and body")
+            if not isinstance(tool_call_id, str):
+                raise BadRequest("tool_result.tool_call_id must be a string")
+            if "body" not in obj:
+                raise BadRequest("tool_result needs a body")
             return ToolResult(tool_call_id, obj["body"])
         if kind == "cancel":
             return CancelRequest()
@@ -134,11 +158,11 @@ class BusStreamProtocol:
         signature = obj.get("signature")
         token = obj.get("token")
         if not isinstance(envelope, dict):
-            raise BadRequest("the call frame carries an envelope object")
+            raise BadRequest("call.envelope must be an object (the call envelope)")
         if signature is not None and not isinstance(signature, str):
-            raise BadRequest("signature must be a string")
+            raise BadRequest("call.signature must be a string")
         if token is not None and not isinstance(token, str):
-            raise BadRequest("token must be a string")
+            raise BadRequest("call.token must be a string")
         return CallRequest(envelope, signature, token)
 
     @property
