@@ -144,11 +144,25 @@ class ResumeState:
             self.seq = max(self.seq, head_seq)
         self.epoch = epoch
 
-    def reset(self) -> None:
-        """The node's log is another epoch: resume by time (spec §6.5)."""
+    def reset(
+        self, reason: str = "epoch_changed", epoch: str | None = None, head_seq: int | None = None
+    ) -> None:
+        """The node cannot use the cursor (spec §6.5); the next :meth:`since` resumes from
+        what it has.
+
+        ``cursor_ahead`` (the cursor is beyond the head of the node's epoch: it has fewer
+        messages than were counted): resume from its head, ``(epoch, head_seq)``. Nothing
+        after the head exists yet, so nothing is lost, and the id cache drops a message
+        seen before. ``epoch_changed`` (or a reset without a head): the seqs mean other
+        messages now, so resume by the time of the last message received.
+        """
+        self.start = None
+        if reason == "cursor_ahead" and epoch is not None and head_seq is not None:
+            self.epoch = epoch
+            self.seq = head_seq
+            return
         self.epoch = None
         self.seq = 0
-        self.start = None
 
     def accept(self, seq: int, envelope: dict[str, Any]) -> Delivery | None:
         """A message frame: the delivery to hand out, or None for a duplicate."""
@@ -288,7 +302,9 @@ class Subscription:
             raise
         self._ws = ws
 
-    async def _resubscribe_by_time(self) -> None:
+    async def _resubscribe(self) -> None:
+        """After a ``reset`` (the node made no subscription): subscribe again from where
+        :meth:`ResumeState.reset` left the cursor."""
         assert self._ws is not None
         frame: dict[str, Any] = {"type": "subscribe", "topics": self.patterns}
         since = self.state.since()
@@ -297,6 +313,8 @@ class Subscription:
             frame["since"] = since
         if self.consumer:
             frame["consumer"] = self.consumer
+        if self.presence is not None:
+            frame["presence"] = self.presence
         await self._ws.send(orjson.dumps(frame).decode())
 
     def __aiter__(self) -> AsyncIterator[Delivery | Gap]:
@@ -367,8 +385,13 @@ class Subscription:
             elif event == "subscribed":
                 state.subscribed(str(data["epoch"]), int(data["head_seq"]))
             elif event == "reset":
-                state.reset()
-                await self._resubscribe_by_time()
+                head = data.get("head_seq")
+                state.reset(
+                    str(data.get("reason", "")),
+                    data.get("epoch") if isinstance(data.get("epoch"), str) else None,
+                    head if isinstance(head, int) else None,
+                )
+                await self._resubscribe()
             elif event == "presence" and self.on_presence is not None:
                 self.on_presence(data)
             elif event == "auth.expiring":

@@ -32,6 +32,35 @@ def test_reset_resumes_by_time() -> None:
     assert {"ts": 500} == state.since()
 
 
+def test_cursor_ahead_resumes_from_the_nodes_head_in_the_same_epoch() -> None:
+    """A cursor beyond the node's head rewinds to that head: what comes after is asked for."""
+    state = ResumeState()
+    state.subscribing({"epoch": "ep", "seq": 90})
+    state.subscribed("ep", 90)
+    state.accept(91, env("a", 500))
+    state.subscribing(state.since())  # reconnected to a node whose log ends at 40
+    state.reset("cursor_ahead", "ep", 40)
+    assert {"epoch": "ep", "seq": 40} == state.since()
+
+
+def test_cursor_ahead_before_anything_arrived_resumes_from_the_head() -> None:
+    """A first cursor beyond the head (nothing received, no time known) resumes from the
+    head the reset names, not live from whenever the next subscribe lands."""
+    state = ResumeState()
+    state.subscribing({"epoch": "ep", "seq": 999})
+    state.reset("cursor_ahead", "ep", 0)
+    assert {"epoch": "ep", "seq": 0} == state.since()
+
+
+def test_a_reset_without_a_head_resumes_by_time() -> None:
+    """A cursor_ahead reset that names no head (an older node) falls back to time."""
+    state = ResumeState()
+    state.subscribed("ep", 0)
+    state.accept(3, env("a", 500))
+    state.reset("cursor_ahead")
+    assert {"ts": 500} == state.since()
+
+
 def test_acks_at_half_window_or_when_idle() -> None:
     """Acks go at window/2 frames, or earlier when the reader is about to wait."""
     state = ResumeState(window=4)

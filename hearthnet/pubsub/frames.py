@@ -171,6 +171,22 @@ def parse_since(obj: object) -> Since | None:
     return Since(last=min(_int(obj["last"], "since.last"), 10_000))
 
 
+def reset_reason(since: Since, epoch: str, head_seq: int) -> str | None:
+    """Why a cursor ``since`` cannot be used on a log at ``(epoch, head_seq)``; None if it can.
+
+    ``epoch_changed``: the cursor names another epoch (its seqs mean other messages).
+    ``cursor_ahead``: same epoch, or none given (``Last-Event-ID``, ``since_seq`` alone),
+    but the seq is beyond the head: the node has fewer messages than the client counted.
+    """
+    if since.seq is None:
+        return None
+    if since.epoch is not None and since.epoch != epoch:
+        return "epoch_changed"
+    if since.seq > head_seq:
+        return "cursor_ahead"
+    return None
+
+
 def _ack(obj: dict[str, Any]) -> ClientFrame:
     return AckUpto(_int(obj.get("upto"), "ack.upto"))
 

@@ -25,7 +25,7 @@ from hearthnet.metrics import Counter, MetricsRegistry
 from hearthnet.pubsub.access import AccessPolicy, AccessRule
 from hearthnet.pubsub.channel import ChannelState, SubscriberChannel
 from hearthnet.pubsub.envelope import StoredMessage, encoded_payload, validate_ttl, validate_type
-from hearthnet.pubsub.frames import Since
+from hearthnet.pubsub.frames import Since, reset_reason
 from hearthnet.pubsub.index import SubscriptionIndex
 from hearthnet.pubsub.log import PAGE, ConsumerRecord, MessageLog
 from hearthnet.pubsub.presence import Member, PresenceEvent, PresenceTable, validate_presence_fields
@@ -567,9 +567,13 @@ class PubSub:
         if since is None:
             return (head, None)
         if since.seq is not None:
-            if (since.epoch is not None and since.epoch != self.log.epoch) or since.seq > head:
-                # spec §6.5: a cursor from another epoch (or from the future) cannot be used
-                sub.send_control("reset", {"reason": "epoch_changed", "epoch": self.log.epoch})
+            reason = reset_reason(since, self.log.epoch, head)
+            if reason is not None:
+                # spec §6.5: a cursor from another epoch, or beyond the head of this one,
+                # cannot be used; the client resumes from what the node has
+                sub.send_control(
+                    "reset", {"reason": reason, "epoch": self.log.epoch, "head_seq": head}
+                )
                 self.wake(sub)
                 return None
             return (since.seq, None)

@@ -9,10 +9,13 @@ from hearthnet.pubsub.frames import (
     AckUpto,
     Auth,
     Ping,
+    PresenceUpdate,
     Publish,
     Since,
     Subscribe,
+    Unsubscribe,
     parse_client_frame,
+    reset_reason,
 )
 
 
@@ -79,3 +82,155 @@ def test_bad_frames(frame: dict[str, object]) -> None:
     """Malformed frames are bad_request (the session answers error and goes on)."""
     with pytest.raises(BadRequest):
         parse_client_frame(frame)
+
+
+def refusal(frame: dict[str, object]) -> str:
+    """The message of the bad_request that ``frame`` gets."""
+    with pytest.raises(BadRequest) as refused:
+        parse_client_frame(frame)
+    return refused.value.message
+
+
+def test_subscribe_with_last_at_the_top_level_is_refused_with_a_hint() -> None:
+    """The mistake of the attack review: `last: 3` beside topics instead of inside since."""
+    assert (
+        "unknown field 'last' in subscribe frame (did you mean since: {\"last\": N}?)"
+        == refusal({"type": "subscribe", "topics": ["a"], "last": 3})
+    )
+
+
+@pytest.mark.parametrize(
+    ("frame", "message"),
+    [
+        (
+            {"type": "subscribe", "topics": ["a"], "colour": "red"},
+            "unknown field 'colour' in subscribe frame",
+        ),
+        (
+            {"type": "unsubscribe", "topics": ["a"], "since": {"last": 1}},
+            "unknown field 'since' in unsubscribe frame",
+        ),
+        (
+            {"type": "publish", "topic": "a", "msg_type": "x", "data": 1, "ttl": 5},
+            "unknown field 'ttl' in publish frame (did you mean ttl_s?)",
+        ),
+        (
+            {"type": "presence.update", "name": "ann", "mood": "ok"},
+            "unknown field 'mood' in presence.update frame",
+        ),
+        (
+            {"type": "ack", "upto": 1, "seq": 1},
+            "unknown field 'seq' in ack frame (did you mean upto?)",
+        ),
+        ({"type": "ping", "ts": 1}, "unknown field 'ts' in ping frame"),
+        (
+            {"type": "auth", "token": "t", "window": 8, "signature": "s"},
+            "unknown field 'signature' in auth frame (did you mean sig?)",
+        ),
+        (
+            {"type": "subscribe", "topics": ["a"], "since": {"last": 1, "limit": 2}},
+            "unknown field 'limit' in since",
+        ),
+        (
+            {"type": "subscribe", "topics": ["a"], "presence": {"name": "ann", "topic": "a"}},
+            "unknown field 'topic' in subscribe presence (presence.update names a topic)",
+        ),
+    ],
+)
+def test_every_frame_type_refuses_unknown_fields_by_name(
+    frame: dict[str, object], message: str
+) -> None:
+    """Each client frame type (and the objects nested in one) names an unknown field."""
+    assert message == refusal(frame)
+
+
+def test_several_unknown_fields_are_all_named() -> None:
+    """More than one unknown field: each is named, in the frame's order."""
+    assert "unknown fields 'b', 'a' in ping frame" == refusal({"type": "ping", "b": 1, "a": 2})
+
+
+@pytest.mark.parametrize(
+    ("frame", "message"),
+    [
+        ({"type": "ack", "upto": "1"}, "ack.upto must be an integer >= 0"),
+        ({"type": "auth", "token": "t", "window": 0}, "auth.window must be an integer >= 1"),
+        ({"type": "subscribe", "topics": "a"}, "subscribe.topics is a list of 1..64 patterns"),
+        ({"type": "unsubscribe", "topics": []}, "unsubscribe.topics is a list of 1..64 patterns"),
+        (
+            {"type": "subscribe", "topics": ["a"], "consumer": 5},
+            "subscribe.consumer is a name of 1..64 characters",
+        ),
+        (
+            {"type": "subscribe", "topics": ["a"], "presence": "ann"},
+            "subscribe.presence is an object {name?, status?, meta?}",
+        ),
+        (
+            {"type": "subscribe", "topics": ["a"], "since": {"seq": "1"}},
+            "since.seq must be an integer >= 0",
+        ),
+        (
+            {"type": "subscribe", "topics": ["a"], "since": {"epoch": 1, "seq": 1}},
+            "since.epoch must be a string",
+        ),
+        (
+            {"type": "publish", "topic": "a", "msg_type": "x", "data": 1, "ref": 7},
+            "publish.ref is a string of at most 128 characters",
+        ),
+    ],
+)
+def test_wrong_types_name_the_field(frame: dict[str, object], message: str) -> None:
+    """A field of the wrong type is bad_request naming the field."""
+    assert message == refusal(frame)
+
+
+@pytest.mark.parametrize(
+    "since",
+    [{"seq": 1, "ts": 2}, {"last": 1, "ts": 2}, {"epoch": "e"}, {"epoch": "e", "last": 1}, {}],
+)
+def test_since_takes_exactly_one_form(since: dict[str, object]) -> None:
+    """since is one of {epoch?, seq}, {ts}, {last}: a mix is refused, not half applied."""
+    message = refusal({"type": "subscribe", "topics": ["a"], "since": since})
+    assert message.startswith('since is {"epoch"?, "seq"}, {"ts"} or {"last"}')
+
+
+def test_auth_carries_a_token_or_a_proof_not_both() -> None:
+    """A token beside identity-proof fields is refused (which one would be checked?)."""
+    assert "auth carries a token, or identity, ts, nonce and sig: not both" == refusal(
+        {"type": "auth", "token": "t", "identity": "n", "ts": 1, "nonce": "x" * 8, "sig": "s"}
+    )
+
+
+def test_every_documented_field_is_accepted() -> None:
+    """Frames with all their optional fields parse (the tables are not too strict)."""
+    frames = [
+        {"type": "subscribe", "topics": ["a.*"], "since": {"ts": 5}, "consumer": "c"},
+        {
+            "type": "subscribe",
+            "topics": ["a"],
+            "presence": {"name": "n", "status": "s", "meta": {}},
+        },
+        {"type": "unsubscribe", "topics": ["a"]},
+        {"type": "presence.update", "name": "n", "status": "s", "meta": {"k": 1}, "topic": "a"},
+        {"type": "auth", "identity": "n", "ts": 1, "nonce": "abcdefgh", "sig": "s", "window": 2},
+    ]
+    assert [Subscribe, Subscribe, Unsubscribe, PresenceUpdate, Auth] == [
+        type(parse_client_frame(f)) for f in frames
+    ]
+
+
+@pytest.mark.parametrize(
+    ("since", "reason"),
+    [
+        (Since(epoch="e1", seq=3), None),
+        (Since(seq=5), None),
+        (Since(epoch="e0", seq=3), "epoch_changed"),
+        (Since(epoch="e0", seq=99), "epoch_changed"),
+        (Since(epoch="e1", seq=6), "cursor_ahead"),
+        (Since(seq=6), "cursor_ahead"),
+        (Since(ts=10**13), None),
+        (Since(last=3), None),
+    ],
+)
+def test_reset_reason(since: Since, reason: str | None) -> None:
+    """Another epoch is epoch_changed; beyond the head of this one (or none) is cursor_ahead."""
+    assert reason == reset_reason(since, "e1", 5)

@@ -206,10 +206,13 @@ async def test_slow_sse_reader_gets_a_gap_and_the_metrics_count_what_was_sent(
     assert (delivered, counted_gaps) == (600 + len(seen), len(gaps))
 
 
-@pytest.mark.parametrize("cursor", ["since_epoch=0000&since_seq=1", "since_seq=999999"])
-async def test_sse_reset_goes_on_live_from_the_head(node: Node, cursor: str) -> None:
-    """A cursor from another epoch (or the future) gets reset, then the stream is subscribed
-    from the head and delivers what is published next."""
+@pytest.mark.parametrize(
+    ("cursor", "reason"),
+    [("since_epoch=0000&since_seq=1", "epoch_changed"), ("since_seq=999999", "cursor_ahead")],
+)
+async def test_sse_reset_goes_on_live_from_the_head(node: Node, cursor: str, reason: str) -> None:
+    """A cursor from another epoch (or beyond the head) gets reset with that reason, then the
+    stream is subscribed from the head and delivers what is published next."""
     token = token_for(node, "sub:feed.*")
     await publish(node, "feed.r", 1)
     raw = await RawSse.open(node, f"/pubsub/v1/subscribe?topics=feed.*&{cursor}&token={token}")
@@ -219,7 +222,7 @@ async def test_sse_reset_goes_on_live_from_the_head(node: Node, cursor: str) -> 
     live = await raw.messages(1)
     raw.close()
     assert (
-        ("reset", "epoch_changed"),
+        ("reset", reason),
         ("subscribed", ["feed.*"]),
         [1],
     ) == (

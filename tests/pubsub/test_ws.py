@@ -241,15 +241,38 @@ async def test_resume_by_time_and_by_last(node: Node, http: aiohttp.ClientSessio
 async def test_cursor_from_another_epoch_gets_reset(
     node: Node, http: aiohttp.ClientSession
 ) -> None:
-    """A cursor with a foreign epoch (or beyond the head) is answered reset{epoch_changed}."""
+    """A cursor with a foreign epoch is answered reset{epoch_changed} with the node's epoch."""
     await publish(node, "t", 1)
     sub = await session(http, node)
     await sub.send({"type": "subscribe", "topics": ["t"], "since": {"epoch": "0000", "seq": 1}})
-    future = await session(http, node)
-    await future.send({"type": "subscribe", "topics": ["t"], "since": {"seq": 999}})
-    assert ("epoch_changed", "epoch_changed") == (
-        (await sub.next("reset"))["data"]["reason"],
-        (await future.next("reset"))["data"]["reason"],
+    assert {"reason": "epoch_changed", "epoch": node.message_log.epoch, "head_seq": 1} == (
+        await sub.next()
+    )["data"]
+
+
+@pytest.mark.parametrize("with_epoch", [True, False])
+async def test_cursor_beyond_the_head_gets_reset_cursor_ahead(
+    node: Node, http: aiohttp.ClientSession, with_epoch: bool
+) -> None:
+    """A cursor of this epoch (or without one) beyond the head is reset{cursor_ahead}, naming
+    the head to resume from; nothing is subscribed until the client subscribes again."""
+    await publish(node, "t", 2)
+    epoch = node.message_log.epoch
+    sub = await session(http, node)
+    since: Frame = {"epoch": epoch, "seq": 999} if with_epoch else {"seq": 999}
+    await sub.send({"type": "subscribe", "topics": ["t"], "since": since})
+    reset = await sub.next()
+    await sub.send({"type": "subscribe", "topics": ["t"], "since": {"epoch": epoch, "seq": 2}})
+    subscribed = await sub.next()
+    await publish(node, "t", 1, start=2)
+    assert (
+        ("reset", {"reason": "cursor_ahead", "epoch": epoch, "head_seq": 2}),
+        ("subscribed", 2),
+        [2],
+    ) == (
+        (reset["event"], reset["data"]),
+        (subscribed["event"], subscribed["data"]["head_seq"]),
+        data_of(await sub.messages(1)),
     )
 
 

@@ -98,3 +98,76 @@ def test_late_frames_after_end_are_ignored() -> None:
     p.start()
     p.encode(Frame("done", {}))
     assert None is feed(p, {"type": "ack", "upto": 1})
+
+
+@pytest.mark.parametrize(
+    ("frame", "message"),
+    [
+        (
+            {"type": "ack", "upto": 1, "seq": 1},
+            "unknown field 'seq' in ack frame (did you mean upto?)",
+        ),
+        (
+            {"type": "tool_result", "tool_call_id": "tc_1", "body": {}, "result": {}},
+            "unknown field 'result' in tool_result frame (did you mean body?)",
+        ),
+        ({"type": "cancel", "reason": "bored"}, "unknown field 'reason' in cancel frame"),
+    ],
+)
+def test_unknown_fields_while_streaming_are_refused_by_name(
+    frame: dict[str, object], message: str
+) -> None:
+    """Every frame a client may send mid-stream refuses a field it does not define."""
+    p = proto()
+    feed(p, {"type": "call", "envelope": {}})
+    p.start()
+    with pytest.raises(BadRequest) as refused:
+        feed(p, frame)
+    assert message == refused.value.message
+
+
+def test_unknown_field_in_the_call_frame_is_refused_by_name() -> None:
+    """The first frame carries envelope and signature or token, nothing else."""
+    with pytest.raises(BadRequest) as refused:
+        feed(proto(), {"type": "call", "envelope": {}, "token": "t", "body": {}})
+    assert "unknown field 'body' in call frame (the body goes inside envelope)" == (
+        refused.value.message
+    )
+
+
+@pytest.mark.parametrize(
+    ("frame", "message"),
+    [
+        ({"type": "ack", "upto": "8"}, "ack.upto must be an integer"),
+        (
+            {"type": "tool_result", "tool_call_id": 7, "body": {}},
+            "tool_result.tool_call_id must be a string",
+        ),
+        ({"type": "tool_result", "tool_call_id": "tc_1"}, "tool_result needs a body"),
+    ],
+)
+def test_wrong_types_while_streaming_name_the_field(frame: dict[str, object], message: str) -> None:
+    """A field of the wrong type is bad_request naming the field."""
+    p = proto()
+    feed(p, {"type": "call", "envelope": {}})
+    p.start()
+    with pytest.raises(BadRequest) as refused:
+        feed(p, frame)
+    assert message == refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("frame", "message"),
+    [
+        ({"type": "call", "envelope": []}, "call.envelope must be an object (the call envelope)"),
+        ({"type": "call", "envelope": {}, "signature": 1}, "call.signature must be a string"),
+        ({"type": "call", "envelope": {}, "token": 1}, "call.token must be a string"),
+    ],
+)
+def test_wrong_types_in_the_call_frame_name_the_field(
+    frame: dict[str, object], message: str
+) -> None:
+    """A call frame field of the wrong type is bad_request naming the field."""
+    with pytest.raises(BadRequest) as refused:
+        feed(proto(), frame)
+    assert message == refused.value.message
