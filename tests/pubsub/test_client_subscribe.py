@@ -148,3 +148,27 @@ async def test_a_subscribe_the_node_refuses_as_malformed_ends_the_iteration(
             async with client.subscribe(patterns, since=since) as sub:
                 with pytest.raises(BadRequest):
                     await asyncio.wait_for(anext(aiter(sub)), timeout=5)
+
+
+async def test_a_cursor_beyond_the_head_resumes_from_the_head_of_the_same_epoch(
+    make_config: MakeConfig,
+) -> None:
+    """reset{cursor_ahead}: the client resubscribes from the node's head on the same
+    session (no reconnect, no error) and gets everything published after it."""
+    async with (
+        Node(make_config(pubsub={"sync": "normal"})) as node,
+        Client(node.url, keys=node.keys) as client,
+    ):
+        await publish(node, "ahead.a", 2)
+        epoch = node.message_log.epoch
+        async with client.subscribe("ahead.*", since={"epoch": epoch, "seq": 500}) as sub:
+            got: list[int] = []
+            reader = asyncio.get_running_loop().create_task(collect_numbers(sub, got, 2))
+            await wait_until(lambda: any(s.patterns for s in node.pubsub.subscribers))
+            await publish(node, "ahead.a", 2, start=2)
+            await asyncio.wait_for(reader, timeout=10)
+            assert ([2, 3], 0, {"epoch": epoch, "seq": 4}) == (
+                got,
+                sub.reconnects,
+                sub.state.since(),
+            )

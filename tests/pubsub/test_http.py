@@ -295,9 +295,15 @@ async def test_long_poll_returns_backlog_at_once_and_waits_for_news(
     )
 
 
-@pytest.mark.parametrize("cursor", [{"since_seq": 999}, {"since_epoch": "zzz", "since_seq": 0}])
+@pytest.mark.parametrize(
+    ("cursor", "reason"),
+    [
+        ({"since_seq": 999}, "cursor_ahead"),
+        ({"since_epoch": "zzz", "since_seq": 0}, "epoch_changed"),
+    ],
+)
 async def test_long_poll_reset_returns_at_once_with_the_new_epoch_and_head(
-    node: Node, client: Client, cursor: dict[str, object]
+    node: Node, client: Client, cursor: dict[str, object], reason: str
 ) -> None:
     """A cursor from the future or another epoch cannot be used: the poll answers at once
     with a reset frame, the epoch and the head (spec §6.5), instead of waiting and then
@@ -315,7 +321,7 @@ async def test_long_poll_reset_returns_at_once_with_the_new_epoch_and_head(
         query={"topics": "lp.r", "since_epoch": page["epoch"], "since_seq": page["head_seq"]},
     )
     assert waited < 5
-    assert [m["event"] for m in page["messages"]] == ["reset"]
+    assert [("reset", reason)] == [(m["event"], m["data"]["reason"]) for m in page["messages"]]
     assert (page["epoch"], page["head_seq"]) == (node.message_log.epoch, 2)
     assert [m["data"]["data"]["i"] for m in after["messages"]] == [2]
 
@@ -585,3 +591,133 @@ async def test_a_parked_long_poll_ends_with_its_token(node: Node) -> None:
         with pytest.raises(Revoked):
             await asyncio.wait_for(parked, timeout=5)
     assert expired_after < 5
+
+
+async def test_sse_last_event_id_beyond_the_head_is_reset_cursor_ahead(node: Node) -> None:
+    """An EventSource reconnecting with a Last-Event-ID beyond the head, in the same epoch,
+    is told the true reason (cursor_ahead, not epoch_changed) and goes on live."""
+    token = token_for(node, "sub:feed.*")
+    await publish(node, "feed.c", 3)
+    raw = await RawSse.open(
+        node, f"/pubsub/v1/subscribe?topics=feed.*&token={token}", {"Last-Event-ID": "50"}
+    )
+    reset = await raw.event()
+    subscribed = await raw.event()
+    await publish(node, "feed.c", 1, start=3)
+    live = await raw.messages(1)
+    raw.close()
+    assert (
+        ("reset", {"reason": "cursor_ahead", "epoch": node.message_log.epoch, "head_seq": 3}),
+        "subscribed",
+        [(3, "4")],
+    ) == (
+        (reset["event"], reset["data"]),
+        subscribed["event"],
+        [(e["data"]["data"]["i"], e["id"]) for e in live],
+    )
+
+
+async def test_sse_query_with_an_unknown_parameter_is_refused_naming_it(node: Node) -> None:
+    """A parameter the subscribe endpoint does not define is 400 bad_request naming it
+    (before any event-stream headers go out)."""
+    token = token_for(node, "sub:feed.*")
+    raw = await RawSse.open(
+        node, f"/pubsub/v1/subscribe?topics=feed.*&since_sequence=3&token={token}"
+    )
+    length = int(raw.headers["content-length"])
+    body = json.loads(await raw.reader.readexactly(length))
+    raw.close()
+    assert (
+        400,
+        {
+            "error": "bad_request",
+            "message": "unknown parameter 'since_sequence' in subscribe query",
+        },
+    ) == (raw.status, body)
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "message"),
+    [
+        (
+            "/pubsub/v1/subscribe",
+            {"topics": "lp.q", "timeout_s": 0, "since": 3},
+            "unknown parameter 'since' in subscribe query",
+        ),
+        (
+            "/pubsub/v1/topics/lp.q/history",
+            {"since_seq": 0, "max": 3},
+            "unknown parameter 'max' in history query",
+        ),
+        (
+            "/pubsub/v1/topics/lp.q/presence",
+            {"all": 1},
+            "unknown parameter 'all' in presence query",
+        ),
+        (
+            "/pubsub/v1/topics",
+            {"prefix": "lp", "page": 2},
+            "unknown parameter 'page' in topics query",
+        ),
+    ],
+)
+async def test_unknown_query_parameters_are_refused_naming_them(
+    client: Client, path: str, query: dict[str, object], message: str
+) -> None:
+    """Long-poll, history, presence and topics refuse parameters they do not define."""
+    with pytest.raises(BadRequest) as refused:
+        await client.request_json("GET", path, query=query)
+    assert message == refused.value.message
+
+
+async def test_every_documented_query_parameter_is_accepted(node: Node, client: Client) -> None:
+    """The tables list what the spec and the client use (and token, for EventSource)."""
+    await publish(node, "lp.ok", 2)
+    token = token_for(node, "sub:lp.*")
+    poll = await client.request_json(
+        "GET",
+        "/pubsub/v1/subscribe",
+        query={
+            "topics": "lp.ok",
+            "since_epoch": node.message_log.epoch,
+            "since_seq": 0,
+            "timeout_s": 0,
+        },
+    )
+    history = await client.request_json(
+        "GET",
+        "/pubsub/v1/topics/lp.ok/history",
+        query={"since_seq": 0, "since_ts": 0, "limit": 5},
+    )
+    raw = await RawSse.open(
+        node, f"/pubsub/v1/subscribe?topic=lp.ok&last=1&timeout_s=1&token={token}"
+    )
+    first = await raw.event()
+    raw.close()
+    assert (2, 2, (200, "subscribed")) == (
+        len(poll["messages"]),
+        len(history["messages"]),
+        (raw.status, first["event"]),
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            {"type": "note", "data": 1, "msg_type": "note"},
+            "unknown field 'msg_type' in publish body (the HTTP body names it type)",
+        ),
+        (
+            {"type": "note", "data": 1, "ttl": 5},
+            "unknown field 'ttl' in publish body (did you mean ttl_s?)",
+        ),
+    ],
+)
+async def test_publish_body_with_an_unknown_field_is_refused_naming_it(
+    client: Client, body: dict[str, object], message: str
+) -> None:
+    """The publish body is {type, data, ttl_s?}: another field is 400 naming it."""
+    with pytest.raises(BadRequest) as refused:
+        await client.request_json("POST", "/pubsub/v1/topics/lp.b/messages", body)
+    assert message == refused.value.message

@@ -814,3 +814,85 @@ async def test_last_n_counts_only_messages_the_caller_may_receive(
     await sub.next("subscribed")
     backlog = await sub.messages(3)
     assert data_of(backlog) == [1, 2, 3]
+
+
+async def test_subscribe_with_last_beside_topics_is_refused_naming_last(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """`last: 3` instead of `since: {last: 3}` is bad_request naming `last` (with a hint),
+    not a subscription without backlog; the session goes on."""
+    await publish(node, "t", 5)
+    sub = await session(http, node)
+    await sub.send({"type": "subscribe", "topics": ["t"], "last": 3})
+    await sub.send({"type": "ping"})
+    answer = await sub.next()
+    assert (
+        "error",
+        {
+            "code": "bad_request",
+            "message": "unknown field 'last' in subscribe frame"
+            ' (did you mean since: {"last": N}?)',
+        },
+        "pong",
+    ) == (answer["event"], answer["data"], (await sub.next())["event"])
+
+
+@pytest.mark.parametrize(
+    ("frame", "field"),
+    [
+        ({"type": "subscribe", "topics": ["t"], "colour": "red"}, "colour"),
+        ({"type": "subscribe", "topics": ["t"], "since": {"last": 1, "limit": 1}}, "limit"),
+        ({"type": "subscribe", "topics": ["t"], "presence": {"name": "a", "mood": 1}}, "mood"),
+        ({"type": "unsubscribe", "topics": ["t"], "all": True}, "all"),
+        ({"type": "publish", "topic": "t", "msg_type": "x", "data": 1, "ttl": 5}, "ttl"),
+        ({"type": "presence.update", "name": "ann", "mood": "ok"}, "mood"),
+        ({"type": "ack", "upto": 0, "seq": 0}, "seq"),
+        ({"type": "ping", "ts": 1}, "ts"),
+    ],
+)
+async def test_unknown_field_on_each_frame_type_is_bad_request(
+    node: Node, http: aiohttp.ClientSession, frame: Frame, field: str
+) -> None:
+    """Every client frame type refuses a field it does not define, naming it; the session
+    goes on (the ping after it is answered)."""
+    sub = await session(http, node)
+    await sub.send(frame)
+    await sub.send({"type": "ping"})
+    answer = await sub.next()
+    assert ("error", "bad_request", True, "pong") == (
+        answer["event"],
+        answer["data"].get("code"),
+        f"unknown field '{field}'" in answer["data"].get("message", ""),
+        (await sub.next())["event"],
+    )
+
+
+async def test_unknown_field_in_a_refreshing_auth_is_bad_request(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """A fresh auth frame mid-session with an unknown field is refused by name; the session
+    keeps its credentials and goes on."""
+    sub = await session(http, node)
+    await sub.send(auth_frame(node.keys, node, scope="all"))
+    await sub.send({"type": "ping"})
+    answer = await sub.next()
+    assert ("error", "unknown field 'scope' in auth frame", "pong") == (
+        answer["event"],
+        answer["data"].get("message"),
+        (await sub.next())["event"],
+    )
+
+
+async def test_unknown_field_in_the_first_auth_frame_is_refused(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """The first frame with an unknown field: auth.error naming it, then close 1008."""
+    ws = await http.ws_connect(node.url + "/pubsub/v1/subscribe", protocols=("hearthnet-bus.v2",))
+    raw = Raw(ws)
+    await raw.send(auth_frame(node.keys, node, windw=64))
+    answer = await raw.next()
+    assert (
+        "auth.error",
+        {"code": "bad_request", "message": "unknown field 'windw' in auth frame"},
+        1008,
+    ) == (answer["event"], answer["data"], await raw.closed())

@@ -458,3 +458,89 @@ async def test_shutdown_ends_streams_with_a_frame(
         (frames[-1]["event"], frames[-1]["data"]["code"]),
         time.monotonic() - started < 5,
     )
+
+
+@pytest.mark.parametrize(
+    ("frame", "message"),
+    [
+        (
+            {"type": "ack", "upto": 1, "seq": 1},
+            "unknown field 'seq' in ack frame (did you mean upto?)",
+        ),
+        (
+            {"type": "tool_result", "tool_call_id": "tc_1", "body": {}, "result": {}},
+            "unknown field 'result' in tool_result frame (did you mean body?)",
+        ),
+        ({"type": "cancel", "reason": "bored"}, "unknown field 'reason' in cancel frame"),
+    ],
+)
+async def test_unknown_field_mid_stream_is_bad_request_naming_it(
+    node: Node, http: aiohttp.ClientSession, frame: dict[str, Any], message: str
+) -> None:
+    """An ack, tool_result or cancel with a field it does not define ends the call with
+    error{bad_request} naming the field, then close 1008."""
+    ws = await connect(http, node)
+    await ws.send_json(
+        call_frame(
+            node.keys, node.membership.community_id, "test.slow", {"count": 10, "interval_ms": 30}
+        )
+    )
+    await ws.receive()
+    await ws.send_json(frame)
+    frames = await read_all(ws)
+    assert (("error", "bad_request", message), 1008) == (
+        (frames[-1]["event"], frames[-1]["data"]["code"], frames[-1]["data"]["message"]),
+        ws.close_code,
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"body": {}}, "unknown field 'body' in call frame (the body goes inside envelope)"),
+        ({"deadline_ms": 5}, "unknown field 'deadline_ms' in call frame"),
+    ],
+)
+async def test_unknown_field_in_the_call_frame_is_bad_request_naming_it(
+    node: Node, http: aiohttp.ClientSession, extra: dict[str, Any], message: str
+) -> None:
+    """A call frame with a field beside envelope and signature: error naming it, close 1008,
+    and the capability never runs."""
+    ws = await connect(http, node)
+    frame = call_frame(node.keys, node.membership.community_id, "echo.stream", {"count": 2})
+    await ws.send_json({**frame, **extra})
+    frames = await read_all(ws)
+    assert ([("error", "bad_request", message)], 1008) == (
+        [(f["event"], f["data"]["code"], f["data"]["message"]) for f in frames],
+        ws.close_code,
+    )
+
+
+async def test_unknown_field_in_the_call_body_is_bad_request_naming_it(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """The call body is {params?, input}: another field is refused by name."""
+    ws = await connect(http, node)
+    envelope = {
+        "body": {"input": {"count": 2}, "parameters": {}},
+        "capability": "echo.stream",
+        "version": "1.0",
+        "request_id": new_ulid(),
+        "from": node.keys.node_id,
+        "community": node.membership.community_id,
+        "ts": now_ms(),
+    }
+    await ws.send_json(
+        {"type": "call", "envelope": envelope, "signature": node.keys.sign_object(envelope)}
+    )
+    frames = await read_all(ws)
+    assert (
+        [
+            (
+                "error",
+                "bad_request",
+                "unknown field 'parameters' in call body (did you mean params?)",
+            )
+        ],
+        1008,
+    ) == ([(f["event"], f["data"]["code"], f["data"]["message"]) for f in frames], ws.close_code)
