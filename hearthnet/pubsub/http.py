@@ -178,6 +178,13 @@ class PubSubHttp:
     def _since(self, request: web.Request, *, last_event_id: bool) -> Since | None:
         """Where a subscribe starts: ``Last-Event-ID`` (SSE), else ``since_epoch`` +
         ``since_seq``, ``since_ts`` or ``last`` from the query."""
+        # The URL gives one starting point, as `since` does on WebSocket: a mix would be
+        # half applied, so it is refused (an empty value counts as absent).
+        given = [name for name in ("since_seq", "since_ts", "last") if request.query.get(name)]
+        if len(given) > 1:
+            raise BadRequest(f"give one of since_seq, since_ts and last, not {' and '.join(given)}")
+        if request.query.get("since_epoch") and given != ["since_seq"]:
+            raise BadRequest("since_epoch goes with since_seq")
         last_event = request.headers.get("Last-Event-ID") if last_event_id else None
         if last_event:
             # An EventSource reconnects to the URL it was opened with and adds the id of the

@@ -721,3 +721,28 @@ async def test_publish_body_with_an_unknown_field_is_refused_naming_it(
     with pytest.raises(BadRequest) as refused:
         await client.request_json("POST", "/pubsub/v1/topics/lp.b/messages", body)
     assert message == refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        (
+            {"since_seq": 0, "last": 3},
+            "give one of since_seq, since_ts and last, not since_seq and last",
+        ),
+        (
+            {"since_ts": 0, "last": 3},
+            "give one of since_seq, since_ts and last, not since_ts and last",
+        ),
+        ({"since_epoch": "e", "last": 3}, "since_epoch goes with since_seq"),
+    ],
+)
+async def test_a_subscribe_query_gives_one_starting_point(
+    client: Client, query: dict[str, object], message: str
+) -> None:
+    """Two starting points (or an epoch without a seq) are refused, not half applied."""
+    with pytest.raises(BadRequest) as refused:
+        await client.request_json(
+            "GET", "/pubsub/v1/subscribe", query={"topics": "lp.s", "timeout_s": 0, **query}
+        )
+    assert message == refused.value.message
