@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from hearthnet.errors import BadRequest
@@ -202,7 +204,7 @@ def test_auth_carries_a_token_or_a_proof_not_both() -> None:
 
 def test_every_documented_field_is_accepted() -> None:
     """Frames with all their optional fields parse (the tables are not too strict)."""
-    frames = [
+    frames: list[dict[str, Any]] = [
         {"type": "subscribe", "topics": ["a.*"], "since": {"ts": 5}, "consumer": "c"},
         {
             "type": "subscribe",
