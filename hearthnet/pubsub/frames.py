@@ -197,9 +197,14 @@ def _publish(obj: dict[str, Any]) -> ClientFrame:
         raise BadRequest(f"publish.ref is a string of at most {MAX_REF} characters")
     if "data" not in obj:
         raise BadRequest("publish needs data")
+    topic, msg_type = obj.get("topic"), obj.get("msg_type")
+    if not isinstance(topic, str):
+        raise BadRequest("publish.topic must be a string")
+    if not isinstance(msg_type, str):
+        raise BadRequest("publish.msg_type must be a string (the message type)")
     return Publish(
-        validate_topic(obj.get("topic")),
-        validate_type(obj.get("msg_type")),
+        validate_topic(topic),
+        validate_type(msg_type),
         obj["data"],
         validate_ttl(obj.get("ttl_s")),
         ref,

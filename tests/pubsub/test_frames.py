@@ -178,6 +178,14 @@ def test_several_unknown_fields_are_all_named() -> None:
             {"type": "publish", "topic": "a", "msg_type": "x", "data": 1, "ref": 7},
             "publish.ref is a string of at most 128 characters",
         ),
+        (
+            {"type": "publish", "topic": ["a"], "msg_type": "x", "data": 1},
+            "publish.topic must be a string",
+        ),
+        (
+            {"type": "publish", "topic": "a", "data": 1},
+            "publish.msg_type must be a string (the message type)",
+        ),
     ],
 )
 def test_wrong_types_name_the_field(frame: dict[str, object], message: str) -> None:
