@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -126,8 +127,8 @@ def test_two_hosts_behind_one_router_share_its_address(make_nat_lab: MakeNatLab)
 
 
 def test_unsolicited_connections_to_a_home_host_fail(make_nat_lab: MakeNatLab) -> None:
-    """A listener behind NAT is reachable from its LAN only: the internet's SYNs are dropped
-    by the router, another home cannot route to the private address."""
+    """A listener behind NAT is reachable from its LAN only: the router drops SYNs from the
+    internet (to its address or routed to the private one); another home has no route."""
     lab = make_nat_lab(["plain", "plain"])
     relay, (h0, h1) = lab.public["relay"], lab.homes
     listener = h0.popen(*h0.python(str(PUNCH_SCRIPT), "serve", h0.ip, "9000"))
@@ -135,11 +136,16 @@ def test_unsolicited_connections_to_a_home_host_fail(make_nat_lab: MakeNatLab) -
     drops_before = h0.router.unsolicited_drops()
     from_relay = connect(relay, h0.router.public_ip, 9000)
     from_other_home = connect(h1, h0.ip, 9000)
+    # A neighbour on the internet segment that routes the private subnet via the router:
+    # the router forwards only from its LAN outwards.
+    relay.run("ip", "route", "add", f"{h0.router.lan}.0/24", "via", h0.router.public_ip)
+    routed_from_relay = connect(relay, h0.ip, 9000)
     drops_after = h0.router.unsolicited_drops()
     from_own_router = connect(h0.router, h0.ip, 9000)
-    assert ("timeout", "ENETUNREACH", True, "connected") == (
+    assert ("timeout", "ENETUNREACH", "timeout", True, "connected") == (
         from_relay,
         from_other_home,
+        routed_from_relay,
         drops_after > drops_before,
         from_own_router,
     ), h0.router.conntrack()
@@ -226,6 +232,40 @@ def test_nat_lab_cleans_up_when_the_test_fails(nat_lab_support: None) -> None:
         failing_test()
     (proc,) = started
     assert ([], -15, False) == (lab_namespaces(lab.id), proc.returncode, lab.workdir.exists())
+
+
+# A test that fails while its NAT lab runs a process; run by a pytest of its own.
+FAILING_TEST = """
+from tests.chaos.conftest import lab_support, make_nat_lab, nat_lab_support
+
+def test_fails(make_nat_lab):
+    lab = make_nat_lab(["plain", "fully-random"])
+    sleeper = lab.homes[0].popen("sleep", "600")
+    lab.internet_loss(5)
+    print("LAB", lab.id, sleeper.pid, flush=True)
+    assert "expected" == "actual"
+"""
+
+
+def test_a_failing_test_leaves_no_namespace_behind(nat_lab_support: None, tmp_path: Path) -> None:
+    """A pytest run whose test fails mid-way still deletes its NAT lab and kills its processes."""
+    test_file = tmp_path / "test_failing.py"
+    test_file.write_text(FAILING_TEST)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(test_file)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    words = next(line for line in done.stdout.splitlines() if line.startswith("LAB ")).split()
+    lab_id, sleeper = words[1], int(words[2])
+    assert (1, [], False) == (
+        done.returncode,
+        lab_namespaces(lab_id),
+        Path(f"/proc/{sleeper}").exists(),
+    ), done.stdout[-2000:]
 
 
 # Builds a NAT lab, says its id, then waits to be killed (SIGKILL: no cleanup runs).
