@@ -123,6 +123,7 @@ class Rendezvous:
 
     def __init__(self) -> None:
         self._waiting: dict[str, tuple[socket.socket, Address]] = {}
+        self._open: list[socket.socket] = []  # every client's connection, never closed here
         self._lock = threading.Lock()
 
     def serve(self, ip: str, ports: list[int], lifetime_s: float) -> None:
@@ -141,19 +142,20 @@ class Rendezvous:
             threading.Thread(target=self._client, args=(conn, addr, port), daemon=True).start()
 
     def _client(self, conn: socket.socket, addr: Address, port: int) -> None:
+        with self._lock:
+            self._open.append(conn)
         conn.settimeout(LINE_TIMEOUT_S)
         try:
             words = _read_line(conn).split()
         except OSError:
-            conn.close()
             return
         name = words[1] if len(words) > 1 else "?"
         _emit("seen", name=name, port=port, observed=[addr[0], addr[1]])
         conn.sendall(f"YOU {addr[0]} {addr[1]}\n".encode())
         if len(words) > 2:
             self._pair(words[2], conn, addr)
-        # The connection stays open until the client closes it: the client's NAT
-        # mapping lives as long as this conntrack entry does.
+        # The connection stays open (referenced in self._open) until the client closes
+        # it, as a relay link does: the client's NAT mapping lives with it.
 
     def _pair(self, key: str, conn: socket.socket, addr: Address) -> None:
         with self._lock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -259,8 +260,9 @@ def test_a_failing_test_leaves_no_namespace_behind(nat_lab_support: None, tmp_pa
         timeout=60,
         check=False,
     )
-    words = next(line for line in done.stdout.splitlines() if line.startswith("LAB ")).split()
-    lab_id, sleeper = words[1], int(words[2])
+    lab_lines = [line.split() for line in done.stdout.splitlines() if line.startswith("LAB ")]
+    assert 1 == len(lab_lines), done.stdout[-2000:] + done.stderr[-2000:]
+    lab_id, sleeper = lab_lines[0][1], int(lab_lines[0][2])
     assert (1, [], False) == (
         done.returncode,
         lab_namespaces(lab_id),
@@ -290,7 +292,9 @@ def test_sweeper_removes_a_nat_lab_of_a_killed_run(nat_lab_support: None) -> Non
     )
     try:
         assert orphan.stdout is not None
-        lab_id = orphan.stdout.readline().strip()
+        # Bounded: a child that never prints must not hang the run.
+        ready = select.select([orphan.stdout], [], [], 20)[0]
+        lab_id = orphan.stdout.readline().strip() if ready else "(no lab id printed)"
         made = lab_namespaces(lab_id)
     finally:
         os.killpg(orphan.pid, signal.SIGKILL)
