@@ -65,6 +65,7 @@ MAX_PUBLIC = FIRST_ROUTER - FIRST_PUBLIC
 MAX_ROUTERS = 100
 MAX_HOMES_PER_NAT = 100
 BRIDGE = "br0"
+BRIDGE_NF_FAMILIES = ("iptables", "ip6tables", "arptables")
 _NAME = re.compile(r"[a-z][a-z0-9]{0,9}")
 _RESERVED = re.compile(r"inet|nat\d+|h\d+")
 
@@ -117,6 +118,17 @@ class HomeHost(Machine):
         self.index = index
         self.router = router
         self.port = f"l{len(router.hosts)}"  # its port on the router's lan0 bridge
+
+
+def _write_sysctls(netns: str, values: dict[str, str], *, only_existing: bool = False) -> None:
+    """Set per-namespace sysctls (paths under /proc/sys) from inside ``netns``, without
+    needing procps; with ``only_existing``, settings the kernel lacks are skipped."""
+    lines = []
+    for key, value in values.items():
+        path = f"/proc/sys/{key}"
+        write = f"echo {value} > {path}"
+        lines.append(f"if [ -e {path} ]; then {write}; fi" if only_existing else write)
+    sh("ip", "netns", "exec", netns, "sh", "-ec", "\n".join(lines))
 
 
 def _counter_packets(nft_json: str) -> int:
@@ -273,16 +285,11 @@ class NatLab(NamespaceLab):
         sh("ip", "-n", netns, "link", "set", name, "up")
         # A switch, not a firewall: bridged frames skip the IP hooks (br_netfilter is
         # built into the kernel and on by default in every new namespace).
-        for family in ("iptables", "ip6tables", "arptables"):
-            sh(
-                "ip",
-                "netns",
-                "exec",
-                netns,
-                "sysctl",
-                "-qw",
-                f"net.bridge.bridge-nf-call-{family}=0",
-            )
+        _write_sysctls(
+            netns,
+            {f"net/bridge/bridge-nf-call-{family}": "0" for family in BRIDGE_NF_FAMILIES},
+            only_existing=True,
+        )
 
     def _plug(
         self, netns: str, dev: str, bridge_netns: str, port: str, bridge: str, ip: str
@@ -304,7 +311,7 @@ class NatLab(NamespaceLab):
         self._plug(router.netns, "wan0", self.internet_netns, f"n{router.index}", BRIDGE, router.ip)
         self._bridge(router.netns, "lan0")
         sh("ip", "-n", router.netns, "addr", "add", f"{router.lan_ip}/{PREFIXLEN}", "dev", "lan0")
-        router.run("sysctl", "-qw", "net.ipv4.ip_forward=1")
+        _write_sysctls(router.netns, {"net/ipv4/ip_forward": "1"})
         router.run("nft", "-f", "-", input=_router_ruleset(router.mode))
         for home in router.hosts:
             self._add_netns(home.netns)
