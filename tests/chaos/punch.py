@@ -32,12 +32,9 @@ from dataclasses import dataclass, field
 
 Address = tuple[str, int]
 
-# Per connect(): long enough for the kernel's first SYN retransmission (1 s) to be
-# unnecessary, short enough that a lost SYN is re-sent from a fresh socket at once.
-ATTEMPT_TIMEOUT_S = 1.0
-# Pause after a refusal (RST) before the next SYN: pacing, so a peer that answers RST
-# (no filter on its router) is not flooded; a drop needs no pause (the timeout paces it).
-REFUSED_PAUSE_S = 0.05
+# Pause after a connect() that failed at once (a refusal, or the 4-tuple of an aborted
+# attempt still in use) before the next SYN: without it such a failure is a busy loop.
+RETRY_PAUSE_S = 0.1
 LINE_TIMEOUT_S = 5.0
 MAX_LINE = 256
 
@@ -75,23 +72,32 @@ def simultaneous_open(
     """Connect from ``local_port`` to ``peer`` while the peer does the same towards us.
 
     Both sides' SYNs leave their NATs and create the mappings; the first SYN to arrive
-    at the other NAT is dropped, the later one matches the mapping and gets through, and
-    the two connect() calls meet as one TCP simultaneous open. Retries with a fresh
-    socket (same port) after a timeout or a refusal until ``within_s`` has passed.
+    at the other NAT is dropped, the later one matches the mapping its own SYN made and
+    gets through, and the two connect() calls meet as one TCP simultaneous open.
+
+    One connect() waits for the whole window: the kernel retransmits a lost SYN (after
+    1 s, then 3 s) and a lost SYN-ACK of a half-done simultaneous open. Closing the socket
+    early to send a fresh SYN would abort such a half-done handshake, and its 4-tuple
+    would then refuse the next connect() (EADDRNOTAVAIL) for a while. A connect() that
+    fails at once (ECONNREFUSED from a router that answers RST) is retried after
+    :data:`RETRY_PAUSE_S` until ``within_s`` has passed.
     """
     start = clock()
     outcome = PunchOutcome(sock=None)
     while (left := within_s - (clock() - start)) > 0.01:
         sock = reusable_socket(local_port)
-        sock.settimeout(min(left, ATTEMPT_TIMEOUT_S))
+        sock.settimeout(left)
         outcome.tries += 1
         try:
             sock.connect(peer)
+        except TimeoutError:
+            sock.close()
+            outcome.errors.append("timeout")
+            continue
         except OSError as exc:
             sock.close()
-            outcome.errors.append(exc.__class__.__name__)
-            if exc.errno == errno.ECONNREFUSED:
-                time.sleep(min(REFUSED_PAUSE_S, max(0.0, within_s - (clock() - start))))
+            outcome.errors.append(errno.errorcode.get(exc.errno or 0, repr(exc)))
+            time.sleep(min(RETRY_PAUSE_S, max(0.0, within_s - (clock() - start))))
             continue
         outcome.sock = sock
         break

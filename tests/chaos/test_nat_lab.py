@@ -53,7 +53,9 @@ def connect(source: Any, ip: str, port: int, within_s: float = 1.0) -> str:
     return str(json.loads(done.stdout)["result"])
 
 
-def punch_pair(lab: NatLab, a: HomeHost, b: HomeHost) -> list[dict[str, Any]]:
+def punch_pair(
+    lab: NatLab, a: HomeHost, b: HomeHost, within_s: float = PUNCH_WITHIN_S
+) -> list[dict[str, Any]]:
     """Both hosts rendezvous at the relay and try a simultaneous open to each other;
     each one's final event (``established`` or ``failed``)."""
     relay = lab.public["relay"]
@@ -62,14 +64,12 @@ def punch_pair(lab: NatLab, a: HomeHost, b: HomeHost) -> list[dict[str, Any]]:
         h.popen(
             *h.python(str(PUNCH_SCRIPT), "punch", relay.ip, RENDEZVOUS_PORTS[0]),
             *("--local-port", str(port), "--name", h.name, "--pair", "ab"),
-            *("--within", str(PUNCH_WITHIN_S)),
+            *("--within", str(within_s)),
         )
         for h, port in ((a, 41001), (b, 42002))
     ]
     return [
-        p.wait_for_json(
-            lambda e: e["event"] in ("established", "failed"), within_s=PUNCH_WITHIN_S + 15
-        )
+        p.wait_for_json(lambda e: e["event"] in ("established", "failed"), within_s=within_s + 15)
         for p in procs
     ]
 
@@ -183,6 +183,23 @@ def test_simultaneous_open_between_two_homes(
             [r["event"] for r in results],
             drops,
         ), (results, [r.conntrack() for r in lab.routers])
+
+
+def test_simultaneous_open_survives_loss_on_the_internet(make_nat_lab: MakeNatLab) -> None:
+    """With 10 % of frames lost on the internet, two homes behind plain NATs still connect
+    (the kernel retransmits lost SYNs and SYN-ACKs within the window)."""
+    lab = make_nat_lab(["plain", "plain"])
+    relay, (a, b) = lab.public["relay"], lab.homes
+    for router in lab.routers:  # ARP resolved first, so the window goes to the SYNs
+        relay.ping(router, count=1)
+    lab.routers[0].ping(lab.routers[1], count=1)
+    lab.internet_loss(10)
+    # Measured: 25 of 25 runs at 10 % and 10 of 10 at 20 % connected within 5 s.
+    results = punch_pair(lab, a, b, within_s=5.0)
+    assert ["established", "established"] == [r["event"] for r in results], (
+        results,
+        lab.lost_frames(),
+    )
 
 
 def test_internet_loss_is_applied_and_cleared(make_nat_lab: MakeNatLab) -> None:
