@@ -56,7 +56,7 @@ from tests.chaos.netns import (
 )
 
 PUNCH_SCRIPT = Path(__file__).with_name("punch.py")
-INTERNET = "203.0.113.0/24"  # TEST-NET-3 (RFC 5737): never routed on the real internet
+INTERNET = "203.0.113"  # TEST-NET-3 (RFC 5737, a /24): never routed on the real internet
 PREFIXLEN = 24
 FIRST_PUBLIC = 10  # public hosts: 203.0.113.10 upwards
 FIRST_ROUTER = 100  # routers' wan0: 203.0.113.100 upwards
@@ -86,7 +86,7 @@ class NatRouter(Machine):
     a bridge to its home hosts."""
 
     def __init__(self, lab: NatLab, index: int, mode: NatMode, lan: str) -> None:
-        super().__init__(lab, f"nat{index}", f"203.0.113.{FIRST_ROUTER + index}")
+        super().__init__(lab, f"nat{index}", f"{INTERNET}.{FIRST_ROUTER + index}")
         self.index = index
         self.mode = mode
         self.lan = lan  # e.g. "192.168.1", the first three octets of its /24
@@ -243,7 +243,7 @@ class NatLab(NamespaceLab):
         super().__init__()
         self.internet_netns = f"{self.id}-inet"
         self.public = {
-            name: PublicHost(self, name, f"203.0.113.{FIRST_PUBLIC + i}")
+            name: PublicHost(self, name, f"{INTERNET}.{FIRST_PUBLIC + i}")
             for i, name in enumerate(public)
         }
         self.routers: list[NatRouter] = []
