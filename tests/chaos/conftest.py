@@ -7,14 +7,17 @@ namespaces refused), so the suite stays green on a laptop without sudo.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
+from typing import Any
 
 import pytest
 
-from tests.chaos.netns import Lab, sweep_stale, unavailable_reason
+from tests.chaos.nat_lab import NatLab, nat_unavailable_reason
+from tests.chaos.netns import Lab, NamespaceLab, sweep_stale, unavailable_reason
 
 MakeLab = Callable[..., Lab]
+MakeNatLab = Callable[..., NatLab]
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +57,10 @@ def make_lab(lab_support: None) -> Iterator[MakeLab]:
         return lab
 
     yield make
+    _close_all(labs)
+
+
+def _close_all(labs: Sequence[NamespaceLab]) -> None:
     errors = []
     for lab in labs:
         try:
@@ -62,3 +69,27 @@ def make_lab(lab_support: None) -> Iterator[MakeLab]:
             errors.append(exc)
     if errors:
         raise errors[0]
+
+
+@pytest.fixture(scope="session")
+def nat_lab_support(lab_support: None) -> None:
+    """Skip NAT labs where ``nft`` is missing or the kernel has no nftables NAT."""
+    reason = nat_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def make_nat_lab(nat_lab_support: None) -> Iterator[MakeNatLab]:
+    """Build started NAT labs (``make_nat_lab(["plain", "fully-random"])``); all are
+    closed after the test, pass or fail."""
+    labs: list[NatLab] = []
+
+    def make(*args: Any, **kwargs: Any) -> NatLab:
+        lab = NatLab(*args, **kwargs)
+        labs.append(lab)
+        lab.start()
+        return lab
+
+    yield make
+    _close_all(labs)

@@ -248,7 +248,9 @@ class HostProcess:
     :data:`MAX_OUTPUT_LINES`); its stderr goes to a file in the lab's work directory.
     """
 
-    def __init__(self, host: Host, argv: Sequence[str], popen: subprocess.Popen[str], stderr: Path):
+    def __init__(
+        self, host: Machine, argv: Sequence[str], popen: subprocess.Popen[str], stderr: Path
+    ):
         self.host = host
         self.argv = list(argv)
         self.popen = popen
@@ -427,20 +429,21 @@ print(count, len(replied))
 """
 
 
-class Host:
-    """One machine of the lab: a namespace with ``eth0`` on the lab's bridge."""
+class Machine:
+    """A namespace of a lab that runs things: processes, pings, sockets for the test.
 
-    def __init__(self, lab: Lab, index: int, ip: str):
+    :class:`Host` (a machine on the plain lab's bridge) and the NAT lab's machines
+    (``nat_lab.py``) share it, so they start, watch and kill processes the same way.
+    """
+
+    def __init__(self, lab: NamespaceLab, name: str, ip: str):
         self.lab = lab
-        self.index = index
-        self.name = f"h{index}"
-        self.netns = f"{lab.id}-{self.name}"
+        self.name = name
+        self.netns = f"{lab.id}-{name}"
         self.ip = ip
-        self.dev = HOST_DEV
-        self.port = f"p{index}"  # this host's port on the bridge
 
     def __repr__(self) -> str:
-        return f"<Host {self.name} {self.ip} netns={self.netns}>"
+        return f"<{type(self).__name__} {self.name} {self.ip} netns={self.netns}>"
 
     # running things
 
@@ -508,7 +511,7 @@ class Host:
         return self.socket(family, type_, proto)
 
     def ping(
-        self, other: Host | str, count: int = 20, interval_s: float = 0.01, wait_s: float = 1.0
+        self, other: Machine | str, count: int = 20, interval_s: float = 0.01, wait_s: float = 1.0
     ) -> PingResult:
         """Send ``count`` ICMP echo requests to ``other``; count distinct replies.
 
@@ -517,13 +520,25 @@ class Host:
         too (the kernel retries after 1 s): ping once before impairing a link when the
         exact loss matters.
         """
-        target = other.ip if isinstance(other, Host) else other
+        target = other.ip if isinstance(other, Machine) else other
         done = self.run(
             *self.python("-c", _PING_SCRIPT, target, str(count), str(interval_s), str(wait_s)),
             timeout=count * interval_s + wait_s + 10,
         )
         sent, received = (int(part) for part in done.stdout.split())
         return PingResult(sent, received)
+
+
+class Host(Machine):
+    """One machine of the lab: a namespace with ``eth0`` on the lab's bridge."""
+
+    lab: Lab
+
+    def __init__(self, lab: Lab, index: int, ip: str):
+        super().__init__(lab, f"h{index}", ip)
+        self.index = index
+        self.dev = HOST_DEV
+        self.port = f"p{index}"  # this host's port on the bridge
 
     # impairments
 
@@ -671,7 +686,7 @@ def _undrop_from(netns: str, dev: str, source: Host) -> None:
 
 # --- the lab ---------------------------------------------------------------------------
 
-_OPEN_LABS: set[Lab] = set()
+_OPEN_LABS: set[NamespaceLab] = set()
 _atexit_registered = False
 
 
@@ -681,36 +696,21 @@ def _close_open_labs() -> None:
             lab.close()
 
 
-class Lab:
-    """N hosts in network namespaces on one bridge; a context manager.
+class NamespaceLab:
+    """What every lab shares: its id, namespaces, processes, work directory and cleanup.
 
-    Args:
-        n_hosts: how many hosts (1..64).
-        subnet: the IPv4 /24 (or larger) the hosts get addresses in, ``.1`` upwards.
-            The lab is isolated, so the default never collides with anything.
+    Subclasses build their network in :meth:`_build`, creating each namespace with
+    :meth:`_add_netns` so it is recorded before anything else can fail. A lab is a
+    context manager; :meth:`close` also runs from an ``atexit`` hook, and
+    :func:`sweep_stale` finds labs of dead runs by their id ``hnl-<pid>-<hex>``.
     """
 
-    def __init__(self, n_hosts: int = 3, *, subnet: str = DEFAULT_SUBNET) -> None:
-        if not 1 <= n_hosts <= MAX_HOSTS:
-            raise ValueError(f"n_hosts must be within 1..{MAX_HOSTS}")
-        network = ipaddress.IPv4Network(subnet)
-        if network.num_addresses < n_hosts + 2:
-            raise ValueError(f"{subnet} is too small for {n_hosts} hosts")
+    def __init__(self) -> None:
         self.id = f"{PREFIX}{os.getpid()}-{secrets.token_hex(3)}"
-        self.prefixlen = network.prefixlen
-        self.bridge_netns = f"{self.id}-br"
-        self.hosts = [Host(self, i, str(network.network_address + i + 1)) for i in range(n_hosts)]
         self.processes: list[HostProcess] = []
-        self.cuts: set[frozenset[int]] = set()
         self.namespaces: list[str] = []  # every namespace created, in order
         self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.id}-"))
         self._closed = False
-
-    def __repr__(self) -> str:
-        return f"<Lab {self.id} hosts={len(self.hosts)}>"
-
-    def __getitem__(self, index: int) -> Host:
-        return self.hosts[index]
 
     def __enter__(self) -> Self:
         self.start()
@@ -730,27 +730,82 @@ class Lab:
             exc.add_note(f"and the lab's cleanup failed too: {cleanup_error}")
 
     def start(self) -> None:
-        """Create the namespaces, bridge, veths and addresses; on failure, undo all."""
+        """Create the lab's namespaces and links; on failure, undo all."""
         global _atexit_registered  # noqa: PLW0603 (one hook per process)
         if not _atexit_registered:
             atexit.register(_close_open_labs)
             _atexit_registered = True
         _OPEN_LABS.add(self)
         try:
-            self._add_netns(self.bridge_netns)
-            br = ("ip", "-n", self.bridge_netns)
-            sh(*br, "link", "add", BRIDGE, "type", "bridge", "mcast_snooping", "0")
-            sh(*br, "link", "set", BRIDGE, "up")
-            for host in self.hosts:
-                self._add_host(host)
+            self._build()
         except BaseException:
             self.close()
             raise
+
+    def _build(self) -> None:
+        raise NotImplementedError
 
     def _add_netns(self, netns: str) -> None:
         sh("ip", "netns", "add", netns)
         self.namespaces.append(netns)
         sh("ip", "-n", netns, "link", "set", "lo", "up")
+
+    def close(self) -> None:
+        """Kill every process, delete every namespace; safe to call twice.
+
+        Raises:
+            LabError: some namespace of this lab still exists afterwards.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        _OPEN_LABS.discard(self)
+        for proc in self.processes:  # SIGTERM all first, so they stop in parallel
+            proc.signal(signal.SIGTERM)
+        for proc in self.processes:
+            proc.stop(within_s=3.0)
+        for netns in reversed(self.namespaces):
+            _kill_namespace(netns)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        left = [n for n in lab_namespaces(self.id + "-")]
+        if left:
+            raise LabError(f"namespaces left behind: {left}")
+
+
+class Lab(NamespaceLab):
+    """N hosts in network namespaces on one bridge; a context manager.
+
+    Args:
+        n_hosts: how many hosts (1..64).
+        subnet: the IPv4 /24 (or larger) the hosts get addresses in, ``.1`` upwards.
+            The lab is isolated, so the default never collides with anything.
+    """
+
+    def __init__(self, n_hosts: int = 3, *, subnet: str = DEFAULT_SUBNET) -> None:
+        if not 1 <= n_hosts <= MAX_HOSTS:
+            raise ValueError(f"n_hosts must be within 1..{MAX_HOSTS}")
+        network = ipaddress.IPv4Network(subnet)
+        if network.num_addresses < n_hosts + 2:
+            raise ValueError(f"{subnet} is too small for {n_hosts} hosts")
+        super().__init__()
+        self.prefixlen = network.prefixlen
+        self.bridge_netns = f"{self.id}-br"
+        self.hosts = [Host(self, i, str(network.network_address + i + 1)) for i in range(n_hosts)]
+        self.cuts: set[frozenset[int]] = set()
+
+    def __repr__(self) -> str:
+        return f"<Lab {self.id} hosts={len(self.hosts)}>"
+
+    def __getitem__(self, index: int) -> Host:
+        return self.hosts[index]
+
+    def _build(self) -> None:
+        self._add_netns(self.bridge_netns)
+        br = ("ip", "-n", self.bridge_netns)
+        sh(*br, "link", "add", BRIDGE, "type", "bridge", "mcast_snooping", "0")
+        sh(*br, "link", "set", BRIDGE, "up")
+        for host in self.hosts:
+            self._add_host(host)
 
     def _add_host(self, host: Host) -> None:
         self._add_netns(host.netns)
@@ -787,26 +842,3 @@ class Lab:
         for pair in list(self.cuts):
             i, j = sorted(pair)
             self.hosts[i].heal(self.hosts[j])
-
-    # cleanup
-
-    def close(self) -> None:
-        """Kill every process, delete every namespace; safe to call twice.
-
-        Raises:
-            LabError: some namespace of this lab still exists afterwards.
-        """
-        if self._closed:
-            return
-        self._closed = True
-        _OPEN_LABS.discard(self)
-        for proc in self.processes:  # SIGTERM all first, so they stop in parallel
-            proc.signal(signal.SIGTERM)
-        for proc in self.processes:
-            proc.stop(within_s=3.0)
-        for netns in reversed(self.namespaces):
-            _kill_namespace(netns)
-        shutil.rmtree(self.workdir, ignore_errors=True)
-        left = [n for n in lab_namespaces(self.id + "-")]
-        if left:
-            raise LabError(f"namespaces left behind: {left}")
