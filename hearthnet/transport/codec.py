@@ -10,6 +10,7 @@ from typing import Any
 import cbor2
 import orjson
 
+from hearthnet.canonical import check_representable, parse_json
 from hearthnet.errors import BadRequest, PayloadTooLarge, WrongFrameType
 from hearthnet.frames import Frame
 
@@ -26,11 +27,10 @@ def choose_subprotocol(header: str | None) -> str | None:
 
 
 def loads(data: bytes | str) -> Any:
-    """Parse JSON; :class:`BadRequest` on malformed input."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"malformed JSON: {exc.msg}") from exc
+    """Parse JSON from a client or peer (spec §2.5): :class:`BadRequest` on malformed
+    input, :class:`~hearthnet.errors.NotCanonical` on a value canonical JSON cannot
+    represent exactly (see :func:`hearthnet.canonical.parse_json`)."""
+    return parse_json(data)
 
 
 class FrameCodec:
@@ -55,7 +55,10 @@ class FrameCodec:
 
         Raises:
             BadRequest: wrong frame type for the subprotocol (a binary frame on the JSON
-                subprotocol or text on CBOR), malformed encoding, or not an object.
+                subprotocol or text on CBOR), malformed encoding, not an object, or
+                (:class:`~hearthnet.errors.NotCanonical`) a value canonical JSON cannot
+                represent exactly: a CBOR tag, bytes, a non-string key, an integer beyond
+                ±2^53, NaN, nesting deeper than 64 (spec §2.5).
             PayloadTooLarge: over ``max_bytes``.
         """
         if len(data) > max_bytes:
@@ -68,6 +71,7 @@ class FrameCodec:
                 obj = cbor2.loads(data if isinstance(data, bytes) else data.encode())
             except (cbor2.CBORDecodeError, ValueError, TypeError) as exc:
                 raise BadRequest(f"malformed CBOR: {exc}") from exc
+            check_representable(obj)
         else:
             obj = loads(data)
         if not isinstance(obj, dict):
