@@ -5,13 +5,14 @@ Pure. The same frame object becomes identical shapes on every transport.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import cbor2
 import orjson
 
 from hearthnet.canonical import check_representable, parse_json
-from hearthnet.errors import BadRequest, PayloadTooLarge, WrongFrameType
+from hearthnet.errors import BadRequest, NotCanonical, PayloadTooLarge, WrongFrameType
 from hearthnet.frames import Frame
 
 SUBPROTOCOL_JSON = "hearthnet-bus.v2"
@@ -71,12 +72,29 @@ class FrameCodec:
                 obj = cbor2.loads(data if isinstance(data, bytes) else data.encode())
             except (cbor2.CBORDecodeError, ValueError, TypeError) as exc:
                 raise BadRequest(f"malformed CBOR: {exc}") from exc
-            check_representable(obj)
+            try:
+                check_representable(obj)
+            except NotCanonical as exc:
+                raise _with_ref(exc, obj) from None
         else:
-            obj = loads(data)
+            try:
+                obj = loads(data)
+            except NotCanonical as exc:
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    _with_ref(exc, orjson.loads(data))  # well-formed: only values were refused
+                raise
         if not isinstance(obj, dict):
             raise BadRequest("a client frame is an object")
         return obj
+
+
+def _with_ref(exc: NotCanonical, frame: object) -> NotCanonical:
+    """The refused frame's ``ref`` goes back with the error, so a client knows which of
+    its publishes failed (spec §6.4)."""
+    ref = frame.get("ref") if isinstance(frame, dict) else None
+    if isinstance(ref, str) and len(ref) <= 128:
+        exc.extra["ref"] = ref
+    return exc
 
 
 def sse_event(frame: Frame, *, with_id: bool = False) -> bytes:
