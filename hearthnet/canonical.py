@@ -255,6 +255,8 @@ def parse_json(data: bytes | str) -> Any:
     except orjson.JSONDecodeError as exc:
         if "depth" in exc.msg:
             raise NotCanonical(f"nesting deeper than {MAX_DEPTH}") from exc
+        if "infinity" in exc.msg:
+            raise NotCanonical("a number too large for a double") from exc
         raise BadRequest(f"malformed JSON: {exc.msg}") from exc
     raw = data.encode() if isinstance(data, str) else data
     if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:
