@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from decimal import Decimal
 from typing import Any
 
@@ -199,12 +198,14 @@ def canonicalize_without(obj: dict[str, Any], *omit: str) -> bytes:
 
 # --- the edge check (spec §2.5) ----------------------------------------------------------
 
-# A JSON number token (after ``[``, ``:``, ``,`` or at the start) with an exponent or with
-# more than 16 digits and dots. Every other number token has at most 15 significant digits
-# and no exponent: as a double it is exact enough that its JCS form reads back as the same
-# number, and as an integer it is within ±2^53. A match inside a string only costs the
-# precise path.
-_RISKY_NUMBER = re.compile(rb"(?:^|[\[:,])[ \t\r\n]*-?[0-9](?:[0-9.]{15}|[0-9.]*[eE])")
+# The fast path looks at JSON text through this table: digits and dots become "0", the
+# exponent letters "e", and "{" becomes "[" (one count for both brackets). A number token
+# with no exponent and fewer than 16 digits and dots has at most 15 significant digits:
+# as a double it reads back as written, and as an integer it is within ±2^53. Text holding
+# "0e" (a digit then an exponent letter) or a run of 16 "0"s may hold another number (or
+# just a string like "1e4a"): only then are the numbers read again from their text.
+_NUMBER_VIEW = bytes.maketrans(b"0123456789.eE{", b"00000000000ee[")
+_LONG_NUMBER = b"0" * 16
 
 
 def _exact_int(text: str) -> int:
@@ -241,9 +242,9 @@ def _check_float(value: float) -> None:
 def parse_json(data: bytes | str) -> Any:
     """Parse JSON text into a value :func:`canonicalize` represents exactly (spec §2.5).
 
-    The fast path is orjson plus two scans in C (number tokens, bracket count); only text
-    holding a long or exponent number, or more than :data:`MAX_DEPTH` brackets, is looked
-    at value by value.
+    The fast path is orjson plus a few passes over the bytes in C; only text that may hold
+    a long or exponent number has its numbers read again, and only text with more than
+    :data:`MAX_DEPTH` brackets has its containers walked for depth.
 
     Raises:
         BadRequest: malformed JSON.
@@ -259,9 +260,10 @@ def parse_json(data: bytes | str) -> Any:
             raise NotCanonical("a number too large for a double") from exc
         raise BadRequest(f"malformed JSON: {exc.msg}") from exc
     raw = data.encode() if isinstance(data, str) else data
-    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:
-        check_representable(value)  # bounds the depth before any recursive parse
-    if _RISKY_NUMBER.search(raw) is None:
+    view = raw.translate(_NUMBER_VIEW)
+    if view.count(b"[") > MAX_DEPTH:
+        _check_depth(value)  # before the recursive stdlib parser below sees it
+    if b"0e" not in view and _LONG_NUMBER not in view:
         return value
     # orjson turns integers beyond 64 bits into floats and reads 1e-400 as 0.0: read the
     # numbers again from their text (the stdlib scanner hands each token to a hook).
@@ -271,6 +273,21 @@ def parse_json(data: bytes | str) -> Any:
         parse_float=_exact_float,
         parse_constant=_refuse_constant,
     )
+
+
+def _check_depth(value: Any) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH` (containers only, without recursion)."""
+    if type(value) is not dict and type(value) is not list:
+        return  # the brackets were inside a string
+    stack = [(value, 1)]
+    while stack:
+        container, depth = stack.pop()
+        items = container.values() if type(container) is dict else container
+        for item in items:
+            if type(item) is dict or type(item) is list:
+                if depth == MAX_DEPTH:
+                    raise NotCanonical(f"nesting deeper than {MAX_DEPTH}")
+                stack.append((item, depth + 1))
 
 
 def check_representable(value: Any, *, carrier_bytes: bool = False) -> None:
