@@ -9,7 +9,9 @@ import json
 import aiohttp
 import cbor2
 
+from hearthnet.ids import b64url_encode
 from hearthnet.node import Node
+from hearthnet.transport import headers as h
 from tests.transport.test_bus_ws import call_frame, connect, read_all
 
 
@@ -50,3 +52,19 @@ async def test_membership_records_nested_too_deep_are_bad_request(
             answer = await resp.json()
             results.append((resp.status, answer.get("error", answer.get("applied"))))
     assert [(400, "bad_request"), (400, "bad_request"), (200, 0)] == results
+
+
+async def test_a_token_nested_too_deep_is_refused_not_a_crash(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """A token header whose JSON is nested 1,000 deep is 401 invalid_signature (a malformed
+    token), on a publish and on a call, instead of a 500 from the JSON parser's recursion."""
+    token = "hnt1:" + b64url_encode(b"[" * 1000 + b"]" * 1000)
+    results = []
+    for path, headers, body in (
+        ("/pubsub/v1/topics/a.b/messages", {h.TOKEN: token}, {"type": "t", "data": 1}),
+        ("/bus/v1/call", {h.TOKEN: token, h.CAPABILITY: "echo", h.VERSION: "1.0"}, {"input": 1}),
+    ):
+        async with http.post(node.url + path, json=body, headers=headers) as resp:
+            results.append((resp.status, (await resp.json())["error"]))
+    assert [(401, "invalid_signature")] * 2 == results
