@@ -11,8 +11,10 @@ resolve the publishers' futures: a publish is acknowledged only once durable, an
 ``seq`` is never handed out twice, even across a crash.
 
 A publish that cannot be signed fails alone (its publisher gets the error; the rest of
-the batch commits). A batch whose transaction fails is written again one message at a
-time, so one bad message costs its own publish, never the others nor the flush loop.
+the batch commits). A batch whose transaction fails for one of its messages is written
+again one message at a time, so one bad message costs its own publish, never the others
+nor the flush loop; when SQLite itself fails (disk full, I/O), the batch is refused with
+``unavailable``.
 The queue of pending messages is bounded (``max_pending``): past it a publish is refused
 with ``unavailable`` and a ``retry_after_ms``.
 
@@ -449,7 +451,9 @@ class MessageLog:
         try:
             outcomes = await self._write(batch)
         except Exception as exc:  # a flush loop that dies stops every publish
-            if len(batch) == 1:
+            # A full disk, an I/O error or a lock (OperationalError) fails every message
+            # alike; anything else may be one message's doing, so the others go alone.
+            if len(batch) == 1 or isinstance(exc, sqlite3.OperationalError):
                 self._refuse(batch, exc)
                 return
             log.warning(
