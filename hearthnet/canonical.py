@@ -12,21 +12,29 @@ Inputs that JCS cannot represent faithfully are refused with :class:`BadRequest`
 NaN and infinities, integers beyond ±2^53 and integral floats between 2^53 and 10^21
 (JCS reads every number as an IEEE-754 double, and these would re-read as integers that
 no double holds exactly), lone surrogates, non-string keys, and non-JSON types.
+
+Input is held to the same rules where it is parsed (spec §2.5): :func:`parse_json` and
+:func:`check_representable` refuse, with :class:`NotCanonical`, what :func:`canonicalize`
+would refuse or change, so a value that reached the node can always be signed.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from decimal import Decimal
 from typing import Any
 
 import orjson
 
-from hearthnet.errors import BadRequest
+from hearthnet.errors import BadRequest, NotCanonical
 
 MAX_SAFE_INTEGER = 2**53 - 1
 # 2^53 itself is exact; 2^53 + 1 is not, so it cannot be confused with a neighbour.
 MAX_EXACT_INTEGER = 2**53
+
+# spec §2.5: deeper nesting is refused at the edge (and never reaches a recursive walk).
+MAX_DEPTH = 64
 
 # The C-accelerated string escaper behind json.dumps(ensure_ascii=False). It escapes
 # exactly what JCS requires and leaves the rest raw, with lower-case \u00xx escapes.
@@ -186,3 +194,141 @@ def canonicalize_exact(value: Any) -> bytes:
 def canonicalize_without(obj: dict[str, Any], *omit: str) -> bytes:
     """Canonical bytes of ``obj`` with the named fields (``sig``, ``signature``) left out."""
     return canonicalize({k: v for k, v in obj.items() if k not in omit})
+
+
+# --- the edge check (spec §2.5) ----------------------------------------------------------
+
+# The fast path looks at JSON text through this table: digits and dots become "0", the
+# exponent letters "e", and "{" becomes "[" (one count for both brackets). A number token
+# with no exponent and fewer than 16 digits and dots has at most 15 significant digits:
+# as a double it reads back as written, and as an integer it is within ±2^53. Text holding
+# "0e" (a digit then an exponent letter) or a run of 16 "0"s may hold another number (or
+# just a string like "1e4a"): only then are the numbers read again from their text.
+_NUMBER_VIEW = bytes.maketrans(b"0123456789.eE{", b"00000000000ee[")
+_LONG_NUMBER = b"0" * 16
+
+
+def _exact_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:  # more digits than int() reads
+        raise NotCanonical("integers must be within ±2^53") from exc
+    if not -MAX_EXACT_INTEGER <= value <= MAX_EXACT_INTEGER:
+        raise NotCanonical("integers must be within ±2^53; send a larger one as a string")
+    return value
+
+
+def _exact_float(text: str) -> float:
+    value = float(text)
+    _check_float(value)
+    # The number the sender wrote must be the number that gets signed: JCS writes the
+    # shortest digits that read back as this double, which repr() gives.
+    if Decimal(text) != Decimal(repr(value)):
+        raise NotCanonical(f"the number {text[:40]} does not round-trip through a double")
+    return value
+
+
+def _refuse_constant(text: str) -> Any:
+    raise NotCanonical(f"{text} has no JSON form")
+
+
+def _check_float(value: float) -> None:
+    if math.isnan(value) or math.isinf(value):
+        raise NotCanonical("NaN and Infinity have no JSON form")
+    if value.is_integer() and MAX_EXACT_INTEGER < abs(value) < 1e21:
+        raise NotCanonical("integral floats between 2^53 and 1e21 do not round-trip; use a string")
+
+
+def parse_json(data: bytes | str) -> Any:
+    """Parse JSON text into a value :func:`canonicalize` represents exactly (spec §2.5).
+
+    The fast path is orjson plus a few passes over the bytes in C; only text that may hold
+    a long or exponent number has its numbers read again, and only text with more than
+    :data:`MAX_DEPTH` brackets has its containers walked for depth.
+
+    Raises:
+        BadRequest: malformed JSON.
+        NotCanonical: an integer beyond ±2^53 (also one too long for a double), a number
+            that would not read back as written, or nesting deeper than :data:`MAX_DEPTH`.
+    """
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        if "depth" in exc.msg:
+            raise NotCanonical(f"nesting deeper than {MAX_DEPTH}") from exc
+        if "infinity" in exc.msg:
+            raise NotCanonical("a number too large for a double") from exc
+        raise BadRequest(f"malformed JSON: {exc.msg}") from exc
+    raw = data.encode() if isinstance(data, str) else data
+    view = raw.translate(_NUMBER_VIEW)
+    if view.count(b"[") > MAX_DEPTH:
+        _check_depth(value)  # before the recursive stdlib parser below sees it
+    if b"0e" not in view and _LONG_NUMBER not in view:
+        return value
+    # orjson turns integers beyond 64 bits into floats and reads 1e-400 as 0.0: read the
+    # numbers again from their text (the stdlib scanner hands each token to a hook).
+    return json.loads(
+        raw,
+        parse_int=_exact_int,
+        parse_float=_exact_float,
+        parse_constant=_refuse_constant,
+    )
+
+
+def _check_depth(value: Any) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH` (containers only, without recursion)."""
+    if type(value) is not dict and type(value) is not list:
+        return  # the brackets were inside a string
+    stack = [(value, 1)]
+    while stack:
+        container, depth = stack.pop()
+        items = container.values() if type(container) is dict else container
+        for item in items:
+            if type(item) is dict or type(item) is list:
+                if depth == MAX_DEPTH:
+                    raise NotCanonical(f"nesting deeper than {MAX_DEPTH}")
+                stack.append((item, depth + 1))
+
+
+def check_representable(value: Any, *, carrier_bytes: bool = False) -> None:
+    """Refuse a decoded value (CBOR, or JSON parsed elsewhere) that :func:`canonicalize`
+    cannot represent exactly (spec §1.3, §2.5). Types are matched exactly: a CBOR tag
+    decoded into a ``datetime``, ``UUID``, ``Decimal``, ``set`` or ``CBORTag`` is refused.
+
+    Args:
+        carrier_bytes: allow byte strings (peer-link frames carry signed JSON as bytes;
+            spec §3.8: never inside a signed object).
+
+    Raises:
+        NotCanonical: the first offending value found.
+    """
+    _check(value, MAX_DEPTH, carrier_bytes)
+
+
+def _check(value: Any, depth: int, carrier_bytes: bool) -> None:
+    t = type(value)
+    # Strings need no check: orjson and cbor2 refuse text that is not valid UTF-8.
+    if t is str or t is bool or value is None:
+        return
+    if t is int:
+        if not -MAX_EXACT_INTEGER <= value <= MAX_EXACT_INTEGER:
+            raise NotCanonical("integers must be within ±2^53; send a larger one as a string")
+        return
+    if t is float:
+        _check_float(value)
+        return
+    if t is dict or t is list:
+        if depth == 0:
+            raise NotCanonical(f"nesting deeper than {MAX_DEPTH}")
+        if t is dict:
+            for key, item in value.items():
+                if type(key) is not str:
+                    raise NotCanonical("object keys must be strings")
+                _check(item, depth - 1, carrier_bytes)
+        else:
+            for item in value:
+                _check(item, depth - 1, carrier_bytes)
+        return
+    if t is bytes and carrier_bytes:
+        return
+    raise NotCanonical(f"{t.__name__} has no JSON form (a CBOR tag, bytes or undefined?)")

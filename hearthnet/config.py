@@ -186,6 +186,13 @@ class PubSubSection:
         default=256 * KIB, metadata=_doc("Largest message data (JSON bytes).")
     )
     max_batch: int = field(default=1024, metadata=_doc("Most messages written in one commit."))
+    max_pending: int = field(
+        default=16_384,
+        metadata=_doc(
+            "Publishes waiting for the log's next commits; past it a publish is refused with "
+            "unavailable (503, retry_after_ms)."
+        ),
+    )
     queue_max: int = field(
         default=1024,
         metadata=_doc(

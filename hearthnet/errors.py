@@ -5,7 +5,8 @@ Tree::
     HearthNetError                      anything HearthNet raises on purpose
     ├── WireError                       has a wire code (spec §2.4) and an HTTP status
     │   ├── BadRequest                  bad_request        400
-    │   │   └── WrongFrameType          binary frame on a JSON subprotocol (or text on CBOR)
+    │   │   ├── WrongFrameType          binary frame on a JSON subprotocol (or text on CBOR)
+    │   │   └── NotCanonical            a value canonical JSON cannot represent exactly
     │   ├── SchemaMismatch              schema_mismatch    400
     │   ├── PayloadTooLarge             payload_too_large  413
     │   ├── InvalidSignature            invalid_signature  401
@@ -96,6 +97,13 @@ class BadRequest(WireError):
 
 class WrongFrameType(BadRequest):
     """A binary WebSocket frame on a JSON subprotocol, or text on CBOR (close 1003)."""
+
+
+class NotCanonical(BadRequest):
+    """Well-formed input holding a value canonical JSON cannot represent exactly (spec §2.5):
+    an integer beyond ±2^53, a number that would not round-trip, a CBOR tag, bytes, a
+    non-string key, or nesting deeper than 64. The message it came in is refused; the
+    connection that carried it can go on."""
 
 
 class SchemaMismatch(WireError):

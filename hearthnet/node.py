@@ -339,6 +339,7 @@ class Node:
             self.keys,
             synchronous=ps.sync,
             max_batch=ps.max_batch,
+            max_pending=ps.max_pending,
         )
         service = PubSub(
             node_id=self.keys.node_id,

@@ -11,11 +11,10 @@ the clock and the community and are checked by :mod:`hearthnet.auth`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from hearthnet.canonical import canonicalize
+from hearthnet.canonical import canonicalize, parse_json
 from hearthnet.errors import BadRequest, InvalidSignature
 from hearthnet.identity import KeyPair, verify_object
 from hearthnet.ids import b64url_decode, b64url_encode, is_node_id, new_ulid
@@ -172,7 +171,7 @@ class CapabilityToken:
         if len(text) > MAX_TOKEN_CHARS:
             raise InvalidSignature("token too long")
         try:
-            obj = json.loads(b64url_decode(text[len(TOKEN_PREFIX) :]))
+            obj = parse_json(b64url_decode(text[len(TOKEN_PREFIX) :]))
             return cls.from_json(obj)
         except (ValueError, BadRequest) as exc:
             raise InvalidSignature(f"malformed token: {exc}") from exc

@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import struct
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import cbor2
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from hearthnet.canonical import (
+    MAX_DEPTH,
     MAX_SAFE_INTEGER,
     canonicalize,
     canonicalize_exact,
+    check_representable,
     format_number,
+    parse_json,
 )
-from hearthnet.errors import BadRequest
+from hearthnet.errors import BadRequest, NotCanonical
 from hearthnet.identity import KeyPair, verify_bytes
 from hearthnet.ids import public_key_from_node_id, signature_from_str
 
@@ -149,3 +155,114 @@ def test_keys_sorted_by_utf16_code_units(obj: dict[str, int]) -> None:
 def test_number_format_round_trips(x: float) -> None:
     """Every finite double's ECMAScript form parses back to the same double."""
     assert x == float(format_number(x)) or (x == 0 and float(format_number(x)) == 0)
+
+
+# --- the edge check: parse_json and check_representable (spec §2.5) ----------------------
+
+number_tokens = st.from_regex(
+    r"-?(0|[1-9][0-9]{0,30})(\.[0-9]{1,25})?([eE][-+]?[0-9]{1,3})?", fullmatch=True
+)
+json_texts = st.recursive(
+    number_tokens | st.sampled_from(["true", "false", "null"]) | st.text().map(json.dumps),
+    lambda children: (
+        st.lists(children, max_size=4).map(lambda items: "[" + ", ".join(items) + "]")
+        | st.dictionaries(st.text(max_size=5), children, max_size=4).map(
+            lambda members: "{" + ",".join(f"{json.dumps(k)}:{v}" for k, v in members.items()) + "}"
+        )
+    ),
+    max_leaves=20,
+)
+
+
+def as_decimals(text: str | bytes) -> Any:
+    """A JSON text's value with every number exactly as written."""
+    return json.loads(text, parse_int=Decimal, parse_float=Decimal)
+
+
+@given(json_texts)
+def test_accepted_json_text_is_signed_as_written(text: str) -> None:
+    """Whatever parse_json accepts canonicalizes, and the canonical bytes hold exactly the
+    numbers the sender wrote (nothing rounded, nothing turned into a float)."""
+    try:
+        value = parse_json(text)
+    except BadRequest:
+        return
+    assert as_decimals(text) == as_decimals(canonicalize(value))
+
+
+@given(json_values)
+def test_every_canonical_form_is_accepted_back(value: Any) -> None:
+    """What canonicalize writes, parse_json reads back to an equal value (no false refusal)."""
+    canonical = canonicalize(value)
+    assert json.loads(canonical) == parse_json(canonical)
+
+
+cbor_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text()
+    | st.binary(max_size=4)
+    | st.datetimes(timezones=st.just(datetime.UTC))
+    | st.uuids()
+    | st.decimals(allow_nan=False),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.text(max_size=4) | st.integers(), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(cbor_values)
+def test_accepted_cbor_value_canonicalizes_and_round_trips(value: Any) -> None:
+    """Whatever check_representable accepts from the CBOR decoder canonicalizes, and the
+    canonical bytes read back to the same value."""
+    decoded = cbor2.loads(cbor2.dumps(value))
+    try:
+        check_representable(decoded)
+    except NotCanonical:
+        return
+    assert json.loads(json.dumps(decoded)) == json.loads(canonicalize(decoded))
+
+
+def test_refuses_what_the_decoders_accept_but_jcs_cannot_sign() -> None:
+    """JSON text and CBOR items from the hardening review are NotCanonical (bad_request)."""
+    texts = [
+        "9007199254740993",
+        "-9007199254740993",
+        "1e20",
+        "100000000000000000000000000000",
+        "18446744073709551615",
+        "1e-400",
+        "1E400",
+        "0.10000000000000000001",
+        "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1),
+        "[" * 1100 + "]" * 1100,
+    ]
+    items = ["c11a5f000000", "d82550" + "00" * 16, "f97e00", "1bffffffffffffffff", "f7", "a10102"]
+    refused = []
+    for text in texts:
+        with pytest.raises(NotCanonical) as exc:
+            parse_json(text)
+        refused.append(exc.value.code)
+    for item in items:
+        with pytest.raises(NotCanonical) as exc:
+            check_representable(cbor2.loads(bytes.fromhex(item)))
+        refused.append(exc.value.code)
+    assert ["bad_request"] * (len(texts) + len(items)) == refused
+
+
+def test_nesting_up_to_the_limit_is_accepted() -> None:
+    """64 levels pass both checks; bytes pass only as a carrier (peer-link frames)."""
+    deep = "[" * MAX_DEPTH + "]" * MAX_DEPTH
+    value = parse_json(deep)
+    check_representable(value)
+    check_representable({"raw": b"{}"}, carrier_bytes=True)
+    with pytest.raises(BadRequest) as malformed:
+        parse_json("{not json")
+    assert (deep.encode(), "malformed JSON") == (
+        canonicalize(value),
+        malformed.value.message[:14],
+    )

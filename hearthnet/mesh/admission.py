@@ -11,14 +11,13 @@ second record with the same nonce, so an invite works once, mesh-wide.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from hearthnet.canonical import canonicalize
+from hearthnet.canonical import canonicalize, parse_json
 from hearthnet.clock import now_ms
 from hearthnet.community import CommunityStore, Level, Membership, MembershipRecord
 from hearthnet.errors import (
@@ -142,7 +141,7 @@ class Invite:
         ):
             raise InvalidSignature("an invite starts with 'hn1:'")
         try:
-            return cls.from_json(json.loads(b64url_decode(text[len(INVITE_PREFIX) :])))
+            return cls.from_json(parse_json(b64url_decode(text[len(INVITE_PREFIX) :])))
         except (ValueError, BadRequest) as exc:
             raise InvalidSignature(f"malformed invite: {exc}") from exc
 

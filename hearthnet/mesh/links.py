@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import WSMsgType
 
-from hearthnet.errors import BadRequest, HearthNetError, Unavailable, WireError
+from hearthnet.errors import BadRequest, HearthNetError, NotCanonical, Unavailable, WireError
 from hearthnet.mesh.protocol import (
     MAX_FRAME_BYTES,
     SUBPROTOCOL,
@@ -155,6 +155,7 @@ class PeerLink:
         self._queued_bytes = 0
         self._wake = asyncio.Event()
         self.down_reason = ""
+        self.refused_frames = 0  # well-formed frames refused for their values (spec §2.5)
         self._to(LinkState.UP)
 
     @property
@@ -264,6 +265,11 @@ class PeerLink:
                 return
             try:
                 frame = decode_frame(data)
+            except NotCanonical as exc:
+                # spec §2.5: the frame is refused and counted; the link goes on.
+                self.refused_frames += 1
+                log.warning("frame from %s refused: %s", self.node, exc, extra={"peer": self.node})
+                continue
             except WireError as exc:
                 log.warning("bad frame from %s: %s", self.node, exc, extra={"peer": self.node})
                 self.down_reason = f"protocol violation: {exc.message}"

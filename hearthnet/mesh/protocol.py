@@ -31,6 +31,7 @@ from typing import Any
 
 import cbor2
 
+from hearthnet.canonical import check_representable
 from hearthnet.community import Membership
 from hearthnet.errors import (
     BadRequest,
@@ -122,6 +123,8 @@ def decode_frame(data: bytes) -> dict[str, Any]:
     Raises:
         PayloadTooLarge: over the frame limit.
         BadRequest: not CBOR, not a map, or an unknown kind.
+        NotCanonical: a value canonical JSON cannot represent (spec §2.5; byte strings
+            are the carrier of signed JSON here and pass).
     """
     if len(data) > MAX_FRAME_BYTES:
         raise PayloadTooLarge(f"link frame over {MAX_FRAME_BYTES} bytes")
@@ -131,6 +134,7 @@ def decode_frame(data: bytes) -> dict[str, Any]:
         raise BadRequest(f"malformed link frame: {exc}") from exc
     if not isinstance(obj, dict) or obj.get("t") not in FRAME_KINDS:
         raise BadRequest("a link frame is a map with a known kind t")
+    check_representable(obj, carrier_bytes=True)
     return obj
 
 

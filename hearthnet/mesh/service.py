@@ -21,7 +21,6 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import ifaddr
-import orjson
 from aiohttp import web
 
 from hearthnet import __version__
@@ -33,6 +32,7 @@ from hearthnet.clock import now_ms
 from hearthnet.community import Level, Membership, MembershipRecord
 from hearthnet.config import MeshSection
 from hearthnet.errors import (
+    BadRequest,
     ConfigError,
     HearthNetError,
     InvalidSignature,
@@ -74,6 +74,7 @@ from hearthnet.pubsub.log import MessageLog
 from hearthnet.pubsub.presence import PresenceEvent
 from hearthnet.pubsub.service import PubSub
 from hearthnet.sessions import SessionRegistry
+from hearthnet.transport.codec import loads
 from hearthnet.transport.server import error_response
 
 log = logging.getLogger("hearthnet.mesh")
@@ -547,8 +548,12 @@ class Mesh:
         if not isinstance(raw, bytes):
             return
         try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError:
+            obj = loads(raw)
+        except BadRequest as exc:
+            self.sig_failures.inc("gossip")
+            log.warning(
+                "dropped a gossiped message from %s: %s", link.node, exc, extra={"peer": link.node}
+            )
             return
         msg_id = obj.get("id") if isinstance(obj, dict) else None
         if not isinstance(msg_id, str) or self.log.knows(msg_id) or msg_id in self._hops:

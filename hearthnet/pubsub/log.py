@@ -10,6 +10,14 @@ the commit does the loop move ``head_seq``, hand the batch to fan-out (``on_comm
 resolve the publishers' futures: a publish is acknowledged only once durable, and a
 ``seq`` is never handed out twice, even across a crash.
 
+A publish that cannot be signed fails alone (its publisher gets the error; the rest of
+the batch commits). A batch whose transaction fails for one of its messages is written
+again one message at a time, so one bad message costs its own publish, never the others
+nor the flush loop; when SQLite itself fails (disk full, I/O), the batch is refused with
+``unavailable``.
+The queue of pending messages is bounded (``max_pending``): past it a publish is refused
+with ``unavailable`` and a ``retry_after_ms``.
+
 ``synchronous=FULL`` (the default) makes an acknowledged publish survive a power cut;
 ``normal`` survives a process crash (``kill -9``) only.
 """
@@ -33,7 +41,7 @@ import aiosqlite
 import orjson
 
 from hearthnet.clock import now_ms
-from hearthnet.errors import StorageError, Unavailable
+from hearthnet.errors import HearthNetError, InternalError, StorageError, Unavailable, WireError
 from hearthnet.identity import KeyPair
 from hearthnet.pubsub.envelope import Message, StoredMessage
 from hearthnet.pubsub.topics import TopicPattern
@@ -80,6 +88,8 @@ PAGE = 500
 READ_LAST_QUERIES = 2000  # since {last: N}: most topics read one by one before walking back
 READ_LAST_SEARCH = 10_000  # ... and most topics in the log searched for matches
 DELETE_CHUNK = 500  # messages per retention transaction
+MAX_PENDING = 16_384  # publishes queued for the writer (a few commits' worth)
+PENDING_RETRY_MS = 200  # retry_after_ms when the queue is full: about one commit
 
 
 @dataclass(slots=True)
@@ -114,6 +124,9 @@ class ConsumerRecord:
 
 
 _ConsumerState = tuple[tuple[str, ...], int, tuple[int, int] | None]
+
+# What became of one pending message in a commit: stored, a duplicate (None), or refused.
+_Outcome = StoredMessage | HearthNetError | None
 
 
 def _state(record: ConsumerRecord) -> _ConsumerState:
@@ -263,6 +276,7 @@ class MessageLog:
         *,
         synchronous: str = "full",
         max_batch: int = 1024,
+        max_pending: int = MAX_PENDING,
         on_commit: Callable[[list[StoredMessage]], None] | None = None,
     ) -> None:
         self.path = path
@@ -271,6 +285,7 @@ class MessageLog:
         if self.synchronous not in ("FULL", "NORMAL"):
             raise StorageError("pubsub.sync must be 'full' or 'normal'")
         self.max_batch = max_batch
+        self.max_pending = max_pending
         # Called after every commit, in order: fan-out first, then gossip forwarding.
         self.listeners: list[Callable[[list[StoredMessage]], None]] = (
             [on_commit] if on_commit else []
@@ -364,9 +379,21 @@ class MessageLog:
         ttl_s: int | None = None,
         sender: dict[str, str] | None = None,
     ) -> asyncio.Future[StoredMessage | None]:
-        """Queue a local publish; the future resolves once it is committed (spec §6.4)."""
+        """Queue a local publish; the future resolves once it is committed (spec §6.4).
+
+        The future fails with the publish's own error when it cannot be signed
+        (:class:`~hearthnet.errors.NotCanonical`) or stored (``unavailable``).
+
+        Raises:
+            Unavailable: the node is shutting down, or ``max_pending`` publishes wait.
+        """
         if self.closed:
             raise Unavailable("the node is shutting down", retry_after_ms=1000)
+        if len(self._pending) >= self.max_pending:
+            raise Unavailable(
+                f"the message log has {self.max_pending} publishes waiting; retry",
+                retry_after_ms=PENDING_RETRY_MS,
+            )
         # Numbered now; signed with its batch in the writer thread (ed25519 runs without
         # the GIL, so parsing the next publishes goes on meanwhile).
         # A number whose batch fails to commit is never reused (peers treat it like a hole
@@ -417,40 +444,82 @@ class MessageLog:
             await self._commit(batch)
 
     async def _commit(self, batch: list[_Pending]) -> None:
-        assert self._writer is not None
+        """Commit one batch; when its transaction fails, each message alone.
+
+        Never raises: every failure ends up on the futures of the publishes it concerns.
+        """
         try:
-            async with self._write_lock:
-                # Snapshots for the writer thread: what it reads must not change under it.
-                consumers = [(c, _state(c)) for c in self.consumers.values() if c.dirty]
-                recent = {
-                    p.message.id
-                    for p in batch
-                    if p.message is not None and not p.local and p.message.id in self._recent_ids
-                }
-                head = self.head_seq
-                results = await self._writer.run(
-                    lambda conn: self._write_batch(conn, batch, head, recent, consumers)
-                )
-                _mark_clean(consumers)
-        except sqlite3.Error as exc:
-            # Nothing of this batch was handed out: the counters stay where they were.
+            outcomes = await self._write(batch)
+        except Exception as exc:  # a flush loop that dies stops every publish
+            # A full disk, an I/O error or a lock (OperationalError) fails every message
+            # alike; anything else may be one message's doing, so the others go alone.
+            if len(batch) == 1 or isinstance(exc, sqlite3.OperationalError):
+                self._refuse(batch, exc)
+                return
+            log.warning(
+                "commit of %d messages failed (%s); writing them one by one", len(batch), exc
+            )
+            for pending in batch:
+                await self._commit([pending])
+            return
+        self._done(batch, outcomes)
+
+    async def _write(self, batch: list[_Pending]) -> list[_Outcome]:
+        """One commit job for ``batch``; the counters move only after it committed."""
+        assert self._writer is not None
+        async with self._write_lock:
+            # Snapshots for the writer thread: what it reads must not change under it.
+            consumers = [(c, _state(c)) for c in self.consumers.values() if c.dirty]
+            recent = {
+                p.message.id
+                for p in batch
+                if p.message is not None and not p.local and p.message.id in self._recent_ids
+            }
+            head = self.head_seq
+            outcomes = await self._writer.run(
+                lambda conn: self._write_batch(conn, batch, head, recent, consumers)
+            )
+            _mark_clean(consumers)
+        return outcomes
+
+    def _refuse(self, batch: list[_Pending], exc: Exception) -> None:
+        """Fail the publishes of a batch that could not be committed (nothing was handed
+        out: the counters stay where they were)."""
+        error: WireError
+        if isinstance(exc, sqlite3.Error | StorageError):
             log.error("commit of %d messages failed: %s", len(batch), exc)
             error = Unavailable("the message log could not commit; retry", retry_after_ms=1000)
-            for pending in batch:
-                if not pending.future.done():
-                    pending.future.set_exception(error)
-            return
+        elif isinstance(exc, WireError):
+            error = exc
+        else:
+            log.error("commit of %d messages failed", len(batch), exc_info=exc)
+            error = InternalError("the message log could not store this message")
+        for pending in batch:
+            if not pending.future.done():
+                pending.future.set_exception(error)
+
+    def _done(self, batch: list[_Pending], outcomes: list[_Outcome]) -> None:
+        """After a commit: move the heads, hand the batch to fan-out, answer publishers."""
         self.batches += 1
-        committed = [item for item in results if item is not None]
+        committed = [item for item in outcomes if isinstance(item, StoredMessage)]
         if committed:
             self.head_seq = committed[-1].seq
         for item in committed:
             self._remember(item)
         for listener in self.listeners:
-            listener(committed)
-        for pending, result in zip(batch, results, strict=True):
-            if not pending.future.done():
-                pending.future.set_result(result)
+            try:
+                listener(committed)
+            except Exception:
+                # What is committed stays committed: a listener's bug is logged, and the
+                # publishers are still answered.
+                log.exception("a commit listener failed")
+        for pending, outcome in zip(batch, outcomes, strict=True):
+            if pending.future.done():
+                continue
+            if isinstance(outcome, HearthNetError):
+                pending.future.set_exception(outcome)
+            else:
+                pending.future.set_result(outcome)
 
     def _write_batch(
         self,
@@ -459,25 +528,32 @@ class MessageLog:
         head_seq: int,
         known: set[str],
         consumers: list[tuple[ConsumerRecord, _ConsumerState]],
-    ) -> list[StoredMessage | None]:
+    ) -> list[_Outcome]:
         """The commit job (writer thread): sign our publishes (ed25519 runs without the
         GIL), drop peers' messages the log already holds, number the rest after
         ``head_seq``, insert them and the changed consumers, commit. Returns, per pending
-        item, what was stored (None: a duplicate)."""
+        item, what was stored (None: a duplicate; an error: this publish failed alone)."""
         keys = self.keys
-        for pending in batch:
+        refused: dict[int, HearthNetError] = {}
+        for i, pending in enumerate(batch):
             if pending.message is None:
                 assert pending.unsigned is not None  # publish() queues one or the other
-                pending.message = Message.signed(keys, pending.unsigned)
+                try:
+                    pending.message = Message.signed(keys, pending.unsigned)
+                except HearthNetError as exc:
+                    refused[i] = exc  # data the edge let through but JCS cannot sign
+                    continue
                 pending.unsigned = None
         remote = [p.message.id for p in batch if p.message is not None and not p.local]
         if remote:
             known = known | _known_ids(conn, remote)
-        results: list[StoredMessage | None] = []
+        results: list[_Outcome] = []
         seq = head_seq
-        for pending in batch:
+        for i, pending in enumerate(batch):
             msg = pending.message
-            assert msg is not None
+            if msg is None:
+                results.append(refused[i])
+                continue
             if not pending.local:
                 if msg.id in known:
                     results.append(None)
@@ -498,7 +574,7 @@ class MessageLog:
                 s.message.raw,
             )
             for s in results
-            if s is not None
+            if isinstance(s, StoredMessage)
         ]
 
         def work() -> None:

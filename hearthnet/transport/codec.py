@@ -5,12 +5,14 @@ Pure. The same frame object becomes identical shapes on every transport.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import cbor2
 import orjson
 
-from hearthnet.errors import BadRequest, PayloadTooLarge, WrongFrameType
+from hearthnet.canonical import check_representable, parse_json
+from hearthnet.errors import BadRequest, NotCanonical, PayloadTooLarge, WrongFrameType
 from hearthnet.frames import Frame
 
 SUBPROTOCOL_JSON = "hearthnet-bus.v2"
@@ -26,11 +28,10 @@ def choose_subprotocol(header: str | None) -> str | None:
 
 
 def loads(data: bytes | str) -> Any:
-    """Parse JSON; :class:`BadRequest` on malformed input."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"malformed JSON: {exc.msg}") from exc
+    """Parse JSON from a client or peer (spec §2.5): :class:`BadRequest` on malformed
+    input, :class:`~hearthnet.errors.NotCanonical` on a value canonical JSON cannot
+    represent exactly (see :func:`hearthnet.canonical.parse_json`)."""
+    return parse_json(data)
 
 
 class FrameCodec:
@@ -55,7 +56,10 @@ class FrameCodec:
 
         Raises:
             BadRequest: wrong frame type for the subprotocol (a binary frame on the JSON
-                subprotocol or text on CBOR), malformed encoding, or not an object.
+                subprotocol or text on CBOR), malformed encoding, not an object, or
+                (:class:`~hearthnet.errors.NotCanonical`) a value canonical JSON cannot
+                represent exactly: a CBOR tag, bytes, a non-string key, an integer beyond
+                ±2^53, NaN, nesting deeper than 64 (spec §2.5).
             PayloadTooLarge: over ``max_bytes``.
         """
         if len(data) > max_bytes:
@@ -68,11 +72,29 @@ class FrameCodec:
                 obj = cbor2.loads(data if isinstance(data, bytes) else data.encode())
             except (cbor2.CBORDecodeError, ValueError, TypeError) as exc:
                 raise BadRequest(f"malformed CBOR: {exc}") from exc
+            try:
+                check_representable(obj)
+            except NotCanonical as exc:
+                raise _with_ref(exc, obj) from None
         else:
-            obj = loads(data)
+            try:
+                obj = loads(data)
+            except NotCanonical as exc:
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    _with_ref(exc, orjson.loads(data))  # well-formed: only values were refused
+                raise
         if not isinstance(obj, dict):
             raise BadRequest("a client frame is an object")
         return obj
+
+
+def _with_ref(exc: NotCanonical, frame: object) -> NotCanonical:
+    """The refused frame's ``ref`` goes back with the error, so a client knows which of
+    its publishes failed (spec §6.4)."""
+    ref = frame.get("ref") if isinstance(frame, dict) else None
+    if isinstance(ref, str) and len(ref) <= 128:
+        exc.extra["ref"] = ref
+    return exc
 
 
 def sse_event(frame: Frame, *, with_id: bool = False) -> bytes:

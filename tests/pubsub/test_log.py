@@ -415,3 +415,51 @@ async def test_both_sync_modes_open(tmp_path: Path, sync: str) -> None:
     """full and normal synchronous modes both work."""
     async with opened(tmp_path / "log.db", sync) as log:
         assert 1 == len(await publish_many(log, 1))
+
+
+async def test_a_publish_that_cannot_be_signed_or_stored_fails_alone(tmp_path: Path) -> None:
+    """In one batch, data JCS cannot sign (2^53 + 1) and a message SQLite cannot store
+    (origin_seq 2^64, which fails the whole insert) fail alone; the others commit in order
+    and the flush loop goes on."""
+    body = Message.unsigned(
+        PEER.node_id, topic="chat.a", msg_type="m", data={}, origin_seq=2**64, ts=1
+    )
+    unstorable = Message.trusted({**body, "sig": "ed25519:x"}, b"{}")
+    async with opened(tmp_path / "log.db") as log:
+        futures = [
+            log.publish(topic="chat.a", msg_type="m", data={"i": 0}),
+            log.publish(topic="chat.a", msg_type="m", data=2**53 + 1),
+            log.publish(topic="chat.a", msg_type="m", data={"i": 2}),
+            log.ingest(unstorable, source=PEER.node_id),
+            log.publish(topic="chat.a", msg_type="m", data={"i": 4}),
+        ]
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        after = await log.publish(topic="chat.a", msg_type="m", data={"i": 5})
+    assert (
+        [1, "bad_request", 2, "internal_error", 3],
+        [{"i": 0}, {"i": 2}, {"i": 4}],
+        4,
+    ) == (
+        [o.seq if isinstance(o, StoredMessage) else getattr(o, "code", o) for o in outcomes],
+        [o.message.data for o in outcomes if isinstance(o, StoredMessage)],
+        after.seq if after is not None else None,
+    )
+
+
+async def test_publishes_past_max_pending_are_refused_with_unavailable(tmp_path: Path) -> None:
+    """The pending queue is bounded: past max_pending a publish raises unavailable with
+    retry_after_ms, and those already queued still commit."""
+    log = MessageLog(tmp_path / "log.db", KEYS, synchronous="normal", max_pending=3)
+    await log.open()
+    try:
+        queued = [log.publish(topic="chat.a", msg_type="m", data={"i": i}) for i in range(3)]
+        with pytest.raises(Unavailable) as refused:
+            log.publish(topic="chat.a", msg_type="m", data={"i": 3})
+    finally:
+        await log.close()  # flushes what is queued
+    stored = [f.result() for f in queued]
+    assert ("unavailable", True, [1, 2, 3]) == (
+        refused.value.code,
+        (refused.value.retry_after_ms or 0) > 0,
+        [s.seq for s in stored if s is not None],
+    )
