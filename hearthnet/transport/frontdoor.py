@@ -18,6 +18,7 @@ import orjson
 
 from hearthnet.config import TransportSection
 from hearthnet.errors import (
+    BadRequest,
     CapacityExceeded,
     DeadlineExceeded,
     HeadersTooLarge,
@@ -237,6 +238,9 @@ class FrontDoor(asyncio.Protocol):
                 self._gate.admit(self._key)
                 self._hand_over(cast(asyncio.Protocol, protocol), buf[head_end + 4 :])
                 return
+        if not head.host:  # aiohttp would answer in plain text
+            self._answer(BadRequest("an HTTP/1.1 request needs a Host header"))
+            return
         if head.body:
             self._body_left = head.body
             self._gate.table.body(self._key, self._gate.now())

@@ -202,6 +202,7 @@ class ScreenedHead:
     method: bytes
     path: str
     body: int  # bytes of body announced; 0 none, CHUNKED when chunked
+    host: bool = True  # False: an HTTP/1.1 request without Host, which aiohttp refuses
 
 
 def screen_head(head: bytes, max_headers: int, max_header_bytes: int) -> ScreenedHead:
@@ -228,14 +229,16 @@ def screen_head(head: bytes, max_headers: int, max_header_bytes: int) -> Screene
     if len(lines) > max_headers:
         raise HeadersTooLarge(f"more than {max_headers} request headers")
     body = 0
+    host = parts[2] == b"HTTP/1.0"
     for field_line in lines:
         name, _, value = field_line.partition(b":")
         lname = name.strip().lower()
-        if lname == b"content-length":
+        if lname == b"host":
+            host = True
+        elif lname == b"content-length":
             text = value.strip()
             body = int(text) if text.isdigit() and len(text) < 19 else 0
         elif lname == b"transfer-encoding" and b"chunked" in value.lower():
             body = CHUNKED
-            break
     path = parts[1].split(b"?", 1)[0].decode("latin-1")
-    return ScreenedHead(parts[0], path, body)
+    return ScreenedHead(parts[0], path, body, host)

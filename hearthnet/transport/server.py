@@ -288,7 +288,7 @@ class HttpServer:
             max_field_size=_PARSER_LIMIT,
             # above ours, so a later request on a kept-alive connection with too many
             # headers reaches the middleware and is answered in JSON
-            max_headers=self.head.max_headers * 4,
+            max_headers=self.head.max_headers * 16,
             keepalive_timeout=self.keepalive_idle_s,
             shutdown_timeout=1.0,
         )
