@@ -264,6 +264,13 @@ class PubSubSection:
     max_patterns_per_session: int = field(
         default=256, metadata=_doc("Subscribed patterns per session.")
     )
+    max_pending_per_session: int = field(
+        default=64,
+        metadata=_doc(
+            "Subscribe/unsubscribe requests one WebSocket session may have in progress "
+            "at once; more are refused with capacity_exceeded."
+        ),
+    )
     consumer_max_held: int = field(
         default=10_000,
         metadata=_doc("Unacknowledged messages kept per durable consumer past normal retention."),
