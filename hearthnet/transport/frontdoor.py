@@ -42,7 +42,9 @@ _REQUEST_LINE_BYTES = 8 * 1024
 # Takes a connection whose first request is ``GET <path>`` with this head, or declines
 # (None) so aiohttp serves it: returns the protocol now in charge of the transport.
 RawUpgrade = Callable[[asyncio.Transport, RequestHead], asyncio.BaseProtocol | None]
-Closer = Callable[[Refusal], None]
+# Closes one pending connection: for a refusal (answered when possible) or, with None,
+# because the node is stopping (closed quietly unless a request is being served).
+Closer = Callable[[Refusal | None], None]
 
 
 def plain_response(error: WireError) -> bytes:
@@ -164,7 +166,13 @@ class PreAuthGate:
             await asyncio.sleep(tick)
             self.sweep()
 
-    def _close(self, key: int, reason: Refusal) -> None:
+    def close_pending(self) -> None:
+        """The node is stopping: close connections that have not finished a request head."""
+        for key in list(self.closers):
+            self.table.closed(key)
+            self._close(key, None)
+
+    def _close(self, key: int, reason: Refusal | None) -> None:
         self.in_body.pop(key, None)
         closer = self.closers.pop(key, None)
         if closer is not None:
@@ -197,10 +205,15 @@ class FrontDoor(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
         self._gate.closers[self._key] = self.refuse
 
-    def refuse(self, reason: Refusal) -> None:
-        """Close for ``reason``; answered in JSON while nothing else has written."""
+    def refuse(self, reason: Refusal | None) -> None:
+        """Close for ``reason``; answered in JSON while nothing else has written. None:
+        the node is stopping; a request being served is left to aiohttp's shutdown."""
         transport = self._transport
         if transport is None or transport.is_closing():
+            return
+        if reason is None:
+            if self._inner is None:
+                transport.close()
             return
         if self._inner is None:
             transport.write(plain_response(refusal_answer(reason)))

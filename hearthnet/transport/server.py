@@ -409,6 +409,8 @@ class HttpServer:
         self._accepting = self._sweeping = None
         for task in list(self._sniffing):
             task.cancel()
+        if self.gate is not None:
+            self.gate.close_pending()
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -425,7 +427,7 @@ class HttpServer:
 
 
 def _canceller(task: asyncio.Task[None]) -> Closer:
-    def cancel(_reason: Refusal) -> None:
+    def cancel(_reason: Refusal | None) -> None:
         task.cancel()
 
     return cancel
