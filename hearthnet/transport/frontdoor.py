@@ -51,7 +51,10 @@ def plain_response(error: WireError) -> bytes:
     """A whole HTTP/1.1 error response with the spec §2.2 JSON body, closing the
     connection (for answers written before aiohttp has the connection)."""
     body = orjson.dumps(error.to_wire())
-    reason = HTTPStatus(error.http_status).phrase if error.http_status in _PHRASES else "Error"
+    try:
+        reason = HTTPStatus(error.http_status).phrase
+    except ValueError:  # 499 cancelled has no standard phrase
+        reason = "Error"
     retry = ""
     if error.retry_after_ms is not None:
         retry = f"Retry-After: {max(1, (error.retry_after_ms + 999) // 1000)}\r\n"
@@ -59,9 +62,6 @@ def plain_response(error: WireError) -> bytes:
         f"HTTP/1.1 {error.http_status} {reason}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n{retry}Connection: close\r\n\r\n"
     ).encode("latin-1") + body
-
-
-_PHRASES = frozenset(s.value for s in HTTPStatus)
 
 
 def refusal_answer(reason: Refusal) -> WireError:
@@ -193,7 +193,7 @@ class FrontDoor(asyncio.Protocol):
     def __init__(self, gate: PreAuthGate, key: int) -> None:
         self._gate = gate
         self._key = key
-        self._buf = b""
+        self._buf = bytearray()
         self._transport: asyncio.Transport | None = None
         self._inner: asyncio.Protocol | None = None
         self._body_left = 0  # > 0 bytes to come, CHUNKED, 0 when admitted
@@ -227,13 +227,18 @@ class FrontDoor(asyncio.Protocol):
                 self._count_body(data)
             inner.data_received(data)
             return
-        buf = self._buf = (self._buf + data).lstrip(b"\r\n")
-        head_end = buf.find(b"\r\n\r\n")
+        gathered = self._buf
+        # a head trickled a byte at a time costs linear work: append, search the new part
+        searched = max(0, len(gathered) - 3)
+        gathered += data if gathered else data.lstrip(b"\r\n")
+        head_end = gathered.find(b"\r\n\r\n", searched)
         limits = self._gate.head
         if head_end < 0:
-            if len(buf) > limits.max_header_bytes + _REQUEST_LINE_BYTES:
+            if len(gathered) > limits.max_header_bytes + _REQUEST_LINE_BYTES:
                 self._answer(HeadersTooLarge(f"request head over {limits.max_header_bytes} bytes"))
             return
+        buf = bytes(gathered)
+        self._buf = bytearray()
         try:
             head = screen_head(buf[:head_end], limits.max_headers, limits.max_header_bytes)
         except WireError as exc:
@@ -241,7 +246,6 @@ class FrontDoor(asyncio.Protocol):
             return
         transport = self._transport
         assert transport is not None
-        self._buf = b""
         upgrade = self._gate.upgrades.get(head.path) if head.method == b"GET" else None
         if upgrade is not None:
             parsed = parse_head(buf[:head_end])
@@ -290,7 +294,7 @@ class FrontDoor(asyncio.Protocol):
 
     def _answer(self, error: WireError) -> None:
         self._gate.requests_refused.inc(error.code, "http")
-        self._buf = b""
+        self._buf = bytearray()
         transport = self._transport
         assert transport is not None
         transport.write(plain_response(error))
@@ -305,7 +309,7 @@ class FrontDoor(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         """Forwarded; the connection no longer counts."""
         self._gate.closed(self._key)
-        self._buf = b""
+        self._buf = bytearray()
         if self._inner is not None:
             self._inner.connection_lost(exc)
 
