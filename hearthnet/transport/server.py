@@ -437,6 +437,10 @@ def _refuse_socket(conn: socket.socket, refusal: Refusal) -> None:
     """Answer a connection refused at accept (best effort, never blocking) and close it."""
     with contextlib.suppress(OSError):
         conn.setblocking(False)
+        # what the client sent already is read first: closing a socket with unread input
+        # resets the connection, and the client may lose the answer
+        conn.recv(65536)
+    with contextlib.suppress(OSError):
         conn.send(plain_response(refusal_answer(refusal)))
     conn.close()
 
