@@ -38,6 +38,7 @@ from hearthnet.transport.websocket import RequestHead, parse_head
 TLS_RECORD_HANDSHAKE = 0x16
 # Bytes a request line may add to the header block before the head is refused unseen.
 _REQUEST_LINE_BYTES = 8 * 1024
+_LINGER_S = 1.0  # how long input is drained after a refusal before the socket closes
 
 # Takes a connection whose first request is ``GET <path>`` with this head, or declines
 # (None) so aiohttp serves it: returns the protocol now in charge of the transport.
@@ -188,7 +189,16 @@ class FrontDoor(asyncio.Protocol):
     It stays in front of the protocol it hands over to, forwarding every call, so the
     connection is counted until it closes (one method call per read)."""
 
-    __slots__ = ("_body_left", "_buf", "_gate", "_inner", "_key", "_tail", "_transport")
+    __slots__ = (
+        "_answered",
+        "_body_left",
+        "_buf",
+        "_gate",
+        "_inner",
+        "_key",
+        "_tail",
+        "_transport",
+    )
 
     def __init__(self, gate: PreAuthGate, key: int) -> None:
         self._gate = gate
@@ -198,6 +208,7 @@ class FrontDoor(asyncio.Protocol):
         self._inner: asyncio.Protocol | None = None
         self._body_left = 0  # > 0 bytes to come, CHUNKED, 0 when admitted
         self._tail = b""
+        self._answered = False  # refused in JSON; input is discarded until the close
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Wait (within the head deadline, counted from the accept) for the request head."""
@@ -211,7 +222,7 @@ class FrontDoor(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        if reason is None:
+        if reason is None or self._answered:
             if self._inner is None:
                 transport.close()
             return
@@ -226,6 +237,8 @@ class FrontDoor(asyncio.Protocol):
             if self._body_left:
                 self._count_body(data)
             inner.data_received(data)
+            return
+        if self._answered:
             return
         gathered = self._buf
         # a head trickled a byte at a time costs linear work: append, search the new part
@@ -298,7 +311,15 @@ class FrontDoor(asyncio.Protocol):
         transport = self._transport
         assert transport is not None
         transport.write(plain_response(error))
-        transport.close()
+        self._answered = True
+        if transport.can_write_eof():
+            # RFC 9112 §9.6: the client may still be sending; closing now would reset the
+            # connection and could destroy the answer before it is read. Half-close, read
+            # and drop what comes, close when the client does or after a moment.
+            transport.write_eof()
+            asyncio.get_running_loop().call_later(_LINGER_S, transport.close)
+        else:
+            transport.close()
 
     def eof_received(self) -> bool | None:
         """Forwarded; before a whole head there is nothing to serve."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import orjson
 import pytest
 
 from hearthnet.node import Node
@@ -79,3 +80,24 @@ async def test_a_stalled_first_body_is_cut_after_the_grace(node: Node) -> None:
         writer.close()
     refused = node.metrics.counter("hearthnet_connections_refused_total", "", ("limit",))
     assert (b"", 1.0, 0) == (rest, refused.get("body_rate"), pending(node.server))
+
+
+async def test_an_endless_head_gets_431_while_the_client_still_sends(node: Node) -> None:
+    """A head over the limit is answered 431 in JSON even as more of it keeps coming."""
+    reader, writer = await asyncio.open_connection(node.server.host, node.server.port)
+    try:
+        writer.write(b"GET /health HTTP/1.1\r\nHost: n\r\nX-Pad: " + b"p" * 30_000)
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        writer.write(b"p" * 10_000)  # the client has not read the answer yet
+        await writer.drain()
+        length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        body = await asyncio.wait_for(reader.readexactly(length), 5)
+        rest = await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+    assert (b"HTTP/1.1 431 Request Header Fields Too Large", "payload_too_large", b"") == (
+        head.split(b"\r\n", 1)[0],
+        orjson.loads(body)["error"],
+        rest,
+    )
