@@ -77,7 +77,41 @@ class TransportSection:
 
     max_body_bytes: int = field(default=1 * MIB, metadata=_doc("Largest HTTP request body."))
     max_header_bytes: int = field(
-        default=16 * KIB, metadata=_doc("Largest total size of request headers.")
+        default=16 * KIB,
+        metadata=_doc("Largest total size of request headers; over it: 431 payload_too_large."),
+    )
+    max_headers: int = field(
+        default=128, metadata=_doc("Most request header lines; over it: 431 payload_too_large.")
+    )
+    head_timeout_s: float = field(
+        default=10.0,
+        metadata=_doc("Time from accept to a complete request head; else the connection closes."),
+    )
+    body_grace_s: float = field(
+        default=10.0,
+        metadata=_doc("Time after the head before body_min_bytes_per_s is enforced."),
+    )
+    body_min_bytes_per_s: int = field(
+        default=1 * KIB,
+        metadata=_doc(
+            "Least average pace of a first request's body (after body_grace_s); slower closes."
+        ),
+    )
+    preauth_per_source: int = field(
+        default=256,
+        metadata=_doc(
+            "Connections one source address may hold before its first request is complete."
+        ),
+    )
+    fd_reserve: int = field(
+        default=0,
+        metadata=_doc(
+            "File descriptors that unauthenticated connections never take; "
+            "0: a tenth of RLIMIT_NOFILE, at least 16."
+        ),
+    )
+    keepalive_idle_s: float = field(
+        default=15.0, metadata=_doc("An idle kept-alive HTTP connection closes after this long.")
     )
     max_ws_message_bytes: int = field(
         default=1 * MIB,
@@ -236,6 +270,13 @@ class PubSubSection:
     )
     max_patterns_per_session: int = field(
         default=256, metadata=_doc("Subscribed patterns per session.")
+    )
+    max_pending_per_session: int = field(
+        default=64,
+        metadata=_doc(
+            "Subscribe/unsubscribe requests one WebSocket session may have in progress "
+            "at once; more are refused with capacity_exceeded."
+        ),
     )
     consumer_max_held: int = field(
         default=10_000,

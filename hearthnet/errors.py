@@ -9,6 +9,7 @@ Tree::
     │   │   └── NotCanonical            a value canonical JSON cannot represent exactly
     │   ├── SchemaMismatch              schema_mismatch    400
     │   ├── PayloadTooLarge             payload_too_large  413
+    │   │   └── HeadersTooLarge         too many headers, or too many header bytes: 431
     │   ├── InvalidSignature            invalid_signature  401
     │   ├── Unauthorized                unauthorized       401
     │   ├── Revoked                     revoked            403
@@ -118,6 +119,12 @@ class PayloadTooLarge(WireError):
 
     code = "payload_too_large"
     http_status = 413
+
+
+class HeadersTooLarge(PayloadTooLarge):
+    """Too many request headers, or a header block over its size limit (spec §2.5)."""
+
+    http_status = 431
 
 
 class InvalidSignature(WireError):

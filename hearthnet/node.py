@@ -60,6 +60,7 @@ from hearthnet.replay import ReplayCache
 from hearthnet.sessions import SessionRegistry
 from hearthnet.transport.bus_http import BusEndpointDeps, BusHttpEndpoints
 from hearthnet.transport.bus_ws import BusWebSocketEndpoint
+from hearthnet.transport.frontdoor import head_limits
 from hearthnet.transport.server import (
     ActiveStreams,
     ConnectionTracker,
@@ -258,15 +259,14 @@ class Node:
         transport_metrics = TransportMetrics.register(self.metrics)
         self.streams = ActiveStreams()
         self.sessions = SessionRegistry()
+        connections_refused = self.metrics.counter(
+            "hearthnet_connections_refused_total",
+            "Connections refused or closed, by the limit reached (identity, node; before "
+            "authentication: head_timeout, body_rate, per_source, fd_reserve).",
+            ("limit",),
+        )
         self.connections = ConnectionTracker(
-            cfg.limits.connections_per_identity,
-            cfg.limits.connections_total,
-            self.metrics.counter(
-                "hearthnet_connections_refused_total",
-                "Connections refused with capacity_exceeded, by the limit reached "
-                "(identity, node).",
-                ("limit",),
-            ),
+            cfg.limits.connections_per_identity, cfg.limits.connections_total, connections_refused
         )
         self.metrics.gauge(
             "hearthnet_connections",
@@ -315,7 +315,9 @@ class Node:
             routes=routes,
             metrics=transport_metrics,
             max_body_bytes=cfg.transport.max_body_bytes,
-            max_header_bytes=cfg.transport.max_header_bytes,
+            head=head_limits(cfg.transport),
+            connections_refused=connections_refused,
+            keepalive_idle_s=cfg.transport.keepalive_idle_s,
             tls=tls,
             upgrades=pubsub_http.upgrades(),
         )

@@ -150,9 +150,14 @@ def run_cli(
 
 
 def start_node_process(
-    data_dir: Path, *extra: str, timeout: float = 20.0, env: dict[str, str] | None = None
+    data_dir: Path,
+    *extra: str,
+    timeout: float = 20.0,
+    env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> NodeProcess:
-    """Start a node with ``--port 0`` and wait for its ready line."""
+    """Start a node with ``--port 0`` and wait for its ready line (``preexec_fn`` runs in
+    the child before the node, e.g. to lower its RLIMIT_NOFILE)."""
     proc = subprocess.Popen(
         hearthnet_cmd(
             "node",
@@ -169,6 +174,7 @@ def start_node_process(
         stderr=subprocess.DEVNULL,
         text=True,
         env={**os.environ, **(env or {})},
+        preexec_fn=preexec_fn,  # noqa: PLW1509 - only sets resource limits, no locks taken
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout

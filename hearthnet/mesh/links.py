@@ -13,6 +13,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
@@ -30,12 +31,61 @@ from hearthnet.mesh.protocol import (
     decode_frame,
     encode_frame,
 )
+from hearthnet.metrics import Counter, MetricsRegistry
 
 log = logging.getLogger("hearthnet.mesh.link")
 
 HANDSHAKE_TIMEOUT_S = 10.0
 SEND_QUEUE_FRAMES = 20_000
 SEND_QUEUE_BYTES = 64 * 1024 * 1024
+
+# What writing to or closing a WebSocket whose connection is gone raises (aiohttp's
+# ClientConnectionResetError is both a ConnectionError and a ClientError; RuntimeError
+# is "cannot write to closing transport" from older versions).
+_SOCKET_GONE = (ConnectionError, RuntimeError, aiohttp.ClientError)
+
+
+@dataclass(slots=True)
+class LinkErrors:
+    """Failures around a link's socket that are survived (the link ends or was ending
+    anyway): each is counted by where and exception type, and logged, at debug for a
+    socket already gone, as a warning with the traceback otherwise."""
+
+    counter: Counter = field(
+        default_factory=lambda: Counter("hearthnet_link_errors_total", "", ("where", "error"))
+    )
+
+    @classmethod
+    def register(cls, registry: MetricsRegistry) -> LinkErrors:
+        """Create the series on ``registry``."""
+        return cls(
+            registry.counter(
+                "hearthnet_link_errors_total",
+                "Peer link socket failures survived (bye, close, writer), by where and type.",
+                ("where", "error"),
+            )
+        )
+
+    def swallowed(self, where: str, exc: BaseException, peer: str = "") -> None:
+        """Count and log ``exc``, raised at ``where`` and not propagated."""
+        self.counter.inc(where, type(exc).__name__)
+        if isinstance(exc, (*_SOCKET_GONE, TimeoutError)):
+            log.debug("peer link %s: %s: %r", peer or "-", where, exc, extra={"peer": peer})
+        else:
+            log.warning(
+                "peer link %s: %s failed", peer or "-", where, exc_info=exc, extra={"peer": peer}
+            )
+
+
+_UNCOUNTED = LinkErrors()  # for callers that do not export metrics (tests of the pieces)
+
+
+async def _close(ws: WebSocketLike, where: str, errors: LinkErrors, peer: str) -> None:
+    """Close ``ws``; a failure is counted and logged, never raised (the link is ending)."""
+    try:
+        await ws.close()
+    except Exception as exc:  # the link is ending: whatever this was, it is counted and logged
+        errors.swallowed(where, exc, peer)
 
 
 class WebSocketLike(Protocol):
@@ -70,7 +120,10 @@ async def _next_binary(ws: WebSocketLike) -> bytes | None:
 
 
 async def run_handshake(
-    ws: WebSocketLike, handshake: Handshake, now_ms: Callable[[], int]
+    ws: WebSocketLike,
+    handshake: Handshake,
+    now_ms: Callable[[], int],
+    errors: LinkErrors = _UNCOUNTED,
 ) -> PeerInfo:
     """Exchange hellos until the link may go up.
 
@@ -94,8 +147,10 @@ async def run_handshake(
         raise Unavailable("peer handshake timed out") from exc
     except WireError as exc:
         if not exc.remote:  # the peer's own refusal (its bye) is not answered with one
-            with contextlib.suppress(Exception):
+            try:
                 await ws.send_bytes(bye_for(exc))
+            except _SOCKET_GONE as send_exc:  # refused peer already gone: nothing to tell
+                errors.swallowed("handshake_bye", send_exc)
         raise
     except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
         raise Unavailable(f"peer handshake failed: {exc}") from exc
@@ -103,13 +158,17 @@ async def run_handshake(
     return handshake.peer
 
 
-async def send_referral(ws: WebSocketLike, peers: list[dict[str, Any]]) -> None:
+async def send_referral(
+    ws: WebSocketLike, peers: list[dict[str, Any]], errors: LinkErrors = _UNCOUNTED
+) -> None:
     """A full node's answer to a member it cannot link: addresses to try, then ``bye``."""
-    with contextlib.suppress(Exception):
+    try:
         await ws.send_bytes(encode_frame("peers", peers=peers))
         await ws.send_bytes(
             encode_frame("bye", code="full", reason="this node has all the links it takes")
         )
+    except _SOCKET_GONE as exc:  # the member left before its referral: nothing to tell
+        errors.swallowed("referral", exc)
     await ws.close(code=1000, message=b"full")
 
 
@@ -143,8 +202,10 @@ class PeerLink:
         on_frame: FrameHandler,
         on_down: Callable[[PeerLink, str], None],
         address: str | None = None,
+        errors: LinkErrors = _UNCOUNTED,
     ) -> None:
         self.peer = peer
+        self.errors = errors
         self.ws = ws
         self.outbound = outbound
         self.address = address
@@ -216,11 +277,18 @@ class PeerLink:
             if self.state is LinkState.UP:
                 self._to(LinkState.CLOSING)
             self._wake.set()
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
+            try:
+                # the bye and what was queued before it get a second to go out
                 await asyncio.wait_for(writer, 1.0)
+            except TimeoutError as exc:
+                self.errors.swallowed("writer_drain", exc, self.node)
+            except asyncio.CancelledError:
+                # the writer's, or ours while already unwinding: the link ends either way
+                pass
+            except Exception as exc:  # a bug in the writer must not keep on_down from running
+                self.errors.swallowed("writer", exc, self.node)
             writer.cancel()
-            with contextlib.suppress(Exception):
-                await self.ws.close()
+            await _close(self.ws, "close", self.errors, self.node)
             self._to(LinkState.DOWN)
             self.on_down(self, self.down_reason or "closed")
 
@@ -240,12 +308,10 @@ class PeerLink:
                         self._to(LinkState.CLOSING)
                     self._queue.clear()
                     self._queued_bytes = 0
-                    with contextlib.suppress(Exception):
-                        await ws.close()
+                    await _close(ws, "close_after_write_error", self.errors, self.node)
                     return
             if self.state is not LinkState.UP:
-                with contextlib.suppress(Exception):
-                    await ws.close()
+                await _close(ws, "close", self.errors, self.node)
                 return
             self._wake.clear()
             await self._wake.wait()
@@ -296,4 +362,4 @@ class PeerLink:
                 )
 
 
-__all__ = ["MAX_FRAME_BYTES", "SUBPROTOCOL", "PeerLink", "run_handshake"]
+__all__ = ["MAX_FRAME_BYTES", "SUBPROTOCOL", "LinkErrors", "PeerLink", "run_handshake"]

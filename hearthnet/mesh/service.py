@@ -52,6 +52,7 @@ from hearthnet.mesh.heartbeat import HeartbeatTracker, pong_for
 from hearthnet.mesh.heartlog import HeartbeatLog
 from hearthnet.mesh.links import (
     HANDSHAKE_TIMEOUT_S,
+    LinkErrors,
     PeerLink,
     receive_referral,
     run_handshake,
@@ -153,6 +154,7 @@ class Mesh:
         self._next_prune = self._started  # the first housekeeping tick prunes
         self._cpu = (time.monotonic(), time.process_time())
         m = metrics
+        self.link_errors = LinkErrors.register(m)
         m.gauge("hearthnet_peers_linked", "Peer links up.", lambda: float(len(self.links)))
         self.rtt = m.histogram(
             "hearthnet_link_rtt_seconds",
@@ -321,12 +323,12 @@ class Mesh:
         handshake.full = full
         self._referrals += full
         try:
-            peer = await run_handshake(ws, handshake, now_ms)
+            peer = await run_handshake(ws, handshake, now_ms, self.link_errors)
             if full:
                 # A verified member that found us full learns where else to link, so a
                 # node whose only bootstrap address is a busy node still joins the mesh.
                 self.refused.inc("full")
-                await send_referral(ws, self.book.urls_for_exchange())
+                await send_referral(ws, self.book.urls_for_exchange(), self.link_errors)
                 return ws
         except WireError as exc:
             self.refused.inc(exc.code)
@@ -343,6 +345,7 @@ class Mesh:
             on_frame=self._on_frame,
             on_down=self._link_down,
             address=entry.url if entry is not None else None,
+            errors=self.link_errors,
         )
         if self._link_up(link):
             if entry is not None:
@@ -374,7 +377,13 @@ class Mesh:
             log.info("%s is full; learnt addresses from it", url)
             return
         link = PeerLink(
-            peer, ws, outbound=True, on_frame=self._on_frame, on_down=self._link_down, address=url
+            peer,
+            ws,
+            outbound=True,
+            on_frame=self._on_frame,
+            on_down=self._link_down,
+            address=url,
+            errors=self.link_errors,
         )
         if self._link_up(link):
             self.book.hold(url, time.monotonic(), 3600)
@@ -409,7 +418,7 @@ class Mesh:
                 if cert_node is not None and expect is not None and cert_node != expect:
                     raise InvalidSignature(f"{target} presented the certificate of {cert_node}")
                 handshake = self._handshake(outbound=True, expect=expect)
-                peer = await run_handshake(ws, handshake, now_ms)
+                peer = await run_handshake(ws, handshake, now_ms, self.link_errors)
                 if cert_node is not None and cert_node != peer.node:
                     raise InvalidSignature("the TLS certificate and the signed hello disagree")
             return ws, peer

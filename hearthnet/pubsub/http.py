@@ -25,8 +25,9 @@ from hearthnet.pubsub.wire import control_frame
 from hearthnet.pubsub.ws import PubSubDeps, PubSubWebSocket, sweep_token
 from hearthnet.shapes import Shape
 from hearthnet.transport.codec import SSE_KEEPALIVE, loads
+from hearthnet.transport.frontdoor import RawUpgrade
 from hearthnet.transport.headers import parse_int, read_signed_headers
-from hearthnet.transport.server import RawUpgrade, json_response
+from hearthnet.transport.server import json_response
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",

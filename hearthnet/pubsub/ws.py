@@ -447,6 +447,10 @@ class WsSession:
         return control_frame(self.form, "gap", {"from_seq": from_seq, "to_seq": to_seq})
 
     def _spawn(self, coro: Any) -> None:
+        limit = self.deps.config.max_pending_per_session
+        if self.tasks is not None and len(self.tasks) >= limit:
+            coro.close()  # never started: no "never awaited" warning
+            raise CapacityExceeded(f"at most {limit} requests in progress per session")
         task = self.loop.create_task(self._guard(coro))
         if self.tasks is None:
             self.tasks = set()

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import errno
 import logging
+import os
+import resource
 import socket
 import ssl
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -23,15 +28,28 @@ from aiohttp import web
 from hearthnet.errors import (
     BadRequest,
     CapacityExceeded,
+    HeadersTooLarge,
     InternalError,
     NotFound,
     PayloadTooLarge,
     WireError,
 )
 from hearthnet.metrics import Counter, MetricsRegistry
-from hearthnet.transport.websocket import MAX_HEAD_BYTES, RequestHead, parse_head
+from hearthnet.transport.frontdoor import (
+    TLS_RECORD_HANDSHAKE,
+    Closer,
+    FrontDoor,
+    HeadLimits,
+    PreAuthGate,
+    RawUpgrade,
+    plain_response,
+    refusal_answer,
+)
+from hearthnet.transport.preauth import Refusal, descriptor_budget
 
 log = logging.getLogger("hearthnet.transport")
+
+_EMFILE_LOG_EVERY_S = 10.0
 
 # aiohttp's own parser limits sit above ours so oversized headers reach our middleware,
 # where they are answered in JSON and counted; only absurd input is cut by aiohttp.
@@ -166,15 +184,21 @@ class ActiveStreams:
                 await asyncio.wait(pending, timeout=1.0)
 
 
-def make_middleware(metrics: TransportMetrics, max_header_bytes: int) -> Any:
-    """The one middleware: header size limit, WireError -> JSON error, HTTP errors -> JSON,
+def make_middleware(metrics: TransportMetrics, head: HeadLimits) -> Any:
+    """The one middleware: header limits (for requests after the first on a connection;
+    the front door checks first ones), WireError -> JSON error, HTTP errors -> JSON,
     crashes -> internal_error. (One layer: each aiohttp middleware costs every request.)"""
+    max_header_bytes = head.max_header_bytes
+    max_headers = head.max_headers
 
     @web.middleware
     async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
         try:
-            if sum(len(k) + len(v) + 4 for k, v in request.raw_headers) > max_header_bytes:
-                raise PayloadTooLarge(f"headers over {max_header_bytes} bytes")
+            raw = request.raw_headers
+            if len(raw) > max_headers:
+                raise HeadersTooLarge(f"more than {max_headers} request headers")
+            if sum(len(k) + len(v) + 4 for k, v in raw) > max_header_bytes:
+                raise HeadersTooLarge(f"request headers over {max_header_bytes} bytes")
             response: web.StreamResponse = await handler(request)
             return response
         except WireError as exc:
@@ -201,96 +225,6 @@ def make_middleware(metrics: TransportMetrics, max_header_bytes: int) -> Any:
     return guard
 
 
-SNIFF_TIMEOUT_S = 10.0
-TLS_RECORD_HANDSHAKE = 0x16
-
-# Takes a connection whose first request is ``GET <path>`` with this head, or declines
-# (None) so aiohttp serves it: returns the protocol now in charge of the transport.
-RawUpgrade = Callable[[asyncio.Transport, RequestHead], asyncio.BaseProtocol | None]
-
-
-class FrontDoor(asyncio.Protocol):
-    """The first protocol of every connection: looks at the first request line and, for the
-    few paths with a :data:`RawUpgrade` (pub/sub WebSockets), the head; everything else is
-    handed to aiohttp untouched (bytes already read included) at the first line."""
-
-    __slots__ = ("_buf", "_http", "_timer", "_transport", "_upgrades")
-
-    def __init__(
-        self, http: Callable[[], asyncio.BaseProtocol], upgrades: Mapping[str, RawUpgrade]
-    ) -> None:
-        self._http = http
-        self._upgrades = upgrades
-        self._buf = b""
-        self._transport: asyncio.Transport | None = None
-        self._timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        """Wait (bounded) for the first request line."""
-        # uvloop's transports are not asyncio.Transport subclasses; they behave as one.
-        self._transport = cast(asyncio.Transport, transport)
-        self._timer = asyncio.get_running_loop().call_later(SNIFF_TIMEOUT_S, transport.close)
-
-    def data_received(self, data: bytes) -> None:
-        """Decide as soon as the bytes allow it."""
-        buf = self._buf = self._buf + data
-        line_end = buf.find(b"\r\n")
-        if line_end < 0:
-            if len(buf) > MAX_HEAD_BYTES or not b"GET /".startswith(buf[:5]):
-                self._to_http()
-            return
-        parts = buf[:line_end].split(b" ")
-        path = parts[1].split(b"?", 1)[0].decode("latin-1") if len(parts) == 3 else ""
-        upgrade = self._upgrades.get(path) if parts[0] == b"GET" else None
-        if upgrade is None:
-            self._to_http()
-            return
-        head_end = buf.find(b"\r\n\r\n")
-        if head_end < 0:
-            if len(buf) > MAX_HEAD_BYTES:
-                self._to_http()
-            return
-        head = parse_head(buf[:head_end])
-        transport = self._transport
-        assert transport is not None
-        protocol = upgrade(transport, head) if head is not None else None
-        if protocol is None:
-            self._to_http()
-            return
-        self._done()
-        transport.set_protocol(protocol)
-        protocol.connection_made(transport)
-        rest = buf[head_end + 4 :]
-        if rest:  # frames sent right behind the head
-            cast(asyncio.Protocol, protocol).data_received(rest)
-
-    def _to_http(self) -> None:
-        transport = self._transport
-        assert transport is not None
-        buf = self._buf
-        self._done()
-        protocol = self._http()
-        transport.set_protocol(protocol)
-        protocol.connection_made(transport)
-        if buf and not transport.is_closing():
-            cast(asyncio.Protocol, protocol).data_received(buf)
-
-    def _done(self) -> None:
-        self._buf = b""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def eof_received(self) -> bool | None:
-        """The client hung up before a whole request line: nothing to serve."""
-        self._done()
-        return None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        """Gone before a decision."""
-        self._done()
-
-
 class HttpServer:
     """The node's single listening port (spec §3.1).
 
@@ -299,6 +233,11 @@ class HttpServer:
     *and* plain HTTP: the first byte of each connection is peeked (a TLS handshake record
     starts with 0x16, an HTTP request with a letter) and the front door runs with or
     without TLS, so peers link over TLS while browsers and the CLI keep using plain HTTP.
+
+    Connections are accepted by one loop of ours rather than asyncio's server, so each is
+    counted from its accept (spec §2.5: head deadline, per-source cap, descriptor reserve)
+    and running out of descriptors sheds the oldest pending connection instead of
+    spinning on accept.
     """
 
     def __init__(
@@ -307,22 +246,32 @@ class HttpServer:
         routes: Iterable[web.RouteDef],
         metrics: TransportMetrics,
         max_body_bytes: int,
-        max_header_bytes: int,
+        head: HeadLimits | None = None,
+        connections_refused: Counter | None = None,
+        keepalive_idle_s: float = 15.0,
         tls: ssl.SSLContext | None = None,
         upgrades: Mapping[str, RawUpgrade] | None = None,
     ) -> None:
+        self.head = head or HeadLimits()
         self.app = web.Application(
             client_max_size=max_body_bytes,
-            middlewares=[make_middleware(metrics, max_header_bytes)],
+            middlewares=[make_middleware(metrics, self.head)],
         )
         self.app.add_routes(list(routes))
+        self.metrics = metrics
+        self.connections_refused = connections_refused or Counter("refused", "", ("limit",))
+        self.keepalive_idle_s = keepalive_idle_s
         self.tls = tls
         self.upgrades = dict(upgrades or {})
+        self.gate: PreAuthGate | None = None
         self._runner: web.AppRunner | None = None
-        self._server: asyncio.Server | None = None
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
+        self._sweeping: asyncio.Task[None] | None = None
         self._sniffing: set[asyncio.Task[None]] = set()
+        self._spare: int | None = None
+        self._emfile_logged = -_EMFILE_LOG_EVERY_S
+        self._emfile_count = 0
         self.host = ""
         self.port = 0
 
@@ -337,6 +286,10 @@ class HttpServer:
             handler_cancellation=True,
             max_line_size=_PARSER_LIMIT,
             max_field_size=_PARSER_LIMIT,
+            # above ours, so a later request on a kept-alive connection with too many
+            # headers reaches the middleware and is answered in JSON
+            max_headers=self.head.max_headers * 16,
+            keepalive_timeout=self.keepalive_idle_s,
             shutdown_timeout=1.0,
         )
         await self._runner.setup()
@@ -350,73 +303,120 @@ class HttpServer:
             sock.close()
             raise
         self._sock = sock
-        if self.tls is None:
-            self._server = await asyncio.get_running_loop().create_server(
-                self._front_door, sock=sock, backlog=1024
-            )
-        else:
-            self._accepting = asyncio.get_running_loop().create_task(self._accept_loop(sock))
+        self._spare = _open_spare()
+        capacity, reserve = descriptor_budget(
+            _nofile(), _descriptors_in_use(), self.head.fd_reserve
+        )
+        limits = dataclasses.replace(self.head.limits, capacity=capacity, reserve=reserve)
+        assert self._runner.server is not None
+        self.gate = PreAuthGate(
+            dataclasses.replace(self.head, limits=limits),
+            self.metrics.refused,
+            self.connections_refused,
+            self._runner.server,
+            self.upgrades,
+        )
+        loop = asyncio.get_running_loop()
+        self._accepting = loop.create_task(self._accept_loop(sock, self.gate))
+        self._sweeping = loop.create_task(self.gate.run_sweeps())
         self.host, self.port = sock.getsockname()[:2]
         return self.host, self.port
 
-    def _front_door(self) -> asyncio.BaseProtocol:
-        assert self._runner is not None
-        assert self._runner.server is not None
-        return FrontDoor(self._runner.server, self.upgrades)
-
-    async def _accept_loop(self, sock: socket.socket) -> None:
+    async def _accept_loop(self, sock: socket.socket, gate: PreAuthGate) -> None:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                conn, _ = await loop.sock_accept(sock)
-                conn.setblocking(False)
+                conn, address = await loop.sock_accept(sock)
             except OSError as exc:
-                log.warning("accept failed: %s", exc)
-                await asyncio.sleep(0.1)  # out of file descriptors, say: do not spin
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    if not self._out_of_descriptors(sock, gate):
+                        await asyncio.sleep(0.1)  # nothing to shed, no spare: do not spin
+                else:
+                    log.debug("accept failed: %s", exc)
                 continue
-            task = loop.create_task(self._serve_connection(conn))
+            key, refusal = gate.open(str(address[0]))
+            if refusal is not None:
+                _refuse_socket(conn, refusal)
+                continue
+            conn.setblocking(False)
+            task = loop.create_task(self._serve_connection(conn, key, gate))
+            gate.closers[key] = _canceller(task)
             self._sniffing.add(task)
             task.add_done_callback(self._sniffing.discard)
 
-    async def _serve_connection(self, conn: socket.socket) -> None:
+    def _out_of_descriptors(self, sock: socket.socket, gate: PreAuthGate) -> bool:
+        """accept() failed with EMFILE: shed the oldest pending connection, and take the
+        waiting one off the backlog with the spare descriptor (closing it at once).
+        Logged once per interval, not once per accept. False when neither was possible."""
+        shed = gate.shed_oldest()
+        spared = False
+        if self._spare is not None:
+            os.close(self._spare)
+            self._spare = None
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                pass
+            else:
+                _refuse_socket(conn, Refusal.FD_RESERVE)
+                self.connections_refused.inc(Refusal.FD_RESERVE.value)
+                spared = True
+            self._spare = _open_spare()
+        self._emfile_count += 1
+        now = time.monotonic()
+        if now - self._emfile_logged >= _EMFILE_LOG_EVERY_S:
+            log.warning(
+                "out of file descriptors: %d accept(s) refused; shedding the oldest "
+                "unauthenticated connections",
+                self._emfile_count,
+            )
+            self._emfile_logged = now
+            self._emfile_count = 0
+        return shed or spared
+
+    async def _serve_connection(self, conn: socket.socket, key: int, gate: PreAuthGate) -> None:
         loop = asyncio.get_running_loop()
         try:
-            first = await asyncio.wait_for(_peek(loop, conn), SNIFF_TIMEOUT_S)
-        except (TimeoutError, OSError):
-            conn.close()
-            return
-        except asyncio.CancelledError:  # shutdown while the client had sent nothing yet
-            conn.close()
-            raise
-        if not first or self._runner is None:
-            conn.close()
-            return
-        tls = self.tls if first[0] == TLS_RECORD_HANDSHAKE else None
-        try:
+            tls: ssl.SSLContext | None = None
+            if self.tls is not None:
+                # the head deadline covers this wait: the sweep cancels us when it passes
+                first = await _peek(loop, conn)
+                if not first or self._runner is None:
+                    raise ConnectionResetError("closed before sending anything")
+                tls = self.tls if first[0] == TLS_RECORD_HANDSHAKE else None
             await loop.connect_accepted_socket(
-                self._front_door,
+                lambda: FrontDoor(gate, key),
                 conn,
                 ssl=tls,
-                ssl_handshake_timeout=SNIFF_TIMEOUT_S if tls else None,
+                ssl_handshake_timeout=gate.head.limits.head_timeout_s if tls else None,
             )
         except (OSError, ssl.SSLError) as exc:
             log.debug("connection dropped during set-up: %s", exc)
             conn.close()
+            gate.closed(key)
+        except asyncio.CancelledError:  # head deadline, shedding or shutdown
+            conn.close()
+            gate.closed(key)
+            raise
 
     async def stop_accepting(self) -> None:
         """Close the listening socket; running requests go on."""
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        if self._accepting is not None:
-            self._accepting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._accepting
-            self._accepting = None
-            for task in list(self._sniffing):
+        for task in (self._accepting, self._sweeping):
+            if task is not None:
                 task.cancel()
-            if self._sock is not None:
-                self._sock.close()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._accepting = self._sweeping = None
+        for task in list(self._sniffing):
+            task.cancel()
+        if self.gate is not None:
+            self.gate.close_pending()
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._spare is not None:
+            os.close(self._spare)
+            self._spare = None
 
     async def close(self) -> None:
         """Stop everything."""
@@ -424,6 +424,45 @@ class HttpServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+def _canceller(task: asyncio.Task[None]) -> Closer:
+    def cancel(_reason: Refusal | None) -> None:
+        task.cancel()
+
+    return cancel
+
+
+def _refuse_socket(conn: socket.socket, refusal: Refusal) -> None:
+    """Answer a connection refused at accept (best effort, never blocking) and close it."""
+    with contextlib.suppress(OSError):
+        conn.setblocking(False)
+        # what the client sent already is read first: closing a socket with unread input
+        # resets the connection, and the client may lose the answer
+        conn.recv(65536)
+    with contextlib.suppress(OSError):
+        conn.send(plain_response(refusal_answer(refusal)))
+    conn.close()
+
+
+def _open_spare() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY)
+    except OSError:
+        return None
+
+
+def _nofile() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def _descriptors_in_use() -> int:
+    """Descriptors open now (the log, the store, the listener...); a guess off Linux."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 64
 
 
 async def _peek(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:

@@ -896,3 +896,17 @@ async def test_unknown_field_in_the_first_auth_frame_is_refused(
         {"code": "bad_request", "message": "unknown field 'windw' in auth frame"},
         1008,
     ) == (answer["event"], answer["data"], await raw.closed())
+
+
+async def test_requests_in_progress_per_session_are_bounded(
+    make_config: MakeConfig, http: aiohttp.ClientSession
+) -> None:
+    """Past max_pending_per_session subscribes in progress, the next is capacity_exceeded."""
+    async with Node(make_config(pubsub={"max_pending_per_session": 2})) as node:
+        await publish_at_once(node, "pile", 200)
+        sub = await session(http, node, window=100)  # the catch-up waits for acks
+        await sub.send({"type": "subscribe", "topics": ["pile"], "since": {"seq": 0}})
+        await sub.send({"type": "subscribe", "topics": ["other"]})
+        await sub.send({"type": "subscribe", "topics": ["third"]})
+        error = await sub.next("error")
+    assert "capacity_exceeded" == error["data"]["code"]

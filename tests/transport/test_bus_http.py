@@ -203,7 +203,7 @@ async def test_every_refusal_has_its_code_and_is_counted(
 async def test_oversized_body_and_headers(
     make_config: MakeConfig, http: aiohttp.ClientSession
 ) -> None:
-    """Bodies over max_body_bytes and headers over max_header_bytes get 413 payload_too_large."""
+    """Bodies over max_body_bytes get 413, headers over max_header_bytes 431 (too large)."""
     config = make_config(transport={"max_body_bytes": 2048, "max_header_bytes": 4096})
     async with Node(config) as node:
         c = node.membership.community_id
@@ -211,7 +211,7 @@ async def test_oversized_body_and_headers(
         status, answer = await post(http, node, signed_call(node.keys, c, "echo", big), big)
         headers = {**signed_call(node.keys, c, "echo", {"input": 1}), "X-Padding": "p" * 5000}
         status2, answer2 = await post(http, node, headers, {"input": 1})
-    assert ((413, "payload_too_large"), (413, "payload_too_large")) == (
+    assert ((413, "payload_too_large"), (431, "payload_too_large")) == (
         (status, answer["error"]),
         (status2, answer2["error"]),
     )
