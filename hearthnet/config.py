@@ -369,6 +369,16 @@ class MeshSection:
     dial_interval_s: float = field(
         default=0.5, metadata=_doc("How often the link manager looks for peers to dial.")
     )
+    membership_per_request: int = field(
+        default=1000,
+        metadata=_doc(
+            "Most membership records taken from one request or gossip frame (spec §1.5)."
+        ),
+    )
+    membership_per_signer: int = field(
+        default=10_000,
+        metadata=_doc("Most membership records stored per signing key (spec §1.5)."),
+    )
 
 
 @dataclass(frozen=True, slots=True)
