@@ -19,6 +19,7 @@ from hearthnet.errors import Revoked
 from hearthnet.identity import load_or_create_keys
 from hearthnet.tokens import CapabilityToken
 from tests.helpers import NodeProcess, hearthnet_cmd, run_cli, start_node_process
+from tests.integration.mesh_cluster import MESH_ARGS, invite
 
 
 @pytest.fixture
@@ -266,3 +267,40 @@ async def test_token_revoke_ends_the_tokens_sessions_and_requests(node_proc: Nod
         ] == []
     assert revoked.returncode == 0, revoked.stderr
     assert json.loads(revoked.stdout)["revoked"] == CapabilityToken.decode(doomed).jti
+
+
+def test_anchor_only_commands_on_a_member_node_are_forbidden(tmp_path: Path) -> None:
+    """Finding 6: on a plain member's node, `community rules` and `community revoke` are
+    refused by the node (forbidden, spec §1.5); the CLI says so and exits 1, and the
+    anchor's node never hears of them."""
+    anchor = start_node_process(tmp_path / "a", *MESH_ARGS)
+    try:
+        member = start_node_process(
+            tmp_path / "m", *MESH_ARGS, "--join", invite(tmp_path / "a", anchor.url)
+        )
+        try:
+            rules_file = tmp_path / "rules.toml"
+            rules_file.write_text(
+                '[[pubsub.rules]]\npattern = "**"\nsubscribe = "any"\npublish = "any"\n'
+            )
+            m = str(member.data_dir)
+            rules = run_cli("community", "rules", str(rules_file), "--data-dir", m)
+            revoke = run_cli("community", "revoke", anchor.fields["node"], "--data-dir", m)
+            records_on_member = len(
+                (member.data_dir / "community" / "records.jsonl").read_text().splitlines()
+            )
+        finally:
+            member.stop()
+        shown = json.loads(run_cli("community", "show", "--data-dir", str(anchor.data_dir)).stdout)
+    finally:
+        anchor.stop()
+    assert [(1, True), (1, True)] == [
+        (p.returncode, "forbidden" in p.stderr) for p in (rules, revoke)
+    ], (rules.stderr, revoke.stderr)
+    assert ("", "", None, [], 2) == (
+        rules.stdout,
+        revoke.stdout,
+        shown["pubsub_rules"],
+        shown["revoked"],
+        records_on_member,
+    )
