@@ -86,6 +86,11 @@ class Authenticator:
             raise self._refuse("revoked", Revoked("token issuer revoked"))
         if self.membership.is_token_revoked(token.iss, token.jti):
             raise self._refuse("revoked", Revoked("token revoked"))
+        rotated = self.membership.rotation_voiding(token)
+        if rotated is not None:
+            raise self._refuse(
+                "revoked", Revoked(f"token voided by a key rotation of {rotated}; get a fresh one")
+            )
         level = self.membership.level_of(token.iss)
         if level is None:
             raise self._refuse("not_member", Unauthorized("token issuer is not a member"))

@@ -606,6 +606,20 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_topic_rotate(args: argparse.Namespace) -> int:
+    """``hearthnet topic rotate PATTERN``: void every token for topics PATTERN matches that
+    was issued until now, on every node (anchors only); live sessions on such tokens get
+    ``auth.expiring`` and must re-authenticate with a fresh token."""
+    from hearthnet.pubsub.topics import TopicPattern
+
+    TopicPattern.parse(args.pattern)
+    keys, _, membership = _local_identity(args)
+    record = membership.sign(keys, "topic.rotated", args.pattern, now_ms=now_ms())
+    _submit_record(args, record, "only anchors rotate topic keys")
+    print(json.dumps({"rotated": args.pattern, "ts": record.ts}))
+    return EXIT_OK
+
+
 # --- parser --------------------------------------------------------------------------
 
 
@@ -796,6 +810,15 @@ def _add_admin_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     revoke.add_argument("token", help="the token (hnt1:...) or its jti")
     revoke.add_argument("--iss", help="with a jti: the token's issuer (default: this node)")
     revoke.set_defaults(func=cmd_token_revoke)
+    topic = sub.add_parser("topic", help="topic keys")
+    topic_sub = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
+    rotate = topic_sub.add_parser(
+        "rotate",
+        parents=remote,
+        help="void every token issued so far for topics PATTERN matches (anchors only)",
+    )
+    rotate.add_argument("pattern", help="topic pattern, e.g. chat.** or sensors.kitchen.*")
+    rotate.set_defaults(func=cmd_topic_rotate)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,7 +12,9 @@ coordinator (:mod:`hearthnet.membership_fold`):
 - ``token.revoked``      by the token's issuer or an anchor (``subject`` is the ``jti``);
 - ``pubsub.rules``       by an anchor: the community's pub/sub access rules (spec §6.9), so
   every node enforces the same ones; the last in fold order wins, an empty list hands the
-  rules back to each node's own configuration.
+  rules back to each node's own configuration;
+- ``topic.rotated``      by an anchor (``subject`` is a topic pattern): voids every token
+  for topics the pattern matches that was issued at or before the record's ``ts``.
 
 Each signer's records form a chain (``signer_seq`` 1, 2, 3... and ``prev``, the digest of
 its previous record), so the order of one signer's records cannot be forged.
@@ -53,6 +55,7 @@ from hearthnet.identity import KeyPair, verify_object
 from hearthnet.ids import b64url_encode, is_node_id, is_ulid, new_ulid
 from hearthnet.membership_fold import Fold, Level, MemberInfo, Rule, fold
 from hearthnet.pubsub.topics import TopicPattern
+from hearthnet.tokens import CapabilityToken
 
 __all__ = [
     "Admission",
@@ -76,6 +79,7 @@ RECORD_KINDS = frozenset(
         "member.revoked",
         "token.revoked",
         "pubsub.rules",
+        "topic.rotated",
     }
 )
 MAX_RECORD_BYTES = 8 * 1024
@@ -256,6 +260,8 @@ class MembershipRecord:
             raise BadRequest("membership record subject must be a string")
         if rec.level is not None:
             Level.parse(rec.level)
+        if rec.kind == "topic.rotated":
+            TopicPattern.parse(rec.subject)
         for opt in (rec.name, rec.role, rec.iss, rec.invite):
             if opt is not None and not isinstance(opt, str):
                 raise BadRequest("membership record fields must be strings")
@@ -488,6 +494,18 @@ class Membership:
     def is_token_revoked(self, iss: str, jti: str) -> bool:
         """True when the token ``(iss, jti)`` was revoked individually."""
         return (iss, jti) in self._fold.revoked_tokens
+
+    @property
+    def rotations(self) -> tuple[tuple[str, int], ...]:
+        """Topic key rotations ``(pattern, ts)`` in fold order."""
+        return tuple(self._fold.rotations)
+
+    def rotation_voiding(self, token: CapabilityToken) -> str | None:
+        """The pattern of a key rotation that voids ``token``, or None."""
+        for pattern, rotated_ms in self._fold.rotations:
+            if token.voided_by_rotation(pattern, rotated_ms):
+                return pattern
+        return None
 
     def head(self, identity: str) -> tuple[int, str | None]:
         """``(signer_seq, digest)`` of the last record of the identity's chain; (0, None)

@@ -135,6 +135,13 @@ class SecuritySection:
             "Most remembered request ids; when full of live ids, new signed calls get unavailable."
         ),
     )
+    rotation_grace_s: float = field(
+        default=30.0,
+        metadata=_doc(
+            "After a topic key rotation, how long live sessions on a voided token have to "
+            "re-authenticate with a fresh one before they are closed."
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,6 +94,7 @@ class Fold:
     revoked_tokens: set[tuple[str, str]] = field(default_factory=set)
     used_invites: set[str] = field(default_factory=set)
     pubsub_rules: tuple[Rule, ...] | None = None
+    rotations: list[tuple[str, int]] = field(default_factory=list)  # (pattern, ts)
     # every key that was ever added (its records up to its limits count)
     known: set[str] = field(default_factory=set)
     applied: set[str] = field(default_factory=set)  # record ids the fold applied
@@ -255,29 +256,18 @@ class _Pass:
                 self._push(rec.subject, 0)
             return True
         if rec.kind in ("member.level_changed", "member.revoked"):
-            if signer != Level.ANCHOR or rec.subject == self.community_id:
-                result.forbidden.add(rec.id)
-                return True
-            revoke = rec.kind == "member.revoked"
-            if not revoke and (rec.level is None or rec.subject not in result.members):
-                return True
-            new_level = None if revoke else Level.parse(rec.level)
-            keep_upto = 0 if legacy_record else (rec.keep_upto or 0)
-            if not self._limit(rec.subject, (keep_upto, new_level)):
-                return False
-            if revoke:
-                result.members.pop(rec.subject, None)
-                result.revoked.add(rec.subject)
-            else:
-                current = self.authority(rec.subject, UNLIMITED)
-                if current is not None:
-                    result.members[rec.subject].level = current
-            return True
+            return self._apply_limit(rec, signer, legacy_record=legacy_record)
         if rec.kind == "token.revoked":
             if rec.iss is None or not (signer == Level.ANCHOR or rec.by == rec.iss):
                 result.forbidden.add(rec.id)
             else:
                 result.revoked_tokens.add((rec.iss, rec.subject))
+            return True
+        if rec.kind == "topic.rotated":
+            if signer != Level.ANCHOR:
+                result.forbidden.add(rec.id)
+            else:
+                result.rotations.append((rec.subject, rec.ts))
             return True
         if rec.kind == "pubsub.rules":
             if signer != Level.ANCHOR or rec.rules is None:
@@ -286,4 +276,26 @@ class _Pass:
                 result.pubsub_rules = rec.rules or None
             return True
         result.forbidden.add(rec.id)
+        return True
+
+    def _apply_limit(self, rec: MembershipRecord, signer: Level, *, legacy_record: bool) -> bool:
+        """member.revoked / member.level_changed: a limit on the subject's chain."""
+        result = self.result
+        if signer != Level.ANCHOR or rec.subject == self.community_id:
+            result.forbidden.add(rec.id)
+            return True
+        revoke = rec.kind == "member.revoked"
+        if not revoke and (rec.level is None or rec.subject not in result.members):
+            return True
+        new_level = None if revoke else Level.parse(rec.level)
+        keep_upto = 0 if legacy_record else (rec.keep_upto or 0)
+        if not self._limit(rec.subject, (keep_upto, new_level)):
+            return False
+        if revoke:
+            result.members.pop(rec.subject, None)
+            result.revoked.add(rec.subject)
+        else:
+            current = self.authority(rec.subject, UNLIMITED)
+            if current is not None:
+                result.members[rec.subject].level = current
         return True

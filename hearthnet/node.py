@@ -46,7 +46,7 @@ from hearthnet.community import (
     open_membership,
 )
 from hearthnet.config import Config
-from hearthnet.errors import ConfigError, Revoked
+from hearthnet.errors import ConfigError, Expired, Revoked
 from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.mesh.admission import redeem_invite
 from hearthnet.mesh.http import MeshHttp
@@ -61,6 +61,7 @@ from hearthnet.pubsub.service import PubSub
 from hearthnet.pubsub.ws import PubSubDeps, SessionSweeper
 from hearthnet.replay import ReplayCache
 from hearthnet.sessions import SessionRegistry
+from hearthnet.tokens import CapabilityToken
 from hearthnet.transport.bus_http import BusEndpointDeps, BusHttpEndpoints
 from hearthnet.transport.bus_ws import BusWebSocketEndpoint
 from hearthnet.transport.server import (
@@ -567,11 +568,37 @@ class Node:
                 and self.membership.is_token_revoked(record.iss, record.subject)
             ):
                 self.sessions.close_token(record.iss, record.subject, Revoked("token revoked"))
+            elif (
+                record.kind == "topic.rotated"
+                and (record.subject, record.ts) in self.membership.rotations
+            ):
+                self._rotate(record.subject, record.ts)
         # Any record can change the community's rules (a late one can change the fold).
         rules = effective_rules(self.membership, self._configured_rules)
         if rules != self.pubsub.policy.rules:
             dropped = self.pubsub.replace_rules(rules)
             log.info("pub/sub access rules changed (%d subscriptions refused now)", dropped)
+
+    def _rotate(self, pattern: str, rotated_ms: int) -> None:
+        """A topic key rotation: live sessions on tokens it voids get ``auth.expiring`` and
+        the grace to re-authenticate; those that cannot (long-polls, bus streams) end
+        when the grace is over."""
+
+        def voided(token: CapabilityToken) -> bool:
+            return token.voided_by_rotation(pattern, rotated_ms)
+
+        grace_s = self.config.security.rotation_grace_s
+        warned = self.sessions.expire_tokens(voided, now_ms() + int(grace_s * 1000))
+        log.info("topic key rotation of %s: %d sessions warned", pattern, warned)
+
+        async def end_of_grace() -> None:
+            await asyncio.sleep(grace_s)
+            self.sessions.close_voided(
+                voided, Expired(f"token voided by a key rotation of {pattern}")
+            )
+
+        if self._task_group is not None:
+            self.spawn(end_of_grace(), f"rotation-{pattern}")
 
     def add_member(
         self,

@@ -286,6 +286,7 @@ def test_anchor_only_commands_on_a_member_node_are_forbidden(tmp_path: Path) -> 
             m = str(member.data_dir)
             rules = run_cli("community", "rules", str(rules_file), "--data-dir", m)
             revoke = run_cli("community", "revoke", anchor.fields["node"], "--data-dir", m)
+            rotate = run_cli("topic", "rotate", "chat.**", "--data-dir", m)
             records_on_member = len(
                 (member.data_dir / "community" / "records.jsonl").read_text().splitlines()
             )
@@ -294,9 +295,9 @@ def test_anchor_only_commands_on_a_member_node_are_forbidden(tmp_path: Path) -> 
         shown = json.loads(run_cli("community", "show", "--data-dir", str(anchor.data_dir)).stdout)
     finally:
         anchor.stop()
-    assert [(1, True), (1, True)] == [
-        (p.returncode, "forbidden" in p.stderr) for p in (rules, revoke)
-    ], (rules.stderr, revoke.stderr)
+    assert [(1, True)] * 3 == [
+        (p.returncode, "forbidden" in p.stderr) for p in (rules, revoke, rotate)
+    ], (rules.stderr, revoke.stderr, rotate.stderr)
     assert ("", "", None, [], 2) == (
         rules.stdout,
         revoke.stdout,
@@ -304,3 +305,24 @@ def test_anchor_only_commands_on_a_member_node_are_forbidden(tmp_path: Path) -> 
         shown["revoked"],
         records_on_member,
     )
+
+
+async def test_topic_rotate_voids_tokens_issued_before(node_proc: NodeProcess) -> None:
+    """`topic rotate PATTERN` on an anchor: a token for those topics issued before is
+    refused (revoked) from then on; one issued after, or for other topics, still works."""
+    d = str(node_proc.data_dir)
+    old, other = (
+        run_cli("token", "issue", "--scope", scope, "--data-dir", d).stdout.strip()
+        for scope in ("sub:rot.**", "sub:keep.**")
+    )
+    rotated = run_cli("topic", "rotate", "rot.**", "--data-dir", d)
+    fresh = run_cli("token", "issue", "--scope", "sub:rot.**", "--data-dir", d).stdout.strip()
+    outcomes = []
+    for token, topic in ((old, "rot.a"), (fresh, "rot.a"), (other, "keep.a")):
+        async with Client(node_proc.url, token=token) as client:
+            try:
+                await client.request_json("GET", f"/pubsub/v1/topics/{topic}/history")
+                outcomes.append("ok")
+            except Revoked as exc:
+                outcomes.append(exc.code)
+    assert (0, ["revoked", "ok", "ok"]) == (rotated.returncode, outcomes), rotated.stderr
