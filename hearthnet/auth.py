@@ -17,7 +17,6 @@ from typing import Any
 
 from hearthnet.bus.envelope import CallEnvelope, VerifiedCall, request_envelope
 from hearthnet.caller import Caller
-from hearthnet.community import Membership
 from hearthnet.errors import (
     BadRequest,
     Expired,
@@ -29,6 +28,7 @@ from hearthnet.errors import (
 )
 from hearthnet.identity import verify_object
 from hearthnet.ids import is_node_id, is_ulid
+from hearthnet.membership import Membership
 from hearthnet.replay import ReplayCache
 from hearthnet.tokens import CapabilityToken
 from hearthnet.transport.headers import SignedHeaders

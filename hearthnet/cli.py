@@ -352,8 +352,9 @@ def cmd_peers(args: argparse.Namespace) -> int:
 
 def _local_identity(args: argparse.Namespace, *, create: bool = False) -> tuple[Any, Any, Any]:
     """Keys, membership store and view of this data dir (keys made only if ``create``)."""
-    from hearthnet.community import CommunityStore, open_membership
+    from hearthnet.community import CommunityStore
     from hearthnet.identity import load_or_create_keys
+    from hearthnet.membership import open_membership
 
     data_dir = _data_dir(args)
     keys = load_or_create_keys(data_dir) if create else _existing_keys(data_dir)

@@ -18,11 +18,13 @@ arrived in, because nothing here depends on arrival order:
    record valid or void.
 4. **Limits.** ``member.revoked`` and ``member.level_changed`` name ``keep_upto``, the
    subject's last ``signer_seq`` that keeps its old standing. The subject's records past
-   it are void (revoked) or judged at the new level, whenever they arrive. When a limit
-   reaches back over records already applied in this pass, the fold starts over with the
-   limit known from the start, so what those records added is void too (transitively:
-   a member added only by a void record is not a member, and neither is whom it added).
-   Limits only accumulate, so the fold ends after at most one pass per limit record.
+   it are void (revoked) or judged at the new level, whenever they arrive. A revocation
+   outranks level changes. When a limit reaches back over records already applied, the
+   fold runs again with the limit known from the start, so what those records added is
+   void too (transitively: a member added only by a void record is not a member, and
+   neither is whom it added). The fold is done when the limits it starts with are exactly
+   those of the records it applies; a limit record that keeps that from settling (one
+   that voids what made its own signer a member) is applied without effect.
 
 The result says, per record, whether the fold *applied* it (chain position valid, signer
 allowed to sign at that position), and whether its signer lacked the *right* for that kind
@@ -70,6 +72,8 @@ class Level(enum.IntEnum):
 Rule = tuple[str, str, str]  # (pattern, subscribe level, publish level)
 # A limit on a key's chain: (keep_upto, level for the records past it; None = void).
 Limit = tuple[int, Level | None]
+SourcedLimit = tuple[str, int, Level | None]  # (key, keep_upto, level)
+LIMIT_KINDS = ("member.revoked", "member.level_changed")
 UNLIMITED = 2**63
 
 
@@ -127,33 +131,59 @@ def build_chains(records: Iterable[MembershipRecord]) -> dict[str, list[Membersh
 
 
 def fold(community_id: str, records: Iterable[MembershipRecord]) -> Fold:
-    """Fold a set of verified records; the result depends on the set only, not its order."""
+    """Fold a set of verified records; the result depends on the set only, not its order.
+
+    Passes repeat until the limits a pass starts with are exactly the limits of the
+    records it applies (none reaches back unknown, none is left over from a record that
+    turned out void). Where no such set exists (a revocation that voids the record that
+    made its own signer a member, or anchors revoking each other back and forth), the
+    limit records that keep changing are disabled: applied, without effect.
+    """
     mine = {r.id: r for r in records if r.community == community_id}
     ordered = sorted(mine.values(), key=lambda r: r.order_key)
     legacy = [r for r in ordered if r.signer_seq is None]
     chains = build_chains(ordered)
-    limits: dict[str, list[Limit]] = {}
+    limits: frozenset[SourcedLimit] = frozenset()
+    disabled: frozenset[str] = frozenset()
+    sources: dict[SourcedLimit, set[str]] = {}
+    seen: set[tuple[frozenset[SourcedLimit], frozenset[str]]] = set()
+    cap = 8 + 4 * sum(r.kind in LIMIT_KINDS for r in ordered)
     passes = 0
     while True:
         passes += 1
-        fold_pass = _Pass(community_id, limits)
-        if fold_pass.run(legacy, chains):
+        fold_pass = _Pass(community_id, limits, disabled)
+        fold_pass.run(legacy, chains)
+        supported = frozenset(fold_pass.supported)
+        for limit, ids in fold_pass.supported.items():
+            sources.setdefault(limit, set()).update(ids)
+        if supported == limits or passes >= cap:
             result = fold_pass.result
             result.heads = {s: (len(c), c[-1].digest) for s, c in chains.items()}
             result.passes = passes
             return result
-        limits = fold_pass.limits  # a limit reached back: start over knowing it
+        if (limits, disabled) in seen:
+            flapping = {i for limit in supported ^ limits for i in sources.get(limit, ())}
+            disabled, limits, seen = disabled | flapping, frozenset(), set()
+            continue
+        seen.add((limits, disabled))
+        limits = supported
 
 
 class _Pass:
-    """One pass over the records with a given set of limits."""
+    """One pass over the records, knowing some limits from the start."""
 
-    def __init__(self, community_id: str, limits: dict[str, list[Limit]]) -> None:
+    def __init__(
+        self, community_id: str, limits: frozenset[SourcedLimit], disabled: frozenset[str]
+    ) -> None:
         self.community_id = community_id
-        self.limits = {k: list(v) for k, v in limits.items()}
+        self.limits: dict[str, list[Limit]] = {}
+        for key, keep_upto, level in sorted(limits, key=_limit_order):
+            self.limits.setdefault(key, []).append((keep_upto, level))
+        self.disabled = disabled
+        # the limits of the records this pass applied, and which records set them
+        self.supported: dict[SourcedLimit, list[str]] = {}
         self.result = Fold(community_id)
         self.base: dict[str, Level] = {community_id: Level.ANCHOR}
-        self.applied_seq: dict[str, int] = {}
         self.heap: list[tuple[int, str, str, int]] = []
         self.chains: dict[str, list[MembershipRecord]] = {}
 
@@ -166,24 +196,27 @@ class _Pass:
             return None
         best: Limit | None = None
         for limit in self.limits.get(key, ()):
-            if limit[0] < seq and (best is None or limit[0] >= best[0]):
+            if limit[0] >= seq:
+                continue
+            if limit[1] is None:
+                return None  # revoked: void past keep_upto, whatever the level changes say
+            if best is None or limit[0] >= best[0]:
                 best = limit
         return base if best is None else best[1]
 
-    def _limit(self, key: str, limit: Limit) -> bool:
-        """Add a limit on ``key``; False when it reaches back over applied records."""
+    def _limit(self, key: str, limit: Limit, source: str) -> None:
+        """A limit on ``key`` from record ``source``, in force for the rest of the pass."""
+        self.supported.setdefault((key, *limit), []).append(source)
         known = self.limits.setdefault(key, [])
-        if limit in known:
-            return True
-        known.append(limit)
-        return self.applied_seq.get(key, 0) <= limit[0]
+        if limit not in known:
+            known.append(limit)
 
     # --- the pass ------------------------------------------------------------------
 
     def run(
         self, legacy: list[MembershipRecord], chains: dict[str, list[MembershipRecord]]
-    ) -> bool:
-        """Fold legacy records, then merge the chains; False to start over."""
+    ) -> None:
+        """Fold legacy records, then merge the chains."""
         result = self.result
         result.known.add(self.community_id)
         result.members[self.community_id] = MemberInfo(Level.ANCHOR)
@@ -192,8 +225,7 @@ class _Pass:
             if level is None and rec.kind != "community.created":
                 continue
             result.applied.add(rec.id)
-            if not self._apply(rec, level, legacy_record=True):
-                return False
+            self._apply(rec, level, legacy_record=True)
         self.chains = chains
         for key in list(result.known):
             self._push(key, 0)
@@ -207,11 +239,8 @@ class _Pass:
                 result.void.update(r.id for r in self.chains[key][index:])
                 continue
             result.applied.add(rec.id)
-            self.applied_seq[key] = seq
-            if not self._apply(rec, level, legacy_record=False):
-                return False
+            self._apply(rec, level, legacy_record=False)
             self._push(key, index + 1)
-        return True
 
     def _push(self, key: str, index: int) -> None:
         chain = self.chains.get(key)
@@ -223,8 +252,8 @@ class _Pass:
         info = self.result.members.get(key)
         return info.level if info is not None else None
 
-    def _apply(self, rec: MembershipRecord, signer: Level | None, *, legacy_record: bool) -> bool:
-        """Apply one record signed at ``signer``; False when the pass must start over."""
+    def _apply(self, rec: MembershipRecord, signer: Level | None, *, legacy_record: bool) -> None:
+        """Apply one record signed at ``signer``."""
         result = self.result
         if rec.kind == "community.created":
             if rec.by != rec.subject or rec.by != self.community_id:
@@ -233,10 +262,10 @@ class _Pass:
                 result.name = rec.name or ""
                 founder = result.members[self.community_id]
                 founder.role, founder.name, founder.added_ms = rec.role or "node", rec.name, rec.ts
-            return True
+            return
         if signer is None:
             result.forbidden.add(rec.id)
-            return True
+            return
         if rec.kind == "member.added":
             level = Level.parse(rec.level) if rec.level else Level.MEMBER
             if signer < Level.TRUSTED or level > signer or not is_node_id(rec.subject):
@@ -254,43 +283,45 @@ class _Pass:
                 if rec.invite is not None:
                     result.used_invites.add(rec.invite)
                 self._push(rec.subject, 0)
-            return True
+            return
         if rec.kind in ("member.level_changed", "member.revoked"):
-            return self._apply_limit(rec, signer, legacy_record=legacy_record)
+            self._apply_limit(rec, signer, legacy_record=legacy_record)
+            return
         if rec.kind == "token.revoked":
             if rec.iss is None or not (signer == Level.ANCHOR or rec.by == rec.iss):
                 result.forbidden.add(rec.id)
             else:
                 result.revoked_tokens.add((rec.iss, rec.subject))
-            return True
+            return
         if rec.kind == "topic.rotated":
             if signer != Level.ANCHOR:
                 result.forbidden.add(rec.id)
             else:
                 result.rotations.append((rec.subject, rec.ts))
-            return True
+            return
         if rec.kind == "pubsub.rules":
             if signer != Level.ANCHOR or rec.rules is None:
                 result.forbidden.add(rec.id)
             else:
                 result.pubsub_rules = rec.rules or None
-            return True
+            return
         result.forbidden.add(rec.id)
-        return True
+        return
 
-    def _apply_limit(self, rec: MembershipRecord, signer: Level, *, legacy_record: bool) -> bool:
+    def _apply_limit(self, rec: MembershipRecord, signer: Level, *, legacy_record: bool) -> None:
         """member.revoked / member.level_changed: a limit on the subject's chain."""
         result = self.result
         if signer != Level.ANCHOR or rec.subject == self.community_id:
             result.forbidden.add(rec.id)
-            return True
+            return
         revoke = rec.kind == "member.revoked"
         if not revoke and (rec.level is None or rec.subject not in result.members):
-            return True
+            return
         new_level = None if revoke else Level.parse(rec.level)
         keep_upto = 0 if legacy_record else (rec.keep_upto or 0)
-        if not self._limit(rec.subject, (keep_upto, new_level)):
-            return False
+        if rec.id in self.disabled:
+            return  # no consistent way to apply it (see fold): applied without effect
+        self._limit(rec.subject, (keep_upto, new_level), rec.id)
         if revoke:
             result.members.pop(rec.subject, None)
             result.revoked.add(rec.subject)
@@ -298,4 +329,8 @@ class _Pass:
             current = self.authority(rec.subject, UNLIMITED)
             if current is not None:
                 result.members[rec.subject].level = current
-        return True
+        return
+
+
+def _limit_order(limit: SourcedLimit) -> tuple[str, int, int]:
+    return (limit[0], limit[1], -1 if limit[2] is None else int(limit[2]))

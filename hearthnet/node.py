@@ -35,19 +35,11 @@ from hearthnet.bus.capability import Capability
 from hearthnet.bus.registry import CapabilityRegistry
 from hearthnet.bus.routing import LocalProvider, Router
 from hearthnet.clock import now_ms
-from hearthnet.community import (
-    Admission,
-    CommunityStore,
-    Level,
-    Membership,
-    MembershipCaps,
-    MembershipRecord,
-    Source,
-    open_membership,
-)
+from hearthnet.community import CommunityStore, Level, MembershipRecord
 from hearthnet.config import Config
 from hearthnet.errors import ConfigError, Expired, Revoked
 from hearthnet.identity import KeyPair, load_or_create_keys
+from hearthnet.membership import Admission, Membership, MembershipCaps, Source, open_membership
 from hearthnet.mesh.admission import redeem_invite
 from hearthnet.mesh.http import MeshHttp
 from hearthnet.mesh.service import Mesh, advertised_url
@@ -542,7 +534,7 @@ class Node:
         signer had no right to sign are refused and not stored; the admission says why.
         """
         async with self._membership_lock:
-            admission = await asyncio.to_thread(self.membership.admit, records, source)
+            admission = await asyncio.to_thread(self.membership.admitter(records, source))
             admission = self.membership.install(admission)
             if admission.accepted:
                 await asyncio.to_thread(self._community_store.extend, admission.accepted)

@@ -8,10 +8,11 @@ import pytest
 
 from hearthnet.auth import Authenticator
 from hearthnet.bus.envelope import request_envelope
-from hearthnet.community import Level, Membership
+from hearthnet.community import Level
 from hearthnet.errors import BadRequest, Expired, InvalidSignature, Replayed, Revoked, Unauthorized
 from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulid
+from hearthnet.membership import Membership
 from hearthnet.replay import ReplayCache
 from hearthnet.tokens import CapabilityToken, Scope
 

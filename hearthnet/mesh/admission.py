@@ -20,7 +20,7 @@ import aiohttp
 
 from hearthnet.canonical import canonicalize
 from hearthnet.clock import now_ms
-from hearthnet.community import CommunityStore, Level, Membership, MembershipRecord, Source
+from hearthnet.community import CommunityStore, Level, MembershipRecord
 from hearthnet.errors import (
     BadRequest,
     Expired,
@@ -31,6 +31,7 @@ from hearthnet.errors import (
 )
 from hearthnet.identity import KeyPair, load_or_create_keys, verify_object
 from hearthnet.ids import b64url_decode, b64url_encode, is_node_id
+from hearthnet.membership import Membership, Source
 from hearthnet.mesh.addresses import PeerBook, normalize_url
 
 INVITE_PREFIX = "hn1:"

@@ -12,9 +12,10 @@ from aiohttp import web
 
 from hearthnet.auth import Authenticator
 from hearthnet.clock import now_ms
-from hearthnet.community import Admission, MembershipRecord, Source
+from hearthnet.community import MembershipRecord
 from hearthnet.errors import BadRequest, InternalError, PayloadTooLarge
 from hearthnet.identity import KeyPair
+from hearthnet.membership import Admission, Source
 from hearthnet.mesh.admission import admit
 from hearthnet.mesh.service import Mesh
 from hearthnet.transport.codec import loads

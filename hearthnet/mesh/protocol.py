@@ -31,7 +31,6 @@ from typing import Any
 
 import cbor2
 
-from hearthnet.community import Membership
 from hearthnet.errors import (
     BadRequest,
     Expired,
@@ -44,6 +43,7 @@ from hearthnet.errors import (
 )
 from hearthnet.identity import KeyPair, verify_object
 from hearthnet.ids import is_node_id
+from hearthnet.membership import Membership
 
 SUBPROTOCOL = "hearthnet-peer.v1"
 MAX_FRAME_BYTES = 2 * 1024 * 1024

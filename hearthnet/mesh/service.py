@@ -30,7 +30,7 @@ from hearthnet.bus.calls import Bus
 from hearthnet.bus.routing import Router
 from hearthnet.caller import Caller
 from hearthnet.clock import now_ms
-from hearthnet.community import Admission, Level, Membership, MembershipRecord, Source
+from hearthnet.community import Level, MembershipRecord
 from hearthnet.config import MeshSection
 from hearthnet.errors import (
     ConfigError,
@@ -44,6 +44,7 @@ from hearthnet.errors import (
 )
 from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulid
+from hearthnet.membership import Admission, Membership, Source
 from hearthnet.mesh.addresses import PeerBook, normalize_url
 from hearthnet.mesh.announce import Announcement
 from hearthnet.mesh.discovery import Discovery

@@ -17,12 +17,13 @@ from hearthnet.bus.descriptor import CapabilityDescriptor
 from hearthnet.bus.envelope import VerifiedCall
 from hearthnet.bus.registry import CapabilityRegistry
 from hearthnet.bus.routing import LocalProvider, Router
-from hearthnet.community import Level, Membership
+from hearthnet.community import Level
 from hearthnet.config import BusSection, LimitsSection
 from hearthnet.errors import InvalidSignature, RateLimited, SchemaMismatch, Unauthorized
 from hearthnet.frames import Frame
 from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulid
+from hearthnet.membership import Membership
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.replay import ReplayCache
 from hearthnet.tokens import CapabilityToken, Scope

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hearthnet.community import CommunityStore, Level, Membership
+from hearthnet.community import CommunityStore, Level
 from hearthnet.identity import load_or_create_keys
+from hearthnet.membership import Membership
 from tests.chaos.netns import HostProcess, Lab
 
 

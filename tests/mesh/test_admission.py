@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from hearthnet.community import Level, Membership, MembershipRecord, Source
+from hearthnet.community import Level, MembershipRecord
 from hearthnet.errors import Expired, InvalidSignature, Revoked, Unauthorized
 from hearthnet.identity import KeyPair
+from hearthnet.membership import Membership, Source
 from hearthnet.mesh.admission import Invite, admit, join_request
 
 FOUNDER = KeyPair.from_seed(b"\x81" * 32)

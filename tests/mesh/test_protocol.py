@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from hearthnet.community import Membership
 from hearthnet.errors import (
     BadRequest,
     Expired,
@@ -16,6 +15,7 @@ from hearthnet.errors import (
     WireError,
 )
 from hearthnet.identity import KeyPair
+from hearthnet.membership import Membership
 from hearthnet.mesh.protocol import (
     TRANSITIONS,
     Handshake,

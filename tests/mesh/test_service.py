@@ -15,10 +15,10 @@ import pytest
 from hearthnet.bus.descriptor import CapabilityDescriptor
 from hearthnet.client import Client
 from hearthnet.clock import now_ms
-from hearthnet.community import Membership
 from hearthnet.errors import Revoked
 from hearthnet.frames import Frame
 from hearthnet.identity import KeyPair
+from hearthnet.membership import Membership
 from hearthnet.mesh.heartlog import day_of
 from hearthnet.mesh.links import run_handshake
 from hearthnet.mesh.protocol import SUBPROTOCOL, Handshake, LinkState

@@ -7,9 +7,10 @@ import aiohttp
 import pytest
 
 from hearthnet.clock import now_ms
-from hearthnet.community import CommunityStore, Level, Membership, Source
+from hearthnet.community import CommunityStore, Level
 from hearthnet.errors import Revoked
 from hearthnet.identity import KeyPair, load_or_create_keys
+from hearthnet.membership import Membership, Source
 from hearthnet.membership_fold import fold
 from hearthnet.node import Node
 from hearthnet.tokens import CapabilityToken, Scope
