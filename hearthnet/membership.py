@@ -171,6 +171,11 @@ class Membership:
         """The community's pub/sub rules; None while no anchor has set any."""
         return self._fold.pubsub_rules
 
+    @property
+    def known(self) -> set[str]:
+        """Every key a record made a member (revoked ones included)."""
+        return self._fold.known
+
     def level_of(self, identity: str) -> Level | None:
         """The identity's level, or None when it is not a (live) member."""
         info = self._fold.members.get(identity)

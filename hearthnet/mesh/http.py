@@ -13,7 +13,7 @@ from aiohttp import web
 from hearthnet.auth import Authenticator
 from hearthnet.clock import now_ms
 from hearthnet.community import MembershipRecord
-from hearthnet.errors import BadRequest, InternalError, PayloadTooLarge
+from hearthnet.errors import BadRequest, InternalError, PayloadTooLarge, Unauthorized
 from hearthnet.identity import KeyPair
 from hearthnet.membership import Admission, Source
 from hearthnet.mesh.admission import admit
@@ -78,6 +78,14 @@ class MeshHttp:
             raise BadRequest('the body is {"records": [...]}')
         if len(records) > cap:
             raise PayloadTooLarge(f"at most {cap} membership records at a time")
+        membership = self.authenticator.membership
+        added = {r.get("subject") for r in records if isinstance(r, dict)}
+        if records and not any(
+            isinstance(r, dict) and (r.get("by") in membership.known or r.get("by") in added)
+            for r in records
+        ):
+            # spec §1.5: nobody in the batch could be a member; no signature is checked
+            raise Unauthorized("no record is signed by a member of the community")
         parsed = await asyncio.to_thread(lambda: [MembershipRecord.parse(r) for r in records])
         admission = await self.submit_records(parsed, Source.SUBMIT, None)
         error = admission.first_error()
