@@ -17,7 +17,6 @@ from typing import Any
 
 from hearthnet.bus.envelope import CallEnvelope, VerifiedCall, request_envelope
 from hearthnet.caller import Caller
-from hearthnet.community import Membership
 from hearthnet.errors import (
     BadRequest,
     Expired,
@@ -29,6 +28,7 @@ from hearthnet.errors import (
 )
 from hearthnet.identity import verify_object
 from hearthnet.ids import is_node_id, is_ulid
+from hearthnet.membership import Membership
 from hearthnet.replay import ReplayCache
 from hearthnet.tokens import CapabilityToken
 from hearthnet.transport.headers import SignedHeaders
@@ -86,6 +86,11 @@ class Authenticator:
             raise self._refuse("revoked", Revoked("token issuer revoked"))
         if self.membership.is_token_revoked(token.iss, token.jti):
             raise self._refuse("revoked", Revoked("token revoked"))
+        rotated = self.membership.rotation_voiding(token)
+        if rotated is not None:
+            raise self._refuse(
+                "revoked", Revoked(f"token voided by a key rotation of {rotated}; get a fresh one")
+            )
         level = self.membership.level_of(token.iss)
         if level is None:
             raise self._refuse("not_member", Unauthorized("token issuer is not a member"))

@@ -347,8 +347,9 @@ def cmd_peers(args: argparse.Namespace) -> int:
 
 def _local_identity(args: argparse.Namespace, *, create: bool = False) -> tuple[Any, Any, Any]:
     """Keys, membership store and view of this data dir (keys made only if ``create``)."""
-    from hearthnet.community import CommunityStore, open_membership
+    from hearthnet.community import CommunityStore
     from hearthnet.identity import load_or_create_keys
+    from hearthnet.membership import open_membership
 
     data_dir = _data_dir(args)
     keys = load_or_create_keys(data_dir) if create else _existing_keys(data_dir)
@@ -377,7 +378,14 @@ def cmd_community_create(args: argparse.Namespace) -> int:
             f"{len(membership.members)} members; use --force to leave it"
         )
     genesis = MembershipRecord.create(
-        keys, "community.created", keys.node_id, keys.node_id, now_ms=now_ms(), name=args.name
+        keys,
+        "community.created",
+        keys.node_id,
+        keys.node_id,
+        now_ms=now_ms(),
+        name=args.name,
+        signer_seq=1,
+        prev=None,
     )
     store.replace([genesis])
     print(json.dumps({"community": keys.node_id, "name": args.name, "anchor": keys.node_id}))
@@ -429,6 +437,8 @@ def _submit_record(args: argparse.Namespace, record: MembershipRecord, refused: 
     """Hand a signed membership record to the running node (which gossips it on).
 
     Raises:
+        Forbidden: this node's key may not sign that record (the node refused it; spec
+            §1.5); the CLI exits 1.
         ConfigError: the node did not apply it (``refused`` says why that may be).
     """
 
@@ -444,12 +454,9 @@ def _submit_record(args: argparse.Namespace, record: MembershipRecord, refused: 
 
 def cmd_community_revoke(args: argparse.Namespace) -> int:
     """``hearthnet community revoke NODEID``: sign a revocation and hand it to the node."""
-    from hearthnet.community import MembershipRecord
 
     keys, _, membership = _local_identity(args)
-    record = MembershipRecord.create(
-        keys, "member.revoked", membership.community_id, args.node, now_ms=now_ms()
-    )
+    record = membership.sign(keys, "member.revoked", args.node, now_ms=now_ms())
     _submit_record(args, record, "only anchors revoke; the founder stays")
     print(json.dumps({"revoked": args.node}))
     return EXIT_OK
@@ -482,7 +489,6 @@ def _rules_file(path: str) -> tuple[tuple[str, str, str], ...]:
 def cmd_community_rules(args: argparse.Namespace) -> int:
     """``hearthnet community rules FILE|--clear``: sign the community's pub/sub access
     rules (anchors only) and hand them to the node, which gossips them (spec §6.9)."""
-    from hearthnet.community import MembershipRecord
 
     if args.clear == (args.file is not None):
         raise ConfigError("give a rules file, or --clear")
@@ -490,10 +496,9 @@ def cmd_community_rules(args: argparse.Namespace) -> int:
     if not args.clear and not rules:
         raise ConfigError("no rules in the file (use --clear to hand rules back to each node)")
     keys, _, membership = _local_identity(args)
-    record = MembershipRecord.create(
+    record = membership.sign(
         keys,
         "pubsub.rules",
-        membership.community_id,
         membership.community_id,
         now_ms=now_ms(),
         rules=rules,
@@ -586,7 +591,6 @@ def cmd_token_issue(args: argparse.Namespace) -> int:
 
 def cmd_token_revoke(args: argparse.Namespace) -> int:
     """``hearthnet token revoke TOKEN|JTI``: revoke one token, mesh-wide (spec §1.6)."""
-    from hearthnet.community import MembershipRecord
     from hearthnet.tokens import TOKEN_PREFIX, CapabilityToken
 
     keys, _, membership = _local_identity(args)
@@ -595,11 +599,23 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
         iss, jti = token.iss, token.jti
     else:
         iss, jti = args.iss or keys.node_id, args.token
-    record = MembershipRecord.create(
-        keys, "token.revoked", membership.community_id, jti, now_ms=now_ms(), iss=iss
-    )
+    record = membership.sign(keys, "token.revoked", jti, now_ms=now_ms(), iss=iss)
     _submit_record(args, record, "a token is revoked by its issuer or an anchor")
     print(json.dumps({"revoked": jti, "iss": iss}))
+    return EXIT_OK
+
+
+def cmd_topic_rotate(args: argparse.Namespace) -> int:
+    """``hearthnet topic rotate PATTERN``: void every token for topics PATTERN matches that
+    was issued until now, on every node (anchors only); live sessions on such tokens get
+    ``auth.expiring`` and must re-authenticate with a fresh token."""
+    from hearthnet.pubsub.topics import TopicPattern
+
+    TopicPattern.parse(args.pattern)
+    keys, _, membership = _local_identity(args)
+    record = membership.sign(keys, "topic.rotated", args.pattern, now_ms=now_ms())
+    _submit_record(args, record, "only anchors rotate topic keys")
+    print(json.dumps({"rotated": args.pattern, "ts": record.ts}))
     return EXIT_OK
 
 
@@ -793,6 +809,15 @@ def _add_admin_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     revoke.add_argument("token", help="the token (hnt1:...) or its jti")
     revoke.add_argument("--iss", help="with a jti: the token's issuer (default: this node)")
     revoke.set_defaults(func=cmd_token_revoke)
+    topic = sub.add_parser("topic", help="topic keys")
+    topic_sub = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
+    rotate = topic_sub.add_parser(
+        "rotate",
+        parents=remote,
+        help="void every token issued so far for topics PATTERN matches (anchors only)",
+    )
+    rotate.add_argument("pattern", help="topic pattern, e.g. chat.** or sensors.kitchen.*")
+    rotate.set_defaults(func=cmd_topic_rotate)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,63 +1,55 @@
 """Communities and the signed membership log (spec §1.5).
 
 A community is identified by its founder's NodeID. Its membership is a set of signed
-records; every node folds the same records in the same order (``ts``, then ``id``)
-and so reaches the same view, offline, with no coordinator:
+records; every node computes the same view from the same set, offline, with no
+coordinator (:mod:`hearthnet.membership_fold`):
 
 - ``community.created``  by the founder about itself: the founder is an ``anchor``;
 - ``member.added``       by an anchor or trusted member, at a level no higher than its own;
-- ``member.level_changed`` by an anchor;
-- ``member.revoked``     by an anchor (the founder cannot be revoked);
+- ``member.level_changed`` by an anchor, with ``keep_upto``;
+- ``member.revoked``     by an anchor (the founder cannot be revoked), with ``keep_upto``:
+  the revoked key's records past it are void, whenever they arrive;
 - ``token.revoked``      by the token's issuer or an anchor (``subject`` is the ``jti``);
 - ``pubsub.rules``       by an anchor: the community's pub/sub access rules (spec §6.9), so
   every node enforces the same ones; the last in fold order wins, an empty list hands the
-  rules back to each node's own configuration.
+  rules back to each node's own configuration;
+- ``topic.rotated``      by an anchor (``subject`` is a topic pattern): voids every token
+  for topics the pattern matches that was issued at or before the record's ``ts``.
 
-A record whose signer does not hold the needed level *at that point of the fold* is
-ignored, so revoking a member also voids what it signed later.
+Each signer's records form a chain (``signer_seq`` 1, 2, 3... and ``prev``, the digest of
+its previous record), so the order of one signer's records cannot be forged.
 
-:class:`MembershipRecord` verifies its signature when parsed. :class:`Membership` is the
-pure fold; :class:`CommunityStore` keeps records in ``<data_dir>/community/records.jsonl``.
+:class:`MembershipRecord` verifies its signature when parsed. :class:`Membership` holds the
+records and their fold and decides what a batch of new records may add
+(:func:`admit_records`); :class:`CommunityStore` keeps records in
+``<data_dir>/community/records.jsonl``.
 """
 
 from __future__ import annotations
 
-import enum
+import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from hearthnet.errors import BadRequest, HearthNetError, PayloadTooLarge, StorageError
+from hearthnet.canonical import canonicalize
+from hearthnet.errors import (
+    BadRequest,
+    HearthNetError,
+    PayloadTooLarge,
+    StorageError,
+)
 from hearthnet.identity import KeyPair, verify_object
-from hearthnet.ids import is_node_id, is_ulid, new_ulid
+from hearthnet.ids import b64url_encode, is_node_id, is_ulid, new_ulid
+from hearthnet.membership_fold import Level, MemberInfo, Rule
 from hearthnet.pubsub.topics import TopicPattern
 
-
-class Level(enum.IntEnum):
-    """Membership levels, ordered: a higher level may do all a lower one may."""
-
-    MEMBER = 1
-    TRUSTED = 2
-    ANCHOR = 3
-
-    @classmethod
-    def parse(cls, text: object) -> Level:
-        """``"member"``, ``"trusted"`` or ``"anchor"``; :class:`BadRequest` otherwise."""
-        if isinstance(text, str):
-            try:
-                return cls[text.upper()]
-            except KeyError:
-                pass
-        raise BadRequest(f"unknown level {text!r}: member, trusted or anchor")
-
-    @property
-    def label(self) -> str:
-        """Lower-case wire name."""
-        return self.name.lower()
+__all__ = ["CommunityStore", "Level", "MemberInfo", "MembershipRecord", "Rule"]
 
 
 RECORD_KINDS = frozenset(
@@ -68,13 +60,15 @@ RECORD_KINDS = frozenset(
         "member.revoked",
         "token.revoked",
         "pubsub.rules",
+        "topic.rotated",
     }
 )
 MAX_RECORD_BYTES = 8 * 1024
+MAX_SEQ = 2**53 - 1  # canonical JSON integers (spec §1.3)
+DIGEST_PREFIX = "sha256:"
 # Pub/sub access rules (spec §6.9): who may subscribe to and publish on a pattern.
 RULE_LEVELS = ("self", "anchor", "trusted", "member", "token", "any")
 MAX_RULES = 64
-Rule = tuple[str, str, str]  # (pattern, subscribe level, publish level)
 
 
 def check_rule(pattern: object, subscribe: object, publish: object) -> Rule:
@@ -123,6 +117,15 @@ class MembershipRecord:
     iss: str | None = None
     invite: str | None = None  # member.added: the nonce of the invite it redeems
     rules: tuple[Rule, ...] | None = None  # pubsub.rules
+    # spec §1.5 chains: the signer's own sequence number and the digest of its previous
+    # record; None on records written before chains (legacy, see membership_fold).
+    signer_seq: int | None = None
+    prev: str | None = None
+    # member.revoked / member.level_changed: the subject's last record (signer_seq) that
+    # keeps the subject's old standing.
+    keep_upto: int | None = None
+    # sha256 of the record's canonical bytes, signature included: what ``prev`` names.
+    digest: str = field(default="", compare=False, repr=False)
 
     @classmethod
     def create(
@@ -139,8 +142,12 @@ class MembershipRecord:
         iss: str | None = None,
         invite: str | None = None,
         rules: tuple[Rule, ...] | None = None,
+        signer_seq: int | None,
+        prev: str | None,
+        keep_upto: int | None = None,
     ) -> MembershipRecord:
-        """Make and sign a record as ``signer``."""
+        """Make and sign a record as ``signer``, at ``signer_seq`` of its chain after the
+        record whose digest is ``prev``. :meth:`Membership.sign` fills in the chain."""
         body: dict[str, Any] = {
             "id": new_ulid(now_ms),
             "kind": kind,
@@ -161,6 +168,12 @@ class MembershipRecord:
             body["invite"] = invite
         if rules is not None:
             body["rules"] = _rules_json(rules)
+        if signer_seq is not None:
+            body["signer_seq"] = signer_seq
+        if prev is not None:
+            body["prev"] = prev
+        if keep_upto is not None:
+            body["keep_upto"] = keep_upto
         body["sig"] = signer.sign_object(body)
         return cls.parse(body)
 
@@ -189,6 +202,9 @@ class MembershipRecord:
                 iss=obj.get("iss"),
                 invite=obj.get("invite"),
                 rules=_parse_rules(obj["rules"]) if "rules" in obj else None,
+                signer_seq=obj.get("signer_seq"),
+                prev=obj.get("prev"),
+                keep_upto=obj.get("keep_upto"),
             )
         except KeyError as exc:
             raise BadRequest(f"membership record lacks {exc.args[0]!r}") from exc
@@ -206,6 +222,9 @@ class MembershipRecord:
             "iss",
             "invite",
             "rules",
+            "signer_seq",
+            "prev",
+            "keep_upto",
         }:
             raise BadRequest("membership record has unknown fields")
         if (rec.kind == "pubsub.rules") != (rec.rules is not None):
@@ -222,11 +241,15 @@ class MembershipRecord:
             raise BadRequest("membership record subject must be a string")
         if rec.level is not None:
             Level.parse(rec.level)
+        if rec.kind == "topic.rotated":
+            TopicPattern.parse(rec.subject)
         for opt in (rec.name, rec.role, rec.iss, rec.invite):
             if opt is not None and not isinstance(opt, str):
                 raise BadRequest("membership record fields must be strings")
-        verify_object(rec.by, rec.to_json(), rec.sig, "sig")
-        return rec
+        _check_chain_fields(rec)
+        body = rec.to_json()
+        verify_object(rec.by, body, rec.sig, "sig")
+        return replace(rec, digest=record_digest(body))
 
     def to_json(self) -> dict[str, Any]:
         """The wire/storage form."""
@@ -244,8 +267,17 @@ class MembershipRecord:
                 out[key] = value
         if self.rules is not None:
             out["rules"] = _rules_json(self.rules)
+        for key in ("signer_seq", "prev", "keep_upto"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
         out["sig"] = self.sig
         return out
+
+    @property
+    def is_legacy(self) -> bool:
+        """True for a record written before chains (no ``signer_seq``)."""
+        return self.signer_seq is None
 
     @property
     def order_key(self) -> tuple[int, str]:
@@ -253,113 +285,41 @@ class MembershipRecord:
         return (self.ts, self.id)
 
 
+def record_digest(body: dict[str, Any]) -> str:
+    """``sha256:`` + base64url of the SHA-256 of a record's canonical bytes (sig included)."""
+    return DIGEST_PREFIX + b64url_encode(hashlib.sha256(canonicalize(body)).digest())
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEQ
+
+
+def _check_chain_fields(rec: MembershipRecord) -> None:
+    """spec §1.5: ``signer_seq`` 1, 2, 3...; ``prev`` from 2 on; ``keep_upto`` on revocations
+    and level changes of chained records."""
+    if rec.signer_seq is None:
+        if rec.prev is not None or rec.keep_upto is not None:
+            raise BadRequest("prev and keep_upto come with signer_seq")
+        return
+    if not _is_count(rec.signer_seq) or rec.signer_seq < 1:
+        raise BadRequest("signer_seq is an integer from 1")
+    if (rec.signer_seq == 1) != (rec.prev is None):
+        raise BadRequest("prev names the signer's previous record, from signer_seq 2 on")
+    if rec.prev is not None and not (
+        isinstance(rec.prev, str)
+        and rec.prev.startswith(DIGEST_PREFIX)
+        and len(rec.prev) == len(DIGEST_PREFIX) + 43
+    ):
+        raise BadRequest("prev is 'sha256:' + 43 base64url characters")
+    limited = rec.kind in ("member.revoked", "member.level_changed")
+    if limited != (rec.keep_upto is not None):
+        raise BadRequest("keep_upto belongs to (and only to) revocations and level changes")
+    if rec.keep_upto is not None and not _is_count(rec.keep_upto):
+        raise BadRequest("keep_upto is a non-negative integer")
+
+
 def _rules_json(rules: tuple[Rule, ...]) -> list[dict[str, str]]:
     return [{"pattern": p, "subscribe": sub, "publish": pub} for p, sub, pub in rules]
-
-
-@dataclass(slots=True)
-class MemberInfo:
-    """What the fold knows about one member."""
-
-    level: Level
-    role: str = "node"
-    name: str | None = None
-    added_ms: int = 0
-
-
-@dataclass(slots=True)
-class Membership:
-    """The pure fold of a community's membership records."""
-
-    community_id: str
-    name: str = ""
-    members: dict[str, MemberInfo] = field(default_factory=dict)
-    revoked: set[str] = field(default_factory=set)
-    revoked_tokens: set[tuple[str, str]] = field(default_factory=set)
-    records: dict[str, MembershipRecord] = field(default_factory=dict)
-    used_invites: set[str] = field(default_factory=set)
-    # The community's pub/sub rules: None while no anchor has set any (or after a clear).
-    pubsub_rules: tuple[Rule, ...] | None = None
-    version: int = 0
-
-    def level_of(self, identity: str) -> Level | None:
-        """The identity's level, or None when it is not a (live) member."""
-        info = self.members.get(identity)
-        return info.level if info is not None else None
-
-    def is_revoked(self, identity: str) -> bool:
-        """True when the identity was a member and was revoked."""
-        return identity in self.revoked
-
-    def is_token_revoked(self, iss: str, jti: str) -> bool:
-        """True when the token ``(iss, jti)`` was revoked individually."""
-        return (iss, jti) in self.revoked_tokens
-
-    def add(self, record: MembershipRecord) -> bool:
-        """Add a verified record and refold; False when it was already known or foreign."""
-        if record.community != self.community_id or record.id in self.records:
-            return False
-        self.records[record.id] = record
-        self._refold()
-        return True
-
-    def _refold(self) -> None:
-        # Records can arrive in any order over gossip; folding from scratch in the one
-        # agreed order keeps every node's view identical. The log is small (people).
-        self.members.clear()
-        self.revoked.clear()
-        self.revoked_tokens.clear()
-        self.used_invites.clear()
-        self.pubsub_rules = None
-        for rec in sorted(self.records.values(), key=lambda r: r.order_key):
-            self._apply(rec)
-        self.version += 1
-
-    def _apply(self, rec: MembershipRecord) -> None:
-        signer = self.level_of(rec.by)
-        if rec.kind == "community.created":
-            if rec.by == rec.subject == self.community_id and not self.members:
-                self.members[rec.by] = MemberInfo(
-                    Level.ANCHOR, rec.role or "node", rec.name, rec.ts
-                )
-                self.name = rec.name or self.name
-            return
-        if signer is None:
-            return
-        if rec.kind == "member.added":
-            level = Level.parse(rec.level) if rec.level else Level.MEMBER
-            if (
-                signer >= Level.TRUSTED
-                and level <= signer
-                and rec.subject not in self.revoked
-                and rec.subject not in self.members
-                and is_node_id(rec.subject)
-                and (rec.invite is None or rec.invite not in self.used_invites)
-            ):
-                self.members[rec.subject] = MemberInfo(level, rec.role or "node", rec.name, rec.ts)
-                if rec.invite is not None:
-                    self.used_invites.add(rec.invite)
-        elif rec.kind == "member.level_changed":
-            info = self.members.get(rec.subject)
-            if (
-                signer == Level.ANCHOR
-                and info is not None
-                and rec.level is not None
-                and rec.subject != self.community_id
-            ):
-                info.level = Level.parse(rec.level)
-        elif rec.kind == "member.revoked":
-            if signer == Level.ANCHOR and rec.subject != self.community_id:
-                self.members.pop(rec.subject, None)
-                self.revoked.add(rec.subject)
-        elif (
-            rec.kind == "token.revoked"
-            and rec.iss is not None
-            and (signer == Level.ANCHOR or rec.by == rec.iss)
-        ):
-            self.revoked_tokens.add((rec.iss, rec.subject))
-        elif rec.kind == "pubsub.rules" and signer == Level.ANCHOR and rec.rules is not None:
-            self.pubsub_rules = rec.rules or None
 
 
 class CommunityStore:
@@ -401,32 +361,18 @@ class CommunityStore:
 
     def append(self, record: MembershipRecord) -> None:
         """Append one record durably (fsync: membership must survive a crash)."""
+        self.extend([record])
+
+    def extend(self, records: Iterable[MembershipRecord]) -> None:
+        """Append records durably, with one fsync."""
+        lines = [
+            json.dumps(r.to_json(), separators=(",", ":"), ensure_ascii=False) + "\n"
+            for r in records
+        ]
+        if not lines:
+            return
         self.dir.mkdir(parents=True, exist_ok=True)
-        line = json.dumps(record.to_json(), separators=(",", ":"), ensure_ascii=False) + "\n"
         with self.path.open("a", encoding="utf-8") as f:
-            f.write(line)
+            f.write("".join(lines))
             f.flush()
             os.fsync(f.fileno())
-
-
-def open_membership(store: CommunityStore, keys: KeyPair, *, name: str, now_ms: int) -> Membership:
-    """Load the node's community, creating a single-node community on first start.
-
-    A node started without a community founds one of its own (spec §1.5), so
-    ``hearthnet node start`` works with no arguments.
-    """
-    records = store.load()
-    if not records:
-        genesis = MembershipRecord.create(
-            keys, "community.created", keys.node_id, keys.node_id, now_ms=now_ms, name=name
-        )
-        store.append(genesis)
-        records = [genesis]
-    created = [r for r in records if r.kind == "community.created"]
-    if not created:
-        raise StorageError(f"{store.path}: no community.created record")
-    membership = Membership(community_id=created[0].community)
-    for rec in records:
-        membership.records[rec.id] = rec
-    membership._refold()
-    return membership

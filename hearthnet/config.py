@@ -169,6 +169,13 @@ class SecuritySection:
             "Most remembered request ids; when full of live ids, new signed calls get unavailable."
         ),
     )
+    rotation_grace_s: float = field(
+        default=30.0,
+        metadata=_doc(
+            "After a topic key rotation, how long live sessions on a voided token have to "
+            "re-authenticate with a fresh one before they are closed."
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,6 +423,16 @@ class MeshSection:
     )
     dial_interval_s: float = field(
         default=0.5, metadata=_doc("How often the link manager looks for peers to dial.")
+    )
+    membership_per_request: int = field(
+        default=1000,
+        metadata=_doc(
+            "Most membership records taken from one request or gossip frame (spec §1.5)."
+        ),
+    )
+    membership_per_signer: int = field(
+        default=10_000,
+        metadata=_doc("Most membership records stored per signing key (spec §1.5)."),
     )
 
 

@@ -35,16 +35,11 @@ from hearthnet.bus.capability import Capability
 from hearthnet.bus.registry import CapabilityRegistry
 from hearthnet.bus.routing import LocalProvider, Router
 from hearthnet.clock import now_ms
-from hearthnet.community import (
-    CommunityStore,
-    Level,
-    Membership,
-    MembershipRecord,
-    open_membership,
-)
+from hearthnet.community import CommunityStore, Level, MembershipRecord
 from hearthnet.config import Config
-from hearthnet.errors import ConfigError, Revoked
+from hearthnet.errors import ConfigError, Expired, Revoked
 from hearthnet.identity import KeyPair, load_or_create_keys
+from hearthnet.membership import Admission, Membership, MembershipCaps, Source, open_membership
 from hearthnet.mesh.admission import redeem_invite
 from hearthnet.mesh.http import MeshHttp
 from hearthnet.mesh.service import Mesh, advertised_url
@@ -58,6 +53,7 @@ from hearthnet.pubsub.service import PubSub
 from hearthnet.pubsub.ws import PubSubDeps, SessionSweeper
 from hearthnet.replay import ReplayCache
 from hearthnet.sessions import SessionRegistry
+from hearthnet.tokens import CapabilityToken
 from hearthnet.transport.bus_http import BusEndpointDeps, BusHttpEndpoints
 from hearthnet.transport.bus_ws import BusWebSocketEndpoint
 from hearthnet.transport.frontdoor import head_limits
@@ -227,8 +223,14 @@ class Node:
         self.keys = load_or_create_keys(self.data_dir)
         self._community_store = CommunityStore(self.data_dir)
         self.membership = open_membership(
-            self._community_store, self.keys, name=cfg.node.name, now_ms=now_ms()
+            self._community_store,
+            self.keys,
+            name=cfg.node.name,
+            now_ms=now_ms(),
+            caps=MembershipCaps(cfg.mesh.membership_per_request, cfg.mesh.membership_per_signer),
         )
+        # one batch of membership records is folded at a time (off the event loop)
+        self._membership_lock = asyncio.Lock()
         signature_failures = self.metrics.counter(
             "hearthnet_signature_failures_total",
             "Signatures, tokens and credentials refused, by reason.",
@@ -287,7 +289,7 @@ class Node:
         self.mesh = Mesh(
             keys=self.keys,
             membership=self.membership,
-            apply_record=self._apply_from_peer,
+            submit_records=self.submit_records,
             config=cfg.mesh,
             tls_mode=cfg.node.tls,
             name=cfg.node.name,
@@ -305,7 +307,7 @@ class Node:
             *BusHttpEndpoints(deps).routes(),
             *BusWebSocketEndpoint(deps).routes(),
             *pubsub_http.routes(),
-            *MeshHttp(self.mesh, self.authenticator, self.keys, self.apply_membership).routes(),
+            *MeshHttp(self.mesh, self.authenticator, self.keys, self.submit_records).routes(),
             *StatusEndpoints(self).routes(),
         ]
         tls = None
@@ -519,32 +521,79 @@ class Node:
     # --- membership ------------------------------------------------------------------
 
     def apply_membership(self, record: MembershipRecord) -> bool:
-        """Store, apply and gossip a verified membership record; False if already known or
-        foreign."""
-        if not self._apply_from_peer(record):
-            return False
-        self.mesh.broadcast_records([record])
-        return True
+        """Store, apply and gossip a record signed here (or submitted); False if it was
+        already known or refused. Folds on the event loop: for one record at a time."""
+        admission = self.membership.install(self.membership.admit([record], Source.SUBMIT))
+        self._installed(admission, None)
+        return bool(admission.accepted)
 
-    def _apply_from_peer(self, record: MembershipRecord) -> bool:
-        """Store and apply a record (the mesh floods it on); enforce revocations at once."""
-        if not self.membership.add(record):
-            return False
-        self._community_store.append(record)
-        if record.kind == "member.revoked" and self.membership.is_revoked(record.subject):
-            # spec §1.5: links and sessions of the revoked identity end within 10 s
-            error = Revoked("identity revoked")
-            self.sessions.close_identity(record.subject, error)
-            self.mesh.close_links_of(record.subject, "revoked")
-            log.info("revoked %s", record.subject, extra={"peer": record.subject})
-        elif record.kind == "token.revoked" and record.iss is not None:
-            self.sessions.close_token(record.iss, record.subject, Revoked("token revoked"))
+    async def submit_records(
+        self, records: list[MembershipRecord], source: Source, via: str | None = None
+    ) -> Admission:
+        """Admit a batch of verified records (from a request or from peer ``via``): fold
+        it off the event loop, store and apply what it adds, and gossip that on.
+
+        spec §1.5: records of strangers, void records and, when submitted, records their
+        signer had no right to sign are refused and not stored; the admission says why.
+        """
+        async with self._membership_lock:
+            admission = await asyncio.to_thread(self.membership.admitter(records, source))
+            admission = self.membership.install(admission)
+            if admission.accepted:
+                await asyncio.to_thread(self._community_store.extend, admission.accepted)
+            self._installed(admission, via, stored=True)
+        return admission
+
+    def _installed(self, admission: Admission, via: str | None, *, stored: bool = False) -> None:
+        """Persist (unless done), gossip and enforce what an installed admission added."""
+        if not admission.accepted:
+            return
+        if not stored:
+            self._community_store.extend(admission.accepted)
+        self.mesh.broadcast_records(list(admission.accepted), skip=via)
+        for record in admission.accepted:
+            if record.kind == "member.revoked" and self.membership.is_revoked(record.subject):
+                # spec §1.5: links and sessions of the revoked identity end within 10 s
+                self.sessions.close_identity(record.subject, Revoked("identity revoked"))
+                self.mesh.close_links_of(record.subject, "revoked")
+                log.info("revoked %s", record.subject, extra={"peer": record.subject})
+            elif (
+                record.kind == "token.revoked"
+                and record.iss is not None
+                and self.membership.is_token_revoked(record.iss, record.subject)
+            ):
+                self.sessions.close_token(record.iss, record.subject, Revoked("token revoked"))
+            elif (
+                record.kind == "topic.rotated"
+                and (record.subject, record.ts) in self.membership.rotations
+            ):
+                self._rotate(record.subject, record.ts)
         # Any record can change the community's rules (a late one can change the fold).
         rules = effective_rules(self.membership, self._configured_rules)
         if rules != self.pubsub.policy.rules:
             dropped = self.pubsub.replace_rules(rules)
             log.info("pub/sub access rules changed (%d subscriptions refused now)", dropped)
-        return True
+
+    def _rotate(self, pattern: str, rotated_ms: int) -> None:
+        """A topic key rotation: live sessions on tokens it voids get ``auth.expiring`` and
+        the grace to re-authenticate; those that cannot (long-polls, bus streams) end
+        when the grace is over."""
+
+        def voided(token: CapabilityToken) -> bool:
+            return token.voided_by_rotation(pattern, rotated_ms)
+
+        grace_s = self.config.security.rotation_grace_s
+        warned = self.sessions.expire_tokens(voided, now_ms() + int(grace_s * 1000))
+        log.info("topic key rotation of %s: %d sessions warned", pattern, warned)
+
+        async def end_of_grace() -> None:
+            await asyncio.sleep(grace_s)
+            self.sessions.close_voided(
+                voided, Expired(f"token voided by a key rotation of {pattern}")
+            )
+
+        if self._task_group is not None:
+            self.spawn(end_of_grace(), f"rotation-{pattern}")
 
     def add_member(
         self,
@@ -556,10 +605,9 @@ class Node:
     ) -> MembershipRecord:
         """Add ``node_id`` to this node's community, signed by this node (which must be
         an anchor or trusted member)."""
-        record = MembershipRecord.create(
+        record = self.membership.sign(
             self.keys,
             "member.added",
-            self.membership.community_id,
             node_id,
             now_ms=now_ms(),
             level=level,

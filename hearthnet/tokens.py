@@ -1,6 +1,6 @@
 """Capability tokens for clients that are not nodes (spec §1.6).
 
-A token is ``{iss, sub, community, scopes, exp_ms, jti, sig}`` signed by ``iss`` over
+A token is ``{iss, sub, community, scopes, exp_ms, jti, iat_ms?, sig}`` signed by ``iss`` over
 the JCS form without ``sig``, carried as ``"hnt1:" + base64url(JCS of the whole object)``.
 A scope is ``{"pub"|"sub"|"call": pattern}``; ``call`` patterns are capability names
 with an optional version (``llm.chat@2``, ``echo``, ``llm.**``).
@@ -18,7 +18,7 @@ from hearthnet.canonical import canonicalize, parse_json
 from hearthnet.errors import BadRequest, InvalidSignature
 from hearthnet.identity import KeyPair, verify_object
 from hearthnet.ids import b64url_decode, b64url_encode, is_node_id, new_ulid
-from hearthnet.pubsub.topics import TopicPattern, pattern_covers
+from hearthnet.pubsub.topics import TopicPattern, pattern_covers, patterns_overlap
 
 TOKEN_PREFIX = "hnt1:"  # noqa: S105 - a format prefix, not a secret
 MAX_TOKEN_CHARS = 8192
@@ -102,6 +102,9 @@ class CapabilityToken:
     exp_ms: int
     jti: str
     sig: str
+    # when it was issued; a topic key rotation (``topic.rotated``) voids tokens issued at
+    # or before it, and tokens without ``iat_ms`` (issued before it existed) always
+    iat_ms: int | None = None
 
     @classmethod
     def issue(
@@ -125,6 +128,7 @@ class CapabilityToken:
             "scopes": [s.to_json() for s in scopes],
             "exp_ms": now_ms + ttl_ms,
             "jti": jti,
+            "iat_ms": now_ms,
         }
         body["sig"] = issuer.sign_object(body)
         return cls.from_json(body)
@@ -134,8 +138,13 @@ class CapabilityToken:
         """Validate and verify a decoded token object."""
         if not isinstance(obj, dict):
             raise BadRequest("a token is an object")
-        if set(obj) != {"iss", "sub", "community", "scopes", "exp_ms", "jti", "sig"}:
-            raise BadRequest("a token has exactly iss, sub, community, scopes, exp_ms, jti, sig")
+        if set(obj) - {"iat_ms"} != {"iss", "sub", "community", "scopes", "exp_ms", "jti", "sig"}:
+            raise BadRequest(
+                "a token has exactly iss, sub, community, scopes, exp_ms, jti, sig (and iat_ms)"
+            )
+        iat_ms = obj.get("iat_ms")
+        if iat_ms is not None and (not isinstance(iat_ms, int) or isinstance(iat_ms, bool)):
+            raise BadRequest("token iat_ms must be an integer")
         iss, sub, community, scopes, exp_ms, jti = (
             obj["iss"],
             obj["sub"],
@@ -156,7 +165,7 @@ class CapabilityToken:
             raise BadRequest(f"token scopes must be a list of 1..{MAX_SCOPES}")
         parsed = tuple(Scope.from_json(s) for s in scopes)
         verify_object(iss, obj, obj["sig"], "sig")
-        return cls(iss, sub, community, parsed, exp_ms, jti, obj["sig"])
+        return cls(iss, sub, community, parsed, exp_ms, jti, obj["sig"], iat_ms)
 
     @classmethod
     def decode(cls, text: object) -> CapabilityToken:
@@ -185,6 +194,7 @@ class CapabilityToken:
             "scopes": [s.to_json() for s in self.scopes],
             "exp_ms": self.exp_ms,
             "jti": self.jti,
+            **({"iat_ms": self.iat_ms} if self.iat_ms is not None else {}),
             "sig": self.sig,
         }
 
@@ -208,3 +218,13 @@ class CapabilityToken:
     def allows_subscription(self, pattern: str) -> bool:
         """Whether some sub scope covers every topic ``pattern`` can match."""
         return any(s.allows_subscription(pattern) for s in self.scopes)
+
+    def voided_by_rotation(self, pattern: str, rotated_ms: int) -> bool:
+        """Whether a key rotation of ``pattern`` at ``rotated_ms`` voids this token: it was
+        issued at or before it (or carries no ``iat_ms``) and one of its pub/sub scopes
+        reaches a topic that ``pattern`` matches."""
+        if self.iat_ms is not None and self.iat_ms > rotated_ms:
+            return False
+        return any(
+            s.kind in ("pub", "sub") and patterns_overlap(s.pattern, pattern) for s in self.scopes
+        )

@@ -17,7 +17,7 @@ from hearthnet.bus.capability import CallContext
 from hearthnet.bus.descriptor import CapabilityDescriptor
 from hearthnet.caller import Caller
 from hearthnet.clock import now_ms
-from hearthnet.community import Level, MembershipRecord
+from hearthnet.community import Level
 from hearthnet.frames import Frame
 from hearthnet.node import Node
 from hearthnet.subscription import Delivery
@@ -278,8 +278,4 @@ async def collect_numbers(sub: AsyncIterator[Any], into: list[int], until: int |
 def apply_signed_record(node: Node, kind: str, subject: str, **fields: Any) -> None:
     """A membership record signed by ``node`` (an anchor of its own community), applied
     and gossiped as if an admin had submitted it."""
-    node.apply_membership(
-        MembershipRecord.create(
-            node.keys, kind, node.keys.node_id, subject, now_ms=now_ms(), **fields
-        )
-    )
+    node.apply_membership(node.membership.sign(node.keys, kind, subject, now_ms=now_ms(), **fields))

@@ -8,10 +8,11 @@ import pytest
 
 from hearthnet.auth import Authenticator
 from hearthnet.bus.envelope import request_envelope
-from hearthnet.community import Level, Membership, MembershipRecord
+from hearthnet.community import Level
 from hearthnet.errors import BadRequest, Expired, InvalidSignature, Replayed, Revoked, Unauthorized
 from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulid
+from hearthnet.membership import Membership
 from hearthnet.replay import ReplayCache
 from hearthnet.tokens import CapabilityToken, Scope
 
@@ -24,10 +25,8 @@ NOW = 1_763_800_000_000
 def make_auth() -> tuple[Authenticator, list[str]]:
     """An authenticator for NODE's community with MEMBER added; returns recorded failures."""
     view = Membership(NODE.node_id)
-    view.add(
-        MembershipRecord.create(NODE, "community.created", NODE.node_id, NODE.node_id, now_ms=1)
-    )
-    view.add(MembershipRecord.create(NODE, "member.added", NODE.node_id, MEMBER.node_id, now_ms=2))
+    view.add(view.sign(NODE, "community.created", NODE.node_id, now_ms=1))
+    view.add(view.sign(NODE, "member.added", MEMBER.node_id, now_ms=2))
     failures: list[str] = []
     return Authenticator(
         node_id=NODE.node_id, membership=view, replay=ReplayCache(), on_failure=failures.append
@@ -145,9 +144,7 @@ def test_token_call_checks_scope_expiry_and_revocation() -> None:
     with pytest.raises(Expired):
         auth.authenticate_call(env, signature=None, token=token.encode(), now_ms=NOW + 60_000)
     auth.membership.add(
-        MembershipRecord.create(
-            NODE, "token.revoked", NODE.node_id, token.jti, now_ms=3, iss=MEMBER.node_id
-        )
+        auth.membership.sign(NODE, "token.revoked", token.jti, now_ms=3, iss=MEMBER.node_id)
     )
     with pytest.raises(Revoked):
         auth.authenticate_call(env, signature=None, token=token.encode(), now_ms=NOW)

@@ -19,7 +19,7 @@ import aiohttp
 
 from hearthnet.canonical import canonicalize, parse_json
 from hearthnet.clock import now_ms
-from hearthnet.community import CommunityStore, Level, Membership, MembershipRecord
+from hearthnet.community import CommunityStore, Level, MembershipRecord
 from hearthnet.errors import (
     BadRequest,
     Expired,
@@ -30,6 +30,7 @@ from hearthnet.errors import (
 )
 from hearthnet.identity import KeyPair, load_or_create_keys, verify_object
 from hearthnet.ids import b64url_decode, b64url_encode, is_node_id
+from hearthnet.membership import Membership, Source
 from hearthnet.mesh.addresses import PeerBook, normalize_url
 
 INVITE_PREFIX = "hn1:"
@@ -208,10 +209,9 @@ def admit(admitter: KeyPair, membership: Membership, request: object, now: int) 
         raise Unauthorized("this invite was already used")
     if membership.level_of(node) is not None:
         raise BadRequest("that node is already a member")
-    return MembershipRecord.create(
+    return membership.sign(
         admitter,
         "member.added",
-        membership.community_id,
         node,
         now_ms=now,
         level=invite.level,
@@ -261,12 +261,12 @@ async def redeem_invite(data_dir: Path, token: str, *, name: str) -> bool:
                 continue
             records = [MembershipRecord.parse(r) for r in answer.get("records", [])]
             view = Membership(invite.community)
-            for record in records:
-                view.add(record)
+            # the bootstrap's store, legacy records included (spec §1.5 upgrade rule)
+            kept = view.add_all(records, Source.STORE).accepted
             if view.level_of(keys.node_id) is None:
                 last_error = f"{url}: the answer does not make this node a member"
                 continue
-            store.replace(sorted(records, key=lambda r: r.order_key))
+            store.replace(list(kept))
             book = PeerBook(data_dir / "mesh" / "peers.json")
             book.load()
             for peer in {*invite.bootstrap, *answer.get("bootstrap", [])}:

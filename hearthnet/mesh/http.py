@@ -4,7 +4,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -12,15 +13,16 @@ from aiohttp import web
 from hearthnet.auth import Authenticator
 from hearthnet.clock import now_ms
 from hearthnet.community import MembershipRecord
-from hearthnet.errors import BadRequest, InternalError
+from hearthnet.errors import BadRequest, InternalError, PayloadTooLarge, Unauthorized
 from hearthnet.identity import KeyPair
+from hearthnet.membership import Admission, Source
 from hearthnet.mesh.admission import admit
 from hearthnet.mesh.service import Mesh
 from hearthnet.transport.codec import loads
 from hearthnet.transport.headers import read_signed_headers
 from hearthnet.transport.server import json_response
 
-MAX_RECORDS_PER_REQUEST = 1000
+SubmitRecords = Callable[[list[MembershipRecord], Source, str | None], Awaitable[Admission]]
 
 
 class MeshHttp:
@@ -31,12 +33,12 @@ class MeshHttp:
         mesh: Mesh,
         authenticator: Authenticator,
         keys: KeyPair,
-        apply_record: Callable[[MembershipRecord], bool],
+        submit_records: SubmitRecords,
     ) -> None:
         self.mesh = mesh
         self.authenticator = authenticator
         self.keys = keys
-        self.apply_record = apply_record
+        self.submit_records = submit_records
 
     def routes(self) -> list[web.RouteDef]:
         """The routes."""
@@ -61,27 +63,52 @@ class MeshHttp:
         )
 
     async def membership(self, request: web.Request) -> web.Response:
-        """Submit signed membership records (a revocation from ``hearthnet community revoke``).
+        """Submit signed membership records (``hearthnet community revoke``, ``rules``...).
 
-        Records authenticate themselves: the fold ignores any whose signer lacks the level,
-        so no other credential is needed.
+        Records authenticate themselves, so no other credential is needed; but only
+        records of members that the fold applies are stored (spec §1.5). A request that
+        stores nothing is answered with the first refusal (``unauthorized`` for a
+        stranger, ``forbidden`` for a record its signer may not sign, ``revoked``...);
+        otherwise ``{"applied": n, "refused": [{"id", "error", "message"}]}``.
         """
         body = loads(await request.read())
         records = body.get("records") if isinstance(body, dict) else None
-        if not isinstance(records, list) or len(records) > MAX_RECORDS_PER_REQUEST:
-            raise BadRequest(
-                f'the body is {{"records": [...]}} with at most {MAX_RECORDS_PER_REQUEST}'
-            )
-        parsed = [MembershipRecord.parse(r) for r in records]
-        applied = sum(1 for record in parsed if self.apply_record(record))
-        return json_response({"applied": applied, "community": self.authenticator.community_id})
+        cap = self.authenticator.membership.caps.per_request
+        if not isinstance(records, list):
+            raise BadRequest('the body is {"records": [...]}')
+        if len(records) > cap:
+            raise PayloadTooLarge(f"at most {cap} membership records at a time")
+        membership = self.authenticator.membership
+        added = {r.get("subject") for r in records if isinstance(r, dict)}
+        if records and not any(
+            isinstance(r, dict) and (r.get("by") in membership.known or r.get("by") in added)
+            for r in records
+        ):
+            # spec §1.5: nobody in the batch could be a member; no signature is checked
+            raise Unauthorized("no record is signed by a member of the community")
+        parsed = await asyncio.to_thread(lambda: [MembershipRecord.parse(r) for r in records])
+        admission = await self.submit_records(parsed, Source.SUBMIT, None)
+        error = admission.first_error()
+        if not admission.accepted and error is not None:
+            raise error
+        return json_response(
+            {
+                "applied": len(admission.accepted),
+                "refused": [
+                    {"id": r.id, "error": e.code, "message": e.message}
+                    for r, e in admission.refused
+                ],
+                "community": self.authenticator.community_id,
+            }
+        )
 
     async def join(self, request: web.Request) -> web.Response:
         """Redeem an invite: add the joining node and hand it the community's records."""
         body: Any = loads(await request.read())
         record = admit(self.keys, self.authenticator.membership, body, now_ms())
-        if not self.apply_record(record):
-            raise InternalError("the admitted member could not be recorded")
+        admission = await self.submit_records([record], Source.SUBMIT, None)
+        if not admission.accepted:
+            raise admission.first_error() or InternalError("the member could not be recorded")
         records = [r.to_json() for r in self.authenticator.membership.records.values()]
         return json_response(
             {

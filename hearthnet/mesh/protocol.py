@@ -32,7 +32,6 @@ from typing import Any
 import cbor2
 
 from hearthnet.canonical import check_representable
-from hearthnet.community import Membership
 from hearthnet.errors import (
     BadRequest,
     Expired,
@@ -45,6 +44,7 @@ from hearthnet.errors import (
 )
 from hearthnet.identity import KeyPair, verify_object
 from hearthnet.ids import is_node_id
+from hearthnet.membership import Membership
 
 SUBPROTOCOL = "hearthnet-peer.v1"
 MAX_FRAME_BYTES = 2 * 1024 * 1024

@@ -29,7 +29,7 @@ from hearthnet.bus.calls import Bus
 from hearthnet.bus.routing import Router
 from hearthnet.caller import Caller
 from hearthnet.clock import now_ms
-from hearthnet.community import Level, Membership, MembershipRecord
+from hearthnet.community import Level, MembershipRecord
 from hearthnet.config import MeshSection
 from hearthnet.errors import (
     BadRequest,
@@ -44,6 +44,7 @@ from hearthnet.errors import (
 )
 from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulid
+from hearthnet.membership import Admission, Membership, Source
 from hearthnet.mesh.addresses import PeerBook, normalize_url
 from hearthnet.mesh.announce import Announcement
 from hearthnet.mesh.discovery import Discovery
@@ -81,11 +82,21 @@ from hearthnet.transport.server import error_response
 log = logging.getLogger("hearthnet.mesh")
 
 SEEN_PRESENCE = 50_000
-MAX_MEMBERSHIP_RECORDS = 10_000
 MAX_REFERRALS = 16  # handshakes at once with members a full node only sends elsewhere
 FULL_HOLD_S = 60.0  # a node that was full is not dialled again for this long
 HOUSEKEEPING_S = 1.0  # heartbeat-log flush and peer-book save
 PRUNE_EVERY_S = 3600.0  # heartbeat-log day files past retention are removed this often
+
+
+def _parse_records(raw: list[dict[str, Any]]) -> tuple[list[MembershipRecord], list[str]]:
+    """Verify records (a thread's work: a signature check each); errors as messages."""
+    parsed, errors = [], []
+    for item in raw:
+        try:
+            parsed.append(MembershipRecord.parse(item))
+        except HearthNetError as exc:
+            errors.append(str(exc))
+    return parsed, errors
 
 
 class Mesh:
@@ -96,7 +107,9 @@ class Mesh:
         *,
         keys: KeyPair,
         membership: Membership,
-        apply_record: Callable[[MembershipRecord], bool],
+        submit_records: Callable[
+            [list[MembershipRecord], Source, str | None], Awaitable[Admission]
+        ],
         config: MeshSection,
         name: str,
         data_dir: Path,
@@ -111,7 +124,8 @@ class Mesh:
     ) -> None:
         self.keys = keys
         self.membership = membership
-        self.apply_record = apply_record
+        self.submit_records = submit_records
+        self._membership_frames = asyncio.Lock()
         self.config = config
         if tls_mode not in ("auto", "on", "off"):
             raise ConfigError("node.tls is auto, on or off")
@@ -458,12 +472,7 @@ class Mesh:
             "outbound" if link.outbound else "inbound",
             extra={"peer": link.node},
         )
-        link.send(
-            "membership",
-            records=[r.to_json() for r in self.membership.records.values()][
-                :MAX_MEMBERSHIP_RECORDS
-            ],
-        )
+        self._send_membership(link)
         link.send("peers", peers=self.book.urls_for_exchange())
         link.send("caps", providers=self.remote.announcement(exclude_via=link.node))
         self._send_presence_snapshot(link)
@@ -666,22 +675,33 @@ class Mesh:
         records = frame.get("records")
         if not isinstance(records, list):
             return
-        fresh = []
-        for raw in records[:MAX_MEMBERSHIP_RECORDS]:
-            if not isinstance(raw, dict) or raw.get("id") in self.membership.records:
-                continue
-            try:
-                record = MembershipRecord.parse(raw)
-            except HearthNetError as exc:
-                self.sig_failures.inc("membership")
-                log.warning(
-                    "bad membership record from %s: %s", link.node, exc, extra={"peer": link.node}
-                )
-                continue
-            if self.apply_record(record):
-                fresh.append(record)
+        fresh = [
+            raw
+            for raw in records[: self.membership.caps.per_request]
+            if isinstance(raw, dict) and raw.get("id") not in self.membership.records
+        ]
         if fresh:
-            self.broadcast_records(fresh, skip=link.node)
+            self.spawn(self._admit_from(link.node, fresh), "membership")
+
+    async def _admit_from(self, node: str, raw: list[dict[str, Any]]) -> None:
+        """Verify and admit a peer's records off the event loop (spec §1.5: folding never
+        stalls other clients); what they add is flooded on by the node."""
+        # frames are admitted in arrival order: a later frame may name signers an
+        # earlier one added
+        async with self._membership_frames:
+            parsed, errors = await asyncio.to_thread(_parse_records, raw)
+            for error in errors:
+                self.sig_failures.inc("membership")
+                log.warning("bad membership record from %s: %s", node, error, extra={"peer": node})
+            if parsed:
+                await self.submit_records(parsed, Source.GOSSIP, node)
+
+    def _send_membership(self, link: PeerLink) -> None:
+        """All records, in frames of at most the per-request cap."""
+        records = [r.to_json() for r in self.membership.records.values()]
+        step = self.membership.caps.per_request
+        for start in range(0, len(records), step):
+            link.send("membership", records=records[start : start + step])
 
     def broadcast_records(self, records: list[MembershipRecord], skip: str | None = None) -> None:
         """Flood new membership records to every other link."""

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from hearthnet.caller import Caller
-from hearthnet.community import RULE_LEVELS, Level, Membership, check_rule
+from hearthnet.community import RULE_LEVELS, Level, check_rule
 from hearthnet.errors import BadRequest, ConfigError, Forbidden
 from hearthnet.ids import short_id
+from hearthnet.membership import Membership
 from hearthnet.pubsub.topics import TopicPattern, pattern_covers, patterns_overlap
 
 LEVELS = RULE_LEVELS

@@ -215,7 +215,7 @@ class PubSubHttp:
             deps.service.policy.check_subscribe(caller, pattern.text)
         deps.connections.open(caller.identity)
         session = SseSession(deps, request, caller)
-        session_key = deps.sessions.add(caller, session.revoke)
+        session_key = deps.sessions.add(caller, session.revoke, session.expire_token_at)
         try:
             response = web.StreamResponse(headers=SSE_HEADERS)
             if request.version >= (1, 1):
@@ -390,6 +390,13 @@ class SseSession:
         if time.monotonic() - sub.last_write >= self.deps.transport.sse_keepalive_s:
             sub.channel.out.append(SSE_KEEPALIVE)
             sub.wake()
+
+    def expire_token_at(self, deadline_ms: int) -> None:
+        """A key rotation voided the token: ``auth.expiring`` now, the end of the stream at
+        ``deadline_ms`` (an SSE client reconnects with a fresh token)."""
+        if self.token_exp_ms is None or deadline_ms < self.token_exp_ms:
+            self.token_exp_ms = deadline_ms
+            self.warned = False
 
     def hard_close(self, code: int, reason: str) -> None:
         """End the stream (an SSE client cannot be sent a close code; it gets an error event)."""

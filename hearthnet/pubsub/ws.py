@@ -225,6 +225,14 @@ class WsSession:
         else:
             self._token_due_ms = exp if self.warned else exp - TOKEN_WARNING_MS
 
+    def expire_token_at(self, deadline_ms: int) -> None:
+        """A key rotation voided the token: it now ends at ``deadline_ms`` (warned at
+        once, closed 4401 then) unless the client sends a fresh one."""
+        if self.token_exp_ms is None or deadline_ms < self.token_exp_ms:
+            self.token_exp_ms = deadline_ms
+            self.warned = False
+            self._token_changed()
+
     def _token_changed(self) -> None:
         """A (new) token: its deadlines are looked at on the next sweep."""
         self._token_due_ms = 0
@@ -365,7 +373,7 @@ class WsSession:
             self.hard_close(code, exc.code)
             return
         self.caller = caller
-        self.session_key = deps.sessions.add(caller, self.revoke)
+        self.session_key = deps.sessions.add(caller, self.revoke, self.expire_token_at)
         client_id = "cl_" + new_ulid().lower()
         window = frame.window or deps.config.default_window
         channel = SubscriberChannel(

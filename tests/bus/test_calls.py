@@ -17,12 +17,13 @@ from hearthnet.bus.descriptor import CapabilityDescriptor
 from hearthnet.bus.envelope import VerifiedCall
 from hearthnet.bus.registry import CapabilityRegistry
 from hearthnet.bus.routing import LocalProvider, Router
-from hearthnet.community import Level, Membership, MembershipRecord
+from hearthnet.community import Level
 from hearthnet.config import BusSection, LimitsSection
 from hearthnet.errors import InvalidSignature, RateLimited, SchemaMismatch, Unauthorized
 from hearthnet.frames import Frame
 from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulid
+from hearthnet.membership import Membership
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.replay import ReplayCache
 from hearthnet.tokens import CapabilityToken, Scope
@@ -55,10 +56,8 @@ class Anchored:
 def setup(limits: LimitsSection | None = None) -> tuple[Bus, Authenticator, MetricsRegistry]:
     """A bus with echo, echo.stream, broken and admin, and MEMBER in the community."""
     view = Membership(NODE.node_id)
-    view.add(
-        MembershipRecord.create(NODE, "community.created", NODE.node_id, NODE.node_id, now_ms=1)
-    )
-    view.add(MembershipRecord.create(NODE, "member.added", NODE.node_id, MEMBER.node_id, now_ms=2))
+    view.add(view.sign(NODE, "community.created", NODE.node_id, now_ms=1))
+    view.add(view.sign(NODE, "member.added", MEMBER.node_id, now_ms=2))
     reg = CapabilityRegistry()
     for cap in (Echo(), EchoStream(), Broken(), Anchored()):
         reg.register(cap)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hearthnet.community import CommunityStore, Level, MembershipRecord
+from hearthnet.community import CommunityStore, Level
 from hearthnet.identity import load_or_create_keys
+from hearthnet.membership import Membership
 from tests.chaos.netns import HostProcess, Lab
 
 
@@ -16,19 +17,12 @@ def prepare_community(root: Path, lab: Lab, name: str = "lab") -> None:
     written offline: no invite, no bootstrap URL, nothing that tells a node where others are."""
     keys = [load_or_create_keys(root / h.name) for h in lab.hosts]
     founder = keys[0]
-    records = [
-        MembershipRecord.create(
-            founder, "community.created", founder.node_id, founder.node_id, now_ms=1, name=name
-        )
-    ]
-    records += [
-        MembershipRecord.create(
-            founder, "member.added", founder.node_id, k.node_id, now_ms=2 + i, level=Level.MEMBER
-        )
-        for i, k in enumerate(keys[1:])
-    ]
+    view = Membership(founder.node_id)
+    view.add(view.sign(founder, "community.created", founder.node_id, now_ms=1, name=name))
+    for i, k in enumerate(keys[1:]):
+        view.add(view.sign(founder, "member.added", k.node_id, now_ms=2 + i, level=Level.MEMBER))
     for host in lab.hosts:
-        CommunityStore(root / host.name).replace(records)
+        CommunityStore(root / host.name).replace(list(view.records.values()))
 
 
 def start_nodes(

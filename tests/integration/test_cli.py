@@ -19,6 +19,7 @@ from hearthnet.errors import Revoked
 from hearthnet.identity import load_or_create_keys
 from hearthnet.tokens import CapabilityToken
 from tests.helpers import NodeProcess, hearthnet_cmd, run_cli, start_node_process
+from tests.integration.mesh_cluster import MESH_ARGS, invite
 
 
 @pytest.fixture
@@ -278,3 +279,62 @@ async def test_token_revoke_ends_the_tokens_sessions_and_requests(node_proc: Nod
         ] == []
     assert revoked.returncode == 0, revoked.stderr
     assert json.loads(revoked.stdout)["revoked"] == CapabilityToken.decode(doomed).jti
+
+
+def test_anchor_only_commands_on_a_member_node_are_forbidden(tmp_path: Path) -> None:
+    """Finding 6: on a plain member's node, `community rules` and `community revoke` are
+    refused by the node (forbidden, spec §1.5); the CLI says so and exits 1, and the
+    anchor's node never hears of them."""
+    anchor = start_node_process(tmp_path / "a", *MESH_ARGS)
+    try:
+        member = start_node_process(
+            tmp_path / "m", *MESH_ARGS, "--join", invite(tmp_path / "a", anchor.url)
+        )
+        try:
+            rules_file = tmp_path / "rules.toml"
+            rules_file.write_text(
+                '[[pubsub.rules]]\npattern = "**"\nsubscribe = "any"\npublish = "any"\n'
+            )
+            m = str(member.data_dir)
+            rules = run_cli("community", "rules", str(rules_file), "--data-dir", m)
+            revoke = run_cli("community", "revoke", anchor.fields["node"], "--data-dir", m)
+            rotate = run_cli("topic", "rotate", "chat.**", "--data-dir", m)
+            records_on_member = len(
+                (member.data_dir / "community" / "records.jsonl").read_text().splitlines()
+            )
+        finally:
+            member.stop()
+        shown = json.loads(run_cli("community", "show", "--data-dir", str(anchor.data_dir)).stdout)
+    finally:
+        anchor.stop()
+    assert [(1, True)] * 3 == [
+        (p.returncode, "forbidden" in p.stderr) for p in (rules, revoke, rotate)
+    ], (rules.stderr, revoke.stderr, rotate.stderr)
+    assert ("", "", None, [], 2) == (
+        rules.stdout,
+        revoke.stdout,
+        shown["pubsub_rules"],
+        shown["revoked"],
+        records_on_member,
+    )
+
+
+async def test_topic_rotate_voids_tokens_issued_before(node_proc: NodeProcess) -> None:
+    """`topic rotate PATTERN` on an anchor: a token for those topics issued before is
+    refused (revoked) from then on; one issued after, or for other topics, still works."""
+    d = str(node_proc.data_dir)
+    old, other = (
+        run_cli("token", "issue", "--scope", scope, "--data-dir", d).stdout.strip()
+        for scope in ("sub:rot.**", "sub:keep.**")
+    )
+    rotated = run_cli("topic", "rotate", "rot.**", "--data-dir", d)
+    fresh = run_cli("token", "issue", "--scope", "sub:rot.**", "--data-dir", d).stdout.strip()
+    outcomes = []
+    for token, topic in ((old, "rot.a"), (fresh, "rot.a"), (other, "keep.a")):
+        async with Client(node_proc.url, token=token) as client:
+            try:
+                await client.request_json("GET", f"/pubsub/v1/topics/{topic}/history")
+                outcomes.append("ok")
+            except Revoked as exc:
+                outcomes.append(exc.code)
+    assert (0, ["revoked", "ok", "ok"]) == (rotated.returncode, outcomes), rotated.stderr

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from hearthnet.community import Level, Membership, MembershipRecord
+from hearthnet.community import Level, MembershipRecord
 from hearthnet.errors import Expired, InvalidSignature, Revoked, Unauthorized
 from hearthnet.identity import KeyPair
+from hearthnet.membership import Membership, Source
 from hearthnet.mesh.admission import Invite, admit, join_request
 
 FOUNDER = KeyPair.from_seed(b"\x81" * 32)
@@ -15,17 +16,15 @@ NEW = KeyPair.from_seed(b"\x83" * 32)
 NOW = 1_763_800_000_000
 
 
+BASE = Membership(FOUNDER.node_id)
+BASE.add(BASE.sign(FOUNDER, "community.created", FOUNDER.node_id, now_ms=1))
+BASE.add(BASE.sign(FOUNDER, "member.added", MEMBER.node_id, now_ms=2))
+
+
 def view(*extra: MembershipRecord) -> Membership:
     """The founder's community with MEMBER at member level."""
     m = Membership(FOUNDER.node_id)
-    m.add(
-        MembershipRecord.create(
-            FOUNDER, "community.created", FOUNDER.node_id, FOUNDER.node_id, now_ms=1
-        )
-    )
-    m.add(
-        MembershipRecord.create(FOUNDER, "member.added", FOUNDER.node_id, MEMBER.node_id, now_ms=2)
-    )
+    m.add_all(list(BASE.records.values()), Source.STORE)
     for r in extra:
         m.add(r)
     return m
@@ -67,8 +66,8 @@ def test_an_invite_works_once_mesh_wide() -> None:
     """A second member.added with the same invite nonce is ignored by every fold."""
     first = admit(FOUNDER, view(), join_request(NEW, invite(), name="a", now_ms=NOW), NOW)
     other = KeyPair.generate()
-    sneaky = MembershipRecord.create(
-        FOUNDER, "member.added", FOUNDER.node_id, other.node_id, now_ms=NOW + 1, invite="nonce-0001"
+    sneaky = view(first).sign(
+        FOUNDER, "member.added", other.node_id, now_ms=NOW + 1, invite="nonce-0001"
     )
     folded = view(first, sneaky)
     with pytest.raises(Unauthorized):
@@ -103,11 +102,7 @@ def test_refusals(case: str, error: type[Exception]) -> None:
     if case == "wrong key signs":
         request["sig"] = MEMBER.sign_object({k: v for k, v in request.items() if k != "sig"})
     if case == "revoked joiner":
-        extra.append(
-            MembershipRecord.create(
-                FOUNDER, "member.revoked", FOUNDER.node_id, NEW.node_id, now_ms=3
-            )
-        )
+        extra.append(view().sign(FOUNDER, "member.revoked", NEW.node_id, now_ms=3))
     with pytest.raises(error):
         admit(FOUNDER, view(*extra), request, NOW)
 

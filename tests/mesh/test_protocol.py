@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from hearthnet.community import Membership, MembershipRecord
 from hearthnet.errors import (
     BadRequest,
     Expired,
@@ -16,6 +15,7 @@ from hearthnet.errors import (
     WireError,
 )
 from hearthnet.identity import KeyPair
+from hearthnet.membership import Membership
 from hearthnet.mesh.protocol import (
     TRANSITIONS,
     Handshake,
@@ -37,11 +37,11 @@ NOW = 1_763_800_000_000
 def community(*members: KeyPair, revoked: tuple[KeyPair, ...] = ()) -> Membership:
     """A's community with the given members."""
     view = Membership(A.node_id)
-    view.add(MembershipRecord.create(A, "community.created", A.node_id, A.node_id, now_ms=1))
+    view.add(view.sign(A, "community.created", A.node_id, now_ms=1))
     for i, m in enumerate(members):
-        view.add(MembershipRecord.create(A, "member.added", A.node_id, m.node_id, now_ms=2 + i))
+        view.add(view.sign(A, "member.added", m.node_id, now_ms=2 + i))
     for i, r in enumerate(revoked):
-        view.add(MembershipRecord.create(A, "member.revoked", A.node_id, r.node_id, now_ms=50 + i))
+        view.add(view.sign(A, "member.revoked", r.node_id, now_ms=50 + i))
     return view
 
 
@@ -116,7 +116,7 @@ def test_non_members_and_revoked_are_refused(
 def test_other_community_refused() -> None:
     """A member of another community cannot link."""
     other = Membership(C.node_id)
-    other.add(MembershipRecord.create(C, "community.created", C.node_id, C.node_id, now_ms=1))
+    other.add(other.sign(C, "community.created", C.node_id, now_ms=1))
     dialer = Handshake(C, other, True, NOW)
     with pytest.raises(Unauthorized):
         Handshake(A, community(), False, NOW).receive(decode_frame(dialer.start()), NOW)

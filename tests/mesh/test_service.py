@@ -15,10 +15,10 @@ import pytest
 from hearthnet.bus.descriptor import CapabilityDescriptor
 from hearthnet.client import Client
 from hearthnet.clock import now_ms
-from hearthnet.community import Membership, MembershipRecord
 from hearthnet.errors import Revoked
 from hearthnet.frames import Frame
 from hearthnet.identity import KeyPair
+from hearthnet.membership import Membership
 from hearthnet.mesh.heartlog import day_of
 from hearthnet.mesh.links import run_handshake
 from hearthnet.mesh.protocol import SUBPROTOCOL, Handshake, LinkState
@@ -96,9 +96,7 @@ async def test_a_revoked_dialer_is_told_so(node: Node) -> None:
     """A revoked member dials: the acceptor's bye reaches the dialer as Revoked."""
     keys = KeyPair.from_seed(b"\x73" * 32)
     node.add_member(keys.node_id)
-    revocation = MembershipRecord.create(
-        node.keys, "member.revoked", node.keys.node_id, keys.node_id, now_ms=now_ms()
-    )
+    revocation = node.membership.sign(node.keys, "member.revoked", keys.node_id, now_ms=now_ms())
     assert node.apply_membership(revocation)
     view = Membership(node.membership.community_id)
     for record in node.membership.records.values():
