@@ -1,0 +1,274 @@
+"""Fuzzing the HTTP edges of a live node: bus calls, publish, history, subscribe query
+strings, the other GET routes and raw request heads (spec §2.2, §2.4, §2.5, §6.4, §6.5).
+
+Every answer must be a success or a JSON error from the closed set of spec §2.4, and
+after every input the node must be alive, answer a signed echo@1.0 and hold nothing an
+unauthorised sender tried to store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from hypothesis import given
+from hypothesis import strategies as st
+from yarl import URL
+
+from tests.fuzz.budget import budget
+from tests.fuzz.live import TOKEN_PREFIX, LiveNode
+from tests.fuzz.oracle import check_http
+from tests.fuzz.strategies import (
+    edge_ints,
+    good_topics,
+    header_names,
+    header_values,
+    json_text,
+    json_values,
+    nested,
+    odd_text,
+    query_values,
+    representable,
+    surrogate_text,
+    topics,
+)
+
+# Values a signed body may carry and the node must echo exactly, and values it must
+# refuse as bad_request at the edge (spec §2.5) before anything else happens.
+hostile_values = st.one_of(
+    json_values(),
+    json_values(st.one_of(edge_ints, st.sampled_from([1e20, 2.0**60, float("nan")]))),
+    st.sampled_from([float("nan"), float("inf"), -float("inf"), 10**30, 2**64 - 1]),
+    surrogate_text,
+)
+
+
+def call(live: LiveNode, value: Any, *, extra: dict[str, Any] | None = None) -> tuple[int, Any]:
+    """A call to echo@1.0 by the anchor with ``{"input": value}``, signed when JCS can
+    sign it (otherwise signed over a stand-in, as a client with a broken encoder would)."""
+    body = {"input": value, **(extra or {})}
+    envelope = live.call_envelope(live.anchor, body)
+    signable = representable(envelope)
+    signature = live.anchor.sign_object(
+        envelope if signable else live.call_envelope(live.anchor, {"input": None})
+    )
+    return live.run(
+        live.request(
+            "POST",
+            "/bus/v1/call",
+            data=json_text(body),
+            headers=live.call_headers(envelope, signature),
+        )
+    )
+
+
+@budget(120)
+@given(value=hostile_values)
+def test_signed_call_bodies(live: LiveNode, value: Any) -> None:
+    """A signed echo@1.0 echoes what JCS can represent and refuses the rest as bad_request."""
+    live.ensure_running()
+    status, answer = call(live, value)
+    live.check("http call body")
+    if representable({"input": value}):
+        assert (200, {"echo": value}) == (status, answer["output"])
+    else:
+        assert (400, "bad_request") == (status, answer["error"])
+
+
+@budget(10)
+@given(depth=st.integers(min_value=65, max_value=20_000))
+def test_deep_call_bodies(live: LiveNode, depth: int) -> None:
+    """A call body nested deeper than 64 is bad_request (spec §2.5)."""
+    live.ensure_running()
+    status, answer = call(live, nested(depth))
+    live.check("http call nesting")
+    assert (400, "bad_request") == (status, answer.get("error"))
+
+
+@budget(20)
+@given(field=odd_text.filter(lambda f: f not in ("input", "params")), value=json_values())
+def test_unknown_call_body_fields(live: LiveNode, field: str, value: Any) -> None:
+    """A call body field other than params and input is bad_request naming the field."""
+    live.ensure_running()
+    status, answer = call(live, 1, extra={field: value})
+    live.check("http call body field")
+    assert (400, "bad_request", True) == (
+        status,
+        answer["error"],
+        field in answer["message"] or repr(field) in answer["message"],
+    ), answer
+
+
+@budget(80)
+@given(
+    mutations=st.lists(
+        st.tuples(header_names, st.one_of(st.none(), header_values)), min_size=1, max_size=4
+    ),
+    body=st.one_of(st.binary(max_size=64), json_values().map(json_text)),
+    signer=st.sampled_from(["anchor", "member", "stranger"]),
+)
+def test_call_headers(
+    live: LiveNode, mutations: list[tuple[str, str | None]], body: bytes, signer: str
+) -> None:
+    """Signed call headers with some removed or replaced and any body: a JSON answer."""
+    live.ensure_running()
+    keys = {"anchor": live.anchor, "member": live.member, "stranger": live.stranger}[signer]
+    envelope = live.call_envelope(keys, {"input": 1})
+    headers = live.call_headers(envelope, keys.sign_object(envelope))
+    for name, value in mutations:
+        if value is None:
+            headers.pop(name, None)
+        else:
+            headers[name] = value
+    live.run(live.request("POST", "/bus/v1/call", data=body, headers=headers))
+    live.check("http call headers")
+
+
+def publish_path(topic: str) -> str:
+    """The publish route for ``topic``, percent-encoded."""
+    return f"/pubsub/v1/topics/{quote(topic, safe='')}/messages"
+
+
+@budget(120)
+@given(
+    sender=st.sampled_from(["member", "token", "stranger", "none"]),
+    topic=st.one_of(topics, good_topics.map(lambda t: f"{TOKEN_PREFIX}.{t}")),
+    body=st.fixed_dictionaries(
+        {"data": hostile_values},
+        optional={
+            "type": st.one_of(odd_text, st.sampled_from(["m", "token", ""]), json_values()),
+            "ttl_s": st.one_of(st.integers(), json_values()),
+        },
+    ),
+)
+def test_publish(live: LiveNode, sender: str, topic: str, body: dict[str, Any]) -> None:
+    """HTTP publish: strangers store nothing; data JCS cannot sign is bad_request."""
+    live.ensure_running()
+    path = publish_path(topic)
+    raw = json_text(body)
+    headers = {"Content-Type": "application/json"}
+    if sender == "token":
+        headers["X-HearthNet-Token"] = live.token
+        if topic.startswith(TOKEN_PREFIX + "."):
+            live.allowed_topics.add(topic)
+    elif sender in ("member", "stranger"):
+        keys = live.member if sender == "member" else live.stranger
+        signable = representable(body)
+        headers.update(live.signed_headers(keys, "POST", path, body if signable else None))
+        if sender == "member":
+            live.allowed_topics.add(topic)
+    status, answer = live.run(live.request("POST", path, data=raw, headers=headers))
+    live.check("http publish")
+    if sender in ("stranger", "none"):
+        assert status in (400, 401, 403, 413), (status, answer)
+    elif not representable(body["data"]):
+        # spec §2.5: refused at the edge, whoever may publish where
+        assert (400, "bad_request") == (status, answer["error"])
+
+
+history_params = st.dictionaries(
+    st.sampled_from(["since_seq", "since_ts", "before_seq", "limit", "x", "token"]),
+    query_values,
+    max_size=4,
+)
+subscribe_params = st.dictionaries(
+    st.sampled_from(["topics", "since_seq", "timeout_s", "last", "token", "x"]),
+    st.one_of(query_values, st.lists(st.one_of(topics, st.just("**")), max_size=3).map(",".join)),
+    max_size=4,
+)
+
+
+def _no_wait(params: dict[str, str]) -> dict[str, str]:
+    """Keep long-polls short: a timeout that would make the node wait becomes 0."""
+    raw = params.get("timeout_s")
+    if raw is not None and raw.strip().isdigit():
+        params["timeout_s"] = "0"
+    return params
+
+
+@budget(80)
+@given(
+    route=st.sampled_from(["history", "presence", "subscribe", "sse", "topics"]),
+    topic=topics,
+    hparams=history_params,
+    sparams=subscribe_params,
+    sender=st.sampled_from(["member", "token", "query-token", "stranger", "none"]),
+    last_event_id=st.one_of(st.none(), header_values),
+)
+def test_query_strings(
+    live: LiveNode,
+    route: str,
+    topic: str,
+    hparams: dict[str, str],
+    sparams: dict[str, str],
+    sender: str,
+    last_event_id: str | None,
+) -> None:
+    """History, presence, topics, long-poll and SSE with hostile query strings."""
+    live.ensure_running()
+    base = {
+        "history": f"/pubsub/v1/topics/{quote(topic, safe='')}/history",
+        "presence": f"/pubsub/v1/topics/{quote(topic, safe='')}/presence",
+        "subscribe": "/pubsub/v1/subscribe",
+        "sse": "/pubsub/v1/subscribe",
+        "topics": "/pubsub/v1/topics",
+    }[route]
+    params = hparams if route in ("history", "presence", "topics") else _no_wait(sparams)
+    if sender == "query-token":
+        params = {**params, "token": live.token}
+    path = base + ("?" + urlencode(params, safe="*,") if params else "")
+    headers: dict[str, str] = {}
+    if route == "sse":
+        headers["Accept"] = "text/event-stream"
+    if last_event_id is not None:
+        headers["Last-Event-ID"] = last_event_id
+    if sender == "token":
+        headers["X-HearthNet-Token"] = live.token
+    elif sender in ("member", "stranger"):
+        keys = live.member if sender == "member" else live.stranger
+        headers.update(live.signed_headers(keys, "GET", path, None))
+    live.run(_get_first(live, path, headers))
+    live.check(f"http {route} query")
+
+
+async def _get_first(live: LiveNode, path: str, headers: dict[str, str]) -> None:
+    """GET ``path``; an SSE stream is checked on its head and first bytes, then closed."""
+    async with asyncio.timeout(10):
+        async with live.session.get(URL(live.url + path, encoded=True), headers=headers) as resp:
+            if resp.content_type == "text/event-stream" and resp.status == 200:
+                first = await resp.content.readline()
+                assert first.startswith((b"event:", b":", b"id:", b"retry:")), first
+                return
+            check_http(resp.status, resp.content_type, await resp.read(), f"GET {path}")
+
+
+@budget(60)
+@given(
+    route=st.sampled_from(
+        [
+            "/manifest",
+            "/health",
+            "/ready",
+            "/metrics",
+            "/status",
+            "/",
+            "/bus/v1/capabilities",
+            "/mesh/v1/peers",
+            "/bus/v1/call",
+            "/mesh/v1/peer",
+            "/mesh/v1/membership",
+            "/nothing/here",
+        ]
+    ),
+    suffix=st.one_of(st.just(""), st.text(max_size=20).map(lambda s: quote(s, safe="/?&=%"))),
+    method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]),
+    body=st.one_of(st.none(), st.binary(max_size=32)),
+)
+def test_other_routes(
+    live: LiveNode, route: str, suffix: str, method: str, body: bytes | None
+) -> None:
+    """Any method on any route, with junk appended: a success or a JSON error."""
+    live.ensure_running()
+    live.run(live.request(method, route + suffix, data=body))
+    live.check("http other routes")
