@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Coroutine
@@ -263,7 +264,14 @@ class LiveNode:
         assert self.proc is not None
         if self.proc.proc.poll() is not None:
             raise NodeDied(f"the node process exited ({self.proc.proc.returncode}) after {edge}")
-        self.run(self._check_live(edge))
+        try:
+            self.run(self._check_live(edge))
+        except aiohttp.ClientConnectionError as exc:
+            try:
+                code = self.proc.proc.wait(ECHO_DEADLINE_S)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"the node refused a connection after {edge}") from exc
+            raise NodeDied(f"the node process exited ({code}) after {edge}") from exc
         stored = {json.loads(line)["id"] for line in self._record_lines()}
         assert set() == stored - self.own_records, f"records stored from others after {edge}"
 
