@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.fuzz.live import LiveNode, live_node
+# Helpers whose asserts should explain themselves like a test's.
+pytest.register_assert_rewrite("tests.fuzz.live", "tests.fuzz.oracle")
+
+from tests.fuzz.live import LiveNode, live_node  # noqa: E402
 
 # Inputs run in this session, per edge, summed over modules (for the terminal summary).
 INPUTS: Counter[str] = Counter()

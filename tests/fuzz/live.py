@@ -24,7 +24,7 @@ from yarl import URL
 
 from hearthnet.bus.envelope import request_envelope
 from hearthnet.clock import now_ms
-from hearthnet.community import Level, MembershipRecord
+from hearthnet.community import CommunityStore, Level, MembershipRecord, open_membership
 from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.ids import new_ulid
 from hearthnet.tokens import CapabilityToken, Scope
@@ -67,6 +67,9 @@ class LiveNode:
         self.allowed_topics: set[str] = set()
         # Ids of the membership records the fuzzer signed as the anchor (legitimately).
         self.own_records: set[str] = set()
+        # The membership the node must show: only the fuzzer's own records change it.
+        self.expected_members: dict[str, Level] = {}
+        self.expected_revoked: set[str] = set()
 
     # --- process --------------------------------------------------------------------
 
@@ -81,6 +84,8 @@ class LiveNode:
         self.community = self.anchor.node_id
         self.allowed_topics = set()
         self.own_records = {json.loads(line)["id"] for line in self._record_lines()}
+        self.expected_members = {self.anchor.node_id: Level.ANCHOR}
+        self.expected_revoked = set()
         if self.http is None:
             self.http = self.run(self._session())
         self.add_record(
@@ -94,6 +99,7 @@ class LiveNode:
                 name="fuzz-member",
             )
         )
+        self.expected_members[self.member.node_id] = Level.MEMBER
         self.token = CapabilityToken.issue(
             self.member,
             community=self.community,
@@ -249,6 +255,10 @@ class LiveNode:
 
     # --- invariants -----------------------------------------------------------------
 
+    def stored_record_ids(self) -> set[str]:
+        """Ids of the records in ``records.jsonl``."""
+        return {json.loads(line)["id"] for line in self._record_lines()}
+
     def _record_lines(self) -> list[str]:
         path = self.data_dir / "community" / "records.jsonl"
         if not path.exists():
@@ -272,8 +282,30 @@ class LiveNode:
             except subprocess.TimeoutExpired:
                 raise AssertionError(f"the node refused a connection after {edge}") from exc
             raise NodeDied(f"the node process exited ({code}) after {edge}") from exc
-        stored = {json.loads(line)["id"] for line in self._record_lines()}
-        assert set() == stored - self.own_records, f"records stored from others after {edge}"
+        self.check_membership(edge)
+
+    def check_membership(self, edge: str) -> None:
+        """Stored records come from the fuzzer or its members (spec §1.5: a node does not
+        store records from strangers), and only the fuzzer's own records changed who is
+        a member at which level, and who is revoked."""
+        store = CommunityStore(self.data_dir)
+        signers = {self.anchor.node_id, self.member.node_id}
+        foreign = [
+            r.to_json()
+            for r in store.load()
+            if r.id not in self.own_records and r.by not in signers
+        ]
+        view = open_membership(store, self.anchor, name="", now_ms=now_ms())
+        expected = (self.expected_members, self.expected_revoked)
+        actual = ({node: info.level for node, info in view.members.items()}, view.revoked)
+        # A violation is reported once: the next inputs are judged against the node as it
+        # now is, so one stored record does not fail every test after it.
+        self.own_records |= {r["id"] for r in foreign}
+        self.expected_members, self.expected_revoked = dict(actual[0]), set(actual[1])
+        assert ([], expected) == (foreign, actual), (
+            f"after {edge}: records stored from strangers {foreign}; "
+            f"membership (members, revoked) expected {expected}, now {actual}"
+        )
 
     async def _check_live(self, edge: str) -> None:
         body = {"input": {"alive": edge}}
@@ -299,7 +331,9 @@ class LiveNode:
             "GET", path, headers=self.signed_headers(self.anchor, "GET", path, None)
         )
         names = {t["topic"] for t in listing["topics"]}
-        assert set() == names - self.allowed_topics, f"topics created without right ({edge})"
+        unauthorised = names - self.allowed_topics
+        self.allowed_topics |= unauthorised  # reported once (see check_membership)
+        assert set() == unauthorised, f"topics created without right ({edge})"
 
 
 @contextlib.contextmanager
