@@ -9,6 +9,7 @@ unauthorised sender tried to store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -272,3 +273,84 @@ def test_other_routes(
     live.ensure_running()
     live.run(live.request(method, route + suffix, data=body))
     live.check("http other routes")
+
+
+# --- raw request heads ---------------------------------------------------------------
+
+header_line_bytes = st.one_of(
+    st.builds(
+        lambda name, value: name + b": " + value,
+        st.sampled_from(
+            [b"X-HearthNet-Timestamp", b"Content-Length", b"Transfer-Encoding", b"Host", b"X"]
+        ),
+        st.one_of(st.binary(max_size=24).map(lambda b: b.replace(b"\r\n", b"")), st.just(b"")),
+    ),
+    st.binary(min_size=1, max_size=40).filter(lambda b: b"\r\n" not in b),
+    st.sampled_from(
+        [b" folded", b"\tfolded", b":", b"NoColon", b"Content-Length: -1", b"Content-Length: 1e3"]
+    ),
+)
+request_lines = st.one_of(
+    st.sampled_from(
+        [
+            b"POST /bus/v1/call HTTP/1.1",
+            b"GET /manifest HTTP/1.1",
+            b"GET /pubsub/v1/subscribe?topics=a HTTP/1.1",
+            b"GET / HTTP/1.0",
+            b"GET /manifest HTTP/2.0",
+            b"BREW /manifest HTTP/1.1",
+            b"GET manifest HTTP/1.1",
+            b"GET /%ff%fe HTTP/1.1",
+            b"GET /" + b"a" * 9000 + b" HTTP/1.1",
+        ]
+    ),
+    st.binary(min_size=1, max_size=40).filter(lambda b: b"\r\n" not in b),
+)
+
+
+async def raw_exchange(live: LiveNode, head: bytes, body: bytes) -> tuple[int, bytes, bytes]:
+    """Send one raw request, read the whole answer (the node closes or answers within the
+    deadline); (status, content type, body)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", live.port)
+    try:
+        writer.write(head + body)
+        await writer.drain()
+        async with asyncio.timeout(10):
+            status_line = await reader.readline()
+            if not status_line:
+                return 0, b"", b""  # closed without an answer: allowed for garbage
+            headers: dict[bytes, bytes] = {}
+            while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                name, _, value = line.partition(b":")
+                headers[name.strip().lower()] = value.strip()
+            length = int(headers.get(b"content-length", b"0") or 0)
+            answer = await reader.readexactly(length) if length else b""
+        return int(status_line.split()[1]), headers.get(b"content-type", b""), answer
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+@budget(60)
+@given(
+    line=request_lines,
+    lines=st.lists(header_line_bytes, max_size=8),
+    many=st.sampled_from([0, 0, 0, 120, 1000]),
+    big=st.sampled_from([0, 0, 0, 17 * 1024]),
+    body=st.binary(max_size=32),
+)
+def test_raw_request_heads(
+    live: LiveNode, line: bytes, lines: list[bytes], many: int, big: int, body: bytes
+) -> None:
+    """Malformed request heads, many headers, oversized headers: a JSON error, not text."""
+    live.ensure_running()
+    filler = [b"X-Fill-%d: 1" % i for i in range(many)]
+    if big:
+        filler.append(b"X-Big: " + b"b" * big)
+    head = b"\r\n".join([line, b"Host: 127.0.0.1", *lines, *filler, b"Connection: close"])
+    status, content_type, answer = live.run(raw_exchange(live, head + b"\r\n\r\n", body))
+    live.check("http raw heads")
+    if status:
+        ctype = content_type.split(b";")[0].decode("latin-1")
+        check_http(status, ctype, answer, f"raw {line[:40]!r}")
