@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import subprocess
 import time
@@ -35,6 +36,7 @@ T = TypeVar("T")
 
 # A signed echo@1.0 must come back within this after any input (the liveness invariant).
 ECHO_DEADLINE_S = 5.0
+LARGE_BODY = 512 * 1024
 # The token the fuzzer holds may publish and subscribe only here, and call echo.
 TOKEN_PREFIX = "fuzz.tok"
 MEMBER_SEED = b"\x4d" * 32
@@ -232,8 +234,12 @@ class LiveNode:
     ) -> tuple[int, Any]:
         """One HTTP exchange checked by the oracle; (status, JSON body or None)."""
         url = URL(self.url + path, encoded=True)
+        # aiohttp warns that a large bytes body would block its loop; a stream does not.
+        payload: bytes | io.BytesIO | None = (
+            io.BytesIO(data) if data is not None and len(data) > LARGE_BODY else data
+        )
         async with self.session.request(
-            method, url, data=data, headers=headers, allow_redirects=False
+            method, url, data=payload, headers=headers, allow_redirects=False
         ) as resp:
             body = await resp.read()
             if method == "HEAD":  # no body by definition: the status and type must still fit

@@ -34,10 +34,11 @@ HTTP_STATUS = {
 EXTRA_STATUS = {("payload_too_large", 431)}
 # A fuzzer's input is never a reason for a bug report from the node.
 NEVER = {"internal_error"}
-# WebSocket close codes a node may use on hostile input: normal, going away, policy
-# (1008), too big (1009), and the application codes of spec §3.6 / §6.8 (4xxx).
+# WebSocket close codes a node may use on hostile input: normal, going away, unsupported
+# data (1003: binary on the JSON subprotocol, text on CBOR), policy (1008), too big
+# (1009), and the application codes of spec §3.6 / §6.8 (4xxx).
 # 1011 is "internal error" and never acceptable.
-CLOSE_CODES_OK = {1000, 1001, 1008, 1009} | set(range(4000, 5000))
+CLOSE_CODES_OK = {1000, 1001, 1003, 1008, 1009} | set(range(4000, 5000))
 
 
 def error_code(obj: object, where: str) -> str:
