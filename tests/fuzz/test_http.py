@@ -65,7 +65,7 @@ def call(live: LiveNode, value: Any, *, extra: dict[str, Any] | None = None) -> 
     )
 
 
-@budget(120)
+@budget(250)
 @given(value=hostile_values)
 def test_signed_call_bodies(live: LiveNode, value: Any) -> None:
     """A signed echo@1.0 echoes what JCS can represent and refuses the rest as bad_request."""
@@ -102,7 +102,7 @@ def test_unknown_call_body_fields(live: LiveNode, field: str, value: Any) -> Non
     ), answer
 
 
-@budget(80)
+@budget(160)
 @given(
     mutations=st.lists(
         st.tuples(header_names, st.one_of(st.none(), header_values)), min_size=1, max_size=4
@@ -132,7 +132,7 @@ def publish_path(topic: str) -> str:
     return f"/pubsub/v1/topics/{quote(topic, safe='')}/messages"
 
 
-@budget(120)
+@budget(250)
 @given(
     sender=st.sampled_from(["member", "token", "stranger", "none"]),
     topic=st.one_of(topics, good_topics.map(lambda t: f"{TOKEN_PREFIX}.{t}")),
@@ -189,7 +189,7 @@ def _no_wait(params: dict[str, str]) -> dict[str, str]:
     return params
 
 
-@budget(80)
+@budget(160)
 @given(
     route=st.sampled_from(["history", "presence", "subscribe", "sse", "topics"]),
     topic=topics,
@@ -245,7 +245,7 @@ async def _get_first(live: LiveNode, path: str, headers: dict[str, str]) -> None
             check_http(resp.status, resp.content_type, await resp.read(), f"GET {path}")
 
 
-@budget(60)
+@budget(120)
 @given(
     route=st.sampled_from(
         [
@@ -333,7 +333,7 @@ async def raw_exchange(live: LiveNode, head: bytes, body: bytes) -> tuple[int, b
             await writer.wait_closed()
 
 
-@budget(60)
+@budget(120)
 @given(
     line=request_lines,
     lines=st.lists(header_line_bytes, max_size=8),

@@ -136,7 +136,7 @@ def token_still_works(live: LiveNode) -> None:
     assert (200, {"echo": "token"}) == (status, answer["output"])
 
 
-@budget(150)
+@budget(300)
 @given(data=st.data())
 def test_signed_records(live: LiveNode, revokee: KeyPair, data: st.DataObject) -> None:
     """Validly signed records from strangers, members and revoked members change nothing."""
@@ -157,7 +157,7 @@ def test_signed_records(live: LiveNode, revokee: KeyPair, data: st.DataObject) -
     token_still_works(live)
 
 
-@budget(40)
+@budget(80)
 @given(
     body=st.one_of(
         json_values(),
@@ -202,7 +202,7 @@ def test_revoked_member_backdated_add(
     live.check("membership backdated")
 
 
-@budget(40)
+@budget(80)
 @given(
     inviter=st.sampled_from(["stranger", "member"]),
     level=st.sampled_from(list(Level)),

@@ -228,7 +228,7 @@ async def exchange(live: LiveNode, frames: list[Any], where: str) -> list[dict[s
     return await link.round_trip(where)
 
 
-@budget(150)
+@budget(300)
 @given(data=st.data())
 def test_link_frames(live: LiveNode, data: st.DataObject) -> None:
     """Batches of link frames from a member: answered, or the link closed, cleanly."""

@@ -210,7 +210,7 @@ def may_publish(live: LiveNode, sender: str, frame: Any) -> None:
             live.allowed_topics.add(topic)
 
 
-@budget(150)
+@budget(300)
 @given(
     sender=st.sampled_from(["member", "token", "stranger", "none"]),
     cbor=st.booleans(),
@@ -234,7 +234,7 @@ publish_data = st.one_of(
 )
 
 
-@budget(60)
+@budget(120)
 @given(
     cbor=st.booleans(),
     sender=st.sampled_from(["member", "token"]),
@@ -373,7 +373,7 @@ bus_client_frames = st.one_of(
 )
 
 
-@budget(80)
+@budget(160)
 @given(
     cbor=st.booleans(),
     sender=st.sampled_from(["member", "token", "stranger", "anchor"]),
