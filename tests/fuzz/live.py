@@ -74,6 +74,9 @@ class LiveNode:
         # The membership the node must show: only the fuzzer's own records change it.
         self.expected_members: dict[str, Level] = {}
         self.expected_revoked: set[str] = set()
+        # The same, as granted by the fuzzer's records alone (never re-baselined).
+        self.granted_members: dict[str, Level] = {}
+        self.granted_revoked: set[str] = set()
 
     # --- process --------------------------------------------------------------------
 
@@ -91,6 +94,8 @@ class LiveNode:
         self.own_records = {json.loads(line)["id"] for line in self._record_lines()}
         self.expected_members = {self.anchor.node_id: Level.ANCHOR}
         self.expected_revoked = set()
+        self.granted_members = {self.anchor.node_id: Level.ANCHOR}
+        self.granted_revoked = set()
         if self.http is None:
             self.http = self.run(self._session())
         self.add_record(
@@ -105,6 +110,7 @@ class LiveNode:
             )
         )
         self.expected_members[self.member.node_id] = Level.MEMBER
+        self.granted_members[self.member.node_id] = Level.MEMBER
         self.token = CapabilityToken.issue(
             self.member,
             community=self.community,
