@@ -11,9 +11,10 @@ the clock and the community and are checked by :mod:`hearthnet.auth`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from hearthnet.canonical import canonicalize
 from hearthnet.errors import BadRequest, InvalidSignature
@@ -172,7 +173,10 @@ class CapabilityToken:
         if len(text) > MAX_TOKEN_CHARS:
             raise InvalidSignature("token too long")
         try:
-            obj = json.loads(b64url_decode(text[len(TOKEN_PREFIX) :]))
+            # orjson, not json: the stdlib parser recurses per nesting level, so a token
+            # of nested brackets under the length cap raised RecursionError (a 500), and
+            # it accepts NaN and Infinity, which are not JSON.
+            obj = orjson.loads(b64url_decode(text[len(TOKEN_PREFIX) :]))
             return cls.from_json(obj)
         except (ValueError, BadRequest) as exc:
             raise InvalidSignature(f"malformed token: {exc}") from exc

@@ -11,12 +11,12 @@ second record with the same nonce, so an invite works once, mesh-wide.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 
 from hearthnet.canonical import canonicalize
 from hearthnet.clock import now_ms
@@ -142,7 +142,8 @@ class Invite:
         ):
             raise InvalidSignature("an invite starts with 'hn1:'")
         try:
-            return cls.from_json(json.loads(b64url_decode(text[len(INVITE_PREFIX) :])))
+            # orjson: the stdlib parser recurses per nesting level (see tokens.py).
+            return cls.from_json(orjson.loads(b64url_decode(text[len(INVITE_PREFIX) :])))
         except (ValueError, BadRequest) as exc:
             raise InvalidSignature(f"malformed invite: {exc}") from exc
 
