@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from yarl import URL
 
+from hearthnet.ids import b64url_encode
 from tests.fuzz.budget import budget
 from tests.fuzz.live import TOKEN_PREFIX, LiveNode
 from tests.fuzz.oracle import check_http
@@ -391,3 +392,52 @@ def test_size_limits(live: LiveNode, edge: str, delta: int) -> None:
     live.check(f"http size {edge}")
     expected = (200, None) if delta < 0 else (413, "payload_too_large")
     assert expected == (status, answer.get("error")), answer
+
+
+# --- forged tokens (spec §1.6) -----------------------------------------------------------
+
+token_payloads = st.one_of(
+    json_values().map(json_text),
+    st.fixed_dictionaries(
+        {
+            "iss": st.one_of(odd_text, st.just("ed25519:" + "A" * 43)),
+            "sub": st.one_of(odd_text, json_values()),
+            "community": odd_text,
+            "scopes": st.one_of(
+                st.lists(st.dictionaries(st.sampled_from(["pub", "sub", "call"]), odd_text)),
+                json_values(),
+            ),
+            "exp_ms": st.one_of(edge_ints, json_values()),
+            "jti": odd_text,
+            "sig": odd_text,
+        }
+    ).map(json_text),
+    st.integers(min_value=1, max_value=3000).map(lambda d: b"[" * d + b"]" * d),
+    st.binary(max_size=64),
+)
+
+
+@budget(120)
+@given(
+    payload=token_payloads,
+    route=st.sampled_from(["call", "history", "subscribe", "publish"]),
+)
+def test_forged_tokens(live: LiveNode, payload: bytes, route: str) -> None:
+    """A forged or malformed token is refused with invalid_signature on every route."""
+    live.ensure_running()
+    token = "hnt1:" + b64url_encode(payload)
+    headers = {"X-HearthNet-Token": token, "Content-Type": "application/json"}
+    if route == "call":
+        headers.update({"X-HearthNet-Capability": "echo", "X-HearthNet-Capability-Version": "1.0"})
+        method, path, body = "POST", "/bus/v1/call", b'{"input": 1}'
+    elif route == "publish":
+        method, path, body = "POST", publish_path("fuzz.forged"), b'{"type":"m","data":1}'
+    elif route == "history":
+        method, path, body = "GET", "/pubsub/v1/topics/fuzz.forged/history", None
+    else:
+        headers.pop("X-HearthNet-Token")
+        query = urlencode({"topics": "fuzz.forged", "timeout_s": "0", "token": token})
+        method, path, body = "GET", "/pubsub/v1/subscribe?" + query, None
+    status, answer = live.run(live.request(method, path, data=body, headers=headers))
+    live.check("http forged token")
+    assert status in (401, 413), answer  # invalid_signature; an over-long one may be 413
