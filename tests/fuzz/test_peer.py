@@ -45,6 +45,8 @@ from tests.fuzz.strategies import (
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
 
 PONG_DEADLINE_S = 5.0
+# A refused handshake ends at once; a node may wait this long for a missing hello.
+HANDSHAKE_S = 12.0
 # Codes a bye may carry besides spec §2.4's: a full node refers the dialer elsewhere.
 BYE_CODES = set(HTTP_STATUS) - {"internal_error"} | {"full"}
 
@@ -280,3 +282,69 @@ def test_membership_frames_from_strangers(
     record["sig"] = live.stranger.sign_object(record)
     live.run(exchange(live, [{"t": "membership", "records": [record]}], "peer membership"))
     live.check("peer membership")
+
+
+def hello(live: LiveNode, who: str, changes: dict[str, Any]) -> bytes:
+    """A first hello from ``who``, validly signed over its fields after ``changes``
+    (where JCS can sign them)."""
+    keys = {"member": live.member, "stranger": live.stranger, "anchor": live.anchor}[who]
+    body: dict[str, Any] = {
+        "node": keys.node_id,
+        "community": live.community,
+        "ts": now_ms(),
+        "nonce": new_ulid(),
+        "name": "fuzz",
+        "version": "",
+        **changes,
+    }
+    body.pop("sig", None)
+    body["sig"] = keys.sign_object(body) if representable(body) else "ed25519:AAAA"
+    return cbor_bytes({"t": "hello", **body})
+
+
+@budget(60)
+@given(
+    who=st.sampled_from(["member", "stranger", "anchor"]),
+    changes=st.dictionaries(
+        st.sampled_from(
+            ["node", "community", "ts", "nonce", "their_nonce", "url", "full", "name", "zzz"]
+        ),
+        st.one_of(odd_text, edge_ints, cbor_values()),
+        max_size=3,
+    ),
+    second=st.one_of(cbor_values(), st.just({"t": "hello"}), st.just({"t": "msg", "raw": b""})),
+)
+def test_handshakes(live: LiveNode, who: str, changes: dict[str, Any], second: Any) -> None:
+    """Hostile hellos (a stranger, the node's own key, wrong fields, a broken second
+    frame) end in a bye with a known code or a close; no link is made."""
+    live.ensure_running()
+
+    async def dial() -> list[dict[str, Any]]:
+        ws = await live.session.ws_connect(
+            live.url + "/mesh/v1/peer", protocols=(SUBPROTOCOL,), max_msg_size=MAX_FRAME_BYTES
+        )
+        link = Link(ws)
+        try:
+            await link.send(hello(live, who, changes))
+            await link.send(cbor_bytes(second))
+            got: list[dict[str, Any]] = []
+            async with asyncio.timeout(HANDSHAKE_S):
+                while (msg := await ws.receive()).type == aiohttp.WSMsgType.BINARY:
+                    frame = cbor2.loads(msg.data)
+                    got.append(frame)
+                    check_frame(frame, "peer handshake")
+            if msg.type == aiohttp.WSMsgType.CLOSE:
+                check_close(int(msg.data), "peer handshake")
+            return got
+        finally:
+            await ws.close()
+
+    got = live.run(dial())
+    live.check("peer handshake")
+    assert not got or "bye" == got[-1]["t"], got
+    path = "/mesh/v1/peers"
+    _, peers = live.run(
+        live.request("GET", path, headers=live.signed_headers(live.anchor, "GET", path, None))
+    )
+    linked = {p["node"] for p in peers["peers"] if p["linked"]}
+    assert live.stranger.node_id not in linked, peers

@@ -407,3 +407,42 @@ def test_bus_frames(
     live.check(edge, 1 + len(rest))
     ends = [f["event"] for f in got if f["event"] in ("done", "error")]
     assert len(ends) <= 1, got  # spec §2.4: exactly one done or error ends a stream
+
+
+auth_fields = st.dictionaries(
+    st.sampled_from(["identity", "ts", "nonce", "sig", "token", "window", "node", "zzz"]),
+    st.one_of(
+        odd_text,
+        edge_ints,
+        st.integers(-5, 70_000),
+        st.just("hnt1:" + "W1tb" * 1000),
+        json_values(),
+    ),
+    max_size=5,
+)
+
+
+@budget(80)
+@given(cbor=st.booleans(), fields=auth_fields, signer=st.sampled_from(["none", "stranger"]))
+def test_auth_frames(live: LiveNode, cbor: bool, fields: dict[str, Any], signer: str) -> None:
+    """A forged first frame on a pub/sub WebSocket gets auth.error and close 1008."""
+    live.ensure_running()
+    frame: dict[str, Any] = {"type": "auth"}
+    if signer == "stranger":
+        frame.update(live.ws_auth(live.stranger))
+    frame.update(fields)
+    edge = f"ws auth {'cbor' if cbor else 'json'}"
+
+    async def session() -> list[dict[str, Any]]:
+        ws = await live.session.ws_connect(
+            live.url + "/pubsub/v1/subscribe", protocols=(CBOR if cbor else JSON,)
+        )
+        try:
+            await send(ws, encode(frame, cbor))
+            return await drain(ws, cbor, edge, until=None)
+        finally:
+            await ws.close()
+
+    got = live.run(session())
+    live.check(edge)
+    assert ["auth.error"] == [f["event"] for f in got], got
