@@ -57,6 +57,8 @@ def check_http(status: int, content_type: str, body: bytes, where: str) -> Any:
     if status < 400:
         if content_type == "application/json":
             return orjson.loads(body)
+        if content_type == "text/event-stream":
+            check_sse_stream(body, where)
         return None
     assert "application/json" == content_type, (
         f"{where}: {status} error with content type {content_type!r}: {body[:200]!r}"
@@ -75,3 +77,23 @@ def check_http(status: int, content_type: str, body: bytes, where: str) -> Any:
 def check_close(code: int | None, where: str) -> None:
     """A WebSocket closed by the node must say why with an acceptable close code."""
     assert code in CLOSE_CODES_OK, f"{where}: closed with code {code}"
+
+
+def check_sse_stream(body: bytes, where: str) -> None:
+    """A whole bus SSE stream (spec §3.3, §2.4): events with one-line JSON data, errors
+    from the closed set, and exactly one final ``done`` or ``error``."""
+    events = []
+    for block in body.split(b"\n\n"):
+        fields = dict(
+            line.split(b": ", 1)
+            for line in block.split(b"\n")
+            if b": " in line and line[:1] != b":"
+        )
+        if b"event" not in fields:
+            continue
+        event, data = fields[b"event"].decode(), orjson.loads(fields.get(b"data", b"null"))
+        if event == "error":
+            error_code(data, where)
+        events.append(event)
+    ends = [e for e in events if e in ("done", "error")]
+    assert [events[-1]] == ends, f"{where}: a stream ends with one done or error: {events}"

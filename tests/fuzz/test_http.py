@@ -441,3 +441,25 @@ def test_forged_tokens(live: LiveNode, payload: bytes, route: str) -> None:
     status, answer = live.run(live.request(method, path, data=body, headers=headers))
     live.check("http forged token")
     assert status in (401, 413), answer  # invalid_signature; an over-long one may be 413
+
+
+@budget(60)
+@given(
+    cap=st.sampled_from(["echo.stream", "echo"]),
+    value=st.one_of(
+        st.fixed_dictionaries(
+            {"count": st.integers(-1, 4)},
+            optional={"size": st.integers(-1, 70_000), "interval_ms": st.integers(-1, 2)},
+        ),
+        json_values(),
+    ),
+)
+def test_sse_calls(live: LiveNode, cap: str, value: Any) -> None:
+    """Calls answered as SSE streams: well-formed events, one final done or error."""
+    live.ensure_running()
+    body = {"input": value}
+    envelope = live.call_envelope(live.member, body, cap=cap)
+    signature = live.member.sign_object(envelope) if representable(envelope) else "ed25519:AA"
+    headers = {**live.call_headers(envelope, signature), "Accept": "text/event-stream"}
+    live.run(live.request("POST", "/bus/v1/call", data=json_text(body), headers=headers))
+    live.check("http sse call")
