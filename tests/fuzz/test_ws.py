@@ -194,6 +194,12 @@ async def pubsub_session(
         assert sender in ("member", "token"), f"{where}: {sender} was let in"
         for item in batch:
             await send(ws, encode(item, cbor) if not isinstance(item, bytes | str) else item)
+            if isinstance(item, str if cbor else bytes):
+                # The wrong frame type ends the session (close 1003). Sending on after it
+                # races the node's close against our frames, and the node drops the TCP
+                # connection without waiting for our close, so the close frame can be
+                # lost to a reset (1006) - a finding of its own, not what this test is for.
+                return await drain(ws, cbor, where, until=None)
         await send(ws, encode({"type": "ping"}, cbor))
         return await drain(ws, cbor, where, until=expect | {"pong"}, refs=refs)
     finally:
