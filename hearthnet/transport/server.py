@@ -19,6 +19,7 @@ from typing import Any, Protocol, cast
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from hearthnet.errors import (
     BadRequest,
@@ -167,8 +168,9 @@ class ActiveStreams:
 
 
 def make_middleware(metrics: TransportMetrics, max_header_bytes: int) -> Any:
-    """The one middleware: header size limit, WireError -> JSON error, HTTP errors -> JSON,
-    crashes -> internal_error. (One layer: each aiohttp middleware costs every request.)"""
+    """The one middleware: header size limit, WireError -> JSON error, HTTP errors and
+    undecodable bodies -> JSON, crashes -> internal_error. (One layer: each aiohttp
+    middleware costs every request.)"""
 
     @web.middleware
     async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
@@ -191,6 +193,13 @@ def make_middleware(metrics: TransportMetrics, max_header_bytes: int) -> Any:
             return error_response(BadRequest(f"{request.method} not allowed on {request.path}"))
         except web.HTTPException:
             raise
+        except (web.RequestPayloadError, HttpProcessingError) as exc:
+            # request.read() raises these for a body aiohttp cannot decode: bytes that are
+            # not what their Content-Encoding says, a broken chunked body. The client's
+            # fault, not ours; the parser's own error is the reason.
+            metrics.refused.inc("bad_request", "http")
+            reason = getattr(exc.__cause__, "message", None) or getattr(exc, "message", "")
+            return error_response(BadRequest(f"the request body cannot be read: {reason}"))
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception:
