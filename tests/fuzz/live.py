@@ -149,7 +149,12 @@ class LiveNode:
 
     @staticmethod
     async def _session() -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        # A connection per request: after hostile input the node may close a keep-alive
+        # connection, and reusing it would fail the next (innocent) request.
+        return aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=30),
+            connector=aiohttp.TCPConnector(force_close=True),
+        )
 
     @property
     def session(self) -> aiohttp.ClientSession:
