@@ -463,3 +463,22 @@ def test_sse_calls(live: LiveNode, cap: str, value: Any) -> None:
     headers = {**live.call_headers(envelope, signature), "Accept": "text/event-stream"}
     live.run(live.request("POST", "/bus/v1/call", data=json_text(body), headers=headers))
     live.check("http sse call")
+
+
+@budget(40)
+@given(
+    encoding=st.sampled_from(["gzip", "deflate", "br", "identity", "zzz", "gzip, gzip", ""]),
+    path=st.sampled_from(
+        ["/bus/v1/call", "/mesh/v1/membership", "/mesh/v1/join", publish_path("fuzz.enc")]
+    ),
+    body=st.binary(max_size=64),
+)
+def test_content_encodings(live: LiveNode, encoding: str, path: str, body: bytes) -> None:
+    """Bodies that are not what their Content-Encoding says: a JSON error, never a 500."""
+    live.ensure_running()
+    headers = {"Content-Encoding": encoding, "Content-Type": "application/json"}
+    headers["X-HearthNet-Token"] = live.token
+    headers.update({"X-HearthNet-Capability": "echo", "X-HearthNet-Capability-Version": "1.0"})
+    live.allowed_topics.add("fuzz.enc")
+    live.run(live.request("POST", path, data=body, headers=headers))
+    live.check("http content encoding")
