@@ -5,6 +5,7 @@ floats, nesting deeper than 64, CBOR tags; §6.1 topics; odd unicode everywhere)
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import cbor2
@@ -118,6 +119,21 @@ def json_text(value: Any) -> bytes:
 
 
 # --- topics (spec §6.1) -----------------------------------------------------------------
+
+TOPIC_SEGMENT = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def publishable(topic: str) -> bool:
+    """A topic spec §6.1 allows a member to publish to: dot-separated segments of
+    ``[A-Za-z0-9_-]+``, at most 16 and 255 bytes, outside the nodes' ``mesh.`` prefix."""
+    parts = topic.split(".")
+    return (
+        len(parts) <= 16
+        and len(topic.encode()) <= 255
+        and all(TOPIC_SEGMENT.fullmatch(p) for p in parts)
+        and parts[0] != "mesh"
+    )
+
 
 segment = st.from_regex(r"[A-Za-z0-9_-]{1,12}", fullmatch=True)
 good_topics = st.lists(segment, min_size=1, max_size=5).map(".".join)

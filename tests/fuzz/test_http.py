@@ -31,6 +31,7 @@ from tests.fuzz.strategies import (
     json_values,
     nested,
     odd_text,
+    publishable,
     query_values,
     representable,
     surrogate_text,
@@ -165,9 +166,38 @@ def test_publish(live: LiveNode, sender: str, topic: str, body: dict[str, Any]) 
     live.check("http publish")
     if sender in ("stranger", "none"):
         assert status >= 400, (status, answer)
-    elif not representable(body["data"]):
-        # spec §2.5: refused at the edge, whoever may publish where
+    elif publishable(topic) and not representable(body["data"]):
+        # spec §2.5: refused at the edge
         assert (400, "bad_request") == (status, answer["error"])
+
+
+unsignable_values = st.one_of(
+    st.sampled_from([2**64 - 1, 2**53 + 1, -(2**63) - 1, 10**30, 1e20, 2.0**60]),
+    json_values(st.sampled_from([2**64 - 1, 10**30, 1e20])).filter(lambda v: not representable(v)),
+)
+
+
+@budget(30)
+@given(
+    sender=st.sampled_from(["token", "member"]),
+    topic=good_topics.map(lambda t: f"{TOKEN_PREFIX}.{t}"),
+    data=unsignable_values,
+)
+def test_publish_unsignable_data(live: LiveNode, sender: str, topic: str, data: Any) -> None:
+    """Publish data JCS cannot represent is bad_request at the edge (spec §2.5), from a
+    sender that may publish there; nothing is stored and the node lives."""
+    live.ensure_running()
+    path = publish_path(topic)
+    body = {"type": "m", "data": data}
+    headers = {"Content-Type": "application/json"}
+    if sender == "token":
+        headers["X-HearthNet-Token"] = live.token
+    else:
+        # The member signs what it can: the envelope with the data as it will be parsed.
+        headers.update(live.signed_headers(live.member, "POST", path, None))
+    status, answer = live.run(live.request("POST", path, data=json_text(body), headers=headers))
+    live.check("http publish unsignable")
+    assert (400, "bad_request") == (status, answer["error"])
 
 
 history_params = st.dictionaries(
