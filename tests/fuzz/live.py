@@ -144,8 +144,12 @@ class LiveNode:
                 self.runner.close()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run one coroutine on the module's loop."""
-        return self.runner.run(coro)
+        """Run one coroutine on the module's loop; a connection that broke is reported as
+        the node's death or as a dropped connection (see :meth:`why_no_answer`)."""
+        try:
+            return self.runner.run(coro)
+        except aiohttp.ClientConnectionError as exc:
+            raise self.why_no_answer(getattr(coro, "__qualname__", "an exchange")) from exc
 
     @staticmethod
     async def _session() -> aiohttp.ClientSession:
@@ -249,16 +253,29 @@ class LiveNode:
         payload: bytes | io.BytesIO | None = (
             io.BytesIO(data) if data is not None and len(data) > LARGE_BODY else data
         )
-        async with self.session.request(
-            method, url, data=payload, headers=headers, allow_redirects=False
-        ) as resp:
-            body = await resp.read()
-            if method == "HEAD":  # no body by definition: the status and type must still fit
-                assert resp.status != 500, f"HEAD {path}: 500"
-                return resp.status, None
-            return resp.status, check_http(
-                resp.status, resp.content_type, body, where or f"{method} {path}"
-            )
+        try:
+            async with self.session.request(
+                method, url, data=payload, headers=headers, allow_redirects=False
+            ) as resp:
+                body = await resp.read()
+        except aiohttp.ClientConnectionError as exc:
+            raise self.why_no_answer(f"{method} {path}") from exc
+        if method == "HEAD":  # no body by definition: the status and type must still fit
+            assert resp.status != 500, f"HEAD {path}: 500"
+            return resp.status, None
+        return resp.status, check_http(
+            resp.status, resp.content_type, body, where or f"{method} {path}"
+        )
+
+    def why_no_answer(self, what: str) -> AssertionError:
+        """The failure to report when ``what`` got no answer: the node died (it gets a
+        moment to exit), or it dropped the request without a word."""
+        assert self.proc is not None
+        try:
+            code = self.proc.proc.wait(ECHO_DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            return AssertionError(f"{what}: the node dropped the connection without an answer")
+        return NodeDied(f"the node process exited ({code}) on {what}")
 
     def add_record(self, record: MembershipRecord) -> None:
         """Submit a record signed by the anchor (the fuzzer's only legitimate records)."""
@@ -294,14 +311,7 @@ class LiveNode:
         assert self.proc is not None
         if self.proc.proc.poll() is not None:
             raise NodeDied(f"the node process exited ({self.proc.proc.returncode}) after {edge}")
-        try:
-            self.run(self._check_live(edge))
-        except aiohttp.ClientConnectionError as exc:
-            try:
-                code = self.proc.proc.wait(ECHO_DEADLINE_S)
-            except subprocess.TimeoutExpired:
-                raise AssertionError(f"the node refused a connection after {edge}") from exc
-            raise NodeDied(f"the node process exited ({code}) after {edge}") from exc
+        self.run(self._check_live(edge))
         self.check_membership(edge)
 
     def check_membership(self, edge: str) -> None:
