@@ -197,7 +197,7 @@ def test_sealed_frames_arrive_in_both_directions() -> None:
 def test_states_follow_the_table() -> None:
     """The session moves IDLE -> HELLO_SENT -> ESTABLISHED; IDLE cannot be re-entered."""
     a, _ = established()
-    assert (SessionState.ESTABLISHED, frozenset()) == (
+    assert (SessionState.ESTABLISHED, set()) == (
         a.state,
         {SessionState.IDLE} & TRANSITIONS[SessionState.ESTABLISHED],
     )
