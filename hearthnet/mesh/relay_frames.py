@@ -19,7 +19,7 @@ like the frames of :mod:`hearthnet.mesh.protocol`. Three layers::
       candidates {nonce, addrs}                     addresses to punch, via the relay
       punch {nonce, in_ms}                          start the simultaneous open
       upgrade {nonce}                               first frame on the punched link
-      pframe {s, f}   pack {upto}   drain {upto}    per-peer sequence across paths
+      pframe {s, f}   pack {upto, drained?}   drain {upto}   one sequence across paths
 
 How the end-to-end session works is in :mod:`hearthnet.mesh.relay_e2e`; how the path
 sequence works is in :mod:`hearthnet.mesh.paths`. Parsing refuses an unknown field by name
@@ -534,20 +534,28 @@ class PFrame(_Frame):
 
 @dataclass(frozen=True, slots=True)
 class PAck(_Frame):
-    """Every ``pframe`` up to ``upto`` was delivered; the sender may forget them."""
+    """Every ``pframe`` up to ``upto`` was delivered; the sender may forget them.
+    ``drained``: this ack answers a ``drain``, so frames up to the drained ``upto`` that it
+    does not cover were lost on the old path."""
 
     KIND: ClassVar[str] = "pack"
-    SHAPE: ClassVar[Shape] = Shape.of("pack frame", ("t", "upto"))
+    SHAPE: ClassVar[Shape] = Shape.of("pack frame", ("t", "upto", "drained"))
     upto: int
+    drained: bool = False
 
     @classmethod
     def parse(cls, obj: dict[str, Any]) -> PAck:
         """Parse a decoded frame (raises :class:`BadRequest`)."""
         cls.SHAPE.check(obj)
-        return cls(_int(obj, "pack", "upto"))
+        drained = obj.get("drained", False)
+        if not isinstance(drained, bool):
+            raise BadRequest("pack.drained must be a boolean")
+        return cls(_int(obj, "pack", "upto"), drained)
 
     def serialize(self) -> dict[str, Any]:
         """The wire map."""
+        if self.drained:
+            return {"t": self.KIND, "upto": self.upto, "drained": True}
         return {"t": self.KIND, "upto": self.upto}
 
 

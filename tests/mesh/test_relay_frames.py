@@ -65,7 +65,7 @@ frames: st.SearchStrategy[RelayFrame] = st.one_of(
     st.builds(Punch, nonces, st.integers(0, 10_000)),
     st.builds(Upgrade, nonces),
     st.builds(PFrame, st.integers(1, 2**63), blobs),
-    st.builds(PAck, small),
+    st.builds(PAck, small, st.booleans()),
     st.builds(Drain, small),
 )  # fmt: skip
 
