@@ -38,16 +38,16 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hearthnet.mesh.pathseq import Inbound, Outbound
-from hearthnet.mesh.relay_frames import (
+from hearthnet.mesh.path_frames import (
     Candidates,
     Drain,
     PAck,
+    PathFrame,
     PFrame,
     Punch,
-    RelayFrame,
     Upgrade,
 )
+from hearthnet.mesh.pathseq import Inbound, Outbound
 
 
 class PathState(enum.Enum):
@@ -112,7 +112,7 @@ class Transmit:
 
     peer: str
     via: str | None
-    frame: RelayFrame
+    frame: PathFrame
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,7 +441,7 @@ class PathCore:
             return []
         return [Transmit(peer, p.path, numbered)]
 
-    def receive(self, peer: str, frame: RelayFrame, now: float) -> list[Action]:
+    def receive(self, peer: str, frame: PathFrame, now: float) -> list[Action]:
         """A path frame from ``peer`` (opened from its relay session, or off the direct link)."""
         p = self._peers.setdefault(peer, _Peer(peer))
         if isinstance(frame, PFrame):

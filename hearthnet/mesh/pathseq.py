@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hearthnet.errors import Unavailable
-from hearthnet.mesh.relay_frames import Drain, PAck, PFrame
+from hearthnet.mesh.path_frames import Drain, PAck, PFrame
 
 MAX_UNACKED = 4096  # frames kept for resending per peer; more means the peer is stuck
 MAX_AHEAD = 4096  # out-of-order frames held per peer; beyond that they are resent

@@ -37,9 +37,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 
+from hearthnet.mesh.frame_fields import MAX_INNER_BYTES
 from hearthnet.mesh.relay_frames import (
     DEFAULT_TTL_HOPS,
-    MAX_INNER_BYTES,
     Attach,
     Attached,
     Detach,

@@ -21,8 +21,9 @@ like the frames of :mod:`hearthnet.mesh.protocol`. Three layers::
       upgrade {nonce}                               first frame on the punched link
       pframe {s, f}   pack {upto, drained?}   drain {upto}   one sequence across paths
 
-How the end-to-end session works is in :mod:`hearthnet.mesh.relay_e2e`; how the path
-sequence works is in :mod:`hearthnet.mesh.paths`. Parsing refuses an unknown field by name
+The path frames are defined in :mod:`hearthnet.mesh.path_frames`; how the end-to-end
+session works is in :mod:`hearthnet.mesh.relay_e2e`, the path sequence in
+:mod:`hearthnet.mesh.pathseq`. Parsing refuses an unknown field by name
 and a field of the wrong type by name (``bad_request``); parsing an ``e2e_hello`` verifies
 its signature, so an unverified hello never exists as an object.
 """
@@ -37,92 +38,31 @@ import cbor2
 from hearthnet.errors import BadRequest, PayloadTooLarge
 from hearthnet.identity import KeyPair, verify_object
 from hearthnet.ids import is_node_id
+from hearthnet.mesh.frame_fields import (
+    MAX_FRAME_BYTES,
+    MAX_INNER_BYTES,
+    MAX_NONCE_CHARS,
+    Frame,
+    bytes_field,
+    check_addr,
+    int_field,
+    node_field,
+    opt_int_field,
+    str_field,
+)
+from hearthnet.mesh.path_frames import Candidates, Drain, PAck, PFrame, Punch, Upgrade
 from hearthnet.shapes import Shape
 
-MAX_FRAME_BYTES = 2 * 1024 * 1024  # the peer-link limit (spec §7.2)
-MAX_INNER_BYTES = MAX_FRAME_BYTES - 1024  # room for the route header around it
 MAX_TTL_HOPS = 16
 DEFAULT_TTL_HOPS = 4  # spec §8
-MAX_ADDRS = 8
-MAX_ADDR_CHARS = 262  # "[" + 253-character host + "]:" + port
 MAX_ROUTE_NODES = 10_000
-MAX_ID = 2**64 - 1
-MAX_NONCE_CHARS = 64
-MAX_PUNCH_DELAY_MS = 10_000
 MAC_BYTES = 16
 EPH_CHARS = 43  # base64url of a 32-byte X25519 public key
 ROUTE_ERROR_CODES = frozenset({"unreachable", "ttl", "rate_limited"})
 
 
-def _int(obj: dict[str, Any], what: str, name: str, lo: int = 0, hi: int = MAX_ID) -> int:
-    value = obj.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        raise BadRequest(f"{what}.{name} must be an integer in {lo}..{hi}")
-    return value
-
-
-def _opt_int(obj: dict[str, Any], what: str, name: str, hi: int = MAX_ID) -> int | None:
-    return None if obj.get(name) is None else _int(obj, what, name, 0, hi)
-
-
-def _node(obj: dict[str, Any], what: str, name: str) -> str:
-    value = obj.get(name)
-    if not is_node_id(value):
-        raise BadRequest(f"{what}.{name} must be a NodeID")
-    assert isinstance(value, str)
-    return value
-
-
-def _str(obj: dict[str, Any], what: str, name: str, max_chars: int, *, empty: bool = False) -> str:
-    value = obj.get(name)
-    if not isinstance(value, str) or len(value) > max_chars or (not value and not empty):
-        raise BadRequest(f"{what}.{name} must be a string of at most {max_chars} characters")
-    return value
-
-
-def _bytes(obj: dict[str, Any], what: str, name: str, max_len: int, exact: int = -1) -> bytes:
-    value = obj.get(name)
-    if not isinstance(value, bytes) or len(value) > max_len or exact not in (-1, len(value)):
-        size = f"{exact}" if exact >= 0 else f"at most {max_len}"
-        raise BadRequest(f"{what}.{name} must be a byte string of {size} bytes")
-    return value
-
-
-def check_addr(value: object, what: str) -> str:
-    """A transport address ``host:port`` (IPv6 in brackets); returns it.
-
-    Raises:
-        BadRequest: naming ``what``.
-    """
-    if isinstance(value, str) and len(value) <= MAX_ADDR_CHARS and value.isascii():
-        host, sep, port = value.rpartition(":")
-        if host.startswith("["):
-            ok_host = host.endswith("]") and len(host) > 2
-        else:
-            ok_host = bool(host) and ":" not in host
-        if sep and ok_host and port.isdigit() and 1 <= int(port) <= 65535:
-            return value
-    raise BadRequest(f"{what} must be an address host:port")
-
-
-class _Frame:
-    """What every relay frame has: its kind, field table, and CBOR encoding."""
-
-    __slots__ = ()
-    KIND: ClassVar[str]
-    SHAPE: ClassVar[Shape]
-
-    def serialize(self) -> dict[str, Any]:
-        """The wire map, ``t`` included."""
-        raise NotImplementedError
-
-    def encode(self) -> bytes:
-        """The frame's CBOR bytes, as written on a peer link."""
-        return bytes(cbor2.dumps(self.serialize()))
-
-
 @dataclass(frozen=True, slots=True)
-class Attach(_Frame):
+class Attach(Frame):
     """Member -> relay: relay me. ``ts`` (ms) is echoed, which measures the relay's RTT."""
 
     KIND: ClassVar[str] = "attach"
@@ -133,7 +73,7 @@ class Attach(_Frame):
     def parse(cls, obj: dict[str, Any]) -> Attach:
         """Parse a decoded frame (raises :class:`BadRequest`)."""
         cls.SHAPE.check(obj)
-        return cls(_opt_int(obj, "attach", "ts"))
+        return cls(opt_int_field(obj, "attach", "ts"))
 
     def serialize(self) -> dict[str, Any]:
         """The wire map."""
@@ -141,7 +81,7 @@ class Attach(_Frame):
 
 
 @dataclass(frozen=True, slots=True)
-class Attached(_Frame):
+class Attached(Frame):
     """Relay -> member: you are attached, this is the address you came from (spec §8
     ``observed_addr``) and the budget granted to you."""
 
@@ -162,12 +102,12 @@ class Attached(_Frame):
         """Parse a decoded frame (raises :class:`BadRequest`)."""
         cls.SHAPE.check(obj)
         return cls(
-            _node(obj, "attached", "relay"),
+            node_field(obj, "attached", "relay"),
             check_addr(obj.get("observed_addr"), "attached.observed_addr"),
-            _int(obj, "attached", "bytes_per_s", 1),
-            _int(obj, "attached", "streams", 1, 1 << 20),
-            _int(obj, "attached", "max_inner", 1, MAX_INNER_BYTES),
-            _opt_int(obj, "attached", "ts_echo"),
+            int_field(obj, "attached", "bytes_per_s", 1),
+            int_field(obj, "attached", "streams", 1, 1 << 20),
+            int_field(obj, "attached", "max_inner", 1, MAX_INNER_BYTES),
+            opt_int_field(obj, "attached", "ts_echo"),
         )
 
     def serialize(self) -> dict[str, Any]:
@@ -186,7 +126,7 @@ class Attached(_Frame):
 
 
 @dataclass(frozen=True, slots=True)
-class Detach(_Frame):
+class Detach(Frame):
     """Either side: the attachment ends (``code`` a wire code when it is a refusal)."""
 
     KIND: ClassVar[str] = "detach"
@@ -199,9 +139,11 @@ class Detach(_Frame):
     def parse(cls, obj: dict[str, Any]) -> Detach:
         """Parse a decoded frame (raises :class:`BadRequest`)."""
         cls.SHAPE.check(obj)
-        code = None if obj.get("code") is None else _str(obj, "detach", "code", 32)
-        reason = "" if obj.get("reason") is None else _str(obj, "detach", "reason", 200, empty=True)
-        return cls(code, reason, _opt_int(obj, "detach", "retry_after_ms"))
+        code = None if obj.get("code") is None else str_field(obj, "detach", "code", 32)
+        reason = (
+            "" if obj.get("reason") is None else str_field(obj, "detach", "reason", 200, empty=True)
+        )
+        return cls(code, reason, opt_int_field(obj, "detach", "retry_after_ms"))
 
     def serialize(self) -> dict[str, Any]:
         """The wire map."""
@@ -216,7 +158,7 @@ class Detach(_Frame):
 
 
 @dataclass(frozen=True, slots=True)
-class Route(_Frame):
+class Route(Frame):
     """A frame from ``from_`` to ``to`` through relays. ``inner`` is opaque to relays (the
     bytes of an ``e2e_hello`` or ``sealed``); ``id`` is chosen by the sender and, with
     ``from_``, keys the relays' seen-cache; ``ttl_hops`` is how many relays it may still pass.
@@ -237,11 +179,11 @@ class Route(_Frame):
         """Parse a decoded frame (raises :class:`BadRequest`)."""
         cls.SHAPE.check(obj)
         return cls(
-            _node(obj, "route", "to"),
-            _node(obj, "route", "from"),
-            _int(obj, "route", "ttl_hops", 0, MAX_TTL_HOPS),
-            _int(obj, "route", "id"),
-            _bytes(obj, "route", "inner", MAX_INNER_BYTES),
+            node_field(obj, "route", "to"),
+            node_field(obj, "route", "from"),
+            int_field(obj, "route", "ttl_hops", 0, MAX_TTL_HOPS),
+            int_field(obj, "route", "id"),
+            bytes_field(obj, "route", "inner", MAX_INNER_BYTES),
         )
 
     def serialize(self) -> dict[str, Any]:
@@ -257,7 +199,7 @@ class Route(_Frame):
 
 
 @dataclass(frozen=True, slots=True)
-class RouteError(_Frame):
+class RouteError(Frame):
     """A relay could not pass route ``id`` from ``origin`` on to ``to``; it travels back
     towards ``origin``. ``code``: ``unreachable``, ``ttl`` or ``rate_limited``."""
 
@@ -279,11 +221,11 @@ class RouteError(_Frame):
         if code not in ROUTE_ERROR_CODES:
             raise BadRequest(f"route_error.code must be one of {sorted(ROUTE_ERROR_CODES)}")
         return cls(
-            _node(obj, "route_error", "to"),
-            _node(obj, "route_error", "origin"),
-            _int(obj, "route_error", "id"),
+            node_field(obj, "route_error", "to"),
+            node_field(obj, "route_error", "origin"),
+            int_field(obj, "route_error", "id"),
             str(code),
-            _opt_int(obj, "route_error", "retry_after_ms"),
+            opt_int_field(obj, "route_error", "retry_after_ms"),
         )
 
     def serialize(self) -> dict[str, Any]:
@@ -301,7 +243,7 @@ class RouteError(_Frame):
 
 
 @dataclass(frozen=True, slots=True)
-class RouteTable(_Frame):
+class RouteTable(Frame):
     """Relay -> federated relay: the nodes reachable through ``relay`` and how many more
     relays stand between it and each (0: attached to it). A higher ``version`` replaces
     what the receiver holds from that relay; the same version refreshes it."""
@@ -332,7 +274,9 @@ class RouteTable(_Frame):
                 raise BadRequest("route_table.nodes entries must be [NodeID, hops]")
             nodes.append((entry[0], entry[1]))
         return cls(
-            _node(obj, "route_table", "relay"), _int(obj, "route_table", "version"), tuple(nodes)
+            node_field(obj, "route_table", "relay"),
+            int_field(obj, "route_table", "version"),
+            tuple(nodes),
         )
 
     def serialize(self) -> dict[str, Any]:
@@ -346,7 +290,7 @@ class RouteTable(_Frame):
 
 
 @dataclass(frozen=True, slots=True)
-class E2EHello(_Frame):
+class E2EHello(Frame):
     """One end's half of the session handshake through a relay, signed by ``from_``.
 
     ``eph`` is an X25519 public key (base64url) used for this session only; ``nonce``
@@ -400,13 +344,13 @@ class E2EHello(_Frame):
         cls.SHAPE.check(obj)
         their = obj.get("their_nonce")
         hello = cls(
-            _node(obj, "e2e_hello", "from"),
-            _node(obj, "e2e_hello", "to"),
-            _int(obj, "e2e_hello", "ts"),
-            _str(obj, "e2e_hello", "nonce", MAX_NONCE_CHARS),
-            None if their is None else _str(obj, "e2e_hello", "their_nonce", MAX_NONCE_CHARS),
-            _str(obj, "e2e_hello", "eph", EPH_CHARS),
-            _str(obj, "e2e_hello", "sig", 128),
+            node_field(obj, "e2e_hello", "from"),
+            node_field(obj, "e2e_hello", "to"),
+            int_field(obj, "e2e_hello", "ts"),
+            str_field(obj, "e2e_hello", "nonce", MAX_NONCE_CHARS),
+            None if their is None else str_field(obj, "e2e_hello", "their_nonce", MAX_NONCE_CHARS),
+            str_field(obj, "e2e_hello", "eph", EPH_CHARS),
+            str_field(obj, "e2e_hello", "sig", 128),
         )
         verify_object(hello.from_, hello._body(), hello.sig)
         return hello
@@ -417,7 +361,7 @@ class E2EHello(_Frame):
 
 
 @dataclass(frozen=True, slots=True)
-class Sealed(_Frame):
+class Sealed(Frame):
     """One peer-link frame ``f`` with the session sequence number ``s`` and the MAC ``m``
     (16 bytes). Only :class:`~hearthnet.mesh.relay_e2e.RelaySession` can check ``m``."""
 
@@ -432,150 +376,14 @@ class Sealed(_Frame):
         """Parse a decoded frame (raises :class:`BadRequest`); the MAC is not checked here."""
         cls.SHAPE.check(obj)
         return cls(
-            _int(obj, "sealed", "s", 1),
-            _bytes(obj, "sealed", "f", MAX_INNER_BYTES),
-            _bytes(obj, "sealed", "m", MAC_BYTES, MAC_BYTES),
+            int_field(obj, "sealed", "s", 1),
+            bytes_field(obj, "sealed", "f", MAX_INNER_BYTES),
+            bytes_field(obj, "sealed", "m", MAC_BYTES, MAC_BYTES),
         )
 
     def serialize(self) -> dict[str, Any]:
         """The wire map."""
         return {"t": self.KIND, "s": self.s, "f": self.f, "m": self.m}
-
-
-@dataclass(frozen=True, slots=True)
-class Candidates(_Frame):
-    """The addresses one end may be reached at (its observed address first), for a punch
-    attempt ``nonce``; the answer echoes the nonce."""
-
-    KIND: ClassVar[str] = "candidates"
-    SHAPE: ClassVar[Shape] = Shape.of("candidates frame", ("t", "nonce", "addrs"))
-    nonce: str
-    addrs: tuple[str, ...]
-
-    @classmethod
-    def parse(cls, obj: dict[str, Any]) -> Candidates:
-        """Parse a decoded frame (raises :class:`BadRequest`)."""
-        cls.SHAPE.check(obj)
-        raw = obj.get("addrs")
-        if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_ADDRS:
-            raise BadRequest(f"candidates.addrs must be a list of 1..{MAX_ADDRS} addresses")
-        addrs = tuple(check_addr(a, "candidates.addrs[]") for a in raw)
-        return cls(_str(obj, "candidates", "nonce", MAX_NONCE_CHARS), addrs)
-
-    def serialize(self) -> dict[str, Any]:
-        """The wire map."""
-        return {"t": self.KIND, "nonce": self.nonce, "addrs": list(self.addrs)}
-
-
-@dataclass(frozen=True, slots=True)
-class Punch(_Frame):
-    """Initiator -> responder: start the simultaneous open ``in_ms`` after this frame
-    arrives; the initiator starts ``in_ms`` plus half the measured RTT after sending it,
-    so both start at the same moment."""
-
-    KIND: ClassVar[str] = "punch"
-    SHAPE: ClassVar[Shape] = Shape.of("punch frame", ("t", "nonce", "in_ms"))
-    nonce: str
-    in_ms: int
-
-    @classmethod
-    def parse(cls, obj: dict[str, Any]) -> Punch:
-        """Parse a decoded frame (raises :class:`BadRequest`)."""
-        cls.SHAPE.check(obj)
-        return cls(
-            _str(obj, "punch", "nonce", MAX_NONCE_CHARS),
-            _int(obj, "punch", "in_ms", 0, MAX_PUNCH_DELAY_MS),
-        )
-
-    def serialize(self) -> dict[str, Any]:
-        """The wire map."""
-        return {"t": self.KIND, "nonce": self.nonce, "in_ms": self.in_ms}
-
-
-@dataclass(frozen=True, slots=True)
-class Upgrade(_Frame):
-    """First frame on a punched direct link (after its hellos): it belongs to attempt
-    ``nonce``, and the peer's frames move to it (see :mod:`hearthnet.mesh.paths`)."""
-
-    KIND: ClassVar[str] = "upgrade"
-    SHAPE: ClassVar[Shape] = Shape.of("upgrade frame", ("t", "nonce"))
-    nonce: str
-
-    @classmethod
-    def parse(cls, obj: dict[str, Any]) -> Upgrade:
-        """Parse a decoded frame (raises :class:`BadRequest`)."""
-        cls.SHAPE.check(obj)
-        return cls(_str(obj, "upgrade", "nonce", MAX_NONCE_CHARS))
-
-    def serialize(self) -> dict[str, Any]:
-        """The wire map."""
-        return {"t": self.KIND, "nonce": self.nonce}
-
-
-@dataclass(frozen=True, slots=True)
-class PFrame(_Frame):
-    """Peer frame ``f`` numbered ``s`` in the sender's sequence to this peer (across paths)."""
-
-    KIND: ClassVar[str] = "pframe"
-    SHAPE: ClassVar[Shape] = Shape.of("pframe frame", ("t", "s", "f"))
-    s: int
-    f: bytes
-
-    @classmethod
-    def parse(cls, obj: dict[str, Any]) -> PFrame:
-        """Parse a decoded frame (raises :class:`BadRequest`)."""
-        cls.SHAPE.check(obj)
-        return cls(_int(obj, "pframe", "s", 1), _bytes(obj, "pframe", "f", MAX_INNER_BYTES))
-
-    def serialize(self) -> dict[str, Any]:
-        """The wire map."""
-        return {"t": self.KIND, "s": self.s, "f": self.f}
-
-
-@dataclass(frozen=True, slots=True)
-class PAck(_Frame):
-    """Every ``pframe`` up to ``upto`` was delivered; the sender may forget them.
-    ``drained``: this ack answers a ``drain``, so frames up to the drained ``upto`` that it
-    does not cover were lost on the old path."""
-
-    KIND: ClassVar[str] = "pack"
-    SHAPE: ClassVar[Shape] = Shape.of("pack frame", ("t", "upto", "drained"))
-    upto: int
-    drained: bool = False
-
-    @classmethod
-    def parse(cls, obj: dict[str, Any]) -> PAck:
-        """Parse a decoded frame (raises :class:`BadRequest`)."""
-        cls.SHAPE.check(obj)
-        drained = obj.get("drained", False)
-        if not isinstance(drained, bool):
-            raise BadRequest("pack.drained must be a boolean")
-        return cls(_int(obj, "pack", "upto"), drained)
-
-    def serialize(self) -> dict[str, Any]:
-        """The wire map."""
-        if self.drained:
-            return {"t": self.KIND, "upto": self.upto, "drained": True}
-        return {"t": self.KIND, "upto": self.upto}
-
-
-@dataclass(frozen=True, slots=True)
-class Drain(_Frame):
-    """The last ``pframe`` this path carries is ``upto``; later ones take the new path."""
-
-    KIND: ClassVar[str] = "drain"
-    SHAPE: ClassVar[Shape] = Shape.of("drain frame", ("t", "upto"))
-    upto: int
-
-    @classmethod
-    def parse(cls, obj: dict[str, Any]) -> Drain:
-        """Parse a decoded frame (raises :class:`BadRequest`)."""
-        cls.SHAPE.check(obj)
-        return cls(_int(obj, "drain", "upto"))
-
-    def serialize(self) -> dict[str, Any]:
-        """The wire map."""
-        return {"t": self.KIND, "upto": self.upto}
 
 
 RelayFrame = (

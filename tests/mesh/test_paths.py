@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from hearthnet.errors import Unavailable
 from hearthnet.identity import KeyPair
+from hearthnet.mesh.path_frames import Candidates, PAck, PFrame, Punch
 from hearthnet.mesh.paths import (
     TRANSITIONS,
     UPGRADE_TRANSITIONS,
@@ -30,7 +31,6 @@ from hearthnet.mesh.paths import (
     backoff,
 )
 from hearthnet.mesh.pathseq import Inbound, Outbound
-from hearthnet.mesh.relay_frames import Candidates, PAck, PFrame, Punch
 
 _K = sorted(KeyPair.from_seed(bytes([0x51 + i]) * 32).node_id for i in range(2))
 A, B = _K  # A < B: A leads upgrades

@@ -11,26 +11,21 @@ from hypothesis import strategies as st
 
 from hearthnet.errors import BadRequest, Expired, InvalidSignature, Replayed
 from hearthnet.identity import KeyPair
+from hearthnet.mesh.frame_fields import check_addr
+from hearthnet.mesh.path_frames import Candidates, Drain, PAck, PFrame, Punch, Upgrade
 from hearthnet.mesh.protocol import FRAME_KINDS, decode_frame
 from hearthnet.mesh.relay_e2e import TRANSITIONS, RelaySession, SessionState
 from hearthnet.mesh.relay_frames import (
     RELAY_FRAME_KINDS,
     Attach,
     Attached,
-    Candidates,
     Detach,
-    Drain,
     E2EHello,
-    PAck,
-    PFrame,
-    Punch,
     RelayFrame,
     Route,
     RouteError,
     RouteTable,
     Sealed,
-    Upgrade,
-    check_addr,
     decode,
     parse_frame,
 )
