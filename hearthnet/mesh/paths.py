@@ -486,11 +486,16 @@ class PathCore:
                 Transmit(p.node, p.via, Punch(a.nonce, delay)),
                 StartPunch(p.node, a.nonce, frame.addrs, at),
             ]
+        actions: list[Action] = []
+        if a is not None and not a.leader and a.nonce != frame.nonce:
+            # the leader gave up on that attempt and started another: follow the new one
+            actions += self._fail_attempt(p, now, move=True)
         if p.state is not PathState.RELAYED or not ours or self.node_id < p.node:
             self.stats.stale_upgrade_frames += 1
-            return []
+            return actions
         p.attempt = _Attempt(frame.nonce, False, now, UpgradeStep.ANSWERED, frame.addrs)
-        actions = self._move(p, PathState.UPGRADING, p.via)
+        self.stats.upgrades_tried += 1
+        actions += self._move(p, PathState.UPGRADING, p.via)
         actions.append(Transmit(p.node, p.via, Candidates(frame.nonce, ours)))
         return actions
 

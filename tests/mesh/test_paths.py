@@ -231,11 +231,13 @@ def test_a_successful_punch_goes_direct_and_keeps_the_relay_as_fallback() -> Non
         (PathState.DIRECT, R),
         (PathState.DIRECT, R),
         (1, 1),
+        (1, 1),
     ) == (
         kinds(got_a),
         a.path(B),
         b.path(A),
         (a.stats.upgrades_tried, a.stats.upgrades_succeeded),
+        (b.stats.upgrades_tried, b.stats.upgrades_succeeded),
     )
     assert ["PathChanged", "drain@relay-1", "upgrade@direct"] == kinds(got_b)
 
@@ -272,6 +274,18 @@ def test_an_upgrade_that_never_connects_times_out() -> None:
     assert [PathChanged(B, PathState.RELAYED, R)] == [
         x for x in a.tick(10.5) if isinstance(x, PathChanged)
     ]
+
+
+def test_a_follower_takes_up_the_leaders_new_attempt() -> None:
+    """Candidates with a new nonce replace the follower's unfinished attempt."""
+    a, b = pair()
+    first = frames(a.tick(0.0))[0]
+    b.receive(A, first, 0.02)  # type: ignore[arg-type]
+    answer = b.receive(A, Candidates("second", (ADDR_A,)), 11.0)
+    assert (["PathChanged", "PathChanged", "candidates@relay-1"], "second") == (
+        kinds(answer),
+        b._peers[A].attempt.nonce,  # type: ignore[union-attr]
+    )
 
 
 def test_stale_upgrade_frames_are_ignored_and_counted() -> None:
