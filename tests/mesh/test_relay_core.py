@@ -7,6 +7,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hearthnet.errors import InvalidSignature, Replayed
 from hearthnet.identity import KeyPair
 from hearthnet.mesh.relay_core import (
     Action,
@@ -16,6 +17,7 @@ from hearthnet.mesh.relay_core import (
     RelayCore,
     Send,
 )
+from hearthnet.mesh.relay_e2e import RelaySession
 from hearthnet.mesh.relay_frames import (
     Attach,
     Attached,
@@ -30,6 +32,7 @@ R1, R2, R3 = (k.node_id for k in KEYS[:3])
 M = [k.node_id for k in KEYS[3:]]  # members
 STRANGER = KeyPair.from_seed(b"\x7f" * 32).node_id
 ADDR = "198.51.100.9:50000"
+NOW_MS = 1_763_800_000_000
 
 
 def served(node: str) -> bool:
@@ -409,3 +412,36 @@ def test_a_revoked_member_is_detached_on_refresh() -> None:
         [a for a in actions if isinstance(a, Refuse)],
         core.statistics().members,
     )
+
+
+def test_a_tampering_relay_cannot_make_the_receiver_accept_a_frame() -> None:
+    """End to end through the relay core: what a dishonest relay alters or replays is refused
+    by the receiver's session and counted; the honest frames open, in order."""
+    core = relay()
+    attach(core, M[0], M[1])
+    sa, sb = RelaySession(KEYS[3], M[1]), RelaySession(KEYS[4], M[0])
+    ids = iter(range(1, 100))
+
+    def through(src: str, dst: str, inner: bytes) -> bytes:
+        out = core.receive(src, Route(dst, src, 4, next(ids), inner), 1.0)
+        assert isinstance(out[0], Send)
+        assert isinstance(out[0].frame, Route)
+        return out[0].frame.inner
+
+    reply = sb.receive(through(M[0], M[1], sa.start(NOW_MS)), NOW_MS).reply
+    assert reply is not None
+    sa.receive(through(M[1], M[0], reply), NOW_MS)
+    f1, f2, f3 = (through(M[0], M[1], sa.seal(x)) for x in (b"one", b"two", b"three"))
+    altered = bytearray(f2)
+    altered[-1] ^= 1
+    opened, refused = [], []
+    for inner in (f1, bytes(altered), f1, f2, f3, f2):
+        try:
+            opened.append(sb.receive(inner, NOW_MS).frame)
+        except (InvalidSignature, Replayed) as exc:
+            refused.append(exc.code)
+    assert (
+        [b"one", b"two", b"three"],
+        ["invalid_signature", "replayed", "replayed"],
+        (1, 2),
+    ) == (opened, refused, (sb.altered, sb.replayed))
