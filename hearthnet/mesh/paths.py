@@ -438,12 +438,20 @@ class PathCore:
         p = self._peers.setdefault(peer, _Peer(peer))
         numbered = p.out.send(frame, now)
         if p.state is PathState.DOWN:
-            return []
+            return self.connect(peer, now)  # sends it, and all before it, once a relay is up
         return [Transmit(peer, p.path, numbered)]
 
     def receive(self, peer: str, frame: PathFrame, now: float) -> list[Action]:
         """A path frame from ``peer`` (opened from its relay session, or off the direct link)."""
-        p = self._peers.setdefault(peer, _Peer(peer))
+        p = self._peers.get(peer)
+        early: list[Action] = []
+        if p is None or p.state is PathState.DOWN:  # it reached us: keep a path back for acks
+            early = self.connect(peer, now)
+            p = self._peers[peer]
+        return early + self._receive(p, frame, now)
+
+    def _receive(self, p: _Peer, frame: PathFrame, now: float) -> list[Action]:
+        peer = p.node
         if isinstance(frame, PFrame):
             frames, ack = p.inb.receive(frame)
             actions: list[Action] = [Deliver(peer, f) for f in frames]

@@ -156,6 +156,24 @@ def test_a_peer_is_down_until_a_relay_is_attached_and_nothing_sent_meanwhile_is_
     ) == (core(A).path(B), held, actions, a.path(B))  # fmt: skip
 
 
+def test_sending_to_a_new_peer_opens_a_relayed_path() -> None:
+    """The first frame to a peer not yet connected goes out through the primary relay."""
+    a = core(A)
+    a.relay_attached(R, ADDR_A, 0.01, 0.0)
+    assert [PathChanged(B, PathState.RELAYED, R), Transmit(B, R, PFrame(1, b"hi"))] == a.send(
+        B, b"hi", 1.0
+    )
+
+
+def test_a_frame_from_a_new_peer_is_delivered_and_acknowledged_through_the_relay() -> None:
+    """A peer that reaches us first gets a path back, so its frames are acknowledged."""
+    b = core(B)
+    b.relay_attached(R, ADDR_B, 0.01, 0.0)
+    got = b.receive(A, PFrame(1, b"hi"), 1.0)
+    assert [PathChanged(A, PathState.RELAYED, R), Deliver(A, b"hi")] == got
+    assert [Transmit(A, R, PAck(1))] == [x for x in b.tick(1.5) if isinstance(x, Transmit)]
+
+
 def test_losing_the_relay_moves_peers_to_another_and_resends() -> None:
     """When R dies, peers move to R2 and every unacknowledged frame goes again through it."""
     a = core(A, (R, R2), attach_target=2)
