@@ -172,3 +172,4 @@ class Drain(Frame):
 
 
 PathFrame = Candidates | Punch | Upgrade | PFrame | PAck | Drain
+PATH_FRAME_TYPES = (Candidates, Punch, Upgrade, PFrame, PAck, Drain)
