@@ -35,12 +35,21 @@ def opt_int_field(obj: dict[str, Any], what: str, name: str, hi: int = MAX_ID) -
     return None if obj.get(name) is None else int_field(obj, what, name, 0, hi)
 
 
+_KNOWN_NODES: set[str] = set()  # NodeIDs already checked: a relay sees the same few again
+_KNOWN_NODES_MAX = 4096
+
+
 def node_field(obj: dict[str, Any], what: str, name: str) -> str:
     """``obj[name]``, a NodeID."""
     value = obj.get(name)
+    if type(value) is str and value in _KNOWN_NODES:
+        return value
     if not is_node_id(value):
         raise BadRequest(f"{what}.{name} must be a NodeID")
     assert isinstance(value, str)
+    if len(_KNOWN_NODES) >= _KNOWN_NODES_MAX:
+        _KNOWN_NODES.clear()
+    _KNOWN_NODES.add(value)
     return value
 
 

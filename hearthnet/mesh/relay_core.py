@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from hearthnet.mesh.frame_fields import MAX_INNER_BYTES
 from hearthnet.mesh.relay_frames import (
@@ -312,7 +312,9 @@ class RelayCore:
             self._seen.popitem(last=False)
         self._count.forwarded += 1
         self._count.forwarded_bytes += len(route.inner)
-        return [Send(target, replace(route, ttl_hops=route.ttl_hops - 1))]
+        # spec §11: ≤ 5 µs per forwarded frame; dataclasses.replace costs as much as the rest
+        hop = Route(route.to, route.from_, route.ttl_hops - 1, route.id, route.inner)
+        return [Send(target, hop)]
 
     def _next_link(self, to: str, came_from: LinkId) -> LinkId | None:
         if not self.is_served(to):

@@ -108,6 +108,7 @@ ROUTE = {"t": "route", "to": A.node_id, "from": B.node_id, "ttl_hops": 4, "id": 
         ({"ttl": 4}, "unknown field 'ttl' in route frame (ttl_hops?)"),
         ({"via": 1, "hop": 2}, "unknown fields 'via', 'hop' in route frame"),
         ({"to": "bob"}, "route.to must be a NodeID"),
+        ({"from": [A.node_id]}, "route.from must be a NodeID"),
         ({"ttl_hops": 17}, "route.ttl_hops must be an integer in 0..16"),
         ({"ttl_hops": True}, "route.ttl_hops must be an integer in 0..16"),
         ({"id": -1}, f"route.id must be an integer in 0..{2**64 - 1}"),
