@@ -17,20 +17,19 @@ from hearthnet.mesh.paths import (
     TRANSITIONS,
     UPGRADE_TRANSITIONS,
     Action,
-    AttachRelay,
     Deliver,
-    DetachRelay,
     PathChanged,
     PathConfig,
     PathCore,
     PathState,
-    RelayChoice,
     StartPunch,
     Transmit,
     UpgradeStep,
-    backoff,
 )
 from hearthnet.mesh.pathseq import Inbound, Outbound
+from hearthnet.mesh.relay_choice import (
+    RelayChoiceConfig,
+)
 
 _K = sorted(KeyPair.from_seed(bytes([0x51 + i]) * 32).node_id for i in range(2))
 A, B = _K  # A < B: A leads upgrades
@@ -38,9 +37,12 @@ R, R2 = "relay-1", "relay-2"
 ADDR_A, ADDR_B = "203.0.113.1:4000", "198.51.100.2:5000"
 
 
-def core(node: str, relays: tuple[str, ...] = (R,), seed: int = 0, **cfg: float) -> PathCore:
+def core(
+    node: str, relays: tuple[str, ...] = (R,), seed: int = 0, attach_target: int = 1, **cfg: float
+) -> PathCore:
     """A path core with a seeded random source."""
-    return PathCore(node, relays, PathConfig(**cfg), random.Random(seed))  # type: ignore[arg-type]
+    choice = RelayChoiceConfig(attach_target=attach_target)
+    return PathCore(node, relays, PathConfig(**cfg), random.Random(seed), choice)  # type: ignore[arg-type]
 
 
 def kinds(actions: list[Action]) -> list[str]:
@@ -72,70 +74,6 @@ def test_an_illegal_path_transition_raises() -> None:
     c.direct_up(B, 0.0)
     with pytest.raises(RuntimeError):
         c._move(c._peers[B], PathState.UPGRADING, R)
-
-
-# -- relay choice -----------------------------------------------------------------------
-
-
-def test_the_lowest_rtt_relay_is_chosen() -> None:
-    """Of two relays with known RTT, the closer one is attached first."""
-    choice = RelayChoice([R, R2], PathConfig(), random.Random(0))
-    choice.rtt_sample(R, 0.080)
-    choice.rtt_sample(R2, 0.010)
-    assert [AttachRelay(R2)] == choice.tick(0.0)
-
-
-def test_the_primary_is_the_closest_attached_relay() -> None:
-    """With two relays attached, new paths go through the lower RTT one."""
-    choice = RelayChoice([R, R2], PathConfig(attach_target=2), random.Random(0))
-    choice.attached(R, ADDR_A, 0.050, 0.0)
-    choice.attached(R2, ADDR_A, 0.020, 0.0)
-    assert R2 == choice.primary
-
-
-def test_reattaching_backs_off_with_bounded_jitter() -> None:
-    """Each loss doubles the wait from 0.5 s up to 30 s, within ±20 %."""
-    choice = RelayChoice([R], PathConfig(), random.Random(7))
-    waits = []
-    for _ in range(9):
-        choice.tick(0.0)
-        choice.lost(R, 0.0)
-        waits.append(choice._relays[R].retry_at)
-    nominal = [0.5, 1, 2, 4, 8, 16, 30, 30, 30]
-    assert [True] * 9 == [0.8 * n <= w <= 1.2 * n for w, n in zip(waits, nominal, strict=True)]
-
-
-def test_no_reattach_before_the_backoff_ends() -> None:
-    """After a loss the relay is asked again only once its retry time has come."""
-    choice = RelayChoice([R], PathConfig(jitter=0.0), random.Random(0))
-    choice.tick(0.0)
-    choice.attached(R, ADDR_A, 0.01, 0.0)
-    choice.lost(R, 1.0)
-    assert ([], [AttachRelay(R)]) == (choice.tick(1.4), choice.tick(1.5))
-
-
-def test_an_attach_without_answer_times_out_and_is_retried() -> None:
-    """No attached within 10 s counts as a failure; the next try follows the backoff."""
-    choice = RelayChoice([R], PathConfig(jitter=0.0), random.Random(0))
-    first = choice.tick(0.0)
-    assert ([AttachRelay(R)], [], [AttachRelay(R)]) == (first, choice.tick(10.5), choice.tick(11.0))
-
-
-def test_a_much_closer_relay_replaces_the_attached_one() -> None:
-    """A relay at under half the RTT is attached, then the slower one is detached."""
-    choice = RelayChoice([R, R2], PathConfig(), random.Random(0))
-    choice.tick(0.0)
-    choice.attached(R, ADDR_A, 0.100, 0.0)
-    choice.rtt_sample(R2, 0.010)
-    first = choice.tick(1.0)
-    choice.attached(R2, ADDR_A, 0.010, 1.1)
-    assert ([AttachRelay(R2)], [DetachRelay(R)]) == (first, choice.tick(2.0))
-
-
-def test_backoff_is_bounded() -> None:
-    """backoff never exceeds the ceiling times 1 + jitter, whatever the failure count."""
-    rng = random.Random(3)
-    assert [True] * 50 == [backoff(n, 0.5, 30.0, 0.2, rng) <= 36.0 for n in range(1, 1000, 20)]
 
 
 # -- relayed paths --------------------------------------------------------------------------
