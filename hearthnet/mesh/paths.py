@@ -15,12 +15,14 @@ carry out what it returns:
   report :meth:`~PathCore.relay_attached` or :meth:`~PathCore.relay_lost`;
 - :class:`PathChanged` ``(peer, state, via)``: for ``hearthnet peers``, heartbeats, metrics.
 
-Per peer the path is data (:class:`PathState`, :data:`TRANSITIONS`)::
+Per peer the path is data (:class:`PathState`, :data:`TRANSITIONS`):
 
-    DOWN -> RELAYED(via) -> UPGRADING(via) -> DIRECT (relay kept as fallback)
-      ^          ^  \\_________________/  |        |
-      |          \\________________________________/  (direct died, or the punch failed)
-      \\___________ every state, when no path is left
+- ``DOWN -> RELAYED(via)`` when a relay is attached, ``DOWN -> DIRECT`` when a direct
+  link comes up;
+- ``RELAYED -> UPGRADING -> DIRECT`` when a punch succeeds (the relay kept as fallback),
+  ``UPGRADING -> RELAYED`` when it fails;
+- ``DIRECT -> RELAYED(fallback)`` when the direct link dies; ``RELAYED -> RELAYED`` when
+  the relay changes; any state ``-> DOWN`` when no path is left.
 
 Direct upgrade (the lower NodeID leads; like DCUtR): ``candidates {nonce, addrs}`` through
 the relay, the answer's arrival measures the RTT, then ``punch {nonce, in_ms}`` and both
@@ -187,6 +189,21 @@ class PathStats:
     resent: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class PathSnapshot:
+    """The path core's numbers at one moment (``/metrics``, ``hearthnet peers``)."""
+
+    direct: int
+    relayed: int
+    upgrading: int
+    down: int
+    upgrades_tried: int
+    upgrades_succeeded: int
+    resent: int
+    duplicates: int
+    stale_upgrade_frames: int
+
+
 class PathCore:
     """This node's paths to the peers it reaches through relays. Pure: time is ``now``."""
 
@@ -206,6 +223,24 @@ class PathCore:
         self._peers: dict[str, _Peer] = {}
 
     # -- views ---------------------------------------------------------------------------
+
+    def statistics(self) -> PathSnapshot:
+        """A frozen snapshot of the counters and of how many peers are on each path."""
+        on: dict[PathState, int] = dict.fromkeys(PathState, 0)
+        for p in self._peers.values():
+            on[p.state] += 1
+        st = self.stats
+        return PathSnapshot(
+            direct=on[PathState.DIRECT],
+            relayed=on[PathState.RELAYED],
+            upgrading=on[PathState.UPGRADING],
+            down=on[PathState.DOWN],
+            upgrades_tried=st.upgrades_tried,
+            upgrades_succeeded=st.upgrades_succeeded,
+            resent=st.resent,
+            duplicates=sum(p.inb.duplicates for p in self._peers.values()),
+            stale_upgrade_frames=st.stale_upgrade_frames,
+        )
 
     def path(self, peer: str) -> tuple[PathState, str | None]:
         """``(state, via)`` for ``peer`` (``via`` is the fallback relay while direct)."""

@@ -206,6 +206,23 @@ def upgrade(a: PathCore, b: PathCore, now: float = 0.0) -> None:
     b.receive(A, punch, now + 0.06)  # type: ignore[arg-type]
 
 
+def test_statistics_count_peers_per_path_and_upgrades() -> None:
+    """The snapshot shows one peer direct after a successful upgrade, one relayed."""
+    a, b = pair()
+    upgrade(a, b)
+    a.direct_up(B, 0.2)
+    a.connect("relay-only-peer", 0.3)
+    snap = a.statistics()
+    assert (1, 1, 0, 0, 1, 1) == (
+        snap.direct,
+        snap.relayed,
+        snap.upgrading,
+        snap.down,
+        snap.upgrades_tried,
+        snap.upgrades_succeeded,
+    )
+
+
 def test_a_failed_punch_stays_relayed_and_retries_after_a_growing_backoff() -> None:
     """punch_failed: relayed again; the next attempt waits ~30 s, then ~60 s."""
     a, b = pair(jitter=0.0)
