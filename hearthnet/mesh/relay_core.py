@@ -68,7 +68,9 @@ class RelayConfig:
     table_refresh_s: float = 10.0
     table_min_interval_s: float = 1.0
     table_expiry_s: float = 30.0
-    max_advertised_hops: int = DEFAULT_TTL_HOPS - 1
+    # Relays a route may still pass after this one: a member's frame (ttl_hops 4) spends one
+    # here, so 3 more can carry it; longer routes are neither kept nor advertised.
+    max_route_hops: int = DEFAULT_TTL_HOPS - 1
     max_inner: int = MAX_INNER_BYTES
     full_retry_after_ms: int = 30_000
 
@@ -376,7 +378,7 @@ class RelayCore:
         fed.routes = {
             n: h
             for n, h in table.nodes
-            if n != self.node_id and h <= self.config.max_advertised_hops and self.is_served(n)
+            if n != self.node_id and h + 1 <= self.config.max_route_hops and self.is_served(n)
         }
         return self._routes_changed(now, members_changed=False)
 
@@ -410,7 +412,7 @@ class RelayCore:
 
     def _table_for(self, link: LinkId) -> RouteTable:
         nodes = [(n, 0) for n in self._members]
-        limit = self.config.max_advertised_hops
+        limit = self.config.max_route_hops - 1  # what the receiver would keep
         nodes += [(n, h) for n, (h, _, via) in self._best.items() if via != link and h <= limit]
         return RouteTable(self.node_id, self._version, tuple(nodes))
 
@@ -422,7 +424,8 @@ class RelayCore:
         changed = False
         for fed in self._federated.values():
             if fed.routes and now - fed.refreshed > self.config.table_expiry_s:
-                fed.routes, changed = {}, True
+                # forget the version too: the next table, even the same one, is taken whole
+                fed.routes, fed.version, changed = {}, -1, True
         if now - self._table_sent >= self.config.table_refresh_s:
             for node in [n for n in self._members if not self.is_served(n)]:
                 member = self._members.pop(node)

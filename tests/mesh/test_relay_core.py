@@ -346,6 +346,18 @@ def test_tables_refresh_every_10_s_and_expire_after_30() -> None:
     assert ([(R2, "route_table")], [], {}) == (refresh, quiet, r1.routes())
 
 
+def test_an_expired_table_comes_back_with_its_next_refresh() -> None:
+    """Routes forgotten after 30 s silence return when the same table arrives again."""
+    core = relay()
+    core.link_up(R2, R2, ADDR, 0.0, federated=True)
+    table = RouteTable(R2, 5, ((M[0], 0),))
+    core.receive(R2, table, 0.0)
+    core.tick(31.0)
+    gone = core.routes()
+    core.receive(R2, table, 32.0)
+    assert ({}, {M[0]: R2}) == (gone, core.routes())
+
+
 def test_an_older_table_does_not_replace_a_newer_one() -> None:
     """A route_table with a lower version than the last is ignored."""
     core = relay()
@@ -445,3 +457,39 @@ def test_a_tampering_relay_cannot_make_the_receiver_accept_a_frame() -> None:
         ["invalid_signature", "replayed", "replayed"],
         (1, 2),
     ) == (opened, refused, (sb.altered, sb.replayed))
+
+
+def line_of_relays(n: int) -> list[RelayCore]:
+    """n relays federated in a line, M0 attached to the first, M1 to the last; tables settled."""
+    names = [KeyPair.from_seed(bytes([0x90 + i]) * 32).node_id for i in range(n)]
+    cores = [relay(name) for name in names]
+    RELAYS.clear()
+    RELAYS.update({c.node_id: c for c in cores})
+    attach(cores[0], M[0])
+    attach(cores[-1], M[1])
+    for i in range(n - 1):
+        federate(cores[i], cores[i + 1], 5.0 * i)
+    for t in (20.0, 30.0, 40.0):
+        for c in cores:
+            pump([(RELAYS[str(a.link)], c.node_id, a) for a in c.tick(t)], t)
+    return cores
+
+
+def test_four_relays_in_a_line_carry_a_frame_with_ttl_4() -> None:
+    """M0 -> R1 -> R2 -> R3 -> R4 -> M1: the route is known and the frame arrives."""
+    cores = line_of_relays(4)
+    frame: Route = route(M[0], M[1])
+    link: object = M[0]
+    for c in cores:
+        out = c.receive(link, frame, 41.0)
+        assert isinstance(out[0], Send)
+        assert isinstance(out[0].frame, Route)
+        link, frame = c.node_id, out[0].frame
+    assert (M[1], 0) == (out[0].link, frame.ttl_hops)
+
+
+def test_a_route_longer_than_the_ttl_is_not_learnt() -> None:
+    """With five relays in a line the first never learns M1: unreachable, not a ttl error
+    four relays later."""
+    cores = line_of_relays(5)
+    assert (False, True) == (M[1] in cores[0].routes(), M[1] in cores[1].routes())
