@@ -493,3 +493,71 @@ def test_a_route_longer_than_the_ttl_is_not_learnt() -> None:
     four relays later."""
     cores = line_of_relays(5)
     assert (False, True) == (M[1] in cores[0].routes(), M[1] in cores[1].routes())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(2, 6),
+    st.booleans(),
+    st.lists(st.booleans(), min_size=15, max_size=15),
+    st.lists(st.integers(0, 5), min_size=2, max_size=4),
+)
+def test_federated_relays_deliver_exactly_when_the_ttl_allows(
+    n: int, line: bool, edges: list[bool], homes: list[int]
+) -> None:
+    """On any federation graph, once tables settle a frame between two members arrives iff
+    at most 4 relays lie on the shortest way, over that many relays, never visiting one
+    twice; otherwise the first relay answers unreachable."""
+    names = [KeyPair.from_seed(bytes([0xA0 + i]) * 32).node_id for i in range(n)]
+    cores = [relay(name) for name in names]
+    RELAYS.clear()
+    RELAYS.update({c.node_id: c for c in cores})
+    members = M[: len(homes)]
+    for m, home in zip(members, homes, strict=True):
+        attach(cores[home % n], m)
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    if line:  # long ways are rare in random graphs; a line has them
+        linked = [(i, i + 1) for i in range(n - 1)]
+    else:
+        linked = [p for p, on in zip(pairs, edges, strict=False) if on]
+    for k, (i, j) in enumerate(linked):
+        federate(cores[i], cores[j], 2.0 * k)
+    for t in range(60, 160, 10):
+        for c in cores:
+            pump([(RELAYS[str(a.link)], c.node_id, a) for a in c.tick(float(t))], float(t))
+
+    def relays_on_way(a: int, b: int) -> int | None:
+        seen, frontier, d = {a}, [a], 1
+        while frontier:
+            if b in frontier:
+                return d
+            frontier = [
+                y for x in frontier for (p, q) in linked for y in (p, q)
+                if x in (p, q) and y != x and y not in seen
+            ]  # fmt: skip
+            seen.update(frontier)
+            d += 1
+        return None
+
+    for fid, (src, dst) in enumerate((s, d) for s in members for d in members if s != d):
+        a, b = homes[members.index(src)] % n, homes[members.index(dst)] % n
+        frame, link, visited, arrived = route(src, dst, fid), src, [], False
+        core_at, code = cores[a], None
+        while True:
+            visited.append(core_at.node_id)
+            out = core_at.receive(link, frame, 200.0)
+            assert isinstance(out[0], Send)
+            nxt = out[0].frame
+            if isinstance(nxt, RouteError):
+                code = nxt.code
+                break
+            assert isinstance(nxt, Route)
+            if out[0].link == dst:
+                arrived = True
+                break
+            link, frame, core_at = core_at.node_id, nxt, RELAYS[str(out[0].link)]
+        way = relays_on_way(a, b)
+        if way is not None and way <= 4:
+            assert (True, way, way, None) == (arrived, len(visited), len(set(visited)), code)
+        else:  # refused at once by the first relay, not after a detour
+            assert (False, 1, "unreachable") == (arrived, len(visited), code)
