@@ -154,8 +154,7 @@ def frames(actions: list[Action]) -> list[object]:
 
 
 def test_the_upgrade_exchanges_candidates_and_punches_at_the_same_moment() -> None:
-    """A leads: candidates through R, B answers, A punches after half the RTT; both start
-    the simultaneous open at the same time (in a shared clock)."""
+    """Candidates through R, then punch after half the RTT: both ends start at the same moment."""
     a, b = pair()
     offer = a.tick(0.0)
     cand_a = frames(offer)[0]
@@ -441,8 +440,7 @@ ops = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(ops)
 def test_switching_paths_loses_and_duplicates_nothing(events: list[tuple[str, int]]) -> None:
-    """Under any interleaving of sends, deliveries, upgrades, direct links dying and the
-    relay dying, the receiver hands on exactly the frames sent, in order, once."""
+    """Any mix of sends, deliveries, upgrades and dying paths delivers all, in order, once."""
     net = Net()
     for op in events:
         net.step(op)
@@ -452,8 +450,7 @@ def test_switching_paths_loses_and_duplicates_nothing(events: list[tuple[str, in
 
 
 def test_a_clean_upgrade_moves_frames_without_resending_any() -> None:
-    """Relayed to direct with both paths alive: in-flight relayed frames arrive before the
-    direct ones are handed on; nothing is sent twice."""
+    """Relayed to direct, both paths alive: direct frames wait for relayed ones; no resends."""
     net = Net()
     for _ in range(5):
         net.step(("send", 0))

@@ -198,8 +198,7 @@ def test_a_member_has_at_most_64_circuits() -> None:
 @settings(max_examples=20, deadline=None)
 @given(st.integers(2, 8), st.randoms(use_true_random=False))
 def test_saturating_members_share_the_capacity_equally(n: int, rnd: object) -> None:
-    """N members sending as fast as they may each get 1/N of the relay's capacity (counted
-    after the first second, which each bucket's initial burst distorts)."""
+    """N saturating members each get 1/N of the capacity (after the first second's burst)."""
     capacity = 400 * 1024
     core = relay(capacity_bytes_per_s=capacity)
     senders = M[:n]
@@ -427,8 +426,7 @@ def test_a_revoked_member_is_detached_on_refresh() -> None:
 
 
 def test_a_tampering_relay_cannot_make_the_receiver_accept_a_frame() -> None:
-    """End to end through the relay core: what a dishonest relay alters or replays is refused
-    by the receiver's session and counted; the honest frames open, in order."""
+    """Via the relay core, altered and replayed frames are refused and counted; honest ones open."""
     core = relay()
     attach(core, M[0], M[1])
     sa, sb = RelaySession(KEYS[3], M[1]), RelaySession(KEYS[4], M[0])
@@ -489,8 +487,7 @@ def test_four_relays_in_a_line_carry_a_frame_with_ttl_4() -> None:
 
 
 def test_a_route_longer_than_the_ttl_is_not_learnt() -> None:
-    """With five relays in a line the first never learns M1: unreachable, not a ttl error
-    four relays later."""
+    """In a line of five relays the first never learns M1 (unreachable, not a late ttl error)."""
     cores = line_of_relays(5)
     assert (False, True) == (M[1] in cores[0].routes(), M[1] in cores[1].routes())
 
@@ -505,9 +502,7 @@ def test_a_route_longer_than_the_ttl_is_not_learnt() -> None:
 def test_federated_relays_deliver_exactly_when_the_ttl_allows(
     n: int, line: bool, edges: list[bool], homes: list[int]
 ) -> None:
-    """On any federation graph, once tables settle a frame between two members arrives iff
-    at most 4 relays lie on the shortest way, over that many relays, never visiting one
-    twice; otherwise the first relay answers unreachable."""
+    """A frame arrives iff ≤ 4 relays lie on the way; otherwise the first relay says unreachable."""
     names = [KeyPair.from_seed(bytes([0xA0 + i]) * 32).node_id for i in range(n)]
     cores = [relay(name) for name in names]
     RELAYS.clear()

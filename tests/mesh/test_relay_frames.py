@@ -219,8 +219,7 @@ tampering = st.one_of(
 def test_a_tampered_or_replayed_frame_is_always_refused(
     frames_sent: list[bytes], attack: tuple[str, int, int], data: st.DataObject
 ) -> None:
-    """Whatever a relay does to a sealed frame (bit flip, new seq, replay, reorder), the
-    receiver refuses it, counts it, and never hands it on."""
+    """A relay's bit flip, new seq, replay or reorder is refused and counted, never handed on."""
     a, b = established()
     sealed = [a.seal(f) for f in frames_sent]
     at = data.draw(st.integers(1, len(sealed) - 1))

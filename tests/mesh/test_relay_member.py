@@ -78,8 +78,7 @@ def test_route_ids_differ() -> None:
 
 
 def test_path_core_to_path_core_through_a_relay() -> None:
-    """A's frames go Transmit -> wrap -> relay core -> unwrap -> B's path core, and arrive
-    in order, once; B's acks come back the same way and free A's copies."""
+    """Path core to path core through endpoints and the relay core: in order, once, acknowledged."""
     relay = RelayCore(R, members)
     for node in (A, B):
         relay.link_up(node, node, "192.0.2.1:1000", 0.0)
