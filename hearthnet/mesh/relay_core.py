@@ -285,6 +285,8 @@ class RelayCore:
             if route.from_ != member_node:
                 self._count.spoofed += 1
                 return [Close(link, "route.from is not the attached member")]
+            if len(route.inner) > self.config.max_inner:  # attached told it the limit
+                return [Close(link, "route.inner over the max_inner granted")]
         elif link in self._federated:
             if not self.is_served(route.from_):
                 return []  # a node no community here serves: not ours to carry

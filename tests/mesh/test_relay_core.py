@@ -103,6 +103,14 @@ def test_a_spoofed_sender_closes_the_link() -> None:
     )
 
 
+def test_a_frame_over_the_granted_size_closes_the_link() -> None:
+    """A member that ignores attached.max_inner is cut off."""
+    core = relay(max_inner=1000)
+    attach(core, M[0], M[1])
+    actions = core.receive(M[0], route(M[0], M[1], size=1001), 1.0)
+    assert [Close(M[0], "route.inner over the max_inner granted")] == actions
+
+
 def test_routing_before_attaching_is_refused() -> None:
     """A peer link that never attached gets unauthorized for its route frames."""
     core = relay()
