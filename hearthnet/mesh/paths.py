@@ -40,6 +40,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from hearthnet.errors import CapacityExceeded
 from hearthnet.mesh.path_frames import (
     Candidates,
     Drain,
@@ -106,6 +107,7 @@ class PathConfig:
     upgrade_retry_max_s: float = 1800.0
     jitter: float = 0.2  # every backoff is multiplied by 1 ± jitter
     punch_delay_ms: int = 100
+    max_peers: int = 4096  # peers with a path kept; forget() the ones that left
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +251,18 @@ class PathCore:
             return (PathState.DOWN, None)
         return (p.state, p.fallback if p.state is PathState.DIRECT else p.via)
 
+    def forget(self, peer: str) -> None:
+        """Drop everything about ``peer`` (it left the community, or is no longer wanted)."""
+        self._peers.pop(peer, None)
+
+    def _peer(self, peer: str) -> _Peer:
+        p = self._peers.get(peer)
+        if p is None:
+            if len(self._peers) >= self.config.max_peers:
+                raise CapacityExceeded(f"paths to {self.config.max_peers} peers already kept")
+            p = self._peers[peer] = _Peer(peer)
+        return p
+
     # -- the path state machine ----------------------------------------------------------
 
     def _move(self, p: _Peer, to: PathState, via: str | None) -> list[Action]:
@@ -277,7 +291,7 @@ class PathCore:
 
     def connect(self, peer: str, now: float) -> list[Action]:
         """Start keeping a path to ``peer`` (through the primary relay until direct)."""
-        p = self._peers.setdefault(peer, _Peer(peer))
+        p = self._peer(peer)
         if p.state is PathState.DOWN and self.relays.primary is not None:
             p.next_upgrade = now
             return self._switch(p, PathState.RELAYED, self.relays.primary, now, old_alive=False)
@@ -322,7 +336,7 @@ class PathCore:
     def direct_up(self, peer: str, now: float) -> list[Action]:
         """A direct link to ``peer`` finished its handshake (dialled, accepted or punched):
         frames move to it, the relay stays as fallback."""
-        p = self._peers.setdefault(peer, _Peer(peer))
+        p = self._peer(peer)
         if p.state is PathState.DIRECT:
             return []
         actions: list[Action] = []
@@ -357,20 +371,24 @@ class PathCore:
 
         Raises:
             Unavailable: the peer has not acknowledged ``MAX_UNACKED`` frames.
+            CapacityExceeded: a new peer while paths to ``max_peers`` are kept.
         """
-        p = self._peers.setdefault(peer, _Peer(peer))
+        p = self._peer(peer)
         numbered = p.out.send(frame, now)
         if p.state is PathState.DOWN:
             return self.connect(peer, now)  # sends it, and all before it, once a relay is up
         return [Transmit(peer, p.path, numbered)]
 
     def receive(self, peer: str, frame: PathFrame, now: float) -> list[Action]:
-        """A path frame from ``peer`` (opened from its relay session, or off the direct link)."""
-        p = self._peers.get(peer)
+        """A path frame from ``peer`` (opened from its relay session, or off the direct link).
+
+        Raises:
+            CapacityExceeded: a new peer while paths to ``max_peers`` are kept.
+        """
+        p = self._peer(peer)
         early: list[Action] = []
-        if p is None or p.state is PathState.DOWN:  # it reached us: keep a path back for acks
+        if p.state is PathState.DOWN:  # it reached us: keep a path back for its acks
             early = self.connect(peer, now)
-            p = self._peers[peer]
         return early + self._receive(p, frame, now)
 
     def _receive(self, p: _Peer, frame: PathFrame, now: float) -> list[Action]:

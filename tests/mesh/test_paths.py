@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hearthnet.errors import Unavailable
+from hearthnet.errors import CapacityExceeded, Unavailable
 from hearthnet.identity import KeyPair
 from hearthnet.mesh.path_frames import Candidates, PAck, PFrame, Punch
 from hearthnet.mesh.paths import (
@@ -110,6 +110,16 @@ def test_a_frame_from_a_new_peer_is_delivered_and_acknowledged_through_the_relay
     got = b.receive(A, PFrame(1, b"hi"), 1.0)
     assert [PathChanged(A, PathState.RELAYED, R), Deliver(A, b"hi")] == got
     assert [Transmit(A, R, PAck(1))] == [x for x in b.tick(1.5) if isinstance(x, Transmit)]
+
+
+def test_paths_are_kept_to_at_most_max_peers() -> None:
+    """A peer past max_peers is capacity_exceeded until one is forgotten."""
+    a = core(A, max_peers=1)
+    a.connect(B, 0.0)
+    with pytest.raises(CapacityExceeded):
+        a.send("another", b"x", 0.0)
+    a.forget(B)
+    assert [] == a.send("another", b"x", 0.0)
 
 
 def test_losing_the_relay_moves_peers_to_another_and_resends() -> None:
