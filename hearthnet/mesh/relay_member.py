@@ -10,7 +10,9 @@ The first frame for a peer starts the session (an ``e2e_hello`` goes first; fram
 bounded, until the answer). A hello from a node that is not a member of a served
 community is refused (the relay is not trusted to check). A frame the session refuses
 (altered, replayed, reordered, from a stranger) is returned as ``refused`` and counted; the
-glue logs it and carries on. Frames lost that way are resent by the path sequence.
+glue logs it and carries on. Frames lost that way are resent by the path sequence. A
+sealed frame from a peer we hold no session with (we restarted, it did not) starts a new
+handshake, so the peer's later frames open again.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hearthnet.errors import BadRequest, Unauthorized, WireError
+from hearthnet.errors import BadRequest, InvalidSignature, Unauthorized, WireError
 from hearthnet.identity import KeyPair
 from hearthnet.mesh.path_frames import PATH_FRAME_TYPES, PathFrame
 from hearthnet.mesh.relay_e2e import RelaySession, SessionState
@@ -123,6 +125,15 @@ class RelayEndpoint:
             return Unwrapped(routes, frames)
         except WireError as exc:
             self.refused[exc.code] += 1
+            known = self._peers.get(route.from_)
+            if (
+                isinstance(exc, InvalidSignature)
+                and known is not None
+                and known.session.state is SessionState.IDLE
+            ):  # sealed under keys we do not hold (we restarted): make new ones
+                known.hello_at = now_ms
+                hello = self._route(route.from_, known.session.start(now_ms))
+                return Unwrapped([hello], refused=exc)
             return Unwrapped(refused=exc)
 
     def tick(self, now_ms: int) -> list[Route]:

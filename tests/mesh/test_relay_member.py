@@ -34,6 +34,22 @@ def test_frames_wait_for_the_session_then_go_sealed() -> None:
     assert [PFrame(1, b"x"), PFrame(2, b"y")] == got
 
 
+def test_a_restarted_member_makes_new_keys_when_sealed_frames_arrive() -> None:
+    """B restarts and cannot open A's frames; it says hello, and A's next frames open."""
+    ea, eb = RelayEndpoint(KA, members), RelayEndpoint(KB, members)
+    answer = eb.unwrap(ea.wrap(B, PAck(0), NOW_MS)[0], NOW_MS).routes[0]
+    ea.unwrap(answer, NOW_MS)
+    eb = RelayEndpoint(KB, members)  # restarted: no session any more
+    lost = eb.unwrap(ea.wrap(B, PFrame(1, b"lost"), NOW_MS)[0], NOW_MS)
+    assert lost.refused is not None
+    reply = ea.unwrap(lost.routes[0], NOW_MS)  # A answers B's hello
+    eb.unwrap(reply.routes[0], NOW_MS)
+    again = [
+        f for r in ea.wrap(B, PFrame(1, b"again"), NOW_MS) for f in eb.unwrap(r, NOW_MS).frames
+    ]
+    assert [PFrame(1, b"again")] == again
+
+
 def test_a_strangers_route_is_refused_and_counted() -> None:
     """A hello from a node outside the served communities is unauthorized."""
     eb = RelayEndpoint(KB, members)
