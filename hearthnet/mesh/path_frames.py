@@ -5,9 +5,9 @@ They travel sealed through a relay (``sealed.f``) or plainly on a direct link::
     candidates {nonce, addrs}        the addresses to punch (observed address first)
     punch {nonce, in_ms}             start the simultaneous open at the same moment
     upgrade {nonce}                  first frame on the punched link
-    pframe {s, f}                    peer-link frame f, number s of the sender's sequence
-    pack {upto, drained?}            every pframe up to upto was delivered
-    drain {upto}                     the old path's last pframe is upto
+    pframe {s, f, e, a}              peer-link frame f, number s of sender's sequence e
+    pack {upto, drained?, e}         every pframe of sequence e up to upto was delivered
+    drain {upto, e}                  the old path's last pframe is upto
 
 See :mod:`hearthnet.mesh.paths` and :mod:`hearthnet.mesh.pathseq` for how they are used.
 """
@@ -105,36 +105,45 @@ class Upgrade(Frame):
 
 @dataclass(frozen=True, slots=True)
 class PFrame(Frame):
-    """Peer frame ``f`` numbered ``s`` in the sender's sequence to this peer (across paths)."""
+    """Peer frame ``f`` numbered ``s`` in the sender's sequence to this peer (across paths).
+    ``e`` is the sequence's epoch (the sender's start time, ms; a restart starts a new
+    sequence) and ``a`` the highest ``s`` the receiver has acknowledged (a receiver that
+    restarted resumes after it)."""
 
     KIND: ClassVar[str] = "pframe"
-    SHAPE: ClassVar[Shape] = Shape.of("pframe frame", ("t", "s", "f"))
+    SHAPE: ClassVar[Shape] = Shape.of("pframe frame", ("t", "s", "f", "e", "a"))
     s: int
     f: bytes
+    e: int = 0
+    a: int = 0
 
     @classmethod
     def parse(cls, obj: dict[str, Any]) -> PFrame:
         """Parse a decoded frame (raises :class:`BadRequest`)."""
         cls.SHAPE.check(obj)
         return cls(
-            int_field(obj, "pframe", "s", 1), bytes_field(obj, "pframe", "f", MAX_INNER_BYTES)
+            int_field(obj, "pframe", "s", 1),
+            bytes_field(obj, "pframe", "f", MAX_INNER_BYTES),
+            int_field(obj, "pframe", "e"),
+            int_field(obj, "pframe", "a"),
         )
 
     def serialize(self) -> dict[str, Any]:
         """The wire map."""
-        return {"t": self.KIND, "s": self.s, "f": self.f}
+        return {"t": self.KIND, "s": self.s, "f": self.f, "e": self.e, "a": self.a}
 
 
 @dataclass(frozen=True, slots=True)
 class PAck(Frame):
-    """Every ``pframe`` up to ``upto`` was delivered; the sender may forget them.
-    ``drained``: this ack answers a ``drain``, so frames up to the drained ``upto`` that it
-    does not cover were lost on the old path."""
+    """Every ``pframe`` of epoch ``e`` up to ``upto`` was delivered; the sender may forget
+    them. ``drained``: this ack answers a ``drain``, so frames up to the drained ``upto``
+    that it does not cover were lost on the old path."""
 
     KIND: ClassVar[str] = "pack"
-    SHAPE: ClassVar[Shape] = Shape.of("pack frame", ("t", "upto", "drained"))
+    SHAPE: ClassVar[Shape] = Shape.of("pack frame", ("t", "upto", "drained", "e"))
     upto: int
     drained: bool = False
+    e: int = 0
 
     @classmethod
     def parse(cls, obj: dict[str, Any]) -> PAck:
@@ -143,32 +152,35 @@ class PAck(Frame):
         drained = obj.get("drained", False)
         if not isinstance(drained, bool):
             raise BadRequest("pack.drained must be a boolean")
-        return cls(int_field(obj, "pack", "upto"), drained)
+        return cls(int_field(obj, "pack", "upto"), drained, int_field(obj, "pack", "e"))
 
     def serialize(self) -> dict[str, Any]:
         """The wire map."""
+        out: dict[str, Any] = {"t": self.KIND, "upto": self.upto, "e": self.e}
         if self.drained:
-            return {"t": self.KIND, "upto": self.upto, "drained": True}
-        return {"t": self.KIND, "upto": self.upto}
+            out["drained"] = True
+        return out
 
 
 @dataclass(frozen=True, slots=True)
 class Drain(Frame):
-    """The last ``pframe`` this path carries is ``upto``; later ones take the new path."""
+    """The last ``pframe`` of epoch ``e`` this path carries is ``upto``; later ones take the
+    new path."""
 
     KIND: ClassVar[str] = "drain"
-    SHAPE: ClassVar[Shape] = Shape.of("drain frame", ("t", "upto"))
+    SHAPE: ClassVar[Shape] = Shape.of("drain frame", ("t", "upto", "e"))
     upto: int
+    e: int = 0
 
     @classmethod
     def parse(cls, obj: dict[str, Any]) -> Drain:
         """Parse a decoded frame (raises :class:`BadRequest`)."""
         cls.SHAPE.check(obj)
-        return cls(int_field(obj, "drain", "upto"))
+        return cls(int_field(obj, "drain", "upto"), int_field(obj, "drain", "e"))
 
     def serialize(self) -> dict[str, Any]:
         """The wire map."""
-        return {"t": self.KIND, "upto": self.upto}
+        return {"t": self.KIND, "upto": self.upto, "e": self.e}
 
 
 PathFrame = Candidates | Punch | Upgrade | PFrame | PAck | Drain

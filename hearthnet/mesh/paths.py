@@ -213,11 +213,14 @@ class PathCore:
         self,
         node_id: str,
         relays: Sequence[str],
+        *,
         config: PathConfig | None = None,
         rng: random.Random | None = None,
         relay_config: RelayChoiceConfig | None = None,
+        epoch: int = 0,
     ) -> None:
         self.node_id = node_id
+        self.epoch = epoch  # this process's start (ms): our sequences restart with it
         self.config = config or PathConfig()
         self.rng = rng or random.Random()
         self.relays = RelayChoice(relays, relay_config or RelayChoiceConfig(), self.rng)
@@ -260,7 +263,7 @@ class PathCore:
         if p is None:
             if len(self._peers) >= self.config.max_peers:
                 raise CapacityExceeded(f"paths to {self.config.max_peers} peers already kept")
-            p = self._peers[peer] = _Peer(peer)
+            p = self._peers[peer] = _Peer(peer, out=Outbound(epoch=self.epoch))
         return p
 
     # -- the path state machine ----------------------------------------------------------

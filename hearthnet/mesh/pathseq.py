@@ -39,8 +39,9 @@ ACK_EVERY = 32  # frames delivered between two acks (also acked on every drain a
 
 @dataclass
 class Outbound:
-    """The sending side of one peer's sequence."""
+    """The sending side of one peer's sequence; ``epoch`` is this process's start (ms)."""
 
+    epoch: int = 0
     max_unacked: int = MAX_UNACKED
     retransmit_s: float = RETRANSMIT_S
     last: int = 0
@@ -59,7 +60,7 @@ class Outbound:
             raise Unavailable("the peer acknowledges nothing; too many frames unacknowledged")
         self.last += 1
         self._unacked.append((self.last, frame, now))
-        return PFrame(self.last, frame)
+        return PFrame(self.last, frame, self.epoch, self.acked)
 
     @property
     def unacked(self) -> int:
@@ -69,13 +70,13 @@ class Outbound:
     def drain(self) -> Drain:
         """The marker for the old path when switching to a new one that still works."""
         self.drained = self.last
-        return Drain(self.last)
+        return Drain(self.last, self.epoch)
 
     def ack(self, frame: PAck, now: float) -> list[PFrame]:
         """Apply a ``pack``; return the frames to resend (those a drained path lost)."""
         upto = frame.upto
-        if upto > self.last:
-            return []  # acknowledges what we never sent: ignore it
+        if upto > self.last or frame.e != self.epoch:
+            return []  # acknowledges what we never sent (or a sequence before our restart)
         while self._unacked and self._unacked[0][0] <= upto:
             self._unacked.popleft()
         self.acked = max(self.acked, upto)
@@ -101,7 +102,7 @@ class Outbound:
         kept: deque[tuple[int, bytes, float]] = deque()
         for s, f, sent in self._unacked:
             if sent <= horizon and which(s):
-                out.append(PFrame(s, f))
+                out.append(PFrame(s, f, self.epoch, self.acked))
                 kept.append((s, f, now))
             else:
                 kept.append((s, f, sent))
@@ -115,14 +116,28 @@ class Inbound:
 
     max_ahead: int = MAX_AHEAD
     ack_every: int = ACK_EVERY
+    epoch: int | None = None  # the sender's sequence we follow; None until its first frame
     delivered: int = 0
     duplicates: int = 0
+    stale: int = 0  # frames of a sequence from before the sender restarted
     _ahead: dict[int, bytes] = field(default_factory=dict)
     _unacked: int = 0  # delivered since the last ack
 
     def receive(self, frame: PFrame) -> tuple[list[bytes], PAck | None]:
         """Take one ``pframe``; return the frames now deliverable, in order, and the ack
         to send, if one is due."""
+        if self.epoch is None or frame.e > self.epoch:
+            # a first frame, or the sender restarted: follow its (new) sequence, which
+            # resumes after what we acknowledged (none of it, for a new sequence)
+            self.epoch, self.delivered, self._unacked = frame.e, 0, 0
+            self._ahead.clear()
+        elif frame.e < self.epoch:
+            self.stale += 1
+            return [], None
+        if frame.a > self.delivered:
+            # we acknowledged up to a before we restarted: those were handed on then
+            self.delivered = frame.a
+            self._ahead = {k: v for k, v in self._ahead.items() if k > frame.a}
         s = frame.s
         if s <= self.delivered or s in self._ahead:
             self.duplicates += 1
@@ -146,7 +161,9 @@ class Inbound:
         """The old path ended at ``frame.upto``: acknowledge at once, so the sender learns
         what that path lost."""
         self._unacked = 0
-        return PAck(self.delivered, drained=True)
+        if frame.e != self.epoch:  # a drain of a sequence we do not follow: a plain ack
+            return PAck(self.delivered, e=self.epoch or 0)
+        return PAck(self.delivered, drained=True, e=frame.e)
 
     @property
     def owed(self) -> bool:
@@ -156,4 +173,4 @@ class Inbound:
     def ack(self) -> PAck:
         """The acknowledgement of everything delivered (send on tick, or when due)."""
         self._unacked = 0
-        return PAck(self.delivered)
+        return PAck(self.delivered, e=self.epoch or 0)

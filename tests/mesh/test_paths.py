@@ -42,7 +42,13 @@ def core(
 ) -> PathCore:
     """A path core with a seeded random source."""
     choice = RelayChoiceConfig(attach_target=attach_target)
-    return PathCore(node, relays, PathConfig(**cfg), random.Random(seed), choice)  # type: ignore[arg-type]
+    return PathCore(
+        node,
+        relays,
+        config=PathConfig(**cfg),  # type: ignore[arg-type]
+        rng=random.Random(seed),
+        relay_config=choice,
+    )
 
 
 def kinds(actions: list[Action]) -> list[str]:
@@ -315,7 +321,7 @@ def test_a_drain_ack_below_the_drained_mark_resends_the_lost_frames() -> None:
     drain = out.drain()
     inb.receive(sent[2])
     ack = inb.drain(drain)
-    assert (PAck(1, drained=True), [PFrame(2, b"\x02"), PFrame(3, b"\x03")]) == (
+    assert (PAck(1, drained=True), [PFrame(2, b"\x02", a=1), PFrame(3, b"\x03", a=1)]) == (
         ack,
         out.ack(ack, 0.1),
     )
@@ -335,6 +341,38 @@ def test_unacknowledged_frames_are_resent_after_two_seconds() -> None:
     out = Outbound()
     out.send(b"a", 0.0)
     assert ([], [PFrame(1, b"a")], []) == (out.due(1.9), out.due(2.0), out.due(3.0))
+
+
+def test_a_restarted_sender_starts_a_new_sequence() -> None:
+    """Frames of a later epoch restart the count; late frames of the old epoch are stale."""
+    inb = Inbound()
+    old = Outbound(epoch=100)
+    for _ in range(3):
+        inb.receive(old.send(b"old", 0.0))
+    new = Outbound(epoch=200)
+    first = inb.receive(new.send(b"new", 0.0))[0]
+    late = inb.receive(PFrame(4, b"late", e=100))[0]
+    assert ([b"new"], [], 1) == (first, late, inb.stale)
+
+
+def test_a_restarted_receiver_resumes_after_what_it_acknowledged() -> None:
+    """A receiver with no state skips what the sender says was acknowledged already."""
+    out = Outbound(epoch=7)
+    for i in range(5):
+        out.send(bytes([i]), 0.0)
+    out.ack(PAck(3, e=7), 0.0)
+    fresh = Inbound()  # the receiver restarted after acknowledging 1..3
+    resent = out.resend_all(1.0)
+    got = [f for pf in resent for f in fresh.receive(pf)[0]]
+    assert ([b"\x03", b"\x04"], 5) == (got, fresh.delivered)
+
+
+def test_acks_for_another_epoch_are_ignored() -> None:
+    """An ack naming a sequence before our restart releases nothing."""
+    out = Outbound(epoch=2)
+    out.send(b"x", 0.0)
+    out.ack(PAck(1, e=1), 0.0)
+    assert 1 == out.unacked
 
 
 def test_a_peer_that_acknowledges_nothing_is_unavailable() -> None:

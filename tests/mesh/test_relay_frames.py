@@ -59,9 +59,9 @@ frames: st.SearchStrategy[RelayFrame] = st.one_of(
     st.builds(Candidates, nonces, st.lists(addrs, min_size=1, max_size=8).map(tuple)),
     st.builds(Punch, nonces, st.integers(0, 10_000)),
     st.builds(Upgrade, nonces),
-    st.builds(PFrame, st.integers(1, 2**63), blobs),
-    st.builds(PAck, small, st.booleans()),
-    st.builds(Drain, small),
+    st.builds(PFrame, st.integers(1, 2**63), blobs, small, small),
+    st.builds(PAck, small, st.booleans(), small),
+    st.builds(Drain, small, small),
 )  # fmt: skip
 
 
