@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 import cbor2
 
+from hearthnet.canonical import MAX_SAFE_INTEGER
 from hearthnet.errors import BadRequest
 from hearthnet.ids import is_node_id
 from hearthnet.shapes import Shape
@@ -18,7 +19,9 @@ MAX_FRAME_BYTES = 2 * 1024 * 1024  # the peer-link limit (spec §7.2)
 MAX_INNER_BYTES = MAX_FRAME_BYTES - 1024  # room for the route header around it
 MAX_ADDRS = 8
 MAX_ADDR_CHARS = 262  # "[" + 253-character host + "]:" + port
-MAX_ID = 2**64 - 1
+# Every integer on a peer link stays within ±2^53: canonical JSON (spec §1.3, §2.5) holds
+# no larger one, and the link refuses frames with values it cannot represent.
+MAX_ID = MAX_SAFE_INTEGER
 MAX_NONCE_CHARS = 64
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from hearthnet.errors import BadRequest, InvalidSignature, Unauthorized, WireError
 from hearthnet.identity import KeyPair
+from hearthnet.mesh.frame_fields import MAX_ID
 from hearthnet.mesh.path_frames import PATH_FRAME_TYPES, PathFrame
 from hearthnet.mesh.relay_e2e import RelaySession, SessionState
 from hearthnet.mesh.relay_frames import DEFAULT_TTL_HOPS, Route, decode
@@ -72,7 +73,7 @@ class RelayEndpoint:
         self.dropped_pending = 0
         self._peers: OrderedDict[str, _Peer] = OrderedDict()
         # A random start: ids from before a restart may still sit in relays' seen-caches.
-        self._next_id = int.from_bytes(os.urandom(8), "big") >> 1
+        self._next_id = int.from_bytes(os.urandom(6), "big")  # 48 bits; ids stay < 2^53
 
     def _peer(self, node: str) -> _Peer:
         p = self._peers.get(node)
@@ -85,7 +86,7 @@ class RelayEndpoint:
         return p
 
     def _route(self, to: str, inner: bytes) -> Route:
-        self._next_id = (self._next_id + 1) % 2**64
+        self._next_id = (self._next_id + 1) % (MAX_ID + 1)
         return Route(to, self.keys.node_id, self.config.ttl_hops, self._next_id, inner)
 
     def wrap(self, peer: str, frame: PathFrame, now_ms: int) -> list[Route]:

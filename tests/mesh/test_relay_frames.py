@@ -36,7 +36,7 @@ C = KeyPair.from_seed(b"\x63" * 32)
 NOW = 1_763_800_000_000
 
 node_ids = st.sampled_from([A.node_id, B.node_id, C.node_id])
-ids = st.integers(0, 2**64 - 1)
+ids = st.integers(0, 2**53 - 1)
 small = st.integers(0, 2**40)
 addrs = st.sampled_from(["203.0.113.7:4001", "[2001:db8::1]:443", "relay.example.org:1"])
 nonces = st.text("0123456789abcdef", min_size=1, max_size=64)
@@ -55,11 +55,11 @@ frames: st.SearchStrategy[RelayFrame] = st.one_of(
               st.sampled_from(["unreachable", "ttl", "rate_limited"]), st.none() | small),
     st.builds(RouteTable, node_ids, ids,
               st.lists(st.tuples(node_ids, st.integers(0, 15)), max_size=5).map(tuple)),
-    st.builds(Sealed, st.integers(1, 2**63), blobs, st.binary(min_size=16, max_size=16)),
+    st.builds(Sealed, st.integers(1, 2**53 - 1), blobs, st.binary(min_size=16, max_size=16)),
     st.builds(Candidates, nonces, st.lists(addrs, min_size=1, max_size=8).map(tuple)),
     st.builds(Punch, nonces, st.integers(0, 10_000)),
     st.builds(Upgrade, nonces),
-    st.builds(PFrame, st.integers(1, 2**63), blobs, small, small),
+    st.builds(PFrame, st.integers(1, 2**53 - 1), blobs, small, small),
     st.builds(PAck, small, st.booleans(), small),
     st.builds(Drain, small, small),
 )  # fmt: skip
@@ -111,7 +111,8 @@ ROUTE = {"t": "route", "to": A.node_id, "from": B.node_id, "ttl_hops": 4, "id": 
         ({"from": [A.node_id]}, "route.from must be a NodeID"),
         ({"ttl_hops": 17}, "route.ttl_hops must be an integer in 0..16"),
         ({"ttl_hops": True}, "route.ttl_hops must be an integer in 0..16"),
-        ({"id": -1}, f"route.id must be an integer in 0..{2**64 - 1}"),
+        ({"id": -1}, f"route.id must be an integer in 0..{2**53 - 1}"),
+        ({"id": 2**53}, f"route.id must be an integer in 0..{2**53 - 1}"),
         ({"inner": "text"}, "route.inner must be a byte string of at most 2096128 bytes"),
     ],
 )
@@ -136,7 +137,7 @@ def test_a_malformed_route_is_refused_naming_the_field(patch: dict[str, Any], me
         ({"t": "sealed", "s": 1, "f": b"", "m": b"short"},
          "sealed.m must be a byte string of 16 bytes"),
         ({"t": "sealed", "s": 0, "f": b"", "m": bytes(16)},
-         f"sealed.s must be an integer in 1..{2**64 - 1}"),
+         f"sealed.s must be an integer in 1..{2**53 - 1}"),
         ({"t": "punch", "nonce": "a", "in_ms": 10_001},
          "punch.in_ms must be an integer in 0..10000"),
         ({"t": "hello"}, "not a relay frame kind: 'hello'"),
