@@ -13,7 +13,9 @@ Rules:
 
 - Only nodes ``is_served`` accepts (members of this community and of federated ones) may
   attach, send and be sent to; attached members are checked again on every table refresh.
-- A member's ``route`` frames must carry its own NodeID in ``from`` (else :class:`Close`).
+- A member's ``route`` frames must carry its own NodeID in ``from`` and at most the
+  ``max_inner`` bytes it was granted (else :class:`Close`); a peer that has not attached
+  is refused (attach first).
 - Budgets (per attached member, only where its frames enter the relay network): bytes of
   ``inner`` per second (default 256 KiB/s) and concurrent circuits, a circuit being a
   destination the member sent to within ``circuit_idle_s`` (default 64; the relay cannot
@@ -26,9 +28,11 @@ Rules:
   ``ttl_hops``; a frame arriving with none left is ``route_error ttl``. A ``(from, id)``
   already forwarded is dropped (seen-cache of ``seen_cache`` entries).
 - Federation: each federated relay gets our ``route_table`` (attached members at hops 0,
-  learnt routes at their hops, none back over the link it was learnt from) every
-  ``table_refresh_s`` and at most ``table_min_interval_s`` after a change; a table not
-  refreshed within ``table_expiry_s`` is forgotten.
+  learnt routes at their hops, none back over the link it was learnt from, none longer
+  than ``max_route_hops`` relays after the receiver) every ``table_refresh_s`` and at most
+  ``table_min_interval_s`` after a change; a table not refreshed within
+  ``table_expiry_s`` is forgotten. Frames from federated relays were budgeted where they
+  entered; they are checked for membership, ttl and the seen-cache only.
 """
 
 from __future__ import annotations
