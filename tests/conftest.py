@@ -28,9 +28,11 @@ def pytest_configure(config: pytest.Config) -> None:
     home = tempfile.mkdtemp(prefix="hearthnet-test-home-")
     _EMPTY_HOME.append(home)
     os.environ["HOME"] = home
-    # nor because of the environment it was started from (HEARTHNET_<SECTION>_<KEY>)
+    # nor because of the environment it was started from (HEARTHNET_<SECTION>_<KEY>);
+    # HEARTHNET_FUZZ_* are the fuzz suite's own knobs (tests/fuzz/budget.py), no section's
     for name in [n for n in os.environ if n.startswith(("HEARTHNET_", "XDG_"))]:
-        del os.environ[name]
+        if not name.startswith("HEARTHNET_FUZZ_"):
+            del os.environ[name]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -15,19 +15,23 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from hearthnet.errors import ConfigError
+from hearthnet.canonical import parse_json
+from hearthnet.errors import BadRequest, ConfigError
 from hearthnet.ids import short_id
 from hearthnet.ratelimit import TokenBucket
 
 KEEP_DAYS = 14
 BUFFER_MAX = 10_000
 TRACES_PER_S = 50.0
+
+log = logging.getLogger("hearthnet.mesh")
 
 
 def day_of(ts_ms: int) -> str:
@@ -176,8 +180,18 @@ def _beacons_since(db: Path, since_ms: int) -> Iterator[dict[str, Any]]:
             (since_ms,),
         )
         for (raw,) in rows:
-            envelope = json.loads(raw)
-            if isinstance(envelope.get("data"), dict):
+            try:
+                # the project's parser: a hostile row (deep nesting, huge numbers) is
+                # refused as bad_request instead of crashing the export with RecursionError
+                envelope = parse_json(raw)
+            except BadRequest as exc:
+                log.warning("export: skipped a mesh.beacon message that is not JSON: %s", exc)
+                continue
+            if (
+                isinstance(envelope, dict)
+                and isinstance(envelope.get("data"), dict)
+                and isinstance(envelope.get("ts"), int)
+            ):
                 yield {**envelope["data"], "ts": envelope["ts"]}
     finally:
         conn.close()

@@ -585,6 +585,19 @@ class Mesh:
                 "dropped a gossiped message from %s: %s", link.node, exc, extra={"peer": link.node}
             )
             return
+        if self.membership.level_of(message.origin) is None:
+            # spec §1.5, §7.3: only a current member originates gossip (mesh.** included).
+            # Dropped before the log and _hops, so it is neither stored nor forwarded and
+            # leaves no trace that would stop a later copy: a member whose member.added
+            # arrives after its message gets it again from anti-entropy (ihave/iwant).
+            self.sig_failures.inc("gossip_origin")
+            log.warning(
+                "dropped a gossiped message from %s: origin %s is not a member",
+                link.node,
+                message.origin,
+                extra={"peer": link.node},
+            )
+            return
         hops = frame.get("h")
         hops = hops if isinstance(hops, int) and 0 < hops < 64 else 1
         self._hops[message.id] = hops

@@ -73,6 +73,7 @@ from hearthnet.transport.server import (
 log = logging.getLogger("hearthnet.pubsub.ws")
 
 PING_FRAME = rfc6455.ws_frame(b"", rfc6455.OP_PING)
+CLOSE_LINGER_S = 1.0  # input drained after our close frame before TCP is dropped
 _SESSION_MESSAGES = frozenset({WSMsgType.TEXT, WSMsgType.BINARY, WSMsgType.PING, WSMsgType.PONG})
 CLOSE_INTERNAL_ERROR = 1011
 TOKEN_WARNING_MS = 60_000
@@ -137,6 +138,7 @@ class WsSession:
         "_token_due_ms",
         "caller",
         "close_code",
+        "closing",
         "codec",
         "deps",
         "finished",
@@ -171,6 +173,7 @@ class WsSession:
         self.token_exp_ms: int | None = None
         self.warned = False
         self.close_code: int | None = None
+        self.closing = False  # our close frame is out: input is read and dropped
         self.tasks: set[asyncio.Task[Any]] | None = None  # made on first use: most have none
         self.session_key: int | None = None
         self.finished = False
@@ -187,7 +190,7 @@ class WsSession:
 
     def _write(self, data: bytes) -> bool:
         transport = self.transport
-        if transport.is_closing():
+        if self.closing or transport.is_closing():  # nothing may follow a close frame
             return False
         transport.write(data)
         return True
@@ -242,20 +245,29 @@ class WsSession:
         self.hard_close(CLOSE_GOING_AWAY, "node shutting down")
 
     def hard_close(self, code: int, reason: str) -> None:
-        """Write what is queued, a close frame, and drop the connection."""
+        """Write what is queued and a close frame; drop the connection when the client
+        answers the close, closes, or after :data:`CLOSE_LINGER_S`."""
         if self.close_code is None:
             self.close_code = code
-        if not self.transport.is_closing():
-            if self.sub is not None:
-                self.sub.flush()
-            self.transport.write(rfc6455.close_frame(code, reason))
-            self.transport.close()
+        transport = self.transport
+        if self.closing or transport.is_closing():
+            return
+        if self.sub is not None:
+            self.sub.flush()
+            self.sub.transport = None  # the subscriber writes nothing after the close frame
+        transport.write(rfc6455.close_frame(code, reason))
+        self.closing = True
+        # RFC 6455 §7.1.1, RFC 9112 §9.6: closing while the client still sends resets the
+        # connection, and the reset can destroy the close frame before the client reads
+        # it (it sees 1006). Read and drop its input for a moment (bounded), as the front
+        # door does after its own refusals.
+        self.loop.call_later(CLOSE_LINGER_S, transport.close)
 
     # --- receiving --------------------------------------------------------------------
 
     def on_message(self, payload: bytes | str, *, binary: bool) -> None:
         """One complete client message."""
-        if self.finished or self.transport.is_closing():
+        if self.finished or self.closing or self.transport.is_closing():
             return
         self.keepalive.data(self.loop.time())
         if self.caller is None:
@@ -291,6 +303,9 @@ class WsSession:
         """The client closes: answer with the same code and drop the connection."""
         if self.close_code is None:
             self.close_code = code
+        if self.closing:  # the client answers our close frame: the handshake is done
+            self.transport.close()
+            return
         reply = CLOSE_NORMAL if code == rfc6455.CLOSE_NO_STATUS else code
         if self._write(rfc6455.close_frame(reply)):
             self.transport.close()
@@ -583,6 +598,8 @@ class LeanWebSocket(asyncio.Protocol):
             for event in events:
                 if transport.is_closing():
                     return
+                if session.closing and not isinstance(event, rfc6455.CloseReceived):
+                    continue  # draining after our close frame (see WsSession.hard_close)
                 if isinstance(event, rfc6455.Message):
                     session.on_message(event.payload, binary=event.binary)
                 elif isinstance(event, rfc6455.Ping):
@@ -664,7 +681,7 @@ class PubSubWebSocket:
         if task is not None:
             deps.streams.add(task)
         try:
-            while not session.transport.is_closing():
+            while not (session.closing or session.transport.is_closing()):
                 msg = await ws.receive()
                 if msg.type not in _SESSION_MESSAGES:  # closed, closing or failed
                     too_big = getattr(msg.data, "code", 0) == CLOSE_TOO_BIG

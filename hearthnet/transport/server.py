@@ -46,6 +46,7 @@ from hearthnet.transport.frontdoor import (
     plain_response,
     refusal_answer,
 )
+from hearthnet.transport.parser_errors import JsonErrorsHandler
 from hearthnet.transport.preauth import Refusal, descriptor_budget
 
 log = logging.getLogger("hearthnet.transport")
@@ -286,22 +287,36 @@ class HttpServer:
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         """Listen; returns the bound address (``port=0`` picks a free one)."""
+        # What each connection's handler is made with (see JsonErrorsHandler below).
+        handler_args: dict[str, Any] = {
+            "access_log": None,
+            "max_line_size": _PARSER_LIMIT,
+            "max_field_size": _PARSER_LIMIT,
+            # above ours, so a later request on a kept-alive connection with too many
+            # headers reaches the middleware and is answered in JSON
+            "max_headers": self.head.max_headers * 16,
+            "keepalive_timeout": self.keepalive_idle_s,
+        }
         self._runner = web.AppRunner(
             self.app,
-            access_log=None,
             handle_signals=False,
             # spec §3.6: a client closing an SSE stream is its cancel; aiohttp cancels the
             # handler, our handlers turn that into cancelling the capability.
             handler_cancellation=True,
-            max_line_size=_PARSER_LIMIT,
-            max_field_size=_PARSER_LIMIT,
-            # above ours, so a later request on a kept-alive connection with too many
-            # headers reaches the middleware and is answered in JSON
-            max_headers=self.head.max_headers * 16,
-            keepalive_timeout=self.keepalive_idle_s,
             shutdown_timeout=1.0,
+            **handler_args,
         )
         await self._runner.setup()
+        server = self._runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+
+        def http() -> asyncio.BaseProtocol:
+            # aiohttp's own handler, but what its parser refuses is answered in JSON
+            return JsonErrorsHandler(
+                server, loop=loop, requests_refused=self.metrics.refused, **handler_args
+            )
+
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -317,15 +332,13 @@ class HttpServer:
             _nofile(), _descriptors_in_use(), self.head.fd_reserve
         )
         limits = dataclasses.replace(self.head.limits, capacity=capacity, reserve=reserve)
-        assert self._runner.server is not None
         self.gate = PreAuthGate(
             dataclasses.replace(self.head, limits=limits),
             self.metrics.refused,
             self.connections_refused,
-            self._runner.server,
+            http,
             self.upgrades,
         )
-        loop = asyncio.get_running_loop()
         self._accepting = loop.create_task(self._accept_loop(sock, self.gate))
         self._sweeping = loop.create_task(self.gate.run_sweeps())
         self.host, self.port = sock.getsockname()[:2]

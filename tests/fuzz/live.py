@@ -25,9 +25,10 @@ from yarl import URL
 
 from hearthnet.bus.envelope import request_envelope
 from hearthnet.clock import now_ms
-from hearthnet.community import CommunityStore, Level, MembershipRecord, open_membership
+from hearthnet.community import CommunityStore, Level, MembershipRecord
 from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.ids import new_ulid
+from hearthnet.membership import Membership, open_membership
 from hearthnet.tokens import CapabilityToken, Scope
 from tests.fuzz.oracle import check_http
 from tests.helpers import NodeProcess, start_node_process
@@ -99,10 +100,9 @@ class LiveNode:
         if self.http is None:
             self.http = self.run(self._session())
         self.add_record(
-            MembershipRecord.create(
+            self.view().sign(
                 self.anchor,
                 "member.added",
-                self.community,
                 self.member.node_id,
                 now_ms=now_ms(),
                 level=Level.MEMBER,
@@ -277,6 +277,11 @@ class LiveNode:
             return AssertionError(f"{what}: the node dropped the connection without an answer")
         return NodeDied(f"the node process exited ({code}) on {what}")
 
+    def view(self) -> Membership:
+        """The node's membership as its ``records.jsonl`` holds it now: the chains the
+        fuzzer's own records continue (:meth:`Membership.sign`)."""
+        return open_membership(CommunityStore(self.data_dir), self.anchor, name="", now_ms=now_ms())
+
     def add_record(self, record: MembershipRecord) -> None:
         """Submit a record signed by the anchor (the fuzzer's only legitimate records)."""
         self.own_records.add(record.id)
@@ -325,7 +330,7 @@ class LiveNode:
             for r in store.load()
             if r.id not in self.own_records and r.by not in signers
         ]
-        view = open_membership(store, self.anchor, name="", now_ms=now_ms())
+        view = self.view()
         expected = (self.expected_members, self.expected_revoked)
         actual = ({node: info.level for node, info in view.members.items()}, view.revoked)
         # A violation is reported once: the next inputs are judged against the node as it

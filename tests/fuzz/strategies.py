@@ -86,36 +86,75 @@ def representable(value: Any) -> bool:
 
 def json_text(value: Any) -> bytes:
     """The value as JSON text, even where JSON has no form (NaN, Infinity, giant ints):
-    what a hostile or broken client would send."""
+    what a hostile or broken client would send. Iterative, so values nested thousands
+    deep (see :func:`nested`) encode too."""
+    out: list[str] = []
+    # a stack of values to encode and of literal text (brackets, commas) to emit
+    todo: list[tuple[bool, Any]] = [(False, value)]
+    while todo:
+        literal, v = todo.pop()
+        if literal:
+            out.append(v)
+        elif isinstance(v, list):
+            todo.append((True, "]"))
+            for i, x in enumerate(reversed(v)):
+                todo.append((False, x))
+                if i < len(v) - 1:
+                    todo.append((True, ","))
+            out.append("[")
+        elif isinstance(v, dict):
+            todo.append((True, "}"))
+            items = list(v.items())
+            for i, (k, x) in enumerate(reversed(items)):
+                todo.append((False, x))
+                todo.append((True, _json_scalar(str(k)) + ":"))
+                if i < len(items) - 1:
+                    todo.append((True, ","))
+            out.append("{")
+        else:
+            out.append(_json_scalar(v))
+    return "".join(out).encode("utf-8", "surrogatepass")
 
-    def enc(v: Any) -> str:
-        if isinstance(v, bool) or v is None:
-            return {True: "true", False: "false", None: "null"}[v]
-        if isinstance(v, int):
-            return str(v)
-        if isinstance(v, float):
-            if math.isnan(v):
-                return "NaN"
-            if math.isinf(v):
-                return "Infinity" if v > 0 else "-Infinity"
-            return repr(v)
-        if isinstance(v, str):
-            out = ['"']
-            for ch in v:
-                code = ord(ch)
-                if ch in '"\\' or code < 0x20 or 0xD800 <= code <= 0xDFFF:
-                    out.append(f"\\u{code:04x}")
-                else:
-                    out.append(ch)
-            out.append('"')
-            return "".join(out)
+
+def _json_scalar(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return {True: "true", False: "false", None: "null"}[v]
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "NaN"
+        if math.isinf(v):
+            return "Infinity" if v > 0 else "-Infinity"
+        return repr(v)
+    if isinstance(v, str):
+        out = ['"']
+        for ch in v:
+            code = ord(ch)
+            if ch in '"\\' or code < 0x20 or 0xD800 <= code <= 0xDFFF:
+                out.append(f"\\u{code:04x}")
+            else:
+                out.append(ch)
+        out.append('"')
+        return "".join(out)
+    raise TypeError(type(v))
+
+
+def json_shaped(value: Any) -> bool:
+    """True when the value has a JSON form as it is: string keys, JSON scalars (no bytes,
+    tags or non-string keys, which exist only in CBOR)."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
         if isinstance(v, list):
-            return "[" + ",".join(enc(x) for x in v) + "]"
-        if isinstance(v, dict):
-            return "{" + ",".join(enc(str(k)) + ":" + enc(x) for k, x in v.items()) + "}"
-        raise TypeError(type(v))
-
-    return enc(value).encode("utf-8", "surrogatepass")
+            todo.extend(v)
+        elif isinstance(v, dict):
+            if not all(isinstance(k, str) for k in v):
+                return False
+            todo.extend(v.values())
+        elif not (v is None or isinstance(v, bool | int | float | str)):
+            return False
+    return True
 
 
 # --- topics (spec §6.1) -----------------------------------------------------------------

@@ -55,11 +55,8 @@ def enrol_revokee(live: LiveNode, keys: KeyPair) -> None:
         ("member.added", Level.TRUSTED, added),
         ("member.revoked", None, revoked),
     ):
-        live.add_record(
-            MembershipRecord.create(
-                live.anchor, kind, live.community, keys.node_id, now_ms=ts, level=level
-            )
-        )
+        # keep_upto: the revokee's chain is empty, so every record it signs is past it
+        live.add_record(live.view().sign(live.anchor, kind, keys.node_id, now_ms=ts, level=level))
     live.revokee_span = (added, revoked)  # type: ignore[attr-defined]
     live.expected_revoked.add(keys.node_id)
     live.granted_revoked.add(keys.node_id)
@@ -193,25 +190,37 @@ def test_membership_bodies(live: LiveNode, body: Any) -> None:
 
 
 @budget(20)
-@given(position=st.floats(0, 1), level=st.sampled_from(list(Level)))
+@given(
+    position=st.floats(0, 1),
+    level=st.sampled_from(list(Level)),
+    length=st.integers(min_value=1, max_value=3),
+)
 def test_revoked_member_backdated_add(
-    live: LiveNode, revokee: KeyPair, position: float, level: Level
+    live: LiveNode, revokee: KeyPair, position: float, level: Level, length: int
 ) -> None:
-    """A revoked trusted member's member.added, dated back into its time as a member, is
-    void: nobody is added and nothing is stored."""
+    """A revoked trusted member's chain of member.added records, dated back into its time
+    as a member and placed past its keep_upto, is void: nobody is added, nothing stored."""
     live.ensure_running()
     enrol_revokee(live, revokee)
     added, revoked = live.revokee_span  # type: ignore[attr-defined]
-    record = MembershipRecord.create(
-        revokee,
-        "member.added",
-        live.community,
-        live.stranger.node_id,
-        now_ms=added + 1 + int(position * max(0, revoked - added - 2)),
-        level=level,
-    )
-    post_records(live, [record.to_json()])
-    live.check("membership backdated")
+    ts = added + 1 + int(position * max(0, revoked - added - 2))
+    chain: list[MembershipRecord] = []
+    for seq in range(1, length + 1):
+        chain.append(
+            MembershipRecord.create(
+                revokee,
+                "member.added",
+                live.community,
+                KeyPair.generate().node_id if seq > 1 else live.stranger.node_id,
+                now_ms=ts,
+                level=level,
+                signer_seq=seq,
+                prev=chain[-1].digest if chain else None,
+            )
+        )
+    status, body = post_records(live, [record.to_json() for record in chain])
+    assert (403, "revoked") == (status, body["error"]), body
+    live.check("membership backdated", len(chain))
 
 
 @budget(80)

@@ -20,7 +20,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hearthnet.clock import now_ms
-from hearthnet.community import CommunityStore, open_membership
 from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulid
 from hearthnet.mesh.heartbeat import pong_for
@@ -106,9 +105,7 @@ def check_frame(frame: dict[str, Any], where: str) -> None:
 
 async def open_link(live: LiveNode) -> Link:
     """Dial the node's peer endpoint as the fuzzer's member and do the handshake."""
-    membership = open_membership(
-        CommunityStore(live.data_dir), live.anchor, name="", now_ms=now_ms()
-    )
+    membership = live.view()
     ws = await live.session.ws_connect(
         live.url + "/mesh/v1/peer", protocols=(SUBPROTOCOL,), max_msg_size=MAX_FRAME_BYTES
     )
@@ -261,11 +258,13 @@ def test_gossip_from_a_stranger_origin(live: LiveNode, topic: str, data: Any) ->
     ),
     level=st.sampled_from(["member", "trusted", "anchor"]),
     subject=st.sampled_from(["stranger", "member", "anchor"]),
+    signer_seq=st.sampled_from([None, 1, 2]),
 )
 def test_membership_frames_from_strangers(
-    live: LiveNode, kind: str, level: str, subject: str
+    live: LiveNode, kind: str, level: str, subject: str, signer_seq: int | None
 ) -> None:
-    """Validly signed records by a stranger, flooded over a member's link, are not stored."""
+    """Validly signed records by a stranger (chained or not), flooded over a member's
+    link, are not stored."""
     live.ensure_running()
     subjects = {"stranger": live.stranger, "member": live.member, "anchor": live.anchor}
     record = {
@@ -280,6 +279,8 @@ def test_membership_frames_from_strangers(
     if kind == "token.revoked":
         record.pop("level")
         record["iss"] = live.member.node_id
+    if signer_seq is not None:  # spec §1.5 chains; a legacy record is refused over a link
+        record["signer_seq"] = signer_seq
     record["sig"] = live.stranger.sign_object(record)
     live.run(exchange(live, [{"t": "membership", "records": [record]}], "peer membership"))
     live.check("peer membership")

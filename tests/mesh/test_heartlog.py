@@ -6,6 +6,7 @@ import asyncio
 import builtins
 import gzip
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +149,17 @@ def test_parquet_export_without_pyarrow_says_what_to_install(
     monkeypatch.setattr(builtins, "__import__", no_pyarrow)
     with pytest.raises(ConfigError, match="hearthnet\\[analysis\\]"):
         export(tmp_path / "node", tmp_path / "out", node=KEYS.node_id, since_ms=0, fmt="parquet")
+
+
+async def test_export_skips_a_stored_beacon_nested_too_deep(tmp_path: Path) -> None:
+    """A mesh.beacon row whose JSON nests 100,000 deep is skipped; the others export."""
+    await write_beacon(tmp_path / "node", uptime_s=1.0)
+    await write_beacon(tmp_path / "node", uptime_s=2.0)
+    hostile = b'{"ts":1,"data":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with sqlite3.connect(tmp_path / "node" / "pubsub" / "log.sqlite3") as db:
+        db.execute(
+            "UPDATE messages SET raw = ? WHERE seq = (SELECT MIN(seq) FROM messages)", (hostile,)
+        )
+    counts = export(tmp_path / "node", tmp_path / "out", node=KEYS.node_id, since_ms=0)
+    beacons = read_jsonl(next((tmp_path / "out" / "beacons").glob("*.jsonl")))
+    assert (1, [2]) == (counts["beacons"], [b["uptime_s"] for b in beacons])

@@ -23,6 +23,7 @@ from hearthnet.mesh.heartlog import day_of
 from hearthnet.mesh.links import run_handshake
 from hearthnet.mesh.protocol import SUBPROTOCOL, Handshake, LinkState
 from hearthnet.node import Node
+from hearthnet.pubsub.envelope import Message
 from tests.conftest import MakeConfig
 from tests.helpers import wait_until
 from tests.mesh.rawpeer import raw_peer
@@ -189,3 +190,56 @@ async def test_old_heartbeat_files_are_pruned_after_start(make_config: MakeConfi
     async with Node(config):
         await wait_until(lambda: not old.exists(), what="the old day file pruned")
     assert (False, True) == (old.exists(), recent.exists())
+
+
+async def test_gossip_from_a_stranger_origin_is_dropped_not_stored_nor_forwarded(
+    node: Node,
+) -> None:
+    """A member relays messages originated by a non-member (one in mesh.**): each is
+    counted and dropped; the member's own message after them is stored and forwarded."""
+    stranger = KeyPair.from_seed(b"\x53" * 32)
+    foreign = [
+        Message.create(stranger, topic=topic, msg_type="m", data={}, origin_seq=1, ts=now_ms())
+        for topic in ("chat.room", "mesh.beacon")
+    ]
+    async with raw_peer(node) as relay, raw_peer(node, seed=b"\x74" * 32) as other:
+        own = Message.create(
+            relay.keys, topic="chat.room", msg_type="m", data={}, origin_seq=1, ts=now_ms()
+        )
+        for message in [*foreign, own]:
+            await relay.send("msg", raw=message.raw, h=1)
+        await wait_until(lambda: node.mesh.log.knows(own.id), what="the member's message stored")
+        await other.first("msg")
+        forwarded = [orjson.loads(f["raw"]) for f in other.received("msg")]
+        stored = await node.mesh.log.read_origin(stranger.node_id, 1, 10, 10)
+    assert (2.0, [], [own.id]) == (
+        node.mesh.sig_failures.get("gossip_origin"),
+        stored,
+        [m["id"] for m in forwarded],
+    )
+
+
+async def test_a_message_that_arrives_before_its_origins_membership_is_repaired(
+    node: Node,
+) -> None:
+    """A message from a key whose member.added arrives later is dropped at first, then
+    fetched by anti-entropy (ihave/iwant) once the record is in, and stored."""
+    late = KeyPair.from_seed(b"\x75" * 32)
+    message = Message.create(
+        late, topic="chat.room", msg_type="m", data={}, origin_seq=1, ts=now_ms()
+    )
+    async with raw_peer(node) as relay:
+        # signed here but not applied: it reaches the node over the link, after the message
+        record = node.membership.sign(node.keys, "member.added", late.node_id, now_ms=now_ms())
+        await relay.send("msg", raw=message.raw, h=1)
+        await wait_until(lambda: node.mesh.sig_failures.get("gossip_origin") == 1, what="the drop")
+        await relay.send("membership", records=[record.to_json()])
+        await wait_until(lambda: node.membership.level_of(late.node_id) is not None, what="joined")
+        await relay.send("ihave", heads={late.node_id: 1}, floors={late.node_id: 1})
+        iwant = await relay.first("iwant")
+        await relay.send("msg", raw=message.raw, h=1)  # the relay answers as a node does
+        await wait_until(
+            lambda: node.mesh.log.knows(message.id), what="the repaired message stored"
+        )
+        stored = await node.mesh.log.read_origin(late.node_id, 1, 1, 1)
+    assert ({late.node_id: [1, 1]}, [message.raw]) == (iwant["want"], stored)

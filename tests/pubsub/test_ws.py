@@ -910,3 +910,21 @@ async def test_requests_in_progress_per_session_are_bounded(
         await sub.send({"type": "subscribe", "topics": ["third"]})
         error = await sub.next("error")
     assert "capacity_exceeded" == error["data"]["code"]
+
+
+async def test_a_client_still_sending_after_a_close_still_reads_its_code(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """A client that keeps sending after the node closed the session (1003) reads the
+    close code, not a reset (the node drains input briefly before dropping TCP)."""
+    sub = await session(http, node)
+    await sub.ws.send_bytes(b"\x00\x01")
+    filler = "x" * 60_000
+    sent = 0
+    while sent < 200:  # ~12 MB: far more than a socket buffer holds
+        try:
+            await sub.ws.send_str(filler)
+        except (ConnectionError, aiohttp.ClientConnectionError):
+            break
+        sent += 1
+    assert 1003 == await sub.closed()
