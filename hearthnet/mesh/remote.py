@@ -40,6 +40,7 @@ from hearthnet.errors import (
 )
 from hearthnet.frames import Frame
 from hearthnet.ids import is_node_id, new_ulid
+from hearthnet.mesh.frames import Ack, Call, Cancel, StreamFrame, ToolResult
 from hearthnet.transport.flow import FlowWindow
 
 log = logging.getLogger("hearthnet.mesh.remote")
@@ -331,13 +332,13 @@ class RemoteCalls:
         if link is not None:
             link.send(kind, **fields)
 
-    def on_frame(self, link: LinkSender, frame: dict[str, Any]) -> None:
+    def on_frame(self, link: LinkSender, frame: StreamFrame) -> None:
         """A ``frame`` reply for one of our outgoing calls."""
-        out = self.outgoing.get(str(frame.get("sid")))
+        out = self.outgoing.get(frame.sid)
         if out is None or out.via != link.node:
             return  # a late frame for a call that ended
         try:
-            item = Frame.from_json(frame.get("f"))
+            item = Frame.from_json(frame.f)
         except BadRequest as exc:
             item = Frame(
                 "error",
@@ -347,17 +348,15 @@ class RemoteCalls:
             out.queue.put_nowait(item)
         except asyncio.QueueFull:
             # the provider ignored the window: end the call rather than buffer without bound
-            self.outgoing.pop(str(frame.get("sid")), None)
+            self.outgoing.pop(frame.sid, None)
             out.fail(Unavailable(f"{link.node} sent past the stream window; the call ended"))
-            self._send(link.node, "cancel", sid=frame.get("sid"))
+            self._send(link.node, "cancel", sid=frame.sid)
 
     # --- provider side ----------------------------------------------------------------
 
-    def on_call(self, link: LinkSender, frame: dict[str, Any]) -> None:
+    def on_call(self, link: LinkSender, frame: Call) -> None:
         """A call from a peer: verify the original caller, then run or pass it on."""
-        sid = frame.get("sid")
-        if not isinstance(sid, str) or len(sid) > 64:
-            return
+        sid = frame.sid
         key = (link.node, sid)
         if (
             key in self.incoming
@@ -371,18 +370,17 @@ class RemoteCalls:
                 ).to_json(),
             )
             return
-        target = frame.get("to")
-        deadline = frame.get("deadline_ms")
+        target = frame.to
         try:
             call = self.authenticator.authenticate_call(
-                frame.get("envelope"),
-                signature=frame.get("signature"),
-                token=frame.get("token"),
+                frame.envelope,
+                signature=frame.signature,
+                token=frame.token,
                 now_ms=now_ms(),
-                target=target if is_node_id(target) else self.node_id,
-                deadline_ms=deadline if isinstance(deadline, int) and deadline > 0 else None,
+                target=target if target is not None and is_node_id(target) else self.node_id,
+                deadline_ms=frame.deadline_ms,
             )
-            handle = self.bus.open(call, inline_tools=bool(frame.get("inline")))
+            handle = self.bus.open(call, inline_tools=frame.inline)
         except WireError as exc:
             link.send("frame", sid=sid, f=Frame("error", exc.to_frame_data(), 1).to_json())
             return
@@ -413,25 +411,24 @@ class RemoteCalls:
         finally:
             self.incoming.pop((link.node, sid), None)
 
-    def on_ack(self, link: LinkSender, frame: dict[str, Any]) -> None:
+    def on_ack(self, link: LinkSender, frame: Ack) -> None:
         """The caller side consumed frames up to ``upto``."""
-        incoming = self.incoming.get((link.node, str(frame.get("sid"))))
-        upto = frame.get("upto")
-        if incoming is not None and isinstance(upto, int) and incoming.window.ack(upto):
+        incoming = self.incoming.get((link.node, frame.sid))
+        if incoming is not None and incoming.window.ack(frame.upto):
             incoming.moved.set()
 
-    def on_tool_result(self, link: LinkSender, frame: dict[str, Any]) -> None:
+    def on_tool_result(self, link: LinkSender, frame: ToolResult) -> None:
         """A client's tool result, forwarded along the call's path."""
-        incoming = self.incoming.get((link.node, str(frame.get("sid"))))
+        incoming = self.incoming.get((link.node, frame.sid))
         if incoming is None or incoming.handle is None:
             return
         try:
-            incoming.handle.ctx.deliver_tool_result(frame.get("tool_call_id"), frame.get("body"))
+            incoming.handle.ctx.deliver_tool_result(frame.tool_call_id, frame.body)
         except WireError as exc:
             log.info("tool result from %s refused: %s", link.node, exc, extra={"peer": link.node})
 
-    def on_cancel(self, link: LinkSender, frame: dict[str, Any]) -> None:
+    def on_cancel(self, link: LinkSender, frame: Cancel) -> None:
         """The caller cancelled (or went away): cancel the handler, its cleanup runs."""
-        incoming = self.incoming.get((link.node, str(frame.get("sid"))))
+        incoming = self.incoming.get((link.node, frame.sid))
         if incoming is not None and incoming.task is not None:
             incoming.task.cancel()

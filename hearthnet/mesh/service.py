@@ -14,7 +14,7 @@ import logging
 import resource
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -48,8 +48,26 @@ from hearthnet.membership import Admission, Membership, Source
 from hearthnet.mesh.addresses import PeerBook, normalize_url
 from hearthnet.mesh.announce import Announcement
 from hearthnet.mesh.discovery import Discovery
+from hearthnet.mesh.frames import (
+    Ack,
+    Bye,
+    Call,
+    Cancel,
+    Caps,
+    IHave,
+    IWant,
+    MembershipBatch,
+    Msg,
+    Peers,
+    Ping,
+    Pong,
+    Presence,
+    StreamFrame,
+    ToolResult,
+    parse_frame,
+)
 from hearthnet.mesh.gossip import AntiEntropy, OriginTracker
-from hearthnet.mesh.heartbeat import HeartbeatTracker, pong_for
+from hearthnet.mesh.heartbeat import HeartbeatTracker
 from hearthnet.mesh.heartlog import HeartbeatLog
 from hearthnet.mesh.links import (
     HANDSHAKE_TIMEOUT_S,
@@ -556,15 +574,17 @@ class Mesh:
     # --- frames -----------------------------------------------------------------------
 
     def _on_frame(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        kind = frame["t"]
-        handler = self._handlers.get(kind)
-        if handler is not None:
-            handler(self, link, frame)
+        """A decoded frame from ``link``: parsed into its typed form, then handled.
 
-    def _h_msg(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        raw = frame.get("raw")
-        if not isinstance(raw, bytes):
-            return
+        Raises:
+            BadRequest: the frame is malformed (the link logs it and goes on).
+        """
+        typed = parse_frame(frame)
+        if typed is not None:
+            self._handlers[type(typed)](self, link, typed)
+
+    def _h_msg(self, link: PeerLink, frame: Msg) -> None:
+        raw = frame.raw
         try:
             obj = loads(raw)
         except BadRequest as exc:
@@ -585,8 +605,7 @@ class Mesh:
                 "dropped a gossiped message from %s: %s", link.node, exc, extra={"peer": link.node}
             )
             return
-        hops = frame.get("h")
-        hops = hops if isinstance(hops, int) and 0 < hops < 64 else 1
+        hops = frame.h
         self._hops[message.id] = hops
         self.hlog.trace(
             ts=now_ms(),
@@ -621,40 +640,31 @@ class Mesh:
     def _send_ihave(self, link: PeerLink) -> None:
         link.send("ihave", heads=dict(self.tracker.heads), floors=dict(self.tracker.floors))
 
-    def _h_ihave(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        heads, floors = frame.get("heads"), frame.get("floors")
-        if not isinstance(heads, dict):
-            return
-        if isinstance(floors, dict):
-            for origin, floor in floors.items():
-                head = heads.get(origin)
-                if isinstance(floor, int) and isinstance(head, int) and head >= floor:
-                    self.tracker.skip_to(str(origin), floor)
+    def _h_ihave(self, link: PeerLink, frame: IHave) -> None:
+        heads = dict(frame.heads)
+        for origin, floor in frame.floors.items():
+            head = heads.get(origin)
+            if head is not None and head >= floor:
+                self.tracker.skip_to(origin, floor)
         wants = self.anti.plan(heads, time.monotonic())
         if wants:
             link.send("iwant", want=wants)
 
-    def _h_iwant(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        want = frame.get("want")
-        if not isinstance(want, dict) or link in self._repairing:
+    def _h_iwant(self, link: PeerLink, frame: IWant) -> None:
+        want = frame.want
+        if link in self._repairing:
             # One repair per link at a time: a peer asking faster than we answer gets the
             # rest when it asks again (its anti-entropy retries after IWANT_RETRY_S).
             return
         self._repairing.add(link)
         self.spawn(self._repair(link, want), f"repair-{link.node}")
 
-    async def _repair(self, link: PeerLink, want: dict[str, Any]) -> None:
+    async def _repair(self, link: PeerLink, want: Mapping[str, tuple[int, int]]) -> None:
         try:
             budget = self.config.repair_per_round
             for origin, span in list(want.items())[:256]:
                 if budget <= 0:
                     break
-                if not (
-                    isinstance(span, list)
-                    and len(span) == 2
-                    and all(isinstance(x, int) for x in span)
-                ):
-                    continue
                 rows = await self.log.read_origin(
                     str(origin), span[0], span[1], min(budget, span[1] - span[0] + 1)
                 )
@@ -671,10 +681,8 @@ class Mesh:
 
     # --- membership -------------------------------------------------------------------
 
-    def _h_membership(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        records = frame.get("records")
-        if not isinstance(records, list):
-            return
+    def _h_membership(self, link: PeerLink, frame: MembershipBatch) -> None:
+        records = frame.records
         fresh = [
             raw
             for raw in records[: self.membership.caps.per_request]
@@ -735,17 +743,12 @@ class Mesh:
             self._seen_presence.popitem(last=False)
         return True
 
-    def _h_presence(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        presence_id, events = frame.get("id"), frame.get("events")
-        if (
-            not isinstance(presence_id, str)
-            or not isinstance(events, list)
-            or not self._remember_presence(presence_id)
-        ):
+    def _h_presence(self, link: PeerLink, frame: Presence) -> None:
+        if not self._remember_presence(frame.id):
             return
-        for event in events[:1000]:
+        for event in frame.events[:1000]:
             self.pubsub.apply_remote_presence(event)
-        data = encode_frame("presence", id=presence_id, node=frame.get("node"), events=events)
+        data = frame.encode()
         for other in list(self.links.values()):
             if other.node != link.node:
                 other.send_raw(data)
@@ -764,16 +767,14 @@ class Mesh:
 
     # --- heartbeats -------------------------------------------------------------------
 
-    def _h_ping(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        link.send("pong", **pong_for(frame, now_ms()))
+    def _h_ping(self, link: PeerLink, frame: Ping) -> None:
+        link.send_raw(Pong(frame.seq, frame.ts, now_ms()).encode())
 
-    def _h_pong(self, link: PeerLink, frame: dict[str, Any]) -> None:
+    def _h_pong(self, link: PeerLink, frame: Pong) -> None:
         tracker = self.beats.get(link.node)
         if tracker is None:
             return
-        observation = tracker.pong(
-            frame.get("seq"), frame.get("ts_echo"), frame.get("ts"), time.monotonic(), now_ms()
-        )
+        observation = tracker.pong(frame.seq, frame.ts_echo, frame.ts, time.monotonic(), now_ms())
         if observation is not None and observation.rtt_ms is not None:
             self.rtt.observe(observation.rtt_ms / 1000)
             self._record(
@@ -800,8 +801,8 @@ class Mesh:
 
     # --- capabilities -----------------------------------------------------------------
 
-    def _h_caps(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        if self.remote.learn(link.node, frame.get("providers")):
+    def _h_caps(self, link: PeerLink, frame: Caps) -> None:
+        if self.remote.learn(link.node, list(frame.providers)):
             self._announce_caps(skip=link.node)
 
     def _announce_caps(self, skip: str | None = None) -> None:
@@ -809,10 +810,8 @@ class Mesh:
             if link.node != skip:
                 link.send("caps", providers=self.remote.announcement(exclude_via=link.node))
 
-    def _h_peers(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        peers = frame.get("peers")
-        if isinstance(peers, list):
-            self._learn_peers(peers)
+    def _h_peers(self, link: PeerLink, frame: Peers) -> None:
+        self._learn_peers(list(frame.peers))
 
     def _learn_peers(self, peers: list[Any]) -> None:
         """Peer exchange: remember the addresses a member shared (spec §7.1)."""
@@ -900,30 +899,35 @@ class Mesh:
                 )
         return out
 
-    _handlers: ClassVar[dict[str, Callable[[Mesh, PeerLink, dict[str, Any]], None]]] = {}
+    _handlers: ClassVar[dict[type, Callable[[Mesh, PeerLink, Any], None]]] = {}
 
 
 def _calls(
-    method: Callable[[RemoteCalls, Any, dict[str, Any]], None],
-) -> Callable[[Mesh, PeerLink, dict[str, Any]], None]:
+    method: Callable[[RemoteCalls, Any, Any], None],
+) -> Callable[[Mesh, PeerLink, Any], None]:
     return lambda mesh, link, frame: method(mesh.remote, link, frame)
 
 
+def _ignore(mesh: Mesh, link: PeerLink, frame: Bye) -> None:
+    """A bye ends the link in its read loop before it reaches the handlers."""
+
+
 Mesh._handlers = {
-    "msg": Mesh._h_msg,
-    "ihave": Mesh._h_ihave,
-    "iwant": Mesh._h_iwant,
-    "membership": Mesh._h_membership,
-    "presence": Mesh._h_presence,
-    "ping": Mesh._h_ping,
-    "pong": Mesh._h_pong,
-    "caps": Mesh._h_caps,
-    "peers": Mesh._h_peers,
-    "call": _calls(RemoteCalls.on_call),
-    "frame": _calls(RemoteCalls.on_frame),
-    "ack": _calls(RemoteCalls.on_ack),
-    "tool_result": _calls(RemoteCalls.on_tool_result),
-    "cancel": _calls(RemoteCalls.on_cancel),
+    Msg: Mesh._h_msg,
+    IHave: Mesh._h_ihave,
+    IWant: Mesh._h_iwant,
+    MembershipBatch: Mesh._h_membership,
+    Presence: Mesh._h_presence,
+    Ping: Mesh._h_ping,
+    Pong: Mesh._h_pong,
+    Caps: Mesh._h_caps,
+    Peers: Mesh._h_peers,
+    Bye: _ignore,
+    Call: _calls(RemoteCalls.on_call),
+    StreamFrame: _calls(RemoteCalls.on_frame),
+    Ack: _calls(RemoteCalls.on_ack),
+    ToolResult: _calls(RemoteCalls.on_tool_result),
+    Cancel: _calls(RemoteCalls.on_cancel),
 }
 
 
