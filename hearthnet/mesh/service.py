@@ -14,7 +14,7 @@ import logging
 import resource
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -32,7 +32,6 @@ from hearthnet.clock import now_ms
 from hearthnet.community import Level, MembershipRecord
 from hearthnet.config import MeshSection
 from hearthnet.errors import (
-    BadRequest,
     ConfigError,
     HearthNetError,
     InvalidSignature,
@@ -45,6 +44,7 @@ from hearthnet.errors import (
 from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulid
 from hearthnet.membership import Admission, Membership, Source
+from hearthnet.mesh.actions import Deliver, Duplicate, Forward, Repair
 from hearthnet.mesh.addresses import PeerBook, normalize_url
 from hearthnet.mesh.announce import Announcement
 from hearthnet.mesh.discovery import Discovery
@@ -66,7 +66,7 @@ from hearthnet.mesh.frames import (
     ToolResult,
     parse_frame,
 )
-from hearthnet.mesh.gossip import AntiEntropy, OriginTracker
+from hearthnet.mesh.gossip import Gossip, OriginTracker
 from hearthnet.mesh.heartbeat import HeartbeatTracker
 from hearthnet.mesh.heartlog import HeartbeatLog
 from hearthnet.mesh.links import (
@@ -89,12 +89,11 @@ from hearthnet.mesh.protocol import (
 from hearthnet.mesh.remote import RemoteCalls
 from hearthnet.mesh.tls import client_context, peer_node_id
 from hearthnet.metrics import MetricsRegistry
-from hearthnet.pubsub.envelope import Message, StoredMessage
+from hearthnet.pubsub.envelope import StoredMessage
 from hearthnet.pubsub.log import MessageLog
 from hearthnet.pubsub.presence import PresenceEvent
 from hearthnet.pubsub.service import PubSub
 from hearthnet.sessions import SessionRegistry
-from hearthnet.transport.codec import loads
 from hearthnet.transport.server import error_response
 
 log = logging.getLogger("hearthnet.mesh")
@@ -157,8 +156,7 @@ class Mesh:
         self.sessions = sessions
         self.links: dict[str, PeerLink] = {}
         self.book = PeerBook(data_dir / "mesh" / "peers.json")
-        self.tracker = OriginTracker()
-        self.anti = AntiEntropy(self.tracker)
+        self.gossip = Gossip(message_log.knows, config.repair_per_round)
         self.beats: dict[str, HeartbeatTracker] = {}
         self.hlog = HeartbeatLog(
             data_dir, node=keys.node_id, community=membership.community_id, version=__version__
@@ -175,8 +173,6 @@ class Mesh:
         self.dial_timeout_s = HANDSHAKE_TIMEOUT_S  # connect, upgrade and handshake, in all
         self._dialing: set[str] = set()
         self._referrals = 0  # handshakes in flight with members we are too full to link
-        self._repairing: set[PeerLink] = set()  # links with an iwant being answered
-        self._hops: dict[str, int] = {}
         self._seen_presence: OrderedDict[str, None] = OrderedDict()
         self._group: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -210,6 +206,11 @@ class Mesh:
         message_log.listeners.append(self.on_commit)
         pubsub.on_local_presence = self.on_local_presence
 
+    @property
+    def tracker(self) -> OriginTracker:
+        """Which messages of each origin this node holds."""
+        return self.gossip.tracker
+
     # --- life -------------------------------------------------------------------------
 
     async def start(self, url: str, *, host: str, port: int) -> None:
@@ -221,7 +222,7 @@ class Mesh:
         for peer in self.config.peers:
             self.book.add(peer, source="bootstrap")
         for origin, floor, head, above in await self.log.origin_heads():
-            self.tracker.load(origin, head, floor, above)
+            self.gossip.tracker.load(origin, head, floor, above)
         if self.config.zeroconf:
             await self._start_discovery(host, port)
 
@@ -584,40 +585,33 @@ class Mesh:
             self._handlers[type(typed)](self, link, typed)
 
     def _h_msg(self, link: PeerLink, frame: Msg) -> None:
-        raw = frame.raw
-        try:
-            obj = loads(raw)
-        except BadRequest as exc:
-            self.sig_failures.inc("gossip")
-            log.warning(
-                "dropped a gossiped message from %s: %s", link.node, exc, extra={"peer": link.node}
-            )
-            return
-        msg_id = obj.get("id") if isinstance(obj, dict) else None
-        if not isinstance(msg_id, str) or self.log.knows(msg_id) or msg_id in self._hops:
+        outcome = self.gossip.receive_msg(frame, link.node)
+        if isinstance(outcome, Deliver):
+            self._deliver(outcome)
+        elif isinstance(outcome, Duplicate):
             self.pubsub.metrics.duplicates.inc()
-            return
-        try:
-            message = Message.parse(obj, raw=raw)
-        except HearthNetError as exc:
+        else:
             self.sig_failures.inc("gossip")
             log.warning(
-                "dropped a gossiped message from %s: %s", link.node, exc, extra={"peer": link.node}
+                "dropped a gossiped message from %s: %s",
+                outcome.source,
+                outcome.reason,
+                extra={"peer": outcome.source},
             )
-            return
-        hops = frame.h
-        self._hops[message.id] = hops
+
+    def _deliver(self, action: Deliver) -> None:
+        message = action.message
         self.hlog.trace(
             ts=now_ms(),
             msg_id=message.id,
             origin=message.origin,
             published_ms=message.ts,
-            hops=hops,
+            hops=action.hops,
         )
-        fut = self.log.ingest(message, source=link.node)
+        fut = self.log.ingest(message, source=action.source)
 
         def done(f: asyncio.Future[Any]) -> None:
-            self._hops.pop(message.id, None)
+            self.gossip.ingested(message.id)
             if not f.cancelled() and f.exception() is None and f.result() is None:
                 self.pubsub.metrics.duplicates.inc()
 
@@ -625,55 +619,42 @@ class Mesh:
 
     def on_commit(self, batch: list[StoredMessage]) -> None:
         """Forward what this node newly holds to every link but the one it came from."""
-        links = list(self.links.values())
-        for stored in batch:
-            message = stored.message
-            self.tracker.add(message.origin, message.origin_seq)
-            if not links:
-                continue
-            hops = self._hops.get(message.id, 0) + 1
-            data = encode_frame("msg", raw=message.raw, h=hops)  # once, for every link
-            for link in links:
-                if link.node != stored.source:
-                    link.send_raw(data)
+        for forward in self.gossip.committed(batch, bool(self.links)):
+            self._forward(forward)
+
+    def _forward(self, forward: Forward) -> None:
+        for link in list(self.links.values()):
+            if link.node != forward.skip:
+                link.send_raw(forward.data)
 
     def _send_ihave(self, link: PeerLink) -> None:
-        link.send("ihave", heads=dict(self.tracker.heads), floors=dict(self.tracker.floors))
+        link.send_raw(self.gossip.ihave().encode())
 
     def _h_ihave(self, link: PeerLink, frame: IHave) -> None:
-        heads = dict(frame.heads)
-        for origin, floor in frame.floors.items():
-            head = heads.get(origin)
-            if head is not None and head >= floor:
-                self.tracker.skip_to(origin, floor)
-        wants = self.anti.plan(heads, time.monotonic())
-        if wants:
-            link.send("iwant", want=wants)
+        iwant = self.gossip.receive_ihave(frame, time.monotonic())
+        if iwant is not None:
+            link.send_raw(iwant.encode())
 
     def _h_iwant(self, link: PeerLink, frame: IWant) -> None:
-        want = frame.want
-        if link in self._repairing:
-            # One repair per link at a time: a peer asking faster than we answer gets the
-            # rest when it asks again (its anti-entropy retries after IWANT_RETRY_S).
-            return
-        self._repairing.add(link)
-        self.spawn(self._repair(link, want), f"repair-{link.node}")
+        repair = self.gossip.receive_iwant(frame, link.node)
+        if repair is not None:
+            self.spawn(self._repair(link, repair), f"repair-{link.node}")
 
-    async def _repair(self, link: PeerLink, want: Mapping[str, tuple[int, int]]) -> None:
+    async def _repair(self, link: PeerLink, repair: Repair) -> None:
         try:
-            budget = self.config.repair_per_round
-            for origin, span in list(want.items())[:256]:
+            budget = repair.budget
+            for origin, first, last in repair.spans:
                 if budget <= 0:
                     break
                 rows = await self.log.read_origin(
-                    str(origin), span[0], span[1], min(budget, span[1] - span[0] + 1)
+                    origin, first, last, min(budget, last - first + 1)
                 )
                 for raw in rows:
-                    link.send("msg", raw=raw, h=1)
+                    link.send_raw(Msg(raw, 1).encode())
                 budget -= len(rows)
                 self.repaired.inc(amount=len(rows))
         finally:
-            self._repairing.discard(link)
+            self.gossip.repaired(repair.node)
 
     def _repair_tick(self) -> None:
         for link in list(self.links.values()):
