@@ -9,11 +9,13 @@ return these; :class:`~hearthnet.mesh.service.Mesh` carries them out through the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hearthnet.mesh.frames import PeerFrame
-from hearthnet.mesh.heartbeat import Observation
 from hearthnet.pubsub.envelope import Message
+
+if TYPE_CHECKING:  # heartbeat.py returns these actions
+    from hearthnet.mesh.heartbeat import Observation
 
 
 @dataclass(frozen=True, slots=True)

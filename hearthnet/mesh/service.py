@@ -13,7 +13,6 @@ import ipaddress
 import logging
 import resource
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, ClassVar
@@ -42,12 +41,12 @@ from hearthnet.errors import (
     WireError,
 )
 from hearthnet.identity import KeyPair
-from hearthnet.ids import new_ulid
 from hearthnet.membership import Admission, Membership, Source
-from hearthnet.mesh.actions import Deliver, Duplicate, Forward, Repair
+from hearthnet.mesh.actions import CloseLink, Deliver, Duplicate, Forward, Record, Repair
 from hearthnet.mesh.addresses import PeerBook, normalize_url
 from hearthnet.mesh.announce import Announcement
 from hearthnet.mesh.discovery import Discovery
+from hearthnet.mesh.flood import MembershipFlood, PresenceFlood
 from hearthnet.mesh.frames import (
     Ack,
     Bye,
@@ -67,7 +66,7 @@ from hearthnet.mesh.frames import (
     parse_frame,
 )
 from hearthnet.mesh.gossip import Gossip, OriginTracker
-from hearthnet.mesh.heartbeat import HeartbeatTracker
+from hearthnet.mesh.heartbeat import Heartbeats
 from hearthnet.mesh.heartlog import HeartbeatLog
 from hearthnet.mesh.links import (
     HANDSHAKE_TIMEOUT_S,
@@ -83,7 +82,6 @@ from hearthnet.mesh.protocol import (
     Handshake,
     LinkToSelf,
     PeerInfo,
-    encode_frame,
     winning_direction,
 )
 from hearthnet.mesh.remote import RemoteCalls
@@ -98,7 +96,6 @@ from hearthnet.transport.server import error_response
 
 log = logging.getLogger("hearthnet.mesh")
 
-SEEN_PRESENCE = 50_000
 MAX_REFERRALS = 16  # handshakes at once with members a full node only sends elsewhere
 FULL_HOLD_S = 60.0  # a node that was full is not dialled again for this long
 HOUSEKEEPING_S = 1.0  # heartbeat-log flush and peer-book save
@@ -157,7 +154,9 @@ class Mesh:
         self.links: dict[str, PeerLink] = {}
         self.book = PeerBook(data_dir / "mesh" / "peers.json")
         self.gossip = Gossip(message_log.knows, config.repair_per_round)
-        self.beats: dict[str, HeartbeatTracker] = {}
+        self.heartbeats = Heartbeats(config.heartbeat_s)
+        self.presence = PresenceFlood(keys.node_id)
+        self.membership_flood = MembershipFlood(membership.caps.per_request)
         self.hlog = HeartbeatLog(
             data_dir, node=keys.node_id, community=membership.community_id, version=__version__
         )
@@ -173,7 +172,6 @@ class Mesh:
         self.dial_timeout_s = HANDSHAKE_TIMEOUT_S  # connect, upgrade and handshake, in all
         self._dialing: set[str] = set()
         self._referrals = 0  # handshakes in flight with members we are too full to link
-        self._seen_presence: OrderedDict[str, None] = OrderedDict()
         self._group: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._http: aiohttp.ClientSession | None = None
@@ -482,7 +480,7 @@ class Mesh:
                 return False
             existing.close("duplicate link")
         self.links[link.node] = link
-        self.beats[link.node] = HeartbeatTracker(self.config.heartbeat_s)
+        self.heartbeats.up(link.node)
         self.link_events.inc("up")
         self._record(link.node, "link_up")
         log.info(
@@ -502,7 +500,7 @@ class Mesh:
         if self.links.get(link.node) is not link:
             return  # a duplicate that lost
         del self.links[link.node]
-        self.beats.pop(link.node, None)
+        self.heartbeats.down(link.node)
         self.link_events.inc("down")
         self._record(link.node, "link_down")
         log.info("link down with %s: %s", link.node, reason, extra={"peer": link.node})
@@ -663,14 +661,9 @@ class Mesh:
     # --- membership -------------------------------------------------------------------
 
     def _h_membership(self, link: PeerLink, frame: MembershipBatch) -> None:
-        records = frame.records
-        fresh = [
-            raw
-            for raw in records[: self.membership.caps.per_request]
-            if isinstance(raw, dict) and raw.get("id") not in self.membership.records
-        ]
-        if fresh:
-            self.spawn(self._admit_from(link.node, fresh), "membership")
+        admit = self.membership_flood.receive(frame, link.node, self.membership.records)
+        if admit is not None:
+            self.spawn(self._admit_from(admit.node, list(admit.records)), "membership")
 
     async def _admit_from(self, node: str, raw: list[dict[str, Any]]) -> None:
         """Verify and admit a peer's records off the event loop (spec §1.5: folding never
@@ -687,98 +680,76 @@ class Mesh:
 
     def _send_membership(self, link: PeerLink) -> None:
         """All records, in frames of at most the per-request cap."""
-        records = [r.to_json() for r in self.membership.records.values()]
-        step = self.membership.caps.per_request
-        for start in range(0, len(records), step):
-            link.send("membership", records=records[start : start + step])
+        records = (r.to_json() for r in self.membership.records.values())
+        for frame in self.membership_flood.snapshot(records):
+            link.send_raw(frame.encode())
 
     def broadcast_records(self, records: list[MembershipRecord], skip: str | None = None) -> None:
         """Flood new membership records to every other link."""
-        data = encode_frame("membership", records=[r.to_json() for r in records])
-        for link in list(self.links.values()):
-            if link.node != skip:
-                link.send_raw(data)
+        self._forward(self.membership_flood.broadcast((r.to_json() for r in records), skip))
 
     # --- presence ---------------------------------------------------------------------
 
     def on_local_presence(self, events: list[PresenceEvent]) -> None:
         """Local members joined, changed or left: tell the mesh."""
         if events and self.links:
-            self._flood_presence([e.to_json() for e in events], None)
-
-    def _flood_presence(
-        self, events: list[dict[str, Any]], skip: str | None, presence_id: str | None = None
-    ) -> None:
-        presence_id = presence_id or new_ulid()
-        self._remember_presence(presence_id)
-        data = encode_frame("presence", id=presence_id, node=self.keys.node_id, events=events)
-        for link in list(self.links.values()):
-            if link.node != skip:
-                link.send_raw(data)
-
-    def _remember_presence(self, presence_id: str) -> bool:
-        if presence_id in self._seen_presence:
-            return False
-        self._seen_presence[presence_id] = None
-        if len(self._seen_presence) > SEEN_PRESENCE:
-            self._seen_presence.popitem(last=False)
-        return True
+            self._forward(
+                Forward(self.presence.start([e.to_json() for e in events]).encode(), None)
+            )
 
     def _h_presence(self, link: PeerLink, frame: Presence) -> None:
-        if not self._remember_presence(frame.id):
+        received = self.presence.receive(frame, link.node)
+        if received is None:
             return
-        for event in frame.events[:1000]:
+        apply, forward = received
+        for event in apply.events:
             self.pubsub.apply_remote_presence(event)
-        data = frame.encode()
-        for other in list(self.links.values()):
-            if other.node != link.node:
-                other.send_raw(data)
+        self._forward(forward)
 
     def _send_presence_snapshot(self, link: PeerLink) -> None:
         events = self.pubsub.local_presence("refresh")
         if events:
-            presence_id = new_ulid()
-            self._remember_presence(presence_id)
-            link.send("presence", id=presence_id, node=self.keys.node_id, events=events)
+            link.send_raw(self.presence.start(events).encode())
 
     def _presence_tick(self) -> None:
         events = self.pubsub.local_presence("refresh")
         if events:
-            self._flood_presence(events, None)
+            self._forward(self.presence.announce(events))
 
     # --- heartbeats -------------------------------------------------------------------
 
     def _h_ping(self, link: PeerLink, frame: Ping) -> None:
-        link.send_raw(Pong(frame.seq, frame.ts, now_ms()).encode())
+        link.send_raw(self.heartbeats.receive_ping(frame, now_ms()).encode())
 
     def _h_pong(self, link: PeerLink, frame: Pong) -> None:
-        tracker = self.beats.get(link.node)
-        if tracker is None:
-            return
-        observation = tracker.pong(frame.seq, frame.ts_echo, frame.ts, time.monotonic(), now_ms())
-        if observation is not None and observation.rtt_ms is not None:
-            self.rtt.observe(observation.rtt_ms / 1000)
-            self._record(
-                link.node,
-                "pong",
-                seq=observation.seq,
-                rtt_ms=observation.rtt_ms,
-                clock_offset_ms=observation.clock_offset_ms,
-            )
+        record = self.heartbeats.receive_pong(link.node, frame, time.monotonic(), now_ms())
+        if record is not None:
+            if record.observation.rtt_ms is not None:
+                self.rtt.observe(record.observation.rtt_ms / 1000)
+            self._observe(record)
+
+    def _observe(self, record: Record) -> None:
+        observation = record.observation
+        self._record(
+            record.node,
+            observation.kind,
+            seq=observation.seq,
+            rtt_ms=observation.rtt_ms,
+            clock_offset_ms=observation.clock_offset_ms,
+            ts=record.ts,
+        )
 
     def _heartbeat_tick(self) -> None:
-        mono, wall = time.monotonic(), now_ms()
-        for node, tracker in list(self.beats.items()):
-            link = self.links.get(node)
-            if link is None:
+        for action in self.heartbeats.tick(time.monotonic(), now_ms()):
+            link = self.links.get(action.node)
+            if isinstance(action, Record):
+                self._observe(action)
+            elif link is None:
                 continue
-            ping, misses = tracker.tick(mono, wall)
-            for miss in misses:
-                self._record(node, "miss", seq=miss.seq, ts=wall)
-            if tracker.down:
-                link.close("three pongs missed")
-            elif ping is not None:
-                link.send("ping", **ping)
+            elif isinstance(action, CloseLink):
+                link.close(action.reason)
+            else:
+                link.send_raw(action.frame.encode())
 
     # --- capabilities -----------------------------------------------------------------
 
@@ -809,7 +780,7 @@ class Mesh:
         self._cpu = (mono, cpu)
         cpu_pct = 100.0 * (cpu - last_cpu) / (mono - last_mono) if mono > last_mono else 0.0
         peers = []
-        for node, tracker in self.beats.items():
+        for node, tracker in self.heartbeats.items():
             p50 = tracker.rtt_p50_ms
             peers.append(
                 {
@@ -851,7 +822,7 @@ class Mesh:
         """Linked peers and known addresses, for ``hearthnet peers``."""
         out = []
         for node, link in self.links.items():
-            tracker = self.beats.get(node)
+            tracker = self.heartbeats.get(node)
             member = self.membership.members.get(node)
             out.append(
                 {
