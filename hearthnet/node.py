@@ -300,7 +300,6 @@ class Node:
             bus=self.bus,
             router=self.router,
             metrics=self.metrics,
-            sessions=self.sessions,
         )
         pubsub_http = PubSubHttp(self.pubsub_deps)
         routes: list[web.RouteDef] = [

@@ -64,14 +64,14 @@ async def test_a_dial_to_a_peer_that_never_answers_gives_up_and_frees_its_slot(
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     async with server, Node(make_config()) as node:
         mesh = node.mesh
-        mesh.dial_timeout_s = 0.3
+        mesh.dialer.dial_timeout_s = 0.3
         started = time.monotonic()
         dial = asyncio.get_running_loop().create_task(mesh.dial(url))
-        await wait_until(lambda: url in mesh._dialing, what="the dial under way")
+        await wait_until(lambda: url in mesh.dialer.dialing, what="the dial under way")
         async with asyncio.timeout(5):
             await dial
         elapsed = time.monotonic() - started
-        in_flight = url in mesh._dialing
+        in_flight = url in mesh.dialer.dialing
     assert (True, 1, False) == (0.25 <= elapsed < 3, len(held), in_flight)
 
 
@@ -124,8 +124,8 @@ async def test_one_repair_per_link_at_a_time(node: Node, client: Client) -> None
         iwant = {"t": "iwant", "want": {origin: [1, 5]}}
         # Handled synchronously, as when both frames arrive in one read: the second comes
         # while the first repair waits for the log.
-        node.mesh._on_frame(link, iwant)
-        node.mesh._on_frame(link, iwant)
+        node.mesh.traffic.receive(link, iwant)
+        node.mesh.traffic.receive(link, iwant)
         await wait_until(lambda: len(peer.received("msg")) >= 5, what="the repair")
         await wait_until(
             lambda: not any(t.get_name().startswith("repair-") for t in node.mesh._tasks),
