@@ -156,8 +156,6 @@ class Mesh:
             on_frame=self.traffic.receive,
             on_down=self._link_down,
         )
-        message_log.listeners.append(self.on_commit)
-        pubsub.on_local_presence = self.on_local_presence
 
     @property
     def links(self) -> dict[str, PeerLink]:
