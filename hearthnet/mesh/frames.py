@@ -10,8 +10,8 @@ kind may carry are listed once, in :data:`SHAPES`: a field not listed there is r
 Each class has ``parse(obj)`` (from the decoded map) and ``encode()`` (CBOR bytes, the
 ``t`` included); ``to_wire()`` gives the map without ``t``.
 
-``hello`` frames are checked here for their fields only: their values and signature are
-the handshake's (:class:`~hearthnet.mesh.protocol.Handshake`). ``route`` frames (spec §8)
+``hello`` frames belong to the handshake (:class:`~hearthnet.mesh.protocol.Handshake`,
+which checks them against the same shape before their signature). ``route`` frames (spec §8)
 belong to the relay code and have no class here yet.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from hearthnet.errors import BadRequest
-from hearthnet.mesh.protocol import encode_frame
+from hearthnet.mesh.protocol import HELLO_SHAPE, encode_frame
 from hearthnet.shapes import Shape
 
 MAX_SID = 64  # a stream id longer than this is refused
@@ -30,13 +30,7 @@ MAX_SID = 64  # a stream id longer than this is refused
 # The fields of each peer-link frame, ``t`` included. One table: a field not listed here is
 # refused with bad_request, never ignored.
 SHAPES: dict[str, Shape] = {
-    "hello": Shape.of(
-        "hello frame",
-        (
-            *("t", "node", "community", "ts", "nonce", "their_nonce"),
-            *("name", "version", "url", "full", "sig"),
-        ),
-    ),
+    "hello": HELLO_SHAPE,
     "msg": Shape.of("msg frame", ("t", "raw", "h")),
     "ihave": Shape.of("ihave frame", ("t", "heads", "floors")),
     "iwant": Shape.of("iwant frame", ("t", "want")),

@@ -59,8 +59,8 @@ class LinkSender(Protocol):
     def node(self) -> str:
         """The peer's NodeID."""
 
-    def send(self, kind: str, **fields: Any) -> bool:
-        """Queue a frame."""
+    def send_raw(self, data: bytes) -> bool:
+        """Queue an encoded frame."""
 
 
 def descriptor_from_json(obj: Any) -> CapabilityDescriptor:
@@ -112,6 +112,11 @@ class _Incoming:
     window: FlowWindow = field(default_factory=lambda: FlowWindow(STREAM_WINDOW))
     moved: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+
+
+def _reply(link: LinkSender, sid: str, frame: Frame) -> None:
+    """One frame of a call's reply stream, back on the link the call came on."""
+    link.send_raw(StreamFrame(sid, frame.to_json()).encode())
 
 
 class RemoteProvider:
@@ -294,18 +299,19 @@ class RemoteCalls:
         sid = new_ulid()
         out = self.outgoing[sid] = _Outgoing(provider.via)
         remaining = max(1, int(ctx.remaining_s() * 1000))
-        link.send(
-            "call",
-            sid=sid,
-            to=provider.node_id,
-            envelope=call.envelope.to_json(),
-            signature=call.signature,
-            token=call.token,
-            deadline_ms=remaining,
-            inline=ctx.inline_tools,
+        link.send_raw(
+            Call(
+                sid,
+                provider.node_id,
+                call.envelope.to_json(),
+                call.signature,
+                call.token,
+                remaining,
+                ctx.inline_tools,
+            ).encode()
         )
         ctx.forward_tool_result = lambda tool_call_id, body: self._send(
-            provider.via, "tool_result", sid=sid, tool_call_id=tool_call_id, body=body
+            provider.via, ToolResult(sid, tool_call_id, body)
         )
         finished = False
         received = 0
@@ -321,16 +327,16 @@ class RemoteCalls:
                     return
                 yield item
                 if received % ACK_EVERY == 0 and item.seq is not None:
-                    self._send(provider.via, "ack", sid=sid, upto=item.seq)
+                    self._send(provider.via, Ack(sid, item.seq))
         finally:
             self.outgoing.pop(sid, None)
             if not finished:
-                self._send(provider.via, "cancel", sid=sid)
+                self._send(provider.via, Cancel(sid))
 
-    def _send(self, node: str, kind: str, **fields: Any) -> None:
+    def _send(self, node: str, frame: Ack | Cancel | ToolResult) -> None:
         link = self.link_to(node)
         if link is not None:
-            link.send(kind, **fields)
+            link.send_raw(frame.encode())
 
     def on_frame(self, link: LinkSender, frame: StreamFrame) -> None:
         """A ``frame`` reply for one of our outgoing calls."""
@@ -350,7 +356,7 @@ class RemoteCalls:
             # the provider ignored the window: end the call rather than buffer without bound
             self.outgoing.pop(frame.sid, None)
             out.fail(Unavailable(f"{link.node} sent past the stream window; the call ended"))
-            self._send(link.node, "cancel", sid=frame.sid)
+            self._send(link.node, Cancel(frame.sid))
 
     # --- provider side ----------------------------------------------------------------
 
@@ -362,13 +368,8 @@ class RemoteCalls:
             key in self.incoming
             or sum(1 for p, _ in self.incoming if p == link.node) >= MAX_STREAMS_PER_LINK
         ):
-            link.send(
-                "frame",
-                sid=sid,
-                f=Frame(
-                    "error", CapacityExceeded("too many calls on this link").to_frame_data(), 1
-                ).to_json(),
-            )
+            refusal = CapacityExceeded("too many calls on this link")
+            _reply(link, sid, Frame("error", refusal.to_frame_data(), 1))
             return
         target = frame.to
         try:
@@ -382,7 +383,7 @@ class RemoteCalls:
             )
             handle = self.bus.open(call, inline_tools=frame.inline)
         except WireError as exc:
-            link.send("frame", sid=sid, f=Frame("error", exc.to_frame_data(), 1).to_json())
+            _reply(link, sid, Frame("error", exc.to_frame_data(), 1))
             return
         incoming = self.incoming[key] = _Incoming(handle)
         incoming.task = self.spawn(self._serve(link, sid, incoming), f"remote-call-{sid}")
@@ -401,11 +402,11 @@ class RemoteCalls:
                             await incoming.moved.wait()
                 except TimeoutError:
                     raise DeadlineExceeded("no ack over the mesh for 5 s") from None
-            link.send("frame", sid=sid, f=frame.with_seq(window.next_seq()).to_json())
+            _reply(link, sid, frame.with_seq(window.next_seq()))
 
         try:
             terminal = await handle.drive(emit)
-            link.send("frame", sid=sid, f=terminal.with_seq(window.next_seq(force=True)).to_json())
+            _reply(link, sid, terminal.with_seq(window.next_seq(force=True)))
         except asyncio.CancelledError:
             handle.ctx.cancel()
         finally:

@@ -24,9 +24,6 @@ class Path(Protocol):
     def node(self) -> str:
         """The NodeID at the far end."""
 
-    def send(self, kind: str, **fields: object) -> bool:
-        """Queue a frame built from fields; False when it could not be queued."""
-
     def send_raw(self, data: bytes) -> bool:
         """Queue an encoded frame; False when it could not be queued."""
 
