@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hearthnet.errors import BadRequest
 from hearthnet.mesh.frames import (
@@ -59,3 +61,21 @@ def test_every_kind_but_hello_and_route_has_a_class() -> None:
 def test_hello_and_route_are_not_parsed_on_a_link() -> None:
     """parse_frame leaves the kinds an established link does not handle to others."""
     assert (None, None) == (parse_frame({"t": "hello"}), parse_frame({"t": "route"}))
+
+
+origins = st.text(min_size=1, max_size=12)
+seqs = st.integers(min_value=0, max_value=2**53)
+
+
+@given(st.dictionaries(origins, seqs, max_size=8), st.dictionaries(origins, seqs, max_size=8))
+def test_ihave_round_trips(heads: dict[str, int], floors: dict[str, int]) -> None:
+    """Any heads and floors survive encode, decode and parse."""
+    frame = IHave(heads, floors)
+    assert frame == parse_frame(decode_frame(frame.encode()))
+
+
+@given(st.dictionaries(origins, st.tuples(seqs, seqs), max_size=8))
+def test_iwant_round_trips(want: dict[str, tuple[int, int]]) -> None:
+    """Any ranges survive encode, decode and parse."""
+    frame = IWant(want)
+    assert frame == parse_frame(decode_frame(frame.encode()))
