@@ -25,8 +25,7 @@ from hearthnet.mesh.addresses import PeerBook
 from hearthnet.mesh.frames import Ping, Pong
 from hearthnet.mesh.heartbeat import Heartbeats
 from hearthnet.mesh.heartlog import HeartbeatLog
-from hearthnet.mesh.links import PeerLink
-from hearthnet.mesh.routing import Routes
+from hearthnet.mesh.routing import PeerPath, Routes
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.pubsub.log import MessageLog
 from hearthnet.pubsub.service import PubSub
@@ -128,11 +127,11 @@ class LinkHealth:
             ts=action.ts,
         )
 
-    def receive_ping(self, link: PeerLink, frame: Ping) -> None:
+    def receive_ping(self, link: PeerPath, frame: Ping) -> None:
         """Answer a ping on the link it came on."""
         link.send_raw(self.heartbeats.receive_ping(frame, now_ms()).encode())
 
-    def receive_pong(self, link: PeerLink, frame: Pong) -> None:
+    def receive_pong(self, link: PeerPath, frame: Pong) -> None:
         """A pong: record its round trip and clock offset."""
         action = self.heartbeats.receive_pong(link.node, frame, time.monotonic(), now_ms())
         if action is not None:

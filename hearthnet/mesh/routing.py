@@ -4,7 +4,7 @@ something a frame can be sent on.
 Today every path is a direct :class:`~hearthnet.mesh.links.PeerLink`. Relayed and
 upgrading paths (spec §8) plug in at :meth:`Routes.path_to`: whatever it returns for a
 node is what gossip, heartbeats and remote calls send on; a relayed path only has to
-offer :class:`Path`.
+offer :class:`PeerPath`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.protocol import winning_direction
 
 
-class Path(Protocol):
+class PeerPath(Protocol):
     """What the mesh sends frames on: a direct link today (a relayed path later)."""
 
     @property
@@ -66,7 +66,7 @@ class Routes:
         del self.links[link.node]
         return True
 
-    def path_to(self, node: str) -> Path | None:
+    def path_to(self, node: str) -> PeerPath | None:
         """The path a frame for ``node`` goes on, or None when there is none.
 
         The seam for relays (spec §8): a node with no direct link but a relayed path

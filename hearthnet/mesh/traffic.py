@@ -6,7 +6,8 @@ The cores are :class:`~hearthnet.mesh.gossip.Gossip` (msg, ihave, iwant, commits
 :class:`~hearthnet.mesh.health.LinkHealth` (ping, pong) and
 :class:`~hearthnet.mesh.remote.RemoteCalls` (call, frame, ack, tool_result, cancel, caps).
 Frames go out through :class:`~hearthnet.mesh.routing.Routes`, never to a link directly,
-except the answer to a frame on the link it came on.
+except the answer to a frame, which goes back on the path it came on. Handlers see a
+:class:`~hearthnet.mesh.routing.PeerPath` (a direct link today, a relayed path later).
 """
 
 from __future__ import annotations
@@ -44,9 +45,8 @@ from hearthnet.mesh.frames import (
 )
 from hearthnet.mesh.gossip import Gossip
 from hearthnet.mesh.health import LinkHealth
-from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.remote import RemoteCalls
-from hearthnet.mesh.routing import Routes
+from hearthnet.mesh.routing import PeerPath, Routes
 from hearthnet.metrics import Counter
 from hearthnet.pubsub.envelope import StoredMessage
 from hearthnet.pubsub.log import MessageLog
@@ -118,7 +118,7 @@ class LinkTraffic:
         self.presence = PresenceFlood(node_id)
         self.membership_flood = MembershipFlood(membership.caps.per_request)
         self._membership_frames = asyncio.Lock()
-        self._handlers: dict[type, Callable[[PeerLink, Any], None]] = {
+        self._handlers: dict[type, Callable[[PeerPath, Any], None]] = {
             Msg: self._msg,
             IHave: self._ihave,
             IWant: self._iwant,
@@ -136,8 +136,10 @@ class LinkTraffic:
             Cancel: remote.on_cancel,
         }
 
-    def receive(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        """A decoded frame from ``link``: parsed into its typed form, then handled.
+    def receive(self, link: PeerPath, frame: dict[str, Any]) -> None:
+        """A decoded frame from the peer at the far end of ``link``: parsed into its typed
+        form, then handled. A direct link calls this; so does a relayed path (spec §8) for
+        the frames it unwraps, with itself as ``link``: answers go back on it.
 
         Raises:
             BadRequest: the frame is malformed (the link logs it and goes on).
@@ -146,7 +148,7 @@ class LinkTraffic:
         if typed is not None:
             self._handlers[type(typed)](link, typed)
 
-    def greet(self, link: PeerLink) -> None:
+    def greet(self, link: PeerPath) -> None:
         """What a new link gets: every membership record, the addresses we know, the
         capabilities we reach, our local presence and our gossip heads."""
         records = (r.to_json() for r in self.membership.records.values())
@@ -166,7 +168,7 @@ class LinkTraffic:
 
     # --- gossip (spec §7.3) ---------------------------------------------------------------
 
-    def _msg(self, link: PeerLink, frame: Msg) -> None:
+    def _msg(self, link: PeerPath, frame: Msg) -> None:
         outcome = self.gossip.receive_msg(frame, link.node)
         if isinstance(outcome, Duplicate):
             self.pubsub.metrics.duplicates.inc()
@@ -205,17 +207,17 @@ class LinkTraffic:
         for forward in self.gossip.committed(batch, len(self.routes) > 0):
             self.routes.forward(forward)
 
-    def _ihave(self, link: PeerLink, frame: IHave) -> None:
+    def _ihave(self, link: PeerPath, frame: IHave) -> None:
         iwant = self.gossip.receive_ihave(frame, time.monotonic())
         if iwant is not None:
             link.send_raw(iwant.encode())
 
-    def _iwant(self, link: PeerLink, frame: IWant) -> None:
+    def _iwant(self, link: PeerPath, frame: IWant) -> None:
         repair = self.gossip.receive_iwant(frame, link.node)
         if repair is not None:
             self.spawn(self._repair(link, repair), f"repair-{link.node}")
 
-    async def _repair(self, link: PeerLink, repair: Repair) -> None:
+    async def _repair(self, link: PeerPath, repair: Repair) -> None:
         try:
             budget = repair.budget
             for origin, first, last in repair.spans:
@@ -238,7 +240,7 @@ class LinkTraffic:
 
     # --- membership and presence --------------------------------------------------------------
 
-    def _membership(self, link: PeerLink, frame: MembershipBatch) -> None:
+    def _membership(self, link: PeerPath, frame: MembershipBatch) -> None:
         admit = self.membership_flood.receive(frame, link.node, self.membership.records)
         if admit is not None:
             self.spawn(self._admit(admit.node, list(admit.records)), "membership")
@@ -260,7 +262,7 @@ class LinkTraffic:
         """Flood new membership records to every link but ``skip``."""
         self.routes.forward(self.membership_flood.broadcast((r.to_json() for r in records), skip))
 
-    def _presence(self, link: PeerLink, frame: Presence) -> None:
+    def _presence(self, link: PeerPath, frame: Presence) -> None:
         received = self.presence.receive(frame, link.node)
         if received is None:
             return
@@ -280,7 +282,7 @@ class LinkTraffic:
 
     # --- capabilities (spec §7.4) ---------------------------------------------------------------
 
-    def _caps(self, link: PeerLink, frame: Caps) -> None:
+    def _caps(self, link: PeerPath, frame: Caps) -> None:
         if self.remote.learn(link.node, list(frame.providers)):
             self.announce_caps(skip=link.node)
 
