@@ -42,7 +42,21 @@ def test_tampered_token_does_not_verify() -> None:
         CapabilityToken.decode("hnt1:" + b64url_encode(json.dumps(obj).encode()))
 
 
-@pytest.mark.parametrize("text", ["", "hnt2:abc", "hnt1:!!!", "hnt1:" + "A" * 9000, 5])
+DEEP = b"[" * 3000 + b"]" * 3000  # deeper than Python's recursion limit, under 8 KiB encoded
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "hnt2:abc",
+        "hnt1:!!!",
+        "hnt1:" + "A" * 9000,
+        5,
+        "hnt1:" + b64url_encode(DEEP),
+        "hnt1:" + b64url_encode(b'{"exp_ms": NaN}'),
+    ],
+)
 def test_garbage_tokens_refused(text: object) -> None:
     """Malformed token strings are invalid_signature, never a crash."""
     with pytest.raises(InvalidSignature):

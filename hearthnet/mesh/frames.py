@@ -11,8 +11,10 @@ Each class has ``parse(obj)`` (from the decoded map) and ``encode()`` (CBOR byte
 ``t`` included); ``to_wire()`` gives the map without ``t``.
 
 ``hello`` frames belong to the handshake (:class:`~hearthnet.mesh.protocol.Handshake`,
-which checks them against the same shape before their signature). ``route`` frames (spec §8)
-belong to the relay code and have no class here yet.
+which checks them against the same shape before their signature). Relay and path frames
+(spec §8: ``route``, ``attach``, ``pframe``, ...) have their classes in
+:mod:`~hearthnet.mesh.relay_frames` and :mod:`~hearthnet.mesh.path_frames`;
+:func:`parse_frame` leaves them to the relay code.
 """
 
 from __future__ import annotations
@@ -521,7 +523,7 @@ FRAME_CLASSES: dict[str, type[PeerFrame]] = {
 
 def parse_frame(obj: Mapping[str, Any]) -> PeerFrame | None:
     """The typed frame for a decoded link frame after the handshake; None for a kind this
-    node does not handle on an established link (``hello``, ``route``).
+    module does not type (``hello``; the relay and path frames of spec §8).
 
     Raises:
         BadRequest: a field the kind does not list, or a field of the wrong type.

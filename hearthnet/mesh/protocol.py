@@ -45,6 +45,7 @@ from hearthnet.errors import (
 from hearthnet.identity import KeyPair, verify_object
 from hearthnet.ids import is_node_id
 from hearthnet.membership import Membership
+from hearthnet.mesh.relay_frames import RELAY_FRAME_KINDS
 from hearthnet.shapes import Shape
 
 SUBPROTOCOL = "hearthnet-peer.v1"
@@ -72,6 +73,8 @@ FRAME_KINDS = frozenset(
         "peers",
     }
 )
+# Relay frames (spec §8), defined in relay_frames.py: attach, route, sealed, pframe, ...
+FRAME_KINDS |= RELAY_FRAME_KINDS
 
 
 # The fields a hello may carry (the other kinds' shapes are in mesh/frames.py); a field

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from hearthnet.errors import (
     BadRequest,
@@ -186,8 +187,9 @@ class ActiveStreams:
 
 def make_middleware(metrics: TransportMetrics, head: HeadLimits) -> Any:
     """The one middleware: header limits (for requests after the first on a connection;
-    the front door checks first ones), WireError -> JSON error, HTTP errors -> JSON,
-    crashes -> internal_error. (One layer: each aiohttp middleware costs every request.)"""
+    the front door checks first ones), WireError -> JSON error, HTTP errors and
+    undecodable bodies -> JSON, crashes -> internal_error. (One layer: each aiohttp
+    middleware costs every request.)"""
     max_header_bytes = head.max_header_bytes
     max_headers = head.max_headers
 
@@ -215,6 +217,13 @@ def make_middleware(metrics: TransportMetrics, head: HeadLimits) -> Any:
             return error_response(BadRequest(f"{request.method} not allowed on {request.path}"))
         except web.HTTPException:
             raise
+        except (web.RequestPayloadError, HttpProcessingError) as exc:
+            # request.read() raises these for a body aiohttp cannot decode: bytes that are
+            # not what their Content-Encoding says, a broken chunked body. The client's
+            # fault, not ours; the parser's own error is the reason.
+            metrics.refused.inc("bad_request", "http")
+            reason = getattr(exc.__cause__, "message", None) or getattr(exc, "message", "")
+            return error_response(BadRequest(f"the request body cannot be read: {reason}"))
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception:

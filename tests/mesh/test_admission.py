@@ -7,6 +7,7 @@ import pytest
 from hearthnet.community import Level, MembershipRecord
 from hearthnet.errors import Expired, InvalidSignature, Revoked, Unauthorized
 from hearthnet.identity import KeyPair
+from hearthnet.ids import b64url_encode
 from hearthnet.membership import Membership, Source
 from hearthnet.mesh.admission import Invite, admit, join_request
 
@@ -111,3 +112,11 @@ def test_only_trusted_nodes_admit() -> None:
     """A bootstrap node that is a plain member cannot sign the member.added record."""
     with pytest.raises(Unauthorized):
         admit(MEMBER, view(), join_request(NEW, invite(), name="x", now_ms=NOW), NOW)
+
+
+@pytest.mark.parametrize("payload", [b"[" * 1500 + b"]" * 1500, b'{"expires_ms": Infinity}'])
+def test_malformed_invite_json_is_invalid_signature(payload: bytes) -> None:
+    """An invite nested deeper than the recursion limit, or with non-JSON numbers, is
+    invalid_signature, never a crash."""
+    with pytest.raises(InvalidSignature):
+        Invite.decode("hn1:" + b64url_encode(payload))

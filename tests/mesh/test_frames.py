@@ -20,6 +20,7 @@ from hearthnet.mesh.frames import (
     parse_frame,
 )
 from hearthnet.mesh.protocol import FRAME_KINDS, decode_frame
+from hearthnet.mesh.relay_frames import RELAY_FRAME_KINDS
 
 SAMPLES = [
     Msg(b'{"id":"x"}', 3),
@@ -53,12 +54,13 @@ def test_a_field_of_the_wrong_type_is_refused() -> None:
     assert "iwant.want must map origins to [from, to]" == refused.value.message
 
 
-def test_every_kind_but_hello_and_route_has_a_class() -> None:
-    """The typed frames cover the link's kinds; hello is the handshake's, route the relays'."""
-    assert FRAME_KINDS - {"hello", "route"} == set(FRAME_CLASSES)
+def test_every_kind_but_hello_and_the_relay_frames_has_a_class() -> None:
+    """The typed frames cover the link's kinds; hello is the handshake's, the relay and
+    path frames are relay_frames.py's."""
+    assert FRAME_KINDS - {"hello"} - RELAY_FRAME_KINDS == set(FRAME_CLASSES)
 
 
-def test_hello_and_route_are_not_parsed_on_a_link() -> None:
+def test_hello_and_relay_frames_are_left_to_others() -> None:
     """parse_frame leaves the kinds an established link does not handle to others."""
     assert (None, None) == (parse_frame({"t": "hello"}), parse_frame({"t": "route"}))
 

@@ -348,3 +348,19 @@ async def test_unknown_route_is_json_not_found(node: Node, http: aiohttp.ClientS
     async with http.put(node.url + "/bus/v1/call") as resp:
         na = (resp.status, (await resp.json())["error"])
     assert ((404, "not_found"), (400, "bad_request")) == (nf, na)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_body_that_does_not_decode_is_bad_request(
+    node: Node, http: aiohttp.ClientSession, encoding: str
+) -> None:
+    """A body that is not what its Content-Encoding says is bad_request, counted; not a 500."""
+    c = node.membership.community_id
+    headers = {**signed_call(node.keys, c, "echo", {"input": 1}), "Content-Encoding": encoding}
+    status, answer = await post(http, node, headers, b"not compressed")
+    assert (400, "bad_request", 1.0, 0.0) == (
+        status,
+        answer["error"],
+        refused(node, "bad_request"),
+        refused(node, "internal_error"),
+    )

@@ -1,0 +1,508 @@
+"""A member's paths to its peers (spec §8): relayed, upgrading, direct. Pure.
+
+Feed :class:`PathCore` what happens (relays attached or lost, direct links up or down,
+frames from peers, punch results) and the clock (:meth:`PathCore.tick`, every ~0.5 s);
+carry out what it returns:
+
+- :class:`Transmit` ``(peer, via, frame)``: send ``frame`` to ``peer`` on the direct link
+  (``via`` None), or sealed in the peer's relay session inside a ``route`` through the
+  attached relay ``via``;
+- :class:`Deliver` ``(peer, frame)``: a peer-link frame from ``peer``, in order, once;
+- :class:`StartPunch` ``(peer, nonce, addrs, at)``: at time ``at``, open TCP to ``addrs``
+  from the local port the node listens on (simultaneous open); then report
+  :meth:`~PathCore.direct_up` or :meth:`~PathCore.punch_failed`;
+- :class:`AttachRelay` / :class:`DetachRelay` ``(relay)``: open or end an attachment;
+  report :meth:`~PathCore.relay_attached` or :meth:`~PathCore.relay_lost`;
+- :class:`PathChanged` ``(peer, state, via)``: for ``hearthnet peers``, heartbeats, metrics.
+
+Per peer the path is data (:class:`PathState`, :data:`TRANSITIONS`):
+
+- ``DOWN -> RELAYED(via)`` when a relay is attached, ``DOWN -> DIRECT`` when a direct
+  link comes up;
+- ``RELAYED -> UPGRADING -> DIRECT`` when a punch succeeds (the relay kept as fallback),
+  ``UPGRADING -> RELAYED`` when it fails;
+- ``DIRECT -> RELAYED(fallback)`` when the direct link dies; ``RELAYED -> RELAYED`` when
+  the relay changes; any state ``-> DOWN`` when no path is left.
+
+Direct upgrade (the lower NodeID leads; like DCUtR): ``candidates {nonce, addrs}`` through
+the relay, the answer's arrival measures the RTT, then ``punch {nonce, in_ms}`` and both
+ends start the simultaneous open at the same moment (:class:`UpgradeStep`). A failure or
+no direct link within ``upgrade_timeout_s`` leaves the peer relayed and retries after an
+exponential backoff with jitter (symmetric NATs keep failing, so they are tried rarely).
+Frames for a peer are numbered across paths (:mod:`hearthnet.mesh.pathseq`), so a switch
+loses and duplicates nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from hearthnet.errors import CapacityExceeded
+from hearthnet.mesh.path_frames import (
+    Candidates,
+    Drain,
+    PAck,
+    PathFrame,
+    PFrame,
+    Punch,
+    Upgrade,
+)
+from hearthnet.mesh.pathseq import Inbound, Outbound
+from hearthnet.mesh.relay_choice import (
+    AttachRelay,
+    DetachRelay,
+    RelayChoice,
+    RelayChoiceConfig,
+    backoff,
+)
+
+
+class PathState(enum.Enum):
+    """How frames reach one peer."""
+
+    DOWN = "down"
+    RELAYED = "relayed"
+    UPGRADING = "upgrading"
+    DIRECT = "direct"
+
+
+TRANSITIONS: dict[PathState, frozenset[PathState]] = {
+    PathState.DOWN: frozenset({PathState.RELAYED, PathState.DIRECT}),
+    PathState.RELAYED: frozenset(
+        {PathState.RELAYED, PathState.UPGRADING, PathState.DIRECT, PathState.DOWN}
+    ),
+    PathState.UPGRADING: frozenset({PathState.DIRECT, PathState.RELAYED, PathState.DOWN}),
+    PathState.DIRECT: frozenset({PathState.RELAYED, PathState.DOWN}),
+}
+
+
+class UpgradeStep(enum.Enum):
+    """Where one direct-upgrade attempt is."""
+
+    OFFERED = "offered"  # leader: our candidates sent, waiting for theirs
+    ANSWERED = "answered"  # follower: their candidates answered, waiting for punch
+    SCHEDULED = "scheduled"  # StartPunch issued
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+UPGRADE_TRANSITIONS: dict[UpgradeStep, frozenset[UpgradeStep]] = {
+    UpgradeStep.OFFERED: frozenset({UpgradeStep.SCHEDULED, UpgradeStep.FAILED}),
+    UpgradeStep.ANSWERED: frozenset({UpgradeStep.SCHEDULED, UpgradeStep.FAILED}),
+    UpgradeStep.SCHEDULED: frozenset({UpgradeStep.SUCCEEDED, UpgradeStep.FAILED}),
+    UpgradeStep.SUCCEEDED: frozenset(),
+    UpgradeStep.FAILED: frozenset(),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PathConfig:
+    """Times and bounds of the direct upgrade (spec §8)."""
+
+    upgrade_timeout_s: float = 10.0
+    upgrade_retry_s: float = 30.0
+    upgrade_retry_max_s: float = 1800.0
+    jitter: float = 0.2  # every backoff is multiplied by 1 ± jitter
+    punch_delay_ms: int = 100
+    max_peers: int = 4096  # peers with a path kept; forget() the ones that left
+
+
+@dataclass(frozen=True, slots=True)
+class Transmit:
+    """Send ``frame`` to ``peer``: on the direct link when ``via`` is None, else through
+    relay ``via``."""
+
+    peer: str
+    via: str | None
+    frame: PathFrame
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """A peer-link frame from ``peer``, in order and once."""
+
+    peer: str
+    frame: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StartPunch:
+    """At ``at`` (seconds, the caller's clock) open TCP to ``addrs`` from our listening port."""
+
+    peer: str
+    nonce: str
+    addrs: tuple[str, ...]
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class PathChanged:
+    """``peer`` is now reached by ``state`` (through ``via`` when relayed or upgrading)."""
+
+    peer: str
+    state: PathState
+    via: str | None
+
+
+Action = Transmit | Deliver | StartPunch | AttachRelay | DetachRelay | PathChanged
+
+
+@dataclass(slots=True)
+class _Attempt:
+    nonce: str
+    leader: bool
+    started: float
+    step: UpgradeStep
+    theirs: tuple[str, ...] = ()  # the peer's candidates, for the follower's punch
+
+    def move(self, to: UpgradeStep) -> None:
+        if to not in UPGRADE_TRANSITIONS[self.step]:
+            raise RuntimeError(f"upgrade cannot go {self.step.value} -> {to.value}")
+        self.step = to
+
+
+@dataclass(slots=True)
+class _Peer:
+    node: str
+    state: PathState = PathState.DOWN
+    via: str | None = None
+    fallback: str | None = None  # while direct: the relay kept for falling back
+    attempt: _Attempt | None = None
+    upgrade_failures: int = 0
+    next_upgrade: float = 0.0
+    out: Outbound = field(default_factory=Outbound)
+    inb: Inbound = field(default_factory=Inbound)
+
+    @property
+    def path(self) -> str | None:
+        return None if self.state is PathState.DIRECT else self.via
+
+
+@dataclass(slots=True)
+class PathStats:
+    """Counters of the path core (feed ``/metrics``)."""
+
+    upgrades_tried: int = 0
+    upgrades_succeeded: int = 0
+    stale_upgrade_frames: int = 0
+    resent: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PathSnapshot:
+    """The path core's numbers at one moment (``/metrics``, ``hearthnet peers``)."""
+
+    direct: int
+    relayed: int
+    upgrading: int
+    down: int
+    upgrades_tried: int
+    upgrades_succeeded: int
+    resent: int
+    duplicates: int
+    stale_upgrade_frames: int
+
+
+class PathCore:
+    """This node's paths to the peers it reaches through relays. Pure: time is ``now``."""
+
+    def __init__(
+        self,
+        node_id: str,
+        relays: Sequence[str],
+        *,
+        config: PathConfig | None = None,
+        rng: random.Random | None = None,
+        relay_config: RelayChoiceConfig | None = None,
+        epoch: int = 0,
+    ) -> None:
+        self.node_id = node_id
+        self.epoch = epoch  # this process's start (ms): our sequences restart with it
+        self.config = config or PathConfig()
+        self.rng = rng or random.Random()
+        self.relays = RelayChoice(relays, relay_config or RelayChoiceConfig(), self.rng)
+        self.stats = PathStats()
+        self._peers: dict[str, _Peer] = {}
+
+    # -- views ---------------------------------------------------------------------------
+
+    def statistics(self) -> PathSnapshot:
+        """A frozen snapshot of the counters and of how many peers are on each path."""
+        on: dict[PathState, int] = dict.fromkeys(PathState, 0)
+        for p in self._peers.values():
+            on[p.state] += 1
+        st = self.stats
+        return PathSnapshot(
+            direct=on[PathState.DIRECT],
+            relayed=on[PathState.RELAYED],
+            upgrading=on[PathState.UPGRADING],
+            down=on[PathState.DOWN],
+            upgrades_tried=st.upgrades_tried,
+            upgrades_succeeded=st.upgrades_succeeded,
+            resent=st.resent,
+            duplicates=sum(p.inb.duplicates for p in self._peers.values()),
+            stale_upgrade_frames=st.stale_upgrade_frames,
+        )
+
+    def path(self, peer: str) -> tuple[PathState, str | None]:
+        """``(state, via)`` for ``peer`` (``via`` is the fallback relay while direct)."""
+        p = self._peers.get(peer)
+        if p is None:
+            return (PathState.DOWN, None)
+        return (p.state, p.fallback if p.state is PathState.DIRECT else p.via)
+
+    def forget(self, peer: str) -> None:
+        """Drop everything about ``peer`` (it left the community, or is no longer wanted)."""
+        self._peers.pop(peer, None)
+
+    def _peer(self, peer: str) -> _Peer:
+        p = self._peers.get(peer)
+        if p is None:
+            if len(self._peers) >= self.config.max_peers:
+                raise CapacityExceeded(f"paths to {self.config.max_peers} peers already kept")
+            p = self._peers[peer] = _Peer(peer, out=Outbound(epoch=self.epoch))
+        return p
+
+    # -- the path state machine ----------------------------------------------------------
+
+    def _move(self, p: _Peer, to: PathState, via: str | None) -> list[Action]:
+        if to not in TRANSITIONS[p.state]:
+            raise RuntimeError(f"path cannot go {p.state.value} -> {to.value}")
+        p.state, p.via = to, via
+        return [PathChanged(p.node, to, via)]
+
+    def _switch(
+        self, p: _Peer, to: PathState, via: str | None, now: float, *, old_alive: bool
+    ) -> list[Action]:
+        """Move ``p`` to a new path; spec §8: nothing lost or duplicated on the way."""
+        was_down = p.state is PathState.DOWN
+        old_path = p.path
+        actions = self._move(p, to, via)
+        if to is PathState.DOWN:
+            return actions  # frames wait in the sequence for the next path
+        if not was_down and old_alive and old_path != p.path:
+            # what the old path carries arrives before the drain; its ack tells what it lost
+            actions.append(Transmit(p.node, old_path, p.out.drain()))
+        elif was_down or not old_alive:
+            resent = p.out.resend_all(now)
+            self.stats.resent += len(resent)
+            actions += [Transmit(p.node, p.path, f) for f in resent]
+        return actions
+
+    def connect(self, peer: str, now: float) -> list[Action]:
+        """Start keeping a path to ``peer`` (through the primary relay until direct)."""
+        p = self._peer(peer)
+        if p.state is PathState.DOWN and self.relays.primary is not None:
+            p.next_upgrade = now
+            return self._switch(p, PathState.RELAYED, self.relays.primary, now, old_alive=False)
+        return []
+
+    def relay_attached(
+        self, relay: str, observed_addr: str | None, rtt: float, now: float
+    ) -> list[Action]:
+        """``relay`` answered ``attached``: peers without a path start relayed through it."""
+        self.relays.attached(relay, observed_addr, rtt, now)
+        actions: list[Action] = []
+        for p in self._peers.values():
+            if p.state is PathState.DOWN:
+                p.next_upgrade = now
+                actions += self._switch(p, PathState.RELAYED, relay, now, old_alive=False)
+            elif p.state is PathState.DIRECT and p.fallback is None:
+                p.fallback = relay
+        return actions
+
+    def relay_lost(self, relay: str, now: float) -> list[Action]:
+        """The link to ``relay`` died or it detached us: its peers move to another relay
+        (everything unacknowledged resent), or down."""
+        self.relays.lost(relay, now)
+        return self._leave_relay(relay, now, alive=False)
+
+    def _leave_relay(self, relay: str, now: float, *, alive: bool) -> list[Action]:
+        nxt = self.relays.primary
+        actions: list[Action] = []
+        for p in self._peers.values():
+            if p.state is PathState.DIRECT:
+                if p.fallback == relay:
+                    p.fallback = nxt
+                continue
+            if p.via != relay:
+                continue
+            if p.attempt is not None and p.state is PathState.UPGRADING:
+                actions += self._fail_attempt(p, now, move=False)
+            target = PathState.RELAYED if nxt is not None else PathState.DOWN
+            actions += self._switch(p, target, nxt, now, old_alive=alive)
+        return actions
+
+    def direct_up(self, peer: str, now: float) -> list[Action]:
+        """A direct link to ``peer`` finished its handshake (dialled, accepted or punched):
+        frames move to it, the relay stays as fallback."""
+        p = self._peer(peer)
+        if p.state is PathState.DIRECT:
+            return []
+        actions: list[Action] = []
+        fallback = p.via if p.via is not None else self.relays.primary
+        attempt = p.attempt
+        actions += self._switch(p, PathState.DIRECT, None, now, old_alive=p.via is not None)
+        p.fallback = fallback
+        if attempt is not None and attempt.step is UpgradeStep.SCHEDULED:
+            attempt.move(UpgradeStep.SUCCEEDED)
+            self.stats.upgrades_succeeded += 1
+            p.upgrade_failures = 0
+            actions.append(Transmit(peer, None, Upgrade(attempt.nonce)))
+        p.attempt = None
+        return actions
+
+    def direct_down(self, peer: str, now: float) -> list[Action]:
+        """The direct link to ``peer`` died: back to the relay, unacknowledged frames resent."""
+        p = self._peers.get(peer)
+        if p is None or p.state is not PathState.DIRECT:
+            return []
+        via = p.fallback if p.fallback is not None else self.relays.primary
+        p.fallback = None
+        p.next_upgrade = now + self.config.upgrade_retry_s
+        target = PathState.RELAYED if via is not None else PathState.DOWN
+        return self._switch(p, target, via, now, old_alive=False)
+
+    # -- frames ----------------------------------------------------------------------------
+
+    def send(self, peer: str, frame: bytes, now: float) -> list[Action]:
+        """Send a peer-link frame to ``peer`` on its current path (kept for resending; while
+        the peer is down it waits for a path).
+
+        Raises:
+            Unavailable: the peer has not acknowledged ``MAX_UNACKED`` frames.
+            CapacityExceeded: a new peer while paths to ``max_peers`` are kept.
+        """
+        p = self._peer(peer)
+        numbered = p.out.send(frame, now)
+        if p.state is PathState.DOWN:
+            return self.connect(peer, now)  # sends it, and all before it, once a relay is up
+        return [Transmit(peer, p.path, numbered)]
+
+    def receive(self, peer: str, frame: PathFrame, now: float) -> list[Action]:
+        """A path frame from ``peer`` (opened from its relay session, or off the direct link).
+
+        Raises:
+            CapacityExceeded: a new peer while paths to ``max_peers`` are kept.
+        """
+        p = self._peer(peer)
+        early: list[Action] = []
+        if p.state is PathState.DOWN:  # it reached us: keep a path back for its acks
+            early = self.connect(peer, now)
+        return early + self._receive(p, frame, now)
+
+    def _receive(self, p: _Peer, frame: PathFrame, now: float) -> list[Action]:
+        peer = p.node
+        if isinstance(frame, PFrame):
+            frames, ack = p.inb.receive(frame)
+            actions: list[Action] = [Deliver(peer, f) for f in frames]
+            if ack is not None and p.state is not PathState.DOWN:
+                actions.append(Transmit(peer, p.path, ack))
+            return actions
+        if isinstance(frame, PAck):
+            resent = p.out.ack(frame, now)
+            self.stats.resent += len(resent)
+            if p.state is PathState.DOWN:
+                return []
+            return [Transmit(peer, p.path, f) for f in resent]
+        if isinstance(frame, Drain):
+            ack = p.inb.drain(frame)
+            return [] if p.state is PathState.DOWN else [Transmit(peer, p.path, ack)]
+        if isinstance(frame, Candidates):
+            return self._candidates(p, frame, now)
+        if isinstance(frame, Punch):
+            a = p.attempt
+            if a is None or a.nonce != frame.nonce or a.step is not UpgradeStep.ANSWERED:
+                self.stats.stale_upgrade_frames += 1
+                return []
+            a.move(UpgradeStep.SCHEDULED)
+            return [StartPunch(peer, a.nonce, a.theirs, now + frame.in_ms / 1000)]
+        if isinstance(frame, Upgrade):
+            return []  # the punched link's first frame: direct_up already moved the path
+        raise ValueError(f"{frame.KIND} is not a path frame")
+
+    # -- direct upgrade ----------------------------------------------------------------------
+
+    def _candidates(self, p: _Peer, frame: Candidates, now: float) -> list[Action]:
+        a = p.attempt
+        ours = self.relays.observed_addrs()
+        if a is not None and a.leader and a.nonce == frame.nonce and a.step is UpgradeStep.OFFERED:
+            a.move(UpgradeStep.SCHEDULED)
+            rtt = now - a.started
+            delay = self.config.punch_delay_ms
+            at = now + rtt / 2 + delay / 1000
+            return [
+                Transmit(p.node, p.via, Punch(a.nonce, delay)),
+                StartPunch(p.node, a.nonce, frame.addrs, at),
+            ]
+        actions: list[Action] = []
+        if a is not None and not a.leader and a.nonce != frame.nonce:
+            # the leader gave up on that attempt and started another: follow the new one
+            actions += self._fail_attempt(p, now, move=True)
+        if p.state is not PathState.RELAYED or not ours or self.node_id < p.node:
+            self.stats.stale_upgrade_frames += 1
+            return actions
+        p.attempt = _Attempt(frame.nonce, False, now, UpgradeStep.ANSWERED, frame.addrs)
+        self.stats.upgrades_tried += 1
+        actions += self._move(p, PathState.UPGRADING, p.via)
+        actions.append(Transmit(p.node, p.via, Candidates(frame.nonce, ours)))
+        return actions
+
+    def punch_failed(self, peer: str, nonce: str, now: float) -> list[Action]:
+        """The simultaneous open of attempt ``nonce`` failed: stay relayed, retry later."""
+        p = self._peers.get(peer)
+        if p is None or p.attempt is None or p.attempt.nonce != nonce:
+            return []
+        return self._fail_attempt(p, now, move=True)
+
+    def _fail_attempt(self, p: _Peer, now: float, *, move: bool) -> list[Action]:
+        assert p.attempt is not None
+        p.attempt.move(UpgradeStep.FAILED)
+        p.attempt = None
+        p.upgrade_failures += 1
+        cfg = self.config
+        wait = backoff(
+            p.upgrade_failures, cfg.upgrade_retry_s, cfg.upgrade_retry_max_s, cfg.jitter, self.rng
+        )
+        p.next_upgrade = now + wait
+        if move and p.state is PathState.UPGRADING:
+            return self._move(p, PathState.RELAYED, p.via)
+        return []
+
+    def _start_upgrade(self, p: _Peer, now: float) -> list[Action]:
+        ours = self.relays.observed_addrs()
+        if not ours or self.node_id > p.node:
+            return []  # the lower NodeID leads; without an observed address there is no punch
+        nonce = f"{self.rng.getrandbits(64):016x}"
+        p.attempt = _Attempt(nonce, True, now, UpgradeStep.OFFERED)
+        self.stats.upgrades_tried += 1
+        actions = self._move(p, PathState.UPGRADING, p.via)
+        actions.append(Transmit(p.node, p.via, Candidates(nonce, ours)))
+        return actions
+
+    # -- time --------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> list[Action]:
+        """Relay attachments, upgrade timeouts and starts, resends and owed acks."""
+        actions: list[Action] = []
+        for change in self.relays.tick(now):
+            if isinstance(change, DetachRelay):  # drain through it before it goes
+                actions += self._leave_relay(change.relay, now, alive=True)
+            actions.append(change)
+        for p in self._peers.values():
+            a = p.attempt
+            if a is not None and now - a.started > self.config.upgrade_timeout_s:
+                actions += self._fail_attempt(p, now, move=True)
+            elif a is None and p.state is PathState.RELAYED and now >= p.next_upgrade:
+                actions += self._start_upgrade(p, now)
+            if p.state is PathState.DOWN:
+                continue
+            resent = p.out.due(now)
+            self.stats.resent += len(resent)
+            actions += [Transmit(p.node, p.path, f) for f in resent]
+            if p.inb.owed:
+                actions.append(Transmit(p.node, p.path, p.inb.ack()))
+        return actions

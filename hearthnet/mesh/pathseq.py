@@ -1,0 +1,176 @@
+"""One sequence of frames per peer across changing paths (spec §8: the link moves to the
+direct path, or back to the relay, "without losing or duplicating a frame"). Pure.
+
+A node reaching a peer through a relay numbers every frame for that peer ``pframe {s, f}``
+(1, 2, 3 ...), whichever path carries it, and keeps it until the peer acknowledges it
+(``pack {upto}``, cumulative). The receiver hands frames on strictly in order, exactly
+once: a frame below what it has delivered is a duplicate and is dropped; one above the next
+expected waits (bounded) for the gap to fill.
+
+Switching paths:
+
+- the old path still works (an upgrade to direct): ``drain {upto: last s sent}`` goes on
+  the old path, new frames on the new one. Paths are ordered, so the drain arrives after
+  every frame the old path carried; the receiver answers it at once with ``pack {upto,
+  drained: true}``. Such an ack below the drained ``upto`` means the old path lost
+  frames, and the sender resends those on the new path.
+- the old path is dead (a relay killed, the direct link gone): every unacknowledged
+  frame is resent on the new path at once.
+- anything else (a relay that dropped a frame silently, a lost drain): unacknowledged
+  frames older than ``retransmit_s`` are resent on :meth:`Outbound.due`.
+
+Resending can only duplicate on the wire, never at delivery.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hearthnet.errors import Unavailable
+from hearthnet.mesh.path_frames import Drain, PAck, PFrame
+
+MAX_UNACKED = 4096  # frames kept for resending per peer; more means the peer is stuck
+MAX_AHEAD = 4096  # out-of-order frames held per peer; beyond that they are resent
+RETRANSMIT_S = 2.0
+ACK_EVERY = 32  # frames delivered between two acks (also acked on every drain and tick)
+
+
+@dataclass
+class Outbound:
+    """The sending side of one peer's sequence; ``epoch`` is this process's start (ms)."""
+
+    epoch: int = 0
+    max_unacked: int = MAX_UNACKED
+    retransmit_s: float = RETRANSMIT_S
+    last: int = 0
+    acked: int = 0
+    drained: int = 0  # the upto of the last drain sent, until an ack answers it
+    _unacked: deque[tuple[int, bytes, float]] = field(default_factory=deque)
+
+    def send(self, frame: bytes, now: float) -> PFrame:
+        """Number ``frame`` and keep it until acknowledged.
+
+        Raises:
+            Unavailable: ``max_unacked`` frames are waiting; the peer is not acknowledging
+                (the caller treats the peer as unreachable).
+        """
+        if len(self._unacked) >= self.max_unacked:
+            raise Unavailable("the peer acknowledges nothing; too many frames unacknowledged")
+        self.last += 1
+        self._unacked.append((self.last, frame, now))
+        return PFrame(self.last, frame, self.epoch, self.acked)
+
+    @property
+    def unacked(self) -> int:
+        """Frames sent and not yet acknowledged."""
+        return len(self._unacked)
+
+    def drain(self) -> Drain:
+        """The marker for the old path when switching to a new one that still works."""
+        self.drained = self.last
+        return Drain(self.last, self.epoch)
+
+    def ack(self, frame: PAck, now: float) -> list[PFrame]:
+        """Apply a ``pack``; return the frames to resend (those a drained path lost)."""
+        upto = frame.upto
+        if upto > self.last or frame.e != self.epoch:
+            return []  # acknowledges what we never sent (or a sequence before our restart)
+        while self._unacked and self._unacked[0][0] <= upto:
+            self._unacked.popleft()
+        self.acked = max(self.acked, upto)
+        if not frame.drained or not self.drained:
+            return []
+        lost_upto, self.drained = self.drained, 0
+        return self._resend(lambda s: s <= lost_upto, now)
+
+    def resend_all(self, now: float) -> list[PFrame]:
+        """Every unacknowledged frame, for a new path when the old one died."""
+        self.drained = 0
+        return self._resend(lambda s: True, now)
+
+    def due(self, now: float) -> list[PFrame]:
+        """Unacknowledged frames not acknowledged within ``retransmit_s``, to resend."""
+        horizon = now - self.retransmit_s
+        return self._resend(lambda s: True, now, horizon)
+
+    def _resend(
+        self, which: Callable[[int], bool], now: float, horizon: float = float("inf")
+    ) -> list[PFrame]:
+        out: list[PFrame] = []
+        kept: deque[tuple[int, bytes, float]] = deque()
+        for s, f, sent in self._unacked:
+            if sent <= horizon and which(s):
+                out.append(PFrame(s, f, self.epoch, self.acked))
+                kept.append((s, f, now))
+            else:
+                kept.append((s, f, sent))
+        self._unacked = kept
+        return out
+
+
+@dataclass
+class Inbound:
+    """The receiving side of one peer's sequence."""
+
+    max_ahead: int = MAX_AHEAD
+    ack_every: int = ACK_EVERY
+    epoch: int | None = None  # the sender's sequence we follow; None until its first frame
+    delivered: int = 0
+    duplicates: int = 0
+    stale: int = 0  # frames of a sequence from before the sender restarted
+    _ahead: dict[int, bytes] = field(default_factory=dict)
+    _unacked: int = 0  # delivered since the last ack
+
+    def receive(self, frame: PFrame) -> tuple[list[bytes], PAck | None]:
+        """Take one ``pframe``; return the frames now deliverable, in order, and the ack
+        to send, if one is due."""
+        if self.epoch is None or frame.e > self.epoch:
+            # a first frame, or the sender restarted: follow its (new) sequence, which
+            # resumes after what we acknowledged (none of it, for a new sequence)
+            self.epoch, self.delivered, self._unacked = frame.e, 0, 0
+            self._ahead.clear()
+        elif frame.e < self.epoch:
+            self.stale += 1
+            return [], None
+        if frame.a > self.delivered:
+            # we acknowledged up to a before we restarted: those were handed on then
+            self.delivered = frame.a
+            self._ahead = {k: v for k, v in self._ahead.items() if k > frame.a}
+        s = frame.s
+        if s <= self.delivered or s in self._ahead:
+            self.duplicates += 1
+            return [], None
+        if s > self.delivered + 1:
+            if s <= self.delivered + self.max_ahead:
+                self._ahead[s] = frame.f
+            return [], None  # beyond the window: the sender's resend brings it again
+        out = [frame.f]
+        s += 1
+        while s in self._ahead:
+            out.append(self._ahead.pop(s))
+            s += 1
+        self.delivered = s - 1
+        self._unacked += len(out)
+        if self._unacked >= self.ack_every:
+            return out, self.ack()
+        return out, None
+
+    def drain(self, frame: Drain) -> PAck:
+        """The old path ended at ``frame.upto``: acknowledge at once, so the sender learns
+        what that path lost."""
+        self._unacked = 0
+        if frame.e != self.epoch:  # a drain of a sequence we do not follow: a plain ack
+            return PAck(self.delivered, e=self.epoch or 0)
+        return PAck(self.delivered, drained=True, e=frame.e)
+
+    @property
+    def owed(self) -> bool:
+        """True when frames were delivered since the last ack."""
+        return self._unacked > 0
+
+    def ack(self) -> PAck:
+        """The acknowledgement of everything delivered (send on tick, or when due)."""
+        self._unacked = 0
+        return PAck(self.delivered, e=self.epoch or 0)

@@ -1,0 +1,477 @@
+"""The relay's pure core (spec §8): attached members, budgets, forwarding, federation.
+
+Feed it what happens on the relay's peer links (:meth:`RelayCore.link_up`,
+:meth:`~RelayCore.receive`, :meth:`~RelayCore.link_down`) and the clock
+(:meth:`~RelayCore.tick`, every second or so); carry out the actions it returns:
+
+- :class:`Send` ``(link, frame)``: write ``frame.encode()`` on the link;
+- :class:`Refuse` ``(link, code, retry_after_ms)``: the member's attachment is refused or
+  ended; write ``detach {code, retry_after_ms}`` on the link (the peer link itself stays);
+- :class:`Close` ``(link)``: the peer broke the relay protocol; close the link.
+
+Rules:
+
+- Only nodes ``is_served`` accepts (members of this community and of federated ones) may
+  attach, send and be sent to; attached members are checked again on every table refresh.
+- A member's ``route`` frames must carry its own NodeID in ``from`` and at most the
+  ``max_inner`` bytes it was granted (else :class:`Close`); a peer that has not attached
+  is refused (attach first).
+- Budgets (per attached member, only where its frames enter the relay network): bytes of
+  ``inner`` per second (default 256 KiB/s) and concurrent circuits, a circuit being a
+  destination the member sent to within ``circuit_idle_s`` (default 64; the relay cannot
+  see the bus streams inside the sealed frames, so circuits are what it counts). When
+  the members sending within the last ``active_window_s`` would together exceed the
+  relay's ``capacity_bytes_per_s``, each gets an equal share of it. A member over budget
+  gets ``route_error rate_limited`` with ``retry_after_ms``; nobody else waits.
+- Forwarding: to the attached member ``to``, else to the federated relay with the fewest
+  hops to it, else ``route_error unreachable``. Each relay passed takes one from
+  ``ttl_hops``; a frame arriving with none left is ``route_error ttl``. A ``(from, id)``
+  already forwarded is dropped (seen-cache of ``seen_cache`` entries).
+- Federation: each federated relay gets our ``route_table`` (attached members at hops 0,
+  learnt routes at their hops, none back over the link it was learnt from, none longer
+  than ``max_route_hops`` relays after the receiver) every ``table_refresh_s`` and at most
+  ``table_min_interval_s`` after a change; a table not refreshed within
+  ``table_expiry_s`` is forgotten. Frames from federated relays were budgeted where they
+  entered; they are checked for membership, ttl and the seen-cache only.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+
+from hearthnet.mesh.frame_fields import MAX_INNER_BYTES
+from hearthnet.mesh.relay_frames import (
+    DEFAULT_TTL_HOPS,
+    Attach,
+    Attached,
+    Detach,
+    RelayFrame,
+    Route,
+    RouteError,
+    RouteTable,
+)
+
+LinkId = Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class RelayConfig:
+    """The relay's bounds (spec §8 defaults)."""
+
+    member_bytes_per_s: int = 256 * 1024
+    member_streams: int = 64
+    capacity_bytes_per_s: int = 8 * 1024 * 1024  # a small VPS's uplink
+    burst_s: float = 0.5  # a bucket holds this many seconds of its rate
+    max_members: int = 1024
+    seen_cache: int = 65_536
+    circuit_idle_s: float = 60.0
+    active_window_s: float = 1.0
+    rebalance_s: float = 0.25
+    table_refresh_s: float = 10.0
+    table_min_interval_s: float = 1.0
+    table_expiry_s: float = 30.0
+    # Relays a route may still pass after this one: a member's frame (ttl_hops 4) spends one
+    # here, so 3 more can carry it; longer routes are neither kept nor advertised.
+    max_route_hops: int = DEFAULT_TTL_HOPS - 1
+    max_inner: int = MAX_INNER_BYTES
+    full_retry_after_ms: int = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Write ``frame`` on ``link``."""
+
+    link: LinkId
+    frame: RelayFrame
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """The attachment on ``link`` is refused or ended: send ``detach {code, retry_after_ms}``."""
+
+    link: LinkId
+    code: str
+    retry_after_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """The peer on ``link`` broke the relay protocol: close the link."""
+
+    link: LinkId
+    reason: str
+
+
+Action = Send | Refuse | Close
+
+
+@dataclass(frozen=True, slots=True)
+class RelayStats:
+    """A snapshot of the relay's counters (feeds ``/metrics``)."""
+
+    members: int
+    federated: int
+    routes: int
+    forwarded: int
+    forwarded_bytes: int
+    duplicates: int
+    rate_limited: int
+    unreachable: int
+    ttl_expired: int
+    spoofed: int
+
+
+class FairBucket:
+    """A token bucket that may go into debt: a frame is admitted while the bucket holds any
+    tokens, and its whole size is taken, so frames larger than the burst still pass at the
+    average rate."""
+
+    __slots__ = ("burst_s", "rate", "tokens", "updated")
+
+    def __init__(self, rate: float, burst_s: float, now: float) -> None:
+        self.rate = rate
+        self.burst_s = burst_s
+        self.tokens = rate * burst_s
+        self.updated = now
+
+    def _refill(self, now: float) -> None:
+        if now > self.updated:
+            self.tokens = min(
+                self.rate * self.burst_s, self.tokens + (now - self.updated) * self.rate
+            )
+            self.updated = now
+
+    def set_rate(self, rate: float, now: float) -> None:
+        """Change the rate from ``now`` on (what was earned before keeps the old rate)."""
+        self._refill(now)
+        self.rate = rate
+        self.tokens = min(self.tokens, rate * self.burst_s)
+
+    def admit(self, now: float, amount: int) -> float:
+        """Take ``amount``; return 0 when admitted, else the seconds until it would be."""
+        self._refill(now)
+        if self.tokens <= 0:
+            return -self.tokens / self.rate + 1e-3
+        self.tokens -= amount
+        return 0.0
+
+
+@dataclass(slots=True)
+class _Member:
+    node: str
+    link: LinkId
+    bucket: FairBucket
+    circuits: dict[str, float] = field(default_factory=dict)  # destination -> last used
+    last_sent: float = float("-inf")
+
+
+@dataclass(slots=True)
+class _Federated:
+    relay: str
+    version: int = -1
+    routes: dict[str, int] = field(default_factory=dict)  # node -> hops beyond that relay
+    refreshed: float = 0.0
+
+
+@dataclass(slots=True)
+class _Counters:
+    forwarded: int = 0
+    forwarded_bytes: int = 0
+    duplicates: int = 0
+    rate_limited: int = 0
+    unreachable: int = 0
+    ttl_expired: int = 0
+    spoofed: int = 0
+
+
+class RelayCore:
+    """One relay's forwarding state. Pure: no I/O, no clock but ``now`` (seconds)."""
+
+    def __init__(
+        self, node_id: str, is_served: Callable[[str], bool], config: RelayConfig | None = None
+    ) -> None:
+        self.node_id = node_id
+        self.is_served = is_served
+        self.config = config or RelayConfig()
+        self._links: dict[LinkId, tuple[str, str]] = {}  # link -> (peer, observed address)
+        self._members: dict[str, _Member] = {}
+        self._member_links: dict[LinkId, str] = {}
+        self._federated: dict[LinkId, _Federated] = {}
+        self._best: dict[str, tuple[int, str, LinkId]] = {}  # node -> (hops, relay, link)
+        self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._version = 0
+        self._table_sent = float("-inf")
+        self._table_dirty = False
+        self._rebalanced = float("-inf")
+        self._fair_rate = float(
+            min(self.config.member_bytes_per_s, self.config.capacity_bytes_per_s)
+        )
+        self._count = _Counters()
+
+    # -- links ---------------------------------------------------------------------------
+
+    def link_up(
+        self, link: LinkId, peer: str, observed_addr: str, now: float, *, federated: bool = False
+    ) -> list[Action]:
+        """A peer link is up (its hello verified ``peer``). ``federated``: the peer is a
+        relay this one federates with; it gets our route table at once."""
+        self._links[link] = (peer, observed_addr)
+        if not federated:
+            return []
+        self._federated[link] = _Federated(peer, refreshed=now)
+        return [Send(link, self._table_for(link))]
+
+    def link_down(self, link: LinkId, now: float) -> list[Action]:
+        """A peer link is gone: its member detaches, its routes are forgotten."""
+        self._links.pop(link, None)
+        node = self._member_links.pop(link, None)
+        if node is not None:
+            self._members.pop(node, None)
+        if self._federated.pop(link, None) is None and node is None:
+            return []
+        return self._routes_changed(now, members_changed=node is not None)
+
+    # -- frames --------------------------------------------------------------------------
+
+    def receive(self, link: LinkId, frame: RelayFrame, now: float) -> list[Action]:
+        """One relay frame that arrived on ``link``."""
+        if link not in self._links:
+            raise ValueError("receive on a link that is not up")
+        if isinstance(frame, Route):
+            return self._route(link, frame, now)
+        if isinstance(frame, Attach):
+            return self._attach(link, frame, now)
+        if isinstance(frame, Detach):
+            node = self._member_links.pop(link, None)
+            if node is None:
+                return []
+            del self._members[node]
+            return self._routes_changed(now, members_changed=True)
+        if isinstance(frame, RouteTable):
+            return self._table(link, frame, now)
+        if isinstance(frame, RouteError):
+            member = self._members.get(frame.origin)
+            if link in self._federated and member is not None:
+                return [Send(member.link, frame)]
+            return []
+        return [Close(link, f"{frame.KIND} is not a frame for a relay")]
+
+    def _attach(self, link: LinkId, frame: Attach, now: float) -> list[Action]:
+        peer, observed = self._links[link]
+        cfg = self.config
+        if link in self._federated or not self.is_served(peer):
+            return [Refuse(link, "unauthorized")]
+        old = self._members.get(peer)
+        if old is None and len(self._members) >= cfg.max_members:
+            return [Refuse(link, "capacity_exceeded", cfg.full_retry_after_ms)]
+        if old is not None:  # re-attached over a new link: the new one wins
+            self._member_links.pop(old.link, None)
+            old.link = link
+        else:
+            bucket = FairBucket(self._fair_rate, cfg.burst_s, now)
+            self._members[peer] = _Member(peer, link, bucket)
+        self._member_links[link] = peer
+        granted = Attached(
+            self.node_id,
+            observed,
+            cfg.member_bytes_per_s,
+            cfg.member_streams,
+            cfg.max_inner,
+            frame.ts,
+        )
+        return [Send(link, granted), *self._routes_changed(now, members_changed=old is None)]
+
+    def _route(self, link: LinkId, route: Route, now: float) -> list[Action]:
+        member_node = self._member_links.get(link)
+        if member_node is not None:
+            if route.from_ != member_node:
+                self._count.spoofed += 1
+                return [Close(link, "route.from is not the attached member")]
+            if len(route.inner) > self.config.max_inner:  # attached told it the limit
+                return [Close(link, "route.inner over the max_inner granted")]
+        elif link in self._federated:
+            if not self.is_served(route.from_):
+                return []  # a node no community here serves: not ours to carry
+        else:
+            return [Refuse(link, "unauthorized")]  # attach first
+        key = (route.from_, route.id)
+        if key in self._seen:
+            self._count.duplicates += 1
+            return []
+        if route.ttl_hops == 0:
+            self._count.ttl_expired += 1
+            return [Send(link, RouteError(route.to, route.from_, route.id, "ttl"))]
+        target = self._next_link(route.to, link)
+        if target is None:
+            self._count.unreachable += 1
+            return [Send(link, RouteError(route.to, route.from_, route.id, "unreachable"))]
+        if member_node is not None:
+            wait = self._charge(self._members[member_node], route, now)
+            if wait > 0:
+                self._count.rate_limited += 1
+                retry = max(1, int(wait * 1000 + 0.999))
+                return [
+                    Send(link, RouteError(route.to, route.from_, route.id, "rate_limited", retry))
+                ]
+        self._seen[key] = None
+        if len(self._seen) > self.config.seen_cache:
+            self._seen.popitem(last=False)
+        self._count.forwarded += 1
+        self._count.forwarded_bytes += len(route.inner)
+        # spec §11: ≤ 5 µs per forwarded frame; dataclasses.replace costs as much as the rest
+        hop = Route(route.to, route.from_, route.ttl_hops - 1, route.id, route.inner)
+        return [Send(target, hop)]
+
+    def _next_link(self, to: str, came_from: LinkId) -> LinkId | None:
+        if not self.is_served(to):
+            return None
+        member = self._members.get(to)
+        if member is not None:
+            return member.link
+        best = self._best.get(to)
+        if best is None or best[2] == came_from:  # never back where it came from
+            return None
+        return best[2]
+
+    def _charge(self, member: _Member, route: Route, now: float) -> float:
+        cfg = self.config
+        circuits = member.circuits
+        if route.to not in circuits and len(circuits) >= cfg.member_streams:
+            horizon = now - cfg.circuit_idle_s
+            for dest in [d for d, t in circuits.items() if t <= horizon]:
+                del circuits[dest]
+            if len(circuits) >= cfg.member_streams:
+                return min(circuits.values()) - horizon
+        if (
+            now - self._rebalanced >= cfg.rebalance_s
+            or member.last_sent < now - cfg.active_window_s
+        ):
+            self._rebalance(now, member)
+        wait = member.bucket.admit(now, len(route.inner))
+        if wait == 0:
+            circuits[route.to] = now
+            member.last_sent = now
+        return wait
+
+    def _rebalance(self, now: float, sender: _Member) -> None:
+        """Share the capacity equally among the members sending lately (spec §8)."""
+        cfg = self.config
+        horizon = now - cfg.active_window_s
+        active = [m for m in self._members.values() if m.last_sent >= horizon or m is sender]
+        rate = min(cfg.member_bytes_per_s, cfg.capacity_bytes_per_s / max(1, len(active)))
+        self._rebalanced = now
+        if rate != self._fair_rate:
+            self._fair_rate = rate
+            for m in active:
+                m.bucket.set_rate(rate, now)
+        elif sender.bucket.rate != rate:
+            sender.bucket.set_rate(rate, now)
+
+    # -- federation ----------------------------------------------------------------------
+
+    def _table(self, link: LinkId, table: RouteTable, now: float) -> list[Action]:
+        fed = self._federated.get(link)
+        if fed is None or table.relay != fed.relay:
+            return [Close(link, "route_table from a link that is not its relay's")]
+        if table.version < fed.version:
+            return []  # an older table overtaken by a newer one
+        fed.refreshed = now
+        if table.version == fed.version:
+            return []
+        fed.version = table.version
+        fed.routes = {
+            n: h
+            for n, h in table.nodes
+            if n != self.node_id and h + 1 <= self.config.max_route_hops and self.is_served(n)
+        }
+        return self._routes_changed(now, members_changed=False)
+
+    def _recompute(self) -> bool:
+        best: dict[str, tuple[int, str, LinkId]] = {}
+        for link, fed in self._federated.items():
+            for node, hops in fed.routes.items():
+                if node in self._members:
+                    continue
+                cand = (hops + 1, fed.relay, link)
+                old = best.get(node)
+                if old is None or cand[:2] < old[:2]:
+                    best[node] = cand
+        changed = best != self._best
+        self._best = best
+        return changed
+
+    def _routes_changed(self, now: float, *, members_changed: bool) -> list[Action]:
+        if not self._recompute() and not members_changed:
+            return []
+        self._version += 1
+        self._table_dirty = True
+        if now - self._table_sent < self.config.table_min_interval_s:
+            return []
+        return self._send_tables(now)
+
+    def _send_tables(self, now: float) -> list[Action]:
+        self._table_sent = now
+        self._table_dirty = False
+        return [Send(link, self._table_for(link)) for link in self._federated]
+
+    def _table_for(self, link: LinkId) -> RouteTable:
+        nodes = [(n, 0) for n in self._members]
+        limit = self.config.max_route_hops - 1  # what the receiver would keep
+        nodes += [(n, h) for n, (h, _, via) in self._best.items() if via != link and h <= limit]
+        return RouteTable(self.node_id, self._version, tuple(nodes))
+
+    # -- time ----------------------------------------------------------------------------
+
+    def tick(self, now: float) -> list[Action]:
+        """Expire stale tables, drop members no longer served, refresh route tables."""
+        actions: list[Action] = []
+        changed = False
+        for fed in self._federated.values():
+            if fed.routes and now - fed.refreshed > self.config.table_expiry_s:
+                # forget the version too: the next table, even the same one, is taken whole
+                fed.routes, fed.version, changed = {}, -1, True
+        if now - self._table_sent >= self.config.table_refresh_s:
+            for node in [n for n in self._members if not self.is_served(n)]:
+                member = self._members.pop(node)
+                del self._member_links[member.link]
+                actions.append(Refuse(member.link, "unauthorized"))
+                changed = True
+        if changed:
+            self._recompute()
+            self._version += 1
+            self._table_dirty = True
+        due = now - self._table_sent >= self.config.table_refresh_s
+        if due or (
+            self._table_dirty and now - self._table_sent >= self.config.table_min_interval_s
+        ):
+            actions += self._send_tables(now)
+        return actions
+
+    # -- views ---------------------------------------------------------------------------
+
+    def member_link(self, node: str) -> LinkId | None:
+        """The link of attached member ``node``, if any."""
+        member = self._members.get(node)
+        return member.link if member is not None else None
+
+    def routes(self) -> dict[str, str]:
+        """``{node: via_relay}`` for nodes reached through federated relays (spec §8)."""
+        return {node: relay for node, (_, relay, _) in self._best.items()}
+
+    def statistics(self) -> RelayStats:
+        """The counters now."""
+        c = self._count
+        return RelayStats(
+            len(self._members),
+            len(self._federated),
+            len(self._best),
+            c.forwarded,
+            c.forwarded_bytes,
+            c.duplicates,
+            c.rate_limited,
+            c.unreachable,
+            c.ttl_expired,
+            c.spoofed,
+        )

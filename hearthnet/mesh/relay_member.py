@@ -1,0 +1,155 @@
+"""A member's end of relayed traffic (spec §8): one end-to-end session per peer, and path
+frames wrapped into ``route`` frames and back. Pure.
+
+Between :class:`~hearthnet.mesh.paths.PathCore` and the link to a relay::
+
+    Transmit(peer, via=R, frame)  --wrap-->    route {to: peer, from: us, inner: sealed}  -> R
+    route from R                  --unwrap-->  path frames for PathCore.receive(peer, ...)
+
+The first frame for a peer starts the session (an ``e2e_hello`` goes first; frames wait,
+bounded, until the answer). A hello from a node that is not a member of a served
+community is refused (the relay is not trusted to check). A frame the session refuses
+(altered, replayed, reordered, from a stranger) is returned as ``refused`` and counted; the
+glue logs it and carries on. Frames lost that way are resent by the path sequence. A
+sealed frame from a peer we hold no session with (we restarted, it did not) starts a new
+handshake, so the peer's later frames open again.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hearthnet.errors import BadRequest, InvalidSignature, Unauthorized, WireError
+from hearthnet.identity import KeyPair
+from hearthnet.mesh.frame_fields import MAX_ID
+from hearthnet.mesh.path_frames import PATH_FRAME_TYPES, PathFrame
+from hearthnet.mesh.relay_e2e import RelaySession, SessionState
+from hearthnet.mesh.relay_frames import DEFAULT_TTL_HOPS, Route, decode
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointConfig:
+    """Bounds of a member's relayed sessions."""
+
+    ttl_hops: int = DEFAULT_TTL_HOPS
+    handshake_timeout_ms: int = 5_000  # a hello unanswered this long is sent again
+    max_pending: int = 1024  # frames per peer waiting for its session (oldest dropped)
+    max_sessions: int = 4096  # peers with a session (least recently used forgotten)
+
+
+@dataclass(frozen=True, slots=True)
+class Unwrapped:
+    """What one ``route`` from a relay produced: routes to send back (a hello's answer,
+    frames that waited for it), path frames for the path core, or why it was refused."""
+
+    routes: list[Route] = field(default_factory=list)
+    frames: list[PathFrame] = field(default_factory=list)
+    refused: WireError | None = None
+
+
+@dataclass(slots=True)
+class _Peer:
+    session: RelaySession
+    hello_at: int = 0
+    pending: deque[bytes] = field(default_factory=deque)
+
+
+class RelayEndpoint:
+    """This member's sessions with the peers it reaches through relays."""
+
+    def __init__(
+        self,
+        keys: KeyPair,
+        is_member: Callable[[str], bool],
+        config: EndpointConfig | None = None,
+    ) -> None:
+        self.keys = keys
+        self.is_member = is_member
+        self.config = config or EndpointConfig()
+        self.refused: Counter[str] = Counter()  # wire code -> frames refused
+        self.dropped_pending = 0
+        self._peers: OrderedDict[str, _Peer] = OrderedDict()
+        # A random start: ids from before a restart may still sit in relays' seen-caches.
+        self._next_id = int.from_bytes(os.urandom(6), "big")  # 48 bits; ids stay < 2^53
+
+    def _peer(self, node: str) -> _Peer:
+        p = self._peers.get(node)
+        if p is None:
+            p = self._peers[node] = _Peer(RelaySession(self.keys, node))
+            if len(self._peers) > self.config.max_sessions:
+                self._peers.popitem(last=False)
+        else:
+            self._peers.move_to_end(node)
+        return p
+
+    def _route(self, to: str, inner: bytes) -> Route:
+        self._next_id = (self._next_id + 1) % (MAX_ID + 1)
+        return Route(to, self.keys.node_id, self.config.ttl_hops, self._next_id, inner)
+
+    def wrap(self, peer: str, frame: PathFrame, now_ms: int) -> list[Route]:
+        """The route frames that carry ``frame`` to ``peer`` (a hello first, when the
+        session is not up yet; the frame then waits for the answer)."""
+        p = self._peer(peer)
+        if p.session.established:
+            return [self._route(peer, p.session.seal(frame.encode()))]
+        if len(p.pending) >= self.config.max_pending:
+            p.pending.popleft()  # the path sequence resends it
+            self.dropped_pending += 1
+        p.pending.append(frame.encode())
+        if p.session.state is SessionState.HELLO_SENT:
+            return []
+        p.hello_at = now_ms
+        return [self._route(peer, p.session.start(now_ms))]
+
+    def unwrap(self, route: Route, now_ms: int) -> Unwrapped:
+        """Open one route frame that a relay delivered to us."""
+        try:
+            if route.to != self.keys.node_id:
+                raise BadRequest("a route frame for another node")
+            if not self.is_member(route.from_):
+                raise Unauthorized("route from a node that is not a member")
+            p = self._peer(route.from_)
+            opened = p.session.receive(route.inner, now_ms)
+            routes = [] if opened.reply is None else [self._route(route.from_, opened.reply)]
+            if p.session.established and p.pending:
+                routes += [self._route(route.from_, p.session.seal(f)) for f in p.pending]
+                p.pending.clear()
+            frames: list[PathFrame] = []
+            if opened.frame is not None:
+                inner = decode(opened.frame)
+                if not isinstance(inner, PATH_FRAME_TYPES):
+                    raise BadRequest(f"{inner.KIND} does not travel sealed")
+                frames.append(inner)
+            return Unwrapped(routes, frames)
+        except WireError as exc:
+            self.refused[exc.code] += 1
+            known = self._peers.get(route.from_)
+            if (
+                isinstance(exc, InvalidSignature)
+                and known is not None
+                and known.session.state is SessionState.IDLE
+            ):  # sealed under keys we do not hold (we restarted): make new ones
+                known.hello_at = now_ms
+                hello = self._route(route.from_, known.session.start(now_ms))
+                return Unwrapped([hello], refused=exc)
+            return Unwrapped(refused=exc)
+
+    def tick(self, now_ms: int) -> list[Route]:
+        """Hellos sent again where no answer came within ``handshake_timeout_ms``."""
+        out: list[Route] = []
+        for node, p in self._peers.items():
+            waited = now_ms - p.hello_at
+            if (
+                p.session.state is SessionState.HELLO_SENT
+                and waited >= self.config.handshake_timeout_ms
+            ):
+                p.hello_at = now_ms
+                out.append(self._route(node, p.session.start(now_ms)))
+        return out
+
+    def forget(self, peer: str) -> None:
+        """Drop the session with ``peer`` (it left the community, or we stop reaching it)."""
+        self._peers.pop(peer, None)

@@ -1,0 +1,566 @@
+"""The relay's pure core (spec §8): attaching, forwarding, budgets, federation. No sockets."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hearthnet.errors import InvalidSignature, Replayed
+from hearthnet.identity import KeyPair
+from hearthnet.mesh.relay_core import (
+    Action,
+    Close,
+    Refuse,
+    RelayConfig,
+    RelayCore,
+    Send,
+)
+from hearthnet.mesh.relay_e2e import RelaySession
+from hearthnet.mesh.relay_frames import (
+    Attach,
+    Attached,
+    Detach,
+    Route,
+    RouteError,
+    RouteTable,
+)
+
+KEYS = [KeyPair.from_seed(bytes([0x41 + i]) * 32) for i in range(12)]
+R1, R2, R3 = (k.node_id for k in KEYS[:3])
+M = [k.node_id for k in KEYS[3:]]  # members
+STRANGER = KeyPair.from_seed(b"\x7f" * 32).node_id
+ADDR = "198.51.100.9:50000"
+NOW_MS = 1_763_800_000_000
+
+
+def served(node: str) -> bool:
+    """Everyone but the stranger is a member of a served community."""
+    return node != STRANGER
+
+
+def relay(node: str = R1, **config: float) -> RelayCore:
+    """A relay core with the given config overrides."""
+    return RelayCore(node, served, RelayConfig(**config))  # type: ignore[arg-type]
+
+
+def attach(core: RelayCore, *members: str, now: float = 0.0) -> None:
+    """Bring up a link per member (named after it) and attach it."""
+    for m in members:
+        core.link_up(m, m, ADDR, now)
+        core.receive(m, Attach(), now)
+
+
+def route(src: str, dst: str, n: int = 1, size: int = 100, ttl: int = 4) -> Route:
+    """A route frame from src to dst with id n."""
+    return Route(dst, src, ttl, n, bytes(size))
+
+
+def sends(actions: list[Action]) -> list[tuple[object, str]]:
+    """(link, frame kind) of each Send."""
+    return [(a.link, a.frame.KIND) for a in actions if isinstance(a, Send)]
+
+
+def test_attaching_grants_the_budget_and_the_observed_address() -> None:
+    """attach is answered with attached: the member's address and spec §8 defaults."""
+    core = relay()
+    core.link_up("l", M[0], ADDR, 0.0)
+    actions = core.receive("l", Attach(ts=123), 0.0)
+    assert [Send("l", Attached(R1, ADDR, 256 * 1024, 64, 2 * 1024 * 1024 - 1024, 123))] == actions
+
+
+def test_a_stranger_cannot_attach() -> None:
+    """A node no served community holds is refused unauthorized."""
+    core = relay()
+    core.link_up("l", STRANGER, ADDR, 0.0)
+    assert [Refuse("l", "unauthorized")] == core.receive("l", Attach(), 0.0)
+
+
+def test_a_full_relay_refuses_with_retry_after() -> None:
+    """Past max_members an attach is capacity_exceeded with a retry time."""
+    core = relay(max_members=1)
+    attach(core, M[0])
+    core.link_up("l", M[1], ADDR, 0.0)
+    assert [Refuse("l", "capacity_exceeded", 30_000)] == core.receive("l", Attach(), 0.0)
+
+
+def test_a_frame_is_delivered_to_the_attached_member() -> None:
+    """route from one member to another goes out on the other's link, one hop spent."""
+    core = relay()
+    attach(core, M[0], M[1])
+    assert [Send(M[1], route(M[0], M[1], ttl=3))] == core.receive(M[0], route(M[0], M[1]), 1.0)
+
+
+def test_a_spoofed_sender_closes_the_link() -> None:
+    """A member that claims another from is cut off and counted."""
+    core = relay()
+    attach(core, M[0], M[1])
+    actions = core.receive(M[0], route(M[2], M[1]), 1.0)
+    assert ([Close(M[0], "route.from is not the attached member")], 1) == (
+        actions,
+        core.statistics().spoofed,
+    )
+
+
+def test_a_frame_over_the_granted_size_closes_the_link() -> None:
+    """A member that ignores attached.max_inner is cut off."""
+    core = relay(max_inner=1000)
+    attach(core, M[0], M[1])
+    actions = core.receive(M[0], route(M[0], M[1], size=1001), 1.0)
+    assert [Close(M[0], "route.inner over the max_inner granted")] == actions
+
+
+def test_routing_before_attaching_is_refused() -> None:
+    """A peer link that never attached gets unauthorized for its route frames."""
+    core = relay()
+    attach(core, M[1])
+    core.link_up("l", M[0], ADDR, 0.0)
+    assert [Refuse("l", "unauthorized")] == core.receive("l", route(M[0], M[1]), 0.0)
+
+
+def test_unknown_destinations_and_strangers_are_unreachable() -> None:
+    """No route, or a destination outside the served communities: route_error unreachable."""
+    core = relay()
+    attach(core, M[0])
+    got = [core.receive(M[0], route(M[0], dst, n), 1.0) for n, dst in enumerate((M[1], STRANGER))]
+    assert [
+        [Send(M[0], RouteError(M[1], M[0], 0, "unreachable"))],
+        [Send(M[0], RouteError(STRANGER, M[0], 1, "unreachable"))],
+    ] == got
+
+
+def test_a_frame_with_no_hops_left_is_a_ttl_error() -> None:
+    """ttl_hops 0 on arrival: route_error ttl, nothing forwarded."""
+    core = relay()
+    attach(core, M[0], M[1])
+    actions = core.receive(M[0], route(M[0], M[1], ttl=0), 1.0)
+    assert [Send(M[0], RouteError(M[1], M[0], 1, "ttl"))] == actions
+
+
+def test_detach_and_link_down_forget_the_member() -> None:
+    """After detach or link down the member is unreachable."""
+    core = relay()
+    attach(core, M[0], M[1], M[2])
+    core.receive(M[1], Detach(), 1.0)
+    core.link_down(M[2], 1.0)
+    got = [core.receive(M[0], route(M[0], m, n), 1.0)[0] for n, m in enumerate(M[1:3])]
+    assert ["unreachable", "unreachable"] == [
+        a.frame.code for a in got if isinstance(a, Send) and isinstance(a.frame, RouteError)
+    ]
+
+
+def test_reattaching_on_a_new_link_moves_delivery_there() -> None:
+    """A member that attaches again over another link is reached on the new one."""
+    core = relay()
+    attach(core, M[0], M[1])
+    core.link_up("new", M[1], ADDR, 2.0)
+    core.receive("new", Attach(), 2.0)
+    assert [("new", "route")] == sends(core.receive(M[0], route(M[0], M[1]), 3.0))
+
+
+# -- budgets ---------------------------------------------------------------------------
+
+
+def test_a_member_over_its_budget_is_rate_limited_alone() -> None:
+    """Past 256 KiB/s a member gets rate_limited with retry_after; another is not stalled."""
+    core = relay()
+    attach(core, M[0], M[1], M[2])
+    results = [core.receive(M[0], route(M[0], M[1], n, 64 * 1024), 1.0) for n in range(3)]
+    refused = results[-1][0]
+    other = core.receive(M[2], route(M[2], M[1], 99, 64 * 1024), 1.0)
+    assert (["route", "route", "route_error"], "rate_limited", [(M[1], "route")]) == (
+        [r[0].frame.KIND for r in results if isinstance(r[0], Send)],
+        refused.frame.code if isinstance(refused, Send) and isinstance(refused.frame, RouteError)
+        else None,
+        sends(other),
+    )  # fmt: skip
+
+
+def test_retry_after_says_when_the_budget_has_room() -> None:
+    """Sending again after retry_after_ms succeeds."""
+    core = relay()
+    attach(core, M[0], M[1])
+    n = 0
+    while True:
+        n += 1
+        out = core.receive(M[0], route(M[0], M[1], n, 32 * 1024), 1.0)
+        frame = out[0].frame if isinstance(out[0], Send) else None
+        if isinstance(frame, RouteError):
+            break
+    assert frame.retry_after_ms is not None
+    later = 1.0 + frame.retry_after_ms / 1000
+    assert [(M[1], "route")] == sends(core.receive(M[0], route(M[0], M[1], n, 1), later))
+
+
+def test_a_member_has_at_most_64_circuits() -> None:
+    """A 65th concurrent destination is rate_limited until a circuit idles out."""
+    core = relay(member_bytes_per_s=10**9, capacity_bytes_per_s=10**9)
+    dests = [KeyPair.from_seed(i.to_bytes(32, "big")).node_id for i in range(1, 66)]
+    attach(core, M[0], *dests)
+    kinds = [sends(core.receive(M[0], route(M[0], d, i), 1.0))[0][1] for i, d in enumerate(dests)]
+    again = sends(core.receive(M[0], route(M[0], dests[-1], 100), 62.0))
+    assert (["route"] * 64 + ["route_error"], [(dests[-1], "route")]) == (kinds, again)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(2, 8), st.randoms(use_true_random=False))
+def test_saturating_members_share_the_capacity_equally(n: int, rnd: object) -> None:
+    """N saturating members each get 1/N of the capacity (after the first second's burst)."""
+    capacity = 400 * 1024
+    core = relay(capacity_bytes_per_s=capacity)
+    senders = M[:n]
+    attach(core, *senders, M[8])
+    got: Counter[str] = Counter()
+    frame_id = 0
+    for step in range(1, 1001):  # 10 s in 10 ms steps, senders in a random order each step
+        now = step / 100
+        order = list(senders)
+        rnd.shuffle(order)  # type: ignore[attr-defined]
+        for m in order:
+            for _ in range(50):
+                frame_id += 1
+                out = core.receive(m, route(m, M[8], frame_id, 1024), now)
+                if not isinstance(out[0].frame, Route):  # type: ignore[union-attr]
+                    break
+                if now > 1.0:
+                    got[m] += 1024
+    share = min(capacity / n, 256 * 1024) * 9
+    assert [True] * n == [abs(got[m] - share) < 0.03 * share for m in senders]
+
+
+def test_a_light_member_is_not_slowed_by_saturating_ones() -> None:
+    """A member sending 20 KiB/s among four saturating ones gets all of it through."""
+    core = relay(capacity_bytes_per_s=400 * 1024)
+    attach(core, *M[:6])
+    light_ok = 0
+    for step in range(1, 501):
+        now = step / 100
+        for m in M[:4]:
+            for k in range(20):
+                out = core.receive(m, route(m, M[5], step * 100 + k, 1024), now)
+                if not isinstance(out[0].frame, Route):  # type: ignore[union-attr]
+                    break
+        if step % 5 == 0:  # 1 KiB every 50 ms is 20 KiB/s
+            out = core.receive(M[4], route(M[4], M[5], step, 1024), now)
+            light_ok += isinstance(out[0].frame, Route)  # type: ignore[union-attr]
+    assert 100 == light_ok
+
+
+# -- the seen-cache ---------------------------------------------------------------------
+
+
+frames_in = st.lists(
+    st.tuples(st.integers(0, 2), st.integers(0, 4), st.integers(0, 4)), min_size=1, max_size=60
+)
+
+
+@settings(max_examples=100)
+@given(frames_in)
+def test_the_relay_never_forwards_a_frame_twice(arrivals: list[tuple[int, int, int]]) -> None:
+    """Whatever arrives, over whichever links, each (from, id) goes out at most once."""
+    core = relay(member_bytes_per_s=10**9, capacity_bytes_per_s=10**9)
+    attach(core, *M[:5])
+    core.link_up("r2", R2, ADDR, 0.0, federated=True)
+    core.receive("r2", RouteTable(R2, 1, ((M[6], 0),)), 0.0)
+    out: Counter[tuple[str, int]] = Counter()
+    for link_pick, src_pick, frame_id in arrivals:
+        src = M[src_pick]
+        link = src if link_pick == 0 else "r2"
+        dst = M[(src_pick + 1) % 5] if link_pick < 2 else M[6]
+        for a in core.receive(link, route(src, dst, frame_id), 1.0):
+            if isinstance(a, Send) and isinstance(a.frame, Route):
+                out[(a.frame.from_, a.frame.id)] += 1
+    assert [] == [k for k, v in out.items() if v > 1]
+
+
+def test_the_seen_cache_is_bounded() -> None:
+    """Past seen_cache entries the oldest ids are forgotten."""
+    core = relay(seen_cache=2, member_bytes_per_s=10**9, capacity_bytes_per_s=10**9)
+    attach(core, M[0], M[1])
+    for n in range(3):
+        core.receive(M[0], route(M[0], M[1], n), 1.0)
+    again = [sends(core.receive(M[0], route(M[0], M[1], n), 1.0)) for n in (2, 0)]
+    assert [[], [(M[1], "route")]] == again
+
+
+# -- federation ---------------------------------------------------------------------------
+
+
+def federate(a: RelayCore, b: RelayCore, now: float = 0.0) -> None:
+    """Link relays a and b (link names are the peer's NodeID) and swap their tables."""
+    pending = [
+        (b, a.node_id, x) for x in a.link_up(b.node_id, b.node_id, ADDR, now, federated=True)
+    ]
+    pending += [
+        (a, b.node_id, x) for x in b.link_up(a.node_id, a.node_id, ADDR, now, federated=True)
+    ]
+    pump(pending, now)
+
+
+def pump(pending: list[tuple[RelayCore, str, Action]], now: float) -> None:
+    """Deliver route tables between relays until none is left."""
+    while pending:
+        core, via, action = pending.pop(0)
+        if isinstance(action, Send) and isinstance(action.frame, RouteTable):
+            for nxt in core.receive(via, action.frame, now):
+                pending.append((RELAYS[str(nxt.link)], core.node_id, nxt))
+
+
+RELAYS: dict[str, RelayCore] = {}
+
+
+def chain() -> tuple[RelayCore, RelayCore, RelayCore]:
+    """R1 - R2 - R3 federated in a line, M0 on R1, M1 on R3."""
+    r1, r2, r3 = relay(R1), relay(R2), relay(R3)
+    RELAYS.clear()
+    RELAYS.update({R1: r1, R2: r2, R3: r3})
+    attach(r1, M[0])
+    attach(r3, M[1])
+    federate(r1, r2, 0.0)
+    federate(r2, r3, 5.0)  # past table_min_interval_s: R2's change goes out at once
+    return r1, r2, r3
+
+
+def test_route_tables_carry_members_across_federated_relays() -> None:
+    """After the tables settle, R1 knows M1 is reached via R2 (spec §8 {node: via_relay})."""
+    r1, r2, _ = chain()
+    assert ({M[1]: R2}, {M[0]: R1, M[1]: R3}) == (r1.routes(), r2.routes())
+
+
+def test_a_frame_crosses_three_relays_spending_three_hops() -> None:
+    """M0 -> R1 -> R2 -> R3 -> M1 with ttl 4 arrives with ttl 1."""
+    r1, r2, r3 = chain()
+    a = r1.receive(M[0], route(M[0], M[1]), 1.0)
+    b = r2.receive(R1, a[0].frame, 1.0)  # type: ignore[union-attr,arg-type]
+    c = r3.receive(R2, b[0].frame, 1.0)  # type: ignore[union-attr,arg-type]
+    assert [Send(M[1], route(M[0], M[1], ttl=1))] == c
+
+
+def test_a_route_error_travels_back_to_the_origin() -> None:
+    """R3 cannot reach a node; R2 passes the error to R1, R1 to the attached origin."""
+    r1, _, _ = chain()
+    err = RouteError(M[5], M[0], 7, "unreachable")
+    assert [Send(M[0], err)] == r1.receive(R2, err, 1.0)
+
+
+def test_tables_refresh_every_10_s_and_expire_after_30() -> None:
+    """tick sends tables every 10 s; routes not refreshed for 30 s are forgotten."""
+    r1, _, _ = chain()  # R1 last sent its table at 5 s and heard from R2 at 5 s
+    refresh = sends(r1.tick(15.0))
+    quiet = sends(r1.tick(20.0))
+    r1.tick(35.5)
+    assert ([(R2, "route_table")], [], {}) == (refresh, quiet, r1.routes())
+
+
+def test_an_expired_table_comes_back_with_its_next_refresh() -> None:
+    """Routes forgotten after 30 s silence return when the same table arrives again."""
+    core = relay()
+    core.link_up(R2, R2, ADDR, 0.0, federated=True)
+    table = RouteTable(R2, 5, ((M[0], 0),))
+    core.receive(R2, table, 0.0)
+    core.tick(31.0)
+    gone = core.routes()
+    core.receive(R2, table, 32.0)
+    assert ({}, {M[0]: R2}) == (gone, core.routes())
+
+
+def test_an_older_table_does_not_replace_a_newer_one() -> None:
+    """A route_table with a lower version than the last is ignored."""
+    core = relay()
+    core.link_up(R2, R2, ADDR, 0.0, federated=True)
+    core.receive(R2, RouteTable(R2, 5, ((M[0], 0),)), 0.0)
+    core.receive(R2, RouteTable(R2, 4, ((M[1], 0),)), 0.0)
+    assert {M[0]: R2} == core.routes()
+
+
+def test_a_table_from_the_wrong_relay_closes_the_link() -> None:
+    """A route_table naming a relay other than the link's peer is a protocol violation."""
+    core = relay()
+    core.link_up(R2, R2, ADDR, 0.0, federated=True)
+    assert [Close(R2, "route_table from a link that is not its relay's")] == core.receive(
+        R2, RouteTable(R3, 1, ()), 0.0
+    )
+
+
+def test_a_table_is_not_echoed_back() -> None:
+    """Split horizon: R2 tells R1 of M1 and R3 of M0, never a route back to where it came from."""
+    _, r2, _ = chain()
+    tables = {a.link: a.frame for a in r2.tick(20.0) if isinstance(a, Send)}
+    assert ([M[1]], [M[0]]) == tuple(
+        sorted(n for n, _ in t.nodes)
+        for t in (tables[R1], tables[R3])  # type: ignore[union-attr]
+    )
+
+
+def test_a_routing_loop_ends_at_the_seen_cache() -> None:
+    """Three relays each believing X is behind the next pass a frame round once, then drop it."""
+    r1, r2, r3 = relay(R1), relay(R2), relay(R3)
+    attach(r1, M[0])
+    for core, nxt in ((r1, R2), (r2, R3), (r3, R1)):
+        core.link_up(nxt, nxt, ADDR, 0.0, federated=True)
+        prev = {R2: R3, R3: R1, R1: R2}[nxt]
+        core.link_up(prev, prev, ADDR, 0.0, federated=True)
+        core.receive(nxt, RouteTable(nxt, 1, ((M[5], 0),)), 0.0)
+    hops = [sends(r1.receive(M[0], route(M[0], M[5]), 1.0))]
+    hops.append(sends(r2.receive(R1, route(M[0], M[5], ttl=3), 1.0)))
+    hops.append(sends(r3.receive(R2, route(M[0], M[5], ttl=2), 1.0)))
+    hops.append(sends(r1.receive(R3, route(M[0], M[5], ttl=1), 1.0)))
+    assert ([[(R2, "route")], [(R3, "route")], [(R1, "route")], []], 1) == (
+        hops,
+        r1.statistics().duplicates,
+    )
+
+
+def test_a_frame_with_its_hops_spent_is_not_forwarded() -> None:
+    """A frame arriving with ttl_hops 0 from a federated relay is answered ttl."""
+    _, r2, _ = chain()
+    assert [Send(R1, RouteError(M[1], M[0], 9, "ttl"))] == r2.receive(
+        R1, route(M[0], M[1], 9, ttl=0), 1.0
+    )
+
+
+def test_a_revoked_member_is_detached_on_refresh() -> None:
+    """A member no longer served is refused at the next table refresh."""
+    members = {M[0], M[1]}
+    core = RelayCore(R1, lambda n: n in members, RelayConfig())
+    attach(core, M[0], M[1])
+    members.discard(M[1])
+    actions = core.tick(10.0)
+    assert ([Refuse(M[1], "unauthorized")], 1) == (
+        [a for a in actions if isinstance(a, Refuse)],
+        core.statistics().members,
+    )
+
+
+def test_a_tampering_relay_cannot_make_the_receiver_accept_a_frame() -> None:
+    """Via the relay core, altered and replayed frames are refused and counted; honest ones open."""
+    core = relay()
+    attach(core, M[0], M[1])
+    sa, sb = RelaySession(KEYS[3], M[1]), RelaySession(KEYS[4], M[0])
+    ids = iter(range(1, 100))
+
+    def through(src: str, dst: str, inner: bytes) -> bytes:
+        out = core.receive(src, Route(dst, src, 4, next(ids), inner), 1.0)
+        assert isinstance(out[0], Send)
+        assert isinstance(out[0].frame, Route)
+        return out[0].frame.inner
+
+    reply = sb.receive(through(M[0], M[1], sa.start(NOW_MS)), NOW_MS).reply
+    assert reply is not None
+    sa.receive(through(M[1], M[0], reply), NOW_MS)
+    f1, f2, f3 = (through(M[0], M[1], sa.seal(x)) for x in (b"one", b"two", b"three"))
+    altered = bytearray(f2)
+    altered[-1] ^= 1
+    opened, refused = [], []
+    for inner in (f1, bytes(altered), f1, f2, f3, f2):
+        try:
+            opened.append(sb.receive(inner, NOW_MS).frame)
+        except (InvalidSignature, Replayed) as exc:
+            refused.append(exc.code)
+    assert (
+        [b"one", b"two", b"three"],
+        ["invalid_signature", "replayed", "replayed"],
+        (1, 2),
+    ) == (opened, refused, (sb.altered, sb.replayed))
+
+
+def line_of_relays(n: int) -> list[RelayCore]:
+    """n relays federated in a line, M0 attached to the first, M1 to the last; tables settled."""
+    names = [KeyPair.from_seed(bytes([0x90 + i]) * 32).node_id for i in range(n)]
+    cores = [relay(name) for name in names]
+    RELAYS.clear()
+    RELAYS.update({c.node_id: c for c in cores})
+    attach(cores[0], M[0])
+    attach(cores[-1], M[1])
+    for i in range(n - 1):
+        federate(cores[i], cores[i + 1], 5.0 * i)
+    for t in (20.0, 30.0, 40.0):
+        for c in cores:
+            pump([(RELAYS[str(a.link)], c.node_id, a) for a in c.tick(t)], t)
+    return cores
+
+
+def test_four_relays_in_a_line_carry_a_frame_with_ttl_4() -> None:
+    """M0 -> R1 -> R2 -> R3 -> R4 -> M1: the route is known and the frame arrives."""
+    cores = line_of_relays(4)
+    frame: Route = route(M[0], M[1])
+    link: object = M[0]
+    for c in cores:
+        out = c.receive(link, frame, 41.0)
+        assert isinstance(out[0], Send)
+        assert isinstance(out[0].frame, Route)
+        link, frame = c.node_id, out[0].frame
+    assert (M[1], 0) == (out[0].link, frame.ttl_hops)
+
+
+def test_a_route_longer_than_the_ttl_is_not_learnt() -> None:
+    """In a line of five relays the first never learns M1 (unreachable, not a late ttl error)."""
+    cores = line_of_relays(5)
+    assert (False, True) == (M[1] in cores[0].routes(), M[1] in cores[1].routes())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(2, 6),
+    st.booleans(),
+    st.lists(st.booleans(), min_size=15, max_size=15),
+    st.lists(st.integers(0, 5), min_size=2, max_size=4),
+)
+def test_federated_relays_deliver_exactly_when_the_ttl_allows(
+    n: int, line: bool, edges: list[bool], homes: list[int]
+) -> None:
+    """A frame arrives iff ≤ 4 relays lie on the way; otherwise the first relay says unreachable."""
+    names = [KeyPair.from_seed(bytes([0xA0 + i]) * 32).node_id for i in range(n)]
+    cores = [relay(name) for name in names]
+    RELAYS.clear()
+    RELAYS.update({c.node_id: c for c in cores})
+    members = M[: len(homes)]
+    for m, home in zip(members, homes, strict=True):
+        attach(cores[home % n], m)
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    if line:  # long ways are rare in random graphs; a line has them
+        linked = [(i, i + 1) for i in range(n - 1)]
+    else:
+        linked = [p for p, on in zip(pairs, edges, strict=False) if on]
+    for k, (i, j) in enumerate(linked):
+        federate(cores[i], cores[j], 2.0 * k)
+    for t in range(60, 160, 10):
+        for c in cores:
+            pump([(RELAYS[str(a.link)], c.node_id, a) for a in c.tick(float(t))], float(t))
+
+    def relays_on_way(a: int, b: int) -> int | None:
+        seen, frontier, d = {a}, [a], 1
+        while frontier:
+            if b in frontier:
+                return d
+            frontier = [
+                y for x in frontier for (p, q) in linked for y in (p, q)
+                if x in (p, q) and y != x and y not in seen
+            ]  # fmt: skip
+            seen.update(frontier)
+            d += 1
+        return None
+
+    for fid, (src, dst) in enumerate((s, d) for s in members for d in members if s != d):
+        a, b = homes[members.index(src)] % n, homes[members.index(dst)] % n
+        frame, link, visited, arrived = route(src, dst, fid), src, [], False
+        core_at, code = cores[a], None
+        while True:
+            visited.append(core_at.node_id)
+            out = core_at.receive(link, frame, 200.0)
+            assert isinstance(out[0], Send)
+            nxt = out[0].frame
+            if isinstance(nxt, RouteError):
+                code = nxt.code
+                break
+            assert isinstance(nxt, Route)
+            if out[0].link == dst:
+                arrived = True
+                break
+            link, frame, core_at = core_at.node_id, nxt, RELAYS[str(out[0].link)]
+        way = relays_on_way(a, b)
+        if way is not None and way <= 4:
+            assert (True, way, way, None) == (arrived, len(visited), len(set(visited)), code)
+        else:  # refused at once by the first relay, not after a detour
+            assert (False, 1, "unreachable") == (arrived, len(visited), code)
