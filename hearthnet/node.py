@@ -46,6 +46,7 @@ from hearthnet.mesh.service import Mesh, advertised_url
 from hearthnet.mesh.tls import ensure_certificate, server_context
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.pubsub.access import AccessPolicy, AccessRule, effective_rules
+from hearthnet.pubsub.envelope import StoredMessage
 from hearthnet.pubsub.http import PubSubHttp
 from hearthnet.pubsub.log import MessageLog
 from hearthnet.pubsub.retention import RetentionPolicy, RetentionRule
@@ -300,8 +301,8 @@ class Node:
             bus=self.bus,
             router=self.router,
             metrics=self.metrics,
-            sessions=self.sessions,
         )
+        self._wire()
         pubsub_http = PubSubHttp(self.pubsub_deps)
         routes: list[web.RouteDef] = [
             *BusHttpEndpoints(deps).routes(),
@@ -323,6 +324,28 @@ class Node:
             tls=tls,
             upgrades=pubsub_http.upgrades(),
         )
+
+    def _wire(self) -> None:
+        """The wiring between the log, pub/sub and the mesh, in one place.
+
+        Commit pipeline (spec §6.3, §7.3): the log commits a batch -> pub/sub delivers it
+        to this node's subscribers -> the mesh gossips it to every link but the one it
+        came from. Local fan-out goes first, so a local subscriber never waits on the
+        links; each step runs even if the one before it failed (what is committed stays
+        committed). Presence (spec §6.6): local members' presence changes are flooded by
+        the mesh.
+        """
+        fan_out, gossip = self.pubsub.on_commit, self.mesh.on_commit
+
+        def committed(batch: list[StoredMessage]) -> None:
+            try:
+                fan_out(batch)
+            except Exception:
+                log.exception("local fan-out of a commit failed; gossiping it anyway")
+            gossip(batch)
+
+        self.message_log.listeners.append(committed)
+        self.pubsub.on_local_presence = self.mesh.on_local_presence
 
     def _build_pubsub(self, transport_metrics: TransportMetrics) -> PubSub:
         cfg = self.config

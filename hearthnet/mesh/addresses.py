@@ -130,6 +130,13 @@ class PeerBook:
         )
         return [{"url": a.url, "node": a.node} for a in good[:limit]]
 
+    def learn_exchanged(self, peers: list[Any], own_node: str, limit: int = 64) -> None:
+        """Peer exchange: remember the addresses a member shared (spec §7.1), at most
+        ``limit`` of them, never our own."""
+        for entry in peers[:limit]:
+            if isinstance(entry, dict) and entry.get("node") != own_node:
+                self.add(str(entry.get("url", "")), node=entry.get("node"), source="exchange")
+
     def load(self) -> None:
         """Read the saved addresses (a missing or corrupt file is an empty book)."""
         if self.path is None or not self.path.exists():

@@ -6,15 +6,25 @@ origin is the highest ``origin_seq`` up to which it holds everything from the lo
 ever held (older messages removed by retention do not count as missing). Anti-entropy
 exchanges heads every 5 s per link (``ihave``); a node behind asks (``iwant``) for the
 range it lacks, in bounded slices, and does not ask two peers for the same range at once.
+
+:class:`Gossip` is the core the mesh's glue feeds: frames and commits in, actions out.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from hearthnet.errors import BadRequest, HearthNetError
+from hearthnet.mesh.actions import Deliver, Duplicate, Forward, Refused, Repair
+from hearthnet.mesh.frames import IHave, IWant, Msg
+from hearthnet.pubsub.envelope import Message, StoredMessage
+from hearthnet.transport.codec import loads
 
 MAX_ABOVE = 100_000  # out-of-order origin_seqs remembered above the heads, in all
 IWANT_SLICE = 500  # messages asked for per origin per round
 IWANT_RETRY_S = 5.0
+MAX_REPAIR_ORIGINS = 256  # origins answered per iwant
 
 
 @dataclass
@@ -112,3 +122,107 @@ class AntiEntropy:
     def answered(self, origin: str) -> None:
         """A reply for ``origin`` arrived: a later round may ask again at once."""
         self.requested.pop(origin, None)
+
+
+class Gossip:
+    """Gossip and anti-entropy on one node (spec §7.3), as a pure core.
+
+    The glue feeds it ``msg``/``ihave``/``iwant`` frames and the log's commits and carries
+    out what it returns: :class:`~hearthnet.mesh.actions.Deliver` into the log,
+    :class:`~hearthnet.mesh.actions.Forward` to the links, ``iwant`` frames back,
+    :class:`~hearthnet.mesh.actions.Repair` reads from the log.
+
+    Args:
+        knows: whether the log committed a message id recently (cheap dedupe before the
+            signature is verified).
+        repair_per_round: messages sent per ``iwant`` answered.
+        is_member: whether an identity is a current, unrevoked member (every message is
+            accepted when None).
+    """
+
+    def __init__(
+        self,
+        knows: Callable[[str], bool],
+        repair_per_round: int,
+        is_member: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.knows = knows
+        self.is_member = is_member
+        self.repair_per_round = repair_per_round
+        self.tracker = OriginTracker()
+        self.anti = AntiEntropy(self.tracker)
+        self._hops: dict[str, int] = {}  # messages being ingested -> hops they travelled
+        self._repairing: set[str] = set()  # peers with an iwant being answered
+
+    def receive_msg(self, frame: Msg, source: str) -> Deliver | Duplicate | Refused:
+        """A gossiped message from ``source``: verify it unless it is known already.
+
+        A :class:`Deliver` must be followed by :meth:`ingested` once the log has it.
+        """
+        try:
+            obj = loads(frame.raw)
+        except BadRequest as exc:
+            return Refused(source, str(exc))
+        msg_id = obj.get("id") if isinstance(obj, dict) else None
+        if not isinstance(msg_id, str) or self.knows(msg_id) or msg_id in self._hops:
+            return Duplicate()
+        try:
+            message = Message.parse(obj, raw=frame.raw)
+        except HearthNetError as exc:
+            return Refused(source, str(exc))
+        if self.is_member is not None and not self.is_member(message.origin):
+            # spec §1.5, §7.3: only a current member originates gossip (mesh.** included).
+            # Refused before _hops, so it is neither stored nor forwarded and leaves no
+            # trace that would stop a later copy: a member whose member.added arrives after
+            # its message gets it again from anti-entropy (ihave/iwant).
+            return Refused(source, f"origin {message.origin} is not a member", "gossip_origin")
+        self._hops[message.id] = frame.h
+        return Deliver(message, source, frame.h)
+
+    def ingested(self, message_id: str) -> None:
+        """The log took (or refused) a delivered message: forget its hop count."""
+        self._hops.pop(message_id, None)
+
+    def committed(self, batch: list[StoredMessage], linked: bool) -> list[Forward]:
+        """Messages this node newly holds: track them, and (when ``linked``) forward each
+        to every link but the one it came from, encoded once."""
+        forwards: list[Forward] = []
+        for stored in batch:
+            message = stored.message
+            self.tracker.add(message.origin, message.origin_seq)
+            if linked:
+                hops = self._hops.get(message.id, 0) + 1
+                forwards.append(Forward(Msg(message.raw, hops).encode(), stored.source))
+        return forwards
+
+    def ihave(self) -> IHave:
+        """This node's heads and floors, for a peer's anti-entropy."""
+        return IHave(dict(self.tracker.heads), dict(self.tracker.floors))
+
+    def receive_ihave(self, frame: IHave, now: float) -> IWant | None:
+        """A peer's heads: skip holes retention removed everywhere, and ask for what we
+        lack (not what another peer is answering already)."""
+        for origin, floor in frame.floors.items():
+            head = frame.heads.get(origin)
+            if head is not None and head >= floor:
+                self.tracker.skip_to(origin, floor)
+        wants = self.anti.plan(dict(frame.heads), now)
+        return IWant({o: (span[0], span[1]) for o, span in wants.items()}) if wants else None
+
+    def receive_iwant(self, frame: IWant, source: str) -> Repair | None:
+        """A peer asks for ranges: the repair to run, or None while one for that peer is
+        still running (a peer asking faster than we answer gets the rest when it asks
+        again: its anti-entropy retries after :data:`IWANT_RETRY_S`)."""
+        if source in self._repairing:
+            return None
+        self._repairing.add(source)
+        spans = tuple((o, a, b) for o, (a, b) in list(frame.want.items())[:MAX_REPAIR_ORIGINS])
+        return Repair(source, spans, self.repair_per_round)
+
+    def repaired(self, node: str) -> None:
+        """The repair for ``node`` ended."""
+        self._repairing.discard(node)
+
+    def repairing(self, node: str) -> bool:
+        """Whether a repair for ``node`` is running."""
+        return node in self._repairing

@@ -1,12 +1,17 @@
 """Link heartbeats (spec §7.5): ping every 5 s, pong echoes, three misses mark a link down.
-Pure: the glue sends what :meth:`HeartbeatTracker.tick` asks for and feeds pongs back."""
+Pure: the glue feeds :class:`Heartbeats` the time and the ping/pong frames, and carries out
+the actions it returns (pings to send, heartbeat records, links to close)."""
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from hearthnet.mesh.actions import CloseLink, Record, Send
+from hearthnet.mesh.frames import Ping, Pong
 
 MISSES_DOWN = 3
 RTT_WINDOW = 64
@@ -91,3 +96,58 @@ class HeartbeatTracker:
 def pong_for(ping: dict[str, Any], wall_ms: int) -> dict[str, Any]:
     """The answer to a ping: ``pong {seq, ts_echo, ts}``."""
     return {"seq": ping.get("seq"), "ts_echo": ping.get("ts"), "ts": wall_ms}
+
+
+class Heartbeats:
+    """The heartbeats of every link of this node.
+
+    Args:
+        interval_s: seconds between pings on a link (``--heartbeat-s``).
+    """
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._links: dict[str, HeartbeatTracker] = {}
+
+    def up(self, node: str) -> None:
+        """A link to ``node`` came up: its heartbeats start afresh (the first ping at once)."""
+        self._links[node] = HeartbeatTracker(self.interval_s)
+
+    def down(self, node: str) -> None:
+        """The link to ``node`` went down."""
+        self._links.pop(node, None)
+
+    def get(self, node: str) -> HeartbeatTracker | None:
+        """The tracker of the link to ``node``, if it is up."""
+        return self._links.get(node)
+
+    def items(self) -> Iterator[tuple[str, HeartbeatTracker]]:
+        """Each linked node and its tracker."""
+        return iter(list(self._links.items()))
+
+    def tick(self, now: float, wall_ms: int) -> list[Send | Record | CloseLink]:
+        """At ``now`` (monotonic s): the pings due, the misses to record, and the links with
+        three pongs missed in a row (to close; spec §7.5)."""
+        actions: list[Send | Record | CloseLink] = []
+        for node, tracker in list(self._links.items()):
+            ping, misses = tracker.tick(now, wall_ms)
+            actions.extend(Record(node, miss, wall_ms) for miss in misses)
+            if tracker.down:
+                actions.append(CloseLink(node, "three pongs missed"))
+            elif ping is not None:
+                actions.append(Send(node, Ping(ping["seq"], ping["ts"])))
+        return actions
+
+    @staticmethod
+    def receive_ping(frame: Ping, wall_ms: int) -> Pong:
+        """The pong that answers ``frame``."""
+        return Pong(frame.seq, frame.ts, wall_ms)
+
+    def receive_pong(self, node: str, frame: Pong, now: float, wall_ms: int) -> Record | None:
+        """A pong from ``node``: the observation to record (None for an unknown or late
+        seq, or a link that is gone)."""
+        tracker = self._links.get(node)
+        if tracker is None:
+            return None
+        observation = tracker.pong(frame.seq, frame.ts_echo, frame.ts, now, wall_ms)
+        return Record(node, observation, wall_ms) if observation is not None else None

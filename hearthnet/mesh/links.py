@@ -20,6 +20,7 @@ import aiohttp
 from aiohttp import WSMsgType
 
 from hearthnet.errors import BadRequest, HearthNetError, NotCanonical, Unavailable, WireError
+from hearthnet.mesh.frames import Bye, Peers, parse_frame
 from hearthnet.mesh.protocol import (
     MAX_FRAME_BYTES,
     SUBPROTOCOL,
@@ -163,10 +164,8 @@ async def send_referral(
 ) -> None:
     """A full node's answer to a member it cannot link: addresses to try, then ``bye``."""
     try:
-        await ws.send_bytes(encode_frame("peers", peers=peers))
-        await ws.send_bytes(
-            encode_frame("bye", code="full", reason="this node has all the links it takes")
-        )
+        await ws.send_bytes(Peers(tuple(peers)).encode())
+        await ws.send_bytes(Bye("full", "this node has all the links it takes").encode())
     except _SOCKET_GONE as exc:  # the member left before its referral: nothing to tell
         errors.swallowed("referral", exc)
     await ws.close(code=1000, message=b"full")
@@ -178,10 +177,10 @@ async def receive_referral(ws: WebSocketLike, timeout_s: float = HANDSHAKE_TIMEO
     with contextlib.suppress(TimeoutError, WireError, aiohttp.ClientError, ConnectionError):
         async with asyncio.timeout(timeout_s):
             while (data := await _next_binary(ws)) is not None:
-                frame = decode_frame(data)
-                if frame["t"] == "peers" and isinstance(frame.get("peers"), list):
-                    peers = frame["peers"]
-                elif frame["t"] == "bye":
+                frame = parse_frame(decode_frame(data))
+                if isinstance(frame, Peers):
+                    peers = list(frame.peers)
+                elif isinstance(frame, Bye):
                     break
     await ws.close()
     return peers
@@ -261,7 +260,7 @@ class PeerLink:
         if self.state is not LinkState.UP:
             return
         if send_bye:
-            data = encode_frame("bye", code="closing", reason=reason[:200])
+            data = Bye("closing", reason).encode()
             self._queue.append(data)
             self._queued_bytes += len(data)
         self.down_reason = reason
@@ -341,7 +340,7 @@ class PeerLink:
                 self.down_reason = f"protocol violation: {exc.message}"
                 return
             if frame["t"] == "bye":
-                self.down_reason = f"peer said bye: {frame.get('reason', '')}"
+                self.down_reason = f"peer said bye: {str(frame.get('reason', ''))[:200]}"
                 return
             try:
                 self.on_frame(self, frame)

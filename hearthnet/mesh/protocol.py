@@ -46,6 +46,7 @@ from hearthnet.identity import KeyPair, verify_object
 from hearthnet.ids import is_node_id
 from hearthnet.membership import Membership
 from hearthnet.mesh.relay_frames import RELAY_FRAME_KINDS
+from hearthnet.shapes import Shape
 
 SUBPROTOCOL = "hearthnet-peer.v1"
 MAX_FRAME_BYTES = 2 * 1024 * 1024
@@ -74,6 +75,17 @@ FRAME_KINDS = frozenset(
 )
 # Relay frames (spec §8), defined in relay_frames.py: attach, route, sealed, pframe, ...
 FRAME_KINDS |= RELAY_FRAME_KINDS
+
+
+# The fields a hello may carry (the other kinds' shapes are in mesh/frames.py); a field
+# not listed is refused with bad_request before the signature is checked.
+HELLO_SHAPE = Shape.of(
+    "hello frame",
+    (
+        *("t", "node", "community", "ts", "nonce", "their_nonce"),
+        *("name", "version", "url", "full", "sig"),
+    ),
+)
 
 
 class LinkState(enum.Enum):
@@ -208,6 +220,7 @@ class Handshake:
             raise refusal_from_bye(frame)
         if frame.get("t") != "hello":
             raise BadRequest("the handshake is hello frames only")
+        HELLO_SHAPE.check(frame)
         hello = {k: v for k, v in frame.items() if k != "t"}
         node, community, ts = hello.get("node"), hello.get("community"), hello.get("ts")
         if (

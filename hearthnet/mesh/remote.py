@@ -40,6 +40,7 @@ from hearthnet.errors import (
 )
 from hearthnet.frames import Frame
 from hearthnet.ids import is_node_id, new_ulid
+from hearthnet.mesh.frames import Ack, Call, Cancel, StreamFrame, ToolResult
 from hearthnet.transport.flow import FlowWindow
 
 log = logging.getLogger("hearthnet.mesh.remote")
@@ -58,8 +59,8 @@ class LinkSender(Protocol):
     def node(self) -> str:
         """The peer's NodeID."""
 
-    def send(self, kind: str, **fields: Any) -> bool:
-        """Queue a frame."""
+    def send_raw(self, data: bytes) -> bool:
+        """Queue an encoded frame."""
 
 
 def descriptor_from_json(obj: Any) -> CapabilityDescriptor:
@@ -111,6 +112,11 @@ class _Incoming:
     window: FlowWindow = field(default_factory=lambda: FlowWindow(STREAM_WINDOW))
     moved: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+
+
+def _reply(link: LinkSender, sid: str, frame: Frame) -> None:
+    """One frame of a call's reply stream, back on the link the call came on."""
+    link.send_raw(StreamFrame(sid, frame.to_json()).encode())
 
 
 class RemoteProvider:
@@ -293,18 +299,19 @@ class RemoteCalls:
         sid = new_ulid()
         out = self.outgoing[sid] = _Outgoing(provider.via)
         remaining = max(1, int(ctx.remaining_s() * 1000))
-        link.send(
-            "call",
-            sid=sid,
-            to=provider.node_id,
-            envelope=call.envelope.to_json(),
-            signature=call.signature,
-            token=call.token,
-            deadline_ms=remaining,
-            inline=ctx.inline_tools,
+        link.send_raw(
+            Call(
+                sid,
+                provider.node_id,
+                call.envelope.to_json(),
+                call.signature,
+                call.token,
+                remaining,
+                ctx.inline_tools,
+            ).encode()
         )
         ctx.forward_tool_result = lambda tool_call_id, body: self._send(
-            provider.via, "tool_result", sid=sid, tool_call_id=tool_call_id, body=body
+            provider.via, ToolResult(sid, tool_call_id, body)
         )
         finished = False
         received = 0
@@ -320,24 +327,24 @@ class RemoteCalls:
                     return
                 yield item
                 if received % ACK_EVERY == 0 and item.seq is not None:
-                    self._send(provider.via, "ack", sid=sid, upto=item.seq)
+                    self._send(provider.via, Ack(sid, item.seq))
         finally:
             self.outgoing.pop(sid, None)
             if not finished:
-                self._send(provider.via, "cancel", sid=sid)
+                self._send(provider.via, Cancel(sid))
 
-    def _send(self, node: str, kind: str, **fields: Any) -> None:
+    def _send(self, node: str, frame: Ack | Cancel | ToolResult) -> None:
         link = self.link_to(node)
         if link is not None:
-            link.send(kind, **fields)
+            link.send_raw(frame.encode())
 
-    def on_frame(self, link: LinkSender, frame: dict[str, Any]) -> None:
+    def on_frame(self, link: LinkSender, frame: StreamFrame) -> None:
         """A ``frame`` reply for one of our outgoing calls."""
-        out = self.outgoing.get(str(frame.get("sid")))
+        out = self.outgoing.get(frame.sid)
         if out is None or out.via != link.node:
             return  # a late frame for a call that ended
         try:
-            item = Frame.from_json(frame.get("f"))
+            item = Frame.from_json(frame.f)
         except BadRequest as exc:
             item = Frame(
                 "error",
@@ -347,44 +354,36 @@ class RemoteCalls:
             out.queue.put_nowait(item)
         except asyncio.QueueFull:
             # the provider ignored the window: end the call rather than buffer without bound
-            self.outgoing.pop(str(frame.get("sid")), None)
+            self.outgoing.pop(frame.sid, None)
             out.fail(Unavailable(f"{link.node} sent past the stream window; the call ended"))
-            self._send(link.node, "cancel", sid=frame.get("sid"))
+            self._send(link.node, Cancel(frame.sid))
 
     # --- provider side ----------------------------------------------------------------
 
-    def on_call(self, link: LinkSender, frame: dict[str, Any]) -> None:
+    def on_call(self, link: LinkSender, frame: Call) -> None:
         """A call from a peer: verify the original caller, then run or pass it on."""
-        sid = frame.get("sid")
-        if not isinstance(sid, str) or len(sid) > 64:
-            return
+        sid = frame.sid
         key = (link.node, sid)
         if (
             key in self.incoming
             or sum(1 for p, _ in self.incoming if p == link.node) >= MAX_STREAMS_PER_LINK
         ):
-            link.send(
-                "frame",
-                sid=sid,
-                f=Frame(
-                    "error", CapacityExceeded("too many calls on this link").to_frame_data(), 1
-                ).to_json(),
-            )
+            refusal = CapacityExceeded("too many calls on this link")
+            _reply(link, sid, Frame("error", refusal.to_frame_data(), 1))
             return
-        target = frame.get("to")
-        deadline = frame.get("deadline_ms")
+        target = frame.to
         try:
             call = self.authenticator.authenticate_call(
-                frame.get("envelope"),
-                signature=frame.get("signature"),
-                token=frame.get("token"),
+                frame.envelope,
+                signature=frame.signature,
+                token=frame.token,
                 now_ms=now_ms(),
-                target=target if is_node_id(target) else self.node_id,
-                deadline_ms=deadline if isinstance(deadline, int) and deadline > 0 else None,
+                target=target if target is not None and is_node_id(target) else self.node_id,
+                deadline_ms=frame.deadline_ms,
             )
-            handle = self.bus.open(call, inline_tools=bool(frame.get("inline")))
+            handle = self.bus.open(call, inline_tools=frame.inline)
         except WireError as exc:
-            link.send("frame", sid=sid, f=Frame("error", exc.to_frame_data(), 1).to_json())
+            _reply(link, sid, Frame("error", exc.to_frame_data(), 1))
             return
         incoming = self.incoming[key] = _Incoming(handle)
         incoming.task = self.spawn(self._serve(link, sid, incoming), f"remote-call-{sid}")
@@ -403,35 +402,34 @@ class RemoteCalls:
                             await incoming.moved.wait()
                 except TimeoutError:
                     raise DeadlineExceeded("no ack over the mesh for 5 s") from None
-            link.send("frame", sid=sid, f=frame.with_seq(window.next_seq()).to_json())
+            _reply(link, sid, frame.with_seq(window.next_seq()))
 
         try:
             terminal = await handle.drive(emit)
-            link.send("frame", sid=sid, f=terminal.with_seq(window.next_seq(force=True)).to_json())
+            _reply(link, sid, terminal.with_seq(window.next_seq(force=True)))
         except asyncio.CancelledError:
             handle.ctx.cancel()
         finally:
             self.incoming.pop((link.node, sid), None)
 
-    def on_ack(self, link: LinkSender, frame: dict[str, Any]) -> None:
+    def on_ack(self, link: LinkSender, frame: Ack) -> None:
         """The caller side consumed frames up to ``upto``."""
-        incoming = self.incoming.get((link.node, str(frame.get("sid"))))
-        upto = frame.get("upto")
-        if incoming is not None and isinstance(upto, int) and incoming.window.ack(upto):
+        incoming = self.incoming.get((link.node, frame.sid))
+        if incoming is not None and incoming.window.ack(frame.upto):
             incoming.moved.set()
 
-    def on_tool_result(self, link: LinkSender, frame: dict[str, Any]) -> None:
+    def on_tool_result(self, link: LinkSender, frame: ToolResult) -> None:
         """A client's tool result, forwarded along the call's path."""
-        incoming = self.incoming.get((link.node, str(frame.get("sid"))))
+        incoming = self.incoming.get((link.node, frame.sid))
         if incoming is None or incoming.handle is None:
             return
         try:
-            incoming.handle.ctx.deliver_tool_result(frame.get("tool_call_id"), frame.get("body"))
+            incoming.handle.ctx.deliver_tool_result(frame.tool_call_id, frame.body)
         except WireError as exc:
             log.info("tool result from %s refused: %s", link.node, exc, extra={"peer": link.node})
 
-    def on_cancel(self, link: LinkSender, frame: dict[str, Any]) -> None:
+    def on_cancel(self, link: LinkSender, frame: Cancel) -> None:
         """The caller cancelled (or went away): cancel the handler, its cleanup runs."""
-        incoming = self.incoming.get((link.node, str(frame.get("sid"))))
+        incoming = self.incoming.get((link.node, frame.sid))
         if incoming is not None and incoming.task is not None:
             incoming.task.cancel()

@@ -1,102 +1,60 @@
-"""The mesh on one node (spec §7): links, dialling, gossip with anti-entropy, membership and
-presence flooding, heartbeats, capability routes.
+"""The mesh on one node (spec §7): the facade the node, the HTTP routes and the CLI's
+status go through, and the owner of the mesh's task group.
 
-Asyncio glue around the pure cores of this package. Every background loop and every link
-task belongs to the task group of :meth:`Mesh.run`, which the node runs in its own.
+The parts, each in its own module:
+
+- :mod:`~hearthnet.mesh.dialer`: accepting and dialling links (TLS, handshake, referrals);
+- :mod:`~hearthnet.mesh.routing`: which path reaches which node (the seam for relays);
+- :mod:`~hearthnet.mesh.traffic`: frames from links through the pure cores
+  (:mod:`~hearthnet.mesh.gossip`, :mod:`~hearthnet.mesh.flood`,
+  :mod:`~hearthnet.mesh.heartbeat`) and their actions carried out;
+- :mod:`~hearthnet.mesh.health`: heartbeats, the heartbeat log and the beacon;
+- :mod:`~hearthnet.mesh.remote`: capability calls across links.
+
+Every background loop and every link task belongs to the task group of :meth:`Mesh.run`,
+which the node runs in its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
-import resource
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any, ClassVar
-from urllib.parse import urlsplit
+from typing import Any
 
-import aiohttp
 import ifaddr
 from aiohttp import web
 
-from hearthnet import __version__
 from hearthnet.auth import Authenticator
 from hearthnet.bus.calls import Bus
 from hearthnet.bus.routing import Router
-from hearthnet.caller import Caller
-from hearthnet.clock import now_ms
-from hearthnet.community import Level, MembershipRecord
+from hearthnet.community import MembershipRecord
 from hearthnet.config import MeshSection
-from hearthnet.errors import (
-    BadRequest,
-    ConfigError,
-    HearthNetError,
-    InvalidSignature,
-    Revoked,
-    Unauthorized,
-    Unavailable,
-    UpgradeRequired,
-    WireError,
-)
+from hearthnet.errors import HearthNetError
 from hearthnet.identity import KeyPair
-from hearthnet.ids import new_ulid
-from hearthnet.membership import Admission, Membership, Source
+from hearthnet.membership import Membership
 from hearthnet.mesh.addresses import PeerBook, normalize_url
 from hearthnet.mesh.announce import Announcement
+from hearthnet.mesh.dialer import Dialer
 from hearthnet.mesh.discovery import Discovery
-from hearthnet.mesh.gossip import AntiEntropy, OriginTracker
-from hearthnet.mesh.heartbeat import HeartbeatTracker, pong_for
-from hearthnet.mesh.heartlog import HeartbeatLog
-from hearthnet.mesh.links import (
-    HANDSHAKE_TIMEOUT_S,
-    LinkErrors,
-    PeerLink,
-    receive_referral,
-    run_handshake,
-    send_referral,
-)
-from hearthnet.mesh.protocol import (
-    MAX_FRAME_BYTES,
-    SUBPROTOCOL,
-    Handshake,
-    LinkToSelf,
-    PeerInfo,
-    encode_frame,
-    winning_direction,
-)
+from hearthnet.mesh.gossip import OriginTracker
+from hearthnet.mesh.health import LinkHealth
+from hearthnet.mesh.links import LinkErrors, PeerLink
 from hearthnet.mesh.remote import RemoteCalls
-from hearthnet.mesh.tls import client_context, peer_node_id
+from hearthnet.mesh.routing import Routes
+from hearthnet.mesh.traffic import LinkTraffic, SubmitRecords
 from hearthnet.metrics import MetricsRegistry
-from hearthnet.pubsub.envelope import Message, StoredMessage
+from hearthnet.pubsub.envelope import StoredMessage
 from hearthnet.pubsub.log import MessageLog
 from hearthnet.pubsub.presence import PresenceEvent
 from hearthnet.pubsub.service import PubSub
-from hearthnet.sessions import SessionRegistry
-from hearthnet.transport.codec import loads
-from hearthnet.transport.server import error_response
 
 log = logging.getLogger("hearthnet.mesh")
 
-SEEN_PRESENCE = 50_000
-MAX_REFERRALS = 16  # handshakes at once with members a full node only sends elsewhere
-FULL_HOLD_S = 60.0  # a node that was full is not dialled again for this long
 HOUSEKEEPING_S = 1.0  # heartbeat-log flush and peer-book save
-PRUNE_EVERY_S = 3600.0  # heartbeat-log day files past retention are removed this often
-
-
-def _parse_records(raw: list[dict[str, Any]]) -> tuple[list[MembershipRecord], list[str]]:
-    """Verify records (a thread's work: a signature check each); errors as messages."""
-    parsed, errors = [], []
-    for item in raw:
-        try:
-            parsed.append(MembershipRecord.parse(item))
-        except HearthNetError as exc:
-            errors.append(str(exc))
-    return parsed, errors
 
 
 class Mesh:
@@ -107,9 +65,7 @@ class Mesh:
         *,
         keys: KeyPair,
         membership: Membership,
-        submit_records: Callable[
-            [list[MembershipRecord], Source, str | None], Awaitable[Admission]
-        ],
+        submit_records: SubmitRecords,
         config: MeshSection,
         name: str,
         data_dir: Path,
@@ -120,60 +76,33 @@ class Mesh:
         bus: Bus,
         router: Router,
         metrics: MetricsRegistry,
-        sessions: SessionRegistry,
     ) -> None:
         self.keys = keys
         self.membership = membership
-        self.submit_records = submit_records
-        self._membership_frames = asyncio.Lock()
         self.config = config
-        if tls_mode not in ("auto", "on", "off"):
-            raise ConfigError("node.tls is auto, on or off")
-        self.tls_mode = tls_mode
-        self._tls_client = client_context() if tls_mode != "off" else None
         self.name = name
-        self.data_dir = data_dir
+        self.tls_mode = tls_mode
         self.log = message_log
-        self.pubsub = pubsub
-        self.authenticator = authenticator
-        self.sessions = sessions
-        self.links: dict[str, PeerLink] = {}
-        self.book = PeerBook(data_dir / "mesh" / "peers.json")
-        self.tracker = OriginTracker()
-        self.anti = AntiEntropy(self.tracker)
-        self.beats: dict[str, HeartbeatTracker] = {}
-        self.hlog = HeartbeatLog(
-            data_dir, node=keys.node_id, community=membership.community_id, version=__version__
-        )
-        self.remote = RemoteCalls(
-            node_id=keys.node_id,
-            authenticator=authenticator,
-            bus=bus,
-            router=router,
-            link_to=self._link_to,
-            spawn=self.spawn,
-        )
         self.url = ""
-        self.dial_timeout_s = HANDSHAKE_TIMEOUT_S  # connect, upgrade and handshake, in all
-        self._dialing: set[str] = set()
-        self._referrals = 0  # handshakes in flight with members we are too full to link
-        self._repairing: set[PeerLink] = set()  # links with an iwant being answered
-        self._hops: dict[str, int] = {}
-        self._seen_presence: OrderedDict[str, None] = OrderedDict()
+        self.book = PeerBook(data_dir / "mesh" / "peers.json")
+        self.routes = Routes(keys.node_id)
+        self.discovery: Discovery | None = None
         self._group: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._http: aiohttp.ClientSession | None = None
-        self.discovery: Discovery | None = None
-        self._started = time.monotonic()
-        self._next_prune = self._started  # the first housekeeping tick prunes
-        self._cpu = (time.monotonic(), time.process_time())
         m = metrics
-        self.link_errors = LinkErrors.register(m)
-        m.gauge("hearthnet_peers_linked", "Peer links up.", lambda: float(len(self.links)))
-        self.rtt = m.histogram(
-            "hearthnet_link_rtt_seconds",
-            "Round-trip time of link pings.",
-            (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+        link_errors = LinkErrors.register(m)
+        m.gauge("hearthnet_peers_linked", "Peer links up.", lambda: float(len(self.routes)))
+        self.health = LinkHealth(
+            keys=keys,
+            name=name,
+            community=membership.community_id,
+            heartbeat_s=config.heartbeat_s,
+            data_dir=data_dir,
+            routes=self.routes,
+            book=self.book,
+            message_log=message_log,
+            pubsub=pubsub,
+            metrics=m,
         )
         self.refused = m.counter(
             "hearthnet_mesh_refused_total", "Peer links refused, by reason.", ("reason",)
@@ -184,20 +113,66 @@ class Mesh:
         self.repaired = m.counter(
             "hearthnet_gossip_repaired_total", "Messages sent to peers by anti-entropy repair."
         )
-        self.sig_failures = m.counter(
+        sig_failures = m.counter(
             "hearthnet_signature_failures_total",
             "Signatures, tokens and credentials refused, by reason.",
             ("reason",),
         )
-        message_log.listeners.append(self.on_commit)
-        pubsub.on_local_presence = self.on_local_presence
+        self.remote = RemoteCalls(
+            node_id=keys.node_id,
+            authenticator=authenticator,
+            bus=bus,
+            router=router,
+            link_to=self.routes.path_to,
+            spawn=self.spawn,
+        )
+        self.traffic = LinkTraffic(
+            node_id=keys.node_id,
+            membership=membership,
+            submit_records=submit_records,
+            repair_per_round=config.repair_per_round,
+            message_log=message_log,
+            pubsub=pubsub,
+            routes=self.routes,
+            remote=self.remote,
+            health=self.health,
+            book=self.book,
+            spawn=self.spawn,
+            repaired=self.repaired,
+            sig_failures=sig_failures,
+        )
+        self.dialer = Dialer(
+            keys=keys,
+            membership=membership,
+            config=config,
+            name=name,
+            tls_mode=tls_mode,
+            book=self.book,
+            routes=self.routes,
+            refused=self.refused,
+            link_errors=link_errors,
+            spawn=self.spawn,
+            admit=self._link_up,
+            on_frame=self.traffic.receive,
+            on_down=self._link_down,
+        )
+
+    @property
+    def links(self) -> dict[str, PeerLink]:
+        """The direct links up, by the peer's NodeID."""
+        return self.routes.links
+
+    @property
+    def tracker(self) -> OriginTracker:
+        """Which messages of each origin this node holds."""
+        return self.traffic.gossip.tracker
 
     # --- life -------------------------------------------------------------------------
 
     async def start(self, url: str, *, host: str, port: int) -> None:
         """Load what survives restarts (peer addresses, which messages we hold) and start
         announcing on the LAN."""
-        self.url = self.config.advertise_url or url
+        self.url = self.dialer.url = self.config.advertise_url or url
         self.book.own_urls.add(normalize_url(self.url))
         self.book.load()
         for peer in self.config.peers:
@@ -209,6 +184,11 @@ class Mesh:
 
     async def _start_discovery(self, host: str, port: int) -> None:
         everywhere = host in ("0.0.0.0", "", "::")  # noqa: S104 - comparing, not binding
+
+        def found(announcement: Announcement) -> None:
+            for url in announcement.urls:
+                self.book.add(url, node=announcement.node, source="zeroconf")
+
         try:
             announcement = Announcement.local(
                 node=self.keys.node_id,
@@ -220,7 +200,7 @@ class Mesh:
             )
             self.discovery = Discovery(
                 announcement,
-                on_found=self._found_by_zeroconf,
+                on_found=found,
                 on_lost=lambda node: None,
                 interfaces=None if everywhere else [host],
             )
@@ -230,10 +210,6 @@ class Mesh:
             # --peer, invites and peer exchange.
             log.warning("zeroconf discovery is off: %s", exc)
             self.discovery = None
-
-    def _found_by_zeroconf(self, announcement: Announcement) -> None:
-        for url in announcement.urls:
-            self.book.add(url, node=announcement.node, source="zeroconf")
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """A task owned by the mesh's task group; its failure is logged, not fatal."""
@@ -255,21 +231,19 @@ class Mesh:
 
     async def run(self) -> None:
         """All mesh loops; returns only when cancelled (the node stops it)."""
-        self._http = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5)
-        )
         try:
-            async with asyncio.TaskGroup() as group:
+            async with self.dialer.session(), asyncio.TaskGroup() as group:
                 self._group = group
                 cfg = self.config
+                traffic, health = self.traffic, self.health
                 for period_s, tick, name in (
-                    (cfg.dial_interval_s, self._dial_tick, "mesh-dial"),
-                    (cfg.anti_entropy_s, self._repair_tick, "mesh-repair"),
-                    (max(0.01, cfg.heartbeat_s / 5), self._heartbeat_tick, "mesh-heartbeat"),
-                    (cfg.caps_s, self._announce_caps, "mesh-caps"),
-                    (cfg.presence_refresh_s, self._presence_tick, "mesh-presence"),
-                    (cfg.beacon_s, self._beacon_tick, "mesh-beacon"),
-                    (HOUSEKEEPING_S, self._housekeeping_tick, "mesh-housekeeping"),
+                    (cfg.dial_interval_s, self.dialer.dial_tick, "mesh-dial"),
+                    (cfg.anti_entropy_s, traffic.repair_tick, "mesh-repair"),
+                    (max(0.01, cfg.heartbeat_s / 5), health.tick, "mesh-heartbeat"),
+                    (cfg.caps_s, traffic.announce_caps, "mesh-caps"),
+                    (cfg.presence_refresh_s, traffic.presence_tick, "mesh-presence"),
+                    (cfg.beacon_s, health.beacon_tick, "mesh-beacon"),
+                    (HOUSEKEEPING_S, health.housekeeping_tick, "mesh-housekeeping"),
                 ):
                     group.create_task(_every(period_s, tick, name), name=name)
                 if self.discovery is not None:
@@ -280,611 +254,77 @@ class Mesh:
             if self.discovery is not None:
                 with contextlib.suppress(Exception):
                     await self.discovery.stop()
-            await self._http.close()
-            self.hlog.flush()
+            self.health.hlog.flush()
             self.book.save()
 
     def stop(self) -> None:
         """Say bye on every link (the task group is cancelled by the node right after)."""
-        for link in list(self.links.values()):
-            link.close("node shutting down")
+        self.routes.close_all("node shutting down")
 
-    # --- links: accepting and dialling ----------------------------------------------------
-
-    def _handshake(self, *, outbound: bool, expect: str | None = None) -> Handshake:
-        return Handshake(
-            self.keys,
-            self.membership,
-            outbound,
-            now_ms(),
-            name=self.name,
-            url=self.url,
-            version=__version__,
-            expect=expect,
-        )
+    # --- links --------------------------------------------------------------------------
 
     async def accept(self, request: web.Request) -> web.StreamResponse:
-        """``GET /mesh/v1/peer``: a peer dials us."""
-        offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
-        if SUBPROTOCOL not in offered:
-            self.refused.inc("subprotocol")
-            return error_response(
-                UpgradeRequired(f"peer links speak {SUBPROTOCOL}"),
-                headers={"Sec-WebSocket-Protocol": SUBPROTOCOL},
-            )
-        transport = request.transport
-        over_tls = transport is not None and transport.get_extra_info("ssl_object") is not None
-        if not over_tls and self._needs_tls(request.remote or ""):
-            self.refused.inc("plain_between_hosts")
-            return error_response(
-                UpgradeRequired("peer links between hosts use TLS: dial https://")
-            )
-        full = len(self.links) >= 2 * self.config.max_links
-        if full and self._referrals >= MAX_REFERRALS:
-            self.refused.inc("full")
-            return error_response(
-                Unavailable("this node has all the peer links it takes", retry_after_ms=5000)
-            )
-        ws = web.WebSocketResponse(
-            protocols=(SUBPROTOCOL,),
-            max_msg_size=MAX_FRAME_BYTES,
-            compress=False,
-            heartbeat=None,
-            autoping=True,
-        )
-        await ws.prepare(request)
-        handshake = self._handshake(outbound=False)
-        handshake.full = full
-        self._referrals += full
-        try:
-            peer = await run_handshake(ws, handshake, now_ms, self.link_errors)
-            if full:
-                # A verified member that found us full learns where else to link, so a
-                # node whose only bootstrap address is a busy node still joins the mesh.
-                self.refused.inc("full")
-                await send_referral(ws, self.book.urls_for_exchange(), self.link_errors)
-                return ws
-        except WireError as exc:
-            self.refused.inc(exc.code)
-            log.info("refused a peer link from %s: %s", request.remote, exc)
-            await ws.close(code=1008, message=exc.code.encode())
-            return ws
-        finally:
-            self._referrals -= full
-        entry = self.book.add(peer.url, node=peer.node, source="inbound") if peer.url else None
-        link = PeerLink(
-            peer,
-            ws,
-            outbound=False,
-            on_frame=self._on_frame,
-            on_down=self._link_down,
-            address=entry.url if entry is not None else None,
-            errors=self.link_errors,
-        )
-        if self._link_up(link):
-            if entry is not None:
-                # linked, so worth sharing with other peers; not dialled while the link is up
-                self.book.succeeded(entry.url, peer.node, now_ms())
-                self.book.hold(entry.url, time.monotonic(), 3600)
-            await link.run()
-        else:
-            await ws.close(code=1000, message=b"duplicate")
-        return ws
+        """``GET /mesh/v1/peer``: a peer dials us (see :meth:`Dialer.accept`)."""
+        return await self.dialer.accept(request)
 
     async def dial(self, url: str) -> None:
-        """Dial one address and run the link while it is up (the dial loop calls this;
-        tests and --peer too). A second dial of an address already being dialled returns."""
-        if url in self._dialing:
-            return
-        self._dialing.add(url)
-        try:
-            opened = await self._open_link(url)
-        finally:
-            self._dialing.discard(url)
-        if opened is None:
-            return
-        ws, peer = opened
-        self.book.succeeded(url, peer.node, now_ms())
-        if peer.full:
-            self._learn_peers(await receive_referral(ws))
-            self.book.hold(url, time.monotonic(), FULL_HOLD_S)
-            log.info("%s is full; learnt addresses from it", url)
-            return
-        link = PeerLink(
-            peer,
-            ws,
-            outbound=True,
-            on_frame=self._on_frame,
-            on_down=self._link_down,
-            address=url,
-            errors=self.link_errors,
-        )
-        if self._link_up(link):
-            self.book.hold(url, time.monotonic(), 3600)
-            await link.run()
-        else:
-            self.book.hold(url, time.monotonic(), 30)
-            await ws.close()
-
-    async def _open_link(self, url: str) -> tuple[aiohttp.ClientWebSocketResponse, PeerInfo] | None:
-        """Connect, upgrade and shake hands with ``url``, all within ``dial_timeout_s``
-        (a peer that takes the TCP connection and never answers must not hold a dial
-        slot forever); None when that failed (and the address book knows)."""
-        assert self._http is not None
-        address = self.book.addresses.get(url)
-        expect = address.node if address is not None else None
-        target = self._dial_url(url)
-        tls = target.startswith("https:")
-        ws: aiohttp.ClientWebSocketResponse | None = None
-        try:
-            async with asyncio.timeout(self.dial_timeout_s):
-                ws = await self._http.ws_connect(
-                    target + "/mesh/v1/peer",
-                    protocols=(SUBPROTOCOL,),
-                    max_msg_size=MAX_FRAME_BYTES,
-                    autoping=True,
-                    heartbeat=None,
-                    compress=0,
-                    ssl=self._tls_client if tls and self._tls_client is not None else False,
-                )
-                # spec §3.1: the certificate must carry the key of the node we meant to reach
-                cert_node = peer_node_id(ws.get_extra_info("ssl_object")) if tls else None
-                if cert_node is not None and expect is not None and cert_node != expect:
-                    raise InvalidSignature(f"{target} presented the certificate of {cert_node}")
-                handshake = self._handshake(outbound=True, expect=expect)
-                peer = await run_handshake(ws, handshake, now_ms, self.link_errors)
-                if cert_node is not None and cert_node != peer.node:
-                    raise InvalidSignature("the TLS certificate and the signed hello disagree")
-            return ws, peer
-        except WireError as exc:
-            self._dial_failed(url, exc)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            self._dial_failed(url, None)
-            log.debug("dial %s failed: %s", target, exc)
-        if ws is not None:
-            await ws.close()
-        return None
-
-    def _dial_tick(self) -> None:
-        room = self.config.max_links - len(self.links) - len(self._dialing)
-        if room <= 0:
-            return
-        for address in self.book.due(time.monotonic(), set(self.links))[:room]:
-            if address.url not in self._dialing:
-                self.spawn(self.dial(address.url), f"dial-{address.url}")
+        """Dial one address and run the link while it is up (see :meth:`Dialer.dial`)."""
+        await self.dialer.dial(url)
 
     def _link_up(self, link: PeerLink) -> bool:
         """Admit an established link; simultaneous dials keep one (spec §7.2)."""
-        existing = self.links.get(link.node)
-        if existing is not None:
-            # the lower NodeID's outbound link wins: ours when we are the lower one
-            outbound_wins = winning_direction(self.keys.node_id, link.node)
-            if existing.outbound == outbound_wins or link.outbound != outbound_wins:
-                return False
-            existing.close("duplicate link")
-        self.links[link.node] = link
-        self.beats[link.node] = HeartbeatTracker(self.config.heartbeat_s)
+        if not self.routes.admit(link):
+            return False
+        self.health.link_up(link.node)
         self.link_events.inc("up")
-        self._record(link.node, "link_up")
         log.info(
             "link up with %s (%s)",
             link.node,
             "outbound" if link.outbound else "inbound",
             extra={"peer": link.node},
         )
-        self._send_membership(link)
-        link.send("peers", peers=self.book.urls_for_exchange())
-        link.send("caps", providers=self.remote.announcement(exclude_via=link.node))
-        self._send_presence_snapshot(link)
-        self._send_ihave(link)
+        self.traffic.greet(link)
         return True
 
     def _link_down(self, link: PeerLink, reason: str) -> None:
-        if self.links.get(link.node) is not link:
+        if not self.routes.remove(link):
             return  # a duplicate that lost
-        del self.links[link.node]
-        self.beats.pop(link.node, None)
+        self.health.link_down(link.node)
         self.link_events.inc("down")
-        self._record(link.node, "link_down")
         log.info("link down with %s: %s", link.node, reason, extra={"peer": link.node})
         if link.address is not None:
             self.book.hold(link.address, time.monotonic(), 0)
-        if self.remote.forget(link.node):
-            self._announce_caps()
-
-    def _dial_failed(self, url: str, error: WireError | None) -> None:
-        self.book.failed(url, time.monotonic())
-        if error is None:
-            return
-        self.refused.inc(error.code)
-        log.info("dialling %s refused: %s", url, error)
-        if isinstance(error, LinkToSelf):
-            self.book.own_urls.add(url)
-            self.book.addresses.pop(url, None)
-        elif isinstance(error, Revoked | Unauthorized):
-            self.book.hold(url, time.monotonic(), 300)  # no point asking again soon
-
-    def _needs_tls(self, host: str) -> bool:
-        """Whether a peer link with ``host`` must use TLS (spec §3.1: between hosts)."""
-        if self.tls_mode == "off":
-            return False
-        if self.tls_mode == "on":
-            return True
-        try:
-            return not ipaddress.ip_address(host.strip("[]")).is_loopback
-        except ValueError:
-            return host != "localhost"
-
-    def _dial_url(self, url: str) -> str:
-        """The URL to dial: https between hosts (on the same port), plain where allowed."""
-        parts = urlsplit(url)
-        scheme = "https" if self._needs_tls(parts.hostname or "") else "http"
-        return f"{scheme}://{parts.netloc}"
-
-    def _link_to(self, node: str) -> PeerLink | None:
-        return self.links.get(node)
+        self.traffic.forget(link.node)
 
     def close_links_of(self, node: str, reason: str) -> None:
         """End the link to ``node`` (revocation)."""
-        link = self.links.get(node)
-        if link is not None:
-            link.close(reason)
+        self.routes.close(node, reason)
 
-    def _record(
-        self,
-        peer: str,
-        kind: str,
-        *,
-        seq: int | None = None,
-        rtt_ms: float | None = None,
-        clock_offset_ms: float | None = None,
-        ts: int | None = None,
-    ) -> None:
-        """One heartbeat-log record, with this node's current counts."""
-        self.hlog.heartbeat(
-            ts=ts or now_ms(),
-            peer=peer,
-            kind=kind,
-            seq=seq,
-            rtt_ms=rtt_ms,
-            clock_offset_ms=clock_offset_ms,
-            peers_linked=len(self.links),
-            log_head=self.log.head_seq,
-            subscribers=len(self.pubsub.subscribers),
-        )
-
-    # --- frames -----------------------------------------------------------------------
-
-    def _on_frame(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        kind = frame["t"]
-        handler = self._handlers.get(kind)
-        if handler is not None:
-            handler(self, link, frame)
-
-    def _h_msg(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        raw = frame.get("raw")
-        if not isinstance(raw, bytes):
-            return
-        try:
-            obj = loads(raw)
-        except BadRequest as exc:
-            self.sig_failures.inc("gossip")
-            log.warning(
-                "dropped a gossiped message from %s: %s", link.node, exc, extra={"peer": link.node}
-            )
-            return
-        msg_id = obj.get("id") if isinstance(obj, dict) else None
-        if not isinstance(msg_id, str) or self.log.knows(msg_id) or msg_id in self._hops:
-            self.pubsub.metrics.duplicates.inc()
-            return
-        try:
-            message = Message.parse(obj, raw=raw)
-        except HearthNetError as exc:
-            self.sig_failures.inc("gossip")
-            log.warning(
-                "dropped a gossiped message from %s: %s", link.node, exc, extra={"peer": link.node}
-            )
-            return
-        if self.membership.level_of(message.origin) is None:
-            # spec §1.5, §7.3: only a current member originates gossip (mesh.** included).
-            # Dropped before the log and _hops, so it is neither stored nor forwarded and
-            # leaves no trace that would stop a later copy: a member whose member.added
-            # arrives after its message gets it again from anti-entropy (ihave/iwant).
-            self.sig_failures.inc("gossip_origin")
-            log.warning(
-                "dropped a gossiped message from %s: origin %s is not a member",
-                link.node,
-                message.origin,
-                extra={"peer": link.node},
-            )
-            return
-        hops = frame.get("h")
-        hops = hops if isinstance(hops, int) and 0 < hops < 64 else 1
-        self._hops[message.id] = hops
-        self.hlog.trace(
-            ts=now_ms(),
-            msg_id=message.id,
-            origin=message.origin,
-            published_ms=message.ts,
-            hops=hops,
-        )
-        fut = self.log.ingest(message, source=link.node)
-
-        def done(f: asyncio.Future[Any]) -> None:
-            self._hops.pop(message.id, None)
-            if not f.cancelled() and f.exception() is None and f.result() is None:
-                self.pubsub.metrics.duplicates.inc()
-
-        fut.add_done_callback(done)
+    # --- what the node feeds in -----------------------------------------------------------
 
     def on_commit(self, batch: list[StoredMessage]) -> None:
-        """Forward what this node newly holds to every link but the one it came from."""
-        links = list(self.links.values())
-        for stored in batch:
-            message = stored.message
-            self.tracker.add(message.origin, message.origin_seq)
-            if not links:
-                continue
-            hops = self._hops.get(message.id, 0) + 1
-            data = encode_frame("msg", raw=message.raw, h=hops)  # once, for every link
-            for link in links:
-                if link.node != stored.source:
-                    link.send_raw(data)
-
-    def _send_ihave(self, link: PeerLink) -> None:
-        link.send("ihave", heads=dict(self.tracker.heads), floors=dict(self.tracker.floors))
-
-    def _h_ihave(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        heads, floors = frame.get("heads"), frame.get("floors")
-        if not isinstance(heads, dict):
-            return
-        if isinstance(floors, dict):
-            for origin, floor in floors.items():
-                head = heads.get(origin)
-                if isinstance(floor, int) and isinstance(head, int) and head >= floor:
-                    self.tracker.skip_to(str(origin), floor)
-        wants = self.anti.plan(heads, time.monotonic())
-        if wants:
-            link.send("iwant", want=wants)
-
-    def _h_iwant(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        want = frame.get("want")
-        if not isinstance(want, dict) or link in self._repairing:
-            # One repair per link at a time: a peer asking faster than we answer gets the
-            # rest when it asks again (its anti-entropy retries after IWANT_RETRY_S).
-            return
-        self._repairing.add(link)
-        self.spawn(self._repair(link, want), f"repair-{link.node}")
-
-    async def _repair(self, link: PeerLink, want: dict[str, Any]) -> None:
-        try:
-            budget = self.config.repair_per_round
-            for origin, span in list(want.items())[:256]:
-                if budget <= 0:
-                    break
-                if not (
-                    isinstance(span, list)
-                    and len(span) == 2
-                    and all(isinstance(x, int) for x in span)
-                ):
-                    continue
-                rows = await self.log.read_origin(
-                    str(origin), span[0], span[1], min(budget, span[1] - span[0] + 1)
-                )
-                for raw in rows:
-                    link.send("msg", raw=raw, h=1)
-                budget -= len(rows)
-                self.repaired.inc(amount=len(rows))
-        finally:
-            self._repairing.discard(link)
-
-    def _repair_tick(self) -> None:
-        for link in list(self.links.values()):
-            self._send_ihave(link)
-
-    # --- membership -------------------------------------------------------------------
-
-    def _h_membership(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        records = frame.get("records")
-        if not isinstance(records, list):
-            return
-        fresh = [
-            raw
-            for raw in records[: self.membership.caps.per_request]
-            if isinstance(raw, dict) and raw.get("id") not in self.membership.records
-        ]
-        if fresh:
-            self.spawn(self._admit_from(link.node, fresh), "membership")
-
-    async def _admit_from(self, node: str, raw: list[dict[str, Any]]) -> None:
-        """Verify and admit a peer's records off the event loop (spec §1.5: folding never
-        stalls other clients); what they add is flooded on by the node."""
-        # frames are admitted in arrival order: a later frame may name signers an
-        # earlier one added
-        async with self._membership_frames:
-            parsed, errors = await asyncio.to_thread(_parse_records, raw)
-            for error in errors:
-                self.sig_failures.inc("membership")
-                log.warning("bad membership record from %s: %s", node, error, extra={"peer": node})
-            if parsed:
-                await self.submit_records(parsed, Source.GOSSIP, node)
-
-    def _send_membership(self, link: PeerLink) -> None:
-        """All records, in frames of at most the per-request cap."""
-        records = [r.to_json() for r in self.membership.records.values()]
-        step = self.membership.caps.per_request
-        for start in range(0, len(records), step):
-            link.send("membership", records=records[start : start + step])
-
-    def broadcast_records(self, records: list[MembershipRecord], skip: str | None = None) -> None:
-        """Flood new membership records to every other link."""
-        data = encode_frame("membership", records=[r.to_json() for r in records])
-        for link in list(self.links.values()):
-            if link.node != skip:
-                link.send_raw(data)
-
-    # --- presence ---------------------------------------------------------------------
+        """The log committed ``batch``: gossip it on (after local fan-out; see node.py)."""
+        self.traffic.committed(batch)
 
     def on_local_presence(self, events: list[PresenceEvent]) -> None:
         """Local members joined, changed or left: tell the mesh."""
-        if events and self.links:
-            self._flood_presence([e.to_json() for e in events], None)
+        self.traffic.local_presence([e.to_json() for e in events])
 
-    def _flood_presence(
-        self, events: list[dict[str, Any]], skip: str | None, presence_id: str | None = None
-    ) -> None:
-        presence_id = presence_id or new_ulid()
-        self._remember_presence(presence_id)
-        data = encode_frame("presence", id=presence_id, node=self.keys.node_id, events=events)
-        for link in list(self.links.values()):
-            if link.node != skip:
-                link.send_raw(data)
+    def broadcast_records(self, records: list[MembershipRecord], skip: str | None = None) -> None:
+        """Flood new membership records to every other link."""
+        self.traffic.broadcast_records(records, skip)
 
-    def _remember_presence(self, presence_id: str) -> bool:
-        if presence_id in self._seen_presence:
-            return False
-        self._seen_presence[presence_id] = None
-        if len(self._seen_presence) > SEEN_PRESENCE:
-            self._seen_presence.popitem(last=False)
-        return True
-
-    def _h_presence(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        presence_id, events = frame.get("id"), frame.get("events")
-        if (
-            not isinstance(presence_id, str)
-            or not isinstance(events, list)
-            or not self._remember_presence(presence_id)
-        ):
-            return
-        for event in events[:1000]:
-            self.pubsub.apply_remote_presence(event)
-        data = encode_frame("presence", id=presence_id, node=frame.get("node"), events=events)
-        for other in list(self.links.values()):
-            if other.node != link.node:
-                other.send_raw(data)
-
-    def _send_presence_snapshot(self, link: PeerLink) -> None:
-        events = self.pubsub.local_presence("refresh")
-        if events:
-            presence_id = new_ulid()
-            self._remember_presence(presence_id)
-            link.send("presence", id=presence_id, node=self.keys.node_id, events=events)
-
-    def _presence_tick(self) -> None:
-        events = self.pubsub.local_presence("refresh")
-        if events:
-            self._flood_presence(events, None)
-
-    # --- heartbeats -------------------------------------------------------------------
-
-    def _h_ping(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        link.send("pong", **pong_for(frame, now_ms()))
-
-    def _h_pong(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        tracker = self.beats.get(link.node)
-        if tracker is None:
-            return
-        observation = tracker.pong(
-            frame.get("seq"), frame.get("ts_echo"), frame.get("ts"), time.monotonic(), now_ms()
-        )
-        if observation is not None and observation.rtt_ms is not None:
-            self.rtt.observe(observation.rtt_ms / 1000)
-            self._record(
-                link.node,
-                "pong",
-                seq=observation.seq,
-                rtt_ms=observation.rtt_ms,
-                clock_offset_ms=observation.clock_offset_ms,
-            )
-
-    def _heartbeat_tick(self) -> None:
-        mono, wall = time.monotonic(), now_ms()
-        for node, tracker in list(self.beats.items()):
-            link = self.links.get(node)
-            if link is None:
-                continue
-            ping, misses = tracker.tick(mono, wall)
-            for miss in misses:
-                self._record(node, "miss", seq=miss.seq, ts=wall)
-            if tracker.down:
-                link.close("three pongs missed")
-            elif ping is not None:
-                link.send("ping", **ping)
-
-    # --- capabilities -----------------------------------------------------------------
-
-    def _h_caps(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        if self.remote.learn(link.node, frame.get("providers")):
-            self._announce_caps(skip=link.node)
-
-    def _announce_caps(self, skip: str | None = None) -> None:
-        for link in list(self.links.values()):
-            if link.node != skip:
-                link.send("caps", providers=self.remote.announcement(exclude_via=link.node))
-
-    def _h_peers(self, link: PeerLink, frame: dict[str, Any]) -> None:
-        peers = frame.get("peers")
-        if isinstance(peers, list):
-            self._learn_peers(peers)
-
-    def _learn_peers(self, peers: list[Any]) -> None:
-        """Peer exchange: remember the addresses a member shared (spec §7.1)."""
-        for entry in peers[:64]:
-            if isinstance(entry, dict) and entry.get("node") != self.keys.node_id:
-                self.book.add(str(entry.get("url", "")), node=entry.get("node"), source="exchange")
-
-    # --- beacons and housekeeping -----------------------------------------------------------
+    # --- status -----------------------------------------------------------------------
 
     def beacon(self) -> dict[str, Any]:
         """This node's beacon (spec §7.5)."""
-        mono, cpu = time.monotonic(), time.process_time()
-        last_mono, last_cpu = self._cpu
-        self._cpu = (mono, cpu)
-        cpu_pct = 100.0 * (cpu - last_cpu) / (mono - last_mono) if mono > last_mono else 0.0
-        peers = []
-        for node, tracker in self.beats.items():
-            p50 = tracker.rtt_p50_ms
-            peers.append(
-                {
-                    "peer": node,
-                    "rtt_ms_p50": round(p50, 3) if p50 is not None else None,
-                    "loss_pct": round(tracker.loss_pct, 2),
-                    "path": "direct",
-                }
-            )
-        return {
-            "node": self.keys.node_id,
-            "name": self.name,
-            "uptime_s": int(mono - self._started),
-            "peers": peers,
-            "log_head": self.log.head_seq,
-            "subscribers": len(self.pubsub.subscribers),
-            "cpu_pct": round(cpu_pct, 1),
-            "rss_mb": round(_rss_mb(), 1),
-            "version": __version__,
-        }
-
-    async def _beacon_tick(self) -> None:
-        me = Caller(self.keys.node_id, "node", Level.ANCHOR, None, True)
-        with contextlib.suppress(WireError):
-            await self.pubsub.publish(me, "mesh.beacon", "beacon", self.beacon(), 3600)
-
-    def _housekeeping_tick(self) -> None:
-        # prune first: a failing flush or save must not also stop the pruning
-        mono = time.monotonic()
-        if mono >= self._next_prune:
-            self._next_prune = mono + PRUNE_EVERY_S
-            self.hlog.prune(now_ms())
-        self.hlog.flush()
-        self.book.save()
-
-    # --- status -----------------------------------------------------------------------
+        return self.health.beacon()
 
     def peers_status(self) -> list[dict[str, Any]]:
         """Linked peers and known addresses, for ``hearthnet peers``."""
         out = []
         for node, link in self.links.items():
-            tracker = self.beats.get(node)
+            tracker = self.health.heartbeats.get(node)
             member = self.membership.members.get(node)
             out.append(
                 {
@@ -896,7 +336,7 @@ class Mesh:
                     "rtt_ms_p50": tracker.rtt_p50_ms if tracker else None,
                     "loss_pct": tracker.loss_pct if tracker else None,
                     "queued": link.queued,
-                    "path": "direct",
+                    "path": self.routes.path_kind(node),
                 }
             )
         linked = set(self.links)
@@ -912,32 +352,6 @@ class Mesh:
                     }
                 )
         return out
-
-    _handlers: ClassVar[dict[str, Callable[[Mesh, PeerLink, dict[str, Any]], None]]] = {}
-
-
-def _calls(
-    method: Callable[[RemoteCalls, Any, dict[str, Any]], None],
-) -> Callable[[Mesh, PeerLink, dict[str, Any]], None]:
-    return lambda mesh, link, frame: method(mesh.remote, link, frame)
-
-
-Mesh._handlers = {
-    "msg": Mesh._h_msg,
-    "ihave": Mesh._h_ihave,
-    "iwant": Mesh._h_iwant,
-    "membership": Mesh._h_membership,
-    "presence": Mesh._h_presence,
-    "ping": Mesh._h_ping,
-    "pong": Mesh._h_pong,
-    "caps": Mesh._h_caps,
-    "peers": Mesh._h_peers,
-    "call": _calls(RemoteCalls.on_call),
-    "frame": _calls(RemoteCalls.on_frame),
-    "ack": _calls(RemoteCalls.on_ack),
-    "tool_result": _calls(RemoteCalls.on_tool_result),
-    "cancel": _calls(RemoteCalls.on_cancel),
-}
 
 
 async def _every(period_s: float, tick: Callable[[], Awaitable[None] | None], name: str) -> None:
@@ -956,17 +370,6 @@ async def _every(period_s: float, tick: Callable[[], Awaitable[None] | None], na
             raise
         except Exception:
             log.exception("mesh loop %s: a round failed; the next runs as usual", name)
-
-
-def _rss_mb() -> float:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def advertised_url(host: str, port: int, local_url: str) -> str:

@@ -286,7 +286,8 @@ class MessageLog:
             raise StorageError("pubsub.sync must be 'full' or 'normal'")
         self.max_batch = max_batch
         self.max_pending = max_pending
-        # Called after every commit, in order: fan-out first, then gossip forwarding.
+        # Called after every commit, in order (the node registers its commit pipeline:
+        # local fan-out, then gossip; see Node._wire).
         self.listeners: list[Callable[[list[StoredMessage]], None]] = (
             [on_commit] if on_commit else []
         )

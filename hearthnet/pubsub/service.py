@@ -303,15 +303,14 @@ class PubSub:
     ) -> None:
         self.node_id = node_id
         self.config = config
-        self.log = log_store
-        self.log.listeners.insert(0, self.on_commit)
+        self.log = log_store  # the node feeds its commits to on_commit (see node.py)
         self.policy = policy
         self.retention = retention
         self.index: SubscriptionIndex[Subscriber] = SubscriptionIndex()
         self.subscribers: set[Subscriber] = set()
         self.presence = PresenceTable(silence_ms=int(config.presence_silence_s * 1000))
         self.active_consumers: dict[tuple[str, str], Subscriber] = {}
-        # The mesh sets this to gossip local members' presence events.
+        # The node wires this to the mesh, which gossips local members' presence events.
         self.on_local_presence: Callable[[list[PresenceEvent]], None] = lambda events: None
         self.metrics = PubSubMetrics.register(metrics, lambda: float(len(self.subscribers)))
         self._member_limit = RateLimiter(config.publish_per_s_member)
@@ -374,7 +373,8 @@ class PubSub:
     # --- fan-out ----------------------------------------------------------------------
 
     def on_commit(self, batch: list[StoredMessage]) -> None:
-        """Called by the log after each commit, in seq order: deliver to subscribers.
+        """Called after each commit of the log, in seq order (the node's commit pipeline):
+        deliver to subscribers.
 
         Messages are grouped by topic; each group is encoded once per transport form and
         every matching subscriber takes a slice of the same lists (spec §11: encode once,

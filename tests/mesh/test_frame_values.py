@@ -50,3 +50,15 @@ async def test_unrepresentable_peer_frames_are_refused_and_the_link_goes_on(node
         state,
         gossip.get("gossip") - before,
     )
+
+
+async def test_a_frame_with_an_unknown_field_is_refused_and_the_link_goes_on(node: Node) -> None:
+    """A ping carrying a field pings do not have gets no pong; the link stays up and the
+    next good ping is answered."""
+    async with raw_peer(node) as peer:
+        link = node.mesh.links[peer.node]
+        await peer.send("ping", seq=1, ts=now_ms(), extra=True)
+        await peer.send("ping", seq=2, ts=now_ms())
+        pong = await peer.first("pong")
+        state = link.state
+    assert (2, LinkState.UP) == (pong["seq"], state)

@@ -5,7 +5,11 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hearthnet.mesh.gossip import IWANT_SLICE, AntiEntropy, OriginTracker
+from hearthnet.identity import KeyPair
+from hearthnet.mesh.actions import Deliver, Duplicate, Forward, Refused, Repair
+from hearthnet.mesh.frames import IHave, IWant, Msg
+from hearthnet.mesh.gossip import IWANT_SLICE, AntiEntropy, Gossip, OriginTracker
+from hearthnet.pubsub.envelope import Message, StoredMessage
 
 
 def test_out_of_order_seqs_fold_into_the_head() -> None:
@@ -60,3 +64,73 @@ def test_any_arrival_order_ends_with_the_full_head(order: list[int]) -> None:
     for seq in order:
         tracker.add("o", seq)
     assert (59, {}, 0) == (tracker.heads["o"], tracker.above, tracker.above_count)
+
+
+ORIGIN = KeyPair.from_seed(b"\x11" * 32)
+
+
+def signed(seq: int) -> Message:
+    """A message of ORIGIN numbered ``seq``."""
+    return Message.create(ORIGIN, topic="chat.a", msg_type="m", data=seq, origin_seq=seq, ts=5)
+
+
+def test_a_new_message_is_delivered_once_and_a_second_copy_is_a_duplicate() -> None:
+    """The first copy of a message is delivered with its hops; a copy that arrives while
+    it is being ingested is a duplicate; a malformed one is refused."""
+    gossip = Gossip(lambda _id: False, 100)
+    message = signed(1)
+    first = gossip.receive_msg(Msg(message.raw, 3), "peer-a")
+    second = gossip.receive_msg(Msg(message.raw, 1), "peer-b")
+    broken = gossip.receive_msg(Msg(b"{not json", 1), "peer-c")
+    assert (Deliver(message, "peer-a", 3), Duplicate(), "peer-c") == (
+        first,
+        second,
+        broken.source if isinstance(broken, Refused) else None,
+    )
+
+
+def test_a_message_from_a_non_member_origin_is_refused_and_a_later_copy_is_delivered() -> None:
+    """A validly signed message whose origin is not a member is refused (labelled
+    gossip_origin) and leaves no trace: once the origin is a member, a copy is delivered."""
+    members: set[str] = set()
+    gossip = Gossip(lambda _id: False, 100, is_member=members.__contains__)
+    message = signed(1)
+    before = gossip.receive_msg(Msg(message.raw, 1), "peer-a")
+    members.add(ORIGIN.node_id)
+    after = gossip.receive_msg(Msg(message.raw, 1), "peer-a")
+    assert ("gossip_origin", Deliver(message, "peer-a", 1)) == (
+        before.label if isinstance(before, Refused) else None,
+        after,
+    )
+
+
+def test_a_commit_is_forwarded_once_encoded_past_its_source_with_one_more_hop() -> None:
+    """A committed message goes to every link but its source, hops + 1, and is tracked."""
+    gossip = Gossip(lambda _id: False, 100)
+    message = signed(1)
+    gossip.receive_msg(Msg(message.raw, 2), "peer-a")
+    forwards = gossip.committed([StoredMessage(1, message, "peer-a")], linked=True)
+    assert ([Forward(Msg(message.raw, 3).encode(), "peer-a")], 1) == (
+        forwards,
+        gossip.tracker.heads[ORIGIN.node_id],
+    )
+
+
+def test_an_ihave_ahead_of_us_is_answered_with_an_iwant_once() -> None:
+    """Behind a peer's head, ask for the range; a second peer's ihave does not ask again."""
+    gossip = Gossip(lambda _id: False, 100)
+    first = gossip.receive_ihave(IHave({"o": 10}, {"o": 1}), now=0.0)
+    second = gossip.receive_ihave(IHave({"o": 10}, {"o": 1}), now=1.0)
+    assert (IWant({"o": (1, 10)}), None) == (first, second)
+
+
+def test_one_repair_per_peer_runs_at_a_time() -> None:
+    """An iwant while the peer's repair runs is ignored; after it ends, the next is run."""
+    gossip = Gossip(lambda _id: False, 100)
+    want = IWant({"o": (1, 5)})
+    first = gossip.receive_iwant(want, "peer-a")
+    during = gossip.receive_iwant(want, "peer-a")
+    gossip.repaired("peer-a")
+    after = gossip.receive_iwant(want, "peer-a")
+    expected = Repair("peer-a", (("o", 1, 5),), 100)
+    assert (expected, None, expected) == (first, during, after)

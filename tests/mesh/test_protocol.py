@@ -215,3 +215,12 @@ def test_link_state_table_and_simultaneous_dials() -> None:
         winning_direction("ed25519:A", "ed25519:B"),
         winning_direction("ed25519:B", "ed25519:A"),
     )
+
+
+def test_a_hello_with_an_unknown_field_is_refused_by_name() -> None:
+    """A hello carrying a field the handshake does not list is bad_request naming it."""
+    view = community(B)
+    hello = {**decode_frame(Handshake(A, view, True, NOW).start()), "relays": []}
+    with pytest.raises(BadRequest) as refused:
+        Handshake(B, view, False, NOW).receive(hello, NOW)
+    assert "unknown field 'relays' in hello frame" == refused.value.message

@@ -65,14 +65,14 @@ async def test_a_dial_to_a_peer_that_never_answers_gives_up_and_frees_its_slot(
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     async with server, Node(make_config()) as node:
         mesh = node.mesh
-        mesh.dial_timeout_s = 0.3
+        mesh.dialer.dial_timeout_s = 0.3
         started = time.monotonic()
         dial = asyncio.get_running_loop().create_task(mesh.dial(url))
-        await wait_until(lambda: url in mesh._dialing, what="the dial under way")
+        await wait_until(lambda: url in mesh.dialer.dialing, what="the dial under way")
         async with asyncio.timeout(5):
             await dial
         elapsed = time.monotonic() - started
-        in_flight = url in mesh._dialing
+        in_flight = url in mesh.dialer.dialing
     assert (True, 1, False) == (0.25 <= elapsed < 3, len(held), in_flight)
 
 
@@ -125,8 +125,8 @@ async def test_one_repair_per_link_at_a_time(node: Node, client: Client) -> None
         iwant = {"t": "iwant", "want": {origin: [1, 5]}}
         # Handled synchronously, as when both frames arrive in one read: the second comes
         # while the first repair waits for the log.
-        node.mesh._on_frame(link, iwant)
-        node.mesh._on_frame(link, iwant)
+        node.mesh.traffic.receive(link, iwant)
+        node.mesh.traffic.receive(link, iwant)
         await wait_until(lambda: len(peer.received("msg")) >= 5, what="the repair")
         await wait_until(
             lambda: not any(t.get_name().startswith("repair-") for t in node.mesh._tasks),
@@ -213,7 +213,7 @@ async def test_gossip_from_a_stranger_origin_is_dropped_not_stored_nor_forwarded
         forwarded = [orjson.loads(f["raw"]) for f in other.received("msg")]
         stored = await node.mesh.log.read_origin(stranger.node_id, 1, 10, 10)
     assert (2.0, [], [own.id]) == (
-        node.mesh.sig_failures.get("gossip_origin"),
+        node.mesh.traffic.sig_failures.get("gossip_origin"),
         stored,
         [m["id"] for m in forwarded],
     )
@@ -232,7 +232,9 @@ async def test_a_message_that_arrives_before_its_origins_membership_is_repaired(
         # signed here but not applied: it reaches the node over the link, after the message
         record = node.membership.sign(node.keys, "member.added", late.node_id, now_ms=now_ms())
         await relay.send("msg", raw=message.raw, h=1)
-        await wait_until(lambda: node.mesh.sig_failures.get("gossip_origin") == 1, what="the drop")
+        await wait_until(
+            lambda: node.mesh.traffic.sig_failures.get("gossip_origin") == 1, what="the drop"
+        )
         await relay.send("membership", records=[record.to_json()])
         await wait_until(lambda: node.membership.level_of(late.node_id) is not None, what="joined")
         await relay.send("ihave", heads={late.node_id: 1}, floors={late.node_id: 1})

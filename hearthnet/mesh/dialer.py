@@ -1,0 +1,324 @@
+"""Opening peer links (spec §7.2, §3.1): accepting ``GET /mesh/v1/peer``, dialling an
+address, TLS between hosts, the handshake, and the referral a full node gives.
+
+Asyncio glue around :class:`~hearthnet.mesh.protocol.Handshake`. An established link is
+handed to ``admit`` (the mesh's link-up, which asks :class:`~hearthnet.mesh.routing.Routes`)
+and then run here until it ends, inside the task that accepted or dialled it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import web
+
+from hearthnet import __version__
+from hearthnet.clock import now_ms
+from hearthnet.config import MeshSection
+from hearthnet.errors import (
+    ConfigError,
+    InvalidSignature,
+    Revoked,
+    Unauthorized,
+    Unavailable,
+    UpgradeRequired,
+    WireError,
+)
+from hearthnet.identity import KeyPair
+from hearthnet.membership import Membership
+from hearthnet.mesh.addresses import PeerBook
+from hearthnet.mesh.links import (
+    HANDSHAKE_TIMEOUT_S,
+    FrameHandler,
+    LinkErrors,
+    PeerLink,
+    WebSocketLike,
+    receive_referral,
+    run_handshake,
+    send_referral,
+)
+from hearthnet.mesh.protocol import (
+    MAX_FRAME_BYTES,
+    SUBPROTOCOL,
+    Handshake,
+    LinkToSelf,
+    PeerInfo,
+)
+from hearthnet.mesh.routing import Routes
+from hearthnet.mesh.tls import client_context, peer_node_id
+from hearthnet.metrics import Counter
+from hearthnet.transport.server import error_response
+
+log = logging.getLogger("hearthnet.mesh")
+
+MAX_REFERRALS = 16  # handshakes at once with members a full node only sends elsewhere
+FULL_HOLD_S = 60.0  # a node that was full is not dialled again for this long
+LINKED_HOLD_S = 3600.0  # an address linked is not dialled again while the link is up
+DUPLICATE_HOLD_S = 30.0  # an address whose link lost to a simultaneous dial
+REFUSED_HOLD_S = 300.0  # an address that refused us as revoked or not a member
+
+
+class Dialer:
+    """Accepts and dials peer links for one node.
+
+    Args:
+        keys: this node's keys (the hello's signature).
+        membership: who may link (checked in the handshake).
+        config: the mesh section (``max_links``).
+        name: this node's name, sent in the hello.
+        tls_mode: ``auto`` (TLS between hosts), ``on`` or ``off``.
+        book: the peer addresses (dialled, held, failed, exchanged).
+        routes: the links up (for the link budget).
+        refused: counter of links refused, by reason.
+        link_errors: where link socket failures are counted.
+        spawn: starts a task in the mesh's task group.
+        admit: the mesh's link-up: True when the link was taken.
+        on_frame / on_down: the handlers every link gets.
+    """
+
+    def __init__(
+        self,
+        *,
+        keys: KeyPair,
+        membership: Membership,
+        config: MeshSection,
+        name: str,
+        tls_mode: str,
+        book: PeerBook,
+        routes: Routes,
+        refused: Counter,
+        link_errors: LinkErrors,
+        spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
+        admit: Callable[[PeerLink], bool],
+        on_frame: FrameHandler,
+        on_down: Callable[[PeerLink, str], None],
+    ) -> None:
+        if tls_mode not in ("auto", "on", "off"):
+            raise ConfigError("node.tls is auto, on or off")
+        self.keys = keys
+        self.membership = membership
+        self.config = config
+        self.name = name
+        self.tls_mode = tls_mode
+        self.book = book
+        self.routes = routes
+        self.refused = refused
+        self.link_errors = link_errors
+        self.spawn = spawn
+        self.admit = admit
+        self.on_frame = on_frame
+        self.on_down = on_down
+        self.url = ""  # ours, sent in the hello (set when the node listens)
+        self.dial_timeout_s = HANDSHAKE_TIMEOUT_S  # connect, upgrade and handshake, in all
+        self.dialing: set[str] = set()
+        self._referrals = 0  # handshakes in flight with members we are too full to link
+        self._tls_client = client_context() if tls_mode != "off" else None
+        self._http: aiohttp.ClientSession | None = None
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[None]:
+        """The HTTP client dials go through, open while the mesh runs."""
+        self._http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5)
+        )
+        try:
+            yield
+        finally:
+            await self._http.close()
+
+    def _handshake(self, *, outbound: bool, expect: str | None = None) -> Handshake:
+        return Handshake(
+            self.keys,
+            self.membership,
+            outbound,
+            now_ms(),
+            name=self.name,
+            url=self.url,
+            version=__version__,
+            expect=expect,
+        )
+
+    def _link(
+        self, peer: PeerInfo, ws: WebSocketLike, outbound: bool, address: str | None
+    ) -> PeerLink:
+        return PeerLink(
+            peer,
+            ws,
+            outbound=outbound,
+            on_frame=self.on_frame,
+            on_down=self.on_down,
+            address=address,
+            errors=self.link_errors,
+        )
+
+    async def accept(self, request: web.Request) -> web.StreamResponse:
+        """``GET /mesh/v1/peer``: a peer dials us; the link runs until it ends."""
+        offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+        if SUBPROTOCOL not in offered:
+            self.refused.inc("subprotocol")
+            return error_response(
+                UpgradeRequired(f"peer links speak {SUBPROTOCOL}"),
+                headers={"Sec-WebSocket-Protocol": SUBPROTOCOL},
+            )
+        transport = request.transport
+        over_tls = transport is not None and transport.get_extra_info("ssl_object") is not None
+        if not over_tls and self.needs_tls(request.remote or ""):
+            self.refused.inc("plain_between_hosts")
+            return error_response(
+                UpgradeRequired("peer links between hosts use TLS: dial https://")
+            )
+        full = len(self.routes) >= 2 * self.config.max_links
+        if full and self._referrals >= MAX_REFERRALS:
+            self.refused.inc("full")
+            return error_response(
+                Unavailable("this node has all the peer links it takes", retry_after_ms=5000)
+            )
+        ws = web.WebSocketResponse(
+            protocols=(SUBPROTOCOL,),
+            max_msg_size=MAX_FRAME_BYTES,
+            compress=False,
+            heartbeat=None,
+            autoping=True,
+        )
+        await ws.prepare(request)
+        handshake = self._handshake(outbound=False)
+        handshake.full = full
+        self._referrals += full
+        try:
+            peer = await run_handshake(ws, handshake, now_ms, self.link_errors)
+            if full:
+                # A verified member that found us full learns where else to link, so a
+                # node whose only bootstrap address is a busy node still joins the mesh.
+                self.refused.inc("full")
+                await send_referral(ws, self.book.urls_for_exchange(), self.link_errors)
+                return ws
+        except WireError as exc:
+            self.refused.inc(exc.code)
+            log.info("refused a peer link from %s: %s", request.remote, exc)
+            await ws.close(code=1008, message=exc.code.encode())
+            return ws
+        finally:
+            self._referrals -= full
+        entry = self.book.add(peer.url, node=peer.node, source="inbound") if peer.url else None
+        link = self._link(peer, ws, False, entry.url if entry is not None else None)
+        if self.admit(link):
+            if entry is not None:
+                # linked, so worth sharing with other peers; not dialled while the link is up
+                self.book.succeeded(entry.url, peer.node, now_ms())
+                self.book.hold(entry.url, time.monotonic(), LINKED_HOLD_S)
+            await link.run()
+        else:
+            await ws.close(code=1000, message=b"duplicate")
+        return ws
+
+    async def dial(self, url: str) -> None:
+        """Dial one address and run the link while it is up (the dial loop calls this;
+        tests and --peer too). A second dial of an address already being dialled returns."""
+        if url in self.dialing:
+            return
+        self.dialing.add(url)
+        try:
+            opened = await self._open(url)
+        finally:
+            self.dialing.discard(url)
+        if opened is None:
+            return
+        ws, peer = opened
+        self.book.succeeded(url, peer.node, now_ms())
+        if peer.full:
+            self.book.learn_exchanged(await receive_referral(ws), self.keys.node_id)
+            self.book.hold(url, time.monotonic(), FULL_HOLD_S)
+            log.info("%s is full; learnt addresses from it", url)
+            return
+        link = self._link(peer, ws, True, url)
+        if self.admit(link):
+            self.book.hold(url, time.monotonic(), LINKED_HOLD_S)
+            await link.run()
+        else:
+            self.book.hold(url, time.monotonic(), DUPLICATE_HOLD_S)
+            await ws.close()
+
+    async def _open(self, url: str) -> tuple[aiohttp.ClientWebSocketResponse, PeerInfo] | None:
+        """Connect, upgrade and shake hands with ``url``, all within ``dial_timeout_s``
+        (a peer that takes the TCP connection and never answers must not hold a dial
+        slot forever); None when that failed (and the address book knows)."""
+        assert self._http is not None
+        address = self.book.addresses.get(url)
+        expect = address.node if address is not None else None
+        target = self.dial_url(url)
+        tls = target.startswith("https:")
+        ws: aiohttp.ClientWebSocketResponse | None = None
+        try:
+            async with asyncio.timeout(self.dial_timeout_s):
+                ws = await self._http.ws_connect(
+                    target + "/mesh/v1/peer",
+                    protocols=(SUBPROTOCOL,),
+                    max_msg_size=MAX_FRAME_BYTES,
+                    autoping=True,
+                    heartbeat=None,
+                    compress=0,
+                    ssl=self._tls_client if tls and self._tls_client is not None else False,
+                )
+                # spec §3.1: the certificate must carry the key of the node we meant to reach
+                cert_node = peer_node_id(ws.get_extra_info("ssl_object")) if tls else None
+                if cert_node is not None and expect is not None and cert_node != expect:
+                    raise InvalidSignature(f"{target} presented the certificate of {cert_node}")
+                handshake = self._handshake(outbound=True, expect=expect)
+                peer = await run_handshake(ws, handshake, now_ms, self.link_errors)
+                if cert_node is not None and cert_node != peer.node:
+                    raise InvalidSignature("the TLS certificate and the signed hello disagree")
+            return ws, peer
+        except WireError as exc:
+            self._failed(url, exc)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            self._failed(url, None)
+            log.debug("dial %s failed: %s", target, exc)
+        if ws is not None:
+            await ws.close()
+        return None
+
+    def dial_tick(self) -> None:
+        """Dial the addresses that are due, up to the link budget (spec §7.2: D links)."""
+        room = self.config.max_links - len(self.routes) - len(self.dialing)
+        if room <= 0:
+            return
+        for address in self.book.due(time.monotonic(), set(self.routes.links))[:room]:
+            if address.url not in self.dialing:
+                self.spawn(self.dial(address.url), f"dial-{address.url}")
+
+    def _failed(self, url: str, error: WireError | None) -> None:
+        self.book.failed(url, time.monotonic())
+        if error is None:
+            return
+        self.refused.inc(error.code)
+        log.info("dialling %s refused: %s", url, error)
+        if isinstance(error, LinkToSelf):
+            self.book.own_urls.add(url)
+            self.book.addresses.pop(url, None)
+        elif isinstance(error, Revoked | Unauthorized):
+            self.book.hold(url, time.monotonic(), REFUSED_HOLD_S)  # no point asking again soon
+
+    def needs_tls(self, host: str) -> bool:
+        """Whether a peer link with ``host`` must use TLS (spec §3.1: between hosts)."""
+        if self.tls_mode == "off":
+            return False
+        if self.tls_mode == "on":
+            return True
+        try:
+            return not ipaddress.ip_address(host.strip("[]")).is_loopback
+        except ValueError:
+            return host != "localhost"
+
+    def dial_url(self, url: str) -> str:
+        """The URL to dial: https between hosts (on the same port), plain where allowed."""
+        parts = urlsplit(url)
+        scheme = "https" if self.needs_tls(parts.hostname or "") else "http"
+        return f"{scheme}://{parts.netloc}"

@@ -1,0 +1,102 @@
+"""Which path reaches which node (spec §7.2, §8). The one place that maps a NodeID to
+something a frame can be sent on.
+
+Today every path is a direct :class:`~hearthnet.mesh.links.PeerLink`. Relayed and
+upgrading paths (spec §8) plug in at :meth:`Routes.path_to`: whatever it returns for a
+node is what gossip, heartbeats and remote calls send on; a relayed path only has to
+offer :class:`PeerPath`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from hearthnet.mesh.actions import Forward
+from hearthnet.mesh.frames import PeerFrame
+from hearthnet.mesh.links import PeerLink
+from hearthnet.mesh.protocol import winning_direction
+
+
+class PeerPath(Protocol):
+    """What the mesh sends frames on: a direct link today (a relayed path later)."""
+
+    @property
+    def node(self) -> str:
+        """The NodeID at the far end."""
+
+    def send_raw(self, data: bytes) -> bool:
+        """Queue an encoded frame; False when it could not be queued."""
+
+    def close(self, reason: str) -> None:
+        """End the path."""
+
+
+class Routes:
+    """The direct links of this node, one per peer, and the paths to other nodes.
+
+    Args:
+        node_id: this node (simultaneous dials keep the lower NodeID's outbound link).
+    """
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.links: dict[str, PeerLink] = {}
+
+    def __len__(self) -> int:
+        return len(self.links)
+
+    def admit(self, link: PeerLink) -> bool:
+        """Take an established link; False when it lost to a link already up with the
+        same peer (simultaneous dials, spec §7.2: the lower NodeID's outbound link wins;
+        the loser is closed by the caller, or here when it was the older one)."""
+        existing = self.links.get(link.node)
+        if existing is not None:
+            outbound_wins = winning_direction(self.node_id, link.node)
+            if existing.outbound == outbound_wins or link.outbound != outbound_wins:
+                return False
+            existing.close("duplicate link")
+        self.links[link.node] = link
+        return True
+
+    def remove(self, link: PeerLink) -> bool:
+        """A link went down; False when it was not the peer's current link (a duplicate
+        that lost)."""
+        if self.links.get(link.node) is not link:
+            return False
+        del self.links[link.node]
+        return True
+
+    def path_to(self, node: str) -> PeerPath | None:
+        """The path a frame for ``node`` goes on, or None when there is none.
+
+        The seam for relays (spec §8): a node with no direct link but a relayed path
+        gets that path here.
+        """
+        return self.links.get(node)
+
+    def path_kind(self, node: str) -> str:
+        """``direct``, ``relayed`` or ``upgrading`` (today always direct)."""
+        return "direct"
+
+    def send(self, node: str, frame: PeerFrame) -> bool:
+        """Send ``frame`` on the path to ``node``; False when there is none or it is full."""
+        path = self.path_to(node)
+        return path is not None and path.send_raw(frame.encode())
+
+    def forward(self, forward: Forward) -> None:
+        """Send the same bytes on every direct link but ``forward.skip`` (flooding goes
+        link by link; a relayed peer is reached through its relay's own flood)."""
+        for link in list(self.links.values()):
+            if link.node != forward.skip:
+                link.send_raw(forward.data)
+
+    def close(self, node: str, reason: str) -> None:
+        """End the path to ``node``, if there is one."""
+        path = self.path_to(node)
+        if path is not None:
+            path.close(reason)
+
+    def close_all(self, reason: str) -> None:
+        """End every link (shutdown)."""
+        for link in list(self.links.values()):
+            link.close(reason)

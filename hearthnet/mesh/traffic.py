@@ -1,0 +1,297 @@
+"""What flows on the links once they are up (spec §7.3–7.5): each frame parsed into its
+typed form, fed to the pure core it belongs to, and the core's actions carried out.
+
+The cores are :class:`~hearthnet.mesh.gossip.Gossip` (msg, ihave, iwant, commits),
+:class:`~hearthnet.mesh.flood.PresenceFlood` and :class:`~hearthnet.mesh.flood.MembershipFlood`,
+:class:`~hearthnet.mesh.health.LinkHealth` (ping, pong) and
+:class:`~hearthnet.mesh.remote.RemoteCalls` (call, frame, ack, tool_result, cancel, caps).
+Frames go out through :class:`~hearthnet.mesh.routing.Routes`, never to a link directly,
+except the answer to a frame, which goes back on the path it came on. Handlers see a
+:class:`~hearthnet.mesh.routing.PeerPath` (a direct link today, a relayed path later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from hearthnet.clock import now_ms
+from hearthnet.community import MembershipRecord
+from hearthnet.errors import HearthNetError
+from hearthnet.membership import Admission, Membership, Source
+from hearthnet.mesh.actions import Deliver, Duplicate, Repair
+from hearthnet.mesh.addresses import PeerBook
+from hearthnet.mesh.flood import MembershipFlood, PresenceFlood
+from hearthnet.mesh.frames import (
+    Ack,
+    Bye,
+    Call,
+    Cancel,
+    Caps,
+    IHave,
+    IWant,
+    MembershipBatch,
+    Msg,
+    Peers,
+    Ping,
+    Pong,
+    Presence,
+    StreamFrame,
+    ToolResult,
+    parse_frame,
+)
+from hearthnet.mesh.gossip import Gossip
+from hearthnet.mesh.health import LinkHealth
+from hearthnet.mesh.remote import RemoteCalls
+from hearthnet.mesh.routing import PeerPath, Routes
+from hearthnet.metrics import Counter
+from hearthnet.pubsub.envelope import StoredMessage
+from hearthnet.pubsub.log import MessageLog
+from hearthnet.pubsub.service import PubSub
+
+log = logging.getLogger("hearthnet.mesh")
+
+SubmitRecords = Callable[[list[MembershipRecord], Source, str | None], Awaitable[Admission]]
+
+
+def _parse_records(raw: list[dict[str, Any]]) -> tuple[list[MembershipRecord], list[str]]:
+    """Verify records (a thread's work: a signature check each); errors as messages."""
+    parsed, errors = [], []
+    for item in raw:
+        try:
+            parsed.append(MembershipRecord.parse(item))
+        except HearthNetError as exc:
+            errors.append(str(exc))
+    return parsed, errors
+
+
+class LinkTraffic:
+    """Frames in from links, through the cores, actions out.
+
+    Args:
+        membership: the records held (membership frames carry only the others).
+        submit_records: admits verified records (the node floods on what they add).
+        repair_per_round: messages sent per iwant answered.
+        message_log: where delivered messages are ingested and repairs read.
+        pubsub: presence applied and read; its duplicate counter.
+        routes: where frames go out.
+        remote: remote calls and capability routes.
+        health: pings and pongs.
+        book: peer addresses shared with a new link.
+        spawn: starts a task in the mesh's task group.
+        repaired / sig_failures: counters.
+    """
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        membership: Membership,
+        submit_records: SubmitRecords,
+        repair_per_round: int,
+        message_log: MessageLog,
+        pubsub: PubSub,
+        routes: Routes,
+        remote: RemoteCalls,
+        health: LinkHealth,
+        book: PeerBook,
+        spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
+        repaired: Counter,
+        sig_failures: Counter,
+    ) -> None:
+        self.membership = membership
+        self.submit_records = submit_records
+        self.log = message_log
+        self.pubsub = pubsub
+        self.routes = routes
+        self.remote = remote
+        self.health = health
+        self.book = book
+        self.node_id = node_id
+        self.spawn = spawn
+        self.repaired = repaired
+        self.sig_failures = sig_failures
+        self.gossip = Gossip(
+            message_log.knows,
+            repair_per_round,
+            is_member=lambda identity: membership.level_of(identity) is not None,
+        )
+        self.presence = PresenceFlood(node_id)
+        self.membership_flood = MembershipFlood(membership.caps.per_request)
+        self._membership_frames = asyncio.Lock()
+        self._handlers: dict[type, Callable[[PeerPath, Any], None]] = {
+            Msg: self._msg,
+            IHave: self._ihave,
+            IWant: self._iwant,
+            MembershipBatch: self._membership,
+            Presence: self._presence,
+            Ping: health.receive_ping,
+            Pong: health.receive_pong,
+            Caps: self._caps,
+            Peers: lambda link, frame: book.learn_exchanged(list(frame.peers), node_id),
+            Bye: lambda link, frame: None,  # a bye ends the link in its read loop first
+            Call: remote.on_call,
+            StreamFrame: remote.on_frame,
+            Ack: remote.on_ack,
+            ToolResult: remote.on_tool_result,
+            Cancel: remote.on_cancel,
+        }
+
+    def receive(self, link: PeerPath, frame: dict[str, Any]) -> None:
+        """A decoded frame from the peer at the far end of ``link``: parsed into its typed
+        form, then handled. A direct link calls this; so does a relayed path (spec §8) for
+        the frames it unwraps, with itself as ``link``: answers go back on it.
+
+        Raises:
+            BadRequest: the frame is malformed (the link logs it and goes on).
+        """
+        typed = parse_frame(frame)
+        if typed is not None:
+            self._handlers[type(typed)](link, typed)
+
+    def greet(self, link: PeerPath) -> None:
+        """What a new link gets: every membership record, the addresses we know, the
+        capabilities we reach, our local presence and our gossip heads."""
+        records = (r.to_json() for r in self.membership.records.values())
+        for frame in self.membership_flood.snapshot(records):
+            link.send_raw(frame.encode())
+        link.send_raw(Peers(tuple(self.book.urls_for_exchange())).encode())
+        link.send_raw(Caps(tuple(self.remote.announcement(exclude_via=link.node))).encode())
+        events = self.pubsub.local_presence("refresh")
+        if events:
+            link.send_raw(self.presence.start(events).encode())
+        link.send_raw(self.gossip.ihave().encode())
+
+    def forget(self, node: str) -> None:
+        """The link to ``node`` went down: its routes go, and peers hear if ours changed."""
+        if self.remote.forget(node):
+            self.announce_caps()
+
+    # --- gossip (spec §7.3) ---------------------------------------------------------------
+
+    def _msg(self, link: PeerPath, frame: Msg) -> None:
+        outcome = self.gossip.receive_msg(frame, link.node)
+        if isinstance(outcome, Duplicate):
+            self.pubsub.metrics.duplicates.inc()
+        elif isinstance(outcome, Deliver):
+            self._deliver(outcome)
+        else:
+            self.sig_failures.inc(outcome.label)
+            log.warning(
+                "dropped a gossiped message from %s: %s",
+                outcome.source,
+                outcome.reason,
+                extra={"peer": outcome.source},
+            )
+
+    def _deliver(self, action: Deliver) -> None:
+        message = action.message
+        self.health.hlog.trace(
+            ts=now_ms(),
+            msg_id=message.id,
+            origin=message.origin,
+            published_ms=message.ts,
+            hops=action.hops,
+        )
+        fut = self.log.ingest(message, source=action.source)
+
+        def done(f: asyncio.Future[Any]) -> None:
+            self.gossip.ingested(message.id)
+            if not f.cancelled() and f.exception() is None and f.result() is None:
+                self.pubsub.metrics.duplicates.inc()
+
+        fut.add_done_callback(done)
+
+    def committed(self, batch: list[StoredMessage]) -> None:
+        """The log committed ``batch``: forward each message to every link but the one
+        it came from (the last step of the commit pipeline, after local fan-out)."""
+        for forward in self.gossip.committed(batch, len(self.routes) > 0):
+            self.routes.forward(forward)
+
+    def _ihave(self, link: PeerPath, frame: IHave) -> None:
+        iwant = self.gossip.receive_ihave(frame, time.monotonic())
+        if iwant is not None:
+            link.send_raw(iwant.encode())
+
+    def _iwant(self, link: PeerPath, frame: IWant) -> None:
+        repair = self.gossip.receive_iwant(frame, link.node)
+        if repair is not None:
+            self.spawn(self._repair(link, repair), f"repair-{link.node}")
+
+    async def _repair(self, link: PeerPath, repair: Repair) -> None:
+        try:
+            budget = repair.budget
+            for origin, first, last in repair.spans:
+                if budget <= 0:
+                    break
+                rows = await self.log.read_origin(
+                    origin, first, last, min(budget, last - first + 1)
+                )
+                for raw in rows:
+                    link.send_raw(Msg(raw, 1).encode())
+                budget -= len(rows)
+                self.repaired.inc(amount=len(rows))
+        finally:
+            self.gossip.repaired(repair.node)
+
+    def repair_tick(self) -> None:
+        """Anti-entropy round: our heads to every link."""
+        for link in list(self.routes.links.values()):
+            link.send_raw(self.gossip.ihave().encode())
+
+    # --- membership and presence --------------------------------------------------------------
+
+    def _membership(self, link: PeerPath, frame: MembershipBatch) -> None:
+        admit = self.membership_flood.receive(frame, link.node, self.membership.records)
+        if admit is not None:
+            self.spawn(self._admit(admit.node, list(admit.records)), "membership")
+
+    async def _admit(self, node: str, raw: list[dict[str, Any]]) -> None:
+        """Verify and admit a peer's records off the event loop (spec §1.5: folding never
+        stalls other clients); what they add is flooded on by the node."""
+        # frames are admitted in arrival order: a later frame may name signers an
+        # earlier one added
+        async with self._membership_frames:
+            parsed, errors = await asyncio.to_thread(_parse_records, raw)
+            for error in errors:
+                self.sig_failures.inc("membership")
+                log.warning("bad membership record from %s: %s", node, error, extra={"peer": node})
+            if parsed:
+                await self.submit_records(parsed, Source.GOSSIP, node)
+
+    def broadcast_records(self, records: list[MembershipRecord], skip: str | None) -> None:
+        """Flood new membership records to every link but ``skip``."""
+        self.routes.forward(self.membership_flood.broadcast((r.to_json() for r in records), skip))
+
+    def _presence(self, link: PeerPath, frame: Presence) -> None:
+        received = self.presence.receive(frame, link.node)
+        if received is None:
+            return
+        apply, forward = received
+        for event in apply.events:
+            self.pubsub.apply_remote_presence(event)
+        self.routes.forward(forward)
+
+    def local_presence(self, events: list[dict[str, Any]]) -> None:
+        """Local members joined, changed or left (or a refresh): flood it."""
+        if events and len(self.routes):
+            self.routes.forward(self.presence.announce(events))
+
+    def presence_tick(self) -> None:
+        """Refresh our local members' presence on every node (remote entries expire)."""
+        self.local_presence(self.pubsub.local_presence("refresh"))
+
+    # --- capabilities (spec §7.4) ---------------------------------------------------------------
+
+    def _caps(self, link: PeerPath, frame: Caps) -> None:
+        if self.remote.learn(link.node, list(frame.providers)):
+            self.announce_caps(skip=link.node)
+
+    def announce_caps(self, skip: str | None = None) -> None:
+        """Our capability routes to every link but ``skip`` (split horizon per link)."""
+        for link in list(self.routes.links.values()):
+            if link.node != skip:
+                link.send_raw(Caps(tuple(self.remote.announcement(exclude_via=link.node))).encode())
