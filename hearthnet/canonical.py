@@ -260,10 +260,13 @@ def parse_json(data: bytes | str) -> Any:
             raise NotCanonical("a number too large for a double") from exc
         raise BadRequest(f"malformed JSON: {exc.msg}") from exc
     raw = data.encode() if isinstance(data, str) else data
+    # Every frame of a session (acks included) comes through here, so the passes are the
+    # cheapest CPython has: a text needs MAX_DEPTH + 1 brackets to nest too deep and 16
+    # bytes to hold a long number, and bytes.find is several times faster than `in`.
     view = raw.translate(_NUMBER_VIEW)
-    if view.count(b"[") > MAX_DEPTH:
+    if len(view) > MAX_DEPTH and view.count(b"[") > MAX_DEPTH:
         _check_depth(value)  # before the recursive stdlib parser below sees it
-    if b"0e" not in view and _LONG_NUMBER not in view:
+    if view.find(b"0e") < 0 and (len(view) < len(_LONG_NUMBER) or view.find(_LONG_NUMBER) < 0):
         return value
     # orjson turns integers beyond 64 bits into floats and reads 1e-400 as 0.0: read the
     # numbers again from their text (the stdlib scanner hands each token to a hook).
