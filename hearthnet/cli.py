@@ -109,6 +109,8 @@ def _config(args: argparse.Namespace) -> Config:
         "heartbeat_s": ("mesh", "heartbeat_s"),
         "zeroconf": ("mesh", "zeroconf"),
         "advertise_url": ("mesh", "advertise_url"),
+        "relay": ("mesh", "relay"),
+        "relay_url": ("mesh", "relay_urls"),
     }
     for flag, (section, key) in section_flags.items():
         value = getattr(args, flag, None)
@@ -676,6 +678,18 @@ def _add_node_parsers(sub: Any, local: Parents, remote: Parents) -> None:
         help="do not announce or browse on the LAN",
     )
     start.add_argument("--advertise-url", help="URL peers should dial to reach this node")
+    start.add_argument(
+        "--relay",
+        action="store_true",
+        default=None,
+        help="serve as a relay for members that cannot be dialled (spec §8)",
+    )
+    start.add_argument(
+        "--relay-url",
+        action="append",
+        metavar="URL",
+        help="relay to attach to when peers cannot be dialled (repeatable)",
+    )
     start.set_defaults(func=cmd_node_start)
     status = node_sub.add_parser("status", parents=remote, help="show the running node")
     status.add_argument("--json", action="store_true", help="machine-readable output")

@@ -434,6 +434,30 @@ class MeshSection:
         default=10_000,
         metadata=_doc("Most membership records stored per signing key (spec §1.5)."),
     )
+    relay: bool = field(
+        default=False,
+        metadata=_doc(
+            "Serve as a relay for members that cannot be dialled (spec §8; also --relay)."
+        ),
+    )
+    relay_urls: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            "Relays to attach to when peers cannot be dialled (spec §8; also --relay-url)."
+        ),
+    )
+    relay_member_bytes_per_s: int = field(
+        default=256 * 1024,
+        metadata=_doc("Relay budget: relayed bytes per second per member (spec §8)."),
+    )
+    relay_member_streams: int = field(
+        default=64,
+        metadata=_doc("Relay budget: destinations a member may send to at once (spec §8)."),
+    )
+    relay_capacity_bytes_per_s: int = field(
+        default=8 * 1024 * 1024,
+        metadata=_doc("Relay capacity shared fairly among the members sending (spec §8)."),
+    )
 
 
 @dataclass(frozen=True, slots=True)

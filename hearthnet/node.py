@@ -687,7 +687,7 @@ class Node:
                 "name": self.config.node.name,
                 "endpoints": [self.url],
                 "capabilities": [d.summary() for d in self.registry.descriptors()],
-                "relay": False,
+                "relay": self.config.mesh.relay,  # spec §7.1, §8
                 "started_ms": self.started_ms,
                 "issued_ms": now,
                 "expires_ms": now + MANIFEST_TTL_MS,

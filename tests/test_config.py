@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hearthnet.cli import _config, build_parser
 from hearthnet.config import configuration_table, load_config, to_toml
 from hearthnet.errors import ConfigError
 
@@ -83,3 +84,25 @@ def test_config_show_output_loads_back(tmp_path: Path) -> None:
 def test_docs_list_every_key() -> None:
     """docs/configuration.md carries the generated table of every key and default."""
     assert configuration_table() in DOCS.read_text(encoding="utf-8")
+
+
+def test_relay_flags_set_the_mesh_relay_keys(tmp_path: Path) -> None:
+    """`node start --relay --relay-url A --relay-url B` sets mesh.relay and mesh.relay_urls."""
+    args = build_parser().parse_args(
+        [
+            "node",
+            "start",
+            "--data-dir",
+            str(tmp_path),
+            "--relay",
+            "--relay-url",
+            "https://relay-a.example:7080",
+            "--relay-url",
+            "https://relay-b.example:7080",
+        ]
+    )
+    config = _config(args)
+    assert (True, ("https://relay-a.example:7080", "https://relay-b.example:7080")) == (
+        config.mesh.relay,
+        config.mesh.relay_urls,
+    )
