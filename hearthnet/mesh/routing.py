@@ -15,6 +15,7 @@ from hearthnet.mesh.actions import Forward
 from hearthnet.mesh.frames import PeerFrame
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.protocol import winning_direction
+from hearthnet.mesh.relayed_link import is_relayed, path_fields
 
 
 class PeerPath(Protocol):
@@ -50,6 +51,12 @@ class Routes:
         same peer (simultaneous dials, spec §7.2: the lower NodeID's outbound link wins;
         the loser is closed by the caller, or here when it was the older one)."""
         existing = self.links.get(link.node)
+        # relays (spec §8): a direct link replaces a relayed one, never the other way round
+        if existing is not None and (is_relayed(existing) or is_relayed(link)):
+            if is_relayed(link):
+                return False
+            existing.close("a direct link is up", send_bye=False)
+            existing = self.links.get(link.node)
         if existing is not None:
             outbound_wins = winning_direction(self.node_id, link.node)
             if existing.outbound == outbound_wins or link.outbound != outbound_wins:
@@ -75,8 +82,9 @@ class Routes:
         return self.links.get(node)
 
     def path_kind(self, node: str) -> str:
-        """``direct``, ``relayed`` or ``upgrading`` (today always direct)."""
-        return "direct"
+        """``direct`` or ``relayed`` (``upgrading`` once the direct upgrade is built)."""
+        link = self.links.get(node)
+        return "direct" if link is None else str(path_fields(link)["path"])
 
     def send(self, node: str, frame: PeerFrame) -> bool:
         """Send ``frame`` on the path to ``node``; False when there is none or it is full."""

@@ -43,6 +43,9 @@ from hearthnet.mesh.discovery import Discovery
 from hearthnet.mesh.gossip import OriginTracker
 from hearthnet.mesh.health import LinkHealth
 from hearthnet.mesh.links import LinkErrors, PeerLink
+from hearthnet.mesh.relayed_link import path_fields
+from hearthnet.mesh.relaying import TICK_S as RELAY_TICK_S
+from hearthnet.mesh.relaying import Relaying
 from hearthnet.mesh.remote import RemoteCalls
 from hearthnet.mesh.routing import Routes
 from hearthnet.mesh.traffic import LinkTraffic, SubmitRecords
@@ -141,6 +144,19 @@ class Mesh:
             repaired=self.repaired,
             sig_failures=sig_failures,
         )
+        # relays (spec §8): the relay role and relayed paths live in mesh/relaying.py
+        self.relaying = Relaying(
+            keys=keys,
+            membership=membership,
+            config=config,
+            links=self.routes.links,
+            book=self.book,
+            dispatch=self.traffic.receive,
+            admit=self._link_up,
+            on_down=self._link_down,
+            errors=link_errors,
+            metrics=m,
+        )
         self.dialer = Dialer(
             keys=keys,
             membership=membership,
@@ -153,7 +169,7 @@ class Mesh:
             link_errors=link_errors,
             spawn=self.spawn,
             admit=self._link_up,
-            on_frame=self.traffic.receive,
+            on_frame=self._on_frame,
             on_down=self._link_down,
         )
 
@@ -177,6 +193,7 @@ class Mesh:
         self.book.load()
         for peer in self.config.peers:
             self.book.add(peer, source="bootstrap")
+        self.relaying.start()  # relays: their URLs are dialled like peers
         for origin, floor, head, above in await self.log.origin_heads():
             self.tracker.load(origin, head, floor, above)
         if self.config.zeroconf:
@@ -244,6 +261,7 @@ class Mesh:
                     (cfg.presence_refresh_s, traffic.presence_tick, "mesh-presence"),
                     (cfg.beacon_s, health.beacon_tick, "mesh-beacon"),
                     (HOUSEKEEPING_S, health.housekeeping_tick, "mesh-housekeeping"),
+                    (RELAY_TICK_S, self.relaying.tick, "mesh-relaying"),
                 ):
                     group.create_task(_every(period_s, tick, name), name=name)
                 if self.discovery is not None:
@@ -284,6 +302,7 @@ class Mesh:
             extra={"peer": link.node},
         )
         self.traffic.greet(link)
+        self.relaying.link_up(link)  # relays: attach when it is one of ours
         return True
 
     def _link_down(self, link: PeerLink, reason: str) -> None:
@@ -292,9 +311,16 @@ class Mesh:
         self.health.link_down(link.node)
         self.link_events.inc("down")
         log.info("link down with %s: %s", link.node, reason, extra={"peer": link.node})
+        self.relaying.link_down(link)  # relays: detach, move relayed peers
         if link.address is not None:
             self.book.hold(link.address, time.monotonic(), 0)
         self.traffic.forget(link.node)
+
+    def _on_frame(self, link: PeerLink, frame: dict[str, Any]) -> None:
+        """A frame off a direct link: relay frames (spec §8) to the relaying glue, the
+        rest through the cores."""
+        if not self.relaying.on_frame(link, frame):
+            self.traffic.receive(link, frame)
 
     def close_links_of(self, node: str, reason: str) -> None:
         """End the link to ``node`` (revocation)."""
@@ -336,7 +362,7 @@ class Mesh:
                     "rtt_ms_p50": tracker.rtt_p50_ms if tracker else None,
                     "loss_pct": tracker.loss_pct if tracker else None,
                     "queued": link.queued,
-                    "path": self.routes.path_kind(node),
+                    **path_fields(link),  # relays: direct or relayed, and via
                 }
             )
         linked = set(self.links)

@@ -1,0 +1,457 @@
+"""Relays on a node (spec §8): asyncio glue around the pure relay and path cores.
+
+Two roles, either or both:
+
+- **relay** (``mesh.relay``, ``--relay``): relay frames arriving on peer links go to
+  :class:`~hearthnet.mesh.relay_core.RelayCore`; its actions are carried out on the links
+  (``Send`` writes a frame, ``Refuse`` sends ``detach``, ``Close`` ends the link). Only
+  members of this community are served.
+- **member** (``mesh.relay_urls``, ``--relay-url``): the relays are dialled as ordinary
+  peers (their URLs go into the address book) and sent ``attach``; a community member
+  this node has no direct link to and cannot dial (no address, or every address failed)
+  is reached through the attached relay: a :class:`~hearthnet.mesh.relayed_link.RelayedLink`
+  that the mesh uses like any link, whose frames :class:`~hearthnet.mesh.paths.PathCore`
+  numbers and :class:`~hearthnet.mesh.relay_member.RelayEndpoint` seals end to end into
+  ``route`` frames. The peer is who its signed ``e2e_hello`` says, and a member; a frame a
+  relay altered, replayed or forged is refused and counted, never delivered.
+
+Not built yet (spec §8), with seams where the cores already return the actions: the direct
+upgrade (hole punching: no observed address is handed to the path core, so it never
+offers candidates, and ``StartPunch`` is ignored), relay-to-relay federation and community
+federation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter as Tally
+from collections.abc import Callable
+from typing import Any
+
+from hearthnet.clock import now_ms
+from hearthnet.config import MeshSection
+from hearthnet.errors import HearthNetError, WireError
+from hearthnet.identity import KeyPair
+from hearthnet.membership import Membership
+from hearthnet.mesh.addresses import PeerBook, normalize_url
+from hearthnet.mesh.links import LinkErrors, PeerLink
+from hearthnet.mesh.paths import (
+    Deliver,
+    PathChanged,
+    PathCore,
+    PathState,
+    StartPunch,
+    Transmit,
+)
+from hearthnet.mesh.protocol import PeerInfo, decode_frame
+from hearthnet.mesh.relay_choice import AttachRelay, DetachRelay
+from hearthnet.mesh.relay_core import Close, Refuse, RelayConfig, RelayCore, Send
+from hearthnet.mesh.relay_frames import (
+    RELAY_FRAME_KINDS,
+    Attach,
+    Attached,
+    Detach,
+    Route,
+    RouteError,
+    parse_frame,
+)
+from hearthnet.mesh.relay_member import RelayEndpoint
+from hearthnet.mesh.relayed_link import RelayedLink, is_relayed
+from hearthnet.metrics import MetricsRegistry
+
+log = logging.getLogger("hearthnet.mesh.relaying")
+
+TICK_S = 0.25  # the path core wants ~0.5 s; the relay core ~1 s
+SCAN_S = 1.0  # how often members without a path are looked for
+UNKNOWN_ADDR = "0.0.0.0:1"  # observed address when the socket does not tell (unused yet)
+
+Dispatch = Callable[[PeerLink, dict[str, Any]], None]
+
+
+def _observed_addr(link: PeerLink) -> str:
+    """``ip:port`` the peer's connection came from, as this node sees it (spec §8)."""
+    extra = getattr(link.ws, "get_extra_info", None)
+    peer = extra("peername") if callable(extra) else None
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host = str(peer[0])
+        return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
+    return UNKNOWN_ADDR
+
+
+class Relaying:
+    """This node's relay role and relayed paths; the mesh feeds it relay frames, link
+    changes and the clock (:meth:`tick` every :data:`TICK_S`)."""
+
+    def __init__(
+        self,
+        *,
+        keys: KeyPair,
+        membership: Membership,
+        config: MeshSection,
+        links: dict[str, PeerLink],
+        book: PeerBook,
+        dispatch: Dispatch,
+        admit: Callable[[PeerLink], bool],
+        on_down: Callable[[PeerLink, str], None],
+        errors: LinkErrors,
+        metrics: MetricsRegistry,
+    ) -> None:
+        self.keys = keys
+        self.node_id = keys.node_id
+        self.membership = membership
+        self.links = links
+        self.book = book
+        self.dispatch = dispatch
+        self.admit = admit
+        self.on_down = on_down
+        self.errors = errors
+        self.core: RelayCore | None = None
+        if config.relay:
+            self.core = RelayCore(
+                self.node_id,
+                self.is_member,
+                RelayConfig(
+                    member_bytes_per_s=config.relay_member_bytes_per_s,
+                    member_streams=config.relay_member_streams,
+                    capacity_bytes_per_s=config.relay_capacity_bytes_per_s,
+                ),
+            )
+        self._served: set[PeerLink] = set()  # links the relay core knows are up
+        self.relay_urls = tuple(dict.fromkeys(normalize_url(u) for u in config.relay_urls))
+        self.relays: set[str] = set()  # NodeIDs of the configured relays, once linked
+        self.paths: PathCore | None = None
+        self.endpoint: RelayEndpoint | None = None
+        if self.relay_urls:
+            # relays join the path core as they are linked (their NodeIDs are not known yet)
+            self.paths = PathCore(self.node_id, (), epoch=now_ms())
+            self.endpoint = RelayEndpoint(keys, self.is_member)
+        self._next_scan = 0.0
+        self.counts: Tally[str] = Tally()  # member side: relayed frames and bytes, refusals
+        self._register(metrics)
+
+    def is_member(self, node: str) -> bool:
+        """Served by the relay, accepted end to end: a live member of this community."""
+        return self.membership.level_of(node) is not None
+
+    def start(self) -> None:
+        """Put the relays' URLs in the address book, so the mesh dials them like peers."""
+        for url in self.relay_urls:
+            self.book.add(url, source="relay")
+
+    # --- hooks the mesh calls -------------------------------------------------------------
+
+    def link_up(self, link: PeerLink) -> None:
+        """A link was admitted: attach when it is one of our relays (spec §8)."""
+        if self.paths is None or is_relayed(link):
+            return
+        if link.address in self.relay_urls or link.node in self.relays:
+            self.relays.add(link.node)
+            self._send(link, Attach(now_ms()))
+
+    def link_down(self, link: PeerLink) -> None:
+        """A link ended: the relay core forgets it; our relay's loss moves its peers."""
+        now = time.monotonic()
+        if link in self._served and self.core is not None:
+            self._served.discard(link)
+            self._relay_actions(self.core.link_down(link, now))
+        if isinstance(link, RelayedLink):
+            self._forget(link.node)
+        elif self.paths is not None and link.node in self.relays:
+            self._path_actions(self.paths.relay_lost(link.node, now))
+
+    def on_frame(self, link: PeerLink, raw: dict[str, Any]) -> bool:
+        """Take a relay frame off ``link``; False when ``raw`` is not one."""
+        if raw.get("t") not in RELAY_FRAME_KINDS:
+            return False
+        frame = parse_frame(raw)  # a malformed frame raises; the link logs and goes on
+        now = time.monotonic()
+        if isinstance(frame, Route) and frame.to == self.node_id:
+            self._unwrap(link, frame)
+        elif isinstance(frame, Attached):
+            self._attached(link, frame, now)
+        elif isinstance(frame, Detach) and link.node in self.relays and self.paths is not None:
+            log.info("relay %s detached us: %s", link.node, frame.code or frame.reason)
+            self._path_actions(self.paths.relay_lost(link.node, now))
+        elif isinstance(frame, RouteError) and frame.origin == self.node_id:
+            # the path sequence resends what did not arrive; rate_limited waits its turn
+            self.counts[f"route_error_{frame.code}"] += 1
+        elif self.core is not None and not is_relayed(link):
+            if link not in self._served:
+                self._served.add(link)
+                self._relay_actions(self.core.link_up(link, link.node, _observed_addr(link), now))
+            self._relay_actions(self.core.receive(link, frame, now))
+        elif isinstance(frame, Attach):
+            self._send(link, Detach("unauthorized", "this node is not a relay"))
+        # else: path frames on a direct link belong to the direct upgrade (spec §8), not
+        # built yet; nothing sends them to us while we offer no candidates.
+        return True
+
+    def tick(self) -> None:
+        """Relay tables and budgets, relay attachments, resends, acks, and new paths."""
+        now = time.monotonic()
+        if self.core is not None:
+            self._relay_actions(self.core.tick(now))
+        if self.paths is None or self.endpoint is None:
+            return
+        self._path_actions(self.paths.tick(now))
+        for route in self.endpoint.tick(now_ms()):
+            self._route_out(route)
+        if now >= self._next_scan:
+            self._next_scan = now + SCAN_S
+            self._scan(now)
+
+    # --- relay role -----------------------------------------------------------------------
+
+    def _relay_actions(self, actions: list[Send | Refuse | Close]) -> None:
+        for action in actions:
+            link = action.link
+            assert isinstance(link, PeerLink)
+            if isinstance(action, Send):
+                self._send(link, action.frame)
+            elif isinstance(action, Refuse):
+                self._send(link, Detach(action.code, retry_after_ms=action.retry_after_ms))
+            else:
+                log.warning("relay closes the link to %s: %s", link.node, action.reason)
+                link.close(action.reason)
+
+    def _send(self, link: PeerLink, frame: Any) -> None:
+        link.send_raw(frame.encode())
+
+    # --- member role ----------------------------------------------------------------------
+
+    def _attached(self, link: PeerLink, frame: Attached, now: float) -> None:
+        if self.paths is None or link.node not in self.relays or frame.relay != link.node:
+            return
+        rtt = max(0, now_ms() - frame.ts_echo) / 1000 if frame.ts_echo is not None else 1.0
+        log.info("attached to relay %s (rtt %.1f ms)", link.node, rtt * 1000)
+        # spec §8: the observed address is what a direct upgrade would punch from; until
+        # hole punching is built it is not handed on, so no candidates are offered.
+        self._path_actions(self.paths.relay_attached(link.node, None, rtt, now))
+
+    def _scan(self, now: float) -> None:
+        """Members we have no direct link to and cannot dial get a relayed path."""
+        assert self.paths is not None
+        if self.paths.relays.primary is None:
+            return
+        dialable = {
+            a.node for a in self.book.addresses.values() if a.node is not None and a.failures == 0
+        }
+        for node in list(self.membership.members):
+            if (
+                node == self.node_id
+                or node in self.links
+                or node in self.relays
+                or node in dialable
+                or self.paths.path(node)[0] is not PathState.DOWN
+            ):
+                continue
+            self._path_actions(self.paths.connect(node, now))
+            self._open(node, outbound=True)
+
+    def _open(self, node: str, *, outbound: bool) -> PeerLink | None:
+        """The link to ``node``: the one up, else a new relayed link (None while a relayed
+        path has no relay yet)."""
+        assert self.paths is not None
+        existing = self.links.get(node)
+        if existing is not None:
+            return existing
+        state, via = self.paths.path(node)
+        if state is PathState.DOWN or via is None:
+            return None
+        member = self.membership.members.get(node)
+        info = PeerInfo(node, (member.name if member is not None else None) or "", None, "")
+        link = RelayedLink(
+            info,
+            via,
+            outbound=outbound,
+            transmit=self._transmit,
+            on_frame=self.dispatch,
+            on_down=self.on_down,
+            errors=self.errors,
+        )
+        if not self.admit(link):
+            return self.links.get(node)
+        log.info("relayed link up with %s via %s", node, via, extra={"peer": node})
+        return link
+
+    def _transmit(self, peer: str, data: bytes) -> bool:
+        """A relayed link's frame into the path core; False when the peer is stuck."""
+        assert self.paths is not None
+        try:
+            actions = self.paths.send(peer, data, time.monotonic())
+        except WireError as exc:  # Unavailable: too much unacknowledged; CapacityExceeded
+            log.info("relayed path to %s: %s", peer, exc, extra={"peer": peer})
+            return False
+        self._path_actions(actions)
+        return True
+
+    def _path_actions(self, actions: list[Any]) -> None:
+        assert self.endpoint is not None
+        for action in actions:
+            if isinstance(action, Transmit):
+                if action.via is None:
+                    continue  # the direct path: only after an upgrade, not built yet
+                for route in self.endpoint.wrap(action.peer, action.frame, now_ms()):
+                    self._route_out(route, action.via)
+            elif isinstance(action, Deliver):
+                self._deliver(action.peer, action.frame)
+            elif isinstance(action, AttachRelay):
+                link = self.links.get(action.relay)
+                if link is not None and not is_relayed(link):
+                    self._send(link, Attach(now_ms()))
+                # else the mesh redials the relay's URL; link_up attaches then
+            elif isinstance(action, DetachRelay):
+                link = self.links.get(action.relay)
+                if link is not None and not is_relayed(link):
+                    self._send(link, Detach(reason="a closer relay is attached"))
+            elif isinstance(action, PathChanged):
+                link = self.links.get(action.peer)
+                if isinstance(link, RelayedLink) and action.via is not None:
+                    link.via = action.via
+            elif isinstance(action, StartPunch):
+                pass  # spec §8 direct upgrade (hole punching): not built yet
+
+    def _route_out(self, route: Route, via: str | None = None) -> None:
+        assert self.paths is not None
+        relay = via if via is not None else self.paths.path(route.to)[1]
+        link = self.links.get(relay) if relay is not None else None
+        if link is None or is_relayed(link):
+            self.counts["dropped_no_relay"] += 1  # resent by the path sequence or hello timer
+            return
+        self.counts["frames_out"] += 1
+        self.counts["bytes_out"] += len(route.inner)
+        link.send_raw(route.encode())
+
+    def _unwrap(self, link: PeerLink, route: Route) -> None:
+        if self.endpoint is None or self.paths is None:
+            self.counts["refused_not_attached"] += 1
+            return
+        opened = self.endpoint.unwrap(route, now_ms())
+        if opened.refused is not None:
+            # spec §8: altered, replayed or forged on the way; refused and counted
+            log.info(
+                "refused a relayed frame from %s via %s: %s",
+                route.from_,
+                link.node,
+                opened.refused,
+                extra={"peer": route.from_},
+            )
+        else:
+            self.counts["frames_in"] += 1
+            self.counts["bytes_in"] += len(route.inner)
+        for reply in opened.routes:
+            self._route_out(reply, link.node)
+        now = time.monotonic()
+        for frame in opened.frames:
+            self._path_actions(self.paths.receive(route.from_, frame, now))
+
+    def _deliver(self, peer: str, data: bytes) -> None:
+        """A peer-link frame from ``peer`` through a relay, in order, once."""
+        try:
+            frame = decode_frame(data)
+            link = self._open(peer, outbound=False)
+            if link is None:
+                return
+            if frame["t"] == "bye":
+                if is_relayed(link):
+                    link.close(f"peer said bye: {frame.get('reason', '')}", send_bye=False)
+                return
+            self.dispatch(link, frame)
+        except HearthNetError as exc:
+            log.warning("relayed frame from %s refused: %s", peer, exc, extra={"peer": peer})
+
+    def _forget(self, peer: str) -> None:
+        """A relayed link ended: its sequence and session start afresh next time (a new
+        epoch, so the peer does not take the new frames for old ones)."""
+        if self.paths is None or self.endpoint is None:
+            return
+        self.paths.epoch = max(self.paths.epoch + 1, now_ms())
+        self.paths.forget(peer)
+        self.endpoint.forget(peer)
+
+    # --- status ---------------------------------------------------------------------------
+
+    def _register(self, m: MetricsRegistry) -> None:
+        core = self.core
+        if core is not None:
+            m.gauge(
+                "hearthnet_relay_members",
+                "Members attached to this relay.",
+                lambda: float(core.statistics().members),
+            )
+            m.gauge(
+                "hearthnet_relay_forwarded_frames",
+                "Route frames this relay forwarded.",
+                lambda: float(core.statistics().forwarded),
+            )
+            m.gauge(
+                "hearthnet_relay_forwarded_bytes",
+                "Bytes of route.inner this relay forwarded.",
+                lambda: float(core.statistics().forwarded_bytes),
+            )
+
+            def refused() -> dict[tuple[str, ...], float]:
+                s = core.statistics()
+                return {
+                    ("rate_limited",): float(s.rate_limited),
+                    ("unreachable",): float(s.unreachable),
+                    ("ttl",): float(s.ttl_expired),
+                    ("duplicate",): float(s.duplicates),
+                    ("spoofed",): float(s.spoofed),
+                }
+
+            m.gauge(
+                "hearthnet_relay_refused_frames",
+                "Route frames this relay did not forward, by reason (rate_limited: budget).",
+                refused,
+                ("reason",),
+            )
+        if self.endpoint is not None:
+            endpoint, counts = self.endpoint, self.counts
+            m.gauge(
+                "hearthnet_relayed_frames",
+                "Route frames this member sent and opened, by direction.",
+                lambda: {
+                    ("out",): float(counts["frames_out"]),
+                    ("in",): float(counts["frames_in"]),
+                },
+                ("direction",),
+            )
+            m.gauge(
+                "hearthnet_relayed_bytes",
+                "Bytes of route.inner this member sent and opened.",
+                lambda: {("out",): float(counts["bytes_out"]), ("in",): float(counts["bytes_in"])},
+                ("direction",),
+            )
+            m.gauge(
+                "hearthnet_relayed_refused_frames",
+                "Relayed frames refused end to end (altered, replayed, forged), by code.",
+                lambda: {(code,): float(n) for code, n in endpoint.refused.items()},
+                ("code",),
+            )
+
+    def statistics(self) -> dict[str, Any]:
+        """The relay's and the member's numbers, for ``/status``."""
+        out: dict[str, Any] = {}
+        if self.core is not None:
+            s = self.core.statistics()
+            out["relay"] = {
+                "members": s.members,
+                "forwarded": s.forwarded,
+                "forwarded_bytes": s.forwarded_bytes,
+                "rate_limited": s.rate_limited,
+                "unreachable": s.unreachable,
+                "duplicates": s.duplicates,
+            }
+        if self.paths is not None and self.endpoint is not None:
+            p = self.paths.statistics()
+            out["paths"] = {
+                "relays": sorted(self.relays),
+                "primary": self.paths.relays.primary,
+                "relayed": p.relayed,
+                "resent": p.resent,
+                "refused": dict(self.endpoint.refused),
+                **dict(self.counts),
+            }
+        return out
