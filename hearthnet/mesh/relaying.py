@@ -44,7 +44,7 @@ from hearthnet.mesh.paths import (
     StartPunch,
     Transmit,
 )
-from hearthnet.mesh.protocol import PeerInfo, decode_frame
+from hearthnet.mesh.protocol import PeerInfo, decode_frame, encode_frame
 from hearthnet.mesh.relay_choice import AttachRelay, DetachRelay
 from hearthnet.mesh.relay_core import Close, Refuse, RelayConfig, RelayCore, Send
 from hearthnet.mesh.relay_frames import (
@@ -56,7 +56,7 @@ from hearthnet.mesh.relay_frames import (
     RouteError,
     parse_frame,
 )
-from hearthnet.mesh.relay_member import RelayEndpoint
+from hearthnet.mesh.relay_member import EndpointConfig, RelayEndpoint
 from hearthnet.mesh.relayed_link import RelayedLink, is_relayed
 from hearthnet.metrics import MetricsRegistry
 
@@ -64,6 +64,7 @@ log = logging.getLogger("hearthnet.mesh.relaying")
 
 TICK_S = 0.25  # the path core wants ~0.5 s; the relay core ~1 s
 SCAN_S = 1.0  # how often members without a path are looked for
+HELLO_RETRY_MS = 1000  # an unanswered e2e hello is sent again this often
 UNKNOWN_ADDR = "0.0.0.0:1"  # observed address when the socket does not tell (unused yet)
 
 Dispatch = Callable[[PeerLink, dict[str, Any]], None]
@@ -125,8 +126,12 @@ class Relaying:
         if self.relay_urls:
             # relays join the path core as they are linked (their NodeIDs are not known yet)
             self.paths = PathCore(self.node_id, (), epoch=now_ms())
-            self.endpoint = RelayEndpoint(keys, self.is_member)
+            # a hello lost to a relay that did not yet have the peer is retried in 1 s
+            self.endpoint = RelayEndpoint(
+                keys, self.is_member, EndpointConfig(handshake_timeout_ms=HELLO_RETRY_MS)
+            )
         self._next_scan = 0.0
+        self._probing: set[str] = set()  # peers we opened a relayed path to, until it is up
         self.counts: Tally[str] = Tally()  # member side: relayed frames and bytes, refusals
         self._register(metrics)
 
@@ -247,7 +252,10 @@ class Relaying:
             ):
                 continue
             self._path_actions(self.paths.connect(node, now))
-            self._open(node, outbound=True)
+            # a probe opens the end-to-end session; the link comes up with the first frame
+            # back, so a peer shows as relayed only once frames flow both ways
+            self._probing.add(node)
+            self._transmit(node, encode_frame("ping", seq=0, ts=now_ms()))
 
     def _open(self, node: str, *, outbound: bool) -> PeerLink | None:
         """The link to ``node``: the one up, else a new relayed link (None while a relayed
@@ -350,7 +358,8 @@ class Relaying:
         """A peer-link frame from ``peer`` through a relay, in order, once."""
         try:
             frame = decode_frame(data)
-            link = self._open(peer, outbound=False)
+            link = self._open(peer, outbound=peer in self._probing)
+            self._probing.discard(peer)
             if link is None:
                 return
             if frame["t"] == "bye":
@@ -369,6 +378,7 @@ class Relaying:
         self.paths.epoch = max(self.paths.epoch + 1, now_ms())
         self.paths.forget(peer)
         self.endpoint.forget(peer)
+        self._probing.discard(peer)
 
     # --- status ---------------------------------------------------------------------------
 
