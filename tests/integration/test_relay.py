@@ -1,0 +1,83 @@
+"""Relayed paths with real node processes on loopback (spec §8).
+
+Node 0 founds the community and serves as a relay (``--relay``); nodes 1 and 2 join
+through it and attach to it (``--relay-url``) while advertising an address nobody can
+dial, so the only way between them is through the relay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hearthnet.client import Client
+from tests.helpers import eventually, run_cli
+from tests.integration.mesh_cluster import Cluster
+
+pytestmark = pytest.mark.slow
+
+UNDIALLABLE = "http://127.0.0.1:9"  # the discard port: nothing listens there
+
+
+def relayed_frames_in(cluster: Cluster, i: int) -> float:
+    """Route frames node i opened (``hearthnet_relayed_frames{direction="in"}``)."""
+    with urllib.request.urlopen(cluster.nodes[i].url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    for line in text.splitlines():
+        if line.startswith('hearthnet_relayed_frames{direction="in"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def paths(cluster: Cluster, i: int) -> dict[str, tuple[str, str | None]]:
+    """``{peer: (path, via)}`` of node i's linked peers (``hearthnet peers --json``)."""
+    out = run_cli("peers", "--json", "--data-dir", str(cluster.data(i)))
+    peers: list[dict[str, Any]] = json.loads(out.stdout)["peers"]
+    return {p["node"]: (p["path"], p["via"]) for p in peers if p["linked"]}
+
+
+async def test_two_undiallable_nodes_call_and_stream_through_a_relay(tmp_path: Path) -> None:
+    """Each undiallable node sees the other as relayed via the relay; a pinned call and a
+    100-frame stream from one to the other answer over the relayed path (the stream goes
+    over SSE: the bus WebSocket does not take a target yet)."""
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.start(0, "--relay")
+        for i in (1, 2):
+            cluster.start(i, "--relay-url", cluster.nodes[0].url, "--advertise-url", UNDIALLABLE)
+        relay, one, two = (cluster.keys(i).node_id for i in range(3))
+        want = (
+            {relay: ("direct", None), two: ("relayed", relay)},
+            {relay: ("direct", None), one: ("relayed", relay)},
+        )
+        seen = await eventually(
+            lambda: asyncio.gather(
+                asyncio.to_thread(paths, cluster, 1), asyncio.to_thread(paths, cluster, 2)
+            ),
+            lambda got: tuple(got) == want,
+            within_s=30,
+            what="nodes 1 and 2 relayed to each other",
+        )
+        before = relayed_frames_in(cluster, 1)
+        async with Client(cluster.nodes[1].url, keys=cluster.keys(1)) as client:
+            plain = await client.call_with_meta("echo@1.0", {"x": 1}, target=two)
+            async with client.stream(
+                "echo.stream@1.0", {"count": 100, "size": 4}, target=two, prefer_ws=False
+            ) as stream:
+                frames = await stream.collect()
+        opened = relayed_frames_in(cluster, 1) - before
+    finally:
+        cluster.stop_all()
+    assert (want, two, {"echo": {"x": 1}}, 100, "done", True) == (
+        tuple(seen),
+        plain["meta"]["node"],
+        plain["output"],
+        sum(1 for f in frames if f.event == "token"),
+        frames[-1].event,
+        opened >= 100,
+    )
