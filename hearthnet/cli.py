@@ -332,7 +332,7 @@ def cmd_peers(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result)
         return EXIT_OK
-    print(f"{'node':52} {'name':16} {'state':9} {'rtt ms':>8} {'loss %':>6}  url")
+    print(f"{'node':52} {'name':16} {'state':9} {'rtt ms':>8} {'loss %':>6}  path / url")
     for peer in result["peers"]:
         rtt = peer.get("rtt_ms_p50")
         loss = peer.get("loss_pct")
@@ -340,9 +340,12 @@ def cmd_peers(args: argparse.Namespace) -> int:
         rtt_text = f"{rtt:.1f}" if rtt is not None else "-"
         loss_text = f"{loss:.0f}" if loss is not None else "-"
         name = str(peer.get("name") or "-")[:16]
+        # spec §8: direct, relayed via <relay>, or upgrading
+        path = peer.get("path")
+        where = f"{path} via {peer['via']}" if peer.get("via") else path or ""
         print(
             f"{peer.get('node') or '?'!s:52} {name:16} {state:9} {rtt_text:>8} {loss_text:>6}"
-            f"  {peer.get('url') or '-'}"
+            f"  {where + ' ' if where else ''}{peer.get('url') or '-'}"
         )
     return EXIT_OK
 

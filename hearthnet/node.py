@@ -19,7 +19,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -99,6 +99,7 @@ class NodeStatistics:
     delivered_total: int
     mesh_url: str
     peers_linked: int
+    relaying: Mapping[str, Any]  # spec §8: the relay's and the relayed paths' numbers
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (``GET /status``, ``hearthnet node status --json``)."""
@@ -125,6 +126,7 @@ class NodeStatistics:
             "delivered_total": self.delivered_total,
             "mesh_url": self.mesh_url,
             "peers_linked": self.peers_linked,
+            "relaying": dict(self.relaying),
         }
 
 
@@ -675,6 +677,7 @@ class Node:
             delivered_total=int(self.pubsub.metrics.delivered.total()),
             mesh_url=self.mesh.url,
             peers_linked=len(self.mesh.links),
+            relaying=self.mesh.relaying.statistics(),
         )
 
     def manifest(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from hearthnet.mesh.addresses import PeerBook
 from hearthnet.mesh.frames import Ping, Pong
 from hearthnet.mesh.heartbeat import Heartbeats
 from hearthnet.mesh.heartlog import HeartbeatLog
+from hearthnet.mesh.relayed_link import record_path
 from hearthnet.mesh.routing import PeerPath, Routes
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.pubsub.log import MessageLog
@@ -103,6 +104,7 @@ class LinkHealth:
     ) -> None:
         """One heartbeat-log record, with this node's current counts."""
         self.hlog.heartbeat(
+            **record_path(self.routes.links.get(peer)),  # relays: path and via (spec §8)
             ts=ts or now_ms(),
             peer=peer,
             kind=kind,
@@ -161,7 +163,7 @@ class LinkHealth:
                     "peer": node,
                     "rtt_ms_p50": round(p50, 3) if p50 is not None else None,
                     "loss_pct": round(tracker.loss_pct, 2),
-                    "path": self.routes.path_kind(node),
+                    "path": record_path(self.routes.links.get(node))["path"],  # relays
                 }
             )
         return {

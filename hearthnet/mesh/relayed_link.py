@@ -100,3 +100,11 @@ def path_fields(link: PeerLink) -> dict[str, Any]:
 def is_relayed(link: PeerLink | None) -> bool:
     """True for a link through a relay."""
     return isinstance(link, RelayedLink)
+
+
+def record_path(link: PeerLink | None) -> dict[str, Any]:
+    """``path`` and ``via`` for heartbeat records and beacons (spec §7.5 spells a relayed
+    path ``relay``, as the mesh-health job reads it)."""
+    if isinstance(link, RelayedLink):
+        return {"path": "relay", "via": link.via}
+    return {"path": "direct", "via": None}

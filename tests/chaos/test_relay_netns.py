@@ -85,9 +85,7 @@ def relayed_in(root: Path, machine: Machine) -> float:
 async def test_two_nat_nodes_publish_and_call_through_one_relay(
     make_nat_lab: MakeNatLab, tmp_path: Path
 ) -> None:
-    """Home nodes behind two NAT routers, attached to one public relay: each sees the
-    other as relayed via the relay; a publish on one reaches a subscriber on the other;
-    a call pinned to the other node answers."""
+    """Two NAT'd nodes see each other relayed; a publish and a pinned call get across."""
     lab = make_nat_lab(["plain", "plain"], public=("relay",))
     relay = lab.public["relay"]
     home_a, home_b = lab.homes

@@ -17,7 +17,7 @@ import pytest
 
 from hearthnet.client import Client
 from tests.helpers import eventually, run_cli
-from tests.integration.mesh_cluster import Cluster
+from tests.integration.mesh_cluster import Cluster, status_of
 
 pytestmark = pytest.mark.slow
 
@@ -42,9 +42,8 @@ def paths(cluster: Cluster, i: int) -> dict[str, tuple[str, str | None]]:
 
 
 async def test_two_undiallable_nodes_call_and_stream_through_a_relay(tmp_path: Path) -> None:
-    """Each undiallable node sees the other as relayed via the relay; a pinned call and a
-    100-frame stream from one to the other answer over the relayed path (the stream goes
-    over SSE: the bus WebSocket does not take a target yet)."""
+    """Undiallable nodes see each other relayed; calls, streams and heartbeats use that path."""
+    # the stream goes over SSE: the bus WebSocket does not take a target yet
     cluster = Cluster(tmp_path)
     try:
         cluster.start(0, "--relay")
@@ -71,13 +70,24 @@ async def test_two_undiallable_nodes_call_and_stream_through_a_relay(tmp_path: P
             ) as stream:
                 frames = await stream.collect()
         opened = relayed_frames_in(cluster, 1) - before
+        status = status_of(cluster.nodes[1])["relaying"]["paths"]
     finally:
         cluster.stop_all()
-    assert (want, two, {"echo": {"x": 1}}, 100, "done", True) == (
+    records = [
+        json.loads(line)
+        for day in sorted((cluster.data(1) / "heartbeats").glob("*.jsonl"))
+        for line in day.read_text().splitlines()
+    ]
+    pong_paths = {
+        (r["path"], r["via"]) for r in records if r["peer"] == two and r["kind"] == "pong"
+    }
+    assert (want, two, {"echo": {"x": 1}}, 100, "done", True, 1, {("relay", relay)}) == (
         tuple(seen),
         plain["meta"]["node"],
         plain["output"],
         sum(1 for f in frames if f.event == "token"),
         frames[-1].event,
         opened >= 100,
+        status["relayed"],
+        pong_paths,
     )

@@ -45,8 +45,7 @@ def flipped(route: Route) -> Route:
 async def test_a_tampering_relay_cannot_make_a_member_accept_a_frame(
     make_config: MakeConfig,
 ) -> None:
-    """A byte flipped in route.inner and a replayed route frame are refused and counted
-    (invalid_signature, replayed); the untouched frame is delivered once."""
+    """A flipped byte and a replay are refused and counted; the true frame arrives once."""
     relay_keys, sender_keys = KeyPair.from_seed(b"\x31" * 32), KeyPair.from_seed(b"\x32" * 32)
     async with Node(make_config(mesh={"relay_urls": [RELAY_URL]})) as node:
         node.add_member(relay_keys.node_id)
