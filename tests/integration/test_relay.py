@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from hearthnet.client import Client
+from hearthnet.errors import HearthNetError
 from tests.helpers import eventually, run_cli
 from tests.integration.mesh_cluster import Cluster, status_of
 
@@ -90,4 +91,44 @@ async def test_two_undiallable_nodes_call_and_stream_through_a_relay(tmp_path: P
         opened >= 100,
         status["relayed"],
         pong_paths,
+    )
+
+
+async def test_members_reattach_after_the_relay_is_killed_and_restarted(tmp_path: Path) -> None:
+    """kill -9 the relay, start it again on its port: the relayed path comes back."""
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.start(0, "--relay")
+        relay_url = cluster.nodes[0].url
+        for i in (1, 2):
+            cluster.start(i, "--relay-url", relay_url, "--advertise-url", UNDIALLABLE)
+        relay, two = cluster.keys(0).node_id, cluster.keys(2).node_id
+
+        async def relayed_to_two() -> bool:
+            got = await asyncio.to_thread(paths, cluster, 1)
+            return got.get(two) == ("relayed", relay)
+
+        await eventually(relayed_to_two, bool, within_s=30, what="relayed before the kill")
+        cluster.kill(0)
+        cluster.start(0, "--relay", port=int(relay_url.rsplit(":", 1)[1]))
+        before = relayed_frames_in(cluster, 1)
+
+        async def answer() -> Any:
+            async with Client(cluster.nodes[1].url, keys=cluster.keys(1)) as client:
+                try:
+                    return await client.call_with_meta("echo@1.0", {"x": 2}, target=two)
+                except HearthNetError:
+                    return None
+
+        reply = await eventually(
+            answer, lambda r: r is not None, within_s=30, what="a call after the restart"
+        )
+        back = await eventually(relayed_to_two, bool, within_s=30, what="relayed again")
+        opened = relayed_frames_in(cluster, 1) - before
+    finally:
+        cluster.stop_all()
+    assert ((two, {"echo": {"x": 2}}), True, True) == (
+        (reply["meta"]["node"], reply["output"]),
+        back,
+        opened > 0,
     )
