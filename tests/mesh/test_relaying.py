@@ -1,9 +1,11 @@
-"""Relayed frames on a real node over loopback (spec §8): a relay that alters or replays a
-``route`` frame cannot make the receiving member accept it; the member refuses and counts.
+"""Relayed paths on real nodes over loopback (spec §8): a relay that alters or replays a
+``route`` frame cannot make the receiving member accept it; a direct link replaces a
+relayed one.
 
-The relay here is the test: it dials the node with the real signed handshake (claiming
-the relay URL the node was configured with), answers ``attach``, and plays a second member
-behind it with its own end-to-end endpoint, so it can seal frames and then tamper with them.
+In the tampering test the relay is the test itself: it dials the node with the real
+signed handshake (claiming the relay URL the node was configured with), answers
+``attach``, and plays a second member behind it with its own end-to-end endpoint, so it
+can seal frames and then tamper with them.
 """
 
 from __future__ import annotations
@@ -11,11 +13,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 import aiohttp
 
 from hearthnet.clock import now_ms
-from hearthnet.identity import KeyPair
+from hearthnet.community import CommunityStore, Level
+from hearthnet.config import Config
+from hearthnet.identity import KeyPair, load_or_create_keys
+from hearthnet.membership import Membership
 from hearthnet.mesh.frame_fields import MAX_INNER_BYTES
 from hearthnet.mesh.links import run_handshake
 from hearthnet.mesh.path_frames import PFrame
@@ -29,11 +35,65 @@ from hearthnet.mesh.protocol import (
 )
 from hearthnet.mesh.relay_frames import Attached, Route, Sealed, decode, parse_frame
 from hearthnet.mesh.relay_member import RelayEndpoint
+from hearthnet.mesh.relayed_link import path_fields
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
+from tests.helpers import wait_until
 from tests.mesh.rawpeer import RawPeer
 
-RELAY_URL = "http://127.0.0.1:9"  # never dialled successfully: the relay dials the node
+UNDIALLABLE = "http://127.0.0.1:9"  # the discard port: nothing listens there
+RELAY_URL = UNDIALLABLE  # the test's relay dials the node instead
+
+
+def one_community(configs: list[Config]) -> None:
+    """Keys in each data dir and one membership log, founded by the first."""
+    keys = [load_or_create_keys(Path(c.node.data_dir)) for c in configs]
+    view = Membership(keys[0].node_id)
+    view.add(view.sign(keys[0], "community.created", keys[0].node_id, now_ms=1, name="t"))
+    for i, k in enumerate(keys[1:]):
+        view.add(view.sign(keys[0], "member.added", k.node_id, now_ms=2 + i, level=Level.MEMBER))
+    for c in configs:
+        CommunityStore(Path(c.node.data_dir)).replace(list(view.records.values()))
+
+
+def relayed_to(config: Config, relay_url: str) -> Config:
+    """``config`` attached to the relay at ``relay_url``, advertising no dialable address."""
+    mesh = dataclasses.replace(
+        config.mesh, relay_urls=(relay_url,), advertise_url=UNDIALLABLE, heartbeat_s=1.0
+    )
+    return dataclasses.replace(config, mesh=mesh)
+
+
+def path_to(node: Node, peer: Node) -> str | None:
+    """``direct`` or ``relayed`` for the link from ``node`` to ``peer``; None when unlinked."""
+    link = node.mesh.links.get(peer.keys.node_id)
+    return None if link is None else str(path_fields(link)["path"])
+
+
+async def test_a_direct_link_replaces_a_relayed_one(make_config: MakeConfig) -> None:
+    """Two members linked through a relay that then link directly keep only the direct link."""
+    configs = [make_config(mesh={"relay": True}), make_config(), make_config()]
+    one_community(configs)
+    async with (
+        Node(configs[0]) as relay,
+        Node(relayed_to(configs[1], relay.url)) as a,
+        Node(relayed_to(configs[2], relay.url)) as b,
+    ):
+        await wait_until(
+            lambda: (path_to(a, b), path_to(b, a)) == ("relayed", "relayed"),
+            10,
+            "a and b relayed to each other",
+        )
+        a.mesh.spawn(a.mesh.dial(b.url), "dial-b")
+        await wait_until(
+            lambda: (path_to(a, b), path_to(b, a)) == ("direct", "direct"),
+            10,
+            "a and b linked directly",
+        )
+        paths = [
+            sorted(path_fields(link)["path"] for link in n.mesh.links.values()) for n in (a, b)
+        ]
+    assert [["direct", "direct"], ["direct", "direct"]] == paths
 
 
 def flipped(route: Route) -> Route:
