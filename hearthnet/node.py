@@ -691,6 +691,7 @@ class Node:
                 "endpoints": [self.url],
                 "capabilities": [d.summary() for d in self.registry.descriptors()],
                 "relay": self.config.mesh.relay,  # spec §7.1, §8
+                "relays": list(self.mesh.relaying.relay_urls),  # spec §8: reachable through
                 "started_ms": self.started_ms,
                 "issued_ms": now,
                 "expires_ms": now + MANIFEST_TTL_MS,

@@ -72,6 +72,8 @@ async def test_two_undiallable_nodes_call_and_stream_through_a_relay(tmp_path: P
                 frames = await stream.collect()
         opened = relayed_frames_in(cluster, 1) - before
         status = status_of(cluster.nodes[1])["relaying"]["paths"]
+        async with Client(cluster.nodes[1].url, keys=cluster.keys(1)) as signed:
+            listed = (await signed.get_json("/manifest"))["relays"]
     finally:
         cluster.stop_all()
     records = [
@@ -82,7 +84,17 @@ async def test_two_undiallable_nodes_call_and_stream_through_a_relay(tmp_path: P
     pong_paths = {
         (r["path"], r["via"]) for r in records if r["peer"] == two and r["kind"] == "pong"
     }
-    assert (want, two, {"echo": {"x": 1}}, 100, "done", True, 1, {("relay", relay)}) == (
+    assert (
+        want,
+        two,
+        {"echo": {"x": 1}},
+        100,
+        "done",
+        True,
+        1,
+        {("relay", relay)},
+        [cluster.nodes[0].url],
+    ) == (
         tuple(seen),
         plain["meta"]["node"],
         plain["output"],
@@ -91,6 +103,7 @@ async def test_two_undiallable_nodes_call_and_stream_through_a_relay(tmp_path: P
         opened >= 100,
         status["relayed"],
         pong_paths,
+        listed,
     )
 
 
