@@ -64,6 +64,7 @@ log = logging.getLogger("hearthnet.mesh.relaying")
 
 TICK_S = 0.25  # the path core wants ~0.5 s; the relay core ~1 s
 SCAN_S = 1.0  # how often members without a path are looked for
+PROBE_TIMEOUT_S = 30.0  # a relayed path whose probe got no answer is dropped and retried
 HELLO_RETRY_MS = 1000  # an unanswered e2e hello is sent again this often
 UNKNOWN_ADDR = "0.0.0.0:1"  # observed address when the socket does not tell (unused yet)
 
@@ -130,8 +131,10 @@ class Relaying:
             self.endpoint = RelayEndpoint(
                 keys, self.is_member, EndpointConfig(handshake_timeout_ms=HELLO_RETRY_MS)
             )
+        self.max_links = config.max_links
         self._next_scan = 0.0
-        self._probing: set[str] = set()  # peers we opened a relayed path to, until it is up
+        # peers we opened a relayed path to, until it is up: when the probe went out
+        self._probing: dict[str, float] = {}
         self.counts: Tally[str] = Tally()  # member side: relayed frames and bytes, refusals
         self._register(metrics)
 
@@ -235,9 +238,15 @@ class Relaying:
         self._path_actions(self.paths.relay_attached(link.node, None, rtt, now))
 
     def _scan(self, now: float) -> None:
-        """Members we have no direct link to and cannot dial get a relayed path."""
+        """Members we have no direct link to and cannot dial get a relayed path, while
+        this node has room for links (spec §7.2's D; the others are reached through the
+        relay's own links, like any peer we are not linked to)."""
         assert self.paths is not None
-        if self.paths.relays.primary is None:
+        for node, sent in list(self._probing.items()):
+            if now - sent > PROBE_TIMEOUT_S:  # offline, or not attached to our relay
+                self._forget(node)
+        room = self.max_links - len(self.links) - len(self._probing)
+        if self.paths.relays.primary is None or room <= 0:
             return
         dialable = {
             a.node for a in self.book.addresses.values() if a.node is not None and a.failures == 0
@@ -251,10 +260,13 @@ class Relaying:
                 or self.paths.path(node)[0] is not PathState.DOWN
             ):
                 continue
+            if room <= 0:
+                return
+            room -= 1
             self._path_actions(self.paths.connect(node, now))
             # a probe opens the end-to-end session; the link comes up with the first frame
             # back, so a peer shows as relayed only once frames flow both ways
-            self._probing.add(node)
+            self._probing[node] = now
             self._transmit(node, encode_frame("ping", seq=0, ts=now_ms()))
 
     def _open(self, node: str, *, outbound: bool) -> PeerLink | None:
@@ -264,6 +276,8 @@ class Relaying:
         existing = self.links.get(node)
         if existing is not None:
             return existing
+        if len(self.links) >= 2 * self.max_links:
+            return None  # as full as accept() takes; the peer reaches us through the relay
         state, via = self.paths.path(node)
         if state is PathState.DOWN or via is None:
             return None
@@ -359,7 +373,7 @@ class Relaying:
         try:
             frame = decode_frame(data)
             link = self._open(peer, outbound=peer in self._probing)
-            self._probing.discard(peer)
+            self._probing.pop(peer, None)
             if link is None:
                 return
             if frame["t"] == "bye":
@@ -378,7 +392,7 @@ class Relaying:
         self.paths.epoch = max(self.paths.epoch + 1, now_ms())
         self.paths.forget(peer)
         self.endpoint.forget(peer)
-        self._probing.discard(peer)
+        self._probing.pop(peer, None)
 
     # --- status ---------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import aiohttp
 
+from hearthnet.client import Client
 from hearthnet.clock import now_ms
 from hearthnet.community import CommunityStore, Level
 from hearthnet.config import Config
@@ -180,4 +181,25 @@ async def test_a_tampering_relay_cannot_make_a_member_accept_a_frame(
         pongs,
         'hearthnet_relayed_refused_frames{code="invalid_signature"} 1' in metrics,
         'hearthnet_relayed_refused_frames{code="replayed"} 1' in metrics,
+    )
+
+
+async def test_a_member_without_room_for_links_calls_through_the_relays_links(
+    make_config: MakeConfig,
+) -> None:
+    """A member whose only link slot holds its relay opens no relayed link; calls still go."""
+    configs = [make_config(mesh={"relay": True}), make_config(), make_config()]
+    one_community(configs)
+    async with Node(configs[0]) as relay:
+        full = relayed_to(configs[1], relay.url)
+        full = dataclasses.replace(full, mesh=dataclasses.replace(full.mesh, max_links=1))
+        async with Node(full) as a, Node(relayed_to(configs[2], relay.url)) as b:
+            target = b.keys.node_id
+            await wait_until(lambda: target in a.router.remote, 10, "a route to b")
+            async with Client(a.url, keys=a.keys) as client:
+                answer = await client.call_with_meta("echo@1.0", {"x": 5}, target=target)
+            links = sorted(a.mesh.links)
+    assert ((target, {"echo": {"x": 5}}), [relay.keys.node_id]) == (
+        (answer["meta"]["node"], answer["output"]),
+        links,
     )
