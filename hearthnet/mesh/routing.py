@@ -1,10 +1,11 @@
 """Which path reaches which node (spec §7.2, §8). The one place that maps a NodeID to
 something a frame can be sent on.
 
-Today every path is a direct :class:`~hearthnet.mesh.links.PeerLink`. Relayed and
-upgrading paths (spec §8) plug in at :meth:`Routes.path_to`: whatever it returns for a
-node is what gossip, heartbeats and remote calls send on; a relayed path only has to
-offer :class:`PeerPath`.
+A path is a direct :class:`~hearthnet.mesh.links.PeerLink` or, for a peer reached through
+a relay (spec §8), a :class:`~hearthnet.mesh.relayed_link.RelayedLink` kept in the same
+table: whatever :meth:`Routes.path_to` returns for a node is what gossip, heartbeats and
+remote calls send on. A direct link replaces a relayed one (:meth:`Routes.admit`).
+Upgrading paths (the direct upgrade) are not built yet.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from hearthnet.mesh.relayed_link import is_relayed, path_fields
 
 
 class PeerPath(Protocol):
-    """What the mesh sends frames on: a direct link today (a relayed path later)."""
+    """What the mesh sends frames on: a direct link or a relayed one (spec §8)."""
 
     @property
     def node(self) -> str:
@@ -92,8 +93,9 @@ class Routes:
         return path is not None and path.send_raw(frame.encode())
 
     def forward(self, forward: Forward) -> None:
-        """Send the same bytes on every direct link but ``forward.skip`` (flooding goes
-        link by link; a relayed peer is reached through its relay's own flood)."""
+        """Send the same bytes on every link but ``forward.skip`` (flooding goes link by
+        link; relayed links included: the copy the relay's own flood brings is a
+        duplicate the receiver drops)."""
         for link in list(self.links.values()):
             if link.node != forward.skip:
                 link.send_raw(forward.data)

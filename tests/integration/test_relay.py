@@ -36,10 +36,15 @@ def relayed_frames_in(cluster: Cluster, i: int) -> float:
 
 
 def paths(cluster: Cluster, i: int) -> dict[str, tuple[str, str | None]]:
-    """``{peer: (path, via)}`` of node i's linked peers (``hearthnet peers --json``)."""
+    """``{peer: (path, via)}`` of node i's linked peers that answered a ping (a pong on a
+    path comes after the greeting frames, capability routes included, that went first)."""
     out = run_cli("peers", "--json", "--data-dir", str(cluster.data(i)))
     peers: list[dict[str, Any]] = json.loads(out.stdout)["peers"]
-    return {p["node"]: (p["path"], p["via"]) for p in peers if p["linked"]}
+    return {
+        p["node"]: (p["path"], p["via"])
+        for p in peers
+        if p["linked"] and p["rtt_ms_p50"] is not None
+    }
 
 
 async def test_two_undiallable_nodes_call_and_stream_through_a_relay(tmp_path: Path) -> None:
