@@ -421,6 +421,7 @@ def cmd_community_invite(args: argparse.Namespace) -> int:
         now_ms=now_ms(),
         bootstrap=bootstrap,
         nonce=os.urandom(12).hex(),
+        relays=list(args.relay_url or _config(args).mesh.relay_urls),  # spec §8
     )
     print(invite.encode())
     return EXIT_OK
@@ -753,6 +754,12 @@ def _add_mesh_parsers(sub: Any, local: Parents, remote: Parents) -> None:
         action="append",
         metavar="URL",
         help="where the new node joins (default: this node's mesh URL)",
+    )
+    invite.add_argument(
+        "--relay-url",
+        action="append",
+        metavar="URL",
+        help="relay the new node attaches to (repeatable; default: this node's mesh.relay_urls)",
     )
     invite.set_defaults(func=cmd_community_invite)
     revoke = csub.add_parser("revoke", parents=remote, help="revoke a member (anchors only)")

@@ -40,7 +40,7 @@ class PeerAddress:
 
     url: str
     node: str | None = None
-    source: str = "bootstrap"  # bootstrap | zeroconf | exchange | inbound
+    source: str = "bootstrap"  # bootstrap | zeroconf | exchange | inbound | relay
     failures: int = 0
     next_try: float = 0.0
     last_ok_ms: int = 0

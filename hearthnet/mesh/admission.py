@@ -35,6 +35,7 @@ from hearthnet.mesh.addresses import PeerBook, normalize_url
 
 INVITE_PREFIX = "hn1:"
 MAX_INVITE_CHARS = 4096
+MAX_INVITE_RELAYS = 8
 JOIN_WINDOW_MS = 60_000
 
 
@@ -49,6 +50,7 @@ class Invite:
     bootstrap: tuple[str, ...]
     nonce: str
     sig: str
+    relays: tuple[str, ...] = ()  # spec §8: relay URLs the new member attaches to
 
     @classmethod
     def issue(
@@ -61,8 +63,9 @@ class Invite:
         now_ms: int,
         bootstrap: list[str],
         nonce: str,
+        relays: list[str] | None = None,
     ) -> Invite:
-        """Sign a new invite."""
+        """Sign a new invite (``relays``: relay URLs for a member behind NAT, spec §8)."""
         body: dict[str, Any] = {
             "community": community,
             "inviter": inviter.node_id,
@@ -71,13 +74,15 @@ class Invite:
             "bootstrap": [normalize_url(u) for u in bootstrap],
             "nonce": nonce,
         }
+        if relays:  # absent when empty: such an invite reads as before
+            body["relays"] = [normalize_url(u) for u in relays]
         body["sig"] = inviter.sign_object(body)
         return cls.from_json(body)
 
     @classmethod
     def from_json(cls, obj: object) -> Invite:
         """Validate and verify."""
-        if not isinstance(obj, dict) or set(obj) != {
+        if not isinstance(obj, dict) or set(obj) - {"relays"} != {
             "community",
             "inviter",
             "level",
@@ -88,6 +93,7 @@ class Invite:
         }:
             raise BadRequest(
                 "an invite has community, inviter, level, expires_ms, bootstrap, nonce, sig"
+                " (and relays)"
             )
         if not (is_node_id(obj["community"]) and is_node_id(obj["inviter"])):
             raise BadRequest("invite community and inviter are NodeIDs")
@@ -100,6 +106,10 @@ class Invite:
         if not isinstance(obj["bootstrap"], list) or len(obj["bootstrap"]) > 16:
             raise BadRequest("invite bootstrap is a list of at most 16 URLs")
         bootstrap = tuple(normalize_url(u) for u in obj["bootstrap"])
+        raw_relays = obj.get("relays", [])
+        if not isinstance(raw_relays, list) or len(raw_relays) > MAX_INVITE_RELAYS:
+            raise BadRequest(f"invite relays is a list of at most {MAX_INVITE_RELAYS} URLs")
+        relays = tuple(normalize_url(u) for u in raw_relays)
         level = Level.parse(obj["level"])
         verify_object(obj["inviter"], obj, obj["sig"], "sig")
         return cls(
@@ -110,6 +120,7 @@ class Invite:
             bootstrap,
             obj["nonce"],
             obj["sig"],
+            relays,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -122,6 +133,7 @@ class Invite:
             "bootstrap": list(self.bootstrap),
             "nonce": self.nonce,
             "sig": self.sig,
+            **({"relays": list(self.relays)} if self.relays else {}),
         }
 
     def encode(self) -> str:
@@ -226,7 +238,8 @@ async def redeem_invite(data_dir: Path, token: str, *, name: str) -> bool:
     Asks the invite's bootstrap nodes in turn to admit this node, verifies the records it
     gets back (the community's whole signed membership log, in which this node must now be
     a member), stores them in place of the node's own community, and remembers the
-    bootstrap URLs as peers. Returns False when this node already belongs to it.
+    bootstrap URLs as peers and the relay URLs as relays (spec §8). Returns False when
+    this node already belongs to it.
 
     Raises:
         InvalidSignature / Expired: a bad or expired invite.
@@ -271,6 +284,10 @@ async def redeem_invite(data_dir: Path, token: str, *, name: str) -> bool:
             book.load()
             for peer in {*invite.bootstrap, *answer.get("bootstrap", [])}:
                 book.add(peer, source="bootstrap")
+            for relay in invite.relays:  # spec §8: attached to from now on (mesh/relaying.py)
+                entry = book.add(relay, source="relay")
+                if entry is not None:
+                    entry.source = "relay"  # also when it is a bootstrap address too
             book.dirty = True
             book.save()
             return True

@@ -124,28 +124,39 @@ class Relaying:
         self.relays: set[str] = set()  # NodeIDs of the configured relays, once linked
         self.paths: PathCore | None = None
         self.endpoint: RelayEndpoint | None = None
-        if self.relay_urls:
-            # relays join the path core as they are linked (their NodeIDs are not known yet)
-            self.paths = PathCore(self.node_id, (), epoch=now_ms())
-            # a hello lost to a relay that did not yet have the peer is retried in 1 s
-            self.endpoint = RelayEndpoint(
-                keys, self.is_member, EndpointConfig(handshake_timeout_ms=HELLO_RETRY_MS)
-            )
+        self.metrics = metrics
         self.max_links = config.max_links
         self._next_scan = 0.0
         # peers we opened a relayed path to, until it is up: when the probe went out
         self._probing: dict[str, float] = {}
         self.counts: Tally[str] = Tally()  # member side: relayed frames and bytes, refusals
-        self._register(metrics)
+        self._register_relay(metrics)
+        if self.relay_urls:
+            self._become_member()
+
+    def _become_member(self) -> None:
+        """Start the member role: a path core and end-to-end sessions."""
+        # relays join the path core as they are linked (their NodeIDs are not known yet)
+        self.paths = PathCore(self.node_id, (), epoch=now_ms())
+        # a hello lost to a relay that did not yet have the peer is retried in 1 s
+        self.endpoint = RelayEndpoint(
+            self.keys, self.is_member, EndpointConfig(handshake_timeout_ms=HELLO_RETRY_MS)
+        )
+        self._register_member(self.metrics)
 
     def is_member(self, node: str) -> bool:
         """Served by the relay, accepted end to end: a live member of this community."""
         return self.membership.level_of(node) is not None
 
     def start(self) -> None:
-        """Put the relays' URLs in the address book, so the mesh dials them like peers."""
-        for url in self.relay_urls:
-            self.book.add(url, source="relay")
+        """Put the configured relays' URLs in the address book, so the mesh dials them like
+        peers, and take the relays an invite brought (kept in the book, spec §8)."""
+        for url in self.relay_urls:  # configured: dialled, not remembered as relays
+            self.book.add(url, source="bootstrap")
+        saved = [a.url for a in self.book.addresses.values() if a.source == "relay"]
+        self.relay_urls = tuple(dict.fromkeys((*self.relay_urls, *saved)))
+        if self.relay_urls and self.paths is None:
+            self._become_member()
 
     # --- hooks the mesh calls -------------------------------------------------------------
 
@@ -396,7 +407,7 @@ class Relaying:
 
     # --- status ---------------------------------------------------------------------------
 
-    def _register(self, m: MetricsRegistry) -> None:
+    def _register_relay(self, m: MetricsRegistry) -> None:
         core = self.core
         if core is not None:
             m.gauge(
@@ -431,6 +442,8 @@ class Relaying:
                 refused,
                 ("reason",),
             )
+
+    def _register_member(self, m: MetricsRegistry) -> None:
         if self.endpoint is not None:
             endpoint, counts = self.endpoint, self.counts
             m.gauge(

@@ -49,12 +49,18 @@ def paths(cluster: Cluster, i: int) -> dict[str, tuple[str, str | None]]:
 
 async def test_two_undiallable_nodes_call_and_stream_through_a_relay(tmp_path: Path) -> None:
     """Undiallable nodes see each other relayed; calls, streams and heartbeats use that path."""
+    # node 1 is given --relay-url, node 2 gets the relay from its invite;
     # the stream goes over SSE: the bus WebSocket does not take a target yet
     cluster = Cluster(tmp_path)
     try:
         cluster.start(0, "--relay")
-        for i in (1, 2):
-            cluster.start(i, "--relay-url", cluster.nodes[0].url, "--advertise-url", UNDIALLABLE)
+        url = cluster.nodes[0].url
+        cluster.start(1, "--relay-url", url, "--advertise-url", UNDIALLABLE)
+        made = run_cli(
+            "community", "invite", "--data-dir", str(cluster.data(0)),
+            "--bootstrap", url, "--relay-url", url,
+        )  # fmt: skip
+        cluster.start(2, "--join", made.stdout.strip(), "--advertise-url", UNDIALLABLE, join=False)
         relay, one, two = (cluster.keys(i).node_id for i in range(3))
         want = (
             {relay: ("direct", None), two: ("relayed", relay)},

@@ -120,3 +120,24 @@ def test_malformed_invite_json_is_invalid_signature(payload: bytes) -> None:
     invalid_signature, never a crash."""
     with pytest.raises(InvalidSignature):
         Invite.decode("hn1:" + b64url_encode(payload))
+
+
+def test_an_invite_carries_relay_urls_under_its_signature() -> None:
+    """Relay URLs round-trip through hn1:; changing them breaks the signature."""
+    inv = Invite.issue(
+        FOUNDER,
+        community=FOUNDER.node_id,
+        level=Level.MEMBER,
+        ttl_ms=60_000,
+        now_ms=NOW,
+        bootstrap=["http://127.0.0.1:7080"],
+        nonce="nonce-0009",
+        relays=["http://relay.example:7080"],
+    )
+    forged = {**inv.to_json(), "relays": ["http://elsewhere.example:7080"]}
+    with pytest.raises(InvalidSignature):
+        Invite.from_json(forged)
+    assert (("http://relay.example:7080",), ()) == (
+        Invite.decode(inv.encode()).relays,
+        invite().relays,
+    )
