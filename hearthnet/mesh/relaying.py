@@ -2,11 +2,13 @@
 
 Two roles, either or both:
 
-- **relay** (``mesh.relay``, ``--relay``): relay frames arriving on peer links go to
-  :class:`~hearthnet.mesh.relay_core.RelayCore`; its actions are carried out on the links
-  (``Send`` writes a frame, ``Refuse`` sends ``detach``, ``Close`` ends the link). Only
-  members of this community are served.
-- **member** (``mesh.relay_urls``, ``--relay-url``): the relays are dialled as ordinary
+- **relay** (``mesh.relay``, ``--relay``; :class:`RelayRole`): relay frames arriving on
+  peer links go to :class:`~hearthnet.mesh.relay_core.RelayCore`; its actions are carried
+  out on the links (``Send`` writes a frame, ``Refuse`` sends ``detach``, ``Close`` ends
+  the link). Only members of this community are served.
+- **member** (``mesh.relay_urls``, ``--relay-url``, or relays an invite brought;
+  :class:`Relaying`, which also routes relay frames to the role they belong to): the
+  relays are dialled as ordinary
   peers (their URLs go into the address book) and sent ``attach``; a community member
   this node has no direct link to and cannot dial (no address, or every address failed)
   is reached through the attached relay: a :class:`~hearthnet.mesh.relayed_link.RelayedLink`
@@ -52,6 +54,7 @@ from hearthnet.mesh.relay_frames import (
     Attach,
     Attached,
     Detach,
+    RelayFrame,
     Route,
     RouteError,
     parse_frame,
@@ -81,6 +84,92 @@ def _observed_addr(link: PeerLink) -> str:
     return UNKNOWN_ADDR
 
 
+class RelayRole:
+    """The relay's side (``--relay``): frames of attached members to the relay core, its
+    actions carried out on the links."""
+
+    def __init__(self, core: RelayCore, metrics: MetricsRegistry) -> None:
+        self.core = core
+        self._served: set[PeerLink] = set()  # links the core knows are up
+        self._register(metrics)
+
+    def receive(self, link: PeerLink, frame: RelayFrame, now: float) -> None:
+        """A relay frame off a direct link (the core learns of the link first)."""
+        if link not in self._served:
+            self._served.add(link)
+            self._carry_out(self.core.link_up(link, link.node, _observed_addr(link), now))
+        self._carry_out(self.core.receive(link, frame, now))
+
+    def link_down(self, link: PeerLink, now: float) -> None:
+        """A link ended: its member detaches."""
+        if link in self._served:
+            self._served.discard(link)
+            self._carry_out(self.core.link_down(link, now))
+
+    def tick(self, now: float) -> None:
+        """Budgets, route tables, members no longer served."""
+        self._carry_out(self.core.tick(now))
+
+    def _carry_out(self, actions: list[Send | Refuse | Close]) -> None:
+        for action in actions:
+            link = action.link
+            assert isinstance(link, PeerLink)
+            if isinstance(action, Send):
+                link.send_raw(action.frame.encode())
+            elif isinstance(action, Refuse):
+                link.send_raw(Detach(action.code, retry_after_ms=action.retry_after_ms).encode())
+            else:
+                log.warning("relay closes the link to %s: %s", link.node, action.reason)
+                link.close(action.reason)
+
+    def statistics(self) -> dict[str, int]:
+        """The relay's numbers, for ``/status``."""
+        s = self.core.statistics()
+        return {
+            "members": s.members,
+            "forwarded": s.forwarded,
+            "forwarded_bytes": s.forwarded_bytes,
+            "rate_limited": s.rate_limited,
+            "unreachable": s.unreachable,
+            "duplicates": s.duplicates,
+        }
+
+    def _register(self, m: MetricsRegistry) -> None:
+        core = self.core
+        m.gauge(
+            "hearthnet_relay_members",
+            "Members attached to this relay.",
+            lambda: float(core.statistics().members),
+        )
+        m.gauge(
+            "hearthnet_relay_forwarded_frames",
+            "Route frames this relay forwarded.",
+            lambda: float(core.statistics().forwarded),
+        )
+        m.gauge(
+            "hearthnet_relay_forwarded_bytes",
+            "Bytes of route.inner this relay forwarded.",
+            lambda: float(core.statistics().forwarded_bytes),
+        )
+
+        def refused() -> dict[tuple[str, ...], float]:
+            s = core.statistics()
+            return {
+                ("rate_limited",): float(s.rate_limited),
+                ("unreachable",): float(s.unreachable),
+                ("ttl",): float(s.ttl_expired),
+                ("duplicate",): float(s.duplicates),
+                ("spoofed",): float(s.spoofed),
+            }
+
+        m.gauge(
+            "hearthnet_relay_refused_frames",
+            "Route frames this relay did not forward, by reason (rate_limited: budget).",
+            refused,
+            ("reason",),
+        )
+
+
 class Relaying:
     """This node's relay role and relayed paths; the mesh feeds it relay frames, link
     changes and the clock (:meth:`tick` every :data:`TICK_S`)."""
@@ -108,18 +197,14 @@ class Relaying:
         self.admit = admit
         self.on_down = on_down
         self.errors = errors
-        self.core: RelayCore | None = None
+        self.relay: RelayRole | None = None
         if config.relay:
-            self.core = RelayCore(
-                self.node_id,
-                self.is_member,
-                RelayConfig(
-                    member_bytes_per_s=config.relay_member_bytes_per_s,
-                    member_streams=config.relay_member_streams,
-                    capacity_bytes_per_s=config.relay_capacity_bytes_per_s,
-                ),
+            budgets = RelayConfig(
+                member_bytes_per_s=config.relay_member_bytes_per_s,
+                member_streams=config.relay_member_streams,
+                capacity_bytes_per_s=config.relay_capacity_bytes_per_s,
             )
-        self._served: set[PeerLink] = set()  # links the relay core knows are up
+            self.relay = RelayRole(RelayCore(self.node_id, self.is_member, budgets), metrics)
         self.relay_urls = tuple(dict.fromkeys(normalize_url(u) for u in config.relay_urls))
         self.relays: set[str] = set()  # NodeIDs of the configured relays, once linked
         self.paths: PathCore | None = None
@@ -130,7 +215,6 @@ class Relaying:
         # peers we opened a relayed path to, until it is up: when the probe went out
         self._probing: dict[str, float] = {}
         self.counts: Tally[str] = Tally()  # member side: relayed frames and bytes, refusals
-        self._register_relay(metrics)
         if self.relay_urls:
             self._become_member()
 
@@ -171,9 +255,8 @@ class Relaying:
     def link_down(self, link: PeerLink) -> None:
         """A link ended: the relay core forgets it; our relay's loss moves its peers."""
         now = time.monotonic()
-        if link in self._served and self.core is not None:
-            self._served.discard(link)
-            self._relay_actions(self.core.link_down(link, now))
+        if self.relay is not None:
+            self.relay.link_down(link, now)
         if isinstance(link, RelayedLink):
             self._forget(link.node)
         elif self.paths is not None and link.node in self.relays:
@@ -195,11 +278,8 @@ class Relaying:
         elif isinstance(frame, RouteError) and frame.origin == self.node_id:
             # the path sequence resends what did not arrive; rate_limited waits its turn
             self.counts[f"route_error_{frame.code}"] += 1
-        elif self.core is not None and not is_relayed(link):
-            if link not in self._served:
-                self._served.add(link)
-                self._relay_actions(self.core.link_up(link, link.node, _observed_addr(link), now))
-            self._relay_actions(self.core.receive(link, frame, now))
+        elif self.relay is not None and not is_relayed(link):
+            self.relay.receive(link, frame, now)
         elif isinstance(frame, Attach):
             self._send(link, Detach("unauthorized", "this node is not a relay"))
         # else: path frames on a direct link belong to the direct upgrade (spec §8), not
@@ -209,8 +289,8 @@ class Relaying:
     def tick(self) -> None:
         """Relay tables and budgets, relay attachments, resends, acks, and new paths."""
         now = time.monotonic()
-        if self.core is not None:
-            self._relay_actions(self.core.tick(now))
+        if self.relay is not None:
+            self.relay.tick(now)
         if self.paths is None or self.endpoint is None:
             return
         self._path_actions(self.paths.tick(now))
@@ -219,20 +299,6 @@ class Relaying:
         if now >= self._next_scan:
             self._next_scan = now + SCAN_S
             self._scan(now)
-
-    # --- relay role -----------------------------------------------------------------------
-
-    def _relay_actions(self, actions: list[Send | Refuse | Close]) -> None:
-        for action in actions:
-            link = action.link
-            assert isinstance(link, PeerLink)
-            if isinstance(action, Send):
-                self._send(link, action.frame)
-            elif isinstance(action, Refuse):
-                self._send(link, Detach(action.code, retry_after_ms=action.retry_after_ms))
-            else:
-                log.warning("relay closes the link to %s: %s", link.node, action.reason)
-                link.close(action.reason)
 
     def _send(self, link: PeerLink, frame: Any) -> None:
         link.send_raw(frame.encode())
@@ -407,42 +473,6 @@ class Relaying:
 
     # --- status ---------------------------------------------------------------------------
 
-    def _register_relay(self, m: MetricsRegistry) -> None:
-        core = self.core
-        if core is not None:
-            m.gauge(
-                "hearthnet_relay_members",
-                "Members attached to this relay.",
-                lambda: float(core.statistics().members),
-            )
-            m.gauge(
-                "hearthnet_relay_forwarded_frames",
-                "Route frames this relay forwarded.",
-                lambda: float(core.statistics().forwarded),
-            )
-            m.gauge(
-                "hearthnet_relay_forwarded_bytes",
-                "Bytes of route.inner this relay forwarded.",
-                lambda: float(core.statistics().forwarded_bytes),
-            )
-
-            def refused() -> dict[tuple[str, ...], float]:
-                s = core.statistics()
-                return {
-                    ("rate_limited",): float(s.rate_limited),
-                    ("unreachable",): float(s.unreachable),
-                    ("ttl",): float(s.ttl_expired),
-                    ("duplicate",): float(s.duplicates),
-                    ("spoofed",): float(s.spoofed),
-                }
-
-            m.gauge(
-                "hearthnet_relay_refused_frames",
-                "Route frames this relay did not forward, by reason (rate_limited: budget).",
-                refused,
-                ("reason",),
-            )
-
     def _register_member(self, m: MetricsRegistry) -> None:
         if self.endpoint is not None:
             endpoint, counts = self.endpoint, self.counts
@@ -471,16 +501,8 @@ class Relaying:
     def statistics(self) -> dict[str, Any]:
         """The relay's and the member's numbers, for ``/status``."""
         out: dict[str, Any] = {}
-        if self.core is not None:
-            s = self.core.statistics()
-            out["relay"] = {
-                "members": s.members,
-                "forwarded": s.forwarded,
-                "forwarded_bytes": s.forwarded_bytes,
-                "rate_limited": s.rate_limited,
-                "unreachable": s.unreachable,
-                "duplicates": s.duplicates,
-            }
+        if self.relay is not None:
+            out["relay"] = self.relay.statistics()
         if self.paths is not None and self.endpoint is not None:
             p = self.paths.statistics()
             out["paths"] = {
