@@ -241,8 +241,11 @@ class WsSession:
         self._token_due_ms = 0
 
     def going_away(self) -> None:
-        """Node shutdown (spec §9): what is queued, then close 1001."""
+        """Node shutdown (spec §9): what is queued, then close 1001, and the connection
+        ends now: no linger outlives the node (a session already lingering after its own
+        close frame is ended too)."""
         self.hard_close(CLOSE_GOING_AWAY, "node shutting down")
+        self.transport.close()
 
     def hard_close(self, code: int, reason: str) -> None:
         """Write what is queued and a close frame; drop the connection when the client
