@@ -1,0 +1,430 @@
+"""Relay benchmark (spec §8, §11): the relayed path against the direct link, in one run.
+
+1. ``direct``: a relay R1 and two members A, B that dial each other (a direct link).
+2. ``relayed``: A and B are stopped; A', B' advertise an address nobody can dial and
+   attach to relays R1 and R2 (``--relay-url`` twice), so A' reaches B' only relayed.
+
+On each pair: (a) signed ``echo@1.0`` calls A→B pinned with ``X-HearthNet-Target``, at
+concurrency 1 and 16 (p50/p99, calls/s); (b) publishes on A delivered to N subscribers
+on B (deliveries/s). Then (c) the relay's CPU per forwarded frame: its process CPU from
+/proc over the route frames it forwarded (``hearthnet_relay_forwarded_frames``), its idle
+CPU subtracted, beside the in-process cost of the relay core's per-frame path (decode,
+core, encode); and (d) failover: the relay in use is killed with -9 and the time until a
+call, and a publish, from A' reach B' again. Ratios relayed/direct are from this run.
+
+Every node is started on loopback and stopped by PID; every loop is bounded by count and
+time.
+
+Run: python -m bench.bench_relay [--quick] [--calls 2000] [--subscribers 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from bench.common import NodeUnderTest, proc_cpu_s, save, start_node, summarize_latencies
+from hearthnet.client import Client
+from hearthnet.errors import HearthNetError
+from hearthnet.identity import KeyPair, load_or_create_keys
+from hearthnet.mesh.protocol import decode_frame
+from hearthnet.mesh.relay_core import RelayCore
+from hearthnet.mesh.relay_frames import Attach, Route, parse_frame
+from hearthnet.subscription import Delivery
+
+UNDIALLABLE = "http://127.0.0.1:9"  # the discard port: nothing listens there
+FAST = {
+    "HEARTHNET_MESH_DIAL_INTERVAL_S": "0.2",
+    "HEARTHNET_MESH_CAPS_S": "1",
+    "HEARTHNET_MESH_HEARTBEAT_S": "1",
+    "HEARTHNET_MESH_PRESENCE_REFRESH_S": "1",
+    "HEARTHNET_PUBSUB_SYNC": "normal",
+    "HEARTHNET_LOG_LEVEL": "warning",
+    "HEARTHNET_LIMITS_CALLS_PER_S_PER_CAPABILITY": "100000",  # the load is one caller
+    "HEARTHNET_LIMITS_CALLS_PER_S_TOTAL": "100000",
+}
+
+
+def metric(url: str, name: str) -> float:
+    """One unlabelled metric of a node's /metrics (0 when absent)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def cli(*args: str) -> str:
+    """Run ``hearthnet`` with ``args``; its stdout."""
+    return subprocess.run(
+        [sys.executable, "-m", "hearthnet.cli", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout.strip()
+
+
+def peer_paths(data_dir: Path) -> dict[str, tuple[str, str | None]]:
+    """``{peer: (path, via)}`` of a node's linked peers that answered a ping."""
+    peers = json.loads(cli("peers", "--json", "--data-dir", str(data_dir)))["peers"]
+    return {
+        p["node"]: (p["path"], p["via"])
+        for p in peers
+        if p["linked"] and p["rtt_ms_p50"] is not None
+    }
+
+
+class Nodes:
+    """The node processes of one run, each stopped by PID."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.nodes: dict[str, NodeUnderTest] = {}
+
+    def data(self, name: str) -> Path:
+        """The data dir of ``name``."""
+        return self.root / name
+
+    def node_id(self, name: str) -> str:
+        """The NodeID of ``name``."""
+        return load_or_create_keys(self.data(name)).node_id
+
+    def start(self, name: str, *extra: str) -> NodeUnderTest:
+        """Start node ``name`` on a free loopback port."""
+        node = start_node(
+            "--no-zeroconf", "--name", name, *extra, env=FAST, data_dir=self.data(name)
+        )
+        self.nodes[name] = node
+        return node
+
+    def join(self, name: str, *extra: str) -> NodeUnderTest:
+        """Start ``name`` with an invite from R1."""
+        invite = cli(
+            "community", "invite", "--data-dir", str(self.data("r1")),
+            "--bootstrap", self.nodes["r1"].url,
+        )  # fmt: skip
+        return self.start(name, "--join", invite, *extra)
+
+    def stop(self, name: str) -> None:
+        """SIGTERM (then SIGKILL) one node."""
+        node = self.nodes.pop(name)
+        node.stop()
+        if node.proc.stdout:
+            node.proc.stdout.close()
+
+    def kill(self, name: str) -> None:
+        """kill -9 one node."""
+        node = self.nodes.pop(name)
+        node.proc.send_signal(signal.SIGKILL)
+        node.proc.wait(10)
+        if node.proc.stdout:
+            node.proc.stdout.close()
+
+    def stop_all(self) -> None:
+        """Every node still running."""
+        for node in self.nodes.values():
+            node.proc.terminate()  # all at once: they shut down in parallel
+        for name in list(self.nodes):
+            self.stop(name)
+
+
+async def wait_path(
+    nodes: Nodes, a: str, b: str, path: str, within_s: float = 60
+) -> tuple[str, str | None]:
+    """Until ``a`` sees ``b`` on ``path`` (answered a ping); ``(path, via)``."""
+    peer = nodes.node_id(b)
+    deadline = time.monotonic() + within_s
+    seen: dict[str, tuple[str, str | None]] = {}
+    while time.monotonic() < deadline:
+        seen = await asyncio.to_thread(peer_paths, nodes.data(a))
+        got = seen.get(peer)
+        if got is not None and got[0] == path:
+            return got
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"{a} never saw {b} {path}: {seen}")
+
+
+async def calls(client: Client, target: str, count: int, concurrency: int) -> dict[str, Any]:
+    """``count`` signed echo calls pinned to ``target``, ``concurrency`` at a time."""
+    samples: list[float] = []
+    left = count
+
+    async def worker() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            t0 = time.perf_counter()
+            await client.call_with_meta("echo@1.0", {"x": 1}, target=target)
+            samples.append(time.perf_counter() - t0)
+
+    for _ in range(min(20, count)):  # warm up the path and the client's caches
+        await client.call_with_meta("echo@1.0", {"x": 0}, target=target)
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    return {**summarize_latencies(samples), "calls_per_s": round(count / wall, 1)}
+
+
+async def fanout(
+    pub: Client, sub: Client, topic: str, messages: int, subscribers: int
+) -> dict[str, Any]:
+    """Publishes on ``pub``'s node delivered to ``subscribers`` subscriptions on ``sub``'s."""
+    want = messages * subscribers
+    got = 0
+    last = 0.0
+    done = asyncio.Event()
+    subs = [sub.subscribe(topic) for _ in range(subscribers)]
+    for s in subs:
+        await s.__aenter__()
+
+    async def listen(s: Any) -> None:
+        nonlocal got, last
+        async for item in s:
+            if isinstance(item, Delivery):
+                got += 1
+                last = time.perf_counter()
+                if got >= want:
+                    done.set()
+
+    tasks = [asyncio.get_running_loop().create_task(listen(s)) for s in subs]
+    await asyncio.sleep(1.0)  # the subscriptions are live
+    left = messages
+
+    async def publisher() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            await pub.publish(topic, "m", {"k": left, "pad": "x" * 64})
+
+    start = time.perf_counter()
+    await asyncio.gather(*(publisher() for _ in range(8)))
+    published = time.perf_counter() - start
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(done.wait(), 30)
+    for t in tasks:
+        t.cancel()
+    for s in subs:
+        await s.close()
+    wall = (last or time.perf_counter()) - start
+    return {
+        "messages": messages,
+        "subscribers": subscribers,
+        "delivered": got,
+        "publishes_per_s": round(messages / published, 1),
+        "deliveries_per_s": round(got / wall, 1),
+    }
+
+
+async def pair(opts: argparse.Namespace, a: Client, target: str) -> dict[str, Any]:
+    """Calls at concurrency 1 and 16 on one pair."""
+    return {
+        "c1": await calls(a, target, opts.calls // 4, 1),
+        "c16": await calls(a, target, opts.calls, 16),
+    }
+
+
+def core_frame_us(repeat: int) -> dict[str, float]:
+    """The relay core's per-frame path in-process: link decode, parse, core, encode."""
+    a, b = KeyPair.generate().node_id, KeyPair.generate().node_id
+    core = RelayCore("relay", lambda _n: True)
+    for link, node in (("la", a), ("lb", b)):
+        core.link_up(link, node, "127.0.0.1:1", 0.0)
+        core.receive(link, Attach(), 0.0)
+    raws = [Route(b, a, 4, i, b"s" * 200).encode() for i in range(repeat)]
+    start = time.perf_counter()
+    for i, raw in enumerate(raws):
+        for action in core.receive("la", parse_frame(decode_frame(raw)), i * 1e-6):
+            action.frame.encode()  # type: ignore[union-attr]
+    total = time.perf_counter() - start
+    return {"frames": repeat, "us_per_frame": round(total / repeat * 1e6, 2)}
+
+
+async def relay_cpu(nodes: Nodes, relay: str, a: Client, target: str, count: int) -> dict[str, Any]:
+    """The relay process's CPU per forwarded frame over ``count`` relayed calls."""
+    node = nodes.nodes[relay]
+    c0, t0 = proc_cpu_s(node.pid), time.monotonic()
+    await asyncio.sleep(3)
+    idle_per_s = (proc_cpu_s(node.pid) - c0) / (time.monotonic() - t0)
+    f0 = metric(node.url, "hearthnet_relay_forwarded_frames")
+    c0, t0 = proc_cpu_s(node.pid), time.monotonic()
+    await calls(a, target, count, 16)
+    cpu, wall = proc_cpu_s(node.pid) - c0, time.monotonic() - t0
+    frames = metric(node.url, "hearthnet_relay_forwarded_frames") - f0
+    busy = max(0.0, cpu - idle_per_s * wall)
+    return {
+        "forwarded_frames": int(frames),
+        "relay_cpu_s": round(cpu, 3),
+        "relay_idle_cpu_per_s": round(idle_per_s, 4),
+        "us_per_frame": round(cpu / max(1, frames) * 1e6, 1),
+        "us_per_frame_less_idle": round(busy / max(1, frames) * 1e6, 1),
+    }
+
+
+async def failover(nodes: Nodes, relay: str, a: Client, b: Client, target: str) -> dict[str, Any]:
+    """kill -9 the relay in use: seconds until a call, and a publish, get through again."""
+    got = asyncio.Event()
+    sub = b.subscribe("bench.relay.failover")
+    await sub.__aenter__()
+
+    async def listen() -> None:
+        async for item in sub:
+            if isinstance(item, Delivery) and item.data.get("after"):
+                got.set()
+
+    task = asyncio.get_running_loop().create_task(listen())
+    await asyncio.sleep(1.0)
+    nodes.kill(relay)
+    killed = time.monotonic()
+    call_s = publish_s = None
+    tries = 0
+    while time.monotonic() - killed < 30 and (call_s is None or publish_s is None):
+        if publish_s is None:
+            if got.is_set():
+                publish_s = time.monotonic() - killed
+            else:
+                with contextlib.suppress(HearthNetError, TimeoutError, OSError):
+                    await asyncio.wait_for(
+                        a.publish("bench.relay.failover", "m", {"after": True}), 2
+                    )
+        if call_s is None:
+            tries += 1
+            try:
+                await asyncio.wait_for(
+                    a.call_with_meta("echo@1.0", {"x": 2}, target=target, deadline_ms=1000), 2
+                )
+                call_s = time.monotonic() - killed
+            except (HearthNetError, TimeoutError, OSError):
+                await asyncio.sleep(0.05)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(got.wait(), 0.1)
+    task.cancel()
+    await sub.close()
+    return {
+        "killed": relay,
+        "call_back_s": round(call_s, 2) if call_s is not None else None,
+        "publish_delivered_s": round(publish_s, 2) if publish_s is not None else None,
+        "call_tries": tries,
+    }
+
+
+def ratios(direct: dict[str, Any], relayed: dict[str, Any]) -> dict[str, Any]:
+    """relayed/direct for the numbers spec §11 bounds."""
+    out: dict[str, Any] = {}
+    for c in ("c1", "c16"):
+        out[f"{c}_p50_added_ms"] = round(relayed[c]["p50_ms"] - direct[c]["p50_ms"], 3)
+        out[f"{c}_calls_per_s_ratio"] = round(
+            relayed[c]["calls_per_s"] / direct[c]["calls_per_s"], 3
+        )
+    out["fanout_ratio"] = round(
+        relayed["fanout"]["deliveries_per_s"] / direct["fanout"]["deliveries_per_s"], 3
+    )
+    return out
+
+
+async def run(opts: argparse.Namespace) -> dict[str, Any]:
+    """Both phases, the relay's CPU and failover; the result."""
+    root = Path(tempfile.mkdtemp(prefix="hn-relay-"))
+    nodes = Nodes(root)
+    result: dict[str, Any] = {"options": vars(opts)}
+    try:
+        nodes.start("r1", "--relay")
+        nodes.join("r2", "--relay")
+        relays = ("--relay-url", nodes.nodes["r1"].url, "--relay-url", nodes.nodes["r2"].url)
+        # 1. direct
+        nodes.join("a")
+        nodes.join("b")
+        result["direct_path"] = await wait_path(nodes, "a", "b", "direct")
+        async with (
+            Client(nodes.nodes["a"].url, keys=load_or_create_keys(nodes.data("a"))) as a,
+            Client(nodes.nodes["b"].url, keys=load_or_create_keys(nodes.data("b"))) as b,
+        ):
+            direct = [await pair(opts, a, nodes.node_id("b")) for _ in range(opts.repeat)]
+            fans = [
+                await fanout(a, b, f"bench.relay.d{i}", opts.messages, opts.subscribers)
+                for i in range(opts.repeat)
+            ]
+        nodes.stop("a")
+        nodes.stop("b")
+        # 2. relayed
+        nodes.join("a2", *relays, "--advertise-url", UNDIALLABLE)
+        nodes.join("b2", *relays, "--advertise-url", UNDIALLABLE)
+        path = await wait_path(nodes, "a2", "b2", "relayed")
+        result["relayed_path"] = path
+        via = next(n for n in ("r1", "r2") if nodes.node_id(n) == path[1])
+        target = nodes.node_id("b2")
+        async with (
+            Client(nodes.nodes["a2"].url, keys=load_or_create_keys(nodes.data("a2"))) as a2,
+            Client(nodes.nodes["b2"].url, keys=load_or_create_keys(nodes.data("b2"))) as b2,
+        ):
+            relayed = [await pair(opts, a2, target) for _ in range(opts.repeat)]
+            rfans = [
+                await fanout(a2, b2, f"bench.relay.r{i}", opts.messages, opts.subscribers)
+                for i in range(opts.repeat)
+            ]
+            cpu = [await relay_cpu(nodes, via, a2, target, 2 * opts.calls) for _ in range(opts.repeat)]
+            result["failover"] = await failover(nodes, via, a2, b2, target)
+        for d, f in zip(direct, fans, strict=True):
+            d["fanout"] = f
+        for r, f in zip(relayed, rfans, strict=True):
+            r["fanout"] = f
+        result["direct"] = direct
+        result["relayed"] = relayed
+        result["ratios"] = [ratios(d, r) for d, r in zip(direct, relayed, strict=True)]
+        result["relay_cpu"] = cpu
+        result["core_frame"] = [core_frame_us(opts.core_frames) for _ in range(opts.repeat)]
+    finally:
+        nodes.stop_all()
+    return result
+
+
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+    """Medians over the repeats of what spec §11 bounds."""
+
+    def med(values: list[float]) -> float:
+        return round(statistics.median(values), 3)
+
+    r = result["ratios"]
+    return {
+        "c1_p50_added_ms": med([x["c1_p50_added_ms"] for x in r]),
+        "c16_calls_per_s_ratio": med([x["c16_calls_per_s_ratio"] for x in r]),
+        "fanout_ratio": med([x["fanout_ratio"] for x in r]),
+        "relay_us_per_frame_less_idle": med(
+            [x["us_per_frame_less_idle"] for x in result["relay_cpu"]]
+        ),
+        "core_us_per_frame": med([x["us_per_frame"] for x in result["core_frame"]]),
+    }
+
+
+def main() -> None:
+    """Run and save bench/results/relay.json."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run (~1 min)")
+    parser.add_argument("--calls", type=int, default=2000, help="calls at concurrency 16")
+    parser.add_argument("--messages", type=int, default=1000, help="publishes per fan-out run")
+    parser.add_argument("--subscribers", type=int, default=10, help="subscriptions on B")
+    parser.add_argument("--repeat", type=int, default=2, help="runs of each measurement")
+    parser.add_argument("--core-frames", type=int, default=50_000)
+    args = parser.parse_args()
+    if args.quick:
+        args.calls, args.messages, args.repeat, args.core_frames = 200, 100, 1, 5000
+    result = uvloop.run(run(args))
+    result["summary"] = summary(result)
+    save("relay", result)
+
+
+if __name__ == "__main__":
+    main()
