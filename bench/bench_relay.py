@@ -1,8 +1,10 @@
 """Relay benchmark (spec §8, §11): the relayed path against the direct link, in one run.
 
 1. ``direct``: a relay R1 and two members A, B that dial each other (a direct link).
-2. ``relayed``: A and B are stopped; A', B' advertise an address nobody can dial and
-   attach to relays R1 and R2 (``--relay-url`` twice), so A' reaches B' only relayed.
+2. ``relayed``: A and B are stopped; A', B' advertise an address nobody can dial and are
+   given relays R1 and R2 (``--relay-url`` twice), so A' reaches B' only relayed. R2
+   starts after both attached to R1 (relays do not federate yet: members of different
+   relays could not reach each other), and is the one they fail over to.
 
 On each pair: (a) signed ``echo@1.0`` calls A→B pinned with ``X-HearthNet-Target``, at
 concurrency 1 and 16 (p50/p99, calls/s); (b) publishes on A delivered to N subscribers
@@ -37,6 +39,7 @@ from typing import Any
 import uvloop
 
 from bench.common import NodeUnderTest, proc_cpu_s, save, start_node, summarize_latencies
+from bench.servers import free_port
 from hearthnet.client import Client
 from hearthnet.errors import HearthNetError
 from hearthnet.identity import KeyPair, load_or_create_keys
@@ -342,8 +345,15 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"options": vars(opts)}
     try:
         nodes.start("r1", "--relay")
-        nodes.join("r2", "--relay")
-        relays = ("--relay-url", nodes.nodes["r1"].url, "--relay-url", nodes.nodes["r2"].url)
+        # R2 is started only after A' and B' attached to R1: with no federation between
+        # relays yet, members attached to different relays would not reach each other
+        r2_port = free_port()
+        relays = (
+            "--relay-url",
+            nodes.nodes["r1"].url,
+            "--relay-url",
+            f"http://127.0.0.1:{r2_port}",
+        )
         # 1. direct
         nodes.join("a")
         nodes.join("b")
@@ -364,7 +374,8 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
         nodes.join("b2", *relays, "--advertise-url", UNDIALLABLE)
         path = await wait_path(nodes, "a2", "b2", "relayed")
         result["relayed_path"] = path
-        via = next(n for n in ("r1", "r2") if nodes.node_id(n) == path[1])
+        via = "r1"
+        assert path[1] == nodes.node_id("r1")
         target = nodes.node_id("b2")
         async with (
             Client(nodes.nodes["a2"].url, keys=load_or_create_keys(nodes.data("a2"))) as a2,
@@ -375,7 +386,12 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
                 await fanout(a2, b2, f"bench.relay.r{i}", opts.messages, opts.subscribers)
                 for i in range(opts.repeat)
             ]
-            cpu = [await relay_cpu(nodes, via, a2, target, 2 * opts.calls) for _ in range(opts.repeat)]
+            cpu = [
+                await relay_cpu(nodes, via, a2, target, 2 * opts.calls) for _ in range(opts.repeat)
+            ]
+            nodes.join("r2", "--relay", "--port", str(r2_port))
+            for member in ("a2", "b2"):
+                await wait_path(nodes, member, "r2", "direct")
             result["failover"] = await failover(nodes, via, a2, b2, target)
         for d, f in zip(direct, fans, strict=True):
             d["fanout"] = f
