@@ -1,14 +1,21 @@
 """The in-process benchmarks still run against the current log, at a tiny size.
 
 Their numbers are quoted in docs/benchmarks.md; these checks only keep the scripts
-working as the code under them changes (a timing is never asserted).
+working as the code under them changes (a timing is never asserted). Benchmarks that
+start node processes (bench_relay) are only checked for ``--help`` and their pure parts.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
-from bench import bench_publish_cost, bench_read_last
+from bench import bench_publish_cost, bench_read_last, bench_relay
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 async def test_publish_cost_measures_every_publish_through_the_log() -> None:
@@ -28,3 +35,35 @@ async def test_read_last_finds_the_newest_rooms() -> None:
     result = await bench_read_last.run(opts)
     assert result["log_messages"] == 530
     assert [r["rows"] for r in result["runs"]] == [5, 30, 30]
+
+
+def test_relay_bench_runs_by_hand_with_a_quick_mode() -> None:
+    """bench_relay is a script (``--help`` works, ``--quick`` exists), never run as a test."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.bench_relay", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert "--quick" in out.stdout
+
+
+def test_relay_core_cost_is_measured_on_frames_it_forwards() -> None:
+    result = bench_relay.core_frame_us(300)
+    assert (result["frames"], result["forwarded"]) == (300, 300)
+    assert result["us_per_frame"] > 0
+
+
+def test_relay_ratios_compare_the_relayed_path_with_the_direct_link() -> None:
+    def side(p50: float, calls: float, deliveries: float) -> dict[str, Any]:
+        c = {"p50_ms": p50, "calls_per_s": calls}
+        return {"c1": c, "c16": c, "fanout": {"deliveries_per_s": deliveries}}
+
+    got = bench_relay.ratios(side(1.0, 1000, 5000), side(1.5, 800, 4500))
+    assert (got["c1_p50_added_ms"], got["c16_calls_per_s_ratio"], got["fanout_ratio"]) == (
+        0.5,
+        0.8,
+        0.9,
+    )
