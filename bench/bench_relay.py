@@ -294,7 +294,9 @@ async def relay_cpu(nodes: Nodes, relay: str, a: Client, target: str, count: int
     }
 
 
-async def failover(nodes: Nodes, relay: str, a: Client, b: Client, target: str) -> dict[str, Any]:
+async def failover(
+    nodes: Nodes, relays: tuple[str, ...], a: Client, b: Client, target: str
+) -> dict[str, Any]:
     """kill -9 the relay in use: seconds until a call, and a publish, get through again."""
     got = asyncio.Event()
     sub = b.subscribe("bench.relay.failover")
@@ -307,6 +309,8 @@ async def failover(nodes: Nodes, relay: str, a: Client, b: Client, target: str) 
 
     task = asyncio.get_running_loop().create_task(listen())
     await asyncio.sleep(1.0)
+    via = (await wait_path(nodes, "a2", "b2", "relayed"))[1]
+    relay = next(n for n in relays if nodes.node_id(n) == via)  # the one in use now
     nodes.kill(relay)
     killed = time.monotonic()
     call_s = publish_s = None
@@ -409,7 +413,7 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
             nodes.join("r2", "--relay", "--port", str(r2_port))
             for member in ("a2", "b2"):
                 await wait_path(nodes, member, "r2", "direct")
-            result["failover"] = await failover(nodes, via, a2, b2, target)
+            result["failover"] = await failover(nodes, ("r1", "r2"), a2, b2, target)
         for d, f in zip(direct, fans, strict=True):
             d["fanout"] = f
         for r, f in zip(relayed, rfans, strict=True):
