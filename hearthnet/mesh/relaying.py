@@ -5,7 +5,9 @@ Two roles, either or both:
 - **relay** (``mesh.relay``, ``--relay``; :class:`RelayRole`): relay frames arriving on
   peer links go to :class:`~hearthnet.mesh.relay_core.RelayCore`; its actions are carried
   out on the links (``Send`` writes a frame, ``Refuse`` sends ``detach``, ``Close`` ends
-  the link). Only members of this community are served.
+  the link). Only members of this community are served. Relays federate with the relays
+  of ``mesh.relay_peers`` (``--relay-peer``): route tables go both ways, and a frame for
+  a member attached to the other relay goes relay → relay → member.
 - **member** (``mesh.relay_urls``, ``--relay-url``, or relays an invite brought;
   :class:`Relaying`, which also routes relay frames to the role they belong to): the
   relays are dialled as ordinary
@@ -19,8 +21,7 @@ Two roles, either or both:
 
 Not built yet (spec §8), with seams where the cores already return the actions: the direct
 upgrade (hole punching: no observed address is handed to the path core, so it never
-offers candidates, and ``StartPunch`` is ignored), relay-to-relay federation and community
-federation.
+offers candidates, and ``StartPunch`` is ignored) and community federation.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from hearthnet.mesh.relay_frames import (
     RelayFrame,
     Route,
     RouteError,
+    RouteTable,
     parse_frame,
 )
 from hearthnet.mesh.relay_member import EndpointConfig, RelayEndpoint
@@ -86,16 +88,45 @@ def _observed_addr(link: PeerLink) -> str:
 
 class RelayRole:
     """The relay's side (``--relay``): frames of attached members to the relay core, its
-    actions carried out on the links."""
+    actions carried out on the links.
 
-    def __init__(self, core: RelayCore, metrics: MetricsRegistry) -> None:
+    Federation (spec §8, ``mesh.relay_peers``, ``--relay-peer``): the peer relays' URLs
+    are dialled like peers; a link to one of them is up as federated at once (the core
+    sends our route table). The other side need not be configured: a ``route_table``
+    from a member of the community on a link not yet federated makes it federated (so
+    one side's ``--relay-peer`` is enough, and a link that came up inbound, without the
+    URL we dialled, still federates). A federated relay can only blackhole what it is
+    asked to carry: ``route.inner`` is sealed end to end.
+    """
+
+    def __init__(
+        self, core: RelayCore, metrics: MetricsRegistry, peer_urls: tuple[str, ...] = ()
+    ) -> None:
         self.core = core
+        self.peer_urls = peer_urls  # normalized URLs of the relays we federate with
+        self.peer_relays: set[str] = set()  # their NodeIDs, once linked
         self._served: set[PeerLink] = set()  # links the core knows are up
         self._register(metrics)
 
+    def link_up(self, link: PeerLink, now: float) -> None:
+        """A direct link was admitted: federate when it goes to one of our peer relays."""
+        if link.address in self.peer_urls or link.node in self.peer_relays:
+            self._federate(link, now)
+
+    def _federate(self, link: PeerLink, now: float) -> None:
+        if self.core.is_federated(link):
+            return
+        log.info("federated with relay %s", link.node, extra={"peer": link.node})
+        self.peer_relays.add(link.node)
+        self._served.add(link)
+        observed = _observed_addr(link)
+        self._carry_out(self.core.link_up(link, link.node, observed, now, federated=True))
+
     def receive(self, link: PeerLink, frame: RelayFrame, now: float) -> None:
         """A relay frame off a direct link (the core learns of the link first)."""
-        if link not in self._served:
+        if isinstance(frame, RouteTable) and not self.core.is_federated(link):
+            self._federate(link, now)  # the other relay federates with us (see above)
+        elif link not in self._served:
             self._served.add(link)
             self._carry_out(self.core.link_up(link, link.node, _observed_addr(link), now))
         self._carry_out(self.core.receive(link, frame, now))
@@ -204,7 +235,9 @@ class Relaying:
                 member_streams=config.relay_member_streams,
                 capacity_bytes_per_s=config.relay_capacity_bytes_per_s,
             )
-            self.relay = RelayRole(RelayCore(self.node_id, self.is_member, budgets), metrics)
+            peers = tuple(dict.fromkeys(normalize_url(u) for u in config.relay_peers))
+            core = RelayCore(self.node_id, self.is_member, budgets)
+            self.relay = RelayRole(core, metrics, peers)
         self.relay_urls = tuple(dict.fromkeys(normalize_url(u) for u in config.relay_urls))
         self.relays: set[str] = set()  # NodeIDs of the configured relays, once linked
         self.paths: PathCore | None = None
@@ -237,6 +270,9 @@ class Relaying:
         peers, and take the relays an invite brought (kept in the book, spec §8)."""
         for url in self.relay_urls:  # configured: dialled, not remembered as relays
             self.book.add(url, source="bootstrap")
+        if self.relay is not None:  # relays we federate with are dialled the same way
+            for url in self.relay.peer_urls:
+                self.book.add(url, source="bootstrap")
         saved = [a.url for a in self.book.addresses.values() if a.source == "relay"]
         self.relay_urls = tuple(dict.fromkeys((*self.relay_urls, *saved)))
         if self.relay_urls and self.paths is None:
@@ -245,7 +281,10 @@ class Relaying:
     # --- hooks the mesh calls -------------------------------------------------------------
 
     def link_up(self, link: PeerLink) -> None:
-        """A link was admitted: attach when it is one of our relays (spec §8)."""
+        """A link was admitted: attach when it is one of our relays, federate when it is
+        a relay we federate with (spec §8)."""
+        if self.relay is not None and not is_relayed(link):
+            self.relay.link_up(link, time.monotonic())
         if self.paths is None or is_relayed(link):
             return
         if link.address in self.relay_urls or link.node in self.relays:
