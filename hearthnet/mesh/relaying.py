@@ -48,7 +48,7 @@ from hearthnet.mesh.paths import (
     Transmit,
 )
 from hearthnet.mesh.protocol import PeerInfo, decode_frame, encode_frame
-from hearthnet.mesh.relay_choice import AttachRelay, DetachRelay
+from hearthnet.mesh.relay_choice import AttachRelay, DetachRelay, RelayChoiceConfig
 from hearthnet.mesh.relay_core import Close, Refuse, RelayConfig, RelayCore, Send
 from hearthnet.mesh.relay_frames import (
     RELAY_FRAME_KINDS,
@@ -71,6 +71,7 @@ TICK_S = 0.25  # the path core wants ~0.5 s; the relay core ~1 s
 SCAN_S = 1.0  # how often members without a path are looked for
 PROBE_TIMEOUT_S = 30.0  # a relayed path whose probe got no answer is dropped and retried
 HELLO_RETRY_MS = 1000  # an unanswered e2e hello is sent again this often
+ATTACH_TARGET = 2  # relays a member stays attached to, of those it knows (failover)
 UNKNOWN_ADDR = "0.0.0.0:1"  # observed address when the socket does not tell (unused yet)
 
 Dispatch = Callable[[PeerLink, dict[str, Any]], None]
@@ -254,7 +255,10 @@ class Relaying:
     def _become_member(self) -> None:
         """Start the member role: a path core and end-to-end sessions."""
         # relays join the path core as they are linked (their NodeIDs are not known yet)
-        self.paths = PathCore(self.node_id, (), epoch=now_ms())
+        # spec §8 failover: a second relay stays attached, so when one dies its peers move
+        # to the other at once (no re-attach, and the other side's relay already has us)
+        choice = RelayChoiceConfig(attach_target=ATTACH_TARGET)
+        self.paths = PathCore(self.node_id, (), epoch=now_ms(), relay_config=choice)
         # a hello lost to a relay that did not yet have the peer is retried in 1 s
         self.endpoint = RelayEndpoint(
             self.keys, self.is_member, EndpointConfig(handshake_timeout_ms=HELLO_RETRY_MS)
