@@ -26,15 +26,18 @@ offers candidates, and ``StartPunch`` is ignored) and community federation.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import json
 import logging
 import time
 from collections import Counter as Tally
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hearthnet.clock import now_ms
 from hearthnet.config import MeshSection
-from hearthnet.errors import HearthNetError, WireError
+from hearthnet.errors import HearthNetError, RateLimited, Unavailable, WireError
 from hearthnet.identity import KeyPair
 from hearthnet.membership import Membership
 from hearthnet.mesh.addresses import PeerBook, normalize_url
@@ -55,6 +58,8 @@ from hearthnet.mesh.relay_frames import (
     Attach,
     Attached,
     Detach,
+    JoinAnswer,
+    JoinVia,
     RelayFrame,
     Route,
     RouteError,
@@ -70,11 +75,14 @@ log = logging.getLogger("hearthnet.mesh.relaying")
 TICK_S = 0.25  # the path core wants ~0.5 s; the relay core ~1 s
 SCAN_S = 1.0  # how often members without a path are looked for
 PROBE_TIMEOUT_S = 30.0  # a relayed path whose probe got no answer is dropped and retried
+MAX_PENDING_JOINS = 4  # joins a relay carries at a time for nodes not yet members
+JOIN_TIMEOUT_S = 10.0  # how long a relay waits for the inviter's answer to one
 HELLO_RETRY_MS = 1000  # an unanswered e2e hello is sent again this often
 ATTACH_TARGET = 2  # relays a member stays attached to, of those it knows (failover)
 UNKNOWN_ADDR = "0.0.0.0:1"  # observed address when the socket does not tell (unused yet)
 
 Dispatch = Callable[[PeerLink, dict[str, Any]], None]
+JoinHandler = Callable[[Any], Awaitable[dict[str, Any]]]  # a join request -> the answer
 
 
 def _observed_addr(link: PeerLink) -> str:
@@ -107,7 +115,39 @@ class RelayRole:
         self.peer_urls = peer_urls  # normalized URLs of the relays we federate with
         self.peer_relays: set[str] = set()  # their NodeIDs, once linked
         self._served: set[PeerLink] = set()  # links the core knows are up
+        self._joins: dict[int, tuple[str, asyncio.Future[bytes]]] = {}  # id -> (inviter, answer)
+        self._join_ids = itertools.count(1)
+        self.joins_forwarded = 0
         self._register(metrics)
+
+    async def forward_join(self, link: PeerLink, request: bytes) -> bytes:
+        """Carry a not-yet-member's join request to the inviter on ``link`` and return its
+        answer (spec §8 ``--join`` through a relay). Bounded: :data:`MAX_PENDING_JOINS`
+        at a time, each waits :data:`JOIN_TIMEOUT_S` at most.
+
+        Raises:
+            RateLimited: as many joins are on their way already.
+            Unavailable: no answer in time, or the inviter's link went down.
+        """
+        if len(self._joins) >= MAX_PENDING_JOINS:
+            raise RateLimited("this relay carries as many joins as it takes", retry_after_ms=1000)
+        join_id = next(self._join_ids)
+        answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._joins[join_id] = (link.node, answer)
+        try:
+            link.send_raw(JoinVia(join_id, request).encode())
+            self.joins_forwarded += 1
+            return await asyncio.wait_for(answer, JOIN_TIMEOUT_S)
+        except TimeoutError as exc:
+            raise Unavailable("the inviter did not answer the join in time") from exc
+        finally:
+            self._joins.pop(join_id, None)
+
+    def join_answered(self, link: PeerLink, frame: JoinAnswer) -> None:
+        """The inviter's answer to a join this relay carried (from that inviter only)."""
+        pending = self._joins.get(frame.id)
+        if pending is not None and pending[0] == link.node and not pending[1].done():
+            pending[1].set_result(frame.answer)
 
     def link_up(self, link: PeerLink, now: float) -> None:
         """A direct link was admitted: federate when it goes to one of our peer relays."""
@@ -164,6 +204,7 @@ class RelayRole:
             "rate_limited": s.rate_limited,
             "unreachable": s.unreachable,
             "duplicates": s.duplicates,
+            "joins_forwarded": self.joins_forwarded,
         }
 
     def _register(self, m: MetricsRegistry) -> None:
@@ -230,6 +271,9 @@ class Relaying:
         self.on_down = on_down
         self.errors = errors
         self.relay: RelayRole | None = None
+        # spec §8: admits a join a relay carried to us (the composition root sets it)
+        self.join_handler: JoinHandler | None = None
+        self._join_tasks: set[asyncio.Task[None]] = set()
         if config.relay:
             budgets = RelayConfig(
                 member_bytes_per_s=config.relay_member_bytes_per_s,
@@ -318,6 +362,10 @@ class Relaying:
         elif isinstance(frame, Detach) and link.node in self.relays and self.paths is not None:
             log.info("relay %s detached us: %s", link.node, frame.code or frame.reason)
             self._path_actions(self.paths.relay_lost(link.node, now))
+        elif isinstance(frame, JoinVia) and not is_relayed(link):
+            self._join_via(link, frame)
+        elif isinstance(frame, JoinAnswer) and self.relay is not None:
+            self.relay.join_answered(link, frame)
         elif isinstance(frame, RouteError) and frame.origin == self.node_id:
             # the path sequence resends what did not arrive; rate_limited waits its turn
             self.counts[f"route_error_{frame.code}"] += 1
@@ -345,6 +393,28 @@ class Relaying:
 
     def _send(self, link: PeerLink, frame: Any) -> None:
         link.send_raw(frame.encode())
+
+    def _join_via(self, link: PeerLink, frame: JoinVia) -> None:
+        """A relay carried a join request to us, the inviter: admit it as ``POST
+        /mesh/v1/join`` would and send the answer back (a few at a time)."""
+        handler = self.join_handler
+        if handler is None or len(self._join_tasks) >= MAX_PENDING_JOINS:
+            body: dict[str, Any] = Unavailable("this node takes no joins now").to_wire()
+            self._send(link, JoinAnswer(frame.id, json.dumps(body).encode()))
+            return
+
+        async def answer() -> None:
+            try:
+                out = await handler(json.loads(frame.request))
+            except WireError as exc:
+                out = exc.to_wire()
+            except ValueError:
+                out = {"error": "bad_request", "message": "the join request is not JSON"}
+            self._send(link, JoinAnswer(frame.id, json.dumps(out).encode()))
+
+        task = asyncio.get_running_loop().create_task(answer(), name="mesh-relayed-join")
+        self._join_tasks.add(task)
+        task.add_done_callback(self._join_tasks.discard)
 
     # --- member role ----------------------------------------------------------------------
 

@@ -156,3 +156,38 @@ async def test_members_reattach_after_the_relay_is_killed_and_restarted(tmp_path
         back,
         opened > 0,
     )
+
+
+async def test_a_node_joins_through_the_relay_when_the_inviter_cannot_be_dialled(
+    tmp_path: Path,
+) -> None:
+    """The invite's bootstrap is undiallable: the relay carries the join to the inviter."""
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.start(0)
+        cluster.start(1, "--relay")
+        relay_url = cluster.nodes[1].url
+        cluster.nodes[0].stop()
+        cluster.start(0, "--relay-url", relay_url, "--advertise-url", UNDIALLABLE)
+        inviter, relay = cluster.keys(0).node_id, cluster.keys(1).node_id
+        await eventually(
+            lambda: asyncio.to_thread(status_of, cluster.nodes[1]),
+            lambda got: got["relaying"]["relay"]["members"] >= 1,
+            within_s=30,
+            what="the inviter attached to the relay",
+        )
+        made = run_cli(
+            "community", "invite", "--data-dir", str(cluster.data(0)),
+            "--bootstrap", UNDIALLABLE, "--relay-url", relay_url,
+        )  # fmt: skip
+        cluster.start(2, "--join", made.stdout.strip(), "--advertise-url", UNDIALLABLE, join=False)
+        seen = await eventually(
+            lambda: asyncio.to_thread(paths, cluster, 2),
+            lambda got: got.get(inviter) == ("relayed", relay),
+            within_s=30,
+            what="the new member relayed to the inviter",
+        )
+        forwarded = status_of(cluster.nodes[1])["relaying"]["relay"]["joins_forwarded"]
+    finally:
+        cluster.stop_all()
+    assert (("relayed", relay), 1) == (seen[inviter], forwarded)
