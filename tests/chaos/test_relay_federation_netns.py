@@ -1,6 +1,8 @@
-"""Two home nodes behind NAT, each attached to a different relay, the relays federated
-(spec §8): a frame for the other home node goes relay → relay → node. Real node
-processes in network namespaces; neither home node can dial the other."""
+"""Relays beyond one relay and its members (spec §8): two home nodes behind NAT, each
+attached to a different relay, the relays federated, so a frame for the other home node
+goes relay → relay → node; and a home node joining through the relay of an inviter that
+is itself behind NAT. Real node processes in network namespaces; neither home node can
+dial the other."""
 
 from __future__ import annotations
 
@@ -73,4 +75,49 @@ async def test_two_nat_nodes_publish_and_call_through_federated_relays(
         answer,
         opened > 0,
         status["relaying"]["relay"]["forwarded"] > 0,
+    )
+
+
+async def test_a_nat_node_joins_through_the_relay_of_an_inviter_behind_nat(
+    make_nat_lab: MakeNatLab, tmp_path: Path
+) -> None:
+    """The inviter is behind NAT: the new node, behind another NAT, joins through the relay."""
+    lab = make_nat_lab(["plain", "plain"], public=("relay",))
+    relay = lab.public["relay"]
+    home_a, home_b = lab.homes
+    a_keys, relay_keys = prepare(tmp_path, [home_a, relay])  # home A founded the community
+    relay_url = f"http://{relay.ip}:{PORT}"
+    procs: list[HostProcess] = []
+    try:
+        procs.append(start(tmp_path, relay, "--relay"))
+        procs.append(start(tmp_path, home_a, "--relay-url", relay_url))
+        await eventually(
+            lambda: asyncio.to_thread(cli, tmp_path, relay, "node", "status", "--json"),
+            lambda got: got["relaying"]["relay"]["members"] == 1,
+            within_s=30,
+            what="home A attached to the relay",
+        )
+        made = home_a.run(
+            *home_a.python(
+                "-m", "hearthnet.cli", "community", "invite",
+                "--data-dir", str(tmp_path / home_a.name),
+                "--bootstrap", f"http://{home_a.ip}:{PORT}", "--relay-url", relay_url,
+            ),
+            timeout=60,
+        )  # fmt: skip
+        procs.append(start(tmp_path, home_b, "--join", made.stdout.strip()))
+        seen = await eventually(
+            lambda: asyncio.to_thread(paths, tmp_path, home_b),
+            lambda got: got.get(a_keys.node_id) == ("relayed", relay_keys.node_id),
+            within_s=60,
+            what="the new member relayed to the inviter",
+        )
+        status = await asyncio.to_thread(cli, tmp_path, relay, "node", "status", "--json")
+    finally:
+        for proc in reversed(procs):
+            if proc.returncode is None:
+                proc.host.kill(proc, signal.SIGTERM)
+    assert (("relayed", relay_keys.node_id), 1) == (
+        seen[a_keys.node_id],
+        status["relaying"]["relay"]["joins_forwarded"],
     )
