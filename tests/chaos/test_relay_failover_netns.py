@@ -56,17 +56,23 @@ async def test_killing_the_relay_in_use_moves_traffic_to_the_other(
             env=FAST,
         )  # fmt: skip
         procs.append(sub)
+        other = next(r for r in relays if r != used)
+        # home B is cut off from both relays while home A's publish is acknowledged, so it
+        # can only arrive after the failover
+        for host in relays.values():
+            lab.block(host, home_b.router)
         first = await asyncio.to_thread(
             cli, tmp_path, home_a, "pub", "home.news", "--data", '{"n": 1}'
         )
         killed_at = time.monotonic()
         relays[used].kill(relays_procs[used], signal.SIGKILL)
+        lab.unblock_all()  # the dead relay's host now answers home B with resets
         second = await asyncio.to_thread(
             cli, tmp_path, home_a, "pub", "home.news", "--data", '{"n": 2}'
         )
         await asyncio.to_thread(sub.wait_for_line, lambda ln: '"n": 2' in ln, RESUME_LIMIT_S)
         resumed_s = time.monotonic() - killed_at
-        other = next(r for r in relays if r != used)
+        await asyncio.to_thread(sub.wait_for_line, lambda ln: '"n": 1' in ln, RESUME_LIMIT_S)
         after = await eventually(
             lambda: asyncio.to_thread(paths, tmp_path, home_a),
             lambda got: got.get(b_keys.node_id) == ("relayed", other),
