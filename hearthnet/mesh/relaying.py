@@ -199,6 +199,8 @@ class RelayRole:
         s = self.core.statistics()
         return {
             "members": s.members,
+            "federated": s.federated,  # relays linked as federated
+            "routes": s.routes,  # members reached through them
             "forwarded": s.forwarded,
             "forwarded_bytes": s.forwarded_bytes,
             "rate_limited": s.rate_limited,
@@ -283,6 +285,8 @@ class Relaying:
             peers = tuple(dict.fromkeys(normalize_url(u) for u in config.relay_peers))
             core = RelayCore(self.node_id, self.is_member, budgets)
             self.relay = RelayRole(core, metrics, peers)
+        if config.relay_peers and not config.relay:
+            log.warning("mesh.relay_peers (--relay-peer) is ignored: this node is not a relay")
         self.relay_urls = tuple(dict.fromkeys(normalize_url(u) for u in config.relay_urls))
         self.relays: set[str] = set()  # NodeIDs of the configured relays, once linked
         self.paths: PathCore | None = None

@@ -240,9 +240,11 @@ async def test_members_of_two_federated_relays_reach_each_other(
             )
             async with Client(a.url, keys=a.keys) as client:
                 answer = await client.call_with_meta("echo@1.0", {"x": 3}, target=ids[3])
-    assert ((ids[0], ids[1]), (ids[3], {"echo": {"x": 3}})) == (
+            shown = [r.mesh.relaying.statistics()["relay"] for r in (relay1, relay2)]
+    assert ((ids[0], ids[1]), (ids[3], {"echo": {"x": 3}}), [(1, 1), (1, 1)]) == (
         via,
         (answer["meta"]["node"], answer["output"]),
+        [(s["federated"], s["routes"]) for s in shown],
     )
 
 
