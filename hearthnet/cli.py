@@ -111,6 +111,7 @@ def _config(args: argparse.Namespace) -> Config:
         "advertise_url": ("mesh", "advertise_url"),
         "relay": ("mesh", "relay"),
         "relay_url": ("mesh", "relay_urls"),
+        "relay_peer": ("mesh", "relay_peers"),
     }
     for flag, (section, key) in section_flags.items():
         value = getattr(args, flag, None)
@@ -693,6 +694,12 @@ def _add_node_parsers(sub: Any, local: Parents, remote: Parents) -> None:
         action="append",
         metavar="URL",
         help="relay to attach to when peers cannot be dialled (repeatable)",
+    )
+    start.add_argument(
+        "--relay-peer",
+        action="append",
+        metavar="URL",
+        help="with --relay: another relay to federate with (repeatable)",
     )
     start.set_defaults(func=cmd_node_start)
     status = node_sub.add_parser("status", parents=remote, help="show the running node")

@@ -446,6 +446,13 @@ class MeshSection:
             "Relays to attach to when peers cannot be dialled (spec §8; also --relay-url)."
         ),
     )
+    relay_peers: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            "On a relay: other relays to federate with, exchanging route tables so members"
+            " attached to either reach each other (spec §8; also --relay-peer)."
+        ),
+    )
     relay_member_bytes_per_s: int = field(
         default=256 * 1024,
         metadata=_doc("Relay budget: relayed bytes per second per member (spec §8)."),

@@ -306,11 +306,13 @@ class Node:
         )
         self._wire()
         pubsub_http = PubSubHttp(self.pubsub_deps)
+        mesh_http = MeshHttp(self.mesh, self.authenticator, self.keys, self.submit_records)
+        self.mesh.relaying.join_handler = mesh_http.admit_join  # spec §8: joins via a relay
         routes: list[web.RouteDef] = [
             *BusHttpEndpoints(deps).routes(),
             *BusWebSocketEndpoint(deps).routes(),
             *pubsub_http.routes(),
-            *MeshHttp(self.mesh, self.authenticator, self.keys, self.submit_records).routes(),
+            *mesh_http.routes(),
             *StatusEndpoints(self).routes(),
         ]
         tls = None

@@ -37,6 +37,7 @@ INVITE_PREFIX = "hn1:"
 MAX_INVITE_CHARS = 4096
 MAX_INVITE_RELAYS = 8
 JOIN_WINDOW_MS = 60_000
+RELAY_JOIN_PATH = "/mesh/v1/relay/join"  # spec §8: a relay carries a join to the inviter
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,16 +173,12 @@ def join_request(keys: KeyPair, invite: Invite, *, name: str, now_ms: int) -> di
     return body
 
 
-def admit(admitter: KeyPair, membership: Membership, request: object, now: int) -> MembershipRecord:
-    """Check a join request and return the ``member.added`` record to apply.
+def check_join_request(membership: Membership, request: object, now: int) -> Invite:
+    """Check a join request as any member can (everything :func:`admit` checks but the
+    admitting node's own right to add members); return its invite. A relay checks this
+    much before it carries a not-yet-member's join to the inviter (spec §8).
 
-    Raises:
-        BadRequest: malformed request.
-        InvalidSignature: the invite or the request does not verify.
-        Expired: the invite expired, or the request's ``ts`` is outside the window.
-        Unauthorized: wrong community, inviter not allowed to invite at that level, or this
-            node may not add members.
-        Revoked: the joining identity or the inviter was revoked.
+    Raises: as :func:`admit`.
     """
     if not isinstance(request, dict) or set(request) != {
         "invite",
@@ -212,15 +209,32 @@ def admit(admitter: KeyPair, membership: Membership, request: object, now: int) 
     inviter_level = membership.level_of(invite.inviter)
     if inviter_level is None or inviter_level < Level.TRUSTED or invite.level > inviter_level:
         raise Unauthorized("the inviter may not invite at that level")
+    if invite.nonce in membership.used_invites:
+        raise Unauthorized("this invite was already used")
+    if membership.level_of(node) is not None:
+        raise BadRequest("that node is already a member")
+    return invite
+
+
+def admit(admitter: KeyPair, membership: Membership, request: object, now: int) -> MembershipRecord:
+    """Check a join request and return the ``member.added`` record to apply.
+
+    Raises:
+        BadRequest: malformed request.
+        InvalidSignature: the invite or the request does not verify.
+        Expired: the invite expired, or the request's ``ts`` is outside the window.
+        Unauthorized: wrong community, inviter not allowed to invite at that level, or this
+            node may not add members.
+        Revoked: the joining identity or the inviter was revoked.
+    """
+    invite = check_join_request(membership, request, now)
+    assert isinstance(request, dict)
+    node = request["node"]
     own = membership.level_of(admitter.node_id)
     if own is None or own < Level.TRUSTED or invite.level > own:
         raise Unauthorized(
             "this node may not add members; use a bootstrap node of an anchor or trusted member"
         )
-    if invite.nonce in membership.used_invites:
-        raise Unauthorized("this invite was already used")
-    if membership.level_of(node) is not None:
-        raise BadRequest("that node is already a member")
     return membership.sign(
         admitter,
         "member.added",
@@ -253,14 +267,20 @@ async def redeem_invite(data_dir: Path, token: str, *, name: str) -> bool:
     existing = store.load()
     if any(r.community == invite.community and r.subject == keys.node_id for r in existing):
         return False
-    if not invite.bootstrap:
-        raise BadRequest("the invite names no bootstrap node to join through")
+    if not invite.bootstrap and not invite.relays:
+        raise BadRequest("the invite names no bootstrap node or relay to join through")
     last_error = "no bootstrap node answered"
+    # spec §8: the bootstrap nodes first; then the invite's relays, which carry the join
+    # to the inviter attached to them (an inviter behind NAT has no reachable URL)
+    ways = [(url, url + "/mesh/v1/join", False) for url in invite.bootstrap]
+    ways += [(url, url + RELAY_JOIN_PATH, True) for url in invite.relays]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
-        for url in invite.bootstrap:
+        for url, endpoint, relayed in ways:
             body = join_request(keys, invite, name=name, now_ms=now_ms())
+            if relayed:
+                body = {"to": invite.inviter, "request": body}
             try:
-                async with http.post(url + "/mesh/v1/join", json=body) as resp:
+                async with http.post(endpoint, json=body) as resp:
                     answer = await resp.json(content_type=None)
             except (aiohttp.ClientError, OSError, ValueError) as exc:
                 last_error = f"{url}: {exc}"

@@ -1,10 +1,12 @@
 """Mesh endpoints: ``/mesh/v1/peer`` (peer links), ``/mesh/v1/peers`` (status),
-``/mesh/v1/membership`` (submit signed membership records) and ``/mesh/v1/join``
-(redeem an invite)."""
+``/mesh/v1/membership`` (submit signed membership records), ``/mesh/v1/join``
+(redeem an invite) and, on a relay, ``/mesh/v1/relay/join`` (carry a join to an inviter
+behind NAT, spec §8)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -13,10 +15,20 @@ from aiohttp import web
 from hearthnet.auth import Authenticator
 from hearthnet.clock import now_ms
 from hearthnet.community import MembershipRecord
-from hearthnet.errors import BadRequest, InternalError, PayloadTooLarge, Unauthorized
+from hearthnet.errors import (
+    BadRequest,
+    InternalError,
+    NotFound,
+    PayloadTooLarge,
+    Unauthorized,
+    Unavailable,
+    error_from_wire,
+)
 from hearthnet.identity import KeyPair
 from hearthnet.membership import Admission, Source
-from hearthnet.mesh.admission import admit
+from hearthnet.mesh.admission import RELAY_JOIN_PATH, admit, check_join_request
+from hearthnet.mesh.relay_frames import MAX_JOIN_BYTES
+from hearthnet.mesh.relayed_link import is_relayed
 from hearthnet.mesh.service import Mesh
 from hearthnet.transport.codec import loads
 from hearthnet.transport.headers import read_signed_headers
@@ -47,6 +59,7 @@ class MeshHttp:
             web.get("/mesh/v1/peers", self.peers),
             web.post("/mesh/v1/membership", self.membership),
             web.post("/mesh/v1/join", self.join),
+            web.post(RELAY_JOIN_PATH, self.relay_join),
         ]
 
     async def peers(self, request: web.Request) -> web.Response:
@@ -105,15 +118,53 @@ class MeshHttp:
     async def join(self, request: web.Request) -> web.Response:
         """Redeem an invite: add the joining node and hand it the community's records."""
         body: Any = loads(await request.read())
+        return json_response(await self.admit_join(body))
+
+    async def admit_join(self, body: Any) -> dict[str, Any]:
+        """Admit a join request (over HTTP, or carried by a relay, spec §8): the answer
+        with the community's records.
+
+        Raises: what :func:`admit` raises; the fold's refusal of the record.
+        """
         record = admit(self.keys, self.authenticator.membership, body, now_ms())
         admission = await self.submit_records([record], Source.SUBMIT, None)
         if not admission.accepted:
             raise admission.first_error() or InternalError("the member could not be recorded")
         records = [r.to_json() for r in self.authenticator.membership.records.values()]
-        return json_response(
-            {
-                "community": self.authenticator.community_id,
-                "records": records,
-                "bootstrap": [self.mesh.url],
-            }
-        )
+        return {
+            "community": self.authenticator.community_id,
+            "records": records,
+            "bootstrap": [self.mesh.url],
+        }
+
+    async def relay_join(self, request: web.Request) -> web.Response:
+        """On a relay: carry a not-yet-member's join to the inviter attached here (spec §8,
+        ``--join`` when the inviter is behind NAT). The body is ``{to: inviter NodeID,
+        request: <the join request>}``; the relay checks the request as far as any member
+        can (the invite's and the request's signatures, community, expiry, unused
+        invite, ``to`` being the inviter) before one ``join_via`` frame goes to the
+        inviter over its direct link, and hands back the inviter's answer."""
+        relay = self.mesh.relaying.relay
+        if relay is None:
+            raise NotFound("this node is not a relay")
+        if request.content_length is None or request.content_length > MAX_JOIN_BYTES:
+            raise PayloadTooLarge(f"a relayed join is at most {MAX_JOIN_BYTES} bytes")
+        body: Any = loads(await request.read())
+        if not isinstance(body, dict) or set(body) != {"to", "request"}:
+            raise BadRequest('the body is {"to": inviter NodeID, "request": join request}')
+        invite = check_join_request(self.authenticator.membership, body["request"], now_ms())
+        if body["to"] != invite.inviter:
+            raise BadRequest("a join goes to the node that signed its invite")
+        link = self.mesh.links.get(invite.inviter)
+        if link is None or is_relayed(link):
+            raise Unavailable("the inviter is not linked to this relay", retry_after_ms=5000)
+        raw = await relay.forward_join(link, json.dumps(body["request"]).encode())
+        try:
+            answer = json.loads(raw)
+        except ValueError as exc:
+            raise InternalError("the inviter's answer is not JSON") from exc
+        if not isinstance(answer, dict):
+            raise InternalError("the inviter's answer is not an object")
+        if "error" in answer:
+            raise error_from_wire(answer)
+        return json_response(answer)

@@ -456,6 +456,10 @@ class RelayCore:
         member = self._members.get(node)
         return member.link if member is not None else None
 
+    def is_federated(self, link: LinkId) -> bool:
+        """Whether ``link`` is up as a federated relay's."""
+        return link in self._federated
+
     def routes(self) -> dict[str, str]:
         """``{node: via_relay}`` for nodes reached through federated relays (spec §8)."""
         return {node: relay for node, (_, relay, _) in self._best.items()}

@@ -10,6 +10,7 @@ like the frames of :mod:`hearthnet.mesh.protocol`. Three layers::
       route {to, from, ttl_hops, id, inner}         ``inner``: the bytes of one e2e frame
       route_error {to, origin, id, code, retry_after_ms?}   code: unreachable|ttl|rate_limited
       route_table {relay, version, nodes: [[node, hops], ...]}   relay <-> relay
+      join_via {id, request}   join_answer {id, answer}   relay <-> inviter: a join
 
     end to end (the bytes of ``route.inner``; the relay neither reads nor alters them)
       e2e_hello {from, to, ts, nonce, their_nonce?, eph, sig}   signed by ``from``
@@ -155,6 +156,59 @@ class Detach(Frame):
         if self.retry_after_ms is not None:
             out["retry_after_ms"] = self.retry_after_ms
         return out
+
+
+MAX_JOIN_BYTES = 8 * 1024  # a join request: an invite (≤ 4 KiB) and a few fields
+
+
+@dataclass(frozen=True, slots=True)
+class JoinVia(Frame):
+    """Relay -> inviter: a not-yet-member's join request (the JSON of ``POST
+    /mesh/v1/join``), which reached the relay over HTTP because the inviter cannot be
+    dialled (spec §8 ``--join`` through a relay). ``id`` pairs it with the answer."""
+
+    KIND: ClassVar[str] = "join_via"
+    SHAPE: ClassVar[Shape] = Shape.of("join_via frame", ("t", "id", "request"))
+    id: int
+    request: bytes
+
+    @classmethod
+    def parse(cls, obj: dict[str, Any]) -> JoinVia:
+        """Parse a decoded frame (raises :class:`BadRequest`)."""
+        cls.SHAPE.check(obj)
+        return cls(
+            int_field(obj, "join_via", "id"),
+            bytes_field(obj, "join_via", "request", MAX_JOIN_BYTES),
+        )
+
+    def serialize(self) -> dict[str, Any]:
+        """The wire map."""
+        return {"t": self.KIND, "id": self.id, "request": self.request}
+
+
+@dataclass(frozen=True, slots=True)
+class JoinAnswer(Frame):
+    """Inviter -> relay: the answer to ``join_via`` ``id`` (the JSON body ``POST
+    /mesh/v1/join`` would have answered, an error body included), for the relay to hand
+    back to the joining node."""
+
+    KIND: ClassVar[str] = "join_answer"
+    SHAPE: ClassVar[Shape] = Shape.of("join_answer frame", ("t", "id", "answer"))
+    id: int
+    answer: bytes
+
+    @classmethod
+    def parse(cls, obj: dict[str, Any]) -> JoinAnswer:
+        """Parse a decoded frame (raises :class:`BadRequest`)."""
+        cls.SHAPE.check(obj)
+        return cls(
+            int_field(obj, "join_answer", "id"),
+            bytes_field(obj, "join_answer", "answer", MAX_INNER_BYTES),
+        )
+
+    def serialize(self) -> dict[str, Any]:
+        """The wire map."""
+        return {"t": self.KIND, "id": self.id, "answer": self.answer}
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,6 +446,8 @@ RelayFrame = (
     | Detach
     | Route
     | RouteError
+    | JoinVia
+    | JoinAnswer
     | RouteTable
     | E2EHello
     | Sealed
@@ -412,6 +468,8 @@ FRAME_TYPES: dict[str, type[RelayFrame]] = {
         Route,
         RouteError,
         RouteTable,
+        JoinVia,
+        JoinAnswer,
         E2EHello,
         Sealed,
         Candidates,

@@ -5,7 +5,9 @@ Two roles, either or both:
 - **relay** (``mesh.relay``, ``--relay``; :class:`RelayRole`): relay frames arriving on
   peer links go to :class:`~hearthnet.mesh.relay_core.RelayCore`; its actions are carried
   out on the links (``Send`` writes a frame, ``Refuse`` sends ``detach``, ``Close`` ends
-  the link). Only members of this community are served.
+  the link). Only members of this community are served. Relays federate with the relays
+  of ``mesh.relay_peers`` (``--relay-peer``): route tables go both ways, and a frame for
+  a member attached to the other relay goes relay → relay → member.
 - **member** (``mesh.relay_urls``, ``--relay-url``, or relays an invite brought;
   :class:`Relaying`, which also routes relay frames to the role they belong to): the
   relays are dialled as ordinary
@@ -19,21 +21,23 @@ Two roles, either or both:
 
 Not built yet (spec §8), with seams where the cores already return the actions: the direct
 upgrade (hole punching: no observed address is handed to the path core, so it never
-offers candidates, and ``StartPunch`` is ignored), relay-to-relay federation and community
-federation.
+offers candidates, and ``StartPunch`` is ignored) and community federation.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import json
 import logging
 import time
 from collections import Counter as Tally
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hearthnet.clock import now_ms
 from hearthnet.config import MeshSection
-from hearthnet.errors import HearthNetError, WireError
+from hearthnet.errors import HearthNetError, RateLimited, Unavailable, WireError
 from hearthnet.identity import KeyPair
 from hearthnet.membership import Membership
 from hearthnet.mesh.addresses import PeerBook, normalize_url
@@ -47,16 +51,19 @@ from hearthnet.mesh.paths import (
     Transmit,
 )
 from hearthnet.mesh.protocol import PeerInfo, decode_frame, encode_frame
-from hearthnet.mesh.relay_choice import AttachRelay, DetachRelay
+from hearthnet.mesh.relay_choice import AttachRelay, DetachRelay, RelayChoiceConfig
 from hearthnet.mesh.relay_core import Close, Refuse, RelayConfig, RelayCore, Send
 from hearthnet.mesh.relay_frames import (
     RELAY_FRAME_KINDS,
     Attach,
     Attached,
     Detach,
+    JoinAnswer,
+    JoinVia,
     RelayFrame,
     Route,
     RouteError,
+    RouteTable,
     parse_frame,
 )
 from hearthnet.mesh.relay_member import EndpointConfig, RelayEndpoint
@@ -68,10 +75,14 @@ log = logging.getLogger("hearthnet.mesh.relaying")
 TICK_S = 0.25  # the path core wants ~0.5 s; the relay core ~1 s
 SCAN_S = 1.0  # how often members without a path are looked for
 PROBE_TIMEOUT_S = 30.0  # a relayed path whose probe got no answer is dropped and retried
+MAX_PENDING_JOINS = 4  # joins a relay carries at a time for nodes not yet members
+JOIN_TIMEOUT_S = 10.0  # how long a relay waits for the inviter's answer to one
 HELLO_RETRY_MS = 1000  # an unanswered e2e hello is sent again this often
+ATTACH_TARGET = 2  # relays a member stays attached to, of those it knows (failover)
 UNKNOWN_ADDR = "0.0.0.0:1"  # observed address when the socket does not tell (unused yet)
 
 Dispatch = Callable[[PeerLink, dict[str, Any]], None]
+JoinHandler = Callable[[Any], Awaitable[dict[str, Any]]]  # a join request -> the answer
 
 
 def _observed_addr(link: PeerLink) -> str:
@@ -86,16 +97,77 @@ def _observed_addr(link: PeerLink) -> str:
 
 class RelayRole:
     """The relay's side (``--relay``): frames of attached members to the relay core, its
-    actions carried out on the links."""
+    actions carried out on the links.
 
-    def __init__(self, core: RelayCore, metrics: MetricsRegistry) -> None:
+    Federation (spec §8, ``mesh.relay_peers``, ``--relay-peer``): the peer relays' URLs
+    are dialled like peers; a link to one of them is up as federated at once (the core
+    sends our route table). The other side need not be configured: a ``route_table``
+    from a member of the community on a link not yet federated makes it federated (so
+    one side's ``--relay-peer`` is enough, and a link that came up inbound, without the
+    URL we dialled, still federates). A federated relay can only blackhole what it is
+    asked to carry: ``route.inner`` is sealed end to end.
+    """
+
+    def __init__(
+        self, core: RelayCore, metrics: MetricsRegistry, peer_urls: tuple[str, ...] = ()
+    ) -> None:
         self.core = core
+        self.peer_urls = peer_urls  # normalized URLs of the relays we federate with
+        self.peer_relays: set[str] = set()  # their NodeIDs, once linked
         self._served: set[PeerLink] = set()  # links the core knows are up
+        self._joins: dict[int, tuple[str, asyncio.Future[bytes]]] = {}  # id -> (inviter, answer)
+        self._join_ids = itertools.count(1)
+        self.joins_forwarded = 0
         self._register(metrics)
+
+    async def forward_join(self, link: PeerLink, request: bytes) -> bytes:
+        """Carry a not-yet-member's join request to the inviter on ``link`` and return its
+        answer (spec §8 ``--join`` through a relay). Bounded: :data:`MAX_PENDING_JOINS`
+        at a time, each waits :data:`JOIN_TIMEOUT_S` at most.
+
+        Raises:
+            RateLimited: as many joins are on their way already.
+            Unavailable: no answer in time, or the inviter's link went down.
+        """
+        if len(self._joins) >= MAX_PENDING_JOINS:
+            raise RateLimited("this relay carries as many joins as it takes", retry_after_ms=1000)
+        join_id = next(self._join_ids)
+        answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._joins[join_id] = (link.node, answer)
+        try:
+            link.send_raw(JoinVia(join_id, request).encode())
+            self.joins_forwarded += 1
+            return await asyncio.wait_for(answer, JOIN_TIMEOUT_S)
+        except TimeoutError as exc:
+            raise Unavailable("the inviter did not answer the join in time") from exc
+        finally:
+            self._joins.pop(join_id, None)
+
+    def join_answered(self, link: PeerLink, frame: JoinAnswer) -> None:
+        """The inviter's answer to a join this relay carried (from that inviter only)."""
+        pending = self._joins.get(frame.id)
+        if pending is not None and pending[0] == link.node and not pending[1].done():
+            pending[1].set_result(frame.answer)
+
+    def link_up(self, link: PeerLink, now: float) -> None:
+        """A direct link was admitted: federate when it goes to one of our peer relays."""
+        if link.address in self.peer_urls or link.node in self.peer_relays:
+            self._federate(link, now)
+
+    def _federate(self, link: PeerLink, now: float) -> None:
+        if self.core.is_federated(link):
+            return
+        log.info("federated with relay %s", link.node, extra={"peer": link.node})
+        self.peer_relays.add(link.node)
+        self._served.add(link)
+        observed = _observed_addr(link)
+        self._carry_out(self.core.link_up(link, link.node, observed, now, federated=True))
 
     def receive(self, link: PeerLink, frame: RelayFrame, now: float) -> None:
         """A relay frame off a direct link (the core learns of the link first)."""
-        if link not in self._served:
+        if isinstance(frame, RouteTable) and not self.core.is_federated(link):
+            self._federate(link, now)  # the other relay federates with us (see above)
+        elif link not in self._served:
             self._served.add(link)
             self._carry_out(self.core.link_up(link, link.node, _observed_addr(link), now))
         self._carry_out(self.core.receive(link, frame, now))
@@ -127,11 +199,14 @@ class RelayRole:
         s = self.core.statistics()
         return {
             "members": s.members,
+            "federated": s.federated,  # relays linked as federated
+            "routes": s.routes,  # members reached through them
             "forwarded": s.forwarded,
             "forwarded_bytes": s.forwarded_bytes,
             "rate_limited": s.rate_limited,
             "unreachable": s.unreachable,
             "duplicates": s.duplicates,
+            "joins_forwarded": self.joins_forwarded,
         }
 
     def _register(self, m: MetricsRegistry) -> None:
@@ -198,13 +273,20 @@ class Relaying:
         self.on_down = on_down
         self.errors = errors
         self.relay: RelayRole | None = None
+        # spec §8: admits a join a relay carried to us (the composition root sets it)
+        self.join_handler: JoinHandler | None = None
+        self._join_tasks: set[asyncio.Task[None]] = set()
         if config.relay:
             budgets = RelayConfig(
                 member_bytes_per_s=config.relay_member_bytes_per_s,
                 member_streams=config.relay_member_streams,
                 capacity_bytes_per_s=config.relay_capacity_bytes_per_s,
             )
-            self.relay = RelayRole(RelayCore(self.node_id, self.is_member, budgets), metrics)
+            peers = tuple(dict.fromkeys(normalize_url(u) for u in config.relay_peers))
+            core = RelayCore(self.node_id, self.is_member, budgets)
+            self.relay = RelayRole(core, metrics, peers)
+        if config.relay_peers and not config.relay:
+            log.warning("mesh.relay_peers (--relay-peer) is ignored: this node is not a relay")
         self.relay_urls = tuple(dict.fromkeys(normalize_url(u) for u in config.relay_urls))
         self.relays: set[str] = set()  # NodeIDs of the configured relays, once linked
         self.paths: PathCore | None = None
@@ -221,7 +303,10 @@ class Relaying:
     def _become_member(self) -> None:
         """Start the member role: a path core and end-to-end sessions."""
         # relays join the path core as they are linked (their NodeIDs are not known yet)
-        self.paths = PathCore(self.node_id, (), epoch=now_ms())
+        # spec §8 failover: a second relay stays attached, so when one dies its peers move
+        # to the other at once (no re-attach, and the other side's relay already has us)
+        choice = RelayChoiceConfig(attach_target=ATTACH_TARGET)
+        self.paths = PathCore(self.node_id, (), epoch=now_ms(), relay_config=choice)
         # a hello lost to a relay that did not yet have the peer is retried in 1 s
         self.endpoint = RelayEndpoint(
             self.keys, self.is_member, EndpointConfig(handshake_timeout_ms=HELLO_RETRY_MS)
@@ -237,6 +322,9 @@ class Relaying:
         peers, and take the relays an invite brought (kept in the book, spec §8)."""
         for url in self.relay_urls:  # configured: dialled, not remembered as relays
             self.book.add(url, source="bootstrap")
+        if self.relay is not None:  # relays we federate with are dialled the same way
+            for url in self.relay.peer_urls:
+                self.book.add(url, source="bootstrap")
         saved = [a.url for a in self.book.addresses.values() if a.source == "relay"]
         self.relay_urls = tuple(dict.fromkeys((*self.relay_urls, *saved)))
         if self.relay_urls and self.paths is None:
@@ -245,7 +333,10 @@ class Relaying:
     # --- hooks the mesh calls -------------------------------------------------------------
 
     def link_up(self, link: PeerLink) -> None:
-        """A link was admitted: attach when it is one of our relays (spec §8)."""
+        """A link was admitted: attach when it is one of our relays, federate when it is
+        a relay we federate with (spec §8)."""
+        if self.relay is not None and not is_relayed(link):
+            self.relay.link_up(link, time.monotonic())
         if self.paths is None or is_relayed(link):
             return
         if link.address in self.relay_urls or link.node in self.relays:
@@ -275,6 +366,10 @@ class Relaying:
         elif isinstance(frame, Detach) and link.node in self.relays and self.paths is not None:
             log.info("relay %s detached us: %s", link.node, frame.code or frame.reason)
             self._path_actions(self.paths.relay_lost(link.node, now))
+        elif isinstance(frame, JoinVia) and not is_relayed(link):
+            self._join_via(link, frame)
+        elif isinstance(frame, JoinAnswer) and self.relay is not None:
+            self.relay.join_answered(link, frame)
         elif isinstance(frame, RouteError) and frame.origin == self.node_id:
             # the path sequence resends what did not arrive; rate_limited waits its turn
             self.counts[f"route_error_{frame.code}"] += 1
@@ -302,6 +397,28 @@ class Relaying:
 
     def _send(self, link: PeerLink, frame: Any) -> None:
         link.send_raw(frame.encode())
+
+    def _join_via(self, link: PeerLink, frame: JoinVia) -> None:
+        """A relay carried a join request to us, the inviter: admit it as ``POST
+        /mesh/v1/join`` would and send the answer back (a few at a time)."""
+        handler = self.join_handler
+        if handler is None or len(self._join_tasks) >= MAX_PENDING_JOINS:
+            body: dict[str, Any] = Unavailable("this node takes no joins now").to_wire()
+            self._send(link, JoinAnswer(frame.id, json.dumps(body).encode()))
+            return
+
+        async def answer() -> None:
+            try:
+                out = await handler(json.loads(frame.request))
+            except WireError as exc:
+                out = exc.to_wire()
+            except ValueError:
+                out = {"error": "bad_request", "message": "the join request is not JSON"}
+            self._send(link, JoinAnswer(frame.id, json.dumps(out).encode()))
+
+        task = asyncio.get_running_loop().create_task(answer(), name="mesh-relayed-join")
+        self._join_tasks.add(task)
+        task.add_done_callback(self._join_tasks.discard)
 
     # --- member role ----------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -155,4 +156,86 @@ async def test_members_reattach_after_the_relay_is_killed_and_restarted(tmp_path
         (reply["meta"]["node"], reply["output"]),
         back,
         opened > 0,
+    )
+
+
+async def test_a_node_joins_through_the_relay_when_the_inviter_cannot_be_dialled(
+    tmp_path: Path,
+) -> None:
+    """The invite's bootstrap is undiallable: the relay carries the join to the inviter."""
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.start(0)
+        cluster.start(1, "--relay")
+        relay_url = cluster.nodes[1].url
+        cluster.nodes[0].stop()
+        cluster.start(0, "--relay-url", relay_url, "--advertise-url", UNDIALLABLE)
+        inviter, relay = cluster.keys(0).node_id, cluster.keys(1).node_id
+        await eventually(
+            lambda: asyncio.to_thread(status_of, cluster.nodes[1]),
+            lambda got: got["relaying"]["relay"]["members"] >= 1,
+            within_s=30,
+            what="the inviter attached to the relay",
+        )
+        made = run_cli(
+            "community", "invite", "--data-dir", str(cluster.data(0)),
+            "--bootstrap", UNDIALLABLE, "--relay-url", relay_url,
+        )  # fmt: skip
+        cluster.start(2, "--join", made.stdout.strip(), "--advertise-url", UNDIALLABLE, join=False)
+        seen = await eventually(
+            lambda: asyncio.to_thread(paths, cluster, 2),
+            lambda got: got.get(inviter) == ("relayed", relay),
+            within_s=30,
+            what="the new member relayed to the inviter",
+        )
+        forwarded = status_of(cluster.nodes[1])["relaying"]["relay"]["joins_forwarded"]
+    finally:
+        cluster.stop_all()
+    assert (("relayed", relay), 1) == (seen[inviter], forwarded)
+
+
+async def test_killing_the_relay_in_use_moves_relayed_peers_to_the_other(tmp_path: Path) -> None:
+    """Members with two federated relays: kill -9 the one in use, calls go on via the other."""
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.start(0, "--relay")
+        cluster.start(1, "--relay", "--relay-peer", cluster.nodes[0].url)
+        both = ("--relay-url", cluster.nodes[0].url, "--relay-url", cluster.nodes[1].url)
+        for i in (2, 3):
+            cluster.start(i, *both, "--advertise-url", UNDIALLABLE)
+        relays, three = {cluster.keys(i).node_id: i for i in (0, 1)}, cluster.keys(3).node_id
+        before = await eventually(
+            lambda: asyncio.to_thread(paths, cluster, 2),
+            lambda got: got.get(three, ("", None))[0] == "relayed",
+            within_s=30,
+            what="node 2 relayed to node 3",
+        )
+        used = before[three][1]
+        other = next(r for r in relays if r != used)
+        killed_at = time.monotonic()
+        cluster.kill(relays[used])
+
+        async def answer() -> Any:
+            async with Client(cluster.nodes[2].url, keys=cluster.keys(2)) as client:
+                try:
+                    return await client.call_with_meta("echo@1.0", {"x": 4}, target=three)
+                except HearthNetError:
+                    return None
+
+        reply = await eventually(answer, lambda r: r is not None, within_s=15, what="a call")
+        resumed_s = time.monotonic() - killed_at
+        after = await eventually(
+            lambda: asyncio.to_thread(paths, cluster, 2),
+            lambda got: got.get(three) == ("relayed", other),
+            within_s=15,
+            what="node 2 relayed to node 3 through the other relay",
+        )
+        moved_s = time.monotonic() - killed_at
+    finally:
+        cluster.stop_all()
+    print(f"relay failover on loopback: a call {resumed_s:.2f} s, the path {moved_s:.2f} s")
+    assert ((three, {"echo": {"x": 4}}), ("relayed", other), True) == (
+        (reply["meta"]["node"], reply["output"]),
+        after[three],
+        moved_s <= 15,
     )

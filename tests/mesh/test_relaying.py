@@ -23,6 +23,7 @@ from hearthnet.community import CommunityStore, Level
 from hearthnet.config import Config
 from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.membership import Membership
+from hearthnet.mesh.admission import RELAY_JOIN_PATH, Invite, join_request
 from hearthnet.mesh.frame_fields import MAX_INNER_BYTES
 from hearthnet.mesh.links import run_handshake
 from hearthnet.mesh.path_frames import PFrame
@@ -203,3 +204,87 @@ async def test_a_member_without_room_for_links_calls_through_the_relays_links(
         (answer["meta"]["node"], answer["output"]),
         links,
     )
+
+
+async def test_members_of_two_federated_relays_reach_each_other(
+    make_config: MakeConfig,
+) -> None:
+    """Relays federate when one names the other; a and b, one on each, call relayed."""
+    configs = [make_config(mesh={"relay": True}) for _ in range(2)]
+    configs += [make_config(), make_config()]
+    one_community(configs)
+    async with Node(configs[1]) as relay2:
+        peered = dataclasses.replace(
+            configs[0], mesh=dataclasses.replace(configs[0].mesh, relay_peers=(relay2.url,))
+        )
+        async with (
+            Node(peered) as relay1,
+            Node(relayed_to(configs[2], relay1.url)) as a,
+            Node(relayed_to(configs[3], relay2.url)) as b,
+        ):
+            ids = (relay1.keys.node_id, relay2.keys.node_id, a.keys.node_id, b.keys.node_id)
+            cores = [r.mesh.relaying.relay.core for r in (relay1, relay2) if r.mesh.relaying.relay]
+            await wait_until(
+                lambda: [c.routes() for c in cores] == [{ids[3]: ids[1]}, {ids[2]: ids[0]}],
+                10,
+                "each relay routes to the other's member",
+            )
+            await wait_until(
+                lambda: (path_to(a, b), path_to(b, a)) == ("relayed", "relayed"),
+                15,
+                "a and b relayed to each other",
+            )
+            via = (
+                path_fields(a.mesh.links[ids[3]])["via"],
+                path_fields(b.mesh.links[ids[2]])["via"],
+            )
+            async with Client(a.url, keys=a.keys) as client:
+                answer = await client.call_with_meta("echo@1.0", {"x": 3}, target=ids[3])
+            shown = [r.mesh.relaying.statistics()["relay"] for r in (relay1, relay2)]
+    assert ((ids[0], ids[1]), (ids[3], {"echo": {"x": 3}}), [(1, 1), (1, 1)]) == (
+        via,
+        (answer["meta"]["node"], answer["output"]),
+        [(s["federated"], s["routes"]) for s in shown],
+    )
+
+
+async def test_a_relay_carries_a_join_only_for_an_inviter_linked_to_it(
+    make_config: MakeConfig,
+) -> None:
+    """Relayed joins: a non-relay says not_found, a wrong 'to' is bad_request, an unlinked
+    inviter unavailable, a forged request invalid_signature; none reaches the membership."""
+    configs = [make_config(), make_config(mesh={"relay": True}), make_config(), make_config()]
+    one_community(configs[:3])
+    founder = load_or_create_keys(Path(configs[0].node.data_dir))
+    joiner = load_or_create_keys(Path(configs[3].node.data_dir))
+    async with Node(configs[1]) as relay, Node(configs[2]) as plain:
+        community = relay.authenticator.community_id
+        invite = Invite.issue(
+            founder, community=community, level=Level.MEMBER, ttl_ms=60_000,
+            now_ms=now_ms(), bootstrap=[UNDIALLABLE], nonce="nonce-0001", relays=[relay.url],
+        )  # fmt: skip
+        request = join_request(joiner, invite, name="j", now_ms=now_ms())
+        forged = {**request, "name": "someone else"}
+        tries = [
+            (plain.url, founder.node_id, request),
+            (relay.url, relay.keys.node_id, request),
+            (relay.url, founder.node_id, request),
+            (relay.url, founder.node_id, forged),
+        ]
+        codes = []
+        async with aiohttp.ClientSession() as http:
+            for url, to, body in tries:
+                async with http.post(
+                    url + RELAY_JOIN_PATH, json={"to": to, "request": body}
+                ) as resp:
+                    codes.append((resp.status, (await resp.json())["error"]))
+        members = joiner.node_id in relay.authenticator.membership.members
+    assert (
+        [
+            (404, "not_found"),
+            (400, "bad_request"),
+            (503, "unavailable"),
+            (401, "invalid_signature"),
+        ],
+        False,
+    ) == (codes, members)
