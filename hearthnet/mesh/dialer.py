@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
@@ -284,6 +285,52 @@ class Dialer:
         if ws is not None:
             await ws.close()
         return None
+
+    async def dial_punched(
+        self,
+        addr: str,
+        expect: str,
+        socket_factory: Callable[[Any], socket.socket],
+        within_s: float,
+    ) -> bool:
+        """The client side of a direct upgrade (spec §8): connect to ``addr`` (``ip:port``)
+        with a socket from ``socket_factory`` (bound to our listening port, so the connect
+        is one half of a simultaneous open), then TLS, the upgrade and the handshake with
+        ``expect``; the link runs here until it ends. False when no link came of it."""
+        target = self.dial_url(f"http://{addr}")
+        tls = target.startswith("https:")
+        connector = aiohttp.TCPConnector(socket_factory=socket_factory, force_close=True)
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=within_s)
+        ) as http:
+            ws: aiohttp.ClientWebSocketResponse | None = None
+            try:
+                async with asyncio.timeout(within_s + self.dial_timeout_s):
+                    ws = await http.ws_connect(
+                        target + "/mesh/v1/peer",
+                        protocols=(SUBPROTOCOL,),
+                        max_msg_size=MAX_FRAME_BYTES,
+                        autoping=True,
+                        heartbeat=None,
+                        compress=0,
+                        ssl=self._tls_client if tls and self._tls_client is not None else False,
+                    )
+                    cert_node = peer_node_id(ws.get_extra_info("ssl_object")) if tls else None
+                    if cert_node is not None and cert_node != expect:
+                        raise InvalidSignature(f"{target} presented the certificate of {cert_node}")
+                    handshake = self._handshake(outbound=True, expect=expect)
+                    peer = await run_handshake(ws, handshake, now_ms, self.link_errors)
+            except (WireError, TimeoutError, aiohttp.ClientError, OSError) as exc:
+                log.info("punched dial of %s (%s) failed: %s", expect, addr, exc)
+                if ws is not None:
+                    await ws.close()
+                return False
+            link = self._link(peer, ws, True, None)
+            if not self.admit(link):
+                await ws.close()
+                return False
+            await link.run()
+            return True
 
     def dial_tick(self) -> None:
         """Dial the addresses that are due, up to the link budget (spec §7.2: D links)."""

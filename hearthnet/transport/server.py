@@ -320,6 +320,8 @@ class HttpServer:
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            # spec §8: the direct upgrade opens TCP from this port while we listen on it
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((host, port))
             sock.listen(1024)
             sock.setblocking(False)
@@ -365,6 +367,23 @@ class HttpServer:
             gate.closers[key] = _canceller(task)
             self._sniffing.add(task)
             task.add_done_callback(self._sniffing.discard)
+
+    def serve_socket(self, conn: socket.socket, peer_ip: str) -> bool:
+        """Serve a connection this node opened itself (a punched one, spec §8) as if it
+        had been accepted; False when the pre-auth gate refused it (then it is closed)."""
+        if self.gate is None:
+            conn.close()
+            return False
+        key, refusal = self.gate.open(peer_ip)
+        if refusal is not None:
+            _refuse_socket(conn, refusal)
+            return False
+        conn.setblocking(False)
+        task = asyncio.get_running_loop().create_task(self._serve_connection(conn, key, self.gate))
+        self.gate.closers[key] = _canceller(task)
+        self._sniffing.add(task)
+        task.add_done_callback(self._sniffing.discard)
+        return True
 
     def _out_of_descriptors(self, sock: socket.socket, gate: PreAuthGate) -> bool:
         """accept() failed with EMFILE: shed the oldest pending connection, and take the
