@@ -445,6 +445,7 @@ class Node:
             advertised_url(self.config.node.host, port, self.url),
             host=self.config.node.host,
             port=port,
+            serve_socket=self.server.serve_socket,
         )
         self.spawn(self.mesh.run(), "mesh")
         self.started_ms = now_ms()

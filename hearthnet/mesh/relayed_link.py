@@ -57,6 +57,7 @@ class RelayedLink(PeerLink):
             peer, _NoSocket(), outbound=outbound, on_frame=on_frame, on_down=on_down, errors=errors
         )
         self.via = via
+        self.upgrading = False  # a direct upgrade (hole punching) is under way
         self._transmit = transmit
 
     def send_raw(self, data: bytes) -> bool:
@@ -93,7 +94,7 @@ class RelayedLink(PeerLink):
 def path_fields(link: PeerLink) -> dict[str, Any]:
     """``path`` and ``via`` of a linked peer, for ``hearthnet peers`` (spec §8)."""
     if isinstance(link, RelayedLink):
-        return {"path": "relayed", "via": link.via}
+        return {"path": "upgrading" if link.upgrading else "relayed", "via": link.via}
     return {"path": "direct", "via": None}
 
 

@@ -19,9 +19,12 @@ Two roles, either or both:
   ``route`` frames. The peer is who its signed ``e2e_hello`` says, and a member; a frame a
   relay altered, replayed or forged is refused and counted, never delivered.
 
-Not built yet (spec §8), with seams where the cores already return the actions: the direct
-upgrade (hole punching: no observed address is handed to the path core, so it never
-offers candidates, and ``StartPunch`` is ignored) and community federation.
+The direct upgrade: the relay's ``observed_addr`` goes to the path core as our candidate
+(with our listening port, :func:`~hearthnet.mesh.punching.candidate`), and its
+``StartPunch`` to :class:`~hearthnet.mesh.punching.Puncher`; a punched link replaces the
+relayed one like any direct link, and a failed punch leaves the peer relayed.
+
+Not built yet (spec §8): community federation.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from hearthnet.mesh.paths import (
     Transmit,
 )
 from hearthnet.mesh.protocol import PeerInfo, decode_frame, encode_frame
+from hearthnet.mesh.punching import Puncher
 from hearthnet.mesh.relay_choice import AttachRelay, DetachRelay, RelayChoiceConfig
 from hearthnet.mesh.relay_core import Close, Refuse, RelayConfig, RelayCore, Send
 from hearthnet.mesh.relay_frames import (
@@ -291,6 +295,7 @@ class Relaying:
         self.relays: set[str] = set()  # NodeIDs of the configured relays, once linked
         self.paths: PathCore | None = None
         self.endpoint: RelayEndpoint | None = None
+        self.puncher: Puncher | None = None  # the direct upgrade, once the node listens
         self.metrics = metrics
         self.max_links = config.max_links
         self._next_scan = 0.0
@@ -377,8 +382,8 @@ class Relaying:
             self.relay.receive(link, frame, now)
         elif isinstance(frame, Attach):
             self._send(link, Detach("unauthorized", "this node is not a relay"))
-        # else: path frames on a direct link belong to the direct upgrade (spec §8), not
-        # built yet; nothing sends them to us while we offer no candidates.
+        # else: path frames come sealed through a relay; a punched link carries peer
+        # frames, not path frames
         return True
 
     def tick(self) -> None:
@@ -427,9 +432,22 @@ class Relaying:
             return
         rtt = max(0, now_ms() - frame.ts_echo) / 1000 if frame.ts_echo is not None else 1.0
         log.info("attached to relay %s (rtt %.1f ms)", link.node, rtt * 1000)
-        # spec §8: the observed address is what a direct upgrade would punch from; until
-        # hole punching is built it is not handed on, so no candidates are offered.
-        self._path_actions(self.paths.relay_attached(link.node, None, rtt, now))
+        # spec §8: the observed address, with the port we listen and punch on, is the
+        # candidate a direct upgrade offers (none: no upgrade is tried)
+        ours = self.puncher.candidate(frame.observed_addr) if self.puncher is not None else None
+        self._path_actions(self.paths.relay_attached(link.node, ours, rtt, now))
+
+    def punched(self, peer: str, nonce: str, ok: bool) -> None:
+        """A punch ended: a punched link replaced the relayed one (its sequence and
+        session start afresh, should the peer need the relay again), or the peer stays
+        relayed and the path core retries later."""
+        if self.paths is None:
+            return
+        link = self.links.get(peer)
+        if ok and link is not None and not is_relayed(link):
+            self._forget(peer)
+        else:
+            self._path_actions(self.paths.punch_failed(peer, nonce, time.monotonic()))
 
     def _scan(self, now: float) -> None:
         """Members we have no direct link to and cannot dial get a relayed path, while
@@ -504,10 +522,11 @@ class Relaying:
 
     def _path_actions(self, actions: list[Any]) -> None:
         assert self.endpoint is not None
+        assert self.paths is not None
         for action in actions:
             if isinstance(action, Transmit):
                 if action.via is None:
-                    continue  # the direct path: only after an upgrade, not built yet
+                    continue  # never: a punched link replaces the relayed one (see punched)
                 for route in self.endpoint.wrap(action.peer, action.frame, now_ms()):
                     self._route_out(route, action.via)
             elif isinstance(action, Deliver):
@@ -525,8 +544,14 @@ class Relaying:
                 link = self.links.get(action.peer)
                 if isinstance(link, RelayedLink) and action.via is not None:
                     link.via = action.via
+                    link.upgrading = action.state is PathState.UPGRADING
             elif isinstance(action, StartPunch):
-                pass  # spec §8 direct upgrade (hole punching): not built yet
+                if self.puncher is not None:
+                    self.puncher.start(action)  # it reports to punched()
+                else:
+                    self._path_actions(
+                        self.paths.punch_failed(action.peer, action.nonce, time.monotonic())
+                    )
 
     def _route_out(self, route: Route, via: str | None = None) -> None:
         assert self.paths is not None

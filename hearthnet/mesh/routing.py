@@ -4,8 +4,8 @@ something a frame can be sent on.
 A path is a direct :class:`~hearthnet.mesh.links.PeerLink` or, for a peer reached through
 a relay (spec §8), a :class:`~hearthnet.mesh.relayed_link.RelayedLink` kept in the same
 table: whatever :meth:`Routes.path_to` returns for a node is what gossip, heartbeats and
-remote calls send on. A direct link replaces a relayed one (:meth:`Routes.admit`).
-Upgrading paths (the direct upgrade) are not built yet.
+remote calls send on. A direct link replaces a relayed one (:meth:`Routes.admit`); that
+is how a punched link (the direct upgrade, :mod:`hearthnet.mesh.punching`) takes over.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Routes:
         return self.links.get(node)
 
     def path_kind(self, node: str) -> str:
-        """``direct`` or ``relayed`` (``upgrading`` once the direct upgrade is built)."""
+        """``direct``, ``relayed`` or ``upgrading`` (a relayed link being punched)."""
         link = self.links.get(node)
         return "direct" if link is None else str(path_fields(link)["path"])
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
@@ -43,7 +44,8 @@ from hearthnet.mesh.discovery import Discovery
 from hearthnet.mesh.gossip import OriginTracker
 from hearthnet.mesh.health import LinkHealth
 from hearthnet.mesh.links import LinkErrors, PeerLink
-from hearthnet.mesh.relayed_link import path_fields
+from hearthnet.mesh.punching import Puncher
+from hearthnet.mesh.relayed_link import is_relayed, path_fields
 from hearthnet.mesh.relaying import TICK_S as RELAY_TICK_S
 from hearthnet.mesh.relaying import Relaying
 from hearthnet.mesh.remote import RemoteCalls
@@ -173,6 +175,22 @@ class Mesh:
             on_down=self._link_down,
         )
 
+        # the direct upgrade (spec §8): StartPunch from the path core, carried out here
+        self.puncher = Puncher(
+            node_id=keys.node_id,
+            linked_direct=self._linked_direct,
+            dial=self.dialer.dial_punched,
+            serve=None,
+            spawn=self.spawn,
+            report=self.relaying.punched,
+        )
+        self.puncher.register(m)
+        self.relaying.puncher = self.puncher
+
+    def _linked_direct(self, node: str) -> bool:
+        link = self.routes.links.get(node)
+        return link is not None and not is_relayed(link)
+
     @property
     def links(self) -> dict[str, PeerLink]:
         """The direct links up, by the peer's NodeID."""
@@ -185,7 +203,14 @@ class Mesh:
 
     # --- life -------------------------------------------------------------------------
 
-    async def start(self, url: str, *, host: str, port: int) -> None:
+    async def start(
+        self,
+        url: str,
+        *,
+        host: str,
+        port: int,
+        serve_socket: Callable[[socket.socket, str], bool] | None = None,
+    ) -> None:
         """Load what survives restarts (peer addresses, which messages we hold) and start
         announcing on the LAN."""
         self.url = self.dialer.url = self.config.advertise_url or url
@@ -194,6 +219,9 @@ class Mesh:
         for peer in self.config.peers:
             self.book.add(peer, source="bootstrap")
         self.relaying.start()  # relays: their URLs are dialled like peers
+        # the direct upgrade punches from the port we listen on; the server takes the socket
+        self.puncher.listening(host, port)
+        self.puncher.serve = serve_socket
         for origin, floor, head, above in await self.log.origin_heads():
             self.tracker.load(origin, head, floor, above)
         if self.config.zeroconf:
