@@ -1,0 +1,159 @@
+"""The direct upgrade (spec §8): two home nodes behind NAT, attached to one relay, punch
+a direct TCP link (simultaneous open) where their NATs keep ports, and stay relayed where
+the NATs map every connection to a new port. Real node processes, real nftables NAT."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.conftest import MakeNatLab
+from tests.chaos.netns import HostProcess, Machine
+from tests.chaos.test_relay_netns import FAST, PORT, cli, paths, prepare, start
+from tests.helpers import eventually
+
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
+
+N = 20
+
+
+def upgrades(machine: Machine) -> dict[str, float]:
+    """``hearthnet_path_upgrades`` by outcome, from the node's ``/metrics``."""
+    done = machine.run("curl", "-s", f"http://{machine.ip}:{PORT}/metrics", timeout=30)
+    out: dict[str, float] = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("hearthnet_path_upgrades{"):
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            out[outcome] = float(line.split()[-1])
+    return out
+
+
+def subscribe(root: Path, machine: Machine, topic: str, count: int) -> HostProcess:
+    """``hearthnet sub TOPIC --count COUNT`` in the machine's namespace."""
+    return machine.popen(
+        *machine.python(
+            "-m", "hearthnet.cli", "sub", topic, "--last", str(count), "--count", str(count),
+            "--data-dir", str(root / machine.name),
+        ),
+        env=FAST,
+    )  # fmt: skip
+
+
+def received(sub: HostProcess, count: int, within_s: float) -> list[int]:
+    """The ``n`` of the first ``count`` messages the subscriber printed."""
+    got: list[int] = []
+
+    def one(line: str) -> bool:
+        if line.startswith("{") and '"n"' in line:
+            got.append(json.loads(line)["data"]["n"])
+        return len(got) >= count
+
+    sub.wait_for_line(one, within_s)
+    return got
+
+
+async def both_paths(root: Path, a: Machine, b: Machine) -> list[dict[str, tuple[str, str | None]]]:
+    """``{peer: (path, via)}`` on both home nodes, read at once."""
+    return list(
+        await asyncio.gather(asyncio.to_thread(paths, root, a), asyncio.to_thread(paths, root, b))
+    )
+
+
+async def test_plain_nats_upgrade_to_direct_with_nothing_lost(
+    make_nat_lab: MakeNatLab, tmp_path: Path
+) -> None:
+    """Behind plain NATs the relayed pair goes direct; messages sent across arrive once each."""
+    lab = make_nat_lab(["plain", "plain"], public=("relay",))
+    relay = lab.public["relay"]
+    home_a, home_b = lab.homes
+    relay_keys, a_keys, b_keys = prepare(tmp_path, [relay, home_a, home_b])
+    procs = [start(tmp_path, relay, "--relay")]
+    try:
+        for home in (home_a, home_b):
+            procs.append(start(tmp_path, home, "--relay-url", f"http://{relay.ip}:{PORT}"))
+        sub = subscribe(tmp_path, home_b, "home.punch", N)
+        procs.append(sub)
+
+        def publish() -> None:
+            for n in range(N):
+                cli(tmp_path, home_a, "pub", "home.punch", "--data", json.dumps({"n": n}))
+
+        # published from the start: across the relayed path coming up and the switch
+        publishing = asyncio.create_task(asyncio.to_thread(publish))
+        seen = await eventually(
+            lambda: both_paths(tmp_path, home_a, home_b),
+            lambda got: (
+                got[0].get(b_keys.node_id, ("",))[0] == "direct"
+                and got[1].get(a_keys.node_id, ("",))[0] == "direct"
+            ),
+            within_s=60,
+            what="both home nodes direct to each other",
+        )
+        await publishing
+        got = await asyncio.to_thread(received, sub, N, 60)
+        counts = await asyncio.to_thread(upgrades, home_a)
+    finally:
+        for proc in reversed(procs):
+            if proc.returncode is None:
+                proc.host.kill(proc, signal.SIGTERM)
+    assert (
+        ("direct", None),
+        ("direct", None),
+        list(range(N)),
+        True,
+    ) == (
+        seen[0][b_keys.node_id],
+        seen[1][a_keys.node_id],
+        sorted(got),
+        counts.get("succeeded", 0) >= 1,
+    )
+    assert relay_keys.node_id in seen[0]
+
+
+async def test_symmetric_nats_stay_relayed_and_traffic_flows(
+    make_nat_lab: MakeNatLab, tmp_path: Path
+) -> None:
+    """Behind fully-random NATs the punch fails, the link stays relayed and messages arrive."""
+    lab = make_nat_lab(["fully-random", "fully-random"], public=("relay",))
+    relay = lab.public["relay"]
+    home_a, home_b = lab.homes
+    relay_keys, a_keys, b_keys = prepare(tmp_path, [relay, home_a, home_b])
+    procs = [start(tmp_path, relay, "--relay")]
+    try:
+        for home in (home_a, home_b):
+            procs.append(start(tmp_path, home, "--relay-url", f"http://{relay.ip}:{PORT}"))
+        failed = await eventually(
+            lambda: asyncio.gather(
+                asyncio.to_thread(upgrades, home_a), asyncio.to_thread(upgrades, home_b)
+            ),
+            lambda got: all(side.get("failed", 0) >= 1 for side in got),
+            within_s=90,
+            what="a punch tried and failed on both sides",
+        )
+        seen = await both_paths(tmp_path, home_a, home_b)
+        sub = subscribe(tmp_path, home_b, "home.punch", 3)
+        procs.append(sub)
+        for n in range(3):
+            await asyncio.to_thread(
+                cli, tmp_path, home_a, "pub", "home.punch", "--data", json.dumps({"n": n})
+            )
+        got = await asyncio.to_thread(received, sub, 3, 60)
+    finally:
+        for proc in reversed(procs):
+            if proc.returncode is None:
+                proc.host.kill(proc, signal.SIGTERM)
+    assert (
+        ("relayed", relay_keys.node_id),
+        ("relayed", relay_keys.node_id),
+        [0, 1, 2],
+        0.0,
+    ) == (
+        seen[0][b_keys.node_id],
+        seen[1][a_keys.node_id],
+        sorted(got),
+        failed[0].get("succeeded", 0.0) + failed[1].get("succeeded", 0.0),
+    )
