@@ -157,3 +157,52 @@ async def test_symmetric_nats_stay_relayed_and_traffic_flows(
         sorted(got),
         failed[0].get("succeeded", 0.0) + failed[1].get("succeeded", 0.0),
     )
+
+
+async def test_a_dead_direct_path_falls_back_to_the_relay(
+    make_nat_lab: MakeNatLab, tmp_path: Path
+) -> None:
+    """When the route between the two NATs is cut, the peers go back through the relay."""
+    lab = make_nat_lab(["plain", "plain"], public=("relay",))
+    relay = lab.public["relay"]
+    home_a, home_b = lab.homes
+    relay_keys, a_keys, b_keys = prepare(tmp_path, [relay, home_a, home_b])
+    procs = [start(tmp_path, relay, "--relay")]
+    try:
+        for home in (home_a, home_b):
+            procs.append(start(tmp_path, home, "--relay-url", f"http://{relay.ip}:{PORT}"))
+        await eventually(
+            lambda: both_paths(tmp_path, home_a, home_b),
+            lambda got: (
+                got[0].get(b_keys.node_id, ("",))[0] == "direct"
+                and got[1].get(a_keys.node_id, ("",))[0] == "direct"
+            ),
+            within_s=60,
+            what="both home nodes direct to each other",
+        )
+        lab.block(home_a.router, home_b.router)
+        seen = await eventually(
+            lambda: both_paths(tmp_path, home_a, home_b),
+            lambda got: (
+                got[0].get(b_keys.node_id, ("",))[0] in ("relayed", "upgrading")
+                and got[1].get(a_keys.node_id, ("",))[0] in ("relayed", "upgrading")
+            ),
+            within_s=60,
+            what="both home nodes back on the relay",
+        )
+        sub = subscribe(tmp_path, home_b, "home.punch", 3)
+        procs.append(sub)
+        for n in range(3):
+            await asyncio.to_thread(
+                cli, tmp_path, home_a, "pub", "home.punch", "--data", json.dumps({"n": n})
+            )
+        got = await asyncio.to_thread(received, sub, 3, 60)
+    finally:
+        for proc in reversed(procs):
+            if proc.returncode is None:
+                proc.host.kill(proc, signal.SIGTERM)
+    assert (relay_keys.node_id, relay_keys.node_id, [0, 1, 2]) == (
+        seen[0][b_keys.node_id][1],
+        seen[1][a_keys.node_id][1],
+        sorted(got),
+    )
