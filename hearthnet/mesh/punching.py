@@ -191,8 +191,11 @@ class Puncher:
             def factory(_addr_info: Any) -> socket.socket:
                 return reusable_socket(bind_host, self.port)
 
-            self.spawn(self.dial(addr, action.peer, factory, PUNCH_WINDOW_S), "punch-dial")
+            dialing: asyncio.Task[Any] | None = self.spawn(
+                self.dial(addr, action.peer, factory, PUNCH_WINDOW_S), "punch-dial"
+            )
         else:
+            dialing = None
             sock = await self._simultaneous_open(bind_host, (ip, port))
             if sock is None:
                 return False
@@ -203,6 +206,8 @@ class Puncher:
         while time.monotonic() < deadline:
             if self.linked_direct(action.peer):
                 return True
+            if dialing is not None and dialing.done():
+                return False  # the dial failed (a dial that linked runs until the link ends)
             await asyncio.sleep(0.1)
         return False
 

@@ -1,6 +1,8 @@
 """Two home nodes behind NAT reach each other through one relay (spec §8). Real node
 processes: the relay on a public host, each home node behind its own NAT router that
-drops unsolicited inbound, so neither home node can dial the other."""
+drops unsolicited inbound, so neither home node can dial the other. The NATs are
+symmetric (fully-random), so the direct upgrade fails and the pair stays relayed (the
+upgrade itself: test_punch_netns.py)."""
 
 from __future__ import annotations
 
@@ -86,7 +88,7 @@ async def test_two_nat_nodes_publish_and_call_through_one_relay(
     make_nat_lab: MakeNatLab, tmp_path: Path
 ) -> None:
     """Two NAT'd nodes see each other relayed; a publish and a pinned call get across."""
-    lab = make_nat_lab(["plain", "plain"], public=("relay",))
+    lab = make_nat_lab(["fully-random", "fully-random"], public=("relay",))
     relay = lab.public["relay"]
     home_a, home_b = lab.homes
     relay_keys, a_keys, b_keys = prepare(tmp_path, [relay, home_a, home_b])
