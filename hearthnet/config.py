@@ -465,6 +465,13 @@ class MeshSection:
         default=8 * 1024 * 1024,
         metadata=_doc("Relay capacity shared fairly among the members sending (spec §8)."),
     )
+    direct_upgrade: bool = field(
+        default=True,
+        metadata=_doc(
+            "Try to turn relayed links into direct ones by hole punching (spec §8); "
+            "off: relayed peers stay relayed."
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,6 +72,7 @@ from hearthnet.mesh.relay_frames import (
 )
 from hearthnet.mesh.relay_member import EndpointConfig, RelayEndpoint
 from hearthnet.mesh.relayed_link import RelayedLink, is_relayed
+from hearthnet.mesh.routing import REPLACED_BY_DIRECT
 from hearthnet.metrics import MetricsRegistry
 
 log = logging.getLogger("hearthnet.mesh.relaying")
@@ -83,6 +84,7 @@ MAX_PENDING_JOINS = 4  # joins a relay carries at a time for nodes not yet membe
 JOIN_TIMEOUT_S = 10.0  # how long a relay waits for the inviter's answer to one
 HELLO_RETRY_MS = 1000  # an unanswered e2e hello is sent again this often
 ATTACH_TARGET = 2  # relays a member stays attached to, of those it knows (failover)
+RETIRE_S = 10.0  # a relayed path replaced by a direct link finishes its frames this long
 UNKNOWN_ADDR = "0.0.0.0:1"  # observed address when the socket does not tell (unused yet)
 
 Dispatch = Callable[[PeerLink, dict[str, Any]], None]
@@ -301,6 +303,8 @@ class Relaying:
         self._next_scan = 0.0
         # peers we opened a relayed path to, until it is up: when the probe went out
         self._probing: dict[str, float] = {}
+        # peers whose relayed link a direct one replaced: when their path is forgotten
+        self._retiring: dict[str, float] = {}
         self.counts: Tally[str] = Tally()  # member side: relayed frames and bytes, refusals
         if self.relay_urls:
             self._become_member()
@@ -354,7 +358,12 @@ class Relaying:
         if self.relay is not None:
             self.relay.link_down(link, now)
         if isinstance(link, RelayedLink):
-            self._forget(link.node)
+            if link.down_reason == REPLACED_BY_DIRECT:
+                # frames already on the relayed path still arrive (in order, once, resent
+                # if lost) and go to the direct link; then the path is forgotten
+                self._retiring[link.node] = now + RETIRE_S
+            else:
+                self._forget(link.node)
         elif self.paths is not None and link.node in self.relays:
             self._path_actions(self.paths.relay_lost(link.node, now))
 
@@ -396,6 +405,11 @@ class Relaying:
         self._path_actions(self.paths.tick(now))
         for route in self.endpoint.tick(now_ms()):
             self._route_out(route)
+        for peer, at in list(self._retiring.items()):
+            if now >= at:
+                del self._retiring[peer]
+                if not is_relayed(self.links.get(peer)):  # else it is relayed again, in use
+                    self._forget(peer)
         if now >= self._next_scan:
             self._next_scan = now + SCAN_S
             self._scan(now)
@@ -445,7 +459,8 @@ class Relaying:
             return
         link = self.links.get(peer)
         if ok and link is not None and not is_relayed(link):
-            self._forget(peer)
+            # the relayed path finishes what it carries, then is forgotten (see link_down)
+            self._retiring.setdefault(peer, time.monotonic() + RETIRE_S)
         else:
             self._path_actions(self.paths.punch_failed(peer, nonce, time.monotonic()))
 
@@ -612,6 +627,7 @@ class Relaying:
         self.paths.forget(peer)
         self.endpoint.forget(peer)
         self._probing.pop(peer, None)
+        self._retiring.pop(peer, None)
 
     # --- status ---------------------------------------------------------------------------
 

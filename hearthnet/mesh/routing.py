@@ -18,6 +18,8 @@ from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.protocol import winning_direction
 from hearthnet.mesh.relayed_link import is_relayed, path_fields
 
+REPLACED_BY_DIRECT = "a direct link is up"  # why a relayed link closed for a direct one
+
 
 class PeerPath(Protocol):
     """What the mesh sends frames on: a direct link or a relayed one (spec §8)."""
@@ -56,7 +58,7 @@ class Routes:
         if existing is not None and (is_relayed(existing) or is_relayed(link)):
             if is_relayed(link):
                 return False
-            existing.close("a direct link is up", send_bye=False)
+            existing.close(REPLACED_BY_DIRECT, send_bye=False)
             existing = self.links.get(link.node)
         if existing is not None:
             outbound_wins = winning_direction(self.node_id, link.node)

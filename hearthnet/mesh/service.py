@@ -185,7 +185,8 @@ class Mesh:
             report=self.relaying.punched,
         )
         self.puncher.register(m)
-        self.relaying.puncher = self.puncher
+        if config.direct_upgrade:
+            self.relaying.puncher = self.puncher
 
     def _linked_direct(self, node: str) -> bool:
         link = self.routes.links.get(node)

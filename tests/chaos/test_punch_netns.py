@@ -32,6 +32,16 @@ def upgrades(machine: Machine) -> dict[str, float]:
     return out
 
 
+def refused(machine: Machine) -> float:
+    """Relayed frames refused end to end (``hearthnet_relayed_refused_frames``, all codes)."""
+    done = machine.run("curl", "-s", f"http://{machine.ip}:{PORT}/metrics", timeout=30)
+    return sum(
+        float(line.split()[-1])
+        for line in done.stdout.splitlines()
+        if line.startswith("hearthnet_relayed_refused_frames{")
+    )
+
+
 def subscribe(root: Path, machine: Machine, topic: str, count: int) -> HostProcess:
     """``hearthnet sub TOPIC --count COUNT`` in the machine's namespace."""
     return machine.popen(
@@ -96,6 +106,8 @@ async def test_plain_nats_upgrade_to_direct_with_nothing_lost(
         await publishing
         got = await asyncio.to_thread(received, sub, N, 60)
         counts = await asyncio.to_thread(upgrades, home_a)
+        await asyncio.sleep(3)  # frames still on the relayed path arrive, none refused
+        refusals = [await asyncio.to_thread(refused, home) for home in (home_a, home_b)]
     finally:
         for proc in reversed(procs):
             if proc.returncode is None:
@@ -105,11 +117,13 @@ async def test_plain_nats_upgrade_to_direct_with_nothing_lost(
         ("direct", None),
         list(range(N)),
         True,
+        [0.0, 0.0],
     ) == (
         seen[0][b_keys.node_id],
         seen[1][a_keys.node_id],
         sorted(got),
         counts.get("succeeded", 0) >= 1,
+        refusals,
     )
     assert relay_keys.node_id in seen[0]
 

@@ -19,11 +19,13 @@ import pytest
 from hearthnet.client import Client
 from hearthnet.errors import HearthNetError
 from tests.helpers import eventually, run_cli
-from tests.integration.mesh_cluster import Cluster, status_of
+from tests.integration.mesh_cluster import FAST_MESH, Cluster, status_of
 
 pytestmark = pytest.mark.slow
 
 UNDIALLABLE = "http://127.0.0.1:9"  # the discard port: nothing listens there
+# on loopback a punch always succeeds (it is a plain dial): these paths stay relayed
+NO_UPGRADE = {**FAST_MESH, "HEARTHNET_MESH_DIRECT_UPGRADE": "false"}
 
 
 def relayed_frames_in(cluster: Cluster, i: int) -> float:
@@ -52,7 +54,7 @@ async def test_two_undiallable_nodes_call_and_stream_through_a_relay(tmp_path: P
     """Undiallable nodes see each other relayed; calls, streams and heartbeats use that path."""
     # node 1 is given --relay-url, node 2 gets the relay from its invite;
     # the stream goes over SSE: the bus WebSocket does not take a target yet
-    cluster = Cluster(tmp_path)
+    cluster = Cluster(tmp_path, NO_UPGRADE)
     try:
         cluster.start(0, "--relay")
         url = cluster.nodes[0].url
@@ -121,7 +123,7 @@ async def test_two_undiallable_nodes_call_and_stream_through_a_relay(tmp_path: P
 
 async def test_members_reattach_after_the_relay_is_killed_and_restarted(tmp_path: Path) -> None:
     """kill -9 the relay, start it again on its port: the relayed path comes back."""
-    cluster = Cluster(tmp_path)
+    cluster = Cluster(tmp_path, NO_UPGRADE)
     try:
         cluster.start(0, "--relay")
         relay_url = cluster.nodes[0].url
