@@ -197,10 +197,10 @@ class Puncher:
         else:
             dialing = None
             sock = await self._simultaneous_open(bind_host, (ip, port))
-            if sock is None:
-                return False
+            # no socket: the leader's dial may still have reached our listener (where
+            # nothing filters inbound), so wait for the link all the same
             assert self.serve is not None
-            if not self.serve(sock, ip):
+            if sock is not None and not self.serve(sock, ip):
                 return False
         deadline = time.monotonic() + PUNCH_WINDOW_S + LINK_WAIT_S
         while time.monotonic() < deadline:

@@ -59,9 +59,14 @@ def one_community(configs: list[Config]) -> None:
 
 
 def relayed_to(config: Config, relay_url: str) -> Config:
-    """``config`` attached to the relay at ``relay_url``, advertising no dialable address."""
+    """``config`` attached to the relay at ``relay_url``, advertising no dialable address
+    and not punching (on loopback nothing filters, so a punch is a race of plain dials)."""
     mesh = dataclasses.replace(
-        config.mesh, relay_urls=(relay_url,), advertise_url=UNDIALLABLE, heartbeat_s=1.0
+        config.mesh,
+        relay_urls=(relay_url,),
+        advertise_url=UNDIALLABLE,
+        heartbeat_s=1.0,
+        direct_upgrade=False,
     )
     return dataclasses.replace(config, mesh=mesh)
 
