@@ -2,7 +2,8 @@
 attached to a different relay, the relays federated, so a frame for the other home node
 goes relay → relay → node; and a home node joining through the relay of an inviter that
 is itself behind NAT. Real node processes in network namespaces; neither home node can
-dial the other."""
+dial the other, and the NATs are symmetric (fully-random) so the direct upgrade fails
+and the paths stay relayed (the upgrade itself: test_punch_netns.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ async def test_two_nat_nodes_publish_and_call_through_federated_relays(
     make_nat_lab: MakeNatLab, tmp_path: Path
 ) -> None:
     """Home A on relay 1, home B on relay 2, relays federated: pub/sub and a pinned call cross."""
-    lab = make_nat_lab(["plain", "plain"], public=("relay", "relay2"))
+    lab = make_nat_lab(["fully-random", "fully-random"], public=("relay", "relay2"))
     relay1, relay2 = lab.public["relay"], lab.public["relay2"]
     home_a, home_b = lab.homes
     r1_keys, r2_keys, a_keys, b_keys = prepare(tmp_path, [relay1, relay2, home_a, home_b])
@@ -82,7 +83,7 @@ async def test_a_nat_node_joins_through_the_relay_of_an_inviter_behind_nat(
     make_nat_lab: MakeNatLab, tmp_path: Path
 ) -> None:
     """The inviter is behind NAT: the new node, behind another NAT, joins through the relay."""
-    lab = make_nat_lab(["plain", "plain"], public=("relay",))
+    lab = make_nat_lab(["fully-random", "fully-random"], public=("relay",))
     relay = lab.public["relay"]
     home_a, home_b = lab.homes
     a_keys, relay_keys = prepare(tmp_path, [home_a, relay])  # home A founded the community
