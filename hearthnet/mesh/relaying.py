@@ -2,12 +2,8 @@
 
 Two roles, either or both:
 
-- **relay** (``mesh.relay``, ``--relay``; :class:`RelayRole`): relay frames arriving on
-  peer links go to :class:`~hearthnet.mesh.relay_core.RelayCore`; its actions are carried
-  out on the links (``Send`` writes a frame, ``Refuse`` sends ``detach``, ``Close`` ends
-  the link). Only members of this community are served. Relays federate with the relays
-  of ``mesh.relay_peers`` (``--relay-peer``): route tables go both ways, and a frame for
-  a member attached to the other relay goes relay → relay → member.
+- **relay** (``mesh.relay``, ``--relay``): :class:`~hearthnet.mesh.relay_role.RelayRole`,
+  the relay side (forwarding, federation, relayed joins); its frames come in here.
 - **member** (``mesh.relay_urls``, ``--relay-url``, or relays an invite brought;
   :class:`Relaying`, which also routes relay frames to the role they belong to): the
   relays are dialled as ordinary
@@ -30,7 +26,6 @@ Not built yet (spec §8): community federation.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import time
@@ -40,7 +35,7 @@ from typing import Any
 
 from hearthnet.clock import now_ms
 from hearthnet.config import MeshSection
-from hearthnet.errors import HearthNetError, RateLimited, Unavailable, WireError
+from hearthnet.errors import HearthNetError, Unavailable, WireError
 from hearthnet.identity import KeyPair
 from hearthnet.membership import Membership
 from hearthnet.mesh.addresses import PeerBook, normalize_url
@@ -56,7 +51,7 @@ from hearthnet.mesh.paths import (
 from hearthnet.mesh.protocol import PeerInfo, decode_frame, encode_frame
 from hearthnet.mesh.punching import Puncher
 from hearthnet.mesh.relay_choice import AttachRelay, DetachRelay, RelayChoiceConfig
-from hearthnet.mesh.relay_core import Close, Refuse, RelayConfig, RelayCore, Send
+from hearthnet.mesh.relay_core import RelayConfig, RelayCore
 from hearthnet.mesh.relay_frames import (
     RELAY_FRAME_KINDS,
     Attach,
@@ -64,13 +59,12 @@ from hearthnet.mesh.relay_frames import (
     Detach,
     JoinAnswer,
     JoinVia,
-    RelayFrame,
     Route,
     RouteError,
-    RouteTable,
     parse_frame,
 )
 from hearthnet.mesh.relay_member import EndpointConfig, RelayEndpoint
+from hearthnet.mesh.relay_role import MAX_PENDING_JOINS, RelayRole
 from hearthnet.mesh.relayed_link import RelayedLink, is_relayed
 from hearthnet.mesh.routing import REPLACED_BY_DIRECT
 from hearthnet.metrics import MetricsRegistry
@@ -80,175 +74,12 @@ log = logging.getLogger("hearthnet.mesh.relaying")
 TICK_S = 0.25  # the path core wants ~0.5 s; the relay core ~1 s
 SCAN_S = 1.0  # how often members without a path are looked for
 PROBE_TIMEOUT_S = 30.0  # a relayed path whose probe got no answer is dropped and retried
-MAX_PENDING_JOINS = 4  # joins a relay carries at a time for nodes not yet members
-JOIN_TIMEOUT_S = 10.0  # how long a relay waits for the inviter's answer to one
 HELLO_RETRY_MS = 1000  # an unanswered e2e hello is sent again this often
 ATTACH_TARGET = 2  # relays a member stays attached to, of those it knows (failover)
 RETIRE_S = 10.0  # a relayed path replaced by a direct link finishes its frames this long
-UNKNOWN_ADDR = "0.0.0.0:1"  # observed address when the socket does not tell (unused yet)
 
 Dispatch = Callable[[PeerLink, dict[str, Any]], None]
 JoinHandler = Callable[[Any], Awaitable[dict[str, Any]]]  # a join request -> the answer
-
-
-def _observed_addr(link: PeerLink) -> str:
-    """``ip:port`` the peer's connection came from, as this node sees it (spec §8)."""
-    extra = getattr(link.ws, "get_extra_info", None)
-    peer = extra("peername") if callable(extra) else None
-    if isinstance(peer, tuple) and len(peer) >= 2:
-        host = str(peer[0])
-        return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
-    return UNKNOWN_ADDR
-
-
-class RelayRole:
-    """The relay's side (``--relay``): frames of attached members to the relay core, its
-    actions carried out on the links.
-
-    Federation (spec §8, ``mesh.relay_peers``, ``--relay-peer``): the peer relays' URLs
-    are dialled like peers; a link to one of them is up as federated at once (the core
-    sends our route table). The other side need not be configured: a ``route_table``
-    from a member of the community on a link not yet federated makes it federated (so
-    one side's ``--relay-peer`` is enough, and a link that came up inbound, without the
-    URL we dialled, still federates). A federated relay can only blackhole what it is
-    asked to carry: ``route.inner`` is sealed end to end.
-    """
-
-    def __init__(
-        self, core: RelayCore, metrics: MetricsRegistry, peer_urls: tuple[str, ...] = ()
-    ) -> None:
-        self.core = core
-        self.peer_urls = peer_urls  # normalized URLs of the relays we federate with
-        self.peer_relays: set[str] = set()  # their NodeIDs, once linked
-        self._served: set[PeerLink] = set()  # links the core knows are up
-        self._joins: dict[int, tuple[str, asyncio.Future[bytes]]] = {}  # id -> (inviter, answer)
-        self._join_ids = itertools.count(1)
-        self.joins_forwarded = 0
-        self._register(metrics)
-
-    async def forward_join(self, link: PeerLink, request: bytes) -> bytes:
-        """Carry a not-yet-member's join request to the inviter on ``link`` and return its
-        answer (spec §8 ``--join`` through a relay). Bounded: :data:`MAX_PENDING_JOINS`
-        at a time, each waits :data:`JOIN_TIMEOUT_S` at most.
-
-        Raises:
-            RateLimited: as many joins are on their way already.
-            Unavailable: no answer in time, or the inviter's link went down.
-        """
-        if len(self._joins) >= MAX_PENDING_JOINS:
-            raise RateLimited("this relay carries as many joins as it takes", retry_after_ms=1000)
-        join_id = next(self._join_ids)
-        answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._joins[join_id] = (link.node, answer)
-        try:
-            link.send_raw(JoinVia(join_id, request).encode())
-            self.joins_forwarded += 1
-            return await asyncio.wait_for(answer, JOIN_TIMEOUT_S)
-        except TimeoutError as exc:
-            raise Unavailable("the inviter did not answer the join in time") from exc
-        finally:
-            self._joins.pop(join_id, None)
-
-    def join_answered(self, link: PeerLink, frame: JoinAnswer) -> None:
-        """The inviter's answer to a join this relay carried (from that inviter only)."""
-        pending = self._joins.get(frame.id)
-        if pending is not None and pending[0] == link.node and not pending[1].done():
-            pending[1].set_result(frame.answer)
-
-    def link_up(self, link: PeerLink, now: float) -> None:
-        """A direct link was admitted: federate when it goes to one of our peer relays."""
-        if link.address in self.peer_urls or link.node in self.peer_relays:
-            self._federate(link, now)
-
-    def _federate(self, link: PeerLink, now: float) -> None:
-        if self.core.is_federated(link):
-            return
-        log.info("federated with relay %s", link.node, extra={"peer": link.node})
-        self.peer_relays.add(link.node)
-        self._served.add(link)
-        observed = _observed_addr(link)
-        self._carry_out(self.core.link_up(link, link.node, observed, now, federated=True))
-
-    def receive(self, link: PeerLink, frame: RelayFrame, now: float) -> None:
-        """A relay frame off a direct link (the core learns of the link first)."""
-        if isinstance(frame, RouteTable) and not self.core.is_federated(link):
-            self._federate(link, now)  # the other relay federates with us (see above)
-        elif link not in self._served:
-            self._served.add(link)
-            self._carry_out(self.core.link_up(link, link.node, _observed_addr(link), now))
-        self._carry_out(self.core.receive(link, frame, now))
-
-    def link_down(self, link: PeerLink, now: float) -> None:
-        """A link ended: its member detaches."""
-        if link in self._served:
-            self._served.discard(link)
-            self._carry_out(self.core.link_down(link, now))
-
-    def tick(self, now: float) -> None:
-        """Budgets, route tables, members no longer served."""
-        self._carry_out(self.core.tick(now))
-
-    def _carry_out(self, actions: list[Send | Refuse | Close]) -> None:
-        for action in actions:
-            link = action.link
-            assert isinstance(link, PeerLink)
-            if isinstance(action, Send):
-                link.send_raw(action.frame.encode())
-            elif isinstance(action, Refuse):
-                link.send_raw(Detach(action.code, retry_after_ms=action.retry_after_ms).encode())
-            else:
-                log.warning("relay closes the link to %s: %s", link.node, action.reason)
-                link.close(action.reason)
-
-    def statistics(self) -> dict[str, int]:
-        """The relay's numbers, for ``/status``."""
-        s = self.core.statistics()
-        return {
-            "members": s.members,
-            "federated": s.federated,  # relays linked as federated
-            "routes": s.routes,  # members reached through them
-            "forwarded": s.forwarded,
-            "forwarded_bytes": s.forwarded_bytes,
-            "rate_limited": s.rate_limited,
-            "unreachable": s.unreachable,
-            "duplicates": s.duplicates,
-            "joins_forwarded": self.joins_forwarded,
-        }
-
-    def _register(self, m: MetricsRegistry) -> None:
-        core = self.core
-        m.gauge(
-            "hearthnet_relay_members",
-            "Members attached to this relay.",
-            lambda: float(core.statistics().members),
-        )
-        m.gauge(
-            "hearthnet_relay_forwarded_frames",
-            "Route frames this relay forwarded.",
-            lambda: float(core.statistics().forwarded),
-        )
-        m.gauge(
-            "hearthnet_relay_forwarded_bytes",
-            "Bytes of route.inner this relay forwarded.",
-            lambda: float(core.statistics().forwarded_bytes),
-        )
-
-        def refused() -> dict[tuple[str, ...], float]:
-            s = core.statistics()
-            return {
-                ("rate_limited",): float(s.rate_limited),
-                ("unreachable",): float(s.unreachable),
-                ("ttl",): float(s.ttl_expired),
-                ("duplicate",): float(s.duplicates),
-                ("spoofed",): float(s.spoofed),
-            }
-
-        m.gauge(
-            "hearthnet_relay_refused_frames",
-            "Route frames this relay did not forward, by reason (rate_limited: budget).",
-            refused,
-            ("reason",),
-        )
 
 
 class Relaying:

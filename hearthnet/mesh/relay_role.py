@@ -1,0 +1,195 @@
+"""The relay role of a node (spec §8; ``mesh.relay``, ``--relay``): relay frames arriving on
+peer links go to :class:`~hearthnet.mesh.relay_core.RelayCore`, and its actions are
+carried out on the links (``Send`` writes a frame, ``Refuse`` sends ``detach``, ``Close``
+ends the link). Only members of this community are served. Relays federate with the
+relays of ``mesh.relay_peers`` (``--relay-peer``): route tables go both ways, and a frame
+for a member attached to the other relay goes relay → relay → member. A relay also carries
+one ``join_via`` per join request for an invite it can check (bounded below).
+
+The member side, and the dispatch of relay frames to the role they belong to, is
+:class:`~hearthnet.mesh.relaying.Relaying`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+
+from hearthnet.errors import RateLimited, Unavailable
+from hearthnet.mesh.links import PeerLink
+from hearthnet.mesh.relay_core import Close, Refuse, RelayCore, Send
+from hearthnet.mesh.relay_frames import (
+    Detach,
+    JoinAnswer,
+    JoinVia,
+    RelayFrame,
+    RouteTable,
+)
+from hearthnet.metrics import MetricsRegistry
+
+log = logging.getLogger("hearthnet.mesh.relaying")
+
+MAX_PENDING_JOINS = 4  # joins a relay carries at a time for nodes not yet members
+JOIN_TIMEOUT_S = 10.0  # how long a relay waits for the inviter's answer to one
+UNKNOWN_ADDR = "0.0.0.0:1"  # observed address when the socket does not tell (unused yet)
+
+
+def _observed_addr(link: PeerLink) -> str:
+    """``ip:port`` the peer's connection came from, as this node sees it (spec §8)."""
+    extra = getattr(link.ws, "get_extra_info", None)
+    peer = extra("peername") if callable(extra) else None
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host = str(peer[0])
+        return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
+    return UNKNOWN_ADDR
+
+
+class RelayRole:
+    """The relay's side (``--relay``): frames of attached members to the relay core, its
+    actions carried out on the links.
+
+    Federation (spec §8, ``mesh.relay_peers``, ``--relay-peer``): the peer relays' URLs
+    are dialled like peers; a link to one of them is up as federated at once (the core
+    sends our route table). The other side need not be configured: a ``route_table``
+    from a member of the community on a link not yet federated makes it federated (so
+    one side's ``--relay-peer`` is enough, and a link that came up inbound, without the
+    URL we dialled, still federates). A federated relay can only blackhole what it is
+    asked to carry: ``route.inner`` is sealed end to end.
+    """
+
+    def __init__(
+        self, core: RelayCore, metrics: MetricsRegistry, peer_urls: tuple[str, ...] = ()
+    ) -> None:
+        self.core = core
+        self.peer_urls = peer_urls  # normalized URLs of the relays we federate with
+        self.peer_relays: set[str] = set()  # their NodeIDs, once linked
+        self._served: set[PeerLink] = set()  # links the core knows are up
+        self._joins: dict[int, tuple[str, asyncio.Future[bytes]]] = {}  # id -> (inviter, answer)
+        self._join_ids = itertools.count(1)
+        self.joins_forwarded = 0
+        self._register(metrics)
+
+    async def forward_join(self, link: PeerLink, request: bytes) -> bytes:
+        """Carry a not-yet-member's join request to the inviter on ``link`` and return its
+        answer (spec §8 ``--join`` through a relay). Bounded: :data:`MAX_PENDING_JOINS`
+        at a time, each waits :data:`JOIN_TIMEOUT_S` at most.
+
+        Raises:
+            RateLimited: as many joins are on their way already.
+            Unavailable: no answer in time, or the inviter's link went down.
+        """
+        if len(self._joins) >= MAX_PENDING_JOINS:
+            raise RateLimited("this relay carries as many joins as it takes", retry_after_ms=1000)
+        join_id = next(self._join_ids)
+        answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._joins[join_id] = (link.node, answer)
+        try:
+            link.send_raw(JoinVia(join_id, request).encode())
+            self.joins_forwarded += 1
+            return await asyncio.wait_for(answer, JOIN_TIMEOUT_S)
+        except TimeoutError as exc:
+            raise Unavailable("the inviter did not answer the join in time") from exc
+        finally:
+            self._joins.pop(join_id, None)
+
+    def join_answered(self, link: PeerLink, frame: JoinAnswer) -> None:
+        """The inviter's answer to a join this relay carried (from that inviter only)."""
+        pending = self._joins.get(frame.id)
+        if pending is not None and pending[0] == link.node and not pending[1].done():
+            pending[1].set_result(frame.answer)
+
+    def link_up(self, link: PeerLink, now: float) -> None:
+        """A direct link was admitted: federate when it goes to one of our peer relays."""
+        if link.address in self.peer_urls or link.node in self.peer_relays:
+            self._federate(link, now)
+
+    def _federate(self, link: PeerLink, now: float) -> None:
+        if self.core.is_federated(link):
+            return
+        log.info("federated with relay %s", link.node, extra={"peer": link.node})
+        self.peer_relays.add(link.node)
+        self._served.add(link)
+        observed = _observed_addr(link)
+        self._carry_out(self.core.link_up(link, link.node, observed, now, federated=True))
+
+    def receive(self, link: PeerLink, frame: RelayFrame, now: float) -> None:
+        """A relay frame off a direct link (the core learns of the link first)."""
+        if isinstance(frame, RouteTable) and not self.core.is_federated(link):
+            self._federate(link, now)  # the other relay federates with us (see above)
+        elif link not in self._served:
+            self._served.add(link)
+            self._carry_out(self.core.link_up(link, link.node, _observed_addr(link), now))
+        self._carry_out(self.core.receive(link, frame, now))
+
+    def link_down(self, link: PeerLink, now: float) -> None:
+        """A link ended: its member detaches."""
+        if link in self._served:
+            self._served.discard(link)
+            self._carry_out(self.core.link_down(link, now))
+
+    def tick(self, now: float) -> None:
+        """Budgets, route tables, members no longer served."""
+        self._carry_out(self.core.tick(now))
+
+    def _carry_out(self, actions: list[Send | Refuse | Close]) -> None:
+        for action in actions:
+            link = action.link
+            assert isinstance(link, PeerLink)
+            if isinstance(action, Send):
+                link.send_raw(action.frame.encode())
+            elif isinstance(action, Refuse):
+                link.send_raw(Detach(action.code, retry_after_ms=action.retry_after_ms).encode())
+            else:
+                log.warning("relay closes the link to %s: %s", link.node, action.reason)
+                link.close(action.reason)
+
+    def statistics(self) -> dict[str, int]:
+        """The relay's numbers, for ``/status``."""
+        s = self.core.statistics()
+        return {
+            "members": s.members,
+            "federated": s.federated,  # relays linked as federated
+            "routes": s.routes,  # members reached through them
+            "forwarded": s.forwarded,
+            "forwarded_bytes": s.forwarded_bytes,
+            "rate_limited": s.rate_limited,
+            "unreachable": s.unreachable,
+            "duplicates": s.duplicates,
+            "joins_forwarded": self.joins_forwarded,
+        }
+
+    def _register(self, m: MetricsRegistry) -> None:
+        core = self.core
+        m.gauge(
+            "hearthnet_relay_members",
+            "Members attached to this relay.",
+            lambda: float(core.statistics().members),
+        )
+        m.gauge(
+            "hearthnet_relay_forwarded_frames",
+            "Route frames this relay forwarded.",
+            lambda: float(core.statistics().forwarded),
+        )
+        m.gauge(
+            "hearthnet_relay_forwarded_bytes",
+            "Bytes of route.inner this relay forwarded.",
+            lambda: float(core.statistics().forwarded_bytes),
+        )
+
+        def refused() -> dict[tuple[str, ...], float]:
+            s = core.statistics()
+            return {
+                ("rate_limited",): float(s.rate_limited),
+                ("unreachable",): float(s.unreachable),
+                ("ttl",): float(s.ttl_expired),
+                ("duplicate",): float(s.duplicates),
+                ("spoofed",): float(s.spoofed),
+            }
+
+        m.gauge(
+            "hearthnet_relay_refused_frames",
+            "Route frames this relay did not forward, by reason (rate_limited: budget).",
+            refused,
+            ("reason",),
+        )
