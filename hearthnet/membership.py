@@ -89,14 +89,30 @@ def admit_records(
         raise PayloadTooLarge(f"at most {caps.per_request} membership records at a time")
     known = {r.id for r in stored}
     counts = Counter(r.by for r in stored)
+    # spec §1.5: a chain position, once held, is never taken by another record. A fork
+    # stops the signer's chain in the fold, so a second record at a held place would
+    # retract everything after it: a revoked key could undo its own past records (a
+    # revocation it issued, say). The first record a node holds keeps the place.
+    places: dict[tuple[str, int | None], str] = {
+        (r.by, r.signer_seq): r.id for r in stored if r.signer_seq is not None
+    }
     fresh: list[MembershipRecord] = []
     refused: list[tuple[MembershipRecord, WireError]] = []
     for rec in batch:
         if rec.community != community_id or rec.id in known:
             continue
         known.add(rec.id)
+        place = (rec.by, rec.signer_seq)
         if rec.is_legacy and source is not Source.STORE:
             refused.append((rec, BadRequest("a membership record needs signer_seq and prev")))
+        elif (
+            source is not Source.STORE
+            and rec.signer_seq is not None
+            and places.setdefault(place, rec.id) != rec.id
+        ):
+            refused.append(
+                (rec, BadRequest(f"another record holds signer_seq {rec.signer_seq} of {rec.by}"))
+            )
         elif source is not Source.STORE and counts[rec.by] >= caps.per_signer:
             refused.append((rec, CapacityExceeded(f"at most {caps.per_signer} records per signer")))
         else:
@@ -114,7 +130,10 @@ def admit_records(
                 refused.append((rec, Forbidden(f"{rec.by} may not sign {rec.kind} here")))
             else:
                 accepted.append(rec)
-        elif rec.id in result.void:
+        elif rec.id in result.void or rec.by in result.revoked:
+            # a revoked key's records wait for nothing: those up to its keep_upto are
+            # applied when they link, the rest are void (not stored, so a revoked key
+            # cannot fill the store with records past a gap)
             refused.append((rec, Revoked("the signer was revoked before this record")))
         elif rec.by in result.known:
             accepted.append(rec)  # pending: an earlier record of its chain is missing

@@ -504,3 +504,74 @@ def test_single_node_community_created_and_reloaded(tmp_path: Path) -> None:
         second.community_id,
         second.name,
     )
+
+
+def _revoked_anchor_that_revoked_someone() -> tuple[Membership, KeyPair, KeyPair, KeyPair]:
+    """Founder F adds anchor A and member Y; A revokes Y; F then revokes A."""
+    founder, anchor, member = (KeyPair.generate() for _ in range(3))
+    view = Membership(founder.node_id)
+    t = 1_000_000
+    view.add_all(
+        [view.sign(founder, "community.created", founder.node_id, now_ms=t, name="c")],
+        Source.STORE,
+    )
+    for i, (subject, level) in enumerate(((anchor, Level.ANCHOR), (member, Level.MEMBER))):
+        view.add_all(
+            [view.sign(founder, "member.added", subject.node_id, now_ms=t + 1 + i, level=level)],
+            Source.SUBMIT,
+        )
+    view.add_all([view.sign(anchor, "member.revoked", member.node_id, now_ms=t + 3)], Source.SUBMIT)
+    view.add_all(
+        [view.sign(founder, "member.revoked", anchor.node_id, now_ms=t + 4)], Source.SUBMIT
+    )
+    return view, founder, anchor, member
+
+
+def test_a_revoked_key_cannot_fork_its_chain_to_undo_a_revocation_it_signed() -> None:
+    """A second record at a chain place already held is refused and not stored: revoked A
+    signing a record at its signer_seq 1 (where its revocation of Y stands) changes nothing."""
+    view, founder, anchor, member = _revoked_anchor_that_revoked_someone()
+    fork = MembershipRecord.create(
+        anchor,
+        "token.revoked",
+        founder.node_id,
+        founder.node_id,
+        now_ms=1_000_010,
+        iss=anchor.node_id,
+        signer_seq=1,
+        prev=None,
+    )
+    stored_before = len(view.records)
+    admission = view.add_all([fork], Source.GOSSIP)
+    assert (["bad_request"], stored_before, True, None) == (
+        [error.code for _, error in admission.refused],
+        len(view.records),
+        view.is_revoked(member.node_id),
+        view.level_of(member.node_id),
+    )
+
+
+def test_a_revoked_keys_records_past_a_gap_are_refused_not_stored() -> None:
+    """Records of a revoked key that wait for a missing one are refused (revoked), so a
+    revoked key cannot fill the store."""
+    view, founder, anchor, _member = _revoked_anchor_that_revoked_someone()
+    junk = [
+        MembershipRecord.create(
+            anchor,
+            "token.revoked",
+            founder.node_id,
+            founder.node_id,
+            now_ms=1_000_010 + i,
+            iss=anchor.node_id,
+            signer_seq=1000 + i,
+            prev="sha256:" + "A" * 43,
+        )
+        for i in range(20)
+    ]
+    stored_before = len(view.records)
+    admission = view.add_all(junk, Source.GOSSIP)
+    assert ({"revoked"}, 0, stored_before) == (
+        {error.code for _, error in admission.refused},
+        len(admission.accepted),
+        len(view.records),
+    )
