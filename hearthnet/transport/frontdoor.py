@@ -28,6 +28,7 @@ from hearthnet.errors import (
 from hearthnet.metrics import Counter
 from hearthnet.transport.preauth import (
     CHUNKED,
+    ChunkedBodyEnd,
     PreAuthLimits,
     PreAuthTable,
     Refusal,
@@ -193,10 +194,10 @@ class FrontDoor(asyncio.Protocol):
         "_answered",
         "_body_left",
         "_buf",
+        "_chunked",
         "_gate",
         "_inner",
         "_key",
-        "_tail",
         "_transport",
     )
 
@@ -207,7 +208,7 @@ class FrontDoor(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._inner: asyncio.Protocol | None = None
         self._body_left = 0  # > 0 bytes to come, CHUNKED, 0 when admitted
-        self._tail = b""
+        self._chunked: ChunkedBodyEnd | None = None  # a chunked first body, until it ends
         self._answered = False  # refused in JSON; input is discarded until the close
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -295,8 +296,9 @@ class FrontDoor(asyncio.Protocol):
 
     def _count_body(self, data: bytes) -> None:
         if self._body_left == CHUNKED:
-            tail = self._tail = (self._tail + data)[-5:]
-            done = tail == b"0\r\n\r\n"
+            if self._chunked is None:
+                self._chunked = ChunkedBodyEnd()
+            done = self._chunked.feed(data)
         else:
             self._body_left = max(0, self._body_left - len(data))
             done = self._body_left == 0

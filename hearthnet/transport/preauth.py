@@ -21,6 +21,7 @@ connection keys and the loop's clock and closes what it returns.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -242,3 +243,66 @@ def screen_head(head: bytes, max_headers: int, max_header_bytes: int) -> Screene
             body = CHUNKED
     path = parts[1].split(b"?", 1)[0].decode("latin-1")
     return ScreenedHead(parts[0], path, body, host)
+
+
+_HEX_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
+MAX_CHUNK_LINE = 4096  # a chunk-size line with its extensions, or one trailer line
+MAX_TRAILER_LINES = 64
+
+
+class ChunkedBodyEnd:
+    """Where a chunked body ends (RFC 9112 §7.1), fed the bytes as they arrive. Pure.
+
+    The front door stops counting a connection as unauthenticated once its first body is
+    in; a chunk whose *data* looks like the last chunk (``0\\r\\n\\r\\n``) must not end it,
+    and a last chunk with extensions or trailers must. Malformed framing also ends the
+    watch: the HTTP server refuses such a body itself and closes the connection.
+    """
+
+    __slots__ = ("_left", "_line", "_state", "_trailers")
+
+    def __init__(self) -> None:
+        self._state = "size"  # size, data, crlf, trailer, done
+        self._left = 0
+        self._line = bytearray()
+        self._trailers = 0
+
+    def feed(self, data: bytes) -> bool:
+        """Take the next bytes of the body; True once the body has ended (or is malformed)."""
+        i, n = 0, len(data)
+        while i < n and self._state != "done":
+            if self._state == "data":
+                take = min(self._left, n - i)
+                self._left -= take
+                i += take
+                if self._left == 0:
+                    self._state = "crlf"
+                continue
+            j = data.find(b"\n", i)
+            if j < 0:
+                self._line += data[i:]
+                return len(self._line) > MAX_CHUNK_LINE  # an endless line: malformed
+            self._line += data[i : j + 1]
+            i = j + 1
+            line = bytes(self._line).rstrip(b"\r\n")
+            self._line.clear()
+            if not self._line_done(line):
+                return True
+        return self._state == "done"
+
+    def _line_done(self, line: bytes) -> bool:
+        """One whole line in the current state; False when the framing is malformed."""
+        if self._state == "crlf":
+            self._state = "size"
+            return not line
+        if self._state == "trailer":
+            self._trailers += 1
+            if not line:
+                self._state = "done"
+            return self._trailers <= MAX_TRAILER_LINES
+        size = line.split(b";", 1)[0].strip()
+        if not _HEX_SIZE.fullmatch(size):
+            return False
+        self._left = int(size, 16)
+        self._state = "data" if self._left else "trailer"
+        return True

@@ -101,3 +101,24 @@ async def test_an_endless_head_gets_431_while_the_client_still_sends(node: Node)
         orjson.loads(body)["error"],
         rest,
     )
+
+
+async def test_a_chunk_that_looks_like_the_last_one_does_not_escape_the_body_pace(
+    node: Node,
+) -> None:
+    """A chunk whose data is `0\\r\\n` (bytes `3\\r\\n0\\r\\n\\r\\n`) leaves the body pending,
+    so a stalled body after it is still cut by the body pace."""
+    reader, writer = await asyncio.open_connection(node.server.host, node.server.port)
+    try:
+        writer.write(
+            b"POST /bus/v1/call HTTP/1.1\r\nHost: n\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n3\r\n0\r\n\r\n"
+        )
+        await writer.drain()
+        await wait_until(lambda: pending(node.server) == 1, what="the body pending")
+        async with asyncio.timeout(5):
+            rest = await reader.read()
+    finally:
+        writer.close()
+    refused = node.metrics.counter("hearthnet_connections_refused_total", "", ("limit",))
+    assert (b"", 1.0, 0) == (rest, refused.get("body_rate"), pending(node.server))

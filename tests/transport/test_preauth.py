@@ -7,6 +7,7 @@ import pytest
 from hearthnet.errors import BadRequest, HeadersTooLarge
 from hearthnet.transport.preauth import (
     CHUNKED,
+    ChunkedBodyEnd,
     PreAuthLimits,
     PreAuthTable,
     Refusal,
@@ -152,3 +153,39 @@ def test_screen_head_refuses_too_many_or_too_large_headers() -> None:
             screen_head(head, 128, 16384)
         codes.append((caught.value.code, caught.value.http_status))
     assert [("payload_too_large", 431)] * 2 == codes
+
+
+def _fed(pieces: list[bytes]) -> list[bool]:
+    end = ChunkedBodyEnd()
+    return [end.feed(piece) for piece in pieces]
+
+
+def test_a_chunk_whose_data_looks_like_the_last_chunk_does_not_end_the_body() -> None:
+    """`3\\r\\n0\\r\\n\\r\\n` is a chunk of data "0\\r\\n": the body goes on until the real
+    last chunk."""
+    assert [False, True] == _fed([b"3\r\n0\r\n\r\n", b"0\r\n\r\n"])
+
+
+def test_a_last_chunk_with_extensions_or_trailers_ends_the_body() -> None:
+    """Extensions on any size line and trailer fields after the last chunk are framing."""
+    assert [True, True] == [
+        ChunkedBodyEnd().feed(b"5;name=v\r\nhello\r\n0;x=1\r\n\r\n"),
+        ChunkedBodyEnd().feed(b"2\r\nhi\r\n0\r\nX-Check: y\r\n\r\n"),
+    ]
+
+
+def test_a_chunked_body_fed_a_byte_at_a_time_ends_at_its_last_byte() -> None:
+    """Split anywhere, the end is found exactly at the final CRLF."""
+    body = b"a\r\n0123456789\r\n1\r\nx\r\n0\r\n\r\n"
+    results = _fed([body[i : i + 1] for i in range(len(body))])
+    assert ([False] * (len(body) - 1) + [True]) == results
+
+
+def test_malformed_chunk_framing_ends_the_watch() -> None:
+    """A bad size line, missing CRLF after data, or an endless line: the HTTP server
+    refuses such a body itself, so the front door stops waiting for its end."""
+    assert [True, True, True] == [
+        ChunkedBodyEnd().feed(b"zz\r\n"),
+        ChunkedBodyEnd().feed(b"1\r\nxY\r\n"),
+        ChunkedBodyEnd().feed(b"1" * 5000),
+    ]
