@@ -255,36 +255,49 @@ class Dialer:
         address = self.book.addresses.get(url)
         expect = address.node if address is not None else None
         target = self.dial_url(url)
-        tls = target.startswith("https:")
-        ws: aiohttp.ClientWebSocketResponse | None = None
         try:
             async with asyncio.timeout(self.dial_timeout_s):
-                ws = await self._http.ws_connect(
-                    target + "/mesh/v1/peer",
-                    protocols=(SUBPROTOCOL,),
-                    max_msg_size=MAX_FRAME_BYTES,
-                    autoping=True,
-                    heartbeat=None,
-                    compress=0,
-                    ssl=self._tls_client if tls and self._tls_client is not None else False,
-                )
-                # spec §3.1: the certificate must carry the key of the node we meant to reach
-                cert_node = peer_node_id(ws.get_extra_info("ssl_object")) if tls else None
-                if cert_node is not None and expect is not None and cert_node != expect:
-                    raise InvalidSignature(f"{target} presented the certificate of {cert_node}")
-                handshake = self._handshake(outbound=True, expect=expect)
-                peer = await run_handshake(ws, handshake, now_ms, self.link_errors)
-                if cert_node is not None and cert_node != peer.node:
-                    raise InvalidSignature("the TLS certificate and the signed hello disagree")
-            return ws, peer
+                return await self._connect_peer(self._http, target, expect)
         except WireError as exc:
             self._failed(url, exc)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             self._failed(url, None)
             log.debug("dial %s failed: %s", target, exc)
-        if ws is not None:
-            await ws.close()
         return None
+
+    async def _connect_peer(
+        self, http: aiohttp.ClientSession, target: str, expect: str | None
+    ) -> tuple[aiohttp.ClientWebSocketResponse, PeerInfo]:
+        """The peer-link upgrade at ``target`` and the signed handshake (with ``expect``
+        when the node is known); the socket is closed when anything fails.
+
+        Raises:
+            InvalidSignature: the TLS certificate is not the expected node's, or it and
+                the signed hello disagree.
+        """
+        tls = target.startswith("https:")
+        ws = await http.ws_connect(
+            target + "/mesh/v1/peer",
+            protocols=(SUBPROTOCOL,),
+            max_msg_size=MAX_FRAME_BYTES,
+            autoping=True,
+            heartbeat=None,
+            compress=0,
+            ssl=self._tls_client if tls and self._tls_client is not None else False,
+        )
+        try:
+            # spec §3.1: the certificate must carry the key of the node we meant to reach
+            cert_node = peer_node_id(ws.get_extra_info("ssl_object")) if tls else None
+            if cert_node is not None and expect is not None and cert_node != expect:
+                raise InvalidSignature(f"{target} presented the certificate of {cert_node}")
+            handshake = self._handshake(outbound=True, expect=expect)
+            peer = await run_handshake(ws, handshake, now_ms, self.link_errors)
+            if cert_node is not None and cert_node != peer.node:
+                raise InvalidSignature("the TLS certificate and the signed hello disagree")
+        except BaseException:
+            await ws.close()
+            raise
+        return ws, peer
 
     async def dial_punched(
         self,
@@ -298,32 +311,15 @@ class Dialer:
         is one half of a simultaneous open), then TLS, the upgrade and the handshake with
         ``expect``; the link runs here until it ends. False when no link came of it."""
         target = self.dial_url(f"http://{addr}")
-        tls = target.startswith("https:")
         connector = aiohttp.TCPConnector(socket_factory=socket_factory, force_close=True)
         async with aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=within_s)
         ) as http:
-            ws: aiohttp.ClientWebSocketResponse | None = None
             try:
                 async with asyncio.timeout(within_s + self.dial_timeout_s):
-                    ws = await http.ws_connect(
-                        target + "/mesh/v1/peer",
-                        protocols=(SUBPROTOCOL,),
-                        max_msg_size=MAX_FRAME_BYTES,
-                        autoping=True,
-                        heartbeat=None,
-                        compress=0,
-                        ssl=self._tls_client if tls and self._tls_client is not None else False,
-                    )
-                    cert_node = peer_node_id(ws.get_extra_info("ssl_object")) if tls else None
-                    if cert_node is not None and cert_node != expect:
-                        raise InvalidSignature(f"{target} presented the certificate of {cert_node}")
-                    handshake = self._handshake(outbound=True, expect=expect)
-                    peer = await run_handshake(ws, handshake, now_ms, self.link_errors)
+                    ws, peer = await self._connect_peer(http, target, expect)
             except (WireError, TimeoutError, aiohttp.ClientError, OSError) as exc:
                 log.info("punched dial of %s (%s) failed: %s", expect, addr, exc)
-                if ws is not None:
-                    await ws.close()
                 return False
             link = self._link(peer, ws, True, None)
             if not self.admit(link):
