@@ -13,7 +13,7 @@ import pytest
 
 from tests.chaos.conftest import MakeNatLab
 from tests.chaos.netns import HostProcess, Machine
-from tests.chaos.test_relay_netns import FAST, PORT, cli, paths, prepare, start
+from tests.chaos.test_relay_netns import PORT, both_paths, cli, prepare, start, subscribe
 from tests.helpers import eventually
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
@@ -42,17 +42,6 @@ def refused(machine: Machine) -> float:
     )
 
 
-def subscribe(root: Path, machine: Machine, topic: str, count: int) -> HostProcess:
-    """``hearthnet sub TOPIC --count COUNT`` in the machine's namespace."""
-    return machine.popen(
-        *machine.python(
-            "-m", "hearthnet.cli", "sub", topic, "--last", str(count), "--count", str(count),
-            "--data-dir", str(root / machine.name),
-        ),
-        env=FAST,
-    )  # fmt: skip
-
-
 def received(sub: HostProcess, count: int, within_s: float) -> list[int]:
     """The ``n`` of the first ``count`` messages the subscriber printed."""
     got: list[int] = []
@@ -64,13 +53,6 @@ def received(sub: HostProcess, count: int, within_s: float) -> list[int]:
 
     sub.wait_for_line(one, within_s)
     return got
-
-
-async def both_paths(root: Path, a: Machine, b: Machine) -> list[dict[str, tuple[str, str | None]]]:
-    """``{peer: (path, via)}`` on both home nodes, read at once."""
-    return list(
-        await asyncio.gather(asyncio.to_thread(paths, root, a), asyncio.to_thread(paths, root, b))
-    )
 
 
 async def test_plain_nats_upgrade_to_direct_with_nothing_lost(

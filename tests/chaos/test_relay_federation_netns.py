@@ -16,7 +16,16 @@ import pytest
 
 from tests.chaos.conftest import MakeNatLab
 from tests.chaos.netns import HostProcess
-from tests.chaos.test_relay_netns import FAST, PORT, cli, paths, prepare, relayed_in, start
+from tests.chaos.test_relay_netns import (
+    PORT,
+    both_paths,
+    cli,
+    paths,
+    prepare,
+    relayed_in,
+    start,
+    subscribe,
+)
 from tests.helpers import eventually
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
@@ -40,21 +49,12 @@ async def test_two_nat_nodes_publish_and_call_through_federated_relays(
         procs.append(start(tmp_path, home_b, "--relay-url", url2))
         want = (("relayed", r1_keys.node_id), ("relayed", r2_keys.node_id))
         seen = await eventually(
-            lambda: asyncio.gather(
-                asyncio.to_thread(paths, tmp_path, home_a),
-                asyncio.to_thread(paths, tmp_path, home_b),
-            ),
+            lambda: both_paths(tmp_path, home_a, home_b),
             lambda got: (got[0].get(b_keys.node_id), got[1].get(a_keys.node_id)) == want,
             within_s=60,
             what="each home node relayed to the other, each via its own relay",
         )
-        sub = home_b.popen(
-            *home_b.python(
-                "-m", "hearthnet.cli", "sub", "home.news", "--last", "10", "--count", "1",
-                "--data-dir", str(tmp_path / home_b.name),
-            ),
-            env=FAST,
-        )  # fmt: skip
+        sub = subscribe(tmp_path, home_b, "home.news", 1)
         procs.append(sub)
         published = await asyncio.to_thread(
             cli, tmp_path, home_a, "pub", "home.news", "--data", '{"n": 42}'

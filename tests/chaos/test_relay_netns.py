@@ -84,6 +84,24 @@ def relayed_in(root: Path, machine: Machine) -> float:
     return 0.0
 
 
+def subscribe(root: Path, machine: Machine, topic: str, count: int) -> HostProcess:
+    """``hearthnet sub TOPIC --count COUNT`` in the machine's namespace."""
+    return machine.popen(
+        *machine.python(
+            "-m", "hearthnet.cli", "sub", topic, "--last", str(count), "--count", str(count),
+            "--data-dir", str(root / machine.name),
+        ),
+        env=FAST,
+    )  # fmt: skip
+
+
+async def both_paths(root: Path, a: Machine, b: Machine) -> list[dict[str, tuple[str, str | None]]]:
+    """``{peer: (path, via)}`` on both home nodes, read at once."""
+    return list(
+        await asyncio.gather(asyncio.to_thread(paths, root, a), asyncio.to_thread(paths, root, b))
+    )
+
+
 async def test_two_nat_nodes_publish_and_call_through_one_relay(
     make_nat_lab: MakeNatLab, tmp_path: Path
 ) -> None:
@@ -102,21 +120,12 @@ async def test_two_nat_nodes_publish_and_call_through_one_relay(
             {relay_keys.node_id: ("direct", None), a_keys.node_id: ("relayed", relay_keys.node_id)},
         )
         seen = await eventually(
-            lambda: asyncio.gather(
-                asyncio.to_thread(paths, tmp_path, home_a),
-                asyncio.to_thread(paths, tmp_path, home_b),
-            ),
+            lambda: both_paths(tmp_path, home_a, home_b),
             lambda got: tuple(got) == want,
             within_s=60,
             what="each home node relayed to the other via the relay",
         )
-        sub = home_b.popen(
-            *home_b.python(
-                "-m", "hearthnet.cli", "sub", "home.news", "--last", "10", "--count", "1",
-                "--data-dir", str(tmp_path / home_b.name),
-            ),
-            env=FAST,
-        )  # fmt: skip
+        sub = subscribe(tmp_path, home_b, "home.news", 1)
         procs.append(sub)
         published = await asyncio.to_thread(
             cli, tmp_path, home_a, "pub", "home.news", "--data", '{"n": 42}'

@@ -64,14 +64,12 @@ async def test_sized_and_chunked_first_bodies_are_admitted(node: Node) -> None:
     )
 
 
-async def test_a_stalled_first_body_is_cut_after_the_grace(node: Node) -> None:
-    """A body that stops after its first bytes is closed once the grace has passed."""
+async def stall(node: Node, request: bytes) -> tuple[bytes, float, int]:
+    """Send ``request`` and nothing more, once it counts as a pending body: what the node
+    sent before it closed, the body_rate refusals, and the pending count after."""
     reader, writer = await asyncio.open_connection(node.server.host, node.server.port)
     try:
-        writer.write(
-            b"POST /bus/v1/call HTTP/1.1\r\nHost: n\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 5000\r\n\r\n{"
-        )
+        writer.write(request)
         await writer.drain()
         await wait_until(lambda: pending(node.server) == 1, what="the body pending")
         async with asyncio.timeout(5):
@@ -79,7 +77,28 @@ async def test_a_stalled_first_body_is_cut_after_the_grace(node: Node) -> None:
     finally:
         writer.close()
     refused = node.metrics.counter("hearthnet_connections_refused_total", "", ("limit",))
-    assert (b"", 1.0, 0) == (rest, refused.get("body_rate"), pending(node.server))
+    return rest, refused.get("body_rate"), pending(node.server)
+
+
+async def test_a_stalled_first_body_is_cut_after_the_grace(node: Node) -> None:
+    """A body that stops after its first bytes is closed once the grace has passed."""
+    assert (b"", 1.0, 0) == await stall(
+        node,
+        b"POST /bus/v1/call HTTP/1.1\r\nHost: n\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 5000\r\n\r\n{",
+    )
+
+
+async def test_a_chunk_that_looks_like_the_last_one_does_not_escape_the_body_pace(
+    node: Node,
+) -> None:
+    """A chunk whose data is `0\\r\\n` (bytes `3\\r\\n0\\r\\n\\r\\n`) leaves the body pending,
+    so a stalled body after it is still cut by the body pace."""
+    assert (b"", 1.0, 0) == await stall(
+        node,
+        b"POST /bus/v1/call HTTP/1.1\r\nHost: n\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n3\r\n0\r\n\r\n",
+    )
 
 
 async def test_an_endless_head_gets_431_while_the_client_still_sends(node: Node) -> None:
@@ -101,24 +120,3 @@ async def test_an_endless_head_gets_431_while_the_client_still_sends(node: Node)
         orjson.loads(body)["error"],
         rest,
     )
-
-
-async def test_a_chunk_that_looks_like_the_last_one_does_not_escape_the_body_pace(
-    node: Node,
-) -> None:
-    """A chunk whose data is `0\\r\\n` (bytes `3\\r\\n0\\r\\n\\r\\n`) leaves the body pending,
-    so a stalled body after it is still cut by the body pace."""
-    reader, writer = await asyncio.open_connection(node.server.host, node.server.port)
-    try:
-        writer.write(
-            b"POST /bus/v1/call HTTP/1.1\r\nHost: n\r\nContent-Type: application/json\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n3\r\n0\r\n\r\n"
-        )
-        await writer.drain()
-        await wait_until(lambda: pending(node.server) == 1, what="the body pending")
-        async with asyncio.timeout(5):
-            rest = await reader.read()
-    finally:
-        writer.close()
-    refused = node.metrics.counter("hearthnet_connections_refused_total", "", ("limit",))
-    assert (b"", 1.0, 0) == (rest, refused.get("body_rate"), pending(node.server))
