@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -85,6 +86,14 @@ class Sleepy:
         """Sleep, then answer."""
         await asyncio.sleep(value.get("ms", 0) / 1000)
         return {"slept": value.get("ms", 0)}
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (for nodes that must know each other's
+    URL before either starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 async def wait_until(

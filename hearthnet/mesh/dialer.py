@@ -145,6 +145,7 @@ class Dialer:
             url=self.url,
             version=__version__,
             expect=expect,
+            relay=self.config.relay,
         )
 
     def _link(

@@ -83,7 +83,7 @@ HELLO_SHAPE = Shape.of(
     "hello frame",
     (
         *("t", "node", "community", "ts", "nonce", "their_nonce"),
-        *("name", "version", "url", "full", "sig"),
+        *("name", "version", "url", "full", "relay", "sig"),
     ),
 )
 
@@ -162,6 +162,7 @@ class PeerInfo:
     url: str | None
     version: str
     full: bool = False  # the peer has all the links it takes: it sends addresses, then bye
+    relay: bool = False  # the peer serves as a relay (spec §8; federation needs it)
 
 
 @dataclass
@@ -177,6 +178,7 @@ class Handshake:
     version: str = ""
     expect: str | None = None  # the NodeID we meant to reach, when we know it
     full: bool = False  # we accept no more links: the peer gets addresses, then bye "full"
+    relay: bool = False  # we serve as a relay (spec §8): relays federate only with relays
     nonce: str = field(default_factory=lambda: os.urandom(16).hex())
     their_nonce: str | None = None
     peer: PeerInfo | None = None
@@ -195,6 +197,8 @@ class Handshake:
             body["url"] = self.url
         if self.full:
             body["full"] = True
+        if self.relay:  # absent otherwise: a plain node's hello reads as before
+            body["relay"] = True
         if self.their_nonce is not None:
             body["their_nonce"] = self.their_nonce
         body["sig"] = self.keys.sign_object(body)
@@ -268,6 +272,7 @@ class Handshake:
             url if isinstance(url, str) and len(url) < 512 else None,
             str(hello.get("version", ""))[:32],
             hello.get("full") is True,
+            hello.get("relay") is True,
         )
         self.done = True
 

@@ -31,8 +31,12 @@ Rules:
   learnt routes at their hops, none back over the link it was learnt from, none longer
   than ``max_route_hops`` relays after the receiver) every ``table_refresh_s`` and at most
   ``table_min_interval_s`` after a change; a table not refreshed within
-  ``table_expiry_s`` is forgotten. Frames from federated relays were budgeted where they
-  entered; they are checked for membership, ttl and the seen-cache only.
+  ``table_expiry_s`` is forgotten. Which links are federated is the caller's decision
+  (:meth:`RelayCore.link_up` with ``federated``; relays both sides configured), never a
+  frame's: a ``route_table`` on any other link is dropped and counted. Frames from
+  federated relays were budgeted where they entered; each must come from a node that
+  relay's table puts behind it (else it is dropped and counted as spoofed), and is checked
+  for membership, ttl and the seen-cache.
 """
 
 from __future__ import annotations
@@ -121,6 +125,7 @@ class RelayStats:
     unreachable: int
     ttl_expired: int
     spoofed: int
+    foreign_tables: int = 0  # route tables from links that are not federated
 
 
 class FairBucket:
@@ -184,6 +189,7 @@ class _Counters:
     unreachable: int = 0
     ttl_expired: int = 0
     spoofed: int = 0
+    foreign_tables: int = 0
 
 
 class RelayCore:
@@ -218,9 +224,14 @@ class RelayCore:
         """A peer link is up (its hello verified ``peer``). ``federated``: the peer is a
         relay this one federates with; it gets our route table at once."""
         self._links[link] = (peer, observed_addr)
-        if not federated:
+        if not federated or link in self._federated:
             return []
+        node = self._member_links.pop(link, None)
+        if node is not None:  # a relay is not served as a member on its federated link
+            del self._members[node]
         self._federated[link] = _Federated(peer, refreshed=now)
+        if node is not None:
+            return self._routes_changed(now, members_changed=True)
         return [Send(link, self._table_for(link))]
 
     def link_down(self, link: LinkId, now: float) -> list[Action]:
@@ -292,8 +303,11 @@ class RelayCore:
             if len(route.inner) > self.config.max_inner:  # attached told it the limit
                 return [Close(link, "route.inner over the max_inner granted")]
         elif link in self._federated:
-            if not self.is_served(route.from_):
-                return []  # a node no community here serves: not ours to carry
+            # spec §8: a federated relay carries frames of the nodes behind it, no others;
+            # a frame from anyone else is a forgery (or a relay lying about its members)
+            if route.from_ not in self._federated[link].routes or not self.is_served(route.from_):
+                self._count.spoofed += 1
+                return []
         else:
             return [Refuse(link, "unauthorized")]  # attach first
         key = (route.from_, route.id)
@@ -373,7 +387,10 @@ class RelayCore:
 
     def _table(self, link: LinkId, table: RouteTable, now: float) -> list[Action]:
         fed = self._federated.get(link)
-        if fed is None or table.relay != fed.relay:
+        if fed is None:  # spec §8: a frame never makes a link federated
+            self._count.foreign_tables += 1
+            return []
+        if table.relay != fed.relay:
             return [Close(link, "route_table from a link that is not its relay's")]
         if table.version < fed.version:
             return []  # an older table overtaken by a newer one
@@ -478,4 +495,5 @@ class RelayCore:
             c.unreachable,
             c.ttl_expired,
             c.spoofed,
+            c.foreign_tables,
         )

@@ -1,8 +1,8 @@
 """The relay role of a node (spec §8; ``mesh.relay``, ``--relay``): relay frames arriving on
 peer links go to :class:`~hearthnet.mesh.relay_core.RelayCore`, and its actions are
 carried out on the links (``Send`` writes a frame, ``Refuse`` sends ``detach``, ``Close``
-ends the link). Only members of this community are served. Relays federate with the
-relays of ``mesh.relay_peers`` (``--relay-peer``): route tables go both ways, and a frame
+ends the link). Only members of this community are served. Relays that name each other
+in ``mesh.relay_peers`` (``--relay-peer``) federate: route tables go both ways, and a frame
 for a member attached to the other relay goes relay → relay → member. A relay also carries
 one ``join_via`` per join request for an invite it can check (bounded below).
 
@@ -19,13 +19,7 @@ import logging
 from hearthnet.errors import RateLimited, Unavailable
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.relay_core import Close, Refuse, RelayCore, Send
-from hearthnet.mesh.relay_frames import (
-    Detach,
-    JoinAnswer,
-    JoinVia,
-    RelayFrame,
-    RouteTable,
-)
+from hearthnet.mesh.relay_frames import Detach, JoinAnswer, JoinVia, RelayFrame
 from hearthnet.metrics import MetricsRegistry
 
 log = logging.getLogger("hearthnet.mesh.relaying")
@@ -49,13 +43,16 @@ class RelayRole:
     """The relay's side (``--relay``): frames of attached members to the relay core, its
     actions carried out on the links.
 
-    Federation (spec §8, ``mesh.relay_peers``, ``--relay-peer``): the peer relays' URLs
-    are dialled like peers; a link to one of them is up as federated at once (the core
-    sends our route table). The other side need not be configured: a ``route_table``
-    from a member of the community on a link not yet federated makes it federated (so
-    one side's ``--relay-peer`` is enough, and a link that came up inbound, without the
-    URL we dialled, still federates). A federated relay can only blackhole what it is
-    asked to carry: ``route.inner`` is sealed end to end.
+    Federation (spec §8, ``mesh.relay_peers``, ``--relay-peer``): a link is federated
+    only when both ends configured it, which no frame can fake. Our side: the peer's
+    NodeID is the one this node reached when it dialled a configured URL itself (see
+    :meth:`dialled`; an inbound hello's ``url`` is only a claim), and its signed hello
+    says it is a relay (``relay: true``). Their side: a relay that did not configure us
+    drops our tables (a ``route_table`` on a link not federated is dropped and counted),
+    so neither learns routes from the other and nothing is forwarded. A member stays a
+    member whatever it sends: budgeted, and ``route.from`` must be itself. A federated
+    relay can only blackhole what it is asked to carry (``route.inner`` is sealed end to
+    end), and only for the nodes its table puts behind it.
     """
 
     def __init__(
@@ -63,7 +60,8 @@ class RelayRole:
     ) -> None:
         self.core = core
         self.peer_urls = peer_urls  # normalized URLs of the relays we federate with
-        self.peer_relays: set[str] = set()  # their NodeIDs, once linked
+        # url -> the NodeID our own dial of that URL reached (see dialled)
+        self.verified: dict[str, str] = {}
         self._served: set[PeerLink] = set()  # links the core knows are up
         self._joins: dict[int, tuple[str, asyncio.Future[bytes]]] = {}  # id -> (inviter, answer)
         self._join_ids = itertools.count(1)
@@ -99,25 +97,37 @@ class RelayRole:
         if pending is not None and pending[0] == link.node and not pending[1].done():
             pending[1].set_result(frame.answer)
 
+    def dialled(self, link: PeerLink) -> None:
+        """An outbound link came up through its handshake (admitted or not): when we
+        dialled one of our peer relays' URLs, the node there is that relay."""
+        if link.outbound and link.address in self.peer_urls:
+            self.verified[link.address] = link.node
+
+    def unverified(self) -> list[str]:
+        """Peer relay URLs this node has not reached by its own dial yet."""
+        return [url for url in self.peer_urls if url not in self.verified]
+
+    def is_peer_relay(self, link: PeerLink) -> bool:
+        """Whether ``link`` (a direct link) goes to a relay we federate with: one we
+        configured and reached by our own dial, which says in its hello that it relays."""
+        return link.peer.relay and link.node in self.verified.values()
+
     def link_up(self, link: PeerLink, now: float) -> None:
         """A direct link was admitted: federate when it goes to one of our peer relays."""
-        if link.address in self.peer_urls or link.node in self.peer_relays:
+        if self.is_peer_relay(link):
             self._federate(link, now)
 
     def _federate(self, link: PeerLink, now: float) -> None:
         if self.core.is_federated(link):
             return
         log.info("federated with relay %s", link.node, extra={"peer": link.node})
-        self.peer_relays.add(link.node)
         self._served.add(link)
         observed = _observed_addr(link)
         self._carry_out(self.core.link_up(link, link.node, observed, now, federated=True))
 
     def receive(self, link: PeerLink, frame: RelayFrame, now: float) -> None:
         """A relay frame off a direct link (the core learns of the link first)."""
-        if isinstance(frame, RouteTable) and not self.core.is_federated(link):
-            self._federate(link, now)  # the other relay federates with us (see above)
-        elif link not in self._served:
+        if link not in self._served:
             self._served.add(link)
             self._carry_out(self.core.link_up(link, link.node, _observed_addr(link), now))
         self._carry_out(self.core.receive(link, frame, now))
@@ -156,6 +166,8 @@ class RelayRole:
             "rate_limited": s.rate_limited,
             "unreachable": s.unreachable,
             "duplicates": s.duplicates,
+            "spoofed": s.spoofed,  # route.from not the member, or not behind that relay
+            "foreign_tables": s.foreign_tables,  # route tables from links not federated
             "joins_forwarded": self.joins_forwarded,
         }
 

@@ -77,6 +77,7 @@ PROBE_TIMEOUT_S = 30.0  # a relayed path whose probe got no answer is dropped an
 HELLO_RETRY_MS = 1000  # an unanswered e2e hello is sent again this often
 ATTACH_TARGET = 2  # relays a member stays attached to, of those it knows (failover)
 RETIRE_S = 10.0  # a relayed path replaced by a direct link finishes its frames this long
+VERIFY_S = 5.0  # a peer relay's URL not yet reached by our own dial is dialled this often
 
 Dispatch = Callable[[PeerLink, dict[str, Any]], None]
 JoinHandler = Callable[[Any], Awaitable[dict[str, Any]]]  # a join request -> the answer
@@ -99,6 +100,7 @@ class Relaying:
         on_down: Callable[[PeerLink, str], None],
         errors: LinkErrors,
         metrics: MetricsRegistry,
+        dial: Callable[[str], object] | None = None,
     ) -> None:
         self.keys = keys
         self.node_id = keys.node_id
@@ -109,6 +111,8 @@ class Relaying:
         self.admit = admit
         self.on_down = on_down
         self.errors = errors
+        self.dial = dial  # dials one URL in the background (the mesh's dialer)
+        self._next_verify = 0.0
         self.relay: RelayRole | None = None
         # spec §8: admits a join a relay carried to us (the composition root sets it)
         self.join_handler: JoinHandler | None = None
@@ -172,6 +176,17 @@ class Relaying:
 
     # --- hooks the mesh calls -------------------------------------------------------------
 
+    def link_established(self, link: PeerLink) -> None:
+        """A direct link finished its handshake, before the mesh decides whether it is
+        kept: our own dial of a peer relay's URL tells which node that relay is, and an
+        inbound link already up with that node federates now (spec §8)."""
+        if self.relay is None or is_relayed(link):
+            return
+        self.relay.dialled(link)
+        current = self.links.get(link.node)
+        if current is not None and current is not link and not is_relayed(current):
+            self.relay.link_up(current, time.monotonic())
+
     def link_up(self, link: PeerLink) -> None:
         """A link was admitted: attach when it is one of our relays, federate when it is
         a relay we federate with (spec §8)."""
@@ -197,6 +212,12 @@ class Relaying:
                 self._forget(link.node)
         elif self.paths is not None and link.node in self.relays:
             self._path_actions(self.paths.relay_lost(link.node, now))
+
+    def replaced_link_down(self, link: PeerLink) -> None:
+        """A link that another link to the same peer replaced has ended: the relay core
+        forgets it (else a federated relay's routes would point at a closed link)."""
+        if self.relay is not None and not is_relayed(link):
+            self.relay.link_down(link, time.monotonic())
 
     def on_frame(self, link: PeerLink, raw: dict[str, Any]) -> bool:
         """Take a relay frame off ``link``; False when ``raw`` is not one."""
@@ -231,6 +252,9 @@ class Relaying:
         now = time.monotonic()
         if self.relay is not None:
             self.relay.tick(now)
+            if now >= self._next_verify:
+                self._next_verify = now + VERIFY_S
+                self._verify_peer_relays()
         if self.paths is None or self.endpoint is None:
             return
         self._path_actions(self.paths.tick(now))
@@ -244,6 +268,17 @@ class Relaying:
         if now >= self._next_scan:
             self._next_scan = now + SCAN_S
             self._scan(now)
+
+    def _verify_peer_relays(self) -> None:
+        """Dial the peer relays' URLs we have not reached ourselves (an inbound link from
+        a relay proves nothing about which URL it is at), expecting no particular node."""
+        assert self.relay is not None
+        for url in self.relay.unverified():
+            entry = self.book.addresses.get(url)
+            if entry is not None:
+                entry.node = None  # what an inbound hello claimed is not what we dial for
+            if self.dial is not None:
+                self.dial(url)
 
     def _send(self, link: PeerLink, frame: Any) -> None:
         link.send_raw(frame.encode())

@@ -158,6 +158,7 @@ class Mesh:
             on_down=self._link_down,
             errors=link_errors,
             metrics=m,
+            dial=lambda url: self.spawn(self.dial(url), f"dial-{url}"),
         )
         self.dialer = Dialer(
             keys=keys,
@@ -320,6 +321,7 @@ class Mesh:
 
     def _link_up(self, link: PeerLink) -> bool:
         """Admit an established link; simultaneous dials keep one (spec §7.2)."""
+        self.relaying.link_established(link)  # relays: which node a peer relay's URL is
         if not self.routes.admit(link):
             return False
         self.health.link_up(link.node)
@@ -336,6 +338,7 @@ class Mesh:
 
     def _link_down(self, link: PeerLink, reason: str) -> None:
         if not self.routes.remove(link):
+            self.relaying.replaced_link_down(link)  # relays: the core forgets it too
             return  # a duplicate that lost
         self.health.link_down(link.node)
         self.link_events.inc("down")

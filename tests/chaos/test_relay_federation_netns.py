@@ -42,8 +42,8 @@ async def test_two_nat_nodes_publish_and_call_through_federated_relays(
     url1, url2 = f"http://{relay1.ip}:{PORT}", f"http://{relay2.ip}:{PORT}"
     procs: list[HostProcess] = []
     try:
-        # only relay 1 is told to federate: relay 2 takes the federation it is offered
-        procs.append(start(tmp_path, relay2, "--relay"))
+        # relays federate when each names the other (spec §8)
+        procs.append(start(tmp_path, relay2, "--relay", "--relay-peer", url1))
         procs.append(start(tmp_path, relay1, "--relay", "--relay-peer", url2))
         procs.append(start(tmp_path, home_a, "--relay-url", url1))
         procs.append(start(tmp_path, home_b, "--relay-url", url2))

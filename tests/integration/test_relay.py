@@ -18,7 +18,7 @@ import pytest
 
 from hearthnet.client import Client
 from hearthnet.errors import HearthNetError
-from tests.helpers import eventually, run_cli
+from tests.helpers import eventually, free_port, run_cli
 from tests.integration.mesh_cluster import FAST_MESH, Cluster, status_of
 
 pytestmark = pytest.mark.slow
@@ -200,8 +200,10 @@ async def test_killing_the_relay_in_use_moves_relayed_peers_to_the_other(tmp_pat
     """Members with two federated relays: kill -9 the one in use, calls go on via the other."""
     cluster = Cluster(tmp_path, NO_UPGRADE)
     try:
-        cluster.start(0, "--relay")
-        cluster.start(1, "--relay", "--relay-peer", cluster.nodes[0].url)
+        ports = (free_port(), free_port())  # relays federate when each names the other
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        cluster.start(0, "--relay", "--relay-peer", urls[1], port=ports[0])
+        cluster.start(1, "--relay", "--relay-peer", urls[0], port=ports[1])
         both = ("--relay-url", cluster.nodes[0].url, "--relay-url", cluster.nodes[1].url)
         for i in (2, 3):
             cluster.start(i, *both, "--advertise-url", UNDIALLABLE)

@@ -383,6 +383,40 @@ def test_a_table_from_the_wrong_relay_closes_the_link() -> None:
     )
 
 
+def test_a_members_route_table_does_not_make_its_link_federated() -> None:
+    """A member's route_table is dropped and counted; it stays budgeted and checked."""
+    core = relay(member_bytes_per_s=1000, burst_s=1.0)
+    attach(core, M[0], M[1])
+    table = core.receive(M[0], RouteTable(M[0], 1, ((M[2], 0),)), 0.0)
+    over = [core.receive(M[0], route(M[0], M[1], n, size=600), 1.0) for n in (1, 2, 3)]
+    spoof = core.receive(M[0], route(M[2], M[1], 4), 1.0)
+    s = core.statistics()
+    closed = [Close(M[0], "route.from is not the attached member")]
+    assert ([], ["route", "route", "route_error"], closed, (0, 1, 0, 1)) == (
+        table,
+        [a[0].frame.KIND for a in over if isinstance(a[0], Send)],
+        spoof,
+        (s.federated, s.foreign_tables, s.routes, s.rate_limited),
+    )
+
+
+def test_a_federated_relay_carries_only_frames_of_the_nodes_behind_it() -> None:
+    """A frame from R2 whose origin R2's table does not list is dropped and counted."""
+    core = relay()
+    attach(core, M[1])
+    core.link_up(R2, R2, ADDR, 0.0, federated=True)
+    core.receive(R2, RouteTable(R2, 1, ((M[0], 0),)), 0.0)
+    behind = sends(core.receive(R2, route(M[0], M[1], 1), 1.0))
+    forged = sends(core.receive(R2, route(M[2], M[1], 2), 1.0))
+    attached = sends(core.receive(R2, route(M[1], M[1], 3), 1.0))
+    assert ([(M[1], "route")], [], [], 2) == (
+        behind,
+        forged,
+        attached,
+        core.statistics().spoofed,
+    )
+
+
 def test_a_table_is_not_echoed_back() -> None:
     """Split horizon: R2 tells R1 of M1 and R3 of M0, never a route back to where it came from."""
     _, r2, _ = chain()
@@ -402,6 +436,7 @@ def test_a_routing_loop_ends_at_the_seen_cache() -> None:
         prev = {R2: R3, R3: R1, R1: R2}[nxt]
         core.link_up(prev, prev, ADDR, 0.0, federated=True)
         core.receive(nxt, RouteTable(nxt, 1, ((M[5], 0),)), 0.0)
+        core.receive(prev, RouteTable(prev, 1, ((M[0], 1),)), 0.0)  # the origin is behind prev
     hops = [sends(r1.receive(M[0], route(M[0], M[5]), 1.0))]
     hops.append(sends(r2.receive(R1, route(M[0], M[5], ttl=3), 1.0)))
     hops.append(sends(r3.receive(R2, route(M[0], M[5], ttl=2), 1.0)))

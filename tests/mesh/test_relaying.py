@@ -40,7 +40,7 @@ from hearthnet.mesh.relay_member import RelayEndpoint
 from hearthnet.mesh.relayed_link import path_fields
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
-from tests.helpers import wait_until
+from tests.helpers import free_port, wait_until
 from tests.mesh.rawpeer import RawPeer
 
 UNDIALLABLE = "http://127.0.0.1:9"  # the discard port: nothing listens there
@@ -214,38 +214,40 @@ async def test_a_member_without_room_for_links_calls_through_the_relays_links(
 async def test_members_of_two_federated_relays_reach_each_other(
     make_config: MakeConfig,
 ) -> None:
-    """Relays federate when one names the other; a and b, one on each, call relayed."""
-    configs = [make_config(mesh={"relay": True}) for _ in range(2)]
+    """Relays federate when each names the other; a and b, one on each, call relayed."""
+    ports = (free_port(), free_port())
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    configs = [
+        make_config(node={"port": ports[i]}, mesh={"relay": True, "relay_peers": [urls[1 - i]]})
+        for i in range(2)
+    ]
     configs += [make_config(), make_config()]
     one_community(configs)
-    async with Node(configs[1]) as relay2:
-        peered = dataclasses.replace(
-            configs[0], mesh=dataclasses.replace(configs[0].mesh, relay_peers=(relay2.url,))
+    async with (
+        Node(configs[1]) as relay2,
+        Node(configs[0]) as relay1,
+        Node(relayed_to(configs[2], relay1.url)) as a,
+        Node(relayed_to(configs[3], relay2.url)) as b,
+    ):
+        ids = (relay1.keys.node_id, relay2.keys.node_id, a.keys.node_id, b.keys.node_id)
+        cores = [r.mesh.relaying.relay.core for r in (relay1, relay2) if r.mesh.relaying.relay]
+        await wait_until(
+            lambda: [c.routes() for c in cores] == [{ids[3]: ids[1]}, {ids[2]: ids[0]}],
+            10,
+            "each relay routes to the other's member",
         )
-        async with (
-            Node(peered) as relay1,
-            Node(relayed_to(configs[2], relay1.url)) as a,
-            Node(relayed_to(configs[3], relay2.url)) as b,
-        ):
-            ids = (relay1.keys.node_id, relay2.keys.node_id, a.keys.node_id, b.keys.node_id)
-            cores = [r.mesh.relaying.relay.core for r in (relay1, relay2) if r.mesh.relaying.relay]
-            await wait_until(
-                lambda: [c.routes() for c in cores] == [{ids[3]: ids[1]}, {ids[2]: ids[0]}],
-                10,
-                "each relay routes to the other's member",
-            )
-            await wait_until(
-                lambda: (path_to(a, b), path_to(b, a)) == ("relayed", "relayed"),
-                15,
-                "a and b relayed to each other",
-            )
-            via = (
-                path_fields(a.mesh.links[ids[3]])["via"],
-                path_fields(b.mesh.links[ids[2]])["via"],
-            )
-            async with Client(a.url, keys=a.keys) as client:
-                answer = await client.call_with_meta("echo@1.0", {"x": 3}, target=ids[3])
-            shown = [r.mesh.relaying.statistics()["relay"] for r in (relay1, relay2)]
+        await wait_until(
+            lambda: (path_to(a, b), path_to(b, a)) == ("relayed", "relayed"),
+            15,
+            "a and b relayed to each other",
+        )
+        via = (
+            path_fields(a.mesh.links[ids[3]])["via"],
+            path_fields(b.mesh.links[ids[2]])["via"],
+        )
+        async with Client(a.url, keys=a.keys) as client:
+            answer = await client.call_with_meta("echo@1.0", {"x": 3}, target=ids[3])
+        shown = [r.mesh.relaying.statistics()["relay"] for r in (relay1, relay2)]
     assert ((ids[0], ids[1]), (ids[3], {"echo": {"x": 3}}), [(1, 1), (1, 1)]) == (
         via,
         (answer["meta"]["node"], answer["output"]),
