@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from functools import partial
 
@@ -33,9 +33,16 @@ from hearthnet.tokens import CapabilityToken
 class Source(enum.Enum):
     """Where a batch of records comes from; it decides what :meth:`Membership.admit` keeps."""
 
-    # the node's own records.jsonl, or the answer to its join request: legacy records
-    # (written before chains) are accepted, and no caps apply
+    # the node's own records.jsonl, or the answer to its join request signed by the
+    # inviter (mesh/admission.py): legacy records (written before chains) are accepted,
+    # and no caps apply
     STORE = "store"
+    # any other answer to a join request (a bootstrap node that is not the inviter, an
+    # older node that does not sign answers): the whole log, so no per-request cap, but
+    # chained records only, as over a peer link; one its signer had no right to sign is
+    # kept inert. Whoever serves the answer can then withhold records, never add one
+    # that the community's chains do not hold.
+    JOIN = "join"
     # a peer link: chained records only; one its signer had no right to sign is kept
     # inert, so that every node holds the same chains
     GOSSIP = "gossip"
@@ -85,7 +92,7 @@ def admit_records(
     legacy records over the wire (``bad_request``) and, when submitted, records their
     signer had no right to sign (``forbidden``).
     """
-    if source is not Source.STORE and len(batch) > caps.per_request:
+    if source in (Source.GOSSIP, Source.SUBMIT) and len(batch) > caps.per_request:
         raise PayloadTooLarge(f"at most {caps.per_request} membership records at a time")
     known = {r.id for r in stored}
     counts = Counter(r.by for r in stored)
@@ -142,6 +149,48 @@ def admit_records(
     if forbidden:
         result = fold(community_id, [*stored, *accepted])
     return Admission(tuple(accepted), tuple(refused), result, source, base_version)
+
+
+def split_submitted(
+    raw: list[object], community_id: str, known: Container[str], held: Container[str]
+) -> tuple[list[object], list[dict[str, object]]]:
+    """Sort submitted records before any signature is checked (spec §1.5: a node refuses
+    records from strangers, and checking a signature is the expensive part).
+
+    Returns the records worth verifying, and those refused at once: signed by a key that
+    is neither a member (``known``, revoked ones included: their records up to
+    ``keep_upto`` stay valid) nor added by one in this same batch, directly or down a
+    line of additions. Records of another community and records already ``held`` (by
+    id) are dropped, as the fold would drop them. Anything not shaped like a record is
+    left to the parser, which refuses it without checking a signature.
+    """
+    adds: dict[str, list[str]] = {}
+    for r in raw:
+        if isinstance(r, dict) and r.get("kind") == "member.added":
+            by, subject = r.get("by"), r.get("subject")
+            if isinstance(by, str) and isinstance(subject, str):
+                adds.setdefault(by, []).append(subject)
+    reach = {by for by in adds if by in known}
+    todo = list(reach)
+    while todo:
+        for subject in adds.get(todo.pop(), ()):
+            if subject not in reach:
+                reach.add(subject)
+                todo.append(subject)
+    verify: list[object] = []
+    strangers: list[dict[str, object]] = []
+    for r in raw:
+        if not isinstance(r, dict) or not isinstance(r.get("by"), str):
+            verify.append(r)
+        elif r.get("community") != community_id or (
+            isinstance(r.get("id"), str) and r["id"] in held
+        ):
+            continue
+        elif r["by"] in known or r["by"] in reach:
+            verify.append(r)
+        else:
+            strangers.append(r)
+    return verify, strangers
 
 
 class Membership:

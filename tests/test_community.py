@@ -362,7 +362,8 @@ def test_records_jsonl_from_before_chains_loads(tmp_path: Path) -> None:
 
 def test_legacy_records_are_refused_over_the_wire(chains: Chains) -> None:
     """A backdated record without signer_seq (the old format) from a revoked member is
-    refused by gossip and submission: the legacy path only reads the node's own store."""
+    refused by gossip, submission and a join answer the inviter did not sign: the legacy
+    path only reads the node's own store and its inviter's answer."""
     view = Membership(C)
     g = genesis(chains)
     add_alice = chains.rec(FOUNDER, "member.added", ALICE.node_id, 2, level=Level.TRUSTED)
@@ -371,9 +372,9 @@ def test_legacy_records_are_refused_over_the_wire(chains: Chains) -> None:
     forged = legacy(ALICE, "member.added", BOB.node_id, 1)
     codes = [
         [e.code for _, e in view.add_all([forged], source).refused]
-        for source in (Source.GOSSIP, Source.SUBMIT)
+        for source in (Source.GOSSIP, Source.SUBMIT, Source.JOIN)
     ]
-    assert ([["bad_request"], ["bad_request"]], None) == (codes, view.level_of(BOB.node_id))
+    assert ([["bad_request"]] * 3, None) == (codes, view.level_of(BOB.node_id))
 
 
 def test_legacy_revocation_voids_the_whole_chain(chains: Chains) -> None:

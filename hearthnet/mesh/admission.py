@@ -27,6 +27,7 @@ from hearthnet.errors import (
     Revoked,
     Unauthorized,
     Unavailable,
+    WireError,
 )
 from hearthnet.identity import KeyPair, load_or_create_keys, verify_object
 from hearthnet.ids import b64url_decode, b64url_encode, is_node_id
@@ -246,6 +247,55 @@ def admit(admitter: KeyPair, membership: Membership, request: object, now: int) 
     )
 
 
+def sign_join_answer(
+    admitter: KeyPair, answer: dict[str, Any], added: MembershipRecord
+) -> dict[str, Any]:
+    """``answer`` signed by the admitting node for the join that ``added`` records: it
+    names the admitter, the joining node and the invite's nonce, so it is good for that
+    join only, and nobody who carries it (a relay) can add, drop or change a record."""
+    signed = {**answer, "admitter": admitter.node_id, "node": added.subject, "invite": added.invite}
+    signed["sig"] = admitter.sign_object(signed)
+    return signed
+
+
+def answer_source(answer: dict[str, Any], invite: Invite, node: str) -> Source:
+    """How far a join answer is trusted (spec §1.5, §8): signed by the invite's inviter
+    for this very join, as far as the inviter's own store (:attr:`Source.STORE`, legacy
+    records included); otherwise as records from the network (:attr:`Source.JOIN`:
+    chained records only, so whoever served the answer cannot add one).
+
+    Raises:
+        InvalidSignature: the answer names the inviter as its signer but does not
+            verify, or was signed for another join.
+    """
+    if answer.get("admitter") != invite.inviter:
+        return Source.JOIN
+    verify_object(invite.inviter, answer, answer.get("sig"), "sig")
+    if answer.get("node") != node or answer.get("invite") != invite.nonce:
+        raise InvalidSignature("the join answer was signed for another join")
+    return Source.STORE
+
+
+def _answer_records(
+    answer: Any, invite: Invite, node: str, *, relayed: bool
+) -> tuple[list[MembershipRecord], Source]:
+    """The verified records of a join answer and how far they are trusted.
+
+    Raises:
+        WireError: a malformed answer or record, or one a relay carried that the
+            inviter did not sign (spec §8: only the inviter answers a relayed join).
+    """
+    if not isinstance(answer, dict):
+        raise BadRequest("the join answer is not an object")
+    source = answer_source(answer, invite, node)
+    if relayed and source is not Source.STORE:
+        raise InvalidSignature("the relay's answer is not signed by the inviter")
+    raw = answer.get("records", [])
+    if not isinstance(raw, list):
+        raise BadRequest("the join answer's records are a list")
+    return [MembershipRecord.parse(r) for r in raw], source
+
+
 async def redeem_invite(data_dir: Path, token: str, *, name: str) -> bool:
     """``hearthnet node start --join TOKEN``: join the invite's community before starting.
 
@@ -292,10 +342,13 @@ async def redeem_invite(data_dir: Path, token: str, *, name: str) -> bool:
                 message = answer.get("message", "") if isinstance(answer, dict) else ""
                 last_error = f"{url}: {error} {message}"
                 continue
-            records = [MembershipRecord.parse(r) for r in answer.get("records", [])]
+            try:
+                records, source = _answer_records(answer, invite, keys.node_id, relayed=relayed)
+            except WireError as exc:
+                last_error = f"{url}: {exc.code} {exc.message}"
+                continue
             view = Membership(invite.community)
-            # the bootstrap's store, legacy records included (spec §1.5 upgrade rule)
-            kept = view.add_all(records, Source.STORE).accepted
+            kept = view.add_all(records, source).accepted
             if view.level_of(keys.node_id) is None:
                 last_error = f"{url}: the answer does not make this node a member"
                 continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,15 +26,22 @@ from hearthnet.errors import (
     error_from_wire,
 )
 from hearthnet.identity import KeyPair
-from hearthnet.membership import Admission, Source
-from hearthnet.mesh.admission import RELAY_JOIN_PATH, admit, check_join_request
+from hearthnet.membership import Admission, Source, split_submitted
+from hearthnet.mesh.admission import (
+    RELAY_JOIN_PATH,
+    admit,
+    check_join_request,
+    sign_join_answer,
+)
 from hearthnet.mesh.relay_frames import MAX_JOIN_BYTES
 from hearthnet.mesh.relayed_link import is_relayed
 from hearthnet.mesh.service import Mesh
+from hearthnet.ratelimit import RateLimiter
 from hearthnet.transport.codec import loads
 from hearthnet.transport.headers import read_signed_headers
 from hearthnet.transport.server import json_response
 
+MEMBERSHIP_CHECKS_PER_S = 500  # submitted records' signatures checked per address per second
 SubmitRecords = Callable[[list[MembershipRecord], Source, str | None], Awaitable[Admission]]
 
 
@@ -51,6 +59,13 @@ class MeshHttp:
         self.authenticator = authenticator
         self.keys = keys
         self.submit_records = submit_records
+        # signatures of submitted records checked per address (spec §1.5); two batches of
+        # the largest size fit at once
+        self.checks = RateLimiter(
+            MEMBERSHIP_CHECKS_PER_S,
+            burst=2 * authenticator.membership.caps.per_request,
+            max_keys=4096,
+        )
 
     def routes(self) -> list[web.RouteDef]:
         """The routes."""
@@ -86,31 +101,33 @@ class MeshHttp:
         """
         body = loads(await request.read())
         records = body.get("records") if isinstance(body, dict) else None
-        cap = self.authenticator.membership.caps.per_request
+        membership = self.authenticator.membership
+        cap = membership.caps.per_request
         if not isinstance(records, list):
             raise BadRequest('the body is {"records": [...]}')
         if len(records) > cap:
             raise PayloadTooLarge(f"at most {cap} membership records at a time")
-        membership = self.authenticator.membership
-        added = {r.get("subject") for r in records if isinstance(r, dict)}
-        if records and not any(
-            isinstance(r, dict) and (r.get("by") in membership.known or r.get("by") in added)
-            for r in records
-        ):
-            # spec §1.5: nobody in the batch could be a member; no signature is checked
-            raise Unauthorized("no record is signed by a member of the community")
-        parsed = await asyncio.to_thread(lambda: [MembershipRecord.parse(r) for r in records])
+        # spec §1.5: records no member signed, nor anyone a member adds in this batch, are
+        # refused before a signature is checked; what is left is checked within a budget
+        # per address, so nobody makes the node verify signatures without end
+        to_check, strangers = split_submitted(
+            records, membership.community_id, membership.known, membership.records
+        )
+        stranger = Unauthorized("the signer is not a member of the community")
+        if strangers and not to_check:
+            raise stranger
+        self.checks.check(request.remote or "", time.monotonic(), len(to_check))
+        parsed = await asyncio.to_thread(lambda: [MembershipRecord.parse(r) for r in to_check])
         admission = await self.submit_records(parsed, Source.SUBMIT, None)
         error = admission.first_error()
         if not admission.accepted and error is not None:
             raise error
+        refused = [(r.id, e) for r, e in admission.refused]
+        refused += [(str(r.get("id", "")), stranger) for r in strangers]
         return json_response(
             {
                 "applied": len(admission.accepted),
-                "refused": [
-                    {"id": r.id, "error": e.code, "message": e.message}
-                    for r, e in admission.refused
-                ],
+                "refused": [{"id": i, "error": e.code, "message": e.message} for i, e in refused],
                 "community": self.authenticator.community_id,
             }
         )
@@ -131,11 +148,13 @@ class MeshHttp:
         if not admission.accepted:
             raise admission.first_error() or InternalError("the member could not be recorded")
         records = [r.to_json() for r in self.authenticator.membership.records.values()]
-        return {
+        answer = {
             "community": self.authenticator.community_id,
             "records": records,
             "bootstrap": [self.mesh.url],
         }
+        # spec §8: signed for this join, so a relay carrying it can change nothing in it
+        return sign_join_answer(self.keys, answer, record)
 
     async def relay_join(self, request: web.Request) -> web.Response:
         """On a relay: carry a not-yet-member's join to the inviter attached here (spec §8,

@@ -12,7 +12,9 @@ community is refused (the relay is not trusted to check). A frame the session re
 (altered, replayed, reordered, from a stranger) is returned as ``refused`` and counted; the
 glue logs it and carries on. Frames lost that way are resent by the path sequence. A
 sealed frame from a peer we hold no session with (we restarted, it did not) starts a new
-handshake, so the peer's later frames open again.
+handshake, so the peer's later frames open again; so do ``rehandshake_after`` sealed
+frames in a row that do not verify on an established session (the two ends hold
+different keys: one restarted, or a relay replayed an old hello to it).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ class EndpointConfig:
     handshake_timeout_ms: int = 5_000  # a hello unanswered this long is sent again
     max_pending: int = 1024  # frames per peer waiting for its session (oldest dropped)
     max_sessions: int = 4096  # peers with a session (least recently used forgotten)
+    # sealed frames in a row that do not verify before a fresh handshake (the keys differ:
+    # one side restarted, or a relay replayed an old hello to it)
+    rehandshake_after: int = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,7 @@ class _Peer:
     session: RelaySession
     hello_at: int = 0
     pending: deque[bytes] = field(default_factory=deque)
+    failures: int = 0  # sealed frames in a row that did not verify
 
 
 class RelayEndpoint:
@@ -119,6 +125,7 @@ class RelayEndpoint:
                 p.pending.clear()
             frames: list[PathFrame] = []
             if opened.frame is not None:
+                p.failures = 0
                 inner = decode(opened.frame)
                 if not isinstance(inner, PATH_FRAME_TYPES):
                     raise BadRequest(f"{inner.KIND} does not travel sealed")
@@ -130,12 +137,30 @@ class RelayEndpoint:
             if (
                 isinstance(exc, InvalidSignature)
                 and known is not None
-                and known.session.state is SessionState.IDLE
-            ):  # sealed under keys we do not hold (we restarted): make new ones
+                and self._stale(known, now_ms)
+            ):
+                # sealed under keys we do not hold: make new ones
+                known.failures = 0
                 known.hello_at = now_ms
                 hello = self._route(route.from_, known.session.start(now_ms))
                 return Unwrapped([hello], refused=exc)
             return Unwrapped(refused=exc)
+
+    def _stale(self, p: _Peer, now_ms: int) -> bool:
+        """After a frame that did not verify: whether the session's keys are not the
+        peer's. With none (we restarted), yes; with keys, after ``rehandshake_after``
+        such frames in a row (the peer restarted, or a relay replayed an old hello to one
+        of us, spec §8), at most once per ``handshake_timeout_ms``, so the pair never
+        stays stuck on keys only one side holds."""
+        p.failures += 1
+        state = p.session.state
+        if state is SessionState.IDLE:
+            return True
+        return (
+            state is SessionState.ESTABLISHED
+            and p.failures >= self.config.rehandshake_after
+            and now_ms - p.hello_at >= self.config.handshake_timeout_ms
+        )
 
     def tick(self, now_ms: int) -> list[Route]:
         """Hellos sent again where no answer came within ``handshake_timeout_ms``."""

@@ -9,7 +9,13 @@ from hearthnet.errors import Expired, InvalidSignature, Revoked, Unauthorized
 from hearthnet.identity import KeyPair
 from hearthnet.ids import b64url_encode
 from hearthnet.membership import Membership, Source
-from hearthnet.mesh.admission import Invite, admit, join_request
+from hearthnet.mesh.admission import (
+    Invite,
+    admit,
+    answer_source,
+    join_request,
+    sign_join_answer,
+)
 
 FOUNDER = KeyPair.from_seed(b"\x81" * 32)
 MEMBER = KeyPair.from_seed(b"\x82" * 32)
@@ -141,3 +147,21 @@ def test_an_invite_carries_relay_urls_under_its_signature() -> None:
         Invite.decode(inv.encode()).relays,
         invite().relays,
     )
+
+
+def test_a_join_answer_is_trusted_as_far_as_its_signer() -> None:
+    """Signed by the inviter for this join: as its store; by another node: as the network;
+    altered, or signed for another join: invalid_signature."""
+    inv = invite()
+    record = admit(FOUNDER, view(), join_request(NEW, inv, name="n", now_ms=NOW), NOW)
+    answer = sign_join_answer(FOUNDER, {"community": FOUNDER.node_id, "records": []}, record)
+    by_member = sign_join_answer(MEMBER, {"records": []}, record)
+    outcomes: list[object] = [
+        answer_source(answer, inv, NEW.node_id),
+        answer_source(by_member, inv, NEW.node_id),
+    ]
+    for bad, node in (({**answer, "records": [{}]}, NEW.node_id), (answer, MEMBER.node_id)):
+        with pytest.raises(InvalidSignature) as caught:
+            answer_source(bad, inv, node)
+        outcomes.append(caught.value.code)
+    assert [Source.STORE, Source.JOIN, "invalid_signature", "invalid_signature"] == outcomes

@@ -134,7 +134,62 @@ async def test_strangers_records_are_refused_and_not_stored(
     )
 
 
-@pytest.mark.parametrize("batches", [4])
+def member_chain(member: KeyPair, community: str, n: int) -> list[MembershipRecord]:
+    """``n`` token.revoked records of ``member``'s chain."""
+    chain: list[MembershipRecord] = []
+    prev: str | None = None
+    for i in range(n):
+        record = MembershipRecord.create(
+            member, "token.revoked", community, f"jti-{i}", now_ms=1_000 + i,
+            iss=member.node_id, signer_seq=i + 1, prev=prev,
+        )  # fmt: skip
+        chain.append(record)
+        prev = record.digest
+    return chain
+
+
+async def test_records_no_member_signed_are_refused_before_any_signature_check(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """Beside a member's record, 999 by a stranger whose signatures do not even verify:
+    those are refused as unauthorized unchecked, and the member's record is applied."""
+    member, stranger = KeyPair.from_seed(b"\x66" * 32), KeyPair.from_seed(b"\x67" * 32)
+    node.add_member(member.node_id)
+    community = node.membership.community_id
+    own = member_chain(member, community, 1)[0]
+    forged = [{**r.to_json(), "sig": own.sig} for r in member_chain(stranger, community, 999)]
+    body = {"records": [own.to_json(), *forged]}
+    async with http.post(node.url + "/mesh/v1/membership", json=body) as resp:
+        status, answer = resp.status, await resp.json()
+    codes = {e["error"] for e in answer.get("refused", [])}
+    assert (200, 1, 999, {"unauthorized"}) == (
+        status,
+        answer.get("applied"),
+        len(answer.get("refused", [])),
+        codes,
+    )
+
+
+async def test_a_members_records_are_checked_within_a_budget_per_address(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """Three full batches of a member's records at once from one address: two are
+    checked, the third is rate_limited with a retry_after_ms."""
+    member = KeyPair.from_seed(b"\x68" * 32)
+    node.add_member(member.node_id)
+    step = node.membership.caps.per_request
+    chain = member_chain(member, node.membership.community_id, 3 * step)
+    answers = await asyncio.gather(
+        *(post_records(http, node.url, chain[i : i + step]) for i in range(0, len(chain), step))
+    )
+    limited = [a for status, a in answers if status == 429]
+    assert ([200, 200, 429], True) == (
+        sorted(status for status, _ in answers),
+        all(a["error"] == "rate_limited" and a.get("retry_after_ms", 0) > 0 for a in limited),
+    )
+
+
+@pytest.mark.parametrize("batches", [2])  # two full batches: what one address may send at once
 async def test_folding_a_large_batch_does_not_stall_calls(
     node: Node, http: aiohttp.ClientSession, batches: int
 ) -> None:

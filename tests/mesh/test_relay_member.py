@@ -50,6 +50,29 @@ def test_a_restarted_member_makes_new_keys_when_sealed_frames_arrive() -> None:
     assert [PFrame(1, b"again")] == again
 
 
+def test_a_hello_replayed_after_a_restart_does_not_wedge_the_pair() -> None:
+    """B restarts; the relay replays A's old hello, so B holds keys A does not. After three
+    sealed frames that do not verify B makes new keys, and A's frames open again."""
+    ea, eb = RelayEndpoint(KA, members), RelayEndpoint(KB, members)
+    old_hello = ea.wrap(B, PAck(0), NOW_MS)[0]
+    ea.unwrap(eb.unwrap(old_hello, NOW_MS).routes[0], NOW_MS)
+    eb = RelayEndpoint(KB, members)  # restarted
+    eb.unwrap(old_hello, NOW_MS + 1000)  # the relay replays; B's answer goes nowhere
+    refused, hellos = [], []
+    for n in range(1, 4):
+        out = eb.unwrap(ea.wrap(B, PFrame(n, b"f"), NOW_MS + 2000)[0], NOW_MS + 2000)
+        refused.append(out.refused.code if out.refused else None)
+        hellos += out.routes
+    for route in ea.unwrap(hellos[0], NOW_MS + 2000).routes:
+        eb.unwrap(route, NOW_MS + 2000)
+    again = [
+        f
+        for r in ea.wrap(B, PFrame(4, b"again"), NOW_MS + 2000)
+        for f in eb.unwrap(r, NOW_MS + 2000).frames
+    ]
+    assert (["invalid_signature"] * 3, 1, [PFrame(4, b"again")]) == (refused, len(hellos), again)
+
+
 def test_a_strangers_route_is_refused_and_counted() -> None:
     """A hello from a node outside the served communities is unauthorized."""
     eb = RelayEndpoint(KB, members)

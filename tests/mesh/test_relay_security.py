@@ -9,16 +9,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
 from hearthnet.clock import now_ms
-from hearthnet.identity import KeyPair
+from hearthnet.community import CommunityStore, Level, MembershipRecord
+from hearthnet.errors import Unavailable
+from hearthnet.identity import KeyPair, load_or_create_keys
+from hearthnet.membership import Membership, Source
+from hearthnet.mesh.admission import RELAY_JOIN_PATH, Invite, redeem_invite
+from hearthnet.mesh.frame_fields import MAX_INNER_BYTES
 from hearthnet.mesh.links import run_handshake
-from hearthnet.mesh.protocol import MAX_FRAME_BYTES, SUBPROTOCOL, Handshake
-from hearthnet.mesh.relay_frames import Attach, Route, RouteTable
+from hearthnet.mesh.path_frames import PFrame
+from hearthnet.mesh.pathseq import Outbound
+from hearthnet.mesh.protocol import (
+    MAX_FRAME_BYTES,
+    SUBPROTOCOL,
+    Handshake,
+    decode_frame,
+    encode_frame,
+)
+from hearthnet.mesh.relay_frames import Attach, Attached, Route, RouteTable, parse_frame
+from hearthnet.mesh.relay_member import RelayEndpoint
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
 from tests.helpers import wait_until
@@ -30,7 +46,8 @@ PEER_RELAY_URL = "http://127.0.0.1:9"  # the relay's configured peer: nothing li
 @contextlib.asynccontextmanager
 async def linked(node: Node, keys: KeyPair, **hello: Any) -> AsyncIterator[RawPeer]:
     """A member with ``keys`` linked to ``node`` by hand (``hello``: Handshake fields)."""
-    node.add_member(keys.node_id)
+    if node.membership.level_of(keys.node_id) is None:
+        node.add_member(keys.node_id)
     async with aiohttp.ClientSession() as http:
         ws = await http.ws_connect(
             node.url + "/mesh/v1/peer", protocols=(SUBPROTOCOL,), max_msg_size=MAX_FRAME_BYTES
@@ -79,3 +96,180 @@ async def test_a_member_posing_as_a_peer_relay_is_not_federated(
             stats = core.statistics()
             got = (stats.federated, stats.foreign_tables, stats.forwarded, victim.received("route"))
     assert (0, 1, 0, []) == got
+
+
+Answer = dict[str, Any]
+
+
+@contextlib.asynccontextmanager
+async def carrying_relay(
+    inviter_url: str, change: Callable[[Answer], Answer]
+) -> AsyncIterator[str]:
+    """A relay's ``/mesh/v1/relay/join`` that carries the join to the inviter and hands
+    back ``change(answer)``; yields its URL."""
+
+    async def relay_join(request: web.Request) -> web.Response:
+        body = await request.json()
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(inviter_url + "/mesh/v1/join", json=body["request"]) as resp,
+        ):
+            answer = await resp.json()
+        return web.json_response(change(answer), status=resp.status)
+
+    app = web.Application()
+    app.router.add_post(RELAY_JOIN_PATH, relay_join)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def legacy(
+    signer: KeyPair, community: str, kind: str, subject: str, ts: int, **kw: Any
+) -> MembershipRecord:
+    """A record as written before chains (no signer_seq, prev)."""
+    return MembershipRecord.create(
+        signer, kind, community, subject, now_ms=ts, signer_seq=None, prev=None, **kw
+    )
+
+
+async def test_a_relay_cannot_add_records_to_a_join_answer(
+    make_config: MakeConfig, tmp_path: Path
+) -> None:
+    """A relayed answer with a backdated record of a revoked member slipped in is refused;
+    the inviter's own answer, legacy records and all, makes the joiner a member."""
+    config = make_config()
+    founder = load_or_create_keys(Path(config.node.data_dir))
+    c = founder.node_id
+    alice, sybil = KeyPair.from_seed(b"\x61" * 32), KeyPair.from_seed(b"\x62" * 32)
+    old = [
+        legacy(founder, c, "community.created", c, 1, name="home"),
+        legacy(founder, c, "member.added", alice.node_id, 2, level=Level.TRUSTED),
+    ]
+    view = Membership(c)
+    view.add_all(old, Source.STORE)
+    revoked = view.sign(founder, "member.revoked", alice.node_id, now_ms=10)
+    CommunityStore(Path(config.node.data_dir)).replace([*old, revoked])
+    # alice's key leaked after her revocation: a record dated before it, in the old format
+    slipped = legacy(alice, c, "member.added", sybil.node_id, 3).to_json()
+
+    def slip_in(answer: Answer) -> Answer:
+        return {**answer, "records": [*answer["records"], slipped]}
+
+    joiners = [tmp_path / "tampered", tmp_path / "honest"]
+    async with Node(config) as inviter:
+        outcomes: list[object] = []
+        for data_dir, change in zip(joiners, (slip_in, lambda a: a), strict=True):
+            async with carrying_relay(inviter.url, change) as relay_url:
+                invite = Invite.issue(
+                    founder, community=c, level=Level.MEMBER, ttl_ms=60_000, now_ms=now_ms(),
+                    bootstrap=[], nonce=f"invite-{data_dir.name}", relays=[relay_url],
+                )  # fmt: skip
+                try:
+                    outcomes.append(await redeem_invite(data_dir, invite.encode(), name="j"))
+                except Unavailable as exc:
+                    outcomes.append(exc.code)
+    honest = Membership(c)
+    honest.add_all(CommunityStore(joiners[1]).load(), Source.STORE)
+    tampered_store = CommunityStore(joiners[0]).load()
+    assert (["unavailable", True], [], Level.MEMBER, None, {alice.node_id}) == (
+        outcomes,
+        [r for r in tampered_store if r.community == c],
+        honest.level_of(load_or_create_keys(joiners[1]).node_id),
+        honest.level_of(sybil.node_id),
+        honest.revoked,
+    )
+
+
+class PlayedRelay:
+    """The test as a node's relay, carrying frames for a member it plays (``sender``)."""
+
+    def __init__(self, link: RawPeer, sender: RelayEndpoint) -> None:
+        self.link = link
+        self.sender = sender
+        self.pongs: list[int] = []
+        self._read = 0
+
+    async def attach(self) -> None:
+        """Answer the node's attach."""
+        attach = await self.link.first("attach")
+        granted = Attached(
+            self.link.node, "127.0.0.1:5000", 1 << 20, 64, MAX_INNER_BYTES, attach["ts"]
+        )
+        await self.link.ws.send_bytes(granted.encode())
+
+    async def send(self, routes: list[Route]) -> None:
+        """Carry routes of the sender to the node."""
+        for route in routes:
+            await self.link.ws.send_bytes(route.encode())
+
+    async def pump(self) -> None:
+        """The sender opens what the node sent it and answers."""
+        routes = self.link.received("route")
+        for raw in routes[self._read :]:
+            route = parse_frame(raw)
+            assert isinstance(route, Route)
+            opened = self.sender.unwrap(route, now_ms())
+            for frame in opened.frames:
+                if isinstance(frame, PFrame) and decode_frame(frame.f)["t"] == "pong":
+                    self.pongs.append(decode_frame(frame.f)["seq"])
+            await self.send(opened.routes)
+        self._read = len(routes)
+
+    async def until(self, done: Callable[[], bool], within_s: float, what: str) -> None:
+        """Pump until ``done()``."""
+        async with asyncio.timeout(within_s):
+            while not done():
+                await self.pump()
+                await asyncio.sleep(0.02)
+
+
+async def test_a_relay_replaying_an_old_hello_after_a_restart_cannot_wedge_a_session(
+    make_config: MakeConfig,
+) -> None:
+    """The node restarts and its relay replays the sender's old e2e_hello: the node then
+    holds keys the sender does not, and after a few sealed frames it cannot open it makes
+    new ones; the sender's ping is answered."""
+    relay_keys, sender_keys = KeyPair.from_seed(b"\x71" * 32), KeyPair.from_seed(b"\x72" * 32)
+    config = make_config(mesh={"relay_urls": [PEER_RELAY_URL]})
+    sender = RelayEndpoint(sender_keys, lambda n: True)
+    async with Node(config) as node:
+        node.add_member(sender_keys.node_id)
+        async with linked(node, relay_keys, url=PEER_RELAY_URL) as link:
+            relay = PlayedRelay(link, sender)
+            await relay.attach()
+            sequence = Outbound(epoch=1)
+            ping = sequence.send(encode_frame("ping", seq=1, ts=now_ms()), 0.0)
+            old_hello = sender.wrap(node.keys.node_id, ping, now_ms())
+            await relay.send(old_hello)
+            await relay.until(lambda: relay.pongs == [1], 10, "the first life's pong")
+    async with Node(config) as node, linked(node, relay_keys, url=PEER_RELAY_URL) as link:
+        relay = PlayedRelay(link, sender)
+        await relay.attach()
+        await relay.send(old_hello)  # replayed: the node answers it, nobody can use that
+        await wait_until(lambda: bool(link.received("route")), 5, "the answer to the replay")
+        relay._read = len(link.received("route"))  # the relay drops it
+        sequence = Outbound(epoch=2)  # the sender's sequence for the node's new life
+        for n in (2, 3, 4):
+            sequence.send(encode_frame("ping", seq=n, ts=now_ms()), 0.0)
+
+        async def resend() -> None:
+            """What the sender's path layer does: resend what was not acknowledged."""
+            for frame in sequence.resend_all(0.0):
+                await relay.send(sender.wrap(node.keys.node_id, frame, now_ms()))
+
+        async with asyncio.timeout(15):
+            while not relay.pongs:
+                await resend()
+                for _ in range(25):
+                    await relay.pump()
+                    await asyncio.sleep(0.02)
+        assert node.mesh.relaying.endpoint is not None
+        refused = dict(node.mesh.relaying.endpoint.refused)
+    assert (2, True) == (relay.pongs[0], refused.get("invalid_signature", 0) >= 3)
