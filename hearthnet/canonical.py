@@ -308,10 +308,22 @@ def check_representable(value: Any, *, carrier_bytes: bool = False) -> None:
     _check(value, MAX_DEPTH, carrier_bytes)
 
 
+def _check_text(text: str) -> None:
+    # orjson and cbor2 refuse text that is not UTF-8, but json.loads and Python callers
+    # hand over lone surrogates ("\ud800"), which JCS cannot encode.
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise NotCanonical("strings must be valid Unicode (no lone surrogates)") from exc
+
+
 def _check(value: Any, depth: int, carrier_bytes: bool) -> None:
     t = type(value)
-    # Strings need no check: orjson and cbor2 refuse text that is not valid UTF-8.
-    if t is str or t is bool or value is None:
+    if t is str:
+        _check_text(value)
+        return
+    if t is bool or value is None:
         return
     if t is int:
         if not -MAX_EXACT_INTEGER <= value <= MAX_EXACT_INTEGER:
@@ -327,6 +339,7 @@ def _check(value: Any, depth: int, carrier_bytes: bool) -> None:
             for key, item in value.items():
                 if type(key) is not str:
                     raise NotCanonical("object keys must be strings")
+                _check_text(key)
                 _check(item, depth - 1, carrier_bytes)
         else:
             for item in value:

@@ -266,3 +266,15 @@ def test_nesting_up_to_the_limit_is_accepted() -> None:
         canonicalize(value),
         malformed.value.message[:14],
     )
+
+
+def test_strings_that_cannot_be_encoded_are_refused_by_the_edge_check() -> None:
+    """Lone surrogates (as json.loads yields them), in a value or a key, are NotCanonical;
+    other text, astral characters included, passes."""
+    refused = []
+    for value in (json.loads('"\\ud800"'), {"k": ["a\udfff"]}, {json.loads('"\\udc00x"'): 1}):
+        with pytest.raises(NotCanonical) as exc:
+            check_representable(value)
+        refused.append(exc.value.code)
+    check_representable({"ключ": "\U0001f525 ok", "t": "plain"})
+    assert ["bad_request"] * 3 == refused

@@ -6,6 +6,7 @@ Each check takes the decoded CBOR map, the frame's name and the field's name, an
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any, ClassVar
 
 import cbor2
@@ -90,6 +91,23 @@ def check_addr(value: object, what: str) -> str:
         if sep and ok_host and port.isdigit() and 1 <= int(port) <= 65535:
             return value
     raise BadRequest(f"{what} must be an address host:port")
+
+
+def punchable_addr(addr: str) -> bool:
+    """Whether an address :func:`check_addr` passed may be punched to (spec §8): an IP
+    literal (a punch does no DNS lookup) that is not loopback, multicast, unspecified,
+    link-local or reserved, with a port. Whoever names the candidates (a peer, or a relay
+    lying about an observed address) must not aim a punch at this host's own services,
+    at the local network's multicast, or at a name."""
+    host, _, port = addr.rpartition(":")
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    refused = ip.is_loopback or ip.is_multicast or ip.is_unspecified or ip.is_link_local
+    return not (refused or ip.is_reserved) and port.isdigit() and int(port) > 0
 
 
 class Frame:

@@ -26,6 +26,7 @@ from hearthnet.mesh.frame_fields import (
     bytes_field,
     check_addr,
     int_field,
+    punchable_addr,
     str_field,
 )
 from hearthnet.shapes import Shape
@@ -51,7 +52,9 @@ class Candidates(Frame):
         if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_ADDRS:
             raise BadRequest(f"candidates.addrs must be a list of 1..{MAX_ADDRS} addresses")
         addrs = tuple(check_addr(a, "candidates.addrs[]") for a in raw)
-        return cls(str_field(obj, "candidates", "nonce", MAX_NONCE_CHARS), addrs)
+        # spec §8: only addresses a punch may go to are kept (none left: no punch)
+        punchable = tuple(a for a in addrs if punchable_addr(a))
+        return cls(str_field(obj, "candidates", "nonce", MAX_NONCE_CHARS), punchable)
 
     def serialize(self) -> dict[str, Any]:
         """The wire map."""

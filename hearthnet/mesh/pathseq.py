@@ -33,6 +33,7 @@ from hearthnet.mesh.path_frames import Drain, PAck, PFrame
 
 MAX_UNACKED = 4096  # frames kept for resending per peer; more means the peer is stuck
 MAX_AHEAD = 4096  # out-of-order frames held per peer; beyond that they are resent
+MAX_AHEAD_BYTES = 4 * 1024 * 1024  # and their bytes (16 s of a member's relay budget)
 RETRANSMIT_S = 2.0
 ACK_EVERY = 32  # frames delivered between two acks (also acked on every drain and tick)
 
@@ -115,12 +116,14 @@ class Inbound:
     """The receiving side of one peer's sequence."""
 
     max_ahead: int = MAX_AHEAD
+    max_ahead_bytes: int = MAX_AHEAD_BYTES
     ack_every: int = ACK_EVERY
     epoch: int | None = None  # the sender's sequence we follow; None until its first frame
     delivered: int = 0
     duplicates: int = 0
     stale: int = 0  # frames of a sequence from before the sender restarted
     _ahead: dict[int, bytes] = field(default_factory=dict)
+    _ahead_bytes: int = 0
     _unacked: int = 0  # delivered since the last ack
 
     def receive(self, frame: PFrame) -> tuple[list[bytes], PAck | None]:
@@ -131,6 +134,7 @@ class Inbound:
             # resumes after what we acknowledged (none of it, for a new sequence)
             self.epoch, self.delivered, self._unacked = frame.e, 0, 0
             self._ahead.clear()
+            self._ahead_bytes = 0
         elif frame.e < self.epoch:
             self.stale += 1
             return [], None
@@ -138,18 +142,26 @@ class Inbound:
             # we acknowledged up to a before we restarted: those were handed on then
             self.delivered = frame.a
             self._ahead = {k: v for k, v in self._ahead.items() if k > frame.a}
+            self._ahead_bytes = sum(len(v) for v in self._ahead.values())
         s = frame.s
         if s <= self.delivered or s in self._ahead:
             self.duplicates += 1
             return [], None
         if s > self.delivered + 1:
-            if s <= self.delivered + self.max_ahead:
+            size = len(frame.f)
+            if (
+                s <= self.delivered + self.max_ahead
+                and self._ahead_bytes + size <= self.max_ahead_bytes
+            ):
                 self._ahead[s] = frame.f
+                self._ahead_bytes += size
             return [], None  # beyond the window: the sender's resend brings it again
         out = [frame.f]
         s += 1
         while s in self._ahead:
-            out.append(self._ahead.pop(s))
+            held = self._ahead.pop(s)
+            self._ahead_bytes -= len(held)
+            out.append(held)
             s += 1
         self.delivered = s - 1
         self._unacked += len(out)

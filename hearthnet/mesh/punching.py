@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import socket
 import time
@@ -32,6 +31,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from hearthnet.mesh.frame_fields import punchable_addr
 from hearthnet.mesh.paths import StartPunch
 from hearthnet.metrics import MetricsRegistry
 
@@ -61,12 +61,8 @@ def candidate(observed_addr: str | None, listen_port: int) -> str | None:
         host, _ = split_addr(observed_addr)
     except ValueError:
         return None
-    try:
-        if ipaddress.ip_address(host).is_unspecified:
-            return None
-    except ValueError:
-        return None
-    return f"[{host}]:{listen_port}" if ":" in host else f"{host}:{listen_port}"
+    ours = f"[{host}]:{listen_port}" if ":" in host else f"{host}:{listen_port}"
+    return ours if punchable_addr(ours) else None
 
 
 def reusable_socket(host: str, port: int) -> socket.socket:

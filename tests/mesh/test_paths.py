@@ -313,6 +313,20 @@ def test_out_of_order_frames_are_delivered_in_order_once() -> None:
     assert ([[b"\x01"], [], [b"\x02", b"\x03"], []], 1) == (got, inb.duplicates)
 
 
+def test_frames_held_out_of_order_are_bounded_in_bytes_too() -> None:
+    """Past max_ahead_bytes a frame ahead is not held (its resend brings it); what is
+    delivered frees its bytes for the next."""
+    inb = Inbound(max_ahead_bytes=1000)
+    held = [inb.receive(PFrame(s, bytes(400)))[0] for s in (2, 3, 4)]  # the third does not fit
+    first = inb.receive(PFrame(1, b"a"))[0]
+    later = [inb.receive(PFrame(s, bytes(400)))[0] for s in (5, 4)]
+    assert ([[], [], []], [b"a", bytes(400), bytes(400)], [[], [bytes(400), bytes(400)]]) == (
+        held,
+        first,
+        later,
+    )
+
+
 def test_a_drain_ack_below_the_drained_mark_resends_the_lost_frames() -> None:
     """The old path lost frame 2 of 3: the answer to the drain makes the sender resend it."""
     out, inb = Outbound(), Inbound()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from hearthnet.mesh.frame_fields import punchable_addr
 from hearthnet.mesh.links import LinkErrors, PeerLink
+from hearthnet.mesh.path_frames import Candidates
 from hearthnet.mesh.protocol import PeerInfo
 from hearthnet.mesh.punching import candidate, reusable_socket, split_addr
 from hearthnet.mesh.relayed_link import RelayedLink, path_fields, record_path
@@ -41,11 +43,31 @@ def test_an_ipv6_candidate_keeps_its_brackets() -> None:
 
 @pytest.mark.parametrize(
     ("observed", "port"),
-    [(None, 7080), ("203.0.113.100:1", 0), ("0.0.0.0:1", 7080), ("no-port", 7080), ("x:1", 7080)],
+    [
+        *((None, 7080), ("203.0.113.100:1", 0), ("0.0.0.0:1", 7080), ("no-port", 7080)),
+        *(("x:1", 7080), ("127.0.0.1:1", 7080), ("169.254.1.1:1", 7080), ("[::1]:1", 7080)),
+    ],
 )
 def test_no_candidate_without_a_usable_address(observed: str | None, port: int) -> None:
-    """No observed address, no listening port, or an unspecified address: no upgrade."""
+    """No observed address, no listening port, or one a punch may not go to: no upgrade."""
     assert None is candidate(observed, port)
+
+
+def test_a_peers_candidates_keep_only_addresses_a_punch_may_go_to() -> None:
+    """Loopback, multicast, unspecified, link-local, reserved and names are dropped."""
+    offered = [
+        *("127.0.0.1:80", "224.0.0.251:5353", "0.0.0.0:80", "169.254.9.9:80"),
+        *("[::1]:80", "[fe80::1]:80", "240.0.0.1:80", "[::ffff:127.0.0.1]:80"),
+    ]
+    kept = Candidates.parse({"t": "candidates", "nonce": "n", "addrs": ["relay.example:80"]})
+    mixed = Candidates.parse(
+        {"t": "candidates", "nonce": "n", "addrs": ["203.0.113.7:4000", *offered[:7]]}
+    )
+    assert ((), ("203.0.113.7:4000",), [False] * 8) == (
+        kept.addrs,
+        mixed.addrs,
+        [punchable_addr(a) for a in offered],
+    )
 
 
 def test_split_addr_reads_v4_and_v6() -> None:

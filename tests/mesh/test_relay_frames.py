@@ -41,6 +41,7 @@ node_ids = st.sampled_from([A.node_id, B.node_id, C.node_id])
 ids = st.integers(0, 2**53 - 1)
 small = st.integers(0, 2**40)
 addrs = st.sampled_from(["203.0.113.7:4001", "[2001:db8::1]:443", "relay.example.org:1"])
+punchable = st.sampled_from(["203.0.113.7:4001", "[2001:db8::1]:443"])  # IPs a punch may go to
 nonces = st.text("0123456789abcdef", min_size=1, max_size=64)
 blobs = st.binary(max_size=256)
 
@@ -60,7 +61,7 @@ frames: st.SearchStrategy[RelayFrame] = st.one_of(
     st.builds(Sealed, st.integers(1, 2**53 - 1), blobs, st.binary(min_size=16, max_size=16)),
     st.builds(JoinVia, ids, blobs),
     st.builds(JoinAnswer, ids, blobs),
-    st.builds(Candidates, nonces, st.lists(addrs, min_size=1, max_size=8).map(tuple)),
+    st.builds(Candidates, nonces, st.lists(punchable, min_size=1, max_size=8).map(tuple)),
     st.builds(Punch, nonces, st.integers(0, 10_000)),
     st.builds(Upgrade, nonces),
     st.builds(PFrame, st.integers(1, 2**53 - 1), blobs, small, small),
