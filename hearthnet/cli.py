@@ -699,7 +699,7 @@ def _add_node_parsers(sub: Any, local: Parents, remote: Parents) -> None:
         "--relay-peer",
         action="append",
         metavar="URL",
-        help="with --relay: another relay to federate with (repeatable)",
+        help="with --relay: another relay to federate with; it must name this one too (repeatable)",
     )
     start.set_defaults(func=cmd_node_start)
     status = node_sub.add_parser("status", parents=remote, help="show the running node")

@@ -450,7 +450,8 @@ class MeshSection:
         default=(),
         metadata=_doc(
             "On a relay: other relays to federate with, exchanging route tables so members"
-            " attached to either reach each other (spec §8; also --relay-peer)."
+            " attached to either reach each other (spec §8; also --relay-peer). Both relays"
+            " must name each other."
         ),
     )
     relay_member_bytes_per_s: int = field(
