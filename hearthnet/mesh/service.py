@@ -331,6 +331,7 @@ class Mesh:
             extra={"peer": link.node},
         )
         self.traffic.greet(link)
+        self.traffic.share_address(link, link.address)
         self.relaying.link_up(link)  # relays: attach when it is one of ours
         return True
 
