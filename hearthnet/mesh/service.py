@@ -338,7 +338,7 @@ class Mesh:
     def _link_down(self, link: PeerLink, reason: str) -> None:
         if not self.routes.remove(link):
             return  # a duplicate that lost
-        self.health.link_down(link.node)
+        self.health.link_down(link)
         self.link_events.inc("down")
         log.info("link down with %s: %s", link.node, reason, extra={"peer": link.node})
         self.relaying.link_down(link)  # relays: detach, move relayed peers
