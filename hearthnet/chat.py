@@ -166,8 +166,10 @@ async def run_chat(
     prefer_ws: bool = True,
     on_event: OnEvent | None = None,
     deadline_ms: int | None = None,
+    target: str | None = None,
 ) -> ChatResult:
-    """Run one conversation turn to its answer (see the module docstring).
+    """Run one conversation turn to its answer (see the module docstring); ``target``
+    pins ``llm.chat`` to one node, reached through the mesh (spec §2.3).
 
     Raises:
         WireError: the node (or the model server behind it) ended a call with an error;
@@ -197,6 +199,7 @@ async def run_chat(
             params=call_params or None,
             prefer_ws=prefer_ws,
             deadline_ms=deadline_ms,
+            target=target,
         ) as stream:
             transport = stream.transport or ""
             terminal, handed_back = await _one_call(stream, transcript, runner, notify)

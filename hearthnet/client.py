@@ -428,6 +428,7 @@ class Client:
         prefer_ws: bool = True,
         on_event: OnEvent | None = None,
         deadline_ms: int | None = None,
+        target: str | None = None,
     ) -> ChatResult:
         """Chat with ``llm.chat@2.0`` and run its tool calls until it answers (spec §5).
 
@@ -440,6 +441,7 @@ class Client:
             tool_handler: ``tool_handler(name, arguments)`` (sync or async) runs the others.
             on_event: called with each :class:`~hearthnet.bus.transcript.ChatEvent` as it
                 happens (tokens, tool calls, tool results).
+            target: run ``llm.chat`` on this node (a NodeID), through the mesh.
         """
         return await run_chat(
             self,
@@ -454,6 +456,7 @@ class Client:
             prefer_ws=prefer_ws,
             on_event=on_event,
             deadline_ms=deadline_ms,
+            target=target,
         )
 
     def stream(
@@ -595,6 +598,9 @@ class Stream:
         ws_url = "ws" + client.url[4:] + "/bus/v1/call"
         proto = SUBPROTOCOL_CBOR if self.cbor else SUBPROTOCOL_JSON
         headers = {h.CAPABILITY: envelope["capability"], h.VERSION: envelope["version"]}
+        if self.target:
+            # the node checks at the upgrade that the target offers a stream (spec §3.5)
+            headers[h.TARGET] = self.target
         try:
             ws = await connect(
                 ws_url,
@@ -621,6 +627,8 @@ class Stream:
         self._ws = ws
         self.transport = "ws"
         frame: dict[str, Any] = {"type": "call", "envelope": envelope}
+        if self.target:
+            frame["target"] = self.target
         if client.keys is not None:
             frame["signature"] = client.keys.sign_object(envelope)
         else:

@@ -25,6 +25,7 @@ from hearthnet.mesh.addresses import PeerBook
 from hearthnet.mesh.frames import Ping, Pong
 from hearthnet.mesh.heartbeat import Heartbeats
 from hearthnet.mesh.heartlog import HeartbeatLog
+from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.relayed_link import record_path
 from hearthnet.mesh.routing import PeerPath, Routes
 from hearthnet.metrics import MetricsRegistry
@@ -87,10 +88,11 @@ class LinkHealth:
         self.heartbeats.up(node)
         self.record(node, "link_up")
 
-    def link_down(self, node: str) -> None:
-        """A link went down: its heartbeats stop, and it is recorded."""
-        self.heartbeats.down(node)
-        self.record(node, "link_down")
+    def link_down(self, link: PeerLink) -> None:
+        """A link went down: its heartbeats stop, and it is recorded with its path (it is
+        no longer among the links, where :meth:`record` looks the path up)."""
+        self.heartbeats.down(link.node)
+        self.record(link.node, "link_down", path_of=link)
 
     def record(
         self,
@@ -101,10 +103,13 @@ class LinkHealth:
         rtt_ms: float | None = None,
         clock_offset_ms: float | None = None,
         ts: int | None = None,
+        path_of: PeerLink | None = None,
     ) -> None:
-        """One heartbeat-log record, with this node's current counts."""
+        """One heartbeat-log record, with this node's current counts; ``path_of`` is the
+        link whose path it records (default: the current link to ``peer``)."""
+        link = path_of if path_of is not None else self.routes.links.get(peer)
         self.hlog.heartbeat(
-            **record_path(self.routes.links.get(peer)),  # relays: path and via (spec §8)
+            **record_path(link),  # relays: path and via (spec §8)
             ts=ts or now_ms(),
             peer=peer,
             kind=kind,

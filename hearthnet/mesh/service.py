@@ -333,6 +333,7 @@ class Mesh:
             extra={"peer": link.node},
         )
         self.traffic.greet(link)
+        self.traffic.share_address(link, link.address)
         self.relaying.link_up(link)  # relays: attach when it is one of ours
         return True
 
@@ -340,7 +341,7 @@ class Mesh:
         if not self.routes.remove(link):
             self.relaying.replaced_link_down(link)  # relays: the core forgets it too
             return  # a duplicate that lost
-        self.health.link_down(link.node)
+        self.health.link_down(link)
         self.link_events.inc("down")
         log.info("link down with %s: %s", link.node, reason, extra={"peer": link.node})
         self.relaying.link_down(link)  # relays: detach, move relayed peers

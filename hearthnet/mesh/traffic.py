@@ -165,6 +165,18 @@ class LinkTraffic:
             link.send_raw(self.presence.start(events).encode())
         link.send_raw(self.gossip.ihave().encode())
 
+    def share_address(self, link: PeerPath, address: str | None) -> None:
+        """Tell the other linked peers where the newly linked ``link`` can be dialled
+        (spec §7.1 peer exchange). :meth:`greet` shares only what we knew when a link
+        came up: without this, a node that links to us later stays unknown to peers
+        already linked, and a peer that can only dial out (behind NAT) never links it."""
+        if address is None:
+            return
+        frame = Peers(({"url": address, "node": link.node},)).encode()
+        for other in list(self.routes.links.values()):
+            if other.node != link.node:
+                other.send_raw(frame)
+
     def forget(self, node: str) -> None:
         """The link to ``node`` went down: its routes go, and peers hear if ours changed."""
         if self.remote.forget(node):

@@ -18,6 +18,7 @@ from typing import Any
 
 from hearthnet.errors import BadRequest
 from hearthnet.frames import Frame
+from hearthnet.ids import is_node_id
 from hearthnet.shapes import Shape
 from hearthnet.transport.codec import FrameCodec
 from hearthnet.transport.flow import FlowWindow
@@ -40,11 +41,13 @@ _TRANSITIONS: dict[StreamState, frozenset[StreamState]] = {
 
 @dataclass(frozen=True, slots=True)
 class CallRequest:
-    """The first client frame: the signed call envelope (or a token)."""
+    """The first client frame: the signed call envelope (or a token), and the node to
+    run it on (``target``, as ``X-HearthNet-Target`` on HTTP: spec §2.3)."""
 
     envelope: Any
     signature: str | None
     token: str | None
+    target: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +78,7 @@ ClientFrame = CallRequest | Ack | ToolResult | CancelRequest
 SHAPES: dict[str, Shape] = {
     "call": Shape.of(
         "call frame",
-        ("type", "envelope", "signature", "token"),
+        ("type", "envelope", "signature", "token", "target"),
         {"body": "the body goes inside envelope", "sig": "did you mean signature?"},
     ),
     "ack": Shape.of("ack frame", ("type", "upto"), {"seq": "did you mean upto?"}),
@@ -163,7 +166,10 @@ class BusStreamProtocol:
             raise BadRequest("call.signature must be a string")
         if token is not None and not isinstance(token, str):
             raise BadRequest("call.token must be a string")
-        return CallRequest(envelope, signature, token)
+        target = obj.get("target")
+        if target is not None and not is_node_id(target):
+            raise BadRequest("call.target must be a NodeID")
+        return CallRequest(envelope, signature, token, target)
 
     @property
     def can_send(self) -> bool:

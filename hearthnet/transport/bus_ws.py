@@ -17,8 +17,10 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from hearthnet.bus.calls import CallHandle
+from hearthnet.bus.routing import check_target
 from hearthnet.clock import now_ms
 from hearthnet.errors import (
+    BadRequest,
     Cancelled,
     CapacityExceeded,
     DeadlineExceeded,
@@ -103,10 +105,15 @@ class BusWebSocketEndpoint:
             )
         capability = request.headers.get(h.CAPABILITY)
         version = request.headers.get(h.VERSION)
+        try:
+            target = check_target(request.headers.get(h.TARGET))
+        except WireError as exc:
+            deps.metrics.refused.inc(exc.code, "ws")
+            return error_response(exc)
         if capability and version:
             # spec §3.5: a client that names the capability learns at once that it cannot stream
             try:
-                _, desc = deps.bus.router.choose(capability, version, None, time.monotonic())
+                _, desc = deps.bus.router.choose(capability, version, target, time.monotonic())
             except WireError as exc:
                 deps.metrics.refused.inc(exc.code, "ws")
                 return error_response(exc)
@@ -125,7 +132,7 @@ class BusWebSocketEndpoint:
             timeout=2.0,
         )
         await ws.prepare(request)
-        session = _BusSession(deps, ws, FrameCodec(chosen))
+        session = _BusSession(deps, ws, FrameCodec(chosen), target)
         task = asyncio.current_task()
         if task is not None:
             deps.streams.add(task)
@@ -139,9 +146,16 @@ class BusWebSocketEndpoint:
 class _BusSession:
     """One bus WebSocket from first frame to close."""
 
-    def __init__(self, deps: BusEndpointDeps, ws: web.WebSocketResponse, codec: FrameCodec) -> None:
+    def __init__(
+        self,
+        deps: BusEndpointDeps,
+        ws: web.WebSocketResponse,
+        codec: FrameCodec,
+        target: str | None = None,
+    ) -> None:
         self.deps = deps
         self.ws = ws
+        self.target = target  # from X-HearthNet-Target on the upgrade, if any
         cfg = deps.transport
         self.proto = BusStreamProtocol(
             codec, window=cfg.stream_window, max_message_bytes=cfg.max_ws_message_bytes
@@ -291,6 +305,7 @@ class _BusSession:
                     signature=request.signature,
                     token=request.token,
                     now_ms=now_ms(),
+                    target=self._target(request.target),
                 )
                 self.deps.connections.open(call.caller.identity)
                 identity = call.caller.identity
@@ -318,6 +333,17 @@ class _BusSession:
                 self.deps.connections.close(identity)
             if session_key is not None:
                 self.deps.sessions.remove(session_key)
+
+    def _target(self, in_frame: str | None) -> str | None:
+        """The node to run the call on (spec §2.3): the call frame's ``target`` or the
+        upgrade's header; the call is routed through the mesh like a pinned HTTP call.
+
+        Raises:
+            BadRequest: the frame and the header name different nodes.
+        """
+        if in_frame is not None and self.target is not None and in_frame != self.target:
+            raise BadRequest("call.target and X-HearthNet-Target name different nodes")
+        return in_frame if in_frame is not None else self.target
 
     def _revoke(self, error: WireError) -> None:
         """The caller was revoked (spec §1.5): end the stream with that error."""
