@@ -165,13 +165,14 @@ class Message:
         signature (spec §6.2), given each body's :func:`canonical_body` bytes; a single
         body gets an ordinary signature. Safe to call from a thread."""
         if len(bodies) == 1:
-            sigs: list[str | dict[str, Any]] = [origin.sign_bytes(canonical[0])]
-        else:
-            sigs = list(sign_batch(origin, bodies[0]["origin_seq"], canonical))
+            sig = origin.sign_bytes(canonical[0])
+            bodies[0]["sig"] = sig
+            return [cls.trusted(bodies[0], with_sig(canonical[0], sig))]
+        sigs, encoded = sign_batch(origin, bodies[0]["origin_seq"], canonical)
         out: list[Message] = []
-        for body, leaf, sig in zip(bodies, canonical, sigs, strict=True):
-            body["sig"] = sig
-            out.append(cls.trusted(body, with_sig(leaf, sig)))
+        for body, leaf, batch_sig, sig_json in zip(bodies, canonical, sigs, encoded, strict=True):
+            body["sig"] = batch_sig
+            out.append(cls.trusted(body, leaf[:-1] + b',"sig":' + sig_json + b"}"))
         return out
 
     @classmethod

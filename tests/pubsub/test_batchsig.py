@@ -45,8 +45,11 @@ def test_each_message_of_a_batch_verifies_alone_with_one_signature_check() -> No
     verifier = BatchVerifier()
     back = [parsed(m, verifier) for m in reversed(messages)]
     sig = messages[5].sig
-    assert (list(reversed(messages)), 1, (40, 13), True) == (
+    assert (list(reversed(messages)), [m.body() for m in messages]) == (
         back,
+        [orjson.loads(m.raw) for m in messages],
+    )
+    assert (1, (40, 13), True) == (
         verifier.signatures_checked,
         (sig["first"], sig["n"]) if isinstance(sig, dict) else None,
         all(isinstance(m.sig, dict) and m.sig["batch"] == sig["batch"] for m in messages),  # type: ignore[index]
