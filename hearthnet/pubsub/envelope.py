@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from hearthnet.canonical import canonicalize, orjson_is_canonical
+from hearthnet.canonical import MAX_EXACT_INTEGER, canonicalize, orjson_is_canonical
 from hearthnet.errors import BadRequest, InvalidSignature, PayloadTooLarge
 from hearthnet.identity import KeyPair, verify_object
 from hearthnet.ids import is_node_id, is_ulid, new_ulid
@@ -248,8 +248,13 @@ class Message:
         encoded_payload(obj["data"])
         sig = obj["sig"]
         if isinstance(sig, dict):
+            unsigned = {k: v for k, v in obj.items() if k != "sig"}
             try:
-                leaf = canonicalize({k: v for k, v in obj.items() if k != "sig"})
+                # Every field but data is validated above; the integers must be exact.
+                if obj["origin_seq"] <= MAX_EXACT_INTEGER and obj["ts"] <= MAX_EXACT_INTEGER:
+                    leaf = canonical_body(unsigned)
+                else:
+                    leaf = canonicalize(unsigned)
             except BadRequest as exc:
                 raise InvalidSignature(f"cannot canonicalize signed object: {exc}") from exc
             verifier.verify(obj["origin"], leaf, obj["origin_seq"], sig)
