@@ -9,6 +9,11 @@ one process, on the real code:
   (PyNaCl, libsodium's C code);
 - ``envelope``: ``Message.signed``, the signature with the envelope around it (canonical
   JSON, the signature string, the stored bytes);
+- ``batch envelope``: ``Message.signed_batch`` over ``--batch`` messages, per message
+  (JCS, the Merkle tree, one signature per batch, each message's proof and bytes; spec
+  §6.2);
+- ``verify``: ``Message.parse`` of a received envelope, per message, signed alone and
+  batch-signed (one signature check per batch, then a leaf hash and a path per message);
 - ``log``: ``MessageLog.publish`` for batches of ``--batch`` publishes until every one is
   committed: numbering, signing in the writer thread, deduplication, insert, group commit
   (with ``--sync full``, the node's default, the commit includes the WAL fsync), and the
@@ -29,9 +34,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from bench.common import save
 from hearthnet.identity import KeyPair
-from hearthnet.pubsub.envelope import Message
+from hearthnet.pubsub.batchsig import BatchVerifier
+from hearthnet.pubsub.envelope import Message, canonical_body
 from hearthnet.pubsub.log import MessageLog
 
 PAYLOAD = "x" * 256
@@ -63,6 +71,50 @@ def measure_signing(keys: KeyPair, count: int) -> dict[str, float]:
     sign_cpu, _ = _per_message(lambda: keys.sign_object(body), count)
     env_cpu, _ = _per_message(lambda: Message.signed(keys, body), count)
     return {"sign_cpu_us": sign_cpu, "envelope_cpu_us": env_cpu}
+
+
+def _bodies(keys: KeyPair, count: int, first: int) -> list[dict[str, Any]]:
+    ts = int(time.time() * 1000)
+    sender = {"kind": "node", "id": keys.node_id}
+    return [
+        Message.unsigned(
+            keys.node_id,
+            topic=TOPIC,
+            msg_type="bench",
+            data=PAYLOAD,
+            origin_seq=first + i,
+            ts=ts,
+            sender=sender,
+        )
+        for i in range(count)
+    ]
+
+
+def measure_batches(keys: KeyPair, count: int, batch: int) -> dict[str, float]:
+    """Batch signing and verifying (single and batch form), CPU µs per message."""
+    rounds = max(1, count // batch)
+    todo = [_bodies(keys, batch, 1 + r * batch) for r in range(rounds)]
+    c0 = time.process_time()
+    signed = [Message.signed_batch(keys, b, [canonical_body(x) for x in b]) for b in todo]
+    batch_cpu = (time.process_time() - c0) / (rounds * batch) * 1e6
+    received = [[(orjson.loads(m.raw), m.raw) for m in ms] for ms in signed]
+    c0 = time.process_time()
+    for ms in received:
+        verifier = BatchVerifier()  # a node that has seen none of these batches
+        for obj, raw in ms:
+            Message.parse(obj, raw=raw, verifier=verifier)
+    verify_batch = (time.process_time() - c0) / (rounds * batch) * 1e6
+    singles = [Message.signed(keys, b) for b in _bodies(keys, min(count, 2000), 1)]
+    objs = [(orjson.loads(m.raw), m.raw) for m in singles]
+    c0 = time.process_time()
+    for obj, raw in objs:
+        Message.parse(obj, raw=raw)
+    verify_single = (time.process_time() - c0) / len(objs) * 1e6
+    return {
+        "batch_envelope_cpu_us": batch_cpu,
+        "verify_single_cpu_us": verify_single,
+        "verify_batch_cpu_us": verify_batch,
+    }
 
 
 async def measure_log(keys: KeyPair, sync: str, count: int, batch: int) -> dict[str, Any]:
@@ -115,6 +167,13 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
         f"ed25519 signature: {signing['sign_cpu_us']:.1f} µs CPU; "
         f"with the envelope: {signing['envelope_cpu_us']:.1f} µs"
     )
+    batches = measure_batches(keys, opts.messages, opts.batch)
+    print(
+        f"batch-signed envelope ({opts.batch} per signature): "
+        f"{batches['batch_envelope_cpu_us']:.1f} µs CPU per message; verify: "
+        f"{batches['verify_single_cpu_us']:.1f} µs signed alone, "
+        f"{batches['verify_batch_cpu_us']:.1f} µs batch-signed"
+    )
     logs = []
     for sync in opts.sync:
         row = await measure_log(keys, sync, opts.messages, opts.batch)
@@ -124,7 +183,7 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
             f"{row['cpu_us_per_message']:.1f} µs CPU, {row['wall_us_per_message']:.1f} µs wall "
             f"per message; batch p50 {row['batch_ms_p50']:.2f} ms"
         )
-    return {"payload_bytes": len(PAYLOAD), **signing, "log": logs}
+    return {"payload_bytes": len(PAYLOAD), **signing, **batches, "log": logs}
 
 
 def main() -> None:

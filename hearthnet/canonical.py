@@ -163,6 +163,12 @@ def _orjson_safe(value: Any) -> bool:
     return False
 
 
+def orjson_is_canonical(value: Any) -> bool:
+    """True when orjson's sorted output of ``value`` is its JCS form (see
+    :func:`canonicalize`); callers that know the rest of an object use it on a part."""
+    return _orjson_safe(value)
+
+
 def canonicalize(value: Any) -> bytes:
     """The RFC 8785 canonical UTF-8 bytes of a JSON value.
 

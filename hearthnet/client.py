@@ -47,6 +47,7 @@ from hearthnet.errors import (
 from hearthnet.frames import Frame
 from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulid
+from hearthnet.pubsub.envelope import Message
 from hearthnet.subscription import Gap, Subscription
 from hearthnet.transport import headers as h
 from hearthnet.transport.codec import SUBPROTOCOL_CBOR, SUBPROTOCOL_JSON, SseParser
@@ -276,8 +277,16 @@ class Client:
         since_ts: int | None = None,
         before_seq: int | None = None,
         limit: int | None = None,
+        verify: bool = False,
     ) -> dict[str, Any]:
-        """A page of history: ``{"messages": [frames], "has_more"}``, oldest first."""
+        """A page of history: ``{"messages": [frames], "has_more"}``, oldest first.
+
+        With ``verify``, every message's origin signature (single or batch, spec §6.2) is
+        checked first.
+
+        Raises:
+            InvalidSignature: with ``verify``, a message that does not verify.
+        """
         result: dict[str, Any] = await self.request_json(
             "GET",
             f"/pubsub/v1/topics/{topic}/history",
@@ -288,6 +297,9 @@ class Client:
                 "limit": limit,
             },
         )
+        if verify:
+            for frame in result["messages"]:
+                Message.parse(frame["data"])
         return result
 
     async def presence(self, topic: str) -> list[dict[str, Any]]:
@@ -315,6 +327,7 @@ class Client:
         on_presence: Callable[[dict[str, Any]], None] | None = None,
         on_gap: Callable[[Gap], None] | None = None,
         first_backoff_s: float = 0.5,
+        verify: bool = False,
     ) -> Subscription:
         """A subscription that resumes by itself after any disconnect (use ``async with``).
 
@@ -327,6 +340,8 @@ class Client:
                 subscriber; fetch them from history if needed); without it, gaps are
                 yielded by the iterator between the deliveries.
             first_backoff_s: the first reconnect delay (doubling to 30 s, spec §3.7).
+            verify: check each message's origin signature, single or batch (spec §6.2),
+                and skip (and count in ``rejected``) any that fails.
         """
         return Subscription(
             self,
@@ -338,6 +353,7 @@ class Client:
             on_presence=on_presence,
             on_gap=on_gap,
             first_backoff_s=first_backoff_s,
+            verify=verify,
         )
 
     def _call_headers(

@@ -32,6 +32,7 @@ from hearthnet.errors import (
     WireError,
     error_from_wire,
 )
+from hearthnet.pubsub.envelope import Message
 from hearthnet.transport.codec import SUBPROTOCOL_JSON
 
 if TYPE_CHECKING:
@@ -222,8 +223,13 @@ class Subscription:
         on_gap: Callable[[Gap], None] | None = None,
         max_backoff_s: float = BACKOFF_MAX_S,
         first_backoff_s: float = BACKOFF_START_S,
+        verify: bool = False,
     ) -> None:
         self.client = client
+        # spec §6.2: with verify, each message's origin signature (single or batch) is
+        # checked here; one that fails is skipped (its seq still counts) and counted.
+        self.verify = verify
+        self.rejected = 0
         self.patterns = list(patterns)
         self.consumer = consumer
         self.presence = presence
@@ -366,6 +372,16 @@ class Subscription:
             await ws.send(b'{"type":"ack","upto":%d}'.decode() % due)
         return await ws.recv()
 
+    def _verified(self, envelope: Any) -> bool:
+        """Whether a message's signature verifies (logged and counted when not)."""
+        try:
+            Message.parse(envelope)
+        except HearthNetError as exc:
+            self.rejected += 1
+            log.warning("a message failed verification and was skipped: %s", exc)
+            return False
+        return True
+
     async def _read(self, ws: ClientConnection) -> AsyncIterator[Delivery | Gap]:
         state = self.state
         while True:
@@ -374,7 +390,7 @@ class Subscription:
             data = frame.get("data", {})
             if event == "message":
                 delivery = state.accept(int(frame["seq"]), data)
-                if delivery is not None:
+                if delivery is not None and (not self.verify or self._verified(data)):
                     yield delivery
             elif event == "gap":
                 gap = Gap(int(data["from_seq"]), int(data["to_seq"]))

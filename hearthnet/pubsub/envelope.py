@@ -1,8 +1,10 @@
 """The signed pub/sub message envelope (spec §6.2).
 
 ``{"id", "topic", "type", "data", "origin", "origin_seq", "ts", "ttl_s"?, "sender"?, "sig"}``,
-signed by the origin node over the JCS form without ``sig``. A :class:`Message` always
-carries a verified signature (it is made by :meth:`Message.create`, which signs, or by
+signed by the origin node over the JCS form without ``sig``: either alone (``sig`` is a
+signature string) or in a batch (``sig`` is ``{"batch", "first", "n", "path"}``, see
+:mod:`hearthnet.pubsub.batchsig`). A :class:`Message` always carries a verified signature
+(it is made by :meth:`Message.create` or :meth:`Message.signed_batch`, which sign, or by
 :meth:`Message.parse`, which verifies), and keeps the exact JSON bytes it travels as, so
 fan-out never re-encodes it.
 """
@@ -15,9 +17,11 @@ from typing import Any
 
 import orjson
 
-from hearthnet.errors import BadRequest, PayloadTooLarge
+from hearthnet.canonical import MAX_EXACT_INTEGER, canonicalize, orjson_is_canonical
+from hearthnet.errors import BadRequest, InvalidSignature, PayloadTooLarge
 from hearthnet.identity import KeyPair, verify_object
 from hearthnet.ids import is_node_id, is_ulid, new_ulid
+from hearthnet.pubsub.batchsig import VERIFIER, BatchVerifier, sign_batch
 from hearthnet.pubsub.topics import validate_topic
 
 MAX_PAYLOAD_BYTES = 256 * 1024
@@ -56,6 +60,28 @@ def encoded_payload(data: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> bytes:
     return raw
 
 
+def canonical_body(body: dict[str, Any]) -> bytes:
+    """The JCS bytes of a message body without ``sig`` (a batch leaf, the signed bytes).
+
+    Our own bodies hold only ASCII keys, validated strings and small integers around
+    ``data``, so only ``data`` needs the check that orjson's sorted output is JCS.
+
+    Raises:
+        NotCanonical: ``data`` (or a field) has no exact canonical form.
+    """
+    if orjson_is_canonical(body["data"]):
+        try:
+            return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError:
+            pass  # the exact path says what is wrong
+    return canonicalize(body)
+
+
+def with_sig(canonical: bytes, sig: str | dict[str, Any]) -> bytes:
+    """The envelope's JSON bytes: the canonical body with ``sig`` added as the last key."""
+    return canonical[:-1] + b',"sig":' + orjson.dumps(sig) + b"}"
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     """A verified message, with the bytes it travels as."""
@@ -67,7 +93,7 @@ class Message:
     origin: str
     origin_seq: int
     ts: int
-    sig: str
+    sig: str | dict[str, Any]  # a signature string, or a batch proof (spec §6.2)
     ttl_s: int | None = None
     sender: dict[str, str] | None = None
     raw: bytes = field(default=b"", compare=False, repr=False)
@@ -132,6 +158,24 @@ class Message:
         return cls.trusted(body, orjson.dumps(body))
 
     @classmethod
+    def signed_batch(
+        cls, origin: KeyPair, bodies: list[dict[str, Any]], canonical: list[bytes]
+    ) -> list[Message]:
+        """Sign :meth:`unsigned` bodies of consecutive ``origin_seq`` with one batch
+        signature (spec §6.2), given each body's :func:`canonical_body` bytes; a single
+        body gets an ordinary signature. Safe to call from a thread."""
+        if len(bodies) == 1:
+            sig = origin.sign_bytes(canonical[0])
+            bodies[0]["sig"] = sig
+            return [cls.trusted(bodies[0], with_sig(canonical[0], sig))]
+        sigs, encoded = sign_batch(origin, bodies[0]["origin_seq"], canonical)
+        out: list[Message] = []
+        for body, leaf, batch_sig, sig_json in zip(bodies, canonical, sigs, encoded, strict=True):
+            body["sig"] = batch_sig
+            out.append(cls.trusted(body, leaf[:-1] + b',"sig":' + sig_json + b"}"))
+        return out
+
+    @classmethod
     def trusted(cls, body: dict[str, Any], raw: bytes) -> Message:
         """A message from fields already checked and signed (ours, or read back from the
         log, where only verified messages are stored): no validation, no signature check."""
@@ -155,8 +199,13 @@ class Message:
         return cls.signed(origin, cls.unsigned(origin.node_id, **fields))
 
     @classmethod
-    def parse(cls, obj: object, *, raw: bytes | None = None) -> Message:
+    def parse(
+        cls, obj: object, *, raw: bytes | None = None, verifier: BatchVerifier = VERIFIER
+    ) -> Message:
         """Validate an envelope and verify its signature (messages from peers or the log).
+
+        A batch signature is checked once per batch by ``verifier`` (the process's own by
+        default); each message's Merkle path is checked every time.
 
         Raises:
             BadRequest: malformed envelope.
@@ -197,7 +246,20 @@ class Message:
         msg_type = validate_type(obj["type"])
         ttl_s = validate_ttl(obj.get("ttl_s"))
         encoded_payload(obj["data"])
-        verify_object(obj["origin"], obj, obj["sig"], "sig")
+        sig = obj["sig"]
+        if isinstance(sig, dict):
+            unsigned = {k: v for k, v in obj.items() if k != "sig"}
+            try:
+                # Every field but data is validated above; the integers must be exact.
+                if obj["origin_seq"] <= MAX_EXACT_INTEGER and obj["ts"] <= MAX_EXACT_INTEGER:
+                    leaf = canonical_body(unsigned)
+                else:
+                    leaf = canonicalize(unsigned)
+            except BadRequest as exc:
+                raise InvalidSignature(f"cannot canonicalize signed object: {exc}") from exc
+            verifier.verify(obj["origin"], leaf, obj["origin_seq"], sig)
+        else:
+            verify_object(obj["origin"], obj, sig, "sig")
         return cls(
             obj["id"],
             topic,
@@ -206,7 +268,7 @@ class Message:
             obj["origin"],
             obj["origin_seq"],
             obj["ts"],
-            obj["sig"],
+            sig,
             ttl_s,
             sender,
             raw if raw is not None else orjson.dumps(obj),

@@ -43,7 +43,7 @@ import orjson
 from hearthnet.clock import now_ms
 from hearthnet.errors import HearthNetError, InternalError, StorageError, Unavailable, WireError
 from hearthnet.identity import KeyPair
-from hearthnet.pubsub.envelope import Message, StoredMessage
+from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
 from hearthnet.pubsub.topics import TopicPattern
 
 log = logging.getLogger("hearthnet.pubsub.log")
@@ -251,6 +251,40 @@ def _write_consumers(
             for c, (patterns, cursor, lost) in written
         ],
     )
+
+
+def _sign_local(keys: KeyPair, batch: list[_Pending]) -> dict[int, HearthNetError]:
+    """Sign the batch's local publishes (in the writer thread), one batch signature per
+    run of consecutive ``origin_seq`` (spec §6.2): a publish refused here (data the edge
+    let through but JCS cannot sign) leaves its number unused and splits the run.
+    Returns the refused publishes by position."""
+    refused: dict[int, HearthNetError] = {}
+    run: list[tuple[_Pending, dict[str, Any], bytes]] = []
+
+    def close_run() -> None:
+        if run:
+            bodies = [body for _, body, _ in run]
+            signed = Message.signed_batch(keys, bodies, [leaf for _, _, leaf in run])
+            for (pending, _, _), message in zip(run, signed, strict=True):
+                pending.message = message
+                pending.unsigned = None
+            run.clear()
+
+    for i, pending in enumerate(batch):
+        body = pending.unsigned
+        if pending.message is not None or body is None:
+            continue  # a peer's message, or ours signed by an earlier attempt
+        try:
+            leaf = canonical_body(body)
+        except HearthNetError as exc:
+            refused[i] = exc
+            close_run()
+            continue
+        if run and run[-1][1]["origin_seq"] + 1 != body["origin_seq"]:
+            close_run()
+        run.append((pending, body, leaf))
+    close_run()
+    return refused
 
 
 def _transaction(conn: sqlite3.Connection, work: Callable[[], T]) -> T:
@@ -534,17 +568,7 @@ class MessageLog:
         GIL), drop peers' messages the log already holds, number the rest after
         ``head_seq``, insert them and the changed consumers, commit. Returns, per pending
         item, what was stored (None: a duplicate; an error: this publish failed alone)."""
-        keys = self.keys
-        refused: dict[int, HearthNetError] = {}
-        for i, pending in enumerate(batch):
-            if pending.message is None:
-                assert pending.unsigned is not None  # publish() queues one or the other
-                try:
-                    pending.message = Message.signed(keys, pending.unsigned)
-                except HearthNetError as exc:
-                    refused[i] = exc  # data the edge let through but JCS cannot sign
-                    continue
-                pending.unsigned = None
+        refused = _sign_local(self.keys, batch)
         remote = [p.message.id for p in batch if p.message is not None and not p.local]
         if remote:
             known = known | _known_ids(conn, remote)

@@ -320,20 +320,6 @@ class PubSub:
 
     # --- publishing -----------------------------------------------------------------
 
-    def check_publish(
-        self, caller: Caller, topic: object, msg_type: object, data: Any, ttl_s: object
-    ) -> tuple[str, str, int | None]:
-        """Validate a publish and its permissions; returns (topic, type, ttl_s).
-
-        Raises:
-            BadRequest, PayloadTooLarge, Forbidden, RateLimited.
-        """
-        topic = validate_topic(topic)
-        msg_type = validate_type(msg_type)
-        ttl = validate_ttl(ttl_s)
-        self.authorize_publish(caller, topic, data)
-        return topic, msg_type, ttl
-
     def authorize_publish(
         self, caller: Caller, topic: str, data: Any, session: Subscriber | None = None
     ) -> None:
@@ -362,13 +348,38 @@ class PubSub:
     async def publish(
         self, caller: Caller, topic: object, msg_type: object, data: Any, ttl_s: object = None
     ) -> StoredMessage:
-        """Publish as this node on behalf of ``caller``; returns once durable (spec §6.4)."""
-        topic, msg_type, ttl = self.check_publish(caller, topic, msg_type, data, ttl_s)
-        stored = await self.log.publish(
-            topic=topic, msg_type=msg_type, data=data, ttl_s=ttl, sender=caller.sender
+        """Publish as this node on behalf of ``caller``; returns once durable (spec §6.4).
+
+        Raises:
+            BadRequest, PayloadTooLarge, Forbidden, RateLimited, Unavailable.
+        """
+        stored = await self.submit(
+            caller, validate_topic(topic), validate_type(msg_type), data, ttl_s=validate_ttl(ttl_s)
         )
         assert stored is not None
         return stored
+
+    def submit(
+        self,
+        caller: Caller,
+        topic: str,
+        msg_type: str,
+        data: Any,
+        *,
+        ttl_s: int | None = None,
+        session: Subscriber | None = None,
+    ) -> asyncio.Future[StoredMessage | None]:
+        """The one publish path (HTTP and WebSocket): authorize a publish whose topic, type
+        and TTL are valid already and queue it on the log; the future resolves once the
+        message is durable, or fails with the publish's own error (spec §6.4).
+
+        Raises:
+            PayloadTooLarge, Forbidden, RateLimited, Unavailable (the log's queue is full).
+        """
+        self.authorize_publish(caller, topic, data, session)
+        return self.log.publish(
+            topic=topic, msg_type=msg_type, data=data, ttl_s=ttl_s, sender=caller.sender
+        )
 
     # --- fan-out ----------------------------------------------------------------------
 

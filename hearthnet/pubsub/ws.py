@@ -494,13 +494,13 @@ class WsSession:
         service = self.deps.service
         assert self.caller is not None
         # parse_client_frame validated topic, type and TTL
-        service.authorize_publish(self.caller, frame.topic, frame.data, self.sub)
-        fut = service.log.publish(
-            topic=frame.topic,
-            msg_type=frame.msg_type,
-            data=frame.data,
+        fut = service.submit(
+            self.caller,
+            frame.topic,
+            frame.msg_type,
+            frame.data,
             ttl_s=frame.ttl_s,
-            sender=self.caller.sender,
+            session=self.sub,
         )
         ref = frame.ref
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
 from hearthnet.identity import KeyPair
+from hearthnet.ids import new_ulid
 from hearthnet.mesh.actions import Deliver, Duplicate, Forward, Refused, Repair
 from hearthnet.mesh.frames import IHave, IWant, Msg
 from hearthnet.mesh.gossip import IWANT_SLICE, AntiEntropy, Gossip, OriginTracker
-from hearthnet.pubsub.envelope import Message, StoredMessage
+from hearthnet.pubsub.batchsig import VERIFIER
+from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
 
 
 def test_out_of_order_seqs_fold_into_the_head() -> None:
@@ -134,3 +137,24 @@ def test_one_repair_per_peer_runs_at_a_time() -> None:
     after = gossip.receive_iwant(want, "peer-a")
     expected = Repair("peer-a", (("o", 1, 5),), 100)
     assert (expected, None, expected) == (first, during, after)
+
+
+def test_a_gossiped_batch_costs_one_signature_check_and_a_forgery_is_refused() -> None:
+    """Batch-signed messages from a peer are all delivered with one ed25519 check for the
+    batch; a copy with changed data is refused."""
+    keys = KeyPair.from_seed(b"\x77" * 32)
+    bodies = [
+        Message.unsigned(keys.node_id, topic="g.b", msg_type="m", data=i, origin_seq=i + 1, ts=5)
+        for i in range(9)
+    ]
+    batch = Message.signed_batch(keys, bodies, [canonical_body(b) for b in bodies])
+    gossip = Gossip(lambda _id: False, 100)
+    before = VERIFIER.signatures_checked
+    actions = [gossip.receive_msg(Msg(m.raw, 1), "peer") for m in batch]
+    forged = orjson.dumps({**orjson.loads(batch[3].raw), "id": new_ulid(), "data": 99})
+    refused = gossip.receive_msg(Msg(forged, 1), "peer")
+    assert ([True] * 9, 1, True) == (
+        [isinstance(a, Deliver) and a.message == m for a, m in zip(actions, batch, strict=True)],
+        VERIFIER.signatures_checked - before,
+        isinstance(refused, Refused),
+    )

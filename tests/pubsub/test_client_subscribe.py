@@ -6,14 +6,17 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import orjson
 import pytest
 
 from hearthnet.client import Client
-from hearthnet.errors import BadRequest
+from hearthnet.errors import BadRequest, InvalidSignature
+from hearthnet.ids import new_ulid
 from hearthnet.node import Node
+from hearthnet.pubsub.envelope import Message
 from hearthnet.subscription import Delivery, Gap
 from tests.conftest import MakeConfig
-from tests.helpers import collect_numbers, publish, wait_until
+from tests.helpers import collect_numbers, publish, publish_at_once, wait_until
 from tests.pubsub.test_ws import session
 
 
@@ -172,3 +175,31 @@ async def test_a_cursor_beyond_the_head_resumes_from_the_head_of_the_same_epoch(
                 sub.reconnects,
                 sub.state.since(),
             )
+
+
+async def test_a_verifying_client_accepts_batch_signatures_and_skips_a_forgery(
+    make_config: MakeConfig,
+) -> None:
+    """With verify=True, batch-signed messages (published together) are delivered and
+    history verifies; a message whose batch proof was altered is skipped and counted."""
+    config = make_config(pubsub={"sync": "normal"})
+    async with (
+        Node(config) as node,
+        Client(node.url, keys=node.keys) as client,
+        client.subscribe("ver.*", verify=True) as sub,
+    ):
+        got: list[int] = []
+        reader = asyncio.get_running_loop().create_task(collect_numbers(sub, got, None))
+        await wait_until(lambda: any(s.patterns for s in node.pubsub.subscribers))
+        await publish_at_once(node, "ver.a", 6)
+        await wait_until(lambda: len(got) == 6, what="batch-signed messages")
+        page = await client.history("ver.a", since_seq=0, verify=True)
+        genuine = page["messages"][2]["data"]
+        forged = {**genuine, "id": new_ulid(), "data": {"i": 99}}
+        await node.pubsub.log.ingest(Message.trusted(forged, orjson.dumps(forged)))
+        await publish(node, "ver.a", 1, start=6)
+        await wait_until(lambda: len(got) == 7, what="the message after the forgery")
+        reader.cancel()
+        with pytest.raises(InvalidSignature):
+            await client.history("ver.a", since_seq=0, verify=True)
+    assert (got, sub.rejected, isinstance(genuine["sig"], dict)) == ([*range(7)], 1, True)
