@@ -13,10 +13,11 @@ written after the signature verified, so unsigned junk cannot poison it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hearthnet.bus.envelope import CallEnvelope, VerifiedCall, request_envelope
 from hearthnet.caller import Caller
+from hearthnet.community import Level
 from hearthnet.errors import (
     BadRequest,
     Expired,
@@ -32,6 +33,9 @@ from hearthnet.membership import Membership
 from hearthnet.replay import ReplayCache
 from hearthnet.tokens import CapabilityToken
 from hearthnet.transport.headers import SignedHeaders
+
+if TYPE_CHECKING:
+    from hearthnet.federation.view import FederationView
 
 
 class Authenticator:
@@ -51,6 +55,9 @@ class Authenticator:
         self.replay = replay
         self.clock_window_ms = clock_window_ms
         self._on_failure = on_failure or (lambda reason: None)
+        # spec §8: members of federated communities, for what the agreements grant (the
+        # node sets it; None: nobody from another community is accepted)
+        self.federation: FederationView | None = None
 
     @property
     def community_id(self) -> str:
@@ -96,6 +103,34 @@ class Authenticator:
             raise self._refuse("not_member", Unauthorized("token issuer is not a member"))
         return Caller(token.identity, "token", level, token, False)
 
+    def caller_for_federated(self, identity: str, community: str, now_ms: int) -> Caller:
+        """The caller for a member of a federated community (spec §8): a token-like caller
+        whose scopes are what our community grants its community (``sub`` for the granted
+        topics, ``call`` for the granted capabilities), issued in effect by the anchor of
+        ours that signed the newest agreement in force; its ``jti`` is that agreement's
+        id, so revoking the agreement ends its sessions.
+
+        Raises:
+            Unauthorized / Revoked / Forbidden: see
+                :meth:`~hearthnet.federation.view.FederationView.federated_caller`.
+        """
+        assert self.federation is not None
+        try:
+            peer = self.federation.federated_caller(identity, community, now_ms)
+        except WireError as exc:
+            raise self._refuse("federation", exc) from None
+        newest = peer.agreements[0]
+        grant = CapabilityToken(
+            iss=newest.signer_of(self.community_id) or self.community_id,
+            sub=identity,
+            community=self.community_id,
+            scopes=peer.grant.scopes(),
+            exp_ms=min(a.expires_ms for a in peer.agreements),
+            jti=newest.id,
+            sig=newest.sig_a,
+        )
+        return Caller(identity, "federated", Level.MEMBER, grant, False)
+
     def _check_signed(
         self,
         obj: dict[str, Any],
@@ -107,8 +142,11 @@ class Authenticator:
         signature: object,
         now_ms: int,
     ) -> Caller:
-        caller = self.caller_for_identity(sender)
-        if community != self.community_id:
+        if community != self.community_id and self.federation is not None:
+            caller = self.caller_for_federated(sender, community, now_ms)
+        else:
+            caller = self.caller_for_identity(sender)
+        if community != self.community_id and caller.kind != "federated":
             raise self._refuse("wrong_community", Unauthorized("request is for another community"))
         if abs(now_ms - ts) > self.clock_window_ms:
             raise self._refuse(

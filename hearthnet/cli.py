@@ -112,6 +112,7 @@ def _config(args: argparse.Namespace) -> Config:
         "relay": ("mesh", "relay"),
         "relay_url": ("mesh", "relay_urls"),
         "relay_peer": ("mesh", "relay_peers"),
+        "federation_peer": ("mesh", "federation_peers"),
     }
     for flag, (section, key) in section_flags.items():
         value = getattr(args, flag, None)
@@ -701,6 +702,12 @@ def _add_node_parsers(sub: Any, local: Parents, remote: Parents) -> None:
         metavar="URL",
         help="with --relay: another relay to federate with; it must name this one too (repeatable)",
     )
+    start.add_argument(
+        "--federation-peer",
+        action="append",
+        metavar="URL",
+        help="a node of a federated community to bridge to (repeatable; docs/federation.md)",
+    )
     start.set_defaults(func=cmd_node_start)
     status = node_sub.add_parser("status", parents=remote, help="show the running node")
     status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -870,6 +877,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_chat_parser(sub, [common, remote])
     _add_mesh_parsers(sub, [common], [common, remote])
     _add_admin_parsers(sub, [common], [common, remote])
+    from hearthnet.cli_federation import add_federation_parsers  # spec §8
+
+    add_federation_parsers(sub, [common], [common, remote])
     return parser
 
 

@@ -473,6 +473,14 @@ class MeshSection:
             "off: relayed peers stay relayed."
         ),
     )
+    federation_peers: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            "Nodes of federated communities this node bridges to: it syncs agreements with"
+            " them and pulls the topics they grant (spec §8; docs/federation.md; also"
+            " --federation-peer)."
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

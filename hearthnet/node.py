@@ -38,6 +38,10 @@ from hearthnet.clock import now_ms
 from hearthnet.community import CommunityStore, Level, MembershipRecord
 from hearthnet.config import Config
 from hearthnet.errors import ConfigError, Expired, Revoked
+from hearthnet.federation.http import FederationHttp
+from hearthnet.federation.service import Federation, run_bridge
+from hearthnet.federation.store import FederationStore
+from hearthnet.federation.view import FederationView
 from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.membership import Admission, Membership, MembershipCaps, Source, open_membership
 from hearthnet.mesh.admission import redeem_invite
@@ -304,6 +308,7 @@ class Node:
             router=self.router,
             metrics=self.metrics,
         )
+        self._build_federation()
         self._wire()
         pubsub_http = PubSubHttp(self.pubsub_deps)
         mesh_http = MeshHttp(self.mesh, self.authenticator, self.keys, self.submit_records)
@@ -313,6 +318,7 @@ class Node:
             *BusWebSocketEndpoint(deps).routes(),
             *pubsub_http.routes(),
             *mesh_http.routes(),
+            *FederationHttp(self.federation, self.authenticator).routes(),
             *StatusEndpoints(self).routes(),
         ]
         tls = None
@@ -327,6 +333,27 @@ class Node:
             keepalive_idle_s=cfg.transport.keepalive_idle_s,
             tls=tls,
             upgrades=pubsub_http.upgrades(),
+        )
+
+    def _build_federation(self) -> None:
+        """Community federation (spec §8): agreements from SQLite, the other communities'
+        members accepted by requests and gossip for what the agreements grant."""
+        view = FederationView(self.membership)
+        self._federation_store = FederationStore(self.data_dir)
+        self._federation_store.load(view)
+        self.federation = Federation(
+            keys=self.keys,
+            view=view,
+            store=self._federation_store,
+            peers=list(self.config.mesh.federation_peers),
+            message_log=self.message_log,
+            pubsub=self.pubsub,
+            sessions=self.sessions,
+            spawn=self.spawn,
+        )
+        self.authenticator.federation = view
+        self.mesh.traffic.gossip.foreign_origin = lambda origin, topic: view.accepts_origin(
+            origin, topic, now_ms()
         )
 
     def _wire(self) -> None:
@@ -347,6 +374,7 @@ class Node:
             except Exception:
                 log.exception("local fan-out of a commit failed; gossiping it anyway")
             gossip(batch)
+            self.federation.on_commit(batch)  # spec §8: agreements spread like records
 
         self.message_log.listeners.append(committed)
         self.pubsub.on_local_presence = self.mesh.on_local_presence
@@ -448,6 +476,8 @@ class Node:
             serve_socket=self.server.serve_socket,
         )
         self.spawn(self.mesh.run(), "mesh")
+        self.federation.url = self.mesh.url
+        self.spawn(run_bridge(self.federation), "federation")
         self.started_ms = now_ms()
         self._started_mono = time.monotonic()
         self._write_run_file()
@@ -516,8 +546,9 @@ class Node:
         await self.server.close()
         # Everything in the background that reads or writes the log stops before it closes;
         # the flush loop is stopped by close() itself, after the last batch is committed.
-        await self._cancel_tasks("pubsub-retention", "pubsub-sweeper", "mesh")
+        await self._cancel_tasks("pubsub-retention", "pubsub-sweeper", "mesh", "federation")
         await self.message_log.close()
+        self._federation_store.close()
         if self.llm is not None:
             await self.llm.aclose()
         self._remove_run_file()

@@ -22,6 +22,7 @@ from hearthnet.bus.routing import Provider, Router
 from hearthnet.config import BusSection, LimitsSection
 from hearthnet.errors import (
     DeadlineExceeded,
+    Forbidden,
     InternalError,
     Unauthorized,
     WireError,
@@ -102,6 +103,8 @@ class Bus:
         try:
             provider, desc = self.router.choose(name, call.version, call.target, time.monotonic())
             if not call.caller.may_call(name, desc.version, desc.min_level):
+                if call.caller.kind == "federated":  # spec §8: what is not granted
+                    raise Forbidden(f"{name}@{call.version} is not granted to your community")
                 raise Unauthorized(f"caller may not call {name}@{call.version}")
             if call.caller.rate_limited:
                 now = time.monotonic()

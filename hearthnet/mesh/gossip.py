@@ -148,6 +148,9 @@ class Gossip:
     ) -> None:
         self.knows = knows
         self.is_member = is_member
+        # spec §8: an origin of a federated community, on a topic its community grants
+        # ours ((origin, topic) -> bool; the node sets it, None: no one else is accepted)
+        self.foreign_origin: Callable[[str, str], bool] | None = None
         self.repair_per_round = repair_per_round
         self.tracker = OriginTracker()
         self.anti = AntiEntropy(self.tracker)
@@ -170,7 +173,14 @@ class Gossip:
             message = Message.parse(obj, raw=frame.raw)
         except HearthNetError as exc:
             return Refused(source, str(exc))
-        if self.is_member is not None and not self.is_member(message.origin):
+        if (
+            self.is_member is not None
+            and not self.is_member(message.origin)
+            and not (
+                self.foreign_origin is not None
+                and self.foreign_origin(message.origin, message.topic)
+            )
+        ):
             # spec §1.5, §7.3: only a current member originates gossip (mesh.** included).
             # Refused before _hops, so it is neither stored nor forwarded and leaves no
             # trace that would stop a later copy: a member whose member.added arrives after

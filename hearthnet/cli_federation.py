@@ -1,0 +1,254 @@
+"""``hearthnet federation propose|accept|list|revoke`` (spec §8; docs/federation.md).
+
+The two anchors exchange one blob each way:
+
+1. an anchor of A runs ``propose --with B ...``: it prints a *proposal*, ``hnf1:`` +
+   base64url of the JCS form of ``{"agreement": <signed by A>, "records": [A's
+   membership records]}`` (B's nodes need A's records to check that the signer is an
+   anchor of A, and who A's members are);
+2. an anchor of B runs ``accept PROPOSAL``: it counter-signs, hands the agreement and A's
+   records to its node (which spreads them to B's members), and prints the signed
+   agreement in the same form, with B's records;
+3. an anchor of A runs ``accept SIGNED`` to hand it to A's node. (A bridge syncing with
+   the other side delivers it too; this step just does not wait for one.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from hearthnet.canonical import canonicalize, parse_json
+from hearthnet.cli import (
+    EXIT_OK,
+    _client,
+    _local_identity,
+    _print_json,
+    _run,
+    parse_duration_ms,
+)
+from hearthnet.clock import now_ms
+from hearthnet.community import Level
+from hearthnet.errors import BadRequest, ConfigError
+from hearthnet.federation.agreement import Agreement, Grant, Revocation
+from hearthnet.ids import b64url_decode, b64url_encode, is_node_id, new_ulid
+
+BLOB_PREFIX = "hnf1:"
+MAX_BLOB_CHARS = 2 * 1024 * 1024
+
+
+def encode_blob(agreement: Agreement, records: list[dict[str, Any]]) -> str:
+    """``hnf1:`` + base64url(JCS of ``{agreement, records}``)."""
+    return BLOB_PREFIX + b64url_encode(
+        canonicalize({"agreement": agreement.to_json(), "records": records})
+    )
+
+
+def decode_blob(text: str) -> tuple[Agreement, list[Any]]:
+    """The agreement (signatures verified) and the membership records in a blob.
+
+    Raises:
+        BadRequest: not a blob. InvalidSignature: a signature does not verify.
+    """
+    text = text.strip()
+    if not text.startswith(BLOB_PREFIX) or len(text) > MAX_BLOB_CHARS:
+        raise BadRequest(f"a federation blob starts with {BLOB_PREFIX!r}")
+    try:
+        obj = parse_json(b64url_decode(text[len(BLOB_PREFIX) :]))
+    except ValueError as exc:
+        raise BadRequest(f"malformed federation blob: {exc}") from exc
+    if not isinstance(obj, dict) or set(obj) != {"agreement", "records"}:
+        raise BadRequest("a federation blob is {agreement, records}")
+    records = obj["records"]
+    if not isinstance(records, list):
+        raise BadRequest("a federation blob's records are a list")
+    return Agreement.parse(obj["agreement"]), records
+
+
+def _anchor(args: argparse.Namespace, what: str) -> tuple[Any, Any]:
+    """This data dir's keys and membership, when its key is an anchor.
+
+    Raises:
+        ConfigError: it is not (exit 1, saying what to do instead).
+    """
+    keys, _, membership = _local_identity(args)
+    if membership.level_of(keys.node_id) != Level.ANCHOR:
+        raise ConfigError(
+            f"this node ({keys.node_id}) is not an anchor of community "
+            f"{membership.community_id}; {what} on an anchor's node (--data-dir of an anchor),"
+            " or have an anchor raise this node's level"
+        )
+    return keys, membership
+
+
+def _write_or_print(blob: str, out: str | None) -> None:
+    if out:
+        Path(out).write_text(blob + "\n", encoding="utf-8")
+        print(json.dumps({"written": out}))
+    else:
+        print(blob)
+
+
+def _submit(args: argparse.Namespace, body: dict[str, Any]) -> dict[str, Any]:
+    async def main() -> Any:
+        async with _client(args) as client:
+            return await client.request_json("POST", "/mesh/v1/federation", body)
+
+    answer: dict[str, Any] = _run(main)
+    return answer
+
+
+def cmd_propose(args: argparse.Namespace) -> int:
+    """``federation propose --with B --grant-topics ... --expires 30d``: a signed proposal."""
+    keys, membership = _anchor(args, "propose federations")
+    if not is_node_id(args.with_community):
+        raise ConfigError("--with takes the other community's id (ed25519:...)")
+    now = now_ms()
+    agreement = Agreement.propose(
+        keys,
+        agreement_id=new_ulid(now),
+        community_a=membership.community_id,
+        community_b=args.with_community,
+        a_grants_b=Grant.parse(
+            {"topics": args.grant_topics or [], "capabilities": args.grant_capabilities or []}
+        ),
+        b_grants_a=Grant.parse(
+            {"topics": args.want_topics or [], "capabilities": args.want_capabilities or []}
+        ),
+        now_ms=now,
+        expires_ms=now + args.expires,
+    )
+    records = [r.to_json() for r in membership.records.values()]
+    _write_or_print(encode_blob(agreement, records), args.out)
+    return EXIT_OK
+
+
+def _read_blob(text: str) -> str:
+    if text == "-":
+        return sys.stdin.read()
+    if text.startswith(BLOB_PREFIX):
+        return text
+    path = Path(text)
+    if not path.exists():
+        raise ConfigError(f"{text} is neither a {BLOB_PREFIX} blob nor a file")
+    return path.read_text(encoding="utf-8")
+
+
+def cmd_accept(args: argparse.Namespace) -> int:
+    """``federation accept FILE|BLOB``: counter-sign a proposal (or take a signed
+    agreement), hand it to the node, print the signed agreement for the other side."""
+    agreement, records = decode_blob(_read_blob(args.blob))
+    keys, membership = _anchor(args, "accept federations")
+    ours = membership.community_id
+    if ours not in agreement.communities:
+        raise ConfigError(
+            f"the agreement is between {agreement.community_a} and {agreement.community_b},"
+            f" not this node's community {ours}"
+        )
+    if not agreement.complete:
+        if ours != agreement.community_b:
+            raise ConfigError("this proposal comes from our community: the other side accepts it")
+        agreement = agreement.countersign(keys)
+    other = agreement.other(ours)
+    answer = _submit(args, {"agreements": [agreement.to_json()], "records": {other: records}})
+    held = {a["id"]: a for a in answer.get("agreements", [])}
+    if agreement.id not in held:
+        raise ConfigError("the node did not take the agreement (see its log)")
+    own_records = [r.to_json() for r in membership.records.values()]
+    _write_or_print(encode_blob(agreement, own_records), args.out)
+    print(
+        json.dumps({"agreement": agreement.id, "status": held[agreement.id]["status"]}),
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """``federation list [--json]``: the agreements this node holds."""
+
+    async def main() -> Any:
+        async with _client(args) as client:
+            return await client.request_json("GET", "/mesh/v1/federation")
+
+    answer = _run(main)
+    if args.json:
+        _print_json(answer)
+        return EXIT_OK
+    ours = answer["community"]
+    rows = [("ID", "WITH", "STATUS", "EXPIRES", "WE GRANT", "THEY GRANT")]
+    for a in answer["agreements"]:
+        we_are_a = a["community_a"] == ours
+        mine, theirs = (
+            (a["a_grants_b"], a["b_grants_a"])
+            if we_are_a
+            else (
+                a["b_grants_a"],
+                a["a_grants_b"],
+            )
+        )
+        rows.append(
+            (
+                a["id"],
+                a["community_b"] if we_are_a else a["community_a"],
+                a["status"],
+                str(a["expires_ms"]),
+                _grant_text(mine),
+                _grant_text(theirs),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return EXIT_OK
+
+
+def _grant_text(grant: dict[str, list[str]]) -> str:
+    parts = [*grant["topics"], *("call:" + c for c in grant["capabilities"])]
+    return ",".join(parts) or "-"
+
+
+def cmd_revoke(args: argparse.Namespace) -> int:
+    """``federation revoke ID``: sign a revocation and hand it to the node."""
+    keys, _ = _anchor(args, "revoke federations")
+    revocation = Revocation.create(keys, args.id, now_ms())
+    answer = _submit(args, {"revocations": [revocation.to_json()]})
+    status = {a["id"]: a["status"] for a in answer.get("agreements", [])}
+    if status.get(args.id) != "revoked":
+        raise ConfigError(f"the node holds no agreement {args.id} that this key may revoke")
+    print(json.dumps({"revoked": args.id}))
+    return EXIT_OK
+
+
+def _expires(text: str) -> int:
+    ms = parse_duration_ms(text)
+    if ms <= 0:
+        raise argparse.ArgumentTypeError(f"an agreement must last longer than {text!r}")
+    return ms
+
+
+def add_federation_parsers(sub: Any, local: list[Any], remote: list[Any]) -> None:
+    """``hearthnet federation ...``."""
+    fed = sub.add_parser("federation", help="federation with other communities (anchors)")
+    fsub = fed.add_subparsers(dest="federation_command", required=True, metavar="ACTION")
+    propose = fsub.add_parser("propose", parents=local, help="print a signed proposal")
+    propose.add_argument("--with", dest="with_community", required=True, metavar="COMMUNITY_ID")
+    propose.add_argument("--grant-topics", nargs="+", metavar="PATTERN", help="ours they get")
+    propose.add_argument("--grant-capabilities", nargs="+", metavar="NAME", help="they may call")
+    propose.add_argument("--want-topics", nargs="+", metavar="PATTERN", help="theirs we get")
+    propose.add_argument("--want-capabilities", nargs="+", metavar="NAME", help="we may call")
+    propose.add_argument("--expires", type=_expires, default=_expires("30d"), help="e.g. 90d")
+    propose.add_argument("--out", help="write the proposal to this file")
+    propose.set_defaults(func=cmd_propose)
+    accept = fsub.add_parser("accept", parents=remote, help="counter-sign or take an agreement")
+    accept.add_argument("blob", metavar="FILE|BLOB", help="hnf1:..., a file holding it, or -")
+    accept.add_argument("--out", help="write the signed agreement to this file")
+    accept.set_defaults(func=cmd_accept)
+    listing = fsub.add_parser("list", parents=remote, help="agreements held by the node")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    listing.set_defaults(func=cmd_list)
+    revoke = fsub.add_parser("revoke", parents=remote, help="revoke an agreement (anchors)")
+    revoke.add_argument("id", metavar="ID")
+    revoke.set_defaults(func=cmd_revoke)

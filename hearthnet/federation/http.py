@@ -1,0 +1,87 @@
+"""Federation endpoints (spec §8).
+
+- ``POST /mesh/v1/federation`` (a member's signed request; ``hearthnet federation accept``
+  and ``revoke``): ``{agreements, revocations, records: {community: [...]}}``; answers
+  what was new and the listing.
+- ``GET /mesh/v1/federation`` (a member's signed request; ``hearthnet federation list``).
+- ``POST /mesh/v1/federation/sync``: another community's bridge. Everything in it is
+  signed (agreements by both anchors, revocations by an anchor, membership records by
+  members), and only agreements an anchor of ours signed take a place, so no other
+  credential is asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from hearthnet.auth import Authenticator
+from hearthnet.clock import now_ms
+from hearthnet.errors import BadRequest, Forbidden
+from hearthnet.federation.service import Federation
+from hearthnet.transport.codec import loads
+from hearthnet.transport.headers import read_signed_headers
+from hearthnet.transport.server import json_response
+
+
+class FederationHttp:
+    """HTTP side of federation."""
+
+    def __init__(self, federation: Federation, authenticator: Authenticator) -> None:
+        self.federation = federation
+        self.authenticator = authenticator
+
+    def routes(self) -> list[web.RouteDef]:
+        """The routes."""
+        return [
+            web.get("/mesh/v1/federation", self.listing),
+            web.post("/mesh/v1/federation", self.submit),
+            web.post("/mesh/v1/federation/sync", self.sync),
+        ]
+
+    def _member(self, request: web.Request, body: Any) -> None:
+        caller = self.authenticator.authenticate_headers(
+            method=request.method,
+            path=request.raw_path,
+            body=body,
+            signed=read_signed_headers(request.headers),
+            now_ms=now_ms(),
+        )
+        if caller.kind == "federated" or caller.token is not None:
+            raise Forbidden("only members of this community manage its federations")
+
+    async def listing(self, request: web.Request) -> web.Response:
+        """Every agreement held, with its status."""
+        self._member(request, None)
+        return json_response(self._listing())
+
+    def _listing(self) -> dict[str, Any]:
+        return {
+            "community": self.federation.community_id,
+            "agreements": self.federation.view.listing(now_ms()),
+            **self.federation.statistics(),
+        }
+
+    async def submit(self, request: web.Request) -> web.Response:
+        """Signed agreements, revocations and records from a member (the CLI)."""
+        body = loads(await request.read())
+        self._member(request, body)
+        if not isinstance(body, dict):
+            raise BadRequest("the body is {agreements, revocations, records}")
+        agreements = body.get("agreements", [])
+        revocations = body.get("revocations", [])
+        records = body.get("records", {})
+        if not (
+            isinstance(agreements, list)
+            and isinstance(revocations, list)
+            and isinstance(records, dict)
+        ):
+            raise BadRequest("agreements and revocations are lists, records an object")
+        added = await self.federation.apply(agreements, revocations, records)
+        return json_response({"added": added, **self._listing()})
+
+    async def sync(self, request: web.Request) -> web.Response:
+        """A bridge of another community exchanges what it holds with us."""
+        body = loads(await request.read())
+        return json_response(await self.federation.sync_request(body))

@@ -1,0 +1,411 @@
+"""Federation on one node (spec §8): the thin asyncio layer around
+:class:`~hearthnet.federation.view.FederationView`.
+
+- **Intake.** Agreements, revocations and the other communities' membership records come
+  from the CLI (``POST /mesh/v1/federation``), from the other community's bridge nodes
+  (``POST /mesh/v1/federation/sync``) and from our own community's gossip (topic
+  ``mesh.federation``). Every item is signed; each is verified and checked against the
+  view, stored in SQLite, and what is new is published on ``mesh.federation`` so that
+  every member of our community holds it too (spec §8: agreements reach both communities).
+- **Bridging.** A node with ``[federation] peers`` (URLs of nodes of other communities),
+  or that another community's bridge synced with, is a *bridge*: every
+  :data:`SYNC_S` it exchanges agreements, revocations and membership records with each
+  peer, and it pulls the topics the other community grants us with a signed long-poll
+  (``GET /pubsub/v1/subscribe``) that the other node answers under the grant. Pulled
+  messages keep their origin's signature; they are checked (origin a member of that
+  community, topic granted) and ingested into our log, from where gossip carries them.
+- **Revocation.** A revocation stops calls and pulls at once on the node that holds it
+  (every request is checked against the view), ends parked polls of the other
+  community's members, and reaches the other community's bridge on its next sync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from functools import partial
+from typing import Any
+
+from hearthnet.caller import Caller
+from hearthnet.client import Client
+from hearthnet.clock import now_ms
+from hearthnet.community import Level, MembershipRecord
+from hearthnet.errors import BadRequest, Forbidden, HearthNetError, PayloadTooLarge, WireError
+from hearthnet.federation.agreement import Agreement, Revocation
+from hearthnet.federation.store import FederationStore
+from hearthnet.federation.view import MAX_FOREIGN_RECORDS, FederationView
+from hearthnet.identity import KeyPair
+from hearthnet.pubsub.envelope import Message, StoredMessage
+from hearthnet.pubsub.log import MessageLog
+from hearthnet.pubsub.service import PubSub
+from hearthnet.sessions import SessionRegistry
+
+log = logging.getLogger("hearthnet.federation")
+
+TOPIC = "mesh.federation"  # spec §6.1: mesh.* is written by nodes only
+SYNC_S = 2.0  # a bridge's sync round (revocations reach the other side within it)
+PULL_WAIT_S = 2  # a bridge's long-poll parks at most this long
+PULL_LIMIT = 500  # messages per pull (the long-poll's own cap)
+MAX_PEERS = 16  # bridge peers (configured and learned)
+RECORDS_PER_MESSAGE = 100  # membership records per mesh.federation message
+MAX_ITEMS = 64  # agreements or revocations in one request
+
+
+class Federation:
+    """The node's federations: intake, distribution, bridging."""
+
+    def __init__(
+        self,
+        *,
+        keys: KeyPair,
+        view: FederationView,
+        store: FederationStore,
+        peers: list[str],
+        message_log: MessageLog,
+        pubsub: PubSub,
+        sessions: SessionRegistry,
+        spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
+    ) -> None:
+        self.keys = keys
+        self.view = view
+        self.store = store
+        self.log = message_log
+        self.pubsub = pubsub
+        self.sessions = sessions
+        self.spawn = spawn
+        self.url = ""
+        self.peers: dict[str, str | None] = dict.fromkeys(peers[:MAX_PEERS])  # url -> community
+        self.pulls: dict[str, asyncio.Task[Any]] = {}
+        self._cursors = store.cursors()
+        self._lock = asyncio.Lock()
+        self.pulled = 0  # messages ingested from other communities
+        self.refused = 0  # pulled messages refused (origin or topic not granted)
+
+    @property
+    def community_id(self) -> str:
+        """Our community."""
+        return self.view.community_id
+
+    # --- intake ---------------------------------------------------------------------------
+
+    async def apply(
+        self,
+        agreements: list[Any],
+        revocations: list[Any],
+        records: dict[str, list[Any]],
+        *,
+        distribute: bool = True,
+    ) -> dict[str, int]:
+        """Verify and hold signed items; store and (when ``distribute``) publish the new
+        ones on ``mesh.federation``. Items that do not verify or fit are skipped and
+        logged; the counts say what was new.
+
+        Raises:
+            PayloadTooLarge: more than :data:`MAX_ITEMS` agreements or revocations.
+        """
+        if len(agreements) > MAX_ITEMS or len(revocations) > MAX_ITEMS:
+            raise PayloadTooLarge(f"at most {MAX_ITEMS} agreements and revocations at a time")
+        async with self._lock:
+            new_agreements = await asyncio.to_thread(self._parse_all, Agreement.parse, agreements)
+            added_a = [a for a in new_agreements if self._hold_agreement(a)]
+            added_r: list[Revocation] = []
+            added_records: dict[str, list[MembershipRecord]] = {}
+            for community, raw in list(records.items())[:MAX_ITEMS]:
+                if not isinstance(raw, list) or len(raw) > MAX_FOREIGN_RECORDS:
+                    continue
+                parsed = await asyncio.to_thread(self._parse_all, MembershipRecord.parse, raw)
+                fresh = self._hold_records(community, parsed)
+                if fresh:
+                    added_records[community] = fresh
+            parsed_r: list[Revocation] = await asyncio.to_thread(
+                self._parse_all, Revocation.parse, revocations
+            )
+            for revocation in parsed_r:
+                if self._hold(partial(self.view.add_revocation, revocation)):
+                    added_r.append(revocation)
+            await asyncio.to_thread(self._persist, added_a, added_r, added_records)
+        if added_r:
+            self._end_revoked_sessions()
+        if distribute and (added_a or added_r or added_records):
+            await self._publish(added_a, added_r, added_records)
+        return {
+            "agreements": len(added_a),
+            "revocations": len(added_r),
+            "records": sum(len(r) for r in added_records.values()),
+        }
+
+    @staticmethod
+    def _parse_all(parse: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        out = []
+        for item in items:
+            try:
+                out.append(parse(item))
+            except HearthNetError as exc:
+                log.warning("dropped a federation item: %s", exc)
+        return out
+
+    @staticmethod
+    def _hold(step: Callable[[], bool]) -> bool:
+        try:
+            return step()
+        except HearthNetError as exc:
+            log.warning("federation item not held: %s", exc)
+            return False
+
+    def _hold_agreement(self, agreement: Agreement) -> bool:
+        # only what an anchor of ours signed takes a slot (a stranger cannot fill them)
+        ours = agreement.signer_of(self.community_id)
+        if ours is None or not self.view.is_anchor(ours, self.community_id):
+            log.warning("federation agreement %s not signed by an anchor of ours", agreement.id)
+            return False
+        return self._hold(lambda: self.view.add_agreement(agreement))
+
+    def _hold_records(
+        self, community: str, parsed: list[MembershipRecord]
+    ) -> list[MembershipRecord]:
+        before = self.view.view_of(community)
+        known = set(before.records) if before is not None else set()
+        if not self._hold(lambda: self.view.add_foreign_records(community, parsed) > 0):
+            return []
+        after = self.view.view_of(community)
+        assert after is not None
+        return [r for r in parsed if r.id in after.records and r.id not in known]
+
+    def _persist(
+        self,
+        agreements: list[Agreement],
+        revocations: list[Revocation],
+        records: dict[str, list[MembershipRecord]],
+    ) -> None:
+        for agreement in agreements:
+            self.store.put_agreement(agreement)
+        for community, recs in records.items():
+            self.store.put_records(community, recs)
+        for revocation in revocations:
+            self.store.put_revocation(revocation)
+
+    async def _publish(
+        self,
+        agreements: list[Agreement],
+        revocations: list[Revocation],
+        records: dict[str, list[MembershipRecord]],
+    ) -> None:
+        """Tell our community (spec §8): every member holds the agreements in force."""
+        me = Caller(self.keys.node_id, "node", Level.ANCHOR, None, True)
+        bodies: list[dict[str, Any]] = [
+            {
+                "agreements": [a.to_json() for a in agreements],
+                "revocations": [r.to_json() for r in revocations],
+                "records": {},
+            }
+        ]
+        for community, recs in records.items():
+            for i in range(0, len(recs), RECORDS_PER_MESSAGE):
+                chunk = [r.to_json() for r in recs[i : i + RECORDS_PER_MESSAGE]]
+                bodies.append({"agreements": [], "revocations": [], "records": {community: chunk}})
+        for body in bodies:
+            try:
+                await self.pubsub.publish(me, TOPIC, "federation", body, 7 * 24 * 3600)
+            except WireError as exc:
+                log.warning("could not publish federation items: %s", exc)
+
+    def on_commit(self, batch: list[StoredMessage]) -> None:
+        """The log committed ``batch``: apply federation items that came from our peers."""
+        for stored in batch:
+            message = stored.message
+            if message.topic != TOPIC or message.origin == self.keys.node_id:
+                continue
+            if self.view.membership.level_of(message.origin) is None:
+                continue
+            data = message.data if isinstance(message.data, dict) else {}
+            self.spawn(self._apply_gossiped(data), "federation-gossip")
+
+    async def _apply_gossiped(self, data: dict[str, Any]) -> None:
+        agreements, revocations = data.get("agreements"), data.get("revocations")
+        records = data.get("records")
+        if not (
+            isinstance(agreements, list)
+            and isinstance(revocations, list)
+            and isinstance(records, dict)
+        ):
+            return
+        try:
+            await self.apply(agreements, revocations, records, distribute=False)
+        except HearthNetError as exc:
+            log.warning("federation items from gossip not applied: %s", exc)
+
+    def _end_revoked_sessions(self) -> None:
+        """Parked polls and streams of the other communities' members end when their
+        grant does (within the 10 s of spec §8: at once, here)."""
+        revoked = set(self.view.revocations)
+        self.sessions.close_voided(
+            lambda token: token.jti in revoked, Forbidden("the federation agreement was revoked")
+        )
+
+    # --- what the other side's bridge asks ---------------------------------------------------
+
+    def learn_peer(self, url: object, community: str) -> None:
+        """A bridge of ``community`` synced with us from ``url``: pull from it too."""
+        if (
+            isinstance(url, str)
+            and url.startswith(("http://", "https://"))
+            and len(url) < 512
+            and (url.rstrip("/") in self.peers or len(self.peers) < MAX_PEERS)
+        ):
+            self.peers[url.rstrip("/")] = community
+
+    def offer(self, community: str) -> dict[str, Any]:
+        """What we hand a bridge of ``community``: the agreements with it, their
+        revocations, and our membership records."""
+        agreements = [a for a in self.view.agreements.values() if community in a.communities]
+        ids = {a.id for a in agreements}
+        return {
+            "community": self.community_id,
+            "agreements": [a.to_json() for a in agreements],
+            "revocations": [r.to_json() for i, r in self.view.revocations.items() if i in ids],
+            "records": [r.to_json() for r in self.view.membership.records.values()],
+            "url": self.url,
+        }
+
+    async def sync_request(self, body: object) -> dict[str, Any]:
+        """``POST /mesh/v1/federation/sync`` from another community's bridge: take what
+        it sends (all of it signed) and answer with :meth:`offer`.
+
+        Raises:
+            BadRequest: malformed. Forbidden: no agreement with that community is held.
+        """
+        if not isinstance(body, dict) or not isinstance(body.get("community"), str):
+            raise BadRequest("a sync is {community, agreements, revocations, records, url?}")
+        community = body["community"]
+        if community == self.community_id:
+            raise BadRequest("a sync comes from another community")
+        agreements, revocations, records = (
+            body.get("agreements"),
+            body.get("revocations"),
+            body.get("records"),
+        )
+        if not (
+            isinstance(agreements, list)
+            and isinstance(revocations, list)
+            and isinstance(records, list)
+        ):
+            raise BadRequest("agreements, revocations and records are lists")
+        await self.apply(agreements, revocations, {community: records})
+        if not any(community in a.communities for a in self.view.agreements.values()):
+            raise Forbidden(f"no federation agreement with {community} is held here")
+        self.learn_peer(body.get("url"), community)
+        return self.offer(community)
+
+    # --- bridging -----------------------------------------------------------------------------
+
+    async def tick(self) -> None:
+        """One bridge round: sync with every peer, keep one pull running per peer."""
+        for url in list(self.peers):
+            try:
+                await self._sync_with(url)
+            except (HearthNetError, OSError) as exc:
+                log.info("federation sync with %s failed: %s", url, exc)
+                continue
+            task = self.pulls.get(url)
+            if task is None or task.done():
+                self.pulls[url] = self.spawn(self._pull_loop(url), f"federation-pull-{url}")
+
+    async def _sync_with(self, url: str) -> None:
+        community = self.peers.get(url)
+        body = self.offer(community) if community else self.offer("")
+        if not community:  # first contact: every agreement we hold may concern it
+            body["agreements"] = [a.to_json() for a in self.view.agreements.values()]
+        async with Client(url, keys=self.keys, community=self.community_id) as client:
+            answer = await client.request_json("POST", "/mesh/v1/federation/sync", body)
+        if not isinstance(answer, dict) or not isinstance(answer.get("community"), str):
+            raise BadRequest(f"{url} answered the sync with something else")
+        remote = answer["community"]
+        self.peers[url] = remote
+        raw = answer.get("records")
+        await self.apply(
+            list(answer.get("agreements") or []),
+            list(answer.get("revocations") or []),
+            {remote: raw if isinstance(raw, list) else []},
+        )
+
+    async def _pull_loop(self, url: str) -> None:
+        """Pull what ``url``'s community grants us, while an agreement is in force."""
+        async with Client(url, keys=self.keys, community=self.community_id) as client:
+            while True:
+                remote = self.peers.get(url)
+                grant = self._granted_by(remote, now_ms()) if remote else None
+                if remote is None or grant is None or not grant:
+                    return  # the next tick starts it again when an agreement is in force
+                epoch, seq = self._cursors.get(url, ("", 0))
+                query: dict[str, Any] = {"topics": ",".join(grant), "timeout_s": PULL_WAIT_S}
+                if epoch:
+                    query["since_seq"] = seq
+                try:
+                    page = await client.request_json("GET", "/pubsub/v1/subscribe", query=query)
+                except WireError as exc:
+                    log.info("federation pull from %s: %s", url, exc)
+                    return
+                await self._take_page(url, remote, epoch, page)
+
+    def _granted_by(self, remote: str, now: int) -> tuple[str, ...]:
+        """Topic patterns ``remote`` grants us over the agreements in force."""
+        patterns: dict[str, None] = {}
+        for agreement in self.view.agreements_with(remote, now):
+            grant = agreement.grant(remote, self.community_id)
+            if grant is not None:
+                patterns.update(dict.fromkeys(grant.topics))
+        return tuple(patterns)
+
+    async def _take_page(self, url: str, remote: str, epoch: str, page: Any) -> None:
+        if not isinstance(page, dict):
+            raise BadRequest(f"{url} answered a pull with something else")
+        new_epoch, head = str(page.get("epoch", "")), page.get("head_seq")
+        if epoch and new_epoch != epoch:
+            head = 0  # the remote log was recreated: start over (duplicates are dropped)
+        for frame in page.get("messages") or []:
+            data = frame.get("data") if isinstance(frame, dict) else None
+            try:
+                message = Message.parse(data)
+            except HearthNetError as exc:
+                self.refused += 1
+                log.warning("bad message pulled from %s: %s", url, exc)
+                continue
+            origin_community = self.view.community_of(message.origin)
+            if self.view.membership.level_of(message.origin) is not None:
+                continue  # one of ours, come back: we hold it
+            if origin_community != remote or not self.view.may_forward(
+                message.topic, remote, self.community_id, now_ms()
+            ):
+                self.refused += 1
+                continue
+            self.log.ingest(message, source=None)
+            self.pulled += 1
+        if isinstance(head, int) and new_epoch:
+            self._cursors[url] = (new_epoch, head)
+            await asyncio.to_thread(self.store.put_cursor, url, new_epoch, head)
+
+    def statistics(self) -> dict[str, Any]:
+        """For ``/status``-like views and tests."""
+        return {
+            "peers": dict(self.peers),
+            "pulled": self.pulled,
+            "refused": self.refused,
+        }
+
+
+async def run_bridge(federation: Federation) -> None:
+    """The bridge loop: one :meth:`Federation.tick` every :data:`SYNC_S` until cancelled;
+    a failing round is logged and the next one runs as usual."""
+    try:
+        while True:
+            await asyncio.sleep(SYNC_S)
+            try:
+                await federation.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("federation round failed; the next runs as usual")
+    finally:
+        for task in federation.pulls.values():  # they read and write the log
+            task.cancel()

@@ -1,0 +1,149 @@
+"""Community federation end to end (spec §8): two communities, one node each, as real
+processes on loopback. The anchors set it up with the CLI; granted topics flow both ways
+and nothing else does; granted capabilities answer and others are ``forbidden``; a
+revocation stops both within 10 s."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hearthnet.client import Client
+from hearthnet.clock import now_ms
+from hearthnet.community import CommunityStore, Level, MembershipRecord
+from hearthnet.errors import Forbidden
+from hearthnet.identity import KeyPair, load_or_create_keys
+from hearthnet.membership import Membership, Source
+from tests.helpers import NodeProcess, eventually, run_cli, start_node_process
+from tests.integration.mesh_cluster import MESH_ARGS
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[NodeProcess, NodeProcess]]:
+    """Node A (its own community) and node B (another), B bridging to A."""
+    a = start_node_process(tmp_path / "a", *MESH_ARGS)
+    try:
+        b = start_node_process(tmp_path / "b", *MESH_ARGS, "--federation-peer", a.url)
+        try:
+            yield a, b
+        finally:
+            b.stop()
+    finally:
+        a.stop()
+
+
+def cli(*args: str) -> str:
+    """Run the CLI; its stdout (it must succeed)."""
+    done = run_cli(*args)
+    assert 0 == done.returncode, done.stderr
+    return done.stdout
+
+
+def client(node: NodeProcess, signer: NodeProcess) -> Client:
+    """A client of ``node`` signing as ``signer``'s key (of its own community)."""
+    keys = load_or_create_keys(signer.data_dir)
+    return Client(node.url, keys=keys, community=keys.node_id)
+
+
+async def topic_ids(node: NodeProcess, topic: str) -> list[Any]:
+    """The ``data`` of every message ``node`` holds on ``topic``."""
+    async with client(node, node) as c:
+        page = await c.history(topic, limit=500)
+    return [m["data"]["data"] for m in page["messages"]]
+
+
+async def call_error(caller: NodeProcess, node: NodeProcess, capability: str) -> str | None:
+    """Call ``capability`` on ``node`` as ``caller``: None when it answers, else the code."""
+    async with client(node, caller) as c:
+        try:
+            await c.call(capability, {"x": 1})
+        except Forbidden as exc:
+            return exc.code
+    return None
+
+
+async def test_federation_grants_flow_and_revocation_stops_them(
+    pair: tuple[NodeProcess, NodeProcess], tmp_path: Path
+) -> None:
+    """Granted topics flow both ways, granted calls answer, the rest is forbidden; a
+    revocation stops both within 10 s."""
+    a, b = pair
+    b_id = load_or_create_keys(b.data_dir).node_id
+    proposal, signed = tmp_path / "proposal.hnf", tmp_path / "signed.hnf"
+    cli(
+        *("federation", "propose", "--data-dir", str(a.data_dir), "--with", b_id),
+        *("--grant-topics", "chat.**", "--grant-capabilities", "echo@1"),
+        *("--want-topics", "news.*", "--expires", "1d", "--out", str(proposal)),
+    )
+    cli("federation", "accept", "--data-dir", str(b.data_dir), str(proposal), "--out", str(signed))
+    cli("federation", "accept", "--data-dir", str(a.data_dir), str(signed))
+    listing = json.loads(cli("federation", "list", "--data-dir", str(a.data_dir), "--json"))
+    agreement = listing["agreements"][0]["id"]
+    assert ["in_force"] == [x["status"] for x in listing["agreements"]]
+
+    async with client(a, a) as ca, client(b, b) as cb:
+        await ca.publish("secret.plans", "m", {"n": "hidden"})
+        await ca.publish("chat.room", "m", {"n": "a1"})
+        await cb.publish("chat.room", "m", {"n": "b-chat"})  # B grants A no chat
+        await cb.publish("news.today", "m", {"n": "b1"})
+    await eventually(lambda: topic_ids(b, "chat.room"), lambda d: {"n": "a1"} in d, 15, "A→B")
+    await eventually(lambda: topic_ids(a, "news.today"), lambda d: {"n": "b1"} in d, 15, "B→A")
+    # the ungranted ones were published first and had the same way open
+    assert [] == await topic_ids(b, "secret.plans")
+    assert [{"n": "a1"}] == await topic_ids(a, "chat.room")
+
+    assert [None, "forbidden"] == [
+        await call_error(b, a, "echo"),
+        await call_error(b, a, "echo.stream"),
+    ]
+
+    revoked_at = time.monotonic()
+    cli("federation", "revoke", "--data-dir", str(a.data_dir), agreement)
+    await eventually(
+        lambda: call_error(b, a, "echo"), lambda code: code == "forbidden", 10, "calls stop"
+    )
+
+    async def status_on_b() -> str:
+        async with client(b, b) as c:
+            answer = await c.request_json("GET", "/mesh/v1/federation")
+        return str(answer["agreements"][0]["status"])
+
+    await eventually(status_on_b, lambda s: s == "revoked", 10, "B holds the revocation")
+    assert time.monotonic() - revoked_at < 10
+    async with client(a, a) as ca, client(b, b) as cb:
+        await ca.publish("chat.room", "m", {"n": "after"})
+        await cb.publish("news.today", "m", {"n": "after"})
+        marker = await cb.publish("chat.local", "m", {"n": "marker"})
+    # B's own traffic committed after the revocation; a pull (2 s) would have had time
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        assert {"n": "after"} not in await topic_ids(b, "chat.room")
+        assert {"n": "after"} not in await topic_ids(a, "news.today")
+    assert marker["seq"] > 0
+
+
+def test_propose_on_a_node_that_is_not_an_anchor_says_what_to_do(tmp_path: Path) -> None:
+    """A member that is not an anchor gets exit 1 and a message naming what to do."""
+    founder, data = KeyPair.from_seed(bytes(32)), tmp_path / "member"
+    member = load_or_create_keys(data)
+    view = Membership(founder.node_id)
+    genesis = MembershipRecord.create(
+        founder,
+        "community.created",
+        founder.node_id,
+        founder.node_id,
+        now_ms=now_ms(),
+        name="c",
+        signer_seq=1,
+        prev=None,
+    )
+    view.add_all([genesis], Source.STORE)
+    added = view.sign(founder, "member.added", member.node_id, now_ms=now_ms(), level=Level.MEMBER)
+    CommunityStore(data).replace([genesis, added])
+    done = run_cli("federation", "propose", "--data-dir", str(data), "--with", member.node_id)
+    assert (1, True) == (done.returncode, "is not an anchor of community" in done.stderr)
