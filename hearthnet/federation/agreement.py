@@ -34,7 +34,7 @@ from hearthnet.canonical import canonicalize
 from hearthnet.errors import BadRequest, PayloadTooLarge
 from hearthnet.identity import KeyPair, verify_object
 from hearthnet.ids import is_node_id, is_ulid
-from hearthnet.pubsub.topics import TopicPattern
+from hearthnet.pubsub.topics import TopicPattern, patterns_overlap
 from hearthnet.tokens import Scope
 
 AGREEMENT_KIND = "federation.agreement"
@@ -42,6 +42,7 @@ REVOCATION_KIND = "federation.revoked"
 MAX_GRANT_ITEMS = 32  # topic patterns, and capability names, per direction
 MAX_RECORD_BYTES = 16 * 1024  # one agreement or revocation, canonical JSON
 MAX_COUNT = 2**53 - 1  # canonical JSON integers (spec §1.3)
+RESERVED_TOPICS = ("mesh.**", "node.*.inbox")
 
 _TERMS = (
     "kind",
@@ -79,6 +80,13 @@ class Grant:
                 raise BadRequest(f"grant topics and capabilities are lists of {MAX_GRANT_ITEMS}")
         for pattern in topics:
             TopicPattern.parse(pattern)
+            # spec §6.1: mesh.* (beacons, membership, agreements) and node inboxes stay
+            # inside a community, whatever an agreement says
+            if any(patterns_overlap(pattern, reserved) for reserved in RESERVED_TOPICS):
+                raise BadRequest(
+                    f"grant pattern {pattern!r} reaches {' or '.join(RESERVED_TOPICS)},"
+                    " which are not federated"
+                )
         for name in caps:
             if not isinstance(name, str):
                 raise BadRequest("a granted capability is a name")

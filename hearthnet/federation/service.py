@@ -31,7 +31,14 @@ from hearthnet.caller import Caller
 from hearthnet.client import Client
 from hearthnet.clock import now_ms
 from hearthnet.community import Level, MembershipRecord
-from hearthnet.errors import BadRequest, Forbidden, HearthNetError, PayloadTooLarge, WireError
+from hearthnet.errors import (
+    BadRequest,
+    Forbidden,
+    HearthNetError,
+    PayloadTooLarge,
+    Revoked,
+    WireError,
+)
 from hearthnet.federation.agreement import Agreement, Revocation
 from hearthnet.federation.store import FederationStore
 from hearthnet.federation.view import MAX_FOREIGN_RECORDS, FederationView
@@ -125,8 +132,7 @@ class Federation:
                 if self._hold(partial(self.view.add_revocation, revocation)):
                     added_r.append(revocation)
             await asyncio.to_thread(self._persist, added_a, added_r, added_records)
-        if added_r:
-            self._end_revoked_sessions()
+        self._end_sessions(added_r, added_records)
         if distribute and (added_a or added_r or added_records):
             await self._publish(added_a, added_r, added_records)
         return {
@@ -235,13 +241,23 @@ class Federation:
         except HearthNetError as exc:
             log.warning("federation items from gossip not applied: %s", exc)
 
-    def _end_revoked_sessions(self) -> None:
-        """Parked polls and streams of the other communities' members end when their
-        grant does (within the 10 s of spec §8: at once, here)."""
-        revoked = set(self.view.revocations)
-        self.sessions.close_voided(
-            lambda token: token.jti in revoked, Forbidden("the federation agreement was revoked")
-        )
+    def _end_sessions(
+        self, revocations: list[Revocation], records: dict[str, list[MembershipRecord]]
+    ) -> None:
+        """Sessions of the other communities' members end when their grant does (spec
+        §8: within 10 s; here at once): every session on a revoked agreement, and every
+        session of a member its own community just revoked (spec §1.5)."""
+        for revocation in revocations:
+            agreement = self.view.agreements.get(revocation.agreement)
+            if agreement is not None:
+                issuer = agreement.signer_of(self.community_id) or self.community_id
+                self.sessions.close_token(
+                    issuer, agreement.id, Forbidden("the federation agreement was revoked")
+                )
+        for recs in records.values():
+            for record in recs:
+                if record.kind == "member.revoked":
+                    self.sessions.close_identity(record.subject, Revoked("identity revoked"))
 
     # --- what the other side's bridge asks ---------------------------------------------------
 
@@ -338,9 +354,12 @@ class Federation:
                 if remote is None or grant is None or not grant:
                     return  # the next tick starts it again when an agreement is in force
                 epoch, seq = self._cursors.get(url, ("", 0))
-                query: dict[str, Any] = {"topics": ",".join(grant), "timeout_s": PULL_WAIT_S}
-                if epoch:
-                    query["since_seq"] = seq
+                # first contact: from the start of the remote log (what retention kept)
+                query: dict[str, Any] = {
+                    "topics": ",".join(grant),
+                    "timeout_s": PULL_WAIT_S,
+                    "since_seq": seq,
+                }
                 try:
                     page = await client.request_json("GET", "/pubsub/v1/subscribe", query=query)
                 except WireError as exc:

@@ -94,7 +94,7 @@ def test_proposal_carries_one_signature() -> None:
     ("field", "value"),
     [
         ("expires_ms", NOW + 2 * DAY),
-        ("a_grants_b", {"topics": ["**"], "capabilities": []}),
+        ("a_grants_b", {"topics": ["chat.**", "news.**"], "capabilities": []}),
         ("community_b", C.node_id),
     ],
 )
@@ -113,10 +113,14 @@ def test_changed_terms_break_the_signatures(field: str, value: object) -> None:
         {"topics": [], "capabilities": ["echo@x"]},
         {"topics": ["a"] * 33, "capabilities": []},
         {"topics": []},
+        {"topics": ["**"], "capabilities": []},  # would reach mesh.*
+        {"topics": ["mesh.beacon"], "capabilities": []},
+        {"topics": ["node.*.inbox"], "capabilities": []},
     ],
 )
 def test_malformed_grants_refused(grant: object) -> None:
-    """Bad patterns, bad names, too many items or missing keys are bad_request."""
+    """Bad patterns, bad names, too many items, missing keys and patterns reaching the
+    community-internal topics (mesh.*, inboxes) are bad_request."""
     with pytest.raises(BadRequest):
         Grant.parse(grant)
 

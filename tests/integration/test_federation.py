@@ -5,9 +5,10 @@ revocation stops both within 10 s."""
 
 from __future__ import annotations
 
-import json
+import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +27,34 @@ from tests.integration.mesh_cluster import MESH_ARGS
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[tuple[NodeProcess, NodeProcess]]:
     """Node A (its own community) and node B (another), B bridging to A."""
-    a = start_node_process(tmp_path / "a", *MESH_ARGS)
+    with socket.socket() as probe:  # a free port for A, so that both start at once
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with ThreadPoolExecutor(2) as pool:
+        starts = [
+            pool.submit(start_node_process, tmp_path / "a", *MESH_ARGS, "--port", str(port)),
+            pool.submit(
+                start_node_process,
+                tmp_path / "b",
+                *MESH_ARGS,
+                *("--federation-peer", f"http://127.0.0.1:{port}"),
+            ),
+        ]
+    nodes = [s.result() for s in starts if s.exception() is None]
     try:
-        b = start_node_process(tmp_path / "b", *MESH_ARGS, "--federation-peer", a.url)
-        try:
-            yield a, b
-        finally:
-            b.stop()
+        assert 2 == len(nodes), [s.exception() for s in starts]
+        yield nodes[0], nodes[1]
     finally:
-        a.stop()
+        for node in nodes:
+            node.stop()
+
+
+async def listing(node: NodeProcess) -> list[dict[str, Any]]:
+    """The agreements ``node`` holds (what ``federation list --json`` prints)."""
+    async with client(node, node) as c:
+        answer = await c.request_json("GET", "/mesh/v1/federation")
+    agreements: list[dict[str, Any]] = answer["agreements"]
+    return agreements
 
 
 def cli(*args: str) -> str:
@@ -82,9 +102,9 @@ async def test_federation_grants_flow_and_revocation_stops_them(
     )
     cli("federation", "accept", "--data-dir", str(b.data_dir), str(proposal), "--out", str(signed))
     cli("federation", "accept", "--data-dir", str(a.data_dir), str(signed))
-    listing = json.loads(cli("federation", "list", "--data-dir", str(a.data_dir), "--json"))
-    agreement = listing["agreements"][0]["id"]
-    assert ["in_force"] == [x["status"] for x in listing["agreements"]]
+    held = await listing(a)
+    agreement = held[0]["id"]
+    assert ["in_force"] == [x["status"] for x in held]
 
     async with client(a, a) as ca, client(b, b) as cb:
         await ca.publish("secret.plans", "m", {"n": "hidden"})
@@ -108,12 +128,9 @@ async def test_federation_grants_flow_and_revocation_stops_them(
         lambda: call_error(b, a, "echo"), lambda code: code == "forbidden", 10, "calls stop"
     )
 
-    async def status_on_b() -> str:
-        async with client(b, b) as c:
-            answer = await c.request_json("GET", "/mesh/v1/federation")
-        return str(answer["agreements"][0]["status"])
-
-    await eventually(status_on_b, lambda s: s == "revoked", 10, "B holds the revocation")
+    await eventually(
+        lambda: listing(b), lambda held: held[0]["status"] == "revoked", 10, "B has the revocation"
+    )
     assert time.monotonic() - revoked_at < 10
     async with client(a, a) as ca, client(b, b) as cb:
         await ca.publish("chat.room", "m", {"n": "after"})

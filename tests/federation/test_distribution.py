@@ -1,0 +1,73 @@
+"""Agreements and pulled messages reach every member of a community, not just the bridge
+(spec §8): in-process nodes, a1 and a2 of community A, b1 of community B."""
+
+from __future__ import annotations
+
+import json
+
+from hearthnet.caller import Caller
+from hearthnet.clock import now_ms
+from hearthnet.community import CommunityStore, Level
+from hearthnet.federation.agreement import Agreement, Grant, Revocation
+from hearthnet.identity import load_or_create_keys
+from hearthnet.ids import new_ulid
+from hearthnet.node import Node
+from tests.conftest import MakeConfig
+from tests.helpers import eventually, wait_until
+
+
+async def topics_from(node: Node, origin: str) -> list[str]:
+    """The topics of the messages of ``origin`` that ``node``'s log holds."""
+    rows = await node.message_log.read_origin(origin, 1, 1000, 1000)
+    return [json.loads(raw)["topic"] for raw in rows]
+
+
+async def test_agreement_and_pulled_messages_reach_a_member_that_is_not_the_bridge(
+    make_config: MakeConfig,
+) -> None:
+    """a2 (linked to a1 only) gets the agreement by gossip and B's message a1 pulled; the
+    revocation b1 signs reaches a2 the same way."""
+    fast = {"dial_interval_s": 0.05}
+    config_a1, config_a2, config_b1 = (make_config(mesh=fast) for _ in range(3))
+    a2_keys = load_or_create_keys(config_a2.data_path)
+    async with Node(config_a1) as a1, Node(config_b1) as b1:
+        a1.add_member(a2_keys.node_id)
+        CommunityStore(config_a2.data_path).replace(list(a1.membership.records.values()))
+        async with Node(config_a2) as a2:
+            a2.mesh.book.add(a1.url, node=a1.keys.node_id)
+            await wait_until(lambda: a1.keys.node_id in a2.mesh.links, 10, "a2 linked to a1")
+            now = now_ms()
+            signed = Agreement.propose(
+                a1.keys,
+                agreement_id=new_ulid(now),
+                community_a=a1.membership.community_id,
+                community_b=b1.membership.community_id,
+                a_grants_b=Grant(("chat.**",), ()),
+                b_grants_a=Grant(("news.**",), ()),
+                now_ms=now,
+                expires_ms=now + 3_600_000,
+            ).countersign(b1.keys)
+            b_records = [r.to_json() for r in b1.membership.records.values()]
+            a_records = [r.to_json() for r in a1.membership.records.values()]
+            await a1.federation.apply([signed.to_json()], [], {b1.keys.node_id: b_records})
+            await b1.federation.apply([signed.to_json()], [], {a1.keys.node_id: a_records})
+            a1.federation.peers[b1.url] = None  # a1 bridges to b1
+            view2 = a2.federation.view
+            await wait_until(lambda: signed.id in view2.agreements, 10, "agreement on a2")
+            assert "in_force" == view2.status(signed, now_ms())
+
+            me = Caller(b1.keys.node_id, "node", Level.ANCHOR, None, True)
+            await b1.pubsub.publish(me, "news.today", "m", {"n": 1})
+            await b1.pubsub.publish(me, "chat.b", "m", {"n": 2})  # not granted to A
+            await eventually(
+                lambda: topics_from(a2, b1.keys.node_id),
+                lambda topics: "news.today" in topics,
+                15,
+                "B's news on a2",
+            )
+            assert ["news.today"] == await topics_from(a1, b1.keys.node_id)
+
+            await b1.federation.apply(
+                [], [Revocation.create(b1.keys, signed.id, now_ms()).to_json()], {}
+            )
+            await wait_until(lambda: signed.id in view2.revocations, 15, "revocation on a2")
