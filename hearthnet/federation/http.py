@@ -82,6 +82,28 @@ class FederationHttp:
         return json_response({"added": added, **self._listing()})
 
     async def sync(self, request: web.Request) -> web.Response:
-        """A bridge of another community exchanges what it holds with us."""
+        """A bridge of another community exchanges what it holds with us. Our membership
+        records go only to a member of that community under an agreement in force (the
+        request is signed as such); once no agreement is in force, such a member still
+        gets the agreements and their revocations, so that a revocation reaches the other
+        side. Anyone else is refused (``unauthorized``)."""
         body = loads(await request.read())
-        return json_response(await self.federation.sync_request(body))
+        community = await self.federation.take_sync(body)
+        members = True
+        try:
+            caller = self.authenticator.authenticate_headers(
+                method=request.method,
+                path=request.raw_path,
+                body=body,
+                signed=read_signed_headers(request.headers),
+                now_ms=now_ms(),
+            )
+        except Forbidden:  # no agreement in force (any more): no records
+            members = False
+        else:
+            if caller.kind != "federated" or caller.token is None:
+                raise BadRequest("a sync comes from a bridge of another community")
+        assert isinstance(body, dict)
+        if members:
+            self.federation.learn_peer(body.get("url"), community)
+        return json_response(self.federation.offer(community, members=members))

@@ -271,29 +271,31 @@ class Federation:
         ):
             self.peers[url.rstrip("/")] = community
 
-    def offer(self, community: str) -> dict[str, Any]:
+    def offer(self, community: str, *, members: bool = True) -> dict[str, Any]:
         """What we hand a bridge of ``community``: the agreements with it, their
-        revocations, and our membership records."""
+        revocations, and (``members``) our membership records."""
         agreements = [a for a in self.view.agreements.values() if community in a.communities]
         ids = {a.id for a in agreements}
+        records = self.view.membership.records.values() if members else ()
         return {
             "community": self.community_id,
             "agreements": [a.to_json() for a in agreements],
             "revocations": [r.to_json() for i, r in self.view.revocations.items() if i in ids],
-            "records": [r.to_json() for r in self.view.membership.records.values()],
+            "records": [r.to_json() for r in records],
             "url": self.url,
         }
 
-    async def sync_request(self, body: object) -> dict[str, Any]:
+    async def take_sync(self, body: object) -> str:
         """``POST /mesh/v1/federation/sync`` from another community's bridge: take what
-        it sends (all of it signed) and answer with :meth:`offer`.
+        it sends (all of it signed); returns its community. The HTTP layer then checks
+        who signed the request and answers with :meth:`offer`.
 
         Raises:
             BadRequest: malformed. Forbidden: no agreement with that community is held.
         """
         if not isinstance(body, dict) or not isinstance(body.get("community"), str):
             raise BadRequest("a sync is {community, agreements, revocations, records, url?}")
-        community = body["community"]
+        community = str(body["community"])
         if community == self.community_id:
             raise BadRequest("a sync comes from another community")
         agreements, revocations, records = (
@@ -310,8 +312,7 @@ class Federation:
         await self.apply(agreements, revocations, {community: records})
         if not any(community in a.communities for a in self.view.agreements.values()):
             raise Forbidden(f"no federation agreement with {community} is held here")
-        self.learn_peer(body.get("url"), community)
-        return self.offer(community)
+        return community
 
     # --- bridging -----------------------------------------------------------------------------
 

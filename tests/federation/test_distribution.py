@@ -4,15 +4,21 @@
 from __future__ import annotations
 
 import json
+from typing import Any
+
+import pytest
 
 from hearthnet.caller import Caller
+from hearthnet.client import Client
 from hearthnet.clock import now_ms
 from hearthnet.community import CommunityStore, Level
+from hearthnet.errors import Forbidden, Unauthorized
 from hearthnet.federation.agreement import Agreement, Grant, Revocation
-from hearthnet.identity import load_or_create_keys
+from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.ids import new_ulid
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
+from tests.federation.test_agreement import B_MEMBER, STRANGER, B, community
 from tests.helpers import eventually, wait_until
 
 
@@ -71,3 +77,43 @@ async def test_agreement_and_pulled_messages_reach_a_member_that_is_not_the_brid
                 [], [Revocation.create(b1.keys, signed.id, now_ms()).to_json()], {}
             )
             await wait_until(lambda: signed.id in view2.revocations, 15, "revocation on a2")
+
+
+async def test_sync_hands_members_only_to_a_member_under_an_agreement(node: Node) -> None:
+    """Sync without an agreement is forbidden, from a stranger unauthorized; a member of
+    the other community gets our records while the agreement is in force, and after its
+    revocation only the agreement and the revocation (so that it reaches that side)."""
+    body = {"community": B.node_id, "agreements": [], "revocations": [], "records": []}
+
+    async def sync(keys: KeyPair, sent: dict[str, Any]) -> Any:
+        async with Client(node.url, keys=keys, community=B.node_id) as client:
+            return await client.request_json("POST", "/mesh/v1/federation/sync", sent)
+
+    with pytest.raises(Forbidden):
+        await sync(B, body)
+    now = now_ms()
+    signed = Agreement.propose(
+        node.keys,
+        agreement_id=new_ulid(now),
+        community_a=node.membership.community_id,
+        community_b=B.node_id,
+        a_grants_b=Grant(("chat.**",), ()),
+        b_grants_a=Grant(),
+        now_ms=now,
+        expires_ms=now + 3_600_000,
+    ).countersign(B)
+    b_records = [r.to_json() for r in community(B, (B_MEMBER, Level.MEMBER)).records.values()]
+    full = {**body, "agreements": [signed.to_json()], "records": b_records}
+    with pytest.raises(Unauthorized):
+        await sync(STRANGER, full)
+    in_force = await sync(B_MEMBER, body)
+    revocation = Revocation.create(node.keys, signed.id, now_ms())
+    await node.federation.apply([], [revocation.to_json()], {})
+    revoked = await sync(B_MEMBER, body)
+    assert ([signed.id], True, [signed.id], [revocation.to_json()], []) == (
+        [a["id"] for a in in_force["agreements"]],
+        len(in_force["records"]) > 0,
+        [a["id"] for a in revoked["agreements"]],
+        revoked["revocations"],
+        revoked["records"],
+    )
