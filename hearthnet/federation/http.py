@@ -106,4 +106,5 @@ class FederationHttp:
         assert isinstance(body, dict)
         if members:
             self.federation.learn_peer(body.get("url"), community)
+            members = body.get("known") != len(self.federation.view.membership.records)
         return json_response(self.federation.offer(community, members=members))

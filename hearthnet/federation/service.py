@@ -86,6 +86,7 @@ class Federation:
         self.pulls: dict[str, asyncio.Task[Any]] = {}
         self._cursors = store.cursors()
         self._lock = asyncio.Lock()
+        self._sent: dict[str, int] = {}  # peer url -> our membership version it took
         self.pulled = 0  # messages ingested from other communities
         self.refused = 0  # pulled messages refused (origin or topic not granted)
 
@@ -273,7 +274,9 @@ class Federation:
 
     def offer(self, community: str, *, members: bool = True) -> dict[str, Any]:
         """What we hand a bridge of ``community``: the agreements with it, their
-        revocations, and (``members``) our membership records."""
+        revocations, and (``members``) our membership records. (A bridge sends its
+        records when they changed since its last sync; an answer carries ours unless the
+        bridge said it holds as many as we have, ``known``: records only accumulate.)"""
         agreements = [a for a in self.view.agreements.values() if community in a.communities]
         ids = {a.id for a in agreements}
         records = self.view.membership.records.values() if members else ()
@@ -330,15 +333,20 @@ class Federation:
 
     async def _sync_with(self, url: str) -> None:
         community = self.peers.get(url)
-        body = self.offer(community) if community else self.offer("")
+        # our records only when they changed since the last sync that took them
+        version = self.view.membership.version
+        body = self.offer(community or "", members=self._sent.get(url) != version)
         if not community:  # first contact: every agreement we hold may concern it
             body["agreements"] = [a.to_json() for a in self.view.agreements.values()]
+        theirs = self.view.foreign.get(community or "")
+        body["known"] = len(theirs.records) if theirs is not None else 0
         async with Client(url, keys=self.keys, community=self.community_id) as client:
             answer = await client.request_json("POST", "/mesh/v1/federation/sync", body)
         if not isinstance(answer, dict) or not isinstance(answer.get("community"), str):
             raise BadRequest(f"{url} answered the sync with something else")
         remote = answer["community"]
         self.peers[url] = remote
+        self._sent[url] = version
         raw = answer.get("records")
         await self.apply(
             list(answer.get("agreements") or []),

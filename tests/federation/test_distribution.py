@@ -117,3 +117,33 @@ async def test_sync_hands_members_only_to_a_member_under_an_agreement(node: Node
         revoked["revocations"],
         revoked["records"],
     )
+
+
+async def test_calls_of_the_other_community_end_when_the_agreement_expires(node: Node) -> None:
+    """B's member calls the granted echo; other capabilities are forbidden; at expiry the
+    granted one is forbidden too."""
+    now = now_ms()
+    signed = Agreement.propose(
+        node.keys,
+        agreement_id=new_ulid(now),
+        community_a=node.membership.community_id,
+        community_b=B.node_id,
+        a_grants_b=Grant((), ("echo@1",)),
+        b_grants_a=Grant(),
+        now_ms=now,
+        expires_ms=now + 4_000,  # the two calls before it take well under that
+    ).countersign(B)
+    b_records = [r.to_json() for r in community(B, (B_MEMBER, Level.MEMBER)).records.values()]
+    await node.federation.apply([signed.to_json()], [], {B.node_id: b_records})
+
+    async def outcome(capability: str) -> str:
+        async with Client(node.url, keys=B_MEMBER, community=B.node_id) as client:
+            try:
+                await client.call(capability, {"x": 1})
+            except Forbidden as exc:
+                return exc.code
+        return "ok"
+
+    before = [await outcome("echo"), await outcome("echo.stream")]
+    after = await eventually(lambda: outcome("echo"), lambda code: code != "ok", 10, "expiry")
+    assert (["ok", "forbidden"], "forbidden") == (before, after)
