@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +195,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 a["id"],
                 a["community_b"] if we_are_a else a["community_a"],
                 a["status"],
-                str(a["expires_ms"]),
+                datetime.fromtimestamp(a["expires_ms"] / 1000, UTC).strftime("%Y-%m-%d %H:%MZ"),
                 _grant_text(mine),
                 _grant_text(theirs),
             )

@@ -352,6 +352,22 @@ class Node:
             spawn=self.spawn,
         )
         self.authenticator.federation = view
+        fed, m = self.federation, self.metrics
+        m.gauge(
+            "hearthnet_federation_agreements",
+            "Federation agreements in force (spec §8).",
+            lambda: float(view.in_force_count()),
+        )
+        m.gauge(
+            "hearthnet_federation_pulled",
+            "Messages a bridge pulled from other communities.",
+            lambda: float(fed.pulled),
+        )
+        m.gauge(
+            "hearthnet_federation_pull_refused",
+            "Pulled messages dropped (bad signature, origin, topic).",
+            lambda: float(fed.refused),
+        )
         self.mesh.traffic.gossip.foreign_origin = lambda origin, topic: view.accepts_origin(
             origin, topic, now_ms()
         )

@@ -88,7 +88,7 @@ class Federation:
         self._lock = asyncio.Lock()
         self._sent: dict[str, int] = {}  # peer url -> our membership version it took
         self.pulled = 0  # messages ingested from other communities
-        self.refused = 0  # pulled messages refused (origin or topic not granted)
+        self.refused = 0  # pulled messages refused (bad, origin or topic not granted)
 
     @property
     def community_id(self) -> str:
