@@ -38,8 +38,9 @@ from hearthnet.clock import now_ms
 from hearthnet.community import CommunityStore, Level, MembershipRecord
 from hearthnet.config import Config
 from hearthnet.errors import ConfigError, Expired, Revoked
+from hearthnet.federation.bridge import Bridge
 from hearthnet.federation.http import FederationHttp
-from hearthnet.federation.service import Federation, run_bridge
+from hearthnet.federation.service import Federation
 from hearthnet.federation.store import FederationStore
 from hearthnet.federation.view import FederationView
 from hearthnet.identity import KeyPair, load_or_create_keys
@@ -318,7 +319,7 @@ class Node:
             *BusWebSocketEndpoint(deps).routes(),
             *pubsub_http.routes(),
             *mesh_http.routes(),
-            *FederationHttp(self.federation, self.authenticator).routes(),
+            *FederationHttp(self.federation, self.federation_bridge, self.authenticator).routes(),
             *StatusEndpoints(self).routes(),
         ]
         tls = None
@@ -345,14 +346,18 @@ class Node:
             keys=self.keys,
             view=view,
             store=self._federation_store,
-            peers=list(self.config.mesh.federation_peers),
-            message_log=self.message_log,
             pubsub=self.pubsub,
             sessions=self.sessions,
             spawn=self.spawn,
         )
+        self.federation_bridge = Bridge(
+            self.federation,
+            peers=list(self.config.mesh.federation_peers),
+            message_log=self.message_log,
+            spawn=self.spawn,
+        )
         self.authenticator.federation = view
-        fed, m = self.federation, self.metrics
+        fed, m = self.federation_bridge, self.metrics
         m.gauge(
             "hearthnet_federation_agreements",
             "Federation agreements in force (spec §8).",
@@ -493,7 +498,7 @@ class Node:
         )
         self.spawn(self.mesh.run(), "mesh")
         self.federation.url = self.mesh.url
-        self.spawn(run_bridge(self.federation), "federation")
+        self.spawn(self.federation_bridge.run(), "federation")
         self.started_ms = now_ms()
         self._started_mono = time.monotonic()
         self._write_run_file()

@@ -19,6 +19,7 @@ from aiohttp import web
 from hearthnet.auth import Authenticator
 from hearthnet.clock import now_ms
 from hearthnet.errors import BadRequest, Forbidden
+from hearthnet.federation.bridge import Bridge
 from hearthnet.federation.service import Federation
 from hearthnet.transport.codec import loads
 from hearthnet.transport.headers import read_signed_headers
@@ -28,8 +29,11 @@ from hearthnet.transport.server import json_response
 class FederationHttp:
     """HTTP side of federation."""
 
-    def __init__(self, federation: Federation, authenticator: Authenticator) -> None:
+    def __init__(
+        self, federation: Federation, bridge: Bridge, authenticator: Authenticator
+    ) -> None:
         self.federation = federation
+        self.bridge = bridge
         self.authenticator = authenticator
 
     def routes(self) -> list[web.RouteDef]:
@@ -60,7 +64,7 @@ class FederationHttp:
         return {
             "community": self.federation.community_id,
             "agreements": self.federation.view.listing(now_ms()),
-            **self.federation.statistics(),
+            **self.bridge.statistics(),
         }
 
     async def submit(self, request: web.Request) -> web.Response:
@@ -105,6 +109,6 @@ class FederationHttp:
                 raise BadRequest("a sync comes from a bridge of another community")
         assert isinstance(body, dict)
         if members:
-            self.federation.learn_peer(body.get("url"), community)
+            self.bridge.learn_peer(body.get("url"), community)
             members = body.get("known") != len(self.federation.view.membership.records)
         return json_response(self.federation.offer(community, members=members))

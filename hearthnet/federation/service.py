@@ -7,13 +7,8 @@
   ``mesh.federation``). Every item is signed; each is verified and checked against the
   view, stored in SQLite, and what is new is published on ``mesh.federation`` so that
   every member of our community holds it too (spec §8: agreements reach both communities).
-- **Bridging.** A node with ``[federation] peers`` (URLs of nodes of other communities),
-  or that another community's bridge synced with, is a *bridge*: every
-  :data:`SYNC_S` it exchanges agreements, revocations and membership records with each
-  peer, and it pulls the topics the other community grants us with a signed long-poll
-  (``GET /pubsub/v1/subscribe``) that the other node answers under the grant. Pulled
-  messages keep their origin's signature; they are checked (origin a member of that
-  community, topic granted) and ingested into our log, from where gossip carries them.
+- **Bridging** is :mod:`hearthnet.federation.bridge`'s: it feeds what the other side
+  sends through :meth:`Federation.apply` and answers with :meth:`Federation.offer`.
 - **Revocation.** A revocation stops calls and pulls at once on the node that holds it
   (every request is checked against the view), ends parked polls of the other
   community's members, and reaches the other community's bridge on its next sync.
@@ -28,8 +23,6 @@ from functools import partial
 from typing import Any
 
 from hearthnet.caller import Caller
-from hearthnet.client import Client
-from hearthnet.clock import now_ms
 from hearthnet.community import Level, MembershipRecord
 from hearthnet.errors import (
     BadRequest,
@@ -43,24 +36,20 @@ from hearthnet.federation.agreement import Agreement, Revocation
 from hearthnet.federation.store import FederationStore
 from hearthnet.federation.view import MAX_FOREIGN_RECORDS, FederationView
 from hearthnet.identity import KeyPair
-from hearthnet.pubsub.envelope import Message, StoredMessage
-from hearthnet.pubsub.log import MessageLog
+from hearthnet.pubsub.envelope import StoredMessage
 from hearthnet.pubsub.service import PubSub
 from hearthnet.sessions import SessionRegistry
 
 log = logging.getLogger("hearthnet.federation")
 
 TOPIC = "mesh.federation"  # spec §6.1: mesh.* is written by nodes only
-SYNC_S = 2.0  # a bridge's sync round (revocations reach the other side within it)
-PULL_WAIT_S = 2  # a bridge's long-poll parks at most this long
-PULL_LIMIT = 500  # messages per pull (the long-poll's own cap)
-MAX_PEERS = 16  # bridge peers (configured and learned)
 RECORDS_PER_MESSAGE = 100  # membership records per mesh.federation message
 MAX_ITEMS = 64  # agreements or revocations in one request
 
 
 class Federation:
-    """The node's federations: intake, distribution, bridging."""
+    """The node's federations: intake and distribution (the bridge is
+    :class:`~hearthnet.federation.bridge.Bridge`)."""
 
     def __init__(
         self,
@@ -68,8 +57,6 @@ class Federation:
         keys: KeyPair,
         view: FederationView,
         store: FederationStore,
-        peers: list[str],
-        message_log: MessageLog,
         pubsub: PubSub,
         sessions: SessionRegistry,
         spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
@@ -77,18 +64,11 @@ class Federation:
         self.keys = keys
         self.view = view
         self.store = store
-        self.log = message_log
         self.pubsub = pubsub
         self.sessions = sessions
         self.spawn = spawn
         self.url = ""
-        self.peers: dict[str, str | None] = dict.fromkeys(peers[:MAX_PEERS])  # url -> community
-        self.pulls: dict[str, asyncio.Task[Any]] = {}
-        self._cursors = store.cursors()
         self._lock = asyncio.Lock()
-        self._sent: dict[str, int] = {}  # peer url -> our membership version it took
-        self.pulled = 0  # messages ingested from other communities
-        self.refused = 0  # pulled messages refused (bad, origin or topic not granted)
 
     @property
     def community_id(self) -> str:
@@ -262,16 +242,6 @@ class Federation:
 
     # --- what the other side's bridge asks ---------------------------------------------------
 
-    def learn_peer(self, url: object, community: str) -> None:
-        """A bridge of ``community`` synced with us from ``url``: pull from it too."""
-        if (
-            isinstance(url, str)
-            and url.startswith(("http://", "https://"))
-            and len(url) < 512
-            and (url.rstrip("/") in self.peers or len(self.peers) < MAX_PEERS)
-        ):
-            self.peers[url.rstrip("/")] = community
-
     def offer(self, community: str, *, members: bool = True) -> dict[str, Any]:
         """What we hand a bridge of ``community``: the agreements with it, their
         revocations, and (``members``) our membership records. (A bridge sends its
@@ -316,124 +286,3 @@ class Federation:
         if not any(community in a.communities for a in self.view.agreements.values()):
             raise Forbidden(f"no federation agreement with {community} is held here")
         return community
-
-    # --- bridging -----------------------------------------------------------------------------
-
-    async def tick(self) -> None:
-        """One bridge round: sync with every peer, keep one pull running per peer."""
-        for url in list(self.peers):
-            try:
-                await self._sync_with(url)
-            except (HearthNetError, OSError) as exc:
-                log.info("federation sync with %s failed: %s", url, exc)
-                continue
-            task = self.pulls.get(url)
-            if task is None or task.done():
-                self.pulls[url] = self.spawn(self._pull_loop(url), f"federation-pull-{url}")
-
-    async def _sync_with(self, url: str) -> None:
-        community = self.peers.get(url)
-        # our records only when they changed since the last sync that took them
-        version = self.view.membership.version
-        body = self.offer(community or "", members=self._sent.get(url) != version)
-        if not community:  # first contact: every agreement we hold may concern it
-            body["agreements"] = [a.to_json() for a in self.view.agreements.values()]
-        theirs = self.view.foreign.get(community or "")
-        body["known"] = len(theirs.records) if theirs is not None else 0
-        async with Client(url, keys=self.keys, community=self.community_id) as client:
-            answer = await client.request_json("POST", "/mesh/v1/federation/sync", body)
-        if not isinstance(answer, dict) or not isinstance(answer.get("community"), str):
-            raise BadRequest(f"{url} answered the sync with something else")
-        remote = answer["community"]
-        self.peers[url] = remote
-        self._sent[url] = version
-        raw = answer.get("records")
-        await self.apply(
-            list(answer.get("agreements") or []),
-            list(answer.get("revocations") or []),
-            {remote: raw if isinstance(raw, list) else []},
-        )
-
-    async def _pull_loop(self, url: str) -> None:
-        """Pull what ``url``'s community grants us, while an agreement is in force."""
-        async with Client(url, keys=self.keys, community=self.community_id) as client:
-            while True:
-                remote = self.peers.get(url)
-                grant = self._granted_by(remote, now_ms()) if remote else None
-                if remote is None or grant is None or not grant:
-                    return  # the next tick starts it again when an agreement is in force
-                epoch, seq = self._cursors.get(url, ("", 0))
-                # first contact: from the start of the remote log (what retention kept)
-                query: dict[str, Any] = {
-                    "topics": ",".join(grant),
-                    "timeout_s": PULL_WAIT_S,
-                    "since_seq": seq,
-                }
-                try:
-                    page = await client.request_json("GET", "/pubsub/v1/subscribe", query=query)
-                except WireError as exc:
-                    log.info("federation pull from %s: %s", url, exc)
-                    return
-                await self._take_page(url, remote, epoch, page)
-
-    def _granted_by(self, remote: str, now: int) -> tuple[str, ...]:
-        """Topic patterns ``remote`` grants us over the agreements in force."""
-        patterns: dict[str, None] = {}
-        for agreement in self.view.agreements_with(remote, now):
-            grant = agreement.grant(remote, self.community_id)
-            if grant is not None:
-                patterns.update(dict.fromkeys(grant.topics))
-        return tuple(patterns)
-
-    async def _take_page(self, url: str, remote: str, epoch: str, page: Any) -> None:
-        if not isinstance(page, dict):
-            raise BadRequest(f"{url} answered a pull with something else")
-        new_epoch, head = str(page.get("epoch", "")), page.get("head_seq")
-        if epoch and new_epoch != epoch:
-            head = 0  # the remote log was recreated: start over (duplicates are dropped)
-        for frame in page.get("messages") or []:
-            data = frame.get("data") if isinstance(frame, dict) else None
-            try:
-                message = Message.parse(data)
-            except HearthNetError as exc:
-                self.refused += 1
-                log.warning("bad message pulled from %s: %s", url, exc)
-                continue
-            origin_community = self.view.community_of(message.origin)
-            if self.view.membership.level_of(message.origin) is not None:
-                continue  # one of ours, come back: we hold it
-            if origin_community != remote or not self.view.may_forward(
-                message.topic, remote, self.community_id, now_ms()
-            ):
-                self.refused += 1
-                continue
-            self.log.ingest(message, source=None)
-            self.pulled += 1
-        if isinstance(head, int) and new_epoch:
-            self._cursors[url] = (new_epoch, head)
-            await asyncio.to_thread(self.store.put_cursor, url, new_epoch, head)
-
-    def statistics(self) -> dict[str, Any]:
-        """For ``/status``-like views and tests."""
-        return {
-            "peers": dict(self.peers),
-            "pulled": self.pulled,
-            "refused": self.refused,
-        }
-
-
-async def run_bridge(federation: Federation) -> None:
-    """The bridge loop: one :meth:`Federation.tick` every :data:`SYNC_S` until cancelled;
-    a failing round is logged and the next one runs as usual."""
-    try:
-        while True:
-            await asyncio.sleep(SYNC_S)
-            try:
-                await federation.tick()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("federation round failed; the next runs as usual")
-    finally:
-        for task in federation.pulls.values():  # they read and write the log
-            task.cancel()

@@ -57,7 +57,7 @@ async def test_agreement_and_pulled_messages_reach_a_member_that_is_not_the_brid
             a_records = [r.to_json() for r in a1.membership.records.values()]
             await a1.federation.apply([signed.to_json()], [], {b1.keys.node_id: b_records})
             await b1.federation.apply([signed.to_json()], [], {a1.keys.node_id: a_records})
-            a1.federation.peers[b1.url] = None  # a1 bridges to b1
+            a1.federation_bridge.peers[b1.url] = None  # a1 bridges to b1
             view2 = a2.federation.view
             await wait_until(lambda: signed.id in view2.agreements, 10, "agreement on a2")
             assert "in_force" == view2.status(signed, now_ms())
