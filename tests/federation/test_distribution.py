@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -82,7 +83,8 @@ async def test_agreement_and_pulled_messages_reach_a_member_that_is_not_the_brid
 async def test_sync_hands_members_only_to_a_member_under_an_agreement(node: Node) -> None:
     """Sync without an agreement is forbidden, from a stranger unauthorized; a member of
     the other community gets our records while the agreement is in force, and after its
-    revocation only the agreement and the revocation (so that it reaches that side)."""
+    revocation only the agreement and the revocation (so that it reaches that side); the
+    revocation ends that member's parked poll at once."""
     body = {"community": B.node_id, "agreements": [], "revocations": [], "records": []}
 
     async def sync(keys: KeyPair, sent: dict[str, Any]) -> Any:
@@ -107,9 +109,24 @@ async def test_sync_hands_members_only_to_a_member_under_an_agreement(node: Node
     with pytest.raises(Unauthorized):
         await sync(STRANGER, full)
     in_force = await sync(B_MEMBER, body)
+
+    async def parked_poll() -> str:
+        async with Client(node.url, keys=B_MEMBER, community=B.node_id) as client:
+            try:
+                query = {"topics": "chat.**", "timeout_s": 30}
+                await client.request_json("GET", "/pubsub/v1/subscribe", query=query)
+            except Forbidden as exc:
+                return exc.code
+        return "returned"
+
+    poll = asyncio.create_task(parked_poll())
+    await wait_until(lambda: len(node.sessions) > 0, 10, "the poll parked")
     revocation = Revocation.create(node.keys, signed.id, now_ms())
     await node.federation.apply([], [revocation.to_json()], {})
+    async with asyncio.timeout(10):  # spec §8: within 10 s (the poll would park 30 s)
+        ended = await poll
     revoked = await sync(B_MEMBER, body)
+    assert "forbidden" == ended
     assert ([signed.id], True, [signed.id], [revocation.to_json()], []) == (
         [a["id"] for a in in_force["agreements"]],
         len(in_force["records"]) > 0,
