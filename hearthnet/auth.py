@@ -7,7 +7,9 @@ Every refusal is reported to ``on_failure(reason)`` (the node counts them in
 Order of checks for a signed object, cheapest refusal first:
 membership of ``from`` (unauthorized/revoked) → community → clock window (expired) →
 signature (invalid_signature) → replay cache (replayed). The replay cache is only
-written after the signature verified, so unsigned junk cannot poison it.
+written after the signature verified, so unsigned junk cannot poison it. A request that
+names another community is a federated member's (spec §8): its membership and the
+agreement in force are checked first, by :meth:`Authenticator.caller_for_federated`.
 """
 
 from __future__ import annotations
