@@ -18,7 +18,7 @@ from typing import Any
 from hearthnet.client import Client
 from hearthnet.clock import now_ms
 from hearthnet.errors import BadRequest, HearthNetError, WireError
-from hearthnet.federation.service import Federation
+from hearthnet.federation.service import Federation, guarded
 from hearthnet.pubsub.envelope import Message
 from hearthnet.pubsub.log import MessageLog
 
@@ -27,6 +27,7 @@ log = logging.getLogger("hearthnet.federation")
 SYNC_S = 2.0  # a bridge's sync round (revocations reach the other side within it)
 PULL_WAIT_S = 2  # a bridge's long-poll parks at most this long
 MAX_PEERS = 16  # bridge peers (configured and learned)
+REQUEST_S = 10.0  # a sync (or a pull beyond its park) that takes longer is given up
 
 
 class Bridge:
@@ -74,13 +75,15 @@ class Bridge:
         """One bridge round: sync with every peer, keep one pull running per peer."""
         for url in list(self.peers):
             try:
-                await self._sync_with(url)
-            except (HearthNetError, OSError) as exc:
+                async with asyncio.timeout(REQUEST_S):
+                    await self._sync_with(url)
+            except (HearthNetError, OSError, TimeoutError) as exc:
                 log.info("federation sync with %s failed: %s", url, exc)
                 continue
             task = self.pulls.get(url)
             if task is None or task.done():
-                self.pulls[url] = self.spawn(self._pull_loop(url), f"federation-pull-{url}")
+                name = f"federation-pull-{url}"
+                self.pulls[url] = self.spawn(guarded(self._pull_loop(url), name), name)
 
     async def _sync_with(self, url: str) -> None:
         community = self.peers.get(url)
@@ -121,8 +124,9 @@ class Bridge:
                     "since_seq": seq,
                 }
                 try:
-                    page = await client.request_json("GET", "/pubsub/v1/subscribe", query=query)
-                except WireError as exc:
+                    async with asyncio.timeout(PULL_WAIT_S + REQUEST_S):
+                        page = await client.request_json("GET", "/pubsub/v1/subscribe", query=query)
+                except (WireError, TimeoutError) as exc:
                     log.info("federation pull from %s: %s", url, exc)
                     return
                 await self._take_page(url, remote, epoch, page)

@@ -206,7 +206,10 @@ class Federation:
             if self.view.membership.level_of(message.origin) is None:
                 continue
             data = message.data if isinstance(message.data, dict) else {}
-            self.spawn(self._apply_gossiped(data), "federation-gossip")
+            try:
+                self.spawn(guarded(self._apply_gossiped(data), "federation-gossip"), "federation")
+            except RuntimeError:  # the node is stopping: the item stays in the log
+                return
 
     async def _apply_gossiped(self, data: dict[str, Any]) -> None:
         agreements, revocations = data.get("agreements"), data.get("revocations")
@@ -286,3 +289,14 @@ class Federation:
         if not any(community in a.communities for a in self.view.agreements.values()):
             raise Forbidden(f"no federation agreement with {community} is held here")
         return community
+
+
+async def guarded(coro: Coroutine[Any, Any, Any], name: str) -> None:
+    """Run ``coro``; a failure is logged, never passed to the node's task group (which
+    would end the node)."""
+    try:
+        await coro
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("federation task %s failed", name)
