@@ -136,7 +136,9 @@ class FederationView:
             raise PayloadTooLarge(f"at most {MAX_FOREIGN_RECORDS} records of another community")
         if not fresh:
             return 0
-        admitted = view.add_all(fresh, Source.STORE)
+        # as from a peer link: chained records only (legacy unchained ones could be
+        # made up by whoever hands them over), the fold decides what they may do
+        admitted = view.add_all(fresh, Source.GOSSIP)
         self.foreign[community] = view
         return len(admitted.accepted)
 
