@@ -1,16 +1,22 @@
-"""The federation bridge (spec §8): a node with ``mesh.federation_peers`` (URLs of nodes
-of other communities), or that another community's bridge synced with, exchanges
-agreements, revocations and membership records with each peer every :data:`SYNC_S`
-(``POST /mesh/v1/federation/sync``) and pulls the topics the other community grants us
-with a signed long-poll (``GET /pubsub/v1/subscribe``) that the other node answers under
-the grant. Pulled messages keep their origin's signature; each is checked (origin a
-member of that community, topic granted) and ingested into our log, from where gossip
-carries it to our members.
+"""The federation bridge (spec §8). A node with ``mesh.federation_peers`` (URLs of nodes
+of other communities) opens every connection itself, so it may sit behind NAT:
+
+- every :data:`SYNC_S` it exchanges agreements, revocations and membership records with
+  each peer (``POST /mesh/v1/federation/sync``);
+- it **pulls** the topics the other community grants us with a signed long-poll
+  (``GET /pubsub/v1/subscribe``) that the other node answers under the grant;
+- it **pushes** the messages of our members on the topics we grant the other community
+  (``POST /mesh/v1/federation/push``), from a cursor on our log, woken by each commit.
+
+Messages keep their origin's signature. The receiving side checks each (it verifies, its
+origin is a member of the sending community, its topic is granted) and ingests it into
+its log, from where gossip carries it to its members (:meth:`Bridge.take_messages`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -21,12 +27,15 @@ from hearthnet.errors import BadRequest, HearthNetError, WireError
 from hearthnet.federation.service import Federation, guarded
 from hearthnet.pubsub.envelope import Message
 from hearthnet.pubsub.log import MessageLog
+from hearthnet.pubsub.topics import TopicPattern
 
 log = logging.getLogger("hearthnet.federation")
 
 SYNC_S = 2.0  # a bridge's sync round (revocations reach the other side within it)
 PULL_WAIT_S = 2  # a bridge's long-poll parks at most this long
 MAX_PEERS = 16  # bridge peers (configured and learned)
+PUSH_LIMIT = 500  # messages per push request
+MAX_PUSHED = 500  # messages taken from one push request
 REQUEST_S = 10.0  # a sync (or a pull beyond its park) that takes longer is given up
 
 
@@ -48,7 +57,9 @@ class Bridge:
         self.log = message_log
         self.spawn = spawn
         self.peers: dict[str, str | None] = dict.fromkeys(peers[:MAX_PEERS])  # url -> community
-        self.pulls: dict[str, asyncio.Task[Any]] = {}
+        self.pulls: dict[str, asyncio.Task[Any]] = {}  # pull and push tasks, by name
+        self._committed = asyncio.Event()  # our log committed something: pushes look
+        federation.on_committed.append(self._committed.set)
         self._cursors = self.store.cursors()
         self._sent: dict[str, int] = {}  # peer url -> our membership version it took
         self.pulled = 0  # messages ingested from other communities
@@ -59,20 +70,11 @@ class Bridge:
         """Our community."""
         return self.view.community_id
 
-    def learn_peer(self, url: object, community: str) -> None:
-        """A bridge of ``community`` synced with us from ``url``: pull from it too."""
-        if (
-            isinstance(url, str)
-            and url.startswith(("http://", "https://"))
-            and len(url) < 512
-            and (url.rstrip("/") in self.peers or len(self.peers) < MAX_PEERS)
-        ):
-            self.peers[url.rstrip("/")] = community
-
-    # --- bridging -----------------------------------------------------------------------------
+    # --- rounds ---------------------------------------------------------------------------
 
     async def tick(self) -> None:
-        """One bridge round: sync with every peer, keep one pull running per peer."""
+        """One bridge round: sync with every peer, keep a pull and a push running per
+        peer while an agreement with its community is in force."""
         for url in list(self.peers):
             try:
                 async with asyncio.timeout(REQUEST_S):
@@ -80,10 +82,11 @@ class Bridge:
             except (HearthNetError, OSError, TimeoutError) as exc:
                 log.info("federation sync with %s failed: %s", url, exc)
                 continue
-            task = self.pulls.get(url)
-            if task is None or task.done():
-                name = f"federation-pull-{url}"
-                self.pulls[url] = self.spawn(guarded(self._pull_loop(url), name), name)
+            for kind, loop in (("pull", self._pull_loop), ("push", self._push_loop)):
+                name = f"federation-{kind}-{url}"
+                task = self.pulls.get(name)
+                if task is None or task.done():
+                    self.pulls[name] = self.spawn(guarded(loop(url), name), name)
 
     async def _sync_with(self, url: str) -> None:
         community = self.peers.get(url)
@@ -108,13 +111,26 @@ class Bridge:
             {remote: raw if isinstance(raw, list) else []},
         )
 
+    def _patterns(self, from_community: str, to_community: str) -> tuple[str, ...]:
+        """Topic patterns ``from_community`` grants ``to_community`` over the agreements
+        in force now."""
+        other = to_community if from_community == self.community_id else from_community
+        patterns: dict[str, None] = {}
+        for agreement in self.view.agreements_with(other, now_ms()):
+            grant = agreement.grant(from_community, to_community)
+            if grant is not None:
+                patterns.update(dict.fromkeys(grant.topics))
+        return tuple(patterns)
+
+    # --- pull: their granted topics to us ---------------------------------------------------
+
     async def _pull_loop(self, url: str) -> None:
         """Pull what ``url``'s community grants us, while an agreement is in force."""
         async with Client(url, keys=self.keys, community=self.community_id) as client:
             while True:
                 remote = self.peers.get(url)
-                grant = self._granted_by(remote, now_ms()) if remote else None
-                if remote is None or grant is None or not grant:
+                grant = self._patterns(remote, self.community_id) if remote else ()
+                if remote is None or not grant:
                     return  # the next tick starts it again when an agreement is in force
                 epoch, seq = self._cursors.get(url, ("", 0))
                 # first contact: from the start of the remote log (what retention kept)
@@ -129,47 +145,87 @@ class Bridge:
                 except (WireError, TimeoutError) as exc:
                     log.info("federation pull from %s: %s", url, exc)
                     return
-                await self._take_page(url, remote, epoch, page)
+                if not isinstance(page, dict):
+                    raise BadRequest(f"{url} answered a pull with something else")
+                frames = page.get("messages") or []
+                self.take_messages(
+                    remote, [f.get("data") if isinstance(f, dict) else None for f in frames]
+                )
+                new_epoch, head = str(page.get("epoch", "")), page.get("head_seq")
+                if epoch and new_epoch != epoch:
+                    head = 0  # the remote log was recreated: start over (duplicates drop)
+                if isinstance(head, int) and new_epoch:
+                    self._cursors[url] = (new_epoch, head)
+                    await asyncio.to_thread(self.store.put_cursor, url, new_epoch, head)
 
-    def _granted_by(self, remote: str, now: int) -> tuple[str, ...]:
-        """Topic patterns ``remote`` grants us over the agreements in force."""
-        patterns: dict[str, None] = {}
-        for agreement in self.view.agreements_with(remote, now):
-            grant = agreement.grant(remote, self.community_id)
-            if grant is not None:
-                patterns.update(dict.fromkeys(grant.topics))
-        return tuple(patterns)
-
-    async def _take_page(self, url: str, remote: str, epoch: str, page: Any) -> None:
-        if not isinstance(page, dict):
-            raise BadRequest(f"{url} answered a pull with something else")
-        new_epoch, head = str(page.get("epoch", "")), page.get("head_seq")
-        if epoch and new_epoch != epoch:
-            head = 0  # the remote log was recreated: start over (duplicates are dropped)
-        for frame in page.get("messages") or []:
-            data = frame.get("data") if isinstance(frame, dict) else None
+    def take_messages(self, remote: str, items: list[Any]) -> int:
+        """Messages from ``remote``'s community (pulled, or pushed to us): each verified,
+        of an origin that is a member of ``remote``, on a topic ``remote`` grants us,
+        is ingested; the rest is dropped and counted. Returns how many were taken."""
+        taken = 0
+        for data in items[:MAX_PUSHED]:
             try:
                 message = Message.parse(data)
             except HearthNetError as exc:
                 self.refused += 1
-                log.warning("bad message pulled from %s: %s", url, exc)
+                log.warning("bad federated message from %s: %s", remote, exc)
                 continue
-            origin_community = self.view.community_of(message.origin)
             if self.view.membership.level_of(message.origin) is not None:
                 continue  # one of ours, come back: we hold it
-            if origin_community != remote or not self.view.may_forward(
+            if self.view.community_of(message.origin) != remote or not self.view.may_forward(
                 message.topic, remote, self.community_id, now_ms()
             ):
                 self.refused += 1
                 continue
             self.log.ingest(message, source=None)
-            self.pulled += 1
-        if isinstance(head, int) and new_epoch:
-            self._cursors[url] = (new_epoch, head)
-            await asyncio.to_thread(self.store.put_cursor, url, new_epoch, head)
+            taken += 1
+        self.pulled += taken
+        return taken
+
+    # --- push: our granted topics to them ---------------------------------------------------
+
+    async def _push_loop(self, url: str) -> None:
+        """Push our members' messages on the topics we grant ``url``'s community."""
+        key = "push:" + url
+        async with Client(url, keys=self.keys, community=self.community_id) as client:
+            while True:
+                remote = self.peers.get(url)
+                granted = self._patterns(self.community_id, remote) if remote else ()
+                if remote is None or not granted:
+                    return  # the next tick starts it again when an agreement is in force
+                epoch, after = self._cursors.get(key, (self.log.epoch, 0))
+                if epoch != self.log.epoch:
+                    after = 0  # our log was recreated
+                self._committed.clear()
+                rows = await self.log.read_matching(
+                    [TopicPattern.parse(p) for p in granted],
+                    after_seq=after,
+                    upto_seq=self.log.head_seq,
+                    limit=PUSH_LIMIT,
+                )
+                ours = [
+                    r.message.body()
+                    for r in rows
+                    if self.view.membership.level_of(r.message.origin) is not None
+                ]
+                if ours:
+                    async with asyncio.timeout(REQUEST_S):
+                        await client.request_json(
+                            "POST", "/mesh/v1/federation/push", {"messages": ours}
+                        )
+                if rows:
+                    self._cursors[key] = (self.log.epoch, rows[-1].seq)
+                    await asyncio.to_thread(
+                        self.store.put_cursor, key, self.log.epoch, rows[-1].seq
+                    )
+                    continue
+                # nothing new: wait for a commit (or a while, to see a revocation)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(PULL_WAIT_S):
+                        await self._committed.wait()
 
     def statistics(self) -> dict[str, Any]:
-        """For ``/status``-like views and tests."""
+        """For the listing and tests."""
         return {
             "peers": dict(self.peers),
             "pulled": self.pulled,

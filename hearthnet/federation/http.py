@@ -42,6 +42,7 @@ class FederationHttp:
             web.get("/mesh/v1/federation", self.listing),
             web.post("/mesh/v1/federation", self.submit),
             web.post("/mesh/v1/federation/sync", self.sync),
+            web.post("/mesh/v1/federation/push", self.push),
         ]
 
     def _member(self, request: web.Request, body: Any) -> None:
@@ -109,6 +110,24 @@ class FederationHttp:
                 raise BadRequest("a sync comes from a bridge of another community")
         assert isinstance(body, dict)
         if members:
-            self.bridge.learn_peer(body.get("url"), community)
             members = body.get("known") != len(self.federation.view.membership.records)
         return json_response(self.federation.offer(community, members=members))
+
+    async def push(self, request: web.Request) -> web.Response:
+        """Messages from a bridge of another community, on topics it grants us (each is
+        checked by :meth:`Bridge.take_messages`); the request is signed by a member of
+        that community under an agreement in force."""
+        body = loads(await request.read())
+        caller = self.authenticator.authenticate_headers(
+            method=request.method,
+            path=request.raw_path,
+            body=body,
+            signed=read_signed_headers(request.headers),
+            now_ms=now_ms(),
+        )
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if caller.kind != "federated" or not isinstance(messages, list):
+            raise BadRequest('a push is {"messages": [...]} from another community\'s bridge')
+        community = self.bridge.view.community_of(caller.identity)
+        taken = self.bridge.take_messages(community or "", messages)
+        return json_response({"taken": taken, "of": len(messages)})

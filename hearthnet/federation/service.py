@@ -69,6 +69,7 @@ class Federation:
         self.spawn = spawn
         self.url = ""
         self._lock = asyncio.Lock()
+        self.on_committed: list[Callable[[], None]] = []  # the bridge's pushes wake on it
 
     @property
     def community_id(self) -> str:
@@ -198,7 +199,10 @@ class Federation:
                 log.warning("could not publish federation items: %s", exc)
 
     def on_commit(self, batch: list[StoredMessage]) -> None:
-        """The log committed ``batch``: apply federation items that came from our peers."""
+        """The log committed ``batch``: apply federation items that came from our peers,
+        and wake the bridge's pushes."""
+        for wake in self.on_committed:
+            wake()
         for stored in batch:
             message = stored.message
             if message.topic != TOPIC or message.origin == self.keys.node_id:

@@ -18,6 +18,7 @@ from hearthnet.federation.agreement import Agreement, Grant, Revocation
 from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.ids import new_ulid
 from hearthnet.node import Node
+from hearthnet.pubsub.envelope import Message
 from tests.conftest import MakeConfig
 from tests.federation.test_agreement import B_MEMBER, STRANGER, B, community
 from tests.helpers import eventually, wait_until
@@ -164,3 +165,41 @@ async def test_calls_of_the_other_community_end_when_the_agreement_expires(node:
     before = [await outcome("echo"), await outcome("echo.stream")]
     after = await eventually(lambda: outcome("echo"), lambda code: code != "ok", 10, "expiry")
     assert (["ok", "forbidden"], "forbidden") == (before, after)
+
+
+async def test_push_takes_granted_topics_of_that_communitys_origins_only(node: Node) -> None:
+    """A push from B's bridge: B's message on a topic B grants us is taken; one on another
+    topic, and one whose origin is not of B, are refused; a stranger's push is
+    unauthorized."""
+    now = now_ms()
+    signed = Agreement.propose(
+        node.keys,
+        agreement_id=new_ulid(now),
+        community_a=node.membership.community_id,
+        community_b=B.node_id,
+        a_grants_b=Grant(),
+        b_grants_a=Grant(("news.*",), ()),
+        now_ms=now,
+        expires_ms=now + 3_600_000,
+    ).countersign(B)
+    b_records = [r.to_json() for r in community(B, (B_MEMBER, Level.MEMBER)).records.values()]
+    await node.federation.apply([signed.to_json()], [], {B.node_id: b_records})
+    messages = [
+        Message.create(origin, topic=topic, msg_type="m", data=i, origin_seq=1, ts=now)
+        for i, (origin, topic) in enumerate(
+            [(B, "news.today"), (B_MEMBER, "chat.room"), (STRANGER, "news.today")]
+        )
+    ]
+    body = {"messages": [m.body() for m in messages]}
+
+    async def push(keys: KeyPair) -> Any:
+        async with Client(node.url, keys=keys, community=B.node_id) as client:
+            return await client.request_json("POST", "/mesh/v1/federation/push", body)
+
+    answer = await push(B_MEMBER)
+    with pytest.raises(Unauthorized):
+        await push(STRANGER)
+    await eventually(
+        lambda: topics_from(node, B.node_id), lambda t: t == ["news.today"], 10, "ingested"
+    )
+    assert ({"taken": 1, "of": 3}, 2) == (answer, node.federation_bridge.refused)
