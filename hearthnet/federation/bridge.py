@@ -33,7 +33,7 @@ log = logging.getLogger("hearthnet.federation")
 
 SYNC_S = 2.0  # a bridge's sync round (revocations reach the other side within it)
 PULL_WAIT_S = 2  # a bridge's long-poll parks at most this long
-MAX_PEERS = 16  # bridge peers (configured and learned)
+MAX_PEERS = 16  # bridge peers (mesh.federation_peers)
 PUSH_LIMIT = 500  # messages per push request
 MAX_PUSHED = 500  # messages taken from one push request
 REQUEST_S = 10.0  # a sync (or a pull beyond its park) that takes longer is given up
