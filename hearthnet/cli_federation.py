@@ -235,12 +235,28 @@ def add_federation_parsers(sub: Any, local: list[Any], remote: list[Any]) -> Non
     fed = sub.add_parser("federation", help="federation with other communities (anchors)")
     fsub = fed.add_subparsers(dest="federation_command", required=True, metavar="ACTION")
     propose = fsub.add_parser("propose", parents=local, help="print a signed proposal")
-    propose.add_argument("--with", dest="with_community", required=True, metavar="COMMUNITY_ID")
-    propose.add_argument("--grant-topics", nargs="+", metavar="PATTERN", help="ours they get")
-    propose.add_argument("--grant-capabilities", nargs="+", metavar="NAME", help="they may call")
-    propose.add_argument("--want-topics", nargs="+", metavar="PATTERN", help="theirs we get")
-    propose.add_argument("--want-capabilities", nargs="+", metavar="NAME", help="we may call")
-    propose.add_argument("--expires", type=_expires, default=_expires("30d"), help="e.g. 90d")
+    propose.add_argument(
+        "--with",
+        dest="with_community",
+        required=True,
+        metavar="COMMUNITY_ID",
+        help="the other community (its id: hearthnet community show, there)",
+    )
+    propose.add_argument(
+        "--grant-topics", nargs="+", metavar="PATTERN", help="our topics that flow to them"
+    )
+    propose.add_argument(
+        "--grant-capabilities", nargs="+", metavar="NAME", help="our capabilities they may call"
+    )
+    propose.add_argument(
+        "--want-topics", nargs="+", metavar="PATTERN", help="their topics we ask for"
+    )
+    propose.add_argument(
+        "--want-capabilities", nargs="+", metavar="NAME", help="their capabilities we ask to call"
+    )
+    propose.add_argument(
+        "--expires", type=_expires, default=_expires("30d"), help="lifetime, e.g. 90d (default 30d)"
+    )
     propose.add_argument("--out", help="write the proposal to this file")
     propose.set_defaults(func=cmd_propose)
     accept = fsub.add_parser("accept", parents=remote, help="counter-sign or take an agreement")
