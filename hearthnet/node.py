@@ -361,7 +361,7 @@ class Node:
         m.gauge(
             "hearthnet_federation_agreements",
             "Federation agreements in force (spec §8).",
-            lambda: float(view.in_force_count()),
+            lambda: float(view.in_force_count(now_ms())),
         )
         m.gauge(
             "hearthnet_federation_pulled",

@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hearthnet.clock import now_ms
 from hearthnet.community import MembershipRecord
 from hearthnet.errors import BadRequest, Forbidden, PayloadTooLarge, Revoked, Unauthorized
 from hearthnet.federation.agreement import Agreement, Grant, Revocation
@@ -166,9 +165,9 @@ class FederationView:
         ]
         return sorted(found, key=lambda a: a.created_ms, reverse=True)
 
-    def in_force_count(self) -> int:
-        """How many agreements are in force now (for ``/metrics``)."""
-        return sum(1 for a in self.agreements.values() if self.in_force(a, now_ms()))
+    def in_force_count(self, now_ms: int) -> int:
+        """How many agreements are in force at ``now_ms`` (for ``/metrics``)."""
+        return sum(1 for a in self.agreements.values() if self.in_force(a, now_ms))
 
     def may_forward(self, topic: str, from_community: str, to_community: str, now_ms: int) -> bool:
         """Whether a message published in ``from_community`` on ``topic`` may flow to
