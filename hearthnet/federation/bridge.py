@@ -36,6 +36,7 @@ PULL_WAIT_S = 2  # a bridge's long-poll parks at most this long
 MAX_PEERS = 16  # bridge peers (mesh.federation_peers)
 PUSH_LIMIT = 500  # messages per push request
 MAX_PUSHED = 500  # messages taken from one push request
+STOP_S = 1.0  # how long stopping waits for the pulls and pushes to end
 REQUEST_S = 10.0  # a sync (or a pull beyond its park) that takes longer is given up
 
 
@@ -245,5 +246,9 @@ class Bridge:
                 except Exception:
                     log.exception("federation round failed; the next runs as usual")
         finally:
-            for task in self.pulls.values():  # they read and write the log
+            # they read and write the log, which the node closes next
+            tasks = [t for t in self.pulls.values() if not t.done()]
+            for task in tasks:
                 task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=STOP_S)
