@@ -101,7 +101,7 @@ class Federation:
             added_r: list[Revocation] = []
             added_records: dict[str, list[MembershipRecord]] = {}
             for community, raw in list(records.items())[:MAX_ITEMS]:
-                if not isinstance(raw, list) or len(raw) > MAX_FOREIGN_RECORDS:
+                if not isinstance(raw, list) or not raw or len(raw) > MAX_FOREIGN_RECORDS:
                     continue
                 parsed = await asyncio.to_thread(self._parse_all, MembershipRecord.parse, raw)
                 fresh = self._hold_records(community, parsed)
