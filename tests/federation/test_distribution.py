@@ -203,3 +203,29 @@ async def test_push_takes_granted_topics_of_that_communitys_origins_only(node: N
         lambda: topics_from(node, B.node_id), lambda t: t == ["news.today"], 10, "ingested"
     )
     assert ({"taken": 1, "of": 3}, 2) == (answer, node.federation_bridge.refused)
+
+
+async def test_a_restarted_node_still_holds_its_agreements(make_config: MakeConfig) -> None:
+    """Agreements, the other community's members and revocations survive a restart."""
+    config = make_config()
+    async with Node(config) as node:
+        now = now_ms()
+        signed = Agreement.propose(
+            node.keys,
+            agreement_id=new_ulid(now),
+            community_a=node.membership.community_id,
+            community_b=B.node_id,
+            a_grants_b=Grant(("chat.**",), ()),
+            b_grants_a=Grant(),
+            now_ms=now,
+            expires_ms=now + 3_600_000,
+        ).countersign(B)
+        members = community(B, (B_MEMBER, Level.MEMBER)).records.values()
+        await node.federation.apply(
+            [signed.to_json()], [], {B.node_id: [r.to_json() for r in members]}
+        )
+        before = node.federation.view.listing(now_ms())
+    async with Node(config) as node:
+        after = node.federation.view.listing(now_ms())
+        member = node.federation.view.community_of(B_MEMBER.node_id)
+    assert (before, B.node_id) == (after, member)
