@@ -5,6 +5,7 @@ revocation stops both within 10 s."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from collections.abc import Iterator
@@ -135,13 +136,13 @@ async def test_federation_grants_flow_and_revocation_stops_them(
     async with client(a, a) as ca, client(b, b) as cb:
         await ca.publish("chat.room", "m", {"n": "after"})
         await cb.publish("news.today", "m", {"n": "after"})
-        marker = await cb.publish("chat.local", "m", {"n": "marker"})
-    # B's own traffic committed after the revocation; a pull (2 s) would have had time
+    # before the revocation both arrived at once; here a pull (parked 2 s) and a push
+    # (woken by the commit) have had their chance within the window
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
         assert {"n": "after"} not in await topic_ids(b, "chat.room")
         assert {"n": "after"} not in await topic_ids(a, "news.today")
-    assert marker["seq"] > 0
+        await asyncio.sleep(0.2)
 
 
 def test_propose_on_a_node_that_is_not_an_anchor_says_what_to_do(tmp_path: Path) -> None:
