@@ -218,15 +218,20 @@ async def test_folding_a_large_batch_does_not_stall_calls(
         *(post_records(http, node.url, chain[i : i + step]) for i in range(0, len(chain), step))
     )
     latencies = []
+    began = time.monotonic()
     async with Client(node.url, keys=node.keys) as client:
         while not posting.done():
             started = time.monotonic()
             await client.call("echo@1.0", {"x": 1})
             latencies.append(time.monotonic() - started)
     answers = await posting
+    folding = time.monotonic() - began
     assert [200] * batches == [status for status, _ in answers]
     assert len(chain) == sum(answer["applied"] for _, answer in answers)
-    assert max(latencies) < 0.5, latencies
+    # Relative, not absolute, so a loaded machine slows both sides alike: folding on the
+    # event loop would hold one call for about the whole fold.
+    assert len(latencies) >= 3, (latencies, folding)
+    assert max(latencies) < folding / 2, (latencies, folding)
 
 
 async def test_node_upgrades_an_old_records_jsonl_in_place(make_config: MakeConfig) -> None:
