@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Callable
 
 from hearthnet.errors import RateLimited, Unavailable
+from hearthnet.mesh.addresses import PeerBook
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.relay_core import Close, Refuse, RelayCore, Send
 from hearthnet.mesh.relay_frames import Detach, JoinAnswer, JoinVia, RelayFrame
@@ -26,6 +28,7 @@ log = logging.getLogger("hearthnet.mesh.relaying")
 
 MAX_PENDING_JOINS = 4  # joins a relay carries at a time for nodes not yet members
 JOIN_TIMEOUT_S = 10.0  # how long a relay waits for the inviter's answer to one
+VERIFY_S = 5.0  # a peer relay's URL not yet reached by our own dial is dialled this often
 UNKNOWN_ADDR = "0.0.0.0:1"  # observed address when the socket does not tell (unused yet)
 
 
@@ -56,10 +59,19 @@ class RelayRole:
     """
 
     def __init__(
-        self, core: RelayCore, metrics: MetricsRegistry, peer_urls: tuple[str, ...] = ()
+        self,
+        core: RelayCore,
+        metrics: MetricsRegistry,
+        peer_urls: tuple[str, ...] = (),
+        *,
+        book: PeerBook | None = None,
+        dial: Callable[[str], object] | None = None,
     ) -> None:
         self.core = core
         self.peer_urls = peer_urls  # normalized URLs of the relays we federate with
+        self.book = book
+        self.dial = dial  # dials one URL in the background (the mesh's dialer)
+        self._next_verify = 0.0
         # url -> the NodeID our own dial of that URL reached (see dialled)
         self.verified: dict[str, str] = {}
         self._served: set[PeerLink] = set()  # links the core knows are up
@@ -139,8 +151,22 @@ class RelayRole:
             self._carry_out(self.core.link_down(link, now))
 
     def tick(self, now: float) -> None:
-        """Budgets, route tables, members no longer served."""
+        """Budgets, route tables, members no longer served; peer relays not verified yet
+        are dialled every :data:`VERIFY_S`."""
         self._carry_out(self.core.tick(now))
+        if now >= self._next_verify:
+            self._next_verify = now + VERIFY_S
+            self._verify_peer_relays()
+
+    def _verify_peer_relays(self) -> None:
+        """Dial the peer relays' URLs we have not reached ourselves (an inbound link from
+        a relay proves nothing about which URL it is at), expecting no particular node."""
+        for url in self.unverified():
+            entry = self.book.addresses.get(url) if self.book is not None else None
+            if entry is not None:
+                entry.node = None  # what an inbound hello claimed is not what we dial for
+            if self.dial is not None:
+                self.dial(url)
 
     def _carry_out(self, actions: list[Send | Refuse | Close]) -> None:
         for action in actions:

@@ -77,7 +77,6 @@ PROBE_TIMEOUT_S = 30.0  # a relayed path whose probe got no answer is dropped an
 HELLO_RETRY_MS = 1000  # an unanswered e2e hello is sent again this often
 ATTACH_TARGET = 2  # relays a member stays attached to, of those it knows (failover)
 RETIRE_S = 10.0  # a relayed path replaced by a direct link finishes its frames this long
-VERIFY_S = 5.0  # a peer relay's URL not yet reached by our own dial is dialled this often
 
 Dispatch = Callable[[PeerLink, dict[str, Any]], None]
 JoinHandler = Callable[[Any], Awaitable[dict[str, Any]]]  # a join request -> the answer
@@ -111,8 +110,6 @@ class Relaying:
         self.admit = admit
         self.on_down = on_down
         self.errors = errors
-        self.dial = dial  # dials one URL in the background (the mesh's dialer)
-        self._next_verify = 0.0
         self.relay: RelayRole | None = None
         # spec §8: admits a join a relay carried to us (the composition root sets it)
         self.join_handler: JoinHandler | None = None
@@ -125,7 +122,7 @@ class Relaying:
             )
             peers = tuple(dict.fromkeys(normalize_url(u) for u in config.relay_peers))
             core = RelayCore(self.node_id, self.is_member, budgets)
-            self.relay = RelayRole(core, metrics, peers)
+            self.relay = RelayRole(core, metrics, peers, book=book, dial=dial)
         if config.relay_peers and not config.relay:
             log.warning("mesh.relay_peers (--relay-peer) is ignored: this node is not a relay")
         self.relay_urls = tuple(dict.fromkeys(normalize_url(u) for u in config.relay_urls))
@@ -252,9 +249,6 @@ class Relaying:
         now = time.monotonic()
         if self.relay is not None:
             self.relay.tick(now)
-            if now >= self._next_verify:
-                self._next_verify = now + VERIFY_S
-                self._verify_peer_relays()
         if self.paths is None or self.endpoint is None:
             return
         self._path_actions(self.paths.tick(now))
@@ -268,17 +262,6 @@ class Relaying:
         if now >= self._next_scan:
             self._next_scan = now + SCAN_S
             self._scan(now)
-
-    def _verify_peer_relays(self) -> None:
-        """Dial the peer relays' URLs we have not reached ourselves (an inbound link from
-        a relay proves nothing about which URL it is at), expecting no particular node."""
-        assert self.relay is not None
-        for url in self.relay.unverified():
-            entry = self.book.addresses.get(url)
-            if entry is not None:
-                entry.node = None  # what an inbound hello claimed is not what we dial for
-            if self.dial is not None:
-                self.dial(url)
 
     def _send(self, link: PeerLink, frame: Any) -> None:
         link.send_raw(frame.encode())
