@@ -316,18 +316,19 @@ def check_representable(value: Any, *, carrier_bytes: bool = False) -> None:
 
 def _check_text(text: str) -> None:
     # orjson and cbor2 refuse text that is not UTF-8, but json.loads and Python callers
-    # hand over lone surrogates ("\ud800"), which JCS cannot encode.
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise NotCanonical("strings must be valid Unicode (no lone surrogates)") from exc
+    # hand over lone surrogates ("\ud800"), which JCS cannot encode. (Callers skip
+    # ASCII text, the common case, without the call.)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise NotCanonical("strings must be valid Unicode (no lone surrogates)") from exc
 
 
 def _check(value: Any, depth: int, carrier_bytes: bool) -> None:
     t = type(value)
     if t is str:
-        _check_text(value)
+        if not value.isascii():
+            _check_text(value)
         return
     if t is bool or value is None:
         return
@@ -345,7 +346,8 @@ def _check(value: Any, depth: int, carrier_bytes: bool) -> None:
             for key, item in value.items():
                 if type(key) is not str:
                     raise NotCanonical("object keys must be strings")
-                _check_text(key)
+                if not key.isascii():
+                    _check_text(key)
                 _check(item, depth - 1, carrier_bytes)
         else:
             for item in value:
