@@ -55,7 +55,7 @@ async def test_a_half_natted_mesh_converges_after_a_partition(
     procs = start_all(
         tmp_path,
         [
-            (relay2, ("--relay",)),
+            (relay2, ("--relay", "--relay-peer", url(relay1))),  # federated: each names the other
             (relay1, ("--relay", "--relay-peer", url(relay2))),
             (pub, ("--peer", url(relay1), "--peer", url(relay2))),
             (h0, both),
