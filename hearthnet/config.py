@@ -176,6 +176,14 @@ class SecuritySection:
             "re-authenticate with a fresh one before they are closed."
         ),
     )
+    allowed_origins: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            "Web pages (origins like https://app.example:8443) that may use the node from a "
+            "browser: fetch, EventSource and WebSocket. The node's own origin always may; "
+            "requests from other origins are refused (forbidden). \"*\" allows any origin."
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,7 @@ from hearthnet.sessions import SessionRegistry
 from hearthnet.tokens import CapabilityToken
 from hearthnet.transport.bus_http import BusEndpointDeps, BusHttpEndpoints
 from hearthnet.transport.bus_ws import BusWebSocketEndpoint
+from hearthnet.transport.cors import OriginPolicy
 from hearthnet.transport.frontdoor import head_limits
 from hearthnet.transport.server import (
     ActiveStreams,
@@ -267,6 +268,7 @@ class Node:
             metrics=BusMetrics.register(self.metrics),
         )
         transport_metrics = TransportMetrics.register(self.metrics)
+        self.origins = OriginPolicy.from_config(cfg.security.allowed_origins)
         self.streams = ActiveStreams()
         self.sessions = SessionRegistry()
         connections_refused = self.metrics.counter(
@@ -334,6 +336,7 @@ class Node:
             keepalive_idle_s=cfg.transport.keepalive_idle_s,
             tls=tls,
             upgrades=pubsub_http.upgrades(),
+            origins=self.origins,
         )
 
     def _build_federation(self) -> None:
@@ -450,6 +453,7 @@ class Node:
             metrics=transport_metrics,
             sweeper=self.sweeper,
             sessions=self.sessions,
+            origins=self.origins,
         )
         return service
 

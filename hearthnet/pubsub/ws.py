@@ -51,6 +51,7 @@ from hearthnet.transport.codec import (
     FrameCodec,
     choose_subprotocol,
 )
+from hearthnet.transport.cors import OriginPolicy
 from hearthnet.transport.keepalive import (
     CLOSE_GOING_AWAY,
     CLOSE_NORMAL,
@@ -93,6 +94,7 @@ class PubSubDeps:
     metrics: TransportMetrics
     sweeper: SessionSweeper
     sessions: SessionRegistry
+    origins: OriginPolicy | None = None  # browser pages that may subscribe (security.md)
 
 
 class SweptSession(Protocol):
@@ -648,6 +650,11 @@ class PubSubWebSocket:
         header_bytes = sum(len(k) + len(v) + 4 for k, v in head.headers.items())
         if self._refusal(offered) is not None or header_bytes > deps.transport.max_header_bytes:
             return None
+        origin = head.headers.get("origin")
+        if origin is not None and deps.origins is not None:
+            scheme = "https" if transport.get_extra_info("sslcontext") is not None else "http"
+            if not deps.origins.allows(origin, host=head.headers.get("host"), scheme=scheme):
+                return None  # refused (forbidden, counted) by the HTTP middleware
         chosen = choose_subprotocol(offered)
         response = rfc6455.upgrade_response(head, chosen)
         if response is None:

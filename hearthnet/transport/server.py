@@ -29,6 +29,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from hearthnet.errors import (
     BadRequest,
     CapacityExceeded,
+    Forbidden,
     HeadersTooLarge,
     InternalError,
     NotFound,
@@ -36,6 +37,7 @@ from hearthnet.errors import (
     WireError,
 )
 from hearthnet.metrics import Counter, MetricsRegistry
+from hearthnet.transport.cors import OriginPolicy, response_headers
 from hearthnet.transport.frontdoor import (
     TLS_RECORD_HANDSHAKE,
     Closer,
@@ -186,9 +188,15 @@ class ActiveStreams:
                 await asyncio.wait(pending, timeout=1.0)
 
 
-def make_middleware(metrics: TransportMetrics, head: HeadLimits) -> Any:
+_CORS_ORIGIN = web.RequestKey("cors_origin", str)
+
+
+def make_middleware(
+    metrics: TransportMetrics, head: HeadLimits, origins: OriginPolicy | None = None
+) -> Any:
     """The one middleware: header limits (for requests after the first on a connection;
-    the front door checks first ones), WireError -> JSON error, HTTP errors and
+    the front door checks first ones), the browser ``Origin`` check and preflights
+    (:mod:`hearthnet.transport.cors`), WireError -> JSON error, HTTP errors and
     undecodable bodies -> JSON, crashes -> internal_error. (One layer: each aiohttp
     middleware costs every request.)"""
     max_header_bytes = head.max_header_bytes
@@ -202,6 +210,18 @@ def make_middleware(metrics: TransportMetrics, head: HeadLimits) -> Any:
                 raise HeadersTooLarge(f"more than {max_headers} request headers")
             if sum(len(k) + len(v) + 4 for k, v in raw) > max_header_bytes:
                 raise HeadersTooLarge(f"request headers over {max_header_bytes} bytes")
+            origin = request.headers.get("Origin") if origins is not None else None
+            if origin is not None and origins is not None:
+                if not origins.allows(origin, host=request.host, scheme=request.scheme):
+                    raise Forbidden(f"origin {origin[:128]} is not in [security] allowed_origins")
+                if request.method == "OPTIONS" and "Access-Control-Request-Method" in (
+                    request.headers
+                ):
+                    requested = request.headers.get("Access-Control-Request-Headers", "")
+                    return web.Response(
+                        status=204, headers=origins.preflight_headers(origin, requested)
+                    )
+                request[_CORS_ORIGIN] = origin
             response: web.StreamResponse = await handler(request)
             return response
         except WireError as exc:
@@ -261,12 +281,17 @@ class HttpServer:
         keepalive_idle_s: float = 15.0,
         tls: ssl.SSLContext | None = None,
         upgrades: Mapping[str, RawUpgrade] | None = None,
+        origins: OriginPolicy | None = None,
     ) -> None:
         self.head = head or HeadLimits()
         self.app = web.Application(
             client_max_size=max_body_bytes,
-            middlewares=[make_middleware(metrics, self.head)],
+            middlewares=[make_middleware(metrics, self.head, origins)],
         )
+        if origins is not None:
+            # headers of allowed cross-origin answers go out with the head, so before an
+            # SSE stream's first byte too (a handler prepares those itself)
+            self.app.on_response_prepare.append(_allow_origin)
         self.app.add_routes(list(routes))
         self.metrics = metrics
         self.connections_refused = connections_refused or Counter("refused", "", ("limit",))
@@ -465,6 +490,12 @@ class HttpServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+async def _allow_origin(request: web.Request, response: web.StreamResponse) -> None:
+    origin = request.get(_CORS_ORIGIN)
+    if origin is not None:
+        response.headers.update(response_headers(origin))
 
 
 def _canceller(task: asyncio.Task[None]) -> Closer:

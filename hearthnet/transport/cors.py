@@ -1,0 +1,147 @@
+"""Which web pages may use the node from a browser: the ``Origin`` check and CORS.
+
+A browser names the page a request comes from in the ``Origin`` header (fetch, XHR,
+EventSource in CORS mode, and every WebSocket upgrade). The node serves a request that
+carries one only when the origin is the node's own (same scheme, host and port as the
+request's ``Host``) or is listed in ``[security] allowed_origins``; anything else is
+refused with ``forbidden`` before a handler runs, and a refused WebSocket upgrade never
+gets its ``101``. Requests without ``Origin`` (the Python client, the CLI, peer links,
+curl) are not browsers' and are not affected: their credentials are the signature or
+the token, as always.
+
+Allowed cross-origin requests get ``Access-Control-Allow-Origin`` with that origin, and
+preflights (``OPTIONS`` with ``Access-Control-Request-Method``) are answered here with the
+methods and headers the API uses. Credentials in cookies are never used by the node, so
+``Access-Control-Allow-Credentials`` is never sent.
+
+:class:`OriginPolicy` is pure; :func:`cors_hooks` is the aiohttp glue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from hearthnet.errors import ConfigError
+
+ALLOW_METHODS = "GET, POST, OPTIONS"
+# The headers a browser client sends (spec §2.2); Content-Type for JSON bodies, Accept for
+# SSE calls, Last-Event-ID for a resumed EventSource.
+ALLOW_HEADERS = frozenset(
+    {
+        "accept",
+        "content-type",
+        "last-event-id",
+        "x-hearthnet-capability",
+        "x-hearthnet-capability-version",
+        "x-hearthnet-request-id",
+        "x-hearthnet-from",
+        "x-hearthnet-token",
+        "x-hearthnet-community",
+        "x-hearthnet-timestamp",
+        "x-hearthnet-signature",
+        "x-hearthnet-target",
+        "x-hearthnet-deadline-ms",
+    }
+)
+EXPOSE_HEADERS = "Retry-After"
+PREFLIGHT_MAX_AGE_S = 600
+ANY_ORIGIN = "*"
+
+
+def normalise_origin(text: str) -> str:
+    """``scheme://host[:port]`` in lower case, default ports dropped; ``null`` stays.
+
+    Raises:
+        ValueError: not an origin (a path, a query, no scheme or host).
+    """
+    text = text.strip()
+    if text == "null":
+        return text
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{text!r} is not an origin like https://example.org:8443")
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        raise ValueError(f"{text!r} is not an origin: scheme, host and port only")
+    host = parts.hostname.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    port = parts.port
+    default = 443 if parts.scheme == "https" else 80
+    return f"{parts.scheme}://{host}" + (f":{port}" if port and port != default else "")
+
+
+@dataclass(frozen=True, slots=True)
+class OriginPolicy:
+    """The node's own origin, plus the configured ones (``*``: any origin)."""
+
+    allowed: frozenset[str] = frozenset()
+    any_origin: bool = False
+
+    @classmethod
+    def from_config(cls, origins: Iterable[str]) -> OriginPolicy:
+        """Parse ``[security] allowed_origins``.
+
+        Raises:
+            ConfigError: an entry that is not an origin.
+        """
+        allowed: set[str] = set()
+        any_origin = False
+        for entry in origins:
+            if entry.strip() == ANY_ORIGIN:
+                any_origin = True
+                continue
+            try:
+                allowed.add(normalise_origin(entry))
+            except ValueError as exc:
+                raise ConfigError(f"[security] allowed_origins: {exc}") from None
+        return cls(frozenset(allowed), any_origin)
+
+    def allows(self, origin: str, *, host: str | None, scheme: str) -> bool:
+        """Whether a request from page ``origin`` to this node (reached as ``host`` over
+        ``scheme``) may be served."""
+        if self.any_origin:
+            return True
+        try:
+            normal = normalise_origin(origin)
+        except ValueError:
+            return False
+        if normal in self.allowed:
+            return True
+        if host is None or normal == "null":
+            return False
+        try:
+            own = normalise_origin(f"{scheme}://{host}")
+        except ValueError:
+            return False
+        return normal == own
+
+    def preflight_headers(self, origin: str, requested: str) -> dict[str, str]:
+        """The answer to an allowed preflight: methods, and the requested headers that
+        the API knows (others are left out, so the browser refuses to send them)."""
+        wanted = [h.strip() for h in requested.split(",") if h.strip()]
+        granted = [h for h in wanted if h.lower() in ALLOW_HEADERS]
+        headers = {
+            "Access-Control-Allow-Origin": origin,
+            "Access-Control-Allow-Methods": ALLOW_METHODS,
+            "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE_S),
+            "Vary": "Origin",
+        }
+        if granted:
+            headers["Access-Control-Allow-Headers"] = ", ".join(granted)
+        return headers
+
+
+def response_headers(origin: str) -> dict[str, str]:
+    """What an allowed cross-origin response carries."""
+    return {
+        "Access-Control-Allow-Origin": origin,
+        "Access-Control-Expose-Headers": EXPOSE_HEADERS,
+        "Vary": "Origin",
+    }
+
+
+def origin_of(headers: Mapping[str, str]) -> str | None:
+    """The ``Origin`` header (lower-case keys or a case-insensitive mapping)."""
+    return headers.get("origin") or headers.get("Origin")
