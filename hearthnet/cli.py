@@ -880,6 +880,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hearthnet.cli_federation import add_federation_parsers  # spec §8
 
     add_federation_parsers(sub, [common], [common, remote])
+    from hearthnet.console.cli import add_console_parser
+
+    add_console_parser(sub, [common, remote])
     return parser
 
 

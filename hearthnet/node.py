@@ -37,6 +37,8 @@ from hearthnet.bus.routing import LocalProvider, Router
 from hearthnet.clock import now_ms
 from hearthnet.community import CommunityStore, Level, MembershipRecord
 from hearthnet.config import Config
+from hearthnet.console.http import ConsoleEndpoints
+from hearthnet.console.rates import TopicRates
 from hearthnet.errors import ConfigError, Expired, Revoked
 from hearthnet.federation.bridge import Bridge
 from hearthnet.federation.http import FederationHttp
@@ -323,6 +325,15 @@ class Node:
             *mesh_http.routes(),
             *FederationHttp(self.federation, self.federation_bridge, self.authenticator).routes(),
             *StatusEndpoints(self).routes(),
+            *ConsoleEndpoints(
+                self,
+                keys=self.keys,
+                authenticator=self.authenticator,
+                membership=self.membership,
+                pubsub=self.pubsub,
+                mesh=self.mesh,
+                rates=self.topic_rates,
+            ).routes(),
         ]
         tls = None
         if cfg.node.tls != "off":
@@ -391,6 +402,7 @@ class Node:
         the mesh.
         """
         fan_out, gossip = self.pubsub.on_commit, self.mesh.on_commit
+        self.topic_rates = rates = TopicRates()  # the console's messages per second
 
         def committed(batch: list[StoredMessage]) -> None:
             try:
@@ -399,6 +411,7 @@ class Node:
                 log.exception("local fan-out of a commit failed; gossiping it anyway")
             gossip(batch)
             self.federation.on_commit(batch)  # spec §8: agreements spread like records
+            rates.record((m.message.topic for m in batch), time.monotonic())
 
         self.message_log.listeners.append(committed)
         self.pubsub.on_local_presence = self.mesh.on_local_presence

@@ -23,7 +23,8 @@ from hearthnet.pubsub.topics import TopicPattern, pattern_covers, patterns_overl
 TOKEN_PREFIX = "hnt1:"  # noqa: S105 - a format prefix, not a secret
 MAX_TOKEN_CHARS = 8192
 MAX_SCOPES = 64
-SCOPE_KINDS = ("pub", "sub", "call")
+# ``console`` (pattern ``node``): opens the web console's data (hearthnet.console.access)
+SCOPE_KINDS = ("pub", "sub", "call", "console")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +48,10 @@ class Scope:
     def from_json(cls, obj: object) -> Scope:
         """Parse the wire form ``{"sub": "chat.**"}``."""
         if not isinstance(obj, dict) or len(obj) != 1:
-            raise BadRequest("a scope is an object with one key: pub, sub or call")
+            raise BadRequest("a scope is an object with one key: pub, sub, call or console")
         ((kind, pattern),) = obj.items()
         if kind not in SCOPE_KINDS or not isinstance(pattern, str):
-            raise BadRequest(f"unknown scope kind {kind!r}: pub, sub or call")
+            raise BadRequest(f"unknown scope kind {kind!r}: pub, sub, call or console")
         name, _, version = pattern.partition("@")
         TopicPattern.parse(name)
         if version and kind != "call":

@@ -1,9 +1,9 @@
 """Operational endpoints (spec §3.2, §9): ``/health``, ``/ready``, ``/manifest``,
-``/metrics``, ``/status`` (JSON) and ``/`` (the status page for people)."""
+``/metrics`` and ``/status`` (JSON). The page for people at ``/`` is the console
+(:mod:`hearthnet.console.http`)."""
 
 from __future__ import annotations
 
-import html
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -38,7 +38,6 @@ class StatusEndpoints:
             web.get("/manifest", self.manifest),
             web.get("/metrics", self.metrics),
             web.get("/status", self.status),
-            web.get("/", self.page),
         ]
 
     async def health(self, request: web.Request) -> web.Response:
@@ -68,22 +67,3 @@ class StatusEndpoints:
     async def status(self, request: web.Request) -> web.Response:
         """The statistics snapshot as JSON (``hearthnet node status``)."""
         return json_response(self.node.statistics().to_json())
-
-    async def page(self, request: web.Request) -> web.Response:
-        """A small HTML page for people."""
-        stats = self.node.statistics().to_json()
-        rows = "".join(
-            f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
-            for k, v in stats.items()
-        )
-        body = (
-            "<!doctype html><html><head><meta charset='utf-8'>"
-            f"<title>HearthNet {html.escape(stats['name'])}</title>"
-            "<meta http-equiv='refresh' content='5'>"
-            "<style>body{font-family:sans-serif;margin:2em}th{text-align:left;padding-right:1em}"
-            "</style></head><body>"
-            f"<h1>HearthNet node {html.escape(stats['name'])}</h1><table>{rows}</table>"
-            "<p><a href='/metrics'>metrics</a> · <a href='/manifest'>manifest</a> · "
-            "<a href='/bus/v1/capabilities'>capabilities</a></p></body></html>"
-        )
-        return web.Response(text=body, content_type="text/html")

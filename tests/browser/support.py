@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -56,3 +59,38 @@ class PageServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(5)
+
+
+# A page on another origin that loads hearthnet.js from the node given in ?node=.
+CLIENT_PAGE = """<!doctype html><title>client</title><script type="module">
+const node = new URLSearchParams(location.search).get("node");
+window.hn = await import(node + "/client/hearthnet.js");
+window.ready = true;
+</script>"""
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a node restarted on the same port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def publish(node_url: str, token: str, topic: str, msg_type: str, data: Any) -> dict[str, Any]:
+    """Publish over HTTP with a token (blocking)."""
+    request = urllib.request.Request(
+        f"{node_url}/pubsub/v1/topics/{topic}/messages",
+        data=json.dumps({"type": msg_type, "data": data}).encode(),
+        headers={"Content-Type": "application/json", "X-HearthNet-Token": token},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        answer: dict[str, Any] = json.loads(resp.read())
+        return answer
+
+
+def open_client_page(page: Any, pages: PageServer, node_url: str) -> None:
+    """Load CLIENT_PAGE from ``pages`` and wait until hearthnet.js is imported."""
+    page.goto(f"{pages.origin}/client?node={node_url}")
+    page.wait_for_function("window.ready === true", timeout=15_000)

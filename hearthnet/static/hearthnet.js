@@ -1,0 +1,650 @@
+// hearthnet.js: the browser client of a HearthNet node (an ES module, no dependencies).
+// Served by every node at /client/hearthnet.js. Documentation: docs/browser.md.
+//
+//   import { HearthNet } from "http://NODE:7080/client/hearthnet.js";
+//   const hn = new HearthNet("http://NODE:7080", { token: "hnt1:..." });
+//   const sub = hn.subscribe(["chat.room.*"], { onMessage: (m) => console.log(m.data) });
+//   await hn.publish("chat.room.kitchen", "message.complete", { text: "hello" });
+//
+// Subscriptions run over WebSocket with acks and resume by (epoch, seq) after a drop
+// (backoff 0.5 s doubling to 30 s), with no loss and no duplicate within retention; when
+// WebSocket is blocked they fall back to Server-Sent Events. Loss the node reports is a
+// `gap` given to onGap, never silent. Tokens are refreshed (refreshToken) before expiry.
+
+const SUBPROTOCOL_BUS = "hearthnet-bus.v2";
+const BACKOFF_MIN_MS = 500;
+const BACKOFF_MAX_MS = 30_000;
+const REFRESH_BEFORE_MS = 60_000; // the node warns (auth.expiring) 60 s before expiry
+const SEEN_IDS = 4096; // message ids remembered per subscription (duplicates dropped)
+const CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+
+/** A ULID (spec §1.1): 48 bits of milliseconds, 80 random bits, Crockford base32. */
+export function ulid(nowMs = Date.now()) {
+  let time = "";
+  let t = nowMs;
+  for (let i = 0; i < 10; i++) {
+    time = CROCKFORD[t % 32] + time;
+    t = Math.floor(t / 32);
+  }
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  let rand = "";
+  for (let i = 0; i < 16; i++) rand += CROCKFORD[bytes[i] % 32];
+  return time + rand;
+}
+
+/** The JSON object inside an `hnt1:` token (not verified: the node does that). */
+export function decodeToken(token) {
+  if (typeof token !== "string" || !token.startsWith("hnt1:")) {
+    throw new HearthNetError("bad_request", "a token starts with hnt1:");
+  }
+  let b64 = token.slice(5).replace(/-/g, "+").replace(/_/g, "/");
+  while (b64.length % 4) b64 += "=";
+  const text = new TextDecoder().decode(Uint8Array.from(atob(b64), (c) => c.charCodeAt(0)));
+  return JSON.parse(text);
+}
+
+/** Whether `topic` matches `pattern` (spec §6.1: `*` one segment, `**` one or more). */
+export function topicMatches(pattern, topic) {
+  const p = pattern.split(".");
+  const t = topic.split(".");
+  const match = (i, j) => {
+    if (i === p.length) return j === t.length;
+    if (p[i] === "**") {
+      for (let k = j + 1; k <= t.length; k++) if (match(i + 1, k)) return true;
+      return false;
+    }
+    if (j === t.length) return false;
+    return (p[i] === "*" || p[i] === t[j]) && match(i + 1, j + 1);
+  };
+  return match(0, 0);
+}
+
+/** An error the node answered with (spec §2.4): `code` is the wire code. */
+export class HearthNetError extends Error {
+  constructor(code, message, extra = {}) {
+    super(`${code}: ${message}`);
+    this.code = code;
+    Object.assign(this, extra);
+  }
+}
+
+/** A client of one node, acting with a capability token. */
+export class HearthNet {
+  /**
+   * @param {string} url  the node, e.g. "http://192.168.1.20:7080" (default: this page's)
+   * @param {object} opts
+   *   token: "hnt1:..."                       required
+   *   refreshToken: async (oldToken) => "hnt1:..."   called before the token expires
+   *   transport: "auto" | "ws" | "sse"        (default "auto": WebSocket, else SSE)
+   *   window: pub/sub ack window (default 256)
+   *   onTokenError: (error) => void           refresh failed; the sessions will end
+   */
+  constructor(url, opts = {}) {
+    this.url = (url || location.origin).replace(/\/+$/, "");
+    this.wsUrl = this.url.replace(/^http/, "ws");
+    this.refreshToken = opts.refreshToken || null;
+    this.transport = opts.transport || "auto";
+    this.window = opts.window || 256;
+    this.onTokenError = opts.onTokenError || (() => {});
+    this.subscriptions = new Set();
+    this.closed = false;
+    this._refreshTimer = null;
+    this._refreshing = null;
+    this._setToken(opts.token);
+  }
+
+  /** The token in use now. */
+  get token() {
+    return this._token;
+  }
+
+  /** The community the token is for. */
+  get community() {
+    return this._claims.community;
+  }
+
+  _setToken(token) {
+    this._claims = decodeToken(token);
+    this._token = token;
+    clearTimeout(this._refreshTimer);
+    if (this.refreshToken && !this.closed) {
+      const due = this._claims.exp_ms - REFRESH_BEFORE_MS - 5_000 - Date.now();
+      this._refreshTimer = setTimeout(() => this.refresh(), Math.max(1_000, due));
+    }
+    for (const sub of this.subscriptions) sub._tokenChanged();
+  }
+
+  /** Get a fresh token from refreshToken now and hand it to every open session. */
+  async refresh() {
+    if (!this.refreshToken) return this._token;
+    if (!this._refreshing) {
+      this._refreshing = (async () => {
+        try {
+          this._setToken(await this.refreshToken(this._token));
+        } catch (err) {
+          this.onTokenError(err);
+        } finally {
+          this._refreshing = null;
+        }
+        return this._token;
+      })();
+    }
+    return this._refreshing;
+  }
+
+  _headers(extra = {}) {
+    return { "X-HearthNet-Token": this._token, ...extra };
+  }
+
+  /** GET or POST a JSON endpoint of the node; throws HearthNetError on refusal. */
+  async request(method, path, body) {
+    const init = { method, headers: this._headers() };
+    if (body !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    const resp = await fetch(this.url + path, init);
+    const text = await resp.text();
+    const obj = text ? JSON.parse(text) : null;
+    if (!resp.ok) {
+      const err = obj || {};
+      throw new HearthNetError(err.error || "unavailable", err.message || resp.statusText, {
+        status: resp.status,
+      });
+    }
+    return obj;
+  }
+
+  /** Publish one message; resolves to {id, seq, origin_seq, ts} once it is durable. */
+  publish(topic, type, data, opts = {}) {
+    const body = { type, data };
+    if (opts.ttl_s) body.ttl_s = opts.ttl_s;
+    return this.request("POST", `/pubsub/v1/topics/${encodeURIComponent(topic)}/messages`, body);
+  }
+
+  /** The presence members of a topic. */
+  async presence(topic) {
+    const out = await this.request("GET", `/pubsub/v1/topics/${encodeURIComponent(topic)}/presence`);
+    return out.members;
+  }
+
+  /** A page of a topic's history (oldest first): {messages: [frame], has_more}. */
+  history(topic, query = {}) {
+    const q = new URLSearchParams(query).toString();
+    return this.request("GET", `/pubsub/v1/topics/${encodeURIComponent(topic)}/history${q ? "?" + q : ""}`);
+  }
+
+  /**
+   * Subscribe to topic patterns. Returns a Subscription at once; it connects, and
+   * reconnects after a drop, by itself.
+   *   since: {epoch, seq} | {ts} | {last: N}      where to start (default: now)
+   *   onMessage(envelope, {seq, epoch})           each message, once, in order
+   *   onGap({from_seq, to_seq})                   the node dropped these for us (spec §6.7)
+   *   onPresence({topic, kind, member} | {topic, kind: "snapshot", members})
+   *   onState("connecting" | "live" | "retrying" | "closed", detail)
+   *   presence: {name, status, meta}              join the topics' presence
+   */
+  subscribe(patterns, opts = {}) {
+    const sub = new Subscription(this, Array.isArray(patterns) ? patterns : [patterns], opts);
+    this.subscriptions.add(sub);
+    sub._connect();
+    return sub;
+  }
+
+  /**
+   * Call a streaming capability; returns a Call (async iterable of frames {event, data}).
+   *   version: "2.0"; params: {...}; onToolCall: async ({id, name, arguments}) => result
+   * Over WebSocket tool results go back inline; without WebSocket the call runs over SSE.
+   */
+  stream(capability, input, opts = {}) {
+    return new Call(this, capability, input, opts);
+  }
+
+  /** Call a non-streaming capability: resolves to its output. */
+  async call(capability, input, opts = {}) {
+    const resp = await fetch(this.url + "/bus/v1/call", {
+      method: "POST",
+      headers: this._headers(callHeaders(capability, opts.version || "1.0", this.community)),
+      body: JSON.stringify({ params: opts.params || {}, input }),
+    });
+    const obj = await resp.json();
+    if (!resp.ok) throw new HearthNetError(obj.error, obj.message, { status: resp.status });
+    return obj.output;
+  }
+
+  /**
+   * llm.chat@2.0 with tools answered by this page (spec §5). Resolves to
+   * {text, done}. Over SSE the tool round trips are re-calls; the caller sees no difference.
+   *   tools: [{name, description, parameters}]; toolHandler: async (call) => result
+   *   onToken(text); publishTo: "topic" (tokens also go to that topic, spec llm.md)
+   *   params: {backend, model, script}
+   */
+  async chat(messages, opts = {}) {
+    let history = [...messages];
+    let text = "";
+    for (let round = 0; round < 8; round++) {
+      const input = { messages: history, stream: true };
+      if (opts.tools) input.tools = opts.tools;
+      if (opts.publishTo) input.publish_to = opts.publishTo;
+      const call = this.stream("llm.chat", input, {
+        version: "2.0",
+        params: opts.params,
+        onToolCall: opts.toolHandler,
+      });
+      const calls = [];
+      let done = null;
+      for await (const frame of call) {
+        if (frame.event === "token") {
+          text += frame.data.text;
+          if (opts.onToken) opts.onToken(frame.data.text);
+        } else if (frame.event === "tool_call") {
+          calls.push(frame.data);
+        } else if (frame.event === "done") {
+          done = frame.data;
+        }
+      }
+      if (!done || done.stop_reason !== "tool_calls" || call.inline) return { text, done };
+      // SSE: run the tools here and call again with the results appended (spec §5)
+      history = [
+        ...history,
+        { role: "assistant", content: null, tool_calls: calls.map((c) => ({ id: c.id, name: c.name, arguments: c.arguments })) },
+      ];
+      for (const c of calls) {
+        const result = await opts.toolHandler(c);
+        history.push({ role: "tool", tool_call_id: c.id, content: JSON.stringify(result) });
+      }
+    }
+    throw new HearthNetError("bad_request", "too many tool rounds");
+  }
+
+  /** Close every subscription and stop refreshing the token. */
+  close() {
+    this.closed = true;
+    clearTimeout(this._refreshTimer);
+    for (const sub of [...this.subscriptions]) sub.close();
+  }
+}
+
+function callHeaders(capability, version, community) {
+  return {
+    "Content-Type": "application/json",
+    "X-HearthNet-Capability": capability,
+    "X-HearthNet-Capability-Version": version,
+    "X-HearthNet-Request-Id": ulid(),
+    "X-HearthNet-Community": community,
+    "X-HearthNet-Timestamp": String(Date.now()),
+  };
+}
+
+/** One subscription: its own socket (or event stream), its own cursor. */
+export class Subscription {
+  constructor(client, patterns, opts) {
+    this.client = client;
+    this.patterns = patterns;
+    this.opts = opts;
+    this.epoch = null; // the node's log epoch (spec §6.3)
+    this.seq = null; // the last seq delivered to onMessage
+    this.lastTs = null;
+    this.since = opts.since || null;
+    this.presenceFields = opts.presence || null;
+    this.closed = false;
+    this.transport = null; // "ws" | "sse" once connected
+    this.delivered = 0;
+    this.gaps = [];
+    this._seen = new Set();
+    this._seenOrder = [];
+    this._backoff = BACKOFF_MIN_MS;
+    this._ws = null;
+    this._es = null;
+    this._timer = null;
+    this._acked = 0;
+    this._wsFailures = 0;
+  }
+
+  _state(state, detail) {
+    this.state = state;
+    if (this.opts.onState) this.opts.onState(state, detail);
+  }
+
+  /** Where the next connection resumes: the cursor once there is one. */
+  _resumePoint() {
+    if (this.epoch !== null && this.seq !== null) return { epoch: this.epoch, seq: this.seq };
+    if (this.epoch !== null) return null; // subscribed, nothing yet: from the head
+    return this.since;
+  }
+
+  _connect() {
+    if (this.closed) return;
+    this._state("connecting");
+    const mode = this.client.transport;
+    // "auto": SSE once WebSocket failed twice while the node answered HTTP (spec §3.5)
+    if (mode === "sse" || (mode === "auto" && this._wsFailures >= 2)) this._openSse();
+    else this._openWs();
+  }
+
+  _retry(reason) {
+    this._ws = null;
+    if (this._es) {
+      this._es.close();
+      this._es = null;
+    }
+    if (this.closed) return;
+    this._state("retrying", reason);
+    const delay = this._backoff;
+    this._backoff = Math.min(BACKOFF_MAX_MS, this._backoff * 2);
+    this._timer = setTimeout(() => this._connect(), delay * (0.8 + Math.random() * 0.4));
+  }
+
+  _openWs() {
+    const ws = new WebSocket(this.client.wsUrl + "/pubsub/v1/subscribe");
+    this._ws = ws;
+    let opened = false;
+    ws.onopen = () => {
+      opened = true;
+      ws.send(JSON.stringify({ type: "auth", token: this.client.token, window: this.client.window }));
+    };
+    ws.onmessage = (ev) => this._onFrame(JSON.parse(ev.data), ws);
+    ws.onclose = (ev) => {
+      if (this._ws !== ws) return;
+      if (!opened) {
+        // refused before it opened: is the node down, or is WebSocket blocked on the way?
+        // A browser does not say; a plain request to the node does.
+        this._ws = null;
+        fetch(this.client.url + "/health").then(
+          (r) => { if (r.ok) this._wsFailures++; },
+          () => {},
+        ).finally(() => this._retry("websocket refused"));
+        return;
+      }
+      if (ev.code === 1008 || ev.code === 4401) {
+        // refused credentials: a fresh token may help, the same one will not
+        this.client.refresh().then(() => this._retry(`closed ${ev.code}`));
+        return;
+      }
+      this._retry(`closed ${ev.code}`);
+    };
+  }
+
+  _sendWs(obj) {
+    if (this._ws && this._ws.readyState === WebSocket.OPEN) this._ws.send(JSON.stringify(obj));
+  }
+
+  _openSse() {
+    const q = new URLSearchParams({ topics: this.patterns.join(","), token: this.client.token });
+    const at = this._resumePoint();
+    if (at && at.seq !== undefined) {
+      if (at.epoch) q.set("since_epoch", at.epoch);
+      q.set("since_seq", String(at.seq));
+    } else if (at && at.ts !== undefined) q.set("since_ts", String(at.ts));
+    else if (at && at.last !== undefined) q.set("last", String(at.last));
+    const es = new EventSource(`${this.client.url}/pubsub/v1/subscribe?${q}`);
+    this._es = es;
+    this.transport = "sse";
+    const on = (event) => (ev) => {
+      const frame = { event, data: JSON.parse(ev.data) };
+      if (ev.lastEventId) frame.seq = Number(ev.lastEventId);
+      this._onFrame(frame, null);
+    };
+    for (const name of ["subscribed", "message", "gap", "presence", "reset", "auth.expiring"]) {
+      es.addEventListener(name, on(name));
+    }
+    es.addEventListener("error", (ev) => {
+      if (ev.data) {
+        const data = JSON.parse(ev.data);
+        if (data.code === "expired") this.client.refresh();
+      }
+      // the browser would reconnect with the old URL (and token): we do it ourselves
+      if (this._es === es) this._retry("event stream ended");
+    });
+  }
+
+  _onFrame(frame, ws) {
+    const { event, data } = frame;
+    if (event === "auth.ok") {
+      const sub = { type: "subscribe", topics: this.patterns };
+      const at = this._resumePoint();
+      if (at) sub.since = at;
+      if (this.presenceFields) sub.presence = this.presenceFields;
+      ws.send(JSON.stringify(sub));
+    } else if (event === "subscribed") {
+      if (this.epoch !== null && data.epoch !== this.epoch) this.seq = null;
+      this.epoch = data.epoch;
+      this.transport = ws ? "ws" : "sse";
+      this._backoff = BACKOFF_MIN_MS;
+      this._acked = this.seq || 0;
+      this._state("live", { epoch: data.epoch, head_seq: data.head_seq });
+    } else if (event === "message") {
+      this._onMessage(data, frame.seq, ws);
+    } else if (event === "gap") {
+      this.gaps.push(data);
+      if (this.opts.onGap) this.opts.onGap(data);
+      if (ws) this._ack(data.to_seq, ws);
+    } else if (event === "presence") {
+      if (this.opts.onPresence) this.opts.onPresence(data);
+    } else if (event === "reset") {
+      // our cursor is from another epoch (the node's store was recreated): resume by time
+      this.epoch = null;
+      this.seq = null;
+      this.since = this.lastTs !== null ? { ts: this.lastTs + 1 } : null;
+      if (ws) ws.close(1000);
+      else this._retry("reset");
+    } else if (event === "auth.expiring") {
+      this.client.refresh();
+    } else if (event === "auth.error" || event === "error") {
+      if (this.opts.onError) this.opts.onError(new HearthNetError(data.code, data.message));
+    }
+  }
+
+  _onMessage(envelope, seq, ws) {
+    if (seq !== undefined && this.seq !== null && seq <= this.seq) return; // already had it
+    if (this._seen.has(envelope.id)) {
+      if (seq !== undefined) this.seq = seq;
+      return;
+    }
+    this._seen.add(envelope.id);
+    this._seenOrder.push(envelope.id);
+    if (this._seenOrder.length > SEEN_IDS) this._seen.delete(this._seenOrder.shift());
+    if (seq !== undefined) this.seq = seq;
+    this.lastTs = envelope.ts;
+    this.delivered++;
+    if (this.opts.onMessage) this.opts.onMessage(envelope, { seq, epoch: this.epoch });
+    if (ws) this._ack(seq, ws);
+  }
+
+  _ack(seq, ws) {
+    // spec §3.6: at least every half window
+    if (seq - this._acked >= Math.max(1, Math.floor(this.client.window / 2)) || seq < this._acked) {
+      this._acked = seq;
+      ws.send(JSON.stringify({ type: "ack", upto: seq }));
+    } else {
+      clearTimeout(this._ackTimer);
+      this._ackTimer = setTimeout(() => {
+        if (this.seq !== null && this.seq > this._acked && this._ws === ws) {
+          this._acked = this.seq;
+          this._sendWs({ type: "ack", upto: this.seq });
+        }
+      }, 50);
+    }
+  }
+
+  _tokenChanged() {
+    if (this._ws) this._sendWs({ type: "auth", token: this.client.token, window: this.client.window });
+    else if (this._es) this._retry("token refreshed"); // an event stream's token is in its URL
+  }
+
+  /** Change this subscriber's presence ({name, status, meta}) on its topics. */
+  setPresence(fields) {
+    this.presenceFields = { ...(this.presenceFields || {}), ...fields };
+    this._sendWs({ type: "presence.update", ...fields });
+  }
+
+  /** Drop the connection now (it reconnects and resumes); for tests and "retry now". */
+  reconnect() {
+    if (this._ws) this._ws.close(1000);
+    else this._retry("reconnect");
+  }
+
+  /** Stop: closes the socket; no more callbacks. */
+  close() {
+    this.closed = true;
+    clearTimeout(this._timer);
+    clearTimeout(this._ackTimer);
+    if (this._ws) this._ws.close(1000);
+    if (this._es) this._es.close();
+    this._ws = this._es = null;
+    this.client.subscriptions.delete(this);
+    this._state("closed");
+  }
+}
+
+/** One streaming call (spec §3.5-3.6): async iterable of frames, cancel(). */
+export class Call {
+  constructor(client, capability, input, opts) {
+    this.client = client;
+    this.capability = capability;
+    this.version = opts.version || "1.0";
+    this.body = { params: opts.params || {}, input };
+    this.onToolCall = opts.onToolCall || null;
+    this.inline = false; // tool results went back on the socket (WebSocket)
+    this._queue = [];
+    this._wake = null;
+    this._ended = false;
+    this._ws = null;
+    this._abort = null;
+    const useSse = client.transport === "sse";
+    this._started = useSse ? this._overSse() : this._overWs();
+  }
+
+  _push(frame) {
+    if (this._ended) return;
+    this._queue.push(frame);
+    if (frame.event === "done" || frame.event === "error") this._ended = true;
+    if (this._wake) this._wake();
+  }
+
+  _envelope() {
+    return {
+      body: this.body,
+      capability: this.capability,
+      version: this.version,
+      request_id: ulid(),
+      community: this.client.community,
+      ts: Date.now(),
+    };
+  }
+
+  _overWs() {
+    return new Promise((resolve) => {
+      const ws = new WebSocket(this.client.wsUrl + "/bus/v1/call", [SUBPROTOCOL_BUS]);
+      this._ws = ws;
+      let opened = false;
+      let acked = 0;
+      ws.onopen = () => {
+        opened = true;
+        this.inline = true;
+        ws.send(JSON.stringify({ type: "call", envelope: this._envelope(), token: this.client.token }));
+        resolve();
+      };
+      ws.onmessage = async (ev) => {
+        const frame = JSON.parse(ev.data);
+        if (frame.seq !== undefined && frame.seq - acked >= 8) {
+          acked = frame.seq;
+          ws.send(JSON.stringify({ type: "ack", upto: frame.seq }));
+        }
+        this._push(frame);
+        if (frame.event === "tool_call" && this.onToolCall) {
+          let result;
+          try {
+            result = await this.onToolCall(frame.data);
+          } catch (err) {
+            result = { error: String(err) };
+          }
+          if (ws.readyState === WebSocket.OPEN) {
+            ws.send(JSON.stringify({ type: "tool_result", tool_call_id: frame.data.id, body: result }));
+          }
+        }
+      };
+      ws.onclose = (ev) => {
+        if (!opened) {
+          // WebSocket blocked or refused: the same call over SSE (spec §3.5 fallback)
+          this._overSse().then(resolve);
+          return;
+        }
+        this._push({ event: "error", data: { code: "unavailable", message: `socket closed ${ev.code}` } });
+      };
+    });
+  }
+
+  async _overSse() {
+    this.inline = false;
+    this._abort = new AbortController();
+    let resp;
+    try {
+      resp = await fetch(this.client.url + "/bus/v1/call", {
+        method: "POST",
+        headers: this.client._headers({
+          ...callHeaders(this.capability, this.version, this.client.community),
+          Accept: "text/event-stream",
+        }),
+        body: JSON.stringify(this.body),
+        signal: this._abort.signal,
+      });
+    } catch (err) {
+      this._push({ event: "error", data: { code: "unavailable", message: String(err) } });
+      return;
+    }
+    if (!resp.ok) {
+      const obj = await resp.json().catch(() => ({}));
+      this._push({ event: "error", data: { code: obj.error || "unavailable", message: obj.message || "" } });
+      return;
+    }
+    const reader = resp.body.getReader();
+    const decoder = new TextDecoder();
+    let buf = "";
+    (async () => {
+      try {
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buf += decoder.decode(value, { stream: true });
+          let end;
+          while ((end = buf.indexOf("\n\n")) >= 0) {
+            const block = buf.slice(0, end);
+            buf = buf.slice(end + 2);
+            const frame = {};
+            for (const line of block.split("\n")) {
+              if (line.startsWith("event:")) frame.event = line.slice(6).trim();
+              else if (line.startsWith("data:")) frame.data = JSON.parse(line.slice(5));
+            }
+            if (frame.event) this._push(frame);
+          }
+        }
+      } catch (err) {
+        this._push({ event: "error", data: { code: "unavailable", message: String(err) } });
+      }
+      this._push({ event: "error", data: { code: "unavailable", message: "stream ended early" } });
+    })();
+  }
+
+  /** Ask the node to stop this call; the stream ends with error{cancelled} or done. */
+  cancel() {
+    if (this._ws && this._ws.readyState === WebSocket.OPEN) this._ws.send(JSON.stringify({ type: "cancel" }));
+    else if (this._abort) this._abort.abort();
+  }
+
+  async *[Symbol.asyncIterator]() {
+    await this._started;
+    for (;;) {
+      while (this._queue.length) {
+        const frame = this._queue.shift();
+        yield frame;
+        if (frame.event === "done" || frame.event === "error") {
+          if (this._ws) this._ws.close(1000);
+          return;
+        }
+      }
+      await new Promise((r) => (this._wake = r));
+      this._wake = null;
+    }
+  }
+}

@@ -1,0 +1,168 @@
+"""hearthnet.js in a real browser (docs/browser.md): resume after the node restarts with no
+loss and no duplicate, token refresh on a live session; with WebSocket blocked, the SSE
+fallback of subscriptions and llm.chat with a tool answered by the page (re-calls)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser.support import (
+    CLIENT_PAGE,
+    PageServer,
+    free_port,
+    open_client_page,
+    process_token,
+    publish,
+)
+from tests.helpers import NodeProcess, start_node_process
+
+SCOPES = ("pub:demo.**", "sub:demo.**", "call:llm.chat@2")
+
+
+@pytest.fixture(scope="module")
+def pages() -> Iterator[PageServer]:
+    """The origin the test pages come from."""
+    server = PageServer({"/client": CLIENT_PAGE})
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _start(data_dir: Path, port: int, pages: PageServer, *extra: str) -> NodeProcess:
+    return start_node_process(
+        data_dir,
+        "--port",
+        str(port),
+        "--llm-demo",
+        *extra,
+        env={"HEARTHNET_SECURITY_ALLOWED_ORIGINS": pages.origin},
+    )
+
+
+@pytest.fixture
+def restartable(tmp_path: Path, pages: PageServer) -> Iterator[list[NodeProcess]]:
+    """A node on a fixed port; a test may replace it by a restarted one (same data dir)."""
+    procs = [_start(tmp_path / "node", free_port(), pages)]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+SUBSCRIBE = """([node, token, fresh]) => {
+  window.got = []; window.states = []; window.refreshed = 0;
+  const client = new hn.HearthNet(node, {token, refreshToken: async () => {
+    window.refreshed++; return fresh; }});
+  window.sub = client.subscribe(["demo.resume"], {
+    onMessage: (m, at) => got.push([m.data.n, at.seq]),
+    onState: (s) => states.push(s)});
+}"""
+
+
+def test_resume_after_node_restart_no_loss_no_duplicate(
+    page: Any, pages: PageServer, restartable: list[NodeProcess]
+) -> None:
+    """The page subscribes, the node process restarts (same port and data), messages are
+    published before and right after the restart: the page gets each once, in order,
+    resuming over WebSocket by (epoch, seq); its token (61 s left) was refreshed on the
+    live session first."""
+    node = restartable[0]
+    token = process_token(node, *SCOPES)
+    short = process_token(node, *SCOPES, ttl_ms=61_000)
+    open_client_page(page, pages, node.url)
+    page.evaluate(SUBSCRIBE, [node.url, short, token])
+    page.wait_for_function("sub.state === 'live' && refreshed === 1", timeout=15_000)
+    for n in range(5):
+        publish(node.url, token, "demo.resume", "note", {"n": n})
+    page.wait_for_function("got.length === 5", timeout=15_000)
+    port = node.url.rsplit(":", 1)[1]
+    node.stop()
+    page.wait_for_function("states.includes('retrying')", timeout=15_000)
+    restarted = _start(node.data_dir, int(port), pages)
+    restartable.append(restarted)
+    for n in range(5, 10):
+        publish(restarted.url, token, "demo.resume", "note", {"n": n})
+    page.wait_for_function("got.length >= 10 && sub.state === 'live'", timeout=30_000)
+    got = page.evaluate("got")
+    seqs = [seq for _, seq in got]
+    assert (list(range(10)), sorted(seqs), "ws", []) == (
+        [n for n, _ in got],
+        seqs,
+        page.evaluate("sub.transport"),
+        page.errors,
+    )
+
+
+@pytest.fixture(scope="module")
+def no_websocket(pages: PageServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A node that refuses every WebSocket upgrade (503), as if a proxy blocked them."""
+    node = start_node_process(
+        tmp_path_factory.mktemp("nows") / "node",
+        "--llm-demo",
+        env={
+            "HEARTHNET_SECURITY_ALLOWED_ORIGINS": pages.origin,
+            "HEARTHNET_TRANSPORT_WEBSOCKET_ENABLED": "false",
+        },
+    )
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+SSE = """([node, token]) => {
+  window.got = [];
+  const client = new hn.HearthNet(node, {token});
+  window.sub = client.subscribe(["demo.sse"], {since: {last: 10},
+    onMessage: (m) => got.push(m.data.n)});
+}"""
+
+
+def test_sse_fallback_when_websocket_is_blocked(
+    page: Any, pages: PageServer, no_websocket: NodeProcess
+) -> None:
+    """WebSocket refused while the node answers HTTP: the subscription falls back to SSE
+    and gets the backlog and live messages."""
+    node = no_websocket
+    token = process_token(node, *SCOPES)
+    publish(node.url, token, "demo.sse", "note", {"n": 1})
+    open_client_page(page, pages, node.url)
+    page.evaluate(SSE, [node.url, token])
+    page.wait_for_function("got.length === 1", timeout=20_000)
+    publish(node.url, token, "demo.sse", "note", {"n": 2})
+    page.wait_for_function("got.length === 2", timeout=10_000)
+    assert ([1, 2], "sse", []) == (
+        page.evaluate("got"),
+        page.evaluate("sub.transport"),
+        page.errors,
+    )
+
+
+CHAT = """async ([node, token]) => {
+  const client = new hn.HearthNet(node, {token});
+  const asked = [];
+  const out = await client.chat([{role: "user", content: "what time is it?"}], {
+    tools: [{name: "time", description: "the time here",
+             parameters: {type: "object", properties: {}}}],
+    toolHandler: async (call) => { asked.push(call.name); return {now: "12:34"}; },
+    params: {backend: "demo"}});
+  return {text: out.text, asked, stop: out.done.stop_reason};
+}"""
+
+
+def test_llm_chat_tool_answered_by_the_page_over_sse(
+    page: Any, pages: PageServer, no_websocket: NodeProcess
+) -> None:
+    """llm.chat without WebSocket: the model asks for the page's tool, the stream ends
+    with tool_calls, the client runs the tool and calls again; the answer carries the
+    tool's result."""
+    node = no_websocket
+    open_client_page(page, pages, node.url)
+    result = page.evaluate(CHAT, [node.url, process_token(node, *SCOPES)])
+    assert (["time"], "end", True) == (result["asked"], result["stop"], "12:34" in result["text"])
