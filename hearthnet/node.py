@@ -298,6 +298,8 @@ class Node:
             sessions=self.sessions,
         )
         self.pubsub = self._build_pubsub(transport_metrics)
+        if self.llm is not None:
+            self.llm.pubsub = self.pubsub  # llm.chat publish_to (docs/browser.md)
         self.mesh = Mesh(
             keys=self.keys,
             membership=self.membership,

@@ -19,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from capabilities.llm_chat.backends import ChatBackend
+from capabilities.llm_chat.publish import AnswerOnTopic, TopicPublisher
 from hearthnet.bus.capability import MAX_PENDING_TOOL_RESULTS, CallContext
 from hearthnet.bus.chatrequest import (
     TOOL_NAME_PATTERN,
@@ -97,6 +98,8 @@ def request_schema(cfg: LlmSection) -> dict[str, Any]:
             },
             "max_tokens": {"type": "integer", "minimum": 1, "maximum": cfg.max_tokens},
             "stream": {"type": "boolean"},
+            # the answer also goes to this topic (capabilities/llm_chat/publish.py)
+            "publish_to": {"type": "string", "maxLength": 255},
         },
     }
 
@@ -147,6 +150,8 @@ class LlmChat:
         self.backends = dict(backends)
         self.default_backend = "openai" if "openai" in backends else next(iter(backends))
         self.limits = tool_limits(cfg)
+        # set by the node: where publish_to answers go (None: publish_to is refused)
+        self.pubsub: TopicPublisher | None = None
         self.descriptor = CapabilityDescriptor(
             name="llm.chat",
             version="2.0",
@@ -177,7 +182,22 @@ class LlmChat:
 
     async def stream(self, ctx: CallContext, value: Any) -> AsyncIterator[Frame]:
         """Run model turns and tool rounds until the model answers (or, over SSE, until
-        it asks for tools)."""
+        it asks for tools); with ``publish_to``, the answer goes to that topic too."""
+        mirror: AnswerOnTopic | None = None
+        if "publish_to" in value:
+            topic = value["publish_to"]
+            value = {k: v for k, v in value.items() if k != "publish_to"}
+            if self.pubsub is None:
+                raise BadRequest("publish_to is not available on this node")
+            mirror = AnswerOnTopic(self.pubsub, ctx.caller, topic, ctx.request_id)
+            mirror.check()
+        async with contextlib.aclosing(self._answer(ctx, value)) as frames:
+            async for frame in frames:
+                if mirror is not None:
+                    await mirror.on_frame(frame)
+                yield frame
+
+    async def _answer(self, ctx: CallContext, value: Any) -> AsyncGenerator[Frame, None]:
         started = time.monotonic()
         backend = self.backend_for(ctx.params)
         if "max_tokens" not in value:

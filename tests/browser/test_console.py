@@ -1,5 +1,6 @@
 """The console (docs/browser.md) on two linked node processes: log in with the URL
-`hearthnet console` prints and see a peer, a topic and a live message."""
+`hearthnet console` prints and see a peer, a topic and a live message; two consoles on two
+nodes watch one llm.chat answer published to their chat room, and a late one reads it."""
 
 from __future__ import annotations
 
@@ -77,4 +78,49 @@ def test_login_shows_peer_topic_and_live_message(page: Any, mesh: Cluster) -> No
         peer.split("\t")[1].strip(),
         "first" in page.inner_text("#tail-messages"),
         page.errors,
+    )
+
+
+def _answer(pg: Any) -> str:
+    pg.wait_for_selector("#chat-log .answer[data-complete]", timeout=30_000)
+    text: str = pg.inner_text("#chat-log .answer[data-complete] span")
+    return text
+
+
+def test_two_consoles_on_two_nodes_watch_one_answer(browser: Any, mesh: Cluster) -> None:
+    """A question asked in node 0's console streams its answer (llm.chat publish_to) to the
+    room; node 1's console sees it live, and one opened afterwards reads it from history."""
+    contexts = [browser.new_context() for _ in range(3)]
+    try:
+        asker, watcher, late = (c.new_page() for c in contexts)
+        live_room = "#chat-room-form[data-state=live]"
+        asker.goto(_login_url(mesh.data(0)))
+        attic = _login_url(mesh.data(1))  # a login URL works until it expires
+        watcher.goto(attic)
+        for pg in (asker, watcher):
+            pg.wait_for_selector(live_room, timeout=20_000)
+        asker.fill("#chat-input", "how do I boil water")
+        asker.press("#chat-input", "Enter")
+        answers = [_answer(asker), _answer(watcher)]
+        late.goto(attic)
+        late.wait_for_selector(live_room, timeout=20_000)
+        answers.append(_answer(late))
+        history = json.loads(
+            urllib.request.urlopen(
+                urllib.request.Request(
+                    mesh.nodes[1].url + "/pubsub/v1/topics/chat.room.lobby/history?limit=500",
+                    headers={"X-HearthNet-Token": process_token(mesh.nodes[1], "sub:chat.**")},
+                ),
+                timeout=10,
+            ).read()
+        )
+        types = [m["data"]["type"] for m in history["messages"]]
+    finally:
+        for c in contexts:
+            c.close()
+    assert (True, 1, 1, True) == (
+        "how do I boil water" in answers[0] and answers[0] == answers[1] == answers[2],
+        types.count("message.complete") - 1,  # the question is one too
+        len({m["data"]["data"].get("call") for m in history["messages"]} - {None}),
+        types.count("token") >= 1,
     )
