@@ -5,6 +5,7 @@ fallback of subscriptions and llm.chat with a tool answered by the page (re-call
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,26 +34,65 @@ def pages() -> Iterator[PageServer]:
         server.close()
 
 
-def _start(data_dir: Path, port: int, pages: PageServer, *extra: str) -> NodeProcess:
+def _start(data_dir: Path, port: int, pages: PageServer) -> NodeProcess:
     return start_node_process(
         data_dir,
         "--port",
         str(port),
-        "--llm-demo",
-        *extra,
-        env={"HEARTHNET_SECURITY_ALLOWED_ORIGINS": pages.origin},
+        env={
+            "HEARTHNET_SECURITY_ALLOWED_ORIGINS": pages.origin,
+            # a small per-subscriber queue, so a burst to a small window makes a gap
+            "HEARTHNET_PUBSUB_QUEUE_MAX": "8",
+        },
     )
 
 
-@pytest.fixture
-def restartable(tmp_path: Path, pages: PageServer) -> Iterator[list[NodeProcess]]:
-    """A node on a fixed port; a test may replace it by a restarted one (same data dir)."""
-    procs = [_start(tmp_path / "node", free_port(), pages)]
+@pytest.fixture(scope="module")
+def restartable(
+    tmp_path_factory: pytest.TempPathFactory, pages: PageServer
+) -> Iterator[list[NodeProcess]]:
+    """A node on a fixed port; the last test restarts it (same data dir), the list holds
+    every process started."""
+    procs = [_start(tmp_path_factory.mktemp("restart") / "node", free_port(), pages)]
     try:
         yield procs
     finally:
         for proc in procs:
             proc.stop()
+
+
+GAP = """([node, token]) => {
+  window.got = []; window.gaps = [];
+  const client = new hn.HearthNet(node, {token, window: 2});
+  window.sub = client.subscribe(["demo.burst"], {
+    onMessage: (m, at) => got.push(at.seq), onGap: (g) => gaps.push(g)});
+}"""
+
+
+def test_gap_reaches_the_caller(
+    page: Any, pages: PageServer, restartable: list[NodeProcess]
+) -> None:
+    """A burst to a subscriber with a window of 2 and a queue of 8: the node drops for it and
+    says so; onGap gets the ranges, and with the messages they account for every seq."""
+    node = restartable[0]
+    token = process_token(node, *SCOPES)
+    open_client_page(page, pages, node.url)
+    page.evaluate(GAP, [node.url, token])
+    page.wait_for_function("sub.state === 'live'", timeout=15_000)
+    with ThreadPoolExecutor(max_workers=40) as pool:
+        seqs = sorted(
+            pool.map(
+                lambda n: publish(node.url, token, "demo.burst", "note", {"n": n})["seq"],
+                range(40),
+            )
+        )
+    page.wait_for_function(
+        f"got.length + gaps.reduce((k, g) => k + g.to_seq - g.from_seq + 1, 0) >= {len(seqs)}",
+        timeout=15_000,
+    )
+    got, gaps = page.evaluate("got"), page.evaluate("gaps")
+    dropped = [seq for g in gaps for seq in range(g["from_seq"], g["to_seq"] + 1)]
+    assert (True, seqs, []) == (bool(gaps), sorted(got + dropped), sorted(set(got) & set(dropped)))
 
 
 SUBSCRIBE = """([node, token, fresh]) => {
