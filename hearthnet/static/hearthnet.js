@@ -289,6 +289,7 @@ export class Subscription {
     this.presenceFields = opts.presence || null;
     this.closed = false;
     this.transport = null; // "ws" | "sse" once connected
+    this.expiresMs = null; // expiry of the token the node accepted last (WebSocket)
     this.delivered = 0;
     this.gaps = [];
     this._seen = new Set();
@@ -401,6 +402,9 @@ export class Subscription {
   _onFrame(frame, ws) {
     const { event, data } = frame;
     if (event === "auth.ok") {
+      this.expiresMs = data.expires_ms ?? null; // the token the node holds now
+      if (ws._hearthnetSubscribed) return; // an answer to a refreshed token
+      ws._hearthnetSubscribed = true;
       const sub = { type: "subscribe", topics: this.patterns };
       const at = this._resumePoint();
       if (at) sub.since = at;

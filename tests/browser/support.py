@@ -15,7 +15,9 @@ from hearthnet.tokens import CapabilityToken, Scope
 from tests.helpers import NodeProcess
 
 
-def process_token(node: NodeProcess, *scopes: str, ttl_ms: int = 600_000) -> str:
+def process_token(
+    node: NodeProcess, *scopes: str, ttl_ms: int = 600_000, sub: str | None = None
+) -> str:
     """A token issued by a node process's own key (read from its data dir)."""
     keys = load_or_create_keys(node.data_dir)
     return CapabilityToken.issue(
@@ -24,6 +26,7 @@ def process_token(node: NodeProcess, *scopes: str, ttl_ms: int = 600_000) -> str
         scopes=[Scope.parse(s) for s in scopes],
         ttl_ms=ttl_ms,
         now_ms=now_ms(),
+        sub=sub,
     ).encode()
 
 

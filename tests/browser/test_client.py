@@ -4,6 +4,7 @@ fallback of subscriptions and llm.chat with a tool answered by the page (re-call
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from hearthnet.ids import b64url_decode
 from tests.browser.support import (
     CLIENT_PAGE,
     PageServer,
@@ -113,11 +115,13 @@ def test_resume_after_node_restart_no_loss_no_duplicate(
     resuming over WebSocket by (epoch, seq); its token (61 s left) was refreshed on the
     live session first."""
     node = restartable[0]
-    token = process_token(node, *SCOPES)
-    short = process_token(node, *SCOPES, ttl_ms=61_000)
+    token = process_token(node, *SCOPES, sub="page")
+    short = process_token(node, *SCOPES, ttl_ms=61_000, sub="page")
     open_client_page(page, pages, node.url)
     page.evaluate(SUBSCRIBE, [node.url, short, token])
-    page.wait_for_function("sub.state === 'live' && refreshed === 1", timeout=15_000)
+    expires = json.loads(b64url_decode(token.removeprefix("hnt1:")))["exp_ms"]
+    # the node took the fresh token on the live session (its auth.ok names the new expiry)
+    page.wait_for_function(f"sub.state === 'live' && sub.expiresMs === {expires}", timeout=15_000)
     for n in range(5):
         publish(node.url, token, "demo.resume", "note", {"n": n})
     page.wait_for_function("got.length === 5", timeout=15_000)
@@ -131,10 +135,11 @@ def test_resume_after_node_restart_no_loss_no_duplicate(
     page.wait_for_function("got.length >= 10 && sub.state === 'live'", timeout=30_000)
     got = page.evaluate("got")
     seqs = [seq for _, seq in got]
-    assert (list(range(10)), sorted(seqs), "ws", []) == (
+    assert (list(range(10)), sorted(seqs), "ws", 1, []) == (
         [n for n, _ in got],
         seqs,
         page.evaluate("sub.transport"),
+        page.evaluate("refreshed"),
         page.errors,
     )
 
