@@ -41,6 +41,7 @@ def _start(data_dir: Path, port: int, pages: PageServer) -> NodeProcess:
         data_dir,
         "--port",
         str(port),
+        "--llm-demo",
         env={
             "HEARTHNET_SECURITY_ALLOWED_ORIGINS": pages.origin,
             # a small per-subscriber queue, so a burst to a small window makes a gap
@@ -95,6 +96,34 @@ def test_gap_reaches_the_caller(
     got, gaps = page.evaluate("got"), page.evaluate("gaps")
     dropped = [seq for g in gaps for seq in range(g["from_seq"], g["to_seq"] + 1)]
     assert (True, seqs, []) == (bool(gaps), sorted(got + dropped), sorted(set(got) & set(dropped)))
+
+
+CHAT = """async ([node, token]) => {
+  const client = new hn.HearthNet(node, {token});
+  const asked = [];
+  const out = await client.chat([{role: "user", content: "what time is it?"}], {
+    tools: [{name: "time", description: "the time here",
+             parameters: {type: "object", properties: {}}}],
+    toolHandler: async (call) => { asked.push(call.name); return {now: "12:34"}; },
+    params: {backend: "demo"}});
+  return {text: out.text, asked, stop: out.done.stop_reason, rounds: out.done.tool_rounds};
+}"""
+
+
+def test_llm_chat_tool_answered_by_the_page_inline(
+    page: Any, pages: PageServer, restartable: list[NodeProcess]
+) -> None:
+    """llm.chat over WebSocket: the model asks for the page's tool, the page's answer goes
+    back on the same socket and the model finishes in the same stream."""
+    node = restartable[0]
+    open_client_page(page, pages, node.url)
+    result = page.evaluate(CHAT, [node.url, process_token(node, *SCOPES)])
+    assert (["time"], "end", 1, True) == (
+        result["asked"],
+        result["stop"],
+        result["rounds"],
+        "12:34" in result["text"],
+    )
 
 
 SUBSCRIBE = """([node, token, fresh]) => {
@@ -187,18 +216,6 @@ def test_sse_fallback_when_websocket_is_blocked(
         page.evaluate("sub.transport"),
         page.errors,
     )
-
-
-CHAT = """async ([node, token]) => {
-  const client = new hn.HearthNet(node, {token});
-  const asked = [];
-  const out = await client.chat([{role: "user", content: "what time is it?"}], {
-    tools: [{name: "time", description: "the time here",
-             parameters: {type: "object", properties: {}}}],
-    toolHandler: async (call) => { asked.push(call.name); return {now: "12:34"}; },
-    params: {backend: "demo"}});
-  return {text: out.text, asked, stop: out.done.stop_reason};
-}"""
 
 
 def test_llm_chat_tool_answered_by_the_page_over_sse(
