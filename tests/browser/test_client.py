@@ -1,9 +1,13 @@
-"""hearthnet.js in a real browser (docs/browser.md): resume after the node restarts with no
-loss and no duplicate, token refresh on a live session; with WebSocket blocked, the SSE
-fallback of subscriptions and llm.chat with a tool answered by the page (re-calls)."""
+"""Pages in a real browser (docs/browser.md): CORS (an allowed origin may use fetch,
+EventSource and WebSocket, another is refused); hearthnet.js: gaps reach the caller,
+llm.chat with a tool answered by the page, resume after the node restarts with no loss and
+no duplicate, token refresh on a live session; with WebSocket blocked, the SSE fallback of
+subscriptions and llm.chat by re-calls. One node serves them all (the resume test restarts
+it last); a second one refuses WebSocket."""
 
 from __future__ import annotations
 
+import http.client
 import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,11 +29,46 @@ from tests.helpers import NodeProcess, start_node_process
 
 SCOPES = ("pub:demo.**", "sub:demo.**", "call:llm.chat@2")
 
+# What a third-party page does with a node: publish (a preflighted fetch, for the token
+# header), read it back over SSE, and open a pub/sub WebSocket.
+CORS_PAGE = """<!doctype html><script type="module">
+const node = new URLSearchParams(location.search).get("node");
+const token = new URLSearchParams(location.search).get("token");
+window.results = {};
+try {
+  const r = await fetch(node + "/pubsub/v1/topics/demo.cors/messages", {
+    method: "POST",
+    headers: {"Content-Type": "application/json", "X-HearthNet-Token": token},
+    body: JSON.stringify({type: "note", data: {from: location.origin}})});
+  results.fetch = r.status;
+} catch (e) { results.fetch = "refused"; }
+const es = new EventSource(node + "/pubsub/v1/subscribe?topics=demo.cors&last=1&token=" +
+                           encodeURIComponent(token));
+es.addEventListener("message", (e) => { results.sse = JSON.parse(e.data).data.from; es.close(); });
+es.onerror = () => { if (!results.sse) { results.sse = "refused"; es.close(); } };
+const ws = new WebSocket(node.replace("http", "ws") + "/pubsub/v1/subscribe");
+ws.onopen = () => ws.send(JSON.stringify({type: "auth", token}));
+ws.onmessage = (e) => { results.ws = JSON.parse(e.data).event; ws.close(); };
+ws.onclose = () => { if (!results.ws) results.ws = "refused"; };
+</script>"""
+
+DONE = "window.results && results.fetch && results.sse && results.ws"
+
 
 @pytest.fixture(scope="module")
 def pages() -> Iterator[PageServer]:
-    """The origin the test pages come from."""
-    server = PageServer({"/client": CLIENT_PAGE})
+    """The origin the test pages come from (the nodes allow it)."""
+    server = PageServer({"/client": CLIENT_PAGE, "/cors": CORS_PAGE})
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def other_pages() -> Iterator[PageServer]:
+    """An origin no node allows."""
+    server = PageServer({"/cors": CORS_PAGE})
     try:
         yield server
     finally:
@@ -62,6 +101,84 @@ def restartable(
     finally:
         for proc in procs:
             proc.stop()
+
+
+def _run_cors_page(page: Any, origin: str, node: NodeProcess) -> dict[str, Any]:
+    token = process_token(node, "pub:demo.**", "sub:demo.**")
+    page.goto(f"{origin}/cors?node={node.url}&token={token}")
+    page.wait_for_function(DONE, timeout=15_000)
+    results: dict[str, Any] = page.evaluate("window.results")
+    return results
+
+
+def test_allowed_origin_uses_fetch_eventsource_and_websocket(
+    page: Any, pages: PageServer, restartable: list[NodeProcess]
+) -> None:
+    """From an allowed origin: the preflighted publish, the SSE read and the WS auth work."""
+    assert {"fetch": 200, "sse": pages.origin, "ws": "auth.ok"} == _run_cors_page(
+        page, pages.origin, restartable[0]
+    )
+
+
+def test_other_origin_is_refused(
+    page: Any, other_pages: PageServer, restartable: list[NodeProcess]
+) -> None:
+    """From an origin not listed: fetch, EventSource and WebSocket all fail in the page."""
+    assert {"fetch": "refused", "sse": "refused", "ws": "refused"} == _run_cors_page(
+        page, other_pages.origin, restartable[0]
+    )
+
+
+def test_refusals_and_preflight_on_the_wire(
+    pages: PageServer, other_pages: PageServer, restartable: list[NodeProcess]
+) -> None:
+    """Raw HTTP: preflight answered for the allowed origin, 403 forbidden for another, and
+    a WebSocket upgrade from another origin gets no 101."""
+    cors_node = restartable[0]
+    host, port = cors_node.url.removeprefix("http://").split(":")
+
+    def ask(method: str, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            conn.request(method, path, headers=headers)
+            resp = conn.getresponse()
+            resp.read()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}
+        finally:
+            conn.close()
+
+    allowed, other = pages.origin, other_pages.origin
+    pre_status, pre = ask(
+        "OPTIONS",
+        "/pubsub/v1/topics/demo.x/messages",
+        {
+            "Origin": allowed,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type, x-hearthnet-token, x-evil",
+        },
+    )
+    refused_status, _ = ask("GET", "/health", {"Origin": other})
+    same_status, same = ask("GET", "/health", {"Origin": cors_node.url})
+    ws_status, _ = ask(
+        "GET",
+        "/pubsub/v1/subscribe",
+        {
+            "Origin": other,
+            "Upgrade": "websocket",
+            "Connection": "Upgrade",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+            "Sec-WebSocket-Version": "13",
+        },
+    )
+    assert (204, allowed, "content-type, x-hearthnet-token", 403, 200, cors_node.url, 403) == (
+        pre_status,
+        pre.get("access-control-allow-origin"),
+        pre.get("access-control-allow-headers"),
+        refused_status,
+        same_status,
+        same.get("access-control-allow-origin"),
+        ws_status,
+    )
 
 
 GAP = """([node, token]) => {
