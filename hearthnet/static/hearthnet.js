@@ -106,12 +106,17 @@ export class HearthNet {
   _setToken(token) {
     this._claims = decodeToken(token);
     this._token = token;
-    clearTimeout(this._refreshTimer);
-    if (this.refreshToken && !this.closed) {
-      const due = this._claims.exp_ms - REFRESH_BEFORE_MS - 5_000 - Date.now();
-      this._refreshTimer = setTimeout(() => this.refresh(), Math.max(1_000, due));
-    }
+    this._scheduleRefresh();
     for (const sub of this.subscriptions) sub._tokenChanged();
+  }
+
+  _scheduleRefresh() {
+    clearTimeout(this._refreshTimer);
+    if (!this.refreshToken || this.closed) return;
+    const due = this._claims.exp_ms - REFRESH_BEFORE_MS - 5_000 - Date.now();
+    // setTimeout fires at once past 2^31-1 ms: a long-lived token is looked at again later
+    const wait = Math.min(Math.max(1_000, due), 2 ** 31 - 1);
+    this._refreshTimer = setTimeout(() => (wait < due ? this._scheduleRefresh() : this.refresh()), wait);
   }
 
   /** Get a fresh token from refreshToken now and hand it to every open session. */
@@ -391,8 +396,10 @@ export class Subscription {
     }
     es.addEventListener("error", (ev) => {
       if (ev.data) {
+        // the node's own error event (spec §3.3), not the browser's "connection lost"
         const data = JSON.parse(ev.data);
         if (data.code === "expired") this.client.refresh();
+        else if (this.opts.onError) this.opts.onError(new HearthNetError(data.code, data.message));
       }
       // the browser would reconnect with the old URL (and token): we do it ourselves
       if (this._es === es) this._retry("event stream ended");
