@@ -49,6 +49,7 @@ _PAGE_HEADERS = {
 }
 MAX_TOPICS_SHOWN = 200
 HEALTH_DIR = "health"  # <data_dir>/health/**/summary.json: the last mesh-health report
+HEALTH_RECHECK_S = 10.0
 
 
 def load_static() -> dict[str, bytes]:
@@ -120,6 +121,9 @@ class ConsoleEndpoints:
         self.mesh = mesh
         self.rates = rates
         self.files = load_static()
+        # the report is looked for at most every HEALTH_RECHECK_S, not on every poll
+        self._health: dict[str, Any] | None = None
+        self._health_checked = -HEALTH_RECHECK_S
 
     def routes(self) -> list[web.RouteDef]:
         """The routes."""
@@ -171,6 +175,12 @@ class ConsoleEndpoints:
         fresh = session_token(self.keys, caller.token, now_ms())
         return json_response({"token": fresh.encode(), "exp_ms": fresh.exp_ms})
 
+    def _health_report(self, now_s: float) -> dict[str, Any] | None:
+        if now_s - self._health_checked >= HEALTH_RECHECK_S:
+            self._health_checked = now_s
+            self._health = last_health_report(self.node.data_dir)
+        return self._health
+
     async def overview(self, request: web.Request) -> web.Response:
         """Identity, community, peers, topics, relays and the last mesh-health report."""
         caller = self._caller(request, None)
@@ -193,7 +203,7 @@ class ConsoleEndpoints:
                     "attached": list(self.mesh.relaying.relay_urls),
                     **stats.get("relaying", {}),
                 },
-                "health": last_health_report(self.node.data_dir),
+                "health": self._health_report(now_s),
                 "you": {"identity": caller.identity, "kind": caller.kind},
                 "links": {
                     "metrics": "/metrics",
