@@ -181,7 +181,7 @@ class SecuritySection:
         metadata=_doc(
             "Web pages (origins like https://app.example:8443) that may use the node from a "
             "browser: fetch, EventSource and WebSocket. The node's own origin always may; "
-            "requests from other origins are refused (forbidden). \"*\" allows any origin."
+            'requests from other origins are refused (forbidden). "*" allows any origin.'
         ),
     )
 
