@@ -9,6 +9,8 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from websockets.sync.client import connect
+
 from hearthnet.clock import now_ms
 from hearthnet.identity import load_or_create_keys
 from hearthnet.tokens import CapabilityToken, Scope
@@ -97,3 +99,24 @@ def open_client_page(page: Any, pages: PageServer, node_url: str) -> None:
     """Load CLIENT_PAGE from ``pages`` and wait until hearthnet.js is imported."""
     page.goto(f"{pages.origin}/client?node={node_url}")
     page.wait_for_function("window.ready === true", timeout=15_000)
+
+
+def publish_burst(node_url: str, token: str, topic: str, count: int) -> list[int]:
+    """Publish ``count`` messages back to back on one pub/sub WebSocket, without waiting
+    for answers in between (they reach the node together and are committed together);
+    their seqs."""
+    with connect(node_url.replace("http", "ws", 1) + "/pubsub/v1/subscribe") as ws:
+        ws.send(json.dumps({"type": "auth", "token": token}))
+        assert "auth.ok" == json.loads(ws.recv(timeout=10))["event"]
+        for n in range(count):
+            ws.send(
+                json.dumps(
+                    {"type": "publish", "topic": topic, "msg_type": "note", "data": {"n": n}}
+                )
+            )
+        seqs = []
+        while len(seqs) < count:
+            frame = json.loads(ws.recv(timeout=10))
+            if frame["event"] == "published.ok":
+                seqs.append(frame["data"]["seq"])
+        return sorted(seqs)

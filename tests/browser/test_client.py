@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.client
 import json
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from tests.browser.support import (
     open_client_page,
     process_token,
     publish,
+    publish_burst,
 )
 from tests.helpers import NodeProcess, start_node_process
 
@@ -199,13 +199,7 @@ def test_gap_reaches_the_caller(
     open_client_page(page, pages, node.url)
     page.evaluate(GAP, [node.url, token])
     page.wait_for_function("sub.state === 'live'", timeout=15_000)
-    with ThreadPoolExecutor(max_workers=40) as pool:
-        seqs = sorted(
-            pool.map(
-                lambda n: publish(node.url, token, "demo.burst", "note", {"n": n})["seq"],
-                range(40),
-            )
-        )
+    seqs = publish_burst(node.url, token, "demo.burst", 40)
     page.wait_for_function(
         f"got.length + gaps.reduce((k, g) => k + g.to_seq - g.from_seq + 1, 0) >= {len(seqs)}",
         timeout=15_000,
