@@ -2,8 +2,8 @@
 
 A browser names the page a request comes from in the ``Origin`` header (fetch, XHR,
 EventSource in CORS mode, and every WebSocket upgrade). The node serves a request that
-carries one only when the origin is the node's own (same scheme, host and port as the
-request's ``Host``) or is listed in ``[security] allowed_origins``; anything else is
+carries one only when the origin is the node's own (the host and port of the request's
+``Host``, by either scheme) or is listed in ``[security] allowed_origins``; anything else is
 refused with ``forbidden`` before a handler runs, and a refused WebSocket upgrade never
 gets its ``101``. Requests without ``Origin`` (the Python client, the CLI, peer links,
 curl) are not browsers' and are not affected: their credentials are the signature or
@@ -115,7 +115,9 @@ class OriginPolicy:
             own = normalise_origin(f"{scheme}://{host}")
         except ValueError:
             return False
-        return normal == own
+        # The scheme is not compared: the port serves TLS and plain HTTP alike, and behind a
+        # TLS-terminating proxy that keeps Host the node sees http where the page has https.
+        return normal.split("://", 1)[1] == own.split("://", 1)[1]
 
     def preflight_headers(self, origin: str, requested: str) -> dict[str, str]:
         """The answer to an allowed preflight: methods, and the requested headers that

@@ -9,14 +9,17 @@ from hearthnet.transport.cors import OriginPolicy, normalise_origin
 
 
 def test_same_origin_allowed_without_configuration() -> None:
-    """With no allowed_origins only the node's own origin (scheme, host, port) may."""
+    """With no allowed_origins only the node's own host and port may (by either scheme:
+    one port serves both, and a TLS proxy that keeps Host makes https pages of http)."""
     policy = OriginPolicy.from_config(())
     host = "127.0.0.1:7080"
-    assert [True, False, False, False] == [
+    assert [True, False, True, False, True, False] == [
         policy.allows("http://127.0.0.1:7080", host=host, scheme="http"),
         policy.allows("http://127.0.0.1:7081", host=host, scheme="http"),
         policy.allows("https://127.0.0.1:7080", host=host, scheme="http"),
         policy.allows("null", host=host, scheme="http"),
+        policy.allows("https://node.example", host="node.example", scheme="http"),
+        policy.allows("https://node.example.evil", host="node.example", scheme="http"),
     ]
 
 
