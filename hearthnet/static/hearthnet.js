@@ -84,7 +84,7 @@ export class HearthNet {
     this.wsUrl = this.url.replace(/^http/, "ws");
     this.refreshToken = opts.refreshToken || null;
     this.transport = opts.transport || "auto";
-    this.window = opts.window || 256;
+    this.window = opts.window || 1024; // spec §3.6: the pub/sub default
     this.onTokenError = opts.onTokenError || (() => {});
     this.subscriptions = new Set();
     this.closed = false;
@@ -303,6 +303,7 @@ export class Subscription {
     this._ws = null;
     this._es = null;
     this._timer = null;
+    this._ackTimer = null;
     this._acked = 0;
     this._wsFailures = 0;
   }
@@ -463,13 +464,13 @@ export class Subscription {
   }
 
   _ack(seq, ws) {
-    // spec §3.6: at least every half window
+    // spec §3.6: at least every half window; the rest within 50 ms (one timer at a time)
     if (seq - this._acked >= Math.max(1, Math.floor(this.client.window / 2)) || seq < this._acked) {
       this._acked = seq;
       ws.send(JSON.stringify({ type: "ack", upto: seq }));
-    } else {
-      clearTimeout(this._ackTimer);
+    } else if (this._ackTimer === null) {
       this._ackTimer = setTimeout(() => {
+        this._ackTimer = null;
         if (this.seq !== null && this.seq > this._acked && this._ws === ws) {
           this._acked = this.seq;
           this._sendWs({ type: "ack", upto: this.seq });
