@@ -4,6 +4,8 @@ nodes watch one llm.chat answer published to their chat room, and a late one rea
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import time
@@ -14,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from hearthnet.cli import main
 from tests.browser.support import process_token, publish
-from tests.helpers import run_cli
 from tests.integration.mesh_cluster import Cluster
 
 # DOCS_SCREENSHOTS=docs/img makes the first test save the console's screenshots there
@@ -45,10 +47,12 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def _login_url(data_dir: Path) -> str:
-    result = run_cli("console", "--data-dir", str(data_dir))
-    assert 0 == result.returncode, result.stderr
-    url: str = result.stdout.strip()
-    return url
+    """What `hearthnet console` prints (run in this process: a CLI start costs more)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["console", "--data-dir", str(data_dir)])
+    assert 0 == code, err.getvalue()
+    return out.getvalue().strip()
 
 
 def test_login_shows_peer_topic_and_live_message(page: Any, mesh: Cluster) -> None:
