@@ -99,7 +99,7 @@ function render(o) {
     return el("tr", {}, el("td", {}, watch), el("td", {}, t.rate_per_s.toFixed(1)),
       el("td", {}, t.subscribers), el("td", {}, t.presence), el("td", {}, t.messages));
   }));
-  $("relay-info").textContent = JSON.stringify(o.relays, null, 1);
+  renderRelays(o.relays);
   if (o.health) {
     const s = o.health.summary;
     $("health-info").replaceChildren(
@@ -192,3 +192,18 @@ window.addEventListener("DOMContentLoaded", () => {
   if (token) start(token);
   else showLogin();
 });
+
+// Relays: the configured relay URLs, then the relaying counters as a key/value list.
+function renderRelays(relays) {
+  const { attached = [], ...counters } = relays || {};
+  const rows = [];
+  if (!attached.length) rows.push(el("p", { class: "muted" }, "no relay configured (node start --relay-url URL)"));
+  else rows.push(el("ul", {}, ...attached.map((url) => el("li", { class: "mono" }, url))));
+  const dl = el("dl", {});
+  for (const [k, v] of Object.entries(counters)) {
+    dl.append(el("dt", {}, k.replaceAll("_", " ")),
+      el("dd", {}, typeof v === "object" ? JSON.stringify(v) : String(v)));
+  }
+  if (dl.childElementCount) rows.push(dl);
+  $("relay-info").replaceChildren(...rows);
+}
