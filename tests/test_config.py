@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hearthnet.cli import _config, build_parser
+from hearthnet.cli import build_parser
+from hearthnet.commands.common import config_of
 from hearthnet.config import configuration_table, load_config, to_toml
 from hearthnet.errors import ConfigError
 
@@ -101,7 +102,7 @@ def test_relay_flags_set_the_mesh_relay_keys(tmp_path: Path) -> None:
             "https://relay-b.example:7080",
         ]
     )
-    config = _config(args)
+    config = config_of(args)
     assert (True, ("https://relay-a.example:7080", "https://relay-b.example:7080")) == (
         config.mesh.relay,
         config.mesh.relay_urls,

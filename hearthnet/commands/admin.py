@@ -1,0 +1,142 @@
+"""``hearthnet keys show``, ``hearthnet config show``, ``hearthnet token ...`` and
+``hearthnet topic rotate``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from hearthnet.clock import now_ms
+from hearthnet.commands.common import (
+    EXIT_OK,
+    Parents,
+    config_of,
+    data_dir_of,
+    existing_keys,
+    lifetime_ms,
+    local_identity,
+    parse_duration_ms,
+    print_json,
+    scope_arg,
+    submit_record,
+)
+from hearthnet.config import to_toml
+
+
+def cmd_keys_show(args: argparse.Namespace) -> int:
+    """``hearthnet keys show``: NodeID and short id (never the private seed)."""
+    data_dir = data_dir_of(args)
+    keys = existing_keys(data_dir)
+    info = {
+        "node": keys.node_id,
+        "short_id": keys.short_id,
+        "seed_file": str(data_dir / "keys" / "node.ed25519"),
+    }
+    if args.json:
+        print_json(info)
+    else:
+        for key, value in info.items():
+            print(f"{key:9} {value}")
+    return EXIT_OK
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    """``hearthnet config show``: the effective configuration as TOML."""
+    print(to_toml(config_of(args)), end="")
+    return EXIT_OK
+
+
+def cmd_token_issue(args: argparse.Namespace) -> int:
+    """``hearthnet token issue --scope sub:chat.** --ttl 1h``: prints the token alone."""
+    from hearthnet.tokens import CapabilityToken, Scope
+
+    keys, _, membership = local_identity(args)
+    scopes = [Scope.parse(s) for s in args.scope]
+    token = CapabilityToken.issue(
+        keys,
+        community=membership.community_id,
+        scopes=scopes,
+        ttl_ms=args.ttl,
+        now_ms=now_ms(),
+        sub=args.sub,
+    )
+    print(token.encode())
+    return EXIT_OK
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> int:
+    """``hearthnet token revoke TOKEN|JTI``: revoke one token, mesh-wide (spec §1.6)."""
+    from hearthnet.tokens import TOKEN_PREFIX, CapabilityToken
+
+    keys, _, membership = local_identity(args)
+    if args.token.startswith(TOKEN_PREFIX):
+        token = CapabilityToken.decode(args.token)
+        iss, jti = token.iss, token.jti
+    else:
+        iss, jti = args.iss or keys.node_id, args.token
+    record = membership.sign(keys, "token.revoked", jti, now_ms=now_ms(), iss=iss)
+    submit_record(args, record, "a token is revoked by its issuer or an anchor")
+    print(json.dumps({"revoked": jti, "iss": iss}))
+    return EXIT_OK
+
+
+def cmd_topic_rotate(args: argparse.Namespace) -> int:
+    """``hearthnet topic rotate PATTERN``: void every token for topics PATTERN matches that
+    was issued until now, on every node (anchors only); live sessions on such tokens get
+    ``auth.expiring`` and must re-authenticate with a fresh token."""
+    from hearthnet.pubsub.topics import TopicPattern
+
+    TopicPattern.parse(args.pattern)
+    keys, _, membership = local_identity(args)
+    record = membership.sign(keys, "topic.rotated", args.pattern, now_ms=now_ms())
+    submit_record(args, record, "only anchors rotate topic keys")
+    print(json.dumps({"rotated": args.pattern, "ts": record.ts}))
+    return EXIT_OK
+
+
+def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
+    keys = sub.add_parser("keys", help="node identity")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    show = keys_sub.add_parser("show", parents=local, help="show NodeID and short id")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=cmd_keys_show)
+
+    config = sub.add_parser("config", help="configuration")
+    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    cshow = config_sub.add_parser("show", parents=local, help="print the effective configuration")
+    cshow.set_defaults(func=cmd_config_show)
+
+    token = sub.add_parser("token", help="capability tokens for clients")
+    token_sub = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    issue = token_sub.add_parser("issue", parents=local, help="issue a token (printed alone)")
+    issue.add_argument(
+        "--scope",
+        action="append",
+        required=True,
+        type=scope_arg,
+        help="sub:PATTERN, pub:PATTERN or call:NAME[@MAJOR]; repeatable",
+    )
+    issue.add_argument(
+        "--ttl",
+        type=lifetime_ms,
+        default=parse_duration_ms("1h"),
+        help="lifetime (default 1h)",
+    )
+    issue.add_argument("--sub", help="subject name for the client (default: generated)")
+    issue.set_defaults(func=cmd_token_issue)
+    revoke = token_sub.add_parser(
+        "revoke", parents=remote, help="revoke one token on every node (issuer or anchor)"
+    )
+    revoke.add_argument("token", help="the token (hnt1:...) or its jti")
+    revoke.add_argument("--iss", help="with a jti: the token's issuer (default: this node)")
+    revoke.set_defaults(func=cmd_token_revoke)
+    topic = sub.add_parser("topic", help="topic keys")
+    topic_sub = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
+    rotate = topic_sub.add_parser(
+        "rotate",
+        parents=remote,
+        help="void every token issued so far for topics PATTERN matches (anchors only)",
+    )
+    rotate.add_argument("pattern", help="topic pattern, e.g. chat.** or sensors.kitchen.*")
+    rotate.set_defaults(func=cmd_topic_rotate)

@@ -1,0 +1,193 @@
+"""What every ``hearthnet`` command shares: exit codes, argument types, finding the node,
+the client that signs as this data dir's node, and the event-loop runner (spec §9)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hearthnet.clock import now_ms
+from hearthnet.config import Config, default_data_dir, load_config
+from hearthnet.errors import ConfigError, HearthNetError, IdentityError
+
+if TYPE_CHECKING:
+    from hearthnet.community import MembershipRecord
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_RUNNING, EXIT_AUTH = 0, 1, 2, 3, 4
+Parents = list[argparse.ArgumentParser]
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?\Z")
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, None: 1000}
+
+
+def parse_duration_ms(text: str) -> int:
+    """``"90s"``, ``"30m"``, ``"1h"``, ``"7d"``, ``"500ms"``; a bare number is seconds."""
+    match = _DURATION_RE.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use 500ms, 30s, 10m, 1h, 7d)")
+    return int(float(match.group(1)) * _UNITS_MS[match.group(2)])
+
+
+def json_arg(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+
+
+def cursor_arg(text: str) -> dict[str, Any]:
+    """``--since SEQ`` or ``EPOCH:SEQ``."""
+    epoch, _, seq = text.rpartition(":")
+    if not seq.isdigit():
+        raise argparse.ArgumentTypeError(f"not SEQ or EPOCH:SEQ: {text!r}")
+    return {"seq": int(seq), **({"epoch": epoch} if epoch else {})}
+
+
+def scope_arg(text: str) -> str:
+    """``--scope sub:PATTERN``, ``pub:PATTERN`` or ``call:NAME[@MAJOR]``, checked now."""
+    from hearthnet.tokens import Scope
+
+    try:
+        Scope.parse(text)
+    except HearthNetError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return text
+
+
+def lifetime_ms(text: str) -> int:
+    """A token lifetime: a duration above zero."""
+    ms = parse_duration_ms(text)
+    if ms <= 0:
+        raise argparse.ArgumentTypeError(f"a token must live longer than {text!r}")
+    return ms
+
+
+# --- finding and talking to the node ---------------------------------------------------
+
+
+def data_dir_of(args: argparse.Namespace) -> Path:
+    if getattr(args, "data_dir", None):
+        return Path(args.data_dir).expanduser()
+    return default_data_dir()
+
+
+def config_of(args: argparse.Namespace) -> Config:
+    data_dir = data_dir_of(args)
+    overrides: dict[str, dict[str, Any]] = {"node": {"data_dir": str(data_dir)}}
+    node_flags = {"host": "host", "port": "port", "log_level": "log_level", "name": "name"}
+    for flag, key in node_flags.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides["node"][key] = value
+    section_flags = {
+        "llm_url": ("llm", "url"),
+        "llm_model": ("llm", "model"),
+        "llm_demo": ("llm", "demo"),
+        "peer": ("mesh", "peers"),
+        "heartbeat_s": ("mesh", "heartbeat_s"),
+        "zeroconf": ("mesh", "zeroconf"),
+        "advertise_url": ("mesh", "advertise_url"),
+        "relay": ("mesh", "relay"),
+        "relay_url": ("mesh", "relay_urls"),
+        "relay_peer": ("mesh", "relay_peers"),
+        "federation_peer": ("mesh", "federation_peers"),
+    }
+    for flag, (section, key) in section_flags.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.setdefault(section, {})[key] = value
+    path = (
+        Path(args.config).expanduser()
+        if getattr(args, "config", None)
+        else data_dir / "hearthnet.toml"
+    )
+    if getattr(args, "config", None) and not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    return load_config(path, overrides=overrides)
+
+
+def node_url(args: argparse.Namespace) -> str:
+    if getattr(args, "url", None):
+        return str(args.url)
+    from hearthnet.client import find_running_node
+
+    return str(find_running_node(data_dir_of(args))["url"])
+
+
+def existing_keys(data_dir: Path) -> Any:
+    """This data dir's node keys; an error (not a new identity) when there are none, so a
+    mistyped --data-dir is noticed instead of founding a community of its own."""
+    from hearthnet.identity import load_or_create_keys
+
+    if not (data_dir / "keys").exists():
+        raise IdentityError(f"no keys in {data_dir}; they are created by: hearthnet node start")
+    return load_or_create_keys(data_dir)
+
+
+def client_of(args: argparse.Namespace) -> Any:
+    """A client of the running node that signs with this data dir's node key."""
+    from hearthnet.client import Client
+
+    url = node_url(args)
+    return Client(url, keys=existing_keys(data_dir_of(args)))
+
+
+def run(main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    try:
+        import uvloop
+
+        return uvloop.run(main())
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.run(main())
+
+
+def status_of(args: argparse.Namespace) -> dict[str, Any]:
+    from hearthnet.client import get_public_json
+
+    url = node_url(args)
+
+    async def main() -> Any:
+        return await get_public_json(url, "/status")
+
+    result: dict[str, Any] = run(main)
+    return result
+
+
+def local_identity(args: argparse.Namespace, *, create: bool = False) -> tuple[Any, Any, Any]:
+    """Keys, membership store and view of this data dir (keys made only if ``create``)."""
+    from hearthnet.community import CommunityStore
+    from hearthnet.identity import load_or_create_keys
+    from hearthnet.membership import open_membership
+
+    data_dir = data_dir_of(args)
+    keys = load_or_create_keys(data_dir) if create else existing_keys(data_dir)
+    store = CommunityStore(data_dir)
+    membership = open_membership(store, keys, name=config_of(args).node.name, now_ms=now_ms())
+    return keys, store, membership
+
+
+def submit_record(args: argparse.Namespace, record: MembershipRecord, refused: str) -> None:
+    """Hand a signed membership record to the running node (which gossips it on).
+
+    Raises:
+        Forbidden: this node's key may not sign that record (the node refused it; spec
+            §1.5); the CLI exits 1.
+        ConfigError: the node did not apply it (``refused`` says why that may be).
+    """
+
+    async def main() -> Any:
+        async with client_of(args) as client:
+            return await client.request_json(
+                "POST", "/mesh/v1/membership", {"records": [record.to_json()]}
+            )
+
+    if not run(main).get("applied"):
+        raise ConfigError(f"the node did not apply the record ({refused})")
+
+
+def print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, ensure_ascii=False))

@@ -1,0 +1,173 @@
+"""``hearthnet node start|status``, ``hearthnet call`` and ``hearthnet chat``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from hearthnet.commands.common import (
+    EXIT_OK,
+    Parents,
+    client_of,
+    config_of,
+    json_arg,
+    print_json,
+    run,
+    status_of,
+)
+
+
+def cmd_node_start(args: argparse.Namespace) -> int:
+    """``hearthnet node start``."""
+    from hearthnet import logs
+    from hearthnet.node import Node
+
+    config = config_of(args)
+    logs.configure(config.node.log_level)
+
+    def ready(node: Node) -> None:
+        logs.configure(config.node.log_level, node.keys.node_id)
+        print(node.ready_line(), flush=True)
+
+    async def main() -> None:
+        await Node(config, join=args.join).serve_forever(on_ready=ready)
+
+    run(main)
+    return EXIT_OK
+
+
+def cmd_node_status(args: argparse.Namespace) -> int:
+    """``hearthnet node status [--json]``: /status is public, so no keys are needed."""
+    status = status_of(args)
+    if args.json:
+        print_json(status)
+        return EXIT_OK
+    width = max(len(k) for k in status)
+    for key, value in status.items():
+        shown = ", ".join(str(v) for v in value) or "-" if isinstance(value, list) else value
+        print(f"{key.ljust(width)}  {shown}")
+    return EXIT_OK
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    """``hearthnet call CAP --body JSON [--stream]``."""
+    from hearthnet.client import raise_for_terminal
+
+    async def main() -> int:
+        async with client_of(args) as client:
+            if not args.stream:
+                result = await client.call_with_meta(args.capability, args.body, target=args.target)
+                print_json(result["output"])
+                return EXIT_OK
+            async with client.stream(
+                args.capability,
+                args.body,
+                prefer_ws=not args.sse,
+                cbor=args.cbor,
+                target=args.target,
+            ) as stream:
+                async for frame in stream:
+                    print(json.dumps(frame.to_json(), ensure_ascii=False), flush=True)
+                    raise_for_terminal(frame)  # main() maps the error to its exit code
+                return EXIT_OK
+
+    result: int = run(main)
+    return result
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    """``hearthnet chat``: interactive llm.chat with tools (hearthnet.chat_cli)."""
+    from hearthnet.chat_cli import chat_command
+
+    return chat_command(args, lambda: client_of(args), run)
+
+
+def add_chat_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """``hearthnet chat`` and its flags."""
+    chat = sub.add_parser("chat", parents=parents, help="chat with llm.chat; tools run as you")
+    chat.add_argument("-m", "--message", help="send this one message, print the answer, exit")
+    chat.add_argument("--system", help="a system message to start the conversation with")
+    chat.add_argument("--model", help="model name (default: the node's [llm] model)")
+    chat.add_argument("--backend", choices=["openai", "demo"], help="backend on the node")
+    chat.add_argument(
+        "--tools", help="JSON file: more tools [{name, description, parameters, capability}]"
+    )
+    chat.add_argument("--no-tools", action="store_true", help="offer no built-in tools")
+    chat.add_argument("--max-tokens", type=int, help="cap each model turn at this many tokens")
+    chat.add_argument("--sse", action="store_true", help="use SSE re-calls instead of WebSocket")
+    chat.add_argument("--json", action="store_true", help="events as JSON lines")
+    chat.set_defaults(func=cmd_chat)
+
+
+def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
+    node = sub.add_parser("node", help="run and inspect the node")
+    node_sub = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
+    start = node_sub.add_parser("start", parents=local, help="start a node in the foreground")
+    start.add_argument("--host", help="listen address (default 0.0.0.0)")
+    start.add_argument("--port", type=int, help="port (default 7080; 0 picks a free port)")
+    start.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    start.add_argument("--name", help="human name of this node (default: host name)")
+    start.add_argument(
+        "--llm-url", help="offer llm.chat from this OpenAI-compatible server (e.g. Ollama's .../v1)"
+    )
+    start.add_argument("--llm-model", help="model name to ask that server for")
+    start.add_argument(
+        "--llm-demo",
+        action="store_true",
+        default=None,
+        help="offer llm.chat from the built-in demo model (no model server needed)",
+    )
+    start.add_argument(
+        "--peer",
+        action="append",
+        metavar="URL",
+        help="bootstrap peer http://host:port (repeatable)",
+    )
+    start.add_argument("--join", metavar="TOKEN", help="join a community with an invite (hn1:...)")
+    start.add_argument("--heartbeat-s", type=float, help="ping interval per peer link (default 5)")
+    start.add_argument(
+        "--no-zeroconf",
+        dest="zeroconf",
+        action="store_false",
+        default=None,
+        help="do not announce or browse on the LAN",
+    )
+    start.add_argument("--advertise-url", help="URL peers should dial to reach this node")
+    start.add_argument(
+        "--relay",
+        action="store_true",
+        default=None,
+        help="serve as a relay for members that cannot be dialled (spec §8)",
+    )
+    start.add_argument(
+        "--relay-url",
+        action="append",
+        metavar="URL",
+        help="relay to attach to when peers cannot be dialled (repeatable)",
+    )
+    start.add_argument(
+        "--relay-peer",
+        action="append",
+        metavar="URL",
+        help="with --relay: another relay to federate with; it must name this one too (repeatable)",
+    )
+    start.add_argument(
+        "--federation-peer",
+        action="append",
+        metavar="URL",
+        help="a node of a federated community to bridge to (repeatable; docs/federation.md)",
+    )
+    start.set_defaults(func=cmd_node_start)
+    status = node_sub.add_parser("status", parents=remote, help="show the running node")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(func=cmd_node_status)
+
+    call = sub.add_parser("call", parents=remote, help="call a capability")
+    call.add_argument("capability", help="NAME[@MAJOR.MINOR], e.g. echo@1.0")
+    call.add_argument("--body", type=json_arg, default={}, help="input as JSON (default {})")
+    call.add_argument("--stream", action="store_true", help="stream frames (WS, SSE fallback)")
+    call.add_argument("--sse", action="store_true", help="with --stream: use SSE, not WebSocket")
+    call.add_argument("--cbor", action="store_true", help="with --stream: CBOR WebSocket frames")
+    call.add_argument("--target", help="run on this NodeID")
+    call.set_defaults(func=cmd_call)
