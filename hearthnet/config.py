@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hearthnet.errors import ConfigError
+from hearthnet.ids import short_id
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -38,13 +39,25 @@ def default_data_dir() -> Path:
     return Path.home() / ".local" / "share" / "hearthnet"
 
 
+def default_node_name(host: str, node_id: str) -> str:
+    """``<host>-<first 4 characters of the short id>``, lower case (``vm-kx3q``): readable,
+    and unique enough to tell apart nodes whose hosts share a name. The host's first DNS
+    label only (``vm`` for ``vm.example.org``)."""
+    label = host.split(".", 1)[0].strip() or "node"
+    return f"{label}-{short_id(node_id)[:4].lower()}"
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSection:
     """[node]: who this node is and where it listens."""
 
     name: str = field(
-        default_factory=socket.gethostname,
-        metadata=_doc("Human name of this node, shown to peers and in zeroconf."),
+        default="",
+        metadata=_doc(
+            "Human name of this node, shown to peers and in zeroconf. Empty: the host name "
+            "and the start of the node's short id (`vm-kx3q`), so that nodes on hosts of "
+            "the same name stay apart."
+        ),
     )
     host: str = field(default="0.0.0.0", metadata=_doc("Address to listen on."))  # noqa: S104
     port: int = field(
@@ -69,6 +82,10 @@ class NodeSection:
         default=2.0,
         metadata=_doc("On SIGINT/SIGTERM, time given to streams to end before they are cancelled."),
     )
+
+    def display_name(self, node_id: str) -> str:
+        """The configured name, or the default: host name and short id (``vm-kx3q``)."""
+        return self.name or default_node_name(socket.gethostname(), node_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -687,7 +704,7 @@ def configuration_table() -> str:
     """The Markdown table of every key, default and meaning (embedded in docs/configuration.md)."""
     lines = ["| key | default | environment | meaning |", "|---|---|---|---|"]
     for section, key, default, doc in documented_keys():
-        shown = _toml_value(default) if not (section == "node" and key == "name") else "host name"
+        shown = _toml_value(default)
         lines.append(
             f"| `{section}.{key}` | `{shown}` | `HEARTHNET_{section.upper()}_{key.upper()}` "
             f"| {doc} |"

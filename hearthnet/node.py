@@ -26,7 +26,7 @@ from typing import IO, Any
 
 from aiohttp import web
 
-from capabilities import builtin_capabilities
+from capabilities import builtin_capabilities, node_capabilities
 from capabilities.llm_chat import LlmChat, build_llm_chat
 from hearthnet import __version__
 from hearthnet.auth import Authenticator
@@ -205,6 +205,7 @@ class Node:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stop = asyncio.Event()
         self.url = ""
+        self.name = config.node.name  # the default name needs the keys: set in _build()
         # Built in _build(), once the data dir is locked.
         self.keys: KeyPair
         self.membership: Membership
@@ -232,11 +233,12 @@ class Node:
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock.acquire()
         self.keys = load_or_create_keys(self.data_dir)
+        self.name = cfg.node.display_name(self.keys.node_id)
         self._community_store = CommunityStore(self.data_dir)
         self.membership = open_membership(
             self._community_store,
             self.keys,
-            name=cfg.node.name,
+            name=self.name,
             now_ms=now_ms(),
             caps=MembershipCaps(cfg.mesh.membership_per_request, cfg.mesh.membership_per_signer),
         )
@@ -306,7 +308,7 @@ class Node:
             submit_records=self.submit_records,
             config=cfg.mesh,
             tls_mode=cfg.node.tls,
-            name=cfg.node.name,
+            name=self.name,
             data_dir=self.data_dir,
             message_log=self.message_log,
             pubsub=self.pubsub,
@@ -316,6 +318,8 @@ class Node:
             metrics=self.metrics,
         )
         self._build_federation()
+        for cap in node_capabilities(self._peers_view, self.pubsub):  # spec §2.1
+            self.registry.register(cap)
         self._wire()
         pubsub_http = PubSubHttp(self.pubsub_deps)
         mesh_http = MeshHttp(self.mesh, self.authenticator, self.keys, self.submit_records)
@@ -476,7 +480,9 @@ class Node:
 
     async def __aenter__(self) -> Node:
         if self.join_token:
-            await redeem_invite(self.data_dir, self.join_token, name=self.config.node.name)
+            keys = load_or_create_keys(self.data_dir)
+            name = self.config.node.display_name(keys.node_id)
+            await redeem_invite(self.data_dir, self.join_token, name=name)
         try:
             self._build()
             await self.message_log.open()
@@ -732,7 +738,7 @@ class Node:
             node=self.keys.node_id,
             short_id=self.keys.short_id,
             community=self.membership.community_id,
-            name=self.config.node.name,
+            name=self.name,
             version=__version__,
             url=self.url,
             pid=os.getpid(),
@@ -754,6 +760,10 @@ class Node:
             relaying=self.mesh.relaying.statistics(),
         )
 
+    def _peers_view(self) -> dict[str, Any]:
+        """What ``mesh.peers@1.0`` answers: this node and its peers, one row each."""
+        return {"node": self.keys.node_id, "url": self.mesh.url, "peers": self.mesh.peers_status()}
+
     def manifest(self) -> dict[str, Any]:
         """The signed node manifest (spec §7.1), re-issued every 30 s, valid for 60 s."""
         now = now_ms()
@@ -761,7 +771,7 @@ class Node:
             body: dict[str, Any] = {
                 "node": self.keys.node_id,
                 "community": self.membership.community_id,
-                "name": self.config.node.name,
+                "name": self.name,
                 "endpoints": [self.url],
                 "capabilities": [d.summary() for d in self.registry.descriptors()],
                 "relay": self.config.mesh.relay,  # spec §7.1, §8

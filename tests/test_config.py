@@ -9,7 +9,7 @@ import pytest
 
 from hearthnet.cli import build_parser
 from hearthnet.commands.common import config_of
-from hearthnet.config import configuration_table, load_config, to_toml
+from hearthnet.config import configuration_table, default_node_name, load_config, to_toml
 from hearthnet.errors import ConfigError
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
@@ -106,4 +106,15 @@ def test_relay_flags_set_the_mesh_relay_keys(tmp_path: Path) -> None:
     assert (True, ("https://relay-a.example:7080", "https://relay-b.example:7080")) == (
         config.mesh.relay,
         config.mesh.relay_urls,
+    )
+
+
+def test_default_node_name_is_host_and_short_id() -> None:
+    """No configured name: the host's first label and the short id's first 4 characters."""
+    node = "ed25519:" + "A" * 43
+    configured = load_config(None, env={"HEARTHNET_NODE_NAME": "attic"}).node
+    assert ("vm-aaaa", "node-aaaa", "attic") == (
+        default_node_name("vm.example.org", node),
+        default_node_name("", node),
+        configured.display_name(node),
     )

@@ -166,7 +166,8 @@ def local_identity(args: argparse.Namespace, *, create: bool = False) -> tuple[A
     data_dir = data_dir_of(args)
     keys = load_or_create_keys(data_dir) if create else existing_keys(data_dir)
     store = CommunityStore(data_dir)
-    membership = open_membership(store, keys, name=config_of(args).node.name, now_ms=now_ms())
+    name = config_of(args).node.display_name(keys.node_id)
+    membership = open_membership(store, keys, name=name, now_ms=now_ms())
     return keys, store, membership
 
 

@@ -107,7 +107,9 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     start.add_argument("--host", help="listen address (default 0.0.0.0)")
     start.add_argument("--port", type=int, help="port (default 7080; 0 picks a free port)")
     start.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    start.add_argument("--name", help="human name of this node (default: host name)")
+    start.add_argument(
+        "--name", help="human name of this node (default: host name and short id, e.g. vm-kx3q)"
+    )
     start.add_argument(
         "--llm-url", help="offer llm.chat from this OpenAI-compatible server (e.g. Ollama's .../v1)"
     )

@@ -137,6 +137,22 @@ class PeerBook:
             if isinstance(entry, dict) and entry.get("node") != own_node:
                 self.add(str(entry.get("url", "")), node=entry.get("node"), source="exchange")
 
+    def known_peers(self, linked: set[str]) -> list[dict[str, Any]]:
+        """One row per peer that is not linked now, for ``hearthnet peers``: a node known
+        at several addresses (``http://`` and ``https://``, a LAN and a relay address)
+        is listed once, with the address that last worked (else the one that failed
+        least) as ``url`` and all of them in ``urls``. Addresses whose node is unknown
+        are listed one by one."""
+        by_node: dict[str, list[PeerAddress]] = {}
+        rows: list[dict[str, Any]] = []
+        for address in self.addresses.values():
+            if address.node is None:
+                rows.append(_known_row(None, [address]))
+            elif address.node not in linked:
+                by_node.setdefault(address.node, []).append(address)
+        rows.extend(_known_row(node, addresses) for node, addresses in by_node.items())
+        return rows
+
     def load(self) -> None:
         """Read the saved addresses (a missing or corrupt file is an empty book)."""
         if self.path is None or not self.path.exists():
@@ -166,3 +182,16 @@ class PeerBook:
         )
         os.replace(tmp, self.path)
         self.dirty = False
+
+
+def _known_row(node: str | None, addresses: list[PeerAddress]) -> dict[str, Any]:
+    best = min(addresses, key=lambda a: (-a.last_ok_ms, a.failures, a.url))
+    return {
+        "node": node,
+        "linked": False,
+        "url": best.url,
+        "urls": sorted(a.url for a in addresses),
+        "source": best.source,
+        "failures": min(a.failures for a in addresses),
+        "last_ok_ms": best.last_ok_ms or None,
+    }

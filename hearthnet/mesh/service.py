@@ -398,18 +398,7 @@ class Mesh:
                     **path_fields(link),  # relays: direct or relayed, and via
                 }
             )
-        linked = set(self.links)
-        for address in self.book.addresses.values():
-            if address.node not in linked:
-                out.append(
-                    {
-                        "node": address.node,
-                        "linked": False,
-                        "url": address.url,
-                        "source": address.source,
-                        "failures": address.failures,
-                    }
-                )
+        out.extend(self.book.known_peers(set(self.links)))
         return out
 
 

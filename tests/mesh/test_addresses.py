@@ -67,3 +67,36 @@ def test_saved_and_loaded(tmp_path: Path) -> None:
     again = PeerBook(tmp_path / "peers.json")
     again.load()
     assert [{"url": "http://10.0.0.2:7080", "node": PEER}] == again.urls_for_exchange()
+
+
+def test_known_peers_lists_a_node_once_whatever_its_addresses() -> None:
+    """A stopped peer known at http:// and https:// is one row, its working address first."""
+    other = KeyPair.from_seed(b"\x72" * 32).node_id
+    book = PeerBook()
+    book.add("http://10.0.0.5:7080", node=PEER, source="zeroconf")
+    book.add("https://10.0.0.5:7080", node=PEER, source="exchange")
+    book.succeeded("https://10.0.0.5:7080", PEER, 1_000)
+    book.failed("http://10.0.0.5:7080", 0.0)
+    book.add("http://10.0.0.6:7080", node=other)
+    book.add("http://10.0.0.7:7080")
+    rows = book.known_peers(linked={other})
+    assert [
+        {
+            "node": PEER,
+            "linked": False,
+            "url": "https://10.0.0.5:7080",
+            "urls": ["http://10.0.0.5:7080", "https://10.0.0.5:7080"],
+            "source": "exchange",
+            "failures": 0,
+            "last_ok_ms": 1_000,
+        },
+        {
+            "node": None,
+            "linked": False,
+            "url": "http://10.0.0.7:7080",
+            "urls": ["http://10.0.0.7:7080"],
+            "source": "bootstrap",
+            "failures": 0,
+            "last_ok_ms": None,
+        },
+    ] == sorted(rows, key=lambda r: r["url"], reverse=True)
