@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from hearthnet import __version__
-from hearthnet.commands import common
+from hearthnet.commands import common, output
 from hearthnet.commands.admin import add_parsers as _add_admin_parsers
 from hearthnet.commands.common import (
     EXIT_AUTH,
@@ -29,13 +29,17 @@ from hearthnet.commands.node import add_chat_parser as _add_chat_parser
 from hearthnet.commands.node import add_parsers as _add_node_parsers
 from hearthnet.commands.pubsub import add_parsers as _add_pubsub_parsers
 from hearthnet.errors import (
+    ConfigError,
     Expired,
     HearthNetError,
+    IdentityError,
     InvalidSignature,
     NodeNotRunning,
     Revoked,
+    StorageError,
     Unauthorized,
     Unavailable,
+    UsageError,
     WireError,
 )
 
@@ -54,7 +58,7 @@ _AUTH_ERRORS = (InvalidSignature, Unauthorized, Revoked, Expired)
 
 # Their names from before the commands moved to hearthnet.commands, for modules that
 # register a command group here and still import the shared helpers from this module.
-_client, _run, _print_json = common.client_of, common.run, common.print_json
+_client, _run, _print_json = common.client_of, common.run, output.print_json
 _data_dir, _config, _node_url = common.data_dir_of, common.config_of, common.node_url
 _existing_keys, _local_identity = common.existing_keys, common.local_identity
 _status, _submit_record = common.status_of, common.submit_record
@@ -101,26 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
         return code
-    except NodeNotRunning as exc:
-        print(f"hearthnet: {exc}", file=sys.stderr)
-        return EXIT_NOT_RUNNING
-    except Unavailable as exc:
-        cause = exc.__cause__
-        if isinstance(cause, OSError) and cause.errno == errno.ECONNREFUSED:
-            # nothing listens at the node's address (spec §9: exit 3, node not running)
-            print(f"hearthnet: no node answers: {exc.message}", file=sys.stderr)
-            return EXIT_NOT_RUNNING
-        print(f"hearthnet: {exc.code}: {exc.message}", file=sys.stderr)
-        return EXIT_ERROR
-    except _AUTH_ERRORS as exc:
-        print(f"hearthnet: {exc.code}: {exc.message}", file=sys.stderr)
-        return EXIT_AUTH
-    except WireError as exc:
-        print(f"hearthnet: {exc.code}: {exc.message}", file=sys.stderr)
-        return EXIT_ERROR
-    except HearthNetError as exc:  # configuration, identity, storage
-        print(f"hearthnet: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+    except HearthNetError as exc:
+        exit_code, error, message = failure(args, exc)
+        output.print_error(args, error, message, sys.stderr)
+        return exit_code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -129,8 +117,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+_LOCAL_CODES: tuple[tuple[type[HearthNetError], str], ...] = (
+    (ConfigError, "config_error"),
+    (IdentityError, "identity_error"),
+    (StorageError, "storage_error"),
+)
+
+
+def failure(args: argparse.Namespace, exc: HearthNetError) -> tuple[int, str, str]:
+    """The exit code (spec §9), error code and message, saying what to do, for ``exc``.
+
+    Wire errors keep their code (spec §2.4); errors of this machine get
+    ``node_not_running``, ``usage``, ``config_error``, ``identity_error`` or
+    ``storage_error``.
+    """
+    if isinstance(exc, NodeNotRunning):
+        return EXIT_NOT_RUNNING, "node_not_running", str(exc)
+    if isinstance(exc, UsageError):
+        return EXIT_USAGE, "usage", str(exc)
+    if isinstance(exc, Unavailable):
+        cause = exc.__cause__
+        if isinstance(cause, OSError) and cause.errno == errno.ECONNREFUSED:
+            # nothing listens at the node's address (spec §9: exit 3, node not running)
+            return (
+                EXIT_NOT_RUNNING,
+                "node_not_running",
+                f"no node answers ({exc.message}); start one with: hearthnet node start, "
+                "or pass the --url of a running node",
+            )
+    if isinstance(exc, Unauthorized | InvalidSignature) and hasattr(args, "url"):
+        data_dir = common.data_dir_of(args)
+        return (
+            EXIT_AUTH,
+            exc.code,
+            f"{exc.message} (this command signs with the node key in {data_dir}: use the "
+            "--data-dir of a member of that node's community, or join it with an invite: "
+            "hearthnet community invite there, then hearthnet node start --join hn1:...)",
+        )
+    if isinstance(exc, _AUTH_ERRORS):
+        return EXIT_AUTH, exc.code, exc.message
+    if isinstance(exc, WireError):
+        retry = f" (retry after {exc.retry_after_ms} ms)" if exc.retry_after_ms else ""
+        return EXIT_ERROR, exc.code, exc.message + retry
+    code = next((c for cls, c in _LOCAL_CODES if isinstance(exc, cls)), "error")
+    return EXIT_ERROR, code, str(exc)
 
 
 if __name__ == "__main__":

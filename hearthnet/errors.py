@@ -27,7 +27,8 @@ Tree::
     ├── ConfigError                     our own configuration is wrong (local)
     ├── IdentityError                   key files missing, unreadable or too open (local)
     ├── StorageError                    the SQLite store failed (local)
-    └── NodeNotRunning                  a CLI command found no running node (local)
+    ├── NodeNotRunning                  a CLI command found no running node (local)
+    └── UsageError                      a command line that cannot work as given (local)
 
 A ``WireError`` raised while handling input from a client or peer means *the
 remote side* sent something we refuse; it is answered with its code and
@@ -239,6 +240,11 @@ class StorageError(HearthNetError):
 
 class NodeNotRunning(HearthNetError):
     """No running node was found (no ``run/node.json`` and no ``--url``)."""
+
+
+class UsageError(HearthNetError):
+    """A command line that cannot work as given (``hearthnet call`` of a streaming
+    capability without ``--stream``); the CLI exits 2 and the message says what to type."""
 
 
 WIRE_ERRORS: dict[str, type[WireError]] = {

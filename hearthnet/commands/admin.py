@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 from typing import Any
 
 from hearthnet.clock import now_ms
@@ -17,11 +17,11 @@ from hearthnet.commands.common import (
     lifetime_ms,
     local_identity,
     parse_duration_ms,
-    print_json,
     scope_arg,
     submit_record,
 )
-from hearthnet.config import to_toml
+from hearthnet.commands.output import add_json_flag, emit, print_fields
+from hearthnet.config import Config, sections, to_toml
 
 
 def cmd_keys_show(args: argparse.Namespace) -> int:
@@ -33,18 +33,21 @@ def cmd_keys_show(args: argparse.Namespace) -> int:
         "short_id": keys.short_id,
         "seed_file": str(data_dir / "keys" / "node.ed25519"),
     }
-    if args.json:
-        print_json(info)
-    else:
-        for key, value in info.items():
-            print(f"{key:9} {value}")
+    emit(args, info, lambda: print_fields(info))
     return EXIT_OK
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
-    """``hearthnet config show``: the effective configuration as TOML."""
-    print(to_toml(config_of(args)), end="")
+    """``hearthnet config show``: the effective configuration as TOML (``--json``: one
+    object per section, the keys of docs/configuration.md)."""
+    config = config_of(args)
+    emit(args, config_json(config), lambda: print(to_toml(config), end=""))
     return EXIT_OK
+
+
+def config_json(config: Config) -> dict[str, dict[str, Any]]:
+    """``{section: {key: value}}`` of every key (tables as lists of objects)."""
+    return {name: dataclasses.asdict(getattr(config, name)) for name in sections()}
 
 
 def cmd_token_issue(args: argparse.Namespace) -> int:
@@ -61,7 +64,17 @@ def cmd_token_issue(args: argparse.Namespace) -> int:
         now_ms=now_ms(),
         sub=args.sub,
     )
-    print(token.encode())
+    text = token.encode()
+    issued = {
+        "token": text,
+        "jti": token.jti,
+        "iss": token.iss,
+        "sub": token.sub,
+        "community": token.community,
+        "scopes": [f"{scope.kind}:{scope.pattern}" for scope in token.scopes],
+        "exp_ms": token.exp_ms,
+    }
+    emit(args, issued, lambda: print(text))
     return EXIT_OK
 
 
@@ -77,7 +90,11 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
         iss, jti = args.iss or keys.node_id, args.token
     record = membership.sign(keys, "token.revoked", jti, now_ms=now_ms(), iss=iss)
     submit_record(args, record, "a token is revoked by its issuer or an anchor")
-    print(json.dumps({"revoked": jti, "iss": iss}))
+    emit(
+        args,
+        {"revoked": jti, "iss": iss},
+        lambda: print(f"revoked token {jti} (issued by {iss}) on every node"),
+    )
     return EXIT_OK
 
 
@@ -91,20 +108,28 @@ def cmd_topic_rotate(args: argparse.Namespace) -> int:
     keys, _, membership = local_identity(args)
     record = membership.sign(keys, "topic.rotated", args.pattern, now_ms=now_ms())
     submit_record(args, record, "only anchors rotate topic keys")
-    print(json.dumps({"rotated": args.pattern, "ts": record.ts}))
+    emit(
+        args,
+        {"rotated": args.pattern, "ts": record.ts},
+        lambda: print(
+            f"rotated {args.pattern}: every token for it issued until now is void on every node"
+        ),
+    )
     return EXIT_OK
 
 
 def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
+    """``hearthnet keys``, ``config``, ``token`` and ``topic``."""
     keys = sub.add_parser("keys", help="node identity")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     show = keys_sub.add_parser("show", parents=local, help="show NodeID and short id")
-    show.add_argument("--json", action="store_true")
+    add_json_flag(show)
     show.set_defaults(func=cmd_keys_show)
 
     config = sub.add_parser("config", help="configuration")
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     cshow = config_sub.add_parser("show", parents=local, help="print the effective configuration")
+    add_json_flag(cshow)
     cshow.set_defaults(func=cmd_config_show)
 
     token = sub.add_parser("token", help="capability tokens for clients")
@@ -124,12 +149,14 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
         help="lifetime (default 1h)",
     )
     issue.add_argument("--sub", help="subject name for the client (default: generated)")
+    add_json_flag(issue, "print {token, jti, iss, sub, community, scopes, exp_ms}")
     issue.set_defaults(func=cmd_token_issue)
     revoke = token_sub.add_parser(
         "revoke", parents=remote, help="revoke one token on every node (issuer or anchor)"
     )
     revoke.add_argument("token", help="the token (hnt1:...) or its jti")
     revoke.add_argument("--iss", help="with a jti: the token's issuer (default: this node)")
+    add_json_flag(revoke)
     revoke.set_defaults(func=cmd_token_revoke)
     topic = sub.add_parser("topic", help="topic keys")
     topic_sub = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
@@ -139,4 +166,5 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
         help="void every token issued so far for topics PATTERN matches (anchors only)",
     )
     rotate.add_argument("pattern", help="topic pattern, e.g. chat.** or sensors.kitchen.*")
+    add_json_flag(rotate)
     rotate.set_defaults(func=cmd_topic_rotate)

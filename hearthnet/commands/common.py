@@ -188,7 +188,3 @@ def submit_record(args: argparse.Namespace, record: MembershipRecord, refused: s
 
     if not run(main).get("applied"):
         raise ConfigError(f"the node did not apply the record ({refused})")
-
-
-def print_json(obj: Any) -> None:
-    print(json.dumps(obj, indent=2, ensure_ascii=False))

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,40 +20,59 @@ from hearthnet.commands.common import (
     existing_keys,
     local_identity,
     parse_duration_ms,
-    print_json,
     run,
     status_of,
     submit_record,
 )
+from hearthnet.commands.output import Column, add_json_flag, emit, key, print_fields, print_table
 from hearthnet.errors import ConfigError, NodeNotRunning
 
 
+def _path(peer: Mapping[str, Any]) -> str | None:
+    """spec §8: direct, relayed via <relay>, or upgrading."""
+    path = peer.get("path")
+    return f"{path} via {peer['via']}" if peer.get("via") else path
+
+
+def _address(peer: Mapping[str, Any]) -> str | None:
+    """The address used (or last worked), and how many more are known."""
+    more = len(peer.get("urls") or ()) - 1
+    url = peer.get("url")
+    return f"{url} (+{more})" if url and more > 0 else url
+
+
+PEER_COLUMNS = [
+    Column("name", key("name")),
+    Column("node", key("node")),
+    Column("state", lambda p: p.get("direction", "known") if p["linked"] else "known"),
+    Column("rtt ms", key("rtt_ms_p50"), right=True),
+    Column("loss %", key("loss_pct"), right=True),
+    Column("path", _path),
+    Column("url", _address),
+]
+MEMBER_COLUMNS = [
+    Column("node", key("node")),
+    Column("level", key("level")),
+    Column("role", key("role")),
+    Column("name", key("name")),
+]
+RULE_COLUMNS = [
+    Column("pattern", key("pattern")),
+    Column("subscribe", key("subscribe")),
+    Column("publish", key("publish")),
+]
+
+
 def cmd_peers(args: argparse.Namespace) -> int:
-    """``hearthnet peers``: linked peers and known addresses."""
+    """``hearthnet peers``: linked peers and known addresses, one row per peer
+    (``--json``: what ``mesh.peers@1.0`` answers)."""
 
     async def main() -> Any:
         async with client_of(args) as client:
             return await client.request_json("GET", "/mesh/v1/peers")
 
     result = run(main)
-    if args.json:
-        print_json(result)
-        return EXIT_OK
-    print(f"{'node':52} {'name':16} {'state':9} {'rtt ms':>8} {'loss %':>6}  path / url")
-    for peer in result["peers"]:
-        rtt = peer.get("rtt_ms_p50")
-        loss = peer.get("loss_pct")
-        state = peer.get("direction", "known") if peer["linked"] else "known"
-        rtt_text = f"{rtt:.1f}" if rtt is not None else "-"
-        loss_text = f"{loss:.0f}" if loss is not None else "-"
-        name = str(peer.get("name") or "-")[:16]
-        # spec §8: direct, relayed via <relay>, or upgrading
-        path = peer.get("path")
-        where = f"{path} via {peer['via']}" if peer.get("via") else path or ""
-        print(
-            f"{peer.get('node') or '?'!s:52} {name:16} {state:9} {rtt_text:>8} {loss_text:>6}"
-            f"  {where + ' ' if where else ''}{peer.get('url') or '-'}"
-        )
+    emit(args, result, lambda: print_table(result["peers"], PEER_COLUMNS, "no peers known"))
     return EXIT_OK
 
 
@@ -86,7 +106,12 @@ def cmd_community_create(args: argparse.Namespace) -> int:
         prev=None,
     )
     store.replace([genesis])
-    print(json.dumps({"community": keys.node_id, "name": args.name, "anchor": keys.node_id}))
+    created = {"community": keys.node_id, "name": args.name, "anchor": keys.node_id}
+    emit(
+        args,
+        created,
+        lambda: print(f"founded community {args.name!r} ({keys.node_id}); this node is its anchor"),
+    )
     return EXIT_OK
 
 
@@ -116,7 +141,16 @@ def cmd_community_invite(args: argparse.Namespace) -> int:
         nonce=os.urandom(12).hex(),
         relays=list(args.relay_url or config_of(args).mesh.relay_urls),  # spec §8
     )
-    print(invite.encode())
+    token = invite.encode()
+    issued = {
+        "invite": token,
+        "community": invite.community,
+        "level": invite.level.label,
+        "expires_ms": invite.expires_ms,
+        "bootstrap": list(invite.bootstrap),
+        "relays": list(invite.relays),
+    }
+    emit(args, issued, lambda: print(token))
     return EXIT_OK
 
 
@@ -126,7 +160,7 @@ def cmd_community_revoke(args: argparse.Namespace) -> int:
     keys, _, membership = local_identity(args)
     record = membership.sign(keys, "member.revoked", args.node, now_ms=now_ms())
     submit_record(args, record, "only anchors revoke; the founder stays")
-    print(json.dumps({"revoked": args.node}))
+    emit(args, {"revoked": args.node}, lambda: print(f"revoked {args.node} on every node"))
     return EXIT_OK
 
 
@@ -172,7 +206,16 @@ def cmd_community_rules(args: argparse.Namespace) -> int:
         rules=rules,
     )
     submit_record(args, record, "only anchors set the rules")
-    print_json({"pubsub_rules": record.to_json()["rules"]})
+    rows = [{"pattern": p, "subscribe": sub, "publish": pub} for p, sub, pub in rules]
+
+    def for_people() -> None:
+        if not rows:
+            print("community rules cleared: each node applies its own [[pubsub.rules]] again")
+            return
+        print("the community's pub/sub access rules, first match wins:")
+        print_table(rows, RULE_COLUMNS)
+
+    emit(args, {"pubsub_rules": record.to_json()["rules"]}, for_people)
     return EXIT_OK
 
 
@@ -196,7 +239,22 @@ def cmd_community_show(args: argparse.Namespace) -> int:
             ]
         ),
     }
-    print_json(info)
+
+    def for_people() -> None:
+        print_fields({"community": info["community"], "name": info["name"]})
+        print()
+        print_table(info["members"], MEMBER_COLUMNS)
+        if info["revoked"]:
+            print(f"\nrevoked: {', '.join(info['revoked'])}")
+        rules = info["pubsub_rules"]
+        print(
+            "\npub/sub rules: "
+            + ("each node's own" if rules is None else "signed, first match wins")
+        )
+        if rules:
+            print_table(rules, RULE_COLUMNS)
+
+    emit(args, info, for_people)
     return EXIT_OK
 
 
@@ -209,13 +267,20 @@ def cmd_heartbeat_export(args: argparse.Namespace) -> int:
     counts = export(
         data_dir, Path(args.out), node=keys.node_id, since_ms=now_ms() - args.since, fmt=args.format
     )
-    print(json.dumps(counts))
+    emit(
+        args,
+        counts,
+        lambda: print(
+            f"exported to {args.out}: " + ", ".join(f"{n} {what}" for what, n in counts.items())
+        ),
+    )
     return EXIT_OK
 
 
 def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
+    """``hearthnet peers``, ``community ...``, ``mesh health`` and ``heartbeat export``."""
     peers = sub.add_parser("peers", parents=remote, help="linked peers and known addresses")
-    peers.add_argument("--json", action="store_true")
+    add_json_flag(peers)
     peers.set_defaults(func=cmd_peers)
 
     community = sub.add_parser("community", help="community membership")
@@ -223,6 +288,7 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     create = csub.add_parser("create", parents=local, help="found a community (node stopped)")
     create.add_argument("name")
     create.add_argument("--force", action="store_true", help="leave the current community")
+    add_json_flag(create)
     create.set_defaults(func=cmd_community_create)
     invite = csub.add_parser("invite", parents=remote, help="print an invite token (hn1:...)")
     invite.add_argument("--level", choices=["member", "trusted"], default="member")
@@ -239,9 +305,11 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
         metavar="URL",
         help="relay the new node attaches to (repeatable; default: this node's mesh.relay_urls)",
     )
+    add_json_flag(invite, "print {invite, community, level, expires_ms, bootstrap, relays}")
     invite.set_defaults(func=cmd_community_invite)
     revoke = csub.add_parser("revoke", parents=remote, help="revoke a member (anchors only)")
     revoke.add_argument("node", help="the NodeID to revoke")
+    add_json_flag(revoke)
     revoke.set_defaults(func=cmd_community_revoke)
     rules = csub.add_parser(
         "rules", parents=remote, help="set the community's pub/sub access rules (anchors only)"
@@ -252,8 +320,10 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     rules.add_argument(
         "--clear", action="store_true", help="drop them: each node uses its own config again"
     )
+    add_json_flag(rules)
     rules.set_defaults(func=cmd_community_rules)
     show = csub.add_parser("show", parents=local, help="the community and its members")
+    add_json_flag(show)
     show.set_defaults(func=cmd_community_show)
 
     mesh = sub.add_parser("mesh", help="community-wide analysis")
@@ -272,4 +342,5 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     exp.add_argument("--out", required=True, help="output directory")
     exp.add_argument("--since", type=parse_duration_ms, default=parse_duration_ms("24h"))
     exp.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
+    add_json_flag(exp)
     exp.set_defaults(func=cmd_heartbeat_export)

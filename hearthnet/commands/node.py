@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+import os
 from typing import Any
 
 from hearthnet.commands.common import (
@@ -12,14 +12,22 @@ from hearthnet.commands.common import (
     client_of,
     config_of,
     json_arg,
-    print_json,
     run,
     status_of,
 )
+from hearthnet.commands.output import (
+    add_json_flag,
+    emit,
+    print_fields,
+    print_json,
+    print_json_line,
+)
+from hearthnet.errors import BadRequest, NotFound, UsageError, WireError
 
 
 def cmd_node_start(args: argparse.Namespace) -> int:
-    """``hearthnet node start``."""
+    """``hearthnet node start``: the ready line (spec §9), or with ``--json`` the same as
+    one JSON object ``{"url", "node", "community", "pid"}``."""
     from hearthnet import logs
     from hearthnet.node import Node
 
@@ -28,7 +36,17 @@ def cmd_node_start(args: argparse.Namespace) -> int:
 
     def ready(node: Node) -> None:
         logs.configure(config.node.log_level, node.keys.node_id)
-        print(node.ready_line(), flush=True)
+        if args.json:
+            print_json_line(
+                {
+                    "url": node.url,
+                    "node": node.keys.node_id,
+                    "community": node.membership.community_id,
+                    "pid": os.getpid(),
+                }
+            )
+        else:
+            print(node.ready_line(), flush=True)
 
     async def main() -> None:
         await Node(config, join=args.join).serve_forever(on_ready=ready)
@@ -40,25 +58,51 @@ def cmd_node_start(args: argparse.Namespace) -> int:
 def cmd_node_status(args: argparse.Namespace) -> int:
     """``hearthnet node status [--json]``: /status is public, so no keys are needed."""
     status = status_of(args)
-    if args.json:
-        print_json(status)
-        return EXIT_OK
-    width = max(len(k) for k in status)
-    for key, value in status.items():
-        shown = ", ".join(str(v) for v in value) or "-" if isinstance(value, list) else value
-        print(f"{key.ljust(width)}  {shown}")
+    emit(args, status, lambda: print_fields(status))
     return EXIT_OK
 
 
+async def _offered(client: Any) -> list[dict[str, Any]]:
+    listed: list[dict[str, Any]] = (await client.get_json("/bus/v1/capabilities"))["capabilities"]
+    return listed
+
+
+async def _call_refused(client: Any, capability: str, exc: WireError) -> WireError | UsageError:
+    """The error to show for a refused unary call: what to type instead when it can tell."""
+    from hearthnet.client import split_capability
+
+    name = split_capability(capability)[0]
+    try:
+        offered = await _offered(client)
+    except WireError:
+        return exc
+    same = [d for d in offered if d["name"] == name]
+    if isinstance(exc, BadRequest) and any(d.get("stream_schema") is not None for d in same):
+        return UsageError(
+            f"{capability} streams its answer: add --stream "
+            f"(hearthnet call {capability} --stream --body JSON)"
+        )
+    if isinstance(exc, NotFound):
+        keys = sorted({f"{d['name']}@{d['version']}" for d in offered})
+        return NotFound(f"{exc.message}; the mesh offers: {', '.join(keys) or 'nothing'}")
+    return exc
+
+
 def cmd_call(args: argparse.Namespace) -> int:
-    """``hearthnet call CAP --body JSON [--stream]``."""
+    """``hearthnet call CAP --body JSON [--stream]``: the output (``--json``: ``{"output",
+    "meta"}``), or with ``--stream`` each frame as a JSON line."""
     from hearthnet.client import raise_for_terminal
 
     async def main() -> int:
         async with client_of(args) as client:
             if not args.stream:
-                result = await client.call_with_meta(args.capability, args.body, target=args.target)
-                print_json(result["output"])
+                try:
+                    result = await client.call_with_meta(
+                        args.capability, args.body, target=args.target
+                    )
+                except (BadRequest, NotFound) as exc:
+                    raise await _call_refused(client, args.capability, exc) from exc
+                print_json(result if args.json else result["output"])
                 return EXIT_OK
             async with client.stream(
                 args.capability,
@@ -68,7 +112,7 @@ def cmd_call(args: argparse.Namespace) -> int:
                 target=args.target,
             ) as stream:
                 async for frame in stream:
-                    print(json.dumps(frame.to_json(), ensure_ascii=False), flush=True)
+                    print_json_line(frame.to_json())
                     raise_for_terminal(frame)  # main() maps the error to its exit code
                 return EXIT_OK
 
@@ -101,6 +145,7 @@ def add_chat_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
+    """``hearthnet node start|status`` and ``hearthnet call``."""
     node = sub.add_parser("node", help="run and inspect the node")
     node_sub = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
     start = node_sub.add_parser("start", parents=local, help="start a node in the foreground")
@@ -160,9 +205,10 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
         metavar="URL",
         help="a node of a federated community to bridge to (repeatable; docs/federation.md)",
     )
+    add_json_flag(start, "print the ready line as JSON {url, node, community, pid}")
     start.set_defaults(func=cmd_node_start)
     status = node_sub.add_parser("status", parents=remote, help="show the running node")
-    status.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_flag(status)
     status.set_defaults(func=cmd_node_status)
 
     call = sub.add_parser("call", parents=remote, help="call a capability")
@@ -172,4 +218,5 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     call.add_argument("--sse", action="store_true", help="with --stream: use SSE, not WebSocket")
     call.add_argument("--cbor", action="store_true", help="with --stream: CBOR WebSocket frames")
     call.add_argument("--target", help="run on this NodeID")
+    add_json_flag(call, "print {output, meta} (with --stream: frames, one JSON object a line)")
     call.set_defaults(func=cmd_call)

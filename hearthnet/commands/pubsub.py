@@ -3,28 +3,42 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from hearthnet.commands.common import (
-    EXIT_OK,
-    Parents,
-    client_of,
-    cursor_arg,
-    json_arg,
-    print_json,
-    run,
+from hearthnet.commands.common import EXIT_OK, Parents, client_of, cursor_arg, json_arg, run
+from hearthnet.commands.output import (
+    STREAM_JSON_HELP,
+    Column,
+    add_json_flag,
+    emit,
+    key,
+    print_json_line,
+    print_table,
 )
+
+TOPIC_COLUMNS = [
+    Column("topic", key("topic")),
+    Column("messages", key("messages"), right=True),
+    Column("head_seq", key("head_seq"), right=True),
+    Column("subscribers", key("subscribers"), right=True),
+    Column("presence", key("presence"), right=True),
+]
 
 
 def cmd_pub(args: argparse.Namespace) -> int:
-    """``hearthnet pub TOPIC --type T --data JSON [--ttl S]``: prints id and seq."""
+    """``hearthnet pub TOPIC --type T --data JSON [--ttl S]``: where the message landed
+    (``--json``: ``{"topic", "id", "seq", "origin_seq", "ts"}``)."""
 
     async def main() -> Any:
         async with client_of(args) as client:
             return await client.publish(args.topic, args.type, args.data, ttl_s=args.ttl)
 
-    print_json(run(main))
+    result = {"topic": args.topic, **run(main)}
+    emit(
+        args,
+        result,
+        lambda: print(f"published to {args.topic} at seq {result['seq']} (id {result['id']})"),
+    )
     return EXIT_OK
 
 
@@ -69,7 +83,7 @@ def cmd_sub(args: argparse.Namespace) -> int:
                             "ts": item.ts,
                         }
                     )
-                print(json.dumps(line, ensure_ascii=False), flush=True)
+                print_json_line(line)
                 seen += 1
                 if args.count and seen >= args.count:
                     return EXIT_OK
@@ -80,28 +94,25 @@ def cmd_sub(args: argparse.Namespace) -> int:
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    """``hearthnet topics [--prefix P]``."""
+    """``hearthnet topics [--prefix P]``: a table (``--json``: the list of topic rows)."""
 
     async def main() -> Any:
         async with client_of(args) as client:
             return await client.topics(args.prefix or "", args.limit)
 
     topics = run(main)
-    if args.json:
-        print_json(topics)
-        return EXIT_OK
-    print(f"{'topic':40} {'messages':>8} {'head_seq':>9} {'subs':>5}")
-    for t in topics:
-        print(f"{t['topic']:40} {t['messages']:>8} {t['head_seq']:>9} {t['subscribers']:>5}")
+    emit(args, topics, lambda: print_table(topics, TOPIC_COLUMNS, "no topics with messages"))
     return EXIT_OK
 
 
 def add_parsers(sub: Any, remote: Parents) -> None:
+    """``hearthnet pub``, ``sub`` and ``topics``."""
     pub = sub.add_parser("pub", parents=remote, help="publish a message")
     pub.add_argument("topic")
     pub.add_argument("--type", default="message", help="message type (default: message)")
     pub.add_argument("--data", type=json_arg, required=True, help="payload as JSON")
     pub.add_argument("--ttl", type=int, help="seconds the message lives (default: retention)")
+    add_json_flag(pub)
     pub.set_defaults(func=cmd_pub)
 
     subp = sub.add_parser("sub", parents=remote, help="subscribe and print messages")
@@ -113,10 +124,11 @@ def add_parsers(sub: Any, remote: Parents) -> None:
     subp.add_argument("--consumer", help="durable consumer name (at-least-once)")
     subp.add_argument("--count", type=int, help="exit after N items")
     subp.add_argument("--full", action="store_true", help="print whole envelopes")
+    add_json_flag(subp, STREAM_JSON_HELP)
     subp.set_defaults(func=cmd_sub)
 
     topics = sub.add_parser("topics", parents=remote, help="list active topics")
-    topics.add_argument("--prefix")
-    topics.add_argument("--limit", type=int, default=100)
-    topics.add_argument("--json", action="store_true")
+    topics.add_argument("--prefix", help="only topics that start with this")
+    topics.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    add_json_flag(topics)
     topics.set_defaults(func=cmd_topics)

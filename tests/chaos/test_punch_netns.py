@@ -72,7 +72,7 @@ async def test_plain_nats_upgrade_to_direct_with_nothing_lost(
 
         def publish() -> None:
             for n in range(N):
-                cli(tmp_path, home_a, "pub", "home.punch", "--data", json.dumps({"n": n}))
+                cli(tmp_path, home_a, "pub", "home.punch", "--json", "--data", json.dumps({"n": n}))
 
         # published from the start: across the relayed path coming up and the switch
         publishing = asyncio.create_task(asyncio.to_thread(publish))
@@ -135,7 +135,7 @@ async def test_symmetric_nats_stay_relayed_and_traffic_flows(
         procs.append(sub)
         for n in range(3):
             await asyncio.to_thread(
-                cli, tmp_path, home_a, "pub", "home.punch", "--data", json.dumps({"n": n})
+                cli, tmp_path, home_a, "pub", "home.punch", "--json", "--data", json.dumps({"n": n})
             )
         got = await asyncio.to_thread(received, sub, 3, 60)
     finally:
@@ -190,7 +190,7 @@ async def test_a_dead_direct_path_falls_back_to_the_relay(
         procs.append(sub)
         for n in range(3):
             await asyncio.to_thread(
-                cli, tmp_path, home_a, "pub", "home.punch", "--data", json.dumps({"n": n})
+                cli, tmp_path, home_a, "pub", "home.punch", "--json", "--data", json.dumps({"n": n})
             )
         got = await asyncio.to_thread(received, sub, 3, 60)
     finally:

@@ -63,13 +63,13 @@ async def test_killing_the_relay_in_use_moves_traffic_to_the_other(
         for host in relays.values():
             lab.block(host, home_b.router)
         first = await asyncio.to_thread(
-            cli, tmp_path, home_a, "pub", "home.news", "--data", '{"n": 1}'
+            cli, tmp_path, home_a, "pub", "home.news", "--json", "--data", '{"n": 1}'
         )
         killed_at = time.monotonic()
         relays[used].kill(relays_procs[used], signal.SIGKILL)
         lab.unblock_all()  # the dead relay's host now answers home B with resets
         second = await asyncio.to_thread(
-            cli, tmp_path, home_a, "pub", "home.news", "--data", '{"n": 2}'
+            cli, tmp_path, home_a, "pub", "home.news", "--json", "--data", '{"n": 2}'
         )
         await asyncio.to_thread(sub.wait_for_line, lambda ln: '"n": 2' in ln, RESUME_LIMIT_S)
         resumed_s = time.monotonic() - killed_at

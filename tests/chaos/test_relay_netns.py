@@ -128,7 +128,7 @@ async def test_two_nat_nodes_publish_and_call_through_one_relay(
         sub = subscribe(tmp_path, home_b, "home.news", 1)
         procs.append(sub)
         published = await asyncio.to_thread(
-            cli, tmp_path, home_a, "pub", "home.news", "--data", '{"n": 42}'
+            cli, tmp_path, home_a, "pub", "home.news", "--json", "--data", '{"n": 42}'
         )
         line = await asyncio.to_thread(sub.wait_for_line, lambda ln: '"n": 42' in ln, 30)
         answer = await asyncio.to_thread(

@@ -273,7 +273,9 @@ async def test_token_revoke_ends_the_tokens_sessions_and_requests(node_proc: Nod
     )
     async with Client(node_proc.url, token=doomed) as client, client.subscribe("rv.*") as sub:
         reader = asyncio.get_running_loop().create_task(anext(aiter(sub)))
-        revoked = await asyncio.to_thread(run_cli, "token", "revoke", doomed, "--data-dir", d)
+        revoked = await asyncio.to_thread(
+            run_cli, "token", "revoke", doomed, "--json", "--data-dir", d
+        )
         with pytest.raises(Revoked):
             await asyncio.wait_for(reader, timeout=10)
         with pytest.raises(Revoked):
@@ -309,7 +311,9 @@ def test_anchor_only_commands_on_a_member_node_are_forbidden(tmp_path: Path) -> 
             )
         finally:
             member.stop()
-        shown = json.loads(run_cli("community", "show", "--data-dir", str(anchor.data_dir)).stdout)
+        shown = json.loads(
+            run_cli("community", "show", "--json", "--data-dir", str(anchor.data_dir)).stdout
+        )
     finally:
         anchor.stop()
     assert [(1, True)] * 3 == [

@@ -1,0 +1,154 @@
+"""One CLI convention (spec §9, docs/cli.md): tables for people, ``--json`` on every command
+with the documented fields, errors that say what to type, exit codes 0/1/2/3/4; against a
+real node process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hearthnet.cli import build_parser, main
+from hearthnet.identity import load_or_create_keys
+from tests.helpers import NodeProcess, run_cli, start_node_process
+
+
+@pytest.fixture(scope="module")
+def node_proc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """One node process for the module (the commands here change nothing it keeps)."""
+    proc = start_node_process(tmp_path_factory.mktemp("cli-output") / "data", "--no-zeroconf")
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def leaf_commands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every runnable subcommand, with its words."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield path, parser
+    for action in subs:
+        for name, child in action.choices.items():
+            yield from leaf_commands(child, (*path, name))
+
+
+def test_every_command_has_json() -> None:
+    """Every subcommand takes --json (mesh health has its own parser)."""
+    missing = [
+        " ".join(words)
+        for words, parser in leaf_commands(build_parser())
+        if words != ("mesh", "health")
+        and not any("--json" in a.option_strings for a in parser._actions)
+    ]
+    assert [] == missing
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """Run the command in this process (against the node process): exit code, out, err."""
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_people_get_tables_and_scripts_get_the_documented_json(
+    node_proc: NodeProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pub, topics, peers, community show, keys show, config show, token issue, call: a
+    sentence or table by default, the fields of docs/cli.md with --json."""
+    d = ("--data-dir", str(node_proc.data_dir))
+    runs = [
+        cli(capsys, *args)
+        for args in (
+            ("pub", "out.t", "--data", '{"i": 1}', *d),
+            ("pub", "out.t", "--data", "2", "--json", *d),
+            ("topics", *d),
+            ("topics", "--json", *d),
+            ("peers", *d),
+            ("peers", "--json", *d),
+            ("community", "show", *d),
+            ("community", "show", "--json", *d),
+            ("keys", "show", "--json", *d),
+            ("config", "show", "--json", *d),
+            ("token", "issue", "--scope", "sub:out.*", "--json", *d),
+            ("call", "echo@1.0", "--body", '{"a": 1}', "--json", *d),
+        )
+    ]
+    assert [(0, "")] * 12 == [(code, err) for code, _, err in runs]
+    pub, pub_json, topics, topics_json, peers, peers_json, show, show_json, *rest = (
+        out for _, out, _ in runs
+    )
+    keys, config, token, call = (json.loads(out) for out in rest)
+    node = node_proc.fields["node"]
+    assert (
+        "published to out.t at seq 1 (id ",
+        {"topic": "out.t", "seq": 2},
+        ["topic", "messages", "head_seq", "subscribers", "presence"],
+        [("out.t", 2)],
+        "no peers known\n",
+        {"node": node, "url": node_proc.url, "peers": []},
+        ["node", "level", "role", "name"],
+        ["community", "members", "name", "pubsub_rules", "revoked"],
+        (node, str(node_proc.data_dir)),
+        ["community", "exp_ms", "iss", "jti", "scopes", "sub", "token"],
+        ({"echo": {"a": 1}}, node),
+    ) == (
+        pub[:32],
+        {k: v for k, v in json.loads(pub_json).items() if k in ("topic", "seq")},
+        topics.split("\n")[0].split(),
+        [(t["topic"], t["messages"]) for t in json.loads(topics_json)],
+        peers,
+        json.loads(peers_json),
+        show.split("\n")[3].split(),
+        sorted(json.loads(show_json)),
+        (keys["node"], config["node"]["data_dir"]),
+        sorted(token),
+        (call["output"], call["meta"]["node"]),
+    )
+
+
+def test_errors_say_what_to_type_and_exit_by_kind(
+    tmp_path: Path, node_proc: NodeProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stream called without --stream is a usage error naming the fix (2); an unknown
+    capability lists what is offered (1); a stranger's key is told to use a member's data
+    dir (4); nothing listening says how to start a node (3); --json errors are objects.
+    The process's exit code is the one main() returns."""
+    d = ("--data-dir", str(node_proc.data_dir))
+    stranger = tmp_path / "stranger"
+    load_or_create_keys(stranger)
+    usage = run_cli("call", "echo.stream@1.0", "--body", '{"count": 1}', *d)
+    usage_json, missing, auth, silent = (
+        cli(capsys, *args)
+        for args in (
+            ("call", "echo.stream@1.0", "--body", '{"count": 1}', "--json", *d),
+            ("call", "nope@1.0", *d),
+            ("call", "echo@1.0", "--data-dir", str(stranger), "--url", node_proc.url),
+            ("topics", "--data-dir", str(stranger), "--url", "http://127.0.0.1:1", "--json"),
+        )
+    )
+    assert (2, 2, 1, 4, 3) == (
+        usage.returncode,
+        *(r[0] for r in (usage_json, missing, auth, silent)),
+    )
+    assert (
+        "hearthnet: echo.stream@1.0 streams its answer: add --stream "
+        "(hearthnet call echo.stream@1.0 --stream --body JSON)\n",
+        "usage",
+        True,
+        True,
+        "node_not_running",
+        True,
+    ) == (
+        usage.stderr,
+        json.loads(usage_json[2])["error"],
+        "the mesh offers: echo.stream@1.0, echo@1.0, mesh.peers@1.0" in missing[2],
+        "use the --data-dir of a member" in auth[2],
+        json.loads(silent[2])["error"],
+        "hearthnet node start" in json.loads(silent[2])["message"],
+    )
