@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from hearthnet import __version__
 from hearthnet.commands import common, output
 from hearthnet.commands.admin import add_parsers as _add_admin_parsers
+from hearthnet.commands.bridge import add_parser as _add_bridge_parser
 from hearthnet.commands.common import (
     EXIT_AUTH,
     EXIT_ERROR,
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_node_parsers(sub, [common], [common, remote])
     _add_pubsub_parsers(sub, [common, remote])
     _add_chat_parser(sub, [common, remote])
+    _add_bridge_parser(sub, [common, remote])
     _add_mesh_parsers(sub, [common], [common, remote])
     _add_admin_parsers(sub, [common], [common, remote])
     from hearthnet.cli_federation import add_federation_parsers  # spec §8

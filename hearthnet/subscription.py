@@ -206,6 +206,46 @@ def backoff_delays(
     return gen()
 
 
+async def open_session(client: Client, window: int) -> tuple[ClientConnection, dict[str, Any]]:
+    """Open a pub/sub WebSocket session (spec §2.2) and authenticate it as ``client``,
+    announcing ``window`` (spec §3.6); returns the socket and the ``auth.ok`` data.
+
+    Raises:
+        Unavailable: no connection, or the upgrade refused (the ``OSError`` is the cause).
+        WireError: the node refused the credentials (``auth.error``).
+    """
+    url = "ws" + client.url[4:] + "/pubsub/v1/subscribe"
+    try:
+        ws = await connect(
+            url,
+            subprotocols=[Subprotocol(SUBPROTOCOL_JSON)],
+            compression=None,
+            proxy=None,
+            ping_interval=None,
+            max_size=16 * 1024 * 1024,
+            open_timeout=10,
+        )
+    except InvalidStatus as exc:
+        raise Unavailable(f"subscribe refused with HTTP {exc.response.status_code}") from exc
+    except OSError as exc:
+        raise Unavailable(f"cannot connect to {client.url}: {exc}") from exc
+    try:
+        await ws.send(
+            orjson.dumps({"type": "auth", "window": window, **await client.session_auth()}).decode()
+        )
+        reply = orjson.loads(await ws.recv())
+        if reply.get("event") != "auth.ok":
+            raise error_from_wire(reply.get("data", {}))
+    except (ConnectionClosed, OSError) as exc:
+        await ws.close()
+        raise Unavailable("the node closed the session while it was opening") from exc
+    except BaseException:
+        await ws.close()
+        raise
+    accepted: dict[str, Any] = reply["data"]
+    return ws, accepted
+
+
 class Subscription:
     """A resuming subscription: ``async with client.subscribe(...) as sub``, then
     ``async for item in sub``."""
@@ -259,32 +299,9 @@ class Subscription:
 
     async def _connect(self, *, first: bool = False) -> None:
         """Open a session, authenticate, subscribe (resuming from the cursor)."""
-        client = self.client
-        url = "ws" + client.url[4:] + "/pubsub/v1/subscribe"
+        ws, accepted = await open_session(self.client, self.state.window)
         try:
-            ws = await connect(
-                url,
-                subprotocols=[Subprotocol(SUBPROTOCOL_JSON)],
-                compression=None,
-                proxy=None,
-                ping_interval=None,
-                max_size=16 * 1024 * 1024,
-                open_timeout=10,
-            )
-        except InvalidStatus as exc:
-            raise Unavailable(f"subscribe refused with HTTP {exc.response.status_code}") from exc
-        except OSError as exc:
-            raise Unavailable(f"cannot connect to {client.url}: {exc}") from exc
-        try:
-            await ws.send(
-                orjson.dumps(
-                    {"type": "auth", "window": self.state.window, **await client.session_auth()}
-                ).decode()
-            )
-            reply = orjson.loads(await ws.recv())
-            if reply.get("event") != "auth.ok":
-                raise error_from_wire(reply.get("data", {}))
-            self.client_id = reply["data"].get("client_id")
+            self.client_id = accepted.get("client_id")
             frame: dict[str, Any] = {"type": "subscribe", "topics": self.patterns}
             if first and self._initial_since:
                 since: dict[str, Any] | None = self._initial_since

@@ -1,0 +1,464 @@
+"""``hearthnet bridge``: a node's pub/sub and call frames over stdin/stdout (docs/bridge.md).
+
+The asyncio side of :mod:`hearthnet.bridge.frames`: one pub/sub WebSocket session carries
+every pub/sub frame; each call runs through :class:`~hearthnet.client.Client` (unary calls
+over HTTP, streams over WebSocket with SSE as the fallback). Back-pressure both ways:
+
+- input: the next line is read only when the node has taken the last one: at most
+  ``max_publishes`` publishes wait for their answer and ``max_calls`` calls run at once;
+  a frame on the session waits for the socket to take it;
+- output: every frame is written to stdout before the next one is read from the node, and
+  deliveries are acked once written, so a reader that stops reading stops the node's
+  sending at its window (the node then reports what it had to drop as a ``gap``).
+
+End of input ends the bridge once every publish is answered and every call has ended, or
+after ``drain_timeout_s``, when what is left gets an ``error`` frame (``timeout``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import stat
+import sys
+from dataclasses import dataclass
+from typing import IO, Any
+
+import orjson
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+
+from hearthnet.bridge.frames import (
+    MAX_LINE_BYTES,
+    AckPacer,
+    CallCommand,
+    CancelCommand,
+    PublishLedger,
+    PubSubCommand,
+    Refusal,
+    ToolResultCommand,
+    error_frame,
+    parse_command,
+    too_long,
+)
+from hearthnet.client import Client, Stream, split_capability
+from hearthnet.errors import (
+    BadRequest,
+    Cancelled,
+    DeadlineExceeded,
+    HearthNetError,
+    Unavailable,
+    WireError,
+)
+from hearthnet.subscription import ACK_IDLE_S, open_session
+
+log = logging.getLogger("hearthnet.bridge")
+
+DEFAULT_WINDOW = 1024
+DEFAULT_MAX_CALLS = 16
+DEFAULT_MAX_PUBLISHES = 256
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
+
+
+class _TooLong:
+    """What :meth:`LineSource.readline` returns for a line over ``MAX_LINE_BYTES``."""
+
+
+TOO_LONG = _TooLong()
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeLimits:
+    """The bridge's bounds (``hearthnet bridge`` flags)."""
+
+    window: int = DEFAULT_WINDOW
+    max_calls: int = DEFAULT_MAX_CALLS
+    max_publishes: int = DEFAULT_MAX_PUBLISHES
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    manual_ack: bool = False
+
+
+class SessionLost(HearthNetError):
+    """The node closed the pub/sub session (the bridge ends; restart it to resume)."""
+
+
+class LineSource:
+    """Lines of stdin: a pipe or terminal through asyncio, a regular file in a thread (a
+    file never blocks for long). :meth:`readline` returns None at the end, and
+    :data:`TOO_LONG` for a line over the limit (which is skipped)."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self.file = file
+        self._reader: asyncio.StreamReader | None = None
+
+    async def open(self) -> None:
+        """Attach to the event loop (a pipe, socket or terminal)."""
+        mode = os.fstat(self.file.fileno()).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode):
+            loop = asyncio.get_running_loop()
+            reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
+            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), self.file)
+            self._reader = reader
+
+    async def readline(self) -> bytes | _TooLong | None:
+        """The next line (without its newline), :data:`TOO_LONG`, or None at the end."""
+        if self._reader is None:
+            return await asyncio.to_thread(self._read_file_line)
+        try:
+            return (await self._reader.readuntil(b"\n"))[:-1]
+        except asyncio.IncompleteReadError as exc:
+            return exc.partial or None
+        except asyncio.LimitOverrunError as exc:
+            await self._reader.readexactly(exc.consumed)
+            await self._skip_rest()
+            return TOO_LONG
+
+    async def _skip_rest(self) -> None:
+        assert self._reader is not None
+        while True:
+            try:
+                await self._reader.readuntil(b"\n")
+                return
+            except asyncio.LimitOverrunError as exc:
+                await self._reader.readexactly(exc.consumed)
+            except asyncio.IncompleteReadError:
+                return
+
+    def _read_file_line(self) -> bytes | _TooLong | None:
+        line = self.file.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return None
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            while (rest := self.file.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+                pass
+            return TOO_LONG
+        return line.rstrip(b"\n")
+
+
+class LineSink:
+    """Lines to stdout, one JSON object each, in order, flushed before the next frame is
+    taken from the node (a pipe through asyncio, so a slow reader slows the bridge; a
+    file or anything else with plain writes)."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self.file = file
+        self._writer: asyncio.StreamWriter | None = None
+        self._lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        """Attach to the event loop (a pipe, socket or terminal)."""
+        mode = os.fstat(self.file.fileno()).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            loop = asyncio.get_running_loop()
+            transport, protocol = await loop.connect_write_pipe(
+                asyncio.streams.FlowControlMixin, self.file
+            )
+            self._writer = asyncio.StreamWriter(transport, protocol, None, loop)
+
+    async def close(self) -> None:
+        """Flush and let go of the pipe."""
+        if self._writer is not None:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await self._writer.drain()
+            self._writer.transport.close()
+            self._writer = None
+
+    async def write(self, frame: dict[str, Any]) -> None:
+        """Write one frame; returns once the pipe has taken it.
+
+        Raises:
+            BrokenPipeError: the reader of stdout went away.
+        """
+        line = orjson.dumps(frame) + b"\n"
+        async with self._lock:
+            if self._writer is None:
+                self.file.write(line)
+                self.file.flush()
+                return
+            try:
+                self._writer.write(line)
+                await self._writer.drain()
+            except ConnectionResetError as exc:
+                raise BrokenPipeError("stdout was closed") from exc
+
+
+class Bridge:
+    """One bridge between a script's pipes and a node."""
+
+    def __init__(self, client: Client, out: LineSink, limits: BridgeLimits) -> None:
+        self.client = client
+        self.out = out
+        self.limits = limits
+        self.ledger = PublishLedger()
+        self.pacer = AckPacer(limits.window)
+        self._answered = asyncio.Event()
+        self._calls: dict[str, asyncio.Task[None]] = {}
+        self._streams: dict[str, Stream] = {}
+        self._call_slots = asyncio.Semaphore(limits.max_calls)
+        self._streaming: dict[str, bool] | None = None
+        self._ws: ClientConnection | None = None
+        self._closing = False
+        self._timed_out = False
+
+    async def run(self, lines: LineSource) -> int:
+        """Open the session, carry frames until the end of input and the drain; the exit
+        code (0: everything answered, 1: the drain timed out or the node went away).
+
+        Raises:
+            Unavailable, WireError: the session could not be opened (no node, refused).
+        """
+        ws, accepted = await open_session(self.client, self.limits.window)
+        self._ws = ws
+        loop = asyncio.get_running_loop()
+        reader = loop.create_task(self._read_session(ws))
+        work = loop.create_task(self._work(lines, accepted))
+        try:
+            await asyncio.wait({reader, work}, return_when=asyncio.FIRST_COMPLETED)
+            if work.done():
+                drained = work.result()
+                if not self.limits.manual_ack:
+                    await self._ack(self.pacer.idle())
+                return 0 if drained else 1
+            work.cancel()
+            try:
+                reader.result()
+            except SessionLost as exc:
+                await self.out.write(error_frame(Unavailable(str(exc))))
+            return 1
+        finally:
+            self._closing = True
+            work.cancel()
+            await ws.close()
+            with contextlib.suppress(asyncio.CancelledError, SessionLost):
+                await reader
+            await self._end_calls()
+
+    async def _work(self, lines: LineSource, accepted: dict[str, Any]) -> bool:
+        """Say the session is open, carry the script's lines, then drain."""
+        await self.out.write({"event": "auth.ok", "data": accepted})
+        await self._read_commands(lines)
+        return await self._drain()
+
+    # --- input ----------------------------------------------------------------------
+
+    async def _read_commands(self, lines: LineSource) -> None:
+        number = 0
+        while (raw := await lines.readline()) is not None:
+            number += 1
+            if isinstance(raw, bytes) and not raw.strip():
+                continue
+            command = too_long(number) if isinstance(raw, _TooLong) else parse_command(raw, number)
+            if isinstance(command, Refusal):
+                await self.out.write(command.frame)
+            elif isinstance(command, PubSubCommand):
+                await self._send_pubsub(command.frame)
+            elif isinstance(command, CallCommand):
+                await self._start_call(command, number)
+            elif isinstance(command, ToolResultCommand):
+                await self._tool_result(command, number)
+            else:
+                await self._cancel(command, number)
+
+    async def _send_pubsub(self, frame: dict[str, Any]) -> None:
+        assert self._ws is not None
+        if frame["type"] == "publish":
+            while self.ledger.outstanding >= self.limits.max_publishes:
+                self._answered.clear()
+                await self._answered.wait()
+            frame = self.ledger.sending(frame)
+        await self._ws.send(orjson.dumps(frame).decode())
+
+    async def _start_call(self, command: CallCommand, line: int) -> None:
+        if command.id in self._calls:
+            await self.out.write(
+                error_frame(
+                    BadRequest("a call with this id is running"), call=command.id, line=line
+                )
+            )
+            return
+        await self._call_slots.acquire()
+        task = asyncio.get_running_loop().create_task(self._call(command))
+        self._calls[command.id] = task
+
+    async def _tool_result(self, command: ToolResultCommand, line: int) -> None:
+        stream = self._streams.get(command.call)
+        try:
+            if stream is None:
+                raise BadRequest("no streaming call with this id is running")
+            await stream.send_tool_result(command.tool_call_id, command.body)
+        except (WireError, ConnectionClosed) as exc:
+            error = exc if isinstance(exc, WireError) else Unavailable("the call's stream closed")
+            await self.out.write(error_frame(error, call=command.call, line=line))
+
+    async def _cancel(self, command: CancelCommand, line: int) -> None:
+        stream = self._streams.get(command.call)
+        task = self._calls.get(command.call)
+        if stream is not None:
+            await stream.cancel()  # the node ends the stream with error{cancelled}
+        elif task is not None:
+            task.cancel()  # a unary call: its task writes error{cancelled}
+        else:
+            await self.out.write(
+                error_frame(
+                    BadRequest("no call with this id is running"), call=command.call, line=line
+                )
+            )
+
+    # --- calls ----------------------------------------------------------------------
+
+    async def _call(self, command: CallCommand) -> None:
+        try:
+            streaming = command.stream
+            if streaming is None:
+                streaming = await self._streams_answer(command.capability)
+            if streaming:
+                await self._stream(command)
+            else:
+                result = await self.client.call_with_meta(
+                    command.capability,
+                    command.input,
+                    params=command.params,
+                    target=command.target,
+                    deadline_ms=command.deadline_ms,
+                )
+                await self.out.write(
+                    {"event": "output", "data": result["output"], "call": command.id}
+                )
+                await self.out.write({"event": "done", "data": result["meta"], "call": command.id})
+        except asyncio.CancelledError:
+            error: WireError = Cancelled("cancelled")
+            if self._timed_out:
+                error = DeadlineExceeded(
+                    f"not done within the bridge's drain time ({self.limits.drain_timeout_s:g} s)"
+                )
+            await self.out.write(error_frame(error, call=command.id))
+        except WireError as exc:
+            await self.out.write(error_frame(exc, call=command.id))
+        finally:
+            self._calls.pop(command.id, None)
+            self._streams.pop(command.id, None)
+            self._call_slots.release()
+
+    async def _stream(self, command: CallCommand) -> None:
+        async with self.client.stream(
+            command.capability,
+            command.input,
+            params=command.params,
+            target=command.target,
+            deadline_ms=command.deadline_ms,
+        ) as stream:
+            self._streams[command.id] = stream
+            async for frame in stream:
+                # acks go out as frames are read, and a frame is read once the last one
+                # is written: the node's window (16) paces the stream to stdout
+                await self.out.write({**frame.to_json(), "call": command.id})
+
+    async def _streams_answer(self, capability: str) -> bool:
+        """Whether the capability streams, by the mesh's descriptors (asked once)."""
+        if self._streaming is None:
+            offered = await self.client.get_json("/bus/v1/capabilities")
+            self._streaming = {
+                d["name"]: d.get("stream_schema") is not None for d in offered["capabilities"]
+            }
+        return self._streaming.get(split_capability(capability)[0], False)
+
+    async def _end_calls(self) -> None:
+        tasks = list(self._calls.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+
+    # --- output ---------------------------------------------------------------------
+
+    async def _read_session(self, ws: ClientConnection) -> None:
+        """Frames from the node, written out in order; deliveries acked once written."""
+        try:
+            while True:
+                raw = await self._recv(ws)
+                frame = orjson.loads(raw)
+                shown, answer = self.ledger.answered(frame)
+                if answer:
+                    self._answered.set()
+                await self.out.write(shown)
+                seq = frame.get("seq")
+                if frame.get("event") == "message" and isinstance(seq, int):
+                    if not self.limits.manual_ack:
+                        await self._ack(self.pacer.wrote(seq))
+                elif frame.get("event") == "auth.expiring" and self.client.token is not None:
+                    auth = {"type": "auth", **await self.client.session_auth()}
+                    await ws.send(orjson.dumps(auth).decode())
+        except ConnectionClosed as exc:
+            if self._closing:
+                return
+            code = exc.rcvd.code if exc.rcvd is not None else 1006
+            reason = exc.rcvd.reason if exc.rcvd is not None else ""
+            raise SessionLost(
+                f"the node closed the session ({code}{': ' + reason if reason else ''}); "
+                "restart the bridge and subscribe with since: {epoch, seq} to resume"
+            ) from exc
+
+    async def _recv(self, ws: ClientConnection) -> str | bytes:
+        """The next frame; if none comes at once, ack what was written first."""
+        if self.limits.manual_ack or not self.pacer.unacked:
+            return await ws.recv()
+        try:
+            async with asyncio.timeout(ACK_IDLE_S):
+                return await ws.recv()  # cancelling recv() loses nothing (websockets docs)
+        except TimeoutError:
+            await self._ack(self.pacer.idle())
+        return await ws.recv()
+
+    async def _ack(self, upto: int | None) -> None:
+        if upto is not None and self._ws is not None:
+            with contextlib.suppress(ConnectionClosed):
+                await self._ws.send(b'{"type":"ack","upto":%d}'.decode() % upto)
+
+    # --- end ------------------------------------------------------------------------
+
+    async def _drain(self) -> bool:
+        """After the end of input: wait (bounded) until every publish is answered and every
+        call has ended; what is left then gets an ``error{timeout}`` frame."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.drain_timeout_s
+        while self.ledger.outstanding and loop.time() < deadline:
+            self._answered.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                    await self._answered.wait()
+        calls = list(self._calls.values())
+        if calls:
+            await asyncio.wait(calls, timeout=max(0.0, deadline - loop.time()))
+        late_calls = [call_id for call_id, task in self._calls.items() if not task.done()]
+        late_refs = self.ledger.refs()
+        timeout = DeadlineExceeded(
+            f"not answered within the bridge's drain time ({self.limits.drain_timeout_s:g} s)"
+        )
+        for ref in late_refs:
+            await self.out.write(error_frame(timeout, ref=ref))
+        self._timed_out = True
+        late = [self._calls[call_id] for call_id in late_calls]
+        for task in late:
+            task.cancel()  # each writes its error{timeout}
+        if late:
+            await asyncio.wait(late, timeout=5)
+        return not late_refs and not late_calls
+
+
+async def run_bridge(client: Client, limits: BridgeLimits) -> int:
+    """``hearthnet bridge`` on this process's stdin and stdout; the exit code."""
+    lines = LineSource(sys.stdin.buffer)
+    out = LineSink(sys.stdout.buffer)
+    try:
+        await lines.open()
+        await out.open()
+        async with client:
+            return await Bridge(client, out, limits).run(lines)
+    finally:
+        await out.close()
+        for stream in (sys.stdin, sys.stdout):
+            # the pipe transports made them non-blocking; stderr may share stdout's pipe
+            with contextlib.suppress(OSError, ValueError):
+                os.set_blocking(stream.fileno(), True)

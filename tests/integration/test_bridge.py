@@ -1,0 +1,256 @@
+"""``hearthnet bridge`` as a real subprocess driven through its pipes, against a real node
+process (docs/bridge.md): pub/sub and call frames as JSON lines, tool results inline, the
+delivery window, a bounded drain at the end of input, exit codes."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from tests.helpers import NodeProcess, hearthnet_cmd, start_node_process
+
+WAIT_S = 30.0  # generous: the machine may be loaded
+
+
+@pytest.fixture(scope="module")
+def node_proc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """A node process with the demo model, for the module."""
+    data = tmp_path_factory.mktemp("bridge") / "data"
+    proc = start_node_process(data, "--no-zeroconf", "--llm-demo")
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+class BridgeProcess:
+    """``hearthnet bridge`` with its stdin and stdout as pipes; stopped by PID."""
+
+    def __init__(self, node: NodeProcess, *flags: str) -> None:
+        self.proc = subprocess.Popen(
+            hearthnet_cmd("bridge", "--data-dir", str(node.data_dir), *flags),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        assert self.proc.stdout is not None
+        threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
+
+    def _pump(self, out: IO[str]) -> None:
+        for line in out:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def send(self, *frames: dict[str, Any]) -> None:
+        """Write frames, one per line."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("".join(json.dumps(f) + "\n" for f in frames))
+        self.proc.stdin.flush()
+
+    def close_input(self) -> None:
+        """End of input."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+
+    def until(self, done: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+        """Frames read up to and including the first for which ``done`` holds."""
+        frames: list[dict[str, Any]] = []
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            if line is None:
+                raise AssertionError(f"the bridge ended first; got {frames}")
+            frames.append(json.loads(line))
+            if done(frames[-1]):
+                return frames
+
+    def rest(self) -> list[dict[str, Any]]:
+        """Every frame until the bridge's stdout closes."""
+        frames: list[dict[str, Any]] = []
+        while (line := self.lines.get(timeout=WAIT_S)) is not None:
+            frames.append(json.loads(line))
+        return frames
+
+    def wait(self) -> int:
+        """The exit code (bounded)."""
+        return self.proc.wait(WAIT_S)
+
+    def stop(self) -> None:
+        """Kill it if it still runs."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
+
+
+@pytest.fixture
+def bridge_of(node_proc: NodeProcess) -> Iterator[Callable[..., BridgeProcess]]:
+    """Start bridges to the node; each is stopped at the end."""
+    started: list[BridgeProcess] = []
+
+    def start(*flags: str) -> BridgeProcess:
+        started.append(BridgeProcess(node_proc, *flags))
+        return started[-1]
+
+    yield start
+    for bridge in started:
+        bridge.stop()
+
+
+def publish(topic: str, i: int, ref: str | None = None) -> dict[str, Any]:
+    """A publish frame, as on the pub/sub WebSocket."""
+    frame = {"type": "publish", "topic": topic, "msg_type": "m", "data": {"i": i}}
+    return frame if ref is None else {**frame, "ref": ref}
+
+
+def test_pubsub_and_calls_through_the_pipes(bridge_of: Callable[..., BridgeProcess]) -> None:
+    """auth.ok, then subscribed, published.ok per publish (a missing ref stays null), the
+    messages, a unary call as output+done and a stream as its frames, each with its call
+    id, a bad line as an error frame; end of input: exit 0 once all is answered."""
+    bridge = bridge_of()
+    ready = bridge.until(lambda f: f["event"] == "auth.ok")
+    bridge.send({"type": "subscribe", "topics": ["pipe.*"]})
+    bridge.until(lambda f: f["event"] == "subscribed")
+    bridge.send(
+        publish("pipe.a", 1, "p1"),
+        publish("pipe.a", 2),
+        {"type": "call", "id": "u", "capability": "echo@1.0", "input": {"x": 1}},
+        {"type": "call", "id": "s", "capability": "echo.stream@1.0", "input": {"count": 3}},
+        {"type": "publish", "topic": "pipe..bad", "msg_type": "m", "data": 0, "ref": "p3"},
+    )
+    bridge.close_input()
+    frames = bridge.rest()
+    code = bridge.wait()
+    by_call = {
+        call: [(f["event"], f["data"]) for f in frames if f.get("call") == call]
+        for call in ("u", "s")
+    }
+    messages = [f["data"]["data"]["i"] for f in frames if f["event"] == "message"]
+    answers = [(f["event"], f["data"]["ref"]) for f in frames if "ref" in f["data"]]
+    assert (
+        0,
+        "auth.ok",
+        [1, 2],
+        [("error", "p3"), ("published.ok", "p1"), ("published.ok", None)],
+        [("output", {"echo": {"x": 1}}), "done"],
+        ["token", "token", "token", "done"],
+        1,
+    ) == (
+        code,
+        ready[0]["event"],
+        messages,
+        sorted(answers, key=str),
+        [by_call["u"][0], by_call["u"][1][0]],
+        [event for event, _ in by_call["s"]],
+        sum(f["data"].get("line") == 6 for f in frames if f["event"] == "error"),
+    )
+
+
+def test_a_tool_call_is_answered_through_the_pipe(bridge_of: Callable[..., BridgeProcess]) -> None:
+    """llm.chat streams a tool_call frame; a tool_result line answers it on the same call,
+    and the model's answer uses it."""
+    bridge = bridge_of()
+    bridge.until(lambda f: f["event"] == "auth.ok")
+    bridge.send(
+        {
+            "type": "call",
+            "id": "chat",
+            "capability": "llm.chat@2.0",
+            "input": {
+                "messages": [{"role": "user", "content": "what time is it?"}],
+                "tools": [{"name": "time", "parameters": {"type": "object"}}],
+            },
+        }
+    )
+    tool_call = bridge.until(lambda f: f["event"] == "tool_call")[-1]
+    bridge.send(
+        {
+            "type": "tool_result",
+            "call": "chat",
+            "tool_call_id": tool_call["data"]["id"],
+            "body": {"now": "noon"},
+        }
+    )
+    frames = bridge.until(lambda f: f["event"] in ("done", "error"))
+    bridge.close_input()
+    text = "".join(f["data"].get("text", "") for f in frames if f["event"] == "token")
+    assert ("chat", "time", "done", True, 0) == (
+        tool_call["call"],
+        tool_call["data"]["name"],
+        frames[-1]["event"],
+        "noon" in text,
+        bridge.wait(),
+    )
+
+
+def test_deliveries_stop_at_the_window_until_the_script_acks(
+    bridge_of: Callable[..., BridgeProcess],
+) -> None:
+    """--window 4 --manual-ack: of 10 messages 4 come out; each ack of the last one
+    delivered lets 4 more through."""
+    bridge = bridge_of("--window", "4", "--manual-ack")
+    bridge.until(lambda f: f["event"] == "auth.ok")
+    bridge.send({"type": "subscribe", "topics": ["win.*"]})
+    bridge.until(lambda f: f["event"] == "subscribed")
+    bridge.send(*(publish("win.a", i, f"w{i}") for i in range(10)))
+    rounds: list[list[int]] = []
+    last = bridge.until(lambda f: f["event"] == "published.ok" and f["data"]["ref"] == "w9")
+    while True:
+        bridge.send({"type": "ping"})  # the pong comes after anything the window let through
+        last += bridge.until(lambda f: f["event"] == "pong")
+        held = [f for f in last if f["event"] == "message"]
+        rounds.append([f["data"]["data"]["i"] for f in held])
+        if not held or held[-1]["data"]["data"]["i"] == 9:
+            break
+        bridge.send({"type": "ack", "upto": held[-1]["seq"]})
+        last = []
+    bridge.close_input()
+    assert ([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]], 0) == (rounds, bridge.wait())
+
+
+def test_end_of_input_waits_for_a_running_call_only_so_long(
+    bridge_of: Callable[..., BridgeProcess],
+) -> None:
+    """--drain-timeout 0.5 with an endless stream running: the call ends with
+    error{timeout} and the bridge exits 1."""
+    bridge = bridge_of("--drain-timeout", "0.5")
+    bridge.until(lambda f: f["event"] == "auth.ok")
+    bridge.send(
+        {
+            "type": "call",
+            "id": "slow",
+            "capability": "echo.stream@1.0",
+            "input": {"count": 1_000_000, "interval_ms": 50},
+        }
+    )
+    bridge.until(lambda f: f.get("call") == "slow")
+    bridge.close_input()
+    last = [f for f in bridge.rest() if f.get("call") == "slow"][-1]
+    assert (("error", "timeout"), 1) == ((last["event"], last["data"]["code"]), bridge.wait())
+
+
+def test_no_node_is_exit_3(tmp_path: Path, node_proc: NodeProcess) -> None:
+    """Nothing listening at --url: exit 3 and how to start a node on stderr."""
+    done = subprocess.run(
+        hearthnet_cmd(
+            "bridge", "--data-dir", str(node_proc.data_dir), "--url", "http://127.0.0.1:1"
+        ),
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=False,
+    )
+    assert (3, True, "") == (done.returncode, "hearthnet node start" in done.stderr, done.stdout)
