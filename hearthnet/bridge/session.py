@@ -60,6 +60,7 @@ DEFAULT_WINDOW = 1024
 DEFAULT_MAX_CALLS = 16
 DEFAULT_MAX_PUBLISHES = 256
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
+CLOSE_FLUSH_S = 5.0  # how long the last lines may take to leave at the end
 
 
 class _TooLong:
@@ -160,8 +161,11 @@ class LineSink:
     async def close(self) -> None:
         """Flush and let go of the pipe."""
         if self._writer is not None:
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await self._writer.drain()
+            if not self._writer.transport.is_closing():
+                # bounded: a reader that stopped reading must not keep us here
+                with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):
+                    async with asyncio.timeout(CLOSE_FLUSH_S):
+                        await self._writer.drain()
             self._writer.transport.close()
             self._writer = None
 
@@ -177,10 +181,13 @@ class LineSink:
                 self.file.write(line)
                 self.file.flush()
                 return
+            if self._writer.transport.is_closing():
+                raise BrokenPipeError("stdout was closed")
             try:
                 self._writer.write(line)
                 await self._writer.drain()
-            except ConnectionResetError as exc:
+            except (ConnectionResetError, RuntimeError) as exc:
+                # asyncio says ConnectionResetError, uvloop RuntimeError ("handler is closed")
                 raise BrokenPipeError("stdout was closed") from exc
 
 
@@ -230,10 +237,20 @@ class Bridge:
         finally:
             self._closing = True
             work.cancel()
-            await ws.close()
-            with contextlib.suppress(asyncio.CancelledError, SessionLost):
+            await self._close(ws, reading=not reader.done())
+            with contextlib.suppress(asyncio.CancelledError, SessionLost, BrokenPipeError):
                 await reader
             await self._end_calls()
+
+    @staticmethod
+    async def _close(ws: ClientConnection, *, reading: bool) -> None:
+        """Close the session; quickly when nothing reads it any more (stdout went away):
+        its unread frames would hold back the node's close frame."""
+        try:
+            async with asyncio.timeout(CLOSE_FLUSH_S if reading else 0.5):
+                await ws.close()
+        except TimeoutError:
+            ws.transport.abort()
 
     async def _work(self, lines: LineSource, accepted: dict[str, Any]) -> bool:
         """Say the session is open, carry the script's lines, then drain."""

@@ -254,3 +254,31 @@ def test_no_node_is_exit_3(tmp_path: Path, node_proc: NodeProcess) -> None:
         check=False,
     )
     assert (3, True, "") == (done.returncode, "hearthnet node start" in done.stderr, done.stdout)
+
+
+def test_a_reader_that_goes_away_ends_the_bridge_quietly(node_proc: NodeProcess) -> None:
+    """stdout closed after the first line (``| head -1``): the bridge ends with exit 0."""
+    proc = subprocess.Popen(
+        hearthnet_cmd("bridge", "--data-dir", str(node_proc.data_dir)),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdin is not None
+        first = json.loads(proc.stdout.readline())
+        proc.stdout.close()
+        proc.stdin.write('{"type":"ping"}\n' * 50)
+        proc.stdin.close()
+        code = proc.wait(WAIT_S)
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert ("auth.ok", 0, "") == (first["event"], code, err)
