@@ -143,13 +143,17 @@ class PeerBook:
         is listed once, with the address that last worked (else the one that failed
         least) as ``url`` and all of them in ``urls``. Addresses whose node is unknown
         are listed one by one."""
+        # an address whose node is not known yet is the node known at the same host and
+        # port under the other scheme, if any
+        at = {_host_port(a.url): a.node for a in self.addresses.values() if a.node is not None}
         by_node: dict[str, list[PeerAddress]] = {}
         rows: list[dict[str, Any]] = []
         for address in self.addresses.values():
-            if address.node is None:
+            node = address.node or at.get(_host_port(address.url))
+            if node is None:
                 rows.append(_known_row(None, [address]))
-            elif address.node not in linked:
-                by_node.setdefault(address.node, []).append(address)
+            elif node not in linked:
+                by_node.setdefault(node, []).append(address)
         rows.extend(_known_row(node, addresses) for node, addresses in by_node.items())
         return rows
 
@@ -182,6 +186,11 @@ class PeerBook:
         )
         os.replace(tmp, self.path)
         self.dirty = False
+
+
+def _host_port(url: str) -> str:
+    """``host:port`` of a normalised URL (its scheme dropped)."""
+    return url.partition("://")[2]
 
 
 def _known_row(node: str | None, addresses: list[PeerAddress]) -> dict[str, Any]:

@@ -70,13 +70,14 @@ def test_saved_and_loaded(tmp_path: Path) -> None:
 
 
 def test_known_peers_lists_a_node_once_whatever_its_addresses() -> None:
-    """A stopped peer known at http:// and https:// is one row, its working address first."""
+    """A stopped peer known at http:// and https:// (there without its node id) is one row,
+    its working address first; addresses of a linked peer are left out."""
     other = KeyPair.from_seed(b"\x72" * 32).node_id
     book = PeerBook()
     book.add("http://10.0.0.5:7080", node=PEER, source="zeroconf")
-    book.add("https://10.0.0.5:7080", node=PEER, source="exchange")
-    book.succeeded("https://10.0.0.5:7080", PEER, 1_000)
+    book.add("https://10.0.0.5:7080", source="exchange")  # node not known at this address
     book.failed("http://10.0.0.5:7080", 0.0)
+    book.addresses["https://10.0.0.5:7080"].last_ok_ms = 1_000
     book.add("http://10.0.0.6:7080", node=other)
     book.add("http://10.0.0.7:7080")
     rows = book.known_peers(linked={other})
