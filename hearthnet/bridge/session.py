@@ -223,16 +223,16 @@ class Bridge:
         work = loop.create_task(self._work(lines, accepted))
         try:
             await asyncio.wait({reader, work}, return_when=asyncio.FIRST_COMPLETED)
-            if work.done():
-                drained = work.result()
-                if not self.limits.manual_ack:
-                    await self._ack(self.pacer.idle())
-                return 0 if drained else 1
-            work.cancel()
-            try:
-                reader.result()
-            except SessionLost as exc:
-                await self.out.write(error_frame(Unavailable(str(exc))))
+            if reader.done():
+                work.cancel()
+                reader.result()  # SessionLost (the node closed the session), or a bug
+                return 1
+            drained = work.result()
+            if not self.limits.manual_ack:
+                await self._ack(self.pacer.idle())
+            return 0 if drained else 1
+        except SessionLost as exc:
+            await self.out.write(error_frame(Unavailable(str(exc))))
             return 1
         finally:
             self._closing = True
@@ -285,7 +285,10 @@ class Bridge:
                 self._answered.clear()
                 await self._answered.wait()
             frame = self.ledger.sending(frame)
-        await self._ws.send(orjson.dumps(frame).decode())
+        try:
+            await self._ws.send(orjson.dumps(frame).decode())
+        except ConnectionClosed as exc:
+            raise SessionLost("the node closed the session") from exc
 
     async def _start_call(self, command: CallCommand, line: int) -> None:
         if command.id in self._calls:

@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import pytest
 
-from tests.helpers import NodeProcess, hearthnet_cmd, start_node_process
+from tests.helpers import NodeProcess, hearthnet_cmd, run_cli, start_node_process
 
 WAIT_S = 30.0  # generous: the machine may be loaded
 
@@ -282,3 +282,17 @@ def test_a_reader_that_goes_away_ends_the_bridge_quietly(node_proc: NodeProcess)
         if proc.stderr is not None:
             proc.stderr.close()
     assert ("auth.ok", 0, "") == (first["event"], code, err)
+
+
+def test_a_session_the_node_ends_ends_the_bridge_with_exit_1(
+    node_proc: NodeProcess, bridge_of: Callable[..., BridgeProcess]
+) -> None:
+    """A token bridge whose token is revoked: the node's error, then unavailable, exit 1."""
+    token = run_cli(
+        "token", "issue", "--scope", "sub:gone.*", "--data-dir", str(node_proc.data_dir)
+    ).stdout.strip()
+    bridge = bridge_of("--token", token)
+    bridge.until(lambda f: f["event"] == "auth.ok")
+    revoked = run_cli("token", "revoke", token, "--data-dir", str(node_proc.data_dir))
+    errors = [f["data"]["code"] for f in bridge.rest() if f["event"] == "error"]
+    assert (0, ["revoked", "unavailable"], 1) == (revoked.returncode, errors, bridge.wait())
