@@ -398,7 +398,9 @@ class Mesh:
                     **path_fields(link),  # relays: direct or relayed, and via
                 }
             )
-        out.extend(self.book.known_peers(set(self.links)))
+        for row in self.book.known_peers(set(self.links)):
+            member = self.membership.members.get(row["node"]) if row["node"] else None
+            out.append({"name": member.name if member else None, **row})
         return out
 
 

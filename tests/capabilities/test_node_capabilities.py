@@ -165,6 +165,38 @@ async def test_mesh_peers_shows_a_linked_peer_by_its_default_name(make_config: M
     )
 
 
+async def test_a_stopped_peer_is_one_row_with_its_name_and_addresses(
+    make_config: MakeConfig,
+) -> None:
+    """b knows a at http:// and https:// (there without its id); once a stops, mesh.peers
+    on b lists a once, not linked, by name, with both addresses."""
+    config_a = make_config(node={"name": ""}, mesh={"dial_interval_s": 0.05})
+    config_b = make_config(mesh={"dial_interval_s": 0.05})
+    keys_b = load_or_create_keys(config_b.data_path)
+    a = Node(config_a)
+    await a.__aenter__()
+    running = True
+    try:
+        a.add_member(keys_b.node_id)
+        CommunityStore(config_b.data_path).replace(list(a.membership.records.values()))
+        a_id, urls = a.keys.node_id, [a.url, a.url.replace("http:", "https:")]
+        async with Node(config_b) as b, Client(b.url, keys=b.keys) as client:
+            b.mesh.book.add(urls[0], node=a_id)
+            b.mesh.book.add(urls[1])
+            await wait_until(lambda: a_id in b.mesh.links, what="a link")
+            running = False
+            await a.__aexit__(None, None, None)
+            await wait_until(lambda: a_id not in b.mesh.links, what="the link gone")
+            view = await client.call("mesh.peers@1.0", {})
+    finally:
+        if running:
+            await a.__aexit__(None, None, None)
+    rows = [p for p in view["peers"] if p["node"] == a_id or p["url"] in urls]
+    assert [(a_id, default_node_name(socket.gethostname(), a_id), False, sorted(urls))] == [
+        (p["node"], p["name"], p["linked"], p["urls"]) for p in rows
+    ]
+
+
 async def test_mesh_peers_as_a_models_tool(make_config: MakeConfig) -> None:
     """A tool bound to "mesh.peers@1.0" in an llm.chat tools list runs it for the caller."""
     async with (
