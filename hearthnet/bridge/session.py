@@ -85,6 +85,12 @@ class SessionLost(HearthNetError):
     """The node closed the pub/sub session (the bridge ends; restart it to resume)."""
 
 
+def _own_copy(file: IO[bytes], mode: str) -> IO[bytes]:
+    """A duplicate of ``file``'s descriptor for a pipe transport, which closes what it is
+    given: stdin and stdout themselves stay open for the rest of the process."""
+    return os.fdopen(os.dup(file.fileno()), mode, buffering=0)
+
+
 class LineSource:
     """Lines of stdin: a pipe or terminal through asyncio, a regular file in a thread (a
     file never blocks for long). :meth:`readline` returns None at the end, and
@@ -100,7 +106,9 @@ class LineSource:
         if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode):
             loop = asyncio.get_running_loop()
             reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
-            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), self.file)
+            await loop.connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(reader), _own_copy(self.file, "rb")
+            )
             self._reader = reader
 
     async def readline(self) -> bytes | _TooLong | None:
@@ -154,7 +162,7 @@ class LineSink:
         if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
             loop = asyncio.get_running_loop()
             transport, protocol = await loop.connect_write_pipe(
-                asyncio.streams.FlowControlMixin, self.file
+                asyncio.streams.FlowControlMixin, _own_copy(self.file, "wb")
             )
             self._writer = asyncio.StreamWriter(transport, protocol, None, loop)
 
