@@ -39,8 +39,13 @@ def leaf_commands(
 
 
 # mesh health has its own parser (spark_federation.cli); the federation commands
-# (hearthnet/cli_federation.py) do not follow the convention yet.
-NOT_YET = {("mesh", "health"), *(("federation", c) for c in ("propose", "accept", "revoke"))}
+# (hearthnet/cli_federation.py) and console (hearthnet/console/cli.py) do not follow the
+# convention yet.
+NOT_YET = {
+    ("mesh", "health"),
+    ("console",),
+    *(("federation", c) for c in ("propose", "accept", "revoke")),
+}
 
 
 def test_every_command_has_json() -> None:
