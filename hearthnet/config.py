@@ -474,6 +474,14 @@ class MeshSection:
         default=8 * 1024 * 1024,
         metadata=_doc("Relay capacity shared fairly among the members sending (spec §8)."),
     )
+    relay_member_control_bytes_per_s: int = field(
+        default=16 * 1024,
+        metadata=_doc(
+            "Relay: per member, bytes per second of route frames marked control (heartbeats,"
+            " acks, session hellos), apart from the data budget, so a busy member stays"
+            " linked (spec §8)."
+        ),
+    )
     relay_keepalive_s: float = field(
         default=1.0,
         metadata=_doc("Member: how often each attached relay is pinged (spec §8 failover)."),

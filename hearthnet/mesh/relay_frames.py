@@ -7,7 +7,7 @@ like the frames of :mod:`hearthnet.mesh.protocol`. Three layers::
       attach {ts?}                                  member asks to be relayed
       attached {relay, observed_addr, bytes_per_s, streams, max_inner, ts_echo?}
       detach {code?, reason?}                       either side ends the attachment
-      route {to, from, ttl_hops, id, inner}         ``inner``: the bytes of one e2e frame
+      route {to, from, ttl_hops, id, inner, control?}   ``inner``: the bytes of one e2e frame
       route_error {to, origin, id, code, retry_after_ms?}   code: unreachable|ttl|rate_limited
       route_table {relay, version, nodes: [[node, hops], ...]}   relay <-> relay
       join_via {id, request}   join_answer {id, answer}   relay <-> inviter: a join
@@ -216,33 +216,43 @@ class Route(Frame):
     """A frame from ``from_`` to ``to`` through relays. ``inner`` is opaque to relays (the
     bytes of an ``e2e_hello`` or ``sealed``); ``id`` is chosen by the sender and, with
     ``from_``, keys the relays' seen-cache; ``ttl_hops`` is how many relays it may still pass.
+    ``control``: the sender says ``inner`` keeps the path alive (heartbeats, acks, session
+    hellos), which a relay charges to a small allowance of its own, apart from the data
+    budget (spec §8), so a member sending over budget keeps its links up.
     """
 
     KIND: ClassVar[str] = "route"
     SHAPE: ClassVar[Shape] = Shape.of(
-        "route frame", ("t", "to", "from", "ttl_hops", "id", "inner"), {"ttl": "ttl_hops?"}
+        "route frame",
+        ("t", "to", "from", "ttl_hops", "id", "inner", "control"),
+        {"ttl": "ttl_hops?"},
     )
     to: str
     from_: str
     ttl_hops: int
     id: int
     inner: bytes
+    control: bool = False
 
     @classmethod
     def parse(cls, obj: dict[str, Any]) -> Route:
         """Parse a decoded frame (raises :class:`BadRequest`)."""
         cls.SHAPE.check(obj)
+        control = obj.get("control", False)
+        if not isinstance(control, bool):
+            raise BadRequest("route.control must be a boolean")
         return cls(
             node_field(obj, "route", "to"),
             node_field(obj, "route", "from"),
             int_field(obj, "route", "ttl_hops", 0, MAX_TTL_HOPS),
             int_field(obj, "route", "id"),
             bytes_field(obj, "route", "inner", MAX_INNER_BYTES),
+            control,
         )
 
     def serialize(self) -> dict[str, Any]:
-        """The wire map."""
-        return {
+        """The wire map (``control`` only when set)."""
+        out: dict[str, Any] = {
             "t": self.KIND,
             "to": self.to,
             "from": self.from_,
@@ -250,6 +260,9 @@ class Route(Frame):
             "id": self.id,
             "inner": self.inner,
         }
+        if self.control:
+            out["control"] = True
+        return out
 
 
 _ROUTE_HEAD = b"\xa6\x61t\x65route\x62to"  # map of 6, "t": "route", "to"

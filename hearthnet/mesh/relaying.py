@@ -48,6 +48,7 @@ from hearthnet.mesh.paths import (
     StartPunch,
     Transmit,
 )
+from hearthnet.mesh.pathseq import is_heartbeat
 from hearthnet.mesh.protocol import PeerInfo, decode_frame, encode_frame
 from hearthnet.mesh.punching import Puncher
 from hearthnet.mesh.relay_choice import AttachRelay, DetachRelay, RelayChoiceConfig
@@ -120,6 +121,7 @@ class Relaying:
                 member_bytes_per_s=config.relay_member_bytes_per_s,
                 member_streams=config.relay_member_streams,
                 capacity_bytes_per_s=config.relay_capacity_bytes_per_s,
+                control_bytes_per_s=config.relay_member_control_bytes_per_s,
             )
             peers = tuple(dict.fromkeys(normalize_url(u) for u in config.relay_peers))
             core = RelayCore(self.node_id, self.is_member, budgets)
@@ -421,7 +423,10 @@ class Relaying:
         """A relayed link's frame into the path core; False when the peer is stuck."""
         assert self.paths is not None
         try:
-            actions = self.paths.send(peer, data, time.monotonic())
+            if is_heartbeat(data):  # never behind frames a relay refused (pathseq.py)
+                actions = self.paths.send_unsequenced(peer, data, time.monotonic())
+            else:
+                actions = self.paths.send(peer, data, time.monotonic())
         except WireError as exc:  # Unavailable: too much unacknowledged; CapacityExceeded
             log.info("relayed path to %s: %s", peer, exc, extra={"peer": peer})
             return False
