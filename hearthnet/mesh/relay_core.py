@@ -21,9 +21,8 @@ Rules:
   a separate allowance, default 16 KiB/s, and take no circuit) and concurrent circuits,
   a circuit being a destination the member sent to within ``circuit_idle_s`` (default 64;
   the relay cannot see the bus streams inside the sealed frames, so circuits are what it
-  counts). When
-  the members sending within the last ``active_window_s`` would together exceed the
-  relay's ``capacity_bytes_per_s``, each gets an equal share of it. A member over budget
+  counts). When the members sending within the last ``active_window_s`` would together
+  exceed the relay's ``capacity_bytes_per_s``, each gets an equal share of it. A member over budget
   gets ``route_error rate_limited`` with ``retry_after_ms``; nobody else waits.
 - Forwarding: to the attached member ``to``, else to the federated relay with the fewest
   hops to it, else ``route_error unreachable``. Each relay passed takes one from
