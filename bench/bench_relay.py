@@ -505,9 +505,17 @@ def main() -> None:
         help="only the relayed pair and the relay's CPU per frame (no direct, fan-out, failover)",
     )
     parser.add_argument("--name", default="relay", help="results file bench/results/NAME.json")
+    parser.add_argument(
+        "--default-budget",
+        action="store_true",
+        help="keep the relay's default per-member budget (256 KiB/s) instead of raising it",
+    )
     args = parser.parse_args()
     if args.quick:
         args.calls, args.messages, args.repeat, args.core_frames = 200, 100, 1, 5000
+    if args.default_budget:
+        del FAST["HEARTHNET_MESH_RELAY_MEMBER_BYTES_PER_S"]
+        del FAST["HEARTHNET_MESH_RELAY_CAPACITY_BYTES_PER_S"]
     result = uvloop.run(run(args))
     result["summary"] = summary(result)
     save(args.name, result)
