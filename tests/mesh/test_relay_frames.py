@@ -358,7 +358,7 @@ def test_whatever_a_relay_forwards_only_genuine_frames_open_in_order(
     assert sorted(set(order)) == order
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(node_ids, node_ids, st.integers(1, 16), ids, st.binary(max_size=2000), st.booleans())
 def test_a_forwarded_route_is_the_received_one_with_its_ttl_lowered(
     to: str, from_: str, ttl: int, id_: int, inner: bytes, reordered: bool
