@@ -382,7 +382,6 @@ class PeerLink:
                 )
             finally:
                 self.frame_bytes = b""
-        self.frames_in = 0  # frames read (a member's keepalive watches its relays' counts)
 
 
 __all__ = ["MAX_FRAME_BYTES", "SUBPROTOCOL", "LinkErrors", "PeerLink", "run_handshake"]
