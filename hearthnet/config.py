@@ -491,6 +491,25 @@ class MeshSection:
         default=8 * 1024 * 1024,
         metadata=_doc("Relay capacity shared fairly among the members sending (spec §8)."),
     )
+    relay_member_control_bytes_per_s: int = field(
+        default=16 * 1024,
+        metadata=_doc(
+            "Relay: per member, bytes per second of route frames marked control (heartbeats,"
+            " acks, session hellos), apart from the data budget, so a busy member stays"
+            " linked (spec §8)."
+        ),
+    )
+    relay_keepalive_s: float = field(
+        default=1.0,
+        metadata=_doc("Member: how often each attached relay is pinged (spec §8 failover)."),
+    )
+    relay_silence_s: float = field(
+        default=2.5,
+        metadata=_doc(
+            "Member: a relay silent this long is lost and its peers move to another relay"
+            " (a relay that died without closing its connections; spec §8)."
+        ),
+    )
     direct_upgrade: bool = field(
         default=True,
         metadata=_doc(

@@ -32,6 +32,7 @@ from hearthnet.mesh.protocol import (
     decode_frame,
     encode_frame,
 )
+from hearthnet.mesh.wsbatch import BatchWriter
 from hearthnet.metrics import Counter, MetricsRegistry
 
 log = logging.getLogger("hearthnet.mesh.link")
@@ -39,6 +40,7 @@ log = logging.getLogger("hearthnet.mesh.link")
 HANDSHAKE_TIMEOUT_S = 10.0
 SEND_QUEUE_FRAMES = 20_000
 SEND_QUEUE_BYTES = 64 * 1024 * 1024
+WRITE_BATCH_BYTES = 256 * 1024  # queued frames written with one system call, at most
 
 # What writing to or closing a WebSocket whose connection is gone raises (aiohttp's
 # ClientConnectionResetError is both a ConnectionError and a ClientError; RuntimeError
@@ -216,6 +218,10 @@ class PeerLink:
         self._wake = asyncio.Event()
         self.down_reason = ""
         self.refused_frames = 0  # well-formed frames refused for their values (spec §2.5)
+        # the bytes of the frame on_frame is handling, only while it runs (a relay passes
+        # a route frame on as these bytes with ttl_hops changed: spec §11)
+        self.frame_bytes = b""
+        self.frames_in = 0  # frames read (a member's keepalive watches its relays' counts)
         self._to(LinkState.UP)
 
     @property
@@ -293,12 +299,13 @@ class PeerLink:
 
     async def _write_loop(self) -> None:
         ws = self.ws
+        batch = BatchWriter(ws)
         while True:
             while self._queue:
-                data = self._queue.popleft()
-                self._queued_bytes -= len(data)
+                # spec §11: what was queued since the last wake-up goes out in one write
+                frames = self._next_batch()
                 try:
-                    await ws.send_bytes(data)
+                    await batch.send(frames)
                 except (ConnectionError, RuntimeError, aiohttp.ClientError) as exc:
                     # Nothing more can go out: stop queueing and close the socket, which
                     # ends the read loop, so run() reports the link down.
@@ -315,6 +322,18 @@ class PeerLink:
             self._wake.clear()
             await self._wake.wait()
 
+    def _next_batch(self) -> list[bytes]:
+        """Queued frames for one write: all of them, up to :data:`WRITE_BATCH_BYTES`."""
+        queue = self._queue
+        frames = [queue.popleft()]
+        size = len(frames[0])
+        while queue and size < WRITE_BATCH_BYTES:
+            data = queue.popleft()
+            frames.append(data)
+            size += len(data)
+        self._queued_bytes -= size
+        return frames
+
     async def _read_loop(self) -> None:
         while self.state is LinkState.UP:
             try:
@@ -328,6 +347,7 @@ class PeerLink:
             if data is None:
                 self.down_reason = self.down_reason or "peer closed"
                 return
+            self.frames_in += 1
             try:
                 frame = decode_frame(data)
             except NotCanonical as exc:
@@ -342,6 +362,7 @@ class PeerLink:
             if frame["t"] == "bye":
                 self.down_reason = f"peer said bye: {str(frame.get('reason', ''))[:200]}"
                 return
+            self.frame_bytes = data
             try:
                 self.on_frame(self, frame)
             except HearthNetError as exc:
@@ -359,6 +380,8 @@ class PeerLink:
                     self.node,
                     extra={"peer": self.node},
                 )
+            finally:
+                self.frame_bytes = b""
 
 
 __all__ = ["MAX_FRAME_BYTES", "SUBPROTOCOL", "LinkErrors", "PeerLink", "run_handshake"]

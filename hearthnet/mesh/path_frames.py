@@ -111,7 +111,8 @@ class PFrame(Frame):
     """Peer frame ``f`` numbered ``s`` in the sender's sequence to this peer (across paths).
     ``e`` is the sequence's epoch (the sender's start time, ms; a restart starts a new
     sequence) and ``a`` the highest ``s`` the receiver has acknowledged (a receiver that
-    restarted resumes after it)."""
+    restarted resumes after it). ``s`` 0: outside the sequence (a heartbeat; see
+    :mod:`hearthnet.mesh.pathseq`)."""
 
     KIND: ClassVar[str] = "pframe"
     SHAPE: ClassVar[Shape] = Shape.of("pframe frame", ("t", "s", "f", "e", "a"))
@@ -125,7 +126,7 @@ class PFrame(Frame):
         """Parse a decoded frame (raises :class:`BadRequest`)."""
         cls.SHAPE.check(obj)
         return cls(
-            int_field(obj, "pframe", "s", 1),
+            int_field(obj, "pframe", "s", 0),
             bytes_field(obj, "pframe", "f", MAX_INNER_BYTES),
             int_field(obj, "pframe", "e"),
             int_field(obj, "pframe", "a"),

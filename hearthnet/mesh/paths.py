@@ -382,6 +382,14 @@ class PathCore:
             return self.connect(peer, now)  # sends it, and all before it, once a relay is up
         return [Transmit(peer, p.path, numbered)]
 
+    def send_unsequenced(self, peer: str, frame: bytes, now: float) -> list[Action]:
+        """Send ``frame`` to ``peer`` outside the sequence (a heartbeat: lost if the path
+        loses it); to a peer without a path it goes in the sequence, which opens one."""
+        p = self._peers.get(peer)
+        if p is None or p.state is PathState.DOWN:
+            return self.send(peer, frame, now)
+        return [Transmit(peer, p.path, p.out.unsequenced(frame))]
+
     def receive(self, peer: str, frame: PathFrame, now: float) -> list[Action]:
         """A path frame from ``peer`` (opened from its relay session, or off the direct link).
 

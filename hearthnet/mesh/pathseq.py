@@ -20,6 +20,11 @@ Switching paths:
   frames older than ``retransmit_s`` are resent on :meth:`Outbound.due`.
 
 Resending can only duplicate on the wire, never at delivery.
+
+Heartbeats (``ping``, ``pong``) travel outside the sequence, as ``pframe`` with ``s`` 0:
+handed on at once, never acknowledged or resent. A relay over its budget refuses frames
+(spec §8 ``rate_limited``), which leaves gaps that wait for a resend; a heartbeat held
+behind such a gap would take a busy link down for missed pongs.
 """
 
 from __future__ import annotations
@@ -36,6 +41,13 @@ MAX_AHEAD = 4096  # out-of-order frames held per peer; beyond that they are rese
 MAX_AHEAD_BYTES = 4 * 1024 * 1024  # and their bytes (16 s of a member's relay budget)
 RETRANSMIT_S = 2.0
 ACK_EVERY = 32  # frames delivered between two acks (also acked on every drain and tick)
+UNSEQUENCED = 0  # the ``s`` of a frame outside the sequence
+_HEARTBEAT_HEADS = (b"\x61t\x64ping", b"\x61t\x64pong")  # after the map's first byte
+
+
+def is_heartbeat(frame: bytes) -> bool:
+    """True for an encoded ``ping`` or ``pong`` peer frame (``t`` first, as encoded here)."""
+    return frame[1:8] in _HEARTBEAT_HEADS
 
 
 @dataclass
@@ -62,6 +74,10 @@ class Outbound:
         self.last += 1
         self._unacked.append((self.last, frame, now))
         return PFrame(self.last, frame, self.epoch, self.acked)
+
+    def unsequenced(self, frame: bytes) -> PFrame:
+        """``frame`` outside the sequence: not numbered, not kept for resending."""
+        return PFrame(UNSEQUENCED, frame, self.epoch, self.acked)
 
     @property
     def unacked(self) -> int:
@@ -129,6 +145,8 @@ class Inbound:
     def receive(self, frame: PFrame) -> tuple[list[bytes], PAck | None]:
         """Take one ``pframe``; return the frames now deliverable, in order, and the ack
         to send, if one is due."""
+        if frame.s == UNSEQUENCED:
+            return [frame.f], None
         if self.epoch is None or frame.e > self.epoch:
             # a first frame, or the sender restarted: follow its (new) sequence, which
             # resumes after what we acknowledged (none of it, for a new sequence)

@@ -17,11 +17,12 @@ Rules:
   ``max_inner`` bytes it was granted (else :class:`Close`); a peer that has not attached
   is refused (attach first).
 - Budgets (per attached member, only where its frames enter the relay network): bytes of
-  ``inner`` per second (default 256 KiB/s) and concurrent circuits, a circuit being a
-  destination the member sent to within ``circuit_idle_s`` (default 64; the relay cannot
-  see the bus streams inside the sealed frames, so circuits are what it counts). When
-  the members sending within the last ``active_window_s`` would together exceed the
-  relay's ``capacity_bytes_per_s``, each gets an equal share of it. A member over budget
+  ``inner`` per second (default 256 KiB/s; route frames marked ``control`` are charged to
+  a separate allowance, default 16 KiB/s, and take no circuit) and concurrent circuits,
+  a circuit being a destination the member sent to within ``circuit_idle_s`` (default 64;
+  the relay cannot see the bus streams inside the sealed frames, so circuits are what it
+  counts). When the members sending within the last ``active_window_s`` would together
+  exceed the relay's ``capacity_bytes_per_s``, each gets an equal share of it. A member over budget
   gets ``route_error rate_limited`` with ``retry_after_ms``; nobody else waits.
 - Forwarding: to the attached member ``to``, else to the federated relay with the fewest
   hops to it, else ``route_error unreachable``. Each relay passed takes one from
@@ -66,6 +67,9 @@ class RelayConfig:
 
     member_bytes_per_s: int = 256 * 1024
     member_streams: int = 64
+    # per member, for route frames marked control, apart from member_bytes_per_s: a ping,
+    # pong or ack is ~100 bytes, so this keeps ~160 relayed peers' links alive
+    control_bytes_per_s: int = 16 * 1024
     capacity_bytes_per_s: int = 8 * 1024 * 1024  # a small VPS's uplink
     burst_s: float = 0.5  # a bucket holds this many seconds of its rate
     max_members: int = 1024
@@ -168,6 +172,7 @@ class _Member:
     node: str
     link: LinkId
     bucket: FairBucket
+    control: FairBucket  # route frames marked control (heartbeats, acks, hellos)
     circuits: dict[str, float] = field(default_factory=dict)  # destination -> last used
     last_sent: float = float("-inf")
 
@@ -282,7 +287,8 @@ class RelayCore:
             old.link = link
         else:
             bucket = FairBucket(self._fair_rate, cfg.burst_s, now)
-            self._members[peer] = _Member(peer, link, bucket)
+            control = FairBucket(cfg.control_bytes_per_s, cfg.burst_s, now)
+            self._members[peer] = _Member(peer, link, bucket, control)
         self._member_links[link] = peer
         granted = Attached(
             self.node_id,
@@ -335,7 +341,7 @@ class RelayCore:
         self._count.forwarded += 1
         self._count.forwarded_bytes += len(route.inner)
         # spec §11: ≤ 5 µs per forwarded frame; dataclasses.replace costs as much as the rest
-        hop = Route(route.to, route.from_, route.ttl_hops - 1, route.id, route.inner)
+        hop = Route(route.to, route.from_, route.ttl_hops - 1, route.id, route.inner, route.control)
         return [Send(target, hop)]
 
     def _next_link(self, to: str, came_from: LinkId) -> LinkId | None:
@@ -351,6 +357,8 @@ class RelayCore:
 
     def _charge(self, member: _Member, route: Route, now: float) -> float:
         cfg = self.config
+        if route.control:  # its own allowance: a member over its data budget stays linked
+            return member.control.admit(now, len(route.inner))
         circuits = member.circuits
         if route.to not in circuits and len(circuits) >= cfg.member_streams:
             horizon = now - cfg.circuit_idle_s

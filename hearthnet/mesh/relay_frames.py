@@ -7,7 +7,7 @@ like the frames of :mod:`hearthnet.mesh.protocol`. Three layers::
       attach {ts?}                                  member asks to be relayed
       attached {relay, observed_addr, bytes_per_s, streams, max_inner, ts_echo?}
       detach {code?, reason?}                       either side ends the attachment
-      route {to, from, ttl_hops, id, inner}         ``inner``: the bytes of one e2e frame
+      route {to, from, ttl_hops, id, inner, control?}   ``inner``: the bytes of one e2e frame
       route_error {to, origin, id, code, retry_after_ms?}   code: unreachable|ttl|rate_limited
       route_table {relay, version, nodes: [[node, hops], ...]}   relay <-> relay
       join_via {id, request}   join_answer {id, answer}   relay <-> inviter: a join
@@ -216,33 +216,43 @@ class Route(Frame):
     """A frame from ``from_`` to ``to`` through relays. ``inner`` is opaque to relays (the
     bytes of an ``e2e_hello`` or ``sealed``); ``id`` is chosen by the sender and, with
     ``from_``, keys the relays' seen-cache; ``ttl_hops`` is how many relays it may still pass.
+    ``control``: the sender says ``inner`` keeps the path alive (heartbeats, acks, session
+    hellos), which a relay charges to a small allowance of its own, apart from the data
+    budget (spec §8), so a member sending over budget keeps its links up.
     """
 
     KIND: ClassVar[str] = "route"
     SHAPE: ClassVar[Shape] = Shape.of(
-        "route frame", ("t", "to", "from", "ttl_hops", "id", "inner"), {"ttl": "ttl_hops?"}
+        "route frame",
+        ("t", "to", "from", "ttl_hops", "id", "inner", "control"),
+        {"ttl": "ttl_hops?"},
     )
     to: str
     from_: str
     ttl_hops: int
     id: int
     inner: bytes
+    control: bool = False
 
     @classmethod
     def parse(cls, obj: dict[str, Any]) -> Route:
         """Parse a decoded frame (raises :class:`BadRequest`)."""
         cls.SHAPE.check(obj)
+        control = obj.get("control", False)
+        if not isinstance(control, bool):
+            raise BadRequest("route.control must be a boolean")
         return cls(
             node_field(obj, "route", "to"),
             node_field(obj, "route", "from"),
             int_field(obj, "route", "ttl_hops", 0, MAX_TTL_HOPS),
             int_field(obj, "route", "id"),
             bytes_field(obj, "route", "inner", MAX_INNER_BYTES),
+            control,
         )
 
     def serialize(self) -> dict[str, Any]:
-        """The wire map."""
-        return {
+        """The wire map (``control`` only when set)."""
+        out: dict[str, Any] = {
             "t": self.KIND,
             "to": self.to,
             "from": self.from_,
@@ -250,6 +260,67 @@ class Route(Frame):
             "id": self.id,
             "inner": self.inner,
         }
+        if self.control:
+            out["control"] = True
+        return out
+
+
+_ROUTE_HEAD = b"\xa6\x61t\x65route\x62to"  # map of 6, "t": "route", "to"
+_FROM_KEY = b"\x64from"
+_TTL_KEY = b"\x68ttl_hops"
+
+
+MAX_ROUTE_HEADS = 4096  # (to, from) pairs whose route header a relay keeps for forwarding
+_ONE_BYTE = [bytes((i,)) for i in range(24)]
+
+
+def _cbor_text(value: str) -> bytes:
+    data = value.encode()
+    n = len(data)
+    if n < 24:
+        return bytes((0x60 | n,)) + data
+    if n < 256:
+        return bytes((0x78, n)) + data
+    return b""  # longer than a NodeID: never matches, the frame is encoded anew
+
+
+class HopEncoder:
+    """A relay's encoder for the route frames it passes on (spec §11: ≤ 5 µs per frame).
+
+    A forwarded frame differs from the one received only in ``ttl_hops``, so it is the
+    received bytes with that one byte changed, when they are laid out as
+    :meth:`Route.encode` lays them out (as every member's are); anything else is encoded
+    anew. The header up to ``ttl_hops`` is kept per ``(to, from)`` pair (bounded).
+    """
+
+    __slots__ = ("_heads",)
+
+    def __init__(self) -> None:
+        self._heads: dict[tuple[str, str], bytes] = {}
+
+    def encode(self, received: bytes, hop: Route) -> bytes:
+        """The bytes of ``hop``, parsed from ``received`` and one relay on (``ttl_hops``
+        one less).
+
+        Only the layout is checked (a map of six; ``t``, ``to``, ``from``, ``ttl_hops``
+        first, each as ``hop`` has it): ``hop`` was parsed from ``received``, so its other
+        two fields, ``id`` and ``inner``, hold ``hop``'s values.
+        """
+        ttl = hop.ttl_hops + 1
+        if ttl >= 24:  # beyond CBOR's one-byte integers
+            return hop.encode()
+        pair = (hop.to, hop.from_)
+        head = self._heads.get(pair)
+        if head is None:
+            if len(self._heads) >= MAX_ROUTE_HEADS:
+                self._heads.clear()
+            head = self._heads[pair] = b"".join(
+                (_ROUTE_HEAD, _cbor_text(hop.to), _FROM_KEY, _cbor_text(hop.from_), _TTL_KEY)
+            )
+        at = len(head)
+        if len(received) <= at or received[at] != ttl or not received.startswith(head):
+            return hop.encode()
+        return b"".join((head, _ONE_BYTE[hop.ttl_hops], received[at + 1 :]))
 
 
 @dataclass(frozen=True, slots=True)

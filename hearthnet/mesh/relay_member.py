@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from hearthnet.errors import BadRequest, InvalidSignature, Unauthorized, WireError
 from hearthnet.identity import KeyPair
 from hearthnet.mesh.frame_fields import MAX_ID
-from hearthnet.mesh.path_frames import PATH_FRAME_TYPES, PathFrame
+from hearthnet.mesh.path_frames import PATH_FRAME_TYPES, PathFrame, PFrame
+from hearthnet.mesh.pathseq import UNSEQUENCED
 from hearthnet.mesh.relay_e2e import RelaySession, SessionState
 from hearthnet.mesh.relay_frames import DEFAULT_TTL_HOPS, Route, decode
 
@@ -91,16 +92,18 @@ class RelayEndpoint:
             self._peers.move_to_end(node)
         return p
 
-    def _route(self, to: str, inner: bytes) -> Route:
+    def _route(self, to: str, inner: bytes, control: bool = True) -> Route:
         self._next_id = (self._next_id + 1) % (MAX_ID + 1)
-        return Route(to, self.keys.node_id, self.config.ttl_hops, self._next_id, inner)
+        return Route(to, self.keys.node_id, self.config.ttl_hops, self._next_id, inner, control)
 
     def wrap(self, peer: str, frame: PathFrame, now_ms: int) -> list[Route]:
         """The route frames that carry ``frame`` to ``peer`` (a hello first, when the
         session is not up yet; the frame then waits for the answer)."""
         p = self._peer(peer)
         if p.session.established:
-            return [self._route(peer, p.session.seal(frame.encode()))]
+            # spec §8: all but the sequence's frames keep the path alive (control)
+            data = isinstance(frame, PFrame) and frame.s != UNSEQUENCED
+            return [self._route(peer, p.session.seal(frame.encode()), not data)]
         if len(p.pending) >= self.config.max_pending:
             p.pending.popleft()  # the path sequence resends it
             self.dropped_pending += 1
@@ -121,7 +124,7 @@ class RelayEndpoint:
             opened = p.session.receive(route.inner, now_ms)
             routes = [] if opened.reply is None else [self._route(route.from_, opened.reply)]
             if p.session.established and p.pending:
-                routes += [self._route(route.from_, p.session.seal(f)) for f in p.pending]
+                routes += [self._route(route.from_, p.session.seal(f), False) for f in p.pending]
                 p.pending.clear()
             frames: list[PathFrame] = []
             if opened.frame is not None:

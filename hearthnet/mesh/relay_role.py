@@ -21,7 +21,14 @@ from hearthnet.errors import RateLimited, Unavailable
 from hearthnet.mesh.addresses import PeerBook
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.relay_core import Close, Refuse, RelayCore, Send
-from hearthnet.mesh.relay_frames import Detach, JoinAnswer, JoinVia, RelayFrame
+from hearthnet.mesh.relay_frames import (
+    Detach,
+    HopEncoder,
+    JoinAnswer,
+    JoinVia,
+    RelayFrame,
+    Route,
+)
 from hearthnet.metrics import MetricsRegistry
 
 log = logging.getLogger("hearthnet.mesh.relaying")
@@ -78,6 +85,7 @@ class RelayRole:
         self._joins: dict[int, tuple[str, asyncio.Future[bytes]]] = {}  # id -> (inviter, answer)
         self._join_ids = itertools.count(1)
         self.joins_forwarded = 0
+        self._hops = HopEncoder()
         self._register(metrics)
 
     async def forward_join(self, link: PeerLink, request: bytes) -> bytes:
@@ -142,7 +150,7 @@ class RelayRole:
         if link not in self._served:
             self._served.add(link)
             self._carry_out(self.core.link_up(link, link.node, _observed_addr(link), now))
-        self._carry_out(self.core.receive(link, frame, now))
+        self._carry_out(self.core.receive(link, frame, now), link.frame_bytes)
 
     def link_down(self, link: PeerLink, now: float) -> None:
         """A link ended: its member detaches."""
@@ -168,12 +176,18 @@ class RelayRole:
             if self.dial is not None:
                 self.dial(url)
 
-    def _carry_out(self, actions: list[Send | Refuse | Close]) -> None:
+    def _carry_out(self, actions: list[Send | Refuse | Close], received: bytes = b"") -> None:
+        """``received``: the bytes of the frame the actions answer, if any (a route frame
+        passed on is those bytes with ``ttl_hops`` changed)."""
         for action in actions:
             link = action.link
             assert isinstance(link, PeerLink)
             if isinstance(action, Send):
-                link.send_raw(action.frame.encode())
+                frame = action.frame
+                if received and isinstance(frame, Route):
+                    link.send_raw(self._hops.encode(received, frame))
+                else:
+                    link.send_raw(frame.encode())
             elif isinstance(action, Refuse):
                 link.send_raw(Detach(action.code, retry_after_ms=action.retry_after_ms).encode())
             else:

@@ -48,6 +48,7 @@ from hearthnet.mesh.paths import (
     StartPunch,
     Transmit,
 )
+from hearthnet.mesh.pathseq import is_heartbeat
 from hearthnet.mesh.protocol import PeerInfo, decode_frame, encode_frame
 from hearthnet.mesh.punching import Puncher
 from hearthnet.mesh.relay_choice import AttachRelay, DetachRelay, RelayChoiceConfig
@@ -63,6 +64,7 @@ from hearthnet.mesh.relay_frames import (
     RouteError,
     parse_frame,
 )
+from hearthnet.mesh.relay_keepalive import KeepaliveConfig, RelayKeepalive
 from hearthnet.mesh.relay_member import EndpointConfig, RelayEndpoint
 from hearthnet.mesh.relay_role import MAX_PENDING_JOINS, RelayRole
 from hearthnet.mesh.relayed_link import RelayedLink, is_relayed
@@ -119,6 +121,7 @@ class Relaying:
                 member_bytes_per_s=config.relay_member_bytes_per_s,
                 member_streams=config.relay_member_streams,
                 capacity_bytes_per_s=config.relay_capacity_bytes_per_s,
+                control_bytes_per_s=config.relay_member_control_bytes_per_s,
             )
             peers = tuple(dict.fromkeys(normalize_url(u) for u in config.relay_peers))
             core = RelayCore(self.node_id, self.is_member, budgets)
@@ -138,6 +141,11 @@ class Relaying:
         # peers whose relayed link a direct one replaced: when their path is forgotten
         self._retiring: dict[str, float] = {}
         self.counts: Tally[str] = Tally()  # member side: relayed frames and bytes, refusals
+        # spec §8 failover: a relay that dies silently (no RST) is noticed in seconds
+        self.keepalive = RelayKeepalive(
+            KeepaliveConfig(config.relay_keepalive_s, config.relay_silence_s)
+        )
+        self._silenced: set[str] = set()  # relays lost to silence whose link is still closing
         if self.relay_urls:
             self._become_member()
 
@@ -208,7 +216,11 @@ class Relaying:
             else:
                 self._forget(link.node)
         elif self.paths is not None and link.node in self.relays:
-            self._path_actions(self.paths.relay_lost(link.node, now))
+            self.keepalive.forget(link.node)
+            if link.node in self._silenced:  # already lost to silence (see _relay_silent)
+                self._silenced.discard(link.node)
+            else:
+                self._path_actions(self.paths.relay_lost(link.node, now))
 
     def replaced_link_down(self, link: PeerLink) -> None:
         """A link that another link to the same peer replaced has ended: the relay core
@@ -228,6 +240,7 @@ class Relaying:
             self._attached(link, frame, now)
         elif isinstance(frame, Detach) and link.node in self.relays and self.paths is not None:
             log.info("relay %s detached us: %s", link.node, frame.code or frame.reason)
+            self.keepalive.forget(link.node)
             self._path_actions(self.paths.relay_lost(link.node, now))
         elif isinstance(frame, JoinVia) and not is_relayed(link):
             self._join_via(link, frame)
@@ -254,6 +267,7 @@ class Relaying:
         self._path_actions(self.paths.tick(now))
         for route in self.endpoint.tick(now_ms()):
             self._route_out(route)
+        self._keep_relays_alive(now)
         for peer, at in list(self._retiring.items()):
             if now >= at:
                 del self._retiring[peer]
@@ -262,6 +276,37 @@ class Relaying:
         if now >= self._next_scan:
             self._next_scan = now + SCAN_S
             self._scan(now)
+
+    def _keep_relays_alive(self, now: float) -> None:
+        """Keepalives to the attached relays; a relay silent too long is lost."""
+        frames: dict[str, int] = {}
+        for relay in self.keepalive.watched:
+            link = self.links.get(relay)
+            if link is not None and not is_relayed(link):
+                frames[relay] = link.frames_in
+        due = self.keepalive.tick(now, frames)
+        for relay in due.ping:  # the relay answers pong: news enough
+            self.links[relay].send_raw(encode_frame("ping", seq=0, ts=now_ms()))
+        for relay in due.silent:
+            self._relay_silent(relay, now)
+
+    def _relay_silent(self, relay: str, now: float) -> None:
+        """Nothing came from ``relay`` for ``mesh.relay_silence_s`` although it was
+        pinged: its peers move to another relay now, and its link is closed (the mesh
+        dials it again later)."""
+        assert self.paths is not None
+        log.warning(
+            "relay %s silent for %.1f s; its peers move to another relay",
+            relay,
+            self.keepalive.config.silence_s,
+            extra={"peer": relay},
+        )
+        self.counts["relays_silent"] += 1
+        self._path_actions(self.paths.relay_lost(relay, now))
+        link = self.links.get(relay)
+        if link is not None and not is_relayed(link):
+            self._silenced.add(relay)
+            link.close("the relay went silent")
 
     def _send(self, link: PeerLink, frame: Any) -> None:
         link.send_raw(frame.encode())
@@ -299,6 +344,7 @@ class Relaying:
         # candidate a direct upgrade offers (none: no upgrade is tried)
         ours = self.puncher.candidate(frame.observed_addr) if self.puncher is not None else None
         self._path_actions(self.paths.relay_attached(link.node, ours, rtt, now))
+        self.keepalive.watch(link.node, link.frames_in, now)
 
     def punched(self, peer: str, nonce: str, ok: bool) -> None:
         """A punch ended: a punched link replaced the relayed one (its sequence and
@@ -377,7 +423,10 @@ class Relaying:
         """A relayed link's frame into the path core; False when the peer is stuck."""
         assert self.paths is not None
         try:
-            actions = self.paths.send(peer, data, time.monotonic())
+            if is_heartbeat(data):  # never behind frames a relay refused (pathseq.py)
+                actions = self.paths.send_unsequenced(peer, data, time.monotonic())
+            else:
+                actions = self.paths.send(peer, data, time.monotonic())
         except WireError as exc:  # Unavailable: too much unacknowledged; CapacityExceeded
             log.info("relayed path to %s: %s", peer, exc, extra={"peer": peer})
             return False

@@ -274,6 +274,8 @@ class Mesh:
         task = self._group.create_task(guarded(), name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # a task cancelled before its first step (the mesh stopping) never awaits ``coro``
+        task.add_done_callback(lambda _t: coro.close())
         return task
 
     async def run(self) -> None:

@@ -26,7 +26,8 @@ from hearthnet.mesh.paths import (
     Transmit,
     UpgradeStep,
 )
-from hearthnet.mesh.pathseq import Inbound, Outbound
+from hearthnet.mesh.pathseq import Inbound, Outbound, is_heartbeat
+from hearthnet.mesh.protocol import encode_frame
 from hearthnet.mesh.relay_choice import (
     RelayChoiceConfig,
 )
@@ -324,6 +325,19 @@ def test_frames_held_out_of_order_are_bounded_in_bytes_too() -> None:
         held,
         first,
         later,
+    )
+
+
+def test_a_heartbeat_goes_outside_the_sequence_past_a_gap() -> None:
+    """A ping behind a lost frame is handed on at once, neither kept nor acknowledged."""
+    out, inb = Outbound(), Inbound(ack_every=1)
+    ping = encode_frame("ping", seq=1, ts=0)
+    sent = [out.send(b"data 1", 0.0), out.send(b"data 2", 0.0), out.unsequenced(ping)]
+    got = [inb.receive(f) for f in (sent[1], sent[2])]  # data 1 was lost
+    assert ((True, False), [([], None), ([ping], None)], 2) == (
+        (is_heartbeat(ping), is_heartbeat(b"data 1")),
+        got,
+        out.unacked,
     )
 
 

@@ -177,6 +177,23 @@ def test_a_member_over_its_budget_is_rate_limited_alone() -> None:
     )  # fmt: skip
 
 
+def test_control_frames_pass_a_member_over_its_data_budget_within_their_own() -> None:
+    """Over its data budget, a member's control frames still go, up to their allowance."""
+    core = relay(control_bytes_per_s=1000, burst_s=1.0)
+    attach(core, M[0], M[1])
+    data = [core.receive(M[0], route(M[0], M[1], n, 128 * 1024), 1.0) for n in range(3)]
+    control = [
+        core.receive(M[0], Route(M[1], M[0], 4, 10 + n, bytes(400), control=True), 1.0)
+        for n in range(4)
+    ]
+    kinds = [[a.frame.KIND for a in out if isinstance(a, Send)] for out in (*data, *control)]
+    forwarded = [a.frame for out in control for a in out if a.link == M[1]]
+    assert (
+        [["route"], ["route"], ["route_error"], ["route"], ["route"], ["route"], ["route_error"]],
+        [True, True, True],
+    ) == (kinds, [f.control for f in forwarded if isinstance(f, Route)])
+
+
 def test_retry_after_says_when_the_budget_has_room() -> None:
     """Sending again after retry_after_ms succeeds."""
     core = relay()

@@ -153,3 +153,12 @@ def test_path_core_to_path_core_through_a_relay() -> None:
         run(A, cores[A].send(B, frame, 1.0))
     run(B, cores[B].tick(1.5))  # B acknowledges what it has not yet acknowledged
     assert (sent, 0) == (delivered, cores[A]._peers[B].out.unacked)
+
+
+def test_only_the_sequences_frames_are_data_to_a_relay() -> None:
+    """Hellos, acks and unsequenced heartbeats are marked control; numbered frames are not."""
+    ea, eb = RelayEndpoint(KA, members), RelayEndpoint(KB, members)
+    hello = ea.wrap(B, PFrame(1, b"x"), NOW_MS)[0]
+    flushed = ea.unwrap(eb.unwrap(hello, NOW_MS).routes[0], NOW_MS).routes
+    later = [ea.wrap(B, f, NOW_MS)[0] for f in (PFrame(2, b"y"), PAck(3), PFrame(0, b"ping"))]
+    assert [True, False, False, True, True] == [r.control for r in (hello, *flushed, *later)]
