@@ -316,6 +316,8 @@ class Subscription:
                 frame["consumer"] = self.consumer
             if self.presence is not None:
                 frame["presence"] = self.presence
+            if self.verify:
+                frame["verify"] = True  # spec §6.2: else the node may leave sig out
             await ws.send(orjson.dumps(frame).decode())
         except (ConnectionClosed, OSError) as exc:
             await ws.close()
@@ -338,6 +340,8 @@ class Subscription:
             frame["consumer"] = self.consumer
         if self.presence is not None:
             frame["presence"] = self.presence
+        if self.verify:
+            frame["verify"] = True
         await self._ws.send(orjson.dumps(frame).decode())
 
     def __aiter__(self) -> AsyncIterator[Delivery | Gap]:

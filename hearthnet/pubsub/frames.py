@@ -37,12 +37,13 @@ class Since:
 
 @dataclass(frozen=True, slots=True)
 class Subscribe:
-    """``{"type":"subscribe","topics":[...],"since"?,"consumer"?,"presence"?}``."""
+    """``{"type":"subscribe","topics":[...],"since"?,"consumer"?,"presence"?,"verify"?}``."""
 
     patterns: tuple[TopicPattern, ...]
     since: Since | None
     consumer: str | None
     presence: dict[str, Any] | None
+    verify: bool = False  # spec §6.2: message frames carry sig only when asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +113,7 @@ SHAPES: dict[str, Shape] = {
     ),
     "subscribe": Shape.of(
         "subscribe frame",
-        ("type", "topics", "since", "consumer", "presence"),
+        ("type", "topics", "since", "consumer", "presence", "verify"),
         {
             "last": _SINCE_HINT % "last",
             "seq": 'did you mean since: {"epoch": E, "seq": N}?',
@@ -122,6 +123,7 @@ SHAPES: dict[str, Shape] = {
             "since_ts": _SINCE_HINT % "ts",
             "topic": "did you mean topics: [...]?",
             "window": "the window is set by the auth frame",
+            "sig": "did you mean verify: true?",
         },
     ),
     "unsubscribe": Shape.of(
@@ -221,11 +223,15 @@ def _subscribe(obj: dict[str, Any]) -> ClientFrame:
             raise BadRequest("subscribe.presence is an object {name?, status?, meta?}")
         SUBSCRIBE_PRESENCE_SHAPE.check(presence)
         presence = validate_presence_fields(presence)
+    verify = obj.get("verify", False)
+    if not isinstance(verify, bool):
+        raise BadRequest("subscribe.verify is true or false")
     return Subscribe(
         _patterns(obj.get("topics"), "subscribe"),
         parse_since(obj.get("since")),
         consumer,
         presence,
+        verify,
     )
 
 

@@ -46,7 +46,7 @@ PUBLISH_BODY = Shape.of(
 )
 _SINCE = ("since_epoch", "since_seq", "since_ts", "last")
 SUBSCRIBE_QUERY = Shape.query(
-    "subscribe query", ("topics", "topic", *_SINCE, "timeout_s", "consumer", "token")
+    "subscribe query", ("topics", "topic", *_SINCE, "timeout_s", "consumer", "verify", "token")
 )
 HISTORY_QUERY = Shape.query(
     "history query", ("since_seq", "since_ts", "before_seq", "limit", "token")
@@ -62,6 +62,17 @@ def _int_query(
     if raw is None or raw == "":
         return default
     return parse_int(raw, name, minimum=minimum)
+
+
+def verify_query(request: web.Request) -> bool:
+    """``verify=true|false`` (default false): whether message frames carry ``sig`` (spec
+    §6.2)."""
+    raw = request.query.get("verify", "false").lower()
+    if raw in ("true", "1"):
+        return True
+    if raw in ("false", "0", ""):
+        return False
+    raise BadRequest("verify is true or false")
 
 
 def _patterns(request: web.Request) -> tuple[TopicPattern, ...]:
@@ -170,6 +181,7 @@ class PubSubHttp:
         if request.headers.get("Upgrade", "").lower() == "websocket":
             return await self.ws.handle(request)
         SUBSCRIBE_QUERY.check(request.query)
+        verify_query(request)  # a bad value is refused before a stream starts
         caller = self.caller(request, None)
         patterns = _patterns(request)
         if "text/event-stream" in request.headers.get("Accept", ""):
@@ -284,6 +296,7 @@ class PubSubHttp:
             channel=channel,
             transport=None,
             on_frames=collect,
+            verify=verify_query(request),
         )
         # A long-poll holds a socket for up to timeout_s: it counts like any stream, and a
         # revocation ends it like any stream.
@@ -376,6 +389,7 @@ class SseSession:
             channel=channel,
             transport=self.request.transport,
             chunked=self.chunked,
+            verify=verify_query(self.request),
         )
         self.deps.service.register(self.sub)
         self.deps.sweeper.add(self)

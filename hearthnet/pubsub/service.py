@@ -31,7 +31,7 @@ from hearthnet.pubsub.log import PAGE, ConsumerRecord, MessageLog
 from hearthnet.pubsub.presence import Member, PresenceEvent, PresenceTable, validate_presence_fields
 from hearthnet.pubsub.retention import RetentionPolicy
 from hearthnet.pubsub.topics import TopicPattern, validate_topic
-from hearthnet.pubsub.wire import EncodedMessage, TopicBatch, control_frame
+from hearthnet.pubsub.wire import EncodedMessage, TopicBatch, control_frame, message_form
 from hearthnet.ratelimit import RateLimiter
 from hearthnet.transport.direct import SocketTransport, plain_socket_fd, write_through
 from hearthnet.transport.keepalive import CLOSE_TAKEN_OVER, CLOSE_TRY_AGAIN
@@ -109,10 +109,14 @@ class Subscriber:
         chunked: bool = False,
         on_frames: Callable[[list[bytes]], None] | None = None,
         on_taken_over: Callable[[int, str], None] | None = None,
+        verify: bool = False,
     ) -> None:
         self.caller = caller
         self.client_id = client_id
-        self.form = form
+        self.form = form  # control frames; message frames take msg_form
+        # spec §6.2: messages carry sig only for a subscriber that asked to verify.
+        self.verify = verify
+        self.msg_form = message_form(form, verify)
         self.channel = channel
         self.transport = transport
         # Fan-out writes go straight into a plain TCP socket (see transport.direct).
@@ -146,6 +150,11 @@ class Subscriber:
         if self._subscribing is None:
             self._subscribing = asyncio.Lock()
         return self._subscribing
+
+    def ask_verify(self) -> None:
+        """From now on, message frames carry ``sig`` (a session cannot go back)."""
+        self.verify = True
+        self.msg_form = self.form
 
     def allows(self, topic: str, policy: AccessPolicy) -> bool:
         """Whether ``topic`` may be delivered to this session (cached per topic)."""
@@ -188,9 +197,9 @@ class Subscriber:
         """Offer one topic's messages of a committed batch (fan-out hot path)."""
         if self.filtered and not self.allows(group.topic, policy):
             return
-        seqs, frames = group.form(self.form)
+        seqs, frames = group.form(self.msg_form)
         if self.on_frames is None:  # a byte stream: the batch may go as one shared bytes
-            self.channel.offer_many(seqs, frames, partial(group.joined, self.form))
+            self.channel.offer_many(seqs, frames, partial(group.joined, self.msg_form))
         else:  # long-poll collects frames one by one
             self.channel.offer_many(seqs, frames)
 
@@ -199,7 +208,7 @@ class Subscriber:
         pairs: list[tuple[int, bytes]] = []
         for group in groups:
             if not self.filtered or self.allows(group.topic, policy):
-                seqs, frames = group.form(self.form)
+                seqs, frames = group.form(self.msg_form)
                 pairs.extend(zip(seqs, frames, strict=True))
         pairs.sort(key=lambda pair: pair[0])
         self.channel.offer_many([p[0] for p in pairs], [p[1] for p in pairs])
@@ -691,7 +700,7 @@ class PubSub:
             if sub.filtered:
                 page = [m for m in page if sub.allows(m.message.topic, self.policy)]
             if page:
-                channel.add_backlog([(m.seq, EncodedMessage(m).form(sub.form)) for m in page])
+                channel.add_backlog([(m.seq, EncodedMessage(m).form(sub.msg_form)) for m in page])
                 self.wake(sub)
                 if left is not None:
                     left -= len(page)

@@ -3,7 +3,9 @@ form and the same bytes go to every subscriber of that form (spec §11). Pure.
 
 Forms: ``ws_text`` (a complete unmasked WebSocket text frame, header included),
 ``ws_cbor`` (a binary frame with the CBOR form), ``sse`` (an SSE event with ``id:``)
-and ``json`` (the frame object's JSON, for long-poll and history bodies).
+and ``json`` (the frame object's JSON, for long-poll and history bodies). Each form has an
+unsigned variant (the form's name + :data:`NOSIG`): the same frame with the envelope's
+``sig`` left out, for subscribers that did not ask to verify (spec §6.2).
 """
 
 from __future__ import annotations
@@ -13,10 +15,30 @@ from typing import Any
 import cbor2
 import orjson
 
-from hearthnet.pubsub.envelope import StoredMessage
+from hearthnet.pubsub.envelope import Message, StoredMessage
 from hearthnet.transport.websocket import OP_BINARY, OP_TEXT, ws_frame
 
 FORMS = ("ws_text", "ws_cbor", "sse", "json")
+NOSIG = "-nosig"
+
+
+def message_form(form: str, verify: bool) -> str:
+    """The form a subscriber's message frames take: ``form`` with ``sig`` when it asked to
+    verify, else its unsigned variant."""
+    return form if verify else form + NOSIG
+
+
+def unsigned_envelope(message: Message) -> bytes:
+    """The envelope's JSON bytes without ``sig``: cut from the stored bytes when ``sig`` is
+    their last key (every message signed here, and those stored from peers in that order),
+    else encoded again."""
+    raw = message.raw
+    cut = raw.rfind(b',"sig":')
+    if cut > 0 and raw[cut + 7 : -1] == orjson.dumps(message.sig):
+        return raw[:cut] + b"}"
+    body = message.body()
+    del body["sig"]
+    return orjson.dumps(body)
 
 
 def sse_bytes(event: str, data: bytes, event_id: int | None = None) -> bytes:
@@ -30,7 +52,7 @@ def sse_bytes(event: str, data: bytes, event_id: int | None = None) -> bytes:
 class EncodedMessage:
     """One committed message with its encodings, each made at most once."""
 
-    __slots__ = ("_json", "_sse", "_ws_cbor", "_ws_text", "stored")
+    __slots__ = ("_json", "_nosig", "_sse", "_ws_cbor", "_ws_text", "stored")
 
     def __init__(self, stored: StoredMessage) -> None:
         self.stored = stored
@@ -38,6 +60,7 @@ class EncodedMessage:
         self._ws_text: bytes | None = None
         self._ws_cbor: bytes | None = None
         self._sse: bytes | None = None
+        self._nosig: dict[str, bytes] | None = None
 
     @property
     def seq(self) -> int:
@@ -73,8 +96,42 @@ class EncodedMessage:
             self._sse = sse_bytes("message", self.stored.message.raw, self.stored.seq)
         return self._sse
 
+    def unsigned(self, name: str) -> bytes:
+        """Form ``name`` (one of :data:`FORMS`) with the envelope's ``sig`` left out."""
+        cache = self._nosig
+        if cache is None:
+            cache = self._nosig = {}
+        out = cache.get(name)
+        if out is not None:
+            return out
+        if name == "ws_cbor":
+            frame = self.stored.frame_json()
+            del frame["data"]["sig"]
+            out = ws_frame(cbor2.dumps(frame), OP_BINARY)
+        else:
+            envelope = cache.get("envelope")
+            if envelope is None:
+                envelope = cache["envelope"] = unsigned_envelope(self.stored.message)
+            if name == "sse":
+                out = sse_bytes("message", envelope, self.stored.seq)
+            else:
+                json = cache.get("json")
+                if json is None:
+                    json = cache["json"] = (
+                        b'{"event":"message","data":'
+                        + envelope
+                        + b',"seq":'
+                        + str(self.stored.seq).encode()
+                        + b"}"
+                    )
+                out = json if name == "json" else ws_frame(json, OP_TEXT)
+        cache[name] = out
+        return out
+
     def form(self, name: str) -> bytes:
-        """The encoding called ``name`` (one of :data:`FORMS`)."""
+        """The encoding called ``name`` (one of :data:`FORMS`, or its unsigned variant)."""
+        if name.endswith(NOSIG):
+            return self.unsigned(name[: -len(NOSIG)])
         if name == "ws_text":
             return self.ws_text()
         if name == "ws_cbor":

@@ -432,6 +432,8 @@ class WsSession:
         elif isinstance(frame, Publish):
             self._publish(frame)
         elif isinstance(frame, Subscribe):
+            if frame.verify:
+                sub.ask_verify()
             if frame.presence is not None:
                 self._in_presence()
             self._spawn(
