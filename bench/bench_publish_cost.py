@@ -14,6 +14,9 @@ one process, on the real code:
   §6.2);
 - ``verify``: ``Message.parse`` of a received envelope, per message, signed alone and
   batch-signed (one signature check per batch, then a leaf hash and a path per message);
+- ``frames``: fan-out's encoding of a committed batch-signed message, per message, in
+  each transport form with ``sig`` (subscribers that asked to verify) and without (the
+  default, spec §6.2), and the frame sizes;
 - ``log``: ``MessageLog.publish`` for batches of ``--batch`` publishes until every one is
   committed: numbering, signing in the writer thread, deduplication, insert, group commit
   (with ``--sync full``, the node's default, the commit includes the WAL fsync), and the
@@ -39,8 +42,9 @@ import orjson
 from bench.common import save
 from hearthnet.identity import KeyPair
 from hearthnet.pubsub.batchsig import BatchVerifier
-from hearthnet.pubsub.envelope import Message, canonical_body
+from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
 from hearthnet.pubsub.log import MessageLog
+from hearthnet.pubsub.wire import FORMS, NOSIG, EncodedMessage
 
 PAYLOAD = "x" * 256
 TOPIC = "bench.cost"
@@ -117,6 +121,27 @@ def measure_batches(keys: KeyPair, count: int, batch: int) -> dict[str, float]:
     }
 
 
+def measure_frames(keys: KeyPair, count: int, batch: int) -> dict[str, Any]:
+    """Per form, signed and unsigned: CPU µs to encode one message, and its frame bytes."""
+    rounds = max(1, count // batch)
+    signed: list[Message] = []
+    for r in range(rounds):
+        bodies = _bodies(keys, batch, 1 + r * batch)
+        signed += Message.signed_batch(keys, bodies, [canonical_body(x) for x in bodies])
+    stored = [StoredMessage(1000 + i, m) for i, m in enumerate(signed)]
+    out: dict[str, Any] = {}
+    for form in FORMS:
+        for name in (form, form + NOSIG):
+            items = [EncodedMessage(s) for s in stored]
+            c0 = time.process_time()
+            frames = [item.form(name) for item in items]
+            out[name] = {
+                "cpu_us": (time.process_time() - c0) / len(items) * 1e6,
+                "bytes": statistics.median(len(f) for f in frames),
+            }
+    return out
+
+
 async def measure_log(keys: KeyPair, sync: str, count: int, batch: int) -> dict[str, Any]:
     """Publishes through the real log, ``batch`` at a time, each batch awaited."""
     with tempfile.TemporaryDirectory(prefix="hn-publish-cost-") as tmp:
@@ -174,6 +199,13 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
         f"{batches['verify_single_cpu_us']:.1f} µs signed alone, "
         f"{batches['verify_batch_cpu_us']:.1f} µs batch-signed"
     )
+    frames = measure_frames(keys, opts.messages, opts.batch)
+    for form in FORMS:
+        a, b = frames[form], frames[form + NOSIG]
+        print(
+            f"frame {form}: with sig {a['bytes']} bytes, {a['cpu_us']:.2f} µs CPU; "
+            f"without {b['bytes']} bytes, {b['cpu_us']:.2f} µs"
+        )
     logs = []
     for sync in opts.sync:
         row = await measure_log(keys, sync, opts.messages, opts.batch)
@@ -183,7 +215,7 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
             f"{row['cpu_us_per_message']:.1f} µs CPU, {row['wall_us_per_message']:.1f} µs wall "
             f"per message; batch p50 {row['batch_ms_p50']:.2f} ms"
         )
-    return {"payload_bytes": len(PAYLOAD), **signing, **batches, "log": logs}
+    return {"payload_bytes": len(PAYLOAD), **signing, **batches, "frames": frames, "log": logs}
 
 
 def main() -> None:

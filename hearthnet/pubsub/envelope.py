@@ -97,6 +97,9 @@ class Message:
     ttl_s: int | None = None
     sender: dict[str, str] | None = None
     raw: bytes = field(default=b"", compare=False, repr=False)
+    # len(raw) up to the `,"sig":` that ends it, when known (signed here): raw[:n] + b"}" is
+    # the envelope without sig. 0: unknown.
+    unsigned_len: int = field(default=0, compare=False, repr=False)
 
     @property
     def expires_ms(self) -> int | None:
@@ -167,18 +170,19 @@ class Message:
         if len(bodies) == 1:
             sig = origin.sign_bytes(canonical[0])
             bodies[0]["sig"] = sig
-            return [cls.trusted(bodies[0], with_sig(canonical[0], sig))]
+            return [cls.trusted(bodies[0], with_sig(canonical[0], sig), len(canonical[0]) - 1)]
         sigs, encoded = sign_batch(origin, bodies[0]["origin_seq"], canonical)
         out: list[Message] = []
         for body, leaf, batch_sig, sig_json in zip(bodies, canonical, sigs, encoded, strict=True):
             body["sig"] = batch_sig
-            out.append(cls.trusted(body, leaf[:-1] + b',"sig":' + sig_json + b"}"))
+            out.append(cls.trusted(body, leaf[:-1] + b',"sig":' + sig_json + b"}", len(leaf) - 1))
         return out
 
     @classmethod
-    def trusted(cls, body: dict[str, Any], raw: bytes) -> Message:
+    def trusted(cls, body: dict[str, Any], raw: bytes, unsigned_len: int = 0) -> Message:
         """A message from fields already checked and signed (ours, or read back from the
-        log, where only verified messages are stored): no validation, no signature check."""
+        log, where only verified messages are stored): no validation, no signature check.
+        ``unsigned_len``: see the field."""
         return cls(
             body["id"],
             body["topic"],
@@ -191,6 +195,7 @@ class Message:
             body.get("ttl_s"),
             body.get("sender"),
             raw,
+            unsigned_len,
         )
 
     @classmethod

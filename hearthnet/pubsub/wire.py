@@ -31,8 +31,11 @@ def message_form(form: str, verify: bool) -> str:
 def unsigned_envelope(message: Message) -> bytes:
     """The envelope's JSON bytes without ``sig``: cut from the stored bytes when ``sig`` is
     their last key (every message signed here, and those stored from peers in that order),
-    else encoded again."""
+    else encoded again. The bytes after the cut must be exactly ``sig`` and the closing
+    brace, so the cut is at the top level even when ``data`` holds a ``"sig"`` key."""
     raw = message.raw
+    if message.unsigned_len:
+        return raw[: message.unsigned_len] + b"}"
     cut = raw.rfind(b',"sig":')
     if cut > 0 and raw[cut + 7 : -1] == orjson.dumps(message.sig):
         return raw[:cut] + b"}"
