@@ -53,6 +53,7 @@ from hearthnet.mesh.service import Mesh, advertised_url
 from hearthnet.mesh.tls import ensure_certificate, server_context
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.pubsub.access import AccessPolicy, AccessRule, effective_rules
+from hearthnet.pubsub.batchsig import VERIFIER
 from hearthnet.pubsub.envelope import StoredMessage
 from hearthnet.pubsub.http import PubSubHttp
 from hearthnet.pubsub.log import MessageLog
@@ -108,6 +109,7 @@ class NodeStatistics:
     mesh_url: str
     peers_linked: int
     relaying: Mapping[str, Any]  # spec §8: the relay's and the relayed paths' numbers
+    signatures: Mapping[str, int]  # message signatures the process checked (spec §6.2)
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (``GET /status``, ``hearthnet node status --json``)."""
@@ -135,6 +137,7 @@ class NodeStatistics:
             "mesh_url": self.mesh_url,
             "peers_linked": self.peers_linked,
             "relaying": dict(self.relaying),
+            "signatures": dict(self.signatures),
         }
 
 
@@ -758,6 +761,7 @@ class Node:
             mesh_url=self.mesh.url,
             peers_linked=len(self.mesh.links),
             relaying=self.mesh.relaying.statistics(),
+            signatures=VERIFIER.counts(),
         )
 
     def _peers_view(self) -> dict[str, Any]:

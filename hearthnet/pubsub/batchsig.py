@@ -107,7 +107,9 @@ class BatchVerifier:
         self.capacity = capacity
         self._verified: OrderedDict[tuple[str, int, int, bytes, str], None] = OrderedDict()
         self._lock = threading.Lock()
-        self.signatures_checked = 0
+        self.signatures_checked = 0  # batch statements checked (ed25519)
+        self.batch_messages = 0  # batch-signed messages whose path was checked
+        self.singles_checked = 0  # messages signed alone, checked (ed25519 each)
 
     def verify(self, origin: str, leaf: bytes, origin_seq: int, sig: dict[str, Any]) -> None:
         """Check that ``leaf`` (JCS of the message without ``sig``) is message ``origin_seq``
@@ -123,6 +125,7 @@ class BatchVerifier:
             raise InvalidSignature("the batch path does not fit a tree of n messages")
         key = (origin, first, n, root, batch)
         with self._lock:
+            self.batch_messages += 1
             if key in self._verified:
                 self._verified.move_to_end(key)
                 return
@@ -132,6 +135,21 @@ class BatchVerifier:
             self._verified[key] = None
             if len(self._verified) > self.capacity:
                 self._verified.popitem(last=False)
+
+    def count_single(self) -> None:
+        """Count a message signed alone that verified."""
+        with self._lock:
+            self.singles_checked += 1
+
+    def counts(self) -> dict[str, int]:
+        """What this verifier checked: ``batch_signatures`` (one ed25519 check per batch
+        root), ``batch_messages`` (messages proved by a path), ``single_signatures``."""
+        with self._lock:
+            return {
+                "batch_signatures": self.signatures_checked,
+                "batch_messages": self.batch_messages,
+                "single_signatures": self.singles_checked,
+            }
 
 
 # One per process: a node verifies a given batch root once, whichever path the message

@@ -265,6 +265,7 @@ class Message:
             verifier.verify(obj["origin"], leaf, obj["origin_seq"], sig)
         else:
             verify_object(obj["origin"], obj, sig, "sig")
+            verifier.count_single()
         return cls(
             obj["id"],
             topic,

@@ -23,6 +23,7 @@ from hearthnet.config import PubSubSection
 from hearthnet.errors import BadRequest, Forbidden, RateLimited, StorageError, WireError
 from hearthnet.metrics import Counter, MetricsRegistry
 from hearthnet.pubsub.access import AccessPolicy, AccessRule
+from hearthnet.pubsub.batchsig import VERIFIER
 from hearthnet.pubsub.channel import ChannelState, SubscriberChannel
 from hearthnet.pubsub.envelope import StoredMessage, encoded_payload, validate_ttl, validate_type
 from hearthnet.pubsub.frames import Since, reset_reason
@@ -91,6 +92,19 @@ class PubSubMetrics:
         )
         registry.gauge(
             "hearthnet_pubsub_subscribers", "Subscribed sessions on this node.", subscribers
+        )
+
+        def signatures() -> dict[tuple[str, ...], float]:
+            return {(kind,): float(n) for kind, n in VERIFIER.counts().items()}
+
+        # Counts since the process started, read from the process's verifier at scrape time.
+        registry.gauge(
+            "hearthnet_pubsub_signature_checks",
+            "Message signature checks since start (spec 6.2): batch_signatures (one ed25519 "
+            "check per batch root), batch_messages (proved by a Merkle path), "
+            "single_signatures.",
+            signatures,
+            ("kind",),
         )
         return metrics
 

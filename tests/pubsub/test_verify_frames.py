@@ -15,6 +15,7 @@ from hearthnet.client import Client
 from hearthnet.errors import BadRequest
 from hearthnet.identity import KeyPair
 from hearthnet.node import Node
+from hearthnet.pubsub.batchsig import BatchVerifier
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
 from hearthnet.pubsub.wire import NOSIG, EncodedMessage, TopicBatch, unsigned_envelope
 from tests.helpers import publish, publish_at_once, token_for, wait_until
@@ -150,3 +151,37 @@ async def test_the_client_asks_for_sig_only_with_verify(node: Node) -> None:
                 task.cancel()
                 seen[verify] = marks
     assert {False: [False, False], True: [True, True]} == seen
+
+
+def test_the_verifier_counts_batch_signatures_paths_and_singles() -> None:
+    """Two batches read twice cost two ed25519 checks; each path and single is counted."""
+    verifier = BatchVerifier()
+    keys = KeyPair.generate()
+    envelopes = [orjson.loads(m.raw) for m in _batch(3) + _batch(2)]
+    single = orjson.loads(
+        Message.create(keys, topic="a", msg_type="m", data=1, origin_seq=1, ts=1).raw
+    )
+    for _ in range(2):
+        for envelope in envelopes:
+            Message.parse(envelope, verifier=verifier)
+    Message.parse(single, verifier=verifier)
+    assert {"batch_signatures": 2, "batch_messages": 10, "single_signatures": 1} == (
+        verifier.counts()
+    )
+
+
+async def test_signature_checks_show_in_statistics_and_metrics(
+    node: Node, client: Client, http: aiohttp.ClientSession
+) -> None:
+    """A verified history read moves the process's counts, seen in /status and /metrics."""
+    kinds = ("batch_messages", "single_signatures")
+    before = node.statistics().signatures
+    await publish_at_once(node, "vm.a", 4)
+    await client.history("vm.a", since_seq=0, verify=True)
+    after = node.statistics().to_json()["signatures"]
+    async with http.get(node.url + "/metrics") as response:
+        text = await response.text()
+    assert (4, [True, True]) == (
+        sum(after[k] - before[k] for k in kinds),
+        [f'hearthnet_pubsub_signature_checks{{kind="{k}"}} {after[k]}' in text for k in kinds],
+    )
