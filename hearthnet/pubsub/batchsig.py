@@ -66,10 +66,11 @@ def sign_batch(
                 text = urlsafe_b64encode(level[sibling])[:-1].decode()  # 32 bytes: one "="
                 for leaf in range(pos << depth, min((pos + 1) << depth, n)):
                     paths[leaf].append(text)
-    head = f'{{"batch":"{signature}","first":{first},"n":{n},"path":['
+    head = f'{{"batch":"{signature}","first":{first},"n":{n},"path":'
     return (
         [{"batch": signature, "first": first, "n": n, "path": path} for path in paths],
-        [(head + ",".join(f'"{p}"' for p in path) + "]}").encode() for path in paths],
+        # base64url text needs no JSON escape
+        [(head + ('["' + '","'.join(path) + '"]}' if path else "[]}")).encode() for path in paths],
     )
 
 

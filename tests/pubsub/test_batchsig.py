@@ -14,7 +14,7 @@ import pytest
 
 from hearthnet.errors import InvalidSignature
 from hearthnet.identity import KeyPair
-from hearthnet.pubsub.batchsig import BatchVerifier
+from hearthnet.pubsub.batchsig import BatchVerifier, sign_batch
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
 from hearthnet.pubsub.log import MessageLog
 
@@ -170,3 +170,10 @@ async def test_the_log_signs_one_root_per_commit_and_serves_verifiable_messages(
         back,
         verifier.signatures_checked,
     )
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 125])
+def test_each_sig_json_is_what_orjson_gives_for_the_sig(n: int) -> None:
+    """sign_batch's pre-built sig JSON equals orjson.dumps of the sig object."""
+    sigs, encoded = sign_batch(KeyPair.generate(), 1, [b'{"i":%d}' % i for i in range(n)])
+    assert [orjson.dumps(sig) for sig in sigs] == encoded
