@@ -106,6 +106,10 @@ class UlidGenerator:
         self._last_ms = -1
         self._last_rand = 0
         self._time_chars = ""  # the encoded _last_ms: shared by every id of that millisecond
+        # The first 14 random characters (rand >> 10): ids of one millisecond count up by
+        # one, so only the last two characters change between most of them.
+        self._high = -1
+        self._high_chars = ""
 
     def new(self, now_ms: int | None = None) -> str:
         """A new ULID string for ``now_ms`` (default: the wall clock)."""
@@ -121,8 +125,11 @@ class UlidGenerator:
             if ms != self._last_ms:
                 self._time_chars = _time_chars(ms)
             self._last_ms, self._last_rand = ms, rand
-            time_chars = self._time_chars
-        return time_chars + _random_chars(rand)
+            if rand >> 10 != self._high:
+                self._high = rand >> 10
+                self._high_chars = _random_chars(rand)[:14]
+            prefix = self._time_chars + self._high_chars
+        return prefix + _CROCKFORD_PAIRS[rand & 1023]
 
 
 # Two characters (10 bits) per lookup, unrolled: every published message gets an id.

@@ -109,3 +109,12 @@ def random_bits(ulid: str) -> int:
     for ch in ulid[10:]:
         value = (value << 5) | "0123456789ABCDEFGHJKMNPQRSTVWXYZ".index(ch)
     return value
+
+
+def test_ulids_of_one_millisecond_are_encoded_exactly_across_carries() -> None:
+    """Ids counting up past low-bit carries equal encode_ulid of the same time and bits."""
+    gen = UlidGenerator()
+    gen.new(9)
+    gen._last_rand = (1 << 20) - 3  # two carries within the next ids
+    got = [(gen.new(9), gen._last_rand) for _ in range(2000)]
+    assert [encode_ulid(9, rand) for _, rand in got] == [ulid for ulid, _ in got]
