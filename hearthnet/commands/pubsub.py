@@ -62,7 +62,10 @@ def cmd_sub(args: argparse.Namespace) -> int:
         async with (
             client_of(args) as client,
             client.subscribe(
-                args.patterns, since=_since_arg(args), consumer=args.consumer
+                args.patterns,
+                since=_since_arg(args),
+                consumer=args.consumer,
+                verify=args.verify,
             ) as subscription,
         ):
             async for item in subscription:
@@ -124,6 +127,12 @@ def add_parsers(sub: Any, remote: Parents) -> None:
     subp.add_argument("--consumer", help="durable consumer name (at-least-once)")
     subp.add_argument("--count", type=int, help="exit after N items")
     subp.add_argument("--full", action="store_true", help="print whole envelopes")
+    subp.add_argument(
+        "--verify",
+        action="store_true",
+        help="ask for signed frames and check every message's signature (or its batch's);"
+        " a message that fails is skipped; with --full the envelope keeps its sig",
+    )
     add_json_flag(subp, STREAM_JSON_HELP)
     subp.set_defaults(func=cmd_sub)
 

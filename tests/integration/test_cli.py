@@ -263,6 +263,20 @@ def test_pub_sub_topics_from_the_command_line(node_proc: NodeProcess) -> None:
     assert listed == {"cli.t": 3}
 
 
+def test_sub_full_carries_sig_only_with_verify(node_proc: NodeProcess) -> None:
+    """`sub --full` prints envelopes without `sig`; with `--verify` they keep it (checked)."""
+    d = str(node_proc.data_dir)
+    assert run_cli("pub", "cli.v", "--data", "{}", "--data-dir", d).returncode == 0
+    plain, checked = (
+        run_cli("sub", "cli.v", "--last", "1", "--count", "1", "--full", *extra, "--data-dir", d)
+        for extra in ((), ("--verify",))
+    )
+    assert (0, 0) == (plain.returncode, checked.returncode), plain.stderr + checked.stderr
+    assert (False, True) == tuple(
+        "sig" in json.loads(done.stdout.splitlines()[0]) for done in (plain, checked)
+    )
+
+
 async def test_token_revoke_ends_the_tokens_sessions_and_requests(node_proc: NodeProcess) -> None:
     """`token revoke TOKEN` (spec §1.6): its live subscription ends with `revoked`, its
     next request is refused, another token of the same issuer still works."""
