@@ -112,7 +112,8 @@ def test_the_node_behind_nat_depends_on_the_relay(
     events = json.loads((FIXTURE / "events.json").read_text())
     nodes = events["nodes"]
     relay, relayed = nodes[events["relay"]], nodes[events["relayed"]]
-    rows = {r["node"]: r for r in pq.read_table(real_report / "tables" / "relay_dependence").to_pylist()}
+    table = pq.read_table(real_report / "tables" / "relay_dependence")
+    rows = {r["node"]: r for r in table.to_pylist()}
     others = [n for n in nodes if n not in (relay, relayed)]
     assert ([relay], [relayed], (5, 4, [relay]), {n: 1 for n in others}) == (
         real_summary["relays"],
