@@ -50,6 +50,19 @@ def test_relay_bench_runs_by_hand_with_a_quick_mode() -> None:
     assert "--quick" in out.stdout
 
 
+def test_punch_bench_runs_by_hand_with_a_time_budget() -> None:
+    """bench_punch needs root and the NAT lab: only ``--help`` is checked here."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.bench_punch", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert "--seconds" in out.stdout
+
+
 def test_relay_core_cost_is_measured_on_frames_it_forwards() -> None:
     result = bench_relay.core_frame_us(300)
     assert (result["frames"], result["forwarded"]) == (300, 300)

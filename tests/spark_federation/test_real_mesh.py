@@ -1,9 +1,10 @@
-"""The mesh-health job on what real nodes write: a recorded 5-node export through the
+"""The mesh-health job on what real nodes write: a recorded 6-node export through the
 ``hearthnet mesh health`` command, and the node's own Parquet export read back clean.
 
-``tests/fixtures/heartbeats_5node`` was recorded by ``python -m
-scripts.record_heartbeat_fixture``: five node processes on loopback, node 4 killed with
-SIGKILL and restarted later; ``events.json`` holds the times.
+``tests/fixtures/heartbeats_6node`` was recorded by ``python -m
+scripts.record_heartbeat_fixture`` in a NAT lab: five node processes on public addresses
+(node 0 also a relay), node 4 killed with SIGKILL and restarted later, and node 5 behind
+NAT reaching nodes 1-4 only through the relay; ``events.json`` holds the times and roles.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from tests.spark_federation.verdicts import within_window
 
 pytestmark = pytest.mark.spark
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "heartbeats_5node"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "heartbeats_6node"
 WINDOW_MS = 60_000
 
 
@@ -72,7 +73,7 @@ def test_the_report_names_the_outage_and_shows_its_charts(real_report: Path) -> 
 def test_every_record_of_real_nodes_is_read(real_summary: dict[str, Any]) -> None:
     """Heartbeats, beacons and traces the node wrote all fit the job's schemas."""
     inputs = real_summary["inputs"]
-    assert (5, 0, 0, 0) == (
+    assert (6, 0, 0, 0) == (
         real_summary["nodes"],
         real_summary["skipped"],
         inputs["beacons"]["skipped"],
@@ -99,6 +100,26 @@ def test_the_killed_node_is_the_one_outage(real_summary: dict[str, Any]) -> None
         real_summary["partitions"],
         real_summary["flapping_links"],
         real_summary["skewed_nodes"],
+    )
+
+
+def test_the_node_behind_nat_depends_on_the_relay(
+    real_summary: dict[str, Any], real_report: Path
+) -> None:
+    """Node 5's heartbeats went via node 0 to every node but node 0: it is the one
+    relay-only node, node 0 the one relay, and nodes 1-4 each have one relayed link."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    events = json.loads((FIXTURE / "events.json").read_text())
+    nodes = events["nodes"]
+    relay, relayed = nodes[events["relay"]], nodes[events["relayed"]]
+    table = pq.read_table(real_report / "tables" / "relay_dependence")
+    rows = {r["node"]: r for r in table.to_pylist()}
+    others = [n for n in nodes if n not in (relay, relayed)]
+    assert ([relay], [relayed], (5, 4, [relay]), {n: 1 for n in others}) == (
+        real_summary["relays"],
+        real_summary["relay_only_nodes"],
+        (rows[relayed]["links"], rows[relayed]["relayed_links"], rows[relayed]["relays"]),
+        {n: rows[n]["relayed_links"] for n in others},
     )
 
 
