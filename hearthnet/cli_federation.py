@@ -16,7 +16,6 @@ The two anchors exchange one blob each way:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +31,7 @@ from hearthnet.cli import (
     parse_duration_ms,
 )
 from hearthnet.clock import now_ms
+from hearthnet.commands.output import add_json_flag
 from hearthnet.community import Level
 from hearthnet.errors import BadRequest, ConfigError
 from hearthnet.federation.agreement import Agreement, Grant, Revocation
@@ -85,10 +85,15 @@ def _anchor(args: argparse.Namespace, what: str) -> tuple[Any, Any]:
     return keys, membership
 
 
-def _write_or_print(blob: str, out: str | None) -> None:
+def _write_or_print(args: argparse.Namespace, agreement: Agreement, blob: str) -> None:
+    """The blob to the ``--out`` file or stdout; ``--json``: one object describing it."""
+    out: str | None = args.out
     if out:
         Path(out).write_text(blob + "\n", encoding="utf-8")
-        print(json.dumps({"written": out}))
+    if args.json:
+        _print_json({"agreement": agreement.id, "written": out, "blob": None if out else blob})
+    elif out:
+        print(f"wrote agreement {agreement.id} to {out}: give it to the other community's anchor")
     else:
         print(blob)
 
@@ -123,7 +128,7 @@ def cmd_propose(args: argparse.Namespace) -> int:
         expires_ms=now + args.expires,
     )
     records = [r.to_json() for r in membership.records.values()]
-    _write_or_print(encode_blob(agreement, records), args.out)
+    _write_or_print(args, agreement, encode_blob(agreement, records))
     return EXIT_OK
 
 
@@ -159,11 +164,8 @@ def cmd_accept(args: argparse.Namespace) -> int:
     if agreement.id not in held:
         raise ConfigError("the node did not take the agreement (see its log)")
     own_records = [r.to_json() for r in membership.records.values()]
-    _write_or_print(encode_blob(agreement, own_records), args.out)
-    print(
-        json.dumps({"agreement": agreement.id, "status": held[agreement.id]["status"]}),
-        file=sys.stderr,
-    )
+    _write_or_print(args, agreement, encode_blob(agreement, own_records))
+    print(f"agreement {agreement.id}: {held[agreement.id]['status']}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -219,7 +221,10 @@ def cmd_revoke(args: argparse.Namespace) -> int:
     status = {a["id"]: a["status"] for a in answer.get("agreements", [])}
     if status.get(args.id) != "revoked":
         raise ConfigError(f"the node holds no agreement {args.id} that this key may revoke")
-    print(json.dumps({"revoked": args.id}))
+    if args.json:
+        _print_json({"revoked": args.id})
+    else:
+        print(f"revoked agreement {args.id}; both communities stop within 10 s")
     return EXIT_OK
 
 
@@ -258,14 +263,17 @@ def add_federation_parsers(sub: Any, local: list[Any], remote: list[Any]) -> Non
         "--expires", type=_expires, default=_expires("30d"), help="lifetime, e.g. 90d (default 30d)"
     )
     propose.add_argument("--out", help="write the proposal to this file")
+    add_json_flag(propose)
     propose.set_defaults(func=cmd_propose)
     accept = fsub.add_parser("accept", parents=remote, help="counter-sign or take an agreement")
     accept.add_argument("blob", metavar="FILE|BLOB", help="hnf1:..., a file holding it, or -")
     accept.add_argument("--out", help="write the signed agreement to this file")
+    add_json_flag(accept)
     accept.set_defaults(func=cmd_accept)
     listing = fsub.add_parser("list", parents=remote, help="agreements held by the node")
-    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_flag(listing)
     listing.set_defaults(func=cmd_list)
     revoke = fsub.add_parser("revoke", parents=remote, help="revoke an agreement (anchors)")
     revoke.add_argument("id", metavar="ID")
+    add_json_flag(revoke)
     revoke.set_defaults(func=cmd_revoke)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hearthnet.clock import now_ms
+from hearthnet.commands.output import add_json_flag, print_json
 from hearthnet.config import default_data_dir
 from hearthnet.console.access import LOGIN_TTL_MS
 from hearthnet.errors import IdentityError, Unavailable
@@ -34,6 +35,7 @@ def add_console_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None
         default=LOGIN_TTL_MS // 60_000,
         help=f"minutes the login URL stays valid (default {LOGIN_TTL_MS // 60_000})",
     )
+    add_json_flag(console)
     console.set_defaults(func=cmd_console)
 
 
@@ -72,6 +74,10 @@ def cmd_console(args: argparse.Namespace) -> int:
         raise IdentityError(f"{url} is node {node}, not the one whose keys are in {data_dir}")
     ttl_min = max(1, args.ttl_min)
     token = login_token(keys, community, now_ms(), ttl_ms=ttl_min * 60_000)
-    print(f"{url}/#token={token}")
+    login = f"{url}/#token={token}"
+    if args.json:
+        print_json({"url": login, "node": node, "valid_min": ttl_min})
+        return 0
+    print(login)
     print(f"open the URL above within {ttl_min} min to log in to the console", file=sys.stderr)
     return 0
