@@ -139,6 +139,7 @@ class Bridge:
                     "topics": ",".join(grant),
                     "timeout_s": PULL_WAIT_S,
                     "since_seq": seq,
+                    "verify": "true",  # spec §6.2: frames carry sig only when asked; we re-verify
                 }
                 try:
                     async with asyncio.timeout(PULL_WAIT_S + REQUEST_S):
