@@ -65,6 +65,8 @@ class Counter:
 class Gauge:
     """A value read from a callback at scrape time (one series per returned label tuple)."""
 
+    TYPE = "gauge"
+
     def __init__(
         self,
         name: str,
@@ -80,7 +82,7 @@ class Gauge:
     def render(self) -> Iterable[str]:
         """Exposition lines."""
         yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} gauge"
+        yield f"# TYPE {self.name} {self.TYPE}"
         value = self.read()
         if isinstance(value, dict):
             for labels, v in sorted(value.items()):
@@ -89,8 +91,16 @@ class Gauge:
             yield f"{self.name} {_fmt(value)}"
 
 
+class ReadCounter(Gauge):
+    """A counter kept elsewhere (the kernel's CPU time, say), read at scrape time."""
+
+    TYPE = "counter"
+
+
 class Histogram:
-    """Cumulative-bucket histogram of observations (seconds, by convention)."""
+    """Cumulative-bucket histogram of observations (seconds, by convention), optionally
+    labelled: one set of buckets per label tuple, so the caller must keep the label values
+    bounded (see :class:`LabelSet`)."""
 
     DEFAULT_BUCKETS = (
         0.0005,
@@ -111,32 +121,75 @@ class Histogram:
     )
 
     def __init__(
-        self, name: str, help_text: str, buckets: tuple[float, ...] = DEFAULT_BUCKETS
+        self,
+        name: str,
+        help_text: str,
+        buckets: tuple[float, ...] = DEFAULT_BUCKETS,
+        labelnames: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.help = help_text
         self.bounds = tuple(sorted(buckets))
-        self.counts = [0] * (len(self.bounds) + 1)
-        self.sum = 0.0
-        self.count = 0
+        self.labelnames = labelnames
+        self.series: dict[LabelValues, _Buckets] = {}
+        if not labelnames:
+            self.series[()] = _Buckets(len(self.bounds))
 
-    def observe(self, value: float) -> None:
-        """Record one observation."""
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
-        self.count += 1
+    def observe(self, value: float, *labels: str) -> None:
+        """Record one observation in the series with these label values."""
+        series = self.series.get(labels)
+        if series is None:
+            series = self.series[labels] = _Buckets(len(self.bounds))
+        series.counts[bisect.bisect_left(self.bounds, value)] += 1
+        series.sum += value
+        series.count += 1
+
+    @property
+    def count(self) -> int:
+        """Observations over all series."""
+        return sum(s.count for s in self.series.values())
 
     def render(self) -> Iterable[str]:
         """Exposition lines."""
         yield f"# HELP {self.name} {self.help}"
         yield f"# TYPE {self.name} histogram"
-        running = 0
-        for bound, count in zip(self.bounds, self.counts, strict=False):
-            running += count
-            yield f'{self.name}_bucket{{le="{_fmt(bound)}"}} {running}'
-        yield f'{self.name}_bucket{{le="+Inf"}} {self.count}'
-        yield f"{self.name}_sum {_fmt(self.sum)}"
-        yield f"{self.name}_count {self.count}"
+        for labels, series in sorted(self.series.items()):
+            running = 0
+            for bound, count in zip(self.bounds, series.counts, strict=False):
+                running += count
+                le = f'le="{_fmt(bound)}"'
+                yield f"{self.name}_bucket{_labels(self.labelnames, labels, le)} {running}"
+            inf = _labels(self.labelnames, labels, 'le="+Inf"')
+            yield f"{self.name}_bucket{inf} {series.count}"
+            plain = _labels(self.labelnames, labels)
+            yield f"{self.name}_sum{plain} {_fmt(series.sum)}"
+            yield f"{self.name}_count{plain} {series.count}"
+
+
+class _Buckets:
+    """One histogram series: per-bucket counts (the last is above every bound), sum, count."""
+
+    __slots__ = ("count", "counts", "sum")
+
+    def __init__(self, bounds: int) -> None:
+        self.counts = [0] * (bounds + 1)
+        self.sum = 0.0
+        self.count = 0
+
+
+class LabelSet:
+    """Keeps a label's values bounded: a value in ``known()`` is itself, anything else is
+    ``other``. Callers label series with names they read from a request (a capability,
+    say); without this, each new name a caller sends would add a series forever."""
+
+    OTHER = "other"
+
+    def __init__(self, known: Callable[[str], bool]) -> None:
+        self.known = known
+
+    def __call__(self, value: str) -> str:
+        """The label value to record for ``value``."""
+        return value if self.known(value) else self.OTHER
 
 
 class MetricsRegistry:
@@ -166,14 +219,30 @@ class MetricsRegistry:
         self._metrics[name] = metric
         return metric
 
+    def read_counter(
+        self,
+        name: str,
+        help_text: str,
+        read: Callable[[], float | dict[LabelValues, float]],
+        labelnames: tuple[str, ...] = (),
+    ) -> ReadCounter:
+        """Register a counter read from a callback (replacing one of the same name)."""
+        metric = ReadCounter(name, help_text, read, labelnames)
+        self._metrics[name] = metric
+        return metric
+
     def histogram(
-        self, name: str, help_text: str, buckets: tuple[float, ...] = Histogram.DEFAULT_BUCKETS
+        self,
+        name: str,
+        help_text: str,
+        buckets: tuple[float, ...] = Histogram.DEFAULT_BUCKETS,
+        labelnames: tuple[str, ...] = (),
     ) -> Histogram:
         """Register (or return the existing) histogram."""
         existing = self._metrics.get(name)
         if isinstance(existing, Histogram):
             return existing
-        metric = Histogram(name, help_text, buckets)
+        metric = Histogram(name, help_text, buckets, labelnames)
         self._metrics[name] = metric
         return metric
 

@@ -52,6 +52,7 @@ from hearthnet.mesh.http import MeshHttp
 from hearthnet.mesh.service import Mesh, advertised_url
 from hearthnet.mesh.tls import ensure_certificate, server_context
 from hearthnet.metrics import MetricsRegistry
+from hearthnet.process_metrics import register_process_metrics
 from hearthnet.pubsub.access import AccessPolicy, AccessRule, effective_rules
 from hearthnet.pubsub.batchsig import VERIFIER
 from hearthnet.pubsub.envelope import StoredMessage
@@ -200,6 +201,7 @@ class Node:
         self.join_token = join
         self.data_dir = config.data_path
         self.metrics = MetricsRegistry()
+        register_process_metrics(self.metrics)
         self.started_ms = 0
         self._started_mono = 0.0
         self._lock = DataDirLock(self.data_dir)

@@ -29,7 +29,7 @@ from hearthnet.errors import (
     error_from_wire,
 )
 from hearthnet.frames import Frame
-from hearthnet.metrics import Counter, Histogram, MetricsRegistry
+from hearthnet.metrics import Counter, Histogram, LabelSet, MetricsRegistry
 from hearthnet.ratelimit import RateLimiter
 
 log = logging.getLogger("hearthnet.bus")
@@ -54,7 +54,9 @@ class BusMetrics:
                 "hearthnet_calls_total", "Capability calls by result.", ("capability", "result")
             ),
             duration=registry.histogram(
-                "hearthnet_call_duration_seconds", "Capability call duration, open to end."
+                "hearthnet_call_duration_seconds",
+                "Capability call duration, open to end.",
+                labelnames=("capability",),
             ),
             rate_limited=registry.counter(
                 "hearthnet_rate_limited_total", "Requests refused by a rate limit.", ("kind",)
@@ -84,6 +86,9 @@ class Bus:
         self.router = router
         self.max_deadline_s = bus.max_deadline_s
         self.metrics = metrics
+        # spec §9: calls are counted per capability, but only this node's registered
+        # capabilities get their own series; any other name a caller sends is `other`
+        self.capability_label = LabelSet(router.local.registry.__contains__)
         self._per_capability = RateLimiter(
             limits.calls_per_s_per_capability, max_keys=limits.rate_limit_callers_max
         )
@@ -117,7 +122,7 @@ class Bus:
             desc.validate_input(call.envelope.input)
             provider.acquire(desc)
         except WireError as exc:
-            self.metrics.calls.inc(name, exc.code)
+            self.metrics.calls.inc(self.capability_label(name), exc.code)
             raise
         deadline_s = desc.timeout_s
         if call.deadline_ms is not None:
@@ -159,8 +164,9 @@ class CallHandle:
         self.provider.release(self.descriptor)
         elapsed = time.monotonic() - self.started
         metrics = self.bus.metrics
-        metrics.calls.inc(self.call.capability, result)
-        metrics.duration.observe(elapsed)
+        label = self.bus.capability_label(self.call.capability)
+        metrics.calls.inc(label, result)
+        metrics.duration.observe(elapsed, label)
         self.bus.router.record(
             self.provider, result in ("ok", "cancelled"), elapsed, time.monotonic()
         )

@@ -42,5 +42,9 @@ class CapabilityRegistry:
         """Every offered descriptor, by name then version (newest first)."""
         return [c.descriptor for name in sorted(self._by_name) for c in self._by_name[name]]
 
+    def __contains__(self, name: object) -> bool:
+        """Whether any version of capability ``name`` is offered here."""
+        return name in self._by_name
+
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_name.values())

@@ -19,7 +19,13 @@ from hearthnet.bus.registry import CapabilityRegistry
 from hearthnet.bus.routing import LocalProvider, Router
 from hearthnet.community import Level
 from hearthnet.config import BusSection, LimitsSection
-from hearthnet.errors import InvalidSignature, RateLimited, SchemaMismatch, Unauthorized
+from hearthnet.errors import (
+    InvalidSignature,
+    NotFound,
+    RateLimited,
+    SchemaMismatch,
+    Unauthorized,
+)
 from hearthnet.frames import Frame
 from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulid
@@ -210,3 +216,19 @@ async def test_rate_limit_per_capability_but_not_for_the_node_itself() -> None:
     for _ in range(10):
         bus.open(verified(auth, NODE, "echo", 1), inline_tools=False).close()
     assert 1.0 == metrics.counter("hearthnet_rate_limited_total", "", ("kind",)).get("call")
+
+
+async def test_calls_are_labelled_by_registered_capability_or_other() -> None:
+    """Calls for names this node does not offer count under `other`, so invented names
+    add no series; offered ones keep their name in the counter and the histogram."""
+    bus, auth, metrics = setup()
+    await bus.open(verified(auth, MEMBER, "echo", 1), inline_tools=False).result()
+    for n in range(5):
+        with pytest.raises(NotFound):
+            bus.open(verified(auth, MEMBER, f"made.up.{n}", 1), inline_tools=False)
+    calls = metrics.counter("hearthnet_calls_total", "", ("capability", "result"))
+    duration = metrics.histogram("hearthnet_call_duration_seconds", "")
+    assert ({("echo", "ok"): 1.0, ("other", "not_found"): 5.0}, [("echo",)]) == (
+        calls.values,
+        list(duration.series),
+    )
