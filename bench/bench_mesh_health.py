@@ -98,7 +98,8 @@ def main() -> int:
             if done.returncode != 0:
                 print(done.stdout[-2000:], done.stderr[-4000:], file=sys.stderr)
                 return 1
-            cpu = re.search(r"JVM CPU time ([0-9.]+)s", done.stdout)
+            # progress lines: stderr (stdout before the job moved them)
+            cpu = re.search(r"JVM CPU time ([0-9.]+)s", done.stderr + done.stdout)
             runs.append(
                 (elapsed, max(load_before, os.getloadavg()[0]), float(cpu.group(1)) if cpu else -1)
             )

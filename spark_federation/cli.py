@@ -59,7 +59,9 @@ def build_parser(prog: str = "hearthnet mesh health") -> argparse.ArgumentParser
     p.add_argument("--driver-memory", default="2g", help="driver memory in local mode (default 2g)")
     p.add_argument("--no-report", action="store_true", help="skip report.html and charts")
     p.add_argument("--ui", action="store_true", help="enable the Spark UI (for profiling)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress lines (Spark's own log: OUT/spark.log)"
+    )
     return p
 
 
@@ -99,7 +101,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "hearthnet mesh health")
         return 1
     try:
         # imported here, not at the top: --help and usage errors must work without pyspark
-        from spark_federation import mesh_health  # noqa: PLC0415
+        from spark_federation import mesh_health, session  # noqa: PLC0415
     except ImportError as exc:
         print(
             f"{prog}: error: PySpark is not installed ({exc.name}): {INSTALL_HINT}", file=sys.stderr
@@ -107,16 +109,19 @@ def main(argv: Sequence[str] | None = None, prog: str = "hearthnet mesh health")
         return 1
 
     def progress(line: str) -> None:
+        # stderr, like any tool's progress: stdout stays free for a result
         if not args.quiet:
-            print(f"mesh health {line}", flush=True)
+            print(f"mesh health {line}", file=sys.stderr, flush=True)
 
     spark = None
     try:
-        spark = mesh_health.build_session(
+        spark = session.build_session(
             args.master,
             driver_memory=args.driver_memory,
             shuffle_partitions=args.shuffle_partitions,
             ui=args.ui,
+            log_file=Path(args.out) / "spark.log",
+            input_uri=args.input,
         )
         summary = mesh_health.run(spark, cfg, progress)
     except MeshHealthError as exc:

@@ -321,6 +321,7 @@ def clean_traces(
             sf.when(ok, sf.col("published_ms")).alias("published_ms"),
             sf.when(ok, sf.col("hops")).alias("hops"),
             sf.when(ok, sf.col("ts")).alias("ts"),
+            sf.when(ok, sf.col("catch_up")).alias("catch_up"),
         )
         .groupBy("status", "nid", "msg_id")
         .agg(
@@ -328,9 +329,12 @@ def clean_traces(
             sf.first("published_ms", ignorenulls=True).alias("published_ms"),
             sf.first("hops", ignorenulls=True).alias("hops"),
             sf.first("ts", ignorenulls=True).alias("ts"),
+            sf.first("catch_up", ignorenulls=True).alias("catch_up"),
             sf.count(sf.lit(1)).alias("copies"),
         )
-        .select("status", "nid", "msg_id", "oid", "published_ms", "hops", "ts", "copies")
+        .select(
+            "status", "nid", "msg_id", "oid", "published_ms", "hops", "ts", "catch_up", "copies"
+        )
     )
 
 

@@ -9,7 +9,6 @@ DataFrame code, so executors need no copy of this package.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -41,42 +40,6 @@ from spark_federation.report import ReportData, render
 from spark_federation.timeline import hour_of
 
 Progress = Callable[[str], None]
-
-
-def build_session(
-    master: str | None,
-    *,
-    driver_memory: str = "2g",
-    shuffle_partitions: int | None = None,
-    ui: bool = False,
-) -> SparkSession:
-    """The SparkSession for one run.
-
-    Under spark-submit the master and resources come from spark-submit and are
-    left alone. Otherwise ``master`` (default ``local[*]``) is used, and local
-    mode gets a small shuffle-partition count: the default 200 costs more in
-    task overhead than the data needs on a laptop.
-    """
-    builder = SparkSession.builder.appName("hearthnet-mesh-health")
-    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ and master is None
-    if not under_submit:
-        chosen = master or "local[*]"
-        builder = builder.master(chosen).config("spark.driver.memory", driver_memory)
-        if chosen.startswith("local"):
-            cores = os.cpu_count() or 2
-            builder = builder.config(
-                "spark.sql.shuffle.partitions", str(shuffle_partitions or max(4, 2 * cores))
-            )
-        elif shuffle_partitions:
-            builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-        builder = builder.config("spark.ui.enabled", "true" if ui else "false")
-    # the job prints its own progress lines; Spark's console bar would overwrite them
-    builder = builder.config("spark.sql.session.timeZone", "UTC").config(
-        "spark.ui.showConsoleProgress", "false"
-    )
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
 
 
 @dataclass(slots=True)
@@ -200,7 +163,7 @@ class _Job:
             t = self.keep(exports.clean_traces(raws["traces"], cfg.since_ms, cfg.until_ms))
             self.side_counts["traces"] = exports.record_counts(t)
             self.traces = t.where(sf.col("status") == exports.OK).select(
-                "nid", "oid", "published_ms", "hops", "ts"
+                "nid", "oid", "published_ms", "hops", "ts", "catch_up"
             )
         ids = exports.node_dictionary([r for r in raws.values() if r is not None]).collect()
         self.ids = {int(r["id"]): str(r["node"]) for r in ids}
@@ -367,10 +330,28 @@ class _Job:
         )
         self.collected["skew"] = _rows(skew_tab)
         self.collected["propagation"] = []
+        self.collected["catch_up"] = []
         if self.traces is not None:
-            prop = t.write(propagation.propagation(self.traces, skew_ids), "propagation")
-            self.collected["propagation"] = _rows(prop.orderBy("hops"))
+            self._propagation(skew_ids)
         self.say("relay_dependence, clock_skew, propagation written")
+
+    def _propagation(self, skew_ids: DataFrame) -> None:
+        """propagation (live receives) and catch_up (backlog), measured apart."""
+        assert self.traces is not None
+        t = self.tables
+        timed = self.keep(propagation.delays(self.traces, skew_ids, self.hb))
+        prop = t.write(propagation.propagation(timed), "propagation")
+        self.collected["propagation"] = _rows(prop.orderBy("hops"))
+        late = self.keep(propagation.catch_up(timed))
+        per_node = t.write(
+            late.where(sf.col("nid").isNotNull()).select(
+                t.node(sf.col("nid")).alias("node"), "messages", "p50_ms", "p99_ms", "max_ms"
+            ),
+            "catch_up",
+        )
+        self.collected["catch_up"] = _rows(per_node.orderBy("node"))
+        self.collected["catch_up_all"] = _rows(late.where(sf.col("nid").isNull()))
+        self.collected["trace_split"] = _rows(propagation.split_counts(timed))
 
     def finish(self) -> dict[str, Any]:
         """summary.json and the report."""
@@ -456,6 +437,29 @@ _LINK_COLS = (
 )
 
 
+def _catch_up_summary(collected: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """summary.json ``catch_up``: backlog receives, apart from live propagation (None
+    without traces)."""
+    split = collected.get("trace_split")
+    if not split:
+        return None
+    [counts] = split
+    [total] = collected.get("catch_up_all") or [{"p50_ms": None, "p99_ms": None, "max_ms": None}]
+
+    def ms(v: Any) -> float | None:
+        return None if v is None else round(float(v), 1)
+
+    return {
+        "messages": counts["catch_up"],
+        "p50_ms": ms(total["p50_ms"]),
+        "p99_ms": ms(total["p99_ms"]),
+        "max_ms": ms(total["max_ms"]),
+        "nodes": {r["node"]: r["messages"] for r in collected["catch_up"]},
+        "live_messages": counts["live"],
+        "inferred": counts["inferred"],
+    }
+
+
 def _iso(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
 
@@ -520,6 +524,7 @@ def _summary(
             }
             for p in collected["propagation"]
         ],
+        "catch_up": _catch_up_summary(collected),
         "inputs": {
             "exports": len(files.exports),
             "files": {k: files.count(k) for k in exports.KINDS},

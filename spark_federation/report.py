@@ -295,6 +295,11 @@ def _html(data: ReportData, charts: list[Path]) -> str:
         ("Window", f"{s['window_s']} s"),
         ("Analysed", span(s["span"]["start_ms"], s["span"]["end_ms"])),
     ]
+    if s.get("propagation"):
+        worst = max(p["p99_ms"] for p in s["propagation"])
+        verdicts.append(("Propagation p99 (live)", f"{worst:,.0f} ms"))
+    if s.get("catch_up") and s["catch_up"]["messages"]:
+        verdicts.append(("Catch-up p50", f"{s['catch_up']['p50_ms'] / 1000:,.1f} s"))
     sections = [
         "<h2>Partitions</h2>"
         + _table(
@@ -358,10 +363,26 @@ def _html(data: ReportData, charts: list[Path]) -> str:
     ]
     if s.get("propagation"):
         sections.append(
-            "<h2>Propagation</h2>"
+            "<h2>Propagation (live)</h2>"
             + _table(
                 ["hops", "messages", "p50 ms", "p99 ms"],
                 [[p["hops"], p["messages"], p["p50_ms"], p["p99_ms"]] for p in s["propagation"]],
+            )
+        )
+    late = s.get("catch_up")
+    if late:
+        sections.append(
+            "<h2>Catch-up</h2><p>Backlog a node received after being down, cut off or"
+            " joining late: how long it was away, not how fast the mesh is; not in"
+            f" propagation above. {late['inferred']} trace records carried no live/catch-up"
+            " mark and were classified from the receiver's heartbeats.</p>"
+            + _table(
+                ["messages", "p50 ms", "p99 ms", "max ms"],
+                [[late["messages"], late["p50_ms"], late["p99_ms"], late["max_ms"]]],
+            )
+            + _table(
+                ["receiver", "messages"],
+                [[who(n), m] for n, m in sorted(late["nodes"].items(), key=lambda kv: -kv[1])],
             )
         )
     images = "".join(f'<figure><img src="{c.name}" alt="{c.stem}"></figure>' for c in charts)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pyspark.sql.types import (
     ArrayType,
+    BooleanType,
     DataType,
     DoubleType,
     LongType,
@@ -79,6 +80,7 @@ TRACE = _struct(
         ("origin", StringType()),
         ("published_ms", LongType()),
         ("hops", LongType()),
+        ("catch_up", BooleanType()),  # null in records written before it existed
     ]
 )
 

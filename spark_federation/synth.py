@@ -63,6 +63,7 @@ class SynthResult:
         duplicates: extra copies of heartbeat records in re-exports.
         malformed: malformed heartbeat lines or rows written.
         traces: trace records written.
+        catch_up_traces: of those, receives of backlog by a node that was down at the publish.
         start_ms: start of the simulated span (true time).
         end_ms: end of the simulated span (true time).
     """
@@ -74,6 +75,7 @@ class SynthResult:
     duplicates: int = 0
     malformed: int = 0
     traces: int = 0
+    catch_up_traces: int = 0
     start_ms: int = 0
     end_ms: int = 0
     names: dict[str, str] = field(default_factory=dict)
@@ -308,7 +310,9 @@ def generate(cfg: SynthConfig, out_dir: str | Path) -> SynthResult:
     if cfg.beacons != "none":
         writer.beacons(up_spans, t0, t_end)
     if cfg.traces:
-        result.traces = writer.traces(up_spans, broken, t0, t_end, random.Random(cfg.seed + 7))
+        result.traces, result.catch_up_traces = writer.traces(
+            up_spans, broken, t0, t_end, random.Random(cfg.seed + 7)
+        )
     result.events = _settle_events(sc, up_spans)
     return result
 

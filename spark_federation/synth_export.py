@@ -202,11 +202,14 @@ class ExportWriter:
         t0: int,
         t_end: int,
         rng: random.Random,
-    ) -> int:
-        """Messages published at random live nodes, delivered along the fastest live path."""
+    ) -> tuple[int, int]:
+        """Messages published at random live nodes, delivered live along the fastest live
+        path; a node down at the publish gets it as catch-up (anti-entropy) 1-5 s after it
+        is back. Returns (trace records, of which catch-up)."""
         per_node: dict[str, list[dict[str, Any]]] = {n: [] for n in self.sc.order}
+        late_rng = random.Random(rng.random())  # catch-up draws leave the live ones as they were
         t = t0 + self.cfg.trace_interval_ms
-        seq = 0
+        seq = late = 0
         while t < t_end:
             live = [n for n in self.sc.order if self.sc.outages[n].find(t) is None]
             origin = rng.choice(live)
@@ -223,23 +226,31 @@ class ExportWriter:
             seq += 1
             msg_id = f"01SYNTH{seq:019d}"
             published = int(t + self.sc.nodes[origin].clock_offset_ms)
+
+            def record(dest: str, at: float, hops: int, catch_up: bool) -> dict[str, Any]:
+                return {
+                    "ts": int(at + self.sc.nodes[dest].clock_offset_ms),
+                    "node": dest,
+                    "msg_id": msg_id,  # noqa: B023 - used at once, in this iteration
+                    "origin": origin,  # noqa: B023
+                    "published_ms": published,  # noqa: B023
+                    "hops": hops,
+                    "catch_up": catch_up,
+                }
+
             for dest, (delay, hops) in _fastest_paths(origin, adj, rng).items():
-                if dest == origin:
-                    continue
-                per_node[dest].append(
-                    {
-                        "ts": int(t + delay + self.sc.nodes[dest].clock_offset_ms),
-                        "node": dest,
-                        "msg_id": msg_id,
-                        "origin": origin,
-                        "published_ms": published,
-                        "hops": hops,
-                    }
-                )
+                if dest != origin:
+                    per_node[dest].append(record(dest, t + delay, hops, catch_up=False))
+            for dest in self.sc.order:
+                down = self.sc.outages[dest].find(t)
+                back = None if down is None else down.end_ms + late_rng.uniform(1_000, 5_000)
+                if back is not None and back < t_end:
+                    per_node[dest].append(record(dest, back, 1, catch_up=True))
+                    late += 1
             t += self.cfg.trace_interval_ms
         for n, rows in per_node.items():
             self._write(self.export_dir(n) / "traces", day_of(t0), rows)
-        return sum(len(v) for v in per_node.values())
+        return sum(len(v) for v in per_node.values()), late
 
 
 def _fastest_paths(

@@ -43,6 +43,7 @@ class Deliver:
     message: Message
     source: str
     hops: int
+    catch_up: bool = False  # a peer advertised holding it before it came (Gossip.is_catch_up)
 
 
 @dataclass(frozen=True, slots=True)

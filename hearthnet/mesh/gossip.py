@@ -102,6 +102,9 @@ class AntiEntropy:
 
     tracker: OriginTracker
     requested: dict[str, tuple[int, float]] = field(default_factory=dict)  # origin -> (to, until)
+    # origin -> the highest head a peer advertised while we were behind it: a message at or
+    # below it existed elsewhere before it reached us, so it arrives as catch-up
+    advertised: dict[str, int] = field(default_factory=dict)
 
     def plan(self, peer_heads: dict[str, int], now: float) -> dict[str, list[int]]:
         """From a peer's ``ihave`` heads, the ``iwant`` ranges to send: ``{origin: [from, to]}``."""
@@ -112,6 +115,7 @@ class AntiEntropy:
             gap = self.tracker.missing(origin, peer_head)
             if gap is None:
                 continue
+            self.advertised[origin] = max(self.advertised.get(origin, 0), peer_head)
             pending = self.requested.get(origin)
             if pending is not None and pending[1] > now and pending[0] >= gap[1]:
                 continue  # asked someone already; wait for that answer
@@ -187,7 +191,14 @@ class Gossip:
             # its message gets it again from anti-entropy (ihave/iwant).
             return Refused(source, f"origin {message.origin} is not a member", "gossip_origin")
         self._hops[message.id] = frame.h
-        return Deliver(message, source, frame.h)
+        return Deliver(message, source, frame.h, self.is_catch_up(message))
+
+    def is_catch_up(self, message: Message) -> bool:
+        """Whether a peer had advertised holding ``message`` (in an ``ihave``) before it
+        arrived here: backlog repaired by anti-entropy, or forwarded by a node that
+        caught up itself, rather than a live copy of a new publish. The mesh-health
+        job measures the two apart (docs/mesh-health.md, "Propagation")."""
+        return message.origin_seq <= self.anti.advertised.get(message.origin, 0)
 
     def ingested(self, message_id: str) -> None:
         """The log took (or refused) a delivered message: forget its hop count."""

@@ -128,8 +128,18 @@ class HeartbeatLog:
             }
         )
 
-    def trace(self, *, ts: int, msg_id: str, origin: str, published_ms: int, hops: int) -> None:
-        """A gossiped message arrived (sampled: at most 50 records a second)."""
+    def trace(
+        self,
+        *,
+        ts: int,
+        msg_id: str,
+        origin: str,
+        published_ms: int,
+        hops: int,
+        catch_up: bool = False,
+    ) -> None:
+        """A gossiped message arrived (sampled: at most 50 records a second); ``catch_up``
+        when a peer had advertised it before (backlog), not a live copy."""
         if self._trace_budget.take(time.monotonic()) == 0.0:
             self.traces.add(
                 {
@@ -139,6 +149,7 @@ class HeartbeatLog:
                     "origin": origin,
                     "published_ms": published_ms,
                     "hops": hops,
+                    "catch_up": catch_up,
                 }
             )
 
@@ -198,7 +209,7 @@ def _beacons_since(db: Path, since_ms: int) -> Iterator[dict[str, Any]]:
 
 
 # Parquet column types per record kind (spec §7.5; the mesh-health job reads exactly these).
-_INT, _FLOAT, _STR = "int64", "float64", "string"
+_INT, _FLOAT, _STR, _BOOL = "int64", "float64", "string", "bool"
 PARQUET_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
     "heartbeats": (
         ("ts", _INT),
@@ -235,6 +246,7 @@ PARQUET_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
         ("origin", _STR),
         ("published_ms", _INT),
         ("hops", _INT),
+        ("catch_up", _BOOL),  # absent (null) in records written before it existed
     ),
 }
 BEACON_PEER_FIELDS = (("peer", _STR), ("rtt_ms_p50", _FLOAT), ("loss_pct", _FLOAT), ("path", _STR))
@@ -254,7 +266,7 @@ def _pyarrow() -> tuple[Any, Any]:
 def arrow_schema(kind: str) -> Any:
     """The ``pyarrow`` schema of one record kind (``heartbeats``, ``beacons``, ``traces``)."""
     pa, _ = _pyarrow()
-    types = {_INT: pa.int64(), _FLOAT: pa.float64(), _STR: pa.string()}
+    types = {_INT: pa.int64(), _FLOAT: pa.float64(), _STR: pa.string(), _BOOL: pa.bool_()}
     types["peers"] = pa.list_(pa.struct([(n, types[t]) for n, t in BEACON_PEER_FIELDS]))
     return pa.schema([(name, types[t]) for name, t in PARQUET_FIELDS[kind]])
 

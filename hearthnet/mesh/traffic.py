@@ -207,6 +207,7 @@ class LinkTraffic:
             origin=message.origin,
             published_ms=message.ts,
             hops=action.hops,
+            catch_up=action.catch_up,
         )
         fut = self.log.ingest(message, source=action.source)
 

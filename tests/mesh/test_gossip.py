@@ -158,3 +158,12 @@ def test_a_gossiped_batch_costs_one_signature_check_and_a_forgery_is_refused() -
         VERIFIER.signatures_checked - before,
         isinstance(refused, Refused),
     )
+
+
+def test_a_message_a_peer_advertised_before_it_came_is_catch_up() -> None:
+    """Messages at or below a head a peer advertised in an ihave arrive as catch-up
+    (backlog); a message published after that arrives live."""
+    gossip = Gossip(lambda _id: False, 100)
+    gossip.receive_ihave(IHave({ORIGIN.node_id: 2}, {ORIGIN.node_id: 1}), now=0.0)
+    got = [gossip.receive_msg(Msg(signed(seq).raw, 1), "peer-a") for seq in (1, 2, 3)]
+    assert [True, True, False] == [d.catch_up for d in got if isinstance(d, Deliver)]

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from spark_federation.mesh_health import build_session, run
+from spark_federation.mesh_health import run
 from spark_federation.params import JobConfig
+from spark_federation.session import build_session
 from spark_federation.synth import SynthConfig, SynthResult, generate
 
 WINDOW_MS = 60_000

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -97,16 +98,41 @@ def test_clock_skew(synth_run: JobRun) -> None:
     assert [True] * len(others) == [abs(s["clock_skew_ms"][n]) < 20.0 for n in others]
 
 
-def test_propagation_counts_per_hop(synth_run: JobRun) -> None:
-    """Messages per hop count equal the trace records written, and delay grows with hops."""
-    written: Counter[int] = Counter()
-    for path in synth_run.input_dir.rglob("traces/*.jsonl"):
-        for line in path.read_text().splitlines():
-            written[json.loads(line)["hops"]] += 1
+def written_traces(synth_run: JobRun) -> list[dict[str, Any]]:
+    """Every trace record the generator wrote."""
+    return [
+        json.loads(line)
+        for path in synth_run.input_dir.rglob("traces/*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
+
+
+def test_propagation_counts_live_receives_per_hop(synth_run: JobRun) -> None:
+    """Propagation counts the live receives per hop count, takes milliseconds on the
+    generator's links, and grows with hops: catch-up copies are not in it."""
+    written = Counter(t["hops"] for t in written_traces(synth_run) if not t["catch_up"])
     rows = synth_run.summary["propagation"]
     assert dict(written) == {r["hops"]: r["messages"] for r in rows}
     medians = [r["p50_ms"] for r in rows]
     assert medians == sorted(medians)
+    assert [True] * len(rows) == [r["p99_ms"] < 1_000 for r in rows]
+
+
+def test_catch_up_is_measured_apart(synth_run: JobRun) -> None:
+    """The node that was down gets every message published meanwhile as catch-up: the
+    count, the receiving node and the median delay (clock-corrected) are the generator's."""
+    late = [t for t in written_traces(synth_run) if t["catch_up"]]
+    got = synth_run.summary["catch_up"]
+    raw = sorted(t["ts"] - t["published_ms"] for t in late)
+    [down] = synth_run.synth.of_kind("node_down")
+    assert (synth_run.synth.catch_up_traces, {down.nodes[0]: len(late)}, 0) == (
+        got["messages"],
+        got["nodes"],
+        got["inferred"],
+    )
+    # skew correction moves a delay by at most the injected skew (< 4 s)
+    assert abs(raw[len(raw) // 2] - got["p50_ms"]) < 5_000
+    assert got["p50_ms"] > 60_000
 
 
 def test_tables_readable_without_spark(synth_run: JobRun) -> None:
@@ -123,6 +149,7 @@ def test_tables_readable_without_spark(synth_run: JobRun) -> None:
         "relay_dependence",
         "clock_skew",
         "propagation",
+        "catch_up",
     }
     assert expected == set(names)
     links = pq.read_table(tables / "link_health").to_pylist()

@@ -47,7 +47,18 @@ def real_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
         env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
     )  # fmt: skip
     assert 0 == done.returncode, done.stderr[-2000:]
+    (out / "cli-stderr.txt").write_text(done.stderr)
     return out
+
+
+def test_spark_logs_to_a_file_and_the_terminal_gets_progress(real_report: Path) -> None:
+    """stderr holds only the job's progress lines; what Spark's JVM prints is in spark.log."""
+    lines = (real_report / "cli-stderr.txt").read_text().splitlines()
+    assert ([], True, True) == (
+        [line for line in lines if not line.startswith("mesh health ")],
+        any(line.startswith("mesh health done:") for line in lines),
+        (real_report / "spark.log").stat().st_size > 0,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -124,10 +135,18 @@ def test_the_node_behind_nat_depends_on_the_relay(
 
 
 def test_propagation_from_real_traces(real_summary: dict[str, Any]) -> None:
-    """Most copies come straight from the origin within milliseconds on loopback."""
+    """Live copies arrive within a second on loopback; what the killed node got after its
+    restart is catch-up, measured apart."""
+    events = json.loads((FIXTURE / "events.json").read_text())
+    victim = events["nodes"][events["victim"]]
     by_hops = {p["hops"]: p for p in real_summary["propagation"]}
-    assert by_hops[1]["messages"] > 0
-    assert by_hops[1]["p50_ms"] < 100
+    late = real_summary["catch_up"]
+    assert (True, True, True, True) == (
+        by_hops[1]["messages"] > 0 and by_hops[1]["p50_ms"] < 100,
+        all(p["p99_ms"] < 1_000 for p in real_summary["propagation"]),
+        late["nodes"].get(victim, 0) > 0,
+        late["p50_ms"] > 10_000,
+    )
 
 
 async def test_node_parquet_export_reads_without_skips(spark: Any, tmp_path: Path) -> None:

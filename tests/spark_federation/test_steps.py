@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from spark_federation import exports
+from spark_federation import exports, propagation
 from spark_federation.availability import outages
 from spark_federation.errors import MeshHealthError
 from spark_federation.links import (
@@ -175,3 +175,45 @@ def test_log_buckets_hold_rtt_within_tolerance(spark: Any) -> None:
     assert [True] * len(values) == [
         abs(m - v) / v <= 0.022 for m, v in zip(mids, values, strict=True)
     ]
+
+
+def test_records_without_the_catch_up_field_are_classified_by_the_receivers_links(
+    spark: Any,
+) -> None:
+    """An unmarked receive is live when the receiver wrote heartbeats within 6 s before and
+    after the publish (it was linked throughout), catch-up otherwise; a marked one keeps
+    its mark."""
+    hb = spark.createDataFrame(
+        [(1, t) for t in range(0, 60_001, 5_000)]
+        + [(1, t) for t in range(300_000, 400_001, 5_000)],
+        "nid long, ts long",
+    )
+    traces = spark.createDataFrame(
+        [
+            (1, 2, 30_000, 1, 30_004, None),  # linked at the publish: live
+            (1, 2, 120_000, 1, 302_000, None),  # no heartbeat 60 s..300 s: catch-up
+            (1, 2, 61_000, 1, 310_000, None),  # 1 s after its last heartbeat, none after
+            (1, 2, 58_000, 1, 58_002, None),  # between two heartbeats 5 s apart: live
+            (1, 2, 330_000, 1, 330_003, True),  # marked by the node: kept
+        ],
+        "nid long, oid long, published_ms long, hops long, ts long, catch_up boolean",
+    )
+    skew = spark.createDataFrame([(1, 0.0), (2, 0.0)], "nid long, skew_ms double")
+    got = sorted(
+        (r["delay"], r["catch_up"], r["inferred"])
+        for r in propagation.delays(traces, skew, hb).collect()
+    )
+    assert [
+        (2.0, False, True),
+        (3.0, True, False),
+        (4.0, False, True),
+        (182_000.0, True, True),
+        (249_000.0, True, True),
+    ] == got
+    counts = propagation.split_counts(propagation.delays(traces, skew, hb)).first()
+    assert (5, 2, 3, 4) == (
+        counts["records"],
+        counts["live"],
+        counts["catch_up"],
+        counts["inferred"],
+    )

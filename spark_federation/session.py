@@ -1,0 +1,131 @@
+"""The SparkSession of one mesh-health run: local-mode settings sized to the input, and
+Spark's own logging kept off the terminal.
+
+Under ``spark-submit`` the master, resources and logging are spark-submit's and are left
+alone. In local mode the job knows its machine and, for a local input directory, the size
+of its input, and chooses:
+
+- ``spark.sql.shuffle.partitions``: one per :data:`BYTES_PER_PARTITION` of heartbeat
+  input, at least 1 and at most two per core. Spark's default of 200 costs more in task
+  start-up than a laptop's data needs; a few hundred records need one.
+- for a small input (under :data:`SMALL_INPUT_BYTES`, about a million records), the
+  quick JIT only (``-XX:TieredStopAtLevel=1``) and no adaptive re-planning: compiling
+  and re-planning the job's few hundred small stages cost more than running them. A large
+  input keeps the optimising JIT, which pays for itself past a few million records
+  (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+from pyspark.sql import SparkSession
+
+LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
+BYTES_PER_PARTITION = 32 << 20
+SMALL_INPUT_BYTES = 16 << 20
+RECORD_DIRS = ("heartbeats", "beacons", "traces")
+
+
+def local_input_bytes(input_uri: str) -> int | None:
+    """Bytes of record files under a local input (a path or ``file:`` URI); None for
+    other file systems, whose listing needs the JVM."""
+    parsed = urlparse(input_uri)
+    if parsed.scheme not in ("", "file"):
+        return None
+    root = Path(parsed.path if parsed.scheme else input_uri)
+    if not root.is_dir():
+        return None
+    total = 0
+    for directory, _, files in os.walk(root):
+        if Path(directory).name in RECORD_DIRS:
+            total += sum(
+                (Path(directory) / f).stat().st_size for f in files if not f.startswith((".", "_"))
+            )
+    return total
+
+
+def shuffle_partitions_for(input_bytes: int | None, cores: int) -> int:
+    """Shuffle partitions for local mode: sized to the input, 1 to ``2 * cores``."""
+    most = max(4, 2 * cores)
+    if input_bytes is None:
+        return most
+    return max(1, min(most, math.ceil(input_bytes / BYTES_PER_PARTITION)))
+
+
+@contextlib.contextmanager
+def _output_to(log_file: Path) -> Iterator[None]:
+    """Point this process's stdout and stderr descriptors at ``log_file`` while the JVM
+    is started: the JVM inherits them, so what it prints (its own warnings, log4j,
+    shutdown messages) goes to the file for its whole life; ours are restored after."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2))
+    try:
+        with log_file.open("ab") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            yield
+    finally:
+        for fd, target in zip(saved, (1, 2), strict=True):
+            os.dup2(fd, target)
+            os.close(fd)
+
+
+def build_session(
+    master: str | None,
+    *,
+    driver_memory: str = "2g",
+    shuffle_partitions: int | None = None,
+    ui: bool = False,
+    log_file: Path | None = None,
+    input_uri: str | None = None,
+) -> SparkSession:
+    """The SparkSession for one run.
+
+    Args:
+        master: Spark master (default ``local[*]``); None under spark-submit keeps its own.
+        driver_memory: driver heap in local mode.
+        shuffle_partitions: overrides the sizing above.
+        ui: enable the Spark UI (profiling).
+        log_file: where the JVM this starts logs (at warning level, :data:`LOG4J2`)
+            instead of the terminal.
+        input_uri: the job's input, to size local mode by.
+    """
+    builder = SparkSession.builder.appName("hearthnet-mesh-health")
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ and master is None
+    java_options: list[str] = []
+    if not under_submit:
+        chosen = master or "local[*]"
+        builder = builder.master(chosen).config("spark.driver.memory", driver_memory)
+        if chosen.startswith("local"):
+            size = local_input_bytes(input_uri) if input_uri else None
+            partitions = shuffle_partitions or shuffle_partitions_for(size, os.cpu_count() or 2)
+            builder = builder.config("spark.sql.shuffle.partitions", str(partitions))
+            if size is not None and size < SMALL_INPUT_BYTES:
+                java_options.append("-XX:TieredStopAtLevel=1")
+                builder = builder.config("spark.sql.adaptive.enabled", "false")
+        elif shuffle_partitions:
+            builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        builder = builder.config("spark.ui.enabled", "true" if ui else "false")
+    # the job prints its own progress lines; Spark's console bar would overwrite them
+    builder = builder.config("spark.sql.session.timeZone", "UTC").config(
+        "spark.ui.showConsoleProgress", "false"
+    )
+    if log_file is not None and not under_submit:
+        java_options.append(f"-Dlog4j2.configurationFile={LOG4J2.as_uri()}")
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", " ".join(java_options))
+    if log_file is None or under_submit:
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        return spark
+    with _output_to(log_file):
+        return builder.getOrCreate()
