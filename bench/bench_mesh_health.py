@@ -1,13 +1,16 @@
 """Benchmark: the mesh-health job on 1 M to 10 M synthetic heartbeat records in local mode.
 
-Spec §11: 10 million heartbeat records in < 120 s in local mode. Each size is
+Spec §11: 10 million heartbeat records in < 45 s in local mode. Each size is
 generated once (Parquet, one export per node, own beacons, no traces) into
 ``--data`` and reused by later runs; each job runs in a fresh process, so JVM
 start-up is inside the measured time, as it is for an admin. The machine is
-shared, so each size can run ``--repeat`` times: the best time is reported,
-with every run's time and the 1-minute load average around it.
+shared, so each size can run ``--repeat`` times: the best and the median time are
+reported, with every run's time, the 1-minute load average around it and the CPU
+seconds the Spark JVM used. ``--input DIR`` times the job on existing exports
+instead (the recorded 5-node fixture: the fixed cost of a small input).
 
     python bench/bench_mesh_health.py --records 1M,3M,10M --repeat 2 --data /tmp/mesh-bench
+    python bench/bench_mesh_health.py --input tests/fixtures/heartbeats_5node --repeat 3
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -24,7 +28,7 @@ from pathlib import Path
 from spark_federation.params import HEARTBEAT_MS, HOUR_MS
 from spark_federation.synth import SynthConfig, build_scenario, generate
 
-TARGET_S = 120.0
+TARGET_S = 45.0
 
 
 def _count(text: str) -> int:
@@ -54,15 +58,19 @@ def main() -> int:
     p.add_argument("--driver-memory", default="3g")
     p.add_argument("--repeat", type=int, default=1, help="runs per size; the best is reported")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--input", help="time the job on these exports instead of generated ones")
     args = p.parse_args()
     Path(args.data).mkdir(parents=True, exist_ok=True)
     (Path(args.data) / "bench.pid").write_text(str(os.getpid()))
     results = []
-    for size in [_count(s) for s in args.records.split(",")]:
-        data = Path(args.data) / f"records-{size}"
-        cfg = _config(size, args.nodes, args.seed)
+    sizes = [0] if args.input else [_count(s) for s in args.records.split(",")]
+    for size in sizes:
+        data = Path(args.data) / (f"records-{size}" if size else "input-dir")
+        cfg = _config(max(size, 1000), args.nodes, args.seed)
         marker = data / "generated.json"
-        if not marker.exists():
+        if args.input:
+            made_records = -1
+        elif not marker.exists():
             t = time.monotonic()
             made = generate(cfg, data / "input")
             marker.write_text(json.dumps({"records": made.records, "hours": cfg.hours}))
@@ -71,7 +79,8 @@ def main() -> int:
                 f" in {time.monotonic() - t:.0f}s",
                 flush=True,
             )
-        made_records = json.loads(marker.read_text())["records"]
+        if not args.input:
+            made_records = json.loads(marker.read_text())["records"]
         runs = []
         for _ in range(args.repeat):
             load_before = os.getloadavg()[0]
@@ -82,7 +91,7 @@ def main() -> int:
                     "-m",
                     "spark_federation.mesh_health",
                     "--input",
-                    str(data / "input"),
+                    args.input or str(data / "input"),
                     "--out",
                     str(data / "out"),
                     "--master",
@@ -104,16 +113,18 @@ def main() -> int:
                 (elapsed, max(load_before, os.getloadavg()[0]), float(cpu.group(1)) if cpu else -1)
             )
             print(
-                f"{made_records} records: {elapsed:.1f}s (load {runs[-1][1]:.1f},"
+                f"{args.input or made_records}: {elapsed:.1f}s (load {runs[-1][1]:.1f},"
                 f" JVM CPU {runs[-1][2]:.0f}s)",
                 flush=True,
             )
         summary = json.loads((data / "out" / "summary.json").read_text())
+        made_records = summary["records"]
         best = min(runs)
         results.append(
             {
                 "records": made_records,
                 "seconds": round(best[0], 1),
+                "median_seconds": round(statistics.median(r[0] for r in runs), 1),
                 "all_seconds": [round(r[0], 1) for r in runs],
                 "load": [round(r[1], 1) for r in runs],
                 "cpu": [round(r[2]) for r in runs],
@@ -122,11 +133,14 @@ def main() -> int:
                 "outages": len(summary["outages"]),
             }
         )
-    print("\n| records | best s | all runs s | load avg | JVM CPU s | records/s (best) |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print(
+        "\n| records | best s | median s | all runs s | load avg | JVM CPU s | records/s (best) |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(
-            f"| {r['records']:,} | {r['seconds']} | {', '.join(map(str, r['all_seconds']))} |"
+            f"| {r['records']:,} | {r['seconds']} | {r['median_seconds']} |"
+            f" {', '.join(map(str, r['all_seconds']))} |"
             f" {', '.join(map(str, r['load']))} | {', '.join(map(str, r['cpu']))} |"
             f" {r['records_per_s']:,} |"
         )

@@ -188,20 +188,22 @@ class _Job:
         self.lw = self.keep(links.link_windows(hb, w))
         self.pongs = self.keep(links.pong_histogram(hb))
         self.rtt_hist = self.keep(links.rtt_histogram(self.pongs))
-        bounds = self.lw.agg(sf.min("lo_ts").alias("lo"), sf.max("hi_ts").alias("hi")).first()
-        assert bounds is not None
-        self.first_win, self.last_win = full_windows(int(bounds["lo"]), int(bounds["hi"]), w)
+        # one small collect (a row per directed link) gives the span, the nodes and the
+        # links, instead of an action for each
+        per_link = self.lw.groupBy("nid", "pid").agg(
+            sf.min("lo_ts").alias("lo"), sf.max("hi_ts").alias("hi")
+        )
+        directed = [(int(r["nid"]), int(r["pid"]), r["lo"], r["hi"]) for r in per_link.collect()]
+        lo = min(d[2] for d in directed)
+        hi = max(d[3] for d in directed)
+        self.first_win, self.last_win = full_windows(int(lo), int(hi), w)
         self.windows = self.spark.range(self.first_win, self.last_win + w, w).select(
             sf.col("id").alias("win"), hour_of(sf.col("id")).alias("hour")
         )
-        lw = self.lw
-        self.node_ids = self.keep(
-            lw.select("nid").unionByName(lw.select(sf.col("pid").alias("nid"))).distinct()
-        )
-        self.n_nodes = self.node_ids.count()
-        self.n_links = (
-            lw.select(sf.least("nid", "pid"), sf.greatest("nid", "pid")).distinct().count()
-        )
+        nodes = sorted({d[0] for d in directed} | {d[1] for d in directed})
+        self.node_ids = self.keep(self.spark.createDataFrame([(n,) for n in nodes], "nid long"))
+        self.n_nodes = len(nodes)
+        self.n_links = len({(min(d[0], d[1]), max(d[0], d[1])) for d in directed})
         self.say(
             f"{self.n_nodes} nodes, {self.n_links} links,"
             f" {(self.last_win - self.first_win) // w + 1} windows of {w // 1000}s"
