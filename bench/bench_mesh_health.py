@@ -7,7 +7,9 @@ start-up is inside the measured time, as it is for an admin. The machine is
 shared, so each size can run ``--repeat`` times: the best and the median time are
 reported, with every run's time, the 1-minute load average around it and the CPU
 seconds the Spark JVM used. ``--input DIR`` times the job on existing exports
-instead (the recorded 5-node fixture: the fixed cost of a small input).
+instead (the recorded 5-node fixture: the fixed cost of a small input). Each run's progress
+lines (seconds into the job at the end of each phase) are kept in
+``DATA/<size>/progress-N.txt``.
 
     python bench/bench_mesh_health.py --records 1M,3M,10M --repeat 2 --data /tmp/mesh-bench
     python bench/bench_mesh_health.py --input tests/fixtures/heartbeats_5node --repeat 3
@@ -66,6 +68,7 @@ def main() -> int:
     sizes = [0] if args.input else [_count(s) for s in args.records.split(",")]
     for size in sizes:
         data = Path(args.data) / (f"records-{size}" if size else "input-dir")
+        data.mkdir(parents=True, exist_ok=True)
         cfg = _config(max(size, 1000), args.nodes, args.seed)
         marker = data / "generated.json"
         if args.input:
@@ -104,6 +107,8 @@ def main() -> int:
                 check=False,
             )
             elapsed = time.monotonic() - t
+            # the job's progress lines (time per phase) of every run, for profiling
+            (data / f"progress-{len(runs) + 1}.txt").write_text(done.stderr + done.stdout)
             if done.returncode != 0:
                 print(done.stdout[-2000:], done.stderr[-4000:], file=sys.stderr)
                 return 1
