@@ -130,8 +130,9 @@ def test_catch_up_is_measured_apart(synth_run: JobRun) -> None:
         got["nodes"],
         got["inferred"],
     )
-    # skew correction moves a delay by at most the injected skew (< 4 s)
-    assert abs(raw[len(raw) // 2] - got["p50_ms"]) < 5_000
+    # the median is the nearest-rank one; skew correction moves a delay by at most the
+    # injected skew (< 4 s), less than the 15 s between two publishes
+    assert abs(raw[(len(raw) - 1) // 2] - got["p50_ms"]) < 5_000
     assert got["p50_ms"] > 60_000
 
 
