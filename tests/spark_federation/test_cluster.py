@@ -172,4 +172,8 @@ def test_spark_submit_matches_local_mode(
     for row_l, row_c in zip(local.pop("propagation"), cluster.pop("propagation"), strict=True):
         assert (row_l["hops"], row_l["messages"]) == (row_c["hops"], row_c["messages"])
         assert abs(row_l["p50_ms"] - row_c["p50_ms"]) < 1.0
+    late_l, late_c = local.pop("catch_up"), cluster.pop("catch_up")
+    for key in ("p50_ms", "p99_ms"):
+        assert abs(late_l.pop(key) - late_c.pop(key)) < 1.0
+    assert late_l == late_c
     assert local == cluster
