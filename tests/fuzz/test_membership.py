@@ -274,7 +274,7 @@ def test_join_requests(
 def test_community_show_after_fuzzing(live: LiveNode, revokee: KeyPair) -> None:
     """`hearthnet community show` lists only the members the anchor's own records made."""
     live.ensure_running()
-    shown = run_cli("community", "show", "--data-dir", str(live.data_dir))
+    shown = run_cli("community", "show", "--json", "--data-dir", str(live.data_dir))
     assert 0 == shown.returncode, shown.stderr
     info = json.loads(shown.stdout)
     assert (

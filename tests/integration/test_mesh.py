@@ -245,7 +245,7 @@ async def test_community_rules_set_on_one_node_are_enforced_on_every_node(
                 await member.publish("ops.alerts", "note", {"x": 1})
             await member.publish("chat.room", "note", {"x": 1})  # still allowed
         shown = await asyncio.to_thread(
-            run_cli, "community", "show", "--data-dir", str(cluster.data(1))
+            run_cli, "community", "show", "--json", "--data-dir", str(cluster.data(1))
         )
     assert json.loads(shown.stdout)["pubsub_rules"][0] == {
         "pattern": "ops.**",
