@@ -30,6 +30,21 @@ async def topics_from(node: Node, origin: str) -> list[str]:
     return [json.loads(raw)["topic"] for raw in rows]
 
 
+def with_b(node: Node, ours: Grant, theirs: Grant, lasts_ms: int = 3_600_000) -> Agreement:
+    """An agreement between ``node``'s community and B, signed by both anchors."""
+    now = now_ms()
+    return Agreement.propose(
+        node.keys,
+        agreement_id=new_ulid(now),
+        community_a=node.membership.community_id,
+        community_b=B.node_id,
+        a_grants_b=ours,
+        b_grants_a=theirs,
+        now_ms=now,
+        expires_ms=now + lasts_ms,
+    ).countersign(B)
+
+
 async def test_agreement_and_pulled_messages_reach_a_member_that_is_not_the_bridge(
     make_config: MakeConfig,
 ) -> None:
@@ -94,17 +109,7 @@ async def test_sync_hands_members_only_to_a_member_under_an_agreement(node: Node
 
     with pytest.raises(Forbidden):
         await sync(B, body)
-    now = now_ms()
-    signed = Agreement.propose(
-        node.keys,
-        agreement_id=new_ulid(now),
-        community_a=node.membership.community_id,
-        community_b=B.node_id,
-        a_grants_b=Grant(("chat.**",), ()),
-        b_grants_a=Grant(),
-        now_ms=now,
-        expires_ms=now + 3_600_000,
-    ).countersign(B)
+    signed = with_b(node, Grant(("chat.**",), ()), Grant())
     b_records = [r.to_json() for r in community(B, (B_MEMBER, Level.MEMBER)).records.values()]
     full = {**body, "agreements": [signed.to_json()], "records": b_records}
     with pytest.raises(Unauthorized):
@@ -140,17 +145,8 @@ async def test_sync_hands_members_only_to_a_member_under_an_agreement(node: Node
 async def test_calls_of_the_other_community_end_when_the_agreement_expires(node: Node) -> None:
     """B's member calls the granted echo; other capabilities are forbidden; at expiry the
     granted one is forbidden too."""
-    now = now_ms()
-    signed = Agreement.propose(
-        node.keys,
-        agreement_id=new_ulid(now),
-        community_a=node.membership.community_id,
-        community_b=B.node_id,
-        a_grants_b=Grant((), ("echo@1",)),
-        b_grants_a=Grant(),
-        now_ms=now,
-        expires_ms=now + 4_000,  # the two calls before it take well under that
-    ).countersign(B)
+    # it lasts 4 s: the two calls before it take well under that
+    signed = with_b(node, Grant((), ("echo@1",)), Grant(), 4_000)
     b_records = [r.to_json() for r in community(B, (B_MEMBER, Level.MEMBER)).records.values()]
     await node.federation.apply([signed.to_json()], [], {B.node_id: b_records})
 
@@ -172,16 +168,7 @@ async def test_push_takes_granted_topics_of_that_communitys_origins_only(node: N
     topic, and one whose origin is not of B, are refused; a stranger's push is
     unauthorized."""
     now = now_ms()
-    signed = Agreement.propose(
-        node.keys,
-        agreement_id=new_ulid(now),
-        community_a=node.membership.community_id,
-        community_b=B.node_id,
-        a_grants_b=Grant(),
-        b_grants_a=Grant(("news.*",), ()),
-        now_ms=now,
-        expires_ms=now + 3_600_000,
-    ).countersign(B)
+    signed = with_b(node, Grant(), Grant(("news.*",), ()))
     b_records = [r.to_json() for r in community(B, (B_MEMBER, Level.MEMBER)).records.values()]
     await node.federation.apply([signed.to_json()], [], {B.node_id: b_records})
     messages = [
@@ -209,17 +196,7 @@ async def test_a_restarted_node_still_holds_its_agreements(make_config: MakeConf
     """Agreements, the other community's members and revocations survive a restart."""
     config = make_config()
     async with Node(config) as node:
-        now = now_ms()
-        signed = Agreement.propose(
-            node.keys,
-            agreement_id=new_ulid(now),
-            community_a=node.membership.community_id,
-            community_b=B.node_id,
-            a_grants_b=Grant(("chat.**",), ()),
-            b_grants_a=Grant(),
-            now_ms=now,
-            expires_ms=now + 3_600_000,
-        ).countersign(B)
+        signed = with_b(node, Grant(("chat.**",), ()), Grant())
         members = community(B, (B_MEMBER, Level.MEMBER)).records.values()
         await node.federation.apply(
             [signed.to_json()], [], {B.node_id: [r.to_json() for r in members]}
