@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -32,24 +31,13 @@ from typing import Any
 
 from bench.common import save
 from tests.chaos.nat_lab import NatLab, nat_unavailable_reason
-from tests.chaos.netns import HostProcess, Machine
-from tests.chaos.test_relay_netns import FAST, PORT, paths, prepare
+from tests.chaos.netns import Machine
+from tests.chaos.relay_lab import launch as start
+from tests.chaos.test_relay_netns import PORT, paths, prepare
 
 MODES = ("plain", "fully-random")
 MAX_ROUNDS = 50
 POLL_S = 1.0
-
-
-def start(root: Path, machine: Machine, *extra: str) -> HostProcess:
-    """``hearthnet node start`` in the machine's namespace (not waited for)."""
-    return machine.popen(
-        *machine.python(
-            "-m", "hearthnet.cli", "node", "start", "--name", machine.name,
-            "--data-dir", str(root / machine.name), "--host", machine.ip, "--port", PORT,
-            "--no-zeroconf", *extra,
-        ),
-        env={**os.environ, **FAST},
-    )  # fmt: skip
 
 
 def upgrades(machine: Machine) -> dict[str, float]:
