@@ -617,6 +617,8 @@ class Stream:
         if self.target:
             # the node checks at the upgrade that the target offers a stream (spec §3.5)
             headers[h.TARGET] = self.target
+        if self.deadline_ms:
+            headers[h.DEADLINE] = str(self.deadline_ms)
         try:
             ws = await connect(
                 ws_url,
@@ -645,6 +647,8 @@ class Stream:
         frame: dict[str, Any] = {"type": "call", "envelope": envelope}
         if self.target:
             frame["target"] = self.target
+        if self.deadline_ms:
+            frame["deadline_ms"] = self.deadline_ms
         if client.keys is not None:
             frame["signature"] = client.keys.sign_object(envelope)
         else:

@@ -41,13 +41,15 @@ _TRANSITIONS: dict[StreamState, frozenset[StreamState]] = {
 
 @dataclass(frozen=True, slots=True)
 class CallRequest:
-    """The first client frame: the signed call envelope (or a token), and the node to
-    run it on (``target``, as ``X-HearthNet-Target`` on HTTP: spec §2.3)."""
+    """The first client frame: the signed call envelope (or a token), the node to run it
+    on (``target``, as ``X-HearthNet-Target`` on HTTP: spec §2.3) and the call's deadline
+    in ms (``deadline_ms``, as ``X-HearthNet-Deadline-Ms``)."""
 
     envelope: Any
     signature: str | None
     token: str | None
     target: str | None = None
+    deadline_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +80,12 @@ ClientFrame = CallRequest | Ack | ToolResult | CancelRequest
 SHAPES: dict[str, Shape] = {
     "call": Shape.of(
         "call frame",
-        ("type", "envelope", "signature", "token", "target"),
-        {"body": "the body goes inside envelope", "sig": "did you mean signature?"},
+        ("type", "envelope", "signature", "token", "target", "deadline_ms"),
+        {
+            "body": "the body goes inside envelope",
+            "sig": "did you mean signature?",
+            "deadline": "did you mean deadline_ms?",
+        },
     ),
     "ack": Shape.of("ack frame", ("type", "upto"), {"seq": "did you mean upto?"}),
     "tool_result": Shape.of(
@@ -169,7 +175,12 @@ class BusStreamProtocol:
         target = obj.get("target")
         if target is not None and not is_node_id(target):
             raise BadRequest("call.target must be a NodeID")
-        return CallRequest(envelope, signature, token, target)
+        deadline_ms = obj.get("deadline_ms")
+        if deadline_ms is not None and (
+            isinstance(deadline_ms, bool) or not isinstance(deadline_ms, int) or deadline_ms < 1
+        ):
+            raise BadRequest("call.deadline_ms must be a positive integer (milliseconds)")
+        return CallRequest(envelope, signature, token, target, deadline_ms)
 
     @property
     def can_send(self) -> bool:

@@ -107,6 +107,7 @@ class BusWebSocketEndpoint:
         version = request.headers.get(h.VERSION)
         try:
             target = check_target(request.headers.get(h.TARGET))
+            deadline_ms = h.read_deadline(request.headers)
         except WireError as exc:
             deps.metrics.refused.inc(exc.code, "ws")
             return error_response(exc)
@@ -132,7 +133,7 @@ class BusWebSocketEndpoint:
             timeout=2.0,
         )
         await ws.prepare(request)
-        session = _BusSession(deps, ws, FrameCodec(chosen), target)
+        session = _BusSession(deps, ws, FrameCodec(chosen), target, deadline_ms)
         task = asyncio.current_task()
         if task is not None:
             deps.streams.add(task)
@@ -152,10 +153,12 @@ class _BusSession:
         ws: web.WebSocketResponse,
         codec: FrameCodec,
         target: str | None = None,
+        deadline_ms: int | None = None,
     ) -> None:
         self.deps = deps
         self.ws = ws
         self.target = target  # from X-HearthNet-Target on the upgrade, if any
+        self.deadline_ms = deadline_ms  # from X-HearthNet-Deadline-Ms on the upgrade
         cfg = deps.transport
         self.proto = BusStreamProtocol(
             codec, window=cfg.stream_window, max_message_bytes=cfg.max_ws_message_bytes
@@ -306,6 +309,7 @@ class _BusSession:
                     token=request.token,
                     now_ms=now_ms(),
                     target=self._target(request.target),
+                    deadline_ms=self._deadline(request.deadline_ms),
                 )
                 self.deps.connections.open(call.caller.identity)
                 identity = call.caller.identity
@@ -344,6 +348,12 @@ class _BusSession:
         if in_frame is not None and self.target is not None and in_frame != self.target:
             raise BadRequest("call.target and X-HearthNet-Target name different nodes")
         return in_frame if in_frame is not None else self.target
+
+    def _deadline(self, in_frame: int | None) -> int | None:
+        """The call's deadline in ms: the call frame's ``deadline_ms`` or the upgrade's
+        header; with both, the earlier one (spec §2.3: a deadline only shortens a call)."""
+        given = [d for d in (in_frame, self.deadline_ms) if d is not None]
+        return min(given) if given else None
 
     def _revoke(self, error: WireError) -> None:
         """The caller was revoked (spec §1.5): end the stream with that error."""

@@ -64,6 +64,15 @@ def _int_header(headers: Mapping[str, str], name: str, *, minimum: int) -> int |
     return None if raw is None else parse_int(raw, name, minimum=minimum)
 
 
+def read_deadline(headers: Mapping[str, str]) -> int | None:
+    """``X-HearthNet-Deadline-Ms`` (milliseconds, at least 1), or None when absent.
+
+    Raises:
+        BadRequest: the header is not a positive integer.
+    """
+    return _int_header(headers, DEADLINE, minimum=1)
+
+
 def read_signed_headers(
     headers: Mapping[str, str], *, query_token: str | None = None
 ) -> SignedHeaders:
@@ -114,5 +123,5 @@ def read_call_headers(headers: Mapping[str, str]) -> CallHeaders:
         version=version.strip(),
         signed=signed,
         target=headers.get(TARGET),
-        deadline_ms=_int_header(headers, DEADLINE, minimum=1),
+        deadline_ms=read_deadline(headers),
     )

@@ -498,7 +498,7 @@ async def test_unknown_field_mid_stream_is_bad_request_naming_it(
     ("extra", "message"),
     [
         ({"body": {}}, "unknown field 'body' in call frame (the body goes inside envelope)"),
-        ({"deadline_ms": 5}, "unknown field 'deadline_ms' in call frame"),
+        ({"deadline": 5}, "unknown field 'deadline' in call frame (did you mean deadline_ms?)"),
     ],
 )
 async def test_unknown_field_in_the_call_frame_is_bad_request_naming_it(
@@ -544,3 +544,39 @@ async def test_unknown_field_in_the_call_body_is_bad_request_naming_it(
         ],
         1008,
     ) == ([(f["event"], f["data"]["code"], f["data"]["message"]) for f in frames], ws.close_code)
+
+
+@pytest.mark.parametrize("where", ["frame", "header", "client"])
+async def test_ws_call_ends_at_its_deadline(
+    node: Node, client: Client, http: aiohttp.ClientSession, where: str
+) -> None:
+    """A deadline in the call frame, on the upgrade, or from the client ends a long stream
+    with error{timeout}, as X-HearthNet-Deadline-Ms does over HTTP."""
+    value = {"count": 1000, "interval_ms": 10}
+    if where == "client":
+        async with client.stream("echo.stream", value, deadline_ms=300) as stream:
+            frames = [(f.event, f.data) async for f in stream]
+        assert ("ws", "error") == (stream.transport, frames[-1][0])
+        assert "timeout" == frames[-1][1]["code"]
+        return
+    frame = call_frame(node.keys, node.membership.community_id, "echo.stream", value)
+    headers = {}
+    if where == "frame":
+        frame["deadline_ms"] = 300
+    else:
+        headers["X-HearthNet-Deadline-Ms"] = "300"
+    ws = await connect(http, node, headers=headers)
+    await ws.send_json(frame)
+    frames = await read_all(ws)
+    assert ("error", "timeout") == (frames[-1]["event"], frames[-1]["data"]["code"])
+
+
+async def test_ws_bad_deadline_is_refused(node: Node, http: aiohttp.ClientSession) -> None:
+    """A deadline_ms that is not a positive integer is bad_request, in the frame or header."""
+    frame = call_frame(node.keys, node.membership.community_id, "echo.stream", {"count": 1})
+    ws = await connect(http, node)
+    await ws.send_json({**frame, "deadline_ms": 0})
+    in_frame = [f["data"]["code"] for f in await read_all(ws)]
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await connect(http, node, headers={"X-HearthNet-Deadline-Ms": "soon"})
+    assert (["bad_request"], 400) == (in_frame, refused.value.status)
