@@ -188,6 +188,8 @@ export class HearthNet {
    *   onPresence({topic, kind, member} | {topic, kind: "snapshot", members})
    *   onState("connecting" | "live" | "retrying" | "closed", detail)
    *   presence: {name, status, meta}              join the topics' presence
+   *   verify: true                                envelopes keep their sig (spec §6.2),
+   *                                               for a page that checks signatures itself
    */
   subscribe(patterns, opts = {}) {
     const sub = new Subscription(this, Array.isArray(patterns) ? patterns : [patterns], opts);
@@ -378,6 +380,7 @@ export class Subscription {
 
   _openSse() {
     const q = new URLSearchParams({ topics: this.patterns.join(","), token: this.client.token });
+    if (this.opts.verify) q.set("verify", "true");
     const at = this._resumePoint();
     if (at && at.seq !== undefined) {
       if (at.epoch) q.set("since_epoch", at.epoch);
@@ -417,6 +420,7 @@ export class Subscription {
       const at = this._resumePoint();
       if (at) sub.since = at;
       if (this.presenceFields) sub.presence = this.presenceFields;
+      if (this.opts.verify) sub.verify = true;
       ws.send(JSON.stringify(sub));
     } else if (event === "subscribed") {
       if (this.epoch !== null && data.epoch !== this.epoch) this.seq = null;

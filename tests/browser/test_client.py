@@ -209,6 +209,27 @@ def test_gap_reaches_the_caller(
     assert (True, seqs, []) == (bool(gaps), sorted(got + dropped), sorted(set(got) & set(dropped)))
 
 
+VERIFY = """async ([node, token]) => {
+  const client = new hn.HearthNet(node, {token});
+  const first = (verify) => new Promise((resolve) => {
+    const sub = client.subscribe(["demo.verify"], {since: {last: 1}, verify,
+      onMessage: (m) => { sub.close(); resolve("sig" in m); }});
+  });
+  return [await first(false), await first(true)];
+}"""
+
+
+def test_envelopes_carry_sig_only_when_the_page_asks(
+    page: Any, pages: PageServer, restartable: list[NodeProcess]
+) -> None:
+    """Message envelopes arrive without sig by default and with it under verify: true."""
+    node = restartable[0]
+    token = process_token(node, *SCOPES)
+    publish(node.url, token, "demo.verify", "note", {"n": 1})
+    open_client_page(page, pages, node.url)
+    assert [False, True] == page.evaluate(VERIFY, [node.url, token])
+
+
 CHAT = """async ([node, token]) => {
   const client = new hn.HearthNet(node, {token});
   const asked = [];
