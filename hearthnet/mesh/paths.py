@@ -26,9 +26,10 @@ Per peer the path is data (:class:`PathState`, :data:`TRANSITIONS`):
 
 Direct upgrade (the lower NodeID leads; like DCUtR): ``candidates {nonce, addrs}`` through
 the relay, the answer's arrival measures the RTT, then ``punch {nonce, in_ms}`` and both
-ends start the simultaneous open at the same moment (:class:`UpgradeStep`). A failure or
-no direct link within ``upgrade_timeout_s`` leaves the peer relayed and retries after an
-exponential backoff with jitter (symmetric NATs keep failing, so they are tried rarely).
+ends start the simultaneous open at the same moment (:class:`UpgradeStep`, kept by
+:class:`DirectUpgrade`). A failure or no direct link within ``upgrade_timeout_s`` leaves
+the peer relayed and retries after an exponential backoff with jitter (symmetric NATs keep
+failing, so they are tried rarely).
 Frames for a peer are numbered across paths (:mod:`hearthnet.mesh.pathseq`), so a switch
 loses and duplicates nothing.
 """
@@ -180,6 +181,12 @@ class _Peer:
     def path(self) -> str | None:
         return None if self.state is PathState.DIRECT else self.via
 
+    def move(self, to: PathState, via: str | None) -> list[Action]:
+        if to not in TRANSITIONS[self.state]:
+            raise RuntimeError(f"path cannot go {self.state.value} -> {to.value}")
+        self.state, self.via = to, via
+        return [PathChanged(self.node, to, via)]
+
 
 @dataclass(slots=True)
 class PathStats:
@@ -206,6 +213,112 @@ class PathSnapshot:
     stale_upgrade_frames: int
 
 
+class DirectUpgrade:
+    """The direct-upgrade bookkeeping of a :class:`PathCore` (spec §8): one attempt per
+    peer (:class:`UpgradeStep`), who leads, when both ends punch, and the backoff after a
+    failure. Pure; it moves a peer only between RELAYED and UPGRADING, and the path core
+    makes every other switch."""
+
+    def __init__(
+        self,
+        node_id: str,
+        config: PathConfig,
+        rng: random.Random,
+        relays: RelayChoice,
+        stats: PathStats,
+    ) -> None:
+        self.node_id = node_id
+        self.config = config
+        self.rng = rng
+        self.relays = relays  # our candidates: the addresses the attached relays observed
+        self.stats = stats  # shared with the path core
+
+    def due(self, p: _Peer, now: float) -> list[Action]:
+        """The clock for ``p``: an attempt past ``upgrade_timeout_s`` fails, and a relayed
+        peer whose backoff is over gets a new one."""
+        a = p.attempt
+        if a is not None and now - a.started > self.config.upgrade_timeout_s:
+            return self.fail(p, now, move=True)
+        if a is None and p.state is PathState.RELAYED and now >= p.next_upgrade:
+            return self.start(p, now)
+        return []
+
+    def punch(self, p: _Peer, frame: Punch, now: float) -> list[Action]:
+        """The leader's ``punch``: the follower starts its simultaneous open in ``in_ms``."""
+        a = p.attempt
+        if a is None or a.nonce != frame.nonce or a.step is not UpgradeStep.ANSWERED:
+            self.stats.stale_upgrade_frames += 1
+            return []
+        a.move(UpgradeStep.SCHEDULED)
+        return [StartPunch(p.node, a.nonce, a.theirs, now + frame.in_ms / 1000)]
+
+    def ended(self, p: _Peer) -> list[Action]:
+        """A direct link to ``p`` is up: a punch that was scheduled succeeded (its first
+        frame tells the peer), and any attempt ends."""
+        attempt, p.attempt = p.attempt, None
+        if attempt is None or attempt.step is not UpgradeStep.SCHEDULED:
+            return []
+        attempt.move(UpgradeStep.SUCCEEDED)
+        self.stats.upgrades_succeeded += 1
+        p.upgrade_failures = 0
+        return [Transmit(p.node, None, Upgrade(attempt.nonce))]
+
+    def candidates(self, p: _Peer, frame: Candidates, now: float) -> list[Action]:
+        """The peer's ``candidates``: the leader schedules the punch, the follower answers
+        with its own (a frame of no current attempt is stale and counted)."""
+        a = p.attempt
+        ours = self.relays.observed_addrs()
+        if a is not None and a.leader and a.nonce == frame.nonce and a.step is UpgradeStep.OFFERED:
+            a.move(UpgradeStep.SCHEDULED)
+            rtt = now - a.started
+            delay = self.config.punch_delay_ms
+            at = now + rtt / 2 + delay / 1000
+            return [
+                Transmit(p.node, p.via, Punch(a.nonce, delay)),
+                StartPunch(p.node, a.nonce, frame.addrs, at),
+            ]
+        actions: list[Action] = []
+        if a is not None and not a.leader and a.nonce != frame.nonce:
+            # the leader gave up on that attempt and started another: follow the new one
+            actions += self.fail(p, now, move=True)
+        if p.state is not PathState.RELAYED or not ours or self.node_id < p.node:
+            self.stats.stale_upgrade_frames += 1
+            return actions
+        p.attempt = _Attempt(frame.nonce, False, now, UpgradeStep.ANSWERED, frame.addrs)
+        self.stats.upgrades_tried += 1
+        actions += p.move(PathState.UPGRADING, p.via)
+        actions.append(Transmit(p.node, p.via, Candidates(frame.nonce, ours)))
+        return actions
+
+    def fail(self, p: _Peer, now: float, *, move: bool) -> list[Action]:
+        """The attempt to ``p`` failed: retry after an exponential backoff with jitter (and
+        back to RELAYED when ``move``)."""
+        assert p.attempt is not None
+        p.attempt.move(UpgradeStep.FAILED)
+        p.attempt = None
+        p.upgrade_failures += 1
+        cfg = self.config
+        wait = backoff(
+            p.upgrade_failures, cfg.upgrade_retry_s, cfg.upgrade_retry_max_s, cfg.jitter, self.rng
+        )
+        p.next_upgrade = now + wait
+        if move and p.state is PathState.UPGRADING:
+            return p.move(PathState.RELAYED, p.via)
+        return []
+
+    def start(self, p: _Peer, now: float) -> list[Action]:
+        """Offer our candidates to ``p`` when we lead (the lower NodeID) and have one."""
+        ours = self.relays.observed_addrs()
+        if not ours or self.node_id > p.node:
+            return []  # the lower NodeID leads; without an observed address there is no punch
+        nonce = f"{self.rng.getrandbits(64):016x}"
+        p.attempt = _Attempt(nonce, True, now, UpgradeStep.OFFERED)
+        self.stats.upgrades_tried += 1
+        actions = p.move(PathState.UPGRADING, p.via)
+        actions.append(Transmit(p.node, p.via, Candidates(nonce, ours)))
+        return actions
+
+
 class PathCore:
     """This node's paths to the peers it reaches through relays. Pure: time is ``now``."""
 
@@ -225,6 +338,7 @@ class PathCore:
         self.rng = rng or random.Random()
         self.relays = RelayChoice(relays, relay_config or RelayChoiceConfig(), self.rng)
         self.stats = PathStats()
+        self.upgrade = DirectUpgrade(node_id, self.config, self.rng, self.relays, self.stats)
         self._peers: dict[str, _Peer] = {}
 
     # -- views ---------------------------------------------------------------------------
@@ -268,19 +382,13 @@ class PathCore:
 
     # -- the path state machine ----------------------------------------------------------
 
-    def _move(self, p: _Peer, to: PathState, via: str | None) -> list[Action]:
-        if to not in TRANSITIONS[p.state]:
-            raise RuntimeError(f"path cannot go {p.state.value} -> {to.value}")
-        p.state, p.via = to, via
-        return [PathChanged(p.node, to, via)]
-
     def _switch(
         self, p: _Peer, to: PathState, via: str | None, now: float, *, old_alive: bool
     ) -> list[Action]:
         """Move ``p`` to a new path; spec §8: nothing lost or duplicated on the way."""
         was_down = p.state is PathState.DOWN
         old_path = p.path
-        actions = self._move(p, to, via)
+        actions = p.move(to, via)
         if to is PathState.DOWN:
             return actions  # frames wait in the sequence for the next path
         if not was_down and old_alive and old_path != p.path:
@@ -331,7 +439,7 @@ class PathCore:
             if p.via != relay:
                 continue
             if p.attempt is not None and p.state is PathState.UPGRADING:
-                actions += self._fail_attempt(p, now, move=False)
+                actions += self.upgrade.fail(p, now, move=False)
             target = PathState.RELAYED if nxt is not None else PathState.DOWN
             actions += self._switch(p, target, nxt, now, old_alive=alive)
         return actions
@@ -344,15 +452,9 @@ class PathCore:
             return []
         actions: list[Action] = []
         fallback = p.via if p.via is not None else self.relays.primary
-        attempt = p.attempt
         actions += self._switch(p, PathState.DIRECT, None, now, old_alive=p.via is not None)
         p.fallback = fallback
-        if attempt is not None and attempt.step is UpgradeStep.SCHEDULED:
-            attempt.move(UpgradeStep.SUCCEEDED)
-            self.stats.upgrades_succeeded += 1
-            p.upgrade_failures = 0
-            actions.append(Transmit(peer, None, Upgrade(attempt.nonce)))
-        p.attempt = None
+        actions += self.upgrade.ended(p)
         return actions
 
     def direct_down(self, peer: str, now: float) -> list[Action]:
@@ -420,76 +522,19 @@ class PathCore:
             ack = p.inb.drain(frame)
             return [] if p.state is PathState.DOWN else [Transmit(peer, p.path, ack)]
         if isinstance(frame, Candidates):
-            return self._candidates(p, frame, now)
+            return self.upgrade.candidates(p, frame, now)
         if isinstance(frame, Punch):
-            a = p.attempt
-            if a is None or a.nonce != frame.nonce or a.step is not UpgradeStep.ANSWERED:
-                self.stats.stale_upgrade_frames += 1
-                return []
-            a.move(UpgradeStep.SCHEDULED)
-            return [StartPunch(peer, a.nonce, a.theirs, now + frame.in_ms / 1000)]
+            return self.upgrade.punch(p, frame, now)
         if isinstance(frame, Upgrade):
             return []  # the punched link's first frame: direct_up already moved the path
         raise ValueError(f"{frame.KIND} is not a path frame")
-
-    # -- direct upgrade ----------------------------------------------------------------------
-
-    def _candidates(self, p: _Peer, frame: Candidates, now: float) -> list[Action]:
-        a = p.attempt
-        ours = self.relays.observed_addrs()
-        if a is not None and a.leader and a.nonce == frame.nonce and a.step is UpgradeStep.OFFERED:
-            a.move(UpgradeStep.SCHEDULED)
-            rtt = now - a.started
-            delay = self.config.punch_delay_ms
-            at = now + rtt / 2 + delay / 1000
-            return [
-                Transmit(p.node, p.via, Punch(a.nonce, delay)),
-                StartPunch(p.node, a.nonce, frame.addrs, at),
-            ]
-        actions: list[Action] = []
-        if a is not None and not a.leader and a.nonce != frame.nonce:
-            # the leader gave up on that attempt and started another: follow the new one
-            actions += self._fail_attempt(p, now, move=True)
-        if p.state is not PathState.RELAYED or not ours or self.node_id < p.node:
-            self.stats.stale_upgrade_frames += 1
-            return actions
-        p.attempt = _Attempt(frame.nonce, False, now, UpgradeStep.ANSWERED, frame.addrs)
-        self.stats.upgrades_tried += 1
-        actions += self._move(p, PathState.UPGRADING, p.via)
-        actions.append(Transmit(p.node, p.via, Candidates(frame.nonce, ours)))
-        return actions
 
     def punch_failed(self, peer: str, nonce: str, now: float) -> list[Action]:
         """The simultaneous open of attempt ``nonce`` failed: stay relayed, retry later."""
         p = self._peers.get(peer)
         if p is None or p.attempt is None or p.attempt.nonce != nonce:
             return []
-        return self._fail_attempt(p, now, move=True)
-
-    def _fail_attempt(self, p: _Peer, now: float, *, move: bool) -> list[Action]:
-        assert p.attempt is not None
-        p.attempt.move(UpgradeStep.FAILED)
-        p.attempt = None
-        p.upgrade_failures += 1
-        cfg = self.config
-        wait = backoff(
-            p.upgrade_failures, cfg.upgrade_retry_s, cfg.upgrade_retry_max_s, cfg.jitter, self.rng
-        )
-        p.next_upgrade = now + wait
-        if move and p.state is PathState.UPGRADING:
-            return self._move(p, PathState.RELAYED, p.via)
-        return []
-
-    def _start_upgrade(self, p: _Peer, now: float) -> list[Action]:
-        ours = self.relays.observed_addrs()
-        if not ours or self.node_id > p.node:
-            return []  # the lower NodeID leads; without an observed address there is no punch
-        nonce = f"{self.rng.getrandbits(64):016x}"
-        p.attempt = _Attempt(nonce, True, now, UpgradeStep.OFFERED)
-        self.stats.upgrades_tried += 1
-        actions = self._move(p, PathState.UPGRADING, p.via)
-        actions.append(Transmit(p.node, p.via, Candidates(nonce, ours)))
-        return actions
+        return self.upgrade.fail(p, now, move=True)
 
     # -- time --------------------------------------------------------------------------------
 
@@ -501,11 +546,7 @@ class PathCore:
                 actions += self._leave_relay(change.relay, now, alive=True)
             actions.append(change)
         for p in self._peers.values():
-            a = p.attempt
-            if a is not None and now - a.started > self.config.upgrade_timeout_s:
-                actions += self._fail_attempt(p, now, move=True)
-            elif a is None and p.state is PathState.RELAYED and now >= p.next_upgrade:
-                actions += self._start_upgrade(p, now)
+            actions += self.upgrade.due(p, now)
             if p.state is PathState.DOWN:
                 continue
             resent = p.out.due(now)

@@ -6,19 +6,21 @@ Two roles, either or both:
   the relay side (forwarding, federation, relayed joins); its frames come in here.
 - **member** (``mesh.relay_urls``, ``--relay-url``, or relays an invite brought;
   :class:`Relaying`, which also routes relay frames to the role they belong to): the
-  relays are dialled as ordinary
-  peers (their URLs go into the address book) and sent ``attach``; a community member
-  this node has no direct link to and cannot dial (no address, or every address failed)
-  is reached through the attached relay: a :class:`~hearthnet.mesh.relayed_link.RelayedLink`
-  that the mesh uses like any link, whose frames :class:`~hearthnet.mesh.paths.PathCore`
-  numbers and :class:`~hearthnet.mesh.relay_member.RelayEndpoint` seals end to end into
-  ``route`` frames. The peer is who its signed ``e2e_hello`` says, and a member; a frame a
+  relays are dialled as ordinary peers (their URLs go into the address book) and sent
+  ``attach`` (:class:`~hearthnet.mesh.relay_attach.RelayAttachments`: attach, keepalive,
+  failover); a community member this node has no direct link to and cannot dial (no
+  address, or every address failed) is reached through the attached relay: a
+  :class:`~hearthnet.mesh.relayed_link.RelayedLink` that the mesh uses like any link,
+  whose frames :class:`~hearthnet.mesh.paths.PathCore` numbers and
+  :class:`~hearthnet.mesh.relay_member.RelayEndpoint` seals end to end into ``route``
+  frames. The peer is who its signed ``e2e_hello`` says, and a member; a frame a
   relay altered, replayed or forged is refused and counted, never delivered.
 
 The direct upgrade: the relay's ``observed_addr`` goes to the path core as our candidate
 (with our listening port, :func:`~hearthnet.mesh.punching.candidate`), and its
 ``StartPunch`` to :class:`~hearthnet.mesh.punching.Puncher`; a punched link replaces the
-relayed one like any direct link, and a failed punch leaves the peer relayed.
+relayed one like any direct link, and a failed punch leaves the peer relayed. A join a
+relay carried to us, the inviter, is answered by :class:`RelayedJoins`.
 
 Not built yet (spec §8): community federation.
 """
@@ -51,6 +53,7 @@ from hearthnet.mesh.paths import (
 from hearthnet.mesh.pathseq import is_heartbeat
 from hearthnet.mesh.protocol import PeerInfo, decode_frame, encode_frame
 from hearthnet.mesh.punching import Puncher
+from hearthnet.mesh.relay_attach import RelayAttachments
 from hearthnet.mesh.relay_choice import AttachRelay, DetachRelay, RelayChoiceConfig
 from hearthnet.mesh.relay_core import RelayConfig, RelayCore
 from hearthnet.mesh.relay_frames import (
@@ -64,7 +67,7 @@ from hearthnet.mesh.relay_frames import (
     RouteError,
     parse_frame,
 )
-from hearthnet.mesh.relay_keepalive import KeepaliveConfig, RelayKeepalive
+from hearthnet.mesh.relay_keepalive import KeepaliveConfig
 from hearthnet.mesh.relay_member import EndpointConfig, RelayEndpoint
 from hearthnet.mesh.relay_role import MAX_PENDING_JOINS, RelayRole
 from hearthnet.mesh.relayed_link import RelayedLink, is_relayed
@@ -82,6 +85,61 @@ RETIRE_S = 10.0  # a relayed path replaced by a direct link finishes its frames 
 
 Dispatch = Callable[[PeerLink, dict[str, Any]], None]
 JoinHandler = Callable[[Any], Awaitable[dict[str, Any]]]  # a join request -> the answer
+
+
+class RelayedJoins:
+    """Joins a relay carried to this node, their inviter (spec §8): each is admitted as
+    ``POST /mesh/v1/join`` would, a few at a time, and the answer goes back on the link
+    it came in on."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def answer(self, link: PeerLink, frame: JoinVia, handler: JoinHandler | None) -> None:
+        """Admit the join request in ``frame`` with ``handler`` and answer the relay (no
+        handler, or too many joins pending: unavailable)."""
+        if handler is None or len(self._tasks) >= MAX_PENDING_JOINS:
+            body: dict[str, Any] = Unavailable("this node takes no joins now").to_wire()
+            link.send_raw(JoinAnswer(frame.id, json.dumps(body).encode()).encode())
+            return
+
+        async def answer() -> None:
+            try:
+                out = await handler(json.loads(frame.request))
+            except WireError as exc:
+                out = exc.to_wire()
+            except ValueError:
+                out = {"error": "bad_request", "message": "the join request is not JSON"}
+            link.send_raw(JoinAnswer(frame.id, json.dumps(out).encode()).encode())
+
+        task = asyncio.get_running_loop().create_task(answer(), name="mesh-relayed-join")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _register_member(m: MetricsRegistry, endpoint: RelayEndpoint, counts: Tally[str]) -> None:
+    """The member role's gauges: relayed frames and bytes, and refusals end to end."""
+    m.gauge(
+        "hearthnet_relayed_frames",
+        "Route frames this member sent and opened, by direction.",
+        lambda: {
+            ("out",): float(counts["frames_out"]),
+            ("in",): float(counts["frames_in"]),
+        },
+        ("direction",),
+    )
+    m.gauge(
+        "hearthnet_relayed_bytes",
+        "Bytes of route.inner this member sent and opened.",
+        lambda: {("out",): float(counts["bytes_out"]), ("in",): float(counts["bytes_in"])},
+        ("direction",),
+    )
+    m.gauge(
+        "hearthnet_relayed_refused_frames",
+        "Relayed frames refused end to end (altered, replayed, forged), by code.",
+        lambda: {(code,): float(n) for code, n in endpoint.refused.items()},
+        ("code",),
+    )
 
 
 class Relaying:
@@ -115,7 +173,7 @@ class Relaying:
         self.relay: RelayRole | None = None
         # spec §8: admits a join a relay carried to us (the composition root sets it)
         self.join_handler: JoinHandler | None = None
-        self._join_tasks: set[asyncio.Task[None]] = set()
+        self.joins = RelayedJoins()
         if config.relay:
             budgets = RelayConfig(
                 member_bytes_per_s=config.relay_member_bytes_per_s,
@@ -129,8 +187,8 @@ class Relaying:
         if config.relay_peers and not config.relay:
             log.warning("mesh.relay_peers (--relay-peer) is ignored: this node is not a relay")
         self.relay_urls = tuple(dict.fromkeys(normalize_url(u) for u in config.relay_urls))
-        self.relays: set[str] = set()  # NodeIDs of the configured relays, once linked
         self.paths: PathCore | None = None
+        self.attachments: RelayAttachments | None = None  # member role: attach, keepalive
         self.endpoint: RelayEndpoint | None = None
         self.puncher: Puncher | None = None  # the direct upgrade, once the node listens
         self.metrics = metrics
@@ -141,11 +199,7 @@ class Relaying:
         # peers whose relayed link a direct one replaced: when their path is forgotten
         self._retiring: dict[str, float] = {}
         self.counts: Tally[str] = Tally()  # member side: relayed frames and bytes, refusals
-        # spec §8 failover: a relay that dies silently (no RST) is noticed in seconds
-        self.keepalive = RelayKeepalive(
-            KeepaliveConfig(config.relay_keepalive_s, config.relay_silence_s)
-        )
-        self._silenced: set[str] = set()  # relays lost to silence whose link is still closing
+        self._keepalive = KeepaliveConfig(config.relay_keepalive_s, config.relay_silence_s)
         if self.relay_urls:
             self._become_member()
 
@@ -160,7 +214,15 @@ class Relaying:
         self.endpoint = RelayEndpoint(
             self.keys, self.is_member, EndpointConfig(handshake_timeout_ms=HELLO_RETRY_MS)
         )
-        self._register_member(self.metrics)
+        self.attachments = RelayAttachments(
+            links=self.links,
+            paths=self.paths,
+            keepalive=self._keepalive,
+            counts=self.counts,
+            carry=self._path_actions,
+            candidate=lambda a: self.puncher.candidate(a) if self.puncher is not None else None,
+        )
+        _register_member(self.metrics, self.endpoint, self.counts)
 
     def is_member(self, node: str) -> bool:
         """Served by the relay, accepted end to end: a live member of this community."""
@@ -197,11 +259,8 @@ class Relaying:
         a relay we federate with (spec §8)."""
         if self.relay is not None and not is_relayed(link):
             self.relay.link_up(link, time.monotonic())
-        if self.paths is None or is_relayed(link):
-            return
-        if link.address in self.relay_urls or link.node in self.relays:
-            self.relays.add(link.node)
-            self._send(link, Attach(now_ms()))
+        if self.attachments is not None and not is_relayed(link):
+            self.attachments.linked(link, ours=link.address in self.relay_urls)
 
     def link_down(self, link: PeerLink) -> None:
         """A link ended: the relay core forgets it; our relay's loss moves its peers."""
@@ -215,12 +274,8 @@ class Relaying:
                 self._retiring[link.node] = now + RETIRE_S
             else:
                 self._forget(link.node)
-        elif self.paths is not None and link.node in self.relays:
-            self.keepalive.forget(link.node)
-            if link.node in self._silenced:  # already lost to silence (see _relay_silent)
-                self._silenced.discard(link.node)
-            else:
-                self._path_actions(self.paths.relay_lost(link.node, now))
+        elif self.attachments is not None:
+            self.attachments.unlinked(link, now)
 
     def replaced_link_down(self, link: PeerLink) -> None:
         """A link that another link to the same peer replaced has ended: the relay core
@@ -234,16 +289,16 @@ class Relaying:
             return False
         frame = parse_frame(raw)  # a malformed frame raises; the link logs and goes on
         now = time.monotonic()
+        ours = self.attachments
         if isinstance(frame, Route) and frame.to == self.node_id:
             self._unwrap(link, frame)
         elif isinstance(frame, Attached):
-            self._attached(link, frame, now)
-        elif isinstance(frame, Detach) and link.node in self.relays and self.paths is not None:
-            log.info("relay %s detached us: %s", link.node, frame.code or frame.reason)
-            self.keepalive.forget(link.node)
-            self._path_actions(self.paths.relay_lost(link.node, now))
+            if ours is not None:
+                ours.attached(link, frame, now)
+        elif isinstance(frame, Detach) and ours is not None and link.node in ours.relays:
+            ours.detached(link, frame, now)
         elif isinstance(frame, JoinVia) and not is_relayed(link):
-            self._join_via(link, frame)
+            self.joins.answer(link, frame, self.join_handler)
         elif isinstance(frame, JoinAnswer) and self.relay is not None:
             self.relay.join_answered(link, frame)
         elif isinstance(frame, RouteError) and frame.origin == self.node_id:
@@ -252,7 +307,7 @@ class Relaying:
         elif self.relay is not None and not is_relayed(link):
             self.relay.receive(link, frame, now)
         elif isinstance(frame, Attach):
-            self._send(link, Detach("unauthorized", "this node is not a relay"))
+            link.send_raw(Detach("unauthorized", "this node is not a relay").encode())
         # else: path frames come sealed through a relay; a punched link carries peer
         # frames, not path frames
         return True
@@ -262,12 +317,12 @@ class Relaying:
         now = time.monotonic()
         if self.relay is not None:
             self.relay.tick(now)
-        if self.paths is None or self.endpoint is None:
+        if self.paths is None or self.endpoint is None or self.attachments is None:
             return
         self._path_actions(self.paths.tick(now))
         for route in self.endpoint.tick(now_ms()):
             self._route_out(route)
-        self._keep_relays_alive(now)
+        self.attachments.tick(now)
         for peer, at in list(self._retiring.items()):
             if now >= at:
                 del self._retiring[peer]
@@ -277,74 +332,7 @@ class Relaying:
             self._next_scan = now + SCAN_S
             self._scan(now)
 
-    def _keep_relays_alive(self, now: float) -> None:
-        """Keepalives to the attached relays; a relay silent too long is lost."""
-        frames: dict[str, int] = {}
-        for relay in self.keepalive.watched:
-            link = self.links.get(relay)
-            if link is not None and not is_relayed(link):
-                frames[relay] = link.frames_in
-        due = self.keepalive.tick(now, frames)
-        for relay in due.ping:  # the relay answers pong: news enough
-            self.links[relay].send_raw(encode_frame("ping", seq=0, ts=now_ms()))
-        for relay in due.silent:
-            self._relay_silent(relay, now)
-
-    def _relay_silent(self, relay: str, now: float) -> None:
-        """Nothing came from ``relay`` for ``mesh.relay_silence_s`` although it was
-        pinged: its peers move to another relay now, and its link is closed (the mesh
-        dials it again later)."""
-        assert self.paths is not None
-        log.warning(
-            "relay %s silent for %.1f s; its peers move to another relay",
-            relay,
-            self.keepalive.config.silence_s,
-            extra={"peer": relay},
-        )
-        self.counts["relays_silent"] += 1
-        self._path_actions(self.paths.relay_lost(relay, now))
-        link = self.links.get(relay)
-        if link is not None and not is_relayed(link):
-            self._silenced.add(relay)
-            link.close("the relay went silent")
-
-    def _send(self, link: PeerLink, frame: Any) -> None:
-        link.send_raw(frame.encode())
-
-    def _join_via(self, link: PeerLink, frame: JoinVia) -> None:
-        """A relay carried a join request to us, the inviter: admit it as ``POST
-        /mesh/v1/join`` would and send the answer back (a few at a time)."""
-        handler = self.join_handler
-        if handler is None or len(self._join_tasks) >= MAX_PENDING_JOINS:
-            body: dict[str, Any] = Unavailable("this node takes no joins now").to_wire()
-            self._send(link, JoinAnswer(frame.id, json.dumps(body).encode()))
-            return
-
-        async def answer() -> None:
-            try:
-                out = await handler(json.loads(frame.request))
-            except WireError as exc:
-                out = exc.to_wire()
-            except ValueError:
-                out = {"error": "bad_request", "message": "the join request is not JSON"}
-            self._send(link, JoinAnswer(frame.id, json.dumps(out).encode()))
-
-        task = asyncio.get_running_loop().create_task(answer(), name="mesh-relayed-join")
-        self._join_tasks.add(task)
-        task.add_done_callback(self._join_tasks.discard)
-
     # --- member role ----------------------------------------------------------------------
-
-    def _attached(self, link: PeerLink, frame: Attached, now: float) -> None:
-        if self.paths is None or link.node not in self.relays or frame.relay != link.node:
-            return
-        rtt = max(0, now_ms() - frame.ts_echo) / 1000 if frame.ts_echo is not None else 1.0
-        log.info("attached to relay %s (rtt %.1f ms)", link.node, rtt * 1000)
-        # spec §8: the observed address, with the port we listen and punch on, is the
-        # candidate a direct upgrade offers (none: no upgrade is tried)
-        ours = self.puncher.candidate(frame.observed_addr) if self.puncher is not None else None
-        self._path_actions(self.paths.relay_attached(link.node, ours, rtt, now))
-        self.keepalive.watch(link.node, link.frames_in, now)
 
     def punched(self, peer: str, nonce: str, ok: bool) -> None:
         """A punch ended: a punched link replaced the relayed one (its sequence and
@@ -364,6 +352,7 @@ class Relaying:
         this node has room for links (spec §7.2's D; the others are reached through the
         relay's own links, like any peer we are not linked to)."""
         assert self.paths is not None
+        assert self.attachments is not None
         for node, sent in list(self._probing.items()):
             if now - sent > PROBE_TIMEOUT_S:  # offline, or not attached to our relay
                 self._forget(node)
@@ -377,7 +366,7 @@ class Relaying:
             if (
                 node == self.node_id
                 or node in self.links
-                or node in self.relays
+                or node in self.attachments.relays
                 or node in dialable
                 or self.paths.path(node)[0] is not PathState.DOWN
             ):
@@ -444,15 +433,9 @@ class Relaying:
                     self._route_out(route, action.via)
             elif isinstance(action, Deliver):
                 self._deliver(action.peer, action.frame)
-            elif isinstance(action, AttachRelay):
-                link = self.links.get(action.relay)
-                if link is not None and not is_relayed(link):
-                    self._send(link, Attach(now_ms()))
-                # else the mesh redials the relay's URL; link_up attaches then
-            elif isinstance(action, DetachRelay):
-                link = self.links.get(action.relay)
-                if link is not None and not is_relayed(link):
-                    self._send(link, Detach(reason="a closer relay is attached"))
+            elif isinstance(action, (AttachRelay, DetachRelay)):
+                assert self.attachments is not None
+                self.attachments.act(action)
             elif isinstance(action, PathChanged):
                 link = self.links.get(action.peer)
                 if isinstance(link, RelayedLink) and action.via is not None:
@@ -529,40 +512,15 @@ class Relaying:
 
     # --- status ---------------------------------------------------------------------------
 
-    def _register_member(self, m: MetricsRegistry) -> None:
-        if self.endpoint is not None:
-            endpoint, counts = self.endpoint, self.counts
-            m.gauge(
-                "hearthnet_relayed_frames",
-                "Route frames this member sent and opened, by direction.",
-                lambda: {
-                    ("out",): float(counts["frames_out"]),
-                    ("in",): float(counts["frames_in"]),
-                },
-                ("direction",),
-            )
-            m.gauge(
-                "hearthnet_relayed_bytes",
-                "Bytes of route.inner this member sent and opened.",
-                lambda: {("out",): float(counts["bytes_out"]), ("in",): float(counts["bytes_in"])},
-                ("direction",),
-            )
-            m.gauge(
-                "hearthnet_relayed_refused_frames",
-                "Relayed frames refused end to end (altered, replayed, forged), by code.",
-                lambda: {(code,): float(n) for code, n in endpoint.refused.items()},
-                ("code",),
-            )
-
     def statistics(self) -> dict[str, Any]:
         """The relay's and the member's numbers, for ``/status``."""
         out: dict[str, Any] = {}
         if self.relay is not None:
             out["relay"] = self.relay.statistics()
-        if self.paths is not None and self.endpoint is not None:
+        if self.paths is not None and self.endpoint is not None and self.attachments is not None:
             p = self.paths.statistics()
             out["paths"] = {
-                "relays": sorted(self.relays),
+                "relays": sorted(self.attachments.relays),
                 "primary": self.paths.relays.primary,
                 "relayed": p.relayed,
                 "resent": p.resent,

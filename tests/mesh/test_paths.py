@@ -80,7 +80,7 @@ def test_an_illegal_path_transition_raises() -> None:
     c = core(A)
     c.direct_up(B, 0.0)
     with pytest.raises(RuntimeError):
-        c._move(c._peers[B], PathState.UPGRADING, R)
+        c._peers[B].move(PathState.UPGRADING, R)
 
 
 # -- relayed paths --------------------------------------------------------------------------
