@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import queue
@@ -163,7 +164,8 @@ def test_spark_submit_matches_local_mode(
     # spark-submit passes the Python driver's stderr (our progress lines) to its stdout
     assert "components round" in done.stdout
     cluster = json.loads((out / "summary.json").read_text())
-    local = dict(synth_run.summary)
+    # a deep copy: the summary is the session's shared fixture, which other tests read
+    local = copy.deepcopy(synth_run.summary)
     # percentile sketches merge in partition order, which differs between the two
     # runs: medians agree to a millisecond, everything else exactly
     for key in ("clock_skew_ms",):
