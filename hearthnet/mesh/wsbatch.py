@@ -69,6 +69,18 @@ def encode_frames(
     return b"".join(parts)
 
 
+def _has_private_parts(writer: Any) -> bool:
+    """Whether aiohttp's writer has the private parts one batched write uses (checked at
+    run time: they are not API, and a newer aiohttp may move them; then frames go one
+    ``send_bytes`` at a time, as without batching)."""
+    protocol = getattr(writer, "protocol", None)
+    return (
+        all(hasattr(writer, name) for name in ("transport", "_closing", "use_mask"))
+        and hasattr(protocol, "_paused")
+        and hasattr(protocol, "_drain_helper")
+    )
+
+
 class BatchWriter:
     """Writes a batch of binary messages on one WebSocket with one transport write."""
 
@@ -86,7 +98,7 @@ class BatchWriter:
             candidate: Any = getattr(self.ws, "_writer", None)
             if isinstance(candidate, WebSocketWriter):
                 self._writer = writer = candidate
-        if writer is None or writer.compress:
+        if writer is None or getattr(writer, "compress", True) or not _has_private_parts(writer):
             return None
         return writer
 
