@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from hearthnet.errors import InvalidSignature
 from hearthnet.identity import KeyPair
 from hearthnet.pubsub.batchsig import BatchVerifier, sign_batch
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
-from hearthnet.pubsub.log import MessageLog
+from tests.pubsub.test_log import opened
 
 ORIGIN = KeyPair.from_seed(b"\x61" * 32)
 OTHER = KeyPair.from_seed(b"\x62" * 32)
@@ -130,28 +129,13 @@ def test_the_verified_batches_are_bounded() -> None:
     assert (4, 2) == (verifier.signatures_checked, len(verifier._verified))
 
 
-@contextlib.asynccontextmanager
-async def opened(path: Path) -> AsyncIterator[MessageLog]:
-    """An open log with its flush loop running."""
-    log = MessageLog(path, ORIGIN, synchronous="normal")
-    await log.open()
-    task = asyncio.get_running_loop().create_task(log.run())
-    try:
-        yield log
-    finally:
-        await log.close()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
 async def test_the_log_signs_one_root_per_commit_and_serves_verifiable_messages(
     tmp_path: Path,
 ) -> None:
     """Publishes committed together share one batch signature over consecutive
     origin_seqs; a publish JCS cannot sign splits the run; what history reads back
     verifies alone."""
-    async with opened(tmp_path / "log.db") as log:
+    async with opened(tmp_path / "log.db", keys=ORIGIN) as log:
         futures = [log.publish(topic="chat.b", msg_type="m", data={"i": i}) for i in range(5)]
         futures.append(log.publish(topic="chat.b", msg_type="m", data=2**53 + 1))
         futures += [log.publish(topic="chat.b", msg_type="m", data={"i": i}) for i in range(3)]

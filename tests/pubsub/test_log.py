@@ -27,9 +27,11 @@ PEER = KeyPair.from_seed(b"\x51" * 32)
 
 
 @contextlib.asynccontextmanager
-async def opened(path: Path, sync: str = "normal") -> AsyncIterator[MessageLog]:
-    """An open log with its flush loop running."""
-    log = MessageLog(path, KEYS, synchronous=sync)
+async def opened(
+    path: Path, sync: str = "normal", keys: KeyPair = KEYS
+) -> AsyncIterator[MessageLog]:
+    """An open log (of ``keys``' node) with its flush loop running."""
+    log = MessageLog(path, keys, synchronous=sync)
     await log.open()
     task = asyncio.get_running_loop().create_task(log.run())
     try:
