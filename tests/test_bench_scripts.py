@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench import bench_publish_cost, bench_read_last, bench_relay
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,30 +39,22 @@ async def test_read_last_finds_the_newest_rooms() -> None:
     assert [r["rows"] for r in result["runs"]] == [5, 30, 30]
 
 
-def test_relay_bench_runs_by_hand_with_a_quick_mode() -> None:
-    """bench_relay is a script (``--help`` works, ``--quick`` exists), never run as a test."""
+@pytest.mark.parametrize(
+    ("module", "option"),
+    [("bench.bench_relay", "--quick"), ("bench.bench_punch", "--seconds")],
+)
+def test_benches_run_by_hand_have_help(module: str, option: str) -> None:
+    """bench_relay (many processes) and bench_punch (root and the NAT lab) run by hand,
+    never as tests: ``--help`` works and names their budget option."""
     out = subprocess.run(
-        [sys.executable, "-m", "bench.bench_relay", "--help"],
+        [sys.executable, "-m", module, "--help"],
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
         cwd=ROOT,
     )
-    assert "--quick" in out.stdout
-
-
-def test_punch_bench_runs_by_hand_with_a_time_budget() -> None:
-    """bench_punch needs root and the NAT lab: only ``--help`` is checked here."""
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.bench_punch", "--help"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-        cwd=ROOT,
-    )
-    assert "--seconds" in out.stdout
+    assert option in out.stdout
 
 
 def test_relay_core_cost_is_measured_on_frames_it_forwards() -> None:
