@@ -69,15 +69,20 @@ def cmd_sub(args: argparse.Namespace) -> int:
             ) as subscription,
         ):
             async for item in subscription:
+                # The node's log epoch rides on every line, so a script can resume
+                # exactly where it stopped with `--since EPOCH:SEQ` (spec §6.5).
+                epoch = subscription.state.epoch
                 if isinstance(item, Gap):
                     line: dict[str, Any] = {
-                        "gap": {"from_seq": item.from_seq, "to_seq": item.to_seq}
+                        "gap": {"from_seq": item.from_seq, "to_seq": item.to_seq},
+                        "epoch": epoch,
                     }
                 else:
                     line = (
-                        {"seq": item.seq, **item.envelope}
+                        {"epoch": epoch, "seq": item.seq, **item.envelope}
                         if args.full
                         else {
+                            "epoch": epoch,
                             "seq": item.seq,
                             "topic": item.topic,
                             "type": item.type,

@@ -263,6 +263,31 @@ def test_pub_sub_topics_from_the_command_line(node_proc: NodeProcess) -> None:
     assert listed == {"cli.t": 3}
 
 
+def test_sub_lines_carry_the_epoch_to_resume_with(node_proc: NodeProcess) -> None:
+    """A `sub` line's `epoch` and `seq` given back as `--since EPOCH:SEQ` resume right
+    after that message."""
+    d = str(node_proc.data_dir)
+    for i in range(3):
+        assert (
+            run_cli("pub", "cli.e", "--data", json.dumps({"i": i}), "--data-dir", d).returncode == 0
+        )
+    first = run_cli("sub", "cli.e", "--last", "3", "--count", "1", "--data-dir", d)
+    line = json.loads(first.stdout.splitlines()[0])
+    rest = run_cli(
+        "sub",
+        "cli.e",
+        "--since",
+        f"{line['epoch']}:{line['seq']}",
+        "--count",
+        "2",
+        "--data-dir",
+        d,
+    )
+    assert (0, 0) == (first.returncode, rest.returncode), first.stderr + rest.stderr
+    assert [{"i": 1}, {"i": 2}] == [json.loads(x)["data"] for x in rest.stdout.splitlines()]
+    assert {line["epoch"]} == {json.loads(x)["epoch"] for x in rest.stdout.splitlines()}
+
+
 def test_sub_full_carries_sig_only_with_verify(node_proc: NodeProcess) -> None:
     """`sub --full` prints envelopes without `sig`; with `--verify` they keep it (checked)."""
     d = str(node_proc.data_dir)
