@@ -201,6 +201,16 @@ class SecuritySection:
             'requests from other origins are refused (forbidden). "*" allows any origin.'
         ),
     )
+    allowed_hosts: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            "Host names (like hearth.example.org) the node is reached by in a browser, "
+            "besides IP addresses, localhost, the machine's host name (and NAME.local) and "
+            "the host of mesh.advertise_url: the node's own origin is believed only for "
+            "these, so a DNS-rebound name is refused. Add the name a reverse proxy serves "
+            "the node under."
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

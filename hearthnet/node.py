@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -66,7 +67,7 @@ from hearthnet.sessions import SessionRegistry
 from hearthnet.tokens import CapabilityToken
 from hearthnet.transport.bus_http import BusEndpointDeps, BusHttpEndpoints
 from hearthnet.transport.bus_ws import BusWebSocketEndpoint
-from hearthnet.transport.cors import OriginPolicy
+from hearthnet.transport.cors import OriginPolicy, own_host_names
 from hearthnet.transport.frontdoor import head_limits
 from hearthnet.transport.server import (
     ActiveStreams,
@@ -277,7 +278,12 @@ class Node:
             metrics=BusMetrics.register(self.metrics),
         )
         transport_metrics = TransportMetrics.register(self.metrics)
-        self.origins = OriginPolicy.from_config(cfg.security.allowed_origins)
+        self.origins = OriginPolicy.from_config(
+            cfg.security.allowed_origins,
+            own_host_names(
+                socket.gethostname(), cfg.mesh.advertise_url, cfg.security.allowed_hosts
+            ),
+        )
         self.streams = ActiveStreams()
         self.sessions = SessionRegistry()
         connections_refused = self.metrics.counter(

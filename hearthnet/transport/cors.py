@@ -5,9 +5,17 @@ EventSource in CORS mode, and every WebSocket upgrade). The node serves a reques
 carries one only when the origin is the node's own (the host and port of the request's
 ``Host``, by either scheme) or is listed in ``[security] allowed_origins``; anything else is
 refused with ``forbidden`` before a handler runs, and a refused WebSocket upgrade never
-gets its ``101``. Requests without ``Origin`` (the Python client, the CLI, peer links,
-curl) are not browsers' and are not affected: their credentials are the signature or
-the token, as always.
+gets its ``101``.
+
+``Host`` is the page's own claim, so it is believed only for names the node knows are its
+own: an IP literal, ``localhost`` (and ``*.localhost``), the machine's host name (also as
+``NAME.local``), the host of ``[mesh] advertise_url``, and ``[security] allowed_hosts``.
+A page on a name an attacker rebinds to the node's address (DNS rebinding) sends that name
+as ``Host`` and ``Origin`` alike, and is refused.
+
+Requests without ``Origin`` (the Python client, the CLI, peer links, curl) are not
+browsers' and are not affected: their credentials are the signature or the token, as
+always.
 
 Allowed cross-origin requests get ``Access-Control-Allow-Origin`` with that origin, and
 preflights (``OPTIONS`` with ``Access-Control-Request-Method``) are answered here with the
@@ -19,6 +27,7 @@ methods and headers the API uses. Credentials in cookies are never used by the n
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -72,16 +81,72 @@ def normalise_origin(text: str) -> str:
     return f"{parts.scheme}://{host}" + (f":{port}" if port and port != default else "")
 
 
+def normalise_host(text: str) -> str:
+    """A host name as ``[security] allowed_hosts`` lists it: lower case, no trailing dot,
+    no port.
+
+    Raises:
+        ValueError: empty, or with a scheme, path, port or characters no host name has.
+    """
+    host = text.strip().lower().rstrip(".")
+    if not host or any(c in host for c in "/:@ ?#[]"):
+        raise ValueError(f"{text!r} is not a host name like node.example.org")
+    return host
+
+
+def is_own_name(host: str, names: frozenset[str]) -> bool:
+    """Whether ``host`` (no port, lower case) is one the node may believe a ``Host`` header
+    about: an IP literal, ``localhost`` or ``*.localhost`` (browsers resolve these to
+    loopback themselves), or one of ``names``."""
+    host = host.rstrip(".")
+    if host == "localhost" or host.endswith(".localhost") or host in names:
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def own_host_names(
+    hostname: str, advertise_url: str, allowed_hosts: Iterable[str]
+) -> frozenset[str]:
+    """The names this node answers to: the machine's host name (and ``NAME.local``, as
+    zeroconf publishes it), the host of its advertised URL, and the configured ones.
+
+    Raises:
+        ConfigError: an ``allowed_hosts`` entry that is not a host name.
+    """
+    names: set[str] = set()
+    if hostname.strip():
+        short = hostname.strip().lower().rstrip(".")
+        names.update({short, f"{short.split('.', 1)[0]}.local"})
+    advertised = urlsplit(advertise_url).hostname if advertise_url else None
+    if advertised:
+        names.add(advertised.lower())
+    for entry in allowed_hosts:
+        try:
+            names.add(normalise_host(entry))
+        except ValueError as exc:
+            raise ConfigError(f"[security] allowed_hosts: {exc}") from None
+    return frozenset(names)
+
+
 @dataclass(frozen=True, slots=True)
 class OriginPolicy:
-    """The node's own origin, plus the configured ones (``*``: any origin)."""
+    """The node's own origin, plus the configured ones (``*``: any origin). ``own_names``
+    are the host names a ``Host`` header is believed for (besides IP literals and
+    ``localhost``)."""
 
     allowed: frozenset[str] = frozenset()
     any_origin: bool = False
+    own_names: frozenset[str] = frozenset()
 
     @classmethod
-    def from_config(cls, origins: Iterable[str]) -> OriginPolicy:
-        """Parse ``[security] allowed_origins``.
+    def from_config(
+        cls, origins: Iterable[str], own_names: frozenset[str] = frozenset()
+    ) -> OriginPolicy:
+        """Parse ``[security] allowed_origins``; ``own_names`` from :func:`own_host_names`.
 
         Raises:
             ConfigError: an entry that is not an origin.
@@ -96,7 +161,7 @@ class OriginPolicy:
                 allowed.add(normalise_origin(entry))
             except ValueError as exc:
                 raise ConfigError(f"[security] allowed_origins: {exc}") from None
-        return cls(frozenset(allowed), any_origin)
+        return cls(frozenset(allowed), any_origin, own_names)
 
     def allows(self, origin: str, *, host: str | None, scheme: str) -> bool:
         """Whether a request from page ``origin`` to this node (reached as ``host`` over
@@ -114,6 +179,10 @@ class OriginPolicy:
         try:
             own = normalise_origin(f"{scheme}://{host}")
         except ValueError:
+            return False
+        # Host is believed only for a name the node knows as its own (DNS rebinding sends
+        # the attacker's name in both headers).
+        if not is_own_name(urlsplit(own).hostname or "", self.own_names):
             return False
         # The scheme is not compared: the port serves TLS and plain HTTP alike, and behind a
         # TLS-terminating proxy that keeps Host the node sees http where the page has https.

@@ -213,7 +213,10 @@ def make_middleware(
             origin = request.headers.get("Origin") if origins is not None else None
             if origin is not None and origins is not None:
                 if not origins.allows(origin, host=request.host, scheme=request.scheme):
-                    raise Forbidden(f"origin {origin[:128]} is not in [security] allowed_origins")
+                    raise Forbidden(
+                        f"origin {origin[:128]} is neither this node's own (a host name in "
+                        "[security] allowed_hosts) nor in [security] allowed_origins"
+                    )
                 if request.method == "OPTIONS" and "Access-Control-Request-Method" in (
                     request.headers
                 ):

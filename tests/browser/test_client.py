@@ -132,8 +132,8 @@ def test_other_origin_is_refused(
 def test_refusals_and_preflight_on_the_wire(
     pages: PageServer, other_pages: PageServer, restartable: list[NodeProcess]
 ) -> None:
-    """Raw HTTP: preflight answered for the allowed origin, 403 forbidden for another, and
-    a WebSocket upgrade from another origin gets no 101."""
+    """Raw HTTP: preflight answered for the allowed origin, 403 forbidden for another and
+    for a DNS-rebound name, and a WebSocket upgrade from another origin gets no 101."""
     cors_node = restartable[0]
     host, port = cors_node.url.removeprefix("http://").split(":")
 
@@ -170,7 +170,11 @@ def test_refusals_and_preflight_on_the_wire(
             "Sec-WebSocket-Version": "13",
         },
     )
-    assert (204, allowed, "content-type, x-hearthnet-token", 403, 200, cors_node.url, 403) == (
+    # DNS rebinding: a page on the attacker's name, rebound to the node's address, sends
+    # that name as Origin and Host alike; the name is not one the node answers to.
+    rebound = f"rebound.example:{port}"
+    rebound_status, _ = ask("GET", "/health", {"Origin": f"http://{rebound}", "Host": rebound})
+    assert (204, allowed, "content-type, x-hearthnet-token", 403, 200, cors_node.url, 403, 403) == (
         pre_status,
         pre.get("access-control-allow-origin"),
         pre.get("access-control-allow-headers"),
@@ -178,6 +182,7 @@ def test_refusals_and_preflight_on_the_wire(
         same_status,
         same.get("access-control-allow-origin"),
         ws_status,
+        rebound_status,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hearthnet.errors import ConfigError
-from hearthnet.transport.cors import OriginPolicy, normalise_origin
+from hearthnet.transport.cors import OriginPolicy, normalise_origin, own_host_names
 
 
 def test_same_origin_allowed_without_configuration() -> None:
@@ -18,9 +18,37 @@ def test_same_origin_allowed_without_configuration() -> None:
         policy.allows("http://127.0.0.1:7081", host=host, scheme="http"),
         policy.allows("https://127.0.0.1:7080", host=host, scheme="http"),
         policy.allows("null", host=host, scheme="http"),
-        policy.allows("https://node.example", host="node.example", scheme="http"),
+        policy.allows("http://localhost:7080", host="localhost:7080", scheme="http"),
         policy.allows("https://node.example.evil", host="node.example", scheme="http"),
     ]
+
+
+def test_own_origin_believed_only_for_the_nodes_own_names() -> None:
+    """Host is believed for IP literals, localhost, the host name (and NAME.local), the
+    advertised URL's host and allowed_hosts; a DNS-rebound name is refused."""
+    names = own_host_names("Hearth-1", "https://hearth.example.org:7443", ["Proxy.Example."])
+    policy = OriginPolicy.from_config((), names)
+    cases = [
+        ("http://[::1]:7080", "[::1]:7080"),
+        ("http://app.localhost:7080", "app.localhost:7080"),
+        ("http://hearth-1:7080", "hearth-1:7080"),
+        ("http://hearth-1.local:7080", "hearth-1.local:7080"),
+        ("https://hearth.example.org:7443", "hearth.example.org:7443"),
+        ("https://proxy.example", "proxy.example"),
+        ("http://rebound.example:7080", "rebound.example:7080"),
+        ("http://hearth-1.evil:7080", "hearth-1.evil:7080"),
+    ]
+    assert [True] * 6 + [False, False] == [
+        policy.allows(origin, host=host, scheme="http") for origin, host in cases
+    ]
+
+
+def test_bad_allowed_host_refused() -> None:
+    """An allowed_hosts entry with a scheme or port is a configuration error."""
+    with pytest.raises(ConfigError):
+        own_host_names("h", "", ["https://proxy.example"])
+    with pytest.raises(ConfigError):
+        own_host_names("h", "", ["proxy.example:443"])
 
 
 def test_listed_origins_normalised() -> None:
