@@ -47,7 +47,9 @@ from hearthnet.errors import (
 from hearthnet.frames import Frame
 from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulid
+from hearthnet.publisher import Publisher
 from hearthnet.pubsub.envelope import Message
+from hearthnet.pubsub.payload import DATA_ENC, encode_bytes
 from hearthnet.subscription import Gap, Subscription
 from hearthnet.transport import headers as h
 from hearthnet.transport.codec import SUBPROTOCOL_CBOR, SUBPROTOCOL_JSON, SseParser
@@ -260,14 +262,24 @@ class Client:
     async def publish(
         self, topic: str, msg_type: str, data: Any, *, ttl_s: int | None = None
     ) -> dict[str, Any]:
-        """Publish; returns ``{"id", "seq", "origin_seq", "ts"}`` once the node has it durably."""
+        """Publish; returns ``{"id", "seq", "origin_seq", "ts"}`` once the node has it durably.
+
+        ``data`` may be bytes: it goes as base64url text with ``data_enc`` (HTTP is JSON);
+        :meth:`publisher` with ``cbor=True`` sends bytes as they are."""
         body: dict[str, Any] = {"type": msg_type, "data": data}
+        if type(data) is bytes:
+            body = {"type": msg_type, "data": encode_bytes(data), "data_enc": DATA_ENC}
         if ttl_s is not None:
             body["ttl_s"] = ttl_s
         result: dict[str, Any] = await self.request_json(
             "POST", f"/pubsub/v1/topics/{topic}/messages", body
         )
         return result
+
+    def publisher(self, *, cbor: bool = True) -> Publisher:
+        """A WebSocket publish session (use ``async with``): ``await pub.publish(...)``.
+        With ``cbor`` (the default) a bytes payload is sent as a CBOR byte string."""
+        return Publisher(self, cbor=cbor)
 
     async def history(
         self,
@@ -328,6 +340,7 @@ class Client:
         on_gap: Callable[[Gap], None] | None = None,
         first_backoff_s: float = 0.5,
         verify: bool = False,
+        cbor: bool = False,
     ) -> Subscription:
         """A subscription that resumes by itself after any disconnect (use ``async with``).
 
@@ -342,6 +355,8 @@ class Client:
             first_backoff_s: the first reconnect delay (doubling to 30 s, spec §3.7).
             verify: check each message's origin signature, single or batch (spec §6.2),
                 and skip (and count in ``rejected``) any that fails.
+            cbor: use the ``hearthnet-bus.v2+cbor`` subprotocol: a bytes payload arrives
+                as a byte string (``Delivery.data``), not as base64url text.
         """
         return Subscription(
             self,
@@ -354,6 +369,7 @@ class Client:
             on_gap=on_gap,
             first_backoff_s=first_backoff_s,
             verify=verify,
+            cbor=cbor,
         )
 
     def _call_headers(

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import cbor2
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -33,7 +34,8 @@ from hearthnet.errors import (
     error_from_wire,
 )
 from hearthnet.pubsub.envelope import Message
-from hearthnet.transport.codec import SUBPROTOCOL_JSON
+from hearthnet.pubsub.payload import payload_of
+from hearthnet.transport.codec import SUBPROTOCOL_CBOR, SUBPROTOCOL_JSON
 
 if TYPE_CHECKING:
     from hearthnet.client import Client
@@ -78,8 +80,15 @@ class Delivery:
 
     @property
     def data(self) -> Any:
-        """The payload."""
+        """The envelope's ``data`` as received: for a bytes message, a byte string over
+        CBOR and base64url text (with ``data_enc``) over JSON; :attr:`payload` is bytes
+        either way."""
         return self.envelope["data"]
+
+    @property
+    def payload(self) -> Any:
+        """The payload as published: bytes for a bytes message, else the JSON value."""
+        return payload_of(self.envelope)
 
     @property
     def ts(self) -> int:
@@ -206,9 +215,22 @@ def backoff_delays(
     return gen()
 
 
-async def open_session(client: Client, window: int) -> tuple[ClientConnection, dict[str, Any]]:
+def encode_frame(obj: dict[str, Any], cbor: bool) -> str | bytes:
+    """A client frame for the session's subprotocol: JSON text, or CBOR (binary)."""
+    return cbor2.dumps(obj) if cbor else orjson.dumps(obj).decode()
+
+
+def decode_frame(raw: str | bytes) -> Any:
+    """A server frame: CBOR arrives in binary messages, JSON in text ones."""
+    return cbor2.loads(raw) if isinstance(raw, bytes) else orjson.loads(raw)
+
+
+async def open_session(
+    client: Client, window: int, *, cbor: bool = False
+) -> tuple[ClientConnection, dict[str, Any]]:
     """Open a pub/sub WebSocket session (spec §2.2) and authenticate it as ``client``,
     announcing ``window`` (spec §3.6); returns the socket and the ``auth.ok`` data.
+    ``cbor``: speak ``hearthnet-bus.v2+cbor`` (bytes payloads arrive as byte strings).
 
     Raises:
         Unavailable: no connection, or the upgrade refused (the ``OSError`` is the cause).
@@ -218,7 +240,7 @@ async def open_session(client: Client, window: int) -> tuple[ClientConnection, d
     try:
         ws = await connect(
             url,
-            subprotocols=[Subprotocol(SUBPROTOCOL_JSON)],
+            subprotocols=[Subprotocol(SUBPROTOCOL_CBOR if cbor else SUBPROTOCOL_JSON)],
             compression=None,
             proxy=None,
             ping_interval=None,
@@ -231,9 +253,9 @@ async def open_session(client: Client, window: int) -> tuple[ClientConnection, d
         raise Unavailable(f"cannot connect to {client.url}: {exc}") from exc
     try:
         await ws.send(
-            orjson.dumps({"type": "auth", "window": window, **await client.session_auth()}).decode()
+            encode_frame({"type": "auth", "window": window, **await client.session_auth()}, cbor)
         )
-        reply = orjson.loads(await ws.recv())
+        reply = decode_frame(await ws.recv())
         if reply.get("event") != "auth.ok":
             raise error_from_wire(reply.get("data", {}))
     except (ConnectionClosed, OSError) as exc:
@@ -264,8 +286,10 @@ class Subscription:
         max_backoff_s: float = BACKOFF_MAX_S,
         first_backoff_s: float = BACKOFF_START_S,
         verify: bool = False,
+        cbor: bool = False,
     ) -> None:
         self.client = client
+        self.cbor = cbor
         # spec §6.2: with verify, each message's origin signature (single or batch) is
         # checked here; one that fails is skipped (its seq still counts) and counted.
         self.verify = verify
@@ -299,7 +323,7 @@ class Subscription:
 
     async def _connect(self, *, first: bool = False) -> None:
         """Open a session, authenticate, subscribe (resuming from the cursor)."""
-        ws, accepted = await open_session(self.client, self.state.window)
+        ws, accepted = await open_session(self.client, self.state.window, cbor=self.cbor)
         try:
             self.client_id = accepted.get("client_id")
             frame: dict[str, Any] = {"type": "subscribe", "topics": self.patterns}
@@ -318,7 +342,7 @@ class Subscription:
                 frame["presence"] = self.presence
             if self.verify:
                 frame["verify"] = True  # spec §6.2: else the node may leave sig out
-            await ws.send(orjson.dumps(frame).decode())
+            await ws.send(encode_frame(frame, self.cbor))
         except (ConnectionClosed, OSError) as exc:
             await ws.close()
             raise Unavailable("the node closed the subscription while opening it") from exc
@@ -342,7 +366,7 @@ class Subscription:
             frame["presence"] = self.presence
         if self.verify:
             frame["verify"] = True
-        await self._ws.send(orjson.dumps(frame).decode())
+        await self._ws.send(encode_frame(frame, self.cbor))
 
     def __aiter__(self) -> AsyncIterator[Delivery | Gap]:
         return self._items()
@@ -390,7 +414,11 @@ class Subscription:
             except TimeoutError:
                 due = state.ack_due(idle=True)
         if due is not None:
-            await ws.send(b'{"type":"ack","upto":%d}'.decode() % due)
+            await ws.send(
+                encode_frame({"type": "ack", "upto": due}, True)
+                if self.cbor
+                else b'{"type":"ack","upto":%d}'.decode() % due
+            )
         return await ws.recv()
 
     def _verified(self, envelope: Any) -> bool:
@@ -406,7 +434,7 @@ class Subscription:
     async def _read(self, ws: ClientConnection) -> AsyncIterator[Delivery | Gap]:
         state = self.state
         while True:
-            frame = orjson.loads(await self._recv(ws))
+            frame = decode_frame(await self._recv(ws))
             event = frame.get("event")
             data = frame.get("data", {})
             if event == "message":
@@ -433,9 +461,8 @@ class Subscription:
                 self.on_presence(data)
             elif event == "auth.expiring":
                 with contextlib.suppress(HearthNetError):
-                    await ws.send(
-                        orjson.dumps({"type": "auth", **await self.client.session_auth()}).decode()
-                    )
+                    auth = {"type": "auth", **await self.client.session_auth()}
+                    await ws.send(encode_frame(auth, self.cbor))
             elif event == "error":
                 error: WireError = error_from_wire(data)
                 if error.code in FATAL_CODES:

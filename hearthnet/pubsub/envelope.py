@@ -1,12 +1,17 @@
 """The signed pub/sub message envelope (spec §6.2).
 
-``{"id", "topic", "type", "data", "origin", "origin_seq", "ts", "ttl_s"?, "sender"?, "sig"}``,
-signed by the origin node over the JCS form without ``sig``: either alone (``sig`` is a
-signature string) or in a batch (``sig`` is ``{"batch", "first", "n", "path"}``, see
+``{"id", "topic", "type", "data", "data_enc"?, "origin", "origin_seq", "ts", "ttl_s"?,
+"sender"?, "sig"}``, signed by the origin node over the JCS form without ``sig``: either
+alone (``sig`` is a signature string) or in a batch (``sig`` is
+``{"batch", "first", "n", "path"}``, see
 :mod:`hearthnet.pubsub.batchsig`). A :class:`Message` always carries a verified signature
 (it is made by :meth:`Message.create` or :meth:`Message.signed_batch`, which sign, or by
 :meth:`Message.parse`, which verifies), and keeps the exact JSON bytes it travels as, so
 fan-out never re-encodes it.
+
+A message's ``data`` may be bytes: the envelope then holds it as base64url text with
+``"data_enc": "base64url"`` (its JSON form, which is signed), and CBOR frames carry it as
+a byte string (see :mod:`hearthnet.pubsub.payload`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,13 @@ from hearthnet.errors import BadRequest, InvalidSignature, PayloadTooLarge
 from hearthnet.identity import KeyPair, verify_object
 from hearthnet.ids import is_node_id, is_ulid, new_ulid
 from hearthnet.pubsub.batchsig import VERIFIER, BatchVerifier, sign_batch
+from hearthnet.pubsub.payload import (
+    DATA_ENC,
+    cbor_envelope,
+    decode_bytes,
+    encode_bytes,
+    json_envelope,
+)
 from hearthnet.pubsub.topics import validate_topic
 
 MAX_PAYLOAD_BYTES = 256 * 1024
@@ -29,7 +41,19 @@ MAX_TTL_S = 365 * 24 * 3600
 _TYPE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}\Z")
 SENDER_KINDS = ("node", "device", "token")
 _FIELDS = frozenset(
-    {"id", "topic", "type", "data", "origin", "origin_seq", "ts", "ttl_s", "sender", "sig"}
+    {
+        "id",
+        "topic",
+        "type",
+        "data",
+        "data_enc",
+        "origin",
+        "origin_seq",
+        "ts",
+        "ttl_s",
+        "sender",
+        "sig",
+    }
 )
 
 
@@ -50,7 +74,17 @@ def validate_ttl(ttl_s: object) -> int | None:
 
 
 def encoded_payload(data: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> bytes:
-    """The JSON bytes of ``data``; :class:`PayloadTooLarge` over the limit."""
+    """The bytes the payload limit counts: ``data`` itself when it is bytes (a binary
+    payload counts its raw bytes, not its base64url form), else its JSON bytes.
+
+    Raises:
+        BadRequest: ``data`` has no JSON form.
+        PayloadTooLarge: over ``max_bytes``.
+    """
+    if type(data) is bytes:
+        if len(data) > max_bytes:
+            raise PayloadTooLarge(f"data is {len(data)} bytes; the limit is {max_bytes}")
+        return data
     try:
         raw = orjson.dumps(data)
     except TypeError as exc:
@@ -100,6 +134,13 @@ class Message:
     # len(raw) up to the `,"sig":` that ends it, when known (signed here): raw[:n] + b"}" is
     # the envelope without sig. 0: unknown.
     unsigned_len: int = field(default=0, compare=False, repr=False)
+    # "base64url" when data is bytes, held as that text (see hearthnet.pubsub.payload)
+    data_enc: str | None = None
+
+    @property
+    def payload(self) -> Any:
+        """The payload as published: bytes for a bytes message, else ``data``."""
+        return decode_bytes(self.data) if self.data_enc is not None else self.data
 
     @property
     def expires_ms(self) -> int | None:
@@ -117,6 +158,8 @@ class Message:
             "origin_seq": self.origin_seq,
             "ts": self.ts,
         }
+        if self.data_enc is not None:
+            out["data_enc"] = self.data_enc
         if self.ttl_s is not None:
             out["ttl_s"] = self.ttl_s
         if self.sender is not None:
@@ -137,7 +180,8 @@ class Message:
         sender: dict[str, str] | None = None,
         msg_id: str | None = None,
     ) -> dict[str, Any]:
-        """A new message's fields, all but ``sig`` (inputs already validated)."""
+        """A new message's fields, all but ``sig`` (inputs already validated); bytes
+        ``data`` takes its JSON form (base64url text and ``data_enc``)."""
         body: dict[str, Any] = {
             "id": msg_id or new_ulid(ts),
             "topic": topic,
@@ -147,6 +191,9 @@ class Message:
             "origin_seq": origin_seq,
             "ts": ts,
         }
+        if type(data) is bytes:
+            body["data"] = encode_bytes(data)
+            body["data_enc"] = DATA_ENC
         if ttl_s is not None:
             body["ttl_s"] = ttl_s
         if sender is not None:
@@ -196,6 +243,7 @@ class Message:
             body.get("sender"),
             raw,
             unsigned_len,
+            body.get("data_enc"),
         )
 
     @classmethod
@@ -209,8 +257,10 @@ class Message:
     ) -> Message:
         """Validate an envelope and verify its signature (messages from peers or the log).
 
-        A batch signature is checked once per batch by ``verifier`` (the process's own by
-        default); each message's Merkle path is checked every time.
+        ``obj`` is the JSON form, or the CBOR form of a bytes message (byte-string
+        ``data``, no ``data_enc``), which is verified as its JSON form. A batch signature
+        is checked once per batch by ``verifier`` (the process's own by default); each
+        message's Merkle path is checked every time.
 
         Raises:
             BadRequest: malformed envelope.
@@ -219,6 +269,8 @@ class Message:
         """
         if not isinstance(obj, dict):
             raise BadRequest("a message is an object")
+        if type(obj.get("data")) is bytes:
+            obj, raw = json_envelope(obj), None
         if set(obj) - _FIELDS or not {
             "id",
             "topic",
@@ -230,8 +282,8 @@ class Message:
             "sig",
         } <= set(obj):
             raise BadRequest(
-                "message fields are id, topic, type, data, origin, origin_seq, ts, "
-                "ttl_s?, sender?, sig"
+                "message fields are id, topic, type, data, data_enc?, origin, origin_seq, "
+                "ts, ttl_s?, sender?, sig"
             )
         if not is_ulid(obj["id"]) or not is_node_id(obj["origin"]):
             raise BadRequest("message id must be a ULID and origin a NodeID")
@@ -250,7 +302,13 @@ class Message:
         topic = validate_topic(obj["topic"])
         msg_type = validate_type(obj["type"])
         ttl_s = validate_ttl(obj.get("ttl_s"))
-        encoded_payload(obj["data"])
+        data_enc = obj.get("data_enc")
+        if data_enc is None:
+            encoded_payload(obj["data"])
+        elif data_enc == DATA_ENC:
+            encoded_payload(decode_bytes(obj["data"]))
+        else:
+            raise BadRequest(f'data_enc is "{DATA_ENC}" or absent')
         sig = obj["sig"]
         if isinstance(sig, dict):
             unsigned = {k: v for k, v in obj.items() if k != "sig"}
@@ -278,6 +336,7 @@ class Message:
             ttl_s,
             sender,
             raw if raw is not None else orjson.dumps(obj),
+            data_enc=data_enc,
         )
 
 
@@ -292,6 +351,11 @@ class StoredMessage:
     def frame_json(self) -> dict[str, Any]:
         """``{"event":"message","data":<envelope>,"seq":N}`` as an object (history, long-poll)."""
         return {"event": "message", "data": self.message.body(), "seq": self.seq}
+
+    def frame_cbor(self) -> dict[str, Any]:
+        """The message frame as a CBOR frame carries it: a bytes message's ``data`` is a
+        byte string (see :mod:`hearthnet.pubsub.payload`)."""
+        return {"event": "message", "data": cbor_envelope(self.message.body()), "seq": self.seq}
 
     def frame_bytes(self) -> bytes:
         """The same frame as JSON bytes, built around the stored envelope bytes."""

@@ -8,6 +8,7 @@ from typing import Any
 
 from hearthnet.errors import BadRequest
 from hearthnet.pubsub.envelope import validate_ttl, validate_type
+from hearthnet.pubsub.payload import from_publish
 from hearthnet.pubsub.presence import validate_presence_fields
 from hearthnet.pubsub.topics import TopicPattern, validate_topic
 from hearthnet.shapes import Shape
@@ -55,7 +56,9 @@ class Unsubscribe:
 
 @dataclass(frozen=True, slots=True)
 class Publish:
-    """``{"type":"publish","topic","msg_type","data","ttl_s"?,"ref"?}``."""
+    """``{"type":"publish","topic","msg_type","data","data_enc"?,"ttl_s"?,"ref"?}``;
+    ``data`` is bytes for a binary payload (a CBOR byte string, or base64url text with
+    ``data_enc``)."""
 
     topic: str
     msg_type: str
@@ -108,7 +111,7 @@ SHAPES: dict[str, Shape] = {
     "ack": Shape.of("ack frame", ("type", "upto"), {"seq": "did you mean upto?"}),
     "publish": Shape.of(
         "publish frame",
-        ("type", "topic", "msg_type", "data", "ttl_s", "ref"),
+        ("type", "topic", "msg_type", "data", "data_enc", "ttl_s", "ref"),
         {"ttl": "did you mean ttl_s?", "payload": "did you mean data?"},
     ),
     "subscribe": Shape.of(
@@ -207,7 +210,7 @@ def _publish(obj: dict[str, Any]) -> ClientFrame:
     return Publish(
         validate_topic(topic),
         validate_type(msg_type),
-        obj["data"],
+        from_publish(obj["data"], obj.get("data_enc")),
         validate_ttl(obj.get("ttl_s")),
         ref,
     )

@@ -19,6 +19,7 @@ from hearthnet.errors import BadRequest, Expired, WireError
 from hearthnet.ids import new_ulid
 from hearthnet.pubsub.channel import ChannelState, SubscriberChannel
 from hearthnet.pubsub.frames import Since
+from hearthnet.pubsub.payload import from_publish
 from hearthnet.pubsub.service import Subscriber
 from hearthnet.pubsub.topics import TopicPattern
 from hearthnet.pubsub.wire import control_frame
@@ -41,7 +42,7 @@ LONG_POLL_LIMIT = 500
 # (``token`` everywhere: a browser EventSource cannot set headers, spec §2.2).
 PUBLISH_BODY = Shape.of(
     "publish body",
-    ("type", "data", "ttl_s"),
+    ("type", "data", "data_enc", "ttl_s"),
     {"msg_type": "the HTTP body names it type", "ttl": "did you mean ttl_s?"},
 )
 _SINCE = ("since_epoch", "since_seq", "since_ts", "last")
@@ -118,7 +119,8 @@ class PubSubHttp:
         )
 
     async def publish(self, request: web.Request) -> web.Response:
-        """``POST /pubsub/v1/topics/{topic}/messages`` ``{"type","data","ttl_s"?}``."""
+        """``POST /pubsub/v1/topics/{topic}/messages`` ``{"type","data","data_enc"?,"ttl_s"?}``
+        (``data_enc: "base64url"``: data is bytes, sent as base64url text)."""
         raw = await request.read()
         body = loads(raw) if raw else None
         if not isinstance(body, dict):
@@ -128,7 +130,11 @@ class PubSubHttp:
             raise BadRequest('the body is {"type", "data", "ttl_s"?}: data is missing')
         caller = self.caller(request, body)
         stored = await self.deps.service.publish(
-            caller, request.match_info["topic"], body.get("type"), body["data"], body.get("ttl_s")
+            caller,
+            request.match_info["topic"],
+            body.get("type"),
+            from_publish(body["data"], body.get("data_enc")),
+            body.get("ttl_s"),
         )
         msg = stored.message
         return json_response(

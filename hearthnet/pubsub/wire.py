@@ -88,9 +88,10 @@ class EncodedMessage:
         return self._ws_text
 
     def ws_cbor(self) -> bytes:
-        """The CBOR frame inside a WebSocket binary frame."""
+        """The CBOR frame inside a WebSocket binary frame (a bytes message's ``data`` as a
+        byte string)."""
         if self._ws_cbor is None:
-            self._ws_cbor = ws_frame(cbor2.dumps(self.stored.frame_json()), OP_BINARY)
+            self._ws_cbor = ws_frame(cbor2.dumps(self.stored.frame_cbor()), OP_BINARY)
         return self._ws_cbor
 
     def sse(self) -> bytes:
@@ -108,7 +109,7 @@ class EncodedMessage:
         if out is not None:
             return out
         if name == "ws_cbor":
-            frame = self.stored.frame_json()
+            frame = self.stored.frame_cbor()
             del frame["data"]["sig"]
             out = ws_frame(cbor2.dumps(frame), OP_BINARY)
         else:

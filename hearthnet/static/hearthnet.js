@@ -43,6 +43,34 @@ export function decodeToken(token) {
   return JSON.parse(text);
 }
 
+/** Bytes as base64url without padding (RFC 4648 §5): the JSON form of a binary payload. */
+export function bytesToBase64url(bytes) {
+  let bin = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) {
+    bin += String.fromCharCode.apply(null, bytes.subarray(i, i + 0x8000));
+  }
+  return btoa(bin).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+
+/** The bytes of base64url text (padding optional). */
+export function base64urlToBytes(text) {
+  let b64 = text.replace(/-/g, "+").replace(/_/g, "/");
+  while (b64.length % 4) b64 += "=";
+  return Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+}
+
+/**
+ * A message's payload as published (docs/pubsub.md, binary payloads): a Uint8Array when
+ * the envelope says `data_enc: "base64url"` (its `data` is then the bytes as unpadded
+ * base64url text, which is what the origin signed), else the JSON value `data`.
+ */
+export function messagePayload(envelope) {
+  const enc = envelope.data_enc;
+  if (enc === undefined || enc === null) return envelope.data;
+  if (enc !== "base64url") throw new HearthNetError("bad_request", `unknown data_enc ${enc}`);
+  return base64urlToBytes(envelope.data);
+}
+
 /** Whether `topic` matches `pattern` (spec §6.1: `*` one segment, `**` one or more). */
 export function topicMatches(pattern, topic) {
   const p = pattern.split(".");
@@ -160,9 +188,14 @@ export class HearthNet {
     return obj;
   }
 
-  /** Publish one message; resolves to {id, seq, origin_seq, ts} once it is durable. */
+  /**
+   * Publish one message; resolves to {id, seq, origin_seq, ts} once it is durable. A
+   * Uint8Array `data` is a binary payload (sent as base64url text with data_enc).
+   */
   publish(topic, type, data, opts = {}) {
-    const body = { type, data };
+    const body = data instanceof Uint8Array
+      ? { type, data: bytesToBase64url(data), data_enc: "base64url" }
+      : { type, data };
     if (opts.ttl_s) body.ttl_s = opts.ttl_s;
     return this.request("POST", `/pubsub/v1/topics/${encodeURIComponent(topic)}/messages`, body);
   }
@@ -184,6 +217,8 @@ export class HearthNet {
    * reconnects after a drop, by itself.
    *   since: {epoch, seq} | {ts} | {last: N}      where to start (default: now)
    *   onMessage(envelope, {seq, epoch})           each message, once, in order
+   *                                               (messagePayload(envelope): its payload,
+   *                                               a Uint8Array for a binary one)
    *   onGap({from_seq, to_seq})                   the node dropped these for us (spec §6.7)
    *   onPresence({topic, kind, member} | {topic, kind: "snapshot", members})
    *   onState("connecting" | "live" | "retrying" | "closed", detail)

@@ -58,8 +58,9 @@ class FrameCodec:
             BadRequest: wrong frame type for the subprotocol (a binary frame on the JSON
                 subprotocol or text on CBOR), malformed encoding, not an object, or
                 (:class:`~hearthnet.errors.NotCanonical`) a value canonical JSON cannot
-                represent exactly: a CBOR tag, bytes, a non-string key, an integer beyond
-                ±2^53, NaN, nesting deeper than 64 (spec §2.5).
+                represent exactly: a CBOR tag, bytes (but for a ``publish`` frame's whole
+                ``data``), a non-string key, an integer beyond ±2^53, NaN, nesting deeper
+                than 64 (spec §2.5).
             PayloadTooLarge: over ``max_bytes``.
         """
         if len(data) > max_bytes:
@@ -73,7 +74,7 @@ class FrameCodec:
             except (cbor2.CBORDecodeError, ValueError, TypeError) as exc:
                 raise BadRequest(f"malformed CBOR: {exc}") from exc
             try:
-                check_representable(obj)
+                check_representable(_without_bytes_data(obj))
             except NotCanonical as exc:
                 raise _with_ref(exc, obj) from None
         else:
@@ -86,6 +87,15 @@ class FrameCodec:
         if not isinstance(obj, dict):
             raise BadRequest("a client frame is an object")
         return obj
+
+
+def _without_bytes_data(obj: object) -> object:
+    """A CBOR ``publish`` frame whose ``data`` is a byte string, minus that field: a binary
+    payload is carried as bytes (its signed form is base64url text, see
+    :mod:`hearthnet.pubsub.payload`); bytes anywhere else are still refused."""
+    if type(obj) is dict and type(obj.get("data")) is bytes and obj.get("type") == "publish":
+        return {k: v for k, v in obj.items() if k != "data"}
+    return obj
 
 
 def _with_ref(exc: NotCanonical, frame: object) -> NotCanonical:

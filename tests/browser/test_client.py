@@ -235,6 +235,67 @@ def test_envelopes_carry_sig_only_when_the_page_asks(
     assert [False, True] == page.evaluate(VERIFY, [node.url, token])
 
 
+BINARY = """async ([node, token]) => {
+  const client = new hn.HearthNet(node, {token});
+  await client.publish("demo.bin", "blob", new Uint8Array([0, 1, 254, 255]));
+  return await new Promise((resolve) => {
+    const sub = client.subscribe(["demo.bin"], {since: {last: 2},
+      onMessage: (m) => {
+        const p = hn.messagePayload(m);
+        if (p instanceof Uint8Array && p.length === 3) {
+          sub.close();
+          resolve({bytes: Array.from(p), text: m.data, enc: m.data_enc});
+        }
+      }});
+  });
+}"""
+
+
+def test_binary_payloads_decode_in_the_page(
+    page: Any, pages: PageServer, restartable: list[NodeProcess]
+) -> None:
+    """A page decodes a binary payload another client published with messagePayload, and
+    publishes a Uint8Array the node stores as bytes."""
+    node = restartable[0]
+    token = process_token(node, *SCOPES)
+    _token_json(
+        node,
+        token,
+        "POST",
+        "/pubsub/v1/topics/demo.bin/messages",
+        {"type": "blob", "data": "BwgJ", "data_enc": "base64url"},
+    )
+    open_client_page(page, pages, node.url)
+    got = page.evaluate(BINARY, [node.url, token])
+    history = _token_json(node, token, "GET", "/pubsub/v1/topics/demo.bin/history")
+    stored = [
+        (b64url_decode(f["data"]["data"]), f["data"]["data_enc"]) for f in history["messages"]
+    ]
+    assert (
+        {"bytes": [7, 8, 9], "text": "BwgJ", "enc": "base64url"},
+        [(b"\x07\x08\x09", "base64url"), (b"\x00\x01\xfe\xff", "base64url")],
+    ) == (got, stored)
+
+
+def _token_json(
+    node: NodeProcess, token: str, method: str, path: str, body: Any = None
+) -> dict[str, Any]:
+    """One HTTP request with a token (blocking); the JSON answer."""
+    host, port = node.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request(
+            method,
+            path,
+            body=json.dumps(body) if body is not None else None,
+            headers={"Content-Type": "application/json", "X-HearthNet-Token": token},
+        )
+        answer: dict[str, Any] = json.loads(conn.getresponse().read())
+        return answer
+    finally:
+        conn.close()
+
+
 CHAT = """async ([node, token]) => {
   const client = new hn.HearthNet(node, {token});
   const asked = [];

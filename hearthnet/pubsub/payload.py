@@ -1,0 +1,125 @@
+"""Binary payloads: how a message whose ``data`` is bytes looks in each form. Pure.
+
+A message's ``data`` is a JSON value or a byte string. The signed object (spec §1.3) is
+JSON, so bytes take one JSON form everywhere JSON is used (the canonical bytes that are
+signed, JSON and SSE frames, history, long-poll, the log, gossip): ``data`` holds the
+bytes as **base64url without padding** (RFC 4648 §5, ``-`` and ``_``, no ``=``) and the
+envelope carries ``"data_enc": "base64url"``. Both fields are signed, so the marker cannot
+be stripped or added without breaking the signature, and a JSON value that happens to be a
+string is never mistaken for bytes.
+
+Over the CBOR subprotocol the same message carries ``data`` as a CBOR byte string and no
+``data_enc`` (the byte string is the marker). :func:`json_envelope` maps it back to the
+signed form, so a CBOR client verifies the same signature a JSON client does.
+
+The base64url text must be canonical (what :func:`encode_bytes` writes: no padding, the
+unused low bits of the last character zero), so that bytes → text is one-to-one and every
+carrier rebuilds exactly the signed text. Size limits count the raw bytes.
+"""
+
+from __future__ import annotations
+
+import binascii
+from typing import Any
+
+from hearthnet.errors import BadRequest
+
+DATA_ENC = "base64url"  # the one encoding a bytes message's JSON form uses
+_TO_STANDARD = bytes.maketrans(b"-_", b"+/")
+_TO_URL = bytes.maketrans(b"+/", b"-_")
+
+
+def encode_bytes(raw: bytes) -> str:
+    """``raw`` as canonical base64url without padding."""
+    return binascii.b2a_base64(raw, newline=False).translate(_TO_URL).rstrip(b"=").decode()
+
+
+def decode_bytes(text: object) -> bytes:
+    """The bytes of canonical unpadded base64url text (the JSON form of a bytes ``data``).
+
+    Raises:
+        BadRequest: not a string, a character outside ``[A-Za-z0-9_-]``, padding, an
+            impossible length, or non-zero unused bits in the last character.
+    """
+    if not isinstance(text, str) or not text.isascii():
+        raise BadRequest('data with data_enc "base64url" is base64url text')
+    encoded = text.encode()
+    if b"=" in encoded or b"+" in encoded or b"/" in encoded:
+        raise BadRequest("data is base64url without padding (- and _, no =)")
+    try:
+        raw = binascii.a2b_base64(
+            encoded.translate(_TO_STANDARD) + b"=" * (-len(encoded) % 4), strict_mode=True
+        )
+    except binascii.Error as exc:
+        raise BadRequest(f"data is not base64url: {exc}") from exc
+    # strict_mode refuses junk characters and bad lengths; the round trip also refuses
+    # text whose last character has unused bits set (two texts for the same bytes).
+    if len(encoded) % 4 and encode_bytes(raw) != text:
+        raise BadRequest("data is not canonical base64url (unused bits must be zero)")
+    return raw
+
+
+def decoded_size(text: str) -> int:
+    """How many bytes canonical unpadded base64url ``text`` holds (without decoding it)."""
+    return len(text) * 3 // 4
+
+
+def from_publish(data: Any, data_enc: object) -> Any:
+    """A publish's ``data`` as the client sent it, with its ``data_enc`` (None: absent):
+    bytes for a byte string (CBOR) or base64url text with ``data_enc``, else the JSON value.
+
+    Raises:
+        BadRequest: an unknown ``data_enc``, ``data_enc`` beside a byte string, or text
+            that is not canonical base64url.
+    """
+    if data_enc is None:
+        return data
+    if data_enc != DATA_ENC:
+        raise BadRequest(f'data_enc is "{DATA_ENC}" or absent')
+    if isinstance(data, bytes):
+        raise BadRequest("a CBOR byte string needs no data_enc (it is for base64url text)")
+    return decode_bytes(data)
+
+
+def json_envelope(obj: dict[str, Any]) -> dict[str, Any]:
+    """The envelope in its JSON (signed) form: a byte-string ``data`` (from a CBOR frame)
+    becomes base64url text with ``data_enc``; any other envelope is returned as it is.
+
+    Raises:
+        BadRequest: a byte-string ``data`` beside a ``data_enc`` field.
+    """
+    data = obj.get("data")
+    if type(data) is not bytes:
+        return obj
+    if "data_enc" in obj:
+        raise BadRequest("a CBOR envelope with byte-string data carries no data_enc")
+    return {**obj, "data": encode_bytes(data), "data_enc": DATA_ENC}
+
+
+def cbor_envelope(body: dict[str, Any]) -> dict[str, Any]:
+    """The envelope as a CBOR frame carries it: a bytes message's ``data`` as a byte
+    string without ``data_enc``; any other envelope is returned as it is. ``body`` is a
+    stored (verified) message's JSON form, so its text is canonical already."""
+    if body.get("data_enc") != DATA_ENC:
+        return body
+    out = {k: v for k, v in body.items() if k != "data_enc"}
+    out["data"] = binascii.a2b_base64(
+        body["data"].encode().translate(_TO_STANDARD) + b"=" * (-len(body["data"]) % 4)
+    )
+    return out
+
+
+def payload_of(envelope: dict[str, Any]) -> Any:
+    """An envelope's payload as the publisher gave it: bytes for a bytes message (in
+    either form), else the JSON value.
+
+    Raises:
+        BadRequest: ``data_enc`` names another encoding, or the text is not base64url.
+    """
+    data = envelope.get("data")
+    enc = envelope.get("data_enc")
+    if enc is None:
+        return data
+    if enc != DATA_ENC:
+        raise BadRequest(f'data_enc is "{DATA_ENC}" or absent')
+    return data if isinstance(data, bytes) else decode_bytes(data)
