@@ -17,6 +17,12 @@ one process, on the real code:
 - ``frames``: fan-out's encoding of a committed batch-signed message, per message, in
   each transport form with ``sig`` (subscribers that asked to verify) and without (the
   default, spec §6.2), and the frame sizes;
+- ``binary``: a 256-byte binary payload sent as bytes over the CBOR subprotocol against
+  the same bytes as base64 text in JSON frames (what a client had to do before binary
+  payloads): the publish frame and the delivered message frame (without ``sig``) in
+  bytes, and CPU µs per message for the publisher to encode its frame (base64 included),
+  the node to decode and check it and build the envelope body, the node to encode the
+  delivered frame, and the subscriber to decode it back to bytes;
 - ``log``: ``MessageLog.publish`` for batches of ``--batch`` publishes until every one is
   committed: numbering, signing in the writer thread, deduplication, insert, group commit
   (with ``--sync full``, the node's default, the commit includes the WAL fsync), and the
@@ -30,21 +36,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
+import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import cbor2
 import orjson
 
 from bench.common import save
 from hearthnet.identity import KeyPair
 from hearthnet.pubsub.batchsig import BatchVerifier
-from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
+from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body, encoded_payload
+from hearthnet.pubsub.frames import Publish, parse_client_frame
 from hearthnet.pubsub.log import MessageLog
 from hearthnet.pubsub.wire import FORMS, NOSIG, EncodedMessage
+from hearthnet.transport.codec import SUBPROTOCOL_CBOR, SUBPROTOCOL_JSON, FrameCodec
 
 PAYLOAD = "x" * 256
 TOPIC = "bench.cost"
@@ -142,6 +153,83 @@ def measure_frames(keys: KeyPair, count: int, batch: int) -> dict[str, Any]:
     return out
 
 
+def _ws_payload(frame: bytes) -> bytes:
+    """The payload of one unmasked WebSocket frame from the node."""
+    size = frame[1] & 0x7F
+    return frame[{126: 4, 127: 10}.get(size, 2) :]
+
+
+def _least_cpu(fn: Any, count: int, rounds: int = 3) -> float:
+    """The least CPU µs per call over ``rounds`` runs (steps of a few µs are noisy on a
+    shared machine)."""
+    return min(_per_message(fn, count)[0] for _ in range(rounds))
+
+
+def measure_binary(keys: KeyPair, count: int) -> dict[str, Any]:
+    """A 256-byte binary payload as bytes over CBOR, and as base64 text in JSON: frame
+    sizes, and CPU µs per message at each step from publisher to subscriber."""
+    raw = os.urandom(256)
+    out: dict[str, Any] = {}
+    # cbor_bytes: bytes both ways; json_base64: the application's own base64 text as a
+    # JSON string; json_data_enc: bytes published and delivered over JSON (data_enc).
+    for name, proto, marked in (
+        ("cbor_bytes", SUBPROTOCOL_CBOR, True),
+        ("json_base64", SUBPROTOCOL_JSON, False),
+        ("json_data_enc", SUBPROTOCOL_JSON, True),
+    ):
+        cbor = proto == SUBPROTOCOL_CBOR
+        codec = FrameCodec(proto)
+        form = "ws_cbor" + NOSIG if cbor else "ws_text" + NOSIG
+
+        def encode_publish(cbor: bool = cbor, marked: bool = marked) -> bytes:
+            frame = {"type": "publish", "topic": TOPIC, "msg_type": "bench", "ref": "1"}
+            if cbor:
+                return cbor2.dumps({**frame, "data": raw})
+            text = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+            if marked:
+                return orjson.dumps({**frame, "data": text, "data_enc": "base64url"})
+            return orjson.dumps({**frame, "data": text})
+
+        wire = encode_publish()
+
+        def node_ingest(wire: bytes = wire, codec: FrameCodec = codec) -> dict[str, Any]:
+            frame = parse_client_frame(codec.decode(wire, binary=codec.binary, max_bytes=1 << 20))
+            assert isinstance(frame, Publish)
+            encoded_payload(frame.data)
+            return Message.unsigned(
+                keys.node_id, topic=TOPIC, msg_type="bench", data=frame.data, origin_seq=1, ts=1
+            )
+
+        body = node_ingest()
+        message = Message.signed(keys, body)
+        stored = StoredMessage(1000, message)
+        delivered = EncodedMessage(stored).form(form)
+
+        def subscriber_decode(cbor: bool = cbor, delivered: bytes = delivered) -> bytes:
+            if cbor:
+                data: bytes = cbor2.loads(_ws_payload(delivered))["data"]["data"]
+                return data
+            text = orjson.loads(_ws_payload(delivered))["data"]["data"]
+            return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+        assert raw == subscriber_decode()
+        publish_cpu = _least_cpu(encode_publish, count)
+        ingest_cpu = _least_cpu(node_ingest, count)
+        fanout_cpu = _least_cpu(
+            lambda stored=stored, form=form: EncodedMessage(stored).form(form), count
+        )
+        decode_cpu = _least_cpu(subscriber_decode, count)
+        out[name] = {
+            "publish_frame_bytes": len(wire),
+            "message_frame_bytes": len(delivered),
+            "publisher_encode_cpu_us": publish_cpu,
+            "node_ingest_cpu_us": ingest_cpu,
+            "node_encode_cpu_us": fanout_cpu,
+            "subscriber_decode_cpu_us": decode_cpu,
+        }
+    return out
+
+
 async def measure_log(keys: KeyPair, sync: str, count: int, batch: int) -> dict[str, Any]:
     """Publishes through the real log, ``batch`` at a time, each batch awaited."""
     with tempfile.TemporaryDirectory(prefix="hn-publish-cost-") as tmp:
@@ -206,6 +294,15 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
             f"frame {form}: with sig {a['bytes']} bytes, {a['cpu_us']:.2f} µs CPU; "
             f"without {b['bytes']} bytes, {b['cpu_us']:.2f} µs"
         )
+    binary = measure_binary(keys, opts.messages)
+    for name, row in binary.items():
+        print(
+            f"binary 256 B as {name}: publish frame {row['publish_frame_bytes']} B, "
+            f"message frame {row['message_frame_bytes']} B; CPU µs: publisher "
+            f"{row['publisher_encode_cpu_us']:.2f}, node in {row['node_ingest_cpu_us']:.2f}, "
+            f"node out {row['node_encode_cpu_us']:.2f}, subscriber "
+            f"{row['subscriber_decode_cpu_us']:.2f}"
+        )
     logs = []
     for sync in opts.sync:
         row = await measure_log(keys, sync, opts.messages, opts.batch)
@@ -215,7 +312,14 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
             f"{row['cpu_us_per_message']:.1f} µs CPU, {row['wall_us_per_message']:.1f} µs wall "
             f"per message; batch p50 {row['batch_ms_p50']:.2f} ms"
         )
-    return {"payload_bytes": len(PAYLOAD), **signing, **batches, "frames": frames, "log": logs}
+    return {
+        "payload_bytes": len(PAYLOAD),
+        **signing,
+        **batches,
+        "frames": frames,
+        "binary": binary,
+        "log": logs,
+    }
 
 
 def main() -> None:

@@ -259,7 +259,8 @@ class PubSubSection:
         ),
     )
     max_payload_bytes: int = field(
-        default=256 * KIB, metadata=_doc("Largest message data (JSON bytes).")
+        default=256 * KIB,
+        metadata=_doc("Largest message data: its JSON bytes, or its raw bytes when it is bytes."),
     )
     max_batch: int = field(default=1024, metadata=_doc("Most messages written in one commit."))
     max_pending: int = field(

@@ -29,8 +29,11 @@ from hearthnet.ids import is_node_id, is_ulid, new_ulid
 from hearthnet.pubsub.batchsig import VERIFIER, BatchVerifier, sign_batch
 from hearthnet.pubsub.payload import (
     DATA_ENC,
+    Base64UrlText,
     cbor_envelope,
+    check_text,
     decode_bytes,
+    decoded_size,
     encode_bytes,
     json_envelope,
 )
@@ -73,25 +76,26 @@ def validate_ttl(ttl_s: object) -> int | None:
     return ttl_s
 
 
-def encoded_payload(data: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> bytes:
-    """The bytes the payload limit counts: ``data`` itself when it is bytes (a binary
-    payload counts its raw bytes, not its base64url form), else its JSON bytes.
+def encoded_payload(data: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> int:
+    """Check ``data`` against the payload limit; returns the size it counts: its JSON
+    bytes, or the raw bytes of a binary payload (not its base64url form).
 
     Raises:
         BadRequest: ``data`` has no JSON form.
         PayloadTooLarge: over ``max_bytes``.
     """
     if type(data) is bytes:
-        if len(data) > max_bytes:
-            raise PayloadTooLarge(f"data is {len(data)} bytes; the limit is {max_bytes}")
-        return data
-    try:
-        raw = orjson.dumps(data)
-    except TypeError as exc:
-        raise BadRequest(f"data is not JSON: {exc}") from exc
-    if len(raw) > max_bytes:
-        raise PayloadTooLarge(f"data is {len(raw)} bytes; the limit is {max_bytes}")
-    return raw
+        size = len(data)
+    elif type(data) is Base64UrlText:
+        size = decoded_size(data)
+    else:
+        try:
+            size = len(orjson.dumps(data))
+        except TypeError as exc:
+            raise BadRequest(f"data is not JSON: {exc}") from exc
+    if size > max_bytes:
+        raise PayloadTooLarge(f"data is {size} bytes; the limit is {max_bytes}")
+    return size
 
 
 def canonical_body(body: dict[str, Any]) -> bytes:
@@ -193,6 +197,9 @@ class Message:
         }
         if type(data) is bytes:
             body["data"] = encode_bytes(data)
+            body["data_enc"] = DATA_ENC
+        elif type(data) is Base64UrlText:  # checked canonical where it came in
+            body["data"] = str(data)
             body["data_enc"] = DATA_ENC
         if ttl_s is not None:
             body["ttl_s"] = ttl_s
@@ -306,7 +313,7 @@ class Message:
         if data_enc is None:
             encoded_payload(obj["data"])
         elif data_enc == DATA_ENC:
-            encoded_payload(decode_bytes(obj["data"]))
+            encoded_payload(Base64UrlText(check_text(obj["data"])))
         else:
             raise BadRequest(f'data_enc is "{DATA_ENC}" or absent')
         sig = obj["sig"]

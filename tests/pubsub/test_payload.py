@@ -24,10 +24,12 @@ from hearthnet.pubsub.envelope import (
 from hearthnet.pubsub.frames import Publish, parse_client_frame
 from hearthnet.pubsub.payload import (
     DATA_ENC,
+    Base64UrlText,
     cbor_envelope,
     decode_bytes,
     decoded_size,
     encode_bytes,
+    from_publish,
     json_envelope,
     payload_of,
 )
@@ -52,12 +54,20 @@ def _bytes_message(data: bytes, origin_seq: int = 1) -> Message:
 
 @given(st.binary(max_size=300))
 def test_bytes_round_trip_through_canonical_base64url(raw: bytes) -> None:
-    """encode_bytes is RFC 4648 §5 without padding; decode and size give the bytes back."""
+    """encode_bytes is RFC 4648 §5 without padding; decode and size give the bytes back,
+    and bytes published over CBOR or as text over JSON make the same envelope body."""
     text = encode_bytes(raw)
-    assert (base64.urlsafe_b64encode(raw).rstrip(b"=").decode(), raw, len(raw)) == (
+
+    def body(data: Any) -> dict[str, Any]:
+        return Message.unsigned(
+            KEYS.node_id, topic="a.b", msg_type="m", data=data, origin_seq=1, ts=1, msg_id="I"
+        )
+
+    assert (base64.urlsafe_b64encode(raw).rstrip(b"=").decode(), raw, len(raw), body(raw)) == (
         text,
         decode_bytes(text),
         decoded_size(text),
+        body(from_publish(text, "base64url")),
     )
 
 
@@ -160,7 +170,7 @@ def test_the_size_limit_counts_raw_bytes() -> None:
     with pytest.raises(PayloadTooLarge):
         Message.parse(over)
     assert (MAX_PAYLOAD_BYTES, True) == (
-        len(encoded_payload(full)),
+        encoded_payload(full),
         len(ok.data) > MAX_PAYLOAD_BYTES,
     )
 
@@ -210,8 +220,8 @@ def test_a_cbor_publish_may_carry_bytes_only_as_its_whole_data() -> None:
 
 
 def test_a_json_publish_sends_bytes_as_base64url_with_data_enc() -> None:
-    """data_enc "base64url" turns the text into bytes; other names and bytes beside it are
-    refused."""
+    """data_enc "base64url" marks checked text as bytes (counted as 3 bytes); other names,
+    bytes beside it and non-canonical text are refused."""
     base = {"type": "publish", "topic": "a.b", "msg_type": "m"}
     parsed = parse_client_frame({**base, "data": "AQID", "data_enc": "base64url"})
     for bad in (
@@ -221,7 +231,8 @@ def test_a_json_publish_sends_bytes_as_base64url_with_data_enc() -> None:
     ):
         with pytest.raises(BadRequest):
             parse_client_frame({**base, **bad})
-    assert b"\x01\x02\x03" == parsed.data  # type: ignore[union-attr]
+    data = parsed.data  # type: ignore[union-attr]
+    assert ("AQID", Base64UrlText, 3) == (data, type(data), encoded_payload(data))
 
 
 def test_payload_of_either_form_is_the_bytes() -> None:
