@@ -91,6 +91,8 @@ def cmd_sub(args: argparse.Namespace) -> int:
                             "ts": item.ts,
                         }
                     )
+                    if "data_enc" in item.envelope:  # bytes, as base64url text
+                        line["data_enc"] = item.envelope["data_enc"]
                 print_json_line(line)
                 seen += 1
                 if args.count and seen >= args.count:
