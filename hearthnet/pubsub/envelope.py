@@ -30,12 +30,12 @@ from hearthnet.pubsub.batchsig import VERIFIER, BatchVerifier, sign_batch
 from hearthnet.pubsub.payload import (
     DATA_ENC,
     Base64UrlText,
-    cbor_envelope,
     check_text,
     decode_bytes,
     decoded_size,
     encode_bytes,
     json_envelope,
+    stored_bytes,
 )
 from hearthnet.pubsub.topics import validate_topic
 
@@ -362,7 +362,11 @@ class StoredMessage:
     def frame_cbor(self) -> dict[str, Any]:
         """The message frame as a CBOR frame carries it: a bytes message's ``data`` is a
         byte string (see :mod:`hearthnet.pubsub.payload`)."""
-        return {"event": "message", "data": cbor_envelope(self.message.body()), "seq": self.seq}
+        body = self.message.body()  # a new dict: changed in place (once per message)
+        if self.message.data_enc is not None:
+            del body["data_enc"]
+            body["data"] = stored_bytes(self.message.data)
+        return {"event": "message", "data": body, "seq": self.seq}
 
     def frame_bytes(self) -> bytes:
         """The same frame as JSON bytes, built around the stored envelope bytes."""

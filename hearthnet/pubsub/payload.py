@@ -69,8 +69,7 @@ def decode_bytes(text: object) -> bytes:
     Raises:
         BadRequest: as :func:`check_text`.
     """
-    encoded = check_text(text).encode()
-    return binascii.a2b_base64(encoded.translate(_TO_STANDARD) + b"=="[: -len(encoded) % 4])
+    return stored_bytes(check_text(text))
 
 
 def decoded_size(text: str) -> int:
@@ -112,6 +111,12 @@ def json_envelope(obj: dict[str, Any]) -> dict[str, Any]:
     return {**obj, "data": encode_bytes(data), "data_enc": DATA_ENC}
 
 
+def stored_bytes(text: str) -> bytes:
+    """The bytes of base64url text already checked canonical (a stored message's)."""
+    encoded = text.encode()
+    return binascii.a2b_base64(encoded.translate(_TO_STANDARD) + b"=="[: -len(encoded) % 4])
+
+
 def cbor_envelope(body: dict[str, Any]) -> dict[str, Any]:
     """The envelope as a CBOR frame carries it: a bytes message's ``data`` as a byte
     string without ``data_enc``; any other envelope is returned as it is. ``body`` is a
@@ -119,9 +124,7 @@ def cbor_envelope(body: dict[str, Any]) -> dict[str, Any]:
     if body.get("data_enc") != DATA_ENC:
         return body
     out = {k: v for k, v in body.items() if k != "data_enc"}
-    out["data"] = binascii.a2b_base64(
-        body["data"].encode().translate(_TO_STANDARD) + b"=" * (-len(body["data"]) % 4)
-    )
+    out["data"] = stored_bytes(body["data"])
     return out
 
 
