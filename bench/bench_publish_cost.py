@@ -204,6 +204,7 @@ def measure_binary(keys: KeyPair, count: int) -> dict[str, Any]:
         message = Message.signed(keys, body)
         stored = StoredMessage(1000, message)
         delivered = EncodedMessage(stored).form(form)
+        signed = EncodedMessage(stored).form(form.removesuffix(NOSIG))
 
         def subscriber_decode(cbor: bool = cbor, delivered: bytes = delivered) -> bytes:
             if cbor:
@@ -222,6 +223,7 @@ def measure_binary(keys: KeyPair, count: int) -> dict[str, Any]:
         out[name] = {
             "publish_frame_bytes": len(wire),
             "message_frame_bytes": len(delivered),
+            "message_frame_with_sig_bytes": len(signed),
             "publisher_encode_cpu_us": publish_cpu,
             "node_ingest_cpu_us": ingest_cpu,
             "node_encode_cpu_us": fanout_cpu,
@@ -298,7 +300,8 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
     for name, row in binary.items():
         print(
             f"binary 256 B as {name}: publish frame {row['publish_frame_bytes']} B, "
-            f"message frame {row['message_frame_bytes']} B; CPU µs: publisher "
+            f"message frame {row['message_frame_bytes']} B "
+            f"({row['message_frame_with_sig_bytes']} B with sig); CPU µs: publisher "
             f"{row['publisher_encode_cpu_us']:.2f}, node in {row['node_ingest_cpu_us']:.2f}, "
             f"node out {row['node_encode_cpu_us']:.2f}, subscriber "
             f"{row['subscriber_decode_cpu_us']:.2f}"

@@ -30,6 +30,11 @@ async def test_publish_cost_measures_every_publish_through_the_log() -> None:
     assert result["sign_cpu_us"] > 0
     assert result["envelope_cpu_us"] > 0
     assert all(r["cpu_us_per_message"] > 0 for r in result["log"])
+    # 256 bytes as CBOR bytes travel in smaller frames than their base64 text in JSON
+    # (publish and delivered frames alike), which data_enc makes a little larger
+    for key in ("publish_frame_bytes", "message_frame_bytes"):
+        sizes = [result["binary"][n][key] for n in ("cbor_bytes", "json_base64", "json_data_enc")]
+        assert sizes[0] < sizes[1] < sizes[2], (key, sizes)
 
 
 async def test_read_last_finds_the_newest_rooms() -> None:
