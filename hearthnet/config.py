@@ -510,6 +510,14 @@ class MeshSection:
             " linked (spec §8)."
         ),
     )
+    relay_pace_queue_bytes: int = field(
+        default=1024 * 1024,
+        metadata=_doc(
+            "Member: bytes a relayed peer's frames may wait for the relay's budget before"
+            " gossip to it is shed (anti-entropy repairs it later); other frames still"
+            " wait (spec §8)."
+        ),
+    )
     relay_keepalive_s: float = field(
         default=1.0,
         metadata=_doc("Member: how often each attached relay is pinged (spec §8 failover)."),

@@ -32,6 +32,14 @@ the peer relayed and retries after an exponential backoff with jitter (symmetric
 failing, so they are tried rarely).
 Frames for a peer are numbered across paths (:mod:`hearthnet.mesh.pathseq`), so a switch
 loses and duplicates nothing.
+
+Pacing (spec §8 budgets, :mod:`hearthnet.mesh.pacing`): what goes through a relay that
+granted a budget (:meth:`PathCore.relay_granted`) leaves at that rate; frames beyond it
+wait in the peer's sequence and go as the budget refills (:meth:`PathCore.tick` shares it
+out a frame per peer in turn). Back-pressure: a frame :meth:`PathCore.send` may shed (a
+gossip message: anti-entropy brings it later) is dropped and counted while the peer's
+held frames are over ``shed_bytes``, so a member publishing far over its budget keeps its
+link; anything else waits, up to the sequence's bound.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hearthnet.errors import CapacityExceeded
+from hearthnet.mesh.pacing import Pacer
 from hearthnet.mesh.path_frames import (
     Candidates,
     Drain,
@@ -51,7 +60,7 @@ from hearthnet.mesh.path_frames import (
     Punch,
     Upgrade,
 )
-from hearthnet.mesh.pathseq import Inbound, Outbound
+from hearthnet.mesh.pathseq import MAX_UNACKED, Inbound, Outbound
 from hearthnet.mesh.relay_choice import (
     AttachRelay,
     DetachRelay,
@@ -109,6 +118,10 @@ class PathConfig:
     jitter: float = 0.2  # every backoff is multiplied by 1 ± jitter
     punch_delay_ms: int = 100
     max_peers: int = 4096  # peers with a path kept; forget() the ones that left
+    # back-pressure on a paced path: frames that may be shed (gossip) are dropped while a
+    # peer holds this many bytes, or half its sequence's bound in frames, waiting to go
+    shed_bytes: int = 1024 * 1024
+    shed_frames: int = MAX_UNACKED // 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +209,7 @@ class PathStats:
     upgrades_succeeded: int = 0
     stale_upgrade_frames: int = 0
     resent: int = 0
+    shed: int = 0  # frames dropped under back-pressure (gossip; anti-entropy repairs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +225,11 @@ class PathSnapshot:
     resent: int
     duplicates: int
     stale_upgrade_frames: int
+    queued_frames: int = 0  # waiting for a relay's budget (held or to resend)
+    queued_bytes: int = 0  # held, not yet sent
+    paced_bytes: int = 0  # sent through paced relays
+    shed: int = 0
+    pace_refusals: int = 0  # rate_limited refusals that came all the same
 
 
 class DirectUpgrade:
@@ -339,6 +358,7 @@ class PathCore:
         self.relays = RelayChoice(relays, relay_config or RelayChoiceConfig(), self.rng)
         self.stats = PathStats()
         self.upgrade = DirectUpgrade(node_id, self.config, self.rng, self.relays, self.stats)
+        self.pacer = Pacer()
         self._peers: dict[str, _Peer] = {}
 
     # -- views ---------------------------------------------------------------------------
@@ -349,6 +369,7 @@ class PathCore:
         for p in self._peers.values():
             on[p.state] += 1
         st = self.stats
+        pace = self.pacer.snapshot()
         return PathSnapshot(
             direct=on[PathState.DIRECT],
             relayed=on[PathState.RELAYED],
@@ -359,6 +380,11 @@ class PathCore:
             resent=st.resent,
             duplicates=sum(p.inb.duplicates for p in self._peers.values()),
             stale_upgrade_frames=st.stale_upgrade_frames,
+            queued_frames=sum(p.out.waiting for p in self._peers.values()),
+            queued_bytes=sum(p.out.held_bytes for p in self._peers.values()),
+            paced_bytes=pace.paced_bytes,
+            shed=st.shed,
+            pace_refusals=pace.refusals,
         )
 
     def path(self, peer: str) -> tuple[PathState, str | None]:
@@ -395,9 +421,24 @@ class PathCore:
             # what the old path carries arrives before the drain; its ack tells what it lost
             actions.append(Transmit(p.node, old_path, p.out.drain()))
         elif was_down or not old_alive:
-            resent = p.out.resend_all(now)
-            self.stats.resent += len(resent)
-            actions += [Transmit(p.node, p.path, f) for f in resent]
+            p.out.resend_all(now, later=True)
+        return actions + self._flush(p, now)
+
+    def _flush(self, p: _Peer, now: float, *, one: bool = False) -> list[Action]:
+        """Frames of ``p`` waiting to go, while its path's budget allows (``one``: at most
+        one, for sharing a relay's budget in turn)."""
+        actions: list[Action] = []
+        if p.state is PathState.DOWN:
+            return actions
+        via = p.path
+        while (size := p.out.next_size()) is not None:
+            if via is not None and not self.pacer.admit(via, size, now):
+                break
+            frame, resent = p.out.take(now)
+            self.stats.resent += resent
+            actions.append(Transmit(p.node, via, frame))
+            if one:
+                break
         return actions
 
     def connect(self, peer: str, now: float) -> list[Action]:
@@ -426,7 +467,18 @@ class PathCore:
         """The link to ``relay`` died or it detached us: its peers move to another relay
         (everything unacknowledged resent), or down."""
         self.relays.lost(relay, now)
+        self.pacer.forget(relay)
         return self._leave_relay(relay, now, alive=False)
+
+    def relay_granted(self, relay: str, bytes_per_s: int, burst: int | None, now: float) -> None:
+        """``relay`` grants us ``bytes_per_s`` of data with a bucket of ``burst`` bytes
+        (its ``attached``, then ``budget`` when its fair share changes): we pace to it."""
+        self.pacer.grant(relay, bytes_per_s, burst, now)
+
+    def relay_refused(self, relay: str, retry_after_ms: int | None, now: float) -> None:
+        """``relay`` refused a frame ``rate_limited`` all the same: pause as it asks (the
+        path sequence resends the frame)."""
+        self.pacer.refused(relay, retry_after_ms, now)
 
     def _leave_relay(self, relay: str, now: float, *, alive: bool) -> list[Action]:
         nxt = self.relays.primary
@@ -470,19 +522,28 @@ class PathCore:
 
     # -- frames ----------------------------------------------------------------------------
 
-    def send(self, peer: str, frame: bytes, now: float) -> list[Action]:
+    def send(self, peer: str, frame: bytes, now: float, *, sheddable: bool = False) -> list[Action]:
         """Send a peer-link frame to ``peer`` on its current path (kept for resending; while
-        the peer is down it waits for a path).
+        the peer is down, or its relay's budget is spent, it waits). A ``sheddable`` frame
+        (gossip) is dropped instead while the peer's waiting frames are over the bounds
+        (``shed_bytes``, ``shed_frames``).
 
         Raises:
             Unavailable: the peer has not acknowledged ``MAX_UNACKED`` frames.
             CapacityExceeded: a new peer while paths to ``max_peers`` are kept.
         """
         p = self._peer(peer)
-        numbered = p.out.send(frame, now)
+        out = p.out
+        if sheddable and (
+            out.held_bytes >= self.config.shed_bytes
+            or out.waiting + out.unacked >= self.config.shed_frames
+        ):
+            self.stats.shed += 1
+            return []
+        out.hold(frame)
         if p.state is PathState.DOWN:
             return self.connect(peer, now)  # sends it, and all before it, once a relay is up
-        return [Transmit(peer, p.path, numbered)]
+        return self._flush(p, now)
 
     def send_unsequenced(self, peer: str, frame: bytes, now: float) -> list[Action]:
         """Send ``frame`` to ``peer`` outside the sequence (a heartbeat: lost if the path
@@ -513,11 +574,8 @@ class PathCore:
                 actions.append(Transmit(peer, p.path, ack))
             return actions
         if isinstance(frame, PAck):
-            resent = p.out.ack(frame, now)
-            self.stats.resent += len(resent)
-            if p.state is PathState.DOWN:
-                return []
-            return [Transmit(peer, p.path, f) for f in resent]
+            p.out.ack(frame, now, later=True)
+            return self._flush(p, now)
         if isinstance(frame, Drain):
             ack = p.inb.drain(frame)
             return [] if p.state is PathState.DOWN else [Transmit(peer, p.path, ack)]
@@ -545,13 +603,20 @@ class PathCore:
             if isinstance(change, DetachRelay):  # drain through it before it goes
                 actions += self._leave_relay(change.relay, now, alive=True)
             actions.append(change)
+        waiting: list[_Peer] = []
         for p in self._peers.values():
             actions += self.upgrade.due(p, now)
             if p.state is PathState.DOWN:
                 continue
-            resent = p.out.due(now)
-            self.stats.resent += len(resent)
-            actions += [Transmit(p.node, p.path, f) for f in resent]
+            p.out.due(now, later=True)
             if p.inb.owed:
                 actions.append(Transmit(p.node, p.path, p.inb.ack()))
+            if p.out.waiting:
+                waiting.append(p)
+        # a relay's budget goes a frame per peer in turn, so one busy peer starves no other
+        while waiting:
+            sent = [(p, self._flush(p, now, one=True)) for p in waiting]
+            waiting = [p for p, f in sent if f]
+            for _, f in sent:
+                actions += f
         return actions

@@ -29,6 +29,7 @@ behind such a gap would take a busy link down for missed pongs.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ RETRANSMIT_S = 2.0
 ACK_EVERY = 32  # frames delivered between two acks (also acked on every drain and tick)
 UNSEQUENCED = 0  # the ``s`` of a frame outside the sequence
 _HEARTBEAT_HEADS = (b"\x61t\x64ping", b"\x61t\x64pong")  # after the map's first byte
+_MSG_HEAD = b"\x61t\x63msg"
 
 
 def is_heartbeat(frame: bytes) -> bool:
@@ -50,9 +52,22 @@ def is_heartbeat(frame: bytes) -> bool:
     return frame[1:8] in _HEARTBEAT_HEADS
 
 
+def is_gossip(frame: bytes) -> bool:
+    """True for an encoded ``msg`` peer frame: gossip, which anti-entropy brings again if
+    it is shed under back-pressure (spec §7.3)."""
+    return frame[1:7] == _MSG_HEAD
+
+
 @dataclass
 class Outbound:
-    """The sending side of one peer's sequence; ``epoch`` is this process's start (ms)."""
+    """The sending side of one peer's sequence; ``epoch`` is this process's start (ms).
+
+    Frames go out either at once (:meth:`send`) or, on a paced path
+    (:mod:`hearthnet.mesh.pacing`), when the caller takes them (:meth:`hold`, then
+    :meth:`next_size` and :meth:`take` while the relay's budget allows): resends first,
+    then held frames in order. A held frame is numbered only when it is taken, so a
+    ``drain`` covers exactly what the old path carried.
+    """
 
     epoch: int = 0
     max_unacked: int = MAX_UNACKED
@@ -60,20 +75,64 @@ class Outbound:
     last: int = 0
     acked: int = 0
     drained: int = 0  # the upto of the last drain sent, until an ack answers it
+    held_bytes: int = 0  # bytes of frames held, not yet numbered
     _unacked: deque[tuple[int, bytes, float]] = field(default_factory=deque)
+    _held: deque[bytes] = field(default_factory=deque)
+    _resend: list[int] = field(default_factory=list)  # a heap of numbers to send again
+    _resend_set: set[int] = field(default_factory=set)
 
     def send(self, frame: bytes, now: float) -> PFrame:
-        """Number ``frame`` and keep it until acknowledged.
+        """Number ``frame``, keep it until acknowledged, and hand it out to send now (an
+        unpaced path with nothing held).
 
         Raises:
             Unavailable: ``max_unacked`` frames are waiting; the peer is not acknowledging
                 (the caller treats the peer as unreachable).
         """
-        if len(self._unacked) >= self.max_unacked:
+        self._check_room()
+        return self._number(frame, now)
+
+    def hold(self, frame: bytes) -> None:
+        """Keep ``frame`` until :meth:`take` hands it out (after any held before it).
+
+        Raises:
+            Unavailable: ``max_unacked`` frames are sent or held; see :meth:`send`.
+        """
+        self._check_room()
+        self._held.append(frame)
+        self.held_bytes += len(frame)
+
+    def _check_room(self) -> None:
+        if len(self._unacked) + len(self._held) >= self.max_unacked:
             raise Unavailable("the peer acknowledges nothing; too many frames unacknowledged")
+
+    def _number(self, frame: bytes, now: float) -> PFrame:
         self.last += 1
         self._unacked.append((self.last, frame, now))
         return PFrame(self.last, frame, self.epoch, self.acked)
+
+    def next_size(self) -> int | None:
+        """The bytes of the frame :meth:`take` would hand out next; None when none waits."""
+        first = self._unacked[0][0] if self._unacked else self.last + 1
+        while self._resend and self._resend[0] < first:  # acknowledged meanwhile
+            self._resend_set.discard(heapq.heappop(self._resend))
+        if self._resend:
+            return len(self._unacked[self._resend[0] - first][1])
+        return len(self._held[0]) if self._held else None
+
+    def take(self, now: float) -> tuple[PFrame, bool]:
+        """The next frame to send (a resend first, then the oldest held frame, numbered
+        now) and whether it is a resend; call only after :meth:`next_size` said one waits."""
+        if self.next_size() is not None and self._resend:
+            s = heapq.heappop(self._resend)
+            self._resend_set.discard(s)
+            i = s - self._unacked[0][0]
+            _, frame, _ = self._unacked[i]
+            self._unacked[i] = (s, frame, now)
+            return PFrame(s, frame, self.epoch, self.acked), True
+        frame = self._held.popleft()
+        self.held_bytes -= len(frame)
+        return self._number(frame, now), False
 
     def unsequenced(self, frame: bytes) -> PFrame:
         """``frame`` outside the sequence: not numbered, not kept for resending."""
@@ -84,13 +143,19 @@ class Outbound:
         """Frames sent and not yet acknowledged."""
         return len(self._unacked)
 
+    @property
+    def waiting(self) -> int:
+        """Frames held or due for resending, not yet handed out."""
+        return len(self._held) + len(self._resend)
+
     def drain(self) -> Drain:
         """The marker for the old path when switching to a new one that still works."""
         self.drained = self.last
         return Drain(self.last, self.epoch)
 
-    def ack(self, frame: PAck, now: float) -> list[PFrame]:
-        """Apply a ``pack``; return the frames to resend (those a drained path lost)."""
+    def ack(self, frame: PAck, now: float, *, later: bool = False) -> list[PFrame]:
+        """Apply a ``pack``; return the frames to resend (those a drained path lost), or
+        with ``later`` queue them for :meth:`take`."""
         upto = frame.upto
         if upto > self.last or frame.e != self.epoch:
             return []  # acknowledges what we never sent (or a sequence before our restart)
@@ -100,25 +165,37 @@ class Outbound:
         if not frame.drained or not self.drained:
             return []
         lost_upto, self.drained = self.drained, 0
-        return self._resend(lambda s: s <= lost_upto, now)
+        return self._resend_where(lambda s: s <= lost_upto, now, later=later)
 
-    def resend_all(self, now: float) -> list[PFrame]:
-        """Every unacknowledged frame, for a new path when the old one died."""
+    def resend_all(self, now: float, *, later: bool = False) -> list[PFrame]:
+        """Every unacknowledged frame, for a new path when the old one died (``later``:
+        queued for :meth:`take`)."""
         self.drained = 0
-        return self._resend(lambda s: True, now)
+        return self._resend_where(lambda s: True, now, later=later)
 
-    def due(self, now: float) -> list[PFrame]:
-        """Unacknowledged frames not acknowledged within ``retransmit_s``, to resend."""
+    def due(self, now: float, *, later: bool = False) -> list[PFrame]:
+        """Unacknowledged frames not acknowledged within ``retransmit_s``, to resend (or
+        with ``later``, queued for :meth:`take`)."""
         horizon = now - self.retransmit_s
-        return self._resend(lambda s: True, now, horizon)
+        return self._resend_where(lambda s: True, now, horizon, later=later)
 
-    def _resend(
-        self, which: Callable[[int], bool], now: float, horizon: float = float("inf")
+    def _resend_where(
+        self,
+        which: Callable[[int], bool],
+        now: float,
+        horizon: float = float("inf"),
+        *,
+        later: bool = False,
     ) -> list[PFrame]:
         out: list[PFrame] = []
         kept: deque[tuple[int, bytes, float]] = deque()
         for s, f, sent in self._unacked:
-            if sent <= horizon and which(s):
+            if sent <= horizon and which(s) and s not in self._resend_set:
+                if later:
+                    heapq.heappush(self._resend, s)
+                    self._resend_set.add(s)
+                    kept.append((s, f, sent))
+                    continue
                 out.append(PFrame(s, f, self.epoch, self.acked))
                 kept.append((s, f, now))
             else:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from hearthnet.clock import now_ms
 from hearthnet.mesh.links import PeerLink
+from hearthnet.mesh.pacing import Budget
 from hearthnet.mesh.paths import Action, PathCore
 from hearthnet.mesh.protocol import encode_frame
 from hearthnet.mesh.relay_choice import AttachRelay, DetachRelay
@@ -80,7 +81,14 @@ class RelayAttachments:
         # candidate a direct upgrade offers (none: no upgrade is tried)
         ours = self.candidate(frame.observed_addr)
         self.carry(self.paths.relay_attached(link.node, ours, rtt, now))
+        # spec §8 budgets: pace to what it grants (its ``budget`` frame refines it)
+        self.paths.relay_granted(link.node, frame.bytes_per_s, None, now)
         self.keepalive.watch(link.node, link.frames_in, now)
+
+    def budget(self, link: PeerLink, frame: Budget, now: float) -> None:
+        """One of our relays says what it holds us to now: we pace to that."""
+        if link.node in self.relays:
+            self.paths.relay_granted(link.node, frame.bytes_per_s, frame.burst, now)
 
     def detached(self, link: PeerLink, frame: Detach, now: float) -> None:
         """One of our relays detached us: its peers move to another relay."""

@@ -23,7 +23,9 @@ Rules:
   the relay cannot see the bus streams inside the sealed frames, so circuits are what it
   counts). When the members sending within the last ``active_window_s`` would together
   exceed the relay's ``capacity_bytes_per_s``, each gets an equal share of it. A member over budget
-  gets ``route_error rate_limited`` with ``retry_after_ms``; nobody else waits.
+  gets ``route_error rate_limited`` with ``retry_after_ms``; nobody else waits. Each member
+  is told its share (``budget {bytes_per_s, burst}``) when it attaches and when the share
+  changes (on :meth:`~RelayCore.tick`), and paces itself to it (:mod:`hearthnet.mesh.pacing`).
 - Forwarding: to the attached member ``to``, else to the federated relay with the fewest
   hops to it, else ``route_error unreachable``. Each relay passed takes one from
   ``ttl_hops``; a frame arriving with none left is ``route_error ttl``. A ``(from, id)``
@@ -47,6 +49,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from hearthnet.mesh.frame_fields import MAX_INNER_BYTES
+from hearthnet.mesh.pacing import Budget
 from hearthnet.mesh.relay_frames import (
     DEFAULT_TTL_HOPS,
     Attach,
@@ -175,6 +178,7 @@ class _Member:
     control: FairBucket  # route frames marked control (heartbeats, acks, hellos)
     circuits: dict[str, float] = field(default_factory=dict)  # destination -> last used
     last_sent: float = float("-inf")
+    told: float = 0.0  # the rate its last ``budget`` frame named
 
 
 @dataclass(slots=True)
@@ -298,7 +302,18 @@ class RelayCore:
             cfg.max_inner,
             frame.ts,
         )
-        return [Send(link, granted), *self._routes_changed(now, members_changed=old is None)]
+        member = self._members[peer]
+        return [
+            Send(link, granted),
+            self._tell(member),
+            *self._routes_changed(now, members_changed=old is None),
+        ]
+
+    def _tell(self, member: _Member) -> Send:
+        """The member's budget now, for it to pace to (spec §8: refusals stay rare)."""
+        member.told = member.bucket.rate
+        burst = max(1, int(member.bucket.rate * member.bucket.burst_s))
+        return Send(member.link, Budget(max(1, int(member.bucket.rate)), burst))
 
     def _route(self, link: LinkId, route: Route, now: float) -> list[Action]:
         member_node = self._member_links.get(link)
@@ -457,6 +472,8 @@ class RelayCore:
             if fed.routes and now - fed.refreshed > self.config.table_expiry_s:
                 # forget the version too: the next table, even the same one, is taken whole
                 fed.routes, fed.version, changed = {}, -1, True
+        # a member's fair share changed since it was told: it paces to the new one
+        actions += [self._tell(m) for m in self._members.values() if m.told != m.bucket.rate]
         if now - self._table_sent >= self.config.table_refresh_s:
             for node in [n for n in self._members if not self.is_served(n)]:
                 member = self._members.pop(node)

@@ -7,6 +7,7 @@ like the frames of :mod:`hearthnet.mesh.protocol`. Three layers::
       attach {ts?}                                  member asks to be relayed
       attached {relay, observed_addr, bytes_per_s, streams, max_inner, ts_echo?}
       detach {code?, reason?}                       either side ends the attachment
+      budget {bytes_per_s, burst}                   relay -> member: pace to this
       route {to, from, ttl_hops, id, inner, control?}   ``inner``: the bytes of one e2e frame
       route_error {to, origin, id, code, retry_after_ms?}   code: unreachable|ttl|rate_limited
       route_table {relay, version, nodes: [[node, hops], ...]}   relay <-> relay
@@ -51,6 +52,7 @@ from hearthnet.mesh.frame_fields import (
     opt_int_field,
     str_field,
 )
+from hearthnet.mesh.pacing import Budget
 from hearthnet.mesh.path_frames import Candidates, Drain, PAck, PFrame, Punch, Upgrade
 from hearthnet.shapes import Shape
 
@@ -514,6 +516,7 @@ class Sealed(Frame):
 RelayFrame = (
     Attach
     | Attached
+    | Budget
     | Detach
     | Route
     | RouteError
@@ -535,6 +538,7 @@ FRAME_TYPES: dict[str, type[RelayFrame]] = {
     for cls in (
         Attach,
         Attached,
+        Budget,
         Detach,
         Route,
         RouteError,

@@ -42,15 +42,17 @@ from hearthnet.identity import KeyPair
 from hearthnet.membership import Membership
 from hearthnet.mesh.addresses import PeerBook, normalize_url
 from hearthnet.mesh.links import LinkErrors, PeerLink
+from hearthnet.mesh.pacing import Budget
 from hearthnet.mesh.paths import (
     Deliver,
     PathChanged,
+    PathConfig,
     PathCore,
     PathState,
     StartPunch,
     Transmit,
 )
-from hearthnet.mesh.pathseq import is_heartbeat
+from hearthnet.mesh.pathseq import is_gossip, is_heartbeat
 from hearthnet.mesh.protocol import PeerInfo, decode_frame, encode_frame
 from hearthnet.mesh.punching import Puncher
 from hearthnet.mesh.relay_attach import RelayAttachments
@@ -117,8 +119,29 @@ class RelayedJoins:
         task.add_done_callback(self._tasks.discard)
 
 
-def _register_member(m: MetricsRegistry, endpoint: RelayEndpoint, counts: Tally[str]) -> None:
-    """The member role's gauges: relayed frames and bytes, and refusals end to end."""
+def _register_member(
+    m: MetricsRegistry, endpoint: RelayEndpoint, counts: Tally[str], paths: PathCore
+) -> None:
+    """The member role's gauges: relayed frames and bytes, refusals end to end, pacing."""
+    m.gauge(
+        "hearthnet_relay_paced_bytes",
+        "Bytes this member sent through relays that grant a budget, paced to it (spec §8).",
+        lambda: float(paths.statistics().paced_bytes),
+    )
+    m.gauge(
+        "hearthnet_relay_pace_queued",
+        "Frames and bytes waiting for a relay's budget, in the relayed paths' sequences.",
+        lambda: {
+            ("frames",): float(paths.statistics().queued_frames),
+            ("bytes",): float(paths.statistics().queued_bytes),
+        },
+        ("unit",),
+    )
+    m.gauge(
+        "hearthnet_relay_pace_shed_frames",
+        "Gossip frames dropped for back-pressure on a relayed path (anti-entropy repairs them).",
+        lambda: float(paths.statistics().shed),
+    )
     m.gauge(
         "hearthnet_relayed_frames",
         "Route frames this member sent and opened, by direction.",
@@ -200,6 +223,8 @@ class Relaying:
         self._retiring: dict[str, float] = {}
         self.counts: Tally[str] = Tally()  # member side: relayed frames and bytes, refusals
         self._keepalive = KeepaliveConfig(config.relay_keepalive_s, config.relay_silence_s)
+        # back-pressure on a paced relayed path: gossip past this is shed (paths.py)
+        self._path_config = PathConfig(shed_bytes=config.relay_pace_queue_bytes)
         if self.relay_urls:
             self._become_member()
 
@@ -209,7 +234,9 @@ class Relaying:
         # spec §8 failover: a second relay stays attached, so when one dies its peers move
         # to the other at once (no re-attach, and the other side's relay already has us)
         choice = RelayChoiceConfig(attach_target=ATTACH_TARGET)
-        self.paths = PathCore(self.node_id, (), epoch=now_ms(), relay_config=choice)
+        self.paths = PathCore(
+            self.node_id, (), config=self._path_config, epoch=now_ms(), relay_config=choice
+        )
         # a hello lost to a relay that did not yet have the peer is retried in 1 s
         self.endpoint = RelayEndpoint(
             self.keys, self.is_member, EndpointConfig(handshake_timeout_ms=HELLO_RETRY_MS)
@@ -222,7 +249,7 @@ class Relaying:
             carry=self._path_actions,
             candidate=lambda a: self.puncher.candidate(a) if self.puncher is not None else None,
         )
-        _register_member(self.metrics, self.endpoint, self.counts)
+        _register_member(self.metrics, self.endpoint, self.counts, self.paths)
 
     def is_member(self, node: str) -> bool:
         """Served by the relay, accepted end to end: a live member of this community."""
@@ -295,6 +322,9 @@ class Relaying:
         elif isinstance(frame, Attached):
             if ours is not None:
                 ours.attached(link, frame, now)
+        elif isinstance(frame, Budget):
+            if ours is not None:
+                ours.budget(link, frame, now)
         elif isinstance(frame, Detach) and ours is not None and link.node in ours.relays:
             ours.detached(link, frame, now)
         elif isinstance(frame, JoinVia) and not is_relayed(link):
@@ -304,6 +334,8 @@ class Relaying:
         elif isinstance(frame, RouteError) and frame.origin == self.node_id:
             # the path sequence resends what did not arrive; rate_limited waits its turn
             self.counts[f"route_error_{frame.code}"] += 1
+            if frame.code == "rate_limited" and self.paths is not None:
+                self.paths.relay_refused(link.node, frame.retry_after_ms, now)
         elif self.relay is not None and not is_relayed(link):
             self.relay.receive(link, frame, now)
         elif isinstance(frame, Attach):
@@ -414,8 +446,8 @@ class Relaying:
         try:
             if is_heartbeat(data):  # never behind frames a relay refused (pathseq.py)
                 actions = self.paths.send_unsequenced(peer, data, time.monotonic())
-            else:
-                actions = self.paths.send(peer, data, time.monotonic())
+            else:  # gossip may be shed when the relay's budget is far behind (paths.py)
+                actions = self.paths.send(peer, data, time.monotonic(), sheddable=is_gossip(data))
         except WireError as exc:  # Unavailable: too much unacknowledged; CapacityExceeded
             log.info("relayed path to %s: %s", peer, exc, extra={"peer": peer})
             return False

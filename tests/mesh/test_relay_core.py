@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from hearthnet.errors import InvalidSignature, Replayed
 from hearthnet.identity import KeyPair
+from hearthnet.mesh.pacing import Budget
 from hearthnet.mesh.relay_core import (
     Action,
     Close,
@@ -67,7 +68,10 @@ def test_attaching_grants_the_budget_and_the_observed_address() -> None:
     core = relay()
     core.link_up("l", M[0], ADDR, 0.0)
     actions = core.receive("l", Attach(ts=123), 0.0)
-    assert [Send("l", Attached(R1, ADDR, 256 * 1024, 64, 2 * 1024 * 1024 - 1024, 123))] == actions
+    assert [
+        Send("l", Attached(R1, ADDR, 256 * 1024, 64, 2 * 1024 * 1024 - 1024, 123)),
+        Send("l", Budget(256 * 1024, 128 * 1024)),
+    ] == actions
 
 
 def test_a_stranger_cannot_attach() -> None:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hearthnet.errors import BadRequest, Expired, InvalidSignature, PayloadTooLarge, Replayed
 from hearthnet.identity import KeyPair
 from hearthnet.mesh.frame_fields import check_addr
+from hearthnet.mesh.pacing import Budget
 from hearthnet.mesh.path_frames import Candidates, Drain, PAck, PFrame, Punch, Upgrade
 from hearthnet.mesh.protocol import FRAME_KINDS, decode_frame
 from hearthnet.mesh.relay_e2e import TRANSITIONS, RelaySession, SessionState
@@ -52,6 +53,7 @@ frames: st.SearchStrategy[RelayFrame] = st.one_of(
         Attached, node_ids, addrs, st.integers(1, 2**30), st.integers(1, 1024),
         st.integers(1, 65536), st.none() | small,
     ),
+    st.builds(Budget, st.integers(1, 2**30), st.integers(1, 2**30)),
     st.builds(Detach, st.none() | st.sampled_from(["rate_limited", "unauthorized"]),
               st.text(max_size=20), st.none() | small),
     st.builds(Route, node_ids, node_ids, st.integers(0, 16), ids, blobs),
