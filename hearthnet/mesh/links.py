@@ -222,6 +222,10 @@ class PeerLink:
         # a route frame on as these bytes with ttl_hops changed: spec §11)
         self.frame_bytes = b""
         self.frames_in = 0  # frames read (a member's keepalive watches its relays' counts)
+        # spec §8: while a relayed link's frames are still arriving, what is sent on the
+        # direct link that replaced it continues their sequence (mesh/path_switch.py):
+        # takes a frame and returns True, or False to send it plainly
+        self.sequencer: Callable[[bytes], bool] | None = None
         self._to(LinkState.UP)
 
     @property
@@ -240,6 +244,13 @@ class PeerLink:
 
     def send_raw(self, data: bytes) -> bool:
         """Queue pre-encoded frame bytes (gossip encodes a message once for all links)."""
+        if self.sequencer is not None and self.state is LinkState.UP and self.sequencer(data):
+            return True
+        return self.enqueue(data)
+
+    def enqueue(self, data: bytes) -> bool:
+        """Queue frame bytes as they are (no ``sequencer``); False (and the link closes)
+        when the peer cannot keep up."""
         if self.state is not LinkState.UP:
             return False
         if (

@@ -44,298 +44,53 @@ link; anything else waits, up to the sequence's bound.
 
 from __future__ import annotations
 
-import enum
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from hearthnet.errors import CapacityExceeded
 from hearthnet.mesh.pacing import Pacer
-from hearthnet.mesh.path_frames import (
-    Candidates,
-    Drain,
-    PAck,
-    PathFrame,
-    PFrame,
-    Punch,
-    Upgrade,
+from hearthnet.mesh.path_frames import Candidates, Drain, PAck, PathFrame, PFrame, Punch, Upgrade
+from hearthnet.mesh.path_state import (
+    TRANSITIONS,
+    UPGRADE_TRANSITIONS,
+    Action,
+    Deliver,
+    PathChanged,
+    PathConfig,
+    PathSnapshot,
+    PathState,
+    PathStats,
+    PeerState,
+    StartPunch,
+    Transmit,
+    UpgradeStep,
 )
-from hearthnet.mesh.pathseq import MAX_UNACKED, Inbound, Outbound
+from hearthnet.mesh.pathseq import Outbound
 from hearthnet.mesh.relay_choice import (
     AttachRelay,
     DetachRelay,
     RelayChoice,
     RelayChoiceConfig,
-    backoff,
 )
+from hearthnet.mesh.upgrade import DirectUpgrade
 
-
-class PathState(enum.Enum):
-    """How frames reach one peer."""
-
-    DOWN = "down"
-    RELAYED = "relayed"
-    UPGRADING = "upgrading"
-    DIRECT = "direct"
-
-
-TRANSITIONS: dict[PathState, frozenset[PathState]] = {
-    PathState.DOWN: frozenset({PathState.RELAYED, PathState.DIRECT}),
-    PathState.RELAYED: frozenset(
-        {PathState.RELAYED, PathState.UPGRADING, PathState.DIRECT, PathState.DOWN}
-    ),
-    PathState.UPGRADING: frozenset({PathState.DIRECT, PathState.RELAYED, PathState.DOWN}),
-    PathState.DIRECT: frozenset({PathState.RELAYED, PathState.DOWN}),
-}
-
-
-class UpgradeStep(enum.Enum):
-    """Where one direct-upgrade attempt is."""
-
-    OFFERED = "offered"  # leader: our candidates sent, waiting for theirs
-    ANSWERED = "answered"  # follower: their candidates answered, waiting for punch
-    SCHEDULED = "scheduled"  # StartPunch issued
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-
-
-UPGRADE_TRANSITIONS: dict[UpgradeStep, frozenset[UpgradeStep]] = {
-    UpgradeStep.OFFERED: frozenset({UpgradeStep.SCHEDULED, UpgradeStep.FAILED}),
-    UpgradeStep.ANSWERED: frozenset({UpgradeStep.SCHEDULED, UpgradeStep.FAILED}),
-    UpgradeStep.SCHEDULED: frozenset({UpgradeStep.SUCCEEDED, UpgradeStep.FAILED}),
-    UpgradeStep.SUCCEEDED: frozenset(),
-    UpgradeStep.FAILED: frozenset(),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class PathConfig:
-    """Times and bounds of the direct upgrade (spec §8)."""
-
-    upgrade_timeout_s: float = 10.0
-    upgrade_retry_s: float = 30.0
-    upgrade_retry_max_s: float = 1800.0
-    jitter: float = 0.2  # every backoff is multiplied by 1 ± jitter
-    punch_delay_ms: int = 100
-    max_peers: int = 4096  # peers with a path kept; forget() the ones that left
-    # back-pressure on a paced path: frames that may be shed (gossip) are dropped while a
-    # peer holds this many bytes, or half its sequence's bound in frames, waiting to go
-    shed_bytes: int = 1024 * 1024
-    shed_frames: int = MAX_UNACKED // 2
-
-
-@dataclass(frozen=True, slots=True)
-class Transmit:
-    """Send ``frame`` to ``peer``: on the direct link when ``via`` is None, else through
-    relay ``via``."""
-
-    peer: str
-    via: str | None
-    frame: PathFrame
-
-
-@dataclass(frozen=True, slots=True)
-class Deliver:
-    """A peer-link frame from ``peer``, in order and once."""
-
-    peer: str
-    frame: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class StartPunch:
-    """At ``at`` (seconds, the caller's clock) open TCP to ``addrs`` from our listening port."""
-
-    peer: str
-    nonce: str
-    addrs: tuple[str, ...]
-    at: float
-
-
-@dataclass(frozen=True, slots=True)
-class PathChanged:
-    """``peer`` is now reached by ``state`` (through ``via`` when relayed or upgrading)."""
-
-    peer: str
-    state: PathState
-    via: str | None
-
-
-Action = Transmit | Deliver | StartPunch | AttachRelay | DetachRelay | PathChanged
-
-
-@dataclass(slots=True)
-class _Attempt:
-    nonce: str
-    leader: bool
-    started: float
-    step: UpgradeStep
-    theirs: tuple[str, ...] = ()  # the peer's candidates, for the follower's punch
-
-    def move(self, to: UpgradeStep) -> None:
-        if to not in UPGRADE_TRANSITIONS[self.step]:
-            raise RuntimeError(f"upgrade cannot go {self.step.value} -> {to.value}")
-        self.step = to
-
-
-@dataclass(slots=True)
-class _Peer:
-    node: str
-    state: PathState = PathState.DOWN
-    via: str | None = None
-    fallback: str | None = None  # while direct: the relay kept for falling back
-    attempt: _Attempt | None = None
-    upgrade_failures: int = 0
-    next_upgrade: float = 0.0
-    out: Outbound = field(default_factory=Outbound)
-    inb: Inbound = field(default_factory=Inbound)
-
-    @property
-    def path(self) -> str | None:
-        return None if self.state is PathState.DIRECT else self.via
-
-    def move(self, to: PathState, via: str | None) -> list[Action]:
-        if to not in TRANSITIONS[self.state]:
-            raise RuntimeError(f"path cannot go {self.state.value} -> {to.value}")
-        self.state, self.via = to, via
-        return [PathChanged(self.node, to, via)]
-
-
-@dataclass(slots=True)
-class PathStats:
-    """Counters of the path core (feed ``/metrics``)."""
-
-    upgrades_tried: int = 0
-    upgrades_succeeded: int = 0
-    stale_upgrade_frames: int = 0
-    resent: int = 0
-    shed: int = 0  # frames dropped under back-pressure (gossip; anti-entropy repairs)
-
-
-@dataclass(frozen=True, slots=True)
-class PathSnapshot:
-    """The path core's numbers at one moment (``/metrics``, ``hearthnet peers``)."""
-
-    direct: int
-    relayed: int
-    upgrading: int
-    down: int
-    upgrades_tried: int
-    upgrades_succeeded: int
-    resent: int
-    duplicates: int
-    stale_upgrade_frames: int
-    queued_frames: int = 0  # waiting for a relay's budget (held or to resend)
-    queued_bytes: int = 0  # held, not yet sent
-    paced_bytes: int = 0  # sent through paced relays
-    shed: int = 0
-    pace_refusals: int = 0  # rate_limited refusals that came all the same
-
-
-class DirectUpgrade:
-    """The direct-upgrade bookkeeping of a :class:`PathCore` (spec §8): one attempt per
-    peer (:class:`UpgradeStep`), who leads, when both ends punch, and the backoff after a
-    failure. Pure; it moves a peer only between RELAYED and UPGRADING, and the path core
-    makes every other switch."""
-
-    def __init__(
-        self,
-        node_id: str,
-        config: PathConfig,
-        rng: random.Random,
-        relays: RelayChoice,
-        stats: PathStats,
-    ) -> None:
-        self.node_id = node_id
-        self.config = config
-        self.rng = rng
-        self.relays = relays  # our candidates: the addresses the attached relays observed
-        self.stats = stats  # shared with the path core
-
-    def due(self, p: _Peer, now: float) -> list[Action]:
-        """The clock for ``p``: an attempt past ``upgrade_timeout_s`` fails, and a relayed
-        peer whose backoff is over gets a new one."""
-        a = p.attempt
-        if a is not None and now - a.started > self.config.upgrade_timeout_s:
-            return self.fail(p, now, move=True)
-        if a is None and p.state is PathState.RELAYED and now >= p.next_upgrade:
-            return self.start(p, now)
-        return []
-
-    def punch(self, p: _Peer, frame: Punch, now: float) -> list[Action]:
-        """The leader's ``punch``: the follower starts its simultaneous open in ``in_ms``."""
-        a = p.attempt
-        if a is None or a.nonce != frame.nonce or a.step is not UpgradeStep.ANSWERED:
-            self.stats.stale_upgrade_frames += 1
-            return []
-        a.move(UpgradeStep.SCHEDULED)
-        return [StartPunch(p.node, a.nonce, a.theirs, now + frame.in_ms / 1000)]
-
-    def ended(self, p: _Peer) -> list[Action]:
-        """A direct link to ``p`` is up: a punch that was scheduled succeeded (its first
-        frame tells the peer), and any attempt ends."""
-        attempt, p.attempt = p.attempt, None
-        if attempt is None or attempt.step is not UpgradeStep.SCHEDULED:
-            return []
-        attempt.move(UpgradeStep.SUCCEEDED)
-        self.stats.upgrades_succeeded += 1
-        p.upgrade_failures = 0
-        return [Transmit(p.node, None, Upgrade(attempt.nonce))]
-
-    def candidates(self, p: _Peer, frame: Candidates, now: float) -> list[Action]:
-        """The peer's ``candidates``: the leader schedules the punch, the follower answers
-        with its own (a frame of no current attempt is stale and counted)."""
-        a = p.attempt
-        ours = self.relays.observed_addrs()
-        if a is not None and a.leader and a.nonce == frame.nonce and a.step is UpgradeStep.OFFERED:
-            a.move(UpgradeStep.SCHEDULED)
-            rtt = now - a.started
-            delay = self.config.punch_delay_ms
-            at = now + rtt / 2 + delay / 1000
-            return [
-                Transmit(p.node, p.via, Punch(a.nonce, delay)),
-                StartPunch(p.node, a.nonce, frame.addrs, at),
-            ]
-        actions: list[Action] = []
-        if a is not None and not a.leader and a.nonce != frame.nonce:
-            # the leader gave up on that attempt and started another: follow the new one
-            actions += self.fail(p, now, move=True)
-        if p.state is not PathState.RELAYED or not ours or self.node_id < p.node:
-            self.stats.stale_upgrade_frames += 1
-            return actions
-        p.attempt = _Attempt(frame.nonce, False, now, UpgradeStep.ANSWERED, frame.addrs)
-        self.stats.upgrades_tried += 1
-        actions += p.move(PathState.UPGRADING, p.via)
-        actions.append(Transmit(p.node, p.via, Candidates(frame.nonce, ours)))
-        return actions
-
-    def fail(self, p: _Peer, now: float, *, move: bool) -> list[Action]:
-        """The attempt to ``p`` failed: retry after an exponential backoff with jitter (and
-        back to RELAYED when ``move``)."""
-        assert p.attempt is not None
-        p.attempt.move(UpgradeStep.FAILED)
-        p.attempt = None
-        p.upgrade_failures += 1
-        cfg = self.config
-        wait = backoff(
-            p.upgrade_failures, cfg.upgrade_retry_s, cfg.upgrade_retry_max_s, cfg.jitter, self.rng
-        )
-        p.next_upgrade = now + wait
-        if move and p.state is PathState.UPGRADING:
-            return p.move(PathState.RELAYED, p.via)
-        return []
-
-    def start(self, p: _Peer, now: float) -> list[Action]:
-        """Offer our candidates to ``p`` when we lead (the lower NodeID) and have one."""
-        ours = self.relays.observed_addrs()
-        if not ours or self.node_id > p.node:
-            return []  # the lower NodeID leads; without an observed address there is no punch
-        nonce = f"{self.rng.getrandbits(64):016x}"
-        p.attempt = _Attempt(nonce, True, now, UpgradeStep.OFFERED)
-        self.stats.upgrades_tried += 1
-        actions = p.move(PathState.UPGRADING, p.via)
-        actions.append(Transmit(p.node, p.via, Candidates(nonce, ours)))
-        return actions
+__all__ = [
+    "TRANSITIONS",
+    "UPGRADE_TRANSITIONS",
+    "Action",
+    "AttachRelay",
+    "Deliver",
+    "DetachRelay",
+    "DirectUpgrade",
+    "PathChanged",
+    "PathConfig",
+    "PathCore",
+    "PathSnapshot",
+    "PathState",
+    "StartPunch",
+    "Transmit",
+    "UpgradeStep",
+]
 
 
 class PathCore:
@@ -359,7 +114,7 @@ class PathCore:
         self.stats = PathStats()
         self.upgrade = DirectUpgrade(node_id, self.config, self.rng, self.relays, self.stats)
         self.pacer = Pacer()
-        self._peers: dict[str, _Peer] = {}
+        self._peers: dict[str, PeerState] = {}
 
     # -- views ---------------------------------------------------------------------------
 
@@ -394,22 +149,32 @@ class PathCore:
             return (PathState.DOWN, None)
         return (p.state, p.fallback if p.state is PathState.DIRECT else p.via)
 
+    def known(self, peer: str) -> bool:
+        """Whether a path (and sequence) to ``peer`` is kept."""
+        return peer in self._peers
+
+    def settled(self, peer: str) -> bool:
+        """Whether ``peer`` acknowledged every frame sent to it and none waits to go (so
+        frames sent outside the sequence now arrive after all of them)."""
+        p = self._peers.get(peer)
+        return p is None or (p.out.unacked == 0 and p.out.waiting == 0)
+
     def forget(self, peer: str) -> None:
         """Drop everything about ``peer`` (it left the community, or is no longer wanted)."""
         self._peers.pop(peer, None)
 
-    def _peer(self, peer: str) -> _Peer:
+    def _peer(self, peer: str) -> PeerState:
         p = self._peers.get(peer)
         if p is None:
             if len(self._peers) >= self.config.max_peers:
                 raise CapacityExceeded(f"paths to {self.config.max_peers} peers already kept")
-            p = self._peers[peer] = _Peer(peer, out=Outbound(epoch=self.epoch))
+            p = self._peers[peer] = PeerState(peer, out=Outbound(epoch=self.epoch))
         return p
 
     # -- the path state machine ----------------------------------------------------------
 
     def _switch(
-        self, p: _Peer, to: PathState, via: str | None, now: float, *, old_alive: bool
+        self, p: PeerState, to: PathState, via: str | None, now: float, *, old_alive: bool
     ) -> list[Action]:
         """Move ``p`` to a new path; spec §8: nothing lost or duplicated on the way."""
         was_down = p.state is PathState.DOWN
@@ -424,7 +189,7 @@ class PathCore:
             p.out.resend_all(now, later=True)
         return actions + self._flush(p, now)
 
-    def _flush(self, p: _Peer, now: float, *, one: bool = False) -> list[Action]:
+    def _flush(self, p: PeerState, now: float, *, one: bool = False) -> list[Action]:
         """Frames of ``p`` waiting to go, while its path's budget allows (``one``: at most
         one, for sharing a relay's budget in turn)."""
         actions: list[Action] = []
@@ -565,7 +330,7 @@ class PathCore:
             early = self.connect(peer, now)
         return early + self._receive(p, frame, now)
 
-    def _receive(self, p: _Peer, frame: PathFrame, now: float) -> list[Action]:
+    def _receive(self, p: PeerState, frame: PathFrame, now: float) -> list[Action]:
         peer = p.node
         if isinstance(frame, PFrame):
             frames, ack = p.inb.receive(frame)
@@ -603,7 +368,7 @@ class PathCore:
             if isinstance(change, DetachRelay):  # drain through it before it goes
                 actions += self._leave_relay(change.relay, now, alive=True)
             actions.append(change)
-        waiting: list[_Peer] = []
+        waiting: list[PeerState] = []
         for p in self._peers.values():
             actions += self.upgrade.due(p, now)
             if p.state is PathState.DOWN:

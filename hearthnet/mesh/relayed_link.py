@@ -19,6 +19,8 @@ import aiohttp
 from hearthnet.mesh.links import FrameHandler, LinkErrors, PeerLink
 from hearthnet.mesh.protocol import LinkState, PeerInfo, encode_frame
 
+REPLACED_BY_DIRECT = "a direct link is up"  # why a relayed link closed for a direct one
+
 
 class _NoSocket:
     """The socket slot of a relayed link: there is none; the relay's link carries it."""
@@ -52,6 +54,7 @@ class RelayedLink(PeerLink):
         on_frame: FrameHandler,
         on_down: Callable[[PeerLink, str], None],
         errors: LinkErrors,
+        successor: Callable[[str], PeerLink | None] = lambda node: None,
     ) -> None:
         super().__init__(
             peer, _NoSocket(), outbound=outbound, on_frame=on_frame, on_down=on_down, errors=errors
@@ -59,12 +62,17 @@ class RelayedLink(PeerLink):
         self.via = via
         self.upgrading = False  # a direct upgrade (hole punching) is under way
         self._transmit = transmit
+        self._successor = successor  # the peer's current link (a direct one replaces us)
 
     def send_raw(self, data: bytes) -> bool:
         """Hand one encoded frame to the path core; False (and the link closes) when the
-        peer has stopped acknowledging what it was sent."""
+        peer has stopped acknowledging what it was sent. Once a direct link replaced this
+        one, frames still sent here (a call's replies) go on the direct link."""
         if self.state is not LinkState.UP:
-            return False
+            nxt = self._successor(self.node) if self.down_reason == REPLACED_BY_DIRECT else None
+            if nxt is None or nxt is self or isinstance(nxt, RelayedLink):
+                return False
+            return nxt.send_raw(data)
         if self._transmit(self.node, data):
             return True
         self.close("the relayed peer stopped acknowledging frames", send_bye=False)

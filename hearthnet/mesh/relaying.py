@@ -43,6 +43,8 @@ from hearthnet.membership import Membership
 from hearthnet.mesh.addresses import PeerBook, normalize_url
 from hearthnet.mesh.links import LinkErrors, PeerLink
 from hearthnet.mesh.pacing import Budget
+from hearthnet.mesh.path_frames import Drain, PAck, PFrame
+from hearthnet.mesh.path_switch import PathSwitch
 from hearthnet.mesh.paths import (
     Deliver,
     PathChanged,
@@ -72,8 +74,7 @@ from hearthnet.mesh.relay_frames import (
 from hearthnet.mesh.relay_keepalive import KeepaliveConfig
 from hearthnet.mesh.relay_member import EndpointConfig, RelayEndpoint
 from hearthnet.mesh.relay_role import MAX_PENDING_JOINS, RelayRole
-from hearthnet.mesh.relayed_link import RelayedLink, is_relayed
-from hearthnet.mesh.routing import REPLACED_BY_DIRECT
+from hearthnet.mesh.relayed_link import REPLACED_BY_DIRECT, RelayedLink, is_relayed
 from hearthnet.metrics import MetricsRegistry
 
 log = logging.getLogger("hearthnet.mesh.relaying")
@@ -83,7 +84,6 @@ SCAN_S = 1.0  # how often members without a path are looked for
 PROBE_TIMEOUT_S = 30.0  # a relayed path whose probe got no answer is dropped and retried
 HELLO_RETRY_MS = 1000  # an unanswered e2e hello is sent again this often
 ATTACH_TARGET = 2  # relays a member stays attached to, of those it knows (failover)
-RETIRE_S = 10.0  # a relayed path replaced by a direct link finishes its frames this long
 
 Dispatch = Callable[[PeerLink, dict[str, Any]], None]
 JoinHandler = Callable[[Any], Awaitable[dict[str, Any]]]  # a join request -> the answer
@@ -219,8 +219,7 @@ class Relaying:
         self._next_scan = 0.0
         # peers we opened a relayed path to, until it is up: when the probe went out
         self._probing: dict[str, float] = {}
-        # peers whose relayed link a direct one replaced: when their path is forgotten
-        self._retiring: dict[str, float] = {}
+        self.switch: PathSwitch | None = None  # relayed links turning direct, in order
         self.counts: Tally[str] = Tally()  # member side: relayed frames and bytes, refusals
         self._keepalive = KeepaliveConfig(config.relay_keepalive_s, config.relay_silence_s)
         # back-pressure on a paced relayed path: gossip past this is shed (paths.py)
@@ -237,6 +236,7 @@ class Relaying:
         self.paths = PathCore(
             self.node_id, (), config=self._path_config, epoch=now_ms(), relay_config=choice
         )
+        self.switch = PathSwitch(self.paths, self.links, self._path_actions, self._forget)
         # a hello lost to a relay that did not yet have the peer is retried in 1 s
         self.endpoint = RelayEndpoint(
             self.keys, self.is_member, EndpointConfig(handshake_timeout_ms=HELLO_RETRY_MS)
@@ -274,6 +274,8 @@ class Relaying:
         """A direct link finished its handshake, before the mesh decides whether it is
         kept: our own dial of a peer relay's URL tells which node that relay is, and an
         inbound link already up with that node federates now (spec §8)."""
+        if self.switch is not None:
+            self.switch.established(link)  # replacing a relayed link: frames stay in order
         if self.relay is None or is_relayed(link):
             return
         self.relay.dialled(link)
@@ -295,14 +297,17 @@ class Relaying:
         if self.relay is not None:
             self.relay.link_down(link, now)
         if isinstance(link, RelayedLink):
-            if link.down_reason == REPLACED_BY_DIRECT:
+            if link.down_reason == REPLACED_BY_DIRECT and self.switch is not None:
                 # frames already on the relayed path still arrive (in order, once, resent
-                # if lost) and go to the direct link; then the path is forgotten
-                self._retiring[link.node] = now + RETIRE_S
+                # if lost) before the direct link's (path_switch.py)
+                self.switch.replaced(link.node, now)
             else:
                 self._forget(link.node)
-        elif self.attachments is not None:
-            self.attachments.unlinked(link, now)
+        else:
+            if self.switch is not None:
+                self.switch.direct_down(link)
+            if self.attachments is not None:
+                self.attachments.unlinked(link, now)
 
     def replaced_link_down(self, link: PeerLink) -> None:
         """A link that another link to the same peer replaced has ended: the relay core
@@ -319,6 +324,9 @@ class Relaying:
         ours = self.attachments
         if isinstance(frame, Route) and frame.to == self.node_id:
             self._unwrap(link, frame)
+        elif isinstance(frame, (PFrame, PAck, Drain)) and not is_relayed(link):
+            if self.switch is not None:  # a relayed sequence continued on a direct link
+                self.switch.path_frame(link, frame, now)
         elif isinstance(frame, Attached):
             if ours is not None:
                 ours.attached(link, frame, now)
@@ -355,11 +363,8 @@ class Relaying:
         for route in self.endpoint.tick(now_ms()):
             self._route_out(route)
         self.attachments.tick(now)
-        for peer, at in list(self._retiring.items()):
-            if now >= at:
-                del self._retiring[peer]
-                if not is_relayed(self.links.get(peer)):  # else it is relayed again, in use
-                    self._forget(peer)
+        if self.switch is not None:
+            self.switch.tick(now)
         if now >= self._next_scan:
             self._next_scan = now + SCAN_S
             self._scan(now)
@@ -367,16 +372,13 @@ class Relaying:
     # --- member role ----------------------------------------------------------------------
 
     def punched(self, peer: str, nonce: str, ok: bool) -> None:
-        """A punch ended: a punched link replaced the relayed one (its sequence and
-        session start afresh, should the peer need the relay again), or the peer stays
+        """A punch ended: a punched link replaced the relayed one (the switch is carried
+        out when the relayed link closes, see :meth:`link_down`), or the peer stays
         relayed and the path core retries later."""
         if self.paths is None:
             return
         link = self.links.get(peer)
-        if ok and link is not None and not is_relayed(link):
-            # the relayed path finishes what it carries, then is forgotten (see link_down)
-            self._retiring.setdefault(peer, time.monotonic() + RETIRE_S)
-        else:
+        if not ok or link is None or is_relayed(link):
             self._path_actions(self.paths.punch_failed(peer, nonce, time.monotonic()))
 
     def _scan(self, now: float) -> None:
@@ -434,6 +436,7 @@ class Relaying:
             on_frame=self.dispatch,
             on_down=self.on_down,
             errors=self.errors,
+            successor=self.links.get,
         )
         if not self.admit(link):
             return self.links.get(node)
@@ -460,7 +463,9 @@ class Relaying:
         for action in actions:
             if isinstance(action, Transmit):
                 if action.via is None:
-                    continue  # never: a punched link replaces the relayed one (see punched)
+                    if self.switch is not None:  # a relayed sequence on the direct link
+                        self.switch.transmit(action)
+                    continue
                 for route in self.endpoint.wrap(action.peer, action.frame, now_ms()):
                     self._route_out(route, action.via)
             elif isinstance(action, Deliver):
@@ -540,7 +545,8 @@ class Relaying:
         self.paths.forget(peer)
         self.endpoint.forget(peer)
         self._probing.pop(peer, None)
-        self._retiring.pop(peer, None)
+        if self.switch is not None:
+            self.switch.forgotten(peer)
 
     # --- status ---------------------------------------------------------------------------
 
@@ -556,6 +562,13 @@ class Relaying:
                 "primary": self.paths.relays.primary,
                 "relayed": p.relayed,
                 "resent": p.resent,
+                # spec §8 budgets: pacing to the relays' grants, and back-pressure
+                "paced_bytes": p.paced_bytes,
+                "queued_frames": p.queued_frames,
+                "queued_bytes": p.queued_bytes,
+                "shed": p.shed,
+                "pace_refusals": p.pace_refusals,
+                "switched_in_order": self.switch.sequenced if self.switch is not None else 0,
                 "refused": dict(self.endpoint.refused),
                 **dict(self.counts),
             }

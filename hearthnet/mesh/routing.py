@@ -16,9 +16,9 @@ from hearthnet.mesh.actions import Forward
 from hearthnet.mesh.frames import PeerFrame
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.protocol import winning_direction
-from hearthnet.mesh.relayed_link import is_relayed, path_fields
+from hearthnet.mesh.relayed_link import REPLACED_BY_DIRECT, is_relayed, path_fields
 
-REPLACED_BY_DIRECT = "a direct link is up"  # why a relayed link closed for a direct one
+__all__ = ["REPLACED_BY_DIRECT", "PeerPath", "Routes"]
 
 
 class PeerPath(Protocol):

@@ -45,7 +45,7 @@ from hearthnet.mesh.gossip import OriginTracker
 from hearthnet.mesh.health import LinkHealth
 from hearthnet.mesh.links import LinkErrors, PeerLink
 from hearthnet.mesh.punching import Puncher
-from hearthnet.mesh.relayed_link import is_relayed, path_fields
+from hearthnet.mesh.relayed_link import REPLACED_BY_DIRECT, is_relayed, path_fields
 from hearthnet.mesh.relaying import TICK_S as RELAY_TICK_S
 from hearthnet.mesh.relaying import Relaying
 from hearthnet.mesh.remote import RemoteCalls
@@ -349,7 +349,8 @@ class Mesh:
         self.relaying.link_down(link)  # relays: detach, move relayed peers
         if link.address is not None:
             self.book.hold(link.address, time.monotonic(), 0)
-        self.traffic.forget(link.node)
+        if reason != REPLACED_BY_DIRECT:  # spec §8: calls and routes go on over the direct link
+            self.traffic.forget(link.node)
 
     def _on_frame(self, link: PeerLink, frame: dict[str, Any]) -> None:
         """A frame off a direct link: relay frames (spec §8) to the relaying glue, the

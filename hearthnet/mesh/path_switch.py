@@ -1,0 +1,151 @@
+"""A relayed link turning direct, in order (spec §8: "the link moves to the direct path with
+no frame lost or duplicated"): glue around :class:`~hearthnet.mesh.paths.PathCore`.
+
+When a direct link to a peer replaces its relayed one (a punch, a dial, or the peer
+dialling us), frames may still be on the relayed path. The switch:
+
+1. ``drain {upto}`` goes through the relay after the last frame the relayed path carried
+   (:meth:`PathCore.direct_up`); frames the relay lost are resent once its answer shows it.
+2. Until the peer has acknowledged every frame of the relayed sequence, what the mesh sends
+   on the new direct link continues that sequence (``pframe`` on the direct link, through
+   the link's ``sequencer``), so the peer hands frames on in the order they were sent,
+   whichever path brought them; heartbeats go plainly.
+3. Then the direct link carries plain frames: everything before them has been delivered.
+
+Nothing of the mesh above sees the switch: the relayed link, once replaced, hands what is
+still sent on it (a call's replies, say) to the direct link, and calls streaming across
+the switch go on. After :data:`RETIRE_S` the relayed sequence and session are forgotten
+(a peer that never acknowledges, or speaks a version without this, gets plain frames
+then). A direct link that dies during the switch ends its sequence too; the peer is
+relayed afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hearthnet.errors import WireError
+from hearthnet.mesh.links import PeerLink
+from hearthnet.mesh.path_frames import Drain, PAck, PathFrame, PFrame
+from hearthnet.mesh.paths import PathCore, PathState, Transmit
+from hearthnet.mesh.pathseq import is_gossip, is_heartbeat
+from hearthnet.mesh.relayed_link import is_relayed
+
+log = logging.getLogger("hearthnet.mesh.relaying")
+
+RETIRE_S = 10.0  # a relayed sequence replaced by a direct link is kept this long at most
+_SEQUENCE = (PFrame, PAck, Drain)  # the path frames a direct link carries in a switch
+
+
+class PathSwitch:
+    """The peers whose relayed link a direct one replaced, while their relayed sequence
+    finishes; the relaying glue feeds it link events, path frames off direct links and
+    the clock, and carries out the path core's actions with ``carry``."""
+
+    def __init__(
+        self,
+        paths: PathCore,
+        links: dict[str, PeerLink],
+        carry: Callable[[list[Any]], None],
+        forget: Callable[[str], None],
+    ) -> None:
+        self.paths = paths
+        self.links = links
+        self.carry = carry
+        self.forget = forget  # ends the peer's sequence and session (the relaying glue's)
+        self.retiring: dict[str, float] = {}  # peer -> when its relayed sequence is forgotten
+        self._direct: dict[str, PeerLink] = {}  # peer -> direct link still sequenced
+        self.unexpected = 0  # path frames on a direct link from a peer with no sequence
+        self.sequenced = 0  # frames sent in a relayed sequence on a direct link
+
+    def established(self, link: PeerLink) -> None:
+        """A direct link finished its handshake (before the mesh admits it): if it is to
+        replace a relayed link with frames still unacknowledged, it continues their
+        sequence until they are."""
+        current = self.links.get(link.node)
+        if is_relayed(link) or not is_relayed(current) or self.paths.settled(link.node):
+            return
+        self._direct[link.node] = link
+        link.sequencer = lambda data, peer=link.node: self._sequence(peer, data)
+
+    def replaced(self, peer: str, now: float) -> None:
+        """The relayed link to ``peer`` closed for a direct one: drain the relayed path."""
+        self.retiring.setdefault(peer, now + RETIRE_S)
+        if self.paths.path(peer)[0] is not PathState.DIRECT:
+            self.carry(self.paths.direct_up(peer, now))
+
+    def transmit(self, action: Transmit) -> None:
+        """A frame of a relayed sequence continued on the direct link (the path core's
+        ``Transmit`` with no relay). The ``upgrade`` marker is not sent: the hellos
+        already name the punched link's ends, and a node without it would refuse it."""
+        link = self._direct.get(action.peer) or self.links.get(action.peer)
+        if link is not None and not is_relayed(link) and isinstance(action.frame, _SEQUENCE):
+            link.enqueue(action.frame.encode())
+
+    def direct_down(self, link: PeerLink) -> None:
+        """A direct link ended: a sequence still running on it ends with it."""
+        if link.node in self.retiring and self._direct.get(link.node, link) is link:
+            self.forget(link.node)
+
+    def path_frame(self, link: PeerLink, frame: PathFrame, now: float) -> None:
+        """A path frame off a direct link (the peer continues a relayed sequence on it)."""
+        peer = link.node
+        if peer not in self.retiring and not self.paths.known(peer):
+            # its relayed frames never reached us (or we forgot them): the sequence is
+            # taken up here all the same, so what it resends arrives
+            self.unexpected += 1
+        self.retiring.setdefault(peer, now + RETIRE_S)
+        actions: list[Any] = []
+        if self.paths.path(peer)[0] is not PathState.DIRECT:
+            actions += self.paths.direct_up(peer, now)
+        actions += self.paths.receive(peer, frame, now)
+        self.carry(actions)
+        self.settle(peer)
+
+    def settle(self, peer: str) -> None:
+        """Once ``peer`` acknowledged the whole relayed sequence, its direct link carries
+        plain frames."""
+        link = self._direct.get(peer)
+        if link is not None and self.paths.settled(peer):
+            self._end(peer)
+
+    def _end(self, peer: str) -> None:
+        link = self._direct.pop(peer, None)
+        if link is not None:
+            link.sequencer = None
+
+    def _sequence(self, peer: str, data: bytes) -> bool:
+        """The direct link's ``sequencer``: frames continue the relayed sequence (True), or
+        go plainly (False: a heartbeat, or the sequence is settled)."""
+        if is_heartbeat(data):
+            return False
+        if self.paths.settled(peer) or peer not in self._direct:
+            self._end(peer)
+            return False
+        try:
+            actions = self.paths.send(peer, data, time.monotonic(), sheddable=is_gossip(data))
+        except WireError as exc:  # too much unacknowledged: give up ordering, not frames
+            log.info("direct link to %s: %s; frames go plainly", peer, exc, extra={"peer": peer})
+            self._end(peer)
+            return False
+        self.sequenced += 1
+        self.carry(actions)
+        return True
+
+    def tick(self, now: float) -> None:
+        """Settled peers go plain; retired sequences are forgotten."""
+        for peer in list(self._direct):
+            self.settle(peer)
+        for peer, at in list(self.retiring.items()):
+            if now >= at:
+                del self.retiring[peer]
+                if not is_relayed(self.links.get(peer)):  # else it is relayed again, in use
+                    self.forget(peer)
+
+    def forgotten(self, peer: str) -> None:
+        """The peer's sequence ended (retired, or its link died): plain frames from now."""
+        self.retiring.pop(peer, None)
+        self._end(peer)
