@@ -80,9 +80,10 @@ class RelayAttachments:
         # spec §8: the observed address, with the port we listen and punch on, is the
         # candidate a direct upgrade offers (none: no upgrade is tried)
         ours = self.candidate(frame.observed_addr)
-        self.carry(self.paths.relay_attached(link.node, ours, rtt, now))
-        # spec §8 budgets: pace to what it grants (its ``budget`` frame refines it)
+        # spec §8 budgets: pace to what it grants (its ``budget`` frame refines it), from
+        # the first frame on: peers waiting for a relay go through it at once
         self.paths.relay_granted(link.node, frame.bytes_per_s, None, now)
+        self.carry(self.paths.relay_attached(link.node, ours, rtt, now))
         self.keepalive.watch(link.node, link.frames_in, now)
 
     def budget(self, link: PeerLink, frame: Budget, now: float) -> None:

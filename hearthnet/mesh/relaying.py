@@ -16,10 +16,15 @@ Two roles, either or both:
   frames. The peer is who its signed ``e2e_hello`` says, and a member; a frame a
   relay altered, replayed or forged is refused and counted, never delivered.
 
+Budgets: each relay's grant (``attached``, then ``budget``) goes to the path core, which
+paces the relayed paths to it (:mod:`hearthnet.mesh.pacing`); gossip to a relayed peer
+whose queue is full is shed for anti-entropy to repair.
+
 The direct upgrade: the relay's ``observed_addr`` goes to the path core as our candidate
 (with our listening port, :func:`~hearthnet.mesh.punching.candidate`), and its
 ``StartPunch`` to :class:`~hearthnet.mesh.punching.Puncher`; a punched link replaces the
-relayed one like any direct link, and a failed punch leaves the peer relayed. A join a
+relayed one like any direct link, in order (:mod:`hearthnet.mesh.path_switch`), and a
+failed punch leaves the peer relayed. A join a
 relay carried to us, the inviter, is answered by :class:`RelayedJoins`.
 
 Not built yet (spec §8): community federation.

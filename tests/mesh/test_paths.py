@@ -538,3 +538,18 @@ def test_a_clean_upgrade_moves_frames_without_resending_any() -> None:
     held = list(net.delivered)
     net.flush()  # then the relay's five, the drain, and its ack
     assert ([], net.sent, 0) == (held, net.delivered, net.a.stats.resent)
+
+
+def test_a_peer_is_settled_once_it_acknowledged_the_relayed_sequence() -> None:
+    """After an upgrade, frames continue the sequence on the direct link; the peer is
+    settled (plain frames may follow) only when every one of them was delivered."""
+    net = Net()
+    for _ in range(3):
+        net.step(("send", 0))
+    net.step(("direct_up", 0))
+    net.step(("send", 0))
+    before = net.a.settled(B)
+    net.flush()  # the relay's three and the drain, the direct one, and the acks
+    net.step(("tick", 1))
+    net.flush()
+    assert (False, True, net.sent) == (before, net.a.settled(B), net.delivered)
