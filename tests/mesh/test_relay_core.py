@@ -250,6 +250,24 @@ def test_saturating_members_share_the_capacity_equally(n: int, rnd: object) -> N
     assert [True] * n == [abs(got[m] - share) < 0.03 * share for m in senders]
 
 
+def test_members_are_told_when_their_fair_share_changes() -> None:
+    """A second member sending halves the share: both hear it on the next tick, once."""
+    core = relay(capacity_bytes_per_s=100_000, member_bytes_per_s=100_000)
+    attach(core, *M[:3])
+    core.receive(M[0], route(M[0], M[2], 1), 1.0)
+    core.receive(M[1], route(M[1], M[2], 2), 1.1)
+    told = [
+        (a.link, a.frame)
+        for a in core.tick(1.2)
+        if isinstance(a, Send) and isinstance(a.frame, Budget)
+    ]
+    again = [a for a in core.tick(1.3) if isinstance(a, Send) and isinstance(a.frame, Budget)]
+    assert ([(M[0], Budget(50_000, 25_000)), (M[1], Budget(50_000, 25_000))], []) == (
+        told,
+        again,
+    )
+
+
 def test_a_light_member_is_not_slowed_by_saturating_ones() -> None:
     """A member sending 20 KiB/s among four saturating ones gets all of it through."""
     core = relay(capacity_bytes_per_s=400 * 1024)
