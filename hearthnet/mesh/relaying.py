@@ -129,12 +129,12 @@ def _register_member(
 ) -> None:
     """The member role's gauges: relayed frames and bytes, refusals end to end, pacing."""
     m.gauge(
-        "hearthnet_relay_paced_bytes",
+        "hearthnet_relayed_paced_bytes",
         "Bytes this member sent through relays that grant a budget, paced to it (spec §8).",
         lambda: float(paths.statistics().paced_bytes),
     )
     m.gauge(
-        "hearthnet_relay_pace_queued",
+        "hearthnet_relayed_queued",
         "Frames and bytes waiting for a relay's budget, in the relayed paths' sequences.",
         lambda: {
             ("frames",): float(paths.statistics().queued_frames),
@@ -143,7 +143,7 @@ def _register_member(
         ("unit",),
     )
     m.gauge(
-        "hearthnet_relay_pace_shed_frames",
+        "hearthnet_relayed_shed_frames",
         "Gossip frames dropped for back-pressure on a relayed path (anti-entropy repairs them).",
         lambda: float(paths.statistics().shed),
     )
