@@ -24,8 +24,8 @@ The direct upgrade: the relay's ``observed_addr`` goes to the path core as our c
 (with our listening port, :func:`~hearthnet.mesh.punching.candidate`), and its
 ``StartPunch`` to :class:`~hearthnet.mesh.punching.Puncher`; a punched link replaces the
 relayed one like any direct link, in order (:mod:`hearthnet.mesh.path_switch`), and a
-failed punch leaves the peer relayed. A join a
-relay carried to us, the inviter, is answered by :class:`RelayedJoins`.
+failed punch leaves the peer relayed. A join a relay carried to us, the inviter, is
+answered by :class:`RelayedJoins`.
 
 Not built yet (spec §8): community federation.
 """
