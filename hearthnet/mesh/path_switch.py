@@ -93,7 +93,7 @@ class PathSwitch:
     def path_frame(self, link: PeerLink, frame: PathFrame, now: float) -> None:
         """A path frame off a direct link (the peer continues a relayed sequence on it)."""
         peer = link.node
-        if peer not in self.retiring and not self.paths.known(peer):
+        if peer not in self.retiring and self.paths.path(peer)[0] is PathState.DOWN:
             # its relayed frames never reached us (or we forgot them): the sequence is
             # taken up here all the same, so what it resends arrives
             self.unexpected += 1

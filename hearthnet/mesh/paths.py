@@ -34,8 +34,8 @@ Frames for a peer are numbered across paths (:mod:`hearthnet.mesh.pathseq`), so 
 loses and duplicates nothing.
 
 Pacing (spec §8 budgets, :mod:`hearthnet.mesh.pacing`): what goes through a relay that
-granted a budget (:meth:`PathCore.relay_granted`) leaves at that rate; frames beyond it
-wait in the peer's sequence and go as the budget refills (:meth:`PathCore.tick` shares it
+granted a budget (fed to ``PathCore.pacer``) leaves at that rate; frames beyond it wait
+in the peer's sequence and go as the budget refills (:meth:`PathCore.tick` shares it
 out a frame per peer in turn). Back-pressure: a frame :meth:`PathCore.send` may shed (a
 gossip message: anti-entropy brings it later) is dropped and counted while the peer's
 held frames are over ``shed_bytes``, so a member publishing far over its budget keeps its
@@ -149,10 +149,6 @@ class PathCore:
             return (PathState.DOWN, None)
         return (p.state, p.fallback if p.state is PathState.DIRECT else p.via)
 
-    def known(self, peer: str) -> bool:
-        """Whether a path (and sequence) to ``peer`` is kept."""
-        return peer in self._peers
-
     def settled(self, peer: str) -> bool:
         """Whether ``peer`` acknowledged every frame sent to it and none waits to go (so
         frames sent outside the sequence now arrive after all of them)."""
@@ -234,16 +230,6 @@ class PathCore:
         self.relays.lost(relay, now)
         self.pacer.forget(relay)
         return self._leave_relay(relay, now, alive=False)
-
-    def relay_granted(self, relay: str, bytes_per_s: int, burst: int | None, now: float) -> None:
-        """``relay`` grants us ``bytes_per_s`` of data with a bucket of ``burst`` bytes
-        (its ``attached``, then ``budget`` when its fair share changes): we pace to it."""
-        self.pacer.grant(relay, bytes_per_s, burst, now)
-
-    def relay_refused(self, relay: str, retry_after_ms: int | None, now: float) -> None:
-        """``relay`` refused a frame ``rate_limited`` all the same: pause as it asks (the
-        path sequence resends the frame)."""
-        self.pacer.refused(relay, retry_after_ms, now)
 
     def _leave_relay(self, relay: str, now: float, *, alive: bool) -> list[Action]:
         nxt = self.relays.primary

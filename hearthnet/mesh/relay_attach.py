@@ -82,14 +82,14 @@ class RelayAttachments:
         ours = self.candidate(frame.observed_addr)
         # spec §8 budgets: pace to what it grants (its ``budget`` frame refines it), from
         # the first frame on: peers waiting for a relay go through it at once
-        self.paths.relay_granted(link.node, frame.bytes_per_s, None, now)
+        self.paths.pacer.grant(link.node, frame.bytes_per_s, None, now)
         self.carry(self.paths.relay_attached(link.node, ours, rtt, now))
         self.keepalive.watch(link.node, link.frames_in, now)
 
     def budget(self, link: PeerLink, frame: Budget, now: float) -> None:
         """One of our relays says what it holds us to now: we pace to that."""
         if link.node in self.relays:
-            self.paths.relay_granted(link.node, frame.bytes_per_s, frame.burst, now)
+            self.paths.pacer.grant(link.node, frame.bytes_per_s, frame.burst, now)
 
     def detached(self, link: PeerLink, frame: Detach, now: float) -> None:
         """One of our relays detached us: its peers move to another relay."""

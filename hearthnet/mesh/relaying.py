@@ -348,7 +348,8 @@ class Relaying:
             # the path sequence resends what did not arrive; rate_limited waits its turn
             self.counts[f"route_error_{frame.code}"] += 1
             if frame.code == "rate_limited" and self.paths is not None:
-                self.paths.relay_refused(link.node, frame.retry_after_ms, now)
+                # a refusal all the same: pause that relay as it asks (pacing.py)
+                self.paths.pacer.refused(link.node, frame.retry_after_ms, now)
         elif self.relay is not None and not is_relayed(link):
             self.relay.receive(link, frame, now)
         elif isinstance(frame, Attach):

@@ -32,7 +32,7 @@ def paced_core(node: str, rate: int = 10 * CHARGED, **cfg: int) -> PathCore:
     (ours: half of it, five frames)."""
     c = PathCore(node, [R], config=PathConfig(**cfg), rng=random.Random(0))  # type: ignore[arg-type]
     c.relay_attached(R, ADDR, 0.01, 0.0)
-    c.relay_granted(R, rate, rate, 0.0)
+    c.pacer.grant(R, rate, rate, 0.0)
     return c
 
 
@@ -115,7 +115,7 @@ def test_twenty_times_the_budget_through_the_relay_core_is_never_refused() -> No
     ends = {A: RelayEndpoint(KA, members), B: RelayEndpoint(KB, members)}
     for n in (A, B):
         cores[n].relay_attached(R, ADDR, 0.01, 0.0)
-        cores[n].relay_granted(R, granted[n].bytes_per_s, None, 0.0)
+        cores[n].pacer.grant(R, granted[n].bytes_per_s, None, 0.0)
     delivered: list[bytes] = []
     refused: list[RouteError] = []
     clock = [0.0]
@@ -133,7 +133,7 @@ def test_twenty_times_the_budget_through_the_relay_core_is_never_refused() -> No
             assert isinstance(out, Send)
             if isinstance(out.frame, RouteError):
                 refused.append(out.frame)
-                cores[src].relay_refused(R, out.frame.retry_after_ms, clock[0])
+                cores[src].pacer.refused(R, out.frame.retry_after_ms, clock[0])
                 continue
             assert isinstance(out.frame, Route)
             dst = str(out.link)
