@@ -81,9 +81,17 @@ class PathSwitch:
         """A frame of a relayed sequence continued on the direct link (the path core's
         ``Transmit`` with no relay). The ``upgrade`` marker is not sent: the hellos
         already name the punched link's ends, and a node without it would refuse it."""
-        link = self._direct.get(action.peer) or self.links.get(action.peer)
-        if link is not None and not is_relayed(link) and isinstance(action.frame, _SEQUENCE):
+        link = self._link(action.peer)
+        if link is not None and isinstance(action.frame, _SEQUENCE):
             link.enqueue(action.frame.encode())
+
+    def _link(self, peer: str) -> PeerLink | None:
+        """The direct link to ``peer``: the one admitted, else (while the mesh is still
+        admitting it) the one that was established."""
+        link = self.links.get(peer)
+        if link is None or is_relayed(link):
+            link = self._direct.get(peer)
+        return link
 
     def direct_down(self, link: PeerLink) -> None:
         """A direct link ended: a sequence still running on it ends with it."""
@@ -113,9 +121,10 @@ class PathSwitch:
             self._end(peer)
 
     def _end(self, peer: str) -> None:
-        link = self._direct.pop(peer, None)
-        if link is not None:
-            link.sequencer = None
+        # both: of two links dialled at once, the one established last may have lost
+        for link in (self._direct.pop(peer, None), self.links.get(peer)):
+            if link is not None:
+                link.sequencer = None
 
     def _sequence(self, peer: str, data: bytes) -> bool:
         """The direct link's ``sequencer``: frames continue the relayed sequence (True), or
