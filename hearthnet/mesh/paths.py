@@ -291,6 +291,10 @@ class PathCore:
         ):
             self.stats.shed += 1
             return []
+        if not out.waiting and p.state is not PathState.DOWN:  # nothing ahead of it
+            via = p.path
+            if via is None or self.pacer.admit(via, len(frame), now):
+                return [Transmit(peer, via, out.send(frame, now))]
         out.hold(frame)
         if p.state is PathState.DOWN:
             return self.connect(peer, now)  # sends it, and all before it, once a relay is up
