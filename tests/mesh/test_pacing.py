@@ -7,9 +7,12 @@ from __future__ import annotations
 import random
 
 from hearthnet.identity import KeyPair
+from hearthnet.mesh.frames import IHave, Msg
 from hearthnet.mesh.pacing import PACE_OVERHEAD_BYTES, Pacer, TokenBucket
 from hearthnet.mesh.path_frames import PFrame
 from hearthnet.mesh.paths import Deliver, PathConfig, PathCore, Transmit
+from hearthnet.mesh.pathseq import is_gossip
+from hearthnet.mesh.protocol import encode_frame
 from hearthnet.mesh.relay_core import RelayConfig, RelayCore, Send
 from hearthnet.mesh.relay_frames import Attach, Route, RouteError
 from hearthnet.mesh.relay_member import RelayEndpoint
@@ -39,6 +42,17 @@ def paced_core(node: str, rate: int = 10 * CHARGED, **cfg: int) -> PathCore:
 def sent_numbers(actions: list[object]) -> list[int]:
     """The sequence numbers of the pframes among ``actions``."""
     return [x.frame.s for x in actions if isinstance(x, Transmit) and isinstance(x.frame, PFrame)]
+
+
+def test_only_gossip_messages_may_be_shed() -> None:
+    """A msg frame is gossip (anti-entropy repairs it); ihave, ping and call frames are not."""
+    frames = [
+        Msg(b'{"id": 1}', 2).encode(),
+        IHave({A: 3}, {A: 1}).encode(),
+        encode_frame("ping", seq=1, ts=5),
+        encode_frame("call", sid="s", to=B),
+    ]
+    assert [True, False, False, False] == [is_gossip(f) for f in frames]
 
 
 def test_a_bucket_lets_its_burst_go_then_its_rate() -> None:
