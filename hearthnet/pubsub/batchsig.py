@@ -44,34 +44,85 @@ def batch_statement(origin: str, first: int, n: int, root: bytes) -> bytes:
     )
 
 
+class SignedBatch:
+    """One batch signature with the leaf hashes of its tree: each message's proof (its
+    ``sig`` object and that object's JSON) is made on demand, from the tree built once.
+
+    The log stores a batch once (origin, first, n, root, signature, leaf hashes) and its
+    messages without ``sig``; a proof is made only when a message goes out with ``sig``
+    (gossip, subscribers that verify, history with ``sig``). Safe to share between
+    threads: building the tree twice in a race gives the same tree.
+    """
+
+    __slots__ = ("_head", "_text", "_tree", "first", "leaves", "n", "origin", "signature")
+
+    def __init__(
+        self,
+        origin: str,
+        first: int,
+        signature: str,
+        leaves: Sequence[bytes],
+        tree: MerkleTree | None = None,
+    ) -> None:
+        if not 1 <= len(leaves) <= MAX_BATCH:
+            raise ValueError(f"a batch holds 1 to {MAX_BATCH} messages")
+        self.origin = origin
+        self.first = first
+        self.n = len(leaves)
+        self.signature = signature
+        self.leaves = leaves
+        self._tree = tree
+        self._head = f'{{"batch":"{signature}","first":{first},"n":{self.n},"path":'
+        self._text: dict[tuple[int, int], str] = {}
+
+    @classmethod
+    def sign(cls, keys: KeyPair, first: int, leaves: Sequence[bytes]) -> SignedBatch:
+        """Sign the batch of these leaf hashes (:func:`leaf_hash` of each message's JCS
+        without ``sig``, in ``origin_seq`` order from ``first``). One ed25519 signature."""
+        if not 1 <= len(leaves) <= MAX_BATCH:
+            raise ValueError(f"a batch holds 1 to {MAX_BATCH} messages")
+        tree = MerkleTree(leaves)
+        signature = keys.sign_bytes(batch_statement(keys.node_id, first, tree.size, tree.root))
+        return cls(keys.node_id, first, signature, leaves, tree)
+
+    @property
+    def tree(self) -> MerkleTree:
+        """The Merkle tree over the leaves (built on first use)."""
+        if self._tree is None:
+            self._tree = MerkleTree(self.leaves)
+        return self._tree
+
+    @property
+    def root(self) -> bytes:
+        """The tree head the signature covers."""
+        return self.tree.root
+
+    def proof(self, origin_seq: int) -> tuple[dict[str, Any], bytes]:
+        """Message ``origin_seq``'s ``sig`` object and its JSON bytes (what ``orjson.dumps``
+        gives), each hash of the tree encoded once for the whole batch."""
+        tree, text = self.tree, self._text
+        path: list[str] = []
+        for key in tree.path_indexes(origin_seq - self.first):
+            item = text.get(key)
+            if item is None:
+                # 32 bytes: one "=" of padding to drop
+                item = text[key] = urlsafe_b64encode(tree.levels[key[0]][key[1]])[:-1].decode()
+            path.append(item)
+        sig = {"batch": self.signature, "first": self.first, "n": self.n, "path": path}
+        # base64url text needs no JSON escape
+        tail = '["' + '","'.join(path) + '"]}' if path else "[]}"
+        return sig, (self._head + tail).encode()
+
+
 def sign_batch(
     keys: KeyPair, first: int, leaves: Sequence[bytes]
 ) -> tuple[list[dict[str, Any]], list[bytes]]:
     """The ``sig`` object of each message of a batch, given the JCS bytes of each (without
     ``sig``), in ``origin_seq`` order from ``first``, and each one's JSON bytes (what
-    ``orjson.dumps`` gives, built from parts encoded once). One ed25519 signature in all."""
-    if not 1 <= len(leaves) <= MAX_BATCH:
-        raise ValueError(f"a batch holds 1 to {MAX_BATCH} messages")
-    tree = MerkleTree([leaf_hash(leaf) for leaf in leaves])
-    n = tree.size
-    signature = keys.sign_bytes(batch_statement(keys.node_id, first, n, tree.root))
-    # Each tree node is encoded once; every leaf under a node gets that node's sibling
-    # appended to its path, level by level from the leaves up (the path's order).
-    paths: list[list[str]] = [[] for _ in range(n)]
-    for depth, level in enumerate(tree.levels[:-1]):
-        width = len(level)
-        for pos in range(width):
-            sibling = pos ^ 1
-            if sibling < width:
-                text = urlsafe_b64encode(level[sibling])[:-1].decode()  # 32 bytes: one "="
-                for leaf in range(pos << depth, min((pos + 1) << depth, n)):
-                    paths[leaf].append(text)
-    head = f'{{"batch":"{signature}","first":{first},"n":{n},"path":'
-    return (
-        [{"batch": signature, "first": first, "n": n, "path": path} for path in paths],
-        # base64url text needs no JSON escape
-        [(head + ('["' + '","'.join(path) + '"]}' if path else "[]}")).encode() for path in paths],
-    )
+    ``orjson.dumps`` gives). One ed25519 signature in all."""
+    batch = SignedBatch.sign(keys, first, [leaf_hash(leaf) for leaf in leaves])
+    proofs = [batch.proof(first + i) for i in range(batch.n)]
+    return [sig for sig, _ in proofs], [text for _, text in proofs]
 
 
 def _proof(sig: dict[str, Any], origin_seq: int) -> tuple[str, int, int, list[bytes]]:

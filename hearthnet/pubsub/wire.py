@@ -33,9 +33,10 @@ def unsigned_envelope(message: Message) -> bytes:
     their last key (every message signed here, and those stored from peers in that order),
     else encoded again. The bytes after the cut must be exactly ``sig`` and the closing
     brace, so the cut is at the top level even when ``data`` holds a ``"sig"`` key."""
+    known = message.unsigned_bytes()
+    if known is not None:
+        return known
     raw = message.raw
-    if message.unsigned_len:
-        return raw[: message.unsigned_len] + b"}"
     cut = raw.rfind(b',"sig":')
     if cut > 0 and raw[cut + 7 : -1] == orjson.dumps(message.sig):
         return raw[:cut] + b"}"

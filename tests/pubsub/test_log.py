@@ -223,10 +223,12 @@ async def test_read_last_of_wildcards_over_few_and_many_topics(tmp_path: Path) -
         pattern = [TopicPattern.parse("many.*")]
         few = await log.read_last([TopicPattern.parse("chat.*")], 3, upto_seq=head)
         newest = await log.read_last(pattern, 3, upto_seq=head)
-        by_topic = await log._read_last_by_topic(log._topics_matching(pattern) or [], 3, head)
+        by_topic = await log.reader._read_last_by_topic(
+            log.reader._topics_matching(pattern) or [], 3, head
+        )
         walked = await log.read_last(pattern, READ_LAST_QUERIES + 10, upto_seq=head)
-        too_many = await log._read_last_by_topic(
-            log._topics_matching(pattern) or [], READ_LAST_QUERIES + 10, head
+        too_many = await log.reader._read_last_by_topic(
+            log.reader._topics_matching(pattern) or [], READ_LAST_QUERIES + 10, head
         )
     assert (
         [2, 3, 5],

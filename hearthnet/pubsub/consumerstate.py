@@ -1,0 +1,72 @@
+"""A durable consumer's stored state (spec §6.8) and how it is written with a commit."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+
+import orjson
+
+from hearthnet.clock import now_ms
+
+
+@dataclass(slots=True)
+class ConsumerRecord:
+    """A durable consumer's stored state (spec §6.8)."""
+
+    identity: str
+    name: str
+    patterns: tuple[str, ...]
+    cursor: int
+    lost: tuple[int, int] | None = None
+    dirty: bool = field(default=False, compare=False)
+
+
+ConsumerState = tuple[tuple[str, ...], int, tuple[int, int] | None]
+
+
+def consumer_state(record: ConsumerRecord) -> ConsumerState:
+    """What of a consumer is stored: patterns, cursor, lost range."""
+    return (record.patterns, record.cursor, record.lost)
+
+
+def dirty_consumers(
+    consumers: dict[tuple[str, str], ConsumerRecord],
+) -> list[tuple[ConsumerRecord, ConsumerState]]:
+    """Snapshots of the changed consumers, for the writer thread (what it writes must not
+    change under it)."""
+    return [(c, consumer_state(c)) for c in consumers.values() if c.dirty]
+
+
+def mark_clean(written: list[tuple[ConsumerRecord, ConsumerState]]) -> None:
+    """After the commit: a consumer is clean unless it changed while it was being written
+    (then it stays dirty and goes with the next commit). A failed commit marks nothing."""
+    for record, state in written:
+        if consumer_state(record) == state:
+            record.dirty = False
+
+
+def write_consumers(
+    conn: sqlite3.Connection, written: list[tuple[ConsumerRecord, ConsumerState]]
+) -> None:
+    """Store changed consumers (inside the caller's transaction)."""
+    if not written:
+        return
+    ts = now_ms()
+    conn.executemany(
+        "INSERT OR REPLACE INTO consumers"
+        " (identity, name, patterns, cursor, lost_from, lost_to,"
+        " updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [
+            (
+                c.identity,
+                c.name,
+                orjson.dumps(list(patterns)).decode(),
+                cursor,
+                lost[0] if lost else None,
+                lost[1] if lost else None,
+                ts,
+            )
+            for c, (patterns, cursor, lost) in written
+        ],
+    )
