@@ -49,7 +49,7 @@ from hearthnet.pubsub.consumerstate import (
     mark_clean,
     write_consumers,
 )
-from hearthnet.pubsub.envelope import Message, StoredMessage
+from hearthnet.pubsub.envelope import Message, StoredMessage, unsigned_fields
 from hearthnet.pubsub.logcommit import (
     INSERT_ROWS,
     Outcome,
@@ -218,19 +218,12 @@ class MessageLog:
         # the GIL, so parsing the next publishes goes on meanwhile).
         # A number whose batch fails to commit is never reused (peers treat it like a hole
         # left by retention); one issued but lost in a crash was never acknowledged.
-        body = Message.unsigned(
-            self.keys.node_id,
-            topic=topic,
-            msg_type=msg_type,
-            data=data,
-            origin_seq=self.origin_seq + 1,
-            ts=now_ms(),
-            ttl_s=ttl_s,
-            sender=sender,
+        self.origin_seq = origin_seq = self.origin_seq + 1
+        body = unsigned_fields(
+            self.keys.node_id, topic, msg_type, data, origin_seq, now_ms(), ttl_s, sender
         )
-        self.origin_seq += 1
         fut: asyncio.Future[StoredMessage | None] = asyncio.get_running_loop().create_future()
-        self._pending.append(Pending(fut, None, local=True, unsigned=body))
+        self._pending.append(Pending(fut, None, True, None, body))
         self._wake.set()
         return fut
 
