@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import re
 import threading
-from base64 import urlsafe_b64encode
-from binascii import a2b_base64
+from binascii import a2b_base64, b2a_base64
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -35,6 +34,7 @@ VERIFIED_BATCHES = 4096  # batch statements a verifier remembers (LRU)
 _SIG_FIELDS = frozenset({"batch", "first", "n", "path"})
 _HASH_TEXT = re.compile(r"[A-Za-z0-9_-]{43}")
 _FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
+_TO_URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 
 def batch_statement(origin: str, first: int, n: int, root: bytes) -> bytes:
@@ -54,7 +54,7 @@ class SignedBatch:
     threads: building the tree twice in a race gives the same tree.
     """
 
-    __slots__ = ("_head", "_text", "_tree", "first", "leaves", "n", "origin", "signature")
+    __slots__ = ("_head", "_paths", "_tree", "first", "leaves", "n", "origin", "signature")
 
     def __init__(
         self,
@@ -73,7 +73,7 @@ class SignedBatch:
         self.leaves = leaves
         self._tree = tree
         self._head = f'{{"batch":"{signature}","first":{first},"n":{self.n},"path":'
-        self._text: dict[tuple[int, int], str] = {}
+        self._paths: list[list[str]] | None = None
 
     @classmethod
     def sign(cls, keys: KeyPair, first: int, leaves: Sequence[bytes]) -> SignedBatch:
@@ -97,17 +97,36 @@ class SignedBatch:
         """The tree head the signature covers."""
         return self.tree.root
 
+    def _all_paths(self) -> list[list[str]]:
+        """Every leaf's audit path as base64url text, made at once for the batch: each tree
+        node is encoded once, and every leaf under a node gets that node's sibling
+        appended, level by level from the leaves up (the path's order)."""
+        paths = self._paths
+        if paths is None:
+            n = self.n
+            paths = [[] for _ in range(n)]
+            for depth, level in enumerate(self.tree.levels[:-1]):
+                width = len(level)
+                for pos in range(width):
+                    sibling = pos ^ 1
+                    if sibling < width:
+                        # 32 bytes: one "=" of padding to drop
+                        b64 = b2a_base64(level[sibling], newline=False)[:-1]
+                        text = b64.translate(_TO_URLSAFE).decode()
+                        for leaf in range(pos << depth, min((pos + 1) << depth, n)):
+                            paths[leaf].append(text)
+            self._paths = paths
+        return paths
+
     def proof(self, origin_seq: int) -> tuple[dict[str, Any], bytes]:
         """Message ``origin_seq``'s ``sig`` object and its JSON bytes (what ``orjson.dumps``
-        gives), each hash of the tree encoded once for the whole batch."""
-        tree, text = self.tree, self._text
-        path: list[str] = []
-        for key in tree.path_indexes(origin_seq - self.first):
-            item = text.get(key)
-            if item is None:
-                # 32 bytes: one "=" of padding to drop
-                item = text[key] = urlsafe_b64encode(tree.levels[key[0]][key[1]])[:-1].decode()
-            path.append(item)
+        gives). The first proof asked for makes every path of the batch (cheaper than one
+        path at a time once a few are needed: gossip and verifying subscribers take them
+        all)."""
+        index = origin_seq - self.first
+        if not 0 <= index < self.n:
+            raise IndexError(f"origin_seq {origin_seq} is not in this batch")
+        path = self._all_paths()[index]
         sig = {"batch": self.signature, "first": self.first, "n": self.n, "path": path}
         # base64url text needs no JSON escape
         tail = '["' + '","'.join(path) + '"]}' if path else "[]}"
