@@ -8,6 +8,10 @@ carries ``sig: {"batch": "ed25519:...", "first", "n", "path": [base64url hashes]
 stays verifiable alone: its leaf and path give the root, the root and the batch signature
 the origin. A message's place in the tree is ``origin_seq - first``.
 
+:class:`SignedBatch` is one signed batch: its signature and leaf hashes, from which each
+message's proof is made when it is first needed (the log stores a batch once and its
+messages without ``sig``).
+
 :class:`BatchVerifier` remembers the batch statements whose signature it checked (bounded),
 so a node pays for one ed25519 verification per batch, not per message; each message
 still costs its leaf hash and path (a few SHA-256).
