@@ -45,8 +45,9 @@ class LogReader:
         """Close the connection."""
         await self._conn.close()
 
-    async def _rows(self, sql: str, args: Iterable[Any]) -> list[StoredMessage]:
-        """Messages from ``SELECT {ROW} ...``, each with its batch when stored without sig."""
+    async def _fetch(self, sql: str, args: Iterable[Any]) -> list[Any]:
+        """Rows of ``SELECT {ROW} ...``, with the batches of those stored without sig read
+        into the cache."""
         try:
             rows = await self._conn.execute_fetchall(sql, tuple(args))
             wanted = {
@@ -56,15 +57,24 @@ class LogReader:
                 await self._load_batches(wanted)
         except sqlite3.Error as exc:
             raise StorageError(f"reading the message log failed: {exc}") from exc
+        return list(rows)
+
+    async def _rows(self, sql: str, args: Iterable[Any]) -> list[StoredMessage]:
+        """Messages from ``SELECT {ROW} ...``, each with its batch when stored without sig."""
+        rows = await self._fetch(sql, args)
         # Stored messages were verified before they were stored: rebuilt without paying
         # for the signature again.
         out = [
             StoredMessage(seq, self._message(raw, origin, first))
             for seq, raw, origin, first in rows
         ]
+        self._trim()
+        return out
+
+    def _trim(self) -> None:
+        """Bound the batch cache (after the rows that needed its batches were built)."""
         while len(self._batches) > BATCH_CACHE:
             self._batches.popitem(last=False)
-        return out
 
     def _message(self, raw: bytes, origin: str, first: int | None) -> Message:
         """A stored row as a message: the whole envelope, or a batch member without sig."""
@@ -285,12 +295,18 @@ class LogReader:
 
     async def read_origin(self, origin: str, first: int, last: int, limit: int) -> list[bytes]:
         """Raw envelopes of one origin with ``first <= origin_seq <= last`` (repair)."""
-        rows = await self._rows(
+        rows = await self._fetch(
             f"SELECT {ROW} FROM messages WHERE origin = ? AND origin_seq BETWEEN ? AND ?"
             " ORDER BY origin_seq LIMIT ?",
             (origin, first, last, max(0, limit)),
         )
-        return [r.message.raw for r in rows]
+        # A whole envelope goes as stored; a batch member gets its proof.
+        out = [
+            bytes(raw) if batch is None else self._message(raw, o, batch).raw
+            for _, raw, o, batch in rows
+        ]
+        self._trim()
+        return out
 
     async def candidates(
         self, sql_where: str, args: list[Any], limit: int
