@@ -236,8 +236,9 @@ class Message:
         """When the message's own TTL runs out (None: no TTL)."""
         return self.ts + self.ttl_s * 1000 if self.ttl_s is not None else None
 
-    def body(self) -> dict[str, Any]:
-        """The envelope as a JSON object (with ``sig``)."""
+    def body(self, *, sig: bool = True) -> dict[str, Any]:
+        """The envelope as a JSON object, with ``sig`` unless ``sig=False`` (which never
+        makes a batch member's proof)."""
         out: dict[str, Any] = {
             "id": self.id,
             "topic": self.topic,
@@ -253,7 +254,8 @@ class Message:
             out["ttl_s"] = self.ttl_s
         if self.sender is not None:
             out["sender"] = self.sender
-        out["sig"] = self.sig
+        if sig:
+            out["sig"] = self.sig
         return out
 
     @staticmethod
@@ -449,10 +451,10 @@ class StoredMessage:
         """``{"event":"message","data":<envelope>,"seq":N}`` as an object (history, long-poll)."""
         return {"event": "message", "data": self.message.body(), "seq": self.seq}
 
-    def frame_cbor(self) -> dict[str, Any]:
+    def frame_cbor(self, *, sig: bool = True) -> dict[str, Any]:
         """The message frame as a CBOR frame carries it: a bytes message's ``data`` is a
-        byte string (see :mod:`hearthnet.pubsub.payload`)."""
-        body = self.message.body()  # a new dict: changed in place (once per message)
+        byte string (see :mod:`hearthnet.pubsub.payload`); without ``sig`` when asked."""
+        body = self.message.body(sig=sig)  # a new dict: changed in place (once per message)
         if self.message.data_enc is not None:
             del body["data_enc"]
             body["data"] = stored_bytes(self.message.data)

@@ -110,9 +110,7 @@ class EncodedMessage:
         if out is not None:
             return out
         if name == "ws_cbor":
-            frame = self.stored.frame_cbor()
-            del frame["data"]["sig"]
-            out = ws_frame(cbor2.dumps(frame), OP_BINARY)
+            out = ws_frame(cbor2.dumps(self.stored.frame_cbor(sig=False)), OP_BINARY)
         else:
             envelope = cache.get("envelope")
             if envelope is None:

@@ -8,11 +8,13 @@ import contextlib
 import sqlite3
 from pathlib import Path
 
+import cbor2
 import orjson
 
 from hearthnet.pubsub.batchsig import BatchVerifier
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
 from hearthnet.pubsub.log import MessageLog
+from hearthnet.pubsub.wire import FORMS, EncodedMessage
 from tests.pubsub.test_log import KEYS, PEER, opened, publish_many
 
 # The log's schema before batches were stored once: every row holds its whole envelope.
@@ -38,6 +40,12 @@ INSERT INTO meta VALUES ('epoch', '00112233aabbccdd');
 def verified(raw: bytes) -> Message:
     """The envelope parsed with a verifier of its own (every signature checked)."""
     return Message.parse(orjson.loads(raw), raw=raw, verifier=BatchVerifier())
+
+
+def ws_payload(frame: bytes) -> bytes:
+    """The payload of one unmasked WebSocket frame."""
+    length = frame[1] & 0x7F
+    return frame[{126: 4, 127: 10}.get(length, 2) :]
 
 
 def schema_1_log(path: Path) -> list[bytes]:
@@ -170,3 +178,19 @@ async def test_a_commit_retried_alone_keeps_each_message_provable(tmp_path: Path
         [o.seq if isinstance(o, StoredMessage) else getattr(o, "code", o) for o in outcomes],
         [verified(r.message.raw).data for r in read],
     )
+
+
+async def test_unsigned_frames_never_make_a_proof(tmp_path: Path) -> None:
+    """Every unsigned form of a batch member (what subscribers that do not verify get)
+    is made without its proof, and equals the signed form without sig."""
+    async with opened(tmp_path / "log.db") as log:
+        stored = await publish_many(log, 3)
+        read, _ = await log.history("chat.a", limit=50)
+    items = [EncodedMessage(s) for s in [*stored, *read]]
+    unsigned = {name: [item.unsigned(name) for item in items] for name in FORMS}
+    sealed_before = [item.stored.message.sealed for item in items]
+    cbor = [cbor2.loads(ws_payload(frame))["data"] for frame in unsigned["ws_cbor"]]
+    expected = [item.stored.message.body() for item in items]
+    for body in expected:
+        del body["sig"]
+    assert ([False] * 6, expected) == (sealed_before, cbor)
