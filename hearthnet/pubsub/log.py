@@ -19,9 +19,9 @@ The queue of pending messages is bounded (``max_pending``): past it a publish is
 with ``unavailable`` and a ``retry_after_ms``.
 
 A batch of our own publishes is stored once (its signature and leaf hashes) and its
-messages without ``sig``; the reader makes a message's audit path when it is read
-(:mod:`hearthnet.pubsub.logstore`, :mod:`hearthnet.pubsub.logcommit`,
-:mod:`hearthnet.pubsub.logread`).
+messages without ``sig``; a message's audit path is made from its batch when it is
+first sent with ``sig`` or read back (:mod:`hearthnet.pubsub.logstore`,
+:mod:`hearthnet.pubsub.logcommit`, :mod:`hearthnet.pubsub.logread`).
 
 ``synchronous=FULL`` (the default) makes an acknowledged publish survive a power cut;
 ``normal`` survives a process crash (``kill -9``) only.
