@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from bench import bench_publish_cost, bench_read_last, bench_relay
+from bench import bench_log_parts, bench_publish_cost, bench_read_last, bench_relay
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,6 +35,25 @@ async def test_publish_cost_measures_every_publish_through_the_log() -> None:
     for key in ("publish_frame_bytes", "message_frame_bytes"):
         sizes = [result["binary"][n][key] for n in ("cbor_bytes", "json_base64", "json_data_enc")]
         assert sizes[0] < sizes[1] < sizes[2], (key, sizes)
+
+
+async def test_log_parts_times_the_writer_pieces_of_real_commits() -> None:
+    """bench_log_parts times signing and SQLite inside real commits, and the pieces add
+    up to the whole."""
+    opts = argparse.Namespace(messages=120, batch=40, sync=["normal"], runs=1)
+    result = await bench_log_parts.run(opts)
+    parts = result["sync"]["normal"]["runs"][0]
+    assert (True, True) == (
+        parts["sign"] > 0 and parts["sqlite"] > 0,
+        abs(
+            parts["total"]
+            - parts["event_loop_and_hand_over"]
+            - parts["sign"]
+            - parts["sqlite"]
+            - parts["writer_rest"]
+        )
+        < 1e-6,
+    )
 
 
 async def test_read_last_finds_the_newest_rooms() -> None:
