@@ -61,7 +61,8 @@ from hearthnet.pubsub.http import PubSubHttp
 from hearthnet.pubsub.log import MessageLog
 from hearthnet.pubsub.retention import RetentionPolicy, RetentionRule
 from hearthnet.pubsub.service import PubSub
-from hearthnet.pubsub.ws import PubSubDeps, SessionSweeper
+from hearthnet.pubsub.sweeper import SessionSweeper
+from hearthnet.pubsub.ws import PubSubDeps
 from hearthnet.replay import ReplayCache
 from hearthnet.sessions import SessionRegistry
 from hearthnet.tokens import CapabilityToken
@@ -418,7 +419,7 @@ class Node:
         committed). Presence (spec §6.6): local members' presence changes are flooded by
         the mesh.
         """
-        fan_out, gossip = self.pubsub.on_commit, self.mesh.on_commit
+        fan_out, gossip = self.pubsub.fanout.on_commit, self.mesh.on_commit
         self.topic_rates = rates = TopicRates()  # the console's messages per second
 
         def committed(batch: list[StoredMessage]) -> None:
@@ -431,7 +432,7 @@ class Node:
             rates.record((m.message.topic for m in batch), time.monotonic())
 
         self.message_log.listeners.append(committed)
-        self.pubsub.on_local_presence = self.mesh.on_local_presence
+        self.pubsub.presence_hub.on_local = self.mesh.on_local_presence
 
     def _build_pubsub(self, transport_metrics: TransportMetrics) -> PubSub:
         cfg = self.config
@@ -517,7 +518,7 @@ class Node:
 
     async def _start_serving(self) -> None:
         self.spawn(self.message_log.run(), "pubsub-log-flush")
-        self.spawn(self.pubsub.retention_loop(), "pubsub-retention")
+        self.spawn(self.pubsub.retention_pass.loop(), "pubsub-retention")
         self.spawn(self.sweeper.run(), "pubsub-sweeper")
         try:
             host, port = await self.server.start(self.config.node.host, self.config.node.port)

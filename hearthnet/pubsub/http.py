@@ -20,10 +20,13 @@ from hearthnet.ids import new_ulid
 from hearthnet.pubsub.channel import ChannelState, SubscriberChannel
 from hearthnet.pubsub.frames import Since
 from hearthnet.pubsub.payload import from_publish
-from hearthnet.pubsub.service import Subscriber
+from hearthnet.pubsub.sinks import AiohttpSink, LongPollSink
+from hearthnet.pubsub.subscriber import Subscriber
+from hearthnet.pubsub.sweeper import sweep_token
 from hearthnet.pubsub.topics import TopicPattern
 from hearthnet.pubsub.wire import control_frame
-from hearthnet.pubsub.ws import PubSubDeps, PubSubWebSocket, sweep_token
+from hearthnet.pubsub.ws import PubSubDeps
+from hearthnet.pubsub.wsupgrade import PubSubWebSocket
 from hearthnet.shapes import Shape
 from hearthnet.transport.codec import SSE_KEEPALIVE, loads
 from hearthnet.transport.frontdoor import RawUpgrade
@@ -271,13 +274,9 @@ class PubSubHttp:
             raise BadRequest("durable consumers need acks: subscribe over WebSocket")
         if caller.token is not None:  # a parked poll ends when its token does
             timeout = min(timeout, max(0.0, (caller.token.exp_ms - now_ms()) / 1000))
-        arrived = asyncio.Event()
-        frames: list[bytes] = []
+        sink = LongPollSink()
+        arrived, frames = sink.arrived, sink.frames
         ended: list[WireError] = []  # revoked while parked
-
-        def collect(written: list[bytes]) -> None:
-            frames.extend(written)
-            arrived.set()
 
         def revoke(error: WireError) -> None:
             ended.append(error)
@@ -300,8 +299,7 @@ class PubSubHttp:
             client_id="lp_" + new_ulid().lower(),
             form="json",
             channel=channel,
-            transport=None,
-            on_frames=collect,
+            sink=sink,
             verify=verify_query(request),
         )
         # A long-poll holds a socket for up to timeout_s: it counts like any stream, and a
@@ -330,7 +328,7 @@ class PubSubHttp:
         messages, resume = _long_poll_page(frames, service.log.head_seq)
         if not messages and caller.token is not None and caller.token.exp_ms <= now_ms():
             raise Expired("token expired")
-        service.count_sent(
+        service.fanout.count_sent(
             sum(1 for f in messages if f.startswith(b'{"event":"message"')),
             sum(1 for f in messages if f.startswith(b'{"event":"gap"')),
         )
@@ -378,7 +376,8 @@ class SseSession:
         self.token_exp_ms = caller.token.exp_ms if caller.token is not None else None
         self.warned = False
         self.closed = asyncio.Event()
-        self.chunked = request.version >= (1, 1)
+        self.chunked = request.version >= (1, 1)  # we write the chunk framing ourselves
+        self.sink: AiohttpSink | None = None
 
     def start(self, response: web.StreamResponse) -> None:
         """Headers are out: start the subscriber and the sweeper's care."""
@@ -388,13 +387,17 @@ class SseSession:
             catching_up=True,
             encode_gap=lambda a, b: control_frame("sse", "gap", {"from_seq": a, "to_seq": b}),
         )
+        transport = self.request.transport
+        if transport is not None:  # None: the client left already (nothing is written)
+            self.sink = AiohttpSink(
+                transport, self.request.protocol, self.request.writer, chunked=self.chunked
+            )
         self.sub = Subscriber(
             caller=self.caller,
             client_id="sse_" + new_ulid().lower(),
             form="sse",
             channel=channel,
-            transport=self.request.transport,
-            chunked=self.chunked,
+            sink=self.sink,
             verify=verify_query(self.request),
         )
         self.deps.service.register(self.sub)
@@ -437,5 +440,7 @@ class SseSession:
         """The response is over."""
         self.closed.set()
         self.deps.sweeper.remove(self)
+        if self.sink is not None:
+            self.sink.close()
         if self.sub is not None:
             self.deps.service.detach(self.sub)

@@ -14,6 +14,7 @@ from hearthnet.errors import BadRequest, InvalidSignature
 from hearthnet.ids import new_ulid
 from hearthnet.node import Node
 from hearthnet.pubsub.envelope import Message
+from hearthnet.pubsub.sinks import SocketSink
 from hearthnet.subscription import Delivery, Gap
 from tests.conftest import MakeConfig
 from tests.helpers import collect_numbers, publish, publish_at_once, wait_until
@@ -39,8 +40,8 @@ async def test_subscription_waits_out_a_full_node_and_loses_nothing(
 
         mine = [s for s in node.pubsub.subscribers if s.patterns]
         for s in mine:
-            assert s.transport is not None
-            s.transport.abort()
+            assert isinstance(s.sink, SocketSink)
+            s.sink.transport.abort()
         await wait_until(lambda: len(node.pubsub.subscribers) == 1, what="the drop seen")
         squatter = await session(http, node)  # takes the freed slot before the reconnect
         await publish(node, "cap.a", 3, start=3)
@@ -128,8 +129,8 @@ async def test_a_durable_consumer_reconnecting_mid_backlog_loses_nothing(
                     got.append(item.data["i"])
                     if len(got) == 10:  # mid-backlog, nothing acked past the window yet
                         for s in list(node.pubsub.subscribers):
-                            if s.transport is not None:
-                                s.transport.abort()
+                            if isinstance(s.sink, SocketSink):
+                                s.sink.transport.abort()
                     if len(got) == 40:
                         return
 

@@ -19,7 +19,8 @@ from hearthnet.pubsub.access import AccessPolicy
 from hearthnet.pubsub.envelope import Message, StoredMessage
 from hearthnet.pubsub.log import INSERT_ROWS, READ_LAST_QUERIES, ConsumerRecord, MessageLog
 from hearthnet.pubsub.retention import RetentionPolicy, RetentionRule
-from hearthnet.pubsub.service import AGED_PAGE, PubSub
+from hearthnet.pubsub.retention_pass import AGED_PAGE
+from hearthnet.pubsub.service import PubSub
 from hearthnet.pubsub.topics import TopicPattern
 
 KEYS = KeyPair.from_seed(b"\x50" * 32)
@@ -277,13 +278,15 @@ async def test_read_last_gives_what_a_scan_of_the_whole_log_gives(tmp_path: Path
             )
 
 
-def make_service(log: MessageLog, **retention: object) -> PubSub:
+def make_service(
+    log: MessageLog, config: PubSubSection | None = None, **retention: object
+) -> PubSub:
     """A service over ``log`` with the given retention."""
     rules = retention.pop("rules", ())
     policy = RetentionPolicy(rules, **retention)  # type: ignore[arg-type]
     return PubSub(
         node_id=KEYS.node_id,
-        config=PubSubSection(),
+        config=config or PubSubSection(),
         log_store=log,
         policy=AccessPolicy(),
         retention=policy,
@@ -373,8 +376,7 @@ async def test_default_age_applies_behind_many_old_messages_of_a_longer_rule(
 async def test_durable_consumer_holds_unacked_past_retention(tmp_path: Path) -> None:
     """Unacked messages survive retention up to the consumer's limit; beyond, a gap is noted."""
     async with opened(tmp_path / "log.db") as log:
-        service = make_service(log, max_messages=2)
-        service.config = PubSubSection(consumer_max_held=3)
+        service = make_service(log, PubSubSection(consumer_max_held=3), max_messages=2)
         log.save_consumer(ConsumerRecord("me", "work", ("jobs",), 0))
         for i in range(6):
             await log.publish(topic="jobs", msg_type="m", data=i)

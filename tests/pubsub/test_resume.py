@@ -15,6 +15,7 @@ from hearthnet.client import Client
 from hearthnet.community import Level
 from hearthnet.config import load_config
 from hearthnet.node import Node
+from hearthnet.pubsub.sinks import SocketSink
 from hearthnet.subscription import Delivery
 from tests.helpers import wait_until
 
@@ -62,8 +63,8 @@ async def scenario(data_dir: Path, ops: list[Op]) -> tuple[list[int], int]:
                 elif op == "drop":
                     # a network drop, at whatever point delivery has reached
                     for session in list(node.pubsub.subscribers):
-                        if session.transport is not None:
-                            session.transport.abort()
+                        if isinstance(session.sink, SocketSink):
+                            session.sink.transport.abort()
                 else:
                     await asyncio.sleep(arg / 1000)
             total = published

@@ -1,0 +1,168 @@
+"""Fan-out: committed batches to this node's subscribers (spec §6.4, §11).
+
+Designed rather than hoped for: :meth:`FanOut.on_commit` runs once per committed batch
+(the node's commit pipeline, ``node.py``); each message is encoded once per transport form
+(:class:`~hearthnet.pubsub.wire.EncodedMessage`), every matching subscriber's channel gets
+the same bytes, and each subscriber's frames from one loop turn leave in one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hearthnet.metrics import Counter, MetricsRegistry
+from hearthnet.pubsub.access import AccessPolicy
+from hearthnet.pubsub.batchsig import VERIFIER
+from hearthnet.pubsub.envelope import StoredMessage
+from hearthnet.pubsub.index import SubscriptionIndex
+from hearthnet.pubsub.subscriber import Subscriber
+from hearthnet.pubsub.wire import EncodedMessage, TopicBatch
+
+
+@dataclass(slots=True)
+class PubSubMetrics:
+    """Pub/sub series in ``/metrics`` (spec §9)."""
+
+    published: Counter
+    delivered: Counter
+    gaps: Counter
+    duplicates: Counter
+    rate_limited: Counter
+    refills: Counter
+
+    @classmethod
+    def register(cls, registry: MetricsRegistry, subscribers: Callable[[], float]) -> PubSubMetrics:
+        """Create the series."""
+        metrics = cls(
+            published=registry.counter(
+                "hearthnet_pubsub_published_total", "Messages committed to the log.", ("origin",)
+            ),
+            delivered=registry.counter(
+                "hearthnet_pubsub_delivered_total",
+                "Message frames handed to subscribers' transports.",
+            ),
+            gaps=registry.counter(
+                "hearthnet_pubsub_gaps_total", "Gap frames sent to slow subscribers."
+            ),
+            duplicates=registry.counter(
+                "hearthnet_gossip_duplicates_total",
+                "Messages received again that the log already held.",
+            ),
+            rate_limited=registry.counter(
+                "hearthnet_rate_limited_total", "Requests refused by a rate limit.", ("kind",)
+            ),
+            refills=registry.counter(
+                "hearthnet_pubsub_consumer_refills_total",
+                "Times a durable consumer's overflowed queue was read back from the log.",
+            ),
+        )
+        registry.gauge(
+            "hearthnet_pubsub_subscribers", "Subscribed sessions on this node.", subscribers
+        )
+
+        def signatures() -> dict[tuple[str, ...], float]:
+            return {(kind,): float(n) for kind, n in VERIFIER.counts().items()}
+
+        # Counts since the process started, read from the process's verifier at scrape time.
+        registry.gauge(
+            "hearthnet_pubsub_signature_checks",
+            "Message signature checks since start (spec 6.2): batch_signatures (one ed25519 "
+            "check per batch root), batch_messages (proved by a Merkle path), "
+            "single_signatures.",
+            signatures,
+            ("kind",),
+        )
+        return metrics
+
+
+class FanOut:
+    """Delivers committed batches and flushes subscribers once per loop turn."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        index: SubscriptionIndex[Subscriber],
+        policy: AccessPolicy,
+        metrics: PubSubMetrics,
+        refill: Callable[[Subscriber], None],
+    ) -> None:
+        self.node_id = node_id
+        self.index = index
+        self.policy = policy
+        self.metrics = metrics
+        self._refill = refill  # a durable consumer's queue overflowed (catch-up reads the log)
+        self._dirty: list[Subscriber] = []
+        self._flush_scheduled = False
+
+    def on_commit(self, batch: list[StoredMessage]) -> None:
+        """Called after each commit of the log, in seq order (the node's commit pipeline):
+        deliver to subscribers.
+
+        Messages are grouped by topic; each group is encoded once per transport form and
+        every matching subscriber takes a slice of the same lists (spec §11: encode once,
+        one write per subscriber per loop turn).
+        """
+        groups: dict[str, list[EncodedMessage]] = {}
+        for stored in batch:
+            groups.setdefault(stored.message.topic, []).append(EncodedMessage(stored))
+        policy = self.policy
+        match = self.index.match
+        if len(groups) == 1:
+            ((topic, items),) = groups.items()
+            group = TopicBatch(topic, items)
+            for sub in match(topic):
+                sub.deliver_batch(group, policy)
+                self._delivered(sub)
+        else:
+            per_sub: dict[Subscriber, list[TopicBatch]] = {}
+            for topic, items in groups.items():
+                group = TopicBatch(topic, items)
+                for sub in match(topic):
+                    per_sub.setdefault(sub, []).append(group)
+            for sub, sub_groups in per_sub.items():
+                if len(sub_groups) == 1:
+                    sub.deliver_batch(sub_groups[0], policy)
+                else:
+                    sub.deliver_merged(sub_groups, policy)  # keep seq order across topics
+                self._delivered(sub)
+        local = sum(1 for stored in batch if stored.message.origin == self.node_id)
+        if local:
+            self.metrics.published.inc("local", amount=local)
+        if local < len(batch):
+            self.metrics.published.inc("remote", amount=len(batch) - local)
+
+    def _delivered(self, sub: Subscriber) -> None:
+        """After a batch was offered to ``sub``: flush it this loop turn; a durable
+        consumer whose queue overflowed starts reading the rest from the log."""
+        if sub.channel.refill:
+            self._refill(sub)
+        self.wake(sub)
+
+    def wake(self, sub: Subscriber) -> None:
+        """Flush a subscriber soon (after an ack, a control frame, or new backlog)."""
+        if not sub.flush_scheduled:
+            sub.flush_scheduled = True
+            self._dirty.append(sub)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush_dirty)
+
+    def _flush_dirty(self) -> None:
+        self._flush_scheduled = False
+        dirty, self._dirty = self._dirty, []
+        sent = 0
+        gaps = 0
+        for sub in dirty:
+            sent += sub.write_out()
+            gaps += sub.take_gaps()
+        self.count_sent(sent, gaps)
+
+    def count_sent(self, messages: int, gaps: int) -> None:
+        """Message and gap frames written to subscribers (spec §9 metrics)."""
+        if messages:
+            self.metrics.delivered.inc(amount=messages)
+        if gaps:
+            self.metrics.gaps.inc(amount=gaps)

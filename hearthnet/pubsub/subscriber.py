@@ -1,0 +1,233 @@
+"""One subscribing session (WebSocket, SSE or long-poll) as fan-out sees it.
+
+A :class:`Subscriber` holds a session's patterns, rights and flow-control channel, and
+writes what the channel lets out through a :class:`Sink`: the I/O layer's end of the
+session (a socket, an SSE stream, a long-poll response; see :mod:`hearthnet.pubsub.sinks`).
+The sink says when its transport is full (the channel stops letting frames out) and calls
+the subscriber's :meth:`Subscriber.resume` when the transport drained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Protocol
+
+from hearthnet.caller import Caller
+from hearthnet.pubsub.access import AccessPolicy
+from hearthnet.pubsub.channel import ChannelState, SubscriberChannel
+from hearthnet.pubsub.log import ConsumerRecord
+from hearthnet.pubsub.topics import TopicPattern
+from hearthnet.pubsub.wire import TopicBatch, control_frame, message_form
+
+CACHED_TOPICS = 4096  # per-topic permission decisions a session remembers
+
+
+class Sink(Protocol):
+    """Where a subscriber's frames go (the I/O layer).
+
+    ``stream``: a byte stream whose frames count as delivered when written, and to which a
+    batch may go as one shared bytes object; a long-poll (False) collects frames and counts
+    what its response returns. ``paused``: the transport is above its high-water mark (the
+    subscriber stops letting frames out until the sink calls ``on_resume``).
+    """
+
+    stream: bool
+    paused: bool
+    on_resume: Callable[[], None]
+
+    def write(self, frames: list[bytes]) -> bool:
+        """Send ``frames`` in order; False when they went nowhere (the connection is
+        closing) or are held for a response (long-poll)."""
+
+
+class Flusher(Protocol):
+    """What a subscriber asks of fan-out (:class:`hearthnet.pubsub.fanout.FanOut`)."""
+
+    def wake(self, sub: Subscriber) -> None:
+        """Flush ``sub`` this loop turn."""
+
+    def count_sent(self, messages: int, gaps: int) -> None:
+        """Frames written to subscribers (metrics)."""
+
+
+class Subscriber:
+    """One subscribing session (WebSocket, SSE or long-poll) as fan-out sees it."""
+
+    def __init__(
+        self,
+        *,
+        caller: Caller,
+        client_id: str,
+        form: str,
+        channel: SubscriberChannel,
+        sink: Sink | None,
+        on_taken_over: Callable[[int, str], None] | None = None,
+        verify: bool = False,
+    ) -> None:
+        self.caller = caller
+        self.client_id = client_id
+        self.form = form  # control frames; message frames take msg_form
+        # spec §6.2: messages carry sig only for a subscriber that asked to verify.
+        self.verify = verify
+        self.msg_form = message_form(form, verify)
+        self.channel = channel
+        self.sink = sink  # None once nothing may be written (after a close frame)
+        if sink is not None:
+            sink.on_resume = self.resume
+        self.stream = sink is None or sink.stream
+        self.on_taken_over = on_taken_over  # durable consumer taken over: CLOSE_TAKEN_OVER
+        self.fanout: Flusher | None = None
+        self.patterns: dict[str, TopicPattern] = {}
+        self.filtered = False
+        self._allowed: dict[str, bool] = {}
+        self._may_publish: dict[str, bool] | None = None  # made on first publish
+        self.consumer: ConsumerRecord | None = None
+        self.presence_topics: set[str] = set()
+        self.flush_scheduled = False
+        self.closed = False
+        self.last_write = time.monotonic()
+        self.gaps_reported = 0
+        # The catch-up task waits here while the channel has no room for backlog (a future
+        # made on demand: an asyncio.Event per idle subscriber costs ~800 bytes).
+        self._room_waiter: asyncio.Future[None] | None = None
+        # Subscribes of one session run one at a time (made on first subscribe).
+        self._subscribing: asyncio.Lock | None = None
+        # A durable consumer reading what overflowed its queue back from the log.
+        self.refill_task: asyncio.Task[None] | None = None
+
+    @property
+    def subscribing(self) -> asyncio.Lock:
+        """Held while :meth:`PubSub.subscribe` works on this session."""
+        if self._subscribing is None:
+            self._subscribing = asyncio.Lock()
+        return self._subscribing
+
+    def ask_verify(self) -> None:
+        """From now on, message frames carry ``sig`` (a session cannot go back)."""
+        self.verify = True
+        self.msg_form = self.form
+
+    def allows(self, topic: str, policy: AccessPolicy) -> bool:
+        """Whether ``topic`` may be delivered to this session (cached per topic)."""
+        allowed = self._allowed.get(topic)
+        if allowed is None:
+            if len(self._allowed) > CACHED_TOPICS:
+                self._allowed.clear()
+            allowed = self._allowed[topic] = policy.may_receive(self.caller, topic)
+        return allowed
+
+    def may_publish(self, topic: str, policy: AccessPolicy) -> bool:
+        """Whether this session may publish to ``topic`` (cached per topic: the rules and
+        the caller are fixed until :meth:`reauthorize`)."""
+        cache = self._may_publish
+        if cache is None:
+            cache = self._may_publish = {}
+        allowed = cache.get(topic)
+        if allowed is None:
+            if len(cache) > CACHED_TOPICS:
+                cache.clear()
+            allowed = cache[topic] = policy.may_publish(self.caller, topic)
+        return allowed
+
+    def reauthorize(self, caller: Caller, policy: AccessPolicy) -> None:
+        """A refreshed token: every current pattern must still be allowed, and what is
+        delivered follows the new caller's rights (nothing cached from the old one).
+
+        Raises:
+            Forbidden: the new credentials do not cover a current subscription (then
+                nothing changes).
+        """
+        filtered = False
+        for pattern in self.patterns.values():
+            filtered = policy.check_subscribe(caller, pattern.text) or filtered
+        self.caller, self.filtered = caller, filtered
+        self._allowed.clear()
+        self._may_publish = None
+
+    def deliver_batch(self, group: TopicBatch, policy: AccessPolicy) -> None:
+        """Offer one topic's messages of a committed batch (fan-out hot path)."""
+        if self.filtered and not self.allows(group.topic, policy):
+            return
+        seqs, frames = group.form(self.msg_form)
+        if self.stream:  # a byte stream: the batch may go as one shared bytes
+            self.channel.offer_many(seqs, frames, partial(group.joined, self.msg_form))
+        else:  # long-poll collects frames one by one
+            self.channel.offer_many(seqs, frames)
+
+    def deliver_merged(self, groups: list[TopicBatch], policy: AccessPolicy) -> None:
+        """Several topics of one batch, merged back into seq order."""
+        pairs: list[tuple[int, bytes]] = []
+        for group in groups:
+            if not self.filtered or self.allows(group.topic, policy):
+                seqs, frames = group.form(self.msg_form)
+                pairs.extend(zip(seqs, frames, strict=True))
+        pairs.sort(key=lambda pair: pair[0])
+        self.channel.offer_many([p[0] for p in pairs], [p[1] for p in pairs])
+
+    async def wait_room(self) -> None:
+        """Until :meth:`notify_room` (the channel may take backlog again, or it closed)."""
+        waiter = self._room_waiter = asyncio.get_running_loop().create_future()
+        try:
+            await waiter
+        finally:
+            self._room_waiter = None
+
+    def notify_room(self) -> None:
+        """Wake the catch-up task if it waits for room."""
+        if self._room_waiter is not None and not self._room_waiter.done():
+            self._room_waiter.set_result(None)
+
+    def wake(self) -> None:
+        """Ask fan-out to flush this subscriber soon."""
+        if self.fanout is not None:
+            self.fanout.wake(self)
+
+    def send_control(self, event: str, data: dict[str, Any]) -> None:
+        """Queue a non-message frame (written with the next flush)."""
+        self.channel.out.append(control_frame(self.form, event, data))
+
+    def flush(self) -> int:
+        """Write what the channel lets out, counted in the node's metrics; returns how
+        many message frames went."""
+        sent = self.write_out()
+        if self.fanout is not None:
+            self.fanout.count_sent(sent, self.take_gaps())
+        return sent
+
+    def take_gaps(self) -> int:
+        """Gap frames made since the last call (made when the channel pumps, on offer or
+        on ack; counted when written). A long-poll counts what its response returns."""
+        made = self.channel.gaps_total - self.gaps_reported
+        self.gaps_reported = self.channel.gaps_total
+        return made if self.stream else 0
+
+    def write_out(self) -> int:
+        """Write what the channel lets out (uncounted); returns how many message frames
+        went to a byte stream."""
+        self.flush_scheduled = False
+        if self.closed:
+            return 0
+        channel = self.channel
+        count = channel.out_count
+        frames = channel.take()
+        if channel.state is ChannelState.CATCHING_UP and channel.backlog_room:
+            self.notify_room()
+        sink = self.sink
+        if not frames or sink is None:
+            return 0
+        if not sink.write(frames):
+            return 0
+        self.last_write = time.monotonic()
+        if sink.paused:
+            channel.set_writable(False)  # until the sink's transport drains (resume)
+        return count
+
+    def resume(self) -> None:
+        """The sink's transport drained below its low-water mark: deliver again."""
+        if self.closed:
+            return
+        self.channel.set_writable(True)
+        self.flush()
