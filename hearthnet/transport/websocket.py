@@ -2,7 +2,7 @@
 Pure: bytes in, events out.
 
 Pub/sub subscribers are many and mostly idle, so their sockets are served by a small
-protocol object (see :mod:`hearthnet.pubsub.ws`) instead of a request handler, a response
+protocol object (see :mod:`hearthnet.pubsub.wsupgrade`) instead of a request handler, a response
 object and a task each. This module is what that object needs to speak WebSocket:
 
 - :func:`parse_head` reads an HTTP/1.1 request head; :func:`upgrade_response` checks it is
