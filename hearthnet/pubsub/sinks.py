@@ -3,8 +3,8 @@
 Fan-out hands each :class:`~hearthnet.pubsub.subscriber.Subscriber`'s frames to its sink:
 
 - :class:`SocketSink`: a connection whose asyncio protocol is ours (a raw-upgraded
-  WebSocket, :class:`~hearthnet.pubsub.wsupgrade.LeanWebSocket`): the transport calls the
-  protocol's ``pause_writing``/``resume_writing``, which the protocol forwards here.
+  WebSocket: :class:`~hearthnet.pubsub.wsupgrade.LeanWebSocket` is a socket sink): the
+  transport calls its ``pause_writing``/``resume_writing``.
 - :class:`AiohttpSink`: a connection aiohttp serves (SSE, a WebSocket upgraded on a reused
   connection): aiohttp's protocol receives pause/resume; the sink reads its
   ``writing_paused`` after a write and awaits the writer's ``drain()`` for the resume.
@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
 from typing import Protocol
 
 from aiohttp.abc import AbstractStreamWriter
 
+from hearthnet.pubsub.subscriber import Resumable
 from hearthnet.transport.direct import SocketTransport, plain_socket_fd, write_through
 
 WRITE_HIGH_WATER = 1 << 20  # bytes buffered in a transport before a subscriber is paused
@@ -50,23 +50,20 @@ class WritePaused(Protocol):
         """True between the transport's pause_writing and resume_writing."""
 
 
-def _nothing() -> None:
-    pass
-
-
 class SocketSink:
-    """Frames into a connection whose protocol forwards the transport's
-    ``pause_writing``/``resume_writing`` to :meth:`pause_writing`/:meth:`resume_writing`.
-    ``chunked``: an SSE body over HTTP/1.1, whose chunk framing is written here."""
+    """Frames into a connection whose transport's ``pause_writing``/``resume_writing``
+    reach :meth:`pause_writing`/:meth:`resume_writing` (the connection's protocol is a
+    socket sink, or forwards them). ``chunked``: an SSE body over HTTP/1.1, whose chunk
+    framing is written here."""
 
-    __slots__ = ("chunked", "fd", "on_resume", "paused", "transport")
+    __slots__ = ("chunked", "fd", "paused", "subscriber", "transport")
     stream = True
 
     def __init__(self, transport: Transport, *, chunked: bool = False) -> None:
         self.transport = transport
         self.chunked = chunked
         self.paused = False
-        self.on_resume: Callable[[], None] = _nothing
+        self.subscriber: Resumable | None = None  # set by the subscriber writing here
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self.fd = plain_socket_fd(transport)
 
@@ -89,7 +86,8 @@ class SocketSink:
         """The transport drained below its low-water mark."""
         if self.paused:
             self.paused = False
-            self.on_resume()
+            if self.subscriber is not None:
+                self.subscriber.resume()
 
     def close(self) -> None:
         """The session ended (nothing is waited for here)."""
@@ -142,14 +140,14 @@ class AiohttpSink(SocketSink):
 class LongPollSink:
     """Frames collected for one long-poll response; ``arrived`` wakes the handler."""
 
-    __slots__ = ("arrived", "frames", "on_resume")
+    __slots__ = ("arrived", "frames", "subscriber")
     stream = False
     paused = False
 
     def __init__(self) -> None:
         self.frames: list[bytes] = []
         self.arrived = asyncio.Event()
-        self.on_resume: Callable[[], None] = _nothing
+        self.subscriber: Resumable | None = None  # never paused: never resumed
 
     def write(self, frames: list[bytes]) -> bool:
         """Collect (never counted here: the response counts what it returns)."""

@@ -25,18 +25,25 @@ from hearthnet.pubsub.wire import TopicBatch, control_frame, message_form
 CACHED_TOPICS = 4096  # per-topic permission decisions a session remembers
 
 
+class Resumable(Protocol):
+    """Whom a sink tells that its transport drained."""
+
+    def resume(self) -> None:
+        """Deliver again."""
+
+
 class Sink(Protocol):
     """Where a subscriber's frames go (the I/O layer).
 
     ``stream``: a byte stream whose frames count as delivered when written, and to which a
     batch may go as one shared bytes object; a long-poll (False) collects frames and counts
     what its response returns. ``paused``: the transport is above its high-water mark (the
-    subscriber stops letting frames out until the sink calls ``on_resume``).
+    subscriber stops letting frames out until the sink calls ``subscriber.resume()``).
     """
 
     stream: bool
     paused: bool
-    on_resume: Callable[[], None]
+    subscriber: Resumable | None
 
     def write(self, frames: list[bytes]) -> bool:
         """Send ``frames`` in order; False when they went nowhere (the connection is
@@ -76,7 +83,7 @@ class Subscriber:
         self.channel = channel
         self.sink = sink  # None once nothing may be written (after a close frame)
         if sink is not None:
-            sink.on_resume = self.resume
+            sink.subscriber = self
         self.stream = sink is None or sink.stream
         self.on_taken_over = on_taken_over  # durable consumer taken over: CLOSE_TAKEN_OVER
         self.fanout: Flusher | None = None

@@ -12,7 +12,7 @@ import asyncio
 from aiohttp import WSMsgType, web
 
 from hearthnet.errors import Unavailable, UpgradeRequired, WireError
-from hearthnet.pubsub.sinks import AiohttpSink, SocketSink
+from hearthnet.pubsub.sinks import AiohttpSink, SocketSink, Transport
 from hearthnet.pubsub.ws import PubSubDeps, WsSession
 from hearthnet.pubsub.ws_frames import WsFrames
 from hearthnet.transport import websocket as rfc6455
@@ -23,14 +23,16 @@ from hearthnet.transport.server import error_response
 _SESSION_MESSAGES = frozenset({WSMsgType.TEXT, WSMsgType.BINARY, WSMsgType.PING, WSMsgType.PONG})
 
 
-class LeanWebSocket(asyncio.Protocol):
+class LeanWebSocket(SocketSink, asyncio.Protocol):
     """A pub/sub WebSocket served straight from the transport (spec §11: 20,000 idle
-    subscribers in ≤ 15 MiB per 1,000): a frame reader and a session, nothing else."""
+    subscribers in ≤ 15 MiB per 1,000): a frame reader and a session, nothing else. It is
+    also the session's sink: the transport's pause_writing/resume_writing pace fan-out."""
 
     __slots__ = ("reader", "session")
+    session: WsSession  # set right after construction (the session writes through self)
 
-    def __init__(self, session: WsSession, max_message: int) -> None:
-        self.session = session
+    def __init__(self, transport: Transport, max_message: int) -> None:
+        super().__init__(transport)
         self.reader = rfc6455.FrameReader(max_message)
 
     def data_received(self, data: bytes) -> None:
@@ -66,14 +68,6 @@ class LeanWebSocket(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         """The socket ended."""
         self.session.finish()
-
-    def pause_writing(self) -> None:
-        """The transport is above its high-water mark: fan-out stops writing."""
-        self.session.sink.pause_writing()
-
-    def resume_writing(self) -> None:
-        """The transport drained: fan-out goes on."""
-        self.session.sink.resume_writing()
 
 
 class PubSubWebSocket:
@@ -112,9 +106,10 @@ class PubSubWebSocket:
         if response is None:
             return None
         transport.write(response)
-        session = WsSession(deps, transport, chosen, frames=self.frames, sink=SocketSink(transport))
-        deps.streams.sockets.add(session)
-        return LeanWebSocket(session, deps.transport.max_ws_message_bytes)
+        protocol = LeanWebSocket(transport, deps.transport.max_ws_message_bytes)
+        protocol.session = WsSession(deps, transport, chosen, frames=self.frames, sink=protocol)
+        deps.streams.sockets.add(protocol.session)
+        return protocol
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Negotiate and run one session over aiohttp (an upgrade on a reused connection)."""

@@ -28,6 +28,17 @@ def frame(seq: int) -> bytes:
     return f"m{seq};".encode()
 
 
+class Resumed:
+    """Counts resumes."""
+
+    def __init__(self) -> None:
+        self.calls: list[bool] = []
+
+    def resume(self) -> None:
+        """One more."""
+        self.calls.append(True)
+
+
 class Forwarding(asyncio.Protocol):
     """A connection's protocol that hands the transport's pause/resume to its sink, as
     the raw WebSocket protocol does."""
@@ -75,19 +86,19 @@ async def read_until(sock: socket.socket, end: bytes, limit: int = 8 << 20) -> b
 
 async def test_a_socket_sink_pauses_above_the_high_mark_and_resumes_once_read() -> None:
     """More than the high mark unread pauses the sink; reading it all resumes it once."""
-    resumed: list[bool] = []
+    resumed = Resumed()
     big = b"x" * (3 * WRITE_HIGH_WATER) + b"end"
     async with connected() as (sink, theirs):
-        sink.on_resume = lambda: resumed.append(True)
+        sink.subscriber = resumed
         written = sink.write([big])
         paused_after_write = sink.paused
         received = await read_until(theirs, b"end")
-        await wait_until(lambda: bool(resumed), what="resume")
+        await wait_until(lambda: bool(resumed.calls), what="resume")
     assert (True, True, len(big), [True], False) == (
         written,
         paused_after_write,
         len(received),
-        resumed,
+        resumed.calls,
         sink.paused,
     )
 
