@@ -1,5 +1,6 @@
-"""Pub/sub fan-out benchmark (spec §11, issue 3): HearthNet against nats-server and
-Mosquitto, in the same run, with the same Node.js load generator (bench/fanout/loadgen.mjs).
+"""Pub/sub fan-out benchmark (spec §11, issues 3 and 17): HearthNet against nats-server
+(core, and JetStream for durable publish) and Mosquitto, in the same run, with the same
+Node.js load generator (bench/fanout/loadgen.mjs).
 
 Scenarios, for every server (interleaved: each scenario runs against all servers before
 the next scenario starts, so a change in the machine's background load hits all alike):
@@ -9,6 +10,10 @@ the next scenario starts, so a change in the machine's background load hits all 
   acks) and at most ``--lead`` messages ahead of the slowest live subscriber, so every
   counted delivery really happened; deliveries/s over the steady part (after a warm-up);
 - latency: publish at 2,000 msg/s to 100 subscribers; publish->deliver p50/p99/max;
+- durable: 1 publisher -> 1 durable consumer, the publisher waiting for each publish's
+  ack (1 in flight) and pipelining (``--durable-outstanding``, default 1 and 256):
+  HearthNet's log against NATS JetStream (file storage, acknowledged publishes, a durable
+  push consumer acking every half window); messages/s and server CPU per message;
 - idle: N subscribed connections held; server RSS per 1,000 (HearthNet: 20,000 in the
   full run, capped by this process's open-file hard limit);
 - history (HearthNet only): GET .../history?limit=100 after publishing 100 messages.
@@ -21,7 +26,10 @@ gaps, drops and disconnects (reported, never hidden).
 
 Fairness: the same load generator, payload, subscriber count and pacing for every
 server; HearthNet with acks on (window 1,024, ack every 512) and durable publish (the
-default ``sync=full``), MQTT QoS 0, plain NATS core (no JetStream).
+default ``sync=full``), MQTT QoS 0, plain NATS core for fan-out. HearthNet clients are
+token clients (``hearthnet token issue``), as applications are; ``hearthnet`` gets JSON
+frames, ``hearthnet-cbor`` the same node over the CBOR subprotocol, ``hearthnet-normal`` a
+node with ``sync=normal`` (the durability JetStream 2.9's PubAck gives).
 
 Run: python -m bench.bench_pubsub            (full; about 15 minutes)
      python -m bench.bench_pubsub --quick    (smoke run; about 3 minutes)
@@ -54,6 +62,7 @@ from bench.servers import (
     MissingTool,
     RefServer,
     require,
+    start_jetstream,
     start_mosquitto,
     start_nats,
     system_instances,
@@ -64,18 +73,30 @@ from hearthnet.identity import load_or_create_keys
 
 FANOUT_DIR = ROOT / "bench" / "fanout"
 LOADGEN = FANOUT_DIR / "loadgen.mjs"
-SERVERS = ("hearthnet", "nats", "mosquitto")
+SERVERS = ("hearthnet", "hearthnet-cbor", "hearthnet-normal", "nats", "mosquitto", "jetstream")
+DEFAULT_SERVERS = ("hearthnet", "hearthnet-cbor", "nats", "mosquitto", "jetstream")
+# Which servers each kind of scenario runs against, and the peer its ratios are taken to.
+FANOUT_SERVERS = ("hearthnet", "hearthnet-cbor", "nats", "mosquitto")
+DURABLE_SERVERS = ("hearthnet", "hearthnet-cbor", "hearthnet-normal", "jetstream")
+REFERENCE = {"throughput": "nats", "latency": "nats", "durable": "jetstream"}
 SETTINGS = (
     "duration", "warmup", "repeat", "rate", "latency_subs", "payload", "lead", "outstanding",
     "workers", "client", "drain", "idle_hold", "connect_concurrency", "pause_subs",
+    "hearthnet_auth", "verify", "durable_outstanding", "durable_lead",
 )  # fmt: skip
-PROTO = {"hearthnet": "hearthnet", "nats": "nats", "mosquitto": "mqtt"}
+PROTO = {
+    "hearthnet": "hearthnet", "hearthnet-cbor": "hearthnet", "hearthnet-normal": "hearthnet",
+    "nats": "nats", "mosquitto": "mqtt", "jetstream": "jetstream",
+}  # fmt: skip
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-# The node's connection limits (spec §2.5: 100 per identity, 10,000 per node) are policy;
-# the benchmark's subscribers all authenticate as the node, so it raises them.
+# The node's connection limits (spec §2.5: 100 per identity, 10,000 per node) and the
+# token clients' publish rate (100/s) are policy an operator sets for the application; the
+# benchmark's subscribers share one token (one identity) and its publisher is a token
+# client, so it raises them. The limits are still checked on every connection and publish.
 NODE_ENV = {
     "HEARTHNET_LIMITS_CONNECTIONS_PER_IDENTITY": "30000",
     "HEARTHNET_LIMITS_CONNECTIONS_TOTAL": "30000",
+    "HEARTHNET_PUBSUB_PUBLISH_PER_S_TOKEN": "1000000",
 }
 
 
@@ -185,6 +206,17 @@ class Target:
     stop: Callable[[], None]
     proc: subprocess.Popen[Any]
     node: Any = None  # NodeUnderTest for HearthNet
+    tokens: dict[str, str] | None = None  # HearthNet: publisher and subscriber tokens
+
+    @property
+    def hearthnet(self) -> bool:
+        """A HearthNet node (in any of its client forms)."""
+        return self.node is not None
+
+    @property
+    def form(self) -> str:
+        """The HearthNet subprotocol its clients speak: json or cbor."""
+        return "cbor" if self.name == "hearthnet-cbor" else "json"
 
     def alive(self) -> bool:
         """True while the server process runs."""
@@ -196,10 +228,34 @@ class Target:
         return PROTO[self.name]
 
 
+def start_targets(names: list[str]) -> dict[str, Target]:
+    """Start the servers ``names`` on free loopback ports; ``hearthnet`` and
+    ``hearthnet-cbor`` are one node, reached over its two subprotocols."""
+    targets: dict[str, Target] = {}
+    try:
+        for name in names:
+            shared = targets.get("hearthnet") or targets.get("hearthnet-cbor")
+            if name in ("hearthnet", "hearthnet-cbor") and shared is not None:
+                targets[name] = Target(
+                    name, shared.pid, shared.ws_url, shared.version, lambda: None,
+                    shared.proc, node=shared.node, tokens=shared.tokens,
+                )  # fmt: skip
+            else:
+                targets[name] = start_target(name)
+    except Exception:
+        for target in targets.values():
+            target.stop()
+        raise
+    return targets
+
+
 def start_target(name: str) -> Target:
     """Start one server on free loopback ports."""
-    if name == "hearthnet":
-        node = start_node(env=NODE_ENV)
+    if name.startswith("hearthnet"):
+        env = dict(NODE_ENV)
+        if name == "hearthnet-normal":
+            env["HEARTHNET_PUBSUB_SYNC"] = "normal"
+        node = start_node(env=env)
         ws = "ws" + node.url.removeprefix("http") + "/pubsub/v1/subscribe"
         version = subprocess.run(
             [sys.executable, "-m", "hearthnet.cli", "--version"],
@@ -212,14 +268,51 @@ def start_target(name: str) -> Target:
             node.stop()
             shutil.rmtree(node.data_dir, ignore_errors=True)
 
-        return Target(name, node.pid, ws, version or "hearthnet", stop, node.proc, node=node)
-    ref: RefServer = start_nats() if name == "nats" else start_mosquitto()
+        tokens = {role: issue_token(node.data_dir, role) for role in ("publisher", "subscriber")}
+        if name == "hearthnet-normal":
+            version = f"{version} (sync=normal)"
+        return Target(
+            name, node.pid, ws, version or "hearthnet", stop, node.proc, node=node, tokens=tokens
+        )
+    starters = {"nats": start_nats, "mosquitto": start_mosquitto, "jetstream": start_jetstream}
+    ref: RefServer = starters[name]()
     return Target(name, ref.pid, ref.ws_url, ref.version, ref.stop, ref.proc)
 
 
-def hearthnet_auth_file(target: Target, subs: int, workdir: Path) -> Path:
-    """Identity proofs signed with the node's own key: one for the publisher and one per
-    subscriber (single use; valid for 60 s, so they are made right before each run)."""
+def issue_token(data_dir: Path, role: str) -> str:
+    """A capability token from the node's CLI, as an application gets one: the publisher
+    may publish on ``bench.**``, subscribers may subscribe to it (spec §1.6)."""
+    scope = "pub:bench.**" if role == "publisher" else "sub:bench.**"
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "hearthnet.cli", "token", "issue",
+            "--data-dir", str(data_dir), "--scope", scope, "--ttl", "6h", "--sub", f"bench-{role}",
+        ],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return out.stdout.strip()
+
+
+def hearthnet_auth_file(target: Target, subs: int, workdir: Path, how: str) -> Path:
+    """Auth frames for one run. ``token`` (the default): the publisher's token and one
+    token shared by the subscribers, as an application's clients would hold. ``node``:
+    identity proofs signed with the node's own key, one per connection (single use, valid
+    60 s, so made right before each run); the node's own identity skips the token checks
+    and the publish rate limit (spec §2.5), which is what the benchmark measured before."""
+    if how == "token":
+        assert target.tokens is not None
+        path = workdir / f"auth-{time.monotonic_ns()}.json"
+        path.write_text(
+            json.dumps(
+                {
+                    "publisher": {"token": target.tokens["publisher"]},
+                    "shared": {"token": target.tokens["subscriber"]},
+                }
+            ),
+            encoding="ascii",
+        )
+        path.chmod(0o600)
+        return path
     keys = load_or_create_keys(target.node.data_dir)
     server_id = target.node.fields["node"]
 
@@ -247,31 +340,11 @@ def hearthnet_auth_file(target: Target, subs: int, workdir: Path) -> Path:
 
 
 def hearthnet_token_file(target: Target, workdir: Path) -> Path:
-    """One capability token (``hearthnet token issue``) shared by idle subscribers: proofs
-    expire after 60 s, and opening 20,000 connections on a busy box may take longer."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hearthnet.cli",
-            "token",
-            "issue",
-            "--data-dir",
-            str(target.node.data_dir),
-            "--scope",
-            "sub:bench.**",
-            "--ttl",
-            "1h",
-            "--sub",
-            "bench-idle",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
+    """The subscribers' token, shared by the idle connections: proofs expire after 60 s,
+    and opening 20,000 connections on a busy box may take longer."""
+    assert target.tokens is not None
     path = workdir / "idle-token.json"
-    path.write_text(json.dumps({"shared": {"token": out.stdout.strip()}}), encoding="ascii")
+    path.write_text(json.dumps({"shared": {"token": target.tokens["subscriber"]}}), "ascii")
     path.chmod(0o600)
     return path
 
@@ -401,22 +474,29 @@ def timeline(series: list[list[int]]) -> str:
 class Scenario:
     """One fan-out run's parameters."""
 
-    mode: str  # throughput | latency
+    mode: str  # throughput | latency | durable (throughput through a durable consumer)
     subs: int
     duration_s: float
     warmup_s: float
     rate: int = 0
+    outstanding: int | None = None  # publishes in flight (None: --outstanding)
+    lead: int | None = None  # None: --lead
+
+    @property
+    def servers(self) -> tuple[str, ...]:
+        """The servers this scenario runs against."""
+        return DURABLE_SERVERS if self.mode == "durable" else FANOUT_SERVERS
 
 
 def fanout_run(
     target: Target, sc: Scenario, opts: argparse.Namespace, workdir: Path, run_no: int
 ) -> dict[str, Any]:
-    """One throughput or latency run against one server; everything measured."""
-    topic = f"bench.fanout.r{run_no}"
+    """One throughput, latency or durable run against one server; everything measured."""
+    topic = f"bench.{'durable' if sc.mode == 'durable' else 'fanout'}.r{run_no}"
     args = [
         "--proto", target.proto,
         "--url", target.ws_url,
-        "--mode", sc.mode,
+        "--mode", "latency" if sc.mode == "latency" else "throughput",
         "--subs", str(sc.subs),
         "--workers", str(opts.workers),
         "--client", opts.client,
@@ -424,18 +504,22 @@ def fanout_run(
         "--payload", str(opts.payload),
         "--duration", str(sc.duration_s),
         "--warmup", str(sc.warmup_s),
-        "--lead", str(opts.lead),
-        "--outstanding", str(opts.outstanding),
+        "--lead", str(opts.lead if sc.lead is None else sc.lead),
+        "--outstanding", str(opts.outstanding if sc.outstanding is None else sc.outstanding),
         "--window", str(opts.window),
         "--drain", str(opts.drain),
         "--pause-subs", str(opts.pause_subs),
     ]  # fmt: skip
     if sc.mode == "latency":
         args += ["--rate", str(sc.rate)]
+    if sc.mode == "durable":
+        args += ["--consumer", f"bench-r{run_no}"]
     auth: Path | None = None
-    if target.name == "hearthnet":
-        auth = hearthnet_auth_file(target, sc.subs, workdir)
-        args += ["--auth", str(auth)]
+    if target.hearthnet:
+        auth = hearthnet_auth_file(target, sc.subs, workdir, opts.hearthnet_auth)
+        args += ["--auth", str(auth), "--form", target.form]
+        if opts.verify:
+            args += ["--verify", "1"]
     timeout = sc.warmup_s + sc.duration_s + opts.drain + 60 + sc.subs / 50
     load1 = os.getloadavg()[0]
     rss0 = proc_rss_mb(target.pid)
@@ -472,6 +556,7 @@ def fanout_run(
         "server": target.name,
         "mode": sc.mode,
         "subscribers": sc.subs,
+        "outstanding": opts.outstanding if sc.outstanding is None else sc.outstanding,
         "rate": sc.rate or None,
         "load1_before": round(load1, 2),
         "deliveries_per_s": round(steady["deliveries_per_s"]),
@@ -534,7 +619,7 @@ def idle_run(target: Target, n: int, opts: argparse.Namespace, workdir: Path) ->
         "--hold", str(opts.idle_hold + 120),
     ]  # fmt: skip
     auth: Path | None = None
-    if target.name == "hearthnet":
+    if target.hearthnet:
         auth = hearthnet_token_file(target, workdir)
         args += ["--auth", str(auth)]
     rss_before = proc_rss_mb(target.pid)
@@ -668,23 +753,22 @@ def table(result: dict[str, Any]) -> str:
     lines: list[str] = []
     if result["fanout"]:
         lines += [
-            "| scenario | server | deliveries/s | vs NATS | server CPU µs/delivery "
+            "| scenario | server | deliveries/s | vs peer | server CPU µs/delivery | CPU vs peer "
             "| server CPU (cores) | loadgen CPU (cores; busiest thread) | other load (cores) "
-            "| delivered/expected | p50 ms | p99 ms |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+            "| load avg | delivered/expected | p50 ms | p99 ms |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
         ]
     for key, sc in result["fanout"].items():
         best = {n: sc["runs"][n][i] for n, i in sc["median_run"].items()}
-        nats = best.get("nats")
+        ratios = sc.get("round_ratios", {})
         for server in SERVERS:
             r = best.get(server)
             if r is None:
                 continue
-            ratio = (
-                f"{r['deliveries_per_s'] / nats['deliveries_per_s']:.2f}×"
-                if nats and nats["deliveries_per_s"]
-                else "–"
-            )
+            mine = ratios.get(server, {})
+            # a rate ratio for throughput and durable runs, the p99 ratio for latency runs
+            rate = mine.get("p99_median" if r["mode"] == "latency" else "rate_median")
+            cpu = mine.get("cpu_median")
             busiest = (r["loadgen_busiest_thread"] or {}).get("cores")
             # throughput runs queue up to --lead messages by design: their latency is not
             # publish->deliver at a given rate, so the table shows it for latency runs only
@@ -695,11 +779,13 @@ def table(result: dict[str, Any]) -> str:
             if r["subscribers_closed"]:
                 delivered += f" ({r['subscribers_closed']} closed)"
             lines.append(
-                f"| {key} | {server} | {fmt(r['deliveries_per_s'])} | {ratio} "
-                f"| {fmt(r['server_cpu_us_per_delivery'], 2)} | {fmt(r['server_cpu_cores'], 2)} "
+                f"| {key} | {server} | {fmt(r['deliveries_per_s'])} "
+                f"| {'–' if rate is None else f'{rate:.2f}×'} "
+                f"| {fmt(r['server_cpu_us_per_delivery'], 2)} "
+                f"| {'–' if cpu is None else f'{cpu:.2f}×'} | {fmt(r['server_cpu_cores'], 2)} "
                 f"| {fmt(r['loadgen_cpu_cores'], 2)}; {fmt(busiest, 2)} "
-                f"| {fmt(r['other_processes_cpu_cores'], 2)} | {delivered} "
-                f"| {fmt(lat.get('50'), 1)} | {fmt(lat.get('99'), 1)} |"
+                f"| {fmt(r['other_processes_cpu_cores'], 2)} | {fmt(r['load1_before'], 1)} "
+                f"| {delivered} | {fmt(lat.get('50'), 1)} | {fmt(lat.get('99'), 1)} |"
             )
     if result.get("idle"):
         lines += [
@@ -733,7 +819,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m bench.bench_pubsub", description=__doc__.splitlines()[0]
     )
     p.add_argument("--quick", action="store_true", help="short smoke run (about 3 minutes)")
-    p.add_argument("--servers", default=",".join(SERVERS), help="comma list of servers")
+    p.add_argument(
+        "--servers",
+        default=",".join(DEFAULT_SERVERS),
+        help=f"comma list of servers, of: {', '.join(SERVERS)}",
+    )
     p.add_argument("--subs", default="100,1000", help="throughput subscriber counts")
     p.add_argument("--duration", type=float, help="steady seconds per run (full 10, quick 3)")
     p.add_argument("--warmup", type=float, help="warm-up seconds per run (full 3, quick 1)")
@@ -780,7 +870,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--idle-hold", type=float, default=5.0, help="seconds idle connections are held")
     p.add_argument("--connect-concurrency", type=int, default=100)
     p.add_argument("--history-repeats", type=int, help="history requests (full 200, quick 30)")
-    p.add_argument("--skip", default="", help="comma list of: throughput,latency,idle,history")
+    p.add_argument(
+        "--durable-outstanding",
+        default="1,256",
+        help="durable 1->1 scenario: publishes in flight, one run per value (1: wait for each ack)",
+    )
+    p.add_argument(
+        "--durable-lead",
+        type=int,
+        default=512,
+        help="durable scenario: max messages ahead of the consumer (JetStream's stream keeps "
+        "1,000 per subject, as the node does)",
+    )
+    p.add_argument(
+        "--hearthnet-auth",
+        choices=("token", "node"),
+        default="token",
+        help="HearthNet clients: token clients (default, as applications are) or the node's "
+        "own identity (no token checks, no publish rate limit)",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="HearthNet subscribers ask to verify (verify: true): frames carry sig",
+    )
+    p.add_argument(
+        "--skip", default="", help="comma list of: throughput,latency,durable,idle,history"
+    )
     p.add_argument("--name", default="pubsub", help="results file name under bench/results/")
     args = p.parse_args(argv)
     q = args.quick
@@ -802,6 +918,12 @@ def fanout_scenarios(opts: argparse.Namespace, skip: set[str]) -> list[tuple[str
     if "latency" not in skip:
         sc = Scenario("latency", opts.latency_subs, opts.duration, opts.warmup, opts.rate)
         scenarios.append((f"latency {opts.rate:,} msg/s 1→{opts.latency_subs:,}", sc))
+    if "durable" not in skip:
+        for n in (int(x) for x in opts.durable_outstanding.split(",") if x):
+            sc = Scenario(
+                "durable", 1, opts.duration, opts.warmup, outstanding=n, lead=opts.durable_lead
+            )
+            scenarios.append((f"durable 1→1, {n} in flight", sc))
     return scenarios
 
 
@@ -812,12 +934,21 @@ def run_fanout(
     workdir: Path,
     result: dict[str, Any],
 ) -> None:
-    """Each scenario against every server in turn, ``opts.repeat`` times."""
+    """Each scenario against every server it applies to, in turn, ``opts.repeat`` rounds;
+    the order is reversed every other round, so a drift in the machine's load does not
+    always favour the same server. Ratios to the scenario's reference peer are also taken
+    within each round (the servers of one round ran minutes apart at most)."""
     run_no = 0
     for key, sc in scenarios:
-        runs: dict[str, list[dict[str, Any]]] = {n: [] for n in targets}
+        names = [n for n in targets if n in sc.servers]
+        if not names:
+            continue
+        runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        rounds: list[dict[str, dict[str, Any]]] = []
         for rep in range(opts.repeat):
-            for name, target in targets.items():
+            rounds.append({})
+            for name in names if rep % 2 == 0 else names[::-1]:
+                target = targets[name]
                 run_no += 1
                 print(f"{key} [{rep + 1}/{opts.repeat}] {name} ...", flush=True)
                 try:
@@ -829,6 +960,7 @@ def run_fanout(
                         raise
                     continue
                 runs[name].append(r)
+                rounds[-1][name] = r
                 lat = r["latency_ms"]
                 print(
                     f"  {r['deliveries_per_s']:,}/s  server {r['server_cpu_cores']:.2f} cores "
@@ -846,7 +978,32 @@ def run_fanout(
             "scenario": sc.__dict__,
             "runs": runs,
             "median_run": {n: median_index(rs) for n, rs in runs.items() if rs},
+            "round_ratios": round_ratios(rounds, REFERENCE[sc.mode]),
         }
+
+
+def round_ratios(rounds: list[dict[str, dict[str, Any]]], ref: str) -> dict[str, Any]:
+    """Per server, its ratio to ``ref`` within each round where both ran: deliveries/s,
+    server CPU per delivery and p99 latency; and the median of each."""
+    out: dict[str, Any] = {}
+    keys: dict[str, Callable[[dict[str, Any]], float | None]] = {
+        "rate": lambda r: r["deliveries_per_s"],
+        "cpu": lambda r: r["server_cpu_us_per_delivery"],
+        "p99": lambda r: r["latency_ms"].get("99"),
+    }
+    for name in {n for rnd in rounds for n in rnd}:
+        per: dict[str, list[float]] = {k: [] for k in keys}
+        for rnd in rounds:
+            if name in rnd and ref in rnd:
+                for k, get in keys.items():
+                    a, b = get(rnd[name]), get(rnd[ref])
+                    if a is not None and b:
+                        per[k].append(round(a / b, 3))
+        out[name] = {
+            **{f"{k}_per_round": v for k, v in per.items()},
+            **{f"{k}_median": (statistics.median(v) if v else None) for k, v in per.items()},
+        }
+    return out
 
 
 def run_idle(
@@ -885,8 +1042,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         node_version = ensure_loadgen()
         for s in servers:
-            if s != "hearthnet":
-                require("nats-server" if s == "nats" else "mosquitto")
+            if not s.startswith("hearthnet"):
+                require("mosquitto" if s == "mosquitto" else "nats-server")
     except MissingTool as exc:
         raise SystemExit(f"bench_pubsub: {exc}") from None
     nofile = raise_open_files()
@@ -923,11 +1080,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         scenarios = fanout_scenarios(opts, skip)
         want_history = "history" not in skip and "hearthnet" in servers
-        if scenarios or want_history:
-            for name in servers if scenarios else ["hearthnet"]:
-                targets[name] = t = start_target(name)
-                result["versions"][name] = t.version
-                print(f"started {name} ({t.version}) pid {t.pid} at {t.ws_url}")
+        wanted = {n for _, sc in scenarios for n in sc.servers} | (
+            {"hearthnet"} if want_history else set()
+        )
+        targets.update(start_targets([n for n in servers if n in wanted]))
+        for name, t in targets.items():
+            result["versions"][name] = t.version
+            print(f"started {name} ({t.version}) pid {t.pid} at {t.ws_url}")
         run_fanout(targets, scenarios, opts, workdir, result)
         if want_history:
             print("history replay ...", flush=True)

@@ -1,6 +1,6 @@
-"""Reference pub/sub servers for the fan-out benchmark: nats-server and Mosquitto from
-Debian, each started on free loopback ports with its own config in a temp dir, and
-stopped by PID.
+"""Reference pub/sub servers for the fan-out benchmark: nats-server (core, and with
+JetStream on file storage) and Mosquitto from Debian, each started on free loopback ports
+with its own config in a temp dir, and stopped by PID.
 
 Neither is run as a system service: if a package started one, it is left alone (and
 reported); ours listen on ports picked here.
@@ -9,6 +9,7 @@ reported); ours listen on ports picked here.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import socket
 import subprocess
@@ -16,7 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from bench.common import stop_process
 
@@ -71,6 +72,7 @@ class RefServer:
     workdir: Path
     version: str
     log: IO[bytes] | None = None
+    port: int = 0  # the plain client port, where there is one
 
     @property
     def pid(self) -> int:
@@ -108,6 +110,87 @@ def start_nats() -> RefServer:
         encoding="ascii",
     )
     return _launch("nats", binary, work / "nats.conf", ws_port, _version([binary, "--version"]))
+
+
+# The stream every JetStream run publishes into: file storage, subjects bench.>, the
+# node's default retention (1,000 messages per topic; the node keeps 1,000 per topic and
+# 1 GiB in all), one replica. nats-server 2.9 (Debian 12) has no sync setting: it
+# acknowledges a publish once the message is written to its block file, without fsync
+# (2.10 added `sync_interval`), so a JetStream PubAck survives a crash of the server but
+# not of the machine. HearthNet's `sync = "normal"` is the equivalent; `full` (its
+# default) is stronger.
+JETSTREAM_STREAM = "BENCH"
+JETSTREAM_CONFIG = {
+    "name": JETSTREAM_STREAM,
+    "subjects": ["bench.>"],
+    "storage": "file",
+    "retention": "limits",
+    "discard": "old",
+    "max_msgs_per_subject": 1000,
+    "max_bytes": 1 << 30,
+    "num_replicas": 1,
+}
+
+
+def start_jetstream() -> RefServer:
+    """nats-server with JetStream (file storage in the temp dir) and a WebSocket listener;
+    the benchmark's stream is created before it is handed out."""
+    binary = require("nats-server")
+    work = Path(tempfile.mkdtemp(prefix="bench-jetstream-"))
+    port, ws_port = free_port(), free_port()
+    (work / "nats.conf").write_text(
+        f'listen: "127.0.0.1:{port}"\n'
+        f"jetstream {{\n"
+        f'  store_dir: "{work / "store"}"\n'
+        f"  max_file_store: 4GB\n"
+        f"  max_memory_store: 256MB\n"
+        f"}}\n"
+        f"websocket {{\n"
+        f'  listen: "127.0.0.1:{ws_port}"\n'
+        f"  no_tls: true\n"
+        f"  compression: false\n"
+        f"}}\n",
+        encoding="ascii",
+    )
+    version = _version([binary, "--version"]) + " (JetStream, file storage)"
+    server = _launch("jetstream", binary, work / "nats.conf", ws_port, version)
+    server.port = port
+    try:
+        reply = nats_request(port, f"$JS.API.STREAM.CREATE.{JETSTREAM_STREAM}", JETSTREAM_CONFIG)
+        if "error" in reply:
+            raise RuntimeError(f"JetStream stream create: {reply['error']}")
+    except Exception:
+        server.stop()
+        raise
+    return server
+
+
+def nats_request(port: int, subject: str, body: dict[str, Any], timeout_s: float = 10.0) -> Any:
+    """One request over NATS's plain protocol on 127.0.0.1:port: the JSON reply."""
+    payload = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout_s) as sock:
+        reader = sock.makefile("rb")
+        if not reader.readline().startswith(b"INFO "):
+            raise RuntimeError("nats-server did not send INFO")
+        sock.sendall(
+            b'CONNECT {"verbose":false,"pedantic":false,"protocol":1}\r\n'
+            b"SUB _INBOX.bench 1\r\n"
+            + f"PUB {subject} _INBOX.bench {len(payload)}\r\n".encode()
+            + payload
+            + b"\r\n"
+        )
+        for _ in range(100):  # bounded: INFO updates, PINGs, then the reply
+            line = reader.readline()
+            if not line:
+                break
+            if line.startswith(b"PING"):
+                sock.sendall(b"PONG\r\n")
+            elif line.startswith(b"-ERR"):
+                raise RuntimeError(line.decode(errors="replace").strip())
+            elif line.startswith(b"MSG "):
+                size = int(line.split()[-1])
+                return json.loads(reader.read(size + 2)[:size])
+        raise RuntimeError(f"no reply to {subject}")
 
 
 def start_mosquitto() -> RefServer:

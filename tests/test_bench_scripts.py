@@ -8,14 +8,17 @@ start node processes (bench_relay) are only checked for ``--help`` and their pur
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import cbor2
 import pytest
 
-from bench import bench_log_parts, bench_publish_cost, bench_read_last, bench_relay
+from bench import bench_log_parts, bench_publish_cost, bench_pubsub, bench_read_last, bench_relay
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,3 +101,61 @@ def test_relay_ratios_compare_the_relayed_path_with_the_direct_link() -> None:
         0.8,
         0.9,
     )
+
+
+def test_pubsub_help_names_the_durable_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+    """bench_pubsub (reference servers and Node.js) runs by hand: its ``--help`` works."""
+    with pytest.raises(SystemExit):
+        bench_pubsub.parse_args(["--help"])
+    assert "--durable-outstanding" in capsys.readouterr().out
+
+
+def test_pubsub_scenarios_include_the_durable_runs_against_jetstream() -> None:
+    """The durable 1->1 scenario runs once per in-flight count, HearthNet against JetStream."""
+    opts = bench_pubsub.parse_args(["--quick", "--skip", "throughput,latency"])
+    got = [
+        (key, sc.outstanding, sc.servers[-1], bench_pubsub.REFERENCE[sc.mode])
+        for key, sc in bench_pubsub.fanout_scenarios(opts, {"throughput", "latency"})
+    ]
+    assert got == [
+        ("durable 1→1, 1 in flight", 1, "jetstream", "jetstream"),
+        ("durable 1→1, 256 in flight", 256, "jetstream", "jetstream"),
+    ]
+
+
+def test_pubsub_ratios_are_taken_within_each_round() -> None:
+    """A server's ratio to the peer is computed per round, then the median is taken."""
+
+    def run(rate: float, cpu: float) -> dict[str, Any]:
+        return {"deliveries_per_s": rate, "server_cpu_us_per_delivery": cpu, "latency_ms": {}}
+
+    rounds = [
+        {"hearthnet": run(100, 2.0), "nats": run(200, 1.0)},
+        {"hearthnet": run(300, 1.0), "nats": run(200, 1.0)},
+        {"hearthnet": run(150, 1.0)},
+    ]
+    got = bench_pubsub.round_ratios(rounds, "nats")["hearthnet"]
+    assert (got["rate_per_round"], got["rate_median"], got["cpu_median"]) == (
+        [0.5, 1.5],
+        1.0,
+        1.5,
+    )
+
+
+def test_load_generator_cbor_matches_the_nodes_codec() -> None:
+    """bench/fanout/cbor.mjs encodes what cbor2 decodes, and decodes what cbor2 encodes."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed (.ci/run installs it)")
+    frame = {"type": "auth", "ts": 1764160000000, "n": -5, "f": 1.5, "a": [1, "é", None, True]}
+    from_node = {"event": "gap", "data": {"from_seq": 70000, "to_seq": 1 << 33}, "x": 0.25}
+    script = (
+        "import('./bench/fanout/cbor.mjs').then((m) => process.stdout.write(JSON.stringify({"
+        f"enc: m.encode({json.dumps(frame)}).toString('hex'), "
+        f"dec: m.decode(Buffer.from('{cbor2.dumps(from_node).hex()}', 'hex'))}})))"
+    )
+    out = subprocess.run(
+        [node, "-e", script], capture_output=True, text=True, check=True, timeout=30, cwd=ROOT
+    )
+    got = json.loads(out.stdout)
+    assert (cbor2.loads(bytes.fromhex(got["enc"])), got["dec"]) == (frame, from_node)

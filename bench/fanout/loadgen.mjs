@@ -28,6 +28,7 @@ import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import WebSocket from 'ws';
 import { LeanWebSocket } from './leanws.mjs';
+import { encode as cborEncode, decode as cborDecode, textHead as cborTextHead } from './cbor.mjs';
 
 const OPEN = 1; // readyState of an open socket, for both clients
 
@@ -94,12 +95,18 @@ const WS_OPTS = {
   handshakeTimeout: 10000,
 };
 
+// Protocols whose server acknowledges every publish (HearthNet: published.ok after the
+// commit; JetStream: the PubAck on the reply subject); NATS core and MQTT QoS 0 ask for a
+// PONG / PINGRESP every --batch messages instead.
+const ACK_PER_PUBLISH = new Set(['hearthnet', 'jetstream']);
+
 function parseArgs(argv) {
   const a = {
     proto: 'hearthnet', url: '', mode: 'throughput', subs: 100, workers: 1,
     topic: 'bench.fanout', payload: 256, duration: 10, warmup: 2, rate: 2000,
     maxMsgs: 50_000_000, lead: 1000, outstanding: 256, batch: 64, window: 1024, client: 'lean',
     auth: '', drain: 10, hold: 60, connectConcurrency: 100, maxTime: 0, pauseSubs: 0,
+    form: 'json', consumer: '', verify: 0, stream: 'BENCH',
   };
   for (let i = 2; i < argv.length; i += 2) {
     const key = argv[i].replace(/^--/, '').replace(/-([a-z])/g, (_, c) => c.toUpperCase());
@@ -109,11 +116,12 @@ function parseArgs(argv) {
     a[key] = typeof a[key] === 'number' ? Number(v) : v;
   }
   if (!a.url) throw new Error('--url is required');
-  if (!['hearthnet', 'nats', 'mqtt'].includes(a.proto)) throw new Error(`unknown --proto ${a.proto}`);
+  if (!['hearthnet', 'nats', 'mqtt', 'jetstream'].includes(a.proto)) throw new Error(`unknown --proto ${a.proto}`);
+  if (!['json', 'cbor'].includes(a.form)) throw new Error(`unknown --form ${a.form}`);
   if (!['lean', 'ws'].includes(a.client)) throw new Error(`unknown --client ${a.client}`);
   if (!['throughput', 'latency', 'idle'].includes(a.mode)) throw new Error(`unknown --mode ${a.mode}`);
   if (a.payload < HEADER_LEN) throw new Error(`--payload must be >= ${HEADER_LEN}`);
-  if (a.proto !== 'hearthnet' && a.outstanding < a.batch) throw new Error('--outstanding must be >= --batch');
+  if (!ACK_PER_PUBLISH.has(a.proto) && a.outstanding < a.batch) throw new Error('--outstanding must be >= --batch');
   if (!a.maxTime) a.maxTime = a.warmup + a.duration + a.drain + a.hold + 120;
   return a;
 }
@@ -141,6 +149,15 @@ function mqttRemaining(n) {
 function mqttString(s) {
   const b = Buffer.from(s);
   return Buffer.concat([Buffer.from([b.length >> 8, b.length & 0xff]), b]);
+}
+
+/** A HearthNet subscribe frame: the run's topic, a durable consumer and `verify` when
+ *  asked (spec §6.8, §6.2). */
+function subscribeFrame(opts) {
+  const frame = { type: 'subscribe', topics: [opts.topic] };
+  if (opts.consumer) frame.consumer = opts.consumer;
+  if (opts.verify) frame.verify = true;
+  return frame;
 }
 
 class HearthNetAdapter {
@@ -197,7 +214,7 @@ class HearthNetAdapter {
         break;
       case 'auth.ok':
         if (this.role === 'sub') {
-          this.ws.send(JSON.stringify({ type: 'subscribe', topics: [this.opts.topic] }));
+          this.ws.send(JSON.stringify(subscribeFrame(this.opts)));
         } else {
           this.sink.ready();
         }
@@ -232,6 +249,96 @@ class HearthNetAdapter {
   }
 
   close() {}
+}
+
+// HearthNet over `hearthnet-bus.v2+cbor`: the same session in CBOR binary frames. A
+// message frame is the map {"event":"message","data":<envelope>,"seq":N} in that order:
+// 0xa3, "event" (0x65 + 5 bytes), "message" (0x67 + 7 bytes)... and "seq" (0x63 "seq")
+// followed by an unsigned integer at its end.
+const CBOR_SEQ_KEY = Buffer.from([0x63, 0x73, 0x65, 0x71]);
+
+class HearthNetCborAdapter extends HearthNetAdapter {
+  constructor(opts, sink, authFrame, role) {
+    super(opts, sink, authFrame, role);
+    this.subprotocol = 'hearthnet-bus.v2+cbor';
+    const head = cborEncode({ type: 'publish', topic: opts.topic, msg_type: 'bench' });
+    head[0] += 1; // one more pair: "data" and the payload, spliced in per publish
+    this.pubPrefix = Buffer.concat([head, cborEncode('data'), cborTextHead(opts.payload)]);
+  }
+
+  open(ws) {
+    this.ws = ws;
+    ws.send(cborEncode({ ...this.auth, type: 'auth', window: this.opts.window }));
+  }
+
+  onData(buf, start, end) {
+    if (buf[start] === 0xa3 && buf[start + 8] === 0x6d && buf[start + 9] === 0x65) {
+      const at = findMark(buf, start + this.markAt, start, end);
+      if (at >= 0) this.markAt = at - start;
+      this.sink.message(buf, at);
+      const key = buf.lastIndexOf(CBOR_SEQ_KEY, end - 2);
+      let seq = 0;
+      if (key >= start) {
+        const b = buf[key + 4];
+        const info = b & 0x1f;
+        if (info < 24) seq = info;
+        else if (info === 24) seq = buf[key + 5];
+        else if (info === 25) seq = buf.readUInt16BE(key + 5);
+        else if (info === 26) seq = buf.readUInt32BE(key + 5);
+        else seq = Number(buf.readBigUInt64BE(key + 5));
+      }
+      this.lastSeq = seq;
+      if (++this.sinceAck >= this.half) this.ack();
+      return;
+    }
+    let frame;
+    try {
+      frame = cborDecode(buf, start, end);
+    } catch {
+      this.sink.fail('unparsable frame');
+      return;
+    }
+    this.control(frame);
+  }
+
+  control(frame) {
+    switch (frame.event) {
+      case 'published.ok':
+        this.sink.acked(1);
+        break;
+      case 'auth.ok':
+        if (this.role === 'sub') this.ws.send(cborEncode(subscribeFrame(this.opts)));
+        else this.sink.ready();
+        break;
+      case 'subscribed':
+        this.sink.ready();
+        break;
+      case 'gap':
+        this.sink.gap(frame.data.from_seq, frame.data.to_seq);
+        break;
+      case 'auth.error':
+      case 'error':
+        this.sink.fail(`${frame.event}: ${JSON.stringify(frame.data)}`);
+        break;
+      default:
+        break;
+    }
+  }
+
+  ack() {
+    this.sinceAck = 0;
+    if (this.lastSeq > this.ackedSeq && this.ws.readyState === OPEN) {
+      this.ackedSeq = this.lastSeq;
+      this.ws.send(cborEncode({ type: 'ack', upto: this.lastSeq }));
+    }
+  }
+
+  publish(idx, withAckRequest) {
+    void withAckRequest;
+    const payload = Buffer.from(makePayload(this.opts.payload, idx), 'latin1');
+    this.ws.send(Buffer.concat([this.pubPrefix, payload]));
+    return 1;
+  }
 }
 
 class NatsAdapter {
@@ -275,7 +382,7 @@ class NatsAdapter {
         }
         const start = eol + 2;
         if (start + size + 2 > n) break; // payload spans frames
-        this.sink.message(buf, findMark(buf, start, start, start + size));
+        this.msg(buf, pos, eol, start, size);
         pos = start + size + 2;
         continue;
       }
@@ -298,8 +405,7 @@ class NatsAdapter {
             lang: 'node', version: '1', protocol: 1, echo: false, headers: false,
             no_responders: false,
           });
-          const sub = this.role === 'sub' ? `SUB ${this.subject} 1\r\n` : '';
-          this.ws.send(Buffer.from(`CONNECT ${connect}\r\n${sub}PING\r\n`));
+          this.ws.send(Buffer.from(`CONNECT ${connect}\r\n${this.afterConnect()}PING\r\n`));
         }
       } else if (line.startsWith('-ERR')) {
         this.sink.fail(line);
@@ -307,6 +413,16 @@ class NatsAdapter {
       // +OK and anything else: ignore
     }
     if (pos < n) this.pending = buf.subarray(pos);
+  }
+
+  /** Protocol lines sent after CONNECT (and before the PING that ends the handshake). */
+  afterConnect() {
+    return this.role === 'sub' ? `SUB ${this.subject} 1\r\n` : '';
+  }
+
+  /** One MSG: its line is buf[line, eol), its payload buf[start, start + size). */
+  msg(buf, line, eol, start, size) {
+    this.sink.message(buf, findMark(buf, start, start, start + size));
   }
 
   publish(idx, withAckRequest) {
@@ -317,6 +433,93 @@ class NatsAdapter {
   }
 
   close() {}
+}
+
+// NATS JetStream over the same WebSocket protocol. The harness creates the stream (file
+// storage) before the run. The publisher publishes with a reply subject and counts the
+// PubAck the server sends after storing each message (an {"error"} reply is a failure).
+// Each subscriber is a durable push consumer (ack policy "all", at most --window
+// unacknowledged): it acks the last message it got every half window, as HearthNet's
+// subscribers do with `ack upto`.
+class JetStreamAdapter extends NatsAdapter {
+  constructor(opts, sink, auth, role, id) {
+    super(opts, sink, auth, role, id);
+    this.half = Math.max(1, Math.floor(opts.window / 2));
+    this.sinceAck = 0;
+    this.lastBuf = null; // the newest message not yet acked: buf[lastLine, lastEol)
+    this.lastLine = 0;
+    this.lastEol = 0;
+    this.durable = `${opts.consumer || 'c'}_${process.pid}_${id}`;
+    this.deliver = `dlv.${process.pid}.${id}`;
+    this.inbox = `_INBOX.${process.pid}.${role}.${id}`;
+    this.pubHead = Buffer.from(`PUB ${this.subject} ${this.inbox} ${opts.payload}\r\n`);
+    this.created = false;
+  }
+
+  afterConnect() {
+    if (this.role !== 'sub') return `SUB ${this.inbox} 1\r\n`;
+    const config = {
+      durable_name: this.durable, deliver_subject: this.deliver, ack_policy: 'all',
+      max_ack_pending: this.opts.window, deliver_policy: 'all', filter_subject: this.subject,
+      replay_policy: 'instant',
+    };
+    const body = JSON.stringify({ stream_name: this.opts.stream, config });
+    const api = `$JS.API.CONSUMER.DURABLE.CREATE.${this.opts.stream}.${this.durable}`;
+    return `SUB ${this.deliver} 1\r\nSUB ${this.inbox} 2\r\n`
+      + `PUB ${api} ${this.inbox} ${Buffer.byteLength(body)}\r\n${body}\r\n`;
+  }
+
+  msg(buf, line, eol, start, size) {
+    if (this.role === 'pub') {
+      // {"stream":"BENCH","seq":N} or {"error":{...}}
+      if (buf[start + 2] === 0x65 /* e */) this.sink.fail(buf.toString('utf8', start, start + size));
+      else this.sink.acked(1);
+      return;
+    }
+    if (buf[line + 4] === 0x5f /* _ of _INBOX: the consumer-create reply */) {
+      const text = buf.toString('utf8', start, start + size);
+      if (text.includes('"error"')) this.sink.fail(`consumer create: ${text}`);
+      else { this.created = true; this.sink.ready(); }
+      return;
+    }
+    this.sink.message(buf, findMark(buf, start, start, start + size));
+    // the newest message's line, read only when acking (chunks are not reused)
+    this.lastBuf = buf;
+    this.lastLine = line;
+    this.lastEol = eol;
+    if (++this.sinceAck >= this.half) this.ack();
+  }
+
+  ack() {
+    // MSG <deliver> <sid> <reply $JS.ACK...> <size>: with ack policy "all", acking the
+    // newest message acks everything delivered before it
+    this.sinceAck = 0;
+    if (this.lastBuf === null || this.ws.readyState !== OPEN) return;
+    const reply = this.lastBuf.toString('latin1', this.lastLine, this.lastEol).split(' ')[3];
+    this.lastBuf = null;
+    this.ws.send(Buffer.from(`PUB ${reply} 0\r\n\r\n`));
+  }
+
+  onData(chunk, from, to) {
+    // The PONG of the handshake is not the end of it for a subscriber: the consumer is
+    // ready when the create reply comes (msg above); PONGs after that are not acks here.
+    if (this.role === 'sub' && this.state === 'connecting') this.state = 'awaiting-consumer';
+    super.onData(chunk, from, to);
+  }
+
+  publish(idx) {
+    const payload = Buffer.from(makePayload(this.opts.payload, idx), 'latin1');
+    this.ws.send(Buffer.concat([this.pubHead, payload, this.crlf]));
+    return 1; // one PubAck expected per message
+  }
+
+  close() {
+    if (this.role === 'sub' && this.created && this.ws && this.ws.readyState === OPEN) {
+      // the durable consumer is per run: delete it so the stream does not accumulate them
+      const api = `$JS.API.CONSUMER.DELETE.${this.opts.stream}.${this.durable}`;
+      this.ws.send(Buffer.from(`PUB ${api} 0\r\n\r\n`));
+    }
+  }
 }
 
 class MqttAdapter {
@@ -400,7 +603,13 @@ class MqttAdapter {
   }
 }
 
-const ADAPTERS = { hearthnet: HearthNetAdapter, nats: NatsAdapter, mqtt: MqttAdapter };
+const ADAPTERS = {
+  hearthnet: HearthNetAdapter, nats: NatsAdapter, mqtt: MqttAdapter, jetstream: JetStreamAdapter,
+};
+
+function adapterClass(opts) {
+  return opts.proto === 'hearthnet' && opts.form === 'cbor' ? HearthNetCborAdapter : ADAPTERS[opts.proto];
+}
 
 function loadAuth(path) {
   if (!path) return { subscribers: null, shared: {}, publisher: {} };
@@ -475,7 +684,7 @@ async function subscriberWorker() {
   const counts = new Int32Array(countsBuf);
   const dead = new Int8Array(deadBuf);
   const auth = loadAuth(opts.auth);
-  const Adapter = ADAPTERS[opts.proto];
+  const Adapter = adapterClass(opts);
   const hist = new Float64Array(NB);
   const recordLatency = opts.mode !== 'idle';
   let maxLatUs = 0;
@@ -549,7 +758,7 @@ async function subscriberWorker() {
         else s.ws.resume();
       }
     } else if (msg.type === 'ack-all') {
-      if (opts.proto === 'hearthnet') for (const s of subs) if (s.ws.readyState === OPEN) s.adapter.ack();
+      for (const s of subs) if (s.ws.readyState === OPEN && s.adapter.ack) s.adapter.ack();
     } else if (msg.type === 'report') {
       const per = subs.map((s) => ({
         id: s.id, count: s.count, last: s.last, missing: s.missing, dupes: s.dupes,
@@ -586,7 +795,7 @@ async function publisherWorker() {
   const dead = new Int8Array(deadBuf);
   const ctrl = new Int32Array(ctrlBuf); // [0] stop flag, [1] published, [2] acked
   const auth = loadAuth(opts.auth);
-  const Adapter = ADAPTERS[opts.proto];
+  const Adapter = adapterClass(opts);
   let published = 0;
   let acked = 0;
   let expectedAcks = 0; // acks the publisher asked for (HearthNet: one per message)
@@ -621,7 +830,7 @@ async function publisherWorker() {
   const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
   const waitAck = () => new Promise((r) => { wakeup = r; setTimeout(r, 5).unref(); });
   // Outstanding publisher acks: NATS/MQTT ask for one (PING/PINGREQ) every `batch` messages.
-  const ackStep = opts.proto === 'hearthnet' ? 1 : opts.batch;
+  const ackStep = ACK_PER_PUBLISH.has(opts.proto) ? 1 : opts.batch;
   let maxBehindMs = 0;
 
   const stopped = () => Atomics.load(ctrl, 0) !== 0 || closedBy !== null || published >= opts.maxMsgs;
@@ -692,11 +901,16 @@ function emit(obj) {
 
 function once(worker, type) {
   return new Promise((resolve, reject) => {
+    const onExit = (code) => reject(new Error(`worker exited with ${code} before '${type}'`));
     const onMsg = (msg) => {
-      if (msg.type === type) { worker.off('message', onMsg); worker.off('error', reject); resolve(msg); }
+      if (msg.type === type) {
+        worker.off('message', onMsg); worker.off('error', reject); worker.off('exit', onExit);
+        resolve(msg);
+      }
     };
     worker.on('message', onMsg);
     worker.once('error', reject);
+    worker.once('exit', onExit);
   });
 }
 
