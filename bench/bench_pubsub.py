@@ -28,8 +28,10 @@ Fairness: the same load generator, payload, subscriber count and pacing for ever
 server; HearthNet with acks on (window 1,024, ack every 512) and durable publish (the
 default ``sync=full``), MQTT QoS 0, plain NATS core for fan-out. HearthNet clients are
 token clients (``hearthnet token issue``), as applications are; ``hearthnet`` gets JSON
-frames, ``hearthnet-cbor`` the same node over the CBOR subprotocol, ``hearthnet-normal`` a
-node with ``sync=normal`` (the durability JetStream 2.9's PubAck gives).
+frames, ``hearthnet-cbor`` the same node over the CBOR subprotocol, ``hearthnet-sig`` the
+same node with subscribers that ask for ``sig``, ``hearthnet-node`` the same node with
+clients that authenticate as the node itself, ``hearthnet-normal`` a node with
+``sync=normal`` (the durability JetStream 2.9's PubAck gives).
 
 Run: python -m bench.bench_pubsub            (full; about 15 minutes)
      python -m bench.bench_pubsub --quick    (smoke run; about 3 minutes)
@@ -73,11 +75,26 @@ from hearthnet.identity import load_or_create_keys
 
 FANOUT_DIR = ROOT / "bench" / "fanout"
 LOADGEN = FANOUT_DIR / "loadgen.mjs"
-SERVERS = ("hearthnet", "hearthnet-cbor", "hearthnet-normal", "nats", "mosquitto", "jetstream")
+SERVERS = (
+    "hearthnet", "hearthnet-cbor", "hearthnet-sig", "hearthnet-node", "hearthnet-normal",
+    "nats", "mosquitto", "jetstream",
+)  # fmt: skip
 DEFAULT_SERVERS = ("hearthnet", "hearthnet-cbor", "nats", "mosquitto", "jetstream")
+# One node reached by clients of several kinds: JSON, CBOR, subscribers that ask for sig,
+# and clients that authenticate as the node itself (the benchmark's way before tokens).
+SHARED_NODE = ("hearthnet", "hearthnet-cbor", "hearthnet-sig", "hearthnet-node")
 # Which servers each kind of scenario runs against, and the peer its ratios are taken to.
-FANOUT_SERVERS = ("hearthnet", "hearthnet-cbor", "nats", "mosquitto")
-DURABLE_SERVERS = ("hearthnet", "hearthnet-cbor", "hearthnet-normal", "jetstream")
+FANOUT_SERVERS = (
+    "hearthnet",
+    "hearthnet-cbor",
+    "hearthnet-sig",
+    "hearthnet-node",
+    "nats",
+    "mosquitto",
+)
+DURABLE_SERVERS = (
+    "hearthnet", "hearthnet-cbor", "hearthnet-node", "hearthnet-normal", "jetstream",
+)  # fmt: skip
 REFERENCE = {"throughput": "nats", "latency": "nats", "durable": "jetstream"}
 SETTINGS = (
     "duration", "warmup", "repeat", "rate", "latency_subs", "payload", "lead", "outstanding",
@@ -85,7 +102,7 @@ SETTINGS = (
     "hearthnet_auth", "verify", "durable_outstanding", "durable_lead",
 )  # fmt: skip
 PROTO = {
-    "hearthnet": "hearthnet", "hearthnet-cbor": "hearthnet", "hearthnet-normal": "hearthnet",
+    **{name: "hearthnet" for name in SERVERS if name.startswith("hearthnet")},
     "nats": "nats", "mosquitto": "mqtt", "jetstream": "jetstream",
 }  # fmt: skip
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -218,6 +235,15 @@ class Target:
         """The HearthNet subprotocol its clients speak: json or cbor."""
         return "cbor" if self.name == "hearthnet-cbor" else "json"
 
+    @property
+    def verify(self) -> bool:
+        """HearthNet subscribers ask for frames with ``sig`` (spec §6.2)."""
+        return self.name == "hearthnet-sig"
+
+    def auth(self, default: str) -> str:
+        """How HearthNet clients authenticate: ``node`` for ``hearthnet-node``."""
+        return "node" if self.name == "hearthnet-node" else default
+
     def alive(self) -> bool:
         """True while the server process runs."""
         return self.proc.poll() is None
@@ -229,13 +255,13 @@ class Target:
 
 
 def start_targets(names: list[str]) -> dict[str, Target]:
-    """Start the servers ``names`` on free loopback ports; ``hearthnet`` and
-    ``hearthnet-cbor`` are one node, reached over its two subprotocols."""
+    """Start the servers ``names`` on free loopback ports; the names in
+    :data:`SHARED_NODE` are one node, reached by clients of different kinds."""
     targets: dict[str, Target] = {}
     try:
         for name in names:
-            shared = targets.get("hearthnet") or targets.get("hearthnet-cbor")
-            if name in ("hearthnet", "hearthnet-cbor") and shared is not None:
+            shared = next((targets[n] for n in SHARED_NODE if n in targets), None)
+            if name in SHARED_NODE and shared is not None:
                 targets[name] = Target(
                     name, shared.pid, shared.ws_url, shared.version, lambda: None,
                     shared.proc, node=shared.node, tokens=shared.tokens,
@@ -516,9 +542,9 @@ def fanout_run(
         args += ["--consumer", f"bench-r{run_no}"]
     auth: Path | None = None
     if target.hearthnet:
-        auth = hearthnet_auth_file(target, sc.subs, workdir, opts.hearthnet_auth)
+        auth = hearthnet_auth_file(target, sc.subs, workdir, target.auth(opts.hearthnet_auth))
         args += ["--auth", str(auth), "--form", target.form]
-        if opts.verify:
+        if opts.verify or target.verify:
             args += ["--verify", "1"]
     timeout = sc.warmup_s + sc.duration_s + opts.drain + 60 + sc.subs / 50
     load1 = os.getloadavg()[0]
@@ -581,6 +607,7 @@ def fanout_run(
         "close_codes": result["close_codes"],
         "connect_failed": result["connect_failed"],
         "publish_errors": result["publish_errors"],
+        "publisher_fail_reasons": result["publisher_fail_reasons"],
         "publisher_closed": result["publisher_closed"],
         "latency_ms": {
             k: (round(v, 3) if v is not None else None) for k, v in result["latency_ms"].items()

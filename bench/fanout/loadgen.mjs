@@ -1,9 +1,11 @@
-// One WebSocket load generator for pub/sub fan-out, with three protocol adapters
-// (HearthNet pub/sub, NATS core over WebSocket, MQTT 3.1.1 over WebSocket) that share the
-// same transport, payloads, pacing and measurement code. The transport is `--client`:
-// `lean` (default, leanws.mjs: frames parsed in one loop per TCP chunk) or `ws` (the `ws`
-// package, whose per-frame cost made the generator the bottleneck for servers that send
-// one message per frame).
+// One WebSocket load generator for pub/sub fan-out, with protocol adapters (HearthNet
+// pub/sub in JSON or CBOR (--form), NATS core, NATS JetStream and MQTT 3.1.1, all over
+// WebSocket) that share the same transport, payloads, pacing and measurement code. The
+// transport is `--client`: `lean` (default, leanws.mjs: frames parsed in one loop per TCP
+// chunk) or `ws` (the `ws` package, whose per-frame cost made the generator the
+// bottleneck for servers that send one message per frame). `--consumer NAME` makes the
+// subscribers durable consumers (HearthNet: `consumer` in `subscribe`; JetStream always
+// subscribes through a durable push consumer).
 //
 // Modes:
 //   throughput  one publisher, N subscribers; publish as fast as the server accepts,
