@@ -42,24 +42,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import queue
 import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, percentile, proc_cpu_s, proc_rss_mb, save, start_node
+from bench.common import percentile, proc_rss_mb, save, start_node
+from bench.loadgen import (
+    Loadgen,
+    LoadgenError,
+    RssPeak,
+    Snapshot,
+    ensure_loadgen,
+    loadgen_thread_shares,
+    timeline,
+    tree_cpu_s,
+)
+from bench.pubsub_report import median_index, round_ratios, table
 from bench.servers import (
     MissingTool,
     RefServer,
@@ -73,8 +81,6 @@ from hearthnet.client import Client
 from hearthnet.clock import now_ms
 from hearthnet.identity import load_or_create_keys
 
-FANOUT_DIR = ROOT / "bench" / "fanout"
-LOADGEN = FANOUT_DIR / "loadgen.mjs"
 SERVERS = (
     "hearthnet", "hearthnet-cbor", "hearthnet-sig", "hearthnet-node", "hearthnet-normal",
     "nats", "mosquitto", "jetstream",
@@ -105,7 +111,6 @@ PROTO = {
     **{name: "hearthnet" for name in SERVERS if name.startswith("hearthnet")},
     "nats": "nats", "mosquitto": "mqtt", "jetstream": "jetstream",
 }  # fmt: skip
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 # The node's connection limits (spec §2.5: 100 per identity, 10,000 per node) and the
 # token clients' publish rate (100/s) are policy an operator sets for the application; the
 # benchmark's subscribers share one token (one identity) and its publisher is a token
@@ -115,98 +120,6 @@ NODE_ENV = {
     "HEARTHNET_LIMITS_CONNECTIONS_TOTAL": "30000",
     "HEARTHNET_PUBSUB_PUBLISH_PER_S_TOKEN": "1000000",
 }
-
-
-# --- measuring processes and the machine ---------------------------------------------
-
-
-def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
-    """CPU seconds of each thread of ``pid``: ``{tid: (name, seconds)}``."""
-    out: dict[int, tuple[str, float]] = {}
-    task_dir = Path(f"/proc/{pid}/task")
-    try:
-        tids = [int(t) for t in os.listdir(task_dir)]
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            stat = (task_dir / str(tid) / "stat").read_text(encoding="ascii")
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        parts = stat.rsplit(")", 1)[1].split()
-        out[tid] = (name, (int(parts[11]) + int(parts[12])) / CLK_TCK)
-    return out
-
-
-def machine_busy_s() -> float:
-    """CPU seconds all CPUs spent busy since boot (``/proc/stat``)."""
-    with open("/proc/stat", encoding="ascii") as f:
-        fields = f.readline().split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / CLK_TCK
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid`` and its direct children (the node may run helpers)."""
-    total = proc_cpu_s(pid)
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii").split()
-    except OSError:
-        children = []
-    for child in children:
-        with contextlib.suppress(OSError):
-            total += proc_cpu_s(int(child))
-    return total
-
-
-@dataclass
-class Snapshot:
-    """Counters taken at one instant of a run."""
-
-    t: float
-    server_cpu: float
-    loadgen_threads: dict[int, tuple[str, float]]
-    machine_busy: float
-    server_rss: float
-
-    @classmethod
-    def take(cls, server_pid: int, loadgen_pid: int) -> Snapshot:
-        """Read everything now."""
-        return cls(
-            time.monotonic(),
-            tree_cpu_s(server_pid),
-            thread_cpu(loadgen_pid),
-            machine_busy_s(),
-            proc_rss_mb(server_pid),
-        )
-
-
-class RssPeak:
-    """Samples a process's RSS in a background thread; keeps the peak."""
-
-    def __init__(self, pid: int, every_s: float = 0.25) -> None:
-        self.pid = pid
-        self.every_s = every_s
-        self.peak = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.peak = max(self.peak, proc_rss_mb(self.pid))
-            except OSError:
-                return
-            self._stop.wait(self.every_s)
-
-    def __enter__(self) -> RssPeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(2)
 
 
 # --- the servers under test ----------------------------------------------------------
@@ -373,127 +286,6 @@ def hearthnet_token_file(target: Target, workdir: Path) -> Path:
     path.write_text(json.dumps({"shared": {"token": target.tokens["subscriber"]}}), "ascii")
     path.chmod(0o600)
     return path
-
-
-# --- running the load generator ------------------------------------------------------
-
-
-class LoadgenError(RuntimeError):
-    """The load generator failed or timed out."""
-
-
-class Loadgen:
-    """One load generator process: JSON-line events on stdout, stopped by PID."""
-
-    def __init__(
-        self, args: list[str], timeout_s: float, workdir: Path, profile_dir: Path | None = None
-    ) -> None:
-        self.timeout_s = timeout_s
-        self.deadline = time.monotonic() + timeout_s
-        self.stderr_path = workdir / f"loadgen-{time.monotonic_ns()}.err"
-        self._stderr = self.stderr_path.open("wb")
-        self.proc = subprocess.Popen(
-            [
-                "node",
-                *(
-                    []
-                    if profile_dir is None
-                    else ["--cpu-prof", "--cpu-prof-dir", str(profile_dir)]
-                ),
-                str(LOADGEN),
-                *args,
-                "--max-time",
-                str(int(timeout_s)),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            cwd=FANOUT_DIR,
-        )
-        self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    @property
-    def pid(self) -> int:
-        """The load generator's PID."""
-        return self.proc.pid
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            line = raw.strip()
-            if line.startswith("{"):
-                with contextlib.suppress(json.JSONDecodeError):
-                    self.events.put(json.loads(line))
-        self.events.put(None)
-
-    def next_event(self) -> dict[str, Any]:
-        """The next event, or LoadgenError when the process ended or the time is up."""
-        left = self.deadline + 30 - time.monotonic()
-        try:
-            event = self.events.get(timeout=max(0.1, left))
-        except queue.Empty:
-            raise LoadgenError(
-                f"load generator silent past its deadline ({self.timeout_s} s)"
-            ) from None
-        if event is None:
-            self.proc.wait(10)
-            raise LoadgenError(
-                f"load generator exited with {self.proc.returncode}: {self.stderr_tail()}"
-            )
-        return event
-
-    def send(self, line: str) -> None:
-        """Write a line to the load generator's stdin."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def stderr_tail(self) -> str:
-        """The end of its stderr."""
-        self._stderr.flush()
-        text = self.stderr_path.read_text(errors="replace")
-        return text[-2000:]
-
-    def close(self) -> None:
-        """Wait for it to end; kill it by PID if it does not."""
-        if self.proc.poll() is None:
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self._stderr.close()
-        with_stdin = self.proc.stdin
-        if with_stdin is not None and not with_stdin.closed:
-            with contextlib.suppress(BrokenPipeError):
-                with_stdin.close()
-
-
-def loadgen_thread_shares(
-    a: dict[int, tuple[str, float]], b: dict[int, tuple[str, float]], wall: float
-) -> list[dict[str, Any]]:
-    """Per-thread CPU share (of one core) between two samples, busiest first."""
-    shares = []
-    for tid, (name, cpu) in b.items():
-        before = a.get(tid, (name, 0.0))[1]
-        share = (cpu - before) / wall
-        if share > 0.005:
-            shares.append({"tid": tid, "name": name, "cores": round(share, 3)})
-    return sorted(shares, key=lambda s: -s["cores"])
-
-
-def timeline(series: list[list[int]]) -> str:
-    """Deliveries/s in each sampling interval (about 250 ms), as one compact line."""
-    rates = []
-    prev_t, prev_n = 0, 0
-    for t, n, _published in series:
-        if t > prev_t:
-            rates.append(round((n - prev_n) / (t - prev_t) * 1000))
-        prev_t, prev_n = t, n
-    return " ".join(str(r) for r in rates)
 
 
 @dataclass
@@ -737,109 +529,6 @@ def raise_open_files() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def ensure_loadgen() -> str:
-    """node is installed and bench/fanout has its packages (npm ci when missing)."""
-    require("node")
-    out = subprocess.run(["node", "--version"], capture_output=True, text=True, check=True)
-    version = out.stdout.strip()
-    if int(version.lstrip("v").split(".")[0]) < 20:
-        raise MissingTool(f"Node.js 20+ needed, found {version}")
-    if not (FANOUT_DIR / "node_modules" / "ws").exists():
-        if shutil.which("npm") is None:
-            raise MissingTool("npm not found; install it, then run `npm ci` in bench/fanout")
-        print("installing the load generator's packages (npm ci in bench/fanout)")
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=FANOUT_DIR, check=True)
-    return version
-
-
-def median_index(runs: list[dict[str, Any]]) -> int:
-    """Index of the median run: by deliveries/s for throughput runs, by p99 for latency runs
-    (the lower middle one for even counts, i.e. the worse of the two)."""
-
-    def key(i: int) -> float:
-        r = runs[i]
-        if r["mode"] == "latency":
-            return -(r["latency_ms"].get("99") or float("inf"))
-        return float(r["deliveries_per_s"])
-
-    order = sorted(range(len(runs)), key=key)
-    return order[(len(order) - 1) // 2]
-
-
-def fmt(v: Any, nd: int = 0) -> str:
-    """A number for the table."""
-    if v is None:
-        return "–"
-    if isinstance(v, float) and nd:
-        return f"{v:,.{nd}f}"
-    return f"{round(v):,}" if isinstance(v, (int, float)) else str(v)
-
-
-def table(result: dict[str, Any]) -> str:
-    """The Markdown tables for docs/benchmarks.md."""
-    lines: list[str] = []
-    if result["fanout"]:
-        lines += [
-            "| scenario | server | deliveries/s | vs peer | server CPU µs/delivery | CPU vs peer "
-            "| server CPU (cores) | loadgen CPU (cores; busiest thread) | other load (cores) "
-            "| load avg | delivered/expected | p50 ms | p99 ms |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
-        ]
-    for key, sc in result["fanout"].items():
-        best = {n: sc["runs"][n][i] for n, i in sc["median_run"].items()}
-        ratios = sc.get("round_ratios", {})
-        for server in SERVERS:
-            r = best.get(server)
-            if r is None:
-                continue
-            mine = ratios.get(server, {})
-            # a rate ratio for throughput and durable runs, the p99 ratio for latency runs
-            rate = mine.get("p99_median" if r["mode"] == "latency" else "rate_median")
-            cpu = mine.get("cpu_median")
-            busiest = (r["loadgen_busiest_thread"] or {}).get("cores")
-            # throughput runs queue up to --lead messages by design: their latency is not
-            # publish->deliver at a given rate, so the table shows it for latency runs only
-            lat = r["latency_ms"] if r["mode"] == "latency" else {}
-            delivered = f"{r['delivered']:,}/{r['expected']:,}"
-            if r["gap_messages"]:
-                delivered += f" ({r['gap_messages']:,} in gaps)"
-            if r["subscribers_closed"]:
-                delivered += f" ({r['subscribers_closed']} closed)"
-            lines.append(
-                f"| {key} | {server} | {fmt(r['deliveries_per_s'])} "
-                f"| {'–' if rate is None else f'{rate:.2f}×'} "
-                f"| {fmt(r['server_cpu_us_per_delivery'], 2)} "
-                f"| {'–' if cpu is None else f'{cpu:.2f}×'} | {fmt(r['server_cpu_cores'], 2)} "
-                f"| {fmt(r['loadgen_cpu_cores'], 2)}; {fmt(busiest, 2)} "
-                f"| {fmt(r['other_processes_cpu_cores'], 2)} | {fmt(r['load1_before'], 1)} "
-                f"| {delivered} | {fmt(lat.get('50'), 1)} | {fmt(lat.get('99'), 1)} |"
-            )
-    if result.get("idle"):
-        lines += [
-            *([""] if lines else []),
-            "| idle connections | server | connected | setup s | RSS before MiB | RSS held MiB "
-            "| MiB per 1,000 | server CPU held (cores) |",
-            "|---|---|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in result["idle"]:
-            lines.append(
-                f"| {r['requested']:,} | {r['server']} | {r['connected']:,} "
-                f"| {fmt(r['setup_s'], 1)} "
-                f"| {fmt(r['server_rss_mb_before'], 1)} | {fmt(r['server_rss_mb_held'], 1)} "
-                f"| {fmt(r['rss_mb_per_1000'], 2)} | {fmt(r['server_cpu_cores_held'], 3)} |"
-            )
-    if result.get("history"):
-        h = result["history"]
-        lines += [
-            *([""] if lines else []),
-            "| history replay | messages | p50 ms | p99 ms | repeats |",
-            "|---|---:|---:|---:|---:|",
-            f"| hearthnet GET /history?limit=100 | {h['messages']} | {h['p50_ms']} "
-            f"| {h['p99_ms']} | {h['repeats']} |",
-        ]
-    return "\n".join(lines)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Options (defaults: the full run; --quick shrinks durations and counts)."""
     p = argparse.ArgumentParser(
@@ -1007,30 +696,6 @@ def run_fanout(
             "median_run": {n: median_index(rs) for n, rs in runs.items() if rs},
             "round_ratios": round_ratios(rounds, REFERENCE[sc.mode]),
         }
-
-
-def round_ratios(rounds: list[dict[str, dict[str, Any]]], ref: str) -> dict[str, Any]:
-    """Per server, its ratio to ``ref`` within each round where both ran: deliveries/s,
-    server CPU per delivery and p99 latency; and the median of each."""
-    out: dict[str, Any] = {}
-    keys: dict[str, Callable[[dict[str, Any]], float | None]] = {
-        "rate": lambda r: r["deliveries_per_s"],
-        "cpu": lambda r: r["server_cpu_us_per_delivery"],
-        "p99": lambda r: r["latency_ms"].get("99"),
-    }
-    for name in {n for rnd in rounds for n in rnd}:
-        per: dict[str, list[float]] = {k: [] for k in keys}
-        for rnd in rounds:
-            if name in rnd and ref in rnd:
-                for k, get in keys.items():
-                    a, b = get(rnd[name]), get(rnd[ref])
-                    if a is not None and b:
-                        per[k].append(round(a / b, 3))
-        out[name] = {
-            **{f"{k}_per_round": v for k, v in per.items()},
-            **{f"{k}_median": (statistics.median(v) if v else None) for k, v in per.items()},
-        }
-    return out
 
 
 def run_idle(

@@ -18,7 +18,14 @@ from typing import Any
 import cbor2
 import pytest
 
-from bench import bench_log_parts, bench_publish_cost, bench_pubsub, bench_read_last, bench_relay
+from bench import (
+    bench_log_parts,
+    bench_publish_cost,
+    bench_pubsub,
+    bench_read_last,
+    bench_relay,
+    pubsub_report,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -134,7 +141,7 @@ def test_pubsub_ratios_are_taken_within_each_round() -> None:
         {"hearthnet": run(300, 1.0), "nats": run(200, 1.0)},
         {"hearthnet": run(150, 1.0)},
     ]
-    got = bench_pubsub.round_ratios(rounds, "nats")["hearthnet"]
+    got = pubsub_report.round_ratios(rounds, "nats")["hearthnet"]
     assert (got["rate_per_round"], got["rate_median"], got["cpu_median"]) == (
         [0.5, 1.5],
         1.0,
