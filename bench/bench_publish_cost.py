@@ -121,9 +121,9 @@ def measure_batches(keys: KeyPair, count: int, batch: int) -> dict[str, float]:
     proof_cpu = (time.process_time() - c0) / (rounds * batch) * 1e6
     received = [[(orjson.loads(m.raw), m.raw) for m in ms] for ms in signed]
     c0 = time.process_time()
-    for ms in received:
+    for pairs in received:
         verifier = BatchVerifier()  # a node that has seen none of these batches
-        for obj, raw in ms:
+        for obj, raw in pairs:
             Message.parse(obj, raw=raw, verifier=verifier)
     verify_batch = (time.process_time() - c0) / (rounds * batch) * 1e6
     singles = [Message.signed(keys, b) for b in _bodies(keys, min(count, 2000), 1)]
