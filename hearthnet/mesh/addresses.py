@@ -3,6 +3,12 @@
 :class:`PeerBook` is pure apart from :meth:`save`/:meth:`load` (a small JSON file, so peer
 addresses survive a restart, spec §9). Each address has its own redial backoff, 0.5 s
 doubling to 30 s, reset by a successful link.
+
+The NodeID at an address is *verified* once our own dial of it reached that node (the
+signed hello answering our nonce). Anything else (an inbound hello's ``url``, peer
+exchange, discovery) is a claim: it never overwrites a verified NodeID, is not shared with
+peers as that node's address, and the address is dialled expecting no particular node, so
+whoever answers there is what gets recorded.
 """
 
 from __future__ import annotations
@@ -44,6 +50,12 @@ class PeerAddress:
     failures: int = 0
     next_try: float = 0.0
     last_ok_ms: int = 0
+    verified: bool = False  # ``node`` is what our own dial of ``url`` reached
+
+    @property
+    def expect(self) -> str | None:
+        """The NodeID a dial of this address insists on: the verified one, else none."""
+        return self.node if self.verified else None
 
     def to_json(self) -> dict[str, Any]:
         """Stored form."""
@@ -52,6 +64,7 @@ class PeerAddress:
             "node": self.node,
             "source": self.source,
             "last_ok_ms": self.last_ok_ms,
+            "verified": self.verified,
         }
 
 
@@ -67,7 +80,8 @@ class PeerBook:
     def add(
         self, url: str, *, node: str | None = None, source: str = "bootstrap"
     ) -> PeerAddress | None:
-        """Learn an address (refusing our own); returns it, or None when refused."""
+        """Learn an address (refusing our own); returns it, or None when refused. ``node``
+        is a claim: it replaces an unverified NodeID, never a verified one."""
         try:
             url = normalize_url(url)
         except BadRequest:
@@ -80,7 +94,7 @@ class PeerBook:
                 self._forget_one()
             entry = self.addresses[url] = PeerAddress(url, node, source)
             self.dirty = True
-        elif node is not None and entry.node != node:
+        elif node is not None and entry.node != node and not entry.verified:
             entry.node = node
             self.dirty = True
         return entry
@@ -90,11 +104,12 @@ class PeerBook:
         del self.addresses[worst.url]
 
     def due(self, now: float, linked: set[str]) -> list[PeerAddress]:
-        """Addresses worth dialling now: not linked, not in backoff; best first."""
+        """Addresses worth dialling now: not in backoff, not verified as a linked node's
+        (an address only claimed by a linked node is due, to check it); best first."""
         ready = [
             a
             for a in self.addresses.values()
-            if a.next_try <= now and (a.node is None or a.node not in linked)
+            if a.next_try <= now and not (a.verified and a.node in linked)
         ]
         ready.sort(key=lambda a: (a.failures, -a.last_ok_ms))
         return ready
@@ -109,12 +124,18 @@ class PeerBook:
         entry.next_try = now + delay * random.uniform(0.8, 1.2)
 
     def succeeded(self, url: str, node: str, wall_ms: int) -> None:
-        """A link came up through this address."""
+        """Our own dial of this address reached ``node`` (which is now verified there)."""
         entry = self.addresses.get(url) or self.add(url, node=node)
         if entry is None:
             return
         entry.node, entry.failures, entry.next_try, entry.last_ok_ms = node, 0, 0.0, wall_ms
+        entry.verified = True
         self.dirty = True
+
+    def verified_node(self, url: str) -> str | None:
+        """The NodeID our own dial found at ``url``, if any."""
+        entry = self.addresses.get(url)
+        return entry.node if entry is not None and entry.verified else None
 
     def hold(self, url: str, now: float, seconds: float) -> None:
         """Do not dial ``url`` for a while (its link is up, or it refused us for good)."""
@@ -123,9 +144,9 @@ class PeerBook:
             entry.next_try = now + seconds
 
     def urls_for_exchange(self, limit: int = 64) -> list[dict[str, Any]]:
-        """Addresses to share with peers (those that worked, most recent first)."""
+        """Addresses to share with peers (verified ones that worked, most recent first)."""
         good = sorted(
-            (a for a in self.addresses.values() if a.last_ok_ms and a.node),
+            (a for a in self.addresses.values() if a.last_ok_ms and a.node and a.verified),
             key=lambda a: -a.last_ok_ms,
         )
         return [{"url": a.url, "node": a.node} for a in good[:limit]]
@@ -172,6 +193,7 @@ class PeerBook:
                 )
                 if entry is not None:
                     entry.last_ok_ms = int(item.get("last_ok_ms") or 0)
+                    entry.verified = item.get("verified") is True and entry.node is not None
         self.dirty = False
 
     def save(self) -> None:

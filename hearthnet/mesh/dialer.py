@@ -65,6 +65,7 @@ FULL_HOLD_S = 60.0  # a node that was full is not dialled again for this long
 LINKED_HOLD_S = 3600.0  # an address linked is not dialled again while the link is up
 DUPLICATE_HOLD_S = 30.0  # an address whose link lost to a simultaneous dial
 REFUSED_HOLD_S = 300.0  # an address that refused us as revoked or not a member
+# an address only claimed by a linked node is checked once (a probe) per LINKED_HOLD_S
 
 
 class Dialer:
@@ -209,10 +210,13 @@ class Dialer:
             return ws
         finally:
             self._referrals -= full
+        # the hello's url is a claim: it is checked by our own dial (a probe) before it counts
         entry = self.book.add(peer.url, node=peer.node, source="inbound") if peer.url else None
+        if entry is not None and entry.verified and entry.node != peer.node:
+            entry = None  # another node's address, as our own dial found
         link = self._link(peer, ws, False, entry.url if entry is not None else None)
         if self.admit(link):
-            if entry is not None:
+            if entry is not None and entry.verified:
                 # linked, so worth sharing with other peers; not dialled while the link is up
                 self.book.succeeded(entry.url, peer.node, now_ms())
                 self.book.hold(entry.url, time.monotonic(), LINKED_HOLD_S)
@@ -248,17 +252,41 @@ class Dialer:
             self.book.hold(url, time.monotonic(), DUPLICATE_HOLD_S)
             await ws.close()
 
-    async def _open(self, url: str) -> tuple[aiohttp.ClientWebSocketResponse, PeerInfo] | None:
+    async def probe(self, url: str) -> None:
+        """Check which node answers at ``url``, an address a linked node only claimed:
+        the handshake up to the answer's signed hello, no link (the link that is up stays
+        as it is). The node found is recorded there as verified; the address is not
+        probed again for :data:`LINKED_HOLD_S` while that node stays linked."""
+        if url in self.dialing:
+            return
+        self.dialing.add(url)
+        try:
+            opened = await self._open(url, probe=True)
+        finally:
+            self.dialing.discard(url)
+        if opened is None:
+            self.book.hold(url, time.monotonic(), LINKED_HOLD_S)
+            return
+        ws, peer = opened
+        await ws.close()
+        self.book.succeeded(url, peer.node, now_ms())
+        if peer.node in self.routes.links:
+            self.book.hold(url, time.monotonic(), LINKED_HOLD_S)
+
+    async def _open(
+        self, url: str, *, probe: bool = False
+    ) -> tuple[aiohttp.ClientWebSocketResponse, PeerInfo] | None:
         """Connect, upgrade and shake hands with ``url``, all within ``dial_timeout_s``
         (a peer that takes the TCP connection and never answers must not hold a dial
-        slot forever); None when that failed (and the address book knows)."""
+        slot forever); None when that failed (and the address book knows). Only a
+        verified NodeID is expected there."""
         assert self._http is not None
         address = self.book.addresses.get(url)
-        expect = address.node if address is not None else None
+        expect = address.expect if address is not None else None
         target = self.dial_url(url)
         try:
             async with asyncio.timeout(self.dial_timeout_s):
-                return await self._connect_peer(self._http, target, expect)
+                return await self._connect_peer(self._http, target, expect, probe=probe)
         except WireError as exc:
             self._failed(url, exc)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
@@ -267,7 +295,12 @@ class Dialer:
         return None
 
     async def _connect_peer(
-        self, http: aiohttp.ClientSession, target: str, expect: str | None
+        self,
+        http: aiohttp.ClientSession,
+        target: str,
+        expect: str | None,
+        *,
+        probe: bool = False,
     ) -> tuple[aiohttp.ClientWebSocketResponse, PeerInfo]:
         """The peer-link upgrade at ``target`` and the signed handshake (with ``expect``
         when the node is known); the socket is closed when anything fails.
@@ -292,7 +325,7 @@ class Dialer:
             if cert_node is not None and expect is not None and cert_node != expect:
                 raise InvalidSignature(f"{target} presented the certificate of {cert_node}")
             handshake = self._handshake(outbound=True, expect=expect)
-            peer = await run_handshake(ws, handshake, now_ms, self.link_errors)
+            peer = await run_handshake(ws, handshake, now_ms, self.link_errors, probe=probe)
             if cert_node is not None and cert_node != peer.node:
                 raise InvalidSignature("the TLS certificate and the signed hello disagree")
         except BaseException:
@@ -334,8 +367,13 @@ class Dialer:
         room = self.config.max_links - len(self.routes) - len(self.dialing)
         if room <= 0:
             return
-        for address in self.book.due(time.monotonic(), set(self.routes.links))[:room]:
-            if address.url not in self.dialing:
+        linked = set(self.routes.links)
+        for address in self.book.due(time.monotonic(), linked)[:room]:
+            if address.url in self.dialing:
+                continue
+            if address.node in linked:  # only claimed by a linked node: check, do not link
+                self.spawn(self.probe(address.url), f"probe-{address.url}")
+            else:
                 self.spawn(self.dial(address.url), f"dial-{address.url}")
 
     def _failed(self, url: str, error: WireError | None) -> None:

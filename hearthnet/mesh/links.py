@@ -127,8 +127,12 @@ async def run_handshake(
     handshake: Handshake,
     now_ms: Callable[[], int],
     errors: LinkErrors = _UNCOUNTED,
+    *,
+    probe: bool = False,
 ) -> PeerInfo:
-    """Exchange hellos until the link may go up.
+    """Exchange hellos until the link may go up. With ``probe`` (outbound only) the dialer
+    checks which node answers (its signed hello echoing our nonce) and does not send its
+    last hello, so no link comes up at the other end.
 
     Raises:
         WireError: the peer was refused (after a ``bye`` with the reason where possible),
@@ -144,7 +148,7 @@ async def run_handshake(
                 if data is None:
                     raise Unavailable("the peer closed during the handshake")
                 reply = handshake.receive(decode_frame(data), now_ms())
-                if reply is not None:
+                if reply is not None and not (probe and handshake.done):
                     await ws.send_bytes(reply)
     except TimeoutError as exc:
         raise Unavailable("peer handshake timed out") from exc

@@ -169,10 +169,14 @@ class LinkTraffic:
         """Tell the other linked peers where the newly linked ``link`` can be dialled
         (spec §7.1 peer exchange). :meth:`greet` shares only what we knew when a link
         came up: without this, a node that links to us later stays unknown to peers
-        already linked, and a peer that can only dial out (behind NAT) never links it."""
+        already linked, and a peer that can only dial out (behind NAT) never links it.
+        An address only claimed by the peer (its inbound hello's ``url``) goes without a
+        NodeID, so whoever dials it records the node that answers there."""
         if address is None:
             return
-        frame = Peers(({"url": address, "node": link.node},)).encode()
+        verified = self.book.verified_node(address) == link.node
+        entry = {"url": address, "node": link.node} if verified else {"url": address}
+        frame = Peers((entry,)).encode()
         for other in list(self.routes.links.values()):
             if other.node != link.node:
                 other.send_raw(frame)

@@ -64,8 +64,11 @@ class RawPeer:
 
 
 @contextlib.asynccontextmanager
-async def raw_peer(node: Node, seed: bytes = b"\x72" * 32) -> AsyncIterator[RawPeer]:
-    """Add a new member to ``node``'s community and link it to ``node``."""
+async def raw_peer(
+    node: Node, seed: bytes = b"\x72" * 32, url: str | None = None
+) -> AsyncIterator[RawPeer]:
+    """Add a new member to ``node``'s community and link it to ``node`` (its hello
+    carrying ``url``, when given)."""
     keys = KeyPair.from_seed(seed)
     node.add_member(keys.node_id)
     async with aiohttp.ClientSession() as http:
@@ -73,7 +76,7 @@ async def raw_peer(node: Node, seed: bytes = b"\x72" * 32) -> AsyncIterator[RawP
             node.url + "/mesh/v1/peer", protocols=(SUBPROTOCOL,), max_msg_size=MAX_FRAME_BYTES
         )
         try:
-            handshake = Handshake(keys, node.membership, True, now_ms(), name="raw")
+            handshake = Handshake(keys, node.membership, True, now_ms(), name="raw", url=url)
             await run_handshake(ws, handshake, now_ms)
             peer = RawPeer(keys, ws)
             reader = asyncio.get_running_loop().create_task(peer.read())

@@ -101,3 +101,55 @@ def test_known_peers_lists_a_node_once_whatever_its_addresses() -> None:
             "last_ok_ms": None,
         },
     ] == sorted(rows, key=lambda r: r["url"], reverse=True)
+
+
+MALLORY = KeyPair.from_seed(b"\x73" * 32).node_id
+
+
+def test_a_claim_never_overwrites_what_our_own_dial_found() -> None:
+    """An inbound hello's url or an exchanged entry naming another node leaves a verified
+    address as our dial found it, expected on the next dial and shared as it is."""
+    book = PeerBook()
+    book.add("http://10.0.0.2:7080")
+    book.succeeded("http://10.0.0.2:7080", PEER, 42)
+    book.add("http://10.0.0.2:7080", node=MALLORY, source="inbound")
+    book.learn_exchanged([{"url": "http://10.0.0.2:7080", "node": MALLORY}], "me")
+    entry = book.addresses["http://10.0.0.2:7080"]
+    assert (PEER, PEER, [{"url": "http://10.0.0.2:7080", "node": PEER}]) == (
+        entry.node,
+        entry.expect,
+        book.urls_for_exchange(),
+    )
+
+
+def test_a_claim_is_dialled_expecting_nobody_and_not_shared() -> None:
+    """A claimed address is due even while its claimant is linked, is dialled expecting
+    no node, and is not shared until our own dial records who answers there."""
+    book = PeerBook()
+    book.add("http://10.0.0.2:7080", node=MALLORY, source="inbound")
+    book.learn_exchanged([{"url": "http://10.0.0.3:7080", "node": MALLORY}], "me")
+    before = (
+        sorted(a.url for a in book.due(0.0, {MALLORY})),
+        book.addresses["http://10.0.0.2:7080"].expect,
+        book.urls_for_exchange(),
+    )
+    book.succeeded("http://10.0.0.2:7080", PEER, 42)
+    after = ([a.url for a in book.due(0.0, {PEER})], book.urls_for_exchange())
+    assert (
+        (["http://10.0.0.2:7080", "http://10.0.0.3:7080"], None, []),
+        (["http://10.0.0.3:7080"], [{"url": "http://10.0.0.2:7080", "node": PEER}]),
+    ) == (before, after)
+
+
+def test_only_verified_addresses_are_saved_as_verified(tmp_path: Path) -> None:
+    """After a restart a claim is still a claim and a verified address still verified."""
+    book = PeerBook(tmp_path / "peers.json")
+    book.add("http://10.0.0.2:7080", node=MALLORY, source="inbound")
+    book.succeeded("http://10.0.0.3:7080", PEER, 42)
+    book.save()
+    again = PeerBook(tmp_path / "peers.json")
+    again.load()
+    assert (None, PEER) == (
+        again.addresses["http://10.0.0.2:7080"].expect,
+        again.addresses["http://10.0.0.3:7080"].expect,
+    )

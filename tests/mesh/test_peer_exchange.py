@@ -8,6 +8,7 @@ import dataclasses
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
 from tests.helpers import wait_until
+from tests.mesh.rawpeer import raw_peer
 from tests.mesh.test_relaying import UNDIALLABLE, one_community
 
 
@@ -27,3 +28,21 @@ async def test_a_node_that_only_dials_out_links_to_a_later_peer(make_config: Mak
                 link = a.mesh.links[c.keys.node_id]
                 outbound = link.outbound
     assert True is outbound
+
+
+async def test_a_member_claiming_anothers_url_changes_nothing(make_config: MakeConfig) -> None:
+    """M links to C claiming B's URL: C checks that URL, links to B there and shares it as
+    B's only; B's check of C's URL leaves their link as it was."""
+    configs = [make_config(mesh={"dial_interval_s": 0.1}) for _ in range(2)]
+    one_community(configs)
+    async with Node(configs[0]) as c, Node(configs[1]) as b, raw_peer(c, url=b.url) as m:
+        await wait_until(lambda: b.keys.node_id in c.mesh.links, 10, "c linked to b")
+        link = c.mesh.links[b.keys.node_id]
+        await wait_until(lambda: b.mesh.book.verified_node(c.url) is not None, 10, "b checked")
+        same_link = c.mesh.links.get(b.keys.node_id) is link
+        claimed = [e for f in m.received("peers") for e in f["peers"] if e.get("url") == b.url]
+        shared = c.mesh.book.urls_for_exchange()
+        m_linked = m.node in c.mesh.links
+    assert (True, True, c.keys.node_id) == (same_link, m_linked, b.mesh.book.verified_node(c.url))
+    assert [{"url": b.url, "node": b.keys.node_id}] == [e for e in shared if e["url"] == b.url]
+    assert [] == [e for e in claimed if e.get("node") == m.node]
