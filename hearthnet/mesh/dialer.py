@@ -65,7 +65,9 @@ FULL_HOLD_S = 60.0  # a node that was full is not dialled again for this long
 LINKED_HOLD_S = 3600.0  # an address linked is not dialled again while the link is up
 DUPLICATE_HOLD_S = 30.0  # an address whose link lost to a simultaneous dial
 REFUSED_HOLD_S = 300.0  # an address that refused us as revoked or not a member
-# an address only claimed by a linked node is checked once (a probe) per LINKED_HOLD_S
+# an address only claimed by a linked node is checked once (a probe) per LINKED_HOLD_S,
+# at most this many at once (probes bring up no link, so the link budget does not bound them)
+MAX_PROBES = 4
 
 
 class Dialer:
@@ -121,6 +123,7 @@ class Dialer:
         self.url = ""  # ours, sent in the hello (set when the node listens)
         self.dial_timeout_s = HANDSHAKE_TIMEOUT_S  # connect, upgrade and handshake, in all
         self.dialing: set[str] = set()
+        self.probing: set[str] = set()  # addresses being probed (see probe)
         self._referrals = 0  # handshakes in flight with members we are too full to link
         self._tls_client = client_context() if tls_mode != "off" else None
         self._http: aiohttp.ClientSession | None = None
@@ -257,13 +260,13 @@ class Dialer:
         the handshake up to the answer's signed hello, no link (the link that is up stays
         as it is). The node found is recorded there as verified; the address is not
         probed again for :data:`LINKED_HOLD_S` while that node stays linked."""
-        if url in self.dialing:
+        if url in self.dialing or url in self.probing:
             return
-        self.dialing.add(url)
+        self.probing.add(url)
         try:
             opened = await self._open(url, probe=True)
         finally:
-            self.dialing.discard(url)
+            self.probing.discard(url)
         if opened is None:
             self.book.hold(url, time.monotonic(), LINKED_HOLD_S)
             return
@@ -363,18 +366,20 @@ class Dialer:
             return True
 
     def dial_tick(self) -> None:
-        """Dial the addresses that are due, up to the link budget (spec §7.2: D links)."""
-        room = self.config.max_links - len(self.routes) - len(self.dialing)
-        if room <= 0:
-            return
+        """Dial the addresses that are due, up to the link budget (spec §7.2: D links);
+        probe those only claimed by a linked node, up to :data:`MAX_PROBES` at once."""
         linked = set(self.routes.links)
-        for address in self.book.due(time.monotonic(), linked)[:room]:
-            if address.url in self.dialing:
-                continue
-            if address.node in linked:  # only claimed by a linked node: check, do not link
-                self.spawn(self.probe(address.url), f"probe-{address.url}")
-            else:
-                self.spawn(self.dial(address.url), f"dial-{address.url}")
+        due = [
+            a
+            for a in self.book.due(time.monotonic(), linked)
+            if a.url not in self.dialing and a.url not in self.probing
+        ]
+        claimed = [a for a in due if a.node in linked]  # check them, do not link
+        for address in claimed[: max(MAX_PROBES - len(self.probing), 0)]:
+            self.spawn(self.probe(address.url), f"probe-{address.url}")
+        room = self.config.max_links - len(self.routes) - len(self.dialing)
+        for address in [a for a in due if a.node not in linked][: max(room, 0)]:
+            self.spawn(self.dial(address.url), f"dial-{address.url}")
 
     def _failed(self, url: str, error: WireError | None) -> None:
         self.book.failed(url, time.monotonic())
