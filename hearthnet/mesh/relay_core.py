@@ -223,6 +223,8 @@ class RelayCore:
         self.is_served = is_served
         self.config = config or RelayConfig()
         self._links: dict[LinkId, tuple[str, str]] = {}  # link -> (peer, observed address)
+        # spec §11: one Forward per link up, returned for every frame passed on to it
+        self._forwards: dict[LinkId, Forward] = {}
         self._members: dict[str, _Member] = {}
         self._member_links: dict[LinkId, str] = {}
         self._federated: dict[LinkId, _Federated] = {}
@@ -258,6 +260,7 @@ class RelayCore:
     def link_down(self, link: LinkId, now: float) -> list[Action]:
         """A peer link is gone: its member detaches, its routes are forgotten."""
         self._links.pop(link, None)
+        self._forwards.pop(link, None)
         node = self._member_links.pop(link, None)
         if node is not None:
             self._members.pop(node, None)
@@ -378,7 +381,10 @@ class RelayCore:
         count = self._count
         count.forwarded += 1
         count.forwarded_bytes += route.size
-        return [Forward(target)]
+        forward = self._forwards.get(target)
+        if forward is None:
+            forward = self._forwards[target] = Forward(target)
+        return [forward]
 
     def _next_link(self, to: str, came_from: LinkId) -> LinkId | None:
         if not self.is_served(to):

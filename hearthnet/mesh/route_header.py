@@ -111,7 +111,15 @@ def read_header(data: bytes) -> RouteHeader:
         raise BadRequest("route.length does not match the frame")
     if size > MAX_INNER_BYTES:
         raise BadRequest(f"route.inner must be a byte string of at most {MAX_INNER_BYTES} bytes")
-    return RouteHeader(_node(to), _node(from_), ttl, id_, flags == FLAG_CONTROL, size)
+    nodes = _NODE_IDS
+    return RouteHeader(
+        nodes.get(to) or _node(to),
+        nodes.get(from_) or _node(from_),
+        ttl,
+        id_,
+        flags == FLAG_CONTROL,
+        size,
+    )
 
 
 def parse_route(data: bytes) -> Route:
