@@ -86,6 +86,7 @@ from hearthnet.mesh.route_header import (
     TO_AT,
     encode_route,
     parse_route,
+    read_header,
     v1_bytes,
 )
 from hearthnet.metrics import MetricsRegistry
@@ -340,6 +341,7 @@ class Relaying:
         elif self.relay is not None and not is_relayed(link):
             self.relay.forward(link, data, time.monotonic())
         else:
+            read_header(data)  # a malformed frame raises; a well-formed one is counted
             self.counts["misdelivered"] += 1
 
     def on_frame(self, link: PeerLink, raw: dict[str, Any]) -> bool:
