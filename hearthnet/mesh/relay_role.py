@@ -166,7 +166,7 @@ class RelayRole:
             target = action.link
             assert isinstance(target, PeerLink)
             if isinstance(action, Forward) and target.binary_routes:
-                target.send_raw(passed_on(data, head))
+                target.enqueue(passed_on(data, head))
             elif isinstance(action, Forward):  # a v1 peer takes the CBOR map (spec §8)
                 route = parse_route(data)
                 self._carry_out([Send(target, replace(route, ttl_hops=route.ttl_hops - 1))])
@@ -215,10 +215,10 @@ class RelayRole:
                 if not isinstance(frame, Route):
                     link.send_raw(frame.encode())
                 elif link.binary_routes:
-                    link.send_raw(encode_route(frame))
+                    link.enqueue(encode_route(frame))
                 else:  # spec §8 mixed versions: a hearthnet-peer.v1 peer takes the CBOR map
                     self.v1_routes["out"] += 1
-                    link.send_raw(v1_bytes(frame))
+                    link.enqueue(v1_bytes(frame))
             elif isinstance(action, Forward):
                 raise AssertionError("a Forward comes only from RelayCore.route")
             elif isinstance(action, Refuse):

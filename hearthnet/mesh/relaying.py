@@ -46,6 +46,7 @@ from hearthnet.errors import HearthNetError, Unavailable, WireError
 from hearthnet.identity import KeyPair
 from hearthnet.ids import public_key_from_node_id
 from hearthnet.membership import Membership
+from hearthnet.mesh import route_header as wire
 from hearthnet.mesh.addresses import PeerBook, normalize_url
 from hearthnet.mesh.links import LinkErrors, PeerLink
 from hearthnet.mesh.pacing import Budget
@@ -81,14 +82,6 @@ from hearthnet.mesh.relay_keepalive import KeepaliveConfig
 from hearthnet.mesh.relay_member import EndpointConfig, RelayEndpoint
 from hearthnet.mesh.relay_role import MAX_PENDING_JOINS, RelayRole
 from hearthnet.mesh.relayed_link import REPLACED_BY_DIRECT, RelayedLink, is_relayed
-from hearthnet.mesh.route_header import (
-    FROM_AT,
-    TO_AT,
-    encode_route,
-    parse_route,
-    read_header,
-    v1_bytes,
-)
 from hearthnet.metrics import MetricsRegistry
 
 log = logging.getLogger("hearthnet.mesh.relaying")
@@ -336,12 +329,12 @@ class Relaying:
         Raises:
             BadRequest: malformed (the link logs it and goes on).
         """
-        if data[TO_AT:FROM_AT] == self._own_key:
-            self._unwrap(link, parse_route(data))
+        if data[wire.TO_AT : wire.FROM_AT] == self._own_key:
+            self._unwrap(link, wire.parse_route(data))
         elif self.relay is not None and not is_relayed(link):
             self.relay.forward(link, data, time.monotonic())
         else:
-            read_header(data)  # a malformed frame raises; a well-formed one is counted
+            wire.read_header(data)  # a malformed frame raises; a well-formed one is counted
             self.counts["misdelivered"] += 1
 
     def on_frame(self, link: PeerLink, raw: dict[str, Any]) -> bool:
@@ -526,7 +519,8 @@ class Relaying:
             return
         self.counts["frames_out"] += 1
         self.counts["bytes_out"] += len(route.inner)
-        link.send_raw(encode_route(route) if link.binary_routes else v1_bytes(route))
+        # enqueue: a route is a third node's, never in this link's sequence (path_switch.py)
+        link.enqueue(wire.encode_route(route) if link.binary_routes else wire.v1_bytes(route))
 
     def _unwrap(self, link: PeerLink, route: Route) -> None:
         if self.endpoint is None or self.paths is None:
