@@ -165,7 +165,7 @@ class Dialer:
             address=address,
             errors=self.link_errors,
             on_binary=self.on_binary,
-            binary_routes=v2,
+            v2=v2,
         )
 
     async def accept(self, request: web.Request) -> web.StreamResponse:

@@ -208,7 +208,7 @@ class PeerLink:
         address: str | None = None,
         errors: LinkErrors = _UNCOUNTED,
         on_binary: BinaryHandler | None = None,
-        binary_routes: bool = False,
+        v2: bool = False,
     ) -> None:
         self.peer = peer
         self.errors = errors
@@ -217,8 +217,9 @@ class PeerLink:
         self.address = address
         self.on_frame = on_frame
         self.on_binary = on_binary
-        # the link speaks hearthnet-peer.v2: route frames go in the binary form (spec §8)
-        self.binary_routes = binary_routes
+        # the link speaks hearthnet-peer.v2 (protocol.py): route frames go in the binary
+        # form, and frames newer than v1 (budget) may be sent; a v1 peer refuses them
+        self.v2 = v2
         self.on_down = on_down
         self.state = LinkState.HANDSHAKING
         self._queue: deque[bytes] = deque()

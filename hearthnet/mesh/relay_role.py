@@ -21,6 +21,7 @@ from dataclasses import replace
 from hearthnet.errors import RateLimited, Unavailable
 from hearthnet.mesh.addresses import PeerBook
 from hearthnet.mesh.links import PeerLink
+from hearthnet.mesh.pacing import Budget
 from hearthnet.mesh.relay_core import Action, Forward, Refuse, RelayCore, Send
 from hearthnet.mesh.relay_frames import Detach, JoinAnswer, JoinVia, RelayFrame, Route
 from hearthnet.mesh.route_header import (
@@ -165,7 +166,7 @@ class RelayRole:
         for action in self.core.route(link, head, now):
             target = action.link
             assert isinstance(target, PeerLink)
-            if isinstance(action, Forward) and target.binary_routes:
+            if isinstance(action, Forward) and target.v2:
                 target.enqueue(passed_on(data, head))
             elif isinstance(action, Forward):  # a v1 peer takes the CBOR map (spec §8)
                 route = parse_route(data)
@@ -212,9 +213,11 @@ class RelayRole:
             assert isinstance(link, PeerLink)
             if isinstance(action, Send):
                 frame = action.frame
+                if isinstance(frame, Budget) and not link.v2:
+                    continue  # a v1 member drops the link on a kind it does not know
                 if not isinstance(frame, Route):
                     link.send_raw(frame.encode())
-                elif link.binary_routes:
+                elif link.v2:
                     link.enqueue(encode_route(frame))
                 else:  # spec §8 mixed versions: a hearthnet-peer.v1 peer takes the CBOR map
                     self.v1_routes["out"] += 1

@@ -520,7 +520,7 @@ class Relaying:
         self.counts["frames_out"] += 1
         self.counts["bytes_out"] += len(route.inner)
         # enqueue: a route is a third node's, never in this link's sequence (path_switch.py)
-        link.enqueue(wire.encode_route(route) if link.binary_routes else wire.v1_bytes(route))
+        link.enqueue(wire.encode_route(route) if link.v2 else wire.v1_bytes(route))
 
     def _unwrap(self, link: PeerLink, route: Route) -> None:
         if self.endpoint is None or self.paths is None:

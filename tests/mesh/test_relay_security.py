@@ -108,8 +108,8 @@ async def test_a_v1_member_gets_cbor_route_frames_and_a_hello_it_can_read(
     make_config: MakeConfig,
 ) -> None:
     """Mixed versions (spec §8): a member on hearthnet-peer.v1 gets route frames as CBOR
-    maps without control, and the relay's hello leaves relay: true out for it; a member on
-    v2 gets the binary form and sees the relay flag. Both forms are counted."""
+    maps without control, no budget frame, and a relay hello without relay: true; a member
+    on v2 gets the binary form, a budget and the relay flag. Both forms are counted."""
     new_keys, old_keys = KeyPair.from_seed(b"\x54" * 32), KeyPair.from_seed(b"\x55" * 32)
     async with Node(make_config(mesh={"relay": True})) as relay:
         assert relay.mesh.relaying.relay is not None
@@ -127,7 +127,9 @@ async def test_a_v1_member_gets_cbor_route_frames_and_a_hello_it_can_read(
             forms = [p.binary[p.frames.index(f)] for p, f in ((old, at_old), (new, at_new))]
             hellos = [p.hello is not None and p.hello.relay for p in (new, old)]
             counted = dict(relay.mesh.relaying.relay.v1_routes)
+            budgets = [bool(p.received("budget")) for p in (new, old)]  # v1 does not know it
     assert (
+        [True, False],
         {
             "t": "route",
             "to": old.node,
@@ -140,7 +142,7 @@ async def test_a_v1_member_gets_cbor_route_frames_and_a_hello_it_can_read(
         [False, True],
         [True, False],
         {"in": 1, "out": 1},
-    ) == (at_old, parse_frame(at_new), forms, hellos, counted)
+    ) == (budgets, at_old, parse_frame(at_new), forms, hellos, counted)
 
 
 Answer = dict[str, Any]
