@@ -145,6 +145,36 @@ async def test_a_v1_member_gets_cbor_route_frames_and_a_hello_it_can_read(
     ) == (budgets, at_old, parse_frame(at_new), forms, hellos, counted)
 
 
+async def test_a_relay_dialling_a_v1_node_sends_a_hello_it_can_read(
+    make_config: MakeConfig,
+) -> None:
+    """A node that accepts only hearthnet-peer.v1 gets the relay's hello without relay:
+    true (older nodes refuse a field they do not know)."""
+    hellos: list[tuple[str | None, dict[str, Any]]] = []
+
+    async def v1_only(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(protocols=(SUBPROTOCOL_V1,))
+        await ws.prepare(request)
+        msg = await ws.receive()
+        hellos.append((ws.ws_protocol, decode_frame(msg.data)))
+        await ws.close()
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/mesh/v1/peer", v1_only)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        async with Node(make_config(mesh={"relay": True, "peers": [url]})):
+            await wait_until(lambda: bool(hellos), 10, "the relay's hello")
+    finally:
+        await runner.cleanup()
+    assert [(SUBPROTOCOL_V1, "hello", False)] == [(p, h["t"], "relay" in h) for p, h in hellos]
+
+
 Answer = dict[str, Any]
 
 
