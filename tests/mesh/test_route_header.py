@@ -114,6 +114,7 @@ GOOD = encode_route(Route(B, A, 4, 7, b"x" * 10))
         (GOOD[:-1], "route.length"),
         (_with(GOOD, 77, (11).to_bytes(4, "big")), "route.length"),
     ],
+    ids=["short", "layout", "kind", "flags", "ttl", "id", "longer", "shorter", "length"],
 )
 def test_a_malformed_header_is_refused_naming_the_field(data: bytes, message: str) -> None:
     """Each field out of range is bad_request naming it."""
