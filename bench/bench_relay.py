@@ -10,9 +10,10 @@ On each pair: (a) signed ``echo@1.0`` calls A→B pinned with ``X-HearthNet-Targ
 concurrency 1 and 16 (p50/p99, calls/s); (b) publishes on A delivered to N subscribers
 on B (deliveries/s). Then (c) the relay's CPU per forwarded frame: its process CPU from
 /proc over the route frames it forwarded (``hearthnet_relay_forwarded_frames``), its idle
-CPU subtracted, beside the in-process cost of the relay core's per-frame path (decode,
-core, encode); and (d) failover: the relay in use is killed with -9 and the time until a
-call, and a publish, from A' reach B' again. Ratios relayed/direct are from this run.
+CPU subtracted, beside the in-process cost of the relay core's per-frame path (route
+header, core, the bytes passed on); and (d) failover: the relay in use is killed with -9
+and the time until a call, and a publish, from A' reach B' again. Ratios relayed/direct
+are from this run.
 
 Every node is started on loopback and stopped by PID; every loop is bounded by count and
 time.
@@ -43,9 +44,9 @@ from bench.servers import free_port
 from hearthnet.client import Client
 from hearthnet.errors import HearthNetError
 from hearthnet.identity import KeyPair, load_or_create_keys
-from hearthnet.mesh.protocol import decode_frame
 from hearthnet.mesh.relay_core import RelayConfig, RelayCore
-from hearthnet.mesh.relay_frames import Attach, HopEncoder, Route, parse_frame
+from hearthnet.mesh.relay_frames import Attach, Route
+from hearthnet.mesh.route_header import encode_route, passed_on, read_header
 from hearthnet.subscription import Delivery
 
 UNDIALLABLE = "http://127.0.0.1:9"  # the discard port: nothing listens there
@@ -255,20 +256,21 @@ async def pair(opts: argparse.Namespace, a: Client, target: str) -> dict[str, An
 
 
 def core_frame_us(repeat: int) -> dict[str, Any]:
-    """The relay's per-frame path in-process: the link's decode, parse, core, and the
-    forwarded frame's bytes (the received ones with ``ttl_hops`` patched)."""
+    """The relay's per-frame path in-process: the binary route header read, the core's
+    decision, and the forwarded frame's bytes (the received ones with ``ttl_hops``
+    patched); the end-to-end frame behind the header is never decoded."""
     a, b = KeyPair.generate().node_id, KeyPair.generate().node_id
     unbounded = RelayConfig(member_bytes_per_s=1 << 40, capacity_bytes_per_s=1 << 40)
     core = RelayCore("relay", lambda _n: True, unbounded)
     for link, node in (("la", a), ("lb", b)):
         core.link_up(link, node, "127.0.0.1:1", 0.0)
         core.receive(link, Attach(), 0.0)
-    raws = [Route(b, a, 4, i, b"s" * 300).encode() for i in range(repeat)]
-    hops = HopEncoder()
+    raws = [encode_route(Route(b, a, 4, i, b"s" * 300)) for i in range(repeat)]
     start = time.perf_counter()
     for i, raw in enumerate(raws):
-        for action in core.receive("la", parse_frame(decode_frame(raw)), i * 1e-6):
-            hops.encode(raw, action.frame)  # type: ignore[union-attr,arg-type]
+        head = read_header(raw)
+        for _action in core.route("la", head, i * 1e-6):
+            passed_on(raw, head)
     total = time.perf_counter() - start
     return {
         "frames": repeat,

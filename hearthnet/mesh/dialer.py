@@ -38,6 +38,7 @@ from hearthnet.membership import Membership
 from hearthnet.mesh.addresses import PeerBook
 from hearthnet.mesh.links import (
     HANDSHAKE_TIMEOUT_S,
+    BinaryHandler,
     FrameHandler,
     LinkErrors,
     PeerLink,
@@ -49,6 +50,7 @@ from hearthnet.mesh.links import (
 from hearthnet.mesh.protocol import (
     MAX_FRAME_BYTES,
     SUBPROTOCOL,
+    SUBPROTOCOLS,
     Handshake,
     LinkToSelf,
     PeerInfo,
@@ -104,6 +106,7 @@ class Dialer:
         admit: Callable[[PeerLink], bool],
         on_frame: FrameHandler,
         on_down: Callable[[PeerLink, str], None],
+        on_binary: BinaryHandler | None = None,
     ) -> None:
         if tls_mode not in ("auto", "on", "off"):
             raise ConfigError("node.tls is auto, on or off")
@@ -119,6 +122,7 @@ class Dialer:
         self.spawn = spawn
         self.admit = admit
         self.on_frame = on_frame
+        self.on_binary = on_binary
         self.on_down = on_down
         self.url = ""  # ours, sent in the hello (set when the node listens)
         self.dial_timeout_s = HANDSHAKE_TIMEOUT_S  # connect, upgrade and handshake, in all
@@ -139,7 +143,7 @@ class Dialer:
         finally:
             await self._http.close()
 
-    def _handshake(self, *, outbound: bool, expect: str | None = None) -> Handshake:
+    def _handshake(self, *, outbound: bool, v2: bool, expect: str | None = None) -> Handshake:
         return Handshake(
             self.keys,
             self.membership,
@@ -149,11 +153,12 @@ class Dialer:
             url=self.url,
             version=__version__,
             expect=expect,
-            relay=self.config.relay,
+            # a v1 peer may be from before the relay field and refuse the hello
+            relay=self.config.relay and v2,
         )
 
     def _link(
-        self, peer: PeerInfo, ws: WebSocketLike, outbound: bool, address: str | None
+        self, peer: PeerInfo, ws: WebSocketLike, outbound: bool, address: str | None, v2: bool
     ) -> PeerLink:
         return PeerLink(
             peer,
@@ -163,16 +168,19 @@ class Dialer:
             on_down=self.on_down,
             address=address,
             errors=self.link_errors,
+            on_binary=self.on_binary,
+            v2=v2,
         )
 
     async def accept(self, request: web.Request) -> web.StreamResponse:
         """``GET /mesh/v1/peer``: a peer dials us; the link runs until it ends."""
         offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
-        if SUBPROTOCOL not in offered:
+        if not set(SUBPROTOCOLS) & set(offered):
             self.refused.inc("subprotocol")
+            spoken = ", ".join(SUBPROTOCOLS)
             return error_response(
-                UpgradeRequired(f"peer links speak {SUBPROTOCOL}"),
-                headers={"Sec-WebSocket-Protocol": SUBPROTOCOL},
+                UpgradeRequired(f"peer links speak {spoken}"),
+                headers={"Sec-WebSocket-Protocol": spoken},
             )
         transport = request.transport
         over_tls = transport is not None and transport.get_extra_info("ssl_object") is not None
@@ -188,14 +196,15 @@ class Dialer:
                 Unavailable("this node has all the peer links it takes", retry_after_ms=5000)
             )
         ws = web.WebSocketResponse(
-            protocols=(SUBPROTOCOL,),
+            protocols=SUBPROTOCOLS,
             max_msg_size=MAX_FRAME_BYTES,
             compress=False,
             heartbeat=None,
             autoping=True,
         )
         await ws.prepare(request)
-        handshake = self._handshake(outbound=False)
+        v2 = ws.ws_protocol == SUBPROTOCOL  # the first the dialer offered that we speak
+        handshake = self._handshake(outbound=False, v2=v2)
         handshake.full = full
         self._referrals += full
         try:
@@ -217,7 +226,7 @@ class Dialer:
         entry = self.book.add(peer.url, node=peer.node, source="inbound") if peer.url else None
         if entry is not None and entry.verified and entry.node != peer.node:
             entry = None  # another node's address, as our own dial found
-        link = self._link(peer, ws, False, entry.url if entry is not None else None)
+        link = self._link(peer, ws, False, entry.url if entry is not None else None, v2)
         if self.admit(link):
             if entry is not None and entry.verified:
                 # linked, so worth sharing with other peers; not dialled while the link is up
@@ -247,7 +256,7 @@ class Dialer:
             self.book.hold(url, time.monotonic(), FULL_HOLD_S)
             log.info("%s is full; learnt addresses from it", url)
             return
-        link = self._link(peer, ws, True, url)
+        link = self._link(peer, ws, True, url, ws.protocol == SUBPROTOCOL)
         if self.admit(link):
             self.book.hold(url, time.monotonic(), LINKED_HOLD_S)
             await link.run()
@@ -315,7 +324,7 @@ class Dialer:
         tls = target.startswith("https:")
         ws = await http.ws_connect(
             target + "/mesh/v1/peer",
-            protocols=(SUBPROTOCOL,),
+            protocols=SUBPROTOCOLS,
             max_msg_size=MAX_FRAME_BYTES,
             autoping=True,
             heartbeat=None,
@@ -327,7 +336,8 @@ class Dialer:
             cert_node = peer_node_id(ws.get_extra_info("ssl_object")) if tls else None
             if cert_node is not None and expect is not None and cert_node != expect:
                 raise InvalidSignature(f"{target} presented the certificate of {cert_node}")
-            handshake = self._handshake(outbound=True, expect=expect)
+            v2 = ws.protocol == SUBPROTOCOL
+            handshake = self._handshake(outbound=True, v2=v2, expect=expect)
             peer = await run_handshake(ws, handshake, now_ms, self.link_errors, probe=probe)
             if cert_node is not None and cert_node != peer.node:
                 raise InvalidSignature("the TLS certificate and the signed hello disagree")
@@ -358,7 +368,7 @@ class Dialer:
             except (WireError, TimeoutError, aiohttp.ClientError, OSError) as exc:
                 log.info("punched dial of %s (%s) failed: %s", expect, addr, exc)
                 return False
-            link = self._link(peer, ws, True, None)
+            link = self._link(peer, ws, True, None, ws.protocol == SUBPROTOCOL)
             if not self.admit(link):
                 await ws.close()
                 return False

@@ -32,6 +32,7 @@ from hearthnet.mesh.protocol import (
     decode_frame,
     encode_frame,
 )
+from hearthnet.mesh.route_header import TAG_BYTE
 from hearthnet.mesh.wsbatch import BatchWriter
 from hearthnet.metrics import Counter, MetricsRegistry
 
@@ -193,6 +194,8 @@ async def receive_referral(ws: WebSocketLike, timeout_s: float = HANDSHAKE_TIMEO
 
 
 FrameHandler = Callable[["PeerLink", dict[str, Any]], None]
+# a binary frame (spec §8: a route frame's fixed header; hearthnet.mesh.route_header)
+BinaryHandler = Callable[["PeerLink", bytes], None]
 
 
 class PeerLink:
@@ -208,6 +211,8 @@ class PeerLink:
         on_down: Callable[[PeerLink, str], None],
         address: str | None = None,
         errors: LinkErrors = _UNCOUNTED,
+        on_binary: BinaryHandler | None = None,
+        v2: bool = False,
     ) -> None:
         self.peer = peer
         self.errors = errors
@@ -215,6 +220,10 @@ class PeerLink:
         self.outbound = outbound
         self.address = address
         self.on_frame = on_frame
+        self.on_binary = on_binary
+        # the link speaks hearthnet-peer.v2 (protocol.py): route frames go in the binary
+        # form, and frames newer than v1 (budget) may be sent; a v1 peer refuses them
+        self.v2 = v2
         self.on_down = on_down
         self.state = LinkState.HANDSHAKING
         self._queue: deque[bytes] = deque()
@@ -222,9 +231,6 @@ class PeerLink:
         self._wake = asyncio.Event()
         self.down_reason = ""
         self.refused_frames = 0  # well-formed frames refused for their values (spec §2.5)
-        # the bytes of the frame on_frame is handling, only while it runs (a relay passes
-        # a route frame on as these bytes with ttl_hops changed: spec §11)
-        self.frame_bytes = b""
         self.frames_in = 0  # frames read (a member's keepalive watches its relays' counts)
         # spec §8: while a relayed link's frames are still arriving, what is sent on the
         # direct link that replaced it continues their sequence (mesh/path_switch.py):
@@ -363,6 +369,17 @@ class PeerLink:
                 self.down_reason = self.down_reason or "peer closed"
                 return
             self.frames_in += 1
+            if data[:1] == TAG_BYTE and self.on_binary is not None:
+                # spec §11: a route frame is handled from its fixed header, never decoded
+                try:
+                    self.on_binary(self, data)
+                except HearthNetError as exc:
+                    peer = {"peer": self.node}
+                    log.warning("binary frame from %s refused: %s", self.node, exc, extra=peer)
+                except Exception:
+                    peer = {"peer": self.node}
+                    log.exception("handling a binary frame from %s failed", self.node, extra=peer)
+                continue
             try:
                 frame = decode_frame(data)
             except NotCanonical as exc:
@@ -377,7 +394,6 @@ class PeerLink:
             if frame["t"] == "bye":
                 self.down_reason = f"peer said bye: {str(frame.get('reason', ''))[:200]}"
                 return
-            self.frame_bytes = data
             try:
                 self.on_frame(self, frame)
             except HearthNetError as exc:
@@ -395,8 +411,6 @@ class PeerLink:
                     self.node,
                     extra={"peer": self.node},
                 )
-            finally:
-                self.frame_bytes = b""
 
 
 __all__ = ["MAX_FRAME_BYTES", "SUBPROTOCOL", "LinkErrors", "PeerLink", "run_handshake"]

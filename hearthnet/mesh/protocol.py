@@ -48,7 +48,13 @@ from hearthnet.membership import Membership
 from hearthnet.mesh.relay_frames import RELAY_FRAME_KINDS
 from hearthnet.shapes import Shape
 
-SUBPROTOCOL = "hearthnet-peer.v1"
+# spec §7.2, §8: v2 carries route frames in the binary form (mesh/route_header.py); v1
+# peers get them as CBOR maps, and no hello field or frame field newer than v1 (a v1 peer
+# may refuse it). A dialer offers both, newest first; the acceptor takes the first it
+# speaks, so the link's version is known before the hellos.
+SUBPROTOCOL = "hearthnet-peer.v2"
+SUBPROTOCOL_V1 = "hearthnet-peer.v1"
+SUBPROTOCOLS = (SUBPROTOCOL, SUBPROTOCOL_V1)
 MAX_FRAME_BYTES = 2 * 1024 * 1024
 CLOCK_WINDOW_MS = 60_000
 

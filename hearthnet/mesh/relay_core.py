@@ -1,10 +1,14 @@
 """The relay's pure core (spec §8): attached members, budgets, forwarding, federation.
 
 Feed it what happens on the relay's peer links (:meth:`RelayCore.link_up`,
-:meth:`~RelayCore.receive`, :meth:`~RelayCore.link_down`) and the clock
+:meth:`~RelayCore.receive`, :meth:`~RelayCore.route` for a route frame's header,
+:meth:`~RelayCore.link_down`) and the clock
 (:meth:`~RelayCore.tick`, every second or so); carry out the actions it returns:
 
 - :class:`Send` ``(link, frame)``: write ``frame.encode()`` on the link;
+- :class:`Forward` ``(link)`` (from :meth:`~RelayCore.route` only): write the route frame
+  just received on the link, ``ttl_hops`` one less (the received bytes, patched: spec
+  §11); :meth:`~RelayCore.receive` of a :class:`Route` returns that frame as a ``Send``;
 - :class:`Refuse` ``(link, code, retry_after_ms)``: the member's attachment is refused or
   ended; write ``detach {code, retry_after_ms}`` on the link (the peer link itself stays);
 - :class:`Close` ``(link)``: the peer broke the relay protocol; close the link.
@@ -46,7 +50,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hearthnet.mesh.frame_fields import MAX_INNER_BYTES
 from hearthnet.mesh.pacing import Budget
@@ -60,6 +64,7 @@ from hearthnet.mesh.relay_frames import (
     RouteError,
     RouteTable,
 )
+from hearthnet.mesh.route_header import RouteHeader, header_of
 
 LinkId = Hashable
 
@@ -99,6 +104,13 @@ class Send:
 
 
 @dataclass(frozen=True, slots=True)
+class Forward:
+    """Pass the route frame just received on to ``link``, ``ttl_hops`` one less."""
+
+    link: LinkId
+
+
+@dataclass(frozen=True, slots=True)
 class Refuse:
     """The attachment on ``link`` is refused or ended: send ``detach {code, retry_after_ms}``."""
 
@@ -115,7 +127,7 @@ class Close:
     reason: str
 
 
-Action = Send | Refuse | Close
+Action = Send | Forward | Refuse | Close
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +223,8 @@ class RelayCore:
         self.is_served = is_served
         self.config = config or RelayConfig()
         self._links: dict[LinkId, tuple[str, str]] = {}  # link -> (peer, observed address)
+        # spec §11: one Forward per link up, returned for every frame passed on to it
+        self._forwards: dict[LinkId, Forward] = {}
         self._members: dict[str, _Member] = {}
         self._member_links: dict[LinkId, str] = {}
         self._federated: dict[LinkId, _Federated] = {}
@@ -246,6 +260,7 @@ class RelayCore:
     def link_down(self, link: LinkId, now: float) -> list[Action]:
         """A peer link is gone: its member detaches, its routes are forgotten."""
         self._links.pop(link, None)
+        self._forwards.pop(link, None)
         node = self._member_links.pop(link, None)
         if node is not None:
             self._members.pop(node, None)
@@ -259,8 +274,13 @@ class RelayCore:
         """One relay frame that arrived on ``link``."""
         if link not in self._links:
             raise ValueError("receive on a link that is not up")
-        if isinstance(frame, Route):
-            return self._route(link, frame, now)
+        if isinstance(frame, Route):  # the CBOR map form: the hop is a new frame to send
+            return [
+                Send(a.link, replace(frame, ttl_hops=frame.ttl_hops - 1))
+                if isinstance(a, Forward)
+                else a
+                for a in self.route(link, header_of(frame), now)
+            ]
         if isinstance(frame, Attach):
             return self._attach(link, frame, now)
         if isinstance(frame, Detach):
@@ -315,13 +335,17 @@ class RelayCore:
         burst = max(1, int(member.bucket.rate * member.bucket.burst_s))
         return Send(member.link, Budget(max(1, int(member.bucket.rate)), burst))
 
-    def _route(self, link: LinkId, route: Route, now: float) -> list[Action]:
+    def route(self, link: LinkId, route: RouteHeader, now: float) -> list[Action]:
+        """A route frame that arrived on ``link``, by its header (the relay never reads
+        ``inner``, spec §8); a :class:`Forward` passes it on."""
+        if link not in self._links:
+            raise ValueError("route on a link that is not up")
         member_node = self._member_links.get(link)
         if member_node is not None:
             if route.from_ != member_node:
                 self._count.spoofed += 1
                 return [Close(link, "route.from is not the attached member")]
-            if len(route.inner) > self.config.max_inner:  # attached told it the limit
+            if route.size > self.config.max_inner:  # attached told it the limit
                 return [Close(link, "route.inner over the max_inner granted")]
         elif link in self._federated:
             # spec §8: a federated relay carries frames of the nodes behind it, no others;
@@ -350,14 +374,17 @@ class RelayCore:
                 return [
                     Send(link, RouteError(route.to, route.from_, route.id, "rate_limited", retry))
                 ]
-        self._seen[key] = None
-        if len(self._seen) > self.config.seen_cache:
-            self._seen.popitem(last=False)
-        self._count.forwarded += 1
-        self._count.forwarded_bytes += len(route.inner)
-        # spec §11: ≤ 5 µs per forwarded frame; dataclasses.replace costs as much as the rest
-        hop = Route(route.to, route.from_, route.ttl_hops - 1, route.id, route.inner, route.control)
-        return [Send(target, hop)]
+        seen = self._seen
+        seen[key] = None
+        if len(seen) > self.config.seen_cache:
+            seen.popitem(last=False)
+        count = self._count
+        count.forwarded += 1
+        count.forwarded_bytes += route.size
+        forward = self._forwards.get(target)
+        if forward is None:
+            forward = self._forwards[target] = Forward(target)
+        return [forward]
 
     def _next_link(self, to: str, came_from: LinkId) -> LinkId | None:
         if not self.is_served(to):
@@ -370,10 +397,10 @@ class RelayCore:
             return None
         return best[2]
 
-    def _charge(self, member: _Member, route: Route, now: float) -> float:
+    def _charge(self, member: _Member, route: RouteHeader, now: float) -> float:
         cfg = self.config
         if route.control:  # its own allowance: a member over its data budget stays linked
-            return member.control.admit(now, len(route.inner))
+            return member.control.admit(now, route.size)
         circuits = member.circuits
         if route.to not in circuits and len(circuits) >= cfg.member_streams:
             horizon = now - cfg.circuit_idle_s
@@ -386,7 +413,7 @@ class RelayCore:
             or member.last_sent < now - cfg.active_window_s
         ):
             self._rebalance(now, member)
-        wait = member.bucket.admit(now, len(route.inner))
+        wait = member.bucket.admit(now, route.size)
         if wait == 0:
             circuits[route.to] = now
             member.last_sent = now

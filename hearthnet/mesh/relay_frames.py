@@ -1,7 +1,10 @@
 """Relay frames (spec §8): typed, frozen, strictly parsed. Pure.
 
-Every frame is one CBOR map ``{"t": kind, ...}`` on a peer link (``hearthnet-peer.v1``),
-like the frames of :mod:`hearthnet.mesh.protocol`. Three layers::
+Every frame is one CBOR map ``{"t": kind, ...}`` on a peer link, like the frames of
+:mod:`hearthnet.mesh.protocol`, except ``route``: on a ``hearthnet-peer.v2`` link it goes
+in a binary form whose fixed header a relay reads without decoding the rest
+(:mod:`hearthnet.mesh.route_header`); :class:`Route` is the frame in either form, and its
+CBOR map is what ``hearthnet-peer.v1`` peers send and are sent. Three layers::
 
     peer link  member <-> relay, relay <-> relay (already authenticated by the hello)
       attach {ts?}                                  member asks to be relayed
@@ -215,9 +218,11 @@ class JoinAnswer(Frame):
 
 @dataclass(frozen=True, slots=True)
 class Route(Frame):
-    """A frame from ``from_`` to ``to`` through relays. ``inner`` is opaque to relays (the
-    bytes of an ``e2e_hello`` or ``sealed``); ``id`` is chosen by the sender and, with
-    ``from_``, keys the relays' seen-cache; ``ttl_hops`` is how many relays it may still pass.
+    """A frame from ``from_`` to ``to`` through relays (:meth:`encode`: the CBOR map;
+    :func:`~hearthnet.mesh.route_header.encode_route`: the binary form). ``inner`` is
+    opaque to relays (the bytes of an ``e2e_hello`` or ``sealed``); ``id`` is chosen by
+    the sender and, with ``from_``, keys the relays' seen-cache; ``ttl_hops`` is how many
+    relays it may still pass.
     ``control``: the sender says ``inner`` keeps the path alive (heartbeats, acks, session
     hellos), which a relay charges to a small allowance of its own, apart from the data
     budget (spec §8), so a member sending over budget keeps its links up.
@@ -265,64 +270,6 @@ class Route(Frame):
         if self.control:
             out["control"] = True
         return out
-
-
-_ROUTE_HEAD = b"\xa6\x61t\x65route\x62to"  # map of 6, "t": "route", "to"
-_FROM_KEY = b"\x64from"
-_TTL_KEY = b"\x68ttl_hops"
-
-
-MAX_ROUTE_HEADS = 4096  # (to, from) pairs whose route header a relay keeps for forwarding
-_ONE_BYTE = [bytes((i,)) for i in range(24)]
-
-
-def _cbor_text(value: str) -> bytes:
-    data = value.encode()
-    n = len(data)
-    if n < 24:
-        return bytes((0x60 | n,)) + data
-    if n < 256:
-        return bytes((0x78, n)) + data
-    return b""  # longer than a NodeID: never matches, the frame is encoded anew
-
-
-class HopEncoder:
-    """A relay's encoder for the route frames it passes on (spec §11: ≤ 5 µs per frame).
-
-    A forwarded frame differs from the one received only in ``ttl_hops``, so it is the
-    received bytes with that one byte changed, when they are laid out as
-    :meth:`Route.encode` lays them out (as every member's are); anything else is encoded
-    anew. The header up to ``ttl_hops`` is kept per ``(to, from)`` pair (bounded).
-    """
-
-    __slots__ = ("_heads",)
-
-    def __init__(self) -> None:
-        self._heads: dict[tuple[str, str], bytes] = {}
-
-    def encode(self, received: bytes, hop: Route) -> bytes:
-        """The bytes of ``hop``, parsed from ``received`` and one relay on (``ttl_hops``
-        one less).
-
-        Only the layout is checked (a map of six; ``t``, ``to``, ``from``, ``ttl_hops``
-        first, each as ``hop`` has it): ``hop`` was parsed from ``received``, so its other
-        two fields, ``id`` and ``inner``, hold ``hop``'s values.
-        """
-        ttl = hop.ttl_hops + 1
-        if ttl >= 24:  # beyond CBOR's one-byte integers
-            return hop.encode()
-        pair = (hop.to, hop.from_)
-        head = self._heads.get(pair)
-        if head is None:
-            if len(self._heads) >= MAX_ROUTE_HEADS:
-                self._heads.clear()
-            head = self._heads[pair] = b"".join(
-                (_ROUTE_HEAD, _cbor_text(hop.to), _FROM_KEY, _cbor_text(hop.from_), _TTL_KEY)
-            )
-        at = len(head)
-        if len(received) <= at or received[at] != ttl or not received.startswith(head):
-            return hop.encode()
-        return b"".join((head, _ONE_BYTE[hop.ttl_hops], received[at + 1 :]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,6 +118,8 @@ class RelayEndpoint:
         try:
             if route.to != self.keys.node_id:
                 raise BadRequest("a route frame for another node")
+            if route.from_ == route.to:  # a relay rewrote from: no session is with oneself
+                raise BadRequest("a route frame from this node to itself")
             if not self.is_member(route.from_):
                 raise Unauthorized("route from a node that is not a member")
             p = self._peer(route.from_)

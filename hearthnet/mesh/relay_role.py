@@ -16,18 +16,20 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 from hearthnet.errors import RateLimited, Unavailable
 from hearthnet.mesh.addresses import PeerBook
 from hearthnet.mesh.links import PeerLink
-from hearthnet.mesh.relay_core import Close, Refuse, RelayCore, Send
-from hearthnet.mesh.relay_frames import (
-    Detach,
-    HopEncoder,
-    JoinAnswer,
-    JoinVia,
-    RelayFrame,
-    Route,
+from hearthnet.mesh.pacing import Budget
+from hearthnet.mesh.relay_core import Action, Forward, Refuse, RelayCore, Send
+from hearthnet.mesh.relay_frames import Detach, JoinAnswer, JoinVia, RelayFrame, Route
+from hearthnet.mesh.route_header import (
+    encode_route,
+    parse_route,
+    passed_on,
+    read_header,
+    v1_bytes,
 )
 from hearthnet.metrics import MetricsRegistry
 
@@ -85,7 +87,8 @@ class RelayRole:
         self._joins: dict[int, tuple[str, asyncio.Future[bytes]]] = {}  # id -> (inviter, answer)
         self._join_ids = itertools.count(1)
         self.joins_forwarded = 0
-        self._hops = HopEncoder()
+        # route frames in the CBOR map form (peers on hearthnet-peer.v1), read and written
+        self.v1_routes = {"in": 0, "out": 0}
         self._register(metrics)
 
     async def forward_join(self, link: PeerLink, request: bytes) -> bytes:
@@ -145,12 +148,40 @@ class RelayRole:
         observed = _observed_addr(link)
         self._carry_out(self.core.link_up(link, link.node, observed, now, federated=True))
 
-    def receive(self, link: PeerLink, frame: RelayFrame, now: float) -> None:
-        """A relay frame off a direct link (the core learns of the link first)."""
+    def _serve(self, link: PeerLink, now: float) -> None:
+        """The core learns of a direct link with its first relay frame."""
+        self._served.add(link)
+        self._carry_out(self.core.link_up(link, link.node, _observed_addr(link), now))
+
+    def forward(self, link: PeerLink, data: bytes, now: float) -> None:
+        """A binary route frame off a direct link (spec §11, the hot path): the header is
+        read, the core decides, and the received bytes go on with ``ttl_hops`` one less.
+
+        Raises:
+            BadRequest: a malformed header (the link logs it and goes on).
+        """
+        head = read_header(data)
         if link not in self._served:
-            self._served.add(link)
-            self._carry_out(self.core.link_up(link, link.node, _observed_addr(link), now))
-        self._carry_out(self.core.receive(link, frame, now), link.frame_bytes)
+            self._serve(link, now)
+        for action in self.core.route(link, head, now):
+            target = action.link
+            assert isinstance(target, PeerLink)
+            if isinstance(action, Forward) and target.v2:
+                target.enqueue(passed_on(data, head))
+            elif isinstance(action, Forward):  # a v1 peer takes the CBOR map (spec §8)
+                route = parse_route(data)
+                self._carry_out([Send(target, replace(route, ttl_hops=route.ttl_hops - 1))])
+            else:
+                self._carry_out([action])
+
+    def receive(self, link: PeerLink, frame: RelayFrame, now: float) -> None:
+        """A relay frame in the CBOR map form off a direct link (a ``route`` from a
+        ``hearthnet-peer.v1`` peer among them)."""
+        if link not in self._served:
+            self._serve(link, now)
+        if isinstance(frame, Route):
+            self.v1_routes["in"] += 1
+        self._carry_out(self.core.receive(link, frame, now))
 
     def link_down(self, link: PeerLink, now: float) -> None:
         """A link ended: its member detaches."""
@@ -176,18 +207,23 @@ class RelayRole:
             if self.dial is not None:
                 self.dial(url)
 
-    def _carry_out(self, actions: list[Send | Refuse | Close], received: bytes = b"") -> None:
-        """``received``: the bytes of the frame the actions answer, if any (a route frame
-        passed on is those bytes with ``ttl_hops`` changed)."""
+    def _carry_out(self, actions: list[Action]) -> None:
         for action in actions:
             link = action.link
             assert isinstance(link, PeerLink)
             if isinstance(action, Send):
                 frame = action.frame
-                if received and isinstance(frame, Route):
-                    link.send_raw(self._hops.encode(received, frame))
-                else:
+                if isinstance(frame, Budget) and not link.v2:
+                    continue  # a v1 member drops the link on a kind it does not know
+                if not isinstance(frame, Route):
                     link.send_raw(frame.encode())
+                elif link.v2:
+                    link.enqueue(encode_route(frame))
+                else:  # spec §8 mixed versions: a hearthnet-peer.v1 peer takes the CBOR map
+                    self.v1_routes["out"] += 1
+                    link.enqueue(v1_bytes(frame))
+            elif isinstance(action, Forward):
+                raise AssertionError("a Forward comes only from RelayCore.route")
             elif isinstance(action, Refuse):
                 link.send_raw(Detach(action.code, retry_after_ms=action.retry_after_ms).encode())
             else:
@@ -209,6 +245,9 @@ class RelayRole:
             "spoofed": s.spoofed,  # route.from not the member, or not behind that relay
             "foreign_tables": s.foreign_tables,  # route tables from links not federated
             "joins_forwarded": self.joins_forwarded,
+            # route frames in the CBOR map form, read from and written to v1 peers
+            "v1_routes_in": self.v1_routes["in"],
+            "v1_routes_out": self.v1_routes["out"],
         }
 
     def _register(self, m: MetricsRegistry) -> None:
@@ -239,6 +278,12 @@ class RelayRole:
                 ("spoofed",): float(s.spoofed),
             }
 
+        m.gauge(
+            "hearthnet_relay_v1_route_frames",
+            "Route frames in the CBOR map form (peers on hearthnet-peer.v1), by direction.",
+            lambda: {(d,): float(n) for d, n in self.v1_routes.items()},
+            ("direction",),
+        )
         m.gauge(
             "hearthnet_relay_refused_frames",
             "Route frames this relay did not forward, by reason (rate_limited: budget).",

@@ -44,7 +44,9 @@ from hearthnet.clock import now_ms
 from hearthnet.config import MeshSection
 from hearthnet.errors import HearthNetError, Unavailable, WireError
 from hearthnet.identity import KeyPair
+from hearthnet.ids import public_key_from_node_id
 from hearthnet.membership import Membership
+from hearthnet.mesh import route_header as wire
 from hearthnet.mesh.addresses import PeerBook, normalize_url
 from hearthnet.mesh.links import LinkErrors, PeerLink
 from hearthnet.mesh.pacing import Budget
@@ -191,7 +193,10 @@ class Relaying:
     ) -> None:
         self.keys = keys
         self.node_id = keys.node_id
+        self._own_key = public_key_from_node_id(keys.node_id)
         self.membership = membership
+        # served by the relay, accepted end to end: a live member of this community
+        self.is_member: Callable[[str], bool] = lambda node: membership.level_of(node) is not None
         self.links = links
         self.book = book
         self.dispatch = dispatch
@@ -256,10 +261,6 @@ class Relaying:
         )
         _register_member(self.metrics, self.endpoint, self.counts, self.paths)
 
-    def is_member(self, node: str) -> bool:
-        """Served by the relay, accepted end to end: a live member of this community."""
-        return self.membership.level_of(node) is not None
-
     def start(self) -> None:
         """Put the configured relays' URLs in the address book, so the mesh dials them like
         peers, and take the relays an invite brought (kept in the book, spec §8)."""
@@ -320,6 +321,22 @@ class Relaying:
         if self.relay is not None and not is_relayed(link):
             self.relay.link_down(link, time.monotonic())
 
+    def on_binary(self, link: PeerLink, data: bytes) -> None:
+        """A binary route frame off a direct link (spec §8, §11): ours is opened, any
+        other a relay passes on from its header alone; a node that does not relay drops
+        it.
+
+        Raises:
+            BadRequest: malformed (the link logs it and goes on).
+        """
+        if data[wire.TO_AT : wire.FROM_AT] == self._own_key:
+            self._unwrap(link, wire.parse_route(data))
+        elif self.relay is not None and not is_relayed(link):
+            self.relay.forward(link, data, time.monotonic())
+        else:
+            wire.read_header(data)  # a malformed frame raises; a well-formed one is counted
+            self.counts["misdelivered"] += 1
+
     def on_frame(self, link: PeerLink, raw: dict[str, Any]) -> bool:
         """Take a relay frame off ``link``; False when ``raw`` is not one."""
         if raw.get("t") not in RELAY_FRAME_KINDS:
@@ -328,6 +345,7 @@ class Relaying:
         now = time.monotonic()
         ours = self.attachments
         if isinstance(frame, Route) and frame.to == self.node_id:
+            self.counts["v1_routes_in"] += 1  # the CBOR map form: a hearthnet-peer.v1 relay
             self._unwrap(link, frame)
         elif isinstance(frame, (PFrame, PAck, Drain)) and not is_relayed(link):
             if self.switch is not None:  # a relayed sequence continued on a direct link
@@ -501,7 +519,8 @@ class Relaying:
             return
         self.counts["frames_out"] += 1
         self.counts["bytes_out"] += len(route.inner)
-        link.send_raw(route.encode())
+        # enqueue: a route is a third node's, never in this link's sequence (path_switch.py)
+        link.enqueue(wire.encode_route(route) if link.v2 else wire.v1_bytes(route))
 
     def _unwrap(self, link: PeerLink, route: Route) -> None:
         if self.endpoint is None or self.paths is None:

@@ -174,6 +174,7 @@ class Mesh:
             admit=self._link_up,
             on_frame=self._on_frame,
             on_down=self._link_down,
+            on_binary=self.relaying.on_binary,
         )
 
         # the direct upgrade (spec §8): StartPunch from the path core, carried out here

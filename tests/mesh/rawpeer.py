@@ -21,9 +21,11 @@ from hearthnet.mesh.protocol import (
     MAX_FRAME_BYTES,
     SUBPROTOCOL,
     Handshake,
+    PeerInfo,
     decode_frame,
     encode_frame,
 )
+from hearthnet.mesh.route_header import is_binary, parse_route
 from hearthnet.node import Node
 from tests.helpers import wait_until
 
@@ -35,6 +37,8 @@ class RawPeer:
         self.keys = keys
         self.ws = ws
         self.frames: list[dict[str, Any]] = []  # everything received after the handshake
+        self.binary: list[bool] = []  # per frame: it came in the binary form (a route)
+        self.hello: PeerInfo | None = None  # the node's hello, where the test keeps it
 
     @property
     def node(self) -> str:
@@ -57,7 +61,11 @@ class RawPeer:
     async def read(self) -> None:
         """Record frames until the link closes; answer pings so heartbeats keep it up."""
         while (msg := await self.ws.receive()).type == WSMsgType.BINARY:
-            frame = decode_frame(msg.data)
+            if is_binary(msg.data):  # a route frame's binary form: recorded as its map
+                frame = parse_route(msg.data).serialize()
+            else:
+                frame = decode_frame(msg.data)
+            self.binary.append(is_binary(msg.data))
             self.frames.append(frame)
             if frame["t"] == "ping":
                 await self.send("pong", **pong_for(frame, now_ms()))

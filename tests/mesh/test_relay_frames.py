@@ -22,7 +22,6 @@ from hearthnet.mesh.relay_frames import (
     Attached,
     Detach,
     E2EHello,
-    HopEncoder,
     JoinAnswer,
     JoinVia,
     RelayFrame,
@@ -358,28 +357,3 @@ def test_whatever_a_relay_forwards_only_genuine_frames_open_in_order(
         opened.append(got)
     order = [originals.index(f) for f in opened]
     assert sorted(set(order)) == order
-
-
-@settings(max_examples=50, deadline=None)
-@given(node_ids, node_ids, st.integers(1, 16), ids, st.binary(max_size=2000), st.booleans())
-def test_a_forwarded_route_is_the_received_one_with_its_ttl_lowered(
-    to: str, from_: str, ttl: int, id_: int, inner: bytes, reordered: bool
-) -> None:
-    """The bytes a relay passes on decode to the frame with ttl_hops one less, whatever
-    the received layout (keys reordered: encoded anew)."""
-    wire = Route(to, from_, ttl, id_, inner).serialize()
-    if reordered:
-        wire = dict(reversed(wire.items()))
-    received = cbor2.dumps(wire)
-    hop = Route(to, from_, ttl - 1, id_, inner)
-    forwarded = HopEncoder().encode(received, hop)
-    assert hop == parse_frame(decode_frame(forwarded))
-
-
-def test_a_route_in_the_members_layout_is_passed_on_byte_for_byte() -> None:
-    """Only the ttl_hops byte differs between a member's route frame and the forwarded one."""
-    received = Route(B.node_id, A.node_id, 4, 99, b"sealed bytes").encode()
-    hop = Route(B.node_id, A.node_id, 3, 99, b"sealed bytes")
-    forwarded = HopEncoder().encode(received, hop)
-    changed = [i for i, (x, y) in enumerate(zip(received, forwarded, strict=True)) if x != y]
-    assert (hop.encode(), 1) == (forwarded, len(changed))

@@ -29,12 +29,14 @@ from hearthnet.mesh.pathseq import Outbound
 from hearthnet.mesh.protocol import (
     MAX_FRAME_BYTES,
     SUBPROTOCOL,
+    SUBPROTOCOL_V1,
     Handshake,
     decode_frame,
     encode_frame,
 )
 from hearthnet.mesh.relay_frames import Attach, Attached, Route, RouteTable, parse_frame
 from hearthnet.mesh.relay_member import RelayEndpoint
+from hearthnet.mesh.route_header import encode_route
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
 from tests.helpers import wait_until
@@ -44,17 +46,21 @@ PEER_RELAY_URL = "http://127.0.0.1:9"  # the relay's configured peer: nothing li
 
 
 @contextlib.asynccontextmanager
-async def linked(node: Node, keys: KeyPair, **hello: Any) -> AsyncIterator[RawPeer]:
-    """A member with ``keys`` linked to ``node`` by hand (``hello``: Handshake fields)."""
+async def linked(
+    node: Node, keys: KeyPair, protocol: str = SUBPROTOCOL, **hello: Any
+) -> AsyncIterator[RawPeer]:
+    """A member with ``keys`` linked to ``node`` by hand (``hello``: Handshake fields),
+    offering only ``protocol``; the node's hello is kept in ``peer.hello``."""
     if node.membership.level_of(keys.node_id) is None:
         node.add_member(keys.node_id)
     async with aiohttp.ClientSession() as http:
         ws = await http.ws_connect(
-            node.url + "/mesh/v1/peer", protocols=(SUBPROTOCOL,), max_msg_size=MAX_FRAME_BYTES
+            node.url + "/mesh/v1/peer", protocols=(protocol,), max_msg_size=MAX_FRAME_BYTES
         )
         handshake = Handshake(keys, node.membership, True, now_ms(), name="raw", **hello)
-        await run_handshake(ws, handshake, now_ms)
+        info = await run_handshake(ws, handshake, now_ms)
         peer = RawPeer(keys, ws)
+        peer.hello = info
         reader = asyncio.get_running_loop().create_task(peer.read())
         try:
             await wait_until(lambda: keys.node_id in node.mesh.links, 5, "the link up")
@@ -96,6 +102,77 @@ async def test_a_member_posing_as_a_peer_relay_is_not_federated(
             stats = core.statistics()
             got = (stats.federated, stats.foreign_tables, stats.forwarded, victim.received("route"))
     assert (0, 1, 0, []) == got
+
+
+async def test_a_v1_member_gets_cbor_route_frames_and_a_hello_it_can_read(
+    make_config: MakeConfig,
+) -> None:
+    """Mixed versions (spec §8): a member on hearthnet-peer.v1 gets route frames as CBOR
+    maps without control, no budget frame, and a relay hello without relay: true; a member
+    on v2 gets the binary form, a budget and the relay flag. Both forms are counted."""
+    new_keys, old_keys = KeyPair.from_seed(b"\x54" * 32), KeyPair.from_seed(b"\x55" * 32)
+    async with Node(make_config(mesh={"relay": True})) as relay:
+        assert relay.mesh.relaying.relay is not None
+        async with (
+            linked(relay, new_keys) as new,
+            linked(relay, old_keys, protocol=SUBPROTOCOL_V1) as old,
+        ):
+            for peer in (new, old):
+                await peer.ws.send_bytes(Attach(now_ms()).encode())
+                await peer.first("attached")
+            to_old = Route(old.node, new.node, 4, 1, b"to old", control=True)
+            await new.ws.send_bytes(encode_route(to_old))
+            await old.ws.send_bytes(Route(new.node, old.node, 4, 2, b"to new").encode())
+            at_old, at_new = await old.first("route"), await new.first("route")
+            forms = [p.binary[p.frames.index(f)] for p, f in ((old, at_old), (new, at_new))]
+            hellos = [p.hello is not None and p.hello.relay for p in (new, old)]
+            counted = dict(relay.mesh.relaying.relay.v1_routes)
+            budgets = [bool(p.received("budget")) for p in (new, old)]  # v1 does not know it
+    assert (
+        [True, False],
+        {
+            "t": "route",
+            "to": old.node,
+            "from": new.node,
+            "ttl_hops": 3,
+            "id": 1,
+            "inner": b"to old",
+        },
+        Route(new.node, old.node, 3, 2, b"to new"),
+        [False, True],
+        [True, False],
+        {"in": 1, "out": 1},
+    ) == (budgets, at_old, parse_frame(at_new), forms, hellos, counted)
+
+
+async def test_a_relay_dialling_a_v1_node_sends_a_hello_it_can_read(
+    make_config: MakeConfig,
+) -> None:
+    """A node that accepts only hearthnet-peer.v1 gets the relay's hello without relay:
+    true (older nodes refuse a field they do not know)."""
+    hellos: list[tuple[str | None, dict[str, Any]]] = []
+
+    async def v1_only(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(protocols=(SUBPROTOCOL_V1,))
+        await ws.prepare(request)
+        msg = await ws.receive()
+        hellos.append((ws.ws_protocol, decode_frame(msg.data)))
+        await ws.close()
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/mesh/v1/peer", v1_only)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        async with Node(make_config(mesh={"relay": True, "peers": [url]})):
+            await wait_until(lambda: bool(hellos), 10, "the relay's hello")
+    finally:
+        await runner.cleanup()
+    assert [(SUBPROTOCOL_V1, "hello", False)] == [(p, h["t"], "relay" in h) for p, h in hellos]
 
 
 Answer = dict[str, Any]

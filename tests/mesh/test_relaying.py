@@ -38,6 +38,7 @@ from hearthnet.mesh.protocol import (
 from hearthnet.mesh.relay_frames import Attached, Route, Sealed, decode, parse_frame
 from hearthnet.mesh.relay_member import RelayEndpoint
 from hearthnet.mesh.relayed_link import path_fields
+from hearthnet.mesh.route_header import encode_route
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
 from tests.helpers import free_port, wait_until
@@ -112,7 +113,8 @@ def flipped(route: Route) -> Route:
 async def test_a_tampering_relay_cannot_make_a_member_accept_a_frame(
     make_config: MakeConfig,
 ) -> None:
-    """A flipped byte and a replay are refused and counted; the true frame arrives once."""
+    """A flipped byte, a rewritten from or to, and a replay are refused and counted; the
+    true frame arrives once."""
     relay_keys, sender_keys = KeyPair.from_seed(b"\x31" * 32), KeyPair.from_seed(b"\x32" * 32)
     async with Node(make_config(mesh={"relay_urls": [RELAY_URL]})) as node:
         node.add_member(relay_keys.node_id)
@@ -174,18 +176,29 @@ async def test_a_tampering_relay_cannot_make_a_member_accept_a_frame(
 
             await until(lambda: bool(captured))
             genuine = captured[0]
-            await ws.send_bytes(flipped(genuine).encode())
-            await ws.send_bytes(genuine.encode())
-            await ws.send_bytes(dataclasses.replace(genuine, id=genuine.id + 1000).encode())
+            forged = [
+                flipped(genuine),
+                # spec §8: the header's from and to are bound to the sealed frame (only
+                # the two ends hold its keys): rewritten, it opens nowhere
+                dataclasses.replace(genuine, from_=relay_keys.node_id),
+                dataclasses.replace(genuine, to=relay_keys.node_id),
+            ]
+            for route in forged:
+                await ws.send_bytes(encode_route(route))
+            await ws.send_bytes(encode_route(genuine))
+            replayed = dataclasses.replace(genuine, id=genuine.id + 1000, control=True)
+            await ws.send_bytes(encode_route(replayed))
             assert node.mesh.relaying.endpoint is not None
             refused = node.mesh.relaying.endpoint.refused
-            await until(lambda: sum(refused.values()) >= 2 and bool(pongs))
+            await until(lambda: sum(refused.values()) >= 3 and bool(pongs))
             metrics = node.metrics.render()
+            misdelivered = node.mesh.relaying.counts["misdelivered"]
             reader.cancel()
-    assert ({"invalid_signature": 1, "replayed": 1}, [7], True, True) == (
+    assert ({"invalid_signature": 2, "replayed": 1}, 1, [7], True, True) == (
         dict(refused),
+        misdelivered,
         pongs,
-        'hearthnet_relayed_refused_frames{code="invalid_signature"} 1' in metrics,
+        'hearthnet_relayed_refused_frames{code="invalid_signature"} 2' in metrics,
         'hearthnet_relayed_refused_frames{code="replayed"} 1' in metrics,
     )
 
