@@ -68,6 +68,8 @@ class PathSwitch:
         current = self.links.get(link.node)
         if is_relayed(link) or not is_relayed(current) or self.paths.settled(link.node):
             return
+        if not link.v2:
+            return  # a hearthnet-peer.v1 peer drops pframes; it gets plain frames at once
         self._direct[link.node] = link
         link.sequencer = lambda data, peer=link.node: self._sequence(peer, data)
 
