@@ -1,24 +1,38 @@
 """The direct upgrade (spec §8): two home nodes behind NAT, attached to one relay, punch
-a direct TCP link (simultaneous open) where their NATs keep ports, and stay relayed where
-the NATs map every connection to a new port. Real node processes, real nftables NAT."""
+a direct TCP link (simultaneous open) where their NATs keep ports, and fall back to the
+relay when that link dies. The plain-NAT scenarios share one lab and its nodes, started
+once for the module (the first test sees the relayed path come up and the switch; the
+second starts from the direct link it leaves). Where the NATs map every connection to a
+new port the pair stays relayed: that scenario shares the symmetric lab of
+test_relay_pair_netns.py. Real node processes, real nftables NAT."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.chaos.conftest import MakeNatLab
+from hearthnet.identity import KeyPair
+from tests.chaos.nat_lab import HomeHost, NatLab, PublicHost
 from tests.chaos.netns import HostProcess, Machine
-from tests.chaos.test_relay_netns import PORT, both_paths, cli, prepare, start, subscribe
+from tests.chaos.relay_lab import start_all, stop_all
+from tests.chaos.test_relay_netns import (
+    PORT,
+    NamespacedClient,
+    both_paths,
+    prepare,
+    subscribe,
+)
 from tests.helpers import eventually
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 N = 20
+PACE_S = 0.3  # between the publishes sent while the pair is still relayed
 
 
 def upgrades(machine: Machine) -> dict[str, float]:
@@ -43,57 +57,90 @@ def refused(machine: Machine) -> float:
 
 
 def received(sub: HostProcess, count: int, within_s: float) -> list[int]:
-    """The ``n`` of the first ``count`` messages the subscriber printed."""
-    got: list[int] = []
+    """The ``n`` of every message the subscriber printed, once it printed ``count``."""
 
-    def one(line: str) -> bool:
-        if line.startswith("{") and '"n"' in line:
-            got.append(json.loads(line)["data"]["n"])
-        return len(got) >= count
+    def numbers() -> list[int]:
+        return [
+            json.loads(line)["data"]["n"]
+            for line in sub.lines
+            if line.startswith("{") and '"n"' in line
+        ]
 
-    sub.wait_for_line(one, within_s)
-    return got
+    # the predicate sees every line again on each wake, so it counts from scratch
+    sub.wait_for_line(lambda _: len(numbers()) >= count, within_s)
+    return numbers()
 
 
-async def test_plain_nats_upgrade_to_direct_with_nothing_lost(
-    make_nat_lab: MakeNatLab, tmp_path: Path
+async def publish_numbers(
+    root: Path, machine: Machine, topic: str, numbers: range, pause_s: float = 0.0
 ) -> None:
+    """Publish ``{"n": n}`` for each number on the machine's node, each acknowledged
+    before the next (what ``hearthnet pub`` does), ``pause_s`` apart."""
+    async with NamespacedClient(root, machine) as client:
+        for n in numbers:
+            await client.publish(topic, "message", {"n": n})
+            await asyncio.sleep(pause_s)
+
+
+@dataclass
+class PlainPair:
+    """The lab, the data root, the relay and homes A and B and their keys."""
+
+    lab: NatLab
+    root: Path
+    relay: PublicHost
+    a: HomeHost
+    b: HomeHost
+    keys: list[KeyPair]
+
+
+@pytest.fixture(scope="module")
+def plain(nat_lab_support: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlainPair]:
+    """Relay and homes A and B behind plain NATs, all started (not yet linked)."""
+    root = tmp_path_factory.mktemp("plain-pair")
+    with NatLab(["plain", "plain"], public=("relay",)) as lab:
+        relay = lab.public["relay"]
+        home_a, home_b = lab.homes
+        keys = prepare(root, [relay, home_a, home_b])
+        homes = ("--relay-url", f"http://{relay.ip}:{PORT}")
+        procs = start_all(root, [(relay, ("--relay",)), (home_a, homes), (home_b, homes)])
+        try:
+            yield PlainPair(lab, root, relay, home_a, home_b, keys)
+        finally:
+            stop_all(procs)
+
+
+def both_direct(got: list[dict[str, tuple[str, str | None]]], pair: PlainPair) -> bool:
+    """Home A's path to B and B's to A are both direct."""
+    a_id, b_id = pair.keys[1].node_id, pair.keys[2].node_id
+    return got[0].get(b_id, ("",))[0] == "direct" and got[1].get(a_id, ("",))[0] == "direct"
+
+
+async def test_plain_nats_upgrade_to_direct_with_nothing_lost(plain: PlainPair) -> None:
     """Behind plain NATs the relayed pair goes direct; messages sent across arrive once each."""
-    lab = make_nat_lab(["plain", "plain"], public=("relay",))
-    relay = lab.public["relay"]
-    home_a, home_b = lab.homes
-    relay_keys, a_keys, b_keys = prepare(tmp_path, [relay, home_a, home_b])
-    procs = [start(tmp_path, relay, "--relay")]
+    root, home_a, home_b = plain.root, plain.a, plain.b
+    relay_keys, a_keys, b_keys = plain.keys
+    sub = subscribe(root, home_b, "home.punch", N)
     try:
-        for home in (home_a, home_b):
-            procs.append(start(tmp_path, home, "--relay-url", f"http://{relay.ip}:{PORT}"))
-        sub = subscribe(tmp_path, home_b, "home.punch", N)
-        procs.append(sub)
-
-        def publish() -> None:
-            for n in range(N):
-                cli(tmp_path, home_a, "pub", "home.punch", "--json", "--data", json.dumps({"n": n}))
-
-        # published from the start: across the relayed path coming up and the switch
-        publishing = asyncio.create_task(asyncio.to_thread(publish))
+        # the first half published from the start, paced: across the relayed path coming
+        # up and the switch; the second half once both sides are direct
+        publishing = asyncio.create_task(
+            publish_numbers(root, home_a, "home.punch", range(N // 2), PACE_S)
+        )
         seen = await eventually(
-            lambda: both_paths(tmp_path, home_a, home_b),
-            lambda got: (
-                got[0].get(b_keys.node_id, ("",))[0] == "direct"
-                and got[1].get(a_keys.node_id, ("",))[0] == "direct"
-            ),
+            lambda: both_paths(root, home_a, home_b),
+            lambda got: both_direct(got, plain),
             within_s=60,
             what="both home nodes direct to each other",
         )
         await publishing
+        await publish_numbers(root, home_a, "home.punch", range(N // 2, N))
         got = await asyncio.to_thread(received, sub, N, 60)
         counts = await asyncio.to_thread(upgrades, home_a)
         await asyncio.sleep(3)  # frames still on the relayed path arrive, none refused
         refusals = [await asyncio.to_thread(refused, home) for home in (home_a, home_b)]
     finally:
-        for proc in reversed(procs):
-            if proc.returncode is None:
-                proc.host.kill(proc, signal.SIGTERM)
+        stop_all([sub])
     assert (
         ("direct", None),
         ("direct", None),
@@ -110,75 +157,21 @@ async def test_plain_nats_upgrade_to_direct_with_nothing_lost(
     assert relay_keys.node_id in seen[0]
 
 
-async def test_symmetric_nats_stay_relayed_and_traffic_flows(
-    make_nat_lab: MakeNatLab, tmp_path: Path
-) -> None:
-    """Behind fully-random NATs the punch fails, the link stays relayed and messages arrive."""
-    lab = make_nat_lab(["fully-random", "fully-random"], public=("relay",))
-    relay = lab.public["relay"]
-    home_a, home_b = lab.homes
-    relay_keys, a_keys, b_keys = prepare(tmp_path, [relay, home_a, home_b])
-    procs = [start(tmp_path, relay, "--relay")]
-    try:
-        for home in (home_a, home_b):
-            procs.append(start(tmp_path, home, "--relay-url", f"http://{relay.ip}:{PORT}"))
-        failed = await eventually(
-            lambda: asyncio.gather(
-                asyncio.to_thread(upgrades, home_a), asyncio.to_thread(upgrades, home_b)
-            ),
-            lambda got: all(side.get("failed", 0) >= 1 for side in got),
-            within_s=90,
-            what="a punch tried and failed on both sides",
-        )
-        seen = await both_paths(tmp_path, home_a, home_b)
-        sub = subscribe(tmp_path, home_b, "home.punch", 3)
-        procs.append(sub)
-        for n in range(3):
-            await asyncio.to_thread(
-                cli, tmp_path, home_a, "pub", "home.punch", "--json", "--data", json.dumps({"n": n})
-            )
-        got = await asyncio.to_thread(received, sub, 3, 60)
-    finally:
-        for proc in reversed(procs):
-            if proc.returncode is None:
-                proc.host.kill(proc, signal.SIGTERM)
-    assert (
-        ("relayed", relay_keys.node_id),
-        ("relayed", relay_keys.node_id),
-        [0, 1, 2],
-        0.0,
-    ) == (
-        seen[0][b_keys.node_id],
-        seen[1][a_keys.node_id],
-        sorted(got),
-        failed[0].get("succeeded", 0.0) + failed[1].get("succeeded", 0.0),
-    )
-
-
-async def test_a_dead_direct_path_falls_back_to_the_relay(
-    make_nat_lab: MakeNatLab, tmp_path: Path
-) -> None:
+async def test_a_dead_direct_path_falls_back_to_the_relay(plain: PlainPair) -> None:
     """When the route between the two NATs is cut, the peers go back through the relay."""
-    lab = make_nat_lab(["plain", "plain"], public=("relay",))
-    relay = lab.public["relay"]
-    home_a, home_b = lab.homes
-    relay_keys, a_keys, b_keys = prepare(tmp_path, [relay, home_a, home_b])
-    procs = [start(tmp_path, relay, "--relay")]
+    lab, root, home_a, home_b = plain.lab, plain.root, plain.a, plain.b
+    relay_keys, a_keys, b_keys = plain.keys
+    sub: HostProcess | None = None
     try:
-        for home in (home_a, home_b):
-            procs.append(start(tmp_path, home, "--relay-url", f"http://{relay.ip}:{PORT}"))
         await eventually(
-            lambda: both_paths(tmp_path, home_a, home_b),
-            lambda got: (
-                got[0].get(b_keys.node_id, ("",))[0] == "direct"
-                and got[1].get(a_keys.node_id, ("",))[0] == "direct"
-            ),
+            lambda: both_paths(root, home_a, home_b),
+            lambda got: both_direct(got, plain),
             within_s=60,
             what="both home nodes direct to each other",
         )
         lab.block(home_a.router, home_b.router)
         seen = await eventually(
-            lambda: both_paths(tmp_path, home_a, home_b),
+            lambda: both_paths(root, home_a, home_b),
             lambda got: (
                 got[0].get(b_keys.node_id, ("",))[0] in ("relayed", "upgrading")
                 and got[1].get(a_keys.node_id, ("",))[0] in ("relayed", "upgrading")
@@ -186,17 +179,13 @@ async def test_a_dead_direct_path_falls_back_to_the_relay(
             within_s=60,
             what="both home nodes back on the relay",
         )
-        sub = subscribe(tmp_path, home_b, "home.punch", 3)
-        procs.append(sub)
-        for n in range(3):
-            await asyncio.to_thread(
-                cli, tmp_path, home_a, "pub", "home.punch", "--json", "--data", json.dumps({"n": n})
-            )
+        sub = subscribe(root, home_b, "home.fallback", 3)
+        await publish_numbers(root, home_a, "home.fallback", range(3))
         got = await asyncio.to_thread(received, sub, 3, 60)
     finally:
-        for proc in reversed(procs):
-            if proc.returncode is None:
-                proc.host.kill(proc, signal.SIGTERM)
+        lab.unblock_all()
+        if sub is not None:
+            stop_all([sub])
     assert (relay_keys.node_id, relay_keys.node_id, [0, 1, 2]) == (
         seen[0][b_keys.node_id][1],
         seen[1][a_keys.node_id][1],

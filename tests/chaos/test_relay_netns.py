@@ -1,27 +1,23 @@
-"""Two home nodes behind NAT reach each other through one relay (spec §8). Real node
-processes: the relay on a public host, each home node behind its own NAT router that
-drops unsolicited inbound, so neither home node can dial the other. The NATs are
-symmetric (fully-random), so the direct upgrade fails and the pair stays relayed (the
-upgrade itself: test_punch_netns.py)."""
+"""Steps shared by the relay scenarios (spec §8) in the NAT lab: keys and one membership
+for the lab's machines, node processes in their namespaces, the linked paths and relay
+counters of a node, subscribers. Two home nodes publishing and calling through one relay
+is a scenario of the shared symmetric lab in test_relay_pair_netns.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import signal
 from pathlib import Path
 from typing import Any
 
-import pytest
+import aiohttp
+import orjson
 
+from hearthnet.client import Client
 from hearthnet.community import CommunityStore, Level
 from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.membership import Membership
-from tests.chaos.conftest import MakeNatLab
 from tests.chaos.netns import HostProcess, Machine
-from tests.helpers import eventually
-
-pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 FAST = {
     "HEARTHNET_MESH_ANTI_ENTROPY_S": "1",
@@ -69,9 +65,38 @@ def cli(root: Path, machine: Machine, *args: str) -> Any:
     return json.loads(done.stdout)
 
 
+class NamespacedClient(Client):
+    """A client of the machine's node, signing with its key, whose connections are made
+    inside the machine's namespace: the test process reaches a home node's private
+    address without starting a process there (a poll costs a request, not an interpreter)."""
+
+    def __init__(self, root: Path, machine: Machine) -> None:
+        super().__init__(
+            f"http://{machine.ip}:{PORT}", keys=load_or_create_keys(root / machine.name)
+        )
+        self.machine = machine
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The pooled session, its sockets opened in the machine's namespace."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(socket_factory=self.machine.socket_factory),
+                timeout=aiohttp.ClientTimeout(total=30),
+                json_serialize=lambda o: orjson.dumps(o).decode(),
+            )
+        return self._session
+
+
+async def _peers(root: Path, machine: Machine) -> Any:
+    async with NamespacedClient(root, machine) as client:
+        return await client.request_json("GET", "/mesh/v1/peers")
+
+
 def paths(root: Path, machine: Machine) -> dict[str, tuple[str, str | None]]:
-    """``{peer: (path, via)}`` of the linked peers, from ``hearthnet peers --json``."""
-    peers = cli(root, machine, "peers", "--json")["peers"]
+    """``{peer: (path, via)}`` of the linked peers: what ``hearthnet peers --json`` shows
+    (``GET /mesh/v1/peers`` signed with the node's key)."""
+    peers = asyncio.run(_peers(root, machine))["peers"]
     return {p["node"]: (p["path"], p["via"]) for p in peers if p["linked"]}
 
 
@@ -99,50 +124,4 @@ async def both_paths(root: Path, a: Machine, b: Machine) -> list[dict[str, tuple
     """``{peer: (path, via)}`` on both home nodes, read at once."""
     return list(
         await asyncio.gather(asyncio.to_thread(paths, root, a), asyncio.to_thread(paths, root, b))
-    )
-
-
-async def test_two_nat_nodes_publish_and_call_through_one_relay(
-    make_nat_lab: MakeNatLab, tmp_path: Path
-) -> None:
-    """Two NAT'd nodes see each other relayed; a publish and a pinned call get across."""
-    lab = make_nat_lab(["fully-random", "fully-random"], public=("relay",))
-    relay = lab.public["relay"]
-    home_a, home_b = lab.homes
-    relay_keys, a_keys, b_keys = prepare(tmp_path, [relay, home_a, home_b])
-    relay_url = f"http://{relay.ip}:{PORT}"
-    procs = [start(tmp_path, relay, "--relay")]
-    try:
-        for home in (home_a, home_b):
-            procs.append(start(tmp_path, home, "--relay-url", relay_url))
-        want = (
-            {relay_keys.node_id: ("direct", None), b_keys.node_id: ("relayed", relay_keys.node_id)},
-            {relay_keys.node_id: ("direct", None), a_keys.node_id: ("relayed", relay_keys.node_id)},
-        )
-        seen = await eventually(
-            lambda: both_paths(tmp_path, home_a, home_b),
-            lambda got: tuple(got) == want,
-            within_s=60,
-            what="each home node relayed to the other via the relay",
-        )
-        sub = subscribe(tmp_path, home_b, "home.news", 1)
-        procs.append(sub)
-        published = await asyncio.to_thread(
-            cli, tmp_path, home_a, "pub", "home.news", "--json", "--data", '{"n": 42}'
-        )
-        line = await asyncio.to_thread(sub.wait_for_line, lambda ln: '"n": 42' in ln, 30)
-        answer = await asyncio.to_thread(
-            cli, tmp_path, home_a, "call", "echo", "--body", '{"x": 7}', "--target", b_keys.node_id
-        )
-        opened = await asyncio.to_thread(relayed_in, tmp_path, home_b)
-    finally:
-        for proc in reversed(procs):
-            if proc.returncode is None:
-                proc.host.kill(proc, signal.SIGTERM)
-    got = json.loads(line)
-    assert (want, (published["id"], {"n": 42}), {"echo": {"x": 7}}, True) == (
-        tuple(seen),
-        (got["id"], got["data"]),
-        answer,
-        opened > 0,
     )

@@ -1,6 +1,9 @@
 """Two home nodes behind symmetric NATs that reach each other only through one relay
 (spec §5, §6, §8), shared by the tests of this module (one lab, nodes started once):
 
+- The direct upgrade is tried and fails on both sides (the NATs map every connection to
+  a new port), the pair stays relayed, and a publish and a pinned call cross the relay
+  (``hearthnet pub``, ``hearthnet call``).
 - ``llm.chat@2.0`` pinned to home B from a client of home A over the bus WebSocket: the
   model's tool call comes back over the relay, the client's answer reaches B's model,
   and a cancel mid-stream ends the call on B. Both homes run the demo model, so only the
@@ -9,8 +12,7 @@
   home ↔ relay both ways): every acknowledged publish reaches B's subscriber exactly
   once, and a stream pinned across completes or ends with an error frame, never hangs.
 
-Real node processes, real nftables NAT; the NATs map every connection to a new port, so
-the direct upgrade fails and the pair stays relayed."""
+Real node processes, real nftables NAT."""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from hearthnet.identity import KeyPair
 from tests.chaos.nat_lab import HomeHost, NatLab, PublicHost
 from tests.chaos.netns import wait_until_sync
 from tests.chaos.relay_lab import metric, probe, start_all, stop_all, url
-from tests.chaos.test_relay_netns import paths, prepare, relayed_in
+from tests.chaos.test_punch_netns import publish_numbers, received, upgrades
+from tests.chaos.test_relay_netns import both_paths, cli, paths, prepare, relayed_in, subscribe
 from tests.helpers import eventually
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
@@ -75,6 +78,55 @@ def pair(nat_lab_support: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
             yield RelayedPair(lab, root, relay, home_a, home_b, keys)
         finally:
             stop_all(procs)
+
+
+async def test_symmetric_nats_stay_relayed_and_publishes_and_calls_cross(
+    pair: RelayedPair,
+) -> None:
+    """The punch fails on both sides, the link stays relayed, messages and a call cross."""
+    root, home_a, home_b = pair.root, pair.a, pair.b
+    relay_keys, a_keys, b_keys = pair.keys
+    failed = await eventually(
+        lambda: asyncio.gather(
+            asyncio.to_thread(upgrades, home_a), asyncio.to_thread(upgrades, home_b)
+        ),
+        lambda got: all(side.get("failed", 0) >= 1 for side in got),
+        within_s=90,
+        what="a punch tried and failed on both sides",
+    )
+    seen = await both_paths(root, home_a, home_b)
+    subs = [subscribe(root, home_b, "home.punch", 3), subscribe(root, home_b, "home.news", 1)]
+    try:
+        await publish_numbers(root, home_a, "home.punch", range(3))
+        got = await asyncio.to_thread(received, subs[0], 3, 60)
+        published = await asyncio.to_thread(
+            cli, root, home_a, "pub", "home.news", "--json", "--data", '{"n": 42}'
+        )
+        line = await asyncio.to_thread(subs[1].wait_for_line, lambda ln: '"n": 42' in ln, 30)
+        answer = await asyncio.to_thread(
+            cli, root, home_a, "call", "echo", "--body", '{"x": 7}', "--target", b_keys.node_id
+        )
+        opened = await asyncio.to_thread(relayed_in, root, home_b)
+    finally:
+        stop_all(subs)
+    news = json.loads(line)
+    assert (
+        ("relayed", relay_keys.node_id),
+        ("relayed", relay_keys.node_id),
+        [0, 1, 2],
+        0.0,
+        (published["id"], {"n": 42}),
+        {"echo": {"x": 7}},
+        True,
+    ) == (
+        seen[0][b_keys.node_id],
+        seen[1][a_keys.node_id],
+        sorted(got),
+        failed[0].get("succeeded", 0.0) + failed[1].get("succeeded", 0.0),
+        (news["id"], news["data"]),
+        answer,
+        opened > 0,
+    )
 
 
 async def test_a_tool_loop_and_a_cancel_reach_a_node_behind_a_relay(pair: RelayedPair) -> None:
