@@ -6,10 +6,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import aiohttp
+import orjson
+
+from hearthnet.client import Client
 from hearthnet.community import CommunityStore, Level
 from hearthnet.identity import load_or_create_keys
 from hearthnet.membership import Membership
-from tests.chaos.netns import HostProcess, Lab
+from tests.chaos.netns import HostProcess, Lab, Machine
 
 
 def prepare_community(root: Path, lab: Lab, name: str = "lab") -> None:
@@ -54,3 +58,26 @@ def start_nodes(
     for proc in procs:
         proc.wait_for_line(lambda line: line.startswith("hearthnet ready"), ready_s)
     return procs
+
+
+class NamespacedClient(Client):
+    """A client of the machine's node, signing with its key, whose connections are made
+    inside the machine's namespace: the test process reaches a home node's private
+    address without starting a process there (a poll costs a request, not an interpreter)."""
+
+    def __init__(self, root: Path, machine: Machine, port: str = "7080") -> None:
+        super().__init__(
+            f"http://{machine.ip}:{port}", keys=load_or_create_keys(root / machine.name)
+        )
+        self.machine = machine
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The pooled session, its sockets opened in the machine's namespace."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(socket_factory=self.machine.socket_factory),
+                timeout=aiohttp.ClientTimeout(total=30),
+                json_serialize=lambda o: orjson.dumps(o).decode(),
+            )
+        return self._session

@@ -1,18 +1,19 @@
 """The mesh across network namespaces: zeroconf alone forms it; loss and partitions do
-not lose messages (spec §7.1, §7.3). Real node processes, one per namespace."""
+not lose messages (spec §7.1, §7.3). Real node processes, one per namespace; the two
+scenarios share one lab and its four nodes (the partition starts from the mesh the
+first one checks, and is healed and its loss cleared whatever happens)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.chaos.conftest import MakeLab
-from tests.chaos.mesh_lab import prepare_community, start_nodes
+from tests.chaos.mesh_lab import NamespacedClient, prepare_community, start_nodes
 from tests.chaos.netns import Host, Lab
 from tests.helpers import eventually
 
@@ -27,6 +28,29 @@ FAST = {
 }
 
 
+@dataclass
+class Mesh:
+    """The lab and the data root of its four started nodes."""
+
+    lab: Lab
+    root: Path
+
+
+@pytest.fixture(scope="module")
+def mesh(lab_support: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    """Four hosts on a bridge, a node on each, nobody told of anybody."""
+    root = tmp_path_factory.mktemp("mesh")
+    with Lab(4) as lab:
+        prepare_community(root, lab)
+        procs = start_nodes(root, lab, FAST)
+        try:
+            yield Mesh(lab, root)
+        finally:
+            for proc in reversed(procs):
+                if proc.returncode is None:
+                    proc.host.kill(proc, 15)
+
+
 async def get(via: Host, url: str) -> Any:
     """GET JSON from inside ``via``'s namespace."""
     connector = aiohttp.TCPConnector(socket_factory=via.socket_factory)
@@ -39,15 +63,10 @@ async def linked(lab: Lab) -> list[int]:
     return [(await get(h, f"http://{h.ip}:7080/status"))["peers_linked"] for h in lab.hosts]
 
 
-async def test_nodes_find_each_other_by_zeroconf_alone_and_form_a_mesh(
-    make_lab: MakeLab, tmp_path: Path
-) -> None:
+async def test_nodes_find_each_other_by_zeroconf_alone_and_form_a_mesh(mesh: Mesh) -> None:
     """Four hosts on a bridge, nobody told of anybody: each ends up linked to the other three."""
-    lab = make_lab(4)
-    prepare_community(tmp_path, lab)
-    start_nodes(tmp_path, lab, FAST)
     counts = await eventually(
-        lambda: linked(lab),
+        lambda: linked(mesh.lab),
         lambda c: c == [3, 3, 3, 3],
         within_s=30,
         what="a full mesh over zeroconf",
@@ -55,45 +74,50 @@ async def test_nodes_find_each_other_by_zeroconf_alone_and_form_a_mesh(
     assert [3, 3, 3, 3] == counts
 
 
-def cli(root: Path, host: Host, *args: str) -> Any:
-    """Run ``hearthnet ARGS --data-dir <host's>`` inside the host's namespace; parse JSON out."""
-    out = host.run(
-        *host.python("-m", "hearthnet.cli", *args, "--data-dir", str(root / host.name)), timeout=60
-    )
-    return json.loads(out.stdout) if out.stdout.strip().startswith(("{", "[")) else out.stdout
+async def publish(root: Path, host: Host, topic: str, data: dict[str, Any]) -> None:
+    """Publish one message on the host's node, as ``hearthnet pub`` does (acknowledged)."""
+    async with NamespacedClient(root, host) as client:
+        await client.publish(topic, "message", data)
 
 
 async def held(root: Path, lab: Lab, topic: str) -> list[int]:
-    """How many messages of ``topic`` each host's log holds."""
+    """How many messages of ``topic`` each host's log holds (``hearthnet topics``)."""
     counts = []
     for host in lab.hosts:
-        topics = await asyncio.to_thread(cli, root, host, "topics", "--json", "--prefix", topic)
+        async with NamespacedClient(root, host) as client:
+            topics = await client.topics(topic, 100)
         counts.append(sum(t["messages"] for t in topics if t["topic"] == topic))
     return counts
 
 
-async def test_partition_heals_and_every_node_converges(make_lab: MakeLab, tmp_path: Path) -> None:
+async def test_partition_heals_and_every_node_converges(mesh: Mesh) -> None:
     """Split 2|2 with 10 % loss on every link; publish on both sides; heal: all hold everything."""
-    lab = make_lab(4)
-    prepare_community(tmp_path, lab)
-    start_nodes(tmp_path, lab, FAST)
+    lab, root = mesh.lab, mesh.root
     await eventually(
         lambda: linked(lab), lambda c: c == [3, 3, 3, 3], within_s=30, what="a full mesh"
     )
     a, b = lab.hosts[:2], lab.hosts[2:]
-    lab.partition(a, b)
-    lab.netem_all(loss_pct=10)
-    for i in range(5):
-        await asyncio.to_thread(cli, tmp_path, a[i % 2], "pub", "split", "--data", f'{{"i": {i}}}')
-        await asyncio.to_thread(
-            cli, tmp_path, b[i % 2], "pub", "split", "--data", f'{{"i": {100 + i}}}'
+    try:
+        lab.partition(a, b)
+        lab.netem_all(loss_pct=10)
+        for i in range(5):
+            await publish(root, a[i % 2], "split", {"i": i})
+            await publish(root, b[i % 2], "split", {"i": 100 + i})
+        # each side holds its own five (and, checked below, nothing from the other)
+        during = await eventually(
+            lambda: held(root, lab, "split"),
+            lambda c: all(n >= 5 for n in c),
+            within_s=30,
+            what="each side holding its own messages",
         )
-    during = await held(tmp_path, lab, "split")
-    lab.heal_all()
-    after = await eventually(
-        lambda: held(tmp_path, lab, "split"),
-        lambda c: c == [10, 10, 10, 10],
-        within_s=45,
-        what="convergence after the partition healed",
-    )
+        lab.heal_all()
+        after = await eventually(
+            lambda: held(root, lab, "split"),
+            lambda c: c == [10, 10, 10, 10],
+            within_s=45,
+            what="convergence after the partition healed",
+        )
+    finally:
+        lab.heal_all()
+        lab.netem_all(loss_pct=0)
     assert ([5, 5, 5, 5], [10, 10, 10, 10]) == (during, after)

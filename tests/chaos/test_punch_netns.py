@@ -17,16 +17,11 @@ from pathlib import Path
 import pytest
 
 from hearthnet.identity import KeyPair
+from tests.chaos.mesh_lab import NamespacedClient
 from tests.chaos.nat_lab import HomeHost, NatLab, PublicHost
 from tests.chaos.netns import HostProcess, Machine
 from tests.chaos.relay_lab import start_all, stop_all
-from tests.chaos.test_relay_netns import (
-    PORT,
-    NamespacedClient,
-    both_paths,
-    prepare,
-    subscribe,
-)
+from tests.chaos.test_relay_netns import PORT, both_paths, prepare, subscribe
 from tests.helpers import eventually
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
@@ -76,7 +71,7 @@ async def publish_numbers(
 ) -> None:
     """Publish ``{"n": n}`` for each number on the machine's node, each acknowledged
     before the next (what ``hearthnet pub`` does), ``pause_s`` apart."""
-    async with NamespacedClient(root, machine) as client:
+    async with NamespacedClient(root, machine, PORT) as client:
         for n in numbers:
             await client.publish(topic, "message", {"n": n})
             await asyncio.sleep(pause_s)

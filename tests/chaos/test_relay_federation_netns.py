@@ -22,6 +22,7 @@ from tests.chaos.test_relay_netns import (
     cli,
     paths,
     prepare,
+    public_status,
     relayed_in,
     start,
     subscribe,
@@ -64,7 +65,7 @@ async def test_two_nat_nodes_publish_and_call_through_federated_relays(
             cli, tmp_path, home_a, "call", "echo", "--body", '{"x": 7}', "--target", b_keys.node_id
         )
         opened = await asyncio.to_thread(relayed_in, tmp_path, home_b)
-        status = await asyncio.to_thread(cli, tmp_path, relay1, "node", "status", "--json")
+        status = await asyncio.to_thread(public_status, relay1)
     finally:
         for proc in reversed(procs):
             if proc.returncode is None:
@@ -93,7 +94,7 @@ async def test_a_nat_node_joins_through_the_relay_of_an_inviter_behind_nat(
         procs.append(start(tmp_path, relay, "--relay"))
         procs.append(start(tmp_path, home_a, "--relay-url", relay_url))
         await eventually(
-            lambda: asyncio.to_thread(cli, tmp_path, relay, "node", "status", "--json"),
+            lambda: asyncio.to_thread(public_status, relay),
             lambda got: got["relaying"]["relay"]["members"] == 1,
             within_s=30,
             what="home A attached to the relay",
@@ -113,7 +114,7 @@ async def test_a_nat_node_joins_through_the_relay_of_an_inviter_behind_nat(
             within_s=60,
             what="the new member relayed to the inviter",
         )
-        status = await asyncio.to_thread(cli, tmp_path, relay, "node", "status", "--json")
+        status = await asyncio.to_thread(public_status, relay)
     finally:
         for proc in reversed(procs):
             if proc.returncode is None:

@@ -10,13 +10,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import orjson
-
-from hearthnet.client import Client
 from hearthnet.community import CommunityStore, Level
 from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.membership import Membership
+from tests.chaos.mesh_lab import NamespacedClient
 from tests.chaos.netns import HostProcess, Machine
 
 FAST = {
@@ -65,31 +62,8 @@ def cli(root: Path, machine: Machine, *args: str) -> Any:
     return json.loads(done.stdout)
 
 
-class NamespacedClient(Client):
-    """A client of the machine's node, signing with its key, whose connections are made
-    inside the machine's namespace: the test process reaches a home node's private
-    address without starting a process there (a poll costs a request, not an interpreter)."""
-
-    def __init__(self, root: Path, machine: Machine) -> None:
-        super().__init__(
-            f"http://{machine.ip}:{PORT}", keys=load_or_create_keys(root / machine.name)
-        )
-        self.machine = machine
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        """The pooled session, its sockets opened in the machine's namespace."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(socket_factory=self.machine.socket_factory),
-                timeout=aiohttp.ClientTimeout(total=30),
-                json_serialize=lambda o: orjson.dumps(o).decode(),
-            )
-        return self._session
-
-
 async def _peers(root: Path, machine: Machine) -> Any:
-    async with NamespacedClient(root, machine) as client:
+    async with NamespacedClient(root, machine, PORT) as client:
         return await client.request_json("GET", "/mesh/v1/peers")
 
 
@@ -98,6 +72,12 @@ def paths(root: Path, machine: Machine) -> dict[str, tuple[str, str | None]]:
     (``GET /mesh/v1/peers`` signed with the node's key)."""
     peers = asyncio.run(_peers(root, machine))["peers"]
     return {p["node"]: (p["path"], p["via"]) for p in peers if p["linked"]}
+
+
+def public_status(machine: Machine) -> Any:
+    """The node's public ``/status`` (what ``hearthnet node status --json`` prints)."""
+    done = machine.run("curl", "-s", f"http://{machine.ip}:{PORT}/status", timeout=30)
+    return json.loads(done.stdout)
 
 
 def relayed_in(root: Path, machine: Machine) -> float:
