@@ -38,11 +38,16 @@ def relayed_frames_in(cluster: Cluster, i: int) -> float:
     return 0.0
 
 
+async def _peers(cluster: Cluster, i: int) -> Any:
+    """What ``hearthnet peers --json`` shows for node i (a request, not a process per poll)."""
+    async with cluster.client(i) as client:
+        return await client.request_json("GET", "/mesh/v1/peers")
+
+
 def paths(cluster: Cluster, i: int) -> dict[str, tuple[str, str | None]]:
     """``{peer: (path, via)}`` of node i's linked peers that answered a ping (a pong on a
     path comes after the greeting frames, capability routes included, that went first)."""
-    out = run_cli("peers", "--json", "--data-dir", str(cluster.data(i)))
-    peers: list[dict[str, Any]] = json.loads(out.stdout)["peers"]
+    peers: list[dict[str, Any]] = asyncio.run(_peers(cluster, i))["peers"]
     return {
         p["node"]: (p["path"], p["via"])
         for p in peers
