@@ -22,9 +22,20 @@ from tests.helpers import NodeProcess, hearthnet_cmd, run_cli, start_node_proces
 from tests.integration.mesh_cluster import MESH_ARGS, invite
 
 
+@pytest.fixture(scope="module")
+def node_proc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """A node process on a free loopback port, shared by the module's tests (each uses
+    topics and tokens of its own)."""
+    proc = start_node_process(tmp_path_factory.mktemp("cli-node") / "data")
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
 @pytest.fixture
-def node_proc(tmp_path: Path) -> Iterator[NodeProcess]:
-    """A node process on a free loopback port."""
+def fresh_node_proc(tmp_path: Path) -> Iterator[NodeProcess]:
+    """A node process of the test's own (whose log's sequence numbers start at 1)."""
     proc = start_node_process(tmp_path / "data")
     try:
         yield proc
@@ -224,9 +235,9 @@ def test_commands_that_read_an_identity_do_not_make_one(tmp_path: Path) -> None:
     assert not (empty / "keys").exists()
 
 
-def test_pub_sub_topics_from_the_command_line(node_proc: NodeProcess) -> None:
+def test_pub_sub_topics_from_the_command_line(fresh_node_proc: NodeProcess) -> None:
     """`sub --last` prints the backlog then live messages as JSON lines; `topics` lists."""
-    d = str(node_proc.data_dir)
+    d = str(fresh_node_proc.data_dir)
     for i in range(2):
         assert (
             run_cli("pub", "cli.t", "--data", json.dumps({"i": i}), "--data-dir", d).returncode == 0
