@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hearthnet.mesh.frames import PeerFrame
+from hearthnet.mesh.frames import BatchMsgs, Msg, PeerFrame
 from hearthnet.pubsub.envelope import Message
 
 if TYPE_CHECKING:  # heartbeat.py returns these actions
@@ -33,6 +33,23 @@ class Forward:
 
     data: bytes
     skip: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardBatch:
+    """Send a whole signed batch to every linked peer but ``skip``: the ``batch`` frame to
+    a peer that takes it, the ``msgs`` frames (one per message) to the others; each kind
+    encoded once, and only when some peer gets it."""
+
+    batch: BatchMsgs
+    messages: tuple[Message, ...]
+    hops: tuple[int, ...]  # each message's hops for its msg frame
+    skip: str | None
+
+    def msgs(self) -> list[bytes]:
+        """The batch as encoded ``msg`` frames (for a peer without the feature; this makes
+        each message's proof, which a batch frame does without)."""
+        return [Msg(m.raw, h).encode() for m, h in zip(self.messages, self.hops, strict=True)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +124,7 @@ class CloseLink:
 Action = (
     Send
     | Forward
+    | ForwardBatch
     | Deliver
     | Duplicate
     | Refused

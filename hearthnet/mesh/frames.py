@@ -34,6 +34,7 @@ MAX_SID = 64  # a stream id longer than this is refused
 SHAPES: dict[str, Shape] = {
     "hello": HELLO_SHAPE,
     "msg": Shape.of("msg frame", ("t", "raw", "h")),
+    "batch": Shape.of("batch frame", ("t", "origin", "first", "n", "sig", "leaves", "h")),
     "ihave": Shape.of("ihave frame", ("t", "heads", "floors")),
     "iwant": Shape.of("iwant frame", ("t", "want")),
     "presence": Shape.of("presence frame", ("t", "id", "node", "events")),
@@ -136,15 +137,62 @@ class Msg(_Frame):
         raw = obj.get("raw")
         if not isinstance(raw, bytes):
             raise BadRequest("msg.raw must be a byte string")
-        hops = obj.get("h", 1)
-        # an out-of-range hop count is a peer's bookkeeping error, not a reason to drop
-        # the message: it counts as one hop
-        hops = hops if isinstance(hops, int) and 0 < hops < 64 else 1
-        return cls(raw, hops)
+        return cls(raw, _hops(obj))
 
     def to_wire(self) -> dict[str, Any]:
         """See :meth:`_Frame.to_wire`."""
         return {"raw": self.raw, "h": self.h}
+
+
+def _hops(obj: Mapping[str, Any]) -> int:
+    # an out-of-range hop count is a peer's bookkeeping error, not a reason to drop the
+    # message: it counts as one hop
+    hops = obj.get("h", 1)
+    return hops if isinstance(hops, int) and 0 < hops < 64 else 1
+
+
+@dataclass(frozen=True, slots=True)
+class BatchMsgs(_Frame):
+    """``batch {origin, first, n, sig, leaves, h}``: a whole signed batch (spec §6.2) as
+    its ``n`` leaves (each message's JCS bytes without ``sig``, ``origin_seq`` order from
+    ``first``), the batch signature once, no per-message paths; the receiver rebuilds the
+    tree. Sent only to peers whose hello lists the ``batch`` feature."""
+
+    KIND: ClassVar[str] = "batch"
+    origin: str
+    first: int
+    n: int
+    sig: str
+    leaves: tuple[bytes, ...]
+    h: int = 1
+
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any]) -> Self:
+        """From a decoded map; :class:`BadRequest` if malformed (``n`` leaves, 2 or more)."""
+        cls.check(obj)
+        leaves = _list(obj, "leaves", "batch")
+        n = _int(obj, "n", "batch", minimum=2)
+        if len(leaves) != n or not all(isinstance(leaf, bytes) for leaf in leaves):
+            raise BadRequest("batch.leaves must be n byte strings")
+        return cls(
+            _str(obj, "origin", "batch", limit=128),
+            _int(obj, "first", "batch"),
+            n,
+            _str(obj, "sig", "batch", limit=256),
+            leaves,
+            _hops(obj),
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        """See :meth:`_Frame.to_wire`."""
+        return {
+            "origin": self.origin,
+            "first": self.first,
+            "n": self.n,
+            "sig": self.sig,
+            "leaves": list(self.leaves),
+            "h": self.h,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,6 +531,7 @@ class Cancel(_Frame):
 
 PeerFrame = (
     Msg
+    | BatchMsgs
     | IHave
     | IWant
     | Presence
@@ -503,6 +552,7 @@ FRAME_CLASSES: dict[str, type[PeerFrame]] = {
     cls.KIND: cls
     for cls in (
         Msg,
+        BatchMsgs,
         IHave,
         IWant,
         Presence,

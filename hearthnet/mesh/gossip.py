@@ -16,8 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hearthnet.errors import BadRequest, HearthNetError
-from hearthnet.mesh.actions import Deliver, Duplicate, Forward, Refused, Repair
-from hearthnet.mesh.frames import IHave, IWant, Msg
+from hearthnet.mesh.actions import Deliver, Duplicate, Forward, ForwardBatch, Refused, Repair
+from hearthnet.mesh.batches import batch_frame, batch_runs, parse_leaves, prove_batch
+from hearthnet.mesh.frames import BatchMsgs, IHave, IWant, Msg
 from hearthnet.pubsub.envelope import Message, StoredMessage
 from hearthnet.transport.codec import loads
 
@@ -177,14 +178,7 @@ class Gossip:
             message = Message.parse(obj, raw=frame.raw)
         except HearthNetError as exc:
             return Refused(source, str(exc))
-        if (
-            self.is_member is not None
-            and not self.is_member(message.origin)
-            and not (
-                self.foreign_origin is not None
-                and self.foreign_origin(message.origin, message.topic)
-            )
-        ):
+        if not self._may_originate(message):
             # spec §1.5, §7.3: only a current member originates gossip (mesh.** included).
             # Refused before _hops, so it is neither stored nor forwarded and leaves no
             # trace that would stop a later copy: a member whose member.added arrives after
@@ -192,6 +186,46 @@ class Gossip:
             return Refused(source, f"origin {message.origin} is not a member", "gossip_origin")
         self._hops[message.id] = frame.h
         return Deliver(message, source, frame.h, self.is_catch_up(message))
+
+    def _may_originate(self, message: Message) -> bool:
+        """Whether ``message``'s origin is a current member (or a federated origin on a
+        topic its community grants ours)."""
+        return (
+            self.is_member is None
+            or self.is_member(message.origin)
+            or (
+                self.foreign_origin is not None
+                and self.foreign_origin(message.origin, message.topic)
+            )
+        )
+
+    def receive_batch(self, frame: BatchMsgs, source: str) -> list[Deliver] | Duplicate | Refused:
+        """A whole signed batch from ``source`` (spec §6.2): its leaves checked, its root's
+        signature verified once, and each message new to this node delivered. Any fault
+        refuses the batch whole: none of its messages is delivered.
+
+        Each :class:`Deliver` must be followed by :meth:`ingested` once the log has it.
+        """
+        try:
+            objs = parse_leaves(frame)
+        except HearthNetError as exc:
+            return Refused(source, f"batch: {exc}", "gossip_batch")
+        ids = [obj.get("id") for obj in objs]
+        if all(isinstance(i, str) and (self.knows(i) or i in self._hops) for i in ids):
+            return Duplicate()  # held already: not verified again
+        try:
+            messages = prove_batch(frame, objs)
+        except HearthNetError as exc:
+            return Refused(source, f"batch: {exc}", "gossip_batch")
+        if not all(self._may_originate(m) for m in messages):
+            return Refused(source, f"origin {frame.origin} is not a member", "gossip_origin")
+        delivers: list[Deliver] = []
+        for message in messages:
+            if self.knows(message.id) or message.id in self._hops:
+                continue
+            self._hops[message.id] = frame.h
+            delivers.append(Deliver(message, source, frame.h, self.is_catch_up(message)))
+        return delivers
 
     def is_catch_up(self, message: Message) -> bool:
         """Whether a peer had advertised holding ``message`` (in an ``ihave``) before it
@@ -204,16 +238,23 @@ class Gossip:
         """The log took (or refused) a delivered message: forget its hop count."""
         self._hops.pop(message_id, None)
 
-    def committed(self, batch: list[StoredMessage], linked: bool) -> list[Forward]:
-        """Messages this node newly holds: track them, and (when ``linked``) forward each
-        to every link but the one it came from, encoded once."""
-        forwards: list[Forward] = []
+    def committed(self, batch: list[StoredMessage], linked: bool) -> list[Forward | ForwardBatch]:
+        """Messages this node newly holds: track them, and (when ``linked``) forward them
+        to every link but the one they came from, encoded once: each whole signed batch
+        as one :class:`ForwardBatch`, every other message as a ``msg`` frame."""
         for stored in batch:
-            message = stored.message
-            self.tracker.add(message.origin, message.origin_seq)
-            if linked:
-                hops = self._hops.get(message.id, 0) + 1
-                forwards.append(Forward(Msg(message.raw, hops).encode(), stored.source))
+            self.tracker.add(stored.message.origin, stored.message.origin_seq)
+        if not linked:
+            return []
+        forwards: list[Forward | ForwardBatch] = []
+        for run, whole in batch_runs(batch):
+            hops = tuple(self._hops.get(s.message.id, 0) + 1 for s in run)
+            if whole:
+                messages = tuple(s.message for s in run)
+                frame = batch_frame(messages, max(hops))
+                forwards.append(ForwardBatch(frame, messages, hops, run[0].source))
+            else:
+                forwards.append(Forward(Msg(run[0].message.raw, hops[0]).encode(), run[0].source))
         return forwards
 
     def ihave(self) -> IHave:

@@ -62,6 +62,7 @@ FRAME_KINDS = frozenset(
     {
         "hello",
         "msg",
+        "batch",
         "ihave",
         "iwant",
         "presence",
@@ -79,6 +80,26 @@ FRAME_KINDS = frozenset(
         "peers",
     }
 )
+# Optional frame kinds a node takes, named in its hello's ``version`` as a PEP 440 local
+# label ("0.3.0+batch"): a hello field is not the place, since a node refuses a hello
+# with a field it does not list, and ``version`` is free text every node accepts. A peer
+# whose version names no feature gets none of them (docs/protocol.md, "Link features").
+BATCH_FEATURE = "batch"  # whole signed batches in one frame (spec §6.2, mesh/batches.py)
+LINK_FEATURES = (BATCH_FEATURE,)
+
+
+def advertised_version(version: str, features: tuple[str, ...] = LINK_FEATURES) -> str:
+    """``version`` with the features this node takes as its local label."""
+    base = version.split("+", 1)[0]
+    return f"{base}+{'.'.join(features)}" if features else base
+
+
+def version_features(version: str) -> frozenset[str]:
+    """The link features a peer's hello ``version`` names (none without a ``+`` label)."""
+    _, plus, label = version.partition("+")
+    return frozenset(label.split(".")) if plus else frozenset()
+
+
 # Relay frames (spec §8), defined in relay_frames.py: attach, route, sealed, pframe, ...
 FRAME_KINDS |= RELAY_FRAME_KINDS
 
@@ -170,6 +191,11 @@ class PeerInfo:
     full: bool = False  # the peer has all the links it takes: it sends addresses, then bye
     relay: bool = False  # the peer serves as a relay (spec §8; federation needs it)
 
+    @property
+    def features(self) -> frozenset[str]:
+        """The optional frame kinds the peer takes (its hello's version label)."""
+        return version_features(self.version)
+
 
 @dataclass
 class Handshake:
@@ -185,6 +211,7 @@ class Handshake:
     expect: str | None = None  # the NodeID we meant to reach, when we know it
     full: bool = False  # we accept no more links: the peer gets addresses, then bye "full"
     relay: bool = False  # we serve as a relay (spec §8): relays federate only with relays
+    features: tuple[str, ...] = LINK_FEATURES  # optional frame kinds we take
     nonce: str = field(default_factory=lambda: os.urandom(16).hex())
     their_nonce: str | None = None
     peer: PeerInfo | None = None
@@ -197,7 +224,7 @@ class Handshake:
             "ts": now_ms,
             "nonce": self.nonce,
             "name": self.name,
-            "version": self.version,
+            "version": advertised_version(self.version, self.features),
         }
         if self.url:
             body["url"] = self.url

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from hearthnet.mesh.actions import Forward
+from hearthnet.mesh.actions import Forward, ForwardBatch
 from hearthnet.mesh.frames import PeerFrame
 from hearthnet.mesh.links import PeerLink
-from hearthnet.mesh.protocol import winning_direction
+from hearthnet.mesh.protocol import BATCH_FEATURE, PeerInfo, winning_direction
 from hearthnet.mesh.relayed_link import REPLACED_BY_DIRECT, is_relayed, path_fields
 
 __all__ = ["REPLACED_BY_DIRECT", "PeerPath", "Routes"]
@@ -27,6 +27,10 @@ class PeerPath(Protocol):
     @property
     def node(self) -> str:
         """The NodeID at the far end."""
+
+    @property
+    def peer(self) -> PeerInfo:
+        """Who is at the far end, as its hello said (its link features among it)."""
 
     def send_raw(self, data: bytes) -> bool:
         """Queue an encoded frame; False when it could not be queued."""
@@ -101,6 +105,25 @@ class Routes:
         for link in list(self.links.values()):
             if link.node != forward.skip:
                 link.send_raw(forward.data)
+
+    def forward_batch(self, forward: ForwardBatch) -> None:
+        """A whole signed batch to every link but ``forward.skip``: one ``batch`` frame to
+        a peer whose hello lists the feature, ``msg`` frames to the others (spec §6.2;
+        each encoded once, when the first link needs it)."""
+        batch: bytes | None = None
+        msgs: list[bytes] | None = None
+        for link in list(self.links.values()):
+            if link.node == forward.skip:
+                continue
+            if BATCH_FEATURE in link.peer.features:
+                if batch is None:
+                    batch = forward.batch.encode()
+                link.send_raw(batch)
+            else:
+                if msgs is None:
+                    msgs = forward.msgs()
+                for data in msgs:
+                    link.send_raw(data)
 
     def close(self, node: str, reason: str) -> None:
         """End the path to ``node``, if there is one."""

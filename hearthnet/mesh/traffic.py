@@ -22,11 +22,13 @@ from hearthnet.clock import now_ms
 from hearthnet.community import MembershipRecord
 from hearthnet.errors import HearthNetError
 from hearthnet.membership import Admission, Membership, Source
-from hearthnet.mesh.actions import Deliver, Duplicate, Repair
+from hearthnet.mesh.actions import Deliver, Duplicate, Forward, Refused, Repair
 from hearthnet.mesh.addresses import PeerBook
+from hearthnet.mesh.batches import repair_frames
 from hearthnet.mesh.flood import MembershipFlood, PresenceFlood
 from hearthnet.mesh.frames import (
     Ack,
+    BatchMsgs,
     Bye,
     Call,
     Cancel,
@@ -45,6 +47,7 @@ from hearthnet.mesh.frames import (
 )
 from hearthnet.mesh.gossip import Gossip
 from hearthnet.mesh.health import LinkHealth
+from hearthnet.mesh.protocol import BATCH_FEATURE
 from hearthnet.mesh.remote import RemoteCalls
 from hearthnet.mesh.routing import PeerPath, Routes
 from hearthnet.metrics import Counter
@@ -124,6 +127,7 @@ class LinkTraffic:
         self._membership_frames = asyncio.Lock()
         self._handlers: dict[type, Callable[[PeerPath, Any], None]] = {
             Msg: self._msg,
+            BatchMsgs: self._batch,
             IHave: self._ihave,
             IWant: self._iwant,
             MembershipBatch: self._membership,
@@ -195,13 +199,28 @@ class LinkTraffic:
         elif isinstance(outcome, Deliver):
             self._deliver(outcome)
         else:
-            self.sig_failures.inc(outcome.label)
-            log.warning(
-                "dropped a gossiped message from %s: %s",
-                outcome.source,
-                outcome.reason,
-                extra={"peer": outcome.source},
-            )
+            self._refused(outcome)
+
+    def _batch(self, link: PeerPath, frame: BatchMsgs) -> None:
+        outcome = self.gossip.receive_batch(frame, link.node)
+        if isinstance(outcome, Duplicate):
+            self.pubsub.metrics.duplicates.inc(amount=frame.n)
+        elif isinstance(outcome, Refused):
+            self._refused(outcome)
+        else:
+            if len(outcome) < frame.n:
+                self.pubsub.metrics.duplicates.inc(amount=frame.n - len(outcome))
+            for deliver in outcome:
+                self._deliver(deliver)
+
+    def _refused(self, outcome: Refused) -> None:
+        self.sig_failures.inc(outcome.label)
+        log.warning(
+            "dropped a gossiped message from %s: %s",
+            outcome.source,
+            outcome.reason,
+            extra={"peer": outcome.source},
+        )
 
     def _deliver(self, action: Deliver) -> None:
         message = action.message
@@ -226,7 +245,10 @@ class LinkTraffic:
         """The log committed ``batch``: forward each message to every link but the one
         it came from (the last step of the commit pipeline, after local fan-out)."""
         for forward in self.gossip.committed(batch, len(self.routes) > 0):
-            self.routes.forward(forward)
+            if isinstance(forward, Forward):
+                self.routes.forward(forward)
+            else:
+                self.routes.forward_batch(forward)
 
     def _ihave(self, link: PeerPath, frame: IHave) -> None:
         iwant = self.gossip.receive_ihave(frame, time.monotonic())
@@ -247,8 +269,9 @@ class LinkTraffic:
                 rows = await self.log.read_origin(
                     origin, first, last, min(budget, last - first + 1)
                 )
-                for raw in rows:
-                    link.send_raw(Msg(raw, 1).encode())
+                # whole batches as batch frames to a peer that takes them (spec §6.2)
+                for data in repair_frames(rows, BATCH_FEATURE in link.peer.features):
+                    link.send_raw(data)
                 budget -= len(rows)
                 self.repaired.inc(amount=len(rows))
         finally:

@@ -198,9 +198,19 @@ class BatchVerifier:
         root = root_from_path(leaf_hash(leaf), origin_seq - first, n, path)
         if root is None:
             raise InvalidSignature("the batch path does not fit a tree of n messages")
-        key = (origin, first, n, root, batch)
         with self._lock:
             self.batch_messages += 1
+        self.verify_root(origin, first, n, root, batch)
+
+    def verify_root(self, origin: str, first: int, n: int, root: bytes, batch: str) -> None:
+        """Check that ``origin`` signed the batch of ``n`` messages from ``first`` whose
+        Merkle root is ``root`` (once per batch: a statement checked before passes).
+
+        Raises:
+            InvalidSignature: the batch signature does not verify.
+        """
+        key = (origin, first, n, root, batch)
+        with self._lock:
             if key in self._verified:
                 self._verified.move_to_end(key)
                 return
@@ -210,6 +220,11 @@ class BatchVerifier:
             self._verified[key] = None
             if len(self._verified) > self.capacity:
                 self._verified.popitem(last=False)
+
+    def count_batch(self, n: int) -> None:
+        """Count ``n`` messages proved by a tree rebuilt from a whole batch."""
+        with self._lock:
+            self.batch_messages += n
 
     def count_single(self) -> None:
         """Count a message signed alone that verified."""

@@ -157,6 +157,54 @@ def unsigned_fields(  # noqa: PLR0917 - positional: every publish calls it
     return body
 
 
+def _checked_fields(obj: dict[str, Any]) -> tuple[str, str, int | None, Any, Any]:
+    """Validate an envelope's fields but ``sig``: topic, type, ttl_s, sender, data_enc.
+
+    Raises:
+        BadRequest: malformed envelope.
+        PayloadTooLarge: data over 256 KiB.
+    """
+    if set(obj) - _FIELDS or not {
+        "id",
+        "topic",
+        "type",
+        "data",
+        "origin",
+        "origin_seq",
+        "ts",
+        "sig",
+    } <= set(obj):
+        raise BadRequest(
+            "message fields are id, topic, type, data, data_enc?, origin, origin_seq, "
+            "ts, ttl_s?, sender?, sig"
+        )
+    if not is_ulid(obj["id"]) or not is_node_id(obj["origin"]):
+        raise BadRequest("message id must be a ULID and origin a NodeID")
+    for key in ("origin_seq", "ts"):
+        value = obj[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise BadRequest(f"message {key} must be a non-negative integer")
+    sender = obj.get("sender")
+    if sender is not None and (
+        not isinstance(sender, dict)
+        or set(sender) != {"kind", "id"}
+        or sender["kind"] not in SENDER_KINDS
+        or not isinstance(sender["id"], str)
+    ):
+        raise BadRequest("sender is {kind: node|device|token, id}")
+    topic = validate_topic(obj["topic"])
+    msg_type = validate_type(obj["type"])
+    ttl_s = validate_ttl(obj.get("ttl_s"))
+    data_enc = obj.get("data_enc")
+    if data_enc is None:
+        encoded_payload(obj["data"])
+    elif data_enc == DATA_ENC:
+        encoded_payload(Base64UrlText(check_text(obj["data"])))
+    else:
+        raise BadRequest(f'data_enc is "{DATA_ENC}" or absent')
+    return topic, msg_type, ttl_s, sender, data_enc
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     """A verified message, with the bytes it travels as.
@@ -346,6 +394,46 @@ class Message:
         )
 
     @classmethod
+    def proved(cls, obj: dict[str, Any], sig: dict[str, Any], raw: bytes, leaf_len: int) -> Message:
+        """A message of a batch whose root and signature the caller verified from all its
+        leaves (a batch gossiped whole, spec §6.2): its fields are validated here, its
+        signature is not checked again. ``obj`` is the parsed leaf (without ``sig``), ``sig``
+        its rebuilt proof, ``raw`` the envelope with that proof, ``leaf_len`` the leaf's
+        length.
+
+        Raises:
+            BadRequest: malformed envelope.
+            PayloadTooLarge: data over 256 KiB.
+        """
+        obj["sig"] = sig
+        topic, msg_type, ttl_s, sender, data_enc = _checked_fields(obj)
+        return cls(
+            obj["id"],
+            topic,
+            msg_type,
+            obj["data"],
+            obj["origin"],
+            obj["origin_seq"],
+            obj["ts"],
+            sig,
+            ttl_s,
+            sender,
+            raw,
+            leaf_len - 1,
+            data_enc,
+        )
+
+    def leaf(self) -> bytes:
+        """The JCS bytes of the message without ``sig`` (what a signature covers)."""
+        unsigned = self.unsigned_bytes()
+        if unsigned is not None:
+            return unsigned
+        body = self.body(sig=False)
+        if self.origin_seq <= MAX_EXACT_INTEGER and self.ts <= MAX_EXACT_INTEGER:
+            return canonical_body(body)
+        return canonicalize(body)
+
+    @classmethod
     def create(cls, origin: KeyPair, **fields: Any) -> Message:
         """Sign a new message as the origin node (fields as for :meth:`unsigned`)."""
         return cls.signed(origin, cls.unsigned(origin.node_id, **fields))
@@ -370,44 +458,7 @@ class Message:
             raise BadRequest("a message is an object")
         if type(obj.get("data")) is bytes:
             obj, raw = json_envelope(obj), None
-        if set(obj) - _FIELDS or not {
-            "id",
-            "topic",
-            "type",
-            "data",
-            "origin",
-            "origin_seq",
-            "ts",
-            "sig",
-        } <= set(obj):
-            raise BadRequest(
-                "message fields are id, topic, type, data, data_enc?, origin, origin_seq, "
-                "ts, ttl_s?, sender?, sig"
-            )
-        if not is_ulid(obj["id"]) or not is_node_id(obj["origin"]):
-            raise BadRequest("message id must be a ULID and origin a NodeID")
-        for key in ("origin_seq", "ts"):
-            value = obj[key]
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise BadRequest(f"message {key} must be a non-negative integer")
-        sender = obj.get("sender")
-        if sender is not None and (
-            not isinstance(sender, dict)
-            or set(sender) != {"kind", "id"}
-            or sender["kind"] not in SENDER_KINDS
-            or not isinstance(sender["id"], str)
-        ):
-            raise BadRequest("sender is {kind: node|device|token, id}")
-        topic = validate_topic(obj["topic"])
-        msg_type = validate_type(obj["type"])
-        ttl_s = validate_ttl(obj.get("ttl_s"))
-        data_enc = obj.get("data_enc")
-        if data_enc is None:
-            encoded_payload(obj["data"])
-        elif data_enc == DATA_ENC:
-            encoded_payload(Base64UrlText(check_text(obj["data"])))
-        else:
-            raise BadRequest(f'data_enc is "{DATA_ENC}" or absent')
+        topic, msg_type, ttl_s, sender, data_enc = _checked_fields(obj)
         sig = obj["sig"]
         if isinstance(sig, dict):
             unsigned = {k: v for k, v in obj.items() if k != "sig"}

@@ -21,10 +21,12 @@ from hearthnet.mesh.protocol import (
     Handshake,
     LinkState,
     LinkToSelf,
+    advertised_version,
     bye_for,
     decode_frame,
     encode_frame,
     refusal_from_bye,
+    version_features,
     winning_direction,
 )
 
@@ -69,6 +71,21 @@ def test_members_complete_the_handshake() -> None:
         dialer.peer.node if dialer.peer else None,
         acceptor.peer.node if acceptor.peer else None,
         acceptor.peer.url if acceptor.peer else None,
+    )
+
+
+def test_a_hello_names_the_link_features_in_its_version_label() -> None:
+    """A hello's version carries the features the node takes ("0.3.0+batch"); a peer
+    whose version has no label takes none."""
+    view = community(B)
+    dialer = Handshake(A, view, True, NOW, version="0.3.0")
+    acceptor = Handshake(B, view, False, NOW, version="0.3.0", features=())
+    run(dialer, acceptor)
+    assert (frozenset({"batch"}), frozenset(), "0.3.0+batch", frozenset()) == (
+        acceptor.peer.features if acceptor.peer else None,
+        dialer.peer.features if dialer.peer else None,
+        advertised_version("0.3.0"),
+        version_features("0.3.0"),
     )
 
 
