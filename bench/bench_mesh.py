@@ -7,11 +7,16 @@
    messages every node holds within 15 s.
 3. ``partition``: the namespaced mesh split in two, messages published on both sides, then
    healed: the time until every node holds every message.
+4. ``throughput`` (``--throughput``, run alone): 3 nodes on loopback, one WebSocket
+   publisher on node 0 with many publishes in flight (so the log commits, and signs, in
+   batches); messages/s until both other nodes hold every message, and the CPU seconds
+   each node process spent, per message per receiving node (a hop).
 
 Needs root and iproute2 for 2 and 3 (the chaos-test harness). Every node is stopped by PID;
 every loop is bounded.
 
 Run: python -m bench.bench_mesh [--nodes 20] [--messages 200] [--skip-netns]
+     python -m bench.bench_mesh --throughput [--tp-messages 20000] [--in-flight 256]
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 
 import uvloop
 
-from bench.common import percentile, proc_rss_mb, save, start_node, stop_process
+from bench.common import percentile, proc_cpu_s, proc_rss_mb, save, start_node, stop_process
 from hearthnet.client import Client
 from hearthnet.identity import load_or_create_keys
 from hearthnet.subscription import Delivery
@@ -182,6 +187,65 @@ async def loopback(n: int, messages: int, rate: float) -> dict[str, Any]:
         mesh.stop()
 
 
+async def _held(client: Client, prefix: str) -> int:
+    """How many messages of the topics under ``prefix`` the client's node holds."""
+    rows = await client.topics(prefix=prefix, limit=1000)
+    return sum(int(t["messages"]) for t in rows)
+
+
+async def throughput(messages: int, in_flight: int, within_s: float = 120) -> dict[str, Any]:
+    """Messages/s from one publisher through a 3-node mesh, and CPU per message per hop."""
+    root = Path(tempfile.mkdtemp(prefix="hn-mesh-tp-"))
+    mesh = LoopbackMesh(3, root)
+    prefix = "bench.tp."  # 50 topics: retention keeps 1,000 messages per topic
+    payload = {"text": "x" * 200}  # ~256 bytes of data, a token-stream-sized message
+    try:
+        mesh.start()
+        await wait_links(mesh, 2)
+        await asyncio.sleep(2.0)  # the greeting frames settle
+        client, *watchers = (
+            Client(u, keys=load_or_create_keys(root / f"n{i}")) for i, u in enumerate(mesh.urls)
+        )
+        cpu0 = [proc_cpu_s(p.pid) for p in mesh.procs]
+        start = time.perf_counter()
+        async with client.publisher() as pub:
+            slots = asyncio.Semaphore(in_flight)
+
+            async def one(k: int) -> None:
+                async with slots:
+                    await pub.publish(f"{prefix}{k % 50}", "m", {**payload, "k": k})
+
+            await asyncio.gather(*(one(k) for k in range(messages)))
+        published_s = time.perf_counter() - start
+        await client.close()
+        deadline = time.monotonic() + within_s
+        held = [0, 0]
+        while time.monotonic() < deadline:
+            held = [await _held(w, prefix) for w in watchers]
+            if min(held) >= messages:
+                break
+            await asyncio.sleep(0.1)
+        all_held_s = time.perf_counter() - start
+        for w in watchers:
+            await w.close()
+        cpu = [proc_cpu_s(p.pid) - c for p, c in zip(mesh.procs, cpu0, strict=True)]
+        dups = sum(_metric(u, "hearthnet_gossip_duplicates_total") for u in mesh.urls)
+        return {
+            "nodes": 3,
+            "messages": messages,
+            "in_flight": in_flight,
+            "held_by_all": min(held) >= messages,
+            "publish_s": round(published_s, 2),
+            "all_held_s": round(all_held_s, 2),
+            "messages_per_s": round(messages / all_held_s),
+            "origin_cpu_us_per_msg": round(cpu[0] / messages * 1e6, 1),
+            "receiver_cpu_us_per_msg_per_hop": round(sum(cpu[1:]) / (2 * messages) * 1e6, 1),
+            "duplicates_per_msg": round(dups / messages, 2),
+        }
+    finally:
+        mesh.stop()
+
+
 def netns(hosts: int, messages: int) -> dict[str, Any]:
     """Loss and partition runs in network namespaces (the chaos-test lab)."""
     reason = unavailable_reason()
@@ -264,7 +328,14 @@ def main() -> None:
     )
     parser.add_argument("--ns-messages", type=int, default=50)
     parser.add_argument("--skip-netns", action="store_true")
+    parser.add_argument("--throughput", action="store_true", help="only the 3-node throughput run")
+    parser.add_argument("--tp-messages", type=int, default=20_000, help="at most 50,000")
+    parser.add_argument("--in-flight", type=int, default=256)
     args = parser.parse_args()
+    if args.throughput:
+        tp = uvloop.run(throughput(args.tp_messages, args.in_flight))
+        save("mesh_throughput", tp)
+        return
     result: dict[str, Any] = {
         "loopback": uvloop.run(loopback(args.nodes, args.messages, args.rate))
     }
