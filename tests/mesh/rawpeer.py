@@ -18,6 +18,7 @@ from hearthnet.identity import KeyPair
 from hearthnet.mesh.heartbeat import pong_for
 from hearthnet.mesh.links import run_handshake
 from hearthnet.mesh.protocol import (
+    LINK_FEATURES,
     MAX_FRAME_BYTES,
     SUBPROTOCOL,
     Handshake,
@@ -73,10 +74,14 @@ class RawPeer:
 
 @contextlib.asynccontextmanager
 async def raw_peer(
-    node: Node, seed: bytes = b"\x72" * 32, url: str | None = None
+    node: Node,
+    seed: bytes = b"\x72" * 32,
+    url: str | None = None,
+    features: tuple[str, ...] = LINK_FEATURES,
 ) -> AsyncIterator[RawPeer]:
     """Add a new member to ``node``'s community and link it to ``node`` (its hello
-    carrying ``url``, when given)."""
+    carrying ``url``, when given, and naming ``features``: none reads to the node as an
+    older version)."""
     keys = KeyPair.from_seed(seed)
     node.add_member(keys.node_id)
     async with aiohttp.ClientSession() as http:
@@ -84,7 +89,9 @@ async def raw_peer(
             node.url + "/mesh/v1/peer", protocols=(SUBPROTOCOL,), max_msg_size=MAX_FRAME_BYTES
         )
         try:
-            handshake = Handshake(keys, node.membership, True, now_ms(), name="raw", url=url)
+            handshake = Handshake(
+                keys, node.membership, True, now_ms(), name="raw", url=url, features=features
+            )
             await run_handshake(ws, handshake, now_ms)
             peer = RawPeer(keys, ws)
             reader = asyncio.get_running_loop().create_task(peer.read())

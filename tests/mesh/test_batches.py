@@ -18,7 +18,7 @@ from hearthnet.mesh.gossip import Gossip
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.protocol import PeerInfo, advertised_version, decode_frame
 from hearthnet.mesh.routing import Routes
-from hearthnet.pubsub.batchsig import VERIFIER
+from hearthnet.pubsub.batchsig import VERIFIER, sign_batch
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
 from tests.mesh.test_links import ResetSocket
 
@@ -103,6 +103,21 @@ def test_a_bad_batch_is_refused_whole_and_leaves_no_trace() -> None:
     ]
     after = gossip.receive_batch(good, "peer-a")
     assert (["gossip_batch"] * 4, 6) == (labels, len(after) if isinstance(after, list) else 0)
+
+
+def test_a_signed_batch_of_leaves_not_in_canonical_form_is_refused() -> None:
+    """Leaves the origin signed but that are not their own JCS form are refused: the
+    messages rebuilt from them would not verify alone anywhere else."""
+    keys = KeyPair.from_seed(b"\x3c" * 32)
+    bodies = [
+        Message.unsigned(keys.node_id, topic="g.b", msg_type="m", data=i, origin_seq=i + 1, ts=5)
+        for i in range(3)
+    ]
+    leaves = [canonical_body(b) for b in bodies]
+    leaves[1] = leaves[1].replace(b'"data":', b'"data": ')
+    sigs, _ = sign_batch(keys, 1, leaves)
+    frame = BatchMsgs(keys.node_id, 1, 3, sigs[0]["batch"], tuple(leaves))
+    assert "gossip_batch" == refusal(Gossip(lambda _id: False, 100), frame)
 
 
 def test_a_batch_frame_whose_n_is_not_its_leaf_count_is_malformed() -> None:

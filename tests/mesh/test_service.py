@@ -5,6 +5,7 @@ streams stay within their bounds."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 
@@ -19,11 +20,12 @@ from hearthnet.errors import Revoked
 from hearthnet.frames import Frame
 from hearthnet.identity import KeyPair
 from hearthnet.membership import Membership
+from hearthnet.mesh.batches import batch_frame
 from hearthnet.mesh.heartlog import day_of
 from hearthnet.mesh.links import run_handshake
 from hearthnet.mesh.protocol import SUBPROTOCOL, Handshake, LinkState
 from hearthnet.node import Node
-from hearthnet.pubsub.envelope import Message
+from hearthnet.pubsub.envelope import Message, canonical_body
 from tests.conftest import MakeConfig
 from tests.helpers import wait_until
 from tests.mesh.rawpeer import raw_peer
@@ -245,3 +247,52 @@ async def test_a_message_that_arrives_before_its_origins_membership_is_repaired(
         )
         stored = await node.mesh.log.read_origin(late.node_id, 1, 1, 1)
     assert ({late.node_id: [1, 1]}, [message.raw]) == (iwant["want"], stored)
+
+
+async def test_a_batch_frame_is_stored_whole_and_forwarded_by_what_each_peer_takes(
+    node: Node,
+) -> None:
+    """A peer's batch of 5 is stored whole and goes on as one batch frame to a peer that
+    takes batches and as 5 msg frames to an older one; a batch with one altered message is
+    counted and nothing of it is stored."""
+    async with (
+        raw_peer(node) as sender,
+        raw_peer(node, seed=b"\x76" * 32) as new,
+        raw_peer(node, seed=b"\x77" * 32, features=()) as old,
+    ):
+        bodies = [
+            Message.unsigned(
+                sender.node, topic="chat.b", msg_type="m", data=i, origin_seq=i + 1, ts=now_ms()
+            )
+            for i in range(10)
+        ]
+        good = Message.signed_batch(
+            sender.keys, bodies[:5], [canonical_body(b) for b in bodies[:5]]
+        )
+        bad = batch_frame(
+            Message.signed_batch(sender.keys, bodies[5:], [canonical_body(b) for b in bodies[5:]]),
+            1,
+        )
+        altered = orjson.loads(bad.leaves[1])
+        altered["data"] = 99
+        bad = dataclasses.replace(
+            bad, leaves=(bad.leaves[0], canonical_body(altered), *bad.leaves[2:])
+        )
+        await sender.ws.send_bytes(bad.encode())
+        await sender.ws.send_bytes(batch_frame(good, 1).encode())
+        await wait_until(lambda: len(old.received("msg")) == 5, what="5 msg frames to the old peer")
+        batches = new.received("batch")
+        stored = await node.mesh.log.read_origin(sender.node, 1, 10, 10)
+    assert (
+        1.0,
+        [m.raw for m in good],
+        [[m.leaf() for m in good]],
+        [m.raw for m in good],
+        [],
+    ) == (
+        node.mesh.traffic.sig_failures.get("gossip_batch"),
+        stored,
+        [f["leaves"] for f in batches],
+        [f["raw"] for f in old.received("msg")],
+        new.received("msg"),
+    )
