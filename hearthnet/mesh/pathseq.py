@@ -45,6 +45,7 @@ ACK_EVERY = 32  # frames delivered between two acks (also acked on every drain a
 UNSEQUENCED = 0  # the ``s`` of a frame outside the sequence
 _HEARTBEAT_HEADS = (b"\x61t\x64ping", b"\x61t\x64pong")  # after the map's first byte
 _MSG_HEAD = b"\x61t\x63msg"
+_BATCH_HEAD = b"\x61t\x65batch"
 
 
 def is_heartbeat(frame: bytes) -> bool:
@@ -53,9 +54,9 @@ def is_heartbeat(frame: bytes) -> bool:
 
 
 def is_gossip(frame: bytes) -> bool:
-    """True for an encoded ``msg`` peer frame: gossip, which anti-entropy brings again if
-    it is shed under back-pressure (spec §7.3)."""
-    return frame[1:7] == _MSG_HEAD
+    """True for an encoded ``msg`` or ``batch`` peer frame: gossip, which anti-entropy
+    brings again if it is shed under back-pressure (spec §7.3)."""
+    return frame[1:7] == _MSG_HEAD or frame[1:9] == _BATCH_HEAD
 
 
 @dataclass

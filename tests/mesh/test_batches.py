@@ -16,6 +16,7 @@ from hearthnet.mesh.batches import batch_frame, repair_frames
 from hearthnet.mesh.frames import BatchMsgs, Msg, parse_frame
 from hearthnet.mesh.gossip import Gossip
 from hearthnet.mesh.links import PeerLink
+from hearthnet.mesh.pathseq import is_gossip
 from hearthnet.mesh.protocol import PeerInfo, advertised_version, decode_frame
 from hearthnet.mesh.routing import Routes
 from hearthnet.pubsub.batchsig import VERIFIER, sign_batch
@@ -185,3 +186,12 @@ def test_a_repair_sends_whole_batches_as_batch_frames_and_the_rest_as_msgs() -> 
         [str(decode_frame(f)["t"]) for f in repair_frames(rows, batches=False)],
     ]
     assert [["msg"] * 8, ["batch"] * 2, ["msg"] * 10] == kinds
+
+
+def test_a_batch_frame_is_gossip_a_paced_relay_path_may_shed() -> None:
+    """Like msg, a batch frame is gossip (anti-entropy brings it again if shed)."""
+    batch = batch_of(0x3D, 2)
+    assert (True, True) == (
+        is_gossip(batch_frame(batch, 1).encode()),
+        is_gossip(Msg(b"{}").encode()),
+    )
