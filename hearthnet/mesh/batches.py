@@ -45,7 +45,7 @@ def _canonical(obj: dict[str, Any]) -> bytes:
 
 def parse_leaves(frame: BatchMsgs) -> list[dict[str, Any]]:
     """Each leaf of a batch frame as an object, checked to be message ``first + i`` of
-    ``origin`` in its canonical form (so the rebuilt message verifies alone anywhere).
+    ``origin`` (enough to read the ids; :func:`prove_batch` checks the rest).
 
     Raises:
         BadRequest: a leaf that is not such a message; the batch is refused whole.
@@ -66,14 +66,20 @@ def parse_leaves(frame: BatchMsgs) -> list[dict[str, Any]]:
             or obj.get("origin_seq") != frame.first + i
         ):
             raise BadRequest(f"batch leaf {i} is not message {frame.first + i} of the origin")
+        objs.append(obj)
+    return objs
+
+
+def _check_canonical(objs: list[dict[str, Any]], leaves: tuple[bytes, ...]) -> None:
+    """Each leaf is byte for byte the JCS form of its object (so the rebuilt message
+    verifies alone anywhere); :class:`BadRequest` otherwise."""
+    for i, (obj, leaf) in enumerate(zip(objs, leaves, strict=True)):
         try:
             canonical = _canonical(obj)
         except HearthNetError as exc:
             raise BadRequest(f"batch leaf {i}: {exc}") from exc
         if canonical != leaf:
             raise BadRequest(f"batch leaf {i} is not in canonical form")
-        objs.append(obj)
-    return objs
 
 
 def prove_batch(
@@ -84,8 +90,10 @@ def prove_batch(
 
     Raises:
         InvalidSignature: the root is not one the origin signed for these ``first``, ``n``.
-        BadRequest / PayloadTooLarge: a message with a malformed field.
+        BadRequest / PayloadTooLarge: a leaf not in canonical form, or a message with a
+            malformed field.
     """
+    _check_canonical(objs, frame.leaves)
     hashes = [leaf_hash(leaf) for leaf in frame.leaves]
     tree = MerkleTree(hashes)
     verifier.verify_root(frame.origin, frame.first, frame.n, tree.root, frame.sig)
