@@ -6,7 +6,7 @@ and optionally ``beacons/`` and ``traces/``, with ``*.jsonl``, ``*.jsonl.gz`` or
 input URI, so ``file:``, ``hdfs:``, ``s3a:`` and the rest work alike.
 
 Inside the pipeline a NodeID is its ``xxhash64`` (a long): shuffles and caches
-carry 8 bytes instead of 51 characters, and :func:`node_dictionary` maps ids
+carry 8 bytes instead of 51 characters, and :func:`node_names` maps ids
 back to NodeIDs for the outputs. Two of the few thousand NodeIDs of a
 federation sharing a 64-bit hash is a chance of about 1e-12.
 """
@@ -204,24 +204,64 @@ _DEDUP_COLUMNS = (
 )
 
 
-def multi_export_nodes(spark: SparkSession, raw: DataFrame) -> list[int]:
-    """Ids of nodes whose heartbeat records come from more than one export dir.
+@dataclass(frozen=True, slots=True)
+class NodeNames:
+    """What one pass over the raw NodeID columns finds (:func:`node_names`).
+
+    Attributes:
+        ids: id → NodeID for every well-formed NodeID named anywhere in the inputs.
+        multi_export: ids of nodes whose heartbeat records come from more than one
+            export dir (the only ones whose records can hold copies).
+    """
+
+    ids: dict[int, str]
+    multi_export: list[int]
+
+
+def node_names(raws: dict[str, DataFrame | None]) -> NodeNames:
+    """The node dictionary and the multi-export nodes, from one pass over the NodeID columns.
 
     A node's heartbeat log holds only its own observations (spec §7.5), so the
     same observation can be read twice only from two exports of one node (an
-    admin collected overlapping exports). Reads the node column and the file
-    name only: per file a handful of (node, file) pairs.
+    admin collected overlapping exports): the heartbeat ``node`` column is read
+    with the file it came from, every other NodeID column (``peer``, ``via``,
+    ``origin``, the beacons' and traces' ``node``) alone. The rows are reduced
+    to distinct values per task before anything moves: per file a handful.
     """
-    pairs = raw.select("node", "file").where(node_ok(sf.col("node"))).distinct().collect()
-    exports_of: dict[str, set[str]] = {}
-    for row in pairs:
-        export_dir = str(row["file"]).rsplit("/", 2)[0]
-        exports_of.setdefault(str(row["node"]), set()).add(export_dir)
-    multi = [node for node, dirs in exports_of.items() if len(dirs) > 1]
-    if not multi:
-        return []
-    ids = spark.createDataFrame([(n,) for n in multi], "node string")
-    return [int(r["id"]) for r in ids.select(node_key(sf.col("node")).alias("id")).collect()]
+    parts: list[DataFrame] = []
+    for kind, raw in raws.items():
+        if raw is None:
+            continue
+        for c in ("node", "peer", "via", "origin"):
+            if c not in raw.columns:
+                continue
+            own = kind == "heartbeats" and c == "node"
+            parts.append(
+                raw.select(
+                    sf.col(c).alias("node"),
+                    (sf.col("file") if own else sf.lit(None).cast("string")).alias("file"),
+                )
+            )
+    if not parts:
+        raise MeshHealthError("no inputs to build the node dictionary from")
+    names = parts[0]
+    for part in parts[1:]:
+        names = names.unionByName(part)
+    rows = (
+        names.where(node_ok(sf.col("node")))
+        .distinct()
+        .select(node_key(sf.col("node")).alias("id"), "node", "file")
+        .collect()
+    )
+    ids: dict[int, str] = {}
+    exports_of: dict[int, set[str]] = {}
+    for row in rows:
+        nid = int(row["id"])
+        ids[nid] = str(row["node"])
+        if row["file"] is not None:
+            exports_of.setdefault(nid, set()).add(str(row["file"]).rsplit("/", 2)[0])
+    multi = sorted(n for n, dirs in exports_of.items() if len(dirs) > 1)
+    return NodeNames(ids, multi)
 
 
 def dedup_heartbeats(clean: DataFrame, multi_export: list[int] | None = None) -> DataFrame:
@@ -229,7 +269,7 @@ def dedup_heartbeats(clean: DataFrame, multi_export: list[int] | None = None) ->
 
     Args:
         clean: :func:`clean_heartbeats`.
-        multi_export: ids of nodes seen in several exports (:func:`multi_export_nodes`);
+        multi_export: ids of nodes seen in several exports (:attr:`NodeNames.multi_export`);
             None deduplicates every node.
 
     Only the records of ``multi_export`` nodes are shuffled and aggregated; the
@@ -358,20 +398,3 @@ def record_counts(dedup: DataFrame) -> dict[str, int]:
         else:
             counts["out_of_range"] = int(row["copies"])
     return counts
-
-
-def node_dictionary(raws: list[DataFrame]) -> DataFrame:
-    """``(id, node)`` for every well-formed NodeID named anywhere in the raw inputs.
-
-    Each NodeID column is reduced on its own (a partial distinct per file keeps a
-    handful of values) before the union, so the pass reads only those columns.
-    """
-    names: DataFrame | None = None
-    for raw in raws:
-        for c in ("node", "peer", "via", "origin"):
-            if c in raw.columns:
-                part = raw.select(sf.col(c).alias("node")).where(node_ok(sf.col("node"))).distinct()
-                names = part if names is None else names.unionByName(part)
-    if names is None:
-        raise MeshHealthError("no inputs to build the node dictionary from")
-    return names.distinct().select(node_key(sf.col("node")).alias("id"), sf.col("node"))

@@ -134,10 +134,13 @@ class _Job:
         raws = {k: exports.read_raw(self.spark, self.files, k) for k in exports.KINDS}
         raw_hb = raws["heartbeats"]
         assert raw_hb is not None  # discover() guarantees heartbeat files
-        multi = exports.multi_export_nodes(self.spark, raw_hb)
+        # one pass over the NodeID columns: the id → NodeID map, and which nodes'
+        # records can hold copies
+        found = exports.node_names(raws)
+        self.ids = found.ids
         dedup = self.keep(
             exports.dedup_heartbeats(
-                exports.clean_heartbeats(raw_hb, cfg.since_ms, cfg.until_ms), multi
+                exports.clean_heartbeats(raw_hb, cfg.since_ms, cfg.until_ms), found.multi_export
             )
         )
         self.counts = exports.record_counts(dedup)
@@ -165,8 +168,6 @@ class _Job:
             self.traces = t.where(sf.col("status") == exports.OK).select(
                 "nid", "oid", "published_ms", "hops", "ts", "catch_up"
             )
-        ids = exports.node_dictionary([r for r in raws.values() if r is not None]).collect()
-        self.ids = {int(r["id"]): str(r["node"]) for r in ids}
         self.names: dict[int, str] = {}
         if self.beacons is not None:
             latest = (
@@ -226,7 +227,7 @@ class _Job:
             ).select(t.node(sf.col("nid")).alias("node"), "start_ms", "end_ms", "windows"),
             "node_outages",
         )
-        self.collected["outages"] = _rows(downs.orderBy("start_ms", "node"))
+        self.collected["outages"] = _rows(downs, "start_ms", "node")
         self.say("node_availability, node_outages written")
 
     def links(self) -> None:
@@ -260,13 +261,13 @@ class _Job:
             partitions.window_edges(self.lw)
             .join(in_span, on="win", how="inner")
             .select("a", "b", "win")
-            .localCheckpoint(eager=True)
+            .localCheckpoint(eager=False)
         )
         vertices = (
             partitions.window_vertices(edges, self.evidence)
             .join(in_span, on="win", how="inner")
             .select("nid", "win")
-            .localCheckpoint(eager=True)
+            .localCheckpoint(eager=False)
         )
         labels, rounds, graphs = partitions.window_components(
             vertices.select("nid", "win"),
@@ -292,10 +293,10 @@ class _Job:
             "partition_components",
         )
         events = t.write(partitions.partition_events(per_window, w), "partition_events")
-        self.collected["events"] = _rows(events.orderBy("start_ms"))
+        self.collected["events"] = _rows(events, "start_ms")
         self.collected["components"] = _rows(split_comps)
         self.collected["per_window"] = _rows(
-            per_window.select("win", "components", "nodes_up").orderBy("win")
+            per_window.select("win", "components", "nodes_up"), "win"
         )
         self.say(f"partitions written ({graphs} distinct graphs, {rounds} component rounds)")
 
@@ -343,7 +344,7 @@ class _Job:
         t = self.tables
         timed = self.keep(propagation.delays(self.traces, skew_ids, self.hb))
         prop = t.write(propagation.propagation(timed), "propagation")
-        self.collected["propagation"] = _rows(prop.orderBy("hops"))
+        self.collected["propagation"] = _rows(prop, "hops")
         late = self.keep(propagation.catch_up(timed))
         per_node = t.write(
             late.where(sf.col("nid").isNotNull()).select(
@@ -351,18 +352,17 @@ class _Job:
             ),
             "catch_up",
         )
-        self.collected["catch_up"] = _rows(per_node.orderBy("node"))
+        self.collected["catch_up"] = _rows(per_node, "node")
         self.collected["catch_up_all"] = _rows(late.where(sf.col("nid").isNull()))
         self.collected["trace_split"] = _rows(propagation.split_counts(timed))
 
     def finish(self) -> dict[str, Any]:
         """summary.json and the report."""
-        overall = {
-            r["node"]: r["availability"]
-            for r in self.avail.groupBy("node")
-            .agg(sf.try_divide(sf.sum("windows_up"), sf.sum("windows")).alias("availability"))
-            .collect()
-        }
+        # a row per node and hour: one collect serves the overall figures and the chart
+        hourly = _rows(
+            self.avail.select("node", "hour_ms", "availability", "windows_up", "windows")
+        )
+        overall = _overall_availability(hourly)
         summary = _summary(
             self.cfg,
             counts=self.counts,
@@ -383,7 +383,9 @@ class _Job:
                 self.out,
                 ReportData(
                     summary=summary,
-                    availability=_rows(self.avail.select("node", "hour_ms", "availability")),
+                    availability=[
+                        {k: r[k] for k in ("node", "hour_ms", "availability")} for r in hourly
+                    ],
                     rtt=c["rtt"],
                     components=c["components"],
                     per_window=c["per_window"],
@@ -398,6 +400,17 @@ class _Job:
         return summary
 
 
+def _overall_availability(hourly: list[dict[str, Any]]) -> dict[str, float]:
+    """Per node, windows up over windows analysed across all its hours (nodes without an
+    analysed window are left out)."""
+    up: dict[str, int] = {}
+    total: dict[str, int] = {}
+    for r in hourly:
+        up[r["node"]] = up.get(r["node"], 0) + int(r["windows_up"] or 0)
+        total[r["node"]] = total.get(r["node"], 0) + int(r["windows"] or 0)
+    return {n: up[n] / total[n] for n in total if total[n]}
+
+
 def _jvm_cpu_seconds(spark: SparkSession) -> float | None:
     """CPU time the driver JVM has used so far, if the JVM reports it.
 
@@ -409,9 +422,13 @@ def _jvm_cpu_seconds(spark: SparkSession) -> float | None:
     return float(total.get().toMillis()) / 1000 if total.isPresent() else None
 
 
-def _rows(df: DataFrame) -> list[dict[str, Any]]:
-    """Collect a small result as plain dicts."""
-    return [r.asDict() for r in df.collect()]
+def _rows(df: DataFrame, *order: str) -> list[dict[str, Any]]:
+    """Collect a small result as plain dicts, sorted by ``order`` (nulls first, as Spark
+    sorts) on the driver: a Spark ``orderBy`` would add a sampling job and a sort stage."""
+    rows = [r.asDict() for r in df.collect()]
+    if order:
+        rows.sort(key=lambda r: tuple((r[k] is not None, r[k]) for k in order))
+    return rows
 
 
 _AVAIL_COLS = (

@@ -11,7 +11,9 @@ is left out rather than reported as a partition of one.
 Components are computed in Spark by min-label propagation with pointer jumping
 (each round a vertex takes the smallest label among itself, its neighbours and
 its label's label), checkpointed each round, until no label changes. The graph
-is never collected to the driver.
+is never collected to the driver. Checkpoints are lazy: the one job a round needs
+(counting the labels that changed) computes and keeps them, instead of a job to
+write each checkpoint and another to read it.
 """
 
 from __future__ import annotations
@@ -78,9 +80,11 @@ def connected_components(
     arcs = (
         edges.select(sf.col("a").alias("src"), sf.col("b").alias("dst"), "win")
         .unionByName(edges.select(sf.col("b").alias("src"), sf.col("a").alias("dst"), "win"))
-        .localCheckpoint(eager=True)
+        .localCheckpoint(eager=False)
     )
-    labels = vertices.select("nid", "win", sf.col("nid").alias("label")).localCheckpoint(eager=True)
+    labels = vertices.select("nid", "win", sf.col("nid").alias("label")).localCheckpoint(
+        eager=False
+    )
     for rounds in range(1, max_iterations + 1):
         mine = labels.alias("m")
         from_neighbours = arcs.join(
@@ -107,8 +111,9 @@ def connected_components(
         updated = (
             best.join(labels.withColumnRenamed("label", "old"), on=["nid", "win"], how="inner")
             .select("nid", "win", "label", (sf.col("label") < sf.col("old")).alias("changed"))
-            .localCheckpoint(eager=True)
+            .localCheckpoint(eager=False)
         )
+        # this count is the round's job: it computes the checkpoint the next round reads
         changed = updated.where(sf.col("changed")).count()
         labels = updated.select("nid", "win", "label")
         if on_round is not None:
@@ -158,9 +163,9 @@ def window_components(
     Returns:
         (``nid, win, label``, rounds taken, number of distinct graphs).
     """
-    rep = distinct_graphs(vertices, edges).localCheckpoint(eager=True)
+    rep = distinct_graphs(vertices, edges).localCheckpoint(eager=False)
     reps = rep.where(sf.col("win") == sf.col("rep")).select("win")
-    graphs = reps.count()
+    graphs = reps.count()  # computes the checkpoint of ``rep``
     labels, rounds = connected_components(
         vertices.join(reps, on="win", how="inner").select("nid", "win"),
         edges.join(reps, on="win", how="inner").select("a", "b", "win"),
