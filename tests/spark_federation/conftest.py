@@ -17,9 +17,14 @@ from spark_federation.synth import SynthConfig, SynthResult, generate
 
 WINDOW_MS = 60_000
 
-# The synthetic community every verdict test reads: 5 nodes, 2 hours, one event of
+# The synthetic community every verdict test reads: 5 nodes, 1 hour, one event of
 # each kind, overlapping re-exports and every kind of malformed line twice.
-SYNTH = SynthConfig(nodes=5, hours=2.0, seed=11, duplicates=40, malformed=16)
+SYNTH = SynthConfig(nodes=5, hours=1.0, seed=11, duplicates=40, malformed=16)
+# Shuffle partitions of every test run (in process, on the cluster, from the command
+# line): more than one, so steps meet rows of one group split across tasks.
+SHUFFLE_PARTITIONS = 2
+# The committed fixture: an input the size of every test's, to size the session by.
+SMALL_INPUT = Path(__file__).resolve().parents[1] / "fixtures" / "heartbeats_synth"
 
 
 # Only loopback exists here; without this Spark binds the first interface it finds.
@@ -45,10 +50,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """A local[2] SparkSession with few shuffle partitions and no UI, shared by all Spark tests."""
+    """A local[2] SparkSession with few shuffle partitions and no UI, shared by all Spark tests;
+    sized for a small input as the job sizes its own (quick JIT, no adaptive re-planning)."""
     pytest.importorskip("pyspark")
 
-    session = build_session("local[2]", driver_memory="1g", shuffle_partitions=4)
+    session = build_session(
+        "local[2]",
+        driver_memory="1g",
+        shuffle_partitions=SHUFFLE_PARTITIONS,
+        input_uri=str(SMALL_INPUT),
+    )
     yield session
     session.stop()
 

@@ -1,9 +1,12 @@
-"""The report from a committed fixture: every chart is a real PNG, the verdicts match the fixture.
+"""The report: every chart is a real PNG, the page lists the verdicts, and they match the
+injected events.
 
-Point ``HEARTHNET_MESH_FIXTURE`` at another export directory (the real 5-node
-mesh fixture) to check it the same way; an ``expected.json`` beside its exports
-(the format :func:`spark_federation.synth.events_to_json` writes) adds the
-comparison of verdicts.
+By default these read the synthetic community's run (the ``synth_run`` fixture, whose
+known answers are the generator's), so the suite runs the job once for both. Point
+``HEARTHNET_MESH_FIXTURE`` at an export directory (``tests/fixtures/heartbeats_synth``,
+or the real 5-node mesh fixture) to run the job on it and check it the same way; an
+``expected.json`` beside its exports (the format
+:func:`spark_federation.synth.events_to_json` writes) adds the comparison of verdicts.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +22,13 @@ import pytest
 
 from spark_federation.mesh_health import run
 from spark_federation.params import JobConfig
-from spark_federation.synth import InjectedEvent
+from spark_federation.synth import InjectedEvent, events_to_json
+from tests.spark_federation.conftest import JobRun
 from tests.spark_federation.verdicts import match_outage, within_window
 
 pytestmark = pytest.mark.spark
 
-DEFAULT_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "heartbeats_synth"
-FIXTURE = Path(os.environ.get("HEARTHNET_MESH_FIXTURE", DEFAULT_FIXTURE))
+FIXTURE = os.environ.get("HEARTHNET_MESH_FIXTURE")
 CHARTS = ("availability.png", "rtt.png", "partitions.png", "relays.png")
 WINDOW_MS = 60_000
 
@@ -36,26 +40,39 @@ def _png_size(path: Path) -> tuple[int, int]:
     return int(width), int(height)
 
 
+@dataclass(frozen=True)
+class Report:
+    """A job's output directory and the known answers of its input."""
+
+    out: Path
+    expected: dict[str, Any] | None
+
+
 @pytest.fixture(scope="module")
-def fixture_report(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Run the job with the report on the fixture directory."""
+def fixture_report(
+    synth_run: JobRun, spark: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Report:
+    """The synthetic run's report, or the job with the report on ``HEARTHNET_MESH_FIXTURE``."""
+    if FIXTURE is None:
+        return Report(synth_run.out_dir, events_to_json(synth_run.synth))
     out = tmp_path_factory.mktemp("fixture-report")
-    run(spark, JobConfig(str(FIXTURE), str(out), window_ms=WINDOW_MS), print)
-    return out
+    run(spark, JobConfig(FIXTURE, str(out), window_ms=WINDOW_MS), print)
+    expected = Path(FIXTURE, "expected.json")
+    return Report(out, json.loads(expected.read_text()) if expected.exists() else None)
 
 
-def test_report_has_every_chart(fixture_report: Path) -> None:
+def test_report_has_every_chart(fixture_report: Report) -> None:
     """report.html references the four charts, each a PNG of legible, screen-sized dimensions."""
-    page = (fixture_report / "report.html").read_text()
+    page = (fixture_report.out / "report.html").read_text()
     assert [True] * len(CHARTS) == [f'src="{c}"' in page for c in CHARTS]
-    sizes = [_png_size(fixture_report / c) for c in CHARTS]
+    sizes = [_png_size(fixture_report.out / c) for c in CHARTS]
     assert [True] * len(CHARTS) == [400 <= w <= 1600 and 150 <= h <= 2000 for w, h in sizes]
 
 
-def test_report_shows_verdicts(fixture_report: Path) -> None:
+def test_report_shows_verdicts(fixture_report: Report) -> None:
     """The page lists each partition, outage, flapping link and relay-only node of summary.json."""
-    summary = json.loads((fixture_report / "summary.json").read_text())
-    page = (fixture_report / "report.html").read_text()
+    summary = json.loads((fixture_report.out / "summary.json").read_text())
+    page = (fixture_report.out / "report.html").read_text()
     expected = {
         "Partitions": len(summary["partitions"]),
         "Outages": len(summary["outages"]),
@@ -73,11 +90,12 @@ def test_report_shows_verdicts(fixture_report: Path) -> None:
     assert all(n > 0 for n in expected.values())  # the fixture injects one of each
 
 
-@pytest.mark.skipif(not (FIXTURE / "expected.json").exists(), reason="fixture has no expected.json")
-def test_fixture_verdicts_match_expected(fixture_report: Path) -> None:
-    """Counts and every event in the fixture's expected.json are found, and nothing else."""
-    s = json.loads((fixture_report / "summary.json").read_text())
-    e = json.loads((FIXTURE / "expected.json").read_text())
+def test_fixture_verdicts_match_expected(fixture_report: Report) -> None:
+    """Counts and every event of the input's known answers are found, and nothing else."""
+    if fixture_report.expected is None:
+        pytest.skip("fixture has no expected.json")
+    s = json.loads((fixture_report.out / "summary.json").read_text())
+    e = fixture_report.expected
     assert (e["records"], e["malformed"], e["duplicates"], len(e["nodes"])) == (
         s["records"],
         s["skipped"],

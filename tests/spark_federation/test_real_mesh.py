@@ -20,11 +20,11 @@ import pytest
 
 from hearthnet.clock import now_ms
 from hearthnet.mesh.heartlog import export
-from spark_federation.mesh_health import run
-from spark_federation.params import JobConfig
+from spark_federation import exports
 from spark_federation.report import label
 from tests.helpers import hearthnet_cmd
 from tests.mesh.test_heartlog import KEYS, write_beacon, write_records
+from tests.spark_federation.conftest import SHUFFLE_PARTITIONS
 from tests.spark_federation.verdicts import within_window
 
 pytestmark = pytest.mark.spark
@@ -41,7 +41,8 @@ def real_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     done = subprocess.run(
         hearthnet_cmd(
             "mesh", "health", "--input", str(FIXTURE), "--out", str(out),
-            "--master", "local[2]", "--driver-memory", "1g", "--shuffle-partitions", "4",
+            "--master", "local[2]", "--driver-memory", "1g",
+            "--shuffle-partitions", str(SHUFFLE_PARTITIONS),
         ),
         capture_output=True, text=True, timeout=300, check=False,
         env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
@@ -157,12 +158,22 @@ async def test_node_parquet_export_reads_without_skips(spark: Any, tmp_path: Pat
     export(
         tmp_path / "node", tmp_path / "in" / "n0", node=KEYS.node_id, since_ms=ts - 1, fmt="parquet"
     )
-    cfg = JobConfig(str(tmp_path / "in"), str(tmp_path / "out"), window_ms=WINDOW_MS, report=False)
-    summary = run(spark, cfg, lambda _: None)
-    assert (5, 0, 1, 0, 1) == (
-        summary["records"],
-        summary["skipped"],
-        summary["inputs"]["beacons"]["records"],
-        summary["inputs"]["beacons"]["skipped"],
-        summary["inputs"]["traces"]["records"],
+    # the job's read step, without the analysis after it
+    files = exports.discover(spark, str(tmp_path / "in"))
+    raws = {k: exports.read_raw(spark, files, k) for k in exports.KINDS}
+    assert raws["heartbeats"] is not None
+    assert raws["beacons"] is not None
+    assert raws["traces"] is not None
+    heartbeats = exports.record_counts(
+        exports.dedup_heartbeats(exports.clean_heartbeats(raws["heartbeats"]))
+    )
+    beacons = exports.record_counts(exports.clean_beacons(raws["beacons"]))
+    traces = exports.record_counts(exports.clean_traces(raws["traces"]))
+    assert (5, 0, 1, 0, 1, 0) == (
+        heartbeats["records"],
+        heartbeats["skipped"],
+        beacons["records"],
+        beacons["skipped"],
+        traces["records"],
+        traces["skipped"],
     )
