@@ -39,13 +39,22 @@ _PYSPARK_SOCKET_WARNINGS = (
 )
 
 
+# The first test to read a shared job run (synth_run, the command-line run, the cluster
+# run) also starts its JVM and runs the job: seconds on a quiet machine, minutes on a
+# busy one. The bound per test here is therefore wider than the suite's.
+SPARK_TEST_TIMEOUT_S = 900
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Apply the PySpark socket filters to the tests of this directory."""
+    """Apply the PySpark socket filters and the wider time bound to the tests of this
+    directory."""
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.fspath)).parents:
             for spec in _PYSPARK_SOCKET_WARNINGS:
                 item.add_marker(pytest.mark.filterwarnings(spec))
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(SPARK_TEST_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")

@@ -44,7 +44,7 @@ def real_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--master", "local[2]", "--driver-memory", "1g",
             "--shuffle-partitions", str(SHUFFLE_PARTITIONS),
         ),
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, timeout=900, check=False,
         env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
     )  # fmt: skip
     assert 0 == done.returncode, done.stderr[-2000:]
