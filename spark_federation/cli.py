@@ -8,6 +8,7 @@ bad input), 2 usage. Spark is imported only after the arguments parse, so
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from collections.abc import Sequence
@@ -84,6 +85,19 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
     )
 
 
+def _log_libraries_to(log_file: Path) -> None:
+    """Send what the Python libraries log to the job's log file, with Spark's, instead of
+    between the progress lines (matplotlib says so when it builds its font cache on a
+    first run)."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(log_file)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("matplotlib", "py4j"):
+        lib = logging.getLogger(name)
+        lib.addHandler(handler)
+        lib.propagate = False
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "hearthnet mesh health") -> int:
     """Run the job from command-line arguments; returns the exit code."""
     parser = build_parser(prog)
@@ -99,6 +113,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "hearthnet mesh health")
     if "://" not in args.input and not Path(args.input).exists():
         print(f"{prog}: error: input {args.input} does not exist", file=sys.stderr)
         return 1
+    _log_libraries_to(Path(args.out) / "spark.log")
     try:
         # imported here, not at the top: --help and usage errors must work without pyspark
         from spark_federation import mesh_health, session  # noqa: PLC0415
