@@ -406,22 +406,7 @@ class Message:
             PayloadTooLarge: data over 256 KiB.
         """
         obj["sig"] = sig
-        topic, msg_type, ttl_s, sender, data_enc = _checked_fields(obj)
-        return cls(
-            obj["id"],
-            topic,
-            msg_type,
-            obj["data"],
-            obj["origin"],
-            obj["origin_seq"],
-            obj["ts"],
-            sig,
-            ttl_s,
-            sender,
-            raw,
-            leaf_len - 1,
-            data_enc,
-        )
+        return cls._checked(obj, _checked_fields(obj), sig, raw, leaf_len - 1)
 
     def leaf(self) -> bytes:
         """The JCS bytes of the message without ``sig`` (what a signature covers)."""
@@ -458,7 +443,7 @@ class Message:
             raise BadRequest("a message is an object")
         if type(obj.get("data")) is bytes:
             obj, raw = json_envelope(obj), None
-        topic, msg_type, ttl_s, sender, data_enc = _checked_fields(obj)
+        checked = _checked_fields(obj)
         sig = obj["sig"]
         if isinstance(sig, dict):
             unsigned = {k: v for k, v in obj.items() if k != "sig"}
@@ -474,6 +459,20 @@ class Message:
         else:
             verify_object(obj["origin"], obj, sig, "sig")
             verifier.count_single()
+        return cls._checked(obj, checked, sig, raw if raw is not None else orjson.dumps(obj))
+
+    @classmethod
+    def _checked(
+        cls,
+        obj: dict[str, Any],
+        checked: tuple[str, str, int | None, Any, Any],
+        sig: str | dict[str, Any],
+        raw: bytes,
+        unsigned_len: int = 0,
+    ) -> Message:
+        """A message of an envelope whose fields ``_checked_fields`` returned as
+        ``checked`` and whose signature was verified."""
+        topic, msg_type, ttl_s, sender, data_enc = checked
         return cls(
             obj["id"],
             topic,
@@ -485,8 +484,9 @@ class Message:
             sig,
             ttl_s,
             sender,
-            raw if raw is not None else orjson.dumps(obj),
-            data_enc=data_enc,
+            raw,
+            unsigned_len,
+            data_enc,
         )
 
 
