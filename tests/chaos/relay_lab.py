@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hearthnet.identity import KeyPair
+from tests.chaos.nat_lab import HomeHost, NatLab, PublicHost
 from tests.chaos.netns import REPO_ROOT, HostProcess, Machine
 from tests.chaos.test_relay_netns import FAST, PORT
 
@@ -66,3 +69,16 @@ def stop_all(procs: list[HostProcess]) -> None:
     for proc in reversed(procs):
         if proc.returncode is None:
             proc.host.kill(proc, 15)
+
+
+@dataclass
+class RelayPair:
+    """A NAT lab with one relay and two homes: the lab, the data root, the relay and homes
+    A and B, and the three nodes' keys."""
+
+    lab: NatLab
+    root: Path
+    relay: PublicHost
+    a: HomeHost
+    b: HomeHost
+    keys: list[KeyPair]

@@ -11,16 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from hearthnet.identity import KeyPair
 from tests.chaos.mesh_lab import NamespacedClient
-from tests.chaos.nat_lab import HomeHost, NatLab, PublicHost
+from tests.chaos.nat_lab import NatLab
 from tests.chaos.netns import HostProcess, Machine
-from tests.chaos.relay_lab import start_all, stop_all
+from tests.chaos.relay_lab import RelayPair, start_all, stop_all
 from tests.chaos.test_relay_netns import PORT, both_paths, prepare, subscribe
 from tests.helpers import eventually
 
@@ -77,20 +75,8 @@ async def publish_numbers(
             await asyncio.sleep(pause_s)
 
 
-@dataclass
-class PlainPair:
-    """The lab, the data root, the relay and homes A and B and their keys."""
-
-    lab: NatLab
-    root: Path
-    relay: PublicHost
-    a: HomeHost
-    b: HomeHost
-    keys: list[KeyPair]
-
-
 @pytest.fixture(scope="module")
-def plain(nat_lab_support: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlainPair]:
+def plain(nat_lab_support: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayPair]:
     """Relay and homes A and B behind plain NATs, all started (not yet linked)."""
     root = tmp_path_factory.mktemp("plain-pair")
     with NatLab(["plain", "plain"], public=("relay",)) as lab:
@@ -100,18 +86,18 @@ def plain(nat_lab_support: None, tmp_path_factory: pytest.TempPathFactory) -> It
         homes = ("--relay-url", f"http://{relay.ip}:{PORT}")
         procs = start_all(root, [(relay, ("--relay",)), (home_a, homes), (home_b, homes)])
         try:
-            yield PlainPair(lab, root, relay, home_a, home_b, keys)
+            yield RelayPair(lab, root, relay, home_a, home_b, keys)
         finally:
             stop_all(procs)
 
 
-def both_direct(got: list[dict[str, tuple[str, str | None]]], pair: PlainPair) -> bool:
+def both_direct(got: list[dict[str, tuple[str, str | None]]], pair: RelayPair) -> bool:
     """Home A's path to B and B's to A are both direct."""
     a_id, b_id = pair.keys[1].node_id, pair.keys[2].node_id
     return got[0].get(b_id, ("",))[0] == "direct" and got[1].get(a_id, ("",))[0] == "direct"
 
 
-async def test_plain_nats_upgrade_to_direct_with_nothing_lost(plain: PlainPair) -> None:
+async def test_plain_nats_upgrade_to_direct_with_nothing_lost(plain: RelayPair) -> None:
     """Behind plain NATs the relayed pair goes direct; messages sent across arrive once each."""
     root, home_a, home_b = plain.root, plain.a, plain.b
     relay_keys, a_keys, b_keys = plain.keys
@@ -152,7 +138,7 @@ async def test_plain_nats_upgrade_to_direct_with_nothing_lost(plain: PlainPair) 
     assert relay_keys.node_id in seen[0]
 
 
-async def test_a_dead_direct_path_falls_back_to_the_relay(plain: PlainPair) -> None:
+async def test_a_dead_direct_path_falls_back_to_the_relay(plain: RelayPair) -> None:
     """When the route between the two NATs is cut, the peers go back through the relay."""
     lab, root, home_a, home_b = plain.lab, plain.root, plain.a, plain.b
     relay_keys, a_keys, b_keys = plain.keys

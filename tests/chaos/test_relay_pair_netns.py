@@ -19,15 +19,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from hearthnet.identity import KeyPair
-from tests.chaos.nat_lab import HomeHost, NatLab, PublicHost
+from tests.chaos.nat_lab import NatLab
 from tests.chaos.netns import wait_until_sync
-from tests.chaos.relay_lab import metric, probe, start_all, stop_all, url
+from tests.chaos.relay_lab import RelayPair, metric, probe, start_all, stop_all, url
 from tests.chaos.test_punch_netns import publish_numbers, received, upgrades
 from tests.chaos.test_relay_netns import both_paths, cli, paths, prepare, relayed_in, subscribe
 from tests.helpers import eventually
@@ -42,20 +39,8 @@ STREAM_WITHIN_S = 60.0  # past every deadline on the path: a stream still open t
 ARRIVE_WITHIN_S = 90.0
 
 
-@dataclass
-class RelayedPair:
-    """The lab, the data root and the three nodes' machines and keys."""
-
-    lab: NatLab
-    root: Path
-    relay: PublicHost
-    a: HomeHost
-    b: HomeHost
-    keys: list[KeyPair]
-
-
 @pytest.fixture(scope="module")
-def pair(nat_lab_support: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayedPair]:
+def pair(nat_lab_support: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayPair]:
     """Relay and homes A and B (demo model on both), relayed to each other."""
     root = tmp_path_factory.mktemp("relayed-pair")
     with NatLab(["fully-random", "fully-random"], public=("relay",)) as lab:
@@ -75,13 +60,13 @@ def pair(nat_lab_support: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
                 what="each home node relayed to the other",
                 interval_s=0.5,
             )
-            yield RelayedPair(lab, root, relay, home_a, home_b, keys)
+            yield RelayPair(lab, root, relay, home_a, home_b, keys)
         finally:
             stop_all(procs)
 
 
 async def test_symmetric_nats_stay_relayed_and_publishes_and_calls_cross(
-    pair: RelayedPair,
+    pair: RelayPair,
 ) -> None:
     """The punch fails on both sides, the link stays relayed, messages and a call cross."""
     root, home_a, home_b = pair.root, pair.a, pair.b
@@ -129,7 +114,7 @@ async def test_symmetric_nats_stay_relayed_and_publishes_and_calls_cross(
     )
 
 
-async def test_a_tool_loop_and_a_cancel_reach_a_node_behind_a_relay(pair: RelayedPair) -> None:
+async def test_a_tool_loop_and_a_cancel_reach_a_node_behind_a_relay(pair: RelayPair) -> None:
     """A's client chats with B's model over WS via the relay, answers its tool, cancels."""
     target = pair.keys[2].node_id
     got = await asyncio.to_thread(probe, pair.root, pair.a, "chat", target, "60")
@@ -155,7 +140,7 @@ async def test_a_tool_loop_and_a_cancel_reach_a_node_behind_a_relay(pair: Relaye
     )
 
 
-async def test_publishes_and_streams_cross_a_lossy_relayed_path(pair: RelayedPair) -> None:
+async def test_publishes_and_streams_cross_a_lossy_relayed_path(pair: RelayPair) -> None:
     """10 % then 30 % loss: every acked message arrives once; streams end, none hangs."""
     lab, root, home_a, home_b = pair.lab, pair.root, pair.a, pair.b
     sub = home_b.popen(
