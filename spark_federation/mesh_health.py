@@ -105,7 +105,7 @@ class _Job:
         self.cfg = cfg
         self.progress = progress
         self.started = time.monotonic()
-        self.local = spark.sparkContext.master.startswith("local")
+        self.local = str(spark.sparkContext.master).startswith("local")
         self.out = Path(cfg.out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.w = cfg.window_ms
