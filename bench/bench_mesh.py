@@ -269,7 +269,7 @@ def netns(hosts: int, messages: int) -> dict[str, Any]:
         def counts(topic: str) -> list[int]:
             out = []
             for h in lab.hosts:
-                topics = json.loads(cli(h, "topics", "--json", "--prefix", topic))
+                topics = json.loads(cli(h, "topics", "--json", "--prefix", topic))["topics"]
                 out.append(sum(t["messages"] for t in topics if t["topic"] == topic))
             return out
 

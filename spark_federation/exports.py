@@ -223,23 +223,26 @@ def node_names(raws: dict[str, DataFrame | None]) -> NodeNames:
 
     A node's heartbeat log holds only its own observations (spec §7.5), so the
     same observation can be read twice only from two exports of one node (an
-    admin collected overlapping exports): the heartbeat ``node`` column is read
+    admin collected overlapping exports): the heartbeat ``node`` column is kept
     with the file it came from, every other NodeID column (``peer``, ``via``,
-    ``origin``, the beacons' and traces' ``node``) alone. The rows are reduced
-    to distinct values per task before anything moves: per file a handful.
+    ``origin``, the beacons' and traces' ``node``) alone. Each kind's files are
+    scanned once, and each task reduces its rows to the distinct combinations of
+    those columns before anything moves (per file a few dozen: a node, its peers,
+    their relays); only then are the combinations split into single NodeIDs.
     """
     parts: list[DataFrame] = []
     for kind, raw in raws.items():
         if raw is None:
             continue
-        for c in ("node", "peer", "via", "origin"):
-            if c not in raw.columns:
-                continue
-            own = kind == "heartbeats" and c == "node"
+        present = [c for c in ("node", "peer", "via", "origin") if c in raw.columns]
+        own = kind == "heartbeats"
+        combos = raw.select(*present, *(["file"] if own else [])).distinct()
+        for c in present:
+            mine = own and c == "node"
             parts.append(
-                raw.select(
+                combos.select(
                     sf.col(c).alias("node"),
-                    (sf.col("file") if own else sf.lit(None).cast("string")).alias("file"),
+                    (sf.col("file") if mine else sf.lit(None).cast("string")).alias("file"),
                 )
             )
     if not parts:
@@ -273,9 +276,14 @@ def dedup_heartbeats(clean: DataFrame, multi_export: list[int] | None = None) ->
             None deduplicates every node.
 
     Only the records of ``multi_export`` nodes are shuffled and aggregated; the
-    rest cannot hold copies and pass through with ``copies`` 1. Rows that are
-    not ok keep their status and are counted downstream.
+    rest cannot hold copies and pass through with ``copies`` 1 (with no such node,
+    the common case, every record does, and the input is scanned once rather than
+    once for each branch). Rows that are not ok keep their status and are counted
+    downstream.
     """
+    if multi_export is not None and not multi_export:
+        # no node has two exports: nothing can be a copy, and the records are read once
+        return clean.select(*_DEDUP_COLUMNS[:-1], sf.lit(1).cast("long").alias("copies"))
     suspect = sf.col("status") == sf.lit(OK)
     if multi_export is not None:
         suspect = suspect & sf.col("nid").isin(multi_export)

@@ -105,6 +105,7 @@ class _Job:
         self.cfg = cfg
         self.progress = progress
         self.started = time.monotonic()
+        self.local = str(spark.sparkContext.master).startswith("local")
         self.out = Path(cfg.out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.w = cfg.window_ms
@@ -112,7 +113,11 @@ class _Job:
         self.collected: dict[str, list[dict[str, Any]]] = {}
 
     def say(self, msg: str) -> None:
-        self.progress(f"[{time.monotonic() - self.started:6.1f}s] {msg}")
+        """A progress line: seconds into the job and, in local mode, the CPU seconds the
+        JVM has used so far (with the machine shared, the measure of each phase's work)."""
+        cpu = _jvm_cpu_seconds(self.spark) if self.local else None
+        used = f" cpu {cpu:6.1f}s" if cpu is not None else ""
+        self.progress(f"[{time.monotonic() - self.started:6.1f}s{used}] {msg}")
 
     def keep(self, df: DataFrame, level: StorageLevel = StorageLevel.MEMORY_AND_DISK) -> DataFrame:
         """Cache a frame that several steps read; released when the run ends."""

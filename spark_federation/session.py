@@ -9,10 +9,12 @@ of its input, and chooses:
   input, at least 1 and at most two per core. Spark's default of 200 costs more in task
   start-up than a laptop's data needs; a few hundred records need one.
 - for a small input (under :data:`SMALL_INPUT_BYTES`, about a million records), the
-  quick JIT only (``-XX:TieredStopAtLevel=1``) and no adaptive re-planning: compiling
-  and re-planning the job's few hundred small stages cost more than running them. A large
-  input keeps the optimising JIT, which pays for itself past a few million records
-  (docs/benchmarks.md).
+  quick JIT only (``-XX:TieredStopAtLevel=1``), no adaptive re-planning and no generated
+  code (:data:`SMALL_INPUT_CONF`: operators and expressions interpreted): compiling
+  Java for, and re-planning, the job's few hundred small stages cost more than running
+  them. A large input keeps the optimising JIT and code generation, which pay for
+  themselves past a few million records (docs/benchmarks.md). The answers do not depend
+  on either.
 """
 
 from __future__ import annotations
@@ -31,6 +33,15 @@ LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
 BYTES_PER_PARTITION = 32 << 20
 SMALL_INPUT_BYTES = 16 << 20
 RECORD_DIRS = ("heartbeats", "beacons", "traces")
+# Spark settings of a local session on a small input (with the quick JIT): no adaptive
+# re-planning, no whole-stage code generation, and expressions interpreted rather than
+# compiled (Spark's factoryMode, otherwise used by its own tests).
+SMALL_INPUT_CONF = {
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
 
 
 def local_input_bytes(input_uri: str) -> int | None:
@@ -110,8 +121,9 @@ def build_session(
             partitions = shuffle_partitions or shuffle_partitions_for(size, os.cpu_count() or 2)
             builder = builder.config("spark.sql.shuffle.partitions", str(partitions))
             if size is not None and size < SMALL_INPUT_BYTES:
-                java_options.append("-XX:TieredStopAtLevel=1")
-                builder = builder.config("spark.sql.adaptive.enabled", "false")
+                java_options.append(QUICK_JIT)
+                for key, value in SMALL_INPUT_CONF.items():
+                    builder = builder.config(key, value)
         elif shuffle_partitions:
             builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         builder = builder.config("spark.ui.enabled", "true" if ui else "false")

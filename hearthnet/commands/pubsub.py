@@ -104,14 +104,19 @@ def cmd_sub(args: argparse.Namespace) -> int:
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    """``hearthnet topics [--prefix P]``: a table (``--json``: the list of topic rows)."""
+    """``hearthnet topics [--prefix P]``: a table (``--json``: ``{"topics": [row]}``, what
+    ``mesh.topics@1.0`` answers)."""
 
     async def main() -> Any:
         async with client_of(args) as client:
             return await client.topics(args.prefix or "", args.limit)
 
     topics = run(main)
-    emit(args, topics, lambda: print_table(topics, TOPIC_COLUMNS, "no topics with messages"))
+    emit(
+        args,
+        {"topics": topics},
+        lambda: print_table(topics, TOPIC_COLUMNS, "no topics with messages"),
+    )
     return EXIT_OK
 
 

@@ -262,7 +262,7 @@ def test_pub_sub_topics_from_the_command_line(fresh_node_proc: NodeProcess) -> N
     # The node's own mesh.* topics (a beacon every 30 s) are not what this test publishes.
     listed = {
         t["topic"]: t["messages"]
-        for t in json.loads(topics.stdout)
+        for t in json.loads(topics.stdout)["topics"]
         if not t["topic"].startswith("mesh.")
     }
     assert (sub.returncode, pub.returncode, topics.returncode) == (0, 0, 0), err

@@ -107,7 +107,7 @@ def test_people_get_tables_and_scripts_get_the_documented_json(
         pub[:32],
         {k: v for k, v in json.loads(pub_json).items() if k in ("topic", "seq")},
         topics.split("\n")[0].split(),
-        [(t["topic"], t["messages"]) for t in json.loads(topics_json)],
+        [(t["topic"], t["messages"]) for t in json.loads(topics_json)["topics"]],
         peers,
         json.loads(peers_json),
         show.split("\n")[3].split(),

@@ -13,6 +13,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
+from spark_federation.session import QUICK_JIT, SMALL_INPUT_CONF
 from tests.spark_federation.conftest import SHUFFLE_PARTITIONS, JobRun
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -22,7 +23,6 @@ REPO = Path(__file__).resolve().parents[2]
 # the executor a JVM of its own: the job's tasks run in another process than its driver,
 # as on a real cluster, without starting the master and worker daemons.
 CLUSTER = "local-cluster[1,2,1024]"
-QUICK_JIT = "-XX:TieredStopAtLevel=1"
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +68,17 @@ def test_spark_submit_matches_local_mode(
             "spark.ui.enabled=false",
             "--conf",
             f"spark.sql.shuffle.partitions={SHUFFLE_PARTITIONS}",
-            # the quick JIT, as local mode uses for small inputs: the answers do not depend on it
+            # the quick JIT and the settings local mode uses for small inputs (no adaptive
+            # re-planning, no generated code): the answers do not depend on them
             "--conf",
             f"spark.driver.extraJavaOptions={QUICK_JIT}",
             "--conf",
             f"spark.executor.extraJavaOptions={QUICK_JIT}",
+            *(
+                arg
+                for key, value in SMALL_INPUT_CONF.items()
+                for arg in ("--conf", f"{key}={value}")
+            ),
             str(REPO / "spark_federation" / "mesh_health.py"),
             "--input",
             str(synth_run.input_dir),

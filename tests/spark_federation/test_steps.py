@@ -147,6 +147,43 @@ def test_since_until_leave_records_out_of_range(spark: Any, tmp_path: Any) -> No
     assert counts == {"records": 2, "duplicates": 0, "skipped": 0, "out_of_range": 2}
 
 
+def test_single_export_input_is_read_once_with_the_same_rows(spark: Any, tmp_path: Any) -> None:
+    """With every node in one export, the one-scan path gives the rows and counts of the
+    full deduplication: ok rows with one copy each, malformed and out-of-range counted."""
+    a, b = "ed25519:" + "A" * 43, "ed25519:" + "B" * 43
+    lines = [
+        f'{{"ts": {ts}, "node": "{n}", "peer": "{p}", "kind": "pong", "seq": {i}, "rtt_ms": 1.5}}'
+        for i, (ts, n, p) in enumerate(
+            ((1_000, a, b), (2_000, a, b), (2_000, b, a), (9_000, b, a), (3_000, a, a))
+        )
+    ]
+    for export, part in (("ea", lines[:2] + lines[4:]), ("eb", [*lines[2:4], "not json"])):
+        d = tmp_path / export / "heartbeats"
+        d.mkdir(parents=True)
+        (d / "x.jsonl").write_text("\n".join(part) + "\n")
+    files = exports.discover(spark, str(tmp_path))
+    raws = {k: exports.read_raw(spark, files, k) for k in exports.KINDS}
+    raw = raws["heartbeats"]
+    assert raw is not None
+    clean = exports.clean_heartbeats(raw, until_ms=5_000)
+    once, full = exports.dedup_heartbeats(clean, []), exports.dedup_heartbeats(clean, None)
+
+    def rows(df: Any) -> list[tuple[Any, ...]]:
+        return sorted(tuple(r) for r in exports.ok_rows(df).collect())
+
+    assert (
+        [],
+        {"records": 3, "duplicates": 0, "skipped": 2, "out_of_range": 1},
+        rows(full),
+        exports.record_counts(full),
+    ) == (
+        exports.node_names(raws).multi_export,
+        exports.record_counts(once),
+        rows(once),
+        exports.record_counts(once),
+    )
+
+
 def test_link_hour_without_pings_has_no_loss(spark: Any) -> None:
     """An hour in which a link only came up has null loss, not a division error (ANSI mode)."""
     rows = [(1, 2, LINK_UP, None, 1_000, None, False, None, None)]
