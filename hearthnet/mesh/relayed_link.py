@@ -67,10 +67,12 @@ class RelayedLink(PeerLink):
     def send_raw(self, data: bytes) -> bool:
         """Hand one encoded frame to the path core; False (and the link closes) when the
         peer has stopped acknowledging what it was sent. Once a direct link replaced this
-        one, frames still sent here (a call's replies) go on the direct link."""
+        one, frames still sent here (a call's replies) go on the peer's current link: the
+        direct one, or the relayed one that took its place when it died within the
+        switch (path_switch.py)."""
         if self.state is not LinkState.UP:
             nxt = self._successor(self.node) if self.down_reason == REPLACED_BY_DIRECT else None
-            if nxt is None or nxt is self or isinstance(nxt, RelayedLink):
+            if nxt is None or nxt is self:
                 return False
             return nxt.send_raw(data)
         if self._transmit(self.node, data):

@@ -79,7 +79,7 @@ from hearthnet.mesh.relay_frames import (
     parse_frame,
 )
 from hearthnet.mesh.relay_keepalive import KeepaliveConfig
-from hearthnet.mesh.relay_member import EndpointConfig, RelayEndpoint
+from hearthnet.mesh.relay_member import EndpointConfig, RelayEndpoint, register_member_metrics
 from hearthnet.mesh.relay_role import MAX_PENDING_JOINS, RelayRole
 from hearthnet.mesh.relayed_link import REPLACED_BY_DIRECT, RelayedLink, is_relayed
 from hearthnet.metrics import MetricsRegistry
@@ -124,52 +124,6 @@ class RelayedJoins:
         task = asyncio.get_running_loop().create_task(answer(), name="mesh-relayed-join")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _register_member(
-    m: MetricsRegistry, endpoint: RelayEndpoint, counts: Tally[str], paths: PathCore
-) -> None:
-    """The member role's gauges: relayed frames and bytes, refusals end to end, pacing."""
-    m.gauge(
-        "hearthnet_relayed_paced_bytes",
-        "Bytes this member sent through relays that grant a budget, paced to it (spec §8).",
-        lambda: float(paths.statistics().paced_bytes),
-    )
-    m.gauge(
-        "hearthnet_relayed_queued",
-        "Frames and bytes waiting for a relay's budget, in the relayed paths' sequences.",
-        lambda: {
-            ("frames",): float(paths.statistics().queued_frames),
-            ("bytes",): float(paths.statistics().queued_bytes),
-        },
-        ("unit",),
-    )
-    m.gauge(
-        "hearthnet_relayed_shed_frames",
-        "Gossip frames dropped for back-pressure on a relayed path (anti-entropy repairs them).",
-        lambda: float(paths.statistics().shed),
-    )
-    m.gauge(
-        "hearthnet_relayed_frames",
-        "Route frames this member sent and opened, by direction.",
-        lambda: {
-            ("out",): float(counts["frames_out"]),
-            ("in",): float(counts["frames_in"]),
-        },
-        ("direction",),
-    )
-    m.gauge(
-        "hearthnet_relayed_bytes",
-        "Bytes of route.inner this member sent and opened.",
-        lambda: {("out",): float(counts["bytes_out"]), ("in",): float(counts["bytes_in"])},
-        ("direction",),
-    )
-    m.gauge(
-        "hearthnet_relayed_refused_frames",
-        "Relayed frames refused end to end (altered, replayed, forged), by code.",
-        lambda: {(code,): float(n) for code, n in endpoint.refused.items()},
-        ("code",),
-    )
 
 
 class Relaying:
@@ -259,7 +213,7 @@ class Relaying:
             carry=self._path_actions,
             candidate=lambda a: self.puncher.candidate(a) if self.puncher is not None else None,
         )
-        _register_member(self.metrics, self.endpoint, self.counts, self.paths)
+        register_member_metrics(self.metrics, self.endpoint, self.counts, self.paths)
 
     def start(self) -> None:
         """Put the configured relays' URLs in the address book, so the mesh dials them like
@@ -297,23 +251,27 @@ class Relaying:
         if self.attachments is not None and not is_relayed(link):
             self.attachments.linked(link, ours=link.address in self.relay_urls)
 
-    def link_down(self, link: PeerLink) -> None:
-        """A link ended: the relay core forgets it; our relay's loss moves its peers."""
+    def link_down(self, link: PeerLink) -> bool:
+        """A link ended: the relay core forgets it; our relay's loss moves its peers. True:
+        a direct link died within a switch and a relayed one took its place (calls go on)."""
         now = time.monotonic()
         if self.relay is not None:
             self.relay.link_down(link, now)
         if isinstance(link, RelayedLink):
+            # replaced by a direct link: frames already on the relayed path still arrive
+            # (in order, once, resent if lost) before the direct link's (path_switch.py)
             if link.down_reason == REPLACED_BY_DIRECT and self.switch is not None:
-                # frames already on the relayed path still arrive (in order, once, resent
-                # if lost) before the direct link's (path_switch.py)
                 self.switch.replaced(link.node, now)
             else:
                 self._forget(link.node)
-        else:
-            if self.switch is not None:
-                self.switch.direct_down(link)
-            if self.attachments is not None:
-                self.attachments.unlinked(link, now)
+            return False
+        if self.attachments is not None:
+            self.attachments.unlinked(link, now)
+        # no falling back to a peer that said bye (shutting down) or left the community
+        gone = link.down_reason.startswith("peer said bye") or not self.is_member(link.node)
+        if self.switch is not None and self.switch.direct_down(link, now, gone=gone):
+            return self._open(link.node, outbound=link.outbound) is not None
+        return False
 
     def replaced_link_down(self, link: PeerLink) -> None:
         """A link that another link to the same peer replaced has ended: the relay core

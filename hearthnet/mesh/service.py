@@ -347,10 +347,12 @@ class Mesh:
         self.health.link_down(link)
         self.link_events.inc("down")
         log.info("link down with %s: %s", link.node, reason, extra={"peer": link.node})
-        self.relaying.link_down(link)  # relays: detach, move relayed peers
+        # relays: detach, move relayed peers; True when a direct link fell back to its relay
+        fell_back = self.relaying.link_down(link)
         if link.address is not None:
             self.book.hold(link.address, time.monotonic(), 0)
-        if reason != REPLACED_BY_DIRECT:  # spec §8: calls and routes go on over the direct link
+        # spec §8: calls and routes go on over the link that replaced this one
+        if reason != REPLACED_BY_DIRECT and not fell_back:
             self.traffic.forget(link.node)
 
     def _on_frame(self, link: PeerLink, frame: dict[str, Any]) -> None:
