@@ -87,6 +87,7 @@ from hearthnet.metrics import MetricsRegistry
 log = logging.getLogger("hearthnet.mesh.relaying")
 
 TICK_S = 0.25  # the path core wants ~0.5 s; the relay core ~1 s
+RELEASE_SLACK_S = 0.001  # a paced frame is released this long after it fits the budget
 SCAN_S = 1.0  # how often members without a path are looked for
 PROBE_TIMEOUT_S = 30.0  # a relayed path whose probe got no answer is dropped and retried
 HELLO_RETRY_MS = 1000  # an unanswered e2e hello is sent again this often
@@ -184,6 +185,8 @@ class Relaying:
         # peers we opened a relayed path to, until it is up: when the probe went out
         self._probing: dict[str, float] = {}
         self.switch: PathSwitch | None = None  # relayed links turning direct, in order
+        self._release: asyncio.TimerHandle | None = None  # frames waiting for a budget
+        self._release_at = 0.0  # when (time.monotonic) the armed release fires
         self.counts: Tally[str] = Tally()  # member side: relayed frames and bytes, refusals
         self._keepalive = KeepaliveConfig(config.relay_keepalive_s, config.relay_silence_s)
         # back-pressure on a paced relayed path: gossip past this is shed (paths.py)
@@ -440,6 +443,26 @@ class Relaying:
         return True
 
     def _path_actions(self, actions: list[Any]) -> None:
+        assert self.endpoint is not None
+        assert self.paths is not None
+        self._carry(actions)
+        at = self.paths.release_at
+        if at is not None and (self._release is None or at < self._release_at):
+            # frames wait for a relay's budget: release them the moment the first fits
+            # (a millisecond later: the loop's clock is coarser than time.monotonic)
+            if self._release is not None:
+                self._release.cancel()
+            delay = at - time.monotonic() + RELEASE_SLACK_S
+            self._release = asyncio.get_running_loop().call_later(delay, self._released)
+            self._release_at = at
+
+    def _released(self) -> None:
+        """The moment a frame waiting for a relay's budget fits it (pacing.py)."""
+        self._release = None
+        if self.paths is not None:
+            self._path_actions(self.paths.release(time.monotonic()))
+
+    def _carry(self, actions: list[Any]) -> None:
         assert self.endpoint is not None
         assert self.paths is not None
         for action in actions:
