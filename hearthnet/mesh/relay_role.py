@@ -269,7 +269,8 @@ class RelayRole:
             # route frames in the CBOR map form, read from and written to v1 peers
             "v1_routes_in": self.v1_routes["in"],
             "v1_routes_out": self.v1_routes["out"],
-            "federation_refused": dict(self.federation_refused),
+            # configured peer relays not federated with: on a v1 link, or not relays
+            **{f"federation_refused_{r}": n for r, n in self.federation_refused.items()},
         }
 
     def _register(self, m: MetricsRegistry) -> None:

@@ -212,7 +212,9 @@ async def test_a_v1_relay_next_to_a_v2_relay_is_refused_federation_and_counted(
         async with Node(dataclasses.replace(config, mesh=mesh)) as relay:
             assert relay.mesh.relaying.relay is not None
             role = relay.mesh.relaying.relay
-            await wait_until(lambda: sum(role.federation_refused.values()) > 0, 10, "refused")
+            await wait_until(
+                lambda: bool(peers) and sum(role.federation_refused.values()) > 0, 10, "refused"
+            )
             old = peers[0]
             await old.ws.send_bytes(RouteTable(old.node, 1, ((behind.node_id, 0),)).encode())
             await old.ws.send_bytes(Attach(now_ms()).encode())
