@@ -20,6 +20,7 @@ from hearthnet.mesh.links import FrameHandler, LinkErrors, PeerLink
 from hearthnet.mesh.protocol import LinkState, PeerInfo, encode_frame
 
 REPLACED_BY_DIRECT = "a direct link is up"  # why a relayed link closed for a direct one
+SHUTTING_DOWN = "node shutting down"  # why every link closes when the node stops
 
 
 class _NoSocket:

@@ -81,7 +81,12 @@ from hearthnet.mesh.relay_frames import (
 from hearthnet.mesh.relay_keepalive import KeepaliveConfig
 from hearthnet.mesh.relay_member import EndpointConfig, RelayEndpoint, register_member_metrics
 from hearthnet.mesh.relay_role import MAX_PENDING_JOINS, RelayRole
-from hearthnet.mesh.relayed_link import REPLACED_BY_DIRECT, RelayedLink, is_relayed
+from hearthnet.mesh.relayed_link import (
+    REPLACED_BY_DIRECT,
+    SHUTTING_DOWN,
+    RelayedLink,
+    is_relayed,
+)
 from hearthnet.metrics import MetricsRegistry
 
 log = logging.getLogger("hearthnet.mesh.relaying")
@@ -270,8 +275,10 @@ class Relaying:
             return False
         if self.attachments is not None:
             self.attachments.unlinked(link, now)
-        # no falling back to a peer that said bye (shutting down) or left the community
-        gone = link.down_reason.startswith("peer said bye") or not self.is_member(link.node)
+        # no falling back when either end shuts down (a bye), or the peer left the community
+        reason = link.down_reason
+        gone = reason.startswith("peer said bye") or reason == SHUTTING_DOWN
+        gone = gone or not self.is_member(link.node)
         if self.switch is not None and self.switch.direct_down(link, now, gone=gone):
             return self._open(link.node, outbound=link.outbound) is not None
         return False

@@ -45,7 +45,12 @@ from hearthnet.mesh.gossip import OriginTracker
 from hearthnet.mesh.health import LinkHealth
 from hearthnet.mesh.links import LinkErrors, PeerLink
 from hearthnet.mesh.punching import Puncher
-from hearthnet.mesh.relayed_link import REPLACED_BY_DIRECT, is_relayed, path_fields
+from hearthnet.mesh.relayed_link import (
+    REPLACED_BY_DIRECT,
+    SHUTTING_DOWN,
+    is_relayed,
+    path_fields,
+)
 from hearthnet.mesh.relaying import TICK_S as RELAY_TICK_S
 from hearthnet.mesh.relaying import Relaying
 from hearthnet.mesh.remote import RemoteCalls
@@ -310,7 +315,7 @@ class Mesh:
 
     def stop(self) -> None:
         """Say bye on every link (the task group is cancelled by the node right after)."""
-        self.routes.close_all("node shutting down")
+        self.routes.close_all(SHUTTING_DOWN)
 
     # --- links --------------------------------------------------------------------------
 
