@@ -1,5 +1,6 @@
 """A member's end of relayed traffic (spec §8): one end-to-end session per peer, and path
-frames wrapped into ``route`` frames and back. Pure.
+frames wrapped into ``route`` frames and back. Pure (and, at the end, the member
+role's gauges over it, :func:`register_member_metrics`).
 
 Between :class:`~hearthnet.mesh.paths.PathCore` and the link to a relay::
 
