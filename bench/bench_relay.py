@@ -18,7 +18,12 @@ are from this run.
 Every node is started on loopback and stopped by PID; every loop is bounded by count and
 time.
 
+``--latency`` instead keeps a direct pair and a relayed pair up at once and measures them
+in alternate rounds (calls at concurrency 1 and 16, fan-out), recording the load average;
+``--member-budget`` sets the relay's per-member budget, so members pace themselves.
+
 Run: python -m bench.bench_relay [--quick] [--calls 2000] [--subscribers 10]
+     python -m bench.bench_relay --latency [--repeat 6] [--no-fanout] [--member-budget B]
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -447,6 +453,69 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+async def latency(opts: argparse.Namespace) -> dict[str, Any]:
+    """``--latency``: a direct pair (A, B) and a relayed pair (A', B', through R1) up at
+    once, measured in alternate rounds (direct first in even rounds, relayed first in odd
+    ones) so both see the same machine; the load average is recorded with each round."""
+    root = Path(tempfile.mkdtemp(prefix="hn-relay-lat-"))
+    nodes = Nodes(root)
+    rounds: list[dict[str, Any]] = []
+    try:
+        nodes.start("r1", "--relay")
+        nodes.join("a")
+        nodes.join("b")
+        relayed_args = ("--relay-url", nodes.nodes["r1"].url, "--advertise-url", UNDIALLABLE)
+        nodes.join("a2", *relayed_args)
+        nodes.join("b2", *relayed_args)
+        paths = {
+            "direct": await wait_path(nodes, "a", "b", "direct"),
+            "relayed": await wait_path(nodes, "a2", "b2", "relayed"),
+        }
+        assert paths["relayed"][1] == nodes.node_id("r1")
+        pairs = {"direct": ("a", "b"), "relayed": ("a2", "b2")}
+        async with contextlib.AsyncExitStack() as stack:
+            clients = {
+                name: await stack.enter_async_context(
+                    Client(nodes.nodes[name].url, keys=load_or_create_keys(nodes.data(name)))
+                )
+                for name in ("a", "b", "a2", "b2")
+            }
+            for i in range(opts.repeat):
+                order = ("direct", "relayed") if i % 2 == 0 else ("relayed", "direct")
+                row: dict[str, Any] = {"order": order}
+                for kind in order:
+                    src, dst = pairs[kind]
+                    target = nodes.node_id(dst)
+                    m: dict[str, Any] = {"load_before": os.getloadavg()[0]}
+                    m["c1"] = await calls(clients[src], target, opts.calls // 4, 1)
+                    m["c16"] = await calls(clients[src], target, opts.calls, 16)
+                    if not opts.no_fanout:
+                        m["fanout"] = await fanout(
+                            clients[src], clients[dst], f"bench.lat.{kind}{i}",
+                            opts.messages, opts.subscribers,
+                        )  # fmt: skip
+                    m["load_after"] = os.getloadavg()[0]
+                    row[kind] = m
+                rounds.append(row)
+    finally:
+        nodes.stop_all()
+    out: list[dict[str, Any]] = []
+    for row in rounds:
+        d, r = row["direct"], row["relayed"]
+        ratio = {
+            f"{c}_{q}_added_ms": round(r[c][f"{q}_ms"] - d[c][f"{q}_ms"], 3)
+            for c in ("c1", "c16")
+            for q in ("p50", "p99")
+        }
+        ratio["c16_calls_per_s_ratio"] = round(r["c16"]["calls_per_s"] / d["c16"]["calls_per_s"], 3)
+        if "fanout" in d:
+            ratio["fanout_ratio"] = round(
+                r["fanout"]["deliveries_per_s"] / d["fanout"]["deliveries_per_s"], 3
+            )
+        out.append(ratio)
+    return {"options": vars(opts), "paths": paths, "rounds": rounds, "ratios": out}
+
+
 async def cpu_only(
     opts: argparse.Namespace, nodes: Nodes, relays: tuple[str, ...]
 ) -> dict[str, Any]:
@@ -472,6 +541,15 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
     def med(values: list[float]) -> float:
         return round(statistics.median(values), 3)
 
+    if "rounds" in result:  # --latency
+        keys = result["ratios"][0].keys()
+        loads = [row[k][w] for row in result["rounds"] for k in ("direct", "relayed")
+                 for w in ("load_before", "load_after")]  # fmt: skip
+        return {
+            **{k: med([x[k] for x in result["ratios"]]) for k in keys},
+            "load_min": round(min(loads), 2),
+            "load_max": round(max(loads), 2),
+        }
     if "ratios" not in result:  # --cpu-only
         return {
             "relay_us_per_frame_less_idle": med(
@@ -506,6 +584,18 @@ def main() -> None:
         action="store_true",
         help="only the relayed pair and the relay's CPU per frame (no direct, fan-out, failover)",
     )
+    parser.add_argument(
+        "--latency",
+        action="store_true",
+        help="direct and relayed pairs up at once, calls (and fan-out) in alternate rounds",
+    )
+    parser.add_argument("--no-fanout", action="store_true", help="--latency: calls only")
+    parser.add_argument(
+        "--member-budget",
+        type=int,
+        default=None,
+        help="the relay's per-member budget, bytes/s (pacing; default: 64 MiB/s, not binding)",
+    )
     parser.add_argument("--name", default="relay", help="results file bench/results/NAME.json")
     parser.add_argument(
         "--default-budget",
@@ -518,7 +608,9 @@ def main() -> None:
     if args.default_budget:
         del FAST["HEARTHNET_MESH_RELAY_MEMBER_BYTES_PER_S"]
         del FAST["HEARTHNET_MESH_RELAY_CAPACITY_BYTES_PER_S"]
-    result = uvloop.run(run(args))
+    if args.member_budget is not None:
+        FAST["HEARTHNET_MESH_RELAY_MEMBER_BYTES_PER_S"] = str(args.member_budget)
+    result = uvloop.run(latency(args) if args.latency else run(args))
     result["summary"] = summary(result)
     save(args.name, result)
 

@@ -254,7 +254,9 @@ class PeerLink:
 
     def send_raw(self, data: bytes) -> bool:
         """Queue pre-encoded frame bytes (gossip encodes a message once for all links)."""
-        if self.sequencer is not None and self.state is LinkState.UP and self.sequencer(data):
+        # a sequencer also takes frames sent once the link is closing or down: they are
+        # numbered for resending, or go to the link that replaced it (path_switch.py)
+        if self.sequencer is not None and self.sequencer(data):
             return True
         return self.enqueue(data)
 

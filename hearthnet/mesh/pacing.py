@@ -9,7 +9,9 @@ bound and the relayed link closes. So the member paces itself: one token bucket 
 at the rate granted, holding half the burst the relay holds (the other half absorbs the
 jitter between our clock and the frames' arrival there), and frames that find the bucket
 empty wait in their peer's sequence (:class:`~hearthnet.mesh.pathseq.Outbound`) until
-:meth:`Pacer.admit` lets them go. A refusal all the same (a budget that shrank before we
+:meth:`Pacer.admit` lets them go: the path core names the moment the next one fits
+(:meth:`Pacer.wait`, ``PathCore.release_at``) and the glue releases them then, not on
+its next tick. A refusal all the same (a budget that shrank before we
 heard of it) empties the bucket for the ``retry_after_ms`` the relay named.
 
 Only the path sequence's data is paced: heartbeats, acks, drains and session hellos are
@@ -77,6 +79,12 @@ class TokenBucket:
             return True
         return False
 
+    def wait(self, size: int, now: float) -> float:
+        """Seconds from ``now`` until :meth:`take` of ``size`` succeeds (0: it would now)."""
+        self._refill(now)
+        short = min(size, self.burst) - self.tokens
+        return max(0.0, short / self.rate)
+
     def empty_for(self, seconds: float, now: float) -> None:
         """Nothing goes for ``seconds`` (a refusal's ``retry_after``)."""
         self._refill(now)
@@ -131,6 +139,12 @@ class Pacer:
             return False
         self.paced_bytes += charged
         return True
+
+    def wait(self, relay: str, size: int, now: float) -> float:
+        """Seconds from ``now`` until :meth:`admit` of ``size`` bytes through ``relay``
+        succeeds (the exact moment the frame fits, for the release timer)."""
+        b = self.buckets.get(relay)
+        return 0.0 if b is None else b.wait(size + PACE_OVERHEAD_BYTES, now)
 
     def forget(self, relay: str) -> None:
         """``relay`` is gone: a new attachment gets a new grant."""

@@ -16,8 +16,14 @@ Nothing of the mesh above sees the switch: the relayed link, once replaced, hand
 still sent on it (a call's replies, say) to the direct link, and calls streaming across
 the switch go on. After :data:`RETIRE_S` the relayed sequence and session are forgotten
 (a peer that never acknowledges, or speaks a version without this, gets plain frames
-then). A direct link that dies during the switch ends its sequence too; the peer is
-relayed afresh.
+then).
+
+A direct link that dies during the switch (before the relayed sequence is retired) falls
+back to the relay: the path core moves the peer back to its fallback relay and resends
+every frame of the sequence not yet acknowledged, in order, through it; the receiving
+end, falling back too, keeps what it delivered, so nothing is lost or handed on twice.
+A relayed link takes the dead link's place at once, and what is still sent on the dead
+link (a call's replies) goes to it, so calls streaming across the fall-back go on.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ class PathSwitch:
         self._direct: dict[str, PeerLink] = {}  # peer -> direct link still sequenced
         self.unexpected = 0  # path frames on a direct link from a peer with no sequence
         self.sequenced = 0  # frames sent in a relayed sequence on a direct link
+        self.fallbacks = 0  # direct links that died within a switch, fallen back to the relay
 
     def established(self, link: PeerLink) -> None:
         """A direct link finished its handshake (before the mesh admits it): if it is to
@@ -95,10 +102,31 @@ class PathSwitch:
             link = self._direct.get(peer)
         return link
 
-    def direct_down(self, link: PeerLink) -> None:
-        """A direct link ended: a sequence still running on it ends with it."""
-        if link.node in self.retiring and self._direct.get(link.node, link) is link:
-            self.forget(link.node)
+    def direct_down(self, link: PeerLink, now: float, *, gone: bool = False) -> bool:
+        """A direct link ended. Within the switch it falls back to the relay (True: the
+        glue opens a relayed link in its place and calls go on): the peer's sequence
+        continues there, everything unacknowledged resent in order. With no relay to
+        fall back to, or the peer ``gone`` (it said bye, or left the community), the
+        sequence ends with the link."""
+        peer = link.node
+        if peer not in self.retiring or self._direct.get(peer, link) is not link:
+            return False
+        state, fallback = self.paths.path(peer)
+        if gone or state is not PathState.DIRECT or fallback is None:
+            self.forget(peer)
+            return False
+        self._direct.pop(peer, None)
+        self.fallbacks += 1
+        self.carry(self.paths.direct_down(peer, now))
+        # what the mesh still sends on the dead link goes to the link that replaces it
+        link.sequencer = lambda data: self._after(link, data)
+        return True
+
+    def _after(self, dead: PeerLink, data: bytes) -> bool:
+        """A dead direct link's ``sequencer`` after the fall-back: the peer's current link
+        (the relayed one) takes the frame."""
+        current = self.links.get(dead.node)
+        return current is not None and current is not dead and current.send_raw(data)
 
     def path_frame(self, link: PeerLink, frame: PathFrame, now: float) -> None:
         """A path frame off a direct link (the peer continues a relayed sequence on it)."""

@@ -35,11 +35,13 @@ loses and duplicates nothing.
 
 Pacing (spec §8 budgets, :mod:`hearthnet.mesh.pacing`): what goes through a relay that
 granted a budget (fed to ``PathCore.pacer``) leaves at that rate; frames beyond it wait
-in the peer's sequence and go as the budget refills (:meth:`PathCore.tick` shares it
-out a frame per peer in turn). Back-pressure: a frame :meth:`PathCore.send` may shed (a
-gossip message: anti-entropy brings it later) is dropped and counted while the peer's
-held frames are over ``shed_bytes``, so a member publishing far over its budget keeps its
-link; anything else waits, up to the sequence's bound.
+in the peer's sequence and go as the budget refills: :attr:`PathCore.release_at` is the
+moment the first of them fits, when the glue calls :meth:`PathCore.release` (which, like
+:meth:`PathCore.tick`, shares the budget out a frame per peer in turn). Back-pressure:
+a frame :meth:`PathCore.send` may shed (a gossip message: anti-entropy brings it later)
+is dropped and counted while the peer's held frames are over ``shed_bytes``, so a member
+publishing far over its budget keeps its link; anything else waits, up to the
+sequence's bound.
 """
 
 from __future__ import annotations
@@ -114,6 +116,9 @@ class PathCore:
         self.stats = PathStats()
         self.upgrade = DirectUpgrade(node_id, self.config, self.rng, self.relays, self.stats)
         self.pacer = Pacer()
+        # the earliest moment a frame waiting for a relay's budget fits it: call
+        # :meth:`release` then (None: nothing waits for the budget)
+        self.release_at: float | None = None
         self._peers: dict[str, PeerState] = {}
 
     # -- views ---------------------------------------------------------------------------
@@ -194,6 +199,8 @@ class PathCore:
         via = p.path
         while (size := p.out.next_size()) is not None:
             if via is not None and not self.pacer.admit(via, size, now):
+                at = now + self.pacer.wait(via, size, now)  # when it fits: release it then
+                self.release_at = at if self.release_at is None else min(self.release_at, at)
                 break
             frame, resent = p.out.take(now)
             self.stats.resent += resent
@@ -358,7 +365,6 @@ class PathCore:
             if isinstance(change, DetachRelay):  # drain through it before it goes
                 actions += self._leave_relay(change.relay, now, alive=True)
             actions.append(change)
-        waiting: list[PeerState] = []
         for p in self._peers.values():
             actions += self.upgrade.due(p, now)
             if p.state is PathState.DOWN:
@@ -366,9 +372,15 @@ class PathCore:
             p.out.due(now, later=True)
             if p.inb.owed:
                 actions.append(Transmit(p.node, p.path, p.inb.ack()))
-            if p.out.waiting:
-                waiting.append(p)
-        # a relay's budget goes a frame per peer in turn, so one busy peer starves no other
+        return actions + self.release(now)
+
+    def release(self, now: float) -> list[Action]:
+        """Frames waiting for a relay's budget that fit it now (at :attr:`release_at`, and
+        on every tick); a relay's budget goes a frame per peer in turn, so one busy peer
+        starves no other."""
+        self.release_at = None
+        actions: list[Action] = []
+        waiting = [p for p in self._peers.values() if p.out.waiting]
         while waiting:
             sent = [(p, self._flush(p, now, one=True)) for p in waiting]
             waiting = [p for p, f in sent if f]

@@ -1,5 +1,6 @@
 """A member's end of relayed traffic (spec §8): one end-to-end session per peer, and path
-frames wrapped into ``route`` frames and back. Pure.
+frames wrapped into ``route`` frames and back. Pure (and, at the end, the member
+role's gauges over it, :func:`register_member_metrics`).
 
 Between :class:`~hearthnet.mesh.paths.PathCore` and the link to a relay::
 
@@ -21,8 +22,10 @@ from __future__ import annotations
 
 import os
 from collections import Counter, OrderedDict, deque
+from collections import Counter as Tally
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hearthnet.errors import BadRequest, InvalidSignature, Unauthorized, WireError
 from hearthnet.identity import KeyPair
@@ -31,6 +34,10 @@ from hearthnet.mesh.path_frames import PATH_FRAME_TYPES, PathFrame, PFrame
 from hearthnet.mesh.pathseq import UNSEQUENCED
 from hearthnet.mesh.relay_e2e import RelaySession, SessionState
 from hearthnet.mesh.relay_frames import DEFAULT_TTL_HOPS, Route, decode
+from hearthnet.metrics import MetricsRegistry
+
+if TYPE_CHECKING:
+    from hearthnet.mesh.paths import PathCore
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,3 +190,46 @@ class RelayEndpoint:
     def forget(self, peer: str) -> None:
         """Drop the session with ``peer`` (it left the community, or we stop reaching it)."""
         self._peers.pop(peer, None)
+
+
+def register_member_metrics(
+    m: MetricsRegistry, endpoint: RelayEndpoint, counts: Tally[str], paths: PathCore
+) -> None:
+    """The member role's gauges: relayed frames and bytes, refusals end to end, pacing."""
+    m.gauge(
+        "hearthnet_relayed_paced_bytes",
+        "Bytes this member sent through relays that grant a budget, paced to it (spec §8).",
+        lambda: float(paths.statistics().paced_bytes),
+    )
+    m.gauge(
+        "hearthnet_relayed_queued",
+        "Frames and bytes waiting for a relay's budget, in the relayed paths' sequences.",
+        lambda: {
+            ("frames",): float(paths.statistics().queued_frames),
+            ("bytes",): float(paths.statistics().queued_bytes),
+        },
+        ("unit",),
+    )
+    m.gauge(
+        "hearthnet_relayed_shed_frames",
+        "Gossip frames dropped for back-pressure on a relayed path (anti-entropy repairs them).",
+        lambda: float(paths.statistics().shed),
+    )
+    m.gauge(
+        "hearthnet_relayed_frames",
+        "Route frames this member sent and opened, by direction.",
+        lambda: {("out",): float(counts["frames_out"]), ("in",): float(counts["frames_in"])},
+        ("direction",),
+    )
+    m.gauge(
+        "hearthnet_relayed_bytes",
+        "Bytes of route.inner this member sent and opened.",
+        lambda: {("out",): float(counts["bytes_out"]), ("in",): float(counts["bytes_in"])},
+        ("direction",),
+    )
+    m.gauge(
+        "hearthnet_relayed_refused_frames",
+        "Relayed frames refused end to end (altered, replayed, forged), by code.",
+        lambda: {(code,): float(n) for code, n in endpoint.refused.items()},
+        ("code",),
+    )

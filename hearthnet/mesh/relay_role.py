@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -89,6 +90,10 @@ class RelayRole:
         self.joins_forwarded = 0
         # route frames in the CBOR map form (peers on hearthnet-peer.v1), read and written
         self.v1_routes = {"in": 0, "out": 0}
+        # configured peer relays not federated with, by reason (v1: a hearthnet-peer.v1
+        # link; not_a_relay: its hello does not say relay)
+        self.federation_refused = {"v1": 0, "not_a_relay": 0}
+        self._refused: weakref.WeakSet[PeerLink] = weakref.WeakSet()  # each link counted once
         self._register(metrics)
 
     async def forward_join(self, link: PeerLink, request: bytes) -> bytes:
@@ -132,13 +137,29 @@ class RelayRole:
 
     def is_peer_relay(self, link: PeerLink) -> bool:
         """Whether ``link`` (a direct link) goes to a relay we federate with: one we
-        configured and reached by our own dial, which says in its hello that it relays."""
-        return link.peer.relay and link.node in self.verified.values()
+        configured and reached by our own dial, which says in its hello that it relays,
+        on a ``hearthnet-peer.v2`` link (relays federate over v2 only, spec §8)."""
+        return link.v2 and link.peer.relay and link.node in self.verified.values()
 
     def link_up(self, link: PeerLink, now: float) -> None:
-        """A direct link was admitted: federate when it goes to one of our peer relays."""
+        """A direct link was admitted: federate when it goes to one of our peer relays;
+        a configured peer relay that cannot federate is refused, logged and counted (it
+        stays a member: attached, budgeted, its route frames read in the CBOR map form)."""
         if self.is_peer_relay(link):
             self._federate(link, now)
+        elif link.node in self.verified.values() and link not in self._refused:
+            reason = "v1" if not link.v2 else "not_a_relay"
+            self._refused.add(link)
+            self.federation_refused[reason] += 1
+            log.warning(
+                "not federating with %s (%s): %s",
+                link.node,
+                link.address,
+                "it speaks hearthnet-peer.v1; relays federate over hearthnet-peer.v2 only"
+                if reason == "v1"
+                else "its hello does not say it is a relay",
+                extra={"peer": link.node},
+            )
 
     def _federate(self, link: PeerLink, now: float) -> None:
         if self.core.is_federated(link):
@@ -248,6 +269,8 @@ class RelayRole:
             # route frames in the CBOR map form, read from and written to v1 peers
             "v1_routes_in": self.v1_routes["in"],
             "v1_routes_out": self.v1_routes["out"],
+            # configured peer relays not federated with: on a v1 link, or not relays
+            **{f"federation_refused_{r}": n for r, n in self.federation_refused.items()},
         }
 
     def _register(self, m: MetricsRegistry) -> None:
@@ -278,6 +301,12 @@ class RelayRole:
                 ("spoofed",): float(s.spoofed),
             }
 
+        m.gauge(
+            "hearthnet_relay_federation_refused",
+            "Links to configured peer relays not federated, by reason (v1, not_a_relay).",
+            lambda: {(r,): float(n) for r, n in self.federation_refused.items()},
+            ("reason",),
+        )
         m.gauge(
             "hearthnet_relay_v1_route_frames",
             "Route frames in the CBOR map form (peers on hearthnet-peer.v1), by direction.",

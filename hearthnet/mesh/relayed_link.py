@@ -20,6 +20,7 @@ from hearthnet.mesh.links import FrameHandler, LinkErrors, PeerLink
 from hearthnet.mesh.protocol import LinkState, PeerInfo, encode_frame
 
 REPLACED_BY_DIRECT = "a direct link is up"  # why a relayed link closed for a direct one
+SHUTTING_DOWN = "node shutting down"  # why every link closes when the node stops
 
 
 class _NoSocket:
@@ -67,10 +68,12 @@ class RelayedLink(PeerLink):
     def send_raw(self, data: bytes) -> bool:
         """Hand one encoded frame to the path core; False (and the link closes) when the
         peer has stopped acknowledging what it was sent. Once a direct link replaced this
-        one, frames still sent here (a call's replies) go on the direct link."""
+        one, frames still sent here (a call's replies) go on the peer's current link: the
+        direct one, or the relayed one that took its place when it died within the
+        switch (path_switch.py)."""
         if self.state is not LinkState.UP:
             nxt = self._successor(self.node) if self.down_reason == REPLACED_BY_DIRECT else None
-            if nxt is None or nxt is self or isinstance(nxt, RelayedLink):
+            if nxt is None or nxt is self:
                 return False
             return nxt.send_raw(data)
         if self._transmit(self.node, data):

@@ -79,14 +79,20 @@ from hearthnet.mesh.relay_frames import (
     parse_frame,
 )
 from hearthnet.mesh.relay_keepalive import KeepaliveConfig
-from hearthnet.mesh.relay_member import EndpointConfig, RelayEndpoint
+from hearthnet.mesh.relay_member import EndpointConfig, RelayEndpoint, register_member_metrics
 from hearthnet.mesh.relay_role import MAX_PENDING_JOINS, RelayRole
-from hearthnet.mesh.relayed_link import REPLACED_BY_DIRECT, RelayedLink, is_relayed
+from hearthnet.mesh.relayed_link import (
+    REPLACED_BY_DIRECT,
+    SHUTTING_DOWN,
+    RelayedLink,
+    is_relayed,
+)
 from hearthnet.metrics import MetricsRegistry
 
 log = logging.getLogger("hearthnet.mesh.relaying")
 
 TICK_S = 0.25  # the path core wants ~0.5 s; the relay core ~1 s
+RELEASE_SLACK_S = 0.001  # a paced frame is released this long after it fits the budget
 SCAN_S = 1.0  # how often members without a path are looked for
 PROBE_TIMEOUT_S = 30.0  # a relayed path whose probe got no answer is dropped and retried
 HELLO_RETRY_MS = 1000  # an unanswered e2e hello is sent again this often
@@ -124,52 +130,6 @@ class RelayedJoins:
         task = asyncio.get_running_loop().create_task(answer(), name="mesh-relayed-join")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _register_member(
-    m: MetricsRegistry, endpoint: RelayEndpoint, counts: Tally[str], paths: PathCore
-) -> None:
-    """The member role's gauges: relayed frames and bytes, refusals end to end, pacing."""
-    m.gauge(
-        "hearthnet_relayed_paced_bytes",
-        "Bytes this member sent through relays that grant a budget, paced to it (spec §8).",
-        lambda: float(paths.statistics().paced_bytes),
-    )
-    m.gauge(
-        "hearthnet_relayed_queued",
-        "Frames and bytes waiting for a relay's budget, in the relayed paths' sequences.",
-        lambda: {
-            ("frames",): float(paths.statistics().queued_frames),
-            ("bytes",): float(paths.statistics().queued_bytes),
-        },
-        ("unit",),
-    )
-    m.gauge(
-        "hearthnet_relayed_shed_frames",
-        "Gossip frames dropped for back-pressure on a relayed path (anti-entropy repairs them).",
-        lambda: float(paths.statistics().shed),
-    )
-    m.gauge(
-        "hearthnet_relayed_frames",
-        "Route frames this member sent and opened, by direction.",
-        lambda: {
-            ("out",): float(counts["frames_out"]),
-            ("in",): float(counts["frames_in"]),
-        },
-        ("direction",),
-    )
-    m.gauge(
-        "hearthnet_relayed_bytes",
-        "Bytes of route.inner this member sent and opened.",
-        lambda: {("out",): float(counts["bytes_out"]), ("in",): float(counts["bytes_in"])},
-        ("direction",),
-    )
-    m.gauge(
-        "hearthnet_relayed_refused_frames",
-        "Relayed frames refused end to end (altered, replayed, forged), by code.",
-        lambda: {(code,): float(n) for code, n in endpoint.refused.items()},
-        ("code",),
-    )
 
 
 class Relaying:
@@ -230,6 +190,8 @@ class Relaying:
         # peers we opened a relayed path to, until it is up: when the probe went out
         self._probing: dict[str, float] = {}
         self.switch: PathSwitch | None = None  # relayed links turning direct, in order
+        self._release: asyncio.TimerHandle | None = None  # frames waiting for a budget
+        self._release_at = 0.0  # when (time.monotonic) the armed release fires
         self.counts: Tally[str] = Tally()  # member side: relayed frames and bytes, refusals
         self._keepalive = KeepaliveConfig(config.relay_keepalive_s, config.relay_silence_s)
         # back-pressure on a paced relayed path: gossip past this is shed (paths.py)
@@ -259,7 +221,7 @@ class Relaying:
             carry=self._path_actions,
             candidate=lambda a: self.puncher.candidate(a) if self.puncher is not None else None,
         )
-        _register_member(self.metrics, self.endpoint, self.counts, self.paths)
+        register_member_metrics(self.metrics, self.endpoint, self.counts, self.paths)
 
     def start(self) -> None:
         """Put the configured relays' URLs in the address book, so the mesh dials them like
@@ -297,23 +259,29 @@ class Relaying:
         if self.attachments is not None and not is_relayed(link):
             self.attachments.linked(link, ours=link.address in self.relay_urls)
 
-    def link_down(self, link: PeerLink) -> None:
-        """A link ended: the relay core forgets it; our relay's loss moves its peers."""
+    def link_down(self, link: PeerLink) -> bool:
+        """A link ended: the relay core forgets it; our relay's loss moves its peers. True:
+        a direct link died within a switch and a relayed one took its place (calls go on)."""
         now = time.monotonic()
         if self.relay is not None:
             self.relay.link_down(link, now)
         if isinstance(link, RelayedLink):
+            # replaced by a direct link: frames already on the relayed path still arrive
+            # (in order, once, resent if lost) before the direct link's (path_switch.py)
             if link.down_reason == REPLACED_BY_DIRECT and self.switch is not None:
-                # frames already on the relayed path still arrive (in order, once, resent
-                # if lost) before the direct link's (path_switch.py)
                 self.switch.replaced(link.node, now)
             else:
                 self._forget(link.node)
-        else:
-            if self.switch is not None:
-                self.switch.direct_down(link)
-            if self.attachments is not None:
-                self.attachments.unlinked(link, now)
+            return False
+        if self.attachments is not None:
+            self.attachments.unlinked(link, now)
+        # no falling back when either end shuts down (a bye), or the peer left the community
+        reason = link.down_reason
+        gone = reason.startswith("peer said bye") or reason == SHUTTING_DOWN
+        gone = gone or not self.is_member(link.node)
+        if self.switch is not None and self.switch.direct_down(link, now, gone=gone):
+            return self._open(link.node, outbound=link.outbound) is not None
+        return False
 
     def replaced_link_down(self, link: PeerLink) -> None:
         """A link that another link to the same peer replaced has ended: the relay core
@@ -482,6 +450,26 @@ class Relaying:
         return True
 
     def _path_actions(self, actions: list[Any]) -> None:
+        assert self.endpoint is not None
+        assert self.paths is not None
+        self._carry(actions)
+        at = self.paths.release_at
+        if at is not None and (self._release is None or at < self._release_at):
+            # frames wait for a relay's budget: release them the moment the first fits
+            # (a millisecond later: the loop's clock is coarser than time.monotonic)
+            if self._release is not None:
+                self._release.cancel()
+            delay = at - time.monotonic() + RELEASE_SLACK_S
+            self._release = asyncio.get_running_loop().call_later(delay, self._released)
+            self._release_at = at
+
+    def _released(self) -> None:
+        """The moment a frame waiting for a relay's budget fits it (pacing.py)."""
+        self._release = None
+        if self.paths is not None:
+            self._path_actions(self.paths.release(time.monotonic()))
+
+    def _carry(self, actions: list[Any]) -> None:
         assert self.endpoint is not None
         assert self.paths is not None
         for action in actions:

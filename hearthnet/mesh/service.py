@@ -45,7 +45,12 @@ from hearthnet.mesh.gossip import OriginTracker
 from hearthnet.mesh.health import LinkHealth
 from hearthnet.mesh.links import LinkErrors, PeerLink
 from hearthnet.mesh.punching import Puncher
-from hearthnet.mesh.relayed_link import REPLACED_BY_DIRECT, is_relayed, path_fields
+from hearthnet.mesh.relayed_link import (
+    REPLACED_BY_DIRECT,
+    SHUTTING_DOWN,
+    is_relayed,
+    path_fields,
+)
 from hearthnet.mesh.relaying import TICK_S as RELAY_TICK_S
 from hearthnet.mesh.relaying import Relaying
 from hearthnet.mesh.remote import RemoteCalls
@@ -310,7 +315,7 @@ class Mesh:
 
     def stop(self) -> None:
         """Say bye on every link (the task group is cancelled by the node right after)."""
-        self.routes.close_all("node shutting down")
+        self.routes.close_all(SHUTTING_DOWN)
 
     # --- links --------------------------------------------------------------------------
 
@@ -347,10 +352,12 @@ class Mesh:
         self.health.link_down(link)
         self.link_events.inc("down")
         log.info("link down with %s: %s", link.node, reason, extra={"peer": link.node})
-        self.relaying.link_down(link)  # relays: detach, move relayed peers
+        # relays: detach, move relayed peers; True when a direct link fell back to its relay
+        fell_back = self.relaying.link_down(link)
         if link.address is not None:
             self.book.hold(link.address, time.monotonic(), 0)
-        if reason != REPLACED_BY_DIRECT:  # spec §8: calls and routes go on over the direct link
+        # spec §8: calls and routes go on over the link that replaced this one
+        if reason != REPLACED_BY_DIRECT and not fell_back:
             self.traffic.forget(link.node)
 
     def _on_frame(self, link: PeerLink, frame: dict[str, Any]) -> None:

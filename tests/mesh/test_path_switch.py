@@ -1,66 +1,164 @@
 """A relayed link that turns direct while a call streams across it (spec §8: "the link
-moves to the direct path with no frame lost or duplicated"): the stream goes on and ends
-with every chunk once, in order. Real nodes over loopback."""
+moves to the direct path with no frame lost or duplicated", and "falls back to the relay
+if the direct path dies"): the stream goes on and ends with every chunk once, in order.
+Real nodes over loopback (the shared relayed set-up, tests/mesh/conftest.py), and the
+path core alone."""
 
 from __future__ import annotations
 
+import pytest
+
 from hearthnet.client import Client
-from hearthnet.node import Node
-from tests.conftest import MakeConfig
+from hearthnet.mesh.path_frames import PathFrame, PFrame
+from hearthnet.mesh.paths import Deliver, PathCore, Transmit
 from tests.helpers import wait_until
-from tests.mesh.test_relaying import one_community, path_to, relayed_to
+from tests.mesh.conftest import RelayedTrio
+from tests.mesh.test_relaying import path_to
 
 CHUNKS = 120
 SWITCH_AT = 30  # chunks received before the direct link is dialled
 
 
+async def _stream(trio: RelayedTrio, at_switch: object) -> tuple[list[int], list[str], set[str]]:
+    """echo.stream from b to a; at chunk SWITCH_AT a dials b and ``at_switch`` (a
+    coroutine function) is spawned. Returns the chunks, the frame kinds, the paths seen."""
+    a, b = trio.a, trio.b
+    got: list[int] = []
+    kinds: list[str] = []
+    paths: set[str] = set()
+    async with (
+        Client(a.url, keys=a.keys) as client,
+        client.stream(
+            "echo.stream@1.0",
+            {"count": CHUNKS, "size": 64, "interval_ms": 10},
+            target=b.keys.node_id,
+            prefer_ws=False,
+            deadline_ms=30_000,
+        ) as stream,
+    ):
+        async for frame in stream:
+            kinds.append(frame.event)
+            if frame.event == "token":
+                got.append(frame.data["i"])
+                paths.add(str(path_to(a, b)))
+            if len(got) == SWITCH_AT:
+                a.mesh.spawn(a.mesh.dial(b.url), "dial-b")
+                if callable(at_switch):
+                    a.mesh.spawn(at_switch(), "at-switch")
+    return got, kinds, paths
+
+
+@pytest.mark.asyncio(loop_scope="session")
 async def test_a_stream_across_the_switch_to_direct_loses_and_repeats_nothing(
-    make_config: MakeConfig,
+    relayed_trio: RelayedTrio,
 ) -> None:
     """echo.stream from b to a while a dials b: every chunk once, in order, then done."""
-    configs = [make_config(mesh={"relay": True}), make_config(), make_config()]
-    one_community(configs)
-    async with (
-        Node(configs[0]) as relay,
-        Node(relayed_to(configs[1], relay.url)) as a,
-        Node(relayed_to(configs[2], relay.url)) as b,
-    ):
-        await wait_until(
-            lambda: (path_to(a, b), path_to(b, a)) == ("relayed", "relayed"),
-            20,
-            "a and b relayed to each other",
-        )
-        got: list[int] = []
-        kinds: list[str] = []
-        paths: set[str | None] = set()
-        async with (
-            Client(a.url, keys=a.keys) as client,
-            client.stream(
-                "echo.stream@1.0",
-                {"count": CHUNKS, "size": 64, "interval_ms": 10},
-                target=b.keys.node_id,
-                prefer_ws=False,
-                deadline_ms=30_000,
-            ) as stream,
-        ):
-            async for frame in stream:
-                kinds.append(frame.event)
-                if frame.event == "token":
-                    got.append(frame.data["i"])
-                    paths.add(path_to(a, b))
-                if len(got) == SWITCH_AT:
-                    a.mesh.spawn(a.mesh.dial(b.url), "dial-b")
-        # both ends settle well before the relayed sequence is retired (10 s): the direct
-        # link carries plain frames again
-        await wait_until(
-            lambda: all(
-                n.mesh.links[m.keys.node_id].sequencer is None for n, m in ((a, b), (b, a))
-            ),
-            5,
-            "the direct links plain again",
-        )
+    a, b = relayed_trio.a, relayed_trio.b
+    got, kinds, paths = await _stream(relayed_trio, None)
+    # both ends settle well before the relayed sequence is retired (10 s): the direct
+    # link carries plain frames again
+    await wait_until(
+        lambda: all(n.mesh.links[m.keys.node_id].sequencer is None for n, m in ((a, b), (b, a))),
+        5,
+        "the direct links plain again",
+    )
     assert (list(range(1, CHUNKS + 1)), "done", {"relayed", "direct"}) == (
         got,
         kinds[-1],
         paths,
     )
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_direct_link_cut_within_the_switch_falls_back_and_resends_in_order(
+    relayed_trio: RelayedTrio,
+) -> None:
+    """The direct link cut while b's frames on it are unacknowledged: both ends fall back
+    to the relay, b resends, the stream ends with every chunk once, in order."""
+    a, b = relayed_trio.a, relayed_trio.b
+    switches = [n.mesh.relaying.switch for n in (a, b)]
+    assert switches[0] is not None
+    assert switches[1] is not None
+    assert b.mesh.relaying.paths is not None
+    core_b = b.mesh.relaying.paths
+    before = (switches[0].fallbacks, switches[1].fallbacks, core_b.stats.resent)
+    sequenced = switches[1].sequenced
+    cut_unsettled: list[bool] = []
+
+    async def cut_when_b_sequences() -> None:
+        """Cut the direct link the moment b has sent frames on it that a has not
+        acknowledged (the check and the cut in one step of the event loop)."""
+        await wait_until(
+            lambda: (
+                relayed_trio.paths() == ("direct", "direct")
+                and switches[1].sequenced > sequenced
+                and not core_b.settled(a.keys.node_id)
+            ),
+            15,
+            "b's frames on the direct link unacknowledged",
+        )
+        relayed_trio.cut()
+        cut_unsettled.append(True)
+
+    got, kinds, paths = await _stream(relayed_trio, cut_when_b_sequences)
+    after = (switches[0].fallbacks, switches[1].fallbacks, core_b.stats.resent)
+    assert (
+        list(range(1, CHUNKS + 1)),
+        "done",
+        ([True], True),
+        (1, 1, True),
+        ("relayed", "relayed"),
+    ) == (
+        got,
+        kinds[-1],
+        (cut_unsettled, "direct" in paths),
+        (after[0] - before[0], after[1] - before[1], after[2] > before[2]),
+        relayed_trio.paths(),
+    )
+
+
+def _carry(actions: list[object], direct: list[PathFrame], relay: list[PathFrame]) -> list[bytes]:
+    """Put the sender's transmits on their path; return what it delivered."""
+    out: list[bytes] = []
+    for action in actions:
+        if isinstance(action, Transmit):
+            (relay if action.via is not None else direct).append(action.frame)
+        elif isinstance(action, Deliver):
+            out.append(action.frame)
+    return out
+
+
+def test_the_path_core_resends_what_a_dead_direct_link_lost_through_the_relay() -> None:
+    """Frames 1-10 relayed, 11-20 direct (13-20 lost with the link): after the fall-back
+    the receiver hands on 1-20 once, in order."""
+    sender, receiver = PathCore("a", ["r"]), PathCore("b", ["r"])
+    relay: list[PathFrame] = []
+    direct: list[PathFrame] = []
+    for core in (sender, receiver):
+        core.relay_attached("r", None, 0.01, 0.0)
+    delivered: list[bytes] = []
+
+    def deliver(frames: list[PathFrame]) -> None:
+        """The receiver takes ``frames`` (its acks go back to the sender at once)."""
+        for frame in frames:
+            for action in receiver.receive("a", frame, 1.0):
+                if isinstance(action, Deliver):
+                    delivered.append(action.frame)
+                elif isinstance(action, Transmit):
+                    sender.receive("b", action.frame, 1.0)
+        frames.clear()
+
+    frames = [bytes([0xA1, 0x61, 0x66, i]) for i in range(1, 21)]
+    for f in frames[:10]:
+        _carry(sender.send("b", f, 0.5), direct, relay)
+    _carry(sender.direct_up("b", 1.0), direct, relay)  # the drain goes through the relay
+    receiver.direct_up("a", 1.0)
+    for f in frames[10:]:
+        _carry(sender.send("b", f, 1.0), direct, relay)
+    direct_frames = [f for f in direct if isinstance(f, PFrame)]
+    deliver(direct[:2])  # 11 and 12 arrive before the link dies; 13-20 die with it
+    direct.clear()
+    _carry(receiver.direct_down("a", 2.0), [], [])
+    _carry(sender.direct_down("b", 2.0), direct, relay)  # everything unacknowledged again
+    deliver(relay)
+    assert (frames, [], 10) == (delivered, direct, len(direct_frames))

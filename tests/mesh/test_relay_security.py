@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -173,6 +174,62 @@ async def test_a_relay_dialling_a_v1_node_sends_a_hello_it_can_read(
     finally:
         await runner.cleanup()
     assert [(SUBPROTOCOL_V1, "hello", False)] == [(p, h["t"], "relay" in h) for p, h in hellos]
+
+
+async def test_a_v1_relay_next_to_a_v2_relay_is_refused_federation_and_counted(
+    make_config: MakeConfig,
+) -> None:
+    """A configured peer relay answering on hearthnet-peer.v1 (hello with relay: true) is
+    not federated: refused, logged and counted by reason; its route table is dropped and
+    counted; it still attaches as a member."""
+    config = make_config(mesh={"relay": True})
+    own = load_or_create_keys(Path(config.node.data_dir))
+    old_keys, behind = KeyPair.from_seed(b"\x56" * 32), KeyPair.from_seed(b"\x57" * 32)
+    view = Membership(own.node_id)
+    view.add(view.sign(own, "community.created", own.node_id, now_ms=1, name="t"))
+    view.add(view.sign(own, "member.added", old_keys.node_id, now_ms=2, level=Level.MEMBER))
+    CommunityStore(Path(config.node.data_dir)).replace(list(view.records.values()))
+    peers: list[RawPeer] = []
+
+    async def v1_relay(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(protocols=(SUBPROTOCOL_V1,), max_msg_size=MAX_FRAME_BYTES)
+        await ws.prepare(request)
+        hello = Handshake(old_keys, view, False, now_ms(), name="old relay", relay=True)
+        await run_handshake(ws, hello, now_ms)
+        peer = RawPeer(old_keys, ws)  # type: ignore[arg-type]
+        peers.append(peer)
+        await peer.read()
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/mesh/v1/peer", v1_relay)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    mesh = dataclasses.replace(config.mesh, relay_peers=(url,))
+    try:
+        async with Node(dataclasses.replace(config, mesh=mesh)) as relay:
+            assert relay.mesh.relaying.relay is not None
+            role = relay.mesh.relaying.relay
+            await wait_until(
+                lambda: bool(peers) and sum(role.federation_refused.values()) > 0, 10, "refused"
+            )
+            old = peers[0]
+            await old.ws.send_bytes(RouteTable(old.node, 1, ((behind.node_id, 0),)).encode())
+            await old.ws.send_bytes(Attach(now_ms()).encode())
+            await old.first("attached")
+            stats = role.core.statistics()
+            metrics = relay.metrics.render()
+            got = (dict(role.federation_refused), stats.federated, stats.foreign_tables)
+            routes = role.core.routes()
+    finally:
+        await runner.cleanup()
+    assert ({"v1": 1, "not_a_relay": 0}, 0, 1, {}, True) == (
+        *got,
+        routes,
+        'hearthnet_relay_federation_refused{reason="v1"} 1' in metrics,
+    )
 
 
 Answer = dict[str, Any]

@@ -14,8 +14,10 @@ import asyncio
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
+import pytest
 
 from hearthnet.client import Client
 from hearthnet.clock import now_ms
@@ -43,6 +45,9 @@ from hearthnet.node import Node
 from tests.conftest import MakeConfig
 from tests.helpers import free_port, wait_until
 from tests.mesh.rawpeer import RawPeer
+
+if TYPE_CHECKING:
+    from tests.mesh.conftest import RelayedTrio
 
 UNDIALLABLE = "http://127.0.0.1:9"  # the discard port: nothing listens there
 RELAY_URL = UNDIALLABLE  # the test's relay dials the node instead
@@ -78,29 +83,13 @@ def path_to(node: Node, peer: Node) -> str | None:
     return None if link is None else str(path_fields(link)["path"])
 
 
-async def test_a_direct_link_replaces_a_relayed_one(make_config: MakeConfig) -> None:
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_direct_link_replaces_a_relayed_one(relayed_trio: RelayedTrio) -> None:
     """Two members linked through a relay that then link directly keep only the direct link."""
-    configs = [make_config(mesh={"relay": True}), make_config(), make_config()]
-    one_community(configs)
-    async with (
-        Node(configs[0]) as relay,
-        Node(relayed_to(configs[1], relay.url)) as a,
-        Node(relayed_to(configs[2], relay.url)) as b,
-    ):
-        await wait_until(
-            lambda: (path_to(a, b), path_to(b, a)) == ("relayed", "relayed"),
-            10,
-            "a and b relayed to each other",
-        )
-        a.mesh.spawn(a.mesh.dial(b.url), "dial-b")
-        await wait_until(
-            lambda: (path_to(a, b), path_to(b, a)) == ("direct", "direct"),
-            10,
-            "a and b linked directly",
-        )
-        paths = [
-            sorted(path_fields(link)["path"] for link in n.mesh.links.values()) for n in (a, b)
-        ]
+    a, b = relayed_trio.a, relayed_trio.b
+    a.mesh.spawn(a.mesh.dial(b.url), "dial-b")
+    await wait_until(lambda: relayed_trio.paths() == ("direct", "direct"), 10, "a, b direct")
+    paths = [sorted(path_fields(link)["path"] for link in n.mesh.links.values()) for n in (a, b)]
     assert [["direct", "direct"], ["direct", "direct"]] == paths
 
 

@@ -1,0 +1,75 @@
+"""The relayed set-up the path-switch and relaying tests share: a relay and two members
+that reach each other only through it (spec §8), started once for the session."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from hearthnet.config import Config, load_config
+from hearthnet.mesh.addresses import normalize_url
+from hearthnet.node import Node
+from tests.helpers import wait_until
+from tests.mesh.test_relaying import one_community, path_to, relayed_to
+
+
+@dataclass
+class RelayedTrio:
+    """Relay R with members a and b attached to it, each undiallable by the other."""
+
+    relay: Node
+    a: Node
+    b: Node
+
+    def paths(self) -> tuple[str | None, str | None]:
+        """The path from a to b and from b to a."""
+        return path_to(self.a, self.b), path_to(self.b, self.a)
+
+    def cut(self) -> None:
+        """Cut a's direct link to b at its socket (both ends see it die, no ``bye``), and
+        keep a from dialling b's URL again."""
+        self.a.mesh.book.addresses.pop(normalize_url(self.b.url), None)
+        link = self.a.mesh.links[self.b.keys.node_id]
+        sock: socket.socket = link.ws.get_extra_info("socket")  # type: ignore[attr-defined]
+        sock.shutdown(socket.SHUT_RDWR)
+
+    async def relayed(self) -> None:
+        """Back to a and b relayed to each other (a direct link a test made is cut)."""
+        if "direct" in self.paths():
+            self.cut()
+        await wait_until(lambda: self.paths() == ("relayed", "relayed"), 20, "a, b relayed")
+
+
+def _config(base: Path, i: int, **mesh: object) -> Config:
+    overrides = {
+        "node": {"data_dir": str(base / f"node{i}"), "host": "127.0.0.1", "port": 0},
+        "mesh": {"zeroconf": False, **mesh},
+    }
+    return load_config(None, env={}, overrides=overrides)
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def relayed_session(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RelayedTrio]:
+    """The three nodes, started once."""
+    base = tmp_path_factory.mktemp("relayed")
+    configs = [_config(base, 0, relay=True), _config(base, 1), _config(base, 2)]
+    one_community(configs)
+    async with (
+        Node(configs[0]) as relay,
+        Node(relayed_to(configs[1], relay.url)) as a,
+        Node(relayed_to(configs[2], relay.url)) as b,
+    ):
+        yield RelayedTrio(relay, a, b)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def relayed_trio(relayed_session: RelayedTrio) -> RelayedTrio:
+    """The shared nodes, a and b relayed to each other (tests using it run in the
+    session's event loop: ``pytest.mark.asyncio(loop_scope="session")``)."""
+    await relayed_session.relayed()
+    return relayed_session
