@@ -288,7 +288,7 @@ class Mesh:
                 traffic, health = self.traffic, self.health
                 for period_s, tick, name in (
                     (cfg.dial_interval_s, self.dialer.dial_tick, "mesh-dial"),
-                    (cfg.anti_entropy_s, traffic.repair_tick, "mesh-repair"),
+                    (cfg.anti_entropy_s, traffic.messages.repair_tick, "mesh-repair"),
                     (max(0.01, cfg.heartbeat_s / 5), health.tick, "mesh-heartbeat"),
                     (cfg.caps_s, traffic.announce_caps, "mesh-caps"),
                     (cfg.presence_refresh_s, traffic.presence_tick, "mesh-presence"),
@@ -367,7 +367,7 @@ class Mesh:
 
     def on_commit(self, batch: list[StoredMessage]) -> None:
         """The log committed ``batch``: gossip it on (after local fan-out; see node.py)."""
-        self.traffic.committed(batch)
+        self.traffic.messages.committed(batch)
 
     def on_local_presence(self, events: list[PresenceEvent]) -> None:
         """Local members joined, changed or left: tell the mesh."""
