@@ -120,9 +120,11 @@ class GossipTraffic:
     def committed(self, batch: list[StoredMessage]) -> None:
         """The log committed ``batch``: forward each message to every link but the one
         it came from (the last step of the commit pipeline, after local fan-out)."""
-        self.withheld.committed(
-            (s.message.origin, s.message.origin_seq, s.message.data_enc is not None) for s in batch
-        )
+        if self.withheld.shown:
+            self.withheld.committed(
+                (s.message.origin, s.message.origin_seq, s.message.data_enc is not None)
+                for s in batch
+            )
         for forward in self.gossip.committed(batch, len(self.routes) > 0):
             if isinstance(forward, Forward):
                 self.routes.forward(forward)

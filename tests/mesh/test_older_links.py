@@ -79,19 +79,15 @@ def test_a_withheld_run_at_our_head_is_hidden_until_a_plain_message_follows() ->
     )
 
 
-def test_an_older_peer_is_asked_again_only_once_our_head_moved() -> None:
-    """An older peer whose head is past a hole it cannot fill is asked for it once; a v3
-    peer with the same head is asked again when the retry time is up."""
+def test_an_older_peer_is_asked_again_at_an_unmoved_head_only_after_a_doubling_wait() -> None:
+    """An older peer whose head is past a hole it cannot fill is asked for it at 0, 12 and
+    36 s (waits of 10 s, then 20 s) of rounds every 6 s; a v3 peer with the same head at
+    every round (its retry time, 5 s, is up)."""
     asked = []
     for older in ("p", None):
-        gossip = Gossip(lambda _id: False, 100)
+        gossip = core()
         held(gossip, 1, 2, 4)
-        rounds = [
-            gossip.receive_ihave(
-                IHave({ORIGIN: 4}, {ORIGIN: 1}), now=i * 2 * IWANT_RETRY_S, older=older
-            )
-            for i in range(3)
-        ]
-        asked.append(rounds)
-    once = IWant({ORIGIN: (3, 3)})
-    assert [[once, None, None], [once, once, once]] == asked
+        ihave = IHave({ORIGIN: 4}, {ORIGIN: 1})
+        rounds = [gossip.receive_ihave(ihave, now=6.0 * i, older=older) for i in range(7)]
+        asked.append([i for i, iwant in enumerate(rounds) if iwant == IWant({ORIGIN: (3, 3)})])
+    assert [[0, 2, 6], [0, 1, 2, 3, 4, 5, 6]] == asked
