@@ -254,7 +254,8 @@ async def test_a_batch_frame_is_stored_whole_and_forwarded_by_what_each_peer_tak
 ) -> None:
     """A peer's batch of 5 is stored whole and goes on as one batch frame to a v3 peer
     and as 5 msg frames to a v2 one; a batch with one altered message is counted and
-    nothing of it is stored; a message with a bytes payload goes to the v3 peer only."""
+    nothing of it is stored; a message with a bytes payload goes to the v3 peer only, and
+    the v2 peer's iwant for it is answered with an ihave that moves its head past it."""
     async with (
         raw_peer(node) as sender,
         raw_peer(node, seed=b"\x76" * 32) as new,
@@ -298,13 +299,17 @@ async def test_a_batch_frame_is_stored_whole_and_forwarded_by_what_each_peer_tak
             await sender.send("msg", raw=message.raw, h=1)
         await wait_until(lambda: len(old.received("msg")) == 6, what="6 msg frames to the old peer")
         await wait_until(lambda: len(new.received("msg")) == 2, what="2 msg frames to the new peer")
+        # the old peer asks for the binary message: 7 again, and an ihave moving it past 6
+        await old.send("iwant", want={sender.node: [6, 7]})
+        skip = {"t": "ihave", "heads": {sender.node: 7}, "floors": {sender.node: 7}}
+        await wait_until(lambda: skip in old.received("ihave"), what="the ihave past 6")
         batches = new.received("batch")
         stored = await node.mesh.log.read_origin(sender.node, 1, 5, 10)
     assert (
         1.0,
         [m.raw for m in good],
         [[m.leaf() for m in good]],
-        [*(m.raw for m in good), singles[1].raw],
+        [*(m.raw for m in good), singles[1].raw, singles[1].raw],
         [m.raw for m in singles],
     ) == (
         node.mesh.traffic.sig_failures.get("gossip_batch"),
