@@ -67,6 +67,11 @@ LINK_VERSION = 3  # the newest version spoken
 NO_SUBPROTOCOL = 0
 
 
+def link_subprotocol(link: int) -> str | None:
+    """The subprotocol of peer-link version ``link`` (None for a relayed path)."""
+    return next((p for p, v in LINK_VERSIONS.items() if v == link), None)
+
+
 def link_version(subprotocol: str | None) -> int:
     """The peer-link version a negotiated WebSocket subprotocol stands for (1 when none)."""
     return LINK_VERSIONS.get(subprotocol or "", 1)

@@ -44,6 +44,7 @@ from hearthnet.mesh.discovery import Discovery
 from hearthnet.mesh.gossip import OriginTracker
 from hearthnet.mesh.health import LinkHealth
 from hearthnet.mesh.links import LinkErrors, PeerLink
+from hearthnet.mesh.protocol import link_subprotocol
 from hearthnet.mesh.punching import Puncher
 from hearthnet.mesh.relayed_link import REPLACED_BY_DIRECT, is_relayed, path_fields
 from hearthnet.mesh.relaying import TICK_S as RELAY_TICK_S
@@ -399,6 +400,8 @@ class Mesh:
                     "rtt_ms_p50": tracker.rtt_p50_ms if tracker else None,
                     "loss_pct": tracker.loss_pct if tracker else None,
                     "queued": link.queued,
+                    # older links get no batch frames and no data_enc messages (v3)
+                    "protocol": link_subprotocol(link.peer.link),
                     **path_fields(link),  # relays: direct or relayed, and via
                 }
             )

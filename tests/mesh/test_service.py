@@ -305,16 +305,19 @@ async def test_a_batch_frame_is_stored_whole_and_forwarded_by_what_each_peer_tak
         await wait_until(lambda: skip in old.received("ihave"), what="the ihave past 6")
         batches = new.received("batch")
         stored = await node.mesh.log.read_origin(sender.node, 1, 5, 10)
+        protocols = {p["node"]: p.get("protocol") for p in node.mesh.peers_status()}
     assert (
         1.0,
         [m.raw for m in good],
         [[m.leaf() for m in good]],
         [*(m.raw for m in good), singles[1].raw, singles[1].raw],
         [m.raw for m in singles],
+        (SUBPROTOCOL, SUBPROTOCOL_V2),
     ) == (
         node.mesh.traffic.sig_failures.get("gossip_batch"),
         stored,
         [f["leaves"] for f in batches],
         [f["raw"] for f in old.received("msg")],
         [f["raw"] for f in new.received("msg")],
+        (protocols[new.node], protocols[old.node]),
     )
