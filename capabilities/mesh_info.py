@@ -30,6 +30,7 @@ PEER_ROW_SCHEMA: dict[str, Any] = {
         "url": {"type": ["string", "null"]},
         "urls": {"type": "array", "items": {"type": "string"}},
         "direction": {"enum": ["inbound", "outbound"]},
+        "protocol": {"type": ["string", "null"]},
         "rtt_ms_p50": {"type": ["number", "null"]},
         "loss_pct": {"type": ["number", "null"]},
         "path": {"type": ["string", "null"]},

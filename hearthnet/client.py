@@ -15,56 +15,34 @@ its frames, the last being exactly one ``done`` or ``error``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
-from urllib.parse import urlencode
 
 import aiohttp
-import cbor2
 import orjson
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.typing import Subprotocol
-from yarl import URL
 
-from hearthnet.bus.envelope import request_envelope
+from hearthnet.call_stream import ACK_EVERY, Stream, raise_for_terminal
 from hearthnet.chat import ChatResult, ChatTool, ChatToolHandler, OnEvent, run_chat
-from hearthnet.clock import now_ms
-from hearthnet.errors import (
-    BadRequest,
-    Cancelled,
-    HearthNetError,
-    NodeNotRunning,
-    Unavailable,
-    WireError,
-    error_from_wire,
-)
-from hearthnet.frames import Frame
+from hearthnet.errors import NodeNotRunning
 from hearthnet.identity import KeyPair
-from hearthnet.ids import new_ulid
+from hearthnet.node_http import NodeHttp, get_public_json, split_capability
 from hearthnet.publisher import Publisher
 from hearthnet.pubsub.envelope import Message
 from hearthnet.pubsub.payload import DATA_ENC, encode_bytes
 from hearthnet.subscription import Gap, Subscription
-from hearthnet.transport import headers as h
-from hearthnet.transport.codec import SUBPROTOCOL_CBOR, SUBPROTOCOL_JSON, SseParser
 
-ACK_EVERY = 8
-
-
-def split_capability(cap: str) -> tuple[str, str | None]:
-    """``"llm.chat@2.0"`` -> ``("llm.chat", "2.0")``; ``"echo@1"`` -> ``("echo", "1.0")``."""
-    name, _, version = cap.partition("@")
-    if not version:
-        return name, None
-    if "." not in version:
-        version += ".0"
-    return name, version
+__all__ = [
+    "ACK_EVERY",
+    "Client",
+    "Stream",
+    "find_running_node",
+    "get_public_json",
+    "raise_for_terminal",
+    "split_capability",
+]
 
 
 def find_running_node(data_dir: Path) -> dict[str, Any]:
@@ -90,7 +68,17 @@ def find_running_node(data_dir: Path) -> dict[str, Any]:
 
 
 class Client:
-    """An async client of one node, authenticated by a member key or a token."""
+    """An async client of one node, authenticated by a member key or a token.
+
+    The node's HTTP API with this client's credentials is :attr:`http`
+    (:class:`~hearthnet.node_http.NodeHttp`); its ``get_json``, ``request_json``,
+    ``signed_headers``, ``session_auth``, ``call_envelope`` and ``node_id`` are this
+    client's too. Pub/sub and calls are the methods below; a stream is a
+    :class:`~hearthnet.call_stream.Stream`.
+
+    Raises:
+        BadRequest: not exactly one of ``keys`` and ``token``.
+    """
 
     def __init__(
         self,
@@ -100,15 +88,15 @@ class Client:
         token: str | None = None,
         community: str | None = None,
     ) -> None:
-        if (keys is None) == (token is None):
-            raise BadRequest("a Client needs exactly one of keys and token")
-        self.url = url.rstrip("/")
-        self.keys = keys
-        self.token = token
-        self.community = community
-        self._session: aiohttp.ClientSession | None = None
-        self._versions: dict[str, str] | None = None
-        self._node_id: str | None = None
+        self.http = NodeHttp(url, keys=keys, token=token, community=community)
+        self.url, self.keys, self.token = self.http.url, keys, token
+        http = self.http
+        self.get_json = http.get_json
+        self.request_json = http.request_json
+        self.signed_headers = http.signed_headers
+        self.session_auth = http.session_auth
+        self.call_envelope = http.call_envelope
+        self.node_id = http.node_id
 
     async def __aenter__(self) -> Client:
         return self
@@ -118,144 +106,17 @@ class Client:
 
     async def close(self) -> None:
         """Close pooled connections."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.http.close()
 
     @property
     def session(self) -> aiohttp.ClientSession:
         """The pooled HTTP session (keep-alive)."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-                json_serialize=lambda o: orjson.dumps(o).decode(),
-            )
-        return self._session
+        return self.http.session
 
-    # --- plumbing ---------------------------------------------------------------
-
-    async def _community(self) -> str:
-        if self.community is None:
-            manifest = await self.get_json("/manifest")
-            self.community = str(manifest["community"])
-        return self.community
-
-    async def _version(self, name: str, version: str | None) -> str:
-        if version is not None:
-            return version
-        if self._versions is None:
-            caps = await self.get_json("/bus/v1/capabilities")
-            versions: dict[str, str] = {}
-            for desc in caps["capabilities"]:
-                current = versions.get(desc["name"])
-                key = tuple(int(p) for p in desc["version"].split("."))
-                if current is None or key > tuple(int(p) for p in current.split(".")):
-                    versions[desc["name"]] = desc["version"]
-            self._versions = versions
-        return self._versions.get(name, "1.0")
-
-    async def call_envelope(self, name: str, version: str, body: dict[str, Any]) -> dict[str, Any]:
-        """The call envelope of spec §2.2 for this client."""
-        envelope: dict[str, Any] = {
-            "body": body,
-            "capability": name,
-            "version": version,
-            "request_id": new_ulid(),
-            "community": await self._community(),
-            "ts": now_ms(),
-        }
-        if self.keys is not None:
-            envelope["from"] = self.keys.node_id
-        return envelope
-
-    def _credential_headers(
-        self, envelope: dict[str, Any], signature: str | None
-    ) -> dict[str, str]:
-        headers = {
-            h.REQUEST_ID: envelope["request_id"],
-            h.COMMUNITY: envelope["community"],
-            h.TIMESTAMP: str(envelope["ts"]),
-        }
-        if self.keys is not None and signature is not None:
-            headers[h.FROM] = self.keys.node_id
-            headers[h.SIGNATURE] = signature
-        elif self.token is not None:
-            headers[h.TOKEN] = self.token
-        return headers
-
-    def _sign(self, obj: dict[str, Any]) -> str | None:
-        return self.keys.sign_object(obj) if self.keys is not None else None
-
-    async def signed_headers(self, method: str, path: str, body: Any) -> dict[str, str]:
-        """Headers authenticating a non-call request (request envelope of spec §2.2)."""
-        if self.keys is None:
-            assert self.token is not None
-            return {h.TOKEN: self.token}
-        envelope = request_envelope(
-            method=method,
-            path=path,
-            body=body,
-            request_id=new_ulid(),
-            sender=self.keys.node_id,
-            community=await self._community(),
-            ts=now_ms(),
-        )
-        return self._credential_headers(envelope, self.keys.sign_object(envelope))
-
-    async def get_json(self, path: str) -> Any:
-        """GET a JSON resource (unauthenticated)."""
-        return await self._send("GET", self.url + path)
-
-    async def _send(self, method: str, url: str | URL, **kwargs: Any) -> Any:
-        """One HTTP exchange; transport failures become :class:`Unavailable`."""
-        try:
-            async with self.session.request(method, url, **kwargs) as resp:
-                return await _json_or_raise(resp)
-        except (aiohttp.ClientError, OSError) as exc:
-            raise Unavailable(f"{method} {self.url}: {exc or type(exc).__name__}") from exc
-
-    async def request_json(
-        self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None
-    ) -> Any:
-        """An authenticated JSON request (publish, history, presence, ...).
-
-        The signature covers the path with its query string exactly as sent.
-        """
-        clean = {k: v for k, v in (query or {}).items() if v is not None}
-        path_qs = path + ("?" + urlencode(clean, safe="*,") if clean else "")
-        headers = await self.signed_headers(method, path_qs, body)
-        data = orjson.dumps(body) if body is not None else None
-        if data is not None:
-            headers["Content-Type"] = "application/json"
-        return await self._send(
-            method, URL(self.url + path_qs, encoded=True), data=data, headers=headers
-        )
-
-    async def node_id(self) -> str:
-        """The node's NodeID (from its signed manifest)."""
-        if self._node_id is None:
-            manifest = await self.get_json("/manifest")
-            self._node_id = str(manifest["node"])
-            self.community = self.community or str(manifest["community"])
-        return self._node_id
-
-    async def session_auth(self) -> dict[str, Any]:
-        """The fields of a WebSocket ``auth`` frame (spec §2.2): a token, or a proof of
-        identity signed over ``{identity, ts, nonce, node}`` for this node."""
-        if self.keys is None:
-            return {"token": self.token}
-        proof = {
-            "identity": self.keys.node_id,
-            "ts": now_ms(),
-            "nonce": os.urandom(12).hex(),
-            "node": await self.node_id(),
-        }
-        return {
-            "identity": proof["identity"],
-            "ts": proof["ts"],
-            "nonce": proof["nonce"],
-            "sig": self.keys.sign_object(proof),
-        }
+    @property
+    def community(self) -> str | None:
+        """The node's community, once known."""
+        return self.http.community
 
     # --- pub/sub ----------------------------------------------------------------------
 
@@ -372,30 +233,6 @@ class Client:
             cbor=cbor,
         )
 
-    def _call_headers(
-        self,
-        envelope: dict[str, Any],
-        signature: str | None,
-        *,
-        target: str | None,
-        deadline_ms: int | None,
-        accept: str,
-    ) -> dict[str, str]:
-        headers = self._credential_headers(envelope, signature)
-        headers.update(
-            {
-                h.CAPABILITY: envelope["capability"],
-                h.VERSION: envelope["version"],
-                "Accept": accept,
-                "Content-Type": "application/json",
-            }
-        )
-        if target:
-            headers[h.TARGET] = target
-        if deadline_ms:
-            headers[h.DEADLINE] = str(deadline_ms)
-        return headers
-
     # --- calls --------------------------------------------------------------------
 
     async def call(
@@ -429,19 +266,19 @@ class Client:
     ) -> dict[str, Any]:
         """Like :meth:`call` but returns ``{"output", "meta"}``."""
         name, version = split_capability(capability)
-        version = await self._version(name, version)
+        version = await self.http.capability_version(name, version)
         body: dict[str, Any] = {"input": value}
         if params:
             body["params"] = params
         envelope = await self.call_envelope(name, version, body)
-        headers = self._call_headers(
+        headers = self.http.call_headers(
             envelope,
-            self._sign(envelope),
+            self.http.sign(envelope),
             target=target,
             deadline_ms=deadline_ms,
             accept="application/json",
         )
-        result: dict[str, Any] = await self._send(
+        result: dict[str, Any] = await self.http.send(
             "POST", self.url + "/bus/v1/call", data=orjson.dumps(body), headers=headers
         )
         return result
@@ -511,7 +348,7 @@ class Client:
             auto_ack: ack every 8 frames (turn off only to test flow control).
         """
         return Stream(
-            self,
+            self.http,
             capability,
             value,
             params=params,
@@ -521,283 +358,3 @@ class Client:
             deadline_ms=deadline_ms,
             auto_ack=auto_ack,
         )
-
-
-async def get_public_json(url: str, path: str) -> Any:
-    """GET an unauthenticated JSON resource of the node at ``url`` (``/status``,
-    ``/manifest``): no keys or token needed, so it works on a machine with no identity.
-
-    Raises:
-        Unavailable: nothing answered at ``url``.
-        WireError: the node answered with an error.
-    """
-    try:
-        async with aiohttp.ClientSession() as session, session.get(url.rstrip("/") + path) as resp:
-            return await _json_or_raise(resp)
-    except (aiohttp.ClientError, OSError) as exc:
-        raise Unavailable(f"GET {url}: {exc or type(exc).__name__}") from exc
-
-
-async def _json_or_raise(resp: aiohttp.ClientResponse) -> Any:
-    raw = await resp.read()
-    try:
-        body = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"node answered {resp.status} with non-JSON body") from exc
-    if resp.status >= 400:
-        if isinstance(body, dict) and ("error" in body):
-            raise error_from_wire(body)
-        raise error_from_wire({"error": "internal_error", "message": f"HTTP {resp.status}"})
-    return body
-
-
-class Stream:
-    """One streaming call: an async iterator of :class:`Frame`, ending with ``done``/``error``."""
-
-    def __init__(
-        self,
-        client: Client,
-        capability: str,
-        value: Any,
-        *,
-        params: dict[str, Any] | None,
-        prefer_ws: bool,
-        cbor: bool,
-        target: str | None,
-        deadline_ms: int | None,
-        auto_ack: bool,
-    ) -> None:
-        self.client = client
-        self.capability = capability
-        self.value = value
-        self.params = params
-        self.prefer_ws = prefer_ws
-        self.cbor = cbor
-        self.target = target
-        self.deadline_ms = deadline_ms
-        self.auto_ack = auto_ack
-        self.transport: str | None = None
-        self.request_id: str | None = None
-        self._ws: ClientConnection | None = None
-        self._http: aiohttp.ClientResponse | None = None
-        self._frames: AsyncIterator[Frame] | None = None
-        self._cancelled = False
-        self._last_seq = 0
-        self._acked = 0
-
-    async def __aenter__(self) -> Stream:
-        await self.open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    def __aiter__(self) -> AsyncIterator[Frame]:
-        if self._frames is None:
-            raise RuntimeError("open the stream first (async with client.stream(...))")
-        return self._frames
-
-    async def open(self) -> None:
-        """Connect (WS, or SSE on 426/503 or when ``prefer_ws`` is false).
-
-        Raises:
-            WireError: the node refused the call before streaming.
-        """
-        name, version = split_capability(self.capability)
-        version = await self.client._version(name, version)
-        body: dict[str, Any] = {"input": self.value}
-        if self.params:
-            body["params"] = self.params
-        envelope = await self.client.call_envelope(name, version, body)
-        self.request_id = envelope["request_id"]
-        if self.prefer_ws:
-            try:
-                await self._open_ws(envelope)
-                return
-            except _FallBack:
-                # a fresh envelope: the first one may already be in the node's replay cache
-                envelope = await self.client.call_envelope(name, version, body)
-                self.request_id = envelope["request_id"]
-        await self._open_sse(envelope, body)
-
-    async def _open_ws(self, envelope: dict[str, Any]) -> None:
-        client = self.client
-        ws_url = "ws" + client.url[4:] + "/bus/v1/call"
-        proto = SUBPROTOCOL_CBOR if self.cbor else SUBPROTOCOL_JSON
-        headers = {h.CAPABILITY: envelope["capability"], h.VERSION: envelope["version"]}
-        if self.target:
-            # the node checks at the upgrade that the target offers a stream (spec §3.5)
-            headers[h.TARGET] = self.target
-        if self.deadline_ms:
-            headers[h.DEADLINE] = str(self.deadline_ms)
-        try:
-            ws = await connect(
-                ws_url,
-                subprotocols=[Subprotocol(proto)],
-                additional_headers=headers,
-                compression=None,
-                proxy=None,
-                ping_interval=None,
-                max_size=16 * 1024 * 1024,
-                max_queue=64,
-                open_timeout=10,
-            )
-        except InvalidStatus as exc:
-            status = exc.response.status_code
-            if status in (426, 503):
-                raise _FallBack from exc
-            body = exc.response.body or b""
-            try:
-                raise error_from_wire(orjson.loads(body)) from exc
-            except orjson.JSONDecodeError:
-                raise Unavailable(f"WebSocket upgrade refused with {status}") from exc
-        except OSError as exc:
-            raise Unavailable(f"cannot connect to {client.url}: {exc}") from exc
-        self._ws = ws
-        self.transport = "ws"
-        frame: dict[str, Any] = {"type": "call", "envelope": envelope}
-        if self.target:
-            frame["target"] = self.target
-        if self.deadline_ms:
-            frame["deadline_ms"] = self.deadline_ms
-        if client.keys is not None:
-            frame["signature"] = client.keys.sign_object(envelope)
-        else:
-            frame["token"] = client.token
-        await self._ws_send(frame)
-        self._frames = self._ws_frames()
-
-    async def _ws_send(self, obj: dict[str, Any]) -> None:
-        assert self._ws is not None
-        if self.cbor:
-            await self._ws.send(cbor2.dumps(obj))
-        else:
-            await self._ws.send(orjson.dumps(obj).decode())
-
-    async def _ws_frames(self) -> AsyncIterator[Frame]:
-        assert self._ws is not None
-        ws = self._ws
-        while True:
-            try:
-                raw = await ws.recv()
-            except ConnectionClosed as exc:
-                if self._cancelled:
-                    yield Frame("error", Cancelled("cancelled").to_frame_data())
-                    return
-                code = exc.rcvd.code if exc.rcvd else 1006
-                yield Frame(
-                    "error",
-                    {
-                        "code": "unavailable",
-                        "message": f"connection closed ({code}) before the end",
-                    },
-                )
-                return
-            obj = cbor2.loads(raw) if isinstance(raw, bytes) else orjson.loads(raw)
-            frame = Frame.from_json(obj)
-            if frame.seq is not None:
-                self._last_seq = frame.seq
-                if (
-                    self.auto_ack
-                    and self._last_seq - self._acked >= ACK_EVERY
-                    and not frame.terminal
-                ):
-                    # The node may already have sent its final frame and closed;
-                    # buffered frames are still read, a late ack is moot.
-                    with contextlib.suppress(ConnectionClosed):
-                        await self.ack(self._last_seq)
-            yield frame
-            if frame.terminal:
-                return
-
-    async def ack(self, upto: int) -> None:
-        """Send ``ack{upto}`` (automatic unless ``auto_ack=False``)."""
-        self._acked = max(self._acked, upto)
-        await self._ws_send({"type": "ack", "upto": upto})
-
-    async def send_tool_result(self, tool_call_id: str, body: Any) -> None:
-        """Answer a ``tool_call`` inline (WebSocket only)."""
-        if self._ws is None:
-            raise BadRequest("tool results go inline only over WebSocket")
-        await self._ws_send({"type": "tool_result", "tool_call_id": tool_call_id, "body": body})
-
-    async def _open_sse(self, envelope: dict[str, Any], body: dict[str, Any]) -> None:
-        client = self.client
-        headers = client._call_headers(
-            envelope,
-            client._sign(envelope),
-            target=self.target,
-            deadline_ms=self.deadline_ms,
-            accept="text/event-stream",
-        )
-        try:
-            resp = await client.session.post(
-                client.url + "/bus/v1/call", data=orjson.dumps(body), headers=headers
-            )
-        except aiohttp.ClientError as exc:
-            raise Unavailable(f"cannot connect to {client.url}: {exc}") from exc
-        if resp.status >= 400:
-            try:
-                await _json_or_raise(resp)
-            finally:
-                resp.release()
-        self._http = resp
-        self.transport = "sse"
-        self._frames = self._sse_frames(resp)
-
-    async def _sse_frames(self, resp: aiohttp.ClientResponse) -> AsyncIterator[Frame]:
-        parser = SseParser()
-        try:
-            while True:
-                try:
-                    chunk = await resp.content.readany()
-                except (aiohttp.ClientError, ConnectionError):
-                    chunk = b""
-                if not chunk:
-                    code = "cancelled" if self._cancelled else "unavailable"
-                    yield Frame("error", {"code": code, "message": "stream closed before the end"})
-                    return
-                for event, data, _ in parser.feed(chunk):
-                    frame = Frame(event, orjson.loads(data))
-                    yield frame
-                    if frame.terminal:
-                        return
-        finally:
-            resp.release()
-
-    async def cancel(self) -> None:
-        """Cancel the call: a ``cancel`` frame over WS (the node answers with
-        ``error{cancelled}``), closing the connection over SSE."""
-        self._cancelled = True
-        if self._ws is not None:
-            with contextlib.suppress(ConnectionClosed):
-                await self._ws_send({"type": "cancel"})
-        elif self._http is not None:
-            self._http.close()
-
-    async def aclose(self) -> None:
-        """Close the connection."""
-        if self._ws is not None:
-            await self._ws.close()
-        if self._http is not None:
-            self._http.close()
-
-    async def collect(self) -> list[Frame]:
-        """Read the whole stream."""
-        return [frame async for frame in self]
-
-
-class _FallBack(HearthNetError):
-    """WS upgrade refused with 426/503: use SSE."""
-
-
-def raise_for_terminal(frame: Frame) -> None:
-    """Raise the matching :class:`WireError` if ``frame`` is an ``error`` frame."""
-    if frame.event == "error":
-        error: WireError = error_from_wire(frame.data)
-        raise error

@@ -12,18 +12,14 @@ Use it as an async context manager (tests run nodes in-process this way) or thro
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
-import json
 import logging
 import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -40,6 +36,7 @@ from hearthnet.community import CommunityStore, Level, MembershipRecord
 from hearthnet.config import Config
 from hearthnet.console.http import ConsoleEndpoints
 from hearthnet.console.rates import TopicRates
+from hearthnet.datadir import DataDirLock, RunFile
 from hearthnet.errors import ConfigError, Expired, Revoked
 from hearthnet.federation.bridge import Bridge
 from hearthnet.federation.http import FederationHttp
@@ -53,6 +50,7 @@ from hearthnet.mesh.http import MeshHttp
 from hearthnet.mesh.service import Mesh, advertised_url
 from hearthnet.mesh.tls import ensure_certificate, server_context
 from hearthnet.metrics import MetricsRegistry
+from hearthnet.node_tasks import NodeTasks
 from hearthnet.process_metrics import register_process_metrics
 from hearthnet.pubsub.access import AccessPolicy, AccessRule, effective_rules
 from hearthnet.pubsub.batchsig import VERIFIER
@@ -82,7 +80,6 @@ log = logging.getLogger("hearthnet.node")
 
 MANIFEST_TTL_MS = 60_000
 MANIFEST_REISSUE_MS = 30_000
-TASK_STOP_S = 2.0  # how long shutdown waits for a cancelled background task to end
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,40 +152,6 @@ def client_url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-class DataDirLock:
-    """An exclusive lock on ``<data_dir>/run/lock``: one node per data directory."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.path = data_dir / "run" / "lock"
-        self._file: IO[str] | None = None
-
-    def acquire(self) -> None:
-        """Take the lock or raise :class:`ConfigError` naming the holder."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        f = self.path.open("a+", encoding="utf-8")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "?"
-            f.close()
-            raise ConfigError(
-                f"another node is running with data dir {self.path.parent.parent} (pid {holder})"
-            ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
-        self._file = f
-
-    def release(self) -> None:
-        """Give the lock back."""
-        if self._file is not None:
-            fcntl.flock(self._file, fcntl.LOCK_UN)
-            self._file.close()
-            self._file = None
-
-
 class Node:
     """One HearthNet node."""
 
@@ -207,9 +170,10 @@ class Node:
         self.started_ms = 0
         self._started_mono = 0.0
         self._lock = DataDirLock(self.data_dir)
+        self.run_file = RunFile(self.data_dir)
         self._extra_capabilities = list(extra_capabilities or [])
-        self._task_group: asyncio.TaskGroup | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self.tasks = NodeTasks()  # every background task belongs to its task group
+        self.spawn = self.tasks.spawn
         self._stop = asyncio.Event()
         self.url = ""
         self.name = config.node.name  # the default name needs the keys: set in _build()
@@ -501,15 +465,14 @@ class Node:
         except BaseException:
             self._lock.release()
             raise
-        self._task_group = asyncio.TaskGroup()
-        await self._task_group.__aenter__()
+        await self.tasks.open()
         try:
             await self._start_serving()
         except BaseException:
             # whatever failed (the port, a bad advertise URL, the peer book), nothing stays
             # open: a second try on the same data dir must not find it locked
             await self.server.close()
-            await self._stop_tasks()
+            await self.tasks.close()
             await self.message_log.close()
             self._lock.release()
             raise
@@ -538,40 +501,19 @@ class Node:
         self.spawn(self.federation_bridge.run(), "federation")
         self.started_ms = now_ms()
         self._started_mono = time.monotonic()
-        self._write_run_file()
+        self.run_file.write(
+            url=self.url,
+            node=self.keys.node_id,
+            community=self.membership.community_id,
+            started_ms=self.started_ms,
+        )
 
     async def __aexit__(self, *exc_info: object) -> None:
         try:
             await self.shutdown()
         finally:
-            await self._stop_tasks()
+            await self.tasks.close()
             self._lock.release()
-
-    async def _stop_tasks(self) -> None:
-        """Cancel the node's background tasks and leave the task group."""
-        group, self._task_group = self._task_group, None
-        if group is None:
-            return
-        for task in list(self._tasks):
-            task.cancel()
-        await group.__aexit__(None, None, None)
-
-    async def _cancel_tasks(self, *names: str) -> None:
-        """Cancel the named background tasks and wait (bounded) until they have ended."""
-        tasks = [t for t in self._tasks if t.get_name() in names]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=TASK_STOP_S)
-
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
-        """Start a background task owned by the node's task group."""
-        if self._task_group is None:
-            raise RuntimeError("the node is not running")
-        task = self._task_group.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
     def stop(self) -> None:
         """Ask :meth:`serve_forever` to shut down (signal handlers call this)."""
@@ -595,7 +537,7 @@ class Node:
 
     async def shutdown(self) -> None:
         """Stop accepting, end streams with a final frame, close everything (spec §9)."""
-        if self._task_group is None:
+        if not self.tasks.running:
             return
         self._stop.set()
         self.mesh.stop()
@@ -604,36 +546,13 @@ class Node:
         await self.server.close()
         # Everything in the background that reads or writes the log stops before it closes;
         # the flush loop is stopped by close() itself, after the last batch is committed.
-        await self._cancel_tasks("pubsub-retention", "pubsub-sweeper", "mesh", "federation")
+        await self.tasks.cancel("pubsub-retention", "pubsub-sweeper", "mesh", "federation")
         await self.message_log.close()
         self._federation_store.close()
         if self.llm is not None:
             await self.llm.aclose()
-        self._remove_run_file()
+        self.run_file.remove()
         log.info("node stopped", extra={"node": self.keys.node_id})
-
-    # --- run file ------------------------------------------------------------------
-
-    @property
-    def run_file(self) -> Path:
-        """``<data_dir>/run/node.json`` (spec §9)."""
-        return self.data_dir / "run" / "node.json"
-
-    def _write_run_file(self) -> None:
-        info = {
-            "url": self.url,
-            "pid": os.getpid(),
-            "node": self.keys.node_id,
-            "community": self.membership.community_id,
-            "started_ms": self.started_ms,
-        }
-        tmp = self.run_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(info) + "\n", encoding="utf-8")
-        tmp.replace(self.run_file)
-
-    def _remove_run_file(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.run_file.unlink()
 
     # --- membership ------------------------------------------------------------------
 
@@ -709,7 +628,7 @@ class Node:
                 voided, Expired(f"token voided by a key rotation of {pattern}")
             )
 
-        if self._task_group is not None:
+        if self.tasks.running:
             self.spawn(end_of_grace(), f"rotation-{pattern}")
 
     def add_member(

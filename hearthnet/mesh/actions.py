@@ -33,23 +33,30 @@ class Forward:
 
     data: bytes
     skip: str | None
+    # a message with data_enc: only to peers that take it (v3 links, mesh/older_links.py)
+    binary: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class ForwardBatch:
     """Send a whole signed batch to every linked peer but ``skip``: the ``batch`` frame to
-    a peer that takes it, the ``msgs`` frames (one per message) to the others; each kind
-    encoded once, and only when some peer gets it."""
+    a peer that takes it (v3 links), the ``msgs`` frames (one per message) to the others;
+    each kind encoded once, and only when some peer gets it."""
 
     batch: BatchMsgs
     messages: tuple[Message, ...]
     hops: tuple[int, ...]  # each message's hops for its msg frame
     skip: str | None
 
-    def msgs(self) -> list[bytes]:
-        """The batch as encoded ``msg`` frames (for a peer without the feature; this makes
-        each message's proof, which a batch frame does without)."""
-        return [Msg(m.raw, h).encode() for m, h in zip(self.messages, self.hops, strict=True)]
+    def msgs(self, binary: bool = True) -> list[bytes]:
+        """The batch as encoded ``msg`` frames, for a peer on an older link (this makes
+        each message's proof, which a batch frame does without); without ``binary``,
+        not the messages with ``data_enc``."""
+        return [
+            Msg(m.raw, h).encode()
+            for m, h in zip(self.messages, self.hops, strict=True)
+            if binary or m.data_enc is None
+        ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,8 @@
 Pure.
 
 The origin signs one Merkle root per group commit, and every message carries its audit
-path so that it stays verifiable alone. Between nodes that both take the ``batch`` link
-feature (:data:`~hearthnet.mesh.protocol.LINK_FEATURES`), a batch held whole goes as its
+path so that it stays verifiable alone. On a ``hearthnet-peer.v3`` link
+(:attr:`~hearthnet.mesh.protocol.PeerInfo.takes_batches`), a batch held whole goes as its
 leaves (each message's signed JCS bytes) and the batch signature once: the receiver
 rebuilds the tree from the leaves, checks the root's signature once (a root already
 verified passes: :class:`~hearthnet.pubsub.batchsig.BatchVerifier`), and rebuilds each
@@ -11,7 +11,7 @@ message's proof for its log, so it is stored as the origin made it.
 
 Anything less than a whole batch (a peer missing part of one, a repair range that splits
 one, a batch split between two commits, a message signed alone) goes as ``msg`` frames,
-as does everything for a peer without the feature. A batch frame with one bad leaf, a
+as does everything for a peer on an older link. A batch frame with one bad leaf, a
 wrong ``n`` or a root that is not the one signed is refused whole: nothing of it is kept.
 """
 

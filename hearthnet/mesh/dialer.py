@@ -49,11 +49,11 @@ from hearthnet.mesh.links import (
 )
 from hearthnet.mesh.protocol import (
     MAX_FRAME_BYTES,
-    SUBPROTOCOL,
     SUBPROTOCOLS,
     Handshake,
     LinkToSelf,
     PeerInfo,
+    link_version,
 )
 from hearthnet.mesh.routing import Routes
 from hearthnet.mesh.tls import client_context, peer_node_id
@@ -143,7 +143,7 @@ class Dialer:
         finally:
             await self._http.close()
 
-    def _handshake(self, *, outbound: bool, v2: bool, expect: str | None = None) -> Handshake:
+    def _handshake(self, *, outbound: bool, link: int, expect: str | None = None) -> Handshake:
         return Handshake(
             self.keys,
             self.membership,
@@ -154,11 +154,12 @@ class Dialer:
             version=__version__,
             expect=expect,
             # a v1 peer may be from before the relay field and refuse the hello
-            relay=self.config.relay and v2,
+            relay=self.config.relay and link >= 2,
+            link=link,
         )
 
     def _link(
-        self, peer: PeerInfo, ws: WebSocketLike, outbound: bool, address: str | None, v2: bool
+        self, peer: PeerInfo, ws: WebSocketLike, outbound: bool, address: str | None
     ) -> PeerLink:
         return PeerLink(
             peer,
@@ -169,7 +170,7 @@ class Dialer:
             address=address,
             errors=self.link_errors,
             on_binary=self.on_binary,
-            v2=v2,
+            v2=peer.link >= 2,
         )
 
     async def accept(self, request: web.Request) -> web.StreamResponse:
@@ -203,8 +204,8 @@ class Dialer:
             autoping=True,
         )
         await ws.prepare(request)
-        v2 = ws.ws_protocol == SUBPROTOCOL  # the first the dialer offered that we speak
-        handshake = self._handshake(outbound=False, v2=v2)
+        # the first the dialer offered that we speak
+        handshake = self._handshake(outbound=False, link=link_version(ws.ws_protocol))
         handshake.full = full
         self._referrals += full
         try:
@@ -226,7 +227,7 @@ class Dialer:
         entry = self.book.add(peer.url, node=peer.node, source="inbound") if peer.url else None
         if entry is not None and entry.verified and entry.node != peer.node:
             entry = None  # another node's address, as our own dial found
-        link = self._link(peer, ws, False, entry.url if entry is not None else None, v2)
+        link = self._link(peer, ws, False, entry.url if entry is not None else None)
         if self.admit(link):
             if entry is not None and entry.verified:
                 # linked, so worth sharing with other peers; not dialled while the link is up
@@ -256,7 +257,7 @@ class Dialer:
             self.book.hold(url, time.monotonic(), FULL_HOLD_S)
             log.info("%s is full; learnt addresses from it", url)
             return
-        link = self._link(peer, ws, True, url, ws.protocol == SUBPROTOCOL)
+        link = self._link(peer, ws, True, url)
         if self.admit(link):
             self.book.hold(url, time.monotonic(), LINKED_HOLD_S)
             await link.run()
@@ -336,8 +337,8 @@ class Dialer:
             cert_node = peer_node_id(ws.get_extra_info("ssl_object")) if tls else None
             if cert_node is not None and expect is not None and cert_node != expect:
                 raise InvalidSignature(f"{target} presented the certificate of {cert_node}")
-            v2 = ws.protocol == SUBPROTOCOL
-            handshake = self._handshake(outbound=True, v2=v2, expect=expect)
+            link = link_version(ws.protocol)
+            handshake = self._handshake(outbound=True, link=link, expect=expect)
             peer = await run_handshake(ws, handshake, now_ms, self.link_errors, probe=probe)
             if cert_node is not None and cert_node != peer.node:
                 raise InvalidSignature("the TLS certificate and the signed hello disagree")
@@ -368,7 +369,7 @@ class Dialer:
             except (WireError, TimeoutError, aiohttp.ClientError, OSError) as exc:
                 log.info("punched dial of %s (%s) failed: %s", expect, addr, exc)
                 return False
-            link = self._link(peer, ws, True, None, ws.protocol == SUBPROTOCOL)
+            link = self._link(peer, ws, True, None)
             if not self.admit(link):
                 await ws.close()
                 return False

@@ -26,6 +26,9 @@ MAX_ABOVE = 100_000  # out-of-order origin_seqs remembered above the heads, in a
 IWANT_SLICE = 500  # messages asked for per origin per round
 IWANT_RETRY_S = 5.0
 MAX_REPAIR_ORIGINS = 256  # origins answered per iwant
+MAX_ASKED_ORIGINS = 4_096  # origins remembered per peer on an older link (receive_ihave)
+OLDER_RETRY_S = 10.0  # an older peer asked again at an unmoved head: after this, doubling
+OLDER_RETRY_MAX_S = 300.0
 
 
 @dataclass
@@ -161,6 +164,9 @@ class Gossip:
         self.anti = AntiEntropy(self.tracker)
         self._hops: dict[str, int] = {}  # messages being ingested -> hops they travelled
         self._repairing: set[str] = set()  # peers with an iwant being answered
+        # peers on links older than v3 -> origin -> (our head when we last asked them for
+        # it, not again before, the wait after that)
+        self._asked_older: dict[str, dict[str, tuple[int, float, float]]] = {}
 
     def receive_msg(self, frame: Msg, source: str) -> Deliver | Duplicate | Refused:
         """A gossiped message from ``source``: verify it unless it is known already.
@@ -254,22 +260,65 @@ class Gossip:
                 frame = batch_frame(messages, max(hops))
                 forwards.append(ForwardBatch(frame, messages, hops, run[0].source))
             else:
-                forwards.append(Forward(Msg(run[0].message.raw, hops[0]).encode(), run[0].source))
+                message = run[0].message
+                data = Msg(message.raw, hops[0]).encode()
+                forwards.append(Forward(data, run[0].source, message.data_enc is not None))
         return forwards
 
     def ihave(self) -> IHave:
         """This node's heads and floors, for a peer's anti-entropy."""
         return IHave(dict(self.tracker.heads), dict(self.tracker.floors))
 
-    def receive_ihave(self, frame: IHave, now: float) -> IWant | None:
+    def receive_ihave(self, frame: IHave, now: float, older: str | None = None) -> IWant | None:
         """A peer's heads: skip holes retention removed everywhere, and ask for what we
-        lack (not what another peer is answering already)."""
+        lack (not what another peer is answering already).
+
+        ``older`` names a peer on a link older than v3: it cannot hold the messages with
+        ``data_enc`` its head may have been moved past (mesh/older_links.py). While our
+        head for an origin stays where it was when we last asked that peer, it is asked
+        again only after :data:`OLDER_RETRY_S`, doubling to :data:`OLDER_RETRY_MAX_S`
+        (an iwant it ignored while busy is asked again; a hole it cannot fill costs
+        little); once our head moved, at once.
+        """
         for origin, floor in frame.floors.items():
             head = frame.heads.get(origin)
             if head is not None and head >= floor:
                 self.tracker.skip_to(origin, floor)
-        wants = self.anti.plan(dict(frame.heads), now)
+        heads = dict(frame.heads)
+        if older is not None:
+            heads = self._older_heads(older, heads, now)
+        wants = self.anti.plan(heads, now)
+        if older is not None:
+            self._asked(older, wants, now)
         return IWant({o: (span[0], span[1]) for o, span in wants.items()}) if wants else None
+
+    def _older_heads(self, older: str, heads: dict[str, int], now: float) -> dict[str, int]:
+        """``heads`` of the older peer without the origins not to ask it for yet."""
+        asked = self._asked_older.get(older)
+        if not asked:
+            return heads
+        ours = self.tracker.heads
+        return {
+            o: h
+            for o, h in heads.items()
+            if (prev := asked.get(o)) is None or prev[0] != ours.get(o, 0) or prev[1] <= now
+        }
+
+    def _asked(self, older: str, wants: dict[str, list[int]], now: float) -> None:
+        """Remember what the older peer was asked for, at which of our heads."""
+        asked = self._asked_older.setdefault(older, {})
+        for origin in wants:
+            head = self.tracker.heads.get(origin, 0)
+            prev = asked.get(origin)
+            wait = OLDER_RETRY_S
+            if prev is not None and prev[0] == head:
+                wait = min(prev[2] * 2, OLDER_RETRY_MAX_S)
+            if prev is not None or len(asked) < MAX_ASKED_ORIGINS:
+                asked[origin] = (head, now + wait, wait)
+
+    def forget(self, node: str) -> None:
+        """The link to ``node`` went down."""
+        self._asked_older.pop(node, None)
 
     def receive_iwant(self, frame: IWant, source: str) -> Repair | None:
         """A peer asks for ranges: the repair to run, or None while one for that peer is

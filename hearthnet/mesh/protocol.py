@@ -1,7 +1,8 @@
 """Peer links (spec §7.2): frames, the signed hello handshake and link states. Pure.
 
-One WebSocket per pair of nodes at ``/mesh/v1/peer``, subprotocol ``hearthnet-peer.v1``,
-each message one CBOR map ``{"t": kind, ...}``. The handshake is three hellos::
+One WebSocket per pair of nodes at ``/mesh/v1/peer``, subprotocol ``hearthnet-peer.v3``
+(or v2, v1 with an older peer), each message one CBOR map ``{"t": kind, ...}``. The
+handshake is three hellos::
 
     dialer   -> hello {node, community, ts, nonce=a, ...}                       (H1)
     acceptor -> hello {node, community, ts, nonce=b, their_nonce=a, ...}        (H2)
@@ -50,11 +51,32 @@ from hearthnet.shapes import Shape
 
 # spec §7.2, §8: v2 carries route frames in the binary form (mesh/route_header.py); v1
 # peers get them as CBOR maps, and no hello field or frame field newer than v1 (a v1 peer
-# may refuse it). A dialer offers both, newest first; the acceptor takes the first it
-# speaks, so the link's version is known before the hellos.
-SUBPROTOCOL = "hearthnet-peer.v2"
+# may refuse it). v3 adds whole-batch gossip (``batch`` frames, mesh/batches.py) and
+# messages with ``data_enc`` (binary payloads: a node built before them refuses such an
+# envelope; mesh/older_links.py). A dialer offers all, newest first; the acceptor takes the
+# first it speaks, so the link's version is known before the hellos.
+SUBPROTOCOL_V3 = "hearthnet-peer.v3"
+SUBPROTOCOL_V2 = "hearthnet-peer.v2"
 SUBPROTOCOL_V1 = "hearthnet-peer.v1"
-SUBPROTOCOLS = (SUBPROTOCOL, SUBPROTOCOL_V1)
+SUBPROTOCOL = SUBPROTOCOL_V3  # the newest
+SUBPROTOCOLS = (SUBPROTOCOL_V3, SUBPROTOCOL_V2, SUBPROTOCOL_V1)
+LINK_VERSIONS = {SUBPROTOCOL_V3: 3, SUBPROTOCOL_V2: 2, SUBPROTOCOL_V1: 1}
+LINK_VERSION = 3  # the newest version spoken
+# A relayed path (spec §8) has no subprotocol of its own: the far end is not known, and it
+# gets what it got before v3 (messages with data_enc, no batch frames).
+NO_SUBPROTOCOL = 0
+
+
+def link_subprotocol(link: int) -> str | None:
+    """The subprotocol of peer-link version ``link`` (None for a relayed path)."""
+    return next((p for p, v in LINK_VERSIONS.items() if v == link), None)
+
+
+def link_version(subprotocol: str | None) -> int:
+    """The peer-link version a negotiated WebSocket subprotocol stands for (1 when none)."""
+    return LINK_VERSIONS.get(subprotocol or "", 1)
+
+
 MAX_FRAME_BYTES = 2 * 1024 * 1024
 CLOCK_WINDOW_MS = 60_000
 
@@ -80,26 +102,6 @@ FRAME_KINDS = frozenset(
         "peers",
     }
 )
-# Optional frame kinds a node takes, named in its hello's ``version`` as a PEP 440 local
-# label ("0.3.0+batch"): a hello field is not the place, since a node refuses a hello
-# with a field it does not list, and ``version`` is free text every node accepts. A peer
-# whose version names no feature gets none of them (docs/protocol.md, "Link features").
-BATCH_FEATURE = "batch"  # whole signed batches in one frame (spec §6.2, mesh/batches.py)
-LINK_FEATURES = (BATCH_FEATURE,)
-
-
-def advertised_version(version: str, features: tuple[str, ...] = LINK_FEATURES) -> str:
-    """``version`` with the features this node takes as its local label."""
-    base = version.split("+", 1)[0]
-    return f"{base}+{'.'.join(features)}" if features else base
-
-
-def version_features(version: str) -> frozenset[str]:
-    """The link features a peer's hello ``version`` names (none without a ``+`` label)."""
-    _, plus, label = version.partition("+")
-    return frozenset(label.split(".")) if plus else frozenset()
-
-
 # Relay frames (spec §8), defined in relay_frames.py: attach, route, sealed, pframe, ...
 FRAME_KINDS |= RELAY_FRAME_KINDS
 
@@ -190,11 +192,18 @@ class PeerInfo:
     version: str
     full: bool = False  # the peer has all the links it takes: it sends addresses, then bye
     relay: bool = False  # the peer serves as a relay (spec §8; federation needs it)
+    link: int = NO_SUBPROTOCOL  # the peer-link version (1, 2, 3) the link speaks
 
     @property
-    def features(self) -> frozenset[str]:
-        """The optional frame kinds the peer takes (its hello's version label)."""
-        return version_features(self.version)
+    def takes_batches(self) -> bool:
+        """Whether the peer is sent whole batches as ``batch`` frames (v3, spec §6.2)."""
+        return self.link >= 3
+
+    @property
+    def takes_binary(self) -> bool:
+        """Whether the peer is sent messages with ``data_enc`` (v3; a relayed path too,
+        as before v3: its far end's version is not known)."""
+        return self.link >= 3 or self.link == NO_SUBPROTOCOL
 
 
 @dataclass
@@ -211,7 +220,7 @@ class Handshake:
     expect: str | None = None  # the NodeID we meant to reach, when we know it
     full: bool = False  # we accept no more links: the peer gets addresses, then bye "full"
     relay: bool = False  # we serve as a relay (spec §8): relays federate only with relays
-    features: tuple[str, ...] = LINK_FEATURES  # optional frame kinds we take
+    link: int = LINK_VERSION  # the peer-link version the WebSocket negotiated
     nonce: str = field(default_factory=lambda: os.urandom(16).hex())
     their_nonce: str | None = None
     peer: PeerInfo | None = None
@@ -224,7 +233,7 @@ class Handshake:
             "ts": now_ms,
             "nonce": self.nonce,
             "name": self.name,
-            "version": advertised_version(self.version, self.features),
+            "version": self.version,
         }
         if self.url:
             body["url"] = self.url
@@ -306,6 +315,7 @@ class Handshake:
             str(hello.get("version", ""))[:32],
             hello.get("full") is True,
             hello.get("relay") is True,
+            self.link,
         )
         self.done = True
 

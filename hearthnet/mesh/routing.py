@@ -15,7 +15,7 @@ from typing import Protocol
 from hearthnet.mesh.actions import Forward, ForwardBatch
 from hearthnet.mesh.frames import PeerFrame
 from hearthnet.mesh.links import PeerLink
-from hearthnet.mesh.protocol import BATCH_FEATURE, PeerInfo, winning_direction
+from hearthnet.mesh.protocol import PeerInfo, winning_direction
 from hearthnet.mesh.relayed_link import REPLACED_BY_DIRECT, is_relayed, path_fields
 
 __all__ = ["REPLACED_BY_DIRECT", "PeerPath", "Routes"]
@@ -30,7 +30,7 @@ class PeerPath(Protocol):
 
     @property
     def peer(self) -> PeerInfo:
-        """Who is at the far end, as its hello said (its link features among it)."""
+        """Who is at the far end, as its hello said, and the link version it speaks."""
 
     def send_raw(self, data: bytes) -> bool:
         """Queue an encoded frame; False when it could not be queued."""
@@ -101,28 +101,30 @@ class Routes:
     def forward(self, forward: Forward) -> None:
         """Send the same bytes on every link but ``forward.skip`` (flooding goes link by
         link; relayed links included: the copy the relay's own flood brings is a
-        duplicate the receiver drops)."""
+        duplicate the receiver drops). A message with ``data_enc`` skips older links."""
         for link in list(self.links.values()):
-            if link.node != forward.skip:
+            if link.node != forward.skip and (not forward.binary or link.peer.takes_binary):
                 link.send_raw(forward.data)
 
     def forward_batch(self, forward: ForwardBatch) -> None:
         """A whole signed batch to every link but ``forward.skip``: one ``batch`` frame to
-        a peer whose hello lists the feature, ``msg`` frames to the others (spec §6.2;
-        each encoded once, when the first link needs it)."""
+        a peer on a v3 link, ``msg`` frames to the others (spec §6.2; each encoded once,
+        when the first link needs it), without the messages with ``data_enc`` to a peer
+        that does not take them."""
         batch: bytes | None = None
-        msgs: list[bytes] | None = None
+        msgs: dict[bool, list[bytes]] = {}
         for link in list(self.links.values()):
             if link.node == forward.skip:
                 continue
-            if BATCH_FEATURE in link.peer.features:
+            if link.peer.takes_batches:
                 if batch is None:
                     batch = forward.batch.encode()
                 link.send_raw(batch)
             else:
-                if msgs is None:
-                    msgs = forward.msgs()
-                for data in msgs:
+                binary = link.peer.takes_binary
+                if binary not in msgs:
+                    msgs[binary] = forward.msgs(binary)
+                for data in msgs[binary]:
                     link.send_raw(data)
 
     def close(self, node: str, reason: str) -> None:

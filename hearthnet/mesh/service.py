@@ -44,6 +44,7 @@ from hearthnet.mesh.discovery import Discovery
 from hearthnet.mesh.gossip import OriginTracker
 from hearthnet.mesh.health import LinkHealth
 from hearthnet.mesh.links import LinkErrors, PeerLink
+from hearthnet.mesh.protocol import link_subprotocol
 from hearthnet.mesh.punching import Puncher
 from hearthnet.mesh.relayed_link import (
     REPLACED_BY_DIRECT,
@@ -293,7 +294,7 @@ class Mesh:
                 traffic, health = self.traffic, self.health
                 for period_s, tick, name in (
                     (cfg.dial_interval_s, self.dialer.dial_tick, "mesh-dial"),
-                    (cfg.anti_entropy_s, traffic.repair_tick, "mesh-repair"),
+                    (cfg.anti_entropy_s, traffic.messages.repair_tick, "mesh-repair"),
                     (max(0.01, cfg.heartbeat_s / 5), health.tick, "mesh-heartbeat"),
                     (cfg.caps_s, traffic.announce_caps, "mesh-caps"),
                     (cfg.presence_refresh_s, traffic.presence_tick, "mesh-presence"),
@@ -374,7 +375,7 @@ class Mesh:
 
     def on_commit(self, batch: list[StoredMessage]) -> None:
         """The log committed ``batch``: gossip it on (after local fan-out; see node.py)."""
-        self.traffic.committed(batch)
+        self.traffic.messages.committed(batch)
 
     def on_local_presence(self, events: list[PresenceEvent]) -> None:
         """Local members joined, changed or left: tell the mesh."""
@@ -406,6 +407,8 @@ class Mesh:
                     "rtt_ms_p50": tracker.rtt_p50_ms if tracker else None,
                     "loss_pct": tracker.loss_pct if tracker else None,
                     "queued": link.queued,
+                    # older links get no batch frames and no data_enc messages (v3)
+                    "protocol": link_subprotocol(link.peer.link),
                     **path_fields(link),  # relays: direct or relayed, and via
                 }
             )

@@ -1,7 +1,8 @@
 """What flows on the links once they are up (spec §7.3–7.5): each frame parsed into its
 typed form, fed to the pure core it belongs to, and the core's actions carried out.
 
-The cores are :class:`~hearthnet.mesh.gossip.Gossip` (msg, ihave, iwant, commits),
+The cores are :class:`~hearthnet.mesh.gossip.Gossip` (msg, batch, ihave, iwant, commits;
+its glue is :class:`~hearthnet.mesh.gossip_traffic.GossipTraffic`),
 :class:`~hearthnet.mesh.flood.PresenceFlood` and :class:`~hearthnet.mesh.flood.MembershipFlood`,
 :class:`~hearthnet.mesh.health.LinkHealth` (ping, pong) and
 :class:`~hearthnet.mesh.remote.RemoteCalls` (call, frame, ack, tool_result, cancel, caps).
@@ -14,17 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from hearthnet.clock import now_ms
 from hearthnet.community import MembershipRecord
 from hearthnet.errors import HearthNetError
 from hearthnet.membership import Admission, Membership, Source
-from hearthnet.mesh.actions import Deliver, Duplicate, Forward, Refused, Repair
 from hearthnet.mesh.addresses import PeerBook
-from hearthnet.mesh.batches import repair_frames
 from hearthnet.mesh.flood import MembershipFlood, PresenceFlood
 from hearthnet.mesh.frames import (
     Ack,
@@ -46,12 +43,11 @@ from hearthnet.mesh.frames import (
     parse_frame,
 )
 from hearthnet.mesh.gossip import Gossip
+from hearthnet.mesh.gossip_traffic import GossipTraffic
 from hearthnet.mesh.health import LinkHealth
-from hearthnet.mesh.protocol import BATCH_FEATURE
 from hearthnet.mesh.remote import RemoteCalls
 from hearthnet.mesh.routing import PeerPath, Routes
 from hearthnet.metrics import Counter
-from hearthnet.pubsub.envelope import StoredMessage
 from hearthnet.pubsub.log import MessageLog
 from hearthnet.pubsub.service import PubSub
 
@@ -107,29 +103,35 @@ class LinkTraffic:
     ) -> None:
         self.membership = membership
         self.submit_records = submit_records
-        self.log = message_log
         self.pubsub = pubsub
         self.routes = routes
         self.remote = remote
-        self.health = health
         self.book = book
-        self.node_id = node_id
         self.spawn = spawn
-        self.repaired = repaired
         self.sig_failures = sig_failures
         self.gossip = Gossip(
             message_log.knows,
             repair_per_round,
             is_member=lambda identity: membership.level_of(identity) is not None,
         )
+        self.messages = GossipTraffic(
+            gossip=self.gossip,
+            message_log=message_log,
+            pubsub=pubsub,
+            routes=routes,
+            health=health,
+            spawn=spawn,
+            repaired=repaired,
+            sig_failures=sig_failures,
+        )
         self.presence = PresenceFlood(node_id)
         self.membership_flood = MembershipFlood(membership.caps.per_request)
         self._membership_frames = asyncio.Lock()
         self._handlers: dict[type, Callable[[PeerPath, Any], None]] = {
-            Msg: self._msg,
-            BatchMsgs: self._batch,
-            IHave: self._ihave,
-            IWant: self._iwant,
+            Msg: self.messages.msg,
+            BatchMsgs: self.messages.batch,
+            IHave: self.messages.ihave,
+            IWant: self.messages.iwant,
             MembershipBatch: self._membership,
             Presence: self._presence,
             Ping: health.receive_ping,
@@ -167,7 +169,7 @@ class LinkTraffic:
         events = self.pubsub.local_presence("refresh")
         if events:
             link.send_raw(self.presence.start(events).encode())
-        link.send_raw(self.gossip.ihave().encode())
+        self.messages.send_ihave(link)
 
     def share_address(self, link: PeerPath, address: str | None) -> None:
         """Tell the other linked peers where the newly linked ``link`` can be dialled
@@ -187,100 +189,9 @@ class LinkTraffic:
 
     def forget(self, node: str) -> None:
         """The link to ``node`` went down: its routes go, and peers hear if ours changed."""
+        self.messages.forget(node)
         if self.remote.forget(node):
             self.announce_caps()
-
-    # --- gossip (spec §7.3) ---------------------------------------------------------------
-
-    def _msg(self, link: PeerPath, frame: Msg) -> None:
-        outcome = self.gossip.receive_msg(frame, link.node)
-        if isinstance(outcome, Duplicate):
-            self.pubsub.metrics.duplicates.inc()
-        elif isinstance(outcome, Deliver):
-            self._deliver(outcome)
-        else:
-            self._refused(outcome)
-
-    def _batch(self, link: PeerPath, frame: BatchMsgs) -> None:
-        outcome = self.gossip.receive_batch(frame, link.node)
-        if isinstance(outcome, Duplicate):
-            self.pubsub.metrics.duplicates.inc(amount=frame.n)
-        elif isinstance(outcome, Refused):
-            self._refused(outcome)
-        else:
-            if len(outcome) < frame.n:
-                self.pubsub.metrics.duplicates.inc(amount=frame.n - len(outcome))
-            for deliver in outcome:
-                self._deliver(deliver)
-
-    def _refused(self, outcome: Refused) -> None:
-        self.sig_failures.inc(outcome.label)
-        log.warning(
-            "dropped a gossiped message from %s: %s",
-            outcome.source,
-            outcome.reason,
-            extra={"peer": outcome.source},
-        )
-
-    def _deliver(self, action: Deliver) -> None:
-        message = action.message
-        self.health.hlog.trace(
-            ts=now_ms(),
-            msg_id=message.id,
-            origin=message.origin,
-            published_ms=message.ts,
-            hops=action.hops,
-            catch_up=action.catch_up,
-        )
-        fut = self.log.ingest(message, source=action.source)
-
-        def done(f: asyncio.Future[Any]) -> None:
-            self.gossip.ingested(message.id)
-            if not f.cancelled() and f.exception() is None and f.result() is None:
-                self.pubsub.metrics.duplicates.inc()
-
-        fut.add_done_callback(done)
-
-    def committed(self, batch: list[StoredMessage]) -> None:
-        """The log committed ``batch``: forward each message to every link but the one
-        it came from (the last step of the commit pipeline, after local fan-out)."""
-        for forward in self.gossip.committed(batch, len(self.routes) > 0):
-            if isinstance(forward, Forward):
-                self.routes.forward(forward)
-            else:
-                self.routes.forward_batch(forward)
-
-    def _ihave(self, link: PeerPath, frame: IHave) -> None:
-        iwant = self.gossip.receive_ihave(frame, time.monotonic())
-        if iwant is not None:
-            link.send_raw(iwant.encode())
-
-    def _iwant(self, link: PeerPath, frame: IWant) -> None:
-        repair = self.gossip.receive_iwant(frame, link.node)
-        if repair is not None:
-            self.spawn(self._repair(link, repair), f"repair-{link.node}")
-
-    async def _repair(self, link: PeerPath, repair: Repair) -> None:
-        try:
-            budget = repair.budget
-            for origin, first, last in repair.spans:
-                if budget <= 0:
-                    break
-                rows = await self.log.read_origin(
-                    origin, first, last, min(budget, last - first + 1)
-                )
-                # whole batches as batch frames to a peer that takes them (spec §6.2)
-                for data in repair_frames(rows, BATCH_FEATURE in link.peer.features):
-                    link.send_raw(data)
-                budget -= len(rows)
-                self.repaired.inc(amount=len(rows))
-        finally:
-            self.gossip.repaired(repair.node)
-
-    def repair_tick(self) -> None:
-        """Anti-entropy round: our heads to every link."""
-        for link in list(self.routes.links.values()):
-            link.send_raw(self.gossip.ihave().encode())
 
     # --- membership and presence --------------------------------------------------------------
 

@@ -18,13 +18,13 @@ from hearthnet.identity import KeyPair
 from hearthnet.mesh.heartbeat import pong_for
 from hearthnet.mesh.links import run_handshake
 from hearthnet.mesh.protocol import (
-    LINK_FEATURES,
     MAX_FRAME_BYTES,
     SUBPROTOCOL,
     Handshake,
     PeerInfo,
     decode_frame,
     encode_frame,
+    link_version,
 )
 from hearthnet.mesh.route_header import is_binary, parse_route
 from hearthnet.node import Node
@@ -77,20 +77,20 @@ async def raw_peer(
     node: Node,
     seed: bytes = b"\x72" * 32,
     url: str | None = None,
-    features: tuple[str, ...] = LINK_FEATURES,
+    protocol: str = SUBPROTOCOL,
 ) -> AsyncIterator[RawPeer]:
-    """Add a new member to ``node``'s community and link it to ``node`` (its hello
-    carrying ``url``, when given, and naming ``features``: none reads to the node as an
-    older version)."""
+    """Add a new member to ``node``'s community and link it to ``node`` over the peer-link
+    version ``protocol`` (its hello carrying ``url``, when given)."""
     keys = KeyPair.from_seed(seed)
     node.add_member(keys.node_id)
     async with aiohttp.ClientSession() as http:
         ws = await http.ws_connect(
-            node.url + "/mesh/v1/peer", protocols=(SUBPROTOCOL,), max_msg_size=MAX_FRAME_BYTES
+            node.url + "/mesh/v1/peer", protocols=(protocol,), max_msg_size=MAX_FRAME_BYTES
         )
         try:
+            link = link_version(protocol)
             handshake = Handshake(
-                keys, node.membership, True, now_ms(), name="raw", url=url, features=features
+                keys, node.membership, True, now_ms(), name="raw", url=url, link=link
             )
             await run_handshake(ws, handshake, now_ms)
             peer = RawPeer(keys, ws)

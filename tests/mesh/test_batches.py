@@ -17,19 +17,25 @@ from hearthnet.mesh.frames import BatchMsgs, Msg, parse_frame
 from hearthnet.mesh.gossip import Gossip
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.pathseq import is_gossip
-from hearthnet.mesh.protocol import PeerInfo, advertised_version, decode_frame
+from hearthnet.mesh.protocol import PeerInfo, decode_frame
 from hearthnet.mesh.routing import Routes
 from hearthnet.pubsub.batchsig import VERIFIER, sign_batch
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
 from tests.mesh.test_links import ResetSocket
 
 
-def batch_of(seed: int, n: int, first: int = 1) -> list[Message]:
-    """``n`` messages signed as one batch by a key of its own (so no root is cached)."""
+def batch_of(seed: int, n: int, first: int = 1, binary: int | None = None) -> list[Message]:
+    """``n`` messages signed as one batch by a key of its own (so no root is cached);
+    message ``binary`` (an index) with a bytes payload (``data_enc``)."""
     keys = KeyPair.from_seed(bytes([seed]) * 32)
     bodies = [
         Message.unsigned(
-            keys.node_id, topic="g.b", msg_type="m", data={"i": i}, origin_seq=first + i, ts=5
+            keys.node_id,
+            topic="g.b",
+            msg_type="m",
+            data=bytes([i]) if i == binary else {"i": i},
+            origin_seq=first + i,
+            ts=5,
         )
         for i in range(n)
     ]
@@ -140,10 +146,10 @@ def test_partial_batches_and_single_signatures_go_as_msg_frames() -> None:
     assert [Forward(Msg(m.raw, 1).encode(), None) for m in [*batch[1:], single]] == forwards
 
 
-def link_to(node: str, version: str) -> PeerLink:
-    """A link to ``node`` whose hello said ``version``; up and never run."""
+def link_to(node: str, link: int) -> PeerLink:
+    """A link to ``node`` of peer-link version ``link``; up and never run."""
     return PeerLink(
-        PeerInfo(node, "", None, version),
+        PeerInfo(node, "", None, "0.3.0", link=link),
         ResetSocket(),
         outbound=True,
         on_frame=lambda link, frame: None,
@@ -156,22 +162,25 @@ def queued_kinds(link: PeerLink) -> list[str]:
     return [str(decode_frame(data)["t"]) for data in link._queue]
 
 
-async def test_a_batch_goes_whole_to_peers_that_take_it_and_as_msgs_to_the_others() -> None:
-    """Forwarding a batch of 3: a peer whose hello names the batch feature gets one batch
-    frame, an older peer three msg frames, the source nothing."""
+async def test_a_batch_goes_whole_on_v3_links_and_as_msgs_on_older_ones() -> None:
+    """Forwarding a batch of 3 whose second message has a bytes payload: a peer on a v3
+    link gets one batch frame, a v2 peer the two other messages as msg frames, the source
+    nothing; a lone data_enc message goes to the v3 peer only."""
     routes = Routes("ed25519:a")
     new, old, source = (
-        link_to("ed25519:b", advertised_version("0.3.0")),
-        link_to("ed25519:c", "0.2.9"),
-        link_to("ed25519:d", advertised_version("0.3.0")),
+        link_to("ed25519:b", 3),
+        link_to("ed25519:c", 2),
+        link_to("ed25519:d", 3),
     )
     for link in (new, old, source):
         routes.admit(link)
-    batch = batch_of(0x38, 3)
+    batch = batch_of(0x38, 3, binary=1)
     routes.forward_batch(ForwardBatch(batch_frame(batch, 1), tuple(batch), (1, 1, 1), "ed25519:d"))
-    assert (["batch"], ["msg"] * 3, []) == (
+    old_msgs = [decode_frame(data)["raw"] for data in old._queue]
+    routes.forward(Forward(Msg(batch[1].raw, 1).encode(), "ed25519:d", binary=True))
+    assert (["batch", "msg"], [batch[0].raw, batch[2].raw], []) == (
         queued_kinds(new),
-        queued_kinds(old),
+        old_msgs,
         queued_kinds(source),
     )
 

@@ -17,16 +17,17 @@ from hearthnet.errors import (
 from hearthnet.identity import KeyPair
 from hearthnet.membership import Membership
 from hearthnet.mesh.protocol import (
+    SUBPROTOCOLS,
     TRANSITIONS,
     Handshake,
     LinkState,
     LinkToSelf,
-    advertised_version,
+    PeerInfo,
     bye_for,
     decode_frame,
     encode_frame,
+    link_version,
     refusal_from_bye,
-    version_features,
     winning_direction,
 )
 
@@ -74,18 +75,24 @@ def test_members_complete_the_handshake() -> None:
     )
 
 
-def test_a_hello_names_the_link_features_in_its_version_label() -> None:
-    """A hello's version carries the features the node takes ("0.3.0+batch"); a peer
-    whose version has no label takes none."""
+def test_what_a_peer_is_sent_follows_the_link_version_not_the_hello() -> None:
+    """On a v3 link the peer takes batch frames and data_enc messages; on a v2 link
+    neither (a "+batch" label in its version counts for nothing); a relayed path takes
+    data_enc messages only; the negotiated subprotocol names the version."""
     view = community(B)
-    dialer = Handshake(A, view, True, NOW, version="0.3.0")
-    acceptor = Handshake(B, view, False, NOW, version="0.3.0", features=())
-    run(dialer, acceptor)
-    assert (frozenset({"batch"}), frozenset(), "0.3.0+batch", frozenset()) == (
-        acceptor.peer.features if acceptor.peer else None,
-        dialer.peer.features if dialer.peer else None,
-        advertised_version("0.3.0"),
-        version_features("0.3.0"),
+    seen = []
+    for link, version in ((3, "0.3.0"), (2, "0.3.0+batch")):
+        dialer = Handshake(A, view, True, NOW, version=version, link=link)
+        acceptor = Handshake(B, view, False, NOW, version=version, link=link)
+        run(dialer, acceptor)
+        peer = acceptor.peer
+        seen.append((peer.link, peer.takes_batches, peer.takes_binary) if peer else None)
+    relayed = PeerInfo(B.node_id, "", None, "")
+    seen.append((relayed.link, relayed.takes_batches, relayed.takes_binary))
+    versions = [link_version(p) for p in (*SUBPROTOCOLS, None)]
+    assert ([(3, True, True), (2, False, False), (0, False, True)], [3, 2, 1, 1]) == (
+        seen,
+        versions,
     )
 
 

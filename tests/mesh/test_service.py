@@ -23,7 +23,7 @@ from hearthnet.membership import Membership
 from hearthnet.mesh.batches import batch_frame
 from hearthnet.mesh.heartlog import day_of
 from hearthnet.mesh.links import run_handshake
-from hearthnet.mesh.protocol import SUBPROTOCOL, Handshake, LinkState
+from hearthnet.mesh.protocol import SUBPROTOCOL, SUBPROTOCOL_V2, Handshake, LinkState
 from hearthnet.node import Node
 from hearthnet.pubsub.envelope import Message, canonical_body
 from tests.conftest import MakeConfig
@@ -252,13 +252,14 @@ async def test_a_message_that_arrives_before_its_origins_membership_is_repaired(
 async def test_a_batch_frame_is_stored_whole_and_forwarded_by_what_each_peer_takes(
     node: Node,
 ) -> None:
-    """A peer's batch of 5 is stored whole and goes on as one batch frame to a peer that
-    takes batches and as 5 msg frames to an older one; a batch with one altered message is
-    counted and nothing of it is stored."""
+    """A peer's batch of 5 is stored whole and goes on as one batch frame to a v3 peer
+    and as 5 msg frames to a v2 one; a batch with one altered message is counted and
+    nothing of it is stored; a message with a bytes payload goes to the v3 peer only, and
+    the v2 peer's iwant for it is answered with an ihave that moves its head past it."""
     async with (
         raw_peer(node) as sender,
         raw_peer(node, seed=b"\x76" * 32) as new,
-        raw_peer(node, seed=b"\x77" * 32, features=()) as old,
+        raw_peer(node, seed=b"\x77" * 32, protocol=SUBPROTOCOL_V2) as old,
     ):
         bodies = [
             Message.unsigned(
@@ -280,19 +281,43 @@ async def test_a_batch_frame_is_stored_whole_and_forwarded_by_what_each_peer_tak
         )
         await sender.ws.send_bytes(bad.encode())
         await sender.ws.send_bytes(batch_frame(good, 1).encode())
-        await wait_until(lambda: len(old.received("msg")) == 5, what="5 msg frames to the old peer")
+        singles = [
+            Message.signed(
+                sender.keys,
+                Message.unsigned(
+                    sender.node,
+                    topic="chat.b",
+                    msg_type="m",
+                    data=data,
+                    origin_seq=seq,
+                    ts=now_ms(),
+                ),
+            )
+            for seq, data in ((6, b"\x00\x01"), (7, "after"))
+        ]
+        for message in singles:  # the plain one after the binary one, on every link
+            await sender.send("msg", raw=message.raw, h=1)
+        await wait_until(lambda: len(old.received("msg")) == 6, what="6 msg frames to the old peer")
+        await wait_until(lambda: len(new.received("msg")) == 2, what="2 msg frames to the new peer")
+        # the old peer asks for the binary message: 7 again, and an ihave moving it past 6
+        await old.send("iwant", want={sender.node: [6, 7]})
+        skip = {"t": "ihave", "heads": {sender.node: 7}, "floors": {sender.node: 7}}
+        await wait_until(lambda: skip in old.received("ihave"), what="the ihave past 6")
         batches = new.received("batch")
-        stored = await node.mesh.log.read_origin(sender.node, 1, 10, 10)
+        stored = await node.mesh.log.read_origin(sender.node, 1, 5, 10)
+        protocols = {p["node"]: p.get("protocol") for p in node.mesh.peers_status()}
     assert (
         1.0,
         [m.raw for m in good],
         [[m.leaf() for m in good]],
-        [m.raw for m in good],
-        [],
+        [*(m.raw for m in good), singles[1].raw, singles[1].raw],
+        [m.raw for m in singles],
+        (SUBPROTOCOL, SUBPROTOCOL_V2),
     ) == (
         node.mesh.traffic.sig_failures.get("gossip_batch"),
         stored,
         [f["leaves"] for f in batches],
         [f["raw"] for f in old.received("msg")],
-        new.received("msg"),
+        [f["raw"] for f in new.received("msg")],
+        (protocols[new.node], protocols[old.node]),
     )

@@ -1,0 +1,74 @@
+"""What a running node keeps in its data directory besides its data (spec §9): the lock
+that allows one node per directory, and the run file that tells the CLI where it runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import IO
+
+from hearthnet.errors import ConfigError
+
+
+class DataDirLock:
+    """An exclusive lock on ``<data_dir>/run/lock``: one node per data directory."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / "run" / "lock"
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise :class:`ConfigError` naming the holder."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        f = self.path.open("a+", encoding="utf-8")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            f.close()
+            raise ConfigError(
+                f"another node is running with data dir {self.path.parent.parent} (pid {holder})"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self._file = f
+
+    def release(self) -> None:
+        """Give the lock back."""
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
+
+
+class RunFile:
+    """``<data_dir>/run/node.json``: where a running node is (spec §9; the CLI reads it
+    with :func:`hearthnet.client.find_running_node`)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / "run" / "node.json"
+
+    def write(self, *, url: str, node: str, community: str, started_ms: int) -> None:
+        """Record the running node (atomically: a reader never sees half a file)."""
+        info = {
+            "url": url,
+            "pid": os.getpid(),
+            "node": node,
+            "community": community,
+            "started_ms": started_ms,
+        }
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(info) + "\n", encoding="utf-8")
+        tmp.replace(self.path)
+
+    def remove(self) -> None:
+        """The node stopped."""
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
