@@ -24,6 +24,7 @@ from bench import (
     bench_pubsub,
     bench_read_last,
     bench_relay,
+    bench_ws_publish,
     pubsub_report,
 )
 
@@ -45,6 +46,15 @@ async def test_publish_cost_measures_every_publish_through_the_log() -> None:
     for key in ("publish_frame_bytes", "message_frame_bytes"):
         sizes = [result["binary"][n][key] for n in ("cbor_bytes", "json_base64", "json_data_enc")]
         assert sizes[0] < sizes[1] < sizes[2], (key, sizes)
+
+
+async def test_ws_publish_answers_every_publish_of_both_forms() -> None:
+    """bench_ws_publish: every publish of a token client is answered published.ok."""
+    opts = argparse.Namespace(messages=96, batch=32, form="json,cbor", sync="normal", repeat=1)
+    result = await bench_ws_publish.run(opts)
+    assert [("json", 96, 0), ("cbor", 96, 0)] == [
+        (r["form"], r["messages"], r["errors"]) for r in result["runs"]
+    ]
 
 
 async def test_log_parts_times_the_writer_pieces_of_real_commits() -> None:

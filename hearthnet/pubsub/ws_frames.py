@@ -28,7 +28,7 @@ from hearthnet.pubsub.frames import (
 )
 from hearthnet.pubsub.subscriber import Subscriber
 from hearthnet.pubsub.wire import control_frame
-from hearthnet.pubsub.ws_publish import publish
+from hearthnet.pubsub.ws_publish import WsPublisher
 from hearthnet.transport.keepalive import CLOSE_POLICY, CLOSE_TRY_AGAIN, CLOSE_UNSUPPORTED_DATA
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ class WsFrames:
 
     def __init__(self, deps: PubSubDeps) -> None:
         self.deps = deps
+        self.publisher = WsPublisher(deps.service)
 
     def receive(self, session: WsSession, payload: bytes | str, *, binary: bool) -> None:
         """One complete client message of an authenticated session; a refused frame is
@@ -142,7 +143,7 @@ class WsFrames:
         if isinstance(frame, AckUpto):
             service.ack(sub, frame.upto)
         elif isinstance(frame, Publish):
-            publish(session, frame)
+            self.publisher.publish(session, frame)
         elif isinstance(frame, Subscribe):
             if frame.verify:
                 sub.ask_verify()

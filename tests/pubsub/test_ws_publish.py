@@ -1,0 +1,40 @@
+"""WebSocket publishes answered per read (spec §6.4): many publishes in one write are
+answered in order."""
+
+from __future__ import annotations
+
+import json
+
+from hearthnet.node import Node
+from tests.conftest import MakeConfig
+from tests.pubsub.test_ws import auth_frame
+from tests.pubsub.test_ws_lean import RawWs, addr
+
+
+async def test_publishes_in_one_write_are_answered_in_order(make_config: MakeConfig) -> None:
+    """40 publishes in one TCP write, one of them over the size limit: the refused one
+    gets its error at once, the others a published.ok each, in order, seqs rising."""
+    config = make_config(pubsub={"sync": "normal", "max_payload_bytes": 100})
+    async with Node(config) as node:
+        raw = await RawWs.open(*addr(node))
+        raw.send_json(auth_frame(node.keys, node.keys.node_id))
+        await raw.event("auth.ok")
+        for i in range(40):
+            data = "x" * (200 if i == 17 else 10)
+            ref = f"p{i}"
+            raw.send_json(
+                {"type": "publish", "topic": "w.p", "msg_type": "m", "data": data, "ref": ref}
+            )
+        answers = []
+        for _ in range(40):
+            _, payload = await raw.frame()
+            answers.append(json.loads(payload))
+        await raw.end()
+    errors = [(a["data"]["ref"], a["data"]["code"]) for a in answers if a["event"] == "error"]
+    oks = [a["data"] for a in answers if a["event"] == "published.ok"]
+    seqs = [ok["seq"] for ok in oks]
+    assert (
+        [("p17", "payload_too_large")],
+        [f"p{i}" for i in range(40) if i != 17],
+        sorted(set(seqs)),
+    ) == (errors, [ok["ref"] for ok in oks], seqs)
