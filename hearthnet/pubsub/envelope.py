@@ -414,7 +414,7 @@ class Message:
             PayloadTooLarge: data over 256 KiB.
         """
         obj["sig"] = sig
-        return cls._checked(obj, _checked_fields(obj), sig, raw, leaf_len - 1, batch)
+        return cls._checked(obj, _checked_fields(obj), sig, raw, leaf_len - 1, batch=batch)
 
     def leaf(self) -> bytes:
         """The JCS bytes of the message without ``sig`` (what a signature covers)."""
@@ -477,6 +477,7 @@ class Message:
         sig: str | dict[str, Any],
         raw: bytes,
         unsigned_len: int = 0,
+        *,
         batch: SignedBatch | None = None,
     ) -> Message:
         """A message of an envelope whose fields ``_checked_fields`` returned as

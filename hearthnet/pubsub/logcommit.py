@@ -23,7 +23,6 @@ from hearthnet.identity import KeyPair
 from hearthnet.pubsub.batchsig import SignedBatch
 from hearthnet.pubsub.consumerstate import ConsumerRecord, ConsumerState, write_consumers
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
-from hearthnet.pubsub.merkle import HASH_BYTES
 from hearthnet.pubsub.logindex import Head
 from hearthnet.pubsub.logstore import (
     INSERT_ROW,
@@ -33,6 +32,7 @@ from hearthnet.pubsub.logstore import (
     transaction,
     unpack_heads,
 )
+from hearthnet.pubsub.merkle import HASH_BYTES
 from hearthnet.pubsub.sequencer import Sequencer
 
 # What became of one pending message in a commit: stored, a duplicate (None), or refused.

@@ -72,17 +72,21 @@ class LogReader:
         try:
             for i in range(0, len(missing), 500):
                 chunk = missing[i : i + 500]
-                for key, origin, first, sig, leaves, heads, bodies in (
-                    await self._conn.execute_fetchall(
-                        "SELECT seq, origin, first, sig, leaves, heads, bodies FROM batches"
-                        f" WHERE seq IN ({','.join('?' * len(chunk))})",
-                        chunk,
-                    )
+                for (
+                    key,
+                    origin,
+                    first,
+                    sig,
+                    leaves,
+                    heads,
+                    bodies,
+                ) in await self._conn.execute_fetchall(
+                    "SELECT seq, origin, first, sig, leaves, heads, bodies FROM batches"
+                    f" WHERE seq IN ({','.join('?' * len(chunk))})",
+                    chunk,
                 ):
                     held = unpack_heads(heads, origin)
-                    batch = (
-                        SignedBatch(origin, first, sig, leaf_hashes(leaves)) if origin else None
-                    )
+                    batch = SignedBatch(origin, first, sig, leaf_hashes(leaves)) if origin else None
                     self._rows[key] = _CachedRow(
                         batch,
                         {

@@ -110,8 +110,16 @@ def pack_heads(heads: Sequence[Head], origin: str) -> bytes:
     """The ``heads`` column: one JSON array per message (origin ``""`` when the row's)."""
     return orjson.dumps(
         [
-            [h.seq, h.id, h.topic, "" if h.origin == origin else h.origin]
-            + [h.origin_seq, h.ts, h.expires_ms, h.size]
+            [
+                h.seq,
+                h.id,
+                h.topic,
+                "" if h.origin == origin else h.origin,
+                h.origin_seq,
+                h.ts,
+                h.expires_ms,
+                h.size,
+            ]
             for h in heads
         ]
     )
@@ -177,7 +185,7 @@ def _regroup(conn: sqlite3.Connection, has_batch: bool, has_batches: bool) -> No
     head_seq = 0
     run: Row | None = None
     batch_col = "batch" if has_batch else "NULL"
-    for seq, mid, topic, origin, oseq, ts, expires, raw, first in conn.execute(
+    for seq, mid, topic, origin, oseq, ts, expires, stored, first in conn.execute(
         "SELECT seq, id, topic, origin, origin_seq, ts, expires_ms, raw,"
         f" {batch_col} FROM messages ORDER BY seq"
     ).fetchall():
@@ -196,7 +204,7 @@ def _regroup(conn: sqlite3.Connection, has_batch: bool, has_batches: bool) -> No
                 n, root, sig, leaves = signed[key]
                 run = Row(seq, origin, key[1], n, [], [], root, sig, leaves)
         assert run is not None
-        raw = bytes(raw)
+        raw = bytes(stored)
         run.heads.append(Head(seq, mid, topic, origin, oseq, ts, expires, len(raw)))
         run.bodies.append(raw)
     if run is not None:

@@ -9,7 +9,9 @@ from hearthnet.pubsub.sequencer import Entry, Sequencer
 
 # A step: a batch of (id, topic, local) items, whether its commit succeeds, and whether
 # the node restarts after it.
-ITEM = st.tuples(st.sampled_from("abcdefghij"), st.sampled_from(["t.1", "t.2", "t.3"]), st.booleans())
+ITEM = st.tuples(
+    st.sampled_from("abcdefghij"), st.sampled_from(["t.1", "t.2", "t.3"]), st.booleans()
+)
 STEP = st.tuples(st.lists(ITEM, max_size=8), st.booleans(), st.booleans())
 
 
@@ -20,10 +22,11 @@ def run(steps: list[tuple[list[tuple[str, str, bool]], bool, bool]]) -> list[Ent
     local = 0
     for items, commits, restart in steps:
         batch = []
-        for mid, topic, is_local in items:
+        for drawn, topic, is_local in items:
             if is_local:
                 local += 1
-                mid = f"L{seq.next_origin_seq()}"  # a local publish: a new id
+            # a local publish has a new id
+            mid = f"L{seq.next_origin_seq()}" if is_local else drawn
             batch.append((mid, topic, is_local))
         numbers = seq.number([(mid, is_local) for mid, _, is_local in batch])
         if commits:
@@ -81,4 +84,6 @@ def test_a_duplicate_in_one_batch_takes_no_number() -> None:
     """A peer's message seen twice in one batch, or already held, takes no seq."""
     seq = Sequencer()
     seq.committed([Entry(1, "x", "t", 1, 1)])
-    assert [None, 2, None, 3] == seq.number([("x", False), ("y", False), ("y", False), ("L1", True)])
+    assert [None, 2, None, 3] == seq.number(
+        [("x", False), ("y", False), ("y", False), ("L1", True)]
+    )
