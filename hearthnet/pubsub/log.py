@@ -54,7 +54,7 @@ from hearthnet.pubsub.logcommit import Outcome, Pending, delete_rows, write_batc
 from hearthnet.pubsub.logindex import LogIndex
 from hearthnet.pubsub.logread import PAGE, READ_LAST_QUERIES, LogReader
 from hearthnet.pubsub.logstore import Row, SqliteWriter, load, transaction
-from hearthnet.pubsub.sequencer import Entry, Sequencer, TopicStats
+from hearthnet.pubsub.sequencer import Sequencer, TopicStats
 from hearthnet.pubsub.topics import TopicPattern
 
 __all__ = [
@@ -301,7 +301,7 @@ class MessageLog:
         committed = [item for item in outcomes if isinstance(item, StoredMessage)]
         for row in rows:
             self.index.add_row(row.key, row.heads)
-            self.sequencer.committed([Entry(h.seq, h.id, h.topic, h.size, h.ts) for h in row.heads])
+            self.sequencer.committed(row.heads)
         self._sync()
         for listener in self.listeners:
             try:
@@ -363,7 +363,7 @@ class MessageLog:
             except sqlite3.Error as exc:
                 raise StorageError(f"retention could not delete: {exc}") from exc
             self.index.remove(gone, emptied)
-            self.sequencer.forget(Entry(h.seq, h.id, h.topic, h.size, h.ts) for h in gone)
+            self.sequencer.forget(gone)
             self.reader.drop(doomed)
             self._sync()
             deleted += len(gone)

@@ -22,14 +22,13 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 NO_EXPIRY = 0
 _DEAD = -1  # ts of a deleted seq until compaction
 
 
-@dataclass(frozen=True, slots=True)
-class Head:
+class Head(NamedTuple):
     """One message's header as a row stores it (and the index keeps of it)."""
 
     seq: int
@@ -69,8 +68,42 @@ class LogIndex:
             self.rows.append(key)
         else:
             self.rows.insert(bisect_left(self.rows, key), key)
+        heads = list(heads)
+        if heads and (not self._seqs or heads[0].seq > self._seqs[-1]):
+            self._append(heads)
+            return
         for head in heads:
             self._add(head)
+
+    def _append(self, heads: list[Head]) -> None:
+        """The usual case: every seq above those held (a new commit)."""
+        topic_ids, by_topic, origins = self._topic_ids, self.by_topic, self._origins
+        topic_numbers = []
+        for head in heads:
+            topic_id = topic_ids.get(head.topic)
+            if topic_id is None:
+                topic_id = topic_ids[head.topic] = len(self._topic_names)
+                self._topic_names.append(head.topic)
+            topic_numbers.append(topic_id)
+            seqs = by_topic.get(head.topic)
+            if seqs is None:
+                seqs = by_topic[head.topic] = array("q")
+            seqs.append(head.seq)
+            entry = origins.get(head.origin)
+            if entry is None:
+                entry = origins[head.origin] = (array("q"), array("q"))
+            oseqs, oseq_seqs = entry
+            if not oseqs or head.origin_seq > oseqs[-1]:
+                oseqs.append(head.origin_seq)
+                oseq_seqs.append(head.seq)
+            else:
+                at = bisect_left(oseqs, head.origin_seq)
+                oseqs.insert(at, head.origin_seq)
+                oseq_seqs.insert(at, head.seq)
+        self._seqs.extend([h.seq for h in heads])
+        self._ts.extend([h.ts for h in heads])
+        self._expires.extend([h.expires_ms or NO_EXPIRY for h in heads])
+        self._topic.extend(topic_numbers)
 
     def _add(self, head: Head) -> None:
         topic_id = self._topic_ids.get(head.topic)

@@ -39,7 +39,7 @@ import orjson
 
 from hearthnet.pubsub.consumerstate import ConsumerRecord
 from hearthnet.pubsub.logindex import Head, LogIndex
-from hearthnet.pubsub.sequencer import Entry, Sequencer
+from hearthnet.pubsub.sequencer import Sequencer
 
 SCHEMA_VERSION = 3
 LOOSE_ROW = 1024  # whole envelopes per row when an older log is regrouped
@@ -305,17 +305,16 @@ def load(conn: sqlite3.Connection, node_id: str) -> LoadedLog:
     else:
         epoch = str(row[0])
     index = LogIndex()
-    entries: list[Entry] = []
+    held: list[Head] = []
     origin_seq = _meta_int(conn, "origin_seq")
     for key, heads in held_heads(conn):
         index.add_row(key, heads)
+        held += heads
         for h in heads:
-            entries.append(Entry(h.seq, h.id, h.topic, h.size, h.ts))
             if h.origin == node_id and h.origin_seq > origin_seq:
                 origin_seq = h.origin_seq
     # meta keeps the counters when retention removed our latest messages
-    head_seq = max(_meta_int(conn, "head_seq"), entries[-1].seq if entries else 0)
-    out = LoadedLog(epoch, Sequencer.restore(head_seq, origin_seq, entries), index)
+    out = LoadedLog(epoch, Sequencer.restore(_meta_int(conn, "head_seq"), origin_seq, held), index)
     for identity, name, patterns, cursor, lost_from, lost_to in conn.execute(
         "SELECT identity, name, patterns, cursor, lost_from, lost_to FROM consumers"
     ):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 
 @dataclass(slots=True)
@@ -28,8 +29,22 @@ class TopicStats:
     last_ts: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Counted(Protocol):
+    """What the sequencer reads of a committed message (the log's row headers)."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def ts(self) -> int: ...
+
+
+class Entry(NamedTuple):
     """One committed message as the sequencer counts it."""
 
     seq: int
@@ -52,11 +67,12 @@ class Sequencer:
         self.total_bytes = 0
 
     @classmethod
-    def restore(cls, head_seq: int, origin_seq: int, held: Iterable[Entry]) -> Sequencer:
-        """The sequencer of a log that holds ``held`` (any order), whose highest ``seq``
-        ever handed out is at least ``head_seq``."""
-        out = cls(head_seq, origin_seq)
-        out.committed(sorted(held, key=lambda e: e.seq))
+    def restore(cls, head_seq: int, origin_seq: int, held: Iterable[Counted]) -> Sequencer:
+        """The sequencer of a log that holds ``held``, whose highest ``seq`` ever handed
+        out is at least ``head_seq``."""
+        out = cls(0, origin_seq)
+        out.committed(list(held))
+        out.head_seq = max(out.head_seq, head_seq)
         return out
 
     def next_origin_seq(self) -> int:
@@ -83,12 +99,10 @@ class Sequencer:
             out.append(seq)
         return out
 
-    def committed(self, entries: Sequence[Entry]) -> None:
-        """What a commit stored (seq order, each the next after the head)."""
+    def committed(self, entries: Sequence[Counted]) -> None:
+        """What a commit stored (new ids, each seq above the head's at the commit)."""
         topics, ids = self.topics, self.ids
         for entry in entries:
-            if entry.seq <= self.head_seq and entry.id in ids:
-                continue  # restored twice
             ids.add(entry.id)
             stats = topics.get(entry.topic)
             if stats is None:
@@ -100,7 +114,7 @@ class Sequencer:
             self.total_bytes += entry.size
             self.head_seq = max(self.head_seq, entry.seq)
 
-    def forget(self, entries: Iterable[Entry]) -> None:
+    def forget(self, entries: Iterable[Counted]) -> None:
         """Messages retention deleted: their ids may come again (as new messages); the
         counters never go back."""
         for entry in entries:
