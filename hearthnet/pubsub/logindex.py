@@ -76,23 +76,31 @@ class LogIndex:
             self._add(head)
 
     def _append(self, heads: list[Head]) -> None:
-        """The usual case: every seq above those held (a new commit)."""
+        """The usual case: every seq above those held (a new commit). A run of one
+        topic or one origin (a token stream, our own batch) is looked up once."""
         topic_ids, by_topic, origins = self._topic_ids, self.by_topic, self._origins
         topic_numbers = []
+        topic, topic_id, topic_seqs = "", 0, array("q")
+        origin, oseqs, oseq_seqs = "", array("q"), array("q")
         for head in heads:
-            topic_id = topic_ids.get(head.topic)
-            if topic_id is None:
-                topic_id = topic_ids[head.topic] = len(self._topic_names)
-                self._topic_names.append(head.topic)
+            if head.topic != topic:
+                topic = head.topic
+                found = topic_ids.get(topic)
+                if found is None:
+                    found = topic_ids[topic] = len(self._topic_names)
+                    self._topic_names.append(topic)
+                seqs = by_topic.get(topic)
+                if seqs is None:
+                    seqs = by_topic[topic] = array("q")
+                topic_id, topic_seqs = found, seqs
             topic_numbers.append(topic_id)
-            seqs = by_topic.get(head.topic)
-            if seqs is None:
-                seqs = by_topic[head.topic] = array("q")
-            seqs.append(head.seq)
-            entry = origins.get(head.origin)
-            if entry is None:
-                entry = origins[head.origin] = (array("q"), array("q"))
-            oseqs, oseq_seqs = entry
+            topic_seqs.append(head.seq)
+            if head.origin != origin:
+                origin = head.origin
+                entry = origins.get(origin)
+                if entry is None:
+                    entry = origins[origin] = (array("q"), array("q"))
+                oseqs, oseq_seqs = entry
             if not oseqs or head.origin_seq > oseqs[-1]:
                 oseqs.append(head.origin_seq)
                 oseq_seqs.append(head.seq)
@@ -131,35 +139,45 @@ class LogIndex:
 
     def remove(self, heads: Iterable[Head], rows_gone: Iterable[int]) -> None:
         """Messages deleted (retention), and the rows left without any."""
-        by_topic: dict[str, set[int]] = {}
-        by_origin: dict[str, set[int]] = {}
+        by_topic: dict[str, list[int]] = {}
+        by_origin: dict[str, list[tuple[int, int]]] = {}
         for head in heads:
             pos = bisect_left(self._seqs, head.seq)
             if pos < len(self._seqs) and self._seqs[pos] == head.seq and self._ts[pos] != _DEAD:
                 self._ts[pos] = _DEAD
                 self._dead += 1
-            by_topic.setdefault(head.topic, set()).add(head.seq)
-            by_origin.setdefault(head.origin, set()).add(head.seq)
+            by_topic.setdefault(head.topic, []).append(head.seq)
+            by_origin.setdefault(head.origin, []).append((head.origin_seq, head.seq))
+        # Positions found by bisection, the arrays cut around them: O(size) of memory
+        # copied per topic or origin touched, not a Python loop over every entry.
         for topic, dead in by_topic.items():
-            kept = array("q", (s for s in self.by_topic.get(topic, ()) if s not in dead))
+            seqs = self.by_topic.get(topic)
+            if seqs is None:
+                continue
+            found = {p for s in dead if (p := bisect_left(seqs, s)) < len(seqs) and seqs[p] == s}
+            kept = _without(seqs, found)
             if kept:
                 self.by_topic[topic] = kept
             else:
-                self.by_topic.pop(topic, None)
-        for origin, dead in by_origin.items():
-            oseqs, seqs = self._origins.get(origin, (array("q"), array("q")))
-            keep = [i for i, s in enumerate(seqs) if s not in dead]
-            if keep:
-                self._origins[origin] = (
-                    array("q", (oseqs[i] for i in keep)),
-                    array("q", (seqs[i] for i in keep)),
-                )
+                del self.by_topic[topic]
+        for origin, pairs in by_origin.items():
+            entry = self._origins.get(origin)
+            if entry is None:
+                continue
+            oseqs, oseq_seqs = entry
+            at: set[int] = set()
+            for oseq, seq in pairs:
+                for p in range(bisect_left(oseqs, oseq), bisect_right(oseqs, oseq)):
+                    if oseq_seqs[p] == seq:
+                        at.add(p)
+            if len(at) < len(oseqs):
+                self._origins[origin] = (_without(oseqs, at), _without(oseq_seqs, at))
             else:
-                self._origins.pop(origin, None)
+                del self._origins[origin]
         for key in rows_gone:
-            at = bisect_left(self.rows, key)
-            if at < len(self.rows) and self.rows[at] == key:
-                del self.rows[at]
+            pos = bisect_left(self.rows, key)
+            if pos < len(self.rows) and self.rows[pos] == key:
+                del self.rows[pos]
         if self._dead * 2 > len(self._seqs):
             self._compact()
 
@@ -250,3 +268,14 @@ def _insert(seqs: array[int], seq: int) -> None:
         seqs.append(seq)
     else:
         seqs.insert(bisect_left(seqs, seq), seq)
+
+
+def _without(values: array[int], positions: set[int]) -> array[int]:
+    """``values`` without the entries at ``positions`` (slices copied between them)."""
+    out = array(values.typecode)
+    prev = 0
+    for pos in sorted(positions):
+        out += values[prev:pos]
+        prev = pos + 1
+    out += values[prev:]
+    return out

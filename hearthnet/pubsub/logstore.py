@@ -305,16 +305,18 @@ def load(conn: sqlite3.Connection, node_id: str) -> LoadedLog:
     else:
         epoch = str(row[0])
     index = LogIndex()
-    held: list[Head] = []
     origin_seq = _meta_int(conn, "origin_seq")
-    for key, heads in held_heads(conn):
+    sequencer = Sequencer(0, 0)
+    for key, heads in held_heads(conn):  # a row at a time: no list of every header
         index.add_row(key, heads)
-        held += heads
+        sequencer.committed(heads)
         for h in heads:
             if h.origin == node_id and h.origin_seq > origin_seq:
                 origin_seq = h.origin_seq
     # meta keeps the counters when retention removed our latest messages
-    out = LoadedLog(epoch, Sequencer.restore(_meta_int(conn, "head_seq"), origin_seq, held), index)
+    sequencer.head_seq = max(sequencer.head_seq, _meta_int(conn, "head_seq"))
+    sequencer.origin_seq = origin_seq
+    out = LoadedLog(epoch, sequencer, index)
     for identity, name, patterns, cursor, lost_from, lost_to in conn.execute(
         "SELECT identity, name, patterns, cursor, lost_from, lost_to FROM consumers"
     ):

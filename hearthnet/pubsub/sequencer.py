@@ -101,18 +101,25 @@ class Sequencer:
 
     def committed(self, entries: Sequence[Counted]) -> None:
         """What a commit stored (new ids, each seq above the head's at the commit)."""
-        topics, ids = self.topics, self.ids
+        if not entries:
+            return
+        topics = self.topics
+        self.ids.update([e.id for e in entries])
+        topic, stats, size = "", TopicStats(), 0
         for entry in entries:
-            ids.add(entry.id)
-            stats = topics.get(entry.topic)
-            if stats is None:
-                stats = topics[entry.topic] = TopicStats()
+            if entry.topic != topic:
+                topic = entry.topic
+                found = topics.get(topic)
+                if found is None:
+                    found = topics[topic] = TopicStats()
+                stats = found
             stats.messages += 1
             stats.bytes += entry.size
+            size += entry.size
             stats.head_seq = max(stats.head_seq, entry.seq)
             stats.last_ts = max(stats.last_ts, entry.ts)
-            self.total_bytes += entry.size
-            self.head_seq = max(self.head_seq, entry.seq)
+        self.total_bytes += size
+        self.head_seq = max(self.head_seq, entries[-1].seq)
 
     def forget(self, entries: Iterable[Counted]) -> None:
         """Messages retention deleted: their ids may come again (as new messages); the
