@@ -295,6 +295,27 @@ def held_heads(conn: sqlite3.Connection) -> Iterator[tuple[int, list[Head]]]:
         yield key, unpack_heads(heads, origin)
 
 
+def topic_bodies(conn: sqlite3.Connection, topic: str, since_ts: int) -> Iterator[bytes]:
+    """The stored bodies of ``topic``'s messages with ``ts >= since_ts``, in seq order,
+    from a log opened by anyone (tools reading a node's log file); only the rows that
+    hold some are read whole."""
+    wanted: list[tuple[int, set[int]]] = []
+    for key, heads in held_heads(conn):
+        seqs = {h.seq for h in heads if h.topic == topic and h.ts >= since_ts}
+        if seqs:
+            wanted.append((key, seqs))
+    for key, seqs in wanted:
+        found = conn.execute(
+            "SELECT origin, heads, bodies FROM batches WHERE seq = ?", (key,)
+        ).fetchone()
+        if found is None:
+            continue
+        heads = unpack_heads(found[1], found[0])
+        for head, body in zip(heads, split_bodies(heads, found[2]), strict=True):
+            if head.seq in seqs:
+                yield body
+
+
 def load(conn: sqlite3.Connection, node_id: str) -> LoadedLog:
     """Epoch (made on first use), the indexes and the sequencer rebuilt from every row's
     headers, and the consumers (writer thread)."""
