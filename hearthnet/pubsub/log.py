@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,14 @@ from hearthnet.pubsub.consumerstate import (
     write_consumers,
 )
 from hearthnet.pubsub.envelope import Message, StoredMessage, unsigned_fields
-from hearthnet.pubsub.logcommit import Outcome, Pending, delete_rows, write_batch
+from hearthnet.pubsub.logcommit import (
+    UNANSWERED,
+    Group,
+    Outcome,
+    Pending,
+    delete_rows,
+    write_batch,
+)
 from hearthnet.pubsub.logindex import LogIndex
 from hearthnet.pubsub.logread import PAGE, READ_LAST_QUERIES, LogReader
 from hearthnet.pubsub.logstore import Row, SqliteWriter, load, transaction
@@ -62,10 +69,14 @@ __all__ = [
     "READ_LAST_QUERIES",
     "ConsumerRecord",
     "MessageLog",
+    "PublishItem",
     "TopicStats",
 ]
 
 log = logging.getLogger("hearthnet.pubsub.log")
+
+# One publish of :meth:`MessageLog.publish_many`: topic, msg_type, data, ttl_s, sender.
+PublishItem = tuple[str, str, Any, int | None, dict[str, str] | None]
 
 DELETE_CHUNK = 500  # messages per retention transaction
 MAX_PENDING = 16_384  # publishes queued for the writer (a few commits' worth)
@@ -85,8 +96,17 @@ def _refuse(batch: list[Pending], exc: Exception) -> None:
         log.error("commit of %d messages failed", len(batch), exc_info=exc)
         error = InternalError("the message log could not store this message")
     for pending in batch:
-        if not pending.future.done():
-            pending.future.set_exception(error)
+        pending.answer(error)
+
+
+def _mirror(message_log: MessageLog) -> None:
+    """Copy the sequencer's counters to the log's attributes (read across the node)."""
+    seq = message_log.sequencer
+    message_log.head_seq, message_log.origin_seq, message_log.total_bytes = (
+        seq.head_seq,
+        seq.origin_seq,
+        seq.total_bytes,
+    )
 
 
 class MessageLog:
@@ -155,7 +175,7 @@ class MessageLog:
             raise StorageError(f"cannot open the message log {self.path}: {exc}") from exc
         self.epoch, self.sequencer, self.index = state.epoch, state.sequencer, state.index
         self.topics = self.sequencer.topics
-        self._sync()
+        _mirror(self)
         self.consumers.update(state.consumers)
         self._reader = LogReader(conn, self.index, self.topics)
         self._writer = writer
@@ -222,6 +242,41 @@ class MessageLog:
         self._wake.set()
         return fut
 
+    def publish_many(
+        self, items: Sequence[PublishItem]
+    ) -> asyncio.Future[list[StoredMessage | HearthNetError | None]]:
+        """Queue local publishes, each ``(topic, msg_type, data, ttl_s, sender)``, with one
+        future for all: it resolves once every one is committed or refused, to each one's
+        :class:`StoredMessage` or error, in order (one publish's error is its own, as with
+        :meth:`publish`). The same numbering, signing and durability as :meth:`publish`,
+        without a future per message.
+
+        Raises:
+            Unavailable: the node is shutting down, or the queue cannot take all of them
+                (nothing is queued then).
+        """
+        if self.closed:
+            raise Unavailable("the node is shutting down", retry_after_ms=1000)
+        if len(self._pending) + len(items) > self.max_pending:
+            raise Unavailable(
+                f"the message log has {self.max_pending} publishes waiting; retry",
+                retry_after_ms=PENDING_RETRY_MS,
+            )
+        future: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
+        if not items:
+            future.set_result([])
+            return future
+        group = Group(future, [UNANSWERED] * len(items), len(items))
+        node, ts, sequencer, pending = self.keys.node_id, now_ms(), self.sequencer, self._pending
+        for slot, (topic, msg_type, data, ttl_s, sender) in enumerate(items):
+            body = unsigned_fields(
+                node, topic, msg_type, data, sequencer.next_origin_seq(), ts, ttl_s, sender
+            )
+            pending.append(Pending(None, None, True, None, body, group, slot))
+        self.origin_seq = sequencer.origin_seq
+        self._wake.set()
+        return future
+
     def ingest(
         self, message: Message, source: str | None = None
     ) -> asyncio.Future[StoredMessage | None]:
@@ -285,15 +340,6 @@ class MessageLog:
             return
         self._done(batch, outcomes, rows)
 
-    def _sync(self) -> None:
-        """Mirror the sequencer's counters."""
-        seq = self.sequencer
-        self.head_seq, self.origin_seq, self.total_bytes = (
-            seq.head_seq,
-            seq.origin_seq,
-            seq.total_bytes,
-        )
-
     def _done(self, batch: list[Pending], outcomes: list[Outcome], rows: list[Row]) -> None:
         """After a commit: move the heads and indexes, hand the batch to fan-out, answer
         publishers."""
@@ -302,7 +348,7 @@ class MessageLog:
         for row in rows:
             self.index.add_row(row.key, row.heads)
             self.sequencer.committed(row.heads)
-        self._sync()
+        _mirror(self)
         for listener in self.listeners:
             try:
                 listener(committed)
@@ -311,12 +357,7 @@ class MessageLog:
                 # publishers are still answered.
                 log.exception("a commit listener failed")
         for pending, outcome in zip(batch, outcomes, strict=True):
-            if pending.future.done():
-                continue
-            if isinstance(outcome, HearthNetError):
-                pending.future.set_exception(outcome)
-            else:
-                pending.future.set_result(outcome)
+            pending.answer(outcome)
 
     # --- durable consumers --------------------------------------------------------
 
@@ -365,7 +406,7 @@ class MessageLog:
             self.index.remove(gone, emptied)
             self.sequencer.forget(gone)
             self.reader.drop(doomed)
-            self._sync()
+            _mirror(self)
             deleted += len(gone)
         return deleted
 

@@ -40,14 +40,49 @@ Outcome = StoredMessage | HearthNetError | None
 
 
 @dataclass(slots=True)
+class Group:
+    """One future for several publishes: resolves, once each is committed or refused, to
+    their outcomes in order."""
+
+    future: asyncio.Future[list[Outcome]]
+    outcomes: list[Outcome]
+    left: int
+
+
+@dataclass(slots=True)
 class Pending:
     """A message waiting for its commit."""
 
-    future: asyncio.Future[StoredMessage | None]
+    future: asyncio.Future[StoredMessage | None] | None  # None: answered through ``group``
     message: Message | None  # None until a local publish is signed (in its commit job)
     local: bool = False  # our own publish (never a duplicate)
     source: str | None = None  # the peer a message came from
     unsigned: dict[str, Any] | None = None  # a local publish's fields before signing
+    group: Group | None = None
+    slot: int = 0  # its place in ``group``
+
+    def answer(self, outcome: Outcome) -> None:
+        """Resolve this message's future (or its place in its group) with ``outcome``;
+        an error fails the future. Once only."""
+        group = self.group
+        if group is not None:
+            if group.outcomes[self.slot] is UNANSWERED:
+                group.outcomes[self.slot] = outcome
+                group.left -= 1
+                if not group.left and not group.future.done():
+                    group.future.set_result(group.outcomes)
+            return
+        future = self.future
+        if future is None or future.done():
+            return
+        if isinstance(outcome, HearthNetError):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+
+# A group's place not answered yet (an error nobody raises: never an outcome).
+UNANSWERED: Outcome = HearthNetError("unanswered")
 
 
 def row_bytes(message: Message) -> bytes:
@@ -160,7 +195,7 @@ def write_batch(
     error: this publish failed alone), and the rows written."""
     refused = sign_local(keys, batch)
     numbered = sequencer.number(
-        [(p.message.id, p.local) if p.message is not None else ("", True) for p in batch]
+        [(p.message.id, p.local) if p.message is not None else None for p in batch]
     )
     results: list[Outcome] = []
     stored: list[StoredMessage] = []

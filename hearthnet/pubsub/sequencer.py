@@ -84,13 +84,18 @@ class Sequencer:
         """Whether the log holds this id."""
         return message_id in self.ids
 
-    def number(self, items: Sequence[tuple[str, bool]]) -> list[int | None]:
+    def number(self, items: Sequence[tuple[str, bool] | None]) -> list[int | None]:
         """The seq each ``(id, local)`` of a batch would take, in order: None for a peer's
         message the log holds or that came earlier in the same batch (a local publish is
-        new by construction). Changes nothing."""
+        new by construction), and for a None item (a publish refused before its commit).
+        Changes nothing."""
         seq, seen, out = self.head_seq, set[str](), list[int | None]()
         ids = self.ids
-        for message_id, local in items:
+        for item in items:
+            if item is None:
+                out.append(None)
+                continue
+            message_id, local = item
             if not local and (message_id in ids or message_id in seen):
                 out.append(None)
                 continue

@@ -472,3 +472,29 @@ async def test_publishes_past_max_pending_are_refused_with_unavailable(tmp_path:
         (refused.value.retry_after_ms or 0) > 0,
         [s.seq for s in stored if s is not None],
     )
+
+
+async def test_publish_many_answers_a_group_with_one_future(tmp_path: Path) -> None:
+    """publish_many numbers and commits like publish; its one future gives each outcome in
+    order, an unsignable publish failing alone; a group past max_pending is refused whole."""
+    async with opened(tmp_path / "log.db") as log:
+        log.max_pending = 4
+        outcomes = await log.publish_many(
+            [
+                ("chat.a", "m", {"i": 0}, None, None),
+                ("chat.a", "m", 2**53 + 1, None, None),
+                ("chat.b", "m", {"i": 2}, 60, None),
+            ]
+        )
+        with pytest.raises(Unavailable):
+            log.publish_many([("chat.a", "m", i, None, None) for i in range(5)])
+        read, _ = await log.history("chat.b", limit=10)
+    assert ([(1, 1), "bad_request", (2, 3)], [60], 3) == (
+        [
+            (o.seq, o.message.origin_seq) if isinstance(o, StoredMessage) else o.code
+            for o in outcomes
+            if o is not None
+        ],
+        [r.message.ttl_s for r in read],
+        log.origin_seq,
+    )

@@ -81,9 +81,10 @@ def test_topic_stats_count_what_is_held(steps: list) -> None:  # type: ignore[ty
 
 
 def test_a_duplicate_in_one_batch_takes_no_number() -> None:
-    """A peer's message seen twice in one batch, or already held, takes no seq."""
+    """A peer's message seen twice in one batch, or already held, and a publish refused
+    before its commit take no seq."""
     seq = Sequencer()
     seq.committed([Entry(1, "x", "t", 1, 1)])
-    assert [None, 2, None, 3] == seq.number(
-        [("x", False), ("y", False), ("y", False), ("L1", True)]
+    assert [None, 2, None, None, 3] == seq.number(
+        [("x", False), ("y", False), ("y", False), None, ("L1", True)]
     )
