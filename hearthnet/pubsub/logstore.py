@@ -127,10 +127,11 @@ def pack_heads(heads: Sequence[Head], origin: str) -> bytes:
 
 def unpack_heads(blob: bytes, origin: str) -> list[Head]:
     """The headers of a ``heads`` column."""
-    return [
-        Head(seq, mid, topic, o or origin, oseq, ts, exp, size)
-        for seq, mid, topic, o, oseq, ts, exp, size in orjson.loads(blob)
-    ]
+    fields = orjson.loads(blob)
+    if origin:  # a batch's row: every message is the batch origin's
+        for head in fields:
+            head[3] = origin
+    return list(map(Head._make, fields))
 
 
 def split_bodies(heads: Sequence[Head], bodies: bytes) -> list[bytes]:

@@ -105,7 +105,7 @@ class Sequencer:
         return out
 
     def committed(self, entries: Sequence[Counted]) -> None:
-        """What a commit stored (new ids, each seq above the head's at the commit)."""
+        """What a commit stored: new ids, in seq order, each seq above every seq held."""
         if not entries:
             return
         topics = self.topics
@@ -121,8 +121,9 @@ class Sequencer:
             stats.messages += 1
             stats.bytes += entry.size
             size += entry.size
-            stats.head_seq = max(stats.head_seq, entry.seq)
-            stats.last_ts = max(stats.last_ts, entry.ts)
+            stats.head_seq = entry.seq  # seq order, above every seq held
+            if entry.ts > stats.last_ts:  # noqa: PLR1730 - a call to max() costs more
+                stats.last_ts = entry.ts
         self.total_bytes += size
         self.head_seq = max(self.head_seq, entries[-1].seq)
 
