@@ -235,6 +235,15 @@ class LogIndex:
             return array("q")
         return seqs[bisect_right(seqs, after_seq) : bisect_right(seqs, upto_seq)]
 
+    def topic_iter(self, topic: str, after_seq: int, upto_seq: int) -> Iterator[int]:
+        """As :meth:`topic_range`, lazily (no copy: catch-up merges many topics and
+        stops at a page)."""
+        seqs = self.by_topic.get(topic)
+        if not seqs:
+            return iter(())
+        lo, hi = bisect_right(seqs, after_seq), bisect_right(seqs, upto_seq)
+        return map(seqs.__getitem__, range(lo, hi))
+
     def origin_range(self, origin: str, first: int, last: int) -> list[int]:
         """Seqs of one origin's messages with ``first <= origin_seq <= last``, in
         ``origin_seq`` order."""

@@ -137,7 +137,7 @@ class LogReader:
         picked: list[int] = []
         topics = self._topics_matching(patterns)
         if topics is not None:
-            ranges = [index.topic_range(t, after_seq, upto_seq) for t in topics]
+            ranges = [index.topic_iter(t, after_seq, upto_seq) for t in topics]
             for seq in heapq.merge(*ranges):
                 if not self._live(seq, now) or (min_ts is not None and index.ts_of(seq) < min_ts):
                     continue
