@@ -24,8 +24,10 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
-NO_EXPIRY = 0
-_DEAD = -1  # ts of a deleted seq until compaction
+# Both above any real time, so that min() over the arrays (C speed) tells whether a
+# retention scan can find anything.
+NO_EXPIRY = 1 << 62  # expires_ms of a message without ttl
+_DEAD = 1 << 62  # ts of a deleted seq until compaction
 
 
 class Head(NamedTuple):
@@ -145,6 +147,7 @@ class LogIndex:
             pos = bisect_left(self._seqs, head.seq)
             if pos < len(self._seqs) and self._seqs[pos] == head.seq and self._ts[pos] != _DEAD:
                 self._ts[pos] = _DEAD
+                self._expires[pos] = NO_EXPIRY
                 self._dead += 1
             by_topic.setdefault(head.topic, []).append(head.seq)
             by_origin.setdefault(head.origin, []).append((head.origin_seq, head.seq))
@@ -216,9 +219,17 @@ class LogIndex:
     def ts_of(self, seq: int) -> int:
         """The ``ts`` of a held seq (-1 when not held)."""
         at = bisect_left(self._seqs, seq)
-        if at < len(self._seqs) and self._seqs[at] == seq:
+        if at < len(self._seqs) and self._seqs[at] == seq and self._ts[at] != _DEAD:
             return self._ts[at]
-        return _DEAD
+        return -1
+
+    def oldest_ts(self) -> int:
+        """The lowest ``ts`` held (a value above any time when none)."""
+        return min(self._ts, default=_DEAD)
+
+    def first_expiry(self) -> int:
+        """The earliest ``expires_ms`` held (:data:`NO_EXPIRY` when none)."""
+        return min(self._expires, default=NO_EXPIRY)
 
     def expired(self, seq: int, now: int) -> bool:
         """Whether a held seq's own ttl has run out at ``now``."""

@@ -296,6 +296,11 @@ class LogReader:
         only): those whose own ttl ran out by then."""
         out: list[tuple[int, str, int]] = []
         index = self.index
+        # A scan that cannot find anything is not made (every 10 s over a big log).
+        if (ts_below is not None and index.oldest_ts() >= ts_below) or (
+            expired_at is not None and index.first_expiry() > expired_at
+        ):
+            return out
         if topic is not None:
             rows: Iterable[tuple[int, str, int, int]] = (
                 (seq, topic, index.ts_of(seq), 0)

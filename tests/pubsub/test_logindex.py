@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hearthnet.pubsub.logindex import Head, LogIndex
+from hearthnet.pubsub.logindex import NO_EXPIRY, Head, LogIndex
 
 
 def head(seq: int, topic: str = "t.a", origin: str = "o1", oseq: int = 0) -> Head:
@@ -22,7 +22,7 @@ def test_rows_topics_and_origins_are_found_after_deletes_and_a_topic_coming_back
         [1, 1, 4, 6],
         {"t.a": [6], "t.b": [2, 4]},
         [2, 4, 6],
-        [(2, "t.b", 1002, 0), (4, "t.b", 1004, 0), (6, "t.a", 1006, 0)],
+        [(2, "t.b", 1002, NO_EXPIRY), (4, "t.b", 1004, NO_EXPIRY), (6, "t.a", 1006, NO_EXPIRY)],
     ) == (
         [index.row_of(s) for s in (2, 3, 4, 7)],
         {t: list(s) for t, s in index.by_topic.items()},
