@@ -191,7 +191,9 @@ def _regroup(conn: sqlite3.Connection, has_batch: bool, has_batches: bool) -> No
         f" {batch_col} FROM messages ORDER BY seq"
     ).fetchall():
         head_seq = seq
-        key = (origin, first) if first is not None and (origin, first) in signed else None
+        if first is not None and (origin, first) not in signed:
+            continue  # a member stored without sig whose batch is gone: never readable
+        key = (origin, first) if first is not None else None
         same = run is not None and (
             (key is None and run.origin == "" and len(run.heads) < LOOSE_ROW)
             or (key is not None and (run.origin, run.first) == key)
