@@ -189,7 +189,7 @@ def _regroup(conn: sqlite3.Connection, has_batch: bool, has_batches: bool) -> No
     for seq, mid, topic, origin, oseq, ts, expires, stored, first in conn.execute(
         "SELECT seq, id, topic, origin, origin_seq, ts, expires_ms, raw,"
         f" {batch_col} FROM messages ORDER BY seq"
-    ).fetchall():
+    ):  # streamed: a log of 1 GiB is not read into memory
         head_seq = seq
         if first is not None and (origin, first) not in signed:
             continue  # a member stored without sig whose batch is gone: never readable
