@@ -170,7 +170,7 @@ class MessageLog:
             state = await writer.run(lambda conn: load(conn, self.keys.node_id))
             conn = await aiosqlite.connect(f"file:{self.path}?mode=ro", uri=True)
             await conn.execute("PRAGMA query_only=1")
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, ValueError) as exc:  # ValueError: a row's headers unreadable
             await writer.close()
             raise StorageError(f"cannot open the message log {self.path}: {exc}") from exc
         self.epoch, self.sequencer, self.index = state.epoch, state.sequencer, state.index

@@ -85,16 +85,6 @@ class Pending:
 UNANSWERED: Outcome = HearthNetError("unanswered")
 
 
-def row_bytes(message: Message) -> bytes:
-    """What the log stores of a message: a member of a batch signed here without ``sig``
-    (its proof is made from the batch when read), any other the whole envelope."""
-    if message.batch is not None:
-        unsigned = message.unsigned_bytes()
-        if unsigned is not None:
-            return unsigned
-    return message.raw
-
-
 def sign_local(keys: KeyPair, batch: list[Pending]) -> dict[int, HearthNetError]:
     """Sign the batch's local publishes (in the writer thread), one batch signature per
     run of consecutive ``origin_seq`` (spec §6.2): a publish refused here (data the edge
