@@ -243,8 +243,11 @@ def measure_binary(keys: KeyPair, count: int, batch: int) -> dict[str, Any]:
     return out
 
 
-async def measure_log(keys: KeyPair, sync: str, count: int, batch: int) -> dict[str, Any]:
-    """Publishes through the real log, ``batch`` at a time, each batch awaited."""
+async def measure_log(
+    keys: KeyPair, sync: str, count: int, batch: int, *, many: bool = False
+) -> dict[str, Any]:
+    """Publishes through the real log, ``batch`` at a time, each batch awaited (with
+    ``many``, each batch as one ``MessageLog.publish_many`` and its one future)."""
     with tempfile.TemporaryDirectory(prefix="hn-publish-cost-") as tmp:
         log = MessageLog(Path(tmp) / "log.db", keys, synchronous=sync)
         await log.open()
@@ -261,14 +264,18 @@ async def measure_log(keys: KeyPair, sync: str, count: int, batch: int) -> dict[
             rounds = max(1, count // batch)
             batch_ms = []
             c0, w0 = time.process_time(), time.perf_counter()
+            group = [(TOPIC, "bench", PAYLOAD, None, sender)] * batch
             for _ in range(rounds):
                 t0 = time.perf_counter()
-                await asyncio.gather(
-                    *[
-                        log.publish(topic=TOPIC, msg_type="bench", data=PAYLOAD, sender=sender)
-                        for _ in range(batch)
-                    ]
-                )
+                if many:
+                    await log.publish_many(group)
+                else:
+                    await asyncio.gather(
+                        *[
+                            log.publish(topic=TOPIC, msg_type="bench", data=PAYLOAD, sender=sender)
+                            for _ in range(batch)
+                        ]
+                    )
                 batch_ms.append((time.perf_counter() - t0) * 1000)
             n = rounds * batch
             return {

@@ -7,7 +7,8 @@ path so that it stays verifiable alone. On a ``hearthnet-peer.v3`` link
 leaves (each message's signed JCS bytes) and the batch signature once: the receiver
 rebuilds the tree from the leaves, checks the root's signature once (a root already
 verified passes: :class:`~hearthnet.pubsub.batchsig.BatchVerifier`), and rebuilds each
-message's proof for its log, so it is stored as the origin made it.
+message's proof, and each message holds the verified batch, so the log stores the batch
+once (one row per commit, :mod:`hearthnet.pubsub.logstore`) as the origin made it.
 
 Anything less than a whole batch (a peer missing part of one, a repair range that splits
 one, a batch split between two commits, a message signed alone) goes as ``msg`` frames,
@@ -102,7 +103,7 @@ def prove_batch(
     for obj, leaf in zip(objs, frame.leaves, strict=True):
         sig, sig_json = batch.proof(obj["origin_seq"])
         raw = leaf[:-1] + b',"sig":' + sig_json + b"}"
-        messages.append(Message.proved(obj, sig, raw, len(leaf)))
+        messages.append(Message.proved(obj, sig, raw, len(leaf), batch))
     verifier.count_batch(frame.n)
     return messages
 

@@ -25,6 +25,7 @@ from typing import Any
 from hearthnet.canonical import parse_json
 from hearthnet.errors import BadRequest, ConfigError
 from hearthnet.ids import short_id
+from hearthnet.pubsub.logstore import topic_bodies
 from hearthnet.ratelimit import TokenBucket
 
 KEEP_DAYS = 14
@@ -186,11 +187,18 @@ def _beacons_since(db: Path, since_ms: int) -> Iterator[dict[str, Any]]:
         return
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
-        rows = conn.execute(
-            "SELECT raw FROM messages WHERE topic = 'mesh.beacon' AND ts >= ? ORDER BY seq",
-            (since_ms,),
-        )
-        for (raw,) in rows:
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'messages'").fetchone():
+            # a log the node has not upgraded yet (one row per message)
+            raws: Iterator[bytes] = (
+                raw
+                for (raw,) in conn.execute(
+                    "SELECT raw FROM messages WHERE topic = 'mesh.beacon' AND ts >= ? ORDER BY seq",
+                    (since_ms,),
+                )
+            )
+        else:
+            raws = topic_bodies(conn, "mesh.beacon", since_ms)
+        for raw in raws:
             try:
                 # the project's parser: a hostile row (deep nesting, huge numbers) is
                 # refused as bad_request instead of crashing the export with RecursionError

@@ -394,19 +394,27 @@ class Message:
         )
 
     @classmethod
-    def proved(cls, obj: dict[str, Any], sig: dict[str, Any], raw: bytes, leaf_len: int) -> Message:
+    def proved(
+        cls,
+        obj: dict[str, Any],
+        sig: dict[str, Any],
+        raw: bytes,
+        leaf_len: int,
+        batch: SignedBatch | None = None,
+    ) -> Message:
         """A message of a batch whose root and signature the caller verified from all its
         leaves (a batch gossiped whole, spec §6.2): its fields are validated here, its
         signature is not checked again. ``obj`` is the parsed leaf (without ``sig``), ``sig``
         its rebuilt proof, ``raw`` the envelope with that proof, ``leaf_len`` the leaf's
-        length.
+        length, ``batch`` the verified batch (the log stores a message holding it with
+        its batch, once).
 
         Raises:
             BadRequest: malformed envelope.
             PayloadTooLarge: data over 256 KiB.
         """
         obj["sig"] = sig
-        return cls._checked(obj, _checked_fields(obj), sig, raw, leaf_len - 1)
+        return cls._checked(obj, _checked_fields(obj), sig, raw, leaf_len - 1, batch=batch)
 
     def leaf(self) -> bytes:
         """The JCS bytes of the message without ``sig`` (what a signature covers)."""
@@ -469,6 +477,8 @@ class Message:
         sig: str | dict[str, Any],
         raw: bytes,
         unsigned_len: int = 0,
+        *,
+        batch: SignedBatch | None = None,
     ) -> Message:
         """A message of an envelope whose fields ``_checked_fields`` returned as
         ``checked`` and whose signature was verified."""
@@ -487,6 +497,7 @@ class Message:
             raw,
             unsigned_len,
             data_enc,
+            batch,
         )
 
 

@@ -6,9 +6,9 @@ queued and hands the batch to the writer thread as **one job**: sign the local p
 drop peers' duplicates, assign ``seq``, insert, commit. One hand-over per batch matters:
 each trip between the event loop and a worker thread waits for the GIL, and a busy loop
 (fan-out to a thousand sockets) made a trip per statement cost milliseconds. Only after
-the commit does the loop move ``head_seq``, hand the batch to fan-out (``on_commit``) and
-resolve the publishers' futures: a publish is acknowledged only once durable, and a
-``seq`` is never handed out twice, even across a crash.
+the commit does the loop move the sequencer's head and the indexes, hand the batch to
+fan-out (``on_commit``) and resolve the publishers' futures: a publish is acknowledged
+only once durable, and a ``seq`` is never handed out twice, even across a crash.
 
 A publish that cannot be signed fails alone (its publisher gets the error; the rest of
 the batch commits). A batch whose transaction fails for one of its messages is written
@@ -18,10 +18,11 @@ nor the flush loop; when SQLite itself fails (disk full, I/O), the batch is refu
 The queue of pending messages is bounded (``max_pending``): past it a publish is refused
 with ``unavailable`` and a ``retry_after_ms``.
 
-A batch of our own publishes is stored once (its signature and leaf hashes) and its
-messages without ``sig``; a message's audit path is made from its batch when it is
-first sent with ``sig`` or read back (:mod:`hearthnet.pubsub.logstore`,
-:mod:`hearthnet.pubsub.logcommit`, :mod:`hearthnet.pubsub.logread`).
+Storage is one SQLite row per committed batch (:mod:`hearthnet.pubsub.logstore`);
+numbering, dedupe and topic stats are the pure
+:class:`~hearthnet.pubsub.sequencer.Sequencer`; per-message lookups are served from the
+in-memory :class:`~hearthnet.pubsub.logindex.LogIndex`, rebuilt when the log opens; reads
+are :class:`~hearthnet.pubsub.logread.LogReader` (:attr:`MessageLog.reader`).
 
 ``synchronous=FULL`` (the default) makes an acknowledged publish survive a power cut;
 ``normal`` survives a process crash (``kill -9``) only.
@@ -32,8 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -51,29 +51,33 @@ from hearthnet.pubsub.consumerstate import (
 )
 from hearthnet.pubsub.envelope import Message, StoredMessage, unsigned_fields
 from hearthnet.pubsub.logcommit import (
-    INSERT_ROWS,
+    UNANSWERED,
+    Group,
     Outcome,
     Pending,
     delete_rows,
-    row_bytes,
     write_batch,
 )
+from hearthnet.pubsub.logindex import LogIndex
 from hearthnet.pubsub.logread import PAGE, READ_LAST_QUERIES, LogReader
-from hearthnet.pubsub.logstore import SqliteWriter, TopicStats, load, transaction
+from hearthnet.pubsub.logstore import Row, SqliteWriter, load, transaction
+from hearthnet.pubsub.sequencer import Sequencer, TopicStats
 from hearthnet.pubsub.topics import TopicPattern
 
 __all__ = [
-    "INSERT_ROWS",
     "PAGE",
     "READ_LAST_QUERIES",
     "ConsumerRecord",
     "MessageLog",
+    "PublishItem",
     "TopicStats",
 ]
 
 log = logging.getLogger("hearthnet.pubsub.log")
 
-RECENT_IDS = 200_000
+# One publish of :meth:`MessageLog.publish_many`: topic, msg_type, data, ttl_s, sender.
+PublishItem = tuple[str, str, Any, int | None, dict[str, str] | None]
+
 DELETE_CHUNK = 500  # messages per retention transaction
 MAX_PENDING = 16_384  # publishes queued for the writer (a few commits' worth)
 PENDING_RETRY_MS = 200  # retry_after_ms when the queue is full: about one commit
@@ -92,8 +96,17 @@ def _refuse(batch: list[Pending], exc: Exception) -> None:
         log.error("commit of %d messages failed", len(batch), exc_info=exc)
         error = InternalError("the message log could not store this message")
     for pending in batch:
-        if not pending.future.done():
-            pending.future.set_exception(error)
+        pending.answer(error)
+
+
+def _mirror(message_log: MessageLog) -> None:
+    """Copy the sequencer's counters to the log's attributes (read across the node)."""
+    seq = message_log.sequencer
+    message_log.head_seq, message_log.origin_seq, message_log.total_bytes = (
+        seq.head_seq,
+        seq.origin_seq,
+        seq.total_bytes,
+    )
 
 
 class MessageLog:
@@ -123,9 +136,12 @@ class MessageLog:
             [on_commit] if on_commit else []
         )
         self.epoch = ""
+        self.sequencer = Sequencer()
+        self.index = LogIndex()
+        # Mirrors of the sequencer's counters and stats, read by the rest of the node.
         self.head_seq = 0
         self.origin_seq = 0
-        self.topics: dict[str, TopicStats] = {}
+        self.topics: dict[str, TopicStats] = self.sequencer.topics
         self.total_bytes = 0
         self.consumers: dict[tuple[str, str], ConsumerRecord] = {}
         self._writer: SqliteWriter | None = None
@@ -133,7 +149,6 @@ class MessageLog:
         self._pending: list[Pending] = []
         self._wake = asyncio.Event()
         self._write_lock = asyncio.Lock()
-        self._recent_ids: OrderedDict[str, None] = OrderedDict()
         self.batches = 0
         self.closed = False
 
@@ -147,22 +162,22 @@ class MessageLog:
     # --- opening and closing ------------------------------------------------------
 
     async def open(self) -> None:
-        """Open (creating on first use, upgrading an older schema in place) and load
-        epoch, heads, topic stats and consumers."""
+        """Open (creating on first use, upgrading an older schema in place), load epoch
+        and consumers, and rebuild the sequencer and the indexes from the rows."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         writer = SqliteWriter(self.path, self.synchronous)
         try:
             state = await writer.run(lambda conn: load(conn, self.keys.node_id))
             conn = await aiosqlite.connect(f"file:{self.path}?mode=ro", uri=True)
             await conn.execute("PRAGMA query_only=1")
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, ValueError) as exc:  # ValueError: a row's headers unreadable
             await writer.close()
             raise StorageError(f"cannot open the message log {self.path}: {exc}") from exc
-        self.epoch, self.head_seq, self.origin_seq = state.epoch, state.head_seq, state.origin_seq
-        self.topics.update(state.topics)
-        self.total_bytes = state.total_bytes
+        self.epoch, self.sequencer, self.index = state.epoch, state.sequencer, state.index
+        self.topics = self.sequencer.topics
+        _mirror(self)
         self.consumers.update(state.consumers)
-        self._reader = LogReader(conn, self.topics)
+        self._reader = LogReader(conn, self.index, self.topics)
         self._writer = writer
 
     async def close(self) -> None:
@@ -218,7 +233,7 @@ class MessageLog:
         # the GIL, so parsing the next publishes goes on meanwhile).
         # A number whose batch fails to commit is never reused (peers treat it like a hole
         # left by retention); one issued but lost in a crash was never acknowledged.
-        self.origin_seq = origin_seq = self.origin_seq + 1
+        self.origin_seq = origin_seq = self.sequencer.next_origin_seq()
         body = unsigned_fields(
             self.keys.node_id, topic, msg_type, data, origin_seq, now_ms(), ttl_s, sender
         )
@@ -227,12 +242,47 @@ class MessageLog:
         self._wake.set()
         return fut
 
+    def publish_many(
+        self, items: Sequence[PublishItem]
+    ) -> asyncio.Future[list[StoredMessage | HearthNetError | None]]:
+        """Queue local publishes, each ``(topic, msg_type, data, ttl_s, sender)``, with one
+        future for all: it resolves once every one is committed or refused, to each one's
+        :class:`StoredMessage` or error, in order (one publish's error is its own, as with
+        :meth:`publish`). The same numbering, signing and durability as :meth:`publish`,
+        without a future per message.
+
+        Raises:
+            Unavailable: the node is shutting down, or the queue cannot take all of them
+                (nothing is queued then).
+        """
+        if self.closed:
+            raise Unavailable("the node is shutting down", retry_after_ms=1000)
+        if len(self._pending) + len(items) > self.max_pending:
+            raise Unavailable(
+                f"the message log has {self.max_pending} publishes waiting; retry",
+                retry_after_ms=PENDING_RETRY_MS,
+            )
+        future: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
+        if not items:
+            future.set_result([])
+            return future
+        group = Group(future, [UNANSWERED] * len(items), len(items))
+        node, ts, sequencer, pending = self.keys.node_id, now_ms(), self.sequencer, self._pending
+        for slot, (topic, msg_type, data, ttl_s, sender) in enumerate(items):
+            body = unsigned_fields(
+                node, topic, msg_type, data, sequencer.next_origin_seq(), ts, ttl_s, sender
+            )
+            pending.append(Pending(None, None, True, None, body, group, slot))
+        self.origin_seq = sequencer.origin_seq
+        self._wake.set()
+        return future
+
     def ingest(
         self, message: Message, source: str | None = None
     ) -> asyncio.Future[StoredMessage | None]:
         """Queue a verified message from a peer; resolves to None when it was a duplicate."""
         fut: asyncio.Future[StoredMessage | None] = asyncio.get_running_loop().create_future()
-        if message.id in self._recent_ids:
+        if self.sequencer.knows(message.id):
             fut.set_result(None)
             return fut
         self._pending.append(Pending(fut, message, source=source))
@@ -240,8 +290,8 @@ class MessageLog:
         return fut
 
     def knows(self, message_id: str) -> bool:
-        """True when the id was committed recently (cheap dedupe before verifying)."""
-        return message_id in self._recent_ids
+        """True when the log holds the id (cheap dedupe before verifying)."""
+        return self.sequencer.knows(message_id)
 
     async def run(self) -> None:
         """The flush loop: one transaction per batch, as soon as the previous one is done."""
@@ -266,16 +316,13 @@ class MessageLog:
         try:
             async with self._write_lock:
                 # Snapshots for the writer thread: what it reads must not change under it.
+                # The writer thread reads the sequencer (ids, head), which changes only
+                # in _done, on the loop, after this job.
                 consumers = dirty_consumers(self.consumers)
-                recent = {
-                    p.message.id
-                    for p in batch
-                    if p.message is not None and not p.local and p.message.id in self._recent_ids
-                }
-                head, keys = self.head_seq, self.keys
-                outcomes = await self._writer.run(
+                keys, sequencer = self.keys, self.sequencer
+                outcomes, rows = await self._writer.run(
                     lambda conn: write_batch(
-                        conn, keys, batch, head_seq=head, known=recent, consumers=consumers
+                        conn, keys, batch, sequencer=sequencer, consumers=consumers
                     )
                 )
                 mark_clean(consumers)
@@ -291,29 +338,17 @@ class MessageLog:
             for pending in batch:
                 await self._commit([pending])
             return
-        self._done(batch, outcomes)
+        self._done(batch, outcomes, rows)
 
-    def _done(self, batch: list[Pending], outcomes: list[Outcome]) -> None:
-        """After a commit: move the heads, hand the batch to fan-out, answer publishers."""
+    def _done(self, batch: list[Pending], outcomes: list[Outcome], rows: list[Row]) -> None:
+        """After a commit: move the heads and indexes, hand the batch to fan-out, answer
+        publishers."""
         self.batches += 1
         committed = [item for item in outcomes if isinstance(item, StoredMessage)]
-        if committed:
-            self.head_seq = committed[-1].seq
-        recent, topics = self._recent_ids, self.topics
-        for item in committed:
-            msg = item.message
-            recent[msg.id] = None
-            size = len(row_bytes(msg))
-            stats = topics.get(msg.topic)
-            if stats is None:
-                stats = topics[msg.topic] = TopicStats()
-            stats.messages += 1
-            stats.bytes += size
-            stats.head_seq = item.seq
-            stats.last_ts = max(stats.last_ts, msg.ts)
-            self.total_bytes += size
-        while len(recent) > RECENT_IDS:
-            recent.popitem(last=False)
+        for row in rows:
+            self.index.add_row(row.key, row.heads)
+            self.sequencer.committed(row.heads)
+        _mirror(self)
         for listener in self.listeners:
             try:
                 listener(committed)
@@ -322,12 +357,7 @@ class MessageLog:
                 # publishers are still answered.
                 log.exception("a commit listener failed")
         for pending, outcome in zip(batch, outcomes, strict=True):
-            if pending.future.done():
-                continue
-            if isinstance(outcome, HearthNetError):
-                pending.future.set_exception(outcome)
-            else:
-                pending.future.set_result(outcome)
+            pending.answer(outcome)
 
     # --- durable consumers --------------------------------------------------------
 
@@ -344,8 +374,9 @@ class MessageLog:
     # --- retention ----------------------------------------------------------------
 
     async def delete(self, seqs: list[int]) -> int:
-        """Delete messages by seq (retention), and batches left without messages; keeps
-        topic stats exact.
+        """Delete messages by seq (retention): rows left empty go, rows that keep some
+        messages are rewritten (see :func:`~hearthnet.pubsub.logcommit.delete_rows`);
+        keeps topic stats and indexes exact.
 
         Works in transactions of ``DELETE_CHUNK`` messages and lets queued commits run
         between them: one transaction for a whole pass held publishes for 100 ms or more
@@ -355,24 +386,28 @@ class MessageLog:
         for i in range(0, len(seqs), DELETE_CHUNK):
             if i:
                 await asyncio.sleep(0)  # let the flush loop take the write lock
-            chunk, writer = seqs[i : i + DELETE_CHUNK], self._writer
+            writer = self._writer
             if writer is None:
                 raise StorageError("the message log is not open")
-            origin_seq = self.origin_seq
+            doomed: dict[int, set[int]] = {}
+            for seq in seqs[i : i + DELETE_CHUNK]:
+                doomed.setdefault(self.index.row_of(seq), set()).add(seq)
             try:
                 async with self._write_lock:
-                    rows = await writer.run(partial(delete_rows, seqs=chunk, origin_seq=origin_seq))
+                    job = partial(
+                        delete_rows,
+                        doomed=doomed,
+                        origin_seq=self.sequencer.origin_seq,
+                        head_seq=self.sequencer.head_seq,
+                    )
+                    gone, emptied = await writer.run(job)
             except sqlite3.Error as exc:
                 raise StorageError(f"retention could not delete: {exc}") from exc
-            for topic, size in rows:
-                stats = self.topics.get(topic)
-                if stats is not None:
-                    stats.messages -= 1
-                    stats.bytes -= size
-                    if stats.messages <= 0:
-                        del self.topics[topic]
-                self.total_bytes -= size
-                deleted += 1
+            self.index.remove(gone, emptied)
+            self.sequencer.forget(gone)
+            self.reader.drop(doomed)
+            _mirror(self)
+            deleted += len(gone)
         return deleted
 
     # --- reading (see LogReader) --------------------------------------------------
@@ -423,13 +458,3 @@ class MessageLog:
     async def read_origin(self, origin: str, first: int, last: int, limit: int) -> list[bytes]:
         """:meth:`LogReader.read_origin`."""
         return await self.reader.read_origin(origin, first, last, limit)
-
-    async def candidates(
-        self, sql_where: str, args: list[Any], limit: int
-    ) -> list[tuple[int, str, int]]:
-        """:meth:`LogReader.candidates`."""
-        return await self.reader.candidates(sql_where, args, limit)
-
-    async def nth_newest_seq(self, topic: str, n: int) -> int | None:
-        """:meth:`LogReader.nth_newest_seq`."""
-        return await self.reader.nth_newest_seq(topic, n)

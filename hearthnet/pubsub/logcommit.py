@@ -1,10 +1,14 @@
 """The log's commit job and retention deletes, run in the writer thread (spec §6.2-§6.4).
 
 One job per batch: sign the local publishes (one batch signature per run of consecutive
-``origin_seq``), drop peers' duplicates, number the rest, insert them (and the batch rows,
-and the changed durable consumers), commit. A batch signed here is stored once in
-``batches`` and its messages without ``sig`` (see :mod:`hearthnet.pubsub.logstore`): no
-message's proof is made on the way in.
+``origin_seq``), drop peers' duplicates and number the rest (the
+:class:`~hearthnet.pubsub.sequencer.Sequencer`, read only here), insert one row per signed
+batch and one per run of whole envelopes (see :mod:`hearthnet.pubsub.logstore`) and the
+changed durable consumers, commit. No message's proof is made on the way in.
+
+Retention deletes whole rows, or rewrites a row that keeps some of its messages: the
+kept headers and bodies are written back with the batch's signature and leaf hashes
+unchanged, so every kept message stays provable.
 """
 
 from __future__ import annotations
@@ -19,46 +23,66 @@ from hearthnet.identity import KeyPair
 from hearthnet.pubsub.batchsig import SignedBatch
 from hearthnet.pubsub.consumerstate import ConsumerRecord, ConsumerState, write_consumers
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
-from hearthnet.pubsub.logstore import transaction
-
-INSERT_ROWS = 256  # rows per INSERT statement (10 parameters each; SQLite allows 32,766)
-_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+from hearthnet.pubsub.logindex import Head
+from hearthnet.pubsub.logstore import (
+    INSERT_ROW,
+    Row,
+    pack_heads,
+    split_bodies,
+    transaction,
+    unpack_heads,
+)
+from hearthnet.pubsub.merkle import HASH_BYTES
+from hearthnet.pubsub.sequencer import Sequencer
 
 # What became of one pending message in a commit: stored, a duplicate (None), or refused.
 Outcome = StoredMessage | HearthNetError | None
 
 
 @dataclass(slots=True)
+class Group:
+    """One future for several publishes: resolves, once each is committed or refused, to
+    their outcomes in order."""
+
+    future: asyncio.Future[list[Outcome]]
+    outcomes: list[Outcome]
+    left: int
+
+
+@dataclass(slots=True)
 class Pending:
     """A message waiting for its commit."""
 
-    future: asyncio.Future[StoredMessage | None]
+    future: asyncio.Future[StoredMessage | None] | None  # None: answered through ``group``
     message: Message | None  # None until a local publish is signed (in its commit job)
     local: bool = False  # our own publish (never a duplicate)
     source: str | None = None  # the peer a message came from
     unsigned: dict[str, Any] | None = None  # a local publish's fields before signing
+    group: Group | None = None
+    slot: int = 0  # its place in ``group``
+
+    def answer(self, outcome: Outcome) -> None:
+        """Resolve this message's future (or its place in its group) with ``outcome``;
+        an error fails the future. Once only."""
+        group = self.group
+        if group is not None:
+            if group.outcomes[self.slot] is UNANSWERED:
+                group.outcomes[self.slot] = outcome
+                group.left -= 1
+                if not group.left and not group.future.done():
+                    group.future.set_result(group.outcomes)
+            return
+        future = self.future
+        if future is None or future.done():
+            return
+        if isinstance(outcome, HearthNetError):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
 
 
-def row_bytes(message: Message) -> bytes:
-    """What the log stores of a message: a member of a batch signed here without ``sig``
-    (its proof is made from the batch when read), any other the whole envelope."""
-    if message.batch is not None:
-        unsigned = message.unsigned_bytes()
-        if unsigned is not None:
-            return unsigned
-    return message.raw
-
-
-def _known_ids(conn: sqlite3.Connection, ids: list[str]) -> set[str]:
-    """Which of these ids the log already holds (peers' messages after a restart)."""
-    known: set[str] = set()
-    for i in range(0, len(ids), 500):
-        chunk = ids[i : i + 500]
-        rows = conn.execute(
-            f"SELECT id FROM messages WHERE id IN ({','.join('?' * len(chunk))})", chunk
-        )
-        known.update(r[0] for r in rows)
-    return known
+# A group's place not answered yet (an error nobody raises: never an outcome).
+UNANSWERED: Outcome = HearthNetError("unanswered")
 
 
 def sign_local(keys: KeyPair, batch: list[Pending]) -> dict[int, HearthNetError]:
@@ -95,109 +119,138 @@ def sign_local(keys: KeyPair, batch: list[Pending]) -> dict[int, HearthNetError]
     return refused
 
 
+def _row_for(msg: Message, seq: int, batch: SignedBatch | None) -> Row:
+    """A new row starting with ``msg`` (its batch's, or of whole envelopes)."""
+    if batch is None:
+        return Row(seq, "", 0, 0, [], [])
+    return Row(
+        seq,
+        batch.origin,
+        batch.first,
+        batch.n,
+        [],
+        [],
+        batch.root,
+        batch.signature,
+        b"".join(batch.leaves),
+    )
+
+
+def rows_of(stored: list[StoredMessage]) -> list[Row]:
+    """A commit's messages (seq order) as rows: each run of one signed batch held whole
+    (its leaves known: signed here, or gossiped whole) is a row of bodies without ``sig``,
+    each run of anything else a row of whole envelopes."""
+    rows: list[Row] = []
+    row: Row | None = None
+    for item in stored:
+        msg = item.message
+        batch = msg.batch
+        unsigned = msg.unsigned_bytes() if batch is not None else None
+        if unsigned is None:
+            batch = None  # no bytes without sig at hand: stored whole
+        body = unsigned if unsigned is not None else msg.raw
+        if row is None or (
+            (row.origin, row.first, row.sig)
+            != ((batch.origin, batch.first, batch.signature) if batch else ("", 0, None))
+        ):
+            row = _row_for(msg, item.seq, batch)
+            rows.append(row)
+        row.heads.append(
+            Head(
+                item.seq,
+                msg.id,
+                msg.topic,
+                msg.origin,
+                msg.origin_seq,
+                msg.ts,
+                msg.expires_ms,
+                len(body),
+            )
+        )
+        row.bodies.append(body)
+    return rows
+
+
 def write_batch(
     conn: sqlite3.Connection,
     keys: KeyPair,
     batch: list[Pending],
     *,
-    head_seq: int,
-    known: set[str],
+    sequencer: Sequencer,
     consumers: list[tuple[ConsumerRecord, ConsumerState]],
-) -> list[Outcome]:
-    """The commit job: sign our publishes (ed25519 runs without the GIL), drop peers'
-    messages the log already holds, number the rest after ``head_seq``, insert them, their
-    batches and the changed consumers, commit. Returns, per pending item, what was stored
-    (None: a duplicate; an error: this publish failed alone)."""
+) -> tuple[list[Outcome], list[Row]]:
+    """The commit job: sign our publishes (ed25519 runs without the GIL), number the
+    batch (peers' messages the log holds take no number), insert its rows and the changed
+    consumers, commit. Returns, per pending item, what was stored (None: a duplicate; an
+    error: this publish failed alone), and the rows written."""
     refused = sign_local(keys, batch)
-    remote = [p.message.id for p in batch if p.message is not None and not p.local]
-    if remote:
-        known = known | _known_ids(conn, remote)
+    numbered = sequencer.number(
+        [(p.message.id, p.local) if p.message is not None else None for p in batch]
+    )
     results: list[Outcome] = []
-    rows: list[Any] = []
-    batches: dict[int, SignedBatch] = {}
-    seq = head_seq
-    for i, pending in enumerate(batch):
+    stored: list[StoredMessage] = []
+    for i, (pending, seq) in enumerate(zip(batch, numbered, strict=True)):
         msg = pending.message
         if msg is None:
             results.append(refused[i])
             continue
-        if not pending.local:
-            if msg.id in known:
-                results.append(None)
-                continue
-            known.add(msg.id)  # a second copy in the same batch is a duplicate
-        seq += 1
-        results.append(StoredMessage(seq, msg, pending.source))
-        signed = msg.batch
-        raw = row_bytes(msg)
-        if signed is not None:
-            batches[signed.first] = signed
-        rows += (
-            seq,
-            msg.id,
-            msg.topic,
-            msg.origin,
-            msg.origin_seq,
-            msg.ts,
-            msg.expires_ms,
-            len(raw),
-            raw,
-            signed.first if signed is not None else None,
-        )
+        if seq is None:
+            results.append(None)
+            continue
+        item = StoredMessage(seq, msg, pending.source)
+        results.append(item)
+        stored.append(item)
+    rows = rows_of(stored)
 
     def work() -> None:
-        # Many rows per statement: each statement step gives up and retakes the GIL,
-        # which waits while the event loop is busy.
-        if batches:
-            conn.executemany(
-                "INSERT OR IGNORE INTO batches (origin, first, n, root, sig, leaves)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                [
-                    (b.origin, b.first, b.n, b.root, b.signature, b"".join(b.leaves))
-                    for b in batches.values()
-                ],
-            )
-        step = INSERT_ROWS * 10
-        for i in range(0, len(rows), step):
-            chunk = rows[i : i + step]
-            conn.execute(
-                "INSERT INTO messages"
-                " (seq, id, topic, origin, origin_seq, ts, expires_ms, size, raw, batch)"
-                " VALUES " + ",".join([_ROW] * (len(chunk) // 10)),
-                chunk,
-            )
+        conn.executemany(INSERT_ROW, [row.params() for row in rows])
         write_consumers(conn, consumers)
 
     transaction(conn, work)
-    return results
+    return results, rows
 
 
 def delete_rows(
-    conn: sqlite3.Connection, *, seqs: list[int], origin_seq: int
-) -> list[tuple[str, int]]:
-    """Delete messages by seq in one transaction (retention), and the batches none of whose
-    messages is left; returns ``(topic, size)`` of each deleted row."""
-    marks = ",".join("?" * len(seqs))
+    conn: sqlite3.Connection, *, doomed: dict[int, set[int]], origin_seq: int, head_seq: int
+) -> tuple[list[Head], list[int]]:
+    """Delete messages (retention) in one transaction: ``doomed`` maps a row's key to the
+    seqs to delete from it. A row left empty is deleted; a row that keeps some messages
+    is rewritten with their headers and bodies (its batch's signature and leaves
+    unchanged). Returns the deleted headers and the keys of the rows deleted."""
 
-    def work() -> list[tuple[str, int]]:
-        # Our origin_seq counter must survive the deletion of our newest messages;
-        # the commit path does not write it (the log reads it back when it opens).
-        conn.execute(
-            "INSERT OR REPLACE INTO meta (key, value) VALUES ('origin_seq', ?)",
-            (str(origin_seq),),
+    def work() -> tuple[list[Head], list[int]]:
+        # The counters must survive the deletion of the newest messages; the commit
+        # path does not write them (the log reads them back when it opens).
+        conn.executemany(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+            [("origin_seq", str(origin_seq)), ("head_seq", str(head_seq))],
         )
-        rows = conn.execute(
-            f"SELECT topic, size, origin, batch FROM messages WHERE seq IN ({marks})", seqs
-        ).fetchall()
-        conn.execute(f"DELETE FROM messages WHERE seq IN ({marks})", seqs)
-        emptied = {(origin, first) for _, _, origin, first in rows if first is not None}
-        if emptied:
-            conn.executemany(
-                "DELETE FROM batches WHERE origin = ? AND first = ? AND NOT EXISTS"
-                " (SELECT 1 FROM messages m WHERE m.origin = batches.origin"
-                " AND m.origin_seq >= batches.first AND m.origin_seq < batches.first + batches.n)",
-                sorted(emptied),
-            )
-        return [(topic, size) for topic, size, _, _ in rows]
+        gone: list[Head] = []
+        emptied: list[int] = []
+        for key, seqs in sorted(doomed.items()):
+            found = conn.execute(
+                "SELECT origin, heads, bodies FROM batches WHERE seq = ?", (key,)
+            ).fetchone()
+            if found is None:
+                continue
+            origin, heads_blob, bodies_blob = found
+            heads = unpack_heads(heads_blob, origin)
+            bodies = split_bodies(heads, bodies_blob)
+            kept = [(h, b) for h, b in zip(heads, bodies, strict=True) if h.seq not in seqs]
+            gone += [h for h in heads if h.seq in seqs]
+            if not kept:
+                conn.execute("DELETE FROM batches WHERE seq = ?", (key,))
+                emptied.append(key)
+            elif len(kept) < len(heads):
+                conn.execute(
+                    "UPDATE batches SET heads = ?, bodies = ? WHERE seq = ?",
+                    (pack_heads([h for h, _ in kept], origin), b"".join(b for _, b in kept), key),
+                )
+        return gone, emptied
 
     return transaction(conn, work)
+
+
+def leaf_hashes(leaves: bytes) -> list[bytes]:
+    """The ``leaves`` column as the list of leaf hashes."""
+    return [leaves[j : j + HASH_BYTES] for j in range(0, len(leaves), HASH_BYTES)]

@@ -1,19 +1,22 @@
 """Reads of the message log (spec §6.3, §6.5, §7.3): history, catch-up, gossip repair,
 retention candidates.
 
-The reader has its own connection (WAL lets it read beside the writer). A row stored
-without ``sig`` (a member of a batch signed here, see :mod:`hearthnet.pubsub.logstore`)
-comes back holding its batch, read once and kept in a bounded cache; its proof is made
-only when the message is sent with ``sig``.
+Which messages a read wants is found in the in-memory indexes
+(:class:`~hearthnet.pubsub.logindex.LogIndex`); their rows (one per committed batch, see
+:mod:`hearthnet.pubsub.logstore`) are read on the reader's own connection (WAL lets it
+read beside the writer) and kept in a bounded cache, since a catch-up reads its rows'
+messages in order. A batch member comes back holding its batch; its proof is made only
+when the message is sent with ``sig``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Any
+from dataclasses import dataclass
 
 import aiosqlite
 import orjson
@@ -22,85 +25,101 @@ from hearthnet.clock import now_ms
 from hearthnet.errors import StorageError
 from hearthnet.pubsub.batchsig import SignedBatch
 from hearthnet.pubsub.envelope import Message, StoredMessage
-from hearthnet.pubsub.logstore import UNEXPIRED, TopicStats, topic_filter
-from hearthnet.pubsub.merkle import HASH_BYTES
+from hearthnet.pubsub.logcommit import leaf_hashes
+from hearthnet.pubsub.logindex import NO_EXPIRY, Head, LogIndex
+from hearthnet.pubsub.logstore import split_bodies, unpack_heads
+from hearthnet.pubsub.sequencer import TopicStats
 from hearthnet.pubsub.topics import TopicPattern
 
-ROW = "seq, raw, origin, batch"  # what :meth:`LogReader._rows` reads
 PAGE = 500
 READ_LAST_QUERIES = 2000  # since {last: N}: most topics read one by one before walking back
 READ_LAST_SEARCH = 10_000  # ... and most topics in the log searched for matches
-BATCH_CACHE = 256  # batches kept for reads (a batch of 125: ~4 KiB of leaves, its tree ~8)
+ROW_CACHE = 64  # rows kept for reads (a row: up to a commit's worth of messages)
+SCAN_YIELD = 65_536  # index entries a retention scan looks at between yields to the loop
+
+
+@dataclass(slots=True)
+class _CachedRow:
+    batch: SignedBatch | None
+    messages: dict[int, tuple[Head, bytes]]
 
 
 class LogReader:
-    """The log's read side, on its own read-only connection."""
+    """The log's read side: the indexes, and rows on their own read-only connection."""
 
-    def __init__(self, conn: aiosqlite.Connection, topics: dict[str, TopicStats]) -> None:
+    def __init__(
+        self, conn: aiosqlite.Connection, index: LogIndex, topics: dict[str, TopicStats]
+    ) -> None:
         self._conn = conn
-        self.topics = topics  # the log's topic stats (shared, kept by the writer side)
-        self._batches: OrderedDict[tuple[str, int], SignedBatch] = OrderedDict()
+        self.index = index
+        self.topics = topics  # the log's topic stats (shared, kept by the sequencer)
+        self._rows: OrderedDict[int, _CachedRow] = OrderedDict()
 
     async def close(self) -> None:
         """Close the connection."""
         await self._conn.close()
 
-    async def _fetch(self, sql: str, args: Iterable[Any]) -> list[Any]:
-        """Rows of ``SELECT {ROW} ...``, with the batches of those stored without sig read
-        into the cache."""
+    def drop(self, keys: Iterable[int]) -> None:
+        """Forget cached rows (retention rewrote or deleted them)."""
+        for key in keys:
+            self._rows.pop(key, None)
+
+    async def messages(self, seqs: list[int]) -> list[StoredMessage]:
+        """The messages at these seqs, in the order given (a seq no longer held is left
+        out)."""
+        keys = {self.index.row_of(seq) for seq in seqs}
+        missing = [k for k in keys if k not in self._rows]
         try:
-            rows = await self._conn.execute_fetchall(sql, tuple(args))
-            wanted = {
-                (o, b) for _, _, o, b in rows if b is not None and (o, b) not in self._batches
-            }
-            if wanted:
-                await self._load_batches(wanted)
+            for i in range(0, len(missing), 500):
+                chunk = missing[i : i + 500]
+                for (
+                    key,
+                    origin,
+                    first,
+                    sig,
+                    leaves,
+                    heads,
+                    bodies,
+                ) in await self._conn.execute_fetchall(
+                    "SELECT seq, origin, first, sig, leaves, heads, bodies FROM batches"
+                    f" WHERE seq IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                ):
+                    held = unpack_heads(heads, origin)
+                    batch = SignedBatch(origin, first, sig, leaf_hashes(leaves)) if origin else None
+                    self._rows[key] = _CachedRow(
+                        batch,
+                        {
+                            h.seq: (h, body)
+                            for h, body in zip(held, split_bodies(held, bodies), strict=True)
+                        },
+                    )
         except sqlite3.Error as exc:
             raise StorageError(f"reading the message log failed: {exc}") from exc
-        return list(rows)
-
-    async def _rows(self, sql: str, args: Iterable[Any]) -> list[StoredMessage]:
-        """Messages from ``SELECT {ROW} ...``, each with its batch when stored without sig."""
-        rows = await self._fetch(sql, args)
-        # Stored messages were verified before they were stored: rebuilt without paying
-        # for the signature again.
-        out = [
-            StoredMessage(seq, self._message(raw, origin, first))
-            for seq, raw, origin, first in rows
-        ]
-        self._trim()
+        out: list[StoredMessage] = []
+        rows = self._rows
+        for seq in seqs:
+            row = rows.get(self.index.row_of(seq))
+            found = row.messages.get(seq) if row is not None else None
+            if row is None or found is None:
+                continue
+            body = found[1]
+            # Stored messages were verified before they were stored: rebuilt without
+            # paying for the signature again.
+            if row.batch is None:
+                message = Message.trusted(orjson.loads(body), body)
+            else:
+                message = Message.in_batch(orjson.loads(body), body, row.batch)
+            out.append(StoredMessage(seq, message))
+        for key in keys:
+            if key in rows:
+                rows.move_to_end(key)
+        while len(rows) > ROW_CACHE:
+            rows.popitem(last=False)
         return out
 
-    def _trim(self) -> None:
-        """Bound the batch cache (after the rows that needed its batches were built)."""
-        while len(self._batches) > BATCH_CACHE:
-            self._batches.popitem(last=False)
-
-    def _message(self, raw: bytes, origin: str, first: int | None) -> Message:
-        """A stored row as a message: the whole envelope, or a batch member without sig."""
-        if first is None:
-            return Message.trusted(orjson.loads(raw), raw)
-        batch = self._batches.get((origin, first))
-        if batch is None:
-            raise StorageError(f"the message log lost batch {first} of {origin}")
-        self._batches.move_to_end((origin, first))
-        return Message.in_batch(orjson.loads(raw), raw, batch)
-
-    async def _load_batches(self, wanted: set[tuple[str, int]]) -> None:
-        """Read these batches into the cache (:meth:`_rows` bounds it after use)."""
-        by_origin: dict[str, list[int]] = {}
-        for origin, first in wanted:
-            by_origin.setdefault(origin, []).append(first)
-        for origin, firsts in by_origin.items():
-            for i in range(0, len(firsts), 500):
-                chunk = firsts[i : i + 500]
-                for first, sig, leaves in await self._conn.execute_fetchall(
-                    "SELECT first, sig, leaves FROM batches WHERE origin = ?"
-                    f" AND first IN ({','.join('?' * len(chunk))})",
-                    (origin, *chunk),
-                ):
-                    hashes = [leaves[j : j + HASH_BYTES] for j in range(0, len(leaves), HASH_BYTES)]
-                    self._batches[(origin, first)] = SignedBatch(origin, first, sig, hashes)
+    def _live(self, seq: int, now: int) -> bool:
+        return not self.index.expired(seq, now)
 
     async def read_matching(
         self,
@@ -114,27 +133,28 @@ class LogReader:
         """Messages matching any pattern with ``after_seq < seq <= upto_seq``, oldest first."""
         if after_seq >= upto_seq or not patterns:
             return []
-        where, topic_args = topic_filter(patterns)
-        args: list[Any] = [after_seq, upto_seq, *topic_args, now_ms()]
-        ts_clause = " AND ts >= ?" if min_ts is not None else ""
-        if min_ts is not None:
-            args.append(min_ts)
-        out: list[StoredMessage] = []
-        cursor = after_seq
-        while len(out) < limit and cursor < upto_seq:
-            page_args = [cursor, *args[1:]]
-            rows = await self._rows(
-                f"SELECT {ROW} FROM messages WHERE seq > ? AND seq <= ? AND ({where})"
-                f" AND {UNEXPIRED}{ts_clause} ORDER BY seq LIMIT {PAGE}",
-                page_args,
-            )
-            if not rows:
-                break
-            out += [r for r in rows if any(p.matches(r.message.topic) for p in patterns)]
-            cursor = rows[-1].seq
-            if len(rows) < PAGE:
-                break
-        return out[:limit]
+        now, index = now_ms(), self.index
+        picked: list[int] = []
+        topics = self._topics_matching(patterns)
+        if topics is not None:
+            ranges = [index.topic_iter(t, after_seq, upto_seq) for t in topics]
+            for seq in heapq.merge(*ranges):
+                if not self._live(seq, now) or (min_ts is not None and index.ts_of(seq) < min_ts):
+                    continue
+                picked.append(seq)
+                if len(picked) >= limit:
+                    break
+        else:
+            for seq, topic, ts, expires in index.live(after_seq):
+                if seq > upto_seq or len(picked) >= limit:
+                    break
+                if (
+                    (expires == NO_EXPIRY or expires > now)
+                    and (min_ts is None or ts >= min_ts)
+                    and any(p.matches(topic) for p in patterns)
+                ):
+                    picked.append(seq)
+        return await self.messages(picked)
 
     async def read_last(
         self,
@@ -155,35 +175,28 @@ class LogReader:
             newest = await self._read_last_by_topic(topics, count, upto_seq)
             if newest is not None:
                 return newest
-        # Too many topics to go through: walk back through the log a page at a time (a
-        # range on the topic index would have SQLite sort every row in the range).
-        found: list[StoredMessage] = []
-        before = upto_seq + 1
-        while len(found) < count and before > 1:
-            rows = await self._rows(
-                f"SELECT {ROW} FROM messages WHERE seq < ? AND {UNEXPIRED}"
-                f" ORDER BY seq DESC LIMIT {PAGE}",
-                [before, now_ms()],
-            )
-            if not rows:
+        # Too many topics to go through: walk back through the whole index.
+        now, found = now_ms(), list[int]()
+        for i, (seq, topic, _, expires) in enumerate(self.index.live_before(upto_seq + 1)):
+            if len(found) >= count:
                 break
-            found += [
-                r
-                for r in rows
-                if any(p.matches(r.message.topic) for p in patterns)
-                and (keep is None or keep(r.message.topic))
-            ]
-            before = rows[-1].seq
-        return sorted(found[:count], key=lambda r: r.seq)
+            if i % SCAN_YIELD == SCAN_YIELD - 1:
+                await asyncio.sleep(0)
+            if (
+                (expires == NO_EXPIRY or expires > now)
+                and any(p.matches(topic) for p in patterns)
+                and (keep is None or keep(topic))
+            ):
+                found.append(seq)
+        return await self.messages(sorted(found))
 
     async def _read_last_by_topic(
         self, topics: list[str], count: int, upto_seq: int
     ) -> list[StoredMessage] | None:
-        """The newest ``count`` rows of ``topics`` from the topic index, a topic at a time,
-        newest topic first: a quiet topic behind a busy log costs ``count`` rows, not a scan
-        of everything newer. Stops as soon as no topic left can hold one of the newest
-        (each topic's head is known), so about ``count`` topics are read at most; None when
-        that would take more than :data:`READ_LAST_QUERIES` reads."""
+        """The newest ``count`` messages of ``topics``, a topic at a time, newest topic
+        first, stopping as soon as no topic left can hold one of the newest (each topic's
+        head is known); None when that would take more than :data:`READ_LAST_QUERIES`
+        topics."""
         heads = sorted(
             (
                 (min(stats.head_seq, upto_seq), topic)
@@ -192,27 +205,28 @@ class LogReader:
             ),
             reverse=True,
         )
-        newest: list[tuple[int, StoredMessage]] = []  # a min-heap of at most ``count``
+        newest: list[int] = []  # a min-heap of at most ``count`` seqs
         now = now_ms()
         for reads, (head, topic) in enumerate(heads):
-            if len(newest) == count and newest[0][0] > head:
-                break  # every row left is older than the newest ``count`` found
+            if len(newest) == count and newest[0] > head:
+                break  # every message left is older than the newest ``count`` found
             if reads == READ_LAST_QUERIES:
                 return None
-            # Once ``count`` are found, only rows newer than the oldest of them matter.
-            floor = newest[0][0] if len(newest) == count else 0
-            for row in await self._rows(
-                f"SELECT {ROW} FROM messages WHERE topic = ? AND seq <= ? AND seq > ?"
-                f" AND {UNEXPIRED} ORDER BY seq DESC LIMIT ?",
-                [topic, upto_seq, floor, now, count],
-            ):
+            seqs = self.index.topic_range(topic, newest[0] if len(newest) == count else 0, upto_seq)
+            taken = 0
+            for seq in reversed(seqs):
+                if taken == count:
+                    break
+                if not self._live(seq, now):
+                    continue
+                taken += 1
                 if len(newest) < count:
-                    heapq.heappush(newest, (row.seq, row))
-                elif row.seq > newest[0][0]:
-                    heapq.heapreplace(newest, (row.seq, row))
+                    heapq.heappush(newest, seq)
+                elif seq > newest[0]:
+                    heapq.heapreplace(newest, seq)
                 else:
                     break  # the rest of this topic is older still
-        return [row for _, row in sorted(newest, key=lambda pair: pair[0])]
+        return await self.messages(sorted(newest))
 
     def _topics_matching(self, patterns: list[TopicPattern]) -> list[str] | None:
         """The topics in the log that the patterns match, found in the in-memory topic
@@ -239,91 +253,74 @@ class LogReader:
         ``since_seq``/``since_ts`` page forward (``has_more``: newer messages remain);
         ``before_seq``, or neither, pages backward from the newest (``has_more``: older remain).
         """
-        if since_seq is not None or since_ts is not None:
-            clauses: list[str] = ["topic = ?", UNEXPIRED]
-            args: list[Any] = [topic, now_ms()]
-            if since_seq is not None:
-                clauses.append("seq > ?")
-                args.append(since_seq)
-            if since_ts is not None:
-                clauses.append("ts >= ?")
-                args.append(since_ts)
-            if before_seq is not None:
-                clauses.append("seq < ?")
-                args.append(before_seq)
-            rows = await self._rows(
-                f"SELECT {ROW} FROM messages WHERE {' AND '.join(clauses)} ORDER BY seq LIMIT ?",
-                [*args, limit + 1],
-            )
-            return rows[:limit], len(rows) > limit
-        clauses = ["topic = ?", UNEXPIRED]
-        args = [topic, now_ms()]
-        if before_seq is not None:
-            clauses.append("seq < ?")
-            args.append(before_seq)
-        rows = await self._rows(
-            f"SELECT {ROW} FROM messages WHERE {' AND '.join(clauses)} ORDER BY seq DESC LIMIT ?",
-            [*args, limit + 1],
-        )
-        return sorted(rows[:limit], key=lambda r: r.seq), len(rows) > limit
+        now, index = now_ms(), self.index
+        upto = (before_seq - 1) if before_seq is not None else 1 << 62
+        seqs = index.topic_range(topic, since_seq or 0, upto)
+        picked: list[int] = []
+        forward = since_seq is not None or since_ts is not None
+        for seq in seqs if forward else reversed(seqs):
+            if not self._live(seq, now) or (since_ts is not None and index.ts_of(seq) < since_ts):
+                continue
+            picked.append(seq)
+            if len(picked) > limit:
+                break
+        more = len(picked) > limit
+        return await self.messages(sorted(picked[:limit])), more
 
     async def origin_heads(self) -> list[tuple[str, int, int, list[int]]]:
         """Per origin: ``(origin, floor, head, above)`` where ``head`` is the end of the
         contiguous run of origin_seqs starting at the lowest held (``floor``), and
         ``above`` the seqs held beyond a hole (bounded) — the gossip tracker's start."""
-        rows = await self._conn.execute_fetchall(
-            "WITH g AS (SELECT origin, origin_seq,"
-            " origin_seq - ROW_NUMBER() OVER (PARTITION BY origin ORDER BY origin_seq) AS grp"
-            " FROM messages),"
-            " f AS (SELECT origin, MIN(grp) AS first FROM g GROUP BY origin)"
-            " SELECT g.origin, MIN(g.origin_seq), MAX(g.origin_seq) FROM g JOIN f"
-            " ON g.origin = f.origin AND g.grp = f.first GROUP BY g.origin"
-        )
-        firsts = {o: (lo, hi) for o, lo, hi in rows}
-        rows = await self._conn.execute_fetchall(
-            "WITH g AS (SELECT origin, origin_seq,"
-            " origin_seq - ROW_NUMBER() OVER (PARTITION BY origin ORDER BY origin_seq) AS grp"
-            " FROM messages),"
-            " f AS (SELECT origin, MIN(grp) AS first FROM g GROUP BY origin)"
-            " SELECT g.origin, g.origin_seq FROM g JOIN f ON g.origin = f.origin"
-            " WHERE g.grp <> f.first LIMIT 100000"
-        )
-        above: dict[str, list[int]] = {}
-        for origin, seq in rows:
-            above.setdefault(origin, []).append(seq)
-        return [(o, lo, hi, above.get(o, [])) for o, (lo, hi) in firsts.items()]
+        return self.index.origin_heads()
 
     async def read_origin(self, origin: str, first: int, last: int, limit: int) -> list[bytes]:
-        """Raw envelopes of one origin with ``first <= origin_seq <= last`` (repair)."""
-        rows = await self._fetch(
-            f"SELECT {ROW} FROM messages WHERE origin = ? AND origin_seq BETWEEN ? AND ?"
-            " ORDER BY origin_seq LIMIT ?",
-            (origin, first, last, max(0, limit)),
-        )
-        # A whole envelope goes as stored; a batch member gets its proof.
-        out = [
-            bytes(raw) if batch is None else self._message(raw, o, batch).raw
-            for _, raw, o, batch in rows
-        ]
-        self._trim()
-        return out
+        """Raw envelopes of one origin with ``first <= origin_seq <= last`` (repair); a
+        batch member gets its proof."""
+        seqs = self.index.origin_range(origin, first, last)[: max(0, limit)]
+        by_seq = {m.seq: m for m in await self.messages(seqs)}
+        return [by_seq[s].message.raw for s in seqs if s in by_seq]
 
     async def candidates(
-        self, sql_where: str, args: list[Any], limit: int
+        self,
+        *,
+        limit: int,
+        topic: str | None = None,
+        before_seq: int | None = None,
+        ts_below: int | None = None,
+        expired_at: int | None = None,
+        after_seq: int = 0,
     ) -> list[tuple[int, str, int]]:
-        """``(seq, topic, ts)`` of rows matching a retention condition, oldest first."""
-        rows = await self._conn.execute_fetchall(
-            f"SELECT seq, topic, ts FROM messages WHERE {sql_where} ORDER BY seq LIMIT ?",
-            [*args, limit],
-        )
-        return [(int(s), str(t), int(ts)) for s, t, ts in rows]
+        """``(seq, topic, ts)`` of messages a retention rule may delete, oldest first:
+        those of ``topic`` (all topics when None) after ``after_seq`` and below
+        ``before_seq``, with ``ts < ts_below`` when given; ``expired_at`` (all topics
+        only): those whose own ttl ran out by then."""
+        out: list[tuple[int, str, int]] = []
+        index = self.index
+        # A scan that cannot find anything is not made (every 10 s over a big log).
+        if (ts_below is not None and index.oldest_ts() >= ts_below) or (
+            expired_at is not None and index.first_expiry() > expired_at
+        ):
+            return out
+        if topic is not None:
+            rows: Iterable[tuple[int, str, int, int]] = (
+                (seq, topic, index.ts_of(seq), 0)
+                for seq in index.topic_range(topic, after_seq, (before_seq or 1 << 62) - 1)
+            )
+        else:
+            rows = index.live(after_seq)
+        for i, (seq, name, ts, expires) in enumerate(rows):
+            if len(out) >= limit or (before_seq is not None and seq >= before_seq):
+                break
+            if i % SCAN_YIELD == SCAN_YIELD - 1:
+                await asyncio.sleep(0)
+            if ts_below is not None and ts >= ts_below:
+                continue
+            if expired_at is not None and (expires == NO_EXPIRY or expires > expired_at):
+                continue
+            out.append((seq, name, ts))
+        return out
 
     async def nth_newest_seq(self, topic: str, n: int) -> int | None:
         """The seq of the n-th newest message of a topic (1 = newest)."""
-        rows = list(
-            await self._conn.execute_fetchall(
-                "SELECT seq FROM messages WHERE topic = ? ORDER BY seq DESC LIMIT 1 OFFSET ?",
-                (topic, n - 1),
-            )
-        )
-        return int(rows[0][0]) if rows else None
+        seqs = self.index.by_topic.get(topic)
+        return seqs[-n] if seqs and 1 <= n <= len(seqs) else None

@@ -1,12 +1,26 @@
-"""The message log's SQLite schema, its upgrade in place, and the writer thread (spec §6.3).
+"""The message log's SQLite schema, its rows, its upgrade in place, and the writer thread
+(spec §6.2, §6.3).
 
-Schema 2 stores a batch signed here once, in ``batches`` (origin, first ``origin_seq``,
-``n``, root, signature, the leaf hashes), and each of its messages in ``messages`` as its
-canonical bytes without ``sig``, with ``batch`` = the batch's first ``origin_seq``; a
-message's audit path is made from the batch's leaves when it is read (spec §6.2). Rows
-with ``batch`` NULL hold the whole envelope, ``sig`` included: messages signed alone,
-messages from peers, and every row written by schema 1, which is upgraded in place (a
-column and a table added; nothing rewritten), so one log holds both kinds.
+Schema 3 stores **one row per committed batch** in ``batches``, keyed by the ``seq`` of
+its first message:
+
+- a batch signed here, or a peer's batch gossiped whole, is one row per commit that
+  holds it: ``origin``, ``first`` (its first ``origin_seq``), ``n``, ``root``, ``sig``,
+  the leaf hashes, and the bodies of the messages it holds, each as its canonical bytes
+  without ``sig`` (a message's audit path is made from the leaves when it is read);
+- the other messages of a commit (signed alone, or a peer's batch members that came
+  one by one with their proofs) are a row with ``origin`` ``''``, each body its whole
+  envelope.
+
+``heads`` holds each message's header (seq, id, topic, origin — ``""`` for the row's own —,
+``origin_seq``, ts, ``expires_ms``, body size): what the in-memory indexes
+(:mod:`hearthnet.pubsub.logindex`) are rebuilt from when the log opens, read without the
+bodies (they are the last column, so SQLite leaves their overflow pages unread).
+
+Schemas 1 (one row per message, each its whole envelope) and 2 (one row per message,
+batch members without ``sig`` beside a table of batches) are upgraded in place, in one
+transaction, when the log opens: their rows are regrouped, in ``seq`` order, into runs
+of one batch (or of whole envelopes, up to :data:`LOOSE_ROW` a row).
 """
 
 from __future__ import annotations
@@ -15,45 +29,34 @@ import asyncio
 import contextlib
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
 from hearthnet.pubsub.consumerstate import ConsumerRecord
-from hearthnet.pubsub.topics import TopicPattern
+from hearthnet.pubsub.logindex import Head, LogIndex
+from hearthnet.pubsub.sequencer import Sequencer
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+LOOSE_ROW = 1024  # whole envelopes per row when an older log is regrouped
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS messages (
-    seq INTEGER PRIMARY KEY,
-    id TEXT NOT NULL UNIQUE,
-    topic TEXT NOT NULL,
-    origin TEXT NOT NULL,
-    origin_seq INTEGER NOT NULL,
-    ts INTEGER NOT NULL,
-    expires_ms INTEGER,
-    size INTEGER NOT NULL,
-    raw BLOB NOT NULL,
-    batch INTEGER
-);
-CREATE INDEX IF NOT EXISTS messages_topic ON messages (topic, seq);
-CREATE INDEX IF NOT EXISTS messages_origin ON messages (origin, origin_seq);
-CREATE INDEX IF NOT EXISTS messages_ts ON messages (ts);
 CREATE TABLE IF NOT EXISTS batches (
+    seq INTEGER PRIMARY KEY,
     origin TEXT NOT NULL,
     first INTEGER NOT NULL,
     n INTEGER NOT NULL,
-    root BLOB NOT NULL,
-    sig TEXT NOT NULL,
-    leaves BLOB NOT NULL,
-    PRIMARY KEY (origin, first)
-) WITHOUT ROWID;
+    heads BLOB NOT NULL,
+    root BLOB,
+    sig TEXT,
+    leaves BLOB,
+    bodies BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS consumers (
     identity TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -66,22 +69,151 @@ CREATE TABLE IF NOT EXISTS consumers (
 );
 """
 
+INSERT_ROW = (
+    "INSERT INTO batches (seq, origin, first, n, heads, root, sig, leaves, bodies)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
 T = TypeVar("T")
 
-# Readers never see a message past its own ttl_s (spec §6.3), even before retention
-# deletes it or while a durable consumer holds it: bound to the read's time.
-UNEXPIRED = "(expires_ms IS NULL OR expires_ms > ?)"
+
+@dataclass(slots=True)
+class Row:
+    """One ``batches`` row: a signed batch's messages of one commit, or whole envelopes."""
+
+    key: int
+    origin: str  # "" for whole envelopes
+    first: int
+    n: int
+    heads: list[Head]
+    bodies: list[bytes]
+    root: bytes | None = None
+    sig: str | None = None
+    leaves: bytes | None = None
+
+    def params(self) -> tuple[Any, ...]:
+        """The INSERT parameters (:data:`INSERT_ROW`)."""
+        return (
+            self.key,
+            self.origin,
+            self.first,
+            self.n,
+            pack_heads(self.heads, self.origin),
+            self.root,
+            self.sig,
+            self.leaves,
+            b"".join(self.bodies),
+        )
+
+
+def pack_heads(heads: Sequence[Head], origin: str) -> bytes:
+    """The ``heads`` column: one JSON array per message (origin ``""`` when the row's)."""
+    return orjson.dumps(
+        [
+            [
+                h.seq,
+                h.id,
+                h.topic,
+                "" if h.origin == origin else h.origin,
+                h.origin_seq,
+                h.ts,
+                h.expires_ms,
+                h.size,
+            ]
+            for h in heads
+        ]
+    )
+
+
+def unpack_heads(blob: bytes, origin: str) -> list[Head]:
+    """The headers of a ``heads`` column."""
+    fields = orjson.loads(blob)
+    if origin:  # a batch's row: every message is the batch origin's
+        for head in fields:
+            head[3] = origin
+    return list(map(Head._make, fields))
+
+
+def split_bodies(heads: Sequence[Head], bodies: bytes) -> list[bytes]:
+    """The ``bodies`` column cut at each header's size."""
+    out, at = [], 0
+    for head in heads:
+        out.append(bodies[at : at + head.size])
+        at += head.size
+    return out
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
 
 
 def migrate(conn: sqlite3.Connection) -> None:
-    """Bring a log of an older schema up to :data:`SCHEMA_VERSION` in place (after
-    :data:`SCHEMA`, which creates what is missing but changes no existing table)."""
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
-    if "batch" not in columns:
-        # Schema 1: every row holds its whole envelope; they stay as they are.
-        conn.execute("ALTER TABLE messages ADD COLUMN batch INTEGER")
+    """Bring a log of schema 1 or 2 to :data:`SCHEMA_VERSION` in place, in one transaction
+    (run before and after :data:`SCHEMA`)."""
+    if not _columns(conn, "messages"):
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        old_batches = _columns(conn, "batches")
+        if old_batches and "heads" not in old_batches:
+            conn.execute("ALTER TABLE batches RENAME TO batches_v2")
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        _regroup(conn, "batch" in _columns(conn, "messages"), bool(old_batches))
+        conn.execute("DROP TABLE messages")
+        if old_batches and "heads" not in old_batches:
+            conn.execute("DROP TABLE batches_v2")
+        conn.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),)
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _regroup(conn: sqlite3.Connection, has_batch: bool, has_batches: bool) -> None:
+    """Rewrite per-message rows as rows of batches (schema 2 members) and of whole
+    envelopes (everything else), in seq order."""
+    signed: dict[tuple[str, int], tuple[int, bytes, str, bytes]] = {}
+    if has_batches:
+        for origin, first, n, root, sig, leaves in conn.execute(
+            "SELECT origin, first, n, root, sig, leaves FROM batches_v2"
+        ):
+            signed[(origin, first)] = (n, root, sig, leaves)
+    head_seq = 0
+    run: Row | None = None
+    batch_col = "batch" if has_batch else "NULL"
+    for seq, mid, topic, origin, oseq, ts, expires, stored, first in conn.execute(
+        "SELECT seq, id, topic, origin, origin_seq, ts, expires_ms, raw,"
+        f" {batch_col} FROM messages ORDER BY seq"
+    ):  # streamed: a log of 1 GiB is not read into memory
+        head_seq = seq
+        if first is not None and (origin, first) not in signed:
+            continue  # a member stored without sig whose batch is gone: never readable
+        key = (origin, first) if first is not None else None
+        same = run is not None and (
+            (key is None and run.origin == "" and len(run.heads) < LOOSE_ROW)
+            or (key is not None and (run.origin, run.first) == key)
+        )
+        if not same:
+            if run is not None:
+                conn.execute(INSERT_ROW, run.params())
+            if key is None:
+                run = Row(seq, "", 0, 0, [], [])
+            else:
+                n, root, sig, leaves = signed[key]
+                run = Row(seq, origin, key[1], n, [], [], root, sig, leaves)
+        assert run is not None
+        raw = bytes(stored)
+        run.heads.append(Head(seq, mid, topic, origin, oseq, ts, expires, len(raw)))
+        run.bodies.append(raw)
+    if run is not None:
+        conn.execute(INSERT_ROW, run.params())
     conn.execute(
-        "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),)
+        "INSERT OR REPLACE INTO meta (key, value) VALUES ('head_seq', ?)", (str(head_seq),)
     )
 
 
@@ -102,9 +234,13 @@ class SqliteWriter:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         conn.executescript(
             f"PRAGMA journal_mode=WAL; PRAGMA synchronous={self.synchronous}; "
-            "PRAGMA busy_timeout=5000;" + SCHEMA
+            "PRAGMA busy_timeout=5000;"
         )
         migrate(conn)
+        conn.executescript(SCHEMA)
+        conn.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),)
+        )
         self._conn = conn
         return conn
 
@@ -142,49 +278,69 @@ def transaction(conn: sqlite3.Connection, work: Callable[[], T]) -> T:
 
 
 @dataclass(slots=True)
-class TopicStats:
-    """What the log holds of one topic (kept in memory, exact)."""
-
-    messages: int = 0
-    bytes: int = 0
-    head_seq: int = 0
-    last_ts: int = 0
-
-
-@dataclass(slots=True)
 class LoadedLog:
     """What :func:`load` reads from a log before it serves."""
 
     epoch: str
-    head_seq: int
-    origin_seq: int
-    topics: dict[str, TopicStats] = field(default_factory=dict)
-    total_bytes: int = 0
+    sequencer: Sequencer
+    index: LogIndex
     consumers: dict[tuple[str, str], ConsumerRecord] = field(default_factory=dict)
 
 
+def _meta_int(conn: sqlite3.Connection, key: str) -> int:
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def held_heads(conn: sqlite3.Connection) -> Iterator[tuple[int, list[Head]]]:
+    """Each row's key and headers, in key order (the bodies are not read)."""
+    for key, origin, heads in conn.execute("SELECT seq, origin, heads FROM batches ORDER BY seq"):
+        yield key, unpack_heads(heads, origin)
+
+
+def topic_bodies(conn: sqlite3.Connection, topic: str, since_ts: int) -> Iterator[bytes]:
+    """The stored bodies of ``topic``'s messages with ``ts >= since_ts``, in seq order,
+    from a log opened by anyone (tools reading a node's log file); only the rows that
+    hold some are read whole."""
+    wanted: list[tuple[int, set[int]]] = []
+    for key, heads in held_heads(conn):
+        seqs = {h.seq for h in heads if h.topic == topic and h.ts >= since_ts}
+        if seqs:
+            wanted.append((key, seqs))
+    for key, seqs in wanted:
+        found = conn.execute(
+            "SELECT origin, heads, bodies FROM batches WHERE seq = ?", (key,)
+        ).fetchone()
+        if found is None:
+            continue
+        heads = unpack_heads(found[1], found[0])
+        for head, body in zip(heads, split_bodies(heads, found[2]), strict=True):
+            if head.seq in seqs:
+                yield body
+
+
 def load(conn: sqlite3.Connection, node_id: str) -> LoadedLog:
-    """Epoch (made on first use), heads, topic stats and consumers (writer thread)."""
+    """Epoch (made on first use), the indexes and the sequencer rebuilt from every row's
+    headers, and the consumers (writer thread)."""
     row = conn.execute("SELECT value FROM meta WHERE key='epoch'").fetchone()
     if row is None:
         epoch = os.urandom(8).hex()
         conn.execute("INSERT INTO meta (key, value) VALUES ('epoch', ?)", (epoch,))
     else:
         epoch = str(row[0])
-    head_seq = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM messages").fetchone()[0])
-    stored_origin = int(
-        conn.execute(
-            "SELECT COALESCE(MAX(origin_seq), 0) FROM messages WHERE origin = ?", (node_id,)
-        ).fetchone()[0]
-    )
-    row = conn.execute("SELECT value FROM meta WHERE key='origin_seq'").fetchone()
-    # meta keeps the counter even when retention has removed our latest messages
-    out = LoadedLog(epoch, head_seq, max(stored_origin, int(row[0]) if row else 0))
-    for topic, count, size, head, last_ts in conn.execute(
-        "SELECT topic, COUNT(*), SUM(size), MAX(seq), MAX(ts) FROM messages GROUP BY topic"
-    ):
-        out.topics[topic] = TopicStats(count, size, head, last_ts)
-        out.total_bytes += size
+    index = LogIndex()
+    origin_seq = _meta_int(conn, "origin_seq")
+    sequencer = Sequencer(0, 0)
+    for key, heads in held_heads(conn):  # a row at a time: no list of every header
+        index.add_row(key, heads)
+        sequencer.committed(heads)
+        for h in heads:
+            if h.origin == node_id and h.origin_seq > origin_seq:
+                origin_seq = h.origin_seq
+    # meta keeps the counters when retention removed our latest messages
+    sequencer.head_seq = max(sequencer.head_seq, _meta_int(conn, "head_seq"))
+    sequencer.origin_seq = origin_seq
+    out = LoadedLog(epoch, sequencer, index)
     for identity, name, patterns, cursor, lost_from, lost_to in conn.execute(
         "SELECT identity, name, patterns, cursor, lost_from, lost_to FROM consumers"
     ):
@@ -193,34 +349,3 @@ def load(conn: sqlite3.Connection, node_id: str) -> LoadedLog:
             identity, name, tuple(orjson.loads(patterns)), cursor, lost
         )
     return out
-
-
-def _sql_prefix(pattern: str) -> str:
-    """The literal leading segments of a pattern, as a topic prefix for an index range."""
-    parts: list[str] = []
-    for seg in pattern.split("."):
-        if seg in ("*", "**"):
-            return ".".join(parts) + "." if parts else ""
-        parts.append(seg)
-    return pattern
-
-
-def topic_filter(patterns: list[TopicPattern]) -> tuple[str, list[str]]:
-    """An SQL condition on ``topic`` that every topic matching a pattern meets (literal
-    topics, or a range per literal prefix; ``1`` when a pattern starts with a wildcard),
-    with its arguments. Rows still need an exact :meth:`TopicPattern.matches`."""
-    literal = [p.text for p in patterns if p.is_literal]
-    clauses: list[str] = []
-    args: list[str] = []
-    if literal:
-        clauses.append(f"topic IN ({','.join('?' * len(literal))})")
-        args += literal
-    for pattern in patterns:
-        if pattern.is_literal:
-            continue
-        prefix = _sql_prefix(pattern.text)
-        if not prefix:
-            return "1", []
-        clauses.append("(topic >= ? AND topic < ?)")
-        args += [prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
-    return " OR ".join(clauses), args

@@ -70,37 +70,33 @@ class RetentionPass:
 
     async def _doomed(self, now: int) -> dict[int, tuple[str, int]]:
         """Every message the rules let go, as ``seq -> (topic, ts)`` (bounded per pass)."""
-        log_store = self.log
+        log_store, reader = self.log, self.log.reader
         doomed: dict[int, tuple[str, int]] = {}
 
         def consider(rows: list[tuple[int, str, int]]) -> None:
             for seq, topic, ts in rows:
                 doomed[seq] = (topic, ts)
 
-        consider(
-            await log_store.candidates("expires_ms IS NOT NULL AND expires_ms <= ?", [now], 10_000)
-        )
+        consider(await reader.candidates(expired_at=now, limit=10_000))
         default_n, default_age = self.retention.default
         for topic, stats in list(log_store.topics.items()):
             max_n, max_age = self.retention.limits_for(topic)
             if stats.messages > max_n:
-                cut = await log_store.nth_newest_seq(topic, max_n)
+                cut = await reader.nth_newest_seq(topic, max_n)
                 if cut is not None:
-                    consider(
-                        await log_store.candidates("topic = ? AND seq < ?", [topic, cut], 10_000)
-                    )
+                    consider(await reader.candidates(topic=topic, before_seq=cut, limit=10_000))
             if (max_n, max_age) != (default_n, default_age):
                 consider(
-                    await log_store.candidates(
-                        "topic = ? AND ts < ?", [topic, now - int(max_age * 1000)], 10_000
+                    await reader.candidates(
+                        topic=topic, ts_below=now - int(max_age * 1000), limit=10_000
                     )
                 )
         # Pages by seq: old rows of topics with a longer age rule must not fill the page
         # and hide default-age rows behind them (bounded work per pass).
         after = 0
         for _ in range(AGED_PAGES):
-            aged = await log_store.candidates(
-                "ts < ? AND seq > ?", [now - int(default_age * 1000), after], AGED_PAGE
+            aged = await reader.candidates(
+                ts_below=now - int(default_age * 1000), after_seq=after, limit=AGED_PAGE
             )
             consider([r for r in aged if self.retention.limits_for(r[1])[1] == default_age])
             if len(aged) < AGED_PAGE:
@@ -108,7 +104,7 @@ class RetentionPass:
             after = aged[-1][0]
         if log_store.total_bytes > self.retention.max_bytes:
             excess = log_store.total_bytes - self.retention.max_bytes
-            oldest = await log_store.candidates("1", [], 10_000)
+            oldest = await reader.candidates(limit=10_000)
             freed = 0
             for seq, topic, ts in oldest:
                 if freed >= excess:

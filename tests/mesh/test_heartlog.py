@@ -18,6 +18,7 @@ from hearthnet.errors import ConfigError
 from hearthnet.identity import KeyPair
 from hearthnet.mesh.heartlog import HeartbeatLog, arrow_schema, export
 from hearthnet.pubsub.log import MessageLog
+from hearthnet.pubsub.logstore import pack_heads, split_bodies, unpack_heads
 
 KEYS = KeyPair.from_seed(b"\x61" * 32)
 PEER = KeyPair.from_seed(b"\x62" * 32).node_id
@@ -157,8 +158,15 @@ async def test_export_skips_a_stored_beacon_nested_too_deep(tmp_path: Path) -> N
     await write_beacon(tmp_path / "node", uptime_s=2.0)
     hostile = b'{"ts":1,"data":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     with sqlite3.connect(tmp_path / "node" / "pubsub" / "log.sqlite3") as db:
+        key, origin, blob, bodies = db.execute(
+            "SELECT seq, origin, heads, bodies FROM batches ORDER BY seq LIMIT 1"
+        ).fetchone()
+        heads = unpack_heads(blob, origin)
+        rest = split_bodies(heads, bodies)[1:]
+        heads[0] = heads[0]._replace(size=len(hostile))
         db.execute(
-            "UPDATE messages SET raw = ? WHERE seq = (SELECT MIN(seq) FROM messages)", (hostile,)
+            "UPDATE batches SET heads = ?, bodies = ? WHERE seq = ?",
+            (pack_heads(heads, origin), b"".join([hostile, *rest]), key),
         )
     counts = export(tmp_path / "node", tmp_path / "out", node=KEYS.node_id, since_ms=0)
     beacons = read_jsonl(next((tmp_path / "out" / "beacons").glob("*.jsonl")))

@@ -17,7 +17,7 @@ from hearthnet.identity import KeyPair
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.pubsub.access import AccessPolicy
 from hearthnet.pubsub.envelope import Message, StoredMessage
-from hearthnet.pubsub.log import INSERT_ROWS, READ_LAST_QUERIES, ConsumerRecord, MessageLog
+from hearthnet.pubsub.log import READ_LAST_QUERIES, ConsumerRecord, MessageLog
 from hearthnet.pubsub.retention import RetentionPolicy, RetentionRule
 from hearthnet.pubsub.retention_pass import AGED_PAGE
 from hearthnet.pubsub.service import PubSub
@@ -62,19 +62,22 @@ async def test_group_commit_numbers_in_order(tmp_path: Path) -> None:
     )
 
 
-async def test_a_batch_larger_than_one_insert_statement_is_stored_whole(tmp_path: Path) -> None:
-    """A batch is inserted a few hundred rows per statement; all of it is stored, in order,
-    with the exact bytes that fan-out delivered."""
-    n = INSERT_ROWS * 2 + 7
+async def test_a_committed_batch_is_one_row_read_back_whole(tmp_path: Path) -> None:
+    """A batch of 519 publishes is one commit and one row; all of it reads back, in
+    order, with the exact bytes that fan-out delivered."""
+    n = 519
     async with opened(tmp_path / "log.db") as log:
         stored = await publish_many(log, n)
         batches = log.batches
         back = await log.read_matching(
             [TopicPattern.parse("chat.a")], after_seq=0, upto_seq=n, limit=n
         )
-    assert ([*range(1, n + 1)], 1, [s.message.raw for s in stored]) == (
+    with contextlib.closing(sqlite3.connect(tmp_path / "log.db")) as conn:
+        rows = conn.execute("SELECT seq, n FROM batches").fetchall()
+    assert ([*range(1, n + 1)], 1, [(1, n)], [s.message.raw for s in stored]) == (
         [s.seq for s in back],
         batches,
+        rows,
         [s.message.raw for s in back],
     )
 
@@ -468,4 +471,30 @@ async def test_publishes_past_max_pending_are_refused_with_unavailable(tmp_path:
         refused.value.code,
         (refused.value.retry_after_ms or 0) > 0,
         [s.seq for s in stored if s is not None],
+    )
+
+
+async def test_publish_many_answers_a_group_with_one_future(tmp_path: Path) -> None:
+    """publish_many numbers and commits like publish; its one future gives each outcome in
+    order, an unsignable publish failing alone; a group past max_pending is refused whole."""
+    async with opened(tmp_path / "log.db") as log:
+        log.max_pending = 4
+        outcomes = await log.publish_many(
+            [
+                ("chat.a", "m", {"i": 0}, None, None),
+                ("chat.a", "m", 2**53 + 1, None, None),
+                ("chat.b", "m", {"i": 2}, 60, None),
+            ]
+        )
+        with pytest.raises(Unavailable):
+            log.publish_many([("chat.a", "m", i, None, None) for i in range(5)])
+        read, _ = await log.history("chat.b", limit=10)
+    assert ([(1, 1), "bad_request", (2, 3)], [60], 3) == (
+        [
+            (o.seq, o.message.origin_seq) if isinstance(o, StoredMessage) else o.code
+            for o in outcomes
+            if o is not None
+        ],
+        [r.message.ttl_s for r in read],
+        log.origin_seq,
     )

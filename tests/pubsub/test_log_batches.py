@@ -1,5 +1,6 @@
-"""Batches stored once (spec §6.2, §6.3): rows without sig, proofs made on read, schema 1
-logs upgraded in place and read beside new rows, batches deleted with their last message."""
+"""Batches stored once (spec §6.2, §6.3): one row per committed batch, bodies without sig,
+proofs made on read, schema 1 and 2 logs upgraded in place and read beside new rows,
+gossiped batches stored whole, batches rewritten or deleted by retention."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from pathlib import Path
 import cbor2
 import orjson
 
+from hearthnet.mesh.batches import batch_frame, parse_leaves, prove_batch, repair_frames
 from hearthnet.pubsub.batchsig import BatchVerifier
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
 from hearthnet.pubsub.log import MessageLog
+from hearthnet.pubsub.topics import TopicPattern
 from hearthnet.pubsub.wire import FORMS, EncodedMessage
 from tests.pubsub.test_log import KEYS, PEER, opened, publish_many
 
@@ -75,9 +78,9 @@ def schema_1_log(path: Path) -> list[bytes]:
 
 
 async def test_a_batch_is_stored_once_and_its_messages_without_sig(tmp_path: Path) -> None:
-    """Ten publishes committed together: one batches row, ten rows without sig, and what
-    history reads back (its proof made from the batch) is the same envelope fan-out got,
-    and verifies."""
+    """Ten publishes committed together: one batches row holding ten bodies without sig,
+    and what history reads back (its proof made from the batch) is the same envelope
+    fan-out got, and verifies."""
     path = tmp_path / "log.db"
     async with opened(path) as log:
         sent: list[StoredMessage] = []
@@ -87,15 +90,15 @@ async def test_a_batch_is_stored_once_and_its_messages_without_sig(tmp_path: Pat
         read, _ = await log.history("chat.a", limit=50)
     with contextlib.closing(sqlite3.connect(path)) as conn:
         batches = conn.execute("SELECT origin, first, n, length(leaves) FROM batches").fetchall()
-        rows = conn.execute("SELECT raw, batch FROM messages ORDER BY seq").fetchall()
+        rows = conn.execute("SELECT bodies, heads FROM batches").fetchall()
     assert (
         [(KEYS.node_id, 1, 10, 320)],
-        [(False, 1)] * 10,
+        [(False, 10)],
         fanned_out,
         [{"i": i} for i in range(10)],
     ) == (
         batches,
-        [(b'"sig"' in raw, first) for raw, first in rows],
+        [(b'"sig"' in bodies, len(orjson.loads(heads))) for bodies, heads in rows],
         [r.message.raw for r in read],
         [verified(r.message.raw).data for r in read],
     )
@@ -117,19 +120,19 @@ async def test_a_schema_1_log_is_upgraded_in_place_and_read_beside_new_rows(
         repaired = await log.read_origin(KEYS.node_id, 1, 100, 100)
         unsigned = [r.message.unsigned_bytes() or b"" for r in read]
     with contextlib.closing(sqlite3.connect(path)) as conn:
-        kinds = conn.execute("SELECT batch FROM messages ORDER BY seq").fetchall()
+        kinds = conn.execute("SELECT seq, origin, first FROM batches ORDER BY seq").fetchall()
         schema = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
     everything = [*old, *new]
     assert (
-        ("00112233aabbccdd", 8, ("2",)),
-        [None] * 5 + [5] * 3,
+        ("00112233aabbccdd", 8, ("3",)),
+        [(1, "", 0), (6, KEYS.node_id, 5)],
         everything,
         [m for m in everything if verified(m).origin == KEYS.node_id],
         [1, 2, 3, 4, 5, 6, 7],
         [b'"sig"' in u for u in unsigned],
     ) == (
         (epoch, head, schema),
-        [k for (k,) in kinds],
+        kinds,
         [r.message.raw for r in read],
         repaired,
         [verified(m).origin_seq for m in repaired],
@@ -194,3 +197,87 @@ async def test_unsigned_frames_never_make_a_proof(tmp_path: Path) -> None:
     for body in expected:
         del body["sig"]
     assert ([False] * 6, expected) == (sealed_before, cbor)
+
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "pubsub"
+
+
+async def test_a_schema_2_log_is_upgraded_in_place(tmp_path: Path) -> None:
+    """A log written by schema 2 (a row per message, batch members without sig) opens as
+    one row per batch: every message reads back byte for byte and verifies, the
+    consumer and the counters are kept, and new publishes number on."""
+    path = tmp_path / "log.sqlite3"
+    path.write_bytes((FIXTURE / "log_schema2.sqlite3").read_bytes())
+    expected = orjson.loads((FIXTURE / "log_schema2.json").read_bytes())["messages"]
+    async with opened(path) as log:
+        every = await log.read_matching(
+            [TopicPattern.parse("**")], after_seq=0, upto_seq=log.head_seq, limit=100
+        )
+        new = await publish_many(log, 1)
+        consumer = log.consumer("tok", "c1")
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute("SELECT seq, origin <> '', n FROM batches ORDER BY seq").fetchall()
+        tables = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    assert (
+        [(seq, raw.encode()) for seq, raw in expected],
+        (12, 11),
+        3,
+        [(1, 1, 5), (6, 0, 0), (8, 1, 3), (11, 0, 0), (12, 0, 0)],
+        {"meta", "batches", "consumers"},
+    ) == (
+        [(s.seq, verified(s.message.raw).raw) for s in every],
+        (new[0].seq, new[0].message.origin_seq),
+        consumer.cursor if consumer else None,
+        rows,
+        {name for (name,) in tables},
+    )
+
+
+async def test_a_gossiped_batch_is_stored_as_one_row_and_served_whole(tmp_path: Path) -> None:
+    """A peer's batch, verified whole, is one row with its leaves: after a restart its
+    messages read back with the origin's proofs, and repair serves them as the same
+    batch frame."""
+    bodies = [
+        Message.unsigned(
+            PEER.node_id, topic="chat.p", msg_type="m", data=i, origin_seq=i, ts=2000 + i
+        )
+        for i in range(1, 5)
+    ]
+    signed = Message.signed_batch(PEER, bodies, [canonical_body(b) for b in bodies])
+    frame = batch_frame(signed, 1)
+    received = prove_batch(frame, parse_leaves(frame), BatchVerifier())
+    path = tmp_path / "log.db"
+    async with opened(path) as log:
+        await asyncio.gather(*(log.ingest(m, source=PEER.node_id) for m in received))
+    async with opened(path) as log:
+        read, _ = await log.history("chat.p", limit=50)
+        repaired = await log.read_origin(PEER.node_id, 1, 4, 10)
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute("SELECT origin, first, n FROM batches").fetchall()
+    assert (
+        [(PEER.node_id, 1, 4)],
+        [m.raw for m in signed],
+        [frame.encode()],
+    ) == (
+        rows,
+        [verified(r.message.raw).raw for r in read],
+        repair_frames(repaired, True),
+    )
+
+
+async def test_retention_rewrites_a_partly_expired_batch(tmp_path: Path) -> None:
+    """Deleting the middle of a batch rewrites its row: the rest stays provable, and a
+    restart rebuilds the indexes from the rewritten row."""
+    path = tmp_path / "log.db"
+    async with opened(path) as log:
+        await publish_many(log, 5)
+        assert 2 == await log.delete([2, 4])
+    async with opened(path) as log:
+        read, _ = await log.history("chat.a", limit=50)
+        stats = log.topics["chat.a"].messages
+        knows = [log.knows(r.message.id) for r in read]
+    assert ([1, 3, 5], 3, [True] * 3) == (
+        [verified(r.message.raw).origin_seq for r in read],
+        stats,
+        knows,
+    )

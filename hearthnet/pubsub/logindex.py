@@ -1,0 +1,301 @@
+"""The log's per-message indexes, in memory (spec §6.3). Pure.
+
+The log stores one SQLite row per committed batch (:mod:`hearthnet.pubsub.logstore`);
+what reads look up per message is kept here and rebuilt from the rows' headers when the
+log opens:
+
+- by ``seq``: which row holds it (row keys, ascending), its ``ts``, ``expires_ms`` and
+  topic (parallel arrays over every held seq, ascending; retention leaves tombstones that
+  are compacted once they are half the array);
+- by topic: each topic's seqs, ascending (history, catch-up, ``{last: N}``, retention
+  by count);
+- by origin: each origin's ``origin_seq`` values, ascending, with their seqs (gossip
+  repair and the anti-entropy heads).
+
+Ids (dedupe, ``knows``) are the sequencer's (:mod:`hearthnet.pubsub.sequencer`).
+Memory: about 60 bytes a message here (8-byte array slots: seq, ts, expires, the topic's
+and the origin's seq lists, origin_seq; 4 for the topic number), plus the row keys.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
+
+# Both above any real time, so that min() over the arrays (C speed) tells whether a
+# retention scan can find anything.
+NO_EXPIRY = 1 << 62  # expires_ms of a message without ttl
+_DEAD = 1 << 62  # ts of a deleted seq until compaction
+
+
+class Head(NamedTuple):
+    """One message's header as a row stores it (and the index keeps of it)."""
+
+    seq: int
+    id: str
+    topic: str
+    origin: str
+    origin_seq: int
+    ts: int
+    expires_ms: int | None
+    size: int
+
+
+class LogIndex:
+    """Seq, topic and origin indexes over the messages the log holds."""
+
+    def __init__(self) -> None:
+        self.rows = array("q")  # row keys (the seq of each row's first message), ascending
+        self._seqs = array("q")
+        self._ts = array("q")
+        self._expires = array("q")
+        self._topic = array("I")
+        self._dead = 0
+        self._topic_names: list[str] = []
+        self._topic_ids: dict[str, int] = {}
+        self.by_topic: dict[str, array[int]] = {}
+        self._origins: dict[str, tuple[array[int], array[int]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._seqs) - self._dead
+
+    # --- changes ------------------------------------------------------------------
+
+    def add_row(self, key: int, heads: Iterable[Head]) -> None:
+        """A row committed (or read at open), its messages in seq order; rows come in
+        key order."""
+        if not self.rows or key > self.rows[-1]:
+            self.rows.append(key)
+        else:
+            self.rows.insert(bisect_left(self.rows, key), key)
+        heads = list(heads)
+        if heads and (not self._seqs or heads[0].seq > self._seqs[-1]):
+            self._append(heads)
+            return
+        for head in heads:
+            self._add(head)
+
+    def _append(self, heads: list[Head]) -> None:
+        """The usual case: every seq above those held (a new commit). A run of one
+        topic or one origin (a token stream, our own batch) is looked up once."""
+        topic_ids, by_topic, origins = self._topic_ids, self.by_topic, self._origins
+        topic_numbers = []
+        topic, topic_id, topic_seqs = "", 0, array("q")
+        origin, oseqs, oseq_seqs = "", array("q"), array("q")
+        for head in heads:
+            if head.topic != topic:
+                topic = head.topic
+                found = topic_ids.get(topic)
+                if found is None:
+                    found = topic_ids[topic] = len(self._topic_names)
+                    self._topic_names.append(topic)
+                seqs = by_topic.get(topic)
+                if seqs is None:
+                    seqs = by_topic[topic] = array("q")
+                topic_id, topic_seqs = found, seqs
+            topic_numbers.append(topic_id)
+            topic_seqs.append(head.seq)
+            if head.origin != origin:
+                origin = head.origin
+                entry = origins.get(origin)
+                if entry is None:
+                    entry = origins[origin] = (array("q"), array("q"))
+                oseqs, oseq_seqs = entry
+            if not oseqs or head.origin_seq > oseqs[-1]:
+                oseqs.append(head.origin_seq)
+                oseq_seqs.append(head.seq)
+            else:
+                at = bisect_left(oseqs, head.origin_seq)
+                oseqs.insert(at, head.origin_seq)
+                oseq_seqs.insert(at, head.seq)
+        self._seqs.extend([h.seq for h in heads])
+        self._ts.extend([h.ts for h in heads])
+        self._expires.extend([h.expires_ms or NO_EXPIRY for h in heads])
+        self._topic.extend(topic_numbers)
+
+    def _add(self, head: Head) -> None:
+        topic_id = self._topic_ids.get(head.topic)
+        if topic_id is None:
+            topic_id = self._topic_ids[head.topic] = len(self._topic_names)
+            self._topic_names.append(head.topic)
+        seq = head.seq
+        if not self._seqs or seq > self._seqs[-1]:
+            pos = len(self._seqs)
+        else:
+            pos = bisect_left(self._seqs, seq)
+        self._seqs.insert(pos, seq)
+        self._ts.insert(pos, head.ts)
+        self._expires.insert(pos, head.expires_ms or NO_EXPIRY)
+        self._topic.insert(pos, topic_id)
+        _insert(self.by_topic.setdefault(head.topic, array("q")), seq)
+        oseqs, seqs = self._origins.setdefault(head.origin, (array("q"), array("q")))
+        if not oseqs or head.origin_seq > oseqs[-1]:
+            oseqs.append(head.origin_seq)
+            seqs.append(seq)
+        else:
+            at = bisect_left(oseqs, head.origin_seq)
+            oseqs.insert(at, head.origin_seq)
+            seqs.insert(at, seq)
+
+    def remove(self, heads: Iterable[Head], rows_gone: Iterable[int]) -> None:
+        """Messages deleted (retention), and the rows left without any."""
+        by_topic: dict[str, list[int]] = {}
+        by_origin: dict[str, list[tuple[int, int]]] = {}
+        for head in heads:
+            pos = bisect_left(self._seqs, head.seq)
+            if pos < len(self._seqs) and self._seqs[pos] == head.seq and self._ts[pos] != _DEAD:
+                self._ts[pos] = _DEAD
+                self._expires[pos] = NO_EXPIRY
+                self._dead += 1
+            by_topic.setdefault(head.topic, []).append(head.seq)
+            by_origin.setdefault(head.origin, []).append((head.origin_seq, head.seq))
+        # Positions found by bisection, the arrays cut around them: O(size) of memory
+        # copied per topic or origin touched, not a Python loop over every entry.
+        for topic, dead in by_topic.items():
+            seqs = self.by_topic.get(topic)
+            if seqs is None:
+                continue
+            found = {p for s in dead if (p := bisect_left(seqs, s)) < len(seqs) and seqs[p] == s}
+            kept = _without(seqs, found)
+            if kept:
+                self.by_topic[topic] = kept
+            else:
+                del self.by_topic[topic]
+        for origin, pairs in by_origin.items():
+            entry = self._origins.get(origin)
+            if entry is None:
+                continue
+            oseqs, oseq_seqs = entry
+            at: set[int] = set()
+            for oseq, seq in pairs:
+                for p in range(bisect_left(oseqs, oseq), bisect_right(oseqs, oseq)):
+                    if oseq_seqs[p] == seq:
+                        at.add(p)
+            if len(at) < len(oseqs):
+                self._origins[origin] = (_without(oseqs, at), _without(oseq_seqs, at))
+            else:
+                del self._origins[origin]
+        for key in rows_gone:
+            pos = bisect_left(self.rows, key)
+            if pos < len(self.rows) and self.rows[pos] == key:
+                del self.rows[pos]
+        if self._dead * 2 > len(self._seqs):
+            self._compact()
+
+    def _compact(self) -> None:
+        live = [i for i, ts in enumerate(self._ts) if ts != _DEAD]
+        self._seqs = array("q", (self._seqs[i] for i in live))
+        self._ts = array("q", (self._ts[i] for i in live))
+        self._expires = array("q", (self._expires[i] for i in live))
+        self._topic = array("I", (self._topic[i] for i in live))
+        self._dead = 0
+
+    # --- lookups ------------------------------------------------------------------
+
+    def row_of(self, seq: int) -> int:
+        """The key of the row that holds (or held) ``seq``."""
+        at = bisect_right(self.rows, seq) - 1
+        return self.rows[at] if at >= 0 else 0
+
+    def live(self, after_seq: int = 0) -> Iterator[tuple[int, str, int, int]]:
+        """``(seq, topic, ts, expires_ms or 0)`` of every held message with
+        ``seq > after_seq``, ascending."""
+        names = self._topic_names
+        for i in range(bisect_right(self._seqs, after_seq), len(self._seqs)):
+            ts = self._ts[i]
+            if ts != _DEAD:
+                yield self._seqs[i], names[self._topic[i]], ts, self._expires[i]
+
+    def live_before(self, before_seq: int) -> Iterator[tuple[int, str, int, int]]:
+        """As :meth:`live`, for every held seq below ``before_seq``, newest first."""
+        names = self._topic_names
+        for i in range(bisect_left(self._seqs, before_seq) - 1, -1, -1):
+            ts = self._ts[i]
+            if ts != _DEAD:
+                yield self._seqs[i], names[self._topic[i]], ts, self._expires[i]
+
+    def ts_of(self, seq: int) -> int:
+        """The ``ts`` of a held seq (-1 when not held)."""
+        at = bisect_left(self._seqs, seq)
+        if at < len(self._seqs) and self._seqs[at] == seq and self._ts[at] != _DEAD:
+            return self._ts[at]
+        return -1
+
+    def oldest_ts(self) -> int:
+        """The lowest ``ts`` held (a value above any time when none)."""
+        return min(self._ts, default=_DEAD)
+
+    def first_expiry(self) -> int:
+        """The earliest ``expires_ms`` held (:data:`NO_EXPIRY` when none)."""
+        return min(self._expires, default=NO_EXPIRY)
+
+    def expired(self, seq: int, now: int) -> bool:
+        """Whether a held seq's own ttl has run out at ``now``."""
+        at = bisect_left(self._seqs, seq)
+        if at < len(self._seqs) and self._seqs[at] == seq:
+            exp = self._expires[at]
+            return exp != NO_EXPIRY and exp <= now
+        return True
+
+    def topic_range(self, topic: str, after_seq: int, upto_seq: int) -> array[int]:
+        """The topic's seqs with ``after_seq < seq <= upto_seq``, ascending."""
+        seqs = self.by_topic.get(topic)
+        if not seqs:
+            return array("q")
+        return seqs[bisect_right(seqs, after_seq) : bisect_right(seqs, upto_seq)]
+
+    def topic_iter(self, topic: str, after_seq: int, upto_seq: int) -> Iterator[int]:
+        """As :meth:`topic_range`, lazily (no copy: catch-up merges many topics and
+        stops at a page)."""
+        seqs = self.by_topic.get(topic)
+        if not seqs:
+            return iter(())
+        lo, hi = bisect_right(seqs, after_seq), bisect_right(seqs, upto_seq)
+        return map(seqs.__getitem__, range(lo, hi))
+
+    def origin_range(self, origin: str, first: int, last: int) -> list[int]:
+        """Seqs of one origin's messages with ``first <= origin_seq <= last``, in
+        ``origin_seq`` order."""
+        entry = self._origins.get(origin)
+        if entry is None:
+            return []
+        oseqs, seqs = entry
+        return list(seqs[bisect_left(oseqs, first) : bisect_right(oseqs, last)])
+
+    def origin_heads(self, above_max: int = 100_000) -> list[tuple[str, int, int, list[int]]]:
+        """Per origin: ``(origin, floor, head, above)``: the contiguous run of origin_seqs
+        from the lowest held, and the ones held beyond a hole (at most ``above_max`` in
+        all)."""
+        out: list[tuple[str, int, int, list[int]]] = []
+        budget = above_max
+        for origin, (oseqs, _) in self._origins.items():
+            floor = head = oseqs[0]
+            i = 1
+            while i < len(oseqs) and oseqs[i] == head + 1:
+                head += 1
+                i += 1
+            above = list(oseqs[i : i + budget])
+            budget -= len(above)
+            out.append((origin, floor, head, above))
+        return out
+
+
+def _insert(seqs: array[int], seq: int) -> None:
+    """Insert into an ascending array (appending in the usual case)."""
+    if not seqs or seq > seqs[-1]:
+        seqs.append(seq)
+    else:
+        seqs.insert(bisect_left(seqs, seq), seq)
+
+
+def _without(values: array[int], positions: set[int]) -> array[int]:
+    """``values`` without the entries at ``positions`` (slices copied between them)."""
+    out = array(values.typecode)
+    prev = 0
+    for pos in sorted(positions):
+        out += values[prev:pos]
+        prev = pos + 1
+    out += values[prev:]
+    return out
