@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,13 @@ def _path(peer: Mapping[str, Any]) -> str | None:
     """spec §8: direct, relayed via <relay>, or upgrading."""
     path = peer.get("path")
     return f"{path} via {peer['via']}" if peer.get("via") else path
+
+
+def with_relay_names(peers: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """For the table: ``via`` as the relay's name where the list names it (``--json``
+    keeps the NodeID)."""
+    names = {p["node"]: p["name"] for p in peers if p.get("node") and p.get("name")}
+    return [{**p, "via": names.get(p["via"], p["via"])} if p.get("via") else p for p in peers]
 
 
 def _address(peer: Mapping[str, Any]) -> str | None:
@@ -72,7 +79,11 @@ def cmd_peers(args: argparse.Namespace) -> int:
             return await client.request_json("GET", "/mesh/v1/peers")
 
     result = run(main)
-    emit(args, result, lambda: print_table(result["peers"], PEER_COLUMNS, "no peers known"))
+    emit(
+        args,
+        result,
+        lambda: print_table(with_relay_names(result["peers"]), PEER_COLUMNS, "no peers known"),
+    )
     return EXIT_OK
 
 
