@@ -148,47 +148,52 @@ class FrameSplitter:
         size = len(buf)
         pos = 0
         max_size = self._max_size
+        unmask = self._unmask
+        append = out.append
         self._need = 0
         while size - pos >= 2:
             first = buf[pos]
-            second = buf[pos + 1]
-            opcode = first & 0x0F
-            length = second & 0x7F
-            head = 2
-            if first & 0x70 or opcode not in _OPCODES:
-                return self._fail(out, first, opcode)
-            if opcode > 0x7 and (not first & 0x80 or length > MAX_CONTROL_PAYLOAD):
-                return self._fail(out, first, opcode)
-            if length == 126:
+            length = buf[pos + 1]
+            masked = length & 0x80
+            length &= 0x7F
+            # FIN, binary, not inside a fragmented message: the usual frame, no more checks
+            usual = first == 0x82 and self._frag_opcode < 0
+            opcode = OP_BINARY if usual else first & 0x0F
+            if not usual:
+                if first & 0x70 or opcode not in _OPCODES:
+                    return self._fail(out, first, opcode)
+                if opcode > 0x7 and (not first & 0x80 or length > MAX_CONTROL_PAYLOAD):
+                    return self._fail(out, first, opcode)
+            if length < 126:
+                head = pos + 2
+            elif length == 126:
                 if size - pos < 4:
                     break
                 length = _LEN16(buf, pos + 2)[0]
-                head = 4
-            elif length == 127:
+                head = pos + 4
+            else:
                 if size - pos < 10:
                     break
                 length = _LEN64(buf, pos + 2)[0]
-                head = 10
+                head = pos + 10
                 if length > _MAX_LENGTH:
                     return self._too_big(out, length)
-            if max_size and opcode in _DATA and length >= max_size - len(self._partial):
+            if max_size and length >= max_size - len(self._partial) and opcode in _DATA:
                 return self._too_big(out, length)
-            masked = second & 0x80
-            if masked:
-                head += 4
-            stop = pos + head + length
+            start = head + 4 if masked else head
+            stop = start + length
             if stop > size:
                 self._need = stop - pos
                 break
             if masked:
-                body = bytearray(buf[pos + head : stop])
-                self._unmask(buf[pos + head - 4 : pos + head], body)
+                body = bytearray(buf[start:stop])
+                unmask(buf[head:start], body)
                 payload = bytes(body)
             else:
-                payload = buf[pos + head : stop]
+                payload = buf[start:stop]
             pos = stop
-            if first == 0x82 and self._frag_opcode < 0:  # FIN, binary, whole: the usual
-                out.append(payload)
+            if usual:
+                append(payload)
             elif not self._message(first, opcode, payload, out):
                 return pos
         return pos
