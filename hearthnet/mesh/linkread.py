@@ -73,8 +73,7 @@ class LinkReader:
         if not events:
             return _FED
         if sink is not None and not self._splitter.mixed:
-            if not self._stopped and not sink(events):  # type: ignore[arg-type]
-                self._stop()
+            self._give(events)  # type: ignore[arg-type]
             return _FED
         batch: list[bytes] = []
         for event in events:
@@ -106,7 +105,14 @@ class LinkReader:
 
     def _give(self, batch: list[bytes]) -> None:
         assert self._sink is not None
-        if not self._stopped and not self._sink(batch):
+        if self._stopped:
+            return
+        try:
+            going = self._sink(batch)
+        except Exception:  # a bug behind the link: it stops reading, the connection lives on
+            log.exception("a peer link failed handling what it read")
+            going = False
+        if not going:
             self._stop()
 
     def _stop(self) -> None:

@@ -162,7 +162,7 @@ STREAMS = st.lists(frames(), min_size=1, max_size=8).map(b"".join)
 CUTS = st.lists(st.integers(min_value=0, max_value=10_000), max_size=12)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(stream=STREAMS, points=CUTS)
 def test_any_chunking_gives_the_messages_of_the_whole_stream(
     stream: bytes, points: list[int]
@@ -171,7 +171,7 @@ def test_any_chunking_gives_the_messages_of_the_whole_stream(
     assert ours([stream]) == ours(cut(stream, points))
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(stream=STREAMS, points=CUTS, limited=st.booleans())
 def test_messages_and_errors_are_aiohttps(stream: bytes, points: list[int], limited: bool) -> None:
     """Messages, control frames and the close code of the first protocol error are what
