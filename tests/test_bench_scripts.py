@@ -85,7 +85,11 @@ async def test_read_last_finds_the_newest_rooms() -> None:
 
 @pytest.mark.parametrize(
     ("module", "option"),
-    [("bench.bench_relay", "--quick"), ("bench.bench_punch", "--seconds")],
+    [
+        ("bench.bench_relay", "--quick"),
+        ("bench.bench_punch", "--seconds"),
+        ("bench.bench_linkread", "--frames"),
+    ],
 )
 def test_benches_run_by_hand_have_help(module: str, option: str) -> None:
     """bench_relay (many processes) and bench_punch (root and the NAT lab) run by hand,

@@ -36,6 +36,7 @@ from hearthnet.errors import (
 from hearthnet.identity import KeyPair
 from hearthnet.membership import Membership
 from hearthnet.mesh.addresses import PeerBook
+from hearthnet.mesh.linkread import install
 from hearthnet.mesh.links import (
     HANDSHAKE_TIMEOUT_S,
     BinaryHandler,
@@ -204,6 +205,7 @@ class Dialer:
             autoping=True,
         )
         await ws.prepare(request)
+        install(ws, MAX_FRAME_BYTES)  # spec §11: reads split in batches (linkread.py)
         # the first the dialer offered that we speak
         handshake = self._handshake(outbound=False, link=link_version(ws.ws_protocol))
         handshake.full = full
@@ -332,6 +334,7 @@ class Dialer:
             compress=0,
             ssl=self._tls_client if tls and self._tls_client is not None else False,
         )
+        install(ws, MAX_FRAME_BYTES)  # before we speak first: no frame has arrived yet
         try:
             # spec §3.1: the certificate must carry the key of the node we meant to reach
             cert_node = peer_node_id(ws.get_extra_info("ssl_object")) if tls else None

@@ -21,6 +21,7 @@ from aiohttp import WSMsgType
 
 from hearthnet.errors import BadRequest, HearthNetError, NotCanonical, Unavailable, WireError
 from hearthnet.mesh.frames import Bye, Peers, parse_frame
+from hearthnet.mesh.linkread import reader_of
 from hearthnet.mesh.protocol import (
     MAX_FRAME_BYTES,
     SUBPROTOCOL,
@@ -358,61 +359,103 @@ class PeerLink:
         return frames
 
     async def _read_loop(self) -> None:
+        reader = reader_of(self.ws)
+        if reader is None:  # aiohttp parses: one receive() per frame
+            while self.state is LinkState.UP and await self._read_one():
+                pass
+            return
+        # spec §11: frames read before the link came up wait on aiohttp's queue; once
+        # they are taken, each socket read's frames come to _take in one call
+        while reader.queued and self.state is LinkState.UP:
+            if not await self._read_one():
+                return
+        reader.attach(self._take)
         while self.state is LinkState.UP:
-            try:
-                data = await _next_binary(self.ws)
-            except BadRequest as exc:
-                self.down_reason = exc.message
+            # only what is not a binary frame comes here: the end, an error, a stop
+            if not await self._read_one():
                 return
-            except (ConnectionError, aiohttp.ClientError) as exc:
-                self.down_reason = f"read failed: {exc}"
-                return
-            if data is None:
-                self.down_reason = self.down_reason or "peer closed"
-                return
+
+    async def _read_one(self) -> bool:
+        """Await one message from the socket and handle it; False when reading ends."""
+        try:
+            data = await _next_binary(self.ws)
+        except BadRequest as exc:
+            self.down_reason = exc.message
+            return False
+        except (ConnectionError, aiohttp.ClientError) as exc:
+            self.down_reason = f"read failed: {exc}"
+            return False
+        if data is None:
+            self.down_reason = self.down_reason or "peer closed"
+            return False
+        self.frames_in += 1
+        return self._handle(data)
+
+    def _take(self, frames: list[bytes]) -> bool:
+        """The binary frames of one socket read, in order (spec §11: route frames go to
+        ``on_binary`` from here, with no message object or wake-up per frame); False
+        when the link stops reading."""
+        on_binary = self.on_binary
+        for data in frames:
+            if self.state is not LinkState.UP:
+                return False
             self.frames_in += 1
-            if data[:1] == TAG_BYTE and self.on_binary is not None:
-                # spec §11: a route frame is handled from its fixed header, never decoded
-                try:
-                    self.on_binary(self, data)
-                except HearthNetError as exc:
-                    peer = {"peer": self.node}
-                    log.warning("binary frame from %s refused: %s", self.node, exc, extra=peer)
-                except Exception:
-                    peer = {"peer": self.node}
-                    log.exception("handling a binary frame from %s failed", self.node, extra=peer)
-                continue
-            try:
-                frame = decode_frame(data)
-            except NotCanonical as exc:
-                # spec §2.5: the frame is refused and counted; the link goes on.
-                self.refused_frames += 1
-                log.warning("frame from %s refused: %s", self.node, exc, extra={"peer": self.node})
-                continue
-            except WireError as exc:
-                log.warning("bad frame from %s: %s", self.node, exc, extra={"peer": self.node})
-                self.down_reason = f"protocol violation: {exc.message}"
-                return
-            if frame["t"] == "bye":
-                self.down_reason = f"peer said bye: {str(frame.get('reason', ''))[:200]}"
-                return
-            try:
-                self.on_frame(self, frame)
-            except HearthNetError as exc:
-                log.warning(
-                    "frame %s from %s refused: %s",
-                    frame.get("t"),
-                    self.node,
-                    exc,
-                    extra={"peer": self.node},
-                )
-            except Exception:
-                log.exception(
-                    "handling frame %s from %s failed",
-                    frame.get("t"),
-                    self.node,
-                    extra={"peer": self.node},
-                )
+            if on_binary is not None and data[:1] == TAG_BYTE:
+                self._binary(on_binary, data)
+            elif not self._handle(data):
+                return False
+        return True
+
+    def _binary(self, on_binary: BinaryHandler, data: bytes) -> None:
+        # spec §11: a route frame is handled from its fixed header, never decoded
+        try:
+            on_binary(self, data)
+        except HearthNetError as exc:
+            log.warning(
+                "binary frame from %s refused: %s", self.node, exc, extra={"peer": self.node}
+            )
+        except Exception:
+            log.exception(
+                "handling a binary frame from %s failed", self.node, extra={"peer": self.node}
+            )
+
+    def _handle(self, data: bytes) -> bool:
+        """One frame read off the link; False when the link stops reading."""
+        if self.on_binary is not None and data[:1] == TAG_BYTE:
+            self._binary(self.on_binary, data)
+            return True
+        try:
+            frame = decode_frame(data)
+        except NotCanonical as exc:
+            # spec §2.5: the frame is refused and counted; the link goes on.
+            self.refused_frames += 1
+            log.warning("frame from %s refused: %s", self.node, exc, extra={"peer": self.node})
+            return True
+        except WireError as exc:
+            log.warning("bad frame from %s: %s", self.node, exc, extra={"peer": self.node})
+            self.down_reason = f"protocol violation: {exc.message}"
+            return False
+        if frame["t"] == "bye":
+            self.down_reason = f"peer said bye: {str(frame.get('reason', ''))[:200]}"
+            return False
+        try:
+            self.on_frame(self, frame)
+        except HearthNetError as exc:
+            log.warning(
+                "frame %s from %s refused: %s",
+                frame.get("t"),
+                self.node,
+                exc,
+                extra={"peer": self.node},
+            )
+        except Exception:
+            log.exception(
+                "handling frame %s from %s failed",
+                frame.get("t"),
+                self.node,
+                extra={"peer": self.node},
+            )
+        return True
 
 
 __all__ = ["MAX_FRAME_BYTES", "SUBPROTOCOL", "LinkErrors", "PeerLink", "run_handshake"]
