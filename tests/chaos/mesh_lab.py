@@ -70,14 +70,10 @@ class NamespacedClient(Client):
             f"http://{machine.ip}:{port}", keys=load_or_create_keys(root / machine.name)
         )
         self.machine = machine
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        """The pooled session, its sockets opened in the machine's namespace."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(socket_factory=self.machine.socket_factory),
-                timeout=aiohttp.ClientTimeout(total=30),
-                json_serialize=lambda o: orjson.dumps(o).decode(),
-            )
-        return self._session
+        # The node's HTTP layer makes its pooled session on first use; made here first,
+        # every request of this client opens its sockets in the machine's namespace.
+        self.http._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(socket_factory=machine.socket_factory),
+            timeout=aiohttp.ClientTimeout(total=30),
+            json_serialize=lambda o: orjson.dumps(o).decode(),
+        )
