@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from functools import partial
 from typing import Any, Protocol
 
@@ -23,6 +23,7 @@ from hearthnet.pubsub.topics import TopicPattern
 from hearthnet.pubsub.wire import TopicBatch, control_frame, message_form
 
 CACHED_TOPICS = 4096  # per-topic permission decisions a session remembers
+_NO_TOPICS: frozenset[str] = frozenset()
 
 
 class Resumable(Protocol):
@@ -61,7 +62,37 @@ class Flusher(Protocol):
 
 
 class Subscriber:
-    """One subscribing session (WebSocket, SSE or long-poll) as fan-out sees it."""
+    """One subscribing session (WebSocket, SSE or long-poll) as fan-out sees it.
+
+    Slotted, and what most sessions never use (presence, a publish cache, a lock, a room
+    waiter) is made on first use: a node holds one per idle subscriber (spec §11).
+    """
+
+    __slots__ = (
+        "_allowed",
+        "_may_publish",
+        "_presence",
+        "_room_waiter",
+        "_subscribing",
+        "caller",
+        "channel",
+        "client_id",
+        "closed",
+        "consumer",
+        "fanout",
+        "filtered",
+        "flush_scheduled",
+        "form",
+        "gaps_reported",
+        "last_write",
+        "msg_form",
+        "on_taken_over",
+        "patterns",
+        "refill_task",
+        "sink",
+        "stream",
+        "verify",
+    )
 
     def __init__(
         self,
@@ -92,7 +123,7 @@ class Subscriber:
         self._allowed: dict[str, bool] = {}
         self._may_publish: dict[str, bool] | None = None  # made on first publish
         self.consumer: ConsumerRecord | None = None
-        self.presence_topics: set[str] = set()
+        self._presence: set[str] | None = None  # topics this session is present on
         self.flush_scheduled = False
         self.closed = False
         self.last_write = time.monotonic()
@@ -104,6 +135,24 @@ class Subscriber:
         self._subscribing: asyncio.Lock | None = None
         # A durable consumer reading what overflowed its queue back from the log.
         self.refill_task: asyncio.Task[None] | None = None
+
+    @property
+    def presence_topics(self) -> Set[str]:
+        """Topics this session is present on (spec §6.6)."""
+        return self._presence or _NO_TOPICS
+
+    def join_presence(self, topic: str) -> None:
+        """This session is now present on ``topic``."""
+        if self._presence is None:
+            self._presence = set()
+        self._presence.add(topic)
+
+    def leave_presence(self, topic: str) -> None:
+        """This session is no longer present on ``topic``."""
+        if self._presence is not None:
+            self._presence.discard(topic)
+            if not self._presence:
+                self._presence = None
 
     @property
     def subscribing(self) -> asyncio.Lock:

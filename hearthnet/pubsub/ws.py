@@ -282,7 +282,7 @@ class WsSession:
         deps = self.deps
         self.cancel_auth_timer()
         self.sink.close()
-        for task in self.tasks or ():
+        for task in list(self.tasks or ()):
             task.cancel()
         if self.sub is not None:
             deps.service.detach(self.sub)
@@ -293,6 +293,14 @@ class WsSession:
         if self.session_key is not None:
             deps.sessions.remove(self.session_key)
         deps.metrics.ws_closed.inc(str(self.close_code or 1006))
+
+    def task_done(self, task: asyncio.Task[Any]) -> None:
+        """A request of the session ended; an idle session keeps no empty set."""
+        tasks = self.tasks
+        if tasks is not None:
+            tasks.discard(task)
+            if not tasks:
+                self.tasks = None
 
     def cancel_auth_timer(self) -> None:
         """The first frame came (or the session ended): no auth deadline any more."""
