@@ -46,6 +46,7 @@ log = logging.getLogger("hearthnet.pubsub.ws")
 PING_FRAME = rfc6455.ws_frame(b"", rfc6455.OP_PING)
 CLOSE_LINGER_S = 1.0  # input drained after our close frame before TCP is dropped
 CLOSE_INTERNAL_ERROR = 1011
+CODECS = {name: FrameCodec(name) for name in SUBPROTOCOLS}  # stateless: shared by sessions
 
 
 @dataclass(slots=True)
@@ -111,7 +112,7 @@ class WsSession:
         self.frames = frames
         self.transport = transport
         self.sink = sink  # fan-out's way into the transport (paused and resumed by it)
-        self.codec = FrameCodec(subprotocol or SUBPROTOCOLS[0])
+        self.codec = CODECS[subprotocol or SUBPROTOCOLS[0]]
         self.form = "ws_cbor" if subprotocol == SUBPROTOCOL_CBOR else "ws_text"
         self.loop = asyncio.get_running_loop()
         cfg = deps.transport
