@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     from hearthnet.federation.view import FederationView
 
 
+VERIFIED_TOKENS = 1024  # verified tokens remembered by their text (oldest forgotten first)
+
+
 class Authenticator:
     """Turns credentials into a :class:`Caller`, or refuses with the right wire code."""
 
@@ -60,6 +63,11 @@ class Authenticator:
         # spec §8: members of federated communities, for what the agreements grant (the
         # node sets it; None: nobody from another community is accepted)
         self.federation: FederationView | None = None
+        # Tokens whose signature verified, by their text, with the caller made last: the
+        # many sessions of one application's token share one decoded token and one Caller
+        # (an idle pub/sub session holds its caller, spec §11). Every check but the
+        # signature still runs on each use.
+        self._tokens: dict[str, Caller] = {}
 
     @property
     def community_id(self) -> str:
@@ -83,10 +91,15 @@ class Authenticator:
 
     def caller_for_token(self, text: object, now_ms: int) -> Caller:
         """The caller for a capability token; checks signature, community, expiry, issuer."""
-        try:
-            token = CapabilityToken.decode(text)
-        except InvalidSignature as exc:
-            raise self._refuse("bad_token", exc) from None
+        known = self._tokens.get(text) if isinstance(text, str) else None
+        if known is not None:
+            assert known.token is not None
+            token = known.token
+        else:
+            try:
+                token = CapabilityToken.decode(text)
+            except InvalidSignature as exc:
+                raise self._refuse("bad_token", exc) from None
         if token.community != self.community_id:
             raise self._refuse("wrong_community", Unauthorized("token is for another community"))
         if token.exp_ms <= now_ms:
@@ -103,7 +116,14 @@ class Authenticator:
         level = self.membership.level_of(token.iss)
         if level is None:
             raise self._refuse("not_member", Unauthorized("token issuer is not a member"))
-        return Caller(token.identity, "token", level, token, False)
+        if known is not None and known.level == level:
+            return known
+        caller = Caller(token.identity, "token", level, token, False)
+        if known is None and len(self._tokens) >= VERIFIED_TOKENS:
+            del self._tokens[next(iter(self._tokens))]  # the oldest
+        assert isinstance(text, str)
+        self._tokens[text] = caller
+        return caller
 
     def caller_for_federated(self, identity: str, community: str, now_ms: int) -> Caller:
         """The caller for a member of a federated community (spec §8): a token-like caller

@@ -151,6 +151,27 @@ def test_token_call_checks_scope_expiry_and_revocation() -> None:
     assert ["token_expired", "revoked"] == failures
 
 
+def test_sessions_of_one_token_share_its_caller_until_its_issuer_changes_level() -> None:
+    """One verified token text gives one Caller to every session; a new level a new one."""
+    auth, _ = make_auth()
+    trusted = KeyPair.from_seed(b"\x13" * 32)
+    view = auth.membership
+    view.add(view.sign(NODE, "member.added", trusted.node_id, now_ms=3, level=Level.TRUSTED))
+    text = CapabilityToken.issue(
+        trusted, community=NODE.node_id, scopes=[Scope.parse("sub:a.**")], ttl_ms=60_000, now_ms=NOW
+    ).encode()
+    first = auth.authenticate_session({"token": text}, NOW)
+    again = auth.authenticate_session({"token": text}, NOW)
+    view.add(view.sign(NODE, "member.level_changed", trusted.node_id, now_ms=4, level=Level.MEMBER))
+    demoted = auth.authenticate_session({"token": text}, NOW)
+    assert (True, Level.TRUSTED, Level.MEMBER, False) == (
+        first is again,
+        first.level,
+        demoted.level,
+        demoted is first,
+    )
+
+
 def test_token_from_non_member_refused() -> None:
     """Only members can issue tokens."""
     auth, _ = make_auth()

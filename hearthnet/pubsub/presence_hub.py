@@ -62,7 +62,7 @@ class PresenceHub:
                 fields.get("meta"),
             )
             events = self.table.join(topic, member)
-            sub.presence_topics.add(topic)
+            sub.join_presence(topic)
             self.broadcast(events, skip=sub)
             sub.send_control(
                 "presence",
@@ -95,7 +95,7 @@ class PresenceHub:
             if sub.presence_topics:
                 self.broadcast(self.table.leave(sub.client_id))
         elif topic in sub.presence_topics:
-            sub.presence_topics.discard(topic)
+            sub.leave_presence(topic)
             self.broadcast(self.table.leave(sub.client_id, topic))
 
     def update(self, sub: Subscriber, fields: dict[str, Any], topic: str | None) -> None:
@@ -117,7 +117,7 @@ class PresenceHub:
         for event in events:
             for sub in self.subscribers:
                 if sub.client_id == event.member["client_id"]:
-                    sub.presence_topics.discard(event.topic)
+                    sub.leave_presence(event.topic)
         self.broadcast(events)
 
     def broadcast(

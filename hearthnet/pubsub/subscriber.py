@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from functools import partial
 from typing import Any, Protocol
 
@@ -23,6 +23,7 @@ from hearthnet.pubsub.topics import TopicPattern
 from hearthnet.pubsub.wire import TopicBatch, control_frame, message_form
 
 CACHED_TOPICS = 4096  # per-topic permission decisions a session remembers
+_NO_TOPICS: frozenset[str] = frozenset()
 
 
 class Resumable(Protocol):
@@ -61,7 +62,38 @@ class Flusher(Protocol):
 
 
 class Subscriber:
-    """One subscribing session (WebSocket, SSE or long-poll) as fan-out sees it."""
+    """One subscribing session (WebSocket, SSE or long-poll) as fan-out sees it.
+
+    Slotted, and what most sessions never use (presence, a publish cache, a lock, a room
+    waiter) is made on first use: a node holds one per idle subscriber (spec §11).
+    """
+
+    __slots__ = (
+        "_allowed",
+        "_may_publish",
+        "_presence",
+        "_room_waiter",
+        "_subscribing",
+        "_turns",
+        "caller",
+        "channel",
+        "client_id",
+        "closed",
+        "consumer",
+        "fanout",
+        "filtered",
+        "flush_scheduled",
+        "form",
+        "gaps_reported",
+        "last_write",
+        "msg_form",
+        "on_taken_over",
+        "patterns",
+        "refill_task",
+        "sink",
+        "stream",
+        "verify",
+    )
 
     def __init__(
         self,
@@ -89,10 +121,10 @@ class Subscriber:
         self.fanout: Flusher | None = None
         self.patterns: dict[str, TopicPattern] = {}
         self.filtered = False
-        self._allowed: dict[str, bool] = {}
+        self._allowed: dict[str, bool] | None = None  # made on first use (filtered sessions)
         self._may_publish: dict[str, bool] | None = None  # made on first publish
         self.consumer: ConsumerRecord | None = None
-        self.presence_topics: set[str] = set()
+        self._presence: set[str] | None = None  # topics this session is present on
         self.flush_scheduled = False
         self.closed = False
         self.last_write = time.monotonic()
@@ -102,15 +134,48 @@ class Subscriber:
         self._room_waiter: asyncio.Future[None] | None = None
         # Subscribes of one session run one at a time (made on first subscribe).
         self._subscribing: asyncio.Lock | None = None
+        self._turns = 0  # subscribes holding or waiting for the lock
         # A durable consumer reading what overflowed its queue back from the log.
         self.refill_task: asyncio.Task[None] | None = None
 
     @property
-    def subscribing(self) -> asyncio.Lock:
-        """Held while :meth:`PubSub.subscribe` works on this session."""
+    def presence_topics(self) -> Set[str]:
+        """Topics this session is present on (spec §6.6)."""
+        return self._presence or _NO_TOPICS
+
+    def join_presence(self, topic: str) -> None:
+        """This session is now present on ``topic``."""
+        if self._presence is None:
+            self._presence = set()
+        self._presence.add(topic)
+
+    def leave_presence(self, topic: str) -> None:
+        """This session is no longer present on ``topic``."""
+        if self._presence is not None:
+            self._presence.discard(topic)
+            if not self._presence:
+                self._presence = None
+
+    @property
+    def subscribing(self) -> SubscribeTurn:
+        """Held while :meth:`PubSub.subscribe` works on this session (``async with``)."""
+        return SubscribeTurn(self)
+
+    def enter_turn(self) -> asyncio.Lock:
+        """The lock a subscribe waits for (see :class:`SubscribeTurn`)."""
         if self._subscribing is None:
             self._subscribing = asyncio.Lock()
+        self._turns += 1
         return self._subscribing
+
+    def leave_turn(self, *, held: bool) -> None:
+        """A subscribe is done (``held``), or was cancelled while it waited."""
+        if held:
+            assert self._subscribing is not None
+            self._subscribing.release()
+        self._turns -= 1
+        if not self._turns:
+            self._subscribing = None  # nobody holds or waits: an idle session keeps no lock
 
     def ask_verify(self) -> None:
         """From now on, message frames carry ``sig`` (a session cannot go back)."""
@@ -119,11 +184,14 @@ class Subscriber:
 
     def allows(self, topic: str, policy: AccessPolicy) -> bool:
         """Whether ``topic`` may be delivered to this session (cached per topic)."""
-        allowed = self._allowed.get(topic)
+        cache = self._allowed
+        if cache is None:
+            cache = self._allowed = {}
+        allowed = cache.get(topic)
         if allowed is None:
-            if len(self._allowed) > CACHED_TOPICS:
-                self._allowed.clear()
-            allowed = self._allowed[topic] = policy.may_receive(self.caller, topic)
+            if len(cache) > CACHED_TOPICS:
+                cache.clear()
+            allowed = cache[topic] = policy.may_receive(self.caller, topic)
         return allowed
 
     def may_publish(self, topic: str, policy: AccessPolicy) -> bool:
@@ -151,7 +219,7 @@ class Subscriber:
         for pattern in self.patterns.values():
             filtered = policy.check_subscribe(caller, pattern.text) or filtered
         self.caller, self.filtered = caller, filtered
-        self._allowed.clear()
+        self._allowed = None
         self._may_publish = None
 
     def deliver_batch(self, group: TopicBatch, policy: AccessPolicy) -> None:
@@ -238,3 +306,24 @@ class Subscriber:
             return
         self.channel.set_writable(True)
         self.flush()
+
+
+class SubscribeTurn:
+    """``async with sub.subscribing``: the subscribes of one session, one at a time; the
+    lock exists only while one runs or waits."""
+
+    __slots__ = ("sub",)
+
+    def __init__(self, sub: Subscriber) -> None:
+        self.sub = sub
+
+    async def __aenter__(self) -> None:
+        lock = self.sub.enter_turn()
+        try:
+            await lock.acquire()
+        except BaseException:
+            self.sub.leave_turn(held=False)
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.sub.leave_turn(held=True)

@@ -22,10 +22,13 @@ FORMS = ("ws_text", "ws_cbor", "sse", "json")
 NOSIG = "-nosig"
 
 
+_UNSIGNED = {form: form + NOSIG for form in FORMS}  # one string each, not one per session
+
+
 def message_form(form: str, verify: bool) -> str:
     """The form a subscriber's message frames take: ``form`` with ``sig`` when it asked to
     verify, else its unsigned variant."""
-    return form if verify else form + NOSIG
+    return form if verify else _UNSIGNED[form]
 
 
 def unsigned_envelope(message: Message) -> bytes:

@@ -46,6 +46,7 @@ log = logging.getLogger("hearthnet.pubsub.ws")
 PING_FRAME = rfc6455.ws_frame(b"", rfc6455.OP_PING)
 CLOSE_LINGER_S = 1.0  # input drained after our close frame before TCP is dropped
 CLOSE_INTERNAL_ERROR = 1011
+CODECS = {name: FrameCodec(name) for name in SUBPROTOCOLS}  # stateless: shared by sessions
 
 
 @dataclass(slots=True)
@@ -111,7 +112,7 @@ class WsSession:
         self.frames = frames
         self.transport = transport
         self.sink = sink  # fan-out's way into the transport (paused and resumed by it)
-        self.codec = FrameCodec(subprotocol or SUBPROTOCOLS[0])
+        self.codec = CODECS[subprotocol or SUBPROTOCOLS[0]]
         self.form = "ws_cbor" if subprotocol == SUBPROTOCOL_CBOR else "ws_text"
         self.loop = asyncio.get_running_loop()
         cfg = deps.transport
@@ -282,7 +283,7 @@ class WsSession:
         deps = self.deps
         self.cancel_auth_timer()
         self.sink.close()
-        for task in self.tasks or ():
+        for task in list(self.tasks or ()):
             task.cancel()
         if self.sub is not None:
             deps.service.detach(self.sub)
@@ -293,6 +294,14 @@ class WsSession:
         if self.session_key is not None:
             deps.sessions.remove(self.session_key)
         deps.metrics.ws_closed.inc(str(self.close_code or 1006))
+
+    def task_done(self, task: asyncio.Task[Any]) -> None:
+        """A request of the session ended; an idle session keeps no empty set."""
+        tasks = self.tasks
+        if tasks is not None:
+            tasks.discard(task)
+            if not tasks:
+                self.tasks = None
 
     def cancel_auth_timer(self) -> None:
         """The first frame came (or the session ended): no auth deadline any more."""

@@ -188,7 +188,7 @@ class WsFrames:
         if session.tasks is None:
             session.tasks = set()
         session.tasks.add(task)
-        task.add_done_callback(session.tasks.discard)
+        task.add_done_callback(session.task_done)
 
     async def _guard(self, session: WsSession, coro: Coroutine[Any, Any, None]) -> None:
         try:

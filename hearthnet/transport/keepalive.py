@@ -36,6 +36,8 @@ class Close:
 class Keepalive:
     """When to ping, and when a socket is dead or idle."""
 
+    __slots__ = ("idle_s", "last_data", "missed_pongs", "next_ping", "ping_s", "unanswered")
+
     def __init__(self, *, now: float, ping_s: float, missed_pongs: int, idle_s: float) -> None:
         self.ping_s = ping_s
         self.missed_pongs = missed_pongs
