@@ -108,6 +108,7 @@ class Dialer:
         on_frame: FrameHandler,
         on_down: Callable[[PeerLink, str], None],
         on_binary: BinaryHandler | None = None,
+        federated: Callable[[str, str], bool] | None = None,
     ) -> None:
         if tls_mode not in ("auto", "on", "off"):
             raise ConfigError("node.tls is auto, on or off")
@@ -125,6 +126,7 @@ class Dialer:
         self.on_frame = on_frame
         self.on_binary = on_binary
         self.on_down = on_down
+        self.federated = federated  # (node, community): a federated node (spec §8)
         self.url = ""  # ours, sent in the hello (set when the node listens)
         self.dial_timeout_s = HANDSHAKE_TIMEOUT_S  # connect, upgrade and handshake, in all
         self.dialing: set[str] = set()
@@ -157,6 +159,7 @@ class Dialer:
             # a v1 peer may be from before the relay field and refuse the hello
             relay=self.config.relay and link >= 2,
             link=link,
+            federated=self.federated,
         )
 
     def _link(
