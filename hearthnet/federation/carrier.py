@@ -191,6 +191,7 @@ class Carrier:
         self._http: aiohttp.ClientSession | None = None
         self.counts = {"sent": 0, "served": 0, "refused": 0}
         links.carry = self.frame
+        links.lost = self._lost
 
     async def request(
         self, node: str, method: str, path: str, headers: dict[str, str], body: bytes | None
@@ -220,6 +221,12 @@ class Carrier:
         finally:
             self._pending.pop(rid, None)
         return got.status, got.body
+
+    def _lost(self, node: str) -> None:
+        """The link with ``node`` ended: the requests waiting on it fail now."""
+        for peer, answer in list(self._pending.values()):
+            if peer == node and not answer.done():
+                answer.set_exception(Unavailable(f"the link to {node} ended"))
 
     def frame(self, link: PeerLink, raw: dict[str, Any]) -> None:
         """A ``fed_req`` or ``fed_res`` off a federated link."""

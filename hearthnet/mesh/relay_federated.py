@@ -59,6 +59,7 @@ class FederatedLinks:
         self.community_of: Callable[[str], str | None] = lambda node: None
         self.targets: set[str] = set()  # bridge peers reached through relays (mesh:NodeID)
         self.carry: Carry | None = None  # fed_req/fed_res go here (federation/carrier.py)
+        self.lost: Callable[[str], None] | None = None  # a link ended: its requests fail
         self.refused: dict[str, int] = {}
         if metrics is not None:
             metrics.gauge(
@@ -105,6 +106,8 @@ class FederatedLinks:
         if self.links.get(link.node) is not link:
             return False
         del self.links[link.node]
+        if self.lost is not None:
+            self.lost(link.node)
         return True
 
     def frame(self, link: PeerLink, frame: dict[str, Any]) -> None:

@@ -71,7 +71,7 @@ from hearthnet.mesh.punching import Puncher
 from hearthnet.mesh.relay_attach import RelayAttachments
 from hearthnet.mesh.relay_choice import AttachRelay, DetachRelay, RelayChoiceConfig
 from hearthnet.mesh.relay_core import RelayConfig, RelayCore
-from hearthnet.mesh.relay_federated import FederatedLinks
+from hearthnet.mesh.relay_federated import FederatedLinks, federated_peer
 from hearthnet.mesh.relay_frames import (
     RELAY_FRAME_KINDS,
     Attach,
@@ -407,6 +407,9 @@ class Relaying:
             self.relay.link_down(link, now)
         if self.attachments is not None:
             self.attachments.unlinked(link, now)
+        for other in list(self.federated.links.values()):  # their relay ended us: so
+            if isinstance(other, RelayedLink) and other.via == link.node:  # do its paths
+                other.close("the other community's relay ended our link", send_bye=False)
 
     # --- member role ----------------------------------------------------------------------
 
@@ -467,6 +470,8 @@ class Relaying:
             return None
         member = self.membership.members.get(node)
         foreign = None if member is not None else self.federated.community_of(node)
+        if member is None and foreign is None:
+            return None  # neither ours nor federated (any more): no link
         info = PeerInfo(node, (member.name if member is not None else None) or "", None, "")
         link = RelayedLink(
             replace(info, community=foreign),
@@ -595,7 +600,7 @@ class Relaying:
                 if is_relayed(link):
                     link.close(f"peer said bye: {frame.get('reason', '')}", send_bye=False)
                 return
-            self.dispatch(link, frame)
+            (self.federated.frame if federated_peer(link) else self.dispatch)(link, frame)
         except HearthNetError as exc:
             log.warning("relayed frame from %s refused: %s", peer, exc, extra={"peer": peer})
 

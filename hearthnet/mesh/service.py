@@ -184,6 +184,7 @@ class Mesh:
             on_binary=self.relaying.on_binary,
             federated=self.relaying.federated.allows,  # spec §8: their nodes, via relays
         )
+        self.dialer.federated_links = self.relaying.federated.links
 
         # the direct upgrade (spec §8): StartPunch from the path core, carried out here
         self.puncher = Puncher(
@@ -354,6 +355,8 @@ class Mesh:
     def _link_down(self, link: PeerLink, reason: str) -> None:
         if federated_peer(link):
             self.relaying.federated_down(link, reason)
+            if link.address is not None:  # their relay: dialled again when due
+                self.book.hold(link.address, time.monotonic(), 0)
             return
         if not self.routes.remove(link):
             self.relaying.replaced_link_down(link)  # relays: the core forgets it too

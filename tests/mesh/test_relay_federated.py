@@ -122,11 +122,16 @@ def relayed(
 ) -> tuple[RelayedLink, list[bytes]]:
     """A relayed link with ``node`` of ``community`` whose frames are collected."""
     sent: list[bytes] = []
+
+    def collect(_peer: str, data: bytes) -> bool:
+        sent.append(data)
+        return True
+
     link = RelayedLink(
         PeerInfo(node.node_id, "", None, "", community=community),
         A.node_id,
         outbound=True,
-        transmit=lambda _peer, data: sent.append(data) is None,
+        transmit=collect,
         on_frame=links.frame,
         on_down=lambda _l, _r: None,
         errors=LinkErrors.register(MetricsRegistry()),
