@@ -101,11 +101,12 @@ FRAME_KINDS = frozenset(
         "bye",
         "caps",
         "peers",
-        # requests between bridges of federated communities (spec §8, federation/carrier.py)
-        "fed_req",
-        "fed_res",
     }
 )
+# requests between bridges of federated communities (spec §8): their classes are in
+# federation/carrier.py, and only links with such nodes carry them (relay_federated.py)
+CARRIED_FRAME_KINDS = frozenset({"fed_req", "fed_res"})
+FRAME_KINDS |= CARRIED_FRAME_KINDS
 # Relay frames (spec §8), defined in relay_frames.py: attach, route, sealed, pframe, ...
 FRAME_KINDS |= RELAY_FRAME_KINDS
 

@@ -31,12 +31,12 @@ from typing import Any
 from hearthnet.clock import now_ms
 from hearthnet.mesh.frames import Ping, Pong
 from hearthnet.mesh.links import PeerLink
+from hearthnet.mesh.protocol import CARRIED_FRAME_KINDS
 from hearthnet.metrics import MetricsRegistry
 
 log = logging.getLogger("hearthnet.mesh.relaying")
 
 MAX_FEDERATED_LINKS = 64  # links with nodes of federated communities, at most
-CARRIED_KINDS = frozenset({"fed_req", "fed_res"})  # the bridge's requests and answers
 # relay frames a federated link may send: a member attaching to our relay, or our relay
 # (of the other community) answering us; join_via and the path frames stay in a community
 RELAY_KINDS = frozenset({"attach", "attached", "detach", "budget", "route", "route_error"})
@@ -115,7 +115,7 @@ class FederatedLinks:
         go to the carrier, a ping is answered, a bye ends the link; anything else is
         dropped and counted."""
         kind = frame.get("t")
-        if kind in CARRIED_KINDS and self.carry is not None:
+        if kind in CARRIED_FRAME_KINDS and self.carry is not None:
             self.carry(link, frame)
         elif kind == "ping":
             link.send_raw(Pong(Ping.parse(frame).seq, frame.get("ts"), now_ms()).encode())

@@ -35,18 +35,17 @@ from our members only, on links kept apart from the mesh's
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import ChainMap
 from collections import Counter as Tally
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from hearthnet.clock import now_ms
 from hearthnet.config import MeshSection
-from hearthnet.errors import HearthNetError, Unavailable, WireError
+from hearthnet.errors import HearthNetError, WireError
 from hearthnet.identity import KeyPair
 from hearthnet.ids import public_key_from_node_id
 from hearthnet.membership import Membership
@@ -85,7 +84,7 @@ from hearthnet.mesh.relay_frames import (
 )
 from hearthnet.mesh.relay_keepalive import KeepaliveConfig
 from hearthnet.mesh.relay_member import EndpointConfig, RelayEndpoint, register_member_metrics
-from hearthnet.mesh.relay_role import MAX_PENDING_JOINS, RelayRole
+from hearthnet.mesh.relay_role import JoinHandler, RelayedJoins, RelayRole
 from hearthnet.mesh.relayed_link import (
     REPLACED_BY_DIRECT,
     SHUTTING_DOWN,
@@ -104,37 +103,6 @@ HELLO_RETRY_MS = 1000  # an unanswered e2e hello is sent again this often
 ATTACH_TARGET = 2  # relays a member stays attached to, of those it knows (failover)
 
 Dispatch = Callable[[PeerLink, dict[str, Any]], None]
-JoinHandler = Callable[[Any], Awaitable[dict[str, Any]]]  # a join request -> the answer
-
-
-class RelayedJoins:
-    """Joins a relay carried to this node, their inviter (spec §8): each is admitted as
-    ``POST /mesh/v1/join`` would, a few at a time, and the answer goes back on the link
-    it came in on."""
-
-    def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def answer(self, link: PeerLink, frame: JoinVia, handler: JoinHandler | None) -> None:
-        """Admit the join request in ``frame`` with ``handler`` and answer the relay (no
-        handler, or too many joins pending: unavailable)."""
-        if handler is None or len(self._tasks) >= MAX_PENDING_JOINS:
-            body: dict[str, Any] = Unavailable("this node takes no joins now").to_wire()
-            link.send_raw(JoinAnswer(frame.id, json.dumps(body).encode()).encode())
-            return
-
-        async def answer() -> None:
-            try:
-                out = await handler(json.loads(frame.request))
-            except WireError as exc:
-                out = exc.to_wire()
-            except ValueError:
-                out = {"error": "bad_request", "message": "the join request is not JSON"}
-            link.send_raw(JoinAnswer(frame.id, json.dumps(out).encode()).encode())
-
-        task = asyncio.get_running_loop().create_task(answer(), name="mesh-relayed-join")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
 
 class Relaying:
@@ -621,6 +589,11 @@ class Relaying:
     def statistics(self) -> dict[str, Any]:
         """The relay's and the member's numbers, for ``/status``."""
         out: dict[str, Any] = {}
+        if self.federated.links or self.federated.refused:  # spec §8 community federation
+            out["federated"] = {
+                "links": sorted(self.federated.links),
+                "refused": dict(self.federated.refused),
+            }
         if self.relay is not None:
             out["relay"] = self.relay.statistics()
         if self.paths is not None and self.endpoint is not None and self.attachments is not None:
