@@ -156,21 +156,27 @@ class FedAnswer:
         return cls(rid, status, orjson.dumps(error.to_wire()))
 
 
-def check_request(request: FedRequest, community: str | None) -> None:
-    """Whether a node of ``community`` may have ``request`` carried to us.
+def check_request(request: FedRequest, community: str | None) -> FedRequest:
+    """The request a node of ``community`` may have carried to us: ``request`` with its
+    method in capitals and only the headers that go along (:data:`HEADERS`).
 
     Raises:
         Forbidden: not a request a bridge makes, or signed for another community.
+        BadRequest: a header value with a line break.
         PayloadTooLarge: the body is over :data:`MAX_BODY_BYTES`.
     """
-    path = request.path.split("?", 1)[0]
-    if (request.method.upper(), path) not in CARRIED:
-        raise Forbidden(f"{request.method} {path} is not carried for another community")
-    named = {k.lower(): v for k, v in request.headers.items()}.get(h.COMMUNITY.lower())
+    method, path = request.method.upper(), request.path.split("?", 1)[0]
+    if (method, path) not in CARRIED:
+        raise Forbidden(f"{method} {path[:100]} is not carried for another community")
+    kept = {k: v for k, v in request.headers.items() if k.lower() in HEADERS}
+    if any("\r" in v or "\n" in v for v in kept.values()):
+        raise BadRequest("a carried header value has a line break")
+    named = {k.lower(): v for k, v in kept.items()}.get(h.COMMUNITY.lower())
     if community is None or named != community:
         raise Forbidden("a carried request is signed for the link peer's own community")
     if request.body is not None and len(request.body) > MAX_BODY_BYTES:
         raise PayloadTooLarge(f"a carried body is at most {MAX_BODY_BYTES} bytes")
+    return FedRequest(request.id, method, request.path, kept, request.body)
 
 
 class Carrier:
@@ -243,7 +249,7 @@ class Carrier:
             log.info("bad carried frame from %s: %s", link.node, exc)
             return
         try:
-            check_request(request, link.peer.community)
+            request = check_request(request, link.peer.community)
             if self._serving >= MAX_PENDING:
                 raise RateLimited("as many carried requests are in flight as allowed")
         except WireError as exc:

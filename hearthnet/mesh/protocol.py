@@ -319,12 +319,14 @@ class Handshake:
         return None
 
     def _federated_peer(self, node: str, community: object, peer_relays: bool) -> bool:
-        """spec §8: a node of another community is taken only when one end of the link is
-        a relay (it attaches to ours, or we attach to its) and it is a current member of
-        a community we hold an agreement in force with."""
+        """spec §8: a node of another community is taken only when it attaches to us, a
+        relay (it dialled us), or we attach to it, a relay (we dialled it and its hello
+        says it relays), and it is a current member of a community we hold an agreement
+        in force with."""
+        relayed_by = peer_relays if self.outbound else self.relay
         return (
             isinstance(community, str)
-            and (self.relay or peer_relays)
+            and relayed_by
             and self.federated is not None
             and self.federated(node, community)
         )

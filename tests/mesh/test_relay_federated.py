@@ -77,6 +77,24 @@ def test_another_community_without_an_agreement_is_refused_as_before() -> None:
         relay.receive(decode_frame(dialer.start()), NOW)
 
 
+def test_a_federated_node_claiming_to_relay_gets_no_link_with_a_plain_member() -> None:
+    """B's bridge says relay in its hello and dials A's plain member: refused; only our
+    own dial of a relay of theirs, or their dial of our relay, opens a federated link."""
+    plain = Handshake(
+        A2, view_of(A, A2), False, NOW, federated=in_force(B, community=B.node_id).allows
+    )
+    dialer = Handshake(B, view_of(B), True, NOW, relay=True)
+    with pytest.raises(Unauthorized, match="another community"):
+        plain.receive(decode_frame(dialer.start()), NOW)
+
+
+def test_the_carrier_keeps_only_the_credential_headers() -> None:
+    """A carried request loses every header but the credentials and the call's."""
+    sent = {"X-HearthNet-Community": "B", "Host": "evil", "Transfer-Encoding": "chunked"}
+    kept = check_request(FedRequest(1, "post", "/bus/v1/call", sent, None), "B")
+    assert ("POST", {"X-HearthNet-Community": "B"}) == (kept.method, kept.headers)
+
+
 def test_a_federated_node_gets_no_link_where_neither_end_relays() -> None:
     """An agreement alone opens no peer link: one end must be a relay."""
     plain = Handshake(
