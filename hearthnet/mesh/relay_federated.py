@@ -1,12 +1,13 @@
 """Links with nodes of federated communities (spec §8): what they may carry, and ending
 them when the agreement does.
 
-A node of a community we hold a federation agreement in force with gets a peer link in
-two cases only (the handshake's check, :meth:`~hearthnet.mesh.protocol.Handshake`):
+A node of a community we hold a federation agreement in force with gets a link in two
+cases only:
 
-- one end is a relay: a bridge of the other community attaches to our relay, or our
-  bridge attaches to a relay of the other community;
-- a relayed link between two bridges (its end-to-end hello names a federated member).
+- a peer link where one end is a relay: the node dialled our relay to attach, or we
+  dialled a relay of theirs (its hello says ``relay: true``) to attach to it
+  (:class:`~hearthnet.mesh.protocol.Handshake`, ``federated``);
+- a relayed link (its end-to-end hello is signed by a member of that community).
 
 Such a link is never one of the mesh's links: it gets no gossip, presence, membership,
 capabilities or heartbeats, and nothing it sends reaches the cores of the mesh. It
@@ -15,7 +16,8 @@ passes only between a federated node and a member of ours), ``ping``/``pong`` (a
 keepalive), ``bye``, and the bridge's requests (``fed_req``/``fed_res``,
 :mod:`hearthnet.federation.carrier`), whose signed headers each node checks as it checks
 a request over HTTP, under the grant. Any other frame is dropped and counted
-(``hearthnet_federated_refused_total{reason}``).
+(``hearthnet_federated_refused{reason}``). At most :data:`MAX_FEDERATED_LINKS` such
+links.
 
 Every check reads the current federation view: when the agreement is revoked or expires,
 or the node leaves its community, :meth:`FederatedLinks.ended` names the link, and the
