@@ -357,7 +357,13 @@ class Node:
         federated.community_of = lambda node: view.in_force_community(node, now_ms())
         peers = list(self.config.mesh.federation_peers)
         federated.targets = {n for n in map(mesh_peer, peers) if n is not None}
-        self.federation_carrier = Carrier(federated, spawn=self.spawn)
+        self.federation_carrier = Carrier(
+            federated,
+            spawn=self.spawn,
+            keys=self.keys,
+            offer=lambda community: self.federation.offer(community, members=False),
+            community=self.membership.community_id,
+        )
         self.federation_bridge = Bridge(
             self.federation,
             peers=peers,

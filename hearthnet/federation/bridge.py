@@ -123,15 +123,9 @@ class Bridge:
         node = mesh_peer(url)
         if node is None:
             return Client(url, keys=self.keys, community=self.community_id)
-        carrier = self.carrier
-        if carrier is None:
+        if self.carrier is None:
             raise BadRequest(f"{url}: this node carries no requests through relays")
-
-        async def carry(
-            method: str, path: str, headers: dict[str, str], body: bytes | None
-        ) -> tuple[int, bytes]:
-            return await carrier.request(node, method, path, headers, body)
-
+        carry = self.carrier.carry_to(node)
         return CarriedClient(node, carry, keys=self.keys, community=self.community_id)
 
     def _patterns(self, from_community: str, to_community: str) -> tuple[str, ...]:

@@ -80,6 +80,7 @@ HEADERS = frozenset(
 MAX_PENDING = 32  # carried requests in flight, each way
 MAX_BODY_BYTES = 1024 * 1024  # a carried request's or answer's body (frames: 2 MiB)
 REQUEST_S = 15.0  # a pull parks 2 s; a sync or push is given 10 s over HTTP
+FAREWELL_S = 2.0  # a link whose agreement ended closes at most this long after
 MAX_PATH = 2048
 
 
@@ -187,9 +188,14 @@ class Carrier:
         links: FederatedLinks,
         *,
         spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
+        keys: KeyPair | None = None,
+        offer: Callable[[str], dict[str, Any]] | None = None,
+        community: str = "",
     ) -> None:
         self.links = links
         self.spawn = spawn
+        # the sync a link whose agreement ended gets before it closes (the revocation)
+        self.keys, self.offer, self.community = keys, offer, community
         self.local_url = ""  # our own server, set when the node listens
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[str, asyncio.Future[FedAnswer]]] = {}
@@ -198,6 +204,7 @@ class Carrier:
         self.counts = {"sent": 0, "served": 0, "refused": 0}
         links.carry = self.frame
         links.lost = self._lost
+        links.farewell = self.farewell
 
     async def request(
         self, node: str, method: str, path: str, headers: dict[str, str], body: bytes | None
@@ -227,6 +234,37 @@ class Carrier:
         finally:
             self._pending.pop(rid, None)
         return got.status, got.body
+
+    def farewell(self, link: PeerLink) -> None:
+        """The agreement with ``link``'s community ended here: hand the other side our
+        agreements and revocations (a sync, as a bridge would), then close the link,
+        within :data:`FAREWELL_S`. So the revocation reaches the other side even when
+        this link was its only way to us."""
+        self.spawn(self._farewell(link), f"federation-farewell-{link.node}")
+
+    async def _farewell(self, link: PeerLink) -> None:
+        try:
+            if self.keys is not None and self.offer is not None and link.peer.community:
+                body = self.offer(link.peer.community)
+                client = CarriedClient(
+                    link.node, self.carry_to(link.node), keys=self.keys, community=self.community
+                )
+                async with asyncio.timeout(FAREWELL_S):
+                    await client.request_json("POST", "/mesh/v1/federation/sync", body)
+        except (HearthNetError, TimeoutError) as exc:
+            log.info("no farewell sync with %s: %s", link.node, exc)
+        finally:
+            link.close("the federation agreement is no longer in force")
+
+    def carry_to(self, node: str) -> Carry:
+        """:meth:`request` to ``node``, for a :class:`CarriedClient`."""
+
+        async def carry(
+            method: str, path: str, headers: dict[str, str], body: bytes | None
+        ) -> tuple[int, bytes]:
+            return await self.request(node, method, path, headers, body)
+
+        return carry
 
     def _lost(self, node: str) -> None:
         """The link with ``node`` ended: the requests waiting on it fail now."""

@@ -21,7 +21,8 @@ links.
 
 Every check reads the current federation view: when the agreement is revoked or expires,
 or the node leaves its community, :meth:`FederatedLinks.ended` names the link, and the
-relaying glue closes it at its next tick (every 0.25 s).
+relaying glue ends it at its next tick (every 0.25 s) with :meth:`FederatedLinks.end`:
+the carrier's farewell hands the other side the revocation, then closes it (2 s at most).
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ class FederatedLinks:
         self.targets: set[str] = set()  # bridge peers reached through relays (mesh:NodeID)
         self.carry: Carry | None = None  # fed_req/fed_res go here (federation/carrier.py)
         self.lost: Callable[[str], None] | None = None  # a link ended: its requests fail
+        # an agreement ended: hand the other side what ended it, then close (carrier.py)
+        self.farewell: Callable[[PeerLink], None] | None = None
+        self._leaving: set[PeerLink] = set()
         self.refused: dict[str, int] = {}
         if metrics is not None:
             metrics.gauge(
@@ -105,6 +109,7 @@ class FederatedLinks:
 
     def down(self, link: PeerLink) -> bool:
         """A federated link ended; False when it was not the one held."""
+        self._leaving.discard(link)
         if self.links.get(link.node) is not link:
             return False
         del self.links[link.node]
@@ -141,6 +146,18 @@ class FederatedLinks:
         return [
             link for link in self.links.values() if not self.allows(link.node, link.peer.community)
         ]
+
+    def end(self, link: PeerLink) -> None:
+        """End a link :meth:`ended` named: through :attr:`farewell` (which closes it
+        within seconds, after handing over the revocation), else at once."""
+        if link in self._leaving:
+            return
+        self.count("agreement_ended")
+        if self.farewell is None:
+            link.close("the federation agreement is no longer in force")
+            return
+        self._leaving.add(link)
+        self.farewell(link)
 
     def close_all(self, reason: str) -> None:
         """Close every federated link (the node stops)."""

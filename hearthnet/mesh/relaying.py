@@ -327,8 +327,7 @@ class Relaying:
         """Relay tables and budgets, relay attachments, resends, acks, and new paths."""
         now = time.monotonic()
         for ended in self.federated.ended():  # revoked or expired: within a tick (spec §8)
-            self.federated.count("agreement_ended")
-            ended.close("the federation agreement is no longer in force")
+            self.federated.end(ended)
         if self.relay is not None:
             self.relay.tick(now)
         if self.paths is None or self.endpoint is None or self.attachments is None:

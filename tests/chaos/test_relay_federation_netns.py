@@ -292,6 +292,10 @@ async def test_federated_communities_bridge_through_a_relay(fed: Federated) -> N
                 lambda: call_code(client, "echo@1"), lambda code: code is not None, 10, "calls stop"
             )
             stopped_s = time.monotonic() - revoked_at
+        # the relay hands the revocation to B's bridge before it closes their link
+        statuses = await eventually(
+            lambda: held(root, bridge), lambda s: s == ["revoked"], 10, "B holds the revocation"
+        )
         async with (
             NamespacedClient(root, home_a, PORT) as ca,
             NamespacedClient(root, bridge, PORT) as cb,
@@ -326,10 +330,12 @@ async def test_federated_communities_bridge_through_a_relay(fed: Federated) -> N
         ],
         True,
         True,
+        ["revoked"],
     ) == (
         calls,
         stopped_s < 10,
         after,
         ended >= 1,
         refused >= 1,
+        statuses,
     )

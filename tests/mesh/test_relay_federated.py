@@ -11,7 +11,7 @@ from hearthnet.errors import Unauthorized, WireError
 from hearthnet.federation.carrier import FedRequest, check_request
 from hearthnet.identity import KeyPair
 from hearthnet.membership import Membership
-from hearthnet.mesh.links import LinkErrors
+from hearthnet.mesh.links import LinkErrors, PeerLink
 from hearthnet.mesh.protocol import Handshake, PeerInfo, decode_frame, encode_frame
 from hearthnet.mesh.relay_core import Refuse, RelayCore, RelayStats, Send
 from hearthnet.mesh.relay_federated import FederatedLinks
@@ -177,13 +177,23 @@ def test_a_federated_link_carries_no_frame_of_the_mesh() -> None:
 
 
 def test_a_revoked_agreement_ends_the_federated_link() -> None:
-    """Once the agreement is not in force, the link is named for closing."""
+    """Once the agreement is not in force, the link is named for closing and gets one
+    farewell (which hands over the revocation, then closes it)."""
     links = in_force(B, community=B.node_id)
+    farewells: list[PeerLink] = []
+    links.farewell = farewells.append
     link, _ = relayed(links, B, B.node_id)
     links.up(link)
     before = links.ended()
     links.community_of = lambda node: None  # revoked, or expired
-    assert ([], [link]) == (before, links.ended())
+    for ended in links.ended() * 2:  # two ticks before the farewell closed it
+        links.end(ended)
+    assert ([], [link], [link], {"agreement_ended": 1}) == (
+        before,
+        links.ended(),
+        farewells,
+        links.refused,
+    )
 
 
 def test_a_link_is_refused_once_the_agreement_is_gone() -> None:
