@@ -52,6 +52,7 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 CARRY = "/mesh/v1/federation/carry"
 REFUSED = 'hearthnet_mesh_refused_total{reason="unauthorized"}'
+ENDED = 'hearthnet_federated_refused{reason="agreement_ended"}'
 
 
 @dataclass
@@ -309,7 +310,8 @@ async def test_federated_communities_bridge_through_a_relay(fed: Federated) -> N
             await history(root, bridge, "secret.plans"),
             await history(root, home_a, "chat.room"),
         ]
-        ended = await asyncio.to_thread(metric, relay, "hearthnet_federated_refused")
+        # home A held the revocation first: it ended its relayed link with B's bridge
+        ended = await asyncio.to_thread(metric, home_a, ENDED)
         # B's bridge dials the relay again and is refused as any other community's node
         refused = await eventually(
             lambda: asyncio.to_thread(metric, relay, REFUSED),
