@@ -46,11 +46,13 @@ from hearthnet.identity import KeyPair
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.protocol import encode_frame
 from hearthnet.mesh.relay_federated import FederatedLinks
+from hearthnet.node_http import NodeHttp
 from hearthnet.transport import headers as h
 
 log = logging.getLogger("hearthnet.federation")
 
 MESH_SCHEME = "mesh:"  # a bridge peer reached through relays: mesh:<NodeID>
+CARRIED_URL = "http://carried.invalid"  # a carried client's placeholder: no host is dialled
 # (method, path) a federated link carries: the bridge's sync, push and pull, and calls
 CARRIED = frozenset(
     {
@@ -333,17 +335,18 @@ class Carrier:
 Carry = Callable[[str, str, dict[str, str], bytes | None], Awaitable[tuple[int, bytes]]]
 
 
-class CarriedClient(Client):
-    """A :class:`~hearthnet.client.Client` of node ``to`` whose requests are carried
-    through relays (``carry``: :meth:`Carrier.request` bound to ``to``'s link)."""
+class CarriedHttp(NodeHttp):
+    """The HTTP API of node ``to``, each exchange carried through relays (``carry``:
+    :meth:`Carrier.carry_to`, or the carry endpoint of a bridge) and answered like an
+    HTTP one."""
 
     def __init__(self, to: str, carry: Carry, *, keys: KeyPair, community: str) -> None:
-        super().__init__("http://carried.invalid", keys=keys, community=community)
+        super().__init__(CARRIED_URL, keys=keys, community=community)
         self.to = to
         self._carry = carry
 
-    async def _send(self, method: str, url: str | URL, **kwargs: Any) -> Any:
-        """One carried exchange, answered like an HTTP one."""
+    async def send(self, method: str, url: str | URL, **kwargs: Any) -> Any:
+        """One carried exchange."""
         target = url if isinstance(url, URL) else URL(url, encoded=True)
         data = kwargs.get("data")
         status, raw = await self._carry(
@@ -358,3 +361,13 @@ class CarriedClient(Client):
                 raise error_from_wire(body)
             raise error_from_wire({"error": "internal_error", "message": f"HTTP {status}"})
         return body
+
+
+class CarriedClient(Client):
+    """A :class:`~hearthnet.client.Client` of node ``to`` whose requests are carried
+    through relays (:class:`CarriedHttp`)."""
+
+    def __init__(self, to: str, carry: Carry, *, keys: KeyPair, community: str) -> None:
+        http = CarriedHttp(to, carry, keys=keys, community=community)
+        super().__init__(CARRIED_URL, keys=keys, community=community, http=http)
+        self.to = to
