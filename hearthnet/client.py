@@ -87,8 +87,10 @@ class Client:
         keys: KeyPair | None = None,
         token: str | None = None,
         community: str | None = None,
+        http: NodeHttp | None = None,
     ) -> None:
-        self.http = NodeHttp(url, keys=keys, token=token, community=community)
+        # ``http``: another transport of the same API (through a relay, in a namespace)
+        self.http = http or NodeHttp(url, keys=keys, token=token, community=community)
         self.url, self.keys, self.token = self.http.url, keys, token
         http = self.http
         self.get_json = http.get_json

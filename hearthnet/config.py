@@ -541,7 +541,8 @@ class MeshSection:
         metadata=_doc(
             "Nodes of federated communities this node bridges to: it syncs agreements with"
             " them and pulls the topics they grant (spec §8; docs/federation.md; also"
-            " --federation-peer)."
+            " --federation-peer). A URL, or mesh:<NodeID> for a node reached through a"
+            " relay of its community (listed in mesh.relay_urls)."
         ),
     )
 

@@ -39,6 +39,7 @@ from hearthnet.console.rates import TopicRates
 from hearthnet.datadir import DataDirLock, RunFile
 from hearthnet.errors import ConfigError, Expired, Revoked
 from hearthnet.federation.bridge import Bridge
+from hearthnet.federation.carrier import Carrier, mesh_peer
 from hearthnet.federation.http import FederationHttp
 from hearthnet.federation.service import Federation
 from hearthnet.federation.store import FederationStore
@@ -305,7 +306,12 @@ class Node:
             *BusWebSocketEndpoint(deps).routes(),
             *pubsub_http.routes(),
             *mesh_http.routes(),
-            *FederationHttp(self.federation, self.federation_bridge, self.authenticator).routes(),
+            *FederationHttp(
+                self.federation,
+                self.federation_bridge,
+                self.authenticator,
+                carrier=self.federation_carrier,
+            ).routes(),
             *StatusEndpoints(self).routes(),
             *ConsoleEndpoints(
                 self,
@@ -346,11 +352,24 @@ class Node:
             sessions=self.sessions,
             spawn=self.spawn,
         )
+        # spec §8: nodes of federated communities through relays (mesh/relay_federated.py)
+        federated = self.mesh.relaying.federated
+        federated.community_of = lambda node: view.in_force_community(node, now_ms())
+        peers = list(self.config.mesh.federation_peers)
+        federated.targets = {n for n in map(mesh_peer, peers) if n is not None}
+        self.federation_carrier = Carrier(
+            federated,
+            spawn=self.spawn,
+            keys=self.keys,
+            offer=lambda community: self.federation.offer(community, members=False),
+            community=self.membership.community_id,
+        )
         self.federation_bridge = Bridge(
             self.federation,
-            peers=list(self.config.mesh.federation_peers),
+            peers=peers,
             message_log=self.message_log,
             spawn=self.spawn,
+            carrier=self.federation_carrier,
         )
         self.authenticator.federation = view
         fed, m = self.federation_bridge, self.metrics
@@ -498,6 +517,7 @@ class Node:
         )
         self.spawn(self.mesh.run(), "mesh")
         self.federation.url = self.mesh.url
+        self.federation_carrier.local_url = self.url  # carried requests: our own server
         self.spawn(self.federation_bridge.run(), "federation")
         self.started_ms = now_ms()
         self._started_mono = time.monotonic()
@@ -547,6 +567,7 @@ class Node:
         # Everything in the background that reads or writes the log stops before it closes;
         # the flush loop is stopped by close() itself, after the last batch is committed.
         await self.tasks.cancel("pubsub-retention", "pubsub-sweeper", "mesh", "federation")
+        await self.federation_carrier.close()
         await self.message_log.close()
         self._federation_store.close()
         if self.llm is not None:

@@ -223,7 +223,8 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
         "--federation-peer",
         action="append",
         metavar="URL",
-        help="a node of a federated community to bridge to (repeatable; docs/federation.md)",
+        help="a node of a federated community to bridge to: its URL, or mesh:NODEID through"
+        " a relay of its community (repeatable; docs/federation.md)",
     )
     add_json_flag(start, "print the ready line as JSON {url, node, community, pid}")
     start.set_defaults(func=cmd_node_start)

@@ -8,6 +8,9 @@ of other communities) opens every connection itself, so it may sit behind NAT:
 - it **pushes** the messages of our members on the topics we grant the other community
   (``POST /mesh/v1/federation/push``), from a cursor on our log, woken by each commit.
 
+A peer named ``mesh:<NodeID>`` is reached through relays, not HTTP: every request above
+is carried on the federated link (:mod:`hearthnet.federation.carrier`).
+
 Messages keep their origin's signature. The receiving side checks each (it verifies, its
 origin is a member of the sending community, its topic is granted) and ingests it into
 its log, from where gossip carries it to its members (:meth:`Bridge.take_messages`).
@@ -24,6 +27,7 @@ from typing import Any
 from hearthnet.client import Client
 from hearthnet.clock import now_ms
 from hearthnet.errors import BadRequest, HearthNetError, WireError
+from hearthnet.federation.carrier import CarriedClient, Carrier, mesh_peer
 from hearthnet.federation.service import Federation, guarded
 from hearthnet.pubsub.envelope import Message
 from hearthnet.pubsub.log import MessageLog
@@ -50,6 +54,7 @@ class Bridge:
         peers: list[str],
         message_log: MessageLog,
         spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
+        carrier: Carrier | None = None,
     ) -> None:
         self.federation = federation
         self.view = federation.view
@@ -57,6 +62,7 @@ class Bridge:
         self.keys = federation.keys
         self.log = message_log
         self.spawn = spawn
+        self.carrier = carrier  # mesh:<NodeID> peers: requests through relays
         self.peers: dict[str, str | None] = dict.fromkeys(peers[:MAX_PEERS])  # url -> community
         self.pulls: dict[str, asyncio.Task[Any]] = {}  # pull and push tasks, by name
         self._committed = asyncio.Event()  # our log committed something: pushes look
@@ -98,7 +104,7 @@ class Bridge:
             body["agreements"] = [a.to_json() for a in self.view.agreements.values()]
         theirs = self.view.foreign.get(community or "")
         body["known"] = len(theirs.records) if theirs is not None else 0
-        async with Client(url, keys=self.keys, community=self.community_id) as client:
+        async with self._client(url) as client:
             answer = await client.request_json("POST", "/mesh/v1/federation/sync", body)
         if not isinstance(answer, dict) or not isinstance(answer.get("community"), str):
             raise BadRequest(f"{url} answered the sync with something else")
@@ -111,6 +117,16 @@ class Bridge:
             list(answer.get("revocations") or []),
             {remote: raw if isinstance(raw, list) else []},
         )
+
+    def _client(self, url: str) -> Client:
+        """A client of the peer at ``url``: HTTP, or carried through relays."""
+        node = mesh_peer(url)
+        if node is None:
+            return Client(url, keys=self.keys, community=self.community_id)
+        if self.carrier is None:
+            raise BadRequest(f"{url}: this node carries no requests through relays")
+        carry = self.carrier.carry_to(node)
+        return CarriedClient(node, carry, keys=self.keys, community=self.community_id)
 
     def _patterns(self, from_community: str, to_community: str) -> tuple[str, ...]:
         """Topic patterns ``from_community`` grants ``to_community`` over the agreements
@@ -127,7 +143,7 @@ class Bridge:
 
     async def _pull_loop(self, url: str) -> None:
         """Pull what ``url``'s community grants us, while an agreement is in force."""
-        async with Client(url, keys=self.keys, community=self.community_id) as client:
+        async with self._client(url) as client:
             while True:
                 remote = self.peers.get(url)
                 grant = self._patterns(remote, self.community_id) if remote else ()
@@ -189,7 +205,7 @@ class Bridge:
     async def _push_loop(self, url: str) -> None:
         """Push our members' messages on the topics we grant ``url``'s community."""
         key = "push:" + url
-        async with Client(url, keys=self.keys, community=self.community_id) as client:
+        async with self._client(url) as client:
             while True:
                 remote = self.peers.get(url)
                 granted = self._patterns(self.community_id, remote) if remote else ()

@@ -8,18 +8,25 @@
   signed (agreements by both anchors, revocations by an anchor, membership records by
   members), and only agreements an anchor of ours signed take a place, so no other
   credential is asked for.
+- ``POST /mesh/v1/federation/carry`` (a member's signed request):
+  ``{to: NodeID, method, path, headers, body}``, a request signed by a member of ours for
+  a node of a federated community that this node reaches through a relay; carried there
+  (federation/carrier.py), where it is authenticated and checked under the grant as over
+  HTTP, and answered with that node's answer.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from hearthnet.auth import Authenticator
 from hearthnet.clock import now_ms
 from hearthnet.errors import BadRequest, Forbidden
 from hearthnet.federation.bridge import Bridge
+from hearthnet.federation.carrier import Carrier
 from hearthnet.federation.service import Federation
 from hearthnet.transport.codec import loads
 from hearthnet.transport.headers import read_signed_headers
@@ -30,8 +37,14 @@ class FederationHttp:
     """HTTP side of federation."""
 
     def __init__(
-        self, federation: Federation, bridge: Bridge, authenticator: Authenticator
+        self,
+        federation: Federation,
+        bridge: Bridge,
+        authenticator: Authenticator,
+        *,
+        carrier: Carrier | None = None,
     ) -> None:
+        self.carrier = carrier
         self.federation = federation
         self.bridge = bridge
         self.authenticator = authenticator
@@ -43,6 +56,7 @@ class FederationHttp:
             web.post("/mesh/v1/federation", self.submit),
             web.post("/mesh/v1/federation/sync", self.sync),
             web.post("/mesh/v1/federation/push", self.push),
+            web.post("/mesh/v1/federation/carry", self.carry),
         ]
 
     def _member(self, request: web.Request, body: Any) -> None:
@@ -131,3 +145,25 @@ class FederationHttp:
         community = self.bridge.view.community_of(caller.identity)
         taken = self.bridge.take_messages(community or "", messages)
         return json_response({"taken": taken, "of": len(messages)})
+
+    async def carry(self, request: web.Request) -> web.StreamResponse:
+        """A member's request for a node of a federated community, carried through the
+        relay path to it; answered with that node's answer (status and body)."""
+        body = loads(await request.read())
+        self._member(request, body)
+        if self.carrier is None:
+            raise BadRequest("this node carries no requests")
+        to = body.get("to") if isinstance(body, dict) else None
+        method, path = body.get("method"), body.get("path")
+        headers, inner = body.get("headers") or {}, body.get("body")
+        if not (
+            isinstance(to, str)
+            and isinstance(method, str)
+            and isinstance(path, str)
+            and isinstance(headers, dict)
+            and all(isinstance(v, str) for v in headers.values())
+        ):
+            raise BadRequest("a carry is {to, method, path, headers, body}")
+        data = None if inner is None else orjson.dumps(inner)
+        status, answer = await self.carrier.request(to, method, path, headers, data)
+        return web.Response(status=status, body=answer, content_type="application/json")

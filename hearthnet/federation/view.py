@@ -208,6 +208,14 @@ class FederationView:
                 return community
         return None
 
+    def in_force_community(self, identity: str, now_ms: int) -> str | None:
+        """The federated community ``identity`` is a current member of, when an agreement
+        with it is in force (spec §8: relays and bridges serve it), else None."""
+        community = self.community_of(identity)
+        if community is None or not self.agreements_with(community, now_ms):
+            return None
+        return community
+
     def accepts_origin(self, origin: str, topic: str, now_ms: int) -> bool:
         """Gossip (spec §7.3): whether a message from ``origin``, who is not one of our
         members, may be stored and forwarded here: it is a member of a federated

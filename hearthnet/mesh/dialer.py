@@ -14,7 +14,7 @@ import ipaddress
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -108,6 +108,7 @@ class Dialer:
         on_frame: FrameHandler,
         on_down: Callable[[PeerLink, str], None],
         on_binary: BinaryHandler | None = None,
+        federated: Callable[[str, str], bool] | None = None,
     ) -> None:
         if tls_mode not in ("auto", "on", "off"):
             raise ConfigError("node.tls is auto, on or off")
@@ -125,6 +126,8 @@ class Dialer:
         self.on_frame = on_frame
         self.on_binary = on_binary
         self.on_down = on_down
+        self.federated = federated  # (node, community): a federated node (spec §8)
+        self.federated_links: Mapping[str, PeerLink] = {}  # up, so not dialled again
         self.url = ""  # ours, sent in the hello (set when the node listens)
         self.dial_timeout_s = HANDSHAKE_TIMEOUT_S  # connect, upgrade and handshake, in all
         self.dialing: set[str] = set()
@@ -157,6 +160,7 @@ class Dialer:
             # a v1 peer may be from before the relay field and refuse the hello
             relay=self.config.relay and link >= 2,
             link=link,
+            federated=self.federated,
         )
 
     def _link(
@@ -382,7 +386,7 @@ class Dialer:
     def dial_tick(self) -> None:
         """Dial the addresses that are due, up to the link budget (spec §7.2: D links);
         probe those only claimed by a linked node, up to :data:`MAX_PROBES` at once."""
-        linked = set(self.routes.links)
+        linked = set(self.routes.links) | set(self.federated_links)
         due = [
             a
             for a in self.book.due(time.monotonic(), linked)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import enum
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +103,10 @@ FRAME_KINDS = frozenset(
         "peers",
     }
 )
+# requests between bridges of federated communities (spec §8): their classes are in
+# federation/carrier.py, and only links with such nodes carry them (relay_federated.py)
+CARRIED_FRAME_KINDS = frozenset({"fed_req", "fed_res"})
+FRAME_KINDS |= CARRIED_FRAME_KINDS
 # Relay frames (spec §8), defined in relay_frames.py: attach, route, sealed, pframe, ...
 FRAME_KINDS |= RELAY_FRAME_KINDS
 
@@ -193,6 +198,9 @@ class PeerInfo:
     full: bool = False  # the peer has all the links it takes: it sends addresses, then bye
     relay: bool = False  # the peer serves as a relay (spec §8; federation needs it)
     link: int = NO_SUBPROTOCOL  # the peer-link version (1, 2, 3) the link speaks
+    # the peer's community when it is a federated one (spec §8), None for our own: such a
+    # link serves relaying and the bridge's requests only (mesh/relay_federated.py)
+    community: str | None = None
 
     @property
     def takes_batches(self) -> bool:
@@ -221,6 +229,9 @@ class Handshake:
     full: bool = False  # we accept no more links: the peer gets addresses, then bye "full"
     relay: bool = False  # we serve as a relay (spec §8): relays federate only with relays
     link: int = LINK_VERSION  # the peer-link version the WebSocket negotiated
+    # spec §8: (node, community) -> whether node is a current member of that federated
+    # community under an agreement in force; such a node is taken when one end relays
+    federated: Callable[[str, str], bool] | None = None
     nonce: str = field(default_factory=lambda: os.urandom(16).hex())
     their_nonce: str | None = None
     peer: PeerInfo | None = None
@@ -281,10 +292,11 @@ class Handshake:
         if self.expect is not None and node != self.expect:
             raise Unauthorized(f"expected {self.expect}, reached {node}")
         if community != self.membership.community_id:
-            raise Unauthorized("the peer belongs to another community")
-        if self.membership.is_revoked(node):
+            if not self._federated_peer(node, community, hello.get("relay") is True):
+                raise Unauthorized("the peer belongs to another community")
+        elif self.membership.is_revoked(node):
             raise Revoked("the peer is revoked")
-        if self.membership.level_of(node) is None:
+        elif self.membership.level_of(node) is None:
             raise Unauthorized("the peer is not a member of this community")
         if abs(now_ms - ts) > CLOCK_WINDOW_MS:
             raise Expired("hello timestamp outside the clock window")
@@ -306,8 +318,22 @@ class Handshake:
         self._accept(hello)
         return None
 
+    def _federated_peer(self, node: str, community: object, peer_relays: bool) -> bool:
+        """spec §8: a node of another community is taken only when it attaches to us, a
+        relay (it dialled us), or we attach to it, a relay (we dialled it and its hello
+        says it relays), and it is a current member of a community we hold an agreement
+        in force with."""
+        relayed_by = peer_relays if self.outbound else self.relay
+        return (
+            isinstance(community, str)
+            and relayed_by
+            and self.federated is not None
+            and self.federated(node, community)
+        )
+
     def _accept(self, hello: dict[str, Any]) -> None:
         url = hello.get("url")
+        community = hello.get("community")
         self.peer = PeerInfo(
             str(hello["node"]),
             str(hello.get("name", ""))[:128],
@@ -316,6 +342,7 @@ class Handshake:
             hello.get("full") is True,
             hello.get("relay") is True,
             self.link,
+            community if community != self.membership.community_id else None,
         )
         self.done = True
 

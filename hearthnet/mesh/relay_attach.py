@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter as Tally
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from hearthnet.clock import now_ms
 from hearthnet.mesh.links import PeerLink
@@ -36,7 +36,7 @@ class RelayAttachments:
     def __init__(
         self,
         *,
-        links: dict[str, PeerLink],
+        links: Mapping[str, PeerLink],  # our links and relays of federated communities
         paths: PathCore,
         keepalive: KeepaliveConfig,
         counts: Tally[str],

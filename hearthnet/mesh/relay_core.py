@@ -17,6 +17,8 @@ Rules:
 
 - Only nodes ``is_served`` accepts (members of this community and of federated ones) may
   attach, send and be sent to; attached members are checked again on every table refresh.
+  With ``is_own``, a route frame needs one end that is a member of this community: a
+  federated community's node reaches our members only (else ``unreachable``, counted).
 - A member's ``route`` frames must carry its own NodeID in ``from`` and at most the
   ``max_inner`` bytes it was granted (else :class:`Close`); a peer that has not attached
   is refused (attach first).
@@ -145,6 +147,8 @@ class RelayStats:
     ttl_expired: int
     spoofed: int
     foreign_tables: int = 0  # route tables from links that are not federated
+    # spec §8 community federation: route frames between two nodes of other communities
+    foreign_routes: int = 0
 
 
 class FairBucket:
@@ -211,16 +215,25 @@ class _Counters:
     ttl_expired: int = 0
     spoofed: int = 0
     foreign_tables: int = 0
+    foreign_routes: int = 0
 
 
 class RelayCore:
     """One relay's forwarding state. Pure: no I/O, no clock but ``now`` (seconds)."""
 
     def __init__(
-        self, node_id: str, is_served: Callable[[str], bool], config: RelayConfig | None = None
+        self,
+        node_id: str,
+        is_served: Callable[[str], bool],
+        config: RelayConfig | None = None,
+        *,
+        is_own: Callable[[str], bool] | None = None,
     ) -> None:
         self.node_id = node_id
         self.is_served = is_served
+        # spec §8 community federation: a node served but not ``is_own`` (a member of a
+        # federated community) reaches members of ours only, and only they reach it
+        self.is_own = is_own
         self.config = config or RelayConfig()
         self._links: dict[LinkId, tuple[str, str]] = {}  # link -> (peer, observed address)
         # spec §11: one Forward per link up, returned for every frame passed on to it
@@ -355,6 +368,9 @@ class RelayCore:
                 return []
         else:
             return [Refuse(link, "unauthorized")]  # attach first
+        if self.is_own is not None and not (self.is_own(route.from_) or self.is_own(route.to)):
+            self._count.foreign_routes += 1  # no transit between two other communities
+            return [Send(link, RouteError(route.to, route.from_, route.id, "unreachable"))]
         key = (route.from_, route.id)
         if key in self._seen:
             self._count.duplicates += 1
@@ -548,4 +564,5 @@ class RelayCore:
             c.ttl_expired,
             c.spoofed,
             c.foreign_tables,
+            c.foreign_routes,
         )

@@ -1,10 +1,12 @@
 """The relay role of a node (spec §8; ``mesh.relay``, ``--relay``): relay frames arriving on
 peer links go to :class:`~hearthnet.mesh.relay_core.RelayCore`, and its actions are
 carried out on the links (``Send`` writes a frame, ``Refuse`` sends ``detach``, ``Close``
-ends the link). Only members of this community are served. Relays that name each other
-in ``mesh.relay_peers`` (``--relay-peer``) federate: route tables go both ways, and a frame
-for a member attached to the other relay goes relay → relay → member. A relay also carries
-one ``join_via`` per join request for an invite it can check (bounded below).
+ends the link). Only members of this community are served, and nodes of federated
+communities under an agreement in force, to and from our members only
+(:mod:`hearthnet.mesh.relay_federated`). Relays that name each other in
+``mesh.relay_peers`` (``--relay-peer``) federate: route tables go both ways, and a frame
+for a member attached to the other relay goes relay → relay → member. A relay also
+carries one ``join_via`` per join request for an invite it can check (bounded below).
 
 The member side, and the dispatch of relay frames to the role they belong to, is
 :class:`~hearthnet.mesh.relaying.Relaying`.
@@ -14,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from typing import Any
 
-from hearthnet.errors import RateLimited, Unavailable
+from hearthnet.errors import RateLimited, Unavailable, WireError
 from hearthnet.mesh.addresses import PeerBook
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.pacing import Budget
@@ -265,6 +269,8 @@ class RelayRole:
             "duplicates": s.duplicates,
             "spoofed": s.spoofed,  # route.from not the member, or not behind that relay
             "foreign_tables": s.foreign_tables,  # route tables from links not federated
+            # spec §8 community federation: frames between two nodes of other communities
+            "foreign_routes": s.foreign_routes,
             "joins_forwarded": self.joins_forwarded,
             # route frames in the CBOR map form, read from and written to v1 peers
             "v1_routes_in": self.v1_routes["in"],
@@ -299,6 +305,7 @@ class RelayRole:
                 ("ttl",): float(s.ttl_expired),
                 ("duplicate",): float(s.duplicates),
                 ("spoofed",): float(s.spoofed),
+                ("foreign",): float(s.foreign_routes),
             }
 
         m.gauge(
@@ -319,3 +326,36 @@ class RelayRole:
             refused,
             ("reason",),
         )
+
+
+JoinHandler = Callable[[Any], Awaitable[dict[str, Any]]]  # a join request -> the answer
+
+
+class RelayedJoins:
+    """Joins a relay carried to this node, their inviter (spec §8): each is admitted as
+    ``POST /mesh/v1/join`` would, a few at a time, and the answer goes back on the link
+    it came in on."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def answer(self, link: PeerLink, frame: JoinVia, handler: JoinHandler | None) -> None:
+        """Admit the join request in ``frame`` with ``handler`` and answer the relay (no
+        handler, or too many joins pending: unavailable)."""
+        if handler is None or len(self._tasks) >= MAX_PENDING_JOINS:
+            body: dict[str, Any] = Unavailable("this node takes no joins now").to_wire()
+            link.send_raw(JoinAnswer(frame.id, json.dumps(body).encode()).encode())
+            return
+
+        async def answer() -> None:
+            try:
+                out = await handler(json.loads(frame.request))
+            except WireError as exc:
+                out = exc.to_wire()
+            except ValueError:
+                out = {"error": "bad_request", "message": "the join request is not JSON"}
+            link.send_raw(JoinAnswer(frame.id, json.dumps(out).encode()).encode())
+
+        task = asyncio.get_running_loop().create_task(answer(), name="mesh-relayed-join")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

@@ -27,22 +27,25 @@ relayed one like any direct link, in order (:mod:`hearthnet.mesh.path_switch`), 
 failed punch leaves the peer relayed. A join a relay carried to us, the inviter, is
 answered by :class:`RelayedJoins`.
 
-Not built yet (spec §8): community federation.
+Community federation (spec §8): nodes of federated communities attach and route to and
+from our members only, on links kept apart from the mesh's
+(:mod:`hearthnet.mesh.relay_federated`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
+from collections import ChainMap
 from collections import Counter as Tally
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from hearthnet.clock import now_ms
 from hearthnet.config import MeshSection
-from hearthnet.errors import HearthNetError, Unavailable, WireError
+from hearthnet.errors import HearthNetError, WireError
 from hearthnet.identity import KeyPair
 from hearthnet.ids import public_key_from_node_id
 from hearthnet.membership import Membership
@@ -67,6 +70,7 @@ from hearthnet.mesh.punching import Puncher
 from hearthnet.mesh.relay_attach import RelayAttachments
 from hearthnet.mesh.relay_choice import AttachRelay, DetachRelay, RelayChoiceConfig
 from hearthnet.mesh.relay_core import RelayConfig, RelayCore
+from hearthnet.mesh.relay_federated import FederatedLinks, federated_peer
 from hearthnet.mesh.relay_frames import (
     RELAY_FRAME_KINDS,
     Attach,
@@ -80,7 +84,7 @@ from hearthnet.mesh.relay_frames import (
 )
 from hearthnet.mesh.relay_keepalive import KeepaliveConfig
 from hearthnet.mesh.relay_member import EndpointConfig, RelayEndpoint, register_member_metrics
-from hearthnet.mesh.relay_role import MAX_PENDING_JOINS, RelayRole
+from hearthnet.mesh.relay_role import JoinHandler, RelayedJoins, RelayRole
 from hearthnet.mesh.relayed_link import (
     REPLACED_BY_DIRECT,
     SHUTTING_DOWN,
@@ -99,37 +103,6 @@ HELLO_RETRY_MS = 1000  # an unanswered e2e hello is sent again this often
 ATTACH_TARGET = 2  # relays a member stays attached to, of those it knows (failover)
 
 Dispatch = Callable[[PeerLink, dict[str, Any]], None]
-JoinHandler = Callable[[Any], Awaitable[dict[str, Any]]]  # a join request -> the answer
-
-
-class RelayedJoins:
-    """Joins a relay carried to this node, their inviter (spec §8): each is admitted as
-    ``POST /mesh/v1/join`` would, a few at a time, and the answer goes back on the link
-    it came in on."""
-
-    def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def answer(self, link: PeerLink, frame: JoinVia, handler: JoinHandler | None) -> None:
-        """Admit the join request in ``frame`` with ``handler`` and answer the relay (no
-        handler, or too many joins pending: unavailable)."""
-        if handler is None or len(self._tasks) >= MAX_PENDING_JOINS:
-            body: dict[str, Any] = Unavailable("this node takes no joins now").to_wire()
-            link.send_raw(JoinAnswer(frame.id, json.dumps(body).encode()).encode())
-            return
-
-        async def answer() -> None:
-            try:
-                out = await handler(json.loads(frame.request))
-            except WireError as exc:
-                out = exc.to_wire()
-            except ValueError:
-                out = {"error": "bad_request", "message": "the join request is not JSON"}
-            link.send_raw(JoinAnswer(frame.id, json.dumps(out).encode()).encode())
-
-        task = asyncio.get_running_loop().create_task(answer(), name="mesh-relayed-join")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
 
 class Relaying:
@@ -155,9 +128,15 @@ class Relaying:
         self.node_id = keys.node_id
         self._own_key = public_key_from_node_id(keys.node_id)
         self.membership = membership
-        # served by the relay, accepted end to end: a live member of this community
-        self.is_member: Callable[[str], bool] = lambda node: membership.level_of(node) is not None
+        # served by the relay, accepted end to end: a live member of this community, or
+        # of a federated one under an agreement in force (spec §8, relay_federated.py)
+        self.federated = FederatedLinks(metrics)
+        self.is_own: Callable[[str], bool] = lambda node: membership.level_of(node) is not None
+        self.is_member: Callable[[str], bool] = lambda node: (
+            self.is_own(node) or self.federated.allows(node)
+        )
         self.links = links
+        self.reach = ChainMap(links, self.federated.links)  # relays of ours and of theirs
         self.book = book
         self.dispatch = dispatch
         self.admit = admit
@@ -175,7 +154,7 @@ class Relaying:
                 control_bytes_per_s=config.relay_member_control_bytes_per_s,
             )
             peers = tuple(dict.fromkeys(normalize_url(u) for u in config.relay_peers))
-            core = RelayCore(self.node_id, self.is_member, budgets)
+            core = RelayCore(self.node_id, self.is_member, budgets, is_own=self.is_own)
             self.relay = RelayRole(core, metrics, peers, book=book, dial=dial)
         if config.relay_peers and not config.relay:
             log.warning("mesh.relay_peers (--relay-peer) is ignored: this node is not a relay")
@@ -214,7 +193,7 @@ class Relaying:
             self.keys, self.is_member, EndpointConfig(handshake_timeout_ms=HELLO_RETRY_MS)
         )
         self.attachments = RelayAttachments(
-            links=self.links,
+            links=self.reach,
             paths=self.paths,
             keepalive=self._keepalive,
             counts=self.counts,
@@ -347,6 +326,8 @@ class Relaying:
     def tick(self) -> None:
         """Relay tables and budgets, relay attachments, resends, acks, and new paths."""
         now = time.monotonic()
+        for ended in self.federated.ended():  # revoked or expired: within a tick (spec §8)
+            self.federated.end(ended)
         if self.relay is not None:
             self.relay.tick(now)
         if self.paths is None or self.endpoint is None or self.attachments is None:
@@ -360,6 +341,42 @@ class Relaying:
         if now >= self._next_scan:
             self._next_scan = now + SCAN_S
             self._scan(now)
+
+    # --- federated communities (spec §8, relay_federated.py) -------------------------------
+
+    def federated_up(self, link: PeerLink) -> bool:
+        """A direct link with a federated community's node is established: it attaches
+        to our relay, or it is a relay of theirs we attach to; never a mesh link."""
+        if not self.federated.up(link):
+            return False
+        if self.attachments is not None:
+            self.attachments.linked(link, ours=link.address in self.relay_urls)
+        return True
+
+    def federated_frame(self, link: PeerLink, raw: dict[str, Any]) -> None:
+        """A frame off a direct federated link: relay frames it may send, then the rest
+        (:meth:`FederatedLinks.frame`)."""
+        if raw.get("t") not in RELAY_FRAME_KINDS:
+            self.federated.frame(link, raw)
+        elif self.federated.relay_frame_allowed(raw):
+            self.on_frame(link, raw)
+
+    def federated_down(self, link: PeerLink, reason: str) -> None:
+        """A federated link ended (direct or relayed)."""
+        if not self.federated.down(link):
+            return
+        log.info("federated link down with %s: %s", link.node, reason, extra={"peer": link.node})
+        if is_relayed(link):
+            self._forget(link.node)
+            return
+        now = time.monotonic()
+        if self.relay is not None:
+            self.relay.link_down(link, now)
+        if self.attachments is not None:
+            self.attachments.unlinked(link, now)
+        for other in list(self.federated.links.values()):  # their relay ended us: so
+            if isinstance(other, RelayedLink) and other.via == link.node:  # do its paths
+                other.close("the other community's relay ended our link", send_bye=False)
 
     # --- member role ----------------------------------------------------------------------
 
@@ -388,10 +405,10 @@ class Relaying:
         dialable = {
             a.node for a in self.book.addresses.values() if a.node is not None and a.failures == 0
         }
-        for node in list(self.membership.members):
+        for node in [*self.membership.members, *self.federated.targets]:
             if (
                 node == self.node_id
-                or node in self.links
+                or node in self.reach
                 or node in self.attachments.relays
                 or node in dialable
                 or self.paths.path(node)[0] is not PathState.DOWN
@@ -410,7 +427,7 @@ class Relaying:
         """The link to ``node``: the one up, else a new relayed link (None while a relayed
         path has no relay yet)."""
         assert self.paths is not None
-        existing = self.links.get(node)
+        existing = self.reach.get(node)
         if existing is not None:
             return existing
         if len(self.links) >= 2 * self.max_links:
@@ -419,17 +436,22 @@ class Relaying:
         if state is PathState.DOWN or via is None:
             return None
         member = self.membership.members.get(node)
+        foreign = None if member is not None else self.federated.community_of(node)
+        if member is None and foreign is None:
+            return None  # neither ours nor federated (any more): no link
         info = PeerInfo(node, (member.name if member is not None else None) or "", None, "")
         link = RelayedLink(
-            info,
+            replace(info, community=foreign),
             via,
             outbound=outbound,
             transmit=self._transmit,
-            on_frame=self.dispatch,
-            on_down=self.on_down,
+            on_frame=self.dispatch if foreign is None else self.federated.frame,
+            on_down=self.on_down if foreign is None else self.federated_down,
             errors=self.errors,
-            successor=self.links.get,
+            successor=self.reach.get,
         )
+        if foreign is not None:  # spec §8: a bridge's requests only, never the mesh's
+            return link if self.federated.up(link) else None
         if not self.admit(link):
             return self.links.get(node)
         log.info("relayed link up with %s via %s", node, via, extra={"peer": node})
@@ -501,7 +523,7 @@ class Relaying:
     def _route_out(self, route: Route, via: str | None = None) -> None:
         assert self.paths is not None
         relay = via if via is not None else self.paths.path(route.to)[1]
-        link = self.links.get(relay) if relay is not None else None
+        link = self.reach.get(relay) if relay is not None else None
         if link is None or is_relayed(link):
             self.counts["dropped_no_relay"] += 1  # resent by the path sequence or hello timer
             return
@@ -545,7 +567,7 @@ class Relaying:
                 if is_relayed(link):
                     link.close(f"peer said bye: {frame.get('reason', '')}", send_bye=False)
                 return
-            self.dispatch(link, frame)
+            (self.federated.frame if federated_peer(link) else self.dispatch)(link, frame)
         except HearthNetError as exc:
             log.warning("relayed frame from %s refused: %s", peer, exc, extra={"peer": peer})
 
@@ -566,6 +588,11 @@ class Relaying:
     def statistics(self) -> dict[str, Any]:
         """The relay's and the member's numbers, for ``/status``."""
         out: dict[str, Any] = {}
+        if self.federated.links or self.federated.refused:  # spec §8 community federation
+            out["federated"] = {
+                "links": sorted(self.federated.links),
+                "refused": dict(self.federated.refused),
+            }
         if self.relay is not None:
             out["relay"] = self.relay.statistics()
         if self.paths is not None and self.endpoint is not None and self.attachments is not None:

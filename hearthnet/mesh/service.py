@@ -46,6 +46,7 @@ from hearthnet.mesh.health import LinkHealth
 from hearthnet.mesh.links import LinkErrors, PeerLink
 from hearthnet.mesh.protocol import link_subprotocol
 from hearthnet.mesh.punching import Puncher
+from hearthnet.mesh.relay_federated import federated_peer
 from hearthnet.mesh.relayed_link import (
     REPLACED_BY_DIRECT,
     SHUTTING_DOWN,
@@ -181,7 +182,9 @@ class Mesh:
             on_frame=self._on_frame,
             on_down=self._link_down,
             on_binary=self.relaying.on_binary,
+            federated=self.relaying.federated.allows,  # spec §8: their nodes, via relays
         )
+        self.dialer.federated_links = self.relaying.federated.links
 
         # the direct upgrade (spec §8): StartPunch from the path core, carried out here
         self.puncher = Puncher(
@@ -317,6 +320,7 @@ class Mesh:
     def stop(self) -> None:
         """Say bye on every link (the task group is cancelled by the node right after)."""
         self.routes.close_all(SHUTTING_DOWN)
+        self.relaying.federated.close_all(SHUTTING_DOWN)
 
     # --- links --------------------------------------------------------------------------
 
@@ -330,6 +334,8 @@ class Mesh:
 
     def _link_up(self, link: PeerLink) -> bool:
         """Admit an established link; simultaneous dials keep one (spec §7.2)."""
+        if federated_peer(link):  # spec §8: relaying and the bridge's requests only
+            return self.relaying.federated_up(link)
         self.relaying.link_established(link)  # relays: which node a peer relay's URL is
         if not self.routes.admit(link):
             return False
@@ -347,6 +353,11 @@ class Mesh:
         return True
 
     def _link_down(self, link: PeerLink, reason: str) -> None:
+        if federated_peer(link):
+            self.relaying.federated_down(link, reason)
+            if link.address is not None:  # their relay: dialled again when due
+                self.book.hold(link.address, time.monotonic(), 0)
+            return
         if not self.routes.remove(link):
             self.relaying.replaced_link_down(link)  # relays: the core forgets it too
             return  # a duplicate that lost
@@ -364,7 +375,9 @@ class Mesh:
     def _on_frame(self, link: PeerLink, frame: dict[str, Any]) -> None:
         """A frame off a direct link: relay frames (spec §8) to the relaying glue, the
         rest through the cores."""
-        if not self.relaying.on_frame(link, frame):
+        if federated_peer(link):  # never the mesh's cores (relay_federated.py)
+            self.relaying.federated_frame(link, frame)
+        elif not self.relaying.on_frame(link, frame):
             self.traffic.receive(link, frame)
 
     def close_links_of(self, node: str, reason: str) -> None:

@@ -1,8 +1,10 @@
 """Relays beyond one relay and its members (spec §8): two home nodes behind NAT, each
 attached to a different relay, the relays federated, so a frame for the other home node
 goes relay → relay → node; and a home node joining through the relay of an inviter that
-is itself behind NAT. Both scenarios share one lab and its nodes (home A founded the
-community and is attached to relay 1; the joiner is a third home). Real node processes
+is itself behind NAT; and a second community federated with the first, whose bridge, behind
+a fourth NAT, reaches home A only through relay 1. The scenarios share one lab and its
+nodes (home A founded the community and is attached to relay 1; the joiner is a third
+home, the other community's bridge a fourth). Real node processes
 in network namespaces; no home node can dial another, and the NATs are symmetric
 (fully-random) so the direct upgrade fails and the paths stay relayed (the upgrade
 itself: test_punch_netns.py)."""
@@ -11,16 +13,31 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
-from hearthnet.identity import KeyPair
+from hearthnet.client import Client
+from hearthnet.clock import now_ms
+from hearthnet.community import CommunityStore
+from hearthnet.errors import WireError
+from hearthnet.federation.agreement import Agreement, Grant, Revocation
+from hearthnet.federation.carrier import CarriedClient
+from hearthnet.federation.store import FederationStore
+from hearthnet.identity import KeyPair, load_or_create_keys
+from hearthnet.ids import new_ulid
+from hearthnet.membership import Membership
+from tests.chaos.mesh_lab import NamespacedClient
 from tests.chaos.nat_lab import HomeHost, NatLab, PublicHost
-from tests.chaos.relay_lab import launch, start_all, stop_all, url
+from tests.chaos.netns import Machine
+from tests.chaos.relay_lab import launch, metric, start_all, stop_all, url
 from tests.chaos.test_relay_netns import (
+    PORT,
     both_paths,
     cli,
     paths,
@@ -33,11 +50,16 @@ from tests.helpers import eventually
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
+CARRY = "/mesh/v1/federation/carry"
+REFUSED = 'hearthnet_mesh_refused_total{reason="unauthorized"}'
+ENDED = 'hearthnet_federated_refused{reason="agreement_ended"}'
+
 
 @dataclass
 class Federated:
-    """The lab, the data root, the two relays, homes A and B, the joiner, and the keys of
-    home A, relay 1, relay 2 and home B (in that order; home A founded the community)."""
+    """The lab, the data root, the two relays, homes A and B, the joiner, the other
+    community's bridge, and the keys of home A, relay 1, relay 2 and home B (in that
+    order; home A founded the community)."""
 
     lab: NatLab
     root: Path
@@ -46,6 +68,7 @@ class Federated:
     a: HomeHost
     b: HomeHost
     joiner: HomeHost
+    bridge: HomeHost
     keys: list[KeyPair]
 
 
@@ -53,9 +76,9 @@ class Federated:
 def fed(nat_lab_support: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federated]:
     """Relays 1 and 2 federated; home A on relay 1, home B on relay 2; a third home idle."""
     root = tmp_path_factory.mktemp("federated")
-    with NatLab(["fully-random"] * 3, public=("relay", "relay2")) as lab:
+    with NatLab(["fully-random"] * 4, public=("relay", "relay2")) as lab:
         relay1, relay2 = lab.public["relay"], lab.public["relay2"]
-        home_a, home_b, joiner = lab.homes
+        home_a, home_b, joiner, bridge = lab.homes
         keys = prepare(root, [home_a, relay1, relay2, home_b])
         procs = start_all(
             root,
@@ -68,7 +91,7 @@ def fed(nat_lab_support: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
             ],
         )
         try:
-            yield Federated(lab, root, relay1, relay2, home_a, home_b, joiner, keys)
+            yield Federated(lab, root, relay1, relay2, home_a, home_b, joiner, bridge, keys)
         finally:
             stop_all(procs)
 
@@ -142,4 +165,179 @@ async def test_a_nat_node_joins_through_the_relay_of_an_inviter_behind_nat(
     assert (("relayed", relay_keys.node_id), 1) == (
         seen[a_keys.node_id],
         status["relaying"]["relay"]["joins_forwarded"],
+    )
+
+
+# --- community federation through a relay (spec §8) ---------------------------------------
+
+CHAT, NEWS = Grant(("chat.**",), ("echo@1",)), Grant(("news.*",), ())
+
+
+def other_community(
+    root: Path, bridge: HomeHost, home_a: HomeHost, a_keys: KeyPair
+) -> tuple[KeyPair, Agreement]:
+    """Community B, founded by the bridge's key, and an agreement with home A's community
+    (A grants chat.** and echo@1, B grants news.*), signed by both founders; the bridge's
+    data dir holds it with A's records, as ``federation accept`` leaves it."""
+    keys = load_or_create_keys(root / bridge.name)
+    view = Membership(keys.node_id)
+    view.add(view.sign(keys, "community.created", keys.node_id, now_ms=1, name="b"))
+    CommunityStore(root / bridge.name).replace(list(view.records.values()))
+    now = now_ms()
+    agreement = Agreement.propose(
+        a_keys,
+        agreement_id=new_ulid(now),
+        community_a=a_keys.node_id,
+        community_b=keys.node_id,
+        a_grants_b=CHAT,
+        b_grants_a=NEWS,
+        now_ms=now,
+        expires_ms=now + 86_400_000,
+    ).countersign(keys)
+    store = FederationStore(root / bridge.name)
+    try:
+        store.put_agreement(agreement)
+        store.put_records(a_keys.node_id, CommunityStore(root / home_a.name).load())
+    finally:
+        store.close()
+    return keys, agreement
+
+
+async def held(root: Path, machine: Machine) -> list[str]:
+    """The statuses of the agreements the machine's node holds."""
+    async with NamespacedClient(root, machine, PORT) as client:
+        answer = await client.request_json("GET", "/mesh/v1/federation")
+    return [a["status"] for a in answer["agreements"]]
+
+
+async def history(root: Path, machine: Machine, topic: str) -> list[Any]:
+    """The ``data`` of every message the machine's node holds on ``topic``, sorted."""
+    async with NamespacedClient(root, machine, PORT) as client:
+        page = await client.history(topic, limit=100)
+    return sorted((m["data"]["data"] for m in page["messages"]), key=json.dumps)
+
+
+def carried(outer: Client, to: str, keys: KeyPair) -> CarriedClient:
+    """A client of node ``to`` of the other community, signing as ``keys``, whose
+    requests the bridge (``outer``'s node) carries (``POST /mesh/v1/federation/carry``)."""
+
+    async def carry(
+        method: str, path: str, headers: dict[str, str], body: bytes | None
+    ) -> tuple[int, bytes]:
+        payload: dict[str, Any] = {"to": to, "method": method, "path": path, "headers": headers}
+        payload["body"] = orjson.loads(body) if body else None
+        signed = await outer.signed_headers("POST", CARRY, payload)
+        async with outer.session.post(
+            outer.url + CARRY,
+            data=orjson.dumps(payload),
+            headers={**signed, "Content-Type": "application/json"},
+        ) as resp:
+            return resp.status, await resp.read()
+
+    return CarriedClient(to, carry, keys=keys, community=keys.node_id)
+
+
+async def call_code(client: Client, capability: str) -> str | None:
+    """None when ``capability`` answers through the relay, else the error's code."""
+    try:
+        await client.call(capability, {"x": 1})
+    except WireError as exc:
+        return exc.code
+    return None
+
+
+async def test_federated_communities_bridge_through_a_relay(fed: Federated) -> None:
+    """B's bridge behind NAT reaches A's home node behind NAT only through A's relay:
+    granted topics flow both ways, others do not; the granted capability answers, others
+    are forbidden; revoking the agreement stops both within 10 s."""
+    root, relay, home_a, bridge = fed.root, fed.relay1, fed.a, fed.bridge
+    a_keys = fed.keys[0]
+    b_keys, agreement = other_community(root, bridge, home_a, a_keys)
+    b_records = {b_keys.node_id: [r.to_json() for r in CommunityStore(root / bridge.name).load()]}
+    async with NamespacedClient(root, home_a, PORT) as ca:
+        await ca.request_json(
+            "POST",
+            "/mesh/v1/federation",
+            {"agreements": [agreement.to_json()], "records": b_records},
+        )
+        await ca.publish("secret.plans", "m", {"n": "hidden"})
+        await ca.publish("chat.room", "m", {"n": "a1"})
+    # A's relay learns it from A's mesh (mesh.federation) before B's bridge dials it
+    await eventually(lambda: held(root, relay), lambda s: s == ["in_force"], 30, "relay 1 holds it")
+    proc = launch(
+        root, bridge, "--relay-url", url(relay), "--federation-peer", f"mesh:{a_keys.node_id}"
+    )
+    try:
+        proc.wait_for_line(lambda line: line.startswith("hearthnet ready"), 60)
+        async with NamespacedClient(root, bridge, PORT) as cb:
+            await cb.publish("chat.room", "m", {"n": "b-chat"})  # B grants A no chat
+            await cb.publish("news.today", "m", {"n": "b1"})
+        await eventually(
+            lambda: history(root, bridge, "chat.room"), lambda d: {"n": "a1"} in d, 60, "A→B"
+        )
+        await eventually(
+            lambda: history(root, home_a, "news.today"), lambda d: {"n": "b1"} in d, 30, "B→A"
+        )
+        async with (
+            NamespacedClient(root, bridge, PORT) as outer,
+            carried(outer, a_keys.node_id, b_keys) as client,
+        ):
+            calls = [await call_code(client, "echo@1"), await call_code(client, "echo.stream@1")]
+            revoked_at = time.monotonic()
+            revocation = Revocation.create(a_keys, agreement.id, now_ms())
+            async with NamespacedClient(root, home_a, PORT) as ca:
+                await ca.request_json(
+                    "POST", "/mesh/v1/federation", {"revocations": [revocation.to_json()]}
+                )
+            await eventually(
+                lambda: call_code(client, "echo@1"), lambda code: code is not None, 10, "calls stop"
+            )
+            stopped_s = time.monotonic() - revoked_at
+        # the relay hands the revocation to B's bridge before it closes their link
+        statuses = await eventually(
+            lambda: held(root, bridge), lambda s: s == ["revoked"], 10, "B holds the revocation"
+        )
+        async with (
+            NamespacedClient(root, home_a, PORT) as ca,
+            NamespacedClient(root, bridge, PORT) as cb,
+        ):
+            await ca.publish("chat.room", "m", {"n": "after"})
+            await cb.publish("news.today", "m", {"n": "after"})
+        await asyncio.sleep(3)  # a pull parks 2 s, a push is woken by the commit
+        after = [
+            await history(root, bridge, "chat.room"),
+            await history(root, home_a, "news.today"),
+            await history(root, bridge, "secret.plans"),
+            await history(root, home_a, "chat.room"),
+        ]
+        # home A held the revocation first: it ended its relayed link with B's bridge
+        ended = await asyncio.to_thread(metric, home_a, ENDED)
+        # B's bridge dials the relay again and is refused as any other community's node
+        refused = await eventually(
+            lambda: asyncio.to_thread(metric, relay, REFUSED),
+            lambda n: n >= 1,
+            15,
+            "the relay refuses B's bridge",
+        )
+    finally:
+        stop_all([proc])
+    assert (
+        [None, "forbidden"],
+        True,
+        [
+            [{"n": "a1"}, {"n": "b-chat"}],  # A's chat.room, and B's own
+            [{"n": "b1"}],  # nothing after the revocation, either way
+            [],  # not granted
+            [{"n": "a1"}, {"n": "after"}],  # B grants A no chat
+        ],
+        True,
+        True,
+        ["revoked"],
+    ) == (
+        calls,
+        stopped_s < 10,
+        after,
+        ended >= 1,
+        refused >= 1,
+        statuses,
     )

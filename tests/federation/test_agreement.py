@@ -264,3 +264,18 @@ def test_forwarding_matches_the_topic_pattern_matcher(topic: str, patterns: list
     view.add_agreement(agreement(Grant(tuple(patterns), ())))
     expected = any(TopicPattern.parse(p).matches(topic) for p in patterns)
     assert expected == view.may_forward(topic, A.node_id, B.node_id, NOW)
+
+
+def test_relays_serve_a_federated_member_only_while_an_agreement_is_in_force() -> None:
+    """in_force_community: B's member while the agreement holds; none after its expiry,
+    after a revocation, and never for a stranger (spec §8: relays and bridges)."""
+    signed = agreement(expires_ms=NOW + DAY)
+    view = view_of_a(signed)
+    before = [view.in_force_community(n.node_id, NOW) for n in (B_MEMBER, B, STRANGER)]
+    expired = view.in_force_community(B_MEMBER.node_id, NOW + DAY)
+    view.add_revocation(Revocation.create(A, signed.id, NOW + 1))
+    assert ([B.node_id, B.node_id, None], None, None) == (
+        before,
+        expired,
+        view.in_force_community(B_MEMBER.node_id, NOW + 2),
+    )
