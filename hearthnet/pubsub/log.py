@@ -5,7 +5,9 @@ publish is numbered (``origin_seq``) when it is queued; the flush loop takes eve
 queued and hands the batch to the writer thread as **one job**: sign the local publishes,
 drop peers' duplicates, assign ``seq``, insert, commit. One hand-over per batch matters:
 each trip between the event loop and a worker thread waits for the GIL, and a busy loop
-(fan-out to a thousand sockets) made a trip per statement cost milliseconds. Only after
+(fan-out to a thousand sockets) made a trip per statement cost milliseconds. With
+``synchronous=NORMAL`` a lone small batch (:data:`INLINE_MAX`) is committed on the event
+loop instead, the same job without the trip. Only after
 the commit does the loop move the sequencer's head and the indexes, hand the batch to
 fan-out (``on_commit``) and resolve the publishers' futures: a publish is acknowledged
 only once durable, and a ``seq`` is never handed out twice, even across a crash.
