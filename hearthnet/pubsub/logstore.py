@@ -221,7 +221,9 @@ class SqliteWriter:
     """One SQLite connection owned by one thread; each :meth:`run` is a single trip.
 
     Jobs run one at a time, in the order they were submitted, so a job that spans
-    ``BEGIN`` .. ``COMMIT`` is a transaction nobody else interleaves with.
+    ``BEGIN`` .. ``COMMIT`` is a transaction nobody else interleaves with. While no job is
+    queued or running (:attr:`idle`), :meth:`run_here` runs one in the calling thread
+    instead: no hand-over to the thread and back.
     """
 
     def __init__(self, path: Path, synchronous: str) -> None:
@@ -229,6 +231,20 @@ class SqliteWriter:
         self.synchronous = synchronous
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hearthnet-log")
         self._conn: sqlite3.Connection | None = None
+        self._busy = 0  # jobs handed to the thread and not finished
+
+    @property
+    def idle(self) -> bool:
+        """True when connected and no job is queued or running in the thread."""
+        return self._conn is not None and not self._busy
+
+    def run_here(self, job: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``job`` with the connection in the calling thread; only while :attr:`idle`
+        (the caller keeps :meth:`run` from being called until this returns)."""
+        conn = self._conn
+        if conn is None or self._busy:
+            raise RuntimeError("the log's writer is busy or not connected")
+        return job(conn)
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -250,7 +266,11 @@ class SqliteWriter:
         def call() -> T:
             return job(self._conn or self._connect())
 
-        return await asyncio.get_running_loop().run_in_executor(self._thread, call)
+        self._busy += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._thread, call)
+        finally:
+            self._busy -= 1
 
     async def close(self) -> None:
         """Close the connection and stop the thread (after the jobs already queued)."""

@@ -17,7 +17,7 @@ from hearthnet.identity import KeyPair
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.pubsub.access import AccessPolicy
 from hearthnet.pubsub.envelope import Message, StoredMessage
-from hearthnet.pubsub.log import READ_LAST_QUERIES, ConsumerRecord, MessageLog
+from hearthnet.pubsub.log import INLINE_MAX, READ_LAST_QUERIES, ConsumerRecord, MessageLog
 from hearthnet.pubsub.retention import RetentionPolicy, RetentionRule
 from hearthnet.pubsub.retention_pass import AGED_PAGE
 from hearthnet.pubsub.service import PubSub
@@ -91,6 +91,27 @@ async def test_publish_resolves_only_after_commit(tmp_path: Path) -> None:
         pending_before = not fut.done()
         stored = await fut
     assert (True, [1], 1) == (pending_before, seen, stored.seq if stored else None)
+
+
+async def test_lone_small_batches_commit_on_the_loop_only_with_sync_normal(
+    tmp_path: Path,
+) -> None:
+    """With sync normal a lone publish commits on the event loop, a large batch in the
+    writer thread; with full every batch goes to the thread; all of it is read back."""
+    counts = []
+    for sync in ("normal", "full"):
+        async with opened(tmp_path / f"{sync}.db", sync) as log:
+            for i in range(3):
+                await log.publish(topic="a", msg_type="m", data=i)
+            await publish_many(log, INLINE_MAX + 1)
+            counts.append((log.batches, log.inline_batches))
+        async with opened(tmp_path / f"{sync}.db", sync) as log:
+            back = await log.read_matching(
+                [TopicPattern.parse("a")], after_seq=0, upto_seq=3, limit=10
+            )
+            counts.append(([s.message.data for s in back], log.head_seq))
+    head = 3 + INLINE_MAX + 1
+    assert [(4, 3), ([0, 1, 2], head), (4, 0), ([0, 1, 2], head)] == counts
 
 
 async def test_restart_keeps_epoch_head_and_origin_seq(tmp_path: Path) -> None:
