@@ -231,7 +231,7 @@ class RelayedPaths:
 
     def path_actions(self, actions: list[Any]) -> None:
         self._carry(actions)
-        at = self.paths.release_at
+        at = self.paths.paced.release_at
         if at is not None and (self._release is None or at < self._release_at):
             # frames wait for a relay's budget: release them the moment the first fits
             # (a millisecond later: the loop's clock is coarser than time.monotonic)
@@ -244,7 +244,7 @@ class RelayedPaths:
     def _released(self) -> None:
         """The moment a frame waiting for a relay's budget fits it (pacing.py)."""
         self._release = None
-        self.path_actions(self.paths.release(time.monotonic()))
+        self.path_actions(self.paths.paced.release(time.monotonic()))
 
     def _carry(self, actions: list[Any]) -> None:
         for action in actions:
