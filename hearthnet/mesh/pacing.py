@@ -10,7 +10,7 @@ at the rate granted, holding half the burst the relay holds (the other half abso
 jitter between our clock and the frames' arrival there), and frames that find the bucket
 empty wait in their peer's sequence (:class:`~hearthnet.mesh.pathseq.Outbound`) until
 :meth:`Pacer.admit` lets them go: the path core names the moment the next one fits
-(:meth:`Pacer.wait`, ``PathCore.release_at``) and the glue releases them then, not on
+(:meth:`Pacer.wait`, ``PathCore.paced.release_at``) and the glue releases them then, not on
 its next tick. A refusal all the same (a budget that shrank before we
 heard of it) empties the bucket for the ``retry_after_ms`` the relay named.
 

@@ -35,8 +35,9 @@ loses and duplicates nothing.
 
 Pacing (spec §8 budgets, :mod:`hearthnet.mesh.pacing`): what goes through a relay that
 granted a budget (fed to ``PathCore.pacer``) leaves at that rate; frames beyond it wait
-in the peer's sequence and go as the budget refills: :attr:`PathCore.release_at` is the
-moment the first of them fits, when the glue calls :meth:`PathCore.release` (which, like
+in the peer's sequence and go as the budget refills (:attr:`PathCore.paced`,
+:mod:`hearthnet.mesh.path_release`): ``paced.release_at`` is the
+moment the first of them fits, when the glue calls ``paced.release`` (which, like
 :meth:`PathCore.tick`, shares the budget out a frame per peer in turn). Back-pressure:
 a frame :meth:`PathCore.send` may shed (a gossip message: anti-entropy brings it later)
 is dropped and counted while the peer's held frames are over ``shed_bytes``, so a member
@@ -52,6 +53,7 @@ from collections.abc import Sequence
 from hearthnet.errors import CapacityExceeded
 from hearthnet.mesh.pacing import Pacer
 from hearthnet.mesh.path_frames import Candidates, Drain, PAck, PathFrame, PFrame, Punch, Upgrade
+from hearthnet.mesh.path_release import PacedRelease
 from hearthnet.mesh.path_state import (
     TRANSITIONS,
     UPGRADE_TRANSITIONS,
@@ -116,10 +118,9 @@ class PathCore:
         self.stats = PathStats()
         self.upgrade = DirectUpgrade(node_id, self.config, self.rng, self.relays, self.stats)
         self.pacer = Pacer()
-        # the earliest moment a frame waiting for a relay's budget fits it: call
-        # :meth:`release` then (None: nothing waits for the budget)
-        self.release_at: float | None = None
         self._peers: dict[str, PeerState] = {}
+        # frames leave within the relays' budgets; the rest wait for ``paced.release_at``
+        self.paced = PacedRelease(self._peers, self.pacer, self.stats)
 
     # -- views ---------------------------------------------------------------------------
 
@@ -188,26 +189,7 @@ class PathCore:
             actions.append(Transmit(p.node, old_path, p.out.drain()))
         elif was_down or not old_alive:
             p.out.resend_all(now, later=True)
-        return actions + self._flush(p, now)
-
-    def _flush(self, p: PeerState, now: float, *, one: bool = False) -> list[Action]:
-        """Frames of ``p`` waiting to go, while its path's budget allows (``one``: at most
-        one, for sharing a relay's budget in turn)."""
-        actions: list[Action] = []
-        if p.state is PathState.DOWN:
-            return actions
-        via = p.path
-        while (size := p.out.next_size()) is not None:
-            if via is not None and not self.pacer.admit(via, size, now):
-                at = now + self.pacer.wait(via, size, now)  # when it fits: release it then
-                self.release_at = at if self.release_at is None else min(self.release_at, at)
-                break
-            frame, resent = p.out.take(now)
-            self.stats.resent += resent
-            actions.append(Transmit(p.node, via, frame))
-            if one:
-                break
-        return actions
+        return actions + self.paced.flush(p, now)
 
     def connect(self, peer: str, now: float) -> list[Action]:
         """Start keeping a path to ``peer`` (through the primary relay until direct)."""
@@ -305,7 +287,7 @@ class PathCore:
         out.hold(frame)
         if p.state is PathState.DOWN:
             return self.connect(peer, now)  # sends it, and all before it, once a relay is up
-        return self._flush(p, now)
+        return self.paced.flush(p, now)
 
     def send_unsequenced(self, peer: str, frame: bytes, now: float) -> list[Action]:
         """Send ``frame`` to ``peer`` outside the sequence (a heartbeat: lost if the path
@@ -337,7 +319,7 @@ class PathCore:
             return actions
         if isinstance(frame, PAck):
             p.out.ack(frame, now, later=True)
-            return self._flush(p, now)
+            return self.paced.flush(p, now)
         if isinstance(frame, Drain):
             ack = p.inb.drain(frame)
             return [] if p.state is PathState.DOWN else [Transmit(peer, p.path, ack)]
@@ -372,18 +354,4 @@ class PathCore:
             p.out.due(now, later=True)
             if p.inb.owed:
                 actions.append(Transmit(p.node, p.path, p.inb.ack()))
-        return actions + self.release(now)
-
-    def release(self, now: float) -> list[Action]:
-        """Frames waiting for a relay's budget that fit it now (at :attr:`release_at`, and
-        on every tick); a relay's budget goes a frame per peer in turn, so one busy peer
-        starves no other."""
-        self.release_at = None
-        actions: list[Action] = []
-        waiting = [p for p in self._peers.values() if p.out.waiting]
-        while waiting:
-            sent = [(p, self._flush(p, now, one=True)) for p in waiting]
-            waiting = [p for p, f in sent if f]
-            for _, f in sent:
-                actions += f
-        return actions
+        return actions + self.paced.release(now)

@@ -9,7 +9,8 @@ Two roles, either or both:
   relays are dialled as ordinary peers (their URLs go into the address book) and sent
   ``attach`` (:class:`~hearthnet.mesh.relay_attach.RelayAttachments`: attach, keepalive,
   failover); a community member this node has no direct link to and cannot dial (no
-  address, or every address failed) is reached through the attached relay: a
+  address, or every address failed) is reached through the attached relay
+  (:class:`~hearthnet.mesh.relayed_paths.RelayedPaths`, the member role's traffic): a
   :class:`~hearthnet.mesh.relayed_link.RelayedLink` that the mesh uses like any link,
   whose frames :class:`~hearthnet.mesh.paths.PathCore` numbers and
   :class:`~hearthnet.mesh.relay_member.RelayEndpoint` seals end to end into ``route``
@@ -34,18 +35,14 @@ from our members only, on links kept apart from the mesh's
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import ChainMap
 from collections import Counter as Tally
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
-from hearthnet.clock import now_ms
 from hearthnet.config import MeshSection
-from hearthnet.errors import HearthNetError, WireError
 from hearthnet.identity import KeyPair
 from hearthnet.ids import public_key_from_node_id
 from hearthnet.membership import Membership
@@ -56,21 +53,13 @@ from hearthnet.mesh.pacing import Budget
 from hearthnet.mesh.path_frames import Drain, PAck, PFrame
 from hearthnet.mesh.path_switch import PathSwitch
 from hearthnet.mesh.paths import (
-    Deliver,
-    PathChanged,
     PathConfig,
     PathCore,
-    PathState,
-    StartPunch,
-    Transmit,
 )
-from hearthnet.mesh.pathseq import is_gossip, is_heartbeat
-from hearthnet.mesh.protocol import PeerInfo, decode_frame, encode_frame
 from hearthnet.mesh.punching import Puncher
 from hearthnet.mesh.relay_attach import RelayAttachments
-from hearthnet.mesh.relay_choice import AttachRelay, DetachRelay, RelayChoiceConfig
 from hearthnet.mesh.relay_core import RelayConfig, RelayCore
-from hearthnet.mesh.relay_federated import FederatedLinks, federated_peer
+from hearthnet.mesh.relay_federated import FederatedLinks
 from hearthnet.mesh.relay_frames import (
     RELAY_FRAME_KINDS,
     Attach,
@@ -83,7 +72,7 @@ from hearthnet.mesh.relay_frames import (
     parse_frame,
 )
 from hearthnet.mesh.relay_keepalive import KeepaliveConfig
-from hearthnet.mesh.relay_member import EndpointConfig, RelayEndpoint, register_member_metrics
+from hearthnet.mesh.relay_member import RelayEndpoint
 from hearthnet.mesh.relay_role import JoinHandler, RelayedJoins, RelayRole
 from hearthnet.mesh.relayed_link import (
     REPLACED_BY_DIRECT,
@@ -91,16 +80,12 @@ from hearthnet.mesh.relayed_link import (
     RelayedLink,
     is_relayed,
 )
+from hearthnet.mesh.relayed_paths import RelayedPaths
 from hearthnet.metrics import MetricsRegistry
 
 log = logging.getLogger("hearthnet.mesh.relaying")
 
 TICK_S = 0.25  # the path core wants ~0.5 s; the relay core ~1 s
-RELEASE_SLACK_S = 0.001  # a paced frame is released this long after it fits the budget
-SCAN_S = 1.0  # how often members without a path are looked for
-PROBE_TIMEOUT_S = 30.0  # a relayed path whose probe got no answer is dropped and retried
-HELLO_RETRY_MS = 1000  # an unanswered e2e hello is sent again this often
-ATTACH_TARGET = 2  # relays a member stays attached to, of those it knows (failover)
 
 Dispatch = Callable[[PeerLink, dict[str, Any]], None]
 
@@ -165,12 +150,8 @@ class Relaying:
         self.puncher: Puncher | None = None  # the direct upgrade, once the node listens
         self.metrics = metrics
         self.max_links = config.max_links
-        self._next_scan = 0.0
-        # peers we opened a relayed path to, until it is up: when the probe went out
-        self._probing: dict[str, float] = {}
+        self.member: RelayedPaths | None = None  # the member role's relayed paths
         self.switch: PathSwitch | None = None  # relayed links turning direct, in order
-        self._release: asyncio.TimerHandle | None = None  # frames waiting for a budget
-        self._release_at = 0.0  # when (time.monotonic) the armed release fires
         self.counts: Tally[str] = Tally()  # member side: relayed frames and bytes, refusals
         self._keepalive = KeepaliveConfig(config.relay_keepalive_s, config.relay_silence_s)
         # back-pressure on a paced relayed path: gossip past this is shed (paths.py)
@@ -180,27 +161,30 @@ class Relaying:
 
     def _become_member(self) -> None:
         """Start the member role: a path core and end-to-end sessions."""
-        # relays join the path core as they are linked (their NodeIDs are not known yet)
-        # spec §8 failover: a second relay stays attached, so when one dies its peers move
-        # to the other at once (no re-attach, and the other side's relay already has us)
-        choice = RelayChoiceConfig(attach_target=ATTACH_TARGET)
-        self.paths = PathCore(
-            self.node_id, (), config=self._path_config, epoch=now_ms(), relay_config=choice
-        )
-        self.switch = PathSwitch(self.paths, self.links, self._path_actions, self._forget)
-        # a hello lost to a relay that did not yet have the peer is retried in 1 s
-        self.endpoint = RelayEndpoint(
-            self.keys, self.is_member, EndpointConfig(handshake_timeout_ms=HELLO_RETRY_MS)
-        )
-        self.attachments = RelayAttachments(
-            links=self.reach,
-            paths=self.paths,
-            keepalive=self._keepalive,
+        self.member = RelayedPaths(
+            keys=self.keys,
+            membership=self.membership,
+            is_member=self.is_member,
+            federated=self.federated,
+            links=self.links,
+            reach=self.reach,
+            book=self.book,
+            dispatch=self.dispatch,
+            admit=self.admit,
+            on_down=self.on_down,
+            federated_down=self.federated_down,
+            errors=self.errors,
+            metrics=self.metrics,
             counts=self.counts,
-            carry=self._path_actions,
-            candidate=lambda a: self.puncher.candidate(a) if self.puncher is not None else None,
+            max_links=self.max_links,
+            path_config=self._path_config,
+            keepalive=self._keepalive,
+            puncher=lambda: self.puncher,
         )
-        register_member_metrics(self.metrics, self.endpoint, self.counts, self.paths)
+        self.paths = self.member.paths
+        self.switch = self.member.switch
+        self.endpoint = self.member.endpoint
+        self.attachments = self.member.attachments
 
     def start(self) -> None:
         """Put the configured relays' URLs in the address book, so the mesh dials them like
@@ -249,8 +233,8 @@ class Relaying:
             # (in order, once, resent if lost) before the direct link's (path_switch.py)
             if link.down_reason == REPLACED_BY_DIRECT and self.switch is not None:
                 self.switch.replaced(link.node, now)
-            else:
-                self._forget(link.node)
+            elif self.member is not None:
+                self.member.forget(link.node)
             return False
         if self.attachments is not None:
             self.attachments.unlinked(link, now)
@@ -258,8 +242,8 @@ class Relaying:
         reason = link.down_reason
         gone = reason.startswith("peer said bye") or reason == SHUTTING_DOWN
         gone = gone or not self.is_member(link.node)
-        if self.switch is not None and self.switch.direct_down(link, now, gone=gone):
-            return self._open(link.node, outbound=link.outbound) is not None
+        if self.member is not None and self.member.switch.direct_down(link, now, gone=gone):
+            return self.member.open(link.node, outbound=link.outbound) is not None
         return False
 
     def replaced_link_down(self, link: PeerLink) -> None:
@@ -277,7 +261,7 @@ class Relaying:
             BadRequest: malformed (the link logs it and goes on).
         """
         if data[wire.TO_AT : wire.FROM_AT] == self._own_key:
-            self._unwrap(link, wire.parse_route(data))
+            self._route_in(link, wire.parse_route(data))
         elif self.relay is not None and not is_relayed(link):
             self.relay.forward(link, data, time.monotonic())
         else:
@@ -293,7 +277,7 @@ class Relaying:
         ours = self.attachments
         if isinstance(frame, Route) and frame.to == self.node_id:
             self.counts["v1_routes_in"] += 1  # the CBOR map form: a hearthnet-peer.v1 relay
-            self._unwrap(link, frame)
+            self._route_in(link, frame)
         elif isinstance(frame, (PFrame, PAck, Drain)) and not is_relayed(link):
             if self.switch is not None:  # a relayed sequence continued on a direct link
                 self.switch.path_frame(link, frame, now)
@@ -330,17 +314,8 @@ class Relaying:
             self.federated.end(ended)
         if self.relay is not None:
             self.relay.tick(now)
-        if self.paths is None or self.endpoint is None or self.attachments is None:
-            return
-        self._path_actions(self.paths.tick(now))
-        for route in self.endpoint.tick(now_ms()):
-            self._route_out(route)
-        self.attachments.tick(now)
-        if self.switch is not None:
-            self.switch.tick(now)
-        if now >= self._next_scan:
-            self._next_scan = now + SCAN_S
-            self._scan(now)
+        if self.member is not None:
+            self.member.tick(now)
 
     # --- federated communities (spec §8, relay_federated.py) -------------------------------
 
@@ -367,7 +342,8 @@ class Relaying:
             return
         log.info("federated link down with %s: %s", link.node, reason, extra={"peer": link.node})
         if is_relayed(link):
-            self._forget(link.node)
+            if self.member is not None:
+                self.member.forget(link.node)
             return
         now = time.monotonic()
         if self.relay is not None:
@@ -378,210 +354,19 @@ class Relaying:
             if isinstance(other, RelayedLink) and other.via == link.node:  # do its paths
                 other.close("the other community's relay ended our link", send_bye=False)
 
-    # --- member role ----------------------------------------------------------------------
+    # --- member role (relayed_paths.py) ---------------------------------------------------
 
     def punched(self, peer: str, nonce: str, ok: bool) -> None:
-        """A punch ended: a punched link replaced the relayed one (the switch is carried
-        out when the relayed link closes, see :meth:`link_down`), or the peer stays
-        relayed and the path core retries later."""
-        if self.paths is None:
-            return
-        link = self.links.get(peer)
-        if not ok or link is None or is_relayed(link):
-            self._path_actions(self.paths.punch_failed(peer, nonce, time.monotonic()))
+        """A punch ended (:meth:`RelayedPaths.punched`)."""
+        if self.member is not None:
+            self.member.punched(peer, nonce, ok)
 
-    def _scan(self, now: float) -> None:
-        """Members we have no direct link to and cannot dial get a relayed path, while
-        this node has room for links (spec §7.2's D; the others are reached through the
-        relay's own links, like any peer we are not linked to)."""
-        assert self.paths is not None
-        assert self.attachments is not None
-        for node, sent in list(self._probing.items()):
-            if now - sent > PROBE_TIMEOUT_S:  # offline, or not attached to our relay
-                self._forget(node)
-        room = self.max_links - len(self.links) - len(self._probing)
-        if self.paths.relays.primary is None or room <= 0:
-            return
-        dialable = {
-            a.node for a in self.book.addresses.values() if a.node is not None and a.failures == 0
-        }
-        for node in [*self.membership.members, *self.federated.targets]:
-            if (
-                node == self.node_id
-                or node in self.reach
-                or node in self.attachments.relays
-                or node in dialable
-                or self.paths.path(node)[0] is not PathState.DOWN
-            ):
-                continue
-            if room <= 0:
-                return
-            room -= 1
-            self._path_actions(self.paths.connect(node, now))
-            # a probe opens the end-to-end session; the link comes up with the first frame
-            # back, so a peer shows as relayed only once frames flow both ways
-            self._probing[node] = now
-            self._transmit(node, encode_frame("ping", seq=0, ts=now_ms()))
-
-    def _open(self, node: str, *, outbound: bool) -> PeerLink | None:
-        """The link to ``node``: the one up, else a new relayed link (None while a relayed
-        path has no relay yet)."""
-        assert self.paths is not None
-        existing = self.reach.get(node)
-        if existing is not None:
-            return existing
-        if len(self.links) >= 2 * self.max_links:
-            return None  # as full as accept() takes; the peer reaches us through the relay
-        state, via = self.paths.path(node)
-        if state is PathState.DOWN or via is None:
-            return None
-        member = self.membership.members.get(node)
-        foreign = None if member is not None else self.federated.community_of(node)
-        if member is None and foreign is None:
-            return None  # neither ours nor federated (any more): no link
-        info = PeerInfo(node, (member.name if member is not None else None) or "", None, "")
-        link = RelayedLink(
-            replace(info, community=foreign),
-            via,
-            outbound=outbound,
-            transmit=self._transmit,
-            on_frame=self.dispatch if foreign is None else self.federated.frame,
-            on_down=self.on_down if foreign is None else self.federated_down,
-            errors=self.errors,
-            successor=self.reach.get,
-        )
-        if foreign is not None:  # spec §8: a bridge's requests only, never the mesh's
-            return link if self.federated.up(link) else None
-        if not self.admit(link):
-            return self.links.get(node)
-        log.info("relayed link up with %s via %s", node, via, extra={"peer": node})
-        return link
-
-    def _transmit(self, peer: str, data: bytes) -> bool:
-        """A relayed link's frame into the path core; False when the peer is stuck."""
-        assert self.paths is not None
-        try:
-            if is_heartbeat(data):  # never behind frames a relay refused (pathseq.py)
-                actions = self.paths.send_unsequenced(peer, data, time.monotonic())
-            else:  # gossip may be shed when the relay's budget is far behind (paths.py)
-                actions = self.paths.send(peer, data, time.monotonic(), sheddable=is_gossip(data))
-        except WireError as exc:  # Unavailable: too much unacknowledged; CapacityExceeded
-            log.info("relayed path to %s: %s", peer, exc, extra={"peer": peer})
-            return False
-        self._path_actions(actions)
-        return True
-
-    def _path_actions(self, actions: list[Any]) -> None:
-        assert self.endpoint is not None
-        assert self.paths is not None
-        self._carry(actions)
-        at = self.paths.release_at
-        if at is not None and (self._release is None or at < self._release_at):
-            # frames wait for a relay's budget: release them the moment the first fits
-            # (a millisecond later: the loop's clock is coarser than time.monotonic)
-            if self._release is not None:
-                self._release.cancel()
-            delay = at - time.monotonic() + RELEASE_SLACK_S
-            self._release = asyncio.get_running_loop().call_later(delay, self._released)
-            self._release_at = at
-
-    def _released(self) -> None:
-        """The moment a frame waiting for a relay's budget fits it (pacing.py)."""
-        self._release = None
-        if self.paths is not None:
-            self._path_actions(self.paths.release(time.monotonic()))
-
-    def _carry(self, actions: list[Any]) -> None:
-        assert self.endpoint is not None
-        assert self.paths is not None
-        for action in actions:
-            if isinstance(action, Transmit):
-                if action.via is None:
-                    if self.switch is not None:  # a relayed sequence on the direct link
-                        self.switch.transmit(action)
-                    continue
-                for route in self.endpoint.wrap(action.peer, action.frame, now_ms()):
-                    self._route_out(route, action.via)
-            elif isinstance(action, Deliver):
-                self._deliver(action.peer, action.frame)
-            elif isinstance(action, (AttachRelay, DetachRelay)):
-                assert self.attachments is not None
-                self.attachments.act(action)
-            elif isinstance(action, PathChanged):
-                link = self.links.get(action.peer)
-                if isinstance(link, RelayedLink) and action.via is not None:
-                    link.via = action.via
-                    link.upgrading = action.state is PathState.UPGRADING
-            elif isinstance(action, StartPunch):
-                if self.puncher is not None:
-                    self.puncher.start(action)  # it reports to punched()
-                else:
-                    self._path_actions(
-                        self.paths.punch_failed(action.peer, action.nonce, time.monotonic())
-                    )
-
-    def _route_out(self, route: Route, via: str | None = None) -> None:
-        assert self.paths is not None
-        relay = via if via is not None else self.paths.path(route.to)[1]
-        link = self.reach.get(relay) if relay is not None else None
-        if link is None or is_relayed(link):
-            self.counts["dropped_no_relay"] += 1  # resent by the path sequence or hello timer
-            return
-        self.counts["frames_out"] += 1
-        self.counts["bytes_out"] += len(route.inner)
-        # enqueue: a route is a third node's, never in this link's sequence (path_switch.py)
-        link.enqueue(wire.encode_route(route) if link.v2 else wire.v1_bytes(route))
-
-    def _unwrap(self, link: PeerLink, route: Route) -> None:
-        if self.endpoint is None or self.paths is None:
+    def _route_in(self, link: PeerLink, route: Route) -> None:
+        """A route frame addressed to us: opened by the member role (spec §8)."""
+        if self.member is None:
             self.counts["refused_not_attached"] += 1
-            return
-        opened = self.endpoint.unwrap(route, now_ms())
-        if opened.refused is not None:
-            # spec §8: altered, replayed or forged on the way; refused and counted
-            log.info(
-                "refused a relayed frame from %s via %s: %s",
-                route.from_,
-                link.node,
-                opened.refused,
-                extra={"peer": route.from_},
-            )
         else:
-            self.counts["frames_in"] += 1
-            self.counts["bytes_in"] += len(route.inner)
-        for reply in opened.routes:
-            self._route_out(reply, link.node)
-        now = time.monotonic()
-        for frame in opened.frames:
-            self._path_actions(self.paths.receive(route.from_, frame, now))
-
-    def _deliver(self, peer: str, data: bytes) -> None:
-        """A peer-link frame from ``peer`` through a relay, in order, once."""
-        try:
-            frame = decode_frame(data)
-            link = self._open(peer, outbound=peer in self._probing)
-            self._probing.pop(peer, None)
-            if link is None:
-                return
-            if frame["t"] == "bye":
-                if is_relayed(link):
-                    link.close(f"peer said bye: {frame.get('reason', '')}", send_bye=False)
-                return
-            (self.federated.frame if federated_peer(link) else self.dispatch)(link, frame)
-        except HearthNetError as exc:
-            log.warning("relayed frame from %s refused: %s", peer, exc, extra={"peer": peer})
-
-    def _forget(self, peer: str) -> None:
-        """A relayed link ended: its sequence and session start afresh next time (a new
-        epoch, so the peer does not take the new frames for old ones)."""
-        if self.paths is None or self.endpoint is None:
-            return
-        self.paths.epoch = max(self.paths.epoch + 1, now_ms())
-        self.paths.forget(peer)
-        self.endpoint.forget(peer)
-        self._probing.pop(peer, None)
-        if self.switch is not None:
-            self.switch.forgotten(peer)
+            self.member.unwrap(link, route)
 
     # --- status ---------------------------------------------------------------------------
 
@@ -595,21 +380,6 @@ class Relaying:
             }
         if self.relay is not None:
             out["relay"] = self.relay.statistics()
-        if self.paths is not None and self.endpoint is not None and self.attachments is not None:
-            p = self.paths.statistics()
-            out["paths"] = {
-                "relays": sorted(self.attachments.relays),
-                "primary": self.paths.relays.primary,
-                "relayed": p.relayed,
-                "resent": p.resent,
-                # spec §8 budgets: pacing to the relays' grants, and back-pressure
-                "paced_bytes": p.paced_bytes,
-                "queued_frames": p.queued_frames,
-                "queued_bytes": p.queued_bytes,
-                "shed": p.shed,
-                "pace_refusals": p.pace_refusals,
-                "switched_in_order": self.switch.sequenced if self.switch is not None else 0,
-                "refused": dict(self.endpoint.refused),
-                **dict(self.counts),
-            }
+        if self.member is not None:
+            out["paths"] = self.member.statistics()
         return out

@@ -132,7 +132,8 @@ class Subscriber:
         # The catch-up task waits here while the channel has no room for backlog (a future
         # made on demand: an asyncio.Event per idle subscriber costs ~800 bytes).
         self._room_waiter: asyncio.Future[None] | None = None
-        # Subscribes of one session run one at a time (made on first subscribe).
+        # Subscribes of one session run one at a time (made on first subscribe; kept by
+        # SubscribeTurn).
         self._subscribing: asyncio.Lock | None = None
         self._turns = 0  # subscribes holding or waiting for the lock
         # A durable consumer reading what overflowed its queue back from the log.
@@ -160,22 +161,6 @@ class Subscriber:
     def subscribing(self) -> SubscribeTurn:
         """Held while :meth:`PubSub.subscribe` works on this session (``async with``)."""
         return SubscribeTurn(self)
-
-    def enter_turn(self) -> asyncio.Lock:
-        """The lock a subscribe waits for (see :class:`SubscribeTurn`)."""
-        if self._subscribing is None:
-            self._subscribing = asyncio.Lock()
-        self._turns += 1
-        return self._subscribing
-
-    def leave_turn(self, *, held: bool) -> None:
-        """A subscribe is done (``held``), or was cancelled while it waited."""
-        if held:
-            assert self._subscribing is not None
-            self._subscribing.release()
-        self._turns -= 1
-        if not self._turns:
-            self._subscribing = None  # nobody holds or waits: an idle session keeps no lock
 
     def ask_verify(self) -> None:
         """From now on, message frames carry ``sig`` (a session cannot go back)."""
@@ -318,12 +303,30 @@ class SubscribeTurn:
         self.sub = sub
 
     async def __aenter__(self) -> None:
-        lock = self.sub.enter_turn()
+        lock = self._enter()
         try:
             await lock.acquire()
         except BaseException:
-            self.sub.leave_turn(held=False)
+            self._leave(held=False)
             raise
 
     async def __aexit__(self, *exc: object) -> None:
-        self.sub.leave_turn(held=True)
+        self._leave(held=True)
+
+    def _enter(self) -> asyncio.Lock:
+        """The lock a subscribe waits for."""
+        sub = self.sub
+        if sub._subscribing is None:
+            sub._subscribing = asyncio.Lock()
+        sub._turns += 1
+        return sub._subscribing
+
+    def _leave(self, *, held: bool) -> None:
+        """A subscribe is done (``held``), or was cancelled while it waited."""
+        sub = self.sub
+        if held:
+            assert sub._subscribing is not None
+            sub._subscribing.release()
+        sub._turns -= 1
+        if not sub._turns:
+            sub._subscribing = None  # nobody holds or waits: an idle session keeps no lock

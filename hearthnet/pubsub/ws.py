@@ -77,9 +77,9 @@ class WsSession:
     """
 
     __slots__ = (
-        "_auth_timer",
         "_due",
         "_token_due_ms",
+        "auth_deadline",
         "caller",
         "close_code",
         "closing",
@@ -136,9 +136,8 @@ class WsSession:
         # Zero: the first sweep (after auth) looks at everything.
         self._due = 0.0
         self._token_due_ms = 0
-        self._auth_timer: asyncio.TimerHandle | None = self.loop.call_later(
-            cfg.ws_first_frame_s, self._no_auth
-        )
+        # until the first frame: dropped once it came, so an idle session keeps none
+        self.auth_deadline: AuthDeadline | None = AuthDeadline(self, cfg.ws_first_frame_s)
 
     # --- sending ----------------------------------------------------------------------
 
@@ -281,7 +280,8 @@ class WsSession:
             return
         self.finished = True
         deps = self.deps
-        self.cancel_auth_timer()
+        if self.auth_deadline is not None:
+            self.auth_deadline.cancel()
         self.sink.close()
         for task in list(self.tasks or ()):
             task.cancel()
@@ -303,18 +303,6 @@ class WsSession:
             if not tasks:
                 self.tasks = None
 
-    def cancel_auth_timer(self) -> None:
-        """The first frame came (or the session ended): no auth deadline any more."""
-        if self._auth_timer is not None:
-            self._auth_timer.cancel()
-            self._auth_timer = None
-
-    def _no_auth(self) -> None:
-        self._auth_timer = None
-        if self.caller is None and not self.finished:
-            self.deps.metrics.refused.inc("timeout", "ws")
-            self.hard_close(CLOSE_POLICY, "no auth frame")
-
     def in_presence(self) -> None:
         """A presence member that stays silent for presence_silence_s has left (spec §6.6):
         ping it at half that, so a live client's pong always comes in time. Other sessions
@@ -323,3 +311,26 @@ class WsSession:
         if ping_s < self.keepalive.ping_s:
             self.keepalive.ping_every(ping_s, self.loop.time())
             self._due = min(self._due, self.keepalive.next_deadline())
+
+
+class AuthDeadline:
+    """A session's first frame (``auth``) is due within ``ws_first_frame_s``; a session
+    that sends none is closed 1008 ``no auth frame`` (counted as a ``timeout``)."""
+
+    __slots__ = ("session", "timer")
+
+    def __init__(self, session: WsSession, delay_s: float) -> None:
+        self.session = session
+        self.timer = session.loop.call_later(delay_s, self._expired)
+
+    def cancel(self) -> None:
+        """The first frame came (or the session ended): no auth deadline any more."""
+        self.timer.cancel()
+        self.session.auth_deadline = None
+
+    def _expired(self) -> None:
+        session = self.session
+        session.auth_deadline = None
+        if session.caller is None and not session.finished:
+            session.deps.metrics.refused.inc("timeout", "ws")
+            session.hard_close(CLOSE_POLICY, "no auth frame")

@@ -83,7 +83,8 @@ class WsFrames:
     def authenticate(self, session: WsSession, payload: bytes | str, binary: bool) -> None:
         """The first frame: ``auth`` (spec §2.2); then the session has its subscriber."""
         deps = self.deps
-        session.cancel_auth_timer()
+        if session.auth_deadline is not None:
+            session.auth_deadline.cancel()
         deps.sweeper.add(session)
         try:
             frame = parse_client_frame(session.decode(payload, binary))

@@ -90,14 +90,14 @@ def test_the_core_names_the_moment_the_next_waiting_frame_fits() -> None:
     a = paced_core(A)
     for _ in range(7):
         a.send(B, bytes(FRAME), 0.0)
-    first = a.release_at
-    early = sent_numbers(a.release(0.099))
-    on_time = sent_numbers(a.release(0.1))
+    first = a.paced.release_at
+    early = sent_numbers(a.paced.release(0.099))
+    on_time = sent_numbers(a.paced.release(0.1))
     assert (0.1, [], [6], 0.2) == (
         round(first or 0, 6),
         early,
         on_time,
-        round(a.release_at or 0, 6),
+        round(a.paced.release_at or 0, 6),
     )
 
 
@@ -105,7 +105,7 @@ def test_nothing_waiting_names_no_release() -> None:
     """Frames within the budget leave at once and leave release_at None."""
     a = paced_core(A)
     sent = sent_numbers([x for _ in range(5) for x in a.send(B, bytes(FRAME), 0.0)])
-    assert ([1, 2, 3, 4, 5], None) == (sent, a.release_at)
+    assert ([1, 2, 3, 4, 5], None) == (sent, a.paced.release_at)
 
 
 def test_a_relays_budget_is_shared_a_frame_per_peer_in_turn() -> None:
