@@ -86,11 +86,15 @@ def _java_message(exc: Exception) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def read_raw(spark: SparkSession, files: ExportFiles, kind: str) -> DataFrame | None:
+def read_raw(
+    spark: SparkSession, files: ExportFiles, kind: str, *, with_file: bool = True
+) -> DataFrame | None:
     """Read every file of one kind with its explicit schema; None when there are none.
 
-    The columns are the schema's, ``_corrupt_record`` and ``file`` (the path the
-    row came from; Spark prunes it where it is not used).
+    The columns are the schema's, ``_corrupt_record`` and, ``with_file``, ``file`` (the
+    path the row came from). Spark does not prune the file metadata from a plan
+    that never uses it: every row would carry it through the scan, so the frames
+    the job classifies are read without it.
 
     JSON lines are parsed PERMISSIVE: a line that is not JSON, is cut off, or
     has a field of the wrong type keeps its text in ``_corrupt_record`` and is
@@ -104,7 +108,7 @@ def read_raw(spark: SparkSession, files: ExportFiles, kind: str) -> DataFrame | 
             .option("mode", "PERMISSIVE")
             .option("columnNameOfCorruptRecord", CORRUPT)
             .json(files.jsonl[kind])
-            .select(*schema.fieldNames(), CORRUPT, sf.col("_metadata.file_path").alias("file"))
+            .select(*schema.fieldNames(), CORRUPT, *_file_column(with_file))
         )
     if files.parquet[kind]:
         parts.append(
@@ -113,7 +117,7 @@ def read_raw(spark: SparkSession, files: ExportFiles, kind: str) -> DataFrame | 
             .select(
                 *schema.fieldNames(),
                 sf.lit(None).cast("string").alias(CORRUPT),
-                sf.col("_metadata.file_path").alias("file"),
+                *_file_column(with_file),
             )
         )
     if not parts:
@@ -122,6 +126,10 @@ def read_raw(spark: SparkSession, files: ExportFiles, kind: str) -> DataFrame | 
     for part in parts[1:]:
         raw = raw.unionByName(part)
     return raw
+
+
+def _file_column(with_file: bool) -> list[Column]:
+    return [sf.col("_metadata.file_path").alias("file")] if with_file else []
 
 
 def node_ok(c: Column) -> Column:
@@ -220,6 +228,8 @@ class NodeNames:
 
 def node_names(raws: dict[str, DataFrame | None]) -> NodeNames:
     """The node dictionary and the multi-export nodes, from one pass over the NodeID columns.
+
+    The heartbeat frame must have its ``file`` column (:func:`read_raw` ``with_file``).
 
     A node's heartbeat log holds only its own observations (spec §7.5), so the
     same observation can be read twice only from two exports of one node (an

@@ -136,12 +136,16 @@ class _Job:
             f"found {len(self.files.exports)} exports: {self.files.count('heartbeats')} heartbeat,"
             f" {self.files.count('beacons')} beacon, {self.files.count('traces')} trace files"
         )
-        raws = {k: exports.read_raw(self.spark, self.files, k) for k in exports.KINDS}
+        raws = {
+            k: exports.read_raw(self.spark, self.files, k, with_file=False) for k in exports.KINDS
+        }
         raw_hb = raws["heartbeats"]
         assert raw_hb is not None  # discover() guarantees heartbeat files
         # one pass over the NodeID columns: the id → NodeID map, and which nodes'
-        # records can hold copies
-        found = exports.node_names(raws)
+        # records can hold copies (the heartbeats read with their files for that)
+        found = exports.node_names(
+            {**raws, "heartbeats": exports.read_raw(self.spark, self.files, "heartbeats")}
+        )
         self.ids = found.ids
         dedup = self.keep(
             exports.dedup_heartbeats(

@@ -9,12 +9,18 @@ of its input, and chooses:
   input, at least 1 and at most two per core. Spark's default of 200 costs more in task
   start-up than a laptop's data needs; a few hundred records need one.
 - for a small input (under :data:`SMALL_INPUT_BYTES`, about a million records), the
-  quick JIT only (``-XX:TieredStopAtLevel=1``), no adaptive re-planning and no generated
-  code (:data:`SMALL_INPUT_CONF`: operators and expressions interpreted): compiling
-  Java for, and re-planning, the job's few hundred small stages cost more than running
-  them. A large input keeps the optimising JIT and code generation, which pay for
-  themselves past a few million records (docs/benchmarks.md). The answers do not depend
-  on either.
+  quick JIT only (``-XX:TieredStopAtLevel=1``) and no adaptive re-planning: compiling
+  and re-planning the job's few hundred small stages cost more than running them. A large
+  input keeps the optimising JIT, which pays for itself past a few million records
+  (docs/benchmarks.md).
+- for a tiny input (under :data:`TINY_INPUT_BYTES`, a few ten thousand records, such
+  as the tests' and a short recording's), also no generated code
+  (:data:`TINY_INPUT_CONF`: operators and expressions interpreted): generating and
+  compiling Java for every stage costs more than interpreting a few thousand rows, but
+  interpreting costs about ten times as much per row, so a million records (a few
+  passes of 10-30 CPU-seconds each) must keep it.
+
+The answers do not depend on any of these.
 """
 
 from __future__ import annotations
@@ -32,16 +38,18 @@ from pyspark.sql import SparkSession
 LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
 BYTES_PER_PARTITION = 32 << 20
 SMALL_INPUT_BYTES = 16 << 20
+TINY_INPUT_BYTES = 1 << 20
 RECORD_DIRS = ("heartbeats", "beacons", "traces")
-# Spark settings of a local session on a small input (with the quick JIT): no adaptive
-# re-planning, no whole-stage code generation, and expressions interpreted rather than
-# compiled (Spark's factoryMode, otherwise used by its own tests).
-SMALL_INPUT_CONF = {
-    "spark.sql.adaptive.enabled": "false",
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
+# Spark settings of a local session on a small input (with the quick JIT)
+SMALL_INPUT_CONF = {"spark.sql.adaptive.enabled": "false"}
+# and on a tiny one: no whole-stage code generation, expressions interpreted rather than
+# compiled (Spark's factoryMode, otherwise used by its own tests)
+TINY_INPUT_CONF = {
+    **SMALL_INPUT_CONF,
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
 }
-QUICK_JIT = "-XX:TieredStopAtLevel=1"
 
 
 def local_input_bytes(input_uri: str) -> int | None:
@@ -68,6 +76,16 @@ def shuffle_partitions_for(input_bytes: int | None, cores: int) -> int:
     if input_bytes is None:
         return most
     return max(1, min(most, math.ceil(input_bytes / BYTES_PER_PARTITION)))
+
+
+def settings_for(input_bytes: int | None) -> tuple[list[str], dict[str, str]]:
+    """JVM options and Spark settings of a local session for an input of this size
+    (None: unknown, Spark's defaults)."""
+    if input_bytes is None or input_bytes >= SMALL_INPUT_BYTES:
+        return [], {}
+    return [QUICK_JIT], dict(
+        TINY_INPUT_CONF if input_bytes < TINY_INPUT_BYTES else SMALL_INPUT_CONF
+    )
 
 
 @contextlib.contextmanager
@@ -120,10 +138,10 @@ def build_session(
             size = local_input_bytes(input_uri) if input_uri else None
             partitions = shuffle_partitions or shuffle_partitions_for(size, os.cpu_count() or 2)
             builder = builder.config("spark.sql.shuffle.partitions", str(partitions))
-            if size is not None and size < SMALL_INPUT_BYTES:
-                java_options.append(QUICK_JIT)
-                for key, value in SMALL_INPUT_CONF.items():
-                    builder = builder.config(key, value)
+            jit, conf = settings_for(size)
+            java_options.extend(jit)
+            for key, value in conf.items():
+                builder = builder.config(key, value)
         elif shuffle_partitions:
             builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         builder = builder.config("spark.ui.enabled", "true" if ui else "false")

@@ -60,7 +60,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """A local[2] SparkSession with few shuffle partitions and no UI, shared by all Spark tests;
-    sized for a small input as the job sizes its own (quick JIT, no adaptive re-planning,
+    sized for a tiny input as the job sizes its own (quick JIT, no adaptive re-planning,
     no generated code)."""
     pytest.importorskip("pyspark")
 

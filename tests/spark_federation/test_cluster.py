@@ -13,7 +13,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from spark_federation.session import QUICK_JIT, SMALL_INPUT_CONF
+from spark_federation.session import QUICK_JIT, TINY_INPUT_CONF
 from tests.spark_federation.conftest import SHUFFLE_PARTITIONS, JobRun
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -68,7 +68,7 @@ def test_spark_submit_matches_local_mode(
             "spark.ui.enabled=false",
             "--conf",
             f"spark.sql.shuffle.partitions={SHUFFLE_PARTITIONS}",
-            # the quick JIT and the settings local mode uses for small inputs (no adaptive
+            # the quick JIT and the settings local mode uses for tiny inputs (no adaptive
             # re-planning, no generated code): the answers do not depend on them
             "--conf",
             f"spark.driver.extraJavaOptions={QUICK_JIT}",
@@ -76,7 +76,7 @@ def test_spark_submit_matches_local_mode(
             f"spark.executor.extraJavaOptions={QUICK_JIT}",
             *(
                 arg
-                for key, value in SMALL_INPUT_CONF.items()
+                for key, value in TINY_INPUT_CONF.items()
                 for arg in ("--conf", f"{key}={value}")
             ),
             str(REPO / "spark_federation" / "mesh_health.py"),
