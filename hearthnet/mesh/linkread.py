@@ -29,7 +29,8 @@ from aiohttp._websocket.helpers import websocket_mask
 from aiohttp._websocket.models import WebSocketError
 from aiohttp._websocket.reader import WebSocketReader
 
-from hearthnet.mesh.wsframes import OP_CLOSE, OP_TEXT, Control, Failure, FrameSplitter
+from hearthnet.mesh.wsframes import Control, Failure, FrameSplitter
+from hearthnet.transport.websocket import OP_CLOSE, OP_TEXT
 
 log = logging.getLogger("hearthnet.mesh.link")
 

@@ -23,12 +23,15 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-OP_CONTINUATION = 0x0
-OP_TEXT = 0x1
-OP_BINARY = 0x2
-OP_CLOSE = 0x8
-OP_PING = 0x9
-OP_PONG = 0xA
+from hearthnet.transport.websocket import (
+    OP_BINARY,
+    OP_CLOSE,
+    OP_CONTINUATION,
+    OP_PING,
+    OP_PONG,
+    OP_TEXT,
+)
+
 _OPCODES = frozenset((OP_CONTINUATION, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG))
 _DATA = frozenset((OP_CONTINUATION, OP_TEXT, OP_BINARY))
 

@@ -15,18 +15,14 @@ from aiohttp.base_protocol import BaseProtocol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hearthnet.mesh.wsframes import (
+from hearthnet.mesh.wsframes import Control, Event, Failure, FrameSplitter, unmask_pure
+from hearthnet.transport.websocket import (
     OP_BINARY,
     OP_CLOSE,
     OP_CONTINUATION,
     OP_PING,
     OP_PONG,
     OP_TEXT,
-    Control,
-    Event,
-    Failure,
-    FrameSplitter,
-    unmask_pure,
 )
 
 # a message limit small enough that generated streams cross it now and then
