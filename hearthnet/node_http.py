@@ -46,6 +46,7 @@ class NodeHttp:
         keys: KeyPair | None = None,
         token: str | None = None,
         community: str | None = None,
+        session: aiohttp.ClientSession | None = None,
     ) -> None:
         if (keys is None) == (token is None):
             raise BadRequest("a Client needs exactly one of keys and token")
@@ -53,7 +54,9 @@ class NodeHttp:
         self.keys = keys
         self.token = token
         self.community = community
-        self._session: aiohttp.ClientSession | None = None
+        # ``session``: the caller's pooled session (its own connector: a proxy, a socket
+        # factory); closed by :meth:`close` like the one made here on first use
+        self._session: aiohttp.ClientSession | None = session
         self._versions: dict[str, str] | None = None
         self._node_id: str | None = None
 

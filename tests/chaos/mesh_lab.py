@@ -13,6 +13,7 @@ from hearthnet.client import Client
 from hearthnet.community import CommunityStore, Level
 from hearthnet.identity import load_or_create_keys
 from hearthnet.membership import Membership
+from hearthnet.node_http import NodeHttp
 from tests.chaos.netns import HostProcess, Lab, Machine
 
 
@@ -66,14 +67,11 @@ class NamespacedClient(Client):
     address without starting a process there (a poll costs a request, not an interpreter)."""
 
     def __init__(self, root: Path, machine: Machine, port: str = "7080") -> None:
-        super().__init__(
-            f"http://{machine.ip}:{port}", keys=load_or_create_keys(root / machine.name)
-        )
-        self.machine = machine
-        # The node's HTTP layer makes its pooled session on first use; made here first,
-        # every request of this client opens its sockets in the machine's namespace.
-        self.http._session = aiohttp.ClientSession(
+        url, keys = f"http://{machine.ip}:{port}", load_or_create_keys(root / machine.name)
+        session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(socket_factory=machine.socket_factory),
             timeout=aiohttp.ClientTimeout(total=30),
             json_serialize=lambda o: orjson.dumps(o).decode(),
         )
+        super().__init__(url, keys=keys, http=NodeHttp(url, keys=keys, session=session))
+        self.machine = machine
