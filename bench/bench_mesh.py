@@ -3,8 +3,8 @@
 1. ``loopback``: N nodes (default 20) on loopback joined by invites; messages are published
    on random nodes at a steady rate while one subscriber per node records arrival times.
    Reports publish→received-on-all-nodes p50/p99 and gossip duplicates per delivered message.
-2. ``loss``: hosts in network namespaces with 10 % packet loss on every link; the share of
-   messages every node holds within 15 s.
+2. ``loss``: hosts in network namespaces with 10 % and then 30 % packet loss on every link
+   (``--loss``); the share of messages every node holds within 15 s.
 3. ``partition``: the namespaced mesh split in two, messages published on both sides, then
    healed: the time until every node holds every message.
 4. ``throughput`` (``--throughput``, run alone): 3 nodes on loopback, one WebSocket
@@ -15,7 +15,8 @@
 Needs root and iproute2 for 2 and 3 (the chaos-test harness). Every node is stopped by PID;
 every loop is bounded.
 
-Run: python -m bench.bench_mesh [--nodes 20] [--messages 200] [--skip-netns]
+Run: python -m bench.bench_mesh [--nodes 20] [--messages 200] [--skip-netns | --skip-loopback]
+     [--loss 10,30]
      python -m bench.bench_mesh --throughput [--tp-messages 20000] [--in-flight 256]
 """
 
@@ -246,7 +247,7 @@ async def throughput(messages: int, in_flight: int, within_s: float = 120) -> di
         mesh.stop()
 
 
-def netns(hosts: int, messages: int) -> dict[str, Any]:
+def netns(hosts: int, messages: int, loss_pcts: list[int]) -> dict[str, Any]:
     """Loss and partition runs in network namespaces (the chaos-test lab)."""
     reason = unavailable_reason()
     if reason is not None:
@@ -282,23 +283,30 @@ def netns(hosts: int, messages: int) -> dict[str, Any]:
             return None
 
         time.sleep(8)  # zeroconf + links
-        lab.netem_all(loss_pct=10)
-        start = time.monotonic()
-        for k in range(messages):
-            cli(lab.hosts[k % hosts], "pub", "bench.loss", "--data", f'{{"k": {k}}}')
-        publish_s = time.monotonic() - start
-        converged = until("bench.loss", messages, 15)
-        final = counts("bench.loss")
-        result["loss"] = {
-            "loss_pct": 10,
-            "messages": messages,
-            "publish_s": round(publish_s, 1),
-            "all_held_within_15s": converged is not None,
-            "share_held_at_15s": round(
-                sum(min(c, messages) for c in final) / (messages * hosts), 4
-            ),
-            "seconds_after_last_publish": round(converged, 1) if converged is not None else None,
-        }
+        result["loss"] = []
+        for pct in loss_pcts:
+            topic = f"bench.loss{pct}"
+            lab.netem_all(loss_pct=pct)
+            start = time.monotonic()
+            for k in range(messages):
+                cli(lab.hosts[k % hosts], "pub", topic, "--data", f'{{"k": {k}}}')
+            publish_s = time.monotonic() - start
+            converged = until(topic, messages, 15)
+            final = counts(topic)
+            result["loss"].append({
+                "loss_pct": pct,
+                "messages": messages,
+                "publish_s": round(publish_s, 1),
+                "all_held_within_15s": converged is not None,
+                "share_held_at_15s": round(
+                    sum(min(c, messages) for c in final) / (messages * hosts), 4
+                ),
+                "seconds_after_last_publish": (
+                    round(converged, 1) if converged is not None else None
+                ),
+            })
+        # the partition runs with the first loss level on, as it always has
+        lab.netem_all(loss_pct=loss_pcts[0] if loss_pcts else 0)
         half = hosts // 2
         lab.partition(lab.hosts[:half], lab.hosts[half:])
         for k in range(messages):
@@ -327,7 +335,14 @@ def main() -> None:
         "--hosts", type=int, default=6, help="namespaced hosts (loss and partition runs)"
     )
     parser.add_argument("--ns-messages", type=int, default=50)
+    parser.add_argument(
+        "--loss",
+        type=lambda v: [int(p) for p in v.split(",")],
+        default=[10, 30],
+        help="loss percentages on every link, one run each (default 10,30)",
+    )
     parser.add_argument("--skip-netns", action="store_true")
+    parser.add_argument("--skip-loopback", action="store_true", help="only the netns runs")
     parser.add_argument("--throughput", action="store_true", help="only the 3-node throughput run")
     parser.add_argument("--tp-messages", type=int, default=20_000, help="at most 50,000")
     parser.add_argument("--in-flight", type=int, default=256)
@@ -336,11 +351,11 @@ def main() -> None:
         tp = uvloop.run(throughput(args.tp_messages, args.in_flight))
         save("mesh_throughput", tp)
         return
-    result: dict[str, Any] = {
-        "loopback": uvloop.run(loopback(args.nodes, args.messages, args.rate))
-    }
+    result: dict[str, Any] = {}
+    if not args.skip_loopback:
+        result["loopback"] = uvloop.run(loopback(args.nodes, args.messages, args.rate))
     if not args.skip_netns:
-        result["netns"] = netns(args.hosts, args.ns_messages)
+        result["netns"] = netns(args.hosts, args.ns_messages, args.loss)
     save("mesh", result)
 
 
