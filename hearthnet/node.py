@@ -32,7 +32,7 @@ from hearthnet.clock import now_ms
 from hearthnet.community import CommunityStore, Level, MembershipRecord
 from hearthnet.config import Config
 from hearthnet.datadir import DataDirLock, RunFile
-from hearthnet.errors import ConfigError, Expired, Revoked
+from hearthnet.errors import ConfigError
 from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.membership import Admission, Membership, MembershipCaps, Source, open_membership
 from hearthnet.mesh.admission import redeem_invite
@@ -41,12 +41,12 @@ from hearthnet.mesh.service import Mesh, advertised_url
 from hearthnet.mesh.tls import ensure_certificate, server_context
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.node_federation import build_federation
+from hearthnet.node_membership import MembershipIntake
 from hearthnet.node_pubsub import build_pubsub, wire_commits
 from hearthnet.node_routes import node_routes
 from hearthnet.node_statistics import NodeStatistics
 from hearthnet.node_tasks import NodeTasks
 from hearthnet.process_metrics import register_process_metrics
-from hearthnet.pubsub.access import effective_rules
 from hearthnet.pubsub.batchsig import VERIFIER
 from hearthnet.pubsub.http import PubSubHttp
 from hearthnet.pubsub.log import MessageLog
@@ -55,7 +55,6 @@ from hearthnet.pubsub.sweeper import SessionSweeper
 from hearthnet.pubsub.ws import PubSubDeps
 from hearthnet.replay import ReplayCache
 from hearthnet.sessions import SessionRegistry
-from hearthnet.tokens import CapabilityToken
 from hearthnet.transport.bus_http import BusEndpointDeps
 from hearthnet.transport.cors import OriginPolicy, own_host_names
 from hearthnet.transport.frontdoor import head_limits
@@ -144,8 +143,6 @@ class Node:
             now_ms=now_ms(),
             caps=MembershipCaps(cfg.mesh.membership_per_request, cfg.mesh.membership_per_signer),
         )
-        # one batch of membership records is folded at a time (off the event loop)
-        self._membership_lock = asyncio.Lock()
         signature_failures = self.metrics.counter(
             "hearthnet_signature_failures_total",
             "Signatures, tokens and credentials refused, by reason.",
@@ -220,7 +217,7 @@ class Node:
             origins=self.origins,
         )
         self.message_log, self.pubsub, self.sweeper = ps.message_log, ps.service, ps.sweeper
-        self.pubsub_deps, self._configured_rules = ps.deps, ps.configured_rules
+        self.pubsub_deps = ps.deps
         if self.llm is not None:
             self.llm.pubsub = self.pubsub  # llm.chat publish_to (docs/browser.md)
         self.mesh = Mesh(
@@ -237,6 +234,16 @@ class Node:
             bus=self.bus,
             router=self.router,
             metrics=self.metrics,
+        )
+        self.intake = MembershipIntake(
+            self.membership,
+            self._community_store,
+            mesh=self.mesh,
+            sessions=self.sessions,
+            pubsub=self.pubsub,
+            configured_rules=ps.configured_rules,
+            rotation_grace_s=cfg.security.rotation_grace_s,
+            tasks=self.tasks,
         )
         fed = build_federation(
             keys=self.keys,
@@ -384,78 +391,15 @@ class Node:
 
     def apply_membership(self, record: MembershipRecord) -> bool:
         """Store, apply and gossip a record signed here (or submitted); False if it was
-        already known or refused. Folds on the event loop: for one record at a time."""
-        admission = self.membership.install(self.membership.admit([record], Source.SUBMIT))
-        self._installed(admission, None)
-        return bool(admission.accepted)
+        already known or refused (:meth:`MembershipIntake.apply`)."""
+        return self.intake.apply(record)
 
     async def submit_records(
         self, records: list[MembershipRecord], source: Source, via: str | None = None
     ) -> Admission:
-        """Admit a batch of verified records (from a request or from peer ``via``): fold
-        it off the event loop, store and apply what it adds, and gossip that on.
-
-        spec §1.5: records of strangers, void records and, when submitted, records their
-        signer had no right to sign are refused and not stored; the admission says why.
-        """
-        async with self._membership_lock:
-            admission = await asyncio.to_thread(self.membership.admitter(records, source))
-            admission = self.membership.install(admission)
-            if admission.accepted:
-                await asyncio.to_thread(self._community_store.extend, admission.accepted)
-            self._installed(admission, via, stored=True)
-        return admission
-
-    def _installed(self, admission: Admission, via: str | None, *, stored: bool = False) -> None:
-        """Persist (unless done), gossip and enforce what an installed admission added."""
-        if not admission.accepted:
-            return
-        if not stored:
-            self._community_store.extend(admission.accepted)
-        self.mesh.broadcast_records(list(admission.accepted), skip=via)
-        for record in admission.accepted:
-            if record.kind == "member.revoked" and self.membership.is_revoked(record.subject):
-                # spec §1.5: links and sessions of the revoked identity end within 10 s
-                self.sessions.close_identity(record.subject, Revoked("identity revoked"))
-                self.mesh.close_links_of(record.subject, "revoked")
-                log.info("revoked %s", record.subject, extra={"peer": record.subject})
-            elif (
-                record.kind == "token.revoked"
-                and record.iss is not None
-                and self.membership.is_token_revoked(record.iss, record.subject)
-            ):
-                self.sessions.close_token(record.iss, record.subject, Revoked("token revoked"))
-            elif (
-                record.kind == "topic.rotated"
-                and (record.subject, record.ts) in self.membership.rotations
-            ):
-                self._rotate(record.subject, record.ts)
-        # Any record can change the community's rules (a late one can change the fold).
-        rules = effective_rules(self.membership, self._configured_rules)
-        if rules != self.pubsub.policy.rules:
-            dropped = self.pubsub.replace_rules(rules)
-            log.info("pub/sub access rules changed (%d subscriptions refused now)", dropped)
-
-    def _rotate(self, pattern: str, rotated_ms: int) -> None:
-        """A topic key rotation: live sessions on tokens it voids get ``auth.expiring`` and
-        the grace to re-authenticate; those that cannot (long-polls, bus streams) end
-        when the grace is over."""
-
-        def voided(token: CapabilityToken) -> bool:
-            return token.voided_by_rotation(pattern, rotated_ms)
-
-        grace_s = self.config.security.rotation_grace_s
-        warned = self.sessions.expire_tokens(voided, now_ms() + int(grace_s * 1000))
-        log.info("topic key rotation of %s: %d sessions warned", pattern, warned)
-
-        async def end_of_grace() -> None:
-            await asyncio.sleep(grace_s)
-            self.sessions.close_voided(
-                voided, Expired(f"token voided by a key rotation of {pattern}")
-            )
-
-        if self.tasks.running:
-            self.spawn(end_of_grace(), f"rotation-{pattern}")
+        """Admit a batch of verified records from a request or from peer ``via``
+        (:meth:`MembershipIntake.submit`, spec §1.5)."""
+        return await self.intake.submit(records, source, via)
 
     def add_member(
         self,
