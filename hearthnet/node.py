@@ -17,11 +17,8 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any
-
-from aiohttp import web
 
 from capabilities import builtin_capabilities, node_capabilities
 from capabilities.llm_chat import LlmChat, build_llm_chat
@@ -34,16 +31,8 @@ from hearthnet.bus.routing import LocalProvider, Router
 from hearthnet.clock import now_ms
 from hearthnet.community import CommunityStore, Level, MembershipRecord
 from hearthnet.config import Config
-from hearthnet.console.http import ConsoleEndpoints
-from hearthnet.console.rates import TopicRates
 from hearthnet.datadir import DataDirLock, RunFile
-from hearthnet.errors import ConfigError, Expired, Revoked
-from hearthnet.federation.bridge import Bridge
-from hearthnet.federation.carrier import Carrier, mesh_peer
-from hearthnet.federation.http import FederationHttp
-from hearthnet.federation.service import Federation
-from hearthnet.federation.store import FederationStore
-from hearthnet.federation.view import FederationView
+from hearthnet.errors import ConfigError
 from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.membership import Admission, Membership, MembershipCaps, Source, open_membership
 from hearthnet.mesh.admission import redeem_invite
@@ -51,22 +40,22 @@ from hearthnet.mesh.http import MeshHttp
 from hearthnet.mesh.service import Mesh, advertised_url
 from hearthnet.mesh.tls import ensure_certificate, server_context
 from hearthnet.metrics import MetricsRegistry
+from hearthnet.node_federation import build_federation
+from hearthnet.node_membership import MembershipIntake
+from hearthnet.node_pubsub import build_pubsub, wire_commits
+from hearthnet.node_routes import node_routes
+from hearthnet.node_statistics import NodeStatistics
 from hearthnet.node_tasks import NodeTasks
 from hearthnet.process_metrics import register_process_metrics
-from hearthnet.pubsub.access import AccessPolicy, AccessRule, effective_rules
 from hearthnet.pubsub.batchsig import VERIFIER
-from hearthnet.pubsub.envelope import StoredMessage
 from hearthnet.pubsub.http import PubSubHttp
 from hearthnet.pubsub.log import MessageLog
-from hearthnet.pubsub.retention import RetentionPolicy, RetentionRule
 from hearthnet.pubsub.service import PubSub
 from hearthnet.pubsub.sweeper import SessionSweeper
 from hearthnet.pubsub.ws import PubSubDeps
 from hearthnet.replay import ReplayCache
 from hearthnet.sessions import SessionRegistry
-from hearthnet.tokens import CapabilityToken
-from hearthnet.transport.bus_http import BusEndpointDeps, BusHttpEndpoints
-from hearthnet.transport.bus_ws import BusWebSocketEndpoint
+from hearthnet.transport.bus_http import BusEndpointDeps
 from hearthnet.transport.cors import OriginPolicy, own_host_names
 from hearthnet.transport.frontdoor import head_limits
 from hearthnet.transport.server import (
@@ -75,71 +64,11 @@ from hearthnet.transport.server import (
     HttpServer,
     TransportMetrics,
 )
-from hearthnet.transport.status import StatusEndpoints
 
 log = logging.getLogger("hearthnet.node")
 
 MANIFEST_TTL_MS = 60_000
 MANIFEST_REISSUE_MS = 30_000
-
-
-@dataclass(frozen=True, slots=True)
-class NodeStatistics:
-    """A frozen snapshot of the node, for people and for ``/metrics``."""
-
-    node: str
-    short_id: str
-    community: str
-    name: str
-    version: str
-    url: str
-    pid: int
-    started_ms: int
-    uptime_s: float
-    capabilities: tuple[str, ...]
-    streams_active: int
-    connections: int
-    calls_total: int
-    members: int
-    log_epoch: str
-    log_head: int
-    topics: int
-    subscribers: int
-    published_total: int
-    delivered_total: int
-    mesh_url: str
-    peers_linked: int
-    relaying: Mapping[str, Any]  # spec §8: the relay's and the relayed paths' numbers
-    signatures: Mapping[str, int]  # message signatures the process checked (spec §6.2)
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON form (``GET /status``, ``hearthnet node status --json``)."""
-        return {
-            "node": self.node,
-            "short_id": self.short_id,
-            "community": self.community,
-            "name": self.name,
-            "version": self.version,
-            "url": self.url,
-            "pid": self.pid,
-            "started_ms": self.started_ms,
-            "uptime_s": round(self.uptime_s, 3),
-            "capabilities": list(self.capabilities),
-            "streams_active": self.streams_active,
-            "connections": self.connections,
-            "calls_total": self.calls_total,
-            "members": self.members,
-            "log_epoch": self.log_epoch,
-            "log_head": self.log_head,
-            "topics": self.topics,
-            "subscribers": self.subscribers,
-            "published_total": self.published_total,
-            "delivered_total": self.delivered_total,
-            "mesh_url": self.mesh_url,
-            "peers_linked": self.peers_linked,
-            "relaying": dict(self.relaying),
-            "signatures": dict(self.signatures),
-        }
 
 
 def client_url(host: str, port: int) -> str:
@@ -214,8 +143,6 @@ class Node:
             now_ms=now_ms(),
             caps=MembershipCaps(cfg.mesh.membership_per_request, cfg.mesh.membership_per_signer),
         )
-        # one batch of membership records is folded at a time (off the event loop)
-        self._membership_lock = asyncio.Lock()
         signature_failures = self.metrics.counter(
             "hearthnet_signature_failures_total",
             "Signatures, tokens and credentials refused, by reason.",
@@ -276,7 +203,21 @@ class Node:
             streams=self.streams,
             sessions=self.sessions,
         )
-        self.pubsub = self._build_pubsub(transport_metrics)
+        ps = build_pubsub(
+            cfg,
+            data_dir=self.data_dir,
+            keys=self.keys,
+            membership=self.membership,
+            metrics=self.metrics,
+            authenticator=self.authenticator,
+            connections=self.connections,
+            streams=self.streams,
+            transport_metrics=transport_metrics,
+            sessions=self.sessions,
+            origins=self.origins,
+        )
+        self.message_log, self.pubsub, self.sweeper = ps.message_log, ps.service, ps.sweeper
+        self.pubsub_deps = ps.deps
         if self.llm is not None:
             self.llm.pubsub = self.pubsub  # llm.chat publish_to (docs/browser.md)
         self.mesh = Mesh(
@@ -294,35 +235,39 @@ class Node:
             router=self.router,
             metrics=self.metrics,
         )
-        self._build_federation()
+        self.intake = MembershipIntake(
+            self.membership,
+            self._community_store,
+            mesh=self.mesh,
+            sessions=self.sessions,
+            pubsub=self.pubsub,
+            configured_rules=ps.configured_rules,
+            rotation_grace_s=cfg.security.rotation_grace_s,
+            tasks=self.tasks,
+        )
+        fed = build_federation(
+            keys=self.keys,
+            membership=self.membership,
+            data_dir=self.data_dir,
+            peers=list(cfg.mesh.federation_peers),
+            pubsub=self.pubsub,
+            sessions=self.sessions,
+            spawn=self.spawn,
+            mesh=self.mesh,
+            message_log=self.message_log,
+            authenticator=self.authenticator,
+            metrics=self.metrics,
+        )
+        self._federation_store, self.federation = fed.store, fed.service
+        self.federation_carrier, self.federation_bridge = fed.carrier, fed.bridge
         for cap in node_capabilities(self._peers_view, self.pubsub):  # spec §2.1
             self.registry.register(cap)
-        self._wire()
+        # the console's messages per second
+        self.topic_rates = wire_commits(self.message_log, self.pubsub, self.mesh, self.federation)
         pubsub_http = PubSubHttp(self.pubsub_deps)
         mesh_http = MeshHttp(self.mesh, self.authenticator, self.keys, self.submit_records)
         self.mesh.relaying.join_handler = mesh_http.admit_join  # spec §8: joins via a relay
-        routes: list[web.RouteDef] = [
-            *BusHttpEndpoints(deps).routes(),
-            *BusWebSocketEndpoint(deps).routes(),
-            *pubsub_http.routes(),
-            *mesh_http.routes(),
-            *FederationHttp(
-                self.federation,
-                self.federation_bridge,
-                self.authenticator,
-                carrier=self.federation_carrier,
-            ).routes(),
-            *StatusEndpoints(self).routes(),
-            *ConsoleEndpoints(
-                self,
-                keys=self.keys,
-                authenticator=self.authenticator,
-                membership=self.membership,
-                pubsub=self.pubsub,
-                mesh=self.mesh,
-                rates=self.topic_rates,
-            ).routes(),
-        ]
+        routes = node_routes(self, deps, pubsub_http, mesh_http)
         tls = None
         if cfg.node.tls != "off":
             tls = server_context(*ensure_certificate(self.data_dir, self.keys))
@@ -337,139 +282,6 @@ class Node:
             upgrades=pubsub_http.upgrades(),
             origins=self.origins,
         )
-
-    def _build_federation(self) -> None:
-        """Community federation (spec §8): agreements from SQLite, the other communities'
-        members accepted by requests and gossip for what the agreements grant."""
-        view = FederationView(self.membership)
-        self._federation_store = FederationStore(self.data_dir)
-        self._federation_store.load(view)
-        self.federation = Federation(
-            keys=self.keys,
-            view=view,
-            store=self._federation_store,
-            pubsub=self.pubsub,
-            sessions=self.sessions,
-            spawn=self.spawn,
-        )
-        # spec §8: nodes of federated communities through relays (mesh/relay_federated.py)
-        federated = self.mesh.relaying.federated
-        federated.community_of = lambda node: view.in_force_community(node, now_ms())
-        peers = list(self.config.mesh.federation_peers)
-        federated.targets = {n for n in map(mesh_peer, peers) if n is not None}
-        self.federation_carrier = Carrier(
-            federated,
-            spawn=self.spawn,
-            keys=self.keys,
-            offer=lambda community: self.federation.offer(community, members=False),
-            community=self.membership.community_id,
-        )
-        self.federation_bridge = Bridge(
-            self.federation,
-            peers=peers,
-            message_log=self.message_log,
-            spawn=self.spawn,
-            carrier=self.federation_carrier,
-        )
-        self.authenticator.federation = view
-        fed, m = self.federation_bridge, self.metrics
-        m.gauge(
-            "hearthnet_federation_agreements",
-            "Federation agreements in force (spec §8).",
-            lambda: float(view.in_force_count(now_ms())),
-        )
-        m.gauge(
-            "hearthnet_federation_pulled",
-            "Messages a bridge pulled from other communities.",
-            lambda: float(fed.pulled),
-        )
-        m.gauge(
-            "hearthnet_federation_pull_refused",
-            "Pulled messages dropped (bad signature, origin, topic).",
-            lambda: float(fed.refused),
-        )
-        self.mesh.traffic.gossip.foreign_origin = lambda origin, topic: view.accepts_origin(
-            origin, topic, now_ms()
-        )
-
-    def _wire(self) -> None:
-        """The wiring between the log, pub/sub and the mesh, in one place.
-
-        Commit pipeline (spec §6.3, §7.3): the log commits a batch -> pub/sub delivers it
-        to this node's subscribers -> the mesh gossips it to every link but the one it
-        came from. Local fan-out goes first, so a local subscriber never waits on the
-        links; each step runs even if the one before it failed (what is committed stays
-        committed). Presence (spec §6.6): local members' presence changes are flooded by
-        the mesh.
-        """
-        fan_out, gossip = self.pubsub.fanout.on_commit, self.mesh.on_commit
-        self.topic_rates = rates = TopicRates()  # the console's messages per second
-
-        def committed(batch: list[StoredMessage]) -> None:
-            try:
-                fan_out(batch)
-            except Exception:
-                log.exception("local fan-out of a commit failed; gossiping it anyway")
-            gossip(batch)
-            self.federation.on_commit(batch)  # spec §8: agreements spread like records
-            rates.record((m.message.topic for m in batch), time.monotonic())
-
-        self.message_log.listeners.append(committed)
-        self.pubsub.presence_hub.on_local = self.mesh.on_local_presence
-
-    def _build_pubsub(self, transport_metrics: TransportMetrics) -> PubSub:
-        cfg = self.config
-        ps = cfg.pubsub
-        # The node's own [[pubsub.rules]] apply until an anchor signs community rules.
-        self._configured_rules = tuple(AccessRule.from_config(r) for r in ps.rules)
-        rules = effective_rules(self.membership, self._configured_rules)
-        if self._configured_rules and self.membership.pubsub_rules is not None:
-            log.warning("[[pubsub.rules]] ignored: the community's signed rules apply")
-        retention = RetentionPolicy(
-            tuple(RetentionRule.from_config(r) for r in ps.retention),
-            max_messages=ps.max_messages_per_topic,
-            max_age_s=ps.max_age_s,
-            max_bytes=ps.max_bytes,
-        )
-        self.message_log = MessageLog(
-            self.data_dir / "pubsub" / "log.sqlite3",
-            self.keys,
-            synchronous=ps.sync,
-            max_batch=ps.max_batch,
-            max_pending=ps.max_pending,
-        )
-        service = PubSub(
-            node_id=self.keys.node_id,
-            config=ps,
-            log_store=self.message_log,
-            policy=AccessPolicy(rules),
-            retention=retention,
-            metrics=self.metrics,
-        )
-        tick = (
-            min(
-                cfg.transport.ws_ping_s,
-                ps.presence_silence_s / 2,
-                cfg.transport.sse_keepalive_s,
-                cfg.transport.ws_idle_s,
-            )
-            / 4
-        )
-        self.sweeper = SessionSweeper(service, tick_s=max(0.005, min(1.0, tick)))
-        self.pubsub_deps = PubSubDeps(
-            node_id=self.keys.node_id,
-            transport=cfg.transport,
-            config=ps,
-            authenticator=self.authenticator,
-            service=service,
-            connections=self.connections,
-            streams=self.streams,
-            metrics=transport_metrics,
-            sweeper=self.sweeper,
-            sessions=self.sessions,
-            origins=self.origins,
-        )
-        return service
 
     # --- life cycle ----------------------------------------------------------------
 
@@ -579,78 +391,15 @@ class Node:
 
     def apply_membership(self, record: MembershipRecord) -> bool:
         """Store, apply and gossip a record signed here (or submitted); False if it was
-        already known or refused. Folds on the event loop: for one record at a time."""
-        admission = self.membership.install(self.membership.admit([record], Source.SUBMIT))
-        self._installed(admission, None)
-        return bool(admission.accepted)
+        already known or refused (:meth:`MembershipIntake.apply`)."""
+        return self.intake.apply(record)
 
     async def submit_records(
         self, records: list[MembershipRecord], source: Source, via: str | None = None
     ) -> Admission:
-        """Admit a batch of verified records (from a request or from peer ``via``): fold
-        it off the event loop, store and apply what it adds, and gossip that on.
-
-        spec §1.5: records of strangers, void records and, when submitted, records their
-        signer had no right to sign are refused and not stored; the admission says why.
-        """
-        async with self._membership_lock:
-            admission = await asyncio.to_thread(self.membership.admitter(records, source))
-            admission = self.membership.install(admission)
-            if admission.accepted:
-                await asyncio.to_thread(self._community_store.extend, admission.accepted)
-            self._installed(admission, via, stored=True)
-        return admission
-
-    def _installed(self, admission: Admission, via: str | None, *, stored: bool = False) -> None:
-        """Persist (unless done), gossip and enforce what an installed admission added."""
-        if not admission.accepted:
-            return
-        if not stored:
-            self._community_store.extend(admission.accepted)
-        self.mesh.broadcast_records(list(admission.accepted), skip=via)
-        for record in admission.accepted:
-            if record.kind == "member.revoked" and self.membership.is_revoked(record.subject):
-                # spec §1.5: links and sessions of the revoked identity end within 10 s
-                self.sessions.close_identity(record.subject, Revoked("identity revoked"))
-                self.mesh.close_links_of(record.subject, "revoked")
-                log.info("revoked %s", record.subject, extra={"peer": record.subject})
-            elif (
-                record.kind == "token.revoked"
-                and record.iss is not None
-                and self.membership.is_token_revoked(record.iss, record.subject)
-            ):
-                self.sessions.close_token(record.iss, record.subject, Revoked("token revoked"))
-            elif (
-                record.kind == "topic.rotated"
-                and (record.subject, record.ts) in self.membership.rotations
-            ):
-                self._rotate(record.subject, record.ts)
-        # Any record can change the community's rules (a late one can change the fold).
-        rules = effective_rules(self.membership, self._configured_rules)
-        if rules != self.pubsub.policy.rules:
-            dropped = self.pubsub.replace_rules(rules)
-            log.info("pub/sub access rules changed (%d subscriptions refused now)", dropped)
-
-    def _rotate(self, pattern: str, rotated_ms: int) -> None:
-        """A topic key rotation: live sessions on tokens it voids get ``auth.expiring`` and
-        the grace to re-authenticate; those that cannot (long-polls, bus streams) end
-        when the grace is over."""
-
-        def voided(token: CapabilityToken) -> bool:
-            return token.voided_by_rotation(pattern, rotated_ms)
-
-        grace_s = self.config.security.rotation_grace_s
-        warned = self.sessions.expire_tokens(voided, now_ms() + int(grace_s * 1000))
-        log.info("topic key rotation of %s: %d sessions warned", pattern, warned)
-
-        async def end_of_grace() -> None:
-            await asyncio.sleep(grace_s)
-            self.sessions.close_voided(
-                voided, Expired(f"token voided by a key rotation of {pattern}")
-            )
-
-        if self.tasks.running:
-            self.spawn(end_of_grace(), f"rotation-{pattern}")
+        """Admit a batch of verified records from a request or from peer ``via``
+        (:meth:`MembershipIntake.submit`, spec §1.5)."""
+        return await self.intake.submit(records, source, via)
 
     def add_member(
         self,

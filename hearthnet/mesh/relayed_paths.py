@@ -19,23 +19,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter as Tally
-from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from hearthnet.clock import now_ms
 from hearthnet.errors import HearthNetError, WireError
-from hearthnet.identity import KeyPair
-from hearthnet.membership import Membership
 from hearthnet.mesh import route_header as wire
-from hearthnet.mesh.addresses import PeerBook
-from hearthnet.mesh.links import LinkErrors, PeerLink
+from hearthnet.mesh.links import PeerLink
+from hearthnet.mesh.member_wiring import MemberHooks, MemberSettings, MemberShared
 from hearthnet.mesh.path_switch import PathSwitch
 from hearthnet.mesh.paths import (
     Deliver,
     PathChanged,
-    PathConfig,
     PathCore,
     PathState,
     StartPunch,
@@ -43,15 +38,12 @@ from hearthnet.mesh.paths import (
 )
 from hearthnet.mesh.pathseq import is_gossip, is_heartbeat
 from hearthnet.mesh.protocol import PeerInfo, decode_frame, encode_frame
-from hearthnet.mesh.punching import Puncher
 from hearthnet.mesh.relay_attach import RelayAttachments
 from hearthnet.mesh.relay_choice import AttachRelay, DetachRelay, RelayChoiceConfig
-from hearthnet.mesh.relay_federated import FederatedLinks, federated_peer
+from hearthnet.mesh.relay_federated import federated_peer
 from hearthnet.mesh.relay_frames import Route
-from hearthnet.mesh.relay_keepalive import KeepaliveConfig
 from hearthnet.mesh.relay_member import EndpointConfig, RelayEndpoint, register_member_metrics
 from hearthnet.mesh.relayed_link import RelayedLink, is_relayed
-from hearthnet.metrics import MetricsRegistry
 
 log = logging.getLogger("hearthnet.mesh.relaying")
 
@@ -61,49 +53,27 @@ PROBE_TIMEOUT_S = 30.0  # a relayed path whose probe got no answer is dropped an
 HELLO_RETRY_MS = 1000  # an unanswered e2e hello is sent again this often
 ATTACH_TARGET = 2  # relays a member stays attached to, of those it knows (failover)
 
-Dispatch = Callable[[PeerLink, dict[str, Any]], None]
-
 
 class RelayedPaths:
     """The member role: a path core, end-to-end sessions and relay attachments, and the
     relayed links they carry; :class:`~hearthnet.mesh.relaying.Relaying` feeds it."""
 
-    def __init__(
-        self,
-        *,
-        keys: KeyPair,
-        membership: Membership,
-        is_member: Callable[[str], bool],
-        federated: FederatedLinks,
-        links: dict[str, PeerLink],
-        reach: Mapping[str, PeerLink],
-        book: PeerBook,
-        dispatch: Dispatch,
-        admit: Callable[[PeerLink], bool],
-        on_down: Callable[[PeerLink, str], None],
-        federated_down: Callable[[PeerLink, str], None],
-        errors: LinkErrors,
-        metrics: MetricsRegistry,
-        counts: Tally[str],
-        max_links: int,
-        path_config: PathConfig,
-        keepalive: KeepaliveConfig,
-        puncher: Callable[[], Puncher | None],
-    ) -> None:
+    def __init__(self, shared: MemberShared, hooks: MemberHooks, settings: MemberSettings) -> None:
+        keys, counts = shared.keys, shared.counts
         self.node_id = keys.node_id
-        self.membership = membership
-        self.federated = federated
-        self.links = links
-        self.reach = reach  # relays of ours and of theirs
-        self.book = book
-        self.dispatch = dispatch
-        self.admit = admit
-        self.on_down = on_down
-        self.federated_down = federated_down
-        self.errors = errors
+        self.membership = shared.membership
+        self.federated = shared.federated
+        self.links = shared.links
+        self.reach = shared.reach  # relays of ours and of theirs
+        self.book = shared.book
+        self.dispatch = hooks.dispatch
+        self.admit = hooks.admit
+        self.on_down = hooks.on_down
+        self.federated_down = hooks.federated_down
+        self.errors = shared.errors
         self.counts = counts  # relayed frames and bytes, refusals
-        self.max_links = max_links
-        self.puncher = puncher  # the direct upgrade, once the node listens
+        self.max_links = settings.max_links
+        self.puncher = shared.puncher  # the direct upgrade, once the node listens
         self._next_scan = 0.0
         # peers we opened a relayed path to, until it is up: when the probe went out
         self._probing: dict[str, float] = {}
@@ -114,23 +84,23 @@ class RelayedPaths:
         # to the other at once (no re-attach, and the other side's relay already has us)
         choice = RelayChoiceConfig(attach_target=ATTACH_TARGET)
         self.paths = PathCore(
-            self.node_id, (), config=path_config, epoch=now_ms(), relay_config=choice
+            self.node_id, (), config=settings.path_config, epoch=now_ms(), relay_config=choice
         )
         # relayed links turning direct, in order
         self.switch = PathSwitch(self.paths, self.links, self.path_actions, self.forget)
         # a hello lost to a relay that did not yet have the peer is retried in 1 s
         self.endpoint = RelayEndpoint(
-            keys, is_member, EndpointConfig(handshake_timeout_ms=HELLO_RETRY_MS)
+            keys, shared.is_member, EndpointConfig(handshake_timeout_ms=HELLO_RETRY_MS)
         )
         self.attachments = RelayAttachments(  # attach, keepalive, failover
-            links=reach,
+            links=self.reach,
             paths=self.paths,
-            keepalive=keepalive,
+            keepalive=settings.keepalive,
             counts=counts,
             carry=self.path_actions,
             candidate=lambda a: p.candidate(a) if (p := self.puncher()) is not None else None,
         )
-        register_member_metrics(metrics, self.endpoint, counts, self.paths)
+        register_member_metrics(shared.metrics, self.endpoint, counts, self.paths)
 
     def tick(self, now: float) -> None:
         """Resends, acks, hellos, relay attachments, switches, and new paths."""

@@ -49,6 +49,7 @@ from hearthnet.membership import Membership
 from hearthnet.mesh import route_header as wire
 from hearthnet.mesh.addresses import PeerBook, normalize_url
 from hearthnet.mesh.links import LinkErrors, PeerLink
+from hearthnet.mesh.member_wiring import Dispatch, MemberHooks, MemberSettings, MemberShared
 from hearthnet.mesh.pacing import Budget
 from hearthnet.mesh.path_frames import Drain, PAck, PFrame
 from hearthnet.mesh.path_switch import PathSwitch
@@ -86,8 +87,6 @@ from hearthnet.metrics import MetricsRegistry
 log = logging.getLogger("hearthnet.mesh.relaying")
 
 TICK_S = 0.25  # the path core wants ~0.5 s; the relay core ~1 s
-
-Dispatch = Callable[[PeerLink, dict[str, Any]], None]
 
 
 class Relaying:
@@ -161,7 +160,7 @@ class Relaying:
 
     def _become_member(self) -> None:
         """Start the member role: a path core and end-to-end sessions."""
-        self.member = RelayedPaths(
+        shared = MemberShared(
             keys=self.keys,
             membership=self.membership,
             is_member=self.is_member,
@@ -169,18 +168,14 @@ class Relaying:
             links=self.links,
             reach=self.reach,
             book=self.book,
-            dispatch=self.dispatch,
-            admit=self.admit,
-            on_down=self.on_down,
-            federated_down=self.federated_down,
             errors=self.errors,
             metrics=self.metrics,
             counts=self.counts,
-            max_links=self.max_links,
-            path_config=self._path_config,
-            keepalive=self._keepalive,
             puncher=lambda: self.puncher,
         )
+        hooks = MemberHooks(self.dispatch, self.admit, self.on_down, self.federated_down)
+        settings = MemberSettings(self.max_links, self._path_config, self._keepalive)
+        self.member = RelayedPaths(shared, hooks, settings)
         self.paths = self.member.paths
         self.switch = self.member.switch
         self.endpoint = self.member.endpoint

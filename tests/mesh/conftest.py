@@ -1,15 +1,19 @@
-"""The relayed set-up the path-switch and relaying tests share: a relay and two members
-that reach each other only through it (spec §8), started once for the session."""
+"""What the mesh tests share: the relayed set-up of the path-switch and relaying tests, a
+relay and two members that reach each other only through it (spec §8), started once for
+the session; and a loopback WebSocket server for the link-level tests."""
 
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from hearthnet.config import Config, load_config
 from hearthnet.mesh.addresses import normalize_url
@@ -73,3 +77,32 @@ async def relayed_trio(relayed_session: RelayedTrio) -> RelayedTrio:
     session's event loop: ``pytest.mark.asyncio(loop_scope="session")``)."""
     await relayed_session.relayed()
     return relayed_session
+
+
+WsSession = Callable[[web.WebSocketResponse], Awaitable[None]]
+ServeWs = Callable[..., Awaitable[TestServer]]  # (session, **WebSocketResponse options)
+
+
+@pytest.fixture
+async def serve_ws() -> AsyncIterator[ServeWs]:
+    """Starts loopback servers (port 0) that run ``session`` on each WebSocket accepted at
+    ``/``, made with the given ``web.WebSocketResponse`` options; closed after the test."""
+    servers: list[TestServer] = []
+
+    async def start(session: WsSession, **options: Any) -> TestServer:
+        async def handler(request: web.Request) -> web.WebSocketResponse:
+            ws = web.WebSocketResponse(**options)
+            await ws.prepare(request)
+            await session(ws)
+            return ws
+
+        app = web.Application()
+        app.router.add_get("/", handler)
+        server = TestServer(app, host="127.0.0.1", port=0)
+        await server.start_server()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.close()

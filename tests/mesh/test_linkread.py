@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -23,6 +22,7 @@ from hearthnet.mesh.route_header import TAG_BYTE
 from hearthnet.mesh.wsbatch import encode_frames
 from tests.conftest import MakeConfig
 from tests.helpers import wait_until
+from tests.mesh.conftest import ServeWs
 from tests.mesh.test_tls import pair
 
 
@@ -48,23 +48,16 @@ class End:
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[tuple[TestServer, End]]:
+async def server(serve_ws: ServeWs) -> tuple[TestServer, End]:
     """A WebSocket server that runs a batch-reading peer link on each connection."""
     end = End()
 
-    async def handler(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES, compress=False, autoping=True)
-        await ws.prepare(request)
+    async def session(ws: web.WebSocketResponse) -> None:
         install(ws, MAX_FRAME_BYTES)
         await end.make(ws, outbound=False).run()
-        return ws
 
-    app = web.Application()
-    app.router.add_get("/", handler)
-    test_server = TestServer(app, host="127.0.0.1", port=0)
-    await test_server.start_server()
-    yield test_server, end
-    await test_server.close()
+    options = {"max_msg_size": MAX_FRAME_BYTES, "compress": False, "autoping": True}
+    return await serve_ws(session, **options), end
 
 
 def route(i: int) -> bytes:

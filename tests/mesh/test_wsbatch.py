@@ -4,7 +4,6 @@ link's queued frames arriving whole and in order over a real loopback WebSocket.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -13,6 +12,7 @@ from aiohttp._websocket.helpers import websocket_mask
 from aiohttp.test_utils import TestServer
 
 from hearthnet.mesh.wsbatch import BatchWriter, encode_frames
+from tests.mesh.conftest import ServeWs
 
 SIZES = (0, 1, 125, 126, 65_535, 65_536, 300)
 
@@ -47,24 +47,16 @@ def test_frames_are_encoded_as_rfc6455_binary_frames(masked: bool) -> None:
 
 
 @pytest.fixture
-async def echo_server() -> AsyncIterator[tuple[TestServer, list[bytes]]]:
+async def echo_server(serve_ws: ServeWs) -> tuple[TestServer, list[bytes]]:
     """A WebSocket server that collects the binary messages it reads."""
     got: list[bytes] = []
 
-    async def handler(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse()
-        await ws.prepare(request)
+    async def session(ws: web.WebSocketResponse) -> None:
         async for msg in ws:
             got.append(msg.data)
             await ws.send_bytes(msg.data)  # back, one at a time
-        return ws
 
-    app = web.Application()
-    app.router.add_get("/", handler)
-    server = TestServer(app, host="127.0.0.1", port=0)
-    await server.start_server()
-    yield server, got
-    await server.close()
+    return await serve_ws(session), got
 
 
 async def test_a_batch_arrives_whole_and_in_order_both_ways(

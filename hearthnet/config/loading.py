@@ -1,0 +1,171 @@
+"""Loading the configuration (spec §9): defaults < TOML file < ``HEARTHNET_<SECTION>_<KEY>``
+environment variables < command-line flags, each value checked against its key's type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hearthnet.config.mesh_section import MeshSection
+from hearthnet.config.schema import (
+    BusSection,
+    LimitsSection,
+    LlmSection,
+    NodeSection,
+    PubSubSection,
+    SecuritySection,
+    TransportSection,
+    default_data_dir,
+)
+from hearthnet.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The effective configuration of a node."""
+
+    node: NodeSection = field(default_factory=NodeSection)
+    transport: TransportSection = field(default_factory=TransportSection)
+    security: SecuritySection = field(default_factory=SecuritySection)
+    limits: LimitsSection = field(default_factory=LimitsSection)
+    bus: BusSection = field(default_factory=BusSection)
+    pubsub: PubSubSection = field(default_factory=PubSubSection)
+    llm: LlmSection = field(default_factory=LlmSection)
+    mesh: MeshSection = field(default_factory=MeshSection)
+
+    @property
+    def data_path(self) -> Path:
+        """The data directory as a path (defaults applied)."""
+        return Path(self.node.data_dir).expanduser() if self.node.data_dir else default_data_dir()
+
+
+def sections() -> dict[str, type[Any]]:
+    """Section name -> dataclass, in documentation order."""
+    hints = typing.get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config)}
+
+
+def _coerce(value: Any, kind: Any, where: str) -> Any:
+    origin = typing.get_origin(kind)
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
+            return False
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+    elif kind is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif kind is str:
+        if isinstance(value, str):
+            return value
+    elif origin is tuple:
+        item_kind = typing.get_args(kind)[0]
+        if isinstance(value, str):
+            value = [v for v in (p.strip() for p in value.split(",")) if v]
+        if isinstance(value, list | tuple):
+            return tuple(_coerce(v, item_kind, where) for v in value)
+    elif origin in (dict, Mapping) or kind is dict:
+        if isinstance(value, dict):
+            return value
+    elif isinstance(kind, types.UnionType) or origin is typing.Union:
+        for option in typing.get_args(kind):
+            if option is type(None) and value is None:
+                return None
+            try:
+                return _coerce(value, option, where)
+            except ConfigError:
+                continue
+    kind_name = getattr(kind, "__name__", str(kind))
+    raise ConfigError(f"{where}: expected {kind_name}, got {value!r}")
+
+
+def _apply(
+    section_cls: type[Any], section_name: str, values: Mapping[str, Any], base: Any, source: str
+) -> Any:
+    hints = typing.get_type_hints(section_cls)
+    known = {f.name for f in dataclasses.fields(section_cls)}
+    changes: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"{source}: unknown key [{section_name}] {key}")
+        changes[key] = _coerce(value, hints[key], f"{source} [{section_name}] {key}")
+    return dataclasses.replace(base, **changes) if changes else base
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Config:
+    """Build the effective configuration: defaults < TOML file < environment < overrides.
+
+    Args:
+        path: a TOML file; a missing file is fine only when it is the default path
+            (pass ``None`` to skip files entirely).
+        env: environment to read ``HEARTHNET_<SECTION>_<KEY>`` from (default: os.environ).
+        overrides: ``{section: {key: value}}`` from command-line flags.
+
+    Raises:
+        ConfigError: unknown section or key, wrong type, unreadable TOML.
+    """
+    env = os.environ if env is None else env
+    file_values: dict[str, Any] = {}
+    if path is not None and path.exists():
+        try:
+            file_values = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    config = Config()
+    known_sections = sections()
+    for name in file_values:
+        if name not in known_sections:
+            raise ConfigError(f"{path}: unknown section [{name}]")
+    changes: dict[str, Any] = {}
+    for name, cls in known_sections.items():
+        current = getattr(config, name)
+        table = file_values.get(name, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: [{name}] must be a table")
+        current = _apply(cls, name, table, current, str(path))
+        prefix = f"HEARTHNET_{name.upper()}_"
+        # Only variables that name a key: HEARTHNET_* is one namespace shared with variables
+        # that are not configuration (the LLM API key, HEARTHNET_LLM_API_KEY by default).
+        fields = {f.name for f in dataclasses.fields(cls)}
+        env_values = {
+            key: v
+            for k, v in env.items()
+            if k.startswith(prefix) and (key := k[len(prefix) :].lower()) in fields
+        }
+        if name == "node" and "HEARTHNET_DATA_DIR" in env and "data_dir" not in env_values:
+            env_values["data_dir"] = env["HEARTHNET_DATA_DIR"]
+        current = _apply(cls, name, env_values, current, "environment")
+        if overrides and name in overrides:
+            current = _apply(cls, name, overrides[name], current, "command line")
+        changes[name] = current
+    return dataclasses.replace(config, **changes)
