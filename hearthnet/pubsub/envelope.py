@@ -501,13 +501,77 @@ class Message:
         )
 
 
-@dataclass(frozen=True, slots=True)
 class StoredMessage:
-    """A message at its position in this node's log (spec §6.3)."""
+    """A message at its position in this node's log (spec §6.3).
 
-    seq: int
-    message: Message
-    source: str | None = None  # the peer it came from (None: published here); not stored
+    A message of a batch signed here is committed as its fields and canonical bytes
+    (:meth:`of_batch`): its :class:`Message` is made on first use of :attr:`message`, so
+    a commit nobody reads (no subscriber, no peer) makes no message object. Immutable by
+    convention: nothing sets an attribute after construction.
+    """
+
+    __slots__ = ("_body", "_leaf", "_message", "batch", "seq", "source")
+
+    def __init__(self, seq: int, message: Message, source: str | None = None) -> None:
+        self.seq = seq
+        self._message: Message | None = message
+        self.source = source  # the peer it came from (None: published here); not stored
+        self._body: dict[str, Any] | None = None
+        self._leaf = b""
+        self.batch: SignedBatch | None = message.batch
+
+    @classmethod
+    def of_batch(
+        cls, seq: int, body: dict[str, Any], leaf: bytes, batch: SignedBatch
+    ) -> StoredMessage:
+        """Message ``body`` (fields without ``sig``, ``leaf`` their canonical bytes) of
+        ``batch``, signed here, at ``seq``; its :class:`Message` is made on first use."""
+        out = cls.__new__(cls)
+        out.seq, out._message, out.source = seq, None, None
+        out._body, out._leaf, out.batch = body, leaf, batch
+        return out
+
+    @property
+    def message(self) -> Message:
+        """The message (made from the fields on first use; a race makes an equal one)."""
+        message = self._message
+        if message is None:
+            assert self._body is not None and self.batch is not None
+            message = self._message = Message.in_batch(self._body, self._leaf, self.batch)
+        return message
+
+    @property
+    def fields(self) -> dict[str, Any] | None:
+        """The message's fields without ``sig`` while its :class:`Message` is not made
+        (committed by :meth:`of_batch`), else None."""
+        return self._body if self._message is None else None
+
+    @property
+    def topic(self) -> str:
+        """The message's topic (without making the :class:`Message`)."""
+        body = self._body
+        if body is None:
+            return self.message.topic
+        topic: str = body["topic"]
+        return topic
+
+    def unsigned_bytes(self) -> bytes | None:
+        """The envelope's JSON bytes without ``sig`` when known without encoding (see
+        :meth:`Message.unsigned_bytes`)."""
+        if self._message is None:
+            return self._leaf
+        return self._message.unsigned_bytes()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StoredMessage):
+            return NotImplemented
+        return (self.seq, self.message, self.source) == (other.seq, other.message, other.source)
+
+    def __hash__(self) -> int:
+        return hash((self.seq, self.message.id))
+
+    def __repr__(self) -> str:
+        return f"StoredMessage(seq={self.seq}, message={self.message!r}, source={self.source!r})"
 
     def frame_json(self) -> dict[str, Any]:
         """``{"event":"message","data":<envelope>,"seq":N}`` as an object (history, long-poll)."""

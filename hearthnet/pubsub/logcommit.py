@@ -32,7 +32,7 @@ from hearthnet.pubsub.logstore import (
     transaction,
     unpack_heads,
 )
-from hearthnet.pubsub.merkle import HASH_BYTES
+from hearthnet.pubsub.merkle import HASH_BYTES, leaf_hash
 from hearthnet.pubsub.sequencer import Sequencer
 
 # What became of one pending message in a commit: stored, a duplicate (None), or refused.
@@ -85,22 +85,38 @@ class Pending:
 UNANSWERED: Outcome = HearthNetError("unanswered")
 
 
-def sign_local(keys: KeyPair, batch: list[Pending]) -> dict[int, HearthNetError]:
+# A local publish signed in a batch: its canonical bytes without ``sig`` and the batch.
+Signed = tuple[bytes, SignedBatch]
+
+
+def sign_local(
+    keys: KeyPair, batch: list[Pending]
+) -> tuple[dict[int, HearthNetError], list[Signed | None]]:
     """Sign the batch's local publishes (in the writer thread), one batch signature per
     run of consecutive ``origin_seq`` (spec §6.2): a publish refused here (data the edge
     let through but JCS cannot sign) leaves its number unused and splits the run.
-    Returns the refused publishes by position."""
+    Returns the refused publishes by position, and per position the canonical bytes and
+    batch of each publish signed in a batch (no :class:`Message` is made: see
+    :meth:`StoredMessage.of_batch`); a run of one is signed alone and gets its
+    ``Message`` (``pending.message``)."""
     refused: dict[int, HearthNetError] = {}
-    run: list[tuple[Pending, dict[str, Any], bytes]] = []
+    signed: list[Signed | None] = [None] * len(batch)
+    at: list[int] = []  # the positions of the run being gathered
+    leaves: list[bytes] = []
+    first = next_seq = 0
 
     def close_run() -> None:
-        if run:
-            bodies = [body for _, body, _ in run]
-            signed = Message.signed_batch(keys, bodies, [leaf for _, _, leaf in run])
-            for (pending, _, _), message in zip(run, signed, strict=True):
-                pending.message = message
-                pending.unsigned = None
-            run.clear()
+        if len(at) == 1:
+            pending = batch[at[0]]
+            assert pending.unsigned is not None
+            pending.message = Message.signed_batch(keys, [pending.unsigned], leaves)[0]
+            pending.unsigned = None
+        elif at:
+            signature = SignedBatch.sign(keys, first, [leaf_hash(leaf) for leaf in leaves])
+            for i, leaf in zip(at, leaves, strict=True):
+                signed[i] = (leaf, signature)
+        at.clear()
+        leaves.clear()
 
     for i, pending in enumerate(batch):
         body = pending.unsigned
@@ -112,15 +128,20 @@ def sign_local(keys: KeyPair, batch: list[Pending]) -> dict[int, HearthNetError]
             refused[i] = exc
             close_run()
             continue
-        if run and run[-1][1]["origin_seq"] + 1 != body["origin_seq"]:
+        origin_seq = body["origin_seq"]
+        if at and origin_seq != next_seq:
             close_run()
-        run.append((pending, body, leaf))
+        if not at:
+            first = origin_seq
+        next_seq = origin_seq + 1
+        at.append(i)
+        leaves.append(leaf)
     close_run()
-    return refused
+    return refused, signed
 
 
-def _row_for(msg: Message, seq: int, batch: SignedBatch | None) -> Row:
-    """A new row starting with ``msg`` (its batch's, or of whole envelopes)."""
+def _row_for(seq: int, batch: SignedBatch | None) -> Row:
+    """A new row starting at ``seq`` (of ``batch``, or of whole envelopes)."""
     if batch is None:
         return Row(seq, "", 0, 0, [], [])
     return Row(
@@ -142,21 +163,35 @@ def rows_of(stored: list[StoredMessage]) -> list[Row]:
     each run of anything else a row of whole envelopes."""
     rows: list[Row] = []
     row: Row | None = None
+    row_batch: SignedBatch | None = None
+    heads: list[Head] = []
+    bodies: list[bytes] = []
     for item in stored:
-        msg = item.message
-        batch = msg.batch
-        unsigned = msg.unsigned_bytes() if batch is not None else None
-        if unsigned is None:
-            batch = None  # no bytes without sig at hand: stored whole
-        body = unsigned if unsigned is not None else msg.raw
-        if row is None or (
-            (row.origin, row.first, row.sig)
-            != ((batch.origin, batch.first, batch.signature) if batch else ("", 0, None))
-        ):
-            row = _row_for(msg, item.seq, batch)
-            rows.append(row)
-        row.heads.append(
-            Head(
+        fields = item.fields
+        if fields is not None:  # ours, signed in this commit: no Message made
+            batch: SignedBatch | None = item.batch
+            body = item.unsigned_bytes()
+            assert body is not None
+            ttl_s = fields.get("ttl_s")
+            ts = fields["ts"]
+            head = Head(
+                item.seq,
+                fields["id"],
+                fields["topic"],
+                fields["origin"],
+                fields["origin_seq"],
+                ts,
+                ts + ttl_s * 1000 if ttl_s is not None else None,
+                len(body),
+            )
+        else:
+            msg = item.message
+            batch = msg.batch
+            unsigned = msg.unsigned_bytes() if batch is not None else None
+            if unsigned is None:
+                batch = None  # no bytes without sig at hand: stored whole
+            body = unsigned if unsigned is not None else msg.raw
+            head = Head(
                 item.seq,
                 msg.id,
                 msg.topic,
@@ -166,8 +201,16 @@ def rows_of(stored: list[StoredMessage]) -> list[Row]:
                 msg.expires_ms,
                 len(body),
             )
-        )
-        row.bodies.append(body)
+        if row is None or (
+            batch is not row_batch
+            and (row.origin, row.first, row.sig)
+            != ((batch.origin, batch.first, batch.signature) if batch else ("", 0, None))
+        ):
+            row, row_batch = _row_for(item.seq, batch), batch
+            heads, bodies = row.heads, row.bodies
+            rows.append(row)
+        heads.append(head)
+        bodies.append(body)
     return rows
 
 
@@ -183,13 +226,28 @@ def write_batch(
     batch (peers' messages the log holds take no number), insert its rows and the changed
     consumers, commit. Returns, per pending item, what was stored (None: a duplicate; an
     error: this publish failed alone), and the rows written."""
-    refused = sign_local(keys, batch)
+    refused, signed = sign_local(keys, batch)
     numbered = sequencer.number(
-        [(p.message.id, p.local) if p.message is not None else None for p in batch]
+        [
+            (p.message.id, p.local)
+            if p.message is not None
+            else (p.unsigned["id"], True)
+            if s is not None and p.unsigned is not None
+            else None
+            for p, s in zip(batch, signed, strict=True)
+        ]
     )
     results: list[Outcome] = []
     stored: list[StoredMessage] = []
+    of_batch = StoredMessage.of_batch
     for i, (pending, seq) in enumerate(zip(batch, numbered, strict=True)):
+        done = signed[i]
+        if done is not None and seq is not None:
+            assert pending.unsigned is not None
+            item = of_batch(seq, pending.unsigned, done[0], done[1])
+            results.append(item)
+            stored.append(item)
+            continue
         msg = pending.message
         if msg is None:
             results.append(refused[i])
