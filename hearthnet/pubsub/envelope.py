@@ -134,9 +134,10 @@ def unsigned_fields(  # noqa: PLR0917 - positional: every publish calls it
 ) -> dict[str, Any]:
     """A new message's fields, all but ``sig`` (inputs already validated); bytes ``data``
     takes its JSON form (base64url text and ``data_enc``). What :meth:`Message.unsigned`
-    gives, called positionally (keywords cost ~1 µs a call on every publish)."""
+    gives, called positionally (keywords cost ~1 µs a call on every publish). ``msg_id``
+    ``""``: the id is given later (the log gives a commit's ids at once)."""
     body: dict[str, Any] = {
-        "id": msg_id or new_ulid(ts),
+        "id": new_ulid(ts) if msg_id is None else msg_id,
         "topic": topic,
         "type": msg_type,
         "data": data,

@@ -20,6 +20,7 @@ from typing import Any
 
 from hearthnet.errors import HearthNetError
 from hearthnet.identity import KeyPair
+from hearthnet.ids import new_ulids
 from hearthnet.pubsub.batchsig import SignedBatch
 from hearthnet.pubsub.consumerstate import ConsumerRecord, ConsumerState, write_consumers
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
@@ -101,6 +102,10 @@ def sign_local(
     ``Message`` (``pending.message``)."""
     refused: dict[int, HearthNetError] = {}
     signed: list[Signed | None] = [None] * len(batch)
+    fresh = [p.unsigned for p in batch if p.unsigned is not None and not p.unsigned["id"]]
+    if fresh:  # queued without an id: given here, at once, in origin_seq order
+        for body, message_id in zip(fresh, new_ulids([b["ts"] for b in fresh]), strict=True):
+            body["id"] = message_id
     at: list[int] = []  # the positions of the run being gathered
     leaves: list[bytes] = []
     first = next_seq = 0
