@@ -108,7 +108,8 @@ def canonical_body(body: dict[str, Any]) -> bytes:
     Raises:
         NotCanonical: ``data`` (or a field) has no exact canonical form.
     """
-    if orjson_is_canonical(body["data"]):
+    data = body["data"]
+    if type(data) is str or orjson_is_canonical(data):
         try:
             return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
         except orjson.JSONEncodeError:

@@ -380,9 +380,11 @@ class MessageLog:
         publishers."""
         self.batches += 1
         committed = [item for item in outcomes if isinstance(item, StoredMessage)]
+        index, sequencer = self.index, self.sequencer
         for row in rows:
-            self.index.add_row(row.key, row.heads)
-            self.sequencer.committed(row.heads)
+            index.add_row(row.key, row.heads)
+            seqs, ids, topics, _, _, ts, _, sizes = zip(*row.heads, strict=True)
+            sequencer.committed_columns(seqs, ids, topics, sizes, ts)
         _mirror(self)
         for listener in self.listeners:
             try:

@@ -353,7 +353,9 @@ def load(conn: sqlite3.Connection, node_id: str) -> LoadedLog:
     sequencer = Sequencer(0, 0)
     for key, heads in held_heads(conn):  # a row at a time: no list of every header
         index.add_row(key, heads)
-        sequencer.committed(heads)
+        if heads:
+            seqs, ids, topics, _, _, ts, _, sizes = zip(*heads, strict=True)
+            sequencer.committed_columns(seqs, ids, topics, sizes, ts)
         for h in heads:
             if h.origin == node_id and h.origin_seq > origin_seq:
                 origin_seq = h.origin_seq
