@@ -512,25 +512,26 @@ class StoredMessage:
     convention: nothing sets an attribute after construction.
     """
 
-    __slots__ = ("_body", "_leaf", "_message", "batch", "seq", "source")
+    __slots__ = ("_message", "batch", "fields", "leaf", "seq", "source")
 
     def __init__(self, seq: int, message: Message, source: str | None = None) -> None:
         self.seq = seq
         self._message: Message | None = message
         self.source = source  # the peer it came from (None: published here); not stored
-        self._body: dict[str, Any] | None = None
-        self._leaf = b""
+        # Set by of_batch only: the fields without sig and their canonical bytes.
+        self.fields: dict[str, Any] | None = None
+        self.leaf = b""
         self.batch: SignedBatch | None = message.batch
 
     @classmethod
     def of_batch(
-        cls, seq: int, body: dict[str, Any], leaf: bytes, batch: SignedBatch
+        cls, seq: int, fields: dict[str, Any], leaf: bytes, batch: SignedBatch
     ) -> StoredMessage:
-        """Message ``body`` (fields without ``sig``, ``leaf`` their canonical bytes) of
+        """Message ``fields`` (without ``sig``, ``leaf`` their canonical bytes) of
         ``batch``, signed here, at ``seq``; its :class:`Message` is made on first use."""
         out = cls.__new__(cls)
         out.seq, out._message, out.source = seq, None, None
-        out._body, out._leaf, out.batch = body, leaf, batch
+        out.fields, out.leaf, out.batch = fields, leaf, batch
         return out
 
     @property
@@ -538,31 +539,25 @@ class StoredMessage:
         """The message (made from the fields on first use; a race makes an equal one)."""
         message = self._message
         if message is None:
-            assert self._body is not None and self.batch is not None
-            message = self._message = Message.in_batch(self._body, self._leaf, self.batch)
+            assert self.fields is not None and self.batch is not None
+            message = self._message = Message.in_batch(self.fields, self.leaf, self.batch)
         return message
-
-    @property
-    def fields(self) -> dict[str, Any] | None:
-        """The message's fields without ``sig`` while its :class:`Message` is not made
-        (committed by :meth:`of_batch`), else None."""
-        return self._body if self._message is None else None
 
     @property
     def topic(self) -> str:
         """The message's topic (without making the :class:`Message`)."""
-        body = self._body
-        if body is None:
+        fields = self.fields
+        if fields is None:
             return self.message.topic
-        topic: str = body["topic"]
+        topic: str = fields["topic"]
         return topic
 
     def unsigned_bytes(self) -> bytes | None:
         """The envelope's JSON bytes without ``sig`` when known without encoding (see
         :meth:`Message.unsigned_bytes`)."""
-        if self._message is None:
-            return self._leaf
-        return self._message.unsigned_bytes()
+        if self.fields is not None:
+            return self.leaf
+        return self.message.unsigned_bytes()
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, StoredMessage):

@@ -162,41 +162,72 @@ def _row_for(seq: int, batch: SignedBatch | None) -> Row:
     )
 
 
+def _batch_run(items: list[StoredMessage], fields: list[dict[str, Any]]) -> list[Head]:
+    """The headers of messages committed by :meth:`StoredMessage.of_batch` (ours, of one
+    batch; ``fields`` theirs), made from their fields' columns."""
+    ts = [f["ts"] for f in fields]
+    ttls = [f.get("ttl_s") for f in fields]
+    expires = (
+        ttls
+        if ttls.count(None) == len(ttls)
+        else [t + ttl * 1000 if ttl is not None else None for t, ttl in zip(ts, ttls, strict=True)]
+    )
+    return list(
+        map(
+            Head._make,
+            zip(
+                [item.seq for item in items],
+                [f["id"] for f in fields],
+                [f["topic"] for f in fields],
+                [f["origin"] for f in fields],
+                [f["origin_seq"] for f in fields],
+                ts,
+                expires,
+                [len(item.leaf) for item in items],
+                strict=True,
+            ),
+        )
+    )
+
+
 def rows_of(stored: list[StoredMessage]) -> list[Row]:
     """A commit's messages (seq order) as rows: each run of one signed batch held whole
     (its leaves known: signed here, or gossiped whole) is a row of bodies without ``sig``,
     each run of anything else a row of whole envelopes."""
     rows: list[Row] = []
     row: Row | None = None
-    row_batch: SignedBatch | None = None
-    heads: list[Head] = []
-    bodies: list[bytes] = []
-    for item in stored:
-        fields = item.fields
-        if fields is not None:  # ours, signed in this commit: no Message made
-            batch: SignedBatch | None = item.batch
-            body = item.unsigned_bytes()
-            assert body is not None
-            ttl_s = fields.get("ttl_s")
-            ts = fields["ts"]
-            head = Head(
-                item.seq,
-                fields["id"],
-                fields["topic"],
-                fields["origin"],
-                fields["origin_seq"],
-                ts,
-                ts + ttl_s * 1000 if ttl_s is not None else None,
-                len(body),
-            )
-        else:
-            msg = item.message
-            batch = msg.batch
-            unsigned = msg.unsigned_bytes() if batch is not None else None
-            if unsigned is None:
-                batch = None  # no bytes without sig at hand: stored whole
-            body = unsigned if unsigned is not None else msg.raw
-            head = Head(
+    i, n = 0, len(stored)
+    while i < n:
+        item = stored[i]
+        if item.fields is not None:  # ours, signed in this commit: no Message made
+            batch = item.batch
+            assert batch is not None
+            j = i + batch.n  # a batch signed in this commit: its messages in a row
+            run = stored[i:j]
+            fields = [s.fields for s in run]
+            if len(run) != batch.n or None in fields or run[-1].batch is not batch:
+                j = i + 1  # not the usual run: one at a time
+                run, fields = [item], [item.fields]
+            row = _row_for(item.seq, batch)
+            row.heads = _batch_run(run, fields)  # type: ignore[arg-type]
+            row.bodies = [s.leaf for s in run]
+            rows.append(row)
+            row = None  # the next message starts a row of its own
+            i = j
+            continue
+        msg = item.message
+        batch = msg.batch
+        unsigned = msg.unsigned_bytes() if batch is not None else None
+        if unsigned is None:
+            batch = None  # no bytes without sig at hand: stored whole
+        body = unsigned if unsigned is not None else msg.raw
+        if row is None or (row.origin, row.first, row.sig) != (
+            (batch.origin, batch.first, batch.signature) if batch else ("", 0, None)
+        ):
+            row = _row_for(item.seq, batch)
+            rows.append(row)
+        row.heads.append(
+            Head(
                 item.seq,
                 msg.id,
                 msg.topic,
@@ -206,16 +237,9 @@ def rows_of(stored: list[StoredMessage]) -> list[Row]:
                 msg.expires_ms,
                 len(body),
             )
-        if row is None or (
-            batch is not row_batch
-            and (row.origin, row.first, row.sig)
-            != ((batch.origin, batch.first, batch.signature) if batch else ("", 0, None))
-        ):
-            row, row_batch = _row_for(item.seq, batch), batch
-            heads, bodies = row.heads, row.bodies
-            rows.append(row)
-        heads.append(head)
-        bodies.append(body)
+        )
+        row.bodies.append(body)
+        i += 1
     return rows
 
 

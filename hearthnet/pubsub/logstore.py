@@ -107,22 +107,16 @@ class Row:
 
 
 def pack_heads(heads: Sequence[Head], origin: str) -> bytes:
-    """The ``heads`` column: one JSON array per message (origin ``""`` when the row's)."""
-    return orjson.dumps(
-        [
-            [
-                h.seq,
-                h.id,
-                h.topic,
-                "" if h.origin == origin else h.origin,
-                h.origin_seq,
-                h.ts,
-                h.expires_ms,
-                h.size,
-            ]
-            for h in heads
-        ]
-    )
+    """The ``heads`` column: one JSON array per message (origin ``""`` when the row's),
+    encoded from the headers' columns (no list per message in Python)."""
+    if not heads:
+        return b"[]"
+    seqs, ids, topics, origins, origin_seqs, ts, expires, sizes = zip(*heads, strict=True)
+    if origins.count(origin) == len(origins):
+        origins = ("",) * len(origins)
+    elif origin:
+        origins = tuple("" if o == origin else o for o in origins)
+    return orjson.dumps(list(zip(seqs, ids, topics, origins, origin_seqs, ts, expires, sizes)))
 
 
 def unpack_heads(blob: bytes, origin: str) -> list[Head]:
