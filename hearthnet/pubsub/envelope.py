@@ -539,7 +539,8 @@ class StoredMessage:
         """The message (made from the fields on first use; a race makes an equal one)."""
         message = self._message
         if message is None:
-            assert self.fields is not None and self.batch is not None
+            assert self.fields is not None
+            assert self.batch is not None
             message = self._message = Message.in_batch(self.fields, self.leaf, self.batch)
         return message
 

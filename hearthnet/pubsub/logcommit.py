@@ -102,10 +102,12 @@ def sign_local(
     ``Message`` (``pending.message``)."""
     refused: dict[int, HearthNetError] = {}
     signed: list[Signed | None] = [None] * len(batch)
-    fresh = [p.unsigned for p in batch if p.unsigned is not None and not p.unsigned["id"]]
+    fresh: list[dict[str, Any]] = [
+        p.unsigned for p in batch if p.unsigned is not None and not p.unsigned["id"]
+    ]
     if fresh:  # queued without an id: given here, at once, in origin_seq order
-        for body, message_id in zip(fresh, new_ulids([b["ts"] for b in fresh]), strict=True):
-            body["id"] = message_id
+        for new, message_id in zip(fresh, new_ulids([f["ts"] for f in fresh]), strict=True):
+            new["id"] = message_id
     at: list[int] = []  # the positions of the run being gathered
     leaves: list[bytes] = []
     first = next_seq = 0

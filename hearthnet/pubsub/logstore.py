@@ -116,7 +116,9 @@ def pack_heads(heads: Sequence[Head], origin: str) -> bytes:
         origins = ("",) * len(origins)
     elif origin:
         origins = tuple("" if o == origin else o for o in origins)
-    return orjson.dumps(list(zip(seqs, ids, topics, origins, origin_seqs, ts, expires, sizes)))
+    return orjson.dumps(
+        list(zip(seqs, ids, topics, origins, origin_seqs, ts, expires, sizes, strict=True))
+    )
 
 
 def unpack_heads(blob: bytes, origin: str) -> list[Head]:

@@ -142,7 +142,7 @@ class Sequencer:
             stats.messages += n
             stats.bytes += total
             stats.head_seq = seqs[-1]
-            stats.last_ts = max(stats.last_ts, max(ts))
+            stats.last_ts = max(stats.last_ts, *ts)
             return
         topic, stats = "", TopicStats()
         for i in range(n):
