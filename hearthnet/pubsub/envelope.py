@@ -553,6 +553,24 @@ class StoredMessage:
         topic: str = fields["topic"]
         return topic
 
+    @property
+    def origin(self) -> str:
+        """The message's origin node (without making the :class:`Message`)."""
+        fields = self.fields
+        if fields is None:
+            return self.message.origin
+        origin: str = fields["origin"]
+        return origin
+
+    @property
+    def origin_seq(self) -> int:
+        """The message's ``origin_seq`` (without making the :class:`Message`)."""
+        fields = self.fields
+        if fields is None:
+            return self.message.origin_seq
+        origin_seq: int = fields["origin_seq"]
+        return origin_seq
+
     def unsigned_bytes(self) -> bytes | None:
         """The envelope's JSON bytes without ``sig`` when known without encoding (see
         :meth:`Message.unsigned_bytes`)."""
