@@ -394,11 +394,7 @@ class MessageLog:
                 # publishers are still answered.
                 log.exception("a commit listener failed")
         for pending, outcome in zip(batch, outcomes, strict=True):
-            future = pending.future
-            if type(outcome) is StoredMessage and future is not None and not future.done():
-                future.set_result(outcome)  # the usual answer, without a call around it
-            else:
-                pending.answer(outcome)
+            pending.answer(outcome)
 
     # --- durable consumers --------------------------------------------------------
 
