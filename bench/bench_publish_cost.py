@@ -25,13 +25,17 @@ one process, on the real code:
   the node to decode and check it and build the envelope body, the node to encode the
   delivered frame, and the subscriber to decode it back to bytes;
 - ``log``: ``MessageLog.publish`` for batches of ``--batch`` publishes until every one is
-  committed: numbering, signing in the writer thread (no proof is made: the log stores the
+  committed, each batch awaited three ways (``--await``): ``gather`` (a future per
+  publish, ``asyncio.gather``), ``ws`` (a future per publish, one callback on the last,
+  as the WebSocket publish path answers a session), ``many`` (``publish_many``, one
+  future per batch): numbering, signing in the writer thread (no proof is made: the log stores the
   batch once and its messages without ``sig``), deduplication, insert, group commit
   (with ``--sync full``, the node's default, the commit includes the WAL fsync), and the
   future each publisher awaits. CPU is the whole process's (event loop and writer
   thread), so it is what the node spends per publish with no subscriber and no socket.
 
-Run: python -m bench.bench_publish_cost [--messages 20000 --batch 125 --sync full,normal]
+Run: python -m bench.bench_publish_cost [--messages 20000 --batch 125 --sync full,normal
+     --await gather,ws,many]
 """
 
 from __future__ import annotations
@@ -243,11 +247,39 @@ def measure_binary(keys: KeyPair, count: int, batch: int) -> dict[str, Any]:
     return out
 
 
+# How a batch of publishes is awaited (see measure_log).
+AWAIT_MODES = ("gather", "ws", "many")
+
+
+async def _last_done(futures: list[asyncio.Future[Any]]) -> None:
+    """Wait as the WebSocket publish path does: one callback on the last publish (the
+    log commits in queue order), then every result read."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    futures[-1].add_done_callback(lambda _: done.set_result(None))
+    await done
+    for fut in futures:
+        fut.result()
+
+
 async def measure_log(
-    keys: KeyPair, sync: str, count: int, batch: int, *, many: bool = False
+    keys: KeyPair,
+    sync: str,
+    count: int,
+    batch: int,
+    *,
+    many: bool = False,
+    mode: str = "gather",
 ) -> dict[str, Any]:
-    """Publishes through the real log, ``batch`` at a time, each batch awaited (with
-    ``many``, each batch as one ``MessageLog.publish_many`` and its one future)."""
+    """Publishes through the real log, ``batch`` at a time, each batch awaited: ``mode``
+    ``gather``, a future per ``MessageLog.publish`` and ``asyncio.gather`` over them
+    (what an application awaiting each publish pays); ``ws``, a future per publish and
+    one callback on the last, as the WebSocket publish path answers a session's
+    publishes; ``many`` (or ``many=True``), each batch as one
+    ``MessageLog.publish_many`` and its one future."""
+    if many:
+        mode = "many"
+    if mode not in AWAIT_MODES:
+        raise ValueError(f"mode is one of {AWAIT_MODES}")
     with tempfile.TemporaryDirectory(prefix="hn-publish-cost-") as tmp:
         log = MessageLog(Path(tmp) / "log.db", keys, synchronous=sync)
         await log.open()
@@ -267,8 +299,15 @@ async def measure_log(
             group = [(TOPIC, "bench", PAYLOAD, None, sender)] * batch
             for _ in range(rounds):
                 t0 = time.perf_counter()
-                if many:
+                if mode == "many":
                     await log.publish_many(group)
+                elif mode == "ws":
+                    await _last_done(
+                        [
+                            log.publish(topic=TOPIC, msg_type="bench", data=PAYLOAD, sender=sender)
+                            for _ in range(batch)
+                        ]
+                    )
                 else:
                     await asyncio.gather(
                         *[
@@ -280,6 +319,7 @@ async def measure_log(
             n = rounds * batch
             return {
                 "sync": sync,
+                "mode": mode,
                 "messages": n,
                 "batch": batch,
                 "cpu_us_per_message": (time.process_time() - c0) / n * 1e6,
@@ -327,13 +367,14 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
         )
     logs = []
     for sync in opts.sync:
-        row = await measure_log(keys, sync, opts.messages, opts.batch)
-        logs.append(row)
-        print(
-            f"log, sync={sync}, batches of {row['batch']}: "
-            f"{row['cpu_us_per_message']:.1f} µs CPU, {row['wall_us_per_message']:.1f} µs wall "
-            f"per message; batch p50 {row['batch_ms_p50']:.2f} ms"
-        )
+        for mode in opts.modes:
+            row = await measure_log(keys, sync, opts.messages, opts.batch, mode=mode)
+            logs.append(row)
+            print(
+                f"log, sync={sync}, batches of {row['batch']} awaited by {mode}: "
+                f"{row['cpu_us_per_message']:.1f} µs CPU, {row['wall_us_per_message']:.1f} µs "
+                f"wall per message; batch p50 {row['batch_ms_p50']:.2f} ms"
+            )
     return {
         "payload_bytes": len(PAYLOAD),
         **signing,
@@ -349,8 +390,20 @@ def main() -> None:
     p.add_argument("--messages", type=int, default=20_000, help="per measurement")
     p.add_argument("--batch", type=int, default=125, help="publishes committed together")
     p.add_argument("--sync", default="full,normal", help="comma list: full, normal")
+    p.add_argument(
+        "--await",
+        dest="modes",
+        default="gather,ws,many",
+        help="comma list of how each batch is awaited: gather (a future per publish, "
+        "asyncio.gather), ws (a future per publish, one callback on the last, as the "
+        "WebSocket publish path), many (publish_many, one future per batch)",
+    )
     p.add_argument("--name", default="publish_cost")
     opts = p.parse_args()
+    opts.modes = [m.strip() for m in opts.modes.split(",") if m.strip()]
+    for m in opts.modes:
+        if m not in AWAIT_MODES:
+            p.error(f"--await: {m!r} is not one of {', '.join(AWAIT_MODES)}")
     opts.sync = [s.strip() for s in opts.sync.split(",") if s.strip()]
     for s in opts.sync:
         if s not in ("full", "normal"):

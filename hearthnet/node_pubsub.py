@@ -134,7 +134,7 @@ def wire_commits(
             log.exception("local fan-out of a commit failed; gossiping it anyway")
         gossip(batch)
         federation.on_commit(batch)  # spec §8: agreements spread like records
-        rates.record((m.message.topic for m in batch), time.monotonic())
+        rates.record((m.topic for m in batch), time.monotonic())
 
     message_log.listeners.append(committed)
     pubsub.presence_hub.on_local = mesh.on_local_presence

@@ -32,11 +32,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 async def test_publish_cost_measures_every_publish_through_the_log() -> None:
-    opts = argparse.Namespace(messages=120, batch=40, sync=["full", "normal"])
+    opts = argparse.Namespace(
+        messages=120, batch=40, sync=["full", "normal"], modes=["gather", "ws", "many"]
+    )
     result = await bench_publish_cost.run(opts)
-    assert [(r["sync"], r["messages"], r["batch"]) for r in result["log"]] == [
-        ("full", 120, 40),
-        ("normal", 120, 40),
+    assert [(r["sync"], r["mode"], r["messages"], r["batch"]) for r in result["log"]] == [
+        (sync, mode, 120, 40) for sync in ("full", "normal") for mode in ("gather", "ws", "many")
     ]
     assert result["sign_cpu_us"] > 0
     assert result["envelope_cpu_us"] > 0

@@ -63,6 +63,19 @@ def test_ulids_are_monotonic_within_a_millisecond() -> None:
     )
 
 
+def test_ulids_made_at_once_are_those_made_one_by_one() -> None:
+    """``many`` gives one ULID per time, each of its time (or the last one's when the
+    clock went back), in order, and ids made after them sort after them."""
+    gen = UlidGenerator()
+    times = [1_763_800_000_005, 1_763_800_000_005, 1_763_800_000_004, 1_763_800_000_007]
+    ids = [gen.new(1_763_800_000_001), *gen.many(times), gen.new(1_763_800_000_007)]
+    assert (ids, 6, [5, 5, 5, 7]) == (
+        sorted(ids),
+        len(set(ids)),
+        [ulid_time_ms(i) - 1_763_800_000_000 for i in ids[1:5]],
+    )
+
+
 @given(st.integers(0, 2**48 - 1), st.integers(0, 2**80 - 1))
 def test_ulid_encoding_is_crockford_base32_of_the_130_bits(ms: int, rand: int) -> None:
     """Each of the 26 characters is 5 bits of ``ms << 80 | rand``, most significant first,

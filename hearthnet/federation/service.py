@@ -204,9 +204,10 @@ class Federation:
         for wake in self.on_committed:
             wake()
         for stored in batch:
-            message = stored.message
-            if message.topic != TOPIC or message.origin == self.keys.node_id:
+            # topic and origin first: a commit's other messages need no Message made
+            if stored.topic != TOPIC or stored.origin == self.keys.node_id:
                 continue
+            message = stored.message
             if self.view.membership.level_of(message.origin) is None:
                 continue
             data = message.data if isinstance(message.data, dict) else {}

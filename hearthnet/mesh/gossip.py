@@ -249,7 +249,7 @@ class Gossip:
         to every link but the one they came from, encoded once: each whole signed batch
         as one :class:`ForwardBatch`, every other message as a ``msg`` frame."""
         for stored in batch:
-            self.tracker.add(stored.message.origin, stored.message.origin_seq)
+            self.tracker.add(stored.origin, stored.origin_seq)
         if not linked:
             return []
         forwards: list[Forward | ForwardBatch] = []

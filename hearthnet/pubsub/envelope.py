@@ -108,7 +108,8 @@ def canonical_body(body: dict[str, Any]) -> bytes:
     Raises:
         NotCanonical: ``data`` (or a field) has no exact canonical form.
     """
-    if orjson_is_canonical(body["data"]):
+    data = body["data"]
+    if type(data) is str or orjson_is_canonical(data):
         try:
             return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
         except orjson.JSONEncodeError:
@@ -134,9 +135,10 @@ def unsigned_fields(  # noqa: PLR0917 - positional: every publish calls it
 ) -> dict[str, Any]:
     """A new message's fields, all but ``sig`` (inputs already validated); bytes ``data``
     takes its JSON form (base64url text and ``data_enc``). What :meth:`Message.unsigned`
-    gives, called positionally (keywords cost ~1 µs a call on every publish)."""
+    gives, called positionally (keywords cost ~1 µs a call on every publish). ``msg_id``
+    ``""``: the id is given later (the log gives a commit's ids at once)."""
     body: dict[str, Any] = {
-        "id": msg_id or new_ulid(ts),
+        "id": new_ulid(ts) if msg_id is None else msg_id,
         "topic": topic,
         "type": msg_type,
         "data": data,
@@ -501,13 +503,91 @@ class Message:
         )
 
 
-@dataclass(frozen=True, slots=True)
 class StoredMessage:
-    """A message at its position in this node's log (spec §6.3)."""
+    """A message at its position in this node's log (spec §6.3).
 
-    seq: int
-    message: Message
-    source: str | None = None  # the peer it came from (None: published here); not stored
+    A message of a batch signed here is committed as its fields and canonical bytes
+    (:meth:`of_batch`): its :class:`Message` is made on first use of :attr:`message`, so
+    a commit nobody reads (no subscriber, no peer) makes no message object. Immutable by
+    convention: nothing sets an attribute after construction.
+    """
+
+    __slots__ = ("_message", "batch", "fields", "leaf", "seq", "source")
+
+    def __init__(self, seq: int, message: Message, source: str | None = None) -> None:
+        self.seq = seq
+        self._message: Message | None = message
+        self.source = source  # the peer it came from (None: published here); not stored
+        # Set by of_batch only: the fields without sig and their canonical bytes.
+        self.fields: dict[str, Any] | None = None
+        self.leaf = b""
+        self.batch: SignedBatch | None = message.batch
+
+    @classmethod
+    def of_batch(
+        cls, seq: int, fields: dict[str, Any], leaf: bytes, batch: SignedBatch
+    ) -> StoredMessage:
+        """Message ``fields`` (without ``sig``, ``leaf`` their canonical bytes) of
+        ``batch``, signed here, at ``seq``; its :class:`Message` is made on first use."""
+        out = cls.__new__(cls)
+        out.seq, out._message, out.source = seq, None, None
+        out.fields, out.leaf, out.batch = fields, leaf, batch
+        return out
+
+    @property
+    def message(self) -> Message:
+        """The message (made from the fields on first use; a race makes an equal one)."""
+        message = self._message
+        if message is None:
+            assert self.fields is not None
+            assert self.batch is not None
+            message = self._message = Message.in_batch(self.fields, self.leaf, self.batch)
+        return message
+
+    @property
+    def topic(self) -> str:
+        """The message's topic (without making the :class:`Message`)."""
+        fields = self.fields
+        if fields is None:
+            return self.message.topic
+        topic: str = fields["topic"]
+        return topic
+
+    @property
+    def origin(self) -> str:
+        """The message's origin node (without making the :class:`Message`)."""
+        fields = self.fields
+        if fields is None:
+            return self.message.origin
+        origin: str = fields["origin"]
+        return origin
+
+    @property
+    def origin_seq(self) -> int:
+        """The message's ``origin_seq`` (without making the :class:`Message`)."""
+        fields = self.fields
+        if fields is None:
+            return self.message.origin_seq
+        origin_seq: int = fields["origin_seq"]
+        return origin_seq
+
+    def unsigned_bytes(self) -> bytes | None:
+        """The envelope's JSON bytes without ``sig`` when known without encoding (see
+        :meth:`Message.unsigned_bytes`)."""
+        if self.fields is not None:
+            return self.leaf
+        return self.message.unsigned_bytes()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StoredMessage):
+            return NotImplemented
+        return (self.seq, self.message, self.source) == (other.seq, other.message, other.source)
+
+    def __hash__(self) -> int:
+        return hash((self.seq, self.message.id))
+
+    def __repr__(self) -> str:
+        return f"StoredMessage(seq={self.seq}, message={self.message!r}, source={self.source!r})"
 
     def frame_json(self) -> dict[str, Any]:
         """``{"event":"message","data":<envelope>,"seq":N}`` as an object (history, long-poll)."""

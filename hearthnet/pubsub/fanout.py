@@ -107,7 +107,7 @@ class FanOut:
         """
         groups: dict[str, list[EncodedMessage]] = {}
         for stored in batch:
-            groups.setdefault(stored.message.topic, []).append(EncodedMessage(stored))
+            groups.setdefault(stored.topic, []).append(EncodedMessage(stored))
         policy = self.policy
         match = self.index.match
         if len(groups) == 1:
@@ -128,7 +128,7 @@ class FanOut:
                 else:
                     sub.deliver_merged(sub_groups, policy)  # keep seq order across topics
                 self._delivered(sub)
-        local = sum(1 for stored in batch if stored.message.origin == self.node_id)
+        local = sum(1 for stored in batch if stored.origin == self.node_id)
         if local:
             self.metrics.published.inc("local", amount=local)
         if local < len(batch):

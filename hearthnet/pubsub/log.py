@@ -63,6 +63,7 @@ from hearthnet.pubsub.logcommit import (
 from hearthnet.pubsub.logindex import LogIndex
 from hearthnet.pubsub.logread import PAGE, READ_LAST_QUERIES, LogReader
 from hearthnet.pubsub.logstore import Row, SqliteWriter, load, transaction
+from hearthnet.pubsub.payload import Base64UrlText
 from hearthnet.pubsub.sequencer import Sequencer, TopicStats
 from hearthnet.pubsub.topics import TopicPattern
 
@@ -236,14 +237,30 @@ class MessageLog:
                 f"the message log has {self.max_pending} publishes waiting; retry",
                 retry_after_ms=PENDING_RETRY_MS,
             )
-        # Numbered now; signed with its batch in the writer thread (ed25519 runs without
-        # the GIL, so parsing the next publishes goes on meanwhile).
+        # Numbered now; its id given and signed with its batch in the writer thread
+        # (ed25519 runs without the GIL, so parsing the next publishes goes on meanwhile).
         # A number whose batch fails to commit is never reused (peers treat it like a hole
         # left by retention); one issued but lost in a crash was never acknowledged.
-        self.origin_seq = origin_seq = self.sequencer.next_origin_seq()
-        body = unsigned_fields(
-            self.keys.node_id, topic, msg_type, data, origin_seq, now_ms(), ttl_s, sender
-        )
+        sequencer = self.sequencer
+        self.origin_seq = sequencer.origin_seq = origin_seq = sequencer.origin_seq + 1
+        kind = type(data)
+        if ttl_s is None and kind is not bytes and kind is not Base64UrlText:
+            # the usual publish, its fields inline (what unsigned_fields gives)
+            body = {
+                "id": "",
+                "topic": topic,
+                "type": msg_type,
+                "data": data,
+                "origin": self.keys.node_id,
+                "origin_seq": origin_seq,
+                "ts": now_ms(),
+            }
+            if sender is not None:
+                body["sender"] = sender
+        else:
+            body = unsigned_fields(
+                self.keys.node_id, topic, msg_type, data, origin_seq, now_ms(), ttl_s, sender, ""
+            )
         fut: asyncio.Future[StoredMessage | None] = asyncio.get_running_loop().create_future()
         self._pending.append(Pending(fut, None, True, None, body))
         self._wake.set()
@@ -277,7 +294,7 @@ class MessageLog:
         node, ts, sequencer, pending = self.keys.node_id, now_ms(), self.sequencer, self._pending
         for slot, (topic, msg_type, data, ttl_s, sender) in enumerate(items):
             body = unsigned_fields(
-                node, topic, msg_type, data, sequencer.next_origin_seq(), ts, ttl_s, sender
+                node, topic, msg_type, data, sequencer.next_origin_seq(), ts, ttl_s, sender, ""
             )
             pending.append(Pending(None, None, True, None, body, group, slot))
         self.origin_seq = sequencer.origin_seq
@@ -363,9 +380,11 @@ class MessageLog:
         publishers."""
         self.batches += 1
         committed = [item for item in outcomes if isinstance(item, StoredMessage)]
+        index, sequencer = self.index, self.sequencer
         for row in rows:
-            self.index.add_row(row.key, row.heads)
-            self.sequencer.committed(row.heads)
+            index.add_row(row.key, row.heads)
+            seqs, ids, topics, _, _, ts, _, sizes = zip(*row.heads, strict=True)
+            sequencer.committed_columns(seqs, ids, topics, sizes, ts)
         _mirror(self)
         for listener in self.listeners:
             try:

@@ -20,6 +20,7 @@ from typing import Any
 
 from hearthnet.errors import HearthNetError
 from hearthnet.identity import KeyPair
+from hearthnet.ids import new_ulids
 from hearthnet.pubsub.batchsig import SignedBatch
 from hearthnet.pubsub.consumerstate import ConsumerRecord, ConsumerState, write_consumers
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
@@ -32,7 +33,7 @@ from hearthnet.pubsub.logstore import (
     transaction,
     unpack_heads,
 )
-from hearthnet.pubsub.merkle import HASH_BYTES
+from hearthnet.pubsub.merkle import HASH_BYTES, leaf_hash
 from hearthnet.pubsub.sequencer import Sequencer
 
 # What became of one pending message in a commit: stored, a duplicate (None), or refused.
@@ -85,22 +86,44 @@ class Pending:
 UNANSWERED: Outcome = HearthNetError("unanswered")
 
 
-def sign_local(keys: KeyPair, batch: list[Pending]) -> dict[int, HearthNetError]:
+# A local publish signed in a batch: its canonical bytes without ``sig`` and the batch.
+Signed = tuple[bytes, SignedBatch]
+
+
+def sign_local(
+    keys: KeyPair, batch: list[Pending]
+) -> tuple[dict[int, HearthNetError], list[Signed | None]]:
     """Sign the batch's local publishes (in the writer thread), one batch signature per
     run of consecutive ``origin_seq`` (spec §6.2): a publish refused here (data the edge
     let through but JCS cannot sign) leaves its number unused and splits the run.
-    Returns the refused publishes by position."""
+    Returns the refused publishes by position, and per position the canonical bytes and
+    batch of each publish signed in a batch (no :class:`Message` is made: see
+    :meth:`StoredMessage.of_batch`); a run of one is signed alone and gets its
+    ``Message`` (``pending.message``)."""
     refused: dict[int, HearthNetError] = {}
-    run: list[tuple[Pending, dict[str, Any], bytes]] = []
+    signed: list[Signed | None] = [None] * len(batch)
+    fresh: list[dict[str, Any]] = [
+        p.unsigned for p in batch if p.unsigned is not None and not p.unsigned["id"]
+    ]
+    if fresh:  # queued without an id: given here, at once, in origin_seq order
+        for new, message_id in zip(fresh, new_ulids([f["ts"] for f in fresh]), strict=True):
+            new["id"] = message_id
+    at: list[int] = []  # the positions of the run being gathered
+    leaves: list[bytes] = []
+    first = next_seq = 0
 
     def close_run() -> None:
-        if run:
-            bodies = [body for _, body, _ in run]
-            signed = Message.signed_batch(keys, bodies, [leaf for _, _, leaf in run])
-            for (pending, _, _), message in zip(run, signed, strict=True):
-                pending.message = message
-                pending.unsigned = None
-            run.clear()
+        if len(at) == 1:
+            pending = batch[at[0]]
+            assert pending.unsigned is not None
+            pending.message = Message.signed_batch(keys, [pending.unsigned], leaves)[0]
+            pending.unsigned = None
+        elif at:
+            signature = SignedBatch.sign(keys, first, [leaf_hash(leaf) for leaf in leaves])
+            for i, leaf in zip(at, leaves, strict=True):
+                signed[i] = (leaf, signature)
+        at.clear()
+        leaves.clear()
 
     for i, pending in enumerate(batch):
         body = pending.unsigned
@@ -112,15 +135,20 @@ def sign_local(keys: KeyPair, batch: list[Pending]) -> dict[int, HearthNetError]
             refused[i] = exc
             close_run()
             continue
-        if run and run[-1][1]["origin_seq"] + 1 != body["origin_seq"]:
+        origin_seq = body["origin_seq"]
+        if at and origin_seq != next_seq:
             close_run()
-        run.append((pending, body, leaf))
+        if not at:
+            first = origin_seq
+        next_seq = origin_seq + 1
+        at.append(i)
+        leaves.append(leaf)
     close_run()
-    return refused
+    return refused, signed
 
 
-def _row_for(msg: Message, seq: int, batch: SignedBatch | None) -> Row:
-    """A new row starting with ``msg`` (its batch's, or of whole envelopes)."""
+def _row_for(seq: int, batch: SignedBatch | None) -> Row:
+    """A new row starting at ``seq`` (of ``batch``, or of whole envelopes)."""
     if batch is None:
         return Row(seq, "", 0, 0, [], [])
     return Row(
@@ -136,24 +164,69 @@ def _row_for(msg: Message, seq: int, batch: SignedBatch | None) -> Row:
     )
 
 
+def _batch_run(items: list[StoredMessage], fields: list[dict[str, Any]]) -> list[Head]:
+    """The headers of messages committed by :meth:`StoredMessage.of_batch` (ours, of one
+    batch; ``fields`` theirs), made from their fields' columns."""
+    ts = [f["ts"] for f in fields]
+    ttls = [f.get("ttl_s") for f in fields]
+    expires = (
+        ttls
+        if ttls.count(None) == len(ttls)
+        else [t + ttl * 1000 if ttl is not None else None for t, ttl in zip(ts, ttls, strict=True)]
+    )
+    return list(
+        map(
+            Head._make,
+            zip(
+                [item.seq for item in items],
+                [f["id"] for f in fields],
+                [f["topic"] for f in fields],
+                [f["origin"] for f in fields],
+                [f["origin_seq"] for f in fields],
+                ts,
+                expires,
+                [len(item.leaf) for item in items],
+                strict=True,
+            ),
+        )
+    )
+
+
 def rows_of(stored: list[StoredMessage]) -> list[Row]:
     """A commit's messages (seq order) as rows: each run of one signed batch held whole
     (its leaves known: signed here, or gossiped whole) is a row of bodies without ``sig``,
     each run of anything else a row of whole envelopes."""
     rows: list[Row] = []
     row: Row | None = None
-    for item in stored:
+    i, n = 0, len(stored)
+    while i < n:
+        item = stored[i]
+        if item.fields is not None:  # ours, signed in this commit: no Message made
+            batch = item.batch
+            assert batch is not None
+            j = i + batch.n  # a batch signed in this commit: its messages in a row
+            run = stored[i:j]
+            fields = [s.fields for s in run]
+            if len(run) != batch.n or None in fields or run[-1].batch is not batch:
+                j = i + 1  # not the usual run: one at a time
+                run, fields = [item], [item.fields]
+            row = _row_for(item.seq, batch)
+            row.heads = _batch_run(run, fields)  # type: ignore[arg-type]
+            row.bodies = [s.leaf for s in run]
+            rows.append(row)
+            row = None  # the next message starts a row of its own
+            i = j
+            continue
         msg = item.message
         batch = msg.batch
         unsigned = msg.unsigned_bytes() if batch is not None else None
         if unsigned is None:
             batch = None  # no bytes without sig at hand: stored whole
         body = unsigned if unsigned is not None else msg.raw
-        if row is None or (
-            (row.origin, row.first, row.sig)
-            != ((batch.origin, batch.first, batch.signature) if batch else ("", 0, None))
+        if row is None or (row.origin, row.first, row.sig) != (
+            (batch.origin, batch.first, batch.signature) if batch else ("", 0, None)
         ):
-            row = _row_for(msg, item.seq, batch)
+            row = _row_for(item.seq, batch)
             rows.append(row)
         row.heads.append(
             Head(
@@ -168,6 +241,7 @@ def rows_of(stored: list[StoredMessage]) -> list[Row]:
             )
         )
         row.bodies.append(body)
+        i += 1
     return rows
 
 
@@ -183,13 +257,28 @@ def write_batch(
     batch (peers' messages the log holds take no number), insert its rows and the changed
     consumers, commit. Returns, per pending item, what was stored (None: a duplicate; an
     error: this publish failed alone), and the rows written."""
-    refused = sign_local(keys, batch)
+    refused, signed = sign_local(keys, batch)
     numbered = sequencer.number(
-        [(p.message.id, p.local) if p.message is not None else None for p in batch]
+        [
+            (p.message.id, p.local)
+            if p.message is not None
+            else (p.unsigned["id"], True)
+            if s is not None and p.unsigned is not None
+            else None
+            for p, s in zip(batch, signed, strict=True)
+        ]
     )
     results: list[Outcome] = []
     stored: list[StoredMessage] = []
+    of_batch = StoredMessage.of_batch
     for i, (pending, seq) in enumerate(zip(batch, numbered, strict=True)):
+        done = signed[i]
+        if done is not None and seq is not None:
+            assert pending.unsigned is not None
+            item = of_batch(seq, pending.unsigned, done[0], done[1])
+            results.append(item)
+            stored.append(item)
+            continue
         msg = pending.message
         if msg is None:
             results.append(refused[i])

@@ -107,21 +107,17 @@ class Row:
 
 
 def pack_heads(heads: Sequence[Head], origin: str) -> bytes:
-    """The ``heads`` column: one JSON array per message (origin ``""`` when the row's)."""
+    """The ``heads`` column: one JSON array per message (origin ``""`` when the row's),
+    encoded from the headers' columns (no list per message in Python)."""
+    if not heads:
+        return b"[]"
+    seqs, ids, topics, origins, origin_seqs, ts, expires, sizes = zip(*heads, strict=True)
+    if origins.count(origin) == len(origins):
+        origins = ("",) * len(origins)
+    elif origin:
+        origins = tuple("" if o == origin else o for o in origins)
     return orjson.dumps(
-        [
-            [
-                h.seq,
-                h.id,
-                h.topic,
-                "" if h.origin == origin else h.origin,
-                h.origin_seq,
-                h.ts,
-                h.expires_ms,
-                h.size,
-            ]
-            for h in heads
-        ]
+        list(zip(seqs, ids, topics, origins, origin_seqs, ts, expires, sizes, strict=True))
     )
 
 
@@ -353,7 +349,9 @@ def load(conn: sqlite3.Connection, node_id: str) -> LoadedLog:
     sequencer = Sequencer(0, 0)
     for key, heads in held_heads(conn):  # a row at a time: no list of every header
         index.add_row(key, heads)
-        sequencer.committed(heads)
+        if heads:
+            seqs, ids, topics, _, _, ts, _, sizes = zip(*heads, strict=True)
+            sequencer.committed_columns(seqs, ids, topics, sizes, ts)
         for h in heads:
             if h.origin == node_id and h.origin_seq > origin_seq:
                 origin_seq = h.origin_seq

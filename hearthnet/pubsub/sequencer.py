@@ -106,26 +106,57 @@ class Sequencer:
 
     def committed(self, entries: Sequence[Counted]) -> None:
         """What a commit stored: new ids, in seq order, each seq above every seq held."""
-        if not entries:
+        if entries:
+            self.committed_columns(
+                [e.seq for e in entries],
+                [e.id for e in entries],
+                [e.topic for e in entries],
+                [e.size for e in entries],
+                [e.ts for e in entries],
+            )
+
+    def committed_columns(
+        self,
+        seqs: Sequence[int],
+        ids: Sequence[str],
+        topics: Sequence[str],
+        sizes: Sequence[int],
+        ts: Sequence[int],
+    ) -> None:
+        """:meth:`committed` given as columns (one entry per position): a commit of one
+        topic (a token stream, one publisher's batch) is counted without a loop per
+        message."""
+        n = len(seqs)
+        if not n:
             return
-        topics = self.topics
-        self.ids.update([e.id for e in entries])
-        topic, stats, size = "", TopicStats(), 0
-        for entry in entries:
-            if entry.topic != topic:
-                topic = entry.topic
-                found = topics.get(topic)
+        self.ids.update(ids)
+        total = sum(sizes)
+        self.total_bytes += total
+        self.head_seq = max(self.head_seq, seqs[-1])
+        topics_held = self.topics
+        topic = topics[0]
+        if topics.count(topic) == n:
+            stats = topics_held.get(topic)
+            if stats is None:
+                stats = topics_held[topic] = TopicStats()
+            stats.messages += n
+            stats.bytes += total
+            stats.head_seq = seqs[-1]
+            stats.last_ts = max(stats.last_ts, *ts)
+            return
+        topic, stats = "", TopicStats()
+        for i in range(n):
+            if topics[i] != topic:
+                topic = topics[i]
+                found = topics_held.get(topic)
                 if found is None:
-                    found = topics[topic] = TopicStats()
+                    found = topics_held[topic] = TopicStats()
                 stats = found
             stats.messages += 1
-            stats.bytes += entry.size
-            size += entry.size
-            stats.head_seq = entry.seq  # seq order, above every seq held
-            if entry.ts > stats.last_ts:  # noqa: PLR1730 - a call to max() costs more
-                stats.last_ts = entry.ts
-        self.total_bytes += size
-        self.head_seq = max(self.head_seq, entries[-1].seq)
+            stats.bytes += sizes[i]
+            stats.head_seq = seqs[i]  # seq order, above every seq held
+            if ts[i] > stats.last_ts:  # noqa: PLR1730 - a call to max() costs more
+                stats.last_ts = ts[i]
 
     def forget(self, entries: Iterable[Counted]) -> None:
         """Messages retention deleted: their ids may come again (as new messages); the

@@ -77,7 +77,7 @@ class EncodedMessage:
     @property
     def topic(self) -> str:
         """The message's topic."""
-        return self.stored.message.topic
+        return self.stored.topic
 
     def json(self) -> bytes:
         """``{"event":"message","data":<envelope>,"seq":N}`` as JSON."""
@@ -117,7 +117,10 @@ class EncodedMessage:
         else:
             envelope = cache.get("envelope")
             if envelope is None:
-                envelope = cache["envelope"] = unsigned_envelope(self.stored.message)
+                known = self.stored.unsigned_bytes()  # no Message made for it
+                envelope = cache["envelope"] = (
+                    known if known is not None else unsigned_envelope(self.stored.message)
+                )
             if name == "sse":
                 out = sse_bytes("message", envelope, self.stored.seq)
             else:

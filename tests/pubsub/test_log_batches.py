@@ -201,6 +201,27 @@ async def test_unsigned_frames_never_make_a_proof(tmp_path: Path) -> None:
     assert ([False] * 6, expected) == (sealed_before, cbor)
 
 
+async def test_a_commit_makes_no_message_until_one_is_read(tmp_path: Path) -> None:
+    """Our batch reaches the commit listeners as fields and bytes (no Message made, not
+    even by JSON fan-out without sig or by a topic and origin lookup); the Message made
+    on first use carries the same envelope history reads back."""
+    async with opened(tmp_path / "log.db") as log:
+        sent: list[StoredMessage] = []
+        log.listeners.append(sent.extend)
+        await publish_many(log, 4)
+        items = [EncodedMessage(s) for s in sent]
+        frames = [item.unsigned("ws_text") + item.unsigned("sse") for item in items]
+        looked_up = [(s.topic, s.origin, s.origin_seq) for s in sent]
+        lazy = [s.fields is not None and s.batch is not None for s in sent]
+        read, _ = await log.history("chat.a", limit=50)
+    assert (
+        [True] * 4,
+        [("chat.a", KEYS.node_id, i) for i in range(1, 5)],
+        [EncodedMessage(r).unsigned("ws_text") + EncodedMessage(r).unsigned("sse") for r in read],
+        [r.message.raw for r in read],
+    ) == (lazy, looked_up, frames, [s.message.raw for s in sent])
+
+
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "pubsub"
 
 

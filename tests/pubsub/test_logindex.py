@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from hearthnet.pubsub.logindex import NO_EXPIRY, Head, LogIndex
 
 
@@ -56,4 +59,57 @@ def test_deleting_half_compacts_and_keeps_every_lookup() -> None:
         [s for s, _, _, _ in index.live()],
         index.ts_of(61),
         index.ts_of(60),
+    )
+
+
+# A commit's row: (topic, origin, expires) of each message; origin_seq counts per origin,
+# skipping one ahead when drawn (a hole), seq counts across rows.
+ROW = st.lists(
+    st.tuples(st.sampled_from(["t.a", "t.b"]), st.sampled_from(["o1", "o2"]), st.booleans()),
+    min_size=1,
+    max_size=6,
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(ROW, st.booleans()), max_size=8))
+def test_rows_of_one_topic_and_origin_are_indexed_as_any_other(
+    rows: list[tuple[list[tuple[str, str, bool]], bool]],
+) -> None:
+    """Rows added whole (one topic and origin in a row of consecutive origin_seq, or
+    not) give the lookups of a plain model of every message."""
+    index = LogIndex()
+    seq, oseqs = 0, {"o1": 0, "o2": 0}
+    model: list[Head] = []
+    for drawn, hole in rows:
+        heads = []
+        for topic, origin, expires in drawn:
+            seq += 1
+            oseqs[origin] += 2 if hole else 1
+            heads.append(
+                Head(
+                    seq,
+                    f"id{seq}",
+                    topic,
+                    origin,
+                    oseqs[origin],
+                    1000 + seq,
+                    seq if expires else None,
+                    5,
+                )
+            )
+        index.add_row(heads[0].seq, heads)
+        model += heads
+    assert (
+        [(h.seq, h.topic, h.ts, h.expires_ms or NO_EXPIRY) for h in model],
+        {
+            t: [h.seq for h in model if h.topic == t]
+            for t in ("t.a", "t.b")
+            if any(h.topic == t for h in model)
+        },
+        {o: [h.seq for h in model if h.origin == o] for o in ("o1", "o2")},
+    ) == (
+        list(index.live()),
+        {t: list(s) for t, s in index.by_topic.items()},
+        {o: index.origin_range(o, 0, 1 << 40) for o in ("o1", "o2")},
     )
