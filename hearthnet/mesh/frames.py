@@ -4,8 +4,10 @@ Every frame on a link is one CBOR map ``{"t": kind, ...}``;
 :func:`~hearthnet.mesh.protocol.decode_frame` turns the bytes into a map (refusing what
 canonical JSON cannot represent) and
 :func:`parse_frame` turns the map into one of the frozen classes below. The fields each
-kind may carry are listed once, in :data:`SHAPES`: a field not listed there is refused with
-``bad_request`` naming it, never ignored, and so is a field of the wrong type.
+kind may carry are listed once, in :data:`~hearthnet.mesh.frame_base.SHAPES`: a field not
+listed there is refused with ``bad_request`` naming it, never ignored, and so is a field of
+the wrong type. The remote-call frames (``call``, ``frame``, ``ack``, ``tool_result``,
+``cancel``; spec §7.4) have their classes in :mod:`~hearthnet.mesh.call_frames`.
 
 Each class has ``parse(obj)`` (from the decoded map) and ``encode()`` (CBOR bytes, the
 ``t`` included); ``to_wire()`` gives the map without ``t``.
@@ -24,100 +26,16 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from hearthnet.errors import BadRequest
-from hearthnet.mesh.protocol import HELLO_SHAPE, encode_frame
-from hearthnet.shapes import Shape
-
-MAX_SID = 64  # a stream id longer than this is refused
-
-# The fields of each peer-link frame, ``t`` included. One table: a field not listed here is
-# refused with bad_request, never ignored.
-SHAPES: dict[str, Shape] = {
-    "hello": HELLO_SHAPE,
-    "msg": Shape.of("msg frame", ("t", "raw", "h")),
-    "batch": Shape.of("batch frame", ("t", "origin", "first", "n", "sig", "leaves", "h")),
-    "ihave": Shape.of("ihave frame", ("t", "heads", "floors")),
-    "iwant": Shape.of("iwant frame", ("t", "want")),
-    "presence": Shape.of("presence frame", ("t", "id", "node", "events")),
-    "membership": Shape.of("membership frame", ("t", "records")),
-    "ping": Shape.of("ping frame", ("t", "seq", "ts")),
-    "pong": Shape.of("pong frame", ("t", "seq", "ts_echo", "ts")),
-    "bye": Shape.of("bye frame", ("t", "code", "reason", "self_link")),
-    "caps": Shape.of("caps frame", ("t", "providers")),
-    "peers": Shape.of("peers frame", ("t", "peers")),
-    "call": Shape.of(
-        "call frame",
-        ("t", "sid", "to", "envelope", "signature", "token", "deadline_ms", "inline"),
-    ),
-    "frame": Shape.of("frame frame", ("t", "sid", "f")),
-    "ack": Shape.of("ack frame", ("t", "sid", "upto")),
-    "tool_result": Shape.of("tool_result frame", ("t", "sid", "tool_call_id", "body")),
-    "cancel": Shape.of("cancel frame", ("t", "sid")),
-}
-
-
-def _int(obj: Mapping[str, Any], name: str, kind: str, *, minimum: int = 0) -> int:
-    value = obj.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise BadRequest(f"{kind}.{name} must be an integer >= {minimum}")
-    return value
-
-
-def _opt_int(obj: Mapping[str, Any], name: str, kind: str) -> int | None:
-    return None if obj.get(name) is None else _int(obj, name, kind)
-
-
-def _str(obj: Mapping[str, Any], name: str, kind: str, *, limit: int = 0) -> str:
-    value = obj.get(name)
-    if not isinstance(value, str) or (limit and len(value) > limit):
-        more = f" of at most {limit} characters" if limit else ""
-        raise BadRequest(f"{kind}.{name} must be a string{more}")
-    return value
-
-
-def _opt_str(obj: Mapping[str, Any], name: str, kind: str) -> str | None:
-    return None if obj.get(name) is None else _str(obj, name, kind)
-
-
-def _list(obj: Mapping[str, Any], name: str, kind: str) -> tuple[Any, ...]:
-    value = obj.get(name)
-    if not isinstance(value, list):
-        raise BadRequest(f"{kind}.{name} must be a list")
-    return tuple(value)
-
-
-def _int_map(obj: Mapping[str, Any], name: str, kind: str, *, required: bool) -> dict[str, int]:
-    value = obj.get(name)
-    if value is None and not required:
-        return {}
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
-        for k, v in value.items()
-    ):
-        raise BadRequest(f"{kind}.{name} must map strings to integers")
-    return value
-
-
-class _Frame:
-    """What every frame class shares: its kind, its shape check and its encoding."""
-
-    __slots__ = ()
-    KIND: ClassVar[str]
-
-    @classmethod
-    def check(cls, obj: Mapping[str, Any]) -> None:
-        """Refuse a map that is not this kind or carries a field the kind does not list."""
-        if obj.get("t") != cls.KIND:
-            raise BadRequest(f"not a {cls.KIND} frame")
-        SHAPES[cls.KIND].check(obj)
-
-    def to_wire(self) -> dict[str, Any]:
-        """The frame's fields, without ``t`` (a field left at None is not sent)."""
-        raise NotImplementedError
-
-    def encode(self) -> bytes:
-        """The frame as CBOR bytes, ready for a link."""
-        return encode_frame(self.KIND, **self.to_wire())
-
+from hearthnet.mesh.call_frames import Ack, Call, Cancel, StreamFrame, ToolResult
+from hearthnet.mesh.frame_base import (
+    _Frame,
+    _int,
+    _int_map,
+    _list,
+    _opt_int,
+    _opt_str,
+    _str,
+)
 
 # --- gossip (spec §7.3) -------------------------------------------------------------------
 
@@ -402,131 +320,6 @@ class Peers(_Frame):
     def to_wire(self) -> dict[str, Any]:
         """See :meth:`_Frame.to_wire`."""
         return {"peers": list(self.peers)}
-
-
-# --- remote calls (spec §7.4) -----------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Call(_Frame):
-    """``call {sid, to, envelope, signature?, token?, deadline_ms?, inline?}``: the original
-    call envelope and credentials, verified end to end by the provider."""
-
-    KIND: ClassVar[str] = "call"
-    sid: str
-    to: str | None
-    envelope: Any
-    signature: Any = None
-    token: Any = None
-    deadline_ms: int | None = None
-    inline: bool = False
-
-    @classmethod
-    def parse(cls, obj: Mapping[str, Any]) -> Self:
-        """From a decoded map; :class:`BadRequest` if malformed (the envelope and
-        credentials are checked by the authenticator)."""
-        cls.check(obj)
-        deadline = obj.get("deadline_ms")
-        return cls(
-            _str(obj, "sid", "call", limit=MAX_SID),
-            obj.get("to") if isinstance(obj.get("to"), str) else None,
-            obj.get("envelope"),
-            obj.get("signature"),
-            obj.get("token"),
-            deadline if isinstance(deadline, int) and deadline > 0 else None,
-            bool(obj.get("inline")),
-        )
-
-    def to_wire(self) -> dict[str, Any]:
-        """See :meth:`_Frame.to_wire`."""
-        return {
-            "sid": self.sid,
-            "to": self.to,
-            "envelope": self.envelope,
-            "signature": self.signature,
-            "token": self.token,
-            "deadline_ms": self.deadline_ms,
-            "inline": self.inline,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class StreamFrame(_Frame):
-    """``frame {sid, f}``: one frame of a call's reply stream (``f`` is its JSON form)."""
-
-    KIND: ClassVar[str] = "frame"
-    sid: str
-    f: Any
-
-    @classmethod
-    def parse(cls, obj: Mapping[str, Any]) -> Self:
-        """From a decoded map; :class:`BadRequest` if malformed."""
-        cls.check(obj)
-        return cls(_str(obj, "sid", "frame", limit=MAX_SID), obj.get("f"))
-
-    def to_wire(self) -> dict[str, Any]:
-        """See :meth:`_Frame.to_wire`."""
-        return {"sid": self.sid, "f": self.f}
-
-
-@dataclass(frozen=True, slots=True)
-class Ack(_Frame):
-    """``ack {sid, upto}``: the caller consumed a stream's frames up to ``upto``."""
-
-    KIND: ClassVar[str] = "ack"
-    sid: str
-    upto: int
-
-    @classmethod
-    def parse(cls, obj: Mapping[str, Any]) -> Self:
-        """From a decoded map; :class:`BadRequest` if malformed."""
-        cls.check(obj)
-        return cls(_str(obj, "sid", "ack", limit=MAX_SID), _int(obj, "upto", "ack"))
-
-    def to_wire(self) -> dict[str, Any]:
-        """See :meth:`_Frame.to_wire`."""
-        return {"sid": self.sid, "upto": self.upto}
-
-
-@dataclass(frozen=True, slots=True)
-class ToolResult(_Frame):
-    """``tool_result {sid, tool_call_id, body}``: a client's tool result, along the call."""
-
-    KIND: ClassVar[str] = "tool_result"
-    sid: str
-    tool_call_id: Any
-    body: Any
-
-    @classmethod
-    def parse(cls, obj: Mapping[str, Any]) -> Self:
-        """From a decoded map; :class:`BadRequest` if malformed (the tool result itself is
-        checked by the call it belongs to)."""
-        cls.check(obj)
-        return cls(
-            _str(obj, "sid", "tool_result", limit=MAX_SID), obj.get("tool_call_id"), obj.get("body")
-        )
-
-    def to_wire(self) -> dict[str, Any]:
-        """See :meth:`_Frame.to_wire`."""
-        return {"sid": self.sid, "tool_call_id": self.tool_call_id, "body": self.body}
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel(_Frame):
-    """``cancel {sid}``: the caller gave up on a call."""
-
-    KIND: ClassVar[str] = "cancel"
-    sid: str
-
-    @classmethod
-    def parse(cls, obj: Mapping[str, Any]) -> Self:
-        """From a decoded map; :class:`BadRequest` if malformed."""
-        cls.check(obj)
-        return cls(_str(obj, "sid", "cancel", limit=MAX_SID))
-
-    def to_wire(self) -> dict[str, Any]:
-        """See :meth:`_Frame.to_wire`."""
-        return {"sid": self.sid}
 
 
 PeerFrame = (

@@ -40,7 +40,7 @@ from hearthnet.errors import (
 )
 from hearthnet.frames import Frame
 from hearthnet.ids import is_node_id, new_ulid
-from hearthnet.mesh.frames import Ack, Call, Cancel, StreamFrame, ToolResult
+from hearthnet.mesh.call_frames import Ack, Call, Cancel, StreamFrame, ToolResult
 from hearthnet.transport.flow import FlowWindow
 
 log = logging.getLogger("hearthnet.mesh.remote")

@@ -22,13 +22,11 @@ from hearthnet.community import MembershipRecord
 from hearthnet.errors import HearthNetError
 from hearthnet.membership import Admission, Membership, Source
 from hearthnet.mesh.addresses import PeerBook
+from hearthnet.mesh.call_frames import Ack, Call, Cancel, StreamFrame, ToolResult
 from hearthnet.mesh.flood import MembershipFlood, PresenceFlood
 from hearthnet.mesh.frames import (
-    Ack,
     BatchMsgs,
     Bye,
-    Call,
-    Cancel,
     Caps,
     IHave,
     IWant,
@@ -38,8 +36,6 @@ from hearthnet.mesh.frames import (
     Ping,
     Pong,
     Presence,
-    StreamFrame,
-    ToolResult,
     parse_frame,
 )
 from hearthnet.mesh.gossip import Gossip

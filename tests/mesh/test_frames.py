@@ -7,10 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hearthnet.errors import BadRequest
+from hearthnet.mesh.call_frames import Ack, Call
 from hearthnet.mesh.frames import (
     FRAME_CLASSES,
-    Ack,
-    Call,
     IHave,
     IWant,
     Msg,
