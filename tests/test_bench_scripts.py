@@ -19,6 +19,7 @@ import cbor2
 import pytest
 
 from bench import (
+    bench_bus,
     bench_log_parts,
     bench_publish_cost,
     bench_pubsub,
@@ -181,3 +182,51 @@ def test_load_generator_cbor_matches_the_nodes_codec() -> None:
     )
     got = json.loads(out.stdout)
     assert (cbor2.loads(bytes.fromhex(got["enc"])), got["dec"]) == (frame, from_node)
+
+
+class _Wire:
+    """What an asyncio transport is to the raw stream client: bytes written, closed."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        """Keep the bytes."""
+        self.written.append(data)
+
+    def close(self) -> None:
+        """Note the close."""
+        self.closed = True
+
+
+async def test_raw_stream_client_splits_frames_across_reads_and_acks_every_8() -> None:
+    """bench_bus's lean stream client counts tokens split at any byte, sends its call
+    after the 101, acks seq 8 and 16 (masked, zero key) and ends on done."""
+    client = bench_bus.RawStreamClient(b'{"type":"call"}', cbor=False)
+    wire = _Wire()
+    client.connection_made(wire)  # type: ignore[arg-type]
+    frames = [b'{"event":"token","data":{"i":%d},"seq":%d}' % (i, i) for i in range(1, 17)] + [
+        b'{"event":"done","data":{},"seq":17}'
+    ]
+    stream = b"HTTP/1.1 101 Switching Protocols\r\n\r\n" + b"".join(
+        bytes((0x81, len(f))) + f for f in frames
+    )
+    for at in range(0, len(stream), 7):
+        client.data_received(stream[at : at + 7])
+    acks = [w[6:] for w in wire.written[1:]]
+    assert (
+        16,
+        None,
+        True,
+        b'{"type":"call"}',
+        [b'{"type":"ack","upto":8}', b'{"type":"ack","upto":16}'],
+        True,
+    ) == (
+        client.received,
+        client.error,
+        client.done.done(),
+        wire.written[0][6:],
+        acks,
+        wire.closed,
+    )

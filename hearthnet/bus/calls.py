@@ -18,7 +18,7 @@ from typing import Any
 from hearthnet.bus.capability import CallContext
 from hearthnet.bus.descriptor import CapabilityDescriptor
 from hearthnet.bus.envelope import VerifiedCall
-from hearthnet.bus.routing import Provider, Router
+from hearthnet.bus.routing import LocalProvider, Provider, Router
 from hearthnet.config import BusSection, LimitsSection
 from hearthnet.errors import (
     DeadlineExceeded,
@@ -203,18 +203,22 @@ class CallHandle:
                 finally:
                     await frames.aclose()  # type: ignore[attr-defined]
             return Frame("done", {"ms": int((time.monotonic() - self.started) * 1000)})
-        except TimeoutError:
-            error: WireError = DeadlineExceeded("the call's deadline passed")
-        except WireError as exc:
-            error = exc
-        except Exception:
-            log.exception(
-                "capability %s failed",
-                self.descriptor.key,
-                extra={"request_id": self.call.request_id},
-            )
-            error = InternalError(f"capability failed; request id {self.call.request_id}")
-        return Frame("error", error.to_frame_data())
+        except Exception as exc:  # every failure becomes the call's error
+            return Frame("error", self._failure(exc).to_frame_data())
+
+    def _failure(self, exc: Exception) -> WireError:
+        """The wire error a call ends with when its handler raised ``exc``."""
+        if isinstance(exc, TimeoutError):
+            return DeadlineExceeded("the call's deadline passed")
+        if isinstance(exc, WireError):
+            return exc
+        log.exception(
+            "capability %s failed",
+            self.descriptor.key,
+            extra={"request_id": self.call.request_id},
+            exc_info=exc,
+        )
+        return InternalError(f"capability failed; request id {self.call.request_id}")
 
     async def result(self) -> dict[str, Any]:
         """Run a unary call and return its output object.
@@ -222,6 +226,8 @@ class CallHandle:
         Raises:
             WireError: the call ended with an ``error`` frame.
         """
+        if isinstance(self.provider, LocalProvider) and not self.descriptor.streaming:
+            return await self._local_result(self.provider)
         outputs: list[dict[str, Any]] = []
 
         async def collect(frame: Frame) -> None:
@@ -234,3 +240,23 @@ class CallHandle:
         if len(outputs) != 1:
             raise InternalError(f"{self.descriptor.key} produced {len(outputs)} outputs")
         return outputs[0]
+
+    async def _local_result(self, provider: LocalProvider) -> dict[str, Any]:
+        """:meth:`result` of a local unary call, without the frames :meth:`drive` passes
+        on: the same deadline, outcomes, metrics and errors, less per-call work."""
+        metrics = self.bus.metrics
+        metrics.streams_active += 1
+        result = "cancelled"
+        try:
+            try:
+                async with asyncio.timeout(self.ctx.remaining_s()):
+                    output = await provider.call_unary(self.call, self.ctx, self.descriptor)
+            except Exception as exc:  # every failure becomes the call's error
+                error = self._failure(exc)
+                result = error.code
+                raise error_from_wire(error.to_frame_data(), remote=False) from None
+            result = "ok"
+            return output
+        finally:
+            metrics.streams_active -= 1
+            self.close(result)

@@ -22,16 +22,18 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hearthnet.client import Client
 from hearthnet.clock import now_ms
 from hearthnet.errors import BadRequest, HearthNetError, WireError
-from hearthnet.federation.carrier import CarriedClient, Carrier, mesh_peer
+from hearthnet.federation.carrier import Carrier, mesh_peer
 from hearthnet.federation.service import Federation, guarded
 from hearthnet.pubsub.envelope import Message
 from hearthnet.pubsub.log import MessageLog
 from hearthnet.pubsub.topics import TopicPattern
+
+if TYPE_CHECKING:
+    from hearthnet.client import Client
 
 log = logging.getLogger("hearthnet.federation")
 
@@ -120,6 +122,10 @@ class Bridge:
 
     def _client(self, url: str) -> Client:
         """A client of the peer at ``url``: HTTP, or carried through relays."""
+        # imported on the first sync, not at start (idle RSS, spec §11)
+        from hearthnet.client import Client  # noqa: PLC0415
+        from hearthnet.federation.carried_client import CarriedClient  # noqa: PLC0415
+
         node = mesh_peer(url)
         if node is None:
             return Client(url, keys=self.keys, community=self.community_id)

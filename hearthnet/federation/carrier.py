@@ -31,7 +31,6 @@ import aiohttp
 import orjson
 from yarl import URL
 
-from hearthnet.client import Client
 from hearthnet.errors import (
     BadRequest,
     Forbidden,
@@ -248,6 +247,10 @@ class Carrier:
         try:
             if self.keys is not None and self.offer is not None and link.peer.community:
                 body = self.offer(link.peer.community)
+                # imported here: the CLI's client is not loaded by a node that never
+                # carries a request (idle RSS, spec §11)
+                from hearthnet.federation.carried_client import CarriedClient  # noqa: PLC0415
+
                 client = CarriedClient(
                     link.node, self.carry_to(link.node), keys=self.keys, community=self.community
                 )
@@ -259,7 +262,8 @@ class Carrier:
             link.close("the federation agreement is no longer in force")
 
     def carry_to(self, node: str) -> Carry:
-        """:meth:`request` to ``node``, for a :class:`CarriedClient`."""
+        """:meth:`request` to ``node``, for a
+        :class:`~hearthnet.federation.carried_client.CarriedClient`."""
 
         async def carry(
             method: str, path: str, headers: dict[str, str], body: bytes | None
@@ -363,11 +367,11 @@ class CarriedHttp(NodeHttp):
         return body
 
 
-class CarriedClient(Client):
-    """A :class:`~hearthnet.client.Client` of node ``to`` whose requests are carried
-    through relays (:class:`CarriedHttp`)."""
+def __getattr__(name: str) -> Any:
+    """``CarriedClient``, which lives in :mod:`hearthnet.federation.carried_client` so that
+    importing this module does not load the CLI's client (PEP 562)."""
+    if name == "CarriedClient":
+        from hearthnet.federation.carried_client import CarriedClient  # noqa: PLC0415
 
-    def __init__(self, to: str, carry: Carry, *, keys: KeyPair, community: str) -> None:
-        http = CarriedHttp(to, carry, keys=keys, community=community)
-        super().__init__(CARRIED_URL, keys=keys, community=community, http=http)
-        self.to = to
+        return CarriedClient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,6 +25,7 @@ from hearthnet.errors import (
     RateLimited,
     SchemaMismatch,
     Unauthorized,
+    WireError,
 )
 from hearthnet.frames import Frame
 from hearthnet.identity import KeyPair
@@ -59,13 +60,27 @@ class Anchored:
         return {}
 
 
+class Unary:
+    """A unary capability whose input picks a failure: crash, a list, or too slow."""
+
+    descriptor = CapabilityDescriptor(name="unary", version="1.0")
+
+    async def call(self, ctx: CallContext, value: Any) -> Any:
+        """``crash`` raises, ``list`` returns a non-object, ``slow`` outlives its deadline."""
+        if value == "crash":
+            raise ZeroDivisionError("bug")
+        if value == "slow":
+            await asyncio.sleep(30)
+        return [] if value == "list" else {"ok": value}
+
+
 def setup(limits: LimitsSection | None = None) -> tuple[Bus, Authenticator, MetricsRegistry]:
     """A bus with echo, echo.stream, broken and admin, and MEMBER in the community."""
     view = Membership(NODE.node_id)
     view.add(view.sign(NODE, "community.created", NODE.node_id, now_ms=1))
     view.add(view.sign(NODE, "member.added", MEMBER.node_id, now_ms=2))
     reg = CapabilityRegistry()
-    for cap in (Echo(), EchoStream(), Broken(), Anchored()):
+    for cap in (Echo(), EchoStream(), Broken(), Anchored(), Unary()):
         reg.register(cap)
     metrics = MetricsRegistry()
     bus = Bus(
@@ -150,6 +165,28 @@ async def test_deadline_ends_stream_with_timeout() -> None:
     call = verified(auth, MEMBER, "echo.stream", {"count": 1000, "interval_ms": 10}, deadline_ms=50)
     terminal = await bus.open(call, inline_tools=True).drive(emit)
     assert ("error", "timeout") == (terminal.event, terminal.data["code"])
+
+
+async def test_local_unary_failures_end_as_a_stream_would() -> None:
+    """A local unary call's result() raises what its error frame would carry, counts the
+    outcome and gives the slot back: crash and non-object output are internal_error, a
+    passed deadline is timeout."""
+    bus, auth, metrics = setup()
+    codes = []
+    for value, deadline in (("crash", None), ("list", None), ("slow", 50), ("fine", None)):
+        call = verified(auth, MEMBER, "unary", value, deadline_ms=deadline)
+        try:
+            await bus.open(call, inline_tools=False).result()
+        except WireError as exc:
+            codes.append(exc.code)
+    calls = metrics.counter("hearthnet_calls_total", "", ("capability", "result"))
+    assert (["internal_error", "internal_error", "timeout"], 2.0, 1.0, 1.0, 0) == (
+        codes,
+        calls.get("unary", "internal_error"),
+        calls.get("unary", "timeout"),
+        calls.get("unary", "ok"),
+        bus.router.local.in_flight["unary@1.0"],
+    )
 
 
 async def test_cancelling_the_driver_runs_handler_cleanup() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,10 +12,19 @@ from typing import Any
 
 import aiohttp
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from hearthnet.community import CommunityStore
 from hearthnet.identity import KeyPair, load_or_create_keys
-from hearthnet.mesh.tls import client_context, ensure_certificate, peer_node_id
+from hearthnet.mesh.tls import (
+    client_context,
+    ensure_certificate,
+    make_certificate,
+    own_certificate_key,
+    peer_node_id,
+)
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
 from tests.helpers import wait_until
@@ -28,6 +38,44 @@ def test_certificate_carries_the_node_key_and_is_remade_for_another(tmp_path: Pa
     same = ensure_certificate(tmp_path, keys)[0].read_bytes()
     other = ensure_certificate(tmp_path, KeyPair.generate())[0].read_bytes()
     assert (0o600, first, True) == (key.stat().st_mode & 0o777, same, first != other)
+
+
+def test_certificate_is_a_self_signed_v3_certificate_of_the_node_key(tmp_path: Path) -> None:
+    """cryptography reads the hand-made certificate: v3, issued by itself, the node's key,
+    a signature that verifies, and a key file holding the node's seed."""
+    keys = KeyPair.generate()
+    cert_path, key_path = ensure_certificate(tmp_path, keys)
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    cert.verify_directly_issued_by(cert)  # raises unless the signature verifies
+    public = cert.public_key()
+    assert isinstance(public, Ed25519PublicKey)
+    private = serialization.load_pem_private_key(key_path.read_bytes(), None)
+    raw = serialization.Encoding.Raw
+    assert (
+        x509.Version.v3,
+        keys.short_id,
+        bytes(keys.signing_key.verify_key),
+        keys.seed,
+        True,
+    ) == (
+        cert.version,
+        cert.subject.rfc4514_string().removeprefix("CN="),
+        public.public_bytes(raw, serialization.PublicFormat.Raw),
+        private.private_bytes(raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()),
+        cert.not_valid_before_utc < cert.not_valid_after_utc,
+    )
+
+
+def test_own_certificate_key_reads_only_the_shape_it_writes() -> None:
+    """The key of a made certificate is read back; truncated or other DER gives None."""
+    keys = KeyPair.generate()
+    der, _ = make_certificate(keys, dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    assert (bytes(keys.signing_key.verify_key), None, None, None) == (
+        own_certificate_key(der),
+        own_certificate_key(der[:-10]),
+        own_certificate_key(b"\x30\x00"),
+        own_certificate_key(der.replace(bytes.fromhex("032100"), bytes.fromhex("032101"), 1)),
+    )
 
 
 @asynccontextmanager

@@ -16,6 +16,7 @@ from hearthnet.transport.codec import (
     SUBPROTOCOL_JSON,
     FrameCodec,
     SseParser,
+    cbor_dumps,
     sse_event,
 )
 
@@ -38,6 +39,18 @@ def test_ws_frame_shape_matches_sse(event: str, payload: dict[str, object], seq:
         as_cbor,
         (sse_name, json.loads(sse_data), sse_id),
     )
+
+
+def test_reused_cbor_encoder_gives_cbor2s_bytes_after_a_failure_and_a_large_value() -> None:
+    """cbor_dumps equals cbor2.dumps for a frame, after an encode that failed half-way,
+    and for a value larger than the buffer it keeps."""
+    frame = {"event": "token", "data": {"i": 1, "text": "é" * 3}, "seq": 1}
+    big = {"data": "x" * 100_000, "seq": 2}
+    with pytest.raises(cbor2.CBOREncodeError):
+        cbor_dumps({"a": [1, object()]})
+    assert [cbor2.dumps(v) for v in (frame, big, frame)] == [
+        cbor_dumps(v) for v in (frame, big, frame)
+    ]
 
 
 def test_sse_parser_handles_split_chunks_and_comments() -> None:
