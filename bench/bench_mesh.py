@@ -293,18 +293,20 @@ def netns(hosts: int, messages: int, loss_pcts: list[int]) -> dict[str, Any]:
             publish_s = time.monotonic() - start
             converged = until(topic, messages, 15)
             final = counts(topic)
-            result["loss"].append({
-                "loss_pct": pct,
-                "messages": messages,
-                "publish_s": round(publish_s, 1),
-                "all_held_within_15s": converged is not None,
-                "share_held_at_15s": round(
-                    sum(min(c, messages) for c in final) / (messages * hosts), 4
-                ),
-                "seconds_after_last_publish": (
-                    round(converged, 1) if converged is not None else None
-                ),
-            })
+            result["loss"].append(
+                {
+                    "loss_pct": pct,
+                    "messages": messages,
+                    "publish_s": round(publish_s, 1),
+                    "all_held_within_15s": converged is not None,
+                    "share_held_at_15s": round(
+                        sum(min(c, messages) for c in final) / (messages * hosts), 4
+                    ),
+                    "seconds_after_last_publish": (
+                        round(converged, 1) if converged is not None else None
+                    ),
+                }
+            )
         # the partition runs with the first loss level on, as it always has
         lab.netem_all(loss_pct=loss_pcts[0] if loss_pcts else 0)
         half = hosts // 2
