@@ -383,6 +383,22 @@ def fanout_run(
         "server_cpu_us_per_delivery": round(server_cpu / deliveries * 1e6, 3)
         if deliveries
         else None,
+        # system calls of the server in the steady window (reads: client frames; writes:
+        # frames out, one per subscriber per flush), per delivery and per publish
+        "server_writes_per_delivery": round(
+            (b.server_syscalls[1] - a.server_syscalls[1]) / deliveries, 4
+        )
+        if deliveries
+        else None,
+        "server_syscalls_per_publish": [
+            round((b.server_syscalls[i] - a.server_syscalls[i]) / steady["published"], 2)
+            if steady.get("published")
+            else None
+            for i in (0, 1)
+        ],
+        "server_cpu_kernel_share": round((b.server_sys - a.server_sys) / server_cpu, 3)
+        if server_cpu > 0
+        else None,
         "server_rss_mb_before": round(rss0, 1),
         "server_rss_mb_peak": round(peak.peak, 1),
         "loadgen_cpu_cores": round(loadgen_cores, 3),
@@ -684,6 +700,8 @@ def run_fanout(
                     f"{r['loadgen_cpu_cores']:.2f} cores (busiest thread "
                     f"{(r['loadgen_busiest_thread'] or {}).get('cores')})  others "
                     f"{r['other_processes_cpu_cores']:.2f}  "
+                    f"syscalls per publish (r, w) {r['server_syscalls_per_publish']}, kernel "
+                    f"{r['server_cpu_kernel_share']} of server CPU  "
                     f"p50 {lat.get('50')} p99 {lat.get('99')} ms  "
                     f"{'lossless' if r['lossless'] else 'LOSS: ' + _loss(r)}",
                     flush=True,
