@@ -46,6 +46,10 @@ _TRANSITIONS = {
 }
 
 GapEncoder = Callable[[int, int], bytes]
+# Module constants for the hot paths: an Enum member read through its class is a slow
+# attribute lookup on Python 3.11.
+_LIVE = ChannelState.LIVE
+_CLOSED = ChannelState.CLOSED
 
 
 class SubscriberChannel:
@@ -115,12 +119,7 @@ class SubscriberChannel:
 
     def _nothing_waits(self) -> bool:
         """Live, writable, and nothing queued or owed ahead of a new frame."""
-        return (
-            self.state is ChannelState.LIVE
-            and not self._live
-            and self._gap is None
-            and self.writable
-        )
+        return self.state is _LIVE and not self._live and self._gap is None and self.writable
 
     def _emit(self, seq: int, data: bytes) -> None:
         if self.window is not None:
@@ -131,7 +130,7 @@ class SubscriberChannel:
 
     def offer(self, seq: int, data: bytes) -> None:
         """A live message for this subscriber (called by fan-out, in seq order)."""
-        if self.state is ChannelState.CLOSED or seq <= self.delivered_seq or self.refill:
+        if self.state is _CLOSED or seq <= self.delivered_seq or self.refill:
             return
         if self._nothing_waits() and self._window_open():
             self._emit(seq, data)  # the common case: straight out
@@ -149,16 +148,15 @@ class SubscriberChannel:
             self.dropped_total += 1
             self._gap = (self._gap[0], dropped) if self._gap else (dropped, dropped)
 
-    def offer_many(
-        self, seqs: list[int], frames: list[bytes], whole: Callable[[], bytes] | None = None
-    ) -> None:
+    def offer_many(self, seqs: list[int], frames: list[bytes], whole: bytes | None = None) -> None:
         """Live messages in seq order, as parallel lists (the fan-out hot path: one call per
         subscriber per topic per committed batch; ``frames`` is shared, never changed).
 
-        ``whole``, for stream transports, gives all ``frames`` as one shared bytes object:
-        used when every frame goes out at once, so subscribers do not each join the batch.
+        ``whole``, for stream transports, is all ``frames`` as one shared bytes object:
+        written when every frame goes out at once, so subscribers do not each join the
+        batch.
         """
-        if self.state is ChannelState.CLOSED or not seqs or self.refill:
+        if self.state is _CLOSED or not seqs or self.refill:
             return
         start = 0
         if seqs[0] <= self.delivered_seq:  # only after a backlog overlap; rare
@@ -166,22 +164,25 @@ class SubscriberChannel:
                 start += 1
             if start == len(seqs):
                 return
-        if self._nothing_waits():
+        # Nothing queued or owed ahead of these (see _nothing_waits), inline: this runs
+        # for every subscriber of every batch.
+        if self.state is _LIVE and not self._live and self._gap is None and self.writable:
+            todo = seqs[start:] if start else seqs
             window = self.window
-            room = len(seqs) - start if window is None else min(window.room, len(seqs) - start)
-            if room > 0:
+            room = len(todo) if window is None else window.send_many(todo)
+            if room:
                 end = start + room
-                if window is not None:
-                    window.sent_many(seqs[start:end] if start or end < len(seqs) else seqs)
                 if start or end < len(frames):
                     self.out.extend(frames[start:end])
                 elif whole is not None:
-                    self.out.append(whole())
+                    self.out.append(whole)
                 else:
                     self.out.extend(frames)
                 self.out_count += room
                 self.delivered_seq = seqs[end - 1]
                 start = end
+                if start == len(seqs):
+                    return
         for i in range(start, len(seqs)):
             self.offer(seqs[i], frames[i])
 
@@ -231,7 +232,7 @@ class SubscriberChannel:
                 if seq > self.delivered_seq:
                     self._emit(seq, data)
                 continue
-            if self.state is not ChannelState.LIVE or not self._live:
+            if self.state is not _LIVE or not self._live:
                 return
             if self._gap is not None:
                 self.out.append(self.encode_gap(*self._gap))

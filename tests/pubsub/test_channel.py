@@ -63,9 +63,9 @@ def test_a_whole_batch_goes_out_as_one_shared_bytes_object() -> None:
     frames = [frame(s) for s in seqs]
     joined = b"".join(frames)
     ch = channel(window=4)
-    ch.offer_many(seqs, frames, lambda: joined)
+    ch.offer_many(seqs, frames, joined)
     whole = ch.take()
-    ch.offer_many([4, 5, 6], [frame(4), frame(5), frame(6)], lambda: b"never used")
+    ch.offer_many([4, 5, 6], [frame(4), frame(5), frame(6)], b"never used")
     cut = ch.take()
     ch.ack(4)
     assert ([joined], [frame(4)], [frame(5), frame(6)]) == (whole, cut, ch.take())
