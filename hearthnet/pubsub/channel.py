@@ -183,8 +183,30 @@ class SubscriberChannel:
                 start = end
                 if start == len(seqs):
                     return
-        for i in range(start, len(seqs)):
-            self.offer(seqs[i], frames[i])
+        # The rest waits (behind the queue, a gap, a paused transport or a full window).
+        self._queue(seqs, frames, start)
+
+    def _queue(self, seqs: list[int], frames: list[bytes], start: int) -> None:
+        """``offer`` of each of ``seqs[start:]`` that must wait, at once: queued in order,
+        the oldest dropped beyond ``queue_max`` (one gap for them), or, lossless, a refill
+        asked for on overflow."""
+        live = self._live
+        if live is None:
+            live = self._live = deque()
+        live.extend(zip(seqs[start:], frames[start:], strict=True))
+        excess = len(live) - self.queue_max
+        if excess <= 0:
+            return
+        if self.lossless:
+            self._live = None
+            self.refill = True
+            return
+        first = live[0][0]
+        for _ in range(excess - 1):
+            live.popleft()
+        last = live.popleft()[0]
+        self.dropped_total += excess
+        self._gap = (self._gap[0], last) if self._gap else (first, last)
 
     def add_backlog(self, items: list[tuple[int, bytes]]) -> None:
         """Backlog frames, in seq order, all older than any live frame queued."""
@@ -238,9 +260,22 @@ class SubscriberChannel:
                 self.out.append(self.encode_gap(*self._gap))
                 self.gaps_total += 1
                 self._gap = None
-            seq, data = self._live.popleft()
-            if seq > self.delivered_seq:
-                self._emit(seq, data)
+            # Every live frame the window lets out, at once (an ack frees hundreds).
+            live = self._live
+            window = self.window
+            n = len(live) if window is None else min(len(live), window.room)
+            taken = [live.popleft() for _ in range(n)]
+            delivered = self.delivered_seq
+            if taken[0][0] <= delivered:  # only after a backlog overlap; rare
+                taken = [item for item in taken if item[0] > delivered]
+                if not taken:
+                    continue
+            seqs = [item[0] for item in taken]
+            if window is not None:
+                window.send_many(seqs)
+            self.out.extend([item[1] for item in taken])
+            self.out_count += len(seqs)
+            self.delivered_seq = seqs[-1]
 
     def take(self) -> list[bytes]:
         """What to write now (and forget it)."""
