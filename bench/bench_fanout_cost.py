@@ -10,8 +10,10 @@ part on the thread that runs it (``time.thread_time``), so runs of two trees com
   subscribers, each a real :class:`~hearthnet.pubsub.sinks.SocketSink` on one end of a
   socket pair (``sink=socket``: the write system calls included; the other ends are read
   between rounds, untimed) or a sink that only takes the frames (``sink=null``: Python
-  alone). Per batch, per subscriber per batch (the batch's encoding, made once, taken out
-  by a 1-subscriber run) and per delivery; medians of ``--rounds``;
+  alone), then each subscriber's ack of the batch and the flush after it (with
+  ``--window`` below ``--batch`` the rest of each batch waits in the subscriber's queue
+  until that ack). Per batch, per subscriber per batch (the batch's encoding, made once,
+  taken out by a 1-subscriber run) and per delivery; medians of ``--rounds``;
 - ``ack``: reading one client ack ``{"type":"ack","upto":N}`` (JSON and CBOR): the full
   decoder and frame parser, and the byte-level fast path where the tree has one.
 
@@ -80,10 +82,12 @@ def _messages(n: int) -> list[Message]:
 
 
 async def fanout_batch_s(
-    subs: int, batch: int, rounds: int, sink: str
+    subs: int, batch: int, rounds: int, sink: str, window: int = WINDOW
 ) -> tuple[list[float], list[int]]:
-    """CPU seconds of each round's on_commit and flush (``rounds`` of them), and the bytes
-    each subscriber's socket received (none with the null sink)."""
+    """CPU seconds of each round's on_commit and flush, then every subscriber's ack of
+    the round and the flush after it (``rounds`` of them), and the bytes each
+    subscriber's socket received (none with the null sink). A ``window`` below the batch
+    leaves the rest of each batch queued until the ack lets it out."""
     loop = asyncio.get_running_loop()
     index: SubscriptionIndex[Subscriber] = SubscriptionIndex()
     fanout = FanOut(
@@ -96,7 +100,7 @@ async def fanout_batch_s(
     readers: list[socket.socket] = []
     transports: list[asyncio.Transport] = []
     for i in range(subs):
-        channel = SubscriberChannel(window=WINDOW, queue_max=WINDOW, encode_gap=_gap)
+        channel = SubscriberChannel(window=window, queue_max=WINDOW, encode_gap=_gap)
         if sink == "socket":
             ours, theirs = socket.socketpair()
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
@@ -123,20 +127,33 @@ async def fanout_batch_s(
             fanout.on_commit(stored)
             fanout._flush_dirty()  # what the loop runs next; called here to time it alone
             took.append(time.thread_time() - start)
-            for i, reader in enumerate(readers):  # untimed: the subscribers' side
-                try:
-                    while chunk := reader.recv(1 << 22):
-                        received[i] += len(chunk)
-                except BlockingIOError:
-                    pass
-            for sub in index.match(TOPIC):
-                sub.channel.ack(seq)
+            drain(readers, received)  # untimed: the subscribers' side
+            # Each subscriber acks what it got (as PubSub.ack: the window moves, a flush
+            # follows), until the batch is all out: one ack with the default window.
+            for _ in range(batch // window + 1):
+                start = time.thread_time()
+                for sub in index.match(TOPIC):
+                    if sub.channel.ack(sub.channel.delivered_seq):
+                        fanout.wake(sub)
+                fanout._flush_dirty()
+                took[-1] += time.thread_time() - start
+                drain(readers, received)
     finally:
         for each in transports:
             each.abort()
         for reader in readers:
             reader.close()
     return took, received
+
+
+def drain(readers: list[socket.socket], received: list[int]) -> None:
+    """Read what each subscriber's socket holds; count the bytes."""
+    for i, reader in enumerate(readers):
+        try:
+            while chunk := reader.recv(1 << 22):
+                received[i] += len(chunk)
+        except BlockingIOError:
+            pass
 
 
 def ack_costs(number: int) -> dict[str, float | None]:
@@ -176,21 +193,30 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=80, help="messages per committed batch")
     p.add_argument("--rounds", type=int, default=200, help="batches per measurement")
     p.add_argument("--sinks", default="socket,null", help="socket and/or null")
+    p.add_argument(
+        "--window",
+        type=int,
+        default=WINDOW,
+        help="subscribers' window (below --batch: part of each batch waits for the ack)",
+    )
     p.add_argument("--name", default="fanout_cost")
     opts = p.parse_args(argv)
     fanout: list[dict[str, Any]] = []
     for sink in opts.sinks.split(","):
-        one = statistics.median(asyncio.run(fanout_batch_s(1, opts.batch, opts.rounds, sink))[0])
+        one = statistics.median(
+            asyncio.run(fanout_batch_s(1, opts.batch, opts.rounds, sink, opts.window))[0]
+        )
         for subs in (int(s) for s in opts.subs.split(",")):
             rounds = max(20, opts.rounds * 100 // subs)
             per_batch = statistics.median(
-                asyncio.run(fanout_batch_s(subs, opts.batch, rounds, sink))[0]
+                asyncio.run(fanout_batch_s(subs, opts.batch, rounds, sink, opts.window))[0]
             )
             per_sub = (per_batch - one) / (subs - 1)
             row = {
                 "sink": sink,
                 "subs": subs,
                 "batch": opts.batch,
+                "window": opts.window,
                 "rounds": rounds,
                 "us_per_batch": round(per_batch * 1e6, 1),
                 "us_per_batch_one_subscriber": round(one * 1e6, 1),
