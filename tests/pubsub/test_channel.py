@@ -230,7 +230,7 @@ _OPS = st.lists(
         st.tuples(st.just("writable"), st.booleans(), st.just(0)),
         st.tuples(st.just("backlog"), st.integers(0, 6), st.just(0)),
     ),
-    max_size=30,
+    max_size=20,
 )
 
 
@@ -241,7 +241,7 @@ _OPS = st.lists(
     catching_up=st.booleans(),
     ops=_OPS,
 )
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 def test_batches_go_in_and_out_as_frames_one_by_one_would(
     window: int | None,
     queue_max: int,

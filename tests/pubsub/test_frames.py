@@ -292,7 +292,7 @@ def _ack_texts(upto: int) -> list[bytes]:
     junk=st.binary(max_size=9),
     binary=st.booleans(),
 )
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=80, deadline=None)
 def test_the_ack_fast_path_agrees_with_the_full_parser(
     upto: int, cut: int, junk: bytes, binary: bool
 ) -> None:
@@ -308,7 +308,7 @@ def test_the_ack_fast_path_agrees_with_the_full_parser(
 
 
 @given(upto=st.integers(min_value=0, max_value=2**53))
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 def test_the_ack_fast_path_reads_every_client_ack(upto: int) -> None:
     """Acks as the clients write them (compact JSON, CBOR) all take the fast path."""
     json_ack = b'{"type":"ack","upto":%d}' % upto
