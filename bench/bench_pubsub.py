@@ -41,22 +41,16 @@ Writes bench/results/pubsub.json and prints a Markdown table.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import resource
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import percentile, proc_rss_mb, save, start_node
+from bench.common import proc_rss_mb, save
 from bench.loadgen import (
     Loadgen,
     LoadgenError,
@@ -65,227 +59,31 @@ from bench.loadgen import (
     ensure_loadgen,
     loadgen_thread_shares,
     timeline,
-    tree_cpu_s,
 )
+from bench.pubsub_idle import history_run, run_idle
 from bench.pubsub_report import median_index, round_ratios, table
+from bench.pubsub_targets import (
+    DEFAULT_SERVERS,
+    DURABLE_SERVERS,
+    FANOUT_SERVERS,
+    NODE_ENV,
+    SERVERS,
+    Target,
+    hearthnet_auth_file,
+    start_targets,
+)
 from bench.servers import (
     MissingTool,
-    RefServer,
     require,
-    start_jetstream,
-    start_mosquitto,
-    start_nats,
     system_instances,
 )
-from hearthnet.client import Client
-from hearthnet.clock import now_ms
-from hearthnet.identity import load_or_create_keys
 
-SERVERS = (
-    "hearthnet", "hearthnet-cbor", "hearthnet-sig", "hearthnet-node", "hearthnet-normal",
-    "nats", "mosquitto", "jetstream",
-)  # fmt: skip
-DEFAULT_SERVERS = ("hearthnet", "hearthnet-cbor", "nats", "mosquitto", "jetstream")
-# One node reached by clients of several kinds: JSON, CBOR, subscribers that ask for sig,
-# and clients that authenticate as the node itself (the benchmark's way before tokens).
-SHARED_NODE = ("hearthnet", "hearthnet-cbor", "hearthnet-sig", "hearthnet-node")
-# Which servers each kind of scenario runs against, and the peer its ratios are taken to.
-FANOUT_SERVERS = (
-    "hearthnet",
-    "hearthnet-cbor",
-    "hearthnet-sig",
-    "hearthnet-node",
-    "nats",
-    "mosquitto",
-)
-DURABLE_SERVERS = (
-    "hearthnet", "hearthnet-cbor", "hearthnet-node", "hearthnet-normal", "jetstream",
-)  # fmt: skip
 REFERENCE = {"throughput": "nats", "latency": "nats", "durable": "jetstream"}
 SETTINGS = (
     "duration", "warmup", "repeat", "rate", "latency_subs", "payload", "lead", "outstanding",
     "workers", "client", "drain", "idle_hold", "connect_concurrency", "pause_subs",
     "hearthnet_auth", "verify", "durable_outstanding", "durable_lead",
 )  # fmt: skip
-PROTO = {
-    **{name: "hearthnet" for name in SERVERS if name.startswith("hearthnet")},
-    "nats": "nats", "mosquitto": "mqtt", "jetstream": "jetstream",
-}  # fmt: skip
-# The node's connection limits (spec §2.5: 100 per identity, 10,000 per node) and the
-# token clients' publish rate (100/s) are policy an operator sets for the application; the
-# benchmark's subscribers share one token (one identity) and its publisher is a token
-# client, so it raises them. The limits are still checked on every connection and publish.
-NODE_ENV = {
-    "HEARTHNET_LIMITS_CONNECTIONS_PER_IDENTITY": "30000",
-    "HEARTHNET_LIMITS_CONNECTIONS_TOTAL": "30000",
-    "HEARTHNET_PUBSUB_PUBLISH_PER_S_TOKEN": "1000000",
-}
-
-
-# --- the servers under test ----------------------------------------------------------
-
-
-@dataclass
-class Target:
-    """One server under test, as the load generator sees it."""
-
-    name: str
-    pid: int
-    ws_url: str
-    version: str
-    stop: Callable[[], None]
-    proc: subprocess.Popen[Any]
-    node: Any = None  # NodeUnderTest for HearthNet
-    tokens: dict[str, str] | None = None  # HearthNet: publisher and subscriber tokens
-
-    @property
-    def hearthnet(self) -> bool:
-        """A HearthNet node (in any of its client forms)."""
-        return self.node is not None
-
-    @property
-    def form(self) -> str:
-        """The HearthNet subprotocol its clients speak: json or cbor."""
-        return "cbor" if self.name == "hearthnet-cbor" else "json"
-
-    @property
-    def verify(self) -> bool:
-        """HearthNet subscribers ask for frames with ``sig`` (spec §6.2)."""
-        return self.name == "hearthnet-sig"
-
-    def auth(self, default: str) -> str:
-        """How HearthNet clients authenticate: ``node`` for ``hearthnet-node``."""
-        return "node" if self.name == "hearthnet-node" else default
-
-    def alive(self) -> bool:
-        """True while the server process runs."""
-        return self.proc.poll() is None
-
-    @property
-    def proto(self) -> str:
-        """The load generator's adapter for this server."""
-        return PROTO[self.name]
-
-
-def start_targets(names: list[str]) -> dict[str, Target]:
-    """Start the servers ``names`` on free loopback ports; the names in
-    :data:`SHARED_NODE` are one node, reached by clients of different kinds."""
-    targets: dict[str, Target] = {}
-    try:
-        for name in names:
-            shared = next((targets[n] for n in SHARED_NODE if n in targets), None)
-            if name in SHARED_NODE and shared is not None:
-                targets[name] = Target(
-                    name, shared.pid, shared.ws_url, shared.version, lambda: None,
-                    shared.proc, node=shared.node, tokens=shared.tokens,
-                )  # fmt: skip
-            else:
-                targets[name] = start_target(name)
-    except Exception:
-        for target in targets.values():
-            target.stop()
-        raise
-    return targets
-
-
-def start_target(name: str) -> Target:
-    """Start one server on free loopback ports."""
-    if name.startswith("hearthnet"):
-        env = dict(NODE_ENV)
-        if name == "hearthnet-normal":
-            env["HEARTHNET_PUBSUB_SYNC"] = "normal"
-        node = start_node(env=env)
-        ws = "ws" + node.url.removeprefix("http") + "/pubsub/v1/subscribe"
-        version = subprocess.run(
-            [sys.executable, "-m", "hearthnet.cli", "--version"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-
-        def stop() -> None:
-            node.stop()
-            shutil.rmtree(node.data_dir, ignore_errors=True)
-
-        tokens = {role: issue_token(node.data_dir, role) for role in ("publisher", "subscriber")}
-        if name == "hearthnet-normal":
-            version = f"{version} (sync=normal)"
-        return Target(
-            name, node.pid, ws, version or "hearthnet", stop, node.proc, node=node, tokens=tokens
-        )
-    starters = {"nats": start_nats, "mosquitto": start_mosquitto, "jetstream": start_jetstream}
-    ref: RefServer = starters[name]()
-    return Target(name, ref.pid, ref.ws_url, ref.version, ref.stop, ref.proc)
-
-
-def issue_token(data_dir: Path, role: str) -> str:
-    """A capability token from the node's CLI, as an application gets one: the publisher
-    may publish on ``bench.**``, subscribers may subscribe to it (spec §1.6)."""
-    scope = "pub:bench.**" if role == "publisher" else "sub:bench.**"
-    out = subprocess.run(
-        [
-            sys.executable, "-m", "hearthnet.cli", "token", "issue",
-            "--data-dir", str(data_dir), "--scope", scope, "--ttl", "6h", "--sub", f"bench-{role}",
-        ],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
-    return out.stdout.strip()
-
-
-def hearthnet_auth_file(target: Target, subs: int, workdir: Path, how: str) -> Path:
-    """Auth frames for one run. ``token`` (the default): the publisher's token and one
-    token shared by the subscribers, as an application's clients would hold. ``node``:
-    identity proofs signed with the node's own key, one per connection (single use, valid
-    60 s, so made right before each run); the node's own identity skips the token checks
-    and the publish rate limit (spec §2.5), which is what the benchmark measured before."""
-    if how == "token":
-        assert target.tokens is not None
-        path = workdir / f"auth-{time.monotonic_ns()}.json"
-        path.write_text(
-            json.dumps(
-                {
-                    "publisher": {"token": target.tokens["publisher"]},
-                    "shared": {"token": target.tokens["subscriber"]},
-                }
-            ),
-            encoding="ascii",
-        )
-        path.chmod(0o600)
-        return path
-    keys = load_or_create_keys(target.node.data_dir)
-    server_id = target.node.fields["node"]
-
-    def proof() -> dict[str, Any]:
-        fields = {
-            "identity": keys.node_id,
-            "ts": now_ms(),
-            "nonce": os.urandom(12).hex(),
-            "node": server_id,
-        }
-        return {
-            "identity": keys.node_id,
-            "ts": fields["ts"],
-            "nonce": fields["nonce"],
-            "sig": keys.sign_object(fields),
-        }
-
-    path = workdir / f"auth-{time.monotonic_ns()}.json"
-    path.write_text(
-        json.dumps({"publisher": proof(), "subscribers": [proof() for _ in range(subs)]}),
-        encoding="ascii",
-    )
-    path.chmod(0o600)
-    return path
-
-
-def hearthnet_token_file(target: Target, workdir: Path) -> Path:
-    """The subscribers' token, shared by the idle connections: proofs expire after 60 s,
-    and opening 20,000 connections on a busy box may take longer."""
-    assert target.tokens is not None
-    path = workdir / "idle-token.json"
-    path.write_text(json.dumps({"shared": {"token": target.tokens["subscriber"]}}), "ascii")
-    path.chmod(0o600)
-    return path
 
 
 @dataclass
@@ -383,9 +181,30 @@ def fanout_run(
         "server_cpu_us_per_delivery": round(server_cpu / deliveries * 1e6, 3)
         if deliveries
         else None,
+        # system calls of the server in the steady window (reads: client frames; writes:
+        # frames out, one per subscriber per flush), per delivery and per publish
+        "server_writes_per_delivery": round(
+            (b.server_syscalls[1] - a.server_syscalls[1]) / deliveries, 4
+        )
+        if deliveries
+        else None,
+        "server_syscalls_per_publish": [
+            round((b.server_syscalls[i] - a.server_syscalls[i]) / steady["published"], 2)
+            if steady.get("published")
+            else None
+            for i in (0, 1)
+        ],
+        "server_cpu_kernel_share": round((b.server_sys - a.server_sys) / server_cpu, 3)
+        if server_cpu > 0
+        else None,
         "server_rss_mb_before": round(rss0, 1),
         "server_rss_mb_peak": round(peak.peak, 1),
         "loadgen_cpu_cores": round(loadgen_cores, 3),
+        # the generator shares the machine's cores with the server: on a busy 2-core
+        # machine, deliveries/s <= cores / (server + generator CPU per delivery)
+        "loadgen_cpu_us_per_delivery": round(loadgen_cores * wall / deliveries * 1e6, 3)
+        if deliveries
+        else None,
         "loadgen_busiest_thread": threads[0] if threads else None,
         "loadgen_threads": " ".join(f"{t['name']}:{t['cores']}" for t in threads[:8]),
         "other_processes_cpu_cores": round(max(0.0, busy - server_cpu / wall - loadgen_cores), 3),
@@ -422,99 +241,6 @@ def fanout_run(
         and out["connect_failed"] == 0
     )
     return out
-
-
-def idle_run(target: Target, n: int, opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    """Open ``n`` subscribed connections, hold them, measure the server's RSS and CPU."""
-    args = [
-        "--proto", target.proto,
-        "--url", target.ws_url,
-        "--mode", "idle",
-        "--subs", str(n),
-        "--workers", str(opts.workers),
-        "--client", opts.client,
-        "--topic", "bench.idle",
-        "--connect-concurrency", str(opts.connect_concurrency),
-        "--hold", str(opts.idle_hold + 120),
-    ]  # fmt: skip
-    auth: Path | None = None
-    if target.hearthnet:
-        auth = hearthnet_token_file(target, workdir)
-        args += ["--auth", str(auth)]
-    rss_before = proc_rss_mb(target.pid)
-    cpu_before = tree_cpu_s(target.pid)
-    load1 = os.getloadavg()[0]
-    lg = Loadgen(args, opts.idle_hold + 240 + n / 100, workdir, opts.loadgen_profile)
-    result: dict[str, Any] | None = None
-    try:
-        ready = lg.next_event()
-        if ready.get("event") != "ready":
-            raise LoadgenError(f"unexpected event {ready}")
-        setup_cpu = tree_cpu_s(target.pid) - cpu_before
-        time.sleep(2)  # let the server settle
-        t0, c0 = time.monotonic(), tree_cpu_s(target.pid)
-        time.sleep(opts.idle_hold)
-        hold_cpu = (tree_cpu_s(target.pid) - c0) / (time.monotonic() - t0)
-        rss_held = proc_rss_mb(target.pid)
-        lg.send("stop")
-        while result is None:
-            event = lg.next_event()
-            if event.get("event") == "done":
-                result = event["result"]
-    finally:
-        lg.close()
-        if auth is not None:
-            auth.unlink(missing_ok=True)
-    connected = result["connected"]
-    return {
-        "server": target.name,
-        "requested": n,
-        "connected": connected,
-        "connect_failed": result["connect_failed"],
-        "fail_reasons": result["fail_reasons"],
-        "closed_while_held": result["closed_while_held"],
-        "load1_before": round(load1, 2),
-        "setup_s": round(result["setup_s"], 2),
-        "connections_per_s": round(connected / result["setup_s"]) if result["setup_s"] else None,
-        "server_cpu_s_setup": round(setup_cpu, 2),
-        "server_cpu_cores_held": round(hold_cpu, 4),
-        "server_rss_mb_before": round(rss_before, 1),
-        "server_rss_mb_held": round(rss_held, 1),
-        "rss_mb_per_1000": (
-            round((rss_held - rss_before) / connected * 1000, 2) if connected else None
-        ),
-        "loadgen_cpu_s_hold": round(result["loadgen_cpu_s_hold"], 3),
-    }
-
-
-def history_run(target: Target, repeats: int) -> dict[str, Any]:
-    """Publish 100 messages, then time GET /history?limit=100 (signed, keep-alive)."""
-    keys = load_or_create_keys(target.node.data_dir)
-    payload = "@@" + "0" * 15 + ":" + "0" * 10 + ":"
-    payload += "x" * (256 - len(payload))
-
-    async def go() -> dict[str, Any]:
-        async with Client(target.node.url, keys=keys) as client:
-            topic = f"bench.history.t{time.monotonic_ns()}"
-            for _ in range(100):
-                await client.publish(topic, "bench", payload)
-            times = []
-            count = 0
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                page = await client.history(topic, limit=100)
-                times.append((time.perf_counter() - t0) * 1000)
-                count = len(page["messages"])
-            return {
-                "server": target.name,
-                "messages": count,
-                "repeats": repeats,
-                "p50_ms": round(statistics.median(times), 2),
-                "p99_ms": round(percentile(times, 99), 2),
-                "first_ms": round(times[0], 2),
-            }
-
-    return asyncio.run(go())
 
 
 # --- the whole run ---------------------------------------------------------------------
@@ -684,6 +410,8 @@ def run_fanout(
                     f"{r['loadgen_cpu_cores']:.2f} cores (busiest thread "
                     f"{(r['loadgen_busiest_thread'] or {}).get('cores')})  others "
                     f"{r['other_processes_cpu_cores']:.2f}  "
+                    f"syscalls per publish (r, w) {r['server_syscalls_per_publish']}, kernel "
+                    f"{r['server_cpu_kernel_share']} of server CPU  "
                     f"p50 {lat.get('50')} p99 {lat.get('99')} ms  "
                     f"{'lossless' if r['lossless'] else 'LOSS: ' + _loss(r)}",
                     flush=True,
@@ -696,31 +424,6 @@ def run_fanout(
             "median_run": {n: median_index(rs) for n, rs in runs.items() if rs},
             "round_ratios": round_ratios(rounds, REFERENCE[sc.mode]),
         }
-
-
-def run_idle(
-    names: list[str], n: int, opts: argparse.Namespace, workdir: Path, result: dict[str, Any]
-) -> None:
-    """Idle connections, each server freshly started (so its baseline RSS is its own)."""
-    for name in names:
-        print(f"idle {n:,} connections {name} ...", flush=True)
-        target = start_target(name)
-        try:
-            time.sleep(1)
-            r = idle_run(target, n, opts, workdir)
-        except LoadgenError as exc:
-            print(f"  ! {name}: {exc}")
-            result["notes"].append(f"idle {name}: {exc}")
-            continue
-        finally:
-            target.stop()
-        result["idle"].append(r)
-        print(
-            f"  {r['connected']:,} connected in {r['setup_s']} s; RSS "
-            f"{r['server_rss_mb_before']} -> {r['server_rss_mb_held']} MiB "
-            f"({r['rss_mb_per_1000']} MiB per 1,000)",
-            flush=True,
-        )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,8 +25,8 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from bench.bench_pubsub import NODE_ENV, issue_token
 from bench.loadgen import Loadgen
+from bench.pubsub_targets import NODE_ENV, issue_token
 
 
 def serve(data_dir: str, top: int) -> None:

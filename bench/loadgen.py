@@ -70,6 +70,25 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
+def proc_syscalls(pid: int) -> tuple[int, int]:
+    """``(syscr, syscw)`` of ``pid``: read and write system calls so far (0, 0 if unreadable)."""
+    try:
+        text = Path(f"/proc/{pid}/io").read_text(encoding="ascii")
+    except OSError:
+        return 0, 0
+    fields = dict(line.split(": ", 1) for line in text.splitlines())
+    return int(fields["syscr"]), int(fields["syscw"])
+
+
+def proc_sys_s(pid: int) -> float:
+    """CPU seconds ``pid`` spent in the kernel (its threads included; 0 if unreadable)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    except OSError:
+        return 0.0
+    return int(stat.rsplit(")", 1)[1].split()[12]) / CLK_TCK
+
+
 @dataclass
 class Snapshot:
     """Counters taken at one instant of a run."""
@@ -79,6 +98,8 @@ class Snapshot:
     loadgen_threads: dict[int, tuple[str, float]]
     machine_busy: float
     server_rss: float
+    server_syscalls: tuple[int, int]  # (reads, writes) from /proc/PID/io, sockets included
+    server_sys: float  # the server's CPU seconds in the kernel (stime)
 
     @classmethod
     def take(cls, server_pid: int, loadgen_pid: int) -> Snapshot:
@@ -89,6 +110,8 @@ class Snapshot:
             thread_cpu(loadgen_pid),
             machine_busy_s(),
             proc_rss_mb(server_pid),
+            proc_syscalls(server_pid),
+            proc_sys_s(server_pid),
         )
 
 

@@ -20,6 +20,7 @@ import pytest
 
 from bench import (
     bench_bus,
+    bench_fanout_cost,
     bench_log_parts,
     bench_publish_cost,
     bench_pubsub,
@@ -48,6 +49,16 @@ async def test_publish_cost_measures_every_publish_through_the_log() -> None:
     for key in ("publish_frame_bytes", "message_frame_bytes"):
         sizes = [result["binary"][n][key] for n in ("cbor_bytes", "json_base64", "json_data_enc")]
         assert sizes[0] < sizes[1] < sizes[2], (key, sizes)
+
+
+async def test_fanout_cost_delivers_every_batch_to_every_subscriber() -> None:
+    """bench_fanout_cost: each timed round reaches every subscriber's socket alike, and
+    both ways of reading an ack are timed."""
+    took, received = await bench_fanout_cost.fanout_batch_s(3, 4, 2, "socket")
+    acks = bench_fanout_cost.ack_costs(5)
+    assert (2, 3, 1) == (len(took), len(received), len(set(received)))
+    assert received[0] > 2 * 4 * 256
+    assert all(v is not None and v > 0 for v in acks.values())
 
 
 async def test_ws_publish_answers_every_publish_of_both_forms() -> None:

@@ -46,6 +46,10 @@ _TRANSITIONS = {
 }
 
 GapEncoder = Callable[[int, int], bytes]
+# Module constants for the hot paths: an Enum member read through its class is a slow
+# attribute lookup on Python 3.11.
+_LIVE = ChannelState.LIVE
+_CLOSED = ChannelState.CLOSED
 
 
 class SubscriberChannel:
@@ -115,12 +119,7 @@ class SubscriberChannel:
 
     def _nothing_waits(self) -> bool:
         """Live, writable, and nothing queued or owed ahead of a new frame."""
-        return (
-            self.state is ChannelState.LIVE
-            and not self._live
-            and self._gap is None
-            and self.writable
-        )
+        return self.state is _LIVE and not self._live and self._gap is None and self.writable
 
     def _emit(self, seq: int, data: bytes) -> None:
         if self.window is not None:
@@ -131,7 +130,7 @@ class SubscriberChannel:
 
     def offer(self, seq: int, data: bytes) -> None:
         """A live message for this subscriber (called by fan-out, in seq order)."""
-        if self.state is ChannelState.CLOSED or seq <= self.delivered_seq or self.refill:
+        if self.state is _CLOSED or seq <= self.delivered_seq or self.refill:
             return
         if self._nothing_waits() and self._window_open():
             self._emit(seq, data)  # the common case: straight out
@@ -149,16 +148,15 @@ class SubscriberChannel:
             self.dropped_total += 1
             self._gap = (self._gap[0], dropped) if self._gap else (dropped, dropped)
 
-    def offer_many(
-        self, seqs: list[int], frames: list[bytes], whole: Callable[[], bytes] | None = None
-    ) -> None:
+    def offer_many(self, seqs: list[int], frames: list[bytes], whole: bytes | None = None) -> None:
         """Live messages in seq order, as parallel lists (the fan-out hot path: one call per
         subscriber per topic per committed batch; ``frames`` is shared, never changed).
 
-        ``whole``, for stream transports, gives all ``frames`` as one shared bytes object:
-        used when every frame goes out at once, so subscribers do not each join the batch.
+        ``whole``, for stream transports, is all ``frames`` as one shared bytes object:
+        written when every frame goes out at once, so subscribers do not each join the
+        batch.
         """
-        if self.state is ChannelState.CLOSED or not seqs or self.refill:
+        if self.state is _CLOSED or not seqs or self.refill:
             return
         start = 0
         if seqs[0] <= self.delivered_seq:  # only after a backlog overlap; rare
@@ -166,24 +164,49 @@ class SubscriberChannel:
                 start += 1
             if start == len(seqs):
                 return
-        if self._nothing_waits():
+        # Nothing queued or owed ahead of these (see _nothing_waits), inline: this runs
+        # for every subscriber of every batch.
+        if self.state is _LIVE and not self._live and self._gap is None and self.writable:
+            todo = seqs[start:] if start else seqs
             window = self.window
-            room = len(seqs) - start if window is None else min(window.room, len(seqs) - start)
-            if room > 0:
+            room = len(todo) if window is None else window.send_many(todo)
+            if room:
                 end = start + room
-                if window is not None:
-                    window.sent_many(seqs[start:end] if start or end < len(seqs) else seqs)
                 if start or end < len(frames):
                     self.out.extend(frames[start:end])
                 elif whole is not None:
-                    self.out.append(whole())
+                    self.out.append(whole)
                 else:
                     self.out.extend(frames)
                 self.out_count += room
                 self.delivered_seq = seqs[end - 1]
                 start = end
-        for i in range(start, len(seqs)):
-            self.offer(seqs[i], frames[i])
+                if start == len(seqs):
+                    return
+        # The rest waits (behind the queue, a gap, a paused transport or a full window).
+        self._queue(seqs, frames, start)
+
+    def _queue(self, seqs: list[int], frames: list[bytes], start: int) -> None:
+        """``offer`` of each of ``seqs[start:]`` that must wait, at once: queued in order,
+        the oldest dropped beyond ``queue_max`` (one gap for them), or, lossless, a refill
+        asked for on overflow."""
+        live = self._live
+        if live is None:
+            live = self._live = deque()
+        live.extend(zip(seqs[start:], frames[start:], strict=True))
+        excess = len(live) - self.queue_max
+        if excess <= 0:
+            return
+        if self.lossless:
+            self._live = None
+            self.refill = True
+            return
+        first = live[0][0]
+        for _ in range(excess - 1):
+            live.popleft()
+        last = live.popleft()[0]
+        self.dropped_total += excess
+        self._gap = (self._gap[0], last) if self._gap else (first, last)
 
     def add_backlog(self, items: list[tuple[int, bytes]]) -> None:
         """Backlog frames, in seq order, all older than any live frame queued."""
@@ -231,15 +254,28 @@ class SubscriberChannel:
                 if seq > self.delivered_seq:
                     self._emit(seq, data)
                 continue
-            if self.state is not ChannelState.LIVE or not self._live:
+            if self.state is not _LIVE or not self._live:
                 return
             if self._gap is not None:
                 self.out.append(self.encode_gap(*self._gap))
                 self.gaps_total += 1
                 self._gap = None
-            seq, data = self._live.popleft()
-            if seq > self.delivered_seq:
-                self._emit(seq, data)
+            # Every live frame the window lets out, at once (an ack frees hundreds).
+            live = self._live
+            window = self.window
+            n = len(live) if window is None else min(len(live), window.room)
+            taken = [live.popleft() for _ in range(n)]
+            delivered = self.delivered_seq
+            if taken[0][0] <= delivered:  # only after a backlog overlap; rare
+                taken = [item for item in taken if item[0] > delivered]
+                if not taken:
+                    continue
+            seqs = [item[0] for item in taken]
+            if window is not None:
+                window.send_many(seqs)
+            self.out.extend([item[1] for item in taken])
+            self.out_count += len(seqs)
+            self.delivered_seq = seqs[-1]
 
     def take(self) -> list[bytes]:
         """What to write now (and forget it)."""

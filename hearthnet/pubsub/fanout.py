@@ -9,6 +9,7 @@ the same bytes, and each subscriber's frames from one loop turn leave in one wri
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -113,9 +114,17 @@ class FanOut:
         if len(groups) == 1:
             ((topic, items),) = groups.items()
             group = TopicBatch(topic, items)
-            for sub in match(topic):
+            dirty = self._dirty
+            for sub in match(topic):  # every subscriber of every batch: calls kept few
                 sub.deliver_batch(group, policy)
-                self._delivered(sub)
+                if sub.channel.refill:
+                    self._refill(sub)
+                if not sub.flush_scheduled:  # self.wake(sub), inline
+                    sub.flush_scheduled = True
+                    dirty.append(sub)
+            if dirty and not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush_dirty)
         else:
             per_sub: dict[Subscriber, list[TopicBatch]] = {}
             for topic, items in groups.items():
@@ -155,9 +164,11 @@ class FanOut:
         dirty, self._dirty = self._dirty, []
         sent = 0
         gaps = 0
+        now = time.monotonic()
         for sub in dirty:
-            sent += sub.write_out()
-            gaps += sub.take_gaps()
+            sent += sub.write_out(now)
+            if sub.channel.gaps_total != sub.gaps_reported:
+                gaps += sub.take_gaps()
         self.count_sent(sent, gaps)
 
     def count_sent(self, messages: int, gaps: int) -> None:

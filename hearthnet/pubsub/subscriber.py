@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Set
-from functools import partial
 from typing import Any, Protocol
 
 from hearthnet.caller import Caller
@@ -23,6 +22,7 @@ from hearthnet.pubsub.topics import TopicPattern
 from hearthnet.pubsub.wire import TopicBatch, control_frame, message_form
 
 CACHED_TOPICS = 4096  # per-topic permission decisions a session remembers
+_CATCHING_UP = ChannelState.CATCHING_UP  # an Enum member read from its class is slow on 3.11
 _NO_TOPICS: frozenset[str] = frozenset()
 
 
@@ -211,11 +211,10 @@ class Subscriber:
         """Offer one topic's messages of a committed batch (fan-out hot path)."""
         if self.filtered and not self.allows(group.topic, policy):
             return
-        seqs, frames = group.form(self.msg_form)
         if self.stream:  # a byte stream: the batch may go as one shared bytes
-            self.channel.offer_many(seqs, frames, partial(group.joined, self.msg_form))
+            self.channel.offer_many(*group.stream(self.msg_form))
         else:  # long-poll collects frames one by one
-            self.channel.offer_many(seqs, frames)
+            self.channel.offer_many(*group.form(self.msg_form))
 
     def deliver_merged(self, groups: list[TopicBatch], policy: AccessPolicy) -> None:
         """Several topics of one batch, merged back into seq order."""
@@ -264,23 +263,29 @@ class Subscriber:
         self.gaps_reported = self.channel.gaps_total
         return made if self.stream else 0
 
-    def write_out(self) -> int:
+    def write_out(self, now: float | None = None) -> int:
         """Write what the channel lets out (uncounted); returns how many message frames
-        went to a byte stream."""
+        went to a byte stream. ``now``: the monotonic time, if the caller has it (fan-out
+        reads it once per flush)."""
         self.flush_scheduled = False
         if self.closed:
             return 0
         channel = self.channel
-        count = channel.out_count
-        frames = channel.take()
-        if channel.state is ChannelState.CATCHING_UP and channel.backlog_room:
+        frames = channel.out
+        if frames:  # what channel.take() does, inline (every subscriber, every flush)
+            count = channel.out_count
+            channel.out = []
+            channel.out_count = 0
+        else:
+            count = 0
+        if channel.state is _CATCHING_UP and channel.backlog_room:
             self.notify_room()
         sink = self.sink
         if not frames or sink is None:
             return 0
         if not sink.write(frames):
             return 0
-        self.last_write = time.monotonic()
+        self.last_write = time.monotonic() if now is None else now
         if sink.paused:
             channel.set_writable(False)  # until the sink's transport drains (resume)
         return count

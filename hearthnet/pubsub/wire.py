@@ -167,7 +167,7 @@ class TopicBatch:
     every subscriber: ``form(name)`` gives ``(seqs, frames)`` lists a subscriber's channel
     takes slices of, with no per-subscriber work per message."""
 
-    __slots__ = ("_forms", "_joined", "items", "seqs", "topic")
+    __slots__ = ("_forms", "_joined", "_streams", "items", "seqs", "topic")
 
     def __init__(self, topic: str, items: list[EncodedMessage]) -> None:
         self.topic = topic
@@ -175,6 +175,7 @@ class TopicBatch:
         self.seqs = [item.seq for item in items]
         self._forms: dict[str, list[bytes]] = {}
         self._joined: dict[str, bytes] = {}
+        self._streams: dict[str, tuple[list[int], list[bytes], bytes]] = {}
 
     def form(self, name: str) -> tuple[list[int], list[bytes]]:
         """``(seqs, frames)`` in form ``name``."""
@@ -182,6 +183,16 @@ class TopicBatch:
         if frames is None:
             frames = self._forms[name] = [item.form(name) for item in self.items]
         return self.seqs, frames
+
+    def stream(self, name: str) -> tuple[list[int], list[bytes], bytes]:
+        """``(seqs, frames, whole)`` in form ``name`` for a byte stream, ``whole`` being
+        the frames joined (:meth:`joined`): one tuple per form, shared by every subscriber
+        of the form, so nothing is made per subscriber."""
+        out = self._streams.get(name)
+        if out is None:
+            seqs, frames = self.form(name)
+            out = self._streams[name] = (seqs, frames, self.joined(name))
+        return out
 
     def joined(self, name: str) -> bytes:
         """All frames of form ``name`` as one bytes object, made once for every subscriber

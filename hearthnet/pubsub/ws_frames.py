@@ -24,6 +24,7 @@ from hearthnet.pubsub.frames import (
     Publish,
     Subscribe,
     Unsubscribe,
+    fast_ack_upto,
     parse_client_frame,
 )
 from hearthnet.pubsub.subscriber import Subscriber
@@ -62,8 +63,18 @@ class WsFrames:
     def receive(self, session: WsSession, payload: bytes | str, *, binary: bool) -> None:
         """One complete client message of an authenticated session; a refused frame is
         answered with an ``error`` (a wrong frame type also closes, spec §2.2)."""
-        if session.sub is not None:
-            self.deps.service.heard(session.sub)
+        service = self.deps.service
+        sub = session.sub
+        if sub is not None:
+            service.heard(sub)
+            # An ack in the shape clients send: read from its bytes (most client frames at
+            # 1,000 subscribers are acks); anything else is decoded and parsed in full.
+            max_bytes = self.deps.transport.max_ws_message_bytes
+            if binary == session.codec.binary and len(payload) <= max_bytes:
+                upto = fast_ack_upto(payload, binary)
+                if upto is not None:
+                    service.ack(sub, upto)
+                    return
         try:
             self._handle(session, parse_client_frame(session.decode(payload, binary)))
         except WrongFrameType as exc:

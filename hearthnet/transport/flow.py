@@ -65,6 +65,24 @@ class FlowWindow:
         self.last_seq = seqs[-1]
         self._unacked.extend(seqs)
 
+    def send_many(self, seqs: list[int]) -> int:
+        """Record as many of increasing ``seqs`` as the window holds, from the first;
+        returns how many (the pub/sub fan-out path: one call, no property).
+
+        Raises:
+            ValueError: seqs that do not increase past the last one sent.
+        """
+        fit = self.size - len(self._unacked)
+        if fit <= 0 or not seqs:
+            return 0
+        if seqs[0] <= self.last_seq:
+            raise ValueError(f"seq {seqs[0]} does not increase past {self.last_seq}")
+        if fit < len(seqs):
+            seqs = seqs[:fit]
+        self.last_seq = seqs[-1]
+        self._unacked.extend(seqs)
+        return len(seqs)
+
     @property
     def room(self) -> int:
         """How many more frames may be sent now."""

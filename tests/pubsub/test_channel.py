@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hearthnet.pubsub.channel import ChannelState, SubscriberChannel
@@ -63,9 +63,9 @@ def test_a_whole_batch_goes_out_as_one_shared_bytes_object() -> None:
     frames = [frame(s) for s in seqs]
     joined = b"".join(frames)
     ch = channel(window=4)
-    ch.offer_many(seqs, frames, lambda: joined)
+    ch.offer_many(seqs, frames, joined)
     whole = ch.take()
-    ch.offer_many([4, 5, 6], [frame(4), frame(5), frame(6)], lambda: b"never used")
+    ch.offer_many([4, 5, 6], [frame(4), frame(5), frame(6)], b"never used")
     cut = ch.take()
     ch.ack(4)
     assert ([joined], [frame(4)], [frame(5), frame(6)]) == (whole, cut, ch.take())
@@ -195,3 +195,92 @@ def test_every_seq_is_delivered_once_in_order_or_covered_by_a_gap(
         len(set(delivered)),
         covered,
     )
+
+
+class OneByOne(SubscriberChannel):
+    """The channel's rules applied one frame at a time (how it worked before batches):
+    each frame offered alone, and let out alone."""
+
+    def offer_many(self, seqs: list[int], frames: list[bytes], whole: bytes | None = None) -> None:
+        for seq, data in zip(seqs, frames, strict=True):
+            self.offer(seq, data)
+
+    def pump(self) -> None:
+        while self.writable and (self.window is None or self.window.open):
+            if self._backlog:
+                seq, data = self._backlog.popleft()
+                if seq > self.delivered_seq:
+                    self._emit(seq, data)
+                continue
+            if self.state is not ChannelState.LIVE or not self._live:
+                return
+            if self._gap is not None:
+                self.out.append(self.encode_gap(*self._gap))
+                self.gaps_total += 1
+                self._gap = None
+            seq, data = self._live.popleft()
+            if seq > self.delivered_seq:
+                self._emit(seq, data)
+
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("batch"), st.integers(1, 12), st.integers(1, 3)),
+        st.tuples(st.just("ack"), st.integers(0, 4), st.just(0)),
+        st.tuples(st.just("writable"), st.booleans(), st.just(0)),
+        st.tuples(st.just("backlog"), st.integers(0, 6), st.just(0)),
+    ),
+    max_size=20,
+)
+
+
+@given(
+    window=st.one_of(st.none(), st.integers(1, 9)),
+    queue_max=st.integers(1, 10),
+    lossless=st.booleans(),
+    catching_up=st.booleans(),
+    ops=_OPS,
+)
+@settings(max_examples=80, deadline=None)
+def test_batches_go_in_and_out_as_frames_one_by_one_would(
+    window: int | None,
+    queue_max: int,
+    lossless: bool,
+    catching_up: bool,
+    ops: list[tuple[str, object, int]],
+) -> None:
+    """Whole batches offered, queued and let out after acks give the same frames, gaps,
+    drops and refills as the same frames one at a time."""
+    pair = [
+        cls(window=window, queue_max=queue_max, encode_gap=gap, catching_up=catching_up)
+        for cls in (SubscriberChannel, OneByOne)
+    ]
+    for ch in pair:
+        ch.lossless = lossless
+    seq = 0
+    seen: list[list[object]] = [[], []]
+    for op, a, b in ops:
+        if op == "batch":
+            assert isinstance(a, int)
+            seqs = [seq + b * (i + 1) for i in range(a)]  # b > 1: another topic's seqs
+            seq = seqs[-1]
+            for ch in pair:
+                ch.offer_many(seqs, [frame(s) for s in seqs])
+        elif op == "backlog" and pair[0].state is ChannelState.CATCHING_UP:
+            assert isinstance(a, int)
+            for ch in pair:
+                ch.add_backlog([(s, frame(s)) for s in range(max(1, seq - a), seq + 1)])
+                ch.finish_catch_up()
+        elif op == "ack":
+            assert isinstance(a, int)
+            upto = pair[0].delivered_seq - a
+            for ch in pair:
+                ch.ack(upto)
+        elif op == "writable":
+            for ch in pair:
+                ch.set_writable(bool(a))
+        for i, ch in enumerate(pair):
+            seen[i].append(
+                (ch.take(), ch.delivered_seq, ch.gaps_total, ch.dropped_total, ch.refill)
+            )
+    assert seen[1] == seen[0]

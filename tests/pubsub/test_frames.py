@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import cbor2
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from hearthnet.errors import BadRequest
+from hearthnet.errors import BadRequest, HearthNetError
 from hearthnet.pubsub.frames import (
     AckUpto,
     Auth,
@@ -16,9 +19,11 @@ from hearthnet.pubsub.frames import (
     Since,
     Subscribe,
     Unsubscribe,
+    fast_ack_upto,
     parse_client_frame,
     reset_reason,
 )
+from hearthnet.transport.codec import SUBPROTOCOL_CBOR, SUBPROTOCOL_JSON, FrameCodec
 
 
 def test_frames_parse() -> None:
@@ -244,3 +249,70 @@ def test_every_documented_field_is_accepted() -> None:
 def test_reset_reason(since: Since, reason: str | None) -> None:
     """Another epoch is epoch_changed; beyond the head of this one (or none) is cursor_ahead."""
     assert reason == reset_reason(since, "e1", 5)
+
+
+def _full_ack(payload: bytes, binary: bool) -> int | None:
+    """What the full decoder and parser make of a client message: an ack's upto, or None."""
+    codec = FrameCodec(SUBPROTOCOL_CBOR if binary else SUBPROTOCOL_JSON)
+    try:
+        frame = parse_client_frame(codec.decode(payload, binary=binary, max_bytes=1 << 20))
+    except HearthNetError:
+        return None
+    return frame.upto if isinstance(frame, AckUpto) else None
+
+
+_UPTO = st.one_of(
+    st.integers(min_value=0, max_value=30),
+    st.integers(min_value=-(2**64), max_value=2**64),
+    st.sampled_from([2**53 - 1, 2**53, 2**53 + 1, 10**15 - 1, 10**15, 2**64 - 1]),
+)
+
+
+def _ack_texts(upto: int) -> list[bytes]:
+    """An ack as clients write it, and near misses of that shape."""
+    usual = b'{"type":"ack","upto":%d}' % upto
+    return [
+        usual,
+        usual.replace(b":", b": "),
+        b'{"type":"ack","upto":0%d}' % upto,
+        b'{"type":"ack","upto":%d.0}' % upto,
+        b'{"type":"ack","upto":%de0}' % upto,
+        b'{"upto":%d,"type":"ack"}' % upto,
+        usual[:-1] + b',"seq":1}',
+        usual + b" ",
+        usual[:-1],
+        cbor2.dumps({"type": "ack", "upto": upto}),
+        cbor2.dumps({"upto": upto, "type": "ack"}),
+    ]
+
+
+@given(
+    upto=_UPTO,
+    cut=st.integers(min_value=0, max_value=40),
+    junk=st.binary(max_size=9),
+    binary=st.booleans(),
+)
+@settings(max_examples=80, deadline=None)
+def test_the_ack_fast_path_agrees_with_the_full_parser(
+    upto: int, cut: int, junk: bytes, binary: bool
+) -> None:
+    """Wherever the byte-level ack reader gives a number, the full parser gives that ack."""
+    candidates = _ack_texts(upto)
+    candidates += [c[:cut] + junk + c[cut:] for c in candidates]  # mutated
+    candidates += [c[:cut] + junk + c[cut + len(junk) :] for c in candidates]
+    candidates.append(b"\xa2dtypecackdupto" + junk)  # any uint encoding, or none
+    for payload in candidates:
+        fast = fast_ack_upto(payload, binary)
+        if fast is not None:
+            assert (payload, binary, fast) == (payload, binary, _full_ack(payload, binary))
+
+
+@given(upto=st.integers(min_value=0, max_value=2**53))
+@settings(max_examples=50, deadline=None)
+def test_the_ack_fast_path_reads_every_client_ack(upto: int) -> None:
+    """Acks as the clients write them (compact JSON, CBOR) all take the fast path."""
+    json_ack = b'{"type":"ack","upto":%d}' % upto
+    cbor_ack = cbor2.dumps({"type": "ack", "upto": upto})
+    expected = (upto if upto < 10**15 else None, upto)  # 16 digits: the full parser decides
+    assert expected == (fast_ack_upto(json_ack, False), fast_ack_upto(cbor_ack, True))
+    assert (upto, upto) == (_full_ack(json_ack, False), _full_ack(cbor_ack, True))

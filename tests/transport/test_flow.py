@@ -63,3 +63,15 @@ def test_in_flight_never_exceeds_window(acks: list[int]) -> None:
         window.ack(upto)
         assert window.in_flight <= 16
         assert window.in_flight == window.last_seq - max(window.acked_upto, 0)
+
+
+def test_send_many_records_what_fits_and_says_how_many() -> None:
+    """send_many takes the front of the seqs up to the window's room, never past it."""
+    window = FlowWindow(5)
+    first = window.send_many([2, 4, 6])
+    second = window.send_many([7, 9, 11, 13])
+    third = window.send_many([14])
+    window.ack(4)
+    assert (3, 2, 0, 3, 9) == (first, second, third, window.in_flight, window.last_seq)
+    with pytest.raises(ValueError):
+        window.send_many([9])
