@@ -8,7 +8,7 @@ one-second buckets over the last :data:`WINDOW_S` seconds. Bounded: at most
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
 
 WINDOW_S = 10
@@ -24,9 +24,13 @@ class TopicRates:
         self._buckets: OrderedDict[str, deque[list[int]]] = OrderedDict()
 
     def record(self, topics: Iterable[str], now_s: float) -> None:
-        """Count one message on each of ``topics`` (repeats count again) at ``now_s``."""
+        """Count one message on each of ``topics`` (repeats count again) at ``now_s``.
+
+        A commit's topics are counted first (in C), so the buckets are touched once per
+        distinct topic, not once per message: a batch is mostly one or a few topics.
+        """
         second = int(now_s)
-        for topic in topics:
+        for topic, count in Counter(topics).items():
             buckets = self._buckets.get(topic)
             if buckets is None:
                 buckets = self._buckets[topic] = deque()
@@ -35,9 +39,9 @@ class TopicRates:
             else:
                 self._buckets.move_to_end(topic)
             if buckets and buckets[-1][0] == second:
-                buckets[-1][1] += 1
+                buckets[-1][1] += count
             else:
-                buckets.append([second, 1])
+                buckets.append([second, count])
                 while buckets and buckets[0][0] <= second - self.window_s:
                     buckets.popleft()
 
