@@ -158,6 +158,7 @@ class MessageLog:
         self._pending: list[Pending] = []
         self._wake = asyncio.Event()
         self._write_lock = asyncio.Lock()
+        self._turn_scheduled = False  # _end_of_turn is due (synchronous=NORMAL)
         self.batches = 0
         self.inline_batches = 0  # of which committed on the event loop (INLINE_MAX)
         self.closed = False
@@ -293,11 +294,11 @@ class MessageLog:
             )
         if answer is not None:
             self._pending.append(Pending(None, None, True, None, body, notify=answer))
-            self._wake.set()
+            self._queued()
             return None
         fut: asyncio.Future[StoredMessage | None] = asyncio.get_running_loop().create_future()
         self._pending.append(Pending(fut, None, True, None, body))
-        self._wake.set()
+        self._queued()
         return fut
 
     def publish_many(
@@ -332,7 +333,7 @@ class MessageLog:
             )
             pending.append(Pending(None, None, True, None, body, group, slot))
         self.origin_seq = sequencer.origin_seq
-        self._wake.set()
+        self._queued()
         return future
 
     def ingest(
@@ -344,12 +345,57 @@ class MessageLog:
             fut.set_result(None)
             return fut
         self._pending.append(Pending(fut, message, source=source))
-        self._wake.set()
+        self._queued()
         return fut
 
     def knows(self, message_id: str) -> bool:
         """True when the log holds the id (cheap dedupe before verifying)."""
         return self.sequencer.knows(message_id)
+
+    def _queued(self) -> None:
+        """A message was queued: with ``synchronous=NORMAL``, look at the queue once this
+        loop turn's callbacks are done (what one read of a socket held is queued by
+        then); otherwise wake the flush loop."""
+        if self.synchronous != "NORMAL":
+            self._wake.set()
+        elif not self._turn_scheduled:
+            self._turn_scheduled = True
+            asyncio.get_running_loop().call_soon(self._end_of_turn)
+
+    def _end_of_turn(self) -> None:
+        """Commit a lone small batch here (:data:`INLINE_MAX`, the writer idle, no commit
+        or deletion under way), without the flush loop's task and lock; anything else,
+        or a batch whose commit failed here, goes to the flush loop (which commits in
+        queue order and answers failures)."""
+        self._turn_scheduled = False
+        batch, writer = self._pending, self._writer
+        if (
+            batch
+            and len(batch) <= INLINE_MAX
+            and not self.closed
+            and writer is not None
+            and writer.idle
+            and not self._write_lock.locked()
+        ):
+            consumers = dirty_consumers(self.consumers)
+            job = partial(
+                write_batch,
+                keys=self.keys,
+                batch=batch,
+                sequencer=self.sequencer,
+                consumers=consumers,
+            )
+            try:
+                outcomes, rows = writer.run_here(job)
+            except Exception:  # nothing was committed: the flush loop tries again
+                log.debug("inline commit of %d messages failed; queued again", len(batch))
+            else:
+                self._pending = []
+                mark_clean(consumers)
+                self.inline_batches += 1
+                self._done(batch, outcomes, rows)
+                return
+        self._wake.set()
 
     async def run(self) -> None:
         """The flush loop: one transaction per batch, as soon as the previous one is done."""

@@ -69,7 +69,8 @@ class WsPublisher:
                 (the session answers at once with an ``error``).
         """
         sub = session.sub
-        assert session.caller is not None and sub is not None
+        assert session.caller is not None
+        assert sub is not None
         self.service.submit(
             session.caller,
             frame.topic,
