@@ -275,7 +275,7 @@ class SqliteWriter:
             except BaseException as exc:  # handed to the awaiting task, as a pool would
                 error = exc
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
-                loop.call_soon_threadsafe(_settle, future, result, error)
+                loop.call_soon_threadsafe(self._finished, future, result, error)
             del item, call, future, result, error  # nothing of the last job kept while idle
 
     async def _trip(self, call: Callable[[], T]) -> T:
@@ -285,13 +285,23 @@ class SqliteWriter:
             self._thread = threading.Thread(target=self._work, name="hearthnet-log", daemon=True)
             self._thread.start()
         future: asyncio.Future[Any] = loop.create_future()
-        self._busy += 1
-        try:
-            self._jobs.put((call, future, loop))
-            result: T = await future
-            return result
-        finally:
-            self._busy -= 1
+        self._busy += 1  # until the thread is done with it, even if nobody waits any more
+        self._jobs.put((call, future, loop))
+        result: T = await future
+        return result
+
+    def _finished(
+        self, future: asyncio.Future[Any], result: Any, exc: BaseException | None
+    ) -> None:
+        """On the loop: the thread is done with a job; hand its outcome to its future
+        (nobody waits if it was cancelled)."""
+        self._busy -= 1
+        if future.cancelled():
+            return
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
 
     async def run(self, job: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``job`` with the connection in the writer thread (connecting on first use)."""
@@ -314,16 +324,6 @@ class SqliteWriter:
 
 # A job for the writer thread: what to run, the future it settles, the loop it belongs to.
 _Job = tuple[Callable[[], Any], "asyncio.Future[Any]", asyncio.AbstractEventLoop]
-
-
-def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
-    """Hand a job's outcome to its future (on the loop; nobody waits if it was cancelled)."""
-    if future.cancelled():
-        return
-    if exc is not None:
-        future.set_exception(exc)
-    else:
-        future.set_result(result)
 
 
 def transaction(conn: sqlite3.Connection, work: Callable[[], T]) -> T:

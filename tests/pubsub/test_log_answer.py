@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -77,3 +79,24 @@ async def test_the_writer_thread_returns_results_and_errors_and_stops_on_close(
     assert thread is not None
     await asyncio.get_running_loop().run_in_executor(None, thread.join, 10)
     assert (42, 7, False, False) == (first, after, thread.is_alive(), writer.idle)
+
+
+async def test_a_cancelled_job_keeps_the_writer_busy_until_its_thread_is_done(
+    tmp_path: Path,
+) -> None:
+    """A job whose waiter was cancelled keeps the writer busy (nothing runs on the
+    connection beside it) until the thread is done with it."""
+    writer = SqliteWriter(tmp_path / "w.db", "NORMAL")
+    await writer.run(lambda conn: None)
+    release = threading.Event()
+    task = asyncio.get_running_loop().create_task(writer.run(lambda conn: release.wait(10)))
+    await asyncio.sleep(0)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    busy_after_cancel = not writer.idle
+    release.set()
+    await writer.run(lambda conn: None)  # behind it in the queue
+    idle_after = writer.idle
+    await writer.close()
+    assert (True, True) == (busy_after_cancel, idle_after)
