@@ -26,6 +26,7 @@ from bench import (
     bench_pubsub,
     bench_read_last,
     bench_relay,
+    bench_writer_trip,
     bench_ws_publish,
     pubsub_report,
 )
@@ -68,6 +69,16 @@ async def test_ws_publish_answers_every_publish_of_both_forms() -> None:
     assert [("json", 96, 0), ("cbor", 96, 0)] == [
         (r["form"], r["messages"], r["errors"]) for r in result["runs"]
     ]
+
+
+async def test_writer_trip_times_both_hand_offs() -> None:
+    """bench_writer_trip measures a trip through the log's writer and through a pool."""
+    result = await bench_writer_trip.run(argparse.Namespace(trips=20, repeat=1))
+    assert (20, 1, True) == (
+        result["trips"],
+        len(result["rounds"]),
+        all(value > 0 for value in result["median"].values()),
+    )
 
 
 async def test_log_parts_times_the_writer_pieces_of_real_commits() -> None:

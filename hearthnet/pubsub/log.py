@@ -8,9 +8,10 @@ each trip between the event loop and a worker thread waits for the GIL, and a bu
 (fan-out to a thousand sockets) made a trip per statement cost milliseconds. With
 ``synchronous=NORMAL`` a lone small batch (:data:`INLINE_MAX`) is committed on the event
 loop instead, the same job without the trip. Only after
-the commit does the loop move the sequencer's head and the indexes, hand the batch to
-fan-out (``on_commit``) and resolve the publishers' futures: a publish is acknowledged
-only once durable, and a ``seq`` is never handed out twice, even across a crash.
+the commit does the loop move the sequencer's head and the indexes, answer the
+publishers (their futures, or at once through ``answer``) and hand the batch to fan-out
+(``on_commit``): a publish is acknowledged only once durable, and a ``seq`` is never
+handed out twice, even across a crash.
 
 A publish that cannot be signed fails alone (its publisher gets the error; the rest of
 the batch commits). A batch whose transaction fails for one of its messages is written
@@ -38,7 +39,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import aiosqlite
 
@@ -54,6 +55,7 @@ from hearthnet.pubsub.consumerstate import (
 from hearthnet.pubsub.envelope import Message, StoredMessage, unsigned_fields
 from hearthnet.pubsub.logcommit import (
     UNANSWERED,
+    Answer,
     Group,
     Outcome,
     Pending,
@@ -156,6 +158,7 @@ class MessageLog:
         self._pending: list[Pending] = []
         self._wake = asyncio.Event()
         self._write_lock = asyncio.Lock()
+        self._turn_scheduled = False  # _end_of_turn is due (synchronous=NORMAL)
         self.batches = 0
         self.inline_batches = 0  # of which committed on the event loop (INLINE_MAX)
         self.closed = False
@@ -213,6 +216,7 @@ class MessageLog:
 
     # --- appending ----------------------------------------------------------------
 
+    @overload
     def publish(
         self,
         *,
@@ -221,11 +225,38 @@ class MessageLog:
         data: Any,
         ttl_s: int | None = None,
         sender: dict[str, str] | None = None,
-    ) -> asyncio.Future[StoredMessage | None]:
+        answer: None = None,
+    ) -> asyncio.Future[StoredMessage | None]: ...
+
+    @overload
+    def publish(
+        self,
+        *,
+        topic: str,
+        msg_type: str,
+        data: Any,
+        ttl_s: int | None = None,
+        sender: dict[str, str] | None = None,
+        answer: Answer,
+    ) -> None: ...
+
+    def publish(
+        self,
+        *,
+        topic: str,
+        msg_type: str,
+        data: Any,
+        ttl_s: int | None = None,
+        sender: dict[str, str] | None = None,
+        answer: Answer | None = None,
+    ) -> asyncio.Future[StoredMessage | None] | None:
         """Queue a local publish; the future resolves once it is committed (spec §6.4).
 
         The future fails with the publish's own error when it cannot be signed
-        (:class:`~hearthnet.errors.NotCanonical`) or stored (``unavailable``).
+        (:class:`~hearthnet.errors.NotCanonical`) or stored (``unavailable``). With
+        ``answer``, there is no future: ``answer`` is called with what became of the
+        publish (its :class:`StoredMessage` or its error) in the loop turn that decided
+        it, after the commit and before the commit listeners (fan-out) run.
 
         Raises:
             Unavailable: the node is shutting down, or ``max_pending`` publishes wait.
@@ -261,9 +292,13 @@ class MessageLog:
             body = unsigned_fields(
                 self.keys.node_id, topic, msg_type, data, origin_seq, now_ms(), ttl_s, sender, ""
             )
+        if answer is not None:
+            self._pending.append(Pending(None, None, True, None, body, notify=answer))
+            self._queued()
+            return None
         fut: asyncio.Future[StoredMessage | None] = asyncio.get_running_loop().create_future()
         self._pending.append(Pending(fut, None, True, None, body))
-        self._wake.set()
+        self._queued()
         return fut
 
     def publish_many(
@@ -298,7 +333,7 @@ class MessageLog:
             )
             pending.append(Pending(None, None, True, None, body, group, slot))
         self.origin_seq = sequencer.origin_seq
-        self._wake.set()
+        self._queued()
         return future
 
     def ingest(
@@ -310,12 +345,57 @@ class MessageLog:
             fut.set_result(None)
             return fut
         self._pending.append(Pending(fut, message, source=source))
-        self._wake.set()
+        self._queued()
         return fut
 
     def knows(self, message_id: str) -> bool:
         """True when the log holds the id (cheap dedupe before verifying)."""
         return self.sequencer.knows(message_id)
+
+    def _queued(self) -> None:
+        """A message was queued: with ``synchronous=NORMAL``, look at the queue once this
+        loop turn's callbacks are done (what one read of a socket held is queued by
+        then); otherwise wake the flush loop."""
+        if self.synchronous != "NORMAL":
+            self._wake.set()
+        elif not self._turn_scheduled:
+            self._turn_scheduled = True
+            asyncio.get_running_loop().call_soon(self._end_of_turn)
+
+    def _end_of_turn(self) -> None:
+        """Commit a lone small batch here (:data:`INLINE_MAX`, the writer idle, no commit
+        or deletion under way), without the flush loop's task and lock; anything else,
+        or a batch whose commit failed here, goes to the flush loop (which commits in
+        queue order and answers failures)."""
+        self._turn_scheduled = False
+        batch, writer = self._pending, self._writer
+        if (
+            batch
+            and len(batch) <= INLINE_MAX
+            and not self.closed
+            and writer is not None
+            and writer.idle
+            and not self._write_lock.locked()
+        ):
+            consumers = dirty_consumers(self.consumers)
+            job = partial(
+                write_batch,
+                keys=self.keys,
+                batch=batch,
+                sequencer=self.sequencer,
+                consumers=consumers,
+            )
+            try:
+                outcomes, rows = writer.run_here(job)
+            except Exception:  # nothing was committed: the flush loop tries again
+                log.debug("inline commit of %d messages failed; queued again", len(batch))
+            else:
+                self._pending = []
+                mark_clean(consumers)
+                self.inline_batches += 1
+                self._done(batch, outcomes, rows)
+                return
+        self._wake.set()
 
     async def run(self) -> None:
         """The flush loop: one transaction per batch, as soon as the previous one is done."""
@@ -376,8 +456,8 @@ class MessageLog:
         self._done(batch, outcomes, rows)
 
     def _done(self, batch: list[Pending], outcomes: list[Outcome], rows: list[Row]) -> None:
-        """After a commit: move the heads and indexes, hand the batch to fan-out, answer
-        publishers."""
+        """After a commit: move the heads and indexes, answer publishers, hand the batch
+        to fan-out."""
         self.batches += 1
         committed = [item for item in outcomes if isinstance(item, StoredMessage)]
         index, sequencer = self.index, self.sequencer
@@ -386,15 +466,16 @@ class MessageLog:
             seqs, ids, topics, _, _, ts, _, sizes = zip(*row.heads, strict=True)
             sequencer.committed_columns(seqs, ids, topics, sizes, ts)
         _mirror(self)
+        # Publishers first: an answer given at once (``answer``, the WebSocket path) is
+        # queued before the deliveries, so it leaves first in the loop turn's one flush.
+        for pending, outcome in zip(batch, outcomes, strict=True):
+            pending.answer(outcome)
         for listener in self.listeners:
             try:
                 listener(committed)
             except Exception:
-                # What is committed stays committed: a listener's bug is logged, and the
-                # publishers are still answered.
+                # What is committed stays committed: a listener's bug is logged.
                 log.exception("a commit listener failed")
-        for pending, outcome in zip(batch, outcomes, strict=True):
-            pending.answer(outcome)
 
     # --- durable consumers --------------------------------------------------------
 

@@ -14,7 +14,9 @@ unchanged, so every kept message stays provable.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +38,12 @@ from hearthnet.pubsub.logstore import (
 from hearthnet.pubsub.merkle import HASH_BYTES, leaf_hash
 from hearthnet.pubsub.sequencer import Sequencer
 
+log = logging.getLogger("hearthnet.pubsub.log")
+
 # What became of one pending message in a commit: stored, a duplicate (None), or refused.
 Outcome = StoredMessage | HearthNetError | None
+# Told a publish's outcome in the loop turn that decides it (no future, no callback turn).
+Answer = Callable[[Outcome], None]
 
 
 @dataclass(slots=True)
@@ -54,17 +60,26 @@ class Group:
 class Pending:
     """A message waiting for its commit."""
 
-    future: asyncio.Future[StoredMessage | None] | None  # None: answered through ``group``
+    future: asyncio.Future[StoredMessage | None] | None  # None: ``group`` or ``notify``
     message: Message | None  # None until a local publish is signed (in its commit job)
     local: bool = False  # our own publish (never a duplicate)
     source: str | None = None  # the peer a message came from
     unsigned: dict[str, Any] | None = None  # a local publish's fields before signing
     group: Group | None = None
     slot: int = 0  # its place in ``group``
+    notify: Answer | None = None  # called with the outcome instead of a future
 
     def answer(self, outcome: Outcome) -> None:
-        """Resolve this message's future (or its place in its group) with ``outcome``;
-        an error fails the future. Once only."""
+        """Resolve this message's future (or its place in its group) with ``outcome``,
+        or tell ``notify`` at once; an error fails the future. Once only."""
+        notify = self.notify
+        if notify is not None:
+            self.notify = None
+            try:
+                notify(outcome)
+            except Exception:  # the commit stands; the other publishers are answered
+                log.exception("a publish's answer failed")
+            return
         group = self.group
         if group is not None:
             if group.outcomes[self.slot] is UNANSWERED:

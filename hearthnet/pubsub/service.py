@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, overload
 
 from hearthnet.caller import Caller
 from hearthnet.config import PubSubSection
@@ -31,6 +31,7 @@ from hearthnet.pubsub.fanout import FanOut, PubSubMetrics
 from hearthnet.pubsub.frames import Since
 from hearthnet.pubsub.index import SubscriptionIndex
 from hearthnet.pubsub.log import MessageLog
+from hearthnet.pubsub.logcommit import Answer
 from hearthnet.pubsub.presence import PresenceTable
 from hearthnet.pubsub.presence_hub import PresenceHub
 from hearthnet.pubsub.retention import RetentionPolicy
@@ -132,6 +133,7 @@ class PubSub:
         assert stored is not None
         return stored
 
+    @overload
     def submit(
         self,
         caller: Caller,
@@ -141,17 +143,54 @@ class PubSub:
         *,
         ttl_s: int | None = None,
         session: Subscriber | None = None,
-    ) -> asyncio.Future[StoredMessage | None]:
+        answer: None = None,
+    ) -> asyncio.Future[StoredMessage | None]: ...
+
+    @overload
+    def submit(
+        self,
+        caller: Caller,
+        topic: str,
+        msg_type: str,
+        data: Any,
+        *,
+        ttl_s: int | None = None,
+        session: Subscriber | None = None,
+        answer: Answer,
+    ) -> None: ...
+
+    def submit(
+        self,
+        caller: Caller,
+        topic: str,
+        msg_type: str,
+        data: Any,
+        *,
+        ttl_s: int | None = None,
+        session: Subscriber | None = None,
+        answer: Answer | None = None,
+    ) -> asyncio.Future[StoredMessage | None] | None:
         """The one publish path (HTTP and WebSocket): authorize a publish whose topic, type
         and TTL are valid already and queue it on the log; the future resolves once the
-        message is durable, or fails with the publish's own error (spec §6.4).
+        message is durable, or fails with the publish's own error (spec §6.4). With
+        ``answer`` there is no future: the log calls it with the outcome in the loop turn
+        of the commit (see :meth:`MessageLog.publish`).
 
         Raises:
             PayloadTooLarge, Forbidden, RateLimited, Unavailable (the log's queue is full).
         """
         self.authorize_publish(caller, topic, data, session)
+        if answer is None:
+            return self.log.publish(
+                topic=topic, msg_type=msg_type, data=data, ttl_s=ttl_s, sender=caller.sender
+            )
         return self.log.publish(
-            topic=topic, msg_type=msg_type, data=data, ttl_s=ttl_s, sender=caller.sender
+            topic=topic,
+            msg_type=msg_type,
+            data=data,
+            ttl_s=ttl_s,
+            sender=caller.sender,
+            answer=answer,
         )
 
     # --- subscribing ------------------------------------------------------------------

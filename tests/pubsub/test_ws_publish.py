@@ -8,7 +8,7 @@ import json
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
 from tests.pubsub.test_ws import auth_frame
-from tests.pubsub.test_ws_lean import RawWs, addr
+from tests.pubsub.test_ws_lean import RawWs, addr, subscribed
 
 
 async def test_publishes_in_one_write_are_answered_in_order(make_config: MakeConfig) -> None:
@@ -38,3 +38,23 @@ async def test_publishes_in_one_write_are_answered_in_order(make_config: MakeCon
         [f"p{i}" for i in range(40) if i != 17],
         sorted(set(seqs)),
     ) == (errors, [ok["ref"] for ok in oks], seqs)
+
+
+async def test_a_publisher_subscribed_to_its_topic_gets_the_answer_first(
+    make_config: MakeConfig,
+) -> None:
+    """A session publishing to a topic it subscribes to gets published.ok before the
+    message: the log answers a commit's publishers before fan-out."""
+    config = make_config(pubsub={"sync": "normal"})
+    async with Node(config) as node:
+        raw = await RawWs.open(*addr(node))
+        await subscribed(node.keys, raw, "w.own")
+        raw.send_json({"type": "publish", "topic": "w.own", "msg_type": "m", "data": 1, "ref": "r"})
+        order: list[str] = []
+        while len(order) < 2:
+            _, payload = await raw.frame()
+            event = json.loads(payload)["event"]
+            if event in ("published.ok", "message"):
+                order.append(event)
+        await raw.end()
+    assert ["published.ok", "message"] == order
