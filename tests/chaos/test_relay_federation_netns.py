@@ -177,7 +177,8 @@ def other_community(
     root: Path, bridge: HomeHost, home_a: HomeHost, a_keys: KeyPair
 ) -> tuple[KeyPair, Agreement]:
     """Community B, founded by the bridge's key, and an agreement with home A's community
-    (A grants chat.** and echo@1, B grants news.*), signed by both founders; the bridge's
+    (A grants chat.** and echo@1, B grants news.*; home A and the bridge are the named
+    bridges), signed by both founders; the bridge's
     data dir holds it with A's records, as ``federation accept`` leaves it."""
     keys = load_or_create_keys(root / bridge.name)
     view = Membership(keys.node_id)
@@ -193,6 +194,8 @@ def other_community(
         b_grants_a=NEWS,
         now_ms=now,
         expires_ms=now + 86_400_000,
+        bridges_a=(a_keys.node_id,),  # spec §8: only the named bridges use relays
+        bridges_b=(keys.node_id,),
     ).countersign(keys)
     store = FederationStore(root / bridge.name)
     try:
@@ -278,6 +281,13 @@ async def test_federated_communities_bridge_through_a_relay(fed: Federated) -> N
         await eventually(
             lambda: history(root, home_a, "news.today"), lambda d: {"n": "b1"} in d, 30, "B→A"
         )
+        # hearthnet peers --json on the bridge: A's relay it attached to, home A through it
+        peers = await asyncio.to_thread(cli, root, bridge, "peers", "--json")
+        federated = sorted(
+            (p["node"], p["community"], p["bridge"], p["relay"], p["path"], p["via"])
+            for p in peers["peers"]
+            if p.get("community")
+        )
         async with (
             NamespacedClient(root, bridge, PORT) as outer,
             carried(outer, a_keys.node_id, b_keys) as client,
@@ -321,6 +331,16 @@ async def test_federated_communities_bridge_through_a_relay(fed: Federated) -> N
         )
     finally:
         stop_all([proc])
+    relay_id = fed.keys[1].node_id
+    assert (
+        sorted(
+            [
+                (a_keys.node_id, a_keys.node_id, True, False, "relayed", relay_id),
+                (relay_id, a_keys.node_id, False, True, "direct", None),
+            ]
+        )
+        == federated
+    )
     assert (
         [None, "forbidden"],
         True,
