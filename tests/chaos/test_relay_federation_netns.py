@@ -97,7 +97,8 @@ def fed(nat_lab_support: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 async def test_two_nat_nodes_publish_and_call_through_federated_relays(fed: Federated) -> None:
-    """Home A on relay 1, home B on relay 2, relays federated: pub/sub and a pinned call cross."""
+    """Home A on relay 1, home B on relay 2, relays federated: pub/sub, a pinned call and a
+    pinned stream cross; relay 1's /metrics count what it forwarded."""
     root, home_a, home_b = fed.root, fed.a, fed.b
     a_keys, r1_keys, r2_keys, b_keys = fed.keys
     want = (("relayed", r1_keys.node_id), ("relayed", r2_keys.node_id))
@@ -116,18 +117,46 @@ async def test_two_nat_nodes_publish_and_call_through_federated_relays(fed: Fede
         answer = await asyncio.to_thread(
             cli, root, home_a, "call", "echo", "--body", '{"x": 7}', "--target", b_keys.node_id
         )
+        events = await asyncio.to_thread(streamed, root, home_a, b_keys.node_id)
         opened = await asyncio.to_thread(relayed_in, root, home_b)
         status = await asyncio.to_thread(public_status, fed.relay1)
+        forwarded = [
+            await asyncio.to_thread(metric, fed.relay1, f"hearthnet_relay_forwarded_{unit}")
+            for unit in ("frames", "bytes")
+        ]
     finally:
         stop_all([sub])
     got = json.loads(line)
-    assert (want, (published["id"], {"n": 42}), {"echo": {"x": 7}}, True, True) == (
+    assert (
+        want,
+        (published["id"], {"n": 42}),
+        {"echo": {"x": 7}},
+        ["token"] * 5 + ["done"],
+        True,
+        True,
+        [True, True],
+    ) == (
         (seen[0][b_keys.node_id], seen[1][a_keys.node_id]),
         (got["id"], got["data"]),
         answer,
+        events,
         opened > 0,
         status["relaying"]["relay"]["forwarded"] > 0,
+        [n > 0 for n in forwarded],
     )
+
+
+def streamed(root: Path, machine: Machine, target: str) -> list[str]:
+    """The events of ``hearthnet call echo.stream --stream`` (5 tokens) pinned to
+    ``target``, run in the machine's namespace."""
+    done = machine.run(
+        *machine.python(
+            "-m", "hearthnet.cli", "call", "echo.stream", "--stream", "--body", '{"count": 5}',
+            "--target", target, "--data-dir", str(root / machine.name),
+        ),
+        timeout=60,
+    )  # fmt: skip
+    return [json.loads(line)["event"] for line in done.stdout.splitlines()]
 
 
 async def test_a_nat_node_joins_through_the_relay_of_an_inviter_behind_nat(
