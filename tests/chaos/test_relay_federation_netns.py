@@ -310,8 +310,10 @@ async def test_federated_communities_bridge_through_a_relay(fed: Federated) -> N
         await eventually(
             lambda: history(root, home_a, "news.today"), lambda d: {"n": "b1"} in d, 30, "B→A"
         )
-        # hearthnet peers --json on the bridge: A's relay it attached to, home A through it
-        peers = await asyncio.to_thread(cli, root, bridge, "peers", "--json")
+        # what hearthnet peers --json prints on the bridge: A's relay it attached to, and
+        # home A through it
+        async with NamespacedClient(root, bridge, PORT) as cb:
+            peers = await cb.request_json("GET", "/mesh/v1/peers")
         federated = sorted(
             (p["node"], p["community"], p["bridge"], p["relay"], p["path"], p["via"])
             for p in peers["peers"]
