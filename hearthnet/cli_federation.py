@@ -126,10 +126,19 @@ def cmd_propose(args: argparse.Namespace) -> int:
         ),
         now_ms=now,
         expires_ms=now + args.expires,
+        bridges_a=tuple(_node_ids(args.bridges, "--bridges")),
+        bridges_b=tuple(_node_ids(args.their_bridges, "--their-bridges")),
     )
     records = [r.to_json() for r in membership.records.values()]
     _write_or_print(args, agreement, encode_blob(agreement, records))
     return EXIT_OK
+
+
+def _node_ids(values: list[str] | None, flag: str) -> list[str]:
+    for value in values or []:
+        if not is_node_id(value):
+            raise ConfigError(f"{flag} takes NodeIDs (ed25519:..., hearthnet keys show)")
+    return list(dict.fromkeys(values or []))
 
 
 def _read_blob(text: str) -> str:
@@ -258,6 +267,18 @@ def add_federation_parsers(sub: Any, local: list[Any], remote: list[Any]) -> Non
     )
     propose.add_argument(
         "--want-capabilities", nargs="+", metavar="NAME", help="their capabilities we ask to call"
+    )
+    propose.add_argument(
+        "--bridges",
+        nargs="+",
+        metavar="NODE_ID",
+        help="our nodes that bridge through relays (only these are taken there)",
+    )
+    propose.add_argument(
+        "--their-bridges",
+        nargs="+",
+        metavar="NODE_ID",
+        help="their nodes that bridge through relays (only these are taken there)",
     )
     propose.add_argument(
         "--expires", type=_expires, default=_expires("30d"), help="lifetime, e.g. 90d (default 30d)"

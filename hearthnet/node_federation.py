@@ -68,6 +68,7 @@ def build_federation(
     # spec §8: nodes of federated communities through relays (mesh/relay_federated.py)
     federated = mesh.relaying.federated
     federated.community_of = lambda node: view.in_force_community(node, now_ms())
+    federated.bridge_of = lambda node: view.bridge_community(node, now_ms())
     federated.targets = {n for n in map(mesh_peer, peers) if n is not None}
     carrier = Carrier(
         federated,

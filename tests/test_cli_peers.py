@@ -1,10 +1,10 @@
-"""``hearthnet peers`` table: the path column of relayed peers."""
+"""``hearthnet peers`` table: the path column of relayed peers, the federated column."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from hearthnet.commands.mesh import PEER_COLUMNS, with_relay_names
+from hearthnet.commands.mesh import PEER_COLUMNS, peer_columns, with_relay_names
 from hearthnet.commands.output import table
 
 RELAY = "ed25519:lRgglqjk2ywBbOclke5fhAkqVfPqZbZ6hZNTVVFQcYk"
@@ -43,3 +43,20 @@ def test_relay_without_a_name_keeps_its_node_id() -> None:
     prefix = "relayed via " + RELAY[:20]
     assert [prefix] == [cell[: len(prefix)] for cell in _path_cells(peers)]
     assert RELAY == peers[0]["via"]
+
+
+def test_federated_nodes_get_a_column_saying_what_they_are() -> None:
+    """A bridge and a relay of another community show role and community; the column
+    is there only when such a node is linked."""
+    community = "ed25519:" + "B" * 43
+    ours = [_peer(RELAY, "vm-sumc", "direct", None)]
+    theirs = [
+        {**_peer(HOME, "vm-awvk", "relayed", RELAY), "community": community, "bridge": True},
+        {**_peer(RELAY[:-1] + "Z", None, "direct", None), "community": community, "relay": True},
+    ]
+    lines = table(with_relay_names(ours + theirs), peer_columns(ours + theirs)).splitlines()
+    start = lines[0].index("federated")
+    assert (PEER_COLUMNS, ["-", f"bridge {community}", f"relay {community}"]) == (
+        peer_columns(ours),
+        [line[start:].strip() for line in lines[1:]],
+    )

@@ -34,6 +34,16 @@ def _path(peer: Mapping[str, Any]) -> str | None:
     return f"{path} via {peer['via']}" if peer.get("via") else path
 
 
+def _federated(peer: Mapping[str, Any]) -> str | None:
+    """A node of a federated community (spec §8): ``bridge``, ``relay`` (of theirs, that
+    we attached to) or ``member``, and the community; nothing for one of ours."""
+    community = peer.get("community")
+    if not community:
+        return None
+    role = "bridge" if peer.get("bridge") else "relay" if peer.get("relay") else "member"
+    return f"{role} {community}"
+
+
 def with_relay_names(peers: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """For the table: ``via`` as the relay's name where the list names it (``--json``
     keeps the NodeID)."""
@@ -57,6 +67,17 @@ PEER_COLUMNS = [
     Column("path", _path),
     Column("url", _address),
 ]
+# shown when a node of a federated community is linked
+FEDERATED_COLUMN = Column("federated", _federated)
+
+
+def peer_columns(peers: Sequence[Mapping[str, Any]]) -> list[Column]:
+    """:data:`PEER_COLUMNS`, and :data:`FEDERATED_COLUMN` when a row needs it."""
+    if any(p.get("community") for p in peers):
+        return [*PEER_COLUMNS, FEDERATED_COLUMN]
+    return PEER_COLUMNS
+
+
 MEMBER_COLUMNS = [
     Column("node", key("node")),
     Column("level", key("level")),
@@ -82,7 +103,9 @@ def cmd_peers(args: argparse.Namespace) -> int:
     emit(
         args,
         result,
-        lambda: print_table(with_relay_names(result["peers"]), PEER_COLUMNS, "no peers known"),
+        lambda: print_table(
+            with_relay_names(result["peers"]), peer_columns(result["peers"]), "no peers known"
+        ),
     )
     return EXIT_OK
 

@@ -124,10 +124,11 @@ class MeshSection:
         metadata=_doc("Member: how often each attached relay is pinged (spec §8 failover)."),
     )
     relay_silence_s: float = field(
-        default=2.5,
+        default=3.0,
         metadata=_doc(
-            "Member: a relay silent this long is lost and its peers move to another relay"
-            " (a relay that died without closing its connections; spec §8)."
+            "Member: a relay silent this long (of the member's own running time) is lost and"
+            " its peers move to another relay (a relay that died without closing its"
+            " connections; spec §8). Why 3 s: see 'Relay keepalive and silence' below."
         ),
     )
     direct_upgrade: bool = field(

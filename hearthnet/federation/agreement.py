@@ -7,7 +7,13 @@ An agreement lets two communities share named topics and capabilities::
      "a_grants_b": {"topics": [patterns], "capabilities": [names]},
      "b_grants_a": {"topics": [...], "capabilities": [...]},
      "signer_a": NodeID, "sig_a": "ed25519:...",
-     "signer_b": NodeID, "sig_b": "ed25519:..."}
+     "signer_b": NodeID, "sig_b": "ed25519:...",
+     "bridges_a": [NodeID], "bridges_b": [NodeID]}
+
+``bridges_a`` / ``bridges_b`` (optional, absent when empty) name the nodes of A (of B)
+that act as its bridges: the only nodes of that community the other one takes on a
+relay's peer link or in a relayed session (spec §8; :mod:`hearthnet.mesh.relay_federated`).
+HTTP requests and calls from the other community's members do not depend on them.
 
 The *terms* are every field but ``signer_*`` and ``sig_*``. Each side's anchor signs the
 JCS form (spec §1.3) of the terms plus ``{"signer": <its NodeID>}``, so both sign the same
@@ -40,6 +46,7 @@ from hearthnet.tokens import Scope
 AGREEMENT_KIND = "federation.agreement"
 REVOCATION_KIND = "federation.revoked"
 MAX_GRANT_ITEMS = 32  # topic patterns, and capability names, per direction
+MAX_BRIDGES = 16  # bridge nodes named per community
 MAX_RECORD_BYTES = 16 * 1024  # one agreement or revocation, canonical JSON
 MAX_COUNT = 2**53 - 1  # canonical JSON integers (spec §1.3)
 RESERVED_TOPICS = ("mesh.**", "node.*.inbox")
@@ -119,6 +126,17 @@ def _count(value: object, name: str) -> int:
     return value
 
 
+def _bridges(value: object, name: str) -> tuple[str, ...]:
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_BRIDGES
+        or not all(is_node_id(n) for n in value)
+        or len(set(value)) != len(value)
+    ):
+        raise BadRequest(f"{name} is a list of at most {MAX_BRIDGES} distinct NodeIDs")
+    return tuple(value)
+
+
 def _check_size(obj: dict[str, Any], what: str) -> None:
     if len(canonicalize(obj)) > MAX_RECORD_BYTES:
         raise PayloadTooLarge(f"a {what} is at most {MAX_RECORD_BYTES} bytes")
@@ -141,6 +159,8 @@ class Agreement:
     sig_a: str
     signer_b: str | None = None
     sig_b: str | None = None
+    bridges_a: tuple[str, ...] = ()  # community_a's nodes that bridge through relays
+    bridges_b: tuple[str, ...] = ()
 
     @classmethod
     def propose(
@@ -154,8 +174,11 @@ class Agreement:
         b_grants_a: Grant,
         now_ms: int,
         expires_ms: int,
+        bridges_a: tuple[str, ...] = (),
+        bridges_b: tuple[str, ...] = (),
     ) -> Agreement:
-        """Sign a proposal as ``anchor`` of ``community_a``."""
+        """Sign a proposal as ``anchor`` of ``community_a`` (``bridges_*``: the nodes of
+        each side that bridge through relays)."""
         if community_a == community_b:
             raise BadRequest("a community does not federate with itself")
         if expires_ms <= now_ms:
@@ -170,6 +193,8 @@ class Agreement:
             b_grants_a,
             anchor.node_id,
             "",
+            bridges_a=_bridges(list(bridges_a), "bridges_a"),
+            bridges_b=_bridges(list(bridges_b), "bridges_b"),
         )
         sig = anchor.sign_object({**unsigned.terms(), "signer": anchor.node_id})
         return cls.parse({**unsigned.to_json(), "sig_a": sig})
@@ -190,9 +215,12 @@ class Agreement:
         if not isinstance(obj, dict) or obj.get("kind") != AGREEMENT_KIND:
             raise BadRequest(f"an agreement is an object of kind {AGREEMENT_KIND}")
         required = {*_TERMS, "signer_a", "sig_a"}
-        if not required <= set(obj) or set(obj) - required - {"signer_b", "sig_b"}:
+        optional = {"signer_b", "sig_b", "bridges_a", "bridges_b"}
+        if not required <= set(obj) or set(obj) - required - optional:
             raise BadRequest(
-                "an agreement has " + ", ".join(sorted(required)) + " (and signer_b, sig_b)"
+                "an agreement has "
+                + ", ".join(sorted(required))
+                + " (and signer_b, sig_b, bridges_a, bridges_b)"
             )
         if ("signer_b" in obj) != ("sig_b" in obj):
             raise BadRequest("signer_b and sig_b come together")
@@ -221,6 +249,8 @@ class Agreement:
             obj["sig_a"],
             obj.get("signer_b"),
             obj.get("sig_b"),
+            _bridges(obj.get("bridges_a", []), "bridges_a"),
+            _bridges(obj.get("bridges_b", []), "bridges_b"),
         )
         terms = agreement.terms()
         verify_object(agreement.signer_a, {**terms, "signer": agreement.signer_a}, obj["sig_a"])
@@ -229,8 +259,9 @@ class Agreement:
         return agreement
 
     def terms(self) -> dict[str, Any]:
-        """What both anchors sign (with their own ``signer``)."""
-        return {
+        """What both anchors sign (with their own ``signer``); ``bridges_*`` only when
+        named (so agreements made before them verify unchanged)."""
+        terms: dict[str, Any] = {
             "kind": AGREEMENT_KIND,
             "id": self.id,
             "created_ms": self.created_ms,
@@ -240,6 +271,11 @@ class Agreement:
             "a_grants_b": self.a_grants_b.to_json(),
             "b_grants_a": self.b_grants_a.to_json(),
         }
+        if self.bridges_a:
+            terms["bridges_a"] = list(self.bridges_a)
+        if self.bridges_b:
+            terms["bridges_b"] = list(self.bridges_b)
+        return terms
 
     def to_json(self) -> dict[str, Any]:
         """Wire form."""
@@ -270,6 +306,12 @@ class Agreement:
         if (from_community, to_community) == (self.community_b, self.community_a):
             return self.b_grants_a
         return None
+
+    def bridges_of(self, community: str) -> tuple[str, ...]:
+        """The nodes named as ``community``'s bridges (none for a non-party)."""
+        if community == self.community_a:
+            return self.bridges_a
+        return self.bridges_b if community == self.community_b else ()
 
     def signer_of(self, community: str) -> str | None:
         """The anchor that signed for ``community``."""

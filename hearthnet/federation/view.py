@@ -216,6 +216,18 @@ class FederationView:
             return None
         return community
 
+    def bridge_community(self, identity: str, now_ms: int) -> str | None:
+        """The federated community ``identity`` is a current member of, when an agreement
+        with it in force names ``identity`` among that community's bridges (spec §8:
+        only those get a relay's peer link or a relayed session), else None."""
+        community = self.community_of(identity)
+        if community is None:
+            return None
+        for agreement in self.agreements_with(community, now_ms):
+            if identity in agreement.bridges_of(community):
+                return community
+        return None
+
     def accepts_origin(self, origin: str, topic: str, now_ms: int) -> bool:
         """Gossip (spec §7.3): whether a message from ``origin``, who is not one of our
         members, may be stored and forwarded here: it is a member of a federated

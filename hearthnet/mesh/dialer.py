@@ -26,6 +26,7 @@ from hearthnet.clock import now_ms
 from hearthnet.config import MeshSection
 from hearthnet.errors import (
     ConfigError,
+    Forbidden,
     InvalidSignature,
     Revoked,
     Unauthorized,
@@ -67,7 +68,7 @@ MAX_REFERRALS = 16  # handshakes at once with members a full node only sends els
 FULL_HOLD_S = 60.0  # a node that was full is not dialled again for this long
 LINKED_HOLD_S = 3600.0  # an address linked is not dialled again while the link is up
 DUPLICATE_HOLD_S = 30.0  # an address whose link lost to a simultaneous dial
-REFUSED_HOLD_S = 300.0  # an address that refused us as revoked or not a member
+REFUSED_HOLD_S = 300.0  # an address that refused us as revoked, not a member or not a bridge
 # an address only claimed by a linked node is checked once (a probe) per LINKED_HOLD_S,
 # at most this many at once (probes bring up no link, so the link budget does not bound them)
 MAX_PROBES = 4
@@ -128,6 +129,8 @@ class Dialer:
         self.on_down = on_down
         self.federated = federated  # (node, community): a federated node (spec §8)
         self.federated_links: Mapping[str, PeerLink] = {}  # up, so not dialled again
+        # (node, community): a bridge an agreement names, the only ones our relay takes
+        self.bridge: Callable[[str, str], bool] | None = None
         self.url = ""  # ours, sent in the hello (set when the node listens)
         self.dial_timeout_s = HANDSHAKE_TIMEOUT_S  # connect, upgrade and handshake, in all
         self.dialing: set[str] = set()
@@ -161,6 +164,7 @@ class Dialer:
             relay=self.config.relay and link >= 2,
             link=link,
             federated=self.federated,
+            bridge=self.bridge,
         )
 
     def _link(
@@ -408,7 +412,7 @@ class Dialer:
         if isinstance(error, LinkToSelf):
             self.book.own_urls.add(url)
             self.book.addresses.pop(url, None)
-        elif isinstance(error, Revoked | Unauthorized):
+        elif isinstance(error, Revoked | Unauthorized | Forbidden):
             self.book.hold(url, time.monotonic(), REFUSED_HOLD_S)  # no point asking again soon
 
     def needs_tls(self, host: str) -> bool:

@@ -37,6 +37,7 @@ from hearthnet.canonical import check_representable
 from hearthnet.errors import (
     BadRequest,
     Expired,
+    Forbidden,
     InvalidSignature,
     PayloadTooLarge,
     Revoked,
@@ -232,6 +233,9 @@ class Handshake:
     # spec §8: (node, community) -> whether node is a current member of that federated
     # community under an agreement in force; such a node is taken when one end relays
     federated: Callable[[str, str], bool] | None = None
+    # spec §8: (node, community) -> whether an agreement in force names node among that
+    # community's bridges: the only ones our relay takes (counts the others it refuses)
+    bridge: Callable[[str, str], bool] | None = None
     nonce: str = field(default_factory=lambda: os.urandom(16).hex())
     their_nonce: str | None = None
     peer: PeerInfo | None = None
@@ -271,6 +275,7 @@ class Handshake:
             BadRequest: not a hello, or malformed.
             LinkToSelf: the hello is our own.
             InvalidSignature / Unauthorized / Revoked / Expired: the peer is refused.
+            Forbidden: a federated community's node that no agreement names a bridge.
             WireError: with ``remote`` true, the peer refused us with a ``bye`` (its code).
         """
         if frame.get("t") == "bye":
@@ -294,6 +299,7 @@ class Handshake:
         if community != self.membership.community_id:
             if not self._federated_peer(node, community, hello.get("relay") is True):
                 raise Unauthorized("the peer belongs to another community")
+
         elif self.membership.is_revoked(node):
             raise Revoked("the peer is revoked")
         elif self.membership.level_of(node) is None:
@@ -301,6 +307,11 @@ class Handshake:
         if abs(now_ms - ts) > CLOCK_WINDOW_MS:
             raise Expired("hello timestamp outside the clock window")
         verify_object(node, hello, hello.get("sig"), "sig")
+        if community != self.membership.community_id and not self._named_bridge(node, community):
+            raise Forbidden(
+                f"{node} is not named among the bridges of {community} in a federation"
+                " agreement in force with this community"
+            )
         echoed = hello.get("their_nonce")
         if self.outbound:
             if echoed != self.nonce:
@@ -329,6 +340,16 @@ class Handshake:
             and relayed_by
             and self.federated is not None
             and self.federated(node, community)
+        )
+
+    def _named_bridge(self, node: str, community: object) -> bool:
+        """spec §8: our relay takes only the bridges an agreement names (checked once
+        the hello verified, so only a real refusal is counted); a relay of theirs that
+        we dialled need not be one."""
+        if self.outbound:
+            return True
+        return (
+            isinstance(community, str) and self.bridge is not None and self.bridge(node, community)
         )
 
     def _accept(self, hello: dict[str, Any]) -> None:

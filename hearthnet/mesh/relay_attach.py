@@ -117,6 +117,8 @@ class RelayAttachments:
             if link is not None and not is_relayed(link):
                 frames[relay] = link.frames_in
         due = self.keepalive.tick(now, frames)
+        if self.keepalive.stalls:  # our loop stood still: not the relays' silence
+            self.counts["keepalive_stalls"] = self.keepalive.stalls
         for relay in due.ping:  # the relay answers pong: news enough
             self.links[relay].send_raw(encode_frame("ping", seq=0, ts=now_ms()))
         for relay in due.silent:

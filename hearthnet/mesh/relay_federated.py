@@ -6,8 +6,16 @@ cases only:
 
 - a peer link where one end is a relay: the node dialled our relay to attach, or we
   dialled a relay of theirs (its hello says ``relay: true``) to attach to it
-  (:class:`~hearthnet.mesh.protocol.Handshake`, ``federated``);
+  (:class:`~hearthnet.mesh.protocol.Handshake`, ``federated`` and ``bridge``);
 - a relayed link (its end-to-end hello is signed by a member of that community).
+
+Only the nodes an agreement in force names among their community's bridges
+(``bridges_a``/``bridges_b``, :mod:`hearthnet.federation.agreement`) are taken on our
+relay or in a relayed session, and routed by our relay (:meth:`FederatedLinks.serves`);
+any other member of that community is refused ``forbidden`` and counted
+(``hearthnet_federated_refused{reason="not_a_bridge"}``). A relay of theirs that we
+dialled ourselves (a configured ``--relay-url``) need only be a member
+(:meth:`FederatedLinks.allows`).
 
 Such a link is never one of the mesh's links: it gets no gossip, presence, membership,
 capabilities or heartbeats, and nothing it sends reaches the cores of the mesh. It
@@ -34,7 +42,8 @@ from typing import Any
 from hearthnet.clock import now_ms
 from hearthnet.mesh.frames import Ping, Pong
 from hearthnet.mesh.links import PeerLink
-from hearthnet.mesh.protocol import CARRIED_FRAME_KINDS
+from hearthnet.mesh.protocol import CARRIED_FRAME_KINDS, link_subprotocol
+from hearthnet.mesh.relayed_link import is_relayed, path_fields
 from hearthnet.metrics import MetricsRegistry
 
 log = logging.getLogger("hearthnet.mesh.relaying")
@@ -60,6 +69,9 @@ class FederatedLinks:
         # node -> its federated community, when an agreement with it is in force (the
         # composition root sets it from the federation view; none without federation)
         self.community_of: Callable[[str], str | None] = lambda node: None
+        # node -> its federated community, when an agreement in force names it among that
+        # community's bridges (the composition root sets it from the federation view)
+        self.bridge_of: Callable[[str], str | None] = lambda node: None
         self.targets: set[str] = set()  # bridge peers reached through relays (mesh:NodeID)
         self.carry: Carry | None = None  # fed_req/fed_res go here (federation/carrier.py)
         self.lost: Callable[[str], None] | None = None  # a link ended: its requests fail
@@ -86,12 +98,38 @@ class FederatedLinks:
         found = self.community_of(node)
         return found is not None and (community is None or found == community)
 
+    def serves(self, node: str, community: str | None = None) -> bool:
+        """Whether ``node`` is named among the bridges of a federated community (of
+        ``community``, when given) by an agreement in force: our relay takes and routes
+        it, our relayed sessions accept it."""
+        found = self.bridge_of(node)
+        return found is not None and (community is None or found == community)
+
+    def admits(self, node: str, community: str) -> bool:
+        """:meth:`serves`, counting a member of that community that is not a named bridge
+        (``not_a_bridge``); the caller refuses it."""
+        if self.serves(node, community):
+            return True
+        if self.allows(node, community):
+            self.count("not_a_bridge")
+        return False
+
+    def entitled(self, link: PeerLink) -> bool:
+        """Whether ``link``'s node may hold it: a relay of theirs we dialled need only be
+        a member under an agreement in force; anyone else must be a named bridge."""
+        if link.outbound and link.peer.relay and not is_relayed(link):
+            return self.allows(link.node, link.peer.community)
+        return self.serves(link.node, link.peer.community)
+
     def up(self, link: PeerLink) -> bool:
         """Take an established link with a federated node; False when refused (no
-        agreement in force any more, or too many such links)."""
+        agreement in force any more, not a named bridge, or too many such links)."""
         current = self.links.get(link.node)
-        if not self.allows(link.node, link.peer.community):
-            self.count("no_agreement")
+        if not self.entitled(link):
+            if not self.allows(link.node, link.peer.community):
+                self.count("no_agreement")
+            else:
+                self.count("not_a_bridge")
             return False
         if current is None and len(self.links) >= MAX_FEDERATED_LINKS:
             self.count("too_many_links")
@@ -142,10 +180,8 @@ class FederatedLinks:
 
     def ended(self) -> list[PeerLink]:
         """The links whose node is no longer served: its agreement was revoked or
-        expired, or it left its community."""
-        return [
-            link for link in self.links.values() if not self.allows(link.node, link.peer.community)
-        ]
+        expired (or no longer names it a bridge), or it left its community."""
+        return [link for link in self.links.values() if not self.entitled(link)]
 
     def end(self, link: PeerLink) -> None:
         """End a link :meth:`ended` named: through :attr:`farewell` (which closes it
@@ -158,6 +194,30 @@ class FederatedLinks:
             return
         self._leaving.add(link)
         self.farewell(link)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The links as ``hearthnet peers`` rows (the fields of a mesh peer's row, no
+        heartbeats on such links: ``rtt_ms_p50`` and ``loss_pct`` are null), with
+        ``community`` (theirs), ``bridge`` (named a bridge by an agreement in force) and
+        ``relay`` (the peer relays: a relay of theirs that we attached to)."""
+        return [
+            {
+                "node": node,
+                "name": link.peer.name or None,
+                "linked": True,
+                "direction": "outbound" if link.outbound else "inbound",
+                "url": link.address or link.peer.url,
+                "rtt_ms_p50": None,
+                "loss_pct": None,
+                "queued": link.queued,
+                "protocol": link_subprotocol(link.peer.link),
+                **path_fields(link),
+                "community": link.peer.community,
+                "bridge": self.serves(node, link.peer.community),
+                "relay": link.peer.relay,
+            }
+            for node, link in self.links.items()
+        ]
 
     def close_all(self, reason: str) -> None:
         """Close every federated link (the node stops)."""

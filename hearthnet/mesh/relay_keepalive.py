@@ -10,6 +10,12 @@ peers to another attached relay at once, as when the link drops.
 
 The glue counts the frames each relay's link delivered (:attr:`PeerLink.frames_in`) and
 passes the counts to :meth:`RelayKeepalive.tick`; a count that moved is news from the relay.
+
+Silence is measured on the member's own running time: when a tick comes more than
+:data:`STALL_S` after the previous one, the member's event loop was stalled (a loaded
+machine, a long synchronous step), the relay's answers may sit unread in the socket, and
+the stall is not counted as the relay's silence. A relay that dies during such a stall is
+noticed that much later. Why the defaults are what they are: docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -23,7 +29,11 @@ class KeepaliveConfig:
     """Times of the keepalive (``mesh.relay_keepalive_s``, ``mesh.relay_silence_s``)."""
 
     interval_s: float = 1.0
-    silence_s: float = 2.5
+    silence_s: float = 3.0
+
+
+# the glue ticks every 0.25 s; a tick this late means our own loop stood still
+STALL_S = 1.0
 
 
 @dataclass(slots=True)
@@ -47,6 +57,8 @@ class RelayKeepalive:
     def __init__(self, config: KeepaliveConfig | None = None) -> None:
         self.config = config or KeepaliveConfig()
         self._relays: dict[str, _Watched] = {}
+        self._last_tick: float | None = None
+        self.stalls = 0  # ticks that came late: our loop stalled (not the relays' silence)
 
     def watch(self, relay: str, frames: int, now: float) -> None:
         """``relay`` attached us (its link has delivered ``frames`` so far)."""
@@ -67,6 +79,11 @@ class RelayKeepalive:
         cfg = self.config
         ping: list[str] = []
         silent: list[str] = []
+        if self._last_tick is not None and now - self._last_tick > STALL_S:
+            self.stalls += 1
+            for w in self._relays.values():  # what they sent may not have been read yet
+                w.heard += now - self._last_tick
+        self._last_tick = now
         for relay, w in list(self._relays.items()):
             count = frames.get(relay)
             if count is None:

@@ -165,9 +165,11 @@ class RelayedPaths:
         if state is PathState.DOWN or via is None:
             return None
         member = self.membership.members.get(node)
-        foreign = None if member is not None else self.federated.community_of(node)
+        foreign = None if member is not None else self.federated.bridge_of(node)
         if member is None and foreign is None:
-            return None  # neither ours nor federated (any more): no link
+            if self.federated.community_of(node) is not None:
+                self.federated.count("not_a_bridge")  # spec §8: named bridges only
+            return None  # neither ours nor a federated bridge (any more): no link
         info = PeerInfo(node, (member.name if member is not None else None) or "", None, "")
         link = RelayedLink(
             replace(info, community=foreign),

@@ -117,7 +117,7 @@ class Relaying:
         self.federated = FederatedLinks(metrics)
         self.is_own: Callable[[str], bool] = lambda node: membership.level_of(node) is not None
         self.is_member: Callable[[str], bool] = lambda node: (
-            self.is_own(node) or self.federated.allows(node)
+            self.is_own(node) or self.federated.serves(node)  # their named bridges only
         )
         self.links = links
         self.reach = ChainMap(links, self.federated.links)  # relays of ours and of theirs

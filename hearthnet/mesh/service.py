@@ -185,6 +185,7 @@ class Mesh:
             federated=self.relaying.federated.allows,  # spec §8: their nodes, via relays
         )
         self.dialer.federated_links = self.relaying.federated.links
+        self.dialer.bridge = self.relaying.federated.admits  # spec §8: named bridges only
 
         # the direct upgrade (spec §8): StartPunch from the path core, carried out here
         self.puncher = Puncher(
@@ -423,8 +424,12 @@ class Mesh:
                     # older links get no batch frames and no data_enc messages (v3)
                     "protocol": link_subprotocol(link.peer.link),
                     **path_fields(link),  # relays: direct or relayed, and via
+                    "community": None,  # ours (a federated community's id below)
+                    "bridge": False,
+                    "relay": link.peer.relay,
                 }
             )
+        out += self.relaying.federated.rows()  # spec §8: other communities' nodes
         for row in self.book.known_peers(set(self.links)):
             member = self.membership.members.get(row["node"]) if row["node"] else None
             out.append({"name": member.name if member else None, **row})

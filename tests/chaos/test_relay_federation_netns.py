@@ -97,7 +97,8 @@ def fed(nat_lab_support: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 async def test_two_nat_nodes_publish_and_call_through_federated_relays(fed: Federated) -> None:
-    """Home A on relay 1, home B on relay 2, relays federated: pub/sub and a pinned call cross."""
+    """Home A on relay 1, home B on relay 2, relays federated: pub/sub, a pinned call and a
+    pinned stream cross; relay 1's /metrics count what it forwarded."""
     root, home_a, home_b = fed.root, fed.a, fed.b
     a_keys, r1_keys, r2_keys, b_keys = fed.keys
     want = (("relayed", r1_keys.node_id), ("relayed", r2_keys.node_id))
@@ -116,18 +117,46 @@ async def test_two_nat_nodes_publish_and_call_through_federated_relays(fed: Fede
         answer = await asyncio.to_thread(
             cli, root, home_a, "call", "echo", "--body", '{"x": 7}', "--target", b_keys.node_id
         )
+        events = await asyncio.to_thread(streamed, root, home_a, b_keys.node_id)
         opened = await asyncio.to_thread(relayed_in, root, home_b)
         status = await asyncio.to_thread(public_status, fed.relay1)
+        forwarded = [
+            await asyncio.to_thread(metric, fed.relay1, f"hearthnet_relay_forwarded_{unit}")
+            for unit in ("frames", "bytes")
+        ]
     finally:
         stop_all([sub])
     got = json.loads(line)
-    assert (want, (published["id"], {"n": 42}), {"echo": {"x": 7}}, True, True) == (
+    assert (
+        want,
+        (published["id"], {"n": 42}),
+        {"echo": {"x": 7}},
+        ["token"] * 5 + ["done"],
+        True,
+        True,
+        [True, True],
+    ) == (
         (seen[0][b_keys.node_id], seen[1][a_keys.node_id]),
         (got["id"], got["data"]),
         answer,
+        events,
         opened > 0,
         status["relaying"]["relay"]["forwarded"] > 0,
+        [n > 0 for n in forwarded],
     )
+
+
+def streamed(root: Path, machine: Machine, target: str) -> list[str]:
+    """The events of ``hearthnet call echo.stream --stream`` (5 tokens) pinned to
+    ``target``, run in the machine's namespace."""
+    done = machine.run(
+        *machine.python(
+            "-m", "hearthnet.cli", "call", "echo.stream", "--stream", "--body", '{"count": 5}',
+            "--target", target, "--data-dir", str(root / machine.name),
+        ),
+        timeout=60,
+    )  # fmt: skip
+    return [json.loads(line)["event"] for line in done.stdout.splitlines()]
 
 
 async def test_a_nat_node_joins_through_the_relay_of_an_inviter_behind_nat(
@@ -177,7 +206,8 @@ def other_community(
     root: Path, bridge: HomeHost, home_a: HomeHost, a_keys: KeyPair
 ) -> tuple[KeyPair, Agreement]:
     """Community B, founded by the bridge's key, and an agreement with home A's community
-    (A grants chat.** and echo@1, B grants news.*), signed by both founders; the bridge's
+    (A grants chat.** and echo@1, B grants news.*; home A and the bridge are the named
+    bridges), signed by both founders; the bridge's
     data dir holds it with A's records, as ``federation accept`` leaves it."""
     keys = load_or_create_keys(root / bridge.name)
     view = Membership(keys.node_id)
@@ -193,6 +223,8 @@ def other_community(
         b_grants_a=NEWS,
         now_ms=now,
         expires_ms=now + 86_400_000,
+        bridges_a=(a_keys.node_id,),  # spec §8: only the named bridges use relays
+        bridges_b=(keys.node_id,),
     ).countersign(keys)
     store = FederationStore(root / bridge.name)
     try:
@@ -278,6 +310,15 @@ async def test_federated_communities_bridge_through_a_relay(fed: Federated) -> N
         await eventually(
             lambda: history(root, home_a, "news.today"), lambda d: {"n": "b1"} in d, 30, "B→A"
         )
+        # what hearthnet peers --json prints on the bridge: A's relay it attached to, and
+        # home A through it
+        async with NamespacedClient(root, bridge, PORT) as cb:
+            peers = await cb.request_json("GET", "/mesh/v1/peers")
+        federated = sorted(
+            (p["node"], p["community"], p["bridge"], p["relay"], p["path"], p["via"])
+            for p in peers["peers"]
+            if p.get("community")
+        )
         async with (
             NamespacedClient(root, bridge, PORT) as outer,
             carried(outer, a_keys.node_id, b_keys) as client,
@@ -321,6 +362,16 @@ async def test_federated_communities_bridge_through_a_relay(fed: Federated) -> N
         )
     finally:
         stop_all([proc])
+    relay_id = fed.keys[1].node_id
+    assert (
+        sorted(
+            [
+                (a_keys.node_id, a_keys.node_id, True, False, "relayed", relay_id),
+                (relay_id, a_keys.node_id, False, True, "direct", None),
+            ]
+        )
+        == federated
+    )
     assert (
         [None, "forbidden"],
         True,

@@ -51,6 +51,7 @@ def agreement(
     signer_b: KeyPair = B,
     expires_ms: int = NOW + DAY,
     agreement_id: str = "01JZ0000000000000000000000",
+    bridges_b: tuple[str, ...] = (),
 ) -> Agreement:
     """An agreement between A's and B's communities, signed by both."""
     proposal = Agreement.propose(
@@ -62,6 +63,7 @@ def agreement(
         b_grants_a=b_grants_a,
         now_ms=NOW,
         expires_ms=expires_ms,
+        bridges_b=bridges_b,
     )
     return proposal.countersign(signer_b)
 
@@ -279,3 +281,27 @@ def test_relays_serve_a_federated_member_only_while_an_agreement_is_in_force() -
         expired,
         view.in_force_community(B_MEMBER.node_id, NOW + 2),
     )
+
+
+def test_named_bridges_are_signed_terms_and_only_they_bridge() -> None:
+    """bridges_b round-trips and is signed (dropping it breaks both signatures);
+    bridge_community names B's member only while it is a named bridge in force."""
+    signed = agreement(bridges_b=(B_MEMBER.node_id,))
+    view = view_of_a(signed)
+    bridges = [view.bridge_community(n.node_id, NOW) for n in (B_MEMBER, B, STRANGER)]
+    unnamed = {k: v for k, v in signed.to_json().items() if k != "bridges_b"}
+    with pytest.raises(InvalidSignature):
+        Agreement.parse(unnamed)
+    view.add_revocation(Revocation.create(A, signed.id, NOW + 1))
+    assert (signed, [B.node_id, None, None], None) == (
+        Agreement.parse(signed.to_json()),
+        bridges,
+        view.bridge_community(B_MEMBER.node_id, NOW + 2),
+    )
+
+
+@pytest.mark.parametrize("bridges", [["not-a-node"], [A.node_id, A.node_id], "x", [A.node_id] * 17])
+def test_malformed_bridges_refused(bridges: object) -> None:
+    """bridges_a is a list of at most 16 distinct NodeIDs."""
+    with pytest.raises(BadRequest, match="bridges_a"):
+        Agreement.parse({**agreement().to_json(), "bridges_a": bridges})

@@ -94,18 +94,22 @@ async def test_federation_grants_flow_and_revocation_stops_them(
     """Granted topics flow both ways, granted calls answer, the rest is forbidden; a
     revocation stops both within 10 s."""
     a, b = pair
-    b_id = load_or_create_keys(b.data_dir).node_id
+    a_id, b_id = (load_or_create_keys(n.data_dir).node_id for n in (a, b))
     proposal, signed = tmp_path / "proposal.hnf", tmp_path / "signed.hnf"
     cli(
         *("federation", "propose", "--data-dir", str(a.data_dir), "--with", b_id),
         *("--grant-topics", "chat.**", "--grant-capabilities", "echo@1"),
         *("--want-topics", "news.*", "--expires", "1d", "--out", str(proposal)),
+        *("--bridges", a_id, "--their-bridges", b_id),
     )
     cli("federation", "accept", "--data-dir", str(b.data_dir), str(proposal), "--out", str(signed))
     cli("federation", "accept", "--data-dir", str(a.data_dir), str(signed))
     held = await listing(a)
     agreement = held[0]["id"]
-    assert ["in_force"] == [x["status"] for x in held]
+    assert (["in_force"], [[a_id], [b_id]]) == (
+        [x["status"] for x in held],
+        [held[0].get("bridges_a"), held[0].get("bridges_b")],
+    )
 
     async with client(a, a) as ca, client(b, b) as cb:
         await ca.publish("secret.plans", "m", {"n": "hidden"})

@@ -27,6 +27,8 @@ from hearthnet.mesh.relay_frames import (
     RouteError,
     RouteTable,
 )
+from hearthnet.mesh.relay_role import RelayRole
+from hearthnet.metrics import MetricsRegistry
 
 KEYS = [KeyPair.from_seed(bytes([0x41 + i]) * 32) for i in range(12)]
 R1, R2, R3 = (k.node_id for k in KEYS[:3])
@@ -638,3 +640,20 @@ def test_federated_relays_deliver_exactly_when_the_ttl_allows(
             assert (True, way, way, None) == (arrived, len(visited), len(set(visited)), code)
         else:  # refused at once by the first relay, not after a detour
             assert (False, 1, "unreachable") == (arrived, len(visited), code)
+
+
+def test_metrics_count_forwarded_frames_bytes_and_budget_refusals() -> None:
+    """/metrics of a relay: frames and bytes it forwarded, and the frame refused over a
+    member's budget as rate_limited (spec §8)."""
+    metrics = MetricsRegistry()
+    core = relay()
+    RelayRole(core, metrics)
+    attach(core, M[0], M[1])
+    for n in range(3):
+        core.receive(M[0], route(M[0], M[1], n, 64 * 1024), 1.0)
+    lines = set(metrics.render().splitlines())
+    assert {
+        "hearthnet_relay_forwarded_frames 2",
+        f"hearthnet_relay_forwarded_bytes {2 * 64 * 1024}",
+        'hearthnet_relay_refused_frames{reason="rate_limited"} 1',
+    } <= lines

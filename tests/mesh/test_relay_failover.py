@@ -21,7 +21,7 @@ from tests.conftest import MakeConfig
 from tests.helpers import NodeProcess, start_node_process, wait_until
 from tests.mesh.test_relaying import UNDIALLABLE, one_community, path_to
 
-SILENT_LIMIT_S = 10.0  # the keepalive's 2.5 s plus a loaded machine; heartbeats need 15 s
+SILENT_LIMIT_S = 10.0  # the keepalive's 3 s plus a loaded machine; heartbeats need 15 s
 
 
 def watched(node: Node) -> set[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from hearthnet.errors import Unauthorized, WireError
+from hearthnet.errors import Forbidden, Unauthorized, WireError
 from hearthnet.federation.carrier import FedRequest, check_request
 from hearthnet.identity import KeyPair
 from hearthnet.membership import Membership
@@ -36,11 +36,19 @@ def view_of(founder: KeyPair, *members: KeyPair) -> Membership:
     return view
 
 
-def in_force(*nodes: KeyPair, community: str) -> FederatedLinks:
-    """Federated links where ``nodes`` are members of ``community`` under an agreement."""
-    links = FederatedLinks()
+def in_force(
+    *nodes: KeyPair,
+    community: str,
+    bridges: tuple[KeyPair, ...] | None = None,
+    metrics: MetricsRegistry | None = None,
+) -> FederatedLinks:
+    """Federated links where ``nodes`` are members of ``community`` under an agreement
+    that names ``bridges`` (all of them unless given) its bridges."""
+    links = FederatedLinks(metrics)
     ids = {k.node_id for k in nodes}
+    named = ids if bridges is None else {k.node_id for k in bridges}
     links.community_of = lambda node: community if node in ids else None
+    links.bridge_of = lambda node: community if node in named else None
     return links
 
 
@@ -57,13 +65,56 @@ def test_a_federated_bridge_attaches_to_a_relay_of_the_other_community() -> None
     """B's bridge dials A's relay: both take the other as a node of a federated community."""
     a_side = in_force(B, community=B.node_id)
     b_side = in_force(A, community=A.node_id)
-    dialer = Handshake(B, view_of(B), True, NOW, federated=b_side.allows)
-    relay = Handshake(A, view_of(A), False, NOW, relay=True, federated=a_side.allows)
+    dialer = Handshake(B, view_of(B), True, NOW, federated=b_side.allows, bridge=b_side.admits)
+    relay = Handshake(
+        A, view_of(A), False, NOW, relay=True, federated=a_side.allows, bridge=a_side.admits
+    )
     shake(dialer, relay)
     assert (B.node_id, A.node_id, True) == (
         relay.peer.community if relay.peer else None,
         dialer.peer.community if dialer.peer else None,
         dialer.peer.relay if dialer.peer else None,
+    )
+
+
+def test_a_member_not_named_a_bridge_is_refused_by_the_relay_and_counted() -> None:
+    """B2 is a member of B under the agreement, but the agreement names only B as B's
+    bridge: A's relay refuses B2's hello as forbidden and counts not_a_bridge."""
+    b2 = KeyPair.from_seed(b"\x72" * 32)
+    metrics = MetricsRegistry()
+    a_side = in_force(B, b2, community=B.node_id, bridges=(B,), metrics=metrics)
+    relay = Handshake(
+        A, view_of(A), False, NOW, relay=True, federated=a_side.allows, bridge=a_side.admits
+    )
+    dialer = Handshake(b2, view_of(B, b2), True, NOW)
+    with pytest.raises(Forbidden, match="not named among the bridges") as refused:
+        shake(dialer, relay)
+    assert ("forbidden", {"not_a_bridge": 1}, True) == (
+        refused.value.code,
+        a_side.refused,
+        'hearthnet_federated_refused{reason="not_a_bridge"} 1' in metrics.render(),
+    )
+
+
+def test_only_named_bridges_get_a_relayed_session_or_the_relays_service() -> None:
+    """A relayed link with a member not named a bridge is refused (not_a_bridge); a relay
+    of theirs we dialled needs membership only; the named bridge is served."""
+    b2 = KeyPair.from_seed(b"\x72" * 32)
+    links = in_force(B, b2, community=B.node_id, bridges=(B,))
+    session, _ = relayed(links, b2, B.node_id)
+    their_relay = PeerLink(
+        PeerInfo(b2.node_id, "", None, "", relay=True, community=B.node_id),
+        None,  # type: ignore[arg-type]  # never written to here
+        outbound=True,
+        on_frame=links.frame,
+        on_down=lambda _l, _r: None,
+        errors=LinkErrors.register(MetricsRegistry()),
+    )
+    assert (False, True, (True, False), {"not_a_bridge": 1}) == (
+        links.up(session),
+        links.up(their_relay),
+        (links.serves(B.node_id), links.serves(b2.node_id)),
+        links.refused,
     )
 
 
@@ -185,7 +236,7 @@ def test_a_revoked_agreement_ends_the_federated_link() -> None:
     link, _ = relayed(links, B, B.node_id)
     links.up(link)
     before = links.ended()
-    links.community_of = lambda node: None  # revoked, or expired
+    links.community_of = links.bridge_of = lambda node: None  # revoked, or expired
     for ended in links.ended() * 2:  # two ticks before the farewell closed it
         links.end(ended)
     assert ([], [link], [link], {"agreement_ended": 1}) == (
@@ -226,3 +277,21 @@ def test_only_a_bridges_requests_for_its_own_community_are_carried(
     except WireError as exc:
         got = exc.code
     assert code == got
+
+
+def test_federated_links_are_peers_rows_with_community_bridge_and_relay() -> None:
+    """``hearthnet peers`` rows of federated links: the relayed bridge with its relay
+    and community, flagged a bridge."""
+    links = in_force(B, community=B.node_id)
+    link, _ = relayed(links, B, B.node_id)
+    links.up(link)
+    row = links.rows()[0]
+    assert (B.node_id, "relayed", A.node_id, B.node_id, True, False, None) == (
+        row["node"],
+        row["path"],
+        row["via"],
+        row["community"],
+        row["bridge"],
+        row["relay"],
+        row["rtt_ms_p50"],
+    )

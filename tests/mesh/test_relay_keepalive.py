@@ -30,3 +30,15 @@ def test_a_relay_without_a_link_is_forgotten_not_reported() -> None:
     k = RelayKeepalive()
     k.watch(R, 0, 0.0)
     assert (KeepaliveDue(), frozenset()) == (k.tick(5.0, {}), k.watched)
+
+
+def test_a_stall_of_our_own_loop_is_not_the_relays_silence() -> None:
+    """A tick 3 s late (our loop stood still, the pong unread) calls no relay silent; the
+    relay silent for silence_s of our running time after that is lost."""
+    k = RelayKeepalive(KeepaliveConfig(interval_s=1.0, silence_s=2.5))
+    k.watch(R, 10, 0.0)
+    k.tick(0.0, {R: 10})
+    after_stall = k.tick(3.0, {R: 10})
+    seen = [(t / 4, k.tick(3.0 + t / 4, {R: 10})) for t in range(1, 12)]
+    silent = [when for when, due in seen if due.silent]
+    assert ((), [2.5], 1) == (after_stall.silent, silent, k.stalls)

@@ -94,7 +94,7 @@ async def test_a_direct_link_replaces_a_relayed_one(relayed_trio: RelayedTrio) -
 
     await wait_until(lambda: relayed_trio.paths() == ("direct", "direct"), 10, "a, b direct")
     # Each keeps its link to the relay beside the direct one; on a loaded machine a member
-    # may be re-attaching to the relay (silent for 2.5 s) at this moment, so wait for it.
+    # may be re-attaching to the relay (silent for mesh.relay_silence_s) now, so wait for it.
     both = [["direct", "direct"], ["direct", "direct"]]
     await wait_until(lambda: paths() == both, 20, "a and b linked to the relay and each other")
     assert (both, ("direct", "direct")) == (paths(), relayed_trio.paths())
