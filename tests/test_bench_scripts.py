@@ -113,6 +113,12 @@ def test_relay_core_cost_is_measured_on_frames_it_forwards() -> None:
     assert result["us_per_frame"] > 0
 
 
+def test_relay_batch_cost_is_measured_on_frames_it_forwards() -> None:
+    result = bench_relay.core_batch_us(64)
+    assert result is not None
+    assert (result["frames"], result["forwarded"]) == (64, 64)
+
+
 def test_relay_ratios_compare_the_relayed_path_with_the_direct_link() -> None:
     def side(p50: float, calls: float, deliveries: float) -> dict[str, Any]:
         c = {"p50_ms": p50, "calls_per_s": calls}
