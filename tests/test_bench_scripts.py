@@ -91,6 +91,7 @@ async def test_read_last_finds_the_newest_rooms() -> None:
         ("bench.bench_relay", "--quick"),
         ("bench.bench_punch", "--seconds"),
         ("bench.bench_linkread", "--frames"),
+        ("bench.bench_relay_forward", "--modes"),
     ],
 )
 def test_benches_run_by_hand_have_help(module: str, option: str) -> None:
