@@ -130,7 +130,7 @@ async def send(a: Member, b: Member, mode: str, frames: int, opts: argparse.Name
     opts.next_id += frames
     assert a.ws is not None
     writer = BatchWriter(a.ws)
-    b.want, b.frames = frames, 0
+    b.want, b.frames, b.messages = frames, 0, 0
     b.done.clear()
     start = time.monotonic()
     for i in range(0, frames, per):
@@ -202,7 +202,6 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
                             ),
                         }
                     )
-                    b.messages = 0
                     print(results[-1], flush=True)
     finally:
         relay.stop()

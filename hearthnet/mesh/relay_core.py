@@ -51,11 +51,12 @@ Rules:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from hearthnet.mesh.frame_fields import MAX_INNER_BYTES
 from hearthnet.mesh.pacing import Budget
+from hearthnet.mesh.relay_actions import Action, Close, Forward, LinkId, Refuse, RelayStats, Send
 from hearthnet.mesh.relay_budget import FairBucket
 from hearthnet.mesh.relay_frames import (
     DEFAULT_TTL_HOPS,
@@ -69,7 +70,6 @@ from hearthnet.mesh.relay_frames import (
 )
 from hearthnet.mesh.route_header import RouteHeader, header_of
 
-LinkId = Hashable
 _FOREIGN = object()  # route_many: a destination no frame of this member may reach
 
 
@@ -97,60 +97,6 @@ class RelayConfig:
     max_route_hops: int = DEFAULT_TTL_HOPS - 1
     max_inner: int = MAX_INNER_BYTES
     full_retry_after_ms: int = 30_000
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    """Write ``frame`` on ``link``."""
-
-    link: LinkId
-    frame: RelayFrame
-
-
-@dataclass(frozen=True, slots=True)
-class Forward:
-    """Pass the route frame just received on to ``link``, ``ttl_hops`` one less."""
-
-    link: LinkId
-
-
-@dataclass(frozen=True, slots=True)
-class Refuse:
-    """The attachment on ``link`` is refused or ended: send ``detach {code, retry_after_ms}``."""
-
-    link: LinkId
-    code: str
-    retry_after_ms: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Close:
-    """The peer on ``link`` broke the relay protocol: close the link."""
-
-    link: LinkId
-    reason: str
-
-
-Action = Send | Forward | Refuse | Close
-
-
-@dataclass(frozen=True, slots=True)
-class RelayStats:
-    """A snapshot of the relay's counters (feeds ``/metrics``)."""
-
-    members: int
-    federated: int
-    routes: int
-    forwarded: int
-    forwarded_bytes: int
-    duplicates: int
-    rate_limited: int
-    unreachable: int
-    ttl_expired: int
-    spoofed: int
-    foreign_tables: int = 0  # route tables from links that are not federated
-    # spec §8 community federation: route frames between two nodes of other communities
-    foreign_routes: int = 0
 
 
 @dataclass(slots=True)
@@ -607,3 +553,18 @@ class RelayCore:
             c.foreign_tables,
             c.foreign_routes,
         )
+
+
+# the actions and statistics live in relay_actions.py; callers take them from here too
+__all__ = [
+    "Action",
+    "Close",
+    "FairBucket",
+    "Forward",
+    "LinkId",
+    "Refuse",
+    "RelayConfig",
+    "RelayCore",
+    "RelayStats",
+    "Send",
+]
