@@ -18,11 +18,19 @@ are from this run.
 Every node is started on loopback and stopped by PID; every loop is bounded by count and
 time.
 
+``--cpu-only`` starts R1, A' and B' only and measures (c) at ``--concurrency`` calls in
+flight (16), with the route frames per WebSocket message R1 read from the members and
+queued to them (route batches on ``hearthnet-peer.v4`` links); ``--one-at-a-time`` adds
+the same at one call at a time, traffic with little to batch. The in-process costs are
+CPU time (``time.process_time``): the relay's path for a frame alone and for frames in
+route batches of 8.
+
 ``--latency`` instead keeps a direct pair and a relayed pair up at once and measures them
 in alternate rounds (calls at concurrency 1 and 16, fan-out), recording the load average;
 ``--member-budget`` sets the relay's per-member budget, so members pace themselves.
 
 Run: python -m bench.bench_relay [--quick] [--calls 2000] [--subscribers 10]
+     python -m bench.bench_relay --cpu-only [--concurrency 16] [--one-at-a-time]
      python -m bench.bench_relay --latency [--repeat 6] [--no-fanout] [--member-budget B]
 """
 
@@ -74,12 +82,17 @@ FAST = {
 
 
 def metric(url: str, name: str) -> float:
-    """One unlabelled metric of a node's /metrics (0 when absent)."""
+    """One metric of a node's /metrics (0 when absent); ``name`` may carry its labels,
+    ``name{label="value"}``, as the node writes them."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
         for line in resp.read().decode().splitlines():
             if line.startswith(name + " "):
                 return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+ROUTE_MESSAGES_IN = 'hearthnet_relay_route_messages{direction="in"}'
+ROUTE_MESSAGES_OUT = 'hearthnet_relay_route_messages{direction="out"}'
 
 
 def cli(*args: str) -> str:
@@ -272,14 +285,50 @@ def core_frame_us(repeat: int) -> dict[str, Any]:
         core.link_up(link, node, "127.0.0.1:1", 0.0)
         core.receive(link, Attach(), 0.0)
     raws = [encode_route(Route(b, a, 4, i, b"s" * 300)) for i in range(repeat)]
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: the machine is shared
     for i, raw in enumerate(raws):
         head = read_header(raw)
         for _action in core.route("la", head, i * 1e-6):
             passed_on(raw, head)
-    total = time.perf_counter() - start
+    total = time.process_time() - start
     return {
         "frames": repeat,
+        "forwarded": core.statistics().forwarded,
+        "us_per_frame": round(total / repeat * 1e6, 2),
+    }
+
+
+def core_batch_us(repeat: int, per_batch: int = 8) -> dict[str, Any] | None:
+    """The relay's per-frame path for frames that come in route batches of ``per_batch``
+    (spec §11, a v4 link): the batch's headers read, the core's decision per frame, and
+    the batch written on as one message with each ``ttl_hops`` patched. None on a
+    build from before route batches (the bench is run against one to compare)."""
+    try:
+        from hearthnet.mesh.route_batch import (  # noqa: PLC0415 (absent before v4)
+            batch_frames,
+            encode_batch,
+            passed_on_batch,
+        )
+    except ImportError:
+        return None
+    a, b = KeyPair.generate().node_id, KeyPair.generate().node_id
+    unbounded = RelayConfig(member_bytes_per_s=1 << 40, capacity_bytes_per_s=1 << 40)
+    core = RelayCore("relay", lambda _n: True, unbounded)
+    for link, node in (("la", a), ("lb", b)):
+        core.link_up(link, node, "127.0.0.1:1", 0.0)
+        core.receive(link, Attach(), 0.0)
+    raws = [encode_route(Route(b, a, 4, i, b"s" * 300)) for i in range(repeat)]
+    batches = [encode_batch(raws[i : i + per_batch]) for i in range(0, repeat, per_batch)]
+    start = time.process_time()
+    for i, batch in enumerate(batches):
+        spans = batch_frames(batch)
+        targets, _ = core.route_many("la", [span[0] for span in spans], i * 1e-5)
+        passed = [span for span, target in zip(spans, targets, strict=True) if target]
+        passed_on_batch(batch, passed, whole=len(passed) == len(spans))
+    total = time.process_time() - start
+    return {
+        "frames": repeat,
+        "per_batch": per_batch,
         "forwarded": core.statistics().forwarded,
         "us_per_frame": round(total / repeat * 1e6, 2),
     }
@@ -291,22 +340,34 @@ def proc_syscalls(pid: int) -> tuple[int, int]:
     return int(fields["syscr"]), int(fields["syscw"])
 
 
-async def relay_cpu(nodes: Nodes, relay: str, a: Client, target: str, count: int) -> dict[str, Any]:
-    """The relay process's CPU per forwarded frame over ``count`` relayed calls."""
+async def relay_cpu(
+    nodes: Nodes, relay: str, a: Client, target: str, count: int, concurrency: int = 16
+) -> dict[str, Any]:
+    """The relay process's CPU per forwarded frame over ``count`` relayed calls,
+    ``concurrency`` at a time, and the route frames per WebSocket message it read and
+    queued (route batches on v4 links: a node before them reads 0 messages, so 0)."""
     node = nodes.nodes[relay]
     c0, t0 = proc_cpu_s(node.pid), time.monotonic()
     await asyncio.sleep(3)
     idle_per_s = (proc_cpu_s(node.pid) - c0) / (time.monotonic() - t0)
     f0 = metric(node.url, "hearthnet_relay_forwarded_frames")
+    m0 = metric(node.url, ROUTE_MESSAGES_IN), metric(node.url, ROUTE_MESSAGES_OUT)
     io0 = proc_syscalls(node.pid)
     c0, t0 = proc_cpu_s(node.pid), time.monotonic()
-    await calls(a, target, count, 16)
+    done = await calls(a, target, count, concurrency)
     cpu, wall = proc_cpu_s(node.pid) - c0, time.monotonic() - t0
     io1 = proc_syscalls(node.pid)
     frames = metric(node.url, "hearthnet_relay_forwarded_frames") - f0
+    m_in = metric(node.url, ROUTE_MESSAGES_IN) - m0[0]
+    m_out = metric(node.url, ROUTE_MESSAGES_OUT) - m0[1]
     busy = max(0.0, cpu - idle_per_s * wall)
     return {
+        "concurrency": concurrency,
+        "calls_per_s": done["calls_per_s"],
         "forwarded_frames": int(frames),
+        # route frames per WebSocket message read from the members, and queued to them
+        "frames_per_message_in": round(frames / m_in, 2) if m_in else None,
+        "frames_per_message_out": round(frames / m_out, 2) if m_out else None,
         # read/write system calls (sockets included) per forwarded frame, from /proc/PID/io
         "reads_per_frame": round((io1[0] - io0[0]) / max(1, frames), 3),
         "writes_per_frame": round((io1[1] - io0[1]) / max(1, frames), 3),
@@ -526,12 +587,18 @@ async def cpu_only(
     target = nodes.node_id("b2")
     async with Client(nodes.nodes["a2"].url, keys=load_or_create_keys(nodes.data("a2"))) as a2:
         c16 = [await calls(a2, target, opts.calls, 16) for _ in range(opts.repeat)]
-        cpu = [await relay_cpu(nodes, "r1", a2, target, 2 * opts.calls) for _ in range(opts.repeat)]
+        cpu, cpu1 = [], []
+        for _ in range(opts.repeat):
+            cpu.append(await relay_cpu(nodes, "r1", a2, target, 2 * opts.calls, opts.concurrency))
+            if opts.one_at_a_time:  # one frame per loop turn: nothing to batch
+                cpu1.append(await relay_cpu(nodes, "r1", a2, target, opts.calls // 2, 1))
     return {
         "options": vars(opts),
         "relayed_c16": c16,
         "relay_cpu": cpu,
+        "relay_cpu_c1": cpu1,
         "core_frame": [core_frame_us(opts.core_frames) for _ in range(opts.repeat)],
+        "core_batch": [core_batch_us(opts.core_frames) for _ in range(opts.repeat)],
     }
 
 
@@ -551,13 +618,24 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
             "load_max": round(max(loads), 2),
         }
     if "ratios" not in result:  # --cpu-only
-        return {
+        out = {
             "relay_us_per_frame_less_idle": med(
                 [x["us_per_frame_less_idle"] for x in result["relay_cpu"]]
             ),
+            "frames_per_message_in": med(
+                [x["frames_per_message_in"] or 0 for x in result["relay_cpu"]]
+            ),
             "writes_per_frame": med([x["writes_per_frame"] for x in result["relay_cpu"]]),
             "core_us_per_frame": med([x["us_per_frame"] for x in result["core_frame"]]),
+            "core_batch_us_per_frame": med(
+                [x["us_per_frame"] for x in result["core_batch"] if x] or [0.0]
+            ),
         }
+        if result["relay_cpu_c1"]:
+            out["c1_relay_us_per_frame_less_idle"] = med(
+                [x["us_per_frame_less_idle"] for x in result["relay_cpu_c1"]]
+            )
+        return out
     r = result["ratios"]
     return {
         "c1_p50_added_ms": med([x["c1_p50_added_ms"] for x in r]),
@@ -590,6 +668,17 @@ def main() -> None:
         help="direct and relayed pairs up at once, calls (and fan-out) in alternate rounds",
     )
     parser.add_argument("--no-fanout", action="store_true", help="--latency: calls only")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=16,
+        help="--cpu-only: relayed calls in flight while the relay's CPU is measured",
+    )
+    parser.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="--cpu-only: also the relay's CPU with one call at a time (nothing to batch)",
+    )
     parser.add_argument(
         "--member-budget",
         type=int,

@@ -26,12 +26,18 @@ from bench import (
     bench_pubsub,
     bench_read_last,
     bench_relay,
+    bench_relay_forward,
     bench_writer_trip,
     bench_ws_publish,
     pubsub_report,
 )
+from hearthnet.identity import KeyPair
+from hearthnet.mesh.relay_frames import Route
+from hearthnet.mesh.route_batch import encode_batch
+from hearthnet.mesh.route_header import encode_route
 
 ROOT = Path(__file__).resolve().parent.parent
+NODE = KeyPair.from_seed(b"\x01" * 32).node_id
 
 
 async def test_publish_cost_measures_every_publish_through_the_log() -> None:
@@ -134,6 +140,20 @@ def test_relay_core_cost_is_measured_on_frames_it_forwards() -> None:
     result = bench_relay.core_frame_us(300)
     assert (result["frames"], result["forwarded"]) == (300, 300)
     assert result["us_per_frame"] > 0
+
+
+def test_relay_forward_counts_the_frames_of_a_batch_by_their_headers() -> None:
+    frames = [encode_route(Route(NODE, NODE, 4, i, b"x" * i)) for i in range(3)]
+    assert [1, 3] == [
+        bench_relay_forward._frames_in(frames[0]),
+        bench_relay_forward._frames_in(encode_batch(frames)),
+    ]
+
+
+def test_relay_batch_cost_is_measured_on_frames_it_forwards() -> None:
+    result = bench_relay.core_batch_us(64)
+    assert result is not None
+    assert (result["frames"], result["forwarded"]) == (64, 64)
 
 
 def test_relay_ratios_compare_the_relayed_path_with_the_direct_link() -> None:

@@ -180,6 +180,7 @@ class Dialer:
             errors=self.link_errors,
             on_binary=self.on_binary,
             v2=peer.link >= 2,
+            route_batches=peer.takes_route_batches,
         )
 
     async def accept(self, request: web.Request) -> web.StreamResponse:

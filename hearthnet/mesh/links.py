@@ -33,6 +33,7 @@ from hearthnet.mesh.protocol import (
     decode_frame,
     encode_frame,
 )
+from hearthnet.mesh.route_batch import pack_routes
 from hearthnet.mesh.route_header import TAG_BYTE
 from hearthnet.mesh.wsbatch import BatchWriter
 from hearthnet.metrics import Counter, MetricsRegistry
@@ -214,6 +215,7 @@ class PeerLink:
         errors: LinkErrors = _UNCOUNTED,
         on_binary: BinaryHandler | None = None,
         v2: bool = False,
+        route_batches: bool = False,
     ) -> None:
         self.peer = peer
         self.errors = errors
@@ -225,6 +227,9 @@ class PeerLink:
         # the link speaks hearthnet-peer.v2 (protocol.py): route frames go in the binary
         # form, and frames newer than v1 (budget) may be sent; a v1 peer refuses them
         self.v2 = v2
+        # the link speaks hearthnet-peer.v4: the route frames of one write go as one route
+        # batch message (spec §11; mesh/route_batch.py)
+        self.route_batches = route_batches
         self.on_down = on_down
         self.state = LinkState.HANDSHAKING
         self._queue: deque[bytes] = deque()
@@ -328,6 +333,8 @@ class PeerLink:
             while self._queue:
                 # spec §11: what was queued since the last wake-up goes out in one write
                 frames = self._next_batch()
+                if self.route_batches and len(frames) > 1:
+                    frames = pack_routes(frames)[0]
                 try:
                     await batch.send(frames)
                 except (ConnectionError, RuntimeError, aiohttp.ClientError) as exc:

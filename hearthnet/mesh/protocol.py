@@ -1,7 +1,7 @@
 """Peer links (spec §7.2): frames, the signed hello handshake and link states. Pure.
 
-One WebSocket per pair of nodes at ``/mesh/v1/peer``, subprotocol ``hearthnet-peer.v3``
-(or v2, v1 with an older peer), each message one CBOR map ``{"t": kind, ...}``. The
+One WebSocket per pair of nodes at ``/mesh/v1/peer``, subprotocol ``hearthnet-peer.v4``
+(or v3, v2, v1 with an older peer), each message one CBOR map ``{"t": kind, ...}``. The
 handshake is three hellos::
 
     dialer   -> hello {node, community, ts, nonce=a, ...}                       (H1)
@@ -55,15 +55,17 @@ from hearthnet.shapes import Shape
 # peers get them as CBOR maps, and no hello field or frame field newer than v1 (a v1 peer
 # may refuse it). v3 adds whole-batch gossip (``batch`` frames, mesh/batches.py) and
 # messages with ``data_enc`` (binary payloads: a node built before them refuses such an
-# envelope; mesh/older_links.py). A dialer offers all, newest first; the acceptor takes the
-# first it speaks, so the link's version is known before the hellos.
+# envelope; mesh/older_links.py). v4 adds route batches (many route frames in one message,
+# mesh/route_batch.py). A dialer offers all, newest first; the acceptor takes the first it
+# speaks, so the link's version is known before the hellos.
+SUBPROTOCOL_V4 = "hearthnet-peer.v4"
 SUBPROTOCOL_V3 = "hearthnet-peer.v3"
 SUBPROTOCOL_V2 = "hearthnet-peer.v2"
 SUBPROTOCOL_V1 = "hearthnet-peer.v1"
-SUBPROTOCOL = SUBPROTOCOL_V3  # the newest
-SUBPROTOCOLS = (SUBPROTOCOL_V3, SUBPROTOCOL_V2, SUBPROTOCOL_V1)
-LINK_VERSIONS = {SUBPROTOCOL_V3: 3, SUBPROTOCOL_V2: 2, SUBPROTOCOL_V1: 1}
-LINK_VERSION = 3  # the newest version spoken
+SUBPROTOCOL = SUBPROTOCOL_V4  # the newest
+SUBPROTOCOLS = (SUBPROTOCOL_V4, SUBPROTOCOL_V3, SUBPROTOCOL_V2, SUBPROTOCOL_V1)
+LINK_VERSIONS = {SUBPROTOCOL_V4: 4, SUBPROTOCOL_V3: 3, SUBPROTOCOL_V2: 2, SUBPROTOCOL_V1: 1}
+LINK_VERSION = 4  # the newest version spoken
 # A relayed path (spec §8) has no subprotocol of its own: the far end is not known, and it
 # gets what it got before v3 (messages with data_enc, no batch frames).
 NO_SUBPROTOCOL = 0
@@ -198,7 +200,7 @@ class PeerInfo:
     version: str
     full: bool = False  # the peer has all the links it takes: it sends addresses, then bye
     relay: bool = False  # the peer serves as a relay (spec §8; federation needs it)
-    link: int = NO_SUBPROTOCOL  # the peer-link version (1, 2, 3) the link speaks
+    link: int = NO_SUBPROTOCOL  # the peer-link version (1 to 4) the link speaks
     # the peer's community when it is a federated one (spec §8), None for our own: such a
     # link serves relaying and the bridge's requests only (mesh/relay_federated.py)
     community: str | None = None
@@ -207,6 +209,12 @@ class PeerInfo:
     def takes_batches(self) -> bool:
         """Whether the peer is sent whole batches as ``batch`` frames (v3, spec §6.2)."""
         return self.link >= 3
+
+    @property
+    def takes_route_batches(self) -> bool:
+        """Whether the peer is sent route batches, many route frames in one message (v4,
+        spec §11; mesh/route_batch.py)."""
+        return self.link >= 4
 
     @property
     def takes_binary(self) -> bool:

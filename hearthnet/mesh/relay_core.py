@@ -2,7 +2,7 @@
 
 Feed it what happens on the relay's peer links (:meth:`RelayCore.link_up`,
 :meth:`~RelayCore.receive`, :meth:`~RelayCore.route` for a route frame's header,
-:meth:`~RelayCore.link_down`) and the clock
+:meth:`~RelayCore.route_many` for a route batch's, :meth:`~RelayCore.link_down`) and the clock
 (:meth:`~RelayCore.tick`, every second or so); carry out the actions it returns:
 
 - :class:`Send` ``(link, frame)``: write ``frame.encode()`` on the link;
@@ -51,11 +51,13 @@ Rules:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from hearthnet.mesh.frame_fields import MAX_INNER_BYTES
 from hearthnet.mesh.pacing import Budget
+from hearthnet.mesh.relay_actions import Action, Close, Forward, LinkId, Refuse, RelayStats, Send
+from hearthnet.mesh.relay_budget import FairBucket
 from hearthnet.mesh.relay_frames import (
     DEFAULT_TTL_HOPS,
     Attach,
@@ -68,7 +70,7 @@ from hearthnet.mesh.relay_frames import (
 )
 from hearthnet.mesh.route_header import RouteHeader, header_of
 
-LinkId = Hashable
+_FOREIGN = object()  # route_many: a destination no frame of this member may reach
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,95 +97,6 @@ class RelayConfig:
     max_route_hops: int = DEFAULT_TTL_HOPS - 1
     max_inner: int = MAX_INNER_BYTES
     full_retry_after_ms: int = 30_000
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    """Write ``frame`` on ``link``."""
-
-    link: LinkId
-    frame: RelayFrame
-
-
-@dataclass(frozen=True, slots=True)
-class Forward:
-    """Pass the route frame just received on to ``link``, ``ttl_hops`` one less."""
-
-    link: LinkId
-
-
-@dataclass(frozen=True, slots=True)
-class Refuse:
-    """The attachment on ``link`` is refused or ended: send ``detach {code, retry_after_ms}``."""
-
-    link: LinkId
-    code: str
-    retry_after_ms: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Close:
-    """The peer on ``link`` broke the relay protocol: close the link."""
-
-    link: LinkId
-    reason: str
-
-
-Action = Send | Forward | Refuse | Close
-
-
-@dataclass(frozen=True, slots=True)
-class RelayStats:
-    """A snapshot of the relay's counters (feeds ``/metrics``)."""
-
-    members: int
-    federated: int
-    routes: int
-    forwarded: int
-    forwarded_bytes: int
-    duplicates: int
-    rate_limited: int
-    unreachable: int
-    ttl_expired: int
-    spoofed: int
-    foreign_tables: int = 0  # route tables from links that are not federated
-    # spec §8 community federation: route frames between two nodes of other communities
-    foreign_routes: int = 0
-
-
-class FairBucket:
-    """A token bucket that may go into debt: a frame is admitted while the bucket holds any
-    tokens, and its whole size is taken, so frames larger than the burst still pass at the
-    average rate."""
-
-    __slots__ = ("burst_s", "rate", "tokens", "updated")
-
-    def __init__(self, rate: float, burst_s: float, now: float) -> None:
-        self.rate = rate
-        self.burst_s = burst_s
-        self.tokens = rate * burst_s
-        self.updated = now
-
-    def _refill(self, now: float) -> None:
-        if now > self.updated:
-            self.tokens = min(
-                self.rate * self.burst_s, self.tokens + (now - self.updated) * self.rate
-            )
-            self.updated = now
-
-    def set_rate(self, rate: float, now: float) -> None:
-        """Change the rate from ``now`` on (what was earned before keeps the old rate)."""
-        self._refill(now)
-        self.rate = rate
-        self.tokens = min(self.tokens, rate * self.burst_s)
-
-    def admit(self, now: float, amount: int) -> float:
-        """Take ``amount``; return 0 when admitted, else the seconds until it would be."""
-        self._refill(now)
-        if self.tokens <= 0:
-            return -self.tokens / self.rate + 1e-3
-        self.tokens -= amount
-        return 0.0
 
 
 @dataclass(slots=True)
@@ -402,6 +315,80 @@ class RelayCore:
             forward = self._forwards[target] = Forward(target)
         return [forward]
 
+    def route_many(
+        self, link: LinkId, heads: Sequence[RouteHeader], now: float
+    ) -> tuple[list[LinkId | None], list[Action]]:
+        """Route frames that arrived together on ``link`` (a route batch, spec §11), each
+        decided as :meth:`route` decides it alone: per frame the link it goes on to (None:
+        not forwarded), and the other actions in order. What depends on the destination
+        alone (membership, the next link) is worked out once per destination; a frame
+        that closes the link ends the batch."""
+        member_node = self._member_links.get(link)
+        if member_node is None:  # a federated relay's frames, or an unattached peer's
+            return self._route_each(link, heads, now)
+        member, cfg, count, seen = self._members[member_node], self.config, self._count, self._seen
+        is_own = self.is_own
+        targets: list[LinkId | None] = []
+        others: list[Action] = []
+        nexts: dict[str, LinkId | None] = {}  # destination -> next link (None: unreachable)
+        for head in heads:
+            if head.from_ != member_node or head.size > cfg.max_inner:
+                others += self.route(link, head, now)  # the Close, counted as alone
+                break
+            to = head.to
+            if to in nexts:
+                target = nexts[to]
+            elif is_own is not None and not (is_own(member_node) or is_own(to)):
+                target = nexts[to] = _FOREIGN
+            else:
+                target = nexts[to] = self._next_link(to, link)
+            error = None
+            key = (member_node, head.id)
+            if target is _FOREIGN:
+                count.foreign_routes += 1
+                error = "unreachable"
+            elif key in seen:
+                count.duplicates += 1
+            elif head.ttl_hops == 0:
+                count.ttl_expired += 1
+                error = "ttl"
+            elif target is None:
+                count.unreachable += 1
+                error = "unreachable"
+            elif (wait := self._charge(member, head, now)) > 0:
+                count.rate_limited += 1
+                retry = max(1, int(wait * 1000 + 0.999))
+                others.append(
+                    Send(link, RouteError(to, member_node, head.id, "rate_limited", retry))
+                )
+            else:
+                seen[key] = None
+                if len(seen) > cfg.seen_cache:
+                    seen.popitem(last=False)
+                count.forwarded += 1
+                count.forwarded_bytes += head.size
+                targets.append(target)
+                continue
+            if error is not None:
+                others.append(Send(link, RouteError(to, member_node, head.id, error)))
+            targets.append(None)
+        return targets + [None] * (len(heads) - len(targets)), others
+
+    def _route_each(
+        self, link: LinkId, heads: Sequence[RouteHeader], now: float
+    ) -> tuple[list[LinkId | None], list[Action]]:
+        targets: list[LinkId | None] = []
+        others: list[Action] = []
+        for head in heads:
+            acts = self.route(link, head, now)
+            forward = acts[0] if len(acts) == 1 and type(acts[0]) is Forward else None
+            targets.append(None if forward is None else forward.link)
+            if forward is None:
+                others += acts
+                if acts and type(acts[0]) in (Close, Refuse):
+                    break  # unattached, or a protocol breach: the rest go nowhere
+        return targets + [None] * (len(heads) - len(targets)), others
+
     def _next_link(self, to: str, came_from: LinkId) -> LinkId | None:
         if not self.is_served(to):
             return None
@@ -566,3 +553,18 @@ class RelayCore:
             c.foreign_tables,
             c.foreign_routes,
         )
+
+
+# the actions and statistics live in relay_actions.py; callers take them from here too
+__all__ = [
+    "Action",
+    "Close",
+    "FairBucket",
+    "Forward",
+    "LinkId",
+    "Refuse",
+    "RelayConfig",
+    "RelayCore",
+    "RelayStats",
+    "Send",
+]

@@ -29,7 +29,9 @@ from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.pacing import Budget
 from hearthnet.mesh.relay_core import Action, Forward, Refuse, RelayCore, Send
 from hearthnet.mesh.relay_frames import Detach, JoinAnswer, JoinVia, RelayFrame, Route
+from hearthnet.mesh.route_batch import Span, batch_frames, passed_on_batch
 from hearthnet.mesh.route_header import (
+    RouteHeader,
     encode_route,
     parse_route,
     passed_on,
@@ -94,6 +96,9 @@ class RelayRole:
         self.joins_forwarded = 0
         # route frames in the CBOR map form (peers on hearthnet-peer.v1), read and written
         self.v1_routes = {"in": 0, "out": 0}
+        # binary route messages (one frame, or a route batch) read, and queued to be
+        # written (a v4 link's writer may merge those queued in one turn further)
+        self.route_messages = {"in": 0, "out": 0}
         # configured peer relays not federated with, by reason (v1: a hearthnet-peer.v1
         # link; not_a_relay: its hello does not say relay)
         self.federation_refused = {"v1": 0, "not_a_relay": 0}
@@ -186,18 +191,63 @@ class RelayRole:
             BadRequest: a malformed header (the link logs it and goes on).
         """
         head = read_header(data)
+        self.route_messages["in"] += 1
         if link not in self._served:
             self._serve(link, now)
         for action in self.core.route(link, head, now):
             target = action.link
             assert isinstance(target, PeerLink)
-            if isinstance(action, Forward) and target.v2:
-                target.enqueue(passed_on(data, head))
-            elif isinstance(action, Forward):  # a v1 peer takes the CBOR map (spec §8)
-                route = parse_route(data)
-                self._carry_out([Send(target, replace(route, ttl_hops=route.ttl_hops - 1))])
+            if isinstance(action, Forward):
+                self._forward_one(target, data, head)
             else:
                 self._carry_out([action])
+
+    def forward_batch(self, link: PeerLink, data: bytes, now: float) -> list[Span]:
+        """A route batch off a direct link (spec §11): each frame decided from its header as
+        :meth:`forward` decides one, and the frames going to one v4 link written on as one
+        message (each with ``ttl_hops`` one less). Returns the frames addressed to this
+        node, which are not the relay's to forward.
+
+        Raises:
+            BadRequest / PayloadTooLarge: a malformed batch; none of it is taken.
+        """
+        spans = batch_frames(data)
+        self.route_messages["in"] += 1
+        if link not in self._served:
+            self._serve(link, now)
+        own = self.core.node_id
+        mine = [span for span in spans if span[0].to == own]
+        if mine:
+            spans = [span for span in spans if span[0].to != own]
+        targets, others = self.core.route_many(link, [span[0] for span in spans], now)
+        groups: dict[PeerLink, list[Span]] = {}
+        for span, target in zip(spans, targets, strict=True):
+            if target is None:
+                continue
+            assert isinstance(target, PeerLink)
+            if target.route_batches:
+                group = groups.get(target)
+                if group is None:
+                    groups[target] = [span]
+                else:
+                    group.append(span)
+            else:
+                self._forward_one(target, data[span[1] : span[2]], span[0])
+        self._carry_out(others)
+        for target, group in groups.items():
+            self.route_messages["out"] += 1
+            whole = not mine and len(group) == len(spans)
+            target.enqueue(passed_on_batch(data, group, whole=whole))
+        return mine
+
+    def _forward_one(self, target: PeerLink, data: bytes, head: RouteHeader) -> None:
+        """Route frame ``data`` (header ``head``) passed on to ``target`` alone."""
+        self.route_messages["out"] += 1
+        if target.v2:
+            target.enqueue(passed_on(data, head))
+        else:  # a v1 peer takes the CBOR map (spec §8)
+            route = parse_route(data)
+            self._carry_out([Send(target, replace(route, ttl_hops=route.ttl_hops - 1))])
 
     def receive(self, link: PeerLink, frame: RelayFrame, now: float) -> None:
         """A relay frame in the CBOR map form off a direct link (a ``route`` from a
@@ -275,6 +325,10 @@ class RelayRole:
             # route frames in the CBOR map form, read from and written to v1 peers
             "v1_routes_in": self.v1_routes["in"],
             "v1_routes_out": self.v1_routes["out"],
+            # binary route messages read and queued: forwarded / route_messages_in is the
+            # frames per message members send (route batches, spec §11)
+            "route_messages_in": self.route_messages["in"],
+            "route_messages_out": self.route_messages["out"],
             # configured peer relays not federated with: on a v1 link, or not relays
             **{f"federation_refused_{r}": n for r, n in self.federation_refused.items()},
         }
@@ -313,6 +367,12 @@ class RelayRole:
             "Links to configured peer relays not federated, by reason (v1, not_a_relay).",
             lambda: {(r,): float(n) for r, n in self.federation_refused.items()},
             ("reason",),
+        )
+        m.gauge(
+            "hearthnet_relay_route_messages",
+            "Binary route messages (a route frame or a route batch) read, and queued to write.",
+            lambda: {(d,): float(n) for d, n in self.route_messages.items()},
+            ("direction",),
         )
         m.gauge(
             "hearthnet_relay_v1_route_frames",

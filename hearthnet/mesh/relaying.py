@@ -82,6 +82,7 @@ from hearthnet.mesh.relayed_link import (
     is_relayed,
 )
 from hearthnet.mesh.relayed_paths import RelayedPaths
+from hearthnet.mesh.route_batch import BATCH_PREFIX, batch_frames
 from hearthnet.metrics import MetricsRegistry
 
 log = logging.getLogger("hearthnet.mesh.relaying")
@@ -255,13 +256,31 @@ class Relaying:
         Raises:
             BadRequest: malformed (the link logs it and goes on).
         """
-        if data[wire.TO_AT : wire.FROM_AT] == self._own_key:
+        if data[:4] == BATCH_PREFIX:  # many route frames in one message (a v4 link)
+            self._batch_in(link, data)
+        elif data[wire.TO_AT : wire.FROM_AT] == self._own_key:
             self._route_in(link, wire.parse_route(data))
         elif self.relay is not None and not is_relayed(link):
             self.relay.forward(link, data, time.monotonic())
         else:
             wire.read_header(data)  # a malformed frame raises; a well-formed one is counted
             self.counts["misdelivered"] += 1
+
+    def _batch_in(self, link: PeerLink, data: bytes) -> None:
+        """A route batch (spec §11): a relay passes on the frames not addressed to us;
+        ours are opened in order; a node that does not relay drops the others."""
+        if self.relay is not None and not is_relayed(link):
+            spans = self.relay.forward_batch(link, data, time.monotonic())
+        else:
+            spans = batch_frames(data)
+        own = self.node_id
+        for head, start, end in spans:
+            if head.to == own:
+                inner = data[start + wire.HEADER_BYTES : end]
+                route = Route(head.to, head.from_, head.ttl_hops, head.id, inner, head.control)
+                self._route_in(link, route)
+            else:
+                self.counts["misdelivered"] += 1
 
     def on_frame(self, link: PeerLink, raw: dict[str, Any]) -> bool:
         """Take a relay frame off ``link``; False when ``raw`` is not one."""

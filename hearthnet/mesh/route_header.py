@@ -53,8 +53,8 @@ _HEADER = struct.Struct(">3sBBQ32s32sI")
 HEADER_BYTES = _HEADER.size  # 81
 _ONE_BYTE = [bytes((i,)) for i in range(256)]
 
-_NODE_IDS: dict[bytes, str] = {}  # public key -> NodeID: a relay sees the same few again
-_NODE_IDS_MAX = 4096
+NODE_IDS: dict[bytes, str] = {}  # public key -> NodeID: a relay sees the same few again
+NODE_IDS_MAX = 4096
 
 
 class RouteHeader(NamedTuple):
@@ -77,12 +77,13 @@ def is_binary(data: bytes) -> bool:
     return data[:1] == TAG_BYTE
 
 
-def _node(key: bytes) -> str:
-    node = _NODE_IDS.get(key)
+def node_of(key: bytes) -> str:
+    """The NodeID of ed25519 public key ``key`` (cached: a relay sees the same few)."""
+    node = NODE_IDS.get(key)
     if node is None:
-        if len(_NODE_IDS) >= _NODE_IDS_MAX:
-            _NODE_IDS.clear()
-        node = _NODE_IDS[key] = node_id_from_public_key(key)
+        if len(NODE_IDS) >= NODE_IDS_MAX:
+            NODE_IDS.clear()
+        node = NODE_IDS[key] = node_id_from_public_key(key)
     return node
 
 
@@ -111,10 +112,10 @@ def read_header(data: bytes) -> RouteHeader:
         raise BadRequest("route.length does not match the frame")
     if size > MAX_INNER_BYTES:
         raise BadRequest(f"route.inner must be a byte string of at most {MAX_INNER_BYTES} bytes")
-    nodes = _NODE_IDS
+    nodes = NODE_IDS
     return RouteHeader(
-        nodes.get(to) or _node(to),
-        nodes.get(from_) or _node(from_),
+        nodes.get(to) or node_of(to),
+        nodes.get(from_) or node_of(from_),
         ttl,
         id_,
         flags == FLAG_CONTROL,

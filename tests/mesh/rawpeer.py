@@ -26,6 +26,7 @@ from hearthnet.mesh.protocol import (
     encode_frame,
     link_version,
 )
+from hearthnet.mesh.route_batch import is_batch, split_batch
 from hearthnet.mesh.route_header import is_binary, parse_route
 from hearthnet.node import Node
 from tests.helpers import wait_until
@@ -39,6 +40,7 @@ class RawPeer:
         self.ws = ws
         self.frames: list[dict[str, Any]] = []  # everything received after the handshake
         self.binary: list[bool] = []  # per frame: it came in the binary form (a route)
+        self.batches: list[int] = []  # per route batch received (v4): the frames in it
         self.hello: PeerInfo | None = None  # the node's hello, where the test keeps it
 
     @property
@@ -62,14 +64,17 @@ class RawPeer:
     async def read(self) -> None:
         """Record frames until the link closes; answer pings so heartbeats keep it up."""
         while (msg := await self.ws.receive()).type == WSMsgType.BINARY:
-            if is_binary(msg.data):  # a route frame's binary form: recorded as its map
-                frame = parse_route(msg.data).serialize()
-            else:
-                frame = decode_frame(msg.data)
-            self.binary.append(is_binary(msg.data))
-            self.frames.append(frame)
-            if frame["t"] == "ping":
-                await self.send("pong", **pong_for(frame, now_ms()))
+            # a route batch (v4) is recorded as the route frames in it
+            batch = split_batch(msg.data) if is_batch(msg.data) else [msg.data]
+            if is_batch(msg.data):
+                self.batches.append(len(batch))
+            for data in batch:
+                # a route frame's binary form is recorded as its map
+                frame = parse_route(data).serialize() if is_binary(data) else decode_frame(data)
+                self.binary.append(is_binary(data))
+                self.frames.append(frame)
+                if frame["t"] == "ping":
+                    await self.send("pong", **pong_for(frame, now_ms()))
 
 
 @contextlib.asynccontextmanager

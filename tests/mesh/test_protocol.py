@@ -76,24 +76,34 @@ def test_members_complete_the_handshake() -> None:
 
 
 def test_what_a_peer_is_sent_follows_the_link_version_not_the_hello() -> None:
-    """On a v3 link the peer takes batch frames and data_enc messages; on a v2 link
-    neither (a "+batch" label in its version counts for nothing); a relayed path takes
-    data_enc messages only; the negotiated subprotocol names the version."""
+    """On a v4 link the peer takes route batches, batch frames and data_enc messages; on a
+    v3 link no route batches; on a v2 link none of them (a "+batch" label in its version
+    counts for nothing); a relayed path takes data_enc messages only; the negotiated
+    subprotocol names the version."""
     view = community(B)
     seen = []
-    for link, version in ((3, "0.3.0"), (2, "0.3.0+batch")):
+    for link, version in ((4, "0.3.0"), (3, "0.3.0"), (2, "0.3.0+batch")):
         dialer = Handshake(A, view, True, NOW, version=version, link=link)
         acceptor = Handshake(B, view, False, NOW, version=version, link=link)
         run(dialer, acceptor)
         peer = acceptor.peer
-        seen.append((peer.link, peer.takes_batches, peer.takes_binary) if peer else None)
+        seen.append(
+            (peer.link, peer.takes_route_batches, peer.takes_batches, peer.takes_binary)
+            if peer
+            else None
+        )
     relayed = PeerInfo(B.node_id, "", None, "")
-    seen.append((relayed.link, relayed.takes_batches, relayed.takes_binary))
-    versions = [link_version(p) for p in (*SUBPROTOCOLS, None)]
-    assert ([(3, True, True), (2, False, False), (0, False, True)], [3, 2, 1, 1]) == (
-        seen,
-        versions,
+    seen.append(
+        (relayed.link, relayed.takes_route_batches, relayed.takes_batches, relayed.takes_binary)
     )
+    versions = [link_version(p) for p in (*SUBPROTOCOLS, None)]
+    expected = [
+        (4, True, True, True),
+        (3, False, True, True),
+        (2, False, False, False),
+        (0, False, False, True),
+    ]
+    assert (expected, [4, 3, 2, 1, 1]) == (seen, versions)
 
 
 def test_a_full_acceptor_says_so_in_its_signed_hello() -> None:

@@ -13,6 +13,7 @@ from hearthnet.mesh.pacing import Budget
 from hearthnet.mesh.relay_core import (
     Action,
     Close,
+    Forward,
     Refuse,
     RelayConfig,
     RelayCore,
@@ -28,6 +29,7 @@ from hearthnet.mesh.relay_frames import (
     RouteTable,
 )
 from hearthnet.mesh.relay_role import RelayRole
+from hearthnet.mesh.route_header import header_of
 from hearthnet.metrics import MetricsRegistry
 
 KEYS = [KeyPair.from_seed(bytes([0x41 + i]) * 32) for i in range(12)]
@@ -657,3 +659,51 @@ def test_metrics_count_forwarded_frames_bytes_and_budget_refusals() -> None:
         f"hearthnet_relay_forwarded_bytes {2 * 64 * 1024}",
         'hearthnet_relay_refused_frames{reason="rate_limited"} 1',
     } <= lines
+
+
+OWN = set(M[:3])  # is_own: members of the relay's own community; M[3] is federated
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([M[0], M[0], M[0], M[3]]),  # from: mostly the member itself
+            st.sampled_from([M[1], M[2], M[3], M[4], STRANGER]),  # to
+            st.integers(0, 5),  # id: repeats are duplicates
+            st.sampled_from([0, 1, 4]),  # ttl_hops
+            st.booleans(),  # control
+            st.integers(0, 900),  # size
+        ),
+        max_size=24,
+    ),
+    st.sampled_from([M[0], M[3]]),  # the sending member: one of ours, or a federated one
+)
+def test_a_batch_is_decided_as_its_frames_would_be_alone(
+    frames: list[tuple[str, str, int, int, bool, int]], sender: str
+) -> None:
+    """route_many forwards, refuses and counts exactly as route does frame by frame
+    (duplicates, ttl, unreachable, foreign, budget, a spoof ending the batch)."""
+    cores = [
+        RelayCore(R1, served, RelayConfig(member_bytes_per_s=2000), is_own=OWN.__contains__)
+        for _ in range(2)
+    ]
+    heads = [
+        header_of(Route(to, sender if src == M[0] else src, ttl, n, bytes(size), control))
+        for src, to, n, ttl, control, size in frames
+    ]
+    for core in cores:
+        attach(core, sender, *[m for m in (M[1], M[2], M[3]) if m != sender])
+    alone: list[object] = []
+    others: list[Action] = []
+    for i, head in enumerate(heads):
+        acts = cores[0].route(sender, head, 1.0)
+        forward = acts[0] if len(acts) == 1 and isinstance(acts[0], Forward) else None
+        alone.append(None if forward is None else forward.link)
+        if forward is None:
+            others += acts
+            if any(isinstance(a, Close) for a in acts):
+                alone += [None] * (len(heads) - i - 1)
+                break
+    batched = cores[1].route_many(sender, heads, 1.0)
+    assert ((alone, others), cores[0].statistics()) == (batched, cores[1].statistics())

@@ -31,12 +31,14 @@ from hearthnet.mesh.protocol import (
     MAX_FRAME_BYTES,
     SUBPROTOCOL,
     SUBPROTOCOL_V1,
+    SUBPROTOCOL_V3,
     Handshake,
     decode_frame,
     encode_frame,
 )
 from hearthnet.mesh.relay_frames import Attach, Attached, Route, RouteTable, parse_frame
 from hearthnet.mesh.relay_member import RelayEndpoint
+from hearthnet.mesh.route_batch import encode_batch
 from hearthnet.mesh.route_header import encode_route
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
@@ -144,6 +146,36 @@ async def test_a_v1_member_gets_cbor_route_frames_and_a_hello_it_can_read(
         [True, False],
         {"in": 1, "out": 1},
     ) == (budgets, at_old, parse_frame(at_new), forms, hellos, counted)
+
+
+async def test_a_relay_passes_a_batch_on_as_one_batch_or_single_frames_by_version(
+    make_config: MakeConfig,
+) -> None:
+    """A route batch's frames for a member on hearthnet-peer.v4 go on as one batch, those
+    for a member on v3 as single binary frames (spec §11: no v3 peer is sent a batch)."""
+    keys = [KeyPair.from_seed(bytes([0x56 + i]) * 32) for i in range(3)]
+    async with Node(make_config(mesh={"relay": True})) as relay:
+        assert relay.mesh.relaying.relay is not None
+        async with (
+            linked(relay, keys[0]) as sender,
+            linked(relay, keys[1]) as v4,
+            linked(relay, keys[2], protocol=SUBPROTOCOL_V3) as v3,
+        ):
+            for peer in (sender, v4, v3):
+                await peer.ws.send_bytes(Attach(now_ms()).encode())
+                await peer.first("attached")
+            routes = [
+                Route(p.node, sender.node, 4, i, b"x%d" % i) for i, p in enumerate((v4, v3, v4, v3))
+            ]
+            await sender.ws.send_bytes(encode_batch([encode_route(r) for r in routes]))
+            await wait_until(
+                lambda: len(v4.received("route")) == 2 and len(v3.received("route")) == 2,
+                5,
+                "both members' frames",
+            )
+            got = [(p.batches, [parse_frame(f) for f in p.received("route")]) for p in (v4, v3)]
+    hop = [dataclasses.replace(r, ttl_hops=3) for r in routes]
+    assert [([2], [hop[0], hop[2]]), ([], [hop[1], hop[3]])] == got
 
 
 async def test_a_relay_dialling_a_v1_node_sends_a_hello_it_can_read(

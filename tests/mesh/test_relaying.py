@@ -40,6 +40,7 @@ from hearthnet.mesh.protocol import (
 from hearthnet.mesh.relay_frames import Attached, Route, Sealed, decode, parse_frame
 from hearthnet.mesh.relay_member import RelayEndpoint
 from hearthnet.mesh.relayed_link import path_fields
+from hearthnet.mesh.route_batch import encode_batch
 from hearthnet.mesh.route_header import encode_route
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
@@ -100,6 +101,26 @@ async def test_a_direct_link_replaces_a_relayed_one(relayed_trio: RelayedTrio) -
     assert (both, ("direct", "direct")) == (paths(), relayed_trio.paths())
 
 
+@pytest.mark.asyncio(loop_scope="session")
+async def test_frames_sent_in_one_turn_cross_the_relay_in_batches(
+    relayed_trio: RelayedTrio,
+) -> None:
+    """Route frames a member queues in one loop turn reach the relay in route batches
+    (spec §11, v4 links) and arrive at the other member, every one."""
+    a, b, relay = relayed_trio.a, relayed_trio.b, relayed_trio.relay
+    role = relay.mesh.relaying.relay
+    assert role is not None
+    link = a.mesh.links[b.keys.node_id]
+    before = role.route_messages["in"], role.core.statistics().forwarded
+    opened = b.mesh.relaying.counts["frames_in"]
+    for _ in range(50):  # one turn: no await between them
+        link.send_raw(encode_frame("peers", peers=[]))
+    await wait_until(lambda: b.mesh.relaying.counts["frames_in"] - opened >= 50, 10, "b has all")
+    messages = role.route_messages["in"] - before[0]
+    frames = role.core.statistics().forwarded - before[1]
+    assert (True, True) == (frames >= 50, messages <= frames // 4)
+
+
 def flipped(route: Route) -> Route:
     """``route`` with the last byte of its inner frame (the MAC) changed."""
     inner = route.inner[:-1] + bytes([route.inner[-1] ^ 0x01])
@@ -109,8 +130,8 @@ def flipped(route: Route) -> Route:
 async def test_a_tampering_relay_cannot_make_a_member_accept_a_frame(
     make_config: MakeConfig,
 ) -> None:
-    """A flipped byte, a rewritten from or to, and a replay are refused and counted; the
-    true frame arrives once."""
+    """A flipped byte, a rewritten from or to, and a replay are refused and counted, alone
+    or in a route batch; the true frame arrives once."""
     relay_keys, sender_keys = KeyPair.from_seed(b"\x31" * 32), KeyPair.from_seed(b"\x32" * 32)
     async with Node(make_config(mesh={"relay_urls": [RELAY_URL]})) as node:
         node.add_member(relay_keys.node_id)
@@ -179,11 +200,12 @@ async def test_a_tampering_relay_cannot_make_a_member_accept_a_frame(
                 dataclasses.replace(genuine, from_=relay_keys.node_id),
                 dataclasses.replace(genuine, to=relay_keys.node_id),
             ]
-            for route in forged:
+            for route in forged[:2]:
                 await ws.send_bytes(encode_route(route))
-            await ws.send_bytes(encode_route(genuine))
             replayed = dataclasses.replace(genuine, id=genuine.id + 1000, control=True)
-            await ws.send_bytes(encode_route(replayed))
+            # the rest in one route batch (a v4 link): each frame is judged alone
+            batch = [encode_route(r) for r in (forged[2], genuine, replayed)]
+            await ws.send_bytes(encode_batch(batch))
             assert node.mesh.relaying.endpoint is not None
             refused = node.mesh.relaying.endpoint.refused
             await until(lambda: sum(refused.values()) >= 3 and bool(pongs))

@@ -1,0 +1,202 @@
+"""Route batches: many binary ``route`` frames in one WebSocket message (spec §8, §11;
+peer links of ``hearthnet-peer.v4``). Pure.
+
+A relay's cost per forwarded frame is mostly what it pays per WebSocket message: the
+read's wake-up, splitting and unmasking the message, handing it to the relay, framing
+it again for the write. On a v4 link a sender's writer puts the route frames queued since
+its last wake-up into one message (:func:`pack_routes`), the relay reads the headers of
+the frames in it (:func:`batch_frames`), decides each frame as it would alone, and writes
+what goes to one link as one message again (:func:`passed_on_batch`), so the cost per
+message is paid once for many frames. Layout::
+
+    offset  size  field
+    0       1     0x48 ("H"): a binary peer-link frame
+    1       1     layout version: 1
+    2       1     kind: 2 = route batch
+    3       1     flags: 0
+    4       ...   route frames back to back, each a whole binary route frame
+                  (:mod:`hearthnet.mesh.route_header`: its 81-byte header, whose length
+                  field says where the frame ends, then its end-to-end frame)
+
+A batch holds at least one frame and ends exactly where its last frame ends. The frames
+are the ones a sender would have sent alone, byte for byte (a relay lowers each one's
+``ttl_hops``): nothing in the batch is signed or sealed as a whole, and a relay cannot
+make a receiver accept any frame it could not already make it accept alone.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+from hearthnet.errors import BadRequest, PayloadTooLarge
+from hearthnet.mesh.frame_fields import MAX_FRAME_BYTES, MAX_ID, MAX_INNER_BYTES
+from hearthnet.mesh.relay_frames import MAX_TTL_HOPS
+from hearthnet.mesh.route_header import (
+    FLAG_CONTROL,
+    HEADER_BYTES,
+    KIND_ROUTE,
+    LAYOUT,
+    NODE_IDS,
+    PREFIX,
+    TAG,
+    TTL_AT,
+    RouteHeader,
+    node_of,
+)
+
+KIND_BATCH = 2
+BATCH_PREFIX = bytes((TAG, LAYOUT, KIND_BATCH, 0))
+BATCH_HEADER_BYTES = len(BATCH_PREFIX)
+# What a sender puts in one batch (the writer's own write is about as large); a receiver
+# takes any batch within the peer-link message limit (MAX_FRAME_BYTES).
+MAX_BATCH_BYTES = 256 * 1024
+_HEADER = struct.Struct(">3sBBQ32s32sI")
+
+Span = tuple[RouteHeader, int, int]  # a frame's header, where it starts and where it ends
+
+
+def is_batch(data: bytes) -> bool:
+    """Whether ``data`` (one peer-link message) is a route batch."""
+    return data[:4] == BATCH_PREFIX
+
+
+def encode_batch(frames: Sequence[bytes]) -> bytes:
+    """The route batch of binary route ``frames`` (at least one), in order."""
+    if not frames:
+        raise ValueError("a route batch holds at least one frame")
+    return BATCH_PREFIX + b"".join(frames)
+
+
+def batch_frames(data: bytes) -> list[Span]:
+    """Each frame of route batch ``data``: its header and its span ``(start, end)``.
+
+    Raises:
+        PayloadTooLarge: over the peer-link message limit.
+        BadRequest: not a route batch, no frame in it, or a frame that is not a binary
+            route frame of layout 1 with every field in range (the whole batch is
+            refused: nothing of it is taken).
+    """
+    total = len(data)
+    if total > MAX_FRAME_BYTES:
+        raise PayloadTooLarge(f"route batch over {MAX_FRAME_BYTES} bytes")
+    if data[:4] != BATCH_PREFIX:
+        raise BadRequest("not a route batch of layout 1")
+    if total < BATCH_HEADER_BYTES + HEADER_BYTES:
+        raise BadRequest("a route batch holds at least one route frame")
+    spans: list[Span] = []
+    append = spans.append
+    unpack = _HEADER.unpack_from
+    nodes = NODE_IDS
+    start = BATCH_HEADER_BYTES
+    while start < total:
+        if total - start < HEADER_BYTES:
+            raise BadRequest("a route batch ends inside a route frame's header")
+        prefix, flags, ttl, id_, to, from_, size = unpack(data, start)
+        end = start + HEADER_BYTES + size
+        if (
+            prefix != PREFIX
+            or flags & ~FLAG_CONTROL
+            or ttl > MAX_TTL_HOPS
+            or id_ > MAX_ID
+            or size > MAX_INNER_BYTES
+            or end > total
+        ):
+            raise BadRequest(f"frame {len(spans)} of a route batch is not a valid route frame")
+        to_node = nodes.get(to) or node_of(to)
+        from_node = nodes.get(from_) or node_of(from_)
+        append((RouteHeader(to_node, from_node, ttl, id_, flags == 1, size), start, end))
+        start = end
+    return spans
+
+
+def split_batch(data: bytes) -> list[bytes]:
+    """The route frames of route batch ``data``, each as its own bytes.
+
+    Raises:
+        BadRequest / PayloadTooLarge: see :func:`batch_frames`.
+    """
+    return [data[start:end] for _, start, end in batch_frames(data)]
+
+
+def is_route_message(data: bytes) -> bool:
+    """Whether ``data`` is a binary route frame or a route batch (what :func:`pack_routes`
+    merges)."""
+    return len(data) > 2 and data[0] == TAG and data[1] == LAYOUT and data[2] in _ROUTE_KINDS
+
+
+_ROUTE_KINDS = (KIND_ROUTE, KIND_BATCH)
+
+
+def pack_routes(messages: list[bytes], limit: int = MAX_BATCH_BYTES) -> tuple[list[bytes], int]:
+    """``messages`` (one write's, in order) with each run of consecutive route frames and
+    route batches merged into one route batch of at most ``limit`` bytes of frames (a
+    frame larger than that goes alone); everything else as it is, in its place. Also
+    returns how many messages were saved.
+
+    What a writer of a ``hearthnet-peer.v4`` link sends (spec §11): the route frames
+    queued in one loop turn cost the receiver one message.
+    """
+    out: list[bytes] = []
+    run: list[bytes] = []
+    size = 0
+    saved = 0
+    for data in messages:
+        if not (len(data) > 2 and data[0] == TAG and data[1] == LAYOUT and data[2] in _ROUTE_KINDS):
+            if run:
+                saved += _flush(run, out)
+                run, size = [], 0
+            out.append(data)
+            continue
+        body = len(data) - (BATCH_HEADER_BYTES if data[2] == KIND_BATCH else 0)
+        if run and size + body > limit:
+            saved += _flush(run, out)
+            run, size = [], 0
+        run.append(data)
+        size += body
+    if run:
+        saved += _flush(run, out)
+    return out, saved
+
+
+def _flush(run: list[bytes], out: list[bytes]) -> int:
+    if len(run) == 1:
+        out.append(run[0])
+        return 0
+    parts: list[bytes | memoryview] = [BATCH_PREFIX]
+    for data in run:
+        parts.append(memoryview(data)[BATCH_HEADER_BYTES:] if data[2] == KIND_BATCH else data)
+    out.append(b"".join(parts))
+    return len(run) - 1
+
+
+_ONE_BYTE = [bytes((i,)) for i in range(256)]
+
+
+def passed_on_batch(data: bytes, spans: Sequence[Span], *, whole: bool = False) -> bytes:
+    """What a relay writes on for the frames ``spans`` of route batch ``data`` (each
+    passed on, so each with ``ttl_hops`` at least 1): one route frame alone, else a route
+    batch of them in order, each with ``ttl_hops`` one less. ``whole``: ``spans`` are all
+    the frames of ``data``."""
+    if len(spans) == 1:
+        head, start, end = spans[0]
+        return b"".join(
+            (
+                data[start : start + TTL_AT],
+                _ONE_BYTE[head.ttl_hops - 1],
+                data[start + TTL_AT + 1 : end],
+            )
+        )
+    if whole:
+        out = bytearray(data)  # every frame of the batch goes on: one copy, patched in place
+        for head, start, _ in spans:
+            out[start + TTL_AT] = head.ttl_hops - 1
+        return bytes(out)
+    parts: list[bytes] = [BATCH_PREFIX]
+    for head, start, end in spans:
+        parts += (
+            data[start : start + TTL_AT],
+            _ONE_BYTE[head.ttl_hops - 1],
+            data[start + TTL_AT + 1 : end],
+        )
+    return b"".join(parts)

@@ -1,0 +1,124 @@
+"""Route batches (spec §8, §11; mesh/route_batch.py): many route frames in one message,
+split by their headers alone, merged by a link's writer, passed on by a relay."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hearthnet.errors import BadRequest
+from hearthnet.identity import KeyPair
+from hearthnet.mesh.relay_frames import Route
+from hearthnet.mesh.route_batch import (
+    BATCH_HEADER_BYTES,
+    batch_frames,
+    encode_batch,
+    is_batch,
+    is_route_message,
+    pack_routes,
+    passed_on_batch,
+    split_batch,
+)
+from hearthnet.mesh.route_header import encode_route, read_header
+
+NODES = [KeyPair.from_seed(bytes([i]) * 32).node_id for i in range(1, 4)]
+
+routes = st.builds(
+    Route,
+    to=st.sampled_from(NODES),
+    from_=st.sampled_from(NODES),
+    ttl_hops=st.integers(1, 16),
+    id=st.integers(0, 2**53 - 1),
+    inner=st.binary(max_size=300),
+    control=st.booleans(),
+)
+frames = routes.map(encode_route)
+# what a link's writer drains: route frames, route batches, and CBOR frames (a map's
+# first byte is 0xa0..0xbf), in any order
+messages = st.one_of(
+    frames,
+    st.lists(frames, min_size=1, max_size=4).map(encode_batch),
+    st.binary(min_size=1, max_size=40).map(lambda b: b"\xa1" + b),
+)
+
+
+def flat(items: list[bytes]) -> list[bytes]:
+    """Each route batch replaced by its frames, everything else as it is."""
+    out: list[bytes] = []
+    for data in items:
+        out += split_batch(data) if is_batch(data) else [data]
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(frames, min_size=1, max_size=12))
+def test_a_batch_splits_into_its_frames_with_their_headers(batch: list[bytes]) -> None:
+    """Split by headers alone, a batch gives back each frame byte for byte, and each
+    header is what the frame alone reads as."""
+    data = encode_batch(batch)
+    spans = batch_frames(data)
+    assert (batch, [read_header(f) for f in batch]) == (
+        split_batch(data),
+        [head for head, _, _ in spans],
+    )
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(messages, max_size=16), st.integers(100, 2000))
+def test_packing_keeps_every_frame_once_in_order(items: list[bytes], limit: int) -> None:
+    """The writer's packing merges runs of route messages into batches under the limit
+    (a larger frame alone) and keeps every frame, once, in order, CBOR frames in place."""
+    packed, saved = pack_routes(items, limit)
+    oversized = [  # a merged batch over the limit (one message over it goes as it came)
+        p for p in packed if len(p) - BATCH_HEADER_BYTES > limit and p not in items
+    ]
+    adjacent = [
+        i for i in range(len(packed) - 1) if all(is_route_message(p) for p in packed[i : i + 2])
+    ]
+    merged_small = [i for i in adjacent if len(packed[i]) + len(packed[i + 1]) <= limit]
+    assert (flat(items), len(items) - len(packed), [], []) == (
+        flat(packed),
+        saved,
+        oversized,
+        merged_small,
+    )
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(frames, min_size=1, max_size=10), st.data())
+def test_a_relay_passes_on_any_subset_with_each_ttl_one_less(
+    batch: list[bytes], data: st.DataObject
+) -> None:
+    """What a relay writes for some of a batch's frames is those frames in order, each
+    with ttl_hops one less and every other byte as received."""
+    raw = encode_batch(batch)
+    spans = batch_frames(raw)
+    keep = data.draw(st.lists(st.booleans(), min_size=len(spans), max_size=len(spans)))
+    chosen = [s for s, k in zip(spans, keep, strict=True) if k] or spans[:1]
+    out = passed_on_batch(raw, chosen, whole=len(chosen) == len(spans))
+    expected = [
+        raw[start : start + 4] + bytes([head.ttl_hops - 1]) + raw[start + 5 : end]
+        for head, start, end in chosen
+    ]
+    assert expected == (split_batch(out) if is_batch(out) else [out])
+
+
+def test_a_malformed_batch_is_refused_whole() -> None:
+    """A batch with no frame, cut inside a frame, holding a batch, or a frame out of range
+    is refused: nothing of it is taken."""
+    good = encode_route(Route(NODES[0], NODES[1], 4, 1, b"x" * 10))
+    bad_ttl = good[:4] + bytes([17]) + good[5:]
+    cases = [
+        encode_batch([good])[:BATCH_HEADER_BYTES],
+        encode_batch([good, good])[:-1],
+        encode_batch([good]) + good[:40],
+        encode_batch([good, encode_batch([good])]),
+        encode_batch([good, bad_ttl]),
+    ]
+    refused = []
+    for case in cases:
+        with pytest.raises(BadRequest):
+            batch_frames(case)
+        refused.append(True)
+    assert [True] * len(cases) == refused
