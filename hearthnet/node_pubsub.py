@@ -69,6 +69,7 @@ def build_pubsub(
         max_messages=ps.max_messages_per_topic,
         max_age_s=ps.max_age_s,
         max_bytes=ps.max_bytes,
+        max_log_messages=ps.max_messages,
     )
     message_log = MessageLog(
         data_dir / "pubsub" / "log.sqlite3",
@@ -137,5 +138,6 @@ def wire_commits(
         rates.record((m.topic for m in batch), time.monotonic())
 
     message_log.listeners.append(committed)
+    message_log.listeners.append(pubsub.retention_pass.on_commit)
     pubsub.presence_hub.on_local = mesh.on_local_presence
     return rates

@@ -292,6 +292,13 @@ class PubSubSection:
         default=1 * GIB,
         metadata=_doc("Retention: the whole log's size cap; the oldest messages go first."),
     )
+    max_messages: int = field(
+        default=1_000_000,
+        metadata=_doc(
+            "Retention: the whole log's message cap (~180 bytes of RAM each for its indexes);"
+            " the oldest messages go first."
+        ),
+    )
     retention_interval_s: float = field(default=10.0, metadata=_doc("How often retention runs."))
     publish_per_s_member: float = field(
         default=1000.0, metadata=_doc("Publishes per second per member.")

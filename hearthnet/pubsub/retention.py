@@ -1,7 +1,8 @@
 """Retention per topic pattern (spec §6.3). Pure.
 
 Default 1,000 messages per topic and 24 h; rules per pattern override it (first match
-wins), a global byte cap evicts oldest first, and a message's own ``ttl_s`` ends it early.
+wins), global caps on bytes and on messages evict oldest first, and a message's own
+``ttl_s`` ends it early.
 Durable consumers hold unacked messages past these limits, up to 10,000 messages or
 7 days per consumer (spec §6.8).
 """
@@ -55,10 +56,14 @@ class RetentionPolicy:
         max_messages: int = 1000,
         max_age_s: float = 86400.0,
         max_bytes: int = 1 << 30,
+        max_log_messages: int = 1_000_000,
     ) -> None:
+        if max_log_messages < 1 or max_bytes < 1:
+            raise ConfigError("pubsub.max_messages and pubsub.max_bytes must be positive")
         self.rules = tuple(rules)
         self.default = (max_messages, max_age_s)
         self.max_bytes = max_bytes
+        self.max_log_messages = max_log_messages  # pubsub.max_messages: the whole log
         self.limits_for = lru_cache(maxsize=8192)(self._limits_for)
 
     def _limits_for(self, topic: str) -> tuple[int, float]:

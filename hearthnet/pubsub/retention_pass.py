@@ -1,11 +1,19 @@
 """Retention passes over the log (spec §6.3, §6.8): what the rules of
 :class:`~hearthnet.pubsub.retention.RetentionPolicy` let go, minus what durable consumers
 still hold, deleted every ``retention_interval_s``.
+
+The message cap (``pubsub.max_messages``) also starts a pass at once when a commit takes
+the log :data:`OVER_CAP` of the cap past it (or past what durable consumers held after the
+last pass), and passes follow one another while each deletes something and the log is
+still over the cap: the log (and its indexes in memory) stays within 1.1× the cap, plus
+one commit (at most ``max_batch`` messages) and what arrives while a pass runs, as long
+as deletes outpace publishes (docs/pubsub.md "Retention" has the measured rates).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from hearthnet.clock import now_ms
@@ -20,6 +28,8 @@ log = logging.getLogger("hearthnet.pubsub")
 
 AGED_PAGE = 10_000  # retention candidates read at once
 AGED_PAGES = 10  # pages of old messages looked at per retention pass
+OVER_CAP = 0.1  # share of pubsub.max_messages past it at which a commit starts a pass
+CAP_PAGE = 50_000  # messages over pubsub.max_messages deleted per pass (then another pass)
 
 
 class RetentionPass:
@@ -37,15 +47,35 @@ class RetentionPass:
         self.log = log_store
         self.retention = retention
         self.consumers = consumers
+        self.over_cap = asyncio.Event()  # set by on_commit: start a pass now
+        self.start_at = self._start_at()
+
+    def _start_at(self) -> int:
+        """How many messages held make a commit start a pass: :data:`OVER_CAP` of the cap
+        past the cap, or past what the last pass left (durable consumers may hold more
+        than the cap: no pass after every commit then)."""
+        cap = self.retention.max_log_messages
+        return max(cap, len(self.log.index)) + max(1, int(cap * OVER_CAP))
+
+    def on_commit(self, _batch: object) -> None:
+        """A commit listener: start a pass when the log holds :attr:`start_at` messages."""
+        if len(self.log.index) >= self.start_at:
+            self.over_cap.set()
 
     async def loop(self) -> None:
-        """Run retention every ``retention_interval_s``."""
+        """Run retention every ``retention_interval_s``, and at once when the log is
+        far over its message cap."""
         while True:
-            await asyncio.sleep(self.config.retention_interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.over_cap.wait(), self.config.retention_interval_s)
+            self.over_cap.clear()
             try:
-                await self.apply()
+                deleted = await self.apply()
             except (WireError, StorageError) as exc:  # the next pass tries again
                 log.warning("retention failed: %s", exc)
+                continue
+            if deleted and len(self.log.index) > self.retention.max_log_messages:
+                self.over_cap.set()  # more than CAP_PAGE over: go on at once
 
     async def apply(self, now: int | None = None) -> int:
         """One retention pass (spec §6.3, §6.8); returns how many messages were deleted."""
@@ -66,7 +96,9 @@ class RetentionPass:
                 continue
             self.consumers.mark_lost(holds, seq, topic)
             delete.append(seq)
-        return await self.log.delete(delete)
+        deleted = await self.log.delete(delete)
+        self.start_at = self._start_at()
+        return deleted
 
     async def _doomed(self, now: int) -> dict[int, tuple[str, int]]:
         """Every message the rules let go, as ``seq -> (topic, ts)`` (bounded per pass)."""
@@ -102,13 +134,26 @@ class RetentionPass:
             if len(aged) < AGED_PAGE:
                 break
             after = aged[-1][0]
-        if log_store.total_bytes > self.retention.max_bytes:
-            excess = log_store.total_bytes - self.retention.max_bytes
-            oldest = await reader.candidates(limit=10_000)
-            freed = 0
+        # The whole log's caps, oldest first: at most 10,000 messages a pass for bytes,
+        # CAP_PAGE for the message cap.
+        over_bytes = log_store.total_bytes - self.retention.max_bytes
+        over_count = min(CAP_PAGE, len(log_store.index) - self.retention.max_log_messages)
+        if over_bytes > 0 or over_count > 0:
+            oldest = await reader.candidates(limit=max(10_000, over_count))
+            freed = taken = 0
             for seq, topic, ts in oldest:
-                if freed >= excess:
+                if freed >= over_bytes and taken >= over_count:
                     break
                 doomed[seq] = (topic, ts)
+                taken += 1
                 freed += log_store.topics[topic].bytes // max(1, log_store.topics[topic].messages)
+            log.info(
+                "retention: the log holds %d messages (pubsub.max_messages %d) and %d bytes"
+                " (pubsub.max_bytes %d); the oldest %d go, unless a durable consumer holds them",
+                len(log_store.index),
+                self.retention.max_log_messages,
+                log_store.total_bytes,
+                self.retention.max_bytes,
+                taken,
+            )
         return doomed
