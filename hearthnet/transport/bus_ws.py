@@ -4,6 +4,10 @@
 One socket carries one call. Three coroutines per socket, all owned and ended here:
 the producer (the capability's frames, paced by the window), the reader (acks, tool
 results, cancel, pings/pongs) and the watchdog (pings, missed pongs, idle close).
+
+The frames a session sends within one event-loop turn (the producer fills the window a
+burst at a time: up to ``stream_window`` frames after each ack) leave in one transport
+write (:class:`TurnWriter`): one ``send`` system call per burst instead of one per frame.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import logging
 import time
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import ClientConnectionResetError, WSMsgType, web
+from aiohttp._websocket.writer import WebSocketWriter
 
 from hearthnet.bus.calls import CallHandle
 from hearthnet.bus.routing import check_target
@@ -46,6 +51,7 @@ from hearthnet.transport.keepalive import (
     SendPing,
 )
 from hearthnet.transport.server import error_response
+from hearthnet.transport.websocket import ws_frame
 
 log = logging.getLogger("hearthnet.transport.ws")
 
@@ -74,6 +80,84 @@ def close_code_for(error: WireError) -> int:
     if isinstance(error, CapacityExceeded):
         return CLOSE_TRY_AGAIN
     return CLOSE_POLICY if error.code in _POLICY_CODES else CLOSE_NORMAL
+
+
+TURN_FLUSH_BYTES = 64 * 1024  # payload bytes held in one turn before they are written at once
+
+
+class TurnWriter:
+    """Server frames sent within one event-loop turn, written to the transport at once.
+
+    Frames are built here (:func:`~hearthnet.transport.websocket.ws_frame`: unmasked, FIN,
+    no extension) and written by a callback at the end of the turn, or at once when
+    :data:`TURN_FLUSH_BYTES` are held or :meth:`flush` is called (before a close, ping or
+    pong, so nothing overtakes them). Back-pressure is aiohttp's: while the transport is
+    above its high-water mark, :meth:`send` waits for it to drain. The aiohttp parts used
+    (the response's writer, its transport and protocol) are not API: without them, or with
+    compression, every frame goes through ``send_frame`` as before.
+    """
+
+    __slots__ = ("_handle", "_loop", "_opcode", "_parts", "_size", "_writer", "ws")
+
+    def __init__(self, ws: web.WebSocketResponse, opcode: int) -> None:
+        self.ws = ws
+        self._opcode = int(opcode)
+        self._loop = asyncio.get_running_loop()
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._handle: asyncio.Handle | None = None
+        self._writer: WebSocketWriter | None = None
+
+    def _usable(self) -> WebSocketWriter | None:
+        writer: Any = getattr(self.ws, "_writer", None)
+        if (
+            isinstance(writer, WebSocketWriter)
+            and not writer.compress
+            and not writer.use_mask
+            and all(hasattr(writer, name) for name in ("transport", "protocol", "_closing"))
+            and hasattr(writer.protocol, "_paused")
+            and hasattr(writer.protocol, "_drain_helper")
+        ):
+            self._writer = writer
+            return writer
+        return None
+
+    async def send(self, data: bytes) -> None:
+        """Send one data frame after those already held.
+
+        Raises:
+            ConnectionError: the connection is closing or gone (as ``send_frame``).
+        """
+        writer = self._writer or self._usable()
+        if writer is None:
+            await self.ws.send_frame(data, WSMsgType(self._opcode))
+            return
+        if writer._closing or writer.transport.is_closing():
+            raise ClientConnectionResetError("Cannot write to closing transport")
+        self._parts.append(ws_frame(data, self._opcode))
+        self._size += len(data)
+        if self._size >= TURN_FLUSH_BYTES:
+            self.flush()
+        elif self._handle is None:
+            self._handle = self._loop.call_soon(self.flush)
+        protocol = writer.protocol
+        if protocol._paused:  # the socket's buffer is full: wait until it drains
+            await protocol._drain_helper()
+
+    def flush(self) -> None:
+        """Write what is held (dropped when the connection is already closing)."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        parts = self._parts
+        if not parts or self._writer is None:
+            return
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        parts.clear()
+        self._size = 0
+        transport = self._writer.transport
+        if not transport.is_closing():
+            transport.write(data)
 
 
 class BusWebSocketEndpoint:
@@ -164,6 +248,7 @@ class _BusSession:
             codec, window=cfg.stream_window, max_message_bytes=cfg.max_ws_message_bytes
         )
         self.opcode = WSMsgType.BINARY if codec.binary else WSMsgType.TEXT
+        self.out = TurnWriter(ws, self.opcode)
         self.loop = asyncio.get_running_loop()
         self.keepalive = Keepalive(
             now=self.loop.time(),
@@ -182,8 +267,13 @@ class _BusSession:
 
     async def _send(self, frame: Frame, *, numbered: bool = True) -> None:
         data = self.proto.encode(frame) if numbered else self.proto.encode_unnumbered(frame)
-        await self.ws.send_frame(data, self.opcode)
+        await self.out.send(data)
         self.keepalive.data(self.loop.time())
+
+    async def _close(self, code: int, message: bytes = b"") -> None:
+        """Write the frames held, then close."""
+        self.out.flush()
+        await self.ws.close(code=code, message=message)
 
     async def _emit(self, frame: Frame) -> None:
         """The producer's sink: wait for the window (spec §3.6), then send."""
@@ -203,7 +293,7 @@ class _BusSession:
         self.deps.metrics.refused.inc(error.code, "ws")
         with contextlib.suppress(ConnectionError, RuntimeError):
             await self._send(Frame("error", error.to_frame_data()), numbered=False)
-        await self.ws.close(code=close_code_for(error), message=error.code.encode())
+        await self._close(code=close_code_for(error), message=error.code.encode())
 
     # --- receiving ---------------------------------------------------------------
 
@@ -215,6 +305,7 @@ class _BusSession:
                 self.keepalive.data(self.loop.time())
                 return msg
             if msg.type == WSMsgType.PING:
+                self.out.flush()
                 await self.ws.pong(msg.data)
             elif msg.type == WSMsgType.PONG:
                 self.keepalive.pong()
@@ -254,7 +345,7 @@ class _BusSession:
                 except WireError as exc:
                     # spec §5: refused cleanly: the stream goes on; the client is told.
                     self.deps.metrics.refused.inc(exc.code, "ws")
-                    await self.ws.send_frame(
+                    await self.out.send(
                         self.proto.codec.encode(
                             {
                                 "event": "tool_result.refused",
@@ -263,8 +354,7 @@ class _BusSession:
                                     **exc.to_frame_data(),
                                 },
                             }
-                        ),
-                        self.opcode,
+                        )
                     )
             elif isinstance(frame, CancelRequest):
                 return ("cancel", None)
@@ -278,10 +368,11 @@ class _BusSession:
             action = self.keepalive.tick(self.loop.time())
             if isinstance(action, SendPing):
                 with contextlib.suppress(ConnectionError, RuntimeError):
+                    self.out.flush()
                     await self.ws.ping()
             elif isinstance(action, Close):
                 self.server_close = action
-                await self.ws.close(code=action.code, message=action.reason.encode())
+                await self._close(code=action.code, message=action.reason.encode())
                 return
 
     # --- the session -------------------------------------------------------------
@@ -297,7 +388,7 @@ class _BusSession:
                     msg = await self._receive()
             except TimeoutError:
                 self.deps.metrics.refused.inc("timeout", "ws")
-                await self.ws.close(code=CLOSE_POLICY, message=b"no call frame")
+                await self._close(code=CLOSE_POLICY, message=b"no call frame")
                 return
             if msg is None:
                 return
@@ -326,6 +417,7 @@ class _BusSession:
             self.proto.start()
             await self._stream()
         finally:
+            self.out.flush()
             watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watchdog
@@ -375,7 +467,7 @@ class _BusSession:
                 # node shutdown: end the stream with an error frame (spec §9)
                 with contextlib.suppress(ConnectionError, RuntimeError):
                     await self._send(Frame("error", SHUTTING_DOWN.to_frame_data()))
-                    await self.ws.close(code=1001, message=b"shutting down")
+                    await self._close(code=1001, message=b"shutting down")
             else:
                 # aiohttp cancels the handler when the client's connection is lost
                 self.deps.metrics.abandoned.inc("ws")
@@ -387,13 +479,13 @@ class _BusSession:
             terminal = producer.result()
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await self._send(terminal)
-                await self.ws.close(code=CLOSE_NORMAL)
+                await self._close(code=CLOSE_NORMAL)
             return
         if reader.cancelled() and self.revoked is not None:
             await self._stop_producer(producer)
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await self._send(Frame("error", self.revoked.to_frame_data()))
-                await self.ws.close(code=CLOSE_POLICY, message=b"revoked")
+                await self._close(code=CLOSE_POLICY, message=b"revoked")
             return
         why, error = reader.result()
         await self._stop_producer(producer)
@@ -402,12 +494,12 @@ class _BusSession:
                 await self._send(
                     Frame("error", Cancelled("cancelled by the client").to_frame_data())
                 )
-                await self.ws.close(code=CLOSE_NORMAL)
+                await self._close(code=CLOSE_NORMAL)
         elif why == "violation" and error is not None:
             self.deps.metrics.refused.inc(error.code, "ws")
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await self._send(Frame("error", error.to_frame_data()))
-            await self.ws.close(code=close_code_for(error), message=error.code.encode())
+            await self._close(code=close_code_for(error), message=error.code.encode())
         elif self.server_close is None:
             self.deps.metrics.abandoned.inc("ws")
 
