@@ -13,7 +13,6 @@ gets one ``send_bytes`` per frame, which is correct, only slower.
 from __future__ import annotations
 
 import random
-import struct
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -21,26 +20,12 @@ from aiohttp import ClientConnectionResetError
 from aiohttp._websocket.helpers import websocket_mask
 from aiohttp._websocket.writer import WebSocketWriter
 
-_LEN1 = struct.Struct("!BB").pack
-_LEN2 = struct.Struct("!BBH").pack
-_LEN3 = struct.Struct("!BBQ").pack
-_BINARY_FIN = 0x82  # FIN, opcode 2 (binary), no RSV bits: no extension in use
-_MASKED = 0x80
+from hearthnet.transport.websocket import OP_BINARY, frame_head
 
 
 class _Sends(Protocol):
     async def send_bytes(self, data: bytes) -> None:
         """Send one binary message."""
-
-
-def frame_header(length: int, masked: bool) -> bytes:
-    """The RFC 6455 header of one unfragmented binary frame of ``length`` bytes."""
-    mask_bit = _MASKED if masked else 0
-    if length < 126:
-        return _LEN1(_BINARY_FIN, length | mask_bit)
-    if length < 65536:
-        return _LEN2(_BINARY_FIN, 126 | mask_bit, length)
-    return _LEN3(_BINARY_FIN, 127 | mask_bit, length)
 
 
 _RANDOM = random.Random()  # as aiohttp masks: the key need only be unpredictable to a page
@@ -57,7 +42,7 @@ def encode_frames(
     client writes them: RFC 6455 §5.3)."""
     parts: list[bytes | bytearray] = []
     for data in messages:
-        parts.append(frame_header(len(data), masked))
+        parts.append(frame_head(len(data), OP_BINARY, masked))
         if masked:
             key = mask_key()
             body = bytearray(data)

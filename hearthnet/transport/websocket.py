@@ -12,7 +12,9 @@ object and a task each. This module is what that object needs to speak WebSocket
   message size limit *before* buffering a frame, and raises :class:`WsProtocolError`
   with the close code for anything a client must not send.
 
-Server frames are built by :func:`ws_frame` and :func:`close_frame` (unmasked, final).
+Server frames are built by :func:`ws_frame` and :func:`close_frame` (unmasked, final);
+:func:`frame_head` is the one header builder, also for the masked frames a peer link's
+client side writes (:mod:`hearthnet.mesh.wsbatch`).
 """
 
 from __future__ import annotations
@@ -62,14 +64,29 @@ class RequestHead:
     headers: dict[str, str]
 
 
+_LEN1 = struct.Struct("!BB").pack
+_LEN2 = struct.Struct("!BBH").pack
+_LEN3 = struct.Struct("!BBQ").pack
+_FIN = 0x80
+_MASKED = 0x80
+
+
+def frame_head(length: int, opcode: int, masked: bool = False) -> bytes:
+    """The RFC 6455 §5.2 header of one final, unfragmented frame of ``length`` bytes (no
+    RSV bits: no extension in use); ``masked`` sets the mask bit, the caller appends
+    the key."""
+    first = _FIN | opcode
+    mask_bit = _MASKED if masked else 0
+    if length < 126:
+        return _LEN1(first, length | mask_bit)
+    if length < 65536:
+        return _LEN2(first, 126 | mask_bit, length)
+    return _LEN3(first, 127 | mask_bit, length)
+
+
 def ws_frame(payload: bytes, opcode: int) -> bytes:
     """A final, unmasked server WebSocket frame (RFC 6455 §5.2)."""
-    n = len(payload)
-    if n < 126:
-        return bytes((0x80 | opcode, n)) + payload
-    if n < 65536:
-        return struct.pack("!BBH", 0x80 | opcode, 126, n) + payload
-    return struct.pack("!BBQ", 0x80 | opcode, 127, n) + payload
+    return frame_head(len(payload), opcode) + payload
 
 
 def close_frame(code: int, reason: str = "") -> bytes:
