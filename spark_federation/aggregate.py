@@ -29,7 +29,6 @@ records (one more pass over those records only); everyone else's stand.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
@@ -144,7 +143,6 @@ def observe(
     window_ms: int,
     since_ms: int | None,
     until_ms: int | None,
-    keep: Callable[[DataFrame], DataFrame],
 ) -> Observations:
     """Reduce the raw heartbeat rows (read with their ``file``) to :class:`Observations`.
 
@@ -153,12 +151,14 @@ def observe(
         window_ms: window width.
         since_ms: records before are out of range.
         until_ms: records from then on are out of range.
-        keep: caches a frame for the rest of the run (the aggregates; never the records).
     """
     classified = classify_heartbeats(raw, since_ms, until_ms)
-    first = keep(
-        _aggregate(classified.select("*", sf.lit(1).cast("long").alias("copies")), window_ms)
-    )
+    # a checkpoint, not a cache: every frame derived from it reads the stored aggregate,
+    # and none carries the records' plan (file metadata, grouping sets) that a cache
+    # lookup would have to match
+    first = _aggregate(
+        classified.select("*", sf.lit(1).cast("long").alias("copies")), window_ms
+    ).localCheckpoint(eager=False)
     # one small collect: the record counts per status, and the distinct (node, peer, relay,
     # file) of the usable records with their ids (the dictionary, and who has two exports)
     combos = (
@@ -183,8 +183,10 @@ def observe(
     agg = first
     if multi:
         others = sf.coalesce(~sf.col("node").isin(multi), sf.lit(True))
-        agg = keep(
-            first.where(others).unionByName(_aggregate(_deduplicated(classified, multi), window_ms))
+        agg = (
+            first.where(others)
+            .unionByName(_aggregate(_deduplicated(classified, multi), window_ms))
+            .localCheckpoint(eager=False)
         )
         by_status = {
             int(r["status"]): (int(r["rows"]), int(r["copies"]))

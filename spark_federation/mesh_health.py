@@ -112,6 +112,11 @@ class _Job:
         self.w = cfg.window_ms
         self.cached: list[DataFrame] = []
         self.collected: dict[str, list[dict[str, Any]]] = {}
+        self.jobs_before = self._jobs_run()
+
+    def _jobs_run(self) -> int:
+        """Spark jobs this session has run so far (those Spark still keeps track of)."""
+        return len(self.spark.sparkContext.statusTracker().getJobIdsForGroup())
 
     def say(self, msg: str) -> None:
         """A progress line: seconds into the job and, in local mode, the CPU seconds the
@@ -149,7 +154,6 @@ class _Job:
             self.w,
             cfg.since_ms,
             cfg.until_ms,
-            self.keep,
         )
         self.obs = obs
         self.ids = dict(obs.ids)
@@ -410,8 +414,10 @@ class _Job:
             self.say(f"report.html written to {self.out}")
         cpu = _jvm_cpu_seconds(self.spark)
         if cpu is not None:
-            # in local mode the driver JVM is all of Spark; on a cluster it is the driver only
-            self.say(f"JVM CPU time {cpu:.1f}s")
+            # in local mode the driver JVM is all of Spark; on a cluster it is the driver only;
+            # the number of Spark jobs measures the fixed cost, whatever the machine's load
+            jobs = self._jobs_run() - self.jobs_before
+            self.say(f"JVM CPU time {cpu:.1f}s, {jobs} Spark jobs")
         return summary
 
 

@@ -53,12 +53,12 @@ def test_one_pass_equals_the_record_wise_tables(spark: Any, tmp_path: Path) -> N
         _line(3_000, B, B, "pong", 5),  # a node pinging itself
     ]
     _write(tmp_path, "ea", a)
-    _write(tmp_path, "ea2", a[1:4] + [_line(70_000, A, B, "pong", 7, rtt_ms=9.0)])
+    _write(tmp_path, "ea2", [*a[1:4], _line(70_000, A, B, "pong", 7, rtt_ms=9.0)])
     _write(tmp_path, "eb", b)
     files = exports.discover(spark, str(tmp_path))
     with_files = exports.read_raw(spark, files, "heartbeats")
     assert with_files is not None
-    obs = aggregate.observe(with_files, W, None, 600_000, lambda df: df)
+    obs = aggregate.observe(with_files, W, None, 600_000)
     records = exports.ok_rows(exports.clean_heartbeats(with_files, None, 600_000)).dropDuplicates(
         ["nid", "pid", "kind", "seq", "ts"]
     )
