@@ -11,9 +11,9 @@ sets (Spark feeds each record to all three) reduces them to:
 - the *link events*: each (node, peer, ts, kind) of a ``link_up`` or ``link_down``.
 
 Availability, graph edges, relay dependence and loss derive from the first; RTT
-quantiles and clock skew from the second; flaps from the third. At 10 M records the
-three hold about a tenth as many rows as the records (a steady link writes a dozen
-records a minute), and every later step reads them instead of the records.
+quantiles and clock skew from the second; flaps from the third. On the benchmark's
+50-node input of 1 M records the three hold 84,000, 151,000 and 1,100 rows, and every
+later step reads them instead of the records.
 
 NodeIDs stay strings in the pass and are hashed to ids (:func:`spark_federation.exports.node_key`)
 on the aggregate's rows: the grouping hashes each record's key anyway, and the
