@@ -156,15 +156,19 @@ def _status(well_formed: Column, ts: Column, since_ms: int | None, until_ms: int
     )
 
 
-def clean_heartbeats(
+def classify_heartbeats(
     raw: DataFrame, since_ms: int | None = None, until_ms: int | None = None
 ) -> DataFrame:
-    """Classify each heartbeat row (ok, malformed, out of range) and encode the ok ones.
+    """Classify each heartbeat row (ok, malformed, out of range), NodeIDs as read.
 
     Malformed: unparseable or mistyped line, missing ts/node/peer/kind, a kind
     or path outside spec §7.5, a malformed NodeID, a node pinging itself, or a
-    negative RTT. Key columns of rows that are not ok are null, so the dedup
-    step folds each such class into one group and counts it.
+    negative RTT. Every column but ``status`` is null in rows that are not ok, so
+    a grouping folds each such class into one group and counts it.
+
+    Returns:
+        ``status, node, peer, kind`` (a byte, :data:`KIND_CODES`), ``seq, ts, rtt_ms,
+        relay, via, clock_offset_ms``, and ``file`` when ``raw`` has it.
     """
     kind_code = sf.lit(None).cast("byte")
     for name, code in reversed(KIND_CODES.items()):
@@ -185,15 +189,35 @@ def clean_heartbeats(
     ok = status == sf.lit(OK)
     return raw.select(
         status.alias("status"),
-        sf.when(ok, node_key(sf.col("node"))).alias("nid"),
-        sf.when(ok, node_key(sf.col("peer"))).alias("pid"),
+        sf.when(ok, sf.col("node")).alias("node"),
+        sf.when(ok, sf.col("peer")).alias("peer"),
         sf.when(ok, kind_code).alias("kind"),
         sf.when(ok, sf.col("seq")).alias("seq"),
         sf.when(ok, sf.col("ts")).alias("ts"),
         sf.when(ok, sf.col("rtt_ms")).alias("rtt_ms"),
         sf.when(ok, sf.col("path") == "relay").alias("relay"),
-        sf.when(ok, node_key(sf.col("via"))).alias("vid"),
+        sf.when(ok, sf.col("via")).alias("via"),
         sf.when(ok, sf.col("clock_offset_ms")).alias("clock_offset_ms"),
+        *([sf.when(ok, sf.col("file")).alias("file")] if "file" in raw.columns else []),
+    )
+
+
+def clean_heartbeats(
+    raw: DataFrame, since_ms: int | None = None, until_ms: int | None = None
+) -> DataFrame:
+    """:func:`classify_heartbeats` with the NodeIDs as ids (:func:`node_key`): ``status, nid,
+    pid, kind, seq, ts, rtt_ms, relay, vid, clock_offset_ms``."""
+    return classify_heartbeats(raw, since_ms, until_ms).select(
+        "status",
+        node_key(sf.col("node")).alias("nid"),
+        node_key(sf.col("peer")).alias("pid"),
+        "kind",
+        "seq",
+        "ts",
+        "rtt_ms",
+        "relay",
+        node_key(sf.col("via")).alias("vid"),
+        "clock_offset_ms",
     )
 
 

@@ -4,12 +4,10 @@ Loss is the share of pings without a pong. A *flap* is a ``link_up`` that
 follows a ``link_down`` on the same directed link (down→up). A single missed
 pong never closes a link (three do, spec §7.5), so it never makes a flap.
 
-The deduplicated records are read in few passes: :func:`link_windows` counts
-each directed link's observations per window (availability, edges of the
-up-link graph and relay dependence derive from it), and :func:`pong_histogram`
-counts its pongs per hour, RTT bucket and clock-offset millisecond (hourly and
-whole-span RTT quantiles and the clock-skew estimate derive from it). Both
-aggregate map-side before any shuffle, so only their small partial results move.
+:func:`link_windows`, :func:`pong_histogram` and :func:`flap_events` define, on
+deduplicated records, the three tables the rest derives from; the job computes all
+three in one pass over the records (:mod:`spark_federation.aggregate`, checked
+against these definitions by the tests), and the steps below read only those.
 """
 
 from __future__ import annotations

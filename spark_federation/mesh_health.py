@@ -25,6 +25,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
 from spark_federation import (
+    aggregate,
     availability,
     cli,
     clock,
@@ -111,6 +112,11 @@ class _Job:
         self.w = cfg.window_ms
         self.cached: list[DataFrame] = []
         self.collected: dict[str, list[dict[str, Any]]] = {}
+        self.jobs_before = self._jobs_run()
+
+    def _jobs_run(self) -> int:
+        """Spark jobs this session has run so far (those Spark still keeps track of)."""
+        return len(self.spark.sparkContext.statusTracker().getJobIdsForGroup())
 
     def say(self, msg: str) -> None:
         """A progress line: seconds into the job and, in local mode, the CPU seconds the
@@ -139,21 +145,21 @@ class _Job:
         raws = {
             k: exports.read_raw(self.spark, self.files, k, with_file=False) for k in exports.KINDS
         }
-        raw_hb = raws["heartbeats"]
-        assert raw_hb is not None  # discover() guarantees heartbeat files
-        # one pass over the NodeID columns: the id → NodeID map, and which nodes'
-        # records can hold copies (the heartbeats read with their files for that)
-        found = exports.node_names(
-            {**raws, "heartbeats": exports.read_raw(self.spark, self.files, "heartbeats")}
+        # one pass over the heartbeat records (read with their files) reduces them to the
+        # aggregates every later step reads; the records themselves are never cached
+        with_files = exports.read_raw(self.spark, self.files, "heartbeats")
+        assert with_files is not None  # discover() guarantees heartbeat files
+        obs = aggregate.observe(
+            with_files,
+            self.w,
+            cfg.since_ms,
+            cfg.until_ms,
         )
-        self.ids = found.ids
-        dedup = self.keep(
-            exports.dedup_heartbeats(
-                exports.clean_heartbeats(raw_hb, cfg.since_ms, cfg.until_ms), found.multi_export
-            )
-        )
-        self.counts = exports.record_counts(dedup)
-        c = self.counts
+        self.obs = obs
+        self.ids = dict(obs.ids)
+        if raws["beacons"] is not None or raws["traces"] is not None:
+            self.ids.update(exports.node_names({k: raws[k] for k in ("beacons", "traces")}).ids)
+        self.counts = c = obs.counts
         self.say(
             f"heartbeats: {c['records']} records, {c['skipped']} skipped (malformed),"
             f" {c['duplicates']} duplicates, {c['out_of_range']} outside --since/--until"
@@ -163,7 +169,10 @@ class _Job:
                 f"no usable heartbeat records in {cfg.input_uri}"
                 f" ({c['skipped']} malformed, {c['out_of_range']} out of range)"
             )
-        self.hb = exports.ok_rows(dedup)
+        raw_hb = raws["heartbeats"]
+        assert raw_hb is not None  # discover() guarantees heartbeat files
+        # the records again, only where traces lacking their catch_up mark need them
+        self.hb = exports.ok_rows(exports.clean_heartbeats(raw_hb, cfg.since_ms, cfg.until_ms))
         self.beacons: DataFrame | None = None
         self.traces: DataFrame | None = None
         self.side_counts: dict[str, dict[str, int] | None] = {"beacons": None, "traces": None}
@@ -194,9 +203,9 @@ class _Job:
 
     def _span(self) -> None:
         """The per-link aggregates, the analysed windows, the nodes and the number of links."""
-        hb, w = self.hb, self.w
-        self.lw = self.keep(links.link_windows(hb, w))
-        self.pongs = self.keep(links.pong_histogram(hb))
+        w = self.w
+        self.lw = self.keep(self.obs.lw)
+        self.pongs = self.keep(self.obs.pongs)
         self.rtt_hist = self.keep(links.rtt_histogram(self.pongs))
         # one small collect (a row per directed link) gives the span, the nodes and the
         # links, instead of an action for each
@@ -242,7 +251,7 @@ class _Job:
     def links(self) -> None:
         """link_health, flapping links and the RTT distribution for the report."""
         t = self.tables
-        flaps = self.keep(links.flap_events(self.hb))
+        flaps = self.keep(links.flap_events(self.obs.events))
         t.write(
             links.link_health(self.lw, links.link_hours(self.rtt_hist), flaps).select(
                 t.node(sf.col("nid")).alias("node"),
@@ -351,7 +360,8 @@ class _Job:
         """propagation (live receives) and catch_up (backlog), measured apart."""
         assert self.traces is not None
         t = self.tables
-        timed = self.keep(propagation.delays(self.traces, skew_ids, self.hb))
+        unmarked = self.traces.where(sf.col("catch_up").isNull()).limit(1).count()
+        timed = self.keep(propagation.delays(self.traces, skew_ids, self.hb if unmarked else None))
         prop = t.write(propagation.propagation(timed), "propagation")
         self.collected["propagation"] = _rows(prop, "hops")
         late = self.keep(propagation.catch_up(timed))
@@ -404,8 +414,10 @@ class _Job:
             self.say(f"report.html written to {self.out}")
         cpu = _jvm_cpu_seconds(self.spark)
         if cpu is not None:
-            # in local mode the driver JVM is all of Spark; on a cluster it is the driver only
-            self.say(f"JVM CPU time {cpu:.1f}s")
+            # in local mode the driver JVM is all of Spark; on a cluster it is the driver only;
+            # the number of Spark jobs measures the fixed cost, whatever the machine's load
+            jobs = self._jobs_run() - self.jobs_before
+            self.say(f"JVM CPU time {cpu:.1f}s, {jobs} Spark jobs")
         return summary
 
 

@@ -34,13 +34,14 @@ LINKED_SLACK_MS = HEARTBEAT_MS + 1_000  # one heartbeat interval plus the flush 
 _S = 1_000
 
 
-def delays(traces: DataFrame, skew: DataFrame, hb: DataFrame) -> DataFrame:
+def delays(traces: DataFrame, skew: DataFrame, hb: DataFrame | None) -> DataFrame:
     """Per trace record: ``nid, hops, raw, delay, catch_up, inferred``.
 
     Args:
         traces: ``nid, oid, published_ms, hops, ts, catch_up`` (``catch_up`` may be null).
         skew: per-node clock estimate ``nid, skew_ms``.
-        hb: heartbeat records ``nid, ts`` (read only for records without ``catch_up``).
+        hb: heartbeat records ``nid, ts``, read for records without ``catch_up``; None
+            when every record has it (the records are then not read again).
     """
     offsets = skew.select("nid", "skew_ms")
     at_receiver = offsets.select(sf.col("nid").alias("r_nid"), sf.col("skew_ms").alias("r_skew"))
@@ -67,6 +68,10 @@ def delays(traces: DataFrame, skew: DataFrame, hb: DataFrame) -> DataFrame:
             .alias("at"),
         )
     )
+    if hb is None:
+        return timed.select(
+            "nid", "hops", "raw", "delay", "catch_up", sf.col("catch_up").isNull().alias("inferred")
+        )
     return _infer_unmarked(timed, hb).select("nid", "hops", "raw", "delay", "catch_up", "inferred")
 
 
