@@ -132,6 +132,8 @@ class Dialer:
         # (node, community): a bridge an agreement names, the only ones our relay takes
         self.bridge: Callable[[str, str], bool] | None = None
         self.url = ""  # ours, sent in the hello (set when the node listens)
+        # spec §8: the relay URLs we are reachable through (the manifest's), in v4 hellos
+        self.relay_urls: Callable[[], tuple[str, ...]] = tuple
         self.dial_timeout_s = HANDSHAKE_TIMEOUT_S  # connect, upgrade and handshake, in all
         self.dialing: set[str] = set()
         self.probing: set[str] = set()  # addresses being probed (see probe)
@@ -163,6 +165,7 @@ class Dialer:
             # a v1 peer may be from before the relay field and refuse the hello
             relay=self.config.relay and link >= 2,
             link=link,
+            relays=self.relay_urls(),  # sent on v4 links only (older peers refuse it)
             federated=self.federated,
             bridge=self.bridge,
         )

@@ -123,6 +123,32 @@ HELLO_SHAPE = Shape.of(
         *("name", "version", "url", "full", "relay", "sig"),
     ),
 )
+# spec §8: on v4 the hello also lists the relays the sender is reachable through (the
+# manifest's ``relays``); a v1-v3 peer refuses that field, so those links never carry it.
+HELLO_SHAPE_V4 = Shape.of("hello frame", (*HELLO_SHAPE.fields, "relays"))
+MAX_HELLO_RELAYS = 8  # relay URLs a hello lists (as many as an invite brings)
+MAX_HELLO_URL_CHARS = 512  # the longest relay URL (or own url) a hello is taken with
+
+
+def hello_relays(hello: dict[str, Any], link: int) -> tuple[str, ...]:
+    """The relays a peer's hello lists (spec §8), checked for the link's version.
+
+    Raises:
+        BadRequest: an unknown field for ``link``, or ``relays`` not a list of at most
+            :data:`MAX_HELLO_RELAYS` strings of at most :data:`MAX_HELLO_URL_CHARS` chars.
+    """
+    (HELLO_SHAPE_V4 if link >= 4 else HELLO_SHAPE).check(hello)
+    relays = hello.get("relays", [])
+    if (
+        not isinstance(relays, list)
+        or len(relays) > MAX_HELLO_RELAYS
+        or not all(isinstance(u, str) and 0 < len(u) <= MAX_HELLO_URL_CHARS for u in relays)
+    ):
+        raise BadRequest(
+            f"hello relays is a list of at most {MAX_HELLO_RELAYS} URLs"
+            f" of at most {MAX_HELLO_URL_CHARS} characters"
+        )
+    return tuple(relays)
 
 
 class LinkState(enum.Enum):
@@ -204,6 +230,7 @@ class PeerInfo:
     # the peer's community when it is a federated one (spec §8), None for our own: such a
     # link serves relaying and the bridge's requests only (mesh/relay_federated.py)
     community: str | None = None
+    relays: tuple[str, ...] = ()  # the relay URLs its hello lists (v4, spec §8)
 
     @property
     def takes_batches(self) -> bool:
@@ -241,6 +268,8 @@ class Handshake:
     # spec §8: (node, community) -> whether node is a current member of that federated
     # community under an agreement in force; such a node is taken when one end relays
     federated: Callable[[str, str], bool] | None = None
+    # spec §8: the relay URLs we are reachable through, listed in our hello on v4 links
+    relays: tuple[str, ...] = ()
     # spec §8: (node, community) -> whether an agreement in force names node among that
     # community's bridges: the only ones our relay takes (counts the others it refuses)
     bridge: Callable[[str, str], bool] | None = None
@@ -264,6 +293,8 @@ class Handshake:
             body["full"] = True
         if self.relay:  # absent otherwise: a plain node's hello reads as before
             body["relay"] = True
+        if self.relays and self.link >= 4:  # older peers refuse the field
+            body["relays"] = list(self.relays[:MAX_HELLO_RELAYS])
         if self.their_nonce is not None:
             body["their_nonce"] = self.their_nonce
         body["sig"] = self.keys.sign_object(body)
@@ -290,8 +321,8 @@ class Handshake:
             raise refusal_from_bye(frame)
         if frame.get("t") != "hello":
             raise BadRequest("the handshake is hello frames only")
-        HELLO_SHAPE.check(frame)
         hello = {k: v for k, v in frame.items() if k != "t"}
+        hello_relays(hello, self.link)
         node, community, ts = hello.get("node"), hello.get("community"), hello.get("ts")
         if (
             not is_node_id(node)
@@ -372,6 +403,7 @@ class Handshake:
             hello.get("relay") is True,
             self.link,
             community if community != self.membership.community_id else None,
+            hello_relays(hello, self.link),
         )
         self.done = True
 

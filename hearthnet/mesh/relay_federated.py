@@ -215,6 +215,7 @@ class FederatedLinks:
                 "community": link.peer.community,
                 "bridge": self.serves(node, link.peer.community),
                 "relay": link.peer.relay,
+                "relays": list(link.peer.relays),
             }
             for node, link in self.links.items()
         ]

@@ -186,6 +186,7 @@ class Mesh:
         )
         self.dialer.federated_links = self.relaying.federated.links
         self.dialer.bridge = self.relaying.federated.admits  # spec §8: named bridges only
+        self.dialer.relay_urls = lambda: self.relaying.relay_urls  # spec §8: in v4 hellos
 
         # the direct upgrade (spec §8): StartPunch from the path core, carried out here
         self.puncher = Puncher(
@@ -427,6 +428,7 @@ class Mesh:
                     "community": None,  # ours (a federated community's id below)
                     "bridge": False,
                     "relay": link.peer.relay,
+                    "relays": list(link.peer.relays),  # its hello's (v4, spec §8)
                 }
             )
         out += self.relaying.federated.rows()  # spec §8: other communities' nodes

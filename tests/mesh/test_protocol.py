@@ -252,9 +252,74 @@ def test_link_state_table_and_simultaneous_dials() -> None:
 
 
 def test_a_hello_with_an_unknown_field_is_refused_by_name() -> None:
-    """A hello carrying a field the handshake does not list is bad_request naming it."""
+    """A hello carrying a field its link's version does not list is bad_request naming
+    it: ``relays`` before v4, any unlisted field on v4."""
     view = community(B)
-    hello = {**decode_frame(Handshake(A, view, True, NOW).start()), "relays": []}
+    seen = []
+    for link, extra in ((3, "relays"), (1, "relays"), (4, "relay_urls")):
+        hello = {**decode_frame(Handshake(A, view, True, NOW, link=link).start()), extra: []}
+        with pytest.raises(BadRequest) as refused:
+            Handshake(B, view, False, NOW, link=link).receive(hello, NOW)
+        seen.append(refused.value.message)
+    expected = [f"unknown field '{f}' in hello frame" for f in ("relays", "relays", "relay_urls")]
+    assert expected == seen
+
+
+RELAYS = tuple(f"https://relay{i}.example:8443" for i in range(10))
+
+
+def test_v4_hellos_list_the_senders_relays_and_older_links_none() -> None:
+    """On a v4 link each side learns the other's relays from its hello (at most 8 sent);
+    on v1-v3 links no hello carries the field and the peer lists none."""
+    view = community(B)
+    seen = []
+    for link in (4, 3, 2, 1):
+        dialer = Handshake(A, view, True, NOW, relays=RELAYS[:2], link=link)
+        acceptor = Handshake(B, view, False, NOW, relays=RELAYS, link=link)
+        carried: list[bool] = []
+
+        def watch(step: int, frame: dict[str, object], carried: list[bool] = carried) -> object:
+            carried.append("relays" in frame)
+            return frame
+
+        run(dialer, acceptor, watch)
+        learnt = [p.relays if p else None for p in (acceptor.peer, dialer.peer)]
+        seen.append((link, carried, *learnt))
+    expected = [
+        (4, [True, True, True], RELAYS[:2], RELAYS[:8]),
+        *((link, [False] * 3, (), ()) for link in (3, 2, 1)),
+    ]
+    assert expected == seen
+
+
+def test_hello_relays_are_signed() -> None:
+    """A hello whose relays were changed in flight fails its signature."""
+
+    def swap(step: int, frame: dict[str, object]) -> dict[str, object]:
+        return {**frame, "relays": ["https://evil.example"]} if step == 2 else frame
+
+    view = community(B)
+    acceptor = Handshake(B, view, False, NOW, relays=RELAYS[:1])
+    with pytest.raises(InvalidSignature):
+        run(Handshake(A, view, True, NOW), acceptor, swap)
+
+
+@pytest.mark.parametrize(
+    "relays",
+    [
+        list(RELAYS[:9]),  # more than 8
+        "https://relay0.example:8443",  # not a list
+        [7],  # not strings
+        [""],  # empty
+        ["https://" + "r" * 600],  # too long
+    ],
+)
+def test_v4_hello_relays_out_of_shape_are_refused(relays: object) -> None:
+    """A v4 hello whose relays is not a list of at most 8 URLs of at most 512 characters
+    is bad_request, before its signature is checked."""
+    view = community(B)
+    hello = {**decode_frame(Handshake(A, view, True, NOW).start()), "relays": relays}
     with pytest.raises(BadRequest) as refused:
         Handshake(B, view, False, NOW).receive(hello, NOW)
-    assert "unknown field 'relays' in hello frame" == refused.value.message
+    expected = "hello relays is a list of at most 8 URLs of at most 512 characters"
+    assert expected == refused.value.message

@@ -25,6 +25,7 @@ from hearthnet.community import CommunityStore, Level
 from hearthnet.config import Config
 from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.membership import Membership
+from hearthnet.mesh.addresses import normalize_url
 from hearthnet.mesh.admission import RELAY_JOIN_PATH, Invite, join_request
 from hearthnet.mesh.frame_fields import MAX_INNER_BYTES
 from hearthnet.mesh.links import run_handshake
@@ -106,8 +107,10 @@ async def test_frames_sent_in_one_turn_cross_the_relay_in_batches(
     relayed_trio: RelayedTrio,
 ) -> None:
     """Route frames a member queues in one loop turn reach the relay in route batches
-    (spec §11, v4 links) and arrive at the other member, every one."""
+    (spec §11, v4 links) and arrive at the other member, every one; the relay learnt each
+    member's relays from its hello (v4, spec §8)."""
     a, b, relay = relayed_trio.a, relayed_trio.b, relayed_trio.relay
+    learnt = [relay.mesh.links[n.keys.node_id].peer.relays for n in (a, b)]
     role = relay.mesh.relaying.relay
     assert role is not None
     link = a.mesh.links[b.keys.node_id]
@@ -118,7 +121,8 @@ async def test_frames_sent_in_one_turn_cross_the_relay_in_batches(
     await wait_until(lambda: b.mesh.relaying.counts["frames_in"] - opened >= 50, 10, "b has all")
     messages = role.route_messages["in"] - before[0]
     frames = role.core.statistics().forwarded - before[1]
-    assert (True, True) == (frames >= 50, messages <= frames // 4)
+    relays = [(normalize_url(relay.url),)] * 2
+    assert (True, True, relays) == (frames >= 50, messages <= frames // 4, learnt)
 
 
 def flipped(route: Route) -> Route:
