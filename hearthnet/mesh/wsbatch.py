@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from aiohttp import ClientConnectionResetError
 from aiohttp._websocket.helpers import websocket_mask
 from aiohttp._websocket.writer import WebSocketWriter
 
+from hearthnet.transport.rawwriter import raw_writer
 from hearthnet.transport.websocket import OP_BINARY, frame_head
 
 
@@ -54,18 +55,6 @@ def encode_frames(
     return b"".join(parts)
 
 
-def _has_private_parts(writer: Any) -> bool:
-    """Whether aiohttp's writer has the private parts one batched write uses (checked at
-    run time: they are not API, and a newer aiohttp may move them; then frames go one
-    ``send_bytes`` at a time, as without batching)."""
-    protocol = getattr(writer, "protocol", None)
-    return (
-        all(hasattr(writer, name) for name in ("transport", "_closing", "use_mask"))
-        and hasattr(protocol, "_paused")
-        and hasattr(protocol, "_drain_helper")
-    )
-
-
 class BatchWriter:
     """Writes a batch of binary messages on one WebSocket with one transport write."""
 
@@ -73,19 +62,12 @@ class BatchWriter:
 
     def __init__(self, ws: _Sends) -> None:
         self.ws = ws
-        writer: Any = getattr(ws, "_writer", None)
-        # compression would need the writer's own compressor state: no batching then
-        self._writer = writer if isinstance(writer, WebSocketWriter) else None
+        self._writer = raw_writer(ws)
 
     def _usable(self) -> WebSocketWriter | None:
-        writer = self._writer
-        if writer is None:  # the server side has its writer once the upgrade is prepared
-            candidate: Any = getattr(self.ws, "_writer", None)
-            if isinstance(candidate, WebSocketWriter):
-                self._writer = writer = candidate
-        if writer is None or getattr(writer, "compress", True) or not _has_private_parts(writer):
-            return None
-        return writer
+        if self._writer is None:  # the server side has its writer once the upgrade is prepared
+            self._writer = raw_writer(self.ws)
+        return self._writer
 
     async def send(self, messages: Sequence[bytes]) -> None:
         """Send ``messages`` in order.

@@ -50,6 +50,7 @@ from hearthnet.transport.keepalive import (
     Keepalive,
     SendPing,
 )
+from hearthnet.transport.rawwriter import raw_writer
 from hearthnet.transport.server import error_response
 from hearthnet.transport.websocket import ws_frame
 
@@ -109,15 +110,8 @@ class TurnWriter:
         self._writer: WebSocketWriter | None = None
 
     def _usable(self) -> WebSocketWriter | None:
-        writer: Any = getattr(self.ws, "_writer", None)
-        if (
-            isinstance(writer, WebSocketWriter)
-            and not writer.compress
-            and not writer.use_mask
-            and all(hasattr(writer, name) for name in ("transport", "protocol", "_closing"))
-            and hasattr(writer.protocol, "_paused")
-            and hasattr(writer.protocol, "_drain_helper")
-        ):
+        writer = raw_writer(self.ws)
+        if writer is not None and not writer.use_mask:  # server frames go unmasked
             self._writer = writer
             return writer
         return None
