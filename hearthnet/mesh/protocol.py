@@ -322,7 +322,7 @@ class Handshake:
         if frame.get("t") != "hello":
             raise BadRequest("the handshake is hello frames only")
         hello = {k: v for k, v in frame.items() if k != "t"}
-        hello_relays(hello, self.link)
+        relays = hello_relays(hello, self.link)
         node, community, ts = hello.get("node"), hello.get("community"), hello.get("ts")
         if (
             not is_node_id(node)
@@ -356,7 +356,7 @@ class Handshake:
             if echoed != self.nonce:
                 raise InvalidSignature("the peer did not echo our nonce")
             self.their_nonce = str(hello["nonce"])
-            self._accept(hello)
+            self._accept(hello, relays)
             return self._hello(now_ms)  # H3
         if self.their_nonce is None:
             if echoed is not None:
@@ -365,7 +365,7 @@ class Handshake:
             return self._hello(now_ms)  # H2
         if echoed != self.nonce or hello["nonce"] != self.their_nonce:
             raise InvalidSignature("the peer did not echo our nonce")
-        self._accept(hello)
+        self._accept(hello, relays)
         return None
 
     def _federated_peer(self, node: str, community: object, peer_relays: bool) -> bool:
@@ -391,7 +391,7 @@ class Handshake:
             isinstance(community, str) and self.bridge is not None and self.bridge(node, community)
         )
 
-    def _accept(self, hello: dict[str, Any]) -> None:
+    def _accept(self, hello: dict[str, Any], relays: tuple[str, ...]) -> None:
         url = hello.get("url")
         community = hello.get("community")
         self.peer = PeerInfo(
@@ -403,7 +403,7 @@ class Handshake:
             hello.get("relay") is True,
             self.link,
             community if community != self.membership.community_id else None,
-            hello_relays(hello, self.link),
+            relays,
         )
         self.done = True
 
