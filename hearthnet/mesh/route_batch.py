@@ -26,7 +26,6 @@ make a receiver accept any frame it could not already make it accept alone.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 
 from hearthnet.errors import BadRequest, PayloadTooLarge
@@ -34,6 +33,7 @@ from hearthnet.mesh.frame_fields import MAX_FRAME_BYTES, MAX_ID, MAX_INNER_BYTES
 from hearthnet.mesh.relay_frames import MAX_TTL_HOPS
 from hearthnet.mesh.route_header import (
     FLAG_CONTROL,
+    HEADER,
     HEADER_BYTES,
     KIND_ROUTE,
     LAYOUT,
@@ -51,7 +51,6 @@ BATCH_HEADER_BYTES = len(BATCH_PREFIX)
 # What a sender puts in one batch (the writer's own write is about as large); a receiver
 # takes any batch within the peer-link message limit (MAX_FRAME_BYTES).
 MAX_BATCH_BYTES = 256 * 1024
-_HEADER = struct.Struct(">3sBBQ32s32sI")
 
 Span = tuple[RouteHeader, int, int]  # a frame's header, where it starts and where it ends
 
@@ -86,7 +85,7 @@ def batch_frames(data: bytes) -> list[Span]:
         raise BadRequest("a route batch holds at least one route frame")
     spans: list[Span] = []
     append = spans.append
-    unpack = _HEADER.unpack_from
+    unpack = HEADER.unpack_from
     nodes = NODE_IDS
     start = BATCH_HEADER_BYTES
     while start < total:
@@ -105,7 +104,7 @@ def batch_frames(data: bytes) -> list[Span]:
             raise BadRequest(f"frame {len(spans)} of a route batch is not a valid route frame")
         to_node = nodes.get(to) or node_of(to)
         from_node = nodes.get(from_) or node_of(from_)
-        append((RouteHeader(to_node, from_node, ttl, id_, flags == 1, size), start, end))
+        append((RouteHeader(to_node, from_node, ttl, id_, flags == FLAG_CONTROL, size), start, end))
         start = end
     return spans
 

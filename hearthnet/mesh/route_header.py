@@ -49,8 +49,8 @@ PREFIX = bytes((TAG, LAYOUT, KIND_ROUTE))
 TTL_AT = 4
 TO_AT = 13
 FROM_AT = 45
-_HEADER = struct.Struct(">3sBBQ32s32sI")
-HEADER_BYTES = _HEADER.size  # 81
+HEADER = struct.Struct(">3sBBQ32s32sI")  # the layout above; mesh/route_batch.py reads it too
+HEADER_BYTES = HEADER.size  # 81
 _ONE_BYTE = [bytes((i,)) for i in range(256)]
 
 NODE_IDS: dict[bytes, str] = {}  # public key -> NodeID: a relay sees the same few again
@@ -97,7 +97,7 @@ def read_header(data: bytes) -> RouteHeader:
     """
     if len(data) < HEADER_BYTES:
         raise BadRequest(f"a binary route frame has at least {HEADER_BYTES} bytes")
-    prefix, flags, ttl, id_, to, from_, size = _HEADER.unpack_from(data)
+    prefix, flags, ttl, id_, to, from_, size = HEADER.unpack_from(data)
     if prefix != PREFIX:
         raise BadRequest("not a binary route frame of layout 1")
     if flags & ~FLAG_CONTROL:
@@ -150,7 +150,7 @@ def encode_route(route: Route) -> bytes:
         raise ValueError("route.ttl_hops or route.id out of range")
     if len(route.inner) > MAX_INNER_BYTES:
         raise ValueError("route.inner over the limit")
-    head = _HEADER.pack(
+    head = HEADER.pack(
         PREFIX,
         FLAG_CONTROL if route.control else 0,
         route.ttl_hops,
