@@ -57,25 +57,21 @@ def plain_call(head: bytes, limits: CallHeadLimits) -> PlainCall | None:
     line, _, fields = head.partition(b"\r\n")
     if line != REQUEST_LINE or not fields or len(fields) > limits.max_header_bytes:
         return None
-    lines = fields.split(b"\r\n")
+    lines = fields.decode("latin-1").split("\r\n")
     # what is left without the value bytes: the line ends and nothing else (no control
-    # character, no bare CR or LF)
+    # character, no bare CR or LF, nothing outside ASCII)
     if len(lines) > limits.max_headers or (
         fields.translate(None, _VALUE_BYTES) != b"\r\n" * (len(lines) - 1)
     ):
         return None
-    parts = [text.partition(b":") for text in lines]
-    names = b"".join([name for name, _, _ in parts])
-    # every name a token (no blank before the colon, no obs-fold), every line a colon
-    if names.translate(None, _TOKEN_BYTES) or any(
-        not name or not colon for name, colon, _ in parts
-    ):
+    parts = [text.partition(":") for text in lines]
+    # every line a name and a colon, every name a token (no blank before the colon, no
+    # obs-fold)
+    names = [name for name, colon, _ in parts if colon and name]
+    if len(names) != len(parts) or "".join(names).encode("ascii").translate(None, _TOKEN_BYTES):
         return None
     headers: CIMultiDict[str] = CIMultiDict(
-        [
-            (name.decode("latin-1"), value.strip(b" \t").decode("latin-1"))
-            for name, _, value in parts
-        ]
+        [(name, value.strip(" \t")) for name, _, value in parts]
     )
     if "Host" not in headers:
         return None
