@@ -118,8 +118,7 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 def test_what_is_taken_llhttp_reads_the_same(
     loop: asyncio.AbstractEventLoop, edits: list[tuple[int, int, bytes]]
 ) -> None:
-    """A mutated head the lean path takes is one aiohttp's parser accepts too, with the
-    same headers and body length."""
+    """A mutated head taken here is read alike by aiohttp's parser (headers, length)."""
     head = HEAD
     for at, cut, insert in edits:
         head = head[:at] + insert + head[at + cut :]

@@ -93,8 +93,7 @@ async def closed(reader: asyncio.StreamReader) -> bytes:
 
 
 async def test_calls_are_kept_alive_pipelined_then_handed_over(node: Node) -> None:
-    """Two calls in one write are answered in order by the lean path; a GET on the same
-    connection goes to the full server, which then serves the rest of it."""
+    """Pipelined calls are answered in order; a GET hands the connection to aiohttp."""
     reader, writer = await connect(node)
     try:
         writer.write(request(node, "echo", {"input": 1}) + request(node, "echo", {"input": 2}))
@@ -115,8 +114,7 @@ async def test_calls_are_kept_alive_pipelined_then_handed_over(node: Node) -> No
 
 
 async def test_refusals_match_the_full_server(node: Node) -> None:
-    """Each refused or failed call gets the status and code the full server gives the same
-    call (sent chunked, so the full server takes it), and is counted."""
+    """Each refusal's status and code are those of the same call sent chunked (aiohttp)."""
     cases: dict[str, tuple[str, Any]] = {
         "bad_signature": ("echo", {"input": 1}),
         "bad_request": ("echo", [1]),
@@ -144,9 +142,7 @@ async def test_refusals_match_the_full_server(node: Node) -> None:
 
 
 async def test_malformed_oversized_and_late_requests_after_a_call(node: Node) -> None:
-    """After a lean call: garbage gets a JSON 400, too many headers or an endless head
-    431, a body over the limit 413, half a head or a stalled body 408 ``timeout``, an idle
-    connection closes."""
+    """After a call: garbage 400, big heads 431, big body 413, late 408, idle closed."""
     follow_ups = [
         b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n",
         b"POST /bus/v1/call HTTP/1.1\r\nHost: n\r\n"
@@ -185,8 +181,7 @@ async def test_malformed_oversized_and_late_requests_after_a_call(node: Node) ->
 
 
 async def test_preauth_cap_and_cancel_hold_on_the_lean_path(node: Node) -> None:
-    """Half-sent call heads count against the per-source cap; a closed connection cancels
-    its call (the capability's one slot is free again); a stopping node closes idle ones."""
+    """Half heads count against the per-source cap; a close cancels; a stop closes idle."""
     pending = [await connect(node) for _ in range(8)]
     for _, writer in pending:
         writer.write(b"POST /bus/v1/call HTTP/1.1\r\nHost: n\r\n")
