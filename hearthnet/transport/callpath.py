@@ -12,8 +12,8 @@ before on the same port.
 Requests are answered in order: bytes sent behind a request (pipelining) wait, up to a
 bound, until its answer is written; past the bound the socket is not read. Each
 connection has one deadline at a time (spec §2.5): idle keep-alive
-(``[transport] keepalive_idle_s``), the rest of a head (``head_timeout_s``), a body at
-the pre-authentication pace (``body_grace_s``, ``body_min_bytes_per_s``); a request late
+(``[transport] keepalive_idle_s``), the rest of a head (``head_timeout_s``), the whole
+body (``body_grace_s`` plus its length at ``body_min_bytes_per_s``); a request late
 past it is answered ``timeout`` and the connection closed. The front door's pre-auth
 limits still hold for the first request as for any connection.
 """
