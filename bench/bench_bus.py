@@ -11,8 +11,8 @@ Measures:
   frame is low enough that the node, not the load generator, is the limit).
 
 The load generator pre-signs its requests (signing is the client's cost, not the
-node's) and speaks raw HTTP/1.1 over asyncio streams; its own CPU time is reported so
-it can be checked that it was not the bottleneck.
+node's) and speaks raw HTTP/1.1 from an asyncio protocol (:class:`RawCallClient`); its
+own CPU time is reported so it can be checked that it was not the bottleneck.
 
 Run: python -m bench.bench_bus [--quick] [--skip ws,stream,raw] [--name NAME]
 """
@@ -67,6 +67,65 @@ def signed_http_request(keys: KeyPair, community: str, value: Any) -> bytes:
     return head.encode() + payload
 
 
+class RawCallClient(asyncio.Protocol):
+    """One keep-alive connection sending pre-built requests one at a time: each answer's
+    head and ``Content-Length`` body are split from the socket's bytes here (no stream
+    reader, no future per read), then the next request goes out."""
+
+    def __init__(self, requests: list[bytes], latencies: list[float], until: float) -> None:
+        self.requests = requests
+        self.latencies = latencies
+        self.until = until
+        self.next = 0
+        self.errors = 0
+        self.buf = b""
+        self.sent_at = 0.0
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Send the first request."""
+        self.transport = transport  # type: ignore[assignment]
+        self._send()
+
+    def _send(self) -> None:
+        now = time.perf_counter()
+        if self.next >= len(self.requests) or now > self.until:
+            if not self.done.done():
+                self.done.set_result(None)
+            return
+        self.sent_at = now
+        assert self.transport is not None
+        self.transport.write(self.requests[self.next])
+        self.next += 1
+
+    def data_received(self, data: bytes) -> None:
+        """Complete answers: record, then send the next request."""
+        buf = self.buf + data if self.buf else data
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                break
+            at = buf.find(b"Content-Length: ", 0, end)
+            if at < 0:
+                at = buf.lower().find(b"content-length: ", 0, end)
+            length = int(buf[at + 16 : buf.index(b"\r\n", at)])
+            if len(buf) < end + 4 + length:
+                break
+            if not buf.startswith(b"HTTP/1.1 200"):
+                self.errors += 1
+            buf = buf[end + 4 + length :]
+            self.latencies.append(time.perf_counter() - self.sent_at)
+            self._send()
+        self.buf = buf
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The end, early if requests were left."""
+        if not self.done.done():
+            self.errors += len(self.requests) - self.next
+            self.done.set_result(None)
+
+
 async def http_worker(
     host: str,
     port: int,
@@ -75,27 +134,16 @@ async def http_worker(
     until: float = float("inf"),
 ) -> int:
     """Send requests one at a time on one keep-alive connection, until they are all sent
-    or ``until`` (perf_counter) passes; record round trips."""
-    reader, writer = await asyncio.open_connection(host, port)
-    errors = 0
+    or ``until`` (perf_counter) passes; record round trips. Returns the errors."""
+    loop = asyncio.get_running_loop()
+    transport, client = await loop.create_connection(
+        lambda: RawCallClient(requests, latencies, until), host, port
+    )
     try:
-        for req in requests:
-            t0 = time.perf_counter()
-            if t0 > until:
-                break
-            writer.write(req)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            await reader.readexactly(length)
-            latencies.append(time.perf_counter() - t0)
-            if not head.startswith(b"HTTP/1.1 200"):
-                errors += 1
+        await client.done
     finally:
-        writer.close()
-    return errors
+        transport.close()
+    return client.errors
 
 
 async def http_phase(

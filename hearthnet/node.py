@@ -55,7 +55,7 @@ from hearthnet.pubsub.sweeper import SessionSweeper
 from hearthnet.pubsub.ws import PubSubDeps
 from hearthnet.replay import ReplayCache
 from hearthnet.sessions import SessionRegistry
-from hearthnet.transport.bus_http import BusEndpointDeps
+from hearthnet.transport.bus_http import BusEndpointDeps, BusHttpEndpoints
 from hearthnet.transport.cors import OriginPolicy, own_host_names
 from hearthnet.transport.frontdoor import head_limits
 from hearthnet.transport.server import (
@@ -280,6 +280,7 @@ class Node:
             keepalive_idle_s=cfg.transport.keepalive_idle_s,
             tls=tls,
             upgrades=pubsub_http.upgrades(),
+            calls=BusHttpEndpoints(deps),
             origins=self.origins,
         )
 

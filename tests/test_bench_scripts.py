@@ -273,3 +273,25 @@ async def test_raw_stream_client_splits_frames_across_reads_and_acks_every_8() -
         acks,
         wire.closed,
     )
+
+
+async def test_raw_call_client_splits_answers_across_reads_and_sends_the_next() -> None:
+    """bench_bus's lean call client reads answers split at any byte, one request at a time."""
+    latencies: list[float] = []
+    client = bench_bus.RawCallClient([b"one", b"two", b"three"], latencies, float("inf"))
+    wire = _Wire()
+    client.connection_made(wire)  # type: ignore[arg-type]
+    answers = (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+        b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 3\r\n\r\n{ }",
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+    )
+    for answer in answers:
+        for at in range(0, len(answer), 5):
+            client.data_received(answer[at : at + 5])
+    assert ([b"one", b"two", b"three"], 3, 1, True) == (
+        wire.written,
+        len(latencies),
+        client.errors,
+        client.done.done(),
+    )

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from hearthnet.auth import Authenticator
@@ -103,10 +105,10 @@ class BusHttpEndpoints:
             web.get("/bus/v1/capabilities", self.capabilities),
         ]
 
-    def verify(self, request: web.Request, body: Any) -> VerifiedCall:
+    def verify(self, headers: Mapping[str, str], body: Any) -> VerifiedCall:
         """Authenticate a call from its headers and parsed body."""
         deps = self.deps
-        ch = h.read_call_headers(request.headers)
+        ch = h.read_call_headers(headers)
         signed = ch.signed
         envelope: dict[str, Any] = {
             "body": body,
@@ -127,29 +129,39 @@ class BusHttpEndpoints:
             deadline_ms=ch.deadline_ms,
         )
 
-    async def call(self, request: web.Request) -> web.StreamResponse:
-        """``POST /bus/v1/call``."""
-        raw = await request.read()
+    def open(self, headers: Mapping[str, str], raw: bytes) -> CallHandle:
+        """Read, authenticate and route a call from its headers and body bytes."""
         body = loads(raw) if raw else None
         if not isinstance(body, dict):
             raise BadRequest('the request body is a JSON object {"params"?, "input"}')
-        call = self.verify(request, body)
-        wants_sse = "text/event-stream" in request.headers.get("Accept", "")
-        handle = self.deps.bus.open(call, inline_tools=False)
-        if not wants_sse:
-            if handle.descriptor.streaming:
-                handle.close("bad_request")
-                raise BadRequest(
-                    f"{handle.descriptor.key} streams: send Accept: text/event-stream "
-                    "or upgrade to WebSocket"
-                )
-            started = time.monotonic()
-            output = await handle.result()
-            ms = int((time.monotonic() - started) * 1000)
-            return json_response(
-                {"output": output, "meta": {"ms": ms, "node": handle.provider.node_id}}
+        return self.deps.bus.open(self.verify(headers, body), inline_tools=False)
+
+    async def unary_call(self, headers: Mapping[str, str], raw: bytes) -> bytes:
+        """A unary call's JSON answer body (what :meth:`call` answers without
+        ``Accept: text/event-stream``, and the lean call path's answer).
+
+        Raises:
+            WireError: refused or failed, with the code of spec §2.4.
+        """
+        handle = self.open(headers, raw)
+        if handle.descriptor.streaming:
+            handle.close("bad_request")
+            raise BadRequest(
+                f"{handle.descriptor.key} streams: send Accept: text/event-stream "
+                "or upgrade to WebSocket"
             )
-        return await self._sse(request, handle)
+        started = time.monotonic()
+        output = await handle.result()
+        ms = int((time.monotonic() - started) * 1000)
+        return orjson.dumps({"output": output, "meta": {"ms": ms, "node": handle.provider.node_id}})
+
+    async def call(self, request: web.Request) -> web.StreamResponse:
+        """``POST /bus/v1/call``."""
+        raw = await request.read()
+        if "text/event-stream" not in request.headers.get("Accept", ""):
+            answer = await self.unary_call(request.headers, raw)
+            return web.Response(body=answer, content_type="application/json")
+        return await self._sse(request, self.open(request.headers, raw))
 
     async def _sse(self, request: web.Request, handle: CallHandle) -> web.StreamResponse:
         deps = self.deps

@@ -26,6 +26,7 @@ from hearthnet.errors import (
     WireError,
 )
 from hearthnet.metrics import Counter
+from hearthnet.transport.callhead import CALL_PATH
 from hearthnet.transport.preauth import (
     CHUNKED,
     ChunkedBodyEnd,
@@ -102,12 +103,15 @@ class PreAuthGate:
         refused: Counter,
         http: Callable[[], asyncio.BaseProtocol],
         upgrades: Mapping[str, RawUpgrade],
+        *,
+        calls: Callable[[], asyncio.BaseProtocol] | None = None,
     ) -> None:
         self.head = limits
         self.requests_refused = requests_refused
         self.refused = refused
         self.http = http
         self.upgrades = upgrades
+        self.calls = calls  # the lean protocol for POST /bus/v1/call, if any
         self.table = PreAuthTable(limits.limits)
         self.closers: dict[int, Closer] = {}
         self.in_body: dict[int, asyncio.Transport] = {}
@@ -185,7 +189,9 @@ class FrontDoor(asyncio.Protocol):
     """The first protocol of every connection, and its guard until the first request is
     in (spec §2.5): reads the whole head within the head deadline, answers an oversized
     or malformed head in JSON itself, hands a raw-upgrade path (pub/sub WebSockets) to
-    its protocol and everything else to aiohttp, then watches the body's pace.
+    its protocol, plain signed calls to the lean call path
+    (:mod:`hearthnet.transport.callpath`) and everything else to aiohttp, then watches
+    the body's pace.
 
     It stays in front of the protocol it hands over to, forwarding every call, so the
     connection is counted until it closes (one method call per read)."""
@@ -278,7 +284,11 @@ class FrontDoor(asyncio.Protocol):
             self._gate.in_body[self._key] = transport
         else:
             self._gate.admit(self._key)
-        self._hand_over(cast(asyncio.Protocol, self._gate.http()), b"")
+        calls = self._gate.calls
+        if calls is not None and head.method == b"POST" and head.path == CALL_PATH:
+            self._hand_over(cast(asyncio.Protocol, calls()), b"")
+        else:
+            self._hand_over(cast(asyncio.Protocol, self._gate.http()), b"")
         if transport.is_closing():
             return
         assert self._inner is not None

@@ -37,6 +37,8 @@ from hearthnet.errors import (
     WireError,
 )
 from hearthnet.metrics import Counter, MetricsRegistry
+from hearthnet.transport.callhead import CallHeadLimits
+from hearthnet.transport.callpath import CallPath, CallPathLimits, CallService
 from hearthnet.transport.cors import OriginPolicy, response_headers
 from hearthnet.transport.frontdoor import (
     TLS_RECORD_HANDSHAKE,
@@ -262,7 +264,8 @@ class HttpServer:
     """The node's single listening port (spec §3.1).
 
     Every connection starts with a :class:`FrontDoor`, which gives it to aiohttp or, for
-    the paths in ``upgrades``, to a leaner protocol. With a TLS context the port serves TLS
+    the paths in ``upgrades`` and (with ``calls``) a first ``POST /bus/v1/call``, to a
+    leaner protocol. With a TLS context the port serves TLS
     *and* plain HTTP: the first byte of each connection is peeked (a TLS handshake record
     starts with 0x16, an HTTP request with a letter) and the front door runs with or
     without TLS, so peers link over TLS while browsers and the CLI keep using plain HTTP.
@@ -285,8 +288,12 @@ class HttpServer:
         tls: ssl.SSLContext | None = None,
         upgrades: Mapping[str, RawUpgrade] | None = None,
         origins: OriginPolicy | None = None,
+        calls: CallService | None = None,
     ) -> None:
         self.head = head or HeadLimits()
+        self.max_body_bytes = max_body_bytes
+        self.calls = calls  # serves plain POST /bus/v1/call on the lean path when set
+        self.call_path: CallPath | None = None
         self.app = web.Application(
             client_max_size=max_body_bytes,
             middlewares=[make_middleware(metrics, self.head, origins)],
@@ -306,6 +313,7 @@ class HttpServer:
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._sweeping: asyncio.Task[None] | None = None
+        self._call_sweeping: asyncio.Task[None] | None = None
         self._sniffing: set[asyncio.Task[None]] = set()
         self._spare: int | None = None
         self._emfile_logged = -_EMFILE_LOG_EVERY_S
@@ -362,17 +370,31 @@ class HttpServer:
             _nofile(), _descriptors_in_use(), self.head.fd_reserve
         )
         limits = dataclasses.replace(self.head.limits, capacity=capacity, reserve=reserve)
+        if self.calls is not None:
+            self.call_path = CallPath(self.calls, self._call_limits(), http, self.metrics.refused)
+            self._call_sweeping = loop.create_task(self.call_path.run_sweeps(limits.tick_s))
         self.gate = PreAuthGate(
             dataclasses.replace(self.head, limits=limits),
             self.metrics.refused,
             self.connections_refused,
             http,
             self.upgrades,
+            calls=self.call_path.protocol if self.call_path is not None else None,
         )
         self._accepting = loop.create_task(self._accept_loop(sock, self.gate))
         self._sweeping = loop.create_task(self.gate.run_sweeps())
         self.host, self.port = sock.getsockname()[:2]
         return self.host, self.port
+
+    def _call_limits(self) -> CallPathLimits:
+        head = self.head
+        return CallPathLimits(
+            head=CallHeadLimits(head.max_headers, head.max_header_bytes, self.max_body_bytes),
+            keepalive_idle_s=self.keepalive_idle_s,
+            head_timeout_s=head.limits.head_timeout_s,
+            body_grace_s=head.limits.body_grace_s,
+            body_min_bytes_per_s=head.limits.body_min_bytes_per_s,
+        )
 
     async def _accept_loop(self, sock: socket.socket, gate: PreAuthGate) -> None:
         loop = asyncio.get_running_loop()
@@ -470,12 +492,12 @@ class HttpServer:
 
     async def stop_accepting(self) -> None:
         """Close the listening socket; running requests go on."""
-        for task in (self._accepting, self._sweeping):
+        for task in (self._accepting, self._sweeping, self._call_sweeping):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._accepting = self._sweeping = None
+        self._accepting = self._sweeping = self._call_sweeping = None
         for task in list(self._sniffing):
             task.cancel()
         if self.gate is not None:
@@ -490,6 +512,8 @@ class HttpServer:
     async def close(self) -> None:
         """Stop everything."""
         await self.stop_accepting()
+        if self.call_path is not None:
+            await self.call_path.shutdown(grace_s=1.0)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
