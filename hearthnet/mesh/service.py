@@ -24,9 +24,8 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import ifaddr
 from aiohttp import web
 
 from hearthnet.auth import Authenticator
@@ -40,7 +39,6 @@ from hearthnet.membership import Membership
 from hearthnet.mesh.addresses import PeerBook, normalize_url
 from hearthnet.mesh.announce import Announcement
 from hearthnet.mesh.dialer import Dialer
-from hearthnet.mesh.discovery import Discovery
 from hearthnet.mesh.gossip import OriginTracker
 from hearthnet.mesh.health import LinkHealth
 from hearthnet.mesh.links import LinkErrors, PeerLink
@@ -63,6 +61,9 @@ from hearthnet.pubsub.envelope import StoredMessage
 from hearthnet.pubsub.log import MessageLog
 from hearthnet.pubsub.presence import PresenceEvent
 from hearthnet.pubsub.service import PubSub
+
+if TYPE_CHECKING:  # zeroconf is loaded only when [mesh] zeroconf is on (spec §11)
+    from hearthnet.mesh.discovery import Discovery
 
 log = logging.getLogger("hearthnet.mesh")
 
@@ -242,6 +243,8 @@ class Mesh:
             await self._start_discovery(host, port)
 
     async def _start_discovery(self, host: str, port: int) -> None:
+        from hearthnet.mesh.discovery import Discovery  # noqa: PLC0415 - see TYPE_CHECKING
+
         everywhere = host in ("0.0.0.0", "", "::")  # noqa: S104 - comparing, not binding
 
         def found(announcement: Announcement) -> None:
@@ -461,6 +464,8 @@ def advertised_url(host: str, port: int, local_url: str) -> str:
     non-loopback IPv4 address of this host (via ifaddr, which zeroconf uses too)."""
     if host not in ("0.0.0.0", "", "::"):  # noqa: S104 - comparing, not binding
         return local_url
+    import ifaddr  # noqa: PLC0415 - only for a node listening on every interface
+
     for adapter in ifaddr.get_adapters():
         for ip in adapter.ips:
             if isinstance(ip.ip, str) and not ip.ip.startswith("127."):
