@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import socket
 import time
@@ -100,6 +101,7 @@ class Mesh:
         self.book = PeerBook(data_dir / "mesh" / "peers.json")
         self.routes = Routes(keys.node_id)
         self.discovery: Discovery | None = None
+        self._announce_at: tuple[str, int] | None = None  # zeroconf: where we listen
         self._group: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         m = metrics
@@ -226,8 +228,8 @@ class Mesh:
         port: int,
         serve_socket: Callable[[socket.socket, str], bool] | None = None,
     ) -> None:
-        """Load what survives restarts (peer addresses, which messages we hold) and start
-        announcing on the LAN."""
+        """Load what survives restarts (peer addresses, which messages we hold); LAN
+        discovery starts with :meth:`run`."""
         self.url = self.dialer.url = self.config.advertise_url or url
         self.book.own_urls.add(normalize_url(self.url))
         self.book.load()
@@ -240,7 +242,7 @@ class Mesh:
         for origin, floor, head, above in await self.log.origin_heads():
             self.tracker.load(origin, head, floor, above)
         if self.config.zeroconf:
-            await self._start_discovery(host, port)
+            self._announce_at = (host, port)
 
     async def _start_discovery(self, host: str, port: int) -> None:
         from hearthnet.mesh.discovery import Discovery  # noqa: PLC0415 - see TYPE_CHECKING
@@ -311,6 +313,12 @@ class Mesh:
                     (RELAY_TICK_S, self.relaying.tick, "mesh-relaying"),
                 ):
                     group.create_task(_every(period_s, tick, name), name=name)
+                if self._announce_at is not None:
+                    # after the node's ready line: LAN discovery is a hint of where peers
+                    # are, not part of being ready (spec §9), and zeroconf takes ~50 ms
+                    # to import, in a worker thread while the node serves
+                    await asyncio.to_thread(importlib.import_module, "hearthnet.mesh.discovery")
+                    await self._start_discovery(*self._announce_at)
                 if self.discovery is not None:
                     # a zeroconf failure ends LAN discovery, not the node
                     self.spawn(self.discovery.run(), "mesh-zeroconf")
