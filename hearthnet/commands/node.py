@@ -32,7 +32,10 @@ def cmd_node_start(args: argparse.Namespace) -> int:
     # No automatic collections while the node starts: what start-up makes (modules, the
     # node's parts) lives as long as the process, so the ~150 collections it would run
     # free next to nothing; collect_after_start() runs one and turns collection back on.
+    # What the command line loaded (~45 % of the objects then) is frozen already: that
+    # collection need not walk it.
     gc.disable()
+    gc.freeze()
     try:
         _start_node(args)
     finally:
