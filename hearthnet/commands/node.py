@@ -83,7 +83,8 @@ def collect_after_start() -> None:
     the process: frozen, it is no longer walked by every full collection, whose pause grew
     with it. Fan-out makes many short-lived lists and tuples per committed batch; a larger
     young generation lets most of them die before a collection looks at them, so fewer
-    survive into the older generations and fewer collections run.
+    survive into the older generations and fewer collections run. Automatic collection,
+    off while the node started, is on again from here.
     """
     gc.collect()
     gc.freeze()
