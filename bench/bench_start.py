@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import tempfile
 import time
@@ -61,6 +62,7 @@ async def one_start(first_calls: bool) -> dict[str, Any]:
         return result
     finally:
         node.stop()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 async def run(starts: int, first_calls: bool) -> dict[str, Any]:
