@@ -25,6 +25,7 @@ class Echo:
         max_concurrent=256,
         idempotent=True,
         description="Returns its input.",
+        check_on_first_call=True,  # a constant: checked by the tests
     )
 
     async def call(self, ctx: CallContext, value: Any) -> dict[str, Any]:
@@ -55,6 +56,7 @@ class EchoStream:
         max_concurrent=256,
         idempotent=True,
         description="Streams count frames; for tests and benchmarks.",
+        check_on_first_call=True,  # a constant: checked by the tests
     )
 
     async def stream(self, ctx: CallContext, value: Any) -> AsyncIterator[Frame]:

@@ -79,6 +79,7 @@ class MeshPeers:
         timeout_s=5.0,
         idempotent=True,
         description="This node's linked peers and the peers it knows addresses of.",
+        check_on_first_call=True,  # a constant: checked by the tests
     )
 
     def __init__(self, snapshot: PeersSnapshot) -> None:
@@ -114,6 +115,7 @@ class MeshTopics:
         timeout_s=5.0,
         idempotent=True,
         description="Topics with messages on this node that the caller may read.",
+        check_on_first_call=True,  # a constant: checked by the tests
     )
 
     def __init__(self, pubsub: PubSub) -> None:

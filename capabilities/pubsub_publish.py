@@ -51,6 +51,7 @@ class PubSubPublish:
         },
         max_concurrent=256,
         description="Publish a message to a topic, as the caller (its access rules apply).",
+        check_on_first_call=True,  # a constant: checked by the tests
     )
 
     def __init__(self, pubsub: PubSub) -> None:

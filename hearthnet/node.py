@@ -18,10 +18,9 @@ import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from capabilities import builtin_capabilities, node_capabilities
-from capabilities.llm_chat import LlmChat, build_llm_chat
 from hearthnet import __version__
 from hearthnet.auth import Authenticator
 from hearthnet.bus.calls import Bus, BusMetrics
@@ -64,6 +63,9 @@ from hearthnet.transport.server import (
     HttpServer,
     TransportMetrics,
 )
+
+if TYPE_CHECKING:
+    from capabilities.llm_chat import LlmChat
 
 log = logging.getLogger("hearthnet.node")
 
@@ -129,8 +131,13 @@ class Node:
     def _build(self) -> None:
         cfg = self.config
         # spec §5: llm.chat only when a model server or the demo model is configured;
-        # built first, so a bad [llm] section stops the node before it takes the lock
-        self.llm: LlmChat | None = build_llm_chat(cfg.llm)
+        # built first, so a bad [llm] section stops the node before it takes the lock; its
+        # modules (tool loop, backends, jsonschema) are loaded only then (spec §11)
+        self.llm: LlmChat | None = None
+        if cfg.llm.url or cfg.llm.demo:
+            from capabilities.llm_chat import build_llm_chat  # noqa: PLC0415
+
+            self.llm = build_llm_chat(cfg.llm)
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock.acquire()
         self.keys = load_or_create_keys(self.data_dir)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
 import orjson
-from jsonschema import Draft202012Validator
 
 from hearthnet.bus.envelope import validate_capability_name, validate_version
 from hearthnet.community import Level
@@ -18,8 +17,23 @@ STABILITIES = ("stable", "beta", "experimental")
 VALIDATOR_CACHE_SIZE = 1024
 
 
+def _not_loaded(errors: Iterator[Any]) -> Any:
+    raise RuntimeError("jsonschema is not loaded yet")  # pragma: no cover
+
+
+# jsonschema's pick of the most relevant error; set when jsonschema is loaded, by the
+# first schema checked (jsonschema takes ~0.1 s to import, which a node's start does not
+# pay: spec §11)
+_best_match: Callable[[Iterator[Any]], Any] = _not_loaded
+
+
 @functools.lru_cache(maxsize=VALIDATOR_CACHE_SIZE)
 def _compiled(schema_json: bytes) -> Any:
+    global _best_match  # noqa: PLW0603 - set once, on the first schema checked
+    from jsonschema import Draft202012Validator  # noqa: PLC0415 - loaded on first use
+    from jsonschema.exceptions import best_match  # noqa: PLC0415
+
+    _best_match = best_match
     schema = orjson.loads(schema_json)
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema)
@@ -63,6 +77,12 @@ class CapabilityDescriptor:
     min_level: Level = Level.MEMBER
     idempotent: bool = False
     description: str = ""
+    # When ``request_schema`` is checked and compiled: at construction (the default, for
+    # descriptors from outside the code: a peer's announcement, a configured tool), or,
+    # for the node's own capabilities whose schemas are constants of the code (checked by
+    # tests/bus/test_registry.py), on their first call, so that starting a node does not
+    # load jsonschema (spec §11: start to ready < 1 s).
+    check_on_first_call: bool = field(default=False, compare=False, repr=False)
     _validator: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -72,14 +92,28 @@ class CapabilityDescriptor:
             raise BadRequest(f"stability must be one of {STABILITIES}")
         if self.max_concurrent < 1 or self.timeout_s <= 0:
             raise BadRequest("max_concurrent must be >= 1 and timeout_s > 0")
+        if not self.check_on_first_call:
+            self.check_schema()
+
+    def check_schema(self) -> Any:
+        """Check ``request_schema`` and compile its validator, kept (and shared with every
+        descriptor of the same schema): validation runs on every call.
+
+        Raises:
+            BadRequest: the schema is invalid, or not JSON.
+        """
         try:
             validator = compiled_validator(self.request_schema)
-        except jsonschema.SchemaError as exc:
-            raise BadRequest(f"{self.name}: invalid request_schema: {exc.message}") from exc
         except (TypeError, orjson.JSONEncodeError) as exc:
             raise BadRequest(f"{self.name}: request_schema is not JSON: {exc}") from exc
-        # Compiled once (and shared): validation runs on every call.
+        except Exception as exc:
+            from jsonschema import SchemaError  # noqa: PLC0415 - loaded by the check above
+
+            if not isinstance(exc, SchemaError):
+                raise
+            raise BadRequest(f"{self.name}: invalid request_schema: {exc.message}") from exc
         object.__setattr__(self, "_validator", validator)
+        return validator
 
     @property
     def streaming(self) -> bool:
@@ -97,7 +131,12 @@ class CapabilityDescriptor:
         Raises:
             SchemaMismatch: with the first error's path and message.
         """
-        error = jsonschema.exceptions.best_match(self._validator.iter_errors(value))
+        validator = self._validator
+        if validator is None:
+            if not self.request_schema:
+                return  # {} accepts every value: nothing to compile
+            validator = self.check_schema()
+        error = _best_match(validator.iter_errors(value))
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "(root)"
             raise SchemaMismatch(f"input at {where}: {error.message}"[:500])

@@ -25,13 +25,16 @@ from hearthnet.federation.view import FederationView
 
 log = logging.getLogger("hearthnet.federation")
 
+# one transaction: on a new data directory, one journal and one round of fsyncs, not three
 _SCHEMA = """
+BEGIN;
 CREATE TABLE IF NOT EXISTS items (id TEXT NOT NULL, kind TEXT NOT NULL, body TEXT NOT NULL,
                                   PRIMARY KEY (id, kind));
 CREATE TABLE IF NOT EXISTS records (community TEXT NOT NULL, id TEXT NOT NULL,
                                     body TEXT NOT NULL, PRIMARY KEY (community, id));
 CREATE TABLE IF NOT EXISTS cursors (url TEXT PRIMARY KEY, epoch TEXT NOT NULL,
                                     seq INTEGER NOT NULL);
+COMMIT;
 """
 
 

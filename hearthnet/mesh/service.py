@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import ifaddr
 from aiohttp import web
 
 from hearthnet.auth import Authenticator
@@ -40,7 +40,6 @@ from hearthnet.membership import Membership
 from hearthnet.mesh.addresses import PeerBook, normalize_url
 from hearthnet.mesh.announce import Announcement
 from hearthnet.mesh.dialer import Dialer
-from hearthnet.mesh.discovery import Discovery
 from hearthnet.mesh.gossip import OriginTracker
 from hearthnet.mesh.health import LinkHealth
 from hearthnet.mesh.links import LinkErrors, PeerLink
@@ -63,6 +62,9 @@ from hearthnet.pubsub.envelope import StoredMessage
 from hearthnet.pubsub.log import MessageLog
 from hearthnet.pubsub.presence import PresenceEvent
 from hearthnet.pubsub.service import PubSub
+
+if TYPE_CHECKING:  # zeroconf is loaded only when [mesh] zeroconf is on (spec §11)
+    from hearthnet.mesh.discovery import Discovery
 
 log = logging.getLogger("hearthnet.mesh")
 
@@ -99,6 +101,7 @@ class Mesh:
         self.book = PeerBook(data_dir / "mesh" / "peers.json")
         self.routes = Routes(keys.node_id)
         self.discovery: Discovery | None = None
+        self._announce_at: tuple[str, int] | None = None  # zeroconf: where we listen
         self._group: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         m = metrics
@@ -225,8 +228,8 @@ class Mesh:
         port: int,
         serve_socket: Callable[[socket.socket, str], bool] | None = None,
     ) -> None:
-        """Load what survives restarts (peer addresses, which messages we hold) and start
-        announcing on the LAN."""
+        """Load what survives restarts (peer addresses, which messages we hold); LAN
+        discovery starts with :meth:`run`."""
         self.url = self.dialer.url = self.config.advertise_url or url
         self.book.own_urls.add(normalize_url(self.url))
         self.book.load()
@@ -239,9 +242,11 @@ class Mesh:
         for origin, floor, head, above in await self.log.origin_heads():
             self.tracker.load(origin, head, floor, above)
         if self.config.zeroconf:
-            await self._start_discovery(host, port)
+            self._announce_at = (host, port)
 
     async def _start_discovery(self, host: str, port: int) -> None:
+        from hearthnet.mesh.discovery import Discovery  # noqa: PLC0415 - see TYPE_CHECKING
+
         everywhere = host in ("0.0.0.0", "", "::")  # noqa: S104 - comparing, not binding
 
         def found(announcement: Announcement) -> None:
@@ -308,6 +313,12 @@ class Mesh:
                     (RELAY_TICK_S, self.relaying.tick, "mesh-relaying"),
                 ):
                     group.create_task(_every(period_s, tick, name), name=name)
+                if self._announce_at is not None:
+                    # after the node's ready line: LAN discovery is a hint of where peers
+                    # are, not part of being ready (spec §9), and zeroconf takes ~50 ms
+                    # to import, in a worker thread while the node serves
+                    await asyncio.to_thread(importlib.import_module, "hearthnet.mesh.discovery")
+                    await self._start_discovery(*self._announce_at)
                 if self.discovery is not None:
                     # a zeroconf failure ends LAN discovery, not the node
                     self.spawn(self.discovery.run(), "mesh-zeroconf")
@@ -461,6 +472,8 @@ def advertised_url(host: str, port: int, local_url: str) -> str:
     non-loopback IPv4 address of this host (via ifaddr, which zeroconf uses too)."""
     if host not in ("0.0.0.0", "", "::"):  # noqa: S104 - comparing, not binding
         return local_url
+    import ifaddr  # noqa: PLC0415 - only for a node listening on every interface
+
     for adapter in ifaddr.get_adapters():
         for ip in adapter.ips:
             if isinstance(ip.ip, str) and not ip.ip.startswith("127."):

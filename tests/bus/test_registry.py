@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from capabilities.echo import Echo, EchoStream
+from capabilities.mesh_info import MeshPeers, MeshTopics
+from capabilities.pubsub_publish import PubSubPublish
 from hearthnet.bus.capability import CallContext
 from hearthnet.bus.descriptor import CapabilityDescriptor, version_satisfies
 from hearthnet.bus.registry import CapabilityRegistry
@@ -97,6 +99,21 @@ def test_descriptors_with_the_same_schema_share_one_checked_validator() -> None:
             CapabilityDescriptor("x", "1.0", request_schema={"type": 5})
     with pytest.raises(BadRequest, match="not JSON"):
         CapabilityDescriptor("x", "1.0", request_schema={"type": {1, 2}})
+
+
+def test_the_node_s_own_schemas_are_valid_and_checked_on_first_call() -> None:
+    """The built-in capabilities' schemas, which a node no longer checks when it starts,
+    pass the meta-schema check; a schema checked on first call is refused then."""
+    own = [Echo, EchoStream, MeshPeers, MeshTopics, PubSubPublish]
+    assert [True] * len(own) == [c.descriptor.check_on_first_call for c in own]
+    checked = [c.descriptor.check_schema() for c in own]  # BadRequest if one is invalid
+    assert len(own) == sum(v is not None for v in checked)
+    bad = CapabilityDescriptor("x", "1.0", request_schema={"type": 5}, check_on_first_call=True)
+    with pytest.raises(BadRequest, match="invalid request_schema"):
+        bad.validate_input({})
+    open_schema = CapabilityDescriptor("y", "1.0", check_on_first_call=True)
+    open_schema.validate_input({"any": ["thing"]})
+    assert None is open_schema._validator
 
 
 def test_schema_mismatch_names_the_path() -> None:
