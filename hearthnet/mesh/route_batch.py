@@ -5,9 +5,10 @@ A relay's cost per forwarded frame is mostly what it pays per WebSocket message:
 read's wake-up, splitting and unmasking the message, handing it to the relay, framing
 it again for the write. On a v4 link a sender's writer puts the route frames queued since
 its last wake-up into one message (:func:`pack_routes`), the relay reads the headers of
-the frames in it (:func:`batch_frames`), decides each frame as it would alone, and writes
-what goes to one link as one message again (:func:`passed_on_batch`), so the cost per
-message is paid once for many frames. Layout::
+the frames in it as runs of frames between the same two nodes (:func:`batch_runs`),
+decides each frame as it would alone (a run at once where it can), and writes what goes
+to one link as one message again (:func:`passed_on_runs`), so the cost per message is
+paid once for many frames. Layout::
 
     offset  size  field
     0       1     0x48 ("H"): a binary peer-link frame
@@ -261,38 +262,6 @@ def _flush(run: list[bytes], out: list[bytes]) -> int:
         parts.append(memoryview(data)[BATCH_HEADER_BYTES:] if data[2] == KIND_BATCH else data)
     out.append(b"".join(parts))
     return len(run) - 1
-
-
-_ONE_BYTE = [bytes((i,)) for i in range(256)]
-
-
-def passed_on_batch(data: bytes, spans: Sequence[Span], *, whole: bool = False) -> bytes:
-    """What a relay writes on for the frames ``spans`` of route batch ``data`` (each
-    passed on, so each with ``ttl_hops`` at least 1): one route frame alone, else a route
-    batch of them in order, each with ``ttl_hops`` one less. ``whole``: ``spans`` are all
-    the frames of ``data``."""
-    if len(spans) == 1:
-        head, start, end = spans[0]
-        return b"".join(
-            (
-                data[start : start + TTL_AT],
-                _ONE_BYTE[head.ttl_hops - 1],
-                data[start + TTL_AT + 1 : end],
-            )
-        )
-    if whole:
-        out = bytearray(data)  # every frame of the batch goes on: one copy, patched in place
-        for head, start, _ in spans:
-            out[start + TTL_AT] = head.ttl_hops - 1
-        return bytes(out)
-    parts: list[bytes] = [BATCH_PREFIX]
-    for head, start, end in spans:
-        parts += (
-            data[start : start + TTL_AT],
-            _ONE_BYTE[head.ttl_hops - 1],
-            data[start + TTL_AT + 1 : end],
-        )
-    return b"".join(parts)
 
 
 Picks = Sequence[tuple[RouteRun, Sequence[int] | None]]  # runs, each whole (None) or some frames

@@ -18,7 +18,6 @@ from hearthnet.mesh.route_batch import (
     is_batch,
     is_route_message,
     pack_routes,
-    passed_on_batch,
     passed_on_runs,
     split_batch,
 )
@@ -85,25 +84,6 @@ def test_packing_keeps_every_frame_once_in_order(items: list[bytes], limit: int)
         oversized,
         merged_small,
     )
-
-
-@settings(max_examples=30, deadline=None)
-@given(st.lists(frames, min_size=1, max_size=10), st.data())
-def test_a_relay_passes_on_any_subset_with_each_ttl_one_less(
-    batch: list[bytes], data: st.DataObject
-) -> None:
-    """What a relay writes for some of a batch's frames is those frames in order, each
-    with ttl_hops one less and every other byte as received."""
-    raw = encode_batch(batch)
-    spans = batch_frames(raw)
-    keep = data.draw(st.lists(st.booleans(), min_size=len(spans), max_size=len(spans)))
-    chosen = [s for s, k in zip(spans, keep, strict=True) if k] or spans[:1]
-    out = passed_on_batch(raw, chosen, whole=len(chosen) == len(spans))
-    expected = [
-        raw[start : start + 4] + bytes([head.ttl_hops - 1]) + raw[start + 5 : end]
-        for head, start, end in chosen
-    ]
-    assert expected == (split_batch(out) if is_batch(out) else [out])
 
 
 def test_a_malformed_batch_is_refused_whole() -> None:
