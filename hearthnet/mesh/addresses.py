@@ -132,6 +132,15 @@ class PeerBook:
         entry.verified = True
         self.dirty = True
 
+    def retry_now(self, nodes: set[str], now: float) -> None:
+        """Dial the addresses of ``nodes`` now: those waiting out a backoff are due at
+        ``now`` with their failures forgotten (spec §8 failover: when a relay is lost, the
+        first try at another relay waits for nothing). Addresses held for other reasons
+        (a link up, a refusal) are not touched: only a failed dial backs off."""
+        for entry in self.addresses.values():
+            if entry.node in nodes and entry.failures and entry.next_try > now:
+                entry.failures, entry.next_try = 0, now
+
     def verified_node(self, url: str) -> str | None:
         """The NodeID our own dial found at ``url``, if any."""
         entry = self.addresses.get(url)

@@ -167,6 +167,17 @@ def install(ws: Any, max_size: int) -> LinkReader | None:
     return reader
 
 
+def abort(ws: Any) -> bool:
+    """Drop ``ws``'s connection at once, without the closing handshake (a peer gone silent
+    answers none: aiohttp would wait for it up to its close timeout, 10 s). The link's
+    read ends as at a reset. False where the connection is not found (closed already)."""
+    transport = getattr(_protocol_of(ws), "transport", None)
+    if transport is None:
+        return False
+    transport.abort()
+    return True
+
+
 def reader_of(ws: Any) -> LinkReader | None:
     """The :class:`LinkReader` installed on ``ws``'s connection, if any."""
     parser = getattr(_protocol_of(ws), "_payload_parser", None)

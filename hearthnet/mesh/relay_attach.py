@@ -16,6 +16,8 @@ from collections import Counter as Tally
 from collections.abc import Callable, Mapping
 
 from hearthnet.clock import now_ms
+from hearthnet.mesh.addresses import PeerBook
+from hearthnet.mesh.linkread import abort
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.pacing import Budget
 from hearthnet.mesh.paths import Action, PathCore
@@ -42,12 +44,14 @@ class RelayAttachments:
         counts: Tally[str],
         carry: Callable[[list[Action]], None],
         candidate: Callable[[str | None], str | None],
+        book: PeerBook | None = None,
     ) -> None:
         self.links = links
         self.paths = paths
         self.carry = carry  # the path core's actions, carried out by the relaying glue
         self.candidate = candidate  # a relay's observed address -> our punch candidate
         self.counts = counts  # shared with the relaying glue (relays_silent)
+        self.book = book  # where the relays' URLs wait for their next dial
         self.relays: set[str] = set()  # NodeIDs of the configured relays, once linked
         # spec §8 failover: a relay that dies silently (no RST) is noticed in seconds
         self.keepalive = RelayKeepalive(keepalive)
@@ -69,7 +73,7 @@ class RelayAttachments:
         if link.node in self._silenced:  # already lost to silence (see _silent)
             self._silenced.discard(link.node)
         else:
-            self.carry(self.paths.relay_lost(link.node, now))
+            self._lost(link.node, now)
 
     def attached(self, link: PeerLink, frame: Attached, now: float) -> None:
         """One of our relays answered ``attach``: peers may go through it now."""
@@ -95,7 +99,15 @@ class RelayAttachments:
         """One of our relays detached us: its peers move to another relay."""
         log.info("relay %s detached us: %s", link.node, frame.code or frame.reason)
         self.keepalive.forget(link.node)
-        self.carry(self.paths.relay_lost(link.node, now))
+        self._lost(link.node, now)
+
+    def _lost(self, relay: str, now: float) -> None:
+        """``relay`` is lost: its peers move to another attached relay, and our other
+        relays not linked now are dialled at once, their backoff forgotten (spec §8
+        failover: the first try at another relay waits for nothing)."""
+        self.carry(self.paths.relay_lost(relay, now))
+        if self.book is not None:
+            self.book.retry_now(self.relays - {relay} - set(self.links), now)
 
     def act(self, action: AttachRelay | DetachRelay) -> None:
         """Attach to or detach from a relay, as the path core's relay choice asks."""
@@ -126,8 +138,9 @@ class RelayAttachments:
 
     def _silent(self, relay: str, now: float) -> None:
         """Nothing came from ``relay`` for ``mesh.relay_silence_s`` although it was
-        pinged: its peers move to another relay now, and its link is closed (the mesh
-        dials it again later)."""
+        pinged: its peers move to another relay now, and its link is dropped at once,
+        with no closing handshake a silent relay would not answer (the mesh dials it
+        again when due: at once, as a link that went down)."""
         log.warning(
             "relay %s silent for %.1f s; its peers move to another relay",
             relay,
@@ -135,8 +148,9 @@ class RelayAttachments:
             extra={"peer": relay},
         )
         self.counts["relays_silent"] += 1
-        self.carry(self.paths.relay_lost(relay, now))
+        self._lost(relay, now)
         link = self.links.get(relay)
         if link is not None and not is_relayed(link):
             self._silenced.add(relay)
-            link.close("the relay went silent")
+            link.close("the relay went silent", send_bye=False)
+            abort(link.ws)

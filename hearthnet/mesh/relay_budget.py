@@ -30,6 +30,16 @@ class FairBucket:
         self.rate = rate
         self.tokens = min(self.tokens, rate * self.burst_s)
 
+    def admit_all(self, now: float, total: int, last: int) -> bool:
+        """Take ``total`` for frames whose last has ``last`` bytes, when :meth:`admit` would
+        admit every one of them in turn (a route batch's run, spec §11); else take nothing
+        and return False (the caller admits them one by one)."""
+        self._refill(now)
+        if self.tokens - (total - last) <= 0:
+            return False
+        self.tokens -= total
+        return True
+
     def admit(self, now: float, amount: int) -> float:
         """Take ``amount``; return 0 when admitted, else the seconds until it would be."""
         self._refill(now)

@@ -35,7 +35,13 @@ Rules:
 - Forwarding: to the attached member ``to``, else to the federated relay with the fewest
   hops to it, else ``route_error unreachable``. Each relay passed takes one from
   ``ttl_hops``; a frame arriving with none left is ``route_error ttl``. A ``(from, id)``
-  already forwarded is dropped (seen-cache of ``seen_cache`` entries).
+  already forwarded is dropped (seen-cache: at least the last ``seen_cache / 2`` keys
+  forwarded, at most ``seen_cache``; :mod:`hearthnet.mesh.relay_seen`).
+- Route batches (:meth:`~RelayCore.route_runs`): each run of frames with the same
+  ``to``, ``from``, ``control`` and ``ttl_hops`` is decided once (membership, the next
+  link, the seen-cache in one set operation, the budget charged the run's bytes) when
+  every frame of it would be forwarded alone; otherwise frame by frame. Either way each
+  frame gets the decision it would get alone.
 - Federation: each federated relay gets our ``route_table`` (attached members at hops 0,
   learnt routes at their hops, none back over the link it was learnt from, none longer
   than ``max_route_hops`` relays after the receiver) every ``table_refresh_s`` and at most
@@ -50,7 +56,6 @@ Rules:
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -68,6 +73,8 @@ from hearthnet.mesh.relay_frames import (
     RouteError,
     RouteTable,
 )
+from hearthnet.mesh.relay_seen import SeenCache
+from hearthnet.mesh.route_batch import RouteRun
 from hearthnet.mesh.route_header import RouteHeader, header_of
 
 _FOREIGN = object()  # route_many: a destination no frame of this member may reach
@@ -155,7 +162,7 @@ class RelayCore:
         self._member_links: dict[LinkId, str] = {}
         self._federated: dict[LinkId, _Federated] = {}
         self._best: dict[str, tuple[int, str, LinkId]] = {}  # node -> (hops, relay, link)
-        self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._seen = SeenCache(self.config.seen_cache)
         self._version = 0
         self._table_sent = float("-inf")
         self._table_dirty = False
@@ -303,10 +310,7 @@ class RelayCore:
                 return [
                     Send(link, RouteError(route.to, route.from_, route.id, "rate_limited", retry))
                 ]
-        seen = self._seen
-        seen[key] = None
-        if len(seen) > self.config.seen_cache:
-            seen.popitem(last=False)
+        self._seen.add(key)
         count = self._count
         count.forwarded += 1
         count.forwarded_bytes += route.size
@@ -362,9 +366,7 @@ class RelayCore:
                     Send(link, RouteError(to, member_node, head.id, "rate_limited", retry))
                 )
             else:
-                seen[key] = None
-                if len(seen) > cfg.seen_cache:
-                    seen.popitem(last=False)
+                seen.add(key)
                 count.forwarded += 1
                 count.forwarded_bytes += head.size
                 targets.append(target)
@@ -373,6 +375,73 @@ class RelayCore:
                 others.append(Send(link, RouteError(to, member_node, head.id, error)))
             targets.append(None)
         return targets + [None] * (len(heads) - len(targets)), others
+
+    def route_runs(
+        self, link: LinkId, runs: Sequence[RouteRun], now: float
+    ) -> tuple[list[tuple[LinkId | None, list[LinkId | None] | None]], list[Action]]:
+        """The runs of a route batch that arrived on ``link`` (spec §11), each frame
+        decided as :meth:`route` decides it alone: per run ``(link, None)`` when all its
+        frames go on to ``link``, ``(None, None)`` when none is forwarded, else ``(None,
+        per-frame links)``; and the other actions in order. A run whose frames would all
+        go on is decided once; any other frame by frame (:meth:`route_many`); a frame
+        that closes the link ends the batch."""
+        out: list[tuple[LinkId | None, list[LinkId | None] | None]] = []
+        others: list[Action] = []
+        member_node = self._member_links.get(link)
+        member = self._members[member_node] if member_node is not None else None
+        cfg, count, seen, is_own = self.config, self._count, self._seen, self.is_own
+        nexts: dict[str, LinkId | None] = {}
+        for i, run in enumerate(runs):
+            to = run.to
+            if to in nexts:
+                target = nexts[to]
+            else:
+                target = nexts[to] = self._next_link(to, link)
+            if (
+                member is not None
+                and target is not None
+                and run.from_ == member_node
+                and run.size <= cfg.max_inner
+                and run.ttl_hops > 0
+                and (is_own is None or is_own(member_node) or is_own(to))
+                and seen.fresh(keys := [(member_node, n) for n in run.ids])
+                and self._charge_run(member, run, now)
+            ):
+                seen.add_all(keys)
+                count.forwarded += len(keys)
+                count.forwarded_bytes += run.size
+                out.append((target, None))
+                continue
+            targets, acts = self.route_many(link, [span[0] for span in run.spans()], now)
+            others += acts
+            if all(t is None for t in targets):
+                out.append((None, None))
+            else:
+                out.append((None, targets))
+            if any(type(a) is Close or type(a) is Refuse for a in acts):
+                out += [(None, None)] * (len(runs) - i - 1)  # the link is refused or closes
+                break
+        return out, others
+
+    def _charge_run(self, member: _Member, run: RouteRun, now: float) -> bool:
+        """Charge all of ``run`` as :meth:`_charge` would frame by frame, when it would
+        admit every frame; else charge nothing (see :meth:`FairBucket.admit_all`)."""
+        if run.control:
+            return member.control.admit_all(now, run.size, run.last)
+        cfg = self.config
+        circuits = member.circuits
+        if run.to not in circuits and len(circuits) >= cfg.member_streams:
+            return False  # circuits to expire or a refusal: frame by frame
+        if (
+            now - self._rebalanced >= cfg.rebalance_s
+            or member.last_sent < now - cfg.active_window_s
+        ):
+            self._rebalance(now, member)
+        if not member.bucket.admit_all(now, run.size, run.last):
+            return False
+        circuits[run.to] = now
+        member.last_sent = now
+        return True
 
     def _route_each(
         self, link: LinkId, heads: Sequence[RouteHeader], now: float

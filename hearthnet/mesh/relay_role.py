@@ -29,7 +29,7 @@ from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.pacing import Budget
 from hearthnet.mesh.relay_core import Action, Forward, Refuse, RelayCore, Send
 from hearthnet.mesh.relay_frames import Detach, JoinAnswer, JoinVia, RelayFrame, Route
-from hearthnet.mesh.route_batch import Span, batch_frames, passed_on_batch
+from hearthnet.mesh.route_batch import RouteRun, Span, batch_runs, passed_on_runs
 from hearthnet.mesh.route_header import (
     RouteHeader,
     encode_route,
@@ -203,42 +203,66 @@ class RelayRole:
                 self._carry_out([action])
 
     def forward_batch(self, link: PeerLink, data: bytes, now: float) -> list[Span]:
-        """A route batch off a direct link (spec §11): each frame decided from its header as
-        :meth:`forward` decides one, and the frames going to one v4 link written on as one
-        message (each with ``ttl_hops`` one less). Returns the frames addressed to this
-        node, which are not the relay's to forward.
+        """A route batch off a direct link (spec §11): its runs of frames between the same
+        two nodes decided as :meth:`forward` decides one frame (at once where every frame
+        of a run goes on), and the frames going to one v4 link written on as one message
+        (each with ``ttl_hops`` one less). Returns the frames addressed to this node,
+        which are not the relay's to forward.
 
         Raises:
             BadRequest / PayloadTooLarge: a malformed batch; none of it is taken.
         """
-        spans = batch_frames(data)
+        runs = batch_runs(data)
         self.route_messages["in"] += 1
         if link not in self._served:
             self._serve(link, now)
         own = self.core.node_id
-        mine = [span for span in spans if span[0].to == own]
-        if mine:
-            spans = [span for span in spans if span[0].to != own]
-        targets, others = self.core.route_many(link, [span[0] for span in spans], now)
-        groups: dict[PeerLink, list[Span]] = {}
-        for span, target in zip(spans, targets, strict=True):
-            if target is None:
+        mine: list[Span] = []
+        if any(run.to == own for run in runs):
+            mine = [span for run in runs if run.to == own for span in run.spans()]
+            runs = [run for run in runs if run.to != own]
+        decided, others = self.core.route_runs(link, runs, now)
+        groups: dict[PeerLink, list[tuple[RouteRun, list[int] | None]]] = {}
+        for run, (target, each) in zip(runs, decided, strict=True):
+            if each is None:
+                if target is not None:
+                    self._pick(groups, target, run, None)
                 continue
-            assert isinstance(target, PeerLink)
-            if target.route_batches:
-                group = groups.get(target)
-                if group is None:
-                    groups[target] = [span]
-                else:
-                    group.append(span)
-            else:
-                self._forward_one(target, data[span[1] : span[2]], span[0])
+            chosen: dict[PeerLink, list[int]] = {}
+            for i, frame_target in enumerate(each):
+                if frame_target is not None:
+                    assert isinstance(frame_target, PeerLink)
+                    chosen.setdefault(frame_target, []).append(i)
+            for peer, indices in chosen.items():
+                self._pick(groups, peer, run, indices)
         self._carry_out(others)
-        for target, group in groups.items():
+        for target, picks in groups.items():
+            if not target.route_batches:  # a v3 or older link: each frame alone
+                for run, chosen_at in picks:
+                    spans = run.spans()
+                    for i in range(len(spans)) if chosen_at is None else chosen_at:
+                        head, start, end = spans[i]
+                        self._forward_one(target, data[start:end], head)
+                continue
             self.route_messages["out"] += 1
-            whole = not mine and len(group) == len(spans)
-            target.enqueue(passed_on_batch(data, group, whole=whole))
+            whole = not mine and len(groups) == 1 and len(picks) == len(runs)
+            whole = whole and all(chosen_at is None for _, chosen_at in picks)
+            target.enqueue(passed_on_runs(data, picks, whole=whole))
         return mine
+
+    @staticmethod
+    def _pick(
+        groups: dict[PeerLink, list[tuple[RouteRun, list[int] | None]]],
+        target: object,
+        run: RouteRun,
+        chosen: list[int] | None,
+    ) -> None:
+        assert isinstance(target, PeerLink)
+        group = groups.get(target)
+        if group is None:
+            groups[target] = [(run, chosen)]
+        else:
+            group.append((run, chosen))
 
     def _forward_one(self, target: PeerLink, data: bytes, head: RouteHeader) -> None:
         """Route frame ``data`` (header ``head``) passed on to ``target`` alone."""

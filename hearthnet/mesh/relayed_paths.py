@@ -99,6 +99,7 @@ class RelayedPaths:
             counts=counts,
             carry=self.path_actions,
             candidate=lambda a: p.candidate(a) if (p := self.puncher()) is not None else None,
+            book=self.book,
         )
         register_member_metrics(shared.metrics, self.endpoint, counts, self.paths)
 

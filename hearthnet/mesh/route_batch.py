@@ -5,9 +5,10 @@ A relay's cost per forwarded frame is mostly what it pays per WebSocket message:
 read's wake-up, splitting and unmasking the message, handing it to the relay, framing
 it again for the write. On a v4 link a sender's writer puts the route frames queued since
 its last wake-up into one message (:func:`pack_routes`), the relay reads the headers of
-the frames in it (:func:`batch_frames`), decides each frame as it would alone, and writes
-what goes to one link as one message again (:func:`passed_on_batch`), so the cost per
-message is paid once for many frames. Layout::
+the frames in it as runs of frames between the same two nodes (:func:`batch_runs`),
+decides each frame as it would alone (a run at once where it can), and writes what goes
+to one link as one message again (:func:`passed_on_runs`), so the cost per message is
+paid once for many frames. Layout::
 
     offset  size  field
     0       1     0x48 ("H"): a binary peer-link frame
@@ -26,7 +27,9 @@ make a receiver accept any frame it could not already make it accept alone.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from hearthnet.errors import BadRequest, PayloadTooLarge
 from hearthnet.mesh.frame_fields import MAX_FRAME_BYTES, MAX_ID, MAX_INNER_BYTES
@@ -53,6 +56,41 @@ BATCH_HEADER_BYTES = len(BATCH_PREFIX)
 MAX_BATCH_BYTES = 256 * 1024
 
 Span = tuple[RouteHeader, int, int]  # a frame's header, where it starts and where it ends
+# HEADER with the prefix, flags and ttl_hops read as one field, and ``to`` and ``from``
+# as another: a run of frames is told by two comparisons per frame (batch_runs)
+_RUN_HEADER = struct.Struct(">5sQ64sI")
+assert _RUN_HEADER.size == HEADER.size
+
+
+class RouteRun(NamedTuple):
+    """Consecutive frames of a route batch with the same ``to``, ``from``, ``control`` and
+    ``ttl_hops`` (spec §11): a relay decides them together. The frames lie back to back
+    from ``starts[0]`` to ``end``, each ending where the next starts."""
+
+    to: str
+    from_: str
+    control: bool
+    ttl_hops: int
+    ids: list[int]  # each frame's id, in order
+    starts: list[int]  # where each frame starts in the batch
+    end: int  # where the last frame ends
+    size: int  # bytes of ``inner`` of all the frames
+    last: int  # bytes of ``inner`` of the last frame
+
+    def spans(self) -> list[Span]:
+        """Each frame's header and span, as :func:`batch_frames` gives them."""
+        to, from_, control, ttl, starts = (
+            self.to,
+            self.from_,
+            self.control,
+            self.ttl_hops,
+            self.starts,
+        )
+        ends = [*starts[1:], self.end]
+        return [
+            (RouteHeader(to, from_, ttl, id_, control, end - start - HEADER_BYTES), start, end)
+            for id_, start, end in zip(self.ids, starts, ends, strict=True)
+        ]
 
 
 def is_batch(data: bytes) -> bool:
@@ -107,6 +145,63 @@ def batch_frames(data: bytes) -> list[Span]:
         append((RouteHeader(to_node, from_node, ttl, id_, flags == FLAG_CONTROL, size), start, end))
         start = end
     return spans
+
+
+def batch_runs(data: bytes) -> list[RouteRun]:
+    """The frames of route batch ``data`` as runs (:class:`RouteRun`), in order: what
+    :func:`batch_frames` reads, with one header unpack per frame and the NodeIDs and
+    the lists built once per run.
+
+    Raises:
+        BadRequest / PayloadTooLarge: as :func:`batch_frames` (the whole batch refused).
+    """
+    total = len(data)
+    if total > MAX_FRAME_BYTES:
+        raise PayloadTooLarge(f"route batch over {MAX_FRAME_BYTES} bytes")
+    if data[:4] != BATCH_PREFIX:
+        raise BadRequest("not a route batch of layout 1")
+    if total < BATCH_HEADER_BYTES + HEADER_BYTES:
+        raise BadRequest("a route batch holds at least one route frame")
+    runs: list[RouteRun] = []
+    unpack = _RUN_HEADER.unpack_from
+    start = BATCH_HEADER_BYTES
+    lead, pair, size, last = b"", b"", 0, 0  # the run's first 5 bytes and its two keys
+    ids: list[int] = []
+    starts: list[int] = []
+    while start < total:
+        if total - start < HEADER_BYTES:
+            raise BadRequest("a route batch ends inside a route frame's header")
+        h, id_, p, n = unpack(data, start)
+        end = start + HEADER_BYTES + n
+        if id_ > MAX_ID or n > MAX_INNER_BYTES or end > total:
+            raise BadRequest("a frame of a route batch is not a valid route frame")
+        if h == lead and p == pair:  # prefix, flags and ttl_hops checked with the run's first
+            ids.append(id_)
+            starts.append(start)
+            size += n
+        else:
+            if h[:3] != PREFIX or h[3] & ~FLAG_CONTROL or h[4] > MAX_TTL_HOPS:
+                raise BadRequest("a frame of a route batch is not a valid route frame")
+            if ids:
+                runs.append(RouteRun(*_run(lead, pair), ids, starts, start, size, last))
+            lead, pair, size = h, p, n
+            ids, starts = [id_], [start]
+        last = n
+        start = end
+    runs.append(RouteRun(*_run(lead, pair), ids, starts, total, size, last))
+    return runs
+
+
+def _run(lead: bytes, pair: bytes) -> tuple[str, str, bool, int]:
+    """A run's ``to``, ``from``, ``control`` and ``ttl_hops`` from its first frame's."""
+    nodes = NODE_IDS
+    to, from_ = pair[:32], pair[32:]
+    return (
+        nodes.get(to) or node_of(to),
+        nodes.get(from_) or node_of(from_),
+        lead[3] == FLAG_CONTROL,
+        lead[4],
+    )
 
 
 def split_batch(data: bytes) -> list[bytes]:
@@ -169,33 +264,39 @@ def _flush(run: list[bytes], out: list[bytes]) -> int:
     return len(run) - 1
 
 
-_ONE_BYTE = [bytes((i,)) for i in range(256)]
+Picks = Sequence[tuple[RouteRun, Sequence[int] | None]]  # runs, each whole (None) or some frames
 
 
-def passed_on_batch(data: bytes, spans: Sequence[Span], *, whole: bool = False) -> bytes:
-    """What a relay writes on for the frames ``spans`` of route batch ``data`` (each
-    passed on, so each with ``ttl_hops`` at least 1): one route frame alone, else a route
-    batch of them in order, each with ``ttl_hops`` one less. ``whole``: ``spans`` are all
-    the frames of ``data``."""
-    if len(spans) == 1:
-        head, start, end = spans[0]
-        return b"".join(
-            (
-                data[start : start + TTL_AT],
-                _ONE_BYTE[head.ttl_hops - 1],
-                data[start + TTL_AT + 1 : end],
-            )
-        )
+def passed_on_runs(data: bytes, picks: Picks, *, whole: bool = False) -> bytes:
+    """What a relay writes on for the frames ``picks`` of route batch ``data`` (each run
+    whole, or the frames at the given indices of it; each frame passed on, so with
+    ``ttl_hops`` at least 1): one route frame alone, else a route batch of them in order,
+    each with ``ttl_hops`` one less. ``whole``: ``picks`` are every frame of ``data``."""
     if whole:
-        out = bytearray(data)  # every frame of the batch goes on: one copy, patched in place
-        for head, start, _ in spans:
-            out[start + TTL_AT] = head.ttl_hops - 1
+        out = bytearray(data)  # one copy, patched in place
+        for run, _ in picks:
+            ttl = run.ttl_hops - 1
+            for start in run.starts:
+                out[start + TTL_AT] = ttl
         return bytes(out)
-    parts: list[bytes] = [BATCH_PREFIX]
-    for head, start, end in spans:
-        parts += (
-            data[start : start + TTL_AT],
-            _ONE_BYTE[head.ttl_hops - 1],
-            data[start + TTL_AT + 1 : end],
-        )
-    return b"".join(parts)
+    view = memoryview(data)
+    out = bytearray(BATCH_PREFIX)
+    count = 0
+    for run, chosen in picks:
+        ttl, starts = run.ttl_hops - 1, run.starts
+        if chosen is None:
+            shift = len(out) - starts[0]
+            out += view[starts[0] : run.end]
+            for start in starts:
+                out[shift + start + TTL_AT] = ttl
+            count += len(starts)
+            continue
+        for i in chosen:
+            start = starts[i]
+            shift = len(out) - start
+            out += view[start : starts[i + 1] if i + 1 < len(starts) else run.end]
+            out[shift + start + TTL_AT] = ttl
+            count += 1
+    if count == 1:
+        return bytes(out[BATCH_HEADER_BYTES:])
+    return bytes(out)

@@ -26,12 +26,16 @@ def start_all(root: Path, nodes: list[tuple[Machine, tuple[str, ...]]]) -> list[
     return procs
 
 
-def launch(root: Path, machine: Machine, *extra: str) -> HostProcess:
-    """``hearthnet node start`` in the machine's namespace, not waited for."""
+def launch(
+    root: Path, machine: Machine, *extra: str, name: str | None = None, port: str = PORT
+) -> HostProcess:
+    """``hearthnet node start`` in the machine's namespace, not waited for (``name``: a
+    second node on the machine, with that name and data dir, on another ``port``)."""
+    name = name or machine.name
     return machine.popen(
         *machine.python(
-            "-m", "hearthnet.cli", "node", "start", "--name", machine.name,
-            "--data-dir", str(root / machine.name), "--host", machine.ip, "--port", PORT,
+            "-m", "hearthnet.cli", "node", "start", "--name", name,
+            "--data-dir", str(root / name), "--host", machine.ip, "--port", port,
             "--no-zeroconf", *extra,
         ),
         env={**os.environ, **FAST},

@@ -23,6 +23,11 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 RESUME_LIMIT_S = 15.0  # spec §8's hard limit (the target is 5 s, spec §11)
 
 
+def through(relay: str) -> tuple[tuple[str, str], ...]:
+    """The paths through ``relay``: relayed, or relayed with a direct upgrade tried."""
+    return (("relayed", relay), ("upgrading", relay))
+
+
 async def test_killing_the_relay_in_use_moves_traffic_to_the_other(
     make_nat_lab: MakeNatLab, tmp_path: Path
 ) -> None:
@@ -74,9 +79,11 @@ async def test_killing_the_relay_in_use_moves_traffic_to_the_other(
         await asyncio.to_thread(sub.wait_for_line, lambda ln: '"n": 2' in ln, RESUME_LIMIT_S)
         resumed_s = time.monotonic() - killed_at
         await asyncio.to_thread(sub.wait_for_line, lambda ln: '"n": 1' in ln, RESUME_LIMIT_S)
+        # through the other relay: relayed, or relayed while a direct upgrade is tried
+        # (behind these NATs it fails after several seconds; the path is moved already)
         after = await eventually(
             lambda: asyncio.to_thread(paths, tmp_path, home_a),
-            lambda got: got.get(b_keys.node_id) == ("relayed", other),
+            lambda got: got.get(b_keys.node_id) in through(other),
             within_s=RESUME_LIMIT_S,
             what="home A relayed to home B through the other relay",
         )
@@ -98,13 +105,13 @@ async def test_killing_the_relay_in_use_moves_traffic_to_the_other(
     )
     assert (
         [(first["id"], {"n": 1}), (second["id"], {"n": 2})],
-        ("relayed", other),
+        True,
         {"echo": {"x": 7}},
         True,
         True,
     ) == (
         sorted((m["id"], m["data"]) for m in got),
-        after[b_keys.node_id],
+        after[b_keys.node_id] in through(other),
         answer,
         resumed_s <= RESUME_LIMIT_S and switched_s <= RESUME_LIMIT_S,
         more > opened,

@@ -24,7 +24,7 @@ import pytest
 
 from hearthnet.client import Client
 from hearthnet.clock import now_ms
-from hearthnet.community import CommunityStore
+from hearthnet.community import CommunityStore, Level
 from hearthnet.errors import WireError
 from hearthnet.federation.agreement import Agreement, Grant, Revocation
 from hearthnet.federation.carrier import CarriedClient
@@ -53,6 +53,8 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 CARRY = "/mesh/v1/federation/carry"
 REFUSED = 'hearthnet_mesh_refused_total{reason="unauthorized"}'
 ENDED = 'hearthnet_federated_refused{reason="agreement_ended"}'
+NOT_A_BRIDGE = 'hearthnet_federated_refused{reason="not_a_bridge"}'
+NON_BRIDGE = "nonbridge"  # a member of the other community not named as its bridge
 
 
 @dataclass
@@ -205,14 +207,18 @@ CHAT, NEWS = Grant(("chat.**",), ("echo@1",)), Grant(("news.*",), ())
 def other_community(
     root: Path, bridge: HomeHost, home_a: HomeHost, a_keys: KeyPair
 ) -> tuple[KeyPair, Agreement]:
-    """Community B, founded by the bridge's key, and an agreement with home A's community
-    (A grants chat.** and echo@1, B grants news.*; home A and the bridge are the named
-    bridges), signed by both founders; the bridge's
-    data dir holds it with A's records, as ``federation accept`` leaves it."""
+    """Community B, founded by the bridge's key, with a second member (data dir
+    ``NON_BRIDGE``), and an agreement with home A's community (A grants chat.** and
+    echo@1, B grants news.*; home A and the bridge are the named bridges), signed by both
+    founders; the bridge's and the second member's data dirs hold it with A's records, as
+    ``federation accept`` leaves it."""
     keys = load_or_create_keys(root / bridge.name)
+    second = load_or_create_keys(root / NON_BRIDGE)
     view = Membership(keys.node_id)
     view.add(view.sign(keys, "community.created", keys.node_id, now_ms=1, name="b"))
-    CommunityStore(root / bridge.name).replace(list(view.records.values()))
+    view.add(view.sign(keys, "member.added", second.node_id, now_ms=2, level=Level.MEMBER))
+    for name in (bridge.name, NON_BRIDGE):
+        CommunityStore(root / name).replace(list(view.records.values()))
     now = now_ms()
     agreement = Agreement.propose(
         a_keys,
@@ -226,12 +232,13 @@ def other_community(
         bridges_a=(a_keys.node_id,),  # spec §8: only the named bridges use relays
         bridges_b=(keys.node_id,),
     ).countersign(keys)
-    store = FederationStore(root / bridge.name)
-    try:
-        store.put_agreement(agreement)
-        store.put_records(a_keys.node_id, CommunityStore(root / home_a.name).load())
-    finally:
-        store.close()
+    for name in (bridge.name, NON_BRIDGE):
+        store = FederationStore(root / name)
+        try:
+            store.put_agreement(agreement)
+            store.put_records(a_keys.node_id, CommunityStore(root / home_a.name).load())
+        finally:
+            store.close()
     return keys, agreement
 
 
@@ -281,7 +288,8 @@ async def call_code(client: Client, capability: str) -> str | None:
 async def test_federated_communities_bridge_through_a_relay(fed: Federated) -> None:
     """B's bridge behind NAT reaches A's home node behind NAT only through A's relay:
     granted topics flow both ways, others do not; the granted capability answers, others
-    are forbidden; revoking the agreement stops both within 10 s."""
+    are forbidden; a member of B not named a bridge is refused by the relay
+    (not_a_bridge); revoking the agreement stops both within 10 s."""
     root, relay, home_a, bridge = fed.root, fed.relay1, fed.a, fed.bridge
     a_keys = fed.keys[0]
     b_keys, agreement = other_community(root, bridge, home_a, a_keys)
@@ -299,6 +307,8 @@ async def test_federated_communities_bridge_through_a_relay(fed: Federated) -> N
     proc = launch(
         root, bridge, "--relay-url", url(relay), "--federation-peer", f"mesh:{a_keys.node_id}"
     )
+    # on the joiner's machine (its node is stopped), on a port of its own
+    other = launch(root, fed.joiner, "--relay-url", url(relay), name=NON_BRIDGE, port="7081")
     try:
         proc.wait_for_line(lambda line: line.startswith("hearthnet ready"), 60)
         async with NamespacedClient(root, bridge, PORT) as cb:
@@ -324,6 +334,12 @@ async def test_federated_communities_bridge_through_a_relay(fed: Federated) -> N
             carried(outer, a_keys.node_id, b_keys) as client,
         ):
             calls = [await call_code(client, "echo@1"), await call_code(client, "echo.stream@1")]
+            not_a_bridge = await eventually(
+                lambda: asyncio.to_thread(metric, relay, NOT_A_BRIDGE),
+                lambda n: n >= 1,
+                30,
+                "the relay refuses B's member that is not a bridge",
+            )
             revoked_at = time.monotonic()
             revocation = Revocation.create(a_keys, agreement.id, now_ms())
             async with NamespacedClient(root, home_a, PORT) as ca:
@@ -361,7 +377,7 @@ async def test_federated_communities_bridge_through_a_relay(fed: Federated) -> N
             "the relay refuses B's bridge",
         )
     finally:
-        stop_all([proc])
+        stop_all([proc, other])
     relay_id = fed.keys[1].node_id
     assert (
         sorted(
@@ -384,6 +400,7 @@ async def test_federated_communities_bridge_through_a_relay(fed: Federated) -> N
         True,
         True,
         ["revoked"],
+        True,
     ) == (
         calls,
         stopped_s < 10,
@@ -391,4 +408,5 @@ async def test_federated_communities_bridge_through_a_relay(fed: Federated) -> N
         ended >= 1,
         refused >= 1,
         statuses,
+        not_a_bridge >= 1,
     )

@@ -153,3 +153,31 @@ def test_only_verified_addresses_are_saved_as_verified(tmp_path: Path) -> None:
         again.addresses["http://10.0.0.2:7080"].expect,
         again.addresses["http://10.0.0.3:7080"].expect,
     )
+
+
+def test_retry_now_ends_the_backoff_of_those_nodes_only() -> None:
+    """The addresses of the nodes named are due at once with no failures; a held one
+    (its link is up) and other nodes' addresses keep waiting."""
+    other = KeyPair.from_seed(b"\x33" * 32).node_id
+    book = PeerBook()
+    for url, node in (("http://10.0.0.1:1", PEER), ("http://10.0.0.2:1", other)):
+        book.add(url, node=node)
+        for _ in range(4):
+            book.failed(url, 0.0)
+    book.add("http://10.0.0.3:1", node=PEER)
+    book.hold("http://10.0.0.3:1", 0.0, 3600)
+    book.retry_now({PEER}, 1.0)
+    assert [(0, 1.0), (4, True), (0, 3600.0)] == [
+        (
+            book.addresses["http://10.0.0.1:1"].failures,
+            book.addresses["http://10.0.0.1:1"].next_try,
+        ),
+        (
+            book.addresses["http://10.0.0.2:1"].failures,
+            book.addresses["http://10.0.0.2:1"].next_try > 1.0,
+        ),
+        (
+            book.addresses["http://10.0.0.3:1"].failures,
+            book.addresses["http://10.0.0.3:1"].next_try,
+        ),
+    ]

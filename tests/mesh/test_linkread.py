@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestServer
 
 from hearthnet.clock import now_ms
 from hearthnet.mesh.frames import Bye
-from hearthnet.mesh.linkread import LinkReader, install, reader_of
+from hearthnet.mesh.linkread import LinkReader, abort, install, reader_of
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.protocol import MAX_FRAME_BYTES, LinkState, PeerInfo, encode_frame
 from hearthnet.mesh.route_header import TAG_BYTE
@@ -146,6 +146,41 @@ async def test_pings_are_answered_and_a_close_ends_the_link_at_once(
         there.got,
         took < 5.0,  # aiohttp's close timeout is 10 s
     )
+
+
+async def test_an_aborted_link_goes_down_without_a_closing_handshake(serve_ws: ServeWs) -> None:
+    """A link dropped with abort (a silent relay's) goes down at once and its peer sees
+    the connection end with no close frame: nothing waits for an answer."""
+    seen: list[WSMsgType | None] = []
+
+    async def session(ws: web.WebSocketResponse) -> None:
+        seen.append((await ws.receive()).type)  # the first frame
+        try:
+            seen.append((await ws.receive()).type)  # what ends it
+        except asyncio.CancelledError:  # the server cancels its handler when the peer goes
+            seen.append(None)
+            raise
+
+    options = {"max_msg_size": MAX_FRAME_BYTES, "compress": False, "autoping": True}
+    test_server = await serve_ws(session, **options)
+    here = End()
+    async with aiohttp.ClientSession() as http:
+        ws = await connect(http, test_server.port)
+        install(ws, MAX_FRAME_BYTES)
+        link = here.make(ws, outbound=True)
+        running = asyncio.get_running_loop().create_task(link.run())
+        link.send_raw(route(1))
+        await wait_until(lambda: len(seen) == 1, what="the first frame there")
+        link.close("the relay went silent", send_bye=False)
+        aborted = abort(ws)
+        await running
+        await wait_until(lambda: len(seen) == 2, what="the server's end of it")
+    assert (True, ["the relay went silent"], [WSMsgType.BINARY]) == (
+        aborted,
+        here.down,
+        seen[:1],
+    )
+    assert WSMsgType.CLOSE != seen[1]
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,8 @@ from hearthnet.mesh.relay_frames import (
     RouteTable,
 )
 from hearthnet.mesh.relay_role import RelayRole
-from hearthnet.mesh.route_header import header_of
+from hearthnet.mesh.route_batch import batch_runs, encode_batch
+from hearthnet.mesh.route_header import encode_route, header_of, read_header
 from hearthnet.metrics import MetricsRegistry
 
 KEYS = [KeyPair.from_seed(bytes([0x41 + i]) * 32) for i in range(12)]
@@ -707,3 +708,82 @@ def test_a_batch_is_decided_as_its_frames_would_be_alone(
                 break
     batched = cores[1].route_many(sender, heads, 1.0)
     assert ((alone, others), cores[0].statistics()) == (batched, cores[1].statistics())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([M[0], M[0], M[0], M[0], M[3]]),  # from: mostly the member itself
+            st.sampled_from([M[1], M[1], M[1], M[2], M[3], M[4], STRANGER]),  # to
+            st.integers(0, 5),  # id: repeats are duplicates
+            st.sampled_from([0, 4, 4, 4]),  # ttl_hops
+            st.booleans(),  # control
+            st.integers(0, 900),  # size
+        ),
+        min_size=1,
+        max_size=24,
+    ),
+    st.sampled_from([M[0], M[3]]),  # the sending member: one of ours, or a federated one
+    st.sampled_from([1.0, 1.3]),  # when the batch comes: the member's budget refilled or not
+)
+def test_runs_of_a_batch_are_decided_as_their_frames_would_be_alone(
+    frames: list[tuple[str, str, int, int, bool, int]], sender: str, now: float
+) -> None:
+    """route_runs forwards, refuses and counts each frame of a batch exactly as route
+    does alone (a run decided at once only where every frame of it goes on)."""
+    cores = [
+        RelayCore(R1, served, RelayConfig(member_bytes_per_s=2000), is_own=OWN.__contains__)
+        for _ in range(2)
+    ]
+    raws = [
+        encode_route(Route(to, sender if src == M[0] else src, ttl, n, bytes(size), control))
+        for src, to, n, ttl, control, size in frames
+    ]
+    for core in cores:
+        attach(core, sender, *[m for m in (M[1], M[2], M[3]) if m != sender])
+        core.route(sender, read_header(raws[0]), 1.0)  # a frame before: some budget spent
+    alone: list[object] = []
+    others: list[Action] = []
+    for i, raw in enumerate(raws):
+        acts = cores[0].route(sender, read_header(raw), now)
+        forward = acts[0] if len(acts) == 1 and isinstance(acts[0], Forward) else None
+        alone.append(None if forward is None else forward.link)
+        if forward is None:
+            others += acts
+            if any(isinstance(a, Close) for a in acts):
+                alone += [None] * (len(raws) - i - 1)
+                break
+    runs = batch_runs(encode_batch(raws))
+    decided, batched_others = cores[1].route_runs(sender, runs, now)
+    batched: list[object] = []
+    for run, (target, each) in zip(runs, decided, strict=True):
+        batched += each if each is not None else [target] * len(run.ids)
+    assert ((alone, others), cores[0].statistics()) == (
+        (batched, batched_others),
+        cores[1].statistics(),
+    )
+
+
+def test_a_batch_run_over_the_budget_is_forwarded_up_to_where_frames_alone_would_be() -> None:
+    """A run the member's bucket cannot take whole goes frame by frame: the frames the
+    bucket admits alone go on, the rest get rate_limited."""
+    core = relay(member_bytes_per_s=2000)  # a bucket of 1000 bytes
+    attach(core, M[0], M[1])
+    raws = [encode_route(route(M[0], M[1], n, 400)) for n in range(4)]
+    (run,) = batch_runs(encode_batch(raws))
+    decided, others = core.route_runs(M[0], [run], 0.0)
+    assert ([(None, [M[1], M[1], M[1], None])], ["rate_limited"]) == (
+        decided,
+        [a.frame.code for a in others if isinstance(a, Send)],  # type: ignore[attr-defined]
+    )
+
+
+def test_the_seen_cache_keeps_at_least_the_last_half_of_its_size() -> None:
+    """After many frames, the last seen_cache / 2 ids are still dropped as duplicates."""
+    core = relay(seen_cache=8, member_bytes_per_s=10**9, capacity_bytes_per_s=10**9)
+    attach(core, M[0], M[1])
+    for n in range(37):
+        core.receive(M[0], route(M[0], M[1], n), 1.0)
+    again = [sends(core.receive(M[0], route(M[0], M[1], n), 1.0)) for n in range(33, 37)]
+    assert [[]] * 4 == again

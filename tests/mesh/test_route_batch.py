@@ -13,11 +13,12 @@ from hearthnet.mesh.relay_frames import Route
 from hearthnet.mesh.route_batch import (
     BATCH_HEADER_BYTES,
     batch_frames,
+    batch_runs,
     encode_batch,
     is_batch,
     is_route_message,
     pack_routes,
-    passed_on_batch,
+    passed_on_runs,
     split_batch,
 )
 from hearthnet.mesh.route_header import encode_route, read_header
@@ -85,25 +86,6 @@ def test_packing_keeps_every_frame_once_in_order(items: list[bytes], limit: int)
     )
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.lists(frames, min_size=1, max_size=10), st.data())
-def test_a_relay_passes_on_any_subset_with_each_ttl_one_less(
-    batch: list[bytes], data: st.DataObject
-) -> None:
-    """What a relay writes for some of a batch's frames is those frames in order, each
-    with ttl_hops one less and every other byte as received."""
-    raw = encode_batch(batch)
-    spans = batch_frames(raw)
-    keep = data.draw(st.lists(st.booleans(), min_size=len(spans), max_size=len(spans)))
-    chosen = [s for s, k in zip(spans, keep, strict=True) if k] or spans[:1]
-    out = passed_on_batch(raw, chosen, whole=len(chosen) == len(spans))
-    expected = [
-        raw[start : start + 4] + bytes([head.ttl_hops - 1]) + raw[start + 5 : end]
-        for head, start, end in chosen
-    ]
-    assert expected == (split_batch(out) if is_batch(out) else [out])
-
-
 def test_a_malformed_batch_is_refused_whole() -> None:
     """A batch with no frame, cut inside a frame, holding a batch, or a frame out of range
     is refused: nothing of it is taken."""
@@ -118,7 +100,73 @@ def test_a_malformed_batch_is_refused_whole() -> None:
     ]
     refused = []
     for case in cases:
-        with pytest.raises(BadRequest):
-            batch_frames(case)
-        refused.append(True)
-    assert [True] * len(cases) == refused
+        for read in (batch_frames, batch_runs):
+            with pytest.raises(BadRequest):
+                read(case)
+            refused.append(True)
+    assert [True] * 2 * len(cases) == refused
+
+
+# frames mostly between the same two nodes with the same ttl, so runs form
+run_routes = st.builds(
+    Route,
+    to=st.sampled_from(NODES[:2]),
+    from_=st.just(NODES[2]),
+    ttl_hops=st.sampled_from([1, 4]),
+    id=st.integers(0, 2**53 - 1),
+    inner=st.binary(max_size=300),
+    control=st.sampled_from([False, False, True]),
+).map(encode_route)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(run_routes, min_size=1, max_size=16))
+def test_runs_hold_the_frames_batch_frames_reads_grouped_by_pair_and_ttl(
+    batch: list[bytes],
+) -> None:
+    """A batch's runs give back its frames with their headers and spans, in order; each
+    run is the longest stretch of frames with the same to, from, control and ttl_hops."""
+    data = encode_batch(batch)
+    runs = batch_runs(data)
+    keys = [(r.to, r.from_, r.control, r.ttl_hops) for r in runs]
+    merged = [i for i in range(len(keys) - 1) if keys[i] == keys[i + 1]]
+    sizes = [(r.size, r.last) for r in runs]
+    spans = [r.spans() for r in runs]
+    expected_sizes = [(sum(h.size for h, _, _ in group), group[-1][0].size) for group in spans]
+    assert (batch_frames(data), [], expected_sizes) == (
+        [span for group in spans for span in group],
+        merged,
+        sizes,
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(run_routes, min_size=1, max_size=12), st.data())
+def test_a_relay_passes_on_runs_and_frames_of_runs_with_each_ttl_one_less(
+    batch: list[bytes], data: st.DataObject
+) -> None:
+    """What a relay writes for whole runs and some frames of others is those frames in
+    order, each with ttl_hops one less and every other byte as received."""
+    raw = encode_batch(batch)
+    runs = batch_runs(raw)
+    picks: list[tuple[object, list[int] | None]] = []
+    for run in runs:
+        how = data.draw(st.sampled_from(["whole", "some", "none"]))
+        if how == "whole":
+            picks.append((run, None))
+        elif how == "some":
+            keep = data.draw(st.lists(st.booleans(), min_size=len(run.ids), max_size=len(run.ids)))
+            chosen = [i for i, k in enumerate(keep) if k]
+            if chosen:
+                picks.append((run, chosen))
+    if not picks:
+        picks = [(runs[0], None)]
+    whole = len(picks) == len(runs) and all(c is None for _, c in picks)
+    out = passed_on_runs(raw, picks, whole=whole)  # type: ignore[arg-type]
+    expected = [
+        raw[start : start + 4] + bytes([head.ttl_hops - 1]) + raw[start + 5 : end]
+        for run, chosen in picks
+        for i, (head, start, end) in enumerate(run.spans())  # type: ignore[attr-defined]
+        if chosen is None or i in chosen
+    ]
+    assert expected == (split_batch(out) if is_batch(out) else [out])
