@@ -42,16 +42,13 @@ Rules:
   link, the seen-cache in one set operation, the budget charged the run's bytes) when
   every frame of it would be forwarded alone; otherwise frame by frame. Either way each
   frame gets the decision it would get alone.
-- Federation: each federated relay gets our ``route_table`` (attached members at hops 0,
-  learnt routes at their hops, none back over the link it was learnt from, none longer
-  than ``max_route_hops`` relays after the receiver) every ``table_refresh_s`` and at most
-  ``table_min_interval_s`` after a change; a table not refreshed within
-  ``table_expiry_s`` is forgotten. Which links are federated is the caller's decision
-  (:meth:`RelayCore.link_up` with ``federated``; relays both sides configured), never a
-  frame's: a ``route_table`` on any other link is dropped and counted. Frames from
-  federated relays were budgeted where they entered; each must come from a node that
-  relay's table puts behind it (else it is dropped and counted as spoofed), and is checked
-  for membership, ttl and the seen-cache.
+- Federation: each federated relay gets our ``route_table`` (what goes in it, when it is
+  sent, when a relay's is forgotten: :mod:`hearthnet.mesh.relay_tables`). Which links are
+  federated is the caller's decision (:meth:`RelayCore.link_up` with ``federated``; relays
+  both sides configured), never a frame's: a ``route_table`` on any other link is
+  dropped and counted. Frames from federated relays were budgeted where they entered;
+  each must come from a node that relay's table puts behind it (else it is dropped and
+  counted as spoofed), and is checked for membership, ttl and the seen-cache.
 """
 
 from __future__ import annotations
@@ -74,6 +71,7 @@ from hearthnet.mesh.relay_frames import (
     RouteTable,
 )
 from hearthnet.mesh.relay_seen import SeenCache
+from hearthnet.mesh.relay_tables import Federated, RouteTables
 from hearthnet.mesh.route_batch import RouteRun
 from hearthnet.mesh.route_header import RouteHeader, header_of
 
@@ -118,14 +116,6 @@ class _Member:
 
 
 @dataclass(slots=True)
-class _Federated:
-    relay: str
-    version: int = -1
-    routes: dict[str, int] = field(default_factory=dict)  # node -> hops beyond that relay
-    refreshed: float = 0.0
-
-
-@dataclass(slots=True)
 class _Counters:
     forwarded: int = 0
     forwarded_bytes: int = 0
@@ -160,12 +150,9 @@ class RelayCore:
         self._forwards: dict[LinkId, Forward] = {}
         self._members: dict[str, _Member] = {}
         self._member_links: dict[LinkId, str] = {}
-        self._federated: dict[LinkId, _Federated] = {}
-        self._best: dict[str, tuple[int, str, LinkId]] = {}  # node -> (hops, relay, link)
+        self._tables = RouteTables(node_id, self.config, is_served, self._members)
+        self._federated = self._tables.links
         self._seen = SeenCache(self.config.seen_cache)
-        self._version = 0
-        self._table_sent = float("-inf")
-        self._table_dirty = False
         self._rebalanced = float("-inf")
         self._fair_rate = float(
             min(self.config.member_bytes_per_s, self.config.capacity_bytes_per_s)
@@ -185,10 +172,10 @@ class RelayCore:
         node = self._member_links.pop(link, None)
         if node is not None:  # a relay is not served as a member on its federated link
             del self._members[node]
-        self._federated[link] = _Federated(peer, refreshed=now)
+        self._federated[link] = Federated(peer, refreshed=now)
         if node is not None:
-            return self._routes_changed(now, members_changed=True)
-        return [Send(link, self._table_for(link))]
+            return self._tables.changed(now, members_changed=True)
+        return [Send(link, self._tables.table_for(link))]
 
     def link_down(self, link: LinkId, now: float) -> list[Action]:
         """A peer link is gone: its member detaches, its routes are forgotten."""
@@ -199,7 +186,7 @@ class RelayCore:
             self._members.pop(node, None)
         if self._federated.pop(link, None) is None and node is None:
             return []
-        return self._routes_changed(now, members_changed=node is not None)
+        return self._tables.changed(now, members_changed=node is not None)
 
     # -- frames --------------------------------------------------------------------------
 
@@ -221,9 +208,13 @@ class RelayCore:
             if node is None:
                 return []
             del self._members[node]
-            return self._routes_changed(now, members_changed=True)
+            return self._tables.changed(now, members_changed=True)
         if isinstance(frame, RouteTable):
-            return self._table(link, frame, now)
+            acts = self._tables.receive(link, frame, now)
+            if acts is None:  # spec §8: a frame never makes a link federated
+                self._count.foreign_tables += 1
+                return []
+            return acts
         if isinstance(frame, RouteError):
             member = self._members.get(frame.origin)
             if link in self._federated and member is not None:
@@ -259,7 +250,7 @@ class RelayCore:
         return [
             Send(link, granted),
             self._tell(member),
-            *self._routes_changed(now, members_changed=old is None),
+            *self._tables.changed(now, members_changed=old is None),
         ]
 
     def _tell(self, member: _Member) -> Send:
@@ -464,7 +455,7 @@ class RelayCore:
         member = self._members.get(to)
         if member is not None:
             return member.link
-        best = self._best.get(to)
+        best = self._tables.best.get(to)
         if best is None or best[2] == came_from:  # never back where it came from
             return None
         return best[2]
@@ -505,90 +496,22 @@ class RelayCore:
         elif sender.bucket.rate != rate:
             sender.bucket.set_rate(rate, now)
 
-    # -- federation ----------------------------------------------------------------------
-
-    def _table(self, link: LinkId, table: RouteTable, now: float) -> list[Action]:
-        fed = self._federated.get(link)
-        if fed is None:  # spec §8: a frame never makes a link federated
-            self._count.foreign_tables += 1
-            return []
-        if table.relay != fed.relay:
-            return [Close(link, "route_table from a link that is not its relay's")]
-        if table.version < fed.version:
-            return []  # an older table overtaken by a newer one
-        fed.refreshed = now
-        if table.version == fed.version:
-            return []
-        fed.version = table.version
-        fed.routes = {
-            n: h
-            for n, h in table.nodes
-            if n != self.node_id and h + 1 <= self.config.max_route_hops and self.is_served(n)
-        }
-        return self._routes_changed(now, members_changed=False)
-
-    def _recompute(self) -> bool:
-        best: dict[str, tuple[int, str, LinkId]] = {}
-        for link, fed in self._federated.items():
-            for node, hops in fed.routes.items():
-                if node in self._members:
-                    continue
-                cand = (hops + 1, fed.relay, link)
-                old = best.get(node)
-                if old is None or cand[:2] < old[:2]:
-                    best[node] = cand
-        changed = best != self._best
-        self._best = best
-        return changed
-
-    def _routes_changed(self, now: float, *, members_changed: bool) -> list[Action]:
-        if not self._recompute() and not members_changed:
-            return []
-        self._version += 1
-        self._table_dirty = True
-        if now - self._table_sent < self.config.table_min_interval_s:
-            return []
-        return self._send_tables(now)
-
-    def _send_tables(self, now: float) -> list[Action]:
-        self._table_sent = now
-        self._table_dirty = False
-        return [Send(link, self._table_for(link)) for link in self._federated]
-
-    def _table_for(self, link: LinkId) -> RouteTable:
-        nodes = [(n, 0) for n in self._members]
-        limit = self.config.max_route_hops - 1  # what the receiver would keep
-        nodes += [(n, h) for n, (h, _, via) in self._best.items() if via != link and h <= limit]
-        return RouteTable(self.node_id, self._version, tuple(nodes))
-
     # -- time ----------------------------------------------------------------------------
 
     def tick(self, now: float) -> list[Action]:
         """Expire stale tables, drop members no longer served, refresh route tables."""
-        actions: list[Action] = []
-        changed = False
-        for fed in self._federated.values():
-            if fed.routes and now - fed.refreshed > self.config.table_expiry_s:
-                # forget the version too: the next table, even the same one, is taken whole
-                fed.routes, fed.version, changed = {}, -1, True
         # a member's fair share changed since it was told: it paces to the new one
-        actions += [self._tell(m) for m in self._members.values() if m.told != m.bucket.rate]
-        if now - self._table_sent >= self.config.table_refresh_s:
+        actions: list[Action] = [
+            self._tell(m) for m in self._members.values() if m.told != m.bucket.rate
+        ]
+        dropped = False
+        if self._tables.refresh_due(now):
             for node in [n for n in self._members if not self.is_served(n)]:
                 member = self._members.pop(node)
                 del self._member_links[member.link]
                 actions.append(Refuse(member.link, "unauthorized"))
-                changed = True
-        if changed:
-            self._recompute()
-            self._version += 1
-            self._table_dirty = True
-        due = now - self._table_sent >= self.config.table_refresh_s
-        if due or (
-            self._table_dirty and now - self._table_sent >= self.config.table_min_interval_s
-        ):
-            actions += self._send_tables(now)
-        return actions
+                dropped = True
+        return actions + self._tables.tick(now, members_changed=dropped)
 
     # -- views ---------------------------------------------------------------------------
 
@@ -603,7 +526,7 @@ class RelayCore:
 
     def routes(self) -> dict[str, str]:
         """``{node: via_relay}`` for nodes reached through federated relays (spec §8)."""
-        return {node: relay for node, (_, relay, _) in self._best.items()}
+        return {node: relay for node, (_, relay, _) in self._tables.best.items()}
 
     def statistics(self) -> RelayStats:
         """The counters now."""
@@ -611,7 +534,7 @@ class RelayCore:
         return RelayStats(
             len(self._members),
             len(self._federated),
-            len(self._best),
+            len(self._tables.best),
             c.forwarded,
             c.forwarded_bytes,
             c.duplicates,
