@@ -308,11 +308,15 @@ class PubSub:
         self.consumers.release(sub)
 
     def ack(self, sub: Subscriber, upto: int) -> int:
-        """Apply a client's ack: the window moves, a durable cursor advances."""
-        released = sub.channel.ack(upto)
+        """Apply a client's ack: the window moves, a durable cursor advances, and the
+        subscriber is flushed only when the ack let frames out or a catch-up waits for
+        room (most acks at 1→1,000 release nothing that waits)."""
+        channel = sub.channel
+        released = channel.ack(upto)
         if released:
             self.consumers.acked(sub, upto)
-            sub.wake()
+            if channel.out or channel.state is ChannelState.CATCHING_UP:
+                sub.wake()
         return released
 
     # --- presence -------------------------------------------------------------------
