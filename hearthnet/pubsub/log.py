@@ -462,9 +462,10 @@ class MessageLog:
 
                 if (
                     self.synchronous == "NORMAL"
-                    and sum(p.size for p in batch) <= INLINE_MAX
+                    and len(batch) <= INLINE_MAX  # entries: at most as many as messages
                     and not self._pending
                     and writer.idle
+                    and sum(p.size for p in batch) <= INLINE_MAX
                 ):
                     # A lone small batch: committed here, durable (against a crash) before
                     # it is acknowledged all the same, without waking the writer thread.

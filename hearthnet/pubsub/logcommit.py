@@ -168,9 +168,20 @@ def answer_all(batch: list[Pending], outcomes: list[Outcome]) -> None:
         return
     at = 0
     for pending in batch:
-        bodies = pending.bodies
-        n = 1 if bodies is None else len(bodies)
-        pending.answer(outcomes[at : at + n])
+        group = pending.group
+        if group is None:  # one message (a lone publish, a peer's): no list of one
+            future = pending.future
+            if future is not None and not future.done():
+                outcome = outcomes[at]
+                if isinstance(outcome, HearthNetError):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
+            at += 1
+            continue
+        assert pending.bodies is not None
+        n = len(pending.bodies)
+        group.settle(pending.start, outcomes[at : at + n])
         at += n
 
 
