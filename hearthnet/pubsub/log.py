@@ -44,7 +44,7 @@ from typing import Any, overload
 import aiosqlite
 
 from hearthnet.clock import now_ms
-from hearthnet.errors import InternalError, StorageError, Unavailable, WireError
+from hearthnet.errors import StorageError, Unavailable
 from hearthnet.identity import KeyPair
 from hearthnet.pubsub.consumerstate import (
     ConsumerRecord,
@@ -60,6 +60,8 @@ from hearthnet.pubsub.logcommit import (
     Pending,
     answer_all,
     delete_rows,
+    refuse,
+    take_batch,
     write_batch,
 )
 from hearthnet.pubsub.logindex import LogIndex
@@ -90,22 +92,6 @@ PENDING_RETRY_MS = 200  # retry_after_ms when the queue is full: about one commi
 # messages with nothing queued behind it is committed on the event loop: the two thread
 # hand-offs around it cost more than the commit (1 in flight is bound by them).
 INLINE_MAX = 16
-
-
-def _refuse(batch: list[Pending], exc: Exception) -> None:
-    """Fail the publishes of a batch that could not be committed (nothing was handed
-    out: the counters stay where they were)."""
-    error: WireError
-    if isinstance(exc, sqlite3.Error | StorageError):
-        log.error("commit of %d messages failed: %s", len(batch), exc)
-        error = Unavailable("the message log could not commit; retry", retry_after_ms=1000)
-    elif isinstance(exc, WireError):
-        error = exc
-    else:
-        log.error("commit of %d messages failed", len(batch), exc_info=exc)
-        error = InternalError("the message log could not store this message")
-    for pending in batch:
-        pending.answer([error] * pending.size)
 
 
 def _mirror(message_log: MessageLog) -> None:
@@ -415,28 +401,11 @@ class MessageLog:
                 await self._flush_all()
 
     def _take(self) -> list[Pending]:
-        """The next batch: the queue's first entries, up to ``max_batch`` messages (a
-        group's run split at the bound)."""
-        pending, limit = self._pending, self.max_batch
-        if self._queued_messages <= limit:
-            self._pending, self._queued_messages = [], 0
-            return pending
-        count = 0
-        for i, entry in enumerate(pending):
-            size = entry.size
-            if count + size < limit:
-                count += size
-                continue
-            if count + size == limit:
-                batch, rest = pending[: i + 1], pending[i + 1 :]
-            else:  # only a group's run holds more than one message
-                head, tail = entry.split(limit - count)
-                batch, rest = [*pending[:i], head], [tail, *pending[i + 1 :]]
-            self._pending = rest
-            self._queued_messages -= limit
-            return batch
-        self._pending, self._queued_messages = [], 0  # not reached: the count says more
-        return pending
+        """The next batch: up to ``max_batch`` messages (see :func:`take_batch`)."""
+        queued, limit = self._queued_messages, self.max_batch
+        batch, self._pending = take_batch(self._pending, queued, limit)
+        self._queued_messages = queued - min(queued, limit)  # a batch past limit holds limit
+        return batch
 
     async def _flush_all(self) -> None:
         while self._pending:
@@ -479,7 +448,7 @@ class MessageLog:
             # alike; anything else may be one message's doing, so the others go alone.
             singles = [single for pending in batch for single in pending.singles()]
             if len(singles) == 1 or isinstance(exc, sqlite3.OperationalError):
-                _refuse(batch, exc)
+                refuse(batch, exc)
                 return
             log.warning(
                 "commit of %d messages failed (%s); writing them one by one", len(singles), exc

@@ -26,7 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from hearthnet.errors import HearthNetError
+from hearthnet.errors import (
+    HearthNetError,
+    InternalError,
+    StorageError,
+    Unavailable,
+    WireError,
+)
 from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulids
 from hearthnet.pubsub.batchsig import SignedBatch
@@ -183,6 +189,42 @@ def answer_all(batch: list[Pending], outcomes: list[Outcome]) -> None:
         n = len(pending.bodies)
         group.settle(pending.start, outcomes[at : at + n])
         at += n
+
+
+def refuse(batch: list[Pending], exc: Exception) -> None:
+    """Fail the publishes of a batch that could not be committed (nothing was handed
+    out: the counters stay where they were)."""
+    error: WireError
+    if isinstance(exc, sqlite3.Error | StorageError):
+        log.error("commit of %d messages failed: %s", len(batch), exc)
+        error = Unavailable("the message log could not commit; retry", retry_after_ms=1000)
+    elif isinstance(exc, WireError):
+        error = exc
+    else:
+        log.error("commit of %d messages failed", len(batch), exc_info=exc)
+        error = InternalError("the message log could not store this message")
+    for pending in batch:
+        pending.answer([error] * pending.size)
+
+
+def take_batch(
+    pending: list[Pending], queued: int, limit: int
+) -> tuple[list[Pending], list[Pending]]:
+    """The next batch of a queue holding ``queued`` messages: its first entries, up to
+    ``limit`` messages (a group's run split at the bound), and what is left queued."""
+    if queued <= limit:
+        return pending, []
+    count = 0
+    for i, entry in enumerate(pending):
+        size = entry.size
+        if count + size < limit:
+            count += size
+            continue
+        if count + size == limit:
+            return pending[: i + 1], pending[i + 1 :]
+        head, tail = entry.split(limit - count)  # only a group's run holds more than one
+        return [*pending[:i], head], [tail, *pending[i + 1 :]]
+    return pending, []  # not reached: ``queued`` says there is more
 
 
 # A local publish signed in a batch: its canonical bytes without ``sig`` and the batch.
