@@ -9,7 +9,8 @@ transaction (``logcommit.transaction``: insert and commit). What the process spe
 beyond the commit job is the event loop (``publish()``, answering the futures, the
 bench's ``gather``) and the hand-over between the threads.
 
-Run: python -m bench.bench_log_parts [--messages 20000 --batch 125 --sync full,normal --runs 3]
+Run: python -m bench.bench_log_parts [--messages 20000 --batch 125 --sync full,normal --runs 3
+     --await gather]
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from bench.bench_publish_cost import measure_log
+from bench.bench_publish_cost import AWAIT_MODES, measure_log
 from bench.common import save
 from hearthnet.identity import KeyPair
 from hearthnet.pubsub import log as log_module
@@ -61,10 +62,11 @@ def timers() -> Iterator[dict[str, float]]:
             setattr(module, name, fn)
 
 
-async def measure(sync: str, count: int, batch: int) -> dict[str, float]:
-    """One run: CPU µs per message, in all and per piece."""
+async def measure(sync: str, count: int, batch: int, mode: str = "gather") -> dict[str, float]:
+    """One run: CPU µs per message, in all and per piece (``mode``: how each batch is
+    awaited, see ``bench_publish_cost.measure_log``)."""
     with timers() as spent:
-        row = await measure_log(KeyPair.generate(), sync, count, batch)
+        row = await measure_log(KeyPair.generate(), sync, count, batch, mode=mode)
     committed = row["messages"] + batch  # measure_log commits one batch before timing
     job, sign, sql = (spent[p] / committed * 1e6 for p in PIECES)
     total = float(row["cpu_us_per_message"])
@@ -80,7 +82,7 @@ async def measure(sync: str, count: int, batch: int) -> dict[str, float]:
 async def run(opts: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"messages": opts.messages, "batch": opts.batch, "sync": {}}
     for sync in opts.sync:
-        runs = [await measure(sync, opts.messages, opts.batch) for _ in range(opts.runs)]
+        runs = [await measure(sync, opts.messages, opts.batch, opts.mode) for _ in range(opts.runs)]
         medians = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         out["sync"][sync] = {"median": medians, "runs": runs}
         print(
@@ -98,6 +100,13 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=125, help="publishes committed together")
     p.add_argument("--sync", default="full,normal", help="comma list: full, normal")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument(
+        "--await",
+        dest="mode",
+        default="gather",
+        choices=AWAIT_MODES,
+        help="how each batch is awaited (bench_publish_cost --await)",
+    )
     p.add_argument("--name", default="log_parts")
     opts = p.parse_args()
     opts.sync = [s.strip() for s in opts.sync.split(",") if s.strip()]

@@ -26,9 +26,10 @@ one process, on the real code:
   delivered frame, and the subscriber to decode it back to bytes;
 - ``log``: ``MessageLog.publish`` for batches of ``--batch`` publishes until every one is
   committed, each batch awaited three ways (``--await``): ``gather`` (a future per
-  publish, ``asyncio.gather``), ``ws`` (a future per publish, one callback on the last,
-  as the WebSocket publish path answers a session), ``many`` (``publish_many``, one
-  future per batch): numbering, signing in the writer thread (no proof is made: the log stores the
+  publish, ``asyncio.gather``), ``ws`` (``publish_many`` with an ``answer`` callback: one
+  pending entry and one answer per batch, as the WebSocket publish path queues a
+  session's publishes of a loop turn), ``many`` (``publish_many``, one future per
+  batch): numbering, signing in the writer thread (no proof is made: the log stores the
   batch once and its messages without ``sig``), deduplication, insert, group commit
   (with ``--sync full``, the node's default, the commit includes the WAL fsync), and the
   future each publisher awaits. CPU is the whole process's (event loop and writer
@@ -251,14 +252,12 @@ def measure_binary(keys: KeyPair, count: int, batch: int) -> dict[str, Any]:
 AWAIT_MODES = ("gather", "ws", "many")
 
 
-async def _last_done(futures: list[asyncio.Future[Any]]) -> None:
-    """Wait as the WebSocket publish path does: one callback on the last publish (the
-    log commits in queue order), then every result read."""
-    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    futures[-1].add_done_callback(lambda _: done.set_result(None))
+async def _answered(log: MessageLog, group: list[Any]) -> None:
+    """Queue as the WebSocket publish path does: the batch as one group with one answer
+    (``publish_many(..., answer=...)``), called in the loop turn of the commit."""
+    done: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+    log.publish_many(group, answer=done.set_result)
     await done
-    for fut in futures:
-        fut.result()
 
 
 async def measure_log(
@@ -272,10 +271,10 @@ async def measure_log(
 ) -> dict[str, Any]:
     """Publishes through the real log, ``batch`` at a time, each batch awaited: ``mode``
     ``gather``, a future per ``MessageLog.publish`` and ``asyncio.gather`` over them
-    (what an application awaiting each publish pays); ``ws``, a future per publish and
-    one callback on the last, as the WebSocket publish path answers a session's
-    publishes; ``many`` (or ``many=True``), each batch as one
-    ``MessageLog.publish_many`` and its one future."""
+    (what an application awaiting each publish pays); ``ws``, each batch as one
+    ``MessageLog.publish_many`` group with an ``answer`` callback, as the WebSocket
+    publish path queues a session's publishes of a loop turn; ``many`` (or
+    ``many=True``), each batch as one ``MessageLog.publish_many`` and its one future."""
     if many:
         mode = "many"
     if mode not in AWAIT_MODES:
@@ -302,12 +301,7 @@ async def measure_log(
                 if mode == "many":
                     await log.publish_many(group)
                 elif mode == "ws":
-                    await _last_done(
-                        [
-                            log.publish(topic=TOPIC, msg_type="bench", data=PAYLOAD, sender=sender)
-                            for _ in range(batch)
-                        ]
-                    )
+                    await _answered(log, group)
                 else:
                     await asyncio.gather(
                         *[
@@ -395,7 +389,7 @@ def main() -> None:
         dest="modes",
         default="gather,ws,many",
         help="comma list of how each batch is awaited: gather (a future per publish, "
-        "asyncio.gather), ws (a future per publish, one callback on the last, as the "
+        "asyncio.gather), ws (publish_many with one answer callback per batch, as the "
         "WebSocket publish path), many (publish_many, one future per batch)",
     )
     p.add_argument("--name", default="publish_cost")

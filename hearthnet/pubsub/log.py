@@ -44,7 +44,7 @@ from typing import Any, overload
 import aiosqlite
 
 from hearthnet.clock import now_ms
-from hearthnet.errors import HearthNetError, InternalError, StorageError, Unavailable, WireError
+from hearthnet.errors import StorageError, Unavailable
 from hearthnet.identity import KeyPair
 from hearthnet.pubsub.consumerstate import (
     ConsumerRecord,
@@ -54,12 +54,14 @@ from hearthnet.pubsub.consumerstate import (
 )
 from hearthnet.pubsub.envelope import Message, StoredMessage, unsigned_fields
 from hearthnet.pubsub.logcommit import (
-    UNANSWERED,
     Answer,
     Group,
     Outcome,
     Pending,
+    answer_all,
     delete_rows,
+    refuse,
+    take_batch,
     write_batch,
 )
 from hearthnet.pubsub.logindex import LogIndex
@@ -90,22 +92,6 @@ PENDING_RETRY_MS = 200  # retry_after_ms when the queue is full: about one commi
 # messages with nothing queued behind it is committed on the event loop: the two thread
 # hand-offs around it cost more than the commit (1 in flight is bound by them).
 INLINE_MAX = 16
-
-
-def _refuse(batch: list[Pending], exc: Exception) -> None:
-    """Fail the publishes of a batch that could not be committed (nothing was handed
-    out: the counters stay where they were)."""
-    error: WireError
-    if isinstance(exc, sqlite3.Error | StorageError):
-        log.error("commit of %d messages failed: %s", len(batch), exc)
-        error = Unavailable("the message log could not commit; retry", retry_after_ms=1000)
-    elif isinstance(exc, WireError):
-        error = exc
-    else:
-        log.error("commit of %d messages failed", len(batch), exc_info=exc)
-        error = InternalError("the message log could not store this message")
-    for pending in batch:
-        pending.answer(error)
 
 
 def _mirror(message_log: MessageLog) -> None:
@@ -156,6 +142,7 @@ class MessageLog:
         self._writer: SqliteWriter | None = None
         self._reader: LogReader | None = None
         self._pending: list[Pending] = []
+        self._queued_messages = 0  # in _pending (an entry may hold a group's run)
         self._wake = asyncio.Event()
         self._write_lock = asyncio.Lock()
         self._turn_scheduled = False  # _end_of_turn is due (synchronous=NORMAL)
@@ -216,58 +203,38 @@ class MessageLog:
 
     # --- appending ----------------------------------------------------------------
 
-    @overload
-    def publish(
-        self,
-        *,
-        topic: str,
-        msg_type: str,
-        data: Any,
-        ttl_s: int | None = None,
-        sender: dict[str, str] | None = None,
-        answer: None = None,
-    ) -> asyncio.Future[StoredMessage | None]: ...
-
-    @overload
-    def publish(
-        self,
-        *,
-        topic: str,
-        msg_type: str,
-        data: Any,
-        ttl_s: int | None = None,
-        sender: dict[str, str] | None = None,
-        answer: Answer,
-    ) -> None: ...
-
-    def publish(
-        self,
-        *,
-        topic: str,
-        msg_type: str,
-        data: Any,
-        ttl_s: int | None = None,
-        sender: dict[str, str] | None = None,
-        answer: Answer | None = None,
-    ) -> asyncio.Future[StoredMessage | None] | None:
-        """Queue a local publish; the future resolves once it is committed (spec §6.4).
-
-        The future fails with the publish's own error when it cannot be signed
-        (:class:`~hearthnet.errors.NotCanonical`) or stored (``unavailable``). With
-        ``answer``, there is no future: ``answer`` is called with what became of the
-        publish (its :class:`StoredMessage` or its error) in the loop turn that decided
-        it, after the commit and before the commit listeners (fan-out) run.
+    def _room(self, count: int) -> None:
+        """Raise unless ``count`` more publishes may be queued.
 
         Raises:
             Unavailable: the node is shutting down, or ``max_pending`` publishes wait.
         """
         if self.closed:
             raise Unavailable("the node is shutting down", retry_after_ms=1000)
-        if len(self._pending) >= self.max_pending:
+        if self._queued_messages + count > self.max_pending:
             raise Unavailable(
                 f"the message log has {self.max_pending} publishes waiting; retry",
                 retry_after_ms=PENDING_RETRY_MS,
             )
+
+    def publish(
+        self,
+        *,
+        topic: str,
+        msg_type: str,
+        data: Any,
+        ttl_s: int | None = None,
+        sender: dict[str, str] | None = None,
+    ) -> asyncio.Future[StoredMessage | None]:
+        """Queue a local publish; the future resolves once it is committed (spec §6.4).
+
+        The future fails with the publish's own error when it cannot be signed
+        (:class:`~hearthnet.errors.NotCanonical`) or stored (``unavailable``).
+
+        Raises:
+            Unavailable: the node is shutting down, or ``max_pending`` publishes wait.
+        """
+        self._room(1)
         # Numbered now; its id given and signed with its batch in the writer thread
         # (ed25519 runs without the GIL, so parsing the next publishes goes on meanwhile).
         # A number whose batch fails to commit is never reused (peers treat it like a hole
@@ -292,47 +259,73 @@ class MessageLog:
             body = unsigned_fields(
                 self.keys.node_id, topic, msg_type, data, origin_seq, now_ms(), ttl_s, sender, ""
             )
-        if answer is not None:
-            self._pending.append(Pending(None, None, True, None, body, notify=answer))
-            self._queued()
-            return None
         fut: asyncio.Future[StoredMessage | None] = asyncio.get_running_loop().create_future()
-        self._pending.append(Pending(fut, None, True, None, body))
+        self._pending.append(Pending(fut, bodies=[body]))
+        self._queued_messages += 1
         self._queued()
         return fut
 
+    @overload
     def publish_many(
-        self, items: Sequence[PublishItem]
-    ) -> asyncio.Future[list[StoredMessage | HearthNetError | None]]:
-        """Queue local publishes, each ``(topic, msg_type, data, ttl_s, sender)``, with one
-        future for all: it resolves once every one is committed or refused, to each one's
-        :class:`StoredMessage` or error, in order (one publish's error is its own, as with
-        :meth:`publish`). The same numbering, signing and durability as :meth:`publish`,
-        without a future per message.
+        self, items: Sequence[PublishItem], *, answer: None = None
+    ) -> asyncio.Future[list[Outcome]]: ...
+
+    @overload
+    def publish_many(self, items: Sequence[PublishItem], *, answer: Answer) -> None: ...
+
+    def publish_many(
+        self, items: Sequence[PublishItem], *, answer: Answer | None = None
+    ) -> asyncio.Future[list[Outcome]] | None:
+        """Queue local publishes, each ``(topic, msg_type, data, ttl_s, sender)``, as one
+        entry of the queue with one future for all: it resolves once every one is
+        committed or refused, to each one's :class:`StoredMessage` or error, in order (one
+        publish's error is its own, as with :meth:`publish`). The same numbering,
+        signing and durability as :meth:`publish`, without a future or an entry per
+        message. With ``answer`` there is no future: ``answer`` is called with the
+        outcomes in the loop turn of the commit that decided the last of them, after
+        that commit and before the commit listeners (fan-out) run.
 
         Raises:
             Unavailable: the node is shutting down, or the queue cannot take all of them
                 (nothing is queued then).
         """
-        if self.closed:
-            raise Unavailable("the node is shutting down", retry_after_ms=1000)
-        if len(self._pending) + len(items) > self.max_pending:
-            raise Unavailable(
-                f"the message log has {self.max_pending} publishes waiting; retry",
-                retry_after_ms=PENDING_RETRY_MS,
-            )
-        future: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
-        if not items:
-            future.set_result([])
+        count = len(items)
+        self._room(count)
+        future: asyncio.Future[list[Outcome]] | None = None
+        if answer is None:
+            future = asyncio.get_running_loop().create_future()
+        if not count:
+            if answer is not None:
+                answer([])
+            else:
+                assert future is not None
+                future.set_result([])
             return future
-        group = Group(future, [UNANSWERED] * len(items), len(items))
-        node, ts, sequencer, pending = self.keys.node_id, now_ms(), self.sequencer, self._pending
-        for slot, (topic, msg_type, data, ttl_s, sender) in enumerate(items):
-            body = unsigned_fields(
-                node, topic, msg_type, data, sequencer.next_origin_seq(), ts, ttl_s, sender, ""
-            )
-            pending.append(Pending(None, None, True, None, body, group, slot))
-        self.origin_seq = sequencer.origin_seq
+        node, ts, first = self.keys.node_id, now_ms(), self.sequencer.origin_seq + 1
+        bodies: list[dict[str, Any]] = []
+        for origin_seq, (topic, msg_type, data, ttl_s, sender) in enumerate(items, first):
+            kind = type(data)
+            if ttl_s is None and kind is not bytes and kind is not Base64UrlText:
+                body = {  # the usual publish, its fields inline (as in publish)
+                    "id": "",
+                    "topic": topic,
+                    "type": msg_type,
+                    "data": data,
+                    "origin": node,
+                    "origin_seq": origin_seq,
+                    "ts": ts,
+                }
+                if sender is not None:
+                    body["sender"] = sender
+            else:
+                body = unsigned_fields(
+                    node, topic, msg_type, data, origin_seq, ts, ttl_s, sender, ""
+                )
+            bodies.append(body)
+        self.origin_seq = self.sequencer.origin_seq = first + count - 1
+        group = Group(count, future, answer)
+        self._pending.append(Pending(None, bodies=bodies, group=group))
+        self._queued_messages += count
         self._queued()
         return future
 
@@ -344,7 +337,8 @@ class MessageLog:
         if self.sequencer.knows(message.id):
             fut.set_result(None)
             return fut
-        self._pending.append(Pending(fut, message, source=source))
+        self._pending.append(Pending(fut, message, source))
+        self._queued_messages += 1
         self._queued()
         return fut
 
@@ -371,7 +365,7 @@ class MessageLog:
         batch, writer = self._pending, self._writer
         if (
             batch
-            and len(batch) <= INLINE_MAX
+            and self._queued_messages <= min(INLINE_MAX, self.max_batch)
             and not self.closed
             and writer is not None
             and writer.idle
@@ -391,6 +385,7 @@ class MessageLog:
                 log.debug("inline commit of %d messages failed; queued again", len(batch))
             else:
                 self._pending = []
+                self._queued_messages = 0
                 mark_clean(consumers)
                 self.inline_batches += 1
                 self._done(batch, outcomes, rows)
@@ -405,16 +400,22 @@ class MessageLog:
             if not self.closed:
                 await self._flush_all()
 
+    def _take(self) -> list[Pending]:
+        """The next batch: up to ``max_batch`` messages (see :func:`take_batch`)."""
+        queued, limit = self._queued_messages, self.max_batch
+        batch, self._pending = take_batch(self._pending, queued, limit)
+        self._queued_messages = queued - min(queued, limit)  # a batch past limit holds limit
+        return batch
+
     async def _flush_all(self) -> None:
         while self._pending:
-            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
-            await self._commit(batch)
+            await self._commit(self._take())
 
     async def _commit(self, batch: list[Pending]) -> None:
         """Commit one batch (counters move only after it committed); when its transaction
         fails, each message alone.
 
-        Never raises: every failure ends up on the futures of the publishes it concerns.
+        Never raises: every failure ends up on the publishes it concerns.
         """
         assert self._writer is not None
         try:
@@ -430,9 +431,10 @@ class MessageLog:
 
                 if (
                     self.synchronous == "NORMAL"
-                    and len(batch) <= INLINE_MAX
+                    and len(batch) <= INLINE_MAX  # entries: at most as many as messages
                     and not self._pending
                     and writer.idle
+                    and sum(p.size for p in batch) <= INLINE_MAX
                 ):
                     # A lone small batch: committed here, durable (against a crash) before
                     # it is acknowledged all the same, without waking the writer thread.
@@ -444,14 +446,15 @@ class MessageLog:
         except Exception as exc:  # a flush loop that dies stops every publish
             # A full disk, an I/O error or a lock (OperationalError) fails every message
             # alike; anything else may be one message's doing, so the others go alone.
-            if len(batch) == 1 or isinstance(exc, sqlite3.OperationalError):
-                _refuse(batch, exc)
+            singles = [single for pending in batch for single in pending.singles()]
+            if len(singles) == 1 or isinstance(exc, sqlite3.OperationalError):
+                refuse(batch, exc)
                 return
             log.warning(
-                "commit of %d messages failed (%s); writing them one by one", len(batch), exc
+                "commit of %d messages failed (%s); writing them one by one", len(singles), exc
             )
-            for pending in batch:
-                await self._commit([pending])
+            for single in singles:
+                await self._commit([single])
             return
         self._done(batch, outcomes, rows)
 
@@ -459,17 +462,16 @@ class MessageLog:
         """After a commit: move the heads and indexes, answer publishers, hand the batch
         to fan-out."""
         self.batches += 1
-        committed = [item for item in outcomes if isinstance(item, StoredMessage)]
         index, sequencer = self.index, self.sequencer
         for row in rows:
-            index.add_row(row.key, row.heads)
-            seqs, ids, topics, _, _, ts, _, sizes = zip(*row.heads, strict=True)
-            sequencer.committed_columns(seqs, ids, topics, sizes, ts)
+            cols = row.columns()
+            index.add_columns(row.key, cols)
+            sequencer.committed_columns(cols.seqs, cols.ids, cols.topics, cols.sizes, cols.ts)
         _mirror(self)
         # Publishers first: an answer given at once (``answer``, the WebSocket path) is
         # queued before the deliveries, so it leaves first in the loop turn's one flush.
-        for pending, outcome in zip(batch, outcomes, strict=True):
-            pending.answer(outcome)
+        answer_all(batch, outcomes)
+        committed = [item for item in outcomes if isinstance(item, StoredMessage)]
         for listener in self.listeners:
             try:
                 listener(committed)

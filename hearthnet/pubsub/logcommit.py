@@ -6,6 +6,12 @@ One job per batch: sign the local publishes (one batch signature per run of cons
 batch and one per run of whole envelopes (see :mod:`hearthnet.pubsub.logstore`) and the
 changed durable consumers, commit. No message's proof is made on the way in.
 
+A batch is a list of :class:`Pending` entries: a peer's message, a lone local publish, or
+a run of local publishes queued together (:meth:`MessageLog.publish_many
+<hearthnet.pubsub.log.MessageLog.publish_many>`: one entry and one :class:`Group` for
+all of them, not one per message). The job returns one outcome per message, in queue
+order.
+
 Retention deletes whole rows, or rewrites a row that keeps some of its messages: the
 kept headers and bodies are written back with the batch's signature and leaf hashes
 unchanged, so every kept message stays provable.
@@ -18,9 +24,15 @@ import logging
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from hearthnet.errors import HearthNetError
+from hearthnet.errors import (
+    HearthNetError,
+    InternalError,
+    StorageError,
+    Unavailable,
+    WireError,
+)
 from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulids
 from hearthnet.pubsub.batchsig import SignedBatch
@@ -29,76 +41,190 @@ from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
 from hearthnet.pubsub.logindex import Head
 from hearthnet.pubsub.logstore import (
     INSERT_ROW,
+    HeadColumns,
     Row,
     pack_heads,
     split_bodies,
     transaction,
     unpack_heads,
 )
-from hearthnet.pubsub.merkle import HASH_BYTES, leaf_hash
+from hearthnet.pubsub.merkle import HASH_BYTES, hash_leaves
 from hearthnet.pubsub.sequencer import Sequencer
 
 log = logging.getLogger("hearthnet.pubsub.log")
 
 # What became of one pending message in a commit: stored, a duplicate (None), or refused.
 Outcome = StoredMessage | HearthNetError | None
-# Told a publish's outcome in the loop turn that decides it (no future, no callback turn).
-Answer = Callable[[Outcome], None]
+# Told the outcomes of a group of publishes, in order, in the loop turn of the commit
+# that decided the last of them (no future, no callback turn).
+Answer = Callable[[list[Outcome]], None]
 
 
-@dataclass(slots=True)
 class Group:
-    """One future for several publishes: resolves, once each is committed or refused, to
-    their outcomes in order."""
+    """Local publishes queued together: one future, or one :data:`Answer`, for all of
+    them, given every outcome in order once each is committed or refused. A group is
+    one :class:`Pending` entry, split only to cap a commit at ``max_batch`` messages or
+    to retry its messages one by one."""
 
-    future: asyncio.Future[list[Outcome]]
-    outcomes: list[Outcome]
-    left: int
+    __slots__ = ("answer", "future", "left", "outcomes", "size")
+
+    def __init__(
+        self,
+        size: int,
+        future: asyncio.Future[list[Outcome]] | None = None,
+        answer: Answer | None = None,
+    ) -> None:
+        self.size = size
+        self.left = size
+        self.outcomes: list[Outcome] | None = None  # made when a part is settled alone
+        self.future = future
+        self.answer = answer
+
+    def settle(self, start: int, outcomes: list[Outcome]) -> None:
+        """The outcomes of the group's publishes from place ``start`` on (once each);
+        the last part tells the future or the answer."""
+        n = len(outcomes)
+        if n == self.size:
+            done = outcomes  # the whole group in one commit: the usual case
+        else:
+            held = self.outcomes
+            if held is None:
+                held = self.outcomes = [None] * self.size
+            held[start : start + n] = outcomes
+            self.left -= n
+            if self.left > 0:
+                return
+            done = held
+        self.left = 0
+        answer = self.answer
+        if answer is not None:
+            self.answer = None
+            try:
+                answer(done)
+            except Exception:  # the commit stands; the other publishers are answered
+                log.exception("the answer to a group of publishes failed")
+            return
+        future = self.future
+        if future is not None and not future.done():
+            future.set_result(done)
 
 
 @dataclass(slots=True)
 class Pending:
-    """A message waiting for its commit."""
+    """Messages waiting for their commit: a peer's message, one local publish, or a run
+    of a group's (their ``origin_seq`` consecutive, in queue order)."""
 
-    future: asyncio.Future[StoredMessage | None] | None  # None: ``group`` or ``notify``
-    message: Message | None  # None until a local publish is signed (in its commit job)
-    local: bool = False  # our own publish (never a duplicate)
-    source: str | None = None  # the peer a message came from
-    unsigned: dict[str, Any] | None = None  # a local publish's fields before signing
-    group: Group | None = None
-    slot: int = 0  # its place in ``group``
-    notify: Answer | None = None  # called with the outcome instead of a future
+    future: asyncio.Future[StoredMessage | None] | None  # a lone publish, a peer's message
+    message: Message | None = None  # a peer's message (verified)
+    source: str | None = None  # the peer it came from
+    bodies: list[dict[str, Any]] | None = None  # our publishes' fields before signing
+    group: Group | None = None  # the group ``bodies`` belong to
+    start: int = 0  # the place of ``bodies[0]`` in ``group``
 
-    def answer(self, outcome: Outcome) -> None:
-        """Resolve this message's future (or its place in its group) with ``outcome``,
-        or tell ``notify`` at once; an error fails the future. Once only."""
-        notify = self.notify
-        if notify is not None:
-            self.notify = None
-            try:
-                notify(outcome)
-            except Exception:  # the commit stands; the other publishers are answered
-                log.exception("a publish's answer failed")
-            return
+    @property
+    def size(self) -> int:
+        """How many messages this entry holds."""
+        bodies = self.bodies
+        return 1 if bodies is None else len(bodies)
+
+    def answer(self, outcomes: list[Outcome]) -> None:
+        """Settle this entry with its messages' ``outcomes`` (once): its group's places,
+        or its future (an error fails it)."""
         group = self.group
         if group is not None:
-            if group.outcomes[self.slot] is UNANSWERED:
-                group.outcomes[self.slot] = outcome
-                group.left -= 1
-                if not group.left and not group.future.done():
-                    group.future.set_result(group.outcomes)
+            group.settle(self.start, outcomes)
             return
         future = self.future
         if future is None or future.done():
             return
+        outcome = outcomes[0]
         if isinstance(outcome, HearthNetError):
             future.set_exception(outcome)
         else:
             future.set_result(outcome)
 
+    def split(self, at: int) -> tuple[Pending, Pending]:
+        """This run of a group's publishes as two entries: its first ``at`` and the rest."""
+        bodies = self.bodies
+        assert bodies is not None
+        assert self.group is not None
+        return (
+            Pending(None, bodies=bodies[:at], group=self.group, start=self.start),
+            Pending(None, bodies=bodies[at:], group=self.group, start=self.start + at),
+        )
 
-# A group's place not answered yet (an error nobody raises: never an outcome).
-UNANSWERED: Outcome = HearthNetError("unanswered")
+    def singles(self) -> list[Pending]:
+        """Each message of this entry as an entry of its own (to commit one by one)."""
+        bodies = self.bodies
+        if bodies is None or len(bodies) == 1:
+            return [self]
+        group = self.group
+        assert group is not None
+        return [
+            Pending(None, bodies=[body], group=group, start=self.start + i)
+            for i, body in enumerate(bodies)
+        ]
+
+
+def answer_all(batch: list[Pending], outcomes: list[Outcome]) -> None:
+    """Settle each entry of ``batch`` with its part of ``outcomes`` (one per message, in
+    queue order)."""
+    if len(batch) == 1:
+        batch[0].answer(outcomes)
+        return
+    at = 0
+    for pending in batch:
+        group = pending.group
+        if group is None:  # one message (a lone publish, a peer's): no list of one
+            future = pending.future
+            if future is not None and not future.done():
+                outcome = outcomes[at]
+                if isinstance(outcome, HearthNetError):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
+            at += 1
+            continue
+        assert pending.bodies is not None
+        n = len(pending.bodies)
+        group.settle(pending.start, outcomes[at : at + n])
+        at += n
+
+
+def refuse(batch: list[Pending], exc: Exception) -> None:
+    """Fail the publishes of a batch that could not be committed (nothing was handed
+    out: the counters stay where they were)."""
+    error: WireError
+    if isinstance(exc, sqlite3.Error | StorageError):
+        log.error("commit of %d messages failed: %s", len(batch), exc)
+        error = Unavailable("the message log could not commit; retry", retry_after_ms=1000)
+    elif isinstance(exc, WireError):
+        error = exc
+    else:
+        log.error("commit of %d messages failed", len(batch), exc_info=exc)
+        error = InternalError("the message log could not store this message")
+    for pending in batch:
+        pending.answer([error] * pending.size)
+
+
+def take_batch(
+    pending: list[Pending], queued: int, limit: int
+) -> tuple[list[Pending], list[Pending]]:
+    """The next batch of a queue holding ``queued`` messages: its first entries, up to
+    ``limit`` messages (a group's run split at the bound), and what is left queued."""
+    if queued <= limit:
+        return pending, []
+    count = 0
+    for i, entry in enumerate(pending):
+        size = entry.size
+        if count + size < limit:
+            count += size
+            continue
+        if count + size == limit:
+            return pending[: i + 1], pending[i + 1 :]
+        head, tail = entry.split(limit - count)  # only a group's run holds more than one
+        return [*pending[:i], head], [tail, *pending[i + 1 :]]
+    return pending, []  # not reached: ``queued`` says there is more
 
 
 # A local publish signed in a batch: its canonical bytes without ``sig`` and the batch.
@@ -106,60 +232,58 @@ Signed = tuple[bytes, SignedBatch]
 
 
 def sign_local(
-    keys: KeyPair, batch: list[Pending]
-) -> tuple[dict[int, HearthNetError], list[Signed | None]]:
-    """Sign the batch's local publishes (in the writer thread), one batch signature per
-    run of consecutive ``origin_seq`` (spec §6.2): a publish refused here (data the edge
-    let through but JCS cannot sign) leaves its number unused and splits the run.
-    Returns the refused publishes by position, and per position the canonical bytes and
-    batch of each publish signed in a batch (no :class:`Message` is made: see
-    :meth:`StoredMessage.of_batch`); a run of one is signed alone and gets its
-    ``Message`` (``pending.message``)."""
-    refused: dict[int, HearthNetError] = {}
-    signed: list[Signed | None] = [None] * len(batch)
-    fresh: list[dict[str, Any]] = [
-        p.unsigned for p in batch if p.unsigned is not None and not p.unsigned["id"]
-    ]
+    keys: KeyPair, bodies: list[dict[str, Any]]
+) -> list[Signed | Message | HearthNetError]:
+    """Sign our publishes of a batch (in the writer thread), in queue order: one batch
+    signature per run of consecutive ``origin_seq`` (spec §6.2); a publish refused here
+    (data the edge let through but JCS cannot sign) leaves its number unused and splits
+    the run. Returns per publish its canonical bytes and batch (no :class:`Message` is
+    made: see :meth:`StoredMessage.of_batch`), its :class:`Message` when it was signed
+    alone (a run of one), or its error. Gives the bodies without an id theirs first."""
+    fresh = [body for body in bodies if not body["id"]]
     if fresh:  # queued without an id: given here, at once, in origin_seq order
-        for new, message_id in zip(fresh, new_ulids([f["ts"] for f in fresh]), strict=True):
-            new["id"] = message_id
-    at: list[int] = []  # the positions of the run being gathered
-    leaves: list[bytes] = []
-    first = next_seq = 0
+        for body, message_id in zip(fresh, new_ulids([f["ts"] for f in fresh]), strict=True):
+            body["id"] = message_id
+    n = len(bodies)
+    if n > 1 and bodies[-1]["origin_seq"] - bodies[0]["origin_seq"] == n - 1:
+        # The usual batch: one run (origin_seq is numbered in queue order, so consecutive
+        # first to last means consecutive throughout).
+        try:
+            leaves = [canonical_body(body) for body in bodies]
+        except HearthNetError:
+            pass  # one of them cannot be signed: the run is cut around it below
+        else:
+            batch = SignedBatch.sign(keys, bodies[0]["origin_seq"], hash_leaves(leaves))
+            return [(leaf, batch) for leaf in leaves]
+    out: list[Signed | Message | HearthNetError] = []
+    run: list[bytes] = []  # the canonical bytes of the run being gathered
+    run_bodies: list[dict[str, Any]] = []
+    next_seq = 0
 
     def close_run() -> None:
-        if len(at) == 1:
-            pending = batch[at[0]]
-            assert pending.unsigned is not None
-            pending.message = Message.signed_batch(keys, [pending.unsigned], leaves)[0]
-            pending.unsigned = None
-        elif at:
-            signature = SignedBatch.sign(keys, first, [leaf_hash(leaf) for leaf in leaves])
-            for i, leaf in zip(at, leaves, strict=True):
-                signed[i] = (leaf, signature)
-        at.clear()
-        leaves.clear()
+        if len(run) == 1:
+            out.append(Message.signed_batch(keys, [{**run_bodies[0]}], run)[0])
+        elif run:
+            batch = SignedBatch.sign(keys, run_bodies[0]["origin_seq"], hash_leaves(run))
+            out.extend([(leaf, batch) for leaf in run])
+        run.clear()
+        run_bodies.clear()
 
-    for i, pending in enumerate(batch):
-        body = pending.unsigned
-        if pending.message is not None or body is None:
-            continue  # a peer's message, or ours signed by an earlier attempt
+    for body in bodies:
         try:
             leaf = canonical_body(body)
         except HearthNetError as exc:
-            refused[i] = exc
             close_run()
+            out.append(exc)
             continue
         origin_seq = body["origin_seq"]
-        if at and origin_seq != next_seq:
+        if run and origin_seq != next_seq:
             close_run()
-        if not at:
-            first = origin_seq
         next_seq = origin_seq + 1
-        at.append(i)
-        leaves.append(leaf)
+        run.append(leaf)
+        run_bodies.append(body)
     close_run()
-    return refused, signed
+    return out
 
 
 def _row_for(seq: int, batch: SignedBatch | None) -> Row:
@@ -205,6 +329,41 @@ def _batch_run(items: list[StoredMessage], fields: list[dict[str, Any]]) -> list
             ),
         )
     )
+
+
+def _rows_of_ours(seq: int, bodies: list[dict[str, Any]], signed: list[Signed]) -> list[Row]:
+    """The rows of a commit of our publishes only, each signed in a batch, numbered from
+    ``seq``: a row per batch, its headers made as columns from the fields (no
+    :class:`Head` per message)."""
+    rows: list[Row] = []
+    i, n = 0, len(bodies)
+    while i < n:
+        batch = signed[i][1]
+        j = min(n, i + batch.n)
+        while signed[j - 1][1] is not batch:  # a batch cut short (not usual): its own part
+            j -= 1
+        run, leaves = bodies[i:j] if i or j < n else bodies, [s[0] for s in signed[i:j]]
+        ts = [body["ts"] for body in run]
+        ttls = [body.get("ttl_s") for body in run]
+        row = _row_for(seq + i, batch)
+        row.cols = HeadColumns(
+            range(seq + i, seq + j),
+            [body["id"] for body in run],
+            [body["topic"] for body in run],
+            [batch.origin] * (j - i),
+            [body["origin_seq"] for body in run],
+            ts,
+            ttls
+            if ttls.count(None) == len(ttls)
+            else [
+                t + ttl * 1000 if ttl is not None else None for t, ttl in zip(ts, ttls, strict=True)
+            ],
+            [len(leaf) for leaf in leaves],
+        )
+        row.bodies = leaves
+        rows.append(row)
+        i = j
+    return rows
 
 
 def rows_of(stored: list[StoredMessage]) -> list[Row]:
@@ -270,41 +429,38 @@ def write_batch(
 ) -> tuple[list[Outcome], list[Row]]:
     """The commit job: sign our publishes (ed25519 runs without the GIL), number the
     batch (peers' messages the log holds take no number), insert its rows and the changed
-    consumers, commit. Returns, per pending item, what was stored (None: a duplicate; an
-    error: this publish failed alone), and the rows written."""
-    refused, signed = sign_local(keys, batch)
-    numbered = sequencer.number(
-        [
-            (p.message.id, p.local)
-            if p.message is not None
-            else (p.unsigned["id"], True)
-            if s is not None and p.unsigned is not None
-            else None
-            for p, s in zip(batch, signed, strict=True)
+    consumers, commit. Returns, per message in queue order, what was stored (None: a
+    duplicate; an error: this publish failed alone), and the rows written."""
+    if len(batch) == 1 and batch[0].bodies is not None:
+        bodies = batch[0].bodies  # one group's run, or one publish: the usual batch
+        peers = False
+    else:
+        bodies, peers = [], False
+        for pending in batch:
+            if pending.bodies is None:
+                peers = True
+            else:
+                bodies += pending.bodies
+    signed = sign_local(keys, bodies) if bodies else []
+    head = sequencer.head_seq
+    if not peers and all(type(s) is tuple for s in signed):
+        # Only our publishes, each signed in a batch: new by construction, so numbered
+        # head + 1 on, and committed as their fields (see StoredMessage.of_batch).
+        of_batch = StoredMessage.of_batch
+        stored = [
+            of_batch(seq, body, leaf, signature)
+            for seq, body, (leaf, signature) in zip(
+                range(head + 1, head + 1 + len(bodies)),
+                bodies,
+                cast("list[Signed]", signed),
+                strict=True,
+            )
         ]
-    )
-    results: list[Outcome] = []
-    stored: list[StoredMessage] = []
-    of_batch = StoredMessage.of_batch
-    for i, (pending, seq) in enumerate(zip(batch, numbered, strict=True)):
-        done = signed[i]
-        if done is not None and seq is not None:
-            assert pending.unsigned is not None
-            item = of_batch(seq, pending.unsigned, done[0], done[1])
-            results.append(item)
-            stored.append(item)
-            continue
-        msg = pending.message
-        if msg is None:
-            results.append(refused[i])
-            continue
-        if seq is None:
-            results.append(None)
-            continue
-        item = StoredMessage(seq, msg, pending.source)
-        results.append(item)
-        stored.append(item)
-    rows = rows_of(stored)
+        results: list[Outcome] = list(stored)
+        rows = _rows_of_ours(head + 1, bodies, cast("list[Signed]", signed))
+    else:
+        results, stored = _number(batch, signed, sequencer)
+        rows = rows_of(stored)
 
     def work() -> None:
         conn.executemany(INSERT_ROW, [row.params() for row in rows])
@@ -312,6 +468,51 @@ def write_batch(
 
     transaction(conn, work)
     return results, rows
+
+
+def _number(
+    batch: list[Pending], signed: list[Signed | Message | HearthNetError], sequencer: Sequencer
+) -> tuple[list[Outcome], list[StoredMessage]]:
+    """A batch with peers' messages, publishes signed alone or refused: each message
+    numbered by the sequencer (a peer's message the log holds, or that came earlier in
+    the batch, takes no number). Returns the outcomes and what is to be stored."""
+    entries: list[tuple[Pending, dict[str, Any] | None, Signed | Message | HearthNetError | None]]
+    entries = []
+    done = iter(signed)
+    for pending in batch:
+        if pending.bodies is None:
+            entries.append((pending, None, None))
+        else:
+            entries += [(pending, body, next(done)) for body in pending.bodies]
+    items: list[tuple[str, bool] | None] = []
+    for pending, body, sig in entries:
+        if body is None:
+            assert pending.message is not None
+            items.append((pending.message.id, False))
+        elif isinstance(sig, HearthNetError):
+            items.append(None)
+        else:
+            items.append((body["id"], True))
+    results: list[Outcome] = []
+    stored: list[StoredMessage] = []
+    for (pending, body, sig), seq in zip(entries, sequencer.number(items), strict=True):
+        if isinstance(sig, HearthNetError):
+            results.append(sig)
+            continue
+        if seq is None:
+            results.append(None)  # a peer's message the log holds
+            continue
+        if isinstance(sig, tuple):
+            assert body is not None
+            item = StoredMessage.of_batch(seq, body, sig[0], sig[1])
+        elif isinstance(sig, Message):
+            item = StoredMessage(seq, sig)
+        else:
+            assert pending.message is not None
+            item = StoredMessage(seq, pending.message, pending.source)
+        results.append(item)
+        stored.append(item)
+    return results, stored
 
 
 def delete_rows(

@@ -22,7 +22,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 # Both above any real time, so that min() over the arrays (C speed) tells whether a
 # retention scan can find anything.
@@ -77,6 +77,21 @@ class LogIndex:
             return
         for head in heads:
             self._add(head)
+
+    def add_columns(self, key: int, cols: Sequence[Sequence[Any]]) -> None:
+        """:meth:`add_row` of a row whose headers are given as columns, in :class:`Head`'s
+        order (a commit's row of one batch: added without a :class:`Head` per message)."""
+        seqs = cols[0]
+        rows = self.rows
+        if (
+            seqs
+            and (not self._seqs or seqs[0] > self._seqs[-1])
+            and (not rows or key > rows[-1])
+            and self._append_run(*cols)
+        ):
+            rows.append(key)
+            return
+        self.add_row(key, list(map(Head._make, zip(*cols, strict=True))))
 
     def _append_run(  # noqa: PLR0917 - the columns of Head, in its order
         self,

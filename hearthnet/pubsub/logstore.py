@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import orjson
 
@@ -78,9 +78,26 @@ INSERT_ROW = (
 T = TypeVar("T")
 
 
+class HeadColumns(NamedTuple):
+    """The headers of a row's messages as columns, in :class:`Head`'s order (what the
+    indexes and the sequencer take, and the ``heads`` column is encoded from)."""
+
+    seqs: Sequence[int]
+    ids: Sequence[str]
+    topics: Sequence[str]
+    origins: Sequence[str]
+    origin_seqs: Sequence[int]
+    ts: Sequence[int]
+    expires: Sequence[int | None]
+    sizes: Sequence[int]
+
+
 @dataclass(slots=True)
 class Row:
-    """One ``batches`` row: a signed batch's messages of one commit, or whole envelopes."""
+    """One ``batches`` row: a signed batch's messages of one commit, or whole envelopes.
+
+    Its headers are ``heads``, or ``cols`` for a row made as columns (a batch signed in
+    this commit: no :class:`Head` per message; ``heads`` is then left empty)."""
 
     key: int
     origin: str  # "" for whole envelopes
@@ -91,6 +108,13 @@ class Row:
     root: bytes | None = None
     sig: str | None = None
     leaves: bytes | None = None
+    cols: HeadColumns | None = None
+
+    def columns(self) -> HeadColumns:
+        """The headers as columns."""
+        if self.cols is not None:
+            return self.cols
+        return HeadColumns(*zip(*self.heads, strict=True))
 
     def params(self) -> tuple[Any, ...]:
         """The INSERT parameters (:data:`INSERT_ROW`)."""
@@ -99,7 +123,7 @@ class Row:
             self.origin,
             self.first,
             self.n,
-            pack_heads(self.heads, self.origin),
+            pack_columns(self.columns(), self.origin),
             self.root,
             self.sig,
             self.leaves,
@@ -107,19 +131,26 @@ class Row:
         )
 
 
-def pack_heads(heads: Sequence[Head], origin: str) -> bytes:
+def pack_columns(cols: HeadColumns, origin: str) -> bytes:
     """The ``heads`` column: one JSON array per message (origin ``""`` when the row's),
     encoded from the headers' columns (no list per message in Python)."""
-    if not heads:
+    seqs, ids, topics, origins, origin_seqs, ts, expires, sizes = cols
+    if not seqs:
         return b"[]"
-    seqs, ids, topics, origins, origin_seqs, ts, expires, sizes = zip(*heads, strict=True)
-    if origins.count(origin) == len(origins):
+    if list(origins).count(origin) == len(origins):
         origins = ("",) * len(origins)
     elif origin:
         origins = tuple("" if o == origin else o for o in origins)
     return orjson.dumps(
         list(zip(seqs, ids, topics, origins, origin_seqs, ts, expires, sizes, strict=True))
     )
+
+
+def pack_heads(heads: Sequence[Head], origin: str) -> bytes:
+    """:func:`pack_columns` of headers."""
+    if not heads:
+        return b"[]"
+    return pack_columns(HeadColumns(*zip(*heads, strict=True)), origin)
 
 
 def unpack_heads(blob: bytes, origin: str) -> list[Head]:

@@ -17,14 +17,45 @@ HASH_BYTES = 32
 EMPTY_ROOT = sha256(b"").digest()  # the tree of no leaves (RFC 6962 §2.1)
 
 
+# The hashes' one-byte prefixes, hashed once: a copy of either costs less than a new
+# hash object (~0.1 µs of its ~0.5 µs fixed cost, paid twice per message of a batch).
+_LEAF_PREFIX = sha256(b"\x00")
+_NODE_PREFIX = sha256(b"\x01")
+
+
 def leaf_hash(leaf: bytes) -> bytes:
     """``SHA-256(0x00 || leaf)``."""
     return sha256(b"\x00" + leaf).digest()
 
 
+def hash_leaves(leaves: Sequence[bytes]) -> list[bytes]:
+    """:func:`leaf_hash` of each of ``leaves`` (a batch's, hashed together)."""
+    copy = _LEAF_PREFIX.copy
+    out: list[bytes] = []
+    for leaf in leaves:
+        h = copy()
+        h.update(leaf)
+        out.append(h.digest())
+    return out
+
+
 def node_hash(left: bytes, right: bytes) -> bytes:
     """``SHA-256(0x01 || left || right)``."""
     return sha256(b"\x01" + left + right).digest()
+
+
+def _level_up(level: list[bytes]) -> list[bytes]:
+    """The next level of a tree: :func:`node_hash` of each pair, left to right, and a
+    lone last node moved up unchanged."""
+    copy = _NODE_PREFIX.copy
+    up: list[bytes] = []
+    for i in range(0, len(level) - 1, 2):
+        h = copy()
+        h.update(level[i] + level[i + 1])
+        up.append(h.digest())
+    if len(level) % 2:
+        up.append(level[-1])
+    return up
 
 
 class MerkleTree:
@@ -42,11 +73,8 @@ class MerkleTree:
         level = list(leaves)
         self.levels: list[list[bytes]] = [level]
         while len(level) > 1:
-            up = [node_hash(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
-            if len(level) % 2:
-                up.append(level[-1])  # a lone last node moves up unchanged
-            self.levels.append(up)
-            level = up
+            level = _level_up(level)
+            self.levels.append(level)
 
     @property
     def size(self) -> int:

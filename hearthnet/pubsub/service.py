@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, overload
+from collections.abc import Sequence
+from typing import Any
 
 from hearthnet.caller import Caller
 from hearthnet.config import PubSubSection
@@ -30,7 +31,7 @@ from hearthnet.pubsub.envelope import StoredMessage, encoded_payload, validate_t
 from hearthnet.pubsub.fanout import FanOut, PubSubMetrics
 from hearthnet.pubsub.frames import Since
 from hearthnet.pubsub.index import SubscriptionIndex
-from hearthnet.pubsub.log import MessageLog
+from hearthnet.pubsub.log import MessageLog, PublishItem
 from hearthnet.pubsub.logcommit import Answer
 from hearthnet.pubsub.presence import PresenceTable
 from hearthnet.pubsub.presence_hub import PresenceHub
@@ -133,7 +134,6 @@ class PubSub:
         assert stored is not None
         return stored
 
-    @overload
     def submit(
         self,
         caller: Caller,
@@ -143,55 +143,29 @@ class PubSub:
         *,
         ttl_s: int | None = None,
         session: Subscriber | None = None,
-        answer: None = None,
-    ) -> asyncio.Future[StoredMessage | None]: ...
-
-    @overload
-    def submit(
-        self,
-        caller: Caller,
-        topic: str,
-        msg_type: str,
-        data: Any,
-        *,
-        ttl_s: int | None = None,
-        session: Subscriber | None = None,
-        answer: Answer,
-    ) -> None: ...
-
-    def submit(
-        self,
-        caller: Caller,
-        topic: str,
-        msg_type: str,
-        data: Any,
-        *,
-        ttl_s: int | None = None,
-        session: Subscriber | None = None,
-        answer: Answer | None = None,
-    ) -> asyncio.Future[StoredMessage | None] | None:
-        """The one publish path (HTTP and WebSocket): authorize a publish whose topic, type
-        and TTL are valid already and queue it on the log; the future resolves once the
-        message is durable, or fails with the publish's own error (spec §6.4). With
-        ``answer`` there is no future: the log calls it with the outcome in the loop turn
-        of the commit (see :meth:`MessageLog.publish`).
+    ) -> asyncio.Future[StoredMessage | None]:
+        """The one publish path of a lone publish (HTTP, the bus): authorize a publish whose
+        topic, type and TTL are valid already and queue it on the log; the future
+        resolves once the message is durable, or fails with the publish's own error
+        (spec §6.4).
 
         Raises:
             PayloadTooLarge, Forbidden, RateLimited, Unavailable (the log's queue is full).
         """
         self.authorize_publish(caller, topic, data, session)
-        if answer is None:
-            return self.log.publish(
-                topic=topic, msg_type=msg_type, data=data, ttl_s=ttl_s, sender=caller.sender
-            )
         return self.log.publish(
-            topic=topic,
-            msg_type=msg_type,
-            data=data,
-            ttl_s=ttl_s,
-            sender=caller.sender,
-            answer=answer,
+            topic=topic, msg_type=msg_type, data=data, ttl_s=ttl_s, sender=caller.sender
         )
+
+    def submit_many(self, items: Sequence[PublishItem], *, answer: Answer) -> None:
+        """Queue publishes that passed :meth:`authorize_publish` each (a WebSocket
+        session's of one loop turn) as one group: ``answer`` gets every outcome, in
+        order, in the loop turn of the commit (see :meth:`MessageLog.publish_many`).
+
+        Raises:
+            Unavailable: the log's queue cannot take them all (none is queued).
+        """
+        self.log.publish_many(items, answer=answer)
 
     # --- subscribing ------------------------------------------------------------------
 
@@ -334,11 +308,15 @@ class PubSub:
         self.consumers.release(sub)
 
     def ack(self, sub: Subscriber, upto: int) -> int:
-        """Apply a client's ack: the window moves, a durable cursor advances."""
-        released = sub.channel.ack(upto)
+        """Apply a client's ack: the window moves, a durable cursor advances, and the
+        subscriber is flushed only when the ack let frames out or a catch-up waits for
+        room (most acks at 1→1,000 release nothing that waits)."""
+        channel = sub.channel
+        released = channel.ack(upto)
         if released:
             self.consumers.acked(sub, upto)
-            sub.wake()
+            if channel.out or channel.state is ChannelState.CATCHING_UP:
+                sub.wake()
         return released
 
     # --- presence -------------------------------------------------------------------

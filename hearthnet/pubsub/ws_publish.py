@@ -1,24 +1,31 @@
-"""``publish`` frames of WebSocket sessions (spec §6.4): through the service's one
-publish path (:meth:`~hearthnet.pubsub.service.PubSub.submit`: checks, then the log), and
-answered with ``published.ok`` once durable, or an ``error`` carrying the frame's ``ref``.
+"""``publish`` frames of WebSocket sessions (spec §6.4): checked at once, queued on the log
+a group per session and loop turn (:meth:`~hearthnet.pubsub.service.PubSub.submit_many`),
+and answered with ``published.ok`` once durable, or an ``error`` carrying the frame's
+``ref``.
 
-Each publish is answered by the log itself, in the loop turn of its commit: the log calls
-:func:`answer` with the outcome (no future per publish, no done-callback and no loop turn
-between the commit and the answer), which queues the frame on the session and asks
-fan-out to flush it. The log answers the publishers of a commit before it hands the
-commit to fan-out, so the answers and the deliveries of one commit leave in the same
-flush, each session's in one write, the publishers' first: at one publish in flight the
-publisher's next publish is on its way while the node writes to the subscribers.
+A frame's own checks (payload size, permission, rate limit) run when it is read, so a
+refused publish is answered at once. The publishes a session sent in one loop turn (one
+read of its socket, or several) that pass them are queued together, at the end of the
+turn, as one entry of the log's queue with one answer: no future, pending entry or
+callback per publish. The log calls :func:`answer` in the loop turn of the commit that
+decided the group's last publish, before it hands the commit to fan-out, so the
+group's ``published.ok`` frames are queued on the session at once and leave in one write,
+ahead of the deliveries of the same commit: at one publish in flight the publisher's
+next publish is on its way while the node writes to the subscribers. When the log's
+queue cannot take a group (``max_pending``), each of its publishes is answered
+``unavailable`` with ``retry_after_ms``.
 """
 
 from __future__ import annotations
 
+import asyncio
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from hearthnet.errors import InternalError, WireError
 from hearthnet.pubsub.envelope import StoredMessage
 from hearthnet.pubsub.frames import Publish
+from hearthnet.pubsub.log import PublishItem
 from hearthnet.pubsub.logcommit import Outcome
 
 if TYPE_CHECKING:
@@ -29,54 +36,102 @@ if TYPE_CHECKING:
 
 def _ok(ref: str | None, stored: StoredMessage) -> dict[str, Any]:
     """The data of a ``published.ok`` frame."""
+    fields = stored.fields
+    if fields is not None:  # signed here: no Message made for the answer
+        return {
+            "ref": ref,
+            "id": fields["id"],
+            "seq": stored.seq,
+            "origin_seq": fields["origin_seq"],
+            "ts": fields["ts"],
+        }
     msg = stored.message
     return {"ref": ref, "id": msg.id, "seq": stored.seq, "origin_seq": msg.origin_seq, "ts": msg.ts}
 
 
-def answer(sub: Subscriber, ref: str | None, outcome: Outcome) -> None:
-    """Queue the answer to the publish ``ref`` of ``sub``'s session and have it flushed
-    (called by the log once the publish is committed or refused)."""
+def _error(ref: str | None, outcome: Exception) -> dict[str, Any]:
+    """The data of the ``error`` frame that answers a refused publish."""
+    error = (
+        outcome
+        if isinstance(outcome, WireError)
+        else InternalError("the message log could not store this message")
+    )
+    return {**error.to_frame_data(), "ref": ref}
+
+
+def answer(sub: Subscriber, refs: list[str | None], outcomes: list[Outcome]) -> None:
+    """Queue the answers to a group of ``sub``'s publishes (``refs``, in order) and have
+    them flushed together (called by the log once each is committed or refused)."""
     if sub.closed:
         return
-    if isinstance(outcome, StoredMessage):
-        sub.send_control("published.ok", _ok(ref, outcome))
-    elif outcome is None:
-        return  # a duplicate: never for a local publish
-    else:
-        error = (
-            outcome
-            if isinstance(outcome, WireError)
-            else InternalError("the message log could not store this message")
-        )
-        sub.send_control("error", {**error.to_frame_data(), "ref": ref})
+    send = sub.send_control
+    for ref, outcome in zip(refs, outcomes, strict=True):
+        if isinstance(outcome, StoredMessage):
+            send("published.ok", _ok(ref, outcome))
+        elif outcome is not None:  # None: a duplicate, never for a local publish
+            send("error", _error(ref, outcome))
     sub.wake()
+
+
+class _Turn:
+    """One session's publishes of this loop turn, waiting to be queued as a group."""
+
+    __slots__ = ("items", "refs", "session")
+
+    def __init__(self, session: WsSession) -> None:
+        self.session = session
+        self.refs: list[str | None] = []
+        self.items: list[PublishItem] = []
 
 
 class WsPublisher:
     """The ``publish`` frames of every WebSocket session of a node."""
 
-    __slots__ = ("service",)
+    __slots__ = ("_scheduled", "_turns", "service")
 
     def __init__(self, service: PubSub) -> None:
         self.service = service
+        self._turns: dict[WsSession, _Turn] = {}
+        self._scheduled = False
 
     def publish(self, session: WsSession, frame: Publish) -> None:
-        """Submit ``frame`` (topic, type and TTL were validated by its parse); the answer
-        is queued when the log committed it (frames already queued for the session first).
+        """Check ``frame`` (topic, type and TTL were validated by its parse) and add it to
+        the session's group of this loop turn; the group is queued on the log at the end
+        of the turn and answered once committed.
 
         Raises:
-            PayloadTooLarge, Forbidden, RateLimited, Unavailable: refused before the log
-                (the session answers at once with an ``error``).
+            PayloadTooLarge, Forbidden, RateLimited: refused before the log (the session
+                answers at once with an ``error``).
         """
-        sub = session.sub
-        assert session.caller is not None
+        sub, caller = session.sub, session.caller
+        assert caller is not None
         assert sub is not None
-        self.service.submit(
-            session.caller,
-            frame.topic,
-            frame.msg_type,
-            frame.data,
-            ttl_s=frame.ttl_s,
-            session=sub,
-            answer=partial(answer, sub, frame.ref),
-        )
+        self.service.authorize_publish(caller, frame.topic, frame.data, sub)
+        turn = self._turns.get(session)
+        if turn is None:
+            turn = self._turns[session] = _Turn(session)
+            if not self._scheduled:
+                self._scheduled = True
+                asyncio.get_running_loop().call_soon(self.flush)
+        turn.refs.append(frame.ref)
+        turn.items.append((frame.topic, frame.msg_type, frame.data, frame.ttl_s, caller.sender))
+
+    def flush(self) -> None:
+        """Queue each session's group of this loop turn on the log (one entry and one
+        answer per group); a group the log's queue cannot take is refused whole, each
+        publish with its ``ref``. A session that ended meanwhile still has its publishes
+        committed (they were accepted); only their answers go nowhere."""
+        self._scheduled = False
+        turns, self._turns = self._turns, {}
+        submit = self.service.submit_many
+        for turn in turns.values():
+            sub = turn.session.sub
+            assert sub is not None
+            try:
+                submit(turn.items, answer=partial(answer, sub, turn.refs))
+            except WireError as exc:  # unavailable: the queue is full or the node stops
+                turn.session.deps.metrics.refused.inc(exc.code, "ws", amount=len(turn.refs))
+                if not sub.closed:
+                    for ref in turn.refs:
+                        sub.send_control("error", _error(ref, exc))
+                    sub.wake()

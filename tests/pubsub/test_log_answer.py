@@ -1,4 +1,5 @@
-"""A publish answered in its commit's loop turn, and the writer thread's trips (spec §6.4)."""
+"""Groups of publishes answered in their commit's loop turn, and the writer thread's trips
+(spec §6.4)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from hearthnet.errors import WireError
-from hearthnet.pubsub.envelope import StoredMessage
+from hearthnet.pubsub.envelope import Message, StoredMessage
 from hearthnet.pubsub.logcommit import Outcome
 from hearthnet.pubsub.logstore import SqliteWriter
-from tests.pubsub.test_log import opened
+from tests.pubsub.test_log import PEER, opened
 
 
 def _seen(outcome: Outcome) -> object:
@@ -26,9 +27,9 @@ def _seen(outcome: Outcome) -> object:
 
 @pytest.mark.parametrize("sync", ["normal", "full"])
 async def test_answers_come_after_the_commit_and_before_fan_out(tmp_path: Path, sync: str) -> None:
-    """With ``answer`` there is no future: each publish of a commit is told its outcome
-    (an unsignable one its error) before the commit listeners run; an answer that raises
-    stops neither the next answer nor the listeners."""
+    """With ``answer`` there is no future: a group of publishes is told its outcomes, in
+    order (an unsignable one its error), before the commit listeners run; an answer that
+    raises stops neither the next group's answer nor the listeners."""
     events: list[tuple[str, object]] = []
     committed = asyncio.Event()
 
@@ -36,31 +37,23 @@ async def test_answers_come_after_the_commit_and_before_fan_out(tmp_path: Path, 
         events.append(("commit", [s.seq for s in batch]))
         committed.set()
 
-    def failing(outcome: Outcome) -> None:
-        events.append(("answer", _seen(outcome)))
+    def failing(outcomes: list[Outcome]) -> None:
+        events.append(("answer", [_seen(o) for o in outcomes]))
         raise RuntimeError("a broken session")
 
     async with opened(tmp_path / "log.db", sync) as log:
         log.listeners.append(listener)
         returned = [
-            log.publish(topic="a", msg_type="m", data=0, answer=failing),
-            log.publish(
-                topic="a",
-                msg_type="m",
-                data=2**53 + 1,
-                answer=lambda o: events.append(("answer", _seen(o))),
-            ),
-            log.publish(
-                topic="a",
-                msg_type="m",
-                data=2,
-                answer=lambda o: events.append(("answer", _seen(o))),
+            log.publish_many([("a", "m", 0, None, None)], answer=failing),
+            log.publish_many(
+                [("a", "m", 2**53 + 1, None, None), ("a", "m", 2, None, None)],
+                answer=lambda outcomes: events.append(("answer", [_seen(o) for o in outcomes])),
             ),
         ]
         await asyncio.wait_for(committed.wait(), 10)
     assert (
-        [None, None, None],
-        [("answer", 1), ("answer", "bad_request"), ("answer", 2), ("commit", [1, 2])],
+        [None, None],
+        [("answer", [1]), ("answer", ["bad_request", 2]), ("commit", [1, 2])],
     ) == (returned, events)
 
 
@@ -100,3 +93,42 @@ async def test_a_cancelled_job_keeps_the_writer_busy_until_its_thread_is_done(
     idle_after = writer.idle
     await writer.close()
     assert (True, True) == (busy_after_cancel, idle_after)
+
+
+async def test_a_group_split_over_commits_is_answered_once_in_order(tmp_path: Path) -> None:
+    """A group larger than max_batch commits over several commits, and a group retried
+    message by message after its batch failed (a peer's message SQLite cannot store)
+    keeps its unsignable publish's error: each group gets every outcome once, in order."""
+    body = Message.unsigned(
+        PEER.node_id, topic="chat.a", msg_type="m", data={}, origin_seq=2**64, ts=1
+    )
+    unstorable = Message.trusted({**body, "sig": "ed25519:x"}, b"{}")
+    sizes: list[int] = []
+    async with opened(tmp_path / "log.db") as log:
+        log.listeners.append(lambda batch: sizes.extend([len(batch)] if batch else []))
+        log.max_batch = 4
+        big = await log.publish_many([("chat.a", "m", i, None, None) for i in range(10)])
+        log.max_batch = 1024
+        group = log.publish_many(
+            [
+                ("chat.a", "m", {"i": 0}, None, None),
+                ("chat.a", "m", 2**53 + 1, None, None),
+                ("chat.a", "m", {"i": 2}, None, None),
+            ]
+        )
+        bad = log.ingest(unstorable, source=PEER.node_id)
+        retried = await group
+        refused = await asyncio.gather(bad, return_exceptions=True)
+    assert (
+        [*range(1, 11)],
+        [4, 4, 2],
+        [11, "bad_request", 12],
+        ["internal_error"],
+        [1, 1],
+    ) == (
+        [_seen(o) for o in big],
+        sizes[:3],
+        [_seen(o) for o in retried],
+        [getattr(e, "code", e) for e in refused],
+        sizes[3:],
+    )

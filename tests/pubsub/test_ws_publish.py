@@ -58,3 +58,34 @@ async def test_a_publisher_subscribed_to_its_topic_gets_the_answer_first(
                 order.append(event)
         await raw.end()
     assert ["published.ok", "message"] == order
+
+
+async def test_a_group_the_log_cannot_queue_is_refused_per_publish(
+    make_config: MakeConfig,
+) -> None:
+    """A session's publishes of one read form one group on the log's queue: past
+    max_pending the group is refused whole, each publish with unavailable and its ref, in
+    order, and the session's next publish is committed."""
+    config = make_config(pubsub={"sync": "normal", "max_pending": 5})
+    async with Node(config) as node:
+        raw = await RawWs.open(*addr(node))
+        raw.send_json(auth_frame(node.keys, node.keys.node_id))
+        await raw.event("auth.ok")
+        for i in range(8):
+            raw.send_json(
+                {"type": "publish", "topic": "w.q", "msg_type": "m", "data": i, "ref": f"p{i}"}
+            )
+        answers = [json.loads((await raw.frame())[1]) for _ in range(8)]
+        raw.send_json({"type": "publish", "topic": "w.q", "msg_type": "m", "data": 8, "ref": "p8"})
+        after = json.loads((await raw.frame())[1])
+        await raw.end()
+    assert (
+        [(f"p{i}", "unavailable", True) for i in range(8)],
+        ("published.ok", "p8", 1),
+    ) == (
+        [
+            (a["data"]["ref"], a["data"]["code"], a["data"].get("retry_after_ms", 0) > 0)
+            for a in answers
+        ],
+        (after["event"], after["data"]["ref"], after["data"]["seq"]),
+    )
