@@ -9,7 +9,8 @@ retention passes' time on the event loop.
 
 Then, alone (nothing else running), one pass over a log of ``2 × --cap`` messages over the
 same topics that deletes the oldest half: the process's CPU time (event loop and the
-log's writer thread) and wall time, per message deleted (median of ``--repeat``).
+log's writer thread) and wall time, per message deleted (median of ``--repeat``);
+``--consumer``: that pass alone, with a durable consumer of ``t.1`` that acked nothing.
 
 Run: python -m bench.bench_retention_cap [--cap 20000 --messages 60000 --rate 2000]
 """
@@ -29,7 +30,7 @@ from hearthnet.config import PubSubSection
 from hearthnet.identity import KeyPair
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.pubsub.access import AccessPolicy
-from hearthnet.pubsub.log import MessageLog
+from hearthnet.pubsub.log import ConsumerRecord, MessageLog
 from hearthnet.pubsub.retention import RetentionPolicy
 from hearthnet.pubsub.service import PubSub
 
@@ -107,14 +108,17 @@ async def run(cap: int, messages: int, rate: int, topics: int) -> str:
     )
 
 
-async def one_pass(cap: int, topics: int) -> tuple[int, float, float]:
+async def one_pass(cap: int, topics: int, consumer: bool) -> tuple[int, float, float]:
     """A log of ``2 * cap`` messages over ``topics`` topics, then one pass alone that
-    deletes the oldest half: (deleted, CPU seconds of the process, wall seconds)."""
+    deletes the oldest half (with ``consumer``, a durable consumer of ``t.1`` that acked
+    nothing holds that topic's): (deleted, CPU seconds of the process, wall seconds)."""
     with tempfile.TemporaryDirectory() as tmp:
         log = MessageLog(
             Path(tmp) / "log.db", KeyPair.from_seed(b"\x52" * 32), synchronous="normal"
         )
         await log.open()
+        if consumer:
+            log.save_consumer(ConsumerRecord("bench", "held", ("t.1",), 0))
         task = asyncio.get_running_loop().create_task(log.run())
         try:
             for first in range(0, 2 * cap, 1000):
@@ -135,14 +139,15 @@ async def one_pass(cap: int, topics: int) -> tuple[int, float, float]:
             await log.close()
 
 
-async def pass_cost(cap: int, topics: int, repeat: int) -> str:
+async def pass_cost(cap: int, topics: int, repeat: int, consumer: bool) -> str:
     """The one-pass measurement, median of ``repeat``; its summary line."""
-    runs = [await one_pass(cap, topics) for _ in range(repeat)]
+    runs = [await one_pass(cap, topics, consumer) for _ in range(repeat)]
     deleted = runs[0][0]
     cpu = statistics.median(r[1] for r in runs)
     wall = statistics.median(r[2] for r in runs)
     return (
-        f"one pass alone deleting {deleted} of {2 * cap} messages over {topics} topics:"
+        f"one pass alone deleting {deleted} of {2 * cap} messages over {topics} topics"
+        f"{', a durable consumer holding t.1' if consumer else ''}:"
         f" {cpu * 1000:.0f} ms CPU ({cpu * 1e6 / max(1, deleted):.2f} µs a message),"
         f" {wall * 1000:.0f} ms wall (median of {repeat})"
     )
@@ -156,10 +161,14 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=2000, help="messages/s; 0: as fast as it goes")
     parser.add_argument("--topics", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=3, help="one-pass runs (0: none)")
+    parser.add_argument(
+        "--consumer", action="store_true", help="one pass only, a durable consumer holding t.1"
+    )
     args = parser.parse_args()
-    print(asyncio.run(run(args.cap, args.messages, args.rate, args.topics)))
+    if not args.consumer:
+        print(asyncio.run(run(args.cap, args.messages, args.rate, args.topics)))
     if args.repeat:
-        print(asyncio.run(pass_cost(args.cap, args.topics, args.repeat)))
+        print(asyncio.run(pass_cost(args.cap, args.topics, args.repeat, args.consumer)))
 
 
 if __name__ == "__main__":
