@@ -73,8 +73,12 @@ class RetentionPass:
         interval = self.config.retention_interval_s
         scanned = -interval
         while True:
+            # asyncio.timeout, not wait_for: no inner task, so a cancel (the node
+            # stopping) always ends the wait (wait_for around Event.wait() was seen to
+            # hang, the loop cancelling forever).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.over_cap.wait(), interval)
+                async with asyncio.timeout(interval):
+                    await self.over_cap.wait()
             self.over_cap.clear()
             scan = time.monotonic() - scanned >= interval
             if scan:

@@ -107,3 +107,21 @@ async def test_a_prefix_deletes_whole_rows_and_rewrites_the_one_it_cuts(tmp_path
         [verified(m.message.raw).origin_seq for m in reread],
         held,
     )
+
+
+async def test_the_retention_loop_ends_when_cancelled_as_a_commit_starts_a_pass(
+    tmp_path: Path,
+) -> None:
+    """A cancel (the node stopping) in the loop turn a commit starts a pass ends the loop;
+    asyncio.wait_for around the event returned its result and swallowed the cancel."""
+    async with opened(tmp_path / "log.db") as log:
+        retention = make_service(log).retention_pass
+        task = asyncio.get_running_loop().create_task(retention.loop())
+        for _ in range(3):
+            await asyncio.sleep(0)  # the loop waits for a pass to be due
+        retention.over_cap.set()
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=5.0)
+        if not done:
+            task.cancel()
+    assert (True, True) == (task in done, task.cancelled())
