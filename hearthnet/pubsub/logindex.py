@@ -27,7 +27,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import compress
+from itertools import compress, filterfalse
 from operator import lt
 from typing import Any, NamedTuple
 
@@ -287,10 +287,14 @@ class LogIndex:
         if k == len(keys) and rows[:k] == array("q", keys):
             del rows[:k]
             return
-        for key in keys:
-            pos = bisect_left(rows, key)
-            if pos < len(rows) and rows[pos] == key:
-                del rows[pos]
+        if len(keys) < 8:
+            for key in keys:
+                pos = bisect_left(rows, key)
+                if pos < len(rows) and rows[pos] == key:
+                    del rows[pos]
+            return
+        gone = set(keys)
+        self.rows = array("q", filterfalse(gone.__contains__, rows))
 
     # --- lookups ------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ import orjson
 
 from hearthnet.errors import StorageError
 from hearthnet.pubsub.logcommit import delete_rows
-from hearthnet.pubsub.logindex import LogIndex
+from hearthnet.pubsub.logindex import Head, LogIndex
 from hearthnet.pubsub.logread import LogReader
 from hearthnet.pubsub.logstore import SqliteWriter, transaction
 from hearthnet.pubsub.sequencer import Sequencer
@@ -145,24 +145,32 @@ class Pruner:
         many were deleted."""
         deleted = await self._delete_prefix(before_seq) if before_seq else 0
         index, sequencer = self.index, self.sequencer
-        for i in range(0, len(seqs), DELETE_CHUNK):
-            await asyncio.sleep(0)  # let the flush loop take the write lock
-            doomed: dict[int, set[int]] = {}
-            for seq in seqs[i : i + DELETE_CHUNK]:
-                doomed.setdefault(index.row_of(seq), set()).add(seq)
-            job = partial(
-                delete_rows,
-                doomed=doomed,
-                origin_seq=sequencer.origin_seq,
-                head_seq=sequencer.head_seq,
-            )
-            gone, emptied = await self._run(job)
+        gone: list[Head] = []
+        emptied: list[int] = []
+        try:
+            for i in range(0, len(seqs), DELETE_CHUNK):
+                await asyncio.sleep(0)  # let the flush loop take the write lock
+                doomed: dict[int, set[int]] = {}
+                for seq in seqs[i : i + DELETE_CHUNK]:
+                    doomed.setdefault(index.row_of(seq), set()).add(seq)
+                job = partial(
+                    delete_rows,
+                    doomed=doomed,
+                    origin_seq=sequencer.origin_seq,
+                    head_seq=sequencer.head_seq,
+                )
+                chunk_gone, chunk_emptied = await self._run(job)
+                gone += chunk_gone
+                emptied += chunk_emptied
+                self.reader.drop(doomed)
+        finally:
+            # The indexes follow once (each touched topic's and origin's arrays are
+            # copied once a pass, not once a chunk); meanwhile reads leave out what is
+            # gone from the rows.
             index.remove(gone, emptied)
             sequencer.forget(gone)
-            self.reader.drop(doomed)
             self.changed()
-            deleted += len(gone)
-        return deleted
+        return deleted + len(gone)
 
     async def _delete_prefix(self, before_seq: int) -> int:
         """Every message below ``before_seq``, :data:`PREFIX_CHUNK` positions of the
