@@ -278,7 +278,8 @@ class LogIndex:
         return held
 
     def _rows_gone(self, keys: Sequence[int] | Iterable[int]) -> None:
-        """Forget row keys (ascending): a prefix of the rows in one slice."""
+        """Forget row keys (ascending): a prefix of the rows in one slice, else by one
+        filter."""
         keys = list(keys)
         rows = self.rows
         if not keys:

@@ -12,7 +12,9 @@ or rewritten (:func:`~hearthnet.pubsub.logcommit.delete_rows`).
 
 Either way the work runs in the writer thread in transactions of bounded size
 (:data:`PREFIX_CHUNK`, :data:`DELETE_CHUNK` messages), and commits queued meanwhile go in
-between: a pass never holds publishes for long. The indexes follow each transaction.
+between: a pass never holds publishes for long. The indexes follow each prefix
+transaction, and the scattered deletes once all their transactions are done (a read
+meanwhile leaves out what is gone from the rows).
 """
 
 from __future__ import annotations
