@@ -235,7 +235,7 @@ class LogIndex:
             else:
                 del self._origins[origin]
                 self._unsorted.discard(origin)
-        self._rows_gone(rows_gone)
+        self.rows = _rows_without(self.rows, rows_gone)
         cols.compact()
 
     def cut_prefix(self, before_seq: int, rows_gone: Sequence[int]) -> int:
@@ -273,29 +273,9 @@ class LogIndex:
             else:
                 del self._origins[origin]
                 self._unsorted.discard(origin)
-        self._rows_gone(rows_gone)
+        self.rows = _rows_without(self.rows, rows_gone)
         self.cols.compact()
         return held
-
-    def _rows_gone(self, keys: Sequence[int] | Iterable[int]) -> None:
-        """Forget row keys (ascending): a prefix of the rows in one slice, else by one
-        filter."""
-        keys = list(keys)
-        rows = self.rows
-        if not keys:
-            return
-        k = bisect_right(rows, keys[-1])
-        if k == len(keys) and rows[:k] == array("q", keys):
-            del rows[:k]
-            return
-        if len(keys) < 8:
-            for key in keys:
-                pos = bisect_left(rows, key)
-                if pos < len(rows) and rows[pos] == key:
-                    del rows[pos]
-            return
-        gone = set(keys)
-        self.rows = array("q", filterfalse(gone.__contains__, rows))
 
     # --- lookups ------------------------------------------------------------------
 
@@ -320,14 +300,6 @@ class LogIndex:
     def ts_of(self, seq: int) -> int:
         """The ``ts`` of a held seq (-1 when not held)."""
         return self.cols.ts_of(seq)
-
-    def oldest_ts(self) -> int:
-        """The lowest ``ts`` held (a value above any time when none)."""
-        return min(self.cols.ts, default=NO_EXPIRY)
-
-    def first_expiry(self) -> int:
-        """The earliest ``expires_ms`` held (:data:`NO_EXPIRY` when none)."""
-        return min(self.cols.expires, default=NO_EXPIRY)
 
     def expired(self, seq: int, now: int) -> bool:
         """Whether a held seq's own ttl has run out at ``now``."""
@@ -393,3 +365,15 @@ def _without(values: array[int], positions: set[int]) -> array[int]:
         prev = pos + 1
     out += values[prev:]
     return out
+
+
+def _rows_without(rows: array[int], keys: Iterable[int]) -> array[int]:
+    """``rows`` without ``keys`` (ascending): a prefix in one slice, else by one filter."""
+    keys = list(keys)
+    if not keys:
+        return rows
+    k = bisect_right(rows, keys[-1])
+    if k == len(keys) and rows[:k] == array("q", keys):
+        return rows[k:]
+    gone = set(keys)
+    return array("q", filterfalse(gone.__contains__, rows))
