@@ -299,7 +299,13 @@ class PubSubSection:
             " the oldest messages go first."
         ),
     )
-    retention_interval_s: float = field(default=10.0, metadata=_doc("How often retention runs."))
+    retention_interval_s: float = field(
+        default=10.0,
+        metadata=_doc(
+            "How often retention runs (and, at most, how often passes started by the"
+            " message cap look for old and expired messages)."
+        ),
+    )
     publish_per_s_member: float = field(
         default=1000.0, metadata=_doc("Publishes per second per member.")
     )

@@ -10,6 +10,7 @@ kept by the log (:class:`~hearthnet.pubsub.log.ConsumerRecord`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from hearthnet.pubsub.log import ConsumerRecord, MessageLog
 from hearthnet.pubsub.subscriber import Subscriber
@@ -75,26 +76,36 @@ class DurableConsumers:
             if self.active.get(key) is sub:
                 del self.active[key]
 
-    async def holds(self) -> list[tuple[ConsumerRecord, int]]:
-        """Each consumer and the highest seq it holds (its ``max_held``-th match)."""
+    def holds(self) -> list[Hold]:
+        """Each consumer, the first message it may hold (its first match after its cursor,
+        expired or not) and the last (its ``max_held``-th match), from the indexes."""
         log = self.log
+        reader, head = log.reader, log.head_seq
         holds = []
         for record in log.consumers.values():
             patterns = [TopicPattern.parse(p) for p in record.patterns]
-            matches = await log.read_matching(
-                patterns, after_seq=record.cursor, upto_seq=log.head_seq, limit=self.max_held
+            first = reader.matching(
+                patterns, after_seq=record.cursor, upto_seq=head, limit=1, now=0
             )
-            limit = matches[-1].seq if len(matches) >= self.max_held else log.head_seq
-            holds.append((record, limit))
+            matches = reader.matching(
+                patterns, after_seq=record.cursor, upto_seq=head, limit=self.max_held
+            )
+            limit = matches[-1] if len(matches) >= self.max_held else head
+            holds.append(Hold(record, first[0] if first else head + 1, limit))
         return holds
 
-    def mark_lost(self, holds: list[tuple[ConsumerRecord, int]], seq: int, topic: str) -> None:
-        """Retention deletes ``seq`` of ``topic``: every consumer that had not acked it
-        learns of the loss on its next resume."""
-        for record, _ in holds:
-            if seq > record.cursor and any(
-                TopicPattern.parse(p).matches(topic) for p in record.patterns
-            ):
-                lost = record.lost
-                record.lost = (min(lost[0], seq), max(lost[1], seq)) if lost else (seq, seq)
-                self.log.save_consumer(record)
+    def lose(self, record: ConsumerRecord, first: int, last: int) -> None:
+        """Retention deleted messages from ``first`` to ``last`` that ``record`` had not
+        acked: it learns of the loss (one range) on its next resume."""
+        lost = record.lost
+        record.lost = (min(lost[0], first), max(lost[1], last)) if lost else (first, last)
+        self.log.save_consumer(record)
+
+
+class Hold(NamedTuple):
+    """What a durable consumer keeps from retention: its matches in ``(cursor, limit]``
+    (younger than ``consumer_max_age_s``); none below ``first``."""
+
+    record: ConsumerRecord
+    first: int
+    limit: int

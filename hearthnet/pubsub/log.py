@@ -59,12 +59,12 @@ from hearthnet.pubsub.logcommit import (
     Outcome,
     Pending,
     answer_all,
-    delete_rows,
     refuse,
     take_batch,
     write_batch,
 )
 from hearthnet.pubsub.logindex import LogIndex
+from hearthnet.pubsub.logprune import Pruner
 from hearthnet.pubsub.logread import PAGE, READ_LAST_QUERIES, LogReader
 from hearthnet.pubsub.logstore import Row, SqliteWriter, load, transaction
 from hearthnet.pubsub.payload import Base64UrlText
@@ -85,7 +85,6 @@ log = logging.getLogger("hearthnet.pubsub.log")
 # One publish of :meth:`MessageLog.publish_many`: topic, msg_type, data, ttl_s, sender.
 PublishItem = tuple[str, str, Any, int | None, dict[str, str] | None]
 
-DELETE_CHUNK = 500  # messages per retention transaction
 MAX_PENDING = 16_384  # publishes queued for the writer (a few commits' worth)
 PENDING_RETRY_MS = 200  # retry_after_ms when the queue is full: about one commit
 # With synchronous=NORMAL (no fsync at commit, ~40 µs), a batch of at most this many
@@ -141,6 +140,7 @@ class MessageLog:
         self.consumers: dict[tuple[str, str], ConsumerRecord] = {}
         self._writer: SqliteWriter | None = None
         self._reader: LogReader | None = None
+        self._pruner: Pruner | None = None
         self._pending: list[Pending] = []
         self._queued_messages = 0  # in _pending (an entry may hold a group's run)
         self._wake = asyncio.Event()
@@ -177,6 +177,14 @@ class MessageLog:
         self.consumers.update(state.consumers)
         self._reader = LogReader(conn, self.index, self.topics)
         self._writer = writer
+        self._pruner = Pruner(
+            writer=writer,
+            lock=self._write_lock,
+            index=self.index,
+            sequencer=self.sequencer,
+            reader=self._reader,
+            changed=partial(_mirror, self),
+        )
 
     async def close(self) -> None:
         """Flush what is queued and the changed consumers, then close both connections."""
@@ -199,7 +207,7 @@ class MessageLog:
             await self._reader.close()
         if writer is not None:
             await writer.close()
-        self._reader = self._writer = None
+        self._reader = self._writer = self._pruner = None
 
     # --- appending ----------------------------------------------------------------
 
@@ -493,42 +501,13 @@ class MessageLog:
 
     # --- retention ----------------------------------------------------------------
 
-    async def delete(self, seqs: list[int]) -> int:
-        """Delete messages by seq (retention): rows left empty go, rows that keep some
-        messages are rewritten (see :func:`~hearthnet.pubsub.logcommit.delete_rows`);
-        keeps topic stats and indexes exact.
-
-        Works in transactions of ``DELETE_CHUNK`` messages and lets queued commits run
-        between them: one transaction for a whole pass held publishes for 100 ms or more
-        at 2,000 messages/s.
-        """
-        deleted = 0
-        for i in range(0, len(seqs), DELETE_CHUNK):
-            if i:
-                await asyncio.sleep(0)  # let the flush loop take the write lock
-            writer = self._writer
-            if writer is None:
-                raise StorageError("the message log is not open")
-            doomed: dict[int, set[int]] = {}
-            for seq in seqs[i : i + DELETE_CHUNK]:
-                doomed.setdefault(self.index.row_of(seq), set()).add(seq)
-            try:
-                async with self._write_lock:
-                    job = partial(
-                        delete_rows,
-                        doomed=doomed,
-                        origin_seq=self.sequencer.origin_seq,
-                        head_seq=self.sequencer.head_seq,
-                    )
-                    gone, emptied = await writer.run(job)
-            except sqlite3.Error as exc:
-                raise StorageError(f"retention could not delete: {exc}") from exc
-            self.index.remove(gone, emptied)
-            self.sequencer.forget(gone)
-            self.reader.drop(doomed)
-            _mirror(self)
-            deleted += len(gone)
-        return deleted
+    async def delete(self, seqs: Sequence[int] = (), *, before_seq: int = 0) -> int:
+        """Delete (retention) every message below ``before_seq`` and the messages at
+        ``seqs``, in transactions of bounded size with commits in between; keeps topic
+        stats and indexes exact (:class:`~hearthnet.pubsub.logprune.Pruner`)."""
+        if self._pruner is None:
+            raise StorageError("the message log is not open")
+        return await self._pruner.delete(seqs, before_seq=before_seq)
 
     # --- reading (see LogReader) --------------------------------------------------
 

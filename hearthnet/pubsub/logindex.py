@@ -5,12 +5,17 @@ what reads look up per message is kept here and rebuilt from the rows' headers w
 log opens:
 
 - by ``seq``: which row holds it (row keys, ascending), its ``ts``, ``expires_ms`` and
-  topic (parallel arrays over every held seq, ascending; retention leaves tombstones that
-  are compacted once they are half the array);
+  topic (:class:`~hearthnet.pubsub.logcolumns.SeqColumns`: parallel arrays over every held
+  seq, ascending, with tombstones and a cut prefix);
 - by topic: each topic's seqs, ascending (history, catch-up, ``{last: N}``, retention
   by count);
 - by origin: each origin's ``origin_seq`` values, ascending, with their seqs (gossip
   repair and the anti-entropy heads).
+
+Retention deletes in two ways: :meth:`LogIndex.cut_prefix` drops every seq below a bound
+(the oldest messages: slices of each array, no work per message in Python), and
+:meth:`LogIndex.remove` drops scattered ones (a bisection each, each touched topic's and
+origin's arrays cut once).
 
 Ids (dedupe, ``knows``) are the sequencer's (:mod:`hearthnet.pubsub.sequencer`).
 Memory: about 60 bytes a message here (8-byte array slots: seq, ts, expires, the topic's
@@ -22,12 +27,13 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import compress, filterfalse
+from operator import lt
 from typing import Any, NamedTuple
 
-# Both above any real time, so that min() over the arrays (C speed) tells whether a
-# retention scan can find anything.
-NO_EXPIRY = 1 << 62  # expires_ms of a message without ttl
-_DEAD = 1 << 62  # ts of a deleted seq until compaction
+from hearthnet.pubsub.logcolumns import NO_EXPIRY, SeqColumns
+
+__all__ = ["NO_EXPIRY", "Head", "LogIndex"]
 
 
 class Head(NamedTuple):
@@ -48,18 +54,17 @@ class LogIndex:
 
     def __init__(self) -> None:
         self.rows = array("q")  # row keys (the seq of each row's first message), ascending
-        self._seqs = array("q")
-        self._ts = array("q")
-        self._expires = array("q")
-        self._topic = array("I")
-        self._dead = 0
-        self._topic_names: list[str] = []
-        self._topic_ids: dict[str, int] = {}
+        self.cols = SeqColumns()
+        self.topic_names: list[str] = []  # by topic number (SeqColumns.topic)
+        self.topic_numbers: dict[str, int] = {}  # the other way
         self.by_topic: dict[str, array[int]] = {}
+        # Per origin: its origin_seqs ascending, and their seqs (ascending too, unless
+        # the origin is in ``_unsorted``: a message repaired into a hole came late).
         self._origins: dict[str, tuple[array[int], array[int]]] = {}
+        self._unsorted: set[str] = set()
 
     def __len__(self) -> int:
-        return len(self._seqs) - self._dead
+        return len(self.cols)
 
     # --- changes ------------------------------------------------------------------
 
@@ -71,7 +76,8 @@ class LogIndex:
         else:
             self.rows.insert(bisect_left(self.rows, key), key)
         heads = list(heads)
-        if heads and (not self._seqs or heads[0].seq > self._seqs[-1]):
+        seqs = self.cols.seqs
+        if heads and (not seqs or heads[0].seq > seqs[-1]):
             if not self._append_run(*zip(*heads, strict=True)):
                 self._append(heads)
             return
@@ -85,7 +91,7 @@ class LogIndex:
         rows = self.rows
         if (
             seqs
-            and (not self._seqs or seqs[0] > self._seqs[-1])
+            and (not self.cols.seqs or seqs[0] > self.cols.seqs[-1])
             and (not rows or key > rows[-1])
             and self._append_run(*cols)
         ):
@@ -124,27 +130,25 @@ class LogIndex:
             entry = self._origins[origin] = (array("q"), array("q"))
         entry[0].extend(origin_seqs)
         entry[1].extend(seqs)
-        topic_id = self._topic_ids.get(topic)
-        if topic_id is None:
-            topic_id = self._topic_ids[topic] = len(self._topic_names)
-            self._topic_names.append(topic)
+        topic_id = self._topic_id(topic)
         topic_seqs = self.by_topic.get(topic)
         if topic_seqs is None:
             topic_seqs = self.by_topic[topic] = array("q")
         topic_seqs.extend(seqs)
-        self._seqs.extend(seqs)
-        self._ts.extend(ts)
-        if expires.count(None) == n:
-            self._expires.extend(array("q", [NO_EXPIRY]) * n)
-        else:
-            self._expires.extend([e or NO_EXPIRY for e in expires])
-        self._topic.extend(array("I", [topic_id]) * n)
+        self.cols.extend(seqs, ts, expires, array("I", [topic_id]) * n)
         return True
+
+    def _topic_id(self, topic: str) -> int:
+        found = self.topic_numbers.get(topic)
+        if found is None:
+            found = self.topic_numbers[topic] = len(self.topic_names)
+            self.topic_names.append(topic)
+        return found
 
     def _append(self, heads: list[Head]) -> None:
         """The usual case: every seq above those held (a new commit). A run of one
         topic or one origin (a token stream, our own batch) is looked up once."""
-        topic_ids, by_topic, origins = self._topic_ids, self.by_topic, self._origins
+        topic_ids, by_topic, origins = self.topic_numbers, self.by_topic, self._origins
         topic_numbers = []
         topic, topic_id, topic_seqs = "", 0, array("q")
         origin, oseqs, oseq_seqs = "", array("q"), array("q")
@@ -153,8 +157,7 @@ class LogIndex:
                 topic = head.topic
                 found = topic_ids.get(topic)
                 if found is None:
-                    found = topic_ids[topic] = len(self._topic_names)
-                    self._topic_names.append(topic)
+                    found = self._topic_id(topic)
                 seqs = by_topic.get(topic)
                 if seqs is None:
                     seqs = by_topic[topic] = array("q")
@@ -174,45 +177,35 @@ class LogIndex:
                 at = bisect_left(oseqs, head.origin_seq)
                 oseqs.insert(at, head.origin_seq)
                 oseq_seqs.insert(at, head.seq)
-        self._seqs.extend([h.seq for h in heads])
-        self._ts.extend([h.ts for h in heads])
-        self._expires.extend([h.expires_ms or NO_EXPIRY for h in heads])
-        self._topic.extend(topic_numbers)
+                self._unsorted.add(origin)  # a seq above all before lower ones
+        self.cols.extend(
+            [h.seq for h in heads],
+            [h.ts for h in heads],
+            [h.expires_ms for h in heads],
+            topic_numbers,
+        )
 
     def _add(self, head: Head) -> None:
-        topic_id = self._topic_ids.get(head.topic)
-        if topic_id is None:
-            topic_id = self._topic_ids[head.topic] = len(self._topic_names)
-            self._topic_names.append(head.topic)
         seq = head.seq
-        if not self._seqs or seq > self._seqs[-1]:
-            pos = len(self._seqs)
-        else:
-            pos = bisect_left(self._seqs, seq)
-        self._seqs.insert(pos, seq)
-        self._ts.insert(pos, head.ts)
-        self._expires.insert(pos, head.expires_ms or NO_EXPIRY)
-        self._topic.insert(pos, topic_id)
+        self.cols.insert(seq, head.ts, head.expires_ms, self._topic_id(head.topic))
         _insert(self.by_topic.setdefault(head.topic, array("q")), seq)
         oseqs, seqs = self._origins.setdefault(head.origin, (array("q"), array("q")))
         if not oseqs or head.origin_seq > oseqs[-1]:
-            oseqs.append(head.origin_seq)
-            seqs.append(seq)
+            at = len(oseqs)
         else:
             at = bisect_left(oseqs, head.origin_seq)
-            oseqs.insert(at, head.origin_seq)
-            seqs.insert(at, seq)
+        if (at and seqs[at - 1] > seq) or (at < len(seqs) and seqs[at] < seq):
+            self._unsorted.add(head.origin)
+        oseqs.insert(at, head.origin_seq)
+        seqs.insert(at, seq)
 
     def remove(self, heads: Iterable[Head], rows_gone: Iterable[int]) -> None:
         """Messages deleted (retention), and the rows left without any."""
         by_topic: dict[str, list[int]] = {}
         by_origin: dict[str, list[tuple[int, int]]] = {}
+        cols = self.cols
         for head in heads:
-            pos = bisect_left(self._seqs, head.seq)
-            if pos < len(self._seqs) and self._seqs[pos] == head.seq and self._ts[pos] != _DEAD:
-                self._ts[pos] = _DEAD
-                self._expires[pos] = NO_EXPIRY
-                self._dead += 1
+            cols.kill(head.seq)
             by_topic.setdefault(head.topic, []).append(head.seq)
             by_origin.setdefault(head.origin, []).append((head.origin_seq, head.seq))
         # Positions found by bisection, the arrays cut around them: O(size) of memory
@@ -241,20 +234,48 @@ class LogIndex:
                 self._origins[origin] = (_without(oseqs, at), _without(oseq_seqs, at))
             else:
                 del self._origins[origin]
-        for key in rows_gone:
-            pos = bisect_left(self.rows, key)
-            if pos < len(self.rows) and self.rows[pos] == key:
-                del self.rows[pos]
-        if self._dead * 2 > len(self._seqs):
-            self._compact()
+                self._unsorted.discard(origin)
+        self.rows = _rows_without(self.rows, rows_gone)
+        cols.compact()
 
-    def _compact(self) -> None:
-        live = [i for i, ts in enumerate(self._ts) if ts != _DEAD]
-        self._seqs = array("q", (self._seqs[i] for i in live))
-        self._ts = array("q", (self._ts[i] for i in live))
-        self._expires = array("q", (self._expires[i] for i in live))
-        self._topic = array("I", (self._topic[i] for i in live))
-        self._dead = 0
+    def cut_prefix(self, before_seq: int, rows_gone: Sequence[int]) -> int:
+        """Every message with a seq below ``before_seq`` deleted (retention's oldest
+        first), and the rows left without any (ascending); returns how many were held.
+        Each array is sliced once: no work per message in Python."""
+        held, topic_numbers = self.cols.cut_prefix(before_seq)
+        names, by_topic = self.topic_names, self.by_topic
+        for number in topic_numbers:
+            topic = names[number]
+            seqs = by_topic.get(topic)
+            if seqs is None or seqs[0] >= before_seq:
+                continue
+            k = bisect_left(seqs, before_seq)
+            if k < len(seqs):
+                by_topic[topic] = seqs[k:]  # a new array: a catch-up may iterate the old
+            else:
+                del by_topic[topic]
+        for origin, (held_oseqs, held_seqs) in list(self._origins.items()):
+            if origin in self._unsorted:
+                keep = list(map(before_seq.__le__, held_seqs))
+                if all(keep):
+                    continue
+                oseqs = array("q", compress(held_oseqs, keep))
+                seqs = array("q", compress(held_seqs, keep))
+                if all(map(lt, seqs, seqs[1:])):
+                    self._unsorted.discard(origin)  # what came late is gone
+            else:
+                if not held_seqs or held_seqs[0] >= before_seq:
+                    continue
+                k = bisect_left(held_seqs, before_seq)
+                oseqs, seqs = held_oseqs[k:], held_seqs[k:]
+            if seqs:
+                self._origins[origin] = (oseqs, seqs)
+            else:
+                del self._origins[origin]
+                self._unsorted.discard(origin)
+        self.rows = _rows_without(self.rows, rows_gone)
+        self.cols.compact()
+        return held
 
     # --- lookups ------------------------------------------------------------------
 
@@ -264,44 +285,25 @@ class LogIndex:
         return self.rows[at] if at >= 0 else 0
 
     def live(self, after_seq: int = 0) -> Iterator[tuple[int, str, int, int]]:
-        """``(seq, topic, ts, expires_ms or 0)`` of every held message with
-        ``seq > after_seq``, ascending."""
-        names = self._topic_names
-        for i in range(bisect_right(self._seqs, after_seq), len(self._seqs)):
-            ts = self._ts[i]
-            if ts != _DEAD:
-                yield self._seqs[i], names[self._topic[i]], ts, self._expires[i]
+        """``(seq, topic, ts, expires_ms)`` of every held message with
+        ``seq > after_seq``, ascending (:data:`NO_EXPIRY` without ttl)."""
+        names = self.topic_names
+        for seq, topic, ts, expires in self.cols.live(after_seq):
+            yield seq, names[topic], ts, expires
 
     def live_before(self, before_seq: int) -> Iterator[tuple[int, str, int, int]]:
         """As :meth:`live`, for every held seq below ``before_seq``, newest first."""
-        names = self._topic_names
-        for i in range(bisect_left(self._seqs, before_seq) - 1, -1, -1):
-            ts = self._ts[i]
-            if ts != _DEAD:
-                yield self._seqs[i], names[self._topic[i]], ts, self._expires[i]
+        names = self.topic_names
+        for seq, topic, ts, expires in self.cols.live_before(before_seq):
+            yield seq, names[topic], ts, expires
 
     def ts_of(self, seq: int) -> int:
         """The ``ts`` of a held seq (-1 when not held)."""
-        at = bisect_left(self._seqs, seq)
-        if at < len(self._seqs) and self._seqs[at] == seq and self._ts[at] != _DEAD:
-            return self._ts[at]
-        return -1
-
-    def oldest_ts(self) -> int:
-        """The lowest ``ts`` held (a value above any time when none)."""
-        return min(self._ts, default=_DEAD)
-
-    def first_expiry(self) -> int:
-        """The earliest ``expires_ms`` held (:data:`NO_EXPIRY` when none)."""
-        return min(self._expires, default=NO_EXPIRY)
+        return self.cols.ts_of(seq)
 
     def expired(self, seq: int, now: int) -> bool:
         """Whether a held seq's own ttl has run out at ``now``."""
-        at = bisect_left(self._seqs, seq)
-        if at < len(self._seqs) and self._seqs[at] == seq:
-            exp = self._expires[at]
-            return exp != NO_EXPIRY and exp <= now
-        return True
+        return self.cols.expired(seq, now)
 
     def topic_range(self, topic: str, after_seq: int, upto_seq: int) -> array[int]:
         """The topic's seqs with ``after_seq < seq <= upto_seq``, ascending."""
@@ -363,3 +365,15 @@ def _without(values: array[int], positions: set[int]) -> array[int]:
         prev = pos + 1
     out += values[prev:]
     return out
+
+
+def _rows_without(rows: array[int], keys: Iterable[int]) -> array[int]:
+    """``rows`` without ``keys`` (ascending): a prefix in one slice, else by one filter."""
+    keys = list(keys)
+    if not keys:
+        return rows
+    k = bisect_right(rows, keys[-1])
+    if k == len(keys) and rows[:k] == array("q", keys):
+        return rows[k:]
+    gone = set(keys)
+    return array("q", filterfalse(gone.__contains__, rows))

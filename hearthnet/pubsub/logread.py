@@ -1,5 +1,4 @@
-"""Reads of the message log (spec §6.3, §6.5, §7.3): history, catch-up, gossip repair,
-retention candidates.
+"""Reads of the message log (spec §6.3, §6.5, §7.3): history, catch-up, gossip repair.
 
 Which messages a read wants is found in the in-memory indexes
 (:class:`~hearthnet.pubsub.logindex.LogIndex`); their rows (one per committed batch, see
@@ -35,7 +34,7 @@ PAGE = 500
 READ_LAST_QUERIES = 2000  # since {last: N}: most topics read one by one before walking back
 READ_LAST_SEARCH = 10_000  # ... and most topics in the log searched for matches
 ROW_CACHE = 64  # rows kept for reads (a row: up to a commit's worth of messages)
-SCAN_YIELD = 65_536  # index entries a retention scan looks at between yields to the loop
+SCAN_YIELD = 65_536  # index entries a walk back through the log looks at between yields
 
 
 @dataclass(slots=True)
@@ -131,9 +130,26 @@ class LogReader:
         limit: int = PAGE,
     ) -> list[StoredMessage]:
         """Messages matching any pattern with ``after_seq < seq <= upto_seq``, oldest first."""
+        picked = self.matching(
+            patterns, after_seq=after_seq, upto_seq=upto_seq, min_ts=min_ts, limit=limit
+        )
+        return await self.messages(picked)
+
+    def matching(
+        self,
+        patterns: list[TopicPattern],
+        *,
+        after_seq: int,
+        upto_seq: int,
+        min_ts: int | None = None,
+        limit: int = PAGE,
+        now: int | None = None,
+    ) -> list[int]:
+        """The seqs :meth:`read_matching` reads, from the indexes alone; a message whose
+        ttl ran out by ``now`` (the current time when None) is left out."""
         if after_seq >= upto_seq or not patterns:
             return []
-        now, index = now_ms(), self.index
+        now, index = now_ms() if now is None else now, self.index
         picked: list[int] = []
         topics = self._topics_matching(patterns)
         if topics is not None:
@@ -154,7 +170,7 @@ class LogReader:
                     and any(p.matches(topic) for p in patterns)
                 ):
                     picked.append(seq)
-        return await self.messages(picked)
+        return picked
 
     async def read_last(
         self,
@@ -279,48 +295,3 @@ class LogReader:
         seqs = self.index.origin_range(origin, first, last)[: max(0, limit)]
         by_seq = {m.seq: m for m in await self.messages(seqs)}
         return [by_seq[s].message.raw for s in seqs if s in by_seq]
-
-    async def candidates(
-        self,
-        *,
-        limit: int,
-        topic: str | None = None,
-        before_seq: int | None = None,
-        ts_below: int | None = None,
-        expired_at: int | None = None,
-        after_seq: int = 0,
-    ) -> list[tuple[int, str, int]]:
-        """``(seq, topic, ts)`` of messages a retention rule may delete, oldest first:
-        those of ``topic`` (all topics when None) after ``after_seq`` and below
-        ``before_seq``, with ``ts < ts_below`` when given; ``expired_at`` (all topics
-        only): those whose own ttl ran out by then."""
-        out: list[tuple[int, str, int]] = []
-        index = self.index
-        # A scan that cannot find anything is not made (every 10 s over a big log).
-        if (ts_below is not None and index.oldest_ts() >= ts_below) or (
-            expired_at is not None and index.first_expiry() > expired_at
-        ):
-            return out
-        if topic is not None:
-            rows: Iterable[tuple[int, str, int, int]] = (
-                (seq, topic, index.ts_of(seq), 0)
-                for seq in index.topic_range(topic, after_seq, (before_seq or 1 << 62) - 1)
-            )
-        else:
-            rows = index.live(after_seq)
-        for i, (seq, name, ts, expires) in enumerate(rows):
-            if len(out) >= limit or (before_seq is not None and seq >= before_seq):
-                break
-            if i % SCAN_YIELD == SCAN_YIELD - 1:
-                await asyncio.sleep(0)
-            if ts_below is not None and ts >= ts_below:
-                continue
-            if expired_at is not None and (expires == NO_EXPIRY or expires > expired_at):
-                continue
-            out.append((seq, name, ts))
-        return out
-
-    async def nth_newest_seq(self, topic: str, n: int) -> int | None:
-        """The seq of the n-th newest message of a topic (1 = newest)."""
-        seqs = self.index.by_topic.get(topic)
-        return seqs[-n] if seqs and 1 <= n <= len(seqs) else None

@@ -1,6 +1,9 @@
 """Retention passes over the log (spec §6.3, §6.8): what the rules of
 :class:`~hearthnet.pubsub.retention.RetentionPolicy` let go, minus what durable consumers
-still hold, deleted every ``retention_interval_s``.
+still hold, deleted every ``retention_interval_s``. A pass plans from the indexes
+(:mod:`hearthnet.pubsub.retention_plan`: the oldest messages as one prefix, the rest one
+by one), checks what is above the prefix against each durable consumer, and hands the
+deletes to the log (:mod:`hearthnet.pubsub.logprune`).
 
 The message cap (``pubsub.max_messages``) also starts a pass at once when a commit takes
 the log :data:`OVER_CAP` of the cap past it (or past what durable consumers held after the
@@ -15,21 +18,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from hearthnet.clock import now_ms
 from hearthnet.config import PubSubSection
 from hearthnet.errors import StorageError, WireError
-from hearthnet.pubsub.consumers import DurableConsumers
+from hearthnet.pubsub.consumers import DurableConsumers, Hold
 from hearthnet.pubsub.log import MessageLog
 from hearthnet.pubsub.retention import RetentionPolicy
+from hearthnet.pubsub.retention_plan import NOTHING_HELD, plan
 from hearthnet.pubsub.topics import TopicPattern
 
 log = logging.getLogger("hearthnet.pubsub")
 
-AGED_PAGE = 10_000  # retention candidates read at once
-AGED_PAGES = 10  # pages of old messages looked at per retention pass
 OVER_CAP = 0.1  # share of pubsub.max_messages past it at which a commit starts a pass
-CAP_PAGE = 50_000  # messages over pubsub.max_messages deleted per pass (then another pass)
 
 
 class RetentionPass:
@@ -48,6 +50,7 @@ class RetentionPass:
         self.retention = retention
         self.consumers = consumers
         self.over_cap = asyncio.Event()  # set by on_commit: start a pass now
+        self.more = False  # the last pass reached a bound: more would go
         self.start_at = self._start_at()
 
     def _start_at(self) -> int:
@@ -64,89 +67,46 @@ class RetentionPass:
 
     async def loop(self) -> None:
         """Run retention every ``retention_interval_s``, and at once when the log is
-        far over its message cap."""
+        far over its message cap; a pass started early looks for old and expired
+        messages only when the last look is ``retention_interval_s`` old (those scans
+        go over every message held)."""
+        interval = self.config.retention_interval_s
+        scanned = -interval
         while True:
+            # asyncio.timeout, not wait_for: no inner task, so a cancel (the node
+            # stopping) always ends the wait (wait_for around Event.wait() was seen to
+            # hang, the loop cancelling forever).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.over_cap.wait(), self.config.retention_interval_s)
+                async with asyncio.timeout(interval):
+                    await self.over_cap.wait()
             self.over_cap.clear()
+            scan = time.monotonic() - scanned >= interval
+            if scan:
+                scanned = time.monotonic()
             try:
-                deleted = await self.apply()
+                deleted = await self.apply(scan=scan)
             except (WireError, StorageError) as exc:  # the next pass tries again
                 log.warning("retention failed: %s", exc)
                 continue
-            if deleted and len(self.log.index) > self.retention.max_log_messages:
-                self.over_cap.set()  # more than CAP_PAGE over: go on at once
+            if deleted and (self.more or len(self.log.index) > self.retention.max_log_messages):
+                self.over_cap.set()  # a pass's bounds were reached: go on at once
 
-    async def apply(self, now: int | None = None) -> int:
-        """One retention pass (spec §6.3, §6.8); returns how many messages were deleted."""
+    async def apply(self, now: int | None = None, *, scan: bool = True) -> int:
+        """One retention pass (spec §6.3, §6.8); returns how many messages were deleted.
+        Without ``scan``, only counts and caps (no look for old or expired messages)."""
         now = now_ms() if now is None else now
-        holds = await self.consumers.holds()
-        doomed = await self._doomed(now)
-        delete = []
-        oldest_held = now - int(self.config.consumer_max_age_s * 1000)
-        for seq, (topic, ts) in sorted(doomed.items()):
-            held_by = [
-                c
-                for c, limit in holds
-                if c.cursor < seq <= limit
-                and ts >= oldest_held
-                and any(TopicPattern.parse(p).matches(topic) for p in c.patterns)
-            ]
-            if held_by:
-                continue
-            self.consumers.mark_lost(holds, seq, topic)
-            delete.append(seq)
-        deleted = await self.log.delete(delete)
-        self.start_at = self._start_at()
-        return deleted
-
-    async def _doomed(self, now: int) -> dict[int, tuple[str, int]]:
-        """Every message the rules let go, as ``seq -> (topic, ts)`` (bounded per pass)."""
-        log_store, reader = self.log, self.log.reader
-        doomed: dict[int, tuple[str, int]] = {}
-
-        def consider(rows: list[tuple[int, str, int]]) -> None:
-            for seq, topic, ts in rows:
-                doomed[seq] = (topic, ts)
-
-        consider(await reader.candidates(expired_at=now, limit=10_000))
-        default_n, default_age = self.retention.default
-        for topic, stats in list(log_store.topics.items()):
-            max_n, max_age = self.retention.limits_for(topic)
-            if stats.messages > max_n:
-                cut = await reader.nth_newest_seq(topic, max_n)
-                if cut is not None:
-                    consider(await reader.candidates(topic=topic, before_seq=cut, limit=10_000))
-            if (max_n, max_age) != (default_n, default_age):
-                consider(
-                    await reader.candidates(
-                        topic=topic, ts_below=now - int(max_age * 1000), limit=10_000
-                    )
-                )
-        # Pages by seq: old rows of topics with a longer age rule must not fill the page
-        # and hide default-age rows behind them (bounded work per pass).
-        after = 0
-        for _ in range(AGED_PAGES):
-            aged = await reader.candidates(
-                ts_below=now - int(default_age * 1000), after_seq=after, limit=AGED_PAGE
-            )
-            consider([r for r in aged if self.retention.limits_for(r[1])[1] == default_age])
-            if len(aged) < AGED_PAGE:
-                break
-            after = aged[-1][0]
-        # The whole log's caps, oldest first: at most 10,000 messages a pass for bytes,
-        # CAP_PAGE for the message cap.
-        over_bytes = log_store.total_bytes - self.retention.max_bytes
-        over_count = min(CAP_PAGE, len(log_store.index) - self.retention.max_log_messages)
-        if over_bytes > 0 or over_count > 0:
-            oldest = await reader.candidates(limit=max(10_000, over_count))
-            freed = taken = 0
-            for seq, topic, ts in oldest:
-                if freed >= over_bytes and taken >= over_count:
-                    break
-                doomed[seq] = (topic, ts)
-                taken += 1
-                freed += log_store.topics[topic].bytes // max(1, log_store.topics[topic].messages)
+        log_store = self.log
+        holds = self.consumers.holds()
+        todo = plan(
+            log_store.index,
+            log_store.topics,
+            self.retention,
+            now=now,
+            total_bytes=log_store.total_bytes,
+            keep_from=min((h.first for h in holds), default=NOTHING_HELD),
+            scan=scan,
+        )
+        if todo.over_caps:
             log.info(
                 "retention: the log holds %d messages (pubsub.max_messages %d) and %d bytes"
                 " (pubsub.max_bytes %d); the oldest %d go, unless a durable consumer holds them",
@@ -154,6 +114,42 @@ class RetentionPass:
                 self.retention.max_log_messages,
                 log_store.total_bytes,
                 self.retention.max_bytes,
-                taken,
+                todo.over_caps,
             )
-        return doomed
+        delete = self._unheld(todo.above, holds, now) if holds else [s for s, _, _ in todo.above]
+        deleted = await log_store.delete(delete, before_seq=todo.before_seq)
+        self.more = todo.more
+        self.start_at = self._start_at()
+        return deleted
+
+    def _unheld(self, above: list[tuple[int, str, int]], holds: list[Hold], now: int) -> list[int]:
+        """The seqs of ``above`` no durable consumer holds; each consumer that had not
+        acked some of them learns of the loss (spec §6.8)."""
+        oldest_held = now - int(self.config.consumer_max_age_s * 1000)
+        matches: dict[tuple[int, str], bool] = {}
+
+        def match(i: int, topic: str) -> bool:
+            found = matches.get((i, topic))
+            if found is None:
+                patterns = holds[i].record.patterns
+                found = matches[(i, topic)] = any(
+                    TopicPattern.parse(p).matches(topic) for p in patterns
+                )
+            return found
+
+        lost: dict[int, tuple[int, int]] = {}
+        delete = []
+        for seq, topic, ts in above:
+            if any(
+                h.record.cursor < seq <= h.limit and ts >= oldest_held and match(i, topic)
+                for i, h in enumerate(holds)
+            ):
+                continue
+            for i, h in enumerate(holds):
+                if seq > h.record.cursor and match(i, topic):
+                    first, _ = lost.get(i, (seq, seq))
+                    lost[i] = (first, seq)
+            delete.append(seq)
+        for i, (first, last) in lost.items():
+            self.consumers.lose(holds[i].record, first, last)
+        return delete

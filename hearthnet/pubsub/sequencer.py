@@ -14,6 +14,7 @@ The dedupe window is every id the log holds (bounded by retention, which calls
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -161,14 +162,30 @@ class Sequencer:
     def forget(self, entries: Iterable[Counted]) -> None:
         """Messages retention deleted: their ids may come again (as new messages); the
         counters never go back."""
-        for entry in entries:
-            if entry.id not in self.ids:
-                continue
-            self.ids.discard(entry.id)
-            self.total_bytes -= entry.size
-            stats = self.topics.get(entry.topic)
+        held = [e for e in entries if e.id in self.ids]
+        self.forget_columns([e.id for e in held], [e.topic for e in held], [e.size for e in held])
+
+    def forget_columns(
+        self, ids: Sequence[str], topics: Sequence[str], sizes: Sequence[int]
+    ) -> None:
+        """:meth:`forget` given as columns of messages the log held (one entry per
+        position, each id once): ids and counts dropped at C speed."""
+        if not ids:
+            return
+        self.ids.difference_update(ids)
+        self.total_bytes -= sum(sizes)
+        counts = Counter(topics)
+        if len(counts) == 1:
+            freed = {topics[0]: sum(sizes)}
+        else:
+            freed = dict.fromkeys(counts, 0)
+            for topic, size in zip(topics, sizes, strict=True):
+                freed[topic] += size
+        held = self.topics
+        for topic, n in counts.items():
+            stats = held.get(topic)
             if stats is not None:
-                stats.messages -= 1
-                stats.bytes -= entry.size
+                stats.messages -= n
+                stats.bytes -= freed[topic]
                 if stats.messages <= 0:
-                    del self.topics[entry.topic]
+                    del held[topic]

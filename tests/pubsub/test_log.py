@@ -19,7 +19,7 @@ from hearthnet.pubsub.access import AccessPolicy
 from hearthnet.pubsub.envelope import Message, StoredMessage
 from hearthnet.pubsub.log import INLINE_MAX, READ_LAST_QUERIES, ConsumerRecord, MessageLog
 from hearthnet.pubsub.retention import RetentionPolicy, RetentionRule
-from hearthnet.pubsub.retention_pass import AGED_PAGE
+from hearthnet.pubsub.retention_plan import SCAN_MAX as AGED_PAGE
 from hearthnet.pubsub.service import PubSub
 from hearthnet.pubsub.topics import TopicPattern
 

@@ -113,3 +113,95 @@ def test_rows_of_one_topic_and_origin_are_indexed_as_any_other(
         {t: list(s) for t, s in index.by_topic.items()},
         {o: index.origin_range(o, 0, 1 << 40) for o in ("o1", "o2")},
     )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.tuples(ROW, st.booleans()), min_size=1, max_size=8),
+    st.integers(0, 60),
+    st.sets(st.integers(1, 60), max_size=10),
+    st.booleans(),
+)
+def test_a_cut_prefix_and_scattered_deletes_give_the_lookups_of_a_model(
+    rows: list[tuple[list[tuple[str, str, bool]], bool]],
+    before: int,
+    scattered: set[int],
+    late: bool,
+) -> None:
+    """Scattered deletes, then every seq below a bound cut at once (with a peer's message
+    repaired into a hole first, when drawn), leave the lookups of a plain model."""
+    index = LogIndex()
+    seq, oseqs = 0, {"o1": 1, "o2": 1}
+    model: list[Head] = []
+    for drawn, hole in rows:
+        heads = []
+        for topic, origin, expires in drawn:
+            seq += 1
+            oseqs[origin] += 2 if hole else 1
+            heads.append(
+                Head(
+                    seq,
+                    f"id{seq}",
+                    topic,
+                    origin,
+                    oseqs[origin],
+                    1000 + seq,
+                    seq if expires else None,
+                    5,
+                )
+            )
+        index.add_row(heads[0].seq, heads)
+        model += heads
+    if late:  # origin_seq 1 of o1 comes last: its seqs are no longer ascending
+        seq += 1
+        model.append(Head(seq, f"id{seq}", "t.a", "o1", 1, 1000 + seq, None, 5))
+        index.add_row(seq, [model[-1]])
+    index.remove([h for h in model if h.seq in scattered], [])
+    model = [h for h in model if h.seq not in scattered]
+    rows_below = [
+        r for r in index.rows if r < before and all(h.seq < before for h in model if h.seq >= r)
+    ]
+    held = index.cut_prefix(before, rows_below[:-1])
+    kept = [h for h in model if h.seq >= before]
+    assert (
+        len(model) - len(kept),
+        len(kept),
+        [(h.seq, h.topic, h.ts, h.expires_ms or NO_EXPIRY) for h in kept],
+        {
+            t: [h.seq for h in kept if h.topic == t]
+            for t in ("t.a", "t.b")
+            if any(h.topic == t for h in kept)
+        },
+        {
+            o: [h.seq for h in sorted(kept, key=lambda h: h.origin_seq) if h.origin == o]
+            for o in ("o1", "o2")
+        },
+        [h.ts for h in kept],
+    ) == (
+        held,
+        len(index),
+        list(index.live()),
+        {t: list(s) for t, s in index.by_topic.items()},
+        {o: index.origin_range(o, 0, 1 << 40) for o in ("o1", "o2")},
+        [index.ts_of(h.seq) for h in kept],
+    )
+
+
+def test_scans_find_old_and_expired_positions_of_the_topics_asked() -> None:
+    """A scan by ts keeps to the topics marked; one by expiry finds ttls run out; neither
+    finds what a prefix cut or a scattered delete removed."""
+    index = LogIndex()
+    index.add_row(1, [head(s, "t.a" if s % 2 else "t.b") for s in range(1, 11)])
+    index.add_row(11, [Head(11, "id11", "t.b", "o1", 11, 1011, 1500, 10)])
+    index.cut_prefix(3, [])
+    index.remove([head(4, "t.b")], [])
+    cols = index.cols
+    only_a = bytearray(len(index.topic_names))
+    only_a[index.topic_numbers["t.a"]] = 1
+    assert ([3, 5, 7], [3, 5], [11], 8, 7) == (
+        [cols.seqs[p] for p in cols.below(cols.ts, 1008, 100, only_a)],
+        [cols.seqs[p] for p in cols.below(cols.ts, 1009, 2)],
+        [cols.seqs[p] for p in cols.below(cols.expires, 1501, 100)],
+        len(index),
+        cols.seqs[cols.after_live(3)],
+    )

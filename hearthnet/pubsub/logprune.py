@@ -1,0 +1,203 @@
+"""Retention's deletes from the message log (spec §6.3, §6.8).
+
+Most of what retention deletes is a prefix of the log: the oldest messages, every seq
+below a bound. Rows (one per committed batch, keyed by their first seq: see
+:mod:`hearthnet.pubsub.logstore`) hold runs of consecutive seqs, so a prefix is the rows
+below one key, gone in one range ``DELETE``, and at most one row that straddles the bound,
+rewritten; the indexes cut it with slices (:meth:`LogIndex.cut_prefix`), the sequencer
+drops the ids and stats as columns. What retention deletes above the prefix (a topic's
+oldest while an older message of another topic stays, a ttl that ran out, what a durable
+consumer no longer holds) goes message by message: each row that holds some is deleted
+or rewritten (:func:`~hearthnet.pubsub.logcommit.delete_rows`).
+
+Either way the work runs in the writer thread in transactions of bounded size
+(:data:`PREFIX_CHUNK`, :data:`DELETE_CHUNK` messages), and commits queued meanwhile go in
+between: a pass never holds publishes for long. The indexes follow each prefix
+transaction, and the scattered deletes once all their transactions are done (a read
+meanwhile leaves out what is gone from the rows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, TypeVar
+
+import orjson
+
+from hearthnet.errors import StorageError
+from hearthnet.pubsub.logcommit import delete_rows
+from hearthnet.pubsub.logindex import Head, LogIndex
+from hearthnet.pubsub.logread import LogReader
+from hearthnet.pubsub.logstore import SqliteWriter, transaction
+from hearthnet.pubsub.sequencer import Sequencer
+
+PREFIX_CHUNK = 20_000  # messages of a prefix per transaction
+DELETE_CHUNK = 2_000  # scattered messages per transaction
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class Pruned:
+    """What one prefix transaction deleted: the rows gone (ascending), every row it
+    changed, and the deleted messages' ids, topics and sizes (one entry per message)."""
+
+    rows: list[int] = field(default_factory=list)
+    touched: list[int] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+    topics: list[str] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+
+    def take(self, heads: list[list[Any]]) -> None:
+        """Count the deleted messages of a ``heads`` column (as JSON arrays)."""
+        if heads:
+            _, ids, topics, _, _, _, _, sizes = zip(*heads, strict=True)
+            self.ids += ids
+            self.topics += topics
+            self.sizes += sizes
+
+
+def save_counters(conn: sqlite3.Connection, origin_seq: int, head_seq: int) -> None:
+    """The counters must survive the deletion of the newest messages; the commit path does
+    not write them (the log reads them back when it opens)."""
+    conn.executemany(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+        [("origin_seq", str(origin_seq)), ("head_seq", str(head_seq))],
+    )
+
+
+def delete_before(
+    conn: sqlite3.Connection, *, before_seq: int, origin_seq: int, head_seq: int
+) -> Pruned:
+    """Delete every message with a seq below ``before_seq`` in one transaction: the rows
+    below the last row that starts below it in one range ``DELETE``; that row deleted
+    when it holds nothing else, else rewritten with the rest (its batch's signature and
+    leaves unchanged). Only the rows' headers are read, and the one rewritten row's
+    bodies."""
+
+    def work() -> Pruned:
+        save_counters(conn, origin_seq, head_seq)
+        out = Pruned()
+        found = conn.execute(
+            "SELECT seq, heads FROM batches WHERE seq < ? ORDER BY seq", (before_seq,)
+        ).fetchall()
+        if not found:
+            return out
+        for _, blob in found[:-1]:  # below the next row's key: below before_seq
+            out.take(orjson.loads(blob))
+        last = found[-1][0]
+        heads = orjson.loads(found[-1][1])
+        below = [h for h in heads if h[0] < before_seq]
+        whole = len(below) == len(heads)
+        out.touched = [key for key, _ in found]
+        out.rows = out.touched if whole else out.touched[:-1]
+        out.take(below)
+        if not whole:
+            (bodies,) = conn.execute("SELECT bodies FROM batches WHERE seq = ?", (last,)).fetchone()
+            kept, kept_bodies, at = [], [], 0
+            for head in heads:
+                if head[0] >= before_seq:
+                    kept.append(head)
+                    kept_bodies.append(bodies[at : at + head[7]])
+                at += head[7]
+            conn.execute(
+                "UPDATE batches SET heads = ?, bodies = ? WHERE seq = ?",
+                (orjson.dumps(kept), b"".join(kept_bodies), last),
+            )
+        conn.execute("DELETE FROM batches WHERE seq < ?", (last + 1 if whole else last,))
+        return out
+
+    return transaction(conn, work)
+
+
+class Pruner:
+    """Runs retention's deletes against the log's writer and keeps the log's indexes,
+    stats and read cache in step (see the module's docstring)."""
+
+    def __init__(
+        self,
+        *,
+        writer: SqliteWriter,
+        lock: asyncio.Lock,
+        index: LogIndex,
+        sequencer: Sequencer,
+        reader: LogReader,
+        changed: Callable[[], None],
+    ) -> None:
+        self.writer = writer
+        self.lock = lock  # the log's write lock: a transaction at a time
+        self.index = index
+        self.sequencer = sequencer
+        self.reader = reader
+        self.changed = changed  # the sequencer's counters moved (the log mirrors them)
+
+    async def _run(self, job: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            async with self.lock:
+                return await self.writer.run(job)
+        except sqlite3.Error as exc:
+            raise StorageError(f"retention could not delete: {exc}") from exc
+
+    async def delete(self, seqs: Sequence[int] = (), *, before_seq: int = 0) -> int:
+        """Delete every message below ``before_seq`` and the messages at ``seqs``; how
+        many were deleted."""
+        deleted = await self._delete_prefix(before_seq) if before_seq else 0
+        index, sequencer = self.index, self.sequencer
+        gone: list[Head] = []
+        emptied: list[int] = []
+        try:
+            for i in range(0, len(seqs), DELETE_CHUNK):
+                await asyncio.sleep(0)  # let the flush loop take the write lock
+                doomed: dict[int, set[int]] = {}
+                for seq in seqs[i : i + DELETE_CHUNK]:
+                    doomed.setdefault(index.row_of(seq), set()).add(seq)
+                job = partial(
+                    delete_rows,
+                    doomed=doomed,
+                    origin_seq=sequencer.origin_seq,
+                    head_seq=sequencer.head_seq,
+                )
+                chunk_gone, chunk_emptied = await self._run(job)
+                gone += chunk_gone
+                emptied += chunk_emptied
+                self.reader.drop(doomed)
+        finally:
+            # The indexes follow once (each touched topic's and origin's arrays are
+            # copied once a pass, not once a chunk); meanwhile reads leave out what is
+            # gone from the rows.
+            index.remove(gone, emptied)
+            sequencer.forget(gone)
+            self.changed()
+        return deleted + len(gone)
+
+    async def _delete_prefix(self, before_seq: int) -> int:
+        """Every message below ``before_seq``, :data:`PREFIX_CHUNK` positions of the
+        index a transaction."""
+        deleted = 0
+        while True:
+            cols = self.index.cols
+            end = cols.position(before_seq)
+            if end <= cols.base:
+                return deleted
+            step = cols.after_live(PREFIX_CHUNK)
+            bound = before_seq if step >= end else cols.seqs[step]
+            if deleted:
+                await asyncio.sleep(0)  # let the flush loop take the write lock
+            sequencer = self.sequencer
+            pruned = await self._run(
+                partial(
+                    delete_before,
+                    before_seq=bound,
+                    origin_seq=sequencer.origin_seq,
+                    head_seq=sequencer.head_seq,
+                )
+            )
+            self.index.cut_prefix(bound, pruned.rows)
+            sequencer.forget_columns(pruned.ids, pruned.topics, pruned.sizes)
+            self.reader.drop(pruned.touched)
+            self.changed()
+            deleted += len(pruned.ids)
