@@ -178,8 +178,11 @@ class CallPath:
         for conn in list(self.connections):
             conn.going_away()
         if self.connections:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
+            # arrives in the turn the event is set, and the node's stop would then hang
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._drained.wait(), grace_s)
+                async with asyncio.timeout(grace_s):
+                    await self._drained.wait()
         for conn in list(self.connections):
             conn.abort()
 
