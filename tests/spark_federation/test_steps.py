@@ -258,13 +258,16 @@ def test_records_without_the_catch_up_field_are_classified_by_the_receivers_link
 
 
 def test_table_rows_read_back_equal_a_collect(spark: Any, tmp_path: Any) -> None:
-    """A table's rows read back from its file on the driver equal those collected by Spark."""
+    """A table's rows read back from its file on the driver equal those collected by Spark,
+    also for an empty table."""
     df = spark.createDataFrame(
         [(2, [3, 1], None, 0.25), (1, [], "b", None)],
         "n long, sizes array<long>, s string, x double",
     )
-    read_back = Tables((tmp_path / "a").as_uri(), {}, [], tmp_path / "a").write(df, "t", "n")
-    collected = Tables((tmp_path / "b").as_uri(), {}, []).write(df, "t", "n")
+    local = Tables((tmp_path / "a").as_uri(), {}, [], tmp_path / "a")
+    elsewhere = Tables((tmp_path / "b").as_uri(), {}, [])
+    read_back = local.write(df, "t", "n") + local.write(df.where("n > 2"), "empty")
+    collected = elsewhere.write(df, "t", "n") + elsewhere.write(df.where("n > 2"), "empty")
     assert (
         [
             {"n": 1, "sizes": [], "s": "b", "x": None},
