@@ -13,7 +13,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from spark_federation.session import QUICK_JIT, TINY_INPUT_CONF, TINY_JVM
+from spark_federation.session import QUICK_JIT, SMALL_INPUT_JVM, TINY_INPUT_CONF
 from tests.spark_federation.conftest import SHUFFLE_PARTITIONS, JobRun
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -72,9 +72,9 @@ def test_spark_submit_matches_local_mode(
             # tiny inputs (no adaptive re-planning, no generated code): the answers do
             # not depend on them
             "--conf",
-            f"spark.driver.extraJavaOptions={QUICK_JIT} {TINY_JVM}",
+            f"spark.driver.extraJavaOptions={QUICK_JIT} {SMALL_INPUT_JVM}",
             "--conf",
-            f"spark.executor.extraJavaOptions={QUICK_JIT} {TINY_JVM}",
+            f"spark.executor.extraJavaOptions={QUICK_JIT} {SMALL_INPUT_JVM}",
             *(
                 arg
                 for key, value in TINY_INPUT_CONF.items()
