@@ -11,7 +11,8 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as sf
 
-from spark_federation.timeline import window_of
+from spark_federation.params import HOUR_MS, window_start_ms
+from spark_federation.timeline import hour_of, window_of
 
 
 def node_evidence(lw: DataFrame, beacons: DataFrame | None, window_ms: int) -> DataFrame:
@@ -70,7 +71,10 @@ def node_availability(
     evidence: DataFrame,
     lw: DataFrame,
     nodes: DataFrame,
-    windows: DataFrame,
+    *,
+    first_win: int,
+    last_win: int,
+    window_ms: int,
 ) -> DataFrame:
     """Per node and hour: windows up out of windows analysed, and pongs answered.
 
@@ -78,18 +82,29 @@ def node_availability(
         evidence: :func:`node_evidence`.
         lw: per-link window counts.
         nodes: ``nid`` of every node.
-        windows: ``win, hour`` of every analysed (whole) window.
+        first_win: start of the first analysed (whole) window.
+        last_win: start of the last one.
+        window_ms: window width.
 
     Returns:
         ``nid, hour_ms, windows, windows_up, availability, pings, pongs, pong_ratio,
         records, beacons``; ``pong_ratio`` is the share of peers' pings to the node
         that it answered (null when nobody pinged it that hour).
     """
-    per_hour = windows.groupBy("hour").agg(sf.count(sf.lit(1)).alias("windows"))
-    grid = nodes.select("nid").crossJoin(per_hour.select("hour", "windows"))
+    # the analysed windows are a range: a filter and the hour arithmetic select them,
+    # and the windows per hour (a few dozen rows) are counted here, not in a join
+    per_hour: dict[int, int] = {}
+    for win in range(first_win, last_win + window_ms, window_ms):
+        hour = window_start_ms(win, HOUR_MS)
+        per_hour[hour] = per_hour.get(hour, 0) + 1
+    hours = nodes.sparkSession.createDataFrame(
+        sorted(per_hour.items()), "hour long, windows long not null"
+    )
+    grid = nodes.select("nid").crossJoin(hours)
+    in_span = sf.col("win").between(first_win, last_win)
     up = (
-        evidence.join(windows, on="win", how="inner")
-        .groupBy("nid", "hour")
+        evidence.where(in_span)
+        .groupBy("nid", hour_of(sf.col("win")).alias("hour"))
         .agg(
             sf.count(sf.lit(1)).alias("windows_up"),
             sf.sum("own").alias("records"),
@@ -97,8 +112,8 @@ def node_availability(
         )
     )
     asked = (
-        lw.join(windows, on="win", how="inner")
-        .select(sf.col("pid").alias("nid"), "hour", "pongs", "misses")
+        lw.where(in_span)
+        .select(sf.col("pid").alias("nid"), hour_of(sf.col("win")).alias("hour"), "pongs", "misses")
         .groupBy("nid", "hour")
         .agg(
             (sf.sum("pongs") + sf.sum("misses")).alias("pings"),

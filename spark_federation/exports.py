@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as sf
 
 from spark_federation.errors import MeshHealthError
@@ -425,18 +425,38 @@ def record_counts(dedup: DataFrame) -> dict[str, int]:
 
     One small aggregate over the deduplicated rows; call it on a cached frame.
     """
+    return counts_and(dedup)[0]
+
+
+def counts_and(
+    dedup: DataFrame, key: str | None = None, **extra: Column
+) -> tuple[dict[str, int], list[Row]]:
+    """:func:`record_counts` and, from the same query, aggregates ``extra`` per ``key``:
+    the rows (``status``, ``key``, the ``extra`` columns) besides the counts.
+
+    One collect instead of one for the counts and one for each further figure.
+    """
+    keys = ["status"] if key is None else ["status", key]
     rows = (
-        dedup.groupBy("status")
-        .agg(sf.count(sf.lit(1)).alias("rows"), sf.sum("copies").alias("copies"))
+        dedup.groupBy(*keys)
+        .agg(
+            sf.count(sf.lit(1)).alias("_rows"),
+            sf.sum("copies").alias("_copies"),
+            *[c.alias(name) for name, c in extra.items()],
+        )
         .collect()
     )
-    counts = {"records": 0, "duplicates": 0, "skipped": 0, "out_of_range": 0}
+    per_status: dict[int, tuple[int, int]] = {}
     for row in rows:
-        if row["status"] == OK:
-            counts["records"] = int(row["rows"])
-            counts["duplicates"] = int(row["copies"]) - int(row["rows"])
-        elif row["status"] == MALFORMED:
-            counts["skipped"] = int(row["copies"])
+        n, copies = per_status.get(row["status"], (0, 0))
+        per_status[row["status"]] = (n + int(row["_rows"]), copies + int(row["_copies"]))
+    counts = {"records": 0, "duplicates": 0, "skipped": 0, "out_of_range": 0}
+    for status, (n, copies) in per_status.items():
+        if status == OK:
+            counts["records"] = n
+            counts["duplicates"] = copies - n
+        elif status == MALFORMED:
+            counts["skipped"] = copies
         else:
-            counts["out_of_range"] = int(row["copies"])
-    return counts
+            counts["out_of_range"] = copies
+    return counts, rows

@@ -12,16 +12,17 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 if __package__ in (None, ""):
     # spark-submit runs this file as a script: make the package importable.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
 from spark_federation import (
@@ -38,46 +39,10 @@ from spark_federation import (
 from spark_federation.errors import MeshHealthError
 from spark_federation.params import JobConfig, full_windows
 from spark_federation.report import ReportData, render
-from spark_federation.timeline import hour_of
+from spark_federation.tables import Tables
+from spark_federation.tables import rows as _rows
 
 Progress = Callable[[str], None]
-
-
-@dataclass(slots=True)
-class _Tables:
-    """Where tables go, and the id→NodeID map used to write them readable."""
-
-    uri: str
-    names: dict[int, str]
-    cached: list[DataFrame]
-    written: list[str] = field(default_factory=list)
-
-    def _map(self) -> Column:
-        # one array literal per side, not one expression per node: the plan stays
-        # small for thousands of nodes
-        keys = sf.lit(list(self.names)).cast("array<bigint>")
-        return sf.map_from_arrays(keys, sf.lit(list(self.names.values())).cast("array<string>"))
-
-    def node(self, c: Column) -> Column:
-        """The NodeID for an id column."""
-        return sf.try_element_at(self._map(), c)
-
-    def nodes(self, c: Column) -> Column:
-        """NodeIDs for an array-of-ids column."""
-        return sf.transform(c, lambda x: sf.try_element_at(self._map(), x))
-
-    def write(self, df: DataFrame, name: str) -> DataFrame:
-        """Write one small aggregated table as a single Parquet file; returns it cached.
-
-        The table is computed once, in parallel, into the cache; the write
-        coalesces that to one file, and later collects read the cache.
-        """
-        path = f"{self.uri.rstrip('/')}/{name}"
-        kept = df.persist()
-        self.cached.append(kept)
-        kept.coalesce(1).write.mode("overwrite").parquet(path)
-        self.written.append(name)
-        return kept
 
 
 def run(spark: SparkSession, cfg: JobConfig, progress: Progress = print) -> dict[str, Any]:
@@ -176,28 +141,37 @@ class _Job:
         self.beacons: DataFrame | None = None
         self.traces: DataFrame | None = None
         self.side_counts: dict[str, dict[str, int] | None] = {"beacons": None, "traces": None}
+        self.names: dict[int, str] = {}
+        self.unmarked = 0
         if raws["beacons"] is not None:
             b = self.keep(exports.clean_beacons(raws["beacons"], cfg.since_ms, cfg.until_ms))
-            self.side_counts["beacons"] = exports.record_counts(b)
+            # the counts and each node's latest name in one collect
+            named = sf.when(sf.col("name").isNotNull(), sf.col("ts"))
+            counts, per_node = exports.counts_and(b, "nid", name=sf.max_by("name", named))
+            self.side_counts["beacons"] = counts
+            self.names = {
+                int(r["nid"]): str(r["name"])
+                for r in per_node
+                if r["status"] == exports.OK and r["name"] is not None
+            }
             self.beacons = b.where(sf.col("status") == exports.OK).select("nid", "ts", "name")
         if raws["traces"] is not None:
             t = self.keep(exports.clean_traces(raws["traces"], cfg.since_ms, cfg.until_ms))
-            self.side_counts["traces"] = exports.record_counts(t)
+            # the counts, and whether any receive lacks its catch_up mark, in one collect
+            unmarked = sf.sum(sf.col("catch_up").isNull().cast("long"))
+            counts, per_status = exports.counts_and(t, unmarked=unmarked)
+            self.side_counts["traces"] = counts
+            self.unmarked = sum(int(r["unmarked"]) for r in per_status if r["status"] == exports.OK)
             self.traces = t.where(sf.col("status") == exports.OK).select(
                 "nid", "oid", "published_ms", "hops", "ts", "catch_up"
             )
-        self.names: dict[int, str] = {}
-        if self.beacons is not None:
-            latest = (
-                self.beacons.where(sf.col("name").isNotNull())
-                .groupBy("nid")
-                .agg(sf.max_by("name", "ts").alias("name"))
-            )
-            self.names = {int(r["nid"]): str(r["name"]) for r in latest.collect()}
-        self.tables = _Tables(
-            cfg.tables_uri or (self.out / "tables").resolve().as_uri(),
+        uri = cfg.tables_uri or (self.out / "tables").resolve().as_uri()
+        parsed = urlparse(uri)
+        self.tables = Tables(
+            uri,
             self.ids,
             self.cached,
+            Path(url2pathname(parsed.path)) if self.local and parsed.scheme == "file" else None,
         )
         self._span()
 
@@ -216,11 +190,9 @@ class _Job:
         lo = min(d[2] for d in directed)
         hi = max(d[3] for d in directed)
         self.first_win, self.last_win = full_windows(int(lo), int(hi), w)
-        self.windows = self.spark.range(self.first_win, self.last_win + w, w).select(
-            sf.col("id").alias("win"), hour_of(sf.col("id")).alias("hour")
-        )
         nodes = sorted({d[0] for d in directed} | {d[1] for d in directed})
-        self.node_ids = self.keep(self.spark.createDataFrame([(n,) for n in nodes], "nid long"))
+        # a local relation: joins take it as it is, with no job to compute or broadcast it
+        self.node_ids = self.spark.createDataFrame([(n,) for n in nodes], "nid long")
         self.n_nodes = len(nodes)
         self.n_links = len({(min(d[0], d[1]), max(d[0], d[1])) for d in directed})
         self.say(
@@ -233,19 +205,25 @@ class _Job:
         """node_availability and node_outages."""
         t = self.tables
         self.evidence = self.keep(availability.node_evidence(self.lw, self.beacons, self.w))
-        self.avail = t.write(
+        self.hourly = t.write(
             availability.node_availability(
-                self.evidence, self.lw, self.node_ids, self.windows
+                self.evidence,
+                self.lw,
+                self.node_ids,
+                first_win=self.first_win,
+                last_win=self.last_win,
+                window_ms=self.w,
             ).select(t.node(sf.col("nid")).alias("node"), *_AVAIL_COLS),
             "node_availability",
         )
-        downs = t.write(
+        self.collected["outages"] = t.write(
             availability.outages(
                 self.evidence, self.node_ids, self.first_win, self.last_win, self.w
             ).select(t.node(sf.col("nid")).alias("node"), "start_ms", "end_ms", "windows"),
             "node_outages",
+            "start_ms",
+            "node",
         )
-        self.collected["outages"] = _rows(downs, "start_ms", "node")
         self.say("node_availability, node_outages written")
 
     def links(self) -> None:
@@ -274,16 +252,17 @@ class _Job:
     def partitions(self) -> None:
         """Connected components per window, partitions, partition_components, partition_events."""
         t, w = self.tables, self.w
-        in_span = self.windows.select("win")
+        # the analysed windows: a range, so a filter rather than a join
+        in_span = sf.col("win").between(self.first_win, self.last_win)
         edges = (
             partitions.window_edges(self.lw)
-            .join(in_span, on="win", how="inner")
+            .where(in_span)
             .select("a", "b", "win")
             .localCheckpoint(eager=False)
         )
         vertices = (
             partitions.window_vertices(edges, self.evidence)
-            .join(in_span, on="win", how="inner")
+            .where(in_span)
             .select("nid", "win")
             .localCheckpoint(eager=False)
         )
@@ -295,14 +274,18 @@ class _Job:
         )
         comps = self.keep(partitions.components(labels))
         per_window = self.keep(partitions.window_partitions(comps))
-        t.write(
-            per_window.select(
-                sf.col("win").alias("window_start_ms"), "components", "sizes", "nodes_up"
-            ),
-            "partitions",
-        )
+        self.collected["per_window"] = [
+            {"win": r["window_start_ms"], "components": r["components"], "nodes_up": r["nodes_up"]}
+            for r in t.write(
+                per_window.select(
+                    sf.col("win").alias("window_start_ms"), "components", "sizes", "nodes_up"
+                ),
+                "partitions",
+                "window_start_ms",
+            )
+        ]
         split = per_window.where(sf.col("components") > 1).select("win")
-        split_comps = t.write(
+        self.collected["components"] = t.write(
             comps.join(split, on="win", how="inner").select(
                 sf.col("win").alias("window_start_ms"),
                 "size",
@@ -310,18 +293,15 @@ class _Job:
             ),
             "partition_components",
         )
-        events = t.write(partitions.partition_events(per_window, w), "partition_events")
-        self.collected["events"] = _rows(events, "start_ms")
-        self.collected["components"] = _rows(split_comps)
-        self.collected["per_window"] = _rows(
-            per_window.select("win", "components", "nodes_up"), "win"
+        self.collected["events"] = t.write(
+            partitions.partition_events(per_window, w), "partition_events", "start_ms"
         )
         self.say(f"partitions written ({graphs} distinct graphs, {rounds} component rounds)")
 
     def nodes(self) -> None:
         """relay_dependence, clock_skew and (with traces) propagation."""
         t = self.tables
-        relay_tab = t.write(
+        self.collected["relays"] = t.write(
             relays.relay_dependence(self.lw, self.node_ids).select(
                 t.node(sf.col("nid")).alias("node"),
                 "links",
@@ -336,9 +316,8 @@ class _Job:
             ),
             "relay_dependence",
         )
-        self.collected["relays"] = _rows(relay_tab)
         skew_ids = self.keep(clock.clock_skew(self.pongs, self.cfg.thresholds.skew_threshold_ms))
-        skew_tab = t.write(
+        self.collected["skew"] = t.write(
             skew_ids.select(
                 t.node(sf.col("nid")).alias("node"),
                 "skew_ms",
@@ -349,7 +328,6 @@ class _Job:
             ),
             "clock_skew",
         )
-        self.collected["skew"] = _rows(skew_tab)
         self.collected["propagation"] = []
         self.collected["catch_up"] = []
         if self.traces is not None:
@@ -360,27 +338,27 @@ class _Job:
         """propagation (live receives) and catch_up (backlog), measured apart."""
         assert self.traces is not None
         t = self.tables
-        unmarked = self.traces.where(sf.col("catch_up").isNull()).limit(1).count()
-        timed = self.keep(propagation.delays(self.traces, skew_ids, self.hb if unmarked else None))
-        prop = t.write(propagation.propagation(timed), "propagation")
-        self.collected["propagation"] = _rows(prop, "hops")
+        timed = self.keep(
+            propagation.delays(self.traces, skew_ids, self.hb if self.unmarked else None)
+        )
+        self.collected["propagation"] = t.write(
+            propagation.propagation(timed), "propagation", "hops"
+        )
         late = self.keep(propagation.catch_up(timed))
-        per_node = t.write(
+        self.collected["catch_up"] = t.write(
             late.where(sf.col("nid").isNotNull()).select(
                 t.node(sf.col("nid")).alias("node"), "messages", "p50_ms", "p99_ms", "max_ms"
             ),
             "catch_up",
+            "node",
         )
-        self.collected["catch_up"] = _rows(per_node, "node")
         self.collected["catch_up_all"] = _rows(late.where(sf.col("nid").isNull()))
         self.collected["trace_split"] = _rows(propagation.split_counts(timed))
 
     def finish(self) -> dict[str, Any]:
         """summary.json and the report."""
         # a row per node and hour: one collect serves the overall figures and the chart
-        hourly = _rows(
-            self.avail.select("node", "hour_ms", "availability", "windows_up", "windows")
-        )
+        hourly = self.hourly
         overall = _overall_availability(hourly)
         summary = _summary(
             self.cfg,
@@ -441,15 +419,6 @@ def _jvm_cpu_seconds(spark: SparkSession) -> float | None:
     jvm: Any = spark.sparkContext._jvm
     total = jvm.java.lang.ProcessHandle.current().info().totalCpuDuration()
     return float(total.get().toMillis()) / 1000 if total.isPresent() else None
-
-
-def _rows(df: DataFrame, *order: str) -> list[dict[str, Any]]:
-    """Collect a small result as plain dicts, sorted by ``order`` (nulls first, as Spark
-    sorts) on the driver: a Spark ``orderBy`` would add a sampling job and a sort stage."""
-    rows = [r.asDict() for r in df.collect()]
-    if order:
-        rows.sort(key=lambda r: tuple((r[k] is not None, r[k]) for k in order))
-    return rows
 
 
 _AVAIL_COLS = (

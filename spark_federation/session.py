@@ -9,7 +9,9 @@ of its input, and chooses:
   input, at least 1 and at most two per core. Spark's default of 200 costs more in task
   start-up than a laptop's data needs; a few hundred records need one.
 - for a small input (under :data:`SMALL_INPUT_BYTES`, about a million records), the
-  quick JIT only (``-XX:TieredStopAtLevel=1``) and no adaptive re-planning: compiling
+  quick JIT only (``-XX:TieredStopAtLevel=1``), Spark's classes loaded without bytecode
+  verification and the serial collector (:data:`SMALL_INPUT_JVM`; loading classes is a
+  fixed cost of every run), and no adaptive re-planning: compiling
   and re-planning the job's few hundred small stages cost more than running them. A large
   input keeps the optimising JIT, which pays for itself past a few million records
   (docs/benchmarks.md).
@@ -19,6 +21,7 @@ of its input, and chooses:
   compiling Java for every stage costs more than interpreting a few thousand rows, but
   interpreting costs about ten times as much per row, so a million records (a few
   passes of 10-30 CPU-seconds each) must keep it.
+
 
 The answers do not depend on any of these.
 """
@@ -41,6 +44,10 @@ SMALL_INPUT_BYTES = 16 << 20
 TINY_INPUT_BYTES = 1 << 20
 RECORD_DIRS = ("heartbeats", "beacons", "traces")
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
+# the JVM of a run on a small input: Spark's own jars loaded without bytecode
+# verification (loading classes is a fixed cost of every run) and the serial collector
+# (no collector threads beside the job's)
+SMALL_INPUT_JVM = "-XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote -XX:+UseSerialGC"
 # Spark settings of a local session on a small input (with the quick JIT)
 SMALL_INPUT_CONF = {"spark.sql.adaptive.enabled": "false"}
 # and on a tiny one: no whole-stage code generation, expressions interpreted rather than
@@ -83,7 +90,7 @@ def settings_for(input_bytes: int | None) -> tuple[list[str], dict[str, str]]:
     (None: unknown, Spark's defaults)."""
     if input_bytes is None or input_bytes >= SMALL_INPUT_BYTES:
         return [], {}
-    return [QUICK_JIT], dict(
+    return [QUICK_JIT, SMALL_INPUT_JVM], dict(
         TINY_INPUT_CONF if input_bytes < TINY_INPUT_BYTES else SMALL_INPUT_CONF
     )
 

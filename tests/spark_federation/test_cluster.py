@@ -13,7 +13,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from spark_federation.session import QUICK_JIT, TINY_INPUT_CONF
+from spark_federation.session import QUICK_JIT, SMALL_INPUT_JVM, TINY_INPUT_CONF
 from tests.spark_federation.conftest import SHUFFLE_PARTITIONS, JobRun
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -68,12 +68,13 @@ def test_spark_submit_matches_local_mode(
             "spark.ui.enabled=false",
             "--conf",
             f"spark.sql.shuffle.partitions={SHUFFLE_PARTITIONS}",
-            # the quick JIT and the settings local mode uses for tiny inputs (no adaptive
-            # re-planning, no generated code): the answers do not depend on them
+            # the quick JIT, classes loaded unverified and the settings local mode uses for
+            # tiny inputs (no adaptive re-planning, no generated code): the answers do
+            # not depend on them
             "--conf",
-            f"spark.driver.extraJavaOptions={QUICK_JIT}",
+            f"spark.driver.extraJavaOptions={QUICK_JIT} {SMALL_INPUT_JVM}",
             "--conf",
-            f"spark.executor.extraJavaOptions={QUICK_JIT}",
+            f"spark.executor.extraJavaOptions={QUICK_JIT} {SMALL_INPUT_JVM}",
             *(
                 arg
                 for key, value in TINY_INPUT_CONF.items()

@@ -14,7 +14,7 @@ from spark_federation.params import (
     parse_time_ms,
     window_start_ms,
 )
-from spark_federation.session import settings_for
+from spark_federation.session import SMALL_INPUT_JVM, settings_for
 
 WINDOWS = st.sampled_from([10_000, 15_000, 30_000, 60_000, 300_000, 3_600_000])
 TIMES = st.integers(min_value=0, max_value=4_102_444_800_000)  # up to 2100
@@ -71,12 +71,13 @@ def test_bad_windows(window: int, message: str) -> None:
 
 def test_generated_code_is_left_out_only_for_tiny_inputs() -> None:
     """Interpreted rows cost ~10x generated ones: a million records (~15 MB) keep the
-    generated code and only get the quick JIT; a tiny input runs without it; a large or
-    unknown one keeps Spark's defaults."""
+    generated code and only get the quick JIT (and classes loaded unverified); a tiny
+    input also runs without generated code; a large or unknown one keeps Spark's
+    defaults."""
     no_codegen = "spark.sql.codegen.factoryMode"
     assert [
-        (["-XX:TieredStopAtLevel=1"], True),
-        (["-XX:TieredStopAtLevel=1"], False),
+        (["-XX:TieredStopAtLevel=1", SMALL_INPUT_JVM], True),
+        (["-XX:TieredStopAtLevel=1", SMALL_INPUT_JVM], False),
         ([], False),
         ([], False),
     ] == [

@@ -21,6 +21,7 @@ from spark_federation.links import (
 from spark_federation.partitions import connected_components
 from spark_federation.quantiles import log_bucket, log_bucket_value, quantiles
 from spark_federation.schema import LINK_DOWN, LINK_UP, MISS
+from spark_federation.tables import Tables
 from spark_federation.timeline import runs
 
 pytestmark = pytest.mark.spark
@@ -253,4 +254,25 @@ def test_records_without_the_catch_up_field_are_classified_by_the_receivers_link
         counts["live"],
         counts["catch_up"],
         counts["inferred"],
+    )
+
+
+def test_table_rows_read_back_equal_a_collect(spark: Any, tmp_path: Any) -> None:
+    """A table's rows read back from its file on the driver equal those collected by Spark,
+    also for an empty table."""
+    df = spark.createDataFrame(
+        [(2, [3, 1], None, 0.25), (1, [], "b", None)],
+        "n long, sizes array<long>, s string, x double",
+    )
+    local = Tables((tmp_path / "a").as_uri(), {}, [], tmp_path / "a")
+    elsewhere = Tables((tmp_path / "b").as_uri(), {}, [])
+    read_back = local.write(df, "t", "n") + local.write(df.where("n > 2"), "empty")
+    collected = elsewhere.write(df, "t", "n") + elsewhere.write(df.where("n > 2"), "empty")
+    assert (
+        [
+            {"n": 1, "sizes": [], "s": "b", "x": None},
+            {"n": 2, "sizes": [3, 1], "s": None, "x": 0.25},
+        ]
+        == read_back
+        == collected
     )
