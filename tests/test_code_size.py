@@ -5,6 +5,7 @@ the source files, imports nothing of them."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "hearthnet"
@@ -29,16 +30,29 @@ def module_lines() -> dict[str, int]:
     }
 
 
+def _classes(body: list[ast.stmt]) -> Iterator[ast.ClassDef]:
+    """The classes defined in ``body``, at any depth of statements (expressions, where
+    no class is defined, are not walked: most of a tree's nodes)."""
+    for stmt in body:
+        if isinstance(stmt, ast.ClassDef):
+            yield stmt
+        for field in ("body", "orelse", "finalbody"):
+            inner = getattr(stmt, field, None)
+            if isinstance(inner, list):
+                yield from _classes(inner)
+        for handler in getattr(stmt, "handlers", ()):
+            yield from _classes(handler.body)
+
+
 def class_methods() -> dict[str, int]:
     """Methods defined in each class's body, by ``path:Class``."""
     counts: dict[str, int] = {}
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef)
     for p in sorted(ROOT.rglob("*.py")):
         tree = ast.parse(p.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef):
-                defs = (ast.FunctionDef, ast.AsyncFunctionDef)
-                n = sum(isinstance(b, defs) for b in node.body)
-                counts[f"{p.relative_to(ROOT).as_posix()}:{node.name}"] = n
+        for node in _classes(tree.body):
+            n = sum(isinstance(b, defs) for b in node.body)
+            counts[f"{p.relative_to(ROOT).as_posix()}:{node.name}"] = n
     return counts
 
 
