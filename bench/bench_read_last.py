@@ -49,7 +49,7 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
                 times = []
                 for _ in range(opts.repeat):
                     t0 = time.perf_counter()
-                    rows = await log.read_last(pattern, count, upto_seq=head)
+                    rows = await log.reader.read_last(pattern, count, upto_seq=head)
                     times.append((time.perf_counter() - t0) * 1000)
                 expected = min(count, opts.rooms)
                 if len(rows) != expected:

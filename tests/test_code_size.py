@@ -15,11 +15,7 @@ MAX_CLASS_METHODS = 20  # public and private, properties and dunders included
 # What is still over, with the size it may not pass. An entry goes once its module or
 # class is split below the limit (the test says so); none is added.
 MODULES_OVER: dict[str, int] = {}
-CLASSES_OVER: dict[str, int] = {
-    # the publish and commit path plus the readers' and the consumers' entry points
-    # (read_*, history, origin_heads, consumer, delete): the latter to move out
-    "pubsub/log.py:MessageLog": 26,
-}
+CLASSES_OVER: dict[str, int] = {}
 
 
 def module_lines() -> dict[str, int]:

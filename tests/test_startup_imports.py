@@ -70,6 +70,7 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,  # the assert below shows stderr when it failed
     )
     lines = done.stdout.splitlines()
     assert (0, 2) == (done.returncode, len(lines)), done.stdout + done.stderr

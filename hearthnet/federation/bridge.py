@@ -221,7 +221,7 @@ class Bridge:
                 if epoch != self.log.epoch:
                     after = 0  # our log was recreated
                 self._committed.clear()
-                rows = await self.log.read_matching(
+                rows = await self.log.reader.read_matching(
                     [TopicPattern.parse(p) for p in granted],
                     after_seq=after,
                     upto_seq=self.log.head_seq,

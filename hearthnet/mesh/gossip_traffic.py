@@ -150,7 +150,7 @@ class GossipTraffic:
             for origin, first, last in repair.spans:
                 if budget <= 0:
                     break
-                rows = await self.log.read_origin(
+                rows = await self.log.reader.read_origin(
                     origin, first, last, min(budget, last - first + 1)
                 )
                 for data in self._answer(link, origin, first, rows):

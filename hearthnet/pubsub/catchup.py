@@ -81,7 +81,7 @@ class CatchUp:
             return (0, since.ts)
         assert since.last is not None
         caller, policy = sub.caller, self.policy
-        last = await self.log.read_last(
+        last = await self.log.reader.read_last(
             list(patterns),
             since.last,
             upto_seq=head,
@@ -139,7 +139,7 @@ class CatchUp:
             while channel.backlog_room == 0 and not sub.closed:
                 await sub.wait_room()  # the window or the socket is full: acks make room
             want = PAGE if left is None else min(PAGE, left)
-            page = await self.log.read_matching(
+            page = await self.log.reader.read_matching(
                 patterns, after_seq=cursor, upto_seq=head, min_ts=min_ts, limit=want
             )
             if not page or sub.closed:

@@ -43,7 +43,7 @@ class DurableConsumers:
             detach(old)
             if old.on_taken_over is not None:
                 old.on_taken_over(CLOSE_TAKEN_OVER, "consumer taken over")
-        record = self.log.consumer(owner, name)
+        record = self.log.consumers.get((owner, name))
         if record is None:
             record = ConsumerRecord(owner, name, tuple(p.text for p in patterns), self.log.head_seq)
         else:

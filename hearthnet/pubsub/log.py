@@ -25,7 +25,8 @@ Storage is one SQLite row per committed batch (:mod:`hearthnet.pubsub.logstore`)
 numbering, dedupe and topic stats are the pure
 :class:`~hearthnet.pubsub.sequencer.Sequencer`; per-message lookups are served from the
 in-memory :class:`~hearthnet.pubsub.logindex.LogIndex`, rebuilt when the log opens; reads
-are :class:`~hearthnet.pubsub.logread.LogReader` (:attr:`MessageLog.reader`).
+are :class:`~hearthnet.pubsub.logread.LogReader` (:attr:`MessageLog.reader`); durable
+consumers' records are :attr:`MessageLog.consumers`, written with the next commit.
 
 ``synchronous=FULL`` (the default) makes an acknowledged publish survive a power cut;
 ``normal`` survives a process crash (``kill -9``) only.
@@ -69,7 +70,6 @@ from hearthnet.pubsub.logread import PAGE, READ_LAST_QUERIES, LogReader
 from hearthnet.pubsub.logstore import Row, SqliteWriter, load, transaction
 from hearthnet.pubsub.payload import Base64UrlText
 from hearthnet.pubsub.sequencer import Sequencer, TopicStats
-from hearthnet.pubsub.topics import TopicPattern
 
 __all__ = [
     "PAGE",
@@ -105,7 +105,7 @@ def _mirror(message_log: MessageLog) -> None:
 
 class MessageLog:
     """Append-only, deduplicated, group-committed log of every message the node holds:
-    the commit pipeline here, reads in :attr:`reader` (also offered as methods)."""
+    the commit pipeline here, reads in :attr:`reader`."""
 
     def __init__(
         self,
@@ -489,10 +489,6 @@ class MessageLog:
 
     # --- durable consumers --------------------------------------------------------
 
-    def consumer(self, identity: str, name: str) -> ConsumerRecord | None:
-        """A stored consumer, or None."""
-        return self.consumers.get((identity, name))
-
     def save_consumer(self, record: ConsumerRecord) -> None:
         """Create or change a consumer; written with the next commit (or close)."""
         record.dirty = True
@@ -508,52 +504,3 @@ class MessageLog:
         if self._pruner is None:
             raise StorageError("the message log is not open")
         return await self._pruner.delete(seqs, before_seq=before_seq)
-
-    # --- reading (see LogReader) --------------------------------------------------
-
-    async def read_matching(
-        self,
-        patterns: list[TopicPattern],
-        *,
-        after_seq: int,
-        upto_seq: int,
-        min_ts: int | None = None,
-        limit: int = PAGE,
-    ) -> list[StoredMessage]:
-        """:meth:`LogReader.read_matching`."""
-        return await self.reader.read_matching(
-            patterns, after_seq=after_seq, upto_seq=upto_seq, min_ts=min_ts, limit=limit
-        )
-
-    async def read_last(
-        self,
-        patterns: list[TopicPattern],
-        count: int,
-        *,
-        upto_seq: int,
-        keep: Callable[[str], bool] | None = None,
-    ) -> list[StoredMessage]:
-        """:meth:`LogReader.read_last`."""
-        return await self.reader.read_last(patterns, count, upto_seq=upto_seq, keep=keep)
-
-    async def history(
-        self,
-        topic: str,
-        *,
-        since_seq: int | None = None,
-        since_ts: int | None = None,
-        before_seq: int | None = None,
-        limit: int = 50,
-    ) -> tuple[list[StoredMessage], bool]:
-        """:meth:`LogReader.history`."""
-        return await self.reader.history(
-            topic, since_seq=since_seq, since_ts=since_ts, before_seq=before_seq, limit=limit
-        )
-
-    async def origin_heads(self) -> list[tuple[str, int, int, list[int]]]:
-        """:meth:`LogReader.origin_heads`."""
-        return await self.reader.origin_heads()
-
-    async def read_origin(self, origin: str, first: int, last: int, limit: int) -> list[bytes]:
-        """:meth:`LogReader.read_origin`."""
-        return await self.reader.read_origin(origin, first, last, limit)

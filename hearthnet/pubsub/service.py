@@ -354,7 +354,7 @@ class PubSub:
         self.policy.check_read(caller, topic)
         if not 1 <= limit <= 500:
             raise BadRequest("limit is 1..500")
-        return await self.log.history(
+        return await self.log.reader.history(
             topic, since_seq=since_seq, since_ts=since_ts, before_seq=before_seq, limit=limit
         )
 

@@ -26,7 +26,7 @@ from tests.helpers import eventually, wait_until
 
 async def topics_from(node: Node, origin: str) -> list[str]:
     """The topics of the messages of ``origin`` that ``node``'s log holds."""
-    rows = await node.message_log.read_origin(origin, 1, 1000, 1000)
+    rows = await node.message_log.reader.read_origin(origin, 1, 1000, 1000)
     return [json.loads(raw)["topic"] for raw in rows]
 
 

@@ -62,7 +62,7 @@ async def test_a_member_far_over_its_budget_paces_itself_and_loses_nothing(
                 return b.mesh.tracker.heads.get(a.keys.node_id, 0) >= total
 
             await wait_until(caught_up, 40, "b holds every message of a")
-            rows = await b.message_log.read_origin(a.keys.node_id, 1, total, total + 10)
+            rows = await b.message_log.reader.read_origin(a.keys.node_id, 1, total, total + 10)
             got = sorted(json.loads(r)["data"]["i"] for r in rows)
             assert relay.mesh.relaying.relay is not None
             refused = relay.mesh.relaying.relay.statistics()["rate_limited"]

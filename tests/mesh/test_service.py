@@ -213,7 +213,7 @@ async def test_gossip_from_a_stranger_origin_is_dropped_not_stored_nor_forwarded
         await wait_until(lambda: node.mesh.log.knows(own.id), what="the member's message stored")
         await other.first("msg")
         forwarded = [orjson.loads(f["raw"]) for f in other.received("msg")]
-        stored = await node.mesh.log.read_origin(stranger.node_id, 1, 10, 10)
+        stored = await node.mesh.log.reader.read_origin(stranger.node_id, 1, 10, 10)
     assert (2.0, [], [own.id]) == (
         node.mesh.traffic.sig_failures.get("gossip_origin"),
         stored,
@@ -245,7 +245,7 @@ async def test_a_message_that_arrives_before_its_origins_membership_is_repaired(
         await wait_until(
             lambda: node.mesh.log.knows(message.id), what="the repaired message stored"
         )
-        stored = await node.mesh.log.read_origin(late.node_id, 1, 1, 1)
+        stored = await node.mesh.log.reader.read_origin(late.node_id, 1, 1, 1)
     assert ({late.node_id: [1, 1]}, [message.raw]) == (iwant["want"], stored)
 
 
@@ -304,7 +304,7 @@ async def test_a_batch_frame_is_stored_whole_and_forwarded_by_what_each_peer_tak
         skip = {"t": "ihave", "heads": {sender.node: 7}, "floors": {sender.node: 7}}
         await wait_until(lambda: skip in old.received("ihave"), what="the ihave past 6")
         batches = new.received("batch")
-        stored = await node.mesh.log.read_origin(sender.node, 1, 5, 10)
+        stored = await node.mesh.log.reader.read_origin(sender.node, 1, 5, 10)
         protocols = {p["node"]: p.get("protocol") for p in node.mesh.peers_status()}
     assert (
         1.0,

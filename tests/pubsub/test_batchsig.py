@@ -140,7 +140,7 @@ async def test_the_log_signs_one_root_per_commit_and_serves_verifiable_messages(
         futures.append(log.publish(topic="chat.b", msg_type="m", data=2**53 + 1))
         futures += [log.publish(topic="chat.b", msg_type="m", data={"i": i}) for i in range(3)]
         outcomes = await asyncio.gather(*futures, return_exceptions=True)
-        rows, _ = await log.history("chat.b", since_seq=0, limit=50)
+        rows, _ = await log.reader.history("chat.b", since_seq=0, limit=50)
     stored = [o for o in outcomes if isinstance(o, StoredMessage)]
     sigs = [s.message.sig for s in stored]
     verifier = BatchVerifier()

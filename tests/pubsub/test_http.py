@@ -331,7 +331,7 @@ async def test_long_poll_starts_by_time_or_count_and_refuses_bad_cursors(
 ) -> None:
     """since_ts and last work as on SSE and WebSocket; malformed cursors are 400."""
     await publish(node, "lp.t", 3)
-    page, _ = await node.message_log.history("lp.t")
+    page, _ = await node.message_log.reader.history("lp.t")
     by_ts = await client.request_json(
         "GET",
         "/pubsub/v1/subscribe",

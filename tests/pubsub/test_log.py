@@ -69,7 +69,7 @@ async def test_a_committed_batch_is_one_row_read_back_whole(tmp_path: Path) -> N
     async with opened(tmp_path / "log.db") as log:
         stored = await publish_many(log, n)
         batches = log.batches
-        back = await log.read_matching(
+        back = await log.reader.read_matching(
             [TopicPattern.parse("chat.a")], after_seq=0, upto_seq=n, limit=n
         )
     with contextlib.closing(sqlite3.connect(tmp_path / "log.db")) as conn:
@@ -106,7 +106,7 @@ async def test_lone_small_batches_commit_on_the_loop_only_with_sync_normal(
             await publish_many(log, INLINE_MAX + 1)
             counts.append((log.batches, log.inline_batches))
         async with opened(tmp_path / f"{sync}.db", sync) as log:
-            back = await log.read_matching(
+            back = await log.reader.read_matching(
                 [TopicPattern.parse("a")], after_seq=0, upto_seq=3, limit=10
             )
             counts.append(([s.message.data for s in back], log.head_seq))
@@ -164,9 +164,9 @@ async def test_history_paging(tmp_path: Path) -> None:
     async with opened(tmp_path / "log.db") as log:
         for i in range(10):
             await log.publish(topic="t.a" if i % 2 == 0 else "t.b", msg_type="m", data=i)
-        latest, more_latest = await log.history("t.a", limit=3)
-        forward, more_forward = await log.history("t.a", since_seq=1, limit=2)
-        back, more_back = await log.history("t.a", before_seq=5, limit=5)
+        latest, more_latest = await log.reader.history("t.a", limit=3)
+        forward, more_forward = await log.reader.history("t.a", since_seq=1, limit=2)
+        back, more_back = await log.reader.history("t.a", before_seq=5, limit=5)
     assert ([5, 7, 9], True, [3, 5], True, [1, 3], False) == (
         [m.seq for m in latest],
         more_latest,
@@ -184,13 +184,13 @@ async def test_expired_messages_are_never_read(tmp_path: Path) -> None:
         await log.publish(topic="t.x", msg_type="m", data="short", ttl_s=1)
         await log.publish(topic="t.x", msg_type="m", data="kept")
         await log.publish(topic="t.y", msg_type="m", data="short", ttl_s=1)
-        fresh, _ = await log.history("t.x")
+        fresh, _ = await log.reader.history("t.x")
         await asyncio.sleep(1.1)
         pattern = [TopicPattern.parse("t.*")]
-        latest, _ = await log.history("t.x")
-        forward, _ = await log.history("t.x", since_seq=0)
-        backlog = await log.read_matching(pattern, after_seq=0, upto_seq=3)
-        last = await log.read_last(pattern, 3, upto_seq=3)
+        latest, _ = await log.reader.history("t.x")
+        forward, _ = await log.reader.history("t.x", since_seq=0)
+        backlog = await log.reader.read_matching(pattern, after_seq=0, upto_seq=3)
+        last = await log.reader.read_last(pattern, 3, upto_seq=3)
     assert [m.seq for m in fresh] == [1, 2]
     assert [[m.seq for m in rows] for rows in (latest, forward, backlog, last)] == [[2]] * 4
 
@@ -200,10 +200,10 @@ async def test_read_matching_wildcards(tmp_path: Path) -> None:
     async with opened(tmp_path / "log.db") as log:
         for topic in ("chat.a", "chat.b.c", "agent.x.events", "chat.a", "other"):
             await log.publish(topic=topic, msg_type="m", data=0)
-        rows = await log.read_matching(
+        rows = await log.reader.read_matching(
             [TopicPattern.parse("chat.*"), TopicPattern.parse("agent.**")], after_seq=1, upto_seq=5
         )
-        last = await log.read_last([TopicPattern.parse("chat.**")], 2, upto_seq=5)
+        last = await log.reader.read_last([TopicPattern.parse("chat.**")], 2, upto_seq=5)
     assert ([3, 4], [2, 4]) == ([r.seq for r in rows], [r.seq for r in last])
 
 
@@ -215,11 +215,11 @@ async def test_read_last_of_literal_topics_behind_a_busy_log(tmp_path: Path) -> 
             await log.publish(topic=topic, msg_type="m", data=0)
         await publish_many(log, 1200, topic="chat.busy")
         head = log.head_seq
-        one = await log.read_last([TopicPattern.parse("chat.quiet")], 2, upto_seq=head)
-        both = await log.read_last(
+        one = await log.reader.read_last([TopicPattern.parse("chat.quiet")], 2, upto_seq=head)
+        both = await log.reader.read_last(
             [TopicPattern.parse("chat.quiet"), TopicPattern.parse("chat.other")], 4, upto_seq=head
         )
-        capped = await log.read_last([TopicPattern.parse("chat.quiet")], 5, upto_seq=3)
+        capped = await log.reader.read_last([TopicPattern.parse("chat.quiet")], 5, upto_seq=3)
     assert ([3, 5], [2, 3, 4, 5], [1, 3]) == (
         [r.seq for r in one],
         [r.seq for r in both],
@@ -246,12 +246,12 @@ async def test_read_last_of_wildcards_over_few_and_many_topics(tmp_path: Path) -
         many_first = head - 600 - (READ_LAST_QUERIES + 44) + 1
         everything = [*range(many_first, head - 599)]
         pattern = [TopicPattern.parse("many.*")]
-        few = await log.read_last([TopicPattern.parse("chat.*")], 3, upto_seq=head)
-        newest = await log.read_last(pattern, 3, upto_seq=head)
+        few = await log.reader.read_last([TopicPattern.parse("chat.*")], 3, upto_seq=head)
+        newest = await log.reader.read_last(pattern, 3, upto_seq=head)
         by_topic = await log.reader._read_last_by_topic(
             log.reader._topics_matching(pattern) or [], 3, head
         )
-        walked = await log.read_last(pattern, READ_LAST_QUERIES + 10, upto_seq=head)
+        walked = await log.reader.read_last(pattern, READ_LAST_QUERIES + 10, upto_seq=head)
         too_many = await log.reader._read_last_by_topic(
             log.reader._topics_matching(pattern) or [], READ_LAST_QUERIES + 10, head
         )
@@ -293,7 +293,7 @@ async def test_read_last_gives_what_a_scan_of_the_whole_log_gives(tmp_path: Path
                 for seq, topic in published
                 if seq <= upto and any(p.matches(topic) for p in patterns)
             ][-count:]
-            got = await log.read_last(patterns, count, upto_seq=upto)
+            got = await log.reader.read_last(patterns, count, upto_seq=upto)
             assert (texts, count, upto, expected) == (
                 texts,
                 count,
@@ -327,14 +327,14 @@ async def test_a_cancelled_read_does_not_pin_an_old_snapshot(tmp_path: Path) -> 
         await publish_many(log, 300)
         for _ in range(3):
             task = asyncio.get_running_loop().create_task(
-                log.read_matching(everything, after_seq=0, upto_seq=log.head_seq)
+                log.reader.read_matching(everything, after_seq=0, upto_seq=log.head_seq)
             )
             await asyncio.sleep(0)  # the query is with the reader thread now
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await publish_many(log, 1)  # the reader thread runs queries in order: no wait needed
-        newest = await log.read_matching(everything, after_seq=300, upto_seq=log.head_seq)
+        newest = await log.reader.read_matching(everything, after_seq=300, upto_seq=log.head_seq)
     assert [301] == [m.seq for m in newest]
 
 
@@ -346,8 +346,8 @@ async def test_retention_per_topic_count_and_rules(tmp_path: Path) -> None:
             await log.publish(topic="chat.a", msg_type="m", data=i)
             await log.publish(topic="agent.b.tokens", msg_type="m", data=i)
         deleted = await service.apply_retention()
-        chat, _ = await log.history("chat.a", limit=50)
-        agent, _ = await log.history("agent.b.tokens", limit=50)
+        chat, _ = await log.reader.history("chat.a", limit=50)
+        agent, _ = await log.reader.history("agent.b.tokens", limit=50)
     assert (6, [3, 4, 5], [5], (3, 1)) == (
         deleted,
         [m.message.data + 1 for m in chat],
@@ -405,8 +405,8 @@ async def test_durable_consumer_holds_unacked_past_retention(tmp_path: Path) -> 
         for i in range(6):
             await log.publish(topic="jobs", msg_type="m", data=i)
         await service.apply_retention()
-        held, _ = await log.history("jobs", limit=50)
-        record = log.consumer("me", "work")
+        held, _ = await log.reader.history("jobs", limit=50)
+        record = log.consumers.get(("me", "work"))
     assert ([1, 2, 3, 5, 6], (4, 4)) == ([m.seq for m in held], record.lost if record else None)
 
 
@@ -509,7 +509,7 @@ async def test_publish_many_answers_a_group_with_one_future(tmp_path: Path) -> N
         )
         with pytest.raises(Unavailable):
             log.publish_many([("chat.a", "m", i, None, None) for i in range(5)])
-        read, _ = await log.history("chat.b", limit=10)
+        read, _ = await log.reader.history("chat.b", limit=10)
     assert ([(1, 1), "bad_request", (2, 3)], [60], 3) == (
         [
             (o.seq, o.message.origin_seq) if isinstance(o, StoredMessage) else o.code

@@ -89,7 +89,7 @@ async def test_a_batch_is_stored_once_and_its_messages_without_sig(tmp_path: Pat
         log.listeners.append(sent.extend)
         await publish_many(log, 10)
         fanned_out = [s.message.raw for s in sent]
-        read, _ = await log.history("chat.a", limit=50)
+        read, _ = await log.reader.history("chat.a", limit=50)
     with contextlib.closing(sqlite3.connect(path)) as conn:
         batches = conn.execute("SELECT origin, first, n, length(leaves) FROM batches").fetchall()
         rows = conn.execute("SELECT bodies, heads FROM batches").fetchall()
@@ -118,8 +118,8 @@ async def test_a_schema_1_log_is_upgraded_in_place_and_read_beside_new_rows(
         new = [s.message.raw for s in await publish_many(log, 3)]
     async with opened(path) as log:
         epoch, head = log.epoch, log.head_seq
-        read, _ = await log.history("chat.a", limit=50)
-        repaired = await log.read_origin(KEYS.node_id, 1, 100, 100)
+        read, _ = await log.reader.history("chat.a", limit=50)
+        repaired = await log.reader.read_origin(KEYS.node_id, 1, 100, 100)
         unsigned = [r.message.unsigned_bytes() or b"" for r in read]
     with contextlib.closing(sqlite3.connect(path)) as conn:
         kinds = conn.execute("SELECT seq, origin, first FROM batches ORDER BY seq").fetchall()
@@ -151,7 +151,7 @@ async def test_a_batch_goes_with_its_last_message(tmp_path: Path) -> None:
         await log.delete([1, 2, 3])
         with contextlib.closing(sqlite3.connect(path)) as conn:
             kept = conn.execute("SELECT first, n FROM batches").fetchall()
-        last, _ = await log.history("chat.a", limit=50)
+        last, _ = await log.reader.history("chat.a", limit=50)
         await log.delete([4])
         with contextlib.closing(sqlite3.connect(path)) as conn:
             gone = conn.execute("SELECT first, n FROM batches").fetchall()
@@ -178,7 +178,7 @@ async def test_a_commit_retried_alone_keeps_each_message_provable(tmp_path: Path
         await log.close()  # flushes what is queued
     outcomes = await asyncio.gather(*futures, return_exceptions=True)
     async with opened(path) as log:
-        read, _ = await log.history("chat.a", limit=50)
+        read, _ = await log.reader.history("chat.a", limit=50)
     assert ([1, "internal_error", 2], [{"i": 0}, {"i": 1}]) == (
         [o.seq if isinstance(o, StoredMessage) else getattr(o, "code", o) for o in outcomes],
         [verified(r.message.raw).data for r in read],
@@ -190,7 +190,7 @@ async def test_unsigned_frames_never_make_a_proof(tmp_path: Path) -> None:
     is made without its proof, and equals the signed form without sig."""
     async with opened(tmp_path / "log.db") as log:
         stored = await publish_many(log, 3)
-        read, _ = await log.history("chat.a", limit=50)
+        read, _ = await log.reader.history("chat.a", limit=50)
     items = [EncodedMessage(s) for s in [*stored, *read]]
     unsigned = {name: [item.unsigned(name) for item in items] for name in FORMS}
     sealed_before = [item.stored.message.sealed for item in items]
@@ -213,7 +213,7 @@ async def test_a_commit_makes_no_message_until_one_is_read(tmp_path: Path) -> No
         frames = [item.unsigned("ws_text") + item.unsigned("sse") for item in items]
         looked_up = [(s.topic, s.origin, s.origin_seq) for s in sent]
         lazy = [s.fields is not None and s.batch is not None for s in sent]
-        read, _ = await log.history("chat.a", limit=50)
+        read, _ = await log.reader.history("chat.a", limit=50)
     assert (
         [True] * 4,
         [("chat.a", KEYS.node_id, i) for i in range(1, 5)],
@@ -242,11 +242,11 @@ async def test_a_schema_2_log_is_upgraded_in_place(tmp_path: Path) -> None:
     # kept on disk but no longer served.
     expected = [(seq, raw) for seq, raw in written if not _expired(orjson.loads(raw))]
     async with opened(path) as log:
-        every = await log.read_matching(
+        every = await log.reader.read_matching(
             [TopicPattern.parse("**")], after_seq=0, upto_seq=log.head_seq, limit=100
         )
         new = await publish_many(log, 1)
-        consumer = log.consumer("tok", "c1")
+        consumer = log.consumers.get(("tok", "c1"))
     with contextlib.closing(sqlite3.connect(path)) as conn:
         rows = conn.execute("SELECT seq, origin <> '', n FROM batches ORDER BY seq").fetchall()
         tables = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
@@ -282,8 +282,8 @@ async def test_a_gossiped_batch_is_stored_as_one_row_and_served_whole(tmp_path: 
     async with opened(path) as log:
         await asyncio.gather(*(log.ingest(m, source=PEER.node_id) for m in received))
     async with opened(path) as log:
-        read, _ = await log.history("chat.p", limit=50)
-        repaired = await log.read_origin(PEER.node_id, 1, 4, 10)
+        read, _ = await log.reader.history("chat.p", limit=50)
+        repaired = await log.reader.read_origin(PEER.node_id, 1, 4, 10)
     with contextlib.closing(sqlite3.connect(path)) as conn:
         rows = conn.execute("SELECT origin, first, n FROM batches").fetchall()
     assert (
@@ -305,7 +305,7 @@ async def test_retention_rewrites_a_partly_expired_batch(tmp_path: Path) -> None
         await publish_many(log, 5)
         assert 2 == await log.delete([2, 4])
     async with opened(path) as log:
-        read, _ = await log.history("chat.a", limit=50)
+        read, _ = await log.reader.history("chat.a", limit=50)
         stats = log.topics["chat.a"].messages
         knows = [log.knows(r.message.id) for r in read]
     assert ([1, 3, 5], 3, [True] * 3) == (

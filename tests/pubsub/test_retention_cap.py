@@ -24,9 +24,9 @@ async def test_message_cap_deletes_the_oldest_across_topics(tmp_path: Path) -> N
             await log.publish(topic="a", msg_type="m", data=i)
             await log.publish(topic="b", msg_type="m", data=i)
         deleted = await service.apply_retention()
-        a, a_more = await log.history("a", since_seq=0, limit=50)
-        b, _ = await log.history("b", since_seq=0, limit=50)
-        after_a, _ = await log.history("a", since_seq=25, limit=50)
+        a, a_more = await log.reader.history("a", since_seq=0, limit=50)
+        b, _ = await log.reader.history("b", since_seq=0, limit=50)
+        after_a, _ = await log.reader.history("a", since_seq=25, limit=50)
     assert (20, 10, [21, 23, 25, 27, 29], [22, 24, 26, 28, 30], False, [27, 29], (5, 5)) == (
         deleted,
         len(log.index),
@@ -47,8 +47,8 @@ async def test_message_cap_leaves_what_a_durable_consumer_holds(tmp_path: Path) 
         for i in range(6):
             await log.publish(topic="jobs", msg_type="m", data=i)
         await service.apply_retention()
-        held, _ = await log.history("jobs", limit=50)
-        record = log.consumer("me", "work")
+        held, _ = await log.reader.history("jobs", limit=50)
+        record = log.consumers.get(("me", "work"))
     assert ([1, 2, 3, 5, 6], (4, 4)) == ([m.seq for m in held], record.lost if record else None)
 
 
@@ -66,7 +66,7 @@ async def test_a_commit_over_the_cap_starts_a_pass_before_the_interval(tmp_path:
             set_at_21 = retention.over_cap.is_set()
             await log.publish(topic="a", msg_type="m", data=21)
             await wait_until(lambda: len(log.index) == 20, 30.0, "a pass down to the cap")
-            kept, _ = await log.history("a", limit=50)
+            kept, _ = await log.reader.history("a", limit=50)
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -88,9 +88,9 @@ async def test_a_prefix_deletes_whole_rows_and_rewrites_the_one_it_cuts(tmp_path
         second = await log.delete(before_seq=7)
         with contextlib.closing(sqlite3.connect(path)) as conn:
             after_second = conn.execute("SELECT seq, first, n FROM batches").fetchall()
-        read, _ = await log.history("chat.b", limit=50)
+        read, _ = await log.reader.history("chat.b", limit=50)
     async with opened(path) as again:
-        reread, _ = await again.history("chat.b", limit=50)
+        reread, _ = await again.reader.history("chat.b", limit=50)
         held = (len(again.index), list(again.index.rows), again.topics.get("chat.a"))
     assert (
         (2, [(1, 1, 4), (5, 5, 4)]),

@@ -285,7 +285,7 @@ async def test_publish_over_ws_is_acknowledged_after_commit(
         {"type": "publish", "topic": "p.q", "msg_type": "note", "data": {"x": 1}, "ref": "r-7"}
     )
     ok = await sub.next("published.ok")
-    page, _ = await node.message_log.history("p.q")
+    page, _ = await node.message_log.reader.history("p.q")
     assert ("r-7", [ok["data"]["id"]]) == (ok["data"]["ref"], [m.message.id for m in page])
 
 
@@ -327,7 +327,7 @@ async def test_durable_consumer_redelivers_unacked_and_takeover_closes_4409(
     frames = await first.messages(5)
     await first.send({"type": "ack", "upto": frames[2]["seq"]})  # consumed 0, 1, 2
     await wait_until(
-        lambda: node.message_log.consumer(node.keys.node_id, "worker").cursor == frames[2]["seq"]
+        lambda: node.message_log.consumers[node.keys.node_id, "worker"].cursor == frames[2]["seq"]
     )
     second = await session(http, node)
     await second.send({"type": "subscribe", "topics": ["jobs"], "consumer": "worker"})
@@ -361,7 +361,7 @@ async def test_slow_durable_consumer_gets_everything_from_the_log_not_a_gap(
         await publish(node, "jobs", 3, start=100)  # and it is live again afterwards
         live = data_of(await slow.messages(3))
         await wait_until(
-            lambda: node.message_log.consumer(node.keys.node_id, "slow").cursor == got[-1]["seq"]
+            lambda: node.message_log.consumers[node.keys.node_id, "slow"].cursor == got[-1]["seq"]
         )
         gaps = node.metrics.counter("hearthnet_pubsub_gaps_total", "").get()
         refills = node.metrics.counter("hearthnet_pubsub_consumer_refills_total", "").get()
