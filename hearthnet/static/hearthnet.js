@@ -225,9 +225,9 @@ export class HearthNet {
    *   presence: {name, status, meta}              join the topics' presence
    *   verify: true                                envelopes keep their sig (spec §6.2),
    *                                               for a page that checks signatures itself
-   *   fields: ["topic", "type", "data"]           lean frames over WebSocket: the envelope
-   *                                               carries only these fields (not with verify;
-   *                                               without "id", no dedupe by id)
+   *   fields: ["topic", "type", "data"]           lean frames: the envelope carries only
+   *                                               these fields (not with verify; without
+   *                                               "id", no dedupe by id)
    */
   subscribe(patterns, opts = {}) {
     const sub = new Subscription(this, Array.isArray(patterns) ? patterns : [patterns], opts);
@@ -419,6 +419,7 @@ export class Subscription {
   _openSse() {
     const q = new URLSearchParams({ topics: this.patterns.join(","), token: this.client.token });
     if (this.opts.verify) q.set("verify", "true");
+    if (this.opts.fields) q.set("fields", this.opts.fields.join(","));
     const at = this._resumePoint();
     if (at && at.seq !== undefined) {
       if (at.epoch) q.set("since_epoch", at.epoch);

@@ -19,7 +19,8 @@ from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
 from hearthnet.pubsub.frames import parse_fields
 from hearthnet.pubsub.payload import encode_bytes
 from hearthnet.pubsub.wire import EncodedMessage, TopicBatch, lean_form
-from tests.helpers import publish, publish_at_once, wait_until
+from tests.helpers import publish, publish_at_once, token_for, wait_until
+from tests.pubsub.test_http import RawSse
 from tests.pubsub.test_ws import session
 
 
@@ -134,3 +135,29 @@ async def test_the_client_asks_for_lean_frames(node: Node) -> None:
         await wait_until(lambda: len(got) == 3, what="three messages")
         task.cancel()
     assert [{"data": {"i": i}} for i in range(3)] == got
+
+
+async def test_sse_and_long_poll_take_fields(node: Node, client: Client) -> None:
+    """?fields= gives lean envelopes over SSE and long-poll; with verify=true it is refused."""
+    await publish_at_once(node, "ls.a", 2)
+    token = token_for(node, "sub:ls.*")
+    sse = await RawSse.open(
+        node, f"/pubsub/v1/subscribe?topics=ls.a&since_seq=0&token={token}&fields=data,type"
+    )
+    streamed = [e["data"] for e in await sse.messages(2)]
+    sse.close()
+    poll = await client.request_json(
+        "GET",
+        "/pubsub/v1/subscribe",
+        query={"topics": "ls.a", "since_seq": 0, "timeout_s": 0, "fields": "data"},
+    )
+    with pytest.raises(BadRequest, match="exclude each other"):
+        await client.request_json(
+            "GET",
+            "/pubsub/v1/subscribe",
+            query={"topics": "ls.a", "fields": "data", "verify": "true"},
+        )
+    assert (
+        [{"type": "m", "data": {"i": i}} for i in range(2)],
+        [{"data": {"i": i}} for i in range(2)],
+    ) == (streamed, [m["data"] for m in poll["messages"]])
