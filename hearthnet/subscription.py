@@ -179,7 +179,9 @@ class ResumeState:
         self.seq = max(self.seq, seq)
         self.received_seq = max(self.received_seq, seq)
         self.unacked += 1
-        self.last_ts = max(self.last_ts or 0, int(envelope.get("ts", 0)))
+        ts = envelope.get("ts")
+        if ts is not None:  # a lean frame may leave it out: no resume by time then
+            self.last_ts = max(self.last_ts or 0, int(ts))
         msg_id = envelope.get("id")
         if msg_id is None:  # a lean frame without id (subscribe fields): seq orders it
             return Delivery(seq, envelope)
