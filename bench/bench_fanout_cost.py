@@ -18,6 +18,7 @@ part on the thread that runs it (``time.thread_time``), so runs of two trees com
   decoder and frame parser, and the byte-level fast path where the tree has one.
 
 Run: python -m bench.bench_fanout_cost [--subs 100,1000 --batch 80 --rounds 200]
+     [--fields topic,type,data]   (lean frames)
 """
 
 from __future__ import annotations
@@ -82,12 +83,13 @@ def _messages(n: int) -> list[Message]:
 
 
 async def fanout_batch_s(
-    subs: int, batch: int, rounds: int, sink: str, window: int = WINDOW
+    subs: int, batch: int, rounds: int, sink: str, window: int = WINDOW, fields: str = ""
 ) -> tuple[list[float], list[int]]:
     """CPU seconds of each round's on_commit and flush, then every subscriber's ack of
     the round and the flush after it (``rounds`` of them), and the bytes each
     subscriber's socket received (none with the null sink). A ``window`` below the batch
-    leaves the rest of each batch queued until the ack lets it out."""
+    leaves the rest of each batch queued until the ack lets it out. ``fields``: the
+    subscribers ask for lean frames of those envelope fields (comma-separated)."""
     loop = asyncio.get_running_loop()
     index: SubscriptionIndex[Subscriber] = SubscriptionIndex()
     fanout = FanOut(
@@ -114,6 +116,8 @@ async def fanout_batch_s(
             out = NullSink()
         sub = Subscriber(caller=ME, client_id=f"c{i}", form="ws_text", channel=channel, sink=out)
         sub.fanout = fanout
+        if fields:
+            sub.ask_fields(tuple(fields.split(",")))
         index.add(TopicPattern.parse(TOPIC), sub)
     messages = _messages(batch)
     took: list[float] = []
@@ -124,8 +128,7 @@ async def fanout_batch_s(
             stored = [StoredMessage(seq + i + 1, m) for i, m in enumerate(messages)]
             seq += batch
             start = time.thread_time()
-            fanout.on_commit(stored)
-            fanout._flush_dirty()  # what the loop runs next; called here to time it alone
+            fanout.on_commit(stored)  # writes to every subscriber before it returns
             took.append(time.thread_time() - start)
             drain(readers, received)  # untimed: the subscribers' side
             # Each subscriber acks what it got (as PubSub.ack: the window moves, a flush
@@ -199,18 +202,24 @@ def main(argv: list[str] | None = None) -> None:
         default=WINDOW,
         help="subscribers' window (below --batch: part of each batch waits for the ack)",
     )
+    p.add_argument(
+        "--fields", default="", help="subscribers ask for lean frames of these fields (a,b,c)"
+    )
     p.add_argument("--name", default="fanout_cost")
     opts = p.parse_args(argv)
     fanout: list[dict[str, Any]] = []
     for sink in opts.sinks.split(","):
         one = statistics.median(
-            asyncio.run(fanout_batch_s(1, opts.batch, opts.rounds, sink, opts.window))[0]
+            asyncio.run(fanout_batch_s(1, opts.batch, opts.rounds, sink, opts.window, opts.fields))[
+                0
+            ]
         )
         for subs in (int(s) for s in opts.subs.split(",")):
             rounds = max(20, opts.rounds * 100 // subs)
-            per_batch = statistics.median(
-                asyncio.run(fanout_batch_s(subs, opts.batch, rounds, sink, opts.window))[0]
+            took, received = asyncio.run(
+                fanout_batch_s(subs, opts.batch, rounds, sink, opts.window, opts.fields)
             )
+            per_batch = statistics.median(took)
             per_sub = (per_batch - one) / (subs - 1)
             row = {
                 "sink": sink,
@@ -222,6 +231,9 @@ def main(argv: list[str] | None = None) -> None:
                 "us_per_batch_one_subscriber": round(one * 1e6, 1),
                 "us_per_subscriber_per_batch": round(per_sub * 1e6, 3),
                 "us_per_delivery": round(per_batch / (subs * opts.batch) * 1e6, 4),
+                "bytes_per_delivery": round(sum(received) / (subs * opts.batch * rounds), 1)
+                if received
+                else None,
             }
             print(row, flush=True)
             fanout.append(row)

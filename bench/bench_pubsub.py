@@ -136,6 +136,8 @@ def fanout_run(
         args += ["--auth", str(auth), "--form", target.form]
         if opts.verify or target.verify:
             args += ["--verify", "1"]
+        if target.fields:
+            args += ["--fields", target.fields]
     timeout = sc.warmup_s + sc.duration_s + opts.drain + 60 + sc.subs / 50
     load1 = os.getloadavg()[0]
     rss0 = proc_rss_mb(target.pid)

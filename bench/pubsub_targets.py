@@ -24,18 +24,26 @@ from hearthnet.identity import load_or_create_keys
 
 SERVERS = (
     "hearthnet", "hearthnet-cbor", "hearthnet-sig", "hearthnet-node", "hearthnet-normal",
-    "nats", "mosquitto", "jetstream",
+    "hearthnet-lean", "hearthnet-cbor-lean", "nats", "mosquitto", "jetstream",
 )  # fmt: skip
 DEFAULT_SERVERS = ("hearthnet", "hearthnet-cbor", "nats", "mosquitto", "jetstream")
 # One node reached by clients of several kinds: JSON, CBOR, subscribers that ask for sig,
-# and clients that authenticate as the node itself (the benchmark's way before tokens).
-SHARED_NODE = ("hearthnet", "hearthnet-cbor", "hearthnet-sig", "hearthnet-node")
+# subscribers that ask for lean frames (LEAN_FIELDS), and clients that authenticate as the
+# node itself (the benchmark's way before tokens).
+SHARED_NODE = (
+    "hearthnet", "hearthnet-cbor", "hearthnet-sig", "hearthnet-node", "hearthnet-lean",
+    "hearthnet-cbor-lean",
+)  # fmt: skip
+# What a lean subscriber asks for (subscribe `fields`): what a token-stream page reads.
+LEAN_FIELDS = "topic,type,data"
 # Which servers each kind of scenario runs against, and the peer its ratios are taken to.
 FANOUT_SERVERS = (
     "hearthnet",
     "hearthnet-cbor",
     "hearthnet-sig",
     "hearthnet-node",
+    "hearthnet-lean",
+    "hearthnet-cbor-lean",
     "nats",
     "mosquitto",
 )
@@ -78,7 +86,12 @@ class Target:
     @property
     def form(self) -> str:
         """The HearthNet subprotocol its clients speak: json or cbor."""
-        return "cbor" if self.name == "hearthnet-cbor" else "json"
+        return "cbor" if self.name.startswith("hearthnet-cbor") else "json"
+
+    @property
+    def fields(self) -> str:
+        """The envelope fields HearthNet subscribers ask for (lean frames), or ``""``."""
+        return LEAN_FIELDS if self.name.endswith("-lean") else ""
 
     @property
     def verify(self) -> bool:

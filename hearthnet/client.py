@@ -204,6 +204,7 @@ class Client:
         first_backoff_s: float = 0.5,
         verify: bool = False,
         cbor: bool = False,
+        fields: list[str] | None = None,
     ) -> Subscription:
         """A subscription that resumes by itself after any disconnect (use ``async with``).
 
@@ -220,6 +221,9 @@ class Client:
                 and skip (and count in ``rejected``) any that fails.
             cbor: use the ``hearthnet-bus.v2+cbor`` subprotocol: a bytes payload arrives
                 as a byte string (``Delivery.data``), not as base64url text.
+            fields: lean message frames carrying only these envelope fields (say
+                ``["topic", "type", "data"]``; not with ``verify``): fewer bytes per
+                message. Deliveries without ``id`` are not deduplicated by id.
         """
         return Subscription(
             self,
@@ -233,6 +237,7 @@ class Client:
             first_backoff_s=first_backoff_s,
             verify=verify,
             cbor=cbor,
+            fields=fields,
         )
 
     # --- calls --------------------------------------------------------------------

@@ -179,8 +179,13 @@ class ResumeState:
         self.seq = max(self.seq, seq)
         self.received_seq = max(self.received_seq, seq)
         self.unacked += 1
-        self.last_ts = max(self.last_ts or 0, int(envelope.get("ts", 0)))
-        msg_id = str(envelope.get("id"))
+        ts = envelope.get("ts")
+        if ts is not None:  # a lean frame may leave it out: no resume by time then
+            self.last_ts = max(self.last_ts or 0, int(ts))
+        msg_id = envelope.get("id")
+        if msg_id is None:  # a lean frame without id (subscribe fields): seq orders it
+            return Delivery(seq, envelope)
+        msg_id = str(msg_id)
         if msg_id in self.seen:
             return None
         self.seen[msg_id] = None
@@ -287,8 +292,11 @@ class Subscription:
         first_backoff_s: float = BACKOFF_START_S,
         verify: bool = False,
         cbor: bool = False,
+        fields: list[str] | None = None,
     ) -> None:
         self.client = client
+        # Lean message frames: only these envelope fields (subscribe ``fields``).
+        self.fields = list(fields) if fields is not None else None
         self.cbor = cbor
         # spec §6.2: with verify, each message's origin signature (single or batch) is
         # checked here; one that fails is skipped (its seq still counts) and counted.
@@ -342,6 +350,8 @@ class Subscription:
                 frame["presence"] = self.presence
             if self.verify:
                 frame["verify"] = True  # spec §6.2: else the node may leave sig out
+            if self.fields is not None:
+                frame["fields"] = self.fields
             await ws.send(encode_frame(frame, self.cbor))
         except (ConnectionClosed, OSError) as exc:
             await ws.close()
@@ -366,6 +376,8 @@ class Subscription:
             frame["presence"] = self.presence
         if self.verify:
             frame["verify"] = True
+        if self.fields is not None:
+            frame["fields"] = self.fields
         await self._ws.send(encode_frame(frame, self.cbor))
 
     def __aiter__(self) -> AsyncIterator[Delivery | Gap]:

@@ -20,6 +20,7 @@ import pytest
 
 from bench import (
     bench_bus,
+    bench_commit_latency,
     bench_fanout_cost,
     bench_log_parts,
     bench_publish_cost,
@@ -66,6 +67,19 @@ async def test_fanout_cost_delivers_every_batch_to_every_subscriber() -> None:
     assert (2, 3, 1) == (len(took), len(received), len(set(received)))
     assert received[0] > 2 * 4 * 256
     assert all(v is not None and v > 0 for v in acks.values())
+
+
+async def test_fanout_cost_lean_frames_are_fewer_bytes() -> None:
+    """bench_fanout_cost --fields: subscribers asking for data alone receive fewer bytes."""
+    _, full = await bench_fanout_cost.fanout_batch_s(2, 4, 2, "socket")
+    _, lean = await bench_fanout_cost.fanout_batch_s(2, 4, 2, "socket", fields="data")
+    assert (True, True) == (lean[0] < full[0], lean[0] > 2 * 4 * 256)
+
+
+async def test_commit_latency_times_every_publish() -> None:
+    """bench_commit_latency: every publish of a short run is timed, checkpoint off too."""
+    row = await bench_commit_latency.one_run("NORMAL", 400, 0.05, checkpoint=False)
+    assert ("off", True) == (row["checkpoint"], row["messages"] >= 2 and row["p50_ms"] > 0)
 
 
 async def test_ws_publish_answers_every_publish_of_both_forms() -> None:

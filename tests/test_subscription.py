@@ -32,6 +32,16 @@ def test_reset_resumes_by_time() -> None:
     assert {"ts": 500} == state.since()
 
 
+def test_lean_frames_are_each_delivered_and_give_no_resume_time() -> None:
+    """Frames without id or ts (subscribe fields) are all delivered; a reset then resumes
+    live, not from time 0."""
+    state = ResumeState()
+    state.subscribed("ep", 0)
+    got = [state.accept(seq, {"data": seq}) for seq in (1, 2)]
+    state.reset()
+    assert ([1, 2], None) == ([d.seq for d in got if d is not None], state.since())
+
+
 def test_cursor_ahead_resumes_from_the_nodes_head_in_the_same_epoch() -> None:
     """A cursor beyond the node's head rewinds to that head: what comes after is asked for."""
     state = ResumeState()

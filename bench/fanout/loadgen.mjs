@@ -108,7 +108,7 @@ function parseArgs(argv) {
     topic: 'bench.fanout', payload: 256, duration: 10, warmup: 2, rate: 2000,
     maxMsgs: 50_000_000, lead: 1000, outstanding: 256, batch: 64, window: 1024, client: 'lean',
     auth: '', drain: 10, hold: 60, connectConcurrency: 100, maxTime: 0, pauseSubs: 0,
-    form: 'json', consumer: '', verify: 0, stream: 'BENCH',
+    form: 'json', consumer: '', verify: 0, fields: '', stream: 'BENCH',
   };
   for (let i = 2; i < argv.length; i += 2) {
     const key = argv[i].replace(/^--/, '').replace(/-([a-z])/g, (_, c) => c.toUpperCase());
@@ -153,12 +153,13 @@ function mqttString(s) {
   return Buffer.concat([Buffer.from([b.length >> 8, b.length & 0xff]), b]);
 }
 
-/** A HearthNet subscribe frame: the run's topic, a durable consumer and `verify` when
- *  asked (spec §6.8, §6.2). */
+/** A HearthNet subscribe frame: the run's topic, a durable consumer, `verify` and lean
+ *  frames' `fields` (comma-separated in --fields) when asked (spec §6.8, §6.2). */
 function subscribeFrame(opts) {
   const frame = { type: 'subscribe', topics: [opts.topic] };
   if (opts.consumer) frame.consumer = opts.consumer;
   if (opts.verify) frame.verify = true;
+  if (opts.fields) frame.fields = opts.fields.split(',');
   return frame;
 }
 

@@ -3,7 +3,9 @@
 Designed rather than hoped for: :meth:`FanOut.on_commit` runs once per committed batch
 (the node's commit pipeline, ``node.py``); each message is encoded once per transport form
 (:class:`~hearthnet.pubsub.wire.EncodedMessage`), every matching subscriber's channel gets
-the same bytes, and each subscriber's frames from one loop turn leave in one write.
+the same bytes, and each subscriber's frames of a commit (with the answers to its own
+publishes) leave in one write, in the commit's loop turn; frames made between commits
+(acks letting queued frames out, control frames) leave once per loop turn.
 """
 
 from __future__ import annotations
@@ -122,9 +124,6 @@ class FanOut:
                 if not sub.flush_scheduled:  # self.wake(sub), inline
                     sub.flush_scheduled = True
                     dirty.append(sub)
-            if dirty and not self._flush_scheduled:
-                self._flush_scheduled = True
-                asyncio.get_running_loop().call_soon(self._flush_dirty)
         else:
             per_sub: dict[Subscriber, list[TopicBatch]] = {}
             for topic, items in groups.items():
@@ -142,6 +141,11 @@ class FanOut:
             self.metrics.published.inc("local", amount=local)
         if local < len(batch):
             self.metrics.published.inc("remote", amount=len(batch) - local)
+        if self._dirty:
+            # Written in the commit's loop turn, not the next one: a loop turn later is
+            # a turn of every other session's reads later (the publishers' answers,
+            # queued by the log before this call, leave in the same writes).
+            self._flush_dirty()
 
     def _delivered(self, sub: Subscriber) -> None:
         """After a batch was offered to ``sub``: flush it this loop turn; a durable

@@ -12,6 +12,7 @@ from hearthnet.pubsub.envelope import validate_ttl, validate_type
 from hearthnet.pubsub.payload import from_publish
 from hearthnet.pubsub.presence import validate_presence_fields
 from hearthnet.pubsub.topics import TopicPattern, validate_topic
+from hearthnet.pubsub.wire import ENVELOPE_FIELDS
 from hearthnet.shapes import Shape
 
 MAX_PATTERNS_PER_FRAME = 64
@@ -39,13 +40,15 @@ class Since:
 
 @dataclass(frozen=True, slots=True)
 class Subscribe:
-    """``{"type":"subscribe","topics":[...],"since"?,"consumer"?,"presence"?,"verify"?}``."""
+    """``{"type":"subscribe","topics":[...],"since"?,"consumer"?,"presence"?,"verify"?,
+    "fields"?}``."""
 
     patterns: tuple[TopicPattern, ...]
     since: Since | None
     consumer: str | None
     presence: dict[str, Any] | None
     verify: bool = False  # spec §6.2: message frames carry sig only when asked
+    fields: tuple[str, ...] | None = None  # lean frames: only these envelope fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +120,7 @@ SHAPES: dict[str, Shape] = {
     ),
     "subscribe": Shape.of(
         "subscribe frame",
-        ("type", "topics", "since", "consumer", "presence", "verify"),
+        ("type", "topics", "since", "consumer", "presence", "verify", "fields"),
         {
             "last": _SINCE_HINT % "last",
             "seq": 'did you mean since: {"epoch": E, "seq": N}?',
@@ -230,13 +233,39 @@ def _subscribe(obj: dict[str, Any]) -> ClientFrame:
     verify = obj.get("verify", False)
     if not isinstance(verify, bool):
         raise BadRequest("subscribe.verify is true or false")
+    fields = parse_fields(obj.get("fields"))
+    if fields is not None and verify:
+        raise BadRequest("subscribe.fields and verify: true exclude each other (sig signs all)")
     return Subscribe(
         _patterns(obj.get("topics"), "subscribe"),
         parse_since(obj.get("since")),
         consumer,
         presence,
         verify,
+        fields,
     )
+
+
+def parse_fields(obj: object) -> tuple[str, ...] | None:
+    """``fields`` of a subscribe: a list of distinct envelope field names (lean message
+    frames), returned in the envelope's order; None when absent.
+
+    Raises:
+        BadRequest: not a list of known, distinct names (an unknown one is named).
+    """
+    if obj is None:
+        return None
+    if not isinstance(obj, list) or not obj or not all(isinstance(f, str) for f in obj):
+        raise BadRequest(
+            f"subscribe.fields is a list of envelope fields: {', '.join(ENVELOPE_FIELDS)}"
+        )
+    for name in obj:
+        if name not in ENVELOPE_FIELDS:
+            hint = " (sig comes with verify: true)" if name == "sig" else ""
+            raise BadRequest(f"unknown envelope field {name!r} in subscribe.fields{hint}")
+    if len(set(obj)) != len(obj):
+        raise BadRequest("subscribe.fields names a field twice")
+    return tuple(f for f in ENVELOPE_FIELDS if f in obj)
 
 
 def _unsubscribe(obj: dict[str, Any]) -> ClientFrame:

@@ -18,7 +18,7 @@ from hearthnet.clock import now_ms
 from hearthnet.errors import BadRequest, Expired, WireError
 from hearthnet.ids import new_ulid
 from hearthnet.pubsub.channel import ChannelState, SubscriberChannel
-from hearthnet.pubsub.frames import Since
+from hearthnet.pubsub.frames import Since, parse_fields
 from hearthnet.pubsub.payload import from_publish
 from hearthnet.pubsub.sinks import AiohttpSink, LongPollSink
 from hearthnet.pubsub.subscriber import Subscriber
@@ -50,7 +50,8 @@ PUBLISH_BODY = Shape.of(
 )
 _SINCE = ("since_epoch", "since_seq", "since_ts", "last")
 SUBSCRIBE_QUERY = Shape.query(
-    "subscribe query", ("topics", "topic", *_SINCE, "timeout_s", "consumer", "verify", "token")
+    "subscribe query",
+    ("topics", "topic", *_SINCE, "timeout_s", "consumer", "verify", "fields", "token"),
 )
 HISTORY_QUERY = Shape.query(
     "history query", ("since_seq", "since_ts", "before_seq", "limit", "token")
@@ -77,6 +78,26 @@ def verify_query(request: web.Request) -> bool:
     if raw in ("false", "0", ""):
         return False
     raise BadRequest("verify is true or false")
+
+
+def fields_query(request: web.Request) -> tuple[str, ...] | None:
+    """``fields=topic,type,data``: lean message frames with only those envelope fields
+    (None when absent); not with ``verify=true``."""
+    raw = request.query.get("fields")
+    if raw is None:
+        return None
+    fields = parse_fields(raw.split(","))
+    if fields is not None and verify_query(request):
+        raise BadRequest("fields and verify=true exclude each other (sig signs all)")
+    return fields
+
+
+def _lean(sub: Subscriber, request: web.Request) -> Subscriber:
+    """``sub`` with the request's ``fields`` applied."""
+    fields = fields_query(request)
+    if fields is not None:
+        sub.ask_fields(fields)
+    return sub
 
 
 def _patterns(request: web.Request) -> tuple[TopicPattern, ...]:
@@ -190,7 +211,7 @@ class PubSubHttp:
         if request.headers.get("Upgrade", "").lower() == "websocket":
             return await self.ws.handle(request)
         SUBSCRIBE_QUERY.check(request.query)
-        verify_query(request)  # a bad value is refused before a stream starts
+        fields_query(request)  # a bad value (or verify) is refused before a stream starts
         caller = self.caller(request, None)
         patterns = _patterns(request)
         if "text/event-stream" in request.headers.get("Accept", ""):
@@ -294,13 +315,16 @@ class PubSubHttp:
             catching_up=True,
             encode_gap=lambda a, b: control_frame("json", "gap", {"from_seq": a, "to_seq": b}),
         )
-        sub = Subscriber(
-            caller=caller,
-            client_id="lp_" + new_ulid().lower(),
-            form="json",
-            channel=channel,
-            sink=sink,
-            verify=verify_query(request),
+        sub = _lean(
+            Subscriber(
+                caller=caller,
+                client_id="lp_" + new_ulid().lower(),
+                form="json",
+                channel=channel,
+                sink=sink,
+                verify=verify_query(request),
+            ),
+            request,
         )
         # A long-poll holds a socket for up to timeout_s: it counts like any stream, and a
         # revocation ends it like any stream.
@@ -392,13 +416,16 @@ class SseSession:
             self.sink = AiohttpSink(
                 transport, self.request.protocol, self.request.writer, chunked=self.chunked
             )
-        self.sub = Subscriber(
-            caller=self.caller,
-            client_id="sse_" + new_ulid().lower(),
-            form="sse",
-            channel=channel,
-            sink=self.sink,
-            verify=verify_query(self.request),
+        self.sub = _lean(
+            Subscriber(
+                caller=self.caller,
+                client_id="sse_" + new_ulid().lower(),
+                form="sse",
+                channel=channel,
+                sink=self.sink,
+                verify=verify_query(self.request),
+            ),
+            self.request,
         )
         self.deps.service.register(self.sub)
         self.deps.sweeper.add(self)

@@ -15,11 +15,12 @@ from collections.abc import Callable, Set
 from typing import Any, Protocol
 
 from hearthnet.caller import Caller
+from hearthnet.errors import BadRequest
 from hearthnet.pubsub.access import AccessPolicy
 from hearthnet.pubsub.channel import ChannelState, SubscriberChannel
 from hearthnet.pubsub.log import ConsumerRecord
 from hearthnet.pubsub.topics import TopicPattern
-from hearthnet.pubsub.wire import TopicBatch, control_frame, message_form
+from hearthnet.pubsub.wire import TopicBatch, control_frame, lean_form, message_form
 
 CACHED_TOPICS = 4096  # per-topic permission decisions a session remembers
 _CATCHING_UP = ChannelState.CATCHING_UP  # an Enum member read from its class is slow on 3.11
@@ -81,6 +82,7 @@ class Subscriber:
         "closed",
         "consumer",
         "fanout",
+        "fields",
         "filtered",
         "flush_scheduled",
         "form",
@@ -112,6 +114,7 @@ class Subscriber:
         # spec §6.2: messages carry sig only for a subscriber that asked to verify.
         self.verify = verify
         self.msg_form = message_form(form, verify)
+        self.fields: tuple[str, ...] | None = None  # lean message frames (ask_fields)
         self.channel = channel
         self.sink = sink  # None once nothing may be written (after a close frame)
         if sink is not None:
@@ -163,9 +166,30 @@ class Subscriber:
         return SubscribeTurn(self)
 
     def ask_verify(self) -> None:
-        """From now on, message frames carry ``sig`` (a session cannot go back)."""
+        """From now on, message frames carry ``sig`` (a session cannot go back).
+
+        Raises:
+            BadRequest: the session asked for lean frames (``fields``): ``sig`` signs
+                every field, so it cannot be checked on a lean frame.
+        """
+        if self.fields is not None:
+            raise BadRequest("verify: true on a session with subscribe.fields (sig signs all)")
         self.verify = True
         self.msg_form = self.form
+
+    def ask_fields(self, fields: tuple[str, ...]) -> None:
+        """From now on, message frames carry only ``fields`` of the envelope (given once
+        per session; the same list again is accepted).
+
+        Raises:
+            BadRequest: the session asked to verify, or named other fields before.
+        """
+        if self.verify:
+            raise BadRequest("subscribe.fields on a session that asked to verify (sig signs all)")
+        if self.fields is not None and self.fields != fields:
+            raise BadRequest("subscribe.fields is set once per session")
+        self.fields = fields
+        self.msg_form = lean_form(self.form, fields)
 
     def allows(self, topic: str, policy: AccessPolicy) -> bool:
         """Whether ``topic`` may be delivered to this session (cached per topic)."""

@@ -5,7 +5,9 @@ Forms: ``ws_text`` (a complete unmasked WebSocket text frame, header included),
 ``ws_cbor`` (a binary frame with the CBOR form), ``sse`` (an SSE event with ``id:``)
 and ``json`` (the frame object's JSON, for long-poll and history bodies). Each form has an
 unsigned variant (the form's name + :data:`NOSIG`): the same frame with the envelope's
-``sig`` left out, for subscribers that did not ask to verify (spec §6.2).
+``sig`` left out, for subscribers that did not ask to verify (spec §6.2), and lean
+variants (:func:`lean_form`): the frame's ``data`` holds only the envelope fields a
+subscriber named in its subscribe (``fields``), in the envelope's order.
 """
 
 from __future__ import annotations
@@ -23,6 +25,33 @@ NOSIG = "-nosig"
 
 
 _UNSIGNED = {form: form + NOSIG for form in FORMS}  # one string each, not one per session
+LEAN = "~"  # a lean form's name: the form, LEAN, the fields joined by commas
+# The envelope fields a subscriber may ask for (``fields`` in subscribe), in the order a
+# lean frame carries them; ``data_enc`` comes with ``data`` (it says how to read it).
+ENVELOPE_FIELDS = ("id", "topic", "type", "data", "origin", "origin_seq", "ts", "ttl_s", "sender")
+_LEAN_NAMES: dict[tuple[str, tuple[str, ...]], str] = {}  # at most 4 forms x 2^9 field sets
+
+
+def lean_form(form: str, fields: tuple[str, ...]) -> str:
+    """The name of form ``form`` (one of :data:`FORMS`) whose message frames carry only
+    ``fields`` of the envelope (no ``sig``); one string per form and field set."""
+    key = (form, tuple(f for f in ENVELOPE_FIELDS if f in fields))
+    name = _LEAN_NAMES.get(key)
+    if name is None:
+        name = _LEAN_NAMES[key] = form + LEAN + ",".join(key[1])
+    return name
+
+
+def lean_body(body: dict[str, Any], fields: str) -> dict[str, Any]:
+    """The fields named in ``fields`` (comma-joined, in envelope order) of ``body``, with
+    ``data_enc`` beside ``data`` when the message is bytes."""
+    out: dict[str, Any] = {}
+    for name in fields.split(","):
+        if name in body:
+            out[name] = body[name]
+            if name == "data" and "data_enc" in body:
+                out["data_enc"] = body["data_enc"]
+    return out
 
 
 def message_form(form: str, verify: bool) -> str:
@@ -59,7 +88,7 @@ def sse_bytes(event: str, data: bytes, event_id: int | None = None) -> bytes:
 class EncodedMessage:
     """One committed message with its encodings, each made at most once."""
 
-    __slots__ = ("_json", "_nosig", "_sse", "_ws_cbor", "_ws_text", "stored")
+    __slots__ = ("_json", "_lean", "_nosig", "_sse", "_ws_cbor", "_ws_text", "stored")
 
     def __init__(self, stored: StoredMessage) -> None:
         self.stored = stored
@@ -68,6 +97,7 @@ class EncodedMessage:
         self._ws_cbor: bytes | None = None
         self._sse: bytes | None = None
         self._nosig: dict[str, bytes] | None = None
+        self._lean: dict[str, bytes] | None = None
 
     @property
     def seq(self) -> int:
@@ -137,8 +167,45 @@ class EncodedMessage:
         cache[name] = out
         return out
 
+    def lean(self, name: str) -> bytes:
+        """Lean form ``name`` (:func:`lean_form`): the frame with only the named fields."""
+        cache = self._lean
+        if cache is None:
+            cache = self._lean = {}
+        out = cache.get(name)
+        if out is not None:
+            return out
+        form, _, fields = name.partition(LEAN)
+        stored = self.stored
+        if form == "ws_cbor":
+            frame = stored.frame_cbor(sig=False)
+            frame["data"] = lean_body(frame["data"], fields)
+            out = ws_frame(cbor2.dumps(frame), OP_BINARY)
+        else:
+            body = stored.fields
+            if body is None:
+                body = stored.message.body(sig=False)
+            envelope = orjson.dumps(lean_body(body, fields))
+            if form == "sse":
+                out = sse_bytes("message", envelope, stored.seq)
+            else:
+                out = (
+                    b'{"event":"message","data":'
+                    + envelope
+                    + b',"seq":'
+                    + str(stored.seq).encode()
+                    + b"}"
+                )
+                if form == "ws_text":
+                    out = ws_frame(out, OP_TEXT)
+        cache[name] = out
+        return out
+
     def form(self, name: str) -> bytes:
-        """The encoding called ``name`` (one of :data:`FORMS`, or its unsigned variant)."""
+        """The encoding called ``name`` (one of :data:`FORMS`, its unsigned variant, or a
+        lean form)."""
+        if LEAN in name:
+            return self.lean(name)
         if name.endswith(NOSIG):
             return self.unsigned(name[: -len(NOSIG)])
         if name == "ws_text":

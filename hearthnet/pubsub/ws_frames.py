@@ -159,6 +159,8 @@ class WsFrames:
         elif isinstance(frame, Subscribe):
             if frame.verify:
                 sub.ask_verify()
+            if frame.fields is not None:
+                sub.ask_fields(frame.fields)
             if frame.presence is not None:
                 session.in_presence()
             self._spawn(

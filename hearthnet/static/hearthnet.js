@@ -225,6 +225,9 @@ export class HearthNet {
    *   presence: {name, status, meta}              join the topics' presence
    *   verify: true                                envelopes keep their sig (spec §6.2),
    *                                               for a page that checks signatures itself
+   *   fields: ["topic", "type", "data"]           lean frames: the envelope carries only
+   *                                               these fields (not with verify; without
+   *                                               "id", no dedupe by id)
    */
   subscribe(patterns, opts = {}) {
     const sub = new Subscription(this, Array.isArray(patterns) ? patterns : [patterns], opts);
@@ -416,6 +419,7 @@ export class Subscription {
   _openSse() {
     const q = new URLSearchParams({ topics: this.patterns.join(","), token: this.client.token });
     if (this.opts.verify) q.set("verify", "true");
+    if (this.opts.fields) q.set("fields", this.opts.fields.join(","));
     const at = this._resumePoint();
     if (at && at.seq !== undefined) {
       if (at.epoch) q.set("since_epoch", at.epoch);
@@ -456,6 +460,7 @@ export class Subscription {
       if (at) sub.since = at;
       if (this.presenceFields) sub.presence = this.presenceFields;
       if (this.opts.verify) sub.verify = true;
+      if (this.opts.fields) sub.fields = this.opts.fields;
       ws.send(JSON.stringify(sub));
     } else if (event === "subscribed") {
       if (this.epoch !== null && data.epoch !== this.epoch) this.seq = null;
@@ -488,15 +493,18 @@ export class Subscription {
 
   _onMessage(envelope, seq, ws) {
     if (seq !== undefined && this.seq !== null && seq <= this.seq) return; // already had it
-    if (this._seen.has(envelope.id)) {
-      if (seq !== undefined) this.seq = seq;
-      return;
+    if (envelope.id !== undefined) {
+      // a lean frame (opts.fields) may come without id: its seq alone orders it
+      if (this._seen.has(envelope.id)) {
+        if (seq !== undefined) this.seq = seq;
+        return;
+      }
+      this._seen.add(envelope.id);
+      this._seenOrder.push(envelope.id);
+      if (this._seenOrder.length > SEEN_IDS) this._seen.delete(this._seenOrder.shift());
     }
-    this._seen.add(envelope.id);
-    this._seenOrder.push(envelope.id);
-    if (this._seenOrder.length > SEEN_IDS) this._seen.delete(this._seenOrder.shift());
     if (seq !== undefined) this.seq = seq;
-    this.lastTs = envelope.ts;
+    if (envelope.ts !== undefined) this.lastTs = envelope.ts;
     this.delivered++;
     if (this.opts.onMessage) this.opts.onMessage(envelope, { seq, epoch: this.epoch });
     if (ws) this._ack(seq, ws);

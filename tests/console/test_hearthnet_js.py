@@ -61,3 +61,32 @@ console.log(JSON.stringify({{
         [True, True],
         token.to_json(),
     ) == (got["matches"], [is_ulid(u) for u in got["ulids"]], got["claims"])
+
+
+@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+def test_lean_frames_in_hearthnet_js() -> None:
+    """opts.fields goes into the subscribe frame; frames without id are delivered once each."""
+    source = resources.files("hearthnet") / "static" / "hearthnet.js"
+    script = f"""
+const hn = await import({json.dumps("file://" + str(source))});
+const got = [];
+const sent = [];
+const sub = new hn.Subscription(null, ["a.b"], {{
+  fields: ["data"], onMessage: (envelope, meta) => got.push([envelope.data, meta.seq]),
+}});
+sub._onFrame({{ event: "auth.ok", data: {{}} }}, {{ send: (text) => sent.push(JSON.parse(text)) }});
+for (const [data, seq] of [[1, 1], [2, 2], [2, 2], [3, 3]]) sub._onMessage({{ data }}, seq, null);
+console.log(JSON.stringify({{ sent, got }}));
+"""
+    assert NODE is not None
+    out = subprocess.run(
+        [NODE, "--input-type=module", "-e", script],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert {
+        "sent": [{"type": "subscribe", "topics": ["a.b"], "fields": ["data"]}],
+        "got": [[1, 1], [2, 2], [3, 3]],
+    } == json.loads(out.stdout)
