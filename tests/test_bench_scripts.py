@@ -104,7 +104,7 @@ async def test_writer_trip_times_both_hand_offs() -> None:
 async def test_log_parts_times_the_writer_pieces_of_real_commits() -> None:
     """bench_log_parts times signing and SQLite inside real commits, and the pieces add
     up to the whole."""
-    opts = argparse.Namespace(messages=120, batch=40, sync=["normal"], runs=1)
+    opts = argparse.Namespace(messages=120, batch=40, sync=["normal"], runs=1, mode="ws")
     result = await bench_log_parts.run(opts)
     parts = result["sync"]["normal"]["runs"][0]
     assert (True, True) == (
