@@ -37,7 +37,7 @@ from hearthnet.errors import (
 from hearthnet.identity import KeyPair
 from hearthnet.membership import Membership
 from hearthnet.mesh.addresses import PeerBook
-from hearthnet.mesh.linkread import install
+from hearthnet.mesh.linkread import connection_of, install
 from hearthnet.mesh.links import (
     HANDSHAKE_TIMEOUT_S,
     BinaryHandler,
@@ -60,6 +60,7 @@ from hearthnet.mesh.protocol import (
 from hearthnet.mesh.routing import Routes
 from hearthnet.mesh.tls import client_context, peer_node_id
 from hearthnet.metrics import Counter
+from hearthnet.transport.closing import CLOSE_GRACE_S, OpenTransports
 from hearthnet.transport.server import error_response
 
 log = logging.getLogger("hearthnet.mesh")
@@ -140,6 +141,10 @@ class Dialer:
         self._referrals = 0  # handshakes in flight with members we are too full to link
         self._tls_client = client_context() if tls_mode != "off" else None
         self._http: aiohttp.ClientSession | None = None
+        # dialled connections until lost: a TLS close in flight when the mesh stops is
+        # waited for (bounded), then aborted, so no socket outlives the node (spec §9)
+        self.connections = OpenTransports()
+        self.close_grace_s = CLOSE_GRACE_S
 
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[None]:
@@ -151,6 +156,7 @@ class Dialer:
             yield
         finally:
             await self._http.close()
+            await self.connections.close_all(self.close_grace_s)
 
     def _handshake(self, *, outbound: bool, link: int, expect: str | None = None) -> Handshake:
         return Handshake(
@@ -347,6 +353,7 @@ class Dialer:
             ssl=self._tls_client if tls and self._tls_client is not None else False,
         )
         install(ws, MAX_FRAME_BYTES)  # before we speak first: no frame has arrived yet
+        self._track(ws)
         try:
             # spec §3.1: the certificate must carry the key of the node we meant to reach
             cert_node = peer_node_id(ws.get_extra_info("ssl_object")) if tls else None
@@ -361,6 +368,21 @@ class Dialer:
             await ws.close()
             raise
         return ws, peer
+
+    def _track(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        connection = connection_of(ws)
+        if connection is None:
+            return
+        transport, closed = connection
+        connections = self.connections
+
+        def lost(future: asyncio.Future[None]) -> None:
+            if not future.cancelled():
+                future.exception()  # a reset is how many links end; nothing to report
+            connections.lost(transport)
+
+        connections.add(transport)
+        closed.add_done_callback(lost)
 
     async def dial_punched(
         self,

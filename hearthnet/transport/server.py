@@ -39,6 +39,7 @@ from hearthnet.errors import (
 from hearthnet.metrics import Counter, MetricsRegistry
 from hearthnet.transport.callhead import CallHeadLimits
 from hearthnet.transport.callpath import CallPath, CallPathLimits, CallService
+from hearthnet.transport.closing import CLOSE_GRACE_S
 from hearthnet.transport.cors import OriginPolicy, response_headers
 from hearthnet.transport.frontdoor import (
     TLS_RECORD_HANDSHAKE,
@@ -315,6 +316,8 @@ class HttpServer:
         self._sweeping: asyncio.Task[None] | None = None
         self._call_sweeping: asyncio.Task[None] | None = None
         self._sniffing: set[asyncio.Task[None]] = set()
+        # spec §9: TLS closes in flight at stop get this long before they are aborted
+        self.close_grace_s = CLOSE_GRACE_S
         self._spare: int | None = None
         self._emfile_logged = -_EMFILE_LOG_EVERY_S
         self._emfile_count = 0
@@ -498,8 +501,13 @@ class HttpServer:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._accepting = self._sweeping = self._call_sweeping = None
-        for task in list(self._sniffing):
+        sniffing = list(self._sniffing)
+        for task in sniffing:
             task.cancel()
+        if sniffing:
+            # a connection mid-handshake closes its transport as it is cancelled; waiting
+            # for that here leaves none of them to the garbage collector
+            await asyncio.wait(sniffing, timeout=self.close_grace_s)
         if self.gate is not None:
             self.gate.close_pending()
         if self._sock is not None:
@@ -510,13 +518,18 @@ class HttpServer:
             self._spare = None
 
     async def close(self) -> None:
-        """Stop everything."""
+        """Stop everything; returns once every accepted connection is closed (TLS closes
+        in flight get :attr:`close_grace_s`, then they are aborted)."""
         await self.stop_accepting()
         if self.call_path is not None:
             await self.call_path.shutdown(grace_s=1.0)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.gate is not None:
+            aborted = await self.gate.connections.close_all(self.close_grace_s)
+            if aborted:
+                log.debug("aborted %d connection(s) whose TLS close went unanswered", aborted)
 
 
 async def _allow_origin(request: web.Request, response: web.StreamResponse) -> None:
