@@ -37,7 +37,7 @@ from hearthnet.errors import (
 from hearthnet.identity import KeyPair
 from hearthnet.membership import Membership
 from hearthnet.mesh.addresses import PeerBook
-from hearthnet.mesh.linkread import connection_of, install
+from hearthnet.mesh.linkread import install
 from hearthnet.mesh.links import (
     HANDSHAKE_TIMEOUT_S,
     BinaryHandler,
@@ -60,7 +60,7 @@ from hearthnet.mesh.protocol import (
 from hearthnet.mesh.routing import Routes
 from hearthnet.mesh.tls import client_context, peer_node_id
 from hearthnet.metrics import Counter
-from hearthnet.transport.closing import CLOSE_GRACE_S, OpenTransports
+from hearthnet.transport.closing import CLOSE_GRACE_S, OpenTransports, TrackedConnector
 from hearthnet.transport.server import error_response
 
 log = logging.getLogger("hearthnet.mesh")
@@ -150,7 +150,8 @@ class Dialer:
     async def session(self) -> AsyncIterator[None]:
         """The HTTP client dials go through, open while the mesh runs."""
         self._http = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5)
+            connector=TrackedConnector(self.connections),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
         try:
             yield
@@ -353,7 +354,6 @@ class Dialer:
             ssl=self._tls_client if tls and self._tls_client is not None else False,
         )
         install(ws, MAX_FRAME_BYTES)  # before we speak first: no frame has arrived yet
-        self._track(ws)
         try:
             # spec §3.1: the certificate must carry the key of the node we meant to reach
             cert_node = peer_node_id(ws.get_extra_info("ssl_object")) if tls else None
@@ -369,21 +369,6 @@ class Dialer:
             raise
         return ws, peer
 
-    def _track(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        connection = connection_of(ws)
-        if connection is None:
-            return
-        transport, closed = connection
-        connections = self.connections
-
-        def lost(future: asyncio.Future[None]) -> None:
-            if not future.cancelled():
-                future.exception()  # a reset is how many links end; nothing to report
-            connections.lost(transport)
-
-        connections.add(transport)
-        closed.add_done_callback(lost)
-
     async def dial_punched(
         self,
         addr: str,
@@ -396,7 +381,9 @@ class Dialer:
         is one half of a simultaneous open), then TLS, the upgrade and the handshake with
         ``expect``; the link runs here until it ends. False when no link came of it."""
         target = self.dial_url(f"http://{addr}")
-        connector = aiohttp.TCPConnector(socket_factory=socket_factory, force_close=True)
+        connector = TrackedConnector(
+            self.connections, socket_factory=socket_factory, force_close=True
+        )
         async with aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=within_s)
         ) as http:

@@ -20,7 +20,6 @@ reads with ``receive()`` as before.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -177,17 +176,6 @@ def abort(ws: Any) -> bool:
         return False
     transport.abort()
     return True
-
-
-def connection_of(ws: Any) -> tuple[asyncio.Transport, asyncio.Future[None]] | None:
-    """A client WebSocket's transport and the future its connection's loss completes
-    (aiohttp's ``closed``), taken while the connection is open; None where not found."""
-    protocol = _protocol_of(ws)
-    transport = getattr(protocol, "transport", None)
-    closed = getattr(protocol, "closed", None)
-    if transport is None or not isinstance(closed, asyncio.Future):
-        return None
-    return transport, closed
 
 
 def reader_of(ws: Any) -> LinkReader | None:

@@ -12,6 +12,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+from aiohttp.client_proto import ResponseHandler
+from aiohttp.client_reqrep import ClientRequest
+from aiohttp.tracing import Trace
 
 # spec §9: how long a stopping node waits for TLS closes in flight before aborting them
 CLOSE_GRACE_S = 1.0
@@ -42,6 +48,17 @@ class OpenTransports:
         if not self._open and self._empty is not None:
             self._empty.set()
 
+    def add_until(self, transport: asyncio.Transport, lost: asyncio.Future[None]) -> None:
+        """``transport``'s connection is made; it is lost when ``lost`` completes."""
+
+        def forget(future: asyncio.Future[None]) -> None:
+            if not future.cancelled():
+                future.exception()  # a reset is how many connections end; not reported
+            self.lost(transport)
+
+        self.add(transport)
+        lost.add_done_callback(forget)
+
     async def close_all(self, grace_s: float = CLOSE_GRACE_S) -> int:
         """Close every transport, wait up to ``grace_s`` for their connections to be lost
         (TLS closes finishing), then abort the rest; returns how many were aborted."""
@@ -70,3 +87,24 @@ class OpenTransports:
         finally:
             self._empty = None
         return True
+
+
+class TrackedConnector(aiohttp.TCPConnector):
+    """aiohttp's TCP connector, each connection it opens in ``connections`` until lost
+    (aiohttp's own close leaves a TLS close of a connection it already let go running)."""
+
+    def __init__(self, connections: OpenTransports, **options: Any) -> None:
+        super().__init__(**options)
+        self.connections = connections
+
+    async def _create_connection(
+        self,
+        req: ClientRequest,
+        traces: list[Trace],
+        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 (aiohttp's own signature)
+    ) -> ResponseHandler:
+        protocol = await super()._create_connection(req, traces, timeout)
+        transport, lost = protocol.transport, protocol.closed
+        if isinstance(transport, asyncio.Transport) and lost is not None:
+            self.connections.add_until(transport, lost)
+        return protocol
