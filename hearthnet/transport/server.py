@@ -416,10 +416,7 @@ class HttpServer:
                 _refuse_socket(conn, refusal)
                 continue
             conn.setblocking(False)
-            task = loop.create_task(self._serve_connection(conn, key, gate))
-            gate.closers[key] = _canceller(task)
-            self._sniffing.add(task)
-            task.add_done_callback(self._sniffing.discard)
+            self._serve(conn, key, gate)
 
     def serve_socket(self, conn: socket.socket, peer_ip: str) -> bool:
         """Serve a connection this node opened itself (a punched one, spec §8) as if it
@@ -432,11 +429,21 @@ class HttpServer:
             _refuse_socket(conn, refusal)
             return False
         conn.setblocking(False)
-        task = asyncio.get_running_loop().create_task(self._serve_connection(conn, key, self.gate))
-        self.gate.closers[key] = _canceller(task)
-        self._sniffing.add(task)
-        task.add_done_callback(self._sniffing.discard)
+        self._serve(conn, key, self.gate)
         return True
+
+    def _serve(self, conn: socket.socket, key: int, gate: PreAuthGate) -> None:
+        task = asyncio.get_running_loop().create_task(self._serve_connection(conn, key, gate))
+        gate.closers[key] = _canceller(task)
+        self._sniffing.add(task)
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._sniffing.discard(task)
+            if task.cancelled():  # cancelled before its first step, it cleaned up nothing
+                conn.close()
+                gate.closed(key)
+
+        task.add_done_callback(done)
 
     def _out_of_descriptors(self, sock: socket.socket, gate: PreAuthGate) -> bool:
         """accept() failed with EMFILE: shed the oldest pending connection, and take the
@@ -504,9 +511,7 @@ class HttpServer:
         sniffing = list(self._sniffing)
         for task in sniffing:
             task.cancel()
-        if sniffing:
-            # a connection mid-handshake closes its transport as it is cancelled; waiting
-            # for that here leaves none of them to the garbage collector
+        if sniffing:  # each closes its socket (or half-made transport) as it ends
             await asyncio.wait(sniffing, timeout=self.close_grace_s)
         if self.gate is not None:
             self.gate.close_pending()

@@ -1,5 +1,6 @@
-"""Stopping a TLS server (spec §9): no connection it accepted outlives ``close()``, be it
-mid-handshake or waiting for a peer that never answers the TLS close."""
+"""Stopping a server (spec §9): no connection it accepted outlives ``close()``, be it cut
+before it was served, mid-handshake or waiting for a peer that never answers the TLS
+close."""
 
 from __future__ import annotations
 
@@ -63,3 +64,24 @@ async def test_close_leaves_no_accepted_tls_connection_open(tmp_path: Path) -> N
     for s in (raw_idle, tls_idle, mid):
         s.close()
     assert (True, True) == closed
+
+
+async def test_a_connection_cut_before_it_was_served_is_closed(tmp_path: Path) -> None:
+    """A connection the gate closes (shed, or the node stopping) before the server's task
+    for it ever ran is closed and no longer counted."""
+    server = HttpServer(
+        routes=[], metrics=TransportMetrics.register(MetricsRegistry()), max_body_bytes=1024
+    )
+    await server.start("127.0.0.1", 0)
+    assert server.gate is not None
+    gate = server.gate
+    ours, theirs = socket.socketpair()
+    try:
+        served = server.serve_socket(ours, "127.0.0.1")
+        gate.close_pending()  # no loop turn in between: its task has not started
+        await wait_until(lambda: closed_by_server(theirs), 1.0, "the connection closed")
+        counted = gate.table.open_count
+    finally:
+        theirs.close()
+        await server.close()
+    assert (True, 0) == (served, counted)
