@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -375,3 +376,24 @@ def head_limits(transport: TransportSection) -> HeadLimits:
         ),
         fd_reserve=transport.fd_reserve,
     )
+
+
+async def readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    """Until ``sock`` has a connection to accept or bytes to read."""
+    ready_: asyncio.Future[None] = loop.create_future()
+
+    def ready() -> None:
+        if not ready_.done():
+            ready_.set_result(None)
+
+    loop.add_reader(sock.fileno(), ready)
+    try:
+        await ready_
+    finally:
+        loop.remove_reader(sock.fileno())
+
+
+async def peek(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:
+    """The first byte the client sent, left in the socket for whoever reads next."""
+    await readable(loop, conn)
+    return conn.recv(1, socket.MSG_PEEK)

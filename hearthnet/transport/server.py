@@ -48,7 +48,9 @@ from hearthnet.transport.frontdoor import (
     HeadLimits,
     PreAuthGate,
     RawUpgrade,
+    peek,
     plain_response,
+    readable,
     refusal_answer,
 )
 from hearthnet.transport.parser_errors import JsonErrorsHandler
@@ -403,7 +405,11 @@ class HttpServer:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                conn, address = await loop.sock_accept(sock)
+                await readable(loop, sock)
+                # taken off the backlog only now: a cancel (the stop) never loses one taken
+                conn, address = sock.accept()
+            except BlockingIOError:
+                continue
             except OSError as exc:
                 if exc.errno in (errno.EMFILE, errno.ENFILE):
                     if not self._out_of_descriptors(sock, gate):
@@ -481,7 +487,7 @@ class HttpServer:
             tls: ssl.SSLContext | None = None
             if self.tls is not None:
                 # the head deadline covers this wait: the sweep cancels us when it passes
-                first = await _peek(loop, conn)
+                first = await peek(loop, conn)
                 if not first or self._runner is None:
                     raise ConnectionResetError("closed before sending anything")
                 tls = self.tls if first[0] == TLS_RECORD_HANDSHAKE else None
@@ -580,19 +586,3 @@ def _descriptors_in_use() -> int:
         return len(os.listdir("/proc/self/fd"))
     except OSError:
         return 64
-
-
-async def _peek(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:
-    """The first byte the client sent, left in the socket for whoever reads next."""
-    readable: asyncio.Future[None] = loop.create_future()
-
-    def ready() -> None:
-        if not readable.done():
-            readable.set_result(None)
-
-    loop.add_reader(conn.fileno(), ready)
-    try:
-        await readable
-    finally:
-        loop.remove_reader(conn.fileno())
-    return conn.recv(1, socket.MSG_PEEK)
