@@ -60,6 +60,7 @@ from hearthnet.mesh.protocol import (
 from hearthnet.mesh.routing import Routes
 from hearthnet.mesh.tls import client_context, peer_node_id
 from hearthnet.metrics import Counter
+from hearthnet.transport.closing import CLOSE_GRACE_S, OpenTransports, TrackedConnector
 from hearthnet.transport.server import error_response
 
 log = logging.getLogger("hearthnet.mesh")
@@ -140,17 +141,23 @@ class Dialer:
         self._referrals = 0  # handshakes in flight with members we are too full to link
         self._tls_client = client_context() if tls_mode != "off" else None
         self._http: aiohttp.ClientSession | None = None
+        # dialled connections until lost: a TLS close in flight when the mesh stops is
+        # waited for (bounded), then aborted, so no socket outlives the node (spec §9)
+        self.connections = OpenTransports()
+        self.close_grace_s = CLOSE_GRACE_S
 
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[None]:
         """The HTTP client dials go through, open while the mesh runs."""
         self._http = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5)
+            connector=TrackedConnector(self.connections),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
         try:
             yield
         finally:
             await self._http.close()
+            await self.connections.close_all(self.close_grace_s)
 
     def _handshake(self, *, outbound: bool, link: int, expect: str | None = None) -> Handshake:
         return Handshake(
@@ -374,7 +381,9 @@ class Dialer:
         is one half of a simultaneous open), then TLS, the upgrade and the handshake with
         ``expect``; the link runs here until it ends. False when no link came of it."""
         target = self.dial_url(f"http://{addr}")
-        connector = aiohttp.TCPConnector(socket_factory=socket_factory, force_close=True)
+        connector = TrackedConnector(
+            self.connections, socket_factory=socket_factory, force_close=True
+        )
         async with aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=within_s)
         ) as http:

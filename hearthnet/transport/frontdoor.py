@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -27,6 +28,7 @@ from hearthnet.errors import (
 )
 from hearthnet.metrics import Counter
 from hearthnet.transport.callhead import CALL_PATH
+from hearthnet.transport.closing import OpenTransports
 from hearthnet.transport.preauth import (
     CHUNKED,
     ChunkedBodyEnd,
@@ -115,6 +117,7 @@ class PreAuthGate:
         self.table = PreAuthTable(limits.limits)
         self.closers: dict[int, Closer] = {}
         self.in_body: dict[int, asyncio.Transport] = {}
+        self.connections = OpenTransports()  # every connection past its TLS handshake
         self._keys = itertools.count()
         self._loop = asyncio.get_running_loop()
 
@@ -222,6 +225,7 @@ class FrontDoor(asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses; they behave as one.
         self._transport = cast(asyncio.Transport, transport)
         self._gate.closers[self._key] = self.refuse
+        self._gate.connections.add(self._transport)
 
     def refuse(self, reason: Refusal | None) -> None:
         """Close for ``reason``; answered in JSON while nothing else has written. None:
@@ -342,6 +346,8 @@ class FrontDoor(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         """Forwarded; the connection no longer counts."""
         self._gate.closed(self._key)
+        if self._transport is not None:
+            self._gate.connections.lost(self._transport)
         self._buf = bytearray()
         if self._inner is not None:
             self._inner.connection_lost(exc)
@@ -370,3 +376,24 @@ def head_limits(transport: TransportSection) -> HeadLimits:
         ),
         fd_reserve=transport.fd_reserve,
     )
+
+
+async def readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    """Until ``sock`` has a connection to accept or bytes to read."""
+    ready_: asyncio.Future[None] = loop.create_future()
+
+    def ready() -> None:
+        if not ready_.done():
+            ready_.set_result(None)
+
+    loop.add_reader(sock.fileno(), ready)
+    try:
+        await ready_
+    finally:
+        loop.remove_reader(sock.fileno())
+
+
+async def peek(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:
+    """The first byte the client sent, left in the socket for whoever reads next."""
+    await readable(loop, conn)
+    return conn.recv(1, socket.MSG_PEEK)

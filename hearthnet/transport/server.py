@@ -39,6 +39,7 @@ from hearthnet.errors import (
 from hearthnet.metrics import Counter, MetricsRegistry
 from hearthnet.transport.callhead import CallHeadLimits
 from hearthnet.transport.callpath import CallPath, CallPathLimits, CallService
+from hearthnet.transport.closing import CLOSE_GRACE_S
 from hearthnet.transport.cors import OriginPolicy, response_headers
 from hearthnet.transport.frontdoor import (
     TLS_RECORD_HANDSHAKE,
@@ -47,7 +48,9 @@ from hearthnet.transport.frontdoor import (
     HeadLimits,
     PreAuthGate,
     RawUpgrade,
+    peek,
     plain_response,
+    readable,
     refusal_answer,
 )
 from hearthnet.transport.parser_errors import JsonErrorsHandler
@@ -315,6 +318,8 @@ class HttpServer:
         self._sweeping: asyncio.Task[None] | None = None
         self._call_sweeping: asyncio.Task[None] | None = None
         self._sniffing: set[asyncio.Task[None]] = set()
+        # spec §9: TLS closes in flight at stop get this long before they are aborted
+        self.close_grace_s = CLOSE_GRACE_S
         self._spare: int | None = None
         self._emfile_logged = -_EMFILE_LOG_EVERY_S
         self._emfile_count = 0
@@ -400,7 +405,11 @@ class HttpServer:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                conn, address = await loop.sock_accept(sock)
+                await readable(loop, sock)
+                # taken off the backlog only now: a cancel (the stop) never loses one taken
+                conn, address = sock.accept()
+            except BlockingIOError:
+                continue
             except OSError as exc:
                 if exc.errno in (errno.EMFILE, errno.ENFILE):
                     if not self._out_of_descriptors(sock, gate):
@@ -413,10 +422,7 @@ class HttpServer:
                 _refuse_socket(conn, refusal)
                 continue
             conn.setblocking(False)
-            task = loop.create_task(self._serve_connection(conn, key, gate))
-            gate.closers[key] = _canceller(task)
-            self._sniffing.add(task)
-            task.add_done_callback(self._sniffing.discard)
+            self._serve(conn, key, gate)
 
     def serve_socket(self, conn: socket.socket, peer_ip: str) -> bool:
         """Serve a connection this node opened itself (a punched one, spec §8) as if it
@@ -429,11 +435,21 @@ class HttpServer:
             _refuse_socket(conn, refusal)
             return False
         conn.setblocking(False)
-        task = asyncio.get_running_loop().create_task(self._serve_connection(conn, key, self.gate))
-        self.gate.closers[key] = _canceller(task)
-        self._sniffing.add(task)
-        task.add_done_callback(self._sniffing.discard)
+        self._serve(conn, key, self.gate)
         return True
+
+    def _serve(self, conn: socket.socket, key: int, gate: PreAuthGate) -> None:
+        task = asyncio.get_running_loop().create_task(self._serve_connection(conn, key, gate))
+        gate.closers[key] = _canceller(task)
+        self._sniffing.add(task)
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._sniffing.discard(task)
+            if task.cancelled():  # cancelled before its first step, it cleaned up nothing
+                conn.close()
+                gate.closed(key)
+
+        task.add_done_callback(done)
 
     def _out_of_descriptors(self, sock: socket.socket, gate: PreAuthGate) -> bool:
         """accept() failed with EMFILE: shed the oldest pending connection, and take the
@@ -471,7 +487,7 @@ class HttpServer:
             tls: ssl.SSLContext | None = None
             if self.tls is not None:
                 # the head deadline covers this wait: the sweep cancels us when it passes
-                first = await _peek(loop, conn)
+                first = await peek(loop, conn)
                 if not first or self._runner is None:
                     raise ConnectionResetError("closed before sending anything")
                 tls = self.tls if first[0] == TLS_RECORD_HANDSHAKE else None
@@ -498,8 +514,11 @@ class HttpServer:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._accepting = self._sweeping = self._call_sweeping = None
-        for task in list(self._sniffing):
+        sniffing = list(self._sniffing)
+        for task in sniffing:
             task.cancel()
+        if sniffing:  # each closes its socket (or half-made transport) as it ends
+            await asyncio.wait(sniffing, timeout=self.close_grace_s)
         if self.gate is not None:
             self.gate.close_pending()
         if self._sock is not None:
@@ -510,13 +529,18 @@ class HttpServer:
             self._spare = None
 
     async def close(self) -> None:
-        """Stop everything."""
+        """Stop everything; returns once every accepted connection is closed (TLS closes
+        in flight get :attr:`close_grace_s`, then they are aborted)."""
         await self.stop_accepting()
         if self.call_path is not None:
             await self.call_path.shutdown(grace_s=1.0)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.gate is not None:
+            aborted = await self.gate.connections.close_all(self.close_grace_s)
+            if aborted:
+                log.debug("aborted %d connection(s) whose TLS close went unanswered", aborted)
 
 
 async def _allow_origin(request: web.Request, response: web.StreamResponse) -> None:
@@ -562,19 +586,3 @@ def _descriptors_in_use() -> int:
         return len(os.listdir("/proc/self/fd"))
     except OSError:
         return 64
-
-
-async def _peek(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:
-    """The first byte the client sent, left in the socket for whoever reads next."""
-    readable: asyncio.Future[None] = loop.create_future()
-
-    def ready() -> None:
-        if not readable.done():
-            readable.set_result(None)
-
-    loop.add_reader(conn.fileno(), ready)
-    try:
-        await readable
-    finally:
-        loop.remove_reader(conn.fileno())
-    return conn.recv(1, socket.MSG_PEEK)
