@@ -105,6 +105,18 @@ def encode_batch(frames: Sequence[bytes]) -> bytes:
     return BATCH_PREFIX + b"".join(frames)
 
 
+def _batch_length(data: bytes) -> int:
+    """The length of route batch ``data``, once its size and prefix are checked."""
+    total = len(data)
+    if total > MAX_FRAME_BYTES:
+        raise PayloadTooLarge(f"route batch over {MAX_FRAME_BYTES} bytes")
+    if data[:4] != BATCH_PREFIX:
+        raise BadRequest("not a route batch of layout 1")
+    if total < BATCH_HEADER_BYTES + HEADER_BYTES:
+        raise BadRequest("a route batch holds at least one route frame")
+    return total
+
+
 def batch_frames(data: bytes) -> list[Span]:
     """Each frame of route batch ``data``: its header and its span ``(start, end)``.
 
@@ -114,13 +126,7 @@ def batch_frames(data: bytes) -> list[Span]:
             route frame of layout 1 with every field in range (the whole batch is
             refused: nothing of it is taken).
     """
-    total = len(data)
-    if total > MAX_FRAME_BYTES:
-        raise PayloadTooLarge(f"route batch over {MAX_FRAME_BYTES} bytes")
-    if data[:4] != BATCH_PREFIX:
-        raise BadRequest("not a route batch of layout 1")
-    if total < BATCH_HEADER_BYTES + HEADER_BYTES:
-        raise BadRequest("a route batch holds at least one route frame")
+    total = _batch_length(data)
     spans: list[Span] = []
     append = spans.append
     unpack = HEADER.unpack_from
@@ -155,13 +161,7 @@ def batch_runs(data: bytes) -> list[RouteRun]:
     Raises:
         BadRequest / PayloadTooLarge: as :func:`batch_frames` (the whole batch refused).
     """
-    total = len(data)
-    if total > MAX_FRAME_BYTES:
-        raise PayloadTooLarge(f"route batch over {MAX_FRAME_BYTES} bytes")
-    if data[:4] != BATCH_PREFIX:
-        raise BadRequest("not a route batch of layout 1")
-    if total < BATCH_HEADER_BYTES + HEADER_BYTES:
-        raise BadRequest("a route batch holds at least one route frame")
+    total = _batch_length(data)
     runs: list[RouteRun] = []
     unpack = _RUN_HEADER.unpack_from
     start = BATCH_HEADER_BYTES
