@@ -59,6 +59,7 @@ from hearthnet.transport.preauth import Refusal, descriptor_budget
 log = logging.getLogger("hearthnet.transport")
 
 _EMFILE_LOG_EVERY_S = 10.0
+_ACCEPT_BURST = 64  # connections taken off the backlog per wake-up of the accept loop
 
 # aiohttp's own parser limits sit above ours so oversized headers reach our middleware,
 # where they are answered in JSON and counted; only absurd input is cut by aiohttp.
@@ -404,25 +405,28 @@ class HttpServer:
     async def _accept_loop(self, sock: socket.socket, gate: PreAuthGate) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            try:
-                await readable(loop, sock)
-                # taken off the backlog only now: a cancel (the stop) never loses one taken
-                conn, address = sock.accept()
-            except BlockingIOError:
-                continue
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE):
+            await readable(loop, sock)
+            # What the backlog holds is taken with no await in between, so a cancel (the
+            # stop) never lands on a socket taken and not yet served; at most a burst per
+            # wake-up, so a connection storm does not hold the loop.
+            for _ in range(_ACCEPT_BURST):
+                try:
+                    conn, address = sock.accept()
+                except BlockingIOError:
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                        log.debug("accept failed: %s", exc)
+                        continue
                     if not self._out_of_descriptors(sock, gate):
                         await asyncio.sleep(0.1)  # nothing to shed, no spare: do not spin
-                else:
-                    log.debug("accept failed: %s", exc)
-                continue
-            key, refusal = gate.open(str(address[0]))
-            if refusal is not None:
-                _refuse_socket(conn, refusal)
-                continue
-            conn.setblocking(False)
-            self._serve(conn, key, gate)
+                    break
+                key, refusal = gate.open(str(address[0]))
+                if refusal is not None:
+                    _refuse_socket(conn, refusal)
+                    continue
+                conn.setblocking(False)
+                self._serve(conn, key, gate)
 
     def serve_socket(self, conn: socket.socket, peer_ip: str) -> bool:
         """Serve a connection this node opened itself (a punched one, spec §8) as if it
