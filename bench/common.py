@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import statistics
 import subprocess
@@ -75,6 +76,7 @@ class NodeUnderTest:
     data_dir: Path
     ready_s: float
     fields: dict[str, str] = field(default_factory=dict)
+    temporary: bool = False  # data_dir was made for this node: removed when it stops
 
     @property
     def pid(self) -> int:
@@ -82,8 +84,10 @@ class NodeUnderTest:
         return self.proc.pid
 
     def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it lingers."""
+        """SIGTERM, then SIGKILL if it lingers; a temporary data directory goes too."""
         stop_process(self.proc)
+        if self.temporary:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
 def start_node(
@@ -121,7 +125,7 @@ def start_node(
         raise RuntimeError(f"node did not start: {line!r}")
     ready_s = time.monotonic() - started
     fields = dict(p.split("=", 1) for p in line.split()[2:])
-    return NodeUnderTest(proc, fields["url"], data, ready_s, fields)
+    return NodeUnderTest(proc, fields["url"], data, ready_s, fields, temporary=data_dir is None)
 
 
 def summarize_latencies(samples_s: list[float]) -> dict[str, float]:
