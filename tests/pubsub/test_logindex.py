@@ -71,15 +71,12 @@ ROW = st.lists(
 )
 
 
-@settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(ROW, st.booleans()), max_size=8))
-def test_rows_of_one_topic_and_origin_are_indexed_as_any_other(
-    rows: list[tuple[list[tuple[str, str, bool]], bool]],
-) -> None:
-    """Rows added whole (one topic and origin in a row of consecutive origin_seq, or
-    not) give the lookups of a plain model of every message."""
-    index = LogIndex()
-    seq, oseqs = 0, {"o1": 0, "o2": 0}
+def _fill(
+    index: LogIndex, rows: list[tuple[list[tuple[str, str, bool]], bool]], *, first_oseq: int
+) -> list[Head]:
+    """Add the drawn ``rows`` to ``index`` (each origin's origin_seq counting on from
+    ``first_oseq``); every message added, in seq order (seqs from 1)."""
+    seq, oseqs = 0, {"o1": first_oseq, "o2": first_oseq}
     model: list[Head] = []
     for drawn, hole in rows:
         heads = []
@@ -88,18 +85,24 @@ def test_rows_of_one_topic_and_origin_are_indexed_as_any_other(
             oseqs[origin] += 2 if hole else 1
             heads.append(
                 Head(
-                    seq,
-                    f"id{seq}",
-                    topic,
-                    origin,
-                    oseqs[origin],
-                    1000 + seq,
-                    seq if expires else None,
-                    5,
+                    seq, f"id{seq}", topic, origin, oseqs[origin], 1000 + seq,
+                    seq if expires else None, 5,
                 )
-            )
+            )  # fmt: skip
         index.add_row(heads[0].seq, heads)
         model += heads
+    return model
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(ROW, st.booleans()), max_size=8))
+def test_rows_of_one_topic_and_origin_are_indexed_as_any_other(
+    rows: list[tuple[list[tuple[str, str, bool]], bool]],
+) -> None:
+    """Rows added whole (one topic and origin in a row of consecutive origin_seq, or
+    not) give the lookups of a plain model of every message."""
+    index = LogIndex()
+    model = _fill(index, rows, first_oseq=0)
     assert (
         [(h.seq, h.topic, h.ts, h.expires_ms or NO_EXPIRY) for h in model],
         {
@@ -131,27 +134,8 @@ def test_a_cut_prefix_and_scattered_deletes_give_the_lookups_of_a_model(
     """Scattered deletes, then every seq below a bound cut at once (with a peer's message
     repaired into a hole first, when drawn), leave the lookups of a plain model."""
     index = LogIndex()
-    seq, oseqs = 0, {"o1": 1, "o2": 1}
-    model: list[Head] = []
-    for drawn, hole in rows:
-        heads = []
-        for topic, origin, expires in drawn:
-            seq += 1
-            oseqs[origin] += 2 if hole else 1
-            heads.append(
-                Head(
-                    seq,
-                    f"id{seq}",
-                    topic,
-                    origin,
-                    oseqs[origin],
-                    1000 + seq,
-                    seq if expires else None,
-                    5,
-                )
-            )
-        index.add_row(heads[0].seq, heads)
-        model += heads
+    model = _fill(index, rows, first_oseq=1)
+    seq = len(model)
     if late:  # origin_seq 1 of o1 comes last: its seqs are no longer ascending
         seq += 1
         model.append(Head(seq, f"id{seq}", "t.a", "o1", 1, 1000 + seq, None, 5))
