@@ -288,3 +288,17 @@ def apply_signed_record(node: Node, kind: str, subject: str, **fields: Any) -> N
     """A membership record signed by ``node`` (an anchor of its own community), applied
     and gossiped as if an admin had submitted it."""
     node.apply_membership(node.membership.sign(node.keys, kind, subject, now_ms=now_ms(), **fields))
+
+
+def closed_by_peer(raw: socket.socket) -> bool:
+    """True when the other end of ``raw`` has closed (EOF, or a reset after what it sent);
+    reads and drops whatever is waiting."""
+    raw.setblocking(False)
+    try:
+        while raw.recv(65536):
+            pass
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+    return True

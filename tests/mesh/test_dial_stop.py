@@ -14,7 +14,7 @@ from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.mesh.tls import ensure_certificate, server_context
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
-from tests.helpers import wait_until
+from tests.helpers import closed_by_peer, wait_until
 
 
 async def test_a_dialled_link_whose_tls_close_goes_unanswered_is_closed_at_stop(
@@ -67,15 +67,7 @@ class MuteTlsPeer:
     def closed_by_dialler(self) -> bool:
         """True when the dialler has closed its socket (EOF or reset)."""
         assert self.raw is not None
-        self.raw.setblocking(False)
-        try:
-            while self.raw.recv(65536):
-                pass
-        except BlockingIOError:
-            return False
-        except ConnectionResetError:
-            return True
-        return True
+        return closed_by_peer(self.raw)
 
     def close(self) -> None:
         """Close every socket of the peer."""

@@ -13,20 +13,7 @@ from hearthnet.identity import KeyPair
 from hearthnet.mesh.tls import client_context, ensure_certificate, server_context
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.transport.server import HttpServer, TransportMetrics
-from tests.helpers import wait_until
-
-
-def closed_by_server(raw: socket.socket) -> bool:
-    """True when the server has closed its end (EOF or reset after what it sent)."""
-    raw.setblocking(False)
-    try:
-        while raw.recv(65536):
-            pass
-    except BlockingIOError:
-        return False
-    except ConnectionResetError:
-        return True
-    return True
+from tests.helpers import closed_by_peer, wait_until
 
 
 def handshaken(host: str, port: int) -> tuple[socket.socket, ssl.SSLSocket]:
@@ -58,9 +45,9 @@ async def test_close_leaves_no_accepted_tls_connection_open(tmp_path: Path) -> N
     gate = server.gate
     await wait_until(lambda: gate.table.open_count == 2, what="both connections accepted")
     await server.stop_accepting()
-    mid_closed = closed_by_server(mid)  # the handshake was cut as the server stopped
+    mid_closed = closed_by_peer(mid)  # the handshake was cut as the server stopped
     await server.close()
-    closed = (closed_by_server(raw_idle), mid_closed)
+    closed = (closed_by_peer(raw_idle), mid_closed)
     for s in (raw_idle, tls_idle, mid):
         s.close()
     assert (True, True) == closed
@@ -79,7 +66,7 @@ async def test_a_connection_cut_before_it_was_served_is_closed(tmp_path: Path) -
     try:
         served = server.serve_socket(ours, "127.0.0.1")
         gate.close_pending()  # no loop turn in between: its task has not started
-        await wait_until(lambda: closed_by_server(theirs), 1.0, "the connection closed")
+        await wait_until(lambda: closed_by_peer(theirs), 1.0, "the connection closed")
         counted = gate.table.open_count
     finally:
         theirs.close()
