@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hearthnet.config import PubSubSection
 from hearthnet.pubsub.log import ConsumerRecord
+from hearthnet.pubsub.logprune import ChunkSize
 from tests.helpers import wait_until
 from tests.pubsub.test_log import make_service, opened, publish_many
 from tests.pubsub.test_log_batches import verified
@@ -125,3 +126,41 @@ async def test_the_retention_loop_ends_when_cancelled_as_a_commit_starts_a_pass(
         if not done:
             task.cancel()
     assert (True, True) == (task in done, task.cancelled())
+
+
+async def test_a_long_prefix_goes_in_chunks_with_commits_in_between(tmp_path: Path) -> None:
+    """Retention deletes a prefix a chunk a transaction: a publish made while it runs is
+    committed between two chunks, not after the whole prefix (spec §11's p99)."""
+    async with opened(tmp_path / "log.db") as log:
+        for _ in range(8):
+            await publish_many(log, 5)  # seqs 1..40, rows of 5
+        assert log._pruner is not None
+        log._pruner.prefix_chunk = ChunkSize(5, low=5, high=5)
+        delete = asyncio.get_running_loop().create_task(log.delete(before_seq=36))
+        await asyncio.sleep(0)  # its first transaction is under way
+        late = await log.publish(topic="chat.b", msg_type="m", data={})
+        pending_then = not delete.done()
+        deleted = await delete
+        left, _ = await log.reader.history("chat.a", limit=50)
+    assert late is not None
+    assert (35, True, 41, [36, 37, 38, 39, 40]) == (
+        deleted,
+        pending_then,
+        late.seq,
+        [m.seq for m in left],
+    )
+
+
+def test_chunk_size_fits_the_target_time_grows_at_most_twofold_and_stays_in_bounds() -> None:
+    """A slow transaction shrinks the next (to what fits in the target), a fast one grows it
+    no more than twice, and the size never leaves its bounds."""
+    chunk = ChunkSize(2_000, low=256, high=20_000, target_s=0.005)
+    seen = []
+    for count, elapsed in [(2_000, 0.050), (500, 0.0001), (1_000, 0.0001), (2_000, 1.0)]:
+        chunk.took(count, elapsed)
+        seen.append(chunk.size)
+    chunk.took(0, 0.0)  # nothing deleted: nothing learnt
+    assert [256, 512, 1_024, 256, 256] == [
+        *seen,
+        chunk.size,
+    ]
