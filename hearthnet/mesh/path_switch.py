@@ -116,6 +116,9 @@ class PathSwitch:
             self.forget(peer)
             return False
         self._direct.pop(peer, None)
+        # this switch is over: the next one is retired RETIRE_S after it, not after this
+        # one (else an end that saw it first could forget while the other falls back)
+        del self.retiring[peer]
         self.fallbacks += 1
         self.carry(self.paths.direct_down(peer, now))
         # what the mesh still sends on the dead link goes to the link that replaces it
