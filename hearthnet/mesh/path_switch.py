@@ -109,8 +109,10 @@ class PathSwitch:
         fall back to, or the peer ``gone`` (it said bye, or left the community), the
         sequence ends with the link."""
         peer = link.node
-        if peer not in self.retiring or self._direct.get(peer, link) is not link:
+        if peer not in self.retiring:
             return False
+        # ``link`` was the peer's link (the mesh reports no other): whichever direct link
+        # ``_direct`` holds, one dialled at the same time that lost to it, or this one
         state, fallback = self.paths.path(peer)
         if gone or state is not PathState.DIRECT or fallback is None:
             self.forget(peer)

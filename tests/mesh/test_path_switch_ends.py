@@ -77,9 +77,8 @@ class End:
         self.carry(self.paths.send(peer, data, self.now))
         return True
 
-    def direct_link(self, now: float) -> PeerLink:
-        """A direct link replaces the relayed one (the switch as the glue sees it)."""
-        link = PeerLink(
+    def _new_direct(self) -> PeerLink:
+        return PeerLink(
             self._info(),
             _Socket(),
             outbound=True,
@@ -87,7 +86,17 @@ class End:
             on_down=lambda link, reason: None,
             v2=True,
         )
+
+    def direct_link(self, now: float, *, rivals: int = 0) -> PeerLink:
+        """A direct link replaces the relayed one (the switch as the glue sees it);
+        ``rivals`` more direct links finish their handshake after it and lose to it (two
+        dials at once), so they close without ever being the peer's link."""
+        link = self._new_direct()
         self.switch.established(link)
+        for _ in range(rivals):
+            rival = self._new_direct()
+            self.switch.established(rival)
+            rival.close("a duplicate link", send_bye=False)
         self.links[self.peer] = self.direct = link
         self.now = now
         self.switch.replaced(self.peer, now)
@@ -221,3 +230,19 @@ def test_a_second_switch_after_a_fall_back_retires_on_its_own_time_at_both_ends(
         dict(b.endpoint.refused),
         (a.paths.path(b.keys.node_id)[0], b.paths.path(a.keys.node_id)[0]),
     )
+
+
+def test_a_direct_link_that_won_over_a_rival_falls_back_when_cut_unacknowledged() -> None:
+    """Two direct links come up at once at a, the later losing: the winner cut while a's
+    frames on it are unacknowledged falls back at both ends, and b gets them once, in
+    order."""
+    a, b = _pair()
+    a.send(_frame(1), 0.0)
+    links = (a.direct_link(1.0, rivals=1), b.direct_link(1.0))
+    a.send(_frame(2), 1.1)  # on the direct link, in the relayed sequence: lost with it
+    fell = (a.cut(links[0], 1.2), b.cut(links[1], 1.2))
+    _pump(a, 1.2)
+    for end in (a, b):
+        end.tick(4.0)
+    _pump(a, 4.0)
+    assert ((True, True), [_frame(1), _frame(2)]) == (fell, b.delivered)
