@@ -49,7 +49,7 @@ class End:
         self.other: End
         self.now = 0.0
         self.paths = PathCore(keys.node_id, [RELAY])
-        self.paths.relay_attached(RELAY, None, 0.01, 0.0)
+        self.paths.relay_attached(RELAY, f"198.51.100.{keys.node_id < peer}:7000", 0.01, 0.0)
         self.endpoint = RelayEndpoint(keys, lambda node: True)
         self.links: dict[str, PeerLink] = {}
         self.switch = PathSwitch(self.paths, self.links, self.carry, self.forget)
@@ -246,3 +246,44 @@ def test_a_direct_link_that_won_over_a_rival_falls_back_when_cut_unacknowledged(
         end.tick(4.0)
     _pump(a, 4.0)
     assert ((True, True), [_frame(1), _frame(2)]) == (fell, b.delivered)
+
+
+def test_a_punched_link_cut_in_the_switch_leaves_nothing_unacknowledged() -> None:
+    """Frames sent while a punch is under way (through the relay) and on the punched
+    link, which dies with frames of both ends unacknowledged: each end gets the other's
+    once, in order, and both sequences are acknowledged to the end."""
+    a, b = _pair()
+    lead, follow = (a, b) if a.keys.node_id < b.keys.node_id else (b, a)
+    for end in (lead, follow):  # relayed; the leader's backoff is over at once
+        end.send(_frame(1), 0.0)
+    _pump(a, 0.0)
+    lead.tick(0.5)  # candidates, answered, punch: both start the simultaneous open
+    _pump(a, 0.5)
+    upgrading = (a.paths.path(b.keys.node_id)[0], b.paths.path(a.keys.node_id)[0])
+    for end in (lead, follow):
+        end.send(_frame(2), 0.6)  # through the relay, acknowledged by nobody yet
+    links = (a.direct_link(0.7), b.direct_link(0.7))  # the punched link replaces it
+    for end in (a, b):
+        end.send(_frame(3), 0.8)
+    fell = (a.cut(links[0], 0.9), b.cut(links[1], 0.9))
+    for end in (a, b):
+        end.send(_frame(4), 1.0)
+    _pump(a, 1.0)
+    for now in (3.5, 6.0):
+        for end in (a, b):
+            end.tick(now)
+        _pump(a, now)
+    frames = [_frame(i) for i in range(1, 5)]
+    assert (
+        (PathState.UPGRADING, PathState.UPGRADING),
+        (True, True),
+        (frames, frames),
+        (True, True),
+        (True, True),
+    ) == (
+        upgrading,
+        fell,
+        (a.delivered, b.delivered),
+        (a.paths.stats.resent >= 2, b.paths.stats.resent >= 2),  # 2 and 3 at least
+        (a.paths.settled(b.keys.node_id), b.paths.settled(a.keys.node_id)),
+    )
