@@ -16,7 +16,10 @@ Nothing of the mesh above sees the switch: the relayed link, once replaced, hand
 still sent on it (a call's replies, say) to the direct link, and calls streaming across
 the switch go on. After :data:`RETIRE_S` the relayed sequence and session are forgotten
 (a peer that never acknowledges, or speaks a version without this, gets plain frames
-then).
+then). Each end counts it from its own first sight of the switch, and a fall-back ends
+the switch, so the next one counts afresh at both ends: the two ends' windows differ
+only by how far apart they saw the switch, and a direct link dying within one falls
+back at both.
 
 A direct link that dies during the switch (before the relayed sequence is retired) falls
 back to the relay: the path core moves the peer back to its fallback relay and resends
