@@ -49,7 +49,7 @@ class End:
         self.other: End
         self.now = 0.0
         self.paths = PathCore(keys.node_id, [RELAY])
-        self.paths.relay_attached(RELAY, f"198.51.100.{keys.node_id < peer}:7000", 0.01, 0.0)
+        self.paths.relay_attached(RELAY, f"198.51.100.{1 + (keys.node_id < peer)}:7000", 0.01, 0.0)
         self.endpoint = RelayEndpoint(keys, lambda node: True)
         self.links: dict[str, PeerLink] = {}
         self.switch = PathSwitch(self.paths, self.links, self.carry, self.forget)
