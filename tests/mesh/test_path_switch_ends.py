@@ -287,3 +287,34 @@ def test_a_punched_link_cut_in_the_switch_leaves_nothing_unacknowledged() -> Non
         (a.paths.stats.resent >= 2, b.paths.stats.resent >= 2),  # 2 and 3 at least
         (a.paths.settled(b.keys.node_id), b.paths.settled(a.keys.node_id)),
     )
+
+
+def test_a_cut_between_the_two_ends_retirements_reaches_the_forgetful_end_in_order() -> None:
+    """The direct link dies after a has retired the switch and before b has: only b falls
+    back; a cannot open b's frames under the forgotten session, answers with a hello, and
+    gets them under the new one once, in order."""
+    a, b = _pair()
+    for i in (1, 2):
+        b.send(_frame(i), 0.0)
+    _pump(a, 0.0)
+    links = (a.direct_link(1.0), b.direct_link(1.0))
+    _pump(a, 1.0)
+    b.send(_frame(3), 2.0)
+    _pump(a, 2.0)
+    for end in (a, b):
+        end.tick(5.0)
+    _pump(a, 5.0)
+    a.tick(1.0 + RETIRE_S)  # a forgets the relayed sequence and session; b ticks later
+    fell = (a.cut(links[0], 1.05 + RETIRE_S), b.cut(links[1], 1.05 + RETIRE_S))
+    b.send(_frame(4), 1.1 + RETIRE_S)
+    _pump(a, 1.1 + RETIRE_S)
+    for now in (4.0 + RETIRE_S, 4.5 + RETIRE_S):  # b resends what a could not open; acks
+        for end in (a, b):
+            end.tick(now)
+        _pump(a, now)
+    assert (
+        (False, True),
+        [_frame(i) for i in range(1, 5)],
+        {"invalid_signature": 1},
+        True,
+    ) == (fell, a.delivered, dict(a.endpoint.refused), b.paths.settled(a.keys.node_id))
