@@ -10,7 +10,7 @@ import pytest
 
 from hearthnet.client import Client
 from hearthnet.mesh.path_frames import PathFrame, PFrame
-from hearthnet.mesh.paths import Deliver, PathCore, Transmit
+from hearthnet.mesh.paths import Action, Deliver, PathCore, Transmit
 from tests.helpers import wait_until
 from tests.mesh.conftest import RelayedTrio
 from tests.mesh.test_relaying import path_to
@@ -145,7 +145,7 @@ async def test_a_direct_link_cut_within_the_switch_falls_back_and_resends_in_ord
     )
 
 
-def _carry(actions: list[object], direct: list[PathFrame], relay: list[PathFrame]) -> list[bytes]:
+def _carry(actions: list[Action], direct: list[PathFrame], relay: list[PathFrame]) -> list[bytes]:
     """Put the sender's transmits on their path; return what it delivered."""
     out: list[bytes] = []
     for action in actions:
