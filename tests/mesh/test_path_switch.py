@@ -104,7 +104,7 @@ async def _cut_try(trio: RelayedTrio) -> tuple[list[int], list[str], str]:
         outcome.append("cut" if cut else "plain")
 
     got, kinds, _ = await _stream(trio, cut_when_b_sequences)
-    await wait_until(lambda: bool(outcome), 20, "the direct link up both ways")
+    await wait_until(lambda: bool(outcome), 20, "the switch's try cut, or gone plain")
     return got, kinds, outcome[0]
 
 
