@@ -16,7 +16,10 @@ Nothing of the mesh above sees the switch: the relayed link, once replaced, hand
 still sent on it (a call's replies, say) to the direct link, and calls streaming across
 the switch go on. After :data:`RETIRE_S` the relayed sequence and session are forgotten
 (a peer that never acknowledges, or speaks a version without this, gets plain frames
-then).
+then). Each end counts it from its own first sight of the switch, and a fall-back ends
+the switch, so the next one counts afresh at both ends: the two ends' windows differ
+only by how far apart they saw the switch, and a direct link dying within one falls
+back at both.
 
 A direct link that dies during the switch (before the relayed sequence is retired) falls
 back to the relay: the path core moves the peer back to its fallback relay and resends
@@ -109,13 +112,18 @@ class PathSwitch:
         fall back to, or the peer ``gone`` (it said bye, or left the community), the
         sequence ends with the link."""
         peer = link.node
-        if peer not in self.retiring or self._direct.get(peer, link) is not link:
+        if peer not in self.retiring:
             return False
+        # ``link`` was the peer's link (the mesh reports no other): whichever direct link
+        # ``_direct`` holds, one dialled at the same time that lost to it, or this one
         state, fallback = self.paths.path(peer)
         if gone or state is not PathState.DIRECT or fallback is None:
             self.forget(peer)
             return False
         self._direct.pop(peer, None)
+        # this switch is over: the next one is retired RETIRE_S after it, not after this
+        # one (else an end that saw it first could forget while the other falls back)
+        del self.retiring[peer]
         self.fallbacks += 1
         self.carry(self.paths.direct_down(peer, now))
         # what the mesh still sends on the dead link goes to the link that replaces it

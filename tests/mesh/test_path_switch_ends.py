@@ -1,0 +1,320 @@
+"""Both ends of a relayed link turning direct, and falling back (spec §8: "falls back to
+the relay if the direct path dies"), driven step by step with a chosen interleaving and a
+fake clock: two path switches, path cores and relay sessions wired as the relaying glue
+wires them (hearthnet/mesh/relayed_paths.py), a relay that is a list, no sockets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import cbor2
+
+from hearthnet.identity import KeyPair
+from hearthnet.mesh.links import LinkErrors, PeerLink
+from hearthnet.mesh.path_frames import PATH_FRAME_TYPES, PathFrame
+from hearthnet.mesh.path_switch import RETIRE_S, PathSwitch
+from hearthnet.mesh.paths import Deliver, PathCore, PathState, Transmit
+from hearthnet.mesh.protocol import LinkState, PeerInfo
+from hearthnet.mesh.relay_frames import Route, decode
+from hearthnet.mesh.relay_member import RelayEndpoint
+from hearthnet.mesh.relayed_link import RelayedLink
+
+KA, KB = (KeyPair.from_seed(bytes([0x51 + i]) * 32) for i in range(2))
+RELAY = "r"
+
+
+class _Socket:
+    """The socket of a direct link that nothing runs (:func:`_pump` takes its frames)."""
+
+    closed = False
+
+    async def send_bytes(self, data: bytes) -> None:
+        """Never called: the link is not run."""
+
+    async def receive(self, timeout: float | None = None) -> aiohttp.WSMessage:  # noqa: ASYNC109
+        """Never called: the link is not run."""
+        raise RuntimeError("not run")
+
+    async def close(self, *, code: int = 1000, message: bytes = b"") -> bool:
+        """Nothing to close."""
+        return False
+
+
+class End:
+    """One member: its path core, relay sessions, path switch and link to the other end."""
+
+    def __init__(self, keys: KeyPair, peer: str, relay: list[tuple[End, Route]]) -> None:
+        self.keys, self.peer, self.relay = keys, peer, relay
+        self.other: End
+        self.now = 0.0
+        self.paths = PathCore(keys.node_id, [RELAY])
+        self.paths.relay_attached(RELAY, f"198.51.100.{1 + (keys.node_id < peer)}:7000", 0.01, 0.0)
+        self.endpoint = RelayEndpoint(keys, lambda node: True)
+        self.links: dict[str, PeerLink] = {}
+        self.switch = PathSwitch(self.paths, self.links, self.carry, self.forget)
+        self.delivered: list[bytes] = []
+        self.direct: PeerLink | None = None
+        self.relayed_link()
+
+    def _info(self) -> PeerInfo:
+        return PeerInfo(self.peer, "", None, "")
+
+    def relayed_link(self) -> None:
+        """A relayed link to the peer takes the link's place (as the glue opens one)."""
+        self.links[self.peer] = RelayedLink(
+            self._info(),
+            RELAY,
+            outbound=True,
+            transmit=self.transmit,
+            on_frame=lambda link, frame: None,
+            on_down=lambda link, reason: None,
+            errors=LinkErrors(),
+        )
+
+    def transmit(self, peer: str, data: bytes) -> bool:
+        """The relayed link's frame into the path core (``RelayedPaths._transmit``)."""
+        self.carry(self.paths.send(peer, data, self.now))
+        return True
+
+    def _new_direct(self) -> PeerLink:
+        return PeerLink(
+            self._info(),
+            _Socket(),
+            outbound=True,
+            on_frame=lambda link, frame: None,
+            on_down=lambda link, reason: None,
+            v2=True,
+        )
+
+    def direct_link(self, now: float, *, rivals: int = 0) -> PeerLink:
+        """A direct link replaces the relayed one (the switch as the glue sees it);
+        ``rivals`` more direct links finish their handshake after it and lose to it (two
+        dials at once), so they close without ever being the peer's link."""
+        link = self._new_direct()
+        self.switch.established(link)
+        for _ in range(rivals):
+            rival = self._new_direct()
+            self.switch.established(rival)
+            rival.close("a duplicate link", send_bye=False)
+        self.links[self.peer] = self.direct = link
+        self.now = now
+        self.switch.replaced(self.peer, now)
+        return link
+
+    def cut(self, link: PeerLink, now: float) -> bool:
+        """The direct link died under us; True when the switch fell back to the relay."""
+        self.now = now
+        link.close("cut", send_bye=False)
+        fell = self.switch.direct_down(link, now)
+        if fell:
+            self.relayed_link()
+        else:
+            del self.links[self.peer]
+        return fell
+
+    def carry(self, actions: list[Any]) -> None:
+        """The path core's actions, as the relaying glue carries them out."""
+        for action in actions:
+            if isinstance(action, Transmit) and action.via is not None:
+                for route in self.endpoint.wrap(action.peer, action.frame, self._ms()):
+                    self.relay.append((self.other, route))
+            elif isinstance(action, Transmit):
+                self.switch.transmit(action)
+            elif isinstance(action, Deliver):
+                self.delivered.append(action.frame)
+
+    def forget(self, peer: str) -> None:
+        """The glue's ``forget``: the peer's sequence and session start afresh."""
+        self.paths.epoch += 1
+        self.paths.forget(peer)
+        self.endpoint.forget(peer)
+        self.switch.forgotten(peer)
+
+    def unwrap(self, route: Route) -> None:
+        opened = self.endpoint.unwrap(route, self._ms())
+        self.relay.extend((self.other, r) for r in opened.routes)
+        for frame in opened.frames:
+            self.take(frame)
+
+    def take(self, frame: PathFrame) -> None:
+        self.carry(self.paths.receive(self.peer, frame, self.now))
+
+    def off_direct(self, data: bytes) -> None:
+        """A frame off the direct link: a path frame goes to the switch (as
+        ``Relaying.on_frame`` hands it on), any other is the mesh's."""
+        assert self.direct is not None
+        if cbor2.loads(data).get("t") in ("pframe", "pack", "drain"):
+            frame = decode(data)
+            assert isinstance(frame, PATH_FRAME_TYPES)
+            self.switch.path_frame(self.direct, frame, self.now)
+        else:
+            self.delivered.append(data)
+
+    def send(self, data: bytes, now: float) -> None:
+        self.now = now
+        self.links[self.peer].send_raw(data)
+
+    def tick(self, now: float) -> None:
+        """The glue's tick: the path core (acks, resends), then the switch."""
+        self.now = now
+        self.carry(self.paths.tick(now))
+        self.switch.tick(now)
+
+    def _ms(self) -> int:
+        return 1_763_800_000_000 + int(self.now * 1000)
+
+
+def _pair() -> tuple[End, End]:
+    relay: list[tuple[End, Route]] = []
+    a, b = End(KA, KB.node_id, relay), End(KB, KA.node_id, relay)
+    a.other, b.other = b, a
+    return a, b
+
+
+def _pump(a: End, now: float) -> None:
+    """Everything in the relay and on the direct link arrives (each in order), and what
+    it causes, at ``now``; a direct link that is not up carries nothing."""
+    b = a.other
+    a.now = b.now = now
+    while True:
+        if a.relay:
+            end, route = a.relay.pop(0)
+            end.unwrap(route)
+            continue
+        for end in (a, b):
+            link = end.direct
+            if link is not None and link.state is LinkState.UP and link.queued:
+                end.other.off_direct(link._queue.popleft())  # what its writer would send
+                break
+        else:
+            return
+
+
+def _frame(i: int) -> bytes:
+    return bytes([0xA1, 0x61, 0x66, i])
+
+
+def test_a_second_switch_after_a_fall_back_retires_on_its_own_time_at_both_ends() -> None:
+    """Switch, cut, fall back, and switch again just before the first switch's retirement,
+    b seeing the second switch before and a after it: a cut 1 s into the second switch
+    falls back at both ends, and a's frame through the relay opens at b and arrives once."""
+    a, b = _pair()
+    a.send(_frame(1), 0.0)
+    _pump(a, 0.0)
+    first = (a.direct_link(1.0), b.direct_link(1.0))
+    _pump(a, 1.0)
+    fell_first = (a.cut(first[0], 2.0), b.cut(first[1], 2.0))
+    _pump(a, 2.0)
+    second_b = b.direct_link(1.0 + RETIRE_S - 0.1)  # b's relayed link closes first
+    a.tick(1.0 + RETIRE_S)  # a's tick, still relayed: the first switch's time is up
+    second_a = a.direct_link(1.0 + RETIRE_S + 0.1)
+    _pump(a, 1.0 + RETIRE_S + 0.1)
+    for end in (a, b):
+        end.tick(1.0 + RETIRE_S + 0.4)
+    _pump(a, 1.0 + RETIRE_S + 0.4)
+    fell_second = (a.cut(second_a, RETIRE_S + 2.0), b.cut(second_b, RETIRE_S + 2.0))
+    a.send(_frame(2), RETIRE_S + 2.0)
+    _pump(a, RETIRE_S + 2.0)
+    for end in (a, b):  # resends of anything the relay did not bring
+        end.tick(RETIRE_S + 5.0)
+    _pump(a, RETIRE_S + 5.0)
+    assert (
+        ((True, True), (True, True)),
+        [_frame(1), _frame(2)],
+        {},
+        (PathState.RELAYED, PathState.RELAYED),
+    ) == (
+        (fell_first, fell_second),
+        b.delivered,
+        dict(b.endpoint.refused),
+        (a.paths.path(b.keys.node_id)[0], b.paths.path(a.keys.node_id)[0]),
+    )
+
+
+def test_a_direct_link_that_won_over_a_rival_falls_back_when_cut_unacknowledged() -> None:
+    """Two direct links come up at once at a, the later losing: the winner cut while a's
+    frames on it are unacknowledged falls back at both ends, and b gets them once, in
+    order."""
+    a, b = _pair()
+    a.send(_frame(1), 0.0)
+    links = (a.direct_link(1.0, rivals=1), b.direct_link(1.0))
+    a.send(_frame(2), 1.1)  # on the direct link, in the relayed sequence: lost with it
+    fell = (a.cut(links[0], 1.2), b.cut(links[1], 1.2))
+    _pump(a, 1.2)
+    for end in (a, b):
+        end.tick(4.0)
+    _pump(a, 4.0)
+    assert ((True, True), [_frame(1), _frame(2)]) == (fell, b.delivered)
+
+
+def test_a_punched_link_cut_in_the_switch_leaves_nothing_unacknowledged() -> None:
+    """Frames sent while a punch is under way (through the relay) and on the punched
+    link, which dies with frames of both ends unacknowledged: each end gets the other's
+    once, in order, and both sequences are acknowledged to the end."""
+    a, b = _pair()
+    lead, follow = (a, b) if a.keys.node_id < b.keys.node_id else (b, a)
+    for end in (lead, follow):  # relayed; the leader's backoff is over at once
+        end.send(_frame(1), 0.0)
+    _pump(a, 0.0)
+    lead.tick(0.5)  # candidates, answered, punch: both start the simultaneous open
+    _pump(a, 0.5)
+    upgrading = (a.paths.path(b.keys.node_id)[0], b.paths.path(a.keys.node_id)[0])
+    for end in (lead, follow):
+        end.send(_frame(2), 0.6)  # through the relay, acknowledged by nobody yet
+    links = (a.direct_link(0.7), b.direct_link(0.7))  # the punched link replaces it
+    for end in (a, b):
+        end.send(_frame(3), 0.8)
+    fell = (a.cut(links[0], 0.9), b.cut(links[1], 0.9))
+    for end in (a, b):
+        end.send(_frame(4), 1.0)
+    _pump(a, 1.0)
+    for now in (3.5, 6.0):
+        for end in (a, b):
+            end.tick(now)
+        _pump(a, now)
+    frames = [_frame(i) for i in range(1, 5)]
+    assert (
+        (PathState.UPGRADING, PathState.UPGRADING),
+        (True, True),
+        (frames, frames),
+        (True, True),
+        (True, True),
+    ) == (
+        upgrading,
+        fell,
+        (a.delivered, b.delivered),
+        (a.paths.stats.resent >= 2, b.paths.stats.resent >= 2),  # 2 and 3 at least
+        (a.paths.settled(b.keys.node_id), b.paths.settled(a.keys.node_id)),
+    )
+
+
+def test_a_cut_between_the_two_ends_retirements_reaches_the_forgetful_end_in_order() -> None:
+    """The direct link dies after a has retired the switch and before b has: only b falls
+    back; a cannot open b's frames under the forgotten session, answers with a hello, and
+    gets them under the new one once, in order."""
+    a, b = _pair()
+    for i in (1, 2):
+        b.send(_frame(i), 0.0)
+    _pump(a, 0.0)
+    links = (a.direct_link(1.0), b.direct_link(1.0))
+    _pump(a, 1.0)
+    b.send(_frame(3), 2.0)
+    _pump(a, 2.0)
+    for end in (a, b):
+        end.tick(5.0)
+    _pump(a, 5.0)
+    a.tick(1.0 + RETIRE_S)  # a forgets the relayed sequence and session; b ticks later
+    fell = (a.cut(links[0], 1.05 + RETIRE_S), b.cut(links[1], 1.05 + RETIRE_S))
+    b.send(_frame(4), 1.1 + RETIRE_S)
+    _pump(a, 1.1 + RETIRE_S)
+    for now in (4.0 + RETIRE_S, 4.5 + RETIRE_S):  # b resends what a could not open; acks
+        for end in (a, b):
+            end.tick(now)
+        _pump(a, now)
+    assert (
+        (False, True),
+        [_frame(i) for i in range(1, 5)],
+        {"invalid_signature": 1},
+        True,
+    ) == (fell, a.delivered, dict(a.endpoint.refused), b.paths.settled(a.keys.node_id))
