@@ -187,7 +187,9 @@ class UlidGenerator:
                     high = rand >> 10
                     high_chars = _random_chars(rand)[:14]
                 stop = min(last, rand | 1023)  # the last id with this prefix
-                out += map((time_chars + high_chars).__add__, pairs[rand & 1023 : (stop & 1023) + 1])
+                out += map(
+                    (time_chars + high_chars).__add__, pairs[rand & 1023 : (stop & 1023) + 1]
+                )
                 rand = stop + 1
             self._last_ms, self._last_rand, self._high = last_ms, last, high
             self._time_chars, self._high_chars = time_chars, high_chars

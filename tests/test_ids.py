@@ -76,7 +76,6 @@ def test_ulids_made_at_once_are_those_made_one_by_one() -> None:
     )
 
 
-
 def test_ulids_of_one_millisecond_made_at_once_count_up_by_one() -> None:
     """``many`` of one millisecond continues the last id's random part and counts up by
     one across prefix changes (every 1,024 ids), as ids made one by one do."""
@@ -88,6 +87,7 @@ def test_ulids_of_one_millisecond_made_at_once_count_up_by_one() -> None:
         bits,
         {ulid_time_ms(i) for i in ids},
     )
+
 
 @given(st.integers(0, 2**48 - 1), st.integers(0, 2**80 - 1))
 def test_ulid_encoding_is_crockford_base32_of_the_130_bits(ms: int, rand: int) -> None:

@@ -114,7 +114,6 @@ async def test_lone_small_batches_commit_on_the_loop_only_with_sync_normal(
     assert [(4, 3), ([0, 1, 2], head), (4, 0), ([0, 1, 2], head)] == counts
 
 
-
 async def test_end_turn_commits_a_lone_group_in_the_calling_turn(tmp_path: Path) -> None:
     """With sync normal, ``end_turn`` after ``publish_many`` commits and answers the group
     before it returns (no loop turn of its own); a second call, or one with nothing
@@ -131,6 +130,7 @@ async def test_end_turn_commits_a_lone_group_in_the_calling_turn(tmp_path: Path)
         seen = (list(answers), log.batches, log.inline_batches)
         await asyncio.sleep(0)
     assert ([[1, 2, 3]], 1, 1, [[1, 2, 3]]) == (*seen, answers)
+
 
 async def test_restart_keeps_epoch_head_and_origin_seq(tmp_path: Path) -> None:
     """Reopening continues numbering; the epoch is fixed when the store is created."""
