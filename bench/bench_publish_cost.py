@@ -34,9 +34,11 @@ one process, on the real code:
   (with ``--sync full``, the node's default, the commit includes the WAL fsync), and the
   future each publisher awaits. CPU is the whole process's (event loop and writer
   thread), so it is what the node spends per publish with no subscriber and no socket.
+  The garbage collector is set as the node process sets it (``--gc node``, the default
+  since 2026-11-27; ``--gc default`` for Python's own thresholds, as measured before).
 
 Run: python -m bench.bench_publish_cost [--messages 20000 --batch 125 --sync full,normal
-     --await gather,ws,many]
+     --await gather,ws,many --gc node]
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ import cbor2
 import orjson
 
 from bench.common import save
+from hearthnet.commands.node import collect_after_start
 from hearthnet.identity import KeyPair
 from hearthnet.pubsub.batchsig import BatchVerifier
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body, encoded_payload
@@ -359,13 +362,19 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
             f"node out {row['node_encode_cpu_us']:.2f}, subscriber "
             f"{row['subscriber_decode_cpu_us']:.2f}"
         )
+    if opts.gc == "node":
+        # The node process's collector (hearthnet.commands.node): what start-up made
+        # frozen, the young generation collected every 10,000 allocations, not 700.
+        collect_after_start()
     logs = []
     for sync in opts.sync:
         for mode in opts.modes:
             row = await measure_log(keys, sync, opts.messages, opts.batch, mode=mode)
+            row["gc"] = opts.gc
             logs.append(row)
             print(
-                f"log, sync={sync}, batches of {row['batch']} awaited by {mode}: "
+                f"log, sync={sync}, batches of {row['batch']} awaited by {mode} "
+                f"(collector: {opts.gc}): "
                 f"{row['cpu_us_per_message']:.1f} µs CPU, {row['wall_us_per_message']:.1f} µs "
                 f"wall per message; batch p50 {row['batch_ms_p50']:.2f} ms"
             )
@@ -391,6 +400,14 @@ def main() -> None:
         help="comma list of how each batch is awaited: gather (a future per publish, "
         "asyncio.gather), ws (publish_many with one answer callback per batch, as the "
         "WebSocket publish path), many (publish_many, one future per batch)",
+    )
+    p.add_argument(
+        "--gc",
+        choices=("node", "default"),
+        default="node",
+        help="the garbage collector during the log measurements: as the node process sets "
+        "it (node: start-up objects frozen, young generation every 10,000 allocations) "
+        "or Python's default (700)",
     )
     p.add_argument("--name", default="publish_cost")
     opts = p.parse_args()

@@ -76,6 +76,19 @@ def test_ulids_made_at_once_are_those_made_one_by_one() -> None:
     )
 
 
+def test_ulids_of_one_millisecond_made_at_once_count_up_by_one() -> None:
+    """``many`` of one millisecond continues the last id's random part and counts up by
+    one across prefix changes (every 1,024 ids), as ids made one by one do."""
+    gen = UlidGenerator()
+    first = gen.new(1_000)
+    ids = [*gen.many([1_000] * 2_500), *gen.many([999] * 3), gen.new(1_000)]
+    bits = [random_bits(i) for i in ids]
+    assert (list(range(random_bits(first) + 1, random_bits(first) + 2_505)), {1_000}) == (
+        bits,
+        {ulid_time_ms(i) for i in ids},
+    )
+
+
 @given(st.integers(0, 2**48 - 1), st.integers(0, 2**80 - 1))
 def test_ulid_encoding_is_crockford_base32_of_the_130_bits(ms: int, rand: int) -> None:
     """Each of the 26 characters is 5 bits of ``ms << 80 | rand``, most significant first,

@@ -145,7 +145,7 @@ class MessageLog:
         self._queued_messages = 0  # in _pending (an entry may hold a group's run)
         self._wake = asyncio.Event()
         self._write_lock = asyncio.Lock()
-        self._turn_scheduled = False  # _end_of_turn is due (synchronous=NORMAL)
+        self._turn: asyncio.Handle | None = None  # end_turn is due (synchronous=NORMAL)
         self.batches = 0
         self.inline_batches = 0  # of which committed on the event loop (INLINE_MAX)
         self.closed = False
@@ -360,16 +360,22 @@ class MessageLog:
         then); otherwise wake the flush loop."""
         if self.synchronous != "NORMAL":
             self._wake.set()
-        elif not self._turn_scheduled:
-            self._turn_scheduled = True
-            asyncio.get_running_loop().call_soon(self._end_of_turn)
+        elif self._turn is None:
+            self._turn = asyncio.get_running_loop().call_soon(self.end_turn)
 
-    def _end_of_turn(self) -> None:
-        """Commit a lone small batch here (:data:`INLINE_MAX`, the writer idle, no commit
+    def end_turn(self) -> None:
+        """With ``synchronous=NORMAL``, at the end of a loop turn that queued publishes
+        (scheduled by the first of them, or called by a caller that runs at the end of
+        the turn already: the WebSocket sessions' groups, which saves a loop turn):
+        commit a lone small batch here (:data:`INLINE_MAX`, the writer idle, no commit
         or deletion under way), without the flush loop's task and lock; anything else,
         or a batch whose commit failed here, goes to the flush loop (which commits in
-        queue order and answers failures)."""
-        self._turn_scheduled = False
+        queue order and answers failures). Nothing when no such turn is due."""
+        turn = self._turn
+        if turn is None:
+            return
+        turn.cancel()  # called before its turn: not again in it
+        self._turn = None
         batch, writer = self._pending, self._writer
         if (
             batch
@@ -398,7 +404,8 @@ class MessageLog:
                 self.inline_batches += 1
                 self._done(batch, outcomes, rows)
                 return
-        self._wake.set()
+        if batch:
+            self._wake.set()
 
     async def run(self) -> None:
         """The flush loop: one transaction per batch, as soon as the previous one is done."""
@@ -490,10 +497,11 @@ class MessageLog:
     # --- durable consumers --------------------------------------------------------
 
     def save_consumer(self, record: ConsumerRecord) -> None:
-        """Create or change a consumer; written with the next commit (or close)."""
+        """Create or change a consumer; written with the next commit (or close). The
+        flush loop is not woken: it commits only queued messages, so a wake-up per
+        durable consumer's ack was a loop turn for nothing."""
         record.dirty = True
         self.consumers[(record.identity, record.name)] = record
-        self._wake.set()
 
     # --- retention ----------------------------------------------------------------
 

@@ -128,14 +128,17 @@ class LogIndex:
             return False
         if entry is None:
             entry = self._origins[origin] = (array("q"), array("q"))
+        # the seqs once as an array: each array below then takes them as one copy (an
+        # array extended by a range or a list converts every element)
+        held = array("q", seqs)
         entry[0].extend(origin_seqs)
-        entry[1].extend(seqs)
+        entry[1].extend(held)
         topic_id = self._topic_id(topic)
         topic_seqs = self.by_topic.get(topic)
         if topic_seqs is None:
             topic_seqs = self.by_topic[topic] = array("q")
-        topic_seqs.extend(seqs)
-        self.cols.extend(seqs, ts, expires, array("I", [topic_id]) * n)
+        topic_seqs.extend(held)
+        self.cols.extend(held, ts, expires, array("I", [topic_id]) * n)
         return True
 
     def _topic_id(self, topic: str) -> int:

@@ -135,3 +135,6 @@ class WsPublisher:
                     for ref in turn.refs:
                         sub.send_control("error", _error(ref, exc))
                     sub.wake()
+        # This is the end of the loop turn already: the log commits a lone small group
+        # here (sync = normal) instead of in a loop turn of its own.
+        self.service.log.end_turn()

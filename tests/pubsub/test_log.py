@@ -114,6 +114,24 @@ async def test_lone_small_batches_commit_on_the_loop_only_with_sync_normal(
     assert [(4, 3), ([0, 1, 2], head), (4, 0), ([0, 1, 2], head)] == counts
 
 
+async def test_end_turn_commits_a_lone_group_in_the_calling_turn(tmp_path: Path) -> None:
+    """With sync normal, ``end_turn`` after ``publish_many`` commits and answers the group
+    before it returns (no loop turn of its own); a second call, or one with nothing
+    queued, does nothing."""
+    answers: list[list[int]] = []
+    async with opened(tmp_path / "log.db") as log:
+        log.end_turn()
+        log.publish_many(
+            [("a", "m", i, None, None) for i in range(3)],
+            answer=lambda outs: answers.append([o.seq for o in outs]),  # type: ignore[union-attr]
+        )
+        log.end_turn()
+        log.end_turn()
+        seen = (list(answers), log.batches, log.inline_batches)
+        await asyncio.sleep(0)
+    assert ([[1, 2, 3]], 1, 1, [[1, 2, 3]]) == (*seen, answers)
+
+
 async def test_restart_keeps_epoch_head_and_origin_seq(tmp_path: Path) -> None:
     """Reopening continues numbering; the epoch is fixed when the store is created."""
     async with opened(tmp_path / "log.db") as log:
