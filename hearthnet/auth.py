@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hearthnet.bus.envelope import CallEnvelope, VerifiedCall, request_envelope
-from hearthnet.canonical import canonicalize
 from hearthnet.caller import Caller
 from hearthnet.community import Level
 from hearthnet.errors import (
@@ -268,14 +267,9 @@ class Authenticator:
         sender = envelope.sender
         assert sender is not None  # checked by _open_call
         caller = self._admit_signed(sender, envelope.community, envelope.ts, now_ms)
+        assert isinstance(envelope_obj, dict)  # checked by from_json
         try:
-            try:
-                message = canonicalize(envelope_obj)
-            except BadRequest as exc:
-                raise InvalidSignature(
-                    f"cannot canonicalize signed object: {exc.message}"
-                ) from exc
-            await checks.check(sender, message, signature)
+            await checks.check(sender, envelope_obj, signature)
         except InvalidSignature as exc:
             raise self._refuse("bad_signature", exc) from None
         self._record(sender, envelope.request_id, now_ms)

@@ -8,8 +8,8 @@ call's CPU) releases the GIL, so on a thread it runs beside the event loop's own
 checks of one turn keeps the hand-offs (a queue put, a wake-up of the loop) to one pair
 per turn instead of one per call.
 
-Only the check moves: the caller canonicalises the message before and records the
-request id in the replay cache after, both on the loop, so the order of the checks
+Only the check moves (the JCS form of the signed object and the libsodium call): the
+caller records the request id in the replay cache after it, on the loop, so the order of the checks
 (membership, clock window, signature, replay) and what each refusal says are those of
 :meth:`hearthnet.auth.Authenticator.authenticate_call`. Nothing is cached: every call's
 signature is checked.
@@ -21,19 +21,21 @@ import asyncio
 import queue
 import threading
 
-from hearthnet.identity import verify_bytes
+from typing import Any
+
+from hearthnet.identity import verify_object
 
 # Checks handed to the worker in one batch at most: a turn with more is split, so the
 # first answers come back while the rest are checked.
 MAX_BATCH = 64
 _JOIN_S = 2.0  # how long close() waits for the batch being checked
 
-_Check = tuple[str, bytes, object, "asyncio.Future[None]"]
+_Check = tuple[str, dict[str, Any], object, "asyncio.Future[None]"]
 
 
-def _outcome(node_id: str, message: bytes, signature: object) -> Exception | None:
+def _outcome(node_id: str, obj: dict[str, Any], signature: object) -> Exception | None:
     try:
-        verify_bytes(node_id, message, signature)
+        verify_object(node_id, obj, signature)
     except Exception as exc:  # InvalidSignature, or a bug reported to the caller
         return exc
     return None
@@ -50,20 +52,22 @@ class SignatureWorker:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def check(self, node_id: str, message: bytes, signature: object) -> asyncio.Future[None]:
-        """A future that is done when ``signature`` by ``node_id`` over ``message`` is
-        checked: None, or :class:`~hearthnet.errors.InvalidSignature` raised."""
+    def check(self, node_id: str, obj: dict[str, Any], signature: object) -> asyncio.Future[None]:
+        """A future that is done when ``signature`` by ``node_id`` over the JCS form of
+        ``obj`` is checked: None, or :class:`~hearthnet.errors.InvalidSignature` raised
+        (:func:`~hearthnet.identity.verify_object` on the worker). ``obj`` must not change
+        until then."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         if self._closed:  # the node is stopping: check here
-            error = _outcome(node_id, message, signature)
+            error = _outcome(node_id, obj, signature)
             if error is None:
                 fut.set_result(None)
             else:
                 fut.set_exception(error)
             return fut
         pending = self._pending
-        pending.append((node_id, message, signature, fut))
+        pending.append((node_id, obj, signature, fut))
         if len(pending) == 1:
             loop.call_soon(self._flush, loop)
         elif len(pending) >= self.max_batch:

@@ -110,9 +110,9 @@ async def test_checks_of_one_turn_come_back_together_and_cancels_are_dropped() -
     """Checks asked for in one turn (more than a batch) each get their own outcome; a
     check whose caller went away is dropped; after close() checks run on the caller."""
     worker = SignatureWorker(max_batch=4)
-    messages = [b"m%d" % i for i in range(10)]
-    sigs: list[object] = [MEMBER.sign_bytes(m) for m in messages]
-    sigs[3] = STRANGER.sign_bytes(messages[3])
+    messages = [{"i": i} for i in range(10)]
+    sigs: list[object] = [MEMBER.sign_object(m) for m in messages]
+    sigs[3] = STRANGER.sign_object(messages[3])
     futures = [worker.check(MEMBER.node_id, m, s) for m, s in zip(messages, sigs, strict=True)]
     futures[5].cancel()
     done = await asyncio.gather(*futures, return_exceptions=True)
