@@ -6,7 +6,8 @@ A signed call's signature check (libsodium, ~50 µs on a quiet core, about a thi
 call's CPU) releases the GIL, so on a thread it runs beside the event loop's own work
 (reading, parsing, routing, answering the other calls) on another core. Batching the
 checks of one turn keeps the hand-offs (a queue put, a wake-up of the loop) to one pair
-per turn instead of one per call.
+per turn instead of one per call; a turn with one check while the worker is idle (one
+call at a time) checks it on the loop, where the hand-off would cost more than it saves.
 
 Only the check moves (the JCS form of the signed object and the libsodium call): the
 caller records the request id in the replay cache after it, on the loop, so the order of the checks
@@ -50,6 +51,7 @@ class SignatureWorker:
         self._queue: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, list[_Check]] | None]
         self._queue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._at_worker = 0  # batches handed to the worker and not back yet
         self._closed = False
 
     def check(self, node_id: str, obj: dict[str, Any], signature: object) -> asyncio.Future[None]:
@@ -79,6 +81,13 @@ class SignatureWorker:
         if not batch:
             return
         self._pending = []
+        if len(batch) == 1 and not self._at_worker:
+            # A lone check with the worker idle: the hand-off would cost more than the
+            # overlap gains (one call at a time gets no other work done meanwhile).
+            node_id, obj, signature, _ = batch[0]
+            self._deliver(batch, [_outcome(node_id, obj, signature)])
+            return
+        self._at_worker += 1
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._run, name="hearthnet-signatures", daemon=True
@@ -95,7 +104,7 @@ class SignatureWorker:
             loop, batch = item
             outcomes = [_outcome(n, m, s) for n, m, s, _ in batch]
             try:
-                loop.call_soon_threadsafe(_deliver, batch, outcomes)
+                loop.call_soon_threadsafe(self._delivered, batch, outcomes)
             except RuntimeError:  # the loop is closed: nobody waits any more
                 continue
 
@@ -111,13 +120,18 @@ class SignatureWorker:
             self._queue.put(None)
             self._thread.join(_JOIN_S)
 
+    def _delivered(self, batch: list[_Check], outcomes: list[Exception | None]) -> None:
+        """On the loop: a batch is back from the worker."""
+        self._at_worker -= 1
+        self._deliver(batch, outcomes)
 
-def _deliver(batch: list[_Check], outcomes: list[Exception | None]) -> None:
-    for (_, _, _, fut), error in zip(batch, outcomes, strict=True):
-        if fut.done():  # the call was cancelled (its client went away)
-            continue
-        if error is None:
-            fut.set_result(None)
-        else:
-            fut.set_exception(error)
+    @staticmethod
+    def _deliver(batch: list[_Check], outcomes: list[Exception | None]) -> None:
+        for (_, _, _, fut), error in zip(batch, outcomes, strict=True):
+            if fut.done():  # the call was cancelled (its client went away)
+                continue
+            if error is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(error)
 

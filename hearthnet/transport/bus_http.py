@@ -150,11 +150,12 @@ class BusHttpEndpoints:
         """Read, authenticate and route a call from its headers and body bytes."""
         return self.deps.bus.open(self.verify(headers, _body(raw)), inline_tools=False)
 
-    async def _open_unary(self, headers: Mapping[str, str], raw: bytes) -> CallHandle:
+    async def _open_unary(self, headers: Mapping[str, str], raw: bytes, alone: bool) -> CallHandle:
         """:meth:`open`, the signature checked on the node's signature worker when it
-        has one (spec §11: the check runs beside the event loop)."""
+        has one and other calls are being answered (spec §11: the check runs beside the
+        event loop; a call alone gains nothing from the hand-off)."""
         checks = self.deps.signatures
-        if checks is None:
+        if checks is None or alone:
             return self.open(headers, raw)
         ch, envelope, signature = self._envelope(headers, _body(raw))
         call = await self.deps.authenticator.authenticate_call_on(
@@ -168,14 +169,18 @@ class BusHttpEndpoints:
         )
         return self.deps.bus.open(call, inline_tools=False)
 
-    async def unary_call(self, headers: Mapping[str, str], raw: bytes) -> bytes:
+    async def unary_call(
+        self, headers: Mapping[str, str], raw: bytes, *, alone: bool = False
+    ) -> bytes:
         """A unary call's JSON answer body (what :meth:`call` answers without
-        ``Accept: text/event-stream``, and the lean call path's answer).
+        ``Accept: text/event-stream``, and the lean call path's answer). ``alone``: the
+        lean path answers no other call now, so the signature is checked at once on the
+        loop instead of on the signature worker.
 
         Raises:
             WireError: refused or failed, with the code of spec §2.4.
         """
-        handle = await self._open_unary(headers, raw)
+        handle = await self._open_unary(headers, raw, alone)
         if handle.descriptor.streaming:
             handle.close("bad_request")
             raise BadRequest(
