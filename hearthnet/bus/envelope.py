@@ -73,7 +73,7 @@ class CallEnvelope:
         if not isinstance(obj, dict):
             raise BadRequest("the call envelope is an object")
         keys = obj.keys()
-        if keys != _SIGNED_KEYS and keys != _TOKEN_KEYS:  # not the usual exact field sets
+        if keys not in (_SIGNED_KEYS, _TOKEN_KEYS):  # not one of the usual exact field sets
             missing = _TOKEN_KEYS - keys
             if missing:
                 raise BadRequest(f"call envelope lacks {sorted(missing)}")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-
 from typing import Any
 
 from hearthnet.identity import verify_object
@@ -134,4 +133,3 @@ class SignatureWorker:
                 fut.set_result(None)
             else:
                 fut.set_exception(error)
-

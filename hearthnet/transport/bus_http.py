@@ -20,8 +20,8 @@ from aiohttp import web
 from hearthnet.auth import Authenticator
 from hearthnet.bus.calls import Bus, CallHandle
 from hearthnet.bus.envelope import VerifiedCall
-from hearthnet.bus.signatures import SignatureWorker
 from hearthnet.bus.routing import check_target
+from hearthnet.bus.signatures import SignatureWorker
 from hearthnet.clock import now_ms
 from hearthnet.config import TransportSection
 from hearthnet.errors import BadRequest, Unavailable, WireError
