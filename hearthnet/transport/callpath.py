@@ -147,7 +147,7 @@ class CallPath:
         self.http = http
         self.refused = refused
         self.connections: set[CallConnection] = set()
-        self.busy = 0  # calls started and not answered yet
+        self.busy = 0  # connections with a call started and not answered (or dropped) yet
         self.closing = False
         self.date = _Date()
         self.loop = asyncio.get_running_loop()
@@ -294,9 +294,9 @@ class CallConnection(asyncio.Protocol):
             path.refused.inc("internal_error", "http")
             error = InternalError("unexpected failure; see the node log")
             data = error_answer(error, path.date.now(), close=close)
-        finally:
+        if self._task is not None:  # else connection_lost has let it go already
             path.busy -= 1
-        self._task = None
+            self._task = None
         transport = self._transport
         assert transport is not None
         if transport.is_closing():
@@ -401,9 +401,10 @@ class CallConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         """A call being answered is cancelled (the client's cancel, spec §3.6)."""
         self._path.forget(self)
-        if self._task is not None:
+        if self._task is not None:  # cancelled, perhaps before it started: counted here
             self._task.cancel()
             self._task = None
+            self._path.busy -= 1
         self._buf = bytearray()
         if self._next is not None:
             self._next.connection_lost(exc)
