@@ -80,6 +80,8 @@ async def run(trees: dict[str, str], rounds: int, calls: int, conns: int) -> dic
                         "loadgen_cpu_us_per_call": round(
                             out["loadgen_cpu_s"] / out["calls"] * 1e6, 1
                         ),
+                        "errors": out["errors"],
+                        "p50_ms": out["p50_ms"],
                         "load": _load(),
                     }
                 )
