@@ -3,7 +3,7 @@
 Measures:
 - ``hearthnet node start`` to ready, and idle RSS;
 - signed call round trip (p50/p99) at concurrency 1, and calls/s with many keep-alive
-  connections, over HTTP (echo@1.0);
+  connections, over HTTP (echo@1.0), with the node's CPU per call in both;
 - the same over WebSocket, where one socket carries one call (connect, signed call
   frame, frames, close);
 - one flow-controlled token stream (window 16, ack every 8) in frames/s, JSON and CBOR,
@@ -426,7 +426,12 @@ async def run(quick: bool, skip: frozenset[str] = frozenset()) -> dict[str, Any]
         }
         scale = 0.2 if quick else 1.0
         await http_phase(node.url, keys, community, 500, 4)  # warm-up
+        cpu0 = proc_cpu_s(node.pid)
         result["http_latency"] = await http_phase(node.url, keys, community, int(3000 * scale), 1)
+        node_cpu = proc_cpu_s(node.pid) - cpu0
+        result["http_latency"]["node_cpu_us_per_call"] = round(
+            node_cpu / result["http_latency"]["calls"] * 1e6, 1
+        )
         cpu0 = proc_cpu_s(node.pid)
         result["http_throughput"] = await http_phase(
             node.url, keys, community, int(30000 * scale), 32

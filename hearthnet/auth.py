@@ -37,6 +37,7 @@ from hearthnet.tokens import CapabilityToken
 from hearthnet.transport.headers import SignedHeaders
 
 if TYPE_CHECKING:
+    from hearthnet.bus.signatures import SignatureWorker
     from hearthnet.federation.view import FederationView
 
 
@@ -153,6 +154,28 @@ class Authenticator:
         )
         return Caller(identity, "federated", Level.MEMBER, grant, False)
 
+    def _admit_signed(self, sender: str, community: str, ts: int, now_ms: int) -> Caller:
+        """The checks before the signature: membership, community, clock window."""
+        if community != self.community_id and self.federation is not None:
+            caller = self.caller_for_federated(sender, community, now_ms)
+        else:
+            caller = self.caller_for_identity(sender)
+        if community != self.community_id and caller.kind != "federated":
+            raise self._refuse("wrong_community", Unauthorized("request is for another community"))
+        if abs(now_ms - ts) > self.clock_window_ms:
+            raise self._refuse(
+                "expired", Expired(f"timestamp is {abs(now_ms - ts)} ms from this node's clock")
+            )
+        return caller
+
+    def _record(self, sender: str, request_id: str, now_ms: int) -> None:
+        """The check after the signature: the replay cache (written only for signatures
+        that verified, so unsigned junk cannot fill it)."""
+        try:
+            self.replay.check_and_add(sender, request_id, now_ms)
+        except Replayed as exc:
+            raise self._refuse("replayed", exc) from None
+
     def _check_signed(
         self,
         obj: dict[str, Any],
@@ -164,24 +187,12 @@ class Authenticator:
         signature: object,
         now_ms: int,
     ) -> Caller:
-        if community != self.community_id and self.federation is not None:
-            caller = self.caller_for_federated(sender, community, now_ms)
-        else:
-            caller = self.caller_for_identity(sender)
-        if community != self.community_id and caller.kind != "federated":
-            raise self._refuse("wrong_community", Unauthorized("request is for another community"))
-        if abs(now_ms - ts) > self.clock_window_ms:
-            raise self._refuse(
-                "expired", Expired(f"timestamp is {abs(now_ms - ts)} ms from this node's clock")
-            )
+        caller = self._admit_signed(sender, community, ts, now_ms)
         try:
             verify_object(sender, obj, signature)
         except InvalidSignature as exc:
             raise self._refuse("bad_signature", exc) from None
-        try:
-            self.replay.check_and_add(sender, request_id, now_ms)
-        except Replayed as exc:
-            raise self._refuse("replayed", exc) from None
+        self._record(sender, request_id, now_ms)
         return caller
 
     def authenticate_call(
@@ -200,16 +211,10 @@ class Authenticator:
             BadRequest: malformed envelope or both/neither credential.
             WireError: the code of spec §2.4 for the refusal.
         """
-        envelope = CallEnvelope.from_json(envelope_obj)
-        if (signature is None) == (token is None):
-            raise BadRequest("a call carries exactly one of signature and token")
-        if token is not None:
-            caller = self.caller_for_token(token, now_ms)
-            if envelope.community != self.community_id:
-                raise self._refuse("wrong_community", Unauthorized("call is for another community"))
-            return VerifiedCall(envelope, caller, None, str(token), target, deadline_ms)
-        if envelope.sender is None:
-            raise BadRequest("a signed call names its sender in from")
+        envelope, by_token = self._open_call(envelope_obj, signature, token, now_ms)
+        if by_token is not None:
+            return VerifiedCall(envelope, by_token, None, str(token), target, deadline_ms)
+        assert envelope.sender is not None  # checked by _open_call
         assert isinstance(envelope_obj, dict)  # checked by from_json
         caller = self._check_signed(
             envelope_obj,
@@ -220,6 +225,54 @@ class Authenticator:
             signature=signature,
             now_ms=now_ms,
         )
+        return VerifiedCall(envelope, caller, str(signature), None, target, deadline_ms)
+
+    def _open_call(
+        self, envelope_obj: object, signature: object, token: object, now_ms: int
+    ) -> tuple[CallEnvelope, Caller | None]:
+        """The envelope, and the caller when a token carries the call (None: signed)."""
+        envelope = CallEnvelope.from_json(envelope_obj)
+        if (signature is None) == (token is None):
+            raise BadRequest("a call carries exactly one of signature and token")
+        if token is not None:
+            caller = self.caller_for_token(token, now_ms)
+            if envelope.community != self.community_id:
+                raise self._refuse("wrong_community", Unauthorized("call is for another community"))
+            return envelope, caller
+        if envelope.sender is None:
+            raise BadRequest("a signed call names its sender in from")
+        return envelope, None
+
+    async def authenticate_call_on(
+        self,
+        checks: SignatureWorker,
+        envelope_obj: object,
+        *,
+        signature: object,
+        token: object,
+        now_ms: int,
+        target: str | None = None,
+        deadline_ms: int | None = None,
+    ) -> VerifiedCall:
+        """:meth:`authenticate_call` with the signature checked on ``checks``' worker
+        thread: the same checks in the same order, with the same refusals.
+
+        Raises:
+            BadRequest: malformed envelope or both/neither credential.
+            WireError: the code of spec §2.4 for the refusal.
+        """
+        envelope, by_token = self._open_call(envelope_obj, signature, token, now_ms)
+        if by_token is not None:
+            return VerifiedCall(envelope, by_token, None, str(token), target, deadline_ms)
+        sender = envelope.sender
+        assert sender is not None  # checked by _open_call
+        caller = self._admit_signed(sender, envelope.community, envelope.ts, now_ms)
+        assert isinstance(envelope_obj, dict)  # checked by from_json
+        try:
+            await checks.check(sender, envelope_obj, signature)
+        except InvalidSignature as exc:
+            raise self._refuse("bad_signature", exc) from None
+        self._record(sender, envelope.request_id, now_ms)
         return VerifiedCall(envelope, caller, str(signature), None, target, deadline_ms)
 
     def authenticate_headers(

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from hearthnet.bus.capability import CallContext
 from hearthnet.bus.descriptor import CapabilityDescriptor
@@ -35,6 +36,40 @@ from hearthnet.ratelimit import RateLimiter
 log = logging.getLogger("hearthnet.bus")
 
 Emit = Callable[[Frame], Awaitable[None]]
+T = TypeVar("T")
+
+
+@types.coroutine
+def _resume(coro: Coroutine[Any, Any, T], pending: Any) -> Generator[Any, Any, T]:
+    """Go on awaiting ``coro``, whose first step has been taken and yielded ``pending``
+    (what it waits for) to this task: the same as ``await coro`` from that point on."""
+    while True:
+        try:
+            yield pending  # the task resumes here once what coro waits for is done
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # a cancel (the deadline's, or the caller's)
+            try:
+                pending = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            continue
+        return (yield from coro)  # type: ignore[no-any-return]
+
+
+async def within_deadline(coro: Coroutine[Any, Any, T], remaining_s: Callable[[], float]) -> T:
+    """Await ``coro`` with a deadline ``remaining_s()`` seconds away, read when ``coro``
+    first waits. A handler that finishes without waiting (echo, any answer computed at
+    once) cannot be late, since no timer could fire while it runs, so it costs no timer:
+    ``asyncio.timeout`` (a timer armed and cancelled on the event loop) is entered only
+    around the rest of a call that waits."""
+    try:
+        pending = coro.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    async with asyncio.timeout(remaining_s()):
+        return await _resume(coro, pending)
 
 
 @dataclass(slots=True)
@@ -249,8 +284,9 @@ class CallHandle:
         result = "cancelled"
         try:
             try:
-                async with asyncio.timeout(self.ctx.remaining_s()):
-                    output = await provider.call_unary(self.call, self.ctx, self.descriptor)
+                output = await within_deadline(
+                    provider.call_unary(self.call, self.ctx, self.descriptor), self.ctx.remaining_s
+                )
             except Exception as exc:  # every failure becomes the call's error
                 error = self._failure(exc)
                 result = error.code

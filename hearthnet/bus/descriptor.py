@@ -84,10 +84,13 @@ class CapabilityDescriptor:
     # load jsonschema (spec §11: start to ready < 1 s).
     check_on_first_call: bool = field(default=False, compare=False, repr=False)
     _validator: Any = field(default=None, compare=False, repr=False)
+    # ``name@version``, made once: every call reads it to take and give back its slot
+    key: str = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         validate_capability_name(self.name)
         validate_version(self.version)
+        object.__setattr__(self, "key", f"{self.name}@{self.version}")
         if self.stability not in STABILITIES:
             raise BadRequest(f"stability must be one of {STABILITIES}")
         if self.max_concurrent < 1 or self.timeout_s <= 0:
@@ -119,11 +122,6 @@ class CapabilityDescriptor:
     def streaming(self) -> bool:
         """A capability with a ``stream_schema`` answers with a stream of frames."""
         return self.stream_schema is not None
-
-    @property
-    def key(self) -> str:
-        """``name@version``."""
-        return f"{self.name}@{self.version}"
 
     def validate_input(self, value: Any) -> None:
         """Validate a request input against ``request_schema``.

@@ -16,6 +16,7 @@ would.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from multidict import CIMultiDict
 
@@ -41,10 +42,10 @@ class CallHeadLimits:
     max_body_bytes: int = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class PlainCall:
+class PlainCall(NamedTuple):
     """A head the lean path serves: its headers, body length, and whether the client
-    asked for the connection to close after the answer."""
+    asked for the connection to close after the answer (a named tuple: built on every
+    call, several times faster than a frozen dataclass)."""
 
     headers: CIMultiDict[str]
     content_length: int

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from hearthnet.errors import BadRequest
 
@@ -19,9 +19,11 @@ TARGET = "X-HearthNet-Target"
 DEADLINE = "X-HearthNet-Deadline-Ms"
 
 
-@dataclass(frozen=True, slots=True)
-class SignedHeaders:
-    """Credentials carried in headers: a signature over an envelope, or a token."""
+class SignedHeaders(NamedTuple):
+    """Credentials carried in headers: a signature over an envelope, or a token.
+
+    (This and :class:`CallHeaders` are read on every call: a named tuple is built
+    several times faster than a frozen dataclass.)"""
 
     request_id: str | None
     sender: str | None
@@ -31,8 +33,7 @@ class SignedHeaders:
     token: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class CallHeaders:
+class CallHeaders(NamedTuple):
     """Everything a ``POST /bus/v1/call`` says in its headers."""
 
     capability: str

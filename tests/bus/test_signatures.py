@@ -1,0 +1,132 @@
+"""Signature checks on the worker thread: the same outcomes as on the loop (spec §1.4, §11)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hearthnet.auth import Authenticator
+from hearthnet.bus.signatures import SignatureWorker
+from hearthnet.errors import InvalidSignature, WireError
+from hearthnet.identity import KeyPair
+from hearthnet.ids import new_ulid
+from hearthnet.membership import Membership
+from hearthnet.replay import ReplayCache
+from hearthnet.tokens import CapabilityToken, Scope
+
+NODE = KeyPair.from_seed(b"\x30" * 32)
+MEMBER = KeyPair.from_seed(b"\x31" * 32)
+STRANGER = KeyPair.from_seed(b"\x32" * 32)
+NOW = 1_763_800_000_000
+
+
+def make_auth() -> tuple[Authenticator, list[str]]:
+    """An authenticator for NODE's community with MEMBER; the failures it counts."""
+    view = Membership(NODE.node_id)
+    view.add(view.sign(NODE, "community.created", NODE.node_id, now_ms=1))
+    view.add(view.sign(NODE, "member.added", MEMBER.node_id, now_ms=2))
+    failures: list[str] = []
+    auth = Authenticator(
+        node_id=NODE.node_id, membership=view, replay=ReplayCache(), on_failure=failures.append
+    )
+    return auth, failures
+
+
+def calls() -> list[tuple[dict[str, Any], object, object]]:
+    """(envelope, signature, token): good, forged, replayed, stranger, late, odd, token."""
+
+    def env(keys: KeyPair, ts: int = NOW, **over: Any) -> dict[str, Any]:
+        e = {
+            "body": {"input": {"x": 1}},
+            "capability": "echo",
+            "version": "1.0",
+            "request_id": new_ulid(ts),
+            "from": keys.node_id,
+            "community": NODE.node_id,
+            "ts": ts,
+        }
+        e.update(over)
+        return e
+
+    good = env(MEMBER)
+    forged = env(MEMBER)
+    late = env(MEMBER, ts=NOW - 3_600_000)
+    odd = env(MEMBER, body={"input": 2**60})  # no canonical form
+    token = CapabilityToken.issue(
+        MEMBER, community=NODE.node_id, scopes=[Scope.parse("call:echo")], ttl_ms=60_000, now_ms=NOW
+    )
+    token_env = env(MEMBER)
+    del token_env["from"]
+    stranger = env(STRANGER)
+    return [
+        (good, MEMBER.sign_object(good), None),
+        (forged, STRANGER.sign_object(forged), None),
+        (good, MEMBER.sign_object(good), None),  # the same request id again
+        (stranger, STRANGER.sign_object(stranger), None),
+        (late, MEMBER.sign_object(late), None),
+        (odd, "ed25519:" + "A" * 86, None),
+        (forged, "not a signature", None),
+        (token_env, None, token.encode()),
+    ]
+
+
+def outcome(result: Any) -> str:
+    """What a check gave: the caller's identity, or the refusal's code."""
+    if isinstance(result, WireError):
+        return result.code
+    return str(result.caller.identity)
+
+
+async def test_calls_checked_on_the_worker_end_as_on_the_loop() -> None:
+    """Each call gets the outcome and the counted failure reason it gets from
+    authenticate_call: checked together on the worker (batches of 3), and alone (a
+    lone check is made on the loop), the replayed one after the first."""
+    cases = calls()
+    on_loop, loop_failures = make_auth()
+    expected = []
+    for env, sig, token in cases:
+        try:
+            expected.append(
+                outcome(on_loop.authenticate_call(env, signature=sig, token=token, now_ms=NOW))
+            )
+        except WireError as exc:
+            expected.append(outcome(exc))
+    worker = SignatureWorker(max_batch=3)
+    on_worker, worker_failures = make_auth()
+
+    async def check(env: dict[str, Any], sig: object, token: object) -> str:
+        try:
+            call = await on_worker.authenticate_call_on(
+                worker, env, signature=sig, token=token, now_ms=NOW
+            )
+        except WireError as exc:
+            return outcome(exc)
+        return outcome(call)
+
+    together = [c for i, c in enumerate(cases) if i != 2]
+    got = await asyncio.gather(*(check(*c) for c in together))
+    got.insert(2, await check(*cases[2]))  # the replay, alone
+    worker.close()
+    assert (expected, sorted(loop_failures)) == (got, sorted(worker_failures))
+    assert {"replayed", "invalid_signature"} <= set(got)
+
+
+async def test_checks_of_one_turn_come_back_together_and_cancels_are_dropped() -> None:
+    """Checks asked for in one turn (more than a batch) each get their own outcome; a
+    check whose caller went away is dropped; after close() checks run on the caller."""
+    worker = SignatureWorker(max_batch=4)
+    messages = [{"i": i} for i in range(10)]
+    sigs: list[object] = [MEMBER.sign_object(m) for m in messages]
+    sigs[3] = STRANGER.sign_object(messages[3])
+    futures = [worker.check(MEMBER.node_id, m, s) for m, s in zip(messages, sigs, strict=True)]
+    futures[5].cancel()
+    done = await asyncio.gather(*futures, return_exceptions=True)
+    kinds = [type(d).__name__ for d in done]
+    worker.close()
+    after = worker.check(MEMBER.node_id, messages[0], sigs[0])
+    forged = worker.check(MEMBER.node_id, messages[3], sigs[3])
+    assert (
+        ["NoneType"] * 3 + ["InvalidSignature", "NoneType", "CancelledError"] + ["NoneType"] * 4,
+        True,
+        True,
+    ) == (kinds, after.exception() is None, isinstance(forged.exception(), InvalidSignature))
