@@ -43,7 +43,11 @@ NODE = KeyPair.from_seed(b"\x01" * 32).node_id
 
 async def test_publish_cost_measures_every_publish_through_the_log() -> None:
     opts = argparse.Namespace(
-        messages=120, batch=40, sync=["full", "normal"], modes=["gather", "ws", "many"]
+        messages=120,
+        batch=40,
+        sync=["full", "normal"],
+        modes=["gather", "ws", "many"],
+        gc="default",
     )
     result = await bench_publish_cost.run(opts)
     assert [(r["sync"], r["mode"], r["messages"], r["batch"]) for r in result["log"]] == [
