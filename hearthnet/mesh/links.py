@@ -198,6 +198,9 @@ async def receive_referral(ws: WebSocketLike, timeout_s: float = HANDSHAKE_TIMEO
 FrameHandler = Callable[["PeerLink", dict[str, Any]], None]
 # a binary frame (spec §8: a route frame's fixed header; hearthnet.mesh.route_header)
 BinaryHandler = Callable[["PeerLink", bytes], None]
+# the binary frames of one socket read, two or more, in order: True when all are taken,
+# False (nothing taken) to have each handed to the BinaryHandler (spec §11)
+RoutesHandler = Callable[["PeerLink", list[bytes]], bool]
 
 
 class PeerLink:
@@ -214,6 +217,7 @@ class PeerLink:
         address: str | None = None,
         errors: LinkErrors = _UNCOUNTED,
         on_binary: BinaryHandler | None = None,
+        on_routes: RoutesHandler | None = None,
         v2: bool = False,
         route_batches: bool = False,
     ) -> None:
@@ -224,6 +228,7 @@ class PeerLink:
         self.address = address
         self.on_frame = on_frame
         self.on_binary = on_binary
+        self.on_routes = on_routes
         # the link speaks hearthnet-peer.v2 (protocol.py): route frames go in the binary
         # form, and frames newer than v1 (budget) may be sent; a v1 peer refuses them
         self.v2 = v2
@@ -400,17 +405,47 @@ class PeerLink:
 
     def _take(self, frames: list[bytes]) -> bool:
         """The binary frames of one socket read, in order (spec §11: route frames go to
-        ``on_binary`` from here, with no message object or wake-up per frame); False
-        when the link stops reading."""
+        ``on_routes`` together, or to ``on_binary`` one by one, from here, with no
+        message object or wake-up per frame); False when the link stops reading."""
         on_binary = self.on_binary
+        group: list[bytes] = []  # consecutive binary frames (route frames, batches)
         for data in frames:
+            if on_binary is not None and data[:1] == TAG_BYTE:
+                group.append(data)
+                continue
+            if group:
+                if not self._binaries(group):
+                    return False
+                group = []
             if self.state is not LinkState.UP:
                 return False
             self.frames_in += 1
-            if on_binary is not None and data[:1] == TAG_BYTE:
-                self._binary(on_binary, data)
-            elif not self._handle(data):
+            if not self._handle(data):
                 return False
+        return not group or self._binaries(group)
+
+    def _binaries(self, group: list[bytes]) -> bool:
+        """Binary frames read together: to ``on_routes`` at once where there are several
+        and it takes them, else one by one to ``on_binary``; False when the link stops
+        reading."""
+        on_binary, on_routes = self.on_binary, self.on_routes
+        assert on_binary is not None
+        if on_routes is not None and len(group) > 1 and self.state is LinkState.UP:
+            try:
+                taken = on_routes(self, group)
+            except Exception:  # a bug behind the link: logged, as for a frame alone
+                log.exception(
+                    "handling frames from %s failed", self.node, extra={"peer": self.node}
+                )
+                taken = True
+            if taken:
+                self.frames_in += len(group)
+                return True
+        for data in group:
+            if self.state is not LinkState.UP:
+                return False
+            self.frames_in += 1
+            self._binary(on_binary, data)
         return True
 
     def _binary(self, on_binary: BinaryHandler, data: bytes) -> None:

@@ -202,18 +202,28 @@ class RelayRole:
             else:
                 self._carry_out([action])
 
-    def forward_batch(self, link: PeerLink, data: bytes, now: float) -> list[Span]:
+    def forward_batch(
+        self,
+        link: PeerLink,
+        data: bytes,
+        now: float,
+        runs: list[RouteRun] | None = None,
+        messages: int = 1,
+    ) -> list[Span]:
         """A route batch off a direct link (spec §11): its runs of frames between the same
         two nodes decided as :meth:`forward` decides one frame (at once where every frame
         of a run goes on), and the frames going to one v4 link written on as one message
         (each with ``ttl_hops`` one less). Returns the frames addressed to this node,
-        which are not the relay's to forward.
+        which are not the relay's to forward. ``runs``: the batch's, read already;
+        ``messages``: the WebSocket messages it came in (single frames of one read
+        joined, :meth:`~hearthnet.mesh.relaying.Relaying.on_routes`).
 
         Raises:
             BadRequest / PayloadTooLarge: a malformed batch; none of it is taken.
         """
-        runs = batch_runs(data)
-        self.route_messages["in"] += 1
+        if runs is None:
+            runs = batch_runs(data)
+        self.route_messages["in"] += messages
         if link not in self._served:
             self._serve(link, now)
         own = self.core.node_id

@@ -60,6 +60,8 @@ Span = tuple[RouteHeader, int, int]  # a frame's header, where it starts and whe
 # as another: a run of frames is told by two comparisons per frame (batch_runs)
 _RUN_HEADER = struct.Struct(">5sQ64sI")
 assert _RUN_HEADER.size == HEADER.size
+_LEAD_LENGTH = struct.Struct(">3s74xI")  # a route frame's prefix and its length field
+assert _LEAD_LENGTH.size == HEADER.size
 
 
 class RouteRun(NamedTuple):
@@ -202,6 +204,34 @@ def _run(lead: bytes, pair: bytes) -> tuple[str, str, bool, int]:
         lead[3] == FLAG_CONTROL,
         lead[4],
     )
+
+
+def join_routes(frames: Sequence[bytes], limit: int = MAX_BATCH_BYTES) -> list[bytes] | None:
+    """``frames``, each a binary route frame that came in its own WebSocket message, as
+    route batches of at most ``limit`` bytes of frames, in order (spec §11: a relay
+    decides the single route frames of one socket read as batches); None when one of
+    them is not a binary route frame of layout 1 whose length field says where it ends.
+    So each batch splits into exactly these frames again, and a frame refused alone is
+    never read as part of its neighbours."""
+    lead_length = _LEAD_LENGTH.unpack_from
+    batches: list[bytes] = []
+    run: list[bytes] = []
+    size = 0
+    for data in frames:
+        n = len(data)
+        if n < HEADER_BYTES:
+            return None
+        lead, length = lead_length(data)
+        if lead != PREFIX or length != n - HEADER_BYTES:
+            return None
+        if run and size + n > limit:
+            batches.append(BATCH_PREFIX + b"".join(run))
+            run, size = [], 0
+        run.append(data)
+        size += n
+    if run:
+        batches.append(BATCH_PREFIX + b"".join(run))
+    return batches
 
 
 def split_batch(data: bytes) -> list[bytes]:

@@ -17,6 +17,7 @@ from hearthnet.mesh.route_batch import (
     encode_batch,
     is_batch,
     is_route_message,
+    join_routes,
     pack_routes,
     passed_on_runs,
     split_batch,
@@ -84,6 +85,32 @@ def test_packing_keeps_every_frame_once_in_order(items: list[bytes], limit: int)
         oversized,
         merged_small,
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(frames, min_size=1, max_size=24), st.integers(400, 4000))
+def test_single_frames_joined_split_into_the_same_frames(items: list[bytes], limit: int) -> None:
+    """Single route frames of one read joined into batches of at most ``limit`` bytes of
+    frames split into exactly those frames, in order."""
+    batches = join_routes(items, limit)
+    assert batches is not None
+    split = [frame for batch in batches for frame in split_batch(batch)]
+    over = [b for b in batches if len(b) - BATCH_HEADER_BYTES > limit and len(split_batch(b)) > 1]
+    assert (items, []) == (split, over)
+
+
+def test_frames_that_would_not_split_back_are_not_joined() -> None:
+    """A frame whose length field is not its length, one that is not a route frame of
+    layout 1, or one shorter than a header: nothing is joined."""
+    good = encode_route(Route(NODES[0], NODES[1], 4, 1, b"x" * 10))
+    short_length = good[:77] + (9).to_bytes(4, "big") + good[81:]
+    cases = [
+        [good, short_length],
+        [good, good + encode_route(Route(NODES[0], NODES[1], 4, 2, b""))],
+        [good, encode_batch([good])],
+        [good, good[:40]],
+    ]
+    assert [None] * len(cases) == [join_routes(case) for case in cases]
 
 
 def test_a_malformed_batch_is_refused_whole() -> None:
