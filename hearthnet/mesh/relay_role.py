@@ -228,7 +228,7 @@ class RelayRole:
             self._serve(link, now)
         own = self.core.node_id
         mine: list[Span] = []
-        if any(run.to == own for run in runs):
+        if runs[0].to == own if len(runs) == 1 else any(run.to == own for run in runs):
             mine = [span for run in runs if run.to == own for span in run.spans()]
             runs = [run for run in runs if run.to != own]
         decided, others = self.core.route_runs(link, runs, now)
@@ -236,7 +236,12 @@ class RelayRole:
         for run, (target, each) in zip(runs, decided, strict=True):
             if each is None:
                 if target is not None:
-                    self._pick(groups, target, run, None)
+                    assert isinstance(target, PeerLink)
+                    group = groups.get(target)
+                    if group is None:
+                        groups[target] = [(run, None)]
+                    else:
+                        group.append((run, None))
                 continue
             chosen: dict[PeerLink, list[int]] = {}
             for i, frame_target in enumerate(each):
@@ -245,7 +250,8 @@ class RelayRole:
                     chosen.setdefault(frame_target, []).append(i)
             for peer, indices in chosen.items():
                 self._pick(groups, peer, run, indices)
-        self._carry_out(others)
+        if others:
+            self._carry_out(others)
         for target, picks in groups.items():
             if not target.route_batches:  # a v3 or older link: each frame alone
                 for run, chosen_at in picks:

@@ -157,8 +157,8 @@ def batch_frames(data: bytes) -> list[Span]:
 
 def batch_runs(data: bytes) -> list[RouteRun]:
     """The frames of route batch ``data`` as runs (:class:`RouteRun`), in order: what
-    :func:`batch_frames` reads, with one header unpack per frame and the NodeIDs and
-    the lists built once per run.
+    :func:`batch_frames` reads, with one header unpack per frame and the NodeIDs, the
+    lists and the run's sizes built once per run.
 
     Raises:
         BadRequest / PayloadTooLarge: as :func:`batch_frames` (the whole batch refused).
@@ -167,42 +167,50 @@ def batch_runs(data: bytes) -> list[RouteRun]:
     runs: list[RouteRun] = []
     unpack = _RUN_HEADER.unpack_from
     start = BATCH_HEADER_BYTES
-    lead, pair, size, last = b"", b"", 0, 0  # the run's first 5 bytes and its two keys
+    lead, pair = b"", b""  # the run's first 5 bytes and its two keys
     ids: list[int] = []
     starts: list[int] = []
-    while start < total:
-        if total - start < HEADER_BYTES:
-            raise BadRequest("a route batch ends inside a route frame's header")
-        h, id_, p, n = unpack(data, start)
-        end = start + HEADER_BYTES + n
-        if id_ > MAX_ID or n > MAX_INNER_BYTES or end > total:
-            raise BadRequest("a frame of a route batch is not a valid route frame")
-        if h == lead and p == pair:  # prefix, flags and ttl_hops checked with the run's first
-            ids.append(id_)
-            starts.append(start)
-            size += n
-        else:
-            if h[:3] != PREFIX or h[3] & ~FLAG_CONTROL or h[4] > MAX_TTL_HOPS:
+    try:
+        while start < total:
+            h, id_, p, n = unpack(data, start)
+            if h == lead and p == pair:  # prefix, flags and ttl_hops checked with the first
+                ids.append(id_)
+                starts.append(start)
+            else:
+                if h[:3] != PREFIX or h[3] & ~FLAG_CONTROL or h[4] > MAX_TTL_HOPS:
+                    raise BadRequest("a frame of a route batch is not a valid route frame")
+                if ids:
+                    runs.append(_run(lead, pair, ids, starts, start))
+                lead, pair = h, p
+                ids, starts = [id_], [start]
+            if n > MAX_INNER_BYTES:
                 raise BadRequest("a frame of a route batch is not a valid route frame")
-            if ids:
-                runs.append(RouteRun(*_run(lead, pair), ids, starts, start, size, last))
-            lead, pair, size = h, p, n
-            ids, starts = [id_], [start]
-        last = n
-        start = end
-    runs.append(RouteRun(*_run(lead, pair), ids, starts, total, size, last))
+            start += HEADER_BYTES + n
+    except struct.error as exc:  # fewer bytes left than a header
+        raise BadRequest("a route batch ends inside a route frame's header") from exc
+    if start != total:
+        raise BadRequest("a route batch ends inside a route frame")
+    runs.append(_run(lead, pair, ids, starts, total))
+    if max(max(run.ids) for run in runs) > MAX_ID:
+        raise BadRequest("a frame of a route batch is not a valid route frame")
     return runs
 
 
-def _run(lead: bytes, pair: bytes) -> tuple[str, str, bool, int]:
-    """A run's ``to``, ``from``, ``control`` and ``ttl_hops`` from its first frame's."""
+def _run(lead: bytes, pair: bytes, ids: list[int], starts: list[int], end: int) -> RouteRun:
+    """The run of frames ``ids`` at ``starts``, ending at ``end``, from its first frame's
+    leading 5 bytes and keys."""
     nodes = NODE_IDS
     to, from_ = pair[:32], pair[32:]
-    return (
+    return RouteRun(
         nodes.get(to) or node_of(to),
         nodes.get(from_) or node_of(from_),
         lead[3] == FLAG_CONTROL,
         lead[4],
+        ids,
+        starts,
+        end,
+        end - starts[0] - HEADER_BYTES * len(ids),
+        end - starts[-1] - HEADER_BYTES,
     )
 
 
