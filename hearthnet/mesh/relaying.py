@@ -87,8 +87,8 @@ from hearthnet.mesh.route_batch import (
     BATCH_PREFIX,
     RouteRun,
     batch_frames,
-    batch_runs,
     join_routes,
+    joined_runs,
 )
 from hearthnet.metrics import MetricsRegistry
 
@@ -274,11 +274,12 @@ class Relaying:
             self.counts["misdelivered"] += 1
 
     def on_routes(self, link: PeerLink, frames: list[bytes]) -> bool:
-        """Binary frames of one socket read off a direct link, in order (spec §11): a
-        relay joins the single route frames into route batches and takes them as it
-        takes a batch, each frame decided as alone. False, and nothing taken, where
-        this node does not relay, the link is relayed, or a frame is not a well-formed
-        single route frame: the link then hands each to :meth:`on_binary`."""
+        """Binary messages of one socket read off a direct link, in order (spec §11): a
+        relay joins the route frames and route batches among them into route batches
+        and takes them as it takes one batch, each frame decided as alone. False, and
+        nothing taken, where this node does not relay, the link is relayed, or a message
+        is not a well-formed route frame or batch: the link then hands each message to
+        :meth:`on_binary`, which refuses or takes it alone."""
         relay = self.relay
         if relay is None or is_relayed(link):
             return False
@@ -286,11 +287,11 @@ class Relaying:
         if batches is None:
             return False
         try:
-            read = [(data, batch_runs(data)) for data in batches]
-        except HearthNetError:  # a field out of range: each frame refused alone
+            read = [(joined, joined_runs(joined)) for joined in batches]
+        except HearthNetError:  # a field out of range: each message refused alone
             return False
-        for data, runs in read:
-            self._batch_in(link, data, runs, sum(len(run.ids) for run in runs))
+        for joined, runs in read:
+            self._batch_in(link, joined.data, runs, joined.messages)
         return True
 
     def _batch_in(

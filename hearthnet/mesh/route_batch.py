@@ -214,32 +214,79 @@ def _run(lead: bytes, pair: bytes, ids: list[int], starts: list[int], end: int) 
     )
 
 
-def join_routes(frames: Sequence[bytes], limit: int = MAX_BATCH_BYTES) -> list[bytes] | None:
-    """``frames``, each a binary route frame that came in its own WebSocket message, as
-    route batches of at most ``limit`` bytes of frames, in order (spec §11: a relay
-    decides the single route frames of one socket read as batches); None when one of
-    them is not a binary route frame of layout 1 whose length field says where it ends.
-    So each batch splits into exactly these frames again, and a frame refused alone is
-    never read as part of its neighbours."""
+class Joined(NamedTuple):
+    """Route messages of one socket read joined into one route batch (:func:`join_routes`)."""
+
+    data: bytes  # the route batch
+    messages: int  # the WebSocket messages it holds the frames of
+    # where a frame must start for the batch to split into the messages' frames: the end
+    # of each route batch joined, but the last (checked by :func:`joined_runs`)
+    cuts: list[int]
+
+
+def join_routes(messages: Sequence[bytes], limit: int = MAX_BATCH_BYTES) -> list[Joined] | None:
+    """Route ``messages`` (binary route frames and route batches) that one socket read
+    held, as route batches of at most ``limit`` bytes of frames each, in order (spec
+    §11: a relay decides what one read brought as few batches); a message larger than
+    ``limit`` goes alone. None when one of them is neither a route batch nor a binary
+    route frame of layout 1 whose length field says where it ends. A route frame's own
+    fields, and where a joined batch's frames end, are checked by :func:`joined_runs`,
+    so a message refused alone is never read as part of its neighbours."""
     lead_length = _LEAD_LENGTH.unpack_from
-    batches: list[bytes] = []
-    run: list[bytes] = []
-    size = 0
-    for data in frames:
+    out: list[Joined] = []
+    parts: list[bytes | memoryview] = [BATCH_PREFIX]
+    cuts: list[int] = []
+    size = 0  # bytes of frames in parts
+    last = b""
+    for data in messages:
         n = len(data)
         if n < HEADER_BYTES:
             return None
         lead, length = lead_length(data)
-        if lead != PREFIX or length != n - HEADER_BYTES:
+        batch = lead == BATCH_PREFIX[:3]
+        if not batch and (lead != PREFIX or length != n - HEADER_BYTES):
             return None
-        if run and size + n > limit:
-            batches.append(BATCH_PREFIX + b"".join(run))
-            run, size = [], 0
-        run.append(data)
-        size += n
-    if run:
-        batches.append(BATCH_PREFIX + b"".join(run))
-    return batches
+        if batch:
+            if data[3] != BATCH_PREFIX[3]:
+                return None
+            n -= BATCH_HEADER_BYTES
+        if size and size + n > limit:
+            out.append(_joined(parts, cuts, size, last))
+            parts, cuts, size = [BATCH_PREFIX], [], 0
+        if batch:
+            parts.append(memoryview(data)[BATCH_HEADER_BYTES:])
+            size += n
+            cuts.append(BATCH_HEADER_BYTES + size)
+        else:
+            parts.append(data)
+            size += n
+        last = data
+    out.append(_joined(parts, cuts, size, last))
+    return out
+
+
+def _joined(parts: list[bytes | memoryview], cuts: list[int], size: int, last: bytes) -> Joined:
+    if cuts and cuts[-1] == BATCH_HEADER_BYTES + size:
+        cuts.pop()  # the last batch's own end: batch_runs checks it
+    if len(parts) == 2 and cuts == [] and last[:4] == BATCH_PREFIX:
+        return Joined(last, 1, cuts)  # one route batch alone: as it came
+    return Joined(b"".join(parts), len(parts) - 1, cuts)
+
+
+def joined_runs(joined: Joined) -> list[RouteRun]:
+    """The runs of a :class:`Joined` batch, as :func:`batch_runs` reads them.
+
+    Raises:
+        BadRequest / PayloadTooLarge: a frame invalid, or one of the route batches joined
+            not ending where a frame ends (the whole read is then taken message by
+            message, each refused or taken alone).
+    """
+    runs = batch_runs(joined.data)
+    if joined.cuts:
+        starts = {start for run in runs for start in run.starts}
+        if not starts.issuperset(joined.cuts):
+            raise BadRequest("a route batch's last frame runs past its end")
+    return runs
 
 
 def split_batch(data: bytes) -> list[bytes]:

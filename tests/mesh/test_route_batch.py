@@ -18,6 +18,7 @@ from hearthnet.mesh.route_batch import (
     is_batch,
     is_route_message,
     join_routes,
+    joined_runs,
     pack_routes,
     passed_on_runs,
     split_batch,
@@ -87,30 +88,46 @@ def test_packing_keeps_every_frame_once_in_order(items: list[bytes], limit: int)
     )
 
 
+# what one socket read of a relay holds: route frames and route batches
+route_messages = st.one_of(frames, st.lists(frames, min_size=1, max_size=6).map(encode_batch))
+
+
 @settings(max_examples=60, deadline=None)
-@given(st.lists(frames, min_size=1, max_size=24), st.integers(400, 4000))
-def test_single_frames_joined_split_into_the_same_frames(items: list[bytes], limit: int) -> None:
-    """Single route frames of one read joined into batches of at most ``limit`` bytes of
-    frames split into exactly those frames, in order."""
-    batches = join_routes(items, limit)
-    assert batches is not None
-    split = [frame for batch in batches for frame in split_batch(batch)]
-    over = [b for b in batches if len(b) - BATCH_HEADER_BYTES > limit and len(split_batch(b)) > 1]
-    assert (items, []) == (split, over)
+@given(st.lists(route_messages, min_size=1, max_size=24), st.integers(400, 4000))
+def test_route_messages_joined_split_into_the_same_frames(items: list[bytes], limit: int) -> None:
+    """Route frames and batches of one read joined into batches of at most ``limit`` bytes
+    of frames (a larger message alone) split into exactly their frames, in order, and
+    count the messages joined."""
+    joined = join_routes(items, limit)
+    assert joined is not None
+    expected = [f for item in items for f in (split_batch(item) if is_batch(item) else [item])]
+    split = [frame for j in joined for frame in split_batch(joined_runs(j) and j.data)]
+    over = [j for j in joined if len(j.data) - BATCH_HEADER_BYTES > limit and j.messages > 1]
+    assert (expected, len(items), []) == (split, sum(j.messages for j in joined), over)
 
 
-def test_frames_that_would_not_split_back_are_not_joined() -> None:
-    """A frame whose length field is not its length, one that is not a route frame of
-    layout 1, or one shorter than a header: nothing is joined."""
+def test_messages_that_would_not_split_back_are_not_taken_together() -> None:
+    """A frame whose length field is not its length, a message that is not a route frame
+    or batch, or one shorter than a header: nothing is joined; a batch whose last frame
+    runs into the next message is refused once joined (each is then taken alone)."""
     good = encode_route(Route(NODES[0], NODES[1], 4, 1, b"x" * 10))
     short_length = good[:77] + (9).to_bytes(4, "big") + good[81:]
     cases = [
         [good, short_length],
         [good, good + encode_route(Route(NODES[0], NODES[1], 4, 2, b""))],
-        [good, encode_batch([good])],
+        [good, b"H\x01\x07\x00" + good[4:]],
         [good, good[:40]],
     ]
-    assert [None] * len(cases) == [join_routes(case) for case in cases]
+    not_joined = [join_routes(case) for case in cases]
+    # the batch's frame holds no inner but claims the next message as its inner: joined,
+    # every frame would be well formed
+    spilling = encode_batch([good])[:-10]
+    spilling = spilling[:81] + len(good).to_bytes(4, "big") + spilling[85:]
+    joined = join_routes([spilling, good, good])
+    assert joined is not None
+    with pytest.raises(BadRequest):
+        joined_runs(joined[0])
+    assert [None] * len(cases) == not_joined
 
 
 def test_a_malformed_batch_is_refused_whole() -> None:
