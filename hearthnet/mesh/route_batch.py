@@ -60,8 +60,6 @@ Span = tuple[RouteHeader, int, int]  # a frame's header, where it starts and whe
 # as another: a run of frames is told by two comparisons per frame (batch_runs)
 _RUN_HEADER = struct.Struct(">5sQ64sI")
 assert _RUN_HEADER.size == HEADER.size
-_LEAD_LENGTH = struct.Struct(">3s74xI")  # a route frame's prefix and its length field
-assert _LEAD_LENGTH.size == HEADER.size
 
 
 class RouteRun(NamedTuple):
@@ -219,73 +217,68 @@ class Joined(NamedTuple):
 
     data: bytes  # the route batch
     messages: int  # the WebSocket messages it holds the frames of
-    # where a frame must start for the batch to split into the messages' frames: the end
-    # of each route batch joined, but the last (checked by :func:`joined_runs`)
+    # where each message but the first starts in ``data``: a frame must start there for
+    # the batch to split into the messages' frames (checked by :func:`joined_runs`)
     cuts: list[int]
+    singles: bool  # every message a single route frame: the frames start exactly at cuts
 
 
 def join_routes(messages: Sequence[bytes], limit: int = MAX_BATCH_BYTES) -> list[Joined] | None:
     """Route ``messages`` (binary route frames and route batches) that one socket read
     held, as route batches of at most ``limit`` bytes of frames each, in order (spec
     §11: a relay decides what one read brought as few batches); a message larger than
-    ``limit`` goes alone. None when one of them is neither a route batch nor a binary
-    route frame of layout 1 whose length field says where it ends. A route frame's own
-    fields, and where a joined batch's frames end, are checked by :func:`joined_runs`,
-    so a message refused alone is never read as part of its neighbours."""
-    lead_length = _LEAD_LENGTH.unpack_from
+    ``limit`` goes alone. None when one of them is neither a route batch nor a route
+    frame of layout 1. Each frame's fields, and that every message ends where a frame
+    ends, are checked by :func:`joined_runs`, so a message refused alone is never read
+    as part of its neighbours."""
     out: list[Joined] = []
     parts: list[bytes | memoryview] = [BATCH_PREFIX]
     cuts: list[int] = []
     size = 0  # bytes of frames in parts
-    last = b""
+    singles = True
     for data in messages:
         n = len(data)
-        if n < HEADER_BYTES:
-            return None
-        lead, length = lead_length(data)
-        batch = lead == BATCH_PREFIX[:3]
-        if not batch and (lead != PREFIX or length != n - HEADER_BYTES):
-            return None
-        if batch:
-            if data[3] != BATCH_PREFIX[3]:
-                return None
+        if data.startswith(PREFIX):
+            part: bytes | memoryview = data
+        elif data.startswith(BATCH_PREFIX):
+            part = memoryview(data)[BATCH_HEADER_BYTES:]
             n -= BATCH_HEADER_BYTES
-        if size and size + n > limit:
-            out.append(_joined(parts, cuts, size, last))
-            parts, cuts, size = [BATCH_PREFIX], [], 0
-        if batch:
-            parts.append(memoryview(data)[BATCH_HEADER_BYTES:])
-            size += n
-            cuts.append(BATCH_HEADER_BYTES + size)
         else:
-            parts.append(data)
-            size += n
-        last = data
-    out.append(_joined(parts, cuts, size, last))
+            return None
+        if size and size + n > limit:
+            out.append(_joined(parts, cuts, singles))
+            parts, cuts, size, singles = [BATCH_PREFIX], [], 0, True
+        singles = singles and type(part) is bytes
+        if size:
+            cuts.append(BATCH_HEADER_BYTES + size)
+        parts.append(part)
+        size += n
+    out.append(_joined(parts, cuts, singles))
     return out
 
 
-def _joined(parts: list[bytes | memoryview], cuts: list[int], size: int, last: bytes) -> Joined:
-    if cuts and cuts[-1] == BATCH_HEADER_BYTES + size:
-        cuts.pop()  # the last batch's own end: batch_runs checks it
-    if len(parts) == 2 and cuts == [] and last[:4] == BATCH_PREFIX:
-        return Joined(last, 1, cuts)  # one route batch alone: as it came
-    return Joined(b"".join(parts), len(parts) - 1, cuts)
+def _joined(parts: list[bytes | memoryview], cuts: list[int], singles: bool) -> Joined:
+    if len(parts) == 2 and not singles:  # one route batch alone: as it came
+        batch = parts[1]
+        assert isinstance(batch, memoryview)
+        return Joined(bytes(batch.obj), 1, cuts, False)
+    return Joined(b"".join(parts), len(parts) - 1, cuts, singles)
 
 
 def joined_runs(joined: Joined) -> list[RouteRun]:
     """The runs of a :class:`Joined` batch, as :func:`batch_runs` reads them.
 
     Raises:
-        BadRequest / PayloadTooLarge: a frame invalid, or one of the route batches joined
-            not ending where a frame ends (the whole read is then taken message by
-            message, each refused or taken alone).
+        BadRequest / PayloadTooLarge: a frame invalid, or a message joined not ending
+            where a frame ends (the whole read is then taken message by message, each
+            refused or taken alone).
     """
     runs = batch_runs(joined.data)
-    if joined.cuts:
-        starts = {start for run in runs for start in run.starts}
-        if not starts.issuperset(joined.cuts):
-            raise BadRequest("a route batch's last frame runs past its end")
+    cuts = joined.cuts
+    if cuts:
+        starts = runs[0].starts if len(runs) == 1 else [s for run in runs for s in run.starts]
+        if not (starts[1:] == cuts if joined.singles else set(starts).issuperset(cuts)):
+            raise BadRequest("a route message joined does not end where a frame ends")
     return runs
 
 
