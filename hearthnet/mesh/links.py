@@ -240,6 +240,10 @@ class PeerLink:
         self._queue: deque[bytes] = deque()
         self._queued_bytes = 0
         self._wake = asyncio.Event()
+        # spec §11: while the writer task waits, what is queued goes out from a callback
+        # at the end of the loop turn (no task step or future per wake-up): see _flush
+        self._writer: BatchWriter | None = None  # the write loop's, while it waits
+        self._flushing = False  # a _flush is scheduled
         self.down_reason = ""
         self.refused_frames = 0  # well-formed frames refused for their values (spec §2.5)
         self.frames_in = 0  # frames read (a member's keepalive watches its relays' counts)
@@ -287,8 +291,33 @@ class PeerLink:
             return False
         self._queue.append(data)
         self._queued_bytes += len(data)
-        self._wake.set()
+        if self._writer is None:
+            self._wake.set()  # the write loop is writing or draining: it takes this too
+        elif not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush)
         return True
+
+    def _flush(self) -> None:
+        """What was queued this loop turn, written at once while the write loop waits and
+        the socket takes it without waiting (spec §11: no task step or future per
+        wake-up); anything else (a full socket buffer, closing) is left to the loop."""
+        self._flushing = False
+        batch = self._writer
+        if batch is None or not self._queue:
+            return
+        if self.state is LinkState.UP and not batch.paused:
+            while self._queue:
+                raw = self._next_batch()
+                frames = pack_routes(raw)[0] if self.route_batches and len(raw) > 1 else raw
+                if not batch.send_now(frames):  # not written: the write loop will
+                    self._queue.extendleft(reversed(raw))
+                    self._queued_bytes += sum(len(data) for data in raw)
+                    break
+                if batch.paused:
+                    break
+        if self._queue or self.state is not LinkState.UP:
+            self._wake.set()
 
     @property
     def queued(self) -> int:
@@ -356,7 +385,11 @@ class PeerLink:
                 await _close(ws, "close", self.errors, self.node)
                 return
             self._wake.clear()
-            await self._wake.wait()
+            self._writer = batch
+            try:
+                await self._wake.wait()
+            finally:
+                self._writer = None
 
     def _next_batch(self) -> list[bytes]:
         """Queued frames for one write: all of them, up to :data:`WRITE_BATCH_BYTES`."""

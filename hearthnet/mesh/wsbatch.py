@@ -80,6 +80,24 @@ class BatchWriter:
             self._writer = raw_writer(self.ws)
         return self._writer
 
+    @property
+    def paused(self) -> bool:
+        """The socket's buffer is full: a write now would wait for it to drain."""
+        writer = self._writer
+        return writer is not None and bool(writer.protocol._paused)
+
+    def send_now(self, messages: Sequence[bytes]) -> bool:
+        """Write ``messages`` in order without waiting, when the raw path is usable and
+        the connection is open; False (nothing written) otherwise: :meth:`send` them."""
+        writer = self._usable()
+        if writer is None or writer._closing or writer.transport.is_closing():
+            return False
+        if writer.use_mask:
+            writer.transport.write(encode_frames(messages, True))
+        else:
+            writer.transport.writelines(frame_parts(messages))
+        return True
+
     async def send(self, messages: Sequence[bytes]) -> None:
         """Send ``messages`` in order.
 
