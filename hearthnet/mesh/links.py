@@ -466,6 +466,11 @@ class PeerLink:
         if on_routes is not None and len(group) > 1 and self.state is LinkState.UP:
             try:
                 taken = on_routes(self, group)
+            except HearthNetError as exc:  # refused after some were taken: as for a frame
+                log.warning(
+                    "binary frames from %s refused: %s", self.node, exc, extra={"peer": self.node}
+                )
+                taken = True
             except Exception:  # a bug behind the link: logged, as for a frame alone
                 log.exception(
                     "handling frames from %s failed", self.node, extra={"peer": self.node}
