@@ -44,6 +44,7 @@ from hearthnet.mesh.links import (
     FrameHandler,
     LinkErrors,
     PeerLink,
+    RoutesHandler,
     WebSocketLike,
     receive_referral,
     run_handshake,
@@ -110,6 +111,7 @@ class Dialer:
         on_frame: FrameHandler,
         on_down: Callable[[PeerLink, str], None],
         on_binary: BinaryHandler | None = None,
+        on_routes: RoutesHandler | None = None,
         federated: Callable[[str, str], bool] | None = None,
     ) -> None:
         if tls_mode not in ("auto", "on", "off"):
@@ -127,6 +129,7 @@ class Dialer:
         self.admit = admit
         self.on_frame = on_frame
         self.on_binary = on_binary
+        self.on_routes = on_routes
         self.on_down = on_down
         self.federated = federated  # (node, community): a federated node (spec §8)
         self.federated_links: Mapping[str, PeerLink] = {}  # up, so not dialled again
@@ -189,6 +192,7 @@ class Dialer:
             address=address,
             errors=self.link_errors,
             on_binary=self.on_binary,
+            on_routes=self.on_routes,
             v2=peer.link >= 2,
             route_batches=peer.takes_route_batches,
         )

@@ -198,6 +198,9 @@ async def receive_referral(ws: WebSocketLike, timeout_s: float = HANDSHAKE_TIMEO
 FrameHandler = Callable[["PeerLink", dict[str, Any]], None]
 # a binary frame (spec §8: a route frame's fixed header; hearthnet.mesh.route_header)
 BinaryHandler = Callable[["PeerLink", bytes], None]
+# the binary frames of one socket read, two or more, in order: True when all are taken,
+# False (nothing taken) to have each handed to the BinaryHandler (spec §11)
+RoutesHandler = Callable[["PeerLink", list[bytes]], bool]
 
 
 class PeerLink:
@@ -214,6 +217,7 @@ class PeerLink:
         address: str | None = None,
         errors: LinkErrors = _UNCOUNTED,
         on_binary: BinaryHandler | None = None,
+        on_routes: RoutesHandler | None = None,
         v2: bool = False,
         route_batches: bool = False,
     ) -> None:
@@ -224,6 +228,7 @@ class PeerLink:
         self.address = address
         self.on_frame = on_frame
         self.on_binary = on_binary
+        self.on_routes = on_routes
         # the link speaks hearthnet-peer.v2 (protocol.py): route frames go in the binary
         # form, and frames newer than v1 (budget) may be sent; a v1 peer refuses them
         self.v2 = v2
@@ -235,6 +240,10 @@ class PeerLink:
         self._queue: deque[bytes] = deque()
         self._queued_bytes = 0
         self._wake = asyncio.Event()
+        # spec §11: while the writer task waits, what is queued goes out from a callback
+        # at the end of the loop turn (no task step or future per wake-up): see _flush
+        self._writer: BatchWriter | None = None  # the write loop's, while it waits
+        self._flushing = False  # a _flush is scheduled
         self.down_reason = ""
         self.refused_frames = 0  # well-formed frames refused for their values (spec §2.5)
         self.frames_in = 0  # frames read (a member's keepalive watches its relays' counts)
@@ -282,8 +291,33 @@ class PeerLink:
             return False
         self._queue.append(data)
         self._queued_bytes += len(data)
-        self._wake.set()
+        if self._writer is None:
+            self._wake.set()  # the write loop is writing or draining: it takes this too
+        elif not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush)
         return True
+
+    def _flush(self) -> None:
+        """What was queued this loop turn, written at once while the write loop waits and
+        the socket takes it without waiting (spec §11: no task step or future per
+        wake-up); anything else (a full socket buffer, closing) is left to the loop."""
+        self._flushing = False
+        batch = self._writer
+        if batch is None or not self._queue:
+            return
+        if self.state is LinkState.UP and not batch.paused:
+            while self._queue:
+                raw = self._next_batch()
+                frames = pack_routes(raw)[0] if self.route_batches and len(raw) > 1 else raw
+                if not batch.send_now(frames):  # not written: the write loop will
+                    self._queue.extendleft(reversed(raw))
+                    self._queued_bytes += sum(len(data) for data in raw)
+                    break
+                if batch.paused:
+                    break
+        if self._queue or self.state is not LinkState.UP:
+            self._wake.set()
 
     @property
     def queued(self) -> int:
@@ -351,7 +385,11 @@ class PeerLink:
                 await _close(ws, "close", self.errors, self.node)
                 return
             self._wake.clear()
-            await self._wake.wait()
+            self._writer = batch
+            try:
+                await self._wake.wait()
+            finally:
+                self._writer = None
 
     def _next_batch(self) -> list[bytes]:
         """Queued frames for one write: all of them, up to :data:`WRITE_BATCH_BYTES`."""
@@ -400,17 +438,52 @@ class PeerLink:
 
     def _take(self, frames: list[bytes]) -> bool:
         """The binary frames of one socket read, in order (spec §11: route frames go to
-        ``on_binary`` from here, with no message object or wake-up per frame); False
-        when the link stops reading."""
+        ``on_routes`` together, or to ``on_binary`` one by one, from here, with no
+        message object or wake-up per frame); False when the link stops reading."""
         on_binary = self.on_binary
+        group: list[bytes] = []  # consecutive binary frames (route frames, batches)
         for data in frames:
+            if on_binary is not None and data[:1] == TAG_BYTE:
+                group.append(data)
+                continue
+            if group:
+                if not self._binaries(group):
+                    return False
+                group = []
             if self.state is not LinkState.UP:
                 return False
             self.frames_in += 1
-            if on_binary is not None and data[:1] == TAG_BYTE:
-                self._binary(on_binary, data)
-            elif not self._handle(data):
+            if not self._handle(data):
                 return False
+        return not group or self._binaries(group)
+
+    def _binaries(self, group: list[bytes]) -> bool:
+        """Binary frames read together: to ``on_routes`` at once where there are several
+        and it takes them, else one by one to ``on_binary``; False when the link stops
+        reading."""
+        on_binary, on_routes = self.on_binary, self.on_routes
+        assert on_binary is not None
+        if on_routes is not None and len(group) > 1 and self.state is LinkState.UP:
+            try:
+                taken = on_routes(self, group)
+            except HearthNetError as exc:  # refused after some were taken: as for a frame
+                log.warning(
+                    "binary frames from %s refused: %s", self.node, exc, extra={"peer": self.node}
+                )
+                taken = True
+            except Exception:  # a bug behind the link: logged, as for a frame alone
+                log.exception(
+                    "handling frames from %s failed", self.node, extra={"peer": self.node}
+                )
+                taken = True
+            if taken:
+                self.frames_in += len(group)
+                return True
+        for data in group:
+            if self.state is not LinkState.UP:
+                return False
+            self.frames_in += 1
+            self._binary(on_binary, data)
         return True
 
     def _binary(self, on_binary: BinaryHandler, data: bytes) -> None:

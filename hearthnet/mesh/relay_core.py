@@ -282,8 +282,7 @@ class RelayCore:
         if self.is_own is not None and not (self.is_own(route.from_) or self.is_own(route.to)):
             self._count.foreign_routes += 1  # no transit between two other communities
             return [Send(link, RouteError(route.to, route.from_, route.id, "unreachable"))]
-        key = (route.from_, route.id)
-        if key in self._seen:
+        if self._seen.seen(route.from_, route.id):
             self._count.duplicates += 1
             return []
         if route.ttl_hops == 0:
@@ -301,7 +300,7 @@ class RelayCore:
                 return [
                     Send(link, RouteError(route.to, route.from_, route.id, "rate_limited", retry))
                 ]
-        self._seen.add(key)
+        self._seen.add(route.from_, route.id)
         count = self._count
         count.forwarded += 1
         count.forwarded_bytes += route.size
@@ -338,11 +337,10 @@ class RelayCore:
             else:
                 target = nexts[to] = self._next_link(to, link)
             error = None
-            key = (member_node, head.id)
             if target is _FOREIGN:
                 count.foreign_routes += 1
                 error = "unreachable"
-            elif key in seen:
+            elif seen.seen(member_node, head.id):
                 count.duplicates += 1
             elif head.ttl_hops == 0:
                 count.ttl_expired += 1
@@ -357,7 +355,7 @@ class RelayCore:
                     Send(link, RouteError(to, member_node, head.id, "rate_limited", retry))
                 )
             else:
-                seen.add(key)
+                seen.add(member_node, head.id)
                 count.forwarded += 1
                 count.forwarded_bytes += head.size
                 targets.append(target)
@@ -395,11 +393,11 @@ class RelayCore:
                 and run.size <= cfg.max_inner
                 and run.ttl_hops > 0
                 and (is_own is None or is_own(member_node) or is_own(to))
-                and seen.fresh(keys := [(member_node, n) for n in run.ids])
+                and seen.fresh(member_node, run.ids)
                 and self._charge_run(member, run, now)
             ):
-                seen.add_all(keys)
-                count.forwarded += len(keys)
+                seen.add_all(member_node, run.ids)
+                count.forwarded += len(run.ids)
                 count.forwarded_bytes += run.size
                 out.append((target, None))
                 continue

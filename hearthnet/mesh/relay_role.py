@@ -202,23 +202,33 @@ class RelayRole:
             else:
                 self._carry_out([action])
 
-    def forward_batch(self, link: PeerLink, data: bytes, now: float) -> list[Span]:
+    def forward_batch(
+        self,
+        link: PeerLink,
+        data: bytes,
+        now: float,
+        runs: list[RouteRun] | None = None,
+        messages: int = 1,
+    ) -> list[Span]:
         """A route batch off a direct link (spec §11): its runs of frames between the same
         two nodes decided as :meth:`forward` decides one frame (at once where every frame
         of a run goes on), and the frames going to one v4 link written on as one message
         (each with ``ttl_hops`` one less). Returns the frames addressed to this node,
-        which are not the relay's to forward.
+        which are not the relay's to forward. ``runs``: the batch's, read already;
+        ``messages``: the WebSocket messages it came in (single frames of one read
+        joined, :meth:`~hearthnet.mesh.relaying.Relaying.on_routes`).
 
         Raises:
             BadRequest / PayloadTooLarge: a malformed batch; none of it is taken.
         """
-        runs = batch_runs(data)
-        self.route_messages["in"] += 1
+        if runs is None:
+            runs = batch_runs(data)
+        self.route_messages["in"] += messages
         if link not in self._served:
             self._serve(link, now)
         own = self.core.node_id
         mine: list[Span] = []
-        if any(run.to == own for run in runs):
+        if runs[0].to == own if len(runs) == 1 else any(run.to == own for run in runs):
             mine = [span for run in runs if run.to == own for span in run.spans()]
             runs = [run for run in runs if run.to != own]
         decided, others = self.core.route_runs(link, runs, now)
@@ -226,7 +236,12 @@ class RelayRole:
         for run, (target, each) in zip(runs, decided, strict=True):
             if each is None:
                 if target is not None:
-                    self._pick(groups, target, run, None)
+                    assert isinstance(target, PeerLink)
+                    group = groups.get(target)
+                    if group is None:
+                        groups[target] = [(run, None)]
+                    else:
+                        group.append((run, None))
                 continue
             chosen: dict[PeerLink, list[int]] = {}
             for i, frame_target in enumerate(each):
@@ -235,7 +250,8 @@ class RelayRole:
                     chosen.setdefault(frame_target, []).append(i)
             for peer, indices in chosen.items():
                 self._pick(groups, peer, run, indices)
-        self._carry_out(others)
+        if others:
+            self._carry_out(others)
         for target, picks in groups.items():
             if not target.route_batches:  # a v3 or older link: each frame alone
                 for run, chosen_at in picks:

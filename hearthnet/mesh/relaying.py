@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hearthnet.config import MeshSection
+from hearthnet.errors import HearthNetError
 from hearthnet.identity import KeyPair
 from hearthnet.ids import public_key_from_node_id
 from hearthnet.membership import Membership
@@ -82,7 +83,13 @@ from hearthnet.mesh.relayed_link import (
     is_relayed,
 )
 from hearthnet.mesh.relayed_paths import RelayedPaths
-from hearthnet.mesh.route_batch import BATCH_PREFIX, batch_frames
+from hearthnet.mesh.route_batch import (
+    BATCH_PREFIX,
+    RouteRun,
+    batch_frames,
+    join_routes,
+    joined_runs,
+)
 from hearthnet.metrics import MetricsRegistry
 
 log = logging.getLogger("hearthnet.mesh.relaying")
@@ -266,11 +273,34 @@ class Relaying:
             wire.read_header(data)  # a malformed frame raises; a well-formed one is counted
             self.counts["misdelivered"] += 1
 
-    def _batch_in(self, link: PeerLink, data: bytes) -> None:
+    def on_routes(self, link: PeerLink, frames: list[bytes]) -> bool:
+        """Binary messages of one socket read off a direct link, in order (spec §11): a
+        relay joins the route frames and route batches among them into route batches
+        and takes them as it takes one batch, each frame decided as alone. False, and
+        nothing taken, where this node does not relay, the link is relayed, or a message
+        is not a well-formed route frame or batch: the link then hands each message to
+        :meth:`on_binary`, which refuses or takes it alone."""
+        relay = self.relay
+        if relay is None or is_relayed(link):
+            return False
+        batches = join_routes(frames)
+        if batches is None:
+            return False
+        try:
+            read = [(joined, joined_runs(joined)) for joined in batches]
+        except HearthNetError:  # a field out of range: each message refused alone
+            return False
+        for joined, runs in read:
+            self._batch_in(link, joined.data, runs, joined.messages)
+        return True
+
+    def _batch_in(
+        self, link: PeerLink, data: bytes, runs: list[RouteRun] | None = None, messages: int = 1
+    ) -> None:
         """A route batch (spec §11): a relay passes on the frames not addressed to us;
         ours are opened in order; a node that does not relay drops the others."""
         if self.relay is not None and not is_relayed(link):
-            spans = self.relay.forward_batch(link, data, time.monotonic())
+            spans = self.relay.forward_batch(link, data, time.monotonic(), runs, messages)
         else:
             spans = batch_frames(data)
         own = self.node_id

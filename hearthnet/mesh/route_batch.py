@@ -155,8 +155,8 @@ def batch_frames(data: bytes) -> list[Span]:
 
 def batch_runs(data: bytes) -> list[RouteRun]:
     """The frames of route batch ``data`` as runs (:class:`RouteRun`), in order: what
-    :func:`batch_frames` reads, with one header unpack per frame and the NodeIDs and
-    the lists built once per run.
+    :func:`batch_frames` reads, with one header unpack per frame and the NodeIDs, the
+    lists and the run's sizes built once per run.
 
     Raises:
         BadRequest / PayloadTooLarge: as :func:`batch_frames` (the whole batch refused).
@@ -165,43 +165,121 @@ def batch_runs(data: bytes) -> list[RouteRun]:
     runs: list[RouteRun] = []
     unpack = _RUN_HEADER.unpack_from
     start = BATCH_HEADER_BYTES
-    lead, pair, size, last = b"", b"", 0, 0  # the run's first 5 bytes and its two keys
+    lead, pair = b"", b""  # the run's first 5 bytes and its two keys
     ids: list[int] = []
     starts: list[int] = []
-    while start < total:
-        if total - start < HEADER_BYTES:
-            raise BadRequest("a route batch ends inside a route frame's header")
-        h, id_, p, n = unpack(data, start)
-        end = start + HEADER_BYTES + n
-        if id_ > MAX_ID or n > MAX_INNER_BYTES or end > total:
-            raise BadRequest("a frame of a route batch is not a valid route frame")
-        if h == lead and p == pair:  # prefix, flags and ttl_hops checked with the run's first
-            ids.append(id_)
-            starts.append(start)
-            size += n
-        else:
-            if h[:3] != PREFIX or h[3] & ~FLAG_CONTROL or h[4] > MAX_TTL_HOPS:
+    try:
+        while start < total:
+            h, id_, p, n = unpack(data, start)
+            if h == lead and p == pair:  # prefix, flags and ttl_hops checked with the first
+                ids.append(id_)
+                starts.append(start)
+            else:
+                if h[:3] != PREFIX or h[3] & ~FLAG_CONTROL or h[4] > MAX_TTL_HOPS:
+                    raise BadRequest("a frame of a route batch is not a valid route frame")
+                if ids:
+                    runs.append(_run(lead, pair, ids, starts, start))
+                lead, pair = h, p
+                ids, starts = [id_], [start]
+            if n > MAX_INNER_BYTES:
                 raise BadRequest("a frame of a route batch is not a valid route frame")
-            if ids:
-                runs.append(RouteRun(*_run(lead, pair), ids, starts, start, size, last))
-            lead, pair, size = h, p, n
-            ids, starts = [id_], [start]
-        last = n
-        start = end
-    runs.append(RouteRun(*_run(lead, pair), ids, starts, total, size, last))
+            start += HEADER_BYTES + n
+    except struct.error as exc:  # fewer bytes left than a header
+        raise BadRequest("a route batch ends inside a route frame's header") from exc
+    if start != total:
+        raise BadRequest("a route batch ends inside a route frame")
+    runs.append(_run(lead, pair, ids, starts, total))
+    if max(max(run.ids) for run in runs) > MAX_ID:
+        raise BadRequest("a frame of a route batch is not a valid route frame")
     return runs
 
 
-def _run(lead: bytes, pair: bytes) -> tuple[str, str, bool, int]:
-    """A run's ``to``, ``from``, ``control`` and ``ttl_hops`` from its first frame's."""
+def _run(lead: bytes, pair: bytes, ids: list[int], starts: list[int], end: int) -> RouteRun:
+    """The run of frames ``ids`` at ``starts``, ending at ``end``, from its first frame's
+    leading 5 bytes and keys."""
     nodes = NODE_IDS
     to, from_ = pair[:32], pair[32:]
-    return (
+    return RouteRun(
         nodes.get(to) or node_of(to),
         nodes.get(from_) or node_of(from_),
         lead[3] == FLAG_CONTROL,
         lead[4],
+        ids,
+        starts,
+        end,
+        end - starts[0] - HEADER_BYTES * len(ids),
+        end - starts[-1] - HEADER_BYTES,
     )
+
+
+class Joined(NamedTuple):
+    """Route messages of one socket read joined into one route batch (:func:`join_routes`)."""
+
+    data: bytes  # the route batch
+    messages: int  # the WebSocket messages it holds the frames of
+    # where each message but the first starts in ``data``: a frame must start there for
+    # the batch to split into the messages' frames (checked by :func:`joined_runs`)
+    cuts: list[int]
+    singles: bool  # every message a single route frame: the frames start exactly at cuts
+
+
+def join_routes(messages: Sequence[bytes], limit: int = MAX_BATCH_BYTES) -> list[Joined] | None:
+    """Route ``messages`` (binary route frames and route batches) that one socket read
+    held, as route batches of at most ``limit`` bytes of frames each, in order (spec
+    §11: a relay decides what one read brought as few batches); a message larger than
+    ``limit`` goes alone. None when one of them is neither a route batch nor a route
+    frame of layout 1. Each frame's fields, and that every message ends where a frame
+    ends, are checked by :func:`joined_runs`, so a message refused alone is never read
+    as part of its neighbours."""
+    out: list[Joined] = []
+    parts: list[bytes | memoryview] = [BATCH_PREFIX]
+    cuts: list[int] = []
+    size = 0  # bytes of frames in parts
+    singles = True
+    for data in messages:
+        n = len(data)
+        if data.startswith(PREFIX):
+            part: bytes | memoryview = data
+        elif data.startswith(BATCH_PREFIX):
+            part = memoryview(data)[BATCH_HEADER_BYTES:]
+            n -= BATCH_HEADER_BYTES
+        else:
+            return None
+        if size and size + n > limit:
+            out.append(_joined(parts, cuts, singles))
+            parts, cuts, size, singles = [BATCH_PREFIX], [], 0, True
+        singles = singles and type(part) is bytes
+        if size:
+            cuts.append(BATCH_HEADER_BYTES + size)
+        parts.append(part)
+        size += n
+    out.append(_joined(parts, cuts, singles))
+    return out
+
+
+def _joined(parts: list[bytes | memoryview], cuts: list[int], singles: bool) -> Joined:
+    if len(parts) == 2 and not singles:  # one route batch alone: as it came
+        batch = parts[1]
+        assert isinstance(batch, memoryview)
+        return Joined(bytes(batch.obj), 1, cuts, False)
+    return Joined(b"".join(parts), len(parts) - 1, cuts, singles)
+
+
+def joined_runs(joined: Joined) -> list[RouteRun]:
+    """The runs of a :class:`Joined` batch, as :func:`batch_runs` reads them.
+
+    Raises:
+        BadRequest / PayloadTooLarge: a frame invalid, or a message joined not ending
+            where a frame ends (the whole read is then taken message by message, each
+            refused or taken alone).
+    """
+    runs = batch_runs(joined.data)
+    cuts = joined.cuts
+    if cuts:
+        starts = runs[0].starts if len(runs) == 1 else [s for run in runs for s in run.starts]
+        if not (starts[1:] == cuts if joined.singles else set(starts).issuperset(cuts)):
+            raise BadRequest("a route message joined does not end where a frame ends")
+    return runs
 
 
 def split_batch(data: bytes) -> list[bytes]:

@@ -185,6 +185,7 @@ class Mesh:
             on_frame=self._on_frame,
             on_down=self._link_down,
             on_binary=self.relaying.on_binary,
+            on_routes=self.relaying.on_routes,
             federated=self.relaying.federated.allows,  # spec §8: their nodes, via relays
         )
         self.dialer.federated_links = self.relaying.federated.links

@@ -55,8 +55,19 @@ def encode_frames(
     return b"".join(parts)
 
 
+def frame_parts(messages: Sequence[bytes]) -> list[bytes]:
+    """``messages`` as consecutive unmasked binary frames (a server's), each header and
+    body its own buffer, for a gathered write (no copy of the bodies into one)."""
+    parts: list[bytes] = []
+    for data in messages:
+        parts.append(frame_head(len(data), OP_BINARY))
+        parts.append(data)
+    return parts
+
+
 class BatchWriter:
-    """Writes a batch of binary messages on one WebSocket with one transport write."""
+    """Writes a batch of binary messages (one or more) on one WebSocket with one
+    transport write."""
 
     __slots__ = ("_writer", "ws")
 
@@ -69,6 +80,24 @@ class BatchWriter:
             self._writer = raw_writer(self.ws)
         return self._writer
 
+    @property
+    def paused(self) -> bool:
+        """The socket's buffer is full: a write now would wait for it to drain."""
+        writer = self._writer
+        return writer is not None and bool(writer.protocol._paused)
+
+    def send_now(self, messages: Sequence[bytes]) -> bool:
+        """Write ``messages`` in order without waiting, when the raw path is usable and
+        the connection is open; False (nothing written) otherwise: :meth:`send` them."""
+        writer = self._usable()
+        if writer is None or writer._closing or writer.transport.is_closing():
+            return False
+        if writer.use_mask:
+            writer.transport.write(encode_frames(messages, True))
+        else:
+            writer.transport.writelines(frame_parts(messages))
+        return True
+
     async def send(self, messages: Sequence[bytes]) -> None:
         """Send ``messages`` in order.
 
@@ -76,7 +105,7 @@ class BatchWriter:
             ConnectionError: the connection is closing or gone (aiohttp's
                 ``ClientConnectionResetError``, as ``send_bytes`` raises).
         """
-        writer = self._usable() if len(messages) > 1 else None
+        writer = self._usable()
         if writer is None:
             for data in messages:
                 await self.ws.send_bytes(data)
@@ -84,7 +113,10 @@ class BatchWriter:
         transport = writer.transport
         if writer._closing or transport.is_closing():
             raise ClientConnectionResetError("Cannot write to closing transport")
-        transport.write(encode_frames(messages, writer.use_mask))
+        if writer.use_mask:
+            transport.write(encode_frames(messages, True))
+        else:  # one gathered write of the headers and the bodies as they are
+            transport.writelines(frame_parts(messages))
         protocol = writer.protocol
         if protocol._paused:  # the socket's buffer is full: wait until it drains
             await protocol._drain_helper()

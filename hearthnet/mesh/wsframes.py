@@ -150,6 +150,7 @@ class FrameSplitter:
         first incomplete frame."""
         size = len(buf)
         pos = 0
+        view = memoryview(buf)  # a masked payload is copied once, from here, to unmask it
         max_size = self._max_size
         unmask = self._unmask
         append = out.append
@@ -189,7 +190,7 @@ class FrameSplitter:
                 self._need = stop - pos
                 break
             if masked:
-                body = bytearray(buf[start:stop])
+                body = bytearray(view[start:stop])
                 unmask(buf[head:start], body)
                 payload = bytes(body)
             else:

@@ -20,6 +20,7 @@ from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.protocol import MAX_FRAME_BYTES, LinkState, PeerInfo, encode_frame
 from hearthnet.mesh.route_header import TAG_BYTE
 from hearthnet.mesh.wsbatch import encode_frames
+from hearthnet.transport.rawwriter import raw_writer
 from tests.conftest import MakeConfig
 from tests.helpers import wait_until
 from tests.mesh.conftest import ServeWs
@@ -63,6 +64,13 @@ async def server(serve_ws: ServeWs) -> tuple[TestServer, End]:
 def route(i: int) -> bytes:
     """A binary frame (the route tag and a body) numbered ``i``."""
     return TAG_BYTE + i.to_bytes(4, "big") * (1 + i % 50)
+
+
+def reader_transport(ws: aiohttp.ClientWebSocketResponse) -> asyncio.Transport:
+    """The transport a client WebSocket reads from (to stop reading, as a slow peer)."""
+    transport: Any = getattr(getattr(ws, "_conn", None), "transport", None)
+    assert transport is not None
+    return transport  # type: ignore[no-any-return]
 
 
 async def connect(
@@ -123,6 +131,38 @@ async def test_bye_ends_the_link_and_what_follows_is_not_handled(
         await wait_until(lambda: bool(there.down), what="the link went down")
     assert (["peer said bye: moving"], 1000) == (there.down, closed.data)
     assert [route(0), route(1), route(2)] == there.got
+
+
+async def test_frames_queued_while_the_socket_is_full_go_out_after_it_drains(
+    server: tuple[TestServer, End],
+) -> None:
+    """A peer that stops reading fills the link's socket: what waits in the transport
+    stays bounded (the callback that writes a loop turn's frames leaves a full socket
+    to the write loop, which waits for the drain), and every frame queued meanwhile
+    arrives once and in order when the peer reads again."""
+    test_server, there = server
+    sent = [route(i) + bytes(4096) for i in range(4000)]  # ~16 MB: more than loopback buffers
+    async with aiohttp.ClientSession() as http:
+        ws = await connect(http, test_server.port)
+        await ws.send_bytes(route(0))
+        await wait_until(lambda: bool(there.got), what="the link up")
+        assert there.link is not None
+        transport = reader_transport(ws)
+        transport.pause_reading()
+        writer = raw_writer(there.link.ws)
+        assert writer is not None
+        buffered = 0
+        for i, data in enumerate(sent):
+            there.link.send_raw(data)
+            if i % 64 == 63:
+                await asyncio.sleep(0)  # a loop turn: what is queued goes out
+                buffered = max(buffered, writer.transport.get_write_buffer_size())
+        await wait_until(lambda: bool(writer.protocol._paused), what="the socket full")
+        transport.resume_reading()
+        got: list[bytes] = []
+        while len(got) < len(sent):
+            got.append((await ws.receive(timeout=10)).data)
+    assert (True, sent) == (buffered < 2 * 1024 * 1024, got)
 
 
 async def test_pings_are_answered_and_a_close_ends_the_link_at_once(

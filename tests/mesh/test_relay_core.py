@@ -29,6 +29,7 @@ from hearthnet.mesh.relay_frames import (
     RouteTable,
 )
 from hearthnet.mesh.relay_role import RelayRole
+from hearthnet.mesh.relay_seen import SeenCache
 from hearthnet.mesh.route_batch import batch_runs, encode_batch
 from hearthnet.mesh.route_header import encode_route, header_of, read_header
 from hearthnet.metrics import MetricsRegistry
@@ -326,6 +327,32 @@ def test_the_seen_cache_is_bounded() -> None:
         core.receive(M[0], route(M[0], M[1], n), 1.0)
     again = [sends(core.receive(M[0], route(M[0], M[1], n), 1.0)) for n in (2, 0)]
     assert [[], [(M[1], "route")]] == again
+
+
+def test_the_seen_cache_keys_by_sender_and_id_and_keeps_the_newer_half() -> None:
+    """The same id from two senders is two keys; a duplicate within a run is not fresh;
+    when the newer generation holds half the cache the older one is forgotten."""
+    cache = SeenCache(8)
+    cache.add_all("a", [1, 2, 3])
+    cache.add("b", 1)  # 4 keys: this generation becomes the older one
+    cache.add_all("a", [4, 5])
+    cache.add("b", 2)
+    cache.add("b", 2)  # already there: not counted
+    before = [
+        cache.seen("a", 1),
+        cache.seen("b", 3),
+        cache.fresh("a", [6, 6]),
+        cache.fresh("a", [6, 7]),
+        cache.fresh("a", [5, 6]),
+        cache.fresh("c", [1]),
+        len(cache),
+    ]
+    cache.add("c", 1)  # 4 in the newer generation: the first is forgotten
+    after = [cache.seen("a", 1), cache.seen("b", 1), cache.seen("a", 4), cache.seen("c", 1)]
+    assert ([True, False, False, True, False, True, 7], [False, False, True, True]) == (
+        before,
+        after,
+    )
 
 
 # -- federation ---------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from hearthnet.mesh.relay_frames import Attach, Attached, Route, RouteTable, par
 from hearthnet.mesh.relay_member import RelayEndpoint
 from hearthnet.mesh.route_batch import encode_batch
 from hearthnet.mesh.route_header import encode_route
+from hearthnet.mesh.wsbatch import encode_frames
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
 from tests.helpers import wait_until
@@ -176,6 +177,56 @@ async def test_a_relay_passes_a_batch_on_as_one_batch_or_single_frames_by_versio
             got = [(p.batches, [parse_frame(f) for f in p.received("route")]) for p in (v4, v3)]
     hop = [dataclasses.replace(r, ttl_hops=3) for r in routes]
     assert [([2], [hop[0], hop[2]]), ([], [hop[1], hop[3]])] == got
+
+
+async def test_single_frames_of_one_read_are_decided_as_each_would_be_alone(
+    make_config: MakeConfig,
+) -> None:
+    """Single route frames a v3 member writes at once (one socket read at the relay, which
+    decides them as a batch, spec §11): a duplicate is dropped, a frame with no hops left
+    answered with a ttl error, the rest go on in order with ttl_hops one less; in a write
+    holding a frame whose length field lies, that frame alone is refused."""
+    keys = [KeyPair.from_seed(bytes([0x59 + i]) * 32) for i in range(2)]
+    async with Node(make_config(mesh={"relay": True})) as relay:
+        role = relay.mesh.relaying.relay
+        assert role is not None
+        async with (
+            linked(relay, keys[0], protocol=SUBPROTOCOL_V3) as sender,
+            linked(relay, keys[1]) as receiver,
+        ):
+            for peer in (sender, receiver):
+                await peer.ws.send_bytes(Attach(now_ms()).encode())
+                await peer.first("attached")
+            to, me = receiver.node, sender.node
+            first = [
+                Route(to, me, 4, 1, b"a"),
+                Route(to, me, 4, 1, b"again"),
+                Route(to, me, 0, 2, b"no hops"),
+                Route(to, me, 4, 3, b"c"),
+            ]
+            lying = encode_route(Route(to, me, 4, 5, b"lies about its length"))
+            lying = lying[:77] + (3).to_bytes(4, "big") + lying[81:]
+            second = [
+                encode_route(Route(to, me, 4, 4, b"d")),
+                lying,
+                encode_route(Route(to, me, 4, 6, b"f")),
+            ]
+            writer = sender.ws._writer.transport  # one write: one read at the relay
+            writer.write(encode_frames([encode_route(r) for r in first], masked=True))
+            await sender.first("route_error")
+            writer.write(encode_frames(second, masked=True))
+            await wait_until(lambda: len(receiver.received("route")) == 4, 5, "the frames")
+            got = [parse_frame(f) for f in receiver.received("route")]
+            errors = [(f["id"], f["code"]) for f in sender.received("route_error")]
+            stats = role.core.statistics()
+            counted = (
+                stats.forwarded,
+                stats.duplicates,
+                stats.ttl_expired,
+                role.route_messages["in"],
+            )
+    hop = [Route(to, me, 3, i, inner) for i, inner in ((1, b"a"), (3, b"c"), (4, b"d"), (6, b"f"))]
+    assert (hop, [(2, "ttl")], (4, 1, 1, 6)) == (got, errors, counted)
 
 
 async def test_a_relay_dialling_a_v1_node_sends_a_hello_it_can_read(

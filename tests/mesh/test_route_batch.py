@@ -17,6 +17,8 @@ from hearthnet.mesh.route_batch import (
     encode_batch,
     is_batch,
     is_route_message,
+    join_routes,
+    joined_runs,
     pack_routes,
     passed_on_runs,
     split_batch,
@@ -84,6 +86,54 @@ def test_packing_keeps_every_frame_once_in_order(items: list[bytes], limit: int)
         oversized,
         merged_small,
     )
+
+
+# what one socket read of a relay holds: route frames and route batches
+route_messages = st.one_of(frames, st.lists(frames, min_size=1, max_size=6).map(encode_batch))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(route_messages, min_size=1, max_size=24), st.integers(400, 4000))
+def test_route_messages_joined_split_into_the_same_frames(items: list[bytes], limit: int) -> None:
+    """Route frames and batches of one read joined into batches of at most ``limit`` bytes
+    of frames (a larger message alone) split into exactly their frames, in order, and
+    count the messages joined."""
+    joined = join_routes(items, limit)
+    assert joined is not None
+    expected = [f for item in items for f in (split_batch(item) if is_batch(item) else [item])]
+    split = [frame for j in joined for frame in split_batch(joined_runs(j) and j.data)]
+    over = [j for j in joined if len(j.data) - BATCH_HEADER_BYTES > limit and j.messages > 1]
+    assert (expected, len(items), []) == (split, sum(j.messages for j in joined), over)
+
+
+def test_messages_that_would_not_split_back_are_not_taken_together() -> None:
+    """A message that is not a route frame or batch is not joined; joined messages that
+    would not split back into their own frames (a length field that is not the frame's
+    length, two frames in one single message, a batch whose last frame runs into the next
+    message, a message cut short) are refused together (each is then taken alone)."""
+    good = encode_route(Route(NODES[0], NODES[1], 4, 1, b"x" * 10))
+    short_length = good[:77] + (9).to_bytes(4, "big") + good[81:]
+    # the batch's frame holds no inner but claims the next message as its inner: joined,
+    # every frame would be well formed
+    spilling = encode_batch([good])[:-10]
+    spilling = spilling[:81] + len(good).to_bytes(4, "big") + spilling[85:]
+    cases = [
+        [good, b"H\x01\x07\x00" + good[4:]],
+        [good, short_length],
+        [good, good + encode_route(Route(NODES[0], NODES[1], 4, 2, b""))],
+        [spilling, good, good],
+        [good, good[:40]],
+    ]
+    outcomes = []
+    for case in cases:
+        joined = join_routes(case)
+        if joined is None:
+            outcomes.append("not joined")
+            continue
+        with pytest.raises(BadRequest):
+            joined_runs(joined[0])  # one batch: each case is far under the limit
+        outcomes.append("refused")
+    assert ["not joined"] + ["refused"] * 4 == outcomes
 
 
 def test_a_malformed_batch_is_refused_whole() -> None:
