@@ -9,11 +9,13 @@ part on the thread that runs it (``time.thread_time``), so runs of two trees com
   payloads, batch-signed, one topic) and the flush that follows it, to ``--subs``
   subscribers, each a real :class:`~hearthnet.pubsub.sinks.SocketSink` on one end of a
   socket pair (``sink=socket``: the write system calls included; the other ends are read
-  between rounds, untimed) or a sink that only takes the frames (``sink=null``: Python
-  alone), then each subscriber's ack of the batch and the flush after it (with
-  ``--window`` below ``--batch`` the rest of each batch waits in the subscriber's queue
-  until that ack). Per batch, per subscriber per batch (the batch's encoding, made once,
-  taken out by a 1-subscriber run) and per delivery; medians of ``--rounds``;
+  between rounds, untimed), of a loopback TCP connection (``sink=tcp``: the kernel's TCP
+  work per write too, as the node's subscribers cost it) or a sink that only takes the
+  frames (``sink=null``: Python alone), then each subscriber's ack of the batch and the
+  flush after it (with ``--window`` below ``--batch`` the rest of each batch waits in the
+  subscriber's queue until that ack). Per batch, per subscriber per batch (the batch's
+  encoding, made once, taken out by a 1-subscriber run) and per delivery; medians of
+  ``--rounds``;
 - ``ack``: reading one client ack ``{"type":"ack","upto":N}`` (JSON and CBOR): the full
   decoder and frame parser, and the byte-level fast path where the tree has one.
 
@@ -103,8 +105,8 @@ async def fanout_batch_s(
     transports: list[asyncio.Transport] = []
     for i in range(subs):
         channel = SubscriberChannel(window=window, queue_max=WINDOW, encode_gap=_gap)
-        if sink == "socket":
-            ours, theirs = socket.socketpair()
+        if sink in ("socket", "tcp"):
+            ours, theirs = socket.socketpair() if sink == "socket" else _tcp_pair()
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
             theirs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
             theirs.setblocking(False)
@@ -147,6 +149,22 @@ async def fanout_batch_s(
         for reader in readers:
             reader.close()
     return took, received
+
+
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """Two ends of a loopback TCP connection (the kernel's work per write as the node's
+    subscribers cost it), the first non-blocking for the transport. The buffers are sized
+    before the handshake, so the window scale lets a whole batch in."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        theirs = socket.socket()
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
+        theirs.connect(listener.getsockname())
+        ours, _ = listener.accept()
+    ours.setblocking(False)
+    return ours, theirs
 
 
 def drain(readers: list[socket.socket], received: list[int]) -> None:
@@ -195,7 +213,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--subs", default="100,1000", help="subscriber counts")
     p.add_argument("--batch", type=int, default=80, help="messages per committed batch")
     p.add_argument("--rounds", type=int, default=200, help="batches per measurement")
-    p.add_argument("--sinks", default="socket,null", help="socket and/or null")
+    p.add_argument(
+        "--sinks",
+        default="socket,null",
+        help="socket (a Unix socket pair), tcp (loopback TCP) and/or null",
+    )
     p.add_argument(
         "--window",
         type=int,

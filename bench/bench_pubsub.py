@@ -199,6 +199,15 @@ def fanout_run(
         "server_cpu_kernel_share": round((b.server_sys - a.server_sys) / server_cpu, 3)
         if server_cpu > 0
         else None,
+        # where the server's CPU goes, per published message (µs): its main thread in user
+        # and kernel mode (the node's event loop: the writes to subscribers are most of its
+        # kernel time) and its other threads (the log's writer); /proc's ticks, 10 ms each
+        "server_us_per_publish_loop_user_sys_other": [
+            round((b.server_threads[i] - a.server_threads[i]) / steady["published"] * 1e6, 1)
+            for i in (0, 1, 2)
+        ]
+        if steady.get("published")
+        else None,
         "server_rss_mb_before": round(rss0, 1),
         "server_rss_mb_peak": round(peak.peak, 1),
         "loadgen_cpu_cores": round(loadgen_cores, 3),
@@ -413,7 +422,9 @@ def run_fanout(
                     f"{(r['loadgen_busiest_thread'] or {}).get('cores')})  others "
                     f"{r['other_processes_cpu_cores']:.2f}  "
                     f"syscalls per publish (r, w) {r['server_syscalls_per_publish']}, kernel "
-                    f"{r['server_cpu_kernel_share']} of server CPU  "
+                    f"{r['server_cpu_kernel_share']} of server CPU, µs per publish (main "
+                    f"thread user, system; other threads) "
+                    f"{r['server_us_per_publish_loop_user_sys_other']}  "
                     f"p50 {lat.get('50')} p99 {lat.get('99')} ms  "
                     f"{'lossless' if r['lossless'] else 'LOSS: ' + _loss(r)}",
                     flush=True,

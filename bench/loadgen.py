@@ -49,6 +49,24 @@ def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
     return out
 
 
+def loop_and_rest_s(pid: int) -> tuple[float, float, float]:
+    """``(user, system, other threads)`` CPU seconds of ``pid``: its main thread (the
+    node's event loop) in user and kernel mode, and every other thread's total (the
+    log's writer among them)."""
+    loop_user = loop_sys = rest = 0.0
+    for tid, (_, seconds) in thread_cpu(pid).items():
+        if tid != pid:
+            rest += seconds
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text(encoding="ascii")
+        except OSError:
+            continue
+        parts = stat.rsplit(")", 1)[1].split()
+        loop_user, loop_sys = int(parts[11]) / CLK_TCK, int(parts[12]) / CLK_TCK
+    return loop_user, loop_sys, rest
+
+
 def machine_busy_s() -> float:
     """CPU seconds all CPUs spent busy since boot (``/proc/stat``)."""
     with open("/proc/stat", encoding="ascii") as f:
@@ -100,6 +118,7 @@ class Snapshot:
     server_rss: float
     server_syscalls: tuple[int, int]  # (reads, writes) from /proc/PID/io, sockets included
     server_sys: float  # the server's CPU seconds in the kernel (stime)
+    server_threads: tuple[float, float, float]  # loop user, loop system, other threads
 
     @classmethod
     def take(cls, server_pid: int, loadgen_pid: int) -> Snapshot:
@@ -112,6 +131,7 @@ class Snapshot:
             proc_rss_mb(server_pid),
             proc_syscalls(server_pid),
             proc_sys_s(server_pid),
+            loop_and_rest_s(server_pid),
         )
 
 

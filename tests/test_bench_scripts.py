@@ -63,10 +63,11 @@ async def test_publish_cost_measures_every_publish_through_the_log() -> None:
         assert sizes[0] < sizes[1] < sizes[2], (key, sizes)
 
 
-async def test_fanout_cost_delivers_every_batch_to_every_subscriber() -> None:
-    """bench_fanout_cost: each timed round reaches every subscriber's socket alike, and
-    both ways of reading an ack are timed."""
-    took, received = await bench_fanout_cost.fanout_batch_s(3, 4, 2, "socket")
+@pytest.mark.parametrize("sink", ["socket", "tcp"])
+async def test_fanout_cost_delivers_every_batch_to_every_subscriber(sink: str) -> None:
+    """bench_fanout_cost: each timed round reaches every subscriber's socket (a Unix
+    socket pair or loopback TCP) alike, and both ways of reading an ack are timed."""
+    took, received = await bench_fanout_cost.fanout_batch_s(3, 4, 2, sink)
     acks = bench_fanout_cost.ack_costs(5)
     assert (2, 3, 1) == (len(took), len(received), len(set(received)))
     assert received[0] > 2 * 4 * 256

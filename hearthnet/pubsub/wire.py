@@ -25,11 +25,16 @@ NOSIG = "-nosig"
 
 
 _UNSIGNED = {form: form + NOSIG for form in FORMS}  # one string each, not one per session
+_WS_TEXT_NOSIG = _UNSIGNED["ws_text"]  # what most subscribers take (WebSocket, JSON)
 LEAN = "~"  # a lean form's name: the form, LEAN, the fields joined by commas
 # The envelope fields a subscriber may ask for (``fields`` in subscribe), in the order a
 # lean frame carries them; ``data_enc`` comes with ``data`` (it says how to read it).
 ENVELOPE_FIELDS = ("id", "topic", "type", "data", "origin", "origin_seq", "ts", "ttl_s", "sender")
 _LEAN_NAMES: dict[tuple[str, tuple[str, ...]], str] = {}  # at most 4 forms x 2^9 field sets
+
+
+# A lean form's name -> (its form, its fields in envelope order): parsed once per name.
+_LEAN_PARTS: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 
 def lean_form(form: str, fields: tuple[str, ...]) -> str:
@@ -39,14 +44,15 @@ def lean_form(form: str, fields: tuple[str, ...]) -> str:
     name = _LEAN_NAMES.get(key)
     if name is None:
         name = _LEAN_NAMES[key] = form + LEAN + ",".join(key[1])
+        _LEAN_PARTS[name] = key
     return name
 
 
-def lean_body(body: dict[str, Any], fields: str) -> dict[str, Any]:
-    """The fields named in ``fields`` (comma-joined, in envelope order) of ``body``, with
-    ``data_enc`` beside ``data`` when the message is bytes."""
+def lean_body(body: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """The ``fields`` (in envelope order) of ``body``, with ``data_enc`` beside ``data``
+    when the message is bytes."""
     out: dict[str, Any] = {}
-    for name in fields.split(","):
+    for name in fields:
         if name in body:
             out[name] = body[name]
             if name == "data" and "data_enc" in body:
@@ -88,12 +94,22 @@ def sse_bytes(event: str, data: bytes, event_id: int | None = None) -> bytes:
 class EncodedMessage:
     """One committed message with its encodings, each made at most once."""
 
-    __slots__ = ("_json", "_lean", "_nosig", "_sse", "_ws_cbor", "_ws_text", "stored")
+    __slots__ = (
+        "_json",
+        "_lean",
+        "_nosig",
+        "_sse",
+        "_ws_cbor",
+        "_ws_text",
+        "_ws_text_nosig",
+        "stored",
+    )
 
     def __init__(self, stored: StoredMessage) -> None:
         self.stored = stored
         self._json: bytes | None = None
         self._ws_text: bytes | None = None
+        self._ws_text_nosig: bytes | None = None
         self._ws_cbor: bytes | None = None
         self._sse: bytes | None = None
         self._nosig: dict[str, bytes] | None = None
@@ -133,6 +149,22 @@ class EncodedMessage:
         if self._sse is None:
             self._sse = sse_bytes("message", self.stored.message.raw, self.stored.seq)
         return self._sse
+
+    def ws_text_unsigned(self) -> bytes:
+        """``ws_text`` without ``sig``, the form most subscribers take: made in one step
+        from the stored envelope bytes when they are known without encoding."""
+        out = self._ws_text_nosig
+        if out is None:
+            stored = self.stored
+            envelope = stored.unsigned_bytes()
+            if envelope is None:
+                out = self.unsigned("ws_text")
+            else:
+                out = ws_frame(
+                    b'{"event":"message","data":%b,"seq":%d}' % (envelope, stored.seq), OP_TEXT
+                )
+            self._ws_text_nosig = out
+        return out
 
     def unsigned(self, name: str) -> bytes:
         """Form ``name`` (one of :data:`FORMS`) with the envelope's ``sig`` left out."""
@@ -175,7 +207,11 @@ class EncodedMessage:
         out = cache.get(name)
         if out is not None:
             return out
-        form, _, fields = name.partition(LEAN)
+        parts = _LEAN_PARTS.get(name)
+        if parts is None:  # a name not made by lean_form
+            form, _, text = name.partition(LEAN)
+            parts = (form, tuple(text.split(",")))
+        form, fields = parts
         stored = self.stored
         if form == "ws_cbor":
             frame = stored.frame_cbor(sig=False)
@@ -189,13 +225,7 @@ class EncodedMessage:
             if form == "sse":
                 out = sse_bytes("message", envelope, stored.seq)
             else:
-                out = (
-                    b'{"event":"message","data":'
-                    + envelope
-                    + b',"seq":'
-                    + str(stored.seq).encode()
-                    + b"}"
-                )
+                out = b'{"event":"message","data":%b,"seq":%d}' % (envelope, stored.seq)
                 if form == "ws_text":
                     out = ws_frame(out, OP_TEXT)
         cache[name] = out
@@ -204,6 +234,8 @@ class EncodedMessage:
     def form(self, name: str) -> bytes:
         """The encoding called ``name`` (one of :data:`FORMS`, its unsigned variant, or a
         lean form)."""
+        if name == _WS_TEXT_NOSIG:
+            return self.ws_text_unsigned()
         if LEAN in name:
             return self.lean(name)
         if name.endswith(NOSIG):

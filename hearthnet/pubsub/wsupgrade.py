@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import WSMsgType, web
+from aiohttp._websocket.helpers import websocket_mask
 
 from hearthnet.errors import Unavailable, UpgradeRequired, WireError
 from hearthnet.pubsub.sinks import AiohttpSink, SocketSink, Transport
@@ -23,6 +24,14 @@ from hearthnet.transport.server import error_response
 _SESSION_MESSAGES = frozenset({WSMsgType.TEXT, WSMsgType.BINARY, WSMsgType.PING, WSMsgType.PONG})
 
 
+def compiled_unmask(payload: bytes, mask: bytes) -> bytes:
+    """RFC 6455 §5.3 unmasking by aiohttp's compiled XOR: every publish and ack of a
+    session passes here (~0.5 µs for a 300-byte frame, against ~2.5 in Python)."""
+    buf = bytearray(payload)
+    websocket_mask(mask, buf)
+    return bytes(buf)
+
+
 class LeanWebSocket(SocketSink, asyncio.Protocol):
     """A pub/sub WebSocket served straight from the transport (spec §11: 20,000 idle
     subscribers in ≤ 15 MiB per 1,000): a frame reader and a session, nothing else. It is
@@ -33,7 +42,7 @@ class LeanWebSocket(SocketSink, asyncio.Protocol):
 
     def __init__(self, transport: Transport, max_message: int) -> None:
         super().__init__(transport)
-        self.reader = rfc6455.FrameReader(max_message)
+        self.reader = rfc6455.FrameReader(max_message, compiled_unmask)
 
     def data_received(self, data: bytes) -> None:
         """Frames in; each event to the session, until it closes."""

@@ -23,6 +23,7 @@ import base64
 import binascii
 import hashlib
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hearthnet.errors import HearthNetError
@@ -195,6 +196,9 @@ def unmask(payload: bytes, mask: bytes) -> bytes:
     return (int.from_bytes(payload, "little") ^ int.from_bytes(key, "little")).to_bytes(n, "little")
 
 
+Unmask = Callable[[bytes, bytes], bytes]  # (payload, 4-byte mask) -> the payload unmasked
+
+
 def _close_event(payload: bytes) -> CloseReceived:
     if not payload:
         return CloseReceived(CLOSE_NO_STATUS, "")
@@ -214,10 +218,11 @@ class FrameReader:
     """Client frames to events. Holds at most one frame's bytes plus one message's parts,
     both bounded by ``max_message`` (an idle reader holds nothing)."""
 
-    __slots__ = ("_buf", "_parts", "_parts_binary", "_parts_len", "max_message")
+    __slots__ = ("_buf", "_parts", "_parts_binary", "_parts_len", "_unmask", "max_message")
 
-    def __init__(self, max_message: int) -> None:
+    def __init__(self, max_message: int, unmask: Unmask = unmask) -> None:
         self.max_message = max_message
+        self._unmask = unmask  # the glue passes a compiled one (this module stays pure)
         self._buf = b""
         self._parts: list[bytes] | None = None
         self._parts_binary = False
@@ -258,7 +263,7 @@ class FrameReader:
             start = pos + head + 4
             if end - start < length:
                 break
-            payload = unmask(buf[start : start + length], buf[pos + head : start])
+            payload = self._unmask(buf[start : start + length], buf[pos + head : start])
             pos = start + length
             event = self._frame(opcode, fin, payload)
             if event is not None:

@@ -74,6 +74,24 @@ def test_envelopes_read_back_or_from_peers_lose_exactly_their_sig() -> None:
     assert [want] * 3 == [orjson.loads(unsigned_envelope(m)) for m in (message, read_back, parsed)]
 
 
+def test_a_websocket_frame_without_sig_is_the_same_however_its_envelope_was_stored() -> None:
+    """The WebSocket text frame without sig is one frame of the envelope minus sig, for an
+    envelope signed here and for one from a peer with sig first (encoded again)."""
+    keys = KeyPair.generate()
+    message = Message.create(keys, topic="v.t", msg_type="m", data={"a": 1}, origin_seq=1, ts=5)
+    body = message.body()
+    reordered = {"sig": body.pop("sig"), **body}
+    parsed = Message.parse(reordered, raw=orjson.dumps(reordered))
+    want = {"event": "message", "data": _without_sig(message), "seq": 3}
+    frames = [
+        EncodedMessage(StoredMessage(3, m)).form("ws_text" + NOSIG) for m in (message, parsed)
+    ]
+    assert ([0x81, 0x81], [want, want]) == (
+        [f[0] for f in frames],
+        [orjson.loads(_payload(f)) for f in frames],
+    )
+
+
 def test_a_batch_encodes_each_variant_once_for_all_subscribers() -> None:
     """Asking a form again gives the very same bytes objects (no per-subscriber work)."""
     group = TopicBatch(

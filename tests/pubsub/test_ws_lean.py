@@ -16,7 +16,8 @@ import pytest
 from hearthnet.client import Client
 from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.node import Node
-from hearthnet.transport.websocket import OP_BINARY, OP_CLOSE, OP_PING, OP_PONG, OP_TEXT
+from hearthnet.pubsub.wsupgrade import compiled_unmask
+from hearthnet.transport.websocket import OP_BINARY, OP_CLOSE, OP_PING, OP_PONG, OP_TEXT, unmask
 from tests.conftest import MakeConfig
 from tests.helpers import publish, start_node_process, wait_until
 from tests.pubsub.test_ws import auth_frame
@@ -235,3 +236,12 @@ async def test_node_shutdown_says_going_away(make_config: MakeConfig) -> None:
     await stopping
     await raw.end()
     assert 1001 == code
+
+
+def test_compiled_unmasking_matches_the_pure_one() -> None:
+    """aiohttp's compiled XOR unmasks every length as RFC 6455's plain loop does."""
+    mask = b"\x9a\x01\xff\x10"
+    payloads = [bytes((i * 7 + n) & 0xFF for i in range(n)) for n in (0, 1, 3, 4, 5, 125, 333)]
+    expected = [bytes(b ^ mask[i % 4] for i, b in enumerate(p)) for p in payloads]
+    assert expected == [compiled_unmask(p, mask) for p in payloads]
+    assert expected == [unmask(p, mask) for p in payloads]
