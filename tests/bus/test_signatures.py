@@ -5,31 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hearthnet.auth import Authenticator
 from hearthnet.bus.signatures import SignatureWorker
 from hearthnet.errors import InvalidSignature, WireError
 from hearthnet.identity import KeyPair
 from hearthnet.ids import new_ulid
-from hearthnet.membership import Membership
-from hearthnet.replay import ReplayCache
 from hearthnet.tokens import CapabilityToken, Scope
-
-NODE = KeyPair.from_seed(b"\x30" * 32)
-MEMBER = KeyPair.from_seed(b"\x31" * 32)
-STRANGER = KeyPair.from_seed(b"\x32" * 32)
-NOW = 1_763_800_000_000
-
-
-def make_auth() -> tuple[Authenticator, list[str]]:
-    """An authenticator for NODE's community with MEMBER; the failures it counts."""
-    view = Membership(NODE.node_id)
-    view.add(view.sign(NODE, "community.created", NODE.node_id, now_ms=1))
-    view.add(view.sign(NODE, "member.added", MEMBER.node_id, now_ms=2))
-    failures: list[str] = []
-    auth = Authenticator(
-        node_id=NODE.node_id, membership=view, replay=ReplayCache(), on_failure=failures.append
-    )
-    return auth, failures
+from tests.test_auth import MEMBER, NODE, NOW, STRANGER, make_auth
 
 
 def calls() -> list[tuple[dict[str, Any], object, object]]:
