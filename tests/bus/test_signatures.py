@@ -7,38 +7,23 @@ from typing import Any
 
 from hearthnet.bus.signatures import SignatureWorker
 from hearthnet.errors import InvalidSignature, WireError
-from hearthnet.identity import KeyPair
-from hearthnet.ids import new_ulid
 from hearthnet.tokens import CapabilityToken, Scope
-from tests.test_auth import MEMBER, NODE, NOW, STRANGER, make_auth
+from tests.test_auth import MEMBER, NODE, NOW, STRANGER, envelope, make_auth
 
 
 def calls() -> list[tuple[dict[str, Any], object, object]]:
     """(envelope, signature, token): good, forged, replayed, stranger, late, odd, token."""
 
-    def env(keys: KeyPair, ts: int = NOW, **over: Any) -> dict[str, Any]:
-        e = {
-            "body": {"input": {"x": 1}},
-            "capability": "echo",
-            "version": "1.0",
-            "request_id": new_ulid(ts),
-            "from": keys.node_id,
-            "community": NODE.node_id,
-            "ts": ts,
-        }
-        e.update(over)
-        return e
-
-    good = env(MEMBER)
-    forged = env(MEMBER)
-    late = env(MEMBER, ts=NOW - 3_600_000)
-    odd = env(MEMBER, body={"input": 2**60})  # no canonical form
+    good = envelope(MEMBER)
+    forged = envelope(MEMBER)
+    late = envelope(MEMBER, ts=NOW - 3_600_000)
+    odd = envelope(MEMBER, body={"input": 2**60})  # no canonical form
     token = CapabilityToken.issue(
         MEMBER, community=NODE.node_id, scopes=[Scope.parse("call:echo")], ttl_ms=60_000, now_ms=NOW
     )
-    token_env = env(MEMBER)
+    token_env = envelope(MEMBER)
     del token_env["from"]
-    stranger = env(STRANGER)
+    stranger = envelope(STRANGER)
     return [
         (good, MEMBER.sign_object(good), None),
         (forged, STRANGER.sign_object(forged), None),
