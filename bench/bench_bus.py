@@ -83,11 +83,27 @@ def cpus_arg(spec: str) -> set[int] | None:
     return {int(c) for c in spec.split(",")} if spec else None
 
 
+def _family(pid: int) -> list[tuple[int, int]]:
+    """(process, thread) ids of ``pid``'s threads and of its child processes' threads."""
+    out: list[tuple[int, int]] = []
+    pids = [pid]
+    for proc in pids:
+        with contextlib.suppress(FileNotFoundError):
+            for tid in os.listdir(f"/proc/{proc}/task"):
+                out.append((proc, int(tid)))
+                with (
+                    contextlib.suppress(FileNotFoundError),
+                    open(f"/proc/{proc}/task/{tid}/children", encoding="ascii") as f,
+                ):
+                    pids += [int(c) for c in f.read().split()]
+    return out
+
+
 def place(pid: int, cpus: set[int] | None, fifo: bool) -> None:
-    """Pin every thread of process ``pid`` (0: this one) to ``cpus`` and/or run it
-    ``SCHED_FIFO`` at priority 1 (threads started later inherit both)."""
-    tids = [0] if pid == 0 else [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    for tid in tids:
+    """Pin every thread of process ``pid`` (0: this one) and of its child processes to
+    ``cpus`` and/or run it ``SCHED_FIFO`` at priority 1 (threads started later inherit
+    both)."""
+    for _, tid in [(0, 0)] if pid == 0 else _family(pid):
         with contextlib.suppress(ProcessLookupError):
             if cpus is not None:
                 os.sched_setaffinity(tid, cpus)
@@ -96,16 +112,17 @@ def place(pid: int, cpus: set[int] | None, fifo: bool) -> None:
 
 
 def thread_stats(pid: int) -> dict[str, tuple[int, int]]:
-    """Per thread of ``pid`` (``name:tid``): CPU ns (``schedstat``) and voluntary
-    context switches so far."""
+    """Per thread of ``pid`` and of its child processes (``name:tid``): CPU ns
+    (``schedstat``) and voluntary context switches so far."""
     out: dict[str, tuple[int, int]] = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
+    for proc, tid in _family(pid):
+        task = f"/proc/{proc}/task/{tid}"
         try:
-            with open(f"/proc/{pid}/task/{tid}/comm", encoding="utf-8") as f:
+            with open(f"{task}/comm", encoding="utf-8") as f:
                 name = f.read().strip()
-            with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as f:
+            with open(f"{task}/schedstat", encoding="ascii") as f:
                 run_ns = int(f.read().split()[0])
-            with open(f"/proc/{pid}/task/{tid}/status", encoding="utf-8") as f:
+            with open(f"{task}/status", encoding="utf-8") as f:
                 switches = next(
                     int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt")
                 )
