@@ -37,6 +37,7 @@ from hearthnet.tokens import CapabilityToken
 from hearthnet.transport.headers import SignedHeaders
 
 if TYPE_CHECKING:
+    from hearthnet.bus.signatures import SignatureWorker
     from hearthnet.federation.view import FederationView
 
 
@@ -241,6 +242,38 @@ class Authenticator:
         if envelope.sender is None:
             raise BadRequest("a signed call names its sender in from")
         return envelope, None
+
+    async def authenticate_call_on(
+        self,
+        checks: SignatureWorker,
+        envelope_obj: object,
+        *,
+        signature: object,
+        token: object,
+        now_ms: int,
+        target: str | None = None,
+        deadline_ms: int | None = None,
+    ) -> VerifiedCall:
+        """:meth:`authenticate_call` with the signature checked on ``checks``' worker
+        thread: the same checks in the same order, with the same refusals.
+
+        Raises:
+            BadRequest: malformed envelope or both/neither credential.
+            WireError: the code of spec §2.4 for the refusal.
+        """
+        envelope, by_token = self._open_call(envelope_obj, signature, token, now_ms)
+        if by_token is not None:
+            return VerifiedCall(envelope, by_token, None, str(token), target, deadline_ms)
+        sender = envelope.sender
+        assert sender is not None  # checked by _open_call
+        caller = self._admit_signed(sender, envelope.community, envelope.ts, now_ms)
+        assert isinstance(envelope_obj, dict)  # checked by from_json
+        try:
+            await checks.check(sender, envelope_obj, signature)
+        except InvalidSignature as exc:
+            raise self._refuse("bad_signature", exc) from None
+        self._record(sender, envelope.request_id, now_ms)
+        return VerifiedCall(envelope, caller, str(signature), None, target, deadline_ms)
 
     def authenticate_headers(
         self, *, method: str, path: str, body: Any, signed: SignedHeaders, now_ms: int

@@ -27,6 +27,7 @@ from hearthnet.bus.calls import Bus, BusMetrics
 from hearthnet.bus.capability import Capability
 from hearthnet.bus.registry import CapabilityRegistry
 from hearthnet.bus.routing import LocalProvider, Router
+from hearthnet.bus.signatures import SignatureWorker
 from hearthnet.clock import now_ms
 from hearthnet.community import CommunityStore, Level, MembershipRecord
 from hearthnet.config import Config
@@ -164,6 +165,7 @@ class Node:
             clock_window_ms=int(cfg.security.clock_window_s * 1000),
             on_failure=signature_failures.inc,
         )
+        self.signatures = SignatureWorker()  # HTTP call signatures, beside the event loop
         self.registry = CapabilityRegistry()
         for cap in [*builtin_capabilities(), *self._extra_capabilities]:
             self.registry.register(cap)
@@ -209,6 +211,7 @@ class Node:
             connections=self.connections,
             streams=self.streams,
             sessions=self.sessions,
+            signatures=self.signatures,
         )
         ps = build_pubsub(
             cfg,
@@ -384,6 +387,7 @@ class Node:
         await self.server.stop_accepting()
         await self.streams.shutdown(self.config.node.shutdown_grace_s)
         await self.server.close()
+        self.signatures.close()
         # Everything in the background that reads or writes the log stops before it closes;
         # the flush loop is stopped by close() itself, after the last batch is committed.
         await self.tasks.cancel("pubsub-retention", "pubsub-sweeper", "mesh", "federation")

@@ -21,6 +21,7 @@ from hearthnet.auth import Authenticator
 from hearthnet.bus.calls import Bus, CallHandle
 from hearthnet.bus.envelope import VerifiedCall
 from hearthnet.bus.routing import check_target
+from hearthnet.bus.signatures import SignatureWorker
 from hearthnet.clock import now_ms
 from hearthnet.config import TransportSection
 from hearthnet.errors import BadRequest, Unavailable, WireError
@@ -49,6 +50,8 @@ class BusEndpointDeps:
     connections: ConnectionTracker
     streams: ActiveStreams
     sessions: SessionRegistry
+    # the worker thread that checks call signatures beside the event loop (None: on it)
+    signatures: SignatureWorker | None = None
 
 
 SHUTTING_DOWN = Unavailable("node shutting down", retry_after_ms=1000)
@@ -147,14 +150,37 @@ class BusHttpEndpoints:
         """Read, authenticate and route a call from its headers and body bytes."""
         return self.deps.bus.open(self.verify(headers, _body(raw)), inline_tools=False)
 
-    async def unary_call(self, headers: Mapping[str, str], raw: bytes) -> bytes:
+    async def _open_unary(self, headers: Mapping[str, str], raw: bytes, alone: bool) -> CallHandle:
+        """:meth:`open`, the signature checked on the node's signature worker when it
+        has one and other calls are being answered (spec §11: the check runs beside the
+        event loop; a call alone gains nothing from the hand-off)."""
+        checks = self.deps.signatures
+        if checks is None or alone:
+            return self.open(headers, raw)
+        ch, envelope, signature = self._envelope(headers, _body(raw))
+        call = await self.deps.authenticator.authenticate_call_on(
+            checks,
+            envelope,
+            signature=signature,
+            token=ch.signed.token,
+            now_ms=now_ms(),
+            target=check_target(ch.target),
+            deadline_ms=ch.deadline_ms,
+        )
+        return self.deps.bus.open(call, inline_tools=False)
+
+    async def unary_call(
+        self, headers: Mapping[str, str], raw: bytes, *, alone: bool = False
+    ) -> bytes:
         """A unary call's JSON answer body (what :meth:`call` answers without
-        ``Accept: text/event-stream``, and the lean call path's answer).
+        ``Accept: text/event-stream``, and the lean call path's answer). ``alone``: the
+        lean path answers no other call now, so the signature is checked at once on the
+        loop instead of on the signature worker.
 
         Raises:
             WireError: refused or failed, with the code of spec §2.4.
         """
-        handle = self.open(headers, raw)
+        handle = await self._open_unary(headers, raw, alone)
         if handle.descriptor.streaming:
             handle.close("bad_request")
             raise BadRequest(

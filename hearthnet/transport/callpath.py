@@ -47,8 +47,11 @@ _LINGER_S = 1.0  # how long input is drained after a refusal before the socket c
 class CallService(Protocol):
     """What the lean path calls: a unary call's JSON answer from its headers and body."""
 
-    def unary_call(self, headers: Mapping[str, str], raw: bytes) -> Awaitable[bytes]:
-        """The answer body, or a :class:`WireError` raised."""
+    def unary_call(
+        self, headers: Mapping[str, str], raw: bytes, *, alone: bool = False
+    ) -> Awaitable[bytes]:
+        """The answer body, or a :class:`WireError` raised. ``alone``: no other call is
+        being answered on the path (work is best done at once, not handed off)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,7 @@ class CallPath:
         self.http = http
         self.refused = refused
         self.connections: set[CallConnection] = set()
+        self.busy = 0  # connections with a call started and not answered (or dropped) yet
         self.closing = False
         self.date = _Date()
         self.loop = asyncio.get_running_loop()
@@ -273,13 +277,14 @@ class CallConnection(asyncio.Protocol):
         self._plain = None
         self._close = plain.close
         self.deadline = _NEVER
+        path.busy += 1
         self._task = path.loop.create_task(self._call(plain, body))
 
     async def _call(self, plain: PlainCall, body: bytes) -> None:
         path = self._path
         close = self._close or path.closing
         try:
-            answer = await path.service.unary_call(plain.headers, body)
+            answer = await path.service.unary_call(plain.headers, body, alone=path.busy == 1)
             data = answer_bytes(200, answer, path.date.now(), close=close, retry_after="")
         except WireError as exc:
             path.refused.inc(exc.code, "http")
@@ -289,7 +294,9 @@ class CallConnection(asyncio.Protocol):
             path.refused.inc("internal_error", "http")
             error = InternalError("unexpected failure; see the node log")
             data = error_answer(error, path.date.now(), close=close)
-        self._task = None
+        if self._task is not None:  # else connection_lost has let it go already
+            path.busy -= 1
+            self._task = None
         transport = self._transport
         assert transport is not None
         if transport.is_closing():
@@ -394,9 +401,10 @@ class CallConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         """A call being answered is cancelled (the client's cancel, spec §3.6)."""
         self._path.forget(self)
-        if self._task is not None:
+        if self._task is not None:  # cancelled, perhaps before it started: counted here
             self._task.cancel()
             self._task = None
+            self._path.busy -= 1
         self._buf = bytearray()
         if self._next is not None:
             self._next.connection_lost(exc)

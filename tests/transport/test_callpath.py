@@ -16,6 +16,7 @@ from hearthnet.ids import new_ulid
 from hearthnet.node import Node
 from hearthnet.transport.callpath import CallPath
 from tests.conftest import MakeConfig
+from tests.helpers import wait_until
 
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -199,6 +200,8 @@ async def test_preauth_cap_and_cancel_hold_on_the_lean_path(node: Node) -> None:
     writer.write(request(node, "test.sleepy", {"input": {"ms": 0}}))
     status, _, body = await answer(reader)
     assert (status, body.get("output")) == (200, {"slept": 0})
+    # the cancelled call is no longer counted among the calls being answered
+    await wait_until(lambda: call_path(node).busy == 0, 10.0, "no call counted as busy")
     await node.server.close()
     assert await closed(reader) == b""
     writer.close()
