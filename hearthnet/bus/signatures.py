@@ -248,14 +248,19 @@ class SignatureWorker:
                 _settle(fut, None if ok == 1 else InvalidSignature("signature does not verify"))
 
     def _broken(self) -> None:
-        """The checker died or answered out of shape: what it held is checked here."""
+        """The checker died or answered out of shape: it is stopped at once (not waited
+        for), and what it held is checked here."""
         held = [c for batch in self._sent for c in batch]
         self._sent.clear()
         self._in_flight = 0
+        if self._proc is not None:
+            with contextlib.suppress(OSError):
+                self._proc.kill()
         self._stop()
         self._on_loop(held)
 
     def _stop(self) -> None:
+        """Close the pipes and reap the checker (it exits at the end of its input)."""
         proc, self._proc = self._proc, None
         self._out.clear()
         self._in.clear()
@@ -283,4 +288,8 @@ class SignatureWorker:
         self._closed = True
         pending, self._pending = self._pending, []
         self._on_loop(pending)
-        self._broken()
+        held = [c for batch in self._sent for c in batch]
+        self._sent.clear()
+        self._in_flight = 0
+        self._stop()
+        self._on_loop(held)
