@@ -105,6 +105,11 @@ class SignatureWorker:
         self._in = bytearray()  # read from the checker, not yet a whole answer
         self._closed = False
 
+    @property
+    def checker_pid(self) -> int | None:
+        """The checker process's id; None while none runs."""
+        return None if self._proc is None else self._proc.pid
+
     def check(self, node_id: str, obj: dict[str, Any], signature: object) -> asyncio.Future[None]:
         """A future that is done when ``signature`` by ``node_id`` over the JCS form of
         ``obj`` is checked: None, or :class:`~hearthnet.errors.InvalidSignature` raised.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from typing import Any
 
 from hearthnet.bus.sigchild import answers
@@ -129,10 +131,9 @@ async def test_a_dead_checker_is_replaced_and_what_it_held_is_checked_on_the_loo
     worker = SignatureWorker(max_batch=8, max_in_flight=16)
     checks = signed(12)
     first = await outcomes(worker, checks)
-    proc = worker._proc
-    assert proc is not None
-    proc.kill()
-    proc.wait(5)
+    pid = worker.checker_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
     second = await outcomes(worker, checks)  # written to the dead checker, or seen to be dead
     third = await outcomes(worker, checks)
     starts = worker.starts
