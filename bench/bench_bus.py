@@ -14,13 +14,24 @@ The load generator pre-signs its requests (signing is the client's cost, not the
 node's) and speaks raw HTTP/1.1 from an asyncio protocol (:class:`RawCallClient`); its
 own CPU time is reported so it can be checked that it was not the bottleneck.
 
+Placement (``--node-cpus``, ``--loadgen-cpus``, ``--fifo``): the node's threads and the
+load generator pinned to CPUs, and/or run ``SCHED_FIFO`` (root): with ``--fifo`` the two
+get a core whenever they are runnable, as on a quiet machine, even while other work runs
+on a shared one (which waits meanwhile; the phases are bounded). The call phases report
+the node's CPU and voluntary context switches per call by thread (``node_threads``): a
+thread that sleeps and is woken per call (an event loop waiting in ``epoll``, a thread
+waiting for the GIL) shows there.
+
 Run: python -m bench.bench_bus [--quick] [--skip ws,stream,raw] [--name NAME]
+     [--node-cpus 0] [--loadgen-cpus 1] [--fifo]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import time
 from typing import Any
 
@@ -65,6 +76,80 @@ def signed_http_request(keys: KeyPair, community: str, value: Any) -> bytes:
         f"X-HearthNet-Signature: {sig}\r\nContent-Length: {len(payload)}\r\n\r\n"
     )
     return head.encode() + payload
+
+
+def cpus_arg(spec: str) -> set[int] | None:
+    """CPUs from "0,1" (None: not pinned)."""
+    return {int(c) for c in spec.split(",")} if spec else None
+
+
+def _family(pid: int) -> list[tuple[int, int]]:
+    """(process, thread) ids of ``pid``'s threads and of its child processes' threads."""
+    out: list[tuple[int, int]] = []
+    pids = [pid]
+    for proc in pids:
+        with contextlib.suppress(FileNotFoundError):
+            for tid in os.listdir(f"/proc/{proc}/task"):
+                out.append((proc, int(tid)))
+                with (
+                    contextlib.suppress(FileNotFoundError),
+                    open(f"/proc/{proc}/task/{tid}/children", encoding="ascii") as f,
+                ):
+                    pids += [int(c) for c in f.read().split()]
+    return out
+
+
+def place(pid: int, cpus: set[int] | None, fifo: bool) -> None:
+    """Pin every thread of process ``pid`` (0: this one) and of its child processes to
+    ``cpus`` and/or run it ``SCHED_FIFO`` at priority 1 (threads started later inherit
+    both)."""
+    for _, tid in [(0, 0)] if pid == 0 else _family(pid):
+        with contextlib.suppress(ProcessLookupError):
+            if cpus is not None:
+                os.sched_setaffinity(tid, cpus)
+            if fifo:
+                os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
+
+
+def thread_stats(pid: int) -> dict[str, tuple[int, int]]:
+    """Per thread of ``pid`` and of its child processes (``name:tid``): CPU ns
+    (``schedstat``) and voluntary context switches so far."""
+    out: dict[str, tuple[int, int]] = {}
+    for proc, tid in _family(pid):
+        task = f"/proc/{proc}/task/{tid}"
+        try:
+            with open(f"{task}/comm", encoding="utf-8") as f:
+                name = f.read().strip()
+            with open(f"{task}/schedstat", encoding="ascii") as f:
+                run_ns = int(f.read().split()[0])
+            with open(f"{task}/status", encoding="utf-8") as f:
+                switches = next(
+                    int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt")
+                )
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        out[f"{name}:{tid}"] = (run_ns, switches)
+    return out
+
+
+def per_thread(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], calls: int
+) -> dict[str, dict[str, float]]:
+    """CPU µs and voluntary switches per call of each thread that used ≥ 1 % of the
+    node's CPU between two :func:`thread_stats`."""
+    spent = {
+        k: (v[0] - before.get(k, (0, 0))[0], v[1] - before.get(k, (0, 0))[1])
+        for k, v in after.items()
+    }
+    total = sum(ns for ns, _ in spent.values()) or 1
+    return {
+        k: {
+            "cpu_us_per_call": round(ns / 1e3 / calls, 1),
+            "switches_per_call": round(sw / calls, 3),
+        }
+        for k, (ns, sw) in spent.items()
+        if ns >= total / 100
+    }
 
 
 class RawCallClient(asyncio.Protocol):
@@ -413,9 +498,16 @@ async def raw_stream_phase(
     }
 
 
-async def run(quick: bool, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+async def run(
+    quick: bool,
+    skip: frozenset[str] = frozenset(),
+    node_cpus: set[int] | None = None,
+    loadgen_cpus: set[int] | None = None,
+    fifo: bool = False,
+) -> dict[str, Any]:
     """All phases against one node."""
     node = start_node()
+    place(0, loadgen_cpus, fifo)
     try:
         keys = load_or_create_keys(node.data_dir)
         community = node.fields["community"]
@@ -425,22 +517,22 @@ async def run(quick: bool, skip: frozenset[str] = frozenset()) -> dict[str, Any]
             "node_idle_rss_mb": round(proc_rss_mb(node.pid), 1),
         }
         scale = 0.2 if quick else 1.0
+        result["placement"] = {
+            "node_cpus": sorted(node_cpus or ()),
+            "loadgen_cpus": sorted(loadgen_cpus or ()),
+            "fifo": fifo,
+        }
         await http_phase(node.url, keys, community, 500, 4)  # warm-up
-        cpu0 = proc_cpu_s(node.pid)
-        result["http_latency"] = await http_phase(node.url, keys, community, int(3000 * scale), 1)
-        node_cpu = proc_cpu_s(node.pid) - cpu0
-        result["http_latency"]["node_cpu_us_per_call"] = round(
-            node_cpu / result["http_latency"]["calls"] * 1e6, 1
-        )
-        cpu0 = proc_cpu_s(node.pid)
-        result["http_throughput"] = await http_phase(
-            node.url, keys, community, int(30000 * scale), 32
-        )
-        node_cpu = proc_cpu_s(node.pid) - cpu0
-        result["http_throughput"]["node_cpu_s"] = round(node_cpu, 3)
-        result["http_throughput"]["node_cpu_us_per_call"] = round(
-            node_cpu / result["http_throughput"]["calls"] * 1e6, 1
-        )
+        for key, total, conns in (("http_latency", 3000, 1), ("http_throughput", 30000, 32)):
+            place(node.pid, node_cpus, fifo)
+            threads0 = thread_stats(node.pid)
+            cpu0 = proc_cpu_s(node.pid)
+            phase = await http_phase(node.url, keys, community, int(total * scale), conns)
+            node_cpu = proc_cpu_s(node.pid) - cpu0
+            phase["node_cpu_s"] = round(node_cpu, 3)
+            phase["node_cpu_us_per_call"] = round(node_cpu / phase["calls"] * 1e6, 1)
+            phase["node_threads"] = per_thread(threads0, thread_stats(node.pid), phase["calls"])
+            result[key] = phase
         if "ws" not in skip:
             result["ws_call_latency"] = await ws_call_phase(
                 node.url, keys, community, int(1000 * scale), 1
@@ -462,6 +554,8 @@ async def run(quick: bool, skip: frozenset[str] = frozenset()) -> dict[str, Any]
         return result
     finally:
         node.stop()
+        if fifo:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
 
 def main() -> None:
@@ -475,9 +569,15 @@ def main() -> None:
         "over websockets), raw (token streams over a lean client)",
     )
     parser.add_argument("--name", default="bus", help="result file name under bench/results/")
+    parser.add_argument("--node-cpus", default="", help="pin the node's threads, e.g. 0")
+    parser.add_argument("--loadgen-cpus", default="", help="pin the load generator, e.g. 1")
+    parser.add_argument(
+        "--fifo", action="store_true", help="node and load generator SCHED_FIFO (root)"
+    )
     args = parser.parse_args()
     skip = frozenset(p for p in args.skip.split(",") if p)
-    save(args.name, uvloop.run(run(args.quick, skip)))
+    result = run(args.quick, skip, cpus_arg(args.node_cpus), cpus_arg(args.loadgen_cpus), args.fifo)
+    save(args.name, uvloop.run(result))
 
 
 if __name__ == "__main__":

@@ -10,8 +10,11 @@ checkout (``PYTHONPATH`` and working directory set to it), and the batches alter
 generator is ``bench_bus``'s (pre-signed requests, one raw keep-alive connection per
 worker); the node's CPU is ``utime + stime`` from ``/proc`` (all its threads).
 
+``--node-cpus``, ``--loadgen-cpus`` and ``--fifo`` place both nodes and the load
+generator as ``bench_bus`` does (``--fifo``: as on a quiet machine).
+
 Run: python -m bench.bench_bus_pair BASE_TREE NEW_TREE [--rounds 8] [--calls 3000]
-     [--connections 32]
+     [--connections 32] [--node-cpus 0] [--loadgen-cpus 1] [--fifo]
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 
 import uvloop
 
-from bench.bench_bus import http_phase
+from bench.bench_bus import cpus_arg, http_phase, per_thread, place, thread_stats
 from bench.common import proc_cpu_s, save
 from hearthnet.identity import load_or_create_keys
 
@@ -58,9 +61,17 @@ def _load() -> float:
         return float(f.read().split()[0])
 
 
-async def run(trees: dict[str, str], rounds: int, calls: int, conns: int) -> dict[str, Any]:
+async def run(
+    trees: dict[str, str],
+    rounds: int,
+    calls: int,
+    conns: int,
+    placement: tuple[set[int] | None, set[int] | None, bool] = (None, None, False),
+) -> dict[str, Any]:
     """Alternate batches between the two nodes; per-batch figures and medians."""
+    node_cpus, loadgen_cpus, fifo = placement
     nodes = {name: start(tree) for name, tree in trees.items()}
+    place(0, loadgen_cpus, fifo)
     per: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     try:
         keys = {name: load_or_create_keys(n[2]) for name, n in nodes.items()}
@@ -70,12 +81,18 @@ async def run(trees: dict[str, str], rounds: int, calls: int, conns: int) -> dic
         for r in range(rounds):
             for name in order if r % 2 == 0 else order[::-1]:
                 proc, url, _, community = nodes[name]
+                place(proc.pid, node_cpus, fifo)
+                threads0 = thread_stats(proc.pid)
                 cpu0 = proc_cpu_s(proc.pid)
                 out = await http_phase(url, keys[name], community, calls, conns)
                 cpu = proc_cpu_s(proc.pid) - cpu0
+                threads = per_thread(threads0, thread_stats(proc.pid), out["calls"])
+                family = sum(t["cpu_us_per_call"] for t in threads.values())
                 per[name].append(
                     {
                         "node_cpu_us_per_call": round(cpu / out["calls"] * 1e6, 1),
+                        # with its child processes' (schedstat; threads under 1 % left out)
+                        "node_family_cpu_us_per_call": round(family, 1),
                         "calls_per_s": out["calls_per_s"],
                         "loadgen_cpu_us_per_call": round(
                             out["loadgen_cpu_s"] / out["calls"] * 1e6, 1
@@ -83,13 +100,18 @@ async def run(trees: dict[str, str], rounds: int, calls: int, conns: int) -> dic
                         "errors": out["errors"],
                         "p50_ms": out["p50_ms"],
                         "load": _load(),
+                        "switches_per_call": round(
+                            sum(t["switches_per_call"] for t in threads.values()), 3
+                        ),
                     }
                 )
             print(
                 f"round {r + 1}: "
                 + "  ".join(
-                    f"{n} {per[n][-1]['node_cpu_us_per_call']:.0f} µs/call "
-                    f"{per[n][-1]['calls_per_s']} calls/s"
+                    f"{n} {per[n][-1]['node_cpu_us_per_call']:.0f} "
+                    f"({per[n][-1]['node_family_cpu_us_per_call']:.0f}) µs/call "
+                    f"{per[n][-1]['calls_per_s']} calls/s "
+                    f"{per[n][-1]['switches_per_call']:.2f} sw/call"
                     for n in trees
                 ),
                 flush=True,
@@ -98,6 +120,8 @@ async def run(trees: dict[str, str], rounds: int, calls: int, conns: int) -> dic
         for proc, *_ in nodes.values():
             proc.terminate()
             proc.wait()
+        if fifo:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     medians = {
         name: {k: statistics.median(b[k] for b in batches) for k in batches[0]}
         for name, batches in per.items()
@@ -126,9 +150,15 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=3000, help="calls per batch")
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--name", default="bus_pair", help="result file name under bench/results/")
+    parser.add_argument("--node-cpus", default="", help="pin both nodes' threads, e.g. 0")
+    parser.add_argument("--loadgen-cpus", default="", help="pin the load generator, e.g. 1")
+    parser.add_argument(
+        "--fifo", action="store_true", help="nodes and load generator SCHED_FIFO (root)"
+    )
     args = parser.parse_args()
     trees = {"base": os.path.abspath(args.base), "new": os.path.abspath(args.new)}
-    result = uvloop.run(run(trees, args.rounds, args.calls, args.connections))
+    placement = (cpus_arg(args.node_cpus), cpus_arg(args.loadgen_cpus), args.fifo)
+    result = uvloop.run(run(trees, args.rounds, args.calls, args.connections, placement))
     save(args.name, result)
     for name, m in result["medians"].items():
         print(f"{name}: medians {m}")

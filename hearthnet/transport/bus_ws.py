@@ -22,6 +22,7 @@ from aiohttp import ClientConnectionResetError, WSMsgType, web
 from aiohttp._websocket.writer import WebSocketWriter
 
 from hearthnet.bus.calls import CallHandle
+from hearthnet.bus.envelope import VerifiedCall
 from hearthnet.bus.routing import check_target
 from hearthnet.clock import now_ms
 from hearthnet.errors import (
@@ -38,7 +39,13 @@ from hearthnet.errors import (
 from hearthnet.frames import Frame
 from hearthnet.transport import headers as h
 from hearthnet.transport.bus_http import SHUTTING_DOWN, BusEndpointDeps
-from hearthnet.transport.bus_stream import Ack, BusStreamProtocol, CancelRequest, ToolResult
+from hearthnet.transport.bus_stream import (
+    Ack,
+    BusStreamProtocol,
+    CallRequest,
+    CancelRequest,
+    ToolResult,
+)
 from hearthnet.transport.codec import SUBPROTOCOL_HEADER, FrameCodec, choose_subprotocol
 from hearthnet.transport.keepalive import (
     CLOSE_NORMAL,
@@ -369,6 +376,23 @@ class _BusSession:
                 await self._close(code=action.code, message=action.reason.encode())
                 return
 
+    async def _authenticate(self, request: CallRequest) -> VerifiedCall:
+        """The call frame's credentials checked; the signature by the node's checker
+        process when it has one (a lone check is made on the loop there too)."""
+        deps = self.deps
+        args: dict[str, Any] = {
+            "signature": request.signature,
+            "token": request.token,
+            "now_ms": now_ms(),
+            "target": self._target(request.target),
+            "deadline_ms": self._deadline(request.deadline_ms),
+        }
+        if deps.signatures is None:
+            return deps.authenticator.authenticate_call(request.envelope, **args)
+        return await deps.authenticator.authenticate_call_on(
+            deps.signatures, request.envelope, **args
+        )
+
     # --- the session -------------------------------------------------------------
 
     async def run(self) -> None:
@@ -388,14 +412,7 @@ class _BusSession:
                 return
             try:
                 request = self._parse(msg)
-                call = self.deps.authenticator.authenticate_call(
-                    request.envelope,
-                    signature=request.signature,
-                    token=request.token,
-                    now_ms=now_ms(),
-                    target=self._target(request.target),
-                    deadline_ms=self._deadline(request.deadline_ms),
-                )
+                call = await self._authenticate(request)
                 self.deps.connections.open(call.caller.identity)
                 identity = call.caller.identity
                 self.handle = self.deps.bus.open(call, inline_tools=True)

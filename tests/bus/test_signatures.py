@@ -1,11 +1,14 @@
-"""Signature checks on the worker thread: the same outcomes as on the loop (spec §1.4, §11)."""
+"""Signature checks in the checker process: the same outcomes as on the loop (spec §1.4, §11)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from typing import Any
 
-from hearthnet.bus.signatures import SignatureWorker
+from hearthnet.bus.sigchild import answers
+from hearthnet.bus.signatures import SignatureWorker, check_bytes
 from hearthnet.errors import InvalidSignature, WireError
 from hearthnet.tokens import CapabilityToken, Scope
 from tests.test_auth import MEMBER, NODE, NOW, STRANGER, envelope, make_auth
@@ -45,7 +48,7 @@ def outcome(result: Any) -> str:
 
 async def test_calls_checked_on_the_worker_end_as_on_the_loop() -> None:
     """Each call gets the outcome and the counted failure reason it gets from
-    authenticate_call: checked together on the worker (batches of 3), and alone (a
+    authenticate_call: checked together by the checker (batches of 3), and alone (a
     lone check is made on the loop), the replayed one after the first."""
     cases = calls()
     on_loop, loop_failures = make_auth()
@@ -96,3 +99,59 @@ async def test_checks_of_one_turn_come_back_together_and_cancels_are_dropped() -
         True,
         True,
     ) == (kinds, after.exception() is None, isinstance(forged.exception(), InvalidSignature))
+
+
+def signed(n: int) -> list[tuple[str, dict[str, Any], object]]:
+    """``n`` checks of MEMBER's signatures, every third one forged."""
+    out: list[tuple[str, dict[str, Any], object]] = []
+    for i in range(n):
+        message = {"i": i}
+        keys = STRANGER if i % 3 == 2 else MEMBER
+        out.append((MEMBER.node_id, message, keys.sign_object(message)))
+    return out
+
+
+def expected(checks: list[tuple[str, dict[str, Any], object]]) -> list[str]:
+    """What each check should give."""
+    return ["InvalidSignature" if i % 3 == 2 else "NoneType" for i in range(len(checks))]
+
+
+async def outcomes(
+    worker: SignatureWorker, checks: list[tuple[str, dict[str, Any], object]]
+) -> list[str]:
+    """The outcome of each check asked for in one turn."""
+    done = await asyncio.gather(*(worker.check(*c) for c in checks), return_exceptions=True)
+    return [type(d).__name__ for d in done]
+
+
+async def test_a_dead_checker_is_replaced_and_what_it_held_is_checked_on_the_loop() -> None:
+    """Checks sent to a checker that died get their outcomes all the same, and the next
+    batch starts a new checker; past the bound and after the last start, checks are made
+    on the loop."""
+    worker = SignatureWorker(max_batch=8, max_in_flight=16)
+    checks = signed(12)
+    first = await outcomes(worker, checks)
+    pid = worker.checker_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    second = await outcomes(worker, checks)  # written to the dead checker, or seen to be dead
+    third = await outcomes(worker, checks)
+    starts = worker.starts
+    over = await outcomes(worker, signed(20))  # 20 > max_in_flight: on the loop
+    worker.close()
+    assert (first, second, third, starts, worker.starts) == (
+        expected(checks),
+        expected(checks),
+        expected(checks),
+        2,
+        2,
+    )
+    assert over == expected(signed(20))
+
+
+def test_the_checker_answers_one_byte_per_check_in_order() -> None:
+    """A batch of a good, a forged and a cut-short check: 1, 0, 0."""
+    message = {"a": 1}
+    good = check_bytes(MEMBER.node_id, message, MEMBER.sign_object(message))
+    forged = check_bytes(MEMBER.node_id, message, STRANGER.sign_object(message))
+    assert answers(good + forged + good[:-1]) == b"\0\0\0\3\1\0\0"

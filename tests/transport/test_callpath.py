@@ -5,6 +5,7 @@ refusals as the full server gives them, deadlines, the pre-auth cap, cancel and 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -205,3 +206,36 @@ async def test_preauth_cap_and_cancel_hold_on_the_lean_path(node: Node) -> None:
     await node.server.close()
     assert await closed(reader) == b""
     writer.close()
+
+
+async def test_overlapping_calls_are_checked_by_the_checker_process(
+    make_config: MakeConfig,
+) -> None:
+    """Calls on several connections at once go to the checker process: each answered as
+    on the loop (a forged one refused), and the checker is gone once the node stops."""
+    async with Node(make_config()) as node:
+        streams = [await connect(node) for _ in range(8)]
+        outcomes: list[tuple[int, Any]] = []
+        for _ in range(20):  # until one loop turn has held more than one call
+            calls = [request(node, "echo", {"input": {"i": i}}) for i in range(8)]
+            head, _, rest = calls[3].partition(b"X-HearthNet-Signature: ")
+            other = calls[4].partition(b"X-HearthNet-Signature: ")[2]
+            calls[3] = head + b"X-HearthNet-Signature: " + other.partition(b"\r\n")[0] + b"\r\n"
+            calls[3] += rest.partition(b"\r\n")[2]  # call 4's signature on call 3: forged
+            for (_, writer), data in zip(streams, calls, strict=True):
+                writer.write(data)
+            answers = [await answer(reader) for reader, _ in streams]
+            outcomes = [
+                (status, body.get("output") or body.get("error")) for status, _, body in answers
+            ]
+            if node.signatures.starts:
+                break
+        pid = node.signatures.checker_pid
+        for _, writer in streams:
+            writer.close()
+    expected = [(200, {"echo": {"i": i}}) for i in range(8)]
+    expected[3] = (401, "invalid_signature")
+    assert (outcomes, node.signatures.starts, node.signatures.checker_pid) == (expected, 1, None)
+    assert pid is not None
+    with pytest.raises(ProcessLookupError):  # the stopped node's checker exited and was reaped
+        os.kill(pid, 0)
