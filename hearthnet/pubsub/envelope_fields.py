@@ -94,6 +94,19 @@ def encoded_payload(data: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> int:
     return size
 
 
+def check_payload(data: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> None:
+    """:func:`encoded_payload`'s check without its size: ASCII text too short to pass
+    ``max_bytes`` even if every character were escaped (6 bytes, ``\\u00xx``, plus the
+    quotes) is not encoded for it.
+
+    Raises:
+        BadRequest, PayloadTooLarge: as :func:`encoded_payload`.
+    """
+    if type(data) is str and len(data) * 6 + 2 <= max_bytes and data.isascii():
+        return
+    encoded_payload(data, max_bytes)
+
+
 def canonical_body(body: dict[str, Any]) -> bytes:
     """The JCS bytes of a message body without ``sig`` (a batch leaf, the signed bytes).
 
