@@ -45,6 +45,7 @@ MAX_HEAD_BYTES = 16 * 1024
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 _DATA_OPS = frozenset({OP_CONTINUATION, OP_TEXT, OP_BINARY})
 _CONTROL_OPS = frozenset({OP_CLOSE, OP_PING, OP_PONG})
+_MESSAGE_OPS = frozenset({OP_TEXT, OP_BINARY})  # the first frame of a message
 
 
 class WsProtocolError(HearthNetError):
@@ -260,9 +261,22 @@ class FrameReader:
                     break
                 (length,) = struct.unpack_from("!Q", buf, pos + 2)
                 head = 10
+            start = pos + head + 4
+            if (
+                b0 & 0x80
+                and opcode in _MESSAGE_OPS
+                and self._parts is None
+                and length <= self.max_message
+            ):
+                # The usual frame, a whole data message: what _check and _frame do for it.
+                if end - start < length:
+                    break
+                payload = self._unmask(buf[start : start + length], buf[pos + head : start])
+                pos = start + length
+                events.append(_message(payload, opcode == OP_BINARY))
+                continue
             fin = bool(b0 & 0x80)
             self._check(opcode, fin, length)
-            start = pos + head + 4
             if end - start < length:
                 break
             payload = self._unmask(buf[start : start + length], buf[pos + head : start])
