@@ -272,11 +272,6 @@ class Subscriber:
         """Queue a non-message frame (written with the next flush)."""
         self.channel.out.append(control_frame(self.form, event, data))
 
-    def send_encoded(self, frames: bytes) -> None:
-        """Queue non-message frames already encoded in this subscriber's form, back to
-        back in one bytes object (written with the next flush)."""
-        self.channel.out.append(frames)
-
     def flush(self) -> int:
         """Write what the channel lets out, counted in the node's metrics; returns how
         many message frames went."""

@@ -103,8 +103,8 @@ def answer(sub: Subscriber, refs: list[str | None], outcomes: list[Outcome]) -> 
                 frames.append(published_ok_text(ref, outcome))
             elif outcome is not None:  # None: a duplicate, never for a local publish
                 frames.append(control_frame("ws_text", "error", _error(ref, outcome)))
-        if frames:
-            sub.send_encoded(b"".join(frames))
+        if frames:  # control frames, queued as send_control queues them (not counted)
+            sub.channel.out.append(b"".join(frames))
     else:
         send = sub.send_control
         for ref, outcome in zip(refs, outcomes, strict=True):
