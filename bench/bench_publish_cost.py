@@ -24,6 +24,10 @@ one process, on the real code:
   bytes, and CPU µs per message for the publisher to encode its frame (base64 included),
   the node to decode and check it and build the envelope body, the node to encode the
   delivered frame, and the subscriber to decode it back to bytes;
+- ``edge``: the WebSocket publish path's steps before the log, per publish: the client
+  frame read and unmasked, decoded with its canonical-JSON checks, parsed, its size
+  checked, and the ``published.ok`` answers of a commit's group queued (``--edge-only``
+  measures only these, in a few seconds);
 - ``log``: ``MessageLog.publish`` for batches of ``--batch`` publishes until every one is
   committed, each batch awaited three ways (``--await``): ``gather`` (a future per
   publish, ``asyncio.gather``), ``ws`` (``publish_many`` with an ``answer`` callback: one
@@ -38,7 +42,7 @@ one process, on the real code:
   since 2026-11-27; ``--gc default`` for Python's own thresholds, as measured before).
 
 Run: python -m bench.bench_publish_cost [--messages 20000 --batch 125 --sync full,normal
-     --await gather,ws,many --gc node]
+     --await gather,ws,many --gc node --edge-only]
 """
 
 from __future__ import annotations
@@ -58,14 +62,23 @@ import cbor2
 import orjson
 
 from bench.common import save
+from hearthnet.caller import Caller
 from hearthnet.commands.node import collect_after_start
+from hearthnet.community import Level
 from hearthnet.identity import KeyPair
+from hearthnet.ids import new_ulid
+from hearthnet.pubsub import envelope_fields, ws_publish
 from hearthnet.pubsub.batchsig import BatchVerifier
+from hearthnet.pubsub.channel import SubscriberChannel
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body, encoded_payload
 from hearthnet.pubsub.frames import Publish, parse_client_frame
 from hearthnet.pubsub.log import MessageLog
+from hearthnet.pubsub.subscriber import Subscriber
 from hearthnet.pubsub.wire import FORMS, NOSIG, EncodedMessage
+from hearthnet.pubsub.ws_frames import GAP_FRAME
+from hearthnet.pubsub.wsupgrade import compiled_unmask
 from hearthnet.transport.codec import SUBPROTOCOL_CBOR, SUBPROTOCOL_JSON, FrameCodec
+from hearthnet.transport.websocket import FrameReader
 
 PAYLOAD = "x" * 256
 TOPIC = "bench.cost"
@@ -251,6 +264,67 @@ def measure_binary(keys: KeyPair, count: int, batch: int) -> dict[str, Any]:
     return out
 
 
+def measure_edge(keys: KeyPair, count: int, batch: int) -> dict[str, float]:
+    """CPU µs per publish of the WebSocket publish path's steps before the log, each on
+    the real code, least of 3 runs: the frame read and unmasked (``FrameReader.feed``,
+    one masked 330-byte text frame), decoded and checked (``FrameCodec.decode``), parsed
+    (``parse_client_frame``), its size checked, and the ``published.ok`` answers of a group
+    of ``batch`` queued on a ``ws_text`` subscriber (``ws_publish.answer``)."""
+    wire = orjson.dumps({"type": "publish", "topic": TOPIC, "msg_type": "bench", "data": PAYLOAD})
+    mask = os.urandom(4)
+    head = bytes((0x81, 0xFE)) + len(wire).to_bytes(2, "big")
+    masked = head + mask + bytes(b ^ mask[i & 3] for i, b in enumerate(wire))
+    reader = FrameReader(1 << 20, compiled_unmask)
+    assert [wire] == [event.payload for event in reader.feed(masked)]  # type: ignore[union-attr]
+    codec = FrameCodec(SUBPROTOCOL_JSON)
+    obj = codec.decode(wire, binary=False, max_bytes=1 << 20)
+    frame = parse_client_frame(obj)
+    assert isinstance(frame, Publish)
+    size_check = getattr(envelope_fields, "check_payload", encoded_payload)
+    # A commit's messages as the log makes them (of_batch), answered as the log answers
+    # a WebSocket session's group.
+    ts = int(time.time() * 1000)
+    bodies = [
+        {
+            **Message.unsigned(
+                keys.node_id, topic=TOPIC, msg_type="bench", data=PAYLOAD, origin_seq=1 + i, ts=ts
+            ),
+            "id": new_ulid(ts),
+        }
+        for i in range(batch)
+    ]
+    leaves = [canonical_body(body) for body in bodies]
+    signed = Message.signed_batch(keys, bodies, leaves)[0].batch
+    assert signed is not None
+    stored = [
+        StoredMessage.of_batch(1 + i, body, leaf, signed)
+        for i, (body, leaf) in enumerate(zip(bodies, leaves, strict=True))
+    ]
+    sub = Subscriber(
+        caller=Caller(keys.node_id, "node", Level.MEMBER),
+        client_id="cl_bench",
+        form="ws_text",
+        channel=SubscriberChannel(window=None, queue_max=1 << 20, encode_gap=GAP_FRAME["ws_text"]),
+        sink=None,
+    )
+    refs: list[str | None] = [None] * batch
+
+    def answer_group() -> None:
+        ws_publish.answer(sub, refs, stored)  # type: ignore[arg-type]
+        sub.channel.out.clear()
+
+    rounds = max(1, count // batch)
+    return {
+        "read_cpu_us": _least_cpu(lambda: reader.feed(masked), count),
+        "decode_cpu_us": _least_cpu(
+            lambda: codec.decode(wire, binary=False, max_bytes=1 << 20), count
+        ),
+        "parse_cpu_us": _least_cpu(lambda: parse_client_frame(obj), count),
+        "size_check_cpu_us": _least_cpu(lambda: size_check(PAYLOAD, 256 * 1024), count),
+        "answer_cpu_us": _least_cpu(answer_group, rounds) / batch,
+    }
+
+
 # How a batch of publishes is awaited (see measure_log).
 AWAIT_MODES = ("gather", "ws", "many")
 
@@ -332,6 +406,14 @@ async def measure_log(
 
 async def run(opts: argparse.Namespace) -> dict[str, Any]:
     keys = KeyPair.generate()
+    edge = measure_edge(keys, opts.messages, opts.batch)
+    print(
+        "WebSocket publish before the log, CPU µs per publish: "
+        + ", ".join(f"{k.removesuffix('_cpu_us')} {v:.2f}" for k, v in edge.items())
+        + f"; in all {sum(edge.values()):.2f}"
+    )
+    if getattr(opts, "edge_only", False):
+        return {"payload_bytes": len(PAYLOAD), "edge": edge}
     signing = measure_signing(keys, opts.messages)
     print(
         f"ed25519 signature: {signing['sign_cpu_us']:.1f} µs CPU; "
@@ -384,6 +466,7 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
         **batches,
         "frames": frames,
         "binary": binary,
+        "edge": edge,
         "log": logs,
     }
 
@@ -408,6 +491,12 @@ def main() -> None:
         help="the garbage collector during the log measurements: as the node process sets "
         "it (node: start-up objects frozen, young generation every 10,000 allocations) "
         "or Python's default (700)",
+    )
+    p.add_argument(
+        "--edge-only",
+        action="store_true",
+        help="only the WebSocket publish path's steps before the log (read, decode, "
+        "parse, size check, answers)",
     )
     p.add_argument("--name", default="publish_cost")
     opts = p.parse_args()

@@ -248,8 +248,10 @@ def _check_float(value: float) -> None:
 def parse_json(data: bytes | str) -> Any:
     """Parse JSON text into a value :func:`canonicalize` represents exactly (spec §2.5).
 
-    The fast path is orjson plus a few passes over the bytes in C; only text that may hold
-    a long or exponent number has its numbers read again, and only text with more than
+    The fast path is orjson and a look at the value: an object of strings, small integers
+    and small flat members (:func:`_plain`: most client frames) is returned as it is.
+    Anything else gets a few passes over its bytes in C; only text that may hold a long or
+    exponent number has its numbers read again, and only text with more than
     :data:`MAX_DEPTH` brackets has its containers walked for depth.
 
     Raises:
@@ -265,6 +267,8 @@ def parse_json(data: bytes | str) -> Any:
         if "infinity" in exc.msg:
             raise NotCanonical("a number too large for a double") from exc
         raise BadRequest(f"malformed JSON: {exc.msg}") from exc
+    if _plain(value):
+        return value
     raw = data.encode() if isinstance(data, str) else data
     # Every frame of a session (acks included) comes through here, so the passes are the
     # cheapest CPython has: a text needs MAX_DEPTH + 1 brackets to nest too deep and 16
@@ -282,6 +286,42 @@ def parse_json(data: bytes | str) -> Any:
         parse_float=_exact_float,
         parse_constant=_refuse_constant,
     )
+
+
+# A member of a plain object may itself be an object or array of at most this many scalars.
+_PLAIN_INNER = 16
+
+
+def _plain(value: Any) -> bool:
+    """True when ``value`` (orjson's reading of a text) is an object whose members are
+    strings, booleans, nulls, integers within ±2^53, or objects and arrays of at most
+    :data:`_PLAIN_INNER` such scalars: most client frames (a publish of text or of a small
+    object). Such a value holds no number orjson may have read other than as written (an
+    integer it returns is exact; a float is not looked at here) and nests two levels, so
+    the passes over its text can be skipped."""
+    if type(value) is not dict:
+        return False
+    for item in value.values():
+        kind = type(item)
+        if kind is str or kind is bool or item is None:
+            continue
+        if kind is int:
+            if -MAX_EXACT_INTEGER <= item <= MAX_EXACT_INTEGER:
+                continue
+            return False
+        if kind is dict or kind is list:
+            if len(item) > _PLAIN_INNER:
+                return False
+            for inner in item.values() if kind is dict else item:
+                inner_kind = type(inner)
+                if inner_kind is str or inner_kind is bool or inner is None:
+                    continue
+                if inner_kind is int and -MAX_EXACT_INTEGER <= inner <= MAX_EXACT_INTEGER:
+                    continue
+                return False
+            continue
+        return False
+    return True
 
 
 def _check_depth(value: Any) -> None:

@@ -254,6 +254,24 @@ def test_refuses_what_the_decoders_accept_but_jcs_cannot_sign() -> None:
     assert ["bad_request"] * (len(texts) + len(items)) == refused
 
 
+def test_plain_objects_are_returned_as_read_and_the_rest_still_checked() -> None:
+    """An object of strings, small integers and small flat members is returned as orjson
+    reads it; a big integer, a float that does not round-trip or a long member in such an
+    object still goes through the number checks and is refused."""
+    plain = '{"type":"publish","data":{"n":-9007199254740992,"t":[true,null,"x"]},"k":1}'
+    refused = []
+    for text in (
+        '{"a":"x","n":{"b":18446744073709551615}}',
+        '{"a":["x",9007199254740993]}',
+        '{"a":{"b":1e-400}}',
+        '{"a":[' + ",".join(["1"] * 20) + ",1.00000000000000000001]}",
+    ):
+        with pytest.raises(NotCanonical) as exc:
+            parse_json(text)
+        refused.append(exc.value.code)
+    assert (json.loads(plain), ["bad_request"] * 4) == (parse_json(plain), refused)
+
+
 def test_nesting_up_to_the_limit_is_accepted() -> None:
     """64 levels pass both checks; bytes pass only as a carrier (peer-link frames)."""
     deep = "[" * MAX_DEPTH + "]" * MAX_DEPTH

@@ -46,10 +46,20 @@ _FIELDS = frozenset(
 )
 
 
+# Types seen valid: a publisher sends the same few, so most checks are one dict look-up.
+_VALID_TYPES: dict[str, None] = {}
+_VALID_TYPES_MAX = 4096
+
+
 def validate_type(msg_type: object) -> str:
     """A message type: 1..64 of ``[A-Za-z0-9_.:-]`` (``token``, ``message.complete``)."""
+    if type(msg_type) is str and msg_type in _VALID_TYPES:
+        return msg_type
     if not isinstance(msg_type, str) or not _TYPE_RE.match(msg_type):
         raise BadRequest("a message type is 1..64 characters of [A-Za-z0-9_.:-]")
+    if len(_VALID_TYPES) >= _VALID_TYPES_MAX:
+        _VALID_TYPES.clear()
+    _VALID_TYPES[msg_type] = None
     return msg_type
 
 
@@ -82,6 +92,19 @@ def encoded_payload(data: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> int:
     if size > max_bytes:
         raise PayloadTooLarge(f"data is {size} bytes; the limit is {max_bytes}")
     return size
+
+
+def check_payload(data: Any, max_bytes: int = MAX_PAYLOAD_BYTES) -> None:
+    """:func:`encoded_payload`'s check without its size: ASCII text too short to pass
+    ``max_bytes`` even if every character were escaped (6 bytes, ``\\u00xx``, plus the
+    quotes) is not encoded for it.
+
+    Raises:
+        BadRequest, PayloadTooLarge: as :func:`encoded_payload`.
+    """
+    if type(data) is str and len(data) * 6 + 2 <= max_bytes and data.isascii():
+        return
+    encoded_payload(data, max_bytes)
 
 
 def canonical_body(body: dict[str, Any]) -> bytes:

@@ -27,7 +27,8 @@ from hearthnet.pubsub.access import AccessPolicy, AccessRule
 from hearthnet.pubsub.catchup import CatchUp
 from hearthnet.pubsub.channel import ChannelState
 from hearthnet.pubsub.consumers import DurableConsumers
-from hearthnet.pubsub.envelope import StoredMessage, encoded_payload, validate_ttl, validate_type
+from hearthnet.pubsub.envelope import StoredMessage, validate_ttl, validate_type
+from hearthnet.pubsub.envelope_fields import check_payload
 from hearthnet.pubsub.fanout import FanOut, PubSubMetrics
 from hearthnet.pubsub.frames import Since
 from hearthnet.pubsub.index import SubscriptionIndex
@@ -105,7 +106,7 @@ class PubSub:
         Raises:
             PayloadTooLarge, Forbidden, RateLimited.
         """
-        encoded_payload(data, self.config.max_payload_bytes)
+        check_payload(data, self.config.max_payload_bytes)
         if session is not None:
             allowed = session.may_publish(topic, self.policy)
         else:

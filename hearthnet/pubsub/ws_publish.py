@@ -22,13 +22,18 @@ import asyncio
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from hearthnet.errors import InternalError, WireError
 from hearthnet.pubsub.envelope import StoredMessage
 from hearthnet.pubsub.frames import Publish
 from hearthnet.pubsub.log import PublishItem
 from hearthnet.pubsub.logcommit import Outcome
+from hearthnet.pubsub.wire import control_frame
+from hearthnet.transport.websocket import OP_TEXT, frame_head
 
 if TYPE_CHECKING:
+    from hearthnet.caller import Caller
     from hearthnet.pubsub.service import PubSub
     from hearthnet.pubsub.subscriber import Subscriber
     from hearthnet.pubsub.ws import WsSession
@@ -59,29 +64,68 @@ def _error(ref: str | None, outcome: Exception) -> dict[str, Any]:
     return {**error.to_frame_data(), "ref": ref}
 
 
+# ``published.ok`` as a WebSocket text frame, written from its parts: the bytes
+# ``control_frame("ws_text", "published.ok", _ok(ref, stored))`` makes (orjson's, keys in
+# this order), without a dict and an encoder call per publish.
+_OK_TEXT = b'{"event":"published.ok","data":{"ref":%b,"id":"%b","seq":%d,"origin_seq":%d,"ts":%d}}'
+_TEXT_HEADS = [frame_head(n, OP_TEXT) for n in range(126)]  # one-byte lengths
+
+
+def published_ok_text(ref: str | None, stored: StoredMessage) -> bytes:
+    """The ``published.ok`` frame answering ``ref`` for a ``ws_text`` session."""
+    fields = stored.fields
+    if fields is not None:
+        msg_id, origin_seq, ts = fields["id"], fields["origin_seq"], fields["ts"]
+    else:
+        msg = stored.message
+        msg_id, origin_seq, ts = msg.id, msg.origin_seq, msg.ts
+    body = _OK_TEXT % (
+        b"null" if ref is None else orjson.dumps(ref),
+        msg_id.encode(),  # a ULID: nothing to escape
+        stored.seq,
+        origin_seq,
+        ts,
+    )
+    n = len(body)
+    return (_TEXT_HEADS[n] if n < 126 else frame_head(n, OP_TEXT)) + body
+
+
 def answer(sub: Subscriber, refs: list[str | None], outcomes: list[Outcome]) -> None:
     """Queue the answers to a group of ``sub``'s publishes (``refs``, in order) and have
-    them flushed together (called by the log once each is committed or refused)."""
+    them flushed together (called by the log once each is committed or refused). A
+    ``ws_text`` session's answers are made as bytes and queued as one."""
     if sub.closed:
         return
-    send = sub.send_control
-    for ref, outcome in zip(refs, outcomes, strict=True):
-        if isinstance(outcome, StoredMessage):
-            send("published.ok", _ok(ref, outcome))
-        elif outcome is not None:  # None: a duplicate, never for a local publish
-            send("error", _error(ref, outcome))
+    if sub.form == "ws_text":
+        frames = []
+        for ref, outcome in zip(refs, outcomes, strict=True):
+            if isinstance(outcome, StoredMessage):
+                frames.append(published_ok_text(ref, outcome))
+            elif outcome is not None:  # None: a duplicate, never for a local publish
+                frames.append(control_frame("ws_text", "error", _error(ref, outcome)))
+        if frames:  # control frames, queued as send_control queues them (not counted)
+            sub.channel.out.append(b"".join(frames))
+    else:
+        send = sub.send_control
+        for ref, outcome in zip(refs, outcomes, strict=True):
+            if isinstance(outcome, StoredMessage):
+                send("published.ok", _ok(ref, outcome))
+            elif outcome is not None:
+                send("error", _error(ref, outcome))
     sub.wake()
 
 
 class _Turn:
     """One session's publishes of this loop turn, waiting to be queued as a group."""
 
-    __slots__ = ("items", "refs", "session")
+    __slots__ = ("caller", "items", "refs", "sender", "session")
 
-    def __init__(self, session: WsSession) -> None:
+    def __init__(self, session: WsSession, caller: Caller) -> None:
         self.session = session
         self.refs: list[str | None] = []
         self.items: list[PublishItem] = []
+        self.caller = caller
+        self.sender = caller.sender  # one dict for the group (a token refresh makes another)
 
 
 class WsPublisher:
@@ -109,12 +153,15 @@ class WsPublisher:
         self.service.authorize_publish(caller, frame.topic, frame.data, sub)
         turn = self._turns.get(session)
         if turn is None:
-            turn = self._turns[session] = _Turn(session)
+            turn = self._turns[session] = _Turn(session, caller)
             if not self._scheduled:
                 self._scheduled = True
                 asyncio.get_running_loop().call_soon(self.flush)
-        turn.refs.append(frame.ref)
-        turn.items.append((frame.topic, frame.msg_type, frame.data, frame.ttl_s, caller.sender))
+        elif turn.caller is not caller:  # a refreshed token within the turn
+            turn.caller, turn.sender = caller, caller.sender
+        topic, msg_type, data, ttl_s, ref = frame
+        turn.refs.append(ref)
+        turn.items.append((topic, msg_type, data, ttl_s, turn.sender))
 
     def flush(self) -> None:
         """Queue each session's group of this loop turn on the log (one entry and one

@@ -21,6 +21,7 @@ from hearthnet.pubsub.envelope import (
     canonical_body,
     encoded_payload,
 )
+from hearthnet.pubsub.envelope_fields import check_payload
 from hearthnet.pubsub.frames import Publish, parse_client_frame
 from hearthnet.pubsub.payload import (
     DATA_ENC,
@@ -173,6 +174,24 @@ def test_the_size_limit_counts_raw_bytes() -> None:
         encoded_payload(full),
         len(ok.data) > MAX_PAYLOAD_BYTES,
     )
+
+
+def test_the_check_without_the_size_refuses_what_the_size_refuses() -> None:
+    """check_payload refuses exactly the payloads encoded_payload does: text that only
+    escapes push over the limit, text just over it, non-ASCII text, and other values."""
+    texts = ["x" * 16, "\x00" * 16, "x" * 98, "x" * 99, '"' * 40, '"' * 60, "é" * 40, "é" * 50]
+    values: list[Any] = [*texts, {"t": "x" * 96}, {"t": "x" * 80}, 12, b"\x00" * 101]
+
+    def refused(check: Any, value: Any) -> bool:
+        try:
+            check(value, 100)
+        except PayloadTooLarge:
+            return True
+        return False
+
+    assert [refused(encoded_payload, v) for v in values] == [
+        refused(check_payload, v) for v in values
+    ]
 
 
 def test_message_forms_carry_bytes_only_over_cbor() -> None:

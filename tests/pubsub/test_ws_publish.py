@@ -5,10 +5,38 @@ from __future__ import annotations
 
 import json
 
+from hearthnet.clock import now_ms
 from hearthnet.node import Node
+from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
+from hearthnet.pubsub.wire import control_frame
+from hearthnet.pubsub.ws_publish import _ok, published_ok_text
 from tests.conftest import MakeConfig
+from tests.pubsub.test_log import KEYS
 from tests.pubsub.test_ws import auth_frame
 from tests.pubsub.test_ws_lean import RawWs, addr, subscribed
+
+
+def test_published_ok_is_written_as_control_frame_encodes_it() -> None:
+    """The published.ok frame made from its parts is byte for byte the one made from its
+    dict, for a message signed here (fields) and one held as a Message, with no ref, a
+    plain one, one needing escapes, and one long enough for a two-byte frame length."""
+    ts = now_ms()
+    bodies = [
+        Message.unsigned(KEYS.node_id, topic="w.a", msg_type="m", data=i, origin_seq=i, ts=ts)
+        for i in (7, 8)
+    ]
+    leaves = [canonical_body(body) for body in bodies]
+    batch = Message.signed_batch(KEYS, bodies, leaves)[0].batch
+    assert batch is not None
+    answered = [
+        StoredMessage.of_batch(41, bodies[0], leaves[0], batch),
+        StoredMessage(42, Message.signed(KEYS, bodies[1])),
+    ]
+    refs = [None, "p1", 'q"\\\u00e9\n\U0001f525', "r" * 128]
+    cases = [(ref, stored) for ref in refs for stored in answered]
+    assert [control_frame("ws_text", "published.ok", _ok(r, s)) for r, s in cases] == [
+        published_ok_text(r, s) for r, s in cases
+    ]
 
 
 async def test_publishes_in_one_write_are_answered_in_order(make_config: MakeConfig) -> None:
