@@ -41,7 +41,7 @@ from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.path_frames import Drain, PAck, PathFrame, PFrame
 from hearthnet.mesh.paths import PathCore, PathState, Transmit
 from hearthnet.mesh.pathseq import is_gossip, is_heartbeat
-from hearthnet.mesh.relayed_link import is_relayed
+from hearthnet.mesh.relayed_link import PEER_RENEWED, is_relayed
 
 log = logging.getLogger("hearthnet.mesh.relaying")
 
@@ -65,7 +65,13 @@ class PathSwitch:
         self.links = links
         self.carry = carry
         self.forget = forget  # ends the peer's sequence and session (the relaying glue's)
-        self.retiring: dict[str, float] = {}  # peer -> when its relayed sequence is forgotten
+        self.retiring: dict[str, float] = {}  # peer -> when its relayed sequence is retired
+        # peers whose retired sequence was settled: kept (plain frames) for a fall-back
+        # while their direct link lives
+        self.kept: set[str] = set()
+        # peers fallen back to the relay -> until when a new session from them means they
+        # did not fall back (so ended the calls on the link)
+        self.fell: dict[str, float] = {}
         self._direct: dict[str, PeerLink] = {}  # peer -> direct link still sequenced
         self.unexpected = 0  # path frames on a direct link from a peer with no sequence
         self.sequenced = 0  # frames sent in a relayed sequence on a direct link
@@ -73,10 +79,12 @@ class PathSwitch:
 
     def established(self, link: PeerLink) -> None:
         """A direct link finished its handshake (before the mesh admits it): if it is to
-        replace a relayed link with frames still unacknowledged, it continues their
-        sequence until they are."""
+        replace a relayed link with frames still unacknowledged, or a direct link still
+        continuing their sequence (a rival dialled at the same time that wins over it),
+        it continues their sequence until they are."""
         current = self.links.get(link.node)
-        if is_relayed(link) or not is_relayed(current) or self.paths.settled(link.node):
+        switching = is_relayed(current) or (current is not None and link.node in self._direct)
+        if is_relayed(link) or not switching or self.paths.settled(link.node):
             return
         if not link.v2:
             return  # a hearthnet-peer.v1 peer drops pframes; it gets plain frames at once
@@ -112,7 +120,7 @@ class PathSwitch:
         fall back to, or the peer ``gone`` (it said bye, or left the community), the
         sequence ends with the link."""
         peer = link.node
-        if peer not in self.retiring:
+        if peer not in self.retiring and peer not in self.kept:
             return False
         # ``link`` was the peer's link (the mesh reports no other): whichever direct link
         # ``_direct`` holds, one dialled at the same time that lost to it, or this one
@@ -123,7 +131,9 @@ class PathSwitch:
         self._direct.pop(peer, None)
         # this switch is over: the next one is retired RETIRE_S after it, not after this
         # one (else an end that saw it first could forget while the other falls back)
-        del self.retiring[peer]
+        self.retiring.pop(peer, None)
+        self.kept.discard(peer)
+        self.fell[peer] = now + RETIRE_S
         self.fallbacks += 1
         self.carry(self.paths.direct_down(peer, now))
         # what the mesh still sends on the dead link goes to the link that replaces it
@@ -182,17 +192,40 @@ class PathSwitch:
         self.carry(actions)
         return True
 
+    def renewed(self, peer: str, now: float) -> None:
+        """``peer`` opened a new relayed session in place of ours: it forgot the relayed
+        sequence and session, so what it was sent under them and did not acknowledge is
+        resent at once (:meth:`PathCore.renewed`). If we fell back to the relay for it
+        lately, it did not (it had forgotten them): it ended the calls of the dead link,
+        so the relayed link that took its place closes too (``PEER_RENEWED``: the calls
+        on it end, the sequence goes on, the next frame opens a new relayed link)."""
+        if self.fell.pop(peer, now) > now:
+            link = self.links.get(peer)
+            if link is not None and is_relayed(link):
+                link.close(PEER_RENEWED, send_bye=False)
+        self.carry(self.paths.renewed(peer, now))
+
     def tick(self, now: float) -> None:
-        """Settled peers go plain; retired sequences are forgotten."""
+        """Settled peers go plain; retired sequences are kept if settled, else forgotten."""
         for peer in list(self._direct):
             self.settle(peer)
+        for peer, at in list(self.fell.items()):
+            if now >= at:
+                del self.fell[peer]
         for peer, at in list(self.retiring.items()):
             if now >= at:
                 del self.retiring[peer]
-                if not is_relayed(self.links.get(peer)):  # else it is relayed again, in use
+                if is_relayed(self.links.get(peer)):
+                    continue  # relayed again, in use
+                if peer in self.links and self.paths.settled(peer):
+                    self.kept.add(peer)  # plain frames; the fall-back stays (see above)
+                    self._end(peer)
+                else:
                     self.forget(peer)
 
     def forgotten(self, peer: str) -> None:
         """The peer's sequence ended (retired, or its link died): plain frames from now."""
         self.retiring.pop(peer, None)
+        self.kept.discard(peer)
+        self.fell.pop(peer, None)
         self._end(peer)

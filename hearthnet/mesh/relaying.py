@@ -77,6 +77,7 @@ from hearthnet.mesh.relay_keepalive import KeepaliveConfig
 from hearthnet.mesh.relay_member import RelayEndpoint
 from hearthnet.mesh.relay_role import JoinHandler, RelayedJoins, RelayRole
 from hearthnet.mesh.relayed_link import (
+    PEER_RENEWED,
     REPLACED_BY_DIRECT,
     SHUTTING_DOWN,
     RelayedLink,
@@ -236,7 +237,7 @@ class Relaying:
             # (in order, once, resent if lost) before the direct link's (path_switch.py)
             if link.down_reason == REPLACED_BY_DIRECT and self.switch is not None:
                 self.switch.replaced(link.node, now)
-            elif self.member is not None:
+            elif link.down_reason != PEER_RENEWED and self.member is not None:
                 self.member.forget(link.node)
             return False
         if self.attachments is not None:
