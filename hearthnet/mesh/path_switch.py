@@ -14,19 +14,25 @@ dialling us), frames may still be on the relayed path. The switch:
 
 Nothing of the mesh above sees the switch: the relayed link, once replaced, hands what is
 still sent on it (a call's replies, say) to the direct link, and calls streaming across
-the switch go on. After :data:`RETIRE_S` the relayed sequence and session are forgotten
-(a peer that never acknowledges, or speaks a version without this, gets plain frames
-then). Each end counts it from its own first sight of the switch, and a fall-back ends
-the switch, so the next one counts afresh at both ends: the two ends' windows differ
-only by how far apart they saw the switch, and a direct link dying within one falls
-back at both.
+the switch go on. After :data:`RETIRE_S` the switch is retired (a peer that never
+acknowledges, or speaks a version without this, gets plain frames then): a sequence the
+peer acknowledged is kept, empty, while the direct link lives (``kept``), one it did not
+is forgotten with the relayed session. Each end counts it from its own first sight of
+the switch, and a fall-back ends the switch, so the next one counts afresh at both ends.
 
-A direct link that dies during the switch (before the relayed sequence is retired) falls
+A direct link that dies during the switch, or later while the sequence is kept, falls
 back to the relay: the path core moves the peer back to its fallback relay and resends
 every frame of the sequence not yet acknowledged, in order, through it; the receiving
 end, falling back too, keeps what it delivered, so nothing is lost or handed on twice.
 A relayed link takes the dead link's place at once, and what is still sent on the dead
 link (a call's replies) goes to it, so calls streaming across the fall-back go on.
+Keeping the settled sequence makes both ends agree: were it forgotten at each end's own
+retirement, a link dying between the two retirements would fall back at one end only.
+
+Where one end did forget (its sequence unacknowledged), only the other falls back; the
+one that forgot answers its frames with a new relayed session, and :meth:`renewed`
+resends everything unacknowledged at once and, the peer having ended the calls of the
+dead link, closes the relayed link that took its place (the sequence goes on).
 """
 
 from __future__ import annotations
