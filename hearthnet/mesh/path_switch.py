@@ -52,6 +52,7 @@ from hearthnet.mesh.relayed_link import PEER_RENEWED, is_relayed
 log = logging.getLogger("hearthnet.mesh.relaying")
 
 RETIRE_S = 10.0  # a relayed sequence replaced by a direct link is kept this long at most
+UNREACHABLE = "the relay cannot reach the peer"  # why a fallen-back relayed link closed
 _SEQUENCE = (PFrame, PAck, Drain)  # the path frames a direct link carries in a switch
 
 
@@ -210,6 +211,16 @@ class PathSwitch:
             if link is not None and is_relayed(link):
                 link.close(PEER_RENEWED, send_bye=False)
         self.carry(self.paths.renewed(peer, now))
+
+    def unreachable(self, peer: str, now: float) -> None:
+        """A relay answered ``unreachable`` for a frame to ``peer``. If we fell back to
+        the relay for it lately, the peer is not there (it crashed, or lost the relay
+        with the direct link): the relayed link that took the dead link's place closes,
+        so the calls on it end now rather than when its heartbeats time out."""
+        if self.fell.pop(peer, now) > now:
+            link = self.links.get(peer)
+            if link is not None and is_relayed(link):
+                link.close(UNREACHABLE, send_bye=False)
 
     def tick(self, now: float) -> None:
         """Settled peers go plain; retired sequences are kept if settled, else forgotten."""

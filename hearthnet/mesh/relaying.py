@@ -344,6 +344,8 @@ class Relaying:
             if frame.code == "rate_limited" and self.paths is not None:
                 # a refusal all the same: pause that relay as it asks (pacing.py)
                 self.paths.pacer.refused(link.node, frame.retry_after_ms, now)
+            elif frame.code == "unreachable" and self.switch is not None:
+                self.switch.unreachable(frame.to, now)  # a fall-back to a peer not there
         elif self.relay is not None and not is_relayed(link):
             self.relay.receive(link, frame, now)
         elif isinstance(frame, Attach):

@@ -435,3 +435,24 @@ def test_a_rival_admitted_after_the_winner_fell_back_switches_again_in_order() -
         (a.paths.settled(b.keys.node_id), b.paths.settled(a.keys.node_id)),
         (rivals[0].sequencer, rivals[1].sequencer),
     )
+
+
+def test_a_fall_back_to_a_peer_the_relay_cannot_reach_closes_the_relayed_link() -> None:
+    """b falls back, and the relay answers ``unreachable`` for a frame to a (a is not
+    there): b's relayed link closes at once; the same answer on a relayed link that no
+    fall-back opened changes nothing."""
+    a, b = _pair()
+    b.send(_frame(1), 0.0)
+    _pump(a, 0.0)
+    plain = b.links[a.keys.node_id]
+    b.switch.unreachable(a.keys.node_id, 0.5)
+    link = b.direct_link(1.0)
+    _pump(a, 1.0)
+    fell = b.cut(link, 2.0)
+    relayed = b.links[a.keys.node_id]
+    b.switch.unreachable(a.keys.node_id, 2.1)
+    assert (True, LinkState.UP, "the relay cannot reach the peer") == (
+        fell,
+        plain.state,
+        relayed.down_reason,
+    )
