@@ -51,7 +51,7 @@ from hearthnet.mesh.relayed_link import PEER_RENEWED, is_relayed
 
 log = logging.getLogger("hearthnet.mesh.relaying")
 
-RETIRE_S = 10.0  # a relayed sequence replaced by a direct link is kept this long at most
+RETIRE_S = 10.0  # a switch is retired this long after an end first saw it (plain frames)
 UNREACHABLE = "the relay cannot reach the peer"  # why a fallen-back relayed link closed
 _SEQUENCE = (PFrame, PAck, Drain)  # the path frames a direct link carries in a switch
 

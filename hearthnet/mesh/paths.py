@@ -264,8 +264,9 @@ class PathCore:
         """``peer`` opened a new relayed session in place of ours (it forgot the old one:
         it restarted, or ended its relayed path): every frame it has not acknowledged may
         have been sealed under keys it no longer holds and refused, so all of them go
-        again now, in order, rather than ``retransmit_s`` after they were sent. Its
-        receiving side drops what it already delivered, so nothing is handed on twice."""
+        again now, in order, rather than ``retransmit_s`` after they were sent. The peer
+        skips those it had acknowledged (``pframe.a``); as with any resend to a peer that
+        forgot its side, one it handed on but had not yet acknowledged comes twice."""
         p = self._peers.get(peer)
         if p is None or p.state is PathState.DOWN:
             return []
