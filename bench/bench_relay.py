@@ -32,6 +32,7 @@ in alternate rounds (calls at concurrency 1 and 16, fan-out), recording the load
 Run: python -m bench.bench_relay [--quick] [--calls 2000] [--subscribers 10]
      python -m bench.bench_relay --cpu-only [--concurrency 16] [--one-at-a-time]
      python -m bench.bench_relay --latency [--repeat 6] [--no-fanout] [--member-budget B]
+         [--spy DIR]   (py-spy profiles of the calls at 16: bench/spy.py)
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ import uvloop
 
 from bench.common import NodeUnderTest, proc_cpu_s, save, start_node, summarize_latencies
 from bench.servers import free_port
+from bench.spy import Spy
 from hearthnet.client import Client
 from hearthnet.errors import HearthNetError
 from hearthnet.identity import KeyPair, load_or_create_keys
@@ -64,6 +66,16 @@ from hearthnet.mesh.route_header import encode_route, passed_on, read_header
 from hearthnet.subscription import Delivery
 
 UNDIALLABLE = "http://127.0.0.1:9"  # the discard port: nothing listens there
+# --spy: the shares of samples in the relayed path's own code and in the links' writes
+SPY_GROUPS = {
+    "relayed_path": (
+        *("mesh/paths.py", "mesh/pathseq.py", "mesh/path_", "mesh/relay_member.py"),
+        *("mesh/relay_e2e.py", "mesh/relayed_paths.py", "mesh/relay_core.py"),
+        *("mesh/relay_role", "mesh/relaying.py", "mesh/route_"),
+    ),
+    "socket_writes": ("mesh/wsbatch.py",),
+    "signatures": ("bus/signatures.py", "identity.py"),
+}
 FAST = {
     "HEARTHNET_MESH_DIAL_INTERVAL_S": "0.2",
     "HEARTHNET_MESH_CAPS_S": "1",
@@ -556,7 +568,14 @@ async def latency(opts: argparse.Namespace) -> dict[str, Any]:
                     target = nodes.node_id(dst)
                     m: dict[str, Any] = {"load_before": os.getloadavg()[0]}
                     m["c1"] = await calls(clients[src], target, opts.calls // 4, 1)
+                    spy = None
+                    if opts.spy is not None:  # the pair's processes (and the relay's)
+                        names = (src, dst, "r1") if kind == "relayed" else (src, dst)
+                        pids = {n: nodes.nodes[n].pid for n in names}
+                        spy = Spy(Path(opts.spy) / f"{i}-{kind}", pids)
                     m["c16"] = await calls(clients[src], target, opts.calls, 16)
+                    if spy is not None:
+                        m["c16"]["spy"] = spy.stop(SPY_GROUPS)
                     if not opts.no_fanout:
                         m["fanout"] = await fanout(
                             clients[src], clients[dst], f"bench.lat.{kind}{i}",
@@ -675,6 +694,12 @@ def main() -> None:
         help="direct and relayed pairs up at once, calls (and fan-out) in alternate rounds",
     )
     parser.add_argument("--no-fanout", action="store_true", help="--latency: calls only")
+    parser.add_argument(
+        "--spy",
+        default=None,
+        metavar="DIR",
+        help="--latency: py-spy profiles of the nodes during the calls at 16, into DIR",
+    )
     parser.add_argument(
         "--concurrency",
         type=int,

@@ -31,6 +31,7 @@ from bench import (
     bench_writer_trip,
     bench_ws_publish,
     pubsub_report,
+    spy,
 )
 from hearthnet.identity import KeyPair
 from hearthnet.mesh.relay_frames import Route
@@ -315,3 +316,22 @@ async def test_raw_call_client_splits_answers_across_reads_and_sends_the_next() 
         client.errors,
         client.done.done(),
     )
+
+
+def test_spy_shares_count_idle_top_and_each_groups_own_samples(tmp_path: Path) -> None:
+    """bench/spy.py reads py-spy's raw stacks: idle, top leaves, a group's own samples."""
+    raw = tmp_path / "node.txt"
+    raw.write_text(
+        "main (hearthnet/cli.py:1);Runner.run (asyncio/runners.py:118) 6\n"
+        "main (hearthnet/cli.py:1);unwrap (hearthnet/mesh/relayed_paths.py:9);"
+        "mac (hearthnet/mesh/relay_e2e.py:7);blake2b (hashlib.py:1) 3\n"
+        "main (hearthnet/cli.py:1);unwrap (hearthnet/mesh/relayed_paths.py:9);"
+        "serve (hearthnet/mesh/remote.py:4) 1\n"
+    )
+    got = spy.shares(raw, {"path": ("mesh/relay_e2e.py", "mesh/relayed_paths.py")}, top=1)
+    assert {
+        "samples": 10,
+        "idle_share": 0.6,
+        "top": {"Runner.run (asyncio/runners.py:118)": 0.6},
+        "groups": {"path": 0.3},
+    } == got

@@ -14,19 +14,25 @@ dialling us), frames may still be on the relayed path. The switch:
 
 Nothing of the mesh above sees the switch: the relayed link, once replaced, hands what is
 still sent on it (a call's replies, say) to the direct link, and calls streaming across
-the switch go on. After :data:`RETIRE_S` the relayed sequence and session are forgotten
-(a peer that never acknowledges, or speaks a version without this, gets plain frames
-then). Each end counts it from its own first sight of the switch, and a fall-back ends
-the switch, so the next one counts afresh at both ends: the two ends' windows differ
-only by how far apart they saw the switch, and a direct link dying within one falls
-back at both.
+the switch go on. After :data:`RETIRE_S` the switch is retired (a peer that never
+acknowledges, or speaks a version without this, gets plain frames then): a sequence the
+peer acknowledged is kept, empty, while the direct link lives (``kept``), one it did not
+is forgotten with the relayed session. Each end counts it from its own first sight of
+the switch, and a fall-back ends the switch, so the next one counts afresh at both ends.
 
-A direct link that dies during the switch (before the relayed sequence is retired) falls
+A direct link that dies during the switch, or later while the sequence is kept, falls
 back to the relay: the path core moves the peer back to its fallback relay and resends
 every frame of the sequence not yet acknowledged, in order, through it; the receiving
 end, falling back too, keeps what it delivered, so nothing is lost or handed on twice.
 A relayed link takes the dead link's place at once, and what is still sent on the dead
 link (a call's replies) goes to it, so calls streaming across the fall-back go on.
+Keeping the settled sequence makes both ends agree: were it forgotten at each end's own
+retirement, a link dying between the two retirements would fall back at one end only.
+
+Where one end did forget (its sequence unacknowledged), only the other falls back; the
+one that forgot answers its frames with a new relayed session, and :meth:`renewed`
+resends everything unacknowledged at once and, the peer having ended the calls of the
+dead link, closes the relayed link that took its place (the sequence goes on).
 """
 
 from __future__ import annotations
@@ -41,11 +47,12 @@ from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.path_frames import Drain, PAck, PathFrame, PFrame
 from hearthnet.mesh.paths import PathCore, PathState, Transmit
 from hearthnet.mesh.pathseq import is_gossip, is_heartbeat
-from hearthnet.mesh.relayed_link import is_relayed
+from hearthnet.mesh.relayed_link import PEER_RENEWED, is_relayed
 
 log = logging.getLogger("hearthnet.mesh.relaying")
 
-RETIRE_S = 10.0  # a relayed sequence replaced by a direct link is kept this long at most
+RETIRE_S = 10.0  # a switch is retired this long after an end first saw it (plain frames)
+UNREACHABLE = "the relay cannot reach the peer"  # why a fallen-back relayed link closed
 _SEQUENCE = (PFrame, PAck, Drain)  # the path frames a direct link carries in a switch
 
 
@@ -65,7 +72,13 @@ class PathSwitch:
         self.links = links
         self.carry = carry
         self.forget = forget  # ends the peer's sequence and session (the relaying glue's)
-        self.retiring: dict[str, float] = {}  # peer -> when its relayed sequence is forgotten
+        self.retiring: dict[str, float] = {}  # peer -> when its relayed sequence is retired
+        # peers whose retired sequence was settled: kept (plain frames) for a fall-back
+        # while their direct link lives
+        self.kept: set[str] = set()
+        # peers fallen back to the relay -> until when a new session from them means they
+        # did not fall back (so ended the calls on the link)
+        self.fell: dict[str, float] = {}
         self._direct: dict[str, PeerLink] = {}  # peer -> direct link still sequenced
         self.unexpected = 0  # path frames on a direct link from a peer with no sequence
         self.sequenced = 0  # frames sent in a relayed sequence on a direct link
@@ -73,10 +86,12 @@ class PathSwitch:
 
     def established(self, link: PeerLink) -> None:
         """A direct link finished its handshake (before the mesh admits it): if it is to
-        replace a relayed link with frames still unacknowledged, it continues their
-        sequence until they are."""
+        replace a relayed link with frames still unacknowledged, or a direct link still
+        continuing their sequence (a rival dialled at the same time that wins over it),
+        it continues their sequence until they are."""
         current = self.links.get(link.node)
-        if is_relayed(link) or not is_relayed(current) or self.paths.settled(link.node):
+        switching = is_relayed(current) or (current is not None and link.node in self._direct)
+        if is_relayed(link) or not switching or self.paths.settled(link.node):
             return
         if not link.v2:
             return  # a hearthnet-peer.v1 peer drops pframes; it gets plain frames at once
@@ -112,7 +127,7 @@ class PathSwitch:
         fall back to, or the peer ``gone`` (it said bye, or left the community), the
         sequence ends with the link."""
         peer = link.node
-        if peer not in self.retiring:
+        if peer not in self.retiring and peer not in self.kept:
             return False
         # ``link`` was the peer's link (the mesh reports no other): whichever direct link
         # ``_direct`` holds, one dialled at the same time that lost to it, or this one
@@ -123,7 +138,9 @@ class PathSwitch:
         self._direct.pop(peer, None)
         # this switch is over: the next one is retired RETIRE_S after it, not after this
         # one (else an end that saw it first could forget while the other falls back)
-        del self.retiring[peer]
+        self.retiring.pop(peer, None)
+        self.kept.discard(peer)
+        self.fell[peer] = now + RETIRE_S
         self.fallbacks += 1
         self.carry(self.paths.direct_down(peer, now))
         # what the mesh still sends on the dead link goes to the link that replaces it
@@ -182,17 +199,50 @@ class PathSwitch:
         self.carry(actions)
         return True
 
+    def renewed(self, peer: str, now: float) -> None:
+        """``peer`` opened a new relayed session in place of ours: it forgot the relayed
+        sequence and session, so what it was sent under them and did not acknowledge is
+        resent at once (:meth:`PathCore.renewed`). If we fell back to the relay for it
+        lately, it did not (it had forgotten them): it ended the calls of the dead link,
+        so the relayed link that took its place closes too (``PEER_RENEWED``: the calls
+        on it end, the sequence goes on, the next frame opens a new relayed link)."""
+        if self.fell.pop(peer, now) > now:
+            link = self.links.get(peer)
+            if link is not None and is_relayed(link):
+                link.close(PEER_RENEWED, send_bye=False)
+        self.carry(self.paths.renewed(peer, now))
+
+    def unreachable(self, peer: str, now: float) -> None:
+        """A relay answered ``unreachable`` for a frame to ``peer``. If we fell back to
+        the relay for it lately, the peer is not there (it crashed, or lost the relay
+        with the direct link): the relayed link that took the dead link's place closes,
+        so the calls on it end now rather than when its heartbeats time out."""
+        if self.fell.pop(peer, now) > now:
+            link = self.links.get(peer)
+            if link is not None and is_relayed(link):
+                link.close(UNREACHABLE, send_bye=False)
+
     def tick(self, now: float) -> None:
-        """Settled peers go plain; retired sequences are forgotten."""
+        """Settled peers go plain; retired sequences are kept if settled, else forgotten."""
         for peer in list(self._direct):
             self.settle(peer)
+        for peer, at in list(self.fell.items()):
+            if now >= at:
+                del self.fell[peer]
         for peer, at in list(self.retiring.items()):
             if now >= at:
                 del self.retiring[peer]
-                if not is_relayed(self.links.get(peer)):  # else it is relayed again, in use
+                if is_relayed(self.links.get(peer)):
+                    continue  # relayed again, in use
+                if peer in self.links and self.paths.settled(peer):
+                    self.kept.add(peer)  # plain frames; the fall-back stays (see above)
+                    self._end(peer)
+                else:
                     self.forget(peer)
 
     def forgotten(self, peer: str) -> None:
         """The peer's sequence ended (retired, or its link died): plain frames from now."""
         self.retiring.pop(peer, None)
+        self.kept.discard(peer)
+        self.fell.pop(peer, None)
         self._end(peer)

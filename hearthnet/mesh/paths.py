@@ -260,6 +260,19 @@ class PathCore:
         target = PathState.RELAYED if via is not None else PathState.DOWN
         return self._switch(p, target, via, now, old_alive=False)
 
+    def renewed(self, peer: str, now: float) -> list[Action]:
+        """``peer`` opened a new relayed session in place of ours (it forgot the old one:
+        it restarted, or ended its relayed path): every frame it has not acknowledged may
+        have been sealed under keys it no longer holds and refused, so all of them go
+        again now, in order, rather than ``retransmit_s`` after they were sent. The peer
+        skips those it had acknowledged (``pframe.a``); as with any resend to a peer that
+        forgot its side, one it handed on but had not yet acknowledged comes twice."""
+        p = self._peers.get(peer)
+        if p is None or p.state is PathState.DOWN:
+            return []
+        p.out.resend_all(now, later=True)
+        return self.paced.flush(p, now)
+
     # -- frames ----------------------------------------------------------------------------
 
     def send(self, peer: str, frame: bytes, now: float, *, sheddable: bool = False) -> list[Action]:

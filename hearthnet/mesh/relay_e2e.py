@@ -83,10 +83,13 @@ class _Keys:
 @dataclass(frozen=True, slots=True)
 class Opened:
     """What :meth:`RelaySession.receive` produced: a hello to send back (``reply``, the
-    bytes of the next ``route.inner``) and/or a verified peer-link frame (``frame``)."""
+    bytes of the next ``route.inner``) and/or a verified peer-link frame (``frame``).
+    ``renewed``: the reply answers a hello from a peer we held a session with (it forgot
+    that session: what we sealed under its keys and it did not yet open is refused)."""
 
     reply: bytes | None = None
     frame: bytes | None = None
+    renewed: bool = False
 
 
 class RelaySession:
@@ -162,7 +165,9 @@ class RelaySession:
         if isinstance(frame, Sealed):
             return Opened(frame=self._open(frame))
         if isinstance(frame, E2EHello):
-            return Opened(reply=self._hello(frame, now_ms))
+            held = self._current is not None
+            reply = self._hello(frame, now_ms)
+            return Opened(reply=reply, renewed=held and reply is not None)
         raise BadRequest(f"{frame.KIND} is not an end-to-end frame")
 
     def _open(self, frame: Sealed) -> bytes:

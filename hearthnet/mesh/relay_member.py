@@ -56,11 +56,14 @@ class EndpointConfig:
 @dataclass(frozen=True, slots=True)
 class Unwrapped:
     """What one ``route`` from a relay produced: routes to send back (a hello's answer,
-    frames that waited for it), path frames for the path core, or why it was refused."""
+    frames that waited for it), path frames for the path core, or why it was refused.
+    ``renewed``: the peer opened a new session in place of one we held (see
+    :attr:`~hearthnet.mesh.relay_e2e.Opened.renewed`)."""
 
     routes: list[Route] = field(default_factory=list)
     frames: list[PathFrame] = field(default_factory=list)
     refused: WireError | None = None
+    renewed: bool = False
 
 
 @dataclass(slots=True)
@@ -142,7 +145,7 @@ class RelayEndpoint:
                 if not isinstance(inner, PATH_FRAME_TYPES):
                     raise BadRequest(f"{inner.KIND} does not travel sealed")
                 frames.append(inner)
-            return Unwrapped(routes, frames)
+            return Unwrapped(routes, frames, renewed=opened.renewed)
         except WireError as exc:
             self.refused[exc.code] += 1
             known = self._peers.get(route.from_)

@@ -21,6 +21,9 @@ from hearthnet.mesh.protocol import LinkState, PeerInfo, encode_frame
 
 REPLACED_BY_DIRECT = "a direct link is up"  # why a relayed link closed for a direct one
 SHUTTING_DOWN = "node shutting down"  # why every link closes when the node stops
+# why a relayed link closed while its path goes on: the peer opened a new session, so it
+# had ended its own link and the calls on it (path_switch.py)
+PEER_RENEWED = "the peer opened a new relayed session"
 
 
 class _NoSocket:

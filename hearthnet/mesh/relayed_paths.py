@@ -273,6 +273,8 @@ class RelayedPaths:
         for reply in opened.routes:
             self.route_out(reply, link.node)
         now = time.monotonic()
+        if opened.renewed:  # after the hello's answer: resent under the new session
+            self.switch.renewed(route.from_, now)
         for frame in opened.frames:
             self.path_actions(self.paths.receive(route.from_, frame, now))
 

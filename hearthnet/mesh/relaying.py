@@ -77,6 +77,7 @@ from hearthnet.mesh.relay_keepalive import KeepaliveConfig
 from hearthnet.mesh.relay_member import RelayEndpoint
 from hearthnet.mesh.relay_role import JoinHandler, RelayedJoins, RelayRole
 from hearthnet.mesh.relayed_link import (
+    PEER_RENEWED,
     REPLACED_BY_DIRECT,
     SHUTTING_DOWN,
     RelayedLink,
@@ -236,7 +237,7 @@ class Relaying:
             # (in order, once, resent if lost) before the direct link's (path_switch.py)
             if link.down_reason == REPLACED_BY_DIRECT and self.switch is not None:
                 self.switch.replaced(link.node, now)
-            elif self.member is not None:
+            elif link.down_reason != PEER_RENEWED and self.member is not None:
                 self.member.forget(link.node)
             return False
         if self.attachments is not None:
@@ -343,6 +344,8 @@ class Relaying:
             if frame.code == "rate_limited" and self.paths is not None:
                 # a refusal all the same: pause that relay as it asks (pacing.py)
                 self.paths.pacer.refused(link.node, frame.retry_after_ms, now)
+            elif frame.code == "unreachable" and self.switch is not None:
+                self.switch.unreachable(frame.to, now)  # a fall-back to a peer not there
         elif self.relay is not None and not is_relayed(link):
             self.relay.receive(link, frame, now)
         elif isinstance(frame, Attach):

@@ -6,10 +6,13 @@ path core alone."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hearthnet.client import Client
 from hearthnet.mesh.path_frames import PathFrame, PFrame
+from hearthnet.mesh.path_switch import RETIRE_S
 from hearthnet.mesh.paths import Action, Deliver, PathCore, Transmit
 from tests.helpers import wait_until
 from tests.mesh.conftest import RelayedTrio
@@ -70,24 +73,34 @@ async def test_a_stream_across_the_switch_to_direct_loses_and_repeats_nothing(
 
 
 SWITCH_TRIES = 3  # switches tried until one leaves b's frames on the direct link unacknowledged
+# and until one does while a's are all acknowledged: a narrower window (about 1 try in 3
+# misses it on a loaded machine)
+RETIRED_TRIES = 6
 
 
-async def _cut_try(trio: RelayedTrio) -> tuple[list[int], list[str], str]:
+async def _cut_try(
+    trio: RelayedTrio, *, retire_a: bool = False
+) -> tuple[list[int], list[str], str]:
     """One stream across a switch, the direct link cut the moment b has sent frames on it
-    that a has not acknowledged (the check and the cut in one step of the event loop).
+    that a has not acknowledged (the check and the cut in one step of the event loop);
+    with ``retire_a``, a's sequence acknowledged too and a's switch retired first (its
+    tick as if its RETIRE_S were up: the two ends' retirements straddle the cut).
     Returns the chunks, the frame kinds, and ``cut``, or ``plain`` when b's frames went
     plainly instead (its relayed sequence acknowledged when the direct link came up, or
     before the check saw them unacknowledged): then nothing was cut."""
     a, b = trio.a, trio.b
-    switch_b = b.mesh.relaying.switch
-    core_b = b.mesh.relaying.paths
+    switch_a, switch_b = a.mesh.relaying.switch, b.mesh.relaying.switch
+    core_a, core_b = a.mesh.relaying.paths, b.mesh.relaying.paths
+    assert switch_a is not None
     assert switch_b is not None
+    assert core_a is not None
     assert core_b is not None
     sequenced = switch_b.sequenced
     outcome: list[str] = []
 
     def b_unacknowledged() -> bool:
-        return switch_b.sequenced > sequenced and not core_b.settled(a.keys.node_id)
+        ready = not retire_a or core_a.settled(b.keys.node_id)
+        return ready and switch_b.sequenced > sequenced and not core_b.settled(a.keys.node_id)
 
     def b_plain() -> bool:
         return b.mesh.links[a.keys.node_id].sequencer is None
@@ -99,6 +112,9 @@ async def _cut_try(trio: RelayedTrio) -> tuple[list[int], list[str], str]:
             "the direct link up both ways",
         )
         cut = b_unacknowledged()
+        if cut and retire_a:
+            switch_a.tick(time.monotonic() + RETIRE_S)
+            cut = b.keys.node_id in switch_a.kept
         if cut:
             trio.cut()
         outcome.append("cut" if cut else "plain")
@@ -114,35 +130,57 @@ async def test_a_direct_link_cut_within_the_switch_falls_back_and_resends_in_ord
 ) -> None:
     """The direct link cut while b's frames on it are unacknowledged: both ends fall back
     to the relay, b resends, the stream ends with every chunk once, in order."""
-    a, b = relayed_trio.a, relayed_trio.b
-    switches = [n.mesh.relaying.switch for n in (a, b)]
-    assert switches[0] is not None
-    assert switches[1] is not None
-    assert b.mesh.relaying.paths is not None
-    core_b = b.mesh.relaying.paths
-    for _ in range(SWITCH_TRIES):
-        before = (switches[0].fallbacks, switches[1].fallbacks, core_b.stats.resent)
-        # the cut itself waited for both ends direct, so the chunks' paths are not asserted
-        got, kinds, outcome = await _cut_try(relayed_trio)
-        if outcome == "cut":
-            break
-        # nothing cut: the stream went direct plainly; back to relayed, another switch
-        assert (list(range(1, CHUNKS + 1)), "done") == (got, kinds[-1])
-        await relayed_trio.relayed()
-    after = (switches[0].fallbacks, switches[1].fallbacks, core_b.stats.resent)
+    got, kinds, outcome, fell = await _cut_tries(relayed_trio, retire_a=False)
     assert (
         list(range(1, CHUNKS + 1)),
         "done",
         "cut",
         (1, 1, True),
         ("relayed", "relayed"),
-    ) == (
-        got,
-        kinds[-1],
-        outcome,
-        (after[0] - before[0], after[1] - before[1], after[2] > before[2]),
-        relayed_trio.paths(),
-    )
+    ) == (got, kinds[-1], outcome, fell, relayed_trio.paths())
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_cut_between_the_two_ends_retirements_falls_back_at_both_and_streams_on(
+    relayed_trio: RelayedTrio,
+) -> None:
+    """a has retired the switch (its sequence acknowledged) and b has not when the
+    direct link dies with b's frames on it unacknowledged: both ends fall back (a kept
+    its sequence and session), b resends, the stream ends with every chunk once, in
+    order."""
+    got, kinds, outcome, fell = await _cut_tries(relayed_trio, retire_a=True)
+    assert (
+        list(range(1, CHUNKS + 1)),
+        "done",
+        "cut",
+        (1, 1, True),
+        ("relayed", "relayed"),
+    ) == (got, kinds[-1], outcome, fell, relayed_trio.paths())
+
+
+async def _cut_tries(
+    trio: RelayedTrio, *, retire_a: bool
+) -> tuple[list[int], list[str], str, tuple[int, int, bool]]:
+    """Streams across switches until one is cut (:func:`_cut_try`); returns the last
+    stream's chunks and frame kinds, its outcome, and the fall-backs at a and b and
+    whether b resent, counted over the cut try."""
+    a, b = trio.a, trio.b
+    switches = [n.mesh.relaying.switch for n in (a, b)]
+    assert switches[0] is not None
+    assert switches[1] is not None
+    assert b.mesh.relaying.paths is not None
+    core_b = b.mesh.relaying.paths
+    for _ in range(RETIRED_TRIES if retire_a else SWITCH_TRIES):
+        before = (switches[0].fallbacks, switches[1].fallbacks, core_b.stats.resent)
+        # the cut itself waited for both ends direct, so the chunks' paths are not asserted
+        got, kinds, outcome = await _cut_try(trio, retire_a=retire_a)
+        if outcome == "cut":
+            break
+        # nothing cut: the stream went direct plainly; back to relayed, another switch
+        assert (list(range(1, CHUNKS + 1)), "done") == (got, kinds[-1])
+        await trio.relayed()
+    after = (switches[0].fallbacks, switches[1].fallbacks, core_b.stats.resent)
+    return got, kinds, outcome, (after[0] - before[0], after[1] - before[1], after[2] > before[2])
 
 
 def _carry(actions: list[Action], direct: list[PathFrame], relay: list[PathFrame]) -> list[bytes]:

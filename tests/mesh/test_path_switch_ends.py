@@ -132,8 +132,11 @@ class End:
         self.switch.forgotten(peer)
 
     def unwrap(self, route: Route) -> None:
+        """A route from the relay (``RelayedPaths.unwrap``)."""
         opened = self.endpoint.unwrap(route, self._ms())
         self.relay.extend((self.other, r) for r in opened.routes)
+        if opened.renewed:
+            self.switch.renewed(self.peer, self.now)
         for frame in opened.frames:
             self.take(frame)
 
@@ -289,10 +292,10 @@ def test_a_punched_link_cut_in_the_switch_leaves_nothing_unacknowledged() -> Non
     )
 
 
-def test_a_cut_between_the_two_ends_retirements_reaches_the_forgetful_end_in_order() -> None:
-    """The direct link dies after a has retired the switch and before b has: only b falls
-    back; a cannot open b's frames under the forgotten session, answers with a hello, and
-    gets them under the new one once, in order."""
+def test_a_cut_between_the_two_ends_retirements_falls_back_at_both_ends() -> None:
+    """The direct link dies after a has retired the switch and before b has: both fall
+    back (a kept its settled sequence and session), and a gets b's frames once, in order,
+    with no resend awaited."""
     a, b = _pair()
     for i in (1, 2):
         b.send(_frame(i), 0.0)
@@ -304,17 +307,152 @@ def test_a_cut_between_the_two_ends_retirements_reaches_the_forgetful_end_in_ord
     for end in (a, b):
         end.tick(5.0)
     _pump(a, 5.0)
-    a.tick(1.0 + RETIRE_S)  # a forgets the relayed sequence and session; b ticks later
+    a.tick(1.0 + RETIRE_S)  # a retires the switch; b ticks later
     fell = (a.cut(links[0], 1.05 + RETIRE_S), b.cut(links[1], 1.05 + RETIRE_S))
     b.send(_frame(4), 1.1 + RETIRE_S)
     _pump(a, 1.1 + RETIRE_S)
-    for now in (4.0 + RETIRE_S, 4.5 + RETIRE_S):  # b resends what a could not open; acks
-        for end in (a, b):
-            end.tick(now)
-        _pump(a, now)
+    assert (
+        (True, True),
+        [_frame(i) for i in range(1, 5)],
+        {},
+        (PathState.RELAYED, PathState.RELAYED),
+    ) == (
+        fell,
+        a.delivered,
+        dict(a.endpoint.refused),
+        (a.paths.path(b.keys.node_id)[0], b.paths.path(a.keys.node_id)[0]),
+    )
+
+
+def test_a_peer_that_forgot_the_switch_gets_the_fallen_back_ends_frames_at_once() -> None:
+    """a forgets the switch (its frame on the direct link unacknowledged at its
+    retirement), then the link dies: only b falls back. a cannot open b's frame under the
+    forgotten session and answers with a hello; b, seeing the new session, resends at
+    once (no 2 s wait) and closes its relayed link's calls (a ended them): a gets b's
+    frames once, in order."""
+    a, b = _pair()
+    for i in (1, 2):
+        b.send(_frame(i), 0.0)
+    a.send(_frame(9), 0.0)
+    _pump(a, 0.0)
+    links = (a.direct_link(1.0), b.direct_link(1.0))
+    a.send(_frame(10), 1.0)  # in the relayed sequence, stuck on the link past a's retirement
+    assert a.direct is not None
+    stuck = a.direct._queue.popleft()
+    _pump(a, 1.0)
+    a.tick(1.0 + RETIRE_S)  # a: unacknowledged, so forgotten
+    b.off_direct(stuck)  # then it arrives; b's ack dies with the link
+    fell = (a.cut(links[0], 1.05 + RETIRE_S), b.cut(links[1], 1.05 + RETIRE_S))
+    relayed_b = b.links[a.keys.node_id]
+    b.send(_frame(3), 1.1 + RETIRE_S)
+    _pump(a, 1.1 + RETIRE_S)  # no resend timer is awaited
+    delivered = list(a.delivered)
+    for end in (a, b):  # a tick (0.25 s) later, a's ack is back
+        end.tick(1.35 + RETIRE_S)
+    _pump(a, 1.35 + RETIRE_S)
     assert (
         (False, True),
-        [_frame(i) for i in range(1, 5)],
+        ([_frame(i) for i in range(1, 4)], [_frame(9), _frame(10)]),
         {"invalid_signature": 1},
+        "the peer opened a new relayed session",
         True,
-    ) == (fell, a.delivered, dict(a.endpoint.refused), b.paths.settled(a.keys.node_id))
+    ) == (
+        fell,
+        (delivered, b.delivered),
+        dict(a.endpoint.refused),
+        relayed_b.down_reason,
+        b.paths.settled(a.keys.node_id),
+    )
+
+
+def _rival(end: End, now: float) -> PeerLink:
+    """A second direct link finishes its handshake and wins over the end's direct link
+    (the two dials' winning direction): it takes the link's place, the old one closes."""
+    link = end._new_direct()
+    end.switch.established(link)
+    assert end.direct is not None
+    old, end.links[end.peer], end.direct = end.direct, link, link
+    old.close("duplicate link", send_bye=False)
+    end.now = now
+    return link
+
+
+def test_a_rival_that_wins_over_the_switched_link_continues_the_sequence() -> None:
+    """A rival direct link replaces a's direct link while a's relayed frame is still in
+    the relay: what a sends on the rival continues the relayed sequence, so b hands a's
+    frames on once, in order, though the rival's arrive first."""
+    a, b = _pair()
+    a.send(_frame(1), 0.0)  # still in the relay when the links come up
+    a.direct_link(1.0)
+    b.direct_link(1.0)
+    rival = _rival(a, 1.1)
+    a.send(_frame(2), 1.2)
+    while rival.queued:  # the rival's frames arrive before the relay's
+        b.off_direct(rival._queue.popleft())
+    for now in (1.3, 1.6):
+        _pump(a, now)
+        for end in (a, b):
+            end.tick(now)
+    _pump(a, 1.6)
+    assert ([_frame(1), _frame(2)], True, None) == (
+        b.delivered,
+        a.paths.settled(b.keys.node_id),
+        rival.sequencer,
+    )
+
+
+def test_a_rival_admitted_after_the_winner_fell_back_switches_again_in_order() -> None:
+    """The winning direct link dies within the switch (both ends fall back), then the
+    rival dialled with it comes up at both ends: frames sent through the fall-back and
+    on the rival reach each end once, in order, and both sequences settle."""
+    a, b = _pair()
+    for end in (a, b):
+        end.send(_frame(1), 0.0)
+    _pump(a, 0.0)
+    won = (a.direct_link(1.0), b.direct_link(1.0))
+    for end in (a, b):
+        end.send(_frame(2), 1.1)  # on the winner, in the relayed sequence: lost with it
+    fell = (a.cut(won[0], 1.2), b.cut(won[1], 1.2))
+    for end in (a, b):
+        end.send(_frame(3), 1.3)  # through the relay
+    rivals = (a.direct_link(1.4), b.direct_link(1.4))
+    for end in (a, b):
+        end.send(_frame(4), 1.5)  # on the rival
+    for now in (1.5, 1.75, 2.0):
+        _pump(a, now)
+        for end in (a, b):
+            end.tick(now)
+    _pump(a, 2.0)
+    frames = [_frame(i) for i in range(1, 5)]
+    assert (
+        (True, True),
+        (frames, frames),
+        (True, True),
+        (None, None),
+    ) == (
+        fell,
+        (a.delivered, b.delivered),
+        (a.paths.settled(b.keys.node_id), b.paths.settled(a.keys.node_id)),
+        (rivals[0].sequencer, rivals[1].sequencer),
+    )
+
+
+def test_a_fall_back_to_a_peer_the_relay_cannot_reach_closes_the_relayed_link() -> None:
+    """b falls back, and the relay answers ``unreachable`` for a frame to a (a is not
+    there): b's relayed link closes at once; the same answer on a relayed link that no
+    fall-back opened changes nothing."""
+    a, b = _pair()
+    b.send(_frame(1), 0.0)
+    _pump(a, 0.0)
+    plain = b.links[a.keys.node_id]
+    b.switch.unreachable(a.keys.node_id, 0.5)
+    link = b.direct_link(1.0)
+    _pump(a, 1.0)
+    fell = b.cut(link, 2.0)
+    relayed = b.links[a.keys.node_id]
+    b.switch.unreachable(a.keys.node_id, 2.1)
+    assert (True, LinkState.UP, "the relay cannot reach the peer") == (
+        fell,
+        plain.state,
+        relayed.down_reason,
+    )
