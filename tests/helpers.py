@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -274,7 +274,7 @@ async def publish_at_once(node: Node, topic: str, n: int, start: int = 0) -> lis
     return [s.seq for s in stored]
 
 
-async def collect_numbers(sub: AsyncIterator[Any], into: list[int], until: int | None) -> None:
+async def collect_numbers(sub: AsyncIterable[Any], into: list[int], until: int | None) -> None:
     """Append each delivery's ``data["i"]`` to ``into`` (a gap fails) until it holds
     ``until`` items (None: until cancelled)."""
     async for item in sub:

@@ -8,6 +8,7 @@ import pytest
 
 from hearthnet.auth import Authenticator
 from hearthnet.bus.envelope import request_envelope
+from hearthnet.caller import Caller
 from hearthnet.community import Level
 from hearthnet.errors import BadRequest, Expired, InvalidSignature, Replayed, Revoked, Unauthorized
 from hearthnet.identity import KeyPair
@@ -200,22 +201,24 @@ def test_signed_request_envelope() -> None:
         ts=NOW,
     )
     sig = MEMBER.sign_object(env)
-    common = {
-        "method": "POST",
-        "body": {"d": 1},
-        "sender": MEMBER.node_id,
-        "community": NODE.node_id,
-        "ts": NOW,
-        "signature": sig,
-        "token": None,
-        "now_ms": NOW,
-    }
+
+    def authenticate(path: str) -> Caller:
+        return auth.authenticate_request(
+            method="POST",
+            path=path,
+            body={"d": 1},
+            request_id=rid,
+            sender=MEMBER.node_id,
+            community=NODE.node_id,
+            ts=NOW,
+            signature=sig,
+            token=None,
+            now_ms=NOW,
+        )
+
     with pytest.raises(InvalidSignature):
-        auth.authenticate_request(path="/pubsub/v1/topics/b/messages", request_id=rid, **common)
-    caller = auth.authenticate_request(
-        path="/pubsub/v1/topics/a/messages", request_id=rid, **common
-    )
-    assert MEMBER.node_id == caller.identity
+        authenticate("/pubsub/v1/topics/b/messages")
+    assert MEMBER.node_id == authenticate("/pubsub/v1/topics/a/messages").identity
 
 
 def test_session_auth_proof_is_bound_to_this_node_and_single_use() -> None:

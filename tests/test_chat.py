@@ -208,7 +208,7 @@ async def test_invalid_arguments_go_back_to_the_model(client: Client, prefer_ws:
 @TRANSPORTS
 async def test_bound_tools_run_under_the_callers_identity(client: Client, prefer_ws: bool) -> None:
     """A tool bound to a capability is called by the client, as the client, not by the node."""
-    tools = [
+    tools: list[ChatTool | dict[str, Any]] = [
         ChatTool("whoami", "who am I", {"type": "object"}, "test.whoami@1.0"),
         {"name": "echo", "parameters": {"type": "object"}, "capability": "echo@1.0"},
     ]
@@ -238,7 +238,7 @@ async def test_failing_and_unhandled_tools_report_errors_to_the_model(
     def broken(name: str, arguments: dict[str, Any]) -> Any:
         raise ValueError("disk on fire")
 
-    tools = [CLOCK, {"name": "rag", "capability": "rag.query@1.0"}]
+    tools: list[ChatTool | dict[str, Any]] = [CLOCK, {"name": "rag", "capability": "rag.query@1.0"}]
     script = [{"tool_calls": [{"name": "clock"}, {"name": "rag"}]}, {"text": "ok"}]
     result = await client.chat(
         [USER], tools=tools, tool_handler=broken, params={"script": script}, prefer_ws=prefer_ws

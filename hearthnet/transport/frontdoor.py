@@ -220,6 +220,11 @@ class FrontDoor(asyncio.Protocol):
         self._chunked: ChunkedBodyEnd | None = None  # a chunked first body, until it ends
         self._answered = False  # refused in JSON; input is discarded until the close
 
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        """The connection's transport, once it is made (after the TLS handshake)."""
+        return self._transport
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Wait (within the head deadline, counted from the accept) for the request head."""
         # uvloop's transports are not asyncio.Transport subclasses; they behave as one.
@@ -361,6 +366,19 @@ class FrontDoor(asyncio.Protocol):
         """Forwarded."""
         if self._inner is not None:
             self._inner.resume_writing()
+
+
+def drop_unserved(conn: socket.socket, door: FrontDoor) -> None:
+    """Close a connection whose set-up failed or was cancelled. A TLS handshake can finish,
+    and ``door`` start serving, before a cancel (the stop) reaches the set-up: the
+    transport then owns the socket and is aborted, so the socket closes through it, once.
+    Closing the socket under it would leave the transport and its TLS close open until
+    the loop is gone ("unclosed transport")."""
+    transport = door.transport
+    if transport is not None:
+        transport.abort()
+    else:
+        conn.close()
 
 
 def head_limits(transport: TransportSection) -> HeadLimits:

@@ -48,6 +48,7 @@ from hearthnet.transport.frontdoor import (
     HeadLimits,
     PreAuthGate,
     RawUpgrade,
+    drop_unserved,
     peek,
     plain_response,
     readable,
@@ -487,6 +488,7 @@ class HttpServer:
 
     async def _serve_connection(self, conn: socket.socket, key: int, gate: PreAuthGate) -> None:
         loop = asyncio.get_running_loop()
+        door = FrontDoor(gate, key)  # registers itself when its connection is made
         try:
             tls: ssl.SSLContext | None = None
             if self.tls is not None:
@@ -496,17 +498,17 @@ class HttpServer:
                     raise ConnectionResetError("closed before sending anything")
                 tls = self.tls if first[0] == TLS_RECORD_HANDSHAKE else None
             await loop.connect_accepted_socket(
-                lambda: FrontDoor(gate, key),
+                lambda: door,
                 conn,
                 ssl=tls,
                 ssl_handshake_timeout=gate.head.limits.head_timeout_s if tls else None,
             )
         except (OSError, ssl.SSLError) as exc:
             log.debug("connection dropped during set-up: %s", exc)
-            conn.close()
+            drop_unserved(conn, door)
             gate.closed(key)
         except asyncio.CancelledError:  # head deadline, shedding or shutdown
-            conn.close()
+            drop_unserved(conn, door)
             gate.closed(key)
             raise
 

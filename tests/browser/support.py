@@ -114,7 +114,7 @@ def publish_burst(node_url: str, token: str, topic: str, count: int) -> list[int
                     {"type": "publish", "topic": topic, "msg_type": "note", "data": {"n": n}}
                 )
             )
-        seqs = []
+        seqs: list[int] = []
         while len(seqs) < count:
             frame = json.loads(ws.recv(timeout=10))
             if frame["event"] == "published.ok":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hearthnet.community import Level
 from hearthnet.federation.agreement import Revocation
+from hearthnet.identity import KeyPair
 from hearthnet.mesh.actions import Deliver, Refused
 from hearthnet.mesh.frames import Msg
 from hearthnet.mesh.gossip import Gossip
@@ -11,7 +12,7 @@ from hearthnet.pubsub.envelope import Message
 from tests.federation.test_agreement import B_MEMBER, NOW, STRANGER, B, agreement, view_of_a
 
 
-def outcome(gossip: Gossip, origin_seq: int, topic: str, origin: object = B) -> str:
+def outcome(gossip: Gossip, origin_seq: int, topic: str, origin: KeyPair = B) -> str:
     """What the core does with a message from ``origin`` on ``topic``."""
     message = Message.create(origin, topic=topic, msg_type="m", data=1, origin_seq=origin_seq, ts=5)
     result = gossip.receive_msg(Msg(message.raw, 1), "peer")

@@ -288,14 +288,15 @@ def as_decoded(value: Any) -> Any:
 def test_unknown_frame_fields(live: LiveNode, cbor: bool, kind: str, field: str) -> None:
     """A pub/sub frame with a field its type does not have is bad_request naming it."""
     live.ensure_running()
-    base: dict[str, Any] = {
+    bases: dict[str, dict[str, Any]] = {
         "subscribe": {"topics": ["fuzz.known"]},
         "unsubscribe": {"topics": ["fuzz.known"]},
         "publish": {"topic": "fuzz.known", "msg_type": "m", "data": 1},
         "ack": {"upto": 0},
         "ping": {},
         "presence.update": {"name": "x"},
-    }[kind]
+    }
+    base = bases[kind]
     live.allowed_topics.add("fuzz.known")
     frame = {"type": kind, **base, field: 1}
     edge = f"ws unknown field {'cbor' if cbor else 'json'}"
@@ -316,11 +317,12 @@ def test_cbor_indefinite_lengths(live: LiveNode, kind: str, shape: str) -> None:
     live.ensure_running()
     topic = "fuzz.indef"
     live.allowed_topics.add(topic)
-    fields = {
+    frames: dict[str, dict[str, Any]] = {
         "ping": {},
         "subscribe": {"topics": [topic]},
         "publish": {"topic": topic, "msg_type": "m", "data": {"k": "v"}, "ref": "r"},
-    }[kind]
+    }
+    fields = frames[kind]
     text = indefinite_text if shape in ("text", "both") else cbor2.dumps
     encoded = {k: cbor2.dumps(v) for k, v in fields.items()}
     encoded["type"] = text(kind)

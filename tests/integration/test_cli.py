@@ -17,6 +17,7 @@ import pytest
 from hearthnet.client import Client
 from hearthnet.errors import Revoked
 from hearthnet.identity import load_or_create_keys
+from hearthnet.subscription import Delivery, Gap
 from hearthnet.tokens import CapabilityToken
 from tests.helpers import NodeProcess, hearthnet_cmd, run_cli, start_node_process
 from tests.integration.mesh_cluster import MESH_ARGS, invite
@@ -322,7 +323,11 @@ async def test_token_revoke_ends_the_tokens_sessions_and_requests(node_proc: Nod
         for _ in range(2)
     )
     async with Client(node_proc.url, token=doomed) as client, client.subscribe("rv.*") as sub:
-        reader = asyncio.get_running_loop().create_task(anext(aiter(sub)))
+
+        async def first() -> Delivery | Gap:
+            return await anext(aiter(sub))
+
+        reader = asyncio.get_running_loop().create_task(first())
         revoked = await asyncio.to_thread(
             run_cli, "token", "revoke", doomed, "--json", "--data-dir", d
         )

@@ -15,6 +15,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,14 @@ from hearthnet.client import Client
 from hearthnet.errors import Forbidden, Revoked, Unauthorized
 from hearthnet.identity import load_or_create_keys
 from hearthnet.subscription import Delivery
-from tests.helpers import eventually, hearthnet_cmd, run_cli, start_node_process, wait_until
+from tests.helpers import (
+    NodeProcess,
+    eventually,
+    hearthnet_cmd,
+    run_cli,
+    start_node_process,
+    wait_until,
+)
 from tests.integration.mesh_cluster import FAST_MESH, Cluster, cluster_of, status_of, wait_linked
 
 pytestmark = pytest.mark.slow
@@ -170,9 +178,16 @@ async def drain(sub: Any) -> None:
             pass
 
 
+def linked_to_one(node: NodeProcess) -> bool:
+    """Whether ``node`` has exactly one linked peer."""
+    linked: int = status_of(node)["peers_linked"]
+    return 1 == linked
+
+
 def _metrics(cluster: Cluster, i: int) -> str:
     with urllib.request.urlopen(cluster.nodes[i].url + "/metrics", timeout=5) as resp:
-        return resp.read().decode()
+        body: bytes = resp.read()
+        return body.decode()
 
 
 async def test_presence_is_seen_across_nodes(trio: Cluster) -> None:
@@ -180,7 +195,7 @@ async def test_presence_is_seen_across_nodes(trio: Cluster) -> None:
     cluster = await linked_trio(trio)
     async with cluster.client(0) as c0, cluster.client(1) as c1:
 
-        async def present() -> list[str]:
+        async def present() -> list[str | None]:
             return [m.get("name") for m in await c1.presence("room.1")]
 
         async with c0.subscribe("room.1", presence={"name": "Ann"}) as sub:
@@ -250,7 +265,7 @@ async def test_revoked_member_is_cut_off_everywhere_within_10s(trio: Cluster) ->
         started = time.monotonic()
         for i in (0, 1):
             await wait_until(
-                lambda i=i: status_of(cluster.nodes[i])["peers_linked"] == 1,
+                partial(linked_to_one, cluster.nodes[i]),
                 within_s=10,
                 what=f"node {i} to drop the revoked node",
             )

@@ -74,11 +74,11 @@ def reader_transport(ws: aiohttp.ClientWebSocketResponse) -> asyncio.Transport:
 
 
 async def connect(
-    http: aiohttp.ClientSession, port: int, autoping: bool = True
+    http: aiohttp.ClientSession, server: TestServer, autoping: bool = True
 ) -> aiohttp.ClientWebSocketResponse:
     """A client WebSocket to the fixture's server (``autoping`` False: pongs are returned)."""
     return await http.ws_connect(
-        f"http://127.0.0.1:{port}/", max_msg_size=MAX_FRAME_BYTES, autoping=autoping, compress=0
+        server.make_url("/"), max_msg_size=MAX_FRAME_BYTES, autoping=autoping, compress=0
     )
 
 
@@ -92,7 +92,7 @@ async def test_frames_arrive_whole_and_in_order_both_ways(
     sent = [route(i) if i % 5 else encode_frame("ping", seq=i, ts=0) for i in range(2000)]
     expected: list[bytes | str] = [d if d[:1] == TAG_BYTE else "ping" for d in sent]
     async with aiohttp.ClientSession() as http:
-        ws = await connect(http, test_server.port)
+        ws = await connect(http, test_server)
         ours = install(ws, MAX_FRAME_BYTES)
         link = here.make(ws, outbound=True)
         running = asyncio.get_running_loop().create_task(link.run())
@@ -123,7 +123,7 @@ async def test_bye_ends_the_link_and_what_follows_is_not_handled(
     test_server, there = server
     frames = [route(1), route(2), Bye("closing", "moving").encode(), route(3)]
     async with aiohttp.ClientSession() as http:
-        ws = await connect(http, test_server.port)
+        ws = await connect(http, test_server)
         await ws.send_bytes(route(0))
         await wait_until(lambda: bool(there.got), what="the first frame")
         ws._writer.transport.write(encode_frames(frames, masked=True))  # one write
@@ -143,7 +143,7 @@ async def test_frames_queued_while_the_socket_is_full_go_out_after_it_drains(
     test_server, there = server
     sent = [route(i) + bytes(4096) for i in range(4000)]  # ~16 MB: more than loopback buffers
     async with aiohttp.ClientSession() as http:
-        ws = await connect(http, test_server.port)
+        ws = await connect(http, test_server)
         await ws.send_bytes(route(0))
         await wait_until(lambda: bool(there.got), what="the link up")
         assert there.link is not None
@@ -172,7 +172,7 @@ async def test_pings_are_answered_and_a_close_ends_the_link_at_once(
     as ``peer closed``, without waiting out a close timeout."""
     test_server, there = server
     async with aiohttp.ClientSession() as http:
-        ws = await connect(http, test_server.port, autoping=False)
+        ws = await connect(http, test_server, autoping=False)
         await ws.send_bytes(route(7))
         await ws.ping(b"are you there")
         pong = await ws.receive(timeout=10)
@@ -205,7 +205,7 @@ async def test_an_aborted_link_goes_down_without_a_closing_handshake(serve_ws: S
     test_server = await serve_ws(session, **options)
     here = End()
     async with aiohttp.ClientSession() as http:
-        ws = await connect(http, test_server.port)
+        ws = await connect(http, test_server)
         install(ws, MAX_FRAME_BYTES)
         link = here.make(ws, outbound=True)
         running = asyncio.get_running_loop().create_task(link.run())
@@ -238,7 +238,7 @@ async def test_protocol_errors_close_with_aiohttps_codes(
     it are handled) and takes the link down."""
     test_server, there = server
     async with aiohttp.ClientSession() as http:
-        ws = await connect(http, test_server.port)
+        ws = await connect(http, test_server)
         await ws.send_bytes(route(1))
         await wait_until(lambda: bool(there.got), what="the first frame")
         ws._writer.transport.write(raw)

@@ -5,6 +5,7 @@ the real relay core at 20× the budget. Pure: no sockets, a fake clock."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 
 from hearthnet.identity import KeyPair
 from hearthnet.mesh.frames import IHave, Msg
@@ -14,7 +15,7 @@ from hearthnet.mesh.paths import Deliver, PathConfig, PathCore, Transmit
 from hearthnet.mesh.pathseq import is_gossip
 from hearthnet.mesh.protocol import encode_frame
 from hearthnet.mesh.relay_core import RelayConfig, RelayCore, Send
-from hearthnet.mesh.relay_frames import Attach, Route, RouteError
+from hearthnet.mesh.relay_frames import Attach, Attached, Route, RouteError
 from hearthnet.mesh.relay_member import RelayEndpoint
 
 KA, KB, KR = (KeyPair.from_seed(bytes([0x61 + i]) * 32) for i in range(3))
@@ -33,13 +34,13 @@ def members(node: str) -> bool:
 def paced_core(node: str, rate: int = 10 * CHARGED, **cfg: int) -> PathCore:
     """A path core attached to R, which granted ``rate`` bytes/s with a burst of a second
     (ours: half of it, five frames)."""
-    c = PathCore(node, [R], config=PathConfig(**cfg), rng=random.Random(0))  # type: ignore[arg-type]
+    c = PathCore(node, [R], config=PathConfig(**cfg), rng=random.Random(0))
     c.relay_attached(R, ADDR, 0.01, 0.0)
     c.pacer.grant(R, rate, rate, 0.0)
     return c
 
 
-def sent_numbers(actions: list[object]) -> list[int]:
+def sent_numbers(actions: Iterable[object]) -> list[int]:
     """The sequence numbers of the pframes among ``actions``."""
     return [x.frame.s for x in actions if isinstance(x, Transmit) and isinstance(x.frame, PFrame)]
 
@@ -143,11 +144,11 @@ def test_twenty_times_the_budget_through_the_relay_core_is_never_refused() -> No
     shed, and every frame not shed arrives once and in order, call frames included."""
     rate = 64 * 1024
     relay = RelayCore(R, members, RelayConfig(member_bytes_per_s=rate))
-    granted = {}
+    granted: dict[str, Attached] = {}
     for node in (A, B):
         relay.link_up(node, node, ADDR, 0.0)
         for x in relay.receive(node, Attach(), 0.0):
-            if isinstance(x, Send) and x.link == node and x.frame.KIND == "attached":
+            if isinstance(x, Send) and x.link == node and isinstance(x.frame, Attached):
                 granted[node] = x.frame
     cores = {n: PathCore(n, [R], rng=random.Random(1)) for n in (A, B)}
     ends = {A: RelayEndpoint(KA, members), B: RelayEndpoint(KB, members)}
@@ -158,7 +159,7 @@ def test_twenty_times_the_budget_through_the_relay_core_is_never_refused() -> No
     refused: list[RouteError] = []
     clock = [0.0]
 
-    def run(node: str, actions: list[object]) -> None:
+    def run(node: str, actions: Iterable[object]) -> None:
         for x in actions:
             if isinstance(x, Transmit) and x.via == R:
                 for route in ends[node].wrap(x.peer, x.frame, NOW_MS):

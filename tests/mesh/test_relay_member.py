@@ -4,6 +4,7 @@ whole relayed pipeline from one path core to another. Pure: no sockets."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 
 from hearthnet.identity import KeyPair
 from hearthnet.mesh.path_frames import PAck, PFrame
@@ -128,7 +129,7 @@ def test_path_core_to_path_core_through_a_relay() -> None:
         cores[node].relay_attached(R, "192.0.2.1:1000", 0.01, 0.0)
     delivered: list[bytes] = []
 
-    def run(node: str, actions: list[object]) -> None:
+    def run(node: str, actions: Iterable[object]) -> None:
         for x in actions:
             if isinstance(x, Transmit) and x.via == R:
                 for route in ends[node].wrap(x.peer, x.frame, NOW_MS):

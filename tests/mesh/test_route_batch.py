@@ -101,7 +101,8 @@ def test_route_messages_joined_split_into_the_same_frames(items: list[bytes], li
     joined = join_routes(items, limit)
     assert joined is not None
     expected = [f for item in items for f in (split_batch(item) if is_batch(item) else [item])]
-    split = [frame for j in joined for frame in split_batch(joined_runs(j) and j.data)]
+    assert all(joined_runs(j) for j in joined)  # each reads as the relay's reader reads it
+    split = [frame for j in joined for frame in split_batch(j.data)]
     over = [j for j in joined if len(j.data) - BATCH_HEADER_BYTES > limit and j.messages > 1]
     assert (expected, len(items), []) == (split, sum(j.messages for j in joined), over)
 

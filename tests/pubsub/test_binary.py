@@ -12,10 +12,9 @@ import pytest
 
 from hearthnet.caller import Caller
 from hearthnet.client import Client
-from hearthnet.community import CommunityStore
+from hearthnet.community import CommunityStore, Level
 from hearthnet.errors import BadRequest
 from hearthnet.identity import KeyPair, load_or_create_keys
-from hearthnet.membership import Level
 from hearthnet.node import Node
 from hearthnet.pubsub.envelope import Message
 from hearthnet.pubsub.payload import encode_bytes

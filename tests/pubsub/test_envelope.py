@@ -22,7 +22,7 @@ def make(**kw: object) -> Message:
         "ts": 1000,
     }
     args.update(kw)
-    return Message.create(ORIGIN, **args)  # type: ignore[arg-type]
+    return Message.create(ORIGIN, **args)
 
 
 def test_signed_message_parses_back_from_its_bytes() -> None:

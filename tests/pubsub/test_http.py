@@ -116,7 +116,7 @@ class RawSse:
 
     async def messages(self, count: int) -> list[dict[str, Any]]:
         """The next ``count`` message events."""
-        out = []
+        out: list[dict[str, Any]] = []
         while len(out) < count:
             event = await self.event()
             if event["event"] == "message":

@@ -64,7 +64,9 @@ async def scenario(data_dir: Path, ops: list[Op]) -> tuple[list[int], int]:
                     # a network drop, at whatever point delivery has reached
                     for session in list(node.pubsub.subscribers):
                         if isinstance(session.sink, SocketSink):
-                            session.sink.transport.abort()
+                            transport = session.sink.transport
+                            assert isinstance(transport, asyncio.Transport)
+                            transport.abort()
                 else:
                     await asyncio.sleep(arg / 1000)
             total = published

@@ -31,11 +31,11 @@ def test_the_prefix_stops_at_the_first_message_kept_and_the_rest_is_listed() -> 
     index, sequencer = log_of(heads)
     counts = RetentionPolicy(max_messages=3)
     capped = RetentionPolicy(max_messages=3, max_log_messages=5)
-    args = {"now": 2000, "total_bytes": sequencer.total_bytes}
+    size = sequencer.total_bytes
     assert ((0, [*range(2, 9)], 0), (9, [], 6), (4, [4, 5, 6, 7, 8], 6)) == (
-        brief(plan(index, sequencer.topics, counts, **args)),
-        brief(plan(index, sequencer.topics, capped, **args)),
-        brief(plan(index, sequencer.topics, capped, keep_from=4, **args)),
+        brief(plan(index, sequencer.topics, counts, now=2000, total_bytes=size)),
+        brief(plan(index, sequencer.topics, capped, now=2000, total_bytes=size)),
+        brief(plan(index, sequencer.topics, capped, keep_from=4, now=2000, total_bytes=size)),
     )
 
 

@@ -63,7 +63,7 @@ async def connected() -> AsyncIterator[tuple[SocketSink, socket.socket]]:
     theirs.setblocking(False)
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.create_connection(Forwarding, sock=ours)
-    sink = SocketSink(transport)  # type: ignore[arg-type]
+    sink = SocketSink(transport)
     protocol.sink = sink
     try:
         yield sink, theirs

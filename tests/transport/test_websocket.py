@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hearthnet.transport.keepalive import CLOSE_TOO_BIG
 from hearthnet.transport.websocket import (
     CLOSE_INVALID_DATA,
     CLOSE_NO_STATUS,
     CLOSE_PROTOCOL_ERROR,
-    CLOSE_TOO_BIG,
     OP_BINARY,
     OP_CLOSE,
     OP_CONTINUATION,

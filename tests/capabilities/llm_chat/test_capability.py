@@ -20,7 +20,7 @@ from tests.capabilities.llm_chat.support import CLOCK, LOOKUP, USER, llm_call_fr
 from tests.conftest import MakeConfig
 from tests.transport.test_bus_http import signed_call
 
-LOOKUP_THEN_ANSWER = [
+LOOKUP_THEN_ANSWER: list[dict[str, Any]] = [
     {
         "text": "I'll look that up. ",
         "tool_calls": [{"name": "lookup", "arguments": {"q": "water"}}],
@@ -181,7 +181,7 @@ async def test_tool_result_for_an_unknown_or_answered_id_is_refused_cleanly(
     node: Node, http: aiohttp.ClientSession
 ) -> None:
     """Unknown id, then a second answer: tool_result.refused each time; the loop goes on."""
-    script = [
+    script: list[dict[str, Any]] = [
         {"tool_calls": [{"name": "clock"}]},
         {"tool_calls": [{"name": "clock"}]},
         {"text": "Done."},
@@ -288,7 +288,7 @@ async def test_tool_timeout_tells_the_caller_and_the_model_goes_on(
 ) -> None:
     """No result within tool_timeout_s: a tool_result frame with the timeout error, then the
     model's next turn sees it; a late answer is refused."""
-    script = [
+    script: list[dict[str, Any]] = [
         {"tool_calls": [{"name": "clock"}]},
         # paced, so the stream is still open when the late answer arrives
         {"text": "Without the clock: {results}", "token_delay_ms": 40},

@@ -29,7 +29,7 @@ from hearthnet.bus.toolloop import (
 )
 from hearthnet.errors import BadRequest, ConfigError
 
-WEATHER = {
+WEATHER: dict[str, Any] = {
     "name": "weather.now",
     "parameters": {
         "type": "object",
