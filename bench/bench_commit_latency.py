@@ -9,13 +9,22 @@ could reach (a checkpoint on another thread still shares the disk). Each publish
 from ``MessageLog.publish`` to its future being done (after the commit, ``fsync``
 included with ``sync = "full"``).
 
+``--lone N`` measures one publish in flight instead (spec §11's durable 1→1 at 1 in
+flight, without the sockets): N publishes, each queued as the WebSocket path queues a
+session's publishes (``MessageLog.publish_many`` with an ``answer``) and awaited before
+the next, so every commit holds one message; per round the process CPU and the wall time
+per publish and the publish → answered percentiles, with the node's garbage collector
+settings (start-up objects frozen, the young generation every 10,000 allocations).
+
 Run: python -m bench.bench_commit_latency [--rate 2000 --seconds 8 --rounds 2 --sync full]
+     python -m bench.bench_commit_latency --lone 3000 --rounds 3 --sync normal
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import tempfile
 import time
 from functools import partial
@@ -80,6 +89,40 @@ async def one_run(sync: str, rate: int, seconds: float, *, checkpoint: bool) -> 
     }
 
 
+async def lone_run(sync: str, count: int) -> dict[str, Any]:
+    """``count`` publishes one at a time, each answered (committed) before the next."""
+    with tempfile.TemporaryDirectory(prefix="hn-commit-lone-") as tmp:
+        log = MessageLog(Path(tmp) / "log.db", KeyPair.generate(), synchronous=sync)
+        await log.open()
+        loop = asyncio.get_running_loop()
+        flush = loop.create_task(log.run())
+        item = [("bench.durable.r1", "bench", PAYLOAD, None, {"kind": "token", "id": "t1"})]
+        try:
+            took: list[float] = []
+            for i in range(count + 50):  # the first 50: connection, schema, first pages
+                done: asyncio.Future[Any] = loop.create_future()
+                if i == 50:
+                    c0, w0 = time.process_time(), time.perf_counter()
+                t0 = time.perf_counter()
+                log.publish_many(item, answer=done.set_result)
+                await done
+                took.append(time.perf_counter() - t0)
+            cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+        finally:
+            flush.cancel()
+            await log.close()
+    took = sorted(took[50:])
+    return {
+        "sync": sync.lower(),
+        "publishes": count,
+        "cpu_us_per_publish": round(cpu / count * 1e6, 1),
+        "wall_us_per_publish": round(wall / count * 1e6, 1),
+        "p50_ms": round(took[len(took) // 2] * 1e3, 3),
+        "p99_ms": round(took[min(len(took) - 1, int(0.99 * len(took)))] * 1e3, 3),
+        "inline_commits": log.inline_batches,
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run and save bench/results/commit_latency.json."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
@@ -87,9 +130,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=8.0, help="per run")
     p.add_argument("--rounds", type=int, default=2, help="pairs of runs (auto, off)")
     p.add_argument("--sync", default="full", choices=("full", "normal"))
+    p.add_argument(
+        "--lone",
+        type=int,
+        default=0,
+        help="instead: this many publishes one in flight per round (CPU and wall per publish)",
+    )
     p.add_argument("--name", default="commit_latency")
     opts = p.parse_args(argv)
     runs = []
+    if opts.lone > 0:
+        gc.freeze()  # as the node process: start-up objects out of the collector's way
+        gc.set_threshold(10_000)
+        for _ in range(opts.rounds):
+            row = asyncio.run(lone_run(opts.sync.upper(), opts.lone))
+            print(row, flush=True)
+            runs.append(row)
+        save(opts.name, {"runs": runs, "settings": vars(opts)})
+        return
     for _ in range(opts.rounds):
         for checkpoint in (True, False):
             row = asyncio.run(

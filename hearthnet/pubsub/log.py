@@ -49,6 +49,7 @@ from hearthnet.errors import StorageError, Unavailable
 from hearthnet.identity import KeyPair
 from hearthnet.pubsub.consumerstate import (
     ConsumerRecord,
+    ConsumerState,
     dirty_consumers,
     mark_clean,
     write_consumers,
@@ -138,6 +139,9 @@ class MessageLog:
         self.topics: dict[str, TopicStats] = self.sequencer.topics
         self.total_bytes = 0
         self.consumers: dict[tuple[str, str], ConsumerRecord] = {}
+        # The consumers changed since their last write: what a commit looks at (not
+        # every consumer the node holds, at every commit).
+        self._changed: dict[tuple[str, str], ConsumerRecord] = {}
         self._writer: SqliteWriter | None = None
         self._reader: LogReader | None = None
         self._pruner: Pruner | None = None
@@ -197,12 +201,12 @@ class MessageLog:
             if self._pending:
                 await self._flush_all()
             async with self._write_lock:
-                written = dirty_consumers(self.consumers)
+                written = dirty_consumers(self._changed)
                 if written:
                     await writer.run(
                         lambda conn: transaction(conn, lambda: write_consumers(conn, written))
                     )
-                    mark_clean(written)
+                    self._written(written)
         if self._reader is not None:
             await self._reader.close()
         if writer is not None:
@@ -385,7 +389,7 @@ class MessageLog:
             and writer.idle
             and not self._write_lock.locked()
         ):
-            consumers = dirty_consumers(self.consumers)
+            consumers = dirty_consumers(self._changed)
             job = partial(
                 write_batch,
                 keys=self.keys,
@@ -400,7 +404,7 @@ class MessageLog:
             else:
                 self._pending = []
                 self._queued_messages = 0
-                mark_clean(consumers)
+                self._written(consumers)
                 self.inline_batches += 1
                 self._done(batch, outcomes, rows)
                 return
@@ -438,7 +442,7 @@ class MessageLog:
                 # Snapshots for the writer thread: what it reads must not change under it.
                 # The writer thread reads the sequencer (ids, head), which changes only
                 # in _done, on the loop, after this job.
-                consumers = dirty_consumers(self.consumers)
+                consumers = dirty_consumers(self._changed)
                 keys, sequencer, writer = self.keys, self.sequencer, self._writer
 
                 def job(conn: sqlite3.Connection) -> tuple[list[Outcome], list[Row]]:
@@ -457,7 +461,7 @@ class MessageLog:
                     self.inline_batches += 1
                 else:
                     outcomes, rows = await writer.run(job)
-                mark_clean(consumers)
+                self._written(consumers)
         except Exception as exc:  # a flush loop that dies stops every publish
             # A full disk, an I/O error or a lock (OperationalError) fails every message
             # alike; anything else may be one message's doing, so the others go alone.
@@ -501,7 +505,18 @@ class MessageLog:
         flush loop is not woken: it commits only queued messages, so a wake-up per
         durable consumer's ack was a loop turn for nothing."""
         record.dirty = True
-        self.consumers[(record.identity, record.name)] = record
+        key = (record.identity, record.name)
+        self.consumers[key] = self._changed[key] = record
+
+    def _written(self, written: list[tuple[ConsumerRecord, ConsumerState]]) -> None:
+        """After the commit that wrote ``written``: each is clean unless it changed
+        meanwhile (see :func:`mark_clean`); the clean ones leave :attr:`_changed`."""
+        mark_clean(written)
+        changed = self._changed
+        for record, _ in written:
+            key = (record.identity, record.name)
+            if not record.dirty and changed.get(key) is record:
+                del changed[key]
 
     # --- retention ----------------------------------------------------------------
 

@@ -63,6 +63,13 @@ class SeqColumns:
             self.expires.extend([e or NO_EXPIRY for e in expires])
         self.topic.extend(topic)
 
+    def append(self, seq: int, ts: int, expires: int | None, topic: int) -> None:
+        """Append one message whose seq is above every seq held."""
+        self.seqs.append(seq)
+        self.ts.append(ts)
+        self.expires.append(NO_EXPIRY if expires is None else expires)
+        self.topic.append(topic)
+
     def insert(self, seq: int, ts: int, expires: int | None, topic: int) -> None:
         """Add one message at its place (below a cut prefix too: ``base`` moves down)."""
         pos = (

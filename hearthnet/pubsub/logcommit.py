@@ -443,6 +443,10 @@ def write_batch(
                 bodies += pending.bodies
     signed = sign_local(keys, bodies) if bodies else []
     head = sequencer.head_seq
+    if not peers and len(signed) == 1 and type(signed[0]) is Message:
+        # A lone publish (one in flight), signed alone: new by construction, so at
+        # head + 1, its row and headers made here (no numbering pass, no row search).
+        return _write_lone(conn, head + 1, signed[0], consumers)
     if not peers and all(type(s) is tuple for s in signed):
         # Only our publishes, each signed in a batch: new by construction, so numbered
         # head + 1 on, and committed as their fields (see StoredMessage.of_batch).
@@ -468,6 +472,41 @@ def write_batch(
 
     transaction(conn, work)
     return results, rows
+
+
+def _write_lone(
+    conn: sqlite3.Connection,
+    seq: int,
+    message: Message,
+    consumers: list[tuple[ConsumerRecord, ConsumerState]],
+) -> tuple[list[Outcome], list[Row]]:
+    """Commit our lone publish, signed alone, at ``seq``: a row of one whole envelope
+    (what :func:`rows_of` makes of it), its headers as columns of one. Without changed
+    consumers the INSERT is the transaction (the connection is in autocommit mode):
+    durable on its own, two statements fewer than ``BEGIN`` .. ``COMMIT``."""
+    raw = message.raw
+    row = Row(seq, "", 0, 0, [], [raw])
+    row.cols = HeadColumns(
+        (seq,),
+        (message.id,),
+        (message.topic,),
+        (message.origin,),
+        (message.origin_seq,),
+        (message.ts,),
+        (message.expires_ms,),
+        (len(raw),),
+    )
+    params = row.params()
+    if consumers:
+
+        def work() -> None:
+            conn.execute(INSERT_ROW, params)
+            write_consumers(conn, consumers)
+
+        transaction(conn, work)
+    else:
+        conn.execute(INSERT_ROW, params)
+    return [StoredMessage(seq, message)], [row]
 
 
 def _number(

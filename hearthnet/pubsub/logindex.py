@@ -90,6 +90,14 @@ class LogIndex:
         seqs = cols[0]
         rows = self.rows
         if (
+            len(seqs) == 1  # a lone publish's commit (one in flight)
+            and (not self.cols.seqs or seqs[0] > self.cols.seqs[-1])
+            and (not rows or key > rows[-1])
+            and self._append_one(*cols)
+        ):
+            rows.append(key)
+            return
+        if (
             seqs
             and (not self.cols.seqs or seqs[0] > self.cols.seqs[-1])
             and (not rows or key > rows[-1])
@@ -98,6 +106,35 @@ class LogIndex:
             rows.append(key)
             return
         self.add_row(key, list(map(Head._make, zip(*cols, strict=True))))
+
+    def _append_one(  # noqa: PLR0917 - the columns of Head, in its order
+        self,
+        seqs: Sequence[int],
+        _ids: Sequence[str],
+        topics: Sequence[str],
+        origins: Sequence[str],
+        origin_seqs: Sequence[int],
+        ts: Sequence[int],
+        expires: Sequence[int | None],
+        _sizes: Sequence[int],
+    ) -> bool:
+        """:meth:`_append_run` of one message (columns of one), without the run's checks
+        and copies. False (nothing changed): its ``origin_seq`` is not above its
+        origin's."""
+        seq, origin, origin_seq, topic = seqs[0], origins[0], origin_seqs[0], topics[0]
+        entry = self._origins.get(origin)
+        if entry is None:
+            entry = self._origins[origin] = (array("q"), array("q"))
+        elif entry[0] and origin_seq <= entry[0][-1]:
+            return False
+        entry[0].append(origin_seq)
+        entry[1].append(seq)
+        topic_seqs = self.by_topic.get(topic)
+        if topic_seqs is None:
+            topic_seqs = self.by_topic[topic] = array("q")
+        topic_seqs.append(seq)
+        self.cols.append(seq, ts[0], expires[0], self._topic_id(topic))
+        return True
 
     def _append_run(  # noqa: PLR0917 - the columns of Head, in its order
         self,

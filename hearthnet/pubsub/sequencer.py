@@ -128,6 +128,9 @@ class Sequencer:
         topic (a token stream, one publisher's batch) is counted without a loop per
         message."""
         n = len(seqs)
+        if n == 1:  # a lone publish's commit (one in flight)
+            self._committed_one(seqs[0], ids[0], topics[0], sizes[0], ts[0])
+            return
         if not n:
             return
         self.ids.update(ids)
@@ -158,6 +161,21 @@ class Sequencer:
             stats.head_seq = seqs[i]  # seq order, above every seq held
             if ts[i] > stats.last_ts:  # noqa: PLR1730 - a call to max() costs more
                 stats.last_ts = ts[i]
+
+    def _committed_one(self, seq: int, message_id: str, topic: str, size: int, ts: int) -> None:
+        """:meth:`committed_columns` of one message."""
+        self.ids.add(message_id)
+        self.total_bytes += size
+        if seq > self.head_seq:  # noqa: PLR1730 - a call to max() costs more
+            self.head_seq = seq
+        stats = self.topics.get(topic)
+        if stats is None:
+            stats = self.topics[topic] = TopicStats()
+        stats.messages += 1
+        stats.bytes += size
+        stats.head_seq = seq
+        if ts > stats.last_ts:  # noqa: PLR1730
+            stats.last_ts = ts
 
     def forget(self, entries: Iterable[Counted]) -> None:
         """Messages retention deleted: their ids may come again (as new messages); the

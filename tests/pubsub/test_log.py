@@ -9,6 +9,7 @@ import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import orjson
 import pytest
 
 from hearthnet.config import PubSubSection
@@ -456,6 +457,22 @@ async def test_consumer_stays_dirty_until_its_commit_succeeds(tmp_path: Path) ->
         with contextlib.closing(sqlite3.connect(path)) as other:
             rows = other.execute("SELECT identity, name, cursor FROM consumers").fetchall()
     assert (True, False, [("me", "work", 0)]) == (dirty_after_failure, dirty_after_commit, rows)
+
+
+async def test_lone_publishes_read_back_signed_after_reopening(tmp_path: Path) -> None:
+    """Publishes committed one at a time (each its INSERT alone) read back verified, in order."""
+    path = tmp_path / "log.db"
+    async with opened(path) as log:
+        sent = [await log.publish(topic="chat.a", msg_type="m", data={"i": i}) for i in range(3)]
+    async with opened(path) as log:
+        held, _ = await log.reader.history("chat.a", limit=10)
+        heads = (log.head_seq, log.origin_seq, log.topics["chat.a"].messages)
+    parsed = [Message.parse(orjson.loads(m.message.raw)) for m in held]
+    assert ([1, 2, 3], [s.message.id for s in sent if s], (3, 3, 3)) == (
+        [m.seq for m in held],
+        [m.id for m in parsed],
+        heads,
+    )
 
 
 @pytest.mark.parametrize("sync", ["full", "normal"])

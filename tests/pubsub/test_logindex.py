@@ -72,7 +72,11 @@ ROW = st.lists(
 
 
 def _fill(
-    index: LogIndex, rows: list[tuple[list[tuple[str, str, bool]], bool]], *, first_oseq: int
+    index: LogIndex,
+    rows: list[tuple[list[tuple[str, str, bool]], bool]],
+    *,
+    first_oseq: int,
+    columns: bool = False,
 ) -> list[Head]:
     """Add the drawn ``rows`` to ``index`` (each origin's origin_seq counting on from
     ``first_oseq``); every message added, in seq order (seqs from 1)."""
@@ -89,7 +93,10 @@ def _fill(
                     seq if expires else None, 5,
                 )
             )  # fmt: skip
-        index.add_row(heads[0].seq, heads)
+        if columns and heads:
+            index.add_columns(heads[0].seq, list(zip(*heads, strict=True)))
+        else:
+            index.add_row(heads[0].seq, heads)
         model += heads
     return model
 
@@ -115,6 +122,28 @@ def test_rows_of_one_topic_and_origin_are_indexed_as_any_other(
         list(index.live()),
         {t: list(s) for t, s in index.by_topic.items()},
         {o: index.origin_range(o, 0, 1 << 40) for o in ("o1", "o2")},
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(ROW, st.booleans()), max_size=8))
+def test_rows_added_as_columns_give_the_lookups_of_rows_added_whole(
+    rows: list[tuple[list[tuple[str, str, bool]], bool]],
+) -> None:
+    """Rows added as their headers' columns (a lone message's, a run's) index as add_row does."""
+    whole, by_columns = LogIndex(), LogIndex()
+    _fill(whole, rows, first_oseq=0)
+    _fill(by_columns, rows, first_oseq=0, columns=True)
+    assert (
+        list(whole.live()),
+        list(whole.rows),
+        {t: list(s) for t, s in whole.by_topic.items()},
+        {o: whole.origin_range(o, 0, 1 << 40) for o in ("o1", "o2")},
+    ) == (
+        list(by_columns.live()),
+        list(by_columns.rows),
+        {t: list(s) for t, s in by_columns.by_topic.items()},
+        {o: by_columns.origin_range(o, 0, 1 << 40) for o in ("o1", "o2")},
     )
 
 
