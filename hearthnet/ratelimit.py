@@ -59,7 +59,9 @@ class RateLimiter:
             buckets.move_to_end(key)
             elapsed = now - bucket.updated
             if elapsed > 0:
-                tokens = min(bucket.burst, bucket.tokens + elapsed * bucket.rate)
+                tokens = bucket.tokens + elapsed * bucket.rate
+                if tokens > bucket.burst:  # noqa: PLR1730 - min() costs ~0.2 µs more here
+                    tokens = bucket.burst
                 bucket.updated = now
             else:
                 tokens = bucket.tokens
