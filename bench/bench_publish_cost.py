@@ -26,8 +26,8 @@ one process, on the real code:
   delivered frame, and the subscriber to decode it back to bytes;
 - ``edge``: the WebSocket publish path's steps before the log, per publish: the client
   frame read and unmasked, decoded with its canonical-JSON checks, parsed, its size
-  checked, and the ``published.ok`` answers of a commit's group queued (``--edge-only``
-  measures only these, in a few seconds);
+  checked, a token client's rate limit spent, and the ``published.ok`` answers of a
+  commit's group queued (``--edge-only`` measures only these, in a few seconds);
 - ``log``: ``MessageLog.publish`` for batches of ``--batch`` publishes until every one is
   committed, each batch awaited three ways (``--await``): ``gather`` (a future per
   publish, ``asyncio.gather``), ``ws`` (``publish_many`` with an ``answer`` callback: one
@@ -77,6 +77,8 @@ from hearthnet.pubsub.subscriber import Subscriber
 from hearthnet.pubsub.wire import FORMS, NOSIG, EncodedMessage
 from hearthnet.pubsub.ws_frames import GAP_FRAME
 from hearthnet.pubsub.wsupgrade import compiled_unmask
+from hearthnet.ratelimit import RateLimiter
+from hearthnet.tokens import CapabilityToken, Scope
 from hearthnet.transport.codec import SUBPROTOCOL_CBOR, SUBPROTOCOL_JSON, FrameCodec
 from hearthnet.transport.websocket import FrameReader
 
@@ -268,8 +270,10 @@ def measure_edge(keys: KeyPair, count: int, batch: int) -> dict[str, float]:
     """CPU µs per publish of the WebSocket publish path's steps before the log, each on
     the real code, least of 3 runs: the frame read and unmasked (``FrameReader.feed``,
     one masked 330-byte text frame), decoded and checked (``FrameCodec.decode``), parsed
-    (``parse_client_frame``), its size checked, and the ``published.ok`` answers of a group
-    of ``batch`` queued on a ``ws_text`` subscriber (``ws_publish.answer``)."""
+    (``parse_client_frame``), its size checked, a token client's rate limit spent
+    (``RateLimiter.check`` keyed by ``Caller.owner``, as ``authorize_publish`` does), and
+    the ``published.ok`` answers of a group of ``batch`` queued on a ``ws_text``
+    subscriber (``ws_publish.answer``)."""
     wire = orjson.dumps({"type": "publish", "topic": TOPIC, "msg_type": "bench", "data": PAYLOAD})
     mask = os.urandom(4)
     head = bytes((0x81, 0xFE)) + len(wire).to_bytes(2, "big")
@@ -313,6 +317,12 @@ def measure_edge(keys: KeyPair, count: int, batch: int) -> dict[str, float]:
         ws_publish.answer(sub, refs, stored)  # type: ignore[arg-type]
         sub.channel.out.clear()
 
+    token = CapabilityToken.issue(
+        keys, community=keys.node_id, scopes=[Scope("pub", "bench.**")], ttl_ms=3_600_000, now_ms=ts
+    )
+    client = Caller(token.identity, "token", Level.MEMBER, token=token)
+    limiter = RateLimiter(1e12)  # always tokens left: the usual call
+
     rounds = max(1, count // batch)
     return {
         "read_cpu_us": _least_cpu(lambda: reader.feed(masked), count),
@@ -321,6 +331,9 @@ def measure_edge(keys: KeyPair, count: int, batch: int) -> dict[str, float]:
         ),
         "parse_cpu_us": _least_cpu(lambda: parse_client_frame(obj), count),
         "size_check_cpu_us": _least_cpu(lambda: size_check(PAYLOAD, 256 * 1024), count),
+        "rate_check_cpu_us": _least_cpu(
+            lambda: limiter.check(client.owner, time.monotonic()), count
+        ),
         "answer_cpu_us": _least_cpu(answer_group, rounds) / batch,
     }
 

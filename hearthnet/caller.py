@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hearthnet.community import Level
 from hearthnet.tokens import CapabilityToken
@@ -17,20 +17,21 @@ class Caller:
     level: Level
     token: CapabilityToken | None = None
     is_self: bool = False
+    # Who owns durable consumers and presence: the identity for members, and
+    # ``token:<issuer>/<sub>`` for token clients (stable across refreshed tokens). Made
+    # once here: every publish's rate limit is keyed by it.
+    owner: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        token = self.token
+        owner = self.identity if token is None else f"token:{token.iss}/{token.sub}"
+        object.__setattr__(self, "owner", owner)
 
     def may_call(self, name: str, version: str, min_level: Level) -> bool:
         """Level and (for tokens) scope check for calling ``name@version``."""
         if self.level < min_level:
             return False
         return self.token is None or self.token.allows_call(name, version)
-
-    @property
-    def owner(self) -> str:
-        """Who owns durable consumers and presence: the identity for members, and
-        ``token:<issuer>/<sub>`` for token clients (stable across refreshed tokens)."""
-        if self.token is not None:
-            return f"token:{self.token.iss}/{self.token.sub}"
-        return self.identity
 
     @property
     def sender(self) -> dict[str, str]:

@@ -245,7 +245,7 @@ def _check_float(value: float) -> None:
         raise NotCanonical("integral floats between 2^53 and 1e21 do not round-trip; use a string")
 
 
-def parse_json(data: bytes | str) -> Any:
+def parse_json(data: bytes | bytearray | str) -> Any:
     """Parse JSON text into a value :func:`canonicalize` represents exactly (spec §2.5).
 
     The fast path is orjson and a look at the value: an object of strings, small integers

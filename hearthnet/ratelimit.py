@@ -52,14 +52,28 @@ class RateLimiter:
         Raises:
             RateLimited: over budget; ``retry_after_ms`` says when it will fit.
         """
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = TokenBucket(self.rate, self.burst, now)
-            self._buckets[key] = bucket
-            if len(self._buckets) > self.max_keys:
-                self._buckets.popitem(last=False)
+        buckets = self._buckets
+        bucket = buckets.get(key)
+        if bucket is not None:
+            # The usual call, a known key with tokens left: TokenBucket.take inlined.
+            buckets.move_to_end(key)
+            elapsed = now - bucket.updated
+            if elapsed > 0:
+                tokens = bucket.tokens + elapsed * bucket.rate
+                if tokens > bucket.burst:  # noqa: PLR1730 - min() costs ~0.2 µs more here
+                    tokens = bucket.burst
+                bucket.updated = now
+            else:
+                tokens = bucket.tokens
+            if tokens >= amount:
+                bucket.tokens = tokens - amount
+                return
+            bucket.tokens = tokens
         else:
-            self._buckets.move_to_end(key)
+            bucket = TokenBucket(self.rate, self.burst, now)
+            buckets[key] = bucket
+            if len(buckets) > self.max_keys:
+                buckets.popitem(last=False)
         wait = bucket.take(now, amount)
         if wait > 0:
             raise RateLimited(

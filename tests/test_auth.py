@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -235,3 +236,22 @@ def test_session_auth_proof_is_bound_to_this_node_and_single_use() -> None:
         auth.authenticate_session(
             {**frame, "nonce": "other-nonce", "sig": MEMBER.sign_object(wrong)}, NOW
         )
+
+
+def test_a_callers_owner_is_made_once_and_outside_its_equality() -> None:
+    """A token caller's owner is ``token:<iss>/<sub>`` for every token of that pair, a
+    member's its identity; replace() makes it anew, and equality ignores it."""
+    scopes = [Scope.parse("pub:a.**")]
+    tokens = [
+        CapabilityToken.issue(
+            MEMBER, community=NODE.node_id, scopes=scopes, ttl_ms=60_000, now_ms=now, sub="kit"
+        )
+        for now in (NOW, NOW + 1)
+    ]
+    callers = [Caller(t.identity, "token", Level.MEMBER, t) for t in tokens]
+    member = Caller(MEMBER.node_id, "node", Level.MEMBER)
+    as_token = dataclasses.replace(member, kind="token", token=tokens[0])
+    assert [f"token:{MEMBER.node_id}/kit"] * 3 + [MEMBER.node_id] == [
+        c.owner for c in [*callers, as_token, member]
+    ]
+    assert (True, False) == (member == dataclasses.replace(member), member == as_token)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from hearthnet.errors import RateLimited, Replayed, Unavailable
-from hearthnet.ratelimit import RateLimiter
+from hearthnet.ratelimit import RateLimiter, TokenBucket
 from hearthnet.replay import ReplayCache
 
 
@@ -60,4 +62,41 @@ def test_rate_limiter_is_bounded() -> None:
     limiter = RateLimiter(1, max_keys=3)
     for key in "abcde":
         limiter.check(key, 0.0)
+    assert 3 == len(limiter)
+
+
+def test_rate_limiter_spends_as_one_bucket_per_key() -> None:
+    """Known keys, refills, the burst cap and refusals: each answer is what one
+    TokenBucket per key gives for the same calls."""
+    limiter = RateLimiter(4, burst=3)
+    buckets: dict[str, TokenBucket] = {}
+    calls = [("a", 0.0), ("b", 0.0), ("a", 0.0), ("a", 0.0), ("a", 0.0), ("a", 0.1)]
+    calls += [("a", 0.3), ("b", 0.2), ("a", 0.3), ("a", 0.3), ("a", 9.0), ("a", 8.0)]
+    calls += [("a", 9.0), ("a", 9.0), ("a", 9.0), ("b", 9.25)]
+    expected: list[int] = []
+    actual: list[int | None] = []
+    for key, now in calls:
+        bucket = buckets.setdefault(key, TokenBucket(4, 3, now))
+        wait = bucket.take(now)
+        expected.append(max(1, int(wait * 1000 + 0.999)) if wait > 0 else 0)
+        try:
+            limiter.check(key, now)
+            actual.append(0)
+        except RateLimited as exc:
+            actual.append(exc.retry_after_ms)
+    assert [0, 0, 0, 0, 250, 150, 0, 0, 200, 200, 0, 0, 0, 250, 250, 0] == expected
+    assert expected == actual
+
+
+def test_rate_limiter_forgets_the_least_recently_used_key() -> None:
+    """A key used again is kept past max_keys (its bucket still spent); the one unused
+    longest is forgotten, and so refilled."""
+    limiter = RateLimiter(1, max_keys=3)
+    for key in "abca":
+        with contextlib.suppress(RateLimited):
+            limiter.check(key, 0.0)
+    limiter.check("d", 0.0)  # forgets b
+    limiter.check("b", 0.0)  # a fresh bucket; forgets c
+    with pytest.raises(RateLimited):
+        limiter.check("a", 0.0)
     assert 3 == len(limiter)

@@ -343,12 +343,12 @@ _ACK_CBOR_LEN = len(_ACK_CBOR)
 _CBOR_UINT_BYTES = {0x18: 1, 0x19: 2, 0x1A: 4, 0x1B: 8}
 
 
-def fast_ack_upto(payload: bytes | str, binary: bool) -> int | None:
+def fast_ack_upto(payload: bytes | bytearray | str, binary: bool) -> int | None:
     """The ``upto`` of ``{"type":"ack","upto":N}`` written the usual way (compact JSON, or
     CBOR with these two keys in this order), read from the bytes without decoding; None
     for any other message. Where it gives a number, :func:`parse_client_frame` of the
     decoded message gives :class:`AckUpto` with the same one."""
-    if type(payload) is not bytes:
+    if isinstance(payload, str):
         return None
     if not binary:
         if len(payload) > _ACK_JSON_MAX or not payload.startswith(_ACK_JSON):

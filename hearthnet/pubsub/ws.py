@@ -222,7 +222,7 @@ class WsSession:
 
     # --- receiving --------------------------------------------------------------------
 
-    def on_message(self, payload: bytes | str, *, binary: bool) -> None:
+    def on_message(self, payload: bytes | bytearray | str, *, binary: bool) -> None:
         """One complete client message."""
         if self.finished or self.closing or self.transport.is_closing():
             return
@@ -232,7 +232,7 @@ class WsSession:
             return
         self.frames.receive(self, payload, binary=binary)
 
-    def on_ping(self, payload: bytes) -> None:
+    def on_ping(self, payload: bytes | bytearray) -> None:
         """Answer a client's ping."""
         self.write(rfc6455.ws_frame(payload, rfc6455.OP_PONG))
 
@@ -266,7 +266,7 @@ class WsSession:
             self.deps.metrics.refused.inc("payload_too_large", "ws")
         self.hard_close(code, reason)
 
-    def decode(self, payload: bytes | str, binary: bool) -> dict[str, Any]:
+    def decode(self, payload: bytes | bytearray | str, binary: bool) -> dict[str, Any]:
         """A client message as a frame dict (JSON or CBOR, bounded)."""
         return self.codec.decode(
             payload, binary=binary, max_bytes=self.deps.transport.max_ws_message_bytes

@@ -60,7 +60,9 @@ class WsFrames:
         self.deps = deps
         self.publisher = WsPublisher(deps.service)
 
-    def receive(self, session: WsSession, payload: bytes | str, *, binary: bool) -> None:
+    def receive(
+        self, session: WsSession, payload: bytes | bytearray | str, *, binary: bool
+    ) -> None:
         """One complete client message of an authenticated session; a refused frame is
         answered with an ``error`` (a wrong frame type also closes, spec §2.2)."""
         service = self.deps.service
@@ -91,7 +93,9 @@ class WsFrames:
                 data["ref"] = ref
             session.send("error", data)
 
-    def authenticate(self, session: WsSession, payload: bytes | str, binary: bool) -> None:
+    def authenticate(
+        self, session: WsSession, payload: bytes | bytearray | str, binary: bool
+    ) -> None:
         """The first frame: ``auth`` (spec §2.2); then the session has its subscriber."""
         deps = self.deps
         if session.auth_deadline is not None:

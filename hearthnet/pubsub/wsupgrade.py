@@ -24,12 +24,12 @@ from hearthnet.transport.server import error_response
 _SESSION_MESSAGES = frozenset({WSMsgType.TEXT, WSMsgType.BINARY, WSMsgType.PING, WSMsgType.PONG})
 
 
-def compiled_unmask(payload: bytes, mask: bytes) -> bytes:
-    """RFC 6455 §5.3 unmasking by aiohttp's compiled XOR: every publish and ack of a
-    session passes here (~0.5 µs for a 300-byte frame, against ~2.5 in Python)."""
+def compiled_unmask(payload: bytes, mask: bytes) -> bytearray:
+    """RFC 6455 §5.3 unmasking by aiohttp's compiled XOR, in place in the one copy made
+    of the frame's bytes: every publish and ack of a session passes here."""
     buf = bytearray(payload)
     websocket_mask(mask, buf)
-    return bytes(buf)
+    return buf
 
 
 class LeanWebSocket(SocketSink, asyncio.Protocol):

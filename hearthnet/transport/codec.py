@@ -58,7 +58,7 @@ def cbor_dumps(obj: Any) -> bytes:
 _CBOR_KEEP_BYTES = 64 * 1024
 
 
-def loads(data: bytes | str) -> Any:
+def loads(data: bytes | bytearray | str) -> Any:
     """Parse JSON from a client or peer (spec §2.5): :class:`BadRequest` on malformed
     input, :class:`~hearthnet.errors.NotCanonical` on a value canonical JSON cannot
     represent exactly (see :func:`hearthnet.canonical.parse_json`)."""
@@ -82,7 +82,9 @@ class FrameCodec:
         """Encode a server frame."""
         return self.encode(frame.to_json())
 
-    def decode(self, data: bytes | str, *, binary: bool, max_bytes: int) -> dict[str, Any]:
+    def decode(
+        self, data: bytes | bytearray | str, *, binary: bool, max_bytes: int
+    ) -> dict[str, Any]:
         """Decode one client message into an object.
 
         Raises:
@@ -101,7 +103,7 @@ class FrameCodec:
             raise WrongFrameType(f"{kind} frame on subprotocol {self.subprotocol}")
         if self.binary:
             try:
-                obj = cbor2.loads(data if isinstance(data, bytes) else data.encode())
+                obj = cbor2.loads(data.encode() if isinstance(data, str) else data)
             except (cbor2.CBORDecodeError, ValueError, TypeError) as exc:
                 raise BadRequest(f"malformed CBOR: {exc}") from exc
             try:

@@ -87,7 +87,7 @@ def frame_head(length: int, opcode: int, masked: bool = False) -> bytes:
     return _LEN3(first, 127 | mask_bit, length)
 
 
-def ws_frame(payload: bytes, opcode: int) -> bytes:
+def ws_frame(payload: bytes | bytearray, opcode: int) -> bytes:
     """A final, unmasked server WebSocket frame (RFC 6455 §5.2)."""
     return frame_head(len(payload), opcode) + payload
 
@@ -161,7 +161,7 @@ class Message(NamedTuple):
     named tuple: one is made per client frame (every publish and ack), and a frozen
     dataclass costs ~1 µs more to build."""
 
-    payload: bytes
+    payload: bytes | bytearray
     binary: bool
 
 
@@ -169,14 +169,14 @@ class Message(NamedTuple):
 class Ping:
     """A ping; answer with a pong carrying ``payload``."""
 
-    payload: bytes
+    payload: bytes | bytearray
 
 
 @dataclass(slots=True, frozen=True)
 class Pong:
     """A pong."""
 
-    payload: bytes
+    payload: bytes | bytearray
 
 
 @dataclass(slots=True, frozen=True)
@@ -199,10 +199,12 @@ def unmask(payload: bytes, mask: bytes) -> bytes:
     return (int.from_bytes(payload, "little") ^ int.from_bytes(key, "little")).to_bytes(n, "little")
 
 
-Unmask = Callable[[bytes, bytes], bytes]  # (payload, 4-byte mask) -> the payload unmasked
+# (payload, 4-byte mask) -> the payload unmasked; a compiled one returns the bytearray it
+# unmasked in place (one copy of the frame's bytes, not two)
+Unmask = Callable[[bytes, bytes], bytes | bytearray]
 
 
-def _close_event(payload: bytes) -> CloseReceived:
+def _close_event(payload: bytes | bytearray) -> CloseReceived:
     if not payload:
         return CloseReceived(CLOSE_NO_STATUS, "")
     if len(payload) == 1:
@@ -227,7 +229,7 @@ class FrameReader:
         self.max_message = max_message
         self._unmask = unmask  # the glue passes a compiled one (this module stays pure)
         self._buf = b""
-        self._parts: list[bytes] | None = None
+        self._parts: list[bytes | bytearray] | None = None
         self._parts_binary = False
         self._parts_len = 0
 
@@ -302,7 +304,7 @@ class FrameReader:
         if self._parts_len + length > self.max_message:
             raise WsProtocolError(CLOSE_TOO_BIG, f"message over {self.max_message} bytes")
 
-    def _frame(self, opcode: int, fin: bool, payload: bytes) -> Event | None:
+    def _frame(self, opcode: int, fin: bool, payload: bytes | bytearray) -> Event | None:
         if opcode == OP_PING:
             return Ping(payload)
         if opcode == OP_PONG:
@@ -325,7 +327,7 @@ class FrameReader:
         return message
 
 
-def _message(payload: bytes, binary: bool) -> Message:
+def _message(payload: bytes | bytearray, binary: bool) -> Message:
     """A complete data message; a text message must be UTF-8 (RFC 6455 §8.1), checked on
     the whole message since a character may span fragments."""
     if not binary and not payload.isascii():

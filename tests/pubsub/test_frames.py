@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import cbor2
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -316,3 +317,23 @@ def test_the_ack_fast_path_reads_every_client_ack(upto: int) -> None:
     expected = (upto if upto < 10**15 else None, upto)  # 16 digits: the full parser decides
     assert expected == (fast_ack_upto(json_ack, False), fast_ack_upto(cbor_ack, True))
     assert (upto, upto) == (_full_ack(json_ack, False), _full_ack(cbor_ack, True))
+
+
+def test_frames_unmasked_in_place_read_as_their_bytes() -> None:
+    """A lean socket's frames arrive as the bytearray they were unmasked in: the ack fast
+    path and both codecs read them as they read bytes."""
+    publish = {"type": "publish", "topic": "chat.x", "msg_type": "t", "data": {"n": 1}}
+    json_codec, cbor_codec = FrameCodec(SUBPROTOCOL_JSON), FrameCodec(SUBPROTOCOL_CBOR)
+    cases = [
+        (b'{"type":"ack","upto":57}', False, json_codec),
+        (orjson.dumps(publish), False, json_codec),
+        (cbor2.dumps({"type": "ack", "upto": 57}), True, cbor_codec),
+        (cbor2.dumps(publish), True, cbor_codec),
+    ]
+
+    def read(payload: bytes | bytearray, binary: bool, codec: FrameCodec) -> Any:
+        return fast_ack_upto(payload, binary), codec.decode(payload, binary=binary, max_bytes=999)
+
+    expected = [(57, {"type": "ack", "upto": 57}), (None, publish)] * 2
+    assert expected == [read(p, binary, codec) for p, binary, codec in cases]
+    assert expected == [read(bytearray(p), binary, codec) for p, binary, codec in cases]
