@@ -38,12 +38,19 @@ def dirty_consumers(
     return [(c, consumer_state(c)) for c in consumers.values() if c.dirty]
 
 
-def mark_clean(written: list[tuple[ConsumerRecord, ConsumerState]]) -> None:
+def mark_clean(
+    written: list[tuple[ConsumerRecord, ConsumerState]],
+    changed: dict[tuple[str, str], ConsumerRecord],
+) -> None:
     """After the commit: a consumer is clean unless it changed while it was being written
-    (then it stays dirty and goes with the next commit). A failed commit marks nothing."""
+    (then it stays dirty and goes with the next commit); the clean ones leave ``changed``
+    (the consumers the next commit looks at). A failed commit marks nothing."""
     for record, state in written:
         if consumer_state(record) == state:
             record.dirty = False
+            key = (record.identity, record.name)
+            if changed.get(key) is record:
+                del changed[key]
 
 
 def write_consumers(

@@ -49,7 +49,6 @@ from hearthnet.errors import StorageError, Unavailable
 from hearthnet.identity import KeyPair
 from hearthnet.pubsub.consumerstate import (
     ConsumerRecord,
-    ConsumerState,
     dirty_consumers,
     mark_clean,
     write_consumers,
@@ -206,7 +205,7 @@ class MessageLog:
                     await writer.run(
                         lambda conn: transaction(conn, lambda: write_consumers(conn, written))
                     )
-                    self._written(written)
+                    mark_clean(written, self._changed)
         if self._reader is not None:
             await self._reader.close()
         if writer is not None:
@@ -404,7 +403,7 @@ class MessageLog:
             else:
                 self._pending = []
                 self._queued_messages = 0
-                self._written(consumers)
+                mark_clean(consumers, self._changed)
                 self.inline_batches += 1
                 self._done(batch, outcomes, rows)
                 return
@@ -461,7 +460,7 @@ class MessageLog:
                     self.inline_batches += 1
                 else:
                     outcomes, rows = await writer.run(job)
-                self._written(consumers)
+                mark_clean(consumers, self._changed)
         except Exception as exc:  # a flush loop that dies stops every publish
             # A full disk, an I/O error or a lock (OperationalError) fails every message
             # alike; anything else may be one message's doing, so the others go alone.
@@ -507,16 +506,6 @@ class MessageLog:
         record.dirty = True
         key = (record.identity, record.name)
         self.consumers[key] = self._changed[key] = record
-
-    def _written(self, written: list[tuple[ConsumerRecord, ConsumerState]]) -> None:
-        """After the commit that wrote ``written``: each is clean unless it changed
-        meanwhile (see :func:`mark_clean`); the clean ones leave :attr:`_changed`."""
-        mark_clean(written)
-        changed = self._changed
-        for record, _ in written:
-            key = (record.identity, record.name)
-            if not record.dirty and changed.get(key) is record:
-                del changed[key]
 
     # --- retention ----------------------------------------------------------------
 
