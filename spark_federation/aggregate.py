@@ -70,7 +70,8 @@ class Observations:
     Attributes:
         lw: per link window, the columns of :func:`spark_federation.links.link_windows`.
         pongs: the columns of :func:`spark_federation.links.pong_histogram`.
-        events: ``nid, pid, ts, kind`` of each distinct link_up/link_down.
+        events: ``nid, pid, ts, kind`` of each link_up/link_down (an event recorded
+            twice in one export may repeat).
         counts: ``records``, ``duplicates``, ``skipped``, ``out_of_range``
             (:func:`spark_federation.exports.record_counts`).
         ids: id → NodeID of every NodeID in the usable records.
@@ -208,8 +209,9 @@ def observe(
             "offset_ms",
             sf.col("records").alias("n"),
         ),
-        # an event read through two relays or exports is two rows here: flaps (down, then
-        # up, in (ts, kind) order) are the same with or without such exact repeats
+        # an event read from two files of one export (or with two relays) is two rows
+        # here: flaps (down, then up, in (ts, kind) order) are the same with or without
+        # such exact repeats
         events=agg.where((sf.col("g") == LINKS) & sf.col("ev_ts").isNotNull()).select(
             _nid("node"),
             _nid("peer", "pid"),
