@@ -1,29 +1,33 @@
 """One pass over the heartbeat records: the aggregates every table derives from (spec §10).
 
-The records are read once and never cached. One hash aggregate with three grouping
-sets (Spark feeds each record to all three) reduces them to:
+The records are read once and never cached. One hash aggregate with two grouping
+sets (Spark feeds each record to both) reduces them to:
 
 - the *link windows*: per record status, (node, peer, relay, file) and window, the
   count of each kind, the relayed pings, the first and last ``ts`` (the rows of
-  malformed and out-of-range records fold into one group per status: their counts);
+  malformed and out-of-range records fold into one group per status: their counts).
+  A ``link_up`` or ``link_down`` keeps its ``ts`` and kind in the key, so the *link
+  events* are the rows that have them (a few per link and day): they need no grouping
+  set of their own;
 - the *pong histogram*: pongs per (node, peer), hour, RTT bucket and clock-offset
-  millisecond;
-- the *link events*: each (node, peer, ts, kind) of a ``link_up`` or ``link_down``.
+  millisecond.
 
-Availability, graph edges, relay dependence and loss derive from the first; RTT
-quantiles and clock skew from the second; flaps from the third. On the benchmark's
-50-node input of 1 M records the three hold 84,000, 151,000 and 1,100 rows, and every
-later step reads them instead of the records.
+Availability, graph edges, relay dependence, loss and flaps derive from the first; RTT
+quantiles and clock skew from the second. On the benchmark's 50-node input of 1 M
+records they hold about 85,000 and 151,000 rows, and every later step reads them
+instead of the records.
 
 NodeIDs stay strings in the pass and are hashed to ids (:func:`spark_federation.exports.node_key`)
 on the aggregate's rows: the grouping hashes each record's key anyway, and the
 node dictionary (and which nodes came in more than one export) is then read from the
 few hundred distinct (node, peer, relay, file) combinations of the first table
-instead of from a pass of its own.
+instead of from a pass of its own. The file's path stays a string in the key: hashing
+its directory to a long in every record cost the pass more than the string does
+(docs/benchmarks.md).
 
 A node's records are in its own exports only (spec §7.5), so copies of one
 observation can come only from a node read from two export dirs. When there is such
-a node, its rows of the three tables are computed again from its deduplicated
+a node, its rows of the two tables are computed again from its deduplicated
 records (one more pass over those records only); everyone else's stand.
 """
 
@@ -40,13 +44,12 @@ from spark_federation.schema import LINK_DOWN, LINK_UP, MISS, PONG
 from spark_federation.timeline import hour_of, window_of
 
 _KEYS = (
-    "status", "node", "peer", "via", "file", "win",
-    "hour", "bucket", "offset_ms", "ev_ts", "ev_kind",
+    "status", "node", "peer", "via", "file", "win", "ev_ts", "ev_kind",
+    "hour", "bucket", "offset_ms",
 )  # fmt: skip
 _SETS = (
-    ("status", "node", "peer", "via", "file", "win"),
+    ("status", "node", "peer", "via", "file", "win", "ev_ts", "ev_kind"),
     ("node", "peer", "hour", "bucket", "offset_ms"),
-    ("node", "peer", "ev_ts", "ev_kind"),
 )
 
 
@@ -57,7 +60,7 @@ def _grouping_id(kept: tuple[str, ...]) -> int:
     return sum(1 << (n - 1 - i) for i, c in enumerate(_KEYS) if c not in kept)
 
 
-LINKS, PONGS, EVENTS = (_grouping_id(s) for s in _SETS)
+LINKS, PONGS = (_grouping_id(s) for s in _SETS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +70,8 @@ class Observations:
     Attributes:
         lw: per link window, the columns of :func:`spark_federation.links.link_windows`.
         pongs: the columns of :func:`spark_federation.links.pong_histogram`.
-        events: ``nid, pid, ts, kind`` of each distinct link_up/link_down.
+        events: ``nid, pid, ts, kind`` of each link_up/link_down (an event recorded
+            twice in one export may repeat).
         counts: ``records``, ``duplicates``, ``skipped``, ``out_of_range``
             (:func:`spark_federation.exports.record_counts`).
         ids: id → NodeID of every NodeID in the usable records.
@@ -85,7 +89,7 @@ def _count(kind: int) -> Column:
 
 
 def _aggregate(classified: DataFrame, window_ms: int) -> DataFrame:
-    """The three grouping sets over classified records with ``copies`` (a column per key
+    """The two grouping sets over classified records with ``copies`` (a column per key
     of :data:`_KEYS`, ``g`` = the set, and the sums)."""
     kind = sf.col("kind")
     pong = kind == PONG
@@ -97,11 +101,11 @@ def _aggregate(classified: DataFrame, window_ms: int) -> DataFrame:
         "via",
         "file",
         window_of(sf.col("ts"), window_ms).alias("win"),
+        sf.when(event, sf.col("ts")).alias("ev_ts"),
+        sf.when(event, kind).alias("ev_kind"),
         sf.when(pong, hour_of(sf.col("ts"))).alias("hour"),
         sf.when(pong, log_bucket(sf.col("rtt_ms"))).alias("bucket"),
         sf.when(pong, sf.round("clock_offset_ms").cast("long")).alias("offset_ms"),
-        sf.when(event, sf.col("ts")).alias("ev_ts"),
-        sf.when(event, kind).alias("ev_kind"),
         "kind",
         "ts",
         "copies",
@@ -205,7 +209,10 @@ def observe(
             "offset_ms",
             sf.col("records").alias("n"),
         ),
-        events=agg.where((sf.col("g") == EVENTS) & sf.col("ev_ts").isNotNull()).select(
+        # an event read from two files of one export (or with two relays) is two rows
+        # here: flaps (down, then up, in (ts, kind) order) are the same with or without
+        # such exact repeats
+        events=agg.where((sf.col("g") == LINKS) & sf.col("ev_ts").isNotNull()).select(
             _nid("node"),
             _nid("peer", "pid"),
             sf.col("ev_ts").alias("ts"),
