@@ -236,12 +236,7 @@ class RelayRole:
         for run, (target, each) in zip(runs, decided, strict=True):
             if each is None:
                 if target is not None:
-                    assert isinstance(target, PeerLink)
-                    group = groups.get(target)
-                    if group is None:
-                        groups[target] = [(run, None)]
-                    else:
-                        group.append((run, None))
+                    self._pick(groups, target, run, None)
                 continue
             chosen: dict[PeerLink, list[int]] = {}
             for i, frame_target in enumerate(each):
