@@ -160,12 +160,30 @@ class LinkTraffic:
         records = (r.to_json() for r in self.membership.records.values())
         for frame in self.membership_flood.snapshot(records):
             link.send_raw(frame.encode())
-        link.send_raw(Peers(tuple(self.book.urls_for_exchange())).encode())
+        link.send_raw(Peers(tuple(self._addresses_for(link.node))).encode())
         link.send_raw(Caps(tuple(self.remote.announcement(exclude_via=link.node))).encode())
         events = self.pubsub.local_presence("refresh")
         if events:
             link.send_raw(self.presence.start(events).encode())
         self.messages.send_ihave(link)
+
+    def _addresses_for(self, newcomer: str, limit: int = 64) -> list[dict[str, Any]]:
+        """What a new link learns of where peers can be dialled: the addresses of the
+        peers linked now first, as :meth:`share_address` told the peers linked when they
+        came up (one only claimed goes without a NodeID: a node that links after a
+        peer's claim, and before our own dial verified it, must hear of it too, or a
+        node behind NAT never links a public peer that linked us first), then the
+        verified ones that worked, at most ``limit`` in all."""
+        out: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for other in self.routes.links.values():
+            address = other.address
+            if other.node != newcomer and address is not None and address not in seen:
+                seen.add(address)
+                verified = self.book.verified_node(address) == other.node
+                out.append({"url": address, "node": other.node} if verified else {"url": address})
+        out.extend(e for e in self.book.urls_for_exchange(limit) if e["url"] not in seen)
+        return out[:limit]
 
     def share_address(self, link: PeerPath, address: str | None) -> None:
         """Tell the other linked peers where the newly linked ``link`` can be dialled
