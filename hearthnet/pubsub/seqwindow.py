@@ -6,9 +6,9 @@ sent frame with ``seq <= upto``; an ack for an old seq, or for a seq not yet sen
 no-op. A session's seqs are log positions, strictly increasing but skipping the other
 topics' messages, and fan-out sends them a committed batch at a time. ``FlowWindow``
 keeps every unacknowledged seq in a list: one element appended per delivery and one
-freed per acknowledged delivery, ~15 ns a delivery at 1→1,000. Here a batch of
-consecutive seqs (one topic's commit: the common case) is one run (its first
-and last seq), grown in place when the next batch follows on, so sending and
+freed per acknowledged delivery (6–11 ns a delivery at 1→1,000 in one process; 3.6–4.4
+here). A batch of consecutive seqs (one topic's commit: the common case) is one run (its
+first and last seq), grown in place when the next batch follows on, so sending and
 acknowledging cost per batch and per ack, not per frame; seqs with holes are kept as a
 run with their list.
 """
@@ -64,8 +64,7 @@ class SeqWindow:
         """
         if self.in_flight >= self.size:
             raise ValueError("flow window is full")
-        if not self.send_many([seq]):  # pragma: no cover - room was checked above
-            raise ValueError("flow window is full")
+        self.send_many([seq])
 
     def send_many(self, seqs: list[int]) -> int:
         """Record as many of increasing ``seqs`` as the window holds, from the first;
