@@ -208,6 +208,14 @@ def fanout_run(
         ]
         if steady.get("published")
         else None,
+        # context switches per published message: the event loop's thread, then the
+        # others (a thread switches out when it waits for the GIL, a lock or a queue)
+        "server_switches_per_publish_loop_other": [
+            round((b.server_switches[i] - a.server_switches[i]) / steady["published"], 2)
+            for i in (0, 1)
+        ]
+        if steady.get("published")
+        else None,
         "server_rss_mb_before": round(rss0, 1),
         "server_rss_mb_peak": round(peak.peak, 1),
         "loadgen_cpu_cores": round(loadgen_cores, 3),
@@ -424,7 +432,8 @@ def run_fanout(
                     f"syscalls per publish (r, w) {r['server_syscalls_per_publish']}, kernel "
                     f"{r['server_cpu_kernel_share']} of server CPU, µs per publish (main "
                     f"thread user, system; other threads) "
-                    f"{r['server_us_per_publish_loop_user_sys_other']}  "
+                    f"{r['server_us_per_publish_loop_user_sys_other']}, context switches "
+                    f"per publish (main, other) {r['server_switches_per_publish_loop_other']}  "
                     f"p50 {lat.get('50')} p99 {lat.get('99')} ms  "
                     f"{'lossless' if r['lossless'] else 'LOSS: ' + _loss(r)}",
                     flush=True,

@@ -67,6 +67,29 @@ def loop_and_rest_s(pid: int) -> tuple[float, float, float]:
     return loop_user, loop_sys, rest
 
 
+def context_switches(pid: int) -> tuple[int, int]:
+    """``(main thread, other threads)``: voluntary and involuntary context switches of
+    ``pid``'s threads since they started (``/proc/PID/task/TID/status``). A thread that
+    waits for the GIL, a lock or a queue switches out voluntarily."""
+    main = rest = 0
+    task_dir = Path(f"/proc/{pid}/task")
+    try:
+        tids = [int(t) for t in os.listdir(task_dir)]
+    except OSError:
+        return 0, 0
+    for tid in tids:
+        try:
+            text = (task_dir / str(tid) / "status").read_text(encoding="ascii")
+        except OSError:
+            continue
+        n = sum(int(line.split()[1]) for line in text.splitlines() if "ctxt_switches:" in line)
+        if tid == pid:
+            main = n
+        else:
+            rest += n
+    return main, rest
+
+
 def machine_busy_s() -> float:
     """CPU seconds all CPUs spent busy since boot (``/proc/stat``)."""
     with open("/proc/stat", encoding="ascii") as f:
@@ -119,6 +142,7 @@ class Snapshot:
     server_syscalls: tuple[int, int]  # (reads, writes) from /proc/PID/io, sockets included
     server_sys: float  # the server's CPU seconds in the kernel (stime)
     server_threads: tuple[float, float, float]  # loop user, loop system, other threads
+    server_switches: tuple[int, int]  # context switches: main thread, other threads
 
     @classmethod
     def take(cls, server_pid: int, loadgen_pid: int) -> Snapshot:
@@ -132,6 +156,7 @@ class Snapshot:
             proc_syscalls(server_pid),
             proc_sys_s(server_pid),
             loop_and_rest_s(server_pid),
+            context_switches(server_pid),
         )
 
 

@@ -28,7 +28,7 @@ import enum
 from collections import deque
 from collections.abc import Callable
 
-from hearthnet.transport.flow import FlowWindow
+from hearthnet.pubsub.seqwindow import SeqWindow
 
 
 class ChannelState(enum.Enum):
@@ -81,7 +81,7 @@ class SubscriberChannel:
         encode_gap: GapEncoder,
         catching_up: bool = False,
     ) -> None:
-        self.window = FlowWindow(window) if window else None
+        self.window = SeqWindow(window) if window else None
         self.queue_max = queue_max
         self.encode_gap = encode_gap
         self.state = ChannelState.CATCHING_UP if catching_up else ChannelState.LIVE
