@@ -162,7 +162,7 @@ class Pruner:
         try:
             async with self.lock:
                 started = time.perf_counter()
-                result = await self.writer.run(job)
+                result = await self.writer.run(job, fsync=False)
                 return result, time.perf_counter() - started
         except sqlite3.Error as exc:
             raise StorageError(f"retention could not delete: {exc}") from exc

@@ -164,3 +164,32 @@ def test_chunk_size_fits_the_target_time_grows_at_most_twofold_and_stays_in_boun
         *seen,
         chunk.size,
     ]
+
+
+async def test_retention_commits_without_fsync_and_publishes_with_it(tmp_path: Path) -> None:
+    """With ``sync = "full"`` retention's transactions run with ``synchronous=NORMAL``
+    (no fsync of their own) and the connection is ``FULL`` again for the next publish."""
+    statements: list[str] = []
+    async with opened(tmp_path / "log.db", sync="full") as log:
+        await publish_many(log, 4)
+        await publish_many(log, 4, topic="chat.b")
+        assert log._writer is not None
+        await log._writer.run(lambda conn: conn.set_trace_callback(statements.append))
+        deleted = await log.delete(before_seq=3)
+        await publish_many(log, 1)
+        mode = await log._writer.run(lambda conn: conn.execute("PRAGMA synchronous").fetchone())
+        await log._writer.run(lambda conn: conn.set_trace_callback(None))
+    steps = [
+        s if s.startswith("PRAGMA") else s.split()[0]
+        for s in statements
+        if s.startswith(("PRAGMA synchronous=", "DELETE", "COMMIT", "INSERT INTO batches"))
+    ]
+    assert (2, (2,)) == (deleted, mode)
+    # the lone publish after it is one INSERT in autocommit, with the fsync of FULL
+    assert [
+        "PRAGMA synchronous=NORMAL",
+        "DELETE",
+        "COMMIT",
+        "PRAGMA synchronous=FULL",
+        "INSERT",
+    ] == steps
