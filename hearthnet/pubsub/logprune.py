@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -204,9 +205,22 @@ class Pruner:
             self.changed()
         return deleted + len(gone)
 
+    def _row_bound(self, seq: int, before_seq: int) -> int:
+        """Where a chunk that would end at ``seq`` ends: at the first seq of the row that
+        holds it, so that the chunk's rows go whole by the range ``DELETE``, or, when
+        ``seq`` is in the first row held, at the next row (a bound inside a row rewrites
+        the row with the rest of its bodies: a row of 1,000 messages cut by every chunk
+        made a chunk's transaction cost as much as deleting a thousand); never past
+        ``before_seq``."""
+        rows, cols = self.index.rows, self.index.cols
+        at = bisect_right(rows, seq) - 1
+        if at >= 0 and rows[at] > cols.seqs[cols.base]:
+            return min(rows[at], before_seq)
+        return min(rows[at + 1], before_seq) if at + 1 < len(rows) else before_seq
+
     async def _delete_prefix(self, before_seq: int) -> int:
-        """Every message below ``before_seq``, :attr:`prefix_chunk` positions of the
-        index a transaction."""
+        """Every message below ``before_seq``, about :attr:`prefix_chunk` positions of
+        the index a transaction (ending at a row's first seq: :meth:`_row_bound`)."""
         deleted = 0
         while True:
             cols = self.index.cols
@@ -214,7 +228,7 @@ class Pruner:
             if end <= cols.base:
                 return deleted
             step = cols.after_live(self.prefix_chunk.size)
-            bound = before_seq if step >= end else cols.seqs[step]
+            bound = before_seq if step >= end else self._row_bound(cols.seqs[step], before_seq)
             if deleted:
                 await asyncio.sleep(0)  # let the flush loop take the write lock
             sequencer = self.sequencer

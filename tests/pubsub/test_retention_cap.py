@@ -151,6 +151,31 @@ async def test_a_long_prefix_goes_in_chunks_with_commits_in_between(tmp_path: Pa
     )
 
 
+async def test_a_prefix_chunk_ends_at_a_row_so_only_the_last_row_is_rewritten(
+    tmp_path: Path,
+) -> None:
+    """Chunks of 15 over rows of 10 end at the rows' first seqs (whole rows go by the range
+    DELETE); only the row that ``before_seq`` itself cuts is rewritten."""
+    statements: list[str] = []
+    async with opened(tmp_path / "log.db") as log:
+        for _ in range(4):
+            await publish_many(log, 10)  # seqs 1..40, rows 1, 11, 21, 31
+        assert log._pruner is not None and log._writer is not None
+        log._pruner.prefix_chunk = ChunkSize(15, low=15, high=15)
+        await log._writer.run(lambda conn: conn.set_trace_callback(statements.append))
+        deleted = await log.delete(before_seq=36)
+        await log._writer.run(lambda conn: conn.set_trace_callback(None))
+        left, _ = await log.reader.history("chat.a", limit=50)
+    cuts = [s.split(" WHERE ")[1] for s in statements if s.startswith("DELETE FROM batches")]
+    rewrites = [s for s in statements if s.startswith("UPDATE batches")]
+    assert (35, ["seq < 2", "seq < 12", "seq < 31"], 1, [36, 37, 38, 39, 40]) == (
+        deleted,
+        cuts,
+        len(rewrites),
+        [m.seq for m in left],
+    )
+
+
 def test_chunk_size_fits_the_target_time_grows_at_most_twofold_and_stays_in_bounds() -> None:
     """A slow transaction shrinks the next (to what fits in the target), a fast one grows it
     no more than twice, and the size never leaves its bounds."""
