@@ -51,6 +51,12 @@ LOOSE_ROW = 1024  # whole envelopes per row when an older log is regrouped
 PAGE_BYTES = 16_384
 # WAL bytes between automatic checkpoints: SQLite's default of 1,000 pages of 4 KiB.
 WAL_CHECKPOINT_BYTES = 4_096_000
+# Deleted content is zeroed only where that writes no page more (SQLite's FAST). Builds
+# that default to secure_delete=ON (Debian's) write every page retention frees again, as
+# zeros: as many WAL bytes as the messages deleted, flushed by the next commit's fsync
+# (docs/benchmarks.md, "Retention's commits without an fsync"). Freed whole pages keep
+# their bytes until reused (docs/security.md).
+SECURE_DELETE = "FAST"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -292,6 +298,7 @@ class SqliteWriter:
         conn.executescript(
             f"PRAGMA page_size={PAGE_BYTES}; PRAGMA journal_mode=WAL; "
             f"PRAGMA synchronous={self.synchronous}; PRAGMA busy_timeout=5000;"
+            f" PRAGMA secure_delete={SECURE_DELETE};"
         )
         # The WAL is checkpointed at the same size whatever a log's pages (an older log
         # keeps its 4 KiB pages: a page size is set only when the file is made).

@@ -160,7 +160,8 @@ async def test_a_prefix_chunk_ends_at_a_row_so_only_the_last_row_is_rewritten(
     async with opened(tmp_path / "log.db") as log:
         for _ in range(4):
             await publish_many(log, 10)  # seqs 1..40, rows 1, 11, 21, 31
-        assert log._pruner is not None and log._writer is not None
+        assert log._pruner is not None
+        assert log._writer is not None
         log._pruner.prefix_chunk = ChunkSize(15, low=15, high=15)
         await log._writer.run(lambda conn: conn.set_trace_callback(statements.append))
         deleted = await log.delete(before_seq=36)
@@ -218,3 +219,15 @@ async def test_retention_commits_without_fsync_and_publishes_with_it(tmp_path: P
         "PRAGMA synchronous=FULL",
         "INSERT",
     ] == steps
+
+
+async def test_the_log_zeroes_deleted_content_only_where_no_page_more_is_written(
+    tmp_path: Path,
+) -> None:
+    """The writer's connection runs with ``secure_delete = FAST`` (2), whatever the build's
+    default: ``ON`` writes every page retention frees again, as zeros."""
+    async with opened(tmp_path / "log.db", sync="full") as log:
+        await publish_many(log, 1)
+        assert log._writer is not None
+        mode = await log._writer.run(lambda conn: conn.execute("PRAGMA secure_delete").fetchone())
+    assert (2,) == mode
