@@ -9,6 +9,11 @@ could reach (a checkpoint on another thread still shares the disk). Each publish
 from ``MessageLog.publish`` to its future being done (after the commit, ``fsync``
 included with ``sync = "full"``).
 
+``--retention S`` runs the node's retention beside (its default rules: 1,000 messages a
+topic, so at the cap every pass deletes what came since the last one, as in the latency
+scenario), a pass every S seconds, and reports each retention transaction's time in the
+writer thread: what the publishes queued behind it waited.
+
 ``--lone N`` measures one publish in flight instead (spec §11's durable 1→1 at 1 in
 flight, without the sockets): N publishes, each queued as the WebSocket path queues a
 session's publishes (``MessageLog.publish_many`` with an ``answer``) and awaited before
@@ -17,6 +22,7 @@ per publish and the publish → answered percentiles, with the node's garbage co
 settings (start-up objects frozen, the young generation every 10,000 allocations).
 
 Run: python -m bench.bench_commit_latency [--rate 2000 --seconds 8 --rounds 2 --sync full]
+     python -m bench.bench_commit_latency --retention 2 --checkpoint auto --seconds 12
      python -m bench.bench_commit_latency --lone 3000 --rounds 3 --sync normal
 """
 
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import tempfile
 import time
@@ -32,8 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import save
+from hearthnet.config import PubSubSection
 from hearthnet.identity import KeyPair
+from hearthnet.metrics import MetricsRegistry
+from hearthnet.pubsub.access import AccessPolicy
 from hearthnet.pubsub.log import MessageLog
+from hearthnet.pubsub.retention import RetentionPolicy
+from hearthnet.pubsub.service import PubSub
 
 PAYLOAD = "x" * 256
 TICK_S = 0.005  # publishes go out in groups every 5 ms (rate * TICK_S each)
@@ -43,12 +55,69 @@ def _done(took: list[float], t0: float, _fut: object) -> None:
     took.append(time.perf_counter() - t0)
 
 
-async def one_run(sync: str, rate: int, seconds: float, *, checkpoint: bool) -> dict[str, Any]:
+def _with_retention(log: MessageLog, every_s: float) -> tuple[PubSub, list[float]]:
+    """The node's retention over ``log`` (default rules), a pass every ``every_s``; the
+    list each retention transaction's writer time (ms) is appended to."""
+    service = PubSub(
+        node_id=log.keys.node_id,
+        config=PubSubSection(retention_interval_s=every_s),
+        log_store=log,
+        policy=AccessPolicy(),
+        retention=RetentionPolicy(),
+        metrics=MetricsRegistry(),
+    )
+    log.listeners.append(service.retention_pass.on_commit)
+    held: list[float] = []
+    pruner = log._pruner  # the bench times the log's own retention transactions
+    assert pruner is not None
+    run = pruner._run
+
+    async def timed(job: Any) -> Any:
+        result, elapsed = await run(job)
+        held.append(elapsed * 1e3)
+        return result, elapsed
+
+    pruner._run = timed  # type: ignore[method-assign]
+    return service, held
+
+
+def _timed_jobs(log: MessageLog) -> list[float]:
+    """Time every job of the log's writer thread in the thread (commits and retention's
+    transactions, checkpoints included): the list each job's wall time (ms) goes to."""
+    writer = log._writer  # the bench times the log's own writer
+    assert writer is not None
+    run = writer.run
+    took: list[float] = []
+
+    def timed(job: Any, conn: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return job(conn)
+        finally:
+            took.append((time.perf_counter() - t0) * 1e3)
+
+    async def run_timed(job: Any, **kwargs: Any) -> Any:
+        return await run(partial(timed, job), **kwargs)
+
+    writer.run = run_timed  # type: ignore[method-assign]
+    return took
+
+
+async def one_run(
+    sync: str, rate: int, seconds: float, *, checkpoint: bool, retention_s: float = 0.0
+) -> dict[str, Any]:
     """Publish at ``rate`` for ``seconds``; percentiles of publish → committed, ms."""
     with tempfile.TemporaryDirectory(prefix="hn-commit-latency-") as tmp:
         log = MessageLog(Path(tmp) / "log.db", KeyPair.generate(), synchronous=sync)
         await log.open()
-        flush = asyncio.get_running_loop().create_task(log.run())
+        loop = asyncio.get_running_loop()
+        flush = loop.create_task(log.run())
+        held: list[float] = []
+        jobs = _timed_jobs(log)
+        pruning: asyncio.Task[None] | None = None
+        if retention_s > 0:
+            service, held = _with_retention(log, retention_s)
+            pruning = loop.create_task(service.retention_pass.loop())
         try:
             await log.publish(topic="b.t", msg_type="m", data=PAYLOAD)  # connect, schema
             if not checkpoint:
@@ -71,9 +140,15 @@ async def one_run(sync: str, rate: int, seconds: float, *, checkpoint: bool) -> 
                 await asyncio.sleep(max(0.0, due - time.perf_counter()))
             await asyncio.gather(*waiting)
         finally:
-            flush.cancel()
+            for task in (flush, pruning):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             await log.close()
     took.sort()
+    held.sort()
+    jobs.sort()
 
     def ms(p: float) -> float:
         return round(took[min(len(took) - 1, int(p * len(took)))] * 1e3, 2)
@@ -86,6 +161,15 @@ async def one_run(sync: str, rate: int, seconds: float, *, checkpoint: bool) -> 
         "p99_ms": ms(0.99),
         "p999_ms": ms(0.999),
         "max_ms": round(took[-1] * 1e3, 1),
+        "over_10ms": sum(1 for t in took if t > 0.010),
+        "writer_jobs": len(jobs),
+        "writer_jobs_over_10ms": sum(1 for j in jobs if j > 10),
+        "writer_job_ms_p99": round(jobs[int(0.99 * len(jobs))], 2) if jobs else None,
+        "writer_job_ms_max": round(jobs[-1], 1) if jobs else None,
+        "retention_transactions": len(held),
+        "retention_ms_p50": round(held[len(held) // 2], 2) if held else None,
+        "retention_ms_max": round(held[-1], 2) if held else None,
+        "retention_ms_sum": round(sum(held), 1),
     }
 
 
@@ -131,6 +215,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=2, help="pairs of runs (auto, off)")
     p.add_argument("--sync", default="full", choices=("full", "normal"))
     p.add_argument(
+        "--retention",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="retention beside (default rules), a pass every S seconds",
+    )
+    p.add_argument(
+        "--checkpoint", default="auto,off", help="comma list of: auto, off (one run each a round)"
+    )
+    p.add_argument(
         "--lone",
         type=int,
         default=0,
@@ -149,9 +243,15 @@ def main(argv: list[str] | None = None) -> None:
         save(opts.name, {"runs": runs, "settings": vars(opts)})
         return
     for _ in range(opts.rounds):
-        for checkpoint in (True, False):
+        for mode in opts.checkpoint.split(","):
             row = asyncio.run(
-                one_run(opts.sync.upper(), opts.rate, opts.seconds, checkpoint=checkpoint)
+                one_run(
+                    opts.sync.upper(),
+                    opts.rate,
+                    opts.seconds,
+                    checkpoint=mode.strip() == "auto",
+                    retention_s=opts.retention,
+                )
             )
             print(row, flush=True)
             runs.append(row)

@@ -51,6 +51,12 @@ LOOSE_ROW = 1024  # whole envelopes per row when an older log is regrouped
 PAGE_BYTES = 16_384
 # WAL bytes between automatic checkpoints: SQLite's default of 1,000 pages of 4 KiB.
 WAL_CHECKPOINT_BYTES = 4_096_000
+# Deleted content is zeroed only where that writes no page more (SQLite's FAST). Builds
+# that default to secure_delete=ON (Debian's) write every page retention frees again, as
+# zeros: as many WAL bytes as the messages deleted, flushed by the next commit's fsync
+# (docs/benchmarks.md, "Retention's commits without an fsync"). Freed whole pages keep
+# their bytes until reused (docs/security.md).
+SECURE_DELETE = "FAST"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -292,6 +298,7 @@ class SqliteWriter:
         conn.executescript(
             f"PRAGMA page_size={PAGE_BYTES}; PRAGMA journal_mode=WAL; "
             f"PRAGMA synchronous={self.synchronous}; PRAGMA busy_timeout=5000;"
+            f" PRAGMA secure_delete={SECURE_DELETE};"
         )
         # The WAL is checkpointed at the same size whatever a log's pages (an older log
         # keeps its 4 KiB pages: a page size is set only when the file is made).
@@ -345,9 +352,41 @@ class SqliteWriter:
         else:
             future.set_result(result)
 
-    async def run(self, job: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``job`` with the connection in the writer thread (connecting on first use)."""
-        return await self._trip(lambda: job(self._conn or self._connect()))
+    async def run(self, job: Callable[[sqlite3.Connection], T], *, fsync: bool = True) -> T:
+        """Run ``job`` with the connection in the writer thread (connecting on first use).
+
+        ``fsync=False`` (retention's deletes): with ``synchronous=FULL`` the job's
+        transactions commit as with ``NORMAL``, without an ``fsync`` of their own (see
+        :meth:`_without_fsync`)."""
+        if fsync or self.synchronous != "FULL":
+            return await self._trip(lambda: job(self._conn or self._connect()))
+        return await self._trip(lambda: self._without_fsync(job))
+
+    def _without_fsync(self, job: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``job`` with ``synchronous=NORMAL``, then the connection back to ``FULL``.
+
+        What that gives up is only the job's own durability, never an acknowledged
+        publish's: in WAL mode a ``NORMAL`` commit appends its frames to the WAL without
+        an ``fsync``, and a checkpoint or a WAL restart that happens in it syncs exactly
+        as under ``FULL`` (the WAL before the pages are copied, the database file after,
+        the WAL header when the WAL is reused: SQLite keeps a WAL database consistent
+        with ``NORMAL``). The WAL is written in commit order and the next ``FULL`` commit's
+        ``fdatasync`` flushes every frame before its own, so a power cut loses at most
+        the deletes committed since the last durable publish, which the next retention
+        pass makes again. When the connection cannot be set back to ``FULL`` it is
+        closed, so that no publish commits on it (the next job connects again)."""
+        conn = self._conn or self._connect()
+        conn.execute("PRAGMA synchronous=NORMAL")
+        try:
+            return job(conn)
+        finally:
+            try:
+                conn.execute("PRAGMA synchronous=FULL")
+            except sqlite3.Error:
+                self._conn = None
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+                raise
 
     async def close(self) -> None:
         """Close the connection and stop the thread (after the jobs already queued)."""

@@ -151,6 +151,32 @@ async def test_a_long_prefix_goes_in_chunks_with_commits_in_between(tmp_path: Pa
     )
 
 
+async def test_a_prefix_chunk_ends_at_a_row_so_only_the_last_row_is_rewritten(
+    tmp_path: Path,
+) -> None:
+    """Chunks of 15 over rows of 10 end at the rows' first seqs (whole rows go by the range
+    DELETE); only the row that ``before_seq`` itself cuts is rewritten."""
+    statements: list[str] = []
+    async with opened(tmp_path / "log.db") as log:
+        for _ in range(4):
+            await publish_many(log, 10)  # seqs 1..40, rows 1, 11, 21, 31
+        assert log._pruner is not None
+        assert log._writer is not None
+        log._pruner.prefix_chunk = ChunkSize(15, low=15, high=15)
+        await log._writer.run(lambda conn: conn.set_trace_callback(statements.append))
+        deleted = await log.delete(before_seq=36)
+        await log._writer.run(lambda conn: conn.set_trace_callback(None))
+        left, _ = await log.reader.history("chat.a", limit=50)
+    cuts = [s.split(" WHERE ")[1] for s in statements if s.startswith("DELETE FROM batches")]
+    rewrites = [s for s in statements if s.startswith("UPDATE batches")]
+    assert (35, ["seq < 2", "seq < 12", "seq < 31"], 1, [36, 37, 38, 39, 40]) == (
+        deleted,
+        cuts,
+        len(rewrites),
+        [m.seq for m in left],
+    )
+
+
 def test_chunk_size_fits_the_target_time_grows_at_most_twofold_and_stays_in_bounds() -> None:
     """A slow transaction shrinks the next (to what fits in the target), a fast one grows it
     no more than twice, and the size never leaves its bounds."""
@@ -164,3 +190,44 @@ def test_chunk_size_fits_the_target_time_grows_at_most_twofold_and_stays_in_boun
         *seen,
         chunk.size,
     ]
+
+
+async def test_retention_commits_without_fsync_and_publishes_with_it(tmp_path: Path) -> None:
+    """With ``sync = "full"`` retention's transactions run with ``synchronous=NORMAL``
+    (no fsync of their own) and the connection is ``FULL`` again for the next publish."""
+    statements: list[str] = []
+    async with opened(tmp_path / "log.db", sync="full") as log:
+        await publish_many(log, 4)
+        await publish_many(log, 4, topic="chat.b")
+        assert log._writer is not None
+        await log._writer.run(lambda conn: conn.set_trace_callback(statements.append))
+        deleted = await log.delete(before_seq=3)
+        await publish_many(log, 1)
+        mode = await log._writer.run(lambda conn: conn.execute("PRAGMA synchronous").fetchone())
+        await log._writer.run(lambda conn: conn.set_trace_callback(None))
+    steps = [
+        s if s.startswith("PRAGMA") else s.split()[0]
+        for s in statements
+        if s.startswith(("PRAGMA synchronous=", "DELETE", "COMMIT", "INSERT INTO batches"))
+    ]
+    assert (2, (2,)) == (deleted, mode)
+    # the lone publish after it is one INSERT in autocommit, with the fsync of FULL
+    assert [
+        "PRAGMA synchronous=NORMAL",
+        "DELETE",
+        "COMMIT",
+        "PRAGMA synchronous=FULL",
+        "INSERT",
+    ] == steps
+
+
+async def test_the_log_zeroes_deleted_content_only_where_no_page_more_is_written(
+    tmp_path: Path,
+) -> None:
+    """The writer's connection runs with ``secure_delete = FAST`` (2), whatever the build's
+    default: ``ON`` writes every page retention frees again, as zeros."""
+    async with opened(tmp_path / "log.db", sync="full") as log:
+        await publish_many(log, 1)
+        assert log._writer is not None
+        mode = await log._writer.run(lambda conn: conn.execute("PRAGMA secure_delete").fetchone())
+    assert (2,) == mode
