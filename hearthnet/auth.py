@@ -69,6 +69,9 @@ class Authenticator:
         # (an idle pub/sub session holds its caller, spec §11). Every check but the
         # signature still runs on each use.
         self._tokens: dict[str, Caller] = {}
+        # The caller made last for each member key (a signed call makes one per call):
+        # reused while its kind and level are what membership says, checked on each call.
+        self._members: dict[str, Caller] = {}
 
     @property
     def community_id(self) -> str:
@@ -88,7 +91,14 @@ class Authenticator:
             raise self._refuse("not_member", Unauthorized("not a member of this community"))
         info = self.membership.members[identity]
         kind = "device" if info.role == "device" else "node"
-        return Caller(identity, kind, level, None, identity == self.node_id)
+        known = self._members.get(identity)
+        if known is not None and known.level == level and known.kind == kind:
+            return known  # the checks above ran; only the (immutable) result is reused
+        caller = Caller(identity, kind, level, None, identity == self.node_id)
+        if known is None and len(self._members) >= VERIFIED_TOKENS:
+            del self._members[next(iter(self._members))]  # the oldest
+        self._members[identity] = caller
+        return caller
 
     def caller_for_token(self, text: object, now_ms: int) -> Caller:
         """The caller for a capability token; checks signature, community, expiry, issuer."""

@@ -245,6 +245,7 @@ class Node:
             router=self.router,
             metrics=self.metrics,
         )
+        self.mesh.remote.signatures = self.signatures  # peers' calls, as HTTP calls
         self.intake = MembershipIntake(
             self.membership,
             self._community_store,

@@ -174,6 +174,33 @@ def test_sessions_of_one_token_share_its_caller_until_its_issuer_changes_level()
     )
 
 
+def test_a_members_calls_share_its_caller_until_membership_changes() -> None:
+    """Signed calls of one member reuse one Caller while its level holds; a new level
+    gives a new one, and a revocation refuses the next call."""
+    auth, failures = make_auth()
+    view = auth.membership
+
+    def call() -> Caller:
+        env = envelope(MEMBER)
+        verified = auth.authenticate_call(
+            env, signature=MEMBER.sign_object(env), token=None, now_ms=NOW
+        )
+        return verified.caller
+
+    first, again = call(), call()
+    view.add(view.sign(NODE, "member.level_changed", MEMBER.node_id, now_ms=3, level=Level.TRUSTED))
+    promoted = call()
+    view.add(view.sign(NODE, "member.revoked", MEMBER.node_id, now_ms=4))
+    with pytest.raises(Revoked):
+        call()
+    assert (True, False, Level.TRUSTED, ["revoked"]) == (
+        first is again,
+        promoted is first,
+        promoted.level,
+        failures,
+    )
+
+
 def test_token_from_non_member_refused() -> None:
     """Only members can issue tokens."""
     auth, _ = make_auth()

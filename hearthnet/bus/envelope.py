@@ -9,8 +9,7 @@ never reaches a capability.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from hearthnet.caller import Caller
 from hearthnet.errors import BadRequest
@@ -51,9 +50,10 @@ BODY_SHAPE = Shape.of(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class CallEnvelope:
-    """The signed part of a capability call (spec §2.2)."""
+class CallEnvelope(NamedTuple):
+    """The signed part of a capability call (spec §2.2). (This and :class:`VerifiedCall`
+    are made for every call: a named tuple is built several times faster than a frozen
+    dataclass.)"""
 
     body: dict[str, Any]
     capability: str
@@ -130,8 +130,7 @@ class CallEnvelope:
         return self.body.get("input")
 
 
-@dataclass(frozen=True, slots=True)
-class VerifiedCall:
+class VerifiedCall(NamedTuple):
     """A call whose signature or token, window, replay and membership were checked.
 
     ``signature``/``token`` are kept verbatim so a forwarding node can pass the

@@ -110,6 +110,11 @@ class SignatureWorker:
         """The checker process's id; None while none runs."""
         return None if self._proc is None else self._proc.pid
 
+    @property
+    def busy(self) -> bool:
+        """Checks are waiting for this turn's batch or at the checker."""
+        return bool(self._pending or self._in_flight)
+
     def check(self, node_id: str, obj: dict[str, Any], signature: object) -> asyncio.Future[None]:
         """A future that is done when ``signature`` by ``node_id`` over the JCS form of
         ``obj`` is checked: None, or :class:`~hearthnet.errors.InvalidSignature` raised.

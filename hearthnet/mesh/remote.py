@@ -29,6 +29,7 @@ from hearthnet.bus.capability import CallContext
 from hearthnet.bus.descriptor import CapabilityDescriptor, parse_version, version_satisfies
 from hearthnet.bus.envelope import VerifiedCall
 from hearthnet.bus.routing import Router
+from hearthnet.bus.signatures import SignatureWorker
 from hearthnet.clock import now_ms
 from hearthnet.community import Level
 from hearthnet.errors import (
@@ -198,6 +199,9 @@ class RemoteCalls:
         self.spawn = spawn
         self.outgoing: dict[str, _Outgoing] = {}
         self.incoming: dict[tuple[str, str], _Incoming] = {}
+        # the node's signature checker (spec §11): a call's signature is checked there,
+        # beside the event loop, when other calls are running or being checked
+        self.signatures: SignatureWorker | None = None
         # routes[provider] = (hops, via neighbour, descriptors) learnt from each neighbour
         self.learnt: dict[str, dict[str, tuple[int, list[CapabilityDescriptor]]]] = {}
 
@@ -372,13 +376,22 @@ class RemoteCalls:
             _reply(link, sid, Frame("error", refusal.to_frame_data(), 1))
             return
         target = frame.to
+        pinned = target if target is not None and is_node_id(target) else self.node_id
+        checks = self.signatures
+        if checks is not None and frame.signature is not None and (self.incoming or checks.busy):
+            # calls overlap: the signature goes to the checker (the slot is held meanwhile)
+            incoming = self.incoming[key] = _Incoming(None)
+            incoming.task = self.spawn(
+                self._checked(link, frame, pinned, checks, incoming), f"remote-call-{sid}"
+            )
+            return
         try:
             call = self.authenticator.authenticate_call(
                 frame.envelope,
                 signature=frame.signature,
                 token=frame.token,
                 now_ms=now_ms(),
-                target=target if target is not None and is_node_id(target) else self.node_id,
+                target=pinned,
                 deadline_ms=frame.deadline_ms,
             )
             handle = self.bus.open(call, inline_tools=frame.inline)
@@ -387,6 +400,37 @@ class RemoteCalls:
             return
         incoming = self.incoming[key] = _Incoming(handle)
         incoming.task = self.spawn(self._serve(link, sid, incoming), f"remote-call-{sid}")
+
+    async def _checked(
+        self,
+        link: LinkSender,
+        frame: Call,
+        target: str,
+        checks: SignatureWorker,
+        incoming: _Incoming,
+    ) -> None:
+        """:meth:`on_call` with the signature checked by ``checks``: the same checks in
+        the same order and the same refusals, then the call runs as there."""
+        key = (link.node, frame.sid)
+        try:
+            call = await self.authenticator.authenticate_call_on(
+                checks,
+                frame.envelope,
+                signature=frame.signature,
+                token=frame.token,
+                now_ms=now_ms(),
+                target=target,
+                deadline_ms=frame.deadline_ms,
+            )
+            incoming.handle = self.bus.open(call, inline_tools=frame.inline)
+        except WireError as exc:
+            self.incoming.pop(key, None)
+            _reply(link, frame.sid, Frame("error", exc.to_frame_data(), 1))
+            return
+        except BaseException:  # cancelled (the caller's cancel), or a bug
+            self.incoming.pop(key, None)
+            raise
+        await self._serve(link, frame.sid, incoming)
 
     async def _serve(self, link: LinkSender, sid: str, incoming: _Incoming) -> None:
         handle = incoming.handle
@@ -433,3 +477,5 @@ class RemoteCalls:
         incoming = self.incoming.get((link.node, frame.sid))
         if incoming is not None and incoming.task is not None:
             incoming.task.cancel()
+            if incoming.handle is None:  # still being checked, perhaps not yet started
+                self.incoming.pop((link.node, frame.sid), None)

@@ -7,7 +7,8 @@ exactly of one shape: the request line ``POST /bus/v1/call HTTP/1.1``, a ``Host`
 colon and a value without control characters, and none of the headers that change how
 the body is framed or who may send it (``Transfer-Encoding``, ``Content-Encoding``,
 ``Expect``, ``Upgrade``, ``Origin``), no ``Accept: text/event-stream``, no more than the
-header limits of spec §2.5, all of it ASCII. Anything else, well-formed or not, is not
+header limits of spec §2.5, all of it ASCII, no header name twice. Anything else,
+well-formed or not, is not
 refused here: it is left to the node's full HTTP server (aiohttp behind the one middleware), which
 answers it as it always has, so the lean path never has to say less than that server
 would.
@@ -18,8 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from multidict import CIMultiDict
-
 CALL_PATH = "/bus/v1/call"
 REQUEST_LINE = b"POST /bus/v1/call HTTP/1.1"
 # Bytes a header value may hold here: visible ASCII and blanks (RFC 9110 §5.5; obs-text,
@@ -29,7 +28,7 @@ _VALUE_BYTES = bytes([0x09, *range(0x20, 0x7F)])
 _TOKEN_BYTES = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 # Headers whose presence sends a request to the full server: body framing it handles
 # (chunked, encodings, 100-continue), upgrades, browser origins (the CORS check).
-_NOT_PLAIN = ("Transfer-Encoding", "Content-Encoding", "Expect", "Upgrade", "Origin")
+_NOT_PLAIN = ("transfer-encoding", "content-encoding", "expect", "upgrade", "origin")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,11 +42,12 @@ class CallHeadLimits:
 
 
 class PlainCall(NamedTuple):
-    """A head the lean path serves: its headers, body length, and whether the client
-    asked for the connection to close after the answer (a named tuple: built on every
-    call, several times faster than a frozen dataclass)."""
+    """A head the lean path serves: its headers (by lower-case name, each name once),
+    body length, and whether the client asked for the connection to close after the
+    answer (a named tuple: built on every call, several times faster than a frozen
+    dataclass)."""
 
-    headers: CIMultiDict[str]
+    headers: dict[str, str]
     content_length: int
     close: bool
 
@@ -71,26 +71,24 @@ def plain_call(head: bytes, limits: CallHeadLimits) -> PlainCall | None:
     names = [name for name, colon, _ in parts if colon and name]
     if len(names) != len(parts) or "".join(names).encode("ascii").translate(None, _TOKEN_BYTES):
         return None
-    headers: CIMultiDict[str] = CIMultiDict(
-        [(name, value.strip(" \t")) for name, _, value in parts]
-    )
-    if "Host" not in headers:
+    # by lower-case name (the header lookups of hearthnet.transport.headers use those); a
+    # name twice (in any case) is left to the full server, which reads the first
+    headers = {name.lower(): value.strip(" \t") for name, _, value in parts}
+    if len(headers) != len(parts) or "host" not in headers:
         return None
     for name in _NOT_PLAIN:
         if name in headers:
             return None
-    lengths = headers.getall("Content-Length", ())
-    if len(lengths) != 1 or not (lengths[0].isascii() and lengths[0].isdigit()):
+    size = headers.get("content-length")
+    if size is None or not (size.isascii() and size.isdigit()):
         return None
-    length = int(lengths[0]) if len(lengths[0]) < 19 else limits.max_body_bytes + 1
-    if length > limits.max_body_bytes or "text/event-stream" in headers.get("Accept", ""):
+    length = int(size) if len(size) < 19 else limits.max_body_bytes + 1
+    if length > limits.max_body_bytes or "text/event-stream" in headers.get("accept", ""):
         return None
     close = False
-    connection = headers.getall("Connection", ())
-    if connection:
-        if len(connection) != 1:
-            return None
-        option = connection[0].lower()
+    connection = headers.get("connection")
+    if connection is not None:
+        option = connection.lower()
         if option == "close":
             close = True
         elif option != "keep-alive":

@@ -17,6 +17,18 @@ TIMESTAMP = "X-HearthNet-Timestamp"
 SIGNATURE = "X-HearthNet-Signature"
 TARGET = "X-HearthNet-Target"
 DEADLINE = "X-HearthNet-Deadline-Ms"
+# The names as looked up: lower case, so that a plain dict keyed by lower-case names (the
+# lean call path's) serves as well as a case-insensitive multidict (aiohttp's).
+_CAPABILITY = CAPABILITY.lower()
+_VERSION = VERSION.lower()
+_REQUEST_ID = REQUEST_ID.lower()
+_FROM = FROM.lower()
+_TOKEN = TOKEN.lower()
+_COMMUNITY = COMMUNITY.lower()
+_TIMESTAMP = TIMESTAMP.lower()
+_SIGNATURE = SIGNATURE.lower()
+_TARGET = TARGET.lower()
+_DEADLINE = DEADLINE.lower()
 
 
 class SignedHeaders(NamedTuple):
@@ -61,7 +73,7 @@ def parse_int(raw: str, name: str, *, minimum: int) -> int:
 
 
 def _int_header(headers: Mapping[str, str], name: str, *, minimum: int) -> int | None:
-    raw = headers.get(name)
+    raw = headers.get(name.lower())
     return None if raw is None else parse_int(raw, name, minimum=minimum)
 
 
@@ -83,13 +95,15 @@ def read_signed_headers(
     Raises:
         BadRequest: a timestamp that is not an integer.
     """
+    get = headers.get
+    ts = get(_TIMESTAMP)
     return SignedHeaders(
-        request_id=headers.get(REQUEST_ID),
-        sender=headers.get(FROM),
-        community=headers.get(COMMUNITY),
-        ts=_int_header(headers, TIMESTAMP, minimum=0),
-        signature=headers.get(SIGNATURE),
-        token=headers.get(TOKEN) or query_token,
+        get(_REQUEST_ID),
+        get(_FROM),
+        get(_COMMUNITY),
+        None if ts is None else parse_int(ts, TIMESTAMP, minimum=0),
+        get(_SIGNATURE),
+        get(_TOKEN) or query_token,
     )
 
 
@@ -100,12 +114,13 @@ def read_call_headers(headers: Mapping[str, str]) -> CallHeaders:
     Raises:
         BadRequest: a required header is missing or malformed.
     """
-    capability = headers.get(CAPABILITY)
-    version = headers.get(VERSION)
+    get = headers.get
+    capability = get(_CAPABILITY)
+    version = get(_VERSION)
     if not capability or not version:
         raise BadRequest(f"{CAPABILITY} and {VERSION} are required")
     signed = read_signed_headers(headers)
-    if signed.token is None:
+    if signed.token is None and None in signed:
         missing = [
             n
             for n, v in (
@@ -119,10 +134,11 @@ def read_call_headers(headers: Mapping[str, str]) -> CallHeaders:
         ]
         if missing:
             raise BadRequest(f"missing headers: {', '.join(missing)} (or {TOKEN})")
+    deadline = get(_DEADLINE)
     return CallHeaders(
-        capability=capability.strip(),
-        version=version.strip(),
-        signed=signed,
-        target=headers.get(TARGET),
-        deadline_ms=read_deadline(headers),
+        capability.strip(),
+        version.strip(),
+        signed,
+        get(_TARGET),
+        None if deadline is None else parse_int(deadline, DEADLINE, minimum=1),
     )

@@ -60,6 +60,7 @@ def test_the_plain_shape_is_taken_with_its_headers() -> None:
         HEAD + b"\r\nAccept: text/event-stream",
         HEAD + b"\r\nConnection: upgrade",
         HEAD + b"\r\nConnection: close\r\nConnection: close",
+        HEAD + b"\r\nx-hearthnet-signature: ed25519:def",
         HEAD + b"\r\n folded: continuation",
         HEAD + b"\r\nName : value",
         HEAD + b"\r\nNo-Colon",
