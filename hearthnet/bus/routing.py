@@ -129,31 +129,43 @@ class LocalProvider:
 
 
 class ProviderHealth:
-    """Success rate and latency over a provider's last calls (spec §2.3). Pure."""
+    """Success rate and latency over a provider's last calls (spec §2.3). Pure. Both are
+    read for every provider that could take a call, so they cost O(1) there: the
+    successes are counted as outcomes come and go, and the median is kept until the
+    next outcome."""
 
     def __init__(self) -> None:
         self.outcomes: deque[tuple[bool, float]] = deque(maxlen=HEALTH_WINDOW)
         self.quarantined_until = 0.0
+        self._ok = 0  # successes among ``outcomes``
+        self._p50: float | None = None  # the median of their latencies, until the next outcome
 
     def record(self, ok: bool, seconds: float, now: float) -> None:
         """Record one finished call; quarantine when the success rate falls under 50 %."""
+        if len(self.outcomes) == self.outcomes.maxlen and self.outcomes[0][0]:
+            self._ok -= 1  # the oldest outcome leaves the window
         self.outcomes.append((ok, seconds))
+        self._ok += ok
+        self._p50 = None
         if len(self.outcomes) >= 10 and self.success_rate < QUARANTINE_RATE:
             self.quarantined_until = now + QUARANTINE_S
             self.outcomes.clear()
+            self._ok = 0
 
     @property
     def success_rate(self) -> float:
         """Share of recent calls that succeeded (1.0 with no history)."""
         if not self.outcomes:
             return 1.0
-        return sum(1 for ok, _ in self.outcomes if ok) / len(self.outcomes)
+        return self._ok / len(self.outcomes)
 
     @property
     def p50_s(self) -> float:
         """Median latency of recent successful calls (0 with no history)."""
-        times = [s for ok, s in self.outcomes if ok]
-        return statistics.median(times) if times else 0.0
+        if self._p50 is None:
+            times = [s for ok, s in self.outcomes if ok]
+            self._p50 = statistics.median(times) if times else 0.0
+        return self._p50
 
     def available(self, now: float) -> bool:
         """False while quarantined."""

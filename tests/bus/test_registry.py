@@ -10,7 +10,7 @@ from capabilities.pubsub_publish import PubSubPublish
 from hearthnet.bus.capability import CallContext
 from hearthnet.bus.descriptor import CapabilityDescriptor, version_satisfies
 from hearthnet.bus.registry import CapabilityRegistry
-from hearthnet.bus.routing import LocalProvider, ProviderHealth, Router
+from hearthnet.bus.routing import HEALTH_WINDOW, LocalProvider, ProviderHealth, Router
 from hearthnet.errors import (
     BadRequest,
     CapacityExceeded,
@@ -160,3 +160,18 @@ def test_provider_quarantined_under_half_success() -> None:
     for i in range(10):
         health.record(i < 4, 0.01, now=100.0)
     assert (False, True) == (health.available(120.0), health.available(160.0))
+
+
+def test_provider_health_counts_only_the_last_hundred_calls() -> None:
+    """100 successes (1..100 ms) then 30 failures: 70 % over the window, median of 31..100 ms."""
+    health = ProviderHealth()
+    for i in range(HEALTH_WINDOW):
+        health.record(True, (i + 1) / 1000, now=0.0)
+    full = (health.success_rate, health.p50_s)
+    for _ in range(30):
+        health.record(False, 5.0, now=0.0)
+    assert ((1.0, 0.0505), (0.7, 0.0655), True) == (
+        full,
+        (health.success_rate, round(health.p50_s, 6)),
+        health.available(0.0),
+    )
