@@ -16,10 +16,11 @@ Nothing of the mesh above sees the switch: the relayed link, once replaced, hand
 still sent on it (a call's replies, say) to the direct link, and calls streaming across
 the switch go on. After :data:`RETIRE_S` the switch is retired: the sequence is kept
 while the direct link lives (``kept``), the direct link going plain once the peer has
-acknowledged all of it (a peer that stops acknowledging gets plain frames after
-``MAX_UNACKED`` frames); it is forgotten with the relayed session only when the direct
-link is gone. Each end counts it from its own first sight of the switch, and a
-fall-back ends the switch, so the next one counts afresh at both ends.
+acknowledged what was numbered until the retirement (a peer that stops acknowledging
+gets plain frames after ``MAX_UNACKED`` frames); it is forgotten with the relayed
+session only when the direct link is gone. Each end counts it from its own first sight
+of the switch, and a fall-back ends the switch, so the next one counts afresh at both
+ends.
 
 A direct link that dies during the switch, or later while the sequence is kept, falls
 back to the relay: the path core moves the peer back to its fallback relay and resends
@@ -86,6 +87,9 @@ class PathSwitch:
         # their next path frame is awaited: a new sequence in it means they forgot ours
         self.renewing: dict[str, float] = {}
         self._direct: dict[str, PeerLink] = {}  # peer -> direct link still sequenced
+        # peers whose switch retired unsettled -> the last frame numbered then: once the
+        # peer acknowledged up to it, the direct link goes plain (the rest stays kept)
+        self._marks: dict[str, int] = {}
         self.unexpected = 0  # path frames on a direct link from a peer with no sequence
         self.sequenced = 0  # frames sent in a relayed sequence on a direct link
         self.fallbacks = 0  # direct links that died within a switch, fallen back to the relay
@@ -102,6 +106,8 @@ class PathSwitch:
         if not link.v2:
             return  # a hearthnet-peer.v1 peer drops pframes; it gets plain frames at once
         self._direct[link.node] = link
+        if link.node in self._marks:  # what the old link still carries is sent until now
+            self._marks[link.node] = self.paths.numbered(link.node)
         link.sequencer = lambda data, peer=link.node: self._sequence(peer, data)
 
     def replaced(self, peer: str, now: float) -> None:
@@ -142,6 +148,7 @@ class PathSwitch:
             self.forget(peer)
             return False
         self._direct.pop(peer, None)
+        self._marks.pop(peer, None)
         # this switch is over: the next one is retired RETIRE_S after it, not after this
         # one (else an end that saw it first could forget while the other falls back)
         self.retiring.pop(peer, None)
@@ -178,11 +185,21 @@ class PathSwitch:
         """Once ``peer`` acknowledged the whole relayed sequence, its direct link carries
         plain frames."""
         link = self._direct.get(peer)
-        if link is not None and self.paths.settled(peer):
+        if link is not None and self._settled(peer):
             self._end(peer)
+
+    def _settled(self, peer: str) -> bool:
+        """Whether frames may go plainly: the peer acknowledged the whole sequence, or,
+        after the switch retired, everything numbered until then (what followed went on
+        this link alone, in order, so plain frames cannot overtake it)."""
+        mark = self._marks.get(peer)
+        if mark is not None and self.paths.acknowledged(peer, mark):
+            return True
+        return self.paths.settled(peer)
 
     def _end(self, peer: str) -> None:
         # both: of two links dialled at once, the one established last may have lost
+        self._marks.pop(peer, None)
         for link in (self._direct.pop(peer, None), self.links.get(peer)):
             if link is not None:
                 link.sequencer = None
@@ -192,7 +209,7 @@ class PathSwitch:
         go plainly (False: a heartbeat, or the sequence is settled)."""
         if is_heartbeat(data):
             return False
-        if self.paths.settled(peer) or peer not in self._direct:
+        if peer not in self._direct or self._settled(peer):
             self._end(peer)
             return False
         try:
@@ -265,6 +282,8 @@ class PathSwitch:
                 self.kept.add(peer)
                 if self.paths.settled(peer):
                     self._end(peer)
+                elif peer in self._direct:  # plain once what was sent until now is acked
+                    self._marks[peer] = self.paths.numbered(peer)
 
     def forgotten(self, peer: str) -> None:
         """The peer's sequence ended (retired, or its link died): plain frames from now."""

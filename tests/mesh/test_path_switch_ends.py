@@ -397,6 +397,37 @@ def test_a_sequence_acknowledged_after_retirement_goes_plain_on_the_direct_link(
     )
 
 
+def test_after_retirement_the_link_goes_plain_once_what_was_sent_until_then_is_acked() -> None:
+    """a retires with frame 2 unacknowledged and sends 3 in the sequence; b's ack of 2
+    arrives while 3 is still in flight: a's next frame goes plainly, after 3 on the same
+    link, and b hands on 1-4 once, in order (a busy link need not wait for a moment with
+    nothing in flight)."""
+    a, b = _pair()
+    a.send(_frame(1), 0.0)
+    _pump(a, 0.0)
+    links = (a.direct_link(1.0), b.direct_link(1.0))
+    a.send(_frame(2), 1.0)
+    stuck = links[0]._queue.popleft()
+    _pump(a, 1.0)
+    a.tick(1.0 + RETIRE_S)
+    a.send(_frame(3), 1.1 + RETIRE_S)  # still in the sequence: 2 is unacknowledged
+    b.off_direct(stuck)
+    b.tick(1.2 + RETIRE_S)  # b acknowledges 2; 3 is still on its way
+    assert b.direct is not None
+    while b.direct.queued:
+        a.off_direct(b.direct._queue.popleft())
+    in_flight = a.paths.settled(b.keys.node_id)
+    a.send(_frame(4), 1.3 + RETIRE_S)
+    plain = links[0].sequencer is None
+    _pump(a, 1.3 + RETIRE_S)
+    assert (False, True, [_frame(i) for i in range(1, 5)], True) == (
+        in_flight,
+        plain,
+        b.delivered,
+        b.keys.node_id in a.switch.kept,
+    )
+
+
 def _fell_back(a: End, b: End) -> tuple[PeerLink, PeerLink]:
     """A switch settled at both ends, then the direct link dies at b only (a is gone
     from it): b falls back; returns a's dead direct link and b's relayed link."""
