@@ -262,7 +262,8 @@ class PathSwitch:
                 link.close(UNREACHABLE, send_bye=False)
 
     def tick(self, now: float) -> None:
-        """Settled peers go plain; retired sequences are kept if settled, else forgotten."""
+        """Settled peers go plain; retired sequences are kept while the direct link
+        lives, else forgotten."""
         for peer in list(self._direct):
             self.settle(peer)
         for table in (self.fell, self.renewing):
@@ -278,7 +279,8 @@ class PathSwitch:
                     self.forget(peer)
                     continue
                 # the fall-back stays while the direct link lives (see above); a sequence
-                # the peer has not acknowledged yet goes on until it has (settle)
+                # the peer has not acknowledged yet goes on until what was numbered until
+                # now is (settle)
                 self.kept.add(peer)
                 if self.paths.settled(peer):
                     self._end(peer)
