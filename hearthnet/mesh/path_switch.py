@@ -14,11 +14,13 @@ dialling us), frames may still be on the relayed path. The switch:
 
 Nothing of the mesh above sees the switch: the relayed link, once replaced, hands what is
 still sent on it (a call's replies, say) to the direct link, and calls streaming across
-the switch go on. After :data:`RETIRE_S` the switch is retired (a peer that never
-acknowledges, or speaks a version without this, gets plain frames then): a sequence the
-peer acknowledged is kept, empty, while the direct link lives (``kept``), one it did not
-is forgotten with the relayed session. Each end counts it from its own first sight of
-the switch, and a fall-back ends the switch, so the next one counts afresh at both ends.
+the switch go on. After :data:`RETIRE_S` the switch is retired: the sequence is kept
+while the direct link lives (``kept``), the direct link going plain once the peer has
+acknowledged what was numbered until the retirement (a peer that stops acknowledging
+gets plain frames after ``MAX_UNACKED`` frames); it is forgotten with the relayed
+session only when the direct link is gone. Each end counts it from its own first sight
+of the switch, and a fall-back ends the switch, so the next one counts afresh at both
+ends.
 
 A direct link that dies during the switch, or later while the sequence is kept, falls
 back to the relay: the path core moves the peer back to its fallback relay and resends
@@ -26,13 +28,15 @@ every frame of the sequence not yet acknowledged, in order, through it; the rece
 end, falling back too, keeps what it delivered, so nothing is lost or handed on twice.
 A relayed link takes the dead link's place at once, and what is still sent on the dead
 link (a call's replies) goes to it, so calls streaming across the fall-back go on.
-Keeping the settled sequence makes both ends agree: were it forgotten at each end's own
-retirement, a link dying between the two retirements would fall back at one end only.
+Keeping the sequence while the direct link lives makes both ends agree: were it
+forgotten at an end's own retirement (settled or not), a link dying after it would fall
+back at the other end only, and the calls across it would fail at both.
 
-Where one end did forget (its sequence unacknowledged), only the other falls back; the
-one that forgot answers its frames with a new relayed session, and :meth:`renewed`
-resends everything unacknowledged at once and, the peer having ended the calls of the
-dead link, closes the relayed link that took its place (the sequence goes on).
+Where one end did forget (it restarted, or found no relay to fall back to), only the
+other falls back; the one that forgot answers its frames with a new relayed session,
+:meth:`renewed` resends everything unacknowledged at once, and the peer's next frame,
+of a new sequence, closes the relayed link that took the dead link's place (the peer
+ended the calls of the dead link; the sequence goes on, :meth:`opened`).
 """
 
 from __future__ import annotations
@@ -79,7 +83,13 @@ class PathSwitch:
         # peers fallen back to the relay -> until when a new session from them means they
         # did not fall back (so ended the calls on the link)
         self.fell: dict[str, float] = {}
+        # peers that opened a new relayed session soon after we fell back -> until when
+        # their next path frame is awaited: a new sequence in it means they forgot ours
+        self.renewing: dict[str, float] = {}
         self._direct: dict[str, PeerLink] = {}  # peer -> direct link still sequenced
+        # peers whose switch retired unsettled -> the last frame numbered then: once the
+        # peer acknowledged up to it, the direct link goes plain (the rest stays kept)
+        self._marks: dict[str, int] = {}
         self.unexpected = 0  # path frames on a direct link from a peer with no sequence
         self.sequenced = 0  # frames sent in a relayed sequence on a direct link
         self.fallbacks = 0  # direct links that died within a switch, fallen back to the relay
@@ -96,6 +106,8 @@ class PathSwitch:
         if not link.v2:
             return  # a hearthnet-peer.v1 peer drops pframes; it gets plain frames at once
         self._direct[link.node] = link
+        if link.node in self._marks:  # what the old link still carries is sent until now
+            self._marks[link.node] = self.paths.numbered(link.node)
         link.sequencer = lambda data, peer=link.node: self._sequence(peer, data)
 
     def replaced(self, peer: str, now: float) -> None:
@@ -136,6 +148,7 @@ class PathSwitch:
             self.forget(peer)
             return False
         self._direct.pop(peer, None)
+        self._marks.pop(peer, None)
         # this switch is over: the next one is retired RETIRE_S after it, not after this
         # one (else an end that saw it first could forget while the other falls back)
         self.retiring.pop(peer, None)
@@ -172,11 +185,21 @@ class PathSwitch:
         """Once ``peer`` acknowledged the whole relayed sequence, its direct link carries
         plain frames."""
         link = self._direct.get(peer)
-        if link is not None and self.paths.settled(peer):
+        if link is not None and self._settled(peer):
             self._end(peer)
+
+    def _settled(self, peer: str) -> bool:
+        """Whether frames may go plainly: the peer acknowledged the whole sequence, or,
+        after the switch retired, everything numbered until then (what followed went on
+        this link alone, in order, so plain frames cannot overtake it)."""
+        mark = self._marks.get(peer)
+        if mark is not None and self.paths.acknowledged(peer, mark):
+            return True
+        return self.paths.settled(peer)
 
     def _end(self, peer: str) -> None:
         # both: of two links dialled at once, the one established last may have lost
+        self._marks.pop(peer, None)
         for link in (self._direct.pop(peer, None), self.links.get(peer)):
             if link is not None:
                 link.sequencer = None
@@ -186,7 +209,7 @@ class PathSwitch:
         go plainly (False: a heartbeat, or the sequence is settled)."""
         if is_heartbeat(data):
             return False
-        if self.paths.settled(peer) or peer not in self._direct:
+        if peer not in self._direct or self._settled(peer):
             self._end(peer)
             return False
         try:
@@ -200,17 +223,33 @@ class PathSwitch:
         return True
 
     def renewed(self, peer: str, now: float) -> None:
-        """``peer`` opened a new relayed session in place of ours: it forgot the relayed
-        sequence and session, so what it was sent under them and did not acknowledge is
-        resent at once (:meth:`PathCore.renewed`). If we fell back to the relay for it
-        lately, it did not (it had forgotten them): it ended the calls of the dead link,
-        so the relayed link that took its place closes too (``PEER_RENEWED``: the calls
-        on it end, the sequence goes on, the next frame opens a new relayed link)."""
+        """``peer`` opened a new relayed session in place of ours: what it was sent under
+        the old one and did not acknowledge is resent at once (:meth:`PathCore.renewed`).
+        If we fell back to the relay for it lately, its next path frame says whether it
+        forgot the link too (:meth:`opened`)."""
         if self.fell.pop(peer, now) > now:
-            link = self.links.get(peer)
-            if link is not None and is_relayed(link):
-                link.close(PEER_RENEWED, send_bye=False)
+            self.renewing[peer] = now + RETIRE_S
         self.carry(self.paths.renewed(peer, now))
+
+    def opened(self, peer: str, frame: PathFrame) -> None:
+        """A path frame from ``peer`` through the relay, before the path core takes it.
+        After a fall-back and a new session from the peer, a ``pframe`` of a new
+        sequence (a later epoch than the one we follow) means the peer forgot the
+        sequence and the link (it restarted, or its end of the dead link found no relay
+        to fall back to): it ended the calls on it, so the relayed link that took the
+        dead link's place closes too (``PEER_RENEWED``: the calls on it end here instead
+        of hanging, the sequence goes on, the next frame opens a new relayed link). Of
+        the same sequence, the peer only made new keys (a session it evicted, or keys
+        that stopped verifying): it kept the link, and the calls go on."""
+        if peer not in self.renewing or not isinstance(frame, PFrame):
+            return  # a pack or drain carries our sequence's epoch, not the peer's
+        del self.renewing[peer]
+        followed = self.paths.following(peer)
+        if followed is not None and frame.e <= followed:
+            return
+        link = self.links.get(peer)
+        if link is not None and is_relayed(link):
+            link.close(PEER_RENEWED, send_bye=False)
 
     def unreachable(self, peer: str, now: float) -> None:
         """A relay answered ``unreachable`` for a frame to ``peer``. If we fell back to
@@ -223,26 +262,35 @@ class PathSwitch:
                 link.close(UNREACHABLE, send_bye=False)
 
     def tick(self, now: float) -> None:
-        """Settled peers go plain; retired sequences are kept if settled, else forgotten."""
+        """Settled peers go plain; retired sequences are kept while the direct link
+        lives, else forgotten."""
         for peer in list(self._direct):
             self.settle(peer)
-        for peer, at in list(self.fell.items()):
-            if now >= at:
-                del self.fell[peer]
+        for table in (self.fell, self.renewing):
+            for peer, at in list(table.items()):
+                if now >= at:
+                    del table[peer]
         for peer, at in list(self.retiring.items()):
             if now >= at:
                 del self.retiring[peer]
                 if is_relayed(self.links.get(peer)):
                     continue  # relayed again, in use
-                if peer in self.links and self.paths.settled(peer):
-                    self.kept.add(peer)  # plain frames; the fall-back stays (see above)
-                    self._end(peer)
-                else:
+                if peer not in self.links:
                     self.forget(peer)
+                    continue
+                # the fall-back stays while the direct link lives (see above); a sequence
+                # the peer has not acknowledged yet goes on until what was numbered until
+                # now is (settle)
+                self.kept.add(peer)
+                if self.paths.settled(peer):
+                    self._end(peer)
+                elif peer in self._direct:  # plain once what was sent until now is acked
+                    self._marks[peer] = self.paths.numbered(peer)
 
     def forgotten(self, peer: str) -> None:
         """The peer's sequence ended (retired, or its link died): plain frames from now."""
         self.retiring.pop(peer, None)
         self.kept.discard(peer)
         self.fell.pop(peer, None)
+        self.renewing.pop(peer, None)
         self._end(peer)

@@ -161,6 +161,23 @@ class PathCore:
         p = self._peers.get(peer)
         return p is None or (p.out.unacked == 0 and p.out.waiting == 0)
 
+    def numbered(self, peer: str) -> int:
+        """The last number of ``peer``'s sequence handed out (0 for none)."""
+        p = self._peers.get(peer)
+        return 0 if p is None else p.out.last
+
+    def acknowledged(self, peer: str, upto: int) -> bool:
+        """Whether ``peer`` acknowledged every frame up to ``upto`` and none of them waits
+        to go again."""
+        p = self._peers.get(peer)
+        return p is None or (p.out.acked >= upto and not p.out.waiting)
+
+    def following(self, peer: str) -> int | None:
+        """The epoch of ``peer``'s sequence we follow (None before its first numbered
+        frame): a later one means the peer started its sequence afresh."""
+        p = self._peers.get(peer)
+        return None if p is None else p.inb.epoch
+
     def forget(self, peer: str) -> None:
         """Drop everything about ``peer`` (it left the community, or is no longer wanted)."""
         self._peers.pop(peer, None)

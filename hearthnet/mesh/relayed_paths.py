@@ -276,6 +276,7 @@ class RelayedPaths:
         if opened.renewed:  # after the hello's answer: resent under the new session
             self.switch.renewed(route.from_, now)
         for frame in opened.frames:
+            self.switch.opened(route.from_, frame)
             self.path_actions(self.paths.receive(route.from_, frame, now))
 
     def _deliver(self, peer: str, data: bytes) -> None:

@@ -44,11 +44,13 @@ class _Socket:
 class End:
     """One member: its path core, relay sessions, path switch and link to the other end."""
 
-    def __init__(self, keys: KeyPair, peer: str, relay: list[tuple[End, Route]]) -> None:
+    def __init__(
+        self, keys: KeyPair, peer: str, relay: list[tuple[End, Route]], epoch: int = 0
+    ) -> None:
         self.keys, self.peer, self.relay = keys, peer, relay
         self.other: End
         self.now = 0.0
-        self.paths = PathCore(keys.node_id, [RELAY])
+        self.paths = PathCore(keys.node_id, [RELAY], epoch=epoch)
         self.paths.relay_attached(RELAY, f"198.51.100.{1 + (keys.node_id < peer)}:7000", 0.01, 0.0)
         self.endpoint = RelayEndpoint(keys, lambda node: True)
         self.links: dict[str, PeerLink] = {}
@@ -138,6 +140,7 @@ class End:
         if opened.renewed:
             self.switch.renewed(self.peer, self.now)
         for frame in opened.frames:
+            self.switch.opened(self.peer, frame)
             self.take(frame)
 
     def take(self, frame: PathFrame) -> None:
@@ -324,12 +327,11 @@ def test_a_cut_between_the_two_ends_retirements_falls_back_at_both_ends() -> Non
     )
 
 
-def test_a_peer_that_forgot_the_switch_gets_the_fallen_back_ends_frames_at_once() -> None:
-    """a forgets the switch (its frame on the direct link unacknowledged at its
-    retirement), then the link dies: only b falls back. a cannot open b's frame under the
-    forgotten session and answers with a hello; b, seeing the new session, resends at
-    once (no 2 s wait) and closes its relayed link's calls (a ended them): a gets b's
-    frames once, in order."""
+def test_a_sequence_unacknowledged_at_retirement_is_kept_and_both_ends_fall_back() -> None:
+    """a's frame on the direct link is still unacknowledged when a retires the switch:
+    a keeps its sequence and session (the link lives), then the link dies with b's ack
+    of it: both ends fall back, each gets the other's frames once, in order, nothing is
+    refused, and the relayed links that took the dead link's place stay up."""
     a, b = _pair()
     for i in (1, 2):
         b.send(_frame(i), 0.0)
@@ -340,28 +342,157 @@ def test_a_peer_that_forgot_the_switch_gets_the_fallen_back_ends_frames_at_once(
     assert a.direct is not None
     stuck = a.direct._queue.popleft()
     _pump(a, 1.0)
-    a.tick(1.0 + RETIRE_S)  # a: unacknowledged, so forgotten
+    a.tick(1.0 + RETIRE_S)  # a: unacknowledged, so kept and still sequenced
+    kept = (b.keys.node_id in a.switch.kept, links[0].sequencer is not None)
     b.off_direct(stuck)  # then it arrives; b's ack dies with the link
     fell = (a.cut(links[0], 1.05 + RETIRE_S), b.cut(links[1], 1.05 + RETIRE_S))
-    relayed_b = b.links[a.keys.node_id]
+    relayed = (a.links[b.keys.node_id], b.links[a.keys.node_id])
     b.send(_frame(3), 1.1 + RETIRE_S)
-    _pump(a, 1.1 + RETIRE_S)  # no resend timer is awaited
-    delivered = list(a.delivered)
-    for end in (a, b):  # a tick (0.25 s) later, a's ack is back
+    a.send(_frame(11), 1.1 + RETIRE_S)
+    _pump(a, 1.1 + RETIRE_S)  # a's resend of 10 goes with the fall-back
+    for end in (a, b):  # a tick later, the acks are back
         end.tick(1.35 + RETIRE_S)
     _pump(a, 1.35 + RETIRE_S)
     assert (
-        (False, True),
-        ([_frame(i) for i in range(1, 4)], [_frame(9), _frame(10)]),
-        {"invalid_signature": 1},
-        "the peer opened a new relayed session",
-        True,
+        (True, True),
+        (True, True),
+        ([_frame(i) for i in range(1, 4)], [_frame(i) for i in (9, 10, 11)]),
+        ({}, {}),
+        (LinkState.UP, LinkState.UP),
+        (True, True),
     ) == (
+        kept,
         fell,
-        (delivered, b.delivered),
-        dict(a.endpoint.refused),
-        relayed_b.down_reason,
-        b.paths.settled(a.keys.node_id),
+        (a.delivered, b.delivered),
+        (dict(a.endpoint.refused), dict(b.endpoint.refused)),
+        (relayed[0].state, relayed[1].state),
+        (a.paths.settled(b.keys.node_id), b.paths.settled(a.keys.node_id)),
+    )
+
+
+def test_a_sequence_acknowledged_after_retirement_goes_plain_on_the_direct_link() -> None:
+    """a's sequence kept unacknowledged at its retirement: once b's ack arrives on the
+    direct link, a's frames on it go plainly and the fall-back stays kept."""
+    a, b = _pair()
+    a.send(_frame(1), 0.0)
+    _pump(a, 0.0)
+    links = (a.direct_link(1.0), b.direct_link(1.0))
+    a.send(_frame(2), 1.0)
+    assert a.direct is not None
+    stuck = a.direct._queue.popleft()
+    _pump(a, 1.0)
+    a.tick(1.0 + RETIRE_S)
+    before = links[0].sequencer is not None
+    b.off_direct(stuck)
+    b.tick(1.2 + RETIRE_S)  # b owes an ack: it goes on the direct link
+    _pump(a, 1.2 + RETIRE_S)
+    a.tick(1.3 + RETIRE_S)
+    a.send(_frame(3), 1.3 + RETIRE_S)
+    _pump(a, 1.3 + RETIRE_S)
+    assert (True, None, True, [_frame(i) for i in (1, 2, 3)]) == (
+        before,
+        links[0].sequencer,
+        b.keys.node_id in a.switch.kept,
+        b.delivered,
+    )
+
+
+def test_after_retirement_the_link_goes_plain_once_what_was_sent_until_then_is_acked() -> None:
+    """a retires with frame 2 unacknowledged and sends 3 in the sequence; b's ack of 2
+    arrives while 3 is still in flight: a's next frame goes plainly, after 3 on the same
+    link, and b hands on 1-4 once, in order (a busy link need not wait for a moment with
+    nothing in flight)."""
+    a, b = _pair()
+    a.send(_frame(1), 0.0)
+    _pump(a, 0.0)
+    links = (a.direct_link(1.0), b.direct_link(1.0))
+    a.send(_frame(2), 1.0)
+    stuck = links[0]._queue.popleft()
+    _pump(a, 1.0)
+    a.tick(1.0 + RETIRE_S)
+    a.send(_frame(3), 1.1 + RETIRE_S)  # still in the sequence: 2 is unacknowledged
+    b.off_direct(stuck)
+    b.tick(1.2 + RETIRE_S)  # b acknowledges 2; 3 is still on its way
+    assert b.direct is not None
+    while b.direct.queued:
+        a.off_direct(b.direct._queue.popleft())
+    in_flight = a.paths.settled(b.keys.node_id)
+    a.send(_frame(4), 1.3 + RETIRE_S)
+    plain = links[0].sequencer is None
+    _pump(a, 1.3 + RETIRE_S)
+    assert (False, True, [_frame(i) for i in range(1, 5)], True) == (
+        in_flight,
+        plain,
+        b.delivered,
+        b.keys.node_id in a.switch.kept,
+    )
+
+
+def _fell_back(a: End, b: End) -> tuple[PeerLink, PeerLink]:
+    """A switch settled at both ends, then the direct link dies at b only (a is gone
+    from it): b falls back; returns a's dead direct link and b's relayed link."""
+    for end in (a, b):
+        end.send(_frame(1), 0.0)
+    _pump(a, 0.0)
+    links = (a.direct_link(1.0), b.direct_link(1.0))
+    for end in (a, b):
+        end.send(_frame(2), 1.5)
+    _pump(a, 1.5)
+    for end in (a, b):
+        end.tick(2.0)
+    _pump(a, 2.0)
+    assert b.cut(links[1], 3.0)
+    return links[0], b.links[a.keys.node_id]
+
+
+def test_a_peer_that_restarted_after_a_fall_back_has_the_relayed_link_closed() -> None:
+    """b falls back and a has restarted (a new process: no session, a later sequence):
+    b's frames make a open a new session, b resends at once, and a's first frame of
+    its new sequence closes b's relayed link (a ended the calls on it); what b sent
+    reaches the new a, and a's frame reaches b."""
+    a, b = _pair()
+    _fell_back(a, b)
+    relay = a.relay
+    relay[:] = [(end, route) for end, route in relay if end is not a]  # a's process died
+    fresh = End(KA, KB.node_id, relay, epoch=a.paths.epoch + 1_000)
+    fresh.other, b.other = b, fresh
+    b.send(_frame(3), 3.1)
+    _pump(b, 3.1)  # refused by the new a, which answers with a hello; b resends at once
+    open_before = b.links[KA.node_id].state
+    fresh.send(_frame(7), 3.2)
+    _pump(b, 3.2)
+    assert (
+        LinkState.UP,
+        "the peer opened a new relayed session",
+        ([_frame(3)], [_frame(1), _frame(2), _frame(7)]),
+        {"invalid_signature": 1},
+    ) == (
+        open_before,
+        b.links[KA.node_id].down_reason,
+        (fresh.delivered, b.delivered),
+        dict(fresh.endpoint.refused),
+    )
+
+
+def test_a_peer_that_only_made_new_keys_after_a_fall_back_keeps_the_relayed_link() -> None:
+    """Both ends fall back, then a drops its relayed session with b (evicted) but keeps
+    the link and its sequence: a's next frame opens a new session, and b, seeing a's
+    sequence go on, keeps its relayed link: the calls go on, every frame once, in order."""
+    a, b = _pair()
+    dead, relayed_b = _fell_back(a, b)
+    assert a.cut(dead, 3.0)
+    a.endpoint.forget(b.keys.node_id)  # a new session, the same sequence
+    a.send(_frame(3), 3.1)
+    b.send(_frame(3), 3.1)
+    _pump(a, 3.1)
+    for end in (a, b):
+        end.tick(3.5)
+    _pump(a, 3.5)
+    frames = [_frame(i) for i in (1, 2, 3)]
+    assert (LinkState.UP, LinkState.UP, (frames, frames)) == (
+        relayed_b.state,
+        a.links[b.keys.node_id].state,
+        (a.delivered, b.delivered),
     )
 
 

@@ -16,6 +16,7 @@ from hearthnet.client import Client
 from hearthnet.config import Config
 from hearthnet.errors import HearthNetError
 from hearthnet.mesh.relayed_link import path_fields
+from hearthnet.mesh.remote import RemoteProvider
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
 from tests.helpers import NodeProcess, start_node_process, wait_until
@@ -28,6 +29,15 @@ def watched(node: Node) -> set[str]:
     """The relays ``node`` keeps alive (none before it is a member)."""
     ours = node.mesh.relaying.attachments
     return set() if ours is None else set(ours.keepalive.watched)
+
+
+def routed_via(node: Node, provider: str) -> str | None:
+    """The neighbour ``node``'s calls to ``provider`` go to: until the provider's own
+    capability announcement comes over the relayed link, the route learnt from a relay
+    node (a member linked to both, two hops) is the shortest, and a call goes that way,
+    not through the relayed path."""
+    route = node.router.remote.get(provider)
+    return route.via if isinstance(route, RemoteProvider) else None
 
 
 def member(config: Config, relays: tuple[str, ...]) -> Config:
@@ -68,9 +78,10 @@ async def test_a_stopped_relay_is_left_for_the_other_within_seconds(
                 lambda: (
                     all(watched(n) == set(ids) for n in (a, b))
                     and (path_to(a, b), path_to(b, a)) == ("relayed", "relayed")
+                    and routed_via(a, b.keys.node_id) == b.keys.node_id
                 ),
                 30,
-                "a and b attached to both relays and relayed to each other",
+                "a and b attached to both relays, relayed to each other, a's calls on it",
             )
             used = path_fields(a.mesh.links[b.keys.node_id])["via"]
             stopped = relays[ids.index(used)]
