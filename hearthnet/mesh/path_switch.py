@@ -107,7 +107,7 @@ class PathSwitch:
             return  # a hearthnet-peer.v1 peer drops pframes; it gets plain frames at once
         self._direct[link.node] = link
         if link.node in self._marks:  # what the old link still carries is sent until now
-            self._marks[link.node] = self.paths.numbered(link.node)
+            self._marks[link.node] = self.paths.numbers(link.node)[0]
         link.sequencer = lambda data, peer=link.node: self._sequence(peer, data)
 
     def replaced(self, peer: str, now: float) -> None:
@@ -193,7 +193,7 @@ class PathSwitch:
         after the switch retired, everything numbered until then (what followed went on
         this link alone, in order, so plain frames cannot overtake it)."""
         mark = self._marks.get(peer)
-        if mark is not None and self.paths.acknowledged(peer, mark):
+        if mark is not None and self.paths.settled(peer, mark):
             return True
         return self.paths.settled(peer)
 
@@ -244,7 +244,7 @@ class PathSwitch:
         if peer not in self.renewing or not isinstance(frame, PFrame):
             return  # a pack or drain carries our sequence's epoch, not the peer's
         del self.renewing[peer]
-        followed = self.paths.following(peer)
+        followed = self.paths.numbers(peer)[1]
         if followed is not None and frame.e <= followed:
             return
         link = self.links.get(peer)
@@ -285,7 +285,7 @@ class PathSwitch:
                 if self.paths.settled(peer):
                     self._end(peer)
                 elif peer in self._direct:  # plain once what was sent until now is acked
-                    self._marks[peer] = self.paths.numbered(peer)
+                    self._marks[peer] = self.paths.numbers(peer)[0]
 
     def forgotten(self, peer: str) -> None:
         """The peer's sequence ended (retired, or its link died): plain frames from now."""

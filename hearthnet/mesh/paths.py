@@ -155,28 +155,23 @@ class PathCore:
             return (PathState.DOWN, None)
         return (p.state, p.fallback if p.state is PathState.DIRECT else p.via)
 
-    def settled(self, peer: str) -> bool:
-        """Whether ``peer`` acknowledged every frame sent to it and none waits to go (so
-        frames sent outside the sequence now arrive after all of them)."""
+    def settled(self, peer: str, upto: int | None = None) -> bool:
+        """Whether ``peer`` acknowledged every frame sent to it (with ``upto``: every
+        frame up to that number) and none of them waits to go (again), so frames sent
+        outside the sequence now arrive after all of them."""
         p = self._peers.get(peer)
-        return p is None or (p.out.unacked == 0 and p.out.waiting == 0)
+        if p is None:
+            return True
+        if upto is not None:
+            return p.out.acked >= upto and not p.out.waiting
+        return p.out.unacked == 0 and p.out.waiting == 0
 
-    def numbered(self, peer: str) -> int:
-        """The last number of ``peer``'s sequence handed out (0 for none)."""
+    def numbers(self, peer: str) -> tuple[int, int | None]:
+        """The last number of our sequence to ``peer`` handed out (0 for none), and the
+        epoch of ``peer``'s sequence we follow (None before its first numbered frame: a
+        later one means the peer started its sequence afresh)."""
         p = self._peers.get(peer)
-        return 0 if p is None else p.out.last
-
-    def acknowledged(self, peer: str, upto: int) -> bool:
-        """Whether ``peer`` acknowledged every frame up to ``upto`` and none of them waits
-        to go again."""
-        p = self._peers.get(peer)
-        return p is None or (p.out.acked >= upto and not p.out.waiting)
-
-    def following(self, peer: str) -> int | None:
-        """The epoch of ``peer``'s sequence we follow (None before its first numbered
-        frame): a later one means the peer started its sequence afresh."""
-        p = self._peers.get(peer)
-        return None if p is None else p.inb.epoch
+        return (0, None) if p is None else (p.out.last, p.inb.epoch)
 
     def forget(self, peer: str) -> None:
         """Drop everything about ``peer`` (it left the community, or is no longer wanted)."""
@@ -334,31 +329,26 @@ class PathCore:
             CapacityExceeded: a new peer while paths to ``max_peers`` are kept.
         """
         p = self._peer(peer)
-        early: list[Action] = []
-        if p.state is PathState.DOWN:  # it reached us: keep a path back for its acks
-            early = self.connect(peer, now)
-        return early + self._receive(p, frame, now)
-
-    def _receive(self, p: PeerState, frame: PathFrame, now: float) -> list[Action]:
-        peer = p.node
+        # it reached us while down: keep a path back for its acks
+        early = self.connect(peer, now) if p.state is PathState.DOWN else []
         if isinstance(frame, PFrame):
             frames, ack = p.inb.receive(frame)
             actions: list[Action] = [Deliver(peer, f) for f in frames]
             if ack is not None and p.state is not PathState.DOWN:
                 actions.append(Transmit(peer, p.path, ack))
-            return actions
+            return early + actions
         if isinstance(frame, PAck):
             p.out.ack(frame, now, later=True)
-            return self.paced.flush(p, now)
+            return early + self.paced.flush(p, now)
         if isinstance(frame, Drain):
             ack = p.inb.drain(frame)
-            return [] if p.state is PathState.DOWN else [Transmit(peer, p.path, ack)]
+            return early + ([] if p.state is PathState.DOWN else [Transmit(peer, p.path, ack)])
         if isinstance(frame, Candidates):
-            return self.upgrade.candidates(p, frame, now)
+            return early + self.upgrade.candidates(p, frame, now)
         if isinstance(frame, Punch):
-            return self.upgrade.punch(p, frame, now)
+            return early + self.upgrade.punch(p, frame, now)
         if isinstance(frame, Upgrade):
-            return []  # the punched link's first frame: direct_up already moved the path
+            return early  # the punched link's first frame: direct_up already moved the path
         raise ValueError(f"{frame.KIND} is not a path frame")
 
     def punch_failed(self, peer: str, nonce: str, now: float) -> list[Action]:
