@@ -21,7 +21,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from hearthnet.auth import Authenticator
 from hearthnet.bus.calls import Bus, CallHandle
@@ -94,6 +94,16 @@ class _Outgoing:
     queue: asyncio.Queue[Frame | WireError] = field(
         default_factory=lambda: asyncio.Queue(STREAM_WINDOW * 2)
     )
+    seq: int = 0  # the last frame's number: the provider numbers them 1, 2, 3...
+
+    def arrival(self, item: Frame) -> Literal["next", "again", "gap"]:
+        """Where ``item`` falls in the reply: the ``next`` frame (counted as received; an
+        unnumbered one too), one had ``again`` (resent after a path change), or past a
+        ``gap`` (frames lost with a link that died with them on it)."""
+        if item.seq is None or item.seq == self.seq + 1:
+            self.seq = self.seq if item.seq is None else item.seq
+            return "next"
+        return "again" if item.seq <= self.seq else "gap"
 
     def fail(self, error: WireError) -> None:
         """End the call with ``error`` after the frames already queued. When the queue is
@@ -354,6 +364,19 @@ class RemoteCalls:
                 "error",
                 BadRequest(f"malformed frame from {link.node}: {exc.message}").to_frame_data(),
             )
+        arrival = out.arrival(item)
+        if arrival == "again":
+            return
+        if arrival == "gap":  # the stream ends with an error frame, never as if whole
+            self.outgoing.pop(frame.sid, None)
+            out.fail(
+                Unavailable(
+                    f"frames after {out.seq} of the reply from {link.node} were lost on "
+                    f"the way (frame {item.seq} came next); the call ended"
+                )
+            )
+            self._send(link.node, Cancel(frame.sid))
+            return
         try:
             out.queue.put_nowait(item)
         except asyncio.QueueFull:

@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from hearthnet.clock import now_ms
+from hearthnet.frames import Frame
 from hearthnet.ids import new_ulid
 from hearthnet.mesh.call_frames import Call, Cancel
 from hearthnet.mesh.protocol import decode_frame
+from hearthnet.mesh.remote import _Outgoing
 from hearthnet.node import Node
 from tests.helpers import wait_until
 
@@ -78,3 +80,10 @@ async def test_overlapping_peer_calls_are_checked_by_the_checker_process(node: N
         outcome(link, "gone"),
         node.signatures.starts,
     ) == (expected, "replayed", None, 1)
+
+
+def test_a_replys_frames_count_once_in_number_order_and_a_gap_ends_it() -> None:
+    """Frames 1, 2, 2 again, 3, 5: next, next, again, next, gap (4 was lost)."""
+    out = _Outgoing("ed25519:provider")
+    got = [out.arrival(Frame("token", {}, n)) for n in (1, 2, 2, 3, 5)]
+    assert (["next", "next", "again", "next", "gap"], 3) == (got, out.seq)
