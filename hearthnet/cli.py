@@ -98,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hearthnet`` console script."""
     words = sys.argv[1:] if argv is None else list(argv)
+    if words[:1] == ["--json"]:  # `hearthnet --json peers`: the flag belongs to the command
+        words = [*words[1:], "--json"]
     if words[:2] == ["mesh", "health"]:
         # its own parser (shared with spark-submit); PySpark is imported only once it runs
         from spark_federation.cli import main as mesh_health
@@ -149,6 +151,15 @@ def failure(args: argparse.Namespace, exc: HearthNetError) -> tuple[int, str, st
                 f"no node answers ({exc.message}); start one with: hearthnet node start, "
                 "or pass the --url of a running node",
             )
+    as_token = getattr(args, "command", None) == "bridge" and getattr(args, "token", None)
+    if isinstance(exc, Unauthorized | InvalidSignature) and as_token:
+        # it spoke as the token, not as this data dir's key
+        return (
+            EXIT_AUTH,
+            exc.code,
+            f"{exc.message} (the node refused the --token: use a token it issued, whole,"
+            " or issue one there: hearthnet token issue --scope sub:PATTERN --ttl 1h)",
+        )
     if isinstance(exc, Unauthorized | InvalidSignature) and hasattr(args, "url"):
         data_dir = common.data_dir_of(args)
         return (

@@ -36,7 +36,10 @@ def json_arg(text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+        raise argparse.ArgumentTypeError(
+            f"not JSON: {exc} (quote it for the shell, keys and strings in double quotes:"
+            """ '{"text": "hi"}', a string alone '"hi"')"""
+        ) from exc
 
 
 def cursor_arg(text: str) -> dict[str, Any]:

@@ -158,3 +158,37 @@ def test_errors_say_what_to_type_and_exit_by_kind(
         json.loads(silent[2])["error"],
         "hearthnet node start" in json.loads(silent[2])["message"],
     )
+
+
+def test_mistakes_name_the_fix(node_proc: NodeProcess, capsys: pytest.CaptureFixture[str]) -> None:
+    """--json before the command works; --data that is not JSON, a malformed token to revoke
+    and an agreement ID that is not one are usage errors (2) showing the right form; a bad
+    --token to the bridge (4) is told to issue a token, not to change the data dir."""
+    d = ("--data-dir", str(node_proc.data_dir))
+    flag_first, token, agreement = (
+        cli(capsys, *args)
+        for args in (
+            ("--json", "node", "status", *d),
+            ("token", "revoke", "hnt1:garbage", *d),
+            ("federation", "revoke", "NOSUCH", *d),
+        )
+    )
+    with pytest.raises(SystemExit) as not_json:
+        main(["pub", "x", "--data", "hello", *d])
+    not_json_err = capsys.readouterr().err
+    bridge = run_cli("bridge", "--token", "hnt1:garbage", *d, stdin='{"type": "ping"}\n')
+    assert (0, 2, 2, 2, 4) == (
+        flag_first[0],
+        token[0],
+        agreement[0],
+        not_json.value.code,
+        bridge.returncode,
+    )
+    assert (node_proc.fields["node"], True, True, True, True, False) == (
+        json.loads(flag_first[1])["node"],
+        "pass the whole hnt1:... that hearthnet token issue printed" in token[2],
+        "hearthnet federation list shows them" in agreement[2],
+        """a string alone '"hi"'""" in not_json_err,
+        "hearthnet token issue --scope" in bridge.stderr,
+        "--data-dir" in bridge.stderr,
+    )
