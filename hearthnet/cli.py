@@ -160,6 +160,13 @@ def failure(args: argparse.Namespace, exc: HearthNetError) -> tuple[int, str, st
             f"{exc.message} (the node refused the --token: use a token it issued, whole,"
             " or issue one there: hearthnet token issue --scope sub:PATTERN --ttl 1h)",
         )
+    if isinstance(exc, InvalidSignature) and getattr(args, "join", None):
+        return (
+            EXIT_AUTH,
+            exc.code,
+            f"{exc.message} (give --join the whole hn1:... that hearthnet community invite"
+            " printed on the inviting node, in quotes, unchanged)",
+        )
     if isinstance(exc, Unauthorized | InvalidSignature) and hasattr(args, "url"):
         data_dir = common.data_dir_of(args)
         return (

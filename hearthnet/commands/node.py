@@ -17,6 +17,7 @@ from hearthnet.commands.common import (
     config_of,
     data_dir_of,
     json_arg,
+    node_id_arg,
     run,
     status_of,
 )
@@ -319,6 +320,8 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     call.add_argument("--stream", action="store_true", help="stream frames (WS, SSE fallback)")
     call.add_argument("--sse", action="store_true", help="with --stream: use SSE, not WebSocket")
     call.add_argument("--cbor", action="store_true", help="with --stream: CBOR WebSocket frames")
-    call.add_argument("--target", help="run on this NodeID")
+    call.add_argument(
+        "--target", type=node_id_arg, help="run on this NodeID (hearthnet peers lists them)"
+    )
     add_json_flag(call, "print {output, meta} (with --stream: frames, one JSON object a line)")
     call.set_defaults(func=cmd_call)

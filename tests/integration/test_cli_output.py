@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from hearthnet.cli import build_parser, main
 from hearthnet.identity import load_or_create_keys
-from tests.helpers import NodeProcess, run_cli, start_node_process
+from tests.helpers import NodeProcess, hearthnet_cmd, run_cli, start_node_process
 
 
 @pytest.fixture(scope="module")
@@ -160,11 +161,29 @@ def test_errors_say_what_to_type_and_exit_by_kind(
     )
 
 
-def test_mistakes_name_the_fix(node_proc: NodeProcess, capsys: pytest.CaptureFixture[str]) -> None:
-    """--json before the command works; --data that is not JSON, a malformed token to revoke
-    and an agreement ID that is not one are usage errors (2) showing the right form; a bad
-    --token to the bridge (4) is told to issue a token, not to change the data dir."""
+def test_mistakes_name_the_fix(
+    tmp_path: Path, node_proc: NodeProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--json before the command works; --data that is not JSON, a NodeID that is not one, a
+    malformed token to revoke and an agreement ID that is not one are usage errors (2)
+    showing the right form; a bad --token to the bridge (stdin at /dev/null) and a damaged
+    invite (4) say what to pass, not to change the data dir."""
     d = ("--data-dir", str(node_proc.data_dir))
+    # those that need a process of their own (stdin; a node start) run meanwhile
+    bridge, join = (
+        subprocess.Popen(
+            hearthnet_cmd(*args),
+            stdin=subprocess.DEVNULL,  # /dev/null (which once aborted the bridge)
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args in (
+            ("bridge", "--token", "hnt1:garbage", *d),
+            ("node", "start", "--data-dir", str(tmp_path / "new"), "--host", "127.0.0.1",
+             "--port", "0", "--no-zeroconf", "--join", "hn1:eyJib290"),
+        )
+    )  # fmt: skip
     flag_first, token, agreement = (
         cli(capsys, *args)
         for args in (
@@ -173,22 +192,31 @@ def test_mistakes_name_the_fix(node_proc: NodeProcess, capsys: pytest.CaptureFix
             ("federation", "revoke", "NOSUCH", *d),
         )
     )
-    with pytest.raises(SystemExit) as not_json:
-        main(["pub", "x", "--data", "hello", *d])
-    not_json_err = capsys.readouterr().err
-    bridge = run_cli("bridge", "--token", "hnt1:garbage", *d, stdin='{"type": "ping"}\n')
-    assert (0, 2, 2, 2, 4) == (
+    refused = []
+    for args in (
+        ("pub", "x", "--data", "hello"),
+        ("call", "echo", "--target", "ed25519:nosuch"),
+        ("community", "revoke", "bob"),
+    ):
+        with pytest.raises(SystemExit) as usage:
+            main([*args, *d])
+        refused.append((usage.value.code, capsys.readouterr().err.rpartition(" (")[2]))
+    bridge_err, join_err = (p.communicate(timeout=60)[1] for p in (bridge, join))
+    assert (0, 2, 2, 4, 4) == (
         flag_first[0],
         token[0],
         agreement[0],
-        not_json.value.code,
         bridge.returncode,
+        join.returncode,
     )
-    assert (node_proc.fields["node"], True, True, True, True, False) == (
+    quote = """quote it for the shell, keys and strings in double quotes: '{"text": "hi"}', a"""
+    shows = "ed25519:... as hearthnet peers or hearthnet community show print it)\n"
+    assert [(2, quote + """ string alone '"hi"')\n"""), (2, shows), (2, shows)] == refused
+    assert (node_proc.fields["node"], True, True, True, False, True) == (
         json.loads(flag_first[1])["node"],
         "pass the whole hnt1:... that hearthnet token issue printed" in token[2],
         "hearthnet federation list shows them" in agreement[2],
-        """a string alone '"hi"'""" in not_json_err,
-        "hearthnet token issue --scope" in bridge.stderr,
-        "--data-dir" in bridge.stderr,
+        "hearthnet token issue --scope" in bridge_err,
+        "--data-dir" in bridge_err,
+        "give --join the whole hn1:... that hearthnet community invite printed" in join_err,
     )
