@@ -30,9 +30,12 @@ from hearthnet.errors import ConfigError, NodeNotRunning
 
 
 def _path(peer: Mapping[str, Any]) -> str | None:
-    """spec §8: direct, relayed via <relay>, or upgrading."""
+    """spec §8: direct, relayed via <relay>, or upgrading; ``(relay)`` after the path of a
+    relay of ours (a federated one says so in its own column)."""
     path = peer.get("path")
-    return f"{path} via {peer['via']}" if peer.get("via") else path
+    if peer.get("via"):
+        return f"{path} via {peer['via']}"
+    return f"{path} (relay)" if peer.get("relay") and not peer.get("community") else path
 
 
 def _federated(peer: Mapping[str, Any]) -> str | None:
