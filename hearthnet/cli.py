@@ -33,6 +33,7 @@ from hearthnet.commands.pubsub import add_parsers as _add_pubsub_parsers
 from hearthnet.errors import (
     ConfigError,
     Expired,
+    Forbidden,
     HearthNetError,
     IdentityError,
     InvalidSignature,
@@ -175,6 +176,14 @@ def failure(args: argparse.Namespace, exc: HearthNetError) -> tuple[int, str, st
             f"{exc.message} (this command signs with the node key in {data_dir}: use the "
             "--data-dir of a member of that node's community, or join it with an invite: "
             "hearthnet community invite there, then hearthnet node start --join hn1:...)",
+        )
+    action = getattr(args, "community_command", None) or getattr(args, "topic_command", None)
+    if isinstance(exc, Forbidden) and action in ("revoke", "rules", "rotate"):
+        return (
+            EXIT_ERROR,
+            exc.code,
+            f"{exc.message} (anchors only: run it with the --data-dir of an anchor's node;"
+            " hearthnet community show lists each member's level)",
         )
     if isinstance(exc, _AUTH_ERRORS):
         return EXIT_AUTH, exc.code, exc.message

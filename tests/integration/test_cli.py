@@ -359,8 +359,8 @@ async def test_token_revoke_ends_the_tokens_sessions_and_requests(node_proc: Nod
 
 def test_anchor_only_commands_on_a_member_node_are_forbidden(tmp_path: Path) -> None:
     """Finding 6: on a plain member's node, `community rules` and `community revoke` are
-    refused by the node (forbidden, spec §1.5); the CLI says so and exits 1, and the
-    anchor's node never hears of them."""
+    refused by the node (forbidden, spec §1.5); the CLI says so, naming the fix, and exits
+    1, and the anchor's node never hears of them."""
     anchor = start_node_process(tmp_path / "a", *MESH_ARGS)
     try:
         member = start_node_process(
@@ -385,8 +385,13 @@ def test_anchor_only_commands_on_a_member_node_are_forbidden(tmp_path: Path) -> 
         )
     finally:
         anchor.stop()
-    assert [(1, True)] * 3 == [
-        (p.returncode, "forbidden" in p.stderr) for p in (rules, revoke, rotate)
+    assert [(1, True, True)] * 3 == [
+        (
+            p.returncode,
+            "forbidden" in p.stderr,
+            "anchors only: run it with the --data-dir" in p.stderr,
+        )
+        for p in (rules, revoke, rotate)
     ], (rules.stderr, revoke.stderr, rotate.stderr)
     assert ("", "", None, [], 2) == (
         rules.stdout,
