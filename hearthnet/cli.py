@@ -33,6 +33,7 @@ from hearthnet.commands.pubsub import add_parsers as _add_pubsub_parsers
 from hearthnet.errors import (
     ConfigError,
     Expired,
+    Forbidden,
     HearthNetError,
     IdentityError,
     InvalidSignature,
@@ -98,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hearthnet`` console script."""
     words = sys.argv[1:] if argv is None else list(argv)
+    if words[:1] == ["--json"]:  # `hearthnet --json peers`: the flag belongs to the command
+        words = [*words[1:], "--json"]
     if words[:2] == ["mesh", "health"]:
         # its own parser (shared with spark-submit); PySpark is imported only once it runs
         from spark_federation.cli import main as mesh_health
@@ -149,6 +152,22 @@ def failure(args: argparse.Namespace, exc: HearthNetError) -> tuple[int, str, st
                 f"no node answers ({exc.message}); start one with: hearthnet node start, "
                 "or pass the --url of a running node",
             )
+    as_token = getattr(args, "command", None) == "bridge" and getattr(args, "token", None)
+    if isinstance(exc, Unauthorized | InvalidSignature) and as_token:
+        # it spoke as the token, not as this data dir's key
+        return (
+            EXIT_AUTH,
+            exc.code,
+            f"{exc.message} (the node refused the --token: use a token it issued, whole,"
+            " or issue one there: hearthnet token issue --scope sub:PATTERN --ttl 1h)",
+        )
+    if isinstance(exc, InvalidSignature) and getattr(args, "join", None):
+        return (
+            EXIT_AUTH,
+            exc.code,
+            f"{exc.message} (give --join the whole hn1:... that hearthnet community invite"
+            " printed on the inviting node, in quotes, unchanged)",
+        )
     if isinstance(exc, Unauthorized | InvalidSignature) and hasattr(args, "url"):
         data_dir = common.data_dir_of(args)
         return (
@@ -157,6 +176,14 @@ def failure(args: argparse.Namespace, exc: HearthNetError) -> tuple[int, str, st
             f"{exc.message} (this command signs with the node key in {data_dir}: use the "
             "--data-dir of a member of that node's community, or join it with an invite: "
             "hearthnet community invite there, then hearthnet node start --join hn1:...)",
+        )
+    action = getattr(args, "community_command", None) or getattr(args, "topic_command", None)
+    if isinstance(exc, Forbidden) and action in ("revoke", "rules", "rotate"):
+        return (
+            EXIT_ERROR,
+            exc.code,
+            f"{exc.message} (anchors only: run it with the --data-dir of an anchor's node;"
+            " hearthnet community show lists each member's level)",
         )
     if isinstance(exc, _AUTH_ERRORS):
         return EXIT_AUTH, exc.code, exc.message

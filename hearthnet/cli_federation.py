@@ -33,9 +33,9 @@ from hearthnet.cli import (
 from hearthnet.clock import now_ms
 from hearthnet.commands.output import add_json_flag
 from hearthnet.community import Level
-from hearthnet.errors import BadRequest, ConfigError
+from hearthnet.errors import BadRequest, ConfigError, UsageError
 from hearthnet.federation.agreement import Agreement, Grant, Revocation
-from hearthnet.ids import b64url_decode, b64url_encode, is_node_id, new_ulid
+from hearthnet.ids import b64url_decode, b64url_encode, is_node_id, is_ulid, new_ulid
 
 BLOB_PREFIX = "hnf1:"
 MAX_BLOB_CHARS = 2 * 1024 * 1024
@@ -163,7 +163,8 @@ def cmd_accept(args: argparse.Namespace) -> int:
             f"the agreement is between {agreement.community_a} and {agreement.community_b},"
             f" not this node's community {ours}"
         )
-    if not agreement.complete:
+    imported = agreement.complete  # step 3: signed by both already, nothing to send back
+    if not imported:
         if ours != agreement.community_b:
             raise ConfigError("this proposal comes from our community: the other side accepts it")
         agreement = agreement.countersign(keys)
@@ -172,9 +173,13 @@ def cmd_accept(args: argparse.Namespace) -> int:
     held = {a["id"]: a for a in answer.get("agreements", [])}
     if agreement.id not in held:
         raise ConfigError("the node did not take the agreement (see its log)")
+    status = held[agreement.id]["status"]
     own_records = [r.to_json() for r in membership.records.values()]
+    if imported and not args.out and not args.json:
+        print(f"agreement {agreement.id}: {status} (signed by both communities; nothing to send)")
+        return EXIT_OK
     _write_or_print(args, agreement, encode_blob(agreement, own_records))
-    print(f"agreement {agreement.id}: {held[agreement.id]['status']}", file=sys.stderr)
+    print(f"agreement {agreement.id}: {status}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -225,6 +230,11 @@ def _grant_text(grant: dict[str, list[str]]) -> str:
 def cmd_revoke(args: argparse.Namespace) -> int:
     """``federation revoke ID``: sign a revocation and hand it to the node."""
     keys, _ = _anchor(args, "revoke federations")
+    if not is_ulid(args.id):
+        raise UsageError(
+            f"{args.id!r} is not an agreement ID (26 characters, 01...): hearthnet federation"
+            " list shows them"
+        )
     revocation = Revocation.create(keys, args.id, now_ms())
     answer = _submit(args, {"revocations": [revocation.to_json()]})
     status = {a["id"]: a["status"] for a in answer.get("agreements", [])}

@@ -37,6 +37,13 @@ def test_relayed_peer_names_its_relay_by_name() -> None:
     assert ["direct", "relayed via vm-sumc"] == _path_cells(peers)
 
 
+def test_a_relay_of_ours_says_so_in_the_path_column() -> None:
+    """A linked relay of our community: ``direct (relay)``; a member: ``direct``."""
+    peers = [{**_peer(RELAY, "vm-sumc", "direct", None), "relay": True}]
+    peers.append({**_peer(HOME, "vm-awvk", "direct", None), "relay": False})
+    assert ["direct (relay)", "direct"] == _path_cells(peers)
+
+
 def test_relay_without_a_name_keeps_its_node_id() -> None:
     """A relay the list does not name stays a NodeID, and the JSON rows are not changed."""
     peers = [_peer(HOME, "vm-awvk", "relayed", RELAY)]

@@ -92,8 +92,8 @@ def _own_copy(file: IO[bytes], mode: str) -> IO[bytes]:
 
 
 class LineSource:
-    """Lines of stdin: a pipe or terminal through asyncio, a regular file in a thread (a
-    file never blocks for long). :meth:`readline` returns None at the end, and
+    """Lines of stdin: a pipe or terminal through asyncio, a regular file (or /dev/null)
+    in a thread (a file never blocks for long). :meth:`readline` returns None at the end, and
     :data:`TOO_LONG` for a line over the limit (which is skipped)."""
 
     def __init__(self, file: IO[bytes]) -> None:
@@ -102,8 +102,11 @@ class LineSource:
 
     async def open(self) -> None:
         """Attach to the event loop (a pipe, socket or terminal)."""
-        mode = os.fstat(self.file.fileno()).st_mode
-        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode):
+        fd = self.file.fileno()
+        mode = os.fstat(fd).st_mode
+        # A character device other than a terminal (/dev/null) is read like a file: the
+        # event loop's pipe transport cannot take it (uvloop aborts the process).
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or (stat.S_ISCHR(mode) and os.isatty(fd)):
             loop = asyncio.get_running_loop()
             reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
             await loop.connect_read_pipe(

@@ -22,6 +22,7 @@ from hearthnet.commands.common import (
 )
 from hearthnet.commands.output import add_json_flag, emit, print_fields
 from hearthnet.config import Config, sections, to_toml
+from hearthnet.errors import HearthNetError, UsageError
 
 
 def cmd_keys_show(args: argparse.Namespace) -> int:
@@ -84,7 +85,13 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
 
     keys, _, membership = local_identity(args)
     if args.token.startswith(TOKEN_PREFIX):
-        token = CapabilityToken.decode(args.token)
+        try:
+            token = CapabilityToken.decode(args.token)
+        except HearthNetError as exc:
+            raise UsageError(
+                f"not a token ({exc}): pass the whole hnt1:... that hearthnet token issue"
+                " printed, or its jti (hearthnet token issue --json shows it)"
+            ) from exc
         iss, jti = token.iss, token.jti
     else:
         iss, jti = args.iss or keys.node_id, args.token

@@ -36,7 +36,22 @@ def json_arg(text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+        raise argparse.ArgumentTypeError(
+            f"not JSON: {exc} (quote it for the shell, keys and strings in double quotes:"
+            """ '{"text": "hi"}', a string alone '"hi"')"""
+        ) from exc
+
+
+def node_id_arg(text: str) -> str:
+    """A NodeID argument (``ed25519:`` and 43 base64url characters), checked now."""
+    from hearthnet.ids import is_node_id
+
+    if not is_node_id(text):
+        raise argparse.ArgumentTypeError(
+            f"not a NodeID: {text!r} (ed25519:... as hearthnet peers or hearthnet community"
+            " show print it)"
+        )
+    return text
 
 
 def cursor_arg(text: str) -> dict[str, Any]:

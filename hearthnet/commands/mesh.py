@@ -19,6 +19,7 @@ from hearthnet.commands.common import (
     data_dir_of,
     existing_keys,
     local_identity,
+    node_id_arg,
     parse_duration_ms,
     run,
     status_of,
@@ -29,9 +30,12 @@ from hearthnet.errors import ConfigError, NodeNotRunning
 
 
 def _path(peer: Mapping[str, Any]) -> str | None:
-    """spec §8: direct, relayed via <relay>, or upgrading."""
+    """spec §8: direct, relayed via <relay>, or upgrading; ``(relay)`` after the path of a
+    relay of ours (a federated one says so in its own column)."""
     path = peer.get("path")
-    return f"{path} via {peer['via']}" if peer.get("via") else path
+    if peer.get("via"):
+        return f"{path} via {peer['via']}"
+    return f"{path} (relay)" if peer.get("relay") and not peer.get("community") else path
 
 
 def _federated(peer: Mapping[str, Any]) -> str | None:
@@ -342,7 +346,7 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     add_json_flag(invite, "print {invite, community, level, expires_ms, bootstrap, relays}")
     invite.set_defaults(func=cmd_community_invite)
     revoke = csub.add_parser("revoke", parents=remote, help="revoke a member (anchors only)")
-    revoke.add_argument("node", help="the NodeID to revoke")
+    revoke.add_argument("node", type=node_id_arg, help="the NodeID to revoke")
     add_json_flag(revoke)
     revoke.set_defaults(func=cmd_community_revoke)
     rules = csub.add_parser(

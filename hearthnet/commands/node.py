@@ -1,10 +1,13 @@
-"""``hearthnet node start|status``, ``hearthnet call`` and ``hearthnet chat``."""
+"""``hearthnet node start|status|stop``, ``hearthnet call`` and ``hearthnet chat``."""
 
 from __future__ import annotations
 
 import argparse
 import gc
 import os
+import signal
+import time
+from pathlib import Path
 from typing import Any
 
 from hearthnet.commands.common import (
@@ -12,7 +15,9 @@ from hearthnet.commands.common import (
     Parents,
     client_of,
     config_of,
+    data_dir_of,
     json_arg,
+    node_id_arg,
     run,
     status_of,
 )
@@ -23,7 +28,14 @@ from hearthnet.commands.output import (
     print_json,
     print_json_line,
 )
-from hearthnet.errors import BadRequest, NotFound, UsageError, WireError
+from hearthnet.errors import (
+    BadRequest,
+    HearthNetError,
+    NodeNotRunning,
+    NotFound,
+    UsageError,
+    WireError,
+)
 
 
 def cmd_node_start(args: argparse.Namespace) -> int:
@@ -98,6 +110,53 @@ def cmd_node_status(args: argparse.Namespace) -> int:
     status = status_of(args)
     emit(args, status, lambda: print_fields(status))
     return EXIT_OK
+
+
+STOP_WAIT_S = 10.0  # SIGTERM ends a node within 5 s (docs/operations.md); twice that here
+
+
+def cmd_node_stop(args: argparse.Namespace) -> int:
+    """``hearthnet node stop``: SIGTERM to the node running on this data dir (the PID in
+    ``run/node.json``), then wait until the process is gone (``--json``: ``{"stopped",
+    "pid"}``)."""
+    from hearthnet.client import find_running_node
+
+    data_dir = data_dir_of(args)
+    info = find_running_node(data_dir)  # exit 3 when nothing runs there
+    pid = int(info["pid"])
+    run_file = data_dir / "run" / "node.json"
+    if not _is_node_process(pid):
+        raise NodeNotRunning(
+            f"process {pid} named in {run_file} is not a hearthnet node (stale run file)"
+        )
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_WAIT_S
+    while _is_node_process(pid):
+        if time.monotonic() > deadline:
+            raise HearthNetError(
+                f"node {info.get('node')} (pid {pid}) did not stop within {STOP_WAIT_S:.0f} s;"
+                f" see its log, or end it with: kill -9 {pid}"
+            )
+        time.sleep(0.05)
+    emit(
+        args,
+        {"stopped": info.get("node"), "pid": pid},
+        lambda: print(f"stopped node {info.get('node')} (pid {pid})"),
+    )
+    return EXIT_OK
+
+
+def _is_node_process(pid: int) -> bool:
+    """``pid`` runs a ``hearthnet`` command now (not exited, not a zombie, not a PID that
+    another program got since)."""
+    proc = Path("/proc") / str(pid)
+    try:
+        stat = (proc / "stat").read_text()
+        cmdline = (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
+    state = stat.rpartition(")")[2].split()[0]  # the field after the command name
+    return state not in ("Z", "X") and b"hearthnet" in cmdline
 
 
 async def _offered(client: Any) -> list[dict[str, Any]]:
@@ -183,7 +242,7 @@ def add_chat_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
-    """``hearthnet node start|status`` and ``hearthnet call``."""
+    """``hearthnet node start|status|stop`` and ``hearthnet call``."""
     node = sub.add_parser("node", help="run and inspect the node")
     node_sub = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
     start = node_sub.add_parser("start", parents=local, help="start a node in the foreground")
@@ -249,6 +308,11 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     status = node_sub.add_parser("status", parents=remote, help="show the running node")
     add_json_flag(status)
     status.set_defaults(func=cmd_node_status)
+    stop = node_sub.add_parser(
+        "stop", parents=local, help="stop the node running on this data dir (SIGTERM, then wait)"
+    )
+    add_json_flag(stop)
+    stop.set_defaults(func=cmd_node_stop)
 
     call = sub.add_parser("call", parents=remote, help="call a capability")
     call.add_argument("capability", help="NAME[@MAJOR.MINOR], e.g. echo@1.0")
@@ -256,6 +320,8 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     call.add_argument("--stream", action="store_true", help="stream frames (WS, SSE fallback)")
     call.add_argument("--sse", action="store_true", help="with --stream: use SSE, not WebSocket")
     call.add_argument("--cbor", action="store_true", help="with --stream: CBOR WebSocket frames")
-    call.add_argument("--target", help="run on this NodeID")
+    call.add_argument(
+        "--target", type=node_id_arg, help="run on this NodeID (hearthnet peers lists them)"
+    )
     add_json_flag(call, "print {output, meta} (with --stream: frames, one JSON object a line)")
     call.set_defaults(func=cmd_call)

@@ -97,12 +97,22 @@ def print_table(
 
 
 def print_fields(fields: Mapping[str, Any]) -> None:
-    """``key  value`` lines, keys aligned."""
-    if not fields:
+    """``key  value`` lines, keys aligned; a section of sections (``/status``'s
+    ``relaying``) gets a line per section, ``relaying.relay  members=2, ...``."""
+    flat = list(_flat_fields(fields))
+    if not flat:
         return
-    width = max(len(k) for k in fields)
-    for key, value in fields.items():
+    width = max(len(k) for k, _ in flat)
+    for key, value in flat:
         print(f"{key.ljust(width)}  {cell_text(value, None)}")
+
+
+def _flat_fields(fields: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+    for key, value in fields.items():
+        if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+            yield from _flat_fields(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def print_error(args: argparse.Namespace | None, code: str, message: str, out: TextIO) -> None:

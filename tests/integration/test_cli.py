@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from hearthnet.cli import main
 from hearthnet.client import Client
 from hearthnet.errors import Revoked
 from hearthnet.identity import load_or_create_keys
@@ -105,15 +106,28 @@ async def test_issued_token_works_for_a_client(node_proc: NodeProcess) -> None:
         assert {"echo": "via token"} == await client.call("echo@1", "via token")
 
 
-def test_sigterm_shuts_down_within_5s_and_removes_run_file(tmp_path: Path) -> None:
-    """SIGTERM: exit code 0 within 5 s, run file removed."""
+def test_node_stop_sigterm_shuts_down_within_5s_and_removes_run_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """hearthnet node stop sends SIGTERM: exit code 0 within 5 s, run file removed; a second
+    node stop finds no node (exit 3)."""
     proc = start_node_process(tmp_path / "d")
-    started = time.monotonic()
-    code = proc.stop(signal.SIGTERM)
-    assert (0, True, False) == (
+    try:
+        started = time.monotonic()
+        stopped = main(["node", "stop", "--data-dir", str(tmp_path / "d"), "--json"])
+        out = capsys.readouterr().out
+        proc.proc.wait(timeout=10)
+        elapsed = time.monotonic() - started
+    finally:
+        code = proc.stop()  # closes its pipe; signals it only if it still runs
+    again = main(["node", "stop", "--data-dir", str(tmp_path / "d")])
+    assert (0, {"stopped": proc.fields["node"], "pid": proc.proc.pid}, 0, True, False, 3) == (
+        stopped,
+        json.loads(out),
         code,
-        time.monotonic() - started < 5,
+        elapsed < 5,
         (tmp_path / "d" / "run" / "node.json").exists(),
+        again,
     )
 
 
@@ -345,8 +359,8 @@ async def test_token_revoke_ends_the_tokens_sessions_and_requests(node_proc: Nod
 
 def test_anchor_only_commands_on_a_member_node_are_forbidden(tmp_path: Path) -> None:
     """Finding 6: on a plain member's node, `community rules` and `community revoke` are
-    refused by the node (forbidden, spec §1.5); the CLI says so and exits 1, and the
-    anchor's node never hears of them."""
+    refused by the node (forbidden, spec §1.5); the CLI says so, naming the fix, and exits
+    1, and the anchor's node never hears of them."""
     anchor = start_node_process(tmp_path / "a", *MESH_ARGS)
     try:
         member = start_node_process(
@@ -371,8 +385,13 @@ def test_anchor_only_commands_on_a_member_node_are_forbidden(tmp_path: Path) -> 
         )
     finally:
         anchor.stop()
-    assert [(1, True)] * 3 == [
-        (p.returncode, "forbidden" in p.stderr) for p in (rules, revoke, rotate)
+    assert [(1, True, True)] * 3 == [
+        (
+            p.returncode,
+            "forbidden" in p.stderr,
+            "anchors only: run it with the --data-dir" in p.stderr,
+        )
+        for p in (rules, revoke, rotate)
     ], (rules.stderr, revoke.stderr, rotate.stderr)
     assert ("", "", None, [], 2) == (
         rules.stdout,

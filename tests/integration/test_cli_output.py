@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from hearthnet.cli import build_parser, main
 from hearthnet.identity import load_or_create_keys
-from tests.helpers import NodeProcess, run_cli, start_node_process
+from tests.helpers import NodeProcess, hearthnet_cmd, run_cli, start_node_process
 
 
 @pytest.fixture(scope="module")
@@ -157,4 +158,65 @@ def test_errors_say_what_to_type_and_exit_by_kind(
         "use the --data-dir of a member" in auth[2],
         json.loads(silent[2])["error"],
         "hearthnet node start" in json.loads(silent[2])["message"],
+    )
+
+
+def test_mistakes_name_the_fix(
+    tmp_path: Path, node_proc: NodeProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--json before the command works; --data that is not JSON, a NodeID that is not one, a
+    malformed token to revoke and an agreement ID that is not one are usage errors (2)
+    showing the right form; a bad --token to the bridge (stdin at /dev/null) and a damaged
+    invite (4) say what to pass, not to change the data dir."""
+    d = ("--data-dir", str(node_proc.data_dir))
+    # those that need a process of their own (stdin; a node start) run meanwhile
+    bridge, join = (
+        subprocess.Popen(
+            hearthnet_cmd(*args),
+            stdin=subprocess.DEVNULL,  # /dev/null (which once aborted the bridge)
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args in (
+            ("bridge", "--token", "hnt1:garbage", *d),
+            ("node", "start", "--data-dir", str(tmp_path / "new"), "--host", "127.0.0.1",
+             "--port", "0", "--no-zeroconf", "--join", "hn1:eyJib290"),
+        )
+    )  # fmt: skip
+    flag_first, token, agreement = (
+        cli(capsys, *args)
+        for args in (
+            ("--json", "node", "status", *d),
+            ("token", "revoke", "hnt1:garbage", *d),
+            ("federation", "revoke", "NOSUCH", *d),
+        )
+    )
+    refused = []
+    for args in (
+        ("pub", "x", "--data", "hello"),
+        ("call", "echo", "--target", "ed25519:nosuch"),
+        ("community", "revoke", "bob"),
+    ):
+        with pytest.raises(SystemExit) as usage:
+            main([*args, *d])
+        refused.append((usage.value.code, capsys.readouterr().err.rpartition(" (")[2]))
+    bridge_err, join_err = (p.communicate(timeout=60)[1] for p in (bridge, join))
+    assert (0, 2, 2, 4, 4) == (
+        flag_first[0],
+        token[0],
+        agreement[0],
+        bridge.returncode,
+        join.returncode,
+    )
+    quote = """quote it for the shell, keys and strings in double quotes: '{"text": "hi"}', a"""
+    shows = "ed25519:... as hearthnet peers or hearthnet community show print it)\n"
+    assert [(2, quote + """ string alone '"hi"')\n"""), (2, shows), (2, shows)] == refused
+    assert (node_proc.fields["node"], True, True, True, False, True) == (
+        json.loads(flag_first[1])["node"],
+        "pass the whole hnt1:... that hearthnet token issue printed" in token[2],
+        "hearthnet federation list shows them" in agreement[2],
+        "hearthnet token issue --scope" in bridge_err,
+        "--data-dir" in bridge_err,
+        "give --join the whole hn1:... that hearthnet community invite printed" in join_err,
     )

@@ -103,12 +103,17 @@ async def test_federation_grants_flow_and_revocation_stops_them(
         *("--bridges", a_id, "--their-bridges", b_id),
     )
     cli("federation", "accept", "--data-dir", str(b.data_dir), str(proposal), "--out", str(signed))
-    cli("federation", "accept", "--data-dir", str(a.data_dir), str(signed))
+    imported = cli("federation", "accept", "--data-dir", str(a.data_dir), str(signed))
     held = await listing(a)
     agreement = held[0]["id"]
-    assert (["in_force"], [[a_id], [b_id]]) == (
+    assert (
+        ["in_force"],
+        [[a_id], [b_id]],
+        f"agreement {agreement}: in_force (signed by both communities; nothing to send)\n",
+    ) == (
         [x["status"] for x in held],
         [held[0].get("bridges_a"), held[0].get("bridges_b")],
+        imported,
     )
 
     async with client(a, a) as ca, client(b, b) as cb:
