@@ -30,3 +30,16 @@ async def test_a_failed_start_releases_the_data_dir_and_the_port(make_config: Ma
                 pass
     async with Node(good) as node:
         assert node.url.startswith("http://127.0.0.1:")
+
+
+async def test_a_second_node_on_a_port_a_node_listens_on_does_not_start(
+    make_config: MakeConfig,
+) -> None:
+    """The listener shares its port with hole punching (SO_REUSEPORT), not with another node."""
+    async with Node(make_config()) as first:
+        port = int(first.url.rsplit(":", 1)[1])
+        with pytest.raises(HearthNetError, match=f"cannot listen on 127.0.0.1:{port}"):
+            async with Node(make_config(node={"port": port})):
+                pass
+        alive = first.server.port
+    assert port == alive

@@ -54,6 +54,7 @@ from hearthnet.transport.frontdoor import (
     readable,
     refusal_answer,
 )
+from hearthnet.transport.listener import open_listener
 from hearthnet.transport.parser_errors import JsonErrorsHandler
 from hearthnet.transport.preauth import Refusal, descriptor_budget
 
@@ -360,17 +361,7 @@ class HttpServer:
                 server, loop=loop, requests_refused=self.metrics.refused, **handler_args
             )
 
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            # spec §8: the direct upgrade opens TCP from this port while we listen on it
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((host, port))
-            sock.listen(1024)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            raise
+        sock = open_listener(host, port)
         self._sock = sock
         self._spare = _open_spare()
         capacity, reserve = descriptor_budget(
