@@ -197,7 +197,8 @@ window.addEventListener("DOMContentLoaded", () => {
 function renderRelays(relays) {
   const { attached = [], ...counters } = relays || {};
   const rows = [];
-  if (!attached.length) rows.push(el("p", { class: "muted" }, "no relay configured (node start --relay-url URL)"));
+  if (counters.relay) rows.push(el("p", {}, "this node serves as a relay (node start --relay)"));
+  if (!attached.length && !counters.relay) rows.push(el("p", { class: "muted" }, "no relay configured (node start --relay-url URL)"));
   else rows.push(el("ul", {}, ...attached.map((url) => el("li", { class: "mono" }, url))));
   const dl = el("dl", {});
   for (const [k, v] of Object.entries(counters)) {
