@@ -6,11 +6,21 @@ without waiting would leave such sockets to the garbage collector ("unclosed tra
 or, once its event loop is gone, open for good. :class:`OpenTransports` tracks each
 connection from its ``connection_made`` to its ``connection_lost`` and, on stop, waits a
 bounded time for the closes in flight and aborts what is left.
+
+asyncio's TLS transport, closed a second time (aiohttp closes a connection it lets go
+twice), lets go of its TLS protocol: its ``abort()`` then does nothing and its socket waits
+for the peer's TLS close up to the 30 s shutdown timeout. An aborted transport's socket is
+therefore shut down too: it reads end of file, and the transport under TLS closes (the TLS
+protocol answers end of file in its shutdown by closing it). uvloop's TLS transport keeps
+its protocol, and its ``abort()`` closes the socket.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+from asyncio.trsock import TransportSocket
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +39,8 @@ class OpenTransports:
     """Transports whose connection is not lost yet, and a bounded wait for them to go."""
 
     def __init__(self) -> None:
-        self._open: set[asyncio.Transport] = set()
+        # each transport, with its socket where that is asyncio's (uvloop's needs none)
+        self._open: dict[asyncio.Transport, TransportSocket | None] = {}
         self._empty: asyncio.Event | None = None
 
     def __len__(self) -> int:
@@ -40,11 +51,12 @@ class OpenTransports:
 
     def add(self, transport: asyncio.Transport) -> None:
         """``transport``'s connection is made."""
-        self._open.add(transport)
+        sock = transport.get_extra_info("socket")  # asked now: a TLS transport closed twice
+        self._open[transport] = sock if isinstance(sock, TransportSocket) else None
 
     def lost(self, transport: asyncio.Transport) -> None:
         """``transport``'s connection is lost (its socket is closed)."""
-        self._open.discard(transport)
+        self._open.pop(transport, None)
         if not self._open and self._empty is not None:
             self._empty.set()
 
@@ -67,9 +79,14 @@ class OpenTransports:
                 transport.close()
         if await self._wait(grace_s):
             return 0
-        late = list(self._open)
-        for transport in late:
+        late = list(self._open.items())
+        for transport, sock in late:
             transport.abort()
+            # see the module's docstring; a socket closed already (fileno -1, so never
+            # another connection's) or not connected raises OSError
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
         await self._wait(_ABORT_WAIT_S)
         # a transport whose protocol never hears connection_lost is not waited for again
         self._open.clear()
@@ -105,6 +122,7 @@ class TrackedConnector(aiohttp.TCPConnector):
     ) -> ResponseHandler:
         protocol = await super()._create_connection(req, traces, timeout)
         transport, lost = protocol.transport, protocol.closed
-        if isinstance(transport, asyncio.Transport) and lost is not None:
+        # uvloop's transports are not asyncio.Transport subclasses; they behave as one
+        if transport is not None and lost is not None:
             self.connections.add_until(transport, lost)
         return protocol

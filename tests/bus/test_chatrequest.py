@@ -9,7 +9,7 @@ import pytest
 from hearthnet.bus.chatrequest import ChatRequest, ToolLimits, ToolSpec
 from hearthnet.errors import SchemaMismatch
 
-LOOKUP = {
+LOOKUP: dict[str, Any] = {
     "name": "lookup",
     "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
 }

@@ -83,7 +83,7 @@ def test_descriptor_validates_names_and_schema() -> None:
         {"name": "x", "version": "1.0", "request_schema": {"type": "nope"}},
     ):
         with pytest.raises(BadRequest):
-            CapabilityDescriptor(**kwargs)  # type: ignore[arg-type]
+            CapabilityDescriptor(**kwargs)
 
 
 def test_descriptors_with_the_same_schema_share_one_checked_validator() -> None:
@@ -104,9 +104,9 @@ def test_descriptors_with_the_same_schema_share_one_checked_validator() -> None:
 def test_the_node_s_own_schemas_are_valid_and_checked_on_first_call() -> None:
     """The built-in capabilities' schemas, which a node no longer checks when it starts,
     pass the meta-schema check; a schema checked on first call is refused then."""
-    own = [Echo, EchoStream, MeshPeers, MeshTopics, PubSubPublish]
-    assert [True] * len(own) == [c.descriptor.check_on_first_call for c in own]
-    checked = [c.descriptor.check_schema() for c in own]  # BadRequest if one is invalid
+    own = [c.descriptor for c in (Echo, EchoStream, MeshPeers, MeshTopics, PubSubPublish)]
+    assert [True] * len(own) == [d.check_on_first_call for d in own]
+    checked = [d.check_schema() for d in own]  # BadRequest if one is invalid
     assert len(own) == sum(v is not None for v in checked)
     bad = CapabilityDescriptor("x", "1.0", request_schema={"type": 5}, check_on_first_call=True)
     with pytest.raises(BadRequest, match="invalid request_schema"):

@@ -243,7 +243,7 @@ def test_round_limit_forces_an_answer_without_tools() -> None:
 
 def test_rounds_in_the_history_count_towards_the_limit() -> None:
     """An SSE re-call carrying three rounds already gets the final, tool-less turn."""
-    history = [USER]
+    history: list[dict[str, Any]] = [USER]
     for r in range(3):
         history += [
             {"role": "assistant", "content": "", "tool_calls": [{"id": f"c{r}", "name": "clock"}]},
@@ -265,7 +265,7 @@ def test_required_tool_choice_applies_to_the_first_turn_only() -> None:
 
 def test_backend_ids_reused_or_malformed_are_replaced() -> None:
     """An id used earlier in the turn, or not a short token, becomes tc_<round>_<n>."""
-    history = [
+    history: list[dict[str, Any]] = [
         USER,
         {"role": "assistant", "content": "", "tool_calls": [{"id": "call_0", "name": "clock"}]},
         {"role": "tool", "tool_call_id": "call_0", "content": 1},

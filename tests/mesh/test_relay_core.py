@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 from hypothesis import given, settings
@@ -238,9 +239,13 @@ def test_a_member_has_at_most_64_circuits() -> None:
     assert (["route"] * 64 + ["route_error"], [(dests[-1], "route")]) == (kinds, again)
 
 
-@settings(max_examples=6, deadline=None)  # each example is 10 s of relay time
-@given(st.integers(2, 8), st.randoms(use_true_random=False))
-def test_saturating_members_share_the_capacity_equally(n: int, rnd: object) -> None:
+# Each example is 10 s of relay time. The shuffles come from one drawn seed: drawn one by one
+# from Hypothesis (use_true_random=False), the 1,000 shuffles overran its input buffer in a
+# third of the examples and their draws took half the run, which a loaded machine stretched
+# past the too_slow health check's 30 s.
+@settings(max_examples=6, deadline=None)
+@given(st.integers(2, 8), st.randoms(use_true_random=True))
+def test_saturating_members_share_the_capacity_equally(n: int, rnd: random.Random) -> None:
     """N saturating members each get 1/N of the capacity (after the first second's burst)."""
     capacity = 400 * 1024
     core = relay(capacity_bytes_per_s=capacity)
@@ -251,7 +256,7 @@ def test_saturating_members_share_the_capacity_equally(n: int, rnd: object) -> N
     for step in range(1, 1001):  # 10 s in 10 ms steps, senders in a random order each step
         now = step / 100
         order = list(senders)
-        rnd.shuffle(order)  # type: ignore[attr-defined]
+        rnd.shuffle(order)
         for m in order:
             for _ in range(50):
                 frame_id += 1

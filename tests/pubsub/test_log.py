@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from hearthnet.config import PubSubSection
-from hearthnet.errors import Unavailable
+from hearthnet.errors import Unavailable, WireError
 from hearthnet.identity import KeyPair
 from hearthnet.metrics import MetricsRegistry
 from hearthnet.pubsub.access import AccessPolicy
@@ -99,7 +99,7 @@ async def test_lone_small_batches_commit_on_the_loop_only_with_sync_normal(
 ) -> None:
     """With sync normal a lone publish commits on the event loop, a large batch in the
     writer thread; with full every batch goes to the thread; all of it is read back."""
-    counts = []
+    counts: list[tuple[object, int]] = []
     for sync in ("normal", "full"):
         async with opened(tmp_path / f"{sync}.db", sync) as log:
             for i in range(3):
@@ -549,7 +549,7 @@ async def test_publish_many_answers_a_group_with_one_future(tmp_path: Path) -> N
         [
             (o.seq, o.message.origin_seq) if isinstance(o, StoredMessage) else o.code
             for o in outcomes
-            if o is not None
+            if isinstance(o, StoredMessage | WireError)
         ],
         [r.message.ttl_s for r in read],
         log.origin_seq,

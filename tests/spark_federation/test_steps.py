@@ -249,6 +249,7 @@ def test_records_without_the_catch_up_field_are_classified_by_the_receivers_link
         (249_000.0, True, True),
     ] == got
     counts = propagation.split_counts(propagation.delays(traces, skew, hb)).first()
+    assert counts is not None
     assert (5, 2, 3, 4) == (
         counts["records"],
         counts["live"],

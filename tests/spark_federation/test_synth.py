@@ -36,7 +36,7 @@ def test_generator_invariants(tmp_path_factory: object, seed: int, nodes: int) -
             assert result.start_ms <= e.start_ms < (e.end_ms or 0) <= result.end_ms + 120_000
     # spec §7.5: a link closes after three misses in a row, never after fewer
     streak: dict[tuple[object, object], int] = defaultdict(int)
-    for r in sorted(rows, key=lambda r: (r["node"], r["peer"], r["ts"])):  # type: ignore[return-value]
+    for r in sorted(rows, key=lambda r: (r["node"], r["peer"], r["ts"])):
         key = (r["node"], r["peer"])
         if r["kind"] == "miss":
             streak[key] += 1

@@ -35,22 +35,24 @@ def signed_call(
     accept: str = "application/json",
 ) -> dict[str, str]:
     """Headers for a call signed by ``keys`` (built by hand, as a non-Python client would)."""
+    request_id = request_id or new_ulid()
+    ts = now_ms() if ts is None else ts
     envelope = {
         "body": body,
         "capability": cap,
         "version": version,
-        "request_id": request_id or new_ulid(),
+        "request_id": request_id,
         "from": keys.node_id,
         "community": community,
-        "ts": now_ms() if ts is None else ts,
+        "ts": ts,
     }
     return {
         h.CAPABILITY: cap,
         h.VERSION: version,
-        h.REQUEST_ID: envelope["request_id"],
+        h.REQUEST_ID: request_id,
         h.FROM: keys.node_id,
         h.COMMUNITY: community,
-        h.TIMESTAMP: str(envelope["ts"]),
+        h.TIMESTAMP: str(ts),
         h.SIGNATURE: keys.sign_object(envelope),
         "Accept": accept,
         "Content-Type": "application/json",
@@ -105,7 +107,7 @@ def bad_cases(node: Node) -> list[tuple[str, dict[str, str], Any, int, str]]:
     """(name, headers, body, expected status, expected code) for refusals over HTTP."""
     c = node.membership.community_id
     k = node.keys
-    good = {"input": {}}
+    good: dict[str, Any] = {"input": {}}
     stranger = KeyPair.generate()
     replay_headers = signed_call(k, c, "echo", good)
     bad_sig = signed_call(k, c, "echo", good)

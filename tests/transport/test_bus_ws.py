@@ -43,10 +43,17 @@ def call_frame(
 
 
 async def connect(
-    http: aiohttp.ClientSession, node: Node, protocol: str = "hearthnet-bus.v2", **kw: Any
+    http: aiohttp.ClientSession,
+    node: Node,
+    protocol: str = "hearthnet-bus.v2",
+    *,
+    headers: dict[str, str] | None = None,
+    autoping: bool = True,
 ) -> aiohttp.ClientWebSocketResponse:
     """Open a raw bus WebSocket."""
-    return await http.ws_connect(node.url + "/bus/v1/call", protocols=(protocol,), **kw)
+    return await http.ws_connect(
+        node.url + "/bus/v1/call", protocols=(protocol,), headers=headers, autoping=autoping
+    )
 
 
 async def read_all(
@@ -555,9 +562,9 @@ async def test_ws_call_ends_at_its_deadline(
     value = {"count": 1000, "interval_ms": 10}
     if where == "client":
         async with client.stream("echo.stream", value, deadline_ms=300) as stream:
-            frames = [(f.event, f.data) async for f in stream]
-        assert ("ws", "error") == (stream.transport, frames[-1][0])
-        assert "timeout" == frames[-1][1]["code"]
+            events = [(f.event, f.data) async for f in stream]
+        assert ("ws", "error") == (stream.transport, events[-1][0])
+        assert "timeout" == events[-1][1]["code"]
         return
     frame = call_frame(node.keys, node.membership.community_id, "echo.stream", value)
     headers = {}

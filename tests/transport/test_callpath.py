@@ -244,7 +244,7 @@ async def test_overlapping_calls_are_checked_by_the_checker_process(
         pid = node.signatures.checker_pid
         for _, writer in streams:
             writer.close()
-    expected = [(200, {"echo": {"i": i}}) for i in range(8)]
+    expected: list[tuple[int, object]] = [(200, {"echo": {"i": i}}) for i in range(8)]
     expected[3] = (401, "invalid_signature")
     assert (outcomes, node.signatures.starts, node.signatures.checker_pid) == (expected, 1, None)
     assert pid is not None
