@@ -243,7 +243,11 @@ class Dialer:
                 return ws
         except WireError as exc:
             self.refused.inc(exc.code)
-            log.info("refused a peer link from %s: %s", request.remote, exc)
+            if isinstance(exc, Unavailable):  # a peer's probe of our URL closes there, and
+                # so does the loser of two simultaneous dials: nothing for an operator
+                log.debug("a peer link from %s ended in the handshake: %s", request.remote, exc)
+            else:
+                log.info("refused a peer link from %s: %s", request.remote, exc)
             await ws.close(code=1008, message=exc.code.encode())
             return ws
         finally:
