@@ -84,11 +84,13 @@ class _Job:
         return len(self.spark.sparkContext.statusTracker().getJobIdsForGroup())
 
     def say(self, msg: str) -> None:
-        """A progress line: seconds into the job and, in local mode, the CPU seconds the
-        JVM has used so far (with the machine shared, the measure of each phase's work)."""
+        """A progress line: seconds into the job, in local mode the CPU seconds the JVM
+        has used so far (with the machine shared, the measure of each phase's work), and
+        the Spark jobs run so far (the fixed cost, whatever the load)."""
         cpu = _jvm_cpu_seconds(self.spark) if self.local else None
         used = f" cpu {cpu:6.1f}s" if cpu is not None else ""
-        self.progress(f"[{time.monotonic() - self.started:6.1f}s{used}] {msg}")
+        jobs = self._jobs_run() - self.jobs_before
+        self.progress(f"[{time.monotonic() - self.started:6.1f}s{used} {jobs:4d} jobs] {msg}")
 
     def keep(self, df: DataFrame, level: StorageLevel = StorageLevel.MEMORY_AND_DISK) -> DataFrame:
         """Cache a frame that several steps read; released when the run ends."""
@@ -270,7 +272,7 @@ class _Job:
             vertices.select("nid", "win"),
             edges.select("a", "b", "win"),
             self.cfg.thresholds.max_iterations,
-            on_round=lambda i, n: self.say(f"components round {i}: {n} labels changed"),
+            on_round=lambda i, n: self.say(f"components: {i} rounds, {n} windows unsettled"),
         )
         comps = self.keep(partitions.components(labels))
         per_window = self.keep(partitions.window_partitions(comps))

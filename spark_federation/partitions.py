@@ -10,17 +10,17 @@ is left out rather than reported as a partition of one.
 
 Components are computed in Spark by min-label propagation with pointer jumping
 (each round a vertex takes the smallest label among itself, its neighbours and
-its label's label), checkpointed each round, until no label changes. The graph
-is never collected to the driver. Checkpoints are lazy: the one job a round needs
-(counting the labels that changed) computes and keeps them, instead of a job to
-write each checkpoint and another to read it.
+its label's label) until no label changes. Each window's graph is one row (its
+vertices and adjacency as arrays) and the rounds are array expressions on it, so
+all windows' rounds are one Spark job rather than a few joins per round. The graph
+is never collected to the driver.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as sf
 
 from spark_federation.errors import MeshHealthError
@@ -65,11 +65,18 @@ def connected_components(
 ) -> tuple[DataFrame, int]:
     """Label every (node, window) with the smallest node id of its component.
 
+    Each window's graph is one row (its sorted vertices, each vertex's neighbours as
+    positions in that list), and min-label propagation with pointer jumping runs on
+    it as array expressions, round after round until a round changes no label or the
+    bound is reached: one Spark job for every window's rounds, where a join per round
+    cost a few jobs each.
+
     Args:
         vertices: ``nid, win``.
         edges: ``a, b, win``; both ends must be vertices of that window.
         max_iterations: bound on rounds; reaching it without converging raises.
-        on_round: called with (round, labels changed) after each round, for progress.
+        on_round: called with (rounds taken, windows not converged) once they are known,
+            for progress.
 
     Returns:
         (``nid, win, label`` checkpointed, rounds taken).
@@ -77,53 +84,92 @@ def connected_components(
     Raises:
         MeshHealthError: labels still changed after ``max_iterations`` rounds.
     """
-    arcs = (
-        edges.select(sf.col("a").alias("src"), sf.col("b").alias("dst"), "win")
-        .unionByName(edges.select(sf.col("b").alias("src"), sf.col("a").alias("dst"), "win"))
-        .localCheckpoint(eager=False)
+    graphs = (
+        vertices.groupBy("win")
+        .agg(sf.sort_array(sf.collect_set("nid")).alias("vs"))
+        .join(
+            edges.groupBy("win").agg(sf.collect_list(sf.struct("a", "b")).alias("es")),
+            on="win",
+            how="left",
+        )
+        .select("win", "vs", sf.coalesce("es", sf.array()).alias("es"))
     )
-    labels = vertices.select("nid", "win", sf.col("nid").alias("label")).localCheckpoint(
-        eager=False
+    # edges as 1-based positions into the window's vertices, then each vertex's neighbours
+    at = graphs.select(
+        "win",
+        "vs",
+        sf.transform(
+            "es",
+            lambda e: sf.struct(
+                sf.array_position("vs", e["a"]).cast("int").alias("x"),
+                sf.array_position("vs", e["b"]).cast("int").alias("y"),
+            ),
+        ).alias("ei"),
     )
-    for rounds in range(1, max_iterations + 1):
-        mine = labels.alias("m")
-        from_neighbours = arcs.join(
-            mine, (sf.col("src") == sf.col("m.nid")) & (arcs["win"] == sf.col("m.win")), how="inner"
-        ).select(
-            sf.col("dst").alias("nid"), arcs["win"].alias("win"), sf.col("m.label").alias("label")
-        )
-        hop = labels.alias("h")
-        jumped = mine.join(
-            hop,
-            (sf.col("m.label") == sf.col("h.nid")) & (sf.col("m.win") == sf.col("h.win")),
-            how="inner",
-        ).select(
-            sf.col("m.nid").alias("nid"),
-            sf.col("m.win").alias("win"),
-            sf.col("h.label").alias("label"),
-        )
-        best = (
-            labels.unionByName(from_neighbours)
-            .unionByName(jumped)
-            .groupBy("nid", "win")
-            .agg(sf.min("label").alias("label"))
-        )
-        updated = (
-            best.join(labels.withColumnRenamed("label", "old"), on=["nid", "win"], how="inner")
-            .select("nid", "win", "label", (sf.col("label") < sf.col("old")).alias("changed"))
-            .localCheckpoint(eager=False)
-        )
-        # this count is the round's job: it computes the checkpoint the next round reads
-        changed = updated.where(sf.col("changed")).count()
-        labels = updated.select("nid", "win", "label")
-        if on_round is not None:
-            on_round(rounds, changed)
-        if changed == 0:
-            return labels, rounds
-    raise MeshHealthError(
-        f"connected components did not converge in {max_iterations} rounds;"
-        " the mesh diameter is larger than expected: raise --max-iterations"
+    adjacent = at.select(
+        "win",
+        "vs",
+        sf.transform(
+            "vs",
+            lambda _, i: sf.concat(
+                sf.transform(sf.filter("ei", lambda e: e["x"] == i + 1), lambda e: e["y"]),
+                sf.transform(sf.filter("ei", lambda e: e["y"] == i + 1), lambda e: e["x"]),
+            ),
+        ).alias("adj"),
     )
+
+    def one_round(labels: Column) -> Column:
+        # a vertex takes the smallest of its label, its label's label and its neighbours'
+        # labels (labels are positions: the smallest position is the smallest node id)
+        return sf.transform(
+            labels,
+            lambda x, i: sf.least(
+                x,
+                sf.element_at(labels, x),
+                sf.array_min(
+                    sf.transform(sf.element_at("adj", i + 1), lambda j: sf.element_at(labels, j))
+                ),
+            ),
+        )
+
+    def step(acc: Column, _: Column) -> Column:
+        moved = sf.transform(
+            sf.array(one_round(acc["l"])),
+            lambda n: sf.struct(
+                n.alias("l"), (n == acc["l"]).alias("done"), (acc["r"] + 1).alias("r")
+            ),
+        )[0]
+        return sf.when(acc["done"], acc).otherwise(moved)
+
+    start = sf.struct(
+        sf.sequence(sf.lit(1), sf.size("vs")).alias("l"),
+        sf.lit(False).alias("done"),
+        sf.lit(0).alias("r"),
+    )
+    settled = adjacent.select(
+        "win",
+        "vs",
+        sf.aggregate(sf.sequence(sf.lit(1), sf.lit(max_iterations)), start, step).alias("s"),
+    ).localCheckpoint(eager=False)
+    # this collect is the components' job: it computes the checkpoint the labels read
+    [done] = settled.agg(
+        sf.coalesce(sf.max(sf.col("s")["r"]), sf.lit(0)).alias("rounds"),
+        sf.coalesce(sf.sum((~sf.col("s")["done"]).cast("long")), sf.lit(0)).alias("unsettled"),
+    ).collect()
+    rounds, unsettled = int(done["rounds"]), int(done["unsettled"])
+    if on_round is not None:
+        on_round(rounds, unsettled)
+    if unsettled:
+        raise MeshHealthError(
+            f"connected components did not converge in {max_iterations} rounds;"
+            " the mesh diameter is larger than expected: raise --max-iterations"
+        )
+    labels = settled.select("win", "vs", "s", sf.posexplode("vs").alias("p", "nid")).select(
+        "nid",
+        "win",
+        sf.element_at("vs", sf.element_at(sf.col("s")["l"], sf.col("p") + 1)).alias("label"),
+    )
+    return labels, rounds
 
 
 def distinct_graphs(vertices: DataFrame, edges: DataFrame) -> DataFrame:

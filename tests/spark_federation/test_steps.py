@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -59,6 +60,32 @@ def test_components_give_up_after_the_bound(spark: Any) -> None:
     edges = [(n, n + 1, 0) for n in range(1, 40)]
     with pytest.raises(MeshHealthError, match="did not converge"):
         _labels(spark, vertices, edges, max_iterations=2)
+
+
+def test_components_of_random_windows_are_a_union_finds(spark: Any) -> None:
+    """Labels of random graphs (isolated nodes, several components, long chains) equal the
+    smallest node id of each component as a union-find on the driver gives it."""
+    rnd = random.Random(3)
+    vertices: list[tuple[int, int]] = []
+    edges: set[tuple[int, int, int]] = set()
+    for w in range(12):
+        nodes = rnd.sample(range(1, 500), rnd.randint(1, 25))
+        vertices += [(n, w * W) for n in nodes]
+        for _ in range(rnd.randint(0, 2 * len(nodes)) if len(nodes) > 1 else 0):
+            a, b = sorted(rnd.sample(nodes, 2))
+            edges.add((a, b, w * W))
+    parent = {v: v for v in vertices}
+
+    def root(v: tuple[int, int]) -> tuple[int, int]:
+        while parent[v] != v:
+            v = parent[v]
+        return v
+
+    for a, b, win in sorted(edges):
+        ra, rb = root((a, win)), root((b, win))
+        parent[max(ra, rb)] = min(ra, rb)
+    labels, _ = _labels(spark, vertices, sorted(edges))
+    assert {v: root(v)[0] for v in vertices} == labels
 
 
 def test_runs_merge_consecutive_windows(spark: Any) -> None:
