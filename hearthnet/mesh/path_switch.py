@@ -32,6 +32,12 @@ Keeping the sequence while the direct link lives makes both ends agree: were it
 forgotten at an end's own retirement (settled or not), a link dying after it would fall
 back at the other end only, and the calls across it would fail at both.
 
+A peer gone from the relay we fell back through (the relay answers ``unreachable``) may
+have fallen back through another relay: when one we are attached to is among those its
+hello listed (any other attached relay, when it listed none), the peer moves to it,
+everything unacknowledged resent there, and the calls go on (:meth:`unreachable`); only
+when no relay is left to try does the relayed link close.
+
 Where one end did forget (it restarted, or found no relay to fall back to), only the
 other falls back; the one that forgot answers its frames with a new relayed session,
 :meth:`renewed` resends everything unacknowledged at once, and the peer's next frame,
@@ -46,7 +52,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hearthnet.errors import WireError
+from hearthnet.errors import BadRequest, WireError
+from hearthnet.mesh.addresses import normalize_url
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.path_frames import Drain, PAck, PathFrame, PFrame
 from hearthnet.mesh.paths import PathCore, PathState, Transmit
@@ -83,6 +90,10 @@ class PathSwitch:
         # peers fallen back to the relay -> until when a new session from them means they
         # did not fall back (so ended the calls on the link)
         self.fell: dict[str, float] = {}
+        # peers fallen back -> the relay URLs their dead direct link's hello listed, and
+        # the relays that answered ``unreachable`` for them since (not tried again)
+        self._listed: dict[str, frozenset[str]] = {}
+        self._tried: dict[str, set[str]] = {}
         # peers that opened a new relayed session soon after we fell back -> until when
         # their next path frame is awaited: a new sequence in it means they forgot ours
         self.renewing: dict[str, float] = {}
@@ -93,6 +104,7 @@ class PathSwitch:
         self.unexpected = 0  # path frames on a direct link from a peer with no sequence
         self.sequenced = 0  # frames sent in a relayed sequence on a direct link
         self.fallbacks = 0  # direct links that died within a switch, fallen back to the relay
+        self.moved = 0  # fallen-back peers moved to another relay that reaches them
 
     def established(self, link: PeerLink) -> None:
         """A direct link finished its handshake (before the mesh admits it): if it is to
@@ -154,6 +166,8 @@ class PathSwitch:
         self.retiring.pop(peer, None)
         self.kept.discard(peer)
         self.fell[peer] = now + RETIRE_S
+        self._listed[peer] = frozenset(_urls(link.peer.relays))
+        self._tried.pop(peer, None)
         self.fallbacks += 1
         self.carry(self.paths.direct_down(peer, now))
         # what the mesh still sends on the dead link goes to the link that replaces it
@@ -227,7 +241,9 @@ class PathSwitch:
         the old one and did not acknowledge is resent at once (:meth:`PathCore.renewed`).
         If we fell back to the relay for it lately, its next path frame says whether it
         forgot the link too (:meth:`opened`)."""
-        if self.fell.pop(peer, now) > now:
+        fell = self.fell.get(peer, now)
+        self._drop_fell(peer)
+        if fell > now:
             self.renewing[peer] = now + RETIRE_S
         self.carry(self.paths.renewed(peer, now))
 
@@ -251,25 +267,61 @@ class PathSwitch:
         if link is not None and is_relayed(link):
             link.close(PEER_RENEWED, send_bye=False)
 
-    def unreachable(self, peer: str, now: float) -> None:
-        """A relay answered ``unreachable`` for a frame to ``peer``. If we fell back to
-        the relay for it lately, the peer is not there (it crashed, or lost the relay
-        with the direct link): the relayed link that took the dead link's place closes,
-        so the calls on it end now rather than when its heartbeats time out."""
-        if self.fell.pop(peer, now) > now:
-            link = self.links.get(peer)
-            if link is not None and is_relayed(link):
-                link.close(UNREACHABLE, send_bye=False)
+    def unreachable(self, peer: str, relay: str, now: float) -> None:
+        """``relay`` answered ``unreachable`` for a frame to ``peer``. If we fell back to
+        it for the peer lately, the peer is not there: it fell back through another
+        relay, or it crashed. The peer moves to another relay we are attached to that
+        its hello listed, everything unacknowledged resent there, and the calls go on;
+        with none left to try, the relayed link that took the dead link's place closes,
+        so the calls on it end now rather than when its heartbeats time out. An answer
+        from a relay the peer already moved away from changes nothing."""
+        if self.fell.get(peer, now) <= now:
+            self._drop_fell(peer)
+            return
+        state, via = self.paths.path(peer)
+        if state is PathState.RELAYED and via != relay:
+            return  # frames sent before the move: the relay now carrying them resends
+        tried = self._tried.setdefault(peer, set())
+        tried.add(relay)
+        other = self._other_relay(peer, tried) if state is PathState.RELAYED else None
+        if other is not None:
+            self.moved += 1
+            self.carry(self.paths.leave_relay(relay, now, alive=False, peer=peer, to=other))
+            return
+        self._drop_fell(peer)
+        link = self.links.get(peer)
+        if link is not None and is_relayed(link):
+            link.close(UNREACHABLE, send_bye=False)
+
+    def _other_relay(self, peer: str, tried: set[str]) -> str | None:
+        """The best attached relay not yet tried for ``peer`` that its hello listed (by
+        the URL we dialled it at, or its own): any of them when it listed none."""
+        listed = self._listed.get(peer, frozenset())
+        for relay in self.paths.relays.attached_relays:
+            if relay in tried:
+                continue
+            link = self.links.get(relay)
+            urls = set(_urls((link.address or "", link.peer.url or ""))) if link else set()
+            if not listed or urls & listed:
+                return relay
+        return None
+
+    def _drop_fell(self, peer: str) -> None:
+        self.fell.pop(peer, None)
+        self._listed.pop(peer, None)
+        self._tried.pop(peer, None)
 
     def tick(self, now: float) -> None:
         """Settled peers go plain; retired sequences are kept while the direct link
         lives, else forgotten."""
         for peer in list(self._direct):
             self.settle(peer)
-        for table in (self.fell, self.renewing):
-            for peer, at in list(table.items()):
-                if now >= at:
-                    del table[peer]
+        for peer, at in list(self.renewing.items()):
+            if now >= at:
+                del self.renewing[peer]
+        for peer, at in list(self.fell.items()):
+            if now >= at:
+                self._drop_fell(peer)
         for peer, at in list(self.retiring.items()):
             if now >= at:
                 del self.retiring[peer]
@@ -291,6 +343,17 @@ class PathSwitch:
         """The peer's sequence ended (retired, or its link died): plain frames from now."""
         self.retiring.pop(peer, None)
         self.kept.discard(peer)
-        self.fell.pop(peer, None)
+        self._drop_fell(peer)
         self.renewing.pop(peer, None)
         self._end(peer)
+
+
+def _urls(urls: tuple[str, ...]) -> list[str]:
+    """The well-formed of ``urls``, normalized (a hello's, or a relay link's)."""
+    out = []
+    for url in urls:
+        try:
+            out.append(normalize_url(url))
+        except BadRequest:
+            continue
+    return out

@@ -230,12 +230,25 @@ class PathCore:
         (everything unacknowledged resent), or down."""
         self.relays.lost(relay, now)
         self.pacer.forget(relay)
-        return self._leave_relay(relay, now, alive=False)
+        return self.leave_relay(relay, now, alive=False)
 
-    def _leave_relay(self, relay: str, now: float, *, alive: bool) -> list[Action]:
-        nxt = self.relays.primary
+    def leave_relay(
+        self,
+        relay: str,
+        now: float,
+        *,
+        alive: bool,
+        peer: str | None = None,
+        to: str | None = None,
+    ) -> list[Action]:
+        """The peers on ``relay`` (only ``peer``, if given) move to relay ``to`` (by
+        default the primary), or down with none: through a relay still ``alive`` the old
+        path is drained, else everything unacknowledged is resent on the new one."""
+        nxt = to if to is not None else self.relays.primary
         actions: list[Action] = []
         for p in self._peers.values():
+            if peer is not None and p.node != peer:
+                continue
             if p.state is PathState.DIRECT:
                 if p.fallback == relay:
                     p.fallback = nxt
@@ -365,7 +378,7 @@ class PathCore:
         actions: list[Action] = []
         for change in self.relays.tick(now):
             if isinstance(change, DetachRelay):  # drain through it before it goes
-                actions += self._leave_relay(change.relay, now, alive=True)
+                actions += self.leave_relay(change.relay, now, alive=True)
             actions.append(change)
         for p in self._peers.values():
             actions += self.upgrade.due(p, now)

@@ -78,6 +78,12 @@ class RelayChoice:
         attached = [r for r in self._relays.values() if r.attached]
         return min(attached, key=self._rank).relay if attached else None
 
+    @property
+    def attached_relays(self) -> tuple[str, ...]:
+        """The attached relays, the lowest RTT first (the primary first)."""
+        attached = sorted((r for r in self._relays.values() if r.attached), key=self._rank)
+        return tuple(r.relay for r in attached)
+
     def observed_addrs(self) -> tuple[str, ...]:
         """Our public addresses as the attached relays see them (punch candidates)."""
         addrs = [r.observed_addr for r in self._relays.values() if r.attached and r.observed_addr]

@@ -345,7 +345,8 @@ class Relaying:
                 # a refusal all the same: pause that relay as it asks (pacing.py)
                 self.paths.pacer.refused(link.node, frame.retry_after_ms, now)
             elif frame.code == "unreachable" and self.switch is not None:
-                self.switch.unreachable(frame.to, now)  # a fall-back to a peer not there
+                # a fall-back to a peer not there: another relay, or the link closes
+                self.switch.unreachable(frame.to, link.node, now)
         elif self.relay is not None and not is_relayed(link):
             self.relay.receive(link, frame, now)
         elif isinstance(frame, Attach):

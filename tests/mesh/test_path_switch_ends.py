@@ -57,10 +57,11 @@ class End:
         self.switch = PathSwitch(self.paths, self.links, self.carry, self.forget)
         self.delivered: list[bytes] = []
         self.direct: PeerLink | None = None
+        self.hello_relays: tuple[str, ...] = ()  # the relays the peer's hello lists
         self.relayed_link()
 
     def _info(self) -> PeerInfo:
-        return PeerInfo(self.peer, "", None, "")
+        return PeerInfo(self.peer, "", None, "", relays=self.hello_relays)
 
     def relayed_link(self) -> None:
         """A relayed link to the peer takes the link's place (as the glue opens one)."""
@@ -576,14 +577,78 @@ def test_a_fall_back_to_a_peer_the_relay_cannot_reach_closes_the_relayed_link() 
     b.send(_frame(1), 0.0)
     _pump(a, 0.0)
     plain = b.links[a.keys.node_id]
-    b.switch.unreachable(a.keys.node_id, 0.5)
+    b.switch.unreachable(a.keys.node_id, RELAY, 0.5)
     link = b.direct_link(1.0)
     _pump(a, 1.0)
     fell = b.cut(link, 2.0)
     relayed = b.links[a.keys.node_id]
-    b.switch.unreachable(a.keys.node_id, 2.1)
+    b.switch.unreachable(a.keys.node_id, RELAY, 2.1)
     assert (True, LinkState.UP, "the relay cannot reach the peer") == (
         fell,
         plain.state,
         relayed.down_reason,
+    )
+
+
+def _relay_link(end: End, relay: str, url: str, rtt: float) -> None:
+    """``end`` is attached to one more relay, linked at ``url``."""
+    end.paths.relay_attached(relay, None, rtt, 0.0)
+    end.links[relay] = PeerLink(
+        PeerInfo(relay, "", None, "", relay=True),
+        _Socket(),
+        outbound=True,
+        on_frame=lambda link, frame: None,
+        on_down=lambda link, reason: None,
+        address=url,
+        v2=True,
+    )
+
+
+def test_a_fall_back_to_a_relay_without_the_peer_moves_to_another_relay_it_listed() -> None:
+    """Both ends fall back; b's relay lost a (a fell back through another relay): the
+    relay answers ``unreachable``, and b moves a to r2, the relay a's hello listed (not
+    r3, closer but not listed), resending what r lost; the calls go on. A late answer
+    from r changes nothing; r2 answering ``unreachable`` too closes the link."""
+    a, b = _pair()
+    b.hello_relays = ("http://192.0.2.2:7000",)
+    _relay_link(b, "r2", "http://192.0.2.2:7000/", 0.05)
+    _relay_link(b, "r3", "http://192.0.2.3:7000", 0.02)
+    b.send(_frame(1), 0.0)
+    _pump(a, 0.0)
+    links = (a.direct_link(1.0), b.direct_link(1.0))
+    _pump(a, 1.0)
+    fell = (a.cut(links[0], 2.0), b.cut(links[1], 2.0))
+    relayed = b.links[a.keys.node_id]
+    b.send(_frame(2), 2.0)
+    b.relay.clear()  # r no longer has a: it drops b's frames for it
+    b.switch.unreachable(a.keys.node_id, RELAY, 2.1)
+    _pump(a, 2.1)
+    moved = (b.paths.path(a.keys.node_id), relayed.state, b.switch.moved)
+    b.switch.unreachable(a.keys.node_id, RELAY, 2.2)
+    late = (b.paths.path(a.keys.node_id), relayed.state)
+    b.switch.unreachable(a.keys.node_id, "r2", 2.3)
+    assert (
+        (True, True),
+        ((PathState.RELAYED, "r2"), LinkState.UP, 1),
+        ((PathState.RELAYED, "r2"), LinkState.UP),
+        [_frame(1), _frame(2)],
+        "the relay cannot reach the peer",
+    ) == (fell, moved, late, a.delivered, relayed.down_reason)
+
+
+def test_a_peer_whose_hello_listed_no_relays_moves_to_any_other_attached_relay() -> None:
+    """b falls back and its relay answers ``unreachable``; a's hello listed no relays
+    (an older peer): b tries its other attached relay, r3."""
+    a, b = _pair()
+    _relay_link(b, "r3", "http://192.0.2.3:7000", 0.02)
+    b.send(_frame(1), 0.0)
+    _pump(a, 0.0)
+    link = b.direct_link(1.0)
+    _pump(a, 1.0)
+    fell = b.cut(link, 2.0)
+    b.switch.unreachable(a.keys.node_id, RELAY, 2.1)
+    assert (True, (PathState.RELAYED, "r3"), LinkState.UP) == (
+        fell,
+        b.paths.path(a.keys.node_id),
+        b.links[a.keys.node_id].state,
     )

@@ -32,6 +32,17 @@ def test_the_primary_is_the_closest_attached_relay() -> None:
     assert R2 == choice.primary
 
 
+def test_the_attached_relays_are_ranked_by_rtt_and_a_lost_one_leaves() -> None:
+    """Three relays attached, the closest first; one lost is no longer among them."""
+    choice = RelayChoice([R, R2], RelayChoiceConfig(attach_target=3), random.Random(0))
+    choice.attached(R, ADDR_A, 0.050, 0.0)
+    choice.attached(R2, ADDR_A, 0.020, 0.0)
+    choice.attached("relay-3", ADDR_A, 0.030, 0.0)
+    ranked = choice.attached_relays
+    choice.lost(R2, 1.0)
+    assert ((R2, "relay-3", R), ("relay-3", R)) == (ranked, choice.attached_relays)
+
+
 def test_reattaching_backs_off_with_bounded_jitter() -> None:
     """Each loss doubles the wait from 0.5 s up to 30 s, within ±20 %."""
     choice = RelayChoice([R], RelayChoiceConfig(), random.Random(7))
