@@ -339,7 +339,7 @@ async def ws_stream_phase(
         await ws.send(cbor2.dumps(first) if cbor else orjson.dumps(first).decode())
         t0 = time.perf_counter()
         async for raw in ws:
-            frame = cbor2.loads(raw) if cbor else orjson.loads(raw)
+            frame = cbor2.loads(raw) if isinstance(raw, bytes) else orjson.loads(raw)
             seq = frame.get("seq", 0)
             if frame["event"] != "token":
                 if frame["event"] != "done":

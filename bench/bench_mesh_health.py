@@ -84,7 +84,7 @@ def main() -> int:
             )
         if not args.input:
             made_records = json.loads(marker.read_text())["records"]
-        runs = []
+        runs: list[tuple[float, float, float]] = []  # (seconds, load, JVM CPU seconds)
         for _ in range(args.repeat):
             load_before = os.getloadavg()[0]
             t = time.monotonic()

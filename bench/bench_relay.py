@@ -313,12 +313,14 @@ def core_frame_us(repeat: int) -> dict[str, Any]:
 def core_batch_us(repeat: int, per_batch: int = 8) -> dict[str, Any] | None:
     """The relay's per-frame path for frames that come in route batches of ``per_batch``
     (spec §11, a v4 link): the batch's headers read, the core's decision (per run of
-    frames between the same two nodes where the build has runs, else per frame), and the
-    batch written on as one message with each ``ttl_hops`` patched. None on a build from
-    before route batches (the bench is run against one to compare)."""
+    frames between the same two nodes), and the batch written on as one message with each
+    ``ttl_hops`` patched. None on a build from before route batches, or from before they
+    were decided a run at a time (the bench is run against one to compare)."""
     try:
         from hearthnet.mesh import route_batch  # noqa: PLC0415 (absent before v4)
     except ImportError:
+        return None
+    if not hasattr(route_batch, "batch_runs"):  # batches decided frame by frame
         return None
     a, b = KeyPair.generate().node_id, KeyPair.generate().node_id
     unbounded = RelayConfig(member_bytes_per_s=1 << 40, capacity_bytes_per_s=1 << 40)
@@ -330,24 +332,16 @@ def core_batch_us(repeat: int, per_batch: int = 8) -> dict[str, Any] | None:
     batches = [
         route_batch.encode_batch(raws[i : i + per_batch]) for i in range(0, repeat, per_batch)
     ]
-    by_runs = hasattr(route_batch, "batch_runs")  # decided a run at a time
     start = time.process_time()
     for i, batch in enumerate(batches):
-        if by_runs:
-            runs = route_batch.batch_runs(batch)
-            decided, _ = core.route_runs("la", runs, i * 1e-5)
-            picks = [(run, None) for run, (t, _each) in zip(runs, decided, strict=True) if t]
-            route_batch.passed_on_runs(batch, picks, whole=len(picks) == len(runs))
-            continue
-        spans = route_batch.batch_frames(batch)
-        targets, _ = core.route_many("la", [span[0] for span in spans], i * 1e-5)
-        passed = [span for span, target in zip(spans, targets, strict=True) if target]
-        route_batch.passed_on_batch(batch, passed, whole=len(passed) == len(spans))
+        runs = route_batch.batch_runs(batch)
+        decided, _ = core.route_runs("la", runs, i * 1e-5)
+        picks = [(run, None) for run, (t, _each) in zip(runs, decided, strict=True) if t]
+        route_batch.passed_on_runs(batch, picks, whole=len(picks) == len(runs))
     total = time.process_time() - start
     return {
         "frames": repeat,
         "per_batch": per_batch,
-        "by_runs": by_runs,
         "forwarded": core.statistics().forwarded,
         "us_per_frame": round(total / repeat * 1e6, 2),
     }

@@ -32,7 +32,10 @@ from bench.common import proc_cpu_s, proc_rss_mb, save, start_node
 from hearthnet.client import Client
 from hearthnet.identity import load_or_create_keys
 
-FIRST_CALLS = (("echo@1.0", {"x": 1}), ("mesh.topics@1.0", {}))
+FIRST_CALLS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("echo@1.0", {"x": 1}),
+    ("mesh.topics@1.0", {}),
+)
 
 
 async def one_start(first_calls: bool) -> dict[str, Any]:
