@@ -32,7 +32,7 @@ from hearthnet.node_http import NodeHttp, get_public_json, split_capability
 from hearthnet.publisher import Publisher
 from hearthnet.pubsub.envelope import Message
 from hearthnet.pubsub.payload import DATA_ENC, encode_bytes
-from hearthnet.subscription import Gap, Subscription
+from hearthnet.subscription import Gap, Reset, Subscription
 
 __all__ = [
     "ACK_EVERY",
@@ -201,6 +201,7 @@ class Client:
         window: int = 1024,
         on_presence: Callable[[dict[str, Any]], None] | None = None,
         on_gap: Callable[[Gap], None] | None = None,
+        on_reset: Callable[[Reset], None] | None = None,
         first_backoff_s: float = 0.5,
         verify: bool = False,
         cbor: bool = False,
@@ -216,6 +217,8 @@ class Client:
             on_gap: called with each :class:`Gap` (messages the node dropped for this slow
                 subscriber; fetch them from history if needed); without it, gaps are
                 yielded by the iterator between the deliveries.
+            on_reset: called with each :class:`Reset` (the node could not use the start
+                asked for, and the subscription resumed where it could, spec §6.5).
             first_backoff_s: the first reconnect delay (doubling to 30 s, spec §3.7).
             verify: check each message's origin signature, single or batch (spec §6.2),
                 and skip (and count in ``rejected``) any that fails.
@@ -234,6 +237,7 @@ class Client:
             window=window,
             on_presence=on_presence,
             on_gap=on_gap,
+            on_reset=on_reset,
             first_backoff_s=first_backoff_s,
             verify=verify,
             cbor=cbor,

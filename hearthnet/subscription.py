@@ -105,6 +105,19 @@ class Gap:
     to_seq: int
 
 
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """The node could not use the start asked for (spec §6.5): ``since`` (None: the
+    node's stored cursor). ``reason`` is ``epoch_changed`` (the node's store is another
+    one: resumed by the time of the last message received, else live from the head) or
+    ``cursor_ahead`` (resumed from ``head_seq``); ``epoch`` is the node's."""
+
+    reason: str
+    since: dict[str, Any] | None
+    epoch: str | None
+    head_seq: int | None
+
+
 @dataclass
 class ResumeState:
     """Cursor, dedupe and acks of one subscription. Pure.
@@ -288,6 +301,7 @@ class Subscription:
         window: int = 1024,
         on_presence: Callable[[dict[str, Any]], None] | None = None,
         on_gap: Callable[[Gap], None] | None = None,
+        on_reset: Callable[[Reset], None] | None = None,
         max_backoff_s: float = BACKOFF_MAX_S,
         first_backoff_s: float = BACKOFF_START_S,
         verify: bool = False,
@@ -307,6 +321,7 @@ class Subscription:
         self.presence = presence
         self.on_presence = on_presence
         self.on_gap = on_gap
+        self.on_reset = on_reset
         self.state = ResumeState(window=window, consumer=consumer is not None)
         self._initial_since = since
         self.max_backoff_s = max_backoff_s
@@ -463,11 +478,15 @@ class Subscription:
                 state.subscribed(str(data["epoch"]), int(data["head_seq"]))
             elif event == "reset":
                 head = data.get("head_seq")
-                state.reset(
+                reset = Reset(
                     str(data.get("reason", "")),
+                    state.start,
                     data.get("epoch") if isinstance(data.get("epoch"), str) else None,
                     head if isinstance(head, int) else None,
                 )
+                state.reset(reset.reason, reset.epoch, reset.head_seq)
+                if self.on_reset is not None:
+                    self.on_reset(reset)
                 await self._resubscribe()
             elif event == "presence" and self.on_presence is not None:
                 self.on_presence(data)

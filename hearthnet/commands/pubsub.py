@@ -54,8 +54,18 @@ def _since_arg(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def cmd_sub(args: argparse.Namespace) -> int:
-    """``hearthnet sub PATTERN...``: one JSON line per message (or gap) until interrupted."""
-    from hearthnet.subscription import Gap
+    """``hearthnet sub PATTERN...``: one JSON line per message (or gap, or reset) until
+    interrupted."""
+    from hearthnet.subscription import Gap, Reset
+
+    def reset(r: Reset) -> None:
+        # spec §6.5: the start asked for was not honoured; said once, not counted
+        print_json_line(
+            {
+                "reset": {"reason": r.reason, "since": r.since, "head_seq": r.head_seq},
+                "epoch": r.epoch,
+            }
+        )
 
     async def main() -> int:
         seen = 0
@@ -66,6 +76,7 @@ def cmd_sub(args: argparse.Namespace) -> int:
                 since=_since_arg(args),
                 consumer=args.consumer,
                 verify=args.verify,
+                on_reset=reset,
             ) as subscription,
         ):
             async for item in subscription:
@@ -137,7 +148,7 @@ def add_parsers(sub: Any, remote: Parents) -> None:
     since.add_argument("--since-ts", type=int, help="messages from this Unix ms on")
     since.add_argument("--last", type=int, help="start with the last N messages")
     subp.add_argument("--consumer", help="durable consumer name (at-least-once)")
-    subp.add_argument("--count", type=int, help="exit after N items")
+    subp.add_argument("--count", type=int, help="exit after N messages or gaps")
     subp.add_argument("--full", action="store_true", help="print whole envelopes")
     subp.add_argument(
         "--verify",

@@ -310,7 +310,10 @@ class RelayedPaths:
         return {
             "relays": sorted(self.attachments.relays),
             "primary": self.paths.relays.primary,
-            "relayed": p.relayed,
+            # the peers linked through a relay now, as ``hearthnet peers`` shows them: the
+            # path core also keeps a path to a peer a direct link serves (a probe it sent
+            # before the direct link came, a relayed sequence kept for a fall-back)
+            "relayed": sum(1 for link in self.links.values() if is_relayed(link)),
             "resent": p.resent,
             # spec §8 budgets: pacing to the relays' grants, and back-pressure
             "paced_bytes": p.paced_bytes,

@@ -16,13 +16,14 @@ from tests.helpers import publish, token_for
 
 async def test_static_files(node: Node, http: aiohttp.ClientSession) -> None:
     """The page, its script and the client are served with their types; the page forbids
-    scripts from elsewhere."""
+    scripts from elsewhere, and names an inline icon (no request for /favicon.ico)."""
     answers = []
     for path in ("/", "/console/console.js", "/client/hearthnet.js", "/console/nothing.js"):
         async with http.get(node.url + path) as resp:
             answers.append((resp.status, resp.content_type))
             if path == "/":
                 csp = resp.headers["Content-Security-Policy"]
+                page = await resp.text()
     assert (
         [
             (200, "text/html"),
@@ -31,7 +32,14 @@ async def test_static_files(node: Node, http: aiohttp.ClientSession) -> None:
             (404, "application/json"),
         ],
         True,
-    ) == (answers, "script-src 'self'" in csp)
+        True,
+        True,
+    ) == (
+        answers,
+        "script-src 'self'" in csp,
+        '<link rel="icon" href="data:,">' in page,
+        "img-src 'self' data:" in csp,
+    )
 
 
 async def test_overview_needs_a_console_token(node: Node, http: aiohttp.ClientSession) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -312,6 +314,40 @@ def test_sub_lines_carry_the_epoch_to_resume_with(node_proc: NodeProcess) -> Non
     assert (0, 0) == (first.returncode, rest.returncode), first.stderr + rest.stderr
     assert [{"i": 1}, {"i": 2}] == [json.loads(x)["data"] for x in rest.stdout.splitlines()]
     assert {line["epoch"]} == {json.loads(x)["epoch"] for x in rest.stdout.splitlines()}
+
+
+def test_sub_says_when_its_start_was_not_honoured(node_proc: NodeProcess) -> None:
+    """`sub --since` with an epoch not the node's prints a `reset` line (not counted by
+    `--count`), then goes live: the next message published is the one counted."""
+    d = str(node_proc.data_dir)
+    sub = subprocess.Popen(
+        hearthnet_cmd("sub", "cli.r", "--since", "00000:1", "--count", "1", "--data-dir", d),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert sub.stdout is not None
+        ready, _, _ = select.select([sub.stdout], [], [], 30)
+        first = json.loads(sub.stdout.readline()) if ready else None
+        codes = set()
+        for i in range(10):  # until the live subscription takes one (a loaded node is slow)
+            codes.add(run_cli("pub", "cli.r", "--data", '{"live": 1}', "--data-dir", d).returncode)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                sub.wait(timeout=1 + i)
+                break
+        rest, _ = sub.communicate(timeout=30)
+    finally:
+        sub.kill()
+    assert first is not None
+    line = json.loads(rest)
+    reset = {"reason": "epoch_changed", "since": {"epoch": "00000", "seq": 1}}
+    assert (reset, {0}, 0, {"live": 1}, first["epoch"]) == (
+        {k: first["reset"][k] for k in ("reason", "since")},
+        codes,
+        sub.returncode,
+        line["data"],
+        line["epoch"],
+    )
 
 
 def test_sub_full_carries_sig_only_with_verify(node_proc: NodeProcess) -> None:

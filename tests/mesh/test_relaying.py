@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -87,8 +88,15 @@ def path_to(node: Node, peer: Node) -> str | None:
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_direct_link_replaces_a_relayed_one(relayed_trio: RelayedTrio) -> None:
-    """Two members linked through a relay that then link directly keep only the direct link."""
+    """Two members linked through a relay that then link directly keep only the direct link,
+    and ``/status`` counts no peer relayed any more (``relaying.paths.relayed``), even
+    with a relayed path to the peer still kept beside the direct link."""
     a, b = relayed_trio.a, relayed_trio.b
+
+    def relayed() -> list[int]:
+        return [n.mesh.relaying.statistics()["paths"]["relayed"] for n in (a, b)]
+
+    before = relayed()
     a.mesh.spawn(a.mesh.dial(b.url), "dial-b")
 
     def paths() -> list[list[str]]:
@@ -99,7 +107,13 @@ async def test_a_direct_link_replaces_a_relayed_one(relayed_trio: RelayedTrio) -
     # may be re-attaching to the relay (silent for mesh.relay_silence_s) now, so wait for it.
     both = [["direct", "direct"], ["direct", "direct"]]
     await wait_until(lambda: paths() == both, 20, "a and b linked to the relay and each other")
-    assert (both, ("direct", "direct")) == (paths(), relayed_trio.paths())
+    # a relayed path opened for a peer a direct link then served (a probe sent before it)
+    member = a.mesh.relaying.member
+    assert member is not None
+    member.paths.forget(b.keys.node_id)
+    member.path_actions(member.paths.connect(b.keys.node_id, time.monotonic()))
+    expected = (both, ("direct", "direct"), [1, 1], [0, 0])
+    assert expected == (paths(), relayed_trio.paths(), before, relayed())
 
 
 @pytest.mark.asyncio(loop_scope="session")

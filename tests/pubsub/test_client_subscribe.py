@@ -15,7 +15,7 @@ from hearthnet.ids import new_ulid
 from hearthnet.node import Node
 from hearthnet.pubsub.envelope import Message
 from hearthnet.pubsub.sinks import SocketSink
-from hearthnet.subscription import Delivery, Gap
+from hearthnet.subscription import Delivery, Gap, Reset
 from tests.conftest import MakeConfig
 from tests.helpers import collect_numbers, publish, publish_at_once, wait_until
 from tests.pubsub.test_ws import session
@@ -163,23 +163,28 @@ async def test_a_cursor_beyond_the_head_resumes_from_the_head_of_the_same_epoch(
     make_config: MakeConfig,
 ) -> None:
     """reset{cursor_ahead}: the client resubscribes from the node's head on the same
-    session (no reconnect, no error) and gets everything published after it."""
+    session (no reconnect, no error), says so once (``on_reset``), and gets everything
+    published after it."""
     async with (
         Node(make_config(pubsub={"sync": "normal"})) as node,
         Client(node.url, keys=node.keys) as client,
     ):
         await publish(node, "ahead.a", 2)
         epoch = node.message_log.epoch
-        async with client.subscribe("ahead.*", since={"epoch": epoch, "seq": 500}) as sub:
+        resets: list[Reset] = []
+        since = {"epoch": epoch, "seq": 500}
+        async with client.subscribe("ahead.*", since=since, on_reset=resets.append) as sub:
             got: list[int] = []
             reader = asyncio.get_running_loop().create_task(collect_numbers(sub, got, 2))
             await wait_until(lambda: any(s.patterns for s in node.pubsub.subscribers))
             await publish(node, "ahead.a", 2, start=2)
             await asyncio.wait_for(reader, timeout=10)
-            assert ([2, 3], 0, {"epoch": epoch, "seq": 4}) == (
+            reset = Reset("cursor_ahead", since, epoch, 2)
+            assert ([2, 3], 0, {"epoch": epoch, "seq": 4}, [reset]) == (
                 got,
                 sub.reconnects,
                 sub.state.since(),
+                resets,
             )
 
 
