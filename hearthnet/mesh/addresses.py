@@ -152,6 +152,14 @@ class PeerBook:
         if entry is not None:
             entry.next_try = now + seconds
 
+    def exchange_entry(self, address: str, node: str) -> dict[str, Any]:
+        """The peer-exchange entry for a linked ``node`` at ``address``: with its NodeID
+        only where our own dial found that node there (else a claim, which whoever dials
+        it checks)."""
+        if self.verified_node(address) == node:
+            return {"url": address, "node": node}
+        return {"url": address}
+
     def urls_for_exchange(self, limit: int = 64) -> list[dict[str, Any]]:
         """Addresses to share with peers (verified ones that worked, most recent first)."""
         good = sorted(

@@ -180,8 +180,7 @@ class LinkTraffic:
             address = other.address
             if other.node != newcomer and address is not None and address not in seen:
                 seen.add(address)
-                verified = self.book.verified_node(address) == other.node
-                out.append({"url": address, "node": other.node} if verified else {"url": address})
+                out.append(self.book.exchange_entry(address, other.node))
         out.extend(e for e in self.book.urls_for_exchange(limit) if e["url"] not in seen)
         return out[:limit]
 
@@ -194,9 +193,7 @@ class LinkTraffic:
         NodeID, so whoever dials it records the node that answers there."""
         if address is None:
             return
-        verified = self.book.verified_node(address) == link.node
-        entry = {"url": address, "node": link.node} if verified else {"url": address}
-        frame = Peers((entry,)).encode()
+        frame = Peers((self.book.exchange_entry(address, link.node),)).encode()
         for other in list(self.routes.links.values()):
             if other.node != link.node:
                 other.send_raw(frame)
