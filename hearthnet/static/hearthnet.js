@@ -220,6 +220,11 @@ export class HearthNet {
    *                                               (messagePayload(envelope): its payload,
    *                                               a Uint8Array for a binary one)
    *   onGap({from_seq, to_seq})                   the node dropped these for us (spec §6.7)
+   *   onReset({reason, epoch, head_seq, since})   the node could not use the start
+   *                                               `since` (spec §6.5) and the
+   *                                               subscription resumed: "cursor_ahead"
+   *                                               from the node's head, "epoch_changed"
+   *                                               by the time of the last message
    *   onPresence({topic, kind, member} | {topic, kind: "snapshot", members})
    *   onState("connecting" | "live" | "retrying" | "closed", detail)
    *   presence: {name, status, meta}              join the topics' presence
@@ -337,6 +342,7 @@ export class Subscription {
     this.expiresMs = null; // expiry of the token the node accepted last (WebSocket)
     this.delivered = 0;
     this.gaps = [];
+    this.resets = []; // each reset the node answered, with the start it refused
     this._seen = new Set();
     this._seenOrder = [];
     this._backoff = BACKOFF_MIN_MS;
@@ -478,10 +484,20 @@ export class Subscription {
     } else if (event === "presence") {
       if (this.opts.onPresence) this.opts.onPresence(data);
     } else if (event === "reset") {
-      // our cursor is from another epoch (the node's store was recreated): resume by time
-      this.epoch = null;
-      this.seq = null;
-      this.since = this.lastTs !== null ? { ts: this.lastTs + 1 } : null;
+      // the node cannot use our cursor (spec §6.5): the subscription was not made
+      const refused = this._resumePoint();
+      if (data.reason === "cursor_ahead" && data.epoch && Number.isInteger(data.head_seq)) {
+        // beyond the head of the node's epoch: nothing after the head exists yet
+        this.epoch = data.epoch;
+        this.seq = data.head_seq;
+      } else {
+        // epoch_changed, or a reason we do not know: the seqs mean other messages now
+        this.epoch = null;
+        this.seq = null;
+        this.since = this.lastTs !== null ? { ts: this.lastTs + 1 } : null;
+      }
+      this.resets.push({ ...data, since: refused });
+      if (this.opts.onReset) this.opts.onReset({ ...data, since: refused });
       if (ws) ws.close(1000);
       else this._retry("reset");
     } else if (event === "auth.expiring") {

@@ -296,6 +296,57 @@ def _token_json(
         conn.close()
 
 
+RESETS = """async ([node, token]) => {
+  const client = new hn.HearthNet(node, {token});
+  const live = (sub) => new Promise((resolve) => {
+    const poll = () => (sub.state === "live" ? resolve() : setTimeout(poll, 20));
+    poll();
+  });
+  const first = client.subscribe(["demo.reset"]);
+  await live(first);
+  const epoch = first.epoch;
+  first.close();
+  window.got = [];
+  window.ahead = client.subscribe(["demo.reset"], {since: {epoch, seq: 1000000},
+    onMessage: (m, at) => got.push(["ahead", m.data.n, at.seq])});
+  window.other = client.subscribe(["demo.reset"], {since: {epoch: "not-this-epoch", seq: 3},
+    onMessage: (m, at) => got.push(["other", m.data.n, at.seq])});
+  await live(ahead);
+  await live(other);
+  return {epoch, resets: [ahead.resets, other.resets]};
+}"""
+
+
+def test_resets_reach_the_caller_and_resume_without_loss(
+    page: Any, pages: PageServer, restartable: list[NodeProcess]
+) -> None:
+    """A start beyond the node's head is answered reset cursor_ahead and resumes from the
+    head; a start from another epoch, reset epoch_changed, resumes live. Each subscription
+    keeps the resets it got (onReset too), with the start that was refused, and then
+    receives the next message published."""
+    node = restartable[0]
+    token = process_token(node, *SCOPES)
+    head = publish(node.url, token, "demo.reset", "note", {"n": 0})["seq"]
+    open_client_page(page, pages, node.url)
+    result = page.evaluate(RESETS, [node.url, token])
+    seq = publish(node.url, token, "demo.reset", "note", {"n": 1})["seq"]
+    page.wait_for_function("got.length === 2", timeout=15_000)
+    epoch = result["epoch"]
+    ahead, other = result["resets"]
+    assert (
+        [("cursor_ahead", epoch, {"epoch": epoch, "seq": 1000000})],
+        [("epoch_changed", epoch, {"epoch": "not-this-epoch", "seq": 3})],
+        [["ahead", 1, seq], ["other", 1, seq]],
+        [],
+    ) == (
+        [(r["reason"], r["epoch"], r["since"]) for r in ahead],
+        [(r["reason"], r["epoch"], r["since"]) for r in other],
+        sorted(page.evaluate("got")),
+        page.errors,
+    )
+    assert head < seq and all(r["head_seq"] >= head for r in ahead + other)
+
+
 CHAT = """async ([node, token]) => {
   const client = new hn.HearthNet(node, {token});
   const asked = [];
