@@ -157,6 +157,34 @@ def test_benches_run_by_hand_have_help(module: str, option: str) -> None:
     assert option in out.stdout
 
 
+def test_forward_floor_forwards_every_byte_in_each_mode() -> None:
+    """The bare forwarder passes every byte A wrote on to B (the run waits for the last
+    one and fails past --max-s), and a figure comes out for each mode."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.bench_forward_floor",
+            "--frames",
+            "400",
+            "--repeat",
+            "1",
+            "--modes",
+            "1@4000,8",
+            "--max-s",
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert ["1@4000:", "8:"] == [
+        line.split()[0] for line in out.stdout.splitlines() if "µs a frame" in line
+    ]
+
+
 def test_relay_core_cost_is_measured_on_frames_it_forwards() -> None:
     result = bench_relay.core_frame_us(300)
     assert (result["frames"], result["forwarded"]) == (300, 300)
