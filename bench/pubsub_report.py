@@ -67,6 +67,7 @@ def table(result: dict[str, Any]) -> str:
                 f"| {fmt(r['other_processes_cpu_cores'], 2)} | {fmt(r['load1_before'], 1)} "
                 f"| {delivered} | {fmt(lat.get('50'), 1)} | {fmt(lat.get('99'), 1)} |"
             )
+    lines += durability_table(result)
     if result.get("idle"):
         lines += [
             *([""] if lines else []),
@@ -115,3 +116,60 @@ def round_ratios(rounds: list[dict[str, dict[str, Any]]], ref: str) -> dict[str,
             **{f"{k}_median": (statistics.median(v) if v else None) for k, v in per.items()},
         }
     return out
+
+
+def like_for_like(
+    rounds: list[dict[str, dict[str, Any]]], peers: dict[str, str]
+) -> dict[str, dict[str, Any]]:
+    """Per server with a peer in ``peers`` (the server whose acknowledgement promises the
+    same durability): its messages/s and CPU per message against that peer's, within
+    each round where both ran, and their medians."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, peer in peers.items():
+        rate: list[float] = []
+        cpu: list[float] = []
+        for rnd in rounds:
+            mine, theirs = rnd.get(name), rnd.get(peer)
+            if mine is None or theirs is None:
+                continue
+            if theirs["deliveries_per_s"]:
+                rate.append(round(mine["deliveries_per_s"] / theirs["deliveries_per_s"], 3))
+            a, b = mine["server_cpu_us_per_delivery"], theirs["server_cpu_us_per_delivery"]
+            if a is not None and b:
+                cpu.append(round(a / b, 3))
+        if any(name in rnd for rnd in rounds):
+            out[name] = {
+                "peer": peer,
+                "rate_per_round": rate,
+                "rate_median": statistics.median(rate) if rate else None,
+                "cpu_per_round": cpu,
+                "cpu_median": statistics.median(cpu) if cpu else None,
+            }
+    return out
+
+
+def durability_table(result: dict[str, Any]) -> list[str]:
+    """The durable scenarios' table: what each server's acknowledgement promises, and the
+    ratio to the server that promises the same (``–`` when that one did not run)."""
+    durable = {k: sc for k, sc in result["fanout"].items() if sc["scenario"]["mode"] == "durable"}
+    if not durable:
+        return []
+    said = result.get("durability", {})
+    lines = [
+        "",
+        "| durable scenario | server | what an ack promises | like-for-like peer | msg/s "
+        "| vs peer (msg/s) | vs peer (CPU/msg) |",
+        "|---|---|---|---|---:|---:|---:|",
+    ]
+    for key, sc in durable.items():
+        pairs = sc.get("like_for_like", {})
+        for server, i in sc["median_run"].items():
+            r = sc["runs"][server][i]
+            pair = pairs.get(server, {})
+            rate, cpu = pair.get("rate_median"), pair.get("cpu_median")
+            lines.append(
+                f"| {key} | {server} | {said.get(server, '?')} | {pair.get('peer', '–')} "
+                f"| {fmt(r['deliveries_per_s'])} | {'–' if rate is None else f'{rate:.2f}×'} "
+                f"| {'–' if cpu is None else f'{cpu:.2f}×'} |"
+            )
+    return lines
