@@ -256,6 +256,8 @@ def fanout_run(
             k: (round(v, 3) if v is not None else None) for k, v in result["latency_ms"].items()
         },
         "publisher_max_behind_ms": result["publisher_max_behind_ms"],
+        # publish -> ack round trips sent in the steady window (protocols acking each one)
+        "publish_ack_ms": result.get("publish_ack_ms"),
         "drain_s": round(result["drain_s"], 3),
         "setup_s": round(result["setup_s"], 3),
         "duplicates_or_reordered": result["duplicates_or_reordered"],
@@ -448,6 +450,7 @@ def run_fanout(
                     f"{r['server_us_per_publish_loop_user_sys_other']}, context switches "
                     f"per publish (main, other) {r['server_switches_per_publish_loop_other']}  "
                     f"p50 {lat.get('50')} p99 {lat.get('99')} ms  "
+                    f"publish->ack p50 / p99 {_ack_ms(r)} ms  "
                     f"{'lossless' if r['lossless'] else 'LOSS: ' + _loss(r)}",
                     flush=True,
                 )
@@ -547,6 +550,13 @@ def main(argv: list[str] | None = None) -> None:
     save(opts.name, result)
     print()
     print(result["table"])
+
+
+def _ack_ms(r: dict[str, Any]) -> str:
+    ack = r.get("publish_ack_ms")
+    if not ack:
+        return "–"
+    return f"{ack['50']:.3f} / {ack['99']:.3f}"
 
 
 def _loss(r: dict[str, Any]) -> str:

@@ -158,8 +158,8 @@ def durability_table(result: dict[str, Any]) -> list[str]:
     lines = [
         "",
         "| durable scenario | server | what an ack promises | like-for-like peer | msg/s "
-        "| vs peer (msg/s) | vs peer (CPU/msg) |",
-        "|---|---|---|---|---:|---:|---:|",
+        "| vs peer (msg/s) | vs peer (CPU/msg) | publish→ack p50 / p99 ms |",
+        "|---|---|---|---|---:|---:|---:|---:|",
     ]
     for key, sc in durable.items():
         pairs = sc.get("like_for_like", {})
@@ -167,9 +167,11 @@ def durability_table(result: dict[str, Any]) -> list[str]:
             r = sc["runs"][server][i]
             pair = pairs.get(server, {})
             rate, cpu = pair.get("rate_median"), pair.get("cpu_median")
+            ack = r.get("publish_ack_ms") or {}
             lines.append(
                 f"| {key} | {server} | {said.get(server, '?')} | {pair.get('peer', '–')} "
                 f"| {fmt(r['deliveries_per_s'])} | {'–' if rate is None else f'{rate:.2f}×'} "
-                f"| {'–' if cpu is None else f'{cpu:.2f}×'} |"
+                f"| {'–' if cpu is None else f'{cpu:.2f}×'} "
+                f"| {fmt(ack.get('50'), 3)} / {fmt(ack.get('99'), 3)} |"
             )
     return lines

@@ -294,11 +294,11 @@ def test_durable_runs_are_compared_with_the_server_that_promises_the_same() -> N
     }
     rows = {line.split(" | ")[1]: line for line in pubsub_report.durability_table(result)[3:]}
     assert (
-        "fsync before each ack: survives a power cut | jetstream-sync | 400 | – |"
+        "fsync before each ack: survives a power cut | jetstream-sync | 400 | – | – | – / – |"
         in rows["hearthnet"]
     )
     assert (
-        "survives kill -9, not a power cut | jetstream | 1,000 | 0.55× | 1.50× |"
+        "survives kill -9, not a power cut | jetstream | 1,000 | 0.55× | 1.50× | – / – |"
         in rows["hearthnet-normal"]
     )
 
