@@ -265,7 +265,12 @@ def test_durable_runs_are_compared_with_the_server_that_promises_the_same() -> N
     promises (and `–` where the peer did not run)."""
 
     def run(rate: float, cpu: float) -> dict[str, Any]:
-        return {"deliveries_per_s": rate, "server_cpu_us_per_delivery": cpu, "latency_ms": {}}
+        return {
+            "deliveries_per_s": rate,
+            "server_cpu_us_per_delivery": cpu,
+            "latency_ms": {},
+            "publish_ack_ms": {"50": 1e3 / rate / 2, "99": 1e3 / rate * 4},  # ms
+        }
 
     rounds = [
         {"hearthnet": run(a, b), "hearthnet-normal": run(c, d), "jetstream": run(e, f)}
@@ -279,6 +284,8 @@ def test_durable_runs_are_compared_with_the_server_that_promises_the_same() -> N
         "rate_median": 0.55,
         "cpu_per_round": [2.0, 1.0],
         "cpu_median": 1.5,
+        "ack_p50_per_round": [2.0, 1.667],
+        "ack_p50_median": 1.8335,
     }
     assert pairs["hearthnet"]["peer"] == "jetstream-sync"
     assert pairs["hearthnet"]["rate_median"] is None  # its peer did not run
@@ -294,12 +301,12 @@ def test_durable_runs_are_compared_with_the_server_that_promises_the_same() -> N
     }
     rows = {line.split(" | ")[1]: line for line in pubsub_report.durability_table(result)[3:]}
     assert (
-        "fsync before each ack: survives a power cut | jetstream-sync | 400 | – | – | – / – |"
-        in rows["hearthnet"]
+        "fsync before each ack: survives a power cut | jetstream-sync | 400 | – | – "
+        "| 1.250 / 10.000 | – |" in rows["hearthnet"]
     )
     assert (
-        "survives kill -9, not a power cut | jetstream | 1,000 | 0.55× | 1.50× | – / – |"
-        in rows["hearthnet-normal"]
+        "survives kill -9, not a power cut | jetstream | 1,000 | 0.55× | 1.50× "
+        "| 0.500 / 4.000 | 1.83× |" in rows["hearthnet-normal"]
     )
 
 
