@@ -31,7 +31,17 @@ token clients (``hearthnet token issue``), as applications are; ``hearthnet`` ge
 frames, ``hearthnet-cbor`` the same node over the CBOR subprotocol, ``hearthnet-sig`` the
 same node with subscribers that ask for ``sig``, ``hearthnet-node`` the same node with
 clients that authenticate as the node itself, ``hearthnet-normal`` a node with
-``sync=normal`` (the durability JetStream 2.9's PubAck gives).
+``sync=normal``.
+
+Durability (the durable scenario): each server's ack promises something different, and
+the report says what (``DURABILITY`` in bench/pubsub_targets.py) and gives each HearthNet
+server's ratio to the server that promises the same (``LIKE_FOR_LIKE``).
+``hearthnet`` (``sync=full``) fsyncs SQLite's WAL before each ack: it survives a power
+cut; its peer is ``jetstream-sync`` (``sync_interval: always``, an fsync before each
+PubAck), which needs nats-server 2.10+ and is left out, with a note, on 2.9 (Debian 12's
+2.9.10 has no such setting). ``hearthnet-normal`` writes the WAL without an fsync before
+each ack, as ``jetstream`` (the default) writes its block file and fsyncs every 2
+minutes: both survive kill -9 but not a power cut; that pair is the like-for-like row.
 
 Run: python -m bench.bench_pubsub            (full; about 15 minutes)
      python -m bench.bench_pubsub --quick    (smoke run; about 3 minutes)
@@ -61,11 +71,13 @@ from bench.loadgen import (
     timeline,
 )
 from bench.pubsub_idle import history_run, run_idle
-from bench.pubsub_report import median_index, round_ratios, table
+from bench.pubsub_report import like_for_like, median_index, round_ratios, table
 from bench.pubsub_targets import (
     DEFAULT_SERVERS,
+    DURABILITY,
     DURABLE_SERVERS,
     FANOUT_SERVERS,
+    LIKE_FOR_LIKE,
     NODE_ENV,
     SERVERS,
     Target,
@@ -74,6 +86,7 @@ from bench.pubsub_targets import (
 )
 from bench.servers import (
     MissingTool,
+    jetstream_sync_missing,
     require,
     system_instances,
 )
@@ -243,6 +256,8 @@ def fanout_run(
             k: (round(v, 3) if v is not None else None) for k, v in result["latency_ms"].items()
         },
         "publisher_max_behind_ms": result["publisher_max_behind_ms"],
+        # publish -> ack round trips sent in the steady window (protocols acking each one)
+        "publish_ack_ms": result.get("publish_ack_ms"),
         "drain_s": round(result["drain_s"], 3),
         "setup_s": round(result["setup_s"], 3),
         "duplicates_or_reordered": result["duplicates_or_reordered"],
@@ -435,6 +450,7 @@ def run_fanout(
                     f"{r['server_us_per_publish_loop_user_sys_other']}, context switches "
                     f"per publish (main, other) {r['server_switches_per_publish_loop_other']}  "
                     f"p50 {lat.get('50')} p99 {lat.get('99')} ms  "
+                    f"publish->ack p50 / p99 {_ack_ms(r)} ms  "
                     f"{'lossless' if r['lossless'] else 'LOSS: ' + _loss(r)}",
                     flush=True,
                 )
@@ -446,6 +462,8 @@ def run_fanout(
             "median_run": {n: median_index(rs) for n, rs in runs.items() if rs},
             "round_ratios": round_ratios(rounds, REFERENCE[sc.mode]),
         }
+        if sc.mode == "durable":
+            result["fanout"][key]["like_for_like"] = like_for_like(rounds, LIKE_FOR_LIKE)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -463,12 +481,16 @@ def main(argv: list[str] | None = None) -> None:
                 require("mosquitto" if s == "mosquitto" else "nats-server")
     except MissingTool as exc:
         raise SystemExit(f"bench_pubsub: {exc}") from None
+    notes = []
+    if "jetstream-sync" in servers and (missing := jetstream_sync_missing(require("nats-server"))):
+        servers.remove("jetstream-sync")  # the runs with `full` then have no like-for-like peer
+        notes.append(f"jetstream-sync not run: {missing}")
+        print("note:", notes[-1])
     nofile = raise_open_files()
     foreign = system_instances()
     if foreign:
         print(f"note: other broker processes are running (not ours, left alone): {foreign}")
     idle_n = opts.idle
-    notes = []
     if idle_n > nofile - 200:
         notes.append(
             f"{idle_n} idle connections asked; capped to {nofile - 200} by the open-file hard "
@@ -489,6 +511,7 @@ def main(argv: list[str] | None = None) -> None:
         "settings": {k: getattr(opts, k) for k in SETTINGS},
         "hearthnet_env": NODE_ENV,
         "versions": {},
+        "durability": {n: DURABILITY[n] for n in servers if n in DURABILITY},
         "fanout": {},
         "history": None,
         "idle": [],
@@ -527,6 +550,13 @@ def main(argv: list[str] | None = None) -> None:
     save(opts.name, result)
     print()
     print(result["table"])
+
+
+def _ack_ms(r: dict[str, Any]) -> str:
+    ack = r.get("publish_ack_ms")
+    if not ack:
+        return "–"
+    return f"{ack['50']:.3f} / {ack['99']:.3f}"
 
 
 def _loss(r: dict[str, Any]) -> str:

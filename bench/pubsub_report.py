@@ -67,6 +67,7 @@ def table(result: dict[str, Any]) -> str:
                 f"| {fmt(r['other_processes_cpu_cores'], 2)} | {fmt(r['load1_before'], 1)} "
                 f"| {delivered} | {fmt(lat.get('50'), 1)} | {fmt(lat.get('99'), 1)} |"
             )
+    lines += durability_table(result)
     if result.get("idle"):
         lines += [
             *([""] if lines else []),
@@ -115,3 +116,67 @@ def round_ratios(rounds: list[dict[str, dict[str, Any]]], ref: str) -> dict[str,
             **{f"{k}_median": (statistics.median(v) if v else None) for k, v in per.items()},
         }
     return out
+
+
+def like_for_like(
+    rounds: list[dict[str, dict[str, Any]]], peers: dict[str, str]
+) -> dict[str, dict[str, Any]]:
+    """Per server with a peer in ``peers`` (the server whose acknowledgement promises the
+    same durability): its messages/s, CPU per message and publish->ack p50 against that
+    peer's, within each round where both ran, and their medians. The p50 ratio says what
+    a round trip costs; messages/s at one in flight also carries the tail (preemption on
+    a loaded machine)."""
+    keys: dict[str, Callable[[dict[str, Any]], float | None]] = {
+        "rate": lambda r: r["deliveries_per_s"],
+        "cpu": lambda r: r["server_cpu_us_per_delivery"],
+        "ack_p50": lambda r: (r.get("publish_ack_ms") or {}).get("50"),
+    }
+    out: dict[str, dict[str, Any]] = {}
+    for name, peer in peers.items():
+        per: dict[str, list[float]] = {k: [] for k in keys}
+        for rnd in rounds:
+            mine, theirs = rnd.get(name), rnd.get(peer)
+            if mine is None or theirs is None:
+                continue
+            for k, get in keys.items():
+                a, b = get(mine), get(theirs)
+                if a is not None and b:
+                    per[k].append(round(a / b, 3))
+        if any(name in rnd for rnd in rounds):
+            out[name] = {"peer": peer}
+            for k, v in per.items():
+                out[name][f"{k}_per_round"] = v
+                out[name][f"{k}_median"] = statistics.median(v) if v else None
+    return out
+
+
+def durability_table(result: dict[str, Any]) -> list[str]:
+    """The durable scenarios' table: what each server's acknowledgement promises, and the
+    ratio to the server that promises the same (``–`` when that one did not run)."""
+    durable = {k: sc for k, sc in result["fanout"].items() if sc["scenario"]["mode"] == "durable"}
+    if not durable:
+        return []
+    said = result.get("durability", {})
+    lines = [
+        "",
+        "| durable scenario | server | what an ack promises | like-for-like peer | msg/s "
+        "| vs peer (msg/s) | vs peer (CPU/msg) | publish→ack p50 / p99 ms | vs peer (p50) |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for key, sc in durable.items():
+        pairs = sc.get("like_for_like", {})
+        for server, i in sc["median_run"].items():
+            r = sc["runs"][server][i]
+            pair = pairs.get(server, {})
+            ack = r.get("publish_ack_ms") or {}
+            rate, cpu, p50 = (pair.get(f"{k}_median") for k in ("rate", "cpu", "ack_p50"))
+            lines.append(
+                f"| {key} | {server} | {said.get(server, '?')} | {pair.get('peer', '–')} "
+                f"| {fmt(r['deliveries_per_s'])} | {_times(rate)} | {_times(cpu)} "
+                f"| {fmt(ack.get('50'), 3)} / {fmt(ack.get('99'), 3)} | {_times(p50)} |"
+            )
+    return lines
+
+
+def _times(ratio: float | None) -> str:
+    return "–" if ratio is None else f"{ratio:.2f}×"

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,11 @@ from hearthnet.identity import load_or_create_keys
 
 SERVERS = (
     "hearthnet", "hearthnet-cbor", "hearthnet-sig", "hearthnet-node", "hearthnet-normal",
-    "hearthnet-lean", "hearthnet-cbor-lean", "nats", "mosquitto", "jetstream",
+    "hearthnet-lean", "hearthnet-cbor-lean", "nats", "mosquitto", "jetstream-sync", "jetstream",
 )  # fmt: skip
-DEFAULT_SERVERS = ("hearthnet", "hearthnet-cbor", "nats", "mosquitto", "jetstream")
+DEFAULT_SERVERS = (
+    "hearthnet", "hearthnet-cbor", "nats", "mosquitto", "jetstream-sync", "jetstream",
+)  # fmt: skip
 # One node reached by clients of several kinds: JSON, CBOR, subscribers that ask for sig,
 # subscribers that ask for lean frames (LEAN_FIELDS), and clients that authenticate as the
 # node itself (the benchmark's way before tokens).
@@ -48,11 +51,33 @@ FANOUT_SERVERS = (
     "mosquitto",
 )
 DURABLE_SERVERS = (
-    "hearthnet", "hearthnet-cbor", "hearthnet-node", "hearthnet-normal", "jetstream",
+    "hearthnet", "hearthnet-cbor", "hearthnet-node", "hearthnet-normal", "jetstream-sync",
+    "jetstream",
 )  # fmt: skip
+# What a durable server's acknowledgement promises (spec §6.4: the reply after the
+# commit), and the server with the same promise each is compared with (its ratio in the
+# "like-for-like" table). The node's `pubsub.sync`: `full` fsyncs SQLite's WAL at each
+# commit, `normal` writes it without an fsync (fsync at checkpoints), as JetStream's
+# default writes its block file and fsyncs every 2 minutes (bench/servers.py).
+SURVIVES_POWER_CUT = "fsync before each ack: survives a power cut"
+SURVIVES_KILL = "written (no fsync) before each ack: survives kill -9, not a power cut"
+DURABILITY = {
+    "hearthnet": f"sync=full, {SURVIVES_POWER_CUT}",
+    "hearthnet-cbor": f"sync=full, {SURVIVES_POWER_CUT}",
+    "hearthnet-node": f"sync=full, {SURVIVES_POWER_CUT}",
+    "hearthnet-normal": f"sync=normal, {SURVIVES_KILL}",
+    "jetstream-sync": f"sync_interval=always, {SURVIVES_POWER_CUT}",
+    "jetstream": f"default (fsync every 2 min), {SURVIVES_KILL}",
+}
+LIKE_FOR_LIKE = {
+    "hearthnet": "jetstream-sync",
+    "hearthnet-cbor": "jetstream-sync",
+    "hearthnet-node": "jetstream-sync",
+    "hearthnet-normal": "jetstream",
+}
 PROTO = {
     **{name: "hearthnet" for name in SERVERS if name.startswith("hearthnet")},
-    "nats": "nats", "mosquitto": "mqtt", "jetstream": "jetstream",
+    "nats": "nats", "mosquitto": "mqtt", "jetstream": "jetstream", "jetstream-sync": "jetstream",
 }  # fmt: skip
 # The node's connection limits (spec §2.5: 100 per identity, 10,000 per node) and the
 # token clients' publish rate (100/s) are policy an operator sets for the application; the
@@ -158,7 +183,12 @@ def start_target(name: str) -> Target:
         return Target(
             name, node.pid, ws, version or "hearthnet", stop, node.proc, node=node, tokens=tokens
         )
-    starters = {"nats": start_nats, "mosquitto": start_mosquitto, "jetstream": start_jetstream}
+    starters: dict[str, Callable[[], RefServer]] = {
+        "nats": start_nats,
+        "mosquitto": start_mosquitto,
+        "jetstream": start_jetstream,
+        "jetstream-sync": partial(start_jetstream, sync_always=True),
+    }
     ref: RefServer = starters[name]()
     return Target(name, ref.pid, ref.ws_url, ref.version, ref.stop, ref.proc)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -114,11 +115,7 @@ def start_nats() -> RefServer:
 
 # The stream every JetStream run publishes into: file storage, subjects bench.>, the
 # node's default retention (1,000 messages per topic; the node keeps 1,000 per topic and
-# 1 GiB in all), one replica. nats-server 2.9 (Debian 12) has no sync setting: it
-# acknowledges a publish once the message is written to its block file, without fsync
-# (2.10 added `sync_interval`), so a JetStream PubAck survives a crash of the server but
-# not of the machine. HearthNet's `sync = "normal"` is the equivalent; `full` (its
-# default) is stronger.
+# 1 GiB in all), one replica.
 JETSTREAM_STREAM = "BENCH"
 JETSTREAM_CONFIG = {
     "name": JETSTREAM_STREAM,
@@ -130,12 +127,47 @@ JETSTREAM_CONFIG = {
     "max_bytes": 1 << 30,
     "num_replicas": 1,
 }
+# When JetStream fsyncs. By default (every version) it acknowledges a publish once the
+# message is written to its block file (`write()`, no fsync; the stream's file store
+# flushes in place) and fsyncs the files every 2 minutes, so a PubAck survives a crash of
+# the server (kill -9) but not of the machine. nats-server 2.10.0 added
+# `jetstream { sync_interval: always }` (an fsync before each PubAck); 2.9 (Debian 12's
+# 2.9.10) has no such setting and refuses the field ("unknown field").
+SYNC_ALWAYS_SINCE = (2, 10, 0)
 
 
-def start_jetstream() -> RefServer:
+def parse_version(text: str) -> tuple[int, int, int] | None:
+    """The first ``x.y.z`` in ``text`` (``nats-server: v2.9.10``: (2, 9, 10)), or None."""
+    found = re.search(r"(\d+)\.(\d+)\.(\d+)", text)
+    if found is None:
+        return None
+    major, minor, patch = (int(x) for x in found.groups())
+    return major, minor, patch
+
+
+def sync_always_missing(version: tuple[int, int, int] | None) -> str | None:
+    """Why a nats-server of ``version`` cannot fsync each JetStream publish, or None."""
+    if version is not None and version >= SYNC_ALWAYS_SINCE:
+        return None
+    shown = ".".join(map(str, version)) if version else "of unknown version"
+    return (
+        f"nats-server {shown} cannot fsync each JetStream publish: `sync_interval: always` "
+        f"came with 2.10.0 (before it, JetStream fsyncs every 2 minutes)"
+    )
+
+
+def jetstream_sync_missing(binary: str) -> str | None:
+    """Why the nats-server at ``binary`` cannot fsync each JetStream publish, or None."""
+    return sync_always_missing(parse_version(_version([binary, "--version"])))
+
+
+def start_jetstream(*, sync_always: bool = False) -> RefServer:
     """nats-server with JetStream (file storage in the temp dir) and a WebSocket listener;
-    the benchmark's stream is created before it is handed out."""
+    the benchmark's stream is created before it is handed out. ``sync_always``: an fsync
+    before each PubAck (nats-server 2.10+; :class:`MissingTool` on older ones)."""
     binary = require("nats-server")
+    if sync_always and (missing := jetstream_sync_missing(binary)):
+        raise MissingTool(missing)
     work = Path(tempfile.mkdtemp(prefix="bench-jetstream-"))
     port, ws_port = free_port(), free_port()
     (work / "nats.conf").write_text(
@@ -144,7 +176,8 @@ def start_jetstream() -> RefServer:
         f'  store_dir: "{work / "store"}"\n'
         f"  max_file_store: 4GB\n"
         f"  max_memory_store: 256MB\n"
-        f"}}\n"
+        + ("  sync_interval: always\n" if sync_always else "")
+        + "}\n"
         f"websocket {{\n"
         f'  listen: "127.0.0.1:{ws_port}"\n'
         f"  no_tls: true\n"
@@ -152,8 +185,10 @@ def start_jetstream() -> RefServer:
         f"}}\n",
         encoding="ascii",
     )
-    version = _version([binary, "--version"]) + " (JetStream, file storage)"
-    server = _launch("jetstream", binary, work / "nats.conf", ws_port, version)
+    sync = "fsync per publish" if sync_always else "fsync every 2 min"
+    version = _version([binary, "--version"]) + f" (JetStream, file storage, {sync})"
+    name = "jetstream-sync" if sync_always else "jetstream"
+    server = _launch(name, binary, work / "nats.conf", ws_port, version)
     server.port = port
     try:
         reply = nats_request(port, f"$JS.API.STREAM.CREATE.{JETSTREAM_STREAM}", JETSTREAM_CONFIG)

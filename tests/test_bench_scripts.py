@@ -31,6 +31,8 @@ from bench import (
     bench_writer_trip,
     bench_ws_publish,
     pubsub_report,
+    pubsub_targets,
+    servers,
     spy,
 )
 from hearthnet.identity import KeyPair
@@ -255,6 +257,80 @@ def test_pubsub_ratios_are_taken_within_each_round() -> None:
         1.0,
         1.5,
     )
+
+
+def test_durable_runs_are_compared_with_the_server_that_promises_the_same() -> None:
+    """`full` is paired with JetStream fsyncing each publish, `normal` with JetStream's
+    default; the ratios are taken within each round, and the table says what each ack
+    promises (and `–` where the peer did not run)."""
+
+    def run(rate: float, cpu: float) -> dict[str, Any]:
+        return {
+            "deliveries_per_s": rate,
+            "server_cpu_us_per_delivery": cpu,
+            "latency_ms": {},
+            "publish_ack_ms": {"50": 1e3 / rate / 2, "99": 1e3 / rate * 4},  # ms
+        }
+
+    rounds = [
+        {"hearthnet": run(a, b), "hearthnet-normal": run(c, d), "jetstream": run(e, f)}
+        for a, b, c, d, e, f in ((400, 600.0, 1000, 300.0, 2000, 150.0),
+                                 (500, 500.0, 1500, 200.0, 2500, 200.0))
+    ]  # fmt: skip
+    pairs = pubsub_report.like_for_like(rounds, pubsub_targets.LIKE_FOR_LIKE)
+    assert pairs["hearthnet-normal"] == {
+        "peer": "jetstream",
+        "rate_per_round": [0.5, 0.6],
+        "rate_median": 0.55,
+        "cpu_per_round": [2.0, 1.0],
+        "cpu_median": 1.5,
+        "ack_p50_per_round": [2.0, 1.667],
+        "ack_p50_median": 1.8335,
+    }
+    assert pairs["hearthnet"]["peer"] == "jetstream-sync"
+    assert pairs["hearthnet"]["rate_median"] is None  # its peer did not run
+    scenario = {
+        "scenario": {"mode": "durable"},
+        "runs": {name: [rounds[0][name]] for name in rounds[0]},
+        "median_run": {name: 0 for name in rounds[0]},
+        "like_for_like": pairs,
+    }
+    result = {
+        "fanout": {"durable 1→1, 1 in flight": scenario},
+        "durability": {n: pubsub_targets.DURABILITY[n] for n in rounds[0]},
+    }
+    rows = {line.split(" | ")[1]: line for line in pubsub_report.durability_table(result)[3:]}
+    assert (
+        "fsync before each ack: survives a power cut | jetstream-sync | 400 | – | – "
+        "| 1.250 / 10.000 | – |" in rows["hearthnet"]
+    )
+    assert (
+        "survives kill -9, not a power cut | jetstream | 1,000 | 0.55× | 1.50× "
+        "| 0.500 / 4.000 | 1.83× |" in rows["hearthnet-normal"]
+    )
+
+
+def test_jetstream_sync_always_needs_nats_server_2_10(tmp_path: Path) -> None:
+    """The installed nats-server refuses `sync_interval` exactly when the benchmark says it
+    cannot fsync each publish (before 2.10.0), and accepts it from 2.10 on."""
+    assert servers.sync_always_missing((2, 10, 0)) is None
+    assert "2.9.10" in (servers.sync_always_missing((2, 9, 10)) or "")
+    binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
+    if not Path(binary).exists():
+        pytest.skip("nats-server is not installed")
+    conf = tmp_path / "nats.conf"
+    conf.write_text(
+        f'listen: "127.0.0.1:{servers.free_port()}"\n'
+        f'jetstream {{\n  store_dir: "{tmp_path / "store"}"\n  sync_interval: always\n}}\n',
+        encoding="ascii",
+    )
+    checked = subprocess.run(
+        [binary, "-t", "-c", str(conf)], capture_output=True, text=True, timeout=30, check=False
+    )
+    missing = servers.jetstream_sync_missing(binary)
+    assert (checked.returncode != 0) == (missing is not None), checked.stderr
+    if missing is not None:
+        assert "sync_interval" in checked.stderr
 
 
 def test_load_generator_cbor_matches_the_nodes_codec() -> None:

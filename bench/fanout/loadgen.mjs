@@ -799,6 +799,8 @@ async function publisherWorker() {
   const ctrl = new Int32Array(ctrlBuf); // [0] stop flag, [1] published, [2] acked
   const auth = loadAuth(opts.auth);
   const Adapter = adapterClass(opts);
+  // Outstanding publisher acks: NATS/MQTT ask for one (PING/PINGREQ) every `batch` messages.
+  const ackStep = ACK_PER_PUBLISH.has(opts.proto) ? 1 : opts.batch;
   let published = 0;
   let acked = 0;
   let expectedAcks = 0; // acks the publisher asked for (HearthNet: one per message)
@@ -806,10 +808,25 @@ async function publisherWorker() {
   let wakeup = null;
   let closedBy = null;
   const failReasons = {};
+  // Publish -> ack round trips (protocols that ack every publish, in order): each
+  // publish's send time in a ring, taken off by its ack; those sent in the steady window
+  // go into a histogram (the publisher's own view of a durable round trip).
+  const RING = 1 << 17;
+  const sentAt = new Float64Array(RING);
+  const ackHist = new Float64Array(NB);
+  let windowFrom = Infinity;
+  let windowTo = Infinity;
   const sink = {
     message() {},
     gap() {},
     acked(n) {
+      if (ackStep === 1) {
+        const now = monoUs();
+        for (let i = acked; i < acked + n && i < published; i++) {
+          const t = sentAt[i % RING];
+          if (t >= windowFrom && t < windowTo) histAdd(ackHist, now - t);
+        }
+      }
       acked += n;
       ctrl[2] = acked;
       if (wakeup) { const w = wakeup; wakeup = null; w(); }
@@ -832,8 +849,6 @@ async function publisherWorker() {
   };
   const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
   const waitAck = () => new Promise((r) => { wakeup = r; setTimeout(r, 5).unref(); });
-  // Outstanding publisher acks: NATS/MQTT ask for one (PING/PINGREQ) every `batch` messages.
-  const ackStep = ACK_PER_PUBLISH.has(opts.proto) ? 1 : opts.batch;
   let maxBehindMs = 0;
 
   const stopped = () => Atomics.load(ctrl, 0) !== 0 || closedBy !== null || published >= opts.maxMsgs;
@@ -846,6 +861,7 @@ async function publisherWorker() {
         if (published >= cachedMin + opts.lead) { await sleep(1); continue; }
       }
       const ask = (published + 1) % ackStep === 0;
+      sentAt[published % RING] = monoUs();
       expectedAcks += adapter.publish(published, ask);
       if (ask && ackStep > 1) expectedAcks += ackStep;
       published++;
@@ -866,6 +882,7 @@ async function publisherWorker() {
       while (published < due && !stopped()) {
         if (published - acked >= 100000) { closedBy = closedBy ?? 'too many publishes unacknowledged'; break; }
         const ask = (published + 1) % ackStep === 0;
+        sentAt[published % RING] = monoUs();
         expectedAcks += adapter.publish(published, ask);
         if (ask && ackStep > 1) expectedAcks += ackStep;
         published++;
@@ -877,6 +894,8 @@ async function publisherWorker() {
 
   parentPort.on('message', async (msg) => {
     if (msg.type === 'start') {
+      windowFrom = monoUs() + opts.warmup * 1e6; // the main thread's steady window
+      windowTo = windowFrom + opts.duration * 1e6;
       if (opts.mode === 'latency') await runRate();
       else await runThroughput();
       // wait (bounded) for the publish acks still outstanding
@@ -886,6 +905,7 @@ async function publisherWorker() {
       }
       parentPort.postMessage({
         type: 'published', published, acked, errors, closedBy, failReasons, maxBehindMs,
+        ackRtt: histPercentiles(ackHist, [50, 90, 99]),
       });
     } else if (msg.type === 'close') {
       adapter.close();
@@ -1061,6 +1081,7 @@ async function main() {
       published, publish_acked: pubResult.acked, publish_errors: pubResult.errors,
       publisher_closed: pubResult.closedBy, publisher_fail_reasons: pubResult.failReasons,
       publisher_max_behind_ms: opts.mode === 'latency' ? pubResult.maxBehindMs : null,
+      publish_ack_ms: pubResult.ackRtt.n ? { ...pubResult.ackRtt.ms, n: pubResult.ackRtt.n } : null,
       steady: {
         wall_s: wall,
         deliveries: b.delivered - a.delivered,
