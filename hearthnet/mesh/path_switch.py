@@ -128,6 +128,18 @@ class PathSwitch:
         if self.paths.path(peer)[0] is not PathState.DIRECT:
             self.carry(self.paths.direct_up(peer, now))
 
+    def direct_serves(self, peer: str, now: float) -> None:
+        """The glue's check after a direct link is admitted and after frames from ``peer``
+        came through a relay: while a direct link is the peer's link, a path the core
+        still has relayed (a probe answered, or the peer's relayed frames opened, after
+        the direct link came up: no relayed link was there to be replaced) moves to it as
+        :meth:`replaced` moves it, the relay kept as fallback."""
+        link = self.links.get(peer)
+        if link is None or is_relayed(link):
+            return
+        if self.paths.path(peer)[0] in (PathState.RELAYED, PathState.UPGRADING):
+            self.replaced(peer, now)
+
     def transmit(self, action: Transmit) -> None:
         """A frame of a relayed sequence continued on the direct link (the path core's
         ``Transmit`` with no relay). The ``upgrade`` marker is not sent: the hellos

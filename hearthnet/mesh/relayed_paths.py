@@ -278,6 +278,8 @@ class RelayedPaths:
         for frame in opened.frames:
             self.switch.opened(route.from_, frame)
             self.path_actions(self.paths.receive(route.from_, frame, now))
+        if opened.frames:  # relayed frames after a direct link came up: it takes the path
+            self.switch.direct_serves(route.from_, now)
 
     def _deliver(self, peer: str, data: bytes) -> None:
         """A peer-link frame from ``peer`` through a relay, in order, once."""
