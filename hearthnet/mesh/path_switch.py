@@ -30,7 +30,9 @@ A relayed link takes the dead link's place at once, and what is still sent on th
 link (a call's replies) goes to it, so calls streaming across the fall-back go on.
 Keeping the sequence while the direct link lives makes both ends agree: were it
 forgotten at an end's own retirement (settled or not), a link dying after it would fall
-back at the other end only, and the calls across it would fail at both.
+back at the other end only, and the calls across it would fail at both. An end with no
+relay left to fall back to holds the sequence instead (:mod:`hearthnet.mesh.path_hold`):
+a re-dialled direct link, or a relay attached later, takes it up within ``HOLD_S``.
 
 A peer gone from the relay we fell back through (the relay answers ``unreachable``) may
 have fallen back through another relay: when one we are attached to is among those its
@@ -56,6 +58,7 @@ from hearthnet.errors import BadRequest, WireError
 from hearthnet.mesh.addresses import normalize_url
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.path_frames import Drain, PAck, PathFrame, PFrame
+from hearthnet.mesh.path_hold import HeldSequences
 from hearthnet.mesh.paths import PathCore, PathState, Transmit
 from hearthnet.mesh.pathseq import is_gossip, is_heartbeat
 from hearthnet.mesh.relayed_link import PEER_RENEWED, is_relayed
@@ -105,6 +108,8 @@ class PathSwitch:
         self.sequenced = 0  # frames sent in a relayed sequence on a direct link
         self.fallbacks = 0  # direct links that died within a switch, fallen back to the relay
         self.moved = 0  # fallen-back peers moved to another relay that reaches them
+        # peers whose direct link died with no relay to fall back to (path_hold.py)
+        self.held = HeldSequences(paths, forget)
 
     def established(self, link: PeerLink) -> None:
         """A direct link finished its handshake (before the mesh admits it): if it is to
@@ -113,6 +118,7 @@ class PathSwitch:
         it continues their sequence until they are."""
         current = self.links.get(link.node)
         switching = is_relayed(current) or (current is not None and link.node in self._direct)
+        switching = switching or link.node in self.held  # a re-dial takes up a held sequence
         if is_relayed(link) or not switching or self.paths.settled(link.node):
             return
         if not link.v2:
@@ -137,7 +143,13 @@ class PathSwitch:
         link = self.links.get(peer)
         if link is None or is_relayed(link):
             return
-        if self.paths.path(peer)[0] in (PathState.RELAYED, PathState.UPGRADING):
+        state = self.paths.path(peer)[0]
+        if self.held.resume(peer):  # a re-dial: the held sequence continues on it
+            if not link.v2:  # a hearthnet-peer.v1 peer drops pframes
+                self.forget(peer)
+                return
+            state = PathState.RELAYED if state is PathState.DOWN else state
+        if state in (PathState.RELAYED, PathState.UPGRADING):
             self.replaced(peer, now)
 
     def transmit(self, action: Transmit) -> None:
@@ -160,15 +172,15 @@ class PathSwitch:
         """A direct link ended. Within the switch it falls back to the relay (True: the
         glue opens a relayed link in its place and calls go on): the peer's sequence
         continues there, everything unacknowledged resent in order. With no relay to
-        fall back to, or the peer ``gone`` (it said bye, or left the community), the
-        sequence ends with the link."""
+        fall back to, the sequence is held for the next link (:mod:`path_hold`); with the
+        peer ``gone`` (it said bye, or left the community), it ends with the link."""
         peer = link.node
         if peer not in self.retiring and peer not in self.kept:
             return False
         # ``link`` was the peer's link (the mesh reports no other): whichever direct link
         # ``_direct`` holds, one dialled at the same time that lost to it, or this one
         state, fallback = self.paths.path(peer)
-        if gone or state is not PathState.DIRECT or fallback is None:
+        if gone or state is not PathState.DIRECT:
             self.forget(peer)
             return False
         self._direct.pop(peer, None)
@@ -177,6 +189,10 @@ class PathSwitch:
         # one (else an end that saw it first could forget while the other falls back)
         self.retiring.pop(peer, None)
         self.kept.discard(peer)
+        if fallback is None:  # no relay: what is unacknowledged waits for the next link
+            link.sequencer = None
+            self.carry(self.held.hold(peer, now))
+            return False
         self.fell[peer] = now + RETIRE_S
         self._listed[peer] = frozenset(_urls(link.peer.relays))
         self._tried.pop(peer, None)
@@ -195,7 +211,9 @@ class PathSwitch:
     def path_frame(self, link: PeerLink, frame: PathFrame, now: float) -> None:
         """A path frame off a direct link (the peer continues a relayed sequence on it)."""
         peer = link.node
-        if peer not in self.retiring and self.paths.path(peer)[0] is PathState.DOWN:
+        if self.held.resume(peer):  # the peer re-dialled and continues the sequence
+            pass
+        elif peer not in self.retiring and self.paths.path(peer)[0] is PathState.DOWN:
             # its relayed frames never reached us (or we forgot them): the sequence is
             # taken up here all the same, so what it resends arrives
             self.unexpected += 1
@@ -334,6 +352,7 @@ class PathSwitch:
         for peer, at in list(self.fell.items()):
             if now >= at:
                 self._drop_fell(peer)
+        self.held.tick(now)
         for peer, at in list(self.retiring.items()):
             if now >= at:
                 del self.retiring[peer]
@@ -357,6 +376,7 @@ class PathSwitch:
         self.kept.discard(peer)
         self._drop_fell(peer)
         self.renewing.pop(peer, None)
+        self.held.forgotten(peer)
         self._end(peer)
 
 

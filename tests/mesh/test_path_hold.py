@@ -6,8 +6,9 @@ relay that is a list, no sockets."""
 from __future__ import annotations
 
 from hearthnet.mesh.links import PeerLink
+from hearthnet.mesh.path_hold import HOLD_S, MAX_HELD, HeldSequences
 from hearthnet.mesh.path_switch import RETIRE_S
-from hearthnet.mesh.paths import PathState
+from hearthnet.mesh.paths import PathCore, PathState
 from hearthnet.mesh.relayed_link import RelayedLink
 from tests.mesh.test_path_switch_ends import RELAY, End, _frame, _pair, _pump
 
@@ -64,4 +65,102 @@ def test_a_probe_out_when_the_direct_link_comes_up_goes_direct_at_admission() ->
         state,
         path,
         a.switch.kept,
+    )
+
+
+def _no_relay_cut(a: End, b: End) -> tuple[bool, bool]:
+    """Relayed frame 1, a switch, both ends' relay lost, then b's frames 2 and 3 on the
+    direct link in the relayed sequence: 2 reaches a (not yet acknowledged), 3 dies with
+    the link, cut at both ends. Returns whether each end fell back."""
+    b.send(_frame(1), 0.0)
+    _pump(a, 0.0)
+    links = (a.direct_link(1.0), b.direct_link(1.0))
+    b.send(_frame(2), 1.1)  # sequenced: frame 1 is not acknowledged yet
+    for end in (a, b):  # the relay dies: nothing to fall back to from now on
+        end.carry(end.paths.relay_lost(RELAY, 1.2))
+    a.relay.clear()
+    _pump(a, 1.2)  # frame 2 arrives on the direct link
+    b.send(_frame(3), 1.3)
+    return a.cut(links[0], 2.0), b.cut(links[1], 2.0)
+
+
+def test_a_direct_link_dying_with_no_relay_holds_the_sequence_for_a_redial() -> None:
+    """No relay at either end when the direct link dies with b's frames unacknowledged:
+    neither falls back, both hold the sequence, and a re-dial 3 s later resends what
+    was lost on the new link: a hands on 1-4 once, in order."""
+    a, b = _pair()
+    fell = _no_relay_cut(a, b)
+    held = (a.paths.path(b.keys.node_id)[0], b.paths.settled(a.keys.node_id))
+    for end in (a, b):
+        _direct_alone(end, 5.0)
+    _pump(a, 5.0)
+    b.send(_frame(4), 5.1)
+    _pump(a, 5.1)
+    for end in (a, b):
+        end.tick(6.0)
+    _pump(a, 6.0)
+    assert (
+        (False, False),
+        (PathState.DOWN, False),
+        [_frame(i) for i in range(1, 5)],
+        ((1, 1, 0), (1, 1, 0)),
+        True,
+    ) == (
+        fell,
+        held,
+        a.delivered,
+        tuple((e.switch.held.held, e.switch.held.resumed, e.switch.held.expired) for e in (a, b)),
+        b.paths.settled(a.keys.node_id),
+    )
+
+
+def test_a_held_sequence_goes_through_a_relay_attached_later() -> None:
+    """The same cut, then the relay attached again at both ends (no re-dial): b's path
+    core resends what a did not acknowledge through it, a hands on 1-4 once, in order,
+    and the held sequences count as resumed once their time is up."""
+    a, b = _pair()
+    _no_relay_cut(a, b)
+    for end in (a, b):
+        end.carry(end.paths.relay_attached(RELAY, None, 0.01, 5.0))
+    _pump(a, 5.0)
+    b.relayed_link()  # the glue opens one with the peer's first frame
+    b.send(_frame(4), 5.1)
+    for end in (a, b):
+        end.tick(5.2 + RETIRE_S)
+    _pump(a, 5.2 + RETIRE_S)
+    assert (
+        [_frame(i) for i in range(1, 5)],
+        ((1, 1, 0), (1, 1, 0)),
+        (PathState.RELAYED, PathState.RELAYED),
+    ) == (
+        a.delivered,
+        tuple((e.switch.held.held, e.switch.held.resumed, e.switch.held.expired) for e in (a, b)),
+        (a.paths.path(b.keys.node_id)[0], b.paths.path(a.keys.node_id)[0]),
+    )
+
+
+def test_a_held_sequence_with_no_link_in_time_is_forgotten() -> None:
+    """No link within HOLD_S: both ends forget the sequence (a later link starts a new
+    one)."""
+    a, b = _pair()
+    _no_relay_cut(a, b)
+    for end in (a, b):
+        end.tick(2.0 + HOLD_S)
+    assert ((1, 0, 1), (0, None)) == (
+        (b.switch.held.held, b.switch.held.resumed, b.switch.held.expired),
+        b.paths.numbers(a.keys.node_id),
+    )
+
+
+def test_at_most_max_held_sequences_are_held_the_oldest_forgotten_first() -> None:
+    """One peer past MAX_HELD: the one held longest is forgotten."""
+    forgotten: list[str] = []
+    held = HeldSequences(PathCore("a", []), forgotten.append)
+    for i in range(MAX_HELD + 1):
+        held.hold(f"p{i}", float(i))
+    assert (["p0"], False, True, MAX_HELD) == (
+        forgotten,
+        "p0" in held,
+        f"p{MAX_HELD}" in held,
+        held.held - held.expired,
     )
