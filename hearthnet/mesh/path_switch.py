@@ -62,12 +62,15 @@ from hearthnet.mesh.path_hold import HeldSequences
 from hearthnet.mesh.paths import PathCore, PathState, Transmit
 from hearthnet.mesh.pathseq import is_gossip, is_heartbeat
 from hearthnet.mesh.relayed_link import PEER_RENEWED, is_relayed
+from hearthnet.metrics import MetricsRegistry
 
 log = logging.getLogger("hearthnet.mesh.relaying")
 
 RETIRE_S = 10.0  # a switch is retired this long after an end first saw it (plain frames)
 UNREACHABLE = "the relay cannot reach the peer"  # why a fallen-back relayed link closed
 _SEQUENCE = (PFrame, PAck, Drain)  # the path frames a direct link carries in a switch
+# what ``hearthnet_path_switch_events{event}`` counts (docs/operations.md)
+SWITCH_EVENTS = ("fallbacks", "moved", "held", "resumed", "expired", "unexpected")
 
 
 class PathSwitch:
@@ -389,3 +392,37 @@ def _urls(urls: tuple[str, ...]) -> list[str]:
         except BadRequest:
             continue
     return out
+
+
+def switch_counts(switch: PathSwitch) -> dict[str, int]:
+    """The switch's counters since start, for ``/status`` (``relaying.paths.switch``) and
+    ``/metrics``: frames ``sequenced`` on direct links, direct links that ``fell`` back
+    to the relay (``fallbacks``), fallen-back peers ``moved`` to another relay, sequences
+    ``held`` with no relay to fall back to, then ``resumed`` by a link or ``expired``,
+    and path frames off a direct link from a peer with no sequence (``unexpected``)."""
+    held = switch.held
+    return {
+        "sequenced": switch.sequenced,
+        "fallbacks": switch.fallbacks,
+        "moved": switch.moved,
+        "held": held.held,
+        "resumed": held.resumed,
+        "expired": held.expired,
+        "unexpected": switch.unexpected,
+    }
+
+
+def register_switch_metrics(m: MetricsRegistry, switch: PathSwitch) -> None:
+    """``hearthnet_path_switch_events{event}`` and ``hearthnet_path_switch_sequenced_frames``."""
+    m.gauge(
+        "hearthnet_path_switch_events",
+        "Path switches of relayed links turning direct, by event: fallbacks, moved, held, "
+        "resumed, expired, unexpected (spec §8).",
+        lambda: {(e,): float(n) for e, n in switch_counts(switch).items() if e in SWITCH_EVENTS},
+        ("event",),
+    )
+    m.gauge(
+        "hearthnet_path_switch_sequenced_frames",
+        "Frames sent on a direct link in a relayed link's sequence, while it turned direct.",
+        lambda: float(switch.sequenced),
+    )

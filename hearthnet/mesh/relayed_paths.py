@@ -27,7 +27,7 @@ from hearthnet.errors import HearthNetError, WireError
 from hearthnet.mesh import route_header as wire
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.member_wiring import MemberHooks, MemberSettings, MemberShared
-from hearthnet.mesh.path_switch import PathSwitch
+from hearthnet.mesh.path_switch import PathSwitch, register_switch_metrics, switch_counts
 from hearthnet.mesh.paths import (
     Deliver,
     PathChanged,
@@ -102,6 +102,7 @@ class RelayedPaths:
             book=self.book,
         )
         register_member_metrics(shared.metrics, self.endpoint, counts, self.paths)
+        register_switch_metrics(shared.metrics, self.switch)
 
     def tick(self, now: float) -> None:
         """Resends, acks, hellos, relay attachments, switches, and new paths."""
@@ -324,6 +325,7 @@ class RelayedPaths:
             "shed": p.shed,
             "pace_refusals": p.pace_refusals,
             "switched_in_order": self.switch.sequenced,
+            "switch": switch_counts(self.switch),  # fall-backs, moves, held sequences
             "refused": dict(self.endpoint.refused),
             **dict(self.counts),
         }

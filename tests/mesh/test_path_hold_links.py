@@ -12,6 +12,8 @@ import dataclasses
 import socket
 import time
 
+import aiohttp
+
 from hearthnet.config import Config
 from hearthnet.mesh.addresses import normalize_url
 from hearthnet.node import Node
@@ -105,12 +107,32 @@ async def test_a_direct_link_cut_with_no_relay_left_resends_its_sequence_on_a_re
             # then asks for them again: b repairs, and each copy is a duplicate at a
             copies = (b.mesh.repaired.get(), a.pubsub.metrics.duplicates.get())
             resumed = (switch_a.held.resumed, switch_b.held.resumed)
+            shown = await _shown(a)
             continued = core_b.numbers(a.keys.node_id)[0] >= numbered > MESSAGES
-    assert (True, (1, 1), (1, 1), True, MESSAGES, copies[0]) == (
+    assert (True, (1, 1), (1, 1), True, MESSAGES, copies[0], (1, 1, 0, 1.0, 1.0)) == (
         unsettled,
         held,
         resumed,
         continued,
         len(rows),
         copies[1],
+        shown,
+    )
+
+
+async def _shown(node: Node) -> tuple[int, int, int, float, float]:
+    """The held sequences ``hearthnet node status --json`` (``/status``) shows, held,
+    resumed and expired, and ``/metrics``' held and resumed."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(node.url + "/status") as resp:
+            switch = (await resp.json())["relaying"]["paths"]["switch"]
+        async with http.get(node.url + "/metrics") as resp:
+            lines = (await resp.text()).splitlines()
+    metrics = dict(line.rsplit(" ", 1) for line in lines if line[:1] != "#")
+    return (
+        switch["held"],
+        switch["resumed"],
+        switch["expired"],
+        float(metrics['hearthnet_path_switch_events{event="held"}']),
+        float(metrics['hearthnet_path_switch_events{event="resumed"}']),
     )
