@@ -118,10 +118,14 @@ class PathSwitch:
         """A direct link finished its handshake (before the mesh admits it): if it is to
         replace a relayed link with frames still unacknowledged, or a direct link still
         continuing their sequence (a rival dialled at the same time that wins over it),
-        it continues their sequence until they are."""
+        or to take up a sequence held or relayed with no relayed link, it continues
+        that sequence until the peer has acknowledged it."""
         current = self.links.get(link.node)
         switching = is_relayed(current) or (current is not None and link.node in self._direct)
-        switching = switching or link.node in self.held  # a re-dial takes up a held sequence
+        # a re-dial takes up a held sequence; a path relayed with no relayed link (a
+        # probe out) continues its sequence too
+        relayed = self.paths.path(link.node)[0] in (PathState.RELAYED, PathState.UPGRADING)
+        switching = switching or link.node in self.held or relayed
         if is_relayed(link) or not switching or self.paths.settled(link.node):
             return
         if not link.v2:

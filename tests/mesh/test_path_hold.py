@@ -164,3 +164,29 @@ def test_at_most_max_held_sequences_are_held_the_oldest_forgotten_first() -> Non
         f"p{MAX_HELD}" in held,
         held.held - held.expired,
     )
+
+
+def test_a_direct_link_up_while_a_relayed_frame_is_unacknowledged_continues_its_sequence() -> None:
+    """a's path to b is relayed with frame 1 still in the relay (no relayed link yet)
+    when a direct link comes up: frame 2, sent on the direct link and arriving first,
+    is handed on after frame 1 at b; once a's sequence is acknowledged, the direct link
+    goes plain."""
+    a, b = _pair()
+    a.carry(a.paths.connect(b.keys.node_id, 0.0))
+    a.carry(a.paths.send(b.keys.node_id, _frame(1), 0.0))  # waits in the relay
+    link = _direct_alone(a, 0.5)
+    b.direct_link(0.5)
+    a.send(_frame(2), 0.6)
+    b.off_direct(link._queue.popleft())  # the direct link is faster than the relay
+    _pump(a, 0.7)
+    settled = _settle(a)
+    assert ([_frame(1), _frame(2)], True, None) == (b.delivered, settled, link.sequencer)
+
+
+def _settle(end: End) -> bool:
+    """Acks exchanged and the switch's tick: True once ``end``'s sequence is settled."""
+    end.tick(1.0)
+    end.other.tick(1.0)
+    _pump(end, 1.0)
+    end.tick(1.1)
+    return end.paths.settled(end.peer)
