@@ -38,7 +38,9 @@ A peer gone from the relay we fell back through (the relay answers ``unreachable
 have fallen back through another relay: when one we are attached to is among those its
 hello listed (any other attached relay, when it listed none), the peer moves to it,
 everything unacknowledged resent there, and the calls go on (:meth:`unreachable`); only
-when no relay is left to try does the relayed link close.
+when no relay is left to try does the relayed link close. A relayed peer that left the
+relay we reach it through (it detached, or lost its link to it) moves the same way,
+to any other attached relay.
 
 Where one end did forget (it restarted, or found no relay to fall back to), only the
 other falls back; the one that forgot answers its frames with a new relayed session,
@@ -96,10 +98,11 @@ class PathSwitch:
         # peers fallen back to the relay -> until when a new session from them means they
         # did not fall back (so ended the calls on the link)
         self.fell: dict[str, float] = {}
-        # peers fallen back -> the relay URLs their dead direct link's hello listed, and
-        # the relays that answered ``unreachable`` for them since (not tried again)
+        # peers fallen back -> the relay URLs their dead direct link's hello listed; and
+        # relayed peers -> until when, and which relays answered ``unreachable`` for them
+        # (not tried again until then)
         self._listed: dict[str, frozenset[str]] = {}
-        self._tried: dict[str, set[str]] = {}
+        self._tried: dict[str, tuple[float, set[str]]] = {}
         # peers that opened a new relayed session soon after we fell back -> until when
         # their next path frame is awaited: a new sequence in it means they forgot ours
         self.renewing: dict[str, float] = {}
@@ -305,25 +308,34 @@ class PathSwitch:
             link.close(PEER_RENEWED, send_bye=False)
 
     def unreachable(self, peer: str, relay: str, now: float) -> None:
-        """``relay`` answered ``unreachable`` for a frame to ``peer``. If we fell back to
-        it for the peer lately, the peer is not there: it fell back through another
-        relay, or it crashed. The peer moves to another relay we are attached to that
-        its hello listed, everything unacknowledged resent there, and the calls go on;
-        with none left to try, the relayed link that took the dead link's place closes,
-        so the calls on it end now rather than when its heartbeats time out. An answer
+        """``relay`` answered ``unreachable`` for a frame to ``peer``: the peer is not
+        there. It left that relay for another one (it fell back through another relay,
+        or detached), or it crashed. The peer moves to another relay we are attached
+        to (after a fall-back: one that its hello listed), everything unacknowledged
+        resent there, and the calls go on; each relay that answered ``unreachable`` is
+        not tried again for :data:`RETIRE_S`. With none left to try, the relayed link
+        that a fall-back opened closes, so the calls on it end now rather than when its
+        heartbeats time out; any other relayed link is left to its heartbeats. An answer
         from a relay the peer already moved away from changes nothing."""
-        if self.fell.get(peer, now) <= now:
+        fell = self.fell.get(peer, now) > now
+        if not fell and peer in self.fell:
             self._drop_fell(peer)
-            return
         state, via = self.paths.path(peer)
         if state is PathState.RELAYED and via != relay:
             return  # frames sent before the move: the relay now carrying them resends
-        tried = self._tried.setdefault(peer, set())
+        if not fell and state is not PathState.RELAYED:
+            return
+        until, tried = self._tried.get(peer, (now + RETIRE_S, set()))
+        if until <= now:
+            until, tried = now + RETIRE_S, set()
         tried.add(relay)
+        self._tried[peer] = (until, tried)
         other = self._other_relay(peer, tried) if state is PathState.RELAYED else None
         if other is not None:
             self.moved += 1
             self.carry(self.paths.leave_relay(relay, now, alive=False, peer=peer, to=other))
+            return
+        if not fell:
             return
         self._drop_fell(peer)
         link = self.links.get(peer)
@@ -359,6 +371,9 @@ class PathSwitch:
         for peer, at in list(self.fell.items()):
             if now >= at:
                 self._drop_fell(peer)
+        for peer, (at, _) in list(self._tried.items()):
+            if now >= at:
+                del self._tried[peer]
         self.held.tick(now)
         for peer, at in list(self.retiring.items()):
             if now >= at:

@@ -9,8 +9,9 @@ from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.path_hold import HOLD_S, MAX_HELD, HeldSequences
 from hearthnet.mesh.path_switch import RETIRE_S
 from hearthnet.mesh.paths import PathCore, PathState
+from hearthnet.mesh.protocol import LinkState
 from hearthnet.mesh.relayed_link import RelayedLink
-from tests.mesh.test_path_switch_ends import RELAY, End, _frame, _pair, _pump
+from tests.mesh.test_path_switch_ends import RELAY, End, _frame, _pair, _pump, _relay_link
 
 
 def _direct_alone(end: End, now: float) -> PeerLink:
@@ -190,3 +191,30 @@ def _settle(end: End) -> bool:
     _pump(end, 1.0)
     end.tick(1.1)
     return end.paths.settled(end.peer)
+
+
+def test_a_relayed_peer_the_relay_no_longer_has_moves_to_the_other_attached_relay() -> None:
+    """No fall-back: a reaches b through r, and r answers ``unreachable`` for b (b left
+    it): a moves b to r2, its other attached relay, resending what b did not acknowledge,
+    and the relayed link stays; a late answer from r changes nothing, and r2 answering
+    ``unreachable`` too leaves the link to its heartbeats (nothing left to try)."""
+    a, b = _pair()
+    _relay_link(a, "r2", "http://192.0.2.2:7000", 0.05)
+    a.carry(a.paths.connect(b.keys.node_id, 0.0))
+    a.send(_frame(1), 0.0)
+    _pump(a, 0.0)
+    a.send(_frame(2), 0.05)
+    a.relay.clear()  # r no longer has b: it drops a's frame
+    a.switch.unreachable(b.keys.node_id, RELAY, 0.1)
+    _pump(a, 0.1)
+    moved = (a.paths.path(b.keys.node_id), a.switch.moved)
+    a.switch.unreachable(b.keys.node_id, RELAY, 0.2)
+    late = a.paths.path(b.keys.node_id)
+    a.switch.unreachable(b.keys.node_id, "r2", 0.3)
+    assert (
+        ((PathState.RELAYED, "r2"), 1),
+        (PathState.RELAYED, "r2"),
+        [_frame(1), _frame(2)],
+        LinkState.UP,
+        1,
+    ) == (moved, late, b.delivered, a.links[b.keys.node_id].state, a.switch.moved)
