@@ -116,6 +116,9 @@ class PathSwitch:
         self.moved = 0  # fallen-back peers moved to another relay that reaches them
         # peers whose direct link died with no relay to fall back to (path_hold.py)
         self.held = HeldSequences(paths, forget)
+        # peer -> the relay its relayed frames came through last (the glue records it):
+        # where ``unreachable`` moves it first
+        self.came_via: dict[str, str] = {}
 
     def established(self, link: PeerLink) -> None:
         """A direct link finished its handshake (before the mesh admits it): if it is to
@@ -221,9 +224,8 @@ class PathSwitch:
     def path_frame(self, link: PeerLink, frame: PathFrame, now: float) -> None:
         """A path frame off a direct link (the peer continues a relayed sequence on it)."""
         peer = link.node
-        if self.held.resume(peer):  # the peer re-dialled and continues the sequence
-            pass
-        elif peer not in self.retiring and self.paths.path(peer)[0] is PathState.DOWN:
+        resumed = self.held.resume(peer)  # the peer re-dialled and continues the sequence
+        if not resumed and peer not in self.retiring and self.paths.path(peer)[0] is PathState.DOWN:
             # its relayed frames never reached us (or we forgot them): the sequence is
             # taken up here all the same, so what it resends arrives
             self.unexpected += 1
@@ -312,8 +314,9 @@ class PathSwitch:
         there. It left that relay for another one (it fell back through another relay,
         or detached), or it crashed. The peer moves to another relay we are attached
         to (after a fall-back: one that its hello listed), everything unacknowledged
-        resent there, and the calls go on; each relay that answered ``unreachable`` is
-        not tried again for :data:`RETIRE_S`. With none left to try, the relayed link
+        resent there, and the calls go on: first the relay its frames came through last
+        (if not this one), else one not tried yet (a relay that answered ``unreachable``
+        is not tried again for :data:`RETIRE_S`). With none left to try, the relayed link
         that a fall-back opened closes, so the calls on it end now rather than when its
         heartbeats time out; any other relayed link is left to its heartbeats. An answer
         from a relay the peer already moved away from changes nothing."""
@@ -330,7 +333,7 @@ class PathSwitch:
             until, tried = now + RETIRE_S, set()
         tried.add(relay)
         self._tried[peer] = (until, tried)
-        other = self._other_relay(peer, tried) if state is PathState.RELAYED else None
+        other = self._other_relay(peer, tried, relay) if state is PathState.RELAYED else None
         if other is not None:
             self.moved += 1
             self.carry(self.paths.leave_relay(relay, now, alive=False, peer=peer, to=other))
@@ -342,11 +345,17 @@ class PathSwitch:
         if link is not None and is_relayed(link):
             link.close(UNREACHABLE, send_bye=False)
 
-    def _other_relay(self, peer: str, tried: set[str]) -> str | None:
-        """The best attached relay not yet tried for ``peer`` that its hello listed (by
-        the URL we dialled it at, or its own): any of them when it listed none."""
+    def _other_relay(self, peer: str, tried: set[str], answered: str) -> str | None:
+        """The relay ``peer``'s frames came through last, if attached and not the one
+        that ``answered`` (its frames say it reaches the peer, tried or not); else the
+        best attached relay not yet tried that its hello listed (by the URL we dialled
+        it at, or its own): any of them when it listed none."""
+        attached = self.paths.relays.attached_relays
+        came = self.came_via.get(peer)
+        if came is not None and came != answered and came in attached:
+            return came
         listed = self._listed.get(peer, frozenset())
-        for relay in self.paths.relays.attached_relays:
+        for relay in attached:
             if relay in tried:
                 continue
             link = self.links.get(relay)
@@ -399,6 +408,7 @@ class PathSwitch:
         self._drop_fell(peer)
         self.renewing.pop(peer, None)
         self.held.forgotten(peer)
+        self.came_via.pop(peer, None)
         self._end(peer)
 
 

@@ -279,7 +279,9 @@ class RelayedPaths:
         for frame in opened.frames:
             self.switch.opened(route.from_, frame)
             self.path_actions(self.paths.receive(route.from_, frame, now))
-        if opened.frames:  # relayed frames after a direct link came up: it takes the path
+        if opened.frames:
+            self.switch.came_via[route.from_] = link.node  # where unreachable moves it
+            # relayed frames after a direct link came up: it takes the path
             self.switch.direct_serves(route.from_, now)
 
     def _deliver(self, peer: str, data: bytes) -> None:

@@ -218,3 +218,23 @@ def test_a_relayed_peer_the_relay_no_longer_has_moves_to_the_other_attached_rela
         LinkState.UP,
         1,
     ) == (moved, late, b.delivered, a.links[b.keys.node_id].state, a.switch.moved)
+
+
+def test_unreachable_moves_a_peer_to_the_relay_its_frames_come_through() -> None:
+    """b is on r alone and its link to r blinks: r answers ``unreachable``, a tries r2
+    (b is not there either); b's frames then come through r again, and r2's
+    ``unreachable`` moves a back to r at once, although r was tried."""
+    a, b = _pair()
+    _relay_link(a, "r2", "http://192.0.2.2:7000", 0.05)
+    b.send(_frame(1), 0.0)
+    _pump(a, 0.0)
+    a.switch.came_via[b.keys.node_id] = RELAY  # as the glue records b's frames' relay
+    a.switch.unreachable(b.keys.node_id, RELAY, 0.1)
+    tried = a.paths.path(b.keys.node_id)
+    a.switch.came_via[b.keys.node_id] = RELAY  # b is back on r: its next frame came so
+    a.switch.unreachable(b.keys.node_id, "r2", 0.2)
+    assert ((PathState.RELAYED, "r2"), (PathState.RELAYED, RELAY), 2) == (
+        tried,
+        a.paths.path(b.keys.node_id),
+        a.switch.moved,
+    )
