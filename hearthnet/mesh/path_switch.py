@@ -113,7 +113,7 @@ class PathSwitch:
         self.unexpected = 0  # path frames on a direct link from a peer with no sequence
         self.sequenced = 0  # frames sent in a relayed sequence on a direct link
         self.fallbacks = 0  # direct links that died within a switch, fallen back to the relay
-        self.moved = 0  # fallen-back peers moved to another relay that reaches them
+        self.moved = 0  # relayed peers moved to another relay on ``unreachable``
         # peers whose direct link died with no relay to fall back to (path_hold.py)
         self.held = HeldSequences(paths, forget)
         # peer -> the relay its relayed frames came through last (the glue records it):
@@ -425,10 +425,11 @@ def _urls(urls: tuple[str, ...]) -> list[str]:
 
 def switch_counts(switch: PathSwitch) -> dict[str, int]:
     """The switch's counters since start, for ``/status`` (``relaying.paths.switch``) and
-    ``/metrics``: frames ``sequenced`` on direct links, direct links that ``fell`` back
-    to the relay (``fallbacks``), fallen-back peers ``moved`` to another relay, sequences
-    ``held`` with no relay to fall back to, then ``resumed`` by a link or ``expired``,
-    and path frames off a direct link from a peer with no sequence (``unexpected``)."""
+    ``/metrics``: frames ``sequenced`` on direct links, direct links that fell back to
+    the relay (``fallbacks``), relayed peers ``moved`` to another relay on
+    ``unreachable``, sequences ``held`` with no relay to fall back to, then ``resumed``
+    by a link or ``expired``, and path frames off a direct link from a peer with no
+    sequence (``unexpected``)."""
     held = switch.held
     return {
         "sequenced": switch.sequenced,
