@@ -30,13 +30,17 @@ A relayed link takes the dead link's place at once, and what is still sent on th
 link (a call's replies) goes to it, so calls streaming across the fall-back go on.
 Keeping the sequence while the direct link lives makes both ends agree: were it
 forgotten at an end's own retirement (settled or not), a link dying after it would fall
-back at the other end only, and the calls across it would fail at both.
+back at the other end only, and the calls across it would fail at both. An end with no
+relay left to fall back to holds the sequence instead (:mod:`hearthnet.mesh.path_hold`):
+a re-dialled direct link, or a relay attached later, takes it up within ``HOLD_S``.
 
 A peer gone from the relay we fell back through (the relay answers ``unreachable``) may
 have fallen back through another relay: when one we are attached to is among those its
 hello listed (any other attached relay, when it listed none), the peer moves to it,
 everything unacknowledged resent there, and the calls go on (:meth:`unreachable`); only
-when no relay is left to try does the relayed link close.
+when no relay is left to try does the relayed link close. A relayed peer that left the
+relay we reach it through (it detached, or lost its link to it) moves the same way,
+to any other attached relay.
 
 Where one end did forget (it restarted, or found no relay to fall back to), only the
 other falls back; the one that forgot answers its frames with a new relayed session,
@@ -56,15 +60,19 @@ from hearthnet.errors import BadRequest, WireError
 from hearthnet.mesh.addresses import normalize_url
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.path_frames import Drain, PAck, PathFrame, PFrame
+from hearthnet.mesh.path_hold import HeldSequences
 from hearthnet.mesh.paths import PathCore, PathState, Transmit
 from hearthnet.mesh.pathseq import is_gossip, is_heartbeat
 from hearthnet.mesh.relayed_link import PEER_RENEWED, is_relayed
+from hearthnet.metrics import MetricsRegistry
 
 log = logging.getLogger("hearthnet.mesh.relaying")
 
 RETIRE_S = 10.0  # a switch is retired this long after an end first saw it (plain frames)
 UNREACHABLE = "the relay cannot reach the peer"  # why a fallen-back relayed link closed
 _SEQUENCE = (PFrame, PAck, Drain)  # the path frames a direct link carries in a switch
+# what ``hearthnet_path_switch_events{event}`` counts (docs/operations.md)
+SWITCH_EVENTS = ("fallbacks", "moved", "held", "resumed", "expired", "unexpected")
 
 
 class PathSwitch:
@@ -90,10 +98,11 @@ class PathSwitch:
         # peers fallen back to the relay -> until when a new session from them means they
         # did not fall back (so ended the calls on the link)
         self.fell: dict[str, float] = {}
-        # peers fallen back -> the relay URLs their dead direct link's hello listed, and
-        # the relays that answered ``unreachable`` for them since (not tried again)
+        # peers fallen back -> the relay URLs their dead direct link's hello listed; and
+        # relayed peers -> until when, and which relays answered ``unreachable`` for them
+        # (not tried again until then)
         self._listed: dict[str, frozenset[str]] = {}
-        self._tried: dict[str, set[str]] = {}
+        self._tried: dict[str, tuple[float, set[str]]] = {}
         # peers that opened a new relayed session soon after we fell back -> until when
         # their next path frame is awaited: a new sequence in it means they forgot ours
         self.renewing: dict[str, float] = {}
@@ -104,15 +113,25 @@ class PathSwitch:
         self.unexpected = 0  # path frames on a direct link from a peer with no sequence
         self.sequenced = 0  # frames sent in a relayed sequence on a direct link
         self.fallbacks = 0  # direct links that died within a switch, fallen back to the relay
-        self.moved = 0  # fallen-back peers moved to another relay that reaches them
+        self.moved = 0  # relayed peers moved to another relay on ``unreachable``
+        # peers whose direct link died with no relay to fall back to (path_hold.py)
+        self.held = HeldSequences(paths, forget)
+        # peer -> the relay its relayed frames came through last (the glue records it):
+        # where ``unreachable`` moves it first
+        self.came_via: dict[str, str] = {}
 
     def established(self, link: PeerLink) -> None:
         """A direct link finished its handshake (before the mesh admits it): if it is to
         replace a relayed link with frames still unacknowledged, or a direct link still
         continuing their sequence (a rival dialled at the same time that wins over it),
-        it continues their sequence until they are."""
+        or to take up a sequence held or relayed with no relayed link, it continues
+        that sequence until the peer has acknowledged it."""
         current = self.links.get(link.node)
         switching = is_relayed(current) or (current is not None and link.node in self._direct)
+        # a re-dial takes up a held sequence; a path relayed with no relayed link (a
+        # probe out) continues its sequence too
+        relayed = self.paths.path(link.node)[0] in (PathState.RELAYED, PathState.UPGRADING)
+        switching = switching or link.node in self.held or relayed
         if is_relayed(link) or not switching or self.paths.settled(link.node):
             return
         if not link.v2:
@@ -127,6 +146,24 @@ class PathSwitch:
         self.retiring.setdefault(peer, now + RETIRE_S)
         if self.paths.path(peer)[0] is not PathState.DIRECT:
             self.carry(self.paths.direct_up(peer, now))
+
+    def direct_serves(self, peer: str, now: float) -> None:
+        """The glue's check after a direct link is admitted and after frames from ``peer``
+        came through a relay: while a direct link is the peer's link, a path the core
+        still has relayed (a probe answered, or the peer's relayed frames opened, after
+        the direct link came up: no relayed link was there to be replaced) moves to it as
+        :meth:`replaced` moves it, the relay kept as fallback."""
+        link = self.links.get(peer)
+        if link is None or is_relayed(link):
+            return
+        state = self.paths.path(peer)[0]
+        if self.held.resume(peer):  # a re-dial: the held sequence continues on it
+            if not link.v2:  # a hearthnet-peer.v1 peer drops pframes
+                self.forget(peer)
+                return
+            state = PathState.RELAYED if state is PathState.DOWN else state
+        if state in (PathState.RELAYED, PathState.UPGRADING):
+            self.replaced(peer, now)
 
     def transmit(self, action: Transmit) -> None:
         """A frame of a relayed sequence continued on the direct link (the path core's
@@ -148,15 +185,15 @@ class PathSwitch:
         """A direct link ended. Within the switch it falls back to the relay (True: the
         glue opens a relayed link in its place and calls go on): the peer's sequence
         continues there, everything unacknowledged resent in order. With no relay to
-        fall back to, or the peer ``gone`` (it said bye, or left the community), the
-        sequence ends with the link."""
+        fall back to, the sequence is held for the next link (:mod:`path_hold`); with the
+        peer ``gone`` (it said bye, or left the community), it ends with the link."""
         peer = link.node
         if peer not in self.retiring and peer not in self.kept:
             return False
         # ``link`` was the peer's link (the mesh reports no other): whichever direct link
         # ``_direct`` holds, one dialled at the same time that lost to it, or this one
         state, fallback = self.paths.path(peer)
-        if gone or state is not PathState.DIRECT or fallback is None:
+        if gone or state is not PathState.DIRECT:
             self.forget(peer)
             return False
         self._direct.pop(peer, None)
@@ -165,6 +202,10 @@ class PathSwitch:
         # one (else an end that saw it first could forget while the other falls back)
         self.retiring.pop(peer, None)
         self.kept.discard(peer)
+        if fallback is None:  # no relay: what is unacknowledged waits for the next link
+            link.sequencer = None
+            self.carry(self.held.hold(peer, now))
+            return False
         self.fell[peer] = now + RETIRE_S
         self._listed[peer] = frozenset(_urls(link.peer.relays))
         self._tried.pop(peer, None)
@@ -183,7 +224,8 @@ class PathSwitch:
     def path_frame(self, link: PeerLink, frame: PathFrame, now: float) -> None:
         """A path frame off a direct link (the peer continues a relayed sequence on it)."""
         peer = link.node
-        if peer not in self.retiring and self.paths.path(peer)[0] is PathState.DOWN:
+        resumed = self.held.resume(peer)  # the peer re-dialled and continues the sequence
+        if not resumed and peer not in self.retiring and self.paths.path(peer)[0] is PathState.DOWN:
             # its relayed frames never reached us (or we forgot them): the sequence is
             # taken up here all the same, so what it resends arrives
             self.unexpected += 1
@@ -268,36 +310,52 @@ class PathSwitch:
             link.close(PEER_RENEWED, send_bye=False)
 
     def unreachable(self, peer: str, relay: str, now: float) -> None:
-        """``relay`` answered ``unreachable`` for a frame to ``peer``. If we fell back to
-        it for the peer lately, the peer is not there: it fell back through another
-        relay, or it crashed. The peer moves to another relay we are attached to that
-        its hello listed, everything unacknowledged resent there, and the calls go on;
-        with none left to try, the relayed link that took the dead link's place closes,
-        so the calls on it end now rather than when its heartbeats time out. An answer
+        """``relay`` answered ``unreachable`` for a frame to ``peer``: the peer is not
+        there. It left that relay for another one (it fell back through another relay,
+        or detached), or it crashed. The peer moves to another relay we are attached
+        to (after a fall-back: one that its hello listed), everything unacknowledged
+        resent there, and the calls go on: first the relay its frames came through last
+        (if not this one), else one not tried yet (a relay that answered ``unreachable``
+        is not tried again for :data:`RETIRE_S`). With none left to try, the relayed link
+        that a fall-back opened closes, so the calls on it end now rather than when its
+        heartbeats time out; any other relayed link is left to its heartbeats. An answer
         from a relay the peer already moved away from changes nothing."""
-        if self.fell.get(peer, now) <= now:
+        fell = self.fell.get(peer, now) > now
+        if not fell and peer in self.fell:
             self._drop_fell(peer)
-            return
         state, via = self.paths.path(peer)
         if state is PathState.RELAYED and via != relay:
             return  # frames sent before the move: the relay now carrying them resends
-        tried = self._tried.setdefault(peer, set())
+        if not fell and state is not PathState.RELAYED:
+            return
+        until, tried = self._tried.get(peer, (now + RETIRE_S, set()))
+        if until <= now:
+            until, tried = now + RETIRE_S, set()
         tried.add(relay)
-        other = self._other_relay(peer, tried) if state is PathState.RELAYED else None
+        self._tried[peer] = (until, tried)
+        other = self._other_relay(peer, tried, relay) if state is PathState.RELAYED else None
         if other is not None:
             self.moved += 1
             self.carry(self.paths.leave_relay(relay, now, alive=False, peer=peer, to=other))
+            return
+        if not fell:
             return
         self._drop_fell(peer)
         link = self.links.get(peer)
         if link is not None and is_relayed(link):
             link.close(UNREACHABLE, send_bye=False)
 
-    def _other_relay(self, peer: str, tried: set[str]) -> str | None:
-        """The best attached relay not yet tried for ``peer`` that its hello listed (by
-        the URL we dialled it at, or its own): any of them when it listed none."""
+    def _other_relay(self, peer: str, tried: set[str], answered: str) -> str | None:
+        """The relay ``peer``'s frames came through last, if attached and not the one
+        that ``answered`` (its frames say it reaches the peer, tried or not); else the
+        best attached relay not yet tried that its hello listed (by the URL we dialled
+        it at, or its own): any of them when it listed none."""
+        attached = self.paths.relays.attached_relays
+        came = self.came_via.get(peer)
+        if came is not None and came != answered and came in attached:
+            return came
         listed = self._listed.get(peer, frozenset())
-        for relay in self.paths.relays.attached_relays:
+        for relay in attached:
             if relay in tried:
                 continue
             link = self.links.get(relay)
@@ -322,6 +380,10 @@ class PathSwitch:
         for peer, at in list(self.fell.items()):
             if now >= at:
                 self._drop_fell(peer)
+        for peer, (at, _) in list(self._tried.items()):
+            if now >= at:
+                del self._tried[peer]
+        self.held.tick(now)
         for peer, at in list(self.retiring.items()):
             if now >= at:
                 del self.retiring[peer]
@@ -345,6 +407,8 @@ class PathSwitch:
         self.kept.discard(peer)
         self._drop_fell(peer)
         self.renewing.pop(peer, None)
+        self.held.forgotten(peer)
+        self.came_via.pop(peer, None)
         self._end(peer)
 
 
@@ -357,3 +421,38 @@ def _urls(urls: tuple[str, ...]) -> list[str]:
         except BadRequest:
             continue
     return out
+
+
+def switch_counts(switch: PathSwitch) -> dict[str, int]:
+    """The switch's counters since start, for ``/status`` (``relaying.paths.switch``) and
+    ``/metrics``: frames ``sequenced`` on direct links, direct links that fell back to
+    the relay (``fallbacks``), relayed peers ``moved`` to another relay on
+    ``unreachable``, sequences ``held`` with no relay to fall back to, then ``resumed``
+    by a link or ``expired``, and path frames off a direct link from a peer with no
+    sequence (``unexpected``)."""
+    held = switch.held
+    return {
+        "sequenced": switch.sequenced,
+        "fallbacks": switch.fallbacks,
+        "moved": switch.moved,
+        "held": held.held,
+        "resumed": held.resumed,
+        "expired": held.expired,
+        "unexpected": switch.unexpected,
+    }
+
+
+def register_switch_metrics(m: MetricsRegistry, switch: PathSwitch) -> None:
+    """``hearthnet_path_switch_events{event}`` and ``hearthnet_path_switch_sequenced_frames``."""
+    m.gauge(
+        "hearthnet_path_switch_events",
+        "Path switches of relayed links turning direct, by event: fallbacks, moved, held, "
+        "resumed, expired, unexpected (spec §8).",
+        lambda: {(e,): float(n) for e, n in switch_counts(switch).items() if e in SWITCH_EVENTS},
+        ("event",),
+    )
+    m.gauge(
+        "hearthnet_path_switch_sequenced_frames",
+        "Frames sent on a direct link in a relayed link's sequence, while it turned direct.",
+        lambda: float(switch.sequenced),
+    )

@@ -27,7 +27,7 @@ from hearthnet.errors import HearthNetError, WireError
 from hearthnet.mesh import route_header as wire
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.member_wiring import MemberHooks, MemberSettings, MemberShared
-from hearthnet.mesh.path_switch import PathSwitch
+from hearthnet.mesh.path_switch import PathSwitch, register_switch_metrics, switch_counts
 from hearthnet.mesh.paths import (
     Deliver,
     PathChanged,
@@ -102,6 +102,7 @@ class RelayedPaths:
             book=self.book,
         )
         register_member_metrics(shared.metrics, self.endpoint, counts, self.paths)
+        register_switch_metrics(shared.metrics, self.switch)
 
     def tick(self, now: float) -> None:
         """Resends, acks, hellos, relay attachments, switches, and new paths."""
@@ -278,6 +279,10 @@ class RelayedPaths:
         for frame in opened.frames:
             self.switch.opened(route.from_, frame)
             self.path_actions(self.paths.receive(route.from_, frame, now))
+        if opened.frames:
+            self.switch.came_via[route.from_] = link.node  # where unreachable moves it
+            # relayed frames after a direct link came up: it takes the path
+            self.switch.direct_serves(route.from_, now)
 
     def _deliver(self, peer: str, data: bytes) -> None:
         """A peer-link frame from ``peer`` through a relay, in order, once."""
@@ -322,6 +327,7 @@ class RelayedPaths:
             "shed": p.shed,
             "pace_refusals": p.pace_refusals,
             "switched_in_order": self.switch.sequenced,
+            "switch": switch_counts(self.switch),  # fall-backs, moves, held sequences
             "refused": dict(self.endpoint.refused),
             **dict(self.counts),
         }

@@ -225,6 +225,9 @@ class Relaying:
             self.relay.link_up(link, time.monotonic())
         if self.attachments is not None and not is_relayed(link):
             self.attachments.linked(link, ours=link.address in self.relay_urls)
+        if self.switch is not None and not is_relayed(link):
+            # a path relayed with no relayed link to replace (a probe still out) goes direct
+            self.switch.direct_serves(link.node, time.monotonic())
 
     def link_down(self, link: PeerLink) -> bool:
         """A link ended: the relay core forgets it; our relay's loss moves its peers. True:

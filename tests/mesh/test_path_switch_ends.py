@@ -143,6 +143,8 @@ class End:
         for frame in opened.frames:
             self.switch.opened(self.peer, frame)
             self.take(frame)
+        if opened.frames:
+            self.switch.direct_serves(self.peer, self.now)
 
     def take(self, frame: PathFrame) -> None:
         self.carry(self.paths.receive(self.peer, frame, self.now))

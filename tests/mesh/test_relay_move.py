@@ -1,0 +1,193 @@
+"""A fall-back to a relay that no longer has the peer (spec §8: "killing a relay moves its
+members to another configured relay ... with nothing acknowledged lost"): a reaches b
+through relay R1, their link turns direct, b leaves R1 and the direct link dies; a falls
+back through R1, which answers ``unreachable`` for b, and a moves b to R2, the other relay
+b's hello listed, while a call streams from b to a: every chunk once, in order. Real
+nodes over loopback, in-process: two relays (not federated) and two members attached to
+both."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+import time
+
+import aiohttp
+
+from hearthnet.client import Client
+from hearthnet.config import Config
+from hearthnet.mesh.addresses import normalize_url
+from hearthnet.mesh.relayed_link import path_fields
+from hearthnet.node import Node
+from tests.conftest import MakeConfig
+from tests.helpers import wait_until
+from tests.mesh.test_relaying import UNDIALLABLE, one_community, path_to
+
+CHUNKS = 150
+SWITCH_AT = 20  # chunks received before a dials b
+CUT_WITHIN_S = 20.0
+
+
+def _member(config: Config, relays: tuple[str, ...]) -> Config:
+    """Attached to ``relays``, undiallable, not punching, 1 s heartbeats."""
+    mesh = dataclasses.replace(
+        config.mesh,
+        relay_urls=relays,
+        advertise_url=UNDIALLABLE,
+        heartbeat_s=1.0,
+        direct_upgrade=False,
+    )
+    return dataclasses.replace(config, mesh=mesh)
+
+
+def _via(node: Node, peer: Node) -> str | None:
+    link = node.mesh.links.get(peer.keys.node_id)
+    return None if link is None else path_fields(link)["via"]
+
+
+def _leave(b: Node, relay: Node) -> None:
+    """b leaves ``relay``: its link closed with a ``bye``, its URL forgotten so it is not
+    dialled again."""
+    b.mesh.book.addresses.pop(normalize_url(relay.url), None)
+    b.mesh.links[relay.keys.node_id].close("leaving this relay")
+
+
+def _leave_and_cut(a: Node, b: Node, relay: Node) -> None:
+    """b leaves ``relay`` and a's direct link to b is cut at its socket, in one step."""
+    _leave(b, relay)
+    a.mesh.book.addresses.pop(normalize_url(b.url), None)
+    link = a.mesh.links[b.keys.node_id]
+    sock: socket.socket = link.ws.get_extra_info("socket")  # type: ignore[attr-defined]
+    sock.shutdown(socket.SHUT_RDWR)
+
+
+async def test_a_fall_back_to_a_relay_without_the_peer_moves_to_the_other_listed_relay(
+    make_config: MakeConfig,
+) -> None:
+    """echo.stream from b to a; a dials b at chunk 20; the moment both ends are direct
+    (b's chunks still in its relayed sequence), b leaves the relay a used and the direct
+    link dies: a falls back through that relay, is answered ``unreachable``, moves b to
+    the other relay, and the stream ends with every chunk once, in order; /status shows
+    the move."""
+    configs = [make_config(mesh={"relay": True}) for _ in range(2)]
+    configs += [make_config(), make_config()]
+    one_community(configs)
+    async with Node(configs[0]) as r1, Node(configs[1]) as r2:
+        relays = (r1.url, r2.url)
+        async with Node(_member(configs[2], relays)) as a, Node(_member(configs[3], relays)) as b:
+            cores = [n.mesh.relaying.paths for n in (a, b)]
+            await wait_until(
+                lambda: (
+                    (path_to(a, b), path_to(b, a)) == ("relayed", "relayed")
+                    and all(c is not None and len(c.relays.attached_relays) == 2 for c in cores)
+                ),
+                30,
+                "a and b attached to both relays, relayed to each other",
+            )
+            used = r1 if _via(a, b) == r1.keys.node_id else r2
+            other = r2 if used is r1 else r1
+            moved: list[bool] = []
+
+            core_b = b.mesh.relaying.paths
+            assert core_b is not None
+
+            async def leave_when_direct(got: list[int]) -> None:
+                # the moment both ends are direct, b's chunks on the link are still in
+                # its relayed sequence (frames sent plainly once it settled would die
+                # with the link: docs/mesh.md): the check and the cut in one step
+                deadline = time.monotonic() + CUT_WITHIN_S
+                while (path_to(a, b), path_to(b, a)) != ("direct", "direct"):
+                    assert time.monotonic() < deadline, "no direct link within the limit"
+                    await asyncio.sleep(0)
+                moved.append(not core_b.settled(a.keys.node_id))
+                _leave_and_cut(a, b, used)
+
+            got, kinds = await _stream(a, b, leave_when_direct)
+            await wait_until(lambda: bool(moved), 10, "the relay left and the link cut")
+            via = _via(a, b)
+            switch = a.mesh.relaying.switch
+            assert switch is not None
+            counts = (switch.fallbacks, switch.moved)
+            async with aiohttp.ClientSession() as http, http.get(a.url + "/status") as resp:
+                shown = (await resp.json())["relaying"]["paths"]["switch"]["moved"]
+    whole = list(range(1, CHUNKS + 1))
+    # the chunks' count and last frame first: a failure shows them, not a 150-item list
+    assert ([True], CHUNKS, "done", other.keys.node_id, (1, 1), 1, whole) == (
+        moved,
+        len(got),
+        kinds[-1],
+        via,
+        counts,
+        shown,
+        got,
+    )
+
+
+async def test_a_relayed_peer_that_left_the_relay_in_use_is_reached_through_the_other(
+    make_config: MakeConfig,
+) -> None:
+    """echo.stream from b to a, relayed all along; at chunk 20 b leaves the relay a sends
+    through: that relay answers ``unreachable``, a moves b to the other relay, and the
+    stream ends with every chunk once, in order."""
+    configs = [make_config(mesh={"relay": True}) for _ in range(2)]
+    configs += [make_config(), make_config()]
+    one_community(configs)
+    async with Node(configs[0]) as r1, Node(configs[1]) as r2:
+        relays = (r1.url, r2.url)
+        async with Node(_member(configs[2], relays)) as a, Node(_member(configs[3], relays)) as b:
+            cores = [n.mesh.relaying.paths for n in (a, b)]
+            await wait_until(
+                lambda: (
+                    (path_to(a, b), path_to(b, a)) == ("relayed", "relayed")
+                    and all(c is not None and len(c.relays.attached_relays) == 2 for c in cores)
+                ),
+                30,
+                "a and b attached to both relays, relayed to each other",
+            )
+            used = r1 if _via(a, b) == r1.keys.node_id else r2
+            other = r2 if used is r1 else r1
+
+            async def leave(got: list[int]) -> None:
+                _leave(b, used)
+
+            got, kinds = await _stream(a, b, leave, dial=False)
+            switch = a.mesh.relaying.switch
+            assert switch is not None
+            state = (_via(a, b), path_to(a, b), switch.moved)
+    assert (CHUNKS, "done", (other.keys.node_id, "relayed", 1), list(range(1, CHUNKS + 1))) == (
+        len(got),
+        kinds[-1],
+        state,
+        got,
+    )
+
+
+async def _stream(
+    a: Node, b: Node, at_switch: object, *, dial: bool = True
+) -> tuple[list[int], list[str]]:
+    """echo.stream from b to a (10 ms a chunk); at chunk SWITCH_AT a dials b (with
+    ``dial``) and ``at_switch`` (a coroutine function taking the chunks so far) is
+    spawned."""
+    got: list[int] = []
+    kinds: list[str] = []
+    async with (
+        Client(a.url, keys=a.keys) as client,
+        client.stream(
+            "echo.stream@1.0",
+            {"count": CHUNKS, "size": 64, "interval_ms": 10},
+            target=b.keys.node_id,
+            prefer_ws=False,
+            deadline_ms=60_000,
+        ) as stream,
+    ):
+        async for frame in stream:
+            kinds.append(frame.event)
+            if frame.event == "token":
+                got.append(frame.data["i"])
+            if len(got) == SWITCH_AT and frame.event == "token":
+                if dial:
+                    a.mesh.spawn(a.mesh.dial(b.url), "dial-b")
+                if callable(at_switch):
+                    a.mesh.spawn(at_switch(got), "at-switch")
+    return got, kinds
