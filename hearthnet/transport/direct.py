@@ -15,9 +15,9 @@ waits for the socket to drain as usual; an error is left to the transport to rep
 Bytes that many sockets get in one loop turn (a committed batch's frames, the same for every
 subscriber) can be sent from a memory file (:class:`SharedBytes`) with ``sendfile``: the
 sockets then take references to the file's pages instead of each copying the bytes into
-their own buffers. Over loopback, 100 subscribers of ~54 KB each, a send cost ~10-20 %
-less kernel time than a write, 1,000 subscribers ~25 % less; the file costs ~40 µs to make,
-so only large bytes going to several sockets are worth it.
+their own buffers. Over loopback, ~54 KB to each of 100 sockets, a send cost 4-13 % less
+CPU than a write, to each of 1,000 ~18 % less; the file costs ~40 µs to make, so only
+large bytes going to several sockets are worth it.
 """
 
 from __future__ import annotations
@@ -84,9 +84,10 @@ class SharedBytes:
 
     __slots__ = ("_files", "min_bytes", "min_uses")
 
-    def __init__(self, min_bytes: int = 24 * 1024, min_uses: int = 4) -> None:
-        # Smaller bytes are written: over loopback a send from a file costs what a write
-        # does at ~24 KB, less above (~5 % at 32 KB, ~15 % at 54 KB).
+    def __init__(self, min_bytes: int = 40 * 1024, min_uses: int = 4) -> None:
+        # Smaller bytes are written: over loopback to 100 sockets a send from a file cost
+        # about what a write does at 24-32 KB (-6 to +7 % between runs), 4-13 % less at
+        # 54 KB (bench/bench_shared_writes.py).
         self.min_bytes = min_bytes
         self.min_uses = min_uses
         # id(data) -> (data, its file, sockets that asked); ``data`` is held so its id stays

@@ -99,7 +99,7 @@ async def test_a_batch_for_many_subscribers_is_sent_from_one_file_and_arrives_wh
                 caller=ME, client_id=f"c{i}", form="ws_text", channel=channel, sink=sink
             )
             index.add(TopicPattern.parse("f.*"), sub)
-        batch = _stored(["f.a"] * 200, 1)  # ~60 KB of frames: more than SharedBytes' minimum
+        batch = _stored(["f.a"] * 400, 1)  # ~80 KB of frames: more than SharedBytes' minimum
         expected = b"".join(EncodedMessage(stored).ws_text_unsigned() for stored in batch)
         opened = len(os.listdir("/proc/self/fd"))
         fanout.on_commit(batch)
