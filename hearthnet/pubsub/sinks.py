@@ -82,7 +82,7 @@ class SocketSink:
             return False
         if len(frames) == 1:
             data = frames[0]
-            if shared and self.fd >= 0 and not self.chunked:
+            if shared is not None and self.fd >= 0 and not self.chunked:
                 write_through(transport, self.fd, data, shared.file(data))
                 return True
         else:
