@@ -27,9 +27,9 @@ from hearthnet.pubsub.wire import EncodedMessage, TopicBatch
 from hearthnet.transport.direct import SharedBytes
 
 # A commit's joined batch is sent from a memory file when at least this many subscribers
-# match its topic (the file costs ~40 µs to make; a send from it saves ~0.5-2.5 µs of CPU
-# per socket at ~54 KB over loopback; SharedBytes makes it at the 4th socket).
-SHARE_MIN_SUBSCRIBERS = 8
+# match its topic: the file costs ~40 µs to make and a send from it saves ~0.5-2.5 µs of
+# CPU per socket at ~54 KB over loopback (SharedBytes makes it at the 4th socket).
+SHARE_MIN_SUBSCRIBERS = 32
 
 
 @dataclass(slots=True)
