@@ -64,7 +64,7 @@ class NullSink:
     paused = False
     subscriber: Any = None
 
-    def write(self, frames: list[bytes]) -> bool:
+    def write(self, frames: list[bytes], shared: Any = None) -> bool:
         """Taken."""
         return True
 

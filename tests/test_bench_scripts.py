@@ -28,6 +28,7 @@ from bench import (
     bench_read_last,
     bench_relay,
     bench_relay_forward,
+    bench_shared_writes,
     bench_writer_trip,
     bench_ws_publish,
     pubsub_report,
@@ -82,6 +83,15 @@ async def test_fanout_cost_lean_frames_are_fewer_bytes() -> None:
     _, full = await bench_fanout_cost.fanout_batch_s(2, 4, 2, "socket")
     _, lean = await bench_fanout_cost.fanout_batch_s(2, 4, 2, "socket", fields="data")
     assert (True, True) == (lean[0] < full[0], lean[0] > 2 * 4 * 256)
+
+
+async def test_shared_writes_times_both_ways_for_every_size() -> None:
+    """bench_shared_writes: plain writes and sends from a shared file, one row per size."""
+    rows = await bench_shared_writes.measure(3, [1000, 50_000], 4)
+    assert [(3, 1000, True, True), (3, 50_000, True, True)] == [
+        (r["subs"], r["bytes"], r["write_us_per_socket"] > 0, r["sendfile_us_per_socket"] > 0)
+        for r in rows
+    ]
 
 
 async def test_commit_latency_times_every_publish() -> None:

@@ -5,7 +5,9 @@ Designed rather than hoped for: :meth:`FanOut.on_commit` runs once per committed
 (:class:`~hearthnet.pubsub.wire.EncodedMessage`), every matching subscriber's channel gets
 the same bytes, and each subscriber's frames of a commit (with the answers to its own
 publishes) leave in one write, in the commit's loop turn; frames made between commits
-(acks letting queued frames out, control frames) leave once per loop turn.
+(acks letting queued frames out, control frames) leave once per loop turn. A batch that
+many subscribers take whole is one bytes object, sent to each socket from one memory file
+(:class:`~hearthnet.transport.direct.SharedBytes`) for the commit's flush.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from hearthnet.pubsub.envelope import StoredMessage
 from hearthnet.pubsub.index import SubscriptionIndex
 from hearthnet.pubsub.subscriber import Subscriber
 from hearthnet.pubsub.wire import EncodedMessage, TopicBatch
+from hearthnet.transport.direct import SharedBytes
+
+# A commit's joined batch is sent from a memory file when at least this many subscribers
+# match its topic: the file costs ~40 µs to make and a send from it saves ~0.5-2.5 µs of
+# CPU per socket at ~54 KB over loopback (SharedBytes makes it at the 4th socket).
+SHARE_MIN_SUBSCRIBERS = 32
 
 
 @dataclass(slots=True)
@@ -99,6 +107,7 @@ class FanOut:
         self._refill = refill  # a durable consumer's queue overflowed (catch-up reads the log)
         self._dirty: list[Subscriber] = []
         self._flush_scheduled = False
+        self._shared = SharedBytes()  # this commit's joined batches, for its flush
 
     def on_commit(self, batch: list[StoredMessage]) -> None:
         """Called after each commit of the log, in seq order (the node's commit pipeline):
@@ -117,18 +126,25 @@ class FanOut:
             ((topic, items),) = groups.items()
             group = TopicBatch(topic, items)
             dirty = self._dirty
-            for sub in match(topic):  # every subscriber of every batch: calls kept few
+            subs = match(topic)
+            for sub in subs:  # every subscriber of every batch: calls kept few
                 sub.deliver_batch(group, policy)
                 if sub.channel.refill:
                     self._refill(sub)
                 if not sub.flush_scheduled:  # self.wake(sub), inline
                     sub.flush_scheduled = True
                     dirty.append(sub)
+            if len(subs) >= SHARE_MIN_SUBSCRIBERS:
+                self._share(group)
         else:
             per_sub: dict[Subscriber, list[TopicBatch]] = {}
+            shared: list[TopicBatch] = []
             for topic, items in groups.items():
                 group = TopicBatch(topic, items)
-                for sub in match(topic):
+                subs = match(topic)
+                if len(subs) >= SHARE_MIN_SUBSCRIBERS:
+                    shared.append(group)
+                for sub in subs:
                     per_sub.setdefault(sub, []).append(group)
             for sub, sub_groups in per_sub.items():
                 if len(sub_groups) == 1:
@@ -136,6 +152,8 @@ class FanOut:
                 else:
                     sub.deliver_merged(sub_groups, policy)  # keep seq order across topics
                 self._delivered(sub)
+            for group in shared:
+                self._share(group)
         local = sum(1 for stored in batch if stored.origin == self.node_id)
         if local:
             self.metrics.published.inc("local", amount=local)
@@ -146,6 +164,11 @@ class FanOut:
             # a turn of every other session's reads later (the publishers' answers,
             # queued by the log before this call, leave in the same writes).
             self._flush_dirty()
+
+    def _share(self, group: TopicBatch) -> None:
+        """``group``'s joined batches go to many subscribers in this commit's flush."""
+        for whole in group.joined_forms():
+            self._shared.offer(whole)
 
     def _delivered(self, sub: Subscriber) -> None:
         """After a batch was offered to ``sub``: flush it this loop turn; a durable
@@ -169,10 +192,15 @@ class FanOut:
         sent = 0
         gaps = 0
         now = time.monotonic()
-        for sub in dirty:
-            sent += sub.write_out(now)
-            if sub.channel.gaps_total != sub.gaps_reported:
-                gaps += sub.take_gaps()
+        shared = self._shared if self._shared else None
+        try:
+            for sub in dirty:
+                sent += sub.write_out(now, shared)
+                if sub.channel.gaps_total != sub.gaps_reported:
+                    gaps += sub.take_gaps()
+        finally:
+            if shared is not None:
+                shared.close()  # a batch a channel still holds is written plainly later
         self.count_sent(sent, gaps)
 
     def count_sent(self, messages: int, gaps: int) -> None:

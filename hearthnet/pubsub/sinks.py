@@ -14,7 +14,9 @@ Both socket sinks set the transport's marks to :data:`WRITE_HIGH_WATER` and
 :data:`WRITE_LOW_WATER`: a subscriber stops taking frames from its channel above the high
 mark (its queue, then gap frames or a durable consumer's refill take over; spec §6.5) and
 goes on below the low one. Writes go straight into a plain TCP socket while the transport
-has nothing queued (:mod:`hearthnet.transport.direct`).
+has nothing queued (:mod:`hearthnet.transport.direct`); a committed batch that goes to
+many subscribers as one shared bytes object is sent from a memory file
+(:class:`~hearthnet.transport.direct.SharedBytes`, given by fan-out).
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ from typing import Protocol
 from aiohttp.abc import AbstractStreamWriter
 
 from hearthnet.pubsub.subscriber import Resumable
-from hearthnet.transport.direct import SocketTransport, plain_socket_fd, write_through
+from hearthnet.transport.direct import (
+    SharedBytes,
+    SocketTransport,
+    plain_socket_fd,
+    write_through,
+)
 
 WRITE_HIGH_WATER = 1 << 20  # bytes buffered in a transport before a subscriber is paused
 WRITE_LOW_WATER = 256 * 1024  # ... and below which it takes frames again
@@ -67,12 +74,19 @@ class SocketSink:
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self.fd = plain_socket_fd(transport)
 
-    def write(self, frames: list[bytes]) -> bool:
-        """One write of every frame; False when the connection is closing."""
+    def write(self, frames: list[bytes], shared: SharedBytes | None = None) -> bool:
+        """One write of every frame; False when the connection is closing. ``shared``:
+        bytes other sockets get too, sent from a file when ``frames`` is one of them."""
         transport = self.transport
         if transport.is_closing():
             return False
-        data = frames[0] if len(frames) == 1 else b"".join(frames)
+        if len(frames) == 1:
+            data = frames[0]
+            if shared is not None and self.fd >= 0 and not self.chunked:
+                write_through(transport, self.fd, data, shared.file(data))
+                return True
+        else:
+            data = b"".join(frames)
         if self.chunked:
             data = b"%x\r\n" % len(data) + data + b"\r\n"
         write_through(transport, self.fd, data)
@@ -113,9 +127,9 @@ class AiohttpSink(SocketSink):
         self._writer = writer
         self._drain_task: asyncio.Task[None] | None = None
 
-    def write(self, frames: list[bytes]) -> bool:
+    def write(self, frames: list[bytes], shared: SharedBytes | None = None) -> bool:
         """As :meth:`SocketSink.write`; notes a pause aiohttp's protocol received."""
-        if not super().write(frames):
+        if not super().write(frames, shared):
             return False
         if self._protocol.writing_paused and self._drain_task is None:
             self.paused = True
@@ -149,7 +163,7 @@ class LongPollSink:
         self.arrived = asyncio.Event()
         self.subscriber: Resumable | None = None  # never paused: never resumed
 
-    def write(self, frames: list[bytes]) -> bool:
+    def write(self, frames: list[bytes], shared: SharedBytes | None = None) -> bool:
         """Collect (never counted here: the response counts what it returns)."""
         self.frames.extend(frames)
         self.arrived.set()

@@ -21,6 +21,7 @@ from hearthnet.pubsub.channel import ChannelState, SubscriberChannel
 from hearthnet.pubsub.log import ConsumerRecord
 from hearthnet.pubsub.topics import TopicPattern
 from hearthnet.pubsub.wire import TopicBatch, control_frame, lean_form, message_form
+from hearthnet.transport.direct import SharedBytes
 
 CACHED_TOPICS = 4096  # per-topic permission decisions a session remembers
 _CATCHING_UP = ChannelState.CATCHING_UP  # an Enum member read from its class is slow on 3.11
@@ -47,9 +48,10 @@ class Sink(Protocol):
     paused: bool
     subscriber: Resumable | None
 
-    def write(self, frames: list[bytes]) -> bool:
+    def write(self, frames: list[bytes], shared: SharedBytes | None = None) -> bool:
         """Send ``frames`` in order; False when they went nowhere (the connection is
-        closing) or are held for a response (long-poll)."""
+        closing) or are held for a response (long-poll). ``shared``: bytes that other
+        sessions get in this loop turn too (a socket may send them from one file)."""
 
 
 class Flusher(Protocol):
@@ -287,10 +289,11 @@ class Subscriber:
         self.gaps_reported = self.channel.gaps_total
         return made if self.stream else 0
 
-    def write_out(self, now: float | None = None) -> int:
+    def write_out(self, now: float | None = None, shared: SharedBytes | None = None) -> int:
         """Write what the channel lets out (uncounted); returns how many message frames
         went to a byte stream. ``now``: the monotonic time, if the caller has it (fan-out
-        reads it once per flush)."""
+        reads it once per flush); ``shared``: a commit's batches other subscribers get too
+        (fan-out's, for this flush)."""
         self.flush_scheduled = False
         if self.closed:
             return 0
@@ -307,7 +310,7 @@ class Subscriber:
         sink = self.sink
         if not frames or sink is None:
             return 0
-        if not sink.write(frames):
+        if not sink.write(frames, shared):
             return 0
         self.last_write = time.monotonic() if now is None else now
         if sink.paused:

@@ -293,6 +293,10 @@ class TopicBatch:
             out = self._streams[name] = (seqs, frames, self.joined(name))
         return out
 
+    def joined_forms(self) -> list[bytes]:
+        """Every joined batch made so far (one per form a subscriber took whole)."""
+        return list(self._joined.values())
+
     def joined(self, name: str) -> bytes:
         """All frames of form ``name`` as one bytes object, made once for every subscriber
         that takes the whole batch (a stream form: frames written back to back)."""

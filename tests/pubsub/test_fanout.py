@@ -1,6 +1,11 @@
-"""Fan-out writes a commit's frames to every subscriber before ``on_commit`` returns."""
+"""Fan-out writes a commit's frames to every subscriber before ``on_commit`` returns; a
+large batch for many sockets goes from one memory file."""
 
 from __future__ import annotations
+
+import asyncio
+import os
+import socket
 
 from hearthnet.caller import Caller
 from hearthnet.identity import KeyPair
@@ -9,10 +14,13 @@ from hearthnet.metrics import MetricsRegistry
 from hearthnet.pubsub.access import AccessPolicy
 from hearthnet.pubsub.channel import SubscriberChannel
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
-from hearthnet.pubsub.fanout import FanOut, PubSubMetrics
+from hearthnet.pubsub.fanout import SHARE_MIN_SUBSCRIBERS, FanOut, PubSubMetrics
 from hearthnet.pubsub.index import SubscriptionIndex
+from hearthnet.pubsub.sinks import SocketSink
 from hearthnet.pubsub.subscriber import Resumable, Subscriber
 from hearthnet.pubsub.topics import TopicPattern
+from hearthnet.pubsub.wire import EncodedMessage
+from hearthnet.transport.direct import SharedBytes
 
 ME = Caller("n_test", "node", Level.ANCHOR, None, True)
 
@@ -27,7 +35,7 @@ class Taken:
     def __init__(self) -> None:
         self.writes: list[list[bytes]] = []
 
-    def write(self, frames: list[bytes]) -> bool:
+    def write(self, frames: list[bytes], shared: SharedBytes | None = None) -> bool:
         """Kept."""
         self.writes.append(frames)
         return True
@@ -64,3 +72,54 @@ async def test_a_commit_is_written_in_its_own_loop_turn() -> None:
     assert [[2, 3]] * 3 == [
         [sum(part.count(b'"event":"message"') for part in w) for w in sink.writes] for sink in sinks
     ]
+
+
+async def test_a_batch_for_many_subscribers_is_sent_from_one_file_and_arrives_whole() -> None:
+    """A large commit to many socket subscribers: each socket gets exactly the commit's
+    frames (sent from a shared memory file), and no file stays open after on_commit."""
+    loop = asyncio.get_running_loop()
+    index: SubscriptionIndex[Subscriber] = SubscriptionIndex()
+    fanout = FanOut(
+        node_id="n_test",
+        index=index,
+        policy=AccessPolicy(),
+        metrics=PubSubMetrics.register(MetricsRegistry(), lambda: 0.0),
+        refill=lambda sub: None,
+    )
+    pairs = [socket.socketpair() for _ in range(SHARE_MIN_SUBSCRIBERS)]
+    transports = []
+    try:
+        for i, (ours, theirs) in enumerate(pairs):
+            theirs.setblocking(False)
+            transport, _ = await loop.create_connection(asyncio.Protocol, sock=ours)
+            transports.append(transport)
+            channel = SubscriberChannel(window=1024, queue_max=1024, encode_gap=lambda a, b: b"")
+            sink = SocketSink(transport)
+            sub = Subscriber(
+                caller=ME, client_id=f"c{i}", form="ws_text", channel=channel, sink=sink
+            )
+            index.add(TopicPattern.parse("f.*"), sub)
+        batch = _stored(["f.a"] * 400, 1)  # ~80 KB of frames: more than SharedBytes' minimum
+        expected = b"".join(EncodedMessage(stored).ws_text_unsigned() for stored in batch)
+        opened = len(os.listdir("/proc/self/fd"))
+        fanout.on_commit(batch)
+        left_open = len(os.listdir("/proc/self/fd")) - opened
+        received = []
+        for _, theirs in pairs:
+            got = bytearray()
+            while len(got) < len(expected):
+                chunk = await asyncio.wait_for(loop.sock_recv(theirs, 1 << 20), timeout=10)
+                assert chunk, "closed early"
+                got += chunk
+            received.append(bytes(got))
+    finally:
+        for transport in transports:
+            transport.abort()
+        for _, theirs in pairs:
+            theirs.close()
+    assert (True, [expected] * len(pairs), 0, False) == (
+        len(expected) >= SharedBytes().min_bytes,
+        received,
+        left_open,
+        bool(fanout._shared),
+    )

@@ -1,4 +1,5 @@
-"""Fan-out writes straight into the socket: same bytes, same order, never under TLS.
+"""Fan-out writes straight into the socket: same bytes, same order, never under TLS; bytes
+shared by many sockets are sent from one memory file.
 
 Each case runs on the standard asyncio loop and on uvloop (what ``hearthnet node start``
 uses), over real loopback sockets.
@@ -21,7 +22,7 @@ import uvloop
 
 from hearthnet.identity import KeyPair
 from hearthnet.mesh.tls import client_context, ensure_certificate, server_context
-from hearthnet.transport.direct import plain_socket_fd, write_through
+from hearthnet.transport.direct import SharedBytes, plain_socket_fd, write_through
 
 LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
@@ -143,5 +144,75 @@ def test_tls_transports_are_never_written_around(loop_name: str, tmp_path: Path)
                 assert b"over tls" == await reader.readexactly(8)
             finally:
                 writer.close()
+
+    run(loop_name, scenario)
+
+
+def _open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def test_shared_bytes_have_a_file_only_while_offered_large_and_asked_for_enough() -> None:
+    """Offered large bytes get one file with their content from the third socket that
+    asks (the same object only); small or unoffered bytes get none; close closes the files
+    and forgets the bytes."""
+    shared = SharedBytes(min_bytes=1024, min_uses=3)
+    big = os.urandom(100_000)
+    equal = bytes(bytearray(big))  # same content, another object
+    small = b"s" * 100
+    shared.offer(big)
+    shared.offer(small)
+    first = [shared.file(big), shared.file(big)]
+    fd = shared.file(big)
+    content = os.pread(fd, len(big) + 1, 0)
+    again = shared.file(big)
+    others = (shared.file(equal), shared.file(small), shared.file(b"never offered"))
+    shared.close()
+    assert ([-1, -1], True, big, fd, (-1, -1, -1), False, -1, False) == (
+        first,
+        fd >= 0,
+        content,
+        again,
+        others,
+        _open(fd),
+        shared.file(big),
+        bool(shared),
+    )
+
+
+@pytest.mark.parametrize("loop_name", sorted(LOOPS))
+def test_shared_bytes_sent_from_a_file_arrive_whole_and_in_order(loop_name: str) -> None:
+    """Sent from a file, past a full socket: the rest is queued in the transport, what is
+    written next goes behind it, and closing the file early loses nothing."""
+
+    async def scenario() -> None:
+        async with serve() as (ready, _, port):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+                transport = await ready
+                fd = plain_socket_fd(transport)
+                shared = SharedBytes(min_uses=1)
+                first = os.urandom(16 * 1024 * 1024)  # more than loopback buffers hold
+                second = os.urandom(100_000)
+                shared.offer(first)
+                shared.offer(second)
+                write_through(transport, fd, first, shared.file(first))
+                assert transport.get_write_buffer_size() > 0  # the socket took only part
+                received = bytearray(client.recv(4 * 1024 * 1024))
+                write_through(transport, fd, second, shared.file(second))
+                shared.close()  # the socket still holds pages of the files
+                client.setblocking(False)
+                while len(received) < len(first) + len(second):
+                    try:
+                        chunk = client.recv(4 * 1024 * 1024)
+                    except BlockingIOError:
+                        await asyncio.sleep(0)
+                        continue
+                    assert chunk, "connection closed early"
+                    received += chunk
+                assert first + second == bytes(received)
 
     run(loop_name, scenario)
