@@ -244,6 +244,9 @@ class PeerLink:
         # at the end of the loop turn (no task step or future per wake-up): see _flush
         self._writer: BatchWriter | None = None  # the write loop's, while it waits
         self._flushing = False  # a _flush is scheduled
+        # the loop the link runs on, once known (asyncio.get_running_loop() costs a
+        # getpid system call on Python 3.11, once per wake-up on the hot path)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.down_reason = ""
         self.refused_frames = 0  # well-formed frames refused for their values (spec §2.5)
         self.frames_in = 0  # frames read (a member's keepalive watches its relays' counts)
@@ -295,7 +298,10 @@ class PeerLink:
             self._wake.set()  # the write loop is writing or draining: it takes this too
         elif not self._flushing:
             self._flushing = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self._flush)
         return True
 
     def _flush(self) -> None:

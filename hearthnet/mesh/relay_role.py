@@ -232,6 +232,14 @@ class RelayRole:
             mine = [span for run in runs if run.to == own for span in run.spans()]
             runs = [run for run in runs if run.to != own]
         decided, others = self.core.route_runs(link, runs, now)
+        if len(decided) == 1 and not mine:  # the usual batch: one run, all going on
+            target, each = decided[0]
+            if each is None and isinstance(target, PeerLink) and target.route_batches:
+                if others:
+                    self._carry_out(others)
+                self.route_messages["out"] += 1
+                target.enqueue(passed_on_runs(data, ((runs[0], None),), whole=True))
+                return mine
         groups: dict[PeerLink, list[tuple[RouteRun, list[int] | None]]] = {}
         for run, (target, each) in zip(runs, decided, strict=True):
             if each is None:

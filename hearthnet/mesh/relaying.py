@@ -90,6 +90,7 @@ from hearthnet.mesh.route_batch import (
     batch_frames,
     join_routes,
     joined_runs,
+    single_runs,
 )
 from hearthnet.metrics import MetricsRegistry
 
@@ -287,6 +288,10 @@ class Relaying:
         relay = self.relay
         if relay is None or is_relayed(link):
             return False
+        singles = single_runs(frames)  # each message one route frame: read at once
+        if singles is not None:
+            self._batch_in(link, singles[0], singles[1], len(frames))
+            return True
         batches = join_routes(frames)
         if batches is None:
             return False

@@ -282,6 +282,50 @@ def joined_runs(joined: Joined) -> list[RouteRun]:
     return runs
 
 
+def single_runs(
+    messages: Sequence[bytes], limit: int = MAX_BATCH_BYTES
+) -> tuple[bytes, list[RouteRun]] | None:
+    """Route ``messages`` of one read that are each one whole route frame, as one route
+    batch and its runs: what :func:`join_routes` and :func:`joined_runs` give for them,
+    read from each message's header alone (spec §11: single frames from a member that
+    does not batch, or whose writes were not merged, are most of a relay's reads; each
+    header is unpacked once, and the batch is built once, with no second pass over it).
+
+    None, and nothing decided, when a message is not a route frame whose length field
+    is its own length, a field is out of range, or the frames come to more than
+    ``limit`` bytes: :func:`join_routes` then takes the read as it takes any other.
+    """
+    unpack = _RUN_HEADER.unpack_from
+    runs: list[RouteRun] = []
+    lead, pair = b"", b""  # the run's first 5 bytes and its two keys
+    ids: list[int] = []
+    starts: list[int] = []
+    start = BATCH_HEADER_BYTES
+    top = 0  # the largest id
+    for data in messages:
+        n = len(data) - HEADER_BYTES
+        if n < 0:
+            return None
+        h, id_, p, size = unpack(data)
+        if size != n or n > MAX_INNER_BYTES:
+            return None
+        if h != lead or p != pair:
+            if h[:3] != PREFIX or h[3] & ~FLAG_CONTROL or h[4] > MAX_TTL_HOPS:
+                return None
+            if ids:
+                runs.append(_run(lead, pair, ids, starts, start))
+            lead, pair = h, p
+            ids, starts = [], []
+        ids.append(id_)
+        starts.append(start)
+        top = id_ if id_ > top else top
+        start += len(data)
+    if not ids or top > MAX_ID or start - BATCH_HEADER_BYTES > limit:
+        return None
+    runs.append(_run(lead, pair, ids, starts, start))
+    return b"".join((BATCH_PREFIX, *messages)), runs
+
+
 def split_batch(data: bytes) -> list[bytes]:
     """The route frames of route batch ``data``, each as its own bytes.
 

@@ -21,6 +21,7 @@ from hearthnet.mesh.route_batch import (
     joined_runs,
     pack_routes,
     passed_on_runs,
+    single_runs,
     split_batch,
 )
 from hearthnet.mesh.route_header import encode_route, read_header
@@ -135,6 +136,44 @@ def test_messages_that_would_not_split_back_are_not_taken_together() -> None:
             joined_runs(joined[0])  # one batch: each case is far under the limit
         outcomes.append("refused")
     assert ["not joined"] + ["refused"] * 4 == outcomes
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(frames, min_size=1, max_size=24), st.integers(400, 8000))
+def test_single_frames_of_a_read_read_at_once_as_joined_and_read_by_runs(
+    items: list[bytes], limit: int
+) -> None:
+    """Route frames of one read, each its own message, read at once (``single_runs``) give
+    the batch and runs that joining them and reading the joined batch gives; over
+    ``limit`` bytes of frames they are left to the join."""
+    joined = join_routes(items, limit)
+    assert joined is not None
+    fast = single_runs(items, limit)
+    if len(joined) > 1:
+        assert fast is None
+    else:
+        assert fast == (joined[0].data, joined_runs(joined[0]))
+
+
+def test_single_frames_that_do_not_read_alone_are_left_to_the_join() -> None:
+    """A message that is not one whole route frame (a batch, a length field that is not
+    its own length, a frame cut short, two frames in one message, a field out of range,
+    a CBOR frame) is not read by ``single_runs``: the read goes the way of any other,
+    where each such message is refused or taken alone."""
+    good = encode_route(Route(NODES[0], NODES[1], 4, 1, b"x" * 10))
+    other = encode_route(Route(NODES[1], NODES[0], 4, 2, b"y" * 3))
+    short_length = good[:77] + (9).to_bytes(4, "big") + good[81:]
+    cases = [
+        [good, encode_batch([other])],
+        [good, short_length],
+        [good, good[:40]],
+        [good, good + other],
+        [good, other[:4] + bytes([17]) + other[5:]],  # ttl_hops over the limit
+        [good, other[:3] + bytes([2]) + other[4:]],  # unknown flags
+        [good, b"\xa1" + good[1:]],
+    ]
+    assert [None] * len(cases) == [single_runs(case) for case in cases]
+    assert single_runs([good, other]) is not None
 
 
 def test_a_malformed_batch_is_refused_whole() -> None:
