@@ -33,6 +33,7 @@ from hearthnet.errors import (
     HearthNetError,
     NodeNotRunning,
     NotFound,
+    Unavailable,
     UsageError,
     WireError,
 )
@@ -185,6 +186,21 @@ async def _call_refused(client: Any, capability: str, exc: WireError) -> WireErr
     return exc
 
 
+async def _call_federated(client: Any, args: argparse.Namespace, exc: Unavailable) -> Any:
+    """A call the mesh has no route for, to ``--target``: when the target is a node of a
+    federated community linked through a relay (``hearthnet peers``: its ``community``),
+    the call is carried to it (docs/federation.md, "Through a relay"); else ``exc``."""
+    from hearthnet.federation.carried_client import carried_by
+
+    peers = (await client.request_json("GET", "/mesh/v1/peers"))["peers"]
+    row = next((p for p in peers if p.get("node") == args.target and p.get("linked")), None)
+    if row is None or not row.get("community"):
+        raise exc
+    own = await client.http.community_id()
+    async with carried_by(client, args.target, keys=client.keys, community=own) as carried:
+        return await carried.call_with_meta(args.capability, args.body)
+
+
 def cmd_call(args: argparse.Namespace) -> int:
     """``hearthnet call CAP --body JSON [--stream]``: the output (``--json``: ``{"output",
     "meta"}``), or with ``--stream`` each frame as a JSON line."""
@@ -199,6 +215,10 @@ def cmd_call(args: argparse.Namespace) -> int:
                     )
                 except (BadRequest, NotFound) as exc:
                     raise await _call_refused(client, args.capability, exc) from exc
+                except Unavailable as exc:
+                    if args.target is None:
+                        raise
+                    result = await _call_federated(client, args, exc)
                 print_json(result if args.json else result["output"])
                 return EXIT_OK
             async with client.stream(
