@@ -38,7 +38,7 @@ async def cli_async(*args: str) -> subprocess.CompletedProcess[str]:
 async def test_cli_calls_and_lists_a_federated_node_through_a_relay(tmp_path: Path) -> None:
     """``hearthnet call CAP --target NODE`` reaches a node of the federated community
     through the relay (granted capabilities answer, others are ``forbidden``), and
-    ``hearthnet peers`` lists each linked node once."""
+    ``hearthnet peers`` lists each linked node once, by name."""
     cluster = Cluster(tmp_path, NO_UPGRADE)
     b_dir = tmp_path / "b"
     b: NodeProcess | None = None
@@ -87,6 +87,8 @@ async def test_cli_calls_and_lists_a_federated_node_through_a_relay(tmp_path: Pa
         linked = {r["node"]: r["community"] for r in rows if r["linked"]}
         assert {a0: a0, a1: a0} == linked  # community A's id is its founder's
         assert [] == [r for r in rows if not r["linked"] and r["node"] in linked], rows
+        # named from A's membership records, which B's node holds (not from a hello)
+        assert [] == [r for r in rows if r["linked"] and not r["name"]], rows
     finally:
         cluster.stop_all()
         if b is not None:
