@@ -194,7 +194,14 @@ async def _call_federated(client: Any, args: argparse.Namespace, exc: Unavailabl
 
     peers = (await client.request_json("GET", "/mesh/v1/peers"))["peers"]
     row = next((p for p in peers if p.get("node") == args.target and p.get("linked")), None)
-    if row is None or not row.get("community"):
+    if row is None:
+        raise Unavailable(
+            f"{exc.message}: this node has no link to it (hearthnet peers lists the nodes "
+            "it reaches; a node of a federated community only once it is linked through a "
+            "relay, docs/federation.md)",
+            retry_after_ms=exc.retry_after_ms,
+        ) from exc
+    if not row.get("community"):
         raise exc
     own = await client.http.community_id()
     async with carried_by(client, args.target, keys=client.keys, community=own) as carried:
