@@ -81,6 +81,12 @@ async def test_cli_calls_and_lists_a_federated_node_through_a_relay(tmp_path: Pa
         assert ({"echo": {"x": 1}}, a1) == (answer["output"], answer["meta"]["node"])
         refused = call("echo.stream@1.0")
         assert (1, "forbidden") == (refused.returncode, json.loads(refused.stderr)["error"])
+        streamed = run_cli(
+            *("call", "echo.stream@1.0", "--stream", "--body", '{"count": 1}'),
+            *("--target", a1, "--json", "--data-dir", str(b_dir)),
+        )
+        assert (2, "usage") == (streamed.returncode, json.loads(streamed.stderr)["error"])
+        assert "streams are not carried" in json.loads(streamed.stderr)["message"]
 
         listed = await cli_async("peers", "--json", "--data-dir", str(b_dir))
         rows: list[dict[str, Any]] = json.loads(listed.stdout)["peers"]
