@@ -175,7 +175,13 @@ def failure(args: argparse.Namespace, exc: HearthNetError) -> tuple[int, str, st
             exc.code,
             f"{exc.message} (this command signs with the node key in {data_dir}: use the "
             "--data-dir of a member of that node's community, or join it with an invite: "
-            "hearthnet community invite there, then hearthnet node start --join hn1:...)",
+            "hearthnet community invite there, then hearthnet node start --join hn1:..."
+            + (
+                "; a node of another community answers our members only under a federation "
+                "agreement in force: hearthnet federation list)"
+                if getattr(args, "url", None)
+                else ")"
+            ),
         )
     action = getattr(args, "community_command", None) or getattr(args, "topic_command", None)
     if isinstance(exc, Forbidden) and action in ("revoke", "rules", "rotate"):

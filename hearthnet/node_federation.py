@@ -69,6 +69,7 @@ def build_federation(
     federated = mesh.relaying.federated
     federated.community_of = lambda node: view.in_force_community(node, now_ms())
     federated.bridge_of = lambda node: view.bridge_community(node, now_ms())
+    federated.name_of = lambda node, community: _member_name(view, node, community)
     federated.targets = {n for n in map(mesh_peer, peers) if n is not None}
     carrier = Carrier(
         federated,
@@ -105,3 +106,10 @@ def build_federation(
         origin, topic, now_ms()
     )
     return FederationParts(store, federation, carrier, bridge)
+
+
+def _member_name(view: FederationView, node: str, community: str) -> str | None:
+    """``node``'s name in the membership records of ``community`` that we hold."""
+    members = view.view_of(community)
+    info = members.members.get(node) if members is not None else None
+    return info.name if info is not None else None

@@ -144,11 +144,25 @@ def existing_keys(data_dir: Path) -> Any:
 
 
 def client_of(args: argparse.Namespace) -> Any:
-    """A client of the running node that signs with this data dir's node key."""
+    """A client of the running node that signs with this data dir's node key (with
+    ``--url``, naming this data dir's community: the node there may be one of a federated
+    community, which takes its grant's requests from our members, spec §8)."""
     from hearthnet.client import Client
 
     url = node_url(args)
-    return Client(url, keys=existing_keys(data_dir_of(args)))
+    data_dir = data_dir_of(args)
+    keys = existing_keys(data_dir)
+    community = _own_community(data_dir) if getattr(args, "url", None) else None
+    return Client(url, keys=keys, community=community)
+
+
+def _own_community(data_dir: Path) -> str | None:
+    """The community this data dir's records make it a member of; None when it holds
+    none (the node there never started), so the node's own is named."""
+    from hearthnet.community import CommunityStore
+
+    created = [r for r in CommunityStore(data_dir).load() if r.kind == "community.created"]
+    return created[0].community if created else None
 
 
 def run(main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:

@@ -20,6 +20,7 @@ from hearthnet.commands.common import (
     existing_keys,
     local_identity,
     node_id_arg,
+    node_url,
     parse_duration_ms,
     run,
     status_of,
@@ -159,16 +160,28 @@ def cmd_community_invite(args: argparse.Namespace) -> int:
     from hearthnet.mesh.admission import Invite
 
     keys, _, membership = local_identity(args)
-    bootstrap = list(args.bootstrap or [])
-    if not bootstrap:
-        try:
-            bootstrap = [status_of(args)["mesh_url"]]
-        except NodeNotRunning as exc:
-            raise ConfigError("pass --bootstrap URL (the node is not running to ask it)") from exc
     own = membership.level_of(keys.node_id)
     level = Level.parse(args.level)
     if own is None or own < Level.TRUSTED or level > own:
-        raise ConfigError("only anchor and trusted members invite, at most at their own level")
+        raise ConfigError(
+            "only anchor and trusted members invite, at most at their own level (this node "
+            f"is {own.label if own is not None else 'not a member'}); make the invite on an "
+            "anchor's node (hearthnet community invite --data-dir <its data dir>), or have an "
+            "anchor give this node an invite made with --level trusted"
+        )
+    bootstrap = list(args.bootstrap or [])
+    relays = list(args.relay_url or config_of(args).mesh.relay_urls)
+    if not bootstrap or not relays:
+        try:
+            running = _relays_of_running(args)
+        except NodeNotRunning as exc:
+            if not bootstrap:
+                raise ConfigError(
+                    "pass --bootstrap URL (the node is not running to ask it)"
+                ) from exc
+        else:
+            bootstrap = bootstrap or [running["mesh_url"]]
+            relays = relays or running["relays"]
     invite = Invite.issue(
         keys,
         community=membership.community_id,
@@ -177,7 +190,7 @@ def cmd_community_invite(args: argparse.Namespace) -> int:
         now_ms=now_ms(),
         bootstrap=bootstrap,
         nonce=os.urandom(12).hex(),
-        relays=list(args.relay_url or config_of(args).mesh.relay_urls),  # spec §8
+        relays=relays,  # spec §8
     )
     token = invite.encode()
     issued = {
@@ -190,6 +203,25 @@ def cmd_community_invite(args: argparse.Namespace) -> int:
     }
     emit(args, issued, lambda: print(token))
     return EXIT_OK
+
+
+def _relays_of_running(args: argparse.Namespace) -> dict[str, Any]:
+    """The running node's ``mesh_url`` and the relays it is reached through: those it
+    attaches to (``--relay-url``, the relays its own invite brought), else itself when it
+    is a relay (spec §8: a new member attaches to them)."""
+    from hearthnet.client import get_public_json
+
+    status = status_of(args)
+    url = node_url(args)
+
+    async def main() -> Any:
+        return await get_public_json(url, "/manifest")
+
+    manifest = run(main)
+    relays = list(manifest.get("relays") or [])
+    if not relays and manifest.get("relay") is True:
+        relays = [status["mesh_url"]]
+    return {"mesh_url": status["mesh_url"], "relays": relays}
 
 
 def cmd_community_revoke(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ from hearthnet.errors import (
     HearthNetError,
     NodeNotRunning,
     NotFound,
+    Unavailable,
     UsageError,
     WireError,
 )
@@ -185,6 +186,44 @@ async def _call_refused(client: Any, capability: str, exc: WireError) -> WireErr
     return exc
 
 
+async def _target_row(client: Any, args: argparse.Namespace, exc: Unavailable) -> Any:
+    """``hearthnet peers``' row of ``--target``, which the mesh had no route to; when it
+    is not linked, the error to show instead of ``exc`` (what to look at)."""
+    peers = (await client.request_json("GET", "/mesh/v1/peers"))["peers"]
+    row = next((p for p in peers if p.get("node") == args.target and p.get("linked")), None)
+    if row is None:
+        raise Unavailable(
+            f"{exc.message}: this node has no link to it (hearthnet peers lists the nodes "
+            "it reaches; a node of a federated community only once it is linked through a "
+            "relay, docs/federation.md)",
+            retry_after_ms=exc.retry_after_ms,
+        ) from exc
+    return row
+
+
+async def _call_federated(client: Any, args: argparse.Namespace, exc: Unavailable) -> Any:
+    """A call the mesh has no route for, to ``--target``: when the target is a node of a
+    federated community linked through a relay (``hearthnet peers``: its ``community``),
+    the call is carried to it (docs/federation.md, "Through a relay"); else ``exc``."""
+    from hearthnet.federation.carried_client import carried_by
+
+    if not (await _target_row(client, args, exc)).get("community"):
+        raise exc
+    own = await client.http.community_id()
+    async with carried_by(client, args.target, keys=client.keys, community=own) as carried:
+        return await carried.call_with_meta(args.capability, args.body)
+
+
+async def _stream_unrouted(client: Any, args: argparse.Namespace, exc: Unavailable) -> None:
+    """A stream the mesh has no route for, to ``--target``: what to say instead."""
+    if (await _target_row(client, args, exc)).get("community"):
+        raise UsageError(
+            f"{args.target} is a node of another community, reached through a relay: "
+            "streams are not carried there yet; call it without --stream for a single answer"
+        ) from exc
+    raise exc
+
+
 def cmd_call(args: argparse.Namespace) -> int:
     """``hearthnet call CAP --body JSON [--stream]``: the output (``--json``: ``{"output",
     "meta"}``), or with ``--stream`` each frame as a JSON line."""
@@ -199,19 +238,31 @@ def cmd_call(args: argparse.Namespace) -> int:
                     )
                 except (BadRequest, NotFound) as exc:
                     raise await _call_refused(client, args.capability, exc) from exc
+                except Unavailable as exc:
+                    if args.target is None:
+                        raise
+                    result = await _call_federated(client, args, exc)
                 print_json(result if args.json else result["output"])
                 return EXIT_OK
-            async with client.stream(
-                args.capability,
-                args.body,
-                prefer_ws=not args.sse,
-                cbor=args.cbor,
-                target=args.target,
-            ) as stream:
-                async for frame in stream:
-                    print_json_line(frame.to_json())
-                    raise_for_terminal(frame)  # main() maps the error to its exit code
-                return EXIT_OK
+            started = False  # a frame other than an error came
+            try:
+                async with client.stream(
+                    args.capability,
+                    args.body,
+                    prefer_ws=not args.sse,
+                    cbor=args.cbor,
+                    target=args.target,
+                ) as stream:
+                    async for frame in stream:
+                        print_json_line(frame.to_json())
+                        started = started or frame.event != "error"
+                        raise_for_terminal(frame)  # main() maps the error to its exit code
+                    return EXIT_OK
+            except Unavailable as exc:
+                if started or args.target is None:
+                    raise
+                await _stream_unrouted(client, args, exc)
+                raise
 
     result: int = run(main)
     return result

@@ -71,6 +71,7 @@ class Bridge:
         federation.on_committed.append(self._committed.set)
         self._cursors = self.store.cursors()
         self._sent: dict[str, int] = {}  # peer url -> our membership version it took
+        self._failing: dict[str, str] = {}  # peer url -> why its last sync failed (logged)
         self.pulled = 0  # messages ingested from other communities
         self.refused = 0  # pulled messages refused (bad, origin or topic not granted)
 
@@ -89,13 +90,29 @@ class Bridge:
                 async with asyncio.timeout(REQUEST_S):
                     await self._sync_with(url)
             except (HearthNetError, OSError, TimeoutError) as exc:
-                log.info("federation sync with %s failed: %s", url, exc)
+                self._sync_failed(url, exc)
                 continue
+            if self._failing.pop(url, None) is not None:
+                log.info("federation sync with %s works again", url)
             for kind, loop in (("pull", self._pull_loop), ("push", self._push_loop)):
                 name = f"federation-{kind}-{url}"
                 task = self.pulls.get(name)
                 if task is None or task.done():
                     self.pulls[name] = self.spawn(guarded(loop(url), name), name)
+
+    def _sync_failed(self, url: str, exc: Exception) -> None:
+        """Log a failed sync once per reason: a peer out of reach for hours (a revoked
+        agreement, a relay down) is one line, not one every round."""
+        reason = f"{type(exc).__name__}: {exc}"
+        if self._failing.get(url) != reason:
+            self._failing[url] = reason
+            log.info(
+                "federation sync with %s failed: %s (tried every %g s; logged again when "
+                "the reason changes or once it works)",
+                url,
+                exc or type(exc).__name__,
+                SYNC_S,
+            )
 
     async def _sync_with(self, url: str) -> None:
         community = self.peers.get(url)

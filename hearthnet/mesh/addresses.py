@@ -175,15 +175,21 @@ class PeerBook:
             if isinstance(entry, dict) and entry.get("node") != own_node:
                 self.add(str(entry.get("url", "")), node=entry.get("node"), source="exchange")
 
-    def known_peers(self, linked: set[str]) -> list[dict[str, Any]]:
+    def known_peers(
+        self, linked: set[str], claimed: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
         """One row per peer that is not linked now, for ``hearthnet peers``: a node known
         at several addresses (``http://`` and ``https://``, a LAN and a relay address)
         is listed once, with the address that last worked (else the one that failed
         least) as ``url`` and all of them in ``urls``. Addresses whose node is unknown
-        are listed one by one."""
+        are listed one by one, but for those in ``claimed`` (URL -> NodeID: what linked
+        peers say their address is), which are that node's."""
         # an address whose node is not known yet is the node known at the same host and
-        # port under the other scheme, if any
-        at = {_host_port(a.url): a.node for a in self.addresses.values() if a.node is not None}
+        # port under the other scheme, if any, else the node that claims it
+        at = {_host_port(u): n for u, n in _normalized(claimed or {}).items()}
+        at.update(
+            (_host_port(a.url), a.node) for a in self.addresses.values() if a.node is not None
+        )
         by_node: dict[str, list[PeerAddress]] = {}
         rows: list[dict[str, Any]] = []
         for address in self.addresses.values():
@@ -225,6 +231,17 @@ class PeerBook:
         )
         os.replace(tmp, self.path)
         self.dirty = False
+
+
+def _normalized(urls: dict[str, str]) -> dict[str, str]:
+    """``urls`` with each URL normalised, those that are not peer URLs left out."""
+    out = {}
+    for url, node in urls.items():
+        try:
+            out[normalize_url(url)] = node
+        except BadRequest:
+            continue
+    return out
 
 
 def _host_port(url: str) -> str:

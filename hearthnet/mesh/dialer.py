@@ -51,6 +51,7 @@ from hearthnet.mesh.links import (
     send_referral,
 )
 from hearthnet.mesh.protocol import (
+    ANOTHER_COMMUNITY,
     MAX_FRAME_BYTES,
     SUBPROTOCOLS,
     Handshake,
@@ -429,7 +430,16 @@ class Dialer:
         if error is None:
             return
         self.refused.inc(error.code)
-        log.info("dialling %s refused: %s", url, error)
+        if url in self.relay_urls() and error.message == ANOTHER_COMMUNITY:
+            log.warning(
+                "relay %s refused: it belongs to another community; to attach, this node "
+                "must be a member of it (stop the node and start it once with --join "
+                "hn1:..., an invite from that community) or hold a federation agreement in "
+                "force with it (hearthnet federation list)",
+                url,
+            )
+        else:
+            log.info("dialling %s refused: %s", url, error)
         if isinstance(error, LinkToSelf):
             self.book.own_urls.add(url)
             self.book.addresses.pop(url, None)

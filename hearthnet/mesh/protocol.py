@@ -51,6 +51,8 @@ from hearthnet.membership import Membership
 from hearthnet.mesh.relay_frames import RELAY_FRAME_KINDS
 from hearthnet.shapes import Shape
 
+ANOTHER_COMMUNITY = "the peer belongs to another community"  # a hello refused for it
+
 # spec §7.2, §8: v2 carries route frames in the binary form (mesh/route_header.py); v1
 # peers get them as CBOR maps, and no hello field or frame field newer than v1 (a v1 peer
 # may refuse it). v3 adds whole-batch gossip (``batch`` frames, mesh/batches.py) and
@@ -58,6 +60,7 @@ from hearthnet.shapes import Shape
 # envelope; mesh/older_links.py). v4 adds route batches (many route frames in one message,
 # mesh/route_batch.py). A dialer offers all, newest first; the acceptor takes the first it
 # speaks, so the link's version is known before the hellos.
+
 SUBPROTOCOL_V4 = "hearthnet-peer.v4"
 SUBPROTOCOL_V3 = "hearthnet-peer.v3"
 SUBPROTOCOL_V2 = "hearthnet-peer.v2"
@@ -337,7 +340,7 @@ class Handshake:
             raise Unauthorized(f"expected {self.expect}, reached {node}")
         if community != self.membership.community_id:
             if not self._federated_peer(node, community, hello.get("relay") is True):
-                raise Unauthorized("the peer belongs to another community")
+                raise Unauthorized(ANOTHER_COMMUNITY)
 
         elif self.membership.is_revoked(node):
             raise Revoked("the peer is revoked")

@@ -72,6 +72,9 @@ class FederatedLinks:
         # node -> its federated community, when an agreement in force names it among that
         # community's bridges (the composition root sets it from the federation view)
         self.bridge_of: Callable[[str], str | None] = lambda node: None
+        # (node, its community) -> its name in that community's membership records, for
+        # ``hearthnet peers`` (a relayed session's hello names no node)
+        self.name_of: Callable[[str, str], str | None] = lambda node, community: None
         self.targets: set[str] = set()  # bridge peers reached through relays (mesh:NodeID)
         self.carry: Carry | None = None  # fed_req/fed_res go here (federation/carrier.py)
         self.lost: Callable[[str], None] | None = None  # a link ended: its requests fail
@@ -203,7 +206,7 @@ class FederatedLinks:
         return [
             {
                 "node": node,
-                "name": link.peer.name or None,
+                "name": link.peer.name or self._name(node, link.peer.community),
                 "linked": True,
                 "direction": "outbound" if link.outbound else "inbound",
                 "url": link.address or link.peer.url,
@@ -219,6 +222,9 @@ class FederatedLinks:
             }
             for node, link in self.links.items()
         ]
+
+    def _name(self, node: str, community: str | None) -> str | None:
+        return self.name_of(node, community) if community is not None else None
 
     def close_all(self, reason: str) -> None:
         """Close every federated link (the node stops)."""

@@ -443,8 +443,13 @@ class Mesh:
                     "relays": list(link.peer.relays),  # its hello's (v4, spec §8)
                 }
             )
-        out += self.relaying.federated.rows()  # spec §8: other communities' nodes
-        for row in self.book.known_peers(set(self.links)):
+        federated = self.relaying.federated.rows()  # spec §8: other communities' nodes
+        out += federated
+        linked = set(self.links) | {row["node"] for row in federated}
+        # the address a linked peer's hello gives is that peer's, even when our dial of
+        # it never got through (a LAN address behind NAT, learnt by peer exchange)
+        claimed = {link.peer.url: node for node, link in self.links.items() if link.peer.url}
+        for row in self.book.known_peers(linked, claimed):
             member = self.membership.members.get(row["node"]) if row["node"] else None
             out.append({"name": member.name if member else None, **row})
         return out

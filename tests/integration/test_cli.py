@@ -457,3 +457,18 @@ async def test_topic_rotate_voids_tokens_issued_before(node_proc: NodeProcess) -
             except Revoked as exc:
                 outcomes.append(exc.code)
     assert (0, ["revoked", "ok", "ok"]) == (rotated.returncode, outcomes), rotated.stderr
+
+
+def test_a_call_to_a_node_this_node_has_no_link_to_says_where_to_look(
+    node_proc: NodeProcess,
+) -> None:
+    """``call --target`` a NodeID the node is not linked with: exit 1, ``unavailable``,
+    and the message points at ``hearthnet peers``."""
+    nobody = "ed25519:" + "A" * 43
+    done = run_cli(
+        *("call", "echo@1.0", "--body", "{}", "--target", nobody, "--json"),
+        *("--data-dir", str(node_proc.data_dir)),
+    )
+    error = json.loads(done.stderr)
+    assert (1, "unavailable") == (done.returncode, error["error"])
+    assert "hearthnet peers lists the nodes" in error["message"]

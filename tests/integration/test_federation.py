@@ -6,6 +6,7 @@ revocation stops both within 10 s."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -174,3 +175,32 @@ def test_propose_on_a_node_that_is_not_an_anchor_says_what_to_do(tmp_path: Path)
     CommunityStore(data).replace([genesis, added])
     done = run_cli("federation", "propose", "--data-dir", str(data), "--with", member.node_id)
     assert (1, True) == (done.returncode, "is not an anchor of community" in done.stderr)
+
+
+async def test_cli_calls_the_other_communitys_node_with_url(
+    pair: tuple[NodeProcess, NodeProcess], tmp_path: Path
+) -> None:
+    """``hearthnet call CAP --url <a node of A> --data-dir <B's>`` signs for B, so A
+    answers under the agreement's grant; before it, the refusal names federation."""
+    a, b = pair
+    b_id = load_or_create_keys(b.data_dir).node_id
+
+    def call() -> Any:
+        return run_cli(
+            *("call", "echo@1.0", "--body", '{"x": 1}', "--json", "--url", a.url),
+            *("--data-dir", str(b.data_dir)),
+        )
+
+    before = call()
+    assert 4 == before.returncode
+    assert "federation agreement" in json.loads(before.stderr)["message"]
+    proposal, signed = tmp_path / "proposal.hnf", tmp_path / "signed.hnf"
+    cli(
+        *("federation", "propose", "--data-dir", str(a.data_dir), "--with", b_id),
+        *("--grant-capabilities", "echo@1", "--expires", "1d", "--out", str(proposal)),
+    )
+    cli("federation", "accept", "--data-dir", str(b.data_dir), str(proposal), "--out", str(signed))
+    cli("federation", "accept", "--data-dir", str(a.data_dir), str(signed))
+    after = call()
+    assert 0 == after.returncode, after.stderr
+    assert {"echo": {"x": 1}} == json.loads(after.stdout)["output"]

@@ -248,3 +248,32 @@ async def test_killing_the_relay_in_use_moves_relayed_peers_to_the_other(tmp_pat
         after[three],
         moved_s <= 15,
     )
+
+
+async def test_an_invite_made_on_a_relay_names_it_and_a_member_is_told_who_invites(
+    tmp_path: Path,
+) -> None:
+    """``community invite`` on a node started with ``--relay`` and no ``--relay-url``
+    names that node as the relay, so the new member attaches to it; a member's own
+    ``community invite`` is refused with what to do instead."""
+    cluster = Cluster(tmp_path, NO_UPGRADE)
+    try:
+        relay = cluster.start(0, "--relay")
+        made = run_cli("community", "invite", "--json", "--data-dir", str(cluster.data(0)))
+        invite = json.loads(made.stdout)
+        mesh_url = status_of(relay)["mesh_url"]
+        assert ([mesh_url], [mesh_url]) == (invite["bootstrap"], invite["relays"])
+        member = cluster.start(1, "--join", invite["invite"], join=False)
+        relay_id = cluster.keys(0).node_id
+        await eventually(
+            lambda: asyncio.to_thread(status_of, member),
+            lambda s: relay_id in s["relaying"].get("paths", {}).get("relays", ""),
+            30,
+            "the member attached to the relay",
+        )
+        refused = run_cli("community", "invite", "--data-dir", str(cluster.data(1)))
+        assert 1 == refused.returncode
+        assert "this node is member" in refused.stderr
+        assert "--level trusted" in refused.stderr
+    finally:
+        cluster.stop_all()

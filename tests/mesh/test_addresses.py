@@ -103,6 +103,19 @@ def test_known_peers_lists_a_node_once_whatever_its_addresses() -> None:
     ] == sorted(rows, key=lambda r: r["url"], reverse=True)
 
 
+def test_known_peers_leaves_out_an_address_a_linked_peer_claims() -> None:
+    """A LAN address learnt by peer exchange with no node (its node sits behind NAT, so
+    our dial of it never got through) is the linked peer's whose hello gives it: not a
+    row of its own; an address nobody claims still is."""
+    book = PeerBook()
+    book.add("http://192.168.2.10:7080", source="exchange")
+    book.failed("http://192.168.2.10:7080", 0.0)
+    book.add("http://192.168.3.10:7080", source="exchange")
+    rows = book.known_peers(linked={PEER}, claimed={"http://192.168.2.10:7080/": PEER})
+    assert ["http://192.168.3.10:7080"] == [r["url"] for r in rows]
+    assert 2 == len(book.known_peers(linked={PEER}))
+
+
 MALLORY = KeyPair.from_seed(b"\x73" * 32).node_id
 
 

@@ -321,3 +321,25 @@ async def test_a_batch_frame_is_stored_whole_and_forwarded_by_what_each_peer_tak
         [f["raw"] for f in new.received("msg")],
         (protocols[new.node], protocols[old.node]),
     )
+
+
+async def test_a_relay_of_another_community_is_refused_with_what_to_type(
+    make_config: MakeConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node started with --relay-url but never joined (it founded a community of its
+    own) is refused by its own check of the relay's hello; the warning says to --join."""
+    async with Node(make_config(mesh={"relay": True})) as relay:
+        config = make_config(mesh={"relay_urls": [relay.url]})
+        async with Node(config) as stray:
+
+            def warned() -> list[str]:
+                return [
+                    r.getMessage()
+                    for r in caplog.records
+                    if r.levelname == "WARNING" and r.getMessage().startswith("relay ")
+                ]
+
+            await wait_until(lambda: bool(warned()), 10, "the relay's refusal")
+            assert "another community" in warned()[0]
+            assert "--join hn1:" in warned()[0]
+            assert {} == stray.mesh.links
