@@ -157,7 +157,10 @@ class LogIndex:
             topics.count(topic) != n
             or origins.count(origin) != n
             or origin_seqs[-1] != first + n - 1
-            or list(origin_seqs) != list(range(first, first + n))
+            or (
+                origin_seqs != range(first, first + n)  # a commit's run: ranges compared
+                and list(origin_seqs) != list(range(first, first + n))
+            )
         ):
             return False
         entry = self._origins.get(origin)
