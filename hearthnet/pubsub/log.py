@@ -40,7 +40,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, cast, overload
 
 import aiosqlite
 
@@ -314,6 +314,7 @@ class MessageLog:
             return future
         node, ts, first = self.keys.node_id, now_ms(), self.sequencer.origin_seq + 1
         bodies: list[dict[str, Any]] = []
+        plain = True  # every one the usual publish: committed by logrun.write_run
         for origin_seq, (topic, msg_type, data, ttl_s, sender) in enumerate(items, first):
             kind = type(data)
             if ttl_s is None and kind is not bytes and kind is not Base64UrlText:
@@ -329,13 +330,14 @@ class MessageLog:
                 if sender is not None:
                     body["sender"] = sender
             else:
+                plain = False
                 body = unsigned_fields(
                     node, topic, msg_type, data, origin_seq, ts, ttl_s, sender, ""
                 )
             bodies.append(body)
         self.origin_seq = self.sequencer.origin_seq = first + count - 1
         group = Group(count, future, answer)
-        self._pending.append(Pending(None, bodies=bodies, group=group))
+        self._pending.append(Pending(None, bodies=bodies, group=group, ts=ts if plain else None))
         self._queued_messages += count
         self._queued()
         return future
@@ -481,15 +483,23 @@ class MessageLog:
         to fan-out."""
         self.batches += 1
         index, sequencer = self.index, self.sequencer
+        stored = 0
         for row in rows:
             cols = row.columns()
             index.add_columns(row.key, cols)
             sequencer.committed_columns(cols.seqs, cols.ids, cols.topics, cols.sizes, cols.ts)
+            stored += len(cols.seqs)
         _mirror(self)
         # Publishers first: an answer given at once (``answer``, the WebSocket path) is
         # queued before the deliveries, so it leaves first in the loop turn's one flush.
         answer_all(batch, outcomes)
-        committed = [item for item in outcomes if isinstance(item, StoredMessage)]
+        # The rows hold what was stored: when that is every outcome (the usual commit, no
+        # duplicate nor refusal), a copy of them, without a look at each.
+        committed = (
+            cast("list[StoredMessage]", outcomes.copy())
+            if stored == len(outcomes)
+            else [item for item in outcomes if isinstance(item, StoredMessage)]
+        )
         for listener in self.listeners:
             try:
                 listener(committed)

@@ -55,8 +55,12 @@ class SeqColumns:
     ) -> None:
         """Append messages whose seqs are above every seq held, ascending."""
         self.seqs.extend(seqs)
-        self.ts.extend(ts)
         n = len(seqs)
+        if n > 1 and type(ts) is list and ts.count(ts[0]) == n:
+            # one ts for all (a group's commit): one conversion, not one per message
+            self.ts.extend(array("q", ts[:1]) * n)
+        else:
+            self.ts.extend(ts)
         if expires.count(None) == n:
             self.expires.extend(array("q", [NO_EXPIRY]) * n)
         else:

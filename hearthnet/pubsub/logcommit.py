@@ -39,6 +39,7 @@ from hearthnet.pubsub.batchsig import SignedBatch
 from hearthnet.pubsub.consumerstate import ConsumerRecord, ConsumerState, write_consumers
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
 from hearthnet.pubsub.logindex import Head
+from hearthnet.pubsub.logrun import write_run
 from hearthnet.pubsub.logstore import (
     INSERT_ROW,
     HeadColumns,
@@ -48,7 +49,7 @@ from hearthnet.pubsub.logstore import (
     transaction,
     unpack_heads,
 )
-from hearthnet.pubsub.merkle import HASH_BYTES, hash_leaves
+from hearthnet.pubsub.merkle import hash_leaves
 from hearthnet.pubsub.sequencer import Sequencer
 
 log = logging.getLogger("hearthnet.pubsub.log")
@@ -120,6 +121,7 @@ class Pending:
     bodies: list[dict[str, Any]] | None = None  # our publishes' fields before signing
     group: Group | None = None  # the group ``bodies`` belong to
     start: int = 0  # the place of ``bodies[0]`` in ``group``
+    ts: int | None = None  # every body's ts, none with ttl_s (see logrun.write_run)
 
     @property
     def size(self) -> int:
@@ -149,8 +151,8 @@ class Pending:
         assert bodies is not None
         assert self.group is not None
         return (
-            Pending(None, bodies=bodies[:at], group=self.group, start=self.start),
-            Pending(None, bodies=bodies[at:], group=self.group, start=self.start + at),
+            Pending(None, bodies=bodies[:at], group=self.group, start=self.start, ts=self.ts),
+            Pending(None, bodies=bodies[at:], group=self.group, start=self.start + at, ts=self.ts),
         )
 
     def singles(self) -> list[Pending]:
@@ -434,6 +436,8 @@ def write_batch(
     if len(batch) == 1 and batch[0].bodies is not None:
         bodies = batch[0].bodies  # one group's run, or one publish: the usual batch
         peers = False
+        if run := write_run(conn, keys, bodies, batch[0].ts, sequencer.head_seq + 1, consumers):
+            return cast("list[Outcome]", run[0]), [run[1]]
     else:
         bodies, peers = [], False
         for pending in batch:
@@ -593,8 +597,3 @@ def delete_rows(
         return gone, emptied
 
     return transaction(conn, work)
-
-
-def leaf_hashes(leaves: bytes) -> list[bytes]:
-    """The ``leaves`` column as the list of leaf hashes."""
-    return [leaves[j : j + HASH_BYTES] for j in range(0, len(leaves), HASH_BYTES)]

@@ -35,7 +35,7 @@ from hearthnet.errors import StorageError
 from hearthnet.pubsub.logcommit import delete_rows
 from hearthnet.pubsub.logindex import Head, LogIndex
 from hearthnet.pubsub.logread import LogReader
-from hearthnet.pubsub.logstore import SqliteWriter, transaction
+from hearthnet.pubsub.logstore import SqliteWriter, head_arrays, transaction
 from hearthnet.pubsub.sequencer import Sequencer
 
 CHUNK_TARGET_S = 0.005  # writer time a retention transaction aims at
@@ -110,9 +110,9 @@ def delete_before(
         if not found:
             return out
         for _, blob in found[:-1]:  # below the next row's key: below before_seq
-            out.take(orjson.loads(blob))
+            out.take(head_arrays(blob))
         last = found[-1][0]
-        heads = orjson.loads(found[-1][1])
+        heads = head_arrays(found[-1][1])
         below = [h for h in heads if h[0] < before_seq]
         whole = len(below) == len(heads)
         out.touched = [key for key, _ in found]

@@ -24,9 +24,8 @@ from hearthnet.clock import now_ms
 from hearthnet.errors import StorageError
 from hearthnet.pubsub.batchsig import SignedBatch
 from hearthnet.pubsub.envelope import Message, StoredMessage
-from hearthnet.pubsub.logcommit import leaf_hashes
 from hearthnet.pubsub.logindex import NO_EXPIRY, Head, LogIndex
-from hearthnet.pubsub.logstore import split_bodies, unpack_heads
+from hearthnet.pubsub.logstore import leaf_hashes, split_bodies, unpack_heads
 from hearthnet.pubsub.sequencer import TopicStats
 from hearthnet.pubsub.topics import TopicPattern
 

@@ -15,7 +15,13 @@ its first message:
 ``heads`` holds each message's header (seq, id, topic, origin — ``""`` for the row's own —,
 ``origin_seq``, ts, ``expires_ms``, body size): what the in-memory indexes
 (:mod:`hearthnet.pubsub.logindex`) are rebuilt from when the log opens, read without the
-bodies (they are the last column, so SQLite leaves their overflow pages unread).
+bodies (they are the last column, so SQLite leaves their overflow pages unread). It is a
+JSON array of one array per message, or, for a **run row** (our publishes queued
+together, committed by :mod:`hearthnet.pubsub.logrun`: consecutive ``seq`` and
+``origin_seq``, one ``ts``, no ``expires_ms``, the row's origin), one object
+``{seq, origin_seq, ts, topic, ids, sizes}`` (``topic`` a string when the run has one, else
+one per message): half the bytes, made without a tuple per message. Retention rewrites a
+run row it cuts in the array form.
 
 Schemas 1 (one row per message, each its whole envelope) and 2 (one row per message,
 batch members without ``sig`` beside a table of batches) are upgraded in place, in one
@@ -33,13 +39,15 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 import orjson
 
 from hearthnet.pubsub.consumerstate import ConsumerRecord
 from hearthnet.pubsub.logindex import Head, LogIndex
+from hearthnet.pubsub.merkle import HASH_BYTES
 from hearthnet.pubsub.sequencer import Sequencer
 
 SCHEMA_VERSION = 3
@@ -166,13 +174,57 @@ def pack_heads(heads: Sequence[Head], origin: str) -> bytes:
     return pack_columns(HeadColumns(*zip(*heads, strict=True)), origin)
 
 
+def pack_run(  # noqa: PLR0917 - the run's columns, in the object's order
+    seq: int, origin_seq: int, ts: int, topics: list[str], ids: list[str], sizes: list[int]
+) -> bytes:
+    """The ``heads`` column of a run row (see the module's docstring): messages numbered
+    from ``seq`` and ``origin_seq``, all of time ``ts``, without ``expires_ms``."""
+    topic: str | list[str] = topics[0] if topics.count(topics[0]) == len(topics) else topics
+    return orjson.dumps(
+        {"seq": seq, "origin_seq": origin_seq, "ts": ts, "topic": topic, "ids": ids, "sizes": sizes}
+    )
+
+
+def _run_columns(run: dict[str, Any], origin: str) -> Iterator[tuple[Any, ...]]:
+    """A run row's headers, one tuple per message in :class:`Head`'s order."""
+    ids = run["ids"]
+    n, seq, origin_seq, topic = len(ids), run["seq"], run["origin_seq"], run["topic"]
+    return zip(
+        range(seq, seq + n),
+        ids,
+        repeat(topic, n) if type(topic) is str else topic,
+        repeat(origin, n),
+        range(origin_seq, origin_seq + n),
+        repeat(run["ts"], n),
+        repeat(None, n),
+        run["sizes"],
+        strict=True,
+    )
+
+
 def unpack_heads(blob: bytes, origin: str) -> list[Head]:
-    """The headers of a ``heads`` column."""
+    """The headers of a ``heads`` column (either form)."""
     fields = orjson.loads(blob)
+    if type(fields) is dict:
+        return list(map(Head._make, _run_columns(fields, origin)))
     if origin:  # a batch's row: every message is the batch origin's
         for head in fields:
             head[3] = origin
     return list(map(Head._make, fields))
+
+
+def head_arrays(blob: bytes) -> list[list[Any]]:
+    """A ``heads`` column (either form) as one JSON array per message, as the array form
+    stores it (origin ``""`` when the row's): what retention reads and writes back."""
+    fields = orjson.loads(blob)
+    if type(fields) is dict:
+        return list(map(list, _run_columns(fields, "")))
+    return cast("list[list[Any]]", fields)
+
+
+def leaf_hashes(leaves: bytes) -> list[bytes]:
+    """The ``leaves`` column as the list of leaf hashes."""
+    return [leaves[j : j + HASH_BYTES] for j in range(0, len(leaves), HASH_BYTES)]
 
 
 def split_bodies(heads: Sequence[Head], bodies: bytes) -> list[bytes]:

@@ -16,8 +16,10 @@ import orjson
 from hearthnet.clock import now_ms
 from hearthnet.mesh.batches import batch_frame, parse_leaves, prove_batch, repair_frames
 from hearthnet.pubsub.batchsig import BatchVerifier
-from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
+from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body, unsigned_fields
 from hearthnet.pubsub.log import MessageLog
+from hearthnet.pubsub.logcommit import Group, Pending, write_batch
+from hearthnet.pubsub.logstore import unpack_heads
 from hearthnet.pubsub.topics import TopicPattern
 from hearthnet.pubsub.wire import FORMS, EncodedMessage
 from tests.pubsub.test_log import KEYS, PEER, opened, publish_many
@@ -312,4 +314,102 @@ async def test_retention_rewrites_a_partly_expired_batch(tmp_path: Path) -> None
         [verified(r.message.raw).origin_seq for r in read],
         stats,
         knows,
+    )
+
+
+def _masked_row(conn: sqlite3.Connection, ids: list[str]) -> tuple[Any, ...]:
+    """The one batches row without what two commits of the same publishes cannot share:
+    the message ids (in the headers and the bodies) and what hashes them (root, leaves,
+    sig: only their sizes)."""
+    seq, origin, first, n, heads, root, sig, leaves, bodies = conn.execute(
+        "SELECT seq, origin, first, n, heads, root, sig, leaves, bodies FROM batches"
+    ).fetchall()[0]
+    for message_id in ids:
+        bodies = bodies.replace(message_id.encode(), b"ID")
+    return (
+        seq,
+        origin,
+        first,
+        n,
+        [h._replace(id="ID") for h in unpack_heads(heads, origin)],
+        len(root),
+        len(sig),
+        len(leaves),
+        bodies,
+    )
+
+
+async def test_a_group_of_usual_publishes_is_stored_as_the_general_job_stores_it(
+    tmp_path: Path,
+) -> None:
+    """publish_many's usual group (one ts, no ttl_s: committed by logrun.write_run) makes
+    the row the general commit job makes of the same bodies, and answers the same; both
+    read back verifying. One publish JCS cannot sign in such a group fails alone."""
+    sender = {"kind": "node", "id": KEYS.node_id}
+    made: list[tuple[Any, ...]] = []
+    answers: list[list[tuple[int, int]]] = []
+    for name in ("run", "general"):
+        bodies = [
+            unsigned_fields(KEYS.node_id, "chat.a", "m", {"i": i}, i + 1, 1000, None, sender, "")
+            for i in range(5)
+        ]
+        path = tmp_path / f"{name}.db"
+        async with opened(path) as log:
+            entry = Pending(None, bodies=bodies, group=Group(5), ts=1000 if name == "run" else None)
+            log.sequencer.origin_seq = log.origin_seq = 5
+            assert log._writer is not None
+            outcomes, _ = await log._writer.run(
+                lambda conn, entry=entry: write_batch(  # type: ignore[misc]
+                    conn, KEYS, [entry], sequencer=log.sequencer, consumers=[]
+                )
+            )
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            made.append(_masked_row(conn, [b["id"] for b in bodies]))
+        stored = [o for o in outcomes if isinstance(o, StoredMessage)]
+        answers.append([(s.seq, verified(s.message.raw).origin_seq) for s in stored])
+    async with opened(tmp_path / "mixed.db") as log:
+        items = [("chat.a", "m", data, None, None) for data in ({"i": 0}, 2**53 + 1, {"i": 2})]
+        mixed = await log.publish_many(items)
+        read, _ = await log.reader.history("chat.a", limit=10)
+    assert (
+        made[1],
+        [(i, i) for i in range(1, 6)],
+        answers[0],
+        [1, "bad_request", 2],
+        [{"i": 0}, {"i": 2}],
+    ) == (
+        made[0],
+        answers[0],
+        answers[1],
+        [o.seq if isinstance(o, StoredMessage) else getattr(o, "code", o) for o in mixed],
+        [verified(r.message.raw).data for r in read],
+    )
+
+
+async def test_retention_cuts_run_rows_and_a_reopened_log_reads_them(tmp_path: Path) -> None:
+    """Rows of groups (their headers in the run form): retention deletes a prefix that
+    ends inside one and single messages of another, the cut rows are rewritten (array
+    form), and the log reopened rebuilds its indexes from both forms (a third row kept
+    whole); what is left reads back verifying."""
+    path = tmp_path / "log.db"
+    async with opened(path) as log:
+        for topic in ("chat.a", "chat.b", "chat.c"):
+            items = [(topic, "m", {"i": i}, None, None) for i in range(6)]
+            outcomes = await log.publish_many(items)
+            assert all(isinstance(o, StoredMessage) for o in outcomes)
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            forms = [type(orjson.loads(h)) for (h,) in conn.execute("SELECT heads FROM batches")]
+        await log.delete(before_seq=4)
+        await log.delete([8, 12])
+    async with opened(path) as log:
+        kept: dict[str, list[int]] = {}
+        for topic in ("chat.a", "chat.b", "chat.c"):
+            read, _ = await log.reader.history(topic, limit=50)
+            kept[topic] = [verified(r.message.raw).data["i"] for r in read]
+        counts = (log.head_seq, *[log.topics[t].messages for t in ("chat.a", "chat.b", "chat.c")])
+    left = {"chat.a": [3, 4, 5], "chat.b": [0, 2, 3, 4], "chat.c": list(range(6))}
+    assert ([dict] * 3, left, (18, 3, 4, 6)) == (
+        forms,
+        kept,
+        counts,
     )
