@@ -183,9 +183,10 @@ class _Job:
         self.lw = self.keep(self.obs.lw)
         self.pongs = self.keep(self.obs.pongs)
         self.rtt_hist = self.keep(links.rtt_histogram(self.pongs))
+        self.sums = self.keep(links.link_hour_sums(self.lw))
         # one small collect (a row per directed link) gives the span, the nodes and the
         # links, instead of an action for each
-        per_link = self.lw.groupBy("nid", "pid").agg(
+        per_link = self.sums.groupBy("nid", "pid").agg(
             sf.min("lo_ts").alias("lo"), sf.max("hi_ts").alias("hi")
         )
         directed = [(int(r["nid"]), int(r["pid"]), r["lo"], r["hi"]) for r in per_link.collect()]
@@ -233,7 +234,7 @@ class _Job:
         t = self.tables
         flaps = self.keep(links.flap_events(self.obs.events))
         t.write(
-            links.link_health(self.lw, links.link_hours(self.rtt_hist), flaps).select(
+            links.link_health(self.sums, links.link_hours(self.rtt_hist), flaps).select(
                 t.node(sf.col("nid")).alias("node"),
                 t.node(sf.col("pid")).alias("peer"),
                 *_LINK_COLS,
@@ -304,7 +305,7 @@ class _Job:
         """relay_dependence, clock_skew and (with traces) propagation."""
         t = self.tables
         self.collected["relays"] = t.write(
-            relays.relay_dependence(self.lw, self.node_ids).select(
+            relays.relay_dependence(self.sums, self.node_ids).select(
                 t.node(sf.col("nid")).alias("node"),
                 "links",
                 "relayed_links",
