@@ -35,6 +35,7 @@ from spark_federation import (
     partitions,
     propagation,
     relays,
+    session,
 )
 from spark_federation.errors import MeshHealthError
 from spark_federation.params import JobConfig, full_windows
@@ -54,11 +55,13 @@ def run(spark: SparkSession, cfg: JobConfig, progress: Progress = print) -> dict
     job = _Job(spark, cfg, progress)
     try:
         job.read()
-        job.availability()
-        job.links()
-        job.partitions()
-        job.nodes()
-        return job.finish()
+        # every step from here reads the pass's small aggregates (local mode: see session)
+        with session.scoped_conf(spark, session.AFTER_PASS_CONF if job.local else {}):
+            job.availability()
+            job.links()
+            job.partitions()
+            job.nodes()
+            return job.finish()
     finally:
         job.release()
 
