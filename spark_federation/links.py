@@ -130,11 +130,43 @@ def flap_events(hb: DataFrame) -> DataFrame:
     )
 
 
-def link_health(lw: DataFrame, lh: DataFrame, flaps: DataFrame) -> DataFrame:
+def link_hour_sums(lw: DataFrame) -> DataFrame:
+    """Per directed link and hour, the link windows summed: ``nid, pid, hour_ms, pongs,
+    misses, relayed, vid, lo_ts, hi_ts``.
+
+    One aggregate over the link windows that link health, relay dependence and the
+    job's span read (each a further sum over a few rows per link and hour) instead
+    of each aggregating the link windows again.
+    """
+    return (
+        lw.select(
+            "nid",
+            "pid",
+            hour_of(sf.col("win")).alias("hour_ms"),
+            "pongs",
+            "misses",
+            "relayed",
+            "vid",
+            "lo_ts",
+            "hi_ts",
+        )
+        .groupBy("nid", "pid", "hour_ms")
+        .agg(
+            sf.sum("pongs").alias("pongs"),
+            sf.sum("misses").alias("misses"),
+            sf.sum("relayed").alias("relayed"),
+            sf.max("vid").alias("vid"),
+            sf.min("lo_ts").alias("lo_ts"),
+            sf.max("hi_ts").alias("hi_ts"),
+        )
+    )
+
+
+def link_health(sums: DataFrame, lh: DataFrame, flaps: DataFrame) -> DataFrame:
     """Per directed link and hour: pings, pongs, loss %, RTT p50/p95/p99, flaps, relay share.
 
     Args:
-        lw: :func:`link_windows`.
+        sums: :func:`link_hour_sums`.
         lh: :func:`link_hours` (RTT quantiles).
         flaps: :func:`flap_events`.
 
@@ -142,17 +174,7 @@ def link_health(lw: DataFrame, lh: DataFrame, flaps: DataFrame) -> DataFrame:
         ``nid, pid, hour_ms, pings, pongs, misses, loss_pct, rtt_p50_ms, rtt_p95_ms,
         rtt_p99_ms, flaps, relayed_share``.
     """
-    counts = (
-        lw.select(
-            "nid", "pid", hour_of(sf.col("win")).alias("hour_ms"), "pongs", "misses", "relayed"
-        )
-        .groupBy("nid", "pid", "hour_ms")
-        .agg(
-            sf.sum("pongs").alias("pongs"),
-            sf.sum("misses").alias("misses"),
-            sf.sum("relayed").alias("relayed"),
-        )
-    )
+    counts = sums.select("nid", "pid", "hour_ms", "pongs", "misses", "relayed")
     hourly_flaps = (
         flaps.select("nid", "pid", hour_of(sf.col("ts")).alias("hour_ms"))
         .groupBy("nid", "pid", "hour_ms")

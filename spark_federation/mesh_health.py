@@ -35,6 +35,7 @@ from spark_federation import (
     partitions,
     propagation,
     relays,
+    session,
 )
 from spark_federation.errors import MeshHealthError
 from spark_federation.params import JobConfig, full_windows
@@ -54,11 +55,13 @@ def run(spark: SparkSession, cfg: JobConfig, progress: Progress = print) -> dict
     job = _Job(spark, cfg, progress)
     try:
         job.read()
-        job.availability()
-        job.links()
-        job.partitions()
-        job.nodes()
-        return job.finish()
+        # every step from here reads the pass's small aggregates (local mode: see session)
+        with session.scoped_conf(spark, session.AFTER_PASS_CONF if job.local else {}):
+            job.availability()
+            job.links()
+            job.partitions()
+            job.nodes()
+            return job.finish()
     finally:
         job.release()
 
@@ -183,9 +186,10 @@ class _Job:
         self.lw = self.keep(self.obs.lw)
         self.pongs = self.keep(self.obs.pongs)
         self.rtt_hist = self.keep(links.rtt_histogram(self.pongs))
+        self.sums = self.keep(links.link_hour_sums(self.lw))
         # one small collect (a row per directed link) gives the span, the nodes and the
         # links, instead of an action for each
-        per_link = self.lw.groupBy("nid", "pid").agg(
+        per_link = self.sums.groupBy("nid", "pid").agg(
             sf.min("lo_ts").alias("lo"), sf.max("hi_ts").alias("hi")
         )
         directed = [(int(r["nid"]), int(r["pid"]), r["lo"], r["hi"]) for r in per_link.collect()]
@@ -233,7 +237,7 @@ class _Job:
         t = self.tables
         flaps = self.keep(links.flap_events(self.obs.events))
         t.write(
-            links.link_health(self.lw, links.link_hours(self.rtt_hist), flaps).select(
+            links.link_health(self.sums, links.link_hours(self.rtt_hist), flaps).select(
                 t.node(sf.col("nid")).alias("node"),
                 t.node(sf.col("pid")).alias("peer"),
                 *_LINK_COLS,
@@ -304,7 +308,7 @@ class _Job:
         """relay_dependence, clock_skew and (with traces) propagation."""
         t = self.tables
         self.collected["relays"] = t.write(
-            relays.relay_dependence(self.lw, self.node_ids).select(
+            relays.relay_dependence(self.sums, self.node_ids).select(
                 t.node(sf.col("nid")).alias("node"),
                 "links",
                 "relayed_links",

@@ -14,16 +14,16 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as sf
 
 
-def relay_dependence(lw: DataFrame, nodes: DataFrame) -> DataFrame:
+def relay_dependence(sums: DataFrame, nodes: DataFrame) -> DataFrame:
     """Per node: ``nid, links, relayed_links, link_share, pings, relayed_pings, traffic_share,
     relays, is_relay, relay_only`` (``relays``: ids of the relays it used).
 
     Args:
-        lw: per-link window counts (:func:`spark_federation.links.link_windows`).
+        sums: per-link hour sums (:func:`spark_federation.links.link_hour_sums`).
         nodes: ``nid`` of every node.
     """
     per_link = (
-        lw.groupBy("nid", "pid")
+        sums.groupBy("nid", "pid")
         .agg(
             (sf.sum("pongs") + sf.sum("misses")).alias("pings"),
             sf.sum("relayed").alias("relayed"),

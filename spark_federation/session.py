@@ -14,14 +14,20 @@ of its input, and chooses:
   re-planning: compiling
   and re-planning the job's few hundred small stages cost more than running them. A large
   input keeps the optimising JIT, which pays for itself past a few million records
-  (docs/benchmarks.md).
+  (docs/benchmarks.md), and gets the parallel collector (:data:`LARGE_INPUT_JVM`):
+  G1's concurrent threads and write barriers cost the job about twice the parallel
+  collector's CPU, and a batch job does not need G1's short pauses.
 - for a tiny input (under :data:`TINY_INPUT_BYTES`, a few ten thousand records, such
   as the tests' and a short recording's), also no generated code
   (:data:`TINY_INPUT_CONF`: operators and expressions interpreted): generating and
   compiling Java for every stage costs more than interpreting a few thousand rows, but
   interpreting costs about ten times as much per row, so a million records (a few
   passes of 10-30 CPU-seconds each) must keep it.
-
+- after the one pass over the records, whatever the input's size, no adaptive
+  re-planning and no whole-stage code generation (:data:`AFTER_PASS_CONF`, set by
+  :func:`scoped_conf` for the rest of the run and then restored): every later query
+  reads the pass's small aggregates, where re-planning each stage as a Spark job of
+  its own, and generating and compiling a class per stage, cost more than they save.
 
 The answers do not depend on any of these.
 """
@@ -32,7 +38,7 @@ import contextlib
 import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -49,6 +55,8 @@ QUICK_JIT = "-XX:TieredStopAtLevel=1"
 # run (docs/benchmarks.md) but is not done: the job would then run any jar on its class
 # path unchecked.
 SMALL_INPUT_JVM = "-XX:+UseSerialGC"
+# the JVM of a run on a large (or unknown) input: the parallel collector
+LARGE_INPUT_JVM = "-XX:+UseParallelGC"
 # Spark settings of a local session on a small input (with the quick JIT)
 SMALL_INPUT_CONF = {"spark.sql.adaptive.enabled": "false"}
 # and on a tiny one: no whole-stage code generation, expressions interpreted rather than
@@ -58,6 +66,8 @@ TINY_INPUT_CONF = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
 }
+# Spark settings of a local run once the records are reduced to their aggregates
+AFTER_PASS_CONF = {"spark.sql.adaptive.enabled": "false", "spark.sql.codegen.wholeStage": "false"}
 
 
 def local_input_bytes(input_uri: str) -> int | None:
@@ -90,10 +100,26 @@ def settings_for(input_bytes: int | None) -> tuple[list[str], dict[str, str]]:
     """JVM options and Spark settings of a local session for an input of this size
     (None: unknown, Spark's defaults)."""
     if input_bytes is None or input_bytes >= SMALL_INPUT_BYTES:
-        return [], {}
+        return [LARGE_INPUT_JVM], {}
     return [QUICK_JIT, SMALL_INPUT_JVM], dict(
         TINY_INPUT_CONF if input_bytes < TINY_INPUT_BYTES else SMALL_INPUT_CONF
     )
+
+
+@contextlib.contextmanager
+def scoped_conf(spark: SparkSession, conf: Mapping[str, str]) -> Iterator[None]:
+    """Run a block with these session settings, then put back what was there before."""
+    before = {key: spark.conf.get(key, None) for key in conf}
+    for key, value in conf.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, old in before.items():
+            if old is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, old)
 
 
 @contextlib.contextmanager

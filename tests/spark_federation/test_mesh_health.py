@@ -10,6 +10,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from spark_federation.session import scoped_conf
 from tests.spark_federation.conftest import SYNTH, WINDOW_MS, JobRun
 from tests.spark_federation.verdicts import expected_flaps, match_outage, within_window
 
@@ -166,3 +167,21 @@ def test_no_partition_from_normal_jitter_or_outage(synth_run: JobRun) -> None:
     split = sorted(r["window_start_ms"] for r in per_window if r["components"] > 1)
     p = synth_run.summary["partitions"][0]
     assert split == list(range(p["start_ms"], p["end_ms"], WINDOW_MS))
+
+
+def test_scoped_settings_are_put_back(spark: Any) -> None:
+    """The settings of the steps after the pass hold inside the block only: a setting
+    the session had comes back, one it did not have is unset again, even on an error."""
+    had, new = "spark.sql.shuffle.partitions", "spark.hearthnet.test.scoped"
+    before = spark.conf.get(had)
+    inside: list[tuple[str, str]] = []
+
+    def steps() -> None:
+        with scoped_conf(spark, {had: "7", new: "x"}):
+            inside.append((spark.conf.get(had), spark.conf.get(new)))
+            raise RuntimeError("step failed")
+
+    with pytest.raises(RuntimeError, match="step failed"):
+        steps()
+    assert inside == [("7", "x")]
+    assert (spark.conf.get(had), spark.conf.get(new, None)) == (before, None)

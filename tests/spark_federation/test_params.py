@@ -14,7 +14,7 @@ from spark_federation.params import (
     parse_time_ms,
     window_start_ms,
 )
-from spark_federation.session import SMALL_INPUT_JVM, settings_for
+from spark_federation.session import LARGE_INPUT_JVM, SMALL_INPUT_JVM, settings_for
 
 WINDOWS = st.sampled_from([10_000, 15_000, 30_000, 60_000, 300_000, 3_600_000])
 TIMES = st.integers(min_value=0, max_value=4_102_444_800_000)  # up to 2100
@@ -73,13 +73,13 @@ def test_generated_code_is_left_out_only_for_tiny_inputs() -> None:
     """Interpreted rows cost ~10x generated ones: a million records (~15 MB) keep the
     generated code and only get the quick JIT (and classes loaded unverified); a tiny
     input also runs without generated code; a large or unknown one keeps Spark's
-    defaults."""
+    settings and gets the parallel collector."""
     no_codegen = "spark.sql.codegen.factoryMode"
     assert [
         (["-XX:TieredStopAtLevel=1", SMALL_INPUT_JVM], True),
         (["-XX:TieredStopAtLevel=1", SMALL_INPUT_JVM], False),
-        ([], False),
-        ([], False),
+        ([LARGE_INPUT_JVM], False),
+        ([LARGE_INPUT_JVM], False),
     ] == [
         (jit, no_codegen in conf)
         for jit, conf in map(settings_for, (300_000, 15_528_877, 131_000_000, None))

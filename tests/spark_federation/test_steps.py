@@ -14,6 +14,7 @@ from spark_federation.links import (
     flap_events,
     flapping_links,
     link_health,
+    link_hour_sums,
     link_hours,
     link_windows,
     pong_histogram,
@@ -221,7 +222,7 @@ def test_link_hour_without_pings_has_no_loss(spark: Any) -> None:
         " vid long, clock_offset_ms double",
     )
     rtt = link_hours(rtt_histogram(pong_histogram(hb)))
-    health = link_health(link_windows(hb, W), rtt, flap_events(hb)).collect()
+    health = link_health(link_hour_sums(link_windows(hb, W)), rtt, flap_events(hb)).collect()
     assert [(r["pings"], r["loss_pct"], r["rtt_p50_ms"]) for r in health] == [(0, None, None)]
 
 
