@@ -39,7 +39,7 @@ from hearthnet.pubsub.batchsig import SignedBatch
 from hearthnet.pubsub.consumerstate import ConsumerRecord, ConsumerState, write_consumers
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
 from hearthnet.pubsub.logindex import Head
-from hearthnet.pubsub.logrun import write_run
+from hearthnet.pubsub.logrun import store_row, write_run
 from hearthnet.pubsub.logstore import (
     INSERT_ROW,
     HeadColumns,
@@ -500,16 +500,7 @@ def _write_lone(
         (message.expires_ms,),
         (len(raw),),
     )
-    params = row.params()
-    if consumers:
-
-        def work() -> None:
-            conn.execute(INSERT_ROW, params)
-            write_consumers(conn, consumers)
-
-        transaction(conn, work)
-    else:
-        conn.execute(INSERT_ROW, params)
+    store_row(conn, row.params(), consumers)
     return [StoredMessage(seq, message)], [row]
 
 

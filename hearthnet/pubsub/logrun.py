@@ -75,6 +75,18 @@ def write_run(  # noqa: PLR0917 - called once per commit, positionally
         hashes,
         b"".join(leaves),
     )
+    store_row(conn, params, consumers)
+    return stored, row
+
+
+def store_row(
+    conn: sqlite3.Connection,
+    params: tuple[Any, ...],
+    consumers: list[tuple[ConsumerRecord, ConsumerState]],
+) -> None:
+    """One row, and the changed consumers' records with it in one transaction. With no
+    consumer one statement: in autocommit mode the INSERT is its own transaction, as
+    durable as BEGIN .. COMMIT around it (two statements fewer)."""
     if consumers:
 
         def work() -> None:
@@ -83,7 +95,4 @@ def write_run(  # noqa: PLR0917 - called once per commit, positionally
 
         transaction(conn, work)
     else:
-        # One statement: in autocommit mode the INSERT is its own transaction, as
-        # durable as BEGIN .. COMMIT around it (two statements fewer).
         conn.execute(INSERT_ROW, params)
-    return stored, row

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from hearthnet.client import Client
@@ -27,7 +26,7 @@ from hearthnet.clock import now_ms
 from hearthnet.community import CommunityStore, Level
 from hearthnet.errors import WireError
 from hearthnet.federation.agreement import Agreement, Grant, Revocation
-from hearthnet.federation.carrier import CarriedClient
+from hearthnet.federation.carried_client import carried_by
 from hearthnet.federation.store import FederationStore
 from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.ids import new_ulid
@@ -50,7 +49,6 @@ from tests.helpers import eventually
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
-CARRY = "/mesh/v1/federation/carry"
 REFUSED = 'hearthnet_mesh_refused_total{reason="unauthorized"}'
 ENDED = 'hearthnet_federated_refused{reason="agreement_ended"}'
 NOT_A_BRIDGE = 'hearthnet_federated_refused{reason="not_a_bridge"}'
@@ -256,26 +254,6 @@ async def history(root: Path, machine: Machine, topic: str) -> list[Any]:
     return sorted((m["data"]["data"] for m in page["messages"]), key=json.dumps)
 
 
-def carried(outer: Client, to: str, keys: KeyPair) -> CarriedClient:
-    """A client of node ``to`` of the other community, signing as ``keys``, whose
-    requests the bridge (``outer``'s node) carries (``POST /mesh/v1/federation/carry``)."""
-
-    async def carry(
-        method: str, path: str, headers: dict[str, str], body: bytes | None
-    ) -> tuple[int, bytes]:
-        payload: dict[str, Any] = {"to": to, "method": method, "path": path, "headers": headers}
-        payload["body"] = orjson.loads(body) if body else None
-        signed = await outer.signed_headers("POST", CARRY, payload)
-        async with outer.session.post(
-            outer.url + CARRY,
-            data=orjson.dumps(payload),
-            headers={**signed, "Content-Type": "application/json"},
-        ) as resp:
-            return resp.status, await resp.read()
-
-    return CarriedClient(to, carry, keys=keys, community=keys.node_id)
-
-
 async def call_code(client: Client, capability: str) -> str | None:
     """None when ``capability`` answers through the relay, else the error's code."""
     try:
@@ -331,7 +309,7 @@ async def test_federated_communities_bridge_through_a_relay(fed: Federated) -> N
         )
         async with (
             NamespacedClient(root, bridge, PORT) as outer,
-            carried(outer, a_keys.node_id, b_keys) as client,
+            carried_by(outer, a_keys.node_id, keys=b_keys, community=b_keys.node_id) as client,
         ):
             calls = [await call_code(client, "echo@1"), await call_code(client, "echo.stream@1")]
             not_a_bridge = await eventually(
