@@ -41,9 +41,12 @@ from hearthnet.errors import BadRequest, InvalidSignature
 from hearthnet.identity import verify_object
 from hearthnet.ids import public_key_from_node_id, signature_from_str
 
-# Checks written to the checker in one batch at most: a turn with more is split, so the
-# first answers come back while the rest are checked.
-MAX_BATCH = 64
+# Checks written to the checker in one batch at most: a turn with more is split, and the
+# checker answers batch by batch, so the loop answers the first calls (and their clients
+# send their next ones) while the rest are checked. With one batch per turn the loop and
+# the checker took turns instead of working at once (docs/benchmarks.md, "Checks in
+# batches of 8: the event loop and the checker at work together").
+MAX_BATCH = 8
 MAX_IN_FLIGHT = 1024  # checks at the checker at once; past this, checked on the loop
 MAX_STARTS = 3  # checker processes started at most over the node's life
 _STOP_S = 2.0  # how long close() waits for the checker to exit before killing it
@@ -109,6 +112,12 @@ class SignatureWorker:
     def checker_pid(self) -> int | None:
         """The checker process's id; None while none runs."""
         return None if self._proc is None else self._proc.pid
+
+    @property
+    def batches_at_checker(self) -> list[int]:
+        """How many checks each batch written to the checker and not yet answered holds,
+        oldest first."""
+        return [len(batch) for batch in self._sent]
 
     @property
     def busy(self) -> bool:
