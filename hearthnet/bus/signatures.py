@@ -1,6 +1,6 @@
 """Signature checks in a child process (spec §1.4, §11): the ed25519 checks asked for in
-one event-loop turn go to one checker process together, and their outcomes come back to
-the loop together.
+one event-loop turn go to one checker process in batches of a few, and each batch's
+outcomes come back to the loop together as soon as it is checked.
 
 A signed call's ed25519 check (libsodium, ~50 µs on a quiet core) is a third or more of
 the CPU the node spends on a call. Done in another process it runs on the other core
