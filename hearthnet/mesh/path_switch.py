@@ -115,7 +115,7 @@ class PathSwitch:
         self.fallbacks = 0  # direct links that died within a switch, fallen back to the relay
         self.moved = 0  # relayed peers moved to another relay on ``unreachable``
         # peers whose direct link died with no relay to fall back to (path_hold.py)
-        self.held = HeldSequences(paths, forget)
+        self.held = HeldSequences(paths, forget, links, carry)
         # peer -> the relay its relayed frames came through last (the glue records it):
         # where ``unreachable`` moves it first
         self.came_via: dict[str, str] = {}
@@ -203,8 +203,7 @@ class PathSwitch:
         self.retiring.pop(peer, None)
         self.kept.discard(peer)
         if fallback is None:  # no relay: what is unacknowledged waits for the next link
-            link.sequencer = None
-            self.carry(self.held.hold(peer, now))
+            self.carry(self.held.hold(peer, now, link))
             return False
         self.fell[peer] = now + RETIRE_S
         self._listed[peer] = frozenset(_urls(link.peer.relays))
