@@ -190,7 +190,8 @@ class Relaying:
         self.member = RelayedPaths(shared, hooks, settings)
         self.paths = self.member.paths
         self.switch = self.member.switch
-        self.switch.held.ended = lambda peer, why: self.calls_ended(peer, why)
+        # read when called: the mesh sets ``calls_ended`` after this may have run
+        self.switch.held.ended = lambda peer, why: self.calls_ended(peer, why)  # noqa: PLW0108
         self.endpoint = self.member.endpoint
         self.attachments = self.member.attachments
 
