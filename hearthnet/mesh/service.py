@@ -50,6 +50,7 @@ from hearthnet.mesh.relayed_link import (
     REPLACED_BY_DIRECT,
     SHUTTING_DOWN,
     is_relayed,
+    observed_address,
     path_fields,
 )
 from hearthnet.mesh.relaying import TICK_S as RELAY_TICK_S
@@ -447,6 +448,9 @@ class Mesh:
                     # older links get no batch frames and no data_enc messages (v3)
                     "protocol": link_subprotocol(link.peer.link),
                     **path_fields(link),  # relays: direct or relayed, and via
+                    # the address a direct link's socket uses (a punched link's public
+                    # one, where ``url`` is what the peer claims); null when relayed
+                    "remote": observed_address(link),
                     "community": None,  # ours (a federated community's id below)
                     "bridge": False,
                     "relay": link.peer.relay,
