@@ -283,3 +283,23 @@ def test_unreachable_moves_a_peer_to_the_relay_its_frames_come_through() -> None
         a.paths.path(b.keys.node_id),
         a.switch.moved,
     )
+
+
+def test_the_relay_a_peers_frames_came_through_is_forgotten_when_it_goes_direct_or_is_lost() -> (
+    None
+):
+    """``came_via`` names the relay a peer's relayed frames came through last: a direct
+    link replacing b's relayed one clears b's; a relay lost (or detaching us) clears the
+    peers it named at the next tick, and leaves those another relay names."""
+    a, b = _pair()
+    peer = b.keys.node_id
+    b.send(_frame(1), 0.0)
+    _pump(a, 0.0)
+    a.switch.came_via[peer] = RELAY  # as the glue records b's frames' relay
+    a.direct_link(0.5)
+    direct = dict(a.switch.came_via)
+    _relay_link(a, "r2", "http://192.0.2.2:7000", 0.05)
+    a.switch.came_via.update({peer: "r2", "ed25519:other": RELAY})
+    a.carry(a.paths.relay_lost("r2", 1.0))
+    a.tick(1.0)
+    assert ({}, {"ed25519:other": RELAY}) == (direct, a.switch.came_via)
