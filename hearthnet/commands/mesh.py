@@ -70,6 +70,7 @@ PEER_COLUMNS = [
     Column("rtt ms", key("rtt_ms_p50"), right=True),
     Column("loss %", key("loss_pct"), right=True),
     Column("path", _path),
+    Column("remote", key("remote")),  # the address a direct link's socket uses
     Column("url", _address),
 ]
 # shown when a node of a federated community is linked

@@ -115,9 +115,10 @@ class PathSwitch:
         self.fallbacks = 0  # direct links that died within a switch, fallen back to the relay
         self.moved = 0  # relayed peers moved to another relay on ``unreachable``
         # peers whose direct link died with no relay to fall back to (path_hold.py)
-        self.held = HeldSequences(paths, forget)
+        self.held = HeldSequences(paths, forget, links, carry)
         # peer -> the relay its relayed frames came through last (the glue records it):
-        # where ``unreachable`` moves it first
+        # where ``unreachable`` moves it first; cleared when the peer goes direct, or
+        # that relay is lost or detaches us (tick)
         self.came_via: dict[str, str] = {}
 
     def established(self, link: PeerLink) -> None:
@@ -143,6 +144,7 @@ class PathSwitch:
 
     def replaced(self, peer: str, now: float) -> None:
         """The relayed link to ``peer`` closed for a direct one: drain the relayed path."""
+        self.came_via.pop(peer, None)  # direct now: no relay is where its frames come
         self.retiring.setdefault(peer, now + RETIRE_S)
         if self.paths.path(peer)[0] is not PathState.DIRECT:
             self.carry(self.paths.direct_up(peer, now))
@@ -203,8 +205,7 @@ class PathSwitch:
         self.retiring.pop(peer, None)
         self.kept.discard(peer)
         if fallback is None:  # no relay: what is unacknowledged waits for the next link
-            link.sequencer = None
-            self.carry(self.held.hold(peer, now))
+            self.carry(self.held.hold(peer, now, link))
             return False
         self.fell[peer] = now + RETIRE_S
         self._listed[peer] = frozenset(_urls(link.peer.relays))
@@ -384,6 +385,11 @@ class PathSwitch:
             if now >= at:
                 del self._tried[peer]
         self.held.tick(now)
+        if self.came_via:  # a relay lost or detached no longer brings anyone's frames
+            attached = set(self.paths.relays.attached_relays)
+            for peer, relay in list(self.came_via.items()):
+                if relay not in attached:
+                    del self.came_via[peer]
         for peer, at in list(self.retiring.items()):
             if now >= at:
                 del self.retiring[peer]

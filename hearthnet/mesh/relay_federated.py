@@ -43,7 +43,7 @@ from hearthnet.clock import now_ms
 from hearthnet.mesh.frames import Ping, Pong
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.protocol import CARRIED_FRAME_KINDS, link_subprotocol
-from hearthnet.mesh.relayed_link import is_relayed, path_fields
+from hearthnet.mesh.relayed_link import is_relayed, observed_address, path_fields
 from hearthnet.metrics import MetricsRegistry
 
 log = logging.getLogger("hearthnet.mesh.relaying")
@@ -215,6 +215,7 @@ class FederatedLinks:
                 "queued": link.queued,
                 "protocol": link_subprotocol(link.peer.link),
                 **path_fields(link),
+                "remote": observed_address(link),
                 "community": link.peer.community,
                 "bridge": self.serves(node, link.peer.community),
                 "relay": link.peer.relay,

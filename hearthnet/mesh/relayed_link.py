@@ -112,6 +112,21 @@ def path_fields(link: PeerLink) -> dict[str, Any]:
     return {"path": "direct", "via": None}
 
 
+def observed_address(link: PeerLink) -> str | None:
+    """The address a direct link's socket is connected to (``ip:port``, ``[ip6]:port``),
+    as this node sees it: for a punched link or one behind NAT, the public address the
+    link really uses, not the URL the peer claims. None on a relayed path, or once the
+    socket is gone."""
+    if isinstance(link, RelayedLink):
+        return None
+    extra = getattr(link.ws, "get_extra_info", None)
+    peer = extra("peername") if callable(extra) else None
+    if not isinstance(peer, tuple) or len(peer) < 2:
+        return None
+    host, port = str(peer[0]), peer[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def is_relayed(link: PeerLink | None) -> bool:
     """True for a link through a relay."""
     return isinstance(link, RelayedLink)

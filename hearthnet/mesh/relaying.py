@@ -160,6 +160,8 @@ class Relaying:
         self.metrics = metrics
         self.max_links = config.max_links
         self.member: RelayedPaths | None = None  # the member role's relayed paths
+        # a held sequence was forgotten: the calls tied to it end (peer, why; the mesh's)
+        self.calls_ended: Callable[[str, str], None] = lambda peer, why: None
         self.switch: PathSwitch | None = None  # relayed links turning direct, in order
         self.counts: Tally[str] = Tally()  # member side: relayed frames and bytes, refusals
         self._keepalive = KeepaliveConfig(config.relay_keepalive_s, config.relay_silence_s)
@@ -188,6 +190,8 @@ class Relaying:
         self.member = RelayedPaths(shared, hooks, settings)
         self.paths = self.member.paths
         self.switch = self.member.switch
+        # read when called: the mesh sets ``calls_ended`` after this may have run
+        self.switch.held.ended = lambda peer, why: self.calls_ended(peer, why)  # noqa: PLW0108
         self.endpoint = self.member.endpoint
         self.attachments = self.member.attachments
 
@@ -253,6 +257,14 @@ class Relaying:
         if self.member is not None and self.member.switch.direct_down(link, now, gone=gone):
             return self.member.open(link.node, outbound=link.outbound) is not None
         return False
+
+    def held_link(self, node: str) -> PeerLink | None:
+        """While ``node``'s sequence is held (its direct link died with no relay, spec §8):
+        the dead link, whose frames wait in the sequence for the next link."""
+        if self.switch is None:
+            return None
+        link = self.switch.held.link(node)
+        return link if isinstance(link, PeerLink) else None
 
     def replaced_link_down(self, link: PeerLink) -> None:
         """A link that another link to the same peer replaced has ended: the relay core

@@ -42,6 +42,7 @@ from hearthnet.errors import (
 from hearthnet.frames import Frame
 from hearthnet.ids import is_node_id, new_ulid
 from hearthnet.mesh.call_frames import Ack, Call, Cancel, StreamFrame, ToolResult
+from hearthnet.mesh.call_hold import ReplyTails
 from hearthnet.transport.flow import FlowWindow
 
 log = logging.getLogger("hearthnet.mesh.remote")
@@ -125,9 +126,11 @@ class _Incoming:
     task: asyncio.Task[None] | None = None
 
 
-def _reply(link: LinkSender, sid: str, frame: Frame) -> None:
+def _reply(link: LinkSender, sid: str, frame: Frame) -> bytes:
     """One frame of a call's reply stream, back on the link the call came on."""
-    link.send_raw(StreamFrame(sid, frame.to_json()).encode())
+    data = StreamFrame(sid, frame.to_json()).encode()
+    link.send_raw(data)
+    return data
 
 
 class RemoteProvider:
@@ -214,6 +217,10 @@ class RemoteCalls:
         self.signatures: SignatureWorker | None = None
         # routes[provider] = (hops, via neighbour, descriptors) learnt from each neighbour
         self.learnt: dict[str, dict[str, tuple[int, list[CapabilityDescriptor]]]] = {}
+        # spec §8: reply frames not yet acknowledged, sent again when a held sequence
+        # takes the calls on (call_hold.py); and whether a peer's sequence is held now
+        self.tails = ReplyTails()
+        self.is_held: Callable[[str], bool] = lambda node: False
 
     # --- routes -----------------------------------------------------------------------
 
@@ -263,17 +270,33 @@ class RemoteCalls:
         self.learnt[via] = table
         return self._rebuild()
 
-    def forget(self, via: str) -> bool:
-        """A neighbour went away: drop its routes; True when our routes changed."""
+    def forget(self, via: str, why: str | None = None) -> bool:
+        """A neighbour went away: drop its routes, end the calls with it (``why``: the
+        error's message); True when our routes changed."""
         self.learnt.pop(via, None)
+        self.tails.forget(via)
         for key, stream in list(self.outgoing.items()):
             if stream.via == via:
-                stream.fail(Unavailable(f"the link to {via} went down mid-call"))
+                stream.fail(Unavailable(why or f"the link to {via} went down mid-call"))
                 self.outgoing.pop(key, None)
         for (peer, _), incoming in list(self.incoming.items()):
             if peer == via and incoming.task is not None:
                 incoming.task.cancel()
         return self._rebuild()
+
+    def held(self, peer: str) -> None:
+        """``peer``'s direct link died and its sequence is held for the next link (spec
+        §8, path_hold.py): the calls with it go on. What it may have lost unnumbered is
+        sent again, into the sequence: our last ack of each call to it, and the reply
+        frames it has not acknowledged (call_hold.py)."""
+        link = self.link_to(peer)
+        if link is None:
+            return
+        for sid, out in list(self.outgoing.items()):
+            if out.via == peer and out.seq:
+                link.send_raw(Ack(sid, out.seq).encode())
+        for data in self.tails.again(peer):
+            link.send_raw(data)
 
     def _rebuild(self) -> bool:
         best: dict[str, tuple[int, str, list[CapabilityDescriptor]]] = {}
@@ -461,26 +484,33 @@ class RemoteCalls:
         window = incoming.window
 
         async def emit(frame: Frame) -> None:
-            if not window.open:
+            while not window.open:
                 try:
                     async with asyncio.timeout(ACK_TIMEOUT_S):
                         while not window.open:
                             incoming.moved.clear()
                             await incoming.moved.wait()
                 except TimeoutError:
-                    raise DeadlineExceeded("no ack over the mesh for 5 s") from None
-            _reply(link, sid, frame.with_seq(window.next_seq()))
+                    # a held sequence waits for the next link (its end ends the call)
+                    if not self.is_held(link.node):
+                        raise DeadlineExceeded("no ack over the mesh for 5 s") from None
+            send(frame.with_seq(window.next_seq()))
+
+        def send(frame: Frame) -> None:
+            self.tails.sent(link.node, sid, frame.seq or 0, _reply(link, sid, frame))
 
         try:
             terminal = await handle.drive(emit)
-            _reply(link, sid, terminal.with_seq(window.next_seq(force=True)))
+            send(terminal.with_seq(window.next_seq(force=True)))
         except asyncio.CancelledError:
             handle.ctx.cancel()
         finally:
             self.incoming.pop((link.node, sid), None)
+            self.tails.ended(link.node, sid)
 
     def on_ack(self, link: LinkSender, frame: Ack) -> None:
         """The caller side consumed frames up to ``upto``."""
+        self.tails.acked(link.node, frame.sid, frame.upto)
         incoming = self.incoming.get((link.node, frame.sid))
         if incoming is not None and incoming.window.ack(frame.upto):
             incoming.moved.set()

@@ -50,6 +50,7 @@ from hearthnet.mesh.relayed_link import (
     REPLACED_BY_DIRECT,
     SHUTTING_DOWN,
     is_relayed,
+    observed_address,
     path_fields,
 )
 from hearthnet.mesh.relaying import TICK_S as RELAY_TICK_S
@@ -138,7 +139,9 @@ class Mesh:
             authenticator=authenticator,
             bus=bus,
             router=router,
-            link_to=self.routes.path_to,
+            # a call's frames go on the peer's link, or while its sequence is held (spec
+            # §8) on the dead link, whose frames wait in it for the next link
+            link_to=lambda node: self.routes.path_to(node) or self.relaying.held_link(node),
             spawn=self.spawn,
         )
         self.traffic = LinkTraffic(
@@ -170,6 +173,9 @@ class Mesh:
             metrics=m,
             dial=lambda url: self.spawn(self.dial(url), f"dial-{url}"),
         )
+        # spec §8: calls tied to a held sequence wait for the next link, or end with it
+        self.remote.is_held = lambda node: self.relaying.held_link(node) is not None
+        self.relaying.calls_ended = self.traffic.forget  # no link in time: calls, routes
         self.dialer = Dialer(
             keys=keys,
             membership=membership,
@@ -382,8 +388,13 @@ class Mesh:
         fell_back = self.relaying.link_down(link)
         if link.address is not None:
             self.book.hold(link.address, time.monotonic(), 0)
-        # spec §8: calls and routes go on over the link that replaced this one
-        if reason != REPLACED_BY_DIRECT and not fell_back:
+        # spec §8: calls and routes go on over the link that replaced this one, or wait
+        # in the peer's held sequence for the next link (path_hold.py)
+        if reason == REPLACED_BY_DIRECT or fell_back:
+            return
+        if self.relaying.held_link(link.node) is link:
+            self.remote.held(link.node)
+        else:
             self.traffic.forget(link.node)
 
     def _on_frame(self, link: PeerLink, frame: dict[str, Any]) -> None:
@@ -437,6 +448,9 @@ class Mesh:
                     # older links get no batch frames and no data_enc messages (v3)
                     "protocol": link_subprotocol(link.peer.link),
                     **path_fields(link),  # relays: direct or relayed, and via
+                    # the address a direct link's socket uses (a punched link's public
+                    # one, where ``url`` is what the peer claims); null when relayed
+                    "remote": observed_address(link),
                     "community": None,  # ours (a federated community's id below)
                     "bridge": False,
                     "relay": link.peer.relay,

@@ -198,10 +198,11 @@ class LinkTraffic:
             if other.node != link.node:
                 other.send_raw(frame)
 
-    def forget(self, node: str) -> None:
-        """The link to ``node`` went down: its routes go, and peers hear if ours changed."""
+    def forget(self, node: str, why: str | None = None) -> None:
+        """The link to ``node`` went down: its routes go (its calls end, ``why`` their
+        error's message), and peers hear if ours changed."""
         self.messages.forget(node)
-        if self.remote.forget(node):
+        if self.remote.forget(node, why):
             self.announce_caps()
 
     # --- membership and presence --------------------------------------------------------------

@@ -19,7 +19,7 @@ from tests.chaos.mesh_lab import NamespacedClient
 from tests.chaos.nat_lab import NatLab
 from tests.chaos.netns import HostProcess, Machine
 from tests.chaos.relay_lab import RelayPair, start_all, stop_all
-from tests.chaos.test_relay_netns import PORT, both_paths, prepare, subscribe
+from tests.chaos.test_relay_netns import PORT, _peers, both_paths, prepare, subscribe
 from tests.helpers import eventually
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
@@ -115,6 +115,9 @@ async def test_plain_nats_upgrade_to_direct_with_nothing_lost(plain: RelayPair) 
             what="both home nodes direct to each other",
         )
         await publishing
+        # hearthnet peers --json at A: B's row, the punched link's real address (B's
+        # router's public one, plain NAT keeping the port) beside the LAN URL B claims
+        row = next(p for p in (await _peers(root, home_a))["peers"] if p["node"] == b_keys.node_id)
         await publish_numbers(root, home_a, "home.punch", range(N // 2, N))
         got = await asyncio.to_thread(received, sub, N, 60)
         counts = await asyncio.to_thread(upgrades, home_a)
@@ -136,6 +139,10 @@ async def test_plain_nats_upgrade_to_direct_with_nothing_lost(plain: RelayPair) 
         refusals,
     )
     assert relay_keys.node_id in seen[0]
+    assert (f"{home_b.router.public_ip}:{PORT}", f"http://{home_b.ip}:{PORT}") == (
+        row["remote"],
+        row["url"],
+    )
 
 
 async def test_a_dead_direct_path_falls_back_to_the_relay(plain: RelayPair) -> None:

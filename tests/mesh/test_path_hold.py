@@ -6,7 +6,7 @@ relay that is a list, no sockets."""
 from __future__ import annotations
 
 from hearthnet.mesh.links import PeerLink
-from hearthnet.mesh.path_hold import HOLD_S, MAX_HELD, HeldSequences
+from hearthnet.mesh.path_hold import CALLS_ENDED, HOLD_S, MAX_HELD, HeldSequences
 from hearthnet.mesh.path_switch import RETIRE_S
 from hearthnet.mesh.paths import PathCore, PathState
 from hearthnet.mesh.protocol import LinkState
@@ -154,17 +154,62 @@ def test_a_held_sequence_with_no_link_in_time_is_forgotten() -> None:
 
 
 def test_at_most_max_held_sequences_are_held_the_oldest_forgotten_first() -> None:
-    """One peer past MAX_HELD: the one held longest is forgotten."""
+    """One peer past MAX_HELD: the one held longest is forgotten, and its calls end."""
     forgotten: list[str] = []
+    ended: list[str] = []
     held = HeldSequences(PathCore("a", []), forgotten.append)
+    held.ended = lambda peer, why: ended.append(peer)
     for i in range(MAX_HELD + 1):
         held.hold(f"p{i}", float(i))
-    assert (["p0"], False, True, MAX_HELD) == (
+    assert (["p0"], ["p0"], False, True, MAX_HELD) == (
         forgotten,
+        ended,
         "p0" in held,
         f"p{MAX_HELD}" in held,
         held.held - held.expired,
     )
+
+
+def test_what_is_sent_on_the_dead_link_while_held_goes_on_over_the_redial() -> None:
+    """Calls tied to the held sequence: b's frame 4 (a call's reply) sent on the dead
+    direct link while held waits in the sequence, and the held sequence names that link
+    for frames to a (a call's acks); a re-dial brings 1-4 to a once, in order, and frame
+    5, sent on the dead link after the re-dial, goes to the new one."""
+    a, b = _pair()
+    _no_relay_cut(a, b)
+    dead = b.direct
+    assert dead is not None
+    took = dead.send_raw(_frame(4))
+    named = b.switch.held.link(a.keys.node_id) is dead
+    for end in (a, b):
+        _direct_alone(end, 5.0)
+    _pump(a, 5.0)
+    dead.send_raw(_frame(5))
+    _pump(a, 5.1)
+    assert (True, True, None, [_frame(i) for i in range(1, 6)]) == (
+        took,
+        named,
+        b.switch.held.link(a.keys.node_id),
+        a.delivered,
+    )
+
+
+def test_the_calls_of_a_held_sequence_forgotten_end_with_a_clear_error() -> None:
+    """No link within HOLD_S: both ends forget the sequence and end the calls tied to it
+    (:data:`CALLS_ENDED`), and a frame sent on the dead link after that is dropped; a
+    sequence taken up in time ends no calls."""
+    a, b = _pair()
+    ended: list[tuple[str, str]] = []
+    for end in (a, b):
+        end.switch.held.ended = lambda peer, why: ended.append((peer, why))
+    _no_relay_cut(a, b)
+    dead = b.direct
+    assert dead is not None
+    _direct_alone(a, 3.0)  # a took it up (its own re-dial); b did not
+    for end in (a, b):
+        end.tick(2.0 + HOLD_S)
+    why = CALLS_ENDED.format(peer=a.keys.node_id, s=HOLD_S)
+    assert ([(a.keys.node_id, why)], False) == (ended, dead.send_raw(_frame(4)))
 
 
 def test_a_direct_link_up_while_a_relayed_frame_is_unacknowledged_continues_its_sequence() -> None:
@@ -238,3 +283,23 @@ def test_unreachable_moves_a_peer_to_the_relay_its_frames_come_through() -> None
         a.paths.path(b.keys.node_id),
         a.switch.moved,
     )
+
+
+def test_the_relay_a_peers_frames_came_through_is_forgotten_when_it_goes_direct_or_is_lost() -> (
+    None
+):
+    """``came_via`` names the relay a peer's relayed frames came through last: a direct
+    link replacing b's relayed one clears b's; a relay lost (or detaching us) clears the
+    peers it named at the next tick, and leaves those another relay names."""
+    a, b = _pair()
+    peer = b.keys.node_id
+    b.send(_frame(1), 0.0)
+    _pump(a, 0.0)
+    a.switch.came_via[peer] = RELAY  # as the glue records b's frames' relay
+    a.direct_link(0.5)
+    direct = dict(a.switch.came_via)
+    _relay_link(a, "r2", "http://192.0.2.2:7000", 0.05)
+    a.switch.came_via.update({peer: "r2", "ed25519:other": RELAY})
+    a.carry(a.paths.relay_lost("r2", 1.0))
+    a.tick(1.0)
+    assert ({}, {"ed25519:other": RELAY}) == (direct, a.switch.came_via)

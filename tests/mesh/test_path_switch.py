@@ -10,45 +10,23 @@ import time
 
 import pytest
 
-from hearthnet.client import Client
 from hearthnet.mesh.path_frames import PathFrame, PFrame
 from hearthnet.mesh.path_switch import RETIRE_S
 from hearthnet.mesh.paths import Action, Deliver, PathCore, Transmit
 from tests.helpers import wait_until
 from tests.mesh.conftest import RelayedTrio
-from tests.mesh.test_relaying import path_to
+from tests.mesh.streams import Step, Streamed, stream_chunks
 
 CHUNKS = 120
 SWITCH_AT = 30  # chunks received before the direct link is dialled
 
 
-async def _stream(trio: RelayedTrio, at_switch: object) -> tuple[list[int], list[str], set[str]]:
-    """echo.stream from b to a; at chunk SWITCH_AT a dials b and ``at_switch`` (a
-    coroutine function) is spawned. Returns the chunks, the frame kinds, the paths seen."""
-    a, b = trio.a, trio.b
-    got: list[int] = []
-    kinds: list[str] = []
-    paths: set[str] = set()
-    async with (
-        Client(a.url, keys=a.keys) as client,
-        client.stream(
-            "echo.stream@1.0",
-            {"count": CHUNKS, "size": 64, "interval_ms": 10},
-            target=b.keys.node_id,
-            prefer_ws=False,
-            deadline_ms=30_000,
-        ) as stream,
-    ):
-        async for frame in stream:
-            kinds.append(frame.event)
-            if frame.event == "token":
-                got.append(frame.data["i"])
-                paths.add(str(path_to(a, b)))
-            if len(got) == SWITCH_AT:
-                a.mesh.spawn(a.mesh.dial(b.url), "dial-b")
-                if callable(at_switch):
-                    a.mesh.spawn(at_switch(), "at-switch")
-    return got, kinds, paths
+async def _stream(trio: RelayedTrio, at_switch: Step | None) -> Streamed:
+    """echo.stream from b to a; at chunk SWITCH_AT a dials b and ``at_switch`` is
+    spawned."""
+    return await stream_chunks(
+        trio.a, trio.b, chunks=CHUNKS, at=SWITCH_AT, step=at_switch, deadline_ms=30_000
+    )
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -57,7 +35,7 @@ async def test_a_stream_across_the_switch_to_direct_loses_and_repeats_nothing(
 ) -> None:
     """echo.stream from b to a while a dials b: every chunk once, in order, then done."""
     a, b = relayed_trio.a, relayed_trio.b
-    got, kinds, paths = await _stream(relayed_trio, None)
+    streamed = await _stream(relayed_trio, None)
     # both ends settle well before the relayed sequence is retired (10 s): the direct
     # link carries plain frames again
     await wait_until(
@@ -66,9 +44,9 @@ async def test_a_stream_across_the_switch_to_direct_loses_and_repeats_nothing(
         "the direct links plain again",
     )
     assert (list(range(1, CHUNKS + 1)), "done", {"relayed", "direct"}) == (
-        got,
-        kinds[-1],
-        paths,
+        streamed.got,
+        streamed.kinds[-1],
+        streamed.paths,
     )
 
 
@@ -122,9 +100,9 @@ async def _cut_try(
             trio.cut()
         outcome.append("cut" if cut else "plain")
 
-    got, kinds, _ = await _stream(trio, cut_when_b_sequences)
+    streamed = await _stream(trio, cut_when_b_sequences)
     await wait_until(lambda: bool(outcome), 20, "the switch's try cut, or gone plain")
-    return got, kinds, outcome[0]
+    return streamed.got, streamed.kinds, outcome[0]
 
 
 @pytest.mark.asyncio(loop_scope="session")

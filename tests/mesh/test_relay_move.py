@@ -9,19 +9,22 @@ both."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import socket
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import aiohttp
 
-from hearthnet.client import Client
 from hearthnet.config import Config
 from hearthnet.mesh.addresses import normalize_url
 from hearthnet.mesh.relayed_link import path_fields
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
 from tests.helpers import wait_until
+from tests.mesh.streams import stream_chunks
 from tests.mesh.test_relaying import UNDIALLABLE, one_community, path_to
 
 CHUNKS = 150
@@ -62,14 +65,20 @@ def _leave_and_cut(a: Node, b: Node, relay: Node) -> None:
     sock.shutdown(socket.SHUT_RDWR)
 
 
-async def test_a_fall_back_to_a_relay_without_the_peer_moves_to_the_other_listed_relay(
-    make_config: MakeConfig,
-) -> None:
-    """echo.stream from b to a; a dials b at chunk 20; the moment both ends are direct
-    (b's chunks still in its relayed sequence), b leaves the relay a used and the direct
-    link dies: a falls back through that relay, is answered ``unreachable``, moves b to
-    the other relay, and the stream ends with every chunk once, in order; /status shows
-    the move."""
+@dataclass
+class TwoRelays:
+    """Relays r1 and r2 (not federated) and members a and b attached to both, relayed to
+    each other through ``used``; ``other`` is the second relay."""
+
+    a: Node
+    b: Node
+    used: Node
+    other: Node
+
+
+@contextlib.asynccontextmanager
+async def _two_relays(make_config: MakeConfig) -> AsyncIterator[TwoRelays]:
+    """The nodes started, a and b attached to both relays and relayed to each other."""
     configs = [make_config(mesh={"relay": True}) for _ in range(2)]
     configs += [make_config(), make_config()]
     one_community(configs)
@@ -86,41 +95,52 @@ async def test_a_fall_back_to_a_relay_without_the_peer_moves_to_the_other_listed
                 "a and b attached to both relays, relayed to each other",
             )
             used = r1 if _via(a, b) == r1.keys.node_id else r2
-            other = r2 if used is r1 else r1
-            moved: list[bool] = []
+            yield TwoRelays(a, b, used, r2 if used is r1 else r1)
 
-            core_b = b.mesh.relaying.paths
-            assert core_b is not None
 
-            async def leave_when_direct(got: list[int]) -> None:
-                # the moment both ends are direct, b's chunks on the link are still in
-                # its relayed sequence (frames sent plainly once it settled would die
-                # with the link: docs/mesh.md): the check and the cut in one step
-                deadline = time.monotonic() + CUT_WITHIN_S
-                while (path_to(a, b), path_to(b, a)) != ("direct", "direct"):
-                    assert time.monotonic() < deadline, "no direct link within the limit"
-                    await asyncio.sleep(0)
-                moved.append(not core_b.settled(a.keys.node_id))
-                _leave_and_cut(a, b, used)
+async def test_a_fall_back_to_a_relay_without_the_peer_moves_to_the_other_listed_relay(
+    make_config: MakeConfig,
+) -> None:
+    """echo.stream from b to a; a dials b at chunk 20; the moment both ends are direct
+    (b's chunks still in its relayed sequence), b leaves the relay a used and the direct
+    link dies: a falls back through that relay, is answered ``unreachable``, moves b to
+    the other relay, and the stream ends with every chunk once, in order; /status shows
+    the move."""
+    async with _two_relays(make_config) as nodes:
+        a, b, used, other = nodes.a, nodes.b, nodes.used, nodes.other
+        moved: list[bool] = []
+        core_b = b.mesh.relaying.paths
+        assert core_b is not None
 
-            got, kinds = await _stream(a, b, leave_when_direct)
-            await wait_until(lambda: bool(moved), 10, "the relay left and the link cut")
-            via = _via(a, b)
-            switch = a.mesh.relaying.switch
-            assert switch is not None
-            counts = (switch.fallbacks, switch.moved)
-            async with aiohttp.ClientSession() as http, http.get(a.url + "/status") as resp:
-                shown = (await resp.json())["relaying"]["paths"]["switch"]["moved"]
+        async def leave_when_direct() -> None:
+            # the moment both ends are direct, b's chunks on the link are still in its
+            # relayed sequence (frames sent plainly once it settled would die with the
+            # link: docs/mesh.md): the check and the cut in one step
+            deadline = time.monotonic() + CUT_WITHIN_S
+            while (path_to(a, b), path_to(b, a)) != ("direct", "direct"):
+                assert time.monotonic() < deadline, "no direct link within the limit"
+                await asyncio.sleep(0)
+            moved.append(not core_b.settled(a.keys.node_id))
+            _leave_and_cut(a, b, used)
+
+        streamed = await stream_chunks(a, b, chunks=CHUNKS, at=SWITCH_AT, step=leave_when_direct)
+        await wait_until(lambda: bool(moved), 10, "the relay left and the link cut")
+        via = _via(a, b)
+        switch = a.mesh.relaying.switch
+        assert switch is not None
+        counts = (switch.fallbacks, switch.moved)
+        async with aiohttp.ClientSession() as http, http.get(a.url + "/status") as resp:
+            shown = (await resp.json())["relaying"]["paths"]["switch"]["moved"]
     whole = list(range(1, CHUNKS + 1))
     # the chunks' count and last frame first: a failure shows them, not a 150-item list
     assert ([True], CHUNKS, "done", other.keys.node_id, (1, 1), 1, whole) == (
         moved,
-        len(got),
-        kinds[-1],
+        len(streamed.got),
+        streamed.kinds[-1],
         via,
         counts,
         shown,
-        got,
+        streamed.got,
     )
 
 
@@ -130,64 +150,19 @@ async def test_a_relayed_peer_that_left_the_relay_in_use_is_reached_through_the_
     """echo.stream from b to a, relayed all along; at chunk 20 b leaves the relay a sends
     through: that relay answers ``unreachable``, a moves b to the other relay, and the
     stream ends with every chunk once, in order."""
-    configs = [make_config(mesh={"relay": True}) for _ in range(2)]
-    configs += [make_config(), make_config()]
-    one_community(configs)
-    async with Node(configs[0]) as r1, Node(configs[1]) as r2:
-        relays = (r1.url, r2.url)
-        async with Node(_member(configs[2], relays)) as a, Node(_member(configs[3], relays)) as b:
-            cores = [n.mesh.relaying.paths for n in (a, b)]
-            await wait_until(
-                lambda: (
-                    (path_to(a, b), path_to(b, a)) == ("relayed", "relayed")
-                    and all(c is not None and len(c.relays.attached_relays) == 2 for c in cores)
-                ),
-                30,
-                "a and b attached to both relays, relayed to each other",
-            )
-            used = r1 if _via(a, b) == r1.keys.node_id else r2
-            other = r2 if used is r1 else r1
+    async with _two_relays(make_config) as nodes:
+        a, b, used, other = nodes.a, nodes.b, nodes.used, nodes.other
 
-            async def leave(got: list[int]) -> None:
-                _leave(b, used)
+        async def leave() -> None:
+            _leave(b, used)
 
-            got, kinds = await _stream(a, b, leave, dial=False)
-            switch = a.mesh.relaying.switch
-            assert switch is not None
-            state = (_via(a, b), path_to(a, b), switch.moved)
+        streamed = await stream_chunks(a, b, chunks=CHUNKS, at=SWITCH_AT, step=leave, dial=False)
+        switch = a.mesh.relaying.switch
+        assert switch is not None
+        state = (_via(a, b), path_to(a, b), switch.moved)
     assert (CHUNKS, "done", (other.keys.node_id, "relayed", 1), list(range(1, CHUNKS + 1))) == (
-        len(got),
-        kinds[-1],
+        len(streamed.got),
+        streamed.kinds[-1],
         state,
-        got,
+        streamed.got,
     )
-
-
-async def _stream(
-    a: Node, b: Node, at_switch: object, *, dial: bool = True
-) -> tuple[list[int], list[str]]:
-    """echo.stream from b to a (10 ms a chunk); at chunk SWITCH_AT a dials b (with
-    ``dial``) and ``at_switch`` (a coroutine function taking the chunks so far) is
-    spawned."""
-    got: list[int] = []
-    kinds: list[str] = []
-    async with (
-        Client(a.url, keys=a.keys) as client,
-        client.stream(
-            "echo.stream@1.0",
-            {"count": CHUNKS, "size": 64, "interval_ms": 10},
-            target=b.keys.node_id,
-            prefer_ws=False,
-            deadline_ms=60_000,
-        ) as stream,
-    ):
-        async for frame in stream:
-            kinds.append(frame.event)
-            if frame.event == "token":
-                got.append(frame.data["i"])
-            if len(got) == SWITCH_AT and frame.event == "token":
-                if dial:
-                    a.mesh.spawn(a.mesh.dial(b.url), "dial-b")
-                if callable(at_switch):
-                    a.mesh.spawn(at_switch(got), "at-switch")
-    return got, kinds
