@@ -61,7 +61,7 @@ from hearthnet.mesh.addresses import normalize_url
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.path_frames import Drain, PAck, PathFrame, PFrame
 from hearthnet.mesh.path_hold import HeldSequences
-from hearthnet.mesh.paths import PathCore, PathState, Transmit
+from hearthnet.mesh.paths import PathCore, PathState, Transmit, describe
 from hearthnet.mesh.pathseq import is_gossip, is_heartbeat
 from hearthnet.mesh.relayed_link import PEER_RENEWED, is_relayed
 from hearthnet.metrics import MetricsRegistry
@@ -133,6 +133,8 @@ class PathSwitch:
         relayed = self.paths.path(link.node)[0] in (PathState.RELAYED, PathState.UPGRADING)
         switching = switching or link.node in self.held or relayed
         if is_relayed(link) or not switching or self.paths.settled(link.node):
+            if switching and not is_relayed(link):
+                _trace(self.paths, "direct link to %s established: settled, plain", link.node)
             return
         if not link.v2:
             return  # a hearthnet-peer.v1 peer drops pframes; it gets plain frames at once
@@ -140,12 +142,14 @@ class PathSwitch:
         if link.node in self._marks:  # what the old link still carries is sent until now
             self._marks[link.node] = self.paths.numbers(link.node)[0]
         link.sequencer = lambda data, peer=link.node: self._sequence(peer, data)
+        _trace(self.paths, "direct link to %s established: it continues the sequence", link.node)
 
     def replaced(self, peer: str, now: float) -> None:
         """The relayed link to ``peer`` closed for a direct one: drain the relayed path."""
         self.retiring.setdefault(peer, now + RETIRE_S)
         if self.paths.path(peer)[0] is not PathState.DIRECT:
             self.carry(self.paths.direct_up(peer, now))
+            _trace(self.paths, "relayed path to %s replaced by the direct link, drained", peer)
 
     def direct_serves(self, peer: str, now: float) -> None:
         """The glue's check after a direct link is admitted and after frames from ``peer``
@@ -170,8 +174,15 @@ class PathSwitch:
         ``Transmit`` with no relay). The ``upgrade`` marker is not sent: the hellos
         already name the punched link's ends, and a node without it would refuse it."""
         link = self._link(action.peer)
-        if link is not None and isinstance(action.frame, _SEQUENCE):
-            link.enqueue(action.frame.encode())
+        if isinstance(action.frame, _SEQUENCE) and (
+            link is None or not link.enqueue(action.frame.encode())
+        ):  # a pframe is resent later; a pack or drain is sent again when due
+            log.debug(
+                "%s to %s: no direct link took it",
+                action.frame.KIND,
+                action.peer,
+                extra={"peer": action.peer},
+            )
 
     def _link(self, peer: str) -> PeerLink | None:
         """The direct link to ``peer``: the one admitted, else (while the mesh is still
@@ -193,6 +204,7 @@ class PathSwitch:
         # ``link`` was the peer's link (the mesh reports no other): whichever direct link
         # ``_direct`` holds, one dialled at the same time that lost to it, or this one
         state, fallback = self.paths.path(peer)
+        _trace(self.paths, "direct link to %s down in a switch or kept sequence", peer)
         if gone or state is not PathState.DIRECT:
             self.forget(peer)
             return False
@@ -229,6 +241,7 @@ class PathSwitch:
             # its relayed frames never reached us (or we forgot them): the sequence is
             # taken up here all the same, so what it resends arrives
             self.unexpected += 1
+            _trace(self.paths, "a path frame off the direct link from %s, no sequence", peer)
         self.retiring.setdefault(peer, now + RETIRE_S)
         actions: list[Any] = []
         if self.paths.path(peer)[0] is not PathState.DIRECT:
@@ -256,9 +269,13 @@ class PathSwitch:
     def _end(self, peer: str) -> None:
         # both: of two links dialled at once, the one established last may have lost
         self._marks.pop(peer, None)
+        ended = False
         for link in (self._direct.pop(peer, None), self.links.get(peer)):
             if link is not None:
+                ended = ended or link.sequencer is not None
                 link.sequencer = None
+        if ended:
+            _trace(self.paths, "direct link to %s goes plain", peer)
 
     def _sequence(self, peer: str, data: bytes) -> bool:
         """The direct link's ``sequencer``: frames continue the relayed sequence (True), or
@@ -396,6 +413,7 @@ class PathSwitch:
                 # the peer has not acknowledged yet goes on until what was numbered until
                 # now is (settle)
                 self.kept.add(peer)
+                _trace(self.paths, "switch to %s retired, its sequence kept", peer)
                 if self.paths.settled(peer):
                     self._end(peer)
                 elif peer in self._direct:  # plain once what was sent until now is acked
@@ -410,6 +428,14 @@ class PathSwitch:
         self.held.forgotten(peer)
         self.came_via.pop(peer, None)
         self._end(peer)
+
+
+def _trace(paths: PathCore, what: str, peer: str) -> None:
+    """A switch event at debug level, with where the peer's sequence stands (what a lost
+    frame is traced by: the path, numbers sent and acknowledged, frames waiting, and the
+    peer's sequence followed). One line per event of a switch, none per frame."""
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug(what + ": %s", peer, describe(paths, peer), extra={"peer": peer})
 
 
 def _urls(urls: tuple[str, ...]) -> list[str]:

@@ -274,6 +274,11 @@ class Inbound:
         return PAck(self.delivered, drained=True, e=frame.e)
 
     @property
+    def ahead(self) -> int:
+        """Frames held out of order, waiting for a gap to fill."""
+        return len(self._ahead)
+
+    @property
     def owed(self) -> bool:
         """True when frames were delivered since the last ack."""
         return self._unacked > 0
