@@ -14,6 +14,7 @@ from hearthnet.client import Client
 from hearthnet.mesh.path_frames import PathFrame, PFrame
 from hearthnet.mesh.path_switch import RETIRE_S
 from hearthnet.mesh.paths import Action, Deliver, PathCore, Transmit
+from hearthnet.node import Node
 from tests.helpers import wait_until
 from tests.mesh.conftest import RelayedTrio
 from tests.mesh.test_relaying import path_to
@@ -22,9 +23,12 @@ CHUNKS = 120
 SWITCH_AT = 30  # chunks received before the direct link is dialled
 
 
-async def _stream(trio: RelayedTrio, at_switch: object) -> tuple[list[int], list[str], set[str]]:
-    """echo.stream from b to a; at chunk SWITCH_AT a dials b and ``at_switch`` (a
-    coroutine function) is spawned. Returns the chunks, the frame kinds, the paths seen."""
+async def _stream(
+    trio: RelayedTrio, at_switch: object, chunks: int = CHUNKS
+) -> tuple[list[int], list[str], set[str]]:
+    """echo.stream of ``chunks`` from b to a; at chunk SWITCH_AT a dials b and
+    ``at_switch`` (a coroutine function) is spawned. Returns the chunks, the frame kinds,
+    the paths seen."""
     a, b = trio.a, trio.b
     got: list[int] = []
     kinds: list[str] = []
@@ -33,7 +37,7 @@ async def _stream(trio: RelayedTrio, at_switch: object) -> tuple[list[int], list
         Client(a.url, keys=a.keys) as client,
         client.stream(
             "echo.stream@1.0",
-            {"count": CHUNKS, "size": 64, "interval_ms": 10},
+            {"count": chunks, "size": 64, "interval_ms": 10},
             target=b.keys.node_id,
             prefer_ws=False,
             deadline_ms=30_000,
@@ -51,6 +55,15 @@ async def _stream(trio: RelayedTrio, at_switch: object) -> tuple[list[int], list
     return got, kinds, paths
 
 
+def _plain(node: Node, peer: Node) -> bool:
+    """Whether ``node``'s link to ``peer`` carries plain frames: all, or all but call
+    frames (its switch settled, the sequence kept for a fall-back)."""
+    switch = node.mesh.relaying.switch
+    assert switch is not None
+    link = node.mesh.links[peer.keys.node_id]
+    return link.sequencer is None or peer.keys.node_id in switch.calls_only
+
+
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_stream_across_the_switch_to_direct_loses_and_repeats_nothing(
     relayed_trio: RelayedTrio,
@@ -59,12 +72,8 @@ async def test_a_stream_across_the_switch_to_direct_loses_and_repeats_nothing(
     a, b = relayed_trio.a, relayed_trio.b
     got, kinds, paths = await _stream(relayed_trio, None)
     # both ends settle well before the relayed sequence is retired (10 s): the direct
-    # link carries plain frames again
-    await wait_until(
-        lambda: all(n.mesh.links[m.keys.node_id].sequencer is None for n, m in ((a, b), (b, a))),
-        5,
-        "the direct links plain again",
-    )
+    # link carries plain frames again (but call frames, kept in the sequence)
+    await wait_until(lambda: _plain(a, b) and _plain(b, a), 5, "the direct links plain again")
     assert (list(range(1, CHUNKS + 1)), "done", {"relayed", "direct"}) == (
         got,
         kinds[-1],
@@ -106,7 +115,7 @@ async def _cut_try(
         return ready and switch_b.sequenced > sequenced and not core_b.settled(a.keys.node_id)
 
     def b_plain() -> bool:
-        return b.mesh.links[a.keys.node_id].sequencer is None
+        return _plain(b, a)
 
     async def cut_when_b_sequences() -> None:
         await wait_until(
@@ -192,6 +201,74 @@ async def _cut_tries(
         await trio.relayed()
     after = (switches[0].fallbacks, switches[1].fallbacks, core_b.stats.resent)
     return got, kinds, outcome, (after[0] - before[0], after[1] - before[1], after[2] > before[2])
+
+
+SETTLED_CHUNKS = 600  # 6 s of stream: the switch settles and is retired well within it
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_stream_on_a_settled_direct_link_that_dies_goes_on_through_the_relay(
+    relayed_trio: RelayedTrio,
+) -> None:
+    """The switch settled and retired at both ends, the stream's frames going on the
+    direct link in the sequence kept for a fall-back (call frames only): the link is cut
+    while some of b's are unacknowledged; both ends fall back, b resends them through the
+    relay, and the stream ends with every chunk once, in order. (Before, they went
+    plainly once the switch settled, and a chunk on the dying link was lost: the stream
+    ended with an error frame at the gap.)"""
+    a, b = relayed_trio.a, relayed_trio.b
+    switch_a, switch_b = a.mesh.relaying.switch, b.mesh.relaying.switch
+    core_b = b.mesh.relaying.paths
+    assert switch_a is not None
+    assert switch_b is not None
+    assert core_b is not None
+    before = (switch_a.fallbacks, switch_b.fallbacks, core_b.stats.resent)
+    seen: list[object] = []
+
+    async def cut_in_flight() -> None:
+        await wait_until(
+            lambda: (
+                relayed_trio.paths() == ("direct", "direct")
+                and a.keys.node_id in switch_b.calls_only
+                and b.keys.node_id in switch_a.calls_only
+            ),
+            20,
+            "the switch settled at both ends",
+        )
+        for switch in (switch_a, switch_b):  # as if RETIRE_S were up: the sequences kept
+            switch.tick(time.monotonic() + RETIRE_S)
+        seen.append((a.keys.node_id in switch_b.kept, b.keys.node_id in switch_a.kept))
+        sequenced, link = switch_b.sequenced, b.mesh.links[a.keys.node_id]
+        await wait_until(  # the check and the cut in one step of the event loop: what
+            # b's link has queued then dies with it
+            lambda: (
+                switch_b.sequenced > sequenced
+                and bool(link.queued)
+                and not core_b.settled(a.keys.node_id)
+            ),
+            20,
+            "b's stream frames on the direct link, one still queued",
+        )
+        relayed_trio.cut()
+
+    got, kinds, _ = await _stream(relayed_trio, cut_in_flight, SETTLED_CHUNKS)
+    assert (
+        (True, True),
+        list(range(1, SETTLED_CHUNKS + 1)),
+        "done",
+        (1, 1, True),
+        ("relayed", "relayed"),
+    ) == (
+        seen[0] if seen else None,
+        got,
+        kinds[-1],
+        (
+            switch_a.fallbacks - before[0],
+            switch_b.fallbacks - before[1],
+            core_b.stats.resent > before[2],
+        ),
+        relayed_trio.paths(),
+    )
 
 
 def _carry(actions: list[Action], direct: list[PathFrame], relay: list[PathFrame]) -> list[bytes]:
