@@ -500,6 +500,7 @@ def register_switch_metrics(m: MetricsRegistry, switch: PathSwitch) -> None:
     )
     m.gauge(
         "hearthnet_path_switch_sequenced_frames",
-        "Frames sent on a direct link in a relayed link's sequence, while it turned direct.",
+        "Frames sent on a direct link in a relayed link's sequence: while it turned direct, "
+        "then call frames while the sequence is kept for a fall-back.",
         lambda: float(switch.sequenced),
     )
