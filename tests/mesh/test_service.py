@@ -367,3 +367,17 @@ async def test_an_origins_messages_held_out_of_order_are_advertised_from_the_low
         async with raw_peer(node, seed=b"\x78" * 32) as newcomer:
             ihave = await newcomer.first("ihave")
     assert (2, 1) == (ihave["heads"].get(origin.node), ihave["floors"].get(origin.node))
+
+
+async def test_a_hole_skipped_on_a_peers_floor_is_logged_at_debug(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A peer whose run of an origin starts at 3: the node skips 1..2 for good (taken
+    for a hole retention removed), and says so at debug level, naming the peer."""
+    origin = KeyPair.from_seed(b"\x79" * 32)
+    caplog.set_level("DEBUG", logger="hearthnet.mesh")
+    async with raw_peer(node) as peer:
+        await peer.send("ihave", heads={origin.node_id: 5}, floors={origin.node_id: 3})
+        await peer.first("iwant")
+    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert [f"skipped {origin.node_id}'s origin_seqs 1..2 on {peer.node}'s floor 3"] == skipped
