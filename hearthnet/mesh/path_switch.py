@@ -143,12 +143,14 @@ class PathSwitch:
         self._direct[link.node] = link
         if self.paths.settled(link.node):  # nothing in flight: only call frames sequenced
             self.calls_only.add(link.node)
+            what = "direct link to %s established: call frames continue the sequence"
         else:
             self.calls_only.discard(link.node)
+            what = "direct link to %s established: it continues the sequence"
         if link.node in self._marks:  # what the old link still carries is sent until now
             self._marks[link.node] = self.paths.numbers(link.node)[0]
         link.sequencer = lambda data, peer=link.node: self._sequence(peer, data)
-        _trace(self.paths, "direct link to %s established: it continues the sequence", link.node)
+        _trace(self.paths, what, link.node)
 
     def replaced(self, peer: str, now: float) -> None:
         """The relayed link to ``peer`` closed for a direct one: drain the relayed path."""
