@@ -99,14 +99,15 @@ def _family(pid: int) -> list[tuple[int, int]]:
     return out
 
 
-def place(pid: int, cpus: set[int] | None, fifo: bool) -> None:
+def place(pid: int, cpus: set[int] | None, fifo: bool, child_cpus: set[int] | None = None) -> None:
     """Pin every thread of process ``pid`` (0: this one) and of its child processes to
-    ``cpus`` and/or run it ``SCHED_FIFO`` at priority 1 (threads started later inherit
-    both)."""
-    for _, tid in [(0, 0)] if pid == 0 else _family(pid):
+    ``cpus`` (the child processes to ``child_cpus`` if given) and/or run it
+    ``SCHED_FIFO`` at priority 1 (threads started later inherit both)."""
+    for proc, tid in [(0, 0)] if pid == 0 else _family(pid):
         with contextlib.suppress(ProcessLookupError):
-            if cpus is not None:
-                os.sched_setaffinity(tid, cpus)
+            pin = child_cpus if child_cpus is not None and proc != pid else cpus
+            if pin is not None:
+                os.sched_setaffinity(tid, pin)
             if fifo:
                 os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
 

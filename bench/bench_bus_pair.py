@@ -11,10 +11,14 @@ generator is ``bench_bus``'s (pre-signed requests, one raw keep-alive connection
 worker); the node's CPU is ``utime + stime`` from ``/proc`` (all its threads).
 
 ``--node-cpus``, ``--loadgen-cpus`` and ``--fifo`` place both nodes and the load
-generator as ``bench_bus`` does (``--fifo``: as on a quiet machine).
+generator as ``bench_bus`` does (``--fifo``: as on a quiet machine). ``--checker-cpus``
+pins the nodes' child processes (the signature checker) apart from their event loops:
+``--fifo --node-cpus 0 --loadgen-cpus 0 --checker-cpus 1`` keeps the load generator
+from running while the loop works, as the kernel's wake-up placement often does on a
+quiet machine with normal scheduling.
 
 Run: python -m bench.bench_bus_pair BASE_TREE NEW_TREE [--rounds 8] [--calls 3000]
-     [--connections 32] [--node-cpus 0] [--loadgen-cpus 1] [--fifo]
+     [--connections 32] [--node-cpus 0] [--loadgen-cpus 1] [--checker-cpus 1] [--fifo]
 """
 
 from __future__ import annotations
@@ -66,10 +70,15 @@ async def run(
     rounds: int,
     calls: int,
     conns: int,
-    placement: tuple[set[int] | None, set[int] | None, bool] = (None, None, False),
+    placement: tuple[set[int] | None, set[int] | None, bool, set[int] | None] = (
+        None,
+        None,
+        False,
+        None,
+    ),
 ) -> dict[str, Any]:
     """Alternate batches between the two nodes; per-batch figures and medians."""
-    node_cpus, loadgen_cpus, fifo = placement
+    node_cpus, loadgen_cpus, fifo, checker_cpus = placement
     nodes = {name: start(tree) for name, tree in trees.items()}
     place(0, loadgen_cpus, fifo)
     per: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
@@ -81,7 +90,7 @@ async def run(
         for r in range(rounds):
             for name in order if r % 2 == 0 else order[::-1]:
                 proc, url, _, community = nodes[name]
-                place(proc.pid, node_cpus, fifo)
+                place(proc.pid, node_cpus, fifo, checker_cpus)
                 threads0 = thread_stats(proc.pid)
                 cpu0 = proc_cpu_s(proc.pid)
                 out = await http_phase(url, keys[name], community, calls, conns)
@@ -153,11 +162,19 @@ def main() -> None:
     parser.add_argument("--node-cpus", default="", help="pin both nodes' threads, e.g. 0")
     parser.add_argument("--loadgen-cpus", default="", help="pin the load generator, e.g. 1")
     parser.add_argument(
+        "--checker-cpus", default="", help="pin the nodes' child processes apart, e.g. 1"
+    )
+    parser.add_argument(
         "--fifo", action="store_true", help="nodes and load generator SCHED_FIFO (root)"
     )
     args = parser.parse_args()
     trees = {"base": os.path.abspath(args.base), "new": os.path.abspath(args.new)}
-    placement = (cpus_arg(args.node_cpus), cpus_arg(args.loadgen_cpus), args.fifo)
+    placement = (
+        cpus_arg(args.node_cpus),
+        cpus_arg(args.loadgen_cpus),
+        args.fifo,
+        cpus_arg(args.checker_cpus),
+    )
     result = uvloop.run(run(trees, args.rounds, args.calls, args.connections, placement))
     save(args.name, result)
     for name, m in result["medians"].items():

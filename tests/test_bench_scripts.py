@@ -31,6 +31,7 @@ from bench import (
     bench_shared_writes,
     bench_writer_trip,
     bench_ws_publish,
+    lone_trace,
     pubsub_report,
     pubsub_targets,
     servers,
@@ -449,3 +450,54 @@ def test_spy_shares_count_idle_top_and_each_groups_own_samples(tmp_path: Path) -
         "top": {"Runner.run (asyncio/runners.py:118)": 0.6},
         "groups": {"path": 0.3},
     } == got
+
+
+def test_lone_trace_splits_round_trips_at_the_answer_and_the_next_read() -> None:
+    """bench/lone_trace.py: a round trip runs from a read to the next read after its
+    writes; the first write is the answer, the second the delivery; a frame split over
+    two reads stays one round trip."""
+    events = [
+        ("rx0", 0), ("rx0", 10), ("wt1", 100), ("wt1", 130), ("fl1", 150),
+        ("rx0", 200), ("wt1", 260), ("wt1", 300), ("fl1", 310),
+        ("rx0", 400),
+    ]  # fmt: skip
+    got = [
+        (c["rx"], c["ack"], c.get("dl"), c.get("fl"), c["next"]) for c in lone_trace.cycles(events)
+    ]
+    assert [(0, 100, 130, 150, 200), (200, 260, 300, 310, 400)] == got
+
+
+def test_lone_trace_times_a_real_logs_lone_publishes(tmp_path: Path) -> None:
+    """Installed in a process (as its sitecustomize does in a node), the trace times
+    each lone publish's commit job and writes what it gathered at exit."""
+    script = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from bench.lone_trace import install\n"
+        "install(Path(sys.argv[1]))\n"
+        "from hearthnet.identity import KeyPair\n"
+        "from hearthnet.pubsub.log import MessageLog\n"
+        "async def main():\n"
+        "    log = MessageLog(Path(sys.argv[2]), KeyPair.generate(), synchronous='normal')\n"
+        "    await log.open()\n"
+        "    for i in range(5):\n"
+        "        done = asyncio.get_running_loop().create_future()\n"
+        "        log.publish_many([('t.a', 'm', i, None, None)], answer=done.set_result)\n"
+        "        await done\n"
+        "    await log.close()\n"
+        "asyncio.run(main())\n"
+    )
+    out = tmp_path / "trace"
+    subprocess.run(
+        [sys.executable, "-c", script, str(out), str(tmp_path / "log.db")],
+        check=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    got = lone_trace.report(json.loads(out.read_text()))
+    jobs = got["functions"]["write_batch"]
+    assert (5, 1.0, True) == (
+        got["commits"],
+        jobs["calls_per_commit"],
+        jobs["cpu_us_per_commit"] > 0,
+    )

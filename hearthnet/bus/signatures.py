@@ -1,6 +1,6 @@
 """Signature checks in a child process (spec §1.4, §11): the ed25519 checks asked for in
-one event-loop turn go to one checker process together, and their outcomes come back to
-the loop together.
+one event-loop turn go to one checker process in batches of a few, and each batch's
+outcomes come back to the loop together as soon as it is checked.
 
 A signed call's ed25519 check (libsodium, ~50 µs on a quiet core) is a third or more of
 the CPU the node spends on a call. Done in another process it runs on the other core
@@ -41,9 +41,13 @@ from hearthnet.errors import BadRequest, InvalidSignature
 from hearthnet.identity import verify_object
 from hearthnet.ids import public_key_from_node_id, signature_from_str
 
-# Checks written to the checker in one batch at most: a turn with more is split, so the
-# first answers come back while the rest are checked.
-MAX_BATCH = 64
+# Checks written to the checker in one batch at most: a turn with more is split, and the
+# checker answers batch by batch, so the loop answers the first calls (and their clients
+# send their next ones) while the rest are checked. With one batch per turn the loop and
+# the checker took turns instead of working at once (docs/benchmarks.md, "Checks in
+# batches of 4: the event loop and the checker at work together"). Batches of 2 cost
+# more CPU per call; of 8, 8 connections' calls went as one batch again.
+MAX_BATCH = 4
 MAX_IN_FLIGHT = 1024  # checks at the checker at once; past this, checked on the loop
 MAX_STARTS = 3  # checker processes started at most over the node's life
 _STOP_S = 2.0  # how long close() waits for the checker to exit before killing it
@@ -109,6 +113,12 @@ class SignatureWorker:
     def checker_pid(self) -> int | None:
         """The checker process's id; None while none runs."""
         return None if self._proc is None else self._proc.pid
+
+    @property
+    def batches_at_checker(self) -> list[int]:
+        """How many checks each batch written to the checker and not yet answered holds,
+        oldest first."""
+        return [len(batch) for batch in self._sent]
 
     @property
     def busy(self) -> bool:

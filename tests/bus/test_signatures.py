@@ -124,6 +124,23 @@ async def outcomes(
     return [type(d).__name__ for d in done]
 
 
+async def test_a_turns_checks_go_in_batches_answered_one_by_one() -> None:
+    """32 checks asked for in one turn (32 connections' calls) go to the checker as 8
+    batches of 4, each written as soon as it is whole, not as one at the end of the
+    turn: the checker starts at once and answers each batch when it is checked, so the
+    loop can answer the first calls while it checks the rest. Every outcome is as
+    expected."""
+    worker = SignatureWorker()
+    checks = signed(3)  # the checker started, and warm
+    assert await outcomes(worker, checks) == expected(checks)
+    checks = signed(32)
+    futures = [worker.check(*c) for c in checks]
+    sizes = worker.batches_at_checker  # written while the turn asks for more
+    done = await asyncio.gather(*futures, return_exceptions=True)
+    worker.close()
+    assert (sizes, [type(d).__name__ for d in done]) == ([4] * 8, expected(checks))
+
+
 async def test_a_dead_checker_is_replaced_and_what_it_held_is_checked_on_the_loop() -> None:
     """Checks sent to a checker that died get their outcomes all the same, and the next
     batch starts a new checker; past the bound and after the last start, checks are made
