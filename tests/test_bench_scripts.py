@@ -29,6 +29,7 @@ from bench import (
     bench_relay,
     bench_relay_forward,
     bench_shared_writes,
+    bench_switch_calls,
     bench_writer_trip,
     bench_ws_publish,
     lone_trace,
@@ -501,3 +502,9 @@ def test_lone_trace_times_a_real_logs_lone_publishes(tmp_path: Path) -> None:
         jobs["calls_per_commit"],
         jobs["cpu_us_per_commit"] > 0,
     )
+
+
+def test_switch_calls_hands_on_every_reply_frame_in_both_modes() -> None:
+    """bench_switch_calls: each reply frame reaches the other end, plainly and in the
+    kept sequence (the round asserts it; a timing is not)."""
+    assert all(bench_switch_calls._round(40, sequenced=s) > 0 for s in (False, True))

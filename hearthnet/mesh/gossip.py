@@ -51,7 +51,12 @@ class OriginTracker:
         """Record that ``(origin, seq)`` is held. A new origin starts at head 0, so a new or
         long-offline node backfills all the history its peers still hold."""
         head = self.heads.get(origin, 0)
-        self.floors.setdefault(origin, seq)
+        # the lowest held, not the first: a node linked just after an origin's first
+        # publish gets its second message live and the first by anti-entropy, and a peer
+        # told "nothing below 2" would skip 1 for good (receive_ihave's skip_to)
+        floor = self.floors.get(origin)
+        if floor is None or seq < floor:
+            self.floors[origin] = seq
         if seq <= head:
             return
         if seq > head + 1:

@@ -134,9 +134,25 @@ class GossipTraffic:
     def ihave(self, link: PeerPath, frame: IHave) -> None:
         """A peer's heads: ask for what we lack."""
         older = None if link.peer.takes_binary else link.node
+        heads = self.gossip.tracker.heads
+        # debug: a hole skipped on a peer's floor is never asked for again (gossip.py)
+        before = dict(heads) if log.isEnabledFor(logging.DEBUG) else None
         iwant = self.gossip.receive_ihave(frame, time.monotonic(), older)
         if iwant is not None:
             link.send_raw(iwant.encode())
+        if before is not None:
+            for origin, floor in frame.floors.items():
+                was = before.get(origin, 0)
+                if heads.get(origin, 0) > was and floor > was + 1:
+                    log.debug(
+                        "skipped %s's origin_seqs %d..%d on %s's floor %d",
+                        origin,
+                        was + 1,
+                        floor - 1,
+                        link.node,
+                        floor,
+                        extra={"peer": link.node},
+                    )
 
     def iwant(self, link: PeerPath, frame: IWant) -> None:
         """A peer asks for ranges: answered from the log (one answer per peer at a time)."""

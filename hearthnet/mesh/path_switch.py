@@ -11,6 +11,8 @@ dialling us), frames may still be on the relayed path. The switch:
    the link's ``sequencer``), so the peer hands frames on in the order they were sent,
    whichever path brought them; heartbeats go plainly.
 3. Then the direct link carries plain frames: everything before them has been delivered.
+   Call frames excepted (``calls_only``): while the sequence is kept for a fall-back they
+   go on in it, so a fall-back resends those the dying link lost and the calls go on.
 
 Nothing of the mesh above sees the switch: the relayed link, once replaced, hands what is
 still sent on it (a call's replies, say) to the direct link, and calls streaming across
@@ -61,8 +63,8 @@ from hearthnet.mesh.addresses import normalize_url
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.path_frames import Drain, PAck, PathFrame, PFrame
 from hearthnet.mesh.path_hold import HeldSequences
-from hearthnet.mesh.paths import PathCore, PathState, Transmit
-from hearthnet.mesh.pathseq import is_gossip, is_heartbeat
+from hearthnet.mesh.paths import PathCore, PathState, Transmit, describe
+from hearthnet.mesh.pathseq import is_call, is_gossip, is_heartbeat
 from hearthnet.mesh.relayed_link import PEER_RENEWED, is_relayed
 from hearthnet.metrics import MetricsRegistry
 
@@ -110,6 +112,10 @@ class PathSwitch:
         # peers whose switch retired unsettled -> the last frame numbered then: once the
         # peer acknowledged up to it, the direct link goes plain (the rest stays kept)
         self._marks: dict[str, int] = {}
+        # peers whose direct link's switch settled while their sequence is kept for a
+        # fall-back: call frames (pathseq.is_call) still go in the sequence on the direct
+        # link, so one the dying link loses is resent through the relay; the rest go plain
+        self.calls_only: set[str] = set()
         self.unexpected = 0  # path frames on a direct link from a peer with no sequence
         self.sequenced = 0  # frames sent in a relayed sequence on a direct link
         self.fallbacks = 0  # direct links that died within a switch, fallen back to the relay
@@ -133,14 +139,19 @@ class PathSwitch:
         # probe out) continues its sequence too
         relayed = self.paths.path(link.node)[0] in (PathState.RELAYED, PathState.UPGRADING)
         switching = switching or link.node in self.held or relayed
-        if is_relayed(link) or not switching or self.paths.settled(link.node):
-            return
-        if not link.v2:
+        if is_relayed(link) or not switching or not link.v2:
             return  # a hearthnet-peer.v1 peer drops pframes; it gets plain frames at once
         self._direct[link.node] = link
+        if self.paths.settled(link.node):  # nothing in flight: only call frames sequenced
+            self.calls_only.add(link.node)
+            what = "direct link to %s established: call frames continue the sequence"
+        else:
+            self.calls_only.discard(link.node)
+            what = "direct link to %s established: it continues the sequence"
         if link.node in self._marks:  # what the old link still carries is sent until now
             self._marks[link.node] = self.paths.numbers(link.node)[0]
         link.sequencer = lambda data, peer=link.node: self._sequence(peer, data)
+        _trace(self.paths, what, link.node)
 
     def replaced(self, peer: str, now: float) -> None:
         """The relayed link to ``peer`` closed for a direct one: drain the relayed path."""
@@ -148,6 +159,7 @@ class PathSwitch:
         self.retiring.setdefault(peer, now + RETIRE_S)
         if self.paths.path(peer)[0] is not PathState.DIRECT:
             self.carry(self.paths.direct_up(peer, now))
+            _trace(self.paths, "relayed path to %s replaced by the direct link, drained", peer)
 
     def direct_serves(self, peer: str, now: float) -> None:
         """The glue's check after a direct link is admitted and after frames from ``peer``
@@ -172,8 +184,15 @@ class PathSwitch:
         ``Transmit`` with no relay). The ``upgrade`` marker is not sent: the hellos
         already name the punched link's ends, and a node without it would refuse it."""
         link = self._link(action.peer)
-        if link is not None and isinstance(action.frame, _SEQUENCE):
-            link.enqueue(action.frame.encode())
+        if isinstance(action.frame, _SEQUENCE) and (
+            link is None or not link.enqueue(action.frame.encode())
+        ):  # a pframe is resent later; a pack or drain is sent again when due
+            log.debug(
+                "%s to %s: no direct link took it",
+                action.frame.KIND,
+                action.peer,
+                extra={"peer": action.peer},
+            )
 
     def _link(self, peer: str) -> PeerLink | None:
         """The direct link to ``peer``: the one admitted, else (while the mesh is still
@@ -195,11 +214,13 @@ class PathSwitch:
         # ``link`` was the peer's link (the mesh reports no other): whichever direct link
         # ``_direct`` holds, one dialled at the same time that lost to it, or this one
         state, fallback = self.paths.path(peer)
+        _trace(self.paths, "direct link to %s down in a switch or kept sequence", peer)
         if gone or state is not PathState.DIRECT:
             self.forget(peer)
             return False
         self._direct.pop(peer, None)
         self._marks.pop(peer, None)
+        self.calls_only.discard(peer)
         # this switch is over: the next one is retired RETIRE_S after it, not after this
         # one (else an end that saw it first could forget while the other falls back)
         self.retiring.pop(peer, None)
@@ -230,6 +251,7 @@ class PathSwitch:
             # its relayed frames never reached us (or we forgot them): the sequence is
             # taken up here all the same, so what it resends arrives
             self.unexpected += 1
+            _trace(self.paths, "a path frame off the direct link from %s, no sequence", peer)
         self.retiring.setdefault(peer, now + RETIRE_S)
         actions: list[Any] = []
         if self.paths.path(peer)[0] is not PathState.DIRECT:
@@ -240,7 +262,7 @@ class PathSwitch:
 
     def settle(self, peer: str) -> None:
         """Once ``peer`` acknowledged the whole relayed sequence, its direct link carries
-        plain frames."""
+        plain frames (but call frames, while the sequence is kept: :meth:`_end`)."""
         link = self._direct.get(peer)
         if link is not None and self._settled(peer):
             self._end(peer)
@@ -254,26 +276,44 @@ class PathSwitch:
             return True
         return self.paths.settled(peer)
 
-    def _end(self, peer: str) -> None:
-        # both: of two links dialled at once, the one established last may have lost
+    def _end(self, peer: str, *, whole: bool = False) -> None:
+        """The switch's sequence settled: while the peer's sequence is kept for a fall-back
+        (its relayed path retiring or kept), only call frames go on in it; else, or
+        ``whole``, the direct link carries plain frames."""
         self._marks.pop(peer, None)
+        if not whole and peer in self._direct and (peer in self.retiring or peer in self.kept):
+            if peer not in self.calls_only:
+                self.calls_only.add(peer)
+                _trace(self.paths, "direct link to %s: only call frames sequenced", peer)
+            return
+        self.calls_only.discard(peer)
+        # both: of two links dialled at once, the one established last may have lost
+        ended = False
         for link in (self._direct.pop(peer, None), self.links.get(peer)):
             if link is not None:
+                ended = ended or link.sequencer is not None
                 link.sequencer = None
+        if ended:
+            _trace(self.paths, "direct link to %s goes plain", peer)
 
     def _sequence(self, peer: str, data: bytes) -> bool:
         """The direct link's ``sequencer``: frames continue the relayed sequence (True), or
-        go plainly (False: a heartbeat, or the sequence is settled)."""
+        go plainly (False: a heartbeat, or the sequence is settled and ``data`` is not a
+        call frame kept in it)."""
         if is_heartbeat(data):
             return False
-        if peer not in self._direct or self._settled(peer):
+        if peer not in self._direct:
             self._end(peer)
+            return False
+        if peer not in self.calls_only and self._settled(peer):
+            self._end(peer)  # only call frames from now on, or none
+        if peer not in self._direct or (peer in self.calls_only and not is_call(data)):
             return False
         try:
             actions = self.paths.send(peer, data, time.monotonic(), sheddable=is_gossip(data))
         except WireError as exc:  # too much unacknowledged: give up ordering, not frames
             log.info("direct link to %s: %s; frames go plainly", peer, exc, extra={"peer": peer})
-            self._end(peer)
+            self._end(peer, whole=True)
             return False
         self.sequenced += 1
         self.carry(actions)
@@ -402,6 +442,7 @@ class PathSwitch:
                 # the peer has not acknowledged yet goes on until what was numbered until
                 # now is (settle)
                 self.kept.add(peer)
+                _trace(self.paths, "switch to %s retired, its sequence kept", peer)
                 if self.paths.settled(peer):
                     self._end(peer)
                 elif peer in self._direct:  # plain once what was sent until now is acked
@@ -415,7 +456,15 @@ class PathSwitch:
         self.renewing.pop(peer, None)
         self.held.forgotten(peer)
         self.came_via.pop(peer, None)
-        self._end(peer)
+        self._end(peer, whole=True)
+
+
+def _trace(paths: PathCore, what: str, peer: str) -> None:
+    """A switch event at debug level, with where the peer's sequence stands (what a lost
+    frame is traced by: the path, numbers sent and acknowledged, frames waiting, and the
+    peer's sequence followed). One line per event of a switch, none per frame."""
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug(what + ": %s", peer, describe(paths, peer), extra={"peer": peer})
 
 
 def _urls(urls: tuple[str, ...]) -> list[str]:
@@ -459,6 +508,7 @@ def register_switch_metrics(m: MetricsRegistry, switch: PathSwitch) -> None:
     )
     m.gauge(
         "hearthnet_path_switch_sequenced_frames",
-        "Frames sent on a direct link in a relayed link's sequence, while it turned direct.",
+        "Frames sent on a direct link in a relayed link's sequence: while it turned direct, "
+        "then call frames while the sequence is kept for a fall-back.",
         lambda: float(switch.sequenced),
     )

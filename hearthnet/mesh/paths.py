@@ -94,6 +94,7 @@ __all__ = [
     "StartPunch",
     "Transmit",
     "UpgradeStep",
+    "describe",
 ]
 
 
@@ -388,3 +389,19 @@ class PathCore:
             if p.inb.owed:
                 actions.append(Transmit(p.node, p.path, p.inb.ack()))
         return actions + self.paced.release(now)
+
+
+def describe(core: PathCore, peer: str) -> str:
+    """Where ``peer``'s path and sequences stand, for debug logs (path_switch.py): the
+    path, our sequence (last number sent, acknowledged, unacknowledged, waiting to go,
+    the drain awaiting its answer) and the peer's (epoch followed, handed on, held ahead)."""
+    p = core._peers.get(peer)  # the module's own class
+    if p is None:
+        return "no path kept"
+    out, inb = p.out, p.inb
+    where = p.fallback if p.state is PathState.DIRECT else p.via
+    return (
+        f"{p.state.value} via {where}; sent {out.last} acked {out.acked} unacked {out.unacked}"
+        f" waiting {out.waiting} drained {out.drained} (epoch {out.epoch}); followed"
+        f" {inb.epoch} delivered {inb.delivered} ahead {inb.ahead}"
+    )

@@ -44,6 +44,12 @@ RETRANSMIT_S = 2.0
 ACK_EVERY = 32  # frames delivered between two acks (also acked on every drain and tick)
 UNSEQUENCED = 0  # the ``s`` of a frame outside the sequence
 _HEARTBEAT_HEADS = (b"\x61t\x64ping", b"\x61t\x64pong")  # after the map's first byte
+# the remote-call frames (spec §7.4): a call, its reply stream and acks, tool results,
+# cancellation; "t" then the kind as a CBOR text string of under 24 bytes
+_CALL_HEADS = tuple(
+    b"\x61t" + bytes([0x60 + len(kind)]) + kind
+    for kind in (b"call", b"frame", b"ack", b"tool_result", b"cancel")
+)
 _MSG_HEAD = b"\x61t\x63msg"
 _BATCH_HEAD = b"\x61t\x65batch"
 
@@ -51,6 +57,12 @@ _BATCH_HEAD = b"\x61t\x65batch"
 def is_heartbeat(frame: bytes) -> bool:
     """True for an encoded ``ping`` or ``pong`` peer frame (``t`` first, as encoded here)."""
     return frame[1:8] in _HEARTBEAT_HEADS
+
+
+def is_call(frame: bytes) -> bool:
+    """True for an encoded remote-call frame (``call``, ``frame``, ``ack``,
+    ``tool_result``, ``cancel``): what a call needs whole, where a lost one ends it."""
+    return frame[1:].startswith(_CALL_HEADS)
 
 
 def is_gossip(frame: bytes) -> bool:
@@ -272,6 +284,11 @@ class Inbound:
         if frame.e != self.epoch:  # a drain of a sequence we do not follow: a plain ack
             return PAck(self.delivered, e=self.epoch or 0)
         return PAck(self.delivered, drained=True, e=frame.e)
+
+    @property
+    def ahead(self) -> int:
+        """Frames held out of order, waiting for a gap to fill."""
+        return len(self._ahead)
 
     @property
     def owed(self) -> bool:

@@ -35,6 +35,7 @@ from hearthnet.mesh.paths import (
     PathState,
     StartPunch,
     Transmit,
+    describe,
 )
 from hearthnet.mesh.pathseq import is_gossip, is_heartbeat
 from hearthnet.mesh.protocol import PeerInfo, decode_frame, encode_frame
@@ -291,6 +292,7 @@ class RelayedPaths:
             link = self.open(peer, outbound=peer in self._probing)
             self._probing.pop(peer, None)
             if link is None:
+                log.debug("a %s frame from %s through a relay: no link for it", frame["t"], peer)
                 return
             if frame["t"] == "bye":
                 if is_relayed(link):
@@ -303,6 +305,8 @@ class RelayedPaths:
     def forget(self, peer: str) -> None:
         """A relayed link ended: its sequence and session start afresh next time (a new
         epoch, so the peer does not take the new frames for old ones)."""
+        if log.isEnabledFor(logging.DEBUG):  # what the sequence held is gone with it
+            log.debug("forgetting the path to %s: %s", peer, describe(self.paths, peer))
         self.paths.epoch = max(self.paths.epoch + 1, now_ms())
         self.paths.forget(peer)
         self.endpoint.forget(peer)

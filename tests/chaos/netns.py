@@ -71,6 +71,11 @@ SINK_PEER = "sink1"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMMAND_TIMEOUT_S = 30.0
 MAX_OUTPUT_LINES = 10_000  # per process; older lines are dropped
+# diagnosing a failure (docs/chaos-testing.md): a directory where each lab's work directory
+# (every process's stderr: the nodes' logs) is copied at close, and the log level of the
+# nodes the lab starts. Not HEARTHNET_*: tests/conftest.py clears those for the run
+KEEP_ENV = "HNL_KEEP"
+LOG_LEVEL_ENV = "HNL_LOG_LEVEL"
 
 # Filter priorities (tc "pref") on one device: loss first, then one per partitioned peer.
 _LOSS_PREF = 10
@@ -239,6 +244,12 @@ def _in_netns(netns: str) -> Iterator[None]:
 
 
 # --- processes -------------------------------------------------------------------------
+
+
+def _log_level() -> dict[str, str]:
+    """``HEARTHNET_NODE_LOG_LEVEL`` for a process, when :data:`LOG_LEVEL_ENV` asks for one."""
+    level = os.environ.get(LOG_LEVEL_ENV)
+    return {"HEARTHNET_NODE_LOG_LEVEL": level} if level else {}
 
 
 class HostProcess:
@@ -482,7 +493,7 @@ class Machine:
                 stderr=err,
                 text=True,
                 cwd=cwd or REPO_ROOT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **_log_level(), **(env or {})},
                 start_new_session=True,  # own process group: killpg reaches its children
             )
         proc = HostProcess(self, cmd, popen, stderr)
@@ -766,6 +777,9 @@ class NamespaceLab:
             proc.stop(within_s=3.0)
         for netns in reversed(self.namespaces):
             _kill_namespace(netns)
+        keep = os.environ.get(KEEP_ENV)
+        if keep:  # the processes' stderr (the nodes' logs) kept for a failure's diagnosis
+            shutil.copytree(self.workdir, Path(keep) / self.id, dirs_exist_ok=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
         left = [n for n in lab_namespaces(self.id + "-")]
         if left:

@@ -167,3 +167,35 @@ def test_a_message_a_peer_advertised_before_it_came_is_catch_up() -> None:
     gossip.receive_ihave(IHave({ORIGIN.node_id: 2}, {ORIGIN.node_id: 1}), now=0.0)
     got = [gossip.receive_msg(Msg(signed(seq).raw, 1), "peer-a") for seq in (1, 2, 3)]
     assert [True, True, False] == [d.catch_up for d in got if isinstance(d, Deliver)]
+
+
+def test_a_peer_that_held_an_origins_second_message_first_makes_no_one_skip_the_first() -> None:
+    """A relay linked just after the origin's first publish gets message 2 live, then 1 by
+    anti-entropy; a home node that got 2 alone is behind it. The relay's ``ihave`` floor is
+    the lowest it holds (1), so the home node asks for 1 instead of skipping it as if
+    retention had removed it everywhere (the chaos test's lost message: once skipped,
+    nothing asks for it again)."""
+    relay, home = Gossip(lambda _id: False, 100), Gossip(lambda _id: False, 100)
+    relay.committed([StoredMessage(1, signed(2))], linked=False)
+    relay.committed([StoredMessage(2, signed(1))], linked=False)
+    home.committed([StoredMessage(1, signed(2))], linked=False)
+    advertised = relay.ihave()
+    want = home.receive_ihave(advertised, now=0.0)
+    assert (
+        ({ORIGIN.node_id: 2}, {ORIGIN.node_id: 1}),
+        IWant({ORIGIN.node_id: (1, 1)}),
+        0,
+    ) == (
+        (advertised.heads, advertised.floors),
+        want,
+        home.tracker.heads.get(ORIGIN.node_id, 0),
+    )
+
+
+@given(st.permutations(list(range(1, 30))))
+def test_the_floor_is_the_lowest_seq_held_whatever_the_arrival_order(order: list[int]) -> None:
+    """Whatever order 1..29 arrive in, the floor a peer is told is 1."""
+    tracker = OriginTracker()
+    for seq in order:
+        tracker.add("o", seq)
+    assert 1 == tracker.floors["o"]

@@ -11,7 +11,15 @@ from hearthnet.mesh.path_switch import RETIRE_S
 from hearthnet.mesh.paths import PathCore, PathState
 from hearthnet.mesh.protocol import LinkState
 from hearthnet.mesh.relayed_link import RelayedLink
-from tests.mesh.test_path_switch_ends import RELAY, End, _frame, _pair, _pump, _relay_link
+from tests.mesh.test_path_switch_ends import (
+    RELAY,
+    End,
+    _frame,
+    _pair,
+    _pump,
+    _relay_link,
+    plain,
+)
 
 
 def _direct_alone(end: End, now: float) -> PeerLink:
@@ -226,7 +234,7 @@ def test_a_direct_link_up_while_a_relayed_frame_is_unacknowledged_continues_its_
     b.off_direct(link._queue.popleft())  # the direct link is faster than the relay
     _pump(a, 0.7)
     settled = _settle(a)
-    assert ([_frame(1), _frame(2)], True, None) == (b.delivered, settled, link.sequencer)
+    assert ([_frame(1), _frame(2)], True, True) == (b.delivered, settled, plain(a, link))
 
 
 def _settle(end: End) -> bool:

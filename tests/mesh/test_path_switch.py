@@ -13,6 +13,7 @@ import pytest
 from hearthnet.mesh.path_frames import PathFrame, PFrame
 from hearthnet.mesh.path_switch import RETIRE_S
 from hearthnet.mesh.paths import Action, Deliver, PathCore, Transmit
+from hearthnet.node import Node
 from tests.helpers import wait_until
 from tests.mesh.conftest import RelayedTrio
 from tests.mesh.streams import Step, Streamed, stream_chunks
@@ -21,12 +22,21 @@ CHUNKS = 120
 SWITCH_AT = 30  # chunks received before the direct link is dialled
 
 
-async def _stream(trio: RelayedTrio, at_switch: Step | None) -> Streamed:
-    """echo.stream from b to a; at chunk SWITCH_AT a dials b and ``at_switch`` is
-    spawned."""
+async def _stream(trio: RelayedTrio, at_switch: Step | None, chunks: int = CHUNKS) -> Streamed:
+    """echo.stream of ``chunks`` from b to a; at chunk SWITCH_AT a dials b and
+    ``at_switch`` is spawned."""
     return await stream_chunks(
-        trio.a, trio.b, chunks=CHUNKS, at=SWITCH_AT, step=at_switch, deadline_ms=30_000
+        trio.a, trio.b, chunks=chunks, at=SWITCH_AT, step=at_switch, deadline_ms=30_000
     )
+
+
+def _plain(node: Node, peer: Node) -> bool:
+    """Whether ``node``'s link to ``peer`` carries plain frames: all, or all but call
+    frames (its switch settled, the sequence kept for a fall-back)."""
+    switch = node.mesh.relaying.switch
+    assert switch is not None
+    link = node.mesh.links[peer.keys.node_id]
+    return link.sequencer is None or peer.keys.node_id in switch.calls_only
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -37,12 +47,8 @@ async def test_a_stream_across_the_switch_to_direct_loses_and_repeats_nothing(
     a, b = relayed_trio.a, relayed_trio.b
     streamed = await _stream(relayed_trio, None)
     # both ends settle well before the relayed sequence is retired (10 s): the direct
-    # link carries plain frames again
-    await wait_until(
-        lambda: all(n.mesh.links[m.keys.node_id].sequencer is None for n, m in ((a, b), (b, a))),
-        5,
-        "the direct links plain again",
-    )
+    # link carries plain frames again (but call frames, kept in the sequence)
+    await wait_until(lambda: _plain(a, b) and _plain(b, a), 5, "the direct links plain again")
     assert (list(range(1, CHUNKS + 1)), "done", {"relayed", "direct"}) == (
         streamed.got,
         streamed.kinds[-1],
@@ -84,7 +90,7 @@ async def _cut_try(
         return ready and switch_b.sequenced > sequenced and not core_b.settled(a.keys.node_id)
 
     def b_plain() -> bool:
-        return b.mesh.links[a.keys.node_id].sequencer is None
+        return _plain(b, a)
 
     async def cut_when_b_sequences() -> None:
         await wait_until(
@@ -159,17 +165,83 @@ async def _cut_tries(
         if outcome == "cut" and core_b.stats.resent > before[2]:
             break
         # nothing cut (the stream went direct plainly): the stream is whole. Or a's
-        # acknowledgements reached b before it fell back (nothing to resend): then b's
-        # sequence had settled and a chunk b sent plainly on the dying link in between is
-        # lost with it (docs/mesh.md: frames sent plainly die with the link): the stream
-        # then ends with an error frame where the gap is, never as if whole. Back to
-        # relayed, another switch.
-        whole = list(range(1, CHUNKS + 1))
-        ended = "done" if outcome == "plain" or kinds[-1] == "done" else "error"
-        assert (whole if ended == "done" else whole[: len(got)], ended) == (got, kinds[-1])
+        # acknowledgements reached b before it fell back (nothing to resend): b's
+        # sequence had settled, and a chunk b sent on the dying link in between went in
+        # the kept sequence (call frames do: docs/mesh.md), resent through the relay:
+        # the stream is whole too. Back to relayed, another switch.
+        assert (list(range(1, CHUNKS + 1)), "done") == (got, kinds[-1])
         await trio.relayed()
     after = (switches[0].fallbacks, switches[1].fallbacks, core_b.stats.resent)
     return got, kinds, outcome, (after[0] - before[0], after[1] - before[1], after[2] > before[2])
+
+
+SETTLED_CHUNKS = 600  # 6 s of stream: the switch settles and is retired well within it
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_stream_on_a_settled_direct_link_that_dies_goes_on_through_the_relay(
+    relayed_trio: RelayedTrio,
+) -> None:
+    """The switch settled and retired at both ends, the stream's frames going on the
+    direct link in the sequence kept for a fall-back (call frames only): the link is cut
+    while some of b's are unacknowledged; both ends fall back, b resends them through the
+    relay, and the stream ends with every chunk once, in order. (Before, they went
+    plainly once the switch settled, and a chunk on the dying link was lost: the stream
+    ended with an error frame at the gap.)"""
+    a, b = relayed_trio.a, relayed_trio.b
+    switch_a, switch_b = a.mesh.relaying.switch, b.mesh.relaying.switch
+    core_b = b.mesh.relaying.paths
+    assert switch_a is not None
+    assert switch_b is not None
+    assert core_b is not None
+    before = (switch_a.fallbacks, switch_b.fallbacks, core_b.stats.resent)
+    seen: list[object] = []
+
+    async def cut_in_flight() -> None:
+        await wait_until(
+            lambda: (
+                relayed_trio.paths() == ("direct", "direct")
+                and a.keys.node_id in switch_b.calls_only
+                and b.keys.node_id in switch_a.calls_only
+            ),
+            20,
+            "the switch settled at both ends",
+        )
+        for switch in (switch_a, switch_b):  # as if RETIRE_S were up: the sequences kept
+            switch.tick(time.monotonic() + RETIRE_S)
+        seen.append((a.keys.node_id in switch_b.kept, b.keys.node_id in switch_a.kept))
+        sequenced, link = switch_b.sequenced, b.mesh.links[a.keys.node_id]
+        await wait_until(  # the check and the cut in one step of the event loop: what
+            # b's link has queued then dies with it
+            lambda: (
+                switch_b.sequenced > sequenced
+                and bool(link.queued)
+                and not core_b.settled(a.keys.node_id)
+            ),
+            20,
+            "b's stream frames on the direct link, one still queued",
+        )
+        relayed_trio.cut()
+
+    streamed = await _stream(relayed_trio, cut_in_flight, SETTLED_CHUNKS)
+    got, kinds = streamed.got, streamed.kinds
+    assert (
+        (True, True),
+        list(range(1, SETTLED_CHUNKS + 1)),
+        "done",
+        (1, 1, True),
+        ("relayed", "relayed"),
+    ) == (
+        seen[0] if seen else None,
+        got,
+        kinds[-1],
+        (
+            switch_a.fallbacks - before[0],
+            switch_b.fallbacks - before[1],
+            core_b.stats.resent > before[2],
+        ),
+        relayed_trio.paths(),
+    )
 
 
 def _carry(actions: list[Action], direct: list[PathFrame], relay: list[PathFrame]) -> list[bytes]:

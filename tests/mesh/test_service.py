@@ -343,3 +343,41 @@ async def test_a_relay_of_another_community_is_refused_with_what_to_type(
             assert "another community" in warned()[0]
             assert "--join hn1:" in warned()[0]
             assert {} == stray.mesh.links
+
+
+async def test_an_origins_messages_held_out_of_order_are_advertised_from_the_lowest(
+    node: Node,
+) -> None:
+    """An origin's message 2 reaches the node before its message 1 (the node linked just
+    after the origin's first publish: 2 came live, 1 by anti-entropy). The ``ihave`` a
+    newly linked peer gets says floor 1, so a peer that missed 1 asks for it. (Before,
+    the floor was the first held, 2: a peer behind took 1 for a hole retention removed
+    and never asked for it.)"""
+    async with raw_peer(node) as origin:
+        first, second = (
+            Message.create(
+                origin.keys, topic="chat.room", msg_type="m", data=seq, origin_seq=seq, ts=now_ms()
+            )
+            for seq in (1, 2)
+        )
+        await origin.send("msg", raw=second.raw, h=1)
+        await wait_until(lambda: node.mesh.log.knows(second.id), what="message 2 stored")
+        await origin.send("msg", raw=first.raw, h=1)
+        await wait_until(lambda: node.mesh.log.knows(first.id), what="message 1 stored")
+        async with raw_peer(node, seed=b"\x78" * 32) as newcomer:
+            ihave = await newcomer.first("ihave")
+    assert (2, 1) == (ihave["heads"].get(origin.node), ihave["floors"].get(origin.node))
+
+
+async def test_a_hole_skipped_on_a_peers_floor_is_logged_at_debug(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A peer whose run of an origin starts at 3: the node skips 1..2 for good (taken
+    for a hole retention removed), and says so at debug level, naming the peer."""
+    origin = KeyPair.from_seed(b"\x79" * 32)
+    caplog.set_level("DEBUG", logger="hearthnet.mesh")
+    async with raw_peer(node) as peer:
+        await peer.send("ihave", heads={origin.node_id: 5}, floors={origin.node_id: 3})
+        await peer.first("iwant")
+    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert [f"skipped {origin.node_id}'s origin_seqs 1..2 on {peer.node}'s floor 3"] == skipped
