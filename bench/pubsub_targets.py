@@ -47,6 +47,7 @@ FANOUT_SERVERS = (
     "hearthnet-node",
     "hearthnet-lean",
     "hearthnet-cbor-lean",
+    "hearthnet-normal",  # the latency scenario's node without an fsync per commit
     "nats",
     "mosquitto",
 )
