@@ -28,6 +28,12 @@ of its input, and chooses:
   :func:`scoped_conf` for the rest of the run and then restored): every later query
   reads the pass's small aggregates, where re-planning each stage as a Spark job of
   its own, and generating and compiling a class per stage, cost more than they save.
+- and, for the same reason, the quick JIT only from then on (:func:`quick_jit`, a
+  compiler directive added to the running JVM and removed when the run ends): the
+  optimising compiler keeps what it compiled for the pass, where it pays for itself,
+  and compiles nothing more; code first hot after the pass gets the quick compiler's
+  code, as in a small input's JVM. The optimising compiler's thread otherwise takes a
+  core for much of the steps after the pass (docs/benchmarks.md).
 
 The answers do not depend on any of these.
 """
@@ -35,11 +41,14 @@ The answers do not depend on any of these.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
@@ -120,6 +129,70 @@ def scoped_conf(spark: SparkSession, conf: Mapping[str, str]) -> Iterator[None]:
                 spark.conf.unset(key)
             else:
                 spark.conf.set(key, old)
+
+
+# a HotSpot compiler directive: no method compiled by C2 (the optimising compiler) from
+# now on; a method C2 may not compile is compiled by C1 alone (as -XX:TieredStopAtLevel=1)
+C2_OFF_DIRECTIVE = [{"match": ["*.*"], "c2": {"Exclude": True}}]
+_DCMD = "com.sun.management:type=DiagnosticCommand"
+
+
+def _diagnostic_command(spark: SparkSession, operation: str, *args: str) -> str:
+    """Run one of the driver JVM's diagnostic commands (what ``jcmd`` runs), in process.
+
+    Through reflection on the MBeanServer interface: the platform server's class is not
+    public, so py4j cannot call its methods directly.
+    """
+    jvm: Any = spark.sparkContext._jvm
+    gateway: Any = spark.sparkContext._gateway
+    lang = jvm.java.lang
+
+    def array(kind: Any, values: list[Any]) -> Any:
+        out = gateway.new_array(kind, len(values))
+        for i, v in enumerate(values):
+            out[i] = v
+        return out
+
+    types = [
+        lang.Class.forName(n)
+        for n in ("javax.management.ObjectName", "java.lang.String", "[Ljava.lang.Object;")
+    ]
+    types.append(lang.Class.forName("[Ljava.lang.String;"))
+    invoke = lang.Class.forName("javax.management.MBeanServer").getMethod(
+        "invoke", array(lang.Class, types)
+    )
+    server = jvm.java.lang.management.ManagementFactory.getPlatformMBeanServer()
+    call = [
+        jvm.javax.management.ObjectName(_DCMD),
+        operation,
+        array(lang.Object, [array(lang.String, list(args))]),
+        array(lang.String, ["[Ljava.lang.String;"]),
+    ]
+    return str(invoke.invoke(server, array(lang.Object, call)))
+
+
+@contextlib.contextmanager
+def quick_jit(spark: SparkSession) -> Iterator[None]:
+    """Run a block with the driver JVM's optimising compiler (C2) compiling nothing new.
+
+    What C2 already compiled stays; methods that get hot in the block are compiled by
+    C1 only. The directive is removed afterwards. A JVM without the diagnostic command
+    (not HotSpot) runs the block unchanged.
+    """
+    with tempfile.TemporaryDirectory(prefix="mesh-health-jit-") as tmp:
+        directive = Path(tmp) / "c2-off.json"
+        directive.write_text(json.dumps(C2_OFF_DIRECTIVE))
+        try:
+            added = "1 compiler directives added" in _diagnostic_command(
+                spark, "compilerDirectivesAdd", str(directive)
+            )
+        except Exception:  # noqa: BLE001 - no such command on this JVM: leave the JIT alone
+            added = False
+    try:
+        yield
+    finally:
+        if added:
+            _diagnostic_command(spark, "compilerDirectivesRemove")
 
 
 @contextlib.contextmanager
