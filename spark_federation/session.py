@@ -35,15 +35,22 @@ of its input, and chooses:
   code, as in a small input's JVM. The optimising compiler's thread otherwise takes a
   core for much of the steps after the pass (docs/benchmarks.md).
 
+And, given a cache directory (the CLI's ``--class-cache``), the JVM maps the classes
+an earlier run loaded from a class-data archive there (:func:`class_archive_options`)
+instead of reading and verifying them from Spark's jars again: that is most of the
+JVM's start.
+
 The answers do not depend on any of these.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -113,6 +120,64 @@ def settings_for(input_bytes: int | None) -> tuple[list[str], dict[str, str]]:
     return [QUICK_JIT, SMALL_INPUT_JVM], dict(
         TINY_INPUT_CONF if input_bytes < TINY_INPUT_BYTES else SMALL_INPUT_CONF
     )
+
+
+def _archive_key() -> str:
+    """What a class-data archive is good for: this Spark (its jars) on this Java."""
+    import pyspark  # noqa: PLC0415 - only its version and place
+
+    java = shutil.which("java", path=os.path.join(os.environ.get("JAVA_HOME", ""), "bin"))
+    java = java or shutil.which("java") or ""
+    real = Path(java).resolve() if java else None
+    parts = [
+        pyspark.__version__,
+        str(Path(pyspark.__file__).resolve().parent),
+        str(real),
+        str(real.stat().st_mtime_ns) if real else "",
+    ]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def class_archive(cache_dir: Path) -> Path:
+    """The class-data archive of this Spark on this Java in ``cache_dir``."""
+    return cache_dir / f"spark-classes-{_archive_key()}.jsa"
+
+
+def class_archive_options(cache_dir: Path) -> list[str]:
+    """JVM options that map Spark's classes from an archive in ``cache_dir``.
+
+    With no archive yet, the JVM writes one when it exits (Java's dynamic class-data
+    sharing), under a name of this process; :func:`stop` waits for that JVM to exit
+    and only then gives the file the archive's name, so no run maps one half written.
+    A JVM that finds an archive it cannot use (another build) starts without it. No
+    options when the directory's path has white space (the JVM options are split on it).
+    """
+    archive = class_archive(cache_dir)
+    if any(ch.isspace() for ch in str(archive)):
+        return []
+    if archive.is_file():
+        return [f"-XX:SharedArchiveFile={archive}"]
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    return [f"-XX:ArchiveClassesAtExit={archive}.{os.getpid()}"]
+
+
+def stop(spark: SparkSession, class_cache: Path | None = None, wait_s: float = 120.0) -> None:
+    """Stop the session; with ``class_cache``, also let the local JVM exit (it exits when
+    its standard input closes), so the archive it writes on exit is complete, and name it.
+    """
+    proc: Any = getattr(spark.sparkContext._gateway, "proc", None)
+    spark.stop()
+    if class_cache is None or proc is None:
+        return
+    written = Path(f"{class_archive(class_cache)}.{os.getpid()}")
+    with contextlib.suppress(OSError, ValueError):
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=wait_s)
+    except Exception:  # still writing: leave it, the next run writes one again
+        return
+    if written.is_file():
+        os.replace(written, class_archive(class_cache))
 
 
 @contextlib.contextmanager
@@ -186,7 +251,7 @@ def quick_jit(spark: SparkSession) -> Iterator[None]:
             added = "1 compiler directives added" in _diagnostic_command(
                 spark, "compilerDirectivesAdd", str(directive)
             )
-        except Exception:  # noqa: BLE001 - no such command on this JVM: leave the JIT alone
+        except Exception:  # no such command on this JVM: leave the JIT alone
             added = False
     try:
         yield
@@ -223,6 +288,7 @@ def build_session(
     ui: bool = False,
     log_file: Path | None = None,
     input_uri: str | None = None,
+    class_cache: Path | None = None,
 ) -> SparkSession:
     """The SparkSession for one run.
 
@@ -234,6 +300,8 @@ def build_session(
         log_file: where the JVM this starts logs (at warning level, :data:`LOG4J2`)
             instead of the terminal.
         input_uri: the job's input, to size local mode by.
+        class_cache: in local mode, where the JVM keeps its class-data archive
+            (:func:`class_archive_options`); None: none.
     """
     builder = SparkSession.builder.appName("hearthnet-mesh-health")
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ and master is None
@@ -247,6 +315,8 @@ def build_session(
             builder = builder.config("spark.sql.shuffle.partitions", str(partitions))
             jit, conf = settings_for(size)
             java_options.extend(jit)
+            if class_cache is not None:
+                java_options.extend(class_archive_options(class_cache))
             for key, value in conf.items():
                 builder = builder.config(key, value)
         elif shuffle_partitions:
