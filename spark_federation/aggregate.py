@@ -88,6 +88,26 @@ def _count(kind: int) -> Column:
     return sf.sum((sf.col("kind") == kind).cast("long"))
 
 
+# below this magnitude a double's fraction is exact and x.5 is a double
+_EXACT_FRACTION = float(1 << 52)
+
+
+def round_to_long(x: Column) -> Column:
+    """``round(x)`` (half up, i.e. away from zero) as a long, the same as
+    ``sf.round(x).cast("long")`` without its decimal conversion of every value.
+
+    Spark rounds a double through its decimal string (``BigDecimal.valueOf``); below
+    2^52 the fraction ``|x| - floor(|x|)`` is exact and that string is on the same
+    side of each ``k + 0.5`` as the double itself, so comparing the fraction with 0.5
+    gives the same whole number. Larger values, infinities and NaN go to ``sf.round``.
+    """
+    a = sf.abs(x)
+    whole = sf.floor(a)
+    up = whole + ((a - whole) >= sf.lit(0.5)).cast("long")
+    quick = sf.when(x < sf.lit(0.0), -up).otherwise(up)
+    return sf.when(a < sf.lit(_EXACT_FRACTION), quick).otherwise(sf.round(x).cast("long"))
+
+
 def _aggregate(classified: DataFrame, window_ms: int) -> DataFrame:
     """The two grouping sets over classified records with ``copies`` (a column per key
     of :data:`_KEYS`, ``g`` = the set, and the sums)."""
@@ -105,7 +125,7 @@ def _aggregate(classified: DataFrame, window_ms: int) -> DataFrame:
         sf.when(event, kind).alias("ev_kind"),
         sf.when(pong, hour_of(sf.col("ts"))).alias("hour"),
         sf.when(pong, log_bucket(sf.col("rtt_ms"))).alias("bucket"),
-        sf.when(pong, sf.round("clock_offset_ms").cast("long")).alias("offset_ms"),
+        sf.when(pong, round_to_long(sf.col("clock_offset_ms"))).alias("offset_ms"),
         "kind",
         "ts",
         "copies",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -19,6 +20,12 @@ from spark_federation.params import JobConfig, Thresholds, parse_duration_ms, pa
 
 INSTALL_HINT = "pip install 'hearthnet[analysis]'"
 _DEFAULTS = Thresholds()
+
+
+def default_class_cache() -> Path:
+    """$XDG_CACHE_HOME/hearthnet, else ~/.cache/hearthnet."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "hearthnet"
 
 
 def build_parser(prog: str = "hearthnet mesh health") -> argparse.ArgumentParser:
@@ -60,6 +67,12 @@ def build_parser(prog: str = "hearthnet mesh health") -> argparse.ArgumentParser
     p.add_argument("--driver-memory", default="2g", help="driver memory in local mode (default 2g)")
     p.add_argument("--no-report", action="store_true", help="skip report.html and charts")
     p.add_argument("--ui", action="store_true", help="enable the Spark UI (for profiling)")
+    p.add_argument(
+        "--class-cache",
+        default=str(default_class_cache()),
+        help="local mode: where the JVM keeps Spark's classes ready for the next run"
+        " (default $XDG_CACHE_HOME/hearthnet or ~/.cache/hearthnet; '' for none)",
+    )
     p.add_argument(
         "--quiet", action="store_true", help="no progress lines (Spark's own log: OUT/spark.log)"
     )
@@ -129,6 +142,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "hearthnet mesh health")
             print(f"mesh health {line}", file=sys.stderr, flush=True)
 
     spark = None
+    class_cache = Path(args.class_cache) if args.class_cache else None
     try:
         spark = session.build_session(
             args.master,
@@ -137,6 +151,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "hearthnet mesh health")
             ui=args.ui,
             log_file=Path(args.out) / "spark.log",
             input_uri=args.input,
+            class_cache=class_cache,
         )
         summary = mesh_health.run(spark, cfg, progress)
     except MeshHealthError as exc:
@@ -148,7 +163,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "hearthnet mesh health")
         return 1
     finally:
         if spark is not None:
-            spark.stop()
+            session.stop(spark, class_cache)
     progress(
         f"done: {summary['nodes']} nodes, {len(summary['partitions'])} partitions,"
         f" {len(summary['outages'])} outages, {len(summary['flapping_links'])} flapping links,"

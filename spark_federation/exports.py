@@ -134,7 +134,11 @@ def _file_column(with_file: bool) -> list[Column]:
 
 def node_ok(c: Column) -> Column:
     """A NodeID of the spec §1.1 form (never null: a missing id is not well formed)."""
-    return sf.coalesce((sf.length(c) == NODE_ID_LENGTH) & c.startswith("ed25519:"), sf.lit(False))
+    # the length in bytes first: read from the string's header, and equal to the length
+    # in characters for an all-ASCII id, as every well-formed one is; the length in
+    # characters (a scan of every byte) only when they differ, so the test is the same
+    length_ok = (sf.octet_length(c) == NODE_ID_LENGTH) | (sf.length(c) == NODE_ID_LENGTH)
+    return sf.coalesce(length_ok & c.startswith("ed25519:"), sf.lit(False))
 
 
 def node_key(c: Column) -> Column:

@@ -8,6 +8,7 @@ DataFrame code, so executors need no copy of this package.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -56,7 +57,11 @@ def run(spark: SparkSession, cfg: JobConfig, progress: Progress = print) -> dict
     try:
         job.read()
         # every step from here reads the pass's small aggregates (local mode: see session)
-        with session.scoped_conf(spark, session.AFTER_PASS_CONF if job.local else {}):
+        with (
+            session.scoped_conf(spark, session.AFTER_PASS_CONF if job.local else {}),
+            session.quick_jit(spark) if job.local else contextlib.nullcontext(),
+        ):
+            job.span()
             job.availability()
             job.links()
             job.partitions()
@@ -178,9 +183,8 @@ class _Job:
             self.cached,
             Path(url2pathname(parsed.path)) if self.local and parsed.scheme == "file" else None,
         )
-        self._span()
 
-    def _span(self) -> None:
+    def span(self) -> None:
         """The per-link aggregates, the analysed windows, the nodes and the number of links."""
         w = self.w
         self.lw = self.keep(self.obs.lw)

@@ -28,6 +28,17 @@ of its input, and chooses:
   :func:`scoped_conf` for the rest of the run and then restored): every later query
   reads the pass's small aggregates, where re-planning each stage as a Spark job of
   its own, and generating and compiling a class per stage, cost more than they save.
+- and, for the same reason, the quick JIT only from then on (:func:`quick_jit`, a
+  compiler directive added to the running JVM and removed when the run ends): the
+  optimising compiler keeps what it compiled for the pass, where it pays for itself,
+  and compiles nothing more; code first hot after the pass gets the quick compiler's
+  code, as in a small input's JVM. The optimising compiler's thread otherwise takes a
+  core for much of the steps after the pass (docs/benchmarks.md).
+
+And, given a cache directory (the CLI's ``--class-cache``), the JVM maps the classes
+an earlier run loaded from a class-data archive there (:func:`class_archive_options`)
+instead of reading and verifying them from Spark's jars again: that is most of the
+JVM's start.
 
 The answers do not depend on any of these.
 """
@@ -35,11 +46,16 @@ The answers do not depend on any of these.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import math
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
@@ -106,6 +122,64 @@ def settings_for(input_bytes: int | None) -> tuple[list[str], dict[str, str]]:
     )
 
 
+def _archive_key() -> str:
+    """What a class-data archive is good for: this Spark (its jars) on this Java."""
+    import pyspark  # noqa: PLC0415 - only its version and place
+
+    java = shutil.which("java", path=os.path.join(os.environ.get("JAVA_HOME", ""), "bin"))
+    java = java or shutil.which("java") or ""
+    real = Path(java).resolve() if java else None
+    parts = [
+        pyspark.__version__,
+        str(Path(pyspark.__file__).resolve().parent),
+        str(real),
+        str(real.stat().st_mtime_ns) if real else "",
+    ]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def class_archive(cache_dir: Path) -> Path:
+    """The class-data archive of this Spark on this Java in ``cache_dir``."""
+    return cache_dir / f"spark-classes-{_archive_key()}.jsa"
+
+
+def class_archive_options(cache_dir: Path) -> list[str]:
+    """JVM options that map Spark's classes from an archive in ``cache_dir``.
+
+    With no archive yet, the JVM writes one when it exits (Java's dynamic class-data
+    sharing), under a name of this process; :func:`stop` waits for that JVM to exit
+    and only then gives the file the archive's name, so no run maps one half written.
+    A JVM that finds an archive it cannot use (another build) starts without it. No
+    options when the directory's path has white space (the JVM options are split on it).
+    """
+    archive = class_archive(cache_dir)
+    if any(ch.isspace() for ch in str(archive)):
+        return []
+    if archive.is_file():
+        return [f"-XX:SharedArchiveFile={archive}"]
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    return [f"-XX:ArchiveClassesAtExit={archive}.{os.getpid()}"]
+
+
+def stop(spark: SparkSession, class_cache: Path | None = None, wait_s: float = 120.0) -> None:
+    """Stop the session; with ``class_cache``, also let the local JVM exit (it exits when
+    its standard input closes), so the archive it writes on exit is complete, and name it.
+    """
+    proc: Any = getattr(spark.sparkContext._gateway, "proc", None)
+    spark.stop()
+    if class_cache is None or proc is None:
+        return
+    written = Path(f"{class_archive(class_cache)}.{os.getpid()}")
+    with contextlib.suppress(OSError, ValueError):
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=wait_s)
+    except Exception:  # still writing: leave it, the next run writes one again
+        return
+    if written.is_file():
+        os.replace(written, class_archive(class_cache))
+
+
 @contextlib.contextmanager
 def scoped_conf(spark: SparkSession, conf: Mapping[str, str]) -> Iterator[None]:
     """Run a block with these session settings, then put back what was there before."""
@@ -120,6 +194,70 @@ def scoped_conf(spark: SparkSession, conf: Mapping[str, str]) -> Iterator[None]:
                 spark.conf.unset(key)
             else:
                 spark.conf.set(key, old)
+
+
+# a HotSpot compiler directive: no method compiled by C2 (the optimising compiler) from
+# now on; a method C2 may not compile is compiled by C1 alone (as -XX:TieredStopAtLevel=1)
+C2_OFF_DIRECTIVE = [{"match": ["*.*"], "c2": {"Exclude": True}}]
+_DCMD = "com.sun.management:type=DiagnosticCommand"
+
+
+def _diagnostic_command(spark: SparkSession, operation: str, *args: str) -> str:
+    """Run one of the driver JVM's diagnostic commands (what ``jcmd`` runs), in process.
+
+    Through reflection on the MBeanServer interface: the platform server's class is not
+    public, so py4j cannot call its methods directly.
+    """
+    jvm: Any = spark.sparkContext._jvm
+    gateway: Any = spark.sparkContext._gateway
+    lang = jvm.java.lang
+
+    def array(kind: Any, values: list[Any]) -> Any:
+        out = gateway.new_array(kind, len(values))
+        for i, v in enumerate(values):
+            out[i] = v
+        return out
+
+    types = [
+        lang.Class.forName(n)
+        for n in ("javax.management.ObjectName", "java.lang.String", "[Ljava.lang.Object;")
+    ]
+    types.append(lang.Class.forName("[Ljava.lang.String;"))
+    invoke = lang.Class.forName("javax.management.MBeanServer").getMethod(
+        "invoke", array(lang.Class, types)
+    )
+    server = jvm.java.lang.management.ManagementFactory.getPlatformMBeanServer()
+    call = [
+        jvm.javax.management.ObjectName(_DCMD),
+        operation,
+        array(lang.Object, [array(lang.String, list(args))]),
+        array(lang.String, ["[Ljava.lang.String;"]),
+    ]
+    return str(invoke.invoke(server, array(lang.Object, call)))
+
+
+@contextlib.contextmanager
+def quick_jit(spark: SparkSession) -> Iterator[None]:
+    """Run a block with the driver JVM's optimising compiler (C2) compiling nothing new.
+
+    What C2 already compiled stays; methods that get hot in the block are compiled by
+    C1 only. The directive is removed afterwards. A JVM without the diagnostic command
+    (not HotSpot) runs the block unchanged.
+    """
+    with tempfile.TemporaryDirectory(prefix="mesh-health-jit-") as tmp:
+        directive = Path(tmp) / "c2-off.json"
+        directive.write_text(json.dumps(C2_OFF_DIRECTIVE))
+        try:
+            added = "1 compiler directives added" in _diagnostic_command(
+                spark, "compilerDirectivesAdd", str(directive)
+            )
+        except Exception:  # no such command on this JVM: leave the JIT alone
+            added = False
+    try:
+        yield
+    finally:
+        if added:
+            _diagnostic_command(spark, "compilerDirectivesRemove")
 
 
 @contextlib.contextmanager
@@ -150,6 +288,7 @@ def build_session(
     ui: bool = False,
     log_file: Path | None = None,
     input_uri: str | None = None,
+    class_cache: Path | None = None,
 ) -> SparkSession:
     """The SparkSession for one run.
 
@@ -161,6 +300,8 @@ def build_session(
         log_file: where the JVM this starts logs (at warning level, :data:`LOG4J2`)
             instead of the terminal.
         input_uri: the job's input, to size local mode by.
+        class_cache: in local mode, where the JVM keeps its class-data archive
+            (:func:`class_archive_options`); None: none.
     """
     builder = SparkSession.builder.appName("hearthnet-mesh-health")
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ and master is None
@@ -174,6 +315,8 @@ def build_session(
             builder = builder.config("spark.sql.shuffle.partitions", str(partitions))
             jit, conf = settings_for(size)
             java_options.extend(jit)
+            if class_cache is not None:
+                java_options.extend(class_archive_options(class_cache))
             for key, value in conf.items():
                 builder = builder.config(key, value)
         elif shuffle_partitions:

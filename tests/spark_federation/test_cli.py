@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from spark_federation.cli import INSTALL_HINT, main
+from spark_federation.cli import INSTALL_HINT, build_parser, main
 
 
 def test_usage_error_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -42,3 +43,29 @@ def test_without_pyspark_says_how_to_install(tmp_path: Path) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert (done.returncode, INSTALL_HINT in done.stderr) == (1, True)
+
+
+def test_class_archive_written_once_then_mapped(tmp_path: Path) -> None:
+    """Without an archive the JVM is told to write one under this process's name; once
+    it has the archive's name, the JVM maps it; no options on a path with white space."""
+    from spark_federation.session import (  # noqa: PLC0415 - pyspark only here
+        class_archive,
+        class_archive_options,
+    )
+
+    cache = tmp_path / "cache"
+    [first] = class_archive_options(cache)
+    assert first == f"-XX:ArchiveClassesAtExit={class_archive(cache)}.{os.getpid()}"
+    assert cache.is_dir()
+    class_archive(cache).write_bytes(b"archive")
+    assert class_archive_options(cache) == [f"-XX:SharedArchiveFile={class_archive(cache)}"]
+    assert class_archive_options(tmp_path / "with space") == []
+
+
+def test_class_cache_default_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--class-cache defaults to $XDG_CACHE_HOME/hearthnet; '' turns the archive off."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    args = build_parser().parse_args(["--input", "i", "--out", "o"])
+    assert args.class_cache == str(tmp_path / "hearthnet")
+    off = build_parser().parse_args(["--input", "i", "--out", "o", "--class-cache", ""])
+    assert off.class_cache == ""

@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from spark_federation.session import scoped_conf
+from spark_federation.session import _diagnostic_command, quick_jit, scoped_conf
 from tests.spark_federation.conftest import SYNTH, WINDOW_MS, JobRun
 from tests.spark_federation.verdicts import expected_flaps, match_outage, within_window
 
@@ -185,3 +185,22 @@ def test_scoped_settings_are_put_back(spark: Any) -> None:
         steps()
     assert inside == [("7", "x")]
     assert (spark.conf.get(had), spark.conf.get(new, None)) == (before, None)
+
+
+def test_quick_jit_directive_holds_inside_the_block_only(spark: Any) -> None:
+    """The steps after the pass run with C2 excluded (a directive the driver JVM lists),
+    and the JVM's directives are as before once the block ends, even on an error."""
+    before = _diagnostic_command(spark, "compilerDirectivesPrint")
+    inside: list[str] = []
+
+    def steps() -> None:
+        with quick_jit(spark):
+            inside.append(_diagnostic_command(spark, "compilerDirectivesPrint"))
+            raise RuntimeError("step failed")
+
+    with pytest.raises(RuntimeError, match="step failed"):
+        steps()
+    c2 = inside[0].split("Directive:")[1].split("c2 directives:")[1]
+    assert "Exclude:true" in c2.split("\n\n")[0]
+    assert "Exclude:true" not in before
+    assert _diagnostic_command(spark, "compilerDirectivesPrint") == before
