@@ -7,12 +7,12 @@ start-up is inside the measured time, as it is for an admin. The machine is
 shared, so each size can run ``--repeat`` times: the best and the median time are
 reported, with every run's time, the 1-minute load average around it and the CPU
 seconds the Spark JVM used. ``--input DIR`` times the job on existing exports
-instead (the recorded 5-node fixture: the fixed cost of a small input). Each run's progress
+instead (the recorded 6-node fixture: the fixed cost of a small input). Each run's progress
 lines (seconds into the job at the end of each phase) are kept in
 ``DATA/<size>/progress-N.txt``.
 
     python bench/bench_mesh_health.py --records 1M,3M,10M --repeat 2 --data /tmp/mesh-bench
-    python bench/bench_mesh_health.py --input tests/fixtures/heartbeats_5node --repeat 3
+    python bench/bench_mesh_health.py --input tests/fixtures/heartbeats_6node --repeat 3
 """
 
 from __future__ import annotations
