@@ -6,8 +6,12 @@ node, and a peer behind it skips the hole (``OriginTracker.skip_to``). That must
 2 live, while 1 was still to come by anti-entropy, and restarted must not say "nothing
 below 2". So the floor a node starts with is not the lowest origin_seq it holds but
 comes from the ``origin_floors`` table: per origin, the highest origin_seq retention
-removed, written in retention's own transactions
+removed, written in retention's own transactions, and the highest gossip skipped on a
+peer's floor (retention removed it on the mesh: ``MessageLog.delete(elsewhere=...)``)
 (:func:`~hearthnet.pubsub.logindex.origin_start` turns it into the floor and head).
+
+What it cannot tell: a hole below a seq retention removed here (message 1 never came, 3
+was removed) counts as removed too.
 
 A log made before the table existed is seeded once, when it opens, from the lowest
 origin_seq held per origin (what its floors meant then): a hole below it at that moment
@@ -16,6 +20,7 @@ is taken for retention, as before.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Iterable
 
@@ -71,6 +76,7 @@ def load_removed(conn: sqlite3.Connection, index: LogIndex) -> None:
             conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, '1')", (SEEDED,))
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
             raise
     index.removed = dict(conn.execute("SELECT origin, removed FROM origin_floors"))
