@@ -39,6 +39,9 @@ class OriginTracker:
     above: dict[str, set[int]] = field(default_factory=dict)
     floors: dict[str, int] = field(default_factory=dict)  # the lowest seq ever held
     above_count: int = 0
+    # origin -> the highest seq skipped on a peer's floor since the glue last took them
+    # (it records them as removed by retention, so a restart starts past them too)
+    skipped: dict[str, int] = field(default_factory=dict)
 
     def load(self, origin: str, head: int, floor: int, above: list[int] | None = None) -> None:
         """Initialise one origin from the log (at start)."""
@@ -89,6 +92,7 @@ class OriginTracker:
                 bucket -= dropped
                 self.above_count -= len(dropped)
             self.heads[origin] = self._advance(origin, lowest_available - 1)
+            self.skipped[origin] = max(lowest_available - 1, self.skipped.get(origin, 0))
 
     def missing(self, origin: str, peer_head: int) -> tuple[int, int] | None:
         """The next slice ``(from, to)`` to ask for, when a peer's head is ahead of ours."""

@@ -137,9 +137,13 @@ class GossipTraffic:
         heads = self.gossip.tracker.heads
         # debug: a hole skipped on a peer's floor is never asked for again (gossip.py)
         before = dict(heads) if log.isEnabledFor(logging.DEBUG) else None
+        tracker = self.gossip.tracker
         iwant = self.gossip.receive_ihave(frame, time.monotonic(), older)
         if iwant is not None:
             link.send_raw(iwant.encode())
+        if tracker.skipped:  # what a restart must not ask for again (logfloors.py)
+            skipped, tracker.skipped = tracker.skipped, {}
+            self.spawn(self.log.delete(elsewhere=skipped), "gossip-floors")
         if before is not None:
             for origin, floor in frame.floors.items():
                 was = before.get(origin, 0)

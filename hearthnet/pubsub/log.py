@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, cast, overload
@@ -519,10 +519,19 @@ class MessageLog:
 
     # --- retention ----------------------------------------------------------------
 
-    async def delete(self, seqs: Sequence[int] = (), *, before_seq: int = 0) -> int:
+    async def delete(
+        self,
+        seqs: Sequence[int] = (),
+        *,
+        before_seq: int = 0,
+        elsewhere: Mapping[str, int] | None = None,
+    ) -> int:
         """Delete (retention) every message below ``before_seq`` and the messages at
         ``seqs``, in transactions of bounded size with commits in between; keeps topic
-        stats and indexes exact (:class:`~hearthnet.pubsub.logprune.Pruner`)."""
+        stats and indexes exact (:class:`~hearthnet.pubsub.logprune.Pruner`).
+        ``elsewhere``: per origin, the origin_seq up to which retention removed its
+        messages on the mesh (gossip skipped them on a peer's floor), recorded with
+        this node's own (:mod:`~hearthnet.pubsub.logfloors`)."""
         if self._pruner is None:
             raise StorageError("the message log is not open")
-        return await self._pruner.delete(seqs, before_seq=before_seq)
+        return await self._pruner.delete(seqs, before_seq=before_seq, elsewhere=elsewhere)

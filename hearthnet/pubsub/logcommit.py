@@ -38,6 +38,7 @@ from hearthnet.ids import new_ulids
 from hearthnet.pubsub.batchsig import SignedBatch
 from hearthnet.pubsub.consumerstate import ConsumerRecord, ConsumerState, write_consumers
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
+from hearthnet.pubsub.logfloors import highest, save_removed
 from hearthnet.pubsub.logindex import Head
 from hearthnet.pubsub.logrun import store_row, write_run
 from hearthnet.pubsub.logstore import (
@@ -585,6 +586,7 @@ def delete_rows(
                     "UPDATE batches SET heads = ?, bodies = ? WHERE seq = ?",
                     (pack_heads([h for h, _ in kept], origin), b"".join(b for _, b in kept), key),
                 )
+        save_removed(conn, highest((h.origin, h.origin_seq) for h in gone))
         return gone, emptied
 
     return transaction(conn, work)

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 from hearthnet.pubsub.logcolumns import NO_EXPIRY, SeqColumns
 
-__all__ = ["NO_EXPIRY", "Head", "LogIndex"]
+__all__ = ["NO_EXPIRY", "Head", "LogIndex", "lowest_held", "origin_start"]
 
 
 class Head(NamedTuple):
@@ -71,6 +71,9 @@ class LogIndex:
         # the origin is in ``_unsorted``: a message repaired into a hole came late).
         self._origins: dict[str, tuple[array[int], array[int]]] = {}
         self._unsorted: set[str] = set()
+        # Per origin: the highest origin_seq retention removed here (kept in the log's
+        # ``origin_floors`` table; :mod:`hearthnet.pubsub.logfloors`)
+        self.removed: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.cols)
@@ -383,21 +386,43 @@ class LogIndex:
         return list(seqs[bisect_left(oseqs, first) : bisect_right(oseqs, last)])
 
     def origin_heads(self, above_max: int = 100_000) -> list[tuple[str, int, int, list[int]]]:
-        """Per origin: ``(origin, floor, head, above)``: the contiguous run of origin_seqs
-        from the lowest held, and the ones held beyond a hole (at most ``above_max`` in
-        all)."""
+        """Per origin: ``(origin, floor, head, above)`` (:func:`origin_start` of its
+        origin_seqs held and :attr:`removed`), at most ``above_max`` seqs above in all."""
         out: list[tuple[str, int, int, list[int]]] = []
         budget = above_max
-        for origin, (oseqs, _) in self._origins.items():
-            floor = head = oseqs[0]
-            i = 1
-            while i < len(oseqs) and oseqs[i] == head + 1:
-                head += 1
-                i += 1
-            above = list(oseqs[i : i + budget])
+        gone = [o for o in self.removed if o not in self._origins]  # nothing held
+        for origin in [*self._origins, *gone]:
+            entry = self._origins.get(origin)
+            floor, head, above = origin_start(
+                entry[0] if entry else (), self.removed.get(origin, 0), budget
+            )
             budget -= len(above)
             out.append((origin, floor, head, above))
         return out
+
+
+def lowest_held(index: LogIndex) -> dict[str, int]:
+    """Per origin held, its lowest origin_seq."""
+    return {origin: oseqs[0] for origin, (oseqs, _) in index._origins.items()}
+
+
+def origin_start(held: Sequence[int], removed: int, above_max: int) -> tuple[int, int, list[int]]:
+    """An origin's gossip start from what the log holds of it: ``(floor, head, above)``.
+
+    ``held`` is its origin_seqs held, ascending; ``removed`` the highest one retention
+    removed here (0: none). Everything up to ``removed`` counts as done (held, or gone
+    by retention), and the head runs on from there through what is held. The floor, "no
+    seq below it to be had from us", is the lowest held or ``removed + 1``, whichever is
+    lower: a node holding 2.. that removed nothing says 1, not 2 (a hole it never filled
+    is a hole, not retention: a peer told "nothing below 2" would skip 1 for good).
+    """
+    head = removed
+    i = bisect_right(held, head)
+    while i < len(held) and held[i] == head + 1:
+        head += 1
+        i += 1
+    floor = min(held[0], removed + 1) if held else removed + 1
+    return floor, head, list(held[i : i + max(0, above_max)])
 
 
 def _insert(seqs: array[int], seq: int) -> None:

@@ -24,7 +24,7 @@ import asyncio
 import sqlite3
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
@@ -33,6 +33,7 @@ import orjson
 
 from hearthnet.errors import StorageError
 from hearthnet.pubsub.logcommit import delete_rows
+from hearthnet.pubsub.logfloors import highest, merge, save_removed
 from hearthnet.pubsub.logindex import Head, LogIndex
 from hearthnet.pubsub.logread import LogReader
 from hearthnet.pubsub.logstore import SqliteWriter, head_arrays, transaction
@@ -73,14 +74,18 @@ class Pruned:
     ids: list[str] = field(default_factory=list)
     topics: list[str] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
+    removed: dict[str, int] = field(default_factory=dict)  # per origin, the highest origin_seq
 
-    def take(self, heads: list[list[Any]]) -> None:
-        """Count the deleted messages of a ``heads`` column (as JSON arrays)."""
+    def take(self, heads: list[list[Any]], origin: str) -> None:
+        """Count the deleted messages of a ``heads`` column (as JSON arrays) of a row of
+        ``origin`` (a header's origin ``""`` is the row's)."""
         if heads:
-            _, ids, topics, _, _, _, _, sizes = zip(*heads, strict=True)
+            _, ids, topics, origins, oseqs, _, _, sizes = zip(*heads, strict=True)
             self.ids += ids
             self.topics += topics
             self.sizes += sizes
+            for o, s in highest(zip((h or origin for h in origins), oseqs, strict=True)).items():
+                self.removed[o] = max(s, self.removed.get(o, 0))
 
 
 def save_counters(conn: sqlite3.Connection, origin_seq: int, head_seq: int) -> None:
@@ -105,19 +110,19 @@ def delete_before(
         save_counters(conn, origin_seq, head_seq)
         out = Pruned()
         found = conn.execute(
-            "SELECT seq, heads FROM batches WHERE seq < ? ORDER BY seq", (before_seq,)
+            "SELECT seq, heads, origin FROM batches WHERE seq < ? ORDER BY seq", (before_seq,)
         ).fetchall()
         if not found:
             return out
-        for _, blob in found[:-1]:  # below the next row's key: below before_seq
-            out.take(head_arrays(blob))
+        for _, blob, origin in found[:-1]:  # below the next row's key: below before_seq
+            out.take(head_arrays(blob), origin)
         last = found[-1][0]
         heads = head_arrays(found[-1][1])
         below = [h for h in heads if h[0] < before_seq]
         whole = len(below) == len(heads)
-        out.touched = [key for key, _ in found]
+        out.touched = [key for key, _, _ in found]
         out.rows = out.touched if whole else out.touched[:-1]
-        out.take(below)
+        out.take(below, found[-1][2])
         if not whole:
             (bodies,) = conn.execute("SELECT bodies FROM batches WHERE seq = ?", (last,)).fetchone()
             kept, kept_bodies, at = [], [], 0
@@ -131,9 +136,15 @@ def delete_before(
                 (orjson.dumps(kept), b"".join(kept_bodies), last),
             )
         conn.execute("DELETE FROM batches WHERE seq < ?", (last + 1 if whole else last,))
+        save_removed(conn, out.removed)
         return out
 
     return transaction(conn, work)
+
+
+def _save_removed(conn: sqlite3.Connection, removed: dict[str, int]) -> None:
+    """:func:`save_removed` in a transaction of its own."""
+    transaction(conn, partial(save_removed, conn, removed))
 
 
 class Pruner:
@@ -172,9 +183,19 @@ class Pruner:
         except sqlite3.Error as exc:
             raise StorageError(f"retention could not delete: {exc}") from exc
 
-    async def delete(self, seqs: Sequence[int] = (), *, before_seq: int = 0) -> int:
+    async def delete(
+        self,
+        seqs: Sequence[int] = (),
+        *,
+        before_seq: int = 0,
+        elsewhere: Mapping[str, int] | None = None,
+    ) -> int:
         """Delete every message below ``before_seq`` and the messages at ``seqs``; how
-        many were deleted."""
+        many were deleted. ``elsewhere``: see :meth:`MessageLog.delete`."""
+        if elsewhere:
+            removed = dict(elsewhere)
+            await self._run(partial(_save_removed, removed=removed))
+            merge(self.index, removed)
         deleted = await self._delete_prefix(before_seq) if before_seq else 0
         index, sequencer = self.index, self.sequencer
         gone: list[Head] = []
@@ -199,6 +220,7 @@ class Pruner:
                 chunk.took(len(part), elapsed)
                 gone += chunk_gone
                 emptied += chunk_emptied
+                merge(index, highest((h.origin, h.origin_seq) for h in chunk_gone))
                 self.reader.drop(doomed)
         finally:
             # The indexes follow once (each touched topic's and origin's arrays are
@@ -246,6 +268,7 @@ class Pruner:
             )
             self.prefix_chunk.took(len(pruned.ids), elapsed)
             self.index.cut_prefix(bound, pruned.rows)
+            merge(self.index, pruned.removed)
             sequencer.forget_columns(pruned.ids, pruned.topics, pruned.sizes)
             self.reader.drop(pruned.touched)
             self.changed()

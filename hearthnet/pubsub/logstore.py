@@ -46,6 +46,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 import orjson
 
 from hearthnet.pubsub.consumerstate import ConsumerRecord
+from hearthnet.pubsub.logfloors import load_removed
 from hearthnet.pubsub.logindex import Head, LogIndex
 from hearthnet.pubsub.merkle import HASH_BYTES
 from hearthnet.pubsub.sequencer import Sequencer
@@ -537,6 +538,7 @@ def load(conn: sqlite3.Connection, node_id: str) -> LoadedLog:
     # meta keeps the counters when retention removed our latest messages
     sequencer.head_seq = max(sequencer.head_seq, _meta_int(conn, "head_seq"))
     sequencer.origin_seq = origin_seq
+    load_removed(conn, index)
     out = LoadedLog(epoch, sequencer, index)
     for identity, name, patterns, cursor, lost_from, lost_to in conn.execute(
         "SELECT identity, name, patterns, cursor, lost_from, lost_to FROM consumers"

@@ -13,6 +13,7 @@ from hearthnet.mesh.frames import IHave, IWant, Msg
 from hearthnet.mesh.gossip import IWANT_SLICE, AntiEntropy, Gossip, OriginTracker
 from hearthnet.pubsub.batchsig import VERIFIER
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
+from hearthnet.pubsub.logindex import origin_start
 
 
 def test_out_of_order_seqs_fold_into_the_head() -> None:
@@ -199,3 +200,52 @@ def test_the_floor_is_the_lowest_seq_held_whatever_the_arrival_order(order: list
     for seq in order:
         tracker.add("o", seq)
     assert 1 == tracker.floors["o"]
+
+
+def test_a_restarted_node_that_never_got_message_1_makes_no_one_skip_it() -> None:
+    """A node that held an origin's 2..5 (1 still to come by anti-entropy) and restarted
+    starts from the log as it was (origin_start: nothing removed by retention): a peer
+    that also missed 1 is not moved past it by its ``ihave`` (floor 2 would have), and a
+    peer holding 1..5 is asked for 1."""
+    restarted, behind = Gossip(lambda _id: False, 100), Gossip(lambda _id: False, 100)
+    floor, head, above = origin_start([2, 3, 4, 5], removed=0, above_max=100)
+    restarted.tracker.load(ORIGIN.node_id, head, floor, above)
+    behind.committed([StoredMessage(s, signed(s)) for s in (2, 3, 4, 5)], linked=False)
+    told = restarted.ihave()
+    behind.receive_ihave(told, now=0.0)
+    asks = restarted.receive_ihave(IHave({ORIGIN.node_id: 5}, {ORIGIN.node_id: 1}), now=0.0)
+    assert (
+        ({ORIGIN.node_id: 0}, {ORIGIN.node_id: 1}),
+        0,
+        IWant({ORIGIN.node_id: (1, 1)}),
+    ) == (
+        (told.heads, told.floors),
+        behind.tracker.heads.get(ORIGIN.node_id, 0),
+        asks,
+    )
+
+
+def test_a_floor_retention_set_is_where_a_restarted_node_starts() -> None:
+    """Retention removed 1..3 of 1..5: the restarted node says floor 4, head 5, and a peer
+    with nothing of the origin skips to 4 and asks for 4..5."""
+    restarted, fresh = Gossip(lambda _id: False, 100), Gossip(lambda _id: False, 100)
+    floor, head, above = origin_start([4, 5], removed=3, above_max=100)
+    restarted.tracker.load(ORIGIN.node_id, head, floor, above)
+    told = restarted.ihave()
+    asks = fresh.receive_ihave(told, now=0.0)
+    assert (
+        ({ORIGIN.node_id: 5}, {ORIGIN.node_id: 4}),
+        IWant({ORIGIN.node_id: (4, 5)}),
+    ) == ((told.heads, told.floors), asks)
+
+
+def test_a_skip_on_a_peers_floor_is_kept_for_the_log() -> None:
+    """A peer's floor 50 moves a node with nothing of the origin to head 49, and the
+    tracker keeps that skip for the glue to record (a restart starts past it); an
+    ``ihave`` that moves nothing keeps nothing."""
+    gossip = Gossip(lambda _id: False, 100)
+    gossip.receive_ihave(IHave({"o": 60}, {"o": 50}), now=0.0)
+    skipped = dict(gossip.tracker.skipped)
+    gossip.tracker.skipped.clear()
+    gossip.receive_ihave(IHave({"o": 60}, {"o": 50}), now=1.0)
+    assert ({"o": 49}, {}, 49) == (skipped, gossip.tracker.skipped, gossip.tracker.heads["o"])

@@ -257,7 +257,7 @@ async def test_a_schema_2_log_is_upgraded_in_place(tmp_path: Path) -> None:
         (12, 11),
         3,
         [(1, 1, 5), (6, 0, 0), (8, 1, 3), (11, 0, 0), (12, 0, 0)],
-        {"meta", "batches", "consumers"},
+        {"meta", "batches", "consumers", "origin_floors"},
     ) == (
         [(s.seq, verified(s.message.raw).raw) for s in every],
         (new[0].seq, new[0].message.origin_seq),

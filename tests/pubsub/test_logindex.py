@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hearthnet.pubsub.logindex import NO_EXPIRY, Head, LogIndex
+from hearthnet.pubsub.logindex import NO_EXPIRY, Head, LogIndex, origin_start
 
 
 def head(seq: int, topic: str = "t.a", origin: str = "o1", oseq: int = 0) -> Head:
@@ -218,3 +218,25 @@ def test_scans_find_old_and_expired_positions_of_the_topics_asked() -> None:
         len(index),
         cols.seqs[cols.after_live(3)],
     )
+
+
+def test_origin_start_counts_retention_not_the_lowest_held() -> None:
+    """A hole below what is held is a hole unless retention removed it: 2..5 held and
+    nothing removed start at head 0 with 2..5 above, floor 1; 1..3 removed and 4..5 held
+    start at floor 4, head 5; everything removed starts past it; a message held below
+    what retention removed keeps the floor down."""
+    assert [(1, 0, [2, 3, 4, 5]), (4, 5, []), (8, 7, []), (1, 5, [7]), (1, 1, [3])] == [
+        origin_start([2, 3, 4, 5], 0, 100),
+        origin_start([4, 5], 3, 100),
+        origin_start([], 7, 100),
+        origin_start([1, 4, 5, 7], 3, 100),
+        origin_start([1, 3], 0, 100),
+    ]
+
+
+def test_origin_heads_include_what_retention_removed_whole() -> None:
+    """An origin retention removed whole still starts past what it removed."""
+    index = LogIndex()
+    index.add_row(1, [head(1, origin="p", oseq=2)])
+    index.removed = {"q": 9}
+    assert [("p", 1, 0, [2]), ("q", 10, 9, [])] == index.origin_heads()

@@ -1,0 +1,67 @@
+"""An origin's gossip floor across a restart, two real nodes on loopback (spec §7.3): a
+node that held an origin's 2..5 but never 1 and restarted must not make a peer that
+missed 1 skip it, and 1 must reach that peer once anyone has it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hearthnet.clock import now_ms
+from hearthnet.node import Node
+from hearthnet.pubsub.envelope import Message
+from tests.conftest import MakeConfig
+from tests.helpers import wait_until
+from tests.mesh.rawpeer import raw_peer
+from tests.mesh.test_relaying import one_community
+
+
+async def test_message_1_reaches_a_peer_after_the_node_holding_2_to_5_restarts(
+    make_config: MakeConfig,
+) -> None:
+    """B and A both get an origin's 2..5 and not 1; A restarts. A's ``ihave`` must not
+    say "nothing below 2" (B would skip 1 for good, and A, whose head would be 5, would
+    never ask for 1 either). The origin then advertises 1..5 to A: A asks for 1, and 1
+    reaches B."""
+    fast = {"zeroconf": False, "anti_entropy_s": 0.3}
+    b_config = make_config(mesh=fast)
+    a_config = make_config(mesh=fast)
+    one_community([a_config, b_config])
+    async with Node(b_config) as b:
+        a_config = dataclasses.replace(
+            a_config, mesh=dataclasses.replace(a_config.mesh, peers=(b.url,))
+        )
+        origin_seed = b"\x7a" * 32
+        async with Node(a_config) as a:
+            await wait_until(lambda: b.keys.node_id in a.mesh.links, 20, "a linked to b")
+            async with raw_peer(a, seed=origin_seed) as origin:
+                await wait_until(
+                    lambda: b.membership.level_of(origin.node) is not None, 20, "b knows origin"
+                )
+                msgs = {
+                    seq: Message.create(
+                        origin.keys,
+                        topic="chat.room",
+                        msg_type="m",
+                        data=seq,
+                        origin_seq=seq,
+                        ts=now_ms(),
+                    )
+                    for seq in range(1, 6)
+                }
+                for seq in range(2, 6):
+                    await origin.send("msg", raw=msgs[seq].raw, h=1)
+                await wait_until(
+                    lambda: all(b.mesh.log.knows(msgs[s].id) for s in range(2, 6)), 20, "b 2..5"
+                )
+        async with Node(a_config) as a:
+            await wait_until(lambda: b.keys.node_id in a.mesh.links, 20, "a linked to b again")
+            # anti-entropy rounds between a and b, both ways
+            await wait_until(lambda: a.keys.node_id in b.mesh.links, 20, "b linked to a")
+            told = a.mesh.traffic.gossip.ihave()
+            async with raw_peer(a, seed=origin_seed) as origin:
+                await origin.send("ihave", heads={origin.node: 5}, floors={origin.node: 1})
+                iwant = await origin.first("iwant", 20)
+                await origin.send("msg", raw=msgs[1].raw, h=1)
+                await wait_until(lambda: b.mesh.log.knows(msgs[1].id), 20, "message 1 at b")
+    oid = origin.node
+    assert ((0, 1), [1, 1]) == ((told.heads.get(oid), told.floors.get(oid)), iwant["want"][oid])
