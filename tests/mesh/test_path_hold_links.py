@@ -23,6 +23,7 @@ from tests.mesh.test_relaying import one_community, path_to, relayed_to
 
 MESSAGES = 200  # published by b while the relay is gone: held in b's relayed sequence
 CUT_WITHIN_S = 20.0
+REPAIRED_WITHIN_S = 10.0  # for b's repaired copies to reach a (see _copies)
 
 
 def _member(config: Config, relay_url: str) -> Config:
@@ -105,7 +106,7 @@ async def test_a_direct_link_cut_with_no_relay_left_resends_its_sequence_on_a_re
             rows = await a.message_log.reader.read_origin(b.keys.node_id, 1, MESSAGES, 1000)
             # the greeting's ``ihave`` can overtake the messages' ingestion at a, which
             # then asks for them again: b repairs, and each copy is a duplicate at a
-            copies = (b.mesh.repaired.get(), a.pubsub.metrics.duplicates.get())
+            copies = await _copies(a, b, REPAIRED_WITHIN_S)
             resumed = (switch_a.held.resumed, switch_b.held.resumed)
             shown = await _shown(a)
             continued = core_b.numbers(a.keys.node_id)[0] >= numbered > MESSAGES
@@ -118,6 +119,21 @@ async def test_a_direct_link_cut_with_no_relay_left_resends_its_sequence_on_a_re
         copies[1],
         shown,
     )
+
+
+async def _copies(a: Node, b: Node, within_s: float) -> tuple[float, float]:
+    """The messages b repaired and the duplicates a counted, once a took every repaired
+    copy, or after ``within_s``. b's answer to a's ``iwant`` (read from its log) can go
+    after its sequence settled, plainly: it may still be on its way when a holds every
+    message and b's sequence is acknowledged (under load, b counts the copies repaired
+    before a has taken them). Each copy is a duplicate at a when the sequence brought
+    the message first; when it did not, a counts none of them and the two stay apart."""
+    deadline = time.monotonic() + within_s
+    while True:
+        copies = (b.mesh.repaired.get(), a.pubsub.metrics.duplicates.get())
+        if copies[1] >= copies[0] or time.monotonic() > deadline:
+            return copies
+        await asyncio.sleep(0.01)
 
 
 async def _shown(node: Node) -> tuple[int, int, int, float, float]:
