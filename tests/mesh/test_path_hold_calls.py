@@ -8,8 +8,6 @@ the relay stopped before the stream starts."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 
 from hearthnet.mesh.path_hold import CALLS_ENDED, HOLD_S
 from hearthnet.mesh.path_switch import PathSwitch
@@ -17,43 +15,12 @@ from hearthnet.node import Node
 from tests.conftest import MakeConfig
 from tests.helpers import wait_until
 from tests.mesh.streams import stream_chunks
-from tests.mesh.test_path_hold_links import _cut
-from tests.mesh.test_relaying import one_community, path_to, relayed_to
+from tests.mesh.test_path_hold_links import _cut, without_relay
+from tests.mesh.test_relaying import path_to
 
 CHUNKS = 150
 CUT_AT = 40  # chunks received when a's direct link to b is cut
 DOWN_S = 1.0  # how long the link stays down before a re-dials
-
-
-@contextlib.asynccontextmanager
-async def _direct_without_relay(make_config: MakeConfig) -> AsyncIterator[tuple[Node, Node]]:
-    """a and b relayed to each other, then direct (a dials b), then their relay stopped:
-    the direct link is their only path, and a cut leaves nothing to fall back to."""
-    configs = [make_config(mesh={"relay": True}), make_config(), make_config()]
-    one_community(configs)
-    async with contextlib.AsyncExitStack() as relay_stack:
-        relay = await relay_stack.enter_async_context(Node(configs[0]))
-        async with (
-            Node(relayed_to(configs[1], relay.url)) as a,
-            Node(relayed_to(configs[2], relay.url)) as b,
-        ):
-            await wait_until(
-                lambda: (path_to(a, b), path_to(b, a)) == ("relayed", "relayed"),
-                20,
-                "a and b relayed to each other",
-            )
-            a.mesh.spawn(a.mesh.dial(b.url), "dial-b")
-            await wait_until(
-                lambda: (path_to(a, b), path_to(b, a)) == ("direct", "direct"), 20, "direct"
-            )
-            await relay_stack.aclose()
-            cores = [n.mesh.relaying.paths for n in (a, b)]
-            await wait_until(
-                lambda: all(c is not None and c.relays.primary is None for c in cores),
-                10,
-                "a and b without a relay",
-            )
-            yield a, b
 
 
 def _switches(a: Node, b: Node) -> tuple[PathSwitch, PathSwitch]:
@@ -74,7 +41,7 @@ async def test_a_call_streaming_across_a_cut_with_no_relay_goes_on_after_a_redia
     link is cut at a's socket (both ends see it die), and a re-dials 1 s later: both
     ends held the sequence and took it up, and the stream ends with every chunk once,
     in order."""
-    async with _direct_without_relay(make_config) as (a, b):
+    async with without_relay(make_config, direct=True) as (a, b):
         switches = _switches(a, b)
         before = _held(switches)
 
@@ -108,7 +75,7 @@ async def test_a_call_to_a_peer_not_back_within_the_hold_ends_with_a_clear_error
     """The same cut with no re-dial: the stream stops at the cut and, once the hold is
     over (HOLD_S), ends with an ``unavailable`` error saying no link took the dead one's
     place in time; both ends count the held sequence expired."""
-    async with _direct_without_relay(make_config) as (a, b):
+    async with without_relay(make_config, direct=True) as (a, b):
         switches = _switches(a, b)
         before = _held(switches)
 

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import socket
 import time
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 
@@ -42,6 +43,44 @@ def _cut(a: Node, b: Node) -> None:
     sock.shutdown(socket.SHUT_RDWR)
 
 
+@contextlib.asynccontextmanager
+async def without_relay(
+    make_config: MakeConfig,
+    member: Callable[[Config, str], Config] = relayed_to,
+    *,
+    direct: bool = False,
+) -> AsyncIterator[tuple[Node, Node]]:
+    """A relay and two members ``a`` and ``b`` (configs made by ``member``) relayed to
+    each other; with ``direct``, a then dials b and the link turns direct; then the relay
+    stops (it says bye: no relay left at either end)."""
+    configs = [make_config(mesh={"relay": True}), make_config(), make_config()]
+    one_community(configs)
+    async with contextlib.AsyncExitStack() as relay_stack:
+        relay = await relay_stack.enter_async_context(Node(configs[0]))
+        async with (
+            Node(member(configs[1], relay.url)) as a,
+            Node(member(configs[2], relay.url)) as b,
+        ):
+            await wait_until(
+                lambda: (path_to(a, b), path_to(b, a)) == ("relayed", "relayed"),
+                20,
+                "a and b relayed to each other",
+            )
+            if direct:
+                a.mesh.spawn(a.mesh.dial(b.url), "dial-b")
+                await wait_until(
+                    lambda: (path_to(a, b), path_to(b, a)) == ("direct", "direct"), 20, "direct"
+                )
+            await relay_stack.aclose()
+            cores = [n.mesh.relaying.paths for n in (a, b)]
+            await wait_until(
+                lambda: all(c is not None and c.relays.primary is None for c in cores),
+                10,
+                "a and b without a relay",
+            )
+            yield a, b
+
+
 async def test_a_direct_link_cut_with_no_relay_left_resends_its_sequence_on_a_redial(
     make_config: MakeConfig,
 ) -> None:
@@ -50,66 +89,45 @@ async def test_a_direct_link_cut_with_no_relay_left_resends_its_sequence_on_a_re
     can fall back, both hold the sequence, a re-dials, b's sequence goes on (not
     restarted) until a acknowledged all of it, and a holds every message, each one
     brought by the sequence (any repaired copy was a duplicate)."""
-    configs = [make_config(mesh={"relay": True}), make_config(), make_config()]
-    one_community(configs)
-    async with contextlib.AsyncExitStack() as relay_stack:
-        relay = await relay_stack.enter_async_context(Node(configs[0]))
-        async with (
-            Node(_member(configs[1], relay.url)) as a,
-            Node(_member(configs[2], relay.url)) as b,
-        ):
-            await wait_until(
-                lambda: (path_to(a, b), path_to(b, a)) == ("relayed", "relayed"),
-                20,
-                "a and b relayed to each other",
-            )
-            await relay_stack.aclose()  # the relay says bye: no relay left at either end
-            cores = [n.mesh.relaying.paths for n in (a, b)]
-            await wait_until(
-                lambda: all(c is not None and c.relays.primary is None for c in cores),
-                10,
-                "a and b without a relay",
-            )
-            me = _node_caller(b)
-            await asyncio.gather(
-                *(b.pubsub.publish(me, "held", "m", {"i": i}) for i in range(MESSAGES))
-            )
-            core_b, switch_a, switch_b = (
-                b.mesh.relaying.paths,
-                a.mesh.relaying.switch,
-                b.mesh.relaying.switch,
-            )
-            assert core_b is not None
-            assert switch_a is not None
-            assert switch_b is not None
-            a.mesh.spawn(a.mesh.dial(b.url), "dial-b")
-            # the moment b's link to a is direct, with its sequence resent on it and not
-            # all acknowledged yet: cut (the check and the cut in one step of the loop)
-            deadline = time.monotonic() + CUT_WITHIN_S
-            while path_to(b, a) != "direct" or path_to(a, b) != "direct":
-                assert time.monotonic() < deadline, "no direct link within the limit"
-                await asyncio.sleep(0)
-            unsettled = not core_b.settled(a.keys.node_id)
-            numbered = core_b.numbers(a.keys.node_id)[0]
-            _cut(a, b)
-            await wait_until(
-                lambda: (path_to(a, b), path_to(b, a)) == (None, None), 10, "the cut seen"
-            )
-            held = (switch_a.held.held, switch_b.held.held)
-            a.mesh.spawn(a.mesh.dial(b.url), "redial-b")
-            await wait_until(
-                lambda: a.mesh.tracker.heads.get(b.keys.node_id, 0) >= MESSAGES,
-                30,
-                "a holds every message of b",
-            )
-            await wait_until(lambda: core_b.settled(a.keys.node_id), 10, "b's sequence acked")
-            rows = await a.message_log.reader.read_origin(b.keys.node_id, 1, MESSAGES, 1000)
-            # the greeting's ``ihave`` can overtake the messages' ingestion at a, which
-            # then asks for them again: b repairs, and each copy is a duplicate at a
-            copies = await _copies(a, b, REPAIRED_WITHIN_S)
-            resumed = (switch_a.held.resumed, switch_b.held.resumed)
-            shown = await _shown(a)
-            continued = core_b.numbers(a.keys.node_id)[0] >= numbered > MESSAGES
+    async with without_relay(make_config, _member) as (a, b):
+        me = _node_caller(b)
+        await asyncio.gather(
+            *(b.pubsub.publish(me, "held", "m", {"i": i}) for i in range(MESSAGES))
+        )
+        core_b, switch_a, switch_b = (
+            b.mesh.relaying.paths,
+            a.mesh.relaying.switch,
+            b.mesh.relaying.switch,
+        )
+        assert core_b is not None
+        assert switch_a is not None
+        assert switch_b is not None
+        a.mesh.spawn(a.mesh.dial(b.url), "dial-b")
+        # the moment b's link to a is direct, with its sequence resent on it and not
+        # all acknowledged yet: cut (the check and the cut in one step of the loop)
+        deadline = time.monotonic() + CUT_WITHIN_S
+        while path_to(b, a) != "direct" or path_to(a, b) != "direct":
+            assert time.monotonic() < deadline, "no direct link within the limit"
+            await asyncio.sleep(0)
+        unsettled = not core_b.settled(a.keys.node_id)
+        numbered = core_b.numbers(a.keys.node_id)[0]
+        _cut(a, b)
+        await wait_until(lambda: (path_to(a, b), path_to(b, a)) == (None, None), 10, "the cut seen")
+        held = (switch_a.held.held, switch_b.held.held)
+        a.mesh.spawn(a.mesh.dial(b.url), "redial-b")
+        await wait_until(
+            lambda: a.mesh.tracker.heads.get(b.keys.node_id, 0) >= MESSAGES,
+            30,
+            "a holds every message of b",
+        )
+        await wait_until(lambda: core_b.settled(a.keys.node_id), 10, "b's sequence acked")
+        rows = await a.message_log.reader.read_origin(b.keys.node_id, 1, MESSAGES, 1000)
+        # the greeting's ``ihave`` can overtake the messages' ingestion at a, which
+        # then asks for them again: b repairs, and each copy is a duplicate at a
+        copies = await _copies(a, b, REPAIRED_WITHIN_S)
+        resumed = (switch_a.held.resumed, switch_b.held.resumed)
+        shown = await _shown(a)
+        continued = core_b.numbers(a.keys.node_id)[0] >= numbered > MESSAGES
     assert (True, (1, 1), (1, 1), True, MESSAGES, copies[0], (1, 1, 0, 1.0, 1.0)) == (
         unsettled,
         held,
