@@ -146,6 +146,10 @@ class MessageLog:
         self._pruner: Pruner | None = None
         self._pending: list[Pending] = []
         self._queued_messages = 0  # in _pending (an entry may hold a group's run)
+        # Batches the flush loop took from _pending and has not committed yet: one may
+        # wait for the write lock (retention's transaction holds it), and nothing queued
+        # after it may be committed before it (see end_turn).
+        self._taken = 0
         self._wake = asyncio.Event()
         self._write_lock = asyncio.Lock()
         self._turn: asyncio.Handle | None = None  # end_turn is due (synchronous=NORMAL)
@@ -373,9 +377,17 @@ class MessageLog:
         (scheduled by the first of them, or called by a caller that runs at the end of
         the turn already: the WebSocket sessions' groups, which saves a loop turn):
         commit a lone small batch here (:data:`INLINE_MAX`, the writer idle, no commit
-        or deletion under way), without the flush loop's task and lock; anything else,
-        or a batch whose commit failed here, goes to the flush loop (which commits in
-        queue order and answers failures). Nothing when no such turn is due."""
+        or deletion under way, no batch taken by the flush loop and not yet committed),
+        without the flush loop's task and lock; anything else, or a batch whose commit
+        failed here, goes to the flush loop (which commits in queue order and answers
+        failures). Nothing when no such turn is due.
+
+        Commits follow the queue's order: ``seq`` is given at commit, ``origin_seq`` at
+        queueing, and subscribers get a commit's messages in ``seq`` order. A batch the
+        flush loop took may still wait for the write lock after retention released it
+        (the lock is free until the flush loop's task runs again), so an idle writer and
+        a free lock are not enough: a group queued meanwhile and committed here would
+        take ``seq`` numbers before the earlier publishes (``_taken``)."""
         turn = self._turn
         if turn is None:
             return
@@ -389,6 +401,7 @@ class MessageLog:
             and writer is not None
             and writer.idle
             and not self._write_lock.locked()
+            and not self._taken
         ):
             consumers = dirty_consumers(self._changed)
             job = partial(
@@ -429,7 +442,12 @@ class MessageLog:
 
     async def _flush_all(self) -> None:
         while self._pending:
-            await self._commit(self._take())
+            batch = self._take()
+            self._taken += 1  # until committed: end_turn commits nothing queued after it
+            try:
+                await self._commit(batch)
+            finally:
+                self._taken -= 1
 
     async def _commit(self, batch: list[Pending]) -> None:
         """Commit one batch (counters move only after it committed); when its transaction
