@@ -11,8 +11,8 @@ direct link a queue), no sockets.
 Each round sends ``--frames`` reply frames one way and hands each to the other end as
 its link would (the frame decoded once, a path frame taken into the sequence and its
 inner frame decoded too; acks carried back every ``ACK_BATCH`` frames); the modes
-alternate round by round and the median per frame is reported, with the frames of the
-last ``switched`` round that went in the sequence.
+alternate round by round, in alternating order, and the median per frame is reported,
+with the frames of the last ``switched`` round that went in the sequence.
 
 Run: python -m bench.bench_switch_calls [--frames 20000] [--rounds 6]
 """
@@ -94,10 +94,13 @@ def main() -> None:
     args = parser.parse_args()
     per: dict[str, list[float]] = {"plain": [], "switched": []}
     sequenced = 0
-    for _ in range(min(args.rounds, 50)):
-        for mode in ("plain", "switched"):
-            took, sequenced = _round(args.frames, switched=mode == "switched")
+    for i in range(min(args.rounds, 50)):
+        # the order alternates too: a round run second in a pair ran slower (the first
+        # one's garbage), which made one mode look dearer than the other when equal
+        for mode in ("plain", "switched") if i % 2 == 0 else ("switched", "plain"):
+            took, went = _round(args.frames, switched=mode == "switched")
             per[mode].append(took * 1e6)
+            sequenced = went if mode == "switched" else sequenced
     med = {mode: statistics.median(v) for mode, v in per.items()}
     save(
         "switch_calls",
