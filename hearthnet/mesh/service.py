@@ -394,6 +394,10 @@ class Mesh:
             return
         if fell_back or self.relaying.held_link(link.node) is link:
             self.remote.resend(link.node)  # what the dead link lost of the calls (call_hold.py)
+            # then what it never wrote (presence above all: unsent.py); its sequencer
+            # hands each frame to the link in its place, or the held sequence
+            for data in link.take_unsent():
+                link.send_raw(data)
         else:
             self.traffic.forget(link.node)
 
