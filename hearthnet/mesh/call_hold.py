@@ -1,20 +1,28 @@
-"""Calls across a held sequence (spec §8; :mod:`hearthnet.mesh.path_hold`). Pure.
+"""What each end of a call sends again when the link under it changed (spec §8). Pure.
 
-A direct link that dies with no relay to fall back to holds the peer's sequence for a
-re-dial, and the calls in flight with the peer go on with it: what they send meanwhile
-waits in the sequence. The sequence resends what it numbered; but a link whose sequence
-had settled carried plain frames, and those on the way when it died are lost with it. So,
-when the sequence is held, each end of a call sends again, into it, what the other end
-may not have received:
+The calls with a peer outlive its direct link: a fall-back to the relay
+(:mod:`hearthnet.mesh.path_switch`) or a held sequence taken up by the next link
+(:mod:`hearthnet.mesh.path_hold`) carries them on. The peer's sequence resends what it
+numbered; but a direct link whose switch had settled carries plain frames, call frames
+among them (numbering each one cost two to three times its plain CPU), and those on the
+way when it died are lost with it. So, at the fall-back or the hold, each end of a call
+sends again, on the link that took the dead one's place, what the other end may not
+have received:
 
-- the caller, its last ``ack`` of each call to the peer (an ack lost would leave the
-  provider waiting on a full window while the caller waits for the next frame);
-- the provider, the reply frames the caller has not acknowledged (:class:`ReplyTails`:
-  at most a window's worth per call, and the last ones of the calls that ended lately,
+- the caller (:class:`CallerResends`): the opening (``call``) of each call not yet
+  answered (the provider may never have seen it), the tool results of each running call,
+  and the ``cancel`` of the calls it ended lately (a provider that missed one would run
+  the call on until its deadline); and its last ``ack`` of each call (an ack lost would
+  leave the provider waiting on a full window while the caller waits for the next frame);
+- the provider (:class:`ReplyTails`), the reply frames the caller has not acknowledged
+  (at most a window's worth per call, and the last ones of the calls that ended lately,
   whose final frame the caller never acknowledges).
 
-The caller takes each reply frame once by its number (``again`` is dropped), so what
-comes twice, by the sequence and sent again, is handed on once, in order.
+Each side drops what it had already: the caller takes each reply frame once by its
+number, the provider a call opening once by its id (:class:`SeenCalls`; else a call it
+ran would be refused as a replay, or run twice), a second tool result for one tool call
+is refused as answered, and a ``cancel`` or ``ack`` is idempotent. So what comes twice
+(by the sequence and sent again, or on the dead link and sent again) is taken once.
 """
 
 from __future__ import annotations
@@ -22,6 +30,9 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 MAX_ENDED = 64  # calls that ended whose last frames are kept (the oldest go first)
+MAX_CANCELS = 64  # cancels sent lately, sent again at a path change (the oldest go first)
+MAX_RESULTS = 8  # tool results kept per running call (the last ones)
+MAX_SEEN = 4096  # call openings a provider remembers (per node, the oldest go first)
 
 
 class ReplyTails:
@@ -71,3 +82,75 @@ class ReplyTails:
         for key in [k for k in self._tails if k[0] == peer]:
             del self._tails[key]
             self._ended.pop(key, None)
+
+
+class CallerResends:
+    """A caller's frames a provider needs whole, per call ``sid`` to neighbour ``peer``:
+    the opening until the first reply frame, the last :data:`MAX_RESULTS` tool results
+    while the call runs, and the :data:`MAX_CANCELS` cancels sent last."""
+
+    def __init__(self, max_cancels: int = MAX_CANCELS) -> None:
+        self.max_cancels = max_cancels
+        self._openings: dict[str, tuple[str, bytes]] = {}
+        self._results: dict[str, tuple[str, deque[bytes]]] = {}
+        self._cancels: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
+
+    def opened(self, peer: str, sid: str, data: bytes) -> None:
+        """The call's opening (encoded ``data``) went to ``peer``."""
+        self._openings[sid] = (peer, data)
+
+    def answered(self, sid: str) -> None:
+        """The call's first reply frame came: the provider has the call."""
+        self._openings.pop(sid, None)
+
+    def tool_result(self, peer: str, sid: str, data: bytes) -> None:
+        """A tool result of the running call went to ``peer``."""
+        kept = self._results.get(sid)
+        if kept is None:
+            kept = self._results[sid] = (peer, deque(maxlen=MAX_RESULTS))
+        kept[1].append(data)
+
+    def ended(self, sid: str) -> None:
+        """The call ended here (whole, failed, or cancelled)."""
+        self._openings.pop(sid, None)
+        self._results.pop(sid, None)
+
+    def cancelled(self, peer: str, sid: str, data: bytes) -> None:
+        """The call's ``cancel`` went to ``peer`` (the call ended here)."""
+        self.ended(sid)
+        self._cancels[sid] = (peer, data)
+        self._cancels.move_to_end(sid)
+        while len(self._cancels) > self.max_cancels:
+            self._cancels.popitem(last=False)
+
+    def again(self, peer: str) -> list[bytes]:
+        """What to send ``peer`` again: openings, then tool results, then cancels."""
+        out = [data for p, data in self._openings.values() if p == peer]
+        out += [data for p, kept in self._results.values() if p == peer for data in kept]
+        out += [data for p, data in self._cancels.values() if p == peer]
+        return out
+
+    def forget(self, peer: str) -> None:
+        """The calls with ``peer`` ended with its link (no link took its place)."""
+        for table in (self._openings, self._results, self._cancels):
+            for sid in [s for s, (p, _) in table.items() if p == peer]:
+                del table[sid]
+
+
+class SeenCalls:
+    """The call openings a provider took lately, by ``(peer, sid)``: one sent again after
+    a path change is dropped (the provider ran it, or runs it, already)."""
+
+    def __init__(self, max_seen: int = MAX_SEEN) -> None:
+        self.max_seen = max_seen
+        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+
+    def first(self, peer: str, sid: str) -> bool:
+        """True the first time call ``sid`` comes from ``peer`` (recorded), else False."""
+        key = (peer, sid)
+        if key in self._seen:
+            return False
+        self._seen[key] = None
+        if len(self._seen) > self.max_seen:
+            self._seen.popitem(last=False)
+        return True

@@ -35,6 +35,7 @@ from hearthnet.mesh.protocol import (
 )
 from hearthnet.mesh.route_batch import pack_routes
 from hearthnet.mesh.route_header import TAG_BYTE
+from hearthnet.mesh.unsent import UnsentFrames
 from hearthnet.mesh.wsbatch import BatchWriter
 from hearthnet.metrics import Counter, MetricsRegistry
 
@@ -254,6 +255,8 @@ class PeerLink:
         # direct link that replaced it continues their sequence (mesh/path_switch.py):
         # takes a frame and returns True, or False to send it plainly
         self.sequencer: Callable[[bytes], bool] | None = None
+        # spec §8: what it refuses while closing, for the link that takes its place
+        self.unsent = UnsentFrames()
         self._to(LinkState.UP)
 
     @property
@@ -282,6 +285,8 @@ class PeerLink:
         """Queue frame bytes as they are (no ``sequencer``); False (and the link closes)
         when the peer cannot keep up."""
         if self.state is not LinkState.UP:
+            if self.state is LinkState.CLOSING:  # a fall-back may hand it on (unsent.py)
+                self.unsent.keep(data)
             return False
         if (
             len(self._queue) >= SEND_QUEUE_FRAMES
@@ -329,6 +334,14 @@ class PeerLink:
     def queued(self) -> int:
         """Frames waiting to be written."""
         return len(self._queue)
+
+    def take_unsent(self) -> list[bytes]:
+        """Once down, what it never wrote (queued, or refused while closing), bounded, for
+        the link that takes its place (spec §8; mesh/unsent.py); the queue is emptied."""
+        frames = self.unsent.take(self._queue)
+        self._queue.clear()
+        self._queued_bytes = 0
+        return frames
 
     def close(self, reason: str, *, send_bye: bool = True) -> None:
         """Start closing: a ``bye`` goes out last (if asked), then the socket closes."""
@@ -383,8 +396,7 @@ class PeerLink:
                     self.down_reason = self.down_reason or f"write failed: {exc}"
                     if self.state is LinkState.UP:
                         self._to(LinkState.CLOSING)
-                    self._queue.clear()
-                    self._queued_bytes = 0
+                    # what is still queued stays for take_unsent (a fall-back hands it on)
                     await _close(ws, "close_after_write_error", self.errors, self.node)
                     return
             if self.state is not LinkState.UP:

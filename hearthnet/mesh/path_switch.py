@@ -11,8 +11,9 @@ dialling us), frames may still be on the relayed path. The switch:
    the link's ``sequencer``), so the peer hands frames on in the order they were sent,
    whichever path brought them; heartbeats go plainly.
 3. Then the direct link carries plain frames: everything before them has been delivered.
-   Call frames excepted (``calls_only``): while the sequence is kept for a fall-back they
-   go on in it, so a fall-back resends those the dying link lost and the calls go on.
+   Call frames too: what a fall-back must resend of a call (its opening, acks, reply
+   frames, tool results, cancel) the calls send again themselves (:mod:`call_hold`), so
+   a settled link pays nothing per frame for the fall-back it keeps.
 
 Nothing of the mesh above sees the switch: the relayed link, once replaced, hands what is
 still sent on it (a call's replies, say) to the direct link, and calls streaming across
@@ -64,7 +65,7 @@ from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.path_frames import Drain, PAck, PathFrame, PFrame
 from hearthnet.mesh.path_hold import HeldSequences
 from hearthnet.mesh.paths import PathCore, PathState, Transmit, describe
-from hearthnet.mesh.pathseq import is_call, is_gossip, is_heartbeat
+from hearthnet.mesh.pathseq import is_gossip, is_heartbeat
 from hearthnet.mesh.relayed_link import PEER_RENEWED, is_relayed
 from hearthnet.metrics import MetricsRegistry
 
@@ -112,10 +113,6 @@ class PathSwitch:
         # peers whose switch retired unsettled -> the last frame numbered then: once the
         # peer acknowledged up to it, the direct link goes plain (the rest stays kept)
         self._marks: dict[str, int] = {}
-        # peers whose direct link's switch settled while their sequence is kept for a
-        # fall-back: call frames (pathseq.is_call) still go in the sequence on the direct
-        # link, so one the dying link loses is resent through the relay; the rest go plain
-        self.calls_only: set[str] = set()
         self.unexpected = 0  # path frames on a direct link from a peer with no sequence
         self.sequenced = 0  # frames sent in a relayed sequence on a direct link
         self.fallbacks = 0  # direct links that died within a switch, fallen back to the relay
@@ -141,17 +138,14 @@ class PathSwitch:
         switching = switching or link.node in self.held or relayed
         if is_relayed(link) or not switching or not link.v2:
             return  # a hearthnet-peer.v1 peer drops pframes; it gets plain frames at once
+        if self.paths.settled(link.node):  # nothing in flight: plain frames at once
+            _trace(self.paths, "direct link to %s established: settled, plain", link.node)
+            return
         self._direct[link.node] = link
-        if self.paths.settled(link.node):  # nothing in flight: only call frames sequenced
-            self.calls_only.add(link.node)
-            what = "direct link to %s established: call frames continue the sequence"
-        else:
-            self.calls_only.discard(link.node)
-            what = "direct link to %s established: it continues the sequence"
         if link.node in self._marks:  # what the old link still carries is sent until now
             self._marks[link.node] = self.paths.numbers(link.node)[0]
         link.sequencer = lambda data, peer=link.node: self._sequence(peer, data)
-        _trace(self.paths, what, link.node)
+        _trace(self.paths, "direct link to %s established: it continues the sequence", link.node)
 
     def replaced(self, peer: str, now: float) -> None:
         """The relayed link to ``peer`` closed for a direct one: drain the relayed path."""
@@ -220,7 +214,6 @@ class PathSwitch:
             return False
         self._direct.pop(peer, None)
         self._marks.pop(peer, None)
-        self.calls_only.discard(peer)
         # this switch is over: the next one is retired RETIRE_S after it, not after this
         # one (else an end that saw it first could forget while the other falls back)
         self.retiring.pop(peer, None)
@@ -262,7 +255,7 @@ class PathSwitch:
 
     def settle(self, peer: str) -> None:
         """Once ``peer`` acknowledged the whole relayed sequence, its direct link carries
-        plain frames (but call frames, while the sequence is kept: :meth:`_end`)."""
+        plain frames (the sequence stays kept for a fall-back while the link lives)."""
         link = self._direct.get(peer)
         if link is not None and self._settled(peer):
             self._end(peer)
@@ -276,17 +269,11 @@ class PathSwitch:
             return True
         return self.paths.settled(peer)
 
-    def _end(self, peer: str, *, whole: bool = False) -> None:
-        """The switch's sequence settled: while the peer's sequence is kept for a fall-back
-        (its relayed path retiring or kept), only call frames go on in it; else, or
-        ``whole``, the direct link carries plain frames."""
+    def _end(self, peer: str) -> None:
+        """The switch's sequence settled (or gave up ordering): the direct link carries
+        plain frames, every kind, a call's too (a fall-back's resend of those is the
+        calls' own: :mod:`hearthnet.mesh.call_hold`)."""
         self._marks.pop(peer, None)
-        if not whole and peer in self._direct and (peer in self.retiring or peer in self.kept):
-            if peer not in self.calls_only:
-                self.calls_only.add(peer)
-                _trace(self.paths, "direct link to %s: only call frames sequenced", peer)
-            return
-        self.calls_only.discard(peer)
         # both: of two links dialled at once, the one established last may have lost
         ended = False
         for link in (self._direct.pop(peer, None), self.links.get(peer)):
@@ -298,22 +285,17 @@ class PathSwitch:
 
     def _sequence(self, peer: str, data: bytes) -> bool:
         """The direct link's ``sequencer``: frames continue the relayed sequence (True), or
-        go plainly (False: a heartbeat, or the sequence is settled and ``data`` is not a
-        call frame kept in it)."""
+        go plainly (False: a heartbeat, or the sequence is settled)."""
         if is_heartbeat(data):
             return False
-        if peer not in self._direct:
+        if peer not in self._direct or self._settled(peer):
             self._end(peer)
-            return False
-        if peer not in self.calls_only and self._settled(peer):
-            self._end(peer)  # only call frames from now on, or none
-        if peer not in self._direct or (peer in self.calls_only and not is_call(data)):
             return False
         try:
             actions = self.paths.send(peer, data, time.monotonic(), sheddable=is_gossip(data))
         except WireError as exc:  # too much unacknowledged: give up ordering, not frames
             log.info("direct link to %s: %s; frames go plainly", peer, exc, extra={"peer": peer})
-            self._end(peer, whole=True)
+            self._end(peer)
             return False
         self.sequenced += 1
         self.carry(actions)
@@ -456,7 +438,7 @@ class PathSwitch:
         self.renewing.pop(peer, None)
         self.held.forgotten(peer)
         self.came_via.pop(peer, None)
-        self._end(peer, whole=True)
+        self._end(peer)
 
 
 def _trace(paths: PathCore, what: str, peer: str) -> None:
@@ -508,7 +490,6 @@ def register_switch_metrics(m: MetricsRegistry, switch: PathSwitch) -> None:
     )
     m.gauge(
         "hearthnet_path_switch_sequenced_frames",
-        "Frames sent on a direct link in a relayed link's sequence: while it turned direct, "
-        "then call frames while the sequence is kept for a fall-back.",
+        "Frames sent on a direct link in a relayed link's sequence, while it turned direct.",
         lambda: float(switch.sequenced),
     )

@@ -42,7 +42,7 @@ from hearthnet.errors import (
 from hearthnet.frames import Frame
 from hearthnet.ids import is_node_id, new_ulid
 from hearthnet.mesh.call_frames import Ack, Call, Cancel, StreamFrame, ToolResult
-from hearthnet.mesh.call_hold import ReplyTails
+from hearthnet.mesh.call_hold import CallerResends, ReplyTails, SeenCalls
 from hearthnet.transport.flow import FlowWindow
 
 log = logging.getLogger("hearthnet.mesh.remote")
@@ -96,6 +96,7 @@ class _Outgoing:
         default_factory=lambda: asyncio.Queue(STREAM_WINDOW * 2)
     )
     seq: int = 0  # the last frame's number: the provider numbers them 1, 2, 3...
+    answered: bool = False  # a reply frame came (the provider has the call)
 
     def arrival(self, item: Frame) -> Literal["next", "again", "gap"]:
         """Where ``item`` falls in the reply: the ``next`` frame (counted as received; an
@@ -217,10 +218,15 @@ class RemoteCalls:
         self.signatures: SignatureWorker | None = None
         # routes[provider] = (hops, via neighbour, descriptors) learnt from each neighbour
         self.learnt: dict[str, dict[str, tuple[int, list[CapabilityDescriptor]]]] = {}
-        # spec §8: reply frames not yet acknowledged, sent again when a held sequence
-        # takes the calls on (call_hold.py); and whether a peer's sequence is held now
+        # spec §8: what each end of a call sends again when the link under it changed (a
+        # fall-back, a held sequence taken up: call_hold.py): a provider's reply frames
+        # not yet acknowledged, a caller's openings, tool results and cancels; the call
+        # openings taken (one sent again is dropped); whether a peer's sequence is held
         self.tails = ReplyTails()
+        self.resends = CallerResends()
+        self.seen = SeenCalls()
         self.is_held: Callable[[str], bool] = lambda node: False
+        self.resent = 0  # call frames sent again after a path change, since start
 
     # --- routes -----------------------------------------------------------------------
 
@@ -275,6 +281,7 @@ class RemoteCalls:
         error's message); True when our routes changed."""
         self.learnt.pop(via, None)
         self.tails.forget(via)
+        self.resends.forget(via)
         for key, stream in list(self.outgoing.items()):
             if stream.via == via:
                 stream.fail(Unavailable(why or f"the link to {via} went down mid-call"))
@@ -284,19 +291,25 @@ class RemoteCalls:
                 incoming.task.cancel()
         return self._rebuild()
 
-    def held(self, peer: str) -> None:
-        """``peer``'s direct link died and its sequence is held for the next link (spec
-        §8, path_hold.py): the calls with it go on. What it may have lost unnumbered is
-        sent again, into the sequence: our last ack of each call to it, and the reply
-        frames it has not acknowledged (call_hold.py)."""
+    def resend(self, peer: str) -> None:
+        """``peer``'s direct link died and a relayed link took its place (a fall-back), or
+        its sequence is held for the next link (spec §8; path_switch.py, path_hold.py):
+        the calls with it go on. What the dead link may have lost unnumbered (it carried
+        plain frames once its switch settled) is sent again on the peer's link now, in
+        the sequence: our openings of calls not answered, tool results and cancels, our
+        last ack of each call to it, and the reply frames it has not acknowledged
+        (call_hold.py). The peer drops what it had."""
         link = self.link_to(peer)
         if link is None:
             return
-        for sid, out in list(self.outgoing.items()):
-            if out.via == peer and out.seq:
-                link.send_raw(Ack(sid, out.seq).encode())
-        for data in self.tails.again(peer):
+        frames = self.resends.again(peer)
+        frames += [
+            Ack(s, o.seq).encode() for s, o in self.outgoing.items() if o.via == peer and o.seq
+        ]
+        frames += self.tails.again(peer)
+        for data in frames:
             link.send_raw(data)
+        self.resent += len(frames)
 
     def _rebuild(self) -> bool:
         best: dict[str, tuple[int, str, list[CapabilityDescriptor]]] = {}
@@ -336,17 +349,17 @@ class RemoteCalls:
         sid = new_ulid()
         out = self.outgoing[sid] = _Outgoing(provider.via)
         remaining = max(1, int(ctx.remaining_s() * 1000))
-        link.send_raw(
-            Call(
-                sid,
-                provider.node_id,
-                call.envelope.to_json(),
-                call.signature,
-                call.token,
-                remaining,
-                ctx.inline_tools,
-            ).encode()
-        )
+        opening = Call(
+            sid,
+            provider.node_id,
+            call.envelope.to_json(),
+            call.signature,
+            call.token,
+            remaining,
+            ctx.inline_tools,
+        ).encode()
+        self.resends.opened(provider.via, sid, opening)
+        link.send_raw(opening)
         ctx.forward_tool_result = lambda tool_call_id, body: self._send(
             provider.via, ToolResult(sid, tool_call_id, body)
         )
@@ -367,13 +380,19 @@ class RemoteCalls:
                     self._send(provider.via, Ack(sid, item.seq))
         finally:
             self.outgoing.pop(sid, None)
+            self.resends.ended(sid)
             if not finished:
                 self._send(provider.via, Cancel(sid))
 
     def _send(self, node: str, frame: Ack | Cancel | ToolResult) -> None:
+        data = frame.encode()
+        if isinstance(frame, Cancel):  # sent again at a path change (call_hold.py)
+            self.resends.cancelled(node, frame.sid, data)
+        elif isinstance(frame, ToolResult):
+            self.resends.tool_result(node, frame.sid, data)
         link = self.link_to(node)
         if link is not None:
-            link.send_raw(frame.encode())
+            link.send_raw(data)
 
     def on_frame(self, link: LinkSender, frame: StreamFrame) -> None:
         """A ``frame`` reply for one of our outgoing calls."""
@@ -390,6 +409,9 @@ class RemoteCalls:
         arrival = out.arrival(item)
         if arrival == "again":
             return
+        if not out.answered:  # the provider has the call: its opening is not sent again
+            out.answered = True
+            self.resends.answered(frame.sid)
         if arrival == "gap":  # the stream ends with an error frame, never as if whole
             self.outgoing.pop(frame.sid, None)
             out.fail(
@@ -414,12 +436,10 @@ class RemoteCalls:
         """A call from a peer: verify the original caller, then run or pass it on."""
         sid = frame.sid
         key = (link.node, sid)
-        if (
-            key in self.incoming
-            or sum(1 for p, _ in self.incoming if p == link.node) >= MAX_STREAMS_PER_LINK
-        ):
-            refusal = CapacityExceeded("too many calls on this link")
-            _reply(link, sid, Frame("error", refusal.to_frame_data(), 1))
+        if key in self.incoming or not self.seen.first(link.node, sid):
+            return  # sent again after a path change (call_hold.py): taken already
+        if sum(1 for p, _ in self.incoming if p == link.node) >= MAX_STREAMS_PER_LINK:
+            self._refuse(link, sid, CapacityExceeded("too many calls on this link"))
             return
         target = frame.to
         pinned = target if target is not None and is_node_id(target) else self.node_id
@@ -442,7 +462,7 @@ class RemoteCalls:
             )
             handle = self.bus.open(call, inline_tools=frame.inline)
         except WireError as exc:
-            _reply(link, sid, Frame("error", exc.to_frame_data(), 1))
+            self._refuse(link, sid, exc)
             return
         incoming = self.incoming[key] = _Incoming(handle)
         incoming.task = self.spawn(self._serve(link, sid, incoming), f"remote-call-{sid}")
@@ -471,12 +491,19 @@ class RemoteCalls:
             incoming.handle = self.bus.open(call, inline_tools=frame.inline)
         except WireError as exc:
             self.incoming.pop(key, None)
-            _reply(link, frame.sid, Frame("error", exc.to_frame_data(), 1))
+            self._refuse(link, frame.sid, exc)
             return
         except BaseException:  # cancelled (the caller's cancel), or a bug
             self.incoming.pop(key, None)
             raise
         await self._serve(link, frame.sid, incoming)
+
+    def _refuse(self, link: LinkSender, sid: str, error: WireError) -> None:
+        """The call ends at once with ``error`` (its one frame kept to be sent again)."""
+        self.tails.sent(
+            link.node, sid, 1, _reply(link, sid, Frame("error", error.to_frame_data(), 1))
+        )
+        self.tails.ended(link.node, sid)
 
     async def _serve(self, link: LinkSender, sid: str, incoming: _Incoming) -> None:
         handle = incoming.handle

@@ -390,10 +390,14 @@ class Mesh:
             self.book.hold(link.address, time.monotonic(), 0)
         # spec §8: calls and routes go on over the link that replaced this one, or wait
         # in the peer's held sequence for the next link (path_hold.py)
-        if reason == REPLACED_BY_DIRECT or fell_back:
+        if reason == REPLACED_BY_DIRECT:
             return
-        if self.relaying.held_link(link.node) is link:
-            self.remote.held(link.node)
+        if fell_back or self.relaying.held_link(link.node) is link:
+            self.remote.resend(link.node)  # what the dead link lost of the calls (call_hold.py)
+            # then what it never wrote (presence above all: unsent.py); its sequencer
+            # hands each frame to the link in its place, or the held sequence
+            for data in link.take_unsent():
+                link.send_raw(data)
         else:
             self.traffic.forget(link.node)
 
