@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping
 
 import orjson
@@ -78,7 +79,12 @@ def removal(index: LogIndex, gone: Mapping[str, list[int]]) -> dict[str, Removed
     for origin, seqs in gone.items():
         seqs.sort()
         was = mine.get(origin, NOTHING)
-        now = after_removal(was, seqs, origin_seqs(index, origin))
+        held = origin_seqs(index, origin)
+        # a copy of the part looked at, taken in one step: the event loop may insert a
+        # repaired seq meanwhile (a window of the array as it was then, or one place off
+        # at an end, only ever shows fewer seqs held: more holes, never fewer)
+        window = held[bisect_right(held, was.upto) : bisect_right(held, seqs[-1]) + 1]
+        now = after_removal(was, seqs, window)
         if now != was:
             out[origin] = now
     return out
