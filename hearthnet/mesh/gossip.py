@@ -60,6 +60,7 @@ class OriginTracker:
         self.floors[origin] = floor
         if done:
             self.done[origin] = sorted(done)
+            self.above.setdefault(origin, set())  # kept while there are runs: _advance
             self.heads[origin] = self._advance(origin, head)
         for seq in above or ():
             self.add(origin, seq)
@@ -87,16 +88,20 @@ class OriginTracker:
         self.heads[origin] = self._advance(origin, seq)
 
     def _advance(self, origin: str, head: int) -> int:
-        """Fold the seqs held just above ``head`` into it (and the removed runs)."""
+        """Fold the seqs held just above ``head`` into it (and the removed runs: an
+        origin with some keeps a bucket, empty or not, so that an origin without either
+        costs one lookup)."""
         bucket = self.above.get(origin)
+        if bucket is None:
+            return head
         while bucket and head + 1 in bucket:
             head += 1
             bucket.discard(head)
             self.above_count -= 1
-        if self.done and origin in self.done:
+        if origin in self.done:
             head = self._fold_done(origin, head)
-        if bucket is not None and not bucket:
-            self.above.pop(origin, None)
+        if not bucket and origin not in self.done:
+            del self.above[origin]
         return head
 
     def _fold_done(self, origin: str, head: int) -> int:
