@@ -42,11 +42,26 @@ class OriginTracker:
     # origin -> the highest seq skipped on a peer's floor since the glue last took them
     # (it records them as removed by retention, so a restart starts past them too)
     skipped: dict[str, int] = field(default_factory=dict)
+    # origin -> runs (first, last) above the head that retention removed here, ascending:
+    # from the log at start, when a hole below them never came (logfloors.py); the head
+    # moves over them once the hole is filled, and no one is asked for them
+    done: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
-    def load(self, origin: str, head: int, floor: int, above: list[int] | None = None) -> None:
+    def load(
+        self,
+        origin: str,
+        head: int,
+        floor: int,
+        above: list[int] | None = None,
+        done: list[tuple[int, int]] | None = None,
+    ) -> None:
         """Initialise one origin from the log (at start)."""
         self.heads[origin] = head
         self.floors[origin] = floor
+        if done:
+            self.done[origin] = sorted(done)
+            self.above.setdefault(origin, set())  # kept while there are runs: _advance
+            self.heads[origin] = self._advance(origin, head)
         for seq in above or ():
             self.add(origin, seq)
 
@@ -63,6 +78,8 @@ class OriginTracker:
         if seq <= head:
             return
         if seq > head + 1:
+            if self.done and _within(self.done.get(origin), seq):
+                return  # counted done already
             bucket = self.above.setdefault(origin, set())
             if seq not in bucket and self.above_count < MAX_ABOVE:
                 bucket.add(seq)
@@ -71,14 +88,38 @@ class OriginTracker:
         self.heads[origin] = self._advance(origin, seq)
 
     def _advance(self, origin: str, head: int) -> int:
-        """Fold the seqs held just above ``head`` into it."""
+        """Fold the seqs held just above ``head`` into it (and the removed runs: an
+        origin with some keeps a bucket, empty or not, so that an origin without either
+        costs one lookup)."""
         bucket = self.above.get(origin)
+        if bucket is None:
+            return head
         while bucket and head + 1 in bucket:
             head += 1
             bucket.discard(head)
             self.above_count -= 1
-        if bucket is not None and not bucket:
+        if origin in self.done:
+            head = self._fold_done(origin, head)
+        if not bucket and origin not in self.done:
             del self.above[origin]
+        return head
+
+    def _fold_done(self, origin: str, head: int) -> int:
+        """:meth:`_advance` over the removed runs (and what is held after each)."""
+        runs = self.done[origin]
+        bucket = self.above.get(origin)
+        while runs and runs[0][0] <= head + 1:
+            head = max(head, runs.pop(0)[1])
+            if bucket:
+                dropped = {s for s in bucket if s <= head}
+                bucket -= dropped
+                self.above_count -= len(dropped)
+            while bucket and head + 1 in bucket:
+                head += 1
+                bucket.discard(head)
+                self.above_count -= 1
+        if not runs:
+            del self.done[origin]
         return head
 
     def skip_to(self, origin: str, lowest_available: int) -> None:
@@ -106,7 +147,15 @@ class OriginTracker:
             held = [s for s in above if start <= s <= end]
             if held:
                 end = min(held) - 1  # stop the slice before what we already hold
+        runs = self.done.get(origin)
+        if runs:
+            end = min(end, runs[0][0] - 1)  # nor what retention removed here
         return (start, end) if end >= start else None
+
+
+def _within(runs: list[tuple[int, int]] | None, seq: int) -> bool:
+    """Whether ``seq`` is in one of ``runs``."""
+    return runs is not None and any(a <= seq <= b for a, b in runs)
 
 
 @dataclass

@@ -246,8 +246,8 @@ class Mesh:
         # the direct upgrade punches from the port we listen on; the server takes the socket
         self.puncher.listening(host, port)
         self.puncher.serve = serve_socket
-        for origin, floor, head, above in await self.log.reader.origin_heads():
-            self.tracker.load(origin, head, floor, above)
+        for origin, floor, head, above, done in await self.log.reader.origin_heads():
+            self.tracker.load(origin, head, floor, above, done)
         if self.config.zeroconf:
             self._announce_at = (host, port)
 

@@ -38,8 +38,9 @@ from hearthnet.ids import new_ulids
 from hearthnet.pubsub.batchsig import SignedBatch
 from hearthnet.pubsub.consumerstate import ConsumerRecord, ConsumerState, write_consumers
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
-from hearthnet.pubsub.logfloors import highest, save_removed
-from hearthnet.pubsub.logindex import Head
+from hearthnet.pubsub.floorruns import Removed
+from hearthnet.pubsub.logfloors import by_origin, removal, save_removed
+from hearthnet.pubsub.logindex import Head, LogIndex
 from hearthnet.pubsub.logrun import store_row, write_run
 from hearthnet.pubsub.logstore import (
     INSERT_ROW,
@@ -551,14 +552,20 @@ def _number(
 
 
 def delete_rows(
-    conn: sqlite3.Connection, *, doomed: dict[int, set[int]], origin_seq: int, head_seq: int
-) -> tuple[list[Head], list[int]]:
+    conn: sqlite3.Connection,
+    *,
+    index: LogIndex,
+    doomed: dict[int, set[int]],
+    origin_seq: int,
+    head_seq: int,
+) -> tuple[list[Head], list[int], dict[str, Removed]]:
     """Delete messages (retention) in one transaction: ``doomed`` maps a row's key to the
     seqs to delete from it. A row left empty is deleted; a row that keeps some messages
     is rewritten with their headers and bodies (its batch's signature and leaves
-    unchanged). Returns the deleted headers and the keys of the rows deleted."""
+    unchanged). Returns the deleted headers, the keys of the rows deleted, and the
+    records of what retention removed that changed (:func:`~.logfloors.removal`)."""
 
-    def work() -> tuple[list[Head], list[int]]:
+    def work() -> tuple[list[Head], list[int], dict[str, Removed]]:
         # The counters must survive the deletion of the newest messages; the commit
         # path does not write them (the log reads them back when it opens).
         conn.executemany(
@@ -586,7 +593,8 @@ def delete_rows(
                     "UPDATE batches SET heads = ?, bodies = ? WHERE seq = ?",
                     (pack_heads([h for h, _ in kept], origin), b"".join(b for _, b in kept), key),
                 )
-        save_removed(conn, highest((h.origin, h.origin_seq) for h in gone))
-        return gone, emptied
+        records = removal(index, by_origin((h.origin, h.origin_seq) for h in gone))
+        save_removed(conn, records)
+        return gone, emptied, records
 
     return transaction(conn, work)

@@ -32,9 +32,20 @@ from itertools import compress, filterfalse
 from operator import lt
 from typing import Any, NamedTuple
 
+from hearthnet.pubsub.floorruns import Removed, Run, Start, start
 from hearthnet.pubsub.logcolumns import NO_EXPIRY, SeqColumns
 
-__all__ = ["NO_EXPIRY", "Head", "LogIndex", "lowest_held", "origin_start"]
+__all__ = [
+    "NO_EXPIRY",
+    "Head",
+    "LogIndex",
+    "OriginHead",
+    "lowest_held",
+    "origin_seqs",
+    "origin_start",
+]
+
+NOTHING = Removed(0)  # an origin retention removed nothing of
 
 
 class Head(NamedTuple):
@@ -58,6 +69,16 @@ def _int64s(values: Sequence[int]) -> array[int]:
     return array("q", values)
 
 
+class OriginHead(NamedTuple):
+    """One origin's gossip start (:meth:`LogIndex.origin_heads`)."""
+
+    origin: str
+    floor: int
+    head: int
+    above: list[int]
+    done: list[Run]
+
+
 class LogIndex:
     """Seq, topic and origin indexes over the messages the log holds."""
 
@@ -71,9 +92,9 @@ class LogIndex:
         # the origin is in ``_unsorted``: a message repaired into a hole came late).
         self._origins: dict[str, tuple[array[int], array[int]]] = {}
         self._unsorted: set[str] = set()
-        # Per origin: the highest origin_seq retention removed here (kept in the log's
-        # ``origin_floors`` table; :mod:`hearthnet.pubsub.logfloors`)
-        self.removed: dict[str, int] = {}
+        # Per origin: what retention removed here, as a bound and the holes below it
+        # (kept in the log's ``origin_floors`` table; :mod:`hearthnet.pubsub.logfloors`)
+        self.removed: dict[str, Removed] = {}
 
     def __len__(self) -> int:
         return len(self.cols)
@@ -385,20 +406,26 @@ class LogIndex:
         oseqs, seqs = entry
         return list(seqs[bisect_left(oseqs, first) : bisect_right(oseqs, last)])
 
-    def origin_heads(self, above_max: int = 100_000) -> list[tuple[str, int, int, list[int]]]:
-        """Per origin: ``(origin, floor, head, above)`` (:func:`origin_start` of its
+    def origin_heads(self, above_max: int = 100_000) -> list[OriginHead]:
+        """Per origin: ``(origin, floor, head, above, done)`` (:func:`origin_start` of its
         origin_seqs held and :attr:`removed`), at most ``above_max`` seqs above in all."""
-        out: list[tuple[str, int, int, list[int]]] = []
+        out: list[OriginHead] = []
         budget = above_max
         gone = [o for o in self.removed if o not in self._origins]  # nothing held
         for origin in [*self._origins, *gone]:
-            entry = self._origins.get(origin)
-            floor, head, above = origin_start(
-                entry[0] if entry else (), self.removed.get(origin, 0), budget
+            floor, head, above, done = origin_start(
+                origin_seqs(self, origin), self.removed.get(origin, NOTHING), budget
             )
             budget -= len(above)
-            out.append((origin, floor, head, above))
+            out.append(OriginHead(origin, floor, head, above, done))
         return out
+
+
+def origin_seqs(index: LogIndex, origin: str) -> Sequence[int]:
+    """One origin's origin_seqs held, ascending (the index's own array: not to be
+    changed; the writer thread reads it in retention's transactions)."""
+    entry = index._origins.get(origin)
+    return entry[0] if entry is not None else ()
 
 
 def lowest_held(index: LogIndex) -> dict[str, int]:
@@ -406,23 +433,19 @@ def lowest_held(index: LogIndex) -> dict[str, int]:
     return {origin: oseqs[0] for origin, (oseqs, _) in index._origins.items()}
 
 
-def origin_start(held: Sequence[int], removed: int, above_max: int) -> tuple[int, int, list[int]]:
-    """An origin's gossip start from what the log holds of it: ``(floor, head, above)``.
+def origin_start(held: Sequence[int], removed: Removed, above_max: int) -> Start:
+    """An origin's gossip start from what the log holds of it: ``(floor, head, above,
+    done)`` (:func:`hearthnet.pubsub.floorruns.start`).
 
-    ``held`` is its origin_seqs held, ascending; ``removed`` the highest one retention
-    removed here (0: none). Everything up to ``removed`` counts as done (held, or gone
-    by retention), and the head runs on from there through what is held. The floor, "no
-    seq below it to be had from us", is the lowest held or ``removed + 1``, whichever is
-    lower: a node holding 2.. that removed nothing says 1, not 2 (a hole it never filled
-    is a hole, not retention: a peer told "nothing below 2" would skip 1 for good).
+    ``held`` is its origin_seqs held, ascending; ``removed`` what retention removed here
+    (a bound, and the holes below it that never came). Everything up to the bound but
+    the holes counts as done (held, or gone by retention), and the head runs on through
+    what is held. The floor, "no seq below it to be had from us", never rises over a
+    hole: a node holding 2.. that removed nothing says 1, not 2, and one that never had
+    5 and removed 1..8 says 5, not 9 (a peer told "nothing below 9" would skip 5 for
+    good, though another peer holds it).
     """
-    head = removed
-    i = bisect_right(held, head)
-    while i < len(held) and held[i] == head + 1:
-        head += 1
-        i += 1
-    floor = min(held[0], removed + 1) if held else removed + 1
-    return floor, head, list(held[i : i + max(0, above_max)])
+    return start(held, removed, above_max)
 
 
 def _insert(seqs: array[int], seq: int) -> None:

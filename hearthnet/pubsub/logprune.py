@@ -32,8 +32,9 @@ from typing import Any, TypeVar
 import orjson
 
 from hearthnet.errors import StorageError
+from hearthnet.pubsub.floorruns import Removed
 from hearthnet.pubsub.logcommit import delete_rows
-from hearthnet.pubsub.logfloors import highest, merge, save_removed
+from hearthnet.pubsub.logfloors import merge, removal, save_removed, skips
 from hearthnet.pubsub.logindex import Head, LogIndex
 from hearthnet.pubsub.logread import LogReader
 from hearthnet.pubsub.logstore import SqliteWriter, head_arrays, transaction
@@ -74,7 +75,8 @@ class Pruned:
     ids: list[str] = field(default_factory=list)
     topics: list[str] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
-    removed: dict[str, int] = field(default_factory=dict)  # per origin, the highest origin_seq
+    gone: dict[str, list[int]] = field(default_factory=dict)  # per origin, its origin_seqs
+    removed: dict[str, Removed] = field(default_factory=dict)  # the records that changed
 
     def take(self, heads: list[list[Any]], origin: str) -> None:
         """Count the deleted messages of a ``heads`` column (as JSON arrays) of a row of
@@ -84,8 +86,13 @@ class Pruned:
             self.ids += ids
             self.topics += topics
             self.sizes += sizes
-            for o, s in highest(zip((h or origin for h in origins), oseqs, strict=True)).items():
-                self.removed[o] = max(s, self.removed.get(o, 0))
+            gone = self.gone
+            for o, s in zip((h or origin for h in origins), oseqs, strict=True):
+                seqs = gone.get(o)
+                if seqs is None:
+                    gone[o] = [s]
+                else:
+                    seqs.append(s)
 
 
 def save_counters(conn: sqlite3.Connection, origin_seq: int, head_seq: int) -> None:
@@ -98,13 +105,14 @@ def save_counters(conn: sqlite3.Connection, origin_seq: int, head_seq: int) -> N
 
 
 def delete_before(
-    conn: sqlite3.Connection, *, before_seq: int, origin_seq: int, head_seq: int
+    conn: sqlite3.Connection, *, index: LogIndex, before_seq: int, origin_seq: int, head_seq: int
 ) -> Pruned:
     """Delete every message with a seq below ``before_seq`` in one transaction: the rows
     below the last row that starts below it in one range ``DELETE``; that row deleted
     when it holds nothing else, else rewritten with the rest (its batch's signature and
     leaves unchanged). Only the rows' headers are read, and the one rewritten row's
-    bodies."""
+    bodies. The removed origin_seqs are recorded
+    (:func:`~hearthnet.pubsub.logfloors.removal`, against ``index`` before the removal)."""
 
     def work() -> Pruned:
         save_counters(conn, origin_seq, head_seq)
@@ -136,15 +144,24 @@ def delete_before(
                 (orjson.dumps(kept), b"".join(kept_bodies), last),
             )
         conn.execute("DELETE FROM batches WHERE seq < ?", (last + 1 if whole else last,))
+        out.removed = removal(index, out.gone)
         save_removed(conn, out.removed)
         return out
 
     return transaction(conn, work)
 
 
-def _save_removed(conn: sqlite3.Connection, removed: dict[str, int]) -> None:
-    """:func:`save_removed` in a transaction of its own."""
-    transaction(conn, partial(save_removed, conn, removed))
+def _save_skips(
+    conn: sqlite3.Connection, index: LogIndex, elsewhere: Mapping[str, int]
+) -> dict[str, Removed]:
+    """The records of gossip's skips, saved in a transaction of their own."""
+
+    def work() -> dict[str, Removed]:
+        records = skips(index, elsewhere)
+        save_removed(conn, records)
+        return records
+
+    return transaction(conn, work)
 
 
 class Pruner:
@@ -193,9 +210,10 @@ class Pruner:
         """Delete every message below ``before_seq`` and the messages at ``seqs``; how
         many were deleted. ``elsewhere``: see :meth:`MessageLog.delete`."""
         if elsewhere:
-            removed = dict(elsewhere)
-            await self._run(partial(_save_removed, removed=removed))
-            merge(self.index, removed)
+            records, _ = await self._run(
+                partial(_save_skips, index=self.index, elsewhere=dict(elsewhere))
+            )
+            merge(self.index, records)
         deleted = await self._delete_prefix(before_seq) if before_seq else 0
         index, sequencer = self.index, self.sequencer
         gone: list[Head] = []
@@ -212,15 +230,16 @@ class Pruner:
                     doomed.setdefault(index.row_of(seq), set()).add(seq)
                 job = partial(
                     delete_rows,
+                    index=index,
                     doomed=doomed,
                     origin_seq=sequencer.origin_seq,
                     head_seq=sequencer.head_seq,
                 )
-                (chunk_gone, chunk_emptied), elapsed = await self._run(job)
+                (chunk_gone, chunk_emptied, records), elapsed = await self._run(job)
                 chunk.took(len(part), elapsed)
                 gone += chunk_gone
                 emptied += chunk_emptied
-                merge(index, highest((h.origin, h.origin_seq) for h in chunk_gone))
+                merge(index, records)
                 self.reader.drop(doomed)
         finally:
             # The indexes follow once (each touched topic's and origin's arrays are
@@ -261,6 +280,7 @@ class Pruner:
             pruned, elapsed = await self._run(
                 partial(
                     delete_before,
+                    index=self.index,
                     before_seq=bound,
                     origin_seq=sequencer.origin_seq,
                     head_seq=sequencer.head_seq,

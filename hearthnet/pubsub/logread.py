@@ -24,7 +24,7 @@ from hearthnet.clock import now_ms
 from hearthnet.errors import StorageError
 from hearthnet.pubsub.batchsig import SignedBatch
 from hearthnet.pubsub.envelope import Message, StoredMessage
-from hearthnet.pubsub.logindex import NO_EXPIRY, Head, LogIndex
+from hearthnet.pubsub.logindex import NO_EXPIRY, Head, LogIndex, OriginHead
 from hearthnet.pubsub.logstore import leaf_hashes, split_bodies, unpack_heads
 from hearthnet.pubsub.sequencer import TopicStats
 from hearthnet.pubsub.topics import TopicPattern
@@ -282,10 +282,11 @@ class LogReader:
         more = len(picked) > limit
         return await self.messages(sorted(picked[:limit])), more
 
-    async def origin_heads(self) -> list[tuple[str, int, int, list[int]]]:
-        """Per origin: ``(origin, floor, head, above)`` where ``head`` is the end of the
-        contiguous run of origin_seqs starting at the lowest held (``floor``), and
-        ``above`` the seqs held beyond a hole (bounded) — the gossip tracker's start."""
+    async def origin_heads(self) -> list[OriginHead]:
+        """Per origin: ``(origin, floor, head, above, done)``, the gossip tracker's start
+        (:meth:`LogIndex.origin_heads`): ``head`` the end of the run of origin_seqs held
+        or removed by retention from 1, ``above`` the seqs held beyond a hole (bounded),
+        ``done`` the runs removed above it."""
         return self.index.origin_heads()
 
     async def read_origin(self, origin: str, first: int, last: int, limit: int) -> list[bytes]:

@@ -13,6 +13,7 @@ from hearthnet.mesh.frames import IHave, IWant, Msg
 from hearthnet.mesh.gossip import IWANT_SLICE, AntiEntropy, Gossip, OriginTracker
 from hearthnet.pubsub.batchsig import VERIFIER
 from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
+from hearthnet.pubsub.floorruns import Removed, after_removal
 from hearthnet.pubsub.logindex import origin_start
 
 
@@ -208,7 +209,7 @@ def test_a_restarted_node_that_never_got_message_1_makes_no_one_skip_it() -> Non
     that also missed 1 is not moved past it by its ``ihave`` (floor 2 would have), and a
     peer holding 1..5 is asked for 1."""
     restarted, behind = Gossip(lambda _id: False, 100), Gossip(lambda _id: False, 100)
-    floor, head, above = origin_start([2, 3, 4, 5], removed=0, above_max=100)
+    floor, head, above, _ = origin_start([2, 3, 4, 5], removed=Removed(0), above_max=100)
     restarted.tracker.load(ORIGIN.node_id, head, floor, above)
     behind.committed([StoredMessage(s, signed(s)) for s in (2, 3, 4, 5)], linked=False)
     told = restarted.ihave()
@@ -229,7 +230,7 @@ def test_a_floor_retention_set_is_where_a_restarted_node_starts() -> None:
     """Retention removed 1..3 of 1..5: the restarted node says floor 4, head 5, and a peer
     with nothing of the origin skips to 4 and asks for 4..5."""
     restarted, fresh = Gossip(lambda _id: False, 100), Gossip(lambda _id: False, 100)
-    floor, head, above = origin_start([4, 5], removed=3, above_max=100)
+    floor, head, above, _ = origin_start([4, 5], removed=Removed(3), above_max=100)
     restarted.tracker.load(ORIGIN.node_id, head, floor, above)
     told = restarted.ihave()
     asks = fresh.receive_ihave(told, now=0.0)
@@ -249,3 +250,104 @@ def test_a_skip_on_a_peers_floor_is_kept_for_the_log() -> None:
     gossip.tracker.skipped.clear()
     gossip.receive_ihave(IHave({"o": 60}, {"o": 50}), now=1.0)
     assert ({"o": 49}, {}, 49) == (skipped, gossip.tracker.skipped, gossip.tracker.heads["o"])
+
+
+def restarted_around_a_hole() -> Gossip:
+    """A node that held ORIGIN's 1..4 and 6..10 (5 never came), whose retention removed
+    1..8, restarted: started from the log as it then is."""
+    held = [1, 2, 3, 4, 6, 7, 8, 9, 10]
+    removed = after_removal(Removed(0), [1, 2, 3, 4, 6, 7, 8], held)
+    gossip = Gossip(lambda _id: False, 100)
+    gossip.tracker.load(ORIGIN.node_id, *_start([9, 10], removed))
+    return gossip
+
+
+def _start(held: list[int], removed: Removed) -> tuple[int, int, list[int], list[tuple[int, int]]]:
+    """``OriginTracker.load``'s arguments after the origin: head, floor, above, done."""
+    floor, head, above, done = origin_start(held, removed, above_max=100)
+    return head, floor, above, done
+
+
+def test_a_floor_does_not_rise_over_a_hole_retention_removed_around() -> None:
+    """The restarted node says floor 5, head 4 (not floor 9, head 10): a peer that holds
+    1..4 is not moved past 5..8, and asks a peer holding 1..10 for all of 5..10 (from
+    whom it gets 5, which no one else has)."""
+    restarted = restarted_around_a_hole()
+    behind = Gossip(lambda _id: False, 100)
+    behind.committed([StoredMessage(s, signed(s)) for s in (1, 2, 3, 4)], linked=False)
+    told = restarted.ihave()
+    behind.receive_ihave(told, now=0.0)
+    asks = behind.receive_ihave(IHave({ORIGIN.node_id: 10}, {ORIGIN.node_id: 1}), now=10.0)
+    assert (
+        ({ORIGIN.node_id: 4}, {ORIGIN.node_id: 5}),
+        4,
+        {},
+        IWant({ORIGIN.node_id: (5, 10)}),
+    ) == (
+        (told.heads, told.floors),
+        behind.tracker.heads[ORIGIN.node_id],
+        behind.tracker.skipped,
+        asks,
+    )
+
+
+def test_a_restarted_node_asks_only_for_its_hole_and_moves_over_what_it_removed() -> None:
+    """The restarted node asks a peer holding 1..10 for 5 alone (6..8 it removed itself),
+    and once 5 is in, its head moves over 6..8 and 9..10 to 10."""
+    restarted = restarted_around_a_hole()
+    asks = restarted.receive_ihave(IHave({ORIGIN.node_id: 10}, {ORIGIN.node_id: 1}), now=0.0)
+    restarted.committed([StoredMessage(11, signed(5))], linked=False)
+    assert (IWant({ORIGIN.node_id: (5, 5)}), 10, {}, 0) == (
+        asks,
+        restarted.tracker.heads[ORIGIN.node_id],
+        restarted.tracker.done,
+        restarted.tracker.above_count,
+    )
+
+
+def test_a_peers_floor_moves_a_restarted_node_over_its_removed_runs() -> None:
+    """A peer whose retention removed everything below 9 moves the restarted node (head
+    4, 6..8 removed, 9..10 held) to head 10 at once, its removed runs folded in."""
+    restarted = restarted_around_a_hole()
+    restarted.receive_ihave(IHave({ORIGIN.node_id: 10}, {ORIGIN.node_id: 9}), now=0.0)
+    tracker = restarted.tracker
+    assert (10, {}, {}, {ORIGIN.node_id: 8}) == (
+        tracker.heads[ORIGIN.node_id],
+        tracker.done,
+        tracker.above,
+        tracker.skipped,
+    )
+
+
+@given(
+    st.sets(st.integers(1, 30)),
+    st.sets(st.integers(1, 30)),
+    st.permutations(list(range(1, 31))),
+)
+def test_a_restarted_node_holds_everything_once_its_holes_are_filled(
+    came: set[int], removed_now: set[int], order: list[int]
+) -> None:
+    """Whatever came, whatever retention then removed: once every seq not held reaches
+    the restarted node (in any order), its head is 30, nothing is left above it, and it
+    never asked for a seq it removed itself."""
+    held = sorted(came)
+    gone = sorted(removed_now & came)
+    record = after_removal(Removed(0), gone, held)
+    kept = [s for s in held if s not in removed_now]
+    gossip = Gossip(lambda _id: False, 100)
+    gossip.tracker.load(ORIGIN.node_id, *_start(kept, record))
+    asked: set[int] = set()
+    for seq in order:
+        want = gossip.tracker.missing(ORIGIN.node_id, 30)
+        if want is not None:
+            asked |= set(range(want[0], want[1] + 1))
+        if seq not in came:
+            gossip.tracker.add(ORIGIN.node_id, seq)
+    tracker = gossip.tracker
+    assert (30, {}, {}, 0, set()) == (
+        tracker.heads.get(ORIGIN.node_id, 0),
+        tracker.done,
+        tracker.above,
+        tracker.above_count,
+        asked & set(gone),
+    )

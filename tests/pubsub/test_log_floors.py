@@ -12,6 +12,7 @@ import pytest
 from hearthnet.identity import KeyPair
 from hearthnet.pubsub.envelope import Message
 from hearthnet.pubsub.log import MessageLog
+from hearthnet.pubsub.logindex import OriginHead
 
 from .test_log import PEER, opened
 
@@ -29,9 +30,11 @@ async def ingest(log: MessageLog, origin: KeyPair, seqs: list[int]) -> list[int]
     return out
 
 
-def start_of(heads: list[tuple[str, int, int, list[int]]], origin: KeyPair) -> tuple[int, ...]:
+def start_of(heads: list[OriginHead], origin: KeyPair) -> tuple[int, ...]:
     """``(floor, head, *above)`` of one origin in ``origin_heads``."""
-    ((floor, head, above),) = [(f, h, a) for o, f, h, a in heads if o == origin.node_id]
+    ((floor, head, above),) = [
+        (s.floor, s.head, s.above) for s in heads if s.origin == origin.node_id
+    ]
     return (floor, head, *above)
 
 
@@ -110,3 +113,79 @@ async def test_a_hole_skipped_on_a_peers_floor_stays_skipped_after_a_reopen(
         assert 0 == await log.delete(elsewhere={PEER.node_id: 49})
     async with opened(tmp_path / "log.db") as log:
         assert (50, 52) == start_of(await log.reader.origin_heads(), PEER)
+
+
+def done_of(heads: list[OriginHead], origin: KeyPair) -> list[tuple[int, int]]:
+    """The removed runs above the head of one origin in ``origin_heads``."""
+    (done,) = [s.done for s in heads if s.origin == origin.node_id]
+    return done
+
+
+@pytest.mark.parametrize("prefix", [True, False])
+async def test_retention_around_a_hole_does_not_make_it_a_floor(
+    tmp_path: Path, prefix: bool
+) -> None:
+    """The log holds an origin's 1..4 and 6..10 (5 never came) and retention removes
+    1..8 (as a prefix, or message by message): reopened, the floor is 5 and the head 4
+    (9..10 above, 6..8 removed above it), not floor 9 head 10 (a peer that missed 5
+    would skip it though another holds it). Once 5 comes, the head is 10."""
+    async with opened(tmp_path / "log.db") as log:
+        seqs = await ingest(log, PEER, [1, 2, 3, 4, 6, 7, 8, 9, 10])
+        if prefix:
+            assert 7 == await log.delete(before_seq=seqs[7])
+        else:
+            assert 7 == await log.delete(seqs[:7])
+    async with opened(tmp_path / "log.db") as log:
+        heads = await log.reader.origin_heads()
+        reopened = (start_of(heads, PEER), done_of(heads, PEER))
+        await ingest(log, PEER, [5])
+    async with opened(tmp_path / "log.db") as log:
+        filled = start_of(await log.reader.origin_heads(), PEER)
+    assert (((5, 4, 9, 10), [(6, 8)]), (5, 10)) == (reopened, filled)
+
+
+async def test_a_hole_below_a_scattered_removal_stays_a_hole(tmp_path: Path) -> None:
+    """The log misses 5 of 1..10 and retention removes 7 alone: reopened, the head is 4
+    (5 is asked for, 7 is not), not 10."""
+    async with opened(tmp_path / "log.db") as log:
+        seqs = await ingest(log, PEER, [1, 2, 3, 4, 6, 7, 8, 9, 10])
+        assert 1 == await log.delete([seqs[5]])
+    async with opened(tmp_path / "log.db") as log:
+        heads = await log.reader.origin_heads()
+    assert ((1, 4, 8, 9, 10), [(6, 7)]) == (start_of(heads, PEER), done_of(heads, PEER))
+
+
+async def test_a_hole_filled_then_removed_is_no_longer_a_hole(tmp_path: Path) -> None:
+    """5 came after retention removed 1..8 around it, and was removed in turn: reopened,
+    the floor is 9 and the head 10. A skip on a peer's floor clears holes too."""
+    async with opened(tmp_path / "log.db") as log:
+        seqs = await ingest(log, PEER, [1, 2, 3, 4, 6, 7, 8, 9, 10])
+        await ingest(log, OTHER, [1, 2, 4])
+        await log.delete(before_seq=seqs[7])
+        (five,) = await ingest(log, PEER, [5])
+        await log.delete([five])
+        await log.delete(elsewhere={OTHER.node_id: 3})
+    async with opened(tmp_path / "log.db") as log:
+        heads = await log.reader.origin_heads()
+    assert [(9, 10), (1, 4)] == [start_of(heads, PEER), start_of(heads, OTHER)]
+
+
+async def test_a_table_from_before_the_holes_gets_their_column(tmp_path: Path) -> None:
+    """A log whose ``origin_floors`` has no ``holes`` column keeps its bounds, and the
+    holes retention finds from then on are kept."""
+    async with opened(tmp_path / "log.db") as log:
+        seqs = await ingest(log, PEER, [1, 2, 3, 4, 6, 7, 8, 9, 10])
+        await log.delete(seqs[:2])
+    with contextlib.closing(sqlite3.connect(tmp_path / "log.db")) as conn:
+        conn.execute("DROP TABLE origin_floors")
+        conn.execute(
+            "CREATE TABLE origin_floors (origin TEXT PRIMARY KEY, removed INTEGER NOT NULL)"
+        )
+        conn.execute("INSERT INTO origin_floors VALUES (?, 2)", (PEER.node_id,))
+        conn.commit()
+    async with opened(tmp_path / "log.db") as log:
+        upgraded = start_of(await log.reader.origin_heads(), PEER)
+        await log.delete(seqs[2:7])
+    async with opened(tmp_path / "log.db") as log:
+        again = start_of(await log.reader.origin_heads(), PEER)
+    assert ((3, 4, 6, 7, 8, 9, 10), (5, 4, 9, 10)) == (upgraded, again)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hearthnet.pubsub.floorruns import Removed
 from hearthnet.pubsub.logindex import NO_EXPIRY, Head, LogIndex, origin_start
 
 
@@ -42,7 +43,7 @@ def test_a_repaired_hole_is_inserted_in_origin_order() -> None:
     index.add_row(3, [head(3, origin="p", oseq=5)])
     before = index.origin_heads()
     index.add_row(4, [head(4, origin="p", oseq=3), head(5, origin="p", oseq=4)])
-    assert ([("p", 1, 2, [5])], [("p", 1, 5, [])], [1, 2, 4, 5, 3]) == (
+    assert ([("p", 1, 2, [5], [])], [("p", 1, 5, [], [])], [1, 2, 4, 5, 3]) == (
         before,
         index.origin_heads(),
         index.origin_range("p", 1, 5),
@@ -225,12 +226,29 @@ def test_origin_start_counts_retention_not_the_lowest_held() -> None:
     nothing removed start at head 0 with 2..5 above, floor 1; 1..3 removed and 4..5 held
     start at floor 4, head 5; everything removed starts past it; a message held below
     what retention removed keeps the floor down."""
-    assert [(1, 0, [2, 3, 4, 5]), (4, 5, []), (8, 7, []), (1, 5, [7]), (1, 1, [3])] == [
-        origin_start([2, 3, 4, 5], 0, 100),
-        origin_start([4, 5], 3, 100),
-        origin_start([], 7, 100),
-        origin_start([1, 4, 5, 7], 3, 100),
-        origin_start([1, 3], 0, 100),
+    assert [
+        (1, 0, [2, 3, 4, 5], []),
+        (4, 5, [], []),
+        (8, 7, [], []),
+        (1, 5, [7], []),
+        (1, 1, [3], []),
+    ] == [
+        origin_start([2, 3, 4, 5], Removed(0), 100),
+        origin_start([4, 5], Removed(3), 100),
+        origin_start([], Removed(7), 100),
+        origin_start([1, 4, 5, 7], Removed(3), 100),
+        origin_start([1, 3], Removed(0), 100),
+    ]
+
+
+def test_origin_start_does_not_rise_over_a_hole_retention_removed_around() -> None:
+    """5 never came and retention removed 1..8 around it: floor 5, head 4, 9..10 above,
+    6..8 a removed run above the head (not floor 9 head 10); a hole filled since is held;
+    a run up to the bound counts the seqs still held in it (6 of 6..7)."""
+    assert [(5, 4, [9, 10], [(6, 8)]), (5, 10, [], []), (1, 4, [8], [(6, 7)])] == [
+        origin_start([9, 10], Removed(8, ((5, 5),)), 100),
+        origin_start([5, 9, 10], Removed(8, ((5, 5),)), 100),
+        origin_start([1, 2, 3, 4, 6, 8], Removed(7, ((5, 5),)), 100),
     ]
 
 
@@ -238,5 +256,5 @@ def test_origin_heads_include_what_retention_removed_whole() -> None:
     """An origin retention removed whole still starts past what it removed."""
     index = LogIndex()
     index.add_row(1, [head(1, origin="p", oseq=2)])
-    index.removed = {"q": 9}
-    assert [("p", 1, 0, [2]), ("q", 10, 9, [])] == index.origin_heads()
+    index.removed = {"q": Removed(9)}
+    assert [("p", 1, 0, [2], []), ("q", 10, 9, [], [])] == index.origin_heads()
