@@ -13,6 +13,7 @@ import errno
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from hearthnet import __version__
 from hearthnet.commands import common, output
@@ -25,6 +26,7 @@ from hearthnet.commands.common import (
     EXIT_OK,
     EXIT_USAGE,
     parse_duration_ms,
+    url_arg,
 )
 from hearthnet.commands.mesh import add_parsers as _add_mesh_parsers
 from hearthnet.commands.node import add_chat_parser as _add_chat_parser
@@ -67,6 +69,19 @@ _existing_keys, _local_identity = common.existing_keys, common.local_identity
 _status, _submit_record = common.status_of, common.submit_record
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose "required: COMMAND/ACTION" error names the choices (a
+    bare ``hearthnet community`` says what may follow, not only that something must)."""
+
+    def error(self, message: str) -> NoReturn:
+        for action in self._actions if message.startswith("the following arguments") else ():
+            if isinstance(action, argparse._SubParsersAction) and str(action.metavar) in message:
+                choices = ", ".join(action.choices)
+                message += f" (one of: {choices}; {self.prog} --help says what each does)"
+                break
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     common = argparse.ArgumentParser(add_help=False)
@@ -76,9 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common.add_argument("--config", help="TOML config file (default: <data_dir>/hearthnet.toml)")
     remote = argparse.ArgumentParser(add_help=False)
-    remote.add_argument("--url", help="node URL (default: from <data_dir>/run/node.json)")
+    remote.add_argument(
+        "--url",
+        type=url_arg,
+        help="node URL, http://host:port (default: from <data_dir>/run/node.json)",
+    )
 
-    parser = argparse.ArgumentParser(prog="hearthnet", description="HearthNet mesh node")
+    parser = _Parser(prog="hearthnet", description="HearthNet mesh node")
     parser.add_argument("--version", action="version", version=f"hearthnet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_node_parsers(sub, [common], [common, remote])

@@ -32,6 +32,7 @@ from hearthnet.node_http import NodeHttp, get_public_json, split_capability
 from hearthnet.publisher import Publisher
 from hearthnet.pubsub.envelope import Message
 from hearthnet.pubsub.payload import DATA_ENC, encode_bytes
+from hearthnet.pubsub.topics import validate_topic
 from hearthnet.subscription import Gap, Reset, Subscription
 
 __all__ = [
@@ -135,7 +136,7 @@ class Client:
         if ttl_s is not None:
             body["ttl_s"] = ttl_s
         result: dict[str, Any] = await self.request_json(
-            "POST", f"/pubsub/v1/topics/{topic}/messages", body
+            "POST", f"/pubsub/v1/topics/{validate_topic(topic)}/messages", body
         )
         return result
 
@@ -164,7 +165,7 @@ class Client:
         """
         result: dict[str, Any] = await self.request_json(
             "GET",
-            f"/pubsub/v1/topics/{topic}/history",
+            f"/pubsub/v1/topics/{validate_topic(topic)}/history",
             query={
                 "since_seq": since_seq,
                 "since_ts": since_ts,
@@ -179,7 +180,9 @@ class Client:
 
     async def presence(self, topic: str) -> list[dict[str, Any]]:
         """Who is on a topic now."""
-        result = await self.request_json("GET", f"/pubsub/v1/topics/{topic}/presence")
+        result = await self.request_json(
+            "GET", f"/pubsub/v1/topics/{validate_topic(topic)}/presence"
+        )
         members: list[dict[str, Any]] = result["members"]
         return members
 

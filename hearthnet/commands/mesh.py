@@ -21,6 +21,7 @@ from hearthnet.commands.common import (
     local_identity,
     node_id_arg,
     node_url,
+    node_url_arg,
     parse_duration_ms,
     run,
     status_of,
@@ -367,12 +368,14 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     invite.add_argument(
         "--bootstrap",
         action="append",
+        type=node_url_arg,
         metavar="URL",
         help="where the new node joins (default: this node's mesh URL)",
     )
     invite.add_argument(
         "--relay-url",
         action="append",
+        type=node_url_arg,
         metavar="URL",
         help="relay the new node attaches to (repeatable; default: this node's mesh.relay_urls)",
     )

@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from hearthnet.commands.common import EXIT_OK, Parents, client_of, cursor_arg, json_arg, run
+from hearthnet.commands.common import (
+    EXIT_OK,
+    Parents,
+    client_of,
+    cursor_arg,
+    json_arg,
+    pattern_arg,
+    run,
+    topic_arg,
+)
 from hearthnet.commands.output import (
     STREAM_JSON_HELP,
     Column,
@@ -134,7 +143,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
 def add_parsers(sub: Any, remote: Parents) -> None:
     """``hearthnet pub``, ``sub`` and ``topics``."""
     pub = sub.add_parser("pub", parents=remote, help="publish a message")
-    pub.add_argument("topic")
+    pub.add_argument("topic", type=topic_arg, help="a topic, e.g. chat.room.1")
     pub.add_argument("--type", default="message", help="message type (default: message)")
     pub.add_argument("--data", type=json_arg, required=True, help="payload as JSON")
     pub.add_argument("--ttl", type=int, help="seconds the message lives (default: retention)")
@@ -142,7 +151,13 @@ def add_parsers(sub: Any, remote: Parents) -> None:
     pub.set_defaults(func=cmd_pub)
 
     subp = sub.add_parser("sub", parents=remote, help="subscribe and print messages")
-    subp.add_argument("patterns", nargs="+", metavar="PATTERN", help="topic patterns (* and **)")
+    subp.add_argument(
+        "patterns",
+        nargs="+",
+        type=pattern_arg,
+        metavar="PATTERN",
+        help="topic patterns (* and **), e.g. 'chat.room.*'",
+    )
     since = subp.add_mutually_exclusive_group()
     since.add_argument("--since", type=cursor_arg, help="resume after SEQ (or EPOCH:SEQ)")
     since.add_argument("--since-ts", type=int, help="messages from this Unix ms on")

@@ -1,0 +1,101 @@
+"""What a new user types wrong on a first day with the ``hearthnet`` command, against real
+node processes: each mistake is refused before anything runs (exit 2) or by the node, and
+the message says what to type instead (docs/cli.md)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import NodeProcess, run_cli, start_node_process
+from tests.integration.mesh_cluster import MESH_ARGS
+
+URL_FORM = "is not a node URL: write http://host:port or https://host:port"
+
+
+@pytest.fixture(scope="module")
+def node_proc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """One node process for the module."""
+    proc = start_node_process(tmp_path_factory.mktemp("first-use") / "data", *MESH_ARGS)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_addresses_that_are_not_urls_are_refused_naming_the_flag_or_key(tmp_path: Path) -> None:
+    """A peer, relay or bootstrap address without ``http://`` (``--peer 10.0.0.2:7080``, once
+    dropped in silence while the node started alone) and a ``--url`` that is not one (once
+    ``unavailable: POST notaurl: notaurl/bus/v1/call``, exit 1) are usage errors naming the
+    flag and the form; in a configuration file, an error naming the file and the key."""
+    d = ("--data-dir", str(tmp_path / "d"))
+    config = tmp_path / "bad.toml"
+    config.write_text('[mesh]\npeers = ["10.0.0.2:7080"]\n')
+    runs = [
+        run_cli(*args)
+        for args in (
+            ("node", "start", *d, "--peer", "10.0.0.2:7080"),
+            ("node", "start", *d, "--relay-url", "relay.example.org"),
+            ("node", "start", *d, "--advertise-url", "http://host:notaport"),
+            ("node", "start", *d, "--federation-peer", "mesh:bob"),
+            ("community", "invite", *d, "--bootstrap", "ftp://x:1"),
+            ("call", "echo@1.0", *d, "--url", "notaurl"),
+            ("node", "start", *d, "--config", str(config), "--host", "127.0.0.1"),
+        )
+    ]
+    last = runs.pop()
+    assert [2] * 6 + [1] == [r.returncode for r in (*runs, last)]
+    expected = [
+        f"argument --peer: '10.0.0.2:7080' {URL_FORM}",
+        f"argument --relay-url: 'relay.example.org' {URL_FORM}",
+        f"argument --advertise-url: 'http://host:notaport' {URL_FORM}",
+        "argument --federation-peer: 'mesh:bob' is not mesh:<NodeID>",
+        f"argument --bootstrap: 'ftp://x:1' {URL_FORM}",
+        "argument --url: not a node URL: 'notaurl' (http://host:port as the node's ready line",
+    ]
+    said = [r.stderr.splitlines()[-1].partition("error: ")[2] for r in runs]
+    assert expected == [line[: len(want)] for line, want in zip(said, expected, strict=True)]
+    assert f"{config} [mesh] peers: '10.0.0.2:7080' {URL_FORM}" in last.stderr
+    assert not (tmp_path / "d" / "keys").exists()  # refused before anything was made
+
+
+def test_a_topic_that_is_not_one_is_a_usage_error_not_a_broken_request(
+    node_proc: NodeProcess,
+) -> None:
+    """``pub`` puts the topic in the request's path: a space once broke the request line
+    (``bad_request: malformed request: Bad status line``), ``a/b`` and ``''`` answered
+    ``not_found: no route``, and ``a?b`` published nowhere useful; now each is refused with
+    the topic grammar before any request, and a bad ``sub`` pattern likewise."""
+    d = ("--data-dir", str(node_proc.data_dir))
+    runs = [
+        run_cli("pub", topic, "--data", "1", *d) for topic in ("a b", "a/b", "", "a?b", "chat.*")
+    ]
+    pattern = run_cli("sub", "chat room", *d)
+    topics = json.loads(run_cli("topics", "--json", *d).stdout)["topics"]
+    assert ([2] * 5, 2, []) == (
+        [r.returncode for r in runs],
+        pattern.returncode,
+        [t["topic"] for t in topics if t["topic"].startswith("a")],
+    )
+    grammar = ": dot-separated segments of [A-Za-z0-9_-], at most 16 (e.g. chat.room.1)"
+    assert [f"argument topic: invalid topic {t!r}{grammar}" for t in ("a b", "a/b", "")] == [
+        r.stderr.splitlines()[-1].partition("error: ")[2] for r in runs[:3]
+    ]
+    assert "'chat room': dot-separated segments of [A-Za-z0-9_-], * (one segment)" in (
+        pattern.stderr
+    )
+
+
+def test_a_command_group_alone_lists_what_may_follow() -> None:
+    """``hearthnet community`` (or ``hearthnet`` alone) once said only "the following
+    arguments are required: ACTION"; now it names the actions."""
+    bare, group = run_cli(), run_cli("community")
+    assert (2, 2) == (bare.returncode, group.returncode)
+    assert (
+        "required: ACTION (one of: create, invite, revoke, rules, show; hearthnet community"
+        " --help says what each does)"
+    ) in group.stderr
+    assert "required: COMMAND (one of: node, call, pub, sub," in bare.stderr
