@@ -172,13 +172,19 @@ def failure(args: argparse.Namespace, exc: HearthNetError) -> tuple[int, str, st
                 "or pass the --url of a running node",
             )
     as_token = getattr(args, "command", None) == "bridge" and getattr(args, "token", None)
-    if isinstance(exc, Unauthorized | InvalidSignature) and as_token:
+    if isinstance(exc, _AUTH_ERRORS) and as_token:
         # it spoke as the token, not as this data dir's key
+        why = {
+            "expired": "the --token's lifetime is over: issue a fresh one on a member's node",
+            "revoked": "the --token was revoked: issue a new one on a member's node",
+        }.get(
+            exc.code,
+            "the node refused the --token: use a token it issued, whole, or issue one there",
+        )
         return (
             EXIT_AUTH,
             exc.code,
-            f"{exc.message} (the node refused the --token: use a token it issued, whole,"
-            " or issue one there: hearthnet token issue --scope sub:PATTERN --ttl 1h)",
+            f"{exc.message} ({why}: hearthnet token issue --scope sub:PATTERN --ttl 1h)",
         )
     if isinstance(exc, InvalidSignature) and getattr(args, "join", None):
         return (
