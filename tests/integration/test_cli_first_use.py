@@ -99,3 +99,47 @@ def test_a_command_group_alone_lists_what_may_follow() -> None:
         " --help says what each does)"
     ) in group.stderr
     assert "required: COMMAND (one of: node, call, pub, sub," in bare.stderr
+
+
+def test_an_invite_used_twice_or_expired_says_to_print_another(
+    node_proc: NodeProcess, tmp_path: Path
+) -> None:
+    """An invite admits one node: a second node started with it once got ``unavailable:
+    could not join: URL: unauthorized this invite was already used`` (exit 1); now the
+    inviter's refusal as it is (exit 4) saying how to get another. An expired one too."""
+    made = run_cli("community", "invite", "--data-dir", str(node_proc.data_dir))
+    short = run_cli("community", "invite", "--ttl", "1ms", "--data-dir", str(node_proc.data_dir))
+    first = start_node_process(tmp_path / "first", *MESH_ARGS, "--join", made.stdout.strip())
+    first.stop()
+    again, late = (
+        run_cli(
+            *("node", "start", "--data-dir", str(tmp_path / name), "--host", "127.0.0.1"),
+            *("--port", "0", "--no-zeroconf", "--join", invite.stdout.strip()),
+        )
+        for name, invite in (("second", made), ("third", short))
+    )
+    assert (4, 4) == (again.returncode, late.returncode)
+    assert (
+        "hearthnet: unauthorized: this invite was already used (an invite admits one node:"
+        " print another with hearthnet community invite on a member's node)\n",
+        "hearthnet: expired: the invite expired (print another with hearthnet community invite"
+        " --ttl 24h on a member's node)\n",
+    ) == (again.stderr, late.stderr)
+
+
+def test_an_expired_or_revoked_bridge_token_says_to_issue_another(node_proc: NodeProcess) -> None:
+    """``hearthnet bridge --token`` with a token past its lifetime, or revoked, once printed
+    only ``expired: token expired`` / ``revoked: token revoked``; now what to type too."""
+    d = ("--data-dir", str(node_proc.data_dir))
+    short = run_cli("token", "issue", "--scope", "call:echo", "--ttl", "1ms", *d).stdout.strip()
+    revoked = run_cli("token", "issue", "--scope", "call:echo", *d).stdout.strip()
+    assert 0 == run_cli("token", "revoke", revoked, *d).returncode
+    call = '{"type":"call","id":"c1","capability":"echo@1.0","input":{}}\n'
+    runs = [run_cli("bridge", "--token", token, *d, stdin=call) for token in (short, revoked)]
+    fix = ": hearthnet token issue --scope sub:PATTERN --ttl 1h)\n"
+    assert [
+        (4, "hearthnet: expired: token expired (the --token's lifetime is over: issue a fresh"
+         " one on a member's node" + fix),
+        (4, "hearthnet: revoked: token revoked (the --token was revoked: issue a new one on a"
+         " member's node" + fix),
+    ] == [(r.returncode, r.stderr) for r in runs]  # fmt: skip
