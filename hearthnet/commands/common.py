@@ -115,6 +115,17 @@ def pattern_arg(text: str) -> str:
     return text
 
 
+def positive_int(text: str) -> int:
+    """A count, limit or lifetime of at least 1, checked now."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def cursor_arg(text: str) -> dict[str, Any]:
     """``--since SEQ`` or ``EPOCH:SEQ``."""
     epoch, _, seq = text.rpartition(":")

@@ -12,6 +12,7 @@ from hearthnet.commands.common import (
     cursor_arg,
     json_arg,
     pattern_arg,
+    positive_int,
     run,
     topic_arg,
 )
@@ -146,7 +147,9 @@ def add_parsers(sub: Any, remote: Parents) -> None:
     pub.add_argument("topic", type=topic_arg, help="a topic, e.g. chat.room.1")
     pub.add_argument("--type", default="message", help="message type (default: message)")
     pub.add_argument("--data", type=json_arg, required=True, help="payload as JSON")
-    pub.add_argument("--ttl", type=int, help="seconds the message lives (default: retention)")
+    pub.add_argument(
+        "--ttl", type=positive_int, help="seconds the message lives (default: retention)"
+    )
     add_json_flag(pub)
     pub.set_defaults(func=cmd_pub)
 
@@ -161,9 +164,9 @@ def add_parsers(sub: Any, remote: Parents) -> None:
     since = subp.add_mutually_exclusive_group()
     since.add_argument("--since", type=cursor_arg, help="resume after SEQ (or EPOCH:SEQ)")
     since.add_argument("--since-ts", type=int, help="messages from this Unix ms on")
-    since.add_argument("--last", type=int, help="start with the last N messages")
+    since.add_argument("--last", type=positive_int, help="start with the last N messages")
     subp.add_argument("--consumer", help="durable consumer name (at-least-once)")
-    subp.add_argument("--count", type=int, help="exit after N messages or gaps")
+    subp.add_argument("--count", type=positive_int, help="exit after N messages or gaps")
     subp.add_argument("--full", action="store_true", help="print whole envelopes")
     subp.add_argument(
         "--verify",
@@ -176,6 +179,8 @@ def add_parsers(sub: Any, remote: Parents) -> None:
 
     topics = sub.add_parser("topics", parents=remote, help="list active topics")
     topics.add_argument("--prefix", help="only topics that start with this")
-    topics.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    topics.add_argument(
+        "--limit", type=positive_int, default=100, help="at most this many (default 100)"
+    )
     add_json_flag(topics)
     topics.set_defaults(func=cmd_topics)
