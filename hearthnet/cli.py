@@ -112,7 +112,20 @@ def build_parser() -> argparse.ArgumentParser:
     from hearthnet.console.cli import add_console_parser
 
     add_console_parser(sub, [common, remote])
+    _describe(parser)
     return parser
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """Each subcommand's ``--help`` opens with what it does (its line in the parent's
+    list), unless it has a description of its own."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, child in action.choices.items():
+                if child.description is None and helps.get(name):
+                    child.description = helps[name]
+                _describe(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -343,6 +343,6 @@ def add_federation_parsers(sub: Any, local: list[Any], remote: list[Any]) -> Non
     add_json_flag(listing)
     listing.set_defaults(func=cmd_list)
     revoke = fsub.add_parser("revoke", parents=remote, help="revoke an agreement (anchors)")
-    revoke.add_argument("id", metavar="ID")
+    revoke.add_argument("id", metavar="ID", help="the agreement's ID (hearthnet federation list)")
     add_json_flag(revoke)
     revoke.set_defaults(func=cmd_revoke)

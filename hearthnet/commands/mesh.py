@@ -358,13 +358,23 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     community = sub.add_parser("community", help="community membership")
     csub = community.add_subparsers(dest="community_command", required=True, metavar="ACTION")
     create = csub.add_parser("create", parents=local, help="found a community (node stopped)")
-    create.add_argument("name")
+    create.add_argument("name", help="the community's name, shown to its members")
     create.add_argument("--force", action="store_true", help="leave the current community")
     add_json_flag(create)
     create.set_defaults(func=cmd_community_create)
     invite = csub.add_parser("invite", parents=remote, help="print an invite token (hn1:...)")
-    invite.add_argument("--level", choices=["member", "trusted"], default="member")
-    invite.add_argument("--ttl", type=parse_duration_ms, default=parse_duration_ms("24h"))
+    invite.add_argument(
+        "--level",
+        choices=["member", "trusted"],
+        default="member",
+        help="the new node's level (trusted may invite too; default member)",
+    )
+    invite.add_argument(
+        "--ttl",
+        type=parse_duration_ms,
+        default=parse_duration_ms("24h"),
+        help="how long the invite works, e.g. 1h (default 24h); it admits one node",
+    )
     invite.add_argument(
         "--bootstrap",
         action="append",
@@ -414,7 +424,17 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     hsub = heartbeat.add_subparsers(dest="heartbeat_command", required=True, metavar="ACTION")
     exp = hsub.add_parser("export", parents=local, help="export heartbeats, beacons and traces")
     exp.add_argument("--out", required=True, help="output directory")
-    exp.add_argument("--since", type=parse_duration_ms, default=parse_duration_ms("24h"))
-    exp.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
+    exp.add_argument(
+        "--since",
+        type=parse_duration_ms,
+        default=parse_duration_ms("24h"),
+        help="how far back, e.g. 6h (default 24h)",
+    )
+    exp.add_argument(
+        "--format",
+        choices=["jsonl", "parquet"],
+        default="jsonl",
+        help="file format (parquet needs the analysis extra; default jsonl)",
+    )
     add_json_flag(exp)
     exp.set_defaults(func=cmd_heartbeat_export)

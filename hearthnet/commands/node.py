@@ -301,7 +301,11 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     start = node_sub.add_parser("start", parents=local, help="start a node in the foreground")
     start.add_argument("--host", help="listen address (default 0.0.0.0)")
     start.add_argument("--port", type=int, help="port (default 7080; 0 picks a free port)")
-    start.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    start.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="JSON log lines on stderr from this level on (default info)",
+    )
     start.add_argument(
         "--name", help="human name of this node (default: host name and short id, e.g. vm-kx3q)"
     )

@@ -4,12 +4,14 @@ the message says what to type instead (docs/cli.md)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from hearthnet.cli import build_parser
 from tests.helpers import NodeProcess, run_cli, start_node_process
 from tests.integration.mesh_cluster import MESH_ARGS
 
@@ -143,3 +145,57 @@ def test_an_expired_or_revoked_bridge_token_says_to_issue_another(node_proc: Nod
         (4, "hearthnet: revoked: token revoked (the --token was revoked: issue a new one on a"
          " member's node" + fix),
     ] == [(r.returncode, r.stderr) for r in runs]  # fmt: skip
+
+
+def test_counts_issuers_patterns_and_a_silent_console_url_exit_by_kind(
+    node_proc: NodeProcess,
+) -> None:
+    """``sub --count 0`` once waited forever, ``token revoke JTI --iss bob`` signed a
+    revocation naming "bob" (exit 0), ``--last -5``, ``--ttl -1``, ``--limit 0`` and a bad
+    ``topic rotate`` pattern came back from the node as ``bad_request`` (exit 1): now all
+    usage errors (2). ``console --url`` where nothing listens is 3, as for every command."""
+    d = ("--data-dir", str(node_proc.data_dir))
+    jti = "01M8ETC8W16PCA8JGWFXNC158B"
+    runs = [
+        run_cli(*args, timeout=30)
+        for args in (
+            ("sub", "chat.x", "--count", "0", *d),
+            ("sub", "chat.x", "--last", "-5", *d),
+            ("pub", "chat.x", "--data", "1", "--ttl", "-1", *d),
+            ("topics", "--limit", "0", *d),
+            ("token", "revoke", jti, "--iss", "bob", *d),
+            ("topic", "rotate", "chat room", *d),
+            ("console", "--url", "http://127.0.0.1:9", *d),
+        )
+    ]
+    assert [2, 2, 2, 2, 2, 2, 3] == [r.returncode for r in runs]
+    assert [
+        "argument --count: must be at least 1, not 0",
+        "argument --iss: not a NodeID: 'bob'",
+        "no node answers at http://127.0.0.1:9; start one with: hearthnet node start",
+    ] == [
+        runs[0].stderr.splitlines()[-1].partition("error: ")[2],
+        runs[4].stderr.splitlines()[-1].partition("error: ")[2][:35],
+        runs[6].stderr.partition("hearthnet: ")[2][:75],
+    ]
+
+
+def test_every_help_says_what_the_command_and_each_argument_are_for() -> None:
+    """``hearthnet pub --help`` once showed options only, not what ``pub`` does, and some
+    arguments (``--log-level``, ``community invite --ttl``, ``heartbeat export --since``...)
+    had no line at all."""
+    bare = []
+
+    def walk(parser: argparse.ArgumentParser, words: tuple[str, ...]) -> None:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        for action in subs:
+            for name, child in action.choices.items():
+                walk(child, (*words, name))
+        if subs:
+            return
+        if not parser.description:
+            bare.append(" ".join(words))
+        bare.extend(f"{' '.join(words)} {a.dest}" for a in parser._actions if not a.help)
+
+    walk(build_parser(), ())
+    assert [] == bare
