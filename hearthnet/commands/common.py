@@ -126,6 +126,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def port_arg(text: str) -> int:
+    """``--port``: 0 to 65535 (0 picks a free port), checked now."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (0 to 65535; 0 picks a free one)")
+    return value
+
+
 def cursor_arg(text: str) -> dict[str, Any]:
     """``--since SEQ`` or ``EPOCH:SEQ``."""
     epoch, _, seq = text.rpartition(":")

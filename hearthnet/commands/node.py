@@ -20,6 +20,7 @@ from hearthnet.commands.common import (
     json_arg,
     node_id_arg,
     node_url_arg,
+    port_arg,
     run,
     status_of,
 )
@@ -300,7 +301,7 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     node_sub = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
     start = node_sub.add_parser("start", parents=local, help="start a node in the foreground")
     start.add_argument("--host", help="listen address (default 0.0.0.0)")
-    start.add_argument("--port", type=int, help="port (default 7080; 0 picks a free port)")
+    start.add_argument("--port", type=port_arg, help="port (default 7080; 0 picks a free port)")
     start.add_argument(
         "--log-level",
         choices=["debug", "info", "warning", "error"],

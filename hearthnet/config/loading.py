@@ -114,6 +114,11 @@ def _apply(
         changes[key] = _coerce(value, hints[key], f"{source} [{section_name}] {key}")
         if section_cls is MeshSection and key in URL_KEYS:
             _check_urls(changes[key], key, f"{source} [{section_name}] {key}")
+        if section_cls is NodeSection and key == "port" and not 0 <= changes[key] <= 65535:
+            raise ConfigError(
+                f"{source} [{section_name}] port: {changes[key]} is not a port (0 to 65535;"
+                " 0 picks a free one)"
+            )
     return dataclasses.replace(base, **changes) if changes else base
 
 

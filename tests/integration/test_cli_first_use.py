@@ -199,3 +199,30 @@ def test_every_help_says_what_the_command_and_each_argument_are_for() -> None:
 
     walk(build_parser(), ())
     assert [] == bare
+
+
+def test_a_port_out_of_range_or_a_data_dir_that_cannot_be_made_is_said_not_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """``--port 99999`` and a data directory under a file once ended in Python tracebacks
+    (``OverflowError: bind(): port must be 0-65535``, ``NotADirectoryError``); now a usage
+    error naming the range, and an error naming the directory and the fix."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    config = tmp_path / "port.toml"
+    config.write_text("[node]\nport = 70000\n")
+    start = ("node", "start", "--host", "127.0.0.1", "--no-zeroconf")
+    runs = [
+        run_cli(*start, "--data-dir", str(tmp_path / "d"), "--port", "99999"),
+        run_cli(*start, "--data-dir", str(tmp_path / "d"), "--config", str(config)),
+        run_cli(*start, "--data-dir", str(blocker / "d"), "--port", "0"),
+    ]
+    said = [
+        (2, "error: argument --port: 99999 is not a port (0 to 65535; 0 picks a free one)"),
+        (1, f"{config} [node] port: 70000 is not a port (0 to 65535; 0 picks a free one)"),
+        (1, f"cannot make the data directory {blocker / 'd'}: Not a directory (pass --data-dir"),
+    ]
+    assert said == [
+        (r.returncode, want) for r, (_, want) in zip(runs, said, strict=True) if want in r.stderr
+    ]
+    assert "Traceback" not in "".join(r.stderr for r in runs)
