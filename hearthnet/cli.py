@@ -163,6 +163,14 @@ _LOCAL_CODES: tuple[tuple[type[HearthNetError], str], ...] = (
 )
 
 
+def _self_signed(cause: BaseException | None) -> bool:
+    """Whether a connection failed on a certificate that does not verify (aiohttp's
+    certificate error carries the ``ssl`` one)."""
+    import ssl
+
+    return isinstance(getattr(cause, "certificate_error", None), ssl.SSLCertVerificationError)
+
+
 def failure(args: argparse.Namespace, exc: HearthNetError) -> tuple[int, str, str]:
     """The exit code (spec §9), error code and message, saying what to do, for ``exc``.
 
@@ -183,6 +191,16 @@ def failure(args: argparse.Namespace, exc: HearthNetError) -> tuple[int, str, st
                 "node_not_running",
                 f"no node answers ({exc.message}); start one with: hearthnet node start, "
                 "or pass the --url of a running node",
+            )
+        if _self_signed(cause):
+            # https:// to a node itself: its certificate, made from its key, is for peers
+            return (
+                EXIT_ERROR,
+                exc.code,
+                f"{exc.message} (a node's own TLS certificate is for its peer links, checked"
+                " against its NodeID: talk to the node with http://host:port, as its ready"
+                " line prints it; https:// is for a node behind a proxy with a certificate"
+                " of its own)",
             )
     as_token = getattr(args, "command", None) == "bridge" and getattr(args, "token", None)
     if isinstance(exc, _AUTH_ERRORS) and as_token:

@@ -226,3 +226,16 @@ def test_a_port_out_of_range_or_a_data_dir_that_cannot_be_made_is_said_not_a_tra
         (r.returncode, want) for r, (_, want) in zip(runs, said, strict=True) if want in r.stderr
     ]
     assert "Traceback" not in "".join(r.stderr for r in runs)
+
+
+def test_https_to_a_node_itself_says_to_use_its_http_url(node_proc: NodeProcess) -> None:
+    """The node answers TLS on its port with a certificate made from its key, for its peer
+    links; ``--url https://...`` of the node once failed with only ``self-signed
+    certificate``; now the message says to use the http:// URL of the ready line."""
+    https = node_proc.url.replace("http://", "https://")
+    runs = [
+        run_cli("node", "status", "--url", https),
+        run_cli("call", "echo@1.0", "--url", https, "--data-dir", str(node_proc.data_dir)),
+    ]
+    hint = "talk to the node with http://host:port, as its ready line prints it"
+    assert [(1, True), (1, True)] == [(r.returncode, hint in r.stderr) for r in runs]
