@@ -62,7 +62,10 @@ def find_running_node(data_dir: Path) -> dict[str, Any]:
     try:
         os.kill(int(info["pid"]), 0)
     except (ProcessLookupError, KeyError, ValueError) as exc:
-        raise NodeNotRunning(f"the node in {path} is not running (stale run file)") from exc
+        raise NodeNotRunning(
+            f"the node in {path} is not running (stale run file: it stopped without"
+            f" removing it); start it again with: hearthnet node start --data-dir {data_dir}"
+        ) from exc
     except PermissionError:
         pass  # running as another user: it exists
     return info

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -239,3 +240,15 @@ def test_https_to_a_node_itself_says_to_use_its_http_url(node_proc: NodeProcess)
     ]
     hint = "talk to the node with http://host:port, as its ready line prints it"
     assert [(1, True), (1, True)] == [(r.returncode, hint in r.stderr) for r in runs]
+
+
+def test_a_node_killed_without_cleaning_up_says_how_to_start_it_again(tmp_path: Path) -> None:
+    """After ``kill -9`` the run file stays: commands once said only "not running (stale
+    run file)"; now how to start it again (exit 3 as before)."""
+    proc = start_node_process(tmp_path / "d", *MESH_ARGS)
+    proc.stop(signal.SIGKILL)
+    done = run_cli("node", "status", "--data-dir", str(tmp_path / "d"))
+    assert (3, f"start it again with: hearthnet node start --data-dir {tmp_path / 'd'}\n") == (
+        done.returncode,
+        done.stderr[done.stderr.index("start it again") :],
+    )
