@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -230,9 +231,16 @@ def cmd_community_revoke(args: argparse.Namespace) -> int:
     """``hearthnet community revoke NODEID``: sign a revocation and hand it to the node."""
 
     keys, _, membership = local_identity(args)
+    stranger = membership.level_of(args.node) is None and not membership.is_revoked(args.node)
     record = membership.sign(keys, "member.revoked", args.node, now_ms=now_ms())
     submit_record(args, record, "only anchors revoke; the founder stays")
     emit(args, {"revoked": args.node}, lambda: print(f"revoked {args.node} on every node"))
+    if stranger:  # a mistyped NodeID revokes nobody who is a member: say so
+        print(
+            f"hearthnet: note: {args.node} is not a member of this community (hearthnet"
+            " community show lists them); the revocation stands: that key can never join",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 

@@ -252,3 +252,16 @@ def test_a_node_killed_without_cleaning_up_says_how_to_start_it_again(tmp_path: 
         done.returncode,
         done.stderr[done.stderr.index("start it again") :],
     )
+
+
+def test_revoking_a_key_that_is_no_member_says_so(node_proc: NodeProcess) -> None:
+    """A mistyped NodeID once printed "revoked ... on every node" and nothing else, as if a
+    member had gone; the revocation still stands (that key can never join), and a note
+    on stderr says it named no member."""
+    stranger = "ed25519:" + "A" * 43
+    done = run_cli("community", "revoke", stranger, "--data-dir", str(node_proc.data_dir))
+    assert (0, f"revoked {stranger} on every node\n", True) == (
+        done.returncode,
+        done.stdout,
+        f"note: {stranger} is not a member of this community" in done.stderr,
+    )
