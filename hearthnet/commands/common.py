@@ -115,15 +115,20 @@ def pattern_arg(text: str) -> str:
     return text
 
 
-def positive_int(text: str) -> int:
-    """A count, limit or lifetime of at least 1, checked now."""
+def positive_int(text: str, least: int = 1) -> int:
+    """A count, limit or lifetime of at least 1 (``least``), checked now."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, not {value}")
     return value
+
+
+def count_arg(text: str) -> int:
+    """A number of messages to start with (``--last``): 0 or more."""
+    return positive_int(text, least=0)
 
 
 def port_arg(text: str) -> int:
