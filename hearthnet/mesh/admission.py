@@ -389,4 +389,8 @@ async def redeem_invite(data_dir: Path, token: str, *, name: str) -> bool:
             return True
     if refused is not None:  # said by a node that got the request, not a way that failed
         raise refused
-    raise Unavailable(f"could not join: {last_error}")
+    raise Unavailable(
+        f"could not join: {last_error} (a node named in the invite must be running and"
+        " reachable from here: start it, or make the invite again with --bootstrap URL of"
+        " a member this node can reach)"
+    )

@@ -265,3 +265,23 @@ def test_revoking_a_key_that_is_no_member_says_so(node_proc: NodeProcess) -> Non
         done.stdout,
         f"note: {stranger} is not a member of this community" in done.stderr,
     )
+
+
+def test_an_invite_whose_node_is_not_reachable_says_what_must_run(
+    node_proc: NodeProcess, tmp_path: Path
+) -> None:
+    """The join's bootstrap node does not answer: the error (exit 1) once named only the
+    connection failure; now what must run, and how to make an invite that works."""
+    made = run_cli(
+        *("community", "invite", "--data-dir", str(node_proc.data_dir)),
+        *("--bootstrap", "http://127.0.0.1:9"),
+    )
+    done = run_cli(
+        *("node", "start", "--data-dir", str(tmp_path / "new"), "--host", "127.0.0.1"),
+        *("--port", "0", "--no-zeroconf", "--join", made.stdout.strip()),
+    )
+    assert (1, True, True) == (
+        done.returncode,
+        done.stderr.startswith("hearthnet: unavailable: could not join: http://127.0.0.1:9: "),
+        "a node named in the invite must be running and reachable from here" in done.stderr,
+    )
