@@ -349,6 +349,20 @@ class Authenticator:
             now_ms=now_ms,
         )
 
+    def _session_community(self, identity: str) -> str:
+        """The community an identity proof speaks for. The proof names this node, not a
+        community: ours for our members (and for strangers, who are refused as such), the
+        federated community whose member ``identity`` is otherwise (spec §8), so that a
+        federated member's session gets its grant as its signed requests do."""
+        membership = self.membership
+        if (
+            self.federation is None
+            or membership.level_of(identity) is not None
+            or membership.is_revoked(identity)
+        ):
+            return self.community_id
+        return self.federation.community_of(identity) or self.community_id
+
     def authenticate_session(self, frame: dict[str, Any], now_ms: int) -> Caller:
         """Verify a WebSocket ``auth`` frame (spec §2.2): a token, or an identity proof.
 
@@ -370,7 +384,7 @@ class Authenticator:
         return self._check_signed(
             proof,
             sender=identity,
-            community=self.community_id,  # the proof names this node, hence its community
+            community=self._session_community(identity),
             ts=ts,
             request_id="auth:" + nonce,
             signature=sig,

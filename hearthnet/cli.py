@@ -13,6 +13,7 @@ import errno
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from hearthnet import __version__
 from hearthnet.commands import common, output
@@ -25,6 +26,7 @@ from hearthnet.commands.common import (
     EXIT_OK,
     EXIT_USAGE,
     parse_duration_ms,
+    url_arg,
 )
 from hearthnet.commands.mesh import add_parsers as _add_mesh_parsers
 from hearthnet.commands.node import add_chat_parser as _add_chat_parser
@@ -67,6 +69,19 @@ _existing_keys, _local_identity = common.existing_keys, common.local_identity
 _status, _submit_record = common.status_of, common.submit_record
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose "required: COMMAND/ACTION" error names the choices (a
+    bare ``hearthnet community`` says what may follow, not only that something must)."""
+
+    def error(self, message: str) -> NoReturn:
+        for action in self._actions if message.startswith("the following arguments") else ():
+            if isinstance(action, argparse._SubParsersAction) and str(action.metavar) in message:
+                choices = ", ".join(action.choices)
+                message += f" (one of: {choices}; {self.prog} --help says what each does)"
+                break
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     common = argparse.ArgumentParser(add_help=False)
@@ -76,9 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common.add_argument("--config", help="TOML config file (default: <data_dir>/hearthnet.toml)")
     remote = argparse.ArgumentParser(add_help=False)
-    remote.add_argument("--url", help="node URL (default: from <data_dir>/run/node.json)")
+    remote.add_argument(
+        "--url",
+        type=url_arg,
+        help="node URL, http://host:port (default: from <data_dir>/run/node.json)",
+    )
 
-    parser = argparse.ArgumentParser(prog="hearthnet", description="HearthNet mesh node")
+    parser = _Parser(prog="hearthnet", description="HearthNet mesh node")
     parser.add_argument("--version", action="version", version=f"hearthnet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_node_parsers(sub, [common], [common, remote])
@@ -93,7 +112,20 @@ def build_parser() -> argparse.ArgumentParser:
     from hearthnet.console.cli import add_console_parser
 
     add_console_parser(sub, [common, remote])
+    _describe(parser)
     return parser
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """Each subcommand's ``--help`` opens with what it does (its line in the parent's
+    list), unless it has a description of its own."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, child in action.choices.items():
+                if child.description is None and helps.get(name):
+                    child.description = helps[name]
+                _describe(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -131,6 +163,14 @@ _LOCAL_CODES: tuple[tuple[type[HearthNetError], str], ...] = (
 )
 
 
+def _self_signed(cause: BaseException | None) -> bool:
+    """Whether a connection failed on a certificate that does not verify (aiohttp's
+    certificate error carries the ``ssl`` one)."""
+    import ssl
+
+    return isinstance(getattr(cause, "certificate_error", None), ssl.SSLCertVerificationError)
+
+
 def failure(args: argparse.Namespace, exc: HearthNetError) -> tuple[int, str, str]:
     """The exit code (spec §9), error code and message, saying what to do, for ``exc``.
 
@@ -152,14 +192,30 @@ def failure(args: argparse.Namespace, exc: HearthNetError) -> tuple[int, str, st
                 f"no node answers ({exc.message}); start one with: hearthnet node start, "
                 "or pass the --url of a running node",
             )
+        if _self_signed(cause):
+            # https:// to a node itself: its certificate, made from its key, is for peers
+            return (
+                EXIT_ERROR,
+                exc.code,
+                f"{exc.message} (a node's own TLS certificate is for its peer links, checked"
+                " against its NodeID: talk to the node with http://host:port, as its ready"
+                " line prints it; https:// is for a node behind a proxy with a certificate"
+                " of its own)",
+            )
     as_token = getattr(args, "command", None) == "bridge" and getattr(args, "token", None)
-    if isinstance(exc, Unauthorized | InvalidSignature) and as_token:
+    if isinstance(exc, _AUTH_ERRORS) and as_token:
         # it spoke as the token, not as this data dir's key
+        why = {
+            "expired": "the --token's lifetime is over: issue a fresh one on a member's node",
+            "revoked": "the --token was revoked: issue a new one on a member's node",
+        }.get(
+            exc.code,
+            "the node refused the --token: use a token it issued, whole, or issue one there",
+        )
         return (
             EXIT_AUTH,
             exc.code,
-            f"{exc.message} (the node refused the --token: use a token it issued, whole,"
-            " or issue one there: hearthnet token issue --scope sub:PATTERN --ttl 1h)",
+            f"{exc.message} ({why}: hearthnet token issue --scope sub:PATTERN --ttl 1h)",
         )
     if isinstance(exc, InvalidSignature) and getattr(args, "join", None):
         return (

@@ -28,6 +28,7 @@ from hearthnet.cli import (
     _local_identity,
     _print_json,
     _run,
+    _status,
     parse_duration_ms,
 )
 from hearthnet.clock import now_ms
@@ -228,22 +229,59 @@ def _grant_text(grant: dict[str, list[str]]) -> str:
 
 
 def cmd_revoke(args: argparse.Namespace) -> int:
-    """``federation revoke ID``: sign a revocation and hand it to the node."""
-    keys, _ = _anchor(args, "revoke federations")
+    """``federation revoke ID [--url URL]``: sign a revocation and hand it to our node, or
+    with ``--url`` of a node of the other community, to that node (as a bridge's sync
+    would: the revocation is signed, so it needs no agreement in force to be taken)."""
+    keys, membership = _anchor(args, "revoke federations")
     if not is_ulid(args.id):
         raise UsageError(
             f"{args.id!r} is not an agreement ID (26 characters, 01...): hearthnet federation"
             " list shows them"
         )
     revocation = Revocation.create(keys, args.id, now_ms())
+    ours = membership.community_id
+    if args.url and _status(args)["community"] != ours:
+        return _revoke_there(args, ours, revocation)
     answer = _submit(args, {"revocations": [revocation.to_json()]})
-    status = {a["id"]: a["status"] for a in answer.get("agreements", [])}
-    if status.get(args.id) != "revoked":
+    held = {a["id"]: a for a in answer.get("agreements", [])}
+    if held.get(args.id, {}).get("status") != "revoked":
         raise ConfigError(f"the node holds no agreement {args.id} that this key may revoke")
     if args.json:
         _print_json({"revoked": args.id})
+        return EXIT_OK
+    agreement = held[args.id]
+    other = agreement["community_b" if agreement["community_a"] == ours else "community_a"]
+    print(
+        f"revoked agreement {args.id}: this community's nodes stop at once; {other} stops"
+        " when the revocation reaches it, within 10 s through a bridge that syncs with it"
+        " (hearthnet federation list there says revoked); with no bridge running, hand it"
+        f" to one of their nodes: hearthnet federation revoke {args.id} --url URL"
+    )
+    return EXIT_OK
+
+
+def _revoke_there(args: argparse.Namespace, ours: str, revocation: Revocation) -> int:
+    """Hand ``revocation`` to the other community's node at ``--url`` through its sync
+    endpoint (docs/federation.md); its answer lists the revocations it holds."""
+    body = {"community": ours, "agreements": [], "revocations": [revocation.to_json()]}
+
+    async def main() -> Any:
+        async with _client(args) as client:
+            return await client.request_json(
+                "POST", "/mesh/v1/federation/sync", {**body, "records": []}
+            )
+
+    answer = _run(main)
+    if args.id not in {r.get("agreement") for r in answer.get("revocations", [])}:
+        raise ConfigError(f"the node at {args.url} holds no agreement {args.id} with us")
+    if args.json:
+        _print_json({"revoked": args.id})
     else:
-        print(f"revoked agreement {args.id}; both communities stop within 10 s")
+        print(
+            f"revoked agreement {args.id} on {args.url} ({answer['community']}): its"
+            " community stops within seconds; ours stops once a node of ours holds the"
+            f" revocation too (hearthnet federation revoke {args.id}, without --url)"
+        )
     return EXIT_OK
 
 
@@ -305,6 +343,6 @@ def add_federation_parsers(sub: Any, local: list[Any], remote: list[Any]) -> Non
     add_json_flag(listing)
     listing.set_defaults(func=cmd_list)
     revoke = fsub.add_parser("revoke", parents=remote, help="revoke an agreement (anchors)")
-    revoke.add_argument("id", metavar="ID")
+    revoke.add_argument("id", metavar="ID", help="the agreement's ID (hearthnet federation list)")
     add_json_flag(revoke)
     revoke.set_defaults(func=cmd_revoke)

@@ -32,6 +32,7 @@ from hearthnet.node_http import NodeHttp, get_public_json, split_capability
 from hearthnet.publisher import Publisher
 from hearthnet.pubsub.envelope import Message
 from hearthnet.pubsub.payload import DATA_ENC, encode_bytes
+from hearthnet.pubsub.topics import validate_topic
 from hearthnet.subscription import Gap, Reset, Subscription
 
 __all__ = [
@@ -61,7 +62,10 @@ def find_running_node(data_dir: Path) -> dict[str, Any]:
     try:
         os.kill(int(info["pid"]), 0)
     except (ProcessLookupError, KeyError, ValueError) as exc:
-        raise NodeNotRunning(f"the node in {path} is not running (stale run file)") from exc
+        raise NodeNotRunning(
+            f"the node in {path} is not running (stale run file: it stopped without"
+            f" removing it); start it again with: hearthnet node start --data-dir {data_dir}"
+        ) from exc
     except PermissionError:
         pass  # running as another user: it exists
     return info
@@ -135,7 +139,7 @@ class Client:
         if ttl_s is not None:
             body["ttl_s"] = ttl_s
         result: dict[str, Any] = await self.request_json(
-            "POST", f"/pubsub/v1/topics/{topic}/messages", body
+            "POST", f"/pubsub/v1/topics/{validate_topic(topic)}/messages", body
         )
         return result
 
@@ -164,7 +168,7 @@ class Client:
         """
         result: dict[str, Any] = await self.request_json(
             "GET",
-            f"/pubsub/v1/topics/{topic}/history",
+            f"/pubsub/v1/topics/{validate_topic(topic)}/history",
             query={
                 "since_seq": since_seq,
                 "since_ts": since_ts,
@@ -179,7 +183,9 @@ class Client:
 
     async def presence(self, topic: str) -> list[dict[str, Any]]:
         """Who is on a topic now."""
-        result = await self.request_json("GET", f"/pubsub/v1/topics/{topic}/presence")
+        result = await self.request_json(
+            "GET", f"/pubsub/v1/topics/{validate_topic(topic)}/presence"
+        )
         members: list[dict[str, Any]] = result["members"]
         return members
 

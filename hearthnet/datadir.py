@@ -22,8 +22,17 @@ class DataDirLock:
         self._file: IO[str] | None = None
 
     def acquire(self) -> None:
-        """Take the lock or raise :class:`ConfigError` naming the holder."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Take the lock or raise :class:`ConfigError` naming the holder (or saying that
+        the data directory cannot be made)."""
+        data_dir = self.path.parent.parent
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.path.parent.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot make the data directory {data_dir}: {exc.strerror} (pass --data-dir"
+                " DIR of a place this user may write)"
+            ) from exc
         f = self.path.open("a+", encoding="utf-8")
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -139,8 +139,7 @@ class Node:
             from capabilities.llm_chat import build_llm_chat  # noqa: PLC0415
 
             self.llm = build_llm_chat(cfg.llm)
-        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._lock.acquire()
+        self._lock.acquire()  # makes the data directory (0700) when there is none
         self.keys = load_or_create_keys(self.data_dir)
         self.name = cfg.node.display_name(self.keys.node_id)
         self._community_store = CommunityStore(self.data_dir)

@@ -18,7 +18,9 @@ from pathlib import Path
 from spark_federation.errors import MeshHealthError
 from spark_federation.params import JobConfig, Thresholds, parse_duration_ms, parse_time_ms
 
-INSTALL_HINT = "pip install 'hearthnet[analysis]'"
+# HearthNet installs from its checkout (README): the extra comes from there too, into the
+# environment that runs this command
+INSTALL_HINT = "-m pip install -e '.[analysis]' in the HearthNet checkout (and Java 17)"
 _DEFAULTS = Thresholds()
 
 
@@ -132,7 +134,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "hearthnet mesh health")
         from spark_federation import mesh_health, session  # noqa: PLC0415
     except ImportError as exc:
         print(
-            f"{prog}: error: PySpark is not installed ({exc.name}): {INSTALL_HINT}", file=sys.stderr
+            f"{prog}: error: PySpark is not installed ({exc.name}): {sys.executable}"
+            f" {INSTALL_HINT}",
+            file=sys.stderr,
         )
         return 1
 

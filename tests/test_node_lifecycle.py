@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 
 import pytest
@@ -13,10 +14,11 @@ from tests.conftest import MakeConfig
 
 async def test_a_failed_start_releases_the_data_dir_and_the_port(make_config: MakeConfig) -> None:
     """A bad advertise URL fails after the server listens; a port in use fails before.
-    Either way the same data dir starts right after, with a good configuration."""
+    Either way the same data dir starts right after, with a good configuration. (Loading
+    a configuration refuses such a URL already: it is put in place of a loaded one.)"""
     good = make_config()
-    bad_url = make_config(
-        node={"data_dir": str(good.data_path)}, mesh={"advertise_url": "not a url"}
+    bad_url = dataclasses.replace(
+        good, mesh=dataclasses.replace(good.mesh, advertise_url="not a url")
     )
     with pytest.raises(HearthNetError):
         async with Node(bad_url):

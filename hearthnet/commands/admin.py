@@ -16,7 +16,9 @@ from hearthnet.commands.common import (
     existing_keys,
     lifetime_ms,
     local_identity,
+    node_id_arg,
     parse_duration_ms,
+    pattern_arg,
     scope_arg,
     submit_record,
 )
@@ -162,7 +164,9 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
         "revoke", parents=remote, help="revoke one token on every node (issuer or anchor)"
     )
     revoke.add_argument("token", help="the token (hnt1:...) or its jti")
-    revoke.add_argument("--iss", help="with a jti: the token's issuer (default: this node)")
+    revoke.add_argument(
+        "--iss", type=node_id_arg, help="with a jti: the token's issuer (default: this node)"
+    )
     add_json_flag(revoke)
     revoke.set_defaults(func=cmd_token_revoke)
     topic = sub.add_parser("topic", help="topic keys")
@@ -172,6 +176,8 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
         parents=remote,
         help="void every token issued so far for topics PATTERN matches (anchors only)",
     )
-    rotate.add_argument("pattern", help="topic pattern, e.g. chat.** or sensors.kitchen.*")
+    rotate.add_argument(
+        "pattern", type=pattern_arg, help="topic pattern, e.g. chat.** or sensors.kitchen.*"
+    )
     add_json_flag(rotate)
     rotate.set_defaults(func=cmd_topic_rotate)

@@ -10,9 +10,11 @@ import re
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from hearthnet.clock import now_ms
 from hearthnet.config import Config, default_data_dir, load_config
+from hearthnet.config.mesh_section import node_url_problem
 from hearthnet.errors import ConfigError, HearthNetError, IdentityError
 
 if TYPE_CHECKING:
@@ -52,6 +54,92 @@ def node_id_arg(text: str) -> str:
             " show print it)"
         )
     return text
+
+
+def url_arg(text: str) -> str:
+    """``--url``: where a node answers, ``http(s)://host[:port]`` (no port: a node behind
+    a reverse proxy on the scheme's port), checked now; a trailing ``/`` is dropped."""
+    try:
+        parts = urlsplit(text.strip())
+        ok = (
+            parts.scheme in ("http", "https")
+            and bool(parts.hostname)
+            and parts.path in ("", "/")
+            and not (parts.query or parts.fragment)
+        )
+        _ = parts.port  # a port that is not a number raises
+    except ValueError:
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(
+            f"not a node URL: {text!r} (http://host:port as the node's ready line and"
+            " hearthnet node status print it, e.g. http://127.0.0.1:7080)"
+        )
+    return text.strip().rstrip("/")
+
+
+def node_url_arg(text: str) -> str:
+    """The address of a node to dial (``--peer``, ``--relay-url``...), checked now."""
+    problem = node_url_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def federation_peer_arg(text: str) -> str:
+    """``--federation-peer``: a node URL, or ``mesh:<NodeID>`` through a relay."""
+    problem = node_url_problem(text, mesh_ok=True)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def topic_arg(text: str) -> str:
+    """A topic to publish to (spec §6.1), checked now: it goes into the request's path."""
+    from hearthnet.pubsub.topics import validate_topic
+
+    try:
+        return validate_topic(text)
+    except HearthNetError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (e.g. chat.room.1)") from exc
+
+
+def pattern_arg(text: str) -> str:
+    """A topic pattern to subscribe to (``*``, ``**``), checked now."""
+    from hearthnet.pubsub.topics import TopicPattern
+
+    try:
+        TopicPattern.parse(text)
+    except HearthNetError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return text
+
+
+def positive_int(text: str, least: int = 1) -> int:
+    """A count, limit or lifetime of at least 1 (``least``), checked now."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, not {value}")
+    return value
+
+
+def count_arg(text: str) -> int:
+    """A number of messages to start with (``--last``): 0 or more."""
+    return positive_int(text, least=0)
+
+
+def port_arg(text: str) -> int:
+    """``--port``: 0 to 65535 (0 picks a free port), checked now."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (0 to 65535; 0 picks a free one)")
+    return value
 
 
 def cursor_arg(text: str) -> dict[str, Any]:

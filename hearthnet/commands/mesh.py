@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ from hearthnet.commands.common import (
     local_identity,
     node_id_arg,
     node_url,
+    node_url_arg,
     parse_duration_ms,
     run,
     status_of,
@@ -229,9 +231,16 @@ def cmd_community_revoke(args: argparse.Namespace) -> int:
     """``hearthnet community revoke NODEID``: sign a revocation and hand it to the node."""
 
     keys, _, membership = local_identity(args)
+    stranger = membership.level_of(args.node) is None and not membership.is_revoked(args.node)
     record = membership.sign(keys, "member.revoked", args.node, now_ms=now_ms())
     submit_record(args, record, "only anchors revoke; the founder stays")
     emit(args, {"revoked": args.node}, lambda: print(f"revoked {args.node} on every node"))
+    if stranger:  # a mistyped NodeID revokes nobody who is a member: say so
+        print(
+            f"hearthnet: note: {args.node} is not a member of this community (hearthnet"
+            " community show lists them); the revocation stands: that key can never join",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
@@ -357,22 +366,34 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     community = sub.add_parser("community", help="community membership")
     csub = community.add_subparsers(dest="community_command", required=True, metavar="ACTION")
     create = csub.add_parser("create", parents=local, help="found a community (node stopped)")
-    create.add_argument("name")
+    create.add_argument("name", help="the community's name, shown to its members")
     create.add_argument("--force", action="store_true", help="leave the current community")
     add_json_flag(create)
     create.set_defaults(func=cmd_community_create)
     invite = csub.add_parser("invite", parents=remote, help="print an invite token (hn1:...)")
-    invite.add_argument("--level", choices=["member", "trusted"], default="member")
-    invite.add_argument("--ttl", type=parse_duration_ms, default=parse_duration_ms("24h"))
+    invite.add_argument(
+        "--level",
+        choices=["member", "trusted"],
+        default="member",
+        help="the new node's level (trusted may invite too; default member)",
+    )
+    invite.add_argument(
+        "--ttl",
+        type=parse_duration_ms,
+        default=parse_duration_ms("24h"),
+        help="how long the invite works, e.g. 1h (default 24h); it admits one node",
+    )
     invite.add_argument(
         "--bootstrap",
         action="append",
+        type=node_url_arg,
         metavar="URL",
         help="where the new node joins (default: this node's mesh URL)",
     )
     invite.add_argument(
         "--relay-url",
         action="append",
+        type=node_url_arg,
         metavar="URL",
         help="relay the new node attaches to (repeatable; default: this node's mesh.relay_urls)",
     )
@@ -411,7 +432,17 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     hsub = heartbeat.add_subparsers(dest="heartbeat_command", required=True, metavar="ACTION")
     exp = hsub.add_parser("export", parents=local, help="export heartbeats, beacons and traces")
     exp.add_argument("--out", required=True, help="output directory")
-    exp.add_argument("--since", type=parse_duration_ms, default=parse_duration_ms("24h"))
-    exp.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
+    exp.add_argument(
+        "--since",
+        type=parse_duration_ms,
+        default=parse_duration_ms("24h"),
+        help="how far back, e.g. 6h (default 24h)",
+    )
+    exp.add_argument(
+        "--format",
+        choices=["jsonl", "parquet"],
+        default="jsonl",
+        help="file format (parquet needs the analysis extra; default jsonl)",
+    )
     add_json_flag(exp)
     exp.set_defaults(func=cmd_heartbeat_export)

@@ -16,8 +16,11 @@ from hearthnet.commands.common import (
     client_of,
     config_of,
     data_dir_of,
+    federation_peer_arg,
     json_arg,
     node_id_arg,
+    node_url_arg,
+    port_arg,
     run,
     status_of,
 )
@@ -298,8 +301,12 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     node_sub = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
     start = node_sub.add_parser("start", parents=local, help="start a node in the foreground")
     start.add_argument("--host", help="listen address (default 0.0.0.0)")
-    start.add_argument("--port", type=int, help="port (default 7080; 0 picks a free port)")
-    start.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    start.add_argument("--port", type=port_arg, help="port (default 7080; 0 picks a free port)")
+    start.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="JSON log lines on stderr from this level on (default info)",
+    )
     start.add_argument(
         "--name", help="human name of this node (default: host name and short id, e.g. vm-kx3q)"
     )
@@ -316,6 +323,7 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     start.add_argument(
         "--peer",
         action="append",
+        type=node_url_arg,
         metavar="URL",
         help="bootstrap peer http://host:port (repeatable)",
     )
@@ -328,7 +336,9 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
         default=None,
         help="do not announce or browse on the LAN",
     )
-    start.add_argument("--advertise-url", help="URL peers should dial to reach this node")
+    start.add_argument(
+        "--advertise-url", type=node_url_arg, help="URL peers should dial to reach this node"
+    )
     start.add_argument(
         "--relay",
         action="store_true",
@@ -338,18 +348,21 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     start.add_argument(
         "--relay-url",
         action="append",
+        type=node_url_arg,
         metavar="URL",
         help="relay to attach to when peers cannot be dialled (repeatable)",
     )
     start.add_argument(
         "--relay-peer",
         action="append",
+        type=node_url_arg,
         metavar="URL",
         help="with --relay: another relay to federate with; it must name this one too (repeatable)",
     )
     start.add_argument(
         "--federation-peer",
         action="append",
+        type=federation_peer_arg,
         metavar="URL",
         help="a node of a federated community to bridge to: its URL, or mesh:NODEID through"
         " a relay of its community (repeatable; docs/federation.md)",

@@ -5,7 +5,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from hearthnet.commands.common import EXIT_OK, Parents, client_of, cursor_arg, json_arg, run
+from hearthnet.commands.common import (
+    EXIT_OK,
+    Parents,
+    client_of,
+    count_arg,
+    cursor_arg,
+    json_arg,
+    pattern_arg,
+    positive_int,
+    run,
+    topic_arg,
+)
 from hearthnet.commands.output import (
     STREAM_JSON_HELP,
     Column,
@@ -134,21 +145,29 @@ def cmd_topics(args: argparse.Namespace) -> int:
 def add_parsers(sub: Any, remote: Parents) -> None:
     """``hearthnet pub``, ``sub`` and ``topics``."""
     pub = sub.add_parser("pub", parents=remote, help="publish a message")
-    pub.add_argument("topic")
+    pub.add_argument("topic", type=topic_arg, help="a topic, e.g. chat.room.1")
     pub.add_argument("--type", default="message", help="message type (default: message)")
     pub.add_argument("--data", type=json_arg, required=True, help="payload as JSON")
-    pub.add_argument("--ttl", type=int, help="seconds the message lives (default: retention)")
+    pub.add_argument(
+        "--ttl", type=positive_int, help="seconds the message lives (default: retention)"
+    )
     add_json_flag(pub)
     pub.set_defaults(func=cmd_pub)
 
     subp = sub.add_parser("sub", parents=remote, help="subscribe and print messages")
-    subp.add_argument("patterns", nargs="+", metavar="PATTERN", help="topic patterns (* and **)")
+    subp.add_argument(
+        "patterns",
+        nargs="+",
+        type=pattern_arg,
+        metavar="PATTERN",
+        help="topic patterns (* and **), e.g. 'chat.room.*'",
+    )
     since = subp.add_mutually_exclusive_group()
     since.add_argument("--since", type=cursor_arg, help="resume after SEQ (or EPOCH:SEQ)")
     since.add_argument("--since-ts", type=int, help="messages from this Unix ms on")
-    since.add_argument("--last", type=int, help="start with the last N messages")
+    since.add_argument("--last", type=count_arg, help="start with the last N messages")
     subp.add_argument("--consumer", help="durable consumer name (at-least-once)")
-    subp.add_argument("--count", type=int, help="exit after N messages or gaps")
+    subp.add_argument("--count", type=positive_int, help="exit after N messages or gaps")
     subp.add_argument("--full", action="store_true", help="print whole envelopes")
     subp.add_argument(
         "--verify",
@@ -161,6 +180,8 @@ def add_parsers(sub: Any, remote: Parents) -> None:
 
     topics = sub.add_parser("topics", parents=remote, help="list active topics")
     topics.add_argument("--prefix", help="only topics that start with this")
-    topics.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    topics.add_argument(
+        "--limit", type=positive_int, default=100, help="at most this many (default 100)"
+    )
     add_json_flag(topics)
     topics.set_defaults(func=cmd_topics)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hearthnet.config.mesh_section import MeshSection
+from hearthnet.config.mesh_section import URL_KEYS, MeshSection, node_url_problem
 from hearthnet.config.schema import (
     BusSection,
     LimitsSection,
@@ -112,7 +112,24 @@ def _apply(
         if key not in known:
             raise ConfigError(f"{source}: unknown key [{section_name}] {key}")
         changes[key] = _coerce(value, hints[key], f"{source} [{section_name}] {key}")
+        if section_cls is MeshSection and key in URL_KEYS:
+            _check_urls(changes[key], key, f"{source} [{section_name}] {key}")
+        if section_cls is NodeSection and key == "port" and not 0 <= changes[key] <= 65535:
+            raise ConfigError(
+                f"{source} [{section_name}] port: {changes[key]} is not a port (0 to 65535;"
+                " 0 picks a free one)"
+            )
     return dataclasses.replace(base, **changes) if changes else base
+
+
+def _check_urls(value: tuple[str, ...] | str, key: str, where: str) -> None:
+    """Each address of a [mesh] URL key is a node URL (``advertise_url`` may be empty)."""
+    for url in (value,) if isinstance(value, str) else value:
+        if key == "advertise_url" and not url:
+            continue
+        problem = node_url_problem(url, mesh_ok=key == "federation_peers")
+        if problem is not None:
+            raise ConfigError(f"{where}: {problem}")
 
 
 def load_config(

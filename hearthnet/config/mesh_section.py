@@ -3,8 +3,32 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from hearthnet.config.schema import _doc
+from hearthnet.ids import is_node_id
+
+# keys whose values are addresses of nodes: checked when the configuration is loaded, so
+# that a typo is said at start instead of being dialled, or dropped, in silence
+URL_KEYS = ("peers", "relay_urls", "relay_peers", "advertise_url", "federation_peers")
+NODE_URL_FORM = "http://host:port or https://host:port, e.g. http://192.168.1.10:7080"
+
+
+def node_url_problem(value: str, *, mesh_ok: bool = False) -> str | None:
+    """Why ``value`` is not the address of a node (``http(s)://host:port``), or None.
+
+    ``mesh_ok``: ``mesh:<NodeID>`` is one too (a federation peer reached through relays).
+    """
+    if mesh_ok and value.startswith("mesh:"):
+        if is_node_id(value[len("mesh:") :]):
+            return None
+        return f"{value!r} is not mesh:<NodeID> (mesh:ed25519:..., the node's hearthnet keys show)"
+    try:
+        parts = urlsplit(value.strip())
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port is not None
+    except ValueError:  # a port that is not a number, or out of range
+        ok = False
+    return None if ok else f"{value!r} is not a node URL: write {NODE_URL_FORM}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from hearthnet.clock import now_ms
 from hearthnet.commands.output import add_json_flag, print_json
 from hearthnet.config import default_data_dir
 from hearthnet.console.access import LOGIN_TTL_MS
-from hearthnet.errors import IdentityError, Unavailable
+from hearthnet.errors import IdentityError, NodeNotRunning, Unavailable
 
 _STATUS_TIMEOUT_S = 5.0
 
@@ -47,6 +47,12 @@ def _status(url: str) -> dict[str, Any]:
         ) as resp:
             status: dict[str, Any] = json.loads(resp.read())
     except OSError as exc:
+        if isinstance(getattr(exc, "reason", exc), ConnectionRefusedError):
+            # as every command: nothing listens there, exit 3
+            raise NodeNotRunning(
+                f"no node answers at {url}; start one with: hearthnet node start, or pass"
+                " the --url of a running node"
+            ) from exc
         raise Unavailable(f"cannot reach {url}: {exc}") from exc
     return status
 

@@ -28,6 +28,7 @@ from hearthnet.errors import (
     Unauthorized,
     Unavailable,
     WireError,
+    error_from_wire,
 )
 from hearthnet.identity import KeyPair, load_or_create_keys, verify_object
 from hearthnet.ids import b64url_decode, b64url_encode, is_node_id
@@ -38,6 +39,13 @@ INVITE_PREFIX = "hn1:"
 MAX_INVITE_CHARS = 4096
 MAX_INVITE_RELAYS = 8
 JOIN_WINDOW_MS = 60_000
+EXPIRED_INVITE = (
+    "the invite expired (print another with hearthnet community invite --ttl 24h on a"
+    " member's node)"
+)
+# a join's refusals that no other bootstrap node or relay would answer otherwise (the
+# invite was used, expired, or its inviter may not invite): said as they are
+_REFUSALS = frozenset({"unauthorized", "expired", "revoked", "invalid_signature"})
 RELAY_JOIN_PATH = "/mesh/v1/relay/join"  # spec §8: a relay carries a join to the inviter
 
 
@@ -204,14 +212,17 @@ def check_join_request(membership: Membership, request: object, now: int) -> Inv
     if invite.community != membership.community_id or request["community"] != invite.community:
         raise Unauthorized("the invite is for another community")
     if invite.expires_ms <= now:
-        raise Expired("the invite expired")
+        raise Expired(EXPIRED_INVITE)
     if membership.is_revoked(node) or membership.is_revoked(invite.inviter):
         raise Revoked("the joining node or the inviter is revoked")
     inviter_level = membership.level_of(invite.inviter)
     if inviter_level is None or inviter_level < Level.TRUSTED or invite.level > inviter_level:
         raise Unauthorized("the inviter may not invite at that level")
     if invite.nonce in membership.used_invites:
-        raise Unauthorized("this invite was already used")
+        raise Unauthorized(
+            "this invite was already used (an invite admits one node: print another with"
+            " hearthnet community invite on a member's node)"
+        )
     if membership.level_of(node) is not None:
         raise BadRequest("that node is already a member")
     return invite
@@ -296,6 +307,21 @@ def _answer_records(
     return [MembershipRecord.parse(r) for r in raw], source
 
 
+def _remember_addresses(data_dir: Path, invite: Invite, bootstrap: list[str]) -> None:
+    """The bootstrap URLs (the invite's and the answer's) as peers, the invite's relays as
+    relays (spec §8: attached to from now on, mesh/relaying.py)."""
+    book = PeerBook(data_dir / "mesh" / "peers.json")
+    book.load()
+    for peer in {*invite.bootstrap, *bootstrap}:
+        book.add(peer, source="bootstrap")
+    for relay in invite.relays:
+        entry = book.add(relay, source="relay")
+        if entry is not None:
+            entry.source = "relay"  # also when it is a bootstrap address too
+    book.dirty = True
+    book.save()
+
+
 async def redeem_invite(data_dir: Path, token: str, *, name: str) -> bool:
     """``hearthnet node start --join TOKEN``: join the invite's community before starting.
 
@@ -307,12 +333,15 @@ async def redeem_invite(data_dir: Path, token: str, *, name: str) -> bool:
 
     Raises:
         InvalidSignature / Expired: a bad or expired invite.
+        Unauthorized / Expired / Revoked: a node that got the request refused it (the
+            invite was used already, expired, or its inviter may not invite), with its
+            message, which says what to do.
         Unavailable: no bootstrap node could admit us (their last error is in the message).
     """
     keys = load_or_create_keys(data_dir)
     invite = Invite.decode(token)
     if invite.expires_ms <= now_ms():
-        raise Expired("the invite expired")
+        raise Expired(EXPIRED_INVITE)
     store = CommunityStore(data_dir)
     existing = store.load()
     if any(r.community == invite.community and r.subject == keys.node_id for r in existing):
@@ -320,6 +349,7 @@ async def redeem_invite(data_dir: Path, token: str, *, name: str) -> bool:
     if not invite.bootstrap and not invite.relays:
         raise BadRequest("the invite names no bootstrap node or relay to join through")
     last_error = "no bootstrap node answered"
+    refused: WireError | None = None  # the inviter's refusal, the same on every way
     # spec §8: the bootstrap nodes first; then the invite's relays, which carry the join
     # to the inviter attached to them (an inviter behind NAT has no reachable URL)
     ways = [(url, url + "/mesh/v1/join", False) for url in invite.bootstrap]
@@ -341,6 +371,8 @@ async def redeem_invite(data_dir: Path, token: str, *, name: str) -> bool:
                 )
                 message = answer.get("message", "") if isinstance(answer, dict) else ""
                 last_error = f"{url}: {error} {message}"
+                if error in _REFUSALS and isinstance(answer, dict):
+                    refused = error_from_wire(answer)
                 continue
             try:
                 records, source = _answer_records(answer, invite, keys.node_id, relayed=relayed)
@@ -353,15 +385,12 @@ async def redeem_invite(data_dir: Path, token: str, *, name: str) -> bool:
                 last_error = f"{url}: the answer does not make this node a member"
                 continue
             store.replace(list(kept))
-            book = PeerBook(data_dir / "mesh" / "peers.json")
-            book.load()
-            for peer in {*invite.bootstrap, *answer.get("bootstrap", [])}:
-                book.add(peer, source="bootstrap")
-            for relay in invite.relays:  # spec §8: attached to from now on (mesh/relaying.py)
-                entry = book.add(relay, source="relay")
-                if entry is not None:
-                    entry.source = "relay"  # also when it is a bootstrap address too
-            book.dirty = True
-            book.save()
+            _remember_addresses(data_dir, invite, answer.get("bootstrap", []))
             return True
-    raise Unavailable(f"could not join: {last_error}")
+    if refused is not None:  # said by a node that got the request, not a way that failed
+        raise refused
+    raise Unavailable(
+        f"could not join: {last_error} (a node named in the invite must be running and"
+        " reachable from here: start it, or make the invite again with --bootstrap URL of"
+        " a member this node can reach)"
+    )

@@ -17,6 +17,7 @@ import datetime as dt
 import json
 import logging
 import sqlite3
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -266,7 +267,8 @@ def _pyarrow() -> tuple[Any, Any]:
         import pyarrow.parquet as pq  # noqa: PLC0415
     except ImportError as exc:
         raise ConfigError(
-            "Parquet export needs pyarrow: pip install 'hearthnet[analysis]'"
+            f"Parquet export needs pyarrow: {sys.executable} -m pip install -e '.[analysis]'"
+            " in the HearthNet checkout (or --format jsonl, which mesh health reads too)"
         ) from exc
     return pa, pq
 

@@ -16,8 +16,10 @@ from aiohttp import web
 from hearthnet.auth import Authenticator
 from hearthnet.clock import now_ms
 from hearthnet.community import MembershipRecord
+from hearthnet.console.access import is_console_token
 from hearthnet.errors import (
     BadRequest,
+    Forbidden,
     InternalError,
     NotFound,
     PayloadTooLarge,
@@ -78,14 +80,22 @@ class MeshHttp:
         ]
 
     async def peers(self, request: web.Request) -> web.Response:
-        """Linked peers and known addresses (members only)."""
-        self.authenticator.authenticate_headers(
+        """Linked peers and known addresses (members only, and console tokens: the
+        console shows them). A token client, or a node of a federated community, is
+        ``forbidden``: the addresses of a community's nodes are not in any grant."""
+        caller = self.authenticator.authenticate_headers(
             method="GET",
             path=request.raw_path,
             body=None,
             signed=read_signed_headers(request.headers),
             now_ms=now_ms(),
         )
+        if caller.token is not None and not is_console_token(caller.token):
+            raise Forbidden(
+                "the peer list is for members of this community: run hearthnet peers with"
+                " the --data-dir of a member's node (a token or a federated community's"
+                " node may not read it)"
+            )
         return json_response(
             {"node": self.keys.node_id, "url": self.mesh.url, "peers": self.mesh.peers_status()}
         )

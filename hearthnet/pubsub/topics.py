@@ -78,7 +78,10 @@ def _parse_pattern(text: str) -> TopicPattern:
         raise BadRequest(f"a topic pattern has at most {MAX_SEGMENTS} segments")
     for seg in segments:
         if seg not in ("*", "**") and not _SEGMENT_RE.match(seg):
-            raise BadRequest(f"invalid topic pattern {text[:64]!r}")
+            raise BadRequest(
+                f"invalid topic pattern {text[:64]!r}: dot-separated segments of"
+                " [A-Za-z0-9_-], * (one segment) or ** (one or more), e.g. 'chat.room.*'"
+            )
     return TopicPattern(text, segments)
 
 

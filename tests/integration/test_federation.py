@@ -181,7 +181,10 @@ async def test_cli_calls_the_other_communitys_node_with_url(
     pair: tuple[NodeProcess, NodeProcess], tmp_path: Path
 ) -> None:
     """``hearthnet call CAP --url <a node of A> --data-dir <B's>`` signs for B, so A
-    answers under the agreement's grant; before it, the refusal names federation."""
+    answers under the agreement's grant; before it, the refusal names federation. ``sub``
+    likewise reads a granted topic (its WebSocket session once said "not a member of this
+    community" whatever the agreement), and ``peers`` is refused: the addresses of A's
+    nodes are in no grant (once any token or federated node could read them)."""
     a, b = pair
     b_id = load_or_create_keys(b.data_dir).node_id
 
@@ -198,9 +201,75 @@ async def test_cli_calls_the_other_communitys_node_with_url(
     cli(
         *("federation", "propose", "--data-dir", str(a.data_dir), "--with", b_id),
         *("--grant-capabilities", "echo@1", "--expires", "1d", "--out", str(proposal)),
+        *("--grant-topics", "chat.**"),
     )
     cli("federation", "accept", "--data-dir", str(b.data_dir), str(proposal), "--out", str(signed))
     cli("federation", "accept", "--data-dir", str(a.data_dir), str(signed))
     after = call()
     assert 0 == after.returncode, after.stderr
     assert {"echo": {"x": 1}} == json.loads(after.stdout)["output"]
+    cli("pub", "chat.room", "--data", '"for b"', "--data-dir", str(a.data_dir))
+    as_b = ("--url", a.url, "--data-dir", str(b.data_dir))
+    read = run_cli("sub", "chat.**", "--last", "1", "--count", "1", *as_b, timeout=30)
+    peers = run_cli("peers", "--json", *as_b)
+    token = cli("token", "issue", "--scope", "call:echo", "--data-dir", str(a.data_dir)).strip()
+    async with Client(a.url, token=token) as with_token:
+        with pytest.raises(Forbidden):
+            await with_token.request_json("GET", "/mesh/v1/peers")
+    assert (0, "for b", 1, "forbidden") == (
+        read.returncode,
+        json.loads(read.stdout)["data"] if read.returncode == 0 else read.stderr,
+        peers.returncode,
+        json.loads(peers.stderr)["error"],
+    )
+
+
+async def test_revoke_with_no_bridge_says_so_and_url_hands_it_to_the_other_side(
+    tmp_path: Path,
+) -> None:
+    """With no bridge between the communities, a revocation stays on the side that signed
+    it: the command once said "both communities stop within 10 s" while the other side
+    went on answering. Now it says how the other side learns it, and ``revoke ID --url``
+    of one of their nodes hands it there, after which that node refuses us."""
+    a, b = (start_node_process(tmp_path / n, *MESH_ARGS) for n in ("a", "b"))
+    try:
+        b_id = load_or_create_keys(b.data_dir).node_id
+        proposal, signed = tmp_path / "proposal.hnf", tmp_path / "signed.hnf"
+        cli(
+            *("federation", "propose", "--data-dir", str(a.data_dir), "--with", b_id),
+            *("--want-capabilities", "echo@1", "--expires", "1d", "--out", str(proposal)),
+        )
+        cli(
+            "federation",
+            "accept",
+            "--data-dir",
+            str(b.data_dir),
+            str(proposal),
+            "--out",
+            str(signed),
+        )
+        cli("federation", "accept", "--data-dir", str(a.data_dir), str(signed))
+        agreement = (await listing(a))[0]["id"]
+        said = cli("federation", "revoke", agreement, "--data-dir", str(a.data_dir))
+        as_a = ("--url", b.url, "--data-dir", str(a.data_dir))
+        still = run_cli("call", "echo@1.0", *as_a)
+        there = cli("federation", "revoke", agreement, *as_a)
+        after = run_cli("call", "echo@1.0", "--json", *as_a)
+        assert (
+            f"{b_id} stops when the revocation reaches it",
+            f"hearthnet federation revoke {agreement} --url URL",
+            0,
+            f"revoked agreement {agreement} on {b.url} ({b_id}): its community stops",
+            ["revoked"],
+            (1, "forbidden"),
+        ) == (
+            said[said.index(b_id) : said.index(", within")],
+            said.rstrip()[-len(f"hearthnet federation revoke {agreement} --url URL") :],
+            still.returncode,
+            there[: there.index(" within")],
+            [x["status"] for x in await listing(b)],
+            (after.returncode, json.loads(after.stderr)["error"]),
+        )
+    finally:
+        for node in (a, b):
+            node.stop()
