@@ -41,7 +41,7 @@ from hearthnet.pubsub.envelope import Message, StoredMessage, canonical_body
 from hearthnet.pubsub.floorruns import Removed
 from hearthnet.pubsub.logfloors import by_origin, removal, save_removed
 from hearthnet.pubsub.logindex import Head, LogIndex
-from hearthnet.pubsub.logrun import store_row, write_one, write_run
+from hearthnet.pubsub.logrun import store_row, write_run
 from hearthnet.pubsub.logstore import (
     INSERT_ROW,
     HeadColumns,
@@ -438,11 +438,7 @@ def write_batch(
     if len(batch) == 1 and batch[0].bodies is not None:
         bodies = batch[0].bodies  # one group's run, or one publish: the usual batch
         peers = False
-        seq = sequencer.head_seq + 1
-        if len(bodies) == 1:  # one publish in flight
-            if one := write_one(conn, keys, bodies[0], seq, consumers):
-                return cast("list[Outcome]", one[0]), [one[1]]
-        elif run := write_run(conn, keys, bodies, batch[0].ts, seq, consumers):
+        if run := write_run(conn, keys, bodies, batch[0].ts, sequencer.head_seq + 1, consumers):
             return cast("list[Outcome]", run[0]), [run[1]]
     else:
         bodies, peers = [], False

@@ -43,11 +43,14 @@ def write_run(  # noqa: PLR0917 - called once per commit, positionally
     """Commit ``bodies``, our publishes queued together (every one of time ``ts``,
     without ``ttl_s``, their ``origin_seq`` consecutive; ``ts`` None: not such a run),
     numbered from ``seq``: their ids given, one batch signed, one row inserted with the
-    changed consumers. Returns what was stored, in order, and the row; None, with
-    nothing written, for a run of fewer than two, one given its ids already (a commit
-    tried before), or one with a body that cannot be signed as it is (the general job
-    then refuses it alone; the ids given here stay theirs)."""
+    changed consumers. One publish alone (one in flight, any ``ts``) is
+    :func:`write_one`'s. Returns what was stored, in order, and the row; None, with
+    nothing written, for no body, a run given its ids already (a commit tried before),
+    or one with a body that cannot be signed as it is (the general job then refuses it
+    alone; the ids given here stay theirs)."""
     n = len(bodies)
+    if n == 1:
+        return write_one(conn, keys, bodies[0], seq, consumers)
     if ts is None or n < 2 or bodies[0]["id"]:
         return None
     ids = new_ulids([ts] * n)
