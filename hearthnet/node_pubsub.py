@@ -135,7 +135,10 @@ def wire_commits(
             log.exception("local fan-out of a commit failed; gossiping it anyway")
         gossip(batch)
         federation.on_commit(batch)  # spec §8: agreements spread like records
-        rates.record((m.topic for m in batch), time.monotonic())
+        if len(batch) == 1:  # one publish in flight: no count of one made first
+            rates.record_one(batch[0].topic, time.monotonic())
+        else:
+            rates.record((m.topic for m in batch), time.monotonic())
 
     message_log.listeners.append(committed)
     message_log.listeners.append(pubsub.retention_pass.on_commit)

@@ -31,19 +31,26 @@ class TopicRates:
         """
         second = int(now_s)
         for topic, count in Counter(topics).items():
-            buckets = self._buckets.get(topic)
-            if buckets is None:
-                buckets = self._buckets[topic] = deque()
-                if len(self._buckets) > self.max_topics:
-                    self._buckets.popitem(last=False)
-            else:
-                self._buckets.move_to_end(topic)
-            if buckets and buckets[-1][0] == second:
-                buckets[-1][1] += count
-            else:
-                buckets.append([second, count])
-                while buckets and buckets[0][0] <= second - self.window_s:
-                    buckets.popleft()
+            self._add(topic, count, second)
+
+    def record_one(self, topic: str, now_s: float) -> None:
+        """:meth:`record` of one message (a commit of one: no count made first)."""
+        self._add(topic, 1, int(now_s))
+
+    def _add(self, topic: str, count: int, second: int) -> None:
+        buckets = self._buckets.get(topic)
+        if buckets is None:
+            buckets = self._buckets[topic] = deque()
+            if len(self._buckets) > self.max_topics:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(topic)
+        if buckets and buckets[-1][0] == second:
+            buckets[-1][1] += count
+            return
+        buckets.append([second, count])
+        while buckets and buckets[0][0] <= second - self.window_s:
+            buckets.popleft()
 
     def rate(self, topic: str, now_s: float) -> float:
         """Messages per second on ``topic`` over the last ``window_s`` seconds."""

@@ -25,3 +25,18 @@ def test_bounded_topics() -> None:
     rates.record(["a"], 2.0)
     rates.record(["c"], 2.0)
     assert (0.2, 0.0, 0.1) == (rates.rate("a", 2.0), rates.rate("b", 2.0), rates.rate("c", 2.0))
+
+
+def test_record_one_counts_as_record() -> None:
+    """record_one (a commit of one message) leaves what record of that one topic does,
+    with the window and the topic bound alike."""
+    rates, ones = TopicRates(window_s=10, max_topics=2), TopicRates(window_s=10, max_topics=2)
+    for second in range(15):
+        for topic in ("a", "b", "c")[second % 3 :]:
+            rates.record([topic], 500.0 + second)
+            ones.record_one(topic, 500.0 + second)
+    assert rates._buckets == ones._buckets
+    assert [ones.rate(t, 514.5) for t in ("a", "b", "c")] == [
+        rates.rate(t, 514.5) for t in ("a", "b", "c")
+    ]
+    assert ones.rate("c", 514.5) > 0
