@@ -447,6 +447,9 @@ class Node:
     def statistics(self) -> NodeStatistics:
         """A frozen snapshot of the node."""
         calls = self.metrics.counter("hearthnet_calls_total", "", ("capability", "result"))
+        relaying = self.mesh.relaying.statistics()
+        if "paths" in relaying:  # a member's: what the calls sent again (call_hold.py)
+            relaying["paths"]["calls"] = self.mesh.remote.counts.status()
         return NodeStatistics(
             node=self.keys.node_id,
             short_id=self.keys.short_id,
@@ -470,7 +473,7 @@ class Node:
             delivered_total=int(self.pubsub.metrics.delivered.total()),
             mesh_url=self.mesh.url,
             peers_linked=len(self.mesh.links),
-            relaying=self.mesh.relaying.statistics(),
+            relaying=relaying,
             signatures=VERIFIER.counts(),
         )
 

@@ -23,16 +23,30 @@ number, the provider a call opening once by its id (:class:`SeenCalls`; else a c
 ran would be refused as a replay, or run twice), a second tool result for one tool call
 is refused as answered, and a ``cancel`` or ``ack`` is idempotent. So what comes twice
 (by the sequence and sent again, or on the dead link and sent again) is taken once.
+
+A node built before :class:`SeenCalls` answers an opening sent again for a call it runs
+with ``capacity_exceeded`` (one of a call it ended as a replay), which the caller would
+take as the call's answer. So openings go again only to a peer whose hello listed the
+``call_resend`` feature (:attr:`~hearthnet.mesh.protocol.PeerInfo.takes_call_resends`);
+to an older one, a call not answered at the path change ends at once with a clear
+``unavailable`` (:meth:`CallerResends.plan`), unless the dead link never wrote its
+opening: the link in its place carries that one (:mod:`hearthnet.mesh.unsent`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Collection
+from typing import Any
+
+from hearthnet.metrics import MetricsRegistry
 
 MAX_ENDED = 64  # calls that ended whose last frames are kept (the oldest go first)
 MAX_CANCELS = 64  # cancels sent lately, sent again at a path change (the oldest go first)
 MAX_RESULTS = 8  # tool results kept per running call (the last ones)
 MAX_SEEN = 4096  # call openings a provider remembers (per node, the oldest go first)
+# the kinds of call frames sent again (``hearthnet_call_frames_resent{kind}``)
+RESENT_KINDS = ("call", "tool_result", "cancel", "ack", "frame")
 
 
 class ReplyTails:
@@ -125,10 +139,29 @@ class CallerResends:
 
     def again(self, peer: str) -> list[bytes]:
         """What to send ``peer`` again: openings, then tool results, then cancels."""
-        out = [data for p, data in self._openings.values() if p == peer]
-        out += [data for p, kept in self._results.values() if p == peer for data in kept]
-        out += [data for p, data in self._cancels.values() if p == peer]
-        return out
+        return [data for _, data in self.plan(peer, openings=True, handed=())[0]]
+
+    def plan(
+        self, peer: str, *, openings: bool, handed: Collection[bytes]
+    ) -> tuple[list[tuple[str, bytes]], list[str]]:
+        """What to send ``peer`` again, each with its kind (openings, then tool results,
+        then cancels), and the calls to end now. An opening in ``handed`` (the dead link
+        never wrote it: the link in its place carries it) is not sent again. The others
+        go again when the peer drops an opening it took (``openings``); else each of
+        those calls is listed to end (it may never have reached the peer, and an older
+        peer refuses one sent again: spec §8)."""
+        out: list[tuple[str, bytes]] = []
+        ended: list[str] = []
+        for sid, (p, data) in self._openings.items():
+            if p != peer or data in handed:
+                continue
+            if openings:
+                out.append(("call", data))
+            else:
+                ended.append(sid)
+        out += [("tool_result", d) for p, kept in self._results.values() if p == peer for d in kept]
+        out += [("cancel", data) for p, data in self._cancels.values() if p == peer]
+        return out, ended
 
     def forget(self, peer: str) -> None:
         """The calls with ``peer`` ended with its link (no link took its place)."""
@@ -154,3 +187,46 @@ class SeenCalls:
         if len(self._seen) > self.max_seen:
             self._seen.popitem(last=False)
         return True
+
+
+class ResendCounts:
+    """What the calls sent again at path changes, since start (``/metrics``, ``/status``
+    under ``relaying.paths.calls``): frames by kind, the openings a provider dropped as
+    taken already, and the calls to an older peer ended unanswered at a path change."""
+
+    def __init__(self) -> None:
+        self.resent = dict.fromkeys(RESENT_KINDS, 0)
+        self.openings_dropped = 0  # openings sent again that this provider had taken
+        self.older_peer_ended = 0  # calls ended: opening maybe lost, peer without the feature
+
+    def sent(self, kind: str) -> None:
+        """One call frame of ``kind`` went again."""
+        self.resent[kind] = self.resent.get(kind, 0) + 1
+
+    def status(self) -> dict[str, Any]:
+        """The counts, for ``/status``."""
+        return {
+            "resent": dict(self.resent),
+            "openings_dropped": self.openings_dropped,
+            "older_peer_ended": self.older_peer_ended,
+        }
+
+    def register(self, m: MetricsRegistry) -> None:
+        """``hearthnet_call_frames_resent{kind}``, ``hearthnet_call_openings_dropped``,
+        ``hearthnet_calls_ended_older_peer``."""
+        m.gauge(
+            "hearthnet_call_frames_resent",
+            "Call frames sent again after a fall-back or a hold, by kind (spec §8).",
+            lambda: {(k,): float(n) for k, n in self.resent.items()},
+            ("kind",),
+        )
+        m.gauge(
+            "hearthnet_call_openings_dropped",
+            "Call openings sent again after a path change that this provider had taken.",
+            lambda: float(self.openings_dropped),
+        )
+        m.gauge(
+            "hearthnet_calls_ended_older_peer",
+            "Calls ended unanswered at a path change: the peer cannot take an opening again.",
+            lambda: float(self.older_peer_ended),
+        )

@@ -52,6 +52,7 @@ from hearthnet.mesh.links import (
 )
 from hearthnet.mesh.protocol import (
     ANOTHER_COMMUNITY,
+    FEATURES,
     MAX_FRAME_BYTES,
     SUBPROTOCOLS,
     Handshake,
@@ -137,6 +138,9 @@ class Dialer:
         # (node, community): a bridge an agreement names, the only ones our relay takes
         self.bridge: Callable[[str, str], bool] | None = None
         self.url = ""  # ours, sent in the hello (set when the node listens)
+        # the peer-link versions offered and taken, newest first (spec §7.2): a node
+        # speaking fewer acts as a build from before the ones it leaves out
+        self.subprotocols: tuple[str, ...] = SUBPROTOCOLS
         # spec §8: the relay URLs we are reachable through (the manifest's), in v4 hellos
         self.relay_urls: Callable[[], tuple[str, ...]] = tuple
         self.dial_timeout_s = HANDSHAKE_TIMEOUT_S  # connect, upgrade and handshake, in all
@@ -177,6 +181,7 @@ class Dialer:
             relay=self.config.relay and link >= 2,
             link=link,
             relays=self.relay_urls(),  # sent on v4 links only (older peers refuse it)
+            features=FEATURES,  # sent on v5 links only (older peers refuse it)
             federated=self.federated,
             bridge=self.bridge,
         )
@@ -201,9 +206,9 @@ class Dialer:
     async def accept(self, request: web.Request) -> web.StreamResponse:
         """``GET /mesh/v1/peer``: a peer dials us; the link runs until it ends."""
         offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
-        if not set(SUBPROTOCOLS) & set(offered):
+        if not set(self.subprotocols) & set(offered):
             self.refused.inc("subprotocol")
-            spoken = ", ".join(SUBPROTOCOLS)
+            spoken = ", ".join(self.subprotocols)
             return error_response(
                 UpgradeRequired(f"peer links speak {spoken}"),
                 headers={"Sec-WebSocket-Protocol": spoken},
@@ -222,7 +227,7 @@ class Dialer:
                 Unavailable("this node has all the peer links it takes", retry_after_ms=5000)
             )
         ws = web.WebSocketResponse(
-            protocols=SUBPROTOCOLS,
+            protocols=self.subprotocols,
             max_msg_size=MAX_FRAME_BYTES,
             compress=False,
             heartbeat=None,
@@ -355,7 +360,7 @@ class Dialer:
         tls = target.startswith("https:")
         ws = await http.ws_connect(
             target + "/mesh/v1/peer",
-            protocols=SUBPROTOCOLS,
+            protocols=self.subprotocols,
             max_msg_size=MAX_FRAME_BYTES,
             autoping=True,
             heartbeat=None,

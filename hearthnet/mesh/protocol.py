@@ -1,7 +1,7 @@
 """Peer links (spec §7.2): frames, the signed hello handshake and link states. Pure.
 
-One WebSocket per pair of nodes at ``/mesh/v1/peer``, subprotocol ``hearthnet-peer.v4``
-(or v3, v2, v1 with an older peer), each message one CBOR map ``{"t": kind, ...}``. The
+One WebSocket per pair of nodes at ``/mesh/v1/peer``, subprotocol ``hearthnet-peer.v5``
+(or v4, v3, v2, v1 with an older peer), each message one CBOR map ``{"t": kind, ...}``. The
 handshake is three hellos::
 
     dialer   -> hello {node, community, ts, nonce=a, ...}                       (H1)
@@ -58,17 +58,32 @@ ANOTHER_COMMUNITY = "the peer belongs to another community"  # a hello refused f
 # may refuse it). v3 adds whole-batch gossip (``batch`` frames, mesh/batches.py) and
 # messages with ``data_enc`` (binary payloads: a node built before them refuses such an
 # envelope; mesh/older_links.py). v4 adds route batches (many route frames in one message,
-# mesh/route_batch.py). A dialer offers all, newest first; the acceptor takes the first it
-# speaks, so the link's version is known before the hellos.
+# mesh/route_batch.py). v5 adds the hello's ``features``: what the sender's build does that
+# an older one does not, beyond what the link carries (unknown ones ignored, so a later
+# behaviour needs no new subprotocol). A dialer offers all, newest first; the acceptor
+# takes the first it speaks, so the link's version is known before the hellos.
 
+SUBPROTOCOL_V5 = "hearthnet-peer.v5"
 SUBPROTOCOL_V4 = "hearthnet-peer.v4"
 SUBPROTOCOL_V3 = "hearthnet-peer.v3"
 SUBPROTOCOL_V2 = "hearthnet-peer.v2"
 SUBPROTOCOL_V1 = "hearthnet-peer.v1"
-SUBPROTOCOL = SUBPROTOCOL_V4  # the newest
-SUBPROTOCOLS = (SUBPROTOCOL_V4, SUBPROTOCOL_V3, SUBPROTOCOL_V2, SUBPROTOCOL_V1)
-LINK_VERSIONS = {SUBPROTOCOL_V4: 4, SUBPROTOCOL_V3: 3, SUBPROTOCOL_V2: 2, SUBPROTOCOL_V1: 1}
-LINK_VERSION = 4  # the newest version spoken
+SUBPROTOCOL = SUBPROTOCOL_V5  # the newest
+SUBPROTOCOLS = (SUBPROTOCOL_V5, SUBPROTOCOL_V4, SUBPROTOCOL_V3, SUBPROTOCOL_V2, SUBPROTOCOL_V1)
+LINK_VERSIONS = {
+    SUBPROTOCOL_V5: 5,
+    SUBPROTOCOL_V4: 4,
+    SUBPROTOCOL_V3: 3,
+    SUBPROTOCOL_V2: 2,
+    SUBPROTOCOL_V1: 1,
+}
+LINK_VERSION = 5  # the newest version spoken
+# The features a v5 hello lists (``features``); a peer's unknown ones are ignored.
+# ``call_resend``: the node drops a call opening it took already, by (peer, call id), so a
+# caller may send it again after a path change (spec §8; mesh/call_hold.py). An older node
+# answers such an opening with ``capacity_exceeded`` (or as a replay).
+FEATURE_CALL_RESEND = "call_resend"
+FEATURES = (FEATURE_CALL_RESEND,)
 # A relayed path (spec §8) has no subprotocol of its own: the far end is not known, and it
 # gets what it got before v3 (messages with data_enc, no batch frames).
 NO_SUBPROTOCOL = 0
@@ -129,8 +144,12 @@ HELLO_SHAPE = Shape.of(
 # spec §8: on v4 the hello also lists the relays the sender is reachable through (the
 # manifest's ``relays``); a v1-v3 peer refuses that field, so those links never carry it.
 HELLO_SHAPE_V4 = Shape.of("hello frame", (*HELLO_SHAPE.fields, "relays"))
+# v5 also lists the sender's ``features`` (FEATURES); a v1-v4 peer refuses that field
+HELLO_SHAPE_V5 = Shape.of("hello frame", (*HELLO_SHAPE_V4.fields, "features"))
 MAX_HELLO_RELAYS = 8  # relay URLs a hello lists (as many as an invite brings)
 MAX_HELLO_URL_CHARS = 512  # the longest relay URL (or own url) a hello is taken with
+MAX_HELLO_FEATURES = 32  # features a hello lists
+MAX_FEATURE_CHARS = 64  # the longest feature name
 
 
 def hello_relays(hello: dict[str, Any], link: int) -> tuple[str, ...]:
@@ -140,7 +159,8 @@ def hello_relays(hello: dict[str, Any], link: int) -> tuple[str, ...]:
         BadRequest: an unknown field for ``link``, or ``relays`` not a list of at most
             :data:`MAX_HELLO_RELAYS` strings of at most :data:`MAX_HELLO_URL_CHARS` chars.
     """
-    (HELLO_SHAPE_V4 if link >= 4 else HELLO_SHAPE).check(hello)
+    shape = HELLO_SHAPE_V5 if link >= 5 else HELLO_SHAPE_V4 if link >= 4 else HELLO_SHAPE
+    shape.check(hello)
     relays = hello.get("relays", [])
     if (
         not isinstance(relays, list)
@@ -152,6 +172,27 @@ def hello_relays(hello: dict[str, Any], link: int) -> tuple[str, ...]:
             f" of at most {MAX_HELLO_URL_CHARS} characters"
         )
     return tuple(relays)
+
+
+def hello_features(hello: dict[str, Any]) -> frozenset[str]:
+    """The features of ours a peer's (shape-checked) hello lists: the ones we do not know
+    are ignored (a later build's).
+
+    Raises:
+        BadRequest: ``features`` not a list of at most :data:`MAX_HELLO_FEATURES` strings
+            of 1 to :data:`MAX_FEATURE_CHARS` characters.
+    """
+    features = hello.get("features", [])
+    if (
+        not isinstance(features, list)
+        or len(features) > MAX_HELLO_FEATURES
+        or not all(isinstance(f, str) and 0 < len(f) <= MAX_FEATURE_CHARS for f in features)
+    ):
+        raise BadRequest(
+            f"hello features is a list of at most {MAX_HELLO_FEATURES} names"
+            f" of at most {MAX_FEATURE_CHARS} characters"
+        )
+    return frozenset(features) & frozenset(FEATURES)
 
 
 class LinkState(enum.Enum):
@@ -234,6 +275,14 @@ class PeerInfo:
     # link serves relaying and the bridge's requests only (mesh/relay_federated.py)
     community: str | None = None
     relays: tuple[str, ...] = ()  # the relay URLs its hello lists (v4, spec §8)
+    features: frozenset[str] = frozenset()  # those of ours its hello lists (v5)
+
+    @property
+    def takes_call_resends(self) -> bool:
+        """Whether the peer drops a call opening sent again after a path change (its v5
+        hello lists ``call_resend``; spec §8, mesh/call_hold.py): an older one answers
+        it with ``capacity_exceeded``, so it is not sent one again."""
+        return FEATURE_CALL_RESEND in self.features
 
     @property
     def takes_batches(self) -> bool:
@@ -273,6 +322,8 @@ class Handshake:
     federated: Callable[[str, str], bool] | None = None
     # spec §8: the relay URLs we are reachable through, listed in our hello on v4 links
     relays: tuple[str, ...] = ()
+    # what our build does (FEATURES, from the dialer), listed in our hello on v5 links
+    features: tuple[str, ...] = ()
     # spec §8: (node, community) -> whether an agreement in force names node among that
     # community's bridges: the only ones our relay takes (counts the others it refuses)
     bridge: Callable[[str, str], bool] | None = None
@@ -298,6 +349,8 @@ class Handshake:
             body["relay"] = True
         if self.relays and self.link >= 4:  # older peers refuse the field
             body["relays"] = list(self.relays[:MAX_HELLO_RELAYS])
+        if self.features and self.link >= 5:  # older peers refuse the field
+            body["features"] = list(self.features[:MAX_HELLO_FEATURES])
         if self.their_nonce is not None:
             body["their_nonce"] = self.their_nonce
         body["sig"] = self.keys.sign_object(body)
@@ -326,6 +379,7 @@ class Handshake:
             raise BadRequest("the handshake is hello frames only")
         hello = {k: v for k, v in frame.items() if k != "t"}
         relays = hello_relays(hello, self.link)
+        features = hello_features(hello)
         node, community, ts = hello.get("node"), hello.get("community"), hello.get("ts")
         if (
             not is_node_id(node)
@@ -359,7 +413,7 @@ class Handshake:
             if echoed != self.nonce:
                 raise InvalidSignature("the peer did not echo our nonce")
             self.their_nonce = str(hello["nonce"])
-            self._accept(hello, relays)
+            self._accept(hello, relays, features)
             return self._hello(now_ms)  # H3
         if self.their_nonce is None:
             if echoed is not None:
@@ -368,7 +422,7 @@ class Handshake:
             return self._hello(now_ms)  # H2
         if echoed != self.nonce or hello["nonce"] != self.their_nonce:
             raise InvalidSignature("the peer did not echo our nonce")
-        self._accept(hello, relays)
+        self._accept(hello, relays, features)
         return None
 
     def _federated_peer(self, node: str, community: object, peer_relays: bool) -> bool:
@@ -394,7 +448,9 @@ class Handshake:
             isinstance(community, str) and self.bridge is not None and self.bridge(node, community)
         )
 
-    def _accept(self, hello: dict[str, Any], relays: tuple[str, ...]) -> None:
+    def _accept(
+        self, hello: dict[str, Any], relays: tuple[str, ...], features: frozenset[str]
+    ) -> None:
         url = hello.get("url")
         community = hello.get("community")
         self.peer = PeerInfo(
@@ -407,6 +463,7 @@ class Handshake:
             self.link,
             community if community != self.membership.community_id else None,
             relays,
+            features,
         )
         self.done = True
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -42,7 +42,7 @@ from hearthnet.errors import (
 from hearthnet.frames import Frame
 from hearthnet.ids import is_node_id, new_ulid
 from hearthnet.mesh.call_frames import Ack, Call, Cancel, StreamFrame, ToolResult
-from hearthnet.mesh.call_hold import CallerResends, ReplyTails, SeenCalls
+from hearthnet.mesh.call_hold import CallerResends, ReplyTails, ResendCounts, SeenCalls
 from hearthnet.transport.flow import FlowWindow
 
 log = logging.getLogger("hearthnet.mesh.remote")
@@ -226,6 +226,7 @@ class RemoteCalls:
         self.resends = CallerResends()
         self.seen = SeenCalls()
         self.is_held: Callable[[str], bool] = lambda node: False
+        self.counts = ResendCounts()  # what went again, openings dropped, calls ended
         self.resent = 0  # call frames sent again after a path change, since start
 
     # --- routes -----------------------------------------------------------------------
@@ -291,25 +292,43 @@ class RemoteCalls:
                 incoming.task.cancel()
         return self._rebuild()
 
-    def resend(self, peer: str) -> None:
+    def resend(self, peer: str, *, openings: bool = True, handed: Collection[bytes] = ()) -> None:
         """``peer``'s direct link died and a relayed link took its place (a fall-back), or
         its sequence is held for the next link (spec §8; path_switch.py, path_hold.py):
         the calls with it go on. What the dead link may have lost unnumbered (it carried
         plain frames once its switch settled) is sent again on the peer's link now, in
         the sequence: our openings of calls not answered, tool results and cancels, our
         last ack of each call to it, and the reply frames it has not acknowledged
-        (call_hold.py). The peer drops what it had."""
+        (call_hold.py). The peer drops what it had. Openings go again only when the peer
+        drops one it took (``openings``: its hello's ``call_resend``); else a call not
+        answered ends now with ``unavailable``, unless its opening is among the frames
+        the dead link never wrote (``handed``: the link in its place carries those)."""
         link = self.link_to(peer)
         if link is None:
             return
-        frames = self.resends.again(peer)
+        frames, ended = self.resends.plan(peer, openings=openings, handed=handed)
         frames += [
-            Ack(s, o.seq).encode() for s, o in self.outgoing.items() if o.via == peer and o.seq
+            ("ack", Ack(s, o.seq).encode())
+            for s, o in self.outgoing.items()
+            if o.via == peer and o.seq
         ]
-        frames += self.tails.again(peer)
-        for data in frames:
+        frames += [("frame", data) for data in self.tails.again(peer)]
+        for kind, data in frames:
             link.send_raw(data)
+            self.counts.sent(kind)
         self.resent += len(frames)
+        for sid in ended:  # its generator's end sends the cancel
+            out = self.outgoing.pop(sid, None)
+            if out is not None:
+                self.counts.older_peer_ended += 1
+                out.fail(
+                    Unavailable(
+                        f"the direct link to {peer} died before it answered; it runs an"
+                        " older HearthNet that cannot take the call again (its hello lists"
+                        " no 'call_resend'), so the call ended: call again",
+                        retry_after_ms=1000,
+                    )
+                )
 
     def _rebuild(self) -> bool:
         best: dict[str, tuple[int, str, list[CapabilityDescriptor]]] = {}
@@ -437,6 +456,7 @@ class RemoteCalls:
         sid = frame.sid
         key = (link.node, sid)
         if key in self.incoming or not self.seen.first(link.node, sid):
+            self.counts.openings_dropped += 1
             return  # sent again after a path change (call_hold.py): taken already
         if sum(1 for p, _ in self.incoming if p == link.node) >= MAX_STREAMS_PER_LINK:
             self._refuse(link, sid, CapacityExceeded("too many calls on this link"))

@@ -175,6 +175,7 @@ class Mesh:
         )
         # spec §8: calls tied to a held sequence wait for the next link, or end with it
         self.remote.is_held = lambda node: self.relaying.held_link(node) is not None
+        self.remote.counts.register(m)  # what the calls sent again (call_hold.py)
         self.relaying.calls_ended = self.traffic.forget  # no link in time: calls, routes
         self.dialer = Dialer(
             keys=keys,
@@ -393,10 +394,13 @@ class Mesh:
         if reason == REPLACED_BY_DIRECT:
             return
         if fell_back or self.relaying.held_link(link.node) is link:
-            self.remote.resend(link.node)  # what the dead link lost of the calls (call_hold.py)
-            # then what it never wrote (presence above all: unsent.py); its sequencer
-            # hands each frame to the link in its place, or the held sequence
-            for data in link.take_unsent():
+            # what the dead link lost of the calls (call_hold.py; openings only to a peer
+            # that drops one it took), then what it never wrote (presence above all:
+            # unsent.py); its sequencer hands each frame to the link in its place, or
+            # the held sequence
+            unsent = link.take_unsent()
+            self.remote.resend(link.node, openings=link.peer.takes_call_resends, handed=set(unsent))
+            for data in unsent:
                 link.send_raw(data)
         else:
             self.traffic.forget(link.node)

@@ -103,7 +103,7 @@ def test_what_a_peer_is_sent_follows_the_link_version_not_the_hello() -> None:
         (2, False, False, False),
         (0, False, False, True),
     ]
-    assert (expected, [4, 3, 2, 1, 1]) == (seen, versions)
+    assert (expected, [5, 4, 3, 2, 1, 1]) == (seen, versions)
 
 
 def test_a_full_acceptor_says_so_in_its_signed_hello() -> None:

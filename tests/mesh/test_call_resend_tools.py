@@ -1,0 +1,72 @@
+"""A tool result lost with a settled direct link (spec §5 tool loop over the mesh, §8
+fall-back): a's client answers the model's tool call on b, and the direct link a-b dies
+with that ``tool_result`` on it. Both ends fall back to the relay, a sends the tool
+result again (mesh/call_hold.py), and b's model goes on with it. Real nodes over
+loopback; the settled link and the cut of tests/mesh/test_path_switch_calls.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from hearthnet.client import Client
+from hearthnet.node import Node
+from tests.capabilities.llm_chat.support import LOOKUP, USER
+from tests.conftest import MakeConfig
+from tests.helpers import wait_until
+from tests.mesh.conftest import RelayedTrio
+from tests.mesh.test_path_switch_calls import _counts, _cut_on, _settled_direct, _since
+from tests.mesh.test_relaying import one_community, path_to, relayed_to
+
+SCRIPT = [
+    {"text": "Looking it up. ", "tool_calls": [{"name": "lookup", "arguments": {"q": "water"}}]},
+    {"text": "Found: {results}"},
+]
+
+
+@pytest.fixture
+async def chat_trio(make_config: MakeConfig) -> AsyncIterator[RelayedTrio]:
+    """A relay and members a and b relayed to each other; b runs the demo model."""
+    configs = [make_config(mesh={"relay": True}), make_config(), make_config(llm={"demo": True})]
+    one_community(configs)
+    async with (
+        Node(configs[0]) as relay,
+        Node(relayed_to(configs[1], relay.url)) as a,
+        Node(relayed_to(configs[2], relay.url)) as b,
+    ):
+        await wait_until(
+            lambda: path_to(a, b) == "relayed" and b.keys.node_id in a.router.remote,
+            15,
+            "a relayed to b, with b's capabilities",
+        )
+        yield RelayedTrio(relay, a, b)
+
+
+async def test_a_tool_result_that_dies_with_the_direct_link_reaches_the_model(
+    chat_trio: RelayedTrio,
+) -> None:
+    """llm.chat pinned to b over a settled direct link; the link dies with a's tool result
+    on it: a sends it again through the relay and the chat ends with the tool's answer."""
+    a, b = chat_trio.a, chat_trio.b
+    await _settled_direct(chat_trio)
+    before = _counts(chat_trio), a.mesh.remote.counts.status()["resent"]["tool_result"]
+    cut = _cut_on(chat_trio, "tool_result")
+    async with Client(a.url, keys=a.keys) as client:
+        result = await client.chat(
+            [USER],
+            tools=[LOOKUP],
+            tool_handler=lambda name, args: {"found": f"notes on {args['q']}"},
+            params={"script": SCRIPT},
+            target=b.keys.node_id,
+            deadline_ms=30_000,
+        )
+    since = _since(chat_trio, before[0])
+    resent = a.mesh.remote.counts.status()["resent"]["tool_result"] - before[1]
+    assert (["tool_result"], 'Found: [{"found":"notes on water"}]', 1, (1, 1), True) == (
+        cut,
+        result.text,
+        result.tool_rounds,
+        since[:2],
+        resent >= 1,
+    )
