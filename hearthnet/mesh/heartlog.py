@@ -268,7 +268,8 @@ def _pyarrow() -> tuple[Any, Any]:
     except ImportError as exc:
         raise ConfigError(
             f"Parquet export needs pyarrow: {sys.executable} -m pip install -e '.[analysis]'"
-            " in the HearthNet checkout (or --format jsonl, which mesh health reads too)"
+            " in the HearthNet checkout ('hearthnet[analysis]' where it is installed as a"
+            " package), or --format jsonl, which mesh health reads too"
         ) from exc
     return pa, pq
 

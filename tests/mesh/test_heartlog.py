@@ -148,7 +148,7 @@ def test_parquet_export_without_pyarrow_says_what_to_install(
 
     write_records(tmp_path / "node", now_ms())
     monkeypatch.setattr(builtins, "__import__", no_pyarrow)
-    with pytest.raises(ConfigError, match="hearthnet\\[analysis\\]"):
+    with pytest.raises(ConfigError, match="-e '\\.\\[analysis\\]'"):
         export(tmp_path / "node", tmp_path / "out", node=KEYS.node_id, since_ms=0, fmt="parquet")
 
 
