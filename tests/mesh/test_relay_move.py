@@ -120,33 +120,38 @@ async def test_a_fall_back_to_a_relay_without_the_peer_moves_to_the_other_listed
     make_config: MakeConfig,
 ) -> None:
     """echo.stream from b to a; a dials b at chunk 20; the moment both ends are direct
-    (b's chunks still in its relayed sequence), b leaves the relay a used and the direct
-    link dies: a falls back through that relay, is answered ``unreachable``, moves b to
-    the other relay, and the stream ends with every chunk once, in order; /status shows
-    the move."""
+    (b's chunks still in its relayed sequence, one not acknowledged yet; or, when b had
+    nothing unacknowledged as the link came up, plain), b leaves the relay a used and the
+    direct link dies: a falls back through that relay, is answered ``unreachable``, moves
+    b to the other relay, and the stream ends with every chunk once, in order; /status
+    shows the move."""
     async with _two_relays(make_config) as nodes:
         a, b = nodes.a, nodes.b
-        cut: list[tuple[Node, tuple[int, int]]] = []  # the other relay, a's counts
+        cut: list[tuple[str, Node, tuple[int, int]]] = []  # how, the other relay, a's counts
         core_b = b.mesh.relaying.paths
         assert core_b is not None
 
-        def in_flight() -> bool:
-            both = (path_to(a, b), path_to(b, a)) == ("direct", "direct")
-            return both and not core_b.settled(a.keys.node_id)
+        def frames() -> str | None:
+            """How b's chunks go on the direct link, once both ends are direct and it is
+            worth a cut: ``sequenced`` (one in flight) or ``plain``."""
+            link = b.mesh.links.get(a.keys.node_id)
+            if link is None or (path_to(a, b), path_to(b, a)) != ("direct", "direct"):
+                return None
+            if link.sequencer is None:
+                return "plain"
+            return None if core_b.settled(a.keys.node_id) else "sequenced"
 
         async def leave_when_direct() -> None:
-            # the moment both ends are direct with one of b's chunks not acknowledged yet,
-            # still in its relayed sequence (frames sent plainly once it settled would die
-            # with the link: docs/mesh.md): the check and the cut in one step. On a loaded
-            # machine every chunk may be acknowledged when the link comes up: the cut
-            # waits for b's next chunk (10 ms later) rather than cut a settled link
+            # the check and the cut in one step. While b's link continues its sequence, the
+            # cut waits for a chunk in flight: on a loaded machine every chunk may be
+            # acknowledged when the link comes up (b's next one is 10 ms later)
             deadline = time.monotonic() + CUT_WITHIN_S
-            while not in_flight():
-                assert time.monotonic() < deadline, "no direct link with a chunk in flight"
+            while (how := frames()) is None:
+                assert time.monotonic() < deadline, "no direct link to cut within the limit"
                 await asyncio.sleep(0)
             used, other, counts = nodes.in_use()
             _leave_and_cut(a, b, used)
-            cut.append((other, counts))
+            cut.append((how, other, counts))
 
         streamed = await stream_chunks(a, b, chunks=CHUNKS, at=SWITCH_AT, step=leave_when_direct)
         await wait_until(lambda: bool(cut), 10, "the relay left and the link cut")
@@ -155,7 +160,7 @@ async def test_a_fall_back_to_a_relay_without_the_peer_moves_to_the_other_listed
         async with aiohttp.ClientSession() as http, http.get(a.url + "/status") as resp:
             shown = (await resp.json())["relaying"]["paths"]["switch"]["moved"]
     whole = list(range(1, CHUNKS + 1))
-    [(other, before)] = cut
+    [(how, other, before)] = cut
     # the chunks' count and last frame first: a failure shows them, not a 150-item list
     assert (CHUNKS, "done", other.keys.node_id, (1, 1), counts[1], whole) == (
         len(streamed.got),
@@ -164,7 +169,7 @@ async def test_a_fall_back_to_a_relay_without_the_peer_moves_to_the_other_listed
         (counts[0] - before[0], counts[1] - before[1]),
         shown,
         streamed.got,
-    )
+    ), f"cut with b's chunks {how}"
 
 
 async def test_a_relayed_peer_that_left_the_relay_in_use_is_reached_through_the_other(
