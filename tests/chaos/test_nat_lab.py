@@ -274,7 +274,9 @@ def test_a_failing_test_leaves_no_namespace_behind(nat_lab_support: None, tmp_pa
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        # a bound, not the expected time: the run (a pytest start-up with the suite's
+        # plugins, a NAT lab up and down) took 36 s at load 20
+        timeout=180,
         check=False,
     )
     lab_lines = [line.split() for line in done.stdout.splitlines() if line.startswith("LAB ")]

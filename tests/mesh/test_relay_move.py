@@ -49,6 +49,13 @@ def _via(node: Node, peer: Node) -> str | None:
     return None if link is None else path_fields(link)["via"]
 
 
+def _switch_counts(node: Node) -> tuple[int, int]:
+    """``node``'s path switch counters: fall-backs, peers moved on ``unreachable``."""
+    switch = node.mesh.relaying.switch
+    assert switch is not None
+    return (switch.fallbacks, switch.moved)
+
+
 def _leave(b: Node, relay: Node) -> None:
     """b leaves ``relay``: its link closed with a ``bye``, its URL forgotten so it is not
     dialled again."""
@@ -68,12 +75,24 @@ def _leave_and_cut(a: Node, b: Node, relay: Node) -> None:
 @dataclass
 class TwoRelays:
     """Relays r1 and r2 (not federated) and members a and b attached to both, relayed to
-    each other through ``used``; ``other`` is the second relay."""
+    each other."""
 
     a: Node
     b: Node
-    used: Node
-    other: Node
+    relays: tuple[Node, Node]
+
+    def in_use(self) -> tuple[Node, Node, tuple[int, int]]:
+        """The relay a sends to b through now (while direct: the one it would fall back
+        through), the other relay, and a's switch counters until now. Taken at the step,
+        not at set-up: a relay a sent through before b attached to it answers
+        ``unreachable`` and a moves b (on a loaded machine, sometimes after set-up)."""
+        paths = self.a.mesh.relaying.paths
+        assert paths is not None
+        via = paths.path(self.b.keys.node_id)[1]
+        r1, r2 = self.relays
+        assert via in (r1.keys.node_id, r2.keys.node_id), via
+        used, other = (r1, r2) if via == r1.keys.node_id else (r2, r1)
+        return used, other, _switch_counts(self.a)
 
 
 @contextlib.asynccontextmanager
@@ -94,54 +113,63 @@ async def _two_relays(make_config: MakeConfig) -> AsyncIterator[TwoRelays]:
                 30,
                 "a and b attached to both relays, relayed to each other",
             )
-            used = r1 if _via(a, b) == r1.keys.node_id else r2
-            yield TwoRelays(a, b, used, r2 if used is r1 else r1)
+            yield TwoRelays(a, b, (r1, r2))
 
 
 async def test_a_fall_back_to_a_relay_without_the_peer_moves_to_the_other_listed_relay(
     make_config: MakeConfig,
 ) -> None:
     """echo.stream from b to a; a dials b at chunk 20; the moment both ends are direct
-    (b's chunks still in its relayed sequence), b leaves the relay a used and the direct
-    link dies: a falls back through that relay, is answered ``unreachable``, moves b to
-    the other relay, and the stream ends with every chunk once, in order; /status shows
-    the move."""
+    (b's chunks still in its relayed sequence, one not acknowledged yet; or, when b had
+    nothing unacknowledged as the link came up, plain), b leaves the relay a used and the
+    direct link dies: a falls back through that relay, is answered ``unreachable``, moves
+    b to the other relay, and the stream ends with every chunk once, in order; /status
+    shows the move."""
     async with _two_relays(make_config) as nodes:
-        a, b, used, other = nodes.a, nodes.b, nodes.used, nodes.other
-        moved: list[bool] = []
+        a, b = nodes.a, nodes.b
+        cut: list[tuple[str, Node, tuple[int, int]]] = []  # how, the other relay, a's counts
         core_b = b.mesh.relaying.paths
         assert core_b is not None
 
+        def frames() -> str | None:
+            """How b's chunks go on the direct link, once both ends are direct and it is
+            worth a cut: ``sequenced`` (one in flight) or ``plain``."""
+            link = b.mesh.links.get(a.keys.node_id)
+            if link is None or (path_to(a, b), path_to(b, a)) != ("direct", "direct"):
+                return None
+            if link.sequencer is None:
+                return "plain"
+            return None if core_b.settled(a.keys.node_id) else "sequenced"
+
         async def leave_when_direct() -> None:
-            # the moment both ends are direct, b's chunks on the link are still in its
-            # relayed sequence (frames sent plainly once it settled would die with the
-            # link: docs/mesh.md): the check and the cut in one step
+            # the check and the cut in one step. While b's link continues its sequence, the
+            # cut waits for a chunk in flight: on a loaded machine every chunk may be
+            # acknowledged when the link comes up (b's next one is 10 ms later)
             deadline = time.monotonic() + CUT_WITHIN_S
-            while (path_to(a, b), path_to(b, a)) != ("direct", "direct"):
-                assert time.monotonic() < deadline, "no direct link within the limit"
+            while (how := frames()) is None:
+                assert time.monotonic() < deadline, "no direct link to cut within the limit"
                 await asyncio.sleep(0)
-            moved.append(not core_b.settled(a.keys.node_id))
+            used, other, counts = nodes.in_use()
             _leave_and_cut(a, b, used)
+            cut.append((how, other, counts))
 
         streamed = await stream_chunks(a, b, chunks=CHUNKS, at=SWITCH_AT, step=leave_when_direct)
-        await wait_until(lambda: bool(moved), 10, "the relay left and the link cut")
+        await wait_until(lambda: bool(cut), 10, "the relay left and the link cut")
         via = _via(a, b)
-        switch = a.mesh.relaying.switch
-        assert switch is not None
-        counts = (switch.fallbacks, switch.moved)
+        counts = _switch_counts(a)
         async with aiohttp.ClientSession() as http, http.get(a.url + "/status") as resp:
             shown = (await resp.json())["relaying"]["paths"]["switch"]["moved"]
     whole = list(range(1, CHUNKS + 1))
+    [(how, other, before)] = cut
     # the chunks' count and last frame first: a failure shows them, not a 150-item list
-    assert ([True], CHUNKS, "done", other.keys.node_id, (1, 1), 1, whole) == (
-        moved,
+    assert (CHUNKS, "done", other.keys.node_id, (1, 1), counts[1], whole) == (
         len(streamed.got),
         streamed.kinds[-1],
         via,
-        counts,
+        (counts[0] - before[0], counts[1] - before[1]),
         shown,
         streamed.got,
-    )
+    ), f"cut with b's chunks {how}"
 
 
 async def test_a_relayed_peer_that_left_the_relay_in_use_is_reached_through_the_other(
@@ -151,15 +179,17 @@ async def test_a_relayed_peer_that_left_the_relay_in_use_is_reached_through_the_
     through: that relay answers ``unreachable``, a moves b to the other relay, and the
     stream ends with every chunk once, in order."""
     async with _two_relays(make_config) as nodes:
-        a, b, used, other = nodes.a, nodes.b, nodes.used, nodes.other
+        a, b = nodes.a, nodes.b
+        left: list[tuple[Node, int]] = []  # the other relay, a's moves until then
 
         async def leave() -> None:
+            used, other, counts = nodes.in_use()
             _leave(b, used)
+            left.append((other, counts[1]))
 
         streamed = await stream_chunks(a, b, chunks=CHUNKS, at=SWITCH_AT, step=leave, dial=False)
-        switch = a.mesh.relaying.switch
-        assert switch is not None
-        state = (_via(a, b), path_to(a, b), switch.moved)
+        [(other, before)] = left
+        state = (_via(a, b), path_to(a, b), _switch_counts(a)[1] - before)
     assert (CHUNKS, "done", (other.keys.node_id, "relayed", 1), list(range(1, CHUNKS + 1))) == (
         len(streamed.got),
         streamed.kinds[-1],

@@ -81,15 +81,21 @@ class RawWs:
         self.send(json.dumps(obj).encode())
 
     async def frame(self) -> tuple[int, bytes]:
-        """The next server frame (opcode, payload); server frames are never masked."""
-        b0, b1 = await asyncio.wait_for(self.reader.readexactly(2), 5)
-        assert not b1 & 0x80, "server frames must not be masked"
-        length = b1 & 0x7F
-        if length == 126:
-            (length,) = struct.unpack("!H", await self.reader.readexactly(2))
-        elif length == 127:
-            (length,) = struct.unpack("!Q", await self.reader.readexactly(8))
-        return b0 & 0x0F, await self.reader.readexactly(length)
+        """The next server frame (opcode, payload); server frames are never masked. The
+        node's keepalive pings (every ``transport.ws_ping_s``: a test on a loaded machine
+        can outlast it) are answered with a pong and skipped, as a client does."""
+        while True:
+            b0, b1 = await asyncio.wait_for(self.reader.readexactly(2), 5)
+            assert not b1 & 0x80, "server frames must not be masked"
+            length = b1 & 0x7F
+            if length == 126:
+                (length,) = struct.unpack("!H", await self.reader.readexactly(2))
+            elif length == 127:
+                (length,) = struct.unpack("!Q", await self.reader.readexactly(8))
+            payload = await self.reader.readexactly(length)
+            if b0 & 0x0F != OP_PING:
+                return b0 & 0x0F, payload
+            self.send(payload, OP_PONG)
 
     async def event(self, name: str) -> dict[str, Any]:
         """The next JSON frame with ``event`` == ``name`` (skipping others)."""
