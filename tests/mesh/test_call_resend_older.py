@@ -21,7 +21,7 @@ from hearthnet.client import Client
 from hearthnet.mesh.protocol import SUBPROTOCOLS
 from hearthnet.node import Node
 from tests.mesh.conftest import RelayedTrio
-from tests.mesh.test_path_switch_calls import _counts, _cut_on, _settled_direct, _since
+from tests.mesh.switch_cuts import counts_since, cut_on, fallback_counts, settle_direct
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -75,12 +75,12 @@ async def test_an_older_peer_is_not_sent_an_opening_again_and_the_call_ends_clea
     here: b is of this build, but on a v4 link it is taken for an older one)."""
     trio = older_a
     a, b = trio.a, trio.b
-    await _settled_direct(trio)
+    await settle_direct(trio)
     peers = (a.mesh.links[b.keys.node_id].peer, b.mesh.links[a.keys.node_id].peer)
-    before, calls = _counts(trio), (_calls(a), _calls(b))
-    cut = _cut_on(trio, "call")
+    before, calls = fallback_counts(trio), (_calls(a), _calls(b))
+    cut = cut_on(trio, "call")
     got, kinds, last = await _stream(a, b)
-    since = _since(trio, before)
+    since = counts_since(trio, before)
     assert (
         [(4, False), (4, False)],
         ["call"],
@@ -147,7 +147,7 @@ async def test_what_a_fall_back_sent_again_is_counted(relayed_trio: RelayedTrio)
     ends whole. ``/metrics`` and ``/status`` count it at both ends."""
     trio = relayed_trio
     a, b = trio.a, trio.b
-    await _settled_direct(trio)
+    await settle_direct(trio)
     peers = (a.mesh.links[b.keys.node_id].peer, b.mesh.links[a.keys.node_id].peer)
     before = (await _shown(a), await _shown(b))
     cut = _cut_on_reply(trio)

@@ -16,7 +16,7 @@ from tests.capabilities.llm_chat.support import LOOKUP, USER
 from tests.conftest import MakeConfig
 from tests.helpers import wait_until
 from tests.mesh.conftest import RelayedTrio
-from tests.mesh.test_path_switch_calls import _counts, _cut_on, _settled_direct, _since
+from tests.mesh.switch_cuts import counts_since, cut_on, fallback_counts, settle_direct
 from tests.mesh.test_relaying import one_community, path_to, relayed_to
 
 SCRIPT = [
@@ -49,9 +49,9 @@ async def test_a_tool_result_that_dies_with_the_direct_link_reaches_the_model(
     """llm.chat pinned to b over a settled direct link; the link dies with a's tool result
     on it: a sends it again through the relay and the chat ends with the tool's answer."""
     a, b = chat_trio.a, chat_trio.b
-    await _settled_direct(chat_trio)
-    before = _counts(chat_trio), a.mesh.remote.counts.status()["resent"]["tool_result"]
-    cut = _cut_on(chat_trio, "tool_result")
+    await settle_direct(chat_trio)
+    before = fallback_counts(chat_trio), a.mesh.remote.counts.status()["resent"]["tool_result"]
+    cut = cut_on(chat_trio, "tool_result")
     async with Client(a.url, keys=a.keys) as client:
         result = await client.chat(
             [USER],
@@ -61,7 +61,7 @@ async def test_a_tool_result_that_dies_with_the_direct_link_reaches_the_model(
             target=b.keys.node_id,
             deadline_ms=30_000,
         )
-    since = _since(chat_trio, before[0])
+    since = counts_since(chat_trio, before[0])
     resent = a.mesh.remote.counts.status()["resent"]["tool_result"] - before[1]
     assert (["tool_result"], 'Found: [{"found":"notes on water"}]', 1, (1, 1), True) == (
         cut,

@@ -7,76 +7,15 @@ Real nodes over loopback (the shared relayed set-up, tests/mesh/conftest.py)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
-import cbor2
 import pytest
 
 from hearthnet.client import Client
-from hearthnet.mesh.path_switch import RETIRE_S, PathSwitch
 from hearthnet.node import Node
 from tests.helpers import wait_until
 from tests.mesh.conftest import RelayedTrio
-
-Counts = tuple[int, int, int]
-
-
-def _switches(trio: RelayedTrio) -> tuple[PathSwitch, PathSwitch]:
-    switches = (trio.a.mesh.relaying.switch, trio.b.mesh.relaying.switch)
-    assert switches[0] is not None
-    assert switches[1] is not None
-    return switches[0], switches[1]
-
-
-def _counts(trio: RelayedTrio) -> Counts:
-    """Fall-backs at a and b, and call frames a sent again, since start."""
-    a, b = _switches(trio)
-    return a.fallbacks, b.fallbacks, trio.a.mesh.remote.resent
-
-
-def _since(trio: RelayedTrio, before: Counts) -> Counts:
-    now = _counts(trio)
-    return now[0] - before[0], now[1] - before[1], now[2] - before[2]
-
-
-def _plain(node: Node, peer: Node) -> bool:
-    return node.mesh.links[peer.keys.node_id].sequencer is None
-
-
-async def _settled_direct(trio: RelayedTrio) -> None:
-    """a dials b; once the switch settled at both ends (plain frames), each retires it
-    as if RETIRE_S were up: the relayed sequence is kept for a fall-back."""
-    a, b = trio.a, trio.b
-    a.mesh.spawn(a.mesh.dial(b.url), "dial-b")
-    await wait_until(
-        lambda: trio.paths() == ("direct", "direct") and _plain(a, b) and _plain(b, a),
-        20,
-        "the switch settled at both ends",
-    )
-    switches = _switches(trio)
-    for switch in switches:
-        switch.tick(time.monotonic() + RETIRE_S)
-    kept = (b.keys.node_id in switches[0].kept, a.keys.node_id in switches[1].kept)
-    assert (True, True) == kept
-
-
-def _cut_on(trio: RelayedTrio, kind: str) -> list[str]:
-    """The cut falls on a's next frame of ``kind`` to b: the direct link's ``sequencer``
-    (the hook path_switch.py numbers frames through) sees it first, shuts a's socket,
-    and lets the frame be queued plainly, on the dead socket. Returns where the kinds
-    cut on are recorded."""
-    link = trio.a.mesh.links[trio.b.keys.node_id]
-    cut: list[str] = []
-
-    def sequencer(data: bytes) -> bool:
-        if not cut and cbor2.loads(data).get("t") == kind:
-            trio.cut()
-            cut.append(kind)
-        return False
-
-    link.sequencer = sequencer
-    return cut
+from tests.mesh.switch_cuts import counts_since, cut_on, fallback_counts, settle_direct
 
 
 def _incoming_from(node: Node, peer: Node) -> Callable[[], object | None]:
@@ -97,9 +36,9 @@ async def test_a_call_whose_opening_dies_with_the_direct_link_is_answered_throug
     it (b never saw it): both ends fall back, a sends the opening again through the
     relay, and the stream ends with every chunk once, in order."""
     a, b = relayed_trio.a, relayed_trio.b
-    await _settled_direct(relayed_trio)
-    before = _counts(relayed_trio)
-    cut = _cut_on(relayed_trio, "call")
+    await settle_direct(relayed_trio)
+    before = fallback_counts(relayed_trio)
+    cut = cut_on(relayed_trio, "call")
     got: list[int] = []
     kinds: list[str] = []
     async with (
@@ -116,7 +55,7 @@ async def test_a_call_whose_opening_dies_with_the_direct_link_is_answered_throug
             kinds.append(frame.event)
             if frame.event == "token":
                 got.append(frame.data["i"])
-    since = _since(relayed_trio, before)
+    since = counts_since(relayed_trio, before)
     assert (["call"], list(range(1, 31)), "done", (1, 1), True, ("relayed", "relayed")) == (
         cut,
         got,
@@ -136,9 +75,9 @@ async def test_a_cancel_that_dies_with_the_direct_link_still_ends_the_call_at_th
     through the relay, and b's call ends cancelled (not on its 5 s ack timeout, which
     does not cancel it)."""
     a, b = relayed_trio.a, relayed_trio.b
-    await _settled_direct(relayed_trio)
-    before = _counts(relayed_trio)
-    cut = _cut_on(relayed_trio, "cancel")
+    await settle_direct(relayed_trio)
+    before = fallback_counts(relayed_trio)
+    cut = cut_on(relayed_trio, "cancel")
     find = _incoming_from(b, a)
     running = None
     async with Client(a.url, keys=a.keys) as client:
@@ -158,7 +97,7 @@ async def test_a_cancel_that_dies_with_the_direct_link_still_ends_the_call_at_th
         await wait_until(lambda: bool(cut), 10, "a's cancel sent")
         await wait_until(lambda: find() is None, 10, "b's call ended")
     handle = getattr(running, "handle", None)
-    since = _since(relayed_trio, before)
+    since = counts_since(relayed_trio, before)
     assert (["cancel"], True, (1, 1), True, ("relayed", "relayed")) == (
         cut,
         handle is not None and handle.ctx.cancelled,
