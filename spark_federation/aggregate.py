@@ -1,7 +1,7 @@
 """One pass over the heartbeat records: the aggregates every table derives from (spec §10).
 
-The records are read once and never cached. One hash aggregate with two grouping
-sets (Spark feeds each record to both) reduces them to:
+The records are read once and never cached. One hash aggregate with three grouping
+sets (Spark feeds each record to all three) reduces them to:
 
 - the *link windows*: per record status, (node, peer, relay, file) and window, the
   count of each kind, the relayed pings, the first and last ``ts`` (the rows of
@@ -9,13 +9,17 @@ sets (Spark feeds each record to both) reduces them to:
   A ``link_up`` or ``link_down`` keeps its ``ts`` and kind in the key, so the *link
   events* are the rows that have them (a few per link and day): they need no grouping
   set of their own;
-- the *pong histogram*: pongs per (node, peer), hour, RTT bucket and clock-offset
-  millisecond.
+- the *RTT histogram*: pongs per (node, peer), hour and RTT bucket;
+- the *offset histogram*: pongs per (node, peer) and clock-offset millisecond.
 
 Availability, graph edges, relay dependence, loss and flaps derive from the first; RTT
-quantiles and clock skew from the second. On the benchmark's 50-node input of 1 M
-records they hold about 85,000 and 151,000 rows, and every later step reads them
-instead of the records.
+quantiles from the second, clock skew from the third. On the benchmark's input of
+10 M records they hold about 840,000, 483,000 and 3,400 rows, and every later step
+reads them instead of the records. One histogram of (hour, RTT bucket, offset) had
+1.4 million rows, which the steps after the pass summed per bucket; the two small
+ones cost a record one more row into the aggregate, into a map of a few thousand
+entries (docs/benchmarks.md). Link windows and link hours as sets of their own (the
+file and relay out of their key) cost the pass more than they saved after it.
 
 NodeIDs stay strings in the pass and are hashed to ids (:func:`spark_federation.exports.node_key`)
 on the aggregate's rows: the grouping hashes each record's key anyway, and the
@@ -27,7 +31,7 @@ its directory to a long in every record cost the pass more than the string does
 
 A node's records are in its own exports only (spec §7.5), so copies of one
 observation can come only from a node read from two export dirs. When there is such
-a node, its rows of the two tables are computed again from its deduplicated
+a node, its rows of every set are computed again from its deduplicated
 records (one more pass over those records only); everyone else's stand.
 """
 
@@ -49,7 +53,8 @@ _KEYS = (
 )  # fmt: skip
 _SETS = (
     ("status", "node", "peer", "via", "file", "win", "ev_ts", "ev_kind"),
-    ("node", "peer", "hour", "bucket", "offset_ms"),
+    ("node", "peer", "hour", "bucket"),
+    ("node", "peer", "offset_ms"),
 )
 
 
@@ -60,7 +65,7 @@ def _grouping_id(kept: tuple[str, ...]) -> int:
     return sum(1 << (n - 1 - i) for i, c in enumerate(_KEYS) if c not in kept)
 
 
-LINKS, PONGS = (_grouping_id(s) for s in _SETS)
+LINKS, RTT, OFFSETS = (_grouping_id(s) for s in _SETS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +74,10 @@ class Observations:
 
     Attributes:
         lw: per link window, the columns of :func:`spark_federation.links.link_windows`.
-        pongs: the columns of :func:`spark_federation.links.pong_histogram`.
+        rtt: pongs per link, hour and RTT bucket, the columns of
+            :func:`spark_federation.links.rtt_histogram`.
+        offsets: pongs per link and clock-offset millisecond: ``nid, pid, offset_ms, n``
+            (what :func:`spark_federation.clock.clock_skew` reads).
         events: ``nid, pid, ts, kind`` of each link_up/link_down (an event recorded
             twice in one export may repeat).
         counts: ``records``, ``duplicates``, ``skipped``, ``out_of_range``
@@ -78,7 +86,8 @@ class Observations:
     """
 
     lw: DataFrame
-    pongs: DataFrame
+    rtt: DataFrame
+    offsets: DataFrame
     events: DataFrame
     counts: dict[str, int]
     ids: dict[int, str]
@@ -221,11 +230,16 @@ def observe(
         }
     return Observations(
         lw=_link_windows(agg),
-        pongs=agg.where((sf.col("g") == PONGS) & sf.col("hour").isNotNull()).select(
+        rtt=agg.where((sf.col("g") == RTT) & sf.col("bucket").isNotNull()).select(
             _nid("node"),
             _nid("peer", "pid"),
             sf.col("hour").alias("hour_ms"),
             "bucket",
+            sf.col("records").alias("n"),
+        ),
+        offsets=agg.where((sf.col("g") == OFFSETS) & sf.col("offset_ms").isNotNull()).select(
+            _nid("node"),
+            _nid("peer", "pid"),
             "offset_ms",
             sf.col("records").alias("n"),
         ),

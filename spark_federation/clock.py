@@ -17,12 +17,24 @@ from pyspark.sql import functions as sf
 from spark_federation.quantiles import quantiles
 
 
+def offset_histogram(pongs: DataFrame) -> DataFrame:
+    """Pongs per directed link and clock-offset millisecond, from
+    :func:`spark_federation.links.pong_histogram`: ``nid, pid, offset_ms, n`` (pongs
+    without an offset left out)."""
+    return (
+        pongs.where(sf.col("offset_ms").isNotNull())
+        .groupBy("nid", "pid", "offset_ms")
+        .agg(sf.sum("n").alias("n"))
+        .select("nid", "pid", "offset_ms", "n")
+    )
+
+
 def clock_skew(pongs: DataFrame, threshold_ms: float) -> DataFrame:
     """Per node: ``nid, skew_ms, p10_ms, p90_ms, samples, skewed`` (|skew| > threshold).
 
     Args:
-        pongs: pong counts per link and offset millisecond
-            (:func:`spark_federation.links.pong_histogram`).
+        pongs: pong counts per link and offset millisecond (:func:`offset_histogram`,
+            or :func:`spark_federation.links.pong_histogram`, whose other columns it sums).
         threshold_ms: |offset| above which a node is skewed.
     """
     known = pongs.where(sf.col("offset_ms").isNotNull())

@@ -5,9 +5,10 @@ follows a ``link_down`` on the same directed link (down→up). A single missed
 pong never closes a link (three do, spec §7.5), so it never makes a flap.
 
 :func:`link_windows`, :func:`pong_histogram` and :func:`flap_events` define, on
-deduplicated records, the three tables the rest derives from; the job computes all
-three in one pass over the records (:mod:`spark_federation.aggregate`, checked
-against these definitions by the tests), and the steps below read only those.
+deduplicated records, the tables the rest derives from; the job computes them (the
+link windows, the pong histogram as its RTT and offset halves, and the events) in one
+pass over the records (:mod:`spark_federation.aggregate`,
+checked against these definitions by the tests), and the steps below read only those.
 """
 
 from __future__ import annotations

@@ -188,8 +188,8 @@ class _Job:
         """The per-link aggregates, the analysed windows, the nodes and the number of links."""
         w = self.w
         self.lw = self.keep(self.obs.lw)
-        self.pongs = self.keep(self.obs.pongs)
-        self.rtt_hist = self.keep(links.rtt_histogram(self.pongs))
+        self.rtt_hist = self.keep(self.obs.rtt)
+        self.offsets = self.keep(self.obs.offsets)
         self.sums = self.keep(links.link_hour_sums(self.lw))
         # one small collect (a row per directed link) gives the span, the nodes and the
         # links, instead of an action for each
@@ -326,7 +326,7 @@ class _Job:
             ),
             "relay_dependence",
         )
-        skew_ids = self.keep(clock.clock_skew(self.pongs, self.cfg.thresholds.skew_threshold_ms))
+        skew_ids = self.keep(clock.clock_skew(self.offsets, self.cfg.thresholds.skew_threshold_ms))
         self.collected["skew"] = t.write(
             skew_ids.select(
                 t.node(sf.col("nid")).alias("node"),

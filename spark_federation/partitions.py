@@ -212,9 +212,12 @@ def window_components(
     rep = distinct_graphs(vertices, edges).localCheckpoint(eager=False)
     reps = rep.where(sf.col("win") == sf.col("rep")).select("win")
     graphs = reps.count()  # computes the checkpoint of ``rep``
+    # the representatives are a few rows: broadcast, so only their windows' vertices and
+    # edges reach the shuffle that builds the graphs, not every window's
+    only = sf.broadcast(reps)
     labels, rounds = connected_components(
-        vertices.join(reps, on="win", how="inner").select("nid", "win"),
-        edges.join(reps, on="win", how="inner").select("a", "b", "win"),
+        vertices.join(only, on="win", how="inner").select("nid", "win"),
+        edges.join(only, on="win", how="inner").select("a", "b", "win"),
         max_iterations,
         on_round,
     )

@@ -16,7 +16,10 @@ of its input, and chooses:
   input keeps the optimising JIT, which pays for itself past a few million records
   (docs/benchmarks.md), and gets the parallel collector (:data:`LARGE_INPUT_JVM`):
   G1's concurrent threads and write barriers cost the job about twice the parallel
-  collector's CPU, and a batch job does not need G1's short pauses.
+  collector's CPU, and a batch job does not need G1's short pauses. Its files are also
+  read in :data:`READ_SPLITS_PER_CORE` tasks a core (``spark.sql.files.minPartitionNum``):
+  Spark packs files into splits of up to 128 MiB, which gave 10 M records in 100 files
+  5 tasks on 2 cores, the last running alone for a fifth of the pass.
 - for a tiny input (under :data:`TINY_INPUT_BYTES`, a few ten thousand records, such
   as the tests' and a short recording's), also no generated code
   (:data:`TINY_INPUT_CONF`: operators and expressions interpreted): generating and
@@ -82,6 +85,8 @@ TINY_INPUT_CONF = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
 }
+# read tasks per core for a large input: many even tasks, so no core waits for the last
+READ_SPLITS_PER_CORE = 8
 # Spark settings of a local run once the records are reduced to their aggregates
 AFTER_PASS_CONF = {"spark.sql.adaptive.enabled": "false", "spark.sql.codegen.wholeStage": "false"}
 
@@ -104,6 +109,13 @@ def local_input_bytes(input_uri: str) -> int | None:
     return total
 
 
+def local_cores(master: str) -> int:
+    """The cores of a ``local[N]`` master (``local[*]``, ``local``: this machine's)."""
+    inside = master[master.find("[") + 1 : master.find("]")] if "[" in master else "1"
+    head = inside.split(",")[0].strip()
+    return int(head) if head.isdigit() and int(head) > 0 else os.cpu_count() or 2
+
+
 def shuffle_partitions_for(input_bytes: int | None, cores: int) -> int:
     """Shuffle partitions for local mode: sized to the input, 1 to ``2 * cores``."""
     most = max(4, 2 * cores)
@@ -112,11 +124,15 @@ def shuffle_partitions_for(input_bytes: int | None, cores: int) -> int:
     return max(1, min(most, math.ceil(input_bytes / BYTES_PER_PARTITION)))
 
 
-def settings_for(input_bytes: int | None) -> tuple[list[str], dict[str, str]]:
+def settings_for(input_bytes: int | None, cores: int = 2) -> tuple[list[str], dict[str, str]]:
     """JVM options and Spark settings of a local session for an input of this size
-    (None: unknown, Spark's defaults)."""
+    (None: unknown, Spark's defaults) on this many cores."""
     if input_bytes is None or input_bytes >= SMALL_INPUT_BYTES:
-        return [LARGE_INPUT_JVM], {}
+        # the pass over the records in READ_SPLITS_PER_CORE tasks a core: Spark's own split
+        # (files packed up to 128 MiB) gave 10 M records 5 tasks, the last running alone
+        return [LARGE_INPUT_JVM], {
+            "spark.sql.files.minPartitionNum": str(READ_SPLITS_PER_CORE * max(1, cores))
+        }
     return [QUICK_JIT, SMALL_INPUT_JVM], dict(
         TINY_INPUT_CONF if input_bytes < TINY_INPUT_BYTES else SMALL_INPUT_CONF
     )
@@ -313,7 +329,7 @@ def build_session(
             size = local_input_bytes(input_uri) if input_uri else None
             partitions = shuffle_partitions or shuffle_partitions_for(size, os.cpu_count() or 2)
             builder = builder.config("spark.sql.shuffle.partitions", str(partitions))
-            jit, conf = settings_for(size)
+            jit, conf = settings_for(size, local_cores(chosen))
             java_options.extend(jit)
             if class_cache is not None:
                 java_options.extend(class_archive_options(class_cache))

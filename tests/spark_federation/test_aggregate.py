@@ -12,7 +12,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as sf
 
 from spark_federation import aggregate, exports
-from spark_federation.links import flap_events, link_windows, pong_histogram
+from spark_federation.clock import offset_histogram
+from spark_federation.links import flap_events, link_windows, pong_histogram, rtt_histogram
 
 pytestmark = pytest.mark.spark
 
@@ -31,9 +32,10 @@ def _write(root: Path, export: str, lines: list[str]) -> None:
 
 
 def test_one_pass_equals_the_record_wise_tables(spark: Any, tmp_path: Path) -> None:
-    """Link windows, pong histogram, link events, counts and NodeIDs of the aggregate equal
-    those of the deduplicated records: A read from two exports (copies), relayed and
-    RTT-less pongs, an up and a down in one millisecond, malformed and late lines."""
+    """Link windows, RTT and clock-offset histograms, link events, counts and NodeIDs of
+    the aggregate equal those of the deduplicated records: A read from two exports
+    (copies), relayed and RTT-less pongs, an up and a down in one millisecond, malformed
+    and late lines."""
     a = [
         _line(1_000, A, B, "pong", 1, rtt_ms=2.0, clock_offset_ms=3.4),
         _line(6_000, A, B, "pong", 2, rtt_ms=2.6, path="relay", via=C),
@@ -62,7 +64,8 @@ def test_one_pass_equals_the_record_wise_tables(spark: Any, tmp_path: Path) -> N
     )
     tables = {
         "lw": (link_windows(records, W), obs.lw),
-        "pongs": (pong_histogram(records), obs.pongs),
+        "rtt": (rtt_histogram(pong_histogram(records)), obs.rtt),
+        "offsets": (offset_histogram(pong_histogram(records)), obs.offsets),
         "flaps": (flap_events(records), flap_events(obs.events)),
     }
     # every table of both sides in one collect: each Spark job costs more than these rows
@@ -87,4 +90,4 @@ def test_one_pass_equals_the_record_wise_tables(spark: Any, tmp_path: Path) -> N
         obs.counts,
         sorted(obs.ids.values()),
     )
-    assert [True] * 3 == [len(got[(t, 0)]) > 0 for t in tables]
+    assert [True] * 4 == [len(got[(t, 0)]) > 0 for t in tables]

@@ -14,7 +14,7 @@ from spark_federation.params import (
     parse_time_ms,
     window_start_ms,
 )
-from spark_federation.session import LARGE_INPUT_JVM, SMALL_INPUT_JVM, settings_for
+from spark_federation.session import LARGE_INPUT_JVM, SMALL_INPUT_JVM, local_cores, settings_for
 
 WINDOWS = st.sampled_from([10_000, 15_000, 30_000, 60_000, 300_000, 3_600_000])
 TIMES = st.integers(min_value=0, max_value=4_102_444_800_000)  # up to 2100
@@ -84,3 +84,18 @@ def test_generated_code_is_left_out_only_for_tiny_inputs() -> None:
         (jit, no_codegen in conf)
         for jit, conf in map(settings_for, (300_000, 15_528_877, 131_000_000, None))
     ]
+
+
+def test_large_input_is_read_in_even_tasks_a_core() -> None:
+    """A large or unknown input is read in 8 tasks a core of the local master (Spark's own
+    packing gave the benchmark's 100 files 5 tasks on 2 cores); a small one keeps Spark's."""
+    split = "spark.sql.files.minPartitionNum"
+    assert (["16", "32", "16", None], [1, 2, 3]) == (
+        [
+            settings_for(131_000_000, 2)[1].get(split),
+            settings_for(131_000_000, 4)[1].get(split),
+            settings_for(None, 2)[1].get(split),
+            settings_for(15_528_877, 2)[1].get(split),
+        ],
+        [local_cores(m) for m in ("local", "local[2]", "local[3,2]")],
+    )
