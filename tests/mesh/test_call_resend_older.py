@@ -17,10 +17,10 @@ import cbor2
 import pytest
 import pytest_asyncio
 
-from hearthnet.client import Client
 from hearthnet.mesh.protocol import SUBPROTOCOLS
 from hearthnet.node import Node
 from tests.mesh.conftest import RelayedTrio
+from tests.mesh.streams import stream_chunks
 from tests.mesh.switch_cuts import counts_since, cut_on, fallback_counts, settle_direct
 
 
@@ -39,25 +39,8 @@ async def older_a(relayed_trio: RelayedTrio) -> AsyncIterator[RelayedTrio]:
 async def _stream(a: Node, b: Node) -> tuple[list[int], list[str], dict[str, Any]]:
     """``echo.stream`` of 30 chunks from b to a: the chunks' numbers, every frame's
     kind, the last frame's data."""
-    got: list[int] = []
-    kinds: list[str] = []
-    last: dict[str, Any] = {}
-    async with (
-        Client(a.url, keys=a.keys) as client,
-        client.stream(
-            "echo.stream@1.0",
-            {"count": 30, "size": 64, "interval_ms": 10},
-            target=b.keys.node_id,
-            prefer_ws=False,
-            deadline_ms=30_000,
-        ) as stream,
-    ):
-        async for frame in stream:
-            kinds.append(frame.event)
-            last = frame.data if isinstance(frame.data, dict) else {}
-            if frame.event == "token":
-                got.append(frame.data["i"])
-    return got, kinds, last
+    came = await stream_chunks(a, b, chunks=30, at=0, dial=False, deadline_ms=30_000)
+    return came.got, came.kinds, came.last
 
 
 def _calls(node: Node) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from hearthnet.client import Client
 from hearthnet.node import Node
 from tests.helpers import wait_until
 from tests.mesh.conftest import RelayedTrio
+from tests.mesh.streams import stream_chunks
 from tests.mesh.switch_cuts import counts_since, cut_on, fallback_counts, settle_direct
 
 
@@ -39,27 +40,12 @@ async def test_a_call_whose_opening_dies_with_the_direct_link_is_answered_throug
     await settle_direct(relayed_trio)
     before = fallback_counts(relayed_trio)
     cut = cut_on(relayed_trio, "call")
-    got: list[int] = []
-    kinds: list[str] = []
-    async with (
-        Client(a.url, keys=a.keys) as client,
-        client.stream(
-            "echo.stream@1.0",
-            {"count": 30, "size": 64, "interval_ms": 10},
-            target=b.keys.node_id,
-            prefer_ws=False,
-            deadline_ms=30_000,
-        ) as stream,
-    ):
-        async for frame in stream:
-            kinds.append(frame.event)
-            if frame.event == "token":
-                got.append(frame.data["i"])
+    came = await stream_chunks(a, b, chunks=30, at=0, dial=False, deadline_ms=30_000)
     since = counts_since(relayed_trio, before)
     assert (["call"], list(range(1, 31)), "done", (1, 1), True, ("relayed", "relayed")) == (
         cut,
-        got,
-        kinds[-1],
+        came.got,
+        came.kinds[-1],
         since[:2],
         since[2] >= 1,
         relayed_trio.paths(),
