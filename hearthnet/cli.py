@@ -79,6 +79,11 @@ class _Parser(argparse.ArgumentParser):
                 choices = ", ".join(action.choices)
                 message += f" (one of: {choices}; {self.prog} --help says what each does)"
                 break
+        extra = message.partition("unrecognized arguments: ")[2]
+        if extra.lstrip().startswith(("{", "[")):  # a call's JSON body given bare
+            message += (
+                " (a call's JSON body goes after --body: hearthnet call CAPABILITY --body '{...}')"
+            )
         super().error(message)
 
 

@@ -104,6 +104,14 @@ def test_a_command_group_alone_lists_what_may_follow() -> None:
     assert "required: COMMAND (one of: node, call, pub, sub," in bare.stderr
 
 
+def test_a_call_body_given_without_body_says_to_use_the_flag() -> None:
+    """``hearthnet call echo@1.0 '{"hello": "world"}'`` once said only "unrecognized
+    arguments"; now it says where a JSON body goes."""
+    bare = run_cli("call", "echo@1.0", '{"hello": "world"}')
+    assert 2 == bare.returncode
+    assert "goes after --body: hearthnet call CAPABILITY --body '{...}'" in bare.stderr
+
+
 def test_an_invite_used_twice_or_expired_says_to_print_another(
     node_proc: NodeProcess, tmp_path: Path
 ) -> None:
