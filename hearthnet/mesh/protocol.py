@@ -161,17 +161,28 @@ def hello_relays(hello: dict[str, Any], link: int) -> tuple[str, ...]:
     """
     shape = HELLO_SHAPE_V5 if link >= 5 else HELLO_SHAPE_V4 if link >= 4 else HELLO_SHAPE
     shape.check(hello)
-    relays = hello.get("relays", [])
+    return tuple(_hello_strings(hello, "relays", MAX_HELLO_RELAYS, MAX_HELLO_URL_CHARS, "URLs"))
+
+
+def _hello_strings(
+    hello: dict[str, Any], field: str, most: int, chars: int, what: str
+) -> list[str]:
+    """A hello's ``field``: a list of at most ``most`` strings of 1 to ``chars`` characters
+    (none when absent).
+
+    Raises:
+        BadRequest: anything else.
+    """
+    items = hello.get(field, [])
     if (
-        not isinstance(relays, list)
-        or len(relays) > MAX_HELLO_RELAYS
-        or not all(isinstance(u, str) and 0 < len(u) <= MAX_HELLO_URL_CHARS for u in relays)
+        not isinstance(items, list)
+        or len(items) > most
+        or not all(isinstance(i, str) and 0 < len(i) <= chars for i in items)
     ):
         raise BadRequest(
-            f"hello relays is a list of at most {MAX_HELLO_RELAYS} URLs"
-            f" of at most {MAX_HELLO_URL_CHARS} characters"
+            f"hello {field} is a list of at most {most} {what} of at most {chars} characters"
         )
-    return tuple(relays)
+    return items
 
 
 def hello_features(hello: dict[str, Any]) -> frozenset[str]:
@@ -182,16 +193,7 @@ def hello_features(hello: dict[str, Any]) -> frozenset[str]:
         BadRequest: ``features`` not a list of at most :data:`MAX_HELLO_FEATURES` strings
             of 1 to :data:`MAX_FEATURE_CHARS` characters.
     """
-    features = hello.get("features", [])
-    if (
-        not isinstance(features, list)
-        or len(features) > MAX_HELLO_FEATURES
-        or not all(isinstance(f, str) and 0 < len(f) <= MAX_FEATURE_CHARS for f in features)
-    ):
-        raise BadRequest(
-            f"hello features is a list of at most {MAX_HELLO_FEATURES} names"
-            f" of at most {MAX_FEATURE_CHARS} characters"
-        )
+    features = _hello_strings(hello, "features", MAX_HELLO_FEATURES, MAX_FEATURE_CHARS, "names")
     return frozenset(features) & frozenset(FEATURES)
 
 
