@@ -8,12 +8,23 @@ from __future__ import annotations
 import dataclasses
 
 from hearthnet.clock import now_ms
+from hearthnet.identity import KeyPair
 from hearthnet.node import Node
 from hearthnet.pubsub.envelope import Message
 from tests.conftest import MakeConfig
 from tests.helpers import wait_until
 from tests.mesh.rawpeer import raw_peer
 from tests.mesh.test_relaying import one_community
+
+
+def _numbered(keys: KeyPair, last: int) -> dict[int, Message]:
+    """Messages 1..``last`` of the origin with ``keys`` on chat.room, by origin_seq."""
+    return {
+        seq: Message.create(
+            keys, topic="chat.room", msg_type="m", data=seq, origin_seq=seq, ts=now_ms()
+        )
+        for seq in range(1, last + 1)
+    }
 
 
 async def test_message_1_reaches_a_peer_after_the_node_holding_2_to_5_restarts(
@@ -38,17 +49,7 @@ async def test_message_1_reaches_a_peer_after_the_node_holding_2_to_5_restarts(
                 await wait_until(
                     lambda: b.membership.level_of(origin.node) is not None, 20, "b knows origin"
                 )
-                msgs = {
-                    seq: Message.create(
-                        origin.keys,
-                        topic="chat.room",
-                        msg_type="m",
-                        data=seq,
-                        origin_seq=seq,
-                        ts=now_ms(),
-                    )
-                    for seq in range(1, 6)
-                }
+                msgs = _numbered(origin.keys, 5)
                 for seq in range(2, 6):
                     await origin.send("msg", raw=msgs[seq].raw, h=1)
                 await wait_until(
@@ -91,17 +92,7 @@ async def test_message_5_reaches_a_peer_after_retention_removed_around_it_elsewh
                 await wait_until(
                     lambda: c.membership.level_of(origin.node) is not None, 20, "c knows origin"
                 )
-                msgs = {
-                    seq: Message.create(
-                        origin.keys,
-                        topic="chat.room",
-                        msg_type="m",
-                        data=seq,
-                        origin_seq=seq,
-                        ts=now_ms(),
-                    )
-                    for seq in range(1, 11)
-                }
+                msgs = _numbered(origin.keys, 10)
                 sent = [s for s in msgs if s != 5]
                 for seq in sent:
                     await origin.send("msg", raw=msgs[seq].raw, h=1)
