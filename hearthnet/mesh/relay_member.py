@@ -87,6 +87,9 @@ class RelayEndpoint:
         self.is_member = is_member
         self.config = config or EndpointConfig()
         self.refused: Counter[str] = Counter()  # wire code -> frames refused
+        # sealed frames missing between two that opened: dropped on the way (a relay that
+        # dropped them, or refused them over a budget); the path sequence resends them
+        self.gaps = 0
         self.dropped_pending = 0
         self._peers: OrderedDict[str, _Peer] = OrderedDict()
         # A random start: ids from before a restart may still sit in relays' seen-caches.
@@ -133,7 +136,9 @@ class RelayEndpoint:
             if not self.is_member(route.from_):
                 raise Unauthorized("route from a node that is not a member")
             p = self._peer(route.from_)
+            gaps = p.session.gaps
             opened = p.session.receive(route.inner, now_ms)
+            self.gaps += p.session.gaps - gaps
             routes = [] if opened.reply is None else [self._route(route.from_, opened.reply)]
             if p.session.established and p.pending:
                 routes += [self._route(route.from_, p.session.seal(f), False) for f in p.pending]
@@ -235,4 +240,10 @@ def register_member_metrics(
         "Relayed frames refused end to end (altered, replayed, forged), by code.",
         lambda: {(code,): float(n) for code, n in endpoint.refused.items()},
         ("code",),
+    )
+    m.gauge(
+        "hearthnet_relayed_gaps",
+        "Times relayed frames from a peer arrived with some missing before them (a relay"
+        " dropped or refused them on the way; the path sequence resends them).",
+        lambda: float(endpoint.gaps),
     )
