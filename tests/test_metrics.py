@@ -63,6 +63,24 @@ def series_in(expr: str) -> set[str]:
     return names
 
 
+# labels every scraped series has (Prometheus adds them), and a histogram bucket's bound
+_SCRAPE_LABELS = {"instance", "job", "le"}
+
+
+def labels_in(expr: str) -> set[str]:
+    """The label names an expression groups by (``by (...)``) or matches (``{...}``)."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    names = {
+        label.strip()
+        for m in re.finditer(r"\bby\s*\(([^)]*)\)", expr)
+        for label in m[1].split(",")
+        if label.strip()
+    }
+    for m in re.finditer(r"\{([^}]*)\}", expr):
+        names.update(re.findall(r"([a-zA-Z_]\w*)\s*(?:=~|!~|!=|=)", m[1]))
+    return names - _SCRAPE_LABELS
+
+
 def dashboard_queries(dashboard: dict[str, Any]) -> list[str]:
     """Every PromQL expression of the dashboard: panel targets and variable queries."""
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
@@ -101,6 +119,15 @@ def test_labelled_histogram_renders_one_set_of_buckets_per_label() -> None:
         [('{capability="echo"}', 0.55), ('{capability="other"}', 5.0)],
         [('{capability="echo"}', 2.0), ('{capability="other"}', 1.0)],
     ) == (got["d_seconds_bucket"], got["d_seconds_sum"], got["d_seconds_count"])
+
+
+def test_labels_in_promql() -> None:
+    """Grouping and matched labels, not those Prometheus adds or a string's contents."""
+    expr = (
+        'histogram_quantile(0.99, sum by (le, capability) (rate(a_bucket{instance=~"$i",'
+        ' code!="x{y=1}"}[5m]))) / sum by(instance) (b)'
+    )
+    assert {"capability", "code"} == labels_in(expr)
 
 
 def test_label_set_maps_unknown_values_to_other() -> None:
@@ -142,5 +169,14 @@ async def test_every_dashboard_series_is_exported(make_config: MakeConfig) -> No
             await client.call("echo@1.0", 1)
         async with http.get(node.url + "/metrics") as resp:
             exported = families(await resp.text())
+        # each panel groups by (or matches) labels its series have
+        unlabelled = []
+        for expr in dashboard_queries(json.loads(DASHBOARD.read_text())):
+            have: set[str] = set()
+            for name in series_in(expr):
+                base = re.sub(r"_(?:bucket|sum|count)$", "", name)
+                have.update(node.metrics.labelnames(name) or node.metrics.labelnames(base) or ())
+            unlabelled += [(expr, label) for label in sorted(labels_in(expr) - have)]
     assert set() == wanted - exported
     assert len(wanted) > 25
+    assert [] == unlabelled
