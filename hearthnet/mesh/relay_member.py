@@ -87,9 +87,7 @@ class RelayEndpoint:
         self.is_member = is_member
         self.config = config or EndpointConfig()
         self.refused: Counter[str] = Counter()  # wire code -> frames refused
-        # sealed frames missing between two that opened: dropped on the way (a relay that
-        # dropped them, or refused them over a budget); the path sequence resends them
-        self.gaps = 0
+        self._forgotten_gaps = 0  # gaps counted by sessions no longer held
         self.dropped_pending = 0
         self._peers: OrderedDict[str, _Peer] = OrderedDict()
         # A random start: ids from before a restart may still sit in relays' seen-caches.
@@ -100,7 +98,7 @@ class RelayEndpoint:
         if p is None:
             p = self._peers[node] = _Peer(RelaySession(self.keys, node))
             if len(self._peers) > self.config.max_sessions:
-                self._peers.popitem(last=False)
+                self._forgotten_gaps += self._peers.popitem(last=False)[1].session.gaps
         else:
             self._peers.move_to_end(node)
         return p
@@ -136,9 +134,7 @@ class RelayEndpoint:
             if not self.is_member(route.from_):
                 raise Unauthorized("route from a node that is not a member")
             p = self._peer(route.from_)
-            gaps = p.session.gaps
             opened = p.session.receive(route.inner, now_ms)
-            self.gaps += p.session.gaps - gaps
             routes = [] if opened.reply is None else [self._route(route.from_, opened.reply)]
             if p.session.established and p.pending:
                 routes += [self._route(route.from_, p.session.seal(f), False) for f in p.pending]
@@ -197,7 +193,16 @@ class RelayEndpoint:
 
     def forget(self, peer: str) -> None:
         """Drop the session with ``peer`` (it left the community, or we stop reaching it)."""
-        self._peers.pop(peer, None)
+        p = self._peers.pop(peer, None)
+        if p is not None:
+            self._forgotten_gaps += p.session.gaps
+
+    @property
+    def gaps(self) -> int:
+        """Times sealed frames from a peer arrived with frames missing before them:
+        dropped on the way (a relay that dropped them, or refused them over a budget); the
+        path sequence resends them. Summed when read (metrics), not per frame."""
+        return self._forgotten_gaps + sum(p.session.gaps for p in self._peers.values())
 
 
 def register_member_metrics(
