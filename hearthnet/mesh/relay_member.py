@@ -1,6 +1,6 @@
 """A member's end of relayed traffic (spec §8): one end-to-end session per peer, and path
 frames wrapped into ``route`` frames and back. Pure (and, at the end, the member
-role's gauges over it, :func:`register_member_metrics`).
+role's metrics over it, :func:`register_member_metrics`).
 
 Between :class:`~hearthnet.mesh.paths.PathCore` and the link to a relay::
 
@@ -208,8 +208,8 @@ class RelayEndpoint:
 def register_member_metrics(
     m: MetricsRegistry, endpoint: RelayEndpoint, counts: Tally[str], paths: PathCore
 ) -> None:
-    """The member role's gauges: relayed frames and bytes, refusals end to end, pacing."""
-    m.gauge(
+    """The member role's series: relayed frames and bytes, refusals end to end, gaps, pacing."""
+    m.read_counter(
         "hearthnet_relayed_paced_bytes",
         "Bytes this member sent through relays that grant a budget, paced to it (spec §8).",
         lambda: float(paths.statistics().paced_bytes),
@@ -223,30 +223,30 @@ def register_member_metrics(
         },
         ("unit",),
     )
-    m.gauge(
+    m.read_counter(
         "hearthnet_relayed_shed_frames",
         "Gossip frames dropped for back-pressure on a relayed path (anti-entropy repairs them).",
         lambda: float(paths.statistics().shed),
     )
-    m.gauge(
+    m.read_counter(
         "hearthnet_relayed_frames",
         "Route frames this member sent and opened, by direction.",
         lambda: {("out",): float(counts["frames_out"]), ("in",): float(counts["frames_in"])},
         ("direction",),
     )
-    m.gauge(
+    m.read_counter(
         "hearthnet_relayed_bytes",
         "Bytes of route.inner this member sent and opened.",
         lambda: {("out",): float(counts["bytes_out"]), ("in",): float(counts["bytes_in"])},
         ("direction",),
     )
-    m.gauge(
+    m.read_counter(
         "hearthnet_relayed_refused_frames",
         "Relayed frames refused end to end (altered, replayed, forged), by code.",
         lambda: {(code,): float(n) for code, n in endpoint.refused.items()},
         ("code",),
     )
-    m.gauge(
+    m.read_counter(
         "hearthnet_relayed_gaps",
         "Times relayed frames from a peer arrived with some missing before them (a relay"
         " dropped or refused them on the way; the path sequence resends them).",
