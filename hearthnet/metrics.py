@@ -246,6 +246,12 @@ class MetricsRegistry:
         self._metrics[name] = metric
         return metric
 
+    def labelnames(self, name: str) -> tuple[str, ...] | None:
+        """The label names of metric ``name`` (a histogram's own name, not its
+        ``_bucket``), or None when no such metric is registered."""
+        metric = self._metrics.get(name)
+        return None if metric is None else metric.labelnames
+
     def render(self) -> str:
         """The whole exposition document."""
         lines: list[str] = []

@@ -92,12 +92,12 @@ def build_federation(
         "Federation agreements in force (spec §8).",
         lambda: float(view.in_force_count(now_ms())),
     )
-    m.gauge(
+    m.read_counter(
         "hearthnet_federation_pulled",
         "Messages a bridge pulled from other communities.",
         lambda: float(fed.pulled),
     )
-    m.gauge(
+    m.read_counter(
         "hearthnet_federation_pull_refused",
         "Pulled messages dropped (bad signature, origin, topic).",
         lambda: float(fed.refused),

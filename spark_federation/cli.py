@@ -2,18 +2,22 @@
 
 Exit codes follow spec §9: 0 ok, 1 error (one line on stderr, no traceback for
 bad input), 2 usage. Spark is imported only after the arguments parse, so
-``--help`` and usage errors work without the ``analysis`` extra.
+``--help`` and usage errors work without the ``analysis`` extra. ``--json``, as on every
+other command (docs/cli.md): the result as one JSON object on stdout, errors as
+``{"error", "message"}`` on stderr; progress lines stay on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from spark_federation.errors import MeshHealthError
 from spark_federation.params import JobConfig, Thresholds, parse_duration_ms, parse_time_ms
@@ -78,7 +82,33 @@ def build_parser(prog: str = "hearthnet mesh health") -> argparse.ArgumentParser
     p.add_argument(
         "--quiet", action="store_true", help="no progress lines (Spark's own log: OUT/spark.log)"
     )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print {out, report, summary} as JSON on stdout when done (summary: summary.json);"
+        " errors as {error, message} on stderr",
+    )
     return p
+
+
+def _fail(args: argparse.Namespace, prog: str, code: str, message: str) -> None:
+    """One line on stderr: ``PROG: error: MESSAGE``, or with --json ``{"error", "message"}``
+    (``code``: ``usage`` or ``error``, as the other commands' codes of this machine)."""
+    if args.json:
+        print(json.dumps({"error": code, "message": message}), file=sys.stderr)
+    else:
+        print(f"{prog}: error: {message}", file=sys.stderr)
+
+
+def result_document(args: argparse.Namespace, summary: dict[str, Any]) -> dict[str, Any]:
+    """What --json prints when the job is done: where the report is, and summary.json's
+    object unchanged (docs/cli.md)."""
+    out = Path(args.out).resolve()
+    return {
+        "out": str(out),
+        "report": None if args.no_report else str(out / "report.html"),
+        "summary": summary,
+    }
 
 
 def config_from_args(args: argparse.Namespace) -> JobConfig:
@@ -123,20 +153,21 @@ def main(argv: Sequence[str] | None = None, prog: str = "hearthnet mesh health")
     try:
         cfg = config_from_args(args)
     except MeshHealthError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        _fail(args, prog, "usage", str(exc))
         return 2
     if "://" not in args.input and not Path(args.input).exists():
-        print(f"{prog}: error: input {args.input} does not exist", file=sys.stderr)
+        _fail(args, prog, "error", f"input {args.input} does not exist")
         return 1
     _log_libraries_to(Path(args.out) / "spark.log")
     try:
         # imported here, not at the top: --help and usage errors must work without pyspark
         from spark_federation import mesh_health, session  # noqa: PLC0415
     except ImportError as exc:
-        print(
-            f"{prog}: error: PySpark is not installed ({exc.name}): {sys.executable}"
-            f" {INSTALL_HINT}",
-            file=sys.stderr,
+        _fail(
+            args,
+            prog,
+            "error",
+            f"PySpark is not installed ({exc.name}): {sys.executable} {INSTALL_HINT}",
         )
         return 1
 
@@ -159,11 +190,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "hearthnet mesh health")
         )
         summary = mesh_health.run(spark, cfg, progress)
     except MeshHealthError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        _fail(args, prog, "error", str(exc))
         return 1
     except Exception as exc:  # Spark/JVM failure: one line, full detail only on request
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"{prog}: error: Spark job failed: {first}", file=sys.stderr)
+        _fail(args, prog, "error", f"Spark job failed: {first}")
         return 1
     finally:
         if spark is not None:
@@ -173,6 +204,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "hearthnet mesh health")
         f" {len(summary['outages'])} outages, {len(summary['flapping_links'])} flapping links,"
         f" {len(summary['relay_only_nodes'])} relay-only, {len(summary['skewed_nodes'])} skewed"
     )
+    if args.json:
+        print(json.dumps(result_document(args, summary), sort_keys=True), flush=True)
     return 0
 
 

@@ -63,6 +63,24 @@ def series_in(expr: str) -> set[str]:
     return names
 
 
+# labels every scraped series has (Prometheus adds them), and a histogram bucket's bound
+_SCRAPE_LABELS = {"instance", "job", "le"}
+
+
+def labels_in(expr: str) -> set[str]:
+    """The label names an expression groups by (``by (...)``) or matches (``{...}``)."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    names = {
+        label.strip()
+        for m in re.finditer(r"\bby\s*\(([^)]*)\)", expr)
+        for label in m[1].split(",")
+        if label.strip()
+    }
+    for m in re.finditer(r"\{([^}]*)\}", expr):
+        names.update(re.findall(r"([a-zA-Z_]\w*)\s*(?:=~|!~|!=|=)", m[1]))
+    return names - _SCRAPE_LABELS
+
+
 def dashboard_queries(dashboard: dict[str, Any]) -> list[str]:
     """Every PromQL expression of the dashboard: panel targets and variable queries."""
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
@@ -103,6 +121,15 @@ def test_labelled_histogram_renders_one_set_of_buckets_per_label() -> None:
     ) == (got["d_seconds_bucket"], got["d_seconds_sum"], got["d_seconds_count"])
 
 
+def test_labels_in_promql() -> None:
+    """Grouping and matched labels, not those Prometheus adds or a string's contents."""
+    expr = (
+        'histogram_quantile(0.99, sum by (le, capability) (rate(a_bucket{instance=~"$i",'
+        ' code!="x{y=1}"}[5m]))) / sum by(instance) (b)'
+    )
+    assert {"capability", "code"} == labels_in(expr)
+
+
 def test_label_set_maps_unknown_values_to_other() -> None:
     """Known values label themselves; everything else is `other`."""
     known = LabelSet({"echo", "llm.chat"}.__contains__)
@@ -132,7 +159,8 @@ def test_process_series_describe_this_process() -> None:
 
 async def test_every_dashboard_series_is_exported(make_config: MakeConfig) -> None:
     """Each series the Grafana dashboard queries is in a real node's /metrics, on a relay
-    that is also a relayed member after one call: no panel reads a name we do not export."""
+    that is also a relayed member after one call: no panel reads a name we do not export,
+    groups by a label the series lacks, or takes the rate of a series not a counter."""
     wanted = set().union(*map(series_in, dashboard_queries(json.loads(DASHBOARD.read_text()))))
     config = make_config(mesh={"relay": True, "relay_urls": [UNREACHABLE_RELAY]})
     async with Node(config) as node, aiohttp.ClientSession() as http:
@@ -141,6 +169,31 @@ async def test_every_dashboard_series_is_exported(make_config: MakeConfig) -> No
         async with Client(node.url, keys=node.keys) as client:
             await client.call("echo@1.0", 1)
         async with http.get(node.url + "/metrics") as resp:
-            exported = families(await resp.text())
+            text = await resp.text()
+            exported = families(text)
+        # each panel groups by (or matches) labels its series have
+        unlabelled = []
+        for expr in dashboard_queries(json.loads(DASHBOARD.read_text())):
+            have: set[str] = set()
+            for name in series_in(expr):
+                base = re.sub(r"_(?:bucket|sum|count)$", "", name)
+                have.update(node.metrics.labelnames(name) or node.metrics.labelnames(base) or ())
+            unlabelled += [(expr, label) for label in sorted(labels_in(expr) - have)]
+    # rate() and increase() are for counters: each such series is declared one (a
+    # histogram's _bucket, _sum and _count are counters too)
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE))
+    rated = {
+        m[1]
+        for expr in dashboard_queries(json.loads(DASHBOARD.read_text()))
+        for m in re.finditer(r"\b(?:rate|irate|increase)\(\s*([a-zA-Z_:][\w:]*)", expr)
+    }
+    not_counters = sorted(
+        name
+        for name in rated
+        if types.get(name) != "counter"
+        and types.get(re.sub(r"_(?:bucket|sum|count)$", "", name)) != "histogram"
+    )
     assert set() == wanted - exported
     assert len(wanted) > 25
+    assert [] == unlabelled
+    assert [] == not_counters

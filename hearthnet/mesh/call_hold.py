@@ -214,18 +214,18 @@ class ResendCounts:
     def register(self, m: MetricsRegistry) -> None:
         """``hearthnet_call_frames_resent{kind}``, ``hearthnet_call_openings_dropped``,
         ``hearthnet_calls_ended_older_peer``."""
-        m.gauge(
+        m.read_counter(
             "hearthnet_call_frames_resent",
             "Call frames sent again after a fall-back or a hold, by kind (spec §8).",
             lambda: {(k,): float(n) for k, n in self.resent.items()},
             ("kind",),
         )
-        m.gauge(
+        m.read_counter(
             "hearthnet_call_openings_dropped",
             "Call openings sent again after a path change that this provider had taken.",
             lambda: float(self.openings_dropped),
         )
-        m.gauge(
+        m.read_counter(
             "hearthnet_calls_ended_older_peer",
             "Calls ended unanswered at a path change: the peer cannot take an opening again.",
             lambda: float(self.older_peer_ended),

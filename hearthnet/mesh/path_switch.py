@@ -481,14 +481,14 @@ def switch_counts(switch: PathSwitch) -> dict[str, int]:
 
 def register_switch_metrics(m: MetricsRegistry, switch: PathSwitch) -> None:
     """``hearthnet_path_switch_events{event}`` and ``hearthnet_path_switch_sequenced_frames``."""
-    m.gauge(
+    m.read_counter(
         "hearthnet_path_switch_events",
         "Path switches of relayed links turning direct, by event: fallbacks, moved, held, "
         "resumed, expired, unexpected (spec §8).",
         lambda: {(e,): float(n) for e, n in switch_counts(switch).items() if e in SWITCH_EVENTS},
         ("event",),
     )
-    m.gauge(
+    m.read_counter(
         "hearthnet_path_switch_sequenced_frames",
         "Frames sent on a direct link in a relayed link's sequence, while it turned direct.",
         lambda: float(switch.sequenced),

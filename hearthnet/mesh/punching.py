@@ -127,7 +127,7 @@ class Puncher:
     def register(self, m: MetricsRegistry) -> None:
         """``hearthnet_path_upgrades{outcome}``: punches tried, succeeded, failed."""
         counts = self.counts
-        m.gauge(
+        m.read_counter(
             "hearthnet_path_upgrades",
             "Direct upgrades (hole punches) by outcome: tried, succeeded, failed.",
             lambda: {

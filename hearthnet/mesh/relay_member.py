@@ -1,6 +1,6 @@
 """A member's end of relayed traffic (spec §8): one end-to-end session per peer, and path
 frames wrapped into ``route`` frames and back. Pure (and, at the end, the member
-role's gauges over it, :func:`register_member_metrics`).
+role's metrics over it, :func:`register_member_metrics`).
 
 Between :class:`~hearthnet.mesh.paths.PathCore` and the link to a relay::
 
@@ -87,6 +87,7 @@ class RelayEndpoint:
         self.is_member = is_member
         self.config = config or EndpointConfig()
         self.refused: Counter[str] = Counter()  # wire code -> frames refused
+        self._forgotten_gaps = 0  # gaps counted by sessions no longer held
         self.dropped_pending = 0
         self._peers: OrderedDict[str, _Peer] = OrderedDict()
         # A random start: ids from before a restart may still sit in relays' seen-caches.
@@ -97,7 +98,7 @@ class RelayEndpoint:
         if p is None:
             p = self._peers[node] = _Peer(RelaySession(self.keys, node))
             if len(self._peers) > self.config.max_sessions:
-                self._peers.popitem(last=False)
+                self._forgotten_gaps += self._peers.popitem(last=False)[1].session.gaps
         else:
             self._peers.move_to_end(node)
         return p
@@ -192,14 +193,23 @@ class RelayEndpoint:
 
     def forget(self, peer: str) -> None:
         """Drop the session with ``peer`` (it left the community, or we stop reaching it)."""
-        self._peers.pop(peer, None)
+        p = self._peers.pop(peer, None)
+        if p is not None:
+            self._forgotten_gaps += p.session.gaps
+
+    @property
+    def gaps(self) -> int:
+        """Times sealed frames from a peer arrived with frames missing before them:
+        dropped on the way (a relay that dropped them, or refused them over a budget); the
+        path sequence resends them. Summed when read (metrics), not per frame."""
+        return self._forgotten_gaps + sum(p.session.gaps for p in self._peers.values())
 
 
 def register_member_metrics(
     m: MetricsRegistry, endpoint: RelayEndpoint, counts: Tally[str], paths: PathCore
 ) -> None:
-    """The member role's gauges: relayed frames and bytes, refusals end to end, pacing."""
-    m.gauge(
+    """The member role's series: relayed frames and bytes, refusals end to end, gaps, pacing."""
+    m.read_counter(
         "hearthnet_relayed_paced_bytes",
         "Bytes this member sent through relays that grant a budget, paced to it (spec §8).",
         lambda: float(paths.statistics().paced_bytes),
@@ -213,26 +223,32 @@ def register_member_metrics(
         },
         ("unit",),
     )
-    m.gauge(
+    m.read_counter(
         "hearthnet_relayed_shed_frames",
         "Gossip frames dropped for back-pressure on a relayed path (anti-entropy repairs them).",
         lambda: float(paths.statistics().shed),
     )
-    m.gauge(
+    m.read_counter(
         "hearthnet_relayed_frames",
         "Route frames this member sent and opened, by direction.",
         lambda: {("out",): float(counts["frames_out"]), ("in",): float(counts["frames_in"])},
         ("direction",),
     )
-    m.gauge(
+    m.read_counter(
         "hearthnet_relayed_bytes",
         "Bytes of route.inner this member sent and opened.",
         lambda: {("out",): float(counts["bytes_out"]), ("in",): float(counts["bytes_in"])},
         ("direction",),
     )
-    m.gauge(
+    m.read_counter(
         "hearthnet_relayed_refused_frames",
         "Relayed frames refused end to end (altered, replayed, forged), by code.",
         lambda: {(code,): float(n) for code, n in endpoint.refused.items()},
         ("code",),
+    )
+    m.read_counter(
+        "hearthnet_relayed_gaps",
+        "Times relayed frames from a peer arrived with some missing before them (a relay"
+        " dropped or refused them on the way; the path sequence resends them).",
+        lambda: float(endpoint.gaps),
     )

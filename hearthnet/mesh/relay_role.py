@@ -383,12 +383,12 @@ class RelayRole:
             "Members attached to this relay.",
             lambda: float(core.statistics().members),
         )
-        m.gauge(
+        m.read_counter(
             "hearthnet_relay_forwarded_frames",
             "Route frames this relay forwarded.",
             lambda: float(core.statistics().forwarded),
         )
-        m.gauge(
+        m.read_counter(
             "hearthnet_relay_forwarded_bytes",
             "Bytes of route.inner this relay forwarded.",
             lambda: float(core.statistics().forwarded_bytes),
@@ -405,25 +405,25 @@ class RelayRole:
                 ("foreign",): float(s.foreign_routes),
             }
 
-        m.gauge(
+        m.read_counter(
             "hearthnet_relay_federation_refused",
             "Links to configured peer relays not federated, by reason (v1, not_a_relay).",
             lambda: {(r,): float(n) for r, n in self.federation_refused.items()},
             ("reason",),
         )
-        m.gauge(
+        m.read_counter(
             "hearthnet_relay_route_messages",
             "Binary route messages (a route frame or a route batch) read, and queued to write.",
             lambda: {(d,): float(n) for d, n in self.route_messages.items()},
             ("direction",),
         )
-        m.gauge(
+        m.read_counter(
             "hearthnet_relay_v1_route_frames",
             "Route frames in the CBOR map form (peers on hearthnet-peer.v1), by direction.",
             lambda: {(d,): float(n) for d, n in self.v1_routes.items()},
             ("direction",),
         )
-        m.gauge(
+        m.read_counter(
             "hearthnet_relay_refused_frames",
             "Route frames this relay did not forward, by reason (rate_limited: budget).",
             refused,

@@ -333,5 +333,6 @@ class RelayedPaths:
             "switched_in_order": self.switch.sequenced,
             "switch": switch_counts(self.switch),  # fall-backs, moves, held sequences
             "refused": dict(self.endpoint.refused),
+            "gaps": self.endpoint.gaps,
             **dict(self.counts),
         }

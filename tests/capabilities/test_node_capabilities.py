@@ -122,6 +122,23 @@ async def test_a_token_needs_the_call_scope_and_publishes_only_where_it_may(node
     assert ("tok.a", 1) == (ok["topic"], ok["origin_seq"])
 
 
+async def test_each_refuses_a_body_its_schema_does_not_allow(client: Client) -> None:
+    """spec §2.1: checked before the handler runs: an unknown field, a limit below 1, a
+    publish without data are schema_mismatch (and nothing is published)."""
+    bodies = (
+        ("mesh.peers@1.0", {"verbose": True}),
+        ("mesh.topics@1.0", {"limit": 0}),
+        ("pubsub.publish@1.0", {"topic": "never.t"}),
+    )
+    refused = []
+    for capability, body in bodies:
+        with pytest.raises(SchemaMismatch) as caught:
+            await client.call(capability, body)
+        refused.append((capability, caught.value.code))
+    topics = await client.call("mesh.topics@1.0", {"prefix": "never"})
+    assert ([(c, "schema_mismatch") for c, _ in bodies], []) == (refused, topics["topics"])
+
+
 async def test_mesh_topics_lists_only_what_the_caller_may_read(node: Node, client: Client) -> None:
     """A token with sub:seen.* sees seen.t and not hidden.t; the node sees both."""
     for topic in ("seen.t", "hidden.t", "seen.t"):

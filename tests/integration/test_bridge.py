@@ -1,9 +1,11 @@
 """``hearthnet bridge`` as a real subprocess driven through its pipes, against a real node
 process (docs/bridge.md): pub/sub and call frames as JSON lines, tool results inline, the
-delivery window, a bounded drain at the end of input, exit codes."""
+delivery window, a script that stops reading holding the node back, a bounded drain at
+the end of input, exit codes."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import queue
@@ -16,6 +18,8 @@ from typing import IO, Any
 
 import pytest
 
+from hearthnet.client import Client
+from hearthnet.identity import load_or_create_keys
 from tests.helpers import NodeProcess, hearthnet_cmd, run_cli, start_node_process
 
 WAIT_S = 30.0  # generous: the machine may be loaded
@@ -44,11 +48,13 @@ class BridgeProcess:
             text=True,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
+        self.reading = threading.Event()  # clear: the script stops reading stdout
+        self.reading.set()
         assert self.proc.stdout is not None
         threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
 
     def _pump(self, out: IO[str]) -> None:
-        for line in out:
+        while self.reading.wait() and (line := out.readline()):
             self.lines.put(line)
         self.lines.put(None)
 
@@ -219,6 +225,57 @@ def test_deliveries_stop_at_the_window_until_the_script_acks(
         last = []
     bridge.close_input()
     assert ([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]], 0) == (rounds, bridge.wait())
+
+
+def delivered_total(node: NodeProcess) -> int:
+    """Message frames the node has written to its subscribers (``/status``)."""
+
+    async def status() -> dict[str, Any]:
+        async with Client(node.url, keys=load_or_create_keys(node.data_dir)) as client:
+            got: dict[str, Any] = await client.get_json("/status")
+            return got
+
+    return int(asyncio.run(status())["delivered_total"])
+
+
+def test_a_script_that_stops_reading_holds_the_node_back(
+    node_proc: NodeProcess, bridge_of: Callable[..., BridgeProcess]
+) -> None:
+    """A subscriber's script stops reading stdout while 600 messages of 1 KB are
+    published: the bridge writes only as far as the pipe takes and acks only what it
+    wrote, so the node sends about a pipe's worth and holds the rest. Read again, every
+    message arrives once, in order, with no gap."""
+    sub, publisher = bridge_of("--window", "4"), bridge_of()
+    sub.until(lambda f: f["event"] == "auth.ok")
+    sub.send({"type": "subscribe", "topics": ["slow.*"]})
+    sub.until(lambda f: f["event"] == "subscribed")
+    sub.reading.clear()
+    before = delivered_total(node_proc)
+    publisher.until(lambda f: f["event"] == "auth.ok")
+    pad = "x" * 1000
+    publisher.send(
+        *(
+            {**f, "data": {**f["data"], "pad": pad}}
+            for f in (publish("slow.a", i, f"s{i}") for i in range(600))
+        )
+    )
+    oks = publisher.until(lambda f: f["event"] == "published.ok" and f["data"]["ref"] == "s599")
+    published = [f["data"]["seq"] for f in oks if f["event"] == "published.ok"]
+    # what the node wrote to the bridge while nobody read stdout, once it stops growing
+    sent = [delivered_total(node_proc) - before]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (len(sent) < 3 or sent[-1] != sent[-3]):
+        time.sleep(0.5)
+        sent.append(delivered_total(node_proc) - before)
+    sub.reading.set()
+    got = sub.until(lambda f: f["event"] == "message" and f["seq"] == published[-1])
+    # 64 KiB of pipe and 64 KiB the bridge may buffer are ~125 messages of ~1 KiB
+    assert (600, True, published, []) == (
+        len(published),
+        sent[-1] < 300,
+        [f["seq"] for f in got if f["event"] == "message"],
+        [f for f in got if f["event"] == "gap"],
+    )
 
 
 def test_end_of_input_waits_for_a_running_call_only_so_long(

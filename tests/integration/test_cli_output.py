@@ -14,6 +14,7 @@ import pytest
 
 from hearthnet.cli import build_parser, main
 from hearthnet.identity import load_or_create_keys
+from spark_federation.cli import build_parser as mesh_health_parser
 from tests.helpers import NodeProcess, hearthnet_cmd, run_cli, start_node_process
 
 
@@ -39,19 +40,14 @@ def leaf_commands(
             yield from leaf_commands(child, (*path, name))
 
 
-# mesh health has its own parser (spark_federation.cli): its result is the report
-# directory, whose summary.json is the machine-readable form.
-NOT_YET = {
-    ("mesh", "health"),
-}
-
-
 def test_every_command_has_json() -> None:
-    """Every subcommand takes --json (but those listed in NOT_YET)."""
+    """Every subcommand takes --json; ``mesh health`` through its own parser, which
+    ``hearthnet mesh health`` hands its words to."""
+    own: dict[tuple[str, ...], argparse.ArgumentParser] = {("mesh", "health"): mesh_health_parser()}
     missing = [
         " ".join(words)
         for words, parser in leaf_commands(build_parser())
-        if words not in NOT_YET and not any("--json" in a.option_strings for a in parser._actions)
+        if not any("--json" in a.option_strings for a in own.get(words, parser)._actions)
     ]
     assert [] == missing
 

@@ -169,7 +169,9 @@ async def test_members_reattach_after_the_relay_is_killed_and_restarted(tmp_path
 async def test_a_node_joins_through_the_relay_when_the_inviter_cannot_be_dialled(
     tmp_path: Path,
 ) -> None:
-    """The invite's bootstrap is undiallable: the relay carries the join to the inviter."""
+    """The invite's bootstrap is undiallable: the relay carries the join to the inviter.
+    The invite is made as a user would, without naming the relay: the running inviter's
+    manifest says which relays it is reached through (spec §8)."""
     cluster = Cluster(tmp_path, NO_UPGRADE)
     try:
         cluster.start(0)
@@ -185,10 +187,11 @@ async def test_a_node_joins_through_the_relay_when_the_inviter_cannot_be_dialled
             what="the inviter attached to the relay",
         )
         made = run_cli(
-            "community", "invite", "--data-dir", str(cluster.data(0)),
-            "--bootstrap", UNDIALLABLE, "--relay-url", relay_url,
+            "community", "invite", "--json", "--data-dir", str(cluster.data(0)),
+            "--bootstrap", UNDIALLABLE,
         )  # fmt: skip
-        cluster.start(2, "--join", made.stdout.strip(), "--advertise-url", UNDIALLABLE, join=False)
+        invite = json.loads(made.stdout)
+        cluster.start(2, "--join", invite["invite"], "--advertise-url", UNDIALLABLE, join=False)
         seen = await eventually(
             lambda: asyncio.to_thread(paths, cluster, 2),
             lambda got: got.get(inviter) == ("relayed", relay),
@@ -198,7 +201,7 @@ async def test_a_node_joins_through_the_relay_when_the_inviter_cannot_be_dialled
         forwarded = status_of(cluster.nodes[1])["relaying"]["relay"]["joins_forwarded"]
     finally:
         cluster.stop_all()
-    assert (("relayed", relay), 1) == (seen[inviter], forwarded)
+    assert ([relay_url], ("relayed", relay), 1) == (invite["relays"], seen[inviter], forwarded)
 
 
 async def test_killing_the_relay_in_use_moves_relayed_peers_to_the_other(tmp_path: Path) -> None:

@@ -108,6 +108,32 @@ def test_waiting_frames_are_bounded() -> None:
     assert 1 == ea.dropped_pending
 
 
+def with_one_gap(eb: RelayEndpoint) -> list[int]:
+    """A sends B four frames; the relay drops the second: what B opens."""
+    ea = RelayEndpoint(KA, members)
+    answer = eb.unwrap(ea.wrap(B, PAck(0), NOW_MS)[0], NOW_MS).routes[0]
+    for waited in ea.unwrap(answer, NOW_MS).routes:  # the ack that waited for the session
+        eb.unwrap(waited, NOW_MS)
+    sealed = [r for s in (1, 2, 3, 4) for r in ea.wrap(B, PFrame(s, b""), NOW_MS)]
+    frames = [f for r in (sealed[0], sealed[2], sealed[3]) for f in eb.unwrap(r, NOW_MS).frames]
+    return [f.s for f in frames if isinstance(f, PFrame)]
+
+
+def test_gaps_are_counted_and_kept_when_a_session_is_forgotten() -> None:
+    """A sealed frame the relay dropped leaves a gap before the next (counted once); the
+    count stays when the session is forgotten or pushed out by a newer peer's."""
+    forgets, evicts = (RelayEndpoint(KB, members, EndpointConfig(max_sessions=1)) for _ in "ab")
+    opened = with_one_gap(forgets), with_one_gap(evicts)
+    counted = forgets.gaps, evicts.gaps
+    forgets.forget(A)
+    evicts.wrap(R, PAck(0), NOW_MS)  # a session with R pushes A's out (max_sessions 1)
+    assert (([1, 3, 4], [1, 3, 4]), (1, 1), (1, 1)) == (
+        opened,
+        counted,
+        (forgets.gaps, evicts.gaps),
+    )
+
+
 def test_route_ids_differ() -> None:
     """Every route frame a member sends has a new id (the relays' seen-cache key)."""
     ea, eb = RelayEndpoint(KA, members), RelayEndpoint(KB, members)

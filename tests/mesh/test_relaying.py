@@ -1,6 +1,6 @@
-"""Relayed paths on real nodes over loopback (spec §8): a relay that alters or replays a
-``route`` frame cannot make the receiving member accept it; a direct link replaces a
-relayed one.
+"""Relayed paths on real nodes over loopback (spec §8): a relay that alters, replays or
+drops a ``route`` frame cannot make the receiving member accept it (or a later frame
+ahead of it); a direct link replaces a relayed one.
 
 In the tampering test the relay is the test itself: it dials the node with the real
 signed handshake (claiming the relay URL the node was configured with), answers
@@ -149,7 +149,9 @@ async def test_a_tampering_relay_cannot_make_a_member_accept_a_frame(
     make_config: MakeConfig,
 ) -> None:
     """A flipped byte, a rewritten from or to, and a replay are refused and counted, alone
-    or in a route batch; the true frame arrives once."""
+    or in a route batch; the true frame arrives once. A frame the relay drops holds the
+    next one back until the sender resends it: both arrive once, in order, and the gap is
+    counted."""
     relay_keys, sender_keys = KeyPair.from_seed(b"\x31" * 32), KeyPair.from_seed(b"\x32" * 32)
     async with Node(make_config(mesh={"relay_urls": [RELAY_URL]})) as node:
         node.add_member(relay_keys.node_id)
@@ -227,16 +229,26 @@ async def test_a_tampering_relay_cannot_make_a_member_accept_a_frame(
             assert node.mesh.relaying.endpoint is not None
             refused = node.mesh.relaying.endpoint.refused
             await until(lambda: sum(refused.values()) >= 3 and bool(pongs))
+            tampered = (dict(refused), node.mesh.relaying.counts["misdelivered"], list(pongs))
+            # the relay drops the frame of ping 8 and carries ping 9's: the node must hold
+            # 9 back (an unordered receiver would answer 9 before the resent 8 below)
+            dropped, kept = (
+                sequence.send(encode_frame("ping", seq=n, ts=now_ms()), 0.0) for n in (8, 9)
+            )
+            sender.wrap(node.keys.node_id, dropped, now_ms())  # never carried
+            for frame in (kept, dropped):  # 8 again, as the sender's resend seals it anew
+                for out in sender.wrap(node.keys.node_id, frame, now_ms()):
+                    await ws.send_bytes(encode_route(out))
+            await until(lambda: len(pongs) >= 3)
             metrics = node.metrics.render()
-            misdelivered = node.mesh.relaying.counts["misdelivered"]
+            gaps = node.mesh.relaying.endpoint.gaps
             reader.cancel()
-    assert ({"invalid_signature": 2, "replayed": 1}, 1, [7], True, True) == (
-        dict(refused),
-        misdelivered,
-        pongs,
+    assert (({"invalid_signature": 2, "replayed": 1}, 1, [7]), True, True) == (
+        tampered,
         'hearthnet_relayed_refused_frames{code="invalid_signature"} 2' in metrics,
         'hearthnet_relayed_refused_frames{code="replayed"} 1' in metrics,
     )
+    assert ([7, 8, 9], 1, True) == (pongs, gaps, "\nhearthnet_relayed_gaps 1\n" in metrics)
 
 
 async def test_a_member_without_room_for_links_calls_through_the_relays_links(

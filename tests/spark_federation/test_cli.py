@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -30,6 +31,29 @@ def test_missing_local_input_exits_1(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["--input", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert (len(err), "does not exist" in err[0]) == (1, True)
+
+
+def test_with_json_errors_are_one_object_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--json (also before the command, as for every command): a bad window is
+    {"error": "usage"} and exit 2, a missing input {"error": "error"} and exit 1; nothing
+    on stdout."""
+    from hearthnet.cli import main as hearthnet  # noqa: PLC0415 - the `hearthnet` entry
+
+    missing = ["--input", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]
+    got = []
+    for argv in (
+        ["--input", "x", "--out", "y", "--window", "7m", "--json"],
+        ["--json", *missing],
+    ):
+        code = main(argv)
+        out, err = capsys.readouterr()
+        got.append((code, out, json.loads(err)["error"]))
+    code = hearthnet(["--json", "mesh", "health", *missing])
+    out, err = capsys.readouterr()
+    got.append((code, out, json.loads(err)["error"]))
+    assert [(2, "", "usage"), (1, "", "error"), (1, "", "error")] == got
 
 
 def test_without_pyspark_says_how_to_install(tmp_path: Path) -> None:

@@ -42,13 +42,14 @@ def real_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
         hearthnet_cmd(
             "mesh", "health", "--input", str(FIXTURE), "--out", str(out),
             "--master", "local[2]", "--driver-memory", "1g",
-            "--shuffle-partitions", str(SHUFFLE_PARTITIONS),
+            "--shuffle-partitions", str(SHUFFLE_PARTITIONS), "--json",
         ),
         capture_output=True, text=True, timeout=900, check=False,
         env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
     )  # fmt: skip
     assert 0 == done.returncode, done.stderr[-2000:]
     (out / "cli-stderr.txt").write_text(done.stderr)
+    (out / "cli-stdout.txt").write_text(done.stdout)
     return out
 
 
@@ -59,6 +60,18 @@ def test_spark_logs_to_a_file_and_the_terminal_gets_progress(real_report: Path) 
         [line for line in lines if not line.startswith("mesh health ")],
         any(line.startswith("mesh health done:") for line in lines),
         (real_report / "spark.log").stat().st_size > 0,
+    )
+
+
+def test_json_prints_where_the_report_is_and_the_summary(real_report: Path) -> None:
+    """--json: one object on stdout, the report's place and summary.json unchanged."""
+    printed = (real_report / "cli-stdout.txt").read_text()
+    doc = json.loads(printed)
+    assert (1, str(real_report.resolve()), True, doc["summary"]) == (
+        len(printed.splitlines()),
+        doc["out"],
+        Path(doc["report"]).is_file(),
+        json.loads((real_report / "summary.json").read_text()),
     )
 
 
@@ -78,7 +91,8 @@ def test_the_report_names_the_outage_and_shows_its_charts(real_report: Path) -> 
     summary = json.loads((real_report / "summary.json").read_text())
     assert label(victim, summary["names"]) in page.split("<h2>Outages</h2>", 1)[1]
     charts = re.findall(r'<img src="([^"]+)"', page)
-    assert {"availability.png", "rtt.png", "partitions.png"} <= set(charts)
+    # node 5 reached the others only through the relay: its chart is shown too
+    assert {"availability.png", "rtt.png", "partitions.png", "relays.png"} <= set(charts)
     assert all((real_report / c).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for c in charts)
 
 
