@@ -71,6 +71,135 @@ export function messagePayload(envelope) {
   return base64urlToBytes(envelope.data);
 }
 
+/**
+ * JCS (RFC 8785) of a parsed JSON value: the text a signature covers (spec §1.3). Keys in
+ * UTF-16 order, numbers and strings as JSON.stringify writes them (what JCS specifies).
+ */
+export function canonicalJson(value) {
+  if (value === null || typeof value !== "object") return JSON.stringify(value);
+  if (Array.isArray(value)) return "[" + value.map(canonicalJson).join(",") + "]";
+  const keys = Object.keys(value).filter((k) => value[k] !== undefined).sort();
+  return "{" + keys.map((k) => JSON.stringify(k) + ":" + canonicalJson(value[k])).join(",") + "}";
+}
+
+const VERIFIED_BATCHES = 4096; // batch statements whose signature this page checked (LRU)
+const MAX_BATCH = 65_536;
+const MAX_PATH = 16;
+const HASH_TEXT = /^[A-Za-z0-9_-]{43}$/;
+const LEAF_BYTE = new Uint8Array([0]); // RFC 6962 hash prefixes
+const NODE_BYTE = new Uint8Array([1]);
+const verifiedBatches = new Map(); // statement -> the promise of its check (one per batch)
+const verifyKeys = new Map(); // NodeID -> the promise of its CryptoKey
+
+function invalid(message) {
+  return new HearthNetError("invalid_signature", message);
+}
+
+async function sha256(...parts) {
+  const bytes = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const p of parts) {
+    bytes.set(p, at);
+    at += p.length;
+  }
+  return new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
+}
+
+/** Check an `ed25519:` signature by `nodeId` over `bytes` (WebCrypto's Ed25519). */
+async function checkSignature(nodeId, signature, bytes) {
+  if (typeof nodeId !== "string" || !/^ed25519:[A-Za-z0-9_-]{43}$/.test(nodeId)) {
+    throw invalid("the origin is not a NodeID");
+  }
+  if (typeof signature !== "string" || !/^ed25519:[A-Za-z0-9_-]{86}$/.test(signature)) {
+    throw invalid("a signature is ed25519: and 64 bytes of base64url");
+  }
+  let key = verifyKeys.get(nodeId);
+  if (key === undefined) {
+    if (verifyKeys.size >= VERIFIED_BATCHES) verifyKeys.clear();
+    const raw = base64urlToBytes(nodeId.slice(8));
+    key = crypto.subtle.importKey("raw", raw, { name: "Ed25519" }, false, ["verify"]);
+    verifyKeys.set(nodeId, key);
+  }
+  const raw = base64urlToBytes(signature.slice(8));
+  if (!(await crypto.subtle.verify({ name: "Ed25519" }, await key, raw, bytes))) {
+    throw invalid("the signature does not verify");
+  }
+}
+
+/** The Merkle root an RFC 6962 audit path leads to from a leaf hash (RFC 9162 §2.1.3.2),
+ * or null when the path cannot belong to a tree of `size` leaves. */
+async function rootFromPath(leaf, index, size, path) {
+  let fn = index;
+  let sn = size - 1;
+  let r = leaf;
+  for (const p of path) {
+    if (sn === 0) return null;
+    if (fn & 1 || fn === sn) {
+      r = await sha256(NODE_BYTE, p, r);
+      while (!(fn & 1) && fn !== 0) {
+        fn >>= 1;
+        sn >>= 1;
+      }
+    } else {
+      r = await sha256(NODE_BYTE, r, p);
+    }
+    fn >>= 1;
+    sn >>= 1;
+  }
+  return sn === 0 ? r : null;
+}
+
+/**
+ * Check a message envelope's origin signature (spec §6.2), as the Python client's
+ * verify=True does: signed alone (`sig` a signature over the JCS of every other field),
+ * or in a batch (`sig` {batch, first, n, path}: the message's leaf and path give the
+ * Merkle root, and the origin signed {origin, first_origin_seq, n, root}; a page checks
+ * each batch's signature once). Resolves when it verifies; rejects with a HearthNetError
+ * `invalid_signature` otherwise, or when the envelope has no `sig` (subscribe with
+ * `verify: true`: the node leaves it out otherwise).
+ */
+export async function verifyMessage(envelope) {
+  if (envelope === null || typeof envelope !== "object" || Array.isArray(envelope)) {
+    throw invalid("a message envelope is an object");
+  }
+  const { sig, ...body } = envelope;
+  const origin = body.origin;
+  const leaf = new TextEncoder().encode(canonicalJson(body));
+  if (typeof sig === "string") return checkSignature(origin, sig, leaf);
+  if (sig === null || typeof sig !== "object") {
+    throw invalid("the message carries no sig (subscribe with verify: true)");
+  }
+  const { batch, first, n, path } = sig;
+  const seq = body.origin_seq;
+  if (
+    Object.keys(sig).sort().join() !== "batch,first,n,path" ||
+    !Number.isInteger(first) || !Number.isInteger(n) || !Number.isInteger(seq) ||
+    n < 1 || n > MAX_BATCH || first < 0 || seq < first || seq >= first + n ||
+    !Array.isArray(path) || path.length > MAX_PATH ||
+    !path.every((h) => typeof h === "string" && HASH_TEXT.test(h))
+  ) {
+    throw invalid("a batch sig's first, n or path does not fit the message");
+  }
+  const root = await rootFromPath(
+    await sha256(LEAF_BYTE, leaf), seq - first, n, path.map(base64urlToBytes),
+  );
+  if (root === null) throw invalid("the batch path does not fit a tree of n messages");
+  const statement = canonicalJson({ origin, first_origin_seq: first, n, root: bytesToBase64url(root) });
+  const key = statement + batch;
+  let check = verifiedBatches.get(key);
+  if (check === undefined) {
+    check = checkSignature(origin, batch, new TextEncoder().encode(statement));
+    check.catch(() => verifiedBatches.delete(key)); // a forgery is never remembered
+    if (verifiedBatches.size >= VERIFIED_BATCHES) {
+      verifiedBatches.delete(verifiedBatches.keys().next().value);
+    }
+  } else {
+    verifiedBatches.delete(key); // most recently used last
+  }
+  verifiedBatches.set(key, check);
+  return check;
+}
+
 /** Whether `topic` matches `pattern` (spec §6.1: `*` one segment, `**` one or more). */
 export function topicMatches(pattern, topic) {
   const p = pattern.split(".");
@@ -228,8 +357,12 @@ export class HearthNet {
    *   onPresence({topic, kind, member} | {topic, kind: "snapshot", members})
    *   onState("connecting" | "live" | "retrying" | "closed", detail)
    *   presence: {name, status, meta}              join the topics' presence
-   *   verify: true                                envelopes keep their sig (spec §6.2),
-   *                                               for a page that checks signatures itself
+   *   verify: true                                envelopes keep their sig (spec §6.2)
+   *                                               and each one's signature (alone or its
+   *                                               batch's) is checked before onMessage
+   *                                               (verifyMessage); one that fails is
+   *                                               skipped, counted in sub.rejected and
+   *                                               given to onError
    *   fields: ["topic", "type", "data"]           lean frames: the envelope carries only
    *                                               these fields (not with verify; without
    *                                               "id", no dedupe by id)
@@ -352,6 +485,8 @@ export class Subscription {
     this._ackTimer = null;
     this._acked = 0;
     this._wsFailures = 0;
+    this.rejected = 0; // messages whose signature failed (verify: true)
+    this._inOrder = Promise.resolve(); // frames waiting for the checks before them
   }
 
   _state(state, detail) {
@@ -396,7 +531,7 @@ export class Subscription {
       opened = true;
       ws.send(JSON.stringify({ type: "auth", token: this.client.token, window: this.client.window }));
     };
-    ws.onmessage = (ev) => this._onFrame(JSON.parse(ev.data), ws);
+    ws.onmessage = (ev) => this._take(JSON.parse(ev.data), ws);
     ws.onclose = (ev) => {
       if (this._ws !== ws) return;
       if (!opened) {
@@ -438,7 +573,7 @@ export class Subscription {
     const on = (event) => (ev) => {
       const frame = { event, data: JSON.parse(ev.data) };
       if (ev.lastEventId) frame.seq = Number(ev.lastEventId);
-      this._onFrame(frame, null);
+      this._take(frame, null);
     };
     for (const name of ["subscribed", "message", "gap", "presence", "reset", "auth.expiring"]) {
       es.addEventListener(name, on(name));
@@ -453,6 +588,38 @@ export class Subscription {
       // the browser would reconnect with the old URL (and token): we do it ourselves
       if (this._es === es) this._retry("event stream ended");
     });
+  }
+
+  /** A frame from the node. With opts.verify, message signatures are checked side by
+   * side and the frames handled in the order they came, each message once its check
+   * passed (or skipped when it failed). */
+  _take(frame, ws) {
+    if (!this.opts.verify) {
+      this._onFrame(frame, ws);
+      return;
+    }
+    const check = frame.event === "message"
+      ? verifyMessage(frame.data).then(() => null, (err) => err)
+      : null;
+    this._inOrder = this._inOrder
+      .then(async () => {
+        const failed = await check;
+        if (this.closed) return;
+        if (failed) this._reject(frame.seq, ws, failed);
+        else this._onFrame(frame, ws);
+      })
+      .catch((err) => setTimeout(() => { throw err; })); // the page's callback threw
+  }
+
+  /** A message whose signature failed: not delivered; its seq is passed (and acked). */
+  _reject(seq, ws, err) {
+    if (seq !== undefined && this.seq !== null && seq <= this.seq) return; // already had it
+    this.rejected++;
+    if (seq !== undefined) {
+      this.seq = seq;
+      if (ws) this._ack(seq, ws);
+    }
+    if (this.opts.onError) this.opts.onError(err);
   }
 
   _onFrame(frame, ws) {
