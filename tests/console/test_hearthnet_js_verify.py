@@ -1,7 +1,8 @@
 """hearthnet.js checks message signatures as the node does (spec §1.3, §6.2), run in
-Node.js (WebCrypto's Ed25519 and SHA-256, no browser needed): its JCS text is the node's
-canonical form, every message of batches of 1 to 17 (each place in each tree shape) and
-messages signed alone verify, and altered fields, paths and batch statements do not."""
+Node.js (WebCrypto's Ed25519, its own SHA-256; no browser needed): its JCS text is the
+node's canonical form, every message of batches of 1 to 17 (each place in each tree shape)
+and of 64 (leaves of every length modulo a SHA-256 block) and messages signed alone verify,
+and altered fields, paths and batch statements do not."""
 
 from __future__ import annotations
 
@@ -28,14 +29,16 @@ VALUES: list[Any] = [
 ]
 
 
-def _batch(first: int, n: int) -> list[dict[str, Any]]:
-    """``n`` envelopes from ``first``, committed together (one batch signature when n > 1)."""
+def _batch(first: int, n: int, pad: bool = False) -> list[dict[str, Any]]:
+    """``n`` envelopes from ``first``, committed together (one batch signature when n > 1);
+    with ``pad``, message i's data is i bytes longer than message 0's (leaves of every
+    length modulo SHA-256's 64-byte block)."""
     bodies = [
         unsigned_fields(
             KEYS.node_id,
             "chat.js",
             "m",
-            {"i": i, "text": "héllo\n", "list": [1, 2.5, None]},
+            {"i": i, "text": "héllo\n" + "x" * (i if pad else 0), "list": [1, 2.5, None]},
             first + i,
             1_700_000_000_000 + i,
             60 if i % 3 == 0 else None,
@@ -72,6 +75,7 @@ def test_hearthnet_js_verifies_batches_and_singles_and_refuses_alterations() -> 
     """canonicalJson is the node's JCS; verifyMessage accepts every real message and
     refuses every altered one with invalid_signature."""
     genuine = [e for n in (1, 2, 3, 4, 5, 7, 8, 9, 16, 17) for e in _batch(100 * n, n)]
+    genuine += _batch(5000, 64, pad=True)
     single = orjson.loads(
         Message.create(KEYS, topic="a", msg_type="m", data=VALUES[1], origin_seq=7, ts=1).raw
     )
