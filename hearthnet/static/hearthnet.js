@@ -421,10 +421,17 @@ export class HearthNet {
     return out.members;
   }
 
-  /** A page of a topic's history (oldest first): {messages: [frame], has_more}. */
-  history(topic, query = {}) {
-    const q = new URLSearchParams(query).toString();
-    return this.request("GET", `/pubsub/v1/topics/${encodeURIComponent(topic)}/history${q ? "?" + q : ""}`);
+  /**
+   * A page of a topic's history (oldest first): {messages: [frame], has_more}. With
+   * `verify: true` among the options every message's signature is checked first
+   * (verifyMessage; rejects with invalid_signature if one fails).
+   */
+  async history(topic, query = {}) {
+    const { verify, ...rest } = query;
+    const q = new URLSearchParams(rest).toString();
+    const page = await this.request("GET", `/pubsub/v1/topics/${encodeURIComponent(topic)}/history${q ? "?" + q : ""}`);
+    if (verify) await Promise.all(page.messages.map((frame) => verifyMessage(frame.data)));
+    return page;
   }
 
   /**

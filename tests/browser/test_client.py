@@ -252,8 +252,10 @@ SIGNED = """async ([node, token]) => {
   await sub._inOrder;
   sub.close();
   const alone = await hn.verifyMessage(forged).then(() => "ok", (e) => e.code);
+  const page = await client.history("demo.signed", {since_seq: 0, verify: true});
   return {sigs: got.map((m) => typeof m.sig), ns: got.map((m) => m.data.n),
-          delivered: sub.delivered, rejected: sub.rejected, errors, alone};
+          delivered: sub.delivered, rejected: sub.rejected, errors, alone,
+          history: page.messages.length};
 }"""
 
 
@@ -263,21 +265,19 @@ def test_a_verifying_page_checks_batch_and_single_signatures_and_skips_a_forgery
     """With verify: true hearthnet.js checks each message with WebCrypto before onMessage:
     a burst committed together (one batch signature, a Merkle path each) and a lone
     publish (signed alone) are delivered; an altered copy is skipped, counted and given
-    to onError, and verifyMessage refuses it."""
+    to onError, and verifyMessage refuses it; history with verify checks its page."""
     node = restartable[0]
     token = process_token(node, *SCOPES)
     publish_burst(node.url, token, "demo.signed", 8)
     publish(node.url, token, "demo.signed", "note", {"n": 8})
     open_client_page(page, pages, node.url)
     got = page.evaluate(SIGNED, [node.url, token])
-    assert (True, "string", [*range(9)], 9, 1, ["invalid_signature"], "invalid_signature") == (
-        "object" in got["sigs"][:8],
-        got["sigs"][8],
-        got["ns"],
-        got["delivered"],
-        got["rejected"],
-        got["errors"],
-        got["alone"],
+    assert (
+        (True, "string", [*range(9)]),
+        (9, 1, ["invalid_signature"], "invalid_signature", 9),
+    ) == (
+        ("object" in got["sigs"][:8], got["sigs"][8], got["ns"]),
+        (got["delivered"], got["rejected"], got["errors"], got["alone"], got["history"]),
     )
     assert [] == page.errors
 
