@@ -22,6 +22,7 @@ from bench import (
     bench_bus,
     bench_commit_latency,
     bench_fanout_cost,
+    bench_js_verify,
     bench_log_parts,
     bench_publish_cost,
     bench_pubsub,
@@ -138,6 +139,15 @@ async def test_log_parts_times_the_writer_pieces_of_real_commits() -> None:
         )
         < 1e-6,
     )
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="no node (apt-get install nodejs)")
+def test_js_verify_measures_both_checkers_on_the_same_envelopes() -> None:
+    opts = argparse.Namespace(batches=2, batch=5, singles=3, name="unused")
+    result = bench_js_verify.measure(opts)
+    keys = {"batch_one_by_one_us", "batch_known_us", "single_us"}
+    assert keys | {"batch_together_us"} == set(result["hearthnet_js"])
+    assert keys == set(result["python"])
 
 
 async def test_read_last_finds_the_newest_rooms() -> None:

@@ -261,8 +261,9 @@ class PubSubSection:
     max_pending: int = field(
         default=16_384,
         metadata=_doc(
-            "Publishes waiting for the log's next commits; past it a publish is refused with "
-            "unavailable (503, retry_after_ms)."
+            "Publishes (and peers' messages) waiting for the log's next commits; past it a "
+            "publish is refused with unavailable (503, retry_after_ms), and a peer's message "
+            "is left for anti-entropy."
         ),
     )
     queue_max: int = field(

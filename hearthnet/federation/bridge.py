@@ -202,7 +202,13 @@ class Bridge:
     def take_messages(self, remote: str, items: list[Any]) -> int:
         """Messages from ``remote``'s community (pulled, or pushed to us): each verified,
         of an origin that is a member of ``remote``, on a topic ``remote`` grants us,
-        is ingested; the rest is dropped and counted. Returns how many were taken."""
+        is ingested (through pub/sub's facade, :meth:`PubSub.ingest
+        <hearthnet.pubsub.service.PubSub.ingest>`); the rest is dropped and counted.
+        Returns how many were taken.
+
+        Raises:
+            Unavailable: the log's queue is full; the messages before it were taken.
+        """
         taken = 0
         for data in items[:MAX_PUSHED]:
             try:
@@ -218,9 +224,11 @@ class Bridge:
             ):
                 self.refused += 1
                 continue
-            self.log.ingest(message, source=None)
+            # Unavailable (the log's queue is full) goes to the caller: a pull keeps its
+            # cursor and a push is answered 503, so what was not taken comes again.
+            self.federation.pubsub.ingest(message, None)
             taken += 1
-        self.pulled += taken
+            self.pulled += 1
         return taken
 
     # --- push: our granted topics to them ---------------------------------------------------

@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from hearthnet.clock import now_ms
+from hearthnet.errors import Unavailable
 from hearthnet.mesh.actions import Deliver, Duplicate, Forward, Refused, Repair
 from hearthnet.mesh.batches import repair_frames
 from hearthnet.mesh.frames import BatchMsgs, IHave, IWant, Msg
@@ -36,8 +37,9 @@ class GossipTraffic:
 
     Args:
         gossip: the pure core.
-        message_log: where delivered messages are ingested and repairs read.
-        pubsub: its duplicate counter.
+        message_log: where repairs are read.
+        pubsub: where delivered messages are ingested (the facade's peer path), and its
+            duplicate and deferred counters.
         routes: where frames go out.
         health: the trace of each delivered message (heartbeat log).
         spawn: starts a task in the mesh's task group.
@@ -100,6 +102,14 @@ class GossipTraffic:
 
     def _deliver(self, action: Deliver) -> None:
         message = action.message
+        try:
+            fut = self.pubsub.ingest(message, action.source)
+        except Unavailable:
+            # The log's queue is full: nothing of it was kept, so anti-entropy (ihave /
+            # iwant) asks for it again once the log has room.
+            self.gossip.ingested(message.id)
+            self.pubsub.metrics.deferred.inc()
+            return
         self.health.hlog.trace(
             ts=now_ms(),
             msg_id=message.id,
@@ -108,7 +118,6 @@ class GossipTraffic:
             hops=action.hops,
             catch_up=action.catch_up,
         )
-        fut = self.log.ingest(message, source=action.source)
 
         def done(f: asyncio.Future[Any]) -> None:
             self.gossip.ingested(message.id)

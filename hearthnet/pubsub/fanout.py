@@ -40,6 +40,7 @@ class PubSubMetrics:
     delivered: Counter
     gaps: Counter
     duplicates: Counter
+    deferred: Counter
     rate_limited: Counter
     refills: Counter
 
@@ -60,6 +61,11 @@ class PubSubMetrics:
             duplicates=registry.counter(
                 "hearthnet_gossip_duplicates_total",
                 "Messages received again that the log already held.",
+            ),
+            deferred=registry.counter(
+                "hearthnet_gossip_deferred_total",
+                "Gossiped messages not taken while the log's queue was full "
+                "(anti-entropy asks for them again).",
             ),
             rate_limited=registry.counter(
                 "hearthnet_rate_limited_total", "Requests refused by a rate limit.", ("kind",)

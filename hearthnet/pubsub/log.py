@@ -19,7 +19,8 @@ again one message at a time, so one bad message costs its own publish, never the
 nor the flush loop; when SQLite itself fails (disk full, I/O), the batch is refused with
 ``unavailable``.
 The queue of pending messages is bounded (``max_pending``): past it a publish is refused
-with ``unavailable`` and a ``retry_after_ms``.
+with ``unavailable`` and a ``retry_after_ms``, and so is a peer's message (gossip's
+anti-entropy asks for it again later).
 
 Storage is one SQLite row per committed batch (:mod:`hearthnet.pubsub.logstore`);
 numbering, dedupe and topic stats are the pure
@@ -349,11 +350,17 @@ class MessageLog:
     def ingest(
         self, message: Message, source: str | None = None
     ) -> asyncio.Future[StoredMessage | None]:
-        """Queue a verified message from a peer; resolves to None when it was a duplicate."""
+        """Queue a verified message from a peer; resolves to None when it was a duplicate.
+        Peers' messages share the queue's bound with local publishes.
+
+        Raises:
+            Unavailable: the node is shutting down, or ``max_pending`` messages wait.
+        """
         fut: asyncio.Future[StoredMessage | None] = asyncio.get_running_loop().create_future()
         if self.sequencer.knows(message.id):
             fut.set_result(None)
             return fut
+        self._room(1)
         self._pending.append(Pending(fut, message, source))
         self._queued_messages += 1
         self._queued()

@@ -1,5 +1,7 @@
-"""Pub/sub on one node (spec §6): the one facade that HTTP, WebSocket, the bus capability
-and peers use: publish, subscribe, ack, presence, history, retention.
+"""Pub/sub on one node (spec §6): the one facade that HTTP, WebSocket, the node's own
+services and peers use: publish (:meth:`PubSub.publish`, a WebSocket session's group
+:meth:`PubSub.submit_many`), peers' and federated messages (:meth:`PubSub.ingest`),
+subscribe, ack, presence, history, retention.
 
 The work is done by the parts it wires together: the log (numbering, dedupe and topic
 stats, then durable storage: :mod:`hearthnet.pubsub.log`), fan-out
@@ -27,7 +29,7 @@ from hearthnet.pubsub.access import AccessPolicy, AccessRule
 from hearthnet.pubsub.catchup import CatchUp
 from hearthnet.pubsub.channel import ChannelState
 from hearthnet.pubsub.consumers import DurableConsumers
-from hearthnet.pubsub.envelope import StoredMessage, validate_ttl, validate_type
+from hearthnet.pubsub.envelope import Message, StoredMessage, validate_ttl, validate_type
 from hearthnet.pubsub.envelope_fields import check_payload
 from hearthnet.pubsub.fanout import FanOut, PubSubMetrics
 from hearthnet.pubsub.frames import Since
@@ -124,39 +126,22 @@ class PubSub:
     async def publish(
         self, caller: Caller, topic: object, msg_type: object, data: Any, ttl_s: object = None
     ) -> StoredMessage:
-        """Publish as this node on behalf of ``caller``; returns once durable (spec §6.4).
+        """The one publish path of a lone publish (HTTP, the node's own services): check
+        the fields, authorize (:meth:`authorize_publish`), queue it on the log; returns
+        once the message is durable (spec §6.4).
 
         Raises:
-            BadRequest, PayloadTooLarge, Forbidden, RateLimited, Unavailable.
+            BadRequest, PayloadTooLarge, Forbidden, RateLimited, Unavailable (the log's
+            queue is full).
         """
-        stored = await self.submit(
-            caller, validate_topic(topic), validate_type(msg_type), data, ttl_s=validate_ttl(ttl_s)
+        topic, msg_type = validate_topic(topic), validate_type(msg_type)
+        ttl = validate_ttl(ttl_s)
+        self.authorize_publish(caller, topic, data)
+        stored = await self.log.publish(
+            topic=topic, msg_type=msg_type, data=data, ttl_s=ttl, sender=caller.sender
         )
-        assert stored is not None
+        assert stored is not None  # a new publish is never a duplicate
         return stored
-
-    def submit(
-        self,
-        caller: Caller,
-        topic: str,
-        msg_type: str,
-        data: Any,
-        *,
-        ttl_s: int | None = None,
-        session: Subscriber | None = None,
-    ) -> asyncio.Future[StoredMessage | None]:
-        """The one publish path of a lone publish (HTTP, the bus): authorize a publish whose
-        topic, type and TTL are valid already and queue it on the log; the future
-        resolves once the message is durable, or fails with the publish's own error
-        (spec §6.4).
-
-        Raises:
-            PayloadTooLarge, Forbidden, RateLimited, Unavailable (the log's queue is full).
-        """
-        self.authorize_publish(caller, topic, data, session)
-        return self.log.publish(
-            topic=topic, msg_type=msg_type, data=data, ttl_s=ttl_s, sender=caller.sender
-        )
 
     def submit_many(self, items: Sequence[PublishItem], *, answer: Answer) -> None:
         """Queue publishes that passed :meth:`authorize_publish` each (a WebSocket
@@ -167,6 +152,17 @@ class PubSub:
             Unavailable: the log's queue cannot take them all (none is queued).
         """
         self.log.publish_many(items, answer=answer)
+
+    def ingest(self, message: Message, source: str | None) -> asyncio.Future[StoredMessage | None]:
+        """The path of a verified message from another node (gossip from ``source``, or
+        a federated community's, ``source`` None): queued on the log like a publish; the
+        future resolves once it is durable, to None when the log held it already.
+
+        Raises:
+            Unavailable: the log's queue is full (nothing is queued: gossip's
+                anti-entropy asks for it again, a federation pull keeps its cursor).
+        """
+        return self.log.ingest(message, source)
 
     # --- subscribing ------------------------------------------------------------------
 

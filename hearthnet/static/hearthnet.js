@@ -71,6 +71,221 @@ export function messagePayload(envelope) {
   return base64urlToBytes(envelope.data);
 }
 
+/**
+ * JCS (RFC 8785) of a parsed JSON value: the text a signature covers (spec §1.3). Keys in
+ * UTF-16 order, numbers and strings as JSON.stringify writes them (what JCS specifies).
+ */
+export function canonicalJson(value) {
+  if (value === null || typeof value !== "object") return JSON.stringify(value);
+  if (Array.isArray(value)) return "[" + value.map(canonicalJson).join(",") + "]";
+  const keys = Object.keys(value).filter((k) => value[k] !== undefined).sort();
+  return "{" + keys.map((k) => JSON.stringify(k) + ":" + canonicalJson(value[k])).join(",") + "}";
+}
+
+const VERIFIED_BATCHES = 4096; // batch statements whose signature this page checked (LRU)
+const MAX_BATCH = 65_536;
+const MAX_PATH = 16;
+const HASH_TEXT = /^[A-Za-z0-9_-]{43}$/;
+const B64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+const B64URL_VALUE = new Uint8Array(128);
+for (let i = 0; i < 64; i++) B64URL_VALUE[B64URL.charCodeAt(i)] = i;
+const verifiedBatches = new Map(); // statement -> the promise of its check (one per batch)
+const verifyKeys = new Map(); // NodeID -> the promise of its CryptoKey
+
+function invalid(message) {
+  return new HearthNetError("invalid_signature", message);
+}
+
+// SHA-256 (FIPS 180-4) in plain JavaScript: a message's leaf and path take a few hashes
+// of a few hundred bytes, which crypto.subtle.digest (asynchronous, a round trip each)
+// makes tens of times slower than hashing them here.
+const SHA256_K = new Uint32Array([
+  0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+  0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+  0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+  0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+  0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+  0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+  0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+  0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+]);
+const SHA256_W = new Uint32Array(64);
+const SHA_BUF = new Uint8Array(4096); // reused for small inputs (most: a page hashes many)
+const SHA_VIEW = new DataView(SHA_BUF.buffer);
+
+/** SHA-256 of the byte `prefix` then `a` then `b` (Uint8Arrays; `b` may be absent): an
+ * RFC 6962 leaf (prefix 0) or interior node (prefix 1). */
+function sha256(prefix, a, b) {
+  const n = 1 + a.length + (b ? b.length : 0);
+  const size = (n + 72) & ~63; // the input, 0x80, zeros, the 64-bit bit length
+  const buf = size > SHA_BUF.length ? new Uint8Array(size) : SHA_BUF;
+  const view = buf === SHA_BUF ? SHA_VIEW : new DataView(buf.buffer);
+  buf[0] = prefix;
+  buf.set(a, 1);
+  if (b) buf.set(b, 1 + a.length);
+  buf.fill(0, n, size);
+  buf[n] = 0x80;
+  view.setUint32(size - 8, Math.floor(n / 0x20000000));
+  view.setUint32(size - 4, (n * 8) >>> 0);
+  const w = SHA256_W;
+  let h0 = 0x6a09e667, h1 = 0xbb67ae85, h2 = 0x3c6ef372, h3 = 0xa54ff53a;
+  let h4 = 0x510e527f, h5 = 0x9b05688c, h6 = 0x1f83d9ab, h7 = 0x5be0cd19;
+  for (let off = 0; off < size; off += 64) {
+    for (let i = 0; i < 16; i++) w[i] = view.getUint32(off + i * 4);
+    for (let i = 16; i < 64; i++) {
+      const x = w[i - 15];
+      const y = w[i - 2];
+      const s0 = ((x >>> 7) | (x << 25)) ^ ((x >>> 18) | (x << 14)) ^ (x >>> 3);
+      const s1 = ((y >>> 17) | (y << 15)) ^ ((y >>> 19) | (y << 13)) ^ (y >>> 10);
+      w[i] = (w[i - 16] + s0 + w[i - 7] + s1) | 0;
+    }
+    let a = h0, b = h1, c = h2, d = h3, e = h4, f = h5, g = h6, h = h7;
+    for (let i = 0; i < 64; i++) {
+      const s1 = ((e >>> 6) | (e << 26)) ^ ((e >>> 11) | (e << 21)) ^ ((e >>> 25) | (e << 7));
+      const t1 = (h + s1 + ((e & f) ^ (~e & g)) + SHA256_K[i] + w[i]) | 0;
+      const s0 = ((a >>> 2) | (a << 30)) ^ ((a >>> 13) | (a << 19)) ^ ((a >>> 22) | (a << 10));
+      const t2 = (s0 + ((a & b) ^ (a & c) ^ (b & c))) | 0;
+      h = g;
+      g = f;
+      f = e;
+      e = (d + t1) | 0;
+      d = c;
+      c = b;
+      b = a;
+      a = (t1 + t2) | 0;
+    }
+    h0 = (h0 + a) | 0;
+    h1 = (h1 + b) | 0;
+    h2 = (h2 + c) | 0;
+    h3 = (h3 + d) | 0;
+    h4 = (h4 + e) | 0;
+    h5 = (h5 + f) | 0;
+    h6 = (h6 + g) | 0;
+    h7 = (h7 + h) | 0;
+  }
+  const out = new Uint8Array(32);
+  const words = [h0, h1, h2, h3, h4, h5, h6, h7];
+  for (let i = 0; i < 8; i++) {
+    const v = words[i];
+    out[i * 4] = v >>> 24;
+    out[i * 4 + 1] = v >>> 16;
+    out[i * 4 + 2] = v >>> 8;
+    out[i * 4 + 3] = v;
+  }
+  return out;
+}
+
+/** The 32 bytes of a hash's 43 base64url characters (checked by HASH_TEXT already). */
+function hashBytes(text) {
+  const out = new Uint8Array(32);
+  let bits = 0;
+  let held = 0;
+  let at = 0;
+  for (let i = 0; i < 43; i++) {
+    held = (held << 6) | B64URL_VALUE[text.charCodeAt(i)];
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out[at++] = (held >> bits) & 0xff;
+    }
+  }
+  return out;
+}
+
+/** Check an `ed25519:` signature by `nodeId` over `bytes` (WebCrypto's Ed25519). */
+async function checkSignature(nodeId, signature, bytes) {
+  if (typeof nodeId !== "string" || !/^ed25519:[A-Za-z0-9_-]{43}$/.test(nodeId)) {
+    throw invalid("the origin is not a NodeID");
+  }
+  if (typeof signature !== "string" || !/^ed25519:[A-Za-z0-9_-]{86}$/.test(signature)) {
+    throw invalid("a signature is ed25519: and 64 bytes of base64url");
+  }
+  let key = verifyKeys.get(nodeId);
+  if (key === undefined) {
+    if (verifyKeys.size >= VERIFIED_BATCHES) verifyKeys.clear();
+    const raw = base64urlToBytes(nodeId.slice(8));
+    key = crypto.subtle.importKey("raw", raw, { name: "Ed25519" }, false, ["verify"]);
+    verifyKeys.set(nodeId, key);
+  }
+  const raw = base64urlToBytes(signature.slice(8));
+  if (!(await crypto.subtle.verify({ name: "Ed25519" }, await key, raw, bytes))) {
+    throw invalid("the signature does not verify");
+  }
+}
+
+/** The Merkle root an RFC 6962 audit path leads to from a leaf hash (RFC 9162 §2.1.3.2),
+ * or null when the path cannot belong to a tree of `size` leaves. */
+function rootFromPath(leaf, index, size, path) {
+  let fn = index;
+  let sn = size - 1;
+  let r = leaf;
+  for (const p of path) {
+    if (sn === 0) return null;
+    if (fn & 1 || fn === sn) {
+      r = sha256(1, p, r);
+      while (!(fn & 1) && fn !== 0) {
+        fn >>= 1;
+        sn >>= 1;
+      }
+    } else {
+      r = sha256(1, r, p);
+    }
+    fn >>= 1;
+    sn >>= 1;
+  }
+  return sn === 0 ? r : null;
+}
+
+/**
+ * Check a message envelope's origin signature (spec §6.2), as the Python client's
+ * verify=True does: signed alone (`sig` a signature over the JCS of every other field),
+ * or in a batch (`sig` {batch, first, n, path}: the message's leaf and path give the
+ * Merkle root, and the origin signed {origin, first_origin_seq, n, root}; a page checks
+ * each batch's signature once). Resolves when it verifies; rejects with a HearthNetError
+ * `invalid_signature` otherwise, or when the envelope has no `sig` (subscribe with
+ * `verify: true`: the node leaves it out otherwise).
+ */
+export async function verifyMessage(envelope) {
+  if (envelope === null || typeof envelope !== "object" || Array.isArray(envelope)) {
+    throw invalid("a message envelope is an object");
+  }
+  const { sig, ...body } = envelope;
+  const origin = body.origin;
+  const leaf = new TextEncoder().encode(canonicalJson(body));
+  if (typeof sig === "string") return checkSignature(origin, sig, leaf);
+  if (sig === null || typeof sig !== "object") {
+    throw invalid("the message carries no sig (subscribe with verify: true)");
+  }
+  const { batch, first, n, path } = sig;
+  const seq = body.origin_seq;
+  if (
+    Object.keys(sig).sort().join() !== "batch,first,n,path" ||
+    !Number.isInteger(first) || !Number.isInteger(n) || !Number.isInteger(seq) ||
+    n < 1 || n > MAX_BATCH || first < 0 || seq < first || seq >= first + n ||
+    !Array.isArray(path) || path.length > MAX_PATH ||
+    !path.every((h) => typeof h === "string" && HASH_TEXT.test(h))
+  ) {
+    throw invalid("a batch sig's first, n or path does not fit the message");
+  }
+  const root = rootFromPath(sha256(0, leaf), seq - first, n, path.map(hashBytes));
+  if (root === null) throw invalid("the batch path does not fit a tree of n messages");
+  const rootText = bytesToBase64url(root);
+  const key = `${origin} ${first} ${n} ${rootText} ${batch}`;
+  let check = verifiedBatches.get(key);
+  if (check === undefined) {
+    const statement = canonicalJson({ origin, first_origin_seq: first, n, root: rootText });
+    check = checkSignature(origin, batch, new TextEncoder().encode(statement));
+    check.catch(() => verifiedBatches.delete(key)); // a forgery is never remembered
+    if (verifiedBatches.size >= VERIFIED_BATCHES) {
+      verifiedBatches.delete(verifiedBatches.keys().next().value);
+    }
+  } else {
+    verifiedBatches.delete(key); // most recently used last
+  }
+  verifiedBatches.set(key, check);
+  return check;
+}
+
 /** Whether `topic` matches `pattern` (spec §6.1: `*` one segment, `**` one or more). */
 export function topicMatches(pattern, topic) {
   const p = pattern.split(".");
@@ -206,10 +421,17 @@ export class HearthNet {
     return out.members;
   }
 
-  /** A page of a topic's history (oldest first): {messages: [frame], has_more}. */
-  history(topic, query = {}) {
-    const q = new URLSearchParams(query).toString();
-    return this.request("GET", `/pubsub/v1/topics/${encodeURIComponent(topic)}/history${q ? "?" + q : ""}`);
+  /**
+   * A page of a topic's history (oldest first): {messages: [frame], has_more}. With
+   * `verify: true` among the options every message's signature is checked first
+   * (verifyMessage; rejects with invalid_signature if one fails).
+   */
+  async history(topic, query = {}) {
+    const { verify, ...rest } = query;
+    const q = new URLSearchParams(rest).toString();
+    const page = await this.request("GET", `/pubsub/v1/topics/${encodeURIComponent(topic)}/history${q ? "?" + q : ""}`);
+    if (verify) await Promise.all(page.messages.map((frame) => verifyMessage(frame.data)));
+    return page;
   }
 
   /**
@@ -228,8 +450,12 @@ export class HearthNet {
    *   onPresence({topic, kind, member} | {topic, kind: "snapshot", members})
    *   onState("connecting" | "live" | "retrying" | "closed", detail)
    *   presence: {name, status, meta}              join the topics' presence
-   *   verify: true                                envelopes keep their sig (spec §6.2),
-   *                                               for a page that checks signatures itself
+   *   verify: true                                envelopes keep their sig (spec §6.2)
+   *                                               and each one's signature (alone or its
+   *                                               batch's) is checked before onMessage
+   *                                               (verifyMessage); one that fails is
+   *                                               skipped, counted in sub.rejected and
+   *                                               given to onError
    *   fields: ["topic", "type", "data"]           lean frames: the envelope carries only
    *                                               these fields (not with verify; without
    *                                               "id", no dedupe by id)
@@ -352,6 +578,8 @@ export class Subscription {
     this._ackTimer = null;
     this._acked = 0;
     this._wsFailures = 0;
+    this.rejected = 0; // messages whose signature failed (verify: true)
+    this._inOrder = Promise.resolve(); // frames waiting for the checks before them
   }
 
   _state(state, detail) {
@@ -396,7 +624,7 @@ export class Subscription {
       opened = true;
       ws.send(JSON.stringify({ type: "auth", token: this.client.token, window: this.client.window }));
     };
-    ws.onmessage = (ev) => this._onFrame(JSON.parse(ev.data), ws);
+    ws.onmessage = (ev) => this._take(JSON.parse(ev.data), ws);
     ws.onclose = (ev) => {
       if (this._ws !== ws) return;
       if (!opened) {
@@ -438,7 +666,7 @@ export class Subscription {
     const on = (event) => (ev) => {
       const frame = { event, data: JSON.parse(ev.data) };
       if (ev.lastEventId) frame.seq = Number(ev.lastEventId);
-      this._onFrame(frame, null);
+      this._take(frame, null);
     };
     for (const name of ["subscribed", "message", "gap", "presence", "reset", "auth.expiring"]) {
       es.addEventListener(name, on(name));
@@ -453,6 +681,38 @@ export class Subscription {
       // the browser would reconnect with the old URL (and token): we do it ourselves
       if (this._es === es) this._retry("event stream ended");
     });
+  }
+
+  /** A frame from the node. With opts.verify, message signatures are checked side by
+   * side and the frames handled in the order they came, each message once its check
+   * passed (or skipped when it failed). */
+  _take(frame, ws) {
+    if (!this.opts.verify) {
+      this._onFrame(frame, ws);
+      return;
+    }
+    const check = frame.event === "message"
+      ? verifyMessage(frame.data).then(() => null, (err) => err)
+      : null;
+    this._inOrder = this._inOrder
+      .then(async () => {
+        const failed = await check;
+        if (this.closed) return;
+        if (failed) this._reject(frame.seq, ws, failed);
+        else this._onFrame(frame, ws);
+      })
+      .catch((err) => setTimeout(() => { throw err; })); // the page's callback threw
+  }
+
+  /** A message whose signature failed: not delivered; its seq is passed (and acked). */
+  _reject(seq, ws, err) {
+    if (seq !== undefined && this.seq !== null && seq <= this.seq) return; // already had it
+    this.rejected++;
+    if (seq !== undefined) {
+      this.seq = seq;
+      if (ws) this._ack(seq, ws);
+    }
+    if (this.opts.onError) this.opts.onError(err);
   }
 
   _onFrame(frame, ws) {

@@ -1,5 +1,6 @@
 """Pages in a real browser (docs/browser.md): CORS (an allowed origin may use fetch,
 EventSource and WebSocket, another is refused); hearthnet.js: gaps reach the caller,
+messages' batch and single signatures checked in the page with verify: true,
 llm.chat with a tool answered by the page, resume after the node restarts with no loss and
 no duplicate, token refresh on a live session; with WebSocket blocked, the SSE fallback of
 subscriptions and llm.chat by re-calls. One node serves them all (the resume test restarts
@@ -233,6 +234,52 @@ def test_envelopes_carry_sig_only_when_the_page_asks(
     publish(node.url, token, "demo.verify", "note", {"n": 1})
     open_client_page(page, pages, node.url)
     assert [False, True] == page.evaluate(VERIFY, [node.url, token])
+
+
+SIGNED = """async ([node, token]) => {
+  const client = new hn.HearthNet(node, {token});
+  const got = [];
+  const errors = [];
+  let sub;
+  await new Promise((resolve) => {
+    setTimeout(resolve, 15000);  // a failing check delivers fewer: the assert shows them
+    sub = client.subscribe(["demo.signed"], {since: {last: 9}, verify: true,
+      onError: (e) => errors.push(e.code),
+      onMessage: (m) => { got.push(m); if (got.length === 9) resolve(); }});
+  });
+  const forged = {...got[3], data: {n: 99}};
+  sub._take({event: "message", data: forged, seq: sub.seq + 1}, null);  // as if the node sent it
+  await sub._inOrder;
+  sub.close();
+  const alone = await hn.verifyMessage(forged).then(() => "ok", (e) => e.code);
+  const page = await client.history("demo.signed", {since_seq: 0, verify: true});
+  return {sigs: got.map((m) => typeof m.sig), ns: got.map((m) => m.data.n),
+          delivered: sub.delivered, rejected: sub.rejected, errors, alone,
+          history: page.messages.length};
+}"""
+
+
+def test_a_verifying_page_checks_batch_and_single_signatures_and_skips_a_forgery(
+    page: Any, pages: PageServer, restartable: list[NodeProcess]
+) -> None:
+    """With verify: true hearthnet.js checks each message with WebCrypto before onMessage:
+    a burst committed together (one batch signature, a Merkle path each) and a lone
+    publish (signed alone) are delivered; an altered copy is skipped, counted and given
+    to onError, and verifyMessage refuses it; history with verify checks its page."""
+    node = restartable[0]
+    token = process_token(node, *SCOPES)
+    publish_burst(node.url, token, "demo.signed", 8)
+    publish(node.url, token, "demo.signed", "note", {"n": 8})
+    open_client_page(page, pages, node.url)
+    got = page.evaluate(SIGNED, [node.url, token])
+    assert (
+        (True, "string", [*range(9)]),
+        (9, 1, ["invalid_signature"], "invalid_signature", 9),
+    ) == (
+        ("object" in got["sigs"][:8], got["sigs"][8], got["ns"]),
+        (got["delivered"], got["rejected"], got["errors"], got["alone"], got["history"]),
+    )
+    assert [] == page.errors
 
 
 BINARY = """async ([node, token]) => {

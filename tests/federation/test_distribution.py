@@ -13,7 +13,7 @@ from hearthnet.caller import Caller
 from hearthnet.client import Client
 from hearthnet.clock import now_ms
 from hearthnet.community import CommunityStore, Level
-from hearthnet.errors import Forbidden, Unauthorized
+from hearthnet.errors import Forbidden, Unauthorized, Unavailable
 from hearthnet.federation.agreement import Agreement, Grant, Revocation
 from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.ids import new_ulid
@@ -206,3 +206,35 @@ async def test_a_restarted_node_still_holds_its_agreements(make_config: MakeConf
         after = node.federation.view.listing(now_ms())
         member = node.federation.view.community_of(B_MEMBER.node_id)
     assert (before, B.node_id) == (after, member)
+
+
+async def test_a_push_the_log_cannot_queue_is_answered_unavailable_and_taken_again(
+    node: Node,
+) -> None:
+    """While the log's queue is full a push is refused with unavailable (so B's bridge
+    keeps its cursor and pushes again) and nothing of it is counted as taken; the same
+    push once there is room is taken."""
+    signed = with_b(node, Grant(), Grant(("news.*",), ()))
+    b_records = [r.to_json() for r in community(B, (B_MEMBER, Level.MEMBER)).records.values()]
+    await node.federation.apply([signed.to_json()], [], {B.node_id: b_records})
+    message = Message.create(B, topic="news.full", msg_type="m", data=1, origin_seq=1, ts=now_ms())
+    body = {"messages": [message.body()]}
+    log = node.message_log
+    room = log.max_pending
+    async with Client(node.url, keys=B_MEMBER, community=B.node_id) as client:
+        log.max_pending = 0
+        try:
+            with pytest.raises(Unavailable):
+                await client.request_json("POST", "/mesh/v1/federation/push", body)
+            pulled_while_full = node.federation_bridge.pulled
+        finally:
+            log.max_pending = room
+        answer = await client.request_json("POST", "/mesh/v1/federation/push", body)
+    await eventually(
+        lambda: topics_from(node, B.node_id), lambda t: t == ["news.full"], 10, "ingested"
+    )
+    assert (0, {"taken": 1, "of": 1}, 1) == (
+        pulled_while_full,
+        answer,
+        node.federation_bridge.pulled,
+    )

@@ -12,6 +12,7 @@ import socket
 import time
 from typing import Any
 
+import aiohttp
 import pytest
 
 from hearthnet.caller import Caller
@@ -460,6 +461,33 @@ async def test_publish_refusals(
         async with Client(node.url, keys=member) as c:
             with pytest.raises(error):
                 await c.request_json("POST", f"/pubsub/v1/topics/{topic}/messages", body)
+
+
+async def test_a_publish_the_log_cannot_queue_is_answered_503_with_retry_after(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """While the log's queue is full (pubsub.max_pending) an HTTP publish is refused with
+    unavailable, 503 and retry_after_ms, and nothing is stored; with room it is taken."""
+    url = node.url + "/pubsub/v1/topics/full.a/messages"
+    headers = {"X-HearthNet-Token": token_for(node, "pub:full.*")}
+    log = node.message_log
+    room, before = log.max_pending, log.head_seq
+    log.max_pending = 0
+    try:
+        async with http.post(url, json={"type": "m", "data": 0}, headers=headers) as response:
+            refused = (response.status, await response.json())
+        held = log.head_seq
+    finally:
+        log.max_pending = room
+    async with http.post(url, json={"type": "m", "data": 1}, headers=headers) as response:
+        stored = (response.status, (await response.json())["seq"] > before)
+    assert (503, "unavailable", True, before, (200, True)) == (
+        refused[0],
+        refused[1]["error"],
+        refused[1].get("retry_after_ms", 0) > 0,
+        held,
+        stored,
+    )
 
 
 async def test_signed_request_must_match_path_and_query(node: Node, client: Client) -> None:
