@@ -189,7 +189,9 @@ class Bridge:
                 if not isinstance(page, dict):
                     raise BadRequest(f"{url} answered a pull with something else")
                 frames = page.get("messages") or []
-                self.take_messages(
+                # the cursor moves only past what is durable here: a crash before the
+                # commit pulls the same page again (duplicates drop)
+                await self.take_messages(
                     remote, [f.get("data") if isinstance(f, dict) else None for f in frames]
                 )
                 new_epoch, head = str(page.get("epoch", "")), page.get("head_seq")
@@ -199,16 +201,32 @@ class Bridge:
                     self._cursors[url] = (new_epoch, head)
                     await asyncio.to_thread(self.store.put_cursor, url, new_epoch, head)
 
-    def take_messages(self, remote: str, items: list[Any]) -> int:
+    async def take_messages(self, remote: str, items: list[Any]) -> int:
         """Messages from ``remote``'s community (pulled, or pushed to us): each verified,
         of an origin that is a member of ``remote``, on a topic ``remote`` grants us,
         is ingested (through pub/sub's facade, :meth:`PubSub.ingest
         <hearthnet.pubsub.service.PubSub.ingest>`); the rest is dropped and counted.
-        Returns how many were taken.
+        Returns how many were taken, once every one of them is durable in the log (so a
+        pull's cursor and a push's answer never run ahead of what a crash would keep).
 
         Raises:
             Unavailable: the log's queue is full; the messages before it were taken.
+            HearthNetError: a commit failed (the caller pulls or is pushed them again).
         """
+        taken = 0
+        commits: list[asyncio.Future[Any]] = []
+        try:
+            taken = self._queue_messages(remote, items, commits)
+        finally:
+            if commits:
+                await asyncio.gather(*commits)
+        return taken
+
+    def _queue_messages(
+        self, remote: str, items: list[Any], commits: list[asyncio.Future[Any]]
+    ) -> int:
+        """:meth:`take_messages`' checks and queueing; each queued commit appended to
+        ``commits``."""
         taken = 0
         for data in items[:MAX_PUSHED]:
             try:
@@ -226,7 +244,7 @@ class Bridge:
                 continue
             # Unavailable (the log's queue is full) goes to the caller: a pull keeps its
             # cursor and a push is answered 503, so what was not taken comes again.
-            self.federation.pubsub.ingest(message, None)
+            commits.append(self.federation.pubsub.ingest(message, None))
             taken += 1
             self.pulled += 1
         return taken

@@ -130,7 +130,8 @@ class FederationHttp:
     async def push(self, request: web.Request) -> web.Response:
         """Messages from a bridge of another community, on topics it grants us (each is
         checked by :meth:`Bridge.take_messages`); the request is signed by a member of
-        that community under an agreement in force."""
+        that community under an agreement in force. Answered once what was taken is
+        durable here, so the pushing bridge moves its cursor only past that."""
         body = loads(await request.read())
         caller = self.authenticator.authenticate_headers(
             method=request.method,
@@ -143,7 +144,7 @@ class FederationHttp:
         if caller.kind != "federated" or not isinstance(messages, list):
             raise BadRequest('a push is {"messages": [...]} from another community\'s bridge')
         community = self.bridge.view.community_of(caller.identity)
-        taken = self.bridge.take_messages(community or "", messages)
+        taken = await self.bridge.take_messages(community or "", messages)
         return json_response({"taken": taken, "of": len(messages)})
 
     async def carry(self, request: web.Request) -> web.StreamResponse:

@@ -238,3 +238,32 @@ async def test_a_push_the_log_cannot_queue_is_answered_unavailable_and_taken_aga
         answer,
         node.federation_bridge.pulled,
     )
+
+
+async def test_a_push_is_answered_only_once_what_it_took_is_durable(node: Node) -> None:
+    """B's bridge moves its cursor past what our answer says was taken: the answer waits
+    for the commit (here held back by a transaction holding the log's write lock, as a
+    retention pass does), so a crash can never lose what was answered as taken."""
+    signed = with_b(node, Grant(), Grant(("news.*",), ()))
+    b_records = [r.to_json() for r in community(B, (B_MEMBER, Level.MEMBER)).records.values()]
+    await node.federation.apply([signed.to_json()], [], {B.node_id: b_records})
+    message = Message.create(B, topic="news.held", msg_type="m", data=1, origin_seq=1, ts=now_ms())
+    body = {"messages": [message.body()]}
+    lock = node.message_log._write_lock
+    async with Client(node.url, keys=B_MEMBER, community=B.node_id) as client:
+        await lock.acquire()
+        try:
+            push = asyncio.ensure_future(
+                client.request_json("POST", "/mesh/v1/federation/push", body)
+            )
+            await wait_until(lambda: node.federation_bridge.pulled == 1, 10, "the push queued")
+            done, _ = await asyncio.wait({push}, timeout=0.5)
+            answered_while_held = bool(done)
+        finally:
+            lock.release()
+        answer = await push
+    assert (False, {"taken": 1, "of": 1}, ["news.held"]) == (
+        answered_while_held,
+        answer,
+        await topics_from(node, B.node_id),
+    )
