@@ -1,0 +1,80 @@
+"""When the message log's WAL is checkpointed (spec §6.4, §11).
+
+SQLite's automatic checkpoint runs inside the commit that takes the WAL past its mark:
+that commit copies the WAL's pages into the database file and syncs both files before it
+returns. With ``pubsub.sync = "normal"`` a lone small batch is committed on the event
+loop (``MessageLog.end_turn``), so about half the checkpoints of a busy log ran there,
+and every one held the commit that carried it: its publishers' answers, its fan-out and
+(on the loop) everything else the node does waited for the copy and two ``fsync`` calls,
+2-16 ms on a quiet disk, 0.1-0.9 s when other work keeps the disk busy
+(docs/benchmarks.md, "Checkpoints off the event loop").
+
+Here a checkpoint is a job of its own for the log's writer thread, queued at most
+:data:`CHECKPOINT_EVERY_S` after a write and never on the event loop: the commit before
+it is answered and delivered first, and while it runs the loop goes on (commits queued
+meanwhile go to the writer thread, after it, in their order). Nothing writes beside it,
+so it copies every frame and the next commit starts the WAL again from its beginning.
+SQLite's own automatic checkpoint stays as a backstop at :data:`WAL_BACKSTOP_BYTES`
+(four times the usual mark), for a WAL that outgrows the jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+# How long after a write the checkpoint job is queued (one per interval at most): about
+# 2-6 MB of WAL at 2,000 publishes/s with `normal`, where the usual mark (4 MB) was
+# reached every 0.5-0.7 s.
+CHECKPOINT_EVERY_S = 1.0
+# SQLite's automatic checkpoint, a backstop: four times the mark it had (SQLite's default
+# of 1,000 pages of 4 KiB), whatever the log's page size.
+WAL_BACKSTOP_BYTES = 4 * 4_096_000
+
+log = logging.getLogger("hearthnet.pubsub.log")
+
+
+def checkpoint(conn: sqlite3.Connection | None, path: Path) -> None:
+    """In the writer thread: copy the WAL into the database file (``PASSIVE``: readers
+    holding older pages are not waited for; what they hold is copied next time)."""
+    if conn is None:
+        return
+    try:
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+    except sqlite3.Error as exc:  # the next one tries again; the backstop stays
+        log.warning("WAL checkpoint of %s failed: %s", path, exc)
+
+
+class CheckpointTimer:
+    """Queues a checkpoint job (``queue_job``, called on the event loop) ``every_s``
+    after the first write since the last one; nothing while nothing is written."""
+
+    def __init__(self, queue_job: Callable[[], None], every_s: float = CHECKPOINT_EVERY_S):
+        self.queue_job = queue_job
+        self.every_s = every_s
+        self._due: asyncio.TimerHandle | None = None
+        self._closed = False
+        self.queued = 0  # checkpoint jobs queued so far
+
+    def wrote(self) -> None:
+        """On the loop, after a job of the writer's: a checkpoint is due ``every_s`` from
+        now, unless one is due already."""
+        if self._due is None and not self._closed:
+            self._due = asyncio.get_running_loop().call_later(self.every_s, self._fire)
+
+    def _fire(self) -> None:
+        self._due = None
+        if not self._closed:
+            self.queued += 1
+            self.queue_job()
+
+    def close(self) -> None:
+        """No checkpoint job any more (the writer closes: its last connection checkpoints
+        the whole WAL as it closes)."""
+        self._closed = True
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None

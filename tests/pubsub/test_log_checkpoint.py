@@ -1,0 +1,101 @@
+"""The log's WAL is checkpointed by a job of its own in the writer thread, never inside a
+commit on the event loop (hearthnet/pubsub/logcheckpoint.py). Real SQLite files."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+
+from hearthnet.pubsub.logcheckpoint import WAL_BACKSTOP_BYTES
+from hearthnet.pubsub.logstore import SqliteWriter
+
+ROW = bytes(12_000)  # under a 16 KiB page: one row, one leaf page
+SQLITE_MARK_BYTES = 4_096_000  # where SQLite's own automatic checkpoint sat before
+
+
+def _insert(conn: sqlite3.Connection) -> None:
+    conn.execute("INSERT INTO t (b) VALUES (?)", (ROW,))  # autocommit: a commit each
+
+
+def _rows_in_database_file(path: Path) -> int:
+    """Rows the database file itself holds, the WAL left unread (``immutable``)."""
+    conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+    try:
+        return int(conn.execute("SELECT count(*) FROM t").fetchone()[0])
+    finally:
+        conn.close()
+
+
+async def _checkpointed(writer: SqliteWriter, jobs: int) -> None:
+    """Wait (bounded) until ``jobs`` checkpoint jobs were queued, then until the thread
+    is done with them (a job queued behind returns after them)."""
+    deadline = time.monotonic() + 30
+    while writer.checkpoints.queued < jobs and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    await writer.run(lambda conn: None)
+
+
+async def test_commits_on_the_loop_never_copy_the_wal(tmp_path: Path) -> None:
+    """More than SQLite's old checkpoint mark committed on the loop (``run_here``, as a
+    lone batch with sync=normal is) leaves the database file as it was: the WAL holds it
+    all until the checkpoint job."""
+    path = tmp_path / "log.db"
+    writer = SqliteWriter(path, "NORMAL", checkpoint_every_s=3600)
+    await writer.run(lambda conn: conn.execute("CREATE TABLE t (b BLOB)"))
+    await _checkpointed(writer, 0)
+    before = path.stat().st_size
+    wal_path = Path(f"{path}-wal")
+    for _ in range(2_000):  # bounded: ~2-3 pages of WAL a commit
+        writer.run_here(_insert)
+        if wal_path.stat().st_size > SQLITE_MARK_BYTES * 3 // 2:
+            break
+    wal = wal_path.stat().st_size
+    after = path.stat().st_size
+    await writer.close()
+    assert SQLITE_MARK_BYTES < wal < WAL_BACKSTOP_BYTES
+    assert before == after
+
+
+async def test_the_checkpoint_job_copies_the_wal_and_the_wal_starts_again(
+    tmp_path: Path,
+) -> None:
+    """After writes the checkpoint job runs in the writer thread: the database file holds
+    every row, and the next commit writes the WAL from its start again."""
+    path = tmp_path / "log.db"
+    writer = SqliteWriter(path, "FULL", checkpoint_every_s=0.05)
+    await writer.run(lambda conn: conn.execute("CREATE TABLE t (b BLOB)"))
+    for _ in range(100):
+        await writer.run(_insert)
+    queued = writer.checkpoints.queued
+    await _checkpointed(writer, queued + 1)
+    in_file = _rows_in_database_file(path)
+    await writer.run(_insert)  # starts the WAL again: frames from its beginning
+
+    def frames(conn: sqlite3.Connection) -> int:
+        busy, log_frames, _done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        assert busy == 0
+        return int(log_frames)
+
+    frames_after = await writer.run(frames)
+    await writer.close()
+    assert in_file == 100
+    assert 0 < frames_after <= 4
+
+
+async def test_no_checkpoint_job_while_nothing_is_written(tmp_path: Path) -> None:
+    """An idle log queues no job: one checkpoint after the last write, then none."""
+    path = tmp_path / "log.db"
+    writer = SqliteWriter(path, "NORMAL", checkpoint_every_s=0.02)
+    await writer.run(lambda conn: conn.execute("CREATE TABLE t (b BLOB)"))
+    await writer.run(_insert)
+    deadline = time.monotonic() + 30
+    while writer.checkpoints.queued < 1 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.3)
+    queued = writer.checkpoints.queued
+    await asyncio.sleep(0.3)
+    later = writer.checkpoints.queued
+    await writer.close()
+    assert 1 <= queued == later
