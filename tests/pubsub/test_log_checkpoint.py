@@ -4,15 +4,20 @@ commit on the event loop (hearthnet/pubsub/logcheckpoint.py). Real SQLite files.
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
-import time
 from pathlib import Path
 
 from hearthnet.pubsub.logcheckpoint import WAL_BACKSTOP_BYTES
 from hearthnet.pubsub.logstore import SqliteWriter
+from tests.helpers import wait_until
 
 ROW = bytes(12_000)  # under a 16 KiB page: one row, one leaf page
 SQLITE_MARK_BYTES = 4_096_000  # where SQLite's own automatic checkpoint sat before
+
+
+def _size(path: Path | str) -> int:
+    return os.stat(path).st_size
 
 
 def _insert(conn: sqlite3.Connection) -> None:
@@ -31,9 +36,7 @@ def _rows_in_database_file(path: Path) -> int:
 async def _checkpointed(writer: SqliteWriter, jobs: int) -> None:
     """Wait (bounded) until ``jobs`` checkpoint jobs were queued, then until the thread
     is done with them (a job queued behind returns after them)."""
-    deadline = time.monotonic() + 30
-    while writer.checkpoints.queued < jobs and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: writer.checkpoints.queued >= jobs, 30, "a checkpoint job")
     await writer.run(lambda conn: None)
 
 
@@ -45,14 +48,14 @@ async def test_commits_on_the_loop_never_copy_the_wal(tmp_path: Path) -> None:
     writer = SqliteWriter(path, "NORMAL", checkpoint_every_s=3600)
     await writer.run(lambda conn: conn.execute("CREATE TABLE t (b BLOB)"))
     await _checkpointed(writer, 0)
-    before = path.stat().st_size
-    wal_path = Path(f"{path}-wal")
+    before = _size(path)
+    wal_path = f"{path}-wal"
     for _ in range(2_000):  # bounded: ~2-3 pages of WAL a commit
         writer.run_here(_insert)
-        if wal_path.stat().st_size > SQLITE_MARK_BYTES * 3 // 2:
+        if _size(wal_path) > SQLITE_MARK_BYTES * 3 // 2:
             break
-    wal = wal_path.stat().st_size
-    after = path.stat().st_size
+    wal = _size(wal_path)
+    after = _size(path)
     await writer.close()
     assert SQLITE_MARK_BYTES < wal < WAL_BACKSTOP_BYTES
     assert before == after
@@ -90,9 +93,7 @@ async def test_no_checkpoint_job_while_nothing_is_written(tmp_path: Path) -> Non
     writer = SqliteWriter(path, "NORMAL", checkpoint_every_s=0.02)
     await writer.run(lambda conn: conn.execute("CREATE TABLE t (b BLOB)"))
     await writer.run(_insert)
-    deadline = time.monotonic() + 30
-    while writer.checkpoints.queued < 1 and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: writer.checkpoints.queued >= 1, 30, "a checkpoint job")
     await asyncio.sleep(0.3)
     queued = writer.checkpoints.queued
     await asyncio.sleep(0.3)
