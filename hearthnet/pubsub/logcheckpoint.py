@@ -3,11 +3,12 @@
 SQLite's automatic checkpoint runs inside the commit that takes the WAL past its mark:
 that commit copies the WAL's pages into the database file and syncs both files before it
 returns. With ``pubsub.sync = "normal"`` a lone small batch is committed on the event
-loop (``MessageLog.end_turn``), so about half the checkpoints of a busy log ran there,
+loop (``MessageLog.end_turn``), so half or more of a busy log's checkpoints ran there,
 and every one held the commit that carried it: its publishers' answers, its fan-out and
-(on the loop) everything else the node does waited for the copy and two ``fsync`` calls,
-2-16 ms on a quiet disk, 0.1-0.9 s when other work keeps the disk busy
-(docs/benchmarks.md, "Checkpoints off the event loop").
+(on the loop) everything else the node does waited for the copy and two ``fsync`` calls:
+8-16 ms (p50) on a loaded machine, up to ~1 s when other work keeps the disk busy
+(docs/benchmarks.md, "The first round after a start, and checkpoints off the event
+loop").
 
 Here a checkpoint is a job of its own for the log's writer thread, queued at most
 :data:`CHECKPOINT_EVERY_S` after a write and never on the event loop: the commit before
@@ -26,10 +27,13 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-# How long after a write the checkpoint job is queued (one per interval at most): about
-# 2-6 MB of WAL at 2,000 publishes/s with `normal`, where the usual mark (4 MB) was
-# reached every 0.5-0.7 s.
-CHECKPOINT_EVERY_S = 1.0
+# How long after a write the checkpoint job is queued (one per interval at most): ~1-2 MB
+# of WAL at 2,000 publishes/s with `normal` (SQLite's 4 MB mark was reached every
+# 0.5-0.7 s). Each job then took 2.6-4.8 ms (p50) against 10-16 ms for a checkpoint
+# inside a commit; a job every second copied ~7 MB in ~14 ms, and the commits queued
+# behind it waited that long (docs/benchmarks.md, "The first round after a start, and
+# checkpoints off the event loop").
+CHECKPOINT_EVERY_S = 0.25
 # SQLite's automatic checkpoint, a backstop: four times the mark it had (SQLite's default
 # of 1,000 pages of 4 KiB), whatever the log's page size.
 WAL_BACKSTOP_BYTES = 4 * 4_096_000
