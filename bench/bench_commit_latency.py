@@ -1,6 +1,7 @@
 """Publish to committed, through the real message log at a fixed rate, with the WAL's
-checkpoints on (the default: a job of the writer thread's 0.25 s after writes,
-SQLite's automatic checkpoint a backstop at 16 MB) and off (no checkpoint job and
+checkpoints on (the default: with `normal` a job of the writer thread's 0.25 s after
+writes, SQLite's automatic checkpoint a backstop at 16 MB; with `full` SQLite's, inside
+whichever commit crosses ~4 MB) and off (no checkpoint job and
 ``wal_autocheckpoint = 0``: no checkpoint at all during the run, the WAL grows),
 alternated.
 

@@ -49,6 +49,7 @@ from hearthnet.pubsub.consumerstate import ConsumerRecord
 from hearthnet.pubsub.logcheckpoint import (
     CHECKPOINT_EVERY_S,
     WAL_BACKSTOP_BYTES,
+    WAL_MARK_BYTES,
     CheckpointTimer,
     checkpoint,
 )
@@ -328,13 +329,13 @@ class SqliteWriter:
     ``concurrent.futures`` future chained to the loop's) cost twice the CPU on the event
     loop and twice the wall time per job.
 
-    The WAL is checkpointed by a job of its own in the thread, queued after writes
-    (:class:`~hearthnet.pubsub.logcheckpoint.CheckpointTimer`), not inside a commit: a
-    commit on the loop (:meth:`run_here`) never copies the WAL.
+    With NORMAL the WAL is checkpointed by a job of its own in the thread, queued after
+    writes (:class:`~hearthnet.pubsub.logcheckpoint.CheckpointTimer`), not inside a
+    commit: a commit on the loop (:meth:`run_here`) never copies the WAL.
     """
 
     def __init__(
-        self, path: Path, synchronous: str, *, checkpoint_every_s: float = CHECKPOINT_EVERY_S
+        self, path: Path, synchronous: str, *, checkpoint_every_s: float | None = None
     ) -> None:
         self.path = path
         self.synchronous = synchronous
@@ -342,7 +343,12 @@ class SqliteWriter:
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
         self._busy = 0  # jobs handed to the thread and not finished
-        self.checkpoints = CheckpointTimer(self._queue_checkpoint, checkpoint_every_s)
+        # Checkpoint jobs with NORMAL (commits on the loop), none with FULL by default.
+        every = checkpoint_every_s
+        if every is None and synchronous.upper() != "FULL":
+            every = CHECKPOINT_EVERY_S
+        self.checkpoints = CheckpointTimer(self._queue_checkpoint, every)
+        self._autocheckpoint = WAL_MARK_BYTES if every is None else WAL_BACKSTOP_BYTES
 
     @property
     def idle(self) -> bool:
@@ -367,10 +373,10 @@ class SqliteWriter:
             f"PRAGMA synchronous={self.synchronous}; PRAGMA busy_timeout=5000;"
             f" PRAGMA secure_delete={SECURE_DELETE};"
         )
-        # SQLite's own checkpoint, a backstop at the same size whatever a log's pages (an
-        # older log keeps its 4 KiB pages: a page size is set only when the file is made).
+        # SQLite's own checkpoint (a backstop beside the jobs) at the same size whatever a
+        # log's pages (an older log keeps its 4 KiB pages: set only when the file is made).
         page = conn.execute("PRAGMA page_size").fetchone()[0]
-        conn.execute(f"PRAGMA wal_autocheckpoint={max(1, WAL_BACKSTOP_BYTES // page)}")
+        conn.execute(f"PRAGMA wal_autocheckpoint={max(1, self._autocheckpoint // page)}")
         migrate(conn)
         conn.executescript(SCHEMA)
         conn.execute(

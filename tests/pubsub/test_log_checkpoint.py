@@ -100,3 +100,23 @@ async def test_no_checkpoint_job_while_nothing_is_written(tmp_path: Path) -> Non
     later = writer.checkpoints.queued
     await writer.close()
     assert 1 <= queued == later
+
+
+async def test_with_full_sqlite_checkpoints_inside_the_writer_threads_commits(
+    tmp_path: Path,
+) -> None:
+    """With sync=full no commit runs on the loop: no checkpoint job, and SQLite's own
+    checkpoint copies the WAL inside the thread's commit that takes it past its mark."""
+    path = tmp_path / "log.db"
+    writer = SqliteWriter(path, "FULL")
+    await writer.run(lambda conn: conn.execute("CREATE TABLE t (b BLOB)"))
+    before = _size(path)
+    for _ in range(2_000):  # bounded: past the mark after ~100-150 commits
+        await writer.run(_insert)
+        if _size(path) > before:
+            break
+    after = _size(path)
+    await asyncio.sleep(0.3)
+    queued = writer.checkpoints.queued
+    await writer.close()
+    assert (queued, after > before) == (0, True)
