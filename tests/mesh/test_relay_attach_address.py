@@ -77,6 +77,8 @@ async def test_a_member_linked_to_its_relay_at_another_address_attaches(
             await wait_until(
                 lambda: watched(member) == {ident}, ATTACH_WITHIN_S, "the member attached"
             )
+            shown = member.mesh.relaying.statistics()["paths"]
+    assert ([ident], [ident]) == (shown["relays"], shown["attached"])
 
 
 async def test_a_member_attaches_once_its_relay_url_answers_with_a_link_up_already(
