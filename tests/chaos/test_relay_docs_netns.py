@@ -125,10 +125,16 @@ def metrics(user: User, prefix: str) -> float:
 def test_the_relay_and_home_node_docs_word_for_word(
     make_nat_lab: MakeNatLab, tmp_path: Path
 ) -> None:
-    lab = make_nat_lab(["fully-random", "fully-random"], public=("relay", "relay2"))
+    lab = make_nat_lab(
+        ["fully-random", "fully-random"],
+        public=("relay", "relay2"),
+        names={"relay1.example.org": "relay", "relay2.example.org": "relay2"},
+    )
     vps, vps2 = User(tmp_path, lab.public["relay"]), User(tmp_path, lab.public["relay2"])
     home_a, home_b = (User(tmp_path, h) for h in lab.homes)
-    url1, url2 = (f"http://{u.machine.ip}:7080" for u in (vps, vps2))
+    # the relays by name, as in the docs: the homes also learn their addresses from peers
+    url1, url2 = "http://relay1.example.org:7080", "http://relay2.example.org:7080"
+    named = ("--relay-url", url1, "--bootstrap", url1)
     relay_args = ("--host", "0.0.0.0", "--port", "7080", "--relay")
     procs: list[HostProcess] = []
     try:
@@ -138,9 +144,9 @@ def test_the_relay_and_home_node_docs_word_for_word(
         (relay1,) = ready(procs[-1])
         # one invite per home node, and one for a second relay
         invite, invite_b, invite_vps2 = at_once(
-            lambda: vps.json("community", "invite"),
-            lambda: vps.run("community", "invite").strip(),
-            lambda: vps.run("community", "invite").strip(),
+            lambda: vps.json("community", "invite", *named),
+            lambda: vps.run("community", "invite", *named).strip(),
+            lambda: vps.run("community", "invite", *named).strip(),
         )
         # the second relay joins once with its invite; both relays name each other
         procs.append(vps2.start(*relay_args, "--join", invite_vps2, "--relay-peer", url1))
