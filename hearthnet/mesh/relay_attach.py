@@ -64,6 +64,22 @@ class RelayAttachments:
             self.relays.add(link.node)
             link.send_raw(Attach(now_ms()).encode())
 
+    def found(self, urls: tuple[str, ...]) -> None:
+        """Attach to the relays linked at another of their addresses than ``urls`` (the
+        relay URLs): a node knows its relay under several (the URL it was given, often a
+        name, and the IP or ``https://`` address peers told it), dials them all and keeps
+        the first link up. The relay is the node our own dial found at a relay URL: in
+        this run (a dial that found it linked already, dropped as a duplicate) or an
+        earlier one."""
+        if self.book is None:
+            return
+        for url in urls:
+            node = self.book.verified_node(url)
+            link = self.links.get(node) if node is not None else None
+            if link is not None and node not in self.relays and not is_relayed(link):
+                log.info("relay %s is linked at %s, not %s: attaching", node, link.address, url)
+                self.linked(link, ours=True)
+
     def unlinked(self, link: PeerLink, now: float) -> None:
         """A direct link ended: losing one of our relays moves its peers (once: a relay
         lost to silence already moved them)."""

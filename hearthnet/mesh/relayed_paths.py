@@ -317,7 +317,8 @@ class RelayedPaths:
         """The member's numbers, for ``/status``."""
         p = self.paths.statistics()
         return {
-            "relays": sorted(self.attachments.relays),
+            "relays": sorted(self.attachments.relays),  # ours, once linked (attached or not)
+            "attached": list(self.paths.relays.attached_relays),  # now, the primary first
             "primary": self.paths.relays.primary,
             # the peers linked through a relay now, as ``hearthnet peers`` shows them: the
             # path core also keeps a path to a peer a direct link serves (a probe it sent

@@ -383,6 +383,7 @@ class Relaying:
         if self.relay is not None:
             self.relay.tick(now)
         if self.member is not None:
+            self.member.attachments.found(self.relay_urls)
             self.member.tick(now)
 
     # --- federated communities (spec §8, relay_federated.py) -------------------------------

@@ -43,10 +43,11 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tests.chaos.netns import (
+    NETNS_ETC,
     PREFIX,
     LabError,
     Machine,
@@ -68,6 +69,7 @@ BRIDGE = "br0"
 BRIDGE_NF_FAMILIES = ("iptables", "ip6tables", "arptables")
 _NAME = re.compile(r"[a-z][a-z0-9]{0,9}")
 _RESERVED = re.compile(r"inet|nat\d+|h\d+")
+_HOSTNAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+")
 
 
 class NatMode(enum.StrEnum):
@@ -216,6 +218,9 @@ class NatLab(NamespaceLab):
         hosts_per_nat: home hosts behind each router: one number for all, or one each.
         overlapping_lans: every home LAN is 192.168.1.0/24, as with real home routers
             (otherwise router i has 192.168.(i+1).0/24).
+        names: DNS names of public hosts (``{"relay.example.org": "relay"}``), in every
+            machine's ``/etc/hosts`` (``/etc/netns/<netns>/hosts``, which ``ip netns
+            exec`` mounts over it; removed with the namespace).
     """
 
     def __init__(
@@ -225,6 +230,7 @@ class NatLab(NamespaceLab):
         public: Sequence[str] = ("relay",),
         hosts_per_nat: int | Sequence[int] = 1,
         overlapping_lans: bool = False,
+        names: Mapping[str, str] | None = None,
     ) -> None:
         counts = (
             [hosts_per_nat] * len(nats) if isinstance(hosts_per_nat, int) else list(hosts_per_nat)
@@ -257,6 +263,10 @@ class NatLab(NamespaceLab):
                 self.homes.append(home)
             self.routers.append(router)
         self.blocked: set[tuple[str, str]] = set()
+        self.names = dict(names or {})
+        for name, host in self.names.items():
+            if host not in self.public or not _HOSTNAME.fullmatch(name):
+                raise ValueError(f"bad name {name!r} for public host {host!r}")
 
     def __repr__(self) -> str:
         modes = ",".join(r.mode for r in self.routers)
@@ -279,6 +289,13 @@ class NatLab(NamespaceLab):
             self._plug(host.netns, "eth0", inet, f"p{i}", BRIDGE, host.ip)
         for router in self.routers:
             self._add_router(router)
+        if self.names:
+            hosts = "127.0.0.1 localhost\n" + "".join(
+                f"{self.public[host].ip} {name}\n" for name, host in self.names.items()
+            )
+            for machine in self.machines:
+                (NETNS_ETC / machine.netns).mkdir(parents=True, exist_ok=True)
+                (NETNS_ETC / machine.netns / "hosts").write_text(hosts, encoding="utf-8")
 
     def _bridge(self, netns: str, name: str) -> None:
         sh("ip", "-n", netns, "link", "add", name, "type", "bridge")

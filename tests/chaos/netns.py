@@ -62,6 +62,8 @@ from types import TracebackType
 from typing import Any, Self
 
 PREFIX = "hnl-"
+# per-namespace files `ip netns exec` mounts over /etc (a lab's /etc/hosts names)
+NETNS_ETC = Path("/etc/netns")
 DEFAULT_SUBNET = "10.231.0.0/24"
 MAX_HOSTS = 64
 HOST_DEV = "eth0"
@@ -190,6 +192,7 @@ def _kill_namespace(netns: str) -> None:
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(pid), signal.SIGKILL)
     sh("ip", "netns", "del", netns, check=False)
+    shutil.rmtree(NETNS_ETC / netns, ignore_errors=True)
 
 
 def _owner_alive(name: str, prefix: str) -> bool:
@@ -208,7 +211,7 @@ def sweep_stale(prefix: str = PREFIX) -> list[str]:
         if not _owner_alive(netns, prefix):
             _kill_namespace(netns)
             swept.append(netns)
-    for workdir in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+    for workdir in [*Path(tempfile.gettempdir()).glob(f"{prefix}*"), *NETNS_ETC.glob(f"{prefix}*")]:
         if workdir.is_dir() and not _owner_alive(workdir.name, prefix):
             shutil.rmtree(workdir, ignore_errors=True)
     return swept

@@ -17,7 +17,7 @@ import pytest
 from tests.chaos import nat_lab
 from tests.chaos.conftest import MakeNatLab
 from tests.chaos.nat_lab import PUNCH_SCRIPT, HomeHost, NatLab, PublicHost
-from tests.chaos.netns import REPO_ROOT, HostProcess, lab_namespaces, sweep_stale
+from tests.chaos.netns import NETNS_ETC, REPO_ROOT, HostProcess, lab_namespaces, sweep_stale
 
 pytestmark = pytest.mark.chaos
 
@@ -327,3 +327,16 @@ def test_sweeper_removes_a_nat_lab_of_a_killed_run(nat_lab_support: None) -> Non
         sorted(n for n in swept if n.startswith(lab_id)),
         lab_namespaces(lab_id),
     )
+
+
+def test_public_hosts_are_named_in_every_machine_until_the_lab_closes(
+    make_nat_lab: MakeNatLab,
+) -> None:
+    """``names``: a home resolves a public host's DNS name (its own /etc/hosts in the
+    namespace); closing the lab removes the file."""
+    lab = make_nat_lab(["plain"], names={"relay.example.org": "relay"})
+    (home,) = lab.homes
+    resolved = home.run("getent", "hosts", "relay.example.org").stdout.split()
+    etc = NETNS_ETC / home.netns
+    lab.close()
+    assert (["203.0.113.10", "relay.example.org"], False) == (resolved, etc.exists())
