@@ -15,8 +15,12 @@ NOT_AT_START = ("cryptography", "hearthnet.client")
 # Loaded only by the paths that need them, never by a started node with no [llm] section
 # and zeroconf off: jsonschema (~0.1 s to import) compiles a capability's request schema
 # on its first call; llm.chat, its tool loop and backends only with [llm]; zeroconf and
-# ifaddr only with [mesh] zeroconf on (or, ifaddr, a node listening on every interface).
+# ifaddr only with [mesh] zeroconf on (or, ifaddr, a node listening on every interface);
+# cbor2 (~0.7 MiB) with the first peer link, relay or CBOR client (hearthnet/cbor.py);
+# statistics with the first link's heartbeats or a remote provider's call times.
 NOT_BY_A_STARTED_NODE = (
+    "cbor2",
+    "statistics",
     "jsonschema",
     "capabilities.llm_chat",
     "hearthnet.bus.toolloop",
