@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from hearthnet.clock import now_ms
 from hearthnet.config import Config, default_data_dir, load_config
 from hearthnet.config.mesh_section import node_url_problem
+from hearthnet.datadir import NameFile
 from hearthnet.errors import ConfigError, HearthNetError, IdentityError
 
 if TYPE_CHECKING:
@@ -283,7 +284,7 @@ def local_identity(args: argparse.Namespace, *, create: bool = False) -> tuple[A
     data_dir = data_dir_of(args)
     keys = load_or_create_keys(data_dir) if create else existing_keys(data_dir)
     store = CommunityStore(data_dir)
-    name = config_of(args).node.display_name(keys.node_id)
+    name = NameFile(data_dir).name_of(config_of(args).node, keys.node_id, remember=False)
     membership = open_membership(store, keys, name=name, now_ms=now_ms())
     return keys, store, membership
 
