@@ -8,13 +8,23 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from hearthnet.config.schema import default_data_dir
 from hearthnet.errors import ConfigError
 
 if TYPE_CHECKING:
     from hearthnet.config import NodeSection
+
+
+def start_command(data_dir: Path) -> str:
+    """What to type to start the node of ``data_dir`` (for errors that say what to do):
+    ``hearthnet node start``, with ``--data-dir`` unless it is the default one."""
+    if data_dir.expanduser().resolve() == default_data_dir().resolve():
+        return "hearthnet node start"
+    return f"hearthnet node start --data-dir {shlex.quote(str(data_dir))}"
 
 
 class DataDirLock:

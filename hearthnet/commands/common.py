@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from hearthnet.clock import now_ms
 from hearthnet.config import Config, default_data_dir, load_config
 from hearthnet.config.mesh_section import node_url_problem
-from hearthnet.datadir import NameFile
+from hearthnet.datadir import NameFile, start_command
 from hearthnet.errors import ConfigError, HearthNetError, IdentityError
 
 if TYPE_CHECKING:
@@ -228,7 +228,8 @@ def existing_keys(data_dir: Path) -> Any:
     from hearthnet.identity import load_or_create_keys
 
     if not (data_dir / "keys").exists():
-        raise IdentityError(f"no keys in {data_dir}; they are created by: hearthnet node start")
+        made_by = start_command(data_dir)
+        raise IdentityError(f"no keys in {data_dir}; they are created by: {made_by}")
     return load_or_create_keys(data_dir)
 
 

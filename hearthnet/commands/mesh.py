@@ -252,7 +252,11 @@ def _rules_file(path: str) -> tuple[tuple[str, str, str], ...]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
+        raise ConfigError(
+            f"cannot read {path}: {exc.strerror or exc} (give hearthnet community rules a TOML"
+            " file with [[pubsub.rules]] tables, such as a node's hearthnet.toml, or a .json"
+            " list of {pattern, subscribe, publish}; --clear hands the rules back to each node)"
+        ) from exc
     try:
         tables: Any = json.loads(text) if path.endswith(".json") else tomllib.loads(text)
     except (ValueError, tomllib.TOMLDecodeError) as exc:
