@@ -17,10 +17,16 @@ NOT_AT_START = ("cryptography", "hearthnet.client")
 # on its first call; llm.chat, its tool loop and backends only with [llm]; zeroconf and
 # ifaddr only with [mesh] zeroconf on (or, ifaddr, a node listening on every interface);
 # cbor2 (~0.7 MiB) with the first peer link, relay or CBOR client (hearthnet/cbor.py);
-# statistics with the first link's heartbeats or a remote provider's call times.
+# statistics with the first link's heartbeats or a remote provider's call times; decimal
+# with the first fractional number parsed; the relay member role's modules with the first
+# relay this node attaches to.
 NOT_BY_A_STARTED_NODE = (
     "cbor2",
     "statistics",
+    "decimal",
+    "hearthnet.mesh.relayed_paths",
+    "hearthnet.mesh.relay_member",
+    "hearthnet.mesh.path_switch",
     "jsonschema",
     "capabilities.llm_chat",
     "hearthnet.bus.toolloop",
