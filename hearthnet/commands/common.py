@@ -164,9 +164,18 @@ def scope_arg(text: str) -> str:
 
 def lifetime_ms(text: str) -> int:
     """A token lifetime: a duration above zero."""
+    return _above_zero_ms(text, "a token must live")
+
+
+def invite_lifetime_ms(text: str) -> int:
+    """How long an invite works: a duration above zero (0 made one already expired)."""
+    return _above_zero_ms(text, "an invite must work")
+
+
+def _above_zero_ms(text: str, what: str) -> int:
     ms = parse_duration_ms(text)
     if ms <= 0:
-        raise argparse.ArgumentTypeError(f"a token must live longer than {text!r}")
+        raise argparse.ArgumentTypeError(f"{what} longer than {text!r} (e.g. --ttl 1h)")
     return ms
 
 

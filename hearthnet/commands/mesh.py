@@ -19,6 +19,7 @@ from hearthnet.commands.common import (
     config_of,
     data_dir_of,
     existing_keys,
+    invite_lifetime_ms,
     local_identity,
     node_id_arg,
     node_url,
@@ -383,7 +384,7 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     )
     invite.add_argument(
         "--ttl",
-        type=parse_duration_ms,
+        type=invite_lifetime_ms,
         default=parse_duration_ms("24h"),
         help="how long the invite works, e.g. 1h (default 24h); it admits one node",
     )

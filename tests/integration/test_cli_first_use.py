@@ -300,6 +300,30 @@ def test_a_rules_file_that_is_not_there_says_what_file_to_give(
     )
 
 
+def test_an_invite_for_no_time_and_a_federation_with_no_id_are_usage_errors(
+    node_proc: NodeProcess,
+) -> None:
+    """``community invite --ttl 0`` once printed an invite already expired (exit 0), and
+    ``federation propose --with bob`` exited 1 as if the node were at fault: both are now
+    usage errors (2) saying what to give."""
+    d = ("--data-dir", str(node_proc.data_dir))
+    invite = run_cli("community", "invite", "--ttl", "0", *d)
+    propose = run_cli("federation", "propose", "--with", "bob", "--json", *d)
+    assert (
+        2,
+        "argument --ttl: an invite must work longer than '0' (e.g. --ttl 1h)",
+        2,
+        "usage",
+        "--with takes the other community's id, not 'bob': ed25519:...",
+    ) == (
+        invite.returncode,
+        invite.stderr.strip().partition("error: ")[2],
+        propose.returncode,
+        json.loads(propose.stderr)["error"],
+        json.loads(propose.stderr)["message"][:61],
+    )
+
+
 def test_revoking_a_key_that_is_no_member_says_so(node_proc: NodeProcess) -> None:
     """A mistyped NodeID once printed "revoked ... on every node" and nothing else, as if a
     member had gone; the revocation still stands (that key can never join), and a note
