@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import json
 import math
-from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from hearthnet.errors import BadRequest, NotCanonical
+
+if TYPE_CHECKING:
+    from decimal import Decimal
 
 MAX_SAFE_INTEGER = 2**53 - 1
 # 2^53 itself is exact; 2^53 + 1 is not, so it cannot be confused with a neighbour.
@@ -224,12 +226,22 @@ def _exact_int(text: str) -> int:
     return value
 
 
+# decimal (~0.5 MiB with its C module) is imported by the first float parsed, not at
+# start: a node that never reads a fractional number never needs it (spec §11: idle RSS)
+_decimal: type[Decimal] | None = None
+
+
 def _exact_float(text: str) -> float:
+    global _decimal  # noqa: PLW0603 - set once, by the first float
     value = float(text)
     _check_float(value)
+    if _decimal is None:
+        from decimal import Decimal  # noqa: PLC0415
+
+        _decimal = Decimal
     # The number the sender wrote must be the number that gets signed: JCS writes the
     # shortest digits that read back as this double, which repr() gives.
-    if Decimal(text) != Decimal(repr(value)):
+    if _decimal(text) != _decimal(repr(value)):
         raise NotCanonical(f"the number {text[:40]} does not round-trip through a double")
     return value
 

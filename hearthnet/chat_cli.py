@@ -246,11 +246,11 @@ def chat_command(
             except NotFound as exc:
                 if "llm.chat" not in exc.message:
                     raise
-                sys.stderr.write(
-                    "hearthnet: the node offers no llm.chat; start it with --llm-demo "
-                    "or --llm-url URL --llm-model NAME\n"
-                )
-                return 1
+                # printed by the CLI as every error is (a JSON object with --json), exit 1
+                raise NotFound(
+                    "the node offers no llm.chat; start it with --llm-demo "
+                    "or --llm-url URL --llm-model NAME"
+                ) from exc
             return 0
 
     code: int = run(main)

@@ -112,7 +112,11 @@ def cmd_propose(args: argparse.Namespace) -> int:
     """``federation propose --with B --grant-topics ... --expires 30d``: a signed proposal."""
     keys, membership = _anchor(args, "propose federations")
     if not is_node_id(args.with_community):
-        raise ConfigError("--with takes the other community's id (ed25519:...)")
+        raise UsageError(
+            f"--with takes the other community's id, not {args.with_community!r}: ed25519:..."
+            " as hearthnet community show prints it on one of its nodes (or hearthnet node"
+            " status --url URL of one)"
+        )
     now = now_ms()
     agreement = Agreement.propose(
         keys,

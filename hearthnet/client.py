@@ -26,6 +26,7 @@ import orjson
 
 from hearthnet.call_stream import ACK_EVERY, Stream, raise_for_terminal
 from hearthnet.chat import ChatResult, ChatTool, ChatToolHandler, OnEvent, run_chat
+from hearthnet.datadir import start_command
 from hearthnet.errors import NodeNotRunning
 from hearthnet.identity import KeyPair
 from hearthnet.node_http import NodeHttp, get_public_json, split_capability
@@ -57,14 +58,14 @@ def find_running_node(data_dir: Path) -> dict[str, Any]:
         info: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except (FileNotFoundError, ValueError) as exc:
         raise NodeNotRunning(
-            f"no running node found ({path}); start one with: hearthnet node start"
+            f"no running node found ({path}); start one with: {start_command(data_dir)}"
         ) from exc
     try:
         os.kill(int(info["pid"]), 0)
     except (ProcessLookupError, KeyError, ValueError) as exc:
         raise NodeNotRunning(
             f"the node in {path} is not running (stale run file: it stopped without"
-            f" removing it); start it again with: hearthnet node start --data-dir {data_dir}"
+            f" removing it); start it again with: {start_command(data_dir)}"
         ) from exc
     except PermissionError:
         pass  # running as another user: it exists

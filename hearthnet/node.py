@@ -31,7 +31,7 @@ from hearthnet.bus.signatures import SignatureWorker
 from hearthnet.clock import now_ms
 from hearthnet.community import CommunityStore, Level, MembershipRecord
 from hearthnet.config import Config
-from hearthnet.datadir import DataDirLock, RunFile
+from hearthnet.datadir import DataDirLock, NameFile, RunFile
 from hearthnet.errors import ConfigError
 from hearthnet.identity import KeyPair, load_or_create_keys
 from hearthnet.membership import Admission, Membership, MembershipCaps, Source, open_membership
@@ -141,7 +141,8 @@ class Node:
             self.llm = build_llm_chat(cfg.llm)
         self._lock.acquire()  # makes the data directory (0700) when there is none
         self.keys = load_or_create_keys(self.data_dir)
-        self.name = cfg.node.display_name(self.keys.node_id)
+        # --name (or [node] name) is remembered in the data dir for the starts without one
+        self.name = NameFile(self.data_dir).name_of(cfg.node, self.keys.node_id, remember=True)
         self._community_store = CommunityStore(self.data_dir)
         self.membership = open_membership(
             self._community_store,
@@ -299,7 +300,7 @@ class Node:
     async def __aenter__(self) -> Node:
         if self.join_token:
             keys = load_or_create_keys(self.data_dir)
-            name = self.config.node.display_name(keys.node_id)
+            name = NameFile(self.data_dir).name_of(self.config.node, keys.node_id, remember=False)
             await redeem_invite(self.data_dir, self.join_token, name=name)
         try:
             self._build()

@@ -15,8 +15,18 @@ NOT_AT_START = ("cryptography", "hearthnet.client")
 # Loaded only by the paths that need them, never by a started node with no [llm] section
 # and zeroconf off: jsonschema (~0.1 s to import) compiles a capability's request schema
 # on its first call; llm.chat, its tool loop and backends only with [llm]; zeroconf and
-# ifaddr only with [mesh] zeroconf on (or, ifaddr, a node listening on every interface).
+# ifaddr only with [mesh] zeroconf on (or, ifaddr, a node listening on every interface);
+# cbor2 (~0.7 MiB) with the first peer link, relay or CBOR client (hearthnet/cbor.py);
+# statistics with the first link's heartbeats or a remote provider's call times; decimal
+# with the first fractional number parsed; the relay member role's modules with the first
+# relay this node attaches to.
 NOT_BY_A_STARTED_NODE = (
+    "cbor2",
+    "statistics",
+    "decimal",
+    "hearthnet.mesh.relayed_paths",
+    "hearthnet.mesh.relay_member",
+    "hearthnet.mesh.path_switch",
     "jsonschema",
     "capabilities.llm_chat",
     "hearthnet.bus.toolloop",
@@ -48,6 +58,7 @@ async def start() -> None:
     })
     async with hearthnet.node.Node(config) as node:
         assert node.url
+        node.mesh.traffic.messages.repair_tick()  # an anti-entropy round, with no link yet
         print(" ".join(m for m in sys.argv[2:] if m in sys.modules))
 
 asyncio.run(start())
@@ -84,6 +95,7 @@ def test_node_start_and_its_certificate_load_no_cryptography(loaded: list[str]) 
 
 
 def test_a_started_node_has_not_loaded_what_only_some_paths_need(loaded: list[str]) -> None:
-    """A node started with no [llm] section and zeroconf off has loaded neither
-    jsonschema, nor llm.chat and its tool loop, nor zeroconf (nor cryptography)."""
+    """A node started with no [llm] section and zeroconf off, through an anti-entropy
+    round with no link, has loaded neither jsonschema, nor llm.chat and its tool loop, nor
+    zeroconf (nor cryptography), nor cbor2 and the others listed."""
     assert "" == loaded[1].strip()

@@ -13,7 +13,6 @@ success rate drops under 50 % is quarantined for 60 s.
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
@@ -163,6 +162,8 @@ class ProviderHealth:
     def p50_s(self) -> float:
         """Median latency of recent successful calls (0 with no history)."""
         if self._p50 is None:
+            import statistics  # noqa: PLC0415 - only with remote providers (spec §11: idle RSS)
+
             times = [s for ok, s in self.outcomes if ok]
             self._p50 = statistics.median(times) if times else 0.0
         return self._p50

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from hearthnet.clock import now_ms
 from hearthnet.config import Config, default_data_dir, load_config
 from hearthnet.config.mesh_section import node_url_problem
+from hearthnet.datadir import NameFile, start_command
 from hearthnet.errors import ConfigError, HearthNetError, IdentityError
 
 if TYPE_CHECKING:
@@ -163,9 +164,18 @@ def scope_arg(text: str) -> str:
 
 def lifetime_ms(text: str) -> int:
     """A token lifetime: a duration above zero."""
+    return _above_zero_ms(text, "a token must live")
+
+
+def invite_lifetime_ms(text: str) -> int:
+    """How long an invite works: a duration above zero (0 made one already expired)."""
+    return _above_zero_ms(text, "an invite must work")
+
+
+def _above_zero_ms(text: str, what: str) -> int:
     ms = parse_duration_ms(text)
     if ms <= 0:
-        raise argparse.ArgumentTypeError(f"a token must live longer than {text!r}")
+        raise argparse.ArgumentTypeError(f"{what} longer than {text!r} (e.g. --ttl 1h)")
     return ms
 
 
@@ -227,7 +237,8 @@ def existing_keys(data_dir: Path) -> Any:
     from hearthnet.identity import load_or_create_keys
 
     if not (data_dir / "keys").exists():
-        raise IdentityError(f"no keys in {data_dir}; they are created by: hearthnet node start")
+        made_by = start_command(data_dir)
+        raise IdentityError(f"no keys in {data_dir}; they are created by: {made_by}")
     return load_or_create_keys(data_dir)
 
 
@@ -283,7 +294,7 @@ def local_identity(args: argparse.Namespace, *, create: bool = False) -> tuple[A
     data_dir = data_dir_of(args)
     keys = load_or_create_keys(data_dir) if create else existing_keys(data_dir)
     store = CommunityStore(data_dir)
-    name = config_of(args).node.display_name(keys.node_id)
+    name = NameFile(data_dir).name_of(config_of(args).node, keys.node_id, remember=False)
     membership = open_membership(store, keys, name=name, now_ms=now_ms())
     return keys, store, membership
 

@@ -19,6 +19,7 @@ from hearthnet.commands.common import (
     config_of,
     data_dir_of,
     existing_keys,
+    invite_lifetime_ms,
     local_identity,
     node_id_arg,
     node_url,
@@ -252,7 +253,11 @@ def _rules_file(path: str) -> tuple[tuple[str, str, str], ...]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
+        raise ConfigError(
+            f"cannot read {path}: {exc.strerror or exc} (give hearthnet community rules a TOML"
+            " file with [[pubsub.rules]] tables, such as a node's hearthnet.toml, or a .json"
+            " list of {pattern, subscribe, publish}; --clear hands the rules back to each node)"
+        ) from exc
     try:
         tables: Any = json.loads(text) if path.endswith(".json") else tomllib.loads(text)
     except (ValueError, tomllib.TOMLDecodeError) as exc:
@@ -379,7 +384,7 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     )
     invite.add_argument(
         "--ttl",
-        type=parse_duration_ms,
+        type=invite_lifetime_ms,
         default=parse_duration_ms("24h"),
         help="how long the invite works, e.g. 1h (default 24h); it admits one node",
     )

@@ -308,7 +308,9 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
         help="JSON log lines on stderr from this level on (default info)",
     )
     start.add_argument(
-        "--name", help="human name of this node (default: host name and short id, e.g. vm-kx3q)"
+        "--name",
+        help="human name of this node, kept in the data dir for later starts (default: the"
+        " name given last, else host name and short id, e.g. vm-kx3q)",
     )
     start.add_argument(
         "--llm-url", help="offer llm.chat from this OpenAI-compatible server (e.g. Ollama's .../v1)"

@@ -49,9 +49,10 @@ class NodeSection:
     name: str = field(
         default="",
         metadata=_doc(
-            "Human name of this node, shown to peers and in zeroconf. Empty: the host name "
-            "and the start of the node's short id (`vm-kx3q`), so that nodes on hosts of "
-            "the same name stay apart."
+            "Human name of this node, shown to peers and in zeroconf; remembered in "
+            "`<data_dir>/name`, so a later start given none keeps it. Empty: the name given "
+            "last, else the host name and the start of the node's short id (`vm-kx3q`), so "
+            "that nodes on hosts of the same name stay apart."
         ),
     )
     host: str = field(default="0.0.0.0", metadata=_doc("Address to listen on."))  # noqa: S104

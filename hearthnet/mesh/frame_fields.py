@@ -9,8 +9,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any, ClassVar
 
-import cbor2
-
+from hearthnet import cbor
 from hearthnet.canonical import MAX_SAFE_INTEGER
 from hearthnet.errors import BadRequest
 from hearthnet.ids import is_node_id
@@ -123,4 +122,4 @@ class Frame:
 
     def encode(self) -> bytes:
         """The frame's CBOR bytes, as written on a peer link."""
-        return bytes(cbor2.dumps(self.serialize()))
+        return bytes(cbor.dumps(self.serialize()))

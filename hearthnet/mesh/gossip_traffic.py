@@ -211,8 +211,11 @@ class GossipTraffic:
 
     def repair_tick(self) -> None:
         """Anti-entropy round: our heads to every link."""
+        links = list(self.routes.links.values())
+        if not links:
+            return  # nothing encoded for no one: a lone node never loads CBOR (spec §11)
         shared = self.gossip.ihave().encode()
-        for link in list(self.routes.links.values()):
+        for link in links:
             self.send_ihave(link, shared)
 
     def forget(self, node: str) -> None:

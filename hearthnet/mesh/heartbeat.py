@@ -4,7 +4,6 @@ the actions it returns (pings to send, heartbeat records, links to close)."""
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -85,6 +84,8 @@ class HeartbeatTracker:
     @property
     def rtt_p50_ms(self) -> float | None:
         """Median recent RTT."""
+        import statistics  # noqa: PLC0415 - only with peer links (spec §11: idle RSS)
+
         return statistics.median(self.rtts) if self.rtts else None
 
     @property

@@ -31,8 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import cbor2
-
+from hearthnet import cbor
 from hearthnet.canonical import check_representable
 from hearthnet.errors import (
     BadRequest,
@@ -238,7 +237,7 @@ def refusal_from_bye(frame: dict[str, Any]) -> WireError:
 
 def encode_frame(kind: str, **fields: Any) -> bytes:
     """One link frame as CBOR."""
-    return cbor2.dumps({"t": kind, **fields})
+    return cbor.dumps({"t": kind, **fields})
 
 
 def decode_frame(data: bytes) -> dict[str, Any]:
@@ -253,8 +252,8 @@ def decode_frame(data: bytes) -> dict[str, Any]:
     if len(data) > MAX_FRAME_BYTES:
         raise PayloadTooLarge(f"link frame over {MAX_FRAME_BYTES} bytes")
     try:
-        obj = cbor2.loads(data)
-    except (cbor2.CBORDecodeError, ValueError, TypeError, OverflowError) as exc:
+        obj = cbor.loads(data)
+    except (cbor.CBORDecodeError, ValueError, TypeError, OverflowError) as exc:
         raise BadRequest(f"malformed link frame: {exc}") from exc
     if not isinstance(obj, dict) or obj.get("t") not in FRAME_KINDS:
         raise BadRequest("a link frame is a map with a known kind t")

@@ -38,10 +38,10 @@ import os
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import cbor2
 from nacl.exceptions import CryptoError
 from nacl.public import Box, PrivateKey, PublicKey
 
+from hearthnet import cbor
 from hearthnet.errors import BadRequest, Expired, InvalidSignature, Replayed
 from hearthnet.identity import KeyPair
 from hearthnet.ids import b64url_decode, b64url_encode
@@ -239,7 +239,7 @@ class RelaySession:
             parts = (me, peer, self._nonce, hello.nonce, mine, hello.eph)
         else:
             parts = (peer, me, hello.nonce, self._nonce, hello.eph, mine)
-        transcript = bytes(cbor2.dumps(list(parts)))
+        transcript = bytes(cbor.dumps(list(parts)))
 
         def key(direction: bytes) -> bytes:
             return hashlib.blake2b(

@@ -38,8 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import cbor2
-
+from hearthnet import cbor
 from hearthnet.errors import BadRequest, PayloadTooLarge
 from hearthnet.identity import KeyPair, verify_object
 from hearthnet.ids import is_node_id
@@ -529,8 +528,8 @@ def decode(data: bytes) -> RelayFrame:
     if len(data) > MAX_FRAME_BYTES:
         raise PayloadTooLarge(f"relay frame over {MAX_FRAME_BYTES} bytes")
     try:
-        obj = cbor2.loads(data)
-    except (cbor2.CBORDecodeError, ValueError, TypeError, OverflowError) as exc:
+        obj = cbor.loads(data)
+    except (cbor.CBORDecodeError, ValueError, TypeError, OverflowError) as exc:
         raise BadRequest(f"malformed relay frame: {exc}") from exc
     if not isinstance(obj, dict):
         raise BadRequest("a relay frame is a CBOR map")

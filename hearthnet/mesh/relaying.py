@@ -40,7 +40,7 @@ import time
 from collections import ChainMap
 from collections import Counter as Tally
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hearthnet.config import MeshSection
 from hearthnet.errors import HearthNetError
@@ -53,13 +53,11 @@ from hearthnet.mesh.links import LinkErrors, PeerLink
 from hearthnet.mesh.member_wiring import Dispatch, MemberHooks, MemberSettings, MemberShared
 from hearthnet.mesh.pacing import Budget
 from hearthnet.mesh.path_frames import Drain, PAck, PFrame
-from hearthnet.mesh.path_switch import PathSwitch
 from hearthnet.mesh.paths import (
     PathConfig,
     PathCore,
 )
 from hearthnet.mesh.punching import Puncher
-from hearthnet.mesh.relay_attach import RelayAttachments
 from hearthnet.mesh.relay_core import RelayConfig, RelayCore
 from hearthnet.mesh.relay_federated import FederatedLinks
 from hearthnet.mesh.relay_frames import (
@@ -74,7 +72,6 @@ from hearthnet.mesh.relay_frames import (
     parse_frame,
 )
 from hearthnet.mesh.relay_keepalive import KeepaliveConfig
-from hearthnet.mesh.relay_member import RelayEndpoint
 from hearthnet.mesh.relay_role import JoinHandler, RelayedJoins, RelayRole
 from hearthnet.mesh.relayed_link import (
     PEER_RENEWED,
@@ -83,7 +80,6 @@ from hearthnet.mesh.relayed_link import (
     RelayedLink,
     is_relayed,
 )
-from hearthnet.mesh.relayed_paths import RelayedPaths
 from hearthnet.mesh.route_batch import (
     BATCH_PREFIX,
     RouteRun,
@@ -93,6 +89,14 @@ from hearthnet.mesh.route_batch import (
     single_runs,
 )
 from hearthnet.metrics import MetricsRegistry
+
+if TYPE_CHECKING:
+    # the member role's modules, imported when it starts (a node with no relay does not
+    # load them, spec §11: idle RSS)
+    from hearthnet.mesh.path_switch import PathSwitch
+    from hearthnet.mesh.relay_attach import RelayAttachments
+    from hearthnet.mesh.relay_member import RelayEndpoint
+    from hearthnet.mesh.relayed_paths import RelayedPaths
 
 log = logging.getLogger("hearthnet.mesh.relaying")
 
@@ -172,6 +176,8 @@ class Relaying:
 
     def _become_member(self) -> None:
         """Start the member role: a path core and end-to-end sessions."""
+        from hearthnet.mesh.relayed_paths import RelayedPaths  # noqa: PLC0415 - see TYPE_CHECKING
+
         shared = MemberShared(
             keys=self.keys,
             membership=self.membership,

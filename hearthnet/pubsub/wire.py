@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import cbor2
 import orjson
 
+from hearthnet import cbor
 from hearthnet.pubsub.envelope import Message, StoredMessage
 from hearthnet.transport.websocket import OP_BINARY, OP_TEXT, ws_frame
 
@@ -141,7 +141,7 @@ class EncodedMessage:
         """The CBOR frame inside a WebSocket binary frame (a bytes message's ``data`` as a
         byte string)."""
         if self._ws_cbor is None:
-            self._ws_cbor = ws_frame(cbor2.dumps(self.stored.frame_cbor()), OP_BINARY)
+            self._ws_cbor = ws_frame(cbor.dumps(self.stored.frame_cbor()), OP_BINARY)
         return self._ws_cbor
 
     def sse(self) -> bytes:
@@ -175,7 +175,7 @@ class EncodedMessage:
         if out is not None:
             return out
         if name == "ws_cbor":
-            out = ws_frame(cbor2.dumps(self.stored.frame_cbor(sig=False)), OP_BINARY)
+            out = ws_frame(cbor.dumps(self.stored.frame_cbor(sig=False)), OP_BINARY)
         else:
             envelope = cache.get("envelope")
             if envelope is None:
@@ -216,7 +216,7 @@ class EncodedMessage:
         if form == "ws_cbor":
             frame = stored.frame_cbor(sig=False)
             frame["data"] = lean_body(frame["data"], fields)
-            out = ws_frame(cbor2.dumps(frame), OP_BINARY)
+            out = ws_frame(cbor.dumps(frame), OP_BINARY)
         else:
             body = stored.fields
             if body is None:
@@ -255,7 +255,7 @@ def control_frame(form: str, event: str, data: dict[str, Any]) -> bytes:
     if form == "ws_text":
         return ws_frame(orjson.dumps(obj), OP_TEXT)
     if form == "ws_cbor":
-        return ws_frame(cbor2.dumps(obj), OP_BINARY)
+        return ws_frame(cbor.dumps(obj), OP_BINARY)
     if form == "sse":
         return sse_bytes(event, orjson.dumps(data))
     return orjson.dumps(obj)

@@ -10,9 +10,9 @@ import io
 import threading
 from typing import Any
 
-import cbor2
 import orjson
 
+from hearthnet import cbor
 from hearthnet.canonical import check_representable, parse_json
 from hearthnet.errors import BadRequest, NotCanonical, PayloadTooLarge, WrongFrameType
 from hearthnet.frames import Frame
@@ -35,15 +35,19 @@ class _CborWriter(threading.local):
 
     def __init__(self) -> None:
         self.buf = io.BytesIO()
-        self.encoder = cbor2.CBOREncoder(self.buf)
+        self.encoder = cbor.CBOREncoder(self.buf)
 
 
-_CBOR = _CborWriter()
+# made by the first CBOR frame, not at import: cbor2 is loaded only when used (spec §11)
+_CBOR: _CborWriter | None = None
 
 
 def cbor_dumps(obj: Any) -> bytes:
     """``cbor2.dumps(obj)``, with this thread's encoder (same bytes)."""
+    global _CBOR  # noqa: PLW0603 - made once, by the first CBOR frame
     writer = _CBOR
+    if writer is None:
+        writer = _CBOR = _CborWriter()
     buf = writer.buf
     buf.seek(0)
     buf.truncate()  # also after an encode that failed half-way
@@ -103,8 +107,8 @@ class FrameCodec:
             raise WrongFrameType(f"{kind} frame on subprotocol {self.subprotocol}")
         if self.binary:
             try:
-                obj = cbor2.loads(data.encode() if isinstance(data, str) else data)
-            except (cbor2.CBORDecodeError, ValueError, TypeError) as exc:
+                obj = cbor.loads(data.encode() if isinstance(data, str) else data)
+            except (cbor.CBORDecodeError, ValueError, TypeError) as exc:
                 raise BadRequest(f"malformed CBOR: {exc}") from exc
             try:
                 check_representable(_without_bytes_data(obj))

@@ -69,17 +69,24 @@ def test_chat_reads_lines_and_keeps_the_conversation(
 
 
 def test_chat_without_llm_on_the_node_says_how_to_get_it(tmp_path: Path) -> None:
-    """A node started without --llm-demo or --llm-url: exit 1 and a hint."""
+    """A node started without --llm-demo or --llm-url: exit 1 and a hint; with --json the
+    error object every command prints (it was the same sentence in plain text), and the
+    error code before the sentence, as for every refusal."""
     node = start_node_process(tmp_path / "plain")
     try:
-        done = run_cli("chat", "--data-dir", str(node.data_dir), "-m", "hi")
+        done, as_json = (
+            run_cli("chat", "--data-dir", str(node.data_dir), "-m", "hi", *json_flag)
+            for json_flag in ((), ("--json",))
+        )
     finally:
         node.stop()
-    assert (
-        1,
-        "hearthnet: the node offers no llm.chat; start it with --llm-demo "
-        "or --llm-url URL --llm-model NAME",
-    ) == (done.returncode, done.stderr.strip())
+    hint = "the node offers no llm.chat; start it with --llm-demo or --llm-url URL --llm-model NAME"
+    assert (1, f"hearthnet: not_found: {hint}", 1, {"error": "not_found", "message": hint}) == (
+        done.returncode,
+        done.stderr.strip(),
+        as_json.returncode,
+        json.loads(as_json.stderr),
+    )
 
 
 def test_llm_url_flag_offers_llm_chat(tmp_path: Path) -> None:

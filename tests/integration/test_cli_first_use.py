@@ -262,6 +262,68 @@ def test_a_node_killed_without_cleaning_up_says_how_to_start_it_again(tmp_path: 
     )
 
 
+def test_no_node_or_no_keys_in_a_data_dir_says_the_start_command_for_it(tmp_path: Path) -> None:
+    """A --data-dir with no node running, or no keys yet, once said to type ``hearthnet
+    node start``, which starts a node on the default data dir: now with that --data-dir
+    (quoted for the shell), in the message and in the --json error object alike."""
+    empty = tmp_path / "no node here"
+    runs = [
+        run_cli(*args, "--data-dir", str(empty))
+        for args in (("node", "status"), ("topics", "--json"), ("keys", "show"))
+    ]
+    start = f"hearthnet node start --data-dir '{empty}'"
+    assert [
+        (3, f"start one with: {start}"),
+        (3, f"start one with: {start}"),
+        (1, f"they are created by: {start}"),
+    ] == [
+        (runs[0].returncode, runs[0].stderr.strip().partition("; ")[2]),
+        (runs[1].returncode, json.loads(runs[1].stderr)["message"].partition("; ")[2]),
+        (runs[2].returncode, runs[2].stderr.strip().partition("; ")[2]),
+    ]
+
+
+def test_a_rules_file_that_is_not_there_says_what_file_to_give(
+    tmp_path: Path, node_proc: NodeProcess
+) -> None:
+    """``community rules FILE`` with a path that does not exist once printed Python's
+    ``[Errno 2] ...: '/path'``; now the reason and what the file holds (exit 1)."""
+    missing = tmp_path / "rules.toml"
+    d = ("--data-dir", str(node_proc.data_dir))
+    done = run_cli("community", "rules", str(missing), "--json", *d)
+    error = json.loads(done.stderr)
+    said = f"cannot read {missing}: No such file or directory (give hearthnet community rules"
+    assert (1, "config_error", said) == (
+        done.returncode,
+        error["error"],
+        error["message"][: len(said)],
+    )
+
+
+def test_an_invite_for_no_time_and_a_federation_with_no_id_are_usage_errors(
+    node_proc: NodeProcess,
+) -> None:
+    """``community invite --ttl 0`` once printed an invite already expired (exit 0), and
+    ``federation propose --with bob`` exited 1 as if the node were at fault: both are now
+    usage errors (2) saying what to give."""
+    d = ("--data-dir", str(node_proc.data_dir))
+    invite = run_cli("community", "invite", "--ttl", "0", *d)
+    propose = run_cli("federation", "propose", "--with", "bob", "--json", *d)
+    assert (
+        2,
+        "argument --ttl: an invite must work longer than '0' (e.g. --ttl 1h)",
+        2,
+        "usage",
+        "--with takes the other community's id, not 'bob': ed25519:...",
+    ) == (
+        invite.returncode,
+        invite.stderr.strip().partition("error: ")[2],
+        propose.returncode,
+        json.loads(propose.stderr)["error"],
+        json.loads(propose.stderr)["message"][:61],
+    )
+
+
 def test_revoking_a_key_that_is_no_member_says_so(node_proc: NodeProcess) -> None:
     """A mistyped NodeID once printed "revoked ... on every node" and nothing else, as if a
     member had gone; the revocation still stands (that key can never join), and a note
