@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import warnings
 from pathlib import Path
 
@@ -30,6 +33,39 @@ def test_ci_runs_the_readme_test_command() -> None:
         if ln and not ln.startswith("#")
     ]
     assert TEST_COMMAND == lines[-1]
+
+
+# Stand-ins for what .ci/run calls, so that it runs here in a second: ``python3 -m venv``
+# makes a .venv whose pip succeeds and whose python exits with $PYTEST_EXIT; the system
+# tools it looks for exist and apt-get does nothing.
+FAKE_PYTHON3 = """#!/bin/sh
+mkdir -p .venv/bin
+printf '#!/bin/sh\\nexit 0\\n' > .venv/bin/pip
+printf '#!/bin/sh\\nexit %s\\n' "$PYTEST_EXIT" > .venv/bin/python
+chmod +x .venv/bin/pip .venv/bin/python
+"""
+FAKE_TOOLS = ("apt-get", "ip", "tc", "nft", "java", "node")
+
+
+@pytest.mark.parametrize("pytest_exit", [0, 1, 5])
+def test_ci_run_exits_with_pytest_s_status(tmp_path: Path, pytest_exit: int) -> None:
+    """.ci/run's status is pytest's: 0 green, 1 a red test, 5 no tests collected."""
+    (tmp_path / ".ci").mkdir()
+    shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in [("python3", FAKE_PYTHON3), *((t, "#!/bin/sh\n") for t in FAKE_TOOLS)]:
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.defpath}", "PYTEST_EXIT": str(pytest_exit)}
+    done = subprocess.run(
+        ["bash", str(tmp_path / ".ci" / "run")],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert (pytest_exit, True) == (done.returncode, (tmp_path / ".venv" / "bin").is_dir())
 
 
 def test_a_tmp_root_another_run_removes_does_not_fail_the_run() -> None:

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 from importlib import resources
+from typing import Any
 
 import pytest
 
@@ -30,6 +31,22 @@ CASES = [
 ]
 
 
+def run_with_hn(script: str) -> Any:
+    """Run ``script`` as an ES module in Node.js with hearthnet.js imported as ``hn``; the
+    JSON it prints."""
+    source = resources.files("hearthnet") / "static" / "hearthnet.js"
+    head = f"const hn = await import({json.dumps('file://' + str(source))});\n"
+    assert NODE is not None
+    out = subprocess.run(
+        [NODE, "--input-type=module", "-e", head + script],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
 @pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
 def test_helpers_agree_with_the_node() -> None:
     """topicMatches gives the node's answers; ulid() makes ULIDs; decodeToken reads a token."""
@@ -37,9 +54,7 @@ def test_helpers_agree_with_the_node() -> None:
     token = CapabilityToken.issue(
         keys, community=keys.node_id, scopes=[Scope("sub", "a.**")], ttl_ms=1000, now_ms=1
     )
-    source = resources.files("hearthnet") / "static" / "hearthnet.js"
     script = f"""
-const hn = await import({json.dumps("file://" + str(source))});
 const cases = {json.dumps(CASES)};
 console.log(JSON.stringify({{
   matches: cases.map(([p, t]) => hn.topicMatches(p, t)),
@@ -47,15 +62,7 @@ console.log(JSON.stringify({{
   claims: hn.decodeToken({json.dumps(token.encode())}),
 }}));
 """
-    assert NODE is not None
-    out = subprocess.run(
-        [NODE, "--input-type=module", "-e", script],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    got = json.loads(out.stdout)
+    got = run_with_hn(script)
     assert (
         [TopicPattern.parse(p).matches(t) for p, t in CASES],
         [True, True],
@@ -66,27 +73,17 @@ console.log(JSON.stringify({{
 @pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
 def test_lean_frames_in_hearthnet_js() -> None:
     """opts.fields goes into the subscribe frame; frames without id are delivered once each."""
-    source = resources.files("hearthnet") / "static" / "hearthnet.js"
-    script = f"""
-const hn = await import({json.dumps("file://" + str(source))});
+    script = """
 const got = [];
 const sent = [];
-const sub = new hn.Subscription(null, ["a.b"], {{
+const sub = new hn.Subscription(null, ["a.b"], {
   fields: ["data"], onMessage: (envelope, meta) => got.push([envelope.data, meta.seq]),
-}});
-sub._onFrame({{ event: "auth.ok", data: {{}} }}, {{ send: (text) => sent.push(JSON.parse(text)) }});
-for (const [data, seq] of [[1, 1], [2, 2], [2, 2], [3, 3]]) sub._onMessage({{ data }}, seq, null);
-console.log(JSON.stringify({{ sent, got }}));
+});
+sub._onFrame({ event: "auth.ok", data: {} }, { send: (text) => sent.push(JSON.parse(text)) });
+for (const [data, seq] of [[1, 1], [2, 2], [2, 2], [3, 3]]) sub._onMessage({ data }, seq, null);
+console.log(JSON.stringify({ sent, got }));
 """
-    assert NODE is not None
-    out = subprocess.run(
-        [NODE, "--input-type=module", "-e", script],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
     assert {
         "sent": [{"type": "subscribe", "topics": ["a.b"], "fields": ["data"]}],
         "got": [[1, 1], [2, 2], [3, 3]],
-    } == json.loads(out.stdout)
+    } == run_with_hn(script)

@@ -4,6 +4,7 @@ floats, nesting deeper than 64, CBOR tags; §6.1 topics; odd unicode everywhere)
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Any
@@ -49,6 +50,12 @@ EDGE_FLOATS = [0.0, -0.0, 1e20, 1e21, 1e-7, 5e-324, 1.7976931348623157e308, 0.1,
 finite_floats = st.floats(allow_nan=False, allow_infinity=False)
 
 
+# Strategies are immutable, and building a recursive one (and hypothesis validating it on
+# its first draw) costs more than most inputs take to run: the builders below that tests
+# call per input make each strategy once.
+
+
+@functools.cache
 def json_values(
     leaves: st.SearchStrategy[Any] | None = None, max_leaves: int = 12
 ) -> st.SearchStrategy[Any]:
@@ -213,6 +220,7 @@ cbor_leaves = st.one_of(
 )
 
 
+@functools.cache
 def cbor_values(max_leaves: int = 10) -> st.SearchStrategy[Any]:
     """CBOR data: maps with non-string keys, tags, bytes, big ints, NaN."""
     keys = st.one_of(odd_text, st.integers(), st.binary(max_size=4), st.booleans())

@@ -11,6 +11,7 @@ must carry a known code, and the invariants of :mod:`tests.fuzz.live` must hold.
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import aiohttp
@@ -127,8 +128,13 @@ def message_raw(origin: KeyPair, topic: str, data: Any, **extra: Any) -> bytes:
         return cbor_bytes(body)
 
 
-def frame_strategy(live: LiveNode) -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
-    """(who may have made it, frame): link frames of every kind, structured and not."""
+@functools.cache
+def frame_strategy(
+    live: LiveNode, generation: int
+) -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
+    """(who may have made it, frame): link frames of every kind, structured and not. Made
+    once per node ``generation`` (a node restarted after a crash has other keys), not per
+    input: building the strategy costs more than running an input."""
     # Foreign origins have their own test below; here the member gossips its own messages,
     # so a failure of that test does not hide what this one would find.
     origins = st.just("member")
@@ -232,7 +238,9 @@ async def exchange(live: LiveNode, frames: list[Any], where: str) -> list[dict[s
 def test_link_frames(live: LiveNode, data: st.DataObject) -> None:
     """Batches of link frames from a member: answered, or the link closed, cleanly."""
     live.ensure_running()
-    batch = data.draw(st.lists(frame_strategy(live), min_size=1, max_size=6), label="frames")
+    batch = data.draw(
+        st.lists(frame_strategy(live, live.generation), min_size=1, max_size=6), label="frames"
+    )
     for who, _ in batch:
         if who.startswith("member:"):  # the member's own messages are its right to gossip
             live.allowed_topics.add(who.split(":", 1)[1])

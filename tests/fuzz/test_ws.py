@@ -10,6 +10,7 @@ acceptable code (never 1011).
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import aiohttp
@@ -77,6 +78,7 @@ FIELDS = [
 ]
 
 
+@functools.cache
 def field_values(cbor: bool) -> st.SearchStrategy[Any]:
     """Values for a frame's fields: plausible ones and hostile ones."""
     return st.one_of(
@@ -88,6 +90,7 @@ def field_values(cbor: bool) -> st.SearchStrategy[Any]:
     )
 
 
+@functools.cache
 def frames(cbor: bool) -> st.SearchStrategy[Any]:
     """Client frames: structured ones of every type with random fields, and junk."""
     structured = st.builds(

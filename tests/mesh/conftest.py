@@ -1,6 +1,7 @@
 """What the mesh tests share: the relayed set-up of the path-switch and relaying tests, a
 relay and two members that reach each other only through it (spec §8), started once for
-the session; and a loopback WebSocket server for the link-level tests."""
+the session; the same three nodes with the demo model on b, started per test, for the
+calls pinned to b; and a loopback WebSocket server for the link-level tests."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from aiohttp.test_utils import TestServer
 from hearthnet.config import Config, load_config
 from hearthnet.mesh.addresses import normalize_url
 from hearthnet.node import Node
+from tests.conftest import MakeConfig
 from tests.helpers import wait_until
 from tests.mesh.test_relaying import one_community, path_to, relayed_to
 
@@ -77,6 +79,25 @@ async def relayed_trio(relayed_session: RelayedTrio) -> RelayedTrio:
     session's event loop: ``pytest.mark.asyncio(loop_scope="session")``)."""
     await relayed_session.relayed()
     return relayed_session
+
+
+@pytest.fixture
+async def chat_trio(make_config: MakeConfig) -> AsyncIterator[RelayedTrio]:
+    """A relay and members a and b relayed to each other, b running the demo model; ready
+    when a knows b's capabilities."""
+    configs = [make_config(mesh={"relay": True}), make_config(), make_config(llm={"demo": True})]
+    one_community(configs)
+    async with (
+        Node(configs[0]) as relay,
+        Node(relayed_to(configs[1], relay.url)) as a,
+        Node(relayed_to(configs[2], relay.url)) as b,
+    ):
+        await wait_until(
+            lambda: path_to(a, b) == "relayed" and b.keys.node_id in a.router.remote,
+            15,
+            "a relayed to b, with b's capabilities",
+        )
+        yield RelayedTrio(relay, a, b)
 
 
 WsSession = Callable[[web.WebSocketResponse], Awaitable[None]]

@@ -6,41 +6,10 @@ loopback; the settled link and the cut of tests/mesh/test_path_switch_calls.py."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
-
 from hearthnet.client import Client
-from hearthnet.node import Node
-from tests.capabilities.llm_chat.support import LOOKUP, USER
-from tests.conftest import MakeConfig
-from tests.helpers import wait_until
+from tests.capabilities.llm_chat.support import LOOKUP, LOOKUP_SCRIPT, USER
 from tests.mesh.conftest import RelayedTrio
 from tests.mesh.switch_cuts import counts_since, cut_on, fallback_counts, settle_direct
-from tests.mesh.test_relaying import one_community, path_to, relayed_to
-
-SCRIPT = [
-    {"text": "Looking it up. ", "tool_calls": [{"name": "lookup", "arguments": {"q": "water"}}]},
-    {"text": "Found: {results}"},
-]
-
-
-@pytest.fixture
-async def chat_trio(make_config: MakeConfig) -> AsyncIterator[RelayedTrio]:
-    """A relay and members a and b relayed to each other; b runs the demo model."""
-    configs = [make_config(mesh={"relay": True}), make_config(), make_config(llm={"demo": True})]
-    one_community(configs)
-    async with (
-        Node(configs[0]) as relay,
-        Node(relayed_to(configs[1], relay.url)) as a,
-        Node(relayed_to(configs[2], relay.url)) as b,
-    ):
-        await wait_until(
-            lambda: path_to(a, b) == "relayed" and b.keys.node_id in a.router.remote,
-            15,
-            "a relayed to b, with b's capabilities",
-        )
-        yield RelayedTrio(relay, a, b)
 
 
 async def test_a_tool_result_that_dies_with_the_direct_link_reaches_the_model(
@@ -57,7 +26,7 @@ async def test_a_tool_result_that_dies_with_the_direct_link_reaches_the_model(
             [USER],
             tools=[LOOKUP],
             tool_handler=lambda name, args: {"found": f"notes on {args['q']}"},
-            params={"script": SCRIPT},
+            params={"script": LOOKUP_SCRIPT},
             target=b.keys.node_id,
             deadline_ms=30_000,
         )

@@ -4,7 +4,6 @@ results and cancel follow it there. Real nodes over loopback."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -13,15 +12,10 @@ from hearthnet.client import Client
 from hearthnet.errors import BadRequest, Unavailable
 from hearthnet.identity import KeyPair
 from hearthnet.node import Node
-from tests.capabilities.llm_chat.support import LOOKUP, USER
-from tests.conftest import MakeConfig
+from tests.capabilities.llm_chat.support import LOOKUP, LOOKUP_SCRIPT, USER
 from tests.helpers import wait_until
-from tests.mesh.test_relaying import one_community, path_to, relayed_to
+from tests.mesh.conftest import RelayedTrio
 
-SCRIPT = [
-    {"text": "Looking it up. ", "tool_calls": [{"name": "lookup", "arguments": {"q": "water"}}]},
-    {"text": "Found: {results}"},
-]
 SLOW = [{"text": " ".join(f"w{i}" for i in range(200)), "token_delay_ms": 20}]
 
 
@@ -31,35 +25,17 @@ def calls(node: Node, capability: str, result: str) -> float:
     return counter.get(capability, result)
 
 
-@pytest.fixture
-async def relayed_pair(make_config: MakeConfig) -> AsyncIterator[tuple[Node, Node]]:
-    """Nodes a and b, relayed to each other through a relay; b runs the demo model."""
-    configs = [make_config(mesh={"relay": True}), make_config(), make_config(llm={"demo": True})]
-    one_community(configs)
-    async with (
-        Node(configs[0]) as relay,
-        Node(relayed_to(configs[1], relay.url)) as a,
-        Node(relayed_to(configs[2], relay.url)) as b,
-    ):
-        await wait_until(
-            lambda: path_to(a, b) == "relayed" and b.keys.node_id in a.router.remote,
-            15,
-            "a relayed to b, with b's capabilities",
-        )
-        yield a, b
-
-
 async def test_a_ws_chat_with_a_tool_call_runs_on_the_target(
-    relayed_pair: tuple[Node, Node],
+    chat_trio: RelayedTrio,
 ) -> None:
     """llm.chat over WS pinned to b: b runs it, the caller's tool result reaches b's model."""
-    a, b = relayed_pair
+    a, b = chat_trio.a, chat_trio.b
     async with Client(a.url, keys=a.keys) as client:
         result = await client.chat(
             [USER],
             tools=[LOOKUP],
             tool_handler=lambda name, args: {"found": f"notes on {args['q']}"},
-            params={"script": SCRIPT},
+            params={"script": LOOKUP_SCRIPT},
             target=b.keys.node_id,
         )
     assert ("ws", 'Found: [{"found":"notes on water"}]', 1, 1.0) == (
@@ -70,9 +46,9 @@ async def test_a_ws_chat_with_a_tool_call_runs_on_the_target(
     )
 
 
-async def test_a_ws_cancel_ends_the_stream_on_the_target(relayed_pair: tuple[Node, Node]) -> None:
+async def test_a_ws_cancel_ends_the_stream_on_the_target(chat_trio: RelayedTrio) -> None:
     """A cancel mid-stream over WS: the caller gets error{cancelled}, b's call ends cancelled."""
-    a, b = relayed_pair
+    a, b = chat_trio.a, chat_trio.b
     seen: list[str] = []
     async with (
         Client(a.url, keys=a.keys) as client,
@@ -94,9 +70,9 @@ async def test_a_ws_cancel_ends_the_stream_on_the_target(relayed_pair: tuple[Nod
     assert ("ws", ("error", "cancelled"), True) == (transport, last, seen.count("token") < 200)
 
 
-async def test_a_ws_call_to_an_unknown_target_is_refused(relayed_pair: tuple[Node, Node]) -> None:
+async def test_a_ws_call_to_an_unknown_target_is_refused(chat_trio: RelayedTrio) -> None:
     """A target with no route: unavailable; one that is no NodeID: bad_request."""
-    a, _ = relayed_pair
+    a = chat_trio.a
     nowhere = KeyPair.generate().node_id
     async with Client(a.url, keys=a.keys) as client:
         with pytest.raises(Unavailable):

@@ -18,6 +18,7 @@ from hearthnet.ids import new_ulid
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
 from tests.helpers import CleanupLog, SlowStream, refused_upgrade, wait_until
+from tests.transport.test_bus_stream import UNKNOWN_FIELDS_MID_STREAM
 
 
 def call_frame(
@@ -467,20 +468,7 @@ async def test_shutdown_ends_streams_with_a_frame(
     )
 
 
-@pytest.mark.parametrize(
-    ("frame", "message"),
-    [
-        (
-            {"type": "ack", "upto": 1, "seq": 1},
-            "unknown field 'seq' in ack frame (did you mean upto?)",
-        ),
-        (
-            {"type": "tool_result", "tool_call_id": "tc_1", "body": {}, "result": {}},
-            "unknown field 'result' in tool_result frame (did you mean body?)",
-        ),
-        ({"type": "cancel", "reason": "bored"}, "unknown field 'reason' in cancel frame"),
-    ],
-)
+@pytest.mark.parametrize(("frame", "message"), UNKNOWN_FIELDS_MID_STREAM)
 async def test_unknown_field_mid_stream_is_bad_request_naming_it(
     node: Node, http: aiohttp.ClientSession, frame: dict[str, Any], message: str
 ) -> None:

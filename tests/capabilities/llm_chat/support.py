@@ -22,6 +22,11 @@ LOOKUP = {
 }
 CLOCK = {"name": "clock", "description": "The time.", "parameters": {"type": "object"}}
 USER = {"role": "user", "content": "How do I make water safe to drink?"}
+# The demo model's script for one round of LOOKUP: a tool call, then an answer with its result.
+LOOKUP_SCRIPT = [
+    {"text": "Looking it up. ", "tool_calls": [{"name": "lookup", "arguments": {"q": "water"}}]},
+    {"text": "Found: {results}"},
+]
 
 
 class WhoAmI:
