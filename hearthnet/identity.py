@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nacl.bindings import crypto_sign, crypto_sign_seed_keypair
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
@@ -35,6 +36,14 @@ class KeyPair:
 
     signing_key: SigningKey
     node_id: str
+    # libsodium's 64-byte secret key (seed and public key) of ``signing_key``: signed with
+    # directly, without PyNaCl's SignedMessage and encoder calls around each signature
+    # (~3 µs of a ~28 µs signature; a lone publish signs once on the event loop).
+    secret: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _, secret = crypto_sign_seed_keypair(bytes(self.signing_key))
+        object.__setattr__(self, "secret", secret)  # frozen: set once, here
 
     @classmethod
     def from_seed(cls, seed: bytes) -> KeyPair:
@@ -61,7 +70,7 @@ class KeyPair:
 
     def sign_bytes(self, message: bytes) -> str:
         """Sign raw bytes; returns the ``ed25519:...`` signature string."""
-        return signature_to_str(self.signing_key.sign(message).signature)
+        return signature_to_str(crypto_sign(message, self.secret)[:64])
 
     def sign_object(self, obj: dict[str, Any], *omit: str) -> str:
         """Sign the JCS form of ``obj`` without the named fields."""
