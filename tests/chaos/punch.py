@@ -35,7 +35,9 @@ Address = tuple[str, int]
 # Pause after a connect() that failed at once (a refusal, or the 4-tuple of an aborted
 # attempt still in use) before the next SYN: without it such a failure is a busy loop.
 RETRY_PAUSE_S = 0.1
-LINE_TIMEOUT_S = 5.0
+# A line's wait: at 10 % loss a lost segment can need several retransmits (TCP's timer
+# doubles from 0.2-1 s), more than 5 s once in a few hundred runs.
+LINE_TIMEOUT_S = 15.0
 MAX_LINE = 256
 
 
