@@ -140,19 +140,21 @@ class RttHistogram:
     n: npt.NDArray[np.int64]
 
     @classmethod
-    def collect(cls, hist: DataFrame) -> RttHistogram:
-        """One collect of ``nid, pid, hour_ms, bucket, n`` (as Arrow, not as rows)."""
-        cols = ("nid", "pid", "hour_ms", "bucket", "n")
-        t = hist.select(*cols).toArrow()
-        arrays = [np.asarray(t.column(c).to_numpy(), dtype=np.int64) for c in cols]
-        return cls(*arrays)
+    def from_arrow(cls, t: pa.Table) -> RttHistogram:
+        """From a collected table with (at least) these columns, no nulls in them."""
+        return cls(*columns(t, "nid", "pid", "hour_ms", "bucket", "n"))
+
+
+def columns(t: pa.Table, *names: str) -> list[npt.NDArray[np.int64]]:
+    """Whole-number columns of a collected Arrow table as int64 arrays."""
+    return [np.asarray(t.column(c).to_numpy(), dtype=np.int64) for c in names]
 
 
 def link_hours(spark: SparkSession, hist: RttHistogram) -> DataFrame:
     """Per directed link and hour: ``nid, pid, hour_ms, rtt_q`` (ms at :data:`RTT_QUANTILES`).
 
     The quantiles' buckets are found on the driver (:func:`histogram_quantiles`, the
-    same nearest rank as :func:`spark_federation.quantiles.quantiles`) and handed to
+    nearest rank) and handed to
     Spark as a local relation; the buckets' values are Spark's, as for every quantile.
     """
     keys, at, _ = histogram_quantiles(

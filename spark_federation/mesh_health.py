@@ -188,7 +188,6 @@ class _Job:
         """The per-link aggregates, the analysed windows, the nodes and the number of links."""
         w = self.w
         self.lw = self.keep(self.obs.lw)
-        self.offsets = self.keep(self.obs.offsets)
         self.sums = self.keep(links.link_hour_sums(self.lw))
         # one small collect (a row per directed link) gives the span, the nodes and the
         # links, instead of an action for each
@@ -238,7 +237,7 @@ class _Job:
     def links(self) -> None:
         """link_health, flapping links and the RTT distribution for the report."""
         t = self.tables
-        hist = links.RttHistogram.collect(self.obs.rtt)
+        hist, self.offsets = aggregate.collect_histograms(self.obs.hists)
         flaps = self.keep(links.flap_events(self.obs.events))
         t.write(
             links.link_health(self.sums, links.link_hours(self.spark, hist), flaps).select(
@@ -307,7 +306,7 @@ class _Job:
             ),
             "relay_dependence",
         )
-        skew_ids = self.keep(clock.clock_skew(self.offsets, self.cfg.thresholds.skew_threshold_ms))
+        skew_ids = clock.clock_skew(self.spark, self.offsets, self.cfg.thresholds.skew_threshold_ms)
         self.collected["skew"] = t.write(
             skew_ids.select(
                 t.node(sf.col("nid")).alias("node"),

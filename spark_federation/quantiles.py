@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column
 from pyspark.sql import functions as sf
 
 BUCKETS_PER_DOUBLING = 16  # bucket width 2^(1/16) = 4.4 %: ±2.2 % around the middle
@@ -35,41 +35,6 @@ def log_bucket_value(bucket: Column) -> Column:
     return sf.pow(sf.lit(2.0), (bucket + sf.lit(0.5)) / sf.lit(BUCKETS_PER_DOUBLING))
 
 
-def quantiles(hist: DataFrame, keys: list[str], qs: list[float]) -> DataFrame:
-    """Per group, the bucket holding each quantile: ``keys..., q`` (array of bucket numbers).
-
-    Args:
-        hist: ``keys..., bucket, n`` with ``n`` rows in each bucket; no duplicate buckets.
-        keys: the grouping columns.
-        qs: quantiles in [0, 1].
-
-    Returns:
-        ``keys..., q``: for each quantile the smallest bucket whose cumulative count
-        reaches ``q * total`` (the nearest-rank definition).
-    """
-    group = Window.partitionBy(*keys)
-    ordered = group.orderBy("bucket").rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    whole = group.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-    cum = hist.select(
-        *keys,
-        "bucket",
-        sf.sum("n").over(ordered).alias("cum"),
-        sf.sum("n").over(whole).alias("total"),
-    )
-    return (
-        cum.groupBy(*keys)
-        .agg(
-            *[
-                sf.min(
-                    sf.when(sf.col("cum") >= sf.ceil(sf.lit(q) * sf.col("total")), sf.col("bucket"))
-                ).alias(f"q{i}")
-                for i, q in enumerate(qs)
-            ]
-        )
-        .select(*keys, sf.array(*[sf.col(f"q{i}") for i in range(len(qs))]).alias("q"))
-    )
-
-
 def bucket_value(bucket: int) -> float:
     """:func:`log_bucket_value` on the driver (for the report's charts)."""
     return float(2.0 ** ((bucket + 0.5) / BUCKETS_PER_DOUBLING))
@@ -81,11 +46,12 @@ def histogram_quantiles(
     n: npt.NDArray[np.int64],
     qs: Sequence[float],
 ) -> tuple[list[npt.NDArray[np.int64]], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """:func:`quantiles` on the driver, for a histogram collected as arrays.
+    """Per group, the bucket holding each quantile (nearest rank), on the driver, for a
+    histogram collected as arrays (Spark's window over a histogram sorted it per table).
 
     Args:
         keys: the grouping columns, one array each.
-        bucket: each row's bucket; no duplicate buckets within a group.
+        bucket: each row's bucket (a bucket may repeat within a group).
         n: rows in each bucket (at least 1).
         qs: quantiles in (0, 1].
 

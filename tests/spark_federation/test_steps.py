@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as sf
 
 from spark_federation import exports, propagation
 from spark_federation.availability import outages
@@ -22,18 +24,49 @@ from spark_federation.links import (
     pong_histogram,
     rtt_histogram,
 )
-from spark_federation.quantiles import (
-    histogram_quantiles,
-    log_bucket,
-    log_bucket_value,
-    quantiles,
-)
+from spark_federation.quantiles import histogram_quantiles, log_bucket, log_bucket_value
 from spark_federation.schema import LINK_DOWN, LINK_UP, MISS
 from spark_federation.tables import Tables
 
 pytestmark = pytest.mark.spark
 
 W = 60_000
+
+
+def quantiles(hist: DataFrame, keys: list[str], qs: list[float]) -> DataFrame:
+    """The nearest-rank quantiles in Spark (a window over the histogram): the definition
+    :func:`histogram_quantiles` is checked against. ``keys..., q`` (array of buckets).
+
+    Args:
+        hist: ``keys..., bucket, n`` with ``n`` rows in each bucket; no duplicate buckets.
+        keys: the grouping columns.
+        qs: quantiles in [0, 1].
+
+    Returns:
+        ``keys..., q``: for each quantile the smallest bucket whose cumulative count
+        reaches ``q * total`` (the nearest-rank definition).
+    """
+    group = Window.partitionBy(*keys)
+    ordered = group.orderBy("bucket").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    whole = group.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    cum = hist.select(
+        *keys,
+        "bucket",
+        sf.sum("n").over(ordered).alias("cum"),
+        sf.sum("n").over(whole).alias("total"),
+    )
+    return (
+        cum.groupBy(*keys)
+        .agg(
+            *[
+                sf.min(
+                    sf.when(sf.col("cum") >= sf.ceil(sf.lit(q) * sf.col("total")), sf.col("bucket"))
+                ).alias(f"q{i}")
+                for i, q in enumerate(qs)
+            ]
+        )
+        .select(*keys, sf.array(*[sf.col(f"q{i}") for i in range(len(qs))]).alias("q"))
+    )
 
 
 def test_flaps_count_down_then_up_only(spark: Any) -> None:
@@ -160,7 +193,7 @@ def test_link_hour_without_pings_has_no_loss(spark: Any) -> None:
         "nid long, pid long, kind byte, seq long, ts long, rtt_ms double, relay boolean,"
         " vid long, clock_offset_ms double",
     )
-    rtt = link_hours(spark, RttHistogram.collect(rtt_histogram(pong_histogram(hb))))
+    rtt = link_hours(spark, RttHistogram.from_arrow(rtt_histogram(pong_histogram(hb)).toArrow()))
     health = link_health(link_hour_sums(link_windows(hb, W)), rtt, flap_events(hb)).collect()
     assert [(r["pings"], r["loss_pct"], r["rtt_p50_ms"]) for r in health] == [(0, None, None)]
 
