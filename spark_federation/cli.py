@@ -63,12 +63,6 @@ def build_parser(prog: str = "hearthnet mesh health") -> argparse.ArgumentParser
         default=_DEFAULTS.skew_threshold_ms,
         help="clock offset that makes a node skewed (default 500)",
     )
-    p.add_argument(
-        "--max-iterations",
-        type=int,
-        default=_DEFAULTS.max_iterations,
-        help="bound on connected-components rounds (default 40)",
-    )
     p.add_argument("--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions")
     p.add_argument("--driver-memory", default="2g", help="driver memory in local mode (default 2g)")
     p.add_argument("--no-report", action="store_true", help="skip report.html and charts")
@@ -124,7 +118,6 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
         thresholds=Thresholds(
             flap_threshold=args.flap_threshold,
             skew_threshold_ms=args.skew_threshold_ms,
-            max_iterations=args.max_iterations,
         ),
         report=not args.no_report,
     )

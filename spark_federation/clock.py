@@ -11,10 +11,15 @@ is exact to the millisecond.
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
-from spark_federation.quantiles import quantiles
+from spark_federation.quantiles import histogram_quantiles
 
 
 def offset_histogram(pongs: DataFrame) -> DataFrame:
@@ -29,33 +34,55 @@ def offset_histogram(pongs: DataFrame) -> DataFrame:
     )
 
 
-def clock_skew(pongs: DataFrame, threshold_ms: float) -> DataFrame:
+@dataclass(frozen=True, slots=True)
+class OffsetHistogram:
+    """Pongs per directed link and clock-offset millisecond (:func:`offset_histogram`'s
+    rows: a few thousand at 10 M records), collected to the driver as arrays."""
+
+    nid: npt.NDArray[np.int64]
+    pid: npt.NDArray[np.int64]
+    offset_ms: npt.NDArray[np.int64]
+    n: npt.NDArray[np.int64]
+
+
+SKEW_SCHEMA = pa.schema(
+    [
+        ("nid", pa.int64()),
+        ("skew_ms", pa.float64()),
+        ("p10_ms", pa.float64()),
+        ("p90_ms", pa.float64()),
+        ("samples", pa.int64()),
+        ("skewed", pa.bool_()),
+    ]
+)
+
+
+def clock_skew(spark: SparkSession, pongs: OffsetHistogram, threshold_ms: float) -> DataFrame:
     """Per node: ``nid, skew_ms, p10_ms, p90_ms, samples, skewed`` (|skew| > threshold).
 
+    The per-node quantiles are found on the driver (a few thousand histogram rows)
+    and handed to Spark as a local relation, for the table and for propagation.
+
     Args:
-        pongs: pong counts per link and offset millisecond (:func:`offset_histogram`,
-            or :func:`spark_federation.links.pong_histogram`, whose other columns it sums).
+        spark: the session.
+        pongs: pong counts per link and offset millisecond.
         threshold_ms: |offset| above which a node is skewed.
     """
-    known = pongs.where(sf.col("offset_ms").isNotNull())
-    about = known.select(sf.col("pid").alias("nid"), sf.col("offset_ms").alias("bucket"), "n")
-    by = known.select("nid", (-sf.col("offset_ms")).alias("bucket"), "n")
-    hist = (
-        about.unionByName(by)
-        .groupBy("nid", "bucket")
-        .agg(sf.sum("n").alias("n"))
-        .select("nid", "bucket", "n")
+    # pongs about X sample "X minus observer"; X's own pongs, negated, "X minus peer"
+    nid = np.concatenate([pongs.pid, pongs.nid])
+    bucket = np.concatenate([pongs.offset_ms, -pongs.offset_ms])
+    n = np.concatenate([pongs.n, pongs.n])
+    keys, at, total = histogram_quantiles([nid], bucket, n, [0.1, 0.5, 0.9])
+    median = at[:, 1].astype(np.float64)
+    table = pa.Table.from_arrays(
+        [
+            pa.array(keys[0]),
+            pa.array(median),
+            pa.array(at[:, 0].astype(np.float64)),
+            pa.array(at[:, 2].astype(np.float64)),
+            pa.array(total),
+            pa.array(np.abs(median) > threshold_ms),
+        ],
+        schema=SKEW_SCHEMA,
     )
-    counts = hist.groupBy("nid").agg(sf.sum("n").alias("samples"))
-    return (
-        quantiles(hist, ["nid"], [0.1, 0.5, 0.9])
-        .join(counts, on="nid", how="inner")
-        .select(
-            "nid",
-            sf.col("q")[1].cast("double").alias("skew_ms"),
-            sf.col("q")[0].cast("double").alias("p10_ms"),
-            sf.col("q")[2].cast("double").alias("p90_ms"),
-            "samples",
-            (sf.abs(sf.col("q")[1]) > sf.lit(threshold_ms)).alias("skewed"),
-        )
-    )
+    return spark.createDataFrame(table)

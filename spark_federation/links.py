@@ -13,11 +13,21 @@ checked against these definitions by the tests), and the steps below read only t
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, Window
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as sf
 
 from spark_federation.params import HOUR_MS
-from spark_federation.quantiles import log_bucket, log_bucket_value, quantiles
+from spark_federation.quantiles import (
+    bucket_value,
+    histogram_quantiles,
+    log_bucket,
+    log_bucket_value,
+)
 from spark_federation.schema import LINK_DOWN, LINK_UP, MISS, PONG
 from spark_federation.timeline import hour_of, window_of
 
@@ -114,10 +124,50 @@ def _values(q: Column) -> Column:
     return sf.transform(q, log_bucket_value)
 
 
-def link_hours(hist: DataFrame) -> DataFrame:
-    """Per directed link and hour: ``nid, pid, hour_ms, rtt_q`` (ms at :data:`RTT_QUANTILES`)."""
-    keys = ["nid", "pid", "hour_ms"]
-    return quantiles(hist, keys, RTT_QUANTILES).select(*keys, _values(sf.col("q")).alias("rtt_q"))
+@dataclass(frozen=True, slots=True)
+class RttHistogram:
+    """The RTT histogram (:func:`rtt_histogram`'s rows) collected to the driver as arrays.
+
+    Its rows are a few per link-hour (483,000 at 10 M records); quantiles from them
+    on the driver cost a sort of the arrays, where Spark's window over them was a
+    shuffle, a sort and a window per quantile table.
+    """
+
+    nid: npt.NDArray[np.int64]
+    pid: npt.NDArray[np.int64]
+    hour_ms: npt.NDArray[np.int64]
+    bucket: npt.NDArray[np.int64]
+    n: npt.NDArray[np.int64]
+
+    @classmethod
+    def from_arrow(cls, t: pa.Table) -> RttHistogram:
+        """From a collected table with (at least) these columns, no nulls in them."""
+        return cls(*columns(t, "nid", "pid", "hour_ms", "bucket", "n"))
+
+
+def columns(t: pa.Table, *names: str) -> list[npt.NDArray[np.int64]]:
+    """Whole-number columns of a collected Arrow table as int64 arrays."""
+    return [np.asarray(t.column(c).to_numpy(), dtype=np.int64) for c in names]
+
+
+def link_hours(spark: SparkSession, hist: RttHistogram) -> DataFrame:
+    """Per directed link and hour: ``nid, pid, hour_ms, rtt_q`` (ms at :data:`RTT_QUANTILES`).
+
+    The quantiles' buckets are found on the driver (:func:`histogram_quantiles`, the
+    nearest rank) and handed to
+    Spark as a local relation; the buckets' values are Spark's, as for every quantile.
+    """
+    keys, at, _ = histogram_quantiles(
+        [hist.nid, hist.pid, hist.hour_ms], hist.bucket, hist.n, RTT_QUANTILES
+    )
+    q = pa.ListArray.from_arrays(
+        pa.array(np.arange(0, at.size + 1, len(RTT_QUANTILES), dtype=np.int32)),
+        pa.array(at.ravel().astype(np.int32)),
+    )
+    table = pa.table({"nid": keys[0], "pid": keys[1], "hour_ms": keys[2], "q": q})
+    return spark.createDataFrame(table).select(
+        "nid", "pid", "hour_ms", _values(sf.col("q")).alias("rtt_q")
+    )
 
 
 def flap_events(hb: DataFrame) -> DataFrame:
@@ -228,19 +278,21 @@ def flapping_links(flaps: DataFrame, threshold: int) -> DataFrame:
     )
 
 
-def link_rtt_distribution(hist: DataFrame) -> DataFrame:
-    """Per undirected link over the whole span: ``a, b, q`` (ms at :data:`RTT_QUANTILES`),
-    ``pongs``; both directions' pongs count (for the report's chart)."""
-    per_link = (
-        hist.select(
-            sf.least("nid", "pid").alias("a"), sf.greatest("nid", "pid").alias("b"), "bucket", "n"
-        )
-        .groupBy("a", "b", "bucket")
-        .agg(sf.sum("n").alias("n"))
-    )
-    pongs = per_link.groupBy("a", "b").agg(sf.sum("n").alias("pongs"))
-    return (
-        quantiles(per_link, ["a", "b"], RTT_QUANTILES)
-        .join(pongs, on=["a", "b"], how="inner")
-        .select("a", "b", _values(sf.col("q")).alias("q"), "pongs")
-    )
+def link_rtt_distribution(hist: RttHistogram) -> list[tuple[int, int, list[float], int]]:
+    """Per undirected link over the whole span: ``(a, b, q, pongs)`` with ``a < b`` as
+    ids, ``q`` the ms at :data:`RTT_QUANTILES`; both directions' pongs count (for the
+    report's chart)."""
+    a = np.minimum(hist.nid, hist.pid)
+    b = np.maximum(hist.nid, hist.pid)
+    # both directions and every hour into one histogram per link
+    order = np.lexsort((hist.bucket, b, a))
+    a, b, bucket, n = a[order], b[order], hist.bucket[order], hist.n[order]
+    same = np.zeros(len(a), dtype=bool)
+    same[1:] = (a[1:] == a[:-1]) & (b[1:] == b[:-1]) & (bucket[1:] == bucket[:-1])
+    first = np.flatnonzero(~same)
+    sums = np.add.reduceat(n, first) if len(first) else n[:0]
+    keys, at, total = histogram_quantiles([a[first], b[first]], bucket[first], sums, RTT_QUANTILES)
+    return [
+        (int(x), int(y), [bucket_value(int(v)) for v in row], int(t))
+        for x, y, row, t in zip(keys[0], keys[1], at, total, strict=True)
+    ]

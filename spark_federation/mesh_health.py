@@ -188,8 +188,6 @@ class _Job:
         """The per-link aggregates, the analysed windows, the nodes and the number of links."""
         w = self.w
         self.lw = self.keep(self.obs.lw)
-        self.rtt_hist = self.keep(self.obs.rtt)
-        self.offsets = self.keep(self.obs.offsets)
         self.sums = self.keep(links.link_hour_sums(self.lw))
         # one small collect (a row per directed link) gives the span, the nodes and the
         # links, instead of an action for each
@@ -239,9 +237,10 @@ class _Job:
     def links(self) -> None:
         """link_health, flapping links and the RTT distribution for the report."""
         t = self.tables
+        hist, self.offsets = aggregate.collect_histograms(self.obs.hists)
         flaps = self.keep(links.flap_events(self.obs.events))
         t.write(
-            links.link_health(self.sums, links.link_hours(self.rtt_hist), flaps).select(
+            links.link_health(self.sums, links.link_hours(self.spark, hist), flaps).select(
                 t.node(sf.col("nid")).alias("node"),
                 t.node(sf.col("pid")).alias("peer"),
                 *_LINK_COLS,
@@ -252,11 +251,11 @@ class _Job:
         self.collected["flapping"] = _rows(
             flapping.select(t.node(sf.col("a")).alias("a"), t.node(sf.col("b")).alias("b"), "flaps")
         )
-        self.collected["rtt"] = _rows(
-            links.link_rtt_distribution(self.rtt_hist).select(
-                t.node(sf.col("a")).alias("a"), t.node(sf.col("b")).alias("b"), "q", "pongs"
-            )
-        )
+        ids = self.ids
+        self.collected["rtt"] = [
+            {"a": ids.get(a), "b": ids.get(b), "q": q, "pongs": pongs}
+            for a, b, q, pongs in links.link_rtt_distribution(hist)
+        ]
         self.say("link_health written")
 
     def partitions(self) -> None:
@@ -276,37 +275,18 @@ class _Job:
             .select("nid", "win")
             .localCheckpoint(eager=False)
         )
-        labels, rounds, graphs = partitions.window_components(
-            vertices.select("nid", "win"),
-            edges.select("a", "b", "win"),
-            self.cfg.thresholds.max_iterations,
-            on_round=lambda i, n: self.say(f"components: {i} rounds, {n} windows unsettled"),
-        )
-        comps = self.keep(partitions.components(labels))
-        per_window = self.keep(partitions.window_partitions(comps))
+        windows, graphs = partitions.window_components(vertices, edges)
+        per_window, members, events = partitions.partition_frames(self.spark, windows, w)
         self.collected["per_window"] = [
             {"win": r["window_start_ms"], "components": r["components"], "nodes_up": r["nodes_up"]}
-            for r in t.write(
-                per_window.select(
-                    sf.col("win").alias("window_start_ms"), "components", "sizes", "nodes_up"
-                ),
-                "partitions",
-                "window_start_ms",
-            )
+            for r in t.write(per_window, "partitions", "window_start_ms")
         ]
-        split = per_window.where(sf.col("components") > 1).select("win")
         self.collected["components"] = t.write(
-            comps.join(split, on="win", how="inner").select(
-                sf.col("win").alias("window_start_ms"),
-                "size",
-                t.nodes(sf.col("members")).alias("nodes"),
-            ),
+            members.select("window_start_ms", "size", t.nodes(sf.col("members")).alias("nodes")),
             "partition_components",
         )
-        self.collected["events"] = t.write(
-            partitions.partition_events(per_window, w), "partition_events", "start_ms"
-        )
-        self.say(f"partitions written ({graphs} distinct graphs, {rounds} component rounds)")
+        self.collected["events"] = t.write(events, "partition_events", "start_ms")
+        self.say(f"partitions written ({graphs} distinct graphs)")
 
     def nodes(self) -> None:
         """relay_dependence, clock_skew and (with traces) propagation."""
@@ -326,7 +306,7 @@ class _Job:
             ),
             "relay_dependence",
         )
-        skew_ids = self.keep(clock.clock_skew(self.offsets, self.cfg.thresholds.skew_threshold_ms))
+        skew_ids = clock.clock_skew(self.spark, self.offsets, self.cfg.thresholds.skew_threshold_ms)
         self.collected["skew"] = t.write(
             skew_ids.select(
                 t.node(sf.col("nid")).alias("node"),

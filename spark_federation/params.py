@@ -101,12 +101,10 @@ class Thresholds:
     Attributes:
         flap_threshold: down→up cycles of one link within any hour that make it flapping.
         skew_threshold_ms: |estimated clock offset| above which a node is reported skewed.
-        max_iterations: bound on connected-components rounds; not converging is an error.
     """
 
     flap_threshold: int = 3
     skew_threshold_ms: float = 500.0
-    max_iterations: int = 40
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,5 +148,5 @@ class JobConfig:
             and self.since_ms >= self.until_ms
         ):
             raise MeshHealthError("--since must be before --until")
-        if self.thresholds.flap_threshold < 1 or self.thresholds.max_iterations < 1:
-            raise MeshHealthError("--flap-threshold and --max-iterations must be at least 1")
+        if self.thresholds.flap_threshold < 1:
+            raise MeshHealthError("--flap-threshold must be at least 1")

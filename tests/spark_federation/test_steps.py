@@ -5,12 +5,16 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
 import pytest
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as sf
 
 from spark_federation import exports, propagation
 from spark_federation.availability import outages
 from spark_federation.errors import MeshHealthError
 from spark_federation.links import (
+    RttHistogram,
     flap_events,
     flapping_links,
     link_health,
@@ -20,81 +24,49 @@ from spark_federation.links import (
     pong_histogram,
     rtt_histogram,
 )
-from spark_federation.partitions import connected_components
-from spark_federation.quantiles import log_bucket, log_bucket_value, quantiles
+from spark_federation.quantiles import histogram_quantiles, log_bucket, log_bucket_value
 from spark_federation.schema import LINK_DOWN, LINK_UP, MISS
 from spark_federation.tables import Tables
-from spark_federation.timeline import runs
 
 pytestmark = pytest.mark.spark
 
 W = 60_000
 
 
-def _labels(
-    spark: Any,
-    vertices: list[tuple[int, int]],
-    edges: list[tuple[int, int, int]],
-    max_iterations: int = 20,
-) -> tuple[dict[tuple[int, int], int], int]:
+def quantiles(hist: DataFrame, keys: list[str], qs: list[float]) -> DataFrame:
+    """The nearest-rank quantiles in Spark (a window over the histogram): the definition
+    :func:`histogram_quantiles` is checked against. ``keys..., q`` (array of buckets).
 
-    v = spark.createDataFrame(vertices, "nid long, win long")
-    e = spark.createDataFrame(edges, "a long, b long, win long")
-    labels, rounds = connected_components(v, e, max_iterations)
-    return {(r["nid"], r["win"]): r["label"] for r in labels.collect()}, rounds
+    Args:
+        hist: ``keys..., bucket, n`` with ``n`` rows in each bucket; no duplicate buckets.
+        keys: the grouping columns.
+        qs: quantiles in [0, 1].
 
-
-def test_components_of_a_path_and_a_split_window(spark: Any) -> None:
-    """A path 6-5-4-3-2-1 is one component; the next window's two pairs and a loner are three."""
-    path = [(n, 0) for n in range(1, 7)]
-    split = [(n, W) for n in (1, 2, 3, 4, 9)]
-    edges = [(n, n + 1, 0) for n in range(1, 6)] + [(1, 2, W), (3, 4, W)]
-    labels, _ = _labels(spark, path + split, edges)
-    expected = {(n, 0): 1 for n in range(1, 7)}
-    expected.update({(1, W): 1, (2, W): 1, (3, W): 3, (4, W): 3, (9, W): 9})
-    assert expected == labels
-
-
-def test_components_give_up_after_the_bound(spark: Any) -> None:
-    """A bound too small for the path's length raises instead of returning wrong labels."""
-    vertices = [(n, 0) for n in range(1, 41)]
-    edges = [(n, n + 1, 0) for n in range(1, 40)]
-    with pytest.raises(MeshHealthError, match="did not converge"):
-        _labels(spark, vertices, edges, max_iterations=2)
-
-
-def test_components_of_random_windows_are_a_union_finds(spark: Any) -> None:
-    """Labels of random graphs (isolated nodes, several components, long chains) equal the
-    smallest node id of each component as a union-find on the driver gives it."""
-    rnd = random.Random(3)
-    vertices: list[tuple[int, int]] = []
-    edges: set[tuple[int, int, int]] = set()
-    for w in range(12):
-        nodes = rnd.sample(range(1, 500), rnd.randint(1, 25))
-        vertices += [(n, w * W) for n in nodes]
-        for _ in range(rnd.randint(0, 2 * len(nodes)) if len(nodes) > 1 else 0):
-            a, b = sorted(rnd.sample(nodes, 2))
-            edges.add((a, b, w * W))
-    parent = {v: v for v in vertices}
-
-    def root(v: tuple[int, int]) -> tuple[int, int]:
-        while parent[v] != v:
-            v = parent[v]
-        return v
-
-    for a, b, win in sorted(edges):
-        ra, rb = root((a, win)), root((b, win))
-        parent[max(ra, rb)] = min(ra, rb)
-    labels, _ = _labels(spark, vertices, sorted(edges))
-    assert {v: root(v)[0] for v in vertices} == labels
-
-
-def test_runs_merge_consecutive_windows(spark: Any) -> None:
-    """Windows 0,1,2 and 5,6 of one key make two runs; another key's window is its own run."""
-    rows = [(1, w * W) for w in (0, 1, 2, 5, 6)] + [(2, 3 * W)]
-    df = spark.createDataFrame(rows, "k long, win long")
-    got = sorted(tuple(r) for r in runs(df, ["k"], W).collect())
-    assert got == [(1, 0, 3 * W, 3), (1, 5 * W, 7 * W, 2), (2, 3 * W, 4 * W, 1)]
+    Returns:
+        ``keys..., q``: for each quantile the smallest bucket whose cumulative count
+        reaches ``q * total`` (the nearest-rank definition).
+    """
+    group = Window.partitionBy(*keys)
+    ordered = group.orderBy("bucket").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    whole = group.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    cum = hist.select(
+        *keys,
+        "bucket",
+        sf.sum("n").over(ordered).alias("cum"),
+        sf.sum("n").over(whole).alias("total"),
+    )
+    return (
+        cum.groupBy(*keys)
+        .agg(
+            *[
+                sf.min(
+                    sf.when(sf.col("cum") >= sf.ceil(sf.lit(q) * sf.col("total")), sf.col("bucket"))
+                ).alias(f"q{i}")
+                for i, q in enumerate(qs)
+            ]
+        )
+        .select(*keys, sf.array(*[sf.col(f"q{i}") for i in range(len(qs))]).alias("q"))
+    )
 
 
 def test_flaps_count_down_then_up_only(spark: Any) -> None:
@@ -221,7 +193,7 @@ def test_link_hour_without_pings_has_no_loss(spark: Any) -> None:
         "nid long, pid long, kind byte, seq long, ts long, rtt_ms double, relay boolean,"
         " vid long, clock_offset_ms double",
     )
-    rtt = link_hours(rtt_histogram(pong_histogram(hb)))
+    rtt = link_hours(spark, RttHistogram.from_arrow(rtt_histogram(pong_histogram(hb)).toArrow()))
     health = link_health(link_hour_sums(link_windows(hb, W)), rtt, flap_events(hb)).collect()
     assert [(r["pings"], r["loss_pct"], r["rtt_p50_ms"]) for r in health] == [(0, None, None)]
 
@@ -231,6 +203,29 @@ def test_histogram_quantiles_are_nearest_rank(spark: Any) -> None:
     hist = spark.createDataFrame([(1, b, 1) for b in range(1, 11)], "g long, bucket long, n long")
     got = quantiles(hist, ["g"], [0.1, 0.5, 0.9, 1.0]).collect()
     assert [(r["g"], list(r["q"])) for r in got] == [(1, [1, 5, 9, 10])]
+
+
+def test_histogram_quantiles_on_the_driver_equal_sparks(spark: Any) -> None:
+    """Random histograms of two-column groups (single buckets, ties at a quantile's rank,
+    large counts): the driver's nearest-rank buckets and totals are Spark's."""
+    rnd = random.Random(7)
+    rows = [
+        (g, h, b, rnd.choice([1, 1, 2, 7, 10**9]))
+        for g in range(-3, 4)
+        for h in range(rnd.randint(1, 3))
+        for b in rnd.sample(range(-40, 300), rnd.randint(1, 30))
+    ]
+    qs = [0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0]
+    hist = spark.createDataFrame(rows, "g long, h long, bucket long, n long")
+    want = {(r["g"], r["h"]): list(r["q"]) for r in quantiles(hist, ["g", "h"], qs).collect()}
+    cols = [np.array([r[i] for r in rows], dtype=np.int64) for i in range(4)]
+    keys, at, total = histogram_quantiles(cols[:2], cols[2], cols[3], qs)
+    got = {(int(g), int(h)): [int(b) for b in q] for g, h, q in zip(*keys, at, strict=True)}
+    sums: dict[tuple[int, int], int] = {}
+    for g, h, _, n in rows:
+        sums[(g, h)] = sums.get((g, h), 0) + n
+    assert (want, sums) == (got, dict(zip(got, map(int, total), strict=True)))
+    assert sorted(got) == list(got)  # groups come out in key order
 
 
 def test_log_buckets_hold_rtt_within_tolerance(spark: Any) -> None:
