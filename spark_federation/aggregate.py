@@ -45,7 +45,7 @@ from pyspark.sql import functions as sf
 
 from spark_federation.clock import OffsetHistogram
 from spark_federation.exports import MALFORMED, OK, OUT_OF_RANGE, classify_heartbeats, node_key
-from spark_federation.links import RttHistogram, columns
+from spark_federation.links import WINDOW_COUNTS, RttHistogram, columns
 from spark_federation.quantiles import log_bucket
 from spark_federation.schema import LINK_DOWN, LINK_UP, MISS, PONG
 from spark_federation.timeline import hour_of, window_of
@@ -283,12 +283,7 @@ def _link_windows(agg: DataFrame) -> DataFrame:
         _nid("node"),
         _nid("peer", "pid"),
         "win",
-        "records",
-        "pongs",
-        "misses",
-        "ups",
-        "downs",
-        "relayed",
+        *WINDOW_COUNTS,
         node_key(sf.col("via")).alias("vid"),
         "lo_ts",
         "hi_ts",

@@ -38,6 +38,10 @@ def _count(kind: int) -> Column:
     return sf.sum((sf.col("kind") == kind).cast("int"))
 
 
+# A link window's counts, in the order every table of link windows carries them.
+WINDOW_COUNTS = ("records", "pongs", "misses", "ups", "downs", "relayed")
+
+
 def link_windows(hb: DataFrame, window_ms: int) -> DataFrame:
     """Per directed link and window: counts of each kind, relayed pings, the relay, time bounds.
 
@@ -69,20 +73,7 @@ def link_windows(hb: DataFrame, window_ms: int) -> DataFrame:
             sf.min("ts").alias("lo_ts"),
             sf.max("ts").alias("hi_ts"),
         )
-        .select(
-            "nid",
-            "pid",
-            "win",
-            "records",
-            "pongs",
-            "misses",
-            "ups",
-            "downs",
-            "relayed",
-            "vid",
-            "lo_ts",
-            "hi_ts",
-        )
+        .select("nid", "pid", "win", *WINDOW_COUNTS, "vid", "lo_ts", "hi_ts")
     )
 
 
