@@ -56,10 +56,17 @@ class RelayAttachments:
         # spec §8 failover: a relay that dies silently (no RST) is noticed in seconds
         self.keepalive = RelayKeepalive(keepalive)
         self._silenced: set[str] = set()  # relays lost to silence whose link is still closing
+        # a relay this node federates with (its relay role's peer): never attached to as a
+        # member, whatever URL brought it (it refuses ``attach`` on a federated link)
+        self.federates: Callable[[str], bool] = lambda node: False
 
     def linked(self, link: PeerLink, *, ours: bool) -> None:
         """A direct link was admitted: attach when it goes to one of our relays (``ours``:
-        dialled at a relay's URL; or a relay already known by its NodeID)."""
+        dialled at a relay's URL; or a relay already known by its NodeID); never to a
+        relay this node federates with."""
+        if self.federates(link.node):
+            self.relays.discard(link.node)  # known as our relay before it was verified
+            return
         if ours or link.node in self.relays:
             self.relays.add(link.node)
             link.send_raw(Attach(now_ms()).encode())

@@ -348,12 +348,16 @@ class RelayRole:
                 log.warning("relay closes the link to %s: %s", link.node, action.reason)
                 link.close(action.reason)
 
-    def statistics(self) -> dict[str, int]:
+    def statistics(self) -> dict[str, Any]:
         """The relay's numbers, for ``/status``."""
         s = self.core.statistics()
         return {
-            "members": s.members,
+            "members": s.members,  # attached to it now, federated relays not among them
             "federated": s.federated,  # relays linked as federated
+            # their NodeIDs (a handful: the relays named with --relay-peer), and those
+            # relay URLs our own dial has not reached yet
+            "peers": sorted({link.node for link in self._served if self.core.is_federated(link)}),
+            "peers_unreached": self.unverified(),
             "routes": s.routes,  # members reached through them
             "forwarded": s.forwarded,
             "forwarded_bytes": s.forwarded_bytes,

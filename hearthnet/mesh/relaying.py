@@ -4,7 +4,8 @@ Two roles, either or both:
 
 - **relay** (``mesh.relay``, ``--relay``): :class:`~hearthnet.mesh.relay_role.RelayRole`,
   the relay side (forwarding, federation, relayed joins); its frames come in here.
-- **member** (``mesh.relay_urls``, ``--relay-url``, or relays an invite brought;
+- **member** (``mesh.relay_urls``, ``--relay-url``, or relays an invite brought; never
+  the relays this node federates with, :func:`member_urls`;
   :class:`Relaying`, which also routes relay frames to the role they belong to): the
   relays are dialled as ordinary peers (their URLs go into the address book) and sent
   ``attach`` (:class:`~hearthnet.mesh.relay_attach.RelayAttachments`: attach, keepalive,
@@ -39,7 +40,7 @@ import logging
 import time
 from collections import ChainMap
 from collections import Counter as Tally
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from hearthnet.config import MeshSection
@@ -103,6 +104,25 @@ log = logging.getLogger("hearthnet.mesh.relaying")
 TICK_S = 0.25  # the path core wants ~0.5 s; the relay core ~1 s
 
 
+def member_urls(urls: Iterable[str], relay: RelayRole | None, book: PeerBook) -> tuple[str, ...]:
+    """The relays a node attaches to as a member, and tells peers it is reached through:
+    ``urls`` but those of relays it federates with (spec §8: a relay refuses ``attach``
+    on a federated link), named with ``--relay-peer`` or found by our own dial at such a
+    URL (a second relay joined with an invite made on the first has the first's URL
+    among its relays, maybe as a name where ``--relay-peer`` gives an IP address)."""
+    given = tuple(dict.fromkeys(urls))
+    if relay is None:
+        return given
+    peers = set(relay.verified.values())
+    ours = tuple(
+        url for url in given if url not in relay.peer_urls and book.verified_node(url) not in peers
+    )
+    for url in given:
+        if url not in ours:
+            log.info("relay %s is a relay peer: federating with it, not attaching", url)
+    return ours
+
+
 class Relaying:
     """This node's relay role and relayed paths; the mesh feeds it relay frames, link
     changes and the clock (:meth:`tick` every :data:`TICK_S`)."""
@@ -156,7 +176,9 @@ class Relaying:
             self.relay = RelayRole(core, metrics, peers, book=book, dial=dial)
         if config.relay_peers and not config.relay:
             log.warning("mesh.relay_peers (--relay-peer) is ignored: this node is not a relay")
-        self.relay_urls = tuple(dict.fromkeys(normalize_url(u) for u in config.relay_urls))
+        self.relay_urls = member_urls(
+            (normalize_url(u) for u in config.relay_urls), self.relay, book
+        )
         self.paths: PathCore | None = None
         self.attachments: RelayAttachments | None = None  # member role: attach, keepalive
         self.endpoint: RelayEndpoint | None = None
@@ -200,6 +222,9 @@ class Relaying:
         self.switch.held.ended = lambda peer, why: self.calls_ended(peer, why)  # noqa: PLW0108
         self.endpoint = self.member.endpoint
         self.attachments = self.member.attachments
+        relay = self.relay
+        if relay is not None:  # a relay peer is federated with, not attached to
+            self.attachments.federates = lambda node: node in relay.verified.values()
 
     def start(self) -> None:
         """Put the configured relays' URLs in the address book, so the mesh dials them like
@@ -210,7 +235,7 @@ class Relaying:
             for url in self.relay.peer_urls:
                 self.book.add(url, source="bootstrap")
         saved = [a.url for a in self.book.addresses.values() if a.source == "relay"]
-        self.relay_urls = tuple(dict.fromkeys((*self.relay_urls, *saved)))
+        self.relay_urls = member_urls((*self.relay_urls, *saved), self.relay, self.book)
         if self.relay_urls and self.paths is None:
             self._become_member()
 
@@ -388,6 +413,8 @@ class Relaying:
             self.federated.end(ended)
         if self.relay is not None:
             self.relay.tick(now)
+            if self.relay_urls:  # a peer relay found at another of its URLs
+                self.relay_urls = member_urls(self.relay_urls, self.relay, self.book)
         if self.member is not None:
             self.member.attachments.found(self.relay_urls)
             self.member.tick(now)

@@ -185,6 +185,13 @@ def test_the_relay_and_home_node_docs_word_for_word(
             lambda: metrics(vps, "hearthnet_relay_members"),
             lambda: metrics(vps, "hearthnet_relay_forwarded_frames"),
         )
+        # the second relay federates with the first and is not a member of it, although
+        # its invite names the first relay: no relaying.paths, nobody attached yet
+        second = until(
+            lambda: vps2.json("node", "status")["relaying"],
+            lambda got: got["relay"]["peers"] == [relay1],
+            "the second relay federated with the first",
+        )
         # afterwards: started without flags, a second relay in hearthnet.toml
         at_once(home_a.stop, home_b.stop)
         for home in (home_a, home_b):
@@ -226,6 +233,7 @@ def test_the_relay_and_home_node_docs_word_for_word(
         [relay1],
         2,
         True,
+        (False, 0),
         [{relay1, relay2}] * 2,
         PUBLISHED,
         True,
@@ -241,6 +249,7 @@ def test_the_relay_and_home_node_docs_word_for_word(
         status["relaying"]["paths"]["attached"],
         relay_members,
         forwarded > 0,
+        ("paths" in second, second["relay"]["members"]),
         attached,
         [m["data"] for m in sub.json_lines()],
         after[b] in through(relay2),
