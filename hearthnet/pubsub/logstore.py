@@ -46,13 +46,6 @@ from typing import Any, NamedTuple, TypeVar, cast
 import orjson
 
 from hearthnet.pubsub.consumerstate import ConsumerRecord
-from hearthnet.pubsub.logcheckpoint import (
-    CHECKPOINT_EVERY_S,
-    WAL_BACKSTOP_BYTES,
-    WAL_MARK_BYTES,
-    CheckpointTimer,
-    checkpoint,
-)
 from hearthnet.pubsub.logfloors import load_removed
 from hearthnet.pubsub.logindex import Head, LogIndex
 from hearthnet.pubsub.merkle import HASH_BYTES
@@ -65,6 +58,8 @@ LOOSE_ROW = 1024  # whole envelopes per row when an older log is regrouped
 # and checksum: 16 KiB pages take ~0.5 µs of CPU per message off a commit (4 KiB, SQLite's
 # default, and 64 KiB pages both cost more; docs/benchmarks.md, "Pages of 16 KiB").
 PAGE_BYTES = 16_384
+# WAL bytes between automatic checkpoints: SQLite's default of 1,000 pages of 4 KiB.
+WAL_CHECKPOINT_BYTES = 4_096_000
 # Deleted content is zeroed only where that writes no page more (SQLite's FAST). Builds
 # that default to secure_delete=ON (Debian's) write every page retention frees again, as
 # zeros: as many WAL bytes as the messages deleted, flushed by the next commit's fsync
@@ -328,27 +323,15 @@ class SqliteWriter:
     back with one ``call_soon_threadsafe``. A thread pool's trip (its work item, a
     ``concurrent.futures`` future chained to the loop's) cost twice the CPU on the event
     loop and twice the wall time per job.
-
-    With NORMAL the WAL is checkpointed by a job of its own in the thread, queued after
-    writes (:class:`~hearthnet.pubsub.logcheckpoint.CheckpointTimer`), not inside a
-    commit: a commit on the loop (:meth:`run_here`) never copies the WAL.
     """
 
-    def __init__(
-        self, path: Path, synchronous: str, *, checkpoint_every_s: float | None = None
-    ) -> None:
+    def __init__(self, path: Path, synchronous: str) -> None:
         self.path = path
         self.synchronous = synchronous
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
         self._busy = 0  # jobs handed to the thread and not finished
-        # Checkpoint jobs with NORMAL (commits on the loop), none with FULL by default.
-        every = checkpoint_every_s
-        if every is None and synchronous.upper() != "FULL":
-            every = CHECKPOINT_EVERY_S
-        self.checkpoints = CheckpointTimer(self._queue_checkpoint, every)
-        self._autocheckpoint = WAL_MARK_BYTES if every is None else WAL_BACKSTOP_BYTES
 
     @property
     def idle(self) -> bool:
@@ -361,10 +344,7 @@ class SqliteWriter:
         conn = self._conn
         if conn is None or self._busy:
             raise RuntimeError("the log's writer is busy or not connected")
-        try:
-            return job(conn)
-        finally:
-            self.checkpoints.wrote()
+        return job(conn)
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -373,10 +353,10 @@ class SqliteWriter:
             f"PRAGMA synchronous={self.synchronous}; PRAGMA busy_timeout=5000;"
             f" PRAGMA secure_delete={SECURE_DELETE};"
         )
-        # SQLite's own checkpoint (a backstop beside the jobs) at the same size whatever a
-        # log's pages (an older log keeps its 4 KiB pages: set only when the file is made).
+        # The WAL is checkpointed at the same size whatever a log's pages (an older log
+        # keeps its 4 KiB pages: a page size is set only when the file is made).
         page = conn.execute("PRAGMA page_size").fetchone()[0]
-        conn.execute(f"PRAGMA wal_autocheckpoint={max(1, self._autocheckpoint // page)}")
+        conn.execute(f"PRAGMA wal_autocheckpoint={max(1, WAL_CHECKPOINT_BYTES // page)}")
         migrate(conn)
         conn.executescript(SCHEMA)
         conn.execute(
@@ -409,21 +389,8 @@ class SqliteWriter:
         future: asyncio.Future[Any] = loop.create_future()
         self._busy += 1  # until the thread is done with it, even if nobody waits any more
         self._jobs.put((call, future, loop))
-        try:
-            result: T = await future
-        finally:
-            self.checkpoints.wrote()
+        result: T = await future
         return result
-
-    def _queue_checkpoint(self) -> None:
-        """On the loop: a checkpoint job for the thread, behind what is queued (nothing
-        before the first connection). While it is queued or runs the writer is not
-        :attr:`idle`, so no commit runs on the loop beside it."""
-        if self._thread is None or self._conn is None:
-            return
-        loop = asyncio.get_running_loop()
-        self._busy += 1
-        self._jobs.put((lambda: checkpoint(self._conn, self.path), loop.create_future(), loop))
 
     def _finished(
         self, future: asyncio.Future[Any], result: Any, exc: BaseException | None
@@ -482,7 +449,6 @@ class SqliteWriter:
                 self._conn.close()
                 self._conn = None
 
-        self.checkpoints.close()
         if self._thread is None:
             return
         await self._trip(close)
