@@ -9,6 +9,7 @@ its status says so. Real nodes on loopback."""
 
 from __future__ import annotations
 
+from hearthnet.config import Config
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
 from tests.helpers import free_port, wait_until
@@ -23,14 +24,14 @@ def federated(node: Node) -> int:
     return 0 if relay is None else relay.statistics()["federated"]
 
 
-async def test_a_second_relay_federates_with_the_first_and_does_not_attach_to_it(
-    make_config: MakeConfig,
-) -> None:
-    """Relay 2 joined with an invite naming relay 1 and names relay 1 as its relay peer:
-    federated both ways; relay 2 has no member role (nothing under ``relaying.paths``,
-    no hello or manifest saying it is reached through relay 1), and each relay's status
-    lists the other as its peer relay."""
-    ports = (free_port(), free_port())
+def two_relays(
+    make_config: MakeConfig, saved_host: str = "127.0.0.1"
+) -> tuple[list[Config], list[int]]:
+    """Two relays of one community, each naming the other as its relay peer; relay 2's
+    address book holds relay 1 as a relay an invite brought, at ``saved_host`` (by default
+    the address of relay 1's ``--relay-peer`` URL on relay 2). Returns the configs and their
+    ports."""
+    ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     configs = [
         make_config(node={"port": ports[i]}, mesh={"relay": True, "relay_peers": [urls[1 - i]]})
@@ -39,8 +40,27 @@ async def test_a_second_relay_federates_with_the_first_and_does_not_attach_to_it
     one_community(configs)
     remember(
         configs[1],
-        [{"url": urls[0], "node": None, "source": "relay", "last_ok_ms": 0, "verified": False}],
+        [
+            {
+                "url": f"http://{saved_host}:{ports[0]}",
+                "node": None,
+                "source": "relay",
+                "last_ok_ms": 0,
+                "verified": False,
+            }
+        ],
     )  # what the invite made on relay 1 left in relay 2's address book
+    return configs, ports
+
+
+async def test_a_second_relay_federates_with_the_first_and_does_not_attach_to_it(
+    make_config: MakeConfig,
+) -> None:
+    """Relay 2 joined with an invite naming relay 1 and names relay 1 as its relay peer:
+    federated both ways; relay 2 has no member role (nothing under ``relaying.paths``,
+    no hello or manifest saying it is reached through relay 1), and each relay's status
+    lists the other as its peer relay."""
+    configs, _ = two_relays(make_config)
     async with Node(configs[0]) as relay1, Node(configs[1]) as relay2:
         ids = (relay1.keys.node_id, relay2.keys.node_id)
         await wait_until(
@@ -72,18 +92,7 @@ async def test_a_relay_peer_named_under_another_url_is_not_attached_to_either(
     """The invite named relay 1 by another URL than relay 2's ``--relay-peer`` (a name,
     and an IP address): once relay 2's dial finds relay 1 there, that URL is dropped from
     the relays it attaches to and is reached through; it never attached to relay 1."""
-    ports = (free_port(), free_port())
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
-    configs = [
-        make_config(node={"port": ports[i]}, mesh={"relay": True, "relay_peers": [urls[1 - i]]})
-        for i in range(2)
-    ]
-    one_community(configs)
-    other = f"http://localhost:{ports[0]}"
-    remember(
-        configs[1],
-        [{"url": other, "node": None, "source": "relay", "last_ok_ms": 0, "verified": False}],
-    )
+    configs, _ = two_relays(make_config, saved_host="localhost")
     async with Node(configs[0]) as relay1, Node(configs[1]) as relay2:
         ids = (relay1.keys.node_id, relay2.keys.node_id)
         relaying = relay2.mesh.relaying
