@@ -213,7 +213,6 @@ class Bridge:
             Unavailable: the log's queue is full; the messages before it were taken.
             HearthNetError: a commit failed (the caller pulls or is pushed them again).
         """
-        taken = 0
         commits: list[asyncio.Future[Any]] = []
         try:
             taken = self._queue_messages(remote, items, commits)
