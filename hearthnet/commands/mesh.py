@@ -264,14 +264,17 @@ def _ask_running(args: argparse.Namespace) -> dict[str, Any]:
 def _relays_at_next_start(args: argparse.Namespace) -> list[str]:
     """The relays a stopped node attaches to at a plain ``hearthnet node start``: the
     configuration's ``mesh.relay_urls`` and those its own invite brought (in its peer
-    book, mesh/relaying.py)."""
+    book), but a relay's ``mesh.relay_peers`` (mesh/relaying.py, ``member_urls``)."""
     from hearthnet.mesh.addresses import PeerBook, normalize_url
 
+    mesh = config_of(args).mesh
     book = PeerBook(data_dir_of(args) / "mesh" / "peers.json")
     book.load()
-    configured = [normalize_url(u) for u in config_of(args).mesh.relay_urls]
+    configured = [normalize_url(u) for u in mesh.relay_urls]
     saved = [a.url for a in book.addresses.values() if a.source == "relay"]
-    return list(dict.fromkeys([*configured, *saved]))
+    # a relay federates with its --relay-peer relays and never attaches to them
+    peers = {normalize_url(u) for u in mesh.relay_peers} if mesh.relay else set()
+    return [u for u in dict.fromkeys([*configured, *saved]) if u not in peers]
 
 
 def cmd_community_revoke(args: argparse.Namespace) -> int:

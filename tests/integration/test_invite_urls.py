@@ -36,20 +36,24 @@ def _invite(data_dir: Path, *extra: str) -> Any:
     return json.loads(made.stdout)
 
 
-def _config(data_dir: Path, relay: str) -> None:
-    """``[mesh] relay_urls = [relay]`` in the data dir's ``hearthnet.toml``."""
+def _config(data_dir: Path, relay: str, *more: str) -> None:
+    """``[mesh] relay_urls = [relay]`` (and ``more`` lines) in ``hearthnet.toml``."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    (data_dir / "hearthnet.toml").write_text(f'[mesh]\nrelay_urls = ["{relay}"]\n')
+    lines = ["[mesh]", f'relay_urls = ["{relay}"]', *more]
+    (data_dir / "hearthnet.toml").write_text("\n".join(lines) + "\n")
 
 
 def test_an_invite_names_the_relays_the_running_node_attaches_to(tmp_path: Path) -> None:
-    """A node started with ``--relay-url`` over a ``hearthnet.toml`` naming another relay,
-    whose file then changes again: its invites name the relay it attaches to (they once
-    named the file's), ``--relay-url`` and ``--bootstrap`` still name others."""
+    """A node started with ``--relay-url`` and ``--advertise-url`` over a
+    ``hearthnet.toml`` naming others, whose file then changes again: its invites name the
+    relay it attaches to (they once named the file's) and the URL it advertises;
+    ``--relay-url`` and ``--bootstrap`` still name others."""
     data_dir = tmp_path / "n"
-    in_file, given, changed, named = (_relay_url() for _ in range(4))
-    _config(data_dir, in_file)
-    node = start_node_process(data_dir, *MESH_ARGS, "--relay-url", given)
+    in_file, given, changed, named, advertised = (_relay_url() for _ in range(5))
+    _config(data_dir, in_file, f'advertise_url = "{_relay_url()}"')
+    node = start_node_process(
+        data_dir, *MESH_ARGS, "--relay-url", given, "--advertise-url", advertised
+    )
     try:
         mesh_url = status_of(node)["mesh_url"]
         first = _invite(data_dir)
@@ -59,9 +63,9 @@ def test_an_invite_names_the_relays_the_running_node_attaches_to(tmp_path: Path)
         manifest = json.load(urllib.request.urlopen(node.url + "/manifest", timeout=5))
     finally:
         node.stop()
-    assert [([mesh_url], [given])] * 2 + [([named], [named])] + [[given]] == [
-        *((i["bootstrap"], i["relays"]) for i in (first, second, flags)),
-        manifest["relays"],
+    assert (advertised, [given]) == (mesh_url, manifest["relays"])
+    assert [([advertised], [given])] * 2 + [([named], [named])] == [
+        (i["bootstrap"], i["relays"]) for i in (first, second, flags)
     ]
 
 
@@ -81,30 +85,41 @@ def test_an_invite_of_a_relay_with_a_changed_file_names_the_relay(tmp_path: Path
 
 def test_an_invite_with_the_node_stopped_needs_bootstrap(tmp_path: Path) -> None:
     """With the node stopped, an invite without ``--bootstrap`` is refused (exit 3, saying
-    to start the node or name the addresses); with it, the relays are the file's and the
-    invite's a plain start attaches to, and a note says so; ``--relay-url`` wins."""
-    data_dir = tmp_path / "n"
-    in_file, other = _relay_url(), _relay_url()
-    _config(data_dir, in_file)
-    node = start_node_process(data_dir, *MESH_ARGS)
-    node.stop()
-    refused = run_cli("community", "invite", "--data-dir", str(data_dir))
+    to start the node or name the addresses); with it, the relays are those a plain start
+    attaches to (the file's, and those the node's own invite brought; a relay's
+    ``relay_peers`` left out), and a note says so; ``--relay-url`` wins."""
+    anchor_dir, data_dir = tmp_path / "anchor", tmp_path / "n"
+    in_file, brought, other = (_relay_url() for _ in range(3))
+    anchor = start_node_process(anchor_dir, *MESH_ARGS)
+    try:
+        made = _invite(
+            anchor_dir, "--level", "trusted", "--relay-url", brought, "--bootstrap", anchor.url
+        )
+        _config(data_dir, in_file)
+        start_node_process(data_dir, *MESH_ARGS, "--join", made["invite"]).stop()
+    finally:
+        anchor.stop()
+    d = ("--data-dir", str(data_dir))
+    refused = run_cli("community", "invite", *d)
     bootstrap = ("--bootstrap", "http://192.0.2.1:7080")
-    fallback = run_cli("community", "invite", "--json", "--data-dir", str(data_dir), *bootstrap)
+    fallback = run_cli("community", "invite", "--json", *d, *bootstrap)
     given = _invite(data_dir, *bootstrap, "--relay-url", other)
+    _config(data_dir, in_file, "relay = true", f'relay_peers = ["{brought}"]')
+    as_relay = _invite(data_dir, *bootstrap)
     assert (3, True, True) == (
         refused.returncode,
         "hearthnet: no running node found" in refused.stderr,
         "start it first, or give them: hearthnet community invite --bootstrap URL"
         in refused.stderr,
     )
-    assert (0, ["http://192.0.2.1:7080"], [in_file], True, [other]) == (
+    assert (0, ["http://192.0.2.1:7080"], [in_file, brought], True, [other], [in_file]) == (
         fallback.returncode,
         json.loads(fallback.stdout)["bootstrap"],
         json.loads(fallback.stdout)["relays"],
-        f"note: the node is not running: the invite names the relays it attaches to when"
-        f" started without flags ({in_file})" in fallback.stderr,
+        "note: the node is not running: the invite names the relays it attaches to when"
+        f" started without flags ({in_file}, {brought})" in fallback.stderr,
         given["relays"],
+        as_relay["relays"],
     )
 
 
