@@ -30,7 +30,7 @@ from hearthnet.commands.common import (
     submit_record,
 )
 from hearthnet.commands.output import Column, add_json_flag, emit, key, print_fields, print_table
-from hearthnet.errors import ConfigError, NodeNotRunning
+from hearthnet.errors import ConfigError, NodeNotRunning, Unavailable
 
 
 def _path(peer: Mapping[str, Any]) -> str | None:
@@ -245,7 +245,6 @@ def _ask_running(args: argparse.Namespace) -> dict[str, Any]:
     Raises:
         NodeNotRunning: no run file, or no node answers at its URL.
     """
-    from hearthnet.errors import Unavailable
 
     async def main() -> Any:
         async with client_of(args) as client:
