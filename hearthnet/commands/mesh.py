@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -26,11 +27,10 @@ from hearthnet.commands.common import (
     node_url_arg,
     parse_duration_ms,
     run,
-    status_of,
     submit_record,
 )
 from hearthnet.commands.output import Column, add_json_flag, emit, key, print_fields, print_table
-from hearthnet.errors import ConfigError, NodeNotRunning
+from hearthnet.errors import ConfigError, NodeNotRunning, Unavailable
 
 
 def _path(peer: Mapping[str, Any]) -> str | None:
@@ -173,19 +173,7 @@ def cmd_community_invite(args: argparse.Namespace) -> int:
             "anchor's node (hearthnet community invite --data-dir <its data dir>), or have an "
             "anchor give this node an invite made with --level trusted"
         )
-    bootstrap = list(args.bootstrap or [])
-    relays = list(args.relay_url or config_of(args).mesh.relay_urls)
-    if not bootstrap or not relays:
-        try:
-            running = _relays_of_running(args)
-        except NodeNotRunning as exc:
-            if not bootstrap:
-                raise ConfigError(
-                    "pass --bootstrap URL (the node is not running to ask it)"
-                ) from exc
-        else:
-            bootstrap = bootstrap or [running["mesh_url"]]
-            relays = relays or running["relays"]
+    bootstrap, relays = _invite_urls(args)
     invite = Invite.issue(
         keys,
         community=membership.community_id,
@@ -209,23 +197,83 @@ def cmd_community_invite(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _relays_of_running(args: argparse.Namespace) -> dict[str, Any]:
-    """The running node's ``mesh_url`` and the relays it is reached through: those it
-    attaches to (``--relay-url``, the relays its own invite brought), else itself when it
-    is a relay (spec §8: a new member attaches to them)."""
-    from hearthnet.client import get_public_json
+def _invite_urls(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The invite's bootstrap and relay URLs: ``--bootstrap`` and ``--relay-url`` as
+    given, and for what is not given, what the running node uses now (spec §8: its mesh
+    URL; the relays it attaches to, else itself when it is a relay), asked of the node,
+    since flags or a configuration file changed since its start may say otherwise.
 
-    status = status_of(args)
-    url = node_url(args)
+    With the node stopped, ``--bootstrap`` must be given; the relays are then
+    ``--relay-url``'s, else those a plain ``hearthnet node start`` would attach to (the
+    configuration file's ``mesh.relay_urls`` and the relays this node's invite brought),
+    and a note on stderr says so.
+
+    Raises:
+        NodeNotRunning: no node runs and no ``--bootstrap`` was given.
+    """
+    bootstrap = list(args.bootstrap or [])
+    relays = list(args.relay_url or [])
+    if bootstrap and relays:
+        return bootstrap, relays
+    try:
+        running = _ask_running(args)
+    except NodeNotRunning as exc:
+        if not bootstrap:
+            raise NodeNotRunning(
+                f"{exc}; an invite names the addresses the running node uses (its mesh URL"
+                " and relays), so start it first, or give them: hearthnet community invite"
+                " --bootstrap URL [--relay-url URL]..."
+            ) from exc
+        if not args.relay_url:
+            relays = _relays_at_next_start(args)
+            print(
+                "hearthnet: note: the node is not running: the invite names the relays it"
+                " attaches to when started without flags"
+                f" ({', '.join(relays) if relays else 'none'}); give --relay-url URL to name"
+                " others",
+                file=sys.stderr,
+            )
+        return bootstrap, relays
+    return bootstrap or list(running["bootstrap"]), (
+        relays if args.relay_url else list(running["relays"])
+    )
+
+
+def _ask_running(args: argparse.Namespace) -> dict[str, Any]:
+    """``GET /mesh/v1/invite-urls`` of the running node, signed with this data dir's key.
+
+    Raises:
+        NodeNotRunning: no run file, or no node answers at its URL.
+    """
 
     async def main() -> Any:
-        return await get_public_json(url, "/manifest")
+        async with client_of(args) as client:
+            return await client.request_json("GET", "/mesh/v1/invite-urls")
 
-    manifest = run(main)
-    relays = list(manifest.get("relays") or [])
-    if not relays and manifest.get("relay") is True:
-        relays = [status["mesh_url"]]
-    return {"mesh_url": status["mesh_url"], "relays": relays}
+    try:
+        answer: dict[str, Any] = run(main)
+    except Unavailable as exc:
+        cause = exc.__cause__
+        if isinstance(cause, OSError) and cause.errno == errno.ECONNREFUSED:
+            raise NodeNotRunning(f"no node answers at {node_url(args)}") from exc
+        raise
+    return answer
+
+
+def _relays_at_next_start(args: argparse.Namespace) -> list[str]:
+    """The relays a stopped node attaches to at a plain ``hearthnet node start``: the
+    configuration's ``mesh.relay_urls`` and those its own invite brought (in its peer
+    book), but a relay's ``mesh.relay_peers`` (mesh/relaying.py, ``member_urls``)."""
+    from hearthnet.mesh.addresses import PeerBook, normalize_url
+
+    mesh = config_of(args).mesh
+    book = PeerBook(data_dir_of(args) / "mesh" / "peers.json")
+    book.load()
+    configured = [normalize_url(u) for u in mesh.relay_urls]
+    saved = [a.url for a in book.addresses.values() if a.source == "relay"]
+    # a relay federates with its --relay-peer relays and never attaches to them
+    peers = {normalize_url(u) for u in mesh.relay_peers} if mesh.relay else set()
+    return [u for u in dict.fromkeys([*configured, *saved]) if u not in peers]
 
 
 def cmd_community_revoke(args: argparse.Namespace) -> int:
@@ -393,14 +441,16 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
         action="append",
         type=node_url_arg,
         metavar="URL",
-        help="where the new node joins (default: this node's mesh URL)",
+        help="where the new node joins (default: the running node's mesh URL; required"
+        " when the node is stopped)",
     )
     invite.add_argument(
         "--relay-url",
         action="append",
         type=node_url_arg,
         metavar="URL",
-        help="relay the new node attaches to (repeatable; default: this node's mesh.relay_urls)",
+        help="relay the new node attaches to (repeatable; default: the relays the running"
+        " node attaches to, else itself when it is a relay)",
     )
     add_json_flag(invite, "print {invite, community, level, expires_ms, bootstrap, relays}")
     invite.set_defaults(func=cmd_community_invite)

@@ -9,6 +9,11 @@ signed hello answering our nonce). Anything else (an inbound hello's ``url``, pe
 exchange, discovery) is a claim: it never overwrites a verified NodeID, is not shared with
 peers as that node's address, and the address is dialled expecting no particular node, so
 whoever answers there is what gets recorded.
+
+A linked peer's own claim (its hello's ``url``) is passed on in peer exchange as
+``claimed_by`` that peer, and kept as :attr:`PeerAddress.claimed_by`: ``hearthnet peers``
+lists the address under that node (one row per peer: behind NAT, a peer reached through
+a relay is not listed again as a nameless address), and nothing else reads it.
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ class PeerAddress:
     next_try: float = 0.0
     last_ok_ms: int = 0
     verified: bool = False  # ``node`` is what our own dial of ``url`` reached
+    # the node whose own hello gives this address, as a peer passed it on: for
+    # ``hearthnet peers`` only (never expected on a dial, never shared as its)
+    claimed_by: str | None = None
 
     @property
     def expect(self) -> str | None:
@@ -59,13 +67,14 @@ class PeerAddress:
 
     def to_json(self) -> dict[str, Any]:
         """Stored form."""
-        return {
+        stored = {
             "url": self.url,
             "node": self.node,
             "source": self.source,
             "last_ok_ms": self.last_ok_ms,
             "verified": self.verified,
         }
+        return stored if self.claimed_by is None else {**stored, "claimed_by": self.claimed_by}
 
 
 class PeerBook:
@@ -78,15 +87,23 @@ class PeerBook:
         self.dirty = False
 
     def add(
-        self, url: str, *, node: str | None = None, source: str = "bootstrap"
+        self,
+        url: str,
+        *,
+        node: str | None = None,
+        source: str = "bootstrap",
+        claimed_by: str | None = None,
     ) -> PeerAddress | None:
         """Learn an address (refusing our own); returns it, or None when refused. ``node``
-        is a claim: it replaces an unverified NodeID, never a verified one."""
+        is a claim: it replaces an unverified NodeID, never a verified one. ``claimed_by``:
+        the node whose own hello gives the address (:attr:`PeerAddress.claimed_by`)."""
         try:
             url = normalize_url(url)
         except BadRequest:
             return None
         if url in self.own_urls or (node is not None and not is_node_id(node)):
+            return None
+        if claimed_by is not None and not is_node_id(claimed_by):
             return None
         entry = self.addresses.get(url)
         if entry is None:
@@ -96,6 +113,9 @@ class PeerBook:
             self.dirty = True
         elif node is not None and entry.node != node and not entry.verified:
             entry.node = node
+            self.dirty = True
+        if claimed_by is not None and entry.claimed_by != claimed_by:
+            entry.claimed_by = claimed_by
             self.dirty = True
         return entry
 
@@ -154,10 +174,16 @@ class PeerBook:
 
     def exchange_entry(self, address: str, node: str) -> dict[str, Any]:
         """The peer-exchange entry for a linked ``node`` at ``address``: with its NodeID
-        only where our own dial found that node there (else a claim, which whoever dials
-        it checks)."""
-        if self.verified_node(address) == node:
+        only where our own dial found that node there; else the address the node's own
+        hello claims, ``claimed_by`` it (whoever dials it checks who answers, and lists it
+        under that node meanwhile: behind a symmetric NAT the address is another home's
+        private one that only the relayed peer's row may show); a claim our own dial
+        found false (another node answers there) goes without either."""
+        verified = self.verified_node(address)
+        if verified == node:
             return {"url": address, "node": node}
+        if verified is None:
+            return {"url": address, "claimed_by": node}
         return {"url": address}
 
     def urls_for_exchange(self, limit: int = 64) -> list[dict[str, Any]]:
@@ -172,8 +198,18 @@ class PeerBook:
         """Peer exchange: remember the addresses a member shared (spec §7.1), at most
         ``limit`` of them, never our own."""
         for entry in peers[:limit]:
-            if isinstance(entry, dict) and entry.get("node") != own_node:
-                self.add(str(entry.get("url", "")), node=entry.get("node"), source="exchange")
+            if not isinstance(entry, dict) or own_node in (
+                entry.get("node"),
+                entry.get("claimed_by"),
+            ):
+                continue
+            claimant = entry.get("claimed_by")
+            self.add(
+                str(entry.get("url", "")),
+                node=entry.get("node"),
+                source="exchange",
+                claimed_by=claimant if is_node_id(claimant) else None,
+            )
 
     def known_peers(
         self, linked: set[str], claimed: dict[str, str] | None = None
@@ -183,10 +219,16 @@ class PeerBook:
         is listed once, with the address that last worked (else the one that failed
         least) as ``url`` and all of them in ``urls``. Addresses whose node is unknown
         are listed one by one, but for those in ``claimed`` (URL -> NodeID: what linked
-        peers say their address is), which are that node's."""
+        peers say their address is) or that a peer passed on ``claimed_by`` a node, which
+        are that node's."""
         # an address whose node is not known yet is the node known at the same host and
         # port under the other scheme, if any, else the node that claims it
         at = {_host_port(u): n for u, n in _normalized(claimed or {}).items()}
+        at.update(
+            (_host_port(a.url), a.claimed_by)
+            for a in self.addresses.values()
+            if a.claimed_by is not None
+        )
         at.update(
             (_host_port(a.url), a.node) for a in self.addresses.values() if a.node is not None
         )
@@ -217,6 +259,8 @@ class PeerBook:
                 if entry is not None:
                     entry.last_ok_ms = int(item.get("last_ok_ms") or 0)
                     entry.verified = item.get("verified") is True and entry.node is not None
+                    claimant = item.get("claimed_by")
+                    entry.claimed_by = claimant if is_node_id(claimant) else None
         self.dirty = False
 
     def save(self) -> None:

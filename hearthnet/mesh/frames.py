@@ -306,7 +306,7 @@ class Caps(_Frame):
 
 @dataclass(frozen=True, slots=True)
 class Peers(_Frame):
-    """``peers {peers: [{node, url}]}``: peer exchange (spec §7.1)."""
+    """``peers {peers: [{url, node?, claimed_by?}]}``: peer exchange (spec §7.1)."""
 
     KIND: ClassVar[str] = "peers"
     peers: tuple[Any, ...]

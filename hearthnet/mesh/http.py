@@ -1,7 +1,7 @@
 """Mesh endpoints: ``/mesh/v1/peer`` (peer links), ``/mesh/v1/peers`` (status),
-``/mesh/v1/membership`` (submit signed membership records), ``/mesh/v1/join``
-(redeem an invite) and, on a relay, ``/mesh/v1/relay/join`` (carry a join to an inviter
-behind NAT, spec §8)."""
+``/mesh/v1/invite-urls`` (what an invite made here names), ``/mesh/v1/membership``
+(submit signed membership records), ``/mesh/v1/join`` (redeem an invite) and, on a
+relay, ``/mesh/v1/relay/join`` (carry a join to an inviter behind NAT, spec §8)."""
 
 from __future__ import annotations
 
@@ -74,6 +74,7 @@ class MeshHttp:
         return [
             web.get("/mesh/v1/peer", self.mesh.accept),
             web.get("/mesh/v1/peers", self.peers),
+            web.get("/mesh/v1/invite-urls", self.invite_urls),
             web.post("/mesh/v1/membership", self.membership),
             web.post("/mesh/v1/join", self.join),
             web.post(RELAY_JOIN_PATH, self.relay_join),
@@ -98,6 +99,39 @@ class MeshHttp:
             )
         return json_response(
             {"node": self.keys.node_id, "url": self.mesh.url, "peers": self.mesh.peers_status()}
+        )
+
+    async def invite_urls(self, request: web.Request) -> web.Response:
+        """What ``hearthnet community invite`` names by default, as this node runs now
+        (members only: the command signs with the node's key): ``bootstrap``, the mesh URL
+        it advertises, and ``relays``, those a new member attaches to (spec §8): the relays
+        it attaches to (given at its start, or brought by its own invite; not those it
+        federates with), else itself when it is a relay, else none. Read from the running
+        node, not from a configuration file that may have changed since it started, or
+        that flags overrode."""
+        caller = self.authenticator.authenticate_headers(
+            method="GET",
+            path=request.raw_path,
+            body=None,
+            signed=read_signed_headers(request.headers),
+            now_ms=now_ms(),
+        )
+        if caller.kind == "federated" or caller.token is not None:
+            raise Forbidden(
+                "invite URLs are for members of this community: run hearthnet community"
+                " invite with the --data-dir of a member's node"
+            )
+        relaying = self.mesh.relaying
+        relays = list(relaying.relay_urls)
+        if not relays and relaying.relay is not None:
+            relays = [self.mesh.url]
+        return json_response(
+            {
+                "node": self.keys.node_id,
+                "community": self.authenticator.community_id,
+                "bootstrap": [self.mesh.url],
+                "relays": relays,
+            }
         )
 
     async def membership(self, request: web.Request) -> web.Response:

@@ -4,7 +4,8 @@ relay joins and the two federate, the first naming the second from its first sta
 it need not restart: that step was checked by hand), "A home node behind NAT" (join with the relay's
 invite, restart without flags, a second relay in ``hearthnet.toml``), then the
 commands a user checks it with, each a real ``hearthnet`` CLI process in the home's
-namespace: ``peers`` (table and ``--json``), ``call``, ``pub``/``sub``, ``bridge``,
+namespace: ``peers`` (table and ``--json``: one row per peer, no nameless row at the
+other home's private address), ``call``, ``pub``/``sub``, ``bridge``,
 ``node status``, the relay's ``/metrics``; and the first relay stopped, the homes
 carry on through the second.
 
@@ -116,6 +117,15 @@ def relays_attached(user: User) -> set[str]:
     return set(json.loads(text)["relaying"]["paths"]["attached"])
 
 
+def one_row_each(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """The addresses of ``hearthnet peers --json`` rows with no node (another home's
+    private address, passed on by the relay, once made one), and the nodes listed twice."""
+    nodes = [r["node"] for r in rows if r["node"] is not None]
+    return [r["url"] for r in rows if r["node"] is None], sorted(
+        {n for n in nodes if nodes.count(n) > 1}
+    )
+
+
 def metrics(user: User, prefix: str) -> float:
     """The sum of the node's ``/metrics`` samples whose line starts with ``prefix``."""
     text = user.machine.run("curl", "-s", "http://127.0.0.1:7080/metrics", timeout=30).stdout
@@ -161,6 +171,7 @@ def test_the_relay_and_home_node_docs_word_for_word(
             "home A relayed to home B through the first relay",
         )
         table = home_a.run("peers")
+        rows = home_a.json("peers")["peers"]
         answer = home_a.json("call", "echo@1.0", "--body", '{"x": 1}', "--target", b)
         sub = home_b.machine.popen(*home_b.argv("sub", "home.news", "--last", "3", "--count", "3"))
         procs.append(sub)
@@ -227,6 +238,7 @@ def test_the_relay_and_home_node_docs_word_for_word(
         (invite["bootstrap"], invite["relays"]),
         True,
         True,
+        ([], []),
         ({"echo": {"x": 1}}, b),
         {"echo": {"x": 2}},
         "p1",
@@ -243,6 +255,7 @@ def test_the_relay_and_home_node_docs_word_for_word(
         ([url1], [url1]),
         paths[b] in through(relay1),
         via_relay(table),
+        one_row_each(rows),
         (answer["output"], answer["meta"]["node"]),
         by_event.get(("output", "c1")),
         by_event.get(("published.ok", None), {}).get("ref"),

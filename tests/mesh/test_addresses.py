@@ -168,6 +168,56 @@ def test_only_verified_addresses_are_saved_as_verified(tmp_path: Path) -> None:
     )
 
 
+def test_a_peers_own_claim_travels_with_its_node_id_and_lists_it_once(tmp_path: Path) -> None:
+    """An address a linked peer's hello claims is passed on ``claimed_by`` it (not as its
+    ``node``: our dial did not check it); the receiver lists it under that node, so a
+    peer it reaches through a relay has one row, also after a restart, while the address
+    is still dialled expecting nobody and its node stays unknown to the dial loop."""
+    sender = PeerBook()
+    sender.add("http://192.168.2.10:7080", node=PEER, source="inbound")
+    entry = sender.exchange_entry("http://192.168.2.10:7080", PEER)
+    book = PeerBook(tmp_path / "peers.json")
+    book.learn_exchanged([entry], "me")
+    book.failed("http://192.168.2.10:7080", 0.0)
+    linked = book.known_peers(linked={PEER})
+    book.save()
+    again = PeerBook(tmp_path / "peers.json")
+    again.load()
+    address = again.addresses["http://192.168.2.10:7080"]
+    assert (
+        {"url": "http://192.168.2.10:7080", "claimed_by": PEER},
+        [],
+        [(PEER, "http://192.168.2.10:7080")],
+        (None, None, PEER),
+    ) == (
+        entry,
+        linked,
+        [(r["node"], r["url"]) for r in again.known_peers(linked=set())],
+        (address.node, address.expect, address.claimed_by),
+    )
+
+
+def test_a_claim_our_dial_found_false_is_passed_on_without_a_node() -> None:
+    """A linked peer claims an address where our own dial found another node: it goes on
+    with neither; a claim naming the receiver itself, or no NodeID, is not taken as one."""
+    book = PeerBook()
+    book.succeeded("http://10.0.0.2:7080", PEER, 42)
+    false = book.exchange_entry("http://10.0.0.2:7080", MALLORY)
+    receiver = PeerBook()
+    receiver.learn_exchanged(
+        [
+            {"url": "http://10.0.0.3:7080", "claimed_by": PEER},
+            {"url": "http://10.0.0.4:7080", "claimed_by": "bob"},
+        ],
+        PEER,
+    )
+    assert ({"url": "http://10.0.0.2:7080"}, ["http://10.0.0.4:7080"], None) == (
+        false,
+        list(receiver.addresses),
+        receiver.addresses["http://10.0.0.4:7080"].claimed_by,
+    )
+
+
 def test_retry_now_ends_the_backoff_of_those_nodes_only() -> None:
     """The addresses of the nodes named are due at once with no failures; a held one
     (its link is up) and other nodes' addresses keep waiting."""

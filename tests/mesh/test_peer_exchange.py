@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from hearthnet.config import Config
+from hearthnet.mesh.addresses import normalize_url
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
 from tests.helpers import free_port, wait_until
 from tests.mesh.rawpeer import raw_peer
-from tests.mesh.test_relaying import UNDIALLABLE, one_community
+from tests.mesh.test_relaying import UNDIALLABLE, one_community, path_to, relayed_to
 
 
 async def test_a_node_that_only_dials_out_links_to_a_later_peer(make_config: MakeConfig) -> None:
@@ -70,3 +72,44 @@ async def test_a_node_behind_nat_learns_a_peer_whose_url_its_hub_has_not_checked
                 unchecked = b.mesh.book.verified_node(c_url)
                 outbound = a.mesh.links[c.keys.node_id].outbound
     assert (None, True) == (unchecked, outbound)
+
+
+async def test_a_relayed_peers_private_address_is_listed_in_its_own_row(
+    make_config: MakeConfig,
+) -> None:
+    """A and B behind NATs of their own reach each other through relay R; the relay
+    passes on the private address B's hello claims. A's peer list once showed it as a
+    ``known`` row with no node beside B's relayed row; now one row per peer: the address
+    is B's (its row while B is away), and still dialled expecting nobody."""
+    configs = [make_config(mesh={"relay": True}), make_config(), make_config()]
+    one_community(configs)
+    homes = {"a": "http://127.0.0.2:9", "b": "http://127.0.0.3:9"}  # private, undiallable
+
+    def home(config: Config, relay: str, url: str) -> Config:
+        return dataclasses.replace(config, mesh=dataclasses.replace(
+            relayed_to(config, relay).mesh, advertise_url=url, dial_interval_s=0.1
+        ))  # fmt: skip
+
+    async with Node(configs[0]) as relay, Node(home(configs[1], relay.url, homes["a"])) as a:
+        async with Node(home(configs[2], relay.url, homes["b"])) as b:
+            b_id = b.keys.node_id
+            await wait_until(lambda: path_to(a, b) == "relayed", 20, "a relayed to b")
+            await wait_until(
+                lambda: normalize_url(homes["b"]) in a.mesh.book.addresses,
+                10,
+                "the relay passed b's address on",
+            )
+            linked = [(r["node"], r["linked"], r["url"]) for r in a.mesh.peers_status()]
+            address = a.mesh.book.addresses[normalize_url(homes["b"])]
+        await wait_until(lambda: b_id not in a.mesh.links, 15, "a saw b leave")
+        away = [(r["node"], r["url"]) for r in a.mesh.peers_status() if r["node"] == b_id]
+    relay_id = relay.keys.node_id
+    assert (
+        [(relay_id, True, relay.url), (b_id, True, None)],
+        (None, None, b_id),
+        [(b_id, normalize_url(homes["b"]))],
+    ) == (
+        sorted(linked, key=lambda r: r[0] != relay_id),
+        (address.node, address.expect, address.claimed_by),
+        away,
+    )
