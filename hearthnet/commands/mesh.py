@@ -30,7 +30,7 @@ from hearthnet.commands.common import (
     submit_record,
 )
 from hearthnet.commands.output import Column, add_json_flag, emit, key, print_fields, print_table
-from hearthnet.errors import ConfigError, NodeNotRunning, Unavailable
+from hearthnet.errors import ConfigError, NodeNotRunning, NotFound, Unavailable
 
 
 def _path(peer: Mapping[str, Any]) -> str | None:
@@ -257,6 +257,12 @@ def _ask_running(args: argparse.Namespace) -> dict[str, Any]:
         if isinstance(cause, OSError) and cause.errno == errno.ECONNREFUSED:
             raise NodeNotRunning(f"no node answers at {node_url(args)}") from exc
         raise
+    except NotFound as exc:
+        raise ConfigError(
+            f"the node at {node_url(args)} is older than this command and cannot say which"
+            " URLs it uses: restart it (hearthnet node stop, then hearthnet node start), or"
+            " give them: hearthnet community invite --bootstrap URL [--relay-url URL]..."
+        ) from exc
     return answer
 
 
