@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
 LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
@@ -76,6 +77,8 @@ QUICK_JIT = "-XX:TieredStopAtLevel=1"
 SMALL_INPUT_JVM = "-XX:+UseSerialGC"
 # the JVM of a run on a large (or unknown) input: the parallel collector
 LARGE_INPUT_JVM = "-XX:+UseParallelGC"
+# the JVM of Spark's launcher (it prints the driver's command line and exits)
+LAUNCHER_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 # Spark settings of a local session on a small input (with the quick JIT)
 SMALL_INPUT_CONF = {"spark.sql.adaptive.enabled": "false"}
 # and on a tiny one: no whole-stage code generation, expressions interpreted rather than
@@ -165,25 +168,36 @@ def class_archive_options(cache_dir: Path) -> list[str]:
     With no archive yet, the JVM writes one when it exits (Java's dynamic class-data
     sharing), under a name of this process; :func:`stop` waits for that JVM to exit
     and only then gives the file the archive's name, so no run maps one half written.
-    A JVM that finds an archive it cannot use (another build) starts without it. No
-    options when the directory's path has white space (the JVM options are split on it).
+    A JVM that finds an archive it cannot use (another build) starts without it; one
+    that fails to start with it (a damaged archive crashes Java 17 as it maps it) is
+    started again without it by :func:`build_session`, which removes it. No options
+    when the directory's path has white space (the JVM options are split on it), or
+    when the directory cannot be made or written.
     """
     archive = class_archive(cache_dir)
     if any(ch.isspace() for ch in str(archive)):
         return []
     if archive.is_file():
         return [f"-XX:SharedArchiveFile={archive}"]
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError:  # no cache here (read-only, not a directory): run without
+        return []
+    if not os.access(cache_dir, os.W_OK):
+        return []
     return [f"-XX:ArchiveClassesAtExit={archive}.{os.getpid()}"]
 
 
 def stop(spark: SparkSession, class_cache: Path | None = None, wait_s: float = 120.0) -> None:
-    """Stop the session; with ``class_cache``, also let the local JVM exit (it exits when
-    its standard input closes), so the archive it writes on exit is complete, and name it.
+    """Stop the session; when its local JVM is writing a class-data archive on exit, also
+    let the JVM exit (it exits when its standard input closes), so the archive is
+    complete, and name it. Otherwise the JVM finishes exiting on its own, as PySpark
+    leaves it, and the command returns without waiting for it.
     """
     proc: Any = getattr(spark.sparkContext._gateway, "proc", None)
+    options = str(spark.sparkContext.getConf().get("spark.driver.extraJavaOptions", ""))
     spark.stop()
-    if class_cache is None or proc is None:
+    if class_cache is None or proc is None or "-XX:ArchiveClassesAtExit=" not in options:
         return
     written = Path(f"{class_archive(class_cache)}.{os.getpid()}")
     with contextlib.suppress(OSError, ValueError):
@@ -194,6 +208,31 @@ def stop(spark: SparkSession, class_cache: Path | None = None, wait_s: float = 1
         return
     if written.is_file():
         os.replace(written, class_archive(class_cache))
+        _remove_stale_archives(class_cache)
+
+
+def _remove_stale_archives(cache_dir: Path) -> None:
+    """Remove the archives of other Spark or Java builds, and those left half written by
+    runs that are gone (each is the size of Spark's classes, ~170 MB)."""
+    current = class_archive(cache_dir).name
+    for path in cache_dir.glob("spark-classes-*.jsa*"):
+        if path.name == current:
+            continue
+        suffix = path.name.rpartition(".")[2]
+        if suffix.isdigit() and _alive(int(suffix)):
+            continue  # another run still writing its archive
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 @contextlib.contextmanager
@@ -344,9 +383,43 @@ def build_session(
     )
     if log_file is not None and not under_submit:
         java_options.append(f"-Dlog4j2.configurationFile={LOG4J2.as_uri()}")
+        crash_dir = str(log_file.parent.resolve())
+        if not any(ch.isspace() for ch in crash_dir):
+            # a JVM crash report goes beside the log, not into the current directory
+            java_options.append(f"-XX:ErrorFile={crash_dir}/hs_err_pid%p.log")
+    if not under_submit and (master or "local[*]").startswith("local"):
+        local_processes()
+    try:
+        return _start(builder, java_options, log_file if not under_submit else None)
+    except PySparkRuntimeError:
+        # the JVM did not come up: if it was mapping a class-data archive, the archive
+        # is the likely cause (Java 17 crashes on a damaged one); start without it
+        mapped = [o for o in java_options if o.startswith("-XX:SharedArchiveFile=")]
+        if class_cache is None or not mapped:
+            raise
+        with contextlib.suppress(OSError):
+            class_archive(class_cache).unlink()
+        rest = [o for o in java_options if o not in mapped]
+        return _start(builder, rest, log_file if not under_submit else None)
+
+
+def local_processes() -> None:
+    """Defaults for the processes a local session starts besides the JVM (the caller's
+    own settings stay): Python workers run this interpreter (PySpark's default is
+    whatever ``python3`` is first on the PATH: another version, or a shim that starts
+    a shell first), and Spark's launcher, a JVM of its own that only prints the
+    driver's command line, runs with the quick JIT and the serial collector."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LAUNCHER_OPTS", LAUNCHER_JVM)
+
+
+def _start(
+    builder: SparkSession.Builder, java_options: list[str], log_file: Path | None
+) -> SparkSession:
+    """Start the session with these driver JVM options, its output into ``log_file``."""
     if java_options:
         builder = builder.config("spark.driver.extraJavaOptions", " ".join(java_options))
-    if log_file is None or under_submit:
+    if log_file is None:
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
         return spark
