@@ -13,6 +13,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -56,16 +57,15 @@ def run(spark: SparkSession, cfg: JobConfig, progress: Progress = print) -> dict
     job = _Job(spark, cfg, progress)
     try:
         job.read()
-        # every step from here reads the pass's small aggregates (local mode: see session)
+        # every step from here reads the pass's small aggregates or the side records
+        # (beacons, traces: a few thousand rows), not the heartbeat records (local mode:
+        # see session)
         with (
             session.scoped_conf(spark, session.AFTER_PASS_CONF if job.local else {}),
             session.quick_jit(spark) if job.local else contextlib.nullcontext(),
         ):
-            job.span()
-            job.availability()
-            job.links()
-            job.partitions()
-            job.nodes()
+            job.sides()
+            job.steps()
             return job.finish()
     finally:
         job.release()
@@ -131,9 +131,7 @@ class _Job:
             cfg.until_ms,
         )
         self.obs = obs
-        self.ids = dict(obs.ids)
-        if raws["beacons"] is not None or raws["traces"] is not None:
-            self.ids.update(exports.node_names({k: raws[k] for k in ("beacons", "traces")}).ids)
+        self.raws = raws
         self.counts = c = obs.counts
         self.say(
             f"heartbeats: {c['records']} records, {c['skipped']} skipped (malformed),"
@@ -144,6 +142,13 @@ class _Job:
                 f"no usable heartbeat records in {cfg.input_uri}"
                 f" ({c['skipped']} malformed, {c['out_of_range']} out of range)"
             )
+
+    def sides(self) -> None:
+        """The beacons and traces: NodeIDs, deduplicated rows, counts, node names."""
+        cfg, raws = self.cfg, self.raws
+        self.ids = dict(self.obs.ids)
+        if raws["beacons"] is not None or raws["traces"] is not None:
+            self.ids.update(exports.node_names({k: raws[k] for k in ("beacons", "traces")}).ids)
         raw_hb = raws["heartbeats"]
         assert raw_hb is not None  # discover() guarantees heartbeat files
         # the records again, only where traces lacking their catch_up mark need them
@@ -183,6 +188,31 @@ class _Job:
             self.cached,
             Path(url2pathname(parsed.path)) if self.local and parsed.scheme == "file" else None,
         )
+
+    def steps(self) -> None:
+        """Every table, from two driver threads: Spark runs the jobs of both at once.
+
+        Alone, each step's jobs leave a core idle much of the time (the driver planning
+        the next query, a stage of one task); the two chains share only the span.
+        """
+        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="mesh-health") as pool:
+            spanned = pool.submit(self.span)
+            histograms = pool.submit(self.histograms)
+
+            def windows() -> None:
+                spanned.result()
+                self.availability()
+                self.partitions()
+
+            def per_link() -> None:
+                histograms.result()
+                spanned.result()
+                self.links()
+                self.nodes()
+
+            chains = [pool.submit(windows), pool.submit(per_link)]
+            for done in chains:
+                done.result()
 
     def span(self) -> None:
         """The per-link aggregates, the analysed windows, the nodes and the number of links."""
@@ -234,13 +264,22 @@ class _Job:
         )
         self.say("node_availability, node_outages written")
 
+    def histograms(self) -> None:
+        """The RTT and clock-offset histograms on the driver, and each link's RTT
+        distribution from them (for the report)."""
+        self.hist, self.offsets = aggregate.collect_histograms(self.obs.hists)
+        ids = self.ids
+        self.collected["rtt"] = [
+            {"a": ids.get(a), "b": ids.get(b), "q": q, "pongs": pongs}
+            for a, b, q, pongs in links.link_rtt_distribution(self.hist)
+        ]
+
     def links(self) -> None:
         """link_health, flapping links and the RTT distribution for the report."""
         t = self.tables
-        hist, self.offsets = aggregate.collect_histograms(self.obs.hists)
         flaps = self.keep(links.flap_events(self.obs.events))
         t.write(
-            links.link_health(self.sums, links.link_hours(self.spark, hist), flaps).select(
+            links.link_health(self.sums, links.link_hours(self.spark, self.hist), flaps).select(
                 t.node(sf.col("nid")).alias("node"),
                 t.node(sf.col("pid")).alias("peer"),
                 *_LINK_COLS,
@@ -251,11 +290,6 @@ class _Job:
         self.collected["flapping"] = _rows(
             flapping.select(t.node(sf.col("a")).alias("a"), t.node(sf.col("b")).alias("b"), "flaps")
         )
-        ids = self.ids
-        self.collected["rtt"] = [
-            {"a": ids.get(a), "b": ids.get(b), "q": q, "pongs": pongs}
-            for a, b, q, pongs in links.link_rtt_distribution(hist)
-        ]
         self.say("link_health written")
 
     def partitions(self) -> None:
@@ -360,7 +394,7 @@ class _Job:
             overall=overall,
             collected=self.collected,
             names={self.ids[k]: v for k, v in self.names.items() if k in self.ids},
-            tables=self.tables.written,
+            tables=[n for n in _TABLES if n in self.tables.written],
         )
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         self.say(f"summary.json written to {self.out}")
@@ -411,6 +445,19 @@ def _jvm_cpu_seconds(spark: SparkSession) -> float | None:
     return float(total.get().toMillis()) / 1000 if total.isPresent() else None
 
 
+# the tables in the order summary.json lists them (the steps write them concurrently)
+_TABLES = (
+    "node_availability",
+    "node_outages",
+    "link_health",
+    "partitions",
+    "partition_components",
+    "partition_events",
+    "relay_dependence",
+    "clock_skew",
+    "propagation",
+    "catch_up",
+)
 _AVAIL_COLS = (
     "hour_ms",
     "windows",
