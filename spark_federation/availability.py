@@ -24,11 +24,13 @@ def node_evidence(lw: DataFrame, beacons: DataFrame | None, window_ms: int) -> D
         window_ms: window width.
 
     Returns:
-        ``nid, win, own, seen, misses, downs, beacons``: ``own`` counts the node's own
-        records, ``seen`` pongs from it and link_ups to it recorded by peers,
-        ``misses``/``downs`` its own failed pings and closed links.
+        ``nid, win, own, seen, misses, downs, beacons, linked``: ``own`` counts the node's
+        own records, ``seen`` pongs from it and link_ups to it recorded by peers,
+        ``misses``/``downs`` its own failed pings and closed links, ``linked`` its own
+        pongs and link_ups (with ``seen``: whether a link of it worked in the window).
     """
     zero = sf.lit(0).cast("long")
+    working = (sf.col("pongs") + sf.col("ups")).cast("long")
     own = lw.select(
         "nid",
         "win",
@@ -37,15 +39,17 @@ def node_evidence(lw: DataFrame, beacons: DataFrame | None, window_ms: int) -> D
         sf.col("misses").cast("long").alias("misses"),
         sf.col("downs").cast("long").alias("downs"),
         zero.alias("beacons"),
+        working.alias("linked"),
     )
-    seen = lw.where(sf.col("pongs") + sf.col("ups") > 0).select(
+    seen = lw.where(working > 0).select(
         sf.col("pid").alias("nid"),
         "win",
         zero.alias("own"),
-        (sf.col("pongs") + sf.col("ups")).cast("long").alias("seen"),
+        working.alias("seen"),
         zero.alias("misses"),
         zero.alias("downs"),
         zero.alias("beacons"),
+        zero.alias("linked"),
     )
     parts = own.unionByName(seen)
     if beacons is not None:
@@ -58,12 +62,14 @@ def node_evidence(lw: DataFrame, beacons: DataFrame | None, window_ms: int) -> D
                 zero.alias("misses"),
                 zero.alias("downs"),
                 sf.lit(1).cast("long").alias("beacons"),
+                zero.alias("linked"),
             )
         )
+    counts = ("own", "seen", "misses", "downs", "beacons", "linked")
     return (
         parts.groupBy("nid", "win")
-        .agg(*[sf.sum(c).alias(c) for c in ("own", "seen", "misses", "downs", "beacons")])
-        .select("nid", "win", "own", "seen", "misses", "downs", "beacons")
+        .agg(*[sf.sum(c).alias(c) for c in counts])
+        .select("nid", "win", *counts)
     )
 
 
