@@ -24,6 +24,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
+import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
@@ -244,8 +245,9 @@ class _Job:
         nid, pid, lo_ts, hi_ts = links.columns(sums, "nid", "pid", "lo_ts", "hi_ts")
         self.first_win, self.last_win = full_windows(int(lo_ts.min()), int(hi_ts.max()), w)
         nodes = np.union1d(nid, pid).tolist()
-        # a local relation: joins take it as it is, with no job to compute or broadcast it
-        self.node_ids = self.spark.createDataFrame([(n,) for n in nodes], "nid long")
+        # a local relation (made from Arrow; from a list it is a parallelized RDD, and a
+        # join broadcasting it a job): joins take it as it is, with no job
+        self.node_ids = self.spark.createDataFrame(pa.table({"nid": pa.array(nodes, pa.int64())}))
         self.n_nodes = len(nodes)
         ends = zip(np.minimum(nid, pid).tolist(), np.maximum(nid, pid).tolist(), strict=True)
         self.n_links = len(set(ends))

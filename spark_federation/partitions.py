@@ -73,7 +73,8 @@ def window_signatures(vertices: DataFrame, edges: DataFrame) -> DataFrame:
     esig = edges.groupBy("win").agg(
         sf.bit_xor(sf.xxhash64("a", "b")).alias("ex"), sf.count(sf.lit(1)).alias("en")
     )
-    return vsig.join(esig, on="win", how="left").select(
+    # shuffled (hint), not broadcast: broadcasting an aggregate is a Spark job of its own
+    return vsig.join(esig.hint("shuffle_hash"), on="win", how="left").select(
         "win",
         sf.xxhash64(
             "vx", "vn", sf.coalesce(sf.col("ex"), sf.lit(0)), sf.coalesce(sf.col("en"), sf.lit(0))
