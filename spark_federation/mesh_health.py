@@ -244,7 +244,7 @@ class _Job:
         self.sums = self.spark.createDataFrame(sums)
         nid, pid, lo_ts, hi_ts = links.columns(sums, "nid", "pid", "lo_ts", "hi_ts")
         self.first_win, self.last_win = full_windows(int(lo_ts.min()), int(hi_ts.max()), w)
-        nodes = np.union1d(nid, pid).tolist()
+        self.node_list = nodes = np.union1d(nid, pid).tolist()  # ascending
         # a local relation (made from Arrow; from a list it is a parallelized RDD, and a
         # join broadcasting it a job): joins take it as it is, with no job
         self.node_ids = self.spark.createDataFrame(pa.table({"nid": pa.array(nodes, pa.int64())}))
@@ -348,6 +348,10 @@ class _Job:
             ),
             "relay_dependence",
         )
+        # in node id order, as the report lists nodes of equal share (the table's own
+        # row order is the plan's)
+        rank = {self.ids.get(n): i for i, n in enumerate(self.node_list)}
+        self.collected["relays"].sort(key=lambda r: rank.get(r["node"], len(rank)))
         skew_ids = clock.clock_skew(self.spark, self.offsets, self.cfg.thresholds.skew_threshold_ms)
         self.collected["skew"] = t.write(
             skew_ids.select(
