@@ -44,6 +44,7 @@ def node_evidence(lw: DataFrame, beacons: DataFrame | None, window_ms: int) -> D
         sf.col("downs").cast("long").alias("downs"),
         zero.alias("beacons"),
         working.alias("linked"),
+        sf.lit(True).alias("kept"),
     )
     seen = sf.when(
         working > 0,
@@ -56,9 +57,15 @@ def node_evidence(lw: DataFrame, beacons: DataFrame | None, window_ms: int) -> D
             zero.alias("downs"),
             zero.alias("beacons"),
             zero.alias("linked"),
+            sf.lit(True).alias("kept"),
         ),
     )
-    parts = lw.select(sf.inline(sf.filter(sf.array(own, seen), lambda r: r.isNotNull())))
+    # (a null struct is a row of nulls: dropped; no lambda, which Spark interprets)
+    parts = (
+        lw.select(sf.inline(sf.array(own, seen)))
+        .where(sf.col("kept"))
+        .select("nid", "win", "own", "seen", "misses", "downs", "beacons", "linked")
+    )
     if beacons is not None:
         parts = parts.unionByName(
             beacons.select(
@@ -203,7 +210,9 @@ def outages(
             gap(win + w, sf.lit(span_end)),
         ),
     )
-    return around.select("nid", sf.inline(sf.filter(gaps, lambda g: g.isNotNull()))).select(
+    # a null struct is a row of nulls, dropped (no lambda, which Spark interprets)
+    found = around.select("nid", sf.inline(gaps)).where(sf.col("start_ms").isNotNull())
+    return found.select(
         "nid",
         "start_ms",
         "end_ms",
