@@ -61,8 +61,7 @@ def run(spark: SparkSession, cfg: JobConfig, progress: Progress = print) -> dict
     try:
         job.read()
         # every step from here reads the pass's small aggregates or the side records
-        # (beacons, traces: a few thousand rows), not the heartbeat records (local mode:
-        # see session)
+        # (beacons, traces), not the heartbeat records (local mode: see session)
         with (
             session.scoped_conf(spark, session.AFTER_PASS_CONF if job.local else {}),
             session.quick_jit(spark) if job.local else contextlib.nullcontext(),
