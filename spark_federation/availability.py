@@ -8,7 +8,8 @@ exports no beacons writes nothing either, so without beacons it reads as down.
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as sf
 
 from spark_federation.params import HOUR_MS, window_start_ms
@@ -24,30 +25,47 @@ def node_evidence(lw: DataFrame, beacons: DataFrame | None, window_ms: int) -> D
         window_ms: window width.
 
     Returns:
-        ``nid, win, own, seen, misses, downs, beacons``: ``own`` counts the node's own
-        records, ``seen`` pongs from it and link_ups to it recorded by peers,
-        ``misses``/``downs`` its own failed pings and closed links.
+        ``nid, win, own, seen, misses, downs, beacons, linked``: ``own`` counts the node's
+        own records, ``seen`` pongs from it and link_ups to it recorded by peers,
+        ``misses``/``downs`` its own failed pings and closed links, ``linked`` its own
+        pongs and link_ups (with ``seen``: whether a link of it worked in the window).
     """
     zero = sf.lit(0).cast("long")
-    own = lw.select(
-        "nid",
-        "win",
+    working = (sf.col("pongs") + sf.col("ups")).cast("long")
+    # both rows of a link window (its node's own, and the peer seen when the link
+    # worked) from one scan of the link windows: a second reference to a cached frame
+    # in one query is not read from the cache, but computed again from its source
+    own = sf.struct(
+        sf.col("nid"),
+        sf.col("win"),
         sf.col("records").cast("long").alias("own"),
         zero.alias("seen"),
         sf.col("misses").cast("long").alias("misses"),
         sf.col("downs").cast("long").alias("downs"),
         zero.alias("beacons"),
+        working.alias("linked"),
+        sf.lit(True).alias("kept"),
     )
-    seen = lw.where(sf.col("pongs") + sf.col("ups") > 0).select(
-        sf.col("pid").alias("nid"),
-        "win",
-        zero.alias("own"),
-        (sf.col("pongs") + sf.col("ups")).cast("long").alias("seen"),
-        zero.alias("misses"),
-        zero.alias("downs"),
-        zero.alias("beacons"),
+    seen = sf.when(
+        working > 0,
+        sf.struct(
+            sf.col("pid").alias("nid"),
+            sf.col("win"),
+            zero.alias("own"),
+            working.alias("seen"),
+            zero.alias("misses"),
+            zero.alias("downs"),
+            zero.alias("beacons"),
+            zero.alias("linked"),
+            sf.lit(True).alias("kept"),
+        ),
     )
-    parts = own.unionByName(seen)
+    # (a null struct is a row of nulls: dropped; no lambda, which Spark interprets)
+    parts = (
+        lw.select(sf.inline(sf.array(own, seen)))
+        .where(sf.col("kept"))
+        .select("nid", "win", "own", "seen", "misses", "downs", "beacons", "linked")
+    )
     if beacons is not None:
         parts = parts.unionByName(
             beacons.select(
@@ -58,12 +76,14 @@ def node_evidence(lw: DataFrame, beacons: DataFrame | None, window_ms: int) -> D
                 zero.alias("misses"),
                 zero.alias("downs"),
                 sf.lit(1).cast("long").alias("beacons"),
+                zero.alias("linked"),
             )
         )
+    counts = ("own", "seen", "misses", "downs", "beacons", "linked")
     return (
         parts.groupBy("nid", "win")
-        .agg(*[sf.sum(c).alias(c) for c in ("own", "seen", "misses", "downs", "beacons")])
-        .select("nid", "win", "own", "seen", "misses", "downs", "beacons")
+        .agg(*[sf.sum(c).alias(c) for c in counts])
+        .select("nid", "win", *counts)
     )
 
 
@@ -97,8 +117,12 @@ def node_availability(
     for win in range(first_win, last_win + window_ms, window_ms):
         hour = window_start_ms(win, HOUR_MS)
         per_hour[hour] = per_hour.get(hour, 0) + 1
+    # from Arrow: a local relation, broadcast as it is (from a list: an RDD, and a job)
     hours = nodes.sparkSession.createDataFrame(
-        sorted(per_hour.items()), "hour long, windows long not null"
+        pa.table(
+            [pa.array(list(per_hour), pa.int64()), pa.array(list(per_hour.values()), pa.int64())],
+            schema=pa.schema([("hour", pa.int64()), pa.field("windows", pa.int64(), False)]),
+        )
     )
     grid = nodes.select("nid").crossJoin(hours)
     in_span = sf.col("win").between(first_win, last_win)
@@ -147,39 +171,50 @@ def outages(
 
     Computed from the gaps between a node's up windows (plus the gaps before its
     first and after its last), so the cost follows the evidence, not nodes x windows.
+    Each of ``nodes`` adds a marker row (no window, so first in its node's order) to its
+    up windows, and one window over them finds every gap: after the marker up to the
+    first up window (or to the end, for a node never up), between two up windows, and
+    after the last (for a node with a marker). One scan of the evidence, no aggregate
+    joined back (a broadcast join of one is a Spark job of its own).
     """
     span_end = last_win + window_ms
+    w = sf.lit(window_ms)
     up = evidence.where(sf.col("win").between(first_win, last_win)).select("nid", "win")
-    ordered = Window.partitionBy("nid").orderBy("win")
-    with_prev = up.select(
-        "nid", "win", sf.lag("win", 1).over(ordered.rowsBetween(-1, -1)).alias("prev")
-    )
-    inner = with_prev.where(
-        sf.col("prev").isNotNull() & (sf.col("win") - sf.col("prev") > sf.lit(window_ms))
-    ).select(
-        "nid", (sf.col("prev") + sf.lit(window_ms)).alias("start_ms"), sf.col("win").alias("end_ms")
-    )
-    bounds = up.groupBy("nid").agg(sf.min("win").alias("first"), sf.max("win").alias("last"))
-    every = nodes.select("nid").join(bounds, on="nid", how="left")
-    leading = every.where(sf.col("first").isNull() | (sf.col("first") > sf.lit(first_win))).select(
+    marked = up.unionByName(nodes.select("nid", sf.lit(None).cast("long").alias("win")))
+    ordered = Window.partitionBy("nid").orderBy(sf.col("win").asc_nulls_first())
+    around = marked.select(
         "nid",
-        sf.lit(first_win).alias("start_ms"),
-        sf.coalesce(sf.col("first"), sf.lit(span_end)).alias("end_ms"),
+        "win",
+        sf.lag("win", 1).over(ordered.rowsBetween(-1, -1)).alias("prev"),
+        sf.lead("win", 1).over(ordered.rowsBetween(1, 1)).alias("next"),
+        sf.max(sf.col("win").isNull().cast("int")).over(Window.partitionBy("nid")).alias("listed"),
     )
-    trailing = every.where(sf.col("last") < sf.lit(last_win)).select(
+    marker = sf.col("win").isNull()
+    win, prev, nxt = sf.col("win"), sf.col("prev"), sf.col("next")
+    listed = sf.col("listed") == 1  # a marker among the node's rows: one of ``nodes``
+
+    def gap(start: Column, end: Column) -> Column:
+        return sf.struct(start.cast("long").alias("start_ms"), end.cast("long").alias("end_ms"))
+
+    gaps = sf.array(
+        # before the first up window, or the whole span for a node never up
+        sf.when(
+            marker & (nxt.isNull() | (nxt > sf.lit(first_win))),
+            gap(sf.lit(first_win), sf.coalesce(nxt, sf.lit(span_end))),
+        ),
+        # between two up windows
+        sf.when(~marker & prev.isNotNull() & (win - prev > w), gap(prev + w, win)),
+        # after the last up window
+        sf.when(
+            ~marker & nxt.isNull() & (win < sf.lit(last_win)) & listed,
+            gap(win + w, sf.lit(span_end)),
+        ),
+    )
+    # a null struct is a row of nulls, dropped (no lambda, which Spark interprets)
+    found = around.select("nid", sf.inline(gaps)).where(sf.col("start_ms").isNotNull())
+    return found.select(
         "nid",
-        (sf.col("last") + sf.lit(window_ms)).alias("start_ms"),
-        sf.lit(span_end).alias("end_ms"),
-    )
-    return (
-        inner.unionByName(leading)
-        .unionByName(trailing)
-        .select(
-            "nid",
-            "start_ms",
-            "end_ms",
-            ((sf.col("end_ms") - sf.col("start_ms")) / sf.lit(window_ms))
-            .cast("long")
-            .alias("windows"),
-        )
+        "start_ms",
+        "end_ms",
+        ((sf.col("end_ms") - sf.col("start_ms")) / w).cast("long").alias("windows"),
     )

@@ -226,7 +226,8 @@ def link_health(sums: DataFrame, lh: DataFrame, flaps: DataFrame) -> DataFrame:
     keys = ["nid", "pid", "hour_ms"]
     return (
         counts.join(lh, on=keys, how="left")
-        .join(hourly_flaps, on=keys, how="left")
+        # shuffled (hint), not broadcast: broadcasting an aggregate is a Spark job of its own
+        .join(hourly_flaps.hint("shuffle_hash"), on=keys, how="left")
         .select(
             *keys,
             pings.alias("pings"),

@@ -13,6 +13,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -22,6 +23,8 @@ if __package__ in (None, ""):
     # spark-submit runs this file as a script: make the package importable.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np
+import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
@@ -37,10 +40,11 @@ from spark_federation import (
     propagation,
     relays,
     session,
+    summary,
 )
 from spark_federation.errors import MeshHealthError
 from spark_federation.params import JobConfig, full_windows
-from spark_federation.report import ReportData, render
+from spark_federation.report import Charts, ReportData
 from spark_federation.tables import Tables
 from spark_federation.tables import rows as _rows
 
@@ -56,16 +60,13 @@ def run(spark: SparkSession, cfg: JobConfig, progress: Progress = print) -> dict
     job = _Job(spark, cfg, progress)
     try:
         job.read()
-        # every step from here reads the pass's small aggregates (local mode: see session)
+        # every step from here reads the pass's small aggregates or the side records
+        # (beacons, traces), not the heartbeat records (local mode: see session)
         with (
             session.scoped_conf(spark, session.AFTER_PASS_CONF if job.local else {}),
             session.quick_jit(spark) if job.local else contextlib.nullcontext(),
         ):
-            job.span()
-            job.availability()
-            job.links()
-            job.partitions()
-            job.nodes()
+            job.steps()
             return job.finish()
     finally:
         job.release()
@@ -86,6 +87,8 @@ class _Job:
         self.cached: list[DataFrame] = []
         self.collected: dict[str, list[dict[str, Any]]] = {}
         self.jobs_before = self._jobs_run()
+        # the report's charts are drawn in a thread of their own as their rows come in
+        self.charts = Charts(self.out) if cfg.report else None
 
     def _jobs_run(self) -> int:
         """Spark jobs this session has run so far (those Spark still keeps track of)."""
@@ -106,6 +109,8 @@ class _Job:
         return df
 
     def release(self) -> None:
+        if self.charts is not None:
+            self.charts.close()
         for df in self.cached:
             df.unpersist()
 
@@ -131,9 +136,7 @@ class _Job:
             cfg.until_ms,
         )
         self.obs = obs
-        self.ids = dict(obs.ids)
-        if raws["beacons"] is not None or raws["traces"] is not None:
-            self.ids.update(exports.node_names({k: raws[k] for k in ("beacons", "traces")}).ids)
+        self.raws = raws
         self.counts = c = obs.counts
         self.say(
             f"heartbeats: {c['records']} records, {c['skipped']} skipped (malformed),"
@@ -144,6 +147,13 @@ class _Job:
                 f"no usable heartbeat records in {cfg.input_uri}"
                 f" ({c['skipped']} malformed, {c['out_of_range']} out of range)"
             )
+
+    def sides(self) -> None:
+        """The beacons and traces: NodeIDs, deduplicated rows, counts, node names."""
+        cfg, raws = self.cfg, self.raws
+        self.ids = dict(self.obs.ids)
+        if raws["beacons"] is not None or raws["traces"] is not None:
+            self.ids.update(exports.node_names({k: raws[k] for k in ("beacons", "traces")}).ids)
         raw_hb = raws["heartbeats"]
         assert raw_hb is not None  # discover() guarantees heartbeat files
         # the records again, only where traces lacking their catch_up mark need them
@@ -175,6 +185,8 @@ class _Job:
             self.traces = t.where(sf.col("status") == exports.OK).select(
                 "nid", "oid", "published_ms", "hops", "ts", "catch_up"
             )
+        # beacon names by NodeID, for summary.json and the report
+        self.node_names = {self.ids[k]: v for k, v in self.names.items() if k in self.ids}
         uri = cfg.tables_uri or (self.out / "tables").resolve().as_uri()
         parsed = urlparse(uri)
         self.tables = Tables(
@@ -184,25 +196,60 @@ class _Job:
             Path(url2pathname(parsed.path)) if self.local and parsed.scheme == "file" else None,
         )
 
+    def steps(self) -> None:
+        """Every table, from two driver threads: Spark runs the jobs of both at once.
+
+        Alone, each step's jobs leave a core idle much of the time (the driver planning
+        the next query, a stage of one task). The side records, the span and the
+        histograms need nothing of each other and start together; the chain of windows
+        (availability, partitions) and the chain of links (link health, relays, clock
+        skew, propagation) then need the first two, the links also the histograms.
+        """
+        with ThreadPoolExecutor(max_workers=5, thread_name_prefix="mesh-health") as pool:
+            sided = pool.submit(self.sides)
+            spanned = pool.submit(self.span)
+            histograms = pool.submit(self.histograms)
+
+            def windows() -> None:
+                sided.result()
+                spanned.result()
+                self.availability()
+                self.draw("availability")
+                self.partitions()
+                self.draw("partitions")
+
+            def per_link() -> None:
+                sided.result()
+                spanned.result()
+                histograms.result()
+                self.links()
+                self.draw("rtt")
+                self.nodes()
+                self.draw("relays")
+
+            chains = [pool.submit(windows), pool.submit(per_link)]
+            for done in chains:
+                done.result()
+
     def span(self) -> None:
         """The per-link aggregates, the analysed windows, the nodes and the number of links."""
         w = self.w
         self.lw = self.keep(self.obs.lw)
-        self.sums = self.keep(links.link_hour_sums(self.lw))
-        # one small collect (a row per directed link) gives the span, the nodes and the
-        # links, instead of an action for each
-        per_link = self.sums.groupBy("nid", "pid").agg(
-            sf.min("lo_ts").alias("lo"), sf.max("hi_ts").alias("hi")
-        )
-        directed = [(int(r["nid"]), int(r["pid"]), r["lo"], r["hi"]) for r in per_link.collect()]
-        lo = min(d[2] for d in directed)
-        hi = max(d[3] for d in directed)
-        self.first_win, self.last_win = full_windows(int(lo), int(hi), w)
-        nodes = sorted({d[0] for d in directed} | {d[1] for d in directed})
-        # a local relation: joins take it as it is, with no job to compute or broadcast it
-        self.node_ids = self.spark.createDataFrame([(n,) for n in nodes], "nid long")
+        # the link-hour sums (a few rows per link: 14,000 at 10 M records) in one collect:
+        # the span, the nodes and the links are read off them here, and link health and
+        # relay dependence read them back as a local relation (nothing cached, no job
+        # computing them again)
+        sums = links.link_hour_sums(self.lw).toArrow()
+        self.sums = self.spark.createDataFrame(sums)
+        nid, pid, lo_ts, hi_ts = links.columns(sums, "nid", "pid", "lo_ts", "hi_ts")
+        self.first_win, self.last_win = full_windows(int(lo_ts.min()), int(hi_ts.max()), w)
+        self.node_list = nodes = np.union1d(nid, pid).tolist()  # ascending
+        # a local relation (made from Arrow; from a list it is a parallelized RDD, and a
+        # join broadcasting it a job): joins take it as it is, with no job
+        self.node_ids = self.spark.createDataFrame(pa.table({"nid": pa.array(nodes, pa.int64())}))
         self.n_nodes = len(nodes)
-        self.n_links = len({(min(d[0], d[1]), max(d[0], d[1])) for d in directed})
+        ends = zip(np.minimum(nid, pid).tolist(), np.maximum(nid, pid).tolist(), strict=True)
+        self.n_links = len(set(ends))
         self.say(
             f"{self.n_nodes} nodes, {self.n_links} links,"
             f" {(self.last_win - self.first_win) // w + 1} windows of {w // 1000}s"
@@ -224,6 +271,7 @@ class _Job:
             ).select(t.node(sf.col("nid")).alias("node"), *_AVAIL_COLS),
             "node_availability",
         )
+        self.overall = summary.overall_availability(self.hourly)
         self.collected["outages"] = t.write(
             availability.outages(
                 self.evidence, self.node_ids, self.first_win, self.last_win, self.w
@@ -234,13 +282,16 @@ class _Job:
         )
         self.say("node_availability, node_outages written")
 
+    def histograms(self) -> None:
+        """The RTT and clock-offset histograms on the driver."""
+        self.hist, self.offsets = aggregate.collect_histograms(self.obs.hists)
+
     def links(self) -> None:
         """link_health, flapping links and the RTT distribution for the report."""
         t = self.tables
-        hist, self.offsets = aggregate.collect_histograms(self.obs.hists)
         flaps = self.keep(links.flap_events(self.obs.events))
         t.write(
-            links.link_health(self.sums, links.link_hours(self.spark, hist), flaps).select(
+            links.link_health(self.sums, links.link_hours(self.spark, self.hist), flaps).select(
                 t.node(sf.col("nid")).alias("node"),
                 t.node(sf.col("pid")).alias("peer"),
                 *_LINK_COLS,
@@ -254,7 +305,7 @@ class _Job:
         ids = self.ids
         self.collected["rtt"] = [
             {"a": ids.get(a), "b": ids.get(b), "q": q, "pongs": pongs}
-            for a, b, q, pongs in links.link_rtt_distribution(hist)
+            for a, b, q, pongs in links.link_rtt_distribution(self.hist)
         ]
         self.say("link_health written")
 
@@ -263,19 +314,9 @@ class _Job:
         t, w = self.tables, self.w
         # the analysed windows: a range, so a filter rather than a join
         in_span = sf.col("win").between(self.first_win, self.last_win)
-        edges = (
-            partitions.window_edges(self.lw)
-            .where(in_span)
-            .select("a", "b", "win")
-            .localCheckpoint(eager=False)
-        )
-        vertices = (
-            partitions.window_vertices(edges, self.evidence)
-            .where(in_span)
-            .select("nid", "win")
-            .localCheckpoint(eager=False)
-        )
-        windows, graphs = partitions.window_components(vertices, edges)
+        working = partitions.working_links(self.lw).where(in_span).select("a", "b", "win")
+        vertices = partitions.window_vertices(self.evidence).where(in_span).select("nid", "win")
+        windows, graphs = partitions.window_components(vertices, working)
         per_window, members, events = partitions.partition_frames(self.spark, windows, w)
         self.collected["per_window"] = [
             {"win": r["window_start_ms"], "components": r["components"], "nodes_up": r["nodes_up"]}
@@ -306,6 +347,10 @@ class _Job:
             ),
             "relay_dependence",
         )
+        # in node id order, as the report lists nodes of equal share (the table's own
+        # row order is the plan's)
+        rank = {self.ids.get(n): i for i, n in enumerate(self.node_list)}
+        self.collected["relays"].sort(key=lambda r: rank.get(r["node"], len(rank)))
         skew_ids = clock.clock_skew(self.spark, self.offsets, self.cfg.thresholds.skew_threshold_ms)
         self.collected["skew"] = t.write(
             skew_ids.select(
@@ -345,39 +390,65 @@ class _Job:
         self.collected["catch_up_all"] = _rows(late.where(sf.col("nid").isNull()))
         self.collected["trace_split"] = _rows(propagation.split_counts(timed))
 
+    def _hours(self) -> list[dict[str, Any]]:
+        return [{k: r[k] for k in ("node", "hour_ms", "availability")} for r in self.hourly]
+
+    def _relay_rows(self) -> list[dict[str, Any]]:
+        return [r for r in self.collected["relays"] if r["relayed_links"] > 0]
+
+    def draw(self, name: str) -> None:
+        """Hand chart ``name`` to the report's thread, its rows being in (no report: nothing)."""
+        if self.charts is None:
+            return
+        c, names = self.collected, self.node_names
+        if name == "availability":
+            data = ReportData(
+                {"names": names, "availability": summary.availability(self.overall)},
+                availability=self._hours(),
+            )
+        elif name == "partitions":
+            part = {
+                "names": names,
+                "availability": summary.availability(self.overall),
+                "window_s": self.w // 1000,
+                "span": {"start_ms": self.first_win, "end_ms": self.last_win + self.w},
+                "partitions": summary.partitions(c["events"]),
+                "outages": summary.outages(c["outages"]),
+            }
+            data = ReportData(part, components=c["components"], per_window=c["per_window"])
+        elif name == "rtt":
+            data = ReportData({"names": names}, rtt=c["rtt"])
+        else:
+            data = ReportData({"names": names}, relay_rows=self._relay_rows())
+        self.charts.draw(name, data)
+
     def finish(self) -> dict[str, Any]:
         """summary.json and the report."""
-        # a row per node and hour: one collect serves the overall figures and the chart
-        hourly = self.hourly
-        overall = _overall_availability(hourly)
-        summary = _summary(
+        doc = summary.summary(
             self.cfg,
             counts=self.counts,
             side_counts=self.side_counts,
             files=self.files,
             sizes=(self.n_nodes, self.n_links),
             span=(self.first_win, self.last_win + self.w),
-            overall=overall,
+            overall=self.overall,
             collected=self.collected,
-            names={self.ids[k]: v for k, v in self.names.items() if k in self.ids},
-            tables=self.tables.written,
+            names=self.node_names,
+            tables=[n for n in _TABLES if n in self.tables.written],
         )
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        (self.out / "summary.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         self.say(f"summary.json written to {self.out}")
-        if self.cfg.report:
+        if self.charts is not None:
             c = self.collected
-            render(
-                self.out,
+            self.charts.page(
                 ReportData(
-                    summary=summary,
-                    availability=[
-                        {k: r[k] for k in ("node", "hour_ms", "availability")} for r in hourly
-                    ],
+                    summary=doc,
+                    availability=self._hours(),
                     rtt=c["rtt"],
                     components=c["components"],
                     per_window=c["per_window"],
-                    relay_rows=[r for r in c["relays"] if r["relayed_links"] > 0],
-                ),
+                    relay_rows=self._relay_rows(),
+                )
             )
             self.say(f"report.html written to {self.out}")
         cpu = _jvm_cpu_seconds(self.spark)
@@ -386,18 +457,7 @@ class _Job:
             # the number of Spark jobs measures the fixed cost, whatever the machine's load
             jobs = self._jobs_run() - self.jobs_before
             self.say(f"JVM CPU time {cpu:.1f}s, {jobs} Spark jobs")
-        return summary
-
-
-def _overall_availability(hourly: list[dict[str, Any]]) -> dict[str, float]:
-    """Per node, windows up over windows analysed across all its hours (nodes without an
-    analysed window are left out)."""
-    up: dict[str, int] = {}
-    total: dict[str, int] = {}
-    for r in hourly:
-        up[r["node"]] = up.get(r["node"], 0) + int(r["windows_up"] or 0)
-        total[r["node"]] = total.get(r["node"], 0) + int(r["windows"] or 0)
-    return {n: up[n] / total[n] for n in total if total[n]}
+        return doc
 
 
 def _jvm_cpu_seconds(spark: SparkSession) -> float | None:
@@ -411,6 +471,19 @@ def _jvm_cpu_seconds(spark: SparkSession) -> float | None:
     return float(total.get().toMillis()) / 1000 if total.isPresent() else None
 
 
+# the tables in the order summary.json lists them (the steps write them concurrently)
+_TABLES = (
+    "node_availability",
+    "node_outages",
+    "link_health",
+    "partitions",
+    "partition_components",
+    "partition_events",
+    "relay_dependence",
+    "clock_skew",
+    "propagation",
+    "catch_up",
+)
 _AVAIL_COLS = (
     "hour_ms",
     "windows",
@@ -436,107 +509,8 @@ _LINK_COLS = (
 )
 
 
-def _catch_up_summary(collected: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
-    """summary.json ``catch_up``: backlog receives, apart from live propagation (None
-    without traces)."""
-    split = collected.get("trace_split")
-    if not split:
-        return None
-    [counts] = split
-    [total] = collected.get("catch_up_all") or [{"p50_ms": None, "p99_ms": None, "max_ms": None}]
-
-    def ms(v: Any) -> float | None:
-        return None if v is None else round(float(v), 1)
-
-    return {
-        "messages": counts["catch_up"],
-        "p50_ms": ms(total["p50_ms"]),
-        "p99_ms": ms(total["p99_ms"]),
-        "max_ms": ms(total["max_ms"]),
-        "nodes": {r["node"]: r["messages"] for r in collected["catch_up"]},
-        "live_messages": counts["live"],
-        "inferred": counts["inferred"],
-    }
-
-
 def _iso(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
-
-
-def _summary(
-    cfg: JobConfig,
-    *,
-    counts: dict[str, int],
-    side_counts: dict[str, dict[str, int] | None],
-    files: exports.ExportFiles,
-    sizes: tuple[int, int],
-    span: tuple[int, int],
-    overall: dict[str, float],
-    collected: dict[str, list[dict[str, Any]]],
-    names: dict[str, str],
-    tables: list[str],
-) -> dict[str, Any]:
-    """summary.json (spec §10 fields first, then what this job adds); see docs/mesh-health.md."""
-    return {
-        "records": counts["records"],
-        "skipped": counts["skipped"],
-        "duplicates": counts["duplicates"],
-        "out_of_range": counts["out_of_range"],
-        "nodes": sizes[0],
-        "links": sizes[1],
-        "window_s": cfg.window_ms // 1000,
-        "span": {"start_ms": span[0], "end_ms": span[1]},
-        "availability": {k: round(v, 4) for k, v in sorted(overall.items())},
-        "outages": [
-            {"node": d["node"], "start_ms": d["start_ms"], "end_ms": d["end_ms"]}
-            for d in collected["outages"]
-        ],
-        "partitions": [
-            {
-                "start_ms": e["start_ms"],
-                "end_ms": e["end_ms"],
-                "components": e["components"],
-                "sizes": list(e["sizes"]),
-            }
-            for e in collected["events"]
-        ],
-        "flapping_links": sorted(
-            (
-                {"node": min(f["a"], f["b"]), "peer": max(f["a"], f["b"]), "flaps": f["flaps"]}
-                for f in collected["flapping"]
-            ),
-            key=lambda f: (f["node"], f["peer"]),
-        ),
-        "relays": sorted(r["node"] for r in collected["relays"] if r["is_relay"]),
-        "relay_only_nodes": sorted(r["node"] for r in collected["relays"] if r["relay_only"]),
-        "clock_skew_ms": {
-            r["node"]: round(float(r["skew_ms"]), 1)
-            for r in sorted(collected["skew"], key=lambda r: r["node"])
-        },
-        "skewed_nodes": sorted(r["node"] for r in collected["skew"] if r["skewed"]),
-        "propagation": [
-            {
-                "hops": p["hops"],
-                "messages": p["messages"],
-                "p50_ms": round(float(p["p50_ms"]), 1),
-                "p99_ms": round(float(p["p99_ms"]), 1),
-            }
-            for p in collected["propagation"]
-        ],
-        "catch_up": _catch_up_summary(collected),
-        "inputs": {
-            "exports": len(files.exports),
-            "files": {k: files.count(k) for k in exports.KINDS},
-            "beacons": side_counts["beacons"],
-            "traces": side_counts["traces"],
-        },
-        "names": dict(sorted(names.items())),
-        "tables": tables,
-        "thresholds": {
-            "flap_per_hour": cfg.thresholds.flap_threshold,
-            "skew_ms": cfg.thresholds.skew_threshold_ms,
-        },
-    }
 
 
 if __name__ == "__main__":

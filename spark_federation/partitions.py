@@ -25,33 +25,37 @@ from spark_federation import graphs
 from spark_federation.params import MISSES_TO_DOWN
 
 
-def window_edges(lw: DataFrame) -> DataFrame:
-    """Undirected links that worked in each window: ``a, b, win`` with ``a < b``.
+def working_links(lw: DataFrame) -> DataFrame:
+    """Undirected links that worked in each window, as often as the link windows' rows
+    show it (both directions, a window split across rows): ``a, b, win`` with ``a < b``.
 
     Args:
         lw: per-link window counts (:func:`spark_federation.links.link_windows`).
     """
-    return (
-        lw.where(sf.col("pongs") + sf.col("ups") > 0)
-        .select(
-            sf.least("nid", "pid").alias("a"),
-            sf.greatest("nid", "pid").alias("b"),
-            "win",
-        )
-        .distinct()
-        .select("a", "b", "win")
+    return lw.where(sf.col("pongs") + sf.col("ups") > 0).select(
+        sf.least("nid", "pid").alias("a"),
+        sf.greatest("nid", "pid").alias("b"),
+        "win",
     )
 
 
-def window_vertices(edges: DataFrame, evidence: DataFrame) -> DataFrame:
-    """Nodes that are vertices of each window's graph: ``nid, win`` (see module docstring)."""
-    endpoints = edges.select(sf.col("a").alias("nid"), "win").unionByName(
-        edges.select(sf.col("b").alias("nid"), "win")
-    )
-    cut_off = evidence.where(
-        (sf.col("downs") > 0) | (sf.col("misses") >= MISSES_TO_DOWN) | (sf.col("beacons") > 0)
+def window_vertices(evidence: DataFrame) -> DataFrame:
+    """Nodes that are vertices of each window's graph: ``nid, win`` (see module docstring).
+
+    From the evidence (a row per node and window), so no deduplication: a node is an end
+    of a working link when it recorded a pong or link_up (``linked``) or a peer recorded
+    one from it (``seen``).
+
+    Args:
+        evidence: :func:`spark_federation.availability.node_evidence`.
+    """
+    return evidence.where(
+        (sf.col("linked") > 0)
+        | (sf.col("seen") > 0)
+        | (sf.col("downs") > 0)
+        | (sf.col("misses") >= MISSES_TO_DOWN)
+        | (sf.col("beacons") > 0)
     ).select("nid", "win")
-    return endpoints.unionByName(cut_off).distinct().select("nid", "win")
 
 
 def window_signatures(vertices: DataFrame, edges: DataFrame) -> DataFrame:
@@ -69,7 +73,8 @@ def window_signatures(vertices: DataFrame, edges: DataFrame) -> DataFrame:
     esig = edges.groupBy("win").agg(
         sf.bit_xor(sf.xxhash64("a", "b")).alias("ex"), sf.count(sf.lit(1)).alias("en")
     )
-    return vsig.join(esig, on="win", how="left").select(
+    # shuffled (hint), not broadcast: broadcasting an aggregate is a Spark job of its own
+    return vsig.join(esig.hint("shuffle_hash"), on="win", how="left").select(
         "win",
         sf.xxhash64(
             "vx", "vn", sf.coalesce(sf.col("ex"), sf.lit(0)), sf.coalesce(sf.col("en"), sf.lit(0))
@@ -79,7 +84,7 @@ def window_signatures(vertices: DataFrame, edges: DataFrame) -> DataFrame:
 
 def graphs_of(vertices: DataFrame, edges: DataFrame, wins: list[int]) -> DataFrame:
     """The vertices and edges of the windows ``wins``, for one collect: ``win, a, b``
-    (a vertex ``a`` has ``b`` null; an edge joins ``a`` and ``b``)."""
+    (a vertex ``a`` has ``b`` null; an edge joins ``a`` and ``b``; an edge may repeat)."""
     chosen = sf.col("win").isin(wins)
     return (
         vertices.where(chosen)
@@ -89,28 +94,34 @@ def graphs_of(vertices: DataFrame, edges: DataFrame, wins: list[int]) -> DataFra
 
 
 def window_components(
-    vertices: DataFrame, edges: DataFrame
+    vertices: DataFrame, links: DataFrame
 ) -> tuple[list[graphs.WindowComponents], int]:
     """Every window's components: the windows' fingerprints and the vertices and edges
     of one window per distinct fingerprint are collected (two small collects), and
     their components found on the driver (:mod:`spark_federation.graphs`).
 
+    Args:
+        vertices: :func:`window_vertices`.
+        links: :func:`working_links` (deduplicated for the fingerprints only: the few
+            windows collected are deduplicated on the driver, with no second shuffle).
+
     Returns:
         (per window with a vertex, ordered by window; the number of distinct graphs).
     """
+    edges = links.distinct().select("a", "b", "win")
     sigs = {int(r["win"]): int(r["sig"]) for r in window_signatures(vertices, edges).collect()}
     first: dict[int, int] = {}
     for win in sorted(sigs):
         first.setdefault(sigs[win], win)
     rep_of = {win: first[sig] for win, sig in sigs.items()}
     nodes: dict[int, list[int]] = {rep: [] for rep in first.values()}
-    links: dict[int, list[tuple[int, int]]] = {rep: [] for rep in first.values()}
-    for r in graphs_of(vertices, edges, sorted(nodes)).collect():
+    ends: dict[int, set[tuple[int, int]]] = {rep: set() for rep in first.values()}
+    for r in graphs_of(vertices, links, sorted(nodes)).collect():
         if r["b"] is None:
             nodes[int(r["win"])].append(int(r["a"]))
         else:
-            links[int(r["win"])].append((int(r["a"]), int(r["b"])))
-    found = {rep: graphs.components_of(nodes[rep], links[rep]) for rep in nodes}
+            ends[int(r["win"])].add((int(r["a"]), int(r["b"])))
+    found = {rep: graphs.components_of(nodes[rep], sorted(ends[rep])) for rep in nodes}
     return graphs.every_window(rep_of, found), len(found)
 
 

@@ -39,17 +39,19 @@ def relay_dependence(sums: DataFrame, nodes: DataFrame) -> DataFrame:
         sf.sum("relayed").alias("relayed_pings"),
         sf.sort_array(sf.collect_set("vid")).alias("relays"),
     )
+    # every join shuffles (hint): the small sides are aggregates, and broadcasting one
+    # would cost a Spark job of its own each (the whole table is then one job)
     direct_to_members = (
         per_link.where(sf.col("pings") > sf.col("relayed"))
-        .join(relays, sf.col("pid") == sf.col("rid"), how="left_anti")
+        .join(relays.hint("shuffle_hash"), sf.col("pid") == sf.col("rid"), how="left_anti")
         .groupBy("nid")
         .agg(sf.count(sf.lit(1)).alias("direct_members"))
     )
     return (
         nodes.select("nid")
-        .join(per_node, on="nid", how="left")
-        .join(direct_to_members, on="nid", how="left")
-        .join(relays, sf.col("nid") == sf.col("rid"), how="left")
+        .join(per_node.hint("shuffle_hash"), on="nid", how="left")
+        .join(direct_to_members.hint("shuffle_hash"), on="nid", how="left")
+        .join(relays.hint("shuffle_hash"), sf.col("nid") == sf.col("rid"), how="left")
         .select(
             "nid",
             sf.coalesce(sf.col("links"), sf.lit(0)).alias("links"),

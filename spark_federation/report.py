@@ -5,6 +5,10 @@ no Spark, no server, no network. Charts are bounded so they stay legible on
 any input: at most :data:`MAX_ROWS` nodes or links per chart (the worst ones,
 by the chart's own measure), and availability by day instead of by hour past
 :data:`MAX_HOURS` hours.
+
+The job draws each chart as soon as its rows are in (:class:`Charts`, a thread of its
+own), while Spark works on the other tables; matplotlib is imported there too, not
+when the job starts.
 """
 
 from __future__ import annotations
@@ -12,18 +16,29 @@ from __future__ import annotations
 import html
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING, Any
 
 from hearthnet import ids
 from hearthnet.errors import HearthNetError
 from spark_federation.params import HOUR_MS
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 MAX_ROWS = 40
 MAX_HOURS = 24 * 14
+
+
+def _figure(**kwargs: Any) -> Figure:
+    # imported on first use: matplotlib costs most of a second to import, which the
+    # job spends in the charts' thread rather than before the JVM starts
+    from matplotlib.figure import Figure  # noqa: PLC0415
+
+    return Figure(**kwargs)
 
 
 @dataclass(slots=True)
@@ -40,11 +55,11 @@ class ReportData:
     """
 
     summary: dict[str, Any]
-    availability: list[dict[str, Any]]
-    rtt: list[dict[str, Any]]
-    components: list[dict[str, Any]]
-    per_window: list[dict[str, Any]]
-    relay_rows: list[dict[str, Any]]
+    availability: list[dict[str, Any]] = field(default_factory=list)
+    rtt: list[dict[str, Any]] = field(default_factory=list)
+    components: list[dict[str, Any]] = field(default_factory=list)
+    per_window: list[dict[str, Any]] = field(default_factory=list)
+    relay_rows: list[dict[str, Any]] = field(default_factory=list)
 
 
 def short_id(node: str) -> str:
@@ -79,15 +94,56 @@ def render(out: Path, data: ReportData) -> list[Path]:
     Figures are built with matplotlib's object API (no pyplot), so no global
     backend or figure state is touched and nothing needs closing.
     """
-    charts = [
-        _availability_chart(out / "availability.png", data),
-        _rtt_chart(out / "rtt.png", data),
-        _timeline_chart(out / "partitions.png", data),
-        _relay_chart(out / "relays.png", data),
-    ]
+    charts = [chart(out, name, data) for name in CHARTS]
+    return _page(out, data, charts)
+
+
+def chart(out: Path, name: str, data: ReportData) -> Path | None:
+    """Draw one chart of :data:`CHARTS` into ``out/<name>.png`` (None: nothing to draw).
+
+    Each reads only its own rows of ``data`` and a few keys of ``data.summary``:
+    ``names`` (every chart), ``availability`` (availability, partitions) and
+    ``window_s``, ``span``, ``partitions``, ``outages`` (partitions).
+    """
+    return CHARTS[name](out / f"{name}.png", data)
+
+
+def _page(out: Path, data: ReportData, charts: list[Path | None]) -> list[Path]:
     page = out / "report.html"
-    page.write_text(_html(data, [c for c in charts if c is not None]), encoding="utf-8")
-    return [page, *[c for c in charts if c is not None]]
+    drawn = [c for c in charts if c is not None]
+    page.write_text(_html(data, drawn), encoding="utf-8")
+    return [page, *drawn]
+
+
+@dataclass(slots=True)
+class Charts:
+    """The report's charts drawn one after the other in a thread of its own, each as
+    soon as its rows are in, while the job's other steps go on; then report.html.
+
+    Call :meth:`close` when done (it waits for a chart being drawn).
+    """
+
+    out: Path
+    _pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="report")
+    )
+    _drawn: dict[str, Future[Path | None]] = field(default_factory=dict)
+
+    def draw(self, name: str, data: ReportData) -> None:
+        """Draw chart ``name`` (:func:`chart`) in the charts' thread."""
+        self._drawn[name] = self._pool.submit(chart, self.out, name, data)
+
+    def page(self, data: ReportData) -> list[Path]:
+        """report.html once every chart is drawn (any not handed to :meth:`draw` is drawn
+        now, from ``data``); returns the files written."""
+        charts = [
+            self._drawn[n].result() if n in self._drawn else chart(self.out, n, data)
+            for n in CHARTS
+        ]
+        return _page(self.out, data, charts)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _availability_chart(path: Path, data: ReportData) -> Path | None:
@@ -109,7 +165,7 @@ def _availability_chart(path: Path, data: ReportData) -> Path | None:
         [sum(cells.get((n, c), [0.0])) / max(1, len(cells.get((n, c), [0.0]))) for c in columns]
         for n in nodes
     ]
-    fig = Figure(figsize=(min(14, max(8, 3 + 0.35 * len(columns))), 1.6 + 0.32 * len(nodes)))
+    fig = _figure(figsize=(min(14, max(8, 3 + 0.35 * len(columns))), 1.6 + 0.32 * len(nodes)))
     ax = fig.subplots()
     img = ax.imshow(grid, aspect="auto", cmap="RdYlGn", vmin=0.0, vmax=1.0, interpolation="nearest")
     ax.set_yticks(range(len(nodes)), [label(n, names) for n in nodes], fontsize=8)
@@ -147,7 +203,7 @@ def _rtt_chart(path: Path, data: ReportData) -> Path | None:
         }
         for r in rows
     ]
-    fig = Figure(figsize=(10, 1.2 + 0.3 * len(stats)))
+    fig = _figure(figsize=(10, 1.2 + 0.3 * len(stats)))
     ax = fig.subplots()
     ax.bxp(
         stats,
@@ -174,7 +230,7 @@ def _timeline_chart(path: Path, data: ReportData) -> Path | None:
     span_ms = s["span"]["end_ms"] - s["span"]["start_ms"]
     unit_ms, unit = (HOUR_MS, "hours") if span_ms >= 3 * HOUR_MS else (60_000, "minutes")
     nodes = sorted(s["availability"], key=lambda n: label(n, names))[:MAX_ROWS]
-    fig = Figure(figsize=(12, 2.6 + 0.3 * len(nodes)))
+    fig = _figure(figsize=(12, 2.6 + 0.3 * len(nodes)))
     top, rows = fig.subplots(
         2, 1, sharex=True, gridspec_kw={"height_ratios": [1.2, max(1.0, 0.3 * len(nodes))]}
     )
@@ -237,7 +293,7 @@ def _relay_chart(path: Path, data: ReportData) -> Path | None:
     if not rows:
         return None
     rows.reverse()
-    fig = Figure(figsize=(9, 1.4 + 0.35 * len(rows)))
+    fig = _figure(figsize=(9, 1.4 + 0.35 * len(rows)))
     ax = fig.subplots()
     ys = range(len(rows))
     ax.barh(
@@ -408,3 +464,12 @@ img {{ max-width: 100%; border: 1px solid #eee; }} .none {{ color: #888; }}
 <p class=none>Definitions: docs/mesh-health.md. Tables: tables/. Verdicts: summary.json.</p>
 </body></html>
 """
+
+
+# the charts in the report's order: name (the PNG's) -> drawing function
+CHARTS: dict[str, Callable[[Path, ReportData], Path | None]] = {
+    "availability": _availability_chart,
+    "rtt": _rtt_chart,
+    "partitions": _timeline_chart,
+    "relays": _relay_chart,
+}
