@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from hearthnet.auth import Authenticator
+from hearthnet.caller import Caller
 from hearthnet.clock import now_ms
 from hearthnet.community import MembershipRecord
 from hearthnet.console.access import is_console_token
@@ -80,17 +81,21 @@ class MeshHttp:
             web.post(RELAY_JOIN_PATH, self.relay_join),
         ]
 
-    async def peers(self, request: web.Request) -> web.Response:
-        """Linked peers and known addresses (members only, and console tokens: the
-        console shows them). A token client, or a node of a federated community, is
-        ``forbidden``: the addresses of a community's nodes are not in any grant."""
-        caller = self.authenticator.authenticate_headers(
+    def _signed_get(self, request: web.Request) -> Caller:
+        """Who sent this signed ``GET`` (raises as the authenticator does)."""
+        return self.authenticator.authenticate_headers(
             method="GET",
             path=request.raw_path,
             body=None,
             signed=read_signed_headers(request.headers),
             now_ms=now_ms(),
         )
+
+    async def peers(self, request: web.Request) -> web.Response:
+        """Linked peers and known addresses (members only, and console tokens: the
+        console shows them). A token client, or a node of a federated community, is
+        ``forbidden``: the addresses of a community's nodes are not in any grant."""
+        caller = self._signed_get(request)
         if caller.token is not None and not is_console_token(caller.token):
             raise Forbidden(
                 "the peer list is for members of this community: run hearthnet peers with"
@@ -109,13 +114,7 @@ class MeshHttp:
         federates with), else itself when it is a relay, else none. Read from the running
         node, not from a configuration file that may have changed since it started, or
         that flags overrode."""
-        caller = self.authenticator.authenticate_headers(
-            method="GET",
-            path=request.raw_path,
-            body=None,
-            signed=read_signed_headers(request.headers),
-            now_ms=now_ms(),
-        )
+        caller = self._signed_get(request)
         if caller.kind == "federated" or caller.token is not None:
             raise Forbidden(
                 "invite URLs are for members of this community: run hearthnet community"
