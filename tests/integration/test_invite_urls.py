@@ -5,7 +5,9 @@ and the relays are those a plain ``hearthnet node start`` would attach to."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -152,3 +154,41 @@ async def test_invite_urls_are_for_members_only(
         {"node": keys.node_id, "community": community, "bootstrap": [mesh_url], "relays": [relay]},
         401,
     ) == (answer, unsigned)
+
+
+def test_an_invite_asked_of_an_older_node_says_to_restart_it(tmp_path: Path) -> None:
+    """A node started before an upgrade has no ``/mesh/v1/invite-urls`` (it answers as
+    a node answers a route it lacks, 404 ``not_found``): the invite is refused with a
+    message that says to restart the node or name the URLs, not a bare "no route"."""
+    data_dir = tmp_path / "n"
+    start_node_process(data_dir, *MESH_ARGS).stop()  # keys and the founding records
+
+    class OlderNode(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # the name http.server calls
+            body = json.dumps(
+                {"error": "not_found", "message": f"no route {self.path.split('?')[0]}"}
+            ).encode()
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OlderNode)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        made = run_cli("community", "invite", "--data-dir", str(data_dir), "--url", url)
+    finally:
+        server.shutdown()
+        server.server_close()
+        serving.join(timeout=5)
+    assert (1, True, True) == (
+        made.returncode,
+        "is older than this command" in made.stderr,
+        "hearthnet community invite --bootstrap URL [--relay-url URL]..." in made.stderr,
+    ), made.stderr
