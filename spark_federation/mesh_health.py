@@ -434,7 +434,8 @@ class _Job:
             overall=self.overall,
             collected=self.collected,
             names=self.node_names,
-            tables=[n for n in _TABLES if n in self.tables.written],
+            # (a table missing from _TABLES fails here rather than going unlisted)
+            tables=sorted(self.tables.written, key=_TABLES.index),
         )
         (self.out / "summary.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         self.say(f"summary.json written to {self.out}")
