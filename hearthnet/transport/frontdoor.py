@@ -81,6 +81,7 @@ _REFUSAL_ANSWERS: dict[Refusal, WireError] = {
         "too many unauthenticated connections from this address", retry_after_ms=1000
     ),
     Refusal.FD_RESERVE: Unavailable("the node is short of connections", retry_after_ms=1000),
+    Refusal.OUT_OF_DESCRIPTORS: Unavailable("the node is out of connections", retry_after_ms=1000),
 }
 
 

@@ -44,6 +44,9 @@ class Refusal(StrEnum):
     BODY_RATE = "body_rate"
     PER_SOURCE = "per_source"
     FD_RESERVE = "fd_reserve"
+    # accept() failed for want of descriptors: the connection waiting in the backlog was
+    # taken with the spare descriptor and closed (the reserve was too small for the load)
+    OUT_OF_DESCRIPTORS = "out_of_descriptors"
 
 
 @dataclass(frozen=True, slots=True)

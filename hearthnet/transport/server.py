@@ -461,8 +461,8 @@ class HttpServer:
             except OSError:
                 pass
             else:
-                _refuse_socket(conn, Refusal.FD_RESERVE)
-                self.connections_refused.inc(Refusal.FD_RESERVE.value)
+                _refuse_socket(conn, Refusal.OUT_OF_DESCRIPTORS)
+                self.connections_refused.inc(Refusal.OUT_OF_DESCRIPTORS.value)
                 spared = True
             self._spare = _open_spare()
         self._emfile_count += 1
