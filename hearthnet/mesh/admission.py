@@ -348,7 +348,7 @@ async def redeem_invite(data_dir: Path, token: str, *, name: str) -> bool:
         return False
     if not invite.bootstrap and not invite.relays:
         raise BadRequest("the invite names no bootstrap node or relay to join through")
-    last_error = "no bootstrap node answered"
+    errors: list[str] = []  # each way's failure, all in the message when none admits us
     refused: WireError | None = None  # the inviter's refusal, the same on every way
     # spec §8: the bootstrap nodes first; then the invite's relays, which carry the join
     # to the inviter attached to them (an inviter behind NAT has no reachable URL)
@@ -363,26 +363,26 @@ async def redeem_invite(data_dir: Path, token: str, *, name: str) -> bool:
                 async with http.post(endpoint, json=body) as resp:
                     answer = await resp.json(content_type=None)
             except (aiohttp.ClientError, OSError, ValueError) as exc:
-                last_error = f"{url}: {exc}"
+                errors.append(f"{url}: {str(exc) or type(exc).__name__}")
                 continue
             if resp.status != 200:
                 error = (
                     answer.get("error", resp.status) if isinstance(answer, dict) else resp.status
                 )
                 message = answer.get("message", "") if isinstance(answer, dict) else ""
-                last_error = f"{url}: {error} {message}"
+                errors.append(f"{url}: {error} {message}")
                 if error in _REFUSALS and isinstance(answer, dict):
                     refused = error_from_wire(answer)
                 continue
             try:
                 records, source = _answer_records(answer, invite, keys.node_id, relayed=relayed)
             except WireError as exc:
-                last_error = f"{url}: {exc.code} {exc.message}"
+                errors.append(f"{url}: {exc.code} {exc.message}")
                 continue
             view = Membership(invite.community)
             kept = view.add_all(records, source).accepted
             if view.level_of(keys.node_id) is None:
-                last_error = f"{url}: the answer does not make this node a member"
+                errors.append(f"{url}: the answer does not make this node a member")
                 continue
             store.replace(list(kept))
             _remember_addresses(data_dir, invite, answer.get("bootstrap", []))
@@ -390,7 +390,7 @@ async def redeem_invite(data_dir: Path, token: str, *, name: str) -> bool:
     if refused is not None:  # said by a node that got the request, not a way that failed
         raise refused
     raise Unavailable(
-        f"could not join: {last_error} (a node named in the invite must be running and"
-        " reachable from here: start it, or make the invite again with --bootstrap URL of"
-        " a member this node can reach)"
+        f"could not join: {'; '.join(errors) or 'no bootstrap node answered'} (a node named"
+        " in the invite must be running and reachable from here: start it, or make the"
+        " invite again with --bootstrap URL of a member this node can reach)"
     )

@@ -69,6 +69,9 @@ class MeshHttp:
             burst=2 * authenticator.membership.caps.per_request,
             max_keys=4096,
         )
+        # a join's record is signed next on this node's chain (spec §1.5) and admitted
+        # before the next join signs: two signed at once would take the same place
+        self._joining = asyncio.Lock()
 
     def routes(self) -> list[web.RouteDef]:
         """The routes."""
@@ -186,8 +189,9 @@ class MeshHttp:
 
         Raises: what :func:`admit` raises; the fold's refusal of the record.
         """
-        record = admit(self.keys, self.authenticator.membership, body, now_ms())
-        admission = await self.submit_records([record], Source.SUBMIT, None)
+        async with self._joining:
+            record = admit(self.keys, self.authenticator.membership, body, now_ms())
+            admission = await self.submit_records([record], Source.SUBMIT, None)
         if not admission.accepted:
             raise admission.first_error() or InternalError("the member could not be recorded")
         records = [r.to_json() for r in self.authenticator.membership.records.values()]
@@ -217,6 +221,8 @@ class MeshHttp:
         invite = check_join_request(self.authenticator.membership, body["request"], now_ms())
         if body["to"] != invite.inviter:
             raise BadRequest("a join goes to the node that signed its invite")
+        if invite.inviter == self.keys.node_id:  # the relay invited: it admits it itself
+            return json_response(await self.admit_join(body["request"]))
         link = self.mesh.links.get(invite.inviter)
         if link is None or is_relayed(link):
             raise Unavailable("the inviter is not linked to this relay", retry_after_ms=5000)

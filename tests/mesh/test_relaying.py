@@ -356,3 +356,28 @@ async def test_a_relay_carries_a_join_only_for_an_inviter_linked_to_it(
         ],
         False,
     ) == (codes, members)
+
+
+async def test_a_relay_admits_a_relayed_join_to_its_own_invite(make_config: MakeConfig) -> None:
+    """An invite the relay made itself, redeemed through the relayed-join route (what a
+    joiner tries when the invite's bootstrap did not answer): the relay admits it as
+    ``POST /mesh/v1/join`` would, instead of answering that it is not linked to itself."""
+    configs = [make_config(mesh={"relay": True}), make_config()]
+    one_community(configs[:1])
+    joiner = load_or_create_keys(Path(configs[1].node.data_dir))
+    async with Node(configs[0]) as relay:
+        invite = Invite.issue(
+            relay.keys, community=relay.authenticator.community_id, level=Level.MEMBER,
+            ttl_ms=60_000, now_ms=now_ms(), bootstrap=[UNDIALLABLE], nonce="nonce-0002",
+            relays=[relay.url],
+        )  # fmt: skip
+        request = join_request(joiner, invite, name="j", now_ms=now_ms())
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                relay.url + RELAY_JOIN_PATH, json={"to": relay.keys.node_id, "request": request}
+            ) as resp,
+        ):
+            status, answer = resp.status, await resp.json()
+        members = joiner.node_id in relay.authenticator.membership.members
+    assert (200, relay.keys.node_id, True) == (status, answer.get("admitter"), members)
