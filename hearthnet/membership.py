@@ -118,7 +118,14 @@ def admit_records(
             and places.setdefault(place, rec.id) != rec.id
         ):
             refused.append(
-                (rec, BadRequest(f"another record holds signer_seq {rec.signer_seq} of {rec.by}"))
+                (
+                    rec,
+                    # place_taken: the signer may sign again at its chain's new head
+                    BadRequest(
+                        f"another record holds signer_seq {rec.signer_seq} of {rec.by}",
+                        extra={"place_taken": True},
+                    ),
+                )
             )
         elif source is not Source.STORE and counts[rec.by] >= caps.per_signer:
             refused.append((rec, CapacityExceeded(f"at most {caps.per_signer} records per signer")))

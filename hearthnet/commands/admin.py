@@ -85,7 +85,7 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
     """``hearthnet token revoke TOKEN|JTI``: revoke one token, mesh-wide (spec §1.6)."""
     from hearthnet.tokens import TOKEN_PREFIX, CapabilityToken
 
-    keys, _, membership = local_identity(args)
+    keys, _, _ = local_identity(args)
     if args.token.startswith(TOKEN_PREFIX):
         try:
             token = CapabilityToken.decode(args.token)
@@ -97,8 +97,11 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
         iss, jti = token.iss, token.jti
     else:
         iss, jti = args.iss or keys.node_id, args.token
-    record = membership.sign(keys, "token.revoked", jti, now_ms=now_ms(), iss=iss)
-    submit_record(args, record, "a token is revoked by its issuer or an anchor")
+    submit_record(
+        args,
+        lambda k, m: m.sign(k, "token.revoked", jti, now_ms=now_ms(), iss=iss),
+        "a token is revoked by its issuer or an anchor",
+    )
     emit(
         args,
         {"revoked": jti, "iss": iss},
@@ -114,9 +117,11 @@ def cmd_topic_rotate(args: argparse.Namespace) -> int:
     from hearthnet.pubsub.topics import TopicPattern
 
     TopicPattern.parse(args.pattern)
-    keys, _, membership = local_identity(args)
-    record = membership.sign(keys, "topic.rotated", args.pattern, now_ms=now_ms())
-    submit_record(args, record, "only anchors rotate topic keys")
+    record = submit_record(
+        args,
+        lambda k, m: m.sign(k, "topic.rotated", args.pattern, now_ms=now_ms()),
+        "only anchors rotate topic keys",
+    )
     emit(
         args,
         {"rotated": args.pattern, "ts": record.ts},

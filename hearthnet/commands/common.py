@@ -8,6 +8,7 @@ import asyncio
 import json
 import re
 from collections.abc import Callable, Coroutine
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -20,11 +21,15 @@ from hearthnet.errors import ConfigError, HearthNetError, IdentityError
 
 if TYPE_CHECKING:
     from hearthnet.community import MembershipRecord
+    from hearthnet.identity import KeyPair
+    from hearthnet.membership import Membership
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_RUNNING, EXIT_AUTH = 0, 1, 2, 3, 4
 Parents = list[argparse.ArgumentParser]
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?\Z")
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, None: 1000}
+# how often a record is signed again when the node took its chain place meanwhile
+_SIGN_TRIES = 3
 
 
 def parse_duration_ms(text: str) -> int:
@@ -299,20 +304,41 @@ def local_identity(args: argparse.Namespace, *, create: bool = False) -> tuple[A
     return keys, store, membership
 
 
-def submit_record(args: argparse.Namespace, record: MembershipRecord, refused: str) -> None:
-    """Hand a signed membership record to the running node (which gossips it on).
+def submit_record(
+    args: argparse.Namespace,
+    sign: Callable[[KeyPair, Membership], MembershipRecord],
+    refused: str,
+) -> MembershipRecord:
+    """Sign a membership record with this data dir's key (``sign``, next on its chain as
+    the data dir records it) and hand it to the running node, which gossips it on; the
+    record the node applied.
+
+    The running node signs records on the same chain (admitting a join): when it took
+    the record's place meanwhile (``place_taken``), the record is signed again at the
+    chain's new head, a few times at most.
 
     Raises:
         Forbidden: this node's key may not sign that record (the node refused it; spec
             §1.5); the CLI exits 1.
         ConfigError: the node did not apply it (``refused`` says why that may be).
     """
+    from hearthnet.errors import BadRequest
 
-    async def main() -> Any:
-        async with client_of(args) as client:
-            return await client.request_json(
-                "POST", "/mesh/v1/membership", {"records": [record.to_json()]}
-            )
+    for attempt in range(1, _SIGN_TRIES + 1):
+        keys, _, membership = local_identity(args)
+        record = sign(keys, membership)
 
-    if not run(main).get("applied"):
-        raise ConfigError(f"the node did not apply the record ({refused})")
+        async def main(body: dict[str, Any]) -> Any:
+            async with client_of(args) as client:
+                return await client.request_json("POST", "/mesh/v1/membership", body)
+
+        try:
+            answer = run(partial(main, {"records": [record.to_json()]}))
+        except BadRequest as exc:
+            if exc.extra.get("place_taken") is True and attempt < _SIGN_TRIES:
+                continue  # the node recorded its own record there first: read it, sign again
+            raise
+        if not answer.get("applied"):
+            raise ConfigError(f"the node did not apply the record ({refused})")
+        break
+    return record

@@ -285,10 +285,13 @@ def _relays_at_next_start(args: argparse.Namespace) -> list[str]:
 def cmd_community_revoke(args: argparse.Namespace) -> int:
     """``hearthnet community revoke NODEID``: sign a revocation and hand it to the node."""
 
-    keys, _, membership = local_identity(args)
+    _, _, membership = local_identity(args)
     stranger = membership.level_of(args.node) is None and not membership.is_revoked(args.node)
-    record = membership.sign(keys, "member.revoked", args.node, now_ms=now_ms())
-    submit_record(args, record, "only anchors revoke; the founder stays")
+    submit_record(
+        args,
+        lambda k, m: m.sign(k, "member.revoked", args.node, now_ms=now_ms()),
+        "only anchors revoke; the founder stays",
+    )
     emit(args, {"revoked": args.node}, lambda: print(f"revoked {args.node} on every node"))
     if stranger:  # a mistyped NodeID revokes nobody who is a member: say so
         print(
@@ -336,15 +339,11 @@ def cmd_community_rules(args: argparse.Namespace) -> int:
     rules = () if args.clear else _rules_file(args.file)
     if not args.clear and not rules:
         raise ConfigError("no rules in the file (use --clear to hand rules back to each node)")
-    keys, _, membership = local_identity(args)
-    record = membership.sign(
-        keys,
-        "pubsub.rules",
-        membership.community_id,
-        now_ms=now_ms(),
-        rules=rules,
+    record = submit_record(
+        args,
+        lambda k, m: m.sign(k, "pubsub.rules", m.community_id, now_ms=now_ms(), rules=rules),
+        "only anchors set the rules",
     )
-    submit_record(args, record, "only anchors set the rules")
     rows = [{"pattern": p, "subscribe": sub, "publish": pub} for p, sub, pub in rules]
 
     def for_people() -> None:

@@ -70,8 +70,9 @@ class MeshHttp:
             max_keys=4096,
         )
         # a join's record is signed next on this node's chain (spec §1.5) and admitted
-        # before the next join signs: two signed at once would take the same place
-        self._joining = asyncio.Lock()
+        # before the next join signs, or submitted records (which the CLI may have signed
+        # with this node's key) are admitted: two at once would take the same place
+        self._own_chain = asyncio.Lock()
 
     def routes(self) -> list[web.RouteDef]:
         """The routes."""
@@ -164,7 +165,8 @@ class MeshHttp:
             raise stranger
         self.checks.check(request.remote or "", time.monotonic(), len(to_check))
         parsed = await asyncio.to_thread(lambda: [MembershipRecord.parse(r) for r in to_check])
-        admission = await self.submit_records(parsed, Source.SUBMIT, None)
+        async with self._own_chain:
+            admission = await self.submit_records(parsed, Source.SUBMIT, None)
         error = admission.first_error()
         if not admission.accepted and error is not None:
             raise error
@@ -189,7 +191,7 @@ class MeshHttp:
 
         Raises: what :func:`admit` raises; the fold's refusal of the record.
         """
-        async with self._joining:
+        async with self._own_chain:
             record = admit(self.keys, self.authenticator.membership, body, now_ms())
             admission = await self.submit_records([record], Source.SUBMIT, None)
         if not admission.accepted:
