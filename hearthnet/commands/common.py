@@ -324,14 +324,13 @@ def submit_record(
     """
     from hearthnet.errors import BadRequest
 
+    async def main(body: dict[str, Any]) -> Any:
+        async with client_of(args) as client:
+            return await client.request_json("POST", "/mesh/v1/membership", body)
+
     for attempt in range(1, _SIGN_TRIES + 1):
         keys, _, membership = local_identity(args)
         record = sign(keys, membership)
-
-        async def main(body: dict[str, Any]) -> Any:
-            async with client_of(args) as client:
-                return await client.request_json("POST", "/mesh/v1/membership", body)
-
         try:
             answer = run(partial(main, {"records": [record.to_json()]}))
         except BadRequest as exc:

@@ -28,6 +28,7 @@ JOINERS = 8
 
 
 async def test_invites_redeemed_at_once_all_join(tmp_path: Path) -> None:
+    """Eight invites of one node redeemed at once: every joiner is admitted."""
     founder = start_node_process(tmp_path / "founder", *MESH_ARGS)
     try:
         keys = load_or_create_keys(founder.data_dir)
