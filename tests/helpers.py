@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -88,9 +89,38 @@ class Sleepy:
         return {"slept": value.get("ms", 0)}
 
 
+# Ports handed out by free_port come from below the kernel's range for the local ports of
+# outgoing connections (net.ipv4.ip_local_port_range, 32768-60999 by default): a port from
+# inside it could be taken by any connection made before the node binds it.
+_FREE_PORT_LOW = 20_000
+_FREE_PORT_TRIES = 200
+
+
+def _outgoing_ports_start() -> int:
+    """The lowest local port the kernel gives outgoing connections (Linux; else 32768)."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def free_port() -> int:
-    """A loopback port that was free a moment ago (for nodes that must know each other's
-    URL before either starts)."""
+    """A loopback port free now that no outgoing connection will take before a node binds
+    it (for nodes that must know each other's URL before either starts, and for a node
+    restarted on its port): chosen at random below the outgoing connections' range, and
+    bound once without ``SO_REUSEADDR`` (which fails while any socket, in ``TIME_WAIT``
+    too, holds it). Falls back to a port the kernel picks when that range is too small."""
+    high = _outgoing_ports_start()
+    if high - _FREE_PORT_LOW >= 1_000:
+        for _ in range(_FREE_PORT_TRIES):
+            port = random.randrange(_FREE_PORT_LOW, high)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -72,14 +71,6 @@ const node = new URLSearchParams(location.search).get("node");
 window.hn = await import(node + "/client/hearthnet.js");
 window.ready = true;
 </script>"""
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now (for a node restarted on the same port)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def publish(node_url: str, token: str, topic: str, msg_type: str, data: Any) -> dict[str, Any]:

@@ -20,13 +20,12 @@ from hearthnet.ids import b64url_decode
 from tests.browser.support import (
     CLIENT_PAGE,
     PageServer,
-    free_port,
     open_client_page,
     process_token,
     publish,
     publish_burst,
 )
-from tests.helpers import NodeProcess, start_node_process
+from tests.helpers import NodeProcess, free_port, start_node_process
 
 SCOPES = ("pub:demo.**", "sub:demo.**", "call:llm.chat@2")
 

@@ -6,21 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import socket
 from pathlib import Path
 
 from hearthnet.client import Client
 from hearthnet.errors import HearthNetError
 from hearthnet.identity import load_or_create_keys
 from hearthnet.subscription import Delivery
-from tests.helpers import collect_numbers, start_node_process, wait_until
-
-
-def free_port() -> int:
-    """A port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.helpers import collect_numbers, free_port, start_node_process, wait_until
 
 
 async def test_kill_9_loses_no_acknowledged_publish_and_subscribers_resume(tmp_path: Path) -> None:
