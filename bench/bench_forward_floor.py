@@ -9,7 +9,7 @@ B reads until it holds every byte. The forwarder's process CPU from /proc, from 
 write until B holds the last byte, idle subtracted (2 s measured before), divided by the
 frames: what the kernel's ``read``, ``write`` and ``epoll`` and the event loop's wake-up
 cost per frame, the part of ``bench_relay_forward``'s figure that no relay code can
-remove (docs/benchmarks.md, "The floor under a relay's CPU per frame").
+remove (docs/benchmarks-log.md, "The floor under a relay's CPU per frame").
 
 ``--socat`` measures socat (Debian's package; C, a blocking select loop) forwarding the
 same way: the kernel's and a C loop's part alone.

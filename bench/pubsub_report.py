@@ -1,5 +1,5 @@
 """Reading the fan-out benchmark's results: the median run, ratios to the peer within
-each round, and the Markdown tables for docs/benchmarks.md. Pure."""
+each round, and the Markdown tables for docs/benchmarks-log.md. Pure."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def fmt(v: Any, nd: int = 0) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
-    """The Markdown tables for docs/benchmarks.md."""
+    """The Markdown tables for docs/benchmarks-log.md."""
     lines: list[str] = []
     if result["fanout"]:
         lines += [

@@ -18,7 +18,7 @@ quantiles from the second, clock skew from the third. On the benchmark's input o
 reads them instead of the records. One histogram of (hour, RTT bucket, offset) had
 1.4 million rows, which the steps after the pass summed per bucket; the two small
 ones cost a record one more row into the aggregate, into a map of a few thousand
-entries (docs/benchmarks.md). Link windows and link hours as sets of their own (the
+entries (docs/benchmarks-log.md). Link windows and link hours as sets of their own (the
 file and relay out of their key) cost the pass more than they saved after it.
 
 NodeIDs stay strings in the pass and are hashed to ids (:func:`spark_federation.exports.node_key`)
@@ -27,7 +27,7 @@ node dictionary (and which nodes came in more than one export) is then read from
 few hundred distinct (node, peer, relay, file) combinations of the first table
 instead of from a pass of its own. The file's path stays a string in the key: hashing
 its directory to a long in every record cost the pass more than the string does
-(docs/benchmarks.md).
+(docs/benchmarks-log.md).
 
 A node's records are in its own exports only (spec §7.5), so copies of one
 observation can come only from a node read from two export dirs. When there is such

@@ -14,7 +14,7 @@ of its input, and chooses:
   re-planning: compiling
   and re-planning the job's few hundred small stages cost more than running them. A large
   input keeps the optimising JIT, which pays for itself past a few million records
-  (docs/benchmarks.md), and gets the parallel collector (:data:`LARGE_INPUT_JVM`):
+  (docs/benchmarks-log.md), and gets the parallel collector (:data:`LARGE_INPUT_JVM`):
   G1's concurrent threads and write barriers cost the job about twice the parallel
   collector's CPU, and a batch job does not need G1's short pauses. Its files are also
   read in :data:`READ_SPLITS_PER_CORE` tasks a core (``spark.sql.files.minPartitionNum``):
@@ -36,7 +36,7 @@ of its input, and chooses:
   optimising compiler keeps what it compiled for the pass, where it pays for itself,
   and compiles nothing more; code first hot after the pass gets the quick compiler's
   code, as in a small input's JVM. The optimising compiler's thread otherwise takes a
-  core for much of the steps after the pass (docs/benchmarks.md).
+  core for much of the steps after the pass (docs/benchmarks-log.md).
 
 And, given a cache directory (the CLI's ``--class-cache``), the JVM maps the classes
 an earlier run loaded from a class-data archive there (:func:`class_archive_options`)
@@ -72,7 +72,7 @@ RECORD_DIRS = ("heartbeats", "beacons", "traces")
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
 # the JVM of a run on a small input: the serial collector (no collector threads beside the
 # job's). Turning off the verification of loaded classes saved another ~7 % of the tests'
-# run (docs/benchmarks.md) but is not done: the job would then run any jar on its class
+# run (docs/benchmarks-log.md) but is not done: the job would then run any jar on its class
 # path unchecked.
 SMALL_INPUT_JVM = "-XX:+UseSerialGC"
 # the JVM of a run on a large (or unknown) input: the parallel collector

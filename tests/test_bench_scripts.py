@@ -1,8 +1,9 @@
 """The in-process benchmarks still run against the current log, at a tiny size.
 
-Their numbers are quoted in docs/benchmarks.md; these checks only keep the scripts
-working as the code under them changes (a timing is never asserted). Benchmarks that
-start node processes (bench_relay) are only checked for ``--help`` and their pure parts.
+Their numbers are quoted in docs/benchmarks.md and docs/benchmarks-log.md; these checks
+only keep the scripts working as the code under them changes (a timing is never asserted).
+Benchmarks that start node processes (bench_relay) are only checked for ``--help`` and their
+pure parts.
 """
 
 from __future__ import annotations

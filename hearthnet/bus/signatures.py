@@ -7,7 +7,7 @@ the CPU the node spends on a call. Done in another process it runs on the other 
 beside the event loop. A thread cannot do this: it needs the GIL before and after each
 check, and uvloop releases and takes the GIL around every callback, so with the two
 threads on two cores each check cost ~4 futex calls and context switches, more than the
-check itself (docs/benchmarks.md, "The signature worker thread on a quiet machine").
+check itself (docs/benchmarks-log.md, "The signature check in a process, not a thread").
 
 The loop makes the bytes to check (the JCS form of the signed object, the public key
 and the signature, so every refusal for a malformed input is the one
@@ -44,8 +44,8 @@ from hearthnet.ids import public_key_from_node_id, signature_from_str
 # Checks written to the checker in one batch at most: a turn with more is split, and the
 # checker answers batch by batch, so the loop answers the first calls (and their clients
 # send their next ones) while the rest are checked. With one batch per turn the loop and
-# the checker took turns instead of working at once (docs/benchmarks.md, "Checks in
-# batches of 4: the event loop and the checker at work together"). Batches of 2 cost
+# the checker took turns instead of working at once (docs/benchmarks-log.md, "Bus: checks
+# in batches of 4, the event loop and the checker at work together"). Batches of 2 cost
 # more CPU per call; of 8, 8 connections' calls went as one batch again.
 MAX_BATCH = 4
 MAX_IN_FLIGHT = 1024  # checks at the checker at once; past this, checked on the loop

@@ -56,14 +56,14 @@ LOOSE_ROW = 1024  # whole envelopes per row when an older log is regrouped
 # A new log's page size. A commit's row is mostly its bodies (~40 KiB for 125 messages of
 # 256 bytes), written to the WAL a page at a time, each page a frame with its own header
 # and checksum: 16 KiB pages take ~0.5 µs of CPU per message off a commit (4 KiB, SQLite's
-# default, and 64 KiB pages both cost more; docs/benchmarks.md, "Pages of 16 KiB").
+# default, and 64 KiB pages both cost more; docs/benchmarks-log.md, "Pages of 16 KiB").
 PAGE_BYTES = 16_384
 # WAL bytes between automatic checkpoints: SQLite's default of 1,000 pages of 4 KiB.
 WAL_CHECKPOINT_BYTES = 4_096_000
 # Deleted content is zeroed only where that writes no page more (SQLite's FAST). Builds
 # that default to secure_delete=ON (Debian's) write every page retention frees again, as
 # zeros: as many WAL bytes as the messages deleted, flushed by the next commit's fsync
-# (docs/benchmarks.md, "Retention's commits without an fsync"). Freed whole pages keep
+# (docs/benchmarks-log.md, "Retention's commits without an fsync"). Freed whole pages keep
 # their bytes until reused (docs/security.md).
 SECURE_DELETE = "FAST"
 
