@@ -36,7 +36,8 @@ from hearthnet.errors import ConfigError
 
 ALLOW_METHODS = "GET, POST, OPTIONS"
 # The headers a browser client sends (spec §2.2); Content-Type for JSON bodies, Accept for
-# SSE calls, Last-Event-ID for a resumed EventSource.
+# SSE calls, Last-Event-ID for a resumed EventSource, Authorization for a token sent as
+# `Bearer hnt1:...`.
 ALLOW_HEADERS = frozenset(
     {
         "accept",
@@ -47,6 +48,7 @@ ALLOW_HEADERS = frozenset(
         "x-hearthnet-request-id",
         "x-hearthnet-from",
         "x-hearthnet-token",
+        "authorization",
         "x-hearthnet-community",
         "x-hearthnet-timestamp",
         "x-hearthnet-signature",

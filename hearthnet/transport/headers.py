@@ -1,4 +1,5 @@
-"""The X-HearthNet-* request headers (spec §2.2, §2.3). Pure parsing."""
+"""The X-HearthNet-* request headers (spec §2.2, §2.3), and a token in the usual HTTP
+place, ``Authorization: Bearer hnt1:...``. Pure parsing."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ _TIMESTAMP = TIMESTAMP.lower()
 _SIGNATURE = SIGNATURE.lower()
 _TARGET = TARGET.lower()
 _DEADLINE = DEADLINE.lower()
+_AUTHORIZATION = "authorization"
+# A token is "hnt1:" + base64url (hearthnet.tokens.TOKEN_PREFIX); only such a credential
+# is taken from Authorization, so a proxy's own (Basic, or its Bearer JWT) is left alone.
+_BEARER_TOKEN_PREFIX = "hnt1:"  # noqa: S105 - a format prefix, not a secret
 
 
 class SignedHeaders(NamedTuple):
@@ -89,8 +94,9 @@ def read_deadline(headers: Mapping[str, str]) -> int | None:
 def read_signed_headers(
     headers: Mapping[str, str], *, query_token: str | None = None
 ) -> SignedHeaders:
-    """Read the credential headers (``?token=`` stands in for X-HearthNet-Token, since
-    a browser EventSource cannot set headers).
+    """Read the credential headers. The token is X-HearthNet-Token's, else that of an
+    ``Authorization: Bearer hnt1:...`` (:func:`bearer_token`), else ``?token=`` (a
+    browser EventSource cannot set headers).
 
     Raises:
         BadRequest: a timestamp that is not an integer.
@@ -103,8 +109,21 @@ def read_signed_headers(
         get(_COMMUNITY),
         None if ts is None else parse_int(ts, TIMESTAMP, minimum=0),
         get(_SIGNATURE),
-        get(_TOKEN) or query_token,
+        get(_TOKEN) or bearer_token(get(_AUTHORIZATION)) or query_token,
     )
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The HearthNet token an ``Authorization`` header carries as ``Bearer hnt1:...`` (the
+    scheme in any case), or None: no header, another scheme, or a credential that is not
+    a HearthNet token (a proxy in front of the node may use the header for itself)."""
+    if not authorization:
+        return None
+    scheme, _, credential = authorization.strip().partition(" ")
+    credential = credential.strip()
+    if scheme.lower() != "bearer" or not credential.startswith(_BEARER_TOKEN_PREFIX):
+        return None
+    return credential
 
 
 def read_call_headers(headers: Mapping[str, str]) -> CallHeaders:

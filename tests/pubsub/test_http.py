@@ -463,6 +463,29 @@ async def test_publish_refusals(
                 await c.request_json("POST", f"/pubsub/v1/topics/{topic}/messages", body)
 
 
+async def test_a_token_in_the_authorization_header_publishes_and_reads(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """A token sent as ``Authorization: Bearer hnt1:...`` publishes and reads history as
+    with X-HearthNet-Token, and the message's sender is the token's subject."""
+    token = token_for(node, "pub:bearer.*", "sub:bearer.*", sub="page-1")
+    headers = {"Authorization": f"Bearer {token}"}
+    url = node.url + "/pubsub/v1/topics/bearer.a/"
+    async with http.post(url + "messages", json={"type": "m", "data": 1}, headers=headers) as r:
+        published = (r.status, (await r.json()).get("seq"))
+    async with http.get(url + "history", headers=headers) as r:
+        read = (r.status, [m["data"]["sender"]["id"] for m in (await r.json())["messages"]])
+    subject = f"{node.keys.node_id}/page-1"  # a token's subject is named by its issuer
+    async with http.get(url + "history") as r:
+        without = r.status
+    assert (200, True, (200, [subject]), 401) == (
+        published[0],
+        isinstance(published[1], int),
+        read,
+        without,
+    )
+
+
 async def test_a_publish_the_log_cannot_queue_is_answered_503_with_retry_after(
     node: Node, http: aiohttp.ClientSession
 ) -> None:

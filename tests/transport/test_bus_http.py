@@ -20,7 +20,7 @@ from hearthnet.tokens import CapabilityToken, Scope
 from hearthnet.transport import headers as h
 from hearthnet.transport.codec import SseParser
 from tests.conftest import MakeConfig
-from tests.helpers import CleanupLog, wait_until
+from tests.helpers import CleanupLog, token_for, wait_until
 
 
 def signed_call(
@@ -248,6 +248,48 @@ async def test_token_client_scopes(node: Node, http: aiohttp.ClientSession) -> N
         (ok[0], ok[1]["output"]),
         (denied[0], denied[1]["error"]),
         (forged[0], forged[1]["error"]),
+    )
+
+
+async def test_a_token_in_the_authorization_header(node: Node, http: aiohttp.ClientSession) -> None:
+    """``Authorization: Bearer hnt1:...`` carries a token as X-HearthNet-Token does (a JSON
+    call, which the lean call path answers, and an SSE one, which the full server does);
+    X-HearthNet-Token wins when both are sent; a credential in Authorization that is not a
+    HearthNet token (a proxy's own) is left alone, so a signed call still goes through."""
+    token = token_for(node, "call:echo", "call:echo.stream")
+    plain = {h.VERSION: "1.0", "Content-Type": "application/json", h.CAPABILITY: "echo"}
+    json_call = await post(
+        http,
+        node,
+        {**plain, "Authorization": f"Bearer {token}", "Accept": "application/json"},
+        {"input": 7},
+    )
+    sse_headers = {
+        **plain,
+        h.CAPABILITY: "echo.stream",
+        "Authorization": f"bearer  {token} ",
+        "Accept": "text/event-stream",
+    }
+    async with http.post(
+        node.url + "/bus/v1/call", json={"input": {"count": 2}}, headers=sse_headers
+    ) as response:
+        sse = (response.status, response.content_type, (await response.text()).count("event:"))
+    both = await post(
+        http,
+        node,
+        {**plain, h.TOKEN: token[:-3] + "abc", "Authorization": f"Bearer {token}"},
+        {"input": 7},
+    )
+    community = node.membership.community_id
+    signed = signed_call(node.keys, community, "echo", {"input": 8})
+    proxied = await post(
+        http, node, {**signed, "Authorization": "Bearer eyJhbGciOiJIUzI1NiJ9.e30.x"}, {"input": 8}
+    )
+    assert ((200, {"echo": 7}), (200, "text/event-stream", 3), 401, (200, {"echo": 8})) == (
+        (json_call[0], json_call[1]["output"]),
+        sse,
+        both[0],
+        (proxied[0], proxied[1]["output"]),
     )
 
 
