@@ -150,8 +150,9 @@ class PubSubHttp:
         if not isinstance(body, dict):
             raise BadRequest('the body is {"type", "data", "ttl_s"?}')
         PUBLISH_BODY.check(body)
-        if "data" not in body:
-            raise BadRequest('the body is {"type", "data", "ttl_s"?}: data is missing')
+        for field in ("type", "data"):
+            if field not in body:
+                raise BadRequest(f'the body is {{"type", "data", "ttl_s"?}}: {field} is missing')
         caller = self.caller(request, body)
         stored = await self.deps.service.publish(
             caller,
