@@ -320,7 +320,13 @@ class Authenticator:
         if token is not None:
             return self.caller_for_token(token, now_ms)
         if signature is None:
-            raise self._refuse("missing", Unauthorized("signed headers or a token are required"))
+            raise self._refuse(
+                "missing",
+                Unauthorized(
+                    "signed headers or a token are required"
+                    " (X-HearthNet-Token, or Authorization: Bearer hnt1:...)"
+                ),
+            )
         if not is_node_id(sender) or not is_node_id(community):
             raise BadRequest("X-HearthNet-From and X-HearthNet-Community must be NodeIDs")
         if not is_ulid(request_id):

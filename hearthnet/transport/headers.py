@@ -152,7 +152,10 @@ def read_call_headers(headers: Mapping[str, str]) -> CallHeaders:
             if v is None
         ]
         if missing:
-            raise BadRequest(f"missing headers: {', '.join(missing)} (or {TOKEN})")
+            raise BadRequest(
+                f"missing headers: {', '.join(missing)}"
+                f" (or a token: {TOKEN}, or Authorization: Bearer hnt1:...)"
+            )
     deadline = get(_DEADLINE)
     return CallHeaders(
         capability.strip(),

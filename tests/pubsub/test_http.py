@@ -476,9 +476,9 @@ async def test_a_token_in_the_authorization_header_publishes_and_reads(
     async with http.get(url + "history", headers=headers) as r:
         read = (r.status, [m["data"]["sender"]["id"] for m in (await r.json())["messages"]])
     subject = f"{node.keys.node_id}/page-1"  # a token's subject is named by its issuer
-    async with http.get(url + "history") as r:
-        without = r.status
-    assert (200, True, (200, [subject]), 401) == (
+    async with http.get(url + "history", headers={"Authorization": "Bearer not-a-token"}) as r:
+        without = (r.status, "Authorization: Bearer hnt1:" in (await r.json())["message"])
+    assert (200, True, (200, [subject]), (401, True)) == (
         published[0],
         isinstance(published[1], int),
         read,
