@@ -208,8 +208,9 @@ def _publish(obj: dict[str, Any]) -> ClientFrame:
     ref = obj.get("ref")
     if ref is not None and (not isinstance(ref, str) or len(ref) > MAX_REF):
         raise BadRequest(f"publish.ref is a string of at most {MAX_REF} characters")
-    if "data" not in obj:
-        raise BadRequest("publish needs data")
+    for field in ("topic", "msg_type", "data"):
+        if field not in obj:
+            raise BadRequest(f"publish needs {field}")
     topic, msg_type = obj.get("topic"), obj.get("msg_type")
     if not isinstance(topic, str):
         raise BadRequest("publish.topic must be a string")

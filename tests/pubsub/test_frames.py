@@ -189,7 +189,7 @@ def test_several_unknown_fields_are_all_named() -> None:
             "publish.topic must be a string",
         ),
         (
-            {"type": "publish", "topic": "a", "data": 1},
+            {"type": "publish", "topic": "a", "msg_type": 7, "data": 1},
             "publish.msg_type must be a string (the message type)",
         ),
     ],
@@ -197,6 +197,13 @@ def test_several_unknown_fields_are_all_named() -> None:
 def test_wrong_types_name_the_field(frame: dict[str, object], message: str) -> None:
     """A field of the wrong type is bad_request naming the field."""
     assert message == refusal(frame)
+
+
+@pytest.mark.parametrize("missing", ["topic", "msg_type", "data"])
+def test_a_publish_without_a_field_names_it(missing: str) -> None:
+    frame: dict[str, object] = {"type": "publish", "topic": "a", "msg_type": "x", "data": 1}
+    del frame[missing]
+    assert f"publish needs {missing}" == refusal(frame)
 
 
 @pytest.mark.parametrize(
