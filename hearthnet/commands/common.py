@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import re
+import sys
 from collections.abc import Callable, Coroutine
 from functools import partial
 from pathlib import Path
@@ -40,13 +41,30 @@ def parse_duration_ms(text: str) -> int:
     return int(float(match.group(1)) * _UNITS_MS[match.group(2)])
 
 
+# At most this much JSON is read from stdin for an argument given as "-" (the node's
+# own bounds are lower: a pub/sub payload is at most 256 KiB, spec §6.2).
+STDIN_JSON_MAX = 16 << 20
+
+
 def json_arg(text: str) -> Any:
+    """A JSON argument; ``-``: one JSON value read from stdin (``jq ... | hearthnet pub T
+    --data -``)."""
+    if text == "-":
+        read = sys.stdin.read(STDIN_JSON_MAX + 1)
+        if len(read) > STDIN_JSON_MAX:
+            raise argparse.ArgumentTypeError(
+                f"stdin holds more than {STDIN_JSON_MAX >> 20} MiB of text"
+            )
+        try:
+            return json.loads(read)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"stdin is not one JSON value: {exc}") from exc
     try:
         return json.loads(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(
             f"not JSON: {exc} (quote it for the shell, keys and strings in double quotes:"
-            """ '{"text": "hi"}', a string alone '"hi"')"""
+            """ '{"text": "hi"}', a string alone '"hi"'; "-" reads it from stdin)"""
         ) from exc
 
 

@@ -382,7 +382,9 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
 
     call = sub.add_parser("call", parents=remote, help="call a capability")
     call.add_argument("capability", help="NAME[@MAJOR.MINOR], e.g. echo@1.0")
-    call.add_argument("--body", type=json_arg, default={}, help="input as JSON (default {})")
+    call.add_argument(
+        "--body", type=json_arg, default={}, help="input as JSON ('-': read from stdin; default {})"
+    )
     call.add_argument("--stream", action="store_true", help="stream frames (WS, SSE fallback)")
     call.add_argument("--sse", action="store_true", help="with --stream: use SSE, not WebSocket")
     call.add_argument("--cbor", action="store_true", help="with --stream: CBOR WebSocket frames")

@@ -147,7 +147,9 @@ def add_parsers(sub: Any, remote: Parents) -> None:
     pub = sub.add_parser("pub", parents=remote, help="publish a message")
     pub.add_argument("topic", type=topic_arg, help="a topic, e.g. chat.room.1")
     pub.add_argument("--type", default="message", help="message type (default: message)")
-    pub.add_argument("--data", type=json_arg, required=True, help="payload as JSON")
+    pub.add_argument(
+        "--data", type=json_arg, required=True, help="payload as JSON ('-': read from stdin)"
+    )
     pub.add_argument(
         "--ttl", type=positive_int, help="seconds the message lives (default: retention)"
     )

@@ -253,12 +253,14 @@ def test_commands_that_read_an_identity_do_not_make_one(tmp_path: Path) -> None:
 
 
 def test_pub_sub_topics_from_the_command_line(fresh_node_proc: NodeProcess) -> None:
-    """`sub --last` prints the backlog then live messages as JSON lines; `topics` lists."""
+    """`sub --last` prints the backlog then live messages as JSON lines; `topics` lists;
+    `pub --data -` reads the payload from stdin."""
     d = str(fresh_node_proc.data_dir)
-    for i in range(2):
-        assert (
-            run_cli("pub", "cli.t", "--data", json.dumps({"i": i}), "--data-dir", d).returncode == 0
-        )
+    assert run_cli("pub", "cli.t", "--data", json.dumps({"i": 0}), "--data-dir", d).returncode == 0
+    piped = run_cli("pub", "cli.t", "--data", "-", "--data-dir", d, stdin=json.dumps({"i": 1}))
+    assert piped.returncode == 0
+    not_json = run_cli("pub", "cli.t", "--data", "-", "--data-dir", d, stdin="hello")
+    assert (2, True) == (not_json.returncode, "stdin is not one JSON value" in not_json.stderr)
     sub = subprocess.Popen(
         hearthnet_cmd("sub", "cli.*", "--last", "5", "--count", "3", "--data-dir", d),
         stdout=subprocess.PIPE,
