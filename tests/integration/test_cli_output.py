@@ -207,7 +207,8 @@ def test_mistakes_name_the_fix(
     )
     quote = """quote it for the shell, keys and strings in double quotes: '{"text": "hi"}', a"""
     shows = "ed25519:... as hearthnet peers or hearthnet community show print it)\n"
-    assert [(2, quote + """ string alone '"hi"')\n"""), (2, shows), (2, shows)] == refused
+    alone = """ string alone '"hi"'; "-" reads it from stdin)\n"""
+    assert [(2, quote + alone), (2, shows), (2, shows)] == refused
     assert (node_proc.fields["node"], True, True, True, False, True) == (
         json.loads(flag_first[1])["node"],
         "pass the whole hnt1:... that hearthnet token issue printed" in token[2],
