@@ -133,11 +133,11 @@ def parse_command(raw: bytes, line: int) -> Command | Refusal:
         if kind == "tool_result":
             TOOL_RESULT_SHAPE.check(obj)
             return ToolResultCommand(
-                _call_id(obj.get("call")), _text(obj, "tool_call_id"), obj.get("body")
+                _call_id(obj.get("call"), "call"), _text(obj, "tool_call_id"), obj.get("body")
             )
         if kind == "cancel":
             CANCEL_SHAPE.check(obj)
-            return CancelCommand(_call_id(obj.get("call")))
+            return CancelCommand(_call_id(obj.get("call"), "call"))
         if kind == "auth":
             raise BadRequest("the bridge authenticates the session itself (--data-dir, --token)")
         raise BadRequest(
@@ -171,15 +171,21 @@ def _text(obj: dict[str, Any], name: str) -> str:
     return value
 
 
-def _call_id(value: object) -> str:
+def _call_id(value: object, field: str) -> str:
+    """A call's id: yours, 1..MAX_CALL_ID characters, tagging every frame of its answer."""
+    if value is None:
+        raise BadRequest(
+            f"{field} is missing: the call's id (yours, 1..{MAX_CALL_ID} characters; every"
+            " frame of its answer carries it)"
+        )
     if not isinstance(value, str) or not 1 <= len(value) <= MAX_CALL_ID:
-        raise BadRequest(f"a call id is a string of 1..{MAX_CALL_ID} characters")
+        raise BadRequest(f"{field}: a call id is a string of 1..{MAX_CALL_ID} characters")
     return value
 
 
 def _call(obj: dict[str, Any]) -> CallCommand:
     CALL_SHAPE.check(obj)
-    call_id = _call_id(obj.get("id"))
+    call_id = _call_id(obj.get("id"), "id")
     capability = _text(obj, "capability")
     name, _, version = capability.partition("@")
     validate_capability_name(name)

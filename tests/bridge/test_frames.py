@@ -134,3 +134,20 @@ def test_ack_pacer_acks_at_half_window_and_when_idle() -> None:
     pacer = AckPacer(4)
     acks = [pacer.wrote(seq) for seq in (10, 11, 12)]
     assert ([None, 11, None], 12, None) == (acks, pacer.idle(), pacer.idle())
+
+
+@pytest.mark.parametrize(
+    ("frame", "message"),
+    [
+        (
+            {"type": "call", "capability": "echo@1.0"},
+            "id is missing: the call's id (yours, 1..128 characters; every frame of its answer"
+            " carries it)",
+        ),
+        ({"type": "cancel", "call": 7}, "call: a call id is a string of 1..128 characters"),
+    ],
+)
+def test_a_call_id_missing_or_wrong_names_its_field(frame: dict[str, object], message: str) -> None:
+    refusal = parse_command(line(frame), 1)
+    assert isinstance(refusal, Refusal)
+    assert message == refusal.frame["data"]["message"]
