@@ -41,8 +41,9 @@ def test_data_dir_env_shortcut(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("toml", "message"),
     [
-        ("[nodes]\nport = 1\n", "unknown section"),
-        ("[node]\nprot = 1\n", "unknown key"),
+        ("[nodes]\nport = 1\n", r"unknown section \[nodes\] \(did you mean node\?\)"),
+        ("[node]\nprot = 1\n", r"unknown key \[node\] prot \(did you mean port\?\)"),
+        ("[node]\nzzz = 1\n", r"unknown key \[node\] zzz$"),
         ("[node]\nport = 'x'\n", "expected int"),
         ("[node\n", "hearthnet.toml"),
     ],

@@ -5,6 +5,7 @@ environment variables < command-line flags, each value checked against its key's
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import tomllib
 import types
@@ -102,6 +103,12 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
     raise ConfigError(f"{where}: expected {kind_name}, got {value!r}")
 
 
+def _did_you_mean(name: str, known: typing.Iterable[str]) -> str:
+    """`` (did you mean X?)`` for the known name nearest a misspelt one, or nothing."""
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def _apply(
     section_cls: type[Any], section_name: str, values: Mapping[str, Any], base: Any, source: str
 ) -> Any:
@@ -110,7 +117,9 @@ def _apply(
     changes: dict[str, Any] = {}
     for key, value in values.items():
         if key not in known:
-            raise ConfigError(f"{source}: unknown key [{section_name}] {key}")
+            raise ConfigError(
+                f"{source}: unknown key [{section_name}] {key}{_did_you_mean(key, known)}"
+            )
         changes[key] = _coerce(value, hints[key], f"{source} [{section_name}] {key}")
         if section_cls is MeshSection and key in URL_KEYS:
             _check_urls(changes[key], key, f"{source} [{section_name}] {key}")
@@ -162,7 +171,9 @@ def load_config(
     known_sections = sections()
     for name in file_values:
         if name not in known_sections:
-            raise ConfigError(f"{path}: unknown section [{name}]")
+            raise ConfigError(
+                f"{path}: unknown section [{name}]{_did_you_mean(name, known_sections)}"
+            )
     changes: dict[str, Any] = {}
     for name, cls in known_sections.items():
         current = getattr(config, name)
