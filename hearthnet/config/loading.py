@@ -5,7 +5,6 @@ environment variables < command-line flags, each value checked against its key's
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import tomllib
 import types
@@ -105,6 +104,8 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
 
 def _did_you_mean(name: str, known: typing.Iterable[str]) -> str:
     """`` (did you mean X?)`` for the known name nearest a misspelt one, or nothing."""
+    import difflib  # only for this error: kept off the node's start
+
     close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
     return f" (did you mean {close[0]}?)" if close else ""
 
