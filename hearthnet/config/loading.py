@@ -104,7 +104,7 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
 
 def _did_you_mean(name: str, known: typing.Iterable[str]) -> str:
     """`` (did you mean X?)`` for the known name nearest a misspelt one, or nothing."""
-    import difflib  # only for this error: kept off the node's start
+    import difflib  # noqa: PLC0415 - only for this error (spec §11: start time)
 
     close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
     return f" (did you mean {close[0]}?)" if close else ""
