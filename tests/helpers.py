@@ -127,14 +127,19 @@ def free_port() -> int:
 
 
 async def wait_until(
-    condition: Callable[[], bool], within_s: float = 5.0, what: str = "condition"
+    condition: Callable[[], bool],
+    within_s: float = 5.0,
+    what: str = "condition",
+    *,
+    every_s: float = 0.005,
 ) -> None:
-    """Wait until ``condition()`` is true, polling the event loop; fail after ``within_s``."""
+    """Wait until ``condition()`` is true, looking every ``every_s`` (0: at every turn of
+    the event loop, for a state that lasts only milliseconds); fail after ``within_s``."""
     deadline = time.monotonic() + within_s
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {within_s} s waiting for {what}")
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(every_s)
 
 
 @dataclass

@@ -6,7 +6,6 @@ path core alone."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
@@ -91,17 +90,15 @@ async def _cut_try(
         return _plain(b, a)
 
     async def cut_when_b_sequences() -> None:
-        # checked at every turn of the event loop (the nodes run on it), not every 5 ms as
-        # wait_until polls: b's frames stay unacknowledged on the direct link for a few
-        # milliseconds at most, and a coarser look missed that window in all 20 tries of
-        # a CI run
-        deadline = time.monotonic() + 20
-        while not (trio.paths() == ("direct", "direct") and (b_unacknowledged() or b_plain())):
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    "timed out after 20 s waiting for the direct link up both ways"
-                )
-            await asyncio.sleep(0)
+        # checked at every turn of the event loop (the nodes run on it), not every 5 ms:
+        # b's frames stay unacknowledged on the direct link for a few milliseconds at
+        # most, and a coarser look missed that window in all 20 tries of a CI run
+        await wait_until(
+            lambda: trio.paths() == ("direct", "direct") and (b_unacknowledged() or b_plain()),
+            20,
+            "the direct link up both ways",
+            every_s=0,
+        )
         cut = b_unacknowledged()
         if cut and retire_a:
             switch_a.tick(time.monotonic() + RETIRE_S)
