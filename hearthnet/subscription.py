@@ -441,12 +441,25 @@ class Subscription:
             except TimeoutError:
                 due = state.ack_due(idle=True)
         if due is not None:
-            await ws.send(
-                encode_frame({"type": "ack", "upto": due}, True)
-                if self.cbor
-                else b'{"type":"ack","upto":%d}'.decode() % due
-            )
+            await self._send_ack(ws, due)
         return await ws.recv()
+
+    async def _send_ack(self, ws: ClientConnection, upto: int) -> None:
+        await ws.send(
+            encode_frame({"type": "ack", "upto": upto}, True)
+            if self.cbor
+            else b'{"type":"ack","upto":%d}'.decode() % upto
+        )
+
+    async def ack(self) -> None:
+        """Ack now every message handed out so far. The subscription acks by itself every
+        half window and whenever it waits for the node; a program that stops reading (it
+        leaves the loop after the message it wanted) calls this first, so that a durable
+        consumer is not sent again what it has handled."""
+        due = self.state.ack_due(idle=True)
+        if due is not None and self._ws is not None:
+            with contextlib.suppress(ConnectionClosed):
+                await self._send_ack(self._ws, due)
 
     def _verified(self, envelope: Any) -> bool:
         """Whether a message's signature verifies (logged and counted when not)."""

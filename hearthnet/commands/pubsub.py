@@ -118,6 +118,7 @@ def cmd_sub(args: argparse.Namespace) -> int:
                 print_json_line(line)
                 seen += 1
                 if args.count and seen >= args.count:
+                    await subscription.ack()  # printed is handled: a consumer moves past it
                     return EXIT_OK
         return EXIT_OK
 

@@ -474,3 +474,21 @@ def test_a_call_to_a_node_this_node_has_no_link_to_says_where_to_look(
     error = json.loads(done.stderr)
     assert (1, "unavailable") == (done.returncode, error["error"])
     assert "hearthnet peers lists the nodes" in error["message"]
+
+
+def test_sub_consumer_count_acks_what_it_printed(node_proc: NodeProcess) -> None:
+    """`sub --consumer NAME --count N` takes N messages off the consumer: the next run
+    goes on after them (a worker script taking one job at a time never gets the same
+    job twice when it exits cleanly)."""
+    d = str(node_proc.data_dir)
+    for i in range(3):
+        assert (
+            run_cli("pub", "cli.jobs", "--data", json.dumps({"i": i}), "--data-dir", d).returncode
+            == 0
+        )
+    took = [
+        run_cli("sub", "cli.jobs", "--consumer", "w1", *start, "--count", "1", "--data-dir", d)
+        for start in (("--since", "0"), (), ())
+    ]
+    assert [0, 0, 0] == [t.returncode for t in took], [t.stderr for t in took]
+    assert [{"i": 0}, {"i": 1}, {"i": 2}] == [json.loads(t.stdout)["data"] for t in took]
