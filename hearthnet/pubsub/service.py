@@ -114,7 +114,8 @@ class PubSub:
         else:
             allowed = self.policy.may_publish(caller, topic)
         if not allowed:
-            raise Forbidden(f"publishing to {topic} is not allowed")
+            reason = self.policy.refusal(caller, "publish", topic)
+            raise Forbidden(f"publishing to {topic} is not allowed: {reason}")
         if caller.rate_limited:
             limiter = self._token_limit if caller.token is not None else self._member_limit
             try:

@@ -800,3 +800,42 @@ async def test_a_subscribe_query_gives_one_starting_point(
             "GET", "/pubsub/v1/subscribe", query={"topics": "lp.s", "timeout_s": 0, **query}
         )
     assert message == refused.value.message
+
+
+async def test_a_refusal_by_the_access_rules_says_why(
+    make_config: MakeConfig, http: aiohttp.ClientSession
+) -> None:
+    """A `forbidden` names what refused it: the token's scopes, the level a rule needs,
+    a reserved prefix, so the caller knows what to change."""
+    rules = [
+        {"pattern": "staff.**", "subscribe": "trusted", "publish": "anchor"},
+        {"pattern": "open.**", "subscribe": "token", "publish": "token"},
+        {"pattern": "**", "subscribe": "member", "publish": "member"},
+    ]
+    member = KeyPair.generate()
+    async with Node(make_config(pubsub={"rules": rules, "sync": "normal"})) as node:
+        node.add_member(member.node_id)
+        token = token_for(node, "sub:open.*", "pub:open.a")
+        messages: list[str] = []
+        async with Client(node.url, token=token) as t, Client(node.url, keys=member) as m:
+            for request in (
+                t.publish("open.b", "m", 1),
+                t.history("staff.a"),
+                m.publish("staff.a", "m", 1),
+                m.publish("mesh.x", "m", 1),
+            ):
+                with pytest.raises(Forbidden) as refused:
+                    await request
+                messages.append(refused.value.message)
+        query = {"topics": "open.**", "timeout_s": "0", "token": token}
+        async with http.get(node.url + "/pubsub/v1/subscribe", params=query) as resp:
+            messages.append((await resp.json())["message"])
+    assert [
+        "publishing to open.b is not allowed: the token's pub scopes (open.a) do not cover it",
+        "reading staff.a is not allowed: access rule 'staff.**' lets members of level"
+        " trusted or above subscribe, not token clients",
+        "publishing to staff.a is not allowed: access rule 'staff.**' needs level anchor"
+        " to publish; this caller is member",
+        "publishing to mesh.x is not allowed: mesh.* topics are written by the node itself",
+        "subscribing to open.** is not allowed: the token's sub scopes (open.*) do not cover it",
+    ] == messages
