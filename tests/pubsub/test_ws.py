@@ -950,3 +950,20 @@ async def test_a_client_still_sending_after_a_close_still_reads_its_code(
             break
         sent += 1
     assert 1003 == await sub.closed()
+
+
+async def test_a_frame_without_a_known_type_is_told_the_types(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """A frame with no `type`, or one the node does not know, is answered with the types
+    a client may send (the session goes on)."""
+    raw = await session(http, node)
+    answers = []
+    for frame in ({"topics": ["a.b"]}, {"type": "sub", "topics": ["a.b"]}):
+        await raw.send(frame)
+        answers.append((await raw.next("error"))["data"]["message"])
+    types = "ack, auth, ping, presence.update, publish, subscribe, unsubscribe"
+    assert [
+        f"a client frame needs a type: one of {types}",
+        f"unknown frame type 'sub': one of {types}",
+    ] == answers
