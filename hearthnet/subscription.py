@@ -352,14 +352,14 @@ class Subscription:
             frame: dict[str, Any] = {"type": "subscribe", "topics": self.patterns}
             if first and self._initial_since:
                 since: dict[str, Any] | None = self._initial_since
-            elif self.consumer:
+            elif self.consumer is not None:
                 since = None  # the node's stored cursor: everything after the last ack
             else:
                 since = self.state.since()
             self.state.subscribing(since)
             if since is not None:
                 frame["since"] = since
-            if self.consumer:
+            if self.consumer is not None:
                 frame["consumer"] = self.consumer
             if self.presence is not None:
                 frame["presence"] = self.presence
@@ -385,7 +385,7 @@ class Subscription:
         self.state.subscribing(since)
         if since is not None:
             frame["since"] = since
-        if self.consumer:
+        if self.consumer is not None:
             frame["consumer"] = self.consumer
         if self.presence is not None:
             frame["presence"] = self.presence

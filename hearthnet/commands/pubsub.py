@@ -9,6 +9,7 @@ from hearthnet.commands.common import (
     EXIT_OK,
     Parents,
     client_of,
+    consumer_arg,
     count_arg,
     cursor_arg,
     json_arg,
@@ -169,7 +170,7 @@ def add_parsers(sub: Any, remote: Parents) -> None:
     since.add_argument("--since", type=cursor_arg, help="resume after SEQ (or EPOCH:SEQ)")
     since.add_argument("--since-ts", type=int, help="messages from this Unix ms on")
     since.add_argument("--last", type=count_arg, help="start with the last N messages")
-    subp.add_argument("--consumer", help="durable consumer name (at-least-once)")
+    subp.add_argument("--consumer", type=consumer_arg, help="durable consumer name (at-least-once)")
     subp.add_argument("--count", type=positive_int, help="exit after N messages or gaps")
     subp.add_argument("--full", action="store_true", help="print whole envelopes")
     subp.add_argument(

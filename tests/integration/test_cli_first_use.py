@@ -375,3 +375,10 @@ def test_python_dash_m_hearthnet_is_the_hearthnet_command(tmp_path: Path) -> Non
     assert [0, 2] == [r.returncode for r in runs], runs[0].stderr
     assert runs[0].stdout.startswith("hearthnet ")
     assert runs[1].stderr.startswith("usage: hearthnet pub")
+
+
+def test_an_empty_consumer_name_is_a_usage_error_not_a_plain_subscription() -> None:
+    """`sub --consumer "$NAME"` with NAME unset once subscribed without a consumer (no
+    acks kept, nothing redelivered) and said nothing."""
+    run = run_cli("sub", "jobs", "--consumer", "", "--data-dir", "/nonexistent")
+    assert (2, True) == (run.returncode, "--consumer: a name of 1..64 characters" in run.stderr)

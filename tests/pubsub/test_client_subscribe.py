@@ -153,8 +153,12 @@ async def test_a_subscribe_the_node_refuses_as_malformed_ends_the_iteration(
         Node(make_config()) as node,
         Client(node.url, keys=node.keys) as client,
     ):
-        for patterns, since in (("chat..x", None), ("chat.x", {"last": -3})):
-            async with client.subscribe(patterns, since=since) as sub:
+        for patterns, since, consumer in (
+            ("chat..x", None, None),
+            ("chat.x", {"last": -3}, None),
+            ("chat.x", None, ""),  # an empty consumer name is not "no consumer"
+        ):
+            async with client.subscribe(patterns, since=since, consumer=consumer) as sub:
                 with pytest.raises(BadRequest):
                     await asyncio.wait_for(anext(aiter(sub)), timeout=5)
 
