@@ -48,6 +48,13 @@ PUBLISH_BODY = Shape.of(
     ("type", "data", "data_enc", "ttl_s"),
     {"msg_type": "the HTTP body names it type", "ttl": "did you mean ttl_s?"},
 )
+_BODY = '{"type", "data", "data_enc"?, "ttl_s"?}'
+PUBLISH_QUERY = Shape(
+    "publish query",
+    frozenset({"token"}),
+    {f: f"the body carries it: {_BODY}" for f in ("type", "data", "data_enc", "ttl_s", "ttl")},
+    "parameter",
+)
 _SINCE = ("since_epoch", "since_seq", "since_ts", "last")
 SUBSCRIBE_QUERY = Shape.query(
     "subscribe query",
@@ -145,6 +152,7 @@ class PubSubHttp:
     async def publish(self, request: web.Request) -> web.Response:
         """``POST /pubsub/v1/topics/{topic}/messages`` ``{"type","data","data_enc"?,"ttl_s"?}``
         (``data_enc: "base64url"``: data is bytes, sent as base64url text)."""
+        PUBLISH_QUERY.check(request.query)
         raw = await request.read()
         body = loads(raw) if raw else None
         if not isinstance(body, dict):

@@ -777,6 +777,26 @@ async def test_publish_body_with_an_unknown_or_missing_field_is_refused_naming_i
     assert message == refused.value.message
 
 
+async def test_a_publish_query_parameter_other_than_token_is_refused_naming_it(
+    node: Node, client: Client, http: aiohttp.ClientSession
+) -> None:
+    """`POST .../messages?ttl_s=60` once published without a TTL and said nothing: the
+    publish takes only `token` in its query (everything else goes in the body)."""
+    with pytest.raises(BadRequest) as refused:
+        await client.request_json(
+            "POST", "/pubsub/v1/topics/lp.q/messages", {"type": "m", "data": 1}, {"ttl_s": 60}
+        )
+    token = token_for(node, "pub:lp.*")
+    url = f"{node.url}/pubsub/v1/topics/lp.q/messages?token={token}"
+    async with http.post(url, json={"type": "m", "data": 2}) as resp:
+        with_token = resp.status
+    assert (
+        "unknown parameter 'ttl_s' in publish query (the body carries it: "
+        '{"type", "data", "data_enc"?, "ttl_s"?})',
+        200,
+    ) == (refused.value.message, with_token)
+
+
 @pytest.mark.parametrize(
     ("query", "message"),
     [
