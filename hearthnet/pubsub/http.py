@@ -156,11 +156,11 @@ class PubSubHttp:
         raw = await request.read()
         body = loads(raw) if raw else None
         if not isinstance(body, dict):
-            raise BadRequest('the body is {"type", "data", "ttl_s"?}')
+            raise BadRequest(f"the body is {_BODY}")
         PUBLISH_BODY.check(body)
         for field in ("type", "data"):
             if field not in body:
-                raise BadRequest(f'the body is {{"type", "data", "ttl_s"?}}: {field} is missing')
+                raise BadRequest(f"the body is {_BODY}: {field} is missing")
         caller = self.caller(request, body)
         stored = await self.deps.service.publish(
             caller,

@@ -763,15 +763,16 @@ async def test_every_documented_query_parameter_is_accepted(node: Node, client: 
             {"type": "note", "data": 1, "ttl": 5},
             "unknown field 'ttl' in publish body (did you mean ttl_s?)",
         ),
-        ({"data": 1}, 'the body is {"type", "data", "ttl_s"?}: type is missing'),
-        ({"type": "note"}, 'the body is {"type", "data", "ttl_s"?}: data is missing'),
+        ({"data": 1}, 'the body is {"type", "data", "data_enc"?, "ttl_s"?}: type is missing'),
+        ({"type": "note"}, 'the body is {"type", "data", "data_enc"?, "ttl_s"?}: data is missing'),
+        ([1, 2], 'the body is {"type", "data", "data_enc"?, "ttl_s"?}'),
     ],
 )
 async def test_publish_body_with_an_unknown_or_missing_field_is_refused_naming_it(
     client: Client, body: dict[str, object], message: str
 ) -> None:
-    """The publish body is {type, data, ttl_s?}: another field, or one of the two missing,
-    is 400 naming it."""
+    """The publish body is {type, data, data_enc?, ttl_s?}: another field, or one of the
+    two missing, is 400 naming it (and the message shows the whole body)."""
     with pytest.raises(BadRequest) as refused:
         await client.request_json("POST", "/pubsub/v1/topics/lp.b/messages", body)
     assert message == refused.value.message
