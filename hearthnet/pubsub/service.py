@@ -120,9 +120,14 @@ class PubSub:
             limiter = self._token_limit if caller.token is not None else self._member_limit
             try:
                 limiter.check(caller.owner, time.monotonic())
-            except RateLimited:
+            except RateLimited as exc:
                 self.metrics.rate_limited.inc("publish")
-                raise
+                who, key = ("token client", "token") if caller.token else ("member", "member")
+                raise RateLimited(
+                    f"over the publish rate limit of a {who}, {limiter.rate:g} messages/s"
+                    f" (publish_per_s_{key})",
+                    retry_after_ms=exc.retry_after_ms,
+                ) from exc
 
     async def publish(
         self, caller: Caller, topic: object, msg_type: object, data: Any, ttl_s: object = None

@@ -619,6 +619,8 @@ async def test_token_clients_are_rate_limited_on_publish(make_config: MakeConfig
     assert 5 <= accepted <= 5 + 5 * elapsed + 1  # a burst of 5, then 5 per second
     assert {e.code for e in refusals} == {"rate_limited"}
     assert all(e.retry_after_ms and e.retry_after_ms > 0 for e in refusals)
+    limit = "over the publish rate limit of a token client, 5 messages/s (publish_per_s_token)"
+    assert {limit} == {e.message for e in refusals}
 
 
 async def test_a_parked_long_poll_ends_with_its_token(node: Node) -> None:
