@@ -411,6 +411,7 @@ class Subscription:
                     await self._connect()
                     delays = backoff_delays(self.first_backoff_s, self.max_backoff_s)
                     self.reconnects += 1
+                    log.info("subscription resumed after seq %d", self.state.seq)
                 except RETRYABLE as exc:
                     # The node is there but full or busy (or not there yet): try again later,
                     # no sooner than it asked.
@@ -426,6 +427,9 @@ class Subscription:
                     raise Unavailable(
                         "this durable consumer was taken over by another connection"
                     ) from exc
+                if not self._closed:
+                    why = f"{exc.rcvd.code} {exc.rcvd.reason}".strip() if exc.rcvd else "dropped"
+                    log.warning("the node closed the subscription (%s); reconnecting", why)
             if self._ws is ws:
                 self._ws = None
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 from typing import Any
 
 from hearthnet.commands.common import (
@@ -78,6 +80,15 @@ def cmd_sub(args: argparse.Namespace) -> int:
                 "epoch": r.epoch,
             }
         )
+
+    # Reconnects and refusals the subscription rides out are said on stderr (stdout
+    # stays one JSON line per message).
+    notes = logging.StreamHandler(sys.stderr)
+    notes.setFormatter(logging.Formatter("hearthnet: %(message)s"))
+    subscription_log = logging.getLogger("hearthnet.client.subscription")
+    subscription_log.addHandler(notes)
+    subscription_log.setLevel(logging.INFO)
+    subscription_log.propagate = False
 
     async def main() -> int:
         seen = 0
