@@ -108,6 +108,8 @@ def _lean(sub: Subscriber, request: web.Request) -> Subscriber:
 
 
 def _patterns(request: web.Request) -> tuple[TopicPattern, ...]:
+    if "topics" in request.query and "topic" in request.query:
+        raise BadRequest("give topics or topic in subscribe query, not both")
     raw = request.query.get("topics") or request.query.get("topic")
     if not raw:
         raise BadRequest("topics=PATTERN[,PATTERN...] is required")

@@ -862,3 +862,29 @@ async def test_a_refusal_by_the_access_rules_says_why(
         "publishing to mesh.x is not allowed: mesh.* topics are written by the node itself",
         "subscribing to open.** is not allowed: the token's sub scopes (open.*) do not cover it",
     ] == messages
+
+
+async def test_a_query_parameter_given_twice_is_refused_not_half_read(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """`?topics=a&topics=b` once subscribed to `a` alone and said nothing (the second was
+    never read): a repeated parameter is refused naming it, with the list form for
+    topics; `topic` beside `topics` likewise."""
+    token = token_for(node, "sub:lp.*")
+    answers = []
+    for query in (
+        "topics=lp.a&topics=lp.b&timeout_s=0",
+        "topic=lp.a&topics=lp.b&timeout_s=0",
+        "topics=lp.a&since_seq=1&since_seq=2&timeout_s=0",
+    ):
+        url = f"{node.url}/pubsub/v1/subscribe?{query}&token={token}"
+        async with http.get(url) as resp:
+            answers.append((resp.status, (await resp.json()).get("message")))
+    async with http.get(f"{node.url}/pubsub/v1/topics?limit=1&limit=2&token={token}") as resp:
+        answers.append((resp.status, (await resp.json()).get("message")))
+    assert [
+        (400, "parameter 'topics' given 2 times in subscribe query (list them: topics=a.b,c.*)"),
+        (400, "give topics or topic in subscribe query, not both"),
+        (400, "parameter 'since_seq' given 2 times in subscribe query"),
+        (400, "parameter 'limit' given 2 times in topics query"),
+    ] == answers
