@@ -59,9 +59,20 @@ class Shape:
         Raises:
             BadRequest: naming the (first few) unknown fields, with a hint when one is known.
         """
-        if obj.keys() <= self.fields:
+        keys = obj.keys()
+        if self.noun == "parameter" and len(obj) != len(keys):
+            # A query string (a multidict: its length counts every item) repeats a key.
+            self._refuse_repeated([key for key, _ in obj.items()])
+        if keys <= self.fields:
             return
-        self.refuse(obj.keys())
+        self.refuse(keys)
+
+    def _refuse_repeated(self, keys: list[object]) -> None:
+        """A parameter given more than once is refused (only the first would be read)."""
+        for key in dict.fromkeys(keys):
+            if (count := keys.count(key)) > 1:
+                hint = " (list them: topics=a.b,c.*)" if key in ("topics", "topic") else ""
+                raise BadRequest(f"parameter {_name(key)} given {count} times in {self.what}{hint}")
 
     def refuse(self, keys: Iterable[object]) -> NoReturn:
         """Raise the ``bad_request`` for the keys of a frame that failed :meth:`check`."""

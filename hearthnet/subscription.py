@@ -352,14 +352,14 @@ class Subscription:
             frame: dict[str, Any] = {"type": "subscribe", "topics": self.patterns}
             if first and self._initial_since:
                 since: dict[str, Any] | None = self._initial_since
-            elif self.consumer:
+            elif self.consumer is not None:
                 since = None  # the node's stored cursor: everything after the last ack
             else:
                 since = self.state.since()
             self.state.subscribing(since)
             if since is not None:
                 frame["since"] = since
-            if self.consumer:
+            if self.consumer is not None:
                 frame["consumer"] = self.consumer
             if self.presence is not None:
                 frame["presence"] = self.presence
@@ -385,7 +385,7 @@ class Subscription:
         self.state.subscribing(since)
         if since is not None:
             frame["since"] = since
-        if self.consumer:
+        if self.consumer is not None:
             frame["consumer"] = self.consumer
         if self.presence is not None:
             frame["presence"] = self.presence
@@ -411,6 +411,7 @@ class Subscription:
                     await self._connect()
                     delays = backoff_delays(self.first_backoff_s, self.max_backoff_s)
                     self.reconnects += 1
+                    log.info("subscription resumed after seq %d", self.state.seq)
                 except RETRYABLE as exc:
                     # The node is there but full or busy (or not there yet): try again later,
                     # no sooner than it asked.
@@ -426,6 +427,9 @@ class Subscription:
                     raise Unavailable(
                         "this durable consumer was taken over by another connection"
                     ) from exc
+                if not self._closed:
+                    why = f"{exc.rcvd.code} {exc.rcvd.reason}".strip() if exc.rcvd else "dropped"
+                    log.warning("the node closed the subscription (%s); reconnecting", why)
             if self._ws is ws:
                 self._ws = None
 
@@ -441,12 +445,25 @@ class Subscription:
             except TimeoutError:
                 due = state.ack_due(idle=True)
         if due is not None:
-            await ws.send(
-                encode_frame({"type": "ack", "upto": due}, True)
-                if self.cbor
-                else b'{"type":"ack","upto":%d}'.decode() % due
-            )
+            await self._send_ack(ws, due)
         return await ws.recv()
+
+    async def _send_ack(self, ws: ClientConnection, upto: int) -> None:
+        await ws.send(
+            encode_frame({"type": "ack", "upto": upto}, True)
+            if self.cbor
+            else b'{"type":"ack","upto":%d}'.decode() % upto
+        )
+
+    async def ack(self) -> None:
+        """Ack now every message handed out so far. The subscription acks by itself every
+        half window and whenever it waits for the node; a program that stops reading (it
+        leaves the loop after the message it wanted) calls this first, so that a durable
+        consumer is not sent again what it has handled."""
+        due = self.state.ack_due(idle=True)
+        if due is not None and self._ws is not None:
+            with contextlib.suppress(ConnectionClosed):
+                await self._send_ack(self._ws, due)
 
     def _verified(self, envelope: Any) -> bool:
         """Whether a message's signature verifies (logged and counted when not)."""

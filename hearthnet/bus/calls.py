@@ -20,6 +20,8 @@ from hearthnet.bus.capability import CallContext
 from hearthnet.bus.descriptor import CapabilityDescriptor
 from hearthnet.bus.envelope import VerifiedCall
 from hearthnet.bus.routing import LocalProvider, Provider, Router
+from hearthnet.caller import Caller
+from hearthnet.community import Level
 from hearthnet.config import BusSection, LimitsSection
 from hearthnet.errors import (
     DeadlineExceeded,
@@ -105,6 +107,14 @@ class BusMetrics:
         return metrics
 
 
+def _refusal(caller: Caller, min_level: Level) -> str:
+    """Why ``caller`` may not call a capability of ``min_level``, in words."""
+    if caller.level < min_level:
+        return f"it needs level {min_level.label}; this caller is {caller.level.label}"
+    scopes = [s.pattern for s in caller.token.scopes if s.kind == "call"] if caller.token else []
+    return f"the token's call scopes ({', '.join(scopes) or 'none'}) do not cover it"
+
+
 class Bus:
     """The capability bus of one node."""
 
@@ -145,7 +155,10 @@ class Bus:
             if not call.caller.may_call(name, desc.version, desc.min_level):
                 if call.caller.kind == "federated":  # spec §8: what is not granted
                     raise Forbidden(f"{name}@{call.version} is not granted to your community")
-                raise Unauthorized(f"caller may not call {name}@{call.version}")
+                raise Unauthorized(
+                    f"caller may not call {name}@{call.version}: "
+                    + _refusal(call.caller, desc.min_level)
+                )
             if call.caller.rate_limited:
                 now = time.monotonic()
                 try:

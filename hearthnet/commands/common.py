@@ -150,6 +150,14 @@ def positive_int(text: str, least: int = 1) -> int:
     return value
 
 
+def consumer_arg(text: str) -> str:
+    """``--consumer NAME``: 1..64 characters (an empty one, say an unset variable, is not
+    taken for no consumer)."""
+    if not 1 <= len(text) <= 64:
+        raise argparse.ArgumentTypeError(f"a name of 1..64 characters, not {text!r}")
+    return text
+
+
 def count_arg(text: str) -> int:
     """A number of messages to start with (``--last``): 0 or more."""
     return positive_int(text, least=0)

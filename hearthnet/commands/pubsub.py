@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 from typing import Any
 
 from hearthnet.commands.common import (
     EXIT_OK,
     Parents,
     client_of,
+    consumer_arg,
     count_arg,
     cursor_arg,
     json_arg,
@@ -78,6 +81,15 @@ def cmd_sub(args: argparse.Namespace) -> int:
             }
         )
 
+    # Reconnects and refusals the subscription rides out are said on stderr (stdout
+    # stays one JSON line per message).
+    notes = logging.StreamHandler(sys.stderr)
+    notes.setFormatter(logging.Formatter("hearthnet: %(message)s"))
+    subscription_log = logging.getLogger("hearthnet.client.subscription")
+    subscription_log.addHandler(notes)
+    subscription_log.setLevel(logging.INFO)
+    subscription_log.propagate = False
+
     async def main() -> int:
         seen = 0
         async with (
@@ -118,6 +130,7 @@ def cmd_sub(args: argparse.Namespace) -> int:
                 print_json_line(line)
                 seen += 1
                 if args.count and seen >= args.count:
+                    await subscription.ack()  # printed is handled: a consumer moves past it
                     return EXIT_OK
         return EXIT_OK
 
@@ -168,7 +181,7 @@ def add_parsers(sub: Any, remote: Parents) -> None:
     since.add_argument("--since", type=cursor_arg, help="resume after SEQ (or EPOCH:SEQ)")
     since.add_argument("--since-ts", type=int, help="messages from this Unix ms on")
     since.add_argument("--last", type=count_arg, help="start with the last N messages")
-    subp.add_argument("--consumer", help="durable consumer name (at-least-once)")
+    subp.add_argument("--consumer", type=consumer_arg, help="durable consumer name (at-least-once)")
     subp.add_argument("--count", type=positive_int, help="exit after N messages or gaps")
     subp.add_argument("--full", action="store_true", help="print whole envelopes")
     subp.add_argument(

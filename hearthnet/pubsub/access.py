@@ -96,6 +96,26 @@ def _satisfies(caller: Caller, level: str, *, own: bool, scope_ok: bool) -> bool
     return caller.level >= Level[level.upper()]
 
 
+def _rule_refusal(caller: Caller, rule: AccessRule, action: str) -> str:
+    """Why ``rule`` refuses ``caller`` to ``action`` (``publish``/``subscribe``), in words."""
+    level = rule.subscribe if action == "subscribe" else rule.publish
+    token = caller.token
+    if token is not None and level == "token":
+        kind = "sub" if action == "subscribe" else "pub"
+        scopes = ", ".join(s.pattern for s in token.scopes if s.kind == kind) or "none"
+        return f"the token's {kind} scopes ({scopes}) do not cover it"
+    if token is not None:
+        needed = "this node" if level == "self" else f"members of level {level} or above"
+        return f"access rule {rule.pattern!r} lets {needed} {action}, not token clients"
+    if level == "self":
+        whose = "the node whose short id is at {self}" if "{self}" in rule.pattern else "this node"
+        return f"access rule {rule.pattern!r} lets only {whose} {action}"
+    return (
+        f"access rule {rule.pattern!r} needs level {level} to {action}; "
+        f"this caller is {caller.level.name.lower()}"
+    )
+
+
 def inbox_owner(topic: str) -> str | None:
     """The short id in ``node.<short-id>.inbox``, or None for other topics."""
     parts = topic.split(".")
@@ -146,10 +166,24 @@ class AccessPolicy:
             return _satisfies(caller, level, own=rule.is_own(caller, topic), scope_ok=scope_ok)
         return False
 
+    def refusal(self, caller: Caller, action: str, topic: str) -> str:
+        """Why ``caller`` may not ``action`` (``publish``/``subscribe``) on ``topic``, for
+        the message of the :class:`Forbidden` that says so."""
+        owner = inbox_owner(topic)
+        if owner is not None and action == "subscribe":
+            return f"only the node {owner} subscribes to its inbox"
+        if topic.startswith("mesh.") and action == "publish":
+            return "mesh.* topics are written by the node itself"
+        for rule in self.rules:
+            if TopicPattern.parse(rule.match_pattern).matches(topic):
+                return _rule_refusal(caller, rule, action)
+        return "no access rule covers it"
+
     def check_publish(self, caller: Caller, topic: str) -> None:
         """Raise :class:`Forbidden` unless ``caller`` may publish to ``topic``."""
         if not self.may_publish(caller, topic):
-            raise Forbidden(f"publishing to {topic} is not allowed")
+            reason = self.refusal(caller, "publish", topic)
+            raise Forbidden(f"publishing to {topic} is not allowed: {reason}")
 
     def may_publish(self, caller: Caller, topic: str) -> bool:
         """Whether ``caller`` may publish to ``topic``."""
@@ -158,7 +192,8 @@ class AccessPolicy:
     def check_read(self, caller: Caller, topic: str) -> None:
         """History and presence of a topic need subscribe rights to it."""
         if not self._decide(caller, "subscribe", topic):
-            raise Forbidden(f"reading {topic} is not allowed")
+            reason = self.refusal(caller, "subscribe", topic)
+            raise Forbidden(f"reading {topic} is not allowed: {reason}")
 
     def may_receive(self, caller: Caller, topic: str) -> bool:
         """Whether a message on ``topic`` may be delivered to ``caller`` (per-topic filter)."""
@@ -173,7 +208,8 @@ class AccessPolicy:
         parsed = TopicPattern.parse(pattern)
         if parsed.is_literal:
             if not self._decide(caller, "subscribe", pattern):
-                raise Forbidden(f"subscribing to {pattern} is not allowed")
+                reason = self.refusal(caller, "subscribe", pattern)
+                raise Forbidden(f"subscribing to {pattern} is not allowed: {reason}")
             return False
         needs_filter = patterns_overlap(pattern, INBOX_PATTERN)
         for rule in self.rules:
@@ -186,6 +222,7 @@ class AccessPolicy:
             scope_ok = caller.token is not None and caller.token.allows_subscription(pattern)
             own = rule.is_own(caller, pattern)
             if not _satisfies(caller, rule.subscribe, own=own, scope_ok=scope_ok):
-                raise Forbidden(f"subscribing to {pattern} is not allowed")
+                reason = _rule_refusal(caller, rule, "subscribe")
+                raise Forbidden(f"subscribing to {pattern} is not allowed: {reason}")
             return needs_filter
         raise Forbidden(f"no access rule covers {pattern}")

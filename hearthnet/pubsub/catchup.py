@@ -60,10 +60,31 @@ class CatchUp:
         ``filtered``: some matching topics are hidden from this caller (not counted in
         ``last: N``)."""
         head = self.log.head_seq
-        if consumer is not None:
-            record = self.consumers.take(sub, consumer, patterns, self._detach)
-            if since is None:
-                return (record.cursor, None)
+        if consumer is not None and since is None:
+            return (self.consumers.take(sub, consumer, patterns, self._detach).cursor, None)
+        start = await self._since_start(sub, patterns, since, filtered=filtered)
+        if start is not None and consumer is not None and not sub.closed:
+            # A new consumer starts where its backlog does: what that delivers and is not
+            # acked comes again on its next subscribe (spec §6.8, at-least-once).
+            after, min_ts = start
+            if min_ts is not None:
+                first = self.log.reader.matching(
+                    list(patterns), after_seq=0, upto_seq=head, min_ts=min_ts, limit=1, now=0
+                )
+                after = first[0] - 1 if first else head
+            self.consumers.take(sub, consumer, patterns, self._detach, start=after)
+        return start
+
+    async def _since_start(
+        self,
+        sub: Subscriber,
+        patterns: tuple[TopicPattern, ...],
+        since: Since | None,
+        *,
+        filtered: bool,
+    ) -> StartPoint | None:
+        """The start point of ``since`` (None: live from the head); None after ``reset``."""
+        head = self.log.head_seq
         if since is None:
             return (head, None)
         if since.seq is not None:

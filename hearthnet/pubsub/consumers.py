@@ -32,9 +32,12 @@ class DurableConsumers:
         name: str,
         patterns: tuple[TopicPattern, ...],
         detach: Callable[[Subscriber], None],
+        *,
+        start: int | None = None,
     ) -> ConsumerRecord:
-        """``sub`` holds consumer ``name`` of its caller from now on (created at the head
-        when new); a session holding it before is detached and told it was taken over."""
+        """``sub`` holds consumer ``name`` of its caller from now on (created with its
+        cursor at ``start``, else at the head, when new); a session holding it before is
+        detached and told it was taken over."""
         owner = sub.caller.owner
         key = (owner, name)
         old = self.active.get(key)
@@ -45,7 +48,8 @@ class DurableConsumers:
                 old.on_taken_over(CLOSE_TAKEN_OVER, "consumer taken over")
         record = self.log.consumers.get((owner, name))
         if record is None:
-            record = ConsumerRecord(owner, name, tuple(p.text for p in patterns), self.log.head_seq)
+            cursor = self.log.head_seq if start is None else min(start, self.log.head_seq)
+            record = ConsumerRecord(owner, name, tuple(p.text for p in patterns), cursor)
         else:
             record.patterns = tuple(p.text for p in patterns)
         self.log.save_consumer(record)

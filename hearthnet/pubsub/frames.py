@@ -326,7 +326,10 @@ def parse_client_frame(obj: dict[str, Any]) -> ClientFrame:
     kind = obj.get("type")
     entry = _FRAMES.get(kind) if isinstance(kind, str) else None
     if entry is None:
-        raise BadRequest(f"unknown frame type {str(kind)[:32]!r}")
+        types = ", ".join(sorted(_FRAMES))
+        if kind is None:
+            raise BadRequest(f"a client frame needs a type: one of {types}")
+        raise BadRequest(f"unknown frame type {str(kind)[:32]!r}: one of {types}")
     shape, parser = entry
     if not obj.keys() <= shape.fields:
         shape.refuse(obj.keys())

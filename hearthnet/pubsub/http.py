@@ -48,6 +48,13 @@ PUBLISH_BODY = Shape.of(
     ("type", "data", "data_enc", "ttl_s"),
     {"msg_type": "the HTTP body names it type", "ttl": "did you mean ttl_s?"},
 )
+_BODY = '{"type", "data", "data_enc"?, "ttl_s"?}'
+PUBLISH_QUERY = Shape(
+    "publish query",
+    frozenset({"token"}),
+    {f: f"the body carries it: {_BODY}" for f in ("type", "data", "data_enc", "ttl_s", "ttl")},
+    "parameter",
+)
 _SINCE = ("since_epoch", "since_seq", "since_ts", "last")
 SUBSCRIBE_QUERY = Shape.query(
     "subscribe query",
@@ -101,6 +108,8 @@ def _lean(sub: Subscriber, request: web.Request) -> Subscriber:
 
 
 def _patterns(request: web.Request) -> tuple[TopicPattern, ...]:
+    if "topics" in request.query and "topic" in request.query:
+        raise BadRequest("give topics or topic in subscribe query, not both")
     raw = request.query.get("topics") or request.query.get("topic")
     if not raw:
         raise BadRequest("topics=PATTERN[,PATTERN...] is required")
@@ -145,14 +154,15 @@ class PubSubHttp:
     async def publish(self, request: web.Request) -> web.Response:
         """``POST /pubsub/v1/topics/{topic}/messages`` ``{"type","data","data_enc"?,"ttl_s"?}``
         (``data_enc: "base64url"``: data is bytes, sent as base64url text)."""
+        PUBLISH_QUERY.check(request.query)
         raw = await request.read()
         body = loads(raw) if raw else None
         if not isinstance(body, dict):
-            raise BadRequest('the body is {"type", "data", "ttl_s"?}')
+            raise BadRequest(f"the body is {_BODY}")
         PUBLISH_BODY.check(body)
         for field in ("type", "data"):
             if field not in body:
-                raise BadRequest(f'the body is {{"type", "data", "ttl_s"?}}: {field} is missing')
+                raise BadRequest(f"the body is {_BODY}: {field} is missing")
         caller = self.caller(request, body)
         stored = await self.deps.service.publish(
             caller,

@@ -114,14 +114,20 @@ class PubSub:
         else:
             allowed = self.policy.may_publish(caller, topic)
         if not allowed:
-            raise Forbidden(f"publishing to {topic} is not allowed")
+            reason = self.policy.refusal(caller, "publish", topic)
+            raise Forbidden(f"publishing to {topic} is not allowed: {reason}")
         if caller.rate_limited:
             limiter = self._token_limit if caller.token is not None else self._member_limit
             try:
                 limiter.check(caller.owner, time.monotonic())
-            except RateLimited:
+            except RateLimited as exc:
                 self.metrics.rate_limited.inc("publish")
-                raise
+                who, key = ("token client", "token") if caller.token else ("member", "member")
+                raise RateLimited(
+                    f"over the publish rate limit of a {who}, {limiter.rate:g} messages/s"
+                    f" (publish_per_s_{key})",
+                    retry_after_ms=exc.retry_after_ms,
+                ) from exc
 
     async def publish(
         self, caller: Caller, topic: object, msg_type: object, data: Any, ttl_s: object = None

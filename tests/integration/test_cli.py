@@ -22,7 +22,7 @@ from hearthnet.errors import Revoked
 from hearthnet.identity import load_or_create_keys
 from hearthnet.subscription import Delivery, Gap
 from hearthnet.tokens import CapabilityToken
-from tests.helpers import NodeProcess, hearthnet_cmd, run_cli, start_node_process
+from tests.helpers import NodeProcess, free_port, hearthnet_cmd, run_cli, start_node_process
 from tests.integration.mesh_cluster import MESH_ARGS, invite
 
 
@@ -474,3 +474,58 @@ def test_a_call_to_a_node_this_node_has_no_link_to_says_where_to_look(
     error = json.loads(done.stderr)
     assert (1, "unavailable") == (done.returncode, error["error"])
     assert "hearthnet peers lists the nodes" in error["message"]
+
+
+def test_sub_consumer_count_acks_what_it_printed(node_proc: NodeProcess) -> None:
+    """`sub --consumer NAME --count N` takes N messages off the consumer: the next run
+    goes on after them (a worker script taking one job at a time never gets the same
+    job twice when it exits cleanly)."""
+    d = str(node_proc.data_dir)
+    for i in range(3):
+        assert (
+            run_cli("pub", "cli.jobs", "--data", json.dumps({"i": i}), "--data-dir", d).returncode
+            == 0
+        )
+    took = [
+        run_cli("sub", "cli.jobs", "--consumer", "w1", *start, "--count", "1", "--data-dir", d)
+        for start in (("--since", "0"), (), ())
+    ]
+    assert [0, 0, 0] == [t.returncode for t in took], [t.stderr for t in took]
+    assert [{"i": 0}, {"i": 1}, {"i": 2}] == [json.loads(t.stdout)["data"] for t in took]
+
+
+def test_sub_says_when_the_node_went_away_and_when_it_is_back(tmp_path: Path) -> None:
+    """`sub` keeps its stdout for messages, and says on stderr that the node went away
+    and that it resumed (a user watching it otherwise sees nothing while it retries);
+    the message published after the restart arrives."""
+    port = str(free_port())
+    data = tmp_path / "data"
+    node = start_node_process(data, "--port", port)
+    sub = subprocess.Popen(
+        hearthnet_cmd("sub", "cli.back", "--count", "1", "--data-dir", str(data)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(100):  # until the subscription is in place
+            status = json.loads(run_cli("node", "status", "--json", "--data-dir", str(data)).stdout)
+            if status["subscribers"]:
+                break
+            time.sleep(0.1)
+        node.stop()
+        node = start_node_process(data, "--port", port)
+        for i in range(10):  # until the resumed subscription takes one
+            run_cli("pub", "cli.back", "--data", '{"n": 1}', "--data-dir", str(data))
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                sub.wait(timeout=1 + i)
+                break
+        out, err = sub.communicate(timeout=30)
+    finally:
+        if sub.poll() is None:
+            sub.kill()
+            sub.wait()
+        node.stop()
+    assert (0, {"n": 1}) == (sub.returncode, json.loads(out.splitlines()[0])["data"]), err
+    assert "hearthnet: the node closed the subscription" in err
+    assert "hearthnet: subscription resumed" in err

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -355,3 +357,28 @@ def test_an_invite_whose_node_is_not_reachable_says_what_must_run(
         done.stderr.startswith("hearthnet: unavailable: could not join: http://127.0.0.1:9: "),
         "a node named in the invite must be running and reachable from here" in done.stderr,
     )
+
+
+def test_python_dash_m_hearthnet_is_the_hearthnet_command(tmp_path: Path) -> None:
+    """`python -m hearthnet ...` (what a Python user tries first, with no venv script on
+    the PATH) runs the same command, under the same name."""
+    runs = [
+        subprocess.run(
+            [sys.executable, "-m", "hearthnet", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        for args in (("--version",), ("pub", "a.b"))
+    ]
+    assert [0, 2] == [r.returncode for r in runs], runs[0].stderr
+    assert runs[0].stdout.startswith("hearthnet ")
+    assert runs[1].stderr.startswith("usage: hearthnet pub")
+
+
+def test_an_empty_consumer_name_is_a_usage_error_not_a_plain_subscription() -> None:
+    """`sub --consumer "$NAME"` with NAME unset once subscribed without a consumer (no
+    acks kept, nothing redelivered) and said nothing."""
+    run = run_cli("sub", "jobs", "--consumer", "", "--data-dir", "/nonexistent")
+    assert (2, True) == (run.returncode, "--consumer: a name of 1..64 characters" in run.stderr)

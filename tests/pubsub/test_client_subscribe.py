@@ -153,8 +153,12 @@ async def test_a_subscribe_the_node_refuses_as_malformed_ends_the_iteration(
         Node(make_config()) as node,
         Client(node.url, keys=node.keys) as client,
     ):
-        for patterns, since in (("chat..x", None), ("chat.x", {"last": -3})):
-            async with client.subscribe(patterns, since=since) as sub:
+        for patterns, since, consumer in (
+            ("chat..x", None, None),
+            ("chat.x", {"last": -3}, None),
+            ("chat.x", None, ""),  # an empty consumer name is not "no consumer"
+        ):
+            async with client.subscribe(patterns, since=since, consumer=consumer) as sub:
                 with pytest.raises(BadRequest):
                     await asyncio.wait_for(anext(aiter(sub)), timeout=5)
 
@@ -214,3 +218,24 @@ async def test_a_verifying_client_accepts_batch_signatures_and_skips_a_forgery(
         with pytest.raises(InvalidSignature):
             await client.history("ver.a", since_seq=0, verify=True)
     assert (got, sub.rejected, isinstance(genuine["sig"], dict)) == ([*range(7)], 1, True)
+
+
+async def test_ack_moves_a_durable_consumer_past_what_was_handed_out(
+    make_config: MakeConfig,
+) -> None:
+    """A program that leaves the loop after the message it wanted calls ``sub.ack()``:
+    the consumer's next subscription goes on after it, not from it again."""
+    async with (
+        Node(make_config(pubsub={"sync": "normal"})) as node,
+        Client(node.url, keys=node.keys) as client,
+    ):
+        await publish(node, "work.b", 3)
+        got: list[int] = []
+        for since in ({"seq": 0}, None, None):
+            async with client.subscribe("work.b", consumer="one", since=since) as sub:
+                async for item in sub:
+                    assert isinstance(item, Delivery)
+                    got.append(item.data["i"])
+                    await sub.ack()
+                    break
+    assert [0, 1, 2] == got

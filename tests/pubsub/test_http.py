@@ -619,6 +619,8 @@ async def test_token_clients_are_rate_limited_on_publish(make_config: MakeConfig
     assert 5 <= accepted <= 5 + 5 * elapsed + 1  # a burst of 5, then 5 per second
     assert {e.code for e in refusals} == {"rate_limited"}
     assert all(e.retry_after_ms and e.retry_after_ms > 0 for e in refusals)
+    limit = "over the publish rate limit of a token client, 5 messages/s (publish_per_s_token)"
+    assert {limit} == {e.message for e in refusals}
 
 
 async def test_a_parked_long_poll_ends_with_its_token(node: Node) -> None:
@@ -763,18 +765,39 @@ async def test_every_documented_query_parameter_is_accepted(node: Node, client: 
             {"type": "note", "data": 1, "ttl": 5},
             "unknown field 'ttl' in publish body (did you mean ttl_s?)",
         ),
-        ({"data": 1}, 'the body is {"type", "data", "ttl_s"?}: type is missing'),
-        ({"type": "note"}, 'the body is {"type", "data", "ttl_s"?}: data is missing'),
+        ({"data": 1}, 'the body is {"type", "data", "data_enc"?, "ttl_s"?}: type is missing'),
+        ({"type": "note"}, 'the body is {"type", "data", "data_enc"?, "ttl_s"?}: data is missing'),
+        ([1, 2], 'the body is {"type", "data", "data_enc"?, "ttl_s"?}'),
     ],
 )
 async def test_publish_body_with_an_unknown_or_missing_field_is_refused_naming_it(
     client: Client, body: dict[str, object], message: str
 ) -> None:
-    """The publish body is {type, data, ttl_s?}: another field, or one of the two missing,
-    is 400 naming it."""
+    """The publish body is {type, data, data_enc?, ttl_s?}: another field, or one of the
+    two missing, is 400 naming it (and the message shows the whole body)."""
     with pytest.raises(BadRequest) as refused:
         await client.request_json("POST", "/pubsub/v1/topics/lp.b/messages", body)
     assert message == refused.value.message
+
+
+async def test_a_publish_query_parameter_other_than_token_is_refused_naming_it(
+    node: Node, client: Client, http: aiohttp.ClientSession
+) -> None:
+    """`POST .../messages?ttl_s=60` once published without a TTL and said nothing: the
+    publish takes only `token` in its query (everything else goes in the body)."""
+    with pytest.raises(BadRequest) as refused:
+        await client.request_json(
+            "POST", "/pubsub/v1/topics/lp.q/messages", {"type": "m", "data": 1}, {"ttl_s": 60}
+        )
+    token = token_for(node, "pub:lp.*")
+    url = f"{node.url}/pubsub/v1/topics/lp.q/messages?token={token}"
+    async with http.post(url, json={"type": "m", "data": 2}) as resp:
+        with_token = resp.status
+    assert (
+        "unknown parameter 'ttl_s' in publish query (the body carries it: "
+        '{"type", "data", "data_enc"?, "ttl_s"?})',
+        200,
+    ) == (refused.value.message, with_token)
 
 
 @pytest.mark.parametrize(
@@ -800,3 +823,68 @@ async def test_a_subscribe_query_gives_one_starting_point(
             "GET", "/pubsub/v1/subscribe", query={"topics": "lp.s", "timeout_s": 0, **query}
         )
     assert message == refused.value.message
+
+
+async def test_a_refusal_by_the_access_rules_says_why(
+    make_config: MakeConfig, http: aiohttp.ClientSession
+) -> None:
+    """A `forbidden` names what refused it: the token's scopes, the level a rule needs,
+    a reserved prefix, so the caller knows what to change."""
+    rules = [
+        {"pattern": "staff.**", "subscribe": "trusted", "publish": "anchor"},
+        {"pattern": "open.**", "subscribe": "token", "publish": "token"},
+        {"pattern": "**", "subscribe": "member", "publish": "member"},
+    ]
+    member = KeyPair.generate()
+    async with Node(make_config(pubsub={"rules": rules, "sync": "normal"})) as node:
+        node.add_member(member.node_id)
+        token = token_for(node, "sub:open.*", "pub:open.a")
+        messages: list[str] = []
+        async with Client(node.url, token=token) as t, Client(node.url, keys=member) as m:
+            for request in (
+                t.publish("open.b", "m", 1),
+                t.history("staff.a"),
+                m.publish("staff.a", "m", 1),
+                m.publish("mesh.x", "m", 1),
+            ):
+                with pytest.raises(Forbidden) as refused:
+                    await request
+                messages.append(refused.value.message)
+        query = {"topics": "open.**", "timeout_s": "0", "token": token}
+        async with http.get(node.url + "/pubsub/v1/subscribe", params=query) as resp:
+            messages.append((await resp.json())["message"])
+    assert [
+        "publishing to open.b is not allowed: the token's pub scopes (open.a) do not cover it",
+        "reading staff.a is not allowed: access rule 'staff.**' lets members of level"
+        " trusted or above subscribe, not token clients",
+        "publishing to staff.a is not allowed: access rule 'staff.**' needs level anchor"
+        " to publish; this caller is member",
+        "publishing to mesh.x is not allowed: mesh.* topics are written by the node itself",
+        "subscribing to open.** is not allowed: the token's sub scopes (open.*) do not cover it",
+    ] == messages
+
+
+async def test_a_query_parameter_given_twice_is_refused_not_half_read(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """`?topics=a&topics=b` once subscribed to `a` alone and said nothing (the second was
+    never read): a repeated parameter is refused naming it, with the list form for
+    topics; `topic` beside `topics` likewise."""
+    token = token_for(node, "sub:lp.*")
+    answers = []
+    for query in (
+        "topics=lp.a&topics=lp.b&timeout_s=0",
+        "topic=lp.a&topics=lp.b&timeout_s=0",
+        "topics=lp.a&since_seq=1&since_seq=2&timeout_s=0",
+    ):
+        url = f"{node.url}/pubsub/v1/subscribe?{query}&token={token}"
+        async with http.get(url) as resp:
+            answers.append((resp.status, (await resp.json()).get("message")))
+    async with http.get(f"{node.url}/pubsub/v1/topics?limit=1&limit=2&token={token}") as resp:
+        answers.append((resp.status, (await resp.json()).get("message")))
+    assert [
+        (400, "parameter 'topics' given 2 times in subscribe query (list them: topics=a.b,c.*)"),
+        (400, "give topics or topic in subscribe query, not both"),
+        (400, "parameter 'since_seq' given 2 times in subscribe query"),
+        (400, "parameter 'limit' given 2 times in topics query"),
+    ] == answers

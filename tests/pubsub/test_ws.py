@@ -335,6 +335,28 @@ async def test_durable_consumer_redelivers_unacked_and_takeover_closes_4409(
     assert ([3, 4], 4409) == (redelivered, await first.closed())
 
 
+@pytest.mark.parametrize("since", [{"seq": 0}, {"last": 3}, {"ts": 0}])
+async def test_a_new_consumer_started_with_since_redelivers_what_it_did_not_ack(
+    node: Node, http: aiohttp.ClientSession, since: Frame
+) -> None:
+    """A new durable consumer subscribed with ``since`` starts there: what its backlog
+    delivered and it never acked comes again on its next subscribe (at-least-once),
+    not only what was published after it was created."""
+    await publish(node, "jobs.s", 3)
+    first = await session(http, node)
+    await first.send(
+        {"type": "subscribe", "topics": ["jobs.s"], "since": since, "consumer": "w-since"}
+    )
+    assert [0, 1, 2] == data_of(await first.messages(3))
+    await first.send({"type": "ack", "upto": 0})  # acks nothing it was sent
+    await first.ws.close()
+    second = await session(http, node)
+    await second.send({"type": "subscribe", "topics": ["jobs.s"], "consumer": "w-since"})
+    await second.next("subscribed")
+    await publish(node, "jobs.s", 1, start=3)
+    assert [0, 1, 2, 3] == data_of(await second.messages(4))
+
+
 async def consume(raw: Raw, count: int, *, ack_every: int) -> list[Frame]:
     """``count`` message frames, acking every ``ack_every``; any other frame fails."""
     got: list[Frame] = []
@@ -928,3 +950,20 @@ async def test_a_client_still_sending_after_a_close_still_reads_its_code(
             break
         sent += 1
     assert 1003 == await sub.closed()
+
+
+async def test_a_frame_without_a_known_type_is_told_the_types(
+    node: Node, http: aiohttp.ClientSession
+) -> None:
+    """A frame with no `type`, or one the node does not know, is answered with the types
+    a client may send (the session goes on)."""
+    raw = await session(http, node)
+    answers = []
+    for frame in ({"topics": ["a.b"]}, {"type": "sub", "topics": ["a.b"]}):
+        await raw.send(frame)
+        answers.append((await raw.next("error"))["data"]["message"])
+    types = "ack, auth, ping, presence.update, publish, subscribe, unsubscribe"
+    assert [
+        f"a client frame needs a type: one of {types}",
+        f"unknown frame type 'sub': one of {types}",
+    ] == answers

@@ -249,6 +249,11 @@ async def test_token_client_scopes(node: Node, http: aiohttp.ClientSession) -> N
         (denied[0], denied[1]["error"]),
         (forged[0], forged[1]["error"]),
     )
+    # what to change is said: the token's call scopes
+    assert (
+        "caller may not call echo.stream@1.0: the token's call scopes (echo@1) do not cover it"
+        == denied[1]["message"]
+    )
 
 
 async def test_a_token_in_the_authorization_header(node: Node, http: aiohttp.ClientSession) -> None:
