@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -197,6 +198,29 @@ class Client:
         )
         topics: list[dict[str, Any]] = result["topics"]
         return topics
+
+    async def consumers(self, owner: str | None = None) -> list[dict[str, Any]]:
+        """This client's durable consumers (spec §6.8): ``owner``, ``name``, ``topics``,
+        ``cursor``, ``pending`` (up to ``consumer_max_held``), ``held`` (a session holds
+        it now), ``lost``. The node's own key sees every identity's, or ``owner``'s."""
+        result = await self.request_json("GET", "/pubsub/v1/consumers", query={"owner": owner})
+        consumers: list[dict[str, Any]] = result["consumers"]
+        return consumers
+
+    async def delete_consumer(self, name: str, owner: str | None = None) -> dict[str, Any]:
+        """Forget durable consumer ``name`` (its cursor and the messages kept for it); a
+        session holding it is closed (4409). ``owner``: another identity's (the node's
+        own key only).
+
+        Raises:
+            NotFound: no such consumer.
+        """
+        result: dict[str, Any] = await self.request_json(
+            "DELETE",
+            "/pubsub/v1/consumers/" + quote(name, safe=""),
+            query={"owner": owner},
+        )
+        return result
 
     def subscribe(
         self,

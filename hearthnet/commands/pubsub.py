@@ -37,6 +37,14 @@ TOPIC_COLUMNS = [
     Column("subscribers", key("subscribers"), right=True),
     Column("presence", key("presence"), right=True),
 ]
+CONSUMER_COLUMNS = [
+    Column("owner", key("owner")),
+    Column("name", key("name")),
+    Column("topics", lambda row: ",".join(row["topics"])),
+    Column("cursor", key("cursor"), right=True),
+    Column("pending", key("pending"), right=True),
+    Column("held", lambda row: "yes" if row["held"] else "no"),
+]
 
 
 def cmd_pub(args: argparse.Namespace) -> int:
@@ -155,8 +163,42 @@ def cmd_topics(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_consumer_list(args: argparse.Namespace) -> int:
+    """``hearthnet consumer list [--owner ID]``: durable consumers, as a table (``--json``:
+    ``{"consumers": [row]}``). Signed with this data dir's node key: every identity's."""
+
+    async def main() -> Any:
+        async with client_of(args) as client:
+            return await client.consumers(args.owner)
+
+    consumers = run(main)
+    emit(
+        args,
+        {"consumers": consumers},
+        lambda: print_table(consumers, CONSUMER_COLUMNS, "no durable consumers"),
+    )
+    return EXIT_OK
+
+
+def cmd_consumer_rm(args: argparse.Namespace) -> int:
+    """``hearthnet consumer rm NAME [--owner ID]``: forget a durable consumer (its cursor
+    and the messages kept for it); a session holding it is closed."""
+
+    async def main() -> Any:
+        async with client_of(args) as client:
+            return await client.delete_consumer(args.name, args.owner)
+
+    deleted = run(main)["deleted"]
+    emit(
+        args,
+        {"deleted": deleted},
+        lambda: print(f"deleted consumer {deleted['name']} of {deleted['owner']}"),
+    )
+    return EXIT_OK
+
+
 def add_parsers(sub: Any, remote: Parents) -> None:
-    """``hearthnet pub``, ``sub`` and ``topics``."""
+    """``hearthnet pub``, ``sub``, ``topics`` and ``consumer``."""
     pub = sub.add_parser("pub", parents=remote, help="publish a message")
     pub.add_argument("topic", type=topic_arg, help="a topic, e.g. chat.room.1")
     pub.add_argument("--type", default="message", help="message type (default: message)")
@@ -200,3 +242,20 @@ def add_parsers(sub: Any, remote: Parents) -> None:
     )
     add_json_flag(topics)
     topics.set_defaults(func=cmd_topics)
+
+    consumer = sub.add_parser("consumer", help="durable consumers: list, delete")
+    consumer_sub = consumer.add_subparsers(dest="consumer_command", required=True, metavar="ACTION")
+    owner_help = "another identity's (a NodeID, or token:ISSUER/SUB as the list shows)"
+    listing = consumer_sub.add_parser(
+        "list", parents=remote, help="every identity's durable consumers on the node"
+    )
+    listing.add_argument("--owner", help="only " + owner_help)
+    add_json_flag(listing)
+    listing.set_defaults(func=cmd_consumer_list)
+    rm = consumer_sub.add_parser(
+        "rm", parents=remote, help="delete a durable consumer and what is kept for it"
+    )
+    rm.add_argument("name", type=consumer_arg, help="the consumer's name")
+    rm.add_argument("--owner", help=owner_help + "; default: this node's own")
+    add_json_flag(rm)
+    rm.set_defaults(func=cmd_consumer_rm)

@@ -339,6 +339,18 @@ class PubSubSection:
         default=7 * 86400.0,
         metadata=_doc("How long unacknowledged messages are kept for a durable consumer."),
     )
+    max_consumers_per_identity: int = field(
+        default=100,
+        metadata=_doc(
+            "Durable consumers one identity (a member, or a token's issuer/sub) may have;"
+            " a subscribe that would make one more is refused with capacity_exceeded"
+            " (0: none)."
+        ),
+    )
+    max_consumers: int = field(
+        default=10_000,
+        metadata=_doc("Durable consumers on this node, all identities together."),
+    )
     rules: tuple[dict[str, Any], ...] = field(
         default=(),
         metadata=_doc(

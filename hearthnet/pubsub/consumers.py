@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from hearthnet.errors import CapacityExceeded, NotFound
 from hearthnet.pubsub.log import ConsumerRecord, MessageLog
 from hearthnet.pubsub.subscriber import Subscriber
 from hearthnet.pubsub.topics import TopicPattern
@@ -21,9 +22,18 @@ from hearthnet.transport.keepalive import CLOSE_TAKEN_OVER
 class DurableConsumers:
     """The consumers held by this node's sessions, and their records in the log."""
 
-    def __init__(self, log_store: MessageLog, *, max_held: int) -> None:
+    def __init__(
+        self,
+        log_store: MessageLog,
+        *,
+        max_held: int,
+        max_per_identity: int = 100,
+        max_total: int = 10_000,
+    ) -> None:
         self.log = log_store
         self.max_held = max_held
+        self.max_per_identity = max_per_identity
+        self.max_total = max_total
         self.active: dict[tuple[str, str], Subscriber] = {}
 
     def take(
@@ -37,9 +47,16 @@ class DurableConsumers:
     ) -> ConsumerRecord:
         """``sub`` holds consumer ``name`` of its caller from now on (created with its
         cursor at ``start``, else at the head, when new); a session holding it before is
-        detached and told it was taken over."""
+        detached and told it was taken over.
+
+        Raises:
+            CapacityExceeded: a new consumer would pass ``max_consumers_per_identity`` or
+                ``max_consumers`` (nothing is taken over then).
+        """
         owner = sub.caller.owner
         key = (owner, name)
+        if key not in self.log.consumers:
+            self._check_room(owner)
         old = self.active.get(key)
         if old is not None and old is not sub:
             # spec §6.8: the new connection takes over; the old one is closed with 4409
@@ -56,6 +73,58 @@ class DurableConsumers:
         sub.consumer = record
         sub.channel.lossless = True
         self.active[key] = sub
+        return record
+
+    def _check_room(self, owner: str) -> None:
+        """Room for one more consumer of ``owner`` (a count over the records: a new
+        consumer is rare, and the records are bounded by these same limits)."""
+        records = self.log.consumers
+        if len(records) >= self.max_total:
+            raise CapacityExceeded(
+                f"this node holds {len(records)} durable consumers (pubsub.max_consumers);"
+                " delete unused ones: hearthnet consumer rm NAME --owner OWNER"
+            )
+        mine = sum(1 for identity, _ in records if identity == owner)
+        if mine >= self.max_per_identity:
+            raise CapacityExceeded(
+                f"{owner} has {mine} durable consumers (pubsub.max_consumers_per_identity);"
+                " delete one it no longer uses (DELETE /pubsub/v1/consumers/NAME,"
+                " hearthnet consumer rm NAME) or reuse a name"
+            )
+
+    def listed(self, owner: str | None) -> list[ConsumerRecord]:
+        """The consumers of ``owner`` (every identity's with None), by owner and name."""
+        return sorted(
+            (r for (identity, _), r in self.log.consumers.items() if owner in (None, identity)),
+            key=lambda r: (r.identity, r.name),
+        )
+
+    def is_held(self, record: ConsumerRecord) -> bool:
+        """A session holds ``record`` now."""
+        return (record.identity, record.name) in self.active
+
+    async def delete(
+        self, owner: str, name: str, detach: Callable[[Subscriber], None]
+    ) -> ConsumerRecord:
+        """Forget consumer ``name`` of ``owner``: its cursor, and the messages retention
+        kept for it. A session holding it is detached and closed as on a take-over (4409).
+
+        Raises:
+            NotFound: ``owner`` has no consumer ``name``.
+        """
+        key = (owner, name)
+        record = self.log.consumers.get(key)
+        if record is None:
+            raise NotFound(f"{owner} has no durable consumer {name!r}")
+        holder = self.active.pop(key, None)
+        if holder is not None:
+            detach(holder)
+            holder.consumer = None
+            if holder.on_taken_over is not None:
+                holder.on_taken_over(CLOSE_TAKEN_OVER, "consumer deleted")
+        record.deleted = True
+        self.log.save_consumer(record)
+        await self.log.flush_consumers()
         return record
 
     def report_lost(self, sub: Subscriber) -> None:

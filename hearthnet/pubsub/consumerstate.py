@@ -20,14 +20,16 @@ class ConsumerRecord:
     cursor: int
     lost: tuple[int, int] | None = None
     dirty: bool = field(default=False, compare=False)
+    deleted: bool = field(default=False, compare=False)  # its row goes with the next write
 
 
-ConsumerState = tuple[tuple[str, ...], int, tuple[int, int] | None]
+ConsumerState = tuple[tuple[str, ...], int, tuple[int, int] | None, bool]
 
 
 def consumer_state(record: ConsumerRecord) -> ConsumerState:
-    """What of a consumer is stored: patterns, cursor, lost range."""
-    return (record.patterns, record.cursor, record.lost)
+    """What of a consumer is stored: patterns, cursor, lost range, and whether it is
+    deleted."""
+    return (record.patterns, record.cursor, record.lost, record.deleted)
 
 
 def dirty_consumers(
@@ -56,9 +58,14 @@ def mark_clean(
 def write_consumers(
     conn: sqlite3.Connection, written: list[tuple[ConsumerRecord, ConsumerState]]
 ) -> None:
-    """Store changed consumers (inside the caller's transaction)."""
+    """Store changed consumers, and delete the rows of deleted ones (inside the caller's
+    transaction)."""
     if not written:
         return
+    conn.executemany(
+        "DELETE FROM consumers WHERE identity = ? AND name = ?",
+        [(c.identity, c.name) for c, state in written if state[3]],
+    )
     ts = now_ms()
     conn.executemany(
         "INSERT OR REPLACE INTO consumers"
@@ -74,6 +81,7 @@ def write_consumers(
                 lost[1] if lost else None,
                 ts,
             )
-            for c, (patterns, cursor, lost) in written
+            for c, (patterns, cursor, lost, deleted) in written
+            if not deleted
         ],
     )

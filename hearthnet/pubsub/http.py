@@ -18,6 +18,7 @@ from hearthnet.clock import now_ms
 from hearthnet.errors import BadRequest, Expired, WireError
 from hearthnet.ids import new_ulid
 from hearthnet.pubsub.channel import ChannelState, SubscriberChannel
+from hearthnet.pubsub.consumers_http import ConsumersHttp
 from hearthnet.pubsub.frames import Since, parse_fields
 from hearthnet.pubsub.payload import from_publish
 from hearthnet.pubsub.sinks import AiohttpSink, LongPollSink
@@ -125,6 +126,7 @@ class PubSubHttp:
     def __init__(self, deps: PubSubDeps) -> None:
         self.deps = deps
         self.ws = PubSubWebSocket(deps)
+        self.consumers = ConsumersHttp(deps, self.caller)
 
     def routes(self) -> list[web.RouteDef]:
         """The routes."""
@@ -134,6 +136,7 @@ class PubSubHttp:
             web.get("/pubsub/v1/topics/{topic}/presence", self.presence),
             web.get("/pubsub/v1/topics", self.topics),
             web.get("/pubsub/v1/subscribe", self.subscribe),
+            *self.consumers.routes(),
         ]
 
     def upgrades(self) -> dict[str, RawUpgrade]:

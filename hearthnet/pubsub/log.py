@@ -204,13 +204,7 @@ class MessageLog:
         if writer is not None:
             if self._pending:
                 await self._flush_all()
-            async with self._write_lock:
-                written = dirty_consumers(self._changed)
-                if written:
-                    await writer.run(
-                        lambda conn: transaction(conn, lambda: write_consumers(conn, written))
-                    )
-                    mark_clean(written, self._changed)
+            await self.flush_consumers()
         if self._reader is not None:
             await self._reader.close()
         if writer is not None:
@@ -440,16 +434,12 @@ class MessageLog:
             if not self.closed:
                 await self._flush_all()
 
-    def _take(self) -> list[Pending]:
-        """The next batch: up to ``max_batch`` messages (see :func:`take_batch`)."""
-        queued, limit = self._queued_messages, self.max_batch
-        batch, self._pending = take_batch(self._pending, queued, limit)
-        self._queued_messages = queued - min(queued, limit)  # a batch past limit holds limit
-        return batch
-
     async def _flush_all(self) -> None:
         while self._pending:
-            batch = self._take()
+            # the next batch: up to max_batch messages (see take_batch)
+            queued, limit = self._queued_messages, self.max_batch
+            batch, self._pending = take_batch(self._pending, queued, limit)
+            self._queued_messages = queued - min(queued, limit)  # one past limit holds limit
             self._taken += 1  # until committed: end_turn commits nothing queued after it
             try:
                 await self._commit(batch)
@@ -540,7 +530,26 @@ class MessageLog:
         durable consumer's ack was a loop turn for nothing."""
         record.dirty = True
         key = (record.identity, record.name)
-        self.consumers[key] = self._changed[key] = record
+        self._changed[key] = record
+        if record.deleted:  # gone at once; its row with the next write
+            if self.consumers.get(key) is record:
+                del self.consumers[key]
+        else:
+            self.consumers[key] = record
+
+    async def flush_consumers(self) -> None:
+        """Write the changed consumers now, under the write lock (after any commit that
+        is writing them): a deleted consumer's row is gone when this returns."""
+        writer = self._writer
+        if writer is None:
+            return
+        async with self._write_lock:
+            written = dirty_consumers(self._changed)
+            if written:
+                await writer.run(
+                    lambda conn: transaction(conn, lambda: write_consumers(conn, written))
+                )
+                mark_clean(written, self._changed)
 
     # --- retention ----------------------------------------------------------------
 

@@ -67,7 +67,12 @@ class PubSub:
         self.subscribers: set[Subscriber] = set()
         self.presence = PresenceTable(silence_ms=int(config.presence_silence_s * 1000))
         self.metrics = PubSubMetrics.register(metrics, lambda: float(len(self.subscribers)))
-        self.consumers = DurableConsumers(log_store, max_held=config.consumer_max_held)
+        self.consumers = DurableConsumers(
+            log_store,
+            max_held=config.consumer_max_held,
+            max_per_identity=config.max_consumers_per_identity,
+            max_total=config.max_consumers,
+        )
         self.catch_up = CatchUp(
             log_store=log_store,
             policy=policy,

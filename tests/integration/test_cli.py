@@ -494,6 +494,36 @@ def test_sub_consumer_count_acks_what_it_printed(node_proc: NodeProcess) -> None
     assert [{"i": 0}, {"i": 1}, {"i": 2}] == [json.loads(t.stdout)["data"] for t in took]
 
 
+def test_consumer_list_and_rm(node_proc: NodeProcess) -> None:
+    """`consumer list` shows a durable consumer with what it has pending; `consumer rm`
+    forgets it (the list no longer has it; a second rm is not_found, exit 1)."""
+    d = str(node_proc.data_dir)
+    for i in range(2):
+        run_cli("pub", "cli.rm", "--data", json.dumps({"i": i}), "--data-dir", d)
+    took = run_cli(
+        "sub", "cli.rm", "--consumer", "gone", "--since", "0", "--count", "1", "--data-dir", d
+    )
+    listed = run_cli("consumer", "list", "--json", "--data-dir", d)
+    table = run_cli("consumer", "list", "--data-dir", d)
+    removed = run_cli("consumer", "rm", "gone", "--data-dir", d)
+    again = run_cli("consumer", "rm", "gone", "--data-dir", d)
+    after = run_cli("consumer", "list", "--json", "--data-dir", d)
+    row = next(c for c in json.loads(listed.stdout)["consumers"] if c["name"] == "gone")
+    assert (0, 0, 0, 0, 1) == tuple(r.returncode for r in (took, listed, table, removed, again)), (
+        removed.stderr,
+        again.stderr,
+    )
+    assert (["cli.rm"], 1, False, True, True, "not_found") == (
+        row["topics"],
+        row["pending"],
+        row["held"],
+        "gone" in table.stdout,
+        "deleted consumer gone" in removed.stdout,
+        again.stderr.split(":")[1].strip(),
+    )
+    assert "gone" not in [c["name"] for c in json.loads(after.stdout)["consumers"]]
+
+
 def test_sub_says_when_the_node_went_away_and_when_it_is_back(tmp_path: Path) -> None:
     """`sub` keeps its stdout for messages, and says on stderr that the node went away
     and that it resumed (a user watching it otherwise sees nothing while it retries);

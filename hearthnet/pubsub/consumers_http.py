@@ -1,0 +1,103 @@
+"""Durable consumers over HTTP (spec §6.8, an extension): list them and delete one.
+
+``GET /pubsub/v1/consumers`` lists the caller's consumers; ``DELETE
+/pubsub/v1/consumers/{name}`` forgets one (its cursor, and what retention kept for it).
+The node's own identity (the operator's CLI) sees every identity's consumers and deletes
+any with ``?owner=``; anyone else only their own, so an abandoned consumer of a token
+client can be cleared without its token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from hearthnet.caller import Caller
+from hearthnet.errors import BadRequest, Forbidden
+from hearthnet.pubsub.consumers import DurableConsumers
+from hearthnet.pubsub.consumerstate import ConsumerRecord
+from hearthnet.pubsub.topics import TopicPattern
+from hearthnet.pubsub.ws import PubSubDeps
+from hearthnet.shapes import Shape
+from hearthnet.transport.server import json_response
+
+CONSUMERS_QUERY = Shape.query("consumers query", ("owner", "token"))
+
+
+def owner_asked(caller: Caller, asked: str | None, *, listing: bool) -> str | None:
+    """Whose consumers ``caller`` reaches: its own, or, for the node's own identity,
+    ``asked`` (every identity's when listing without ``owner``).
+
+    Raises:
+        Forbidden: ``owner`` names another identity and the caller is not the node.
+    """
+    if asked is None or asked == "":
+        return None if caller.is_self and listing else caller.owner
+    if asked != caller.owner and not caller.is_self:
+        raise Forbidden("only the node's own identity reaches other identities' consumers")
+    return asked
+
+
+def describe(consumers: DurableConsumers, record: ConsumerRecord) -> dict[str, Any]:
+    """One consumer as the listing shows it: ``pending`` counts its matches after its
+    cursor up to ``consumer_max_held`` (what retention keeps for it)."""
+    log = consumers.log
+    pending = log.reader.matching(
+        [TopicPattern.parse(p) for p in record.patterns],
+        after_seq=record.cursor,
+        upto_seq=log.head_seq,
+        limit=consumers.max_held,
+    )
+    lost = record.lost
+    return {
+        "owner": record.identity,
+        "name": record.name,
+        "topics": list(record.patterns),
+        "cursor": record.cursor,
+        "pending": len(pending),
+        "held": consumers.is_held(record),
+        "lost": None if lost is None else {"from_seq": lost[0], "to_seq": lost[1]},
+    }
+
+
+class ConsumersHttp:
+    """``/pubsub/v1/consumers``."""
+
+    def __init__(self, deps: PubSubDeps, caller: Callable[[web.Request, Any], Caller]) -> None:
+        self.deps = deps
+        self.caller = caller  # the pub/sub endpoints' authentication
+
+    def routes(self) -> list[web.RouteDef]:
+        """The routes."""
+        return [
+            web.get("/pubsub/v1/consumers", self.listing),
+            web.delete("/pubsub/v1/consumers/{name:.+}", self.delete),
+        ]
+
+    async def listing(self, request: web.Request) -> web.Response:
+        """``GET /pubsub/v1/consumers[?owner=ID]``."""
+        CONSUMERS_QUERY.check(request.query)
+        caller = self.caller(request, None)
+        owner = owner_asked(caller, request.query.get("owner"), listing=True)
+        consumers = self.deps.service.consumers
+        return json_response(
+            {
+                "consumers": [describe(consumers, r) for r in consumers.listed(owner)],
+                "head_seq": consumers.log.head_seq,
+            }
+        )
+
+    async def delete(self, request: web.Request) -> web.Response:
+        """``DELETE /pubsub/v1/consumers/{name}[?owner=ID]``."""
+        CONSUMERS_QUERY.check(request.query)
+        caller = self.caller(request, None)
+        name = request.match_info["name"]
+        if not 1 <= len(name) <= 64:
+            raise BadRequest("a consumer name is 1..64 characters")
+        owner = owner_asked(caller, request.query.get("owner"), listing=False)
+        assert owner is not None
+        service = self.deps.service
+        record = await service.consumers.delete(owner, name, service.detach)
+        return json_response({"deleted": {"owner": record.identity, "name": record.name}})
