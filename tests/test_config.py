@@ -9,7 +9,13 @@ import pytest
 
 from hearthnet.cli import build_parser
 from hearthnet.commands.common import config_of
-from hearthnet.config import configuration_table, default_node_name, load_config, to_toml
+from hearthnet.config import (
+    configuration_table,
+    default_node_name,
+    load_config,
+    stray_environment,
+    to_toml,
+)
 from hearthnet.errors import ConfigError
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
@@ -119,3 +125,22 @@ def test_default_node_name_is_host_and_short_id() -> None:
         default_node_name("", node),
         configured.display_name(node),
     )
+
+
+def test_environment_variables_that_name_no_key_are_named_with_the_nearest_key() -> None:
+    """A misspelt variable (``HEARTHNET_LOG_LEVEL``) is ignored like the API key's, but
+    said so, with the key it most likely meant; the API key and the data dir shortcut are
+    not named."""
+    env = {
+        "HEARTHNET_LOG_LEVEL": "warning",
+        "HEARTHNET_LLM_API_KEY": "sk-secret",
+        "HEARTHNET_DATA_DIR": "/tmp/x",
+        "HEARTHNET_NODE_PORT": "7081",
+        "HEARTHNET_ZZZ": "1",
+    }
+    assert [
+        "environment variable HEARTHNET_LOG_LEVEL is ignored: it names no configuration key"
+        " (did you mean HEARTHNET_NODE_LOG_LEVEL?)",
+        "environment variable HEARTHNET_ZZZ is ignored: it names no configuration key"
+        " (docs/configuration.md lists them)",
+    ] == stray_environment(load_config(None, env=env), env)

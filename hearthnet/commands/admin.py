@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from typing import Any
 
 from hearthnet.clock import now_ms
@@ -23,7 +24,7 @@ from hearthnet.commands.common import (
     submit_record,
 )
 from hearthnet.commands.output import add_json_flag, emit, print_fields
-from hearthnet.config import Config, sections, to_toml
+from hearthnet.config import Config, sections, stray_environment, to_toml
 from hearthnet.errors import HearthNetError, UsageError
 
 
@@ -45,6 +46,8 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     object per section, the keys of docs/configuration.md)."""
     config = config_of(args)
     emit(args, config_json(config), lambda: print(to_toml(config), end=""))
+    for sentence in stray_environment(config):
+        print(f"hearthnet: note: {sentence}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -9,7 +9,7 @@ environment variables, overridden by command-line flags.
 Import from here: ``from hearthnet.config import Config, MeshSection, load_config``.
 """
 
-from hearthnet.config.loading import Config, load_config, sections
+from hearthnet.config.loading import Config, load_config, sections, stray_environment
 from hearthnet.config.mesh_section import MeshSection
 from hearthnet.config.render import configuration_table, documented_keys, to_toml
 from hearthnet.config.schema import (
@@ -46,5 +46,6 @@ __all__ = [
     "documented_keys",
     "load_config",
     "sections",
+    "stray_environment",
     "to_toml",
 ]

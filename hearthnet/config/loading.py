@@ -198,3 +198,34 @@ def load_config(
             current = _apply(cls, name, overrides[name], current, "command line")
         changes[name] = current
     return dataclasses.replace(config, **changes)
+
+
+def stray_environment(config: Config, env: Mapping[str, str] | None = None) -> list[str]:
+    """One sentence per ``HEARTHNET_*`` variable that names no configuration key, for the
+    node to log as a warning: such a variable is left alone (``HEARTHNET_*`` is shared with
+    variables that are not configuration), so a misspelt one (``HEARTHNET_LOG_LEVEL`` for
+    ``HEARTHNET_NODE_LOG_LEVEL``) would otherwise change nothing without a word.
+
+    Not named: ``HEARTHNET_DATA_DIR`` and the variable ``llm.api_key_env`` names (the
+    model server's key, whose value is never shown).
+    """
+    env = os.environ if env is None else env
+    prefix = "HEARTHNET_"
+    names = sorted(n for n in env if n.startswith(prefix))
+    if not names:
+        return []
+    known = {  # without the prefix, which every name shares, so it makes no name nearer
+        f"{name.upper()}_{f.name.upper()}"
+        for name, cls in sections().items()
+        for f in dataclasses.fields(cls)
+    }
+    allowed = {*(prefix + k for k in known), prefix + "DATA_DIR", config.llm.api_key_env}
+    return [
+        f"environment variable {name} is ignored: it names no configuration key"
+        + (
+            _did_you_mean(name.removeprefix(prefix), known).replace("mean ", "mean " + prefix)
+            or " (docs/configuration.md lists them)"
+        )
+        for name in names
+        if name not in allowed
+    ]

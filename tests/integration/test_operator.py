@@ -4,12 +4,15 @@ each mistake is answered with what to do."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from hearthnet import __version__
-from tests.helpers import start_node_process
+from tests.helpers import NodeProcess, hearthnet_cmd, start_node_process
 from tests.integration.mesh_cluster import MESH_ARGS
 
 
@@ -42,3 +45,48 @@ def test_python_dash_m_hearthnet_is_the_hearthnet_command(tmp_path: Path) -> Non
         status.returncode,
         f'"node": "{node.fields["node"]}"' in status.stdout,
     )
+
+
+def test_a_misspelt_environment_variable_is_named_in_the_node_s_log(tmp_path: Path) -> None:
+    """``HEARTHNET_LOG_LEVEL=warning`` (the key is ``HEARTHNET_NODE_LOG_LEVEL``) once changed
+    nothing without a word: the node still logged at info; now its log says the variable
+    is ignored and which one was meant."""
+    log = tmp_path / "node.log"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(
+            hearthnet_cmd(
+                *("node", "start", "--data-dir", str(tmp_path / "data")),
+                *("--host", "127.0.0.1", "--port", "0", *MESH_ARGS),
+            ),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env={**os.environ, "HEARTHNET_LOG_LEVEL": "warning"},
+        )
+        node = NodeProcess(proc, _ready_line(proc), tmp_path / "data")
+        node.stop()
+    warnings = [
+        line["msg"]
+        for line in map(json.loads, log.read_text().splitlines())
+        if line["level"] == "warning"
+    ]
+    assert [
+        "environment variable HEARTHNET_LOG_LEVEL is ignored: it names no configuration key"
+        " (did you mean HEARTHNET_NODE_LOG_LEVEL?)"
+    ] == warnings
+
+
+def _ready_line(proc: subprocess.Popen[str], timeout: float = 20.0) -> str:
+    """The node's ready line (its stdout's first line), or fail once it exited or after
+    ``timeout`` seconds."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("hearthnet ready"):
+            return line.strip()
+        if proc.poll() is not None:
+            break
+    proc.kill()
+    proc.wait(5)
+    raise AssertionError(f"node did not become ready (exit {proc.returncode})")
