@@ -5,6 +5,7 @@ environment variables < command-line flags, each value checked against its key's
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 import types
@@ -83,7 +84,9 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
             return value
     elif origin is tuple:
         item_kind = typing.get_args(kind)[0]
-        if isinstance(value, str):
+        if isinstance(value, str) and typing.get_origin(item_kind) is dict:
+            value = _json_tables(value, where)
+        elif isinstance(value, str):
             value = [v for v in (p.strip() for p in value.split(",")) if v]
         if isinstance(value, list | tuple):
             return tuple(_coerce(v, item_kind, where) for v in value)
@@ -100,6 +103,21 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
                 continue
     kind_name = getattr(kind, "__name__", str(kind))
     raise ConfigError(f"{where}: expected {kind_name}, got {value!r}")
+
+
+def _json_tables(text: str, where: str) -> Any:
+    """A list of tables given as one string (an environment variable): a JSON array of
+    objects, ``[{"pattern": "chat.**", "subscribe": "member", "publish": "member"}]``."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ConfigError(
+            f"{where}: expected a JSON array of objects, like"
+            ' [{"pattern": "chat.**", ...}], got ' + repr(text[:80])
+        )
+    return value
 
 
 def _did_you_mean(name: str, known: typing.Iterable[str]) -> str:

@@ -9,10 +9,13 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 from hearthnet import __version__
-from tests.helpers import NodeProcess, hearthnet_cmd, start_node_process
+from tests.helpers import NodeProcess, hearthnet_cmd, run_cli, start_node_process
 from tests.integration.mesh_cluster import MESH_ARGS
 
 
@@ -90,3 +93,36 @@ def _ready_line(proc: subprocess.Popen[str], timeout: float = 20.0) -> str:
     proc.kill()
     proc.wait(5)
     raise AssertionError(f"node did not become ready (exit {proc.returncode})")
+
+
+def test_access_rules_can_be_given_in_the_environment(tmp_path: Path) -> None:
+    """``HEARTHNET_PUBSUB_RULES`` is listed in docs/configuration.md, but any value stopped
+    the node (``expected dict``: lists were split on commas); a JSON array of rules is
+    taken: here it closes publishing to tokens, which the default rules allow."""
+    rules = '[{"pattern": "**", "subscribe": "token", "publish": "member"}]'
+    node = start_node_process(tmp_path / "data", *MESH_ARGS, env={"HEARTHNET_PUBSUB_RULES": rules})
+    try:
+        issued = run_cli("token", "issue", "--data-dir", str(node.data_dir), "--scope", "pub:**")
+        status, body = _post_json(
+            f"{node.url}/pubsub/v1/topics/chat.x/messages",
+            {"type": "message", "data": {"a": 1}},
+            {"Authorization": f"Bearer {issued.stdout.strip()}"},
+        )
+    finally:
+        node.stop()
+    assert (403, "forbidden") == (status, body["error"])
+
+
+def _post_json(url: str, body: object, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    """POST a JSON body; the status and the JSON answer."""
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **headers},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
