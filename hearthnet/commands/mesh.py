@@ -286,6 +286,13 @@ def cmd_community_revoke(args: argparse.Namespace) -> int:
     """``hearthnet community revoke NODEID``: sign a revocation and hand it to the node."""
 
     _, _, membership = local_identity(args)
+    if args.node == membership.community_id:
+        # the node would refuse it as forbidden, which reads as "use an anchor's key"
+        raise ConfigError(
+            f"{args.node} founded this community (its NodeID is the community's id): the"
+            " founder cannot be revoked, so nothing was signed; to end another member's"
+            " access, revoke its own NodeID (hearthnet community show lists them)"
+        )
     stranger = membership.level_of(args.node) is None and not membership.is_revoked(args.node)
     submit_record(
         args,

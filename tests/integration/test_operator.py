@@ -126,3 +126,26 @@ def _post_json(url: str, body: object, headers: dict[str, str]) -> tuple[int, di
             return answer.status, json.loads(answer.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+def test_revoking_the_founder_says_the_founder_cannot_be_revoked(tmp_path: Path) -> None:
+    """``community revoke`` of the founder, on the founder's own node, once answered
+    ``forbidden: ... may not sign member.revoked here (anchors only: run it with the
+    --data-dir of an anchor's node ...)``: advice the anchor had already followed. Now it
+    says the founder cannot be revoked, signs nothing (exit 1), and the founder stays."""
+    node = start_node_process(tmp_path / "data", *MESH_ARGS)
+    try:
+        done = run_cli(
+            "community", "revoke", node.fields["node"], "--data-dir", str(tmp_path / "data")
+        )
+        shown = json.loads(
+            run_cli("community", "show", "--json", "--data-dir", str(tmp_path / "data")).stdout
+        )
+    finally:
+        node.stop()
+    assert (1, True, False, []) == (
+        done.returncode,
+        "the founder cannot be revoked, so nothing was signed" in done.stderr,
+        "anchors only" in done.stderr,
+        shown["revoked"],
+    )
