@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from hearthnet import __version__
+from hearthnet.mesh.dialer import REVOKED_ADVICE
 from tests.helpers import NodeProcess, hearthnet_cmd, run_cli, start_node_process
-from tests.integration.mesh_cluster import MESH_ARGS
+from tests.integration.mesh_cluster import MESH_ARGS, invite
 
 
 def _module(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
@@ -54,29 +55,37 @@ def test_a_misspelt_environment_variable_is_named_in_the_node_s_log(tmp_path: Pa
     """``HEARTHNET_LOG_LEVEL=warning`` (the key is ``HEARTHNET_NODE_LOG_LEVEL``) once changed
     nothing without a word: the node still logged at info; now its log says the variable
     is ignored and which one was meant."""
-    log = tmp_path / "node.log"
+    node, log = _start_logged(tmp_path / "data", env={"HEARTHNET_LOG_LEVEL": "warning"})
+    node.stop()
+    assert [
+        "environment variable HEARTHNET_LOG_LEVEL is ignored: it names no configuration key"
+        " (did you mean HEARTHNET_NODE_LOG_LEVEL?)"
+    ] == _warnings(log)
+
+
+def _start_logged(
+    data_dir: Path, *extra: str, env: dict[str, str] | None = None
+) -> tuple[NodeProcess, Path]:
+    """A node process on port 0 whose log (stderr) goes to a file beside its data dir."""
+    log = data_dir.parent / f"{data_dir.name}.log"
     with log.open("w") as stderr:
         proc = subprocess.Popen(
             hearthnet_cmd(
-                *("node", "start", "--data-dir", str(tmp_path / "data")),
-                *("--host", "127.0.0.1", "--port", "0", *MESH_ARGS),
+                *("node", "start", "--data-dir", str(data_dir)),
+                *("--host", "127.0.0.1", "--port", "0", *MESH_ARGS, *extra),
             ),
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,
-            env={**os.environ, "HEARTHNET_LOG_LEVEL": "warning"},
+            env={**os.environ, **(env or {})},
         )
-        node = NodeProcess(proc, _ready_line(proc), tmp_path / "data")
-        node.stop()
-    warnings = [
-        line["msg"]
-        for line in map(json.loads, log.read_text().splitlines())
-        if line["level"] == "warning"
-    ]
-    assert [
-        "environment variable HEARTHNET_LOG_LEVEL is ignored: it names no configuration key"
-        " (did you mean HEARTHNET_NODE_LOG_LEVEL?)"
-    ] == warnings
+    return NodeProcess(proc, _ready_line(proc), data_dir), log
+
+
+def _warnings(log: Path) -> list[str]:
+    """The messages of the warning lines of a node's JSON log."""
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    return [line["msg"] for line in lines if line["level"] == "warning"]
 
 
 def _ready_line(proc: subprocess.Popen[str], timeout: float = 20.0) -> str:
@@ -148,4 +157,35 @@ def test_revoking_the_founder_says_the_founder_cannot_be_revoked(tmp_path: Path)
         "the founder cannot be revoked, so nothing was signed" in done.stderr,
         "anchors only" in done.stderr,
         shown["revoked"],
+    )
+
+
+def test_a_revoked_node_s_own_log_and_commands_say_it_was_revoked(tmp_path: Path) -> None:
+    """Once revoked, a node's commands answered only ``revoked: identity revoked`` (exit 4)
+    and its log said ``revoked <its own id>`` at info beside peers' "the peer is revoked":
+    nothing told its operator that this node was the one revoked or what to do. Now its log
+    has a warning saying so and how to take part again, and its commands the same advice."""
+    anchor = start_node_process(tmp_path / "anchor", *MESH_ARGS)
+    try:
+        joined, log = _start_logged(
+            tmp_path / "member", "--join", invite(anchor.data_dir, anchor.url)
+        )
+        try:
+            run_cli(
+                "community", "revoke", joined.fields["node"], "--data-dir", str(anchor.data_dir)
+            )
+            deadline = time.monotonic() + 15
+            while not _warnings(log) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            peers = run_cli("peers", "--data-dir", str(joined.data_dir))
+        finally:
+            joined.stop()
+    finally:
+        anchor.stop()
+    advice = [w for w in _warnings(log) if w.endswith(REVOKED_ADVICE) and "revoked" in w]
+    assert (4, True, 1) == (
+        peers.returncode,
+        "which its community revoked: that key can no longer act in it. To take part again,"
+        " stop this node and join with a new key" in peers.stderr,
+        len(advice[:1]),
     )
