@@ -189,3 +189,29 @@ def test_a_revoked_node_s_own_log_and_commands_say_it_was_revoked(tmp_path: Path
         " stop this node and join with a new key" in peers.stderr,
         len(advice[:1]),
     )
+
+
+def test_a_tls_key_readable_by_others_is_refused_like_the_seed(tmp_path: Path) -> None:
+    """``tls/node.key`` holds the node's seed (its certificate is made from the node's
+    key), yet a node started with it readable by everyone, while the same seed in
+    ``keys/`` is refused: the start now fails the same way, naming the file and the
+    ``chmod`` (docs/operations.md, "Troubleshooting")."""
+    node = start_node_process(tmp_path / "data", *MESH_ARGS)
+    node.stop()
+    key = tmp_path / "data" / "tls" / "node.key"
+    key.chmod(0o644)
+    started = subprocess.run(
+        hearthnet_cmd(
+            *("node", "start", "--data-dir", str(tmp_path / "data")),
+            *("--host", "127.0.0.1", "--port", "0", *MESH_ARGS),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert (1, "", f"hearthnet: {key} is readable by group or others (mode 644)") == (
+        started.returncode,
+        started.stdout,
+        started.stderr.splitlines()[-1].partition(" and holds")[0],
+    )
