@@ -255,7 +255,7 @@ def failure(args: argparse.Namespace, exc: HearthNetError) -> tuple[int, str, st
             ),
         )
     action = getattr(args, "community_command", None) or getattr(args, "topic_command", None)
-    if isinstance(exc, Forbidden) and action in ("revoke", "rules", "rotate"):
+    if isinstance(exc, Forbidden) and action in ("revoke", "level", "rules", "rotate"):
         return (
             EXIT_ERROR,
             exc.code,

@@ -81,7 +81,8 @@ def _anchor(args: argparse.Namespace, what: str) -> tuple[Any, Any]:
         raise ConfigError(
             f"this node ({keys.node_id}) is not an anchor of community "
             f"{membership.community_id}; {what} on an anchor's node (--data-dir of an anchor),"
-            " or have an anchor raise this node's level"
+            " or have an anchor raise this node's level: hearthnet community level"
+            f" {keys.node_id} anchor"
         )
     return keys, membership
 

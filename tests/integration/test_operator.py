@@ -215,3 +215,42 @@ def test_a_tls_key_readable_by_others_is_refused_like_the_seed(tmp_path: Path) -
         started.stdout,
         started.stderr.splitlines()[-1].partition(" and holds")[0],
     )
+
+
+def test_an_anchor_raises_a_member_s_level_with_community_level(tmp_path: Path) -> None:
+    """A member's ``community invite`` (and ``federation propose``) said "have an anchor
+    raise this node's level", but no command did that. ``community level NODEID trusted``
+    on the anchor's node does: the member then invites; the member cannot do it itself
+    (forbidden, exit 1), nor can anyone lower the founder."""
+    anchor = start_node_process(tmp_path / "anchor", *MESH_ARGS)
+    try:
+        member = start_node_process(
+            tmp_path / "member", *MESH_ARGS, "--join", invite(anchor.data_dir, anchor.url)
+        )
+        try:
+            m, a = ("--data-dir", str(member.data_dir)), ("--data-dir", str(anchor.data_dir))
+            before = run_cli("community", "invite", *m)
+            raised = run_cli("community", "level", member.fields["node"], "trusted", *a)
+            deadline = time.monotonic() + 15
+            after = run_cli("community", "invite", *m)
+            while after.returncode != 0 and time.monotonic() < deadline:
+                time.sleep(0.2)
+                after = run_cli("community", "invite", *m)
+            by_member = run_cli("community", "level", member.fields["node"], "anchor", *m)
+            founder = run_cli("community", "level", anchor.fields["node"], "member", *a)
+        finally:
+            member.stop()
+    finally:
+        anchor.stop()
+    hint = f"hearthnet community level {member.fields['node']} trusted"
+    assert (1, True, 0, 0, True, 1, True, 1, True) == (
+        before.returncode,
+        hint in before.stderr,
+        raised.returncode,
+        after.returncode,
+        after.stdout.startswith("hn1:"),
+        by_member.returncode,
+        "forbidden" in by_member.stderr and "anchors only" in by_member.stderr,
+        founder.returncode,
+        "the founder stays an anchor, so nothing was signed" in founder.stderr,
+    )
