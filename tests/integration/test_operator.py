@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -254,3 +255,12 @@ def test_an_anchor_raises_a_member_s_level_with_community_level(tmp_path: Path) 
         founder.returncode,
         "the founder stays an anchor, so nothing was signed" in founder.stderr,
     )
+
+
+def test_sighup_stops_the_node_like_sigterm(tmp_path: Path) -> None:
+    """A node run in a terminal that closes (an ssh session that drops) gets SIGHUP; it
+    once died of it at once (exit 129, its run file left behind, so ``node status`` said
+    "stale run file"). It now shuts down as on SIGTERM: exit 0, run file removed."""
+    node = start_node_process(tmp_path / "data", *MESH_ARGS)
+    code = node.stop(signal.SIGHUP)
+    assert (0, False) == (code, (node.data_dir / "run" / "node.json").exists())
