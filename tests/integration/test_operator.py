@@ -264,3 +264,22 @@ def test_sighup_stops_the_node_like_sigterm(tmp_path: Path) -> None:
     node = start_node_process(tmp_path / "data", *MESH_ARGS)
     code = node.stop(signal.SIGHUP)
     assert (0, False) == (code, (node.data_dir / "run" / "node.json").exists())
+
+
+def test_config_show_refuses_the_rules_a_node_start_refuses(tmp_path: Path) -> None:
+    """``config show`` printed a file whose access rule names no level (``memberz``) and
+    whose retention rule has a misspelt key, exit 0, and ``node start`` then refused it;
+    now ``config show`` refuses each the same way (exit 1), so it checks a file."""
+    bad_rule = tmp_path / "rule.toml"
+    bad_rule.write_text('[[pubsub.rules]]\npattern = "chat.**"\nsubscribe = "memberz"\n')
+    bad_retention = tmp_path / "retention.toml"
+    bad_retention.write_text('[[pubsub.retention]]\npattern = "x.*"\nmax_mesages = 3\n')
+    d = ("--data-dir", str(tmp_path / "data"))
+    shown = [run_cli("config", "show", "--config", str(f), *d) for f in (bad_rule, bad_retention)]
+    expected = [
+        "hearthnet: rule 'chat.**': level 'memberz' is not one of",
+        "hearthnet: [[pubsub.retention]] takes pattern, max_messages, max_age_s",
+    ]
+    assert [(1, True), (1, True)] == [
+        (r.returncode, r.stderr.startswith(e)) for r, e in zip(shown, expected, strict=True)
+    ]
