@@ -23,6 +23,7 @@ from hearthnet.config.schema import (
     PubSubSection,
     SecuritySection,
     TransportSection,
+    data_dir_from_environment,
     default_data_dir,
     default_node_name,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "SecuritySection",
     "TransportSection",
     "configuration_table",
+    "data_dir_from_environment",
     "default_data_dir",
     "default_node_name",
     "documented_keys",

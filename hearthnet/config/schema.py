@@ -27,11 +27,17 @@ def _doc(text: str) -> dict[str, str]:
 
 
 def default_data_dir() -> Path:
-    """``$HEARTHNET_DATA_DIR`` or ``~/.local/share/hearthnet`` (spec §1.2)."""
-    env = os.environ.get("HEARTHNET_DATA_DIR")
+    """``$HEARTHNET_NODE_DATA_DIR`` or its short form ``$HEARTHNET_DATA_DIR``, else
+    ``~/.local/share/hearthnet`` (spec §1.2)."""
+    env = os.environ.get("HEARTHNET_NODE_DATA_DIR") or os.environ.get("HEARTHNET_DATA_DIR")
     if env:
         return Path(env).expanduser()
     return Path.home() / ".local" / "share" / "hearthnet"
+
+
+def data_dir_from_environment() -> bool:
+    """Whether the environment names the data dir (it then outranks a file's)."""
+    return bool(os.environ.get("HEARTHNET_NODE_DATA_DIR") or os.environ.get("HEARTHNET_DATA_DIR"))
 
 
 def default_node_name(host: str, node_id: str) -> str:
@@ -62,8 +68,9 @@ class NodeSection:
     data_dir: str = field(
         default="",
         metadata=_doc(
-            "Keys, log, heartbeats and run files. "
-            "Empty: $HEARTHNET_DATA_DIR or ~/.local/share/hearthnet."
+            "Keys, log, heartbeats and run files (--data-dir). Empty: $HEARTHNET_DATA_DIR "
+            "or ~/.local/share/hearthnet. Read from the file given with --config, not from "
+            "<data_dir>/hearthnet.toml, which is found through the data dir."
         ),
     )
     log_level: str = field(default="info", metadata=_doc("debug, info, warning or error."))

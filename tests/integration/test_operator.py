@@ -283,3 +283,44 @@ def test_config_show_refuses_the_rules_a_node_start_refuses(tmp_path: Path) -> N
     assert [(1, True), (1, True)] == [
         (r.returncode, r.stderr.startswith(e)) for r, e in zip(shown, expected, strict=True)
     ]
+
+
+def test_the_data_dir_key_and_its_long_variable_choose_the_data_dir(tmp_path: Path) -> None:
+    """``[node] data_dir`` in a ``--config`` file and ``HEARTHNET_NODE_DATA_DIR`` are listed
+    in docs/configuration.md, yet both were overridden by ``~/.local/share/hearthnet``
+    (only ``--data-dir`` and ``HEARTHNET_DATA_DIR`` counted): a node started with them
+    used the home directory. Now each names the data dir the node runs on, and commands
+    given the same ``--config`` or environment find that node."""
+    config = tmp_path / "node.toml"
+    config.write_text(f'[node]\ndata_dir = "{tmp_path / "from-file"}"\n')
+    from_env = {"HEARTHNET_NODE_DATA_DIR": str(tmp_path / "from-env")}
+    found = []
+    for extra, env in ((("--config", str(config)), {}), ((), from_env)):
+        proc = subprocess.Popen(
+            hearthnet_cmd(
+                *("node", "start", "--host", "127.0.0.1", "--port", "0", *MESH_ARGS, *extra)
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "HOME": str(tmp_path / "home"), **env},
+        )
+        node = NodeProcess(proc, _ready_line(proc), tmp_path)
+        try:
+            status = subprocess.run(
+                hearthnet_cmd("node", "status", "--json", *extra),
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+                env={**os.environ, "HOME": str(tmp_path / "home"), **env},
+            )
+            found.append(json.loads(status.stdout)["node"] == node.fields["node"])
+        finally:
+            node.stop()
+    assert ([True, True], True, True, False) == (
+        found,
+        (tmp_path / "from-file" / "keys").is_dir(),
+        (tmp_path / "from-env" / "keys").is_dir(),
+        (tmp_path / "home" / ".local").exists(),
+    )
