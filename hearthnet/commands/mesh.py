@@ -284,10 +284,12 @@ def _relays_at_next_start(args: argparse.Namespace) -> list[str]:
 
 def cmd_community_revoke(args: argparse.Namespace) -> int:
     """``hearthnet community revoke NODEID``: sign a revocation and hand it to the node."""
+    from hearthnet.community import Level
 
-    _, _, membership = local_identity(args)
-    if args.node == membership.community_id:
-        # the node would refuse it as forbidden, which reads as "use an anchor's key"
+    keys, _, membership = local_identity(args)
+    if args.node == membership.community_id and membership.level_of(keys.node_id) is Level.ANCHOR:
+        # the node would refuse it as forbidden, which reads as "use an anchor's key" to an
+        # anchor (to anyone else it is the right advice, and what the node says)
         raise ConfigError(
             f"{args.node} founded this community (its NodeID is the community's id): the"
             " founder cannot be revoked, so nothing was signed; to end another member's"
