@@ -144,3 +144,23 @@ def test_environment_variables_that_name_no_key_are_named_with_the_nearest_key()
         "environment variable HEARTHNET_ZZZ is ignored: it names no configuration key"
         " (docs/configuration.md lists them)",
     ] == stray_environment(load_config(None, env=env), env)
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "choices"),
+    [
+        ("node", "log_level", "verbose", "debug, info, warning, error"),
+        ("node", "tls", "maybe", "auto, on, off"),
+        ("pubsub", "sync", "fast", "full, normal"),
+    ],
+)
+def test_a_value_a_key_does_not_take_is_refused_with_the_values_it_takes(
+    section: str, key: str, value: str, choices: str
+) -> None:
+    """``log_level = "verbose"`` once started a node logging at info without a word, and
+    ``tls``/``sync`` were refused only once a node got that far; each is now refused when
+    the configuration loads, naming the values the key takes."""
+    variable = f"HEARTHNET_{section.upper()}_{key.upper()}"
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, env={variable: value})
+    assert f"environment [{section}] {key}: {value!r} is not one of {choices}" == str(refused.value)

@@ -132,14 +132,20 @@ def _apply(
     section_cls: type[Any], section_name: str, values: Mapping[str, Any], base: Any, source: str
 ) -> Any:
     hints = typing.get_type_hints(section_cls)
-    known = {f.name for f in dataclasses.fields(section_cls)}
+    fields = {f.name: f for f in dataclasses.fields(section_cls)}
     changes: dict[str, Any] = {}
     for key, value in values.items():
-        if key not in known:
+        if key not in fields:
             raise ConfigError(
-                f"{source}: unknown key [{section_name}] {key}{_did_you_mean(key, known)}"
+                f"{source}: unknown key [{section_name}] {key}{_did_you_mean(key, fields)}"
             )
         changes[key] = _coerce(value, hints[key], f"{source} [{section_name}] {key}")
+        choices = fields[key].metadata.get("choices", ())
+        if choices and changes[key] not in choices:
+            raise ConfigError(
+                f"{source} [{section_name}] {key}: {changes[key]!r} is not one of"
+                f" {', '.join(choices)}"
+            )
         if section_cls is MeshSection and key in URL_KEYS:
             _check_urls(changes[key], key, f"{source} [{section_name}] {key}")
         if section_cls is NodeSection and key == "port" and not 0 <= changes[key] <= 65535:

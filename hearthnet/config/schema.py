@@ -22,8 +22,10 @@ MIB = 1024 * KIB
 GIB = 1024 * MIB
 
 
-def _doc(text: str) -> dict[str, str]:
-    return {"doc": text}
+def _doc(text: str, *, choices: tuple[str, ...] = ()) -> dict[str, object]:
+    """A key's metadata: its text for the docs table, and the values a string key takes
+    (checked when the configuration is loaded; none: any)."""
+    return {"doc": text, "choices": choices}
 
 
 def default_data_dir() -> Path:
@@ -73,12 +75,18 @@ class NodeSection:
             "<data_dir>/hearthnet.toml, which is found through the data dir."
         ),
     )
-    log_level: str = field(default="info", metadata=_doc("debug, info, warning or error."))
+    log_level: str = field(
+        default="info",
+        metadata=_doc(
+            "debug, info, warning or error.", choices=("debug", "info", "warning", "error")
+        ),
+    )
     tls: str = field(
         default="auto",
         metadata=_doc(
             "TLS for peer links: auto (between hosts; plain on loopback), on (always) or off. "
-            "The port serves TLS and plain HTTP side by side; certificates carry the node's key."
+            "The port serves TLS and plain HTTP side by side; certificates carry the node's key.",
+            choices=("auto", "on", "off"),
         ),
     )
     shutdown_grace_s: float = field(
@@ -258,7 +266,8 @@ class PubSubSection:
         default="full",
         metadata=_doc(
             "SQLite synchronous mode: full (a publish survives a power cut once acknowledged) or "
-            "normal (survives a crash of the node only)."
+            "normal (survives a crash of the node only).",
+            choices=("full", "normal"),
         ),
     )
     max_payload_bytes: int = field(

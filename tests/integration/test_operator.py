@@ -348,3 +348,30 @@ def test_the_data_dir_key_and_its_long_variable_choose_the_data_dir(tmp_path: Pa
         (tmp_path / "from-env" / "keys").is_dir(),
         (tmp_path / "home" / ".local").exists(),
     )
+
+
+def test_a_log_level_the_node_does_not_know_stops_it(tmp_path: Path) -> None:
+    """``HEARTHNET_NODE_LOG_LEVEL=warn`` (the level is ``warning``) once started a node that
+    logged at info, ignoring it without a word; the node now refuses to start, naming the
+    levels, and ``config show`` refuses a file that says so."""
+    config = tmp_path / "node.toml"
+    config.write_text('[node]\nlog_level = "warn"\n')
+    shown = run_cli("config", "show", "--config", str(config), "--data-dir", str(tmp_path / "d"))
+    started = subprocess.run(
+        hearthnet_cmd(
+            *("node", "start", "--data-dir", str(tmp_path / "d")),
+            *("--host", "127.0.0.1", "--port", "0", *MESH_ARGS),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "HEARTHNET_NODE_LOG_LEVEL": "warn"},
+    )
+    levels = "'warn' is not one of debug, info, warning, error"
+    assert (1, True, 1, True) == (
+        shown.returncode,
+        f"{config} [node] log_level: {levels}" in shown.stderr,
+        started.returncode,
+        f"environment [node] log_level: {levels}" in started.stderr,
+    )
