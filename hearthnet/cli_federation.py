@@ -34,7 +34,7 @@ from hearthnet.cli import (
 from hearthnet.clock import now_ms
 from hearthnet.commands.output import add_json_flag
 from hearthnet.community import Level
-from hearthnet.errors import BadRequest, ConfigError, UsageError
+from hearthnet.errors import BadRequest, ConfigError, InvalidSignature, UsageError
 from hearthnet.federation.agreement import Agreement, Grant, Revocation
 from hearthnet.ids import b64url_decode, b64url_encode, is_node_id, is_ulid, new_ulid
 
@@ -161,7 +161,15 @@ def _read_blob(text: str) -> str:
 def cmd_accept(args: argparse.Namespace) -> int:
     """``federation accept FILE|BLOB``: counter-sign a proposal (or take a signed
     agreement), hand it to the node, print the signed agreement for the other side."""
-    agreement, records = decode_blob(_read_blob(args.blob))
+    try:
+        agreement, records = decode_blob(_read_blob(args.blob))
+    except (BadRequest, InvalidSignature) as exc:
+        # a file cut or rewrapped on the way (pasted into a mail, say) is the usual cause
+        raise ConfigError(
+            f"{args.blob} is not an intact federation agreement ({exc.message}): it was"
+            " changed on the way; ask the other community's anchor to send the file again,"
+            " as a file, unchanged"
+        ) from exc
     keys, membership = _anchor(args, "accept federations")
     ours = membership.community_id
     if ours not in agreement.communities:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hearthnet import __version__
+from hearthnet.ids import b64url_decode, b64url_encode
 from hearthnet.mesh.dialer import REVOKED_ADVICE
 from tests.helpers import NodeProcess, hearthnet_cmd, run_cli, start_node_process
 from tests.integration.mesh_cluster import MESH_ARGS, invite
@@ -375,3 +376,24 @@ def test_a_log_level_the_node_does_not_know_stops_it(tmp_path: Path) -> None:
         started.returncode,
         f"environment [node] log_level: {levels}" in started.stderr,
     )
+
+
+def test_a_federation_file_changed_on_the_way_is_named_as_such(tmp_path: Path) -> None:
+    """A proposal cut short (a line lost in a mail) was ``bad_request: malformed JSON ...``
+    and one whose terms were changed ``invalid_signature`` with exit 4 and advice about
+    this node's key: neither said the file was damaged. Both are now refused (exit 1) as
+    not intact, with what to ask the other anchor for."""
+    a, b = ("--data-dir", str(tmp_path / "a")), ("--data-dir", str(tmp_path / "b"))
+    run_cli("community", "create", "A", *a)
+    made_b = json.loads(run_cli("community", "create", "B", "--json", *b).stdout)
+    proposal = run_cli(
+        *("federation", "propose", *a, "--with", made_b["community"]),
+        *("--grant-topics", "chat.**", "--expires", "30d"),
+    ).stdout.strip()
+    blob = json.loads(b64url_decode(proposal.removeprefix("hnf1:")))
+    blob["agreement"]["a_grants_b"]["topics"] = ["news.**"]
+    changed = "hnf1:" + b64url_encode(json.dumps(blob).encode())
+    runs = [run_cli("federation", "accept", text, *b) for text in (proposal[:-40], changed)]
+    assert [(1, True), (1, True)] == [
+        (r.returncode, "is not an intact federation agreement" in r.stderr) for r in runs
+    ], [r.stderr for r in runs]
