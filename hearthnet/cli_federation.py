@@ -188,6 +188,13 @@ def cmd_accept(args: argparse.Namespace) -> int:
     if agreement.id not in held:
         raise ConfigError("the node did not take the agreement (see its log)")
     status = held[agreement.id]["status"]
+    if status in ("revoked", "expired"):
+        # the node keeps it as it was: nothing to give the other side
+        raise ConfigError(
+            f"agreement {agreement.id} is {status} on this node, for good, so nothing was"
+            " written; to federate again, an anchor proposes a new agreement: hearthnet"
+            f" federation propose --with {other} ..."
+        )
     own_records = [r.to_json() for r in membership.records.values()]
     if imported and not args.out and not args.json:
         print(f"agreement {agreement.id}: {status} (signed by both communities; nothing to send)")

@@ -397,3 +397,34 @@ def test_a_federation_file_changed_on_the_way_is_named_as_such(tmp_path: Path) -
     assert [(1, True), (1, True)] == [
         (r.returncode, "is not an intact federation agreement" in r.stderr) for r in runs
     ], [r.stderr for r in runs]
+
+
+def test_accepting_a_revoked_agreement_again_says_it_stays_revoked(tmp_path: Path) -> None:
+    """Accepting again a proposal whose agreement was revoked once printed "wrote agreement
+    ...: give it to the other community's anchor" and exited 0, with "revoked" on a line of
+    stderr; now it exits 1, writes nothing, and says to propose a new agreement."""
+    a = start_node_process(tmp_path / "a", *MESH_ARGS)
+    b = start_node_process(tmp_path / "b", *MESH_ARGS)
+    try:
+        da, db = ("--data-dir", str(a.data_dir)), ("--data-dir", str(b.data_dir))
+        proposal = tmp_path / "proposal.hnf"
+        run_cli(
+            *("federation", "propose", *da, "--with", b.fields["community"]),
+            *("--grant-topics", "chat.**", "--expires", "30d", "--out", str(proposal)),
+        )
+        signed = tmp_path / "signed.hnf"
+        run_cli("federation", "accept", str(proposal), "--out", str(signed), *db)
+        agreement = json.loads(run_cli("federation", "list", "--json", *db).stdout)
+        agreement_id = agreement["agreements"][0]["id"]
+        run_cli("federation", "revoke", agreement_id, "--url", b.url, *da)
+        again = run_cli(
+            "federation", "accept", str(proposal), "--out", str(tmp_path / "again.hnf"), *db
+        )
+    finally:
+        a.stop()
+        b.stop()
+    assert (1, True, False) == (
+        again.returncode,
+        f"agreement {agreement_id} is revoked on this node, for good" in again.stderr,
+        (tmp_path / "again.hnf").exists(),
+    ), again.stderr
