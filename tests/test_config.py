@@ -164,3 +164,21 @@ def test_a_value_a_key_does_not_take_is_refused_with_the_values_it_takes(
     with pytest.raises(ConfigError) as refused:
         load_config(None, env={variable: value})
     assert f"environment [{section}] {key}: {value!r} is not one of {choices}" == str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("HEARTHNET_MESH_ANTI_ENTROPY_S", "0", "0.0 must be more than 0 (a period: how often"),
+        ("HEARTHNET_PUBSUB_RETENTION_INTERVAL_S", "-1", "-1.0 must be more than 0"),
+        ("HEARTHNET_MESH_MAX_LINKS", "-1", "-1 must not be negative"),
+        ("HEARTHNET_PUBSUB_MAX_AGE_S", "nan", "nan is not a number"),
+    ],
+)
+def test_numbers_a_key_cannot_take_are_refused(variable: str, value: str, says: str) -> None:
+    """``anti_entropy_s = 0`` (say, to turn repair off) once started a node whose loop ran
+    every 0 s and took a whole core; an interval must be more than 0, and no number may be
+    negative or NaN."""
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, env={variable: value})
+    assert says in str(refused.value)

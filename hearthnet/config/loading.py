@@ -140,12 +140,7 @@ def _apply(
                 f"{source}: unknown key [{section_name}] {key}{_did_you_mean(key, fields)}"
             )
         changes[key] = _coerce(value, hints[key], f"{source} [{section_name}] {key}")
-        choices = fields[key].metadata.get("choices", ())
-        if choices and changes[key] not in choices:
-            raise ConfigError(
-                f"{source} [{section_name}] {key}: {changes[key]!r} is not one of"
-                f" {', '.join(choices)}"
-            )
+        _check_value(fields[key], changes[key], f"{source} [{section_name}] {key}")
         if section_cls is MeshSection and key in URL_KEYS:
             _check_urls(changes[key], key, f"{source} [{section_name}] {key}")
         if section_cls is NodeSection and key == "port" and not 0 <= changes[key] <= 65535:
@@ -154,6 +149,23 @@ def _apply(
                 " 0 picks a free one)"
             )
     return dataclasses.replace(base, **changes) if changes else base
+
+
+def _check_value(key: dataclasses.Field[Any], value: Any, where: str) -> None:
+    """The value is one the key takes: one of its choices; a number not below 0, and above
+    0 for a key that says how often something runs."""
+    choices = key.metadata.get("choices", ())
+    if choices and value not in choices:
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(choices)}")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if value != value:  # noqa: PLR0124 - NaN, the one value unequal to itself
+            raise ConfigError(f"{where}: {value!r} is not a number")
+        if key.metadata.get("positive") and not value > 0:
+            raise ConfigError(
+                f"{where}: {value!r} must be more than 0 (a period: how often it runs)"
+            )
+        if value < 0:
+            raise ConfigError(f"{where}: {value!r} must not be negative")
 
 
 def _check_urls(value: tuple[str, ...] | str, key: str, where: str) -> None:

@@ -22,10 +22,12 @@ MIB = 1024 * KIB
 GIB = 1024 * MIB
 
 
-def _doc(text: str, *, choices: tuple[str, ...] = ()) -> dict[str, object]:
-    """A key's metadata: its text for the docs table, and the values a string key takes
-    (checked when the configuration is loaded; none: any)."""
-    return {"doc": text, "choices": choices}
+def _doc(text: str, *, choices: tuple[str, ...] = (), positive: bool = False) -> dict[str, object]:
+    """A key's metadata: its text for the docs table, the values a string key takes (none:
+    any) and, for how often something runs (``positive``), that it must be more than 0
+    (a loop every 0 s would take a whole core). Checked when the configuration loads;
+    no number may be negative."""
+    return {"doc": text, "choices": choices, "positive": positive}
 
 
 def default_data_dir() -> Path:
@@ -149,7 +151,8 @@ class TransportSection:
         default=30.0,
         metadata=_doc(
             "Interval between WebSocket pings (presence members: half of "
-            "pubsub.presence_silence_s when that is shorter)."
+            "pubsub.presence_silence_s when that is shorter).",
+            positive=True,
         ),
     )
     ws_missed_pongs: int = field(
@@ -170,7 +173,7 @@ class TransportSection:
         metadata=_doc("A bus stream blocked this long without an ack ends with error timeout."),
     )
     sse_keepalive_s: float = field(
-        default=15.0, metadata=_doc("Interval of ': keepalive' SSE comments.")
+        default=15.0, metadata=_doc("Interval of ': keepalive' SSE comments.", positive=True)
     )
     websocket_enabled: bool = field(
         default=True,
@@ -321,7 +324,8 @@ class PubSubSection:
         default=10.0,
         metadata=_doc(
             "How often retention runs (and, at most, how often passes started by the"
-            " message cap look for old and expired messages)."
+            " message cap look for old and expired messages).",
+            positive=True,
         ),
     )
     publish_per_s_member: float = field(

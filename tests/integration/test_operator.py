@@ -428,3 +428,23 @@ def test_accepting_a_revoked_agreement_again_says_it_stays_revoked(tmp_path: Pat
         f"agreement {agreement_id} is revoked on this node, for good" in again.stderr,
         (tmp_path / "again.hnf").exists(),
     ), again.stderr
+
+
+def test_an_interval_of_0_stops_the_node_instead_of_spinning(tmp_path: Path) -> None:
+    """``HEARTHNET_PUBSUB_RETENTION_INTERVAL_S=0`` once started a node whose retention loop
+    ran without pause, a whole core busy for good; the node now refuses to start."""
+    started = subprocess.run(
+        hearthnet_cmd(
+            *("node", "start", "--data-dir", str(tmp_path / "d")),
+            *("--host", "127.0.0.1", "--port", "0", *MESH_ARGS),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "HEARTHNET_PUBSUB_RETENTION_INTERVAL_S": "0"},
+    )
+    assert (1, "hearthnet: environment [pubsub] retention_interval_s: 0.0 must be more than 0") == (
+        started.returncode,
+        started.stderr.strip().partition(" (a period")[0],
+    )
