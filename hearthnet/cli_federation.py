@@ -216,6 +216,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         _print_json(answer)
         return EXIT_OK
     ours = answer["community"]
+    if not answer["agreements"]:
+        print(
+            f"no federation agreements ({ours}); an anchor proposes one: hearthnet federation"
+            " propose --with <the other community's id> ... (docs/federation.md)"
+        )
+        return EXIT_OK
     rows = [("ID", "WITH", "STATUS", "EXPIRES", "WE GRANT", "THEY GRANT")]
     for a in answer["agreements"]:
         we_are_a = a["community_a"] == ours

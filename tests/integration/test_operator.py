@@ -448,3 +448,16 @@ def test_an_interval_of_0_stops_the_node_instead_of_spinning(tmp_path: Path) -> 
         started.returncode,
         started.stderr.strip().partition(" (a period")[0],
     )
+
+
+def test_federation_list_with_no_agreement_says_so(tmp_path: Path) -> None:
+    """``federation list`` on a node with no agreement printed a header and no row (as if
+    the output were cut); it now says there is none and how one is made, as ``peers``
+    and ``topics`` do when they have nothing to list."""
+    node = start_node_process(tmp_path / "data", *MESH_ARGS)
+    try:
+        listed = run_cli("federation", "list", "--data-dir", str(node.data_dir))
+    finally:
+        node.stop()
+    expected = f"no federation agreements ({node.fields['community']}); an anchor proposes"
+    assert (0, True) == (listed.returncode, listed.stdout.startswith(expected))
