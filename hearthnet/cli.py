@@ -229,6 +229,16 @@ def failure(args: argparse.Namespace, exc: HearthNetError) -> tuple[int, str, st
             f"{exc.message} (give --join the whole hn1:... that hearthnet community invite"
             " printed on the inviting node, in quotes, unchanged)",
         )
+    if isinstance(exc, Revoked) and hasattr(args, "url"):
+        return (
+            EXIT_AUTH,
+            exc.code,
+            f"{exc.message} (this command signs with the node key in"
+            f" {common.data_dir_of(args)}, which its community revoked: that key can no"
+            " longer act in it. To take part again, stop this node and join with a new key:"
+            " hearthnet node start --data-dir NEW_DIR --join hn1:..., an invite a member"
+            " prints with hearthnet community invite)",
+        )
     if isinstance(exc, Unauthorized | InvalidSignature) and hasattr(args, "url"):
         data_dir = common.data_dir_of(args)
         return (
@@ -245,7 +255,7 @@ def failure(args: argparse.Namespace, exc: HearthNetError) -> tuple[int, str, st
             ),
         )
     action = getattr(args, "community_command", None) or getattr(args, "topic_command", None)
-    if isinstance(exc, Forbidden) and action in ("revoke", "rules", "rotate"):
+    if isinstance(exc, Forbidden) and action in ("revoke", "level", "rules", "rotate"):
         return (
             EXIT_ERROR,
             exc.code,

@@ -34,7 +34,7 @@ from hearthnet.cli import (
 from hearthnet.clock import now_ms
 from hearthnet.commands.output import add_json_flag
 from hearthnet.community import Level
-from hearthnet.errors import BadRequest, ConfigError, UsageError
+from hearthnet.errors import BadRequest, ConfigError, InvalidSignature, UsageError
 from hearthnet.federation.agreement import Agreement, Grant, Revocation
 from hearthnet.ids import b64url_decode, b64url_encode, is_node_id, is_ulid, new_ulid
 
@@ -81,7 +81,8 @@ def _anchor(args: argparse.Namespace, what: str) -> tuple[Any, Any]:
         raise ConfigError(
             f"this node ({keys.node_id}) is not an anchor of community "
             f"{membership.community_id}; {what} on an anchor's node (--data-dir of an anchor),"
-            " or have an anchor raise this node's level"
+            " or have an anchor raise this node's level: hearthnet community level"
+            f" {keys.node_id} anchor"
         )
     return keys, membership
 
@@ -160,7 +161,15 @@ def _read_blob(text: str) -> str:
 def cmd_accept(args: argparse.Namespace) -> int:
     """``federation accept FILE|BLOB``: counter-sign a proposal (or take a signed
     agreement), hand it to the node, print the signed agreement for the other side."""
-    agreement, records = decode_blob(_read_blob(args.blob))
+    try:
+        agreement, records = decode_blob(_read_blob(args.blob))
+    except (BadRequest, InvalidSignature) as exc:
+        # a file cut or rewrapped on the way (pasted into a mail, say) is the usual cause
+        raise ConfigError(
+            f"{args.blob} is not an intact federation agreement ({exc.message}): it was"
+            " changed on the way; ask the other community's anchor to send the file again,"
+            " as a file, unchanged"
+        ) from exc
     keys, membership = _anchor(args, "accept federations")
     ours = membership.community_id
     if ours not in agreement.communities:
@@ -179,6 +188,13 @@ def cmd_accept(args: argparse.Namespace) -> int:
     if agreement.id not in held:
         raise ConfigError("the node did not take the agreement (see its log)")
     status = held[agreement.id]["status"]
+    if status in ("revoked", "expired"):
+        # the node keeps it as it was: nothing to give the other side
+        raise ConfigError(
+            f"agreement {agreement.id} is {status} on this node, for good, so nothing was"
+            " written; to federate again, an anchor proposes a new agreement: hearthnet"
+            f" federation propose --with {other} ..."
+        )
     own_records = [r.to_json() for r in membership.records.values()]
     if imported and not args.out and not args.json:
         print(f"agreement {agreement.id}: {status} (signed by both communities; nothing to send)")
@@ -200,6 +216,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         _print_json(answer)
         return EXIT_OK
     ours = answer["community"]
+    if not answer["agreements"]:
+        print(
+            f"no federation agreements ({ours}); an anchor proposes one: hearthnet federation"
+            " propose --with <the other community's id> ... (docs/federation.md)"
+        )
+        return EXIT_OK
     rows = [("ID", "WITH", "STATUS", "EXPIRES", "WE GRANT", "THEY GRANT")]
     for a in answer["agreements"]:
         we_are_a = a["community_a"] == ours

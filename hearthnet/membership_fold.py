@@ -70,9 +70,10 @@ class Level(enum.IntEnum):
 
 
 Rule = tuple[str, str, str]  # (pattern, subscribe level, publish level)
-# A limit on a key's chain: (keep_upto, level for the records past it; None = void).
-Limit = tuple[int, Level | None]
-SourcedLimit = tuple[str, int, Level | None]  # (key, keep_upto, level)
+# A limit on a key's chain: (keep_upto, level for the records past it; None = void, the
+# (ts, id) of the record that set it: of two level changes at one keep_upto, the later).
+Limit = tuple[int, Level | None, tuple[int, str]]
+SourcedLimit = tuple[str, int, Level | None, tuple[int, str]]  # (key, *Limit)
 LIMIT_KINDS = ("member.revoked", "member.level_changed")
 UNLIMITED = 2**63
 
@@ -177,8 +178,8 @@ class _Pass:
     ) -> None:
         self.community_id = community_id
         self.limits: dict[str, list[Limit]] = {}
-        for key, keep_upto, level in sorted(limits, key=_limit_order):
-            self.limits.setdefault(key, []).append((keep_upto, level))
+        for key, keep_upto, level, order in sorted(limits, key=_limit_order):
+            self.limits.setdefault(key, []).append((keep_upto, level, order))
         self.disabled = disabled
         # the limits of the records this pass applied, and which records set them
         self.supported: dict[SourcedLimit, list[str]] = {}
@@ -200,7 +201,9 @@ class _Pass:
                 continue
             if limit[1] is None:
                 return None  # revoked: void past keep_upto, whatever the level changes say
-            if best is None or limit[0] >= best[0]:
+            # spec §1.5 "applied in order": of two level changes that keep the same
+            # records, the later one (the order the merge applies them in, (ts, id))
+            if best is None or (limit[0], limit[2]) > (best[0], best[2]):
                 best = limit
         return base if best is None else best[1]
 
@@ -321,7 +324,7 @@ class _Pass:
         keep_upto = 0 if legacy_record else (rec.keep_upto or 0)
         if rec.id in self.disabled:
             return  # no consistent way to apply it (see fold): applied without effect
-        self._limit(rec.subject, (keep_upto, new_level), rec.id)
+        self._limit(rec.subject, (keep_upto, new_level, rec.order_key), rec.id)
         if revoke:
             result.members.pop(rec.subject, None)
             result.revoked.add(rec.subject)
@@ -332,5 +335,5 @@ class _Pass:
         return
 
 
-def _limit_order(limit: SourcedLimit) -> tuple[str, int, int]:
-    return (limit[0], limit[1], -1 if limit[2] is None else int(limit[2]))
+def _limit_order(limit: SourcedLimit) -> tuple[str, int, int, tuple[int, str]]:
+    return (limit[0], limit[1], -1 if limit[2] is None else int(limit[2]), limit[3])

@@ -68,6 +68,11 @@ from hearthnet.transport.server import (
 if TYPE_CHECKING:
     from capabilities.llm_chat import LlmChat
 
+# SIGHUP too: a node run in a terminal that closes (an ssh session that drops) got the
+# default action, death without a shutdown (no final frames, a stale run file); there is
+# no configuration to reload, a restart applies changes.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
 log = logging.getLogger("hearthnet.node")
 
 MANIFEST_TTL_MS = 60_000
@@ -366,17 +371,17 @@ class Node:
     async def serve_forever(
         self, on_ready: Callable[[Node], Awaitable[None] | None] | None = None
     ) -> None:
-        """Run until SIGINT/SIGTERM or :meth:`stop`; then shut down within 5 s."""
+        """Run until SIGINT/SIGTERM/SIGHUP or :meth:`stop`; then shut down within 5 s."""
         loop = asyncio.get_running_loop()
         async with self:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
                 loop.add_signal_handler(sig, self.stop)
             if on_ready is not None:
                 result = on_ready(self)
                 if asyncio.iscoroutine(result):
                     await result
             await self._stop.wait()
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
                 loop.remove_signal_handler(sig)
 
     async def shutdown(self) -> None:

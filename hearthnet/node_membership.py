@@ -14,6 +14,7 @@ from hearthnet.clock import now_ms
 from hearthnet.community import CommunityStore, MembershipRecord
 from hearthnet.errors import Expired, Revoked
 from hearthnet.membership import Admission, Membership, Source
+from hearthnet.mesh.dialer import REVOKED_ADVICE
 from hearthnet.mesh.service import Mesh
 from hearthnet.node_tasks import NodeTasks
 from hearthnet.pubsub.access import AccessRule, effective_rules
@@ -86,7 +87,17 @@ class MembershipIntake:
                 # spec §1.5: links and sessions of the revoked identity end within 10 s
                 self.sessions.close_identity(record.subject, Revoked("identity revoked"))
                 self.mesh.close_links_of(record.subject, "revoked")
-                log.info("revoked %s", record.subject, extra={"peer": record.subject})
+                if record.subject == self.mesh.keys.node_id:
+                    # the operator of this node must hear it from its own log, not puzzle
+                    # over peers that say "the peer is revoked"
+                    log.warning(
+                        "this node was revoked from community %s by %s: %s",
+                        self.membership.community_id,
+                        record.by,
+                        REVOKED_ADVICE,
+                    )
+                else:
+                    log.info("revoked %s", record.subject, extra={"peer": record.subject})
             elif (
                 record.kind == "token.revoked"
                 and record.iss is not None

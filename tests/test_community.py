@@ -576,3 +576,19 @@ def test_a_revoked_keys_records_past_a_gap_are_refused_not_stored() -> None:
         len(admission.accepted),
         len(view.records),
     )
+
+
+def test_a_later_level_change_at_the_same_keep_upto_wins(chains: Chains) -> None:
+    """An anchor raises Alice to trusted, then lowers her to member again before she signed
+    anything (both changes keep_upto 0): she is a member. The fold once kept her trusted,
+    the higher level, whatever the order: a promotion could not be taken back."""
+    g = genesis(chains)
+    add = chains.rec(FOUNDER, "member.added", ALICE.node_id, 2)
+    up = chains.rec(FOUNDER, "member.level_changed", ALICE.node_id, 3, level=Level.TRUSTED)
+    down = chains.rec(FOUNDER, "member.level_changed", ALICE.node_id, 4, level=Level.MEMBER)
+    again = chains.rec(FOUNDER, "member.level_changed", ALICE.node_id, 5, level=Level.TRUSTED)
+    assert [Level.MEMBER, Level.MEMBER, Level.TRUSTED] == [
+        levels(fold(C, [g, add, up, down]))[ALICE.node_id],
+        levels(fold(C, [down, up, add, g]))[ALICE.node_id],
+        levels(fold(C, [g, add, up, down, again]))[ALICE.node_id],
+    ]

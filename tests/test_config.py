@@ -9,7 +9,13 @@ import pytest
 
 from hearthnet.cli import build_parser
 from hearthnet.commands.common import config_of
-from hearthnet.config import configuration_table, default_node_name, load_config, to_toml
+from hearthnet.config import (
+    configuration_table,
+    default_node_name,
+    load_config,
+    stray_environment,
+    to_toml,
+)
 from hearthnet.errors import ConfigError
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
@@ -119,3 +125,60 @@ def test_default_node_name_is_host_and_short_id() -> None:
         default_node_name("", node),
         configured.display_name(node),
     )
+
+
+def test_environment_variables_that_name_no_key_are_named_with_the_nearest_key() -> None:
+    """A misspelt variable (``HEARTHNET_LOG_LEVEL``) is ignored like the API key's, but
+    said so, with the key it most likely meant; the API key and the data dir shortcut are
+    not named."""
+    env = {
+        "HEARTHNET_LOG_LEVEL": "warning",
+        "HEARTHNET_LLM_API_KEY": "sk-secret",
+        "HEARTHNET_DATA_DIR": "/tmp/x",
+        "HEARTHNET_NODE_PORT": "7081",
+        "HEARTHNET_ZZZ": "1",
+    }
+    assert [
+        "environment variable HEARTHNET_LOG_LEVEL is ignored: it names no configuration key"
+        " (did you mean HEARTHNET_NODE_LOG_LEVEL?)",
+        "environment variable HEARTHNET_ZZZ is ignored: it names no configuration key"
+        " (docs/configuration.md lists them)",
+    ] == stray_environment(load_config(None, env=env), env)
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "choices"),
+    [
+        ("node", "log_level", "verbose", "debug, info, warning, error"),
+        ("node", "tls", "maybe", "auto, on, off"),
+        ("pubsub", "sync", "fast", "full, normal"),
+    ],
+)
+def test_a_value_a_key_does_not_take_is_refused_with_the_values_it_takes(
+    section: str, key: str, value: str, choices: str
+) -> None:
+    """``log_level = "verbose"`` once started a node logging at info without a word, and
+    ``tls``/``sync`` were refused only once a node got that far; each is now refused when
+    the configuration loads, naming the values the key takes."""
+    variable = f"HEARTHNET_{section.upper()}_{key.upper()}"
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, env={variable: value})
+    assert f"environment [{section}] {key}: {value!r} is not one of {choices}" == str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("HEARTHNET_MESH_ANTI_ENTROPY_S", "0", "0.0 must be more than 0 (a period: how often"),
+        ("HEARTHNET_PUBSUB_RETENTION_INTERVAL_S", "-1", "-1.0 must be more than 0"),
+        ("HEARTHNET_MESH_MAX_LINKS", "-1", "-1 must not be negative"),
+        ("HEARTHNET_PUBSUB_MAX_AGE_S", "nan", "nan is not a number"),
+    ],
+)
+def test_numbers_a_key_cannot_take_are_refused(variable: str, value: str, says: str) -> None:
+    """``anti_entropy_s = 0`` (say, to turn repair off) once started a node whose loop ran
+    every 0 s and took a whole core; an interval must be more than 0, and no number may be
+    negative or NaN."""
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, env={variable: value})
+    assert says in str(refused.value)

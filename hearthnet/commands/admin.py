@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from typing import Any
 
 from hearthnet.clock import now_ms
@@ -23,7 +24,7 @@ from hearthnet.commands.common import (
     submit_record,
 )
 from hearthnet.commands.output import add_json_flag, emit, print_fields
-from hearthnet.config import Config, sections, to_toml
+from hearthnet.config import Config, sections, stray_environment, to_toml
 from hearthnet.errors import HearthNetError, UsageError
 
 
@@ -42,9 +43,20 @@ def cmd_keys_show(args: argparse.Namespace) -> int:
 
 def cmd_config_show(args: argparse.Namespace) -> int:
     """``hearthnet config show``: the effective configuration as TOML (``--json``: one
-    object per section, the keys of docs/configuration.md)."""
+    object per section, the keys of docs/configuration.md). A configuration a node would
+    refuse at start is refused here too (exit 1), so this command checks one."""
+    from hearthnet.pubsub.access import AccessRule
+    from hearthnet.pubsub.retention import RetentionRule
+
     config = config_of(args)
+    # the tables' contents are checked where a starting node builds its rules from them
+    for rule in config.pubsub.rules:
+        AccessRule.from_config(rule)
+    for table in config.pubsub.retention:
+        RetentionRule.from_config(table)
     emit(args, config_json(config), lambda: print(to_toml(config), end=""))
+    for sentence in stray_environment(config):
+        print(f"hearthnet: note: {sentence}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from hearthnet.clock import now_ms
-from hearthnet.config import Config, default_data_dir, load_config
+from hearthnet.config import (
+    Config,
+    data_dir_from_environment,
+    default_data_dir,
+    load_config,
+)
 from hearthnet.config.mesh_section import node_url_problem
 from hearthnet.datadir import NameFile, start_command
 from hearthnet.errors import ConfigError, HearthNetError, IdentityError
@@ -214,9 +219,28 @@ def _above_zero_ms(text: str, what: str) -> int:
 
 
 def data_dir_of(args: argparse.Namespace) -> Path:
+    """The data dir, by the configuration's precedence (docs/configuration.md): the flag,
+    the environment, the ``--config`` file's ``[node] data_dir``, the default."""
     if getattr(args, "data_dir", None):
         return Path(args.data_dir).expanduser()
+    if getattr(args, "config", None) and not data_dir_from_environment():
+        in_file = _data_dir_in_file(Path(args.config).expanduser())
+        if in_file is not None:
+            return in_file
     return default_data_dir()
+
+
+def _data_dir_in_file(path: Path) -> Path | None:
+    """``[node] data_dir`` of a TOML file, if it sets one; a file that cannot be read or
+    parsed sets none here (loading the configuration reports it)."""
+    import tomllib
+
+    try:
+        node = tomllib.loads(path.read_text(encoding="utf-8")).get("node", {})
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    value = node.get("data_dir") if isinstance(node, dict) else None
+    return Path(value).expanduser() if isinstance(value, str) and value else None
 
 
 def config_of(args: argparse.Namespace) -> Config:

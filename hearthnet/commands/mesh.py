@@ -171,7 +171,7 @@ def cmd_community_invite(args: argparse.Namespace) -> int:
             "only anchor and trusted members invite, at most at their own level (this node "
             f"is {own.label if own is not None else 'not a member'}); make the invite on an "
             "anchor's node (hearthnet community invite --data-dir <its data dir>), or have an "
-            "anchor give this node an invite made with --level trusted"
+            f"anchor raise this node's level: hearthnet community level {keys.node_id} trusted"
         )
     bootstrap, relays = _invite_urls(args)
     invite = Invite.issue(
@@ -284,8 +284,17 @@ def _relays_at_next_start(args: argparse.Namespace) -> list[str]:
 
 def cmd_community_revoke(args: argparse.Namespace) -> int:
     """``hearthnet community revoke NODEID``: sign a revocation and hand it to the node."""
+    from hearthnet.community import Level
 
-    _, _, membership = local_identity(args)
+    keys, _, membership = local_identity(args)
+    if args.node == membership.community_id and membership.level_of(keys.node_id) is Level.ANCHOR:
+        # the node would refuse it as forbidden, which reads as "use an anchor's key" to an
+        # anchor (to anyone else it is the right advice, and what the node says)
+        raise ConfigError(
+            f"{args.node} founded this community (its NodeID is the community's id): the"
+            " founder cannot be revoked, so nothing was signed; to end another member's"
+            " access, revoke its own NodeID (hearthnet community show lists them)"
+        )
     stranger = membership.level_of(args.node) is None and not membership.is_revoked(args.node)
     submit_record(
         args,
@@ -299,6 +308,37 @@ def cmd_community_revoke(args: argparse.Namespace) -> int:
             " community show lists them); the revocation stands: that key can never join",
             file=sys.stderr,
         )
+    return EXIT_OK
+
+
+def cmd_community_level(args: argparse.Namespace) -> int:
+    """``hearthnet community level NODEID LEVEL``: sign a level change (anchors only) and
+    hand it to the node, which gossips it on (spec §1.5, ``member.level_changed``)."""
+    from hearthnet.community import Level
+
+    _, _, membership = local_identity(args)
+    if args.node == membership.community_id:
+        raise ConfigError(
+            f"{args.node} founded this community (its NodeID is the community's id): the"
+            " founder stays an anchor, so nothing was signed"
+        )
+    if membership.level_of(args.node) is None:
+        raise ConfigError(
+            f"{args.node} is not a member of this community (hearthnet community show lists"
+            " them; a new node joins with an invite: hearthnet community invite --level"
+            " trusted), so nothing was signed"
+        )
+    level = Level.parse(args.level)
+    submit_record(
+        args,
+        lambda k, m: m.sign(k, "member.level_changed", args.node, now_ms=now_ms(), level=level),
+        "only anchors change levels; a revoked member stays revoked",
+    )
+    emit(
+        args,
+        {"node": args.node, "level": level.label},
+        lambda: print(f"{args.node} is {level.label} now, on every node"),
+    )
     return EXIT_OK
 
 
@@ -463,6 +503,11 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     revoke.add_argument("node", type=node_id_arg, help="the NodeID to revoke")
     add_json_flag(revoke)
     revoke.set_defaults(func=cmd_community_revoke)
+    level = csub.add_parser("level", parents=remote, help="change a member's level (anchors only)")
+    level.add_argument("node", type=node_id_arg, help="the member's NodeID")
+    level.add_argument("level", choices=("member", "trusted", "anchor"), help="its new level")
+    add_json_flag(level)
+    level.set_defaults(func=cmd_community_level)
     rules = csub.add_parser(
         "rules", parents=remote, help="set the community's pub/sub access rules (anchors only)"
     )

@@ -8,7 +8,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hearthnet.commands.common import (
     EXIT_OK,
@@ -41,6 +41,9 @@ from hearthnet.errors import (
     WireError,
 )
 
+if TYPE_CHECKING:
+    from hearthnet.config import Config
+
 
 def cmd_node_start(args: argparse.Namespace) -> int:
     """``hearthnet node start``: the ready line (spec §9), or with ``--json`` the same as
@@ -59,12 +62,24 @@ def cmd_node_start(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def warn_stray_environment(config: Config) -> None:
+    """Log a warning for each ``HEARTHNET_*`` variable that names no key (a typo would
+    otherwise be ignored without a word)."""
+    import logging
+
+    from hearthnet.config import stray_environment
+
+    for sentence in stray_environment(config):
+        logging.getLogger("hearthnet.config").warning(sentence)
+
+
 def _start_node(args: argparse.Namespace) -> None:
     from hearthnet import logs
     from hearthnet.node import Node
 
     config = config_of(args)
     logs.configure(config.node.log_level)
+    warn_stray_environment(config)
 
     def ready(node: Node) -> None:
         logs.configure(config.node.log_level, node.keys.node_id)

@@ -9,7 +9,7 @@ environment variables, overridden by command-line flags.
 Import from here: ``from hearthnet.config import Config, MeshSection, load_config``.
 """
 
-from hearthnet.config.loading import Config, load_config, sections
+from hearthnet.config.loading import Config, load_config, sections, stray_environment
 from hearthnet.config.mesh_section import MeshSection
 from hearthnet.config.render import configuration_table, documented_keys, to_toml
 from hearthnet.config.schema import (
@@ -23,6 +23,7 @@ from hearthnet.config.schema import (
     PubSubSection,
     SecuritySection,
     TransportSection,
+    data_dir_from_environment,
     default_data_dir,
     default_node_name,
 )
@@ -41,10 +42,12 @@ __all__ = [
     "SecuritySection",
     "TransportSection",
     "configuration_table",
+    "data_dir_from_environment",
     "default_data_dir",
     "default_node_name",
     "documented_keys",
     "load_config",
     "sections",
+    "stray_environment",
     "to_toml",
 ]

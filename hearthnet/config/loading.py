@@ -5,6 +5,7 @@ environment variables < command-line flags, each value checked against its key's
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 import types
@@ -83,7 +84,9 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
             return value
     elif origin is tuple:
         item_kind = typing.get_args(kind)[0]
-        if isinstance(value, str):
+        if isinstance(value, str) and typing.get_origin(item_kind) is dict:
+            value = _json_tables(value, where)
+        elif isinstance(value, str):
             value = [v for v in (p.strip() for p in value.split(",")) if v]
         if isinstance(value, list | tuple):
             return tuple(_coerce(v, item_kind, where) for v in value)
@@ -102,6 +105,21 @@ def _coerce(value: Any, kind: Any, where: str) -> Any:
     raise ConfigError(f"{where}: expected {kind_name}, got {value!r}")
 
 
+def _json_tables(text: str, where: str) -> Any:
+    """A list of tables given as one string (an environment variable): a JSON array of
+    objects, ``[{"pattern": "chat.**", "subscribe": "member", "publish": "member"}]``."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ConfigError(
+            f"{where}: expected a JSON array of objects, like"
+            ' [{"pattern": "chat.**", ...}], got ' + repr(text[:80])
+        )
+    return value
+
+
 def _did_you_mean(name: str, known: typing.Iterable[str]) -> str:
     """`` (did you mean X?)`` for the known name nearest a misspelt one, or nothing."""
     import difflib  # noqa: PLC0415 - only for this error (spec §11: start time)
@@ -114,14 +132,15 @@ def _apply(
     section_cls: type[Any], section_name: str, values: Mapping[str, Any], base: Any, source: str
 ) -> Any:
     hints = typing.get_type_hints(section_cls)
-    known = {f.name for f in dataclasses.fields(section_cls)}
+    fields = {f.name: f for f in dataclasses.fields(section_cls)}
     changes: dict[str, Any] = {}
     for key, value in values.items():
-        if key not in known:
+        if key not in fields:
             raise ConfigError(
-                f"{source}: unknown key [{section_name}] {key}{_did_you_mean(key, known)}"
+                f"{source}: unknown key [{section_name}] {key}{_did_you_mean(key, fields)}"
             )
         changes[key] = _coerce(value, hints[key], f"{source} [{section_name}] {key}")
+        _check_value(fields[key], changes[key], f"{source} [{section_name}] {key}")
         if section_cls is MeshSection and key in URL_KEYS:
             _check_urls(changes[key], key, f"{source} [{section_name}] {key}")
         if section_cls is NodeSection and key == "port" and not 0 <= changes[key] <= 65535:
@@ -130,6 +149,23 @@ def _apply(
                 " 0 picks a free one)"
             )
     return dataclasses.replace(base, **changes) if changes else base
+
+
+def _check_value(key: dataclasses.Field[Any], value: Any, where: str) -> None:
+    """The value is one the key takes: one of its choices; a number not below 0, and above
+    0 for a key that says how often something runs."""
+    choices = key.metadata.get("choices", ())
+    if choices and value not in choices:
+        raise ConfigError(f"{where}: {value!r} is not one of {', '.join(choices)}")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if value != value:  # noqa: PLR0124 - NaN, the one value unequal to itself
+            raise ConfigError(f"{where}: {value!r} is not a number")
+        if key.metadata.get("positive") and not value > 0:
+            raise ConfigError(
+                f"{where}: {value!r} must be more than 0 (a period: how often it runs)"
+            )
+        if value < 0:
+            raise ConfigError(f"{where}: {value!r} must not be negative")
 
 
 def _check_urls(value: tuple[str, ...] | str, key: str, where: str) -> None:
@@ -198,3 +234,34 @@ def load_config(
             current = _apply(cls, name, overrides[name], current, "command line")
         changes[name] = current
     return dataclasses.replace(config, **changes)
+
+
+def stray_environment(config: Config, env: Mapping[str, str] | None = None) -> list[str]:
+    """One sentence per ``HEARTHNET_*`` variable that names no configuration key, for the
+    node to log as a warning: such a variable is left alone (``HEARTHNET_*`` is shared with
+    variables that are not configuration), so a misspelt one (``HEARTHNET_LOG_LEVEL`` for
+    ``HEARTHNET_NODE_LOG_LEVEL``) would otherwise change nothing without a word.
+
+    Not named: ``HEARTHNET_DATA_DIR`` and the variable ``llm.api_key_env`` names (the
+    model server's key, whose value is never shown).
+    """
+    env = os.environ if env is None else env
+    prefix = "HEARTHNET_"
+    names = sorted(n for n in env if n.startswith(prefix))
+    if not names:
+        return []
+    known = {  # without the prefix, which every name shares, so it makes no name nearer
+        f"{name.upper()}_{f.name.upper()}"
+        for name, cls in sections().items()
+        for f in dataclasses.fields(cls)
+    }
+    allowed = {*(prefix + k for k in known), prefix + "DATA_DIR", config.llm.api_key_env}
+    return [
+        f"environment variable {name} is ignored: it names no configuration key"
+        + (
+            _did_you_mean(name.removeprefix(prefix), known).replace("mean ", "mean " + prefix)
+            or " (docs/configuration.md lists them)"
+        )
+        for name in names
+        if name not in allowed
+    ]

@@ -57,12 +57,15 @@ class MeshSection:
     heartbeat_s: float = field(
         default=5.0,
         metadata=_doc(
-            "Ping interval per link; three missed pongs mark the link down (also --heartbeat-s)."
+            "Ping interval per link; three missed pongs mark the link down (also --heartbeat-s).",
+            positive=True,
         ),
     )
     anti_entropy_s: float = field(
         default=5.0,
-        metadata=_doc("How often each link exchanges per-origin heads to repair lost messages."),
+        metadata=_doc(
+            "How often each link exchanges per-origin heads to repair lost messages.", positive=True
+        ),
     )
     repair_per_round: int = field(
         default=500,
@@ -71,19 +74,22 @@ class MeshSection:
         ),
     )
     caps_s: float = field(
-        default=10.0, metadata=_doc("How often capability routes are re-announced.")
+        default=10.0, metadata=_doc("How often capability routes are re-announced.", positive=True)
     )
     presence_refresh_s: float = field(
         default=15.0,
         metadata=_doc(
-            "How often local presence is re-announced to peers (they expire it after 45 s)."
+            "How often local presence is re-announced to peers (they expire it after 45 s).",
+            positive=True,
         ),
     )
     beacon_s: float = field(
-        default=30.0, metadata=_doc("How often a beacon is published on mesh.beacon.")
+        default=30.0,
+        metadata=_doc("How often a beacon is published on mesh.beacon.", positive=True),
     )
     dial_interval_s: float = field(
-        default=0.5, metadata=_doc("How often the link manager looks for peers to dial.")
+        default=0.5,
+        metadata=_doc("How often the link manager looks for peers to dial.", positive=True),
     )
     membership_per_request: int = field(
         default=1000,
@@ -145,14 +151,17 @@ class MeshSection:
     )
     relay_keepalive_s: float = field(
         default=1.0,
-        metadata=_doc("Member: how often each attached relay is pinged (spec §8 failover)."),
+        metadata=_doc(
+            "Member: how often each attached relay is pinged (spec §8 failover).", positive=True
+        ),
     )
     relay_silence_s: float = field(
         default=3.0,
         metadata=_doc(
             "Member: a relay silent this long (of the member's own running time) is lost and"
             " its peers move to another relay (a relay that died without closing its"
-            " connections; spec §8). Why 3 s: see 'Relay keepalive and silence' below."
+            " connections; spec §8). Why 3 s: see 'Relay keepalive and silence' below.",
+            positive=True,
         ),
     )
     direct_upgrade: bool = field(

@@ -22,16 +22,26 @@ MIB = 1024 * KIB
 GIB = 1024 * MIB
 
 
-def _doc(text: str) -> dict[str, str]:
-    return {"doc": text}
+def _doc(text: str, *, choices: tuple[str, ...] = (), positive: bool = False) -> dict[str, object]:
+    """A key's metadata: its text for the docs table, the values a string key takes (none:
+    any) and, for how often something runs (``positive``), that it must be more than 0
+    (a loop every 0 s would take a whole core). Checked when the configuration loads;
+    no number may be negative."""
+    return {"doc": text, "choices": choices, "positive": positive}
 
 
 def default_data_dir() -> Path:
-    """``$HEARTHNET_DATA_DIR`` or ``~/.local/share/hearthnet`` (spec §1.2)."""
-    env = os.environ.get("HEARTHNET_DATA_DIR")
+    """``$HEARTHNET_NODE_DATA_DIR`` or its short form ``$HEARTHNET_DATA_DIR``, else
+    ``~/.local/share/hearthnet`` (spec §1.2)."""
+    env = os.environ.get("HEARTHNET_NODE_DATA_DIR") or os.environ.get("HEARTHNET_DATA_DIR")
     if env:
         return Path(env).expanduser()
     return Path.home() / ".local" / "share" / "hearthnet"
+
+
+def data_dir_from_environment() -> bool:
+    """Whether the environment names the data dir (it then outranks a file's)."""
+    return bool(os.environ.get("HEARTHNET_NODE_DATA_DIR") or os.environ.get("HEARTHNET_DATA_DIR"))
 
 
 def default_node_name(host: str, node_id: str) -> str:
@@ -62,16 +72,23 @@ class NodeSection:
     data_dir: str = field(
         default="",
         metadata=_doc(
-            "Keys, log, heartbeats and run files. "
-            "Empty: $HEARTHNET_DATA_DIR or ~/.local/share/hearthnet."
+            "Keys, log, heartbeats and run files (--data-dir). Empty: $HEARTHNET_DATA_DIR "
+            "or ~/.local/share/hearthnet. Read from the file given with --config, not from "
+            "<data_dir>/hearthnet.toml, which is found through the data dir."
         ),
     )
-    log_level: str = field(default="info", metadata=_doc("debug, info, warning or error."))
+    log_level: str = field(
+        default="info",
+        metadata=_doc(
+            "debug, info, warning or error.", choices=("debug", "info", "warning", "error")
+        ),
+    )
     tls: str = field(
         default="auto",
         metadata=_doc(
             "TLS for peer links: auto (between hosts; plain on loopback), on (always) or off. "
-            "The port serves TLS and plain HTTP side by side; certificates carry the node's key."
+            "The port serves TLS and plain HTTP side by side; certificates carry the node's key.",
+            choices=("auto", "on", "off"),
         ),
     )
     shutdown_grace_s: float = field(
@@ -134,7 +151,8 @@ class TransportSection:
         default=30.0,
         metadata=_doc(
             "Interval between WebSocket pings (presence members: half of "
-            "pubsub.presence_silence_s when that is shorter)."
+            "pubsub.presence_silence_s when that is shorter).",
+            positive=True,
         ),
     )
     ws_missed_pongs: int = field(
@@ -155,7 +173,7 @@ class TransportSection:
         metadata=_doc("A bus stream blocked this long without an ack ends with error timeout."),
     )
     sse_keepalive_s: float = field(
-        default=15.0, metadata=_doc("Interval of ': keepalive' SSE comments.")
+        default=15.0, metadata=_doc("Interval of ': keepalive' SSE comments.", positive=True)
     )
     websocket_enabled: bool = field(
         default=True,
@@ -251,7 +269,8 @@ class PubSubSection:
         default="full",
         metadata=_doc(
             "SQLite synchronous mode: full (a publish survives a power cut once acknowledged) or "
-            "normal (survives a crash of the node only)."
+            "normal (survives a crash of the node only).",
+            choices=("full", "normal"),
         ),
     )
     max_payload_bytes: int = field(
@@ -305,7 +324,8 @@ class PubSubSection:
         default=10.0,
         metadata=_doc(
             "How often retention runs (and, at most, how often passes started by the"
-            " message cap look for old and expired messages)."
+            " message cap look for old and expired messages).",
+            positive=True,
         ),
     )
     publish_per_s_member: float = field(

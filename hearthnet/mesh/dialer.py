@@ -73,6 +73,29 @@ FULL_HOLD_S = 60.0  # a node that was full is not dialled again for this long
 LINKED_HOLD_S = 3600.0  # an address linked is not dialled again while the link is up
 DUPLICATE_HOLD_S = 30.0  # an address whose link lost to a simultaneous dial
 REFUSED_HOLD_S = 300.0  # an address that refused us as revoked, not a member or not a bridge
+# what the operator of a revoked node reads in its log (also node_membership.py)
+REVOKED_ADVICE = (
+    "its key can no longer act in the community (links, calls, publishes and this data"
+    " dir's commands are refused); to take part again, stop it and join with a new key:"
+    " hearthnet node start --data-dir NEW_DIR --join hn1:..., an invite a member prints with"
+    " hearthnet community invite"
+)
+
+
+def _log_refusal(form: str, where: str, error: WireError) -> None:
+    """Log a refused link (``form`` with ``where`` and the error); a peer's ``revoked``
+    refusal is about this node, not the peer (its ``bye`` says "the peer is revoked" from
+    where it stands): a warning saying so."""
+    if isinstance(error, Revoked) and error.remote:
+        log.warning(
+            "the node at %s refused a link: it holds this node as revoked: %s",
+            where,
+            REVOKED_ADVICE,
+        )
+    else:
+        log.info(form, where, error)
+
+
 # an address only claimed by a linked node is checked once (a probe) per LINKED_HOLD_S,
 # at most this many at once (probes bring up no link, so the link budget does not bound them)
 MAX_PROBES = 4
@@ -253,7 +276,7 @@ class Dialer:
                 # so does the loser of two simultaneous dials: nothing for an operator
                 log.debug("a peer link from %s ended in the handshake: %s", request.remote, exc)
             else:
-                log.info("refused a peer link from %s: %s", request.remote, exc)
+                _log_refusal("refused a peer link from %s: %s", str(request.remote), exc)
             await ws.close(code=1008, message=exc.code.encode())
             return ws
         finally:
@@ -444,7 +467,7 @@ class Dialer:
                 url,
             )
         else:
-            log.info("dialling %s refused: %s", url, error)
+            _log_refusal("dialling %s refused: %s", url, error)
         if isinstance(error, LinkToSelf):
             self.book.own_urls.add(url)
             self.book.addresses.pop(url, None)

@@ -20,9 +20,10 @@ import datetime as dt
 import os
 import secrets
 import ssl
+import stat
 from pathlib import Path
 
-from hearthnet.errors import InvalidSignature
+from hearthnet.errors import IdentityError, InvalidSignature
 from hearthnet.identity import KeyPair
 from hearthnet.ids import node_id_from_public_key
 
@@ -141,9 +142,19 @@ def make_certificate(keys: KeyPair, now: dt.datetime) -> tuple[bytes, bytes]:
 
 
 def ensure_certificate(data_dir: Path, keys: KeyPair) -> tuple[Path, Path]:
-    """The node's certificate and key files, made (or remade) to match ``keys``."""
+    """The node's certificate and key files, made (or remade) to match ``keys``.
+
+    Raises:
+        IdentityError: the key file is readable by group or others: it holds the node's
+            seed, refused there as in ``keys/`` (spec §1.1).
+    """
     directory = data_dir / "tls"
     cert_path, key_path = directory / "node.crt", directory / "node.key"
+    if key_path.exists() and (mode := stat.S_IMODE(key_path.stat().st_mode)) & 0o077:
+        raise IdentityError(
+            f"{key_path} is readable by group or others (mode {mode:o}) and holds the node's"
+            f" private key; run: chmod 600 {key_path}"
+        )
     if cert_path.exists() and key_path.exists():
         cert = _unpem(cert_path.read_bytes(), "CERTIFICATE")
         key = _unpem(key_path.read_bytes(), "PRIVATE KEY")

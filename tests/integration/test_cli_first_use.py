@@ -100,7 +100,7 @@ def test_a_command_group_alone_lists_what_may_follow() -> None:
     bare, group = run_cli(), run_cli("community")
     assert (2, 2) == (bare.returncode, group.returncode)
     assert (
-        "required: ACTION (one of: create, invite, revoke, rules, show; hearthnet community"
+        "required: ACTION (one of: create, invite, revoke, level, rules, show; hearthnet community"
         " --help says what each does)"
     ) in group.stderr
     assert "required: COMMAND (one of: node, call, pub, sub," in bare.stderr
