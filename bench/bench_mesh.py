@@ -47,7 +47,7 @@ FAST = {
     "HEARTHNET_MESH_DIAL_INTERVAL_S": "0.2",
     "HEARTHNET_MESH_CAPS_S": "5",
     "HEARTHNET_MESH_HEARTBEAT_S": "2",
-    "HEARTHNET_LOG_LEVEL": "warning",
+    "HEARTHNET_NODE_LOG_LEVEL": "warning",
 }
 
 

@@ -82,7 +82,7 @@ FAST = {
     "HEARTHNET_MESH_HEARTBEAT_S": "1",
     "HEARTHNET_MESH_PRESENCE_REFRESH_S": "1",
     "HEARTHNET_PUBSUB_SYNC": "normal",
-    "HEARTHNET_LOG_LEVEL": "warning",
+    "HEARTHNET_NODE_LOG_LEVEL": "warning",
     "HEARTHNET_LIMITS_CALLS_PER_S_PER_CAPABILITY": "100000",  # the load is one caller
     "HEARTHNET_LIMITS_CALLS_PER_S_TOTAL": "100000",
     # the path's capacity, not the member budget (256 KiB/s by default, spec §8), is measured
