@@ -217,6 +217,24 @@ def _wait_for(condition: Callable[[], bool], within_s: float = 15.0) -> None:
         time.sleep(0.05)
 
 
+def _start_refused(
+    data: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``node start`` on ``data`` (loopback, port 0, mesh off) run to its end: for starts
+    the node refuses."""
+    return subprocess.run(
+        hearthnet_cmd(
+            *("node", "start", "--data-dir", str(data)),
+            *("--host", "127.0.0.1", "--port", "0", *MESH_ARGS),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+
+
 def test_a_tls_key_readable_by_others_is_refused_like_the_seed(tmp_path: Path) -> None:
     """``tls/node.key`` holds the node's seed (its certificate is made from the node's
     key), yet a node started with it readable by everyone, while the same seed in
@@ -226,16 +244,7 @@ def test_a_tls_key_readable_by_others_is_refused_like_the_seed(tmp_path: Path) -
     node.stop()
     key = tmp_path / "data" / "tls" / "node.key"
     key.chmod(0o644)
-    started = subprocess.run(
-        hearthnet_cmd(
-            *("node", "start", "--data-dir", str(tmp_path / "data")),
-            *("--host", "127.0.0.1", "--port", "0", *MESH_ARGS),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    started = _start_refused(tmp_path / "data")
     assert (1, "", f"hearthnet: {key} is readable by group or others (mode 644)") == (
         started.returncode,
         started.stdout,
@@ -358,17 +367,7 @@ def test_a_log_level_the_node_does_not_know_stops_it(tmp_path: Path) -> None:
     config = tmp_path / "node.toml"
     config.write_text('[node]\nlog_level = "warn"\n')
     shown = run_cli("config", "show", "--config", str(config), "--data-dir", str(tmp_path / "d"))
-    started = subprocess.run(
-        hearthnet_cmd(
-            *("node", "start", "--data-dir", str(tmp_path / "d")),
-            *("--host", "127.0.0.1", "--port", "0", *MESH_ARGS),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-        env={**os.environ, "HEARTHNET_NODE_LOG_LEVEL": "warn"},
-    )
+    started = _start_refused(tmp_path / "d", {"HEARTHNET_NODE_LOG_LEVEL": "warn"})
     levels = "'warn' is not one of debug, info, warning, error"
     assert (1, True, 1, True) == (
         shown.returncode,
@@ -433,17 +432,7 @@ def test_accepting_a_revoked_agreement_again_says_it_stays_revoked(tmp_path: Pat
 def test_an_interval_of_0_stops_the_node_instead_of_spinning(tmp_path: Path) -> None:
     """``HEARTHNET_PUBSUB_RETENTION_INTERVAL_S=0`` once started a node whose retention loop
     ran without pause, a whole core busy for good; the node now refuses to start."""
-    started = subprocess.run(
-        hearthnet_cmd(
-            *("node", "start", "--data-dir", str(tmp_path / "d")),
-            *("--host", "127.0.0.1", "--port", "0", *MESH_ARGS),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-        env={**os.environ, "HEARTHNET_PUBSUB_RETENTION_INTERVAL_S": "0"},
-    )
+    started = _start_refused(tmp_path / "d", {"HEARTHNET_PUBSUB_RETENTION_INTERVAL_S": "0"})
     assert (1, "hearthnet: environment [pubsub] retention_interval_s: 0.0 must be more than 0") == (
         started.returncode,
         started.stderr.strip().partition(" (a period")[0],
