@@ -62,10 +62,9 @@ def write_consumers(
     transaction)."""
     if not written:
         return
-    conn.executemany(
-        "DELETE FROM consumers WHERE identity = ? AND name = ?",
-        [(c.identity, c.name) for c, state in written if state[3]],
-    )
+    deleted = [(c.identity, c.name) for c, state in written if state[3]]
+    if deleted:  # rare (an operator's delete): no statement on a commit's path without it
+        conn.executemany("DELETE FROM consumers WHERE identity = ? AND name = ?", deleted)
     ts = now_ms()
     conn.executemany(
         "INSERT OR REPLACE INTO consumers"
