@@ -201,7 +201,7 @@ class Client:
 
     async def consumers(self, owner: str | None = None) -> list[dict[str, Any]]:
         """This client's durable consumers (spec §6.8): ``owner``, ``name``, ``topics``,
-        ``cursor``, ``pending`` (up to ``consumer_max_held``), ``held`` (a session holds
+        ``cursor``, ``pending`` (counted up to 1,000), ``held`` (a session holds
         it now), ``lost``. The node's own key sees every identity's, or ``owner``'s."""
         result = await self.request_json("GET", "/pubsub/v1/consumers", query={"owner": owner})
         consumers: list[dict[str, Any]] = result["consumers"]

@@ -13,7 +13,7 @@ from hearthnet.client import Client
 from hearthnet.errors import Forbidden, NotFound
 from hearthnet.node import Node
 from tests.conftest import MakeConfig
-from tests.helpers import publish, token_for, wait_until
+from tests.helpers import publish, publish_at_once, token_for, wait_until
 from tests.pubsub.test_ws import session
 
 
@@ -148,3 +148,19 @@ async def test_consumers_past_the_bounds_are_refused_until_one_is_deleted(
         again,
         room,
     )
+
+
+async def test_pending_is_counted_up_to_a_thousand(
+    node: Node, http: aiohttp.ClientSession, client: Client
+) -> None:
+    """A consumer 1,100 messages behind lists ``pending`` 1,000 (counted on the event loop
+    from the indexes, so bounded); a new one at the head lists 0."""
+    await publish(node, "jobs.a", 3)
+    await consume(http, node, "near")
+    await publish_at_once(node, "jobs.a", 1100, start=3)
+    await publish(node, "jobs.b", 1)
+    raw = await session(http, node)
+    await raw.send({"type": "subscribe", "topics": ["jobs.b"], "consumer": "far"})
+    await raw.next("subscribed")
+    listed = {c["name"]: c["pending"] for c in await client.consumers()}
+    assert {"near": 1000, "far": 0} == listed
