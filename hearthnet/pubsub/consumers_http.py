@@ -25,7 +25,7 @@ from hearthnet.shapes import Shape
 from hearthnet.transport.server import json_response
 
 CONSUMERS_QUERY = Shape.query("consumers query", ("owner", "token"))
-# ``pending`` is counted up to this many (from the indexes, on the event loop: ~1 µs a
+# ``pending`` is counted up to this many (from the indexes, on the event loop: 0.7-0.8 µs a
 # message), and the listing lets other work run between every few consumers.
 PENDING_COUNT_MAX = 1000
 YIELD_EVERY = 16
