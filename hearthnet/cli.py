@@ -33,6 +33,7 @@ from hearthnet.commands.node import add_chat_parser as _add_chat_parser
 from hearthnet.commands.node import add_parsers as _add_node_parsers
 from hearthnet.commands.pubsub import add_parsers as _add_pubsub_parsers
 from hearthnet.errors import (
+    REJOIN_ADVICE,
     ConfigError,
     Expired,
     Forbidden,
@@ -235,9 +236,7 @@ def failure(args: argparse.Namespace, exc: HearthNetError) -> tuple[int, str, st
             exc.code,
             f"{exc.message} (this command signs with the node key in"
             f" {common.data_dir_of(args)}, which its community revoked: that key can no"
-            " longer act in it. To take part again, stop this node and join with a new key:"
-            " hearthnet node start --data-dir NEW_DIR --join hn1:..., an invite a member"
-            " prints with hearthnet community invite)",
+            f" longer act in it; {REJOIN_ADVICE})",
         )
     if isinstance(exc, Unauthorized | InvalidSignature) and hasattr(args, "url"):
         data_dir = common.data_dir_of(args)

@@ -149,6 +149,14 @@ class Revoked(WireError):
     http_status = 403
 
 
+# What the operator of a revoked node is told to do, in its log and by its commands.
+REJOIN_ADVICE = (
+    "to take part again, stop this node and join with a new key: hearthnet node start"
+    " --data-dir NEW_DIR --join hn1:..., an invite a member prints with hearthnet"
+    " community invite"
+)
+
+
 class Forbidden(WireError):
     """An access rule denies this topic or capability."""
 

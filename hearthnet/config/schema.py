@@ -30,18 +30,19 @@ def _doc(text: str, *, choices: tuple[str, ...] = (), positive: bool = False) ->
     return {"doc": text, "choices": choices, "positive": positive}
 
 
+def data_dir_from_environment() -> str | None:
+    """``$HEARTHNET_NODE_DATA_DIR`` or its short form ``$HEARTHNET_DATA_DIR``, if set (it
+    then outranks a configuration file's)."""
+    return os.environ.get("HEARTHNET_NODE_DATA_DIR") or os.environ.get("HEARTHNET_DATA_DIR")
+
+
 def default_data_dir() -> Path:
-    """``$HEARTHNET_NODE_DATA_DIR`` or its short form ``$HEARTHNET_DATA_DIR``, else
+    """The environment's data dir (:func:`data_dir_from_environment`), else
     ``~/.local/share/hearthnet`` (spec §1.2)."""
-    env = os.environ.get("HEARTHNET_NODE_DATA_DIR") or os.environ.get("HEARTHNET_DATA_DIR")
+    env = data_dir_from_environment()
     if env:
         return Path(env).expanduser()
     return Path.home() / ".local" / "share" / "hearthnet"
-
-
-def data_dir_from_environment() -> bool:
-    """Whether the environment names the data dir (it then outranks a file's)."""
-    return bool(os.environ.get("HEARTHNET_NODE_DATA_DIR") or os.environ.get("HEARTHNET_DATA_DIR"))
 
 
 def default_node_name(host: str, node_id: str) -> str:

@@ -25,6 +25,7 @@ from hearthnet import __version__
 from hearthnet.clock import now_ms
 from hearthnet.config import MeshSection
 from hearthnet.errors import (
+    REJOIN_ADVICE,
     ConfigError,
     Forbidden,
     InvalidSignature,
@@ -76,9 +77,7 @@ REFUSED_HOLD_S = 300.0  # an address that refused us as revoked, not a member or
 # what the operator of a revoked node reads in its log (also node_membership.py)
 REVOKED_ADVICE = (
     "its key can no longer act in the community (links, calls, publishes and this data"
-    " dir's commands are refused); to take part again, stop it and join with a new key:"
-    " hearthnet node start --data-dir NEW_DIR --join hn1:..., an invite a member prints with"
-    " hearthnet community invite"
+    " dir's commands are refused); " + REJOIN_ADVICE
 )
 
 

@@ -189,7 +189,7 @@ def test_a_revoked_node_s_own_log_and_commands_say_it_was_revoked(tmp_path: Path
         anchor.stop()
     assert (4, True, ["the node at", "this node was revoked from community"]) == (
         peers.returncode,
-        "which its community revoked: that key can no longer act in it. To take part again,"
+        "which its community revoked: that key can no longer act in it; to take part again,"
         " stop this node and join with a new key" in peers.stderr,
         _revoked_warnings(log),
     )
