@@ -10,7 +10,9 @@ retention passes' time on the event loop.
 Then, alone (nothing else running), one pass over a log of ``2 × --cap`` messages over the
 same topics that deletes the oldest half: the process's CPU time (event loop and the
 log's writer thread) and wall time, per message deleted (median of ``--repeat``);
-``--consumer``: that pass alone, with a durable consumer of ``t.1`` that acked nothing.
+``--consumers N``: that pass alone, with ``N`` durable consumers that acked nothing (the
+first of ``t.1``, then alternately of one topic and of ``t.*``), each holding up to
+``--held`` messages (``--consumer``: one).
 
 Run: python -m bench.bench_retention_cap [--cap 20000 --messages 60000 --rate 2000]
 """
@@ -35,11 +37,12 @@ from hearthnet.pubsub.retention import RetentionPolicy
 from hearthnet.pubsub.service import PubSub
 
 
-def service_over(log: MessageLog, cap: int) -> PubSub:
-    """A pub/sub service over ``log`` whose only limit is the message cap."""
+def service_over(log: MessageLog, cap: int, held: int = 10_000) -> PubSub:
+    """A pub/sub service over ``log`` whose only limit is the message cap (durable
+    consumers hold up to ``held``)."""
     return PubSub(
         node_id=log.keys.node_id,
-        config=PubSubSection(),
+        config=PubSubSection(consumer_max_held=held),
         log_store=log,
         policy=AccessPolicy(),
         retention=RetentionPolicy(max_messages=10**9, max_log_messages=cap),
@@ -108,17 +111,24 @@ async def run(cap: int, messages: int, rate: int, topics: int) -> str:
     )
 
 
-async def one_pass(cap: int, topics: int, consumer: bool) -> tuple[int, float, float]:
+def consumer_patterns(n: int, topics: int) -> list[str]:
+    """The patterns of ``n`` bench consumers: ``t.1`` first, then alternately one topic
+    and ``t.*``."""
+    return ["t.1" if i == 0 else f"t.{i % topics}" if i % 2 == 0 else "t.*" for i in range(n)]
+
+
+async def one_pass(cap: int, topics: int, consumers: int, held: int) -> tuple[int, float, float]:
     """A log of ``2 * cap`` messages over ``topics`` topics, then one pass alone that
-    deletes the oldest half (with ``consumer``, a durable consumer of ``t.1`` that acked
-    nothing holds that topic's): (deleted, CPU seconds of the process, wall seconds)."""
+    deletes the oldest half (with ``consumers``, that many durable consumers that acked
+    nothing hold up to ``held`` each): (deleted, CPU seconds of the process, wall
+    seconds)."""
     with tempfile.TemporaryDirectory() as tmp:
         log = MessageLog(
             Path(tmp) / "log.db", KeyPair.from_seed(b"\x52" * 32), synchronous="normal"
         )
         await log.open()
-        if consumer:
-            log.save_consumer(ConsumerRecord("bench", "held", ("t.1",), 0))
+        for i, pattern in enumerate(consumer_patterns(consumers, topics)):
+            log.save_consumer(ConsumerRecord("bench", f"held{i}", (pattern,), 0))
         task = asyncio.get_running_loop().create_task(log.run())
         try:
             for first in range(0, 2 * cap, 1000):
@@ -128,7 +138,7 @@ async def one_pass(cap: int, topics: int, consumer: bool) -> tuple[int, float, f
                         for i in range(first, min(2 * cap, first + 1000))
                     )
                 )
-            service = service_over(log, cap)
+            service = service_over(log, cap, held)
             cpu, wall = time.process_time(), time.monotonic()
             deleted = await service.apply_retention()
             return deleted, time.process_time() - cpu, time.monotonic() - wall
@@ -139,15 +149,15 @@ async def one_pass(cap: int, topics: int, consumer: bool) -> tuple[int, float, f
             await log.close()
 
 
-async def pass_cost(cap: int, topics: int, repeat: int, consumer: bool) -> str:
+async def pass_cost(cap: int, topics: int, repeat: int, consumers: int, held: int) -> str:
     """The one-pass measurement, median of ``repeat``; its summary line."""
-    runs = [await one_pass(cap, topics, consumer) for _ in range(repeat)]
+    runs = [await one_pass(cap, topics, consumers, held) for _ in range(repeat)]
     deleted = runs[0][0]
     cpu = statistics.median(r[1] for r in runs)
     wall = statistics.median(r[2] for r in runs)
     return (
         f"one pass alone deleting {deleted} of {2 * cap} messages over {topics} topics"
-        f"{', a durable consumer holding t.1' if consumer else ''}:"
+        f"{f', {consumers} durable consumers holding up to {held}' if consumers else ''}:"
         f" {cpu * 1000:.0f} ms CPU ({cpu * 1e6 / max(1, deleted):.2f} µs a message),"
         f" {wall * 1000:.0f} ms wall (median of {repeat})"
     )
@@ -161,14 +171,15 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=2000, help="messages/s; 0: as fast as it goes")
     parser.add_argument("--topics", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=3, help="one-pass runs (0: none)")
-    parser.add_argument(
-        "--consumer", action="store_true", help="one pass only, a durable consumer holding t.1"
-    )
+    parser.add_argument("--consumers", type=int, default=0, help="one pass only, with N consumers")
+    parser.add_argument("--consumer", action="store_true", help="as --consumers 1")
+    parser.add_argument("--held", type=int, default=10_000, help="pubsub.consumer_max_held")
     args = parser.parse_args()
-    if not args.consumer:
+    consumers = max(args.consumers, int(args.consumer))
+    if not consumers:
         print(asyncio.run(run(args.cap, args.messages, args.rate, args.topics)))
     if args.repeat:
-        print(asyncio.run(pass_cost(args.cap, args.topics, args.repeat, args.consumer)))
+        print(asyncio.run(pass_cost(args.cap, args.topics, args.repeat, consumers, args.held)))
 
 
 if __name__ == "__main__":

@@ -9,14 +9,20 @@ kept by the log (:class:`~hearthnet.pubsub.log.ConsumerRecord`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import time
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from hearthnet.errors import CapacityExceeded, NotFound
 from hearthnet.pubsub.log import ConsumerRecord, MessageLog
+from hearthnet.pubsub.logread import held_span
 from hearthnet.pubsub.subscriber import Subscriber
 from hearthnet.pubsub.topics import TopicPattern
 from hearthnet.transport.keepalive import CLOSE_TAKEN_OVER
+
+ALL = 1 << 62  # a hold's limit when the consumer has fewer than max_held messages
+HOLDS_SLICE_S = 0.005  # the event loop's time finding holds between yields
 
 
 class DurableConsumers:
@@ -149,27 +155,46 @@ class DurableConsumers:
             if self.active.get(key) is sub:
                 del self.active[key]
 
-    def holds(self) -> list[Hold]:
-        """Each consumer, the first message it may hold (its first match after its cursor,
-        expired or not) and the last (its ``max_held``-th match), from the indexes."""
+    async def holds(self) -> list[Hold]:
+        """Each consumer, the first message it may hold (its first match after its
+        cursor) and the last (its ``max_held``-th match, expired or not; :data:`ALL` when
+        it has fewer, so that what commits meanwhile is held too). Found by position in
+        the topics' indexes (:func:`~hearthnet.pubsub.logread.held_span`), each set of
+        patterns matched against the topics once, yielding to the event loop every
+        :data:`HOLDS_SLICE_S`."""
         log = self.log
         reader, head = log.reader, log.head_seq
+        lists: dict[tuple[str, ...], list[Sequence[int]] | None] = {}
         holds = []
-        for record in log.consumers.values():
+        since = time.monotonic()
+        for record in list(log.consumers.values()):
+            if time.monotonic() - since > HOLDS_SLICE_S:
+                await asyncio.sleep(0)
+                since = time.monotonic()
             patterns = [TopicPattern.parse(p) for p in record.patterns]
-            first = reader.matching(
-                patterns, after_seq=record.cursor, upto_seq=head, limit=1, now=0
+            if record.patterns not in lists:
+                lists[record.patterns] = reader.topic_lists(patterns)
+            found, after = lists[record.patterns], record.cursor
+            if found is not None:
+                first, limit = held_span(found, after, head, self.max_held)
+            else:  # too many topics to search: walk
+                seqs = reader.matching(
+                    patterns, after_seq=after, upto_seq=head, limit=self.max_held, now=0
+                )
+                first = seqs[0] if seqs else None
+                limit = seqs[-1] if len(seqs) >= self.max_held else None
+            holds.append(
+                Hold(record, head + 1 if first is None else first, ALL if limit is None else limit)
             )
-            matches = reader.matching(
-                patterns, after_seq=record.cursor, upto_seq=head, limit=self.max_held
-            )
-            limit = matches[-1] if len(matches) >= self.max_held else head
-            holds.append(Hold(record, first[0] if first else head + 1, limit))
         return holds
 
     def lose(self, record: ConsumerRecord, first: int, last: int) -> None:
         """Retention deleted messages from ``first`` to ``last`` that ``record`` had not
-        acked: it learns of the loss (one range) on its next resume."""
+        acked: it learns of the loss (one range) on its next resume. What it acked since
+        its holds were found is not lost, and a consumer deleted meanwhile loses nothing."""
+        first = max(first, record.cursor + 1)
+        if first > last or record.deleted:
+            return
         lost = record.lost
         record.lost = (min(lost[0], first), max(lost[1], last)) if lost else (first, last)
         self.log.save_consumer(record)

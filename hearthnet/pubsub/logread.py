@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import heapq
 import sqlite3
+from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import aiosqlite
@@ -34,6 +35,44 @@ READ_LAST_QUERIES = 2000  # since {last: N}: most topics read one by one before 
 READ_LAST_SEARCH = 10_000  # ... and most topics in the log searched for matches
 ROW_CACHE = 64  # rows kept for reads (a row: up to a commit's worth of messages)
 SCAN_YIELD = 65_536  # index entries a walk back through the log looks at between yields
+
+
+def held_span(
+    lists: Sequence[Sequence[int]], after: int, upto: int, n: int
+) -> tuple[int | None, int | None]:
+    """In the union of ``lists`` (each ascending, no value in two of them, as topics'
+    seqs), between ``after`` (excluded) and ``upto``: the smallest value and the ``n``-th
+    smallest, each None when there are not that many.
+
+    Found by position, not by walking: the smallest is each list's first in the window;
+    in one list the ``n``-th is indexed directly, and over several a search by value
+    narrows each list's window at every step (what lies below the step is counted off,
+    what lies above is dropped), so lists leave the search as their windows empty."""
+    if n < 1:
+        raise ValueError("n counts from 1")
+    windows = []
+    for seqs in lists:
+        lo, hi = bisect_right(seqs, after), bisect_right(seqs, upto)
+        if lo < hi:
+            windows.append((seqs, lo, hi))
+    first = min((s[lo] for s, lo, _ in windows), default=None)
+    if sum(hi - lo for _, lo, hi in windows) < n:
+        return first, None
+    low, high = after + 1, upto  # the answer is the least v with n values in [low, v]
+    while len(windows) > 1 and low < high:
+        mid = (low + high) // 2
+        cuts = [bisect_right(s, mid, lo, hi) for s, lo, hi in windows]
+        below = sum(cut - w[1] for cut, w in zip(cuts, windows, strict=True))
+        if below >= n:
+            high = mid
+            windows = [(s, lo, c) for c, (s, lo, _) in zip(cuts, windows, strict=True) if c > lo]
+        else:
+            n, low = n - below, mid + 1
+            windows = [(s, c, hi) for c, (s, _, hi) in zip(cuts, windows, strict=True) if c < hi]
+    if len(windows) == 1:
+        seqs, lo, _ = windows[0]
+        return first, seqs[lo + n - 1]
+    return first, low
 
 
 @dataclass(slots=True)
@@ -170,6 +209,15 @@ class LogReader:
                 ):
                     picked.append(seq)
         return picked
+
+    def topic_lists(self, patterns: list[TopicPattern]) -> list[Sequence[int]] | None:
+        """The seqs of each topic in the log that the patterns match (the indexes' own
+        arrays, not copies), or None when the log has too many topics to search."""
+        topics = self._topics_matching(patterns)
+        if topics is None:
+            return None
+        by_topic = self.index.by_topic
+        return [by_topic[t] for t in topics if t in by_topic]
 
     async def read_last(
         self,

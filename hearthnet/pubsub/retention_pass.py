@@ -26,8 +26,7 @@ from hearthnet.errors import StorageError, WireError
 from hearthnet.pubsub.consumers import DurableConsumers, Hold
 from hearthnet.pubsub.log import MessageLog
 from hearthnet.pubsub.retention import RetentionPolicy
-from hearthnet.pubsub.retention_plan import NOTHING_HELD, plan
-from hearthnet.pubsub.topics import TopicPattern
+from hearthnet.pubsub.retention_plan import NOTHING_HELD, Above, plan, unheld
 
 log = logging.getLogger("hearthnet.pubsub")
 
@@ -96,7 +95,7 @@ class RetentionPass:
         Without ``scan``, only counts and caps (no look for old or expired messages)."""
         now = now_ms() if now is None else now
         log_store = self.log
-        holds = self.consumers.holds()
+        holds = await self.consumers.holds()
         todo = plan(
             log_store.index,
             log_store.topics,
@@ -116,40 +115,19 @@ class RetentionPass:
                 self.retention.max_bytes,
                 todo.over_caps,
             )
-        delete = self._unheld(todo.above, holds, now) if holds else [s for s, _, _ in todo.above]
+        delete = self._unheld(todo.above, holds, now) if holds else [a[0] for a in todo.above]
         deleted = await log_store.delete(delete, before_seq=todo.before_seq)
         self.more = todo.more
         self.start_at = self._start_at()
         return deleted
 
-    def _unheld(self, above: list[tuple[int, str, int]], holds: list[Hold], now: int) -> list[int]:
+    def _unheld(self, above: list[Above], holds: list[Hold], now: int) -> list[int]:
         """The seqs of ``above`` no durable consumer holds; each consumer that had not
         acked some of them learns of the loss (spec §6.8)."""
         oldest_held = now - int(self.config.consumer_max_age_s * 1000)
-        matches: dict[tuple[int, str], bool] = {}
-
-        def match(i: int, topic: str) -> bool:
-            found = matches.get((i, topic))
-            if found is None:
-                patterns = holds[i].record.patterns
-                found = matches[(i, topic)] = any(
-                    TopicPattern.parse(p).matches(topic) for p in patterns
-                )
-            return found
-
-        lost: dict[int, tuple[int, int]] = {}
-        delete = []
-        for seq, topic, ts in above:
-            if any(
-                h.record.cursor < seq <= h.limit and ts >= oldest_held and match(i, topic)
-                for i, h in enumerate(holds)
-            ):
-                continue
-            for i, h in enumerate(holds):
-                if seq > h.record.cursor and match(i, topic):
-                    first, _ = lost.get(i, (seq, seq))
-                    lost[i] = (first, seq)
-            delete.append(seq)
+        delete, lost = unheld(
+            above, [(h.record.cursor, h.limit, h.record.patterns) for h in holds], oldest_held, now
+        )
         for i, (first, last) in lost.items():
             self.consumers.lose(holds[i].record, first, last)
         return delete

@@ -11,6 +11,8 @@ share of the oldest, extended for as long as each next message goes anyway; it n
 reaches ``keep_from``, the first message a durable consumer may hold (those above it are
 listed, for the pass to check against each consumer).
 
+Which of the messages above the prefix a durable consumer holds is :func:`unheld`.
+
 The work is bounded per pass (:data:`CAP_PAGE`, :data:`PREFIX_MAX`, :data:`ABOVE_MAX`,
 :data:`SCAN_MAX`); :attr:`Plan.more` says a bound was reached and another pass should
 follow at once. The scans over every message (ages, ttls) run at C speed (see
@@ -19,13 +21,15 @@ follow at once. The scans over every message (ages, ttls) run at C speed (see
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hearthnet.pubsub.logcolumns import DEAD
 from hearthnet.pubsub.logindex import LogIndex
 from hearthnet.pubsub.retention import RetentionPolicy
 from hearthnet.pubsub.sequencer import TopicStats
+from hearthnet.pubsub.topics import TopicPattern
 
 CAP_PAGE = 50_000  # messages over pubsub.max_messages / max_bytes deleted per pass
 PREFIX_MAX = 200_000  # index positions a pass deletes as a prefix at most
@@ -33,15 +37,17 @@ ABOVE_MAX = 20_000  # messages above the prefix a pass deletes at most
 SCAN_MAX = 10_000  # messages one age or ttl scan finds per pass at most
 NOTHING_HELD = 1 << 62  # keep_from when no durable consumer holds anything
 
+Above = tuple[int, str, int, int]  # a message above the prefix: seq, topic, ts, expires_ms
+
 
 @dataclass(slots=True)
 class Plan:
     """One pass's deletes: every held seq below ``before_seq`` (0: none), and ``above``:
-    ``(seq, topic, ts)`` of the messages above it, ascending (those a durable consumer
-    holds still among them)."""
+    ``(seq, topic, ts, expires_ms)`` of the messages above it, ascending (those a
+    durable consumer holds still among them)."""
 
     before_seq: int = 0
-    above: list[tuple[int, str, int]] = field(default_factory=list)
+    above: list[Above] = field(default_factory=list)
     over_caps: int = 0  # of the oldest, how many the caps on the whole log take
     more: bool = False  # a bound was reached: more would go
 
@@ -126,19 +132,93 @@ def _above(
     ``start``), each topic's oldest past its count, what is too old or expired. True when
     :data:`ABOVE_MAX` left some out."""
     cols, names = index.cols, index.topic_names
-    seqs, ts, number_at = cols.seqs, cols.ts, cols.topic
-    above: dict[int, tuple[str, int]] = {}
+    seqs, ts, expires, number_at = cols.seqs, cols.ts, cols.expires, cols.topic
+    above: dict[int, tuple[str, int, int]] = {}
     for p in range(pos, min(start, pos + ABOVE_MAX)):
         if ts[p] != DEAD:
-            above[seqs[p]] = (names[number_at[p]], ts[p])
+            above[seqs[p]] = (names[number_at[p]], ts[p], expires[p])
     for p in extra:
         if p >= pos:
-            above[seqs[p]] = (names[number_at[p]], ts[p])
+            above[seqs[p]] = (names[number_at[p]], ts[p], expires[p])
     floor = seqs[pos]
     for number, bound in bounds.items():
         if bound > floor:
             topic = names[number]
             for seq in index.topic_range(topic, floor - 1, bound - 1)[:ABOVE_MAX]:
-                above[seq] = (topic, cols.ts_of(seq))
+                at = cols.position(seq)
+                above[seq] = (topic, ts[at], expires[at])
     out.above = [(seq, *above[seq]) for seq in sorted(above)[:ABOVE_MAX]]
     return len(above) > ABOVE_MAX or start - pos > ABOVE_MAX
+
+
+def unheld(
+    above: list[Above],
+    holds: Sequence[tuple[int, int, Sequence[str]]],
+    oldest_held: int,
+    now: int,
+) -> tuple[list[int], dict[int, tuple[int, int]]]:
+    """Which of ``above`` (a plan's) no durable consumer holds, and what each consumer
+    loses by that: ``holds[i]`` is a consumer's ``(cursor, limit, patterns)``, and it
+    holds its matches in ``(cursor, limit]`` with ``ts >= oldest_held`` whose own ttl
+    has not run out by ``now`` (spec §6.8: a message past its ttl is delivered to no
+    one, so it is neither held nor lost). Returns the seqs to delete, ascending, and
+    per consumer index the first and last deleted seq past its cursor that it lost.
+
+    Worked out per topic, not per message and consumer: each topic of ``above`` is
+    matched once against the consumers (literal patterns looked up, each set of
+    wildcards tested once),
+    their held ranges merged, and each message bisected into them."""
+    by_topic: dict[str, list[tuple[int, int]]] = {}
+    delete: list[int] = []
+    for seq, topic, ts, expires in above:
+        if expires <= now:
+            delete.append(seq)
+        else:
+            by_topic.setdefault(topic, []).append((seq, ts))
+    named: dict[str, list[int]] = {}
+    wild: dict[tuple[str, ...], list[int]] = {}  # consumers by their set of wildcards
+    for i, (_, _, patterns) in enumerate(holds):
+        parsed = [TopicPattern.parse(p) for p in patterns]
+        for p in parsed:
+            if p.is_literal:
+                named.setdefault(p.text, []).append(i)
+        wildcards = tuple(p.text for p in parsed if not p.is_literal)
+        if wildcards:
+            wild.setdefault(wildcards, []).append(i)
+    wild_parsed = [([TopicPattern.parse(p) for p in ps], who) for ps, who in wild.items()]
+    lost: dict[int, tuple[int, int]] = {}
+    for topic, messages in by_topic.items():
+        holders = set(named.get(topic, ()))
+        for ps, who in wild_parsed:
+            if any(p.matches(topic) for p in ps):
+                holders.update(who)
+        starts, ends = _merged((holds[i][0] + 1, holds[i][1]) for i in holders)
+        gone = [
+            seq
+            for seq, ts in messages
+            if ts < oldest_held or (at := bisect_right(starts, seq) - 1) < 0 or seq > ends[at]
+        ]
+        for i in holders:
+            past = bisect_right(gone, holds[i][0])
+            if past < len(gone):
+                first, last = gone[past], gone[-1]
+                if i in lost:
+                    first, last = min(first, lost[i][0]), max(last, lost[i][1])
+                lost[i] = (first, last)
+        delete.extend(gone)
+    delete.sort()
+    return delete, lost
+
+
+def _merged(ranges: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Inclusive ranges ``(first, last)`` merged where they touch or overlap: their starts
+    and ends, ascending (empty ranges, ``first > last``, left out)."""
+    starts: list[int] = []
+    ends: list[int] = []
+    for first, last in sorted(r for r in ranges if r[0] <= r[1]):
+        if ends and first <= ends[-1] + 1:
+            ends[-1] = max(ends[-1], last)
+        else:
+            starts.append(first)
+            ends.append(last)
+    return starts, ends

@@ -231,3 +231,39 @@ async def test_the_log_zeroes_deleted_content_only_where_no_page_more_is_written
         assert log._writer is not None
         mode = await log._writer.run(lambda conn: conn.execute("PRAGMA secure_delete").fetchone())
     assert (2,) == mode
+
+
+async def test_a_message_past_its_ttl_goes_though_a_consumer_has_not_acked_it(
+    tmp_path: Path,
+) -> None:
+    """A message whose ttl ran out is delivered to no one, so a durable consumer that
+    has not acked it does not keep it, and does not hear of it as lost; the consumer's
+    live messages stay."""
+    async with opened(tmp_path / "log.db") as log:
+        service = make_service(log)
+        log.save_consumer(ConsumerRecord("me", "work", ("jobs",), 0))
+        await log.publish(topic="jobs", msg_type="m", data="short", ttl_s=1)
+        await log.publish(topic="jobs", msg_type="m", data="long")
+        deleted = await service.apply_retention(log.topics["jobs"].last_ts + 5_000)
+        held, _ = await log.reader.history("jobs", limit=50)
+        record = log.consumers.get(("me", "work"))
+    assert (1, [2], None) == (deleted, [m.seq for m in held], record.lost if record else "gone")
+
+
+async def test_a_consumer_learns_of_no_loss_it_acked_or_after_it_was_deleted(
+    tmp_path: Path,
+) -> None:
+    """Holds are found a slice at a time, so a consumer may ack or be deleted before the
+    pass deletes: the loss it hears of starts past its cursor of that moment, and a
+    deleted consumer hears of none (its record is not written back)."""
+    async with opened(tmp_path / "log.db") as log:
+        service = make_service(log)
+        acked = ConsumerRecord("me", "acked", ("jobs",), 5)
+        log.save_consumer(acked)
+        service.consumers.lose(acked, 3, 8)
+        service.consumers.lose(acked, 1, 4)
+        gone = ConsumerRecord("me", "gone", ("jobs",), 0)
+        log.save_consumer(gone)
+        await service.consumers.delete("me", "gone", lambda _sub: None)
+        service.consumers.lose(gone, 1, 4)
+    assert ((6, 8), None, None) == (acked.lost, gone.lost, log.consumers.get(("me", "gone")))

@@ -18,7 +18,7 @@ def log_of(heads: list[Head]) -> tuple[LogIndex, Sequencer]:
 
 def brief(p: Plan) -> tuple[int, list[int], int]:
     """A plan's prefix bound, the seqs above it, and the caps' share."""
-    return p.before_seq, [seq for seq, _, _ in p.above], p.over_caps
+    return p.before_seq, [a[0] for a in p.above], p.over_caps
 
 
 def test_the_prefix_stops_at_the_first_message_kept_and_the_rest_is_listed() -> None:
