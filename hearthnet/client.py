@@ -160,7 +160,7 @@ class Client:
         limit: int | None = None,
         verify: bool = False,
     ) -> dict[str, Any]:
-        """A page of history: ``{"messages": [frames], "has_more"}``, oldest first.
+        """A page of history: ``{"messages": [frames], "has_more", "epoch"}``, oldest first.
 
         With ``verify``, every message's origin signature (single or batch, spec §6.2) is
         checked first.

@@ -180,7 +180,9 @@ class PubSubHttp:
         )
 
     async def history(self, request: web.Request) -> web.Response:
-        """``GET /pubsub/v1/topics/{topic}/history`` (default 50, at most 500 per page)."""
+        """``GET /pubsub/v1/topics/{topic}/history`` (default 50, at most 500 per page);
+        the answer names the log's epoch, so a client paging by ``seq`` sees when the log
+        was recreated under it (its seqs then number other messages)."""
         HISTORY_QUERY.check(request.query)
         caller = self.caller(request, None)
         rows, has_more = await self.deps.service.history(
@@ -196,6 +198,8 @@ class PubSubHttp:
             + b",".join(r.frame_bytes() for r in rows)
             + b'],"has_more":'
             + (b"true" if has_more else b"false")
+            + b',"epoch":'
+            + orjson.dumps(self.deps.service.log.epoch)
             + b"}"
         )
         return web.Response(body=body, content_type="application/json")

@@ -410,14 +410,27 @@ async def test_long_poll_pages_a_long_backlog_and_resumes_without_loss(
 
 
 async def test_publish_history_presence_topics_over_http(node: Node, client: Client) -> None:
-    """The REST side: publish ack, history paging, presence listing, topic listing."""
+    """The REST side: publish ack, history paging (each page naming the log's epoch),
+    presence listing, topic listing."""
     acks = [await client.publish("room.7", "note", {"n": n}, ttl_s=3600) for n in range(5)]
     page1 = await client.history("room.7", limit=2)
     page0 = await client.history("room.7", before_seq=page1["messages"][0]["seq"], limit=10)
     forward = await client.history("room.7", since_seq=acks[1]["seq"], limit=2)
     topics = await client.topics(prefix="room.")
     members = await client.presence("room.7")
-    assert ([1, 2, 3, 4, 5], [3, 4], True, [0, 1, 2], False, [2, 3], True, [("room.7", 5)], []) == (
+    epoch = node.message_log.epoch
+    assert (
+        [1, 2, 3, 4, 5],
+        [3, 4],
+        True,
+        [0, 1, 2],
+        False,
+        [2, 3],
+        True,
+        [("room.7", 5)],
+        [],
+        [epoch] * 3,
+    ) == (
         [a["seq"] for a in acks],
         [m["data"]["data"]["n"] for m in page1["messages"]],
         page1["has_more"],
@@ -427,6 +440,7 @@ async def test_publish_history_presence_topics_over_http(node: Node, client: Cli
         forward["has_more"],
         [(t["topic"], t["messages"]) for t in topics],
         members,
+        [page1["epoch"], page0["epoch"], forward["epoch"]],
     )
 
 
