@@ -75,9 +75,9 @@ def forget_notes(answer: Mapping[str, Any]) -> list[str]:
         for node in answer["linked"]
     ]
     notes += [
-        f"{url} is configured (--peer, [mesh] peers, relay_urls or relay_peers): the next"
-        " start dials it"
-        " again unless it is removed there"
+        f"{url} is configured (--peer, [mesh] peers, relay_urls or relay_peers): remove it"
+        " there, or this node dials it again (from the next start; a relay dials a"
+        " relay_peers address it has not reached yet even now)"
         for url in answer["configured"]
     ]
     return notes

@@ -156,7 +156,7 @@ def test_the_answer_names_links_up_and_configured_addresses() -> None:
         answer["configured"],
         len(notes),
         notes[0].startswith(f"{GONE} is linked now"),
-        "the next start dials it again" in notes[1],
+        "remove it there, or this node dials it again (from the next start" in notes[1],
     )
 
 
