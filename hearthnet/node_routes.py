@@ -44,5 +44,6 @@ def node_routes(
             pubsub=node.pubsub,
             mesh=node.mesh,
             rates=node.topic_rates,
+            data_dir=node.data_dir,
         ).routes(),
     ]

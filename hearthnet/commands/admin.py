@@ -1,5 +1,5 @@
-"""``hearthnet keys show``, ``hearthnet config show``, ``hearthnet token ...`` and
-``hearthnet topic rotate``."""
+"""``hearthnet keys show``, ``hearthnet config show`` and ``hearthnet topic rotate``
+(``hearthnet token ...`` is in :mod:`hearthnet.commands.tokens`)."""
 
 from __future__ import annotations
 
@@ -15,17 +15,12 @@ from hearthnet.commands.common import (
     config_of,
     data_dir_of,
     existing_keys,
-    lifetime_ms,
-    local_identity,
-    node_id_arg,
-    parse_duration_ms,
     pattern_arg,
-    scope_arg,
     submit_record,
 )
 from hearthnet.commands.output import add_json_flag, emit, print_fields
+from hearthnet.commands.tokens import add_token_parsers
 from hearthnet.config import Config, sections, stray_environment, to_toml
-from hearthnet.errors import HearthNetError, UsageError
 
 
 def cmd_keys_show(args: argparse.Namespace) -> int:
@@ -65,63 +60,6 @@ def config_json(config: Config) -> dict[str, dict[str, Any]]:
     return {name: dataclasses.asdict(getattr(config, name)) for name in sections()}
 
 
-def cmd_token_issue(args: argparse.Namespace) -> int:
-    """``hearthnet token issue --scope sub:chat.** --ttl 1h``: prints the token alone."""
-    from hearthnet.tokens import CapabilityToken, Scope
-
-    keys, _, membership = local_identity(args)
-    scopes = [Scope.parse(s) for s in args.scope]
-    token = CapabilityToken.issue(
-        keys,
-        community=membership.community_id,
-        scopes=scopes,
-        ttl_ms=args.ttl,
-        now_ms=now_ms(),
-        sub=args.sub,
-    )
-    text = token.encode()
-    issued = {
-        "token": text,
-        "jti": token.jti,
-        "iss": token.iss,
-        "sub": token.sub,
-        "community": token.community,
-        "scopes": [f"{scope.kind}:{scope.pattern}" for scope in token.scopes],
-        "exp_ms": token.exp_ms,
-    }
-    emit(args, issued, lambda: print(text))
-    return EXIT_OK
-
-
-def cmd_token_revoke(args: argparse.Namespace) -> int:
-    """``hearthnet token revoke TOKEN|JTI``: revoke one token, mesh-wide (spec §1.6)."""
-    from hearthnet.tokens import TOKEN_PREFIX, CapabilityToken
-
-    keys, _, _ = local_identity(args)
-    if args.token.startswith(TOKEN_PREFIX):
-        try:
-            token = CapabilityToken.decode(args.token)
-        except HearthNetError as exc:
-            raise UsageError(
-                f"not a token ({exc}): pass the whole hnt1:... that hearthnet token issue"
-                " printed, or its jti (hearthnet token issue --json shows it)"
-            ) from exc
-        iss, jti = token.iss, token.jti
-    else:
-        iss, jti = args.iss or keys.node_id, args.token
-    submit_record(
-        args,
-        lambda k, m: m.sign(k, "token.revoked", jti, now_ms=now_ms(), iss=iss),
-        "a token is revoked by its issuer or an anchor",
-    )
-    emit(
-        args,
-        {"revoked": jti, "iss": iss},
-        lambda: print(f"revoked token {jti} (issued by {iss}) on every node"),
-    )
-    return EXIT_OK
-
-
 def cmd_topic_rotate(args: argparse.Namespace) -> int:
     """``hearthnet topic rotate PATTERN``: void every token for topics PATTERN matches that
     was issued until now, on every node (anchors only); live sessions on such tokens get
@@ -158,34 +96,7 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     add_json_flag(cshow)
     cshow.set_defaults(func=cmd_config_show)
 
-    token = sub.add_parser("token", help="capability tokens for clients")
-    token_sub = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
-    issue = token_sub.add_parser("issue", parents=local, help="issue a token (printed alone)")
-    issue.add_argument(
-        "--scope",
-        action="append",
-        required=True,
-        type=scope_arg,
-        help="sub:PATTERN, pub:PATTERN or call:NAME[@MAJOR]; repeatable",
-    )
-    issue.add_argument(
-        "--ttl",
-        type=lifetime_ms,
-        default=parse_duration_ms("1h"),
-        help="lifetime (default 1h)",
-    )
-    issue.add_argument("--sub", help="subject name for the client (default: generated)")
-    add_json_flag(issue, "print {token, jti, iss, sub, community, scopes, exp_ms}")
-    issue.set_defaults(func=cmd_token_issue)
-    revoke = token_sub.add_parser(
-        "revoke", parents=remote, help="revoke one token on every node (issuer or anchor)"
-    )
-    revoke.add_argument("token", help="the token (hnt1:...) or its jti")
-    revoke.add_argument(
-        "--iss", type=node_id_arg, help="with a jti: the token's issuer (default: this node)"
-    )
-    add_json_flag(revoke)
-    revoke.set_defaults(func=cmd_token_revoke)
+    add_token_parsers(sub, local, remote)
     topic = sub.add_parser("topic", help="topic keys")
     topic_sub = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
     rotate = topic_sub.add_parser(

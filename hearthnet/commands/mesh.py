@@ -30,6 +30,7 @@ from hearthnet.commands.common import (
     submit_record,
 )
 from hearthnet.commands.output import Column, add_json_flag, emit, key, print_fields, print_table
+from hearthnet.commands.peers import add_forget_parser
 from hearthnet.errors import ConfigError, NodeNotRunning, NotFound, Unavailable
 
 
@@ -460,6 +461,7 @@ def add_parsers(sub: Any, local: Parents, remote: Parents) -> None:
     peers = sub.add_parser("peers", parents=remote, help="linked peers and known addresses")
     add_json_flag(peers)
     peers.set_defaults(func=cmd_peers)
+    add_forget_parser(peers, remote)
 
     community = sub.add_parser("community", help="community membership")
     csub = community.add_subparsers(dest="community_command", required=True, metavar="ACTION")

@@ -62,6 +62,8 @@ def cmd_console(args: argparse.Namespace) -> int:
     from hearthnet.client import find_running_node
     from hearthnet.console.access import login_token
     from hearthnet.identity import load_or_create_keys
+    from hearthnet.issued_tokens import IssuedTokens
+    from hearthnet.tokens import CapabilityToken
 
     data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
     if not (data_dir / "keys").exists():
@@ -79,7 +81,10 @@ def cmd_console(args: argparse.Namespace) -> int:
     if node != keys.node_id:
         raise IdentityError(f"{url} is node {node}, not the one whose keys are in {data_dir}")
     ttl_min = max(1, args.ttl_min)
-    token = login_token(keys, community, now_ms(), ttl_ms=ttl_min * 60_000)
+    now = now_ms()
+    token = login_token(keys, community, now, ttl_ms=ttl_min * 60_000)
+    # recorded as every token this node issues (token list; its session keeps the jti)
+    IssuedTokens(data_dir).record(CapabilityToken.decode(token), "console", now)
     login = f"{url}/#token={token}"
     if args.json:
         print_json({"url": login, "node": node, "valid_min": ttl_min})

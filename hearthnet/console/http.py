@@ -9,7 +9,9 @@ signed request of a member.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from importlib import resources
 from pathlib import Path
@@ -22,8 +24,9 @@ from hearthnet.caller import Caller
 from hearthnet.clock import now_ms
 from hearthnet.console.access import is_console_token, session_token
 from hearthnet.console.rates import TopicRates
-from hearthnet.errors import Forbidden, NotFound
+from hearthnet.errors import Forbidden, NotFound, StorageError
 from hearthnet.identity import KeyPair
+from hearthnet.issued_tokens import IssuedTokens
 from hearthnet.membership import Membership
 from hearthnet.mesh.service import Mesh
 from hearthnet.pubsub.service import PubSub
@@ -47,6 +50,7 @@ _PAGE_HEADERS = {
     ),
     "Referrer-Policy": "no-referrer",
 }
+log = logging.getLogger("hearthnet.console")
 MAX_TOPICS_SHOWN = 200
 HEALTH_DIR = "health"  # <data_dir>/health/**/summary.json: the last mesh-health report
 HEALTH_RECHECK_S = 10.0
@@ -112,6 +116,7 @@ class ConsoleEndpoints:
         pubsub: PubSub,
         mesh: Mesh,
         rates: TopicRates,
+        data_dir: Path,
     ) -> None:
         self.node = node
         self.keys = keys
@@ -120,6 +125,7 @@ class ConsoleEndpoints:
         self.pubsub = pubsub
         self.mesh = mesh
         self.rates = rates
+        self.issued = IssuedTokens(data_dir)
         self.files = load_static()
         # the report is looked for at most every HEALTH_RECHECK_S, not on every poll
         self._health: dict[str, Any] | None = None
@@ -172,7 +178,12 @@ class ConsoleEndpoints:
         caller = self._caller(request, None)
         if caller.token is None:
             raise Forbidden("console sessions are refreshed with their console token")
-        fresh = session_token(self.keys, caller.token, now_ms())
+        now = now_ms()
+        fresh = session_token(self.keys, caller.token, now)
+        try:  # the session's row lives on (the CLI recorded its login under this jti)
+            await asyncio.to_thread(self.issued.record, fresh, "console", now)
+        except StorageError as exc:  # the session goes on: the token is valid without it
+            log.warning("console token %s not recorded: %s", fresh.jti, exc)
         return json_response({"token": fresh.encode(), "exp_ms": fresh.exp_ms})
 
     def _health_report(self, now_s: float) -> dict[str, Any] | None:

@@ -10,6 +10,11 @@ exchange, discovery) is a claim: it never overwrites a verified NodeID, is not s
 peers as that node's address, and the address is dialled expecting no particular node, so
 whoever answers there is what gets recorded.
 
+An operator can forget an address, or every address of a node (``hearthnet peers forget``,
+a machine that left for good): it is no longer dialled, and until something vouches for
+it again (a configured peer, zeroconf, that node dialling us, our dial of it working)
+peer exchange does not teach it back; at most :data:`MAX_FORGOTTEN` such marks are kept.
+
 A linked peer's own claim (its hello's ``url``) is passed on in peer exchange as
 ``claimed_by`` that peer, and kept as :attr:`PeerAddress.claimed_by`: ``hearthnet peers``
 lists the address under that node (one row per peer: behind NAT, a peer reached through
@@ -30,19 +35,41 @@ from hearthnet.errors import BadRequest
 from hearthnet.ids import is_node_id
 
 MAX_ADDRESSES = 1000
+MAX_FORGOTTEN = 256  # forgotten addresses and nodes that peer exchange may not bring back
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
+
+
+def forget_target(text: str) -> str:
+    """What ``hearthnet peers forget`` takes: a NodeID, or an address (``host:port`` alone
+    is ``http://host:port``), normalised; :class:`BadRequest` for anything else."""
+    text = text.strip()
+    if is_node_id(text):
+        return text
+    if "://" not in text:
+        text = "http://" + text
+    try:
+        return normalize_url(text)
+    except BadRequest:
+        raise BadRequest(
+            f"not a NodeID or a peer address: {text!r} (ed25519:... or http://host:port,"
+            " as hearthnet peers lists them)"
+        ) from None
 
 
 def normalize_url(url: object) -> str:
     """``http(s)://host:port`` with no path; :class:`BadRequest` for anything else."""
     if not isinstance(url, str) or len(url) > 256:
         raise BadRequest("a peer URL is a string")
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port  # raises for a port that is no number, or out of range
+    except ValueError:
+        port = None
+    if port is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise BadRequest(f"peer URL {url!r} must look like http://host:port")
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{parts.scheme}://{host}:{parts.port}"
+    return f"{parts.scheme}://{host}:{port}"
 
 
 @dataclass
@@ -84,6 +111,8 @@ class PeerBook:
         self.path = path
         self.own_urls = set(own_urls)
         self.addresses: dict[str, PeerAddress] = {}
+        # forgotten ``host:port``s and NodeIDs, oldest first (an ordered set)
+        self.forgotten: dict[str, None] = {}
         self.dirty = False
 
     def add(
@@ -105,6 +134,8 @@ class PeerBook:
             return None
         if claimed_by is not None and not is_node_id(claimed_by):
             return None
+        if self.forgotten and not self._vouched(url, node, claimed_by, source):
+            return None
         entry = self.addresses.get(url)
         if entry is None:
             if len(self.addresses) >= MAX_ADDRESSES:
@@ -118,6 +149,45 @@ class PeerBook:
             entry.claimed_by = claimed_by
             self.dirty = True
         return entry
+
+    def _vouched(self, url: str, node: str | None, claimed_by: str | None, source: str) -> bool:
+        """Whether an address may be learnt despite :attr:`forgotten`: what peers pass on
+        may not bring a forgotten one back; anything else (configuration, zeroconf, an
+        inbound hello, our own dial) vouches for it, and lifts its marks."""
+        marks = [k for k in (_host_port(url), node, claimed_by) if k in self.forgotten]
+        if not marks:
+            return True
+        if source == "exchange":
+            return False
+        for mark in marks:
+            del self.forgotten[mark]
+        self.dirty = True
+        return True
+
+    def forget(self, target: str) -> list[PeerAddress]:
+        """Forget every address of ``target`` (:func:`forget_target`'s form): a NodeID's
+        (verified there, or claimed by it), or an address under either scheme; what was
+        forgotten, by URL. Peer exchange may not bring them back (:attr:`forgotten`);
+        nothing is marked when nothing matched."""
+        if is_node_id(target):
+            gone = [a.url for a in self.addresses.values() if target in (a.node, a.claimed_by)]
+        else:
+            where = _host_port(target)
+            gone = [u for u in self.addresses if _host_port(u) == where]
+        if not gone:
+            return []
+        marks = [target] if is_node_id(target) else []
+        removed = []
+        for url in sorted(gone):
+            removed.append(self.addresses.pop(url))
+            marks.append(_host_port(url))
+        for mark in marks:
+            self.forgotten.pop(mark, None)
+            self.forgotten[mark] = None  # the newest last
+        while len(self.forgotten) > MAX_FORGOTTEN:
+            del self.forgotten[next(iter(self.forgotten))]
+        self.dirty = True
+        return removed
 
     def _forget_one(self) -> None:
         worst = max(self.addresses.values(), key=lambda a: (a.failures, -a.last_ok_ms))
@@ -248,7 +318,8 @@ class PeerBook:
         if self.path is None or not self.path.exists():
             return
         try:
-            entries = json.loads(self.path.read_text(encoding="utf-8"))["addresses"]
+            saved = json.loads(self.path.read_text(encoding="utf-8"))
+            entries = saved["addresses"]
         except (ValueError, KeyError, OSError, TypeError):
             return
         for item in entries[:MAX_ADDRESSES]:
@@ -261,6 +332,10 @@ class PeerBook:
                     entry.verified = item.get("verified") is True and entry.node is not None
                     claimant = item.get("claimed_by")
                     entry.claimed_by = claimant if is_node_id(claimant) else None
+        forgotten = saved.get("forgotten") if isinstance(saved, dict) else None
+        if isinstance(forgotten, list):  # after the addresses: they were not forgotten
+            marks = [m for m in forgotten if isinstance(m, str)][-MAX_FORGOTTEN:]
+            self.forgotten = dict.fromkeys(marks)
         self.dirty = False
 
     def save(self) -> None:
@@ -269,10 +344,10 @@ class PeerBook:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps({"addresses": [a.to_json() for a in self.addresses.values()]}),
-            encoding="utf-8",
-        )
+        saved: dict[str, Any] = {"addresses": [a.to_json() for a in self.addresses.values()]}
+        if self.forgotten:
+            saved["forgotten"] = list(self.forgotten)
+        tmp.write_text(json.dumps(saved), encoding="utf-8")
         os.replace(tmp, self.path)
         self.dirty = False
 
@@ -286,6 +361,11 @@ def _normalized(urls: dict[str, str]) -> dict[str, str]:
         except BadRequest:
             continue
     return out
+
+
+def same_place(url: str, other: str) -> bool:
+    """Whether two normalised URLs are the same ``host:port`` (under either scheme)."""
+    return _host_port(url) == _host_port(other)
 
 
 def _host_port(url: str) -> str:

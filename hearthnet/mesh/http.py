@@ -1,4 +1,5 @@
 """Mesh endpoints: ``/mesh/v1/peer`` (peer links), ``/mesh/v1/peers`` (status),
+``/mesh/v1/peers/forget`` (the operator forgets known addresses),
 ``/mesh/v1/invite-urls`` (what an invite made here names), ``/mesh/v1/membership``
 (submit signed membership records), ``/mesh/v1/join`` (redeem an invite) and, on a
 relay, ``/mesh/v1/relay/join`` (carry a join to an inviter behind NAT, spec §8)."""
@@ -30,12 +31,14 @@ from hearthnet.errors import (
 )
 from hearthnet.identity import KeyPair
 from hearthnet.membership import Admission, Source, split_submitted
+from hearthnet.mesh.addresses import forget_target
 from hearthnet.mesh.admission import (
     RELAY_JOIN_PATH,
     admit,
     check_join_request,
     sign_join_answer,
 )
+from hearthnet.mesh.forget import FORGET_PATH, forget
 from hearthnet.mesh.relay_frames import MAX_JOIN_BYTES
 from hearthnet.mesh.relayed_link import is_relayed
 from hearthnet.mesh.service import Mesh
@@ -79,6 +82,7 @@ class MeshHttp:
         return [
             web.get("/mesh/v1/peer", self.mesh.accept),
             web.get("/mesh/v1/peers", self.peers),
+            web.post(FORGET_PATH, self.forget),
             web.get("/mesh/v1/invite-urls", self.invite_urls),
             web.post("/mesh/v1/membership", self.membership),
             web.post("/mesh/v1/join", self.join),
@@ -109,6 +113,35 @@ class MeshHttp:
         return json_response(
             {"node": self.keys.node_id, "url": self.mesh.url, "peers": self.mesh.peers_status()}
         )
+
+    async def forget(self, request: web.Request) -> web.Response:
+        """``{"target": NODEID|ADDRESS}``: forget those known addresses now (no longer
+        dialled, saved at once); only the node's own key (``hearthnet peers forget`` with
+        its --data-dir) may. The answer is :func:`~hearthnet.mesh.forget.forget`'s."""
+        body: Any = loads(await request.read())
+        caller = self.authenticator.authenticate_headers(
+            method="POST",
+            path=request.raw_path,
+            body=body,
+            signed=read_signed_headers(request.headers),
+            now_ms=now_ms(),
+        )
+        if not caller.is_self:
+            raise Forbidden(
+                "only the node's own key forgets its peer addresses: run hearthnet peers"
+                " forget with the node's --data-dir"
+            )
+        if not isinstance(body, dict) or not isinstance(body.get("target"), str):
+            raise BadRequest('the body is {"target": NodeID or http://host:port}')
+        mesh = self.mesh
+        answer = forget(
+            mesh.book,
+            forget_target(body["target"]),
+            links={n: link.address for n, link in mesh.links.items()},
+            configured=(*mesh.config.peers, *mesh.config.relay_urls, *mesh.config.relay_peers),
+        )
+        mesh.book.save()  # on the loop, as the housekeeping tick saves it
+        return json_response(answer)
 
     async def invite_urls(self, request: web.Request) -> web.Response:
         """What ``hearthnet community invite`` names by default, as this node runs now

@@ -26,9 +26,12 @@ def test_urls_normalised(url: str, normal: str) -> None:
     assert normal == normalize_url(url)
 
 
-@pytest.mark.parametrize("url", ["ftp://x:1", "http://x", "nonsense", 5])
+@pytest.mark.parametrize(
+    "url", ["ftp://x:1", "http://x", "nonsense", 5, "http://x:port", "http://x:99999"]
+)
 def test_bad_urls(url: object) -> None:
-    """Anything but http(s)://host:port is refused."""
+    """Anything but http(s)://host:port is refused (a port that is no number, or out of
+    range, too: once a ValueError out of peer exchange)."""
     with pytest.raises(BadRequest):
         normalize_url(url)
 
