@@ -354,7 +354,10 @@ class PubSubSection:
     )
     consumer_max_held: int = field(
         default=10_000,
-        metadata=_doc("Unacknowledged messages kept per durable consumer past normal retention."),
+        metadata=_doc(
+            "Unacknowledged messages kept per durable consumer past normal retention (its"
+            " next matches after its cursor; a message past its `ttl_s` is not kept)."
+        ),
     )
     consumer_max_age_s: float = field(
         default=7 * 86400.0,
