@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,18 @@ def normalize_url(url: object) -> str:
         raise BadRequest(f"peer URL {url!r} must look like http://host:port")
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     return f"{parts.scheme}://{host}:{port}"
+
+
+def well_formed(urls: Iterable[str]) -> list[str]:
+    """The peer URLs among ``urls``, normalized (:func:`normalize_url`), in order; the
+    rest left out (a peer's hello or referral may carry anything)."""
+    out = []
+    for url in urls:
+        try:
+            out.append(normalize_url(url))
+        except BadRequest:
+            continue
+    return out
 
 
 @dataclass
@@ -354,13 +367,7 @@ class PeerBook:
 
 def _normalized(urls: dict[str, str]) -> dict[str, str]:
     """``urls`` with each URL normalised, those that are not peer URLs left out."""
-    out = {}
-    for url, node in urls.items():
-        try:
-            out[normalize_url(url)] = node
-        except BadRequest:
-            continue
-    return out
+    return {u: node for url, node in urls.items() for u in well_formed((url,))}
 
 
 def same_place(url: str, other: str) -> bool:

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hearthnet.errors import BadRequest, NotFound
+from hearthnet.errors import NotFound
 from hearthnet.ids import is_node_id
-from hearthnet.mesh.addresses import PeerBook, normalize_url, same_place
+from hearthnet.mesh.addresses import PeerBook, same_place, well_formed
 
 FORGET_PATH = "/mesh/v1/peers/forget"
 
@@ -52,19 +52,9 @@ def forget(
         "forgotten": forgotten,
         "linked": sorted(linked),
         "configured": sorted(
-            {u for u in _normalized(configured) if any(same_place(u, f) for f in forgotten)}
+            {u for u in well_formed(configured) if any(same_place(u, f) for f in forgotten)}
         ),
     }
-
-
-def _normalized(urls: Iterable[str]) -> list[str]:
-    out = []
-    for url in urls:
-        try:
-            out.append(normalize_url(url))
-        except BadRequest:
-            continue
-    return out
 
 
 def forget_notes(answer: Mapping[str, Any]) -> list[str]:

@@ -59,8 +59,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hearthnet.errors import BadRequest, WireError
-from hearthnet.mesh.addresses import normalize_url
+from hearthnet.errors import WireError
+from hearthnet.mesh.addresses import well_formed
 from hearthnet.mesh.links import PeerLink
 from hearthnet.mesh.path_frames import Drain, PAck, PathFrame, PFrame
 from hearthnet.mesh.path_hold import HeldSequences
@@ -222,7 +222,7 @@ class PathSwitch:
             self.carry(self.held.hold(peer, now, link))
             return False
         self.fell[peer] = now + RETIRE_S
-        self._listed[peer] = frozenset(_urls(link.peer.relays))
+        self._listed[peer] = frozenset(well_formed(link.peer.relays))
         self._tried.pop(peer, None)
         self.fallbacks += 1
         self.carry(self.paths.direct_down(peer, now))
@@ -382,7 +382,7 @@ class PathSwitch:
             if relay in tried:
                 continue
             link = self.links.get(relay)
-            urls = set(_urls((link.address or "", link.peer.url or ""))) if link else set()
+            urls = set(well_formed((link.address or "", link.peer.url or ""))) if link else set()
             if not listed or urls & listed:
                 return relay
         return None
@@ -447,17 +447,6 @@ def _trace(paths: PathCore, what: str, peer: str) -> None:
     peer's sequence followed). One line per event of a switch, none per frame."""
     if log.isEnabledFor(logging.DEBUG):
         log.debug(what + ": %s", peer, describe(paths, peer), extra={"peer": peer})
-
-
-def _urls(urls: tuple[str, ...]) -> list[str]:
-    """The well-formed of ``urls``, normalized (a hello's, or a relay link's)."""
-    out = []
-    for url in urls:
-        try:
-            out.append(normalize_url(url))
-        except BadRequest:
-            continue
-    return out
 
 
 def switch_counts(switch: PathSwitch) -> dict[str, int]:
