@@ -16,6 +16,9 @@ const BACKOFF_MIN_MS = 500;
 const BACKOFF_MAX_MS = 30_000;
 const REFRESH_BEFORE_MS = 60_000; // the node warns (auth.expiring) 60 s before expiry
 const SEEN_IDS = 4096; // message ids remembered per subscription (duplicates dropped)
+// Refusals that waiting cannot fix: a subscription ends with one (unless refreshToken gives
+// a new token); load refusals (capacity_exceeded, rate_limited, unavailable) are retried.
+const FINAL_CODES = new Set(["bad_request", "forbidden", "unauthorized", "revoked", "expired", "invalid_signature"]);
 const CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 
 /** A ULID (spec §1.1): 48 bits of milliseconds, 80 random bits, Crockford base32. */
@@ -37,10 +40,16 @@ export function decodeToken(token) {
   if (typeof token !== "string" || !token.startsWith("hnt1:")) {
     throw new HearthNetError("bad_request", "a token starts with hnt1:");
   }
-  let b64 = token.slice(5).replace(/-/g, "+").replace(/_/g, "/");
-  while (b64.length % 4) b64 += "=";
-  const text = new TextDecoder().decode(Uint8Array.from(atob(b64), (c) => c.charCodeAt(0)));
-  return JSON.parse(text);
+  let claims;
+  try {
+    claims = JSON.parse(new TextDecoder().decode(base64urlToBytes(token.slice(5))));
+  } catch (err) {
+    throw new HearthNetError("bad_request", "not a token: hnt1: is followed by base64url JSON");
+  }
+  if (claims === null || typeof claims !== "object") {
+    throw new HearthNetError("bad_request", "not a token: hnt1: is followed by base64url JSON");
+  }
+  return claims;
 }
 
 /** Bytes as base64url without padding (RFC 4648 §5): the JSON form of a binary payload. */
@@ -319,7 +328,7 @@ export class HearthNet {
    *   token: "hnt1:..."                       required
    *   refreshToken: async (oldToken) => "hnt1:..."   called before the token expires
    *   transport: "auto" | "ws" | "sse"        (default "auto": WebSocket, else SSE)
-   *   window: pub/sub ack window (default 256)
+   *   window: pub/sub ack window (default 1,024)
    *   onTokenError: (error) => void           refresh failed; the sessions will end
    */
   constructor(url, opts = {}) {
@@ -449,6 +458,9 @@ export class HearthNet {
    *                                               by the time of the last message
    *   onPresence({topic, kind, member} | {topic, kind: "snapshot", members})
    *   onState("connecting" | "live" | "retrying" | "closed", detail)
+   *                                               ("closed" with an error: a refusal that
+   *                                               waiting cannot fix ended it, see onError)
+   *   onError(HearthNetError)                     a refusal or error frame of the node
    *   presence: {name, status, meta}              join the topics' presence
    *   verify: true                                envelopes keep their sig (spec §6.2)
    *                                               and each one's signature (alone or its
@@ -463,7 +475,8 @@ export class HearthNet {
   subscribe(patterns, opts = {}) {
     const sub = new Subscription(this, Array.isArray(patterns) ? patterns : [patterns], opts);
     this.subscriptions.add(sub);
-    sub._connect();
+    // after subscribe() returned: callbacks may use the Subscription it returns
+    queueMicrotask(() => sub._connect());
     return sub;
   }
 
@@ -541,6 +554,12 @@ export class HearthNet {
   }
 }
 
+/** What an error frame carries besides code and message (retry_after_ms, ...). */
+function extraOf(data) {
+  const { code, message, ...extra } = data;
+  return extra;
+}
+
 function callHeaders(capability, version, community) {
   return {
     "Content-Type": "application/json",
@@ -564,6 +583,7 @@ export class Subscription {
     this.since = opts.since || null;
     this.presenceFields = opts.presence || null;
     this.closed = false;
+    this.state = "connecting";
     this.transport = null; // "ws" | "sse" once connected
     this.expiresMs = null; // expiry of the token the node accepted last (WebSocket)
     this.delivered = 0;
@@ -576,6 +596,7 @@ export class Subscription {
     this._es = null;
     this._timer = null;
     this._ackTimer = null;
+    this._refused = null; // the auth.error of the socket that is about to close
     this._acked = 0;
     this._wsFailures = 0;
     this.rejected = 0; // messages whose signature failed (verify: true)
@@ -587,10 +608,11 @@ export class Subscription {
     if (this.opts.onState) this.opts.onState(state, detail);
   }
 
-  /** Where the next connection resumes: the cursor once there is one. */
+  /** Where the next connection resumes: the cursor once there is one (for a live-only
+   * start, the head it was subscribed at); until a message came, the same start again (a
+   * `last: N` backlog not received yet is asked for again, not skipped). */
   _resumePoint() {
     if (this.epoch !== null && this.seq !== null) return { epoch: this.epoch, seq: this.seq };
-    if (this.epoch !== null) return null; // subscribed, nothing yet: from the head
     return this.since;
   }
 
@@ -603,7 +625,8 @@ export class Subscription {
     else this._openWs();
   }
 
-  _retry(reason) {
+  _retry(reason, error = null) {
+    if (error && !this.closed && this.opts.onError) this.opts.onError(error);
     this._ws = null;
     if (this._es) {
       this._es.close();
@@ -611,9 +634,18 @@ export class Subscription {
     }
     if (this.closed) return;
     this._state("retrying", reason);
-    const delay = this._backoff;
+    const delay = this._backoff * (0.8 + Math.random() * 0.4);
     this._backoff = Math.min(BACKOFF_MAX_MS, this._backoff * 2);
-    this._timer = setTimeout(() => this._connect(), delay * (0.8 + Math.random() * 0.4));
+    // never sooner than the node asked (capacity_exceeded, rate_limited, unavailable)
+    const after = error && Number.isInteger(error.retry_after_ms) ? error.retry_after_ms : 0;
+    this._timer = setTimeout(() => this._connect(), Math.max(delay, after));
+  }
+
+  /** A refusal that waiting cannot fix: onError, then the end ("closed" with the error). */
+  _fail(error) {
+    if (this.closed) return;
+    if (this.opts.onError) this.opts.onError(error);
+    this._end(error);
   }
 
   _openWs() {
@@ -637,12 +669,19 @@ export class Subscription {
         ).finally(() => this._retry("websocket refused"));
         return;
       }
+      const refused = this._refused;
+      this._refused = null;
       if (ev.code === 1008 || ev.code === 4401) {
         // refused credentials: a fresh token may help, the same one will not
-        this.client.refresh().then(() => this._retry(`closed ${ev.code}`));
+        const before = this.client.token;
+        this.client.refresh().then(() => {
+          if (this.client.token !== before) this._retry(`closed ${ev.code}`); // a fresh token
+          else if (refused && FINAL_CODES.has(refused.code)) this._fail(refused);
+          else this._retry(`closed ${ev.code}`, refused);
+        });
         return;
       }
-      this._retry(`closed ${ev.code}`);
+      this._retry(`closed ${ev.code}`, refused);
     };
   }
 
@@ -675,8 +714,19 @@ export class Subscription {
       if (ev.data) {
         // the node's own error event (spec §3.3), not the browser's "connection lost"
         const data = JSON.parse(ev.data);
-        if (data.code === "expired") this.client.refresh();
-        else if (this.opts.onError) this.opts.onError(new HearthNetError(data.code, data.message));
+        const error = new HearthNetError(data.code, data.message, extraOf(data));
+        if (this._es !== es) return;
+        this._es = null;
+        es.close();
+        const before = this.client.token;
+        if (data.code === "expired") {
+          this.client.refresh().then(() => {
+            if (this.client.token === before) this._fail(error);
+            else this._retry("token refreshed");
+          });
+        } else if (FINAL_CODES.has(data.code)) this._fail(error);
+        else this._retry("event stream ended", error);
+        return;
       }
       // the browser would reconnect with the old URL (and token): we do it ourselves
       if (this._es === es) this._retry("event stream ended");
@@ -731,6 +781,11 @@ export class Subscription {
     } else if (event === "subscribed") {
       if (this.epoch !== null && data.epoch !== this.epoch) this.seq = null;
       this.epoch = data.epoch;
+      // a live-only start: nothing at or below the head is for us, and a reconnect must
+      // resume from it (not from the head then), or what came in between is lost
+      if (this.seq === null && this.since === null && Number.isInteger(data.head_seq)) {
+        this.seq = data.head_seq;
+      }
       this.transport = ws ? "ws" : "sse";
       this._backoff = BACKOFF_MIN_MS;
       this._acked = this.seq || 0;
@@ -762,8 +817,20 @@ export class Subscription {
       else this._retry("reset");
     } else if (event === "auth.expiring") {
       this.client.refresh();
-    } else if (event === "auth.error" || event === "error") {
-      if (this.opts.onError) this.opts.onError(new HearthNetError(data.code, data.message));
+    } else if (event === "auth.error") {
+      // the socket closes next (1008, or 1013 when the node is full): decided there
+      this._refused = new HearthNetError(data.code, data.message, extraOf(data));
+    } else if (event === "error") {
+      const error = new HearthNetError(data.code, data.message, extraOf(data));
+      if (this.state !== "connecting" || !ws) {
+        if (this.opts.onError) this.opts.onError(error);
+      } else if (FINAL_CODES.has(error.code)) {
+        this._fail(error); // the subscribe itself was refused: a forbidden topic, a bad start
+      } else {
+        this._ws = null; // refused for load: again after the backoff
+        ws.close(1000);
+        this._retry("subscribe refused", error);
+      }
     }
   }
 
@@ -821,6 +888,11 @@ export class Subscription {
 
   /** Stop: closes the socket; no more callbacks. */
   close() {
+    this._end();
+  }
+
+  _end(error) {
+    if (this.closed) return;
     this.closed = true;
     clearTimeout(this._timer);
     clearTimeout(this._ackTimer);
@@ -828,7 +900,7 @@ export class Subscription {
     if (this._es) this._es.close();
     this._ws = this._es = null;
     this.client.subscriptions.delete(this);
-    this._state("closed");
+    this._state("closed", error);
   }
 }
 
