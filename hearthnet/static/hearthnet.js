@@ -315,6 +315,7 @@ export function topicMatches(pattern, topic) {
 export class HearthNetError extends Error {
   constructor(code, message, extra = {}) {
     super(`${code}: ${message}`);
+    this.name = "HearthNetError";
     this.code = code;
     Object.assign(this, extra);
   }
@@ -394,20 +395,30 @@ export class HearthNet {
   }
 
   /** GET or POST a JSON endpoint of the node; throws HearthNetError on refusal. */
-  async request(method, path, body) {
-    const init = { method, headers: this._headers() };
+  async request(method, path, body, headers = {}) {
+    const init = { method, headers: this._headers(headers) };
     if (body !== undefined) {
       init.headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(body);
     }
-    const resp = await fetch(this.url + path, init);
+    let resp;
+    try {
+      resp = await fetch(this.url + path, init);
+    } catch (err) {
+      throw new HearthNetError("unavailable", `${this.url} did not answer (${err.message})`);
+    }
     const text = await resp.text();
-    const obj = text ? JSON.parse(text) : null;
+    let obj = null;
+    try {
+      obj = text ? JSON.parse(text) : null;
+    } catch (err) {
+      if (resp.ok) throw new HearthNetError("unavailable", "the answer is not JSON");
+    }
     if (!resp.ok) {
-      const err = obj || {};
-      throw new HearthNetError(err.error || "unavailable", err.message || resp.statusText, {
-        status: resp.status,
-      });
+      const err = obj || {}; // a proxy's error page is not JSON
+      const extra = { status: resp.status };
+      if (Number.isInteger(err.retry_after_ms)) extra.retry_after_ms = err.retry_after_ms;
+      throw new HearthNetError(err.error || "unavailable", err.message || resp.statusText, extra);
     }
     return obj;
   }
@@ -491,19 +502,14 @@ export class HearthNet {
 
   /** Call a non-streaming capability: resolves to its output. */
   async call(capability, input, opts = {}) {
-    const resp = await fetch(this.url + "/bus/v1/call", {
-      method: "POST",
-      headers: this._headers(callHeaders(capability, opts.version || "1.0", this.community)),
-      body: JSON.stringify({ params: opts.params || {}, input }),
-    });
-    const obj = await resp.json();
-    if (!resp.ok) throw new HearthNetError(obj.error, obj.message, { status: resp.status });
-    return obj.output;
+    const headers = callHeaders(capability, opts.version || "1.0", this.community);
+    const body = { params: opts.params || {}, input };
+    return (await this.request("POST", "/bus/v1/call", body, headers)).output;
   }
 
   /**
    * llm.chat@2.0 with tools answered by this page (spec §5). Resolves to
-   * {text, done}. Over SSE the tool round trips are re-calls; the caller sees no difference.
+   * {text, done}; rejects with a HearthNetError when the call fails (its error frame). Over SSE the tool round trips are re-calls; the caller sees no difference.
    *   tools: [{name, description, parameters}]; toolHandler: async (call) => result
    *   onToken(text); publishTo: "topic" (tokens also go to that topic, spec llm.md)
    *   params: {backend, model, script}
@@ -522,6 +528,7 @@ export class HearthNet {
       });
       const calls = [];
       let done = null;
+      let failed = null;
       for await (const frame of call) {
         if (frame.event === "token") {
           text += frame.data.text;
@@ -530,8 +537,11 @@ export class HearthNet {
           calls.push(frame.data);
         } else if (frame.event === "done") {
           done = frame.data;
+        } else if (frame.event === "error") {
+          failed = frame.data; // the last frame: the call's socket closes after it
         }
       }
+      if (failed) throw new HearthNetError(failed.code, failed.message, extraOf(failed));
       if (!done || done.stop_reason !== "tool_calls" || call.inline) return { text, done };
       // SSE: run the tools here and call again with the results appended (spec §5)
       history = [

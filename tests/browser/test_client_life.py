@@ -3,7 +3,8 @@ real node: the copy-paste example of the docs runs as written (presence, history
 the model's answer streamed to the room) and keeps one presence entry per member across a
 reconnect; a subscription that reconnects before any message came misses nothing
 published in between; refusals that waiting cannot fix (a bad or expired token, a
-forbidden topic) end the subscription with the error instead of retrying forever."""
+forbidden topic) end the subscription with the error instead of retrying forever, and a
+refused llm.chat rejects."""
 
 from __future__ import annotations
 
@@ -161,6 +162,8 @@ REFUSED = """async ([node, tokens, fresh]) => {
   try { new hn.HearthNet(node, {token: "hnt1:not-a-token"}); } catch (e) {
     outcomes.garbled = e instanceof hn.HearthNetError ? e.code : String(e);
   }
+  const chat = new hn.HearthNet(node, {token: tokens.good}).chat([{role: "user", content: "hi"}]);
+  outcomes.chat = await chat.then((answer) => answer, (e) => `${e.name} ${e.code}`);
 }"""
 
 
@@ -171,7 +174,7 @@ def test_refusals_end_the_subscription_with_the_error(
     token does not cover: each subscription gets the error once in onError and ends
     ("closed" with it), instead of reconnecting forever. An expired token with a
     refreshToken is replaced and the subscription goes live; a garbled token is a
-    HearthNetError at once."""
+    HearthNetError at once; llm.chat without the scope rejects with the node's error."""
     good = process_token(node, "sub:demo.**", sub="page")
     claims = json.loads(b64url_decode(good.removeprefix("hnt1:")))
     claims["sig"] = claims["sig"][:-8] + (
@@ -197,5 +200,6 @@ def test_refusals_end_the_subscription_with_the_error(
         "forbidden": {"errors": ["forbidden"], "states": ["connecting", "closed forbidden"]},
         "refreshed": {"errors": [], "states": ["connecting", "retrying", "connecting", "live"]},
         "garbled": "bad_request",
+        "chat": "HearthNetError unauthorized",
     } == outcomes
     assert [] == page.errors
