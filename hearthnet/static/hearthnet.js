@@ -832,10 +832,12 @@ export class Subscription {
       this._refused = new HearthNetError(data.code, data.message, extraOf(data));
     } else if (event === "error") {
       const error = new HearthNetError(data.code, data.message, extraOf(data));
-      if (this.state !== "connecting" || !ws) {
+      if (FINAL_CODES.has(error.code)) {
+        // the subscribe refused (a forbidden topic, a bad start), or the subscription
+        // dropped (new access rules refuse it): the node sends it nothing more
+        this._fail(error);
+      } else if (this.state !== "connecting" || !ws) {
         if (this.opts.onError) this.opts.onError(error);
-      } else if (FINAL_CODES.has(error.code)) {
-        this._fail(error); // the subscribe itself was refused: a forbidden topic, a bad start
       } else {
         this._ws = null; // refused for load: again after the backoff
         ws.close(1000);

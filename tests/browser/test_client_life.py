@@ -3,8 +3,9 @@ real node: the copy-paste example of the docs runs as written (presence, history
 the model's answer streamed to the room) and keeps one presence entry per member across a
 reconnect; a subscription that reconnects before any message came misses nothing
 published in between; refusals that waiting cannot fix (a bad or expired token, a
-forbidden topic) end the subscription with the error instead of retrying forever, and a
-refused llm.chat rejects."""
+forbidden topic, access rules that change to refuse a live subscription) end the
+subscription with the error instead of retrying forever or staying "live" with nothing
+coming, and a refused llm.chat rejects."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from tests.browser.support import (
     process_token,
     publish,
 )
-from tests.helpers import NodeProcess, start_node_process
+from tests.helpers import NodeProcess, run_cli, start_node_process
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "browser.md"
 DOC_NODE = "http://192.168.1.20:7080"  # the node's address in the docs' example
@@ -203,3 +204,34 @@ def test_refusals_end_the_subscription_with_the_error(
         "chat": "HearthNetError unauthorized",
     } == outcomes
     assert [] == page.errors
+
+
+def test_a_subscription_the_new_access_rules_refuse_ends(
+    page: Any, pages: PageServer, node: NodeProcess, tmp_path: Path
+) -> None:
+    """The community's rules change (`hearthnet community rules`) so that tokens may no
+    longer read a topic: the node drops the live subscription with `forbidden`, and the
+    page's subscription ends with it instead of showing "live" with nothing coming."""
+    token = process_token(node, "sub:demo.**", sub="page")
+    open_client_page(page, pages, node.url)
+    page.evaluate(
+        """([node, token]) => {
+      window.out = {errors: [], states: []};
+      window.sub = new hn.HearthNet(node, {token}).subscribe(["demo.ruled.x"], {
+        onError: (e) => out.errors.push(e.code),
+        onState: (s, detail) =>
+          out.states.push(detail && detail.code ? `${s} ${detail.code}` : s)});
+    }""",
+        [node.url, token],
+    )
+    page.wait_for_function("sub.state === 'live'", timeout=10_000)
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[pubsub.rules]]\npattern = "demo.ruled.**"\nsubscribe = "member"\n')
+    # (a process: the CLI runs its own event loop, Playwright's holds this thread)
+    done = run_cli("community", "rules", str(rules), "--data-dir", str(node.data_dir))
+    assert 0 == done.returncode, done.stderr
+    page.wait_for_function("sub.state !== 'live'", timeout=10_000)
+    assert (
+        {"errors": ["forbidden"], "states": ["connecting", "live", "closed forbidden"]},
+        [],
+    ) == (page.evaluate("out"), page.errors)
