@@ -14,7 +14,7 @@
 const SUBPROTOCOL_BUS = "hearthnet-bus.v2";
 const BACKOFF_MIN_MS = 500;
 const BACKOFF_MAX_MS = 30_000;
-const REFRESH_BEFORE_MS = 60_000; // the node warns (auth.expiring) 60 s before expiry
+const REFRESH_BEFORE_MS = 65_000; // the node warns (auth.expiring) 60 s before expiry
 const SEEN_IDS = 4096; // message ids remembered per subscription (duplicates dropped)
 // Refusals that waiting cannot fix: a subscription ends with one (unless refreshToken gives
 // a new token); load refusals (capacity_exceeded, rate_limited, unavailable) are retried.
@@ -365,8 +365,11 @@ export class HearthNet {
 
   _scheduleRefresh() {
     clearTimeout(this._refreshTimer);
-    if (!this.refreshToken || this.closed) return;
-    const due = this._claims.exp_ms - REFRESH_BEFORE_MS - 5_000 - Date.now();
+    if (!this.refreshToken || this.closed || !Number.isFinite(this._claims.exp_ms)) return;
+    // 65 s before expiry; halfway through what is left of a shorter-lived token (a refresh
+    // a second for a token of a minute would only load the page's token service)
+    const left = this._claims.exp_ms - Date.now();
+    const due = left - Math.min(REFRESH_BEFORE_MS, left / 2);
     // setTimeout fires at once past 2^31-1 ms: a long-lived token is looked at again later
     const wait = Math.min(Math.max(1_000, due), 2 ** 31 - 1);
     this._refreshTimer = setTimeout(() => (wait < due ? this._scheduleRefresh() : this.refresh()), wait);
@@ -381,6 +384,7 @@ export class HearthNet {
           this._setToken(await this.refreshToken(this._token));
         } catch (err) {
           this.onTokenError(err);
+          this._scheduleRefresh(); // again, halfway to the expiry
         } finally {
           this._refreshing = null;
         }
@@ -826,7 +830,10 @@ export class Subscription {
       if (ws) ws.close(1000);
       else this._retry("reset");
     } else if (event === "auth.expiring") {
-      this.client.refresh();
+      // earlier than the token's own expiry (a topic key rotation voided it, spec §1.6):
+      // now; else the refresh already planned (the node warns 60 s ahead, for a token of
+      // a minute at once)
+      if (!(data.expires_ms >= this.client._claims.exp_ms)) this.client.refresh();
     } else if (event === "auth.error") {
       // the socket closes next (1008, or 1013 when the node is full): decided there
       this._refused = new HearthNetError(data.code, data.message, extraOf(data));

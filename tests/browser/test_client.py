@@ -436,11 +436,11 @@ def test_resume_after_node_restart_no_loss_no_duplicate(
 ) -> None:
     """The page subscribes, the node process restarts (same port and data), messages are
     published before and right after the restart: the page gets each once, in order,
-    resuming over WebSocket by (epoch, seq); its token (61 s left) was refreshed on the
-    live session first."""
+    resuming over WebSocket by (epoch, seq); its token (5 s left, so refreshed halfway)
+    was refreshed on the live session first."""
     node = restartable[0]
     token = process_token(node, *SCOPES, sub="page")
-    short = process_token(node, *SCOPES, ttl_ms=61_000, sub="page")
+    short = process_token(node, *SCOPES, ttl_ms=5_000, sub="page")
     open_client_page(page, pages, node.url)
     page.evaluate(SUBSCRIBE, [node.url, short, token])
     expires = json.loads(b64url_decode(token.removeprefix("hnt1:")))["exp_ms"]

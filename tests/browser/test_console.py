@@ -57,9 +57,9 @@ def _login_url(data_dir: Path) -> str:
 
 def test_login_shows_peer_topic_and_live_message(page: Any, mesh: Cluster) -> None:
     """With the printed URL the console opens (the token leaves the address bar), lists
-    the linked peer and a published topic, and tails it live, with its own presence (once,
-also after the tail's socket dropped and it resumed); a malformed pattern is shown as the
-node's error."""
+        the linked peer and a published topic, and tails it live, with its own presence (once,
+    also after the tail's socket dropped and it resumed); a malformed pattern is shown as
+    the node's error."""
     node = mesh.nodes[0]
     token = process_token(node, "pub:demo.**")
     publish(node.url, token, "demo.console", "note", {"text": "first"})

@@ -87,3 +87,37 @@ console.log(JSON.stringify({ sent, got }));
         "sent": [{"type": "subscribe", "topics": ["a.b"], "fields": ["data"]}],
         "got": [[1, 1], [2, 2], [3, 3]],
     } == run_with_hn(script)
+
+
+@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+def test_token_refresh_is_planned_by_the_tokens_life() -> None:
+    """refreshToken runs 65 s before expiry, or halfway through what is left of a token
+    of less than 130 s (not once a second); the node's auth.expiring for the token's own
+    expiry waits for that plan, one with an earlier deadline (a rotation voided the token)
+    refreshes at once."""
+    script = """
+const waits = [];
+globalThis.setTimeout = (f, ms) => { waits.push(ms); return 0; };
+globalThis.clearTimeout = () => {};
+const token = (ttl) => "hnt1:" + hn.bytesToBase64url(new TextEncoder().encode(
+  JSON.stringify({ community: "c", exp_ms: Date.now() + ttl })));
+const refreshed = [];
+const client = (ttl) => new hn.HearthNet("http://node", {
+  token: token(ttl), refreshToken: async () => { refreshed.push(ttl); return token(ttl); } });
+client(3_600_000);
+const short = client(30_000);
+const sub = new hn.Subscription(short, ["a"], {});
+const exp = short._claims.exp_ms;
+sub._onFrame({ event: "auth.expiring", data: { expires_ms: exp } }, null);
+await short._refreshing;
+sub._onFrame({ event: "auth.expiring", data: { expires_ms: exp - 10_000 } }, null);
+await short._refreshing;
+console.log(JSON.stringify({ waits: waits.slice(0, 2), refreshed }));
+"""
+    got = run_with_hn(script)
+    long_wait, short_wait = got["waits"]
+    assert (True, True, [30_000]) == (
+        3_534_000 < long_wait <= 3_535_000,
+        14_000 < short_wait <= 15_000,
+        got["refreshed"],
+    )
