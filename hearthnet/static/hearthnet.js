@@ -19,6 +19,7 @@ const SEEN_IDS = 4096; // message ids remembered per subscription (duplicates dr
 // Refusals that waiting cannot fix: a subscription ends with one (unless refreshToken gives
 // a new token); load refusals (capacity_exceeded, rate_limited, unavailable) are retried.
 const FINAL_CODES = new Set(["bad_request", "forbidden", "unauthorized", "revoked", "expired", "invalid_signature"]);
+const CREDENTIAL_CODES = new Set(["unauthorized", "expired", "invalid_signature"]); // a new token may do
 const CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 
 /** A ULID (spec §1.1): 48 bits of milliseconds, 80 random bits, Crockford base32. */
@@ -568,6 +569,24 @@ export class HearthNet {
   }
 }
 
+/** Why the node refuses an event stream's URL (a HearthNetError), or null when it does
+ * not (it opens the stream, which is closed at once) or does not answer. */
+async function refusalOf(url) {
+  const abort = new AbortController();
+  try {
+    const resp = await fetch(url, { headers: { Accept: "text/event-stream" }, signal: abort.signal });
+    if (resp.ok) return null;
+    const body = await resp.json().catch(() => ({}));
+    const extra = { status: resp.status };
+    if (Number.isInteger(body.retry_after_ms)) extra.retry_after_ms = body.retry_after_ms;
+    return new HearthNetError(body.error || "unavailable", body.message || resp.statusText, extra);
+  } catch (err) {
+    return null;
+  } finally {
+    abort.abort();
+  }
+}
+
 /** What an error frame carries besides code and message (retry_after_ms, ...). */
 function extraOf(data) {
   const { code, message, ...extra } = data;
@@ -610,7 +629,7 @@ export class Subscription {
     this._es = null;
     this._timer = null;
     this._ackTimer = null;
-    this._refused = null; // the auth.error of the socket that is about to close
+    this._refusal = null; // the auth.error of the socket that is about to close
     this._acked = 0;
     this._wsFailures = 0;
     this.rejected = 0; // messages whose signature failed (verify: true)
@@ -655,6 +674,19 @@ export class Subscription {
     this._timer = setTimeout(() => this._connect(), Math.max(delay, after));
   }
 
+  /** The node refused this subscription (`error` null: its credentials, unsaid): a fresh
+   * token from refreshToken may help when credentials were refused, the same one will
+   * not; a final refusal with no new token ends the subscription, another is retried. */
+  _refused(error, reason) {
+    const before = this.client.token;
+    const credentials = error === null || CREDENTIAL_CODES.has(error.code);
+    (credentials ? this.client.refresh() : Promise.resolve()).then(() => {
+      if (this.client.token !== before) this._retry(reason); // a fresh token
+      else if (error && FINAL_CODES.has(error.code)) this._fail(error);
+      else this._retry(reason, error);
+    });
+  }
+
   /** A refusal that waiting cannot fix: onError, then the end ("closed" with the error). */
   _fail(error) {
     if (this.closed) return;
@@ -683,19 +715,10 @@ export class Subscription {
         ).finally(() => this._retry("websocket refused"));
         return;
       }
-      const refused = this._refused;
-      this._refused = null;
-      if (ev.code === 1008 || ev.code === 4401) {
-        // refused credentials: a fresh token may help, the same one will not
-        const before = this.client.token;
-        this.client.refresh().then(() => {
-          if (this.client.token !== before) this._retry(`closed ${ev.code}`); // a fresh token
-          else if (refused && FINAL_CODES.has(refused.code)) this._fail(refused);
-          else this._retry(`closed ${ev.code}`, refused);
-        });
-        return;
-      }
-      this._retry(`closed ${ev.code}`, refused);
+      const refused = this._refusal;
+      this._refusal = null;
+      if (ev.code === 1008 || ev.code === 4401) this._refused(refused, `closed ${ev.code}`);
+      else this._retry(`closed ${ev.code}`, refused);
     };
   }
 
@@ -713,8 +736,11 @@ export class Subscription {
       q.set("since_seq", String(at.seq));
     } else if (at && at.ts !== undefined) q.set("since_ts", String(at.ts));
     else if (at && at.last !== undefined) q.set("last", String(at.last));
-    const es = new EventSource(`${this.client.url}/pubsub/v1/subscribe?${q}`);
+    const url = `${this.client.url}/pubsub/v1/subscribe?${q}`;
+    const es = new EventSource(url);
     this._es = es;
+    let opened = false;
+    es.addEventListener("open", () => { opened = true; });
     this.transport = "sse";
     const on = (event) => (ev) => {
       const frame = { event, data: JSON.parse(ev.data) };
@@ -725,25 +751,23 @@ export class Subscription {
       es.addEventListener(name, on(name));
     }
     es.addEventListener("error", (ev) => {
+      // the browser would reconnect with the old URL (and token): we do it ourselves
+      if (this._es !== es) return;
+      this._es = null;
+      es.close();
       if (ev.data) {
         // the node's own error event (spec §3.3), not the browser's "connection lost"
         const data = JSON.parse(ev.data);
         const error = new HearthNetError(data.code, data.message, extraOf(data));
-        if (this._es !== es) return;
-        this._es = null;
-        es.close();
-        const before = this.client.token;
-        if (data.code === "expired") {
-          this.client.refresh().then(() => {
-            if (this.client.token === before) this._fail(error);
-            else this._retry("token refreshed");
-          });
-        } else if (FINAL_CODES.has(data.code)) this._fail(error);
+        if (data.code === "expired") this._refused(error, "token expired");
+        else if (FINAL_CODES.has(data.code)) this._fail(error);
         else this._retry("event stream ended", error);
-        return;
+      } else if (opened) {
+        this._retry("event stream ended");
+      } else {
+        // refused before it opened: an EventSource does not say why, the same request does
+        refusalOf(url).then((error) => (error ? this._refused(error, "event stream refused") : this._retry("event stream ended")));
       }
-      // the browser would reconnect with the old URL (and token): we do it ourselves
-      if (this._es === es) this._retry("event stream ended");
     });
   }
 
@@ -836,7 +860,7 @@ export class Subscription {
       if (!(data.expires_ms >= this.client._claims.exp_ms)) this.client.refresh();
     } else if (event === "auth.error") {
       // the socket closes next (1008, or 1013 when the node is full): decided there
-      this._refused = new HearthNetError(data.code, data.message, extraOf(data));
+      this._refusal = new HearthNetError(data.code, data.message, extraOf(data));
     } else if (event === "error") {
       const error = new HearthNetError(data.code, data.message, extraOf(data));
       if (FINAL_CODES.has(error.code)) {
