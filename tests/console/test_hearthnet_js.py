@@ -121,3 +121,31 @@ console.log(JSON.stringify({ waits: waits.slice(0, 2), refreshed }));
         14_000 < short_wait <= 15_000,
         got["refreshed"],
     )
+
+
+@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+def test_reconnect_backoff_doubles_to_30_s_and_honours_retry_after() -> None:
+    """A subscription's reconnects wait 0.5 s doubling to 30 s (+-20 %), never less than
+    the node's retry_after_ms, and start at 0.5 s again once it was live."""
+    script = """
+const waits = [];
+globalThis.setTimeout = (f, ms) => { waits.push(Math.round(ms)); return 0; };
+globalThis.clearTimeout = () => {};
+const token = "hnt1:" + hn.bytesToBase64url(new TextEncoder().encode(
+  JSON.stringify({ community: "c", exp_ms: Date.now() + 3_600_000 })));
+const sub = new hn.Subscription(new hn.HearthNet("http://node", { token }), ["a"], {});
+for (let i = 0; i < 8; i++) sub._retry("down");
+sub._retry("busy", { retry_after_ms: 45_000 });
+sub._onFrame({ event: "subscribed", data: { epoch: "e", head_seq: 0 } }, null);
+sub._retry("dropped");
+console.log(JSON.stringify(waits));
+"""
+    waits = run_with_hn(script)
+    nominal = [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000, 500]
+    assert (True, 45_000) == (
+        all(
+            0.8 * n <= w <= 1.2 * n
+            for w, n in zip(waits[:8] + waits[9:], nominal[:8] + nominal[9:], strict=True)
+        ),
+        waits[8],
+    ), waits
