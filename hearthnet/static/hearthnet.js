@@ -15,6 +15,12 @@ const SUBPROTOCOL_BUS = "hearthnet-bus.v2";
 const BACKOFF_MIN_MS = 500;
 const BACKOFF_MAX_MS = 30_000;
 const REFRESH_BEFORE_MS = 65_000; // the node warns (auth.expiring) 60 s before expiry
+// A socket can die without a close (Wi-Fi changed, a NAT forgot it): the browser does not
+// see that for many minutes, and it answers the node's pings itself. After this long
+// with no frame the client sends a ping frame, and gives the socket up when the pong
+// (or any frame) does not come within PONG_WAIT_MS.
+const QUIET_MS = 25_000;
+const PONG_WAIT_MS = 10_000;
 const SEEN_IDS = 4096; // message ids remembered per subscription (duplicates dropped)
 // Refusals that waiting cannot fix: a subscription ends with one (unless refreshToken gives
 // a new token); load refusals (capacity_exceeded, rate_limited, unavailable) are retried.
@@ -630,6 +636,8 @@ export class Subscription {
     this._timer = null;
     this._ackTimer = null;
     this._refusal = null; // the auth.error of the socket that is about to close
+    this._watchTimer = null;
+    this._heardMs = 0; // when the socket last brought a frame
     this._acked = 0;
     this._wsFailures = 0;
     this.rejected = 0; // messages whose signature failed (verify: true)
@@ -701,8 +709,12 @@ export class Subscription {
     ws.onopen = () => {
       opened = true;
       ws.send(JSON.stringify({ type: "auth", token: this.client.token, window: this.client.window }));
+      this._watch(ws);
     };
-    ws.onmessage = (ev) => this._take(JSON.parse(ev.data), ws);
+    ws.onmessage = (ev) => {
+      this._heardMs = Date.now();
+      this._take(JSON.parse(ev.data), ws);
+    };
     ws.onclose = (ev) => {
       if (this._ws !== ws) return;
       if (!opened) {
@@ -720,6 +732,31 @@ export class Subscription {
       if (ev.code === 1008 || ev.code === 4401) this._refused(refused, `closed ${ev.code}`);
       else this._retry(`closed ${ev.code}`, refused);
     };
+  }
+
+  /** Give up `ws` when the node stays silent (QUIET_MS, then a ping, PONG_WAIT_MS). */
+  _watch(ws) {
+    this._heardMs = Date.now();
+    let pingedMs = null;
+    clearInterval(this._watchTimer);
+    this._watchTimer = setInterval(() => {
+      if (this._ws !== ws) {
+        clearInterval(this._watchTimer);
+        return;
+      }
+      const now = Date.now();
+      if (now - this._heardMs < QUIET_MS) {
+        pingedMs = null;
+      } else if (pingedMs === null) {
+        pingedMs = now;
+        this._sendWs({ type: "ping" });
+      } else if (now - pingedMs >= PONG_WAIT_MS) {
+        clearInterval(this._watchTimer);
+        this._ws = null; // its close event, whenever it comes, is not ours to handle
+        ws.close(1000);
+        this._retry("no answer from the node");
+      }
+    }, 5_000);
   }
 
   _sendWs(obj) {
@@ -939,6 +976,7 @@ export class Subscription {
     this.closed = true;
     clearTimeout(this._timer);
     clearTimeout(this._ackTimer);
+    clearInterval(this._watchTimer);
     if (this._ws) this._ws.close(1000);
     if (this._es) this._es.close();
     this._ws = this._es = null;

@@ -149,3 +149,52 @@ console.log(JSON.stringify(waits));
         ),
         waits[8],
     ), waits
+
+
+@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+def test_a_silent_socket_is_pinged_then_given_up() -> None:
+    """A live subscription whose socket brings nothing for 25 s sends a ping frame; a
+    pong keeps it; when nothing comes 10 s after a ping it closes that socket and
+    reconnects (a socket can die without a close event the browser would see)."""
+    script = """
+let now = 1_800_000_000_000;
+Date.now = () => now;
+const ticks = [];
+globalThis.setInterval = (f, ms) => { ticks.push(f); return ticks.length; };
+globalThis.clearInterval = () => {};
+globalThis.setTimeout = () => 0;
+globalThis.clearTimeout = () => {};
+const sockets = [];
+globalThis.WebSocket = class {
+  static OPEN = 1;
+  constructor(url) { this.readyState = 1; this.sent = []; this.closed = null; sockets.push(this); }
+  send(text) { this.sent.push(JSON.parse(text).type); }
+  close(code) { this.closed = code; }
+};
+const token = "hnt1:" + hn.bytesToBase64url(new TextEncoder().encode(
+  JSON.stringify({ community: "c", exp_ms: now + 3_600_000 })));
+const states = [];
+const sub = new hn.HearthNet("http://node", { token }).subscribe(["a"], {
+  onState: (s) => states.push(s) });
+await null;
+const ws = sockets[0];
+const frame = (event, data = {}) => ws.onmessage({ data: JSON.stringify({ event, data }) });
+ws.onopen();
+frame("auth.ok");
+frame("subscribed", { epoch: "e", head_seq: 0 });
+const tick = (ms) => { now += ms; ticks.at(-1)(); };
+tick(26_000);             // quiet: ping
+frame("pong", { ts: now }); // answered
+tick(5_000);
+tick(26_000);             // quiet again: ping
+tick(5_000);
+const before = ws.closed;
+tick(6_000);              // 11 s after the ping, nothing: given up
+console.log(JSON.stringify({ sent: ws.sent, before, closed: ws.closed, states }));
+"""
+    assert {
+        "sent": ["auth", "subscribe", "ping", "ping"],
+        "before": None,
+        "closed": 1000,
+        "states": ["connecting", "live", "retrying"],
+    } == run_with_hn(script)
