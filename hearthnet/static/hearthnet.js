@@ -1078,7 +1078,7 @@ export class Call {
         signal: this._abort.signal,
       });
     } catch (err) {
-      this._push({ event: "error", data: { code: "unavailable", message: String(err) } });
+      this._push(this._lost(err));
       return;
     }
     if (!resp.ok) {
@@ -1108,10 +1108,17 @@ export class Call {
           }
         }
       } catch (err) {
-        this._push({ event: "error", data: { code: "unavailable", message: String(err) } });
+        this._push(this._lost(err));
       }
       this._push({ event: "error", data: { code: "unavailable", message: "stream ended early" } });
     })();
+  }
+
+  /** The error frame that ends a call whose request failed: `cancelled` when cancel()
+   * aborted it (as over WebSocket), else `unavailable`. */
+  _lost(err) {
+    const code = this._abort && this._abort.signal.aborted ? "cancelled" : "unavailable";
+    return { event: "error", data: { code, message: String(err) } };
   }
 
   /** Ask the node to stop this call; the stream ends with error{cancelled} or done. */

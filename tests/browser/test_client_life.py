@@ -145,6 +145,34 @@ def test_reconnect_before_the_first_message_misses_nothing(
     )
 
 
+CANCEL = """async ([node, token]) => {
+  const out = {};
+  for (const transport of ["ws", "sse"]) {
+    const client = new hn.HearthNet(node, {token, transport});
+    const call = client.stream("echo.stream", {count: 500, interval_ms: 20});
+    const events = [];
+    for await (const frame of call) {
+      events.push(frame.event === "error" ? `error ${frame.data.code}` : frame.event);
+      if (events.length === 3) call.cancel();
+    }
+    out[transport] = [call.inline, events.at(-1), events.length < 100];
+  }
+  return out;
+}"""
+
+
+def test_cancel_ends_a_stream_with_cancelled_on_either_transport(
+    page: Any, pages: PageServer, node: NodeProcess
+) -> None:
+    """call.cancel() ends the stream with error{cancelled} over WebSocket and over SSE
+    (where it aborts the request) alike."""
+    open_client_page(page, pages, node.url)
+    token = process_token(node, "call:echo.stream")
+    assert {"ws": [True, "error cancelled", True], "sse": [False, "error cancelled", True]} == (
+        page.evaluate(CANCEL, [node.url, token])
+    )
+
+
 REFUSED = """async ([node, tokens, fresh]) => {
   window.outcomes = {};
   const run = (name, token, topic, refreshToken) => {
