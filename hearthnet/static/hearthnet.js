@@ -24,7 +24,9 @@ const PONG_WAIT_MS = 10_000;
 const SEEN_IDS = 4096; // message ids remembered per subscription (duplicates dropped)
 // Refusals that waiting cannot fix: a subscription ends with one (unless refreshToken gives
 // a new token); load refusals (capacity_exceeded, rate_limited, unavailable) are retried.
-const FINAL_CODES = new Set(["bad_request", "forbidden", "unauthorized", "revoked", "expired", "invalid_signature"]);
+const FINAL_CODES = new Set([
+  "bad_request", "forbidden", "unauthorized", "revoked", "expired", "invalid_signature",
+]);
 const CREDENTIAL_CODES = new Set(["unauthorized", "expired", "invalid_signature"]); // a new token may do
 const CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 
@@ -337,7 +339,8 @@ export class HearthNet {
    *   refreshToken: async (oldToken) => "hnt1:..."   called before the token expires
    *   transport: "auto" | "ws" | "sse"        (default "auto": WebSocket, else SSE)
    *   window: pub/sub ack window (default 1,024)
-   *   onTokenError: (error) => void           refresh failed; the sessions will end
+   *   onTokenError: (error) => void           refresh failed (tried again halfway to
+   *                                           the expiry; the sessions end at expiry)
    */
   constructor(url, opts = {}) {
     this.url = (url || location.origin).replace(/\/+$/, "");
@@ -520,7 +523,8 @@ export class HearthNet {
 
   /**
    * llm.chat@2.0 with tools answered by this page (spec §5). Resolves to
-   * {text, done}; rejects with a HearthNetError when the call fails (its error frame). Over SSE the tool round trips are re-calls; the caller sees no difference.
+   * {text, done}; rejects with a HearthNetError when the call fails (its error frame).
+   * Over SSE the tool round trips are re-calls; the caller sees no difference.
    *   tools: [{name, description, parameters}]; toolHandler: async (call) => result
    *   onToken(text); publishTo: "topic" (tokens also go to that topic, spec llm.md)
    *   params: {backend, model, script}
@@ -803,7 +807,10 @@ export class Subscription {
         this._retry("event stream ended");
       } else {
         // refused before it opened: an EventSource does not say why, the same request does
-        refusalOf(url).then((error) => (error ? this._refused(error, "event stream refused") : this._retry("event stream ended")));
+        refusalOf(url).then((error) => {
+          if (error) this._refused(error, "event stream refused");
+          else this._retry("event stream ended");
+        });
       }
     });
   }
