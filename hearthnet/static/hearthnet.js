@@ -662,7 +662,7 @@ export class Subscription {
   }
 
   _connect() {
-    if (this.closed) return;
+    if (this.closed || this._ws || this._es) return; // one socket at a time
     this._state("connecting");
     const mode = this.client.transport;
     // "auto": SSE once WebSocket failed twice while the node answered HTTP (spec §3.5)
@@ -679,6 +679,7 @@ export class Subscription {
     }
     if (this.closed) return;
     this._state("retrying", reason);
+    clearTimeout(this._timer);
     const delay = this._backoff * (0.8 + Math.random() * 0.4);
     this._backoff = Math.min(BACKOFF_MAX_MS, this._backoff * 2);
     // never sooner than the node asked (capacity_exceeded, rate_limited, unavailable)

@@ -198,3 +198,31 @@ console.log(JSON.stringify({ sent: ws.sent, before, closed: ws.closed, states })
         "closed": 1000,
         "states": ["connecting", "live", "retrying"],
     } == run_with_hn(script)
+
+
+@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+def test_one_socket_per_subscription() -> None:
+    """subscribe() connects after it returned; a reconnect() before that, and a retry
+    timer firing twice, still open one socket (two would both stay subscribed)."""
+    script = """
+const timers = [];
+globalThis.setTimeout = (f, ms) => { timers.push(f); return timers.length; };
+globalThis.clearTimeout = () => {};
+globalThis.setInterval = () => 0;
+globalThis.clearInterval = () => {};
+const sockets = [];
+globalThis.WebSocket = class {
+  static OPEN = 1;
+  constructor() { this.readyState = 0; sockets.push(this); }
+  send() {}
+  close() {}
+};
+const token = "hnt1:" + hn.bytesToBase64url(new TextEncoder().encode(
+  JSON.stringify({ community: "c", exp_ms: Date.now() + 3_600_000 })));
+const sub = new hn.HearthNet("http://node", { token }).subscribe(["a"], {});
+sub.reconnect();
+await null;
+for (const f of timers.splice(0)) { f(); f(); }
+console.log(JSON.stringify(sockets.length));
+"""
+    assert 1 == run_with_hn(script)
