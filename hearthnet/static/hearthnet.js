@@ -621,7 +621,7 @@ export class Subscription {
     this.patterns = patterns;
     this.opts = opts;
     this.epoch = null; // the node's log epoch (spec §6.3)
-    this.seq = null; // the cursor: the last seq delivered (first, the head it went live at)
+    this.seq = null; // the cursor: the last seq delivered (a start from now: the head first)
     this.lastTs = null;
     this.since = opts.since || null;
     this.presenceFields = opts.presence || null;
