@@ -352,6 +352,7 @@ export class HearthNet {
     this.subscriptions = new Set();
     this.closed = false;
     this._refreshTimer = null;
+    this._refreshDueMs = Infinity; // when the planned refresh runs (this page's clock)
     this._refreshing = null;
     this._setToken(opts.token);
   }
@@ -382,7 +383,19 @@ export class HearthNet {
     const due = left - Math.min(REFRESH_BEFORE_MS, left / 2);
     // setTimeout fires at once past 2^31-1 ms: a long-lived token is looked at again later
     const wait = Math.min(Math.max(1_000, due), 2 ** 31 - 1);
+    this._refreshDueMs = Date.now() + Math.max(1_000, due);
     this._refreshTimer = setTimeout(() => (wait < due ? this._scheduleRefresh() : this.refresh()), wait);
+  }
+
+  /** The node's auth.expiring: the token it holds ends at `expiresMs` (its clock), in 60 s
+   * or less. Refresh now when that is earlier than the token's own end (a topic key
+   * rotation voided it), or when the planned refresh is more than 30 s away (this page's
+   * clock is behind the node's); else the plan stands (a token of a minute is warned
+   * about at once, and would be refreshed on every warning). */
+  _expiring(expiresMs) {
+    if (!(expiresMs >= this._claims.exp_ms) || this._refreshDueMs - Date.now() > 30_000) {
+      this.refresh();
+    }
   }
 
   /** Get a fresh token from refreshToken now and hand it to every open session. */
@@ -899,10 +912,7 @@ export class Subscription {
       if (ws) ws.close(1000);
       else this._retry("reset");
     } else if (event === "auth.expiring") {
-      // earlier than the token's own expiry (a topic key rotation voided it, spec §1.6):
-      // now; else the refresh already planned (the node warns 60 s ahead, for a token of
-      // a minute at once)
-      if (!(data.expires_ms >= this.client._claims.exp_ms)) this.client.refresh();
+      this.client._expiring(data.expires_ms);
     } else if (event === "auth.error") {
       // the socket closes next (1008, or 1013 when the node is full): decided there
       this._refusal = new HearthNetError(data.code, data.message, extraOf(data));
