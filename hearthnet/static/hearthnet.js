@@ -421,8 +421,10 @@ export class HearthNet {
     return { "X-HearthNet-Token": this._token, ...extra };
   }
 
-  /** GET or POST a JSON endpoint of the node; throws HearthNetError on refusal. */
-  async request(method, path, body, headers = {}) {
+  /** GET or POST a JSON endpoint of the node; throws HearthNetError on refusal. A request
+   * refused `expired` is sent once more with a token from refreshToken (the node stored
+   * nothing of it). */
+  async request(method, path, body, headers = {}, again = true) {
     const init = { method, headers: this._headers(headers) };
     if (body !== undefined) {
       init.headers["Content-Type"] = "application/json";
@@ -443,6 +445,11 @@ export class HearthNet {
     }
     if (!resp.ok) {
       const err = obj || {}; // a proxy's error page is not JSON
+      if (err.error === "expired" && again && this.refreshToken) {
+        const before = this._token;
+        await this.refresh();
+        if (this._token !== before) return this.request(method, path, body, headers, false);
+      }
       const extra = { status: resp.status };
       if (Number.isInteger(err.retry_after_ms)) extra.retry_after_ms = err.retry_after_ms;
       throw new HearthNetError(err.error || "unavailable", err.message || resp.statusText, extra);

@@ -191,6 +191,9 @@ REFUSED = """async ([node, tokens, fresh]) => {
   try { new hn.HearthNet(node, {token: "hnt1:not-a-token"}); } catch (e) {
     outcomes.garbled = e instanceof hn.HearthNetError ? e.code : String(e);
   }
+  const late = new hn.HearthNet(node, {token: tokens.expired, refreshToken: async () => fresh});
+  const published = late.publish("demo.x", "note", {});
+  outcomes.publish = await published.then((ok) => typeof ok.seq, (e) => e.code);
   const chat = new hn.HearthNet(node, {token: tokens.good}).chat([{role: "user", content: "hi"}]);
   outcomes.chat = await chat.then((answer) => answer, (e) => `${e.name} ${e.code}`);
 }"""
@@ -203,10 +206,11 @@ def test_refusals_end_the_subscription_with_the_error(
     token does not cover: each subscription gets the error once in onError and ends
     ("closed" with it), instead of reconnecting forever. An expired token with a
     refreshToken is replaced and the subscription goes live; a garbled token is a
-    HearthNetError at once; llm.chat without the scope rejects with the node's error."""
-    good = process_token(node, "sub:demo.**", sub="page")
+    HearthNetError at once; llm.chat without the scope rejects with the node's error; a
+    publish refused expired is sent again with a refreshed token."""
+    good = process_token(node, "sub:demo.**", "pub:demo.**", sub="page")
     bad = forged_token(good)
-    expired = process_token(node, "sub:demo.**", ttl_ms=1, sub="page")
+    expired = process_token(node, "sub:demo.**", "pub:demo.**", ttl_ms=1, sub="page")
     time.sleep(0.01)
     open_client_page(page, pages, node.url)
     page.evaluate(REFUSED, [node.url, {"good": good, "bad": bad, "expired": expired}, good])
@@ -226,6 +230,7 @@ def test_refusals_end_the_subscription_with_the_error(
         "refreshed": {"errors": [], "states": ["connecting", "retrying", "connecting", "live"]},
         "garbled": "bad_request",
         "chat": "HearthNetError unauthorized",
+        "publish": "number",
     } == outcomes
     assert [] == page.errors
 
