@@ -872,7 +872,10 @@ export class Subscription {
     const { event, data } = frame;
     if (event === "auth.ok") {
       this.expiresMs = data.expires_ms ?? null; // the token the node holds now
-      if (ws._hearthnetSubscribed) return; // an answer to a refreshed token
+      if (ws._hearthnetSubscribed) {
+        ws._hearthnetReauth = false; // the node took the refreshed token
+        return;
+      }
       ws._hearthnetSubscribed = true;
       const sub = { type: "subscribe", topics: this.patterns };
       const at = this._resumePoint();
@@ -925,7 +928,14 @@ export class Subscription {
       this._refusal = new HearthNetError(data.code, data.message, extraOf(data));
     } else if (event === "error") {
       const error = new HearthNetError(data.code, data.message, extraOf(data));
-      if (FINAL_CODES.has(error.code)) {
+      if (ws && ws._hearthnetReauth) {
+        // the session refused the refreshed token (say one for another client: another
+        // sub); a new session takes any valid one, and resumes from the cursor
+        ws._hearthnetReauth = false;
+        this._ws = null;
+        ws.close(1000);
+        this._retry(`refreshed token refused on the session (${error.code})`);
+      } else if (FINAL_CODES.has(error.code)) {
         // the subscribe refused (a forbidden topic, a bad start), or the subscription
         // dropped (new access rules refuse it): the node sends it nothing more
         this._fail(error);
@@ -975,8 +985,11 @@ export class Subscription {
   }
 
   _tokenChanged() {
-    if (this._ws) this._sendWs({ type: "auth", token: this.client.token, window: this.client.window });
-    else if (this._es) this._retry("token refreshed"); // an event stream's token is in its URL
+    const ws = this._ws;
+    if (ws) {
+      if (ws.readyState === WebSocket.OPEN) ws._hearthnetReauth = true; // answered auth.ok or error
+      this._sendWs({ type: "auth", token: this.client.token, window: this.client.window });
+    } else if (this._es) this._retry("token refreshed"); // an event stream's token is in its URL
   }
 
   /** Change this subscriber's presence ({name, status, meta}) on its topics. */

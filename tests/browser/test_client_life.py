@@ -173,6 +173,38 @@ def test_cancel_ends_a_stream_with_cancelled_on_either_transport(
     )
 
 
+REAUTH = """async ([node, first, other]) => {
+  window.got = []; window.states = []; window.errors = [];
+  window.client = new hn.HearthNet(node, {token: first, refreshToken: async () => other});
+  window.sub = client.subscribe(["demo.reauth"], {onMessage: (m) => got.push(m.data.n),
+    onState: (s) => states.push(s), onError: (e) => errors.push(e.code)});
+}"""
+
+
+def test_a_refreshed_token_the_session_refuses_moves_to_a_new_session(
+    page: Any, pages: PageServer, node: NodeProcess
+) -> None:
+    """refreshToken returns a token for another client (another sub): a live session
+    refuses it (bad_request), so the subscription opens a new session with it and
+    resumes from its cursor, with nothing lost or repeated and no error for the page."""
+    token = process_token(node, "sub:demo.**", "pub:demo.**", sub="page")
+    other = process_token(node, "sub:demo.**", sub="other")
+    open_client_page(page, pages, node.url)
+    page.evaluate(REAUTH, [node.url, token, other])
+    page.wait_for_function("sub.state === 'live'", timeout=10_000)
+    publish(node.url, token, "demo.reauth", "note", {"n": 0})
+    page.wait_for_function("got.length === 1", timeout=10_000)
+    page.evaluate("client.refresh()")
+    page.wait_for_function("states.includes('retrying') && sub.state === 'live'", timeout=10_000)
+    publish(node.url, token, "demo.reauth", "note", {"n": 1})
+    page.wait_for_function("got.length === 2", timeout=10_000)
+    assert ([0, 1], [], other) == (
+        page.evaluate("got"),
+        page.evaluate("errors"),
+        page.evaluate("client.token"),
+    )
+
+
 REFUSED = """async ([node, tokens, fresh]) => {
   window.outcomes = {};
   const run = (name, token, topic, refreshToken) => {
