@@ -935,9 +935,13 @@ export class Subscription {
         this._ws = null;
         ws.close(1000);
         this._retry(`refreshed token refused on the session (${error.code})`);
-      } else if (FINAL_CODES.has(error.code)) {
+      } else if (
+        FINAL_CODES.has(error.code) &&
+        (this.state === "connecting" || error.code === "forbidden" || error.code === "revoked")
+      ) {
         // the subscribe refused (a forbidden topic, a bad start), or the subscription
-        // dropped (new access rules refuse it): the node sends it nothing more
+        // dropped (new access rules refuse it, the token was revoked): nothing more comes.
+        // (A live session's other refusals, say of a presence update, leave it as it was.)
         this._fail(error);
       } else if (this.state !== "connecting" || !ws) {
         if (this.opts.onError) this.opts.onError(error);
@@ -994,6 +998,17 @@ export class Subscription {
 
   /** Change this subscriber's presence ({name, status, meta}) on its topics. */
   setPresence(fields) {
+    // checked here: kept for every reconnect, a field the node refuses would end the
+    // subscription then (the node checks the lengths as well)
+    for (const [key, value] of Object.entries(fields)) {
+      const ok = key === "meta"
+        ? value !== null && typeof value === "object" && !Array.isArray(value)
+        : (key === "name" || key === "status") && typeof value === "string";
+      if (!ok) {
+        const given = `${key}: ${JSON.stringify(value)}`;
+        throw new HearthNetError("bad_request", `presence has name, status (text) and meta (an object), not ${given}`);
+      }
+    }
     this.presenceFields = { ...(this.presenceFields || {}), ...fields };
     this._sendWs({ type: "presence.update", ...fields });
   }

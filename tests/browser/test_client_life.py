@@ -205,6 +205,40 @@ def test_a_refreshed_token_the_session_refuses_moves_to_a_new_session(
     )
 
 
+PRESENCE = """async ([node, token]) => {
+  window.got = []; window.errors = [];
+  window.sub = new hn.HearthNet(node, {token}).subscribe(["demo.presence"], {
+    presence: {name: "Ada"}, onMessage: (m) => got.push(m.data.n),
+    onError: (e) => errors.push(e.code)});
+  await new Promise((resolve) => {
+    const poll = () => (sub.state === "live" ? resolve() : setTimeout(poll, 20));
+    poll();
+  });
+  let thrown = null;
+  try { sub.setPresence({mood: "happy"}); } catch (e) { thrown = e.code; }
+  sub.setPresence({status: "x".repeat(500)});  // too long: the node refuses it
+  return thrown;
+}"""
+
+
+def test_a_refused_presence_update_leaves_the_subscription_live(
+    page: Any, pages: PageServer, node: NodeProcess
+) -> None:
+    """setPresence with a field presence does not have throws at once; one the node
+    refuses (a status too long) reaches onError, and the subscription stays live."""
+    token = process_token(node, "sub:demo.**", "pub:demo.**", sub="page")
+    open_client_page(page, pages, node.url)
+    thrown = page.evaluate(PRESENCE, [node.url, token])
+    page.wait_for_function("errors.length === 1", timeout=10_000)
+    publish(node.url, token, "demo.presence", "note", {"n": 1})
+    page.wait_for_function("got.length === 1", timeout=10_000)
+    assert ("bad_request", ["bad_request"], "live") == (
+        thrown,
+        page.evaluate("errors"),
+        page.evaluate("sub.state"),
+    )
+
+
 REFUSED = """async ([node, tokens, fresh]) => {
   window.outcomes = {};
   const run = (name, token, topic, refreshToken) => {
