@@ -14,8 +14,20 @@
 const SUBPROTOCOL_BUS = "hearthnet-bus.v2";
 const BACKOFF_MIN_MS = 500;
 const BACKOFF_MAX_MS = 30_000;
-const REFRESH_BEFORE_MS = 60_000; // the node warns (auth.expiring) 60 s before expiry
+const REFRESH_BEFORE_MS = 65_000; // the node warns (auth.expiring) 60 s before expiry
+// A socket can die without a close (Wi-Fi changed, a NAT forgot it): the browser does not
+// see that for many minutes, and it answers the node's pings itself. After this long
+// with no frame the client sends a ping frame, and gives the socket up when the pong
+// (or any frame) does not come within PONG_WAIT_MS.
+const QUIET_MS = 25_000;
+const PONG_WAIT_MS = 10_000;
 const SEEN_IDS = 4096; // message ids remembered per subscription (duplicates dropped)
+// Refusals that waiting cannot fix: a subscription ends with one (unless refreshToken gives
+// a new token); load refusals (capacity_exceeded, rate_limited, unavailable) are retried.
+const FINAL_CODES = new Set([
+  "bad_request", "forbidden", "unauthorized", "revoked", "expired", "invalid_signature",
+]);
+const CREDENTIAL_CODES = new Set(["unauthorized", "expired", "invalid_signature"]); // a new token may do
 const CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 
 /** A ULID (spec §1.1): 48 bits of milliseconds, 80 random bits, Crockford base32. */
@@ -37,10 +49,16 @@ export function decodeToken(token) {
   if (typeof token !== "string" || !token.startsWith("hnt1:")) {
     throw new HearthNetError("bad_request", "a token starts with hnt1:");
   }
-  let b64 = token.slice(5).replace(/-/g, "+").replace(/_/g, "/");
-  while (b64.length % 4) b64 += "=";
-  const text = new TextDecoder().decode(Uint8Array.from(atob(b64), (c) => c.charCodeAt(0)));
-  return JSON.parse(text);
+  let claims;
+  try {
+    claims = JSON.parse(new TextDecoder().decode(base64urlToBytes(token.slice(5))));
+  } catch (err) {
+    throw new HearthNetError("bad_request", "not a token: hnt1: is followed by base64url JSON");
+  }
+  if (claims === null || typeof claims !== "object") {
+    throw new HearthNetError("bad_request", "not a token: hnt1: is followed by base64url JSON");
+  }
+  return claims;
 }
 
 /** Bytes as base64url without padding (RFC 4648 §5): the JSON form of a binary payload. */
@@ -306,6 +324,7 @@ export function topicMatches(pattern, topic) {
 export class HearthNetError extends Error {
   constructor(code, message, extra = {}) {
     super(`${code}: ${message}`);
+    this.name = "HearthNetError";
     this.code = code;
     Object.assign(this, extra);
   }
@@ -319,8 +338,9 @@ export class HearthNet {
    *   token: "hnt1:..."                       required
    *   refreshToken: async (oldToken) => "hnt1:..."   called before the token expires
    *   transport: "auto" | "ws" | "sse"        (default "auto": WebSocket, else SSE)
-   *   window: pub/sub ack window (default 256)
-   *   onTokenError: (error) => void           refresh failed; the sessions will end
+   *   window: pub/sub ack window (default 1,024)
+   *   onTokenError: (error) => void           refresh failed (tried again halfway to
+   *                                           the expiry; the sessions end at expiry)
    */
   constructor(url, opts = {}) {
     this.url = (url || location.origin).replace(/\/+$/, "");
@@ -332,6 +352,7 @@ export class HearthNet {
     this.subscriptions = new Set();
     this.closed = false;
     this._refreshTimer = null;
+    this._refreshDueMs = Infinity; // when the planned refresh runs (this page's clock)
     this._refreshing = null;
     this._setToken(opts.token);
   }
@@ -355,11 +376,26 @@ export class HearthNet {
 
   _scheduleRefresh() {
     clearTimeout(this._refreshTimer);
-    if (!this.refreshToken || this.closed) return;
-    const due = this._claims.exp_ms - REFRESH_BEFORE_MS - 5_000 - Date.now();
+    if (!this.refreshToken || this.closed || !Number.isFinite(this._claims.exp_ms)) return;
+    // 65 s before expiry; halfway through what is left of a shorter-lived token (a refresh
+    // a second for a token of a minute would only load the page's token service)
+    const left = this._claims.exp_ms - Date.now();
+    const due = left - Math.min(REFRESH_BEFORE_MS, left / 2);
     // setTimeout fires at once past 2^31-1 ms: a long-lived token is looked at again later
     const wait = Math.min(Math.max(1_000, due), 2 ** 31 - 1);
+    this._refreshDueMs = Date.now() + Math.max(1_000, due);
     this._refreshTimer = setTimeout(() => (wait < due ? this._scheduleRefresh() : this.refresh()), wait);
+  }
+
+  /** The node's auth.expiring: the token it holds ends at `expiresMs` (its clock), in 60 s
+   * or less. Refresh now when that is earlier than the token's own end (a topic key
+   * rotation voided it), or when the planned refresh is more than 30 s away (this page's
+   * clock is behind the node's); else the plan stands (a token of a minute is warned
+   * about at once, and would be refreshed on every warning). */
+  _expiring(expiresMs) {
+    if (!(expiresMs >= this._claims.exp_ms) || this._refreshDueMs - Date.now() > 30_000) {
+      this.refresh();
+    }
   }
 
   /** Get a fresh token from refreshToken now and hand it to every open session. */
@@ -371,6 +407,7 @@ export class HearthNet {
           this._setToken(await this.refreshToken(this._token));
         } catch (err) {
           this.onTokenError(err);
+          this._scheduleRefresh(); // again, halfway to the expiry
         } finally {
           this._refreshing = null;
         }
@@ -384,21 +421,38 @@ export class HearthNet {
     return { "X-HearthNet-Token": this._token, ...extra };
   }
 
-  /** GET or POST a JSON endpoint of the node; throws HearthNetError on refusal. */
-  async request(method, path, body) {
-    const init = { method, headers: this._headers() };
+  /** GET or POST a JSON endpoint of the node; throws HearthNetError on refusal. A request
+   * refused `expired` is sent once more with a token from refreshToken (the node stored
+   * nothing of it). */
+  async request(method, path, body, headers = {}, again = true) {
+    const init = { method, headers: this._headers(headers) };
     if (body !== undefined) {
       init.headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(body);
     }
-    const resp = await fetch(this.url + path, init);
+    let resp;
+    try {
+      resp = await fetch(this.url + path, init);
+    } catch (err) {
+      throw new HearthNetError("unavailable", `${this.url} did not answer (${err.message})`);
+    }
     const text = await resp.text();
-    const obj = text ? JSON.parse(text) : null;
+    let obj = null;
+    try {
+      obj = text ? JSON.parse(text) : null;
+    } catch (err) {
+      if (resp.ok) throw new HearthNetError("unavailable", "the answer is not JSON");
+    }
     if (!resp.ok) {
-      const err = obj || {};
-      throw new HearthNetError(err.error || "unavailable", err.message || resp.statusText, {
-        status: resp.status,
-      });
+      const err = obj || {}; // a proxy's error page is not JSON
+      if (err.error === "expired" && again && this.refreshToken) {
+        const before = this._token;
+        await this.refresh();
+        if (this._token !== before) return this.request(method, path, body, headers, false);
+      }
+      const extra = { status: resp.status };
+      if (Number.isInteger(err.retry_after_ms)) extra.retry_after_ms = err.retry_after_ms;
+      throw new HearthNetError(err.error || "unavailable", err.message || resp.statusText, extra);
     }
     return obj;
   }
@@ -449,6 +503,9 @@ export class HearthNet {
    *                                               by the time of the last message
    *   onPresence({topic, kind, member} | {topic, kind: "snapshot", members})
    *   onState("connecting" | "live" | "retrying" | "closed", detail)
+   *                                               ("closed" with an error: a refusal that
+   *                                               waiting cannot fix ended it, see onError)
+   *   onError(HearthNetError)                     a refusal or error frame of the node
    *   presence: {name, status, meta}              join the topics' presence
    *   verify: true                                envelopes keep their sig (spec §6.2)
    *                                               and each one's signature (alone or its
@@ -463,7 +520,8 @@ export class HearthNet {
   subscribe(patterns, opts = {}) {
     const sub = new Subscription(this, Array.isArray(patterns) ? patterns : [patterns], opts);
     this.subscriptions.add(sub);
-    sub._connect();
+    // after subscribe() returned: callbacks may use the Subscription it returns
+    queueMicrotask(() => sub._connect());
     return sub;
   }
 
@@ -478,19 +536,15 @@ export class HearthNet {
 
   /** Call a non-streaming capability: resolves to its output. */
   async call(capability, input, opts = {}) {
-    const resp = await fetch(this.url + "/bus/v1/call", {
-      method: "POST",
-      headers: this._headers(callHeaders(capability, opts.version || "1.0", this.community)),
-      body: JSON.stringify({ params: opts.params || {}, input }),
-    });
-    const obj = await resp.json();
-    if (!resp.ok) throw new HearthNetError(obj.error, obj.message, { status: resp.status });
-    return obj.output;
+    const headers = callHeaders(capability, opts.version || "1.0", this.community);
+    const body = { params: opts.params || {}, input };
+    return (await this.request("POST", "/bus/v1/call", body, headers)).output;
   }
 
   /**
    * llm.chat@2.0 with tools answered by this page (spec §5). Resolves to
-   * {text, done}. Over SSE the tool round trips are re-calls; the caller sees no difference.
+   * {text, done}; rejects with a HearthNetError when the call fails (its error frame).
+   * Over SSE the tool round trips are re-calls; the caller sees no difference.
    *   tools: [{name, description, parameters}]; toolHandler: async (call) => result
    *   onToken(text); publishTo: "topic" (tokens also go to that topic, spec llm.md)
    *   params: {backend, model, script}
@@ -509,6 +563,7 @@ export class HearthNet {
       });
       const calls = [];
       let done = null;
+      let failed = null;
       for await (const frame of call) {
         if (frame.event === "token") {
           text += frame.data.text;
@@ -517,8 +572,11 @@ export class HearthNet {
           calls.push(frame.data);
         } else if (frame.event === "done") {
           done = frame.data;
+        } else if (frame.event === "error") {
+          failed = frame.data; // the last frame: the call's socket closes after it
         }
       }
+      if (failed) throw new HearthNetError(failed.code, failed.message, extraOf(failed));
       if (!done || done.stop_reason !== "tool_calls" || call.inline) return { text, done };
       // SSE: run the tools here and call again with the results appended (spec §5)
       history = [
@@ -541,6 +599,30 @@ export class HearthNet {
   }
 }
 
+/** Why the node refuses an event stream's URL (a HearthNetError), or null when it does
+ * not (it opens the stream, which is closed at once) or does not answer. */
+async function refusalOf(url) {
+  const abort = new AbortController();
+  try {
+    const resp = await fetch(url, { headers: { Accept: "text/event-stream" }, signal: abort.signal });
+    if (resp.ok) return null;
+    const body = await resp.json().catch(() => ({}));
+    const extra = { status: resp.status };
+    if (Number.isInteger(body.retry_after_ms)) extra.retry_after_ms = body.retry_after_ms;
+    return new HearthNetError(body.error || "unavailable", body.message || resp.statusText, extra);
+  } catch (err) {
+    return null;
+  } finally {
+    abort.abort();
+  }
+}
+
+/** What an error frame carries besides code and message (retry_after_ms, ...). */
+function extraOf(data) {
+  const { code, message, ...extra } = data;
+  return extra;
+}
+
 function callHeaders(capability, version, community) {
   return {
     "Content-Type": "application/json",
@@ -559,11 +641,12 @@ export class Subscription {
     this.patterns = patterns;
     this.opts = opts;
     this.epoch = null; // the node's log epoch (spec §6.3)
-    this.seq = null; // the last seq delivered to onMessage
+    this.seq = null; // the cursor: the last seq delivered (a start from now: the head first)
     this.lastTs = null;
     this.since = opts.since || null;
     this.presenceFields = opts.presence || null;
     this.closed = false;
+    this.state = "connecting";
     this.transport = null; // "ws" | "sse" once connected
     this.expiresMs = null; // expiry of the token the node accepted last (WebSocket)
     this.delivered = 0;
@@ -576,6 +659,9 @@ export class Subscription {
     this._es = null;
     this._timer = null;
     this._ackTimer = null;
+    this._refusal = null; // the auth.error of the socket that is about to close
+    this._watchTimer = null;
+    this._heardMs = 0; // when the socket last brought a frame
     this._acked = 0;
     this._wsFailures = 0;
     this.rejected = 0; // messages whose signature failed (verify: true)
@@ -587,15 +673,16 @@ export class Subscription {
     if (this.opts.onState) this.opts.onState(state, detail);
   }
 
-  /** Where the next connection resumes: the cursor once there is one. */
+  /** Where the next connection resumes: the cursor once there is one (for a live-only
+   * start, the head it was subscribed at); until a message came, the same start again (a
+   * `last: N` backlog not received yet is asked for again, not skipped). */
   _resumePoint() {
     if (this.epoch !== null && this.seq !== null) return { epoch: this.epoch, seq: this.seq };
-    if (this.epoch !== null) return null; // subscribed, nothing yet: from the head
     return this.since;
   }
 
   _connect() {
-    if (this.closed) return;
+    if (this.closed || this._ws || this._es) return; // one socket at a time
     this._state("connecting");
     const mode = this.client.transport;
     // "auto": SSE once WebSocket failed twice while the node answered HTTP (spec §3.5)
@@ -603,7 +690,8 @@ export class Subscription {
     else this._openWs();
   }
 
-  _retry(reason) {
+  _retry(reason, error = null) {
+    if (error && !this.closed && this.opts.onError) this.opts.onError(error);
     this._ws = null;
     if (this._es) {
       this._es.close();
@@ -611,9 +699,32 @@ export class Subscription {
     }
     if (this.closed) return;
     this._state("retrying", reason);
-    const delay = this._backoff;
+    clearTimeout(this._timer);
+    const delay = this._backoff * (0.8 + Math.random() * 0.4);
     this._backoff = Math.min(BACKOFF_MAX_MS, this._backoff * 2);
-    this._timer = setTimeout(() => this._connect(), delay * (0.8 + Math.random() * 0.4));
+    // never sooner than the node asked (capacity_exceeded, rate_limited, unavailable)
+    const after = error && Number.isInteger(error.retry_after_ms) ? error.retry_after_ms : 0;
+    this._timer = setTimeout(() => this._connect(), Math.max(delay, after));
+  }
+
+  /** The node refused this subscription (`error` null: its credentials, unsaid): a fresh
+   * token from refreshToken may help when credentials were refused, the same one will
+   * not; a final refusal with no new token ends the subscription, another is retried. */
+  _refused(error, reason) {
+    const before = this.client.token;
+    const credentials = error === null || CREDENTIAL_CODES.has(error.code);
+    (credentials ? this.client.refresh() : Promise.resolve()).then(() => {
+      if (this.client.token !== before) this._retry(reason); // a fresh token
+      else if (error && FINAL_CODES.has(error.code)) this._fail(error);
+      else this._retry(reason, error);
+    });
+  }
+
+  /** A refusal that waiting cannot fix: onError, then the end ("closed" with the error). */
+  _fail(error) {
+    if (this.closed) return;
+    if (this.opts.onError) this.opts.onError(error);
+    this._end(error);
   }
 
   _openWs() {
@@ -623,8 +734,12 @@ export class Subscription {
     ws.onopen = () => {
       opened = true;
       ws.send(JSON.stringify({ type: "auth", token: this.client.token, window: this.client.window }));
+      this._watch(ws);
     };
-    ws.onmessage = (ev) => this._take(JSON.parse(ev.data), ws);
+    ws.onmessage = (ev) => {
+      this._heardMs = Date.now();
+      this._take(JSON.parse(ev.data), ws);
+    };
     ws.onclose = (ev) => {
       if (this._ws !== ws) return;
       if (!opened) {
@@ -637,13 +752,36 @@ export class Subscription {
         ).finally(() => this._retry("websocket refused"));
         return;
       }
-      if (ev.code === 1008 || ev.code === 4401) {
-        // refused credentials: a fresh token may help, the same one will not
-        this.client.refresh().then(() => this._retry(`closed ${ev.code}`));
+      const refused = this._refusal;
+      this._refusal = null;
+      if (ev.code === 1008 || ev.code === 4401) this._refused(refused, `closed ${ev.code}`);
+      else this._retry(`closed ${ev.code}`, refused);
+    };
+  }
+
+  /** Give up `ws` when the node stays silent (QUIET_MS, then a ping, PONG_WAIT_MS). */
+  _watch(ws) {
+    this._heardMs = Date.now();
+    let pingedMs = null;
+    clearInterval(this._watchTimer);
+    this._watchTimer = setInterval(() => {
+      if (this._ws !== ws) {
+        clearInterval(this._watchTimer);
         return;
       }
-      this._retry(`closed ${ev.code}`);
-    };
+      const now = Date.now();
+      if (now - this._heardMs < QUIET_MS) {
+        pingedMs = null;
+      } else if (pingedMs === null) {
+        pingedMs = now;
+        this._sendWs({ type: "ping" });
+      } else if (now - pingedMs >= PONG_WAIT_MS) {
+        clearInterval(this._watchTimer);
+        this._ws = null; // its close event, whenever it comes, is not ours to handle
+        ws.close(1000);
+        this._retry("no answer from the node");
+      }
+    }, 5_000);
   }
 
   _sendWs(obj) {
@@ -660,8 +798,11 @@ export class Subscription {
       q.set("since_seq", String(at.seq));
     } else if (at && at.ts !== undefined) q.set("since_ts", String(at.ts));
     else if (at && at.last !== undefined) q.set("last", String(at.last));
-    const es = new EventSource(`${this.client.url}/pubsub/v1/subscribe?${q}`);
+    const url = `${this.client.url}/pubsub/v1/subscribe?${q}`;
+    const es = new EventSource(url);
     this._es = es;
+    let opened = false;
+    es.addEventListener("open", () => { opened = true; });
     this.transport = "sse";
     const on = (event) => (ev) => {
       const frame = { event, data: JSON.parse(ev.data) };
@@ -672,14 +813,26 @@ export class Subscription {
       es.addEventListener(name, on(name));
     }
     es.addEventListener("error", (ev) => {
+      // the browser would reconnect with the old URL (and token): we do it ourselves
+      if (this._es !== es) return;
+      this._es = null;
+      es.close();
       if (ev.data) {
         // the node's own error event (spec §3.3), not the browser's "connection lost"
         const data = JSON.parse(ev.data);
-        if (data.code === "expired") this.client.refresh();
-        else if (this.opts.onError) this.opts.onError(new HearthNetError(data.code, data.message));
+        const error = new HearthNetError(data.code, data.message, extraOf(data));
+        if (data.code === "expired") this._refused(error, "token expired");
+        else if (FINAL_CODES.has(data.code)) this._fail(error);
+        else this._retry("event stream ended", error);
+      } else if (opened) {
+        this._retry("event stream ended");
+      } else {
+        // refused before it opened: an EventSource does not say why, the same request does
+        refusalOf(url).then((error) => {
+          if (error) this._refused(error, "event stream refused");
+          else this._retry("event stream ended");
+        });
       }
-      // the browser would reconnect with the old URL (and token): we do it ourselves
-      if (this._es === es) this._retry("event stream ended");
     });
   }
 
@@ -719,7 +872,10 @@ export class Subscription {
     const { event, data } = frame;
     if (event === "auth.ok") {
       this.expiresMs = data.expires_ms ?? null; // the token the node holds now
-      if (ws._hearthnetSubscribed) return; // an answer to a refreshed token
+      if (ws._hearthnetSubscribed) {
+        ws._hearthnetReauth = false; // the node took the refreshed token
+        return;
+      }
       ws._hearthnetSubscribed = true;
       const sub = { type: "subscribe", topics: this.patterns };
       const at = this._resumePoint();
@@ -731,6 +887,11 @@ export class Subscription {
     } else if (event === "subscribed") {
       if (this.epoch !== null && data.epoch !== this.epoch) this.seq = null;
       this.epoch = data.epoch;
+      // a live-only start: nothing at or below the head is for us, and a reconnect must
+      // resume from it (not from the head then), or what came in between is lost
+      if (this.seq === null && this.since === null && Number.isInteger(data.head_seq)) {
+        this.seq = data.head_seq;
+      }
       this.transport = ws ? "ws" : "sse";
       this._backoff = BACKOFF_MIN_MS;
       this._acked = this.seq || 0;
@@ -761,9 +922,34 @@ export class Subscription {
       if (ws) ws.close(1000);
       else this._retry("reset");
     } else if (event === "auth.expiring") {
-      this.client.refresh();
-    } else if (event === "auth.error" || event === "error") {
-      if (this.opts.onError) this.opts.onError(new HearthNetError(data.code, data.message));
+      this.client._expiring(data.expires_ms);
+    } else if (event === "auth.error") {
+      // the socket closes next (1008, or 1013 when the node is full): decided there
+      this._refusal = new HearthNetError(data.code, data.message, extraOf(data));
+    } else if (event === "error") {
+      const error = new HearthNetError(data.code, data.message, extraOf(data));
+      if (ws && ws._hearthnetReauth) {
+        // the session refused the refreshed token (say one for another client: another
+        // sub); a new session takes any valid one, and resumes from the cursor
+        ws._hearthnetReauth = false;
+        this._ws = null;
+        ws.close(1000);
+        this._retry(`refreshed token refused on the session (${error.code})`);
+      } else if (
+        FINAL_CODES.has(error.code) &&
+        (this.state === "connecting" || error.code === "forbidden" || error.code === "revoked")
+      ) {
+        // the subscribe refused (a forbidden topic, a bad start), or the subscription
+        // dropped (new access rules refuse it, the token was revoked): nothing more comes.
+        // (A live session's other refusals, say of a presence update, leave it as it was.)
+        this._fail(error);
+      } else if (this.state !== "connecting" || !ws) {
+        if (this.opts.onError) this.opts.onError(error);
+      } else {
+        this._ws = null; // refused for load: again after the backoff
+        ws.close(1000);
+        this._retry("subscribe refused", error);
+      }
     }
   }
 
@@ -803,12 +989,26 @@ export class Subscription {
   }
 
   _tokenChanged() {
-    if (this._ws) this._sendWs({ type: "auth", token: this.client.token, window: this.client.window });
-    else if (this._es) this._retry("token refreshed"); // an event stream's token is in its URL
+    const ws = this._ws;
+    if (ws) {
+      if (ws.readyState === WebSocket.OPEN) ws._hearthnetReauth = true; // answered auth.ok or error
+      this._sendWs({ type: "auth", token: this.client.token, window: this.client.window });
+    } else if (this._es) this._retry("token refreshed"); // an event stream's token is in its URL
   }
 
   /** Change this subscriber's presence ({name, status, meta}) on its topics. */
   setPresence(fields) {
+    // checked here: kept for every reconnect, a field the node refuses would end the
+    // subscription then (the node checks the lengths as well)
+    for (const [key, value] of Object.entries(fields)) {
+      const ok = key === "meta"
+        ? value !== null && typeof value === "object" && !Array.isArray(value)
+        : (key === "name" || key === "status") && typeof value === "string";
+      if (!ok) {
+        const given = `${key}: ${JSON.stringify(value)}`;
+        throw new HearthNetError("bad_request", `presence has name, status (text) and meta (an object), not ${given}`);
+      }
+    }
     this.presenceFields = { ...(this.presenceFields || {}), ...fields };
     this._sendWs({ type: "presence.update", ...fields });
   }
@@ -821,14 +1021,20 @@ export class Subscription {
 
   /** Stop: closes the socket; no more callbacks. */
   close() {
+    this._end();
+  }
+
+  _end(error) {
+    if (this.closed) return;
     this.closed = true;
     clearTimeout(this._timer);
     clearTimeout(this._ackTimer);
+    clearInterval(this._watchTimer);
     if (this._ws) this._ws.close(1000);
     if (this._es) this._es.close();
     this._ws = this._es = null;
     this.client.subscriptions.delete(this);
-    this._state("closed");
+    this._state("closed", error);
   }
 }
 
@@ -925,7 +1131,7 @@ export class Call {
         signal: this._abort.signal,
       });
     } catch (err) {
-      this._push({ event: "error", data: { code: "unavailable", message: String(err) } });
+      this._push(this._lost(err));
       return;
     }
     if (!resp.ok) {
@@ -955,10 +1161,17 @@ export class Call {
           }
         }
       } catch (err) {
-        this._push({ event: "error", data: { code: "unavailable", message: String(err) } });
+        this._push(this._lost(err));
       }
       this._push({ event: "error", data: { code: "unavailable", message: "stream ended early" } });
     })();
+  }
+
+  /** The error frame that ends a call whose request failed: `cancelled` when cancel()
+   * aborted it (as over WebSocket), else `unavailable`. */
+  _lost(err) {
+    const code = this._abort && this._abort.signal.aborted ? "cancelled" : "unavailable";
+    return { event: "error", data: { code, message: String(err) } };
   }
 
   /** Ask the node to stop this call; the stream ends with error{cancelled} or done. */

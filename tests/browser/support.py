@@ -12,6 +12,7 @@ from websockets.sync.client import connect
 
 from hearthnet.clock import now_ms
 from hearthnet.identity import load_or_create_keys
+from hearthnet.ids import b64url_decode, b64url_encode
 from hearthnet.tokens import CapabilityToken, Scope
 from tests.helpers import NodeProcess
 
@@ -29,6 +30,14 @@ def process_token(
         now_ms=now_ms(),
         sub=sub,
     ).encode()
+
+
+def forged_token(token: str) -> str:
+    """``token`` with its signature altered: a node refuses it (invalid_signature)."""
+    claims = json.loads(b64url_decode(token.removeprefix("hnt1:")))
+    sig = claims["sig"]
+    claims["sig"] = sig[:-8] + ("B" * 8 if sig.endswith("A" * 8) else "A" * 8)
+    return "hnt1:" + b64url_encode(json.dumps(claims).encode())
 
 
 class PageServer:

@@ -20,6 +20,7 @@ from hearthnet.ids import b64url_decode
 from tests.browser.support import (
     CLIENT_PAGE,
     PageServer,
+    forged_token,
     open_client_page,
     process_token,
     publish,
@@ -436,11 +437,11 @@ def test_resume_after_node_restart_no_loss_no_duplicate(
 ) -> None:
     """The page subscribes, the node process restarts (same port and data), messages are
     published before and right after the restart: the page gets each once, in order,
-    resuming over WebSocket by (epoch, seq); its token (61 s left) was refreshed on the
-    live session first."""
+    resuming over WebSocket by (epoch, seq); its token (5 s left, so refreshed halfway)
+    was refreshed on the live session first."""
     node = restartable[0]
     token = process_token(node, *SCOPES, sub="page")
-    short = process_token(node, *SCOPES, ttl_ms=61_000, sub="page")
+    short = process_token(node, *SCOPES, ttl_ms=5_000, sub="page")
     open_client_page(page, pages, node.url)
     page.evaluate(SUBSCRIBE, [node.url, short, token])
     expires = json.loads(b64url_decode(token.removeprefix("hnt1:")))["exp_ms"]
@@ -511,6 +512,48 @@ def test_sse_fallback_when_websocket_is_blocked(
         page.evaluate("sub.transport"),
         page.errors,
     )
+
+
+SSE_REFUSED = """([node, tokens]) => {
+  window.outcomes = {};
+  const run = (name, token, topic, refreshToken) => {
+    const out = {errors: [], states: []};
+    outcomes[name] = out;
+    new hn.HearthNet(node, {token, refreshToken, transport: "sse"}).subscribe([topic], {
+      onError: (e) => out.errors.push(e.code),
+      onState: (s, detail) => out.states.push(detail && detail.code ? `${s} ${detail.code}` : s)});
+  };
+  run("bad", tokens.bad, "demo.sse");
+  run("forbidden", tokens.good, "secret.sse");
+  run("refreshed", tokens.expired, "demo.sse", async () => tokens.good);
+}"""
+
+
+def test_sse_refusals_say_why_and_end(
+    page: Any, pages: PageServer, no_websocket: NodeProcess
+) -> None:
+    """Over SSE the node refuses before the stream starts (an EventSource sees only
+    "error"): a token whose signature fails and a topic it does not cover reach onError
+    with the node's code and end the subscription; an expired token is replaced by
+    refreshToken and the stream goes live."""
+    node = no_websocket
+    good = process_token(node, *SCOPES, sub="page")
+    bad = forged_token(good)
+    expired = process_token(node, *SCOPES, ttl_ms=1, sub="page")
+    open_client_page(page, pages, node.url)
+    page.evaluate(SSE_REFUSED, [node.url, {"good": good, "bad": bad, "expired": expired}])
+    settled = "Object.values(outcomes).every((o) => o.states.length >= 2)"
+    page.wait_for_function(f"{settled} && outcomes.refreshed.states.at(-1) === 'live'")
+    page.wait_for_timeout(700)  # longer than the first backoff: a retry would show
+    outcomes = page.evaluate("outcomes")
+    assert {
+        "bad": {
+            "errors": ["invalid_signature"],
+            "states": ["connecting", "closed invalid_signature"],
+        },
+        "forbidden": {"errors": ["forbidden"], "states": ["connecting", "closed forbidden"]},
+        "refreshed": {"errors": [], "states": ["connecting", "retrying", "connecting", "live"]},
+    } == {name: outcomes[name] for name in ("bad", "forbidden", "refreshed")}
 
 
 def test_llm_chat_tool_answered_by_the_page_over_sse(

@@ -57,7 +57,9 @@ def _login_url(data_dir: Path) -> str:
 
 def test_login_shows_peer_topic_and_live_message(page: Any, mesh: Cluster) -> None:
     """With the printed URL the console opens (the token leaves the address bar), lists
-    the linked peer and a published topic, and tails it live, with its own presence."""
+        the linked peer and a published topic, and tails it live, with its own presence (once,
+    also after the tail's socket dropped and it resumed); a malformed pattern is shown as
+    the node's error."""
     node = mesh.nodes[0]
     token = process_token(node, "pub:demo.**")
     publish(node.url, token, "demo.console", "note", {"text": "first"})
@@ -71,18 +73,29 @@ def test_login_shows_peer_topic_and_live_message(page: Any, mesh: Cluster) -> No
     publish(node.url, token, "demo.console", "note", {"text": "live one"})
     page.wait_for_selector("#tail-messages li:has-text('live one')", timeout=15_000)
     page.wait_for_selector("#tail-presence li:has-text('console')", timeout=15_000)
+    page.evaluate("hearthnetConsole.tail.reconnect()")  # as a network drop would
+    page.wait_for_selector("#tail-state:has-text('retrying')", timeout=15_000)
+    page.wait_for_selector("#tail-state:has-text('live')", timeout=15_000)
+    page.wait_for_selector("#tail-presence li:has-text('console')", timeout=15_000)
+    present = page.inner_text("#tail-presence")
+    tailed = page.inner_text("#tail-messages")
     peer = page.inner_text("#peer-rows tr.peer")
     if DOCS_IMG:
         page.screenshot(path=f"{DOCS_IMG}/console.png", full_page=True)
         page.set_viewport_size({"width": 390, "height": 844})
         page.screenshot(path=f"{DOCS_IMG}/console-phone.png")
-    assert ("#token=" in page.url, "attic", "direct", True, []) == (
+    page.fill("#tail-topic", "demo..bad")
+    page.press("#tail-topic", "Enter")
+    page.wait_for_selector("#tail-messages li.error", timeout=15_000)
+    assert ("#token=" in page.url, "attic", "direct", True, ["console · watching"], []) == (
         False,
         peer.split("\t")[0].strip(),
         peer.split("\t")[1].strip(),
-        "first" in page.inner_text("#tail-messages"),
+        "first" in tailed,
+        present.splitlines(),
         page.errors,
     )
+    assert "bad_request" in page.inner_text("#tail-messages li.error")
 
 
 def _answer(pg: Any) -> str:

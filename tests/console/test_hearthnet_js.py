@@ -87,3 +87,145 @@ console.log(JSON.stringify({ sent, got }));
         "sent": [{"type": "subscribe", "topics": ["a.b"], "fields": ["data"]}],
         "got": [[1, 1], [2, 2], [3, 3]],
     } == run_with_hn(script)
+
+
+@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+def test_token_refresh_is_planned_by_the_tokens_life() -> None:
+    """refreshToken runs 65 s before expiry, or halfway through what is left of a token
+    of less than 130 s (not once a second); the node's auth.expiring for the token's own
+    expiry waits for that plan when it is near, and refreshes at once when the plan is
+    more than 30 s away (the page's clock is behind) or the node names an earlier end (a
+    rotation voided the token)."""
+    script = """
+const waits = [];
+globalThis.setTimeout = (f, ms) => { waits.push(ms); return 0; };
+globalThis.clearTimeout = () => {};
+const token = (ttl) => "hnt1:" + hn.bytesToBase64url(new TextEncoder().encode(
+  JSON.stringify({ community: "c", exp_ms: Date.now() + ttl })));
+const refreshed = [];
+const client = (ttl) => new hn.HearthNet("http://node", {
+  token: token(ttl), refreshToken: async () => { refreshed.push(ttl); return token(ttl); } });
+const long = client(3_600_000);
+const short = client(30_000);
+const expiring = async (c, ms) => {
+  const frame = { event: "auth.expiring", data: { expires_ms: ms } };
+  new hn.Subscription(c, ["a"], {})._onFrame(frame, null);
+  await c._refreshing;
+};
+await expiring(short, short._claims.exp_ms);          // as planned: in 15 s
+await expiring(short, short._claims.exp_ms - 10_000); // voided early: now
+await expiring(long, long._claims.exp_ms);            // the page's clock is behind: now
+console.log(JSON.stringify({ waits: waits.slice(0, 2), refreshed }));
+"""
+    got = run_with_hn(script)
+    long_wait, short_wait = got["waits"]
+    assert (True, True, [30_000, 3_600_000]) == (
+        3_534_000 < long_wait <= 3_535_000,
+        14_000 < short_wait <= 15_000,
+        got["refreshed"],
+    )
+
+
+@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+def test_reconnect_backoff_doubles_to_30_s_and_honours_retry_after() -> None:
+    """A subscription's reconnects wait 0.5 s doubling to 30 s (+-20 %), never less than
+    the node's retry_after_ms, and start at 0.5 s again once it was live."""
+    script = """
+const waits = [];
+globalThis.setTimeout = (f, ms) => { waits.push(Math.round(ms)); return 0; };
+globalThis.clearTimeout = () => {};
+const token = "hnt1:" + hn.bytesToBase64url(new TextEncoder().encode(
+  JSON.stringify({ community: "c", exp_ms: Date.now() + 3_600_000 })));
+const sub = new hn.Subscription(new hn.HearthNet("http://node", { token }), ["a"], {});
+for (let i = 0; i < 8; i++) sub._retry("down");
+sub._retry("busy", { retry_after_ms: 45_000 });
+sub._onFrame({ event: "subscribed", data: { epoch: "e", head_seq: 0 } }, null);
+sub._retry("dropped");
+console.log(JSON.stringify(waits));
+"""
+    waits = run_with_hn(script)
+    nominal = [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000, 500]
+    assert (True, 45_000) == (
+        all(
+            0.8 * n <= w <= 1.2 * n
+            for w, n in zip(waits[:8] + waits[9:], nominal[:8] + nominal[9:], strict=True)
+        ),
+        waits[8],
+    ), waits
+
+
+@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+def test_a_silent_socket_is_pinged_then_given_up() -> None:
+    """A live subscription whose socket brings nothing for 25 s sends a ping frame; a
+    pong keeps it; when nothing comes 10 s after a ping it closes that socket and
+    reconnects (a socket can die without a close event the browser would see)."""
+    script = """
+let now = 1_800_000_000_000;
+Date.now = () => now;
+const ticks = [];
+globalThis.setInterval = (f, ms) => { ticks.push(f); return ticks.length; };
+globalThis.clearInterval = () => {};
+globalThis.setTimeout = () => 0;
+globalThis.clearTimeout = () => {};
+const sockets = [];
+globalThis.WebSocket = class {
+  static OPEN = 1;
+  constructor(url) { this.readyState = 1; this.sent = []; this.closed = null; sockets.push(this); }
+  send(text) { this.sent.push(JSON.parse(text).type); }
+  close(code) { this.closed = code; }
+};
+const token = "hnt1:" + hn.bytesToBase64url(new TextEncoder().encode(
+  JSON.stringify({ community: "c", exp_ms: now + 3_600_000 })));
+const states = [];
+const sub = new hn.HearthNet("http://node", { token }).subscribe(["a"], {
+  onState: (s) => states.push(s) });
+await null;
+const ws = sockets[0];
+const frame = (event, data = {}) => ws.onmessage({ data: JSON.stringify({ event, data }) });
+ws.onopen();
+frame("auth.ok");
+frame("subscribed", { epoch: "e", head_seq: 0 });
+const tick = (ms) => { now += ms; ticks.at(-1)(); };
+tick(26_000);             // quiet: ping
+frame("pong", { ts: now }); // answered
+tick(5_000);
+tick(26_000);             // quiet again: ping
+tick(5_000);
+const before = ws.closed;
+tick(6_000);              // 11 s after the ping, nothing: given up
+console.log(JSON.stringify({ sent: ws.sent, before, closed: ws.closed, states }));
+"""
+    assert {
+        "sent": ["auth", "subscribe", "ping", "ping"],
+        "before": None,
+        "closed": 1000,
+        "states": ["connecting", "live", "retrying"],
+    } == run_with_hn(script)
+
+
+@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+def test_one_socket_per_subscription() -> None:
+    """subscribe() connects after it returned; a reconnect() before that, and a retry
+    timer firing twice, still open one socket (two would both stay subscribed)."""
+    script = """
+const timers = [];
+globalThis.setTimeout = (f, ms) => { timers.push(f); return timers.length; };
+globalThis.clearTimeout = () => {};
+globalThis.setInterval = () => 0;
+globalThis.clearInterval = () => {};
+const sockets = [];
+globalThis.WebSocket = class {
+  static OPEN = 1;
+  constructor() { this.readyState = 0; sockets.push(this); }
+  send() {}
+  close() {}
+};
+const token = "hnt1:" + hn.bytesToBase64url(new TextEncoder().encode(
+  JSON.stringify({ community: "c", exp_ms: Date.now() + 3_600_000 })));
+const sub = new hn.HearthNet("http://node", { token }).subscribe(["a"], {});
+sub.reconnect();
+await null;
+for (const f of timers.splice(0)) { f(); f(); }
+console.log(JSON.stringify(sockets.length));
+"""
+    assert 1 == run_with_hn(script)

@@ -113,13 +113,21 @@ function watchTopic(pattern) {
   if (tail) tail.close();
   $("tail-messages").replaceChildren();
   $("tail-presence").replaceChildren();
-  const members = new Map();
-  const drawPresence = () => $("tail-presence").replaceChildren(
-    ...[...members.values()].map((m) => el("li", { title: m.identity }, `${m.name || short(m.identity)}${m.status ? " · " + m.status : ""}`)));
+  const rooms = new Map(); // topic -> client_id -> member
+  const drawPresence = () => {
+    const members = new Map();
+    for (const room of rooms.values()) for (const [id, m] of room) members.set(id, m);
+    $("tail-presence").replaceChildren(
+      ...[...members.values()].map((m) => el("li", { title: m.identity }, `${m.name || short(m.identity)}${m.status ? " · " + m.status : ""}`)));
+  };
   tail = client.subscribe([pattern], {
     since: { last: 20 },
     presence: { name: "console", status: "watching" },
-    onState: (state) => { $("tail-state").textContent = `${pattern}: ${state}${tail && tail.transport ? " (" + tail.transport + ")" : ""}`; },
+    onState: (state, detail) => {
+      if (state === "live") { rooms.clear(); drawPresence(); } // (re)subscribed: snapshots follow
+      $("tail-state").textContent = `${pattern}: ${state}${state === "live" && tail.transport ? " (" + tail.transport + ")" : ""}`;
+    },
+    onError: (err) => $("tail-messages").append(el("li", { class: "error" }, err.message)),
     onMessage: (m, at) => {
       const list = $("tail-messages");
       list.append(el("li", { class: "message" }, el("b", {}, `${m.topic} `), `[${m.type}] `, JSON.stringify(m.data), el("span", { class: "muted" }, ` #${at.seq}`)));
@@ -128,9 +136,12 @@ function watchTopic(pattern) {
     },
     onGap: (g) => $("tail-messages").append(el("li", { class: "error" }, `gap: ${g.from_seq}..${g.to_seq} dropped`)),
     onPresence: (p) => {
-      if (p.members) for (const m of p.members) members.set(m.client_id, m);
-      if (p.member && p.kind === "leave") members.delete(p.member.client_id);
-      else if (p.member) members.set(p.member.client_id, p.member);
+      if (p.kind === "snapshot") rooms.set(p.topic, new Map(p.members.map((m) => [m.client_id, m])));
+      else {
+        if (!rooms.has(p.topic)) rooms.set(p.topic, new Map());
+        if (p.kind === "leave") rooms.get(p.topic).delete(p.member.client_id);
+        else rooms.get(p.topic).set(p.member.client_id, p.member);
+      }
       drawPresence();
     },
   });
@@ -152,6 +163,7 @@ function joinRoom(topic) {
   room = client.subscribe([topic], {
     since: { last: 1000 },
     onState: (state) => { $("chat-room-form").dataset.state = state; },
+    onError: (err) => log.append(el("p", { class: "error" }, err.message)),
     onMessage: (m) => {
       if (m.type === "token") answer(m.data.call).textContent += m.data.text;
       else if (m.type === "message.complete" && m.data.role === "assistant") {
