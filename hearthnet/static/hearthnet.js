@@ -476,7 +476,7 @@ export class HearthNet {
   }
 
   /**
-   * A page of a topic's history (oldest first): {messages: [frame], has_more}. With
+   * A page of a topic's history (oldest first): {messages: [frame], has_more, epoch}. With
    * `verify: true` among the options every message's signature is checked first
    * (verifyMessage; rejects with invalid_signature if one fails).
    */
