@@ -159,30 +159,33 @@ class DurableConsumers:
         """Each consumer, the first message it may hold (its first match after its
         cursor) and the last (its ``max_held``-th match, expired or not; :data:`ALL` when
         it has fewer, so that what commits meanwhile is held too). Found by position in
-        the topics' indexes (:func:`~hearthnet.pubsub.logread.held_span`), each set of
-        patterns matched against the topics once, yielding to the event loop every
-        :data:`HOLDS_SLICE_S`."""
+        the topics' indexes (:func:`~hearthnet.pubsub.logread.held_span`), or, where the
+        log has too many topics to list a wildcard's, by a scan of the seq columns at C
+        speed; each set of patterns matched against the topics once, yielding to the
+        event loop every :data:`HOLDS_SLICE_S`."""
         log = self.log
         reader, head = log.reader, log.head_seq
-        lists: dict[tuple[str, ...], list[Sequence[int]] | None] = {}
+        lists: dict[tuple[str, ...], list[Sequence[int]] | bytearray] = {}
+        cols, names = log.index.cols, log.index.topic_names
         holds = []
         since = time.monotonic()
         for record in list(log.consumers.values()):
             if time.monotonic() - since > HOLDS_SLICE_S:
                 await asyncio.sleep(0)
                 since = time.monotonic()
-            patterns = [TopicPattern.parse(p) for p in record.patterns]
-            if record.patterns not in lists:
-                lists[record.patterns] = reader.topic_lists(patterns)
-            found, after = lists[record.patterns], record.cursor
-            if found is not None:
-                first, limit = held_span(found, after, head, self.max_held)
-            else:  # too many topics to search: walk
-                seqs = reader.matching(
-                    patterns, after_seq=after, upto_seq=head, limit=self.max_held, now=0
-                )
-                first = seqs[0] if seqs else None
-                limit = seqs[-1] if len(seqs) >= self.max_held else None
+            found = lists.get(record.patterns)
+            if found is None:
+                patterns = [TopicPattern.parse(p) for p in record.patterns]
+                found = reader.topic_lists(patterns)
+                if found is None:  # too many topics to search: the columns, by topic number
+                    found = reader.topic_mask(patterns)
+                lists[record.patterns] = found
+            if isinstance(found, list):
+                first, limit = held_span(found, record.cursor, head, self.max_held)
+            else:
+                if len(found) < len(names):  # topics new since: none of them is held yet
+                    found.extend(bytes(len(names) - len(found)))
+                first, limit = cols.span(found, record.cursor, head, self.max_held)
             holds.append(
                 Hold(record, head + 1 if first is None else first, ALL if limit is None else limit)
             )

@@ -19,7 +19,8 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
-from itertools import compress
+from itertools import compress, count, islice
+from operator import and_
 
 # Both above any real time, so that min() over the arrays (C speed) tells whether a
 # retention scan can find anything.
@@ -185,6 +186,33 @@ class SeqColumns:
                 if not left:
                     break
         return pos
+
+    def span(
+        self, topics: bytearray, after_seq: int, upto_seq: int, n: int, chunk: int = SCAN_CHUNK
+    ) -> tuple[int | None, int | None]:
+        """The first and the ``n``-th held seq in ``(after_seq, upto_seq]`` whose topic
+        number is set in ``topics`` (each None when there are not that many), ``chunk``
+        positions at a time at C speed: the topics picked with ``map``, counted with
+        ``bytes.count``."""
+        seqs, ts, number = self.seqs, self.ts, self.topic
+        start = bisect_right(seqs, after_seq, self.base)
+        end = bisect_right(seqs, upto_seq, self.base)
+        tombstones = self.dead != self.base  # some above base: positions are not all held
+        first = None
+        for lo in range(start, end, chunk):
+            hi = min(end, lo + chunk)
+            picked = bytes(map(topics.__getitem__, number[lo:hi]))
+            if tombstones:
+                picked = bytes(map(and_, picked, map(DEAD.__ne__, ts[lo:hi])))
+            found = picked.count(1)
+            if not found:
+                continue
+            if first is None:
+                first = seqs[lo + picked.index(1)]
+            if found >= n:
+                return first, seqs[lo + next(islice(compress(count(), picked), n - 1, None))]
+            n -= found
+        return first, None
 
     def below(
         self, column: array[int], bound: int, limit: int, topics: bytearray | None = None

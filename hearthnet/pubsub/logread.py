@@ -210,6 +210,12 @@ class LogReader:
                     picked.append(seq)
         return picked
 
+    def topic_mask(self, patterns: list[TopicPattern]) -> bytearray:
+        """By topic number (:attr:`LogIndex.topic_names`), 1 where a pattern matches the
+        topic: for :meth:`SeqColumns.span` where :meth:`topic_lists` gives up."""
+        names = self.index.topic_names
+        return bytearray(any(p.matches(t) for p in patterns) for t in names)
+
     def topic_lists(self, patterns: list[TopicPattern]) -> list[Sequence[int]] | None:
         """The seqs of each topic in the log that the patterns match (the indexes' own
         arrays, not copies), or None when the log has too many topics to search."""

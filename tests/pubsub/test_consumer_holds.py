@@ -7,9 +7,10 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from hearthnet.pubsub.logcolumns import SeqColumns
 from hearthnet.pubsub.logindex import NO_EXPIRY
 from hearthnet.pubsub.logread import held_span
 from hearthnet.pubsub.retention_plan import unheld
@@ -120,3 +121,45 @@ def test_a_pass_deletes_and_reports_lost_what_the_walk_over_every_consumer_did(
     above = [(seq, topic, ts, exp) for seq, (topic, ts, exp) in enumerate(messages, 1)]
     holds = [(cursor, cursor + span, tuple(ps)) for cursor, span, ps in consumers]
     assert walk(above, holds, oldest_held, now) == unheld(above, holds, oldest_held, now)
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(st.integers(0, 5), min_size=1, max_size=80),
+    st.sets(st.integers(0, 5), min_size=1, max_size=4),
+    st.sets(st.integers(1, 80), max_size=20),
+    st.integers(0, 20),
+    st.integers(0, 20),
+    st.integers(30, 90),
+    st.one_of(st.integers(1, 3), st.integers(1, 30)),
+    st.integers(1, 9),
+)
+@example([0, 1] * 6, {0}, set(), 0, 0, 12, 4, 3)  # the 4th two chunks on, the first alone
+@example([0, 1] * 6, {0}, {1, 5}, 0, 0, 10, 2, 5)  # tombstones among the matches
+@example([0] * 10, {0}, set(), 0, 0, 5, 7, 4)  # fewer up to upto than after it
+def test_the_columns_find_the_first_and_nth_of_some_topics_past_tombstones(
+    topics: list[int],
+    wanted: set[int],
+    killed: set[int],
+    cut: int,
+    after: int,
+    upto: int,
+    n: int,
+    chunk: int,
+) -> None:
+    """Seqs 1..k on topic numbers ``topics``, some deleted one by one and a prefix cut:
+    :meth:`SeqColumns.span` gives what walking the held ones gives, in chunks of any size
+    (the first and the ``n``-th found in different chunks)."""
+    cols = SeqColumns()
+    seqs = list(range(1, len(topics) + 1))
+    cols.extend(seqs, [1000] * len(seqs), [None] * len(seqs), topics)
+    for seq in killed:
+        cols.kill(seq)
+    cols.cut_prefix(cut)
+    held = [
+        s for s, t in zip(seqs, topics, strict=True) if s not in killed and s >= cut and t in wanted
+    ]
+    window = [s for s in held if after < s <= upto]
+    mask = bytearray(t in wanted for t in range(6))
+    expected = (window[0] if window else None, window[n - 1] if len(window) >= n else None)
+    assert expected == cols.span(mask, after, upto, n, chunk)
