@@ -166,7 +166,7 @@ class DurableConsumers:
         log = self.log
         reader, head = log.reader, log.head_seq
         lists: dict[tuple[str, ...], list[Sequence[int]] | bytearray] = {}
-        cols, names = log.index.cols, log.index.topic_names
+        cols = log.index.cols
         holds = []
         since = time.monotonic()
         for record in list(log.consumers.values()):
@@ -174,8 +174,8 @@ class DurableConsumers:
                 await asyncio.sleep(0)
                 since = time.monotonic()
             found = lists.get(record.patterns)
+            patterns = [TopicPattern.parse(p) for p in record.patterns]
             if found is None:
-                patterns = [TopicPattern.parse(p) for p in record.patterns]
                 found = reader.topic_lists(patterns)
                 if found is None:  # too many topics to search: the columns, by topic number
                     found = reader.topic_mask(patterns)
@@ -183,8 +183,7 @@ class DurableConsumers:
             if isinstance(found, list):
                 first, limit = held_span(found, record.cursor, head, self.max_held)
             else:
-                if len(found) < len(names):  # topics new since: none of them is held yet
-                    found.extend(bytes(len(names) - len(found)))
+                found = reader.topic_mask(patterns, found)  # with topics new since
                 first, limit = cols.span(found, record.cursor, head, self.max_held)
             holds.append(
                 Hold(record, head + 1 if first is None else first, ALL if limit is None else limit)

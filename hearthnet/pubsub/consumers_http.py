@@ -26,10 +26,9 @@ from hearthnet.shapes import Shape
 from hearthnet.transport.server import json_response
 
 CONSUMERS_QUERY = Shape.query("consumers query", ("owner", "token"))
-# ``pending`` is counted by position in the topics' indexes; when the log has too many
-# topics to search, by walking, up to this many (on the event loop: 0.7-0.8 µs a message).
-# The listing lets other work run between every few consumers.
-PENDING_COUNT_MAX = 1000
+# ``pending`` is counted from the indexes (bisections in each topic's seqs, or a scan of
+# the seq columns at C speed where the log has too many topics to list a wildcard's); the
+# listing lets other work run between every few consumers.
 YIELD_EVERY = 16
 
 
@@ -47,21 +46,20 @@ def owner_asked(caller: Caller, asked: str | None, *, listing: bool) -> str | No
     return asked
 
 
-def describe(consumers: DurableConsumers, record: ConsumerRecord) -> dict[str, Any]:
+def describe(
+    consumers: DurableConsumers, record: ConsumerRecord, masks: dict[tuple[str, ...], bytearray]
+) -> dict[str, Any]:
     """One consumer as the listing shows it: ``pending`` counts its matches after its
-    cursor (those past their ttl included), from the topics' indexes; when the log has
-    too many topics to search, up to :data:`PENDING_COUNT_MAX` (that many: at least)."""
+    cursor (those past their ttl included), from the indexes (``masks``: the topic masks
+    of the listing's wildcards, made once for all its consumers)."""
     log, after, head = consumers.log, record.cursor, consumers.log.head_seq
     patterns = [TopicPattern.parse(p) for p in record.patterns]
     lists = log.reader.topic_lists(patterns)
     if lists is not None:
         pending = sum(bisect_right(s, head) - bisect_right(s, after) for s in lists)
-    else:
-        pending = len(
-            log.reader.matching(
-                patterns, after_seq=after, upto_seq=head, limit=PENDING_COUNT_MAX, now=0
-            )
-        )
+    else:  # too many topics to list a wildcard's: the seq columns, by topic number
+        mask = masks[record.patterns] = log.reader.topic_mask(patterns, masks.get(record.patterns))
+        pending = log.index.cols.count_of(mask, after, head)
     lost = record.lost
     return {
         "owner": record.identity,
@@ -95,11 +93,11 @@ class ConsumersHttp:
         owner = owner_asked(caller, request.query.get("owner"), listing=True)
         consumers = self.deps.service.consumers
         head = consumers.log.head_seq
-        rows = []
+        rows, masks = [], dict[tuple[str, ...], bytearray]()
         for i, record in enumerate(consumers.listed(owner)):
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # a node's whole listing: up to max_consumers
-            rows.append(describe(consumers, record))
+            rows.append(describe(consumers, record, masks))
         return json_response({"consumers": rows, "head_seq": head})
 
     async def delete(self, request: web.Request) -> web.Response:

@@ -191,19 +191,9 @@ class SeqColumns:
         self, topics: bytearray, after_seq: int, upto_seq: int, n: int, chunk: int = SCAN_CHUNK
     ) -> tuple[int | None, int | None]:
         """The first and the ``n``-th held seq in ``(after_seq, upto_seq]`` whose topic
-        number is set in ``topics`` (each None when there are not that many), ``chunk``
-        positions at a time at C speed: the topics picked with ``map``, counted with
-        ``bytes.count``."""
-        seqs, ts, number = self.seqs, self.ts, self.topic
-        start = bisect_right(seqs, after_seq, self.base)
-        end = bisect_right(seqs, upto_seq, self.base)
-        tombstones = self.dead != self.base  # some above base: positions are not all held
-        first = None
-        for lo in range(start, end, chunk):
-            hi = min(end, lo + chunk)
-            picked = bytes(map(topics.__getitem__, number[lo:hi]))
-            if tombstones:
-                picked = bytes(map(and_, picked, map(DEAD.__ne__, ts[lo:hi])))
+        number is set in ``topics`` (each None when there are not that many)."""
+        seqs, first = self.seqs, None
+        for lo, picked in self._picked(topics, after_seq, upto_seq, chunk):
             found = picked.count(1)
             if not found:
                 continue
@@ -213,6 +203,28 @@ class SeqColumns:
                 return first, seqs[lo + next(islice(compress(count(), picked), n - 1, None))]
             n -= found
         return first, None
+
+    def count_of(self, topics: bytearray, after_seq: int, upto_seq: int) -> int:
+        """How many held seqs in ``(after_seq, upto_seq]`` have their topic number set in
+        ``topics``."""
+        return sum(p.count(1) for _, p in self._picked(topics, after_seq, upto_seq, SCAN_CHUNK))
+
+    def _picked(
+        self, topics: bytearray, after_seq: int, upto_seq: int, chunk: int
+    ) -> Iterator[tuple[int, bytes]]:
+        """``chunk`` positions at a time from ``after_seq`` to ``upto_seq``: the first
+        position, and a byte per position, 1 where it holds a seq of a topic set in
+        ``topics`` (picked with ``map`` at C speed, tombstones left out)."""
+        seqs, ts, number = self.seqs, self.ts, self.topic
+        start = bisect_right(seqs, after_seq, self.base)
+        end = bisect_right(seqs, upto_seq, self.base)
+        tombstones = self.dead != self.base  # some above base: positions are not all held
+        for lo in range(start, end, chunk):
+            hi = min(end, lo + chunk)
+            picked = bytes(map(topics.__getitem__, number[lo:hi]))
+            if tombstones:
+                picked = bytes(map(and_, picked, map(DEAD.__ne__, ts[lo:hi])))
+            yield lo, picked
 
     def below(
         self, column: array[int], bound: int, limit: int, topics: bytearray | None = None

@@ -210,11 +210,15 @@ class LogReader:
                     picked.append(seq)
         return picked
 
-    def topic_mask(self, patterns: list[TopicPattern]) -> bytearray:
-        """By topic number (:attr:`LogIndex.topic_names`), 1 where a pattern matches the
-        topic: for :meth:`SeqColumns.span` where :meth:`topic_lists` gives up."""
+    def topic_mask(self, patterns: list[TopicPattern], mask: bytearray | None = None) -> bytearray:
+        """By topic number (:attr:`LogIndex.topic_names`, which only grows), 1 where a
+        pattern matches the topic, for :meth:`SeqColumns.span` where :meth:`topic_lists`
+        gives up; given ``mask``, made earlier for the same patterns, the topics new since
+        are added to it."""
         names = self.index.topic_names
-        return bytearray(any(p.matches(t) for p in patterns) for t in names)
+        mask = bytearray() if mask is None else mask
+        mask.extend(any(p.matches(t) for p in patterns) for t in names[len(mask) :])
+        return mask
 
     def topic_lists(self, patterns: list[TopicPattern]) -> list[Sequence[int]] | None:
         """The seqs of each topic in the log that the patterns match (the indexes' own

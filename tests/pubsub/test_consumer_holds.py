@@ -148,8 +148,9 @@ def test_the_columns_find_the_first_and_nth_of_some_topics_past_tombstones(
     chunk: int,
 ) -> None:
     """Seqs 1..k on topic numbers ``topics``, some deleted one by one and a prefix cut:
-    :meth:`SeqColumns.span` gives what walking the held ones gives, in chunks of any size
-    (the first and the ``n``-th found in different chunks)."""
+    :meth:`SeqColumns.span` and :meth:`SeqColumns.count_of` give what walking the held
+    ones gives, in chunks of any size (the first and the ``n``-th found in different
+    chunks)."""
     cols = SeqColumns()
     seqs = list(range(1, len(topics) + 1))
     cols.extend(seqs, [1000] * len(seqs), [None] * len(seqs), topics)
@@ -162,4 +163,7 @@ def test_the_columns_find_the_first_and_nth_of_some_topics_past_tombstones(
     window = [s for s in held if after < s <= upto]
     mask = bytearray(t in wanted for t in range(6))
     expected = (window[0] if window else None, window[n - 1] if len(window) >= n else None)
-    assert expected == cols.span(mask, after, upto, n, chunk)
+    assert (expected, len(window)) == (
+        cols.span(mask, after, upto, n, chunk),
+        cols.count_of(mask, after, upto),
+    )

@@ -9,8 +9,10 @@ import sqlite3
 from pathlib import Path
 
 from hearthnet.config import PubSubSection
+from hearthnet.pubsub.consumers_http import describe
 from hearthnet.pubsub.log import ConsumerRecord
 from hearthnet.pubsub.logprune import ChunkSize
+from hearthnet.pubsub.logread import READ_LAST_SEARCH
 from tests.helpers import wait_until
 from tests.pubsub.test_log import make_service, opened, publish_many
 from tests.pubsub.test_log_batches import verified
@@ -267,3 +269,25 @@ async def test_a_consumer_learns_of_no_loss_it_acked_or_after_it_was_deleted(
         await service.consumers.delete("me", "gone", lambda _sub: None)
         service.consumers.lose(gone, 1, 4)
     assert ((6, 8), None, None) == (acked.lost, gone.lost, log.consumers.get(("me", "gone")))
+
+
+async def test_a_wildcard_consumer_over_more_topics_than_are_listed_holds_and_counts(
+    tmp_path: Path,
+) -> None:
+    """Over a log of more topics than a wildcard's are listed for (READ_LAST_SEARCH), a
+    consumer of ``room.*.alert`` that acked nothing keeps its first 3 alerts past the cap
+    (and the last, among the cap's newest 100) and hears of the two between as lost; the
+    listing counts all 6 pending."""
+    async with opened(tmp_path / "log.db") as log:
+        service = make_service(log, PubSubSection(consumer_max_held=3), max_log_messages=100)
+        log.save_consumer(ConsumerRecord("me", "alerts", ("room.*.alert",), 0))
+        topics = [
+            f"room.{i}.alert" if i % 2000 == 1 else f"room.{i}.msg"
+            for i in range(READ_LAST_SEARCH + 2)
+        ]
+        await asyncio.gather(*(log.publish(topic=t, msg_type="m", data=1) for t in topics))
+        record = log.consumers[("me", "alerts")]
+        pending = describe(service.consumers, record, {})["pending"]
+        await service.apply_retention()
+        kept = [seq for seq, *_ in log.index.live(0) if topics[seq - 1].endswith(".alert")]
+    assert (6, [2, 2002, 4002, 10002], (6002, 8002)) == (pending, kept, record.lost)
