@@ -7,7 +7,8 @@
 //   await hn.publish("chat.room.kitchen", "message.complete", { text: "hello" });
 //
 // Subscriptions run over WebSocket with acks and resume by (epoch, seq) after a drop
-// (backoff 0.5 s doubling to 30 s), with no loss and no duplicate within retention; when
+// (backoff 0.5 s doubling to 30 s; at once when the browser is back online or the page
+// visible again), with no loss and no duplicate within retention; when
 // WebSocket is blocked they fall back to Server-Sent Events. Loss the node reports is a
 // `gap` given to onGap, never silent. Tokens are refreshed (refreshToken) before expiry.
 
@@ -354,7 +355,23 @@ export class HearthNet {
     this._refreshTimer = null;
     this._refreshDueMs = Infinity; // when the planned refresh runs (this page's clock)
     this._refreshing = null;
+    // the browser is back (online, the page visible again): subscriptions retry now
+    this._wake = (ev) => {
+      if (ev.type === "visibilitychange" && document.visibilityState !== "visible") return;
+      for (const sub of [...this.subscriptions]) sub._resume();
+    };
     this._setToken(opts.token);
+  }
+
+  /** Listen for `online` (on window, or a worker's scope) and `visibilitychange` (on
+   * document) while there are subscriptions; where there is neither (Node.js), nothing. */
+  _listen(on) {
+    const method = on ? "addEventListener" : "removeEventListener";
+    const scope = typeof window !== "undefined" ? window : globalThis;
+    if (typeof scope[method] === "function") scope[method]("online", this._wake);
+    if (typeof document !== "undefined" && typeof document[method] === "function") {
+      document[method]("visibilitychange", this._wake);
+    }
   }
 
   /** The token in use now. */
@@ -520,6 +537,7 @@ export class HearthNet {
   subscribe(patterns, opts = {}) {
     const sub = new Subscription(this, Array.isArray(patterns) ? patterns : [patterns], opts);
     this.subscriptions.add(sub);
+    if (this.subscriptions.size === 1) this._listen(true);
     // after subscribe() returned: callbacks may use the Subscription it returns
     queueMicrotask(() => sub._connect());
     return sub;
@@ -662,6 +680,8 @@ export class Subscription {
     this._refusal = null; // the auth.error of the socket that is about to close
     this._watchTimer = null;
     this._heardMs = 0; // when the socket last brought a frame
+    this._pingedMs = null; // when a ping went unanswered since (null: none)
+    this._notBeforeMs = 0; // a reconnect not before this (the node's retry_after_ms)
     this._acked = 0;
     this._wsFailures = 0;
     this.rejected = 0; // messages whose signature failed (verify: true)
@@ -704,7 +724,25 @@ export class Subscription {
     this._backoff = Math.min(BACKOFF_MAX_MS, this._backoff * 2);
     // never sooner than the node asked (capacity_exceeded, rate_limited, unavailable)
     const after = error && Number.isInteger(error.retry_after_ms) ? error.retry_after_ms : 0;
+    this._notBeforeMs = Date.now() + after;
     this._timer = setTimeout(() => this._connect(), Math.max(delay, after));
+  }
+
+  /** The browser is back (online, or the page visible again). Waiting out its backoff,
+   * the subscription connects now (resuming from its cursor; not before the node's
+   * retry_after_ms); a live WebSocket is pinged now, not after QUIET_MS of silence, and
+   * given up when nothing answers within PONG_WAIT_MS. */
+  _resume() {
+    if (this.closed) return;
+    if (this.state === "retrying" && !this._ws && !this._es) {
+      clearTimeout(this._timer);
+      const wait = this._notBeforeMs - Date.now();
+      if (wait > 0) this._timer = setTimeout(() => this._connect(), wait);
+      else this._connect();
+    } else if (this.state === "live" && this._ws && this._pingedMs === null) {
+      this._pingedMs = Date.now();
+      this._sendWs({ type: "ping" });
+    }
   }
 
   /** The node refused this subscription (`error` null: its credentials, unsaid): a fresh
@@ -737,7 +775,10 @@ export class Subscription {
       this._watch(ws);
     };
     ws.onmessage = (ev) => {
-      this._heardMs = Date.now();
+      if (this._ws === ws) {
+        this._heardMs = Date.now();
+        this._pingedMs = null; // any frame answers a ping
+      }
       this._take(JSON.parse(ev.data), ws);
     };
     ws.onclose = (ev) => {
@@ -762,7 +803,7 @@ export class Subscription {
   /** Give up `ws` when the node stays silent (QUIET_MS, then a ping, PONG_WAIT_MS). */
   _watch(ws) {
     this._heardMs = Date.now();
-    let pingedMs = null;
+    this._pingedMs = null;
     clearInterval(this._watchTimer);
     this._watchTimer = setInterval(() => {
       if (this._ws !== ws) {
@@ -770,12 +811,12 @@ export class Subscription {
         return;
       }
       const now = Date.now();
-      if (now - this._heardMs < QUIET_MS) {
-        pingedMs = null;
-      } else if (pingedMs === null) {
-        pingedMs = now;
-        this._sendWs({ type: "ping" });
-      } else if (now - pingedMs >= PONG_WAIT_MS) {
+      if (this._pingedMs === null) {
+        if (now - this._heardMs >= QUIET_MS) {
+          this._pingedMs = now;
+          this._sendWs({ type: "ping" });
+        }
+      } else if (now - this._pingedMs >= PONG_WAIT_MS) {
         clearInterval(this._watchTimer);
         this._ws = null; // its close event, whenever it comes, is not ours to handle
         ws.close(1000);
@@ -1034,6 +1075,7 @@ export class Subscription {
     if (this._es) this._es.close();
     this._ws = this._es = null;
     this.client.subscriptions.delete(this);
+    if (this.client.subscriptions.size === 0) this.client._listen(false);
     this._state("closed", error);
   }
 }

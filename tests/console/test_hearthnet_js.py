@@ -229,3 +229,79 @@ for (const f of timers.splice(0)) { f(); f(); }
 console.log(JSON.stringify(sockets.length));
 """
     assert 1 == run_with_hn(script)
+
+
+@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+def test_back_online_or_visible_retries_and_pings_at_once() -> None:
+    """When the browser comes back (window `online`, the page visible again), a
+    subscription waiting out its backoff reconnects at once and resumes from its cursor
+    (one waiting for the node's retry_after_ms still waits for it), and a live socket is
+    pinged at once and given up 10 s later when nothing answers; a hidden page does
+    nothing, and a closed client no longer listens."""
+    script = """
+let now = 1_800_000_000_000;
+Date.now = () => now;
+const timers = [];
+globalThis.setTimeout = (f, ms) => { timers.push({ f, ms, live: true }); return timers.length; };
+globalThis.clearTimeout = (id) => { if (id) timers[id - 1].live = false; };
+const ticks = [];
+globalThis.setInterval = (f) => { ticks.push(f); return ticks.length; };
+globalThis.clearInterval = () => {};
+globalThis.window = new EventTarget();
+globalThis.document = new EventTarget();
+document.visibilityState = "visible";
+const sockets = [];
+globalThis.WebSocket = class {
+  static OPEN = 1;
+  constructor() { this.readyState = 1; this.sent = []; this.closed = null; sockets.push(this); }
+  send(text) { this.sent.push(JSON.parse(text)); }
+  close(code) { this.closed = code; }
+};
+const token = "hnt1:" + hn.bytesToBase64url(new TextEncoder().encode(
+  JSON.stringify({ community: "c", exp_ms: now + 3_600_000 })));
+const client = new hn.HearthNet("http://node", { token });
+const sub = client.subscribe(["a"], {});
+const busy = client.subscribe(["b"], {});
+await null;
+const frame = (ws, event, data = {}, seq) =>
+  ws.onmessage({ data: JSON.stringify({ event, data, seq }) });
+const live = (ws) => { ws.onopen(); frame(ws, "auth.ok"); frame(ws, "subscribed", { epoch: "e", head_seq: 5 }); };
+live(sockets[0]);
+frame(sockets[0], "message", { id: "m6", ts: 1 }, 6);
+sockets[0].onclose({ code: 1006 });       // dropped: waits 0.5 s
+busy._ws = null;
+busy._retry("busy", { retry_after_ms: 45_000 });
+const out = { states: [sub.state, busy.state] };
+document.visibilityState = "hidden";
+document.dispatchEvent(new Event("visibilitychange"));
+out.hidden = sockets.length;
+window.dispatchEvent(new Event("online"));
+out.online = sockets.length;              // sub's new socket, busy's none yet
+out.busyWait = timers.filter((t) => t.live && t.ms > 50).map((t) => t.ms); // (50: an ack)
+const ws = sockets.at(-1);
+live(ws);
+out.resumed = ws.sent[1].since;
+document.visibilityState = "visible";
+document.dispatchEvent(new Event("visibilitychange"));
+out.pinged = ws.sent.slice(2).map((f) => f.type);
+const tick = (ms) => { now += ms; ticks.at(-1)(); };
+tick(5_000);
+out.after5 = ws.closed;
+tick(5_000);
+out.after10 = ws.closed;
+client.close();
+window.dispatchEvent(new Event("online"));
+out.closed = sockets.length;
+console.log(JSON.stringify(out));
+"""
+    assert {
+        "states": ["retrying", "retrying"],
+        "hidden": 2,
+        "online": 3,
+        "busyWait": [45_000],
+        "resumed": {"epoch": "e", "seq": 6},
+        "pinged": ["ping"],
+        "after5": None,
+        "after10": 1000,
+        "closed": 3,
+    } == run_with_hn(script)
