@@ -1094,15 +1094,41 @@ export class Call {
     this._ended = false;
     this._ws = null;
     this._abort = null;
+    this._pushed = 0; // frames of the stream given to the caller
+    this._again = true; // an `expired` refusal at the start may be retried (once)
+    this._cancelled = false;
     const useSse = client.transport === "sse";
     this._started = useSse ? this._overSse() : this._overWs();
   }
 
   _push(frame) {
     if (this._ended) return;
+    this._pushed++;
     this._queue.push(frame);
     if (frame.event === "done" || frame.event === "error") this._ended = true;
     if (this._wake) this._wake();
+  }
+
+  /** The error frame that ends the call, unless it is an `expired` refusal before any
+   * frame of the stream: then, once, the call is opened again by `open` with a fresh
+   * token from refreshToken (the node started nothing of it; publish and history do the
+   * same), and nothing is repeated. */
+  async _endOrRenew(frame, open) {
+    const data = frame.data || {};
+    if (data.code === "expired" && this._pushed === 0 && this._again && this.client.refreshToken) {
+      this._again = false;
+      const before = this.client.token;
+      await this.client.refresh();
+      if (this._cancelled) {
+        this._push({ event: "error", data: { code: "cancelled", message: "cancelled by the client" } });
+        return;
+      }
+      if (this.client.token !== before) {
+        await open();
+        return;
+      }
+    }
+    this._push(frame);
   }
 
   _envelope() {
@@ -1129,7 +1155,16 @@ export class Call {
         resolve();
       };
       ws.onmessage = async (ev) => {
+        if (this._ws !== ws) return;
         const frame = JSON.parse(ev.data);
+        if (frame.event === "error") {
+          // the last frame (the socket closes next); an `expired` one at the start is
+          // retried on a new socket
+          this._ws = null;
+          ws.close(1000);
+          this._endOrRenew(frame, () => this._overWs());
+          return;
+        }
         if (frame.seq !== undefined && frame.seq - acked >= 8) {
           acked = frame.seq;
           ws.send(JSON.stringify({ type: "ack", upto: frame.seq }));
@@ -1148,6 +1183,7 @@ export class Call {
         }
       };
       ws.onclose = (ev) => {
+        if (this._ws !== ws) return; // after its error frame, or given up
         if (!opened) {
           // WebSocket blocked or refused: the same call over SSE (spec §3.5 fallback)
           this._overSse().then(resolve);
@@ -1178,7 +1214,8 @@ export class Call {
     }
     if (!resp.ok) {
       const obj = await resp.json().catch(() => ({}));
-      this._push({ event: "error", data: { code: obj.error || "unavailable", message: obj.message || "" } });
+      const data = { code: obj.error || "unavailable", message: obj.message || "" };
+      await this._endOrRenew({ event: "error", data }, () => this._overSse());
       return;
     }
     const reader = resp.body.getReader();
@@ -1218,6 +1255,7 @@ export class Call {
 
   /** Ask the node to stop this call; the stream ends with error{cancelled} or done. */
   cancel() {
+    this._cancelled = true;
     if (this._ws && this._ws.readyState === WebSocket.OPEN) this._ws.send(JSON.stringify({ type: "cancel" }));
     else if (this._abort) this._abort.abort();
   }

@@ -305,3 +305,72 @@ console.log(JSON.stringify(out));
         "after10": 1000,
         "closed": 3,
     } == run_with_hn(script)
+
+
+@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+def test_a_stream_refused_expired_at_its_start_is_opened_again() -> None:
+    """hn.chat and hn.stream refused `expired` before any frame of the stream are opened
+    once more with a token from refreshToken, over WebSocket and over SSE (as publish and
+    history are); an `expired` error after a frame came is the stream's end, not retried
+    (nothing is repeated)."""
+    script = """
+globalThis.setTimeout = () => 0;
+globalThis.clearTimeout = () => {};
+const settle = async () => { for (let i = 0; i < 10; i++) await new Promise((r) => setImmediate(r)); };
+const token = (n) => "hnt1:" + hn.bytesToBase64url(new TextEncoder().encode(
+  JSON.stringify({ community: "c", exp_ms: Date.now() + 3_600_000 + n })));
+const sockets = [];
+globalThis.WebSocket = class {
+  static OPEN = 1;
+  constructor() {
+    this.readyState = 1; this.sent = []; sockets.push(this);
+    queueMicrotask(() => this.onopen());
+  }
+  send(text) { this.sent.push(JSON.parse(text)); }
+  close() { this.readyState = 3; }
+};
+const frame = (ws, event, data) => ws.onmessage({ data: JSON.stringify({ event, data }) });
+const expired = { code: "expired", message: "the token expired" };
+let refreshed = 0;
+const client = (transport) => new hn.HearthNet("http://node", {
+  token: token(0), transport, refreshToken: async () => token(++refreshed) });
+const out = {};
+
+// chat over WebSocket: refused at its start, answered on a second socket
+const ws = client("auto");
+const answer = ws.chat([{ role: "user", content: "hi" }]);
+await settle();
+frame(sockets[0], "error", expired);
+sockets[0].onclose({ code: 1008 });
+await settle();
+frame(sockets[1], "token", { text: "hello" });
+frame(sockets[1], "done", { stop_reason: "end" });
+out.chat = [(await answer).text, sockets.length, sockets[1].sent[0].token === ws.token, refreshed];
+
+// a stream refused expired after its first frame: that error ends it
+const late = client("auto").stream("echo", {});
+await settle();
+frame(sockets[2], "token", { text: "a" });
+frame(sockets[2], "error", expired);
+const lateFrames = [];
+for await (const f of late) lateFrames.push(f.event + (f.data.code ? ":" + f.data.code : ""));
+out.late = [lateFrames, sockets.length, refreshed];
+
+// over SSE: the POST refused 401 expired, sent again with the fresh token
+const sent = [];
+globalThis.fetch = async (url, init) => {
+  sent.push(init.headers["X-HearthNet-Token"]);
+  if (sent.length === 1) return new Response(JSON.stringify({ error: "expired", message: "old" }), { status: 401 });
+  return new Response('event: token\\ndata: {"text":"b"}\\n\\nevent: done\\ndata: {}\\n\\n');
+};
+const sse = client("sse");
+const sseFrames = [];
+for await (const f of sse.stream("echo", {})) sseFrames.push(f.event);
+out.sse = [sseFrames, sent.length, sent[1] === sse.token, sent[0] !== sent[1]];
+console.log(JSON.stringify(out));
+"""
+    assert {
+        "chat": ["hello", 2, True, 1],
+        "late": [["token", "error:expired"], 3, 1],
+        "sse": [["token", "done"], 2, True, True],
+    } == run_with_hn(script)
