@@ -7,7 +7,8 @@
 //   await hn.publish("chat.room.kitchen", "message.complete", { text: "hello" });
 //
 // Subscriptions run over WebSocket with acks and resume by (epoch, seq) after a drop
-// (backoff 0.5 s doubling to 30 s), with no loss and no duplicate within retention; when
+// (backoff 0.5 s doubling to 30 s; at once when the browser is back online or the page
+// visible again), with no loss and no duplicate within retention; when
 // WebSocket is blocked they fall back to Server-Sent Events. Loss the node reports is a
 // `gap` given to onGap, never silent. Tokens are refreshed (refreshToken) before expiry.
 
@@ -354,7 +355,23 @@ export class HearthNet {
     this._refreshTimer = null;
     this._refreshDueMs = Infinity; // when the planned refresh runs (this page's clock)
     this._refreshing = null;
+    // the browser is back (online, the page visible again): subscriptions retry now
+    this._wake = (ev) => {
+      if (ev.type === "visibilitychange" && document.visibilityState !== "visible") return;
+      for (const sub of [...this.subscriptions]) sub._resume();
+    };
     this._setToken(opts.token);
+  }
+
+  /** Listen for `online` (on window, or a worker's scope) and `visibilitychange` (on
+   * document) while there are subscriptions; where there is neither (Node.js), nothing. */
+  _listen(on) {
+    const method = on ? "addEventListener" : "removeEventListener";
+    const scope = typeof window !== "undefined" ? window : globalThis;
+    if (typeof scope[method] === "function") scope[method]("online", this._wake);
+    if (typeof document !== "undefined" && typeof document[method] === "function") {
+      document[method]("visibilitychange", this._wake);
+    }
   }
 
   /** The token in use now. */
@@ -520,6 +537,7 @@ export class HearthNet {
   subscribe(patterns, opts = {}) {
     const sub = new Subscription(this, Array.isArray(patterns) ? patterns : [patterns], opts);
     this.subscriptions.add(sub);
+    if (this.subscriptions.size === 1) this._listen(true);
     // after subscribe() returned: callbacks may use the Subscription it returns
     queueMicrotask(() => sub._connect());
     return sub;
@@ -662,6 +680,8 @@ export class Subscription {
     this._refusal = null; // the auth.error of the socket that is about to close
     this._watchTimer = null;
     this._heardMs = 0; // when the socket last brought a frame
+    this._pingedMs = null; // when a ping went unanswered since (null: none)
+    this._notBeforeMs = 0; // a reconnect not before this (the node's retry_after_ms)
     this._acked = 0;
     this._wsFailures = 0;
     this.rejected = 0; // messages whose signature failed (verify: true)
@@ -704,7 +724,25 @@ export class Subscription {
     this._backoff = Math.min(BACKOFF_MAX_MS, this._backoff * 2);
     // never sooner than the node asked (capacity_exceeded, rate_limited, unavailable)
     const after = error && Number.isInteger(error.retry_after_ms) ? error.retry_after_ms : 0;
+    this._notBeforeMs = Date.now() + after;
     this._timer = setTimeout(() => this._connect(), Math.max(delay, after));
+  }
+
+  /** The browser is back (online, or the page visible again). Waiting out its backoff,
+   * the subscription connects now (resuming from its cursor; not before the node's
+   * retry_after_ms); a live WebSocket is pinged now, not after QUIET_MS of silence, and
+   * given up when nothing answers within PONG_WAIT_MS. */
+  _resume() {
+    if (this.closed) return;
+    if (this.state === "retrying" && !this._ws && !this._es) {
+      clearTimeout(this._timer);
+      const wait = this._notBeforeMs - Date.now();
+      if (wait > 0) this._timer = setTimeout(() => this._connect(), wait);
+      else this._connect();
+    } else if (this.state === "live" && this._ws && this._pingedMs === null) {
+      this._pingedMs = Date.now();
+      this._sendWs({ type: "ping" });
+    }
   }
 
   /** The node refused this subscription (`error` null: its credentials, unsaid): a fresh
@@ -737,7 +775,10 @@ export class Subscription {
       this._watch(ws);
     };
     ws.onmessage = (ev) => {
-      this._heardMs = Date.now();
+      if (this._ws === ws) {
+        this._heardMs = Date.now();
+        this._pingedMs = null; // any frame answers a ping
+      }
       this._take(JSON.parse(ev.data), ws);
     };
     ws.onclose = (ev) => {
@@ -762,7 +803,7 @@ export class Subscription {
   /** Give up `ws` when the node stays silent (QUIET_MS, then a ping, PONG_WAIT_MS). */
   _watch(ws) {
     this._heardMs = Date.now();
-    let pingedMs = null;
+    this._pingedMs = null;
     clearInterval(this._watchTimer);
     this._watchTimer = setInterval(() => {
       if (this._ws !== ws) {
@@ -770,12 +811,12 @@ export class Subscription {
         return;
       }
       const now = Date.now();
-      if (now - this._heardMs < QUIET_MS) {
-        pingedMs = null;
-      } else if (pingedMs === null) {
-        pingedMs = now;
-        this._sendWs({ type: "ping" });
-      } else if (now - pingedMs >= PONG_WAIT_MS) {
+      if (this._pingedMs === null) {
+        if (now - this._heardMs >= QUIET_MS) {
+          this._pingedMs = now;
+          this._sendWs({ type: "ping" });
+        }
+      } else if (now - this._pingedMs >= PONG_WAIT_MS) {
         clearInterval(this._watchTimer);
         this._ws = null; // its close event, whenever it comes, is not ours to handle
         ws.close(1000);
@@ -1034,6 +1075,7 @@ export class Subscription {
     if (this._es) this._es.close();
     this._ws = this._es = null;
     this.client.subscriptions.delete(this);
+    if (this.client.subscriptions.size === 0) this.client._listen(false);
     this._state("closed", error);
   }
 }
@@ -1052,15 +1094,41 @@ export class Call {
     this._ended = false;
     this._ws = null;
     this._abort = null;
+    this._pushed = 0; // frames of the stream given to the caller
+    this._again = true; // an `expired` refusal at the start may be retried (once)
+    this._cancelled = false;
     const useSse = client.transport === "sse";
     this._started = useSse ? this._overSse() : this._overWs();
   }
 
   _push(frame) {
     if (this._ended) return;
+    this._pushed++;
     this._queue.push(frame);
     if (frame.event === "done" || frame.event === "error") this._ended = true;
     if (this._wake) this._wake();
+  }
+
+  /** The error frame that ends the call, unless it is an `expired` refusal before any
+   * frame of the stream: then, once, the call is opened again by `open` with a fresh
+   * token from refreshToken (the node started nothing of it; publish and history do the
+   * same), and nothing is repeated. */
+  async _endOrRenew(frame, open) {
+    const data = frame.data || {};
+    if (data.code === "expired" && this._pushed === 0 && this._again && this.client.refreshToken) {
+      this._again = false;
+      const before = this.client.token;
+      await this.client.refresh();
+      if (this._cancelled) {
+        this._push({ event: "error", data: { code: "cancelled", message: "cancelled by the client" } });
+        return;
+      }
+      if (this.client.token !== before) {
+        await open();
+        return;
+      }
+    }
+    this._push(frame);
   }
 
   _envelope() {
@@ -1087,7 +1155,16 @@ export class Call {
         resolve();
       };
       ws.onmessage = async (ev) => {
+        if (this._ws !== ws) return;
         const frame = JSON.parse(ev.data);
+        if (frame.event === "error") {
+          // the last frame (the socket closes next); an `expired` one at the start is
+          // retried on a new socket
+          this._ws = null;
+          ws.close(1000);
+          this._endOrRenew(frame, () => this._overWs());
+          return;
+        }
         if (frame.seq !== undefined && frame.seq - acked >= 8) {
           acked = frame.seq;
           ws.send(JSON.stringify({ type: "ack", upto: frame.seq }));
@@ -1106,6 +1183,7 @@ export class Call {
         }
       };
       ws.onclose = (ev) => {
+        if (this._ws !== ws) return; // after its error frame, or given up
         if (!opened) {
           // WebSocket blocked or refused: the same call over SSE (spec §3.5 fallback)
           this._overSse().then(resolve);
@@ -1136,7 +1214,8 @@ export class Call {
     }
     if (!resp.ok) {
       const obj = await resp.json().catch(() => ({}));
-      this._push({ event: "error", data: { code: obj.error || "unavailable", message: obj.message || "" } });
+      const data = { code: obj.error || "unavailable", message: obj.message || "" };
+      await this._endOrRenew({ event: "error", data }, () => this._overSse());
       return;
     }
     const reader = resp.body.getReader();
@@ -1176,6 +1255,7 @@ export class Call {
 
   /** Ask the node to stop this call; the stream ends with error{cancelled} or done. */
   cancel() {
+    this._cancelled = true;
     if (this._ws && this._ws.readyState === WebSocket.OPEN) this._ws.send(JSON.stringify({ type: "cancel" }));
     else if (this._abort) this._abort.abort();
   }

@@ -262,6 +262,10 @@ REFUSED = """async ([node, tokens, fresh]) => {
   outcomes.publish = await published.then((ok) => typeof ok.seq, (e) => e.code);
   const chat = new hn.HearthNet(node, {token: tokens.good}).chat([{role: "user", content: "hi"}]);
   outcomes.chat = await chat.then((answer) => answer, (e) => `${e.name} ${e.code}`);
+  // refused expired at its start: called again with the fresh token (which lacks the scope)
+  const renewed = new hn.HearthNet(node, {token: tokens.expired, refreshToken: async () => fresh});
+  outcomes.chatRenewed = await renewed.chat([{role: "user", content: "hi"}]).then(
+    (answer) => answer, (e) => e.code);
 }"""
 
 
@@ -273,7 +277,7 @@ def test_refusals_end_the_subscription_with_the_error(
     ("closed" with it), instead of reconnecting forever. An expired token with a
     refreshToken is replaced and the subscription goes live; a garbled token is a
     HearthNetError at once; llm.chat without the scope rejects with the node's error; a
-    publish refused expired is sent again with a refreshed token."""
+    publish, and a chat, refused expired are sent again with a refreshed token."""
     good = process_token(node, "sub:demo.**", "pub:demo.**", sub="page")
     bad = forged_token(good)
     expired = process_token(node, "sub:demo.**", "pub:demo.**", ttl_ms=1, sub="page")
@@ -296,6 +300,7 @@ def test_refusals_end_the_subscription_with_the_error(
         "refreshed": {"errors": [], "states": ["connecting", "retrying", "connecting", "live"]},
         "garbled": "bad_request",
         "chat": "HearthNetError unauthorized",
+        "chatRenewed": "unauthorized",
         "publish": "number",
     } == outcomes
     assert [] == page.errors

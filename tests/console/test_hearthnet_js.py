@@ -229,3 +229,148 @@ for (const f of timers.splice(0)) { f(); f(); }
 console.log(JSON.stringify(sockets.length));
 """
     assert 1 == run_with_hn(script)
+
+
+@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+def test_back_online_or_visible_retries_and_pings_at_once() -> None:
+    """When the browser comes back (window `online`, the page visible again), a
+    subscription waiting out its backoff reconnects at once and resumes from its cursor
+    (one waiting for the node's retry_after_ms still waits for it), and a live socket is
+    pinged at once and given up 10 s later when nothing answers; a hidden page does
+    nothing, and a closed client no longer listens."""
+    script = """
+let now = 1_800_000_000_000;
+Date.now = () => now;
+const timers = [];
+globalThis.setTimeout = (f, ms) => { timers.push({ f, ms, live: true }); return timers.length; };
+globalThis.clearTimeout = (id) => { if (id) timers[id - 1].live = false; };
+const ticks = [];
+globalThis.setInterval = (f) => { ticks.push(f); return ticks.length; };
+globalThis.clearInterval = () => {};
+globalThis.window = new EventTarget();
+globalThis.document = new EventTarget();
+document.visibilityState = "visible";
+const sockets = [];
+globalThis.WebSocket = class {
+  static OPEN = 1;
+  constructor() { this.readyState = 1; this.sent = []; this.closed = null; sockets.push(this); }
+  send(text) { this.sent.push(JSON.parse(text)); }
+  close(code) { this.closed = code; }
+};
+const token = "hnt1:" + hn.bytesToBase64url(new TextEncoder().encode(
+  JSON.stringify({ community: "c", exp_ms: now + 3_600_000 })));
+const client = new hn.HearthNet("http://node", { token });
+const sub = client.subscribe(["a"], {});
+const busy = client.subscribe(["b"], {});
+await null;
+const frame = (ws, event, data = {}, seq) =>
+  ws.onmessage({ data: JSON.stringify({ event, data, seq }) });
+const live = (ws) => { ws.onopen(); frame(ws, "auth.ok"); frame(ws, "subscribed", { epoch: "e", head_seq: 5 }); };
+live(sockets[0]);
+frame(sockets[0], "message", { id: "m6", ts: 1 }, 6);
+sockets[0].onclose({ code: 1006 });       // dropped: waits 0.5 s
+busy._ws = null;
+busy._retry("busy", { retry_after_ms: 45_000 });
+const out = { states: [sub.state, busy.state] };
+document.visibilityState = "hidden";
+document.dispatchEvent(new Event("visibilitychange"));
+out.hidden = sockets.length;
+window.dispatchEvent(new Event("online"));
+out.online = sockets.length;              // sub's new socket, busy's none yet
+out.busyWait = timers.filter((t) => t.live && t.ms > 50).map((t) => t.ms); // (50: an ack)
+const ws = sockets.at(-1);
+live(ws);
+out.resumed = ws.sent[1].since;
+document.visibilityState = "visible";
+document.dispatchEvent(new Event("visibilitychange"));
+out.pinged = ws.sent.slice(2).map((f) => f.type);
+const tick = (ms) => { now += ms; ticks.at(-1)(); };
+tick(5_000);
+out.after5 = ws.closed;
+tick(5_000);
+out.after10 = ws.closed;
+client.close();
+window.dispatchEvent(new Event("online"));
+out.closed = sockets.length;
+console.log(JSON.stringify(out));
+"""
+    assert {
+        "states": ["retrying", "retrying"],
+        "hidden": 2,
+        "online": 3,
+        "busyWait": [45_000],
+        "resumed": {"epoch": "e", "seq": 6},
+        "pinged": ["ping"],
+        "after5": None,
+        "after10": 1000,
+        "closed": 3,
+    } == run_with_hn(script)
+
+
+@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+def test_a_stream_refused_expired_at_its_start_is_opened_again() -> None:
+    """hn.chat and hn.stream refused `expired` before any frame of the stream are opened
+    once more with a token from refreshToken, over WebSocket and over SSE (as publish and
+    history are); an `expired` error after a frame came is the stream's end, not retried
+    (nothing is repeated)."""
+    script = """
+globalThis.setTimeout = () => 0;
+globalThis.clearTimeout = () => {};
+const settle = async () => { for (let i = 0; i < 10; i++) await new Promise((r) => setImmediate(r)); };
+const token = (n) => "hnt1:" + hn.bytesToBase64url(new TextEncoder().encode(
+  JSON.stringify({ community: "c", exp_ms: Date.now() + 3_600_000 + n })));
+const sockets = [];
+globalThis.WebSocket = class {
+  static OPEN = 1;
+  constructor() {
+    this.readyState = 1; this.sent = []; sockets.push(this);
+    queueMicrotask(() => this.onopen());
+  }
+  send(text) { this.sent.push(JSON.parse(text)); }
+  close() { this.readyState = 3; }
+};
+const frame = (ws, event, data) => ws.onmessage({ data: JSON.stringify({ event, data }) });
+const expired = { code: "expired", message: "the token expired" };
+let refreshed = 0;
+const client = (transport) => new hn.HearthNet("http://node", {
+  token: token(0), transport, refreshToken: async () => token(++refreshed) });
+const out = {};
+
+// chat over WebSocket: refused at its start, answered on a second socket
+const ws = client("auto");
+const answer = ws.chat([{ role: "user", content: "hi" }]);
+await settle();
+frame(sockets[0], "error", expired);
+sockets[0].onclose({ code: 1008 });
+await settle();
+frame(sockets[1], "token", { text: "hello" });
+frame(sockets[1], "done", { stop_reason: "end" });
+out.chat = [(await answer).text, sockets.length, sockets[1].sent[0].token === ws.token, refreshed];
+
+// a stream refused expired after its first frame: that error ends it
+const late = client("auto").stream("echo", {});
+await settle();
+frame(sockets[2], "token", { text: "a" });
+frame(sockets[2], "error", expired);
+const lateFrames = [];
+for await (const f of late) lateFrames.push(f.event + (f.data.code ? ":" + f.data.code : ""));
+out.late = [lateFrames, sockets.length, refreshed];
+
+// over SSE: the POST refused 401 expired, sent again with the fresh token
+const sent = [];
+globalThis.fetch = async (url, init) => {
+  sent.push(init.headers["X-HearthNet-Token"]);
+  if (sent.length === 1) return new Response(JSON.stringify({ error: "expired", message: "old" }), { status: 401 });
+  return new Response('event: token\\ndata: {"text":"b"}\\n\\nevent: done\\ndata: {}\\n\\n');
+};
+const sse = client("sse");
+const sseFrames = [];
+for await (const f of sse.stream("echo", {})) sseFrames.push(f.event);
+out.sse = [sseFrames, sent.length, sent[1] === sse.token, sent[0] !== sent[1]];
+console.log(JSON.stringify(out));
+"""
+    assert {
+        "chat": ["hello", 2, True, 1],
+        "late": [["token", "error:expired"], 3, 1],
+        "sse": [["token", "done"], 2, True, True],
+    } == run_with_hn(script)

@@ -5,7 +5,8 @@ import { HearthNet, HearthNetError } from "/client/hearthnet.js";
 const KEY = "hearthnet.console.token";
 const POLL_MS = 2000;
 const $ = (id) => document.getElementById(id);
-let client = null;
+let client = null; // the session's client; null once it ended
+let pollTimer = null; // at most one, running while a session is
 let tail = null;
 let room = null;
 
@@ -48,25 +49,45 @@ async function start(token) {
     showLogin(`That token does not open the console (${err.message}).`);
     return;
   }
-  client = new HearthNet(location.origin, {
+  stop(); // a session still open (a second login)
+  const c = new HearthNet(location.origin, {
     token: session,
     refreshToken: trade,
-    onTokenError: () => showLogin("The console session ended; log in again."),
+    onTokenError: () => { if (client === c) end("The console session ended; log in again."); },
   });
+  client = c;
   $("login").hidden = true;
   $("app").hidden = false;
   $("logout").hidden = false;
   await poll();
-  setInterval(poll, POLL_MS);
+  if (client !== c) return; // it ended during the first poll, or another login replaced it
+  pollTimer = setInterval(poll, POLL_MS);
   joinRoom($("chat-room").value);
 }
 
+/** Stop the session: no more polls with its token, its subscriptions closed. */
+function stop() {
+  clearInterval(pollTimer);
+  pollTimer = null;
+  if (client) client.close(); // the tail, the chat room and the token's refresh
+  client = tail = room = null;
+}
+
+function end(message) {
+  stop();
+  showLogin(message);
+}
+
 async function poll() {
+  const c = client;
+  if (!c) return;
   try {
-    render(await client.request("GET", "/console/v1/overview"));
+    const overview = await c.request("GET", "/console/v1/overview");
+    if (client === c) render(overview);
   } catch (err) {
+    if (client !== c) return;
     if (err.code === "expired" || err.code === "unauthorized" || err.code === "revoked") {
-      showLogin(`Logged out: ${err.message}`);
+      end(`Logged out: ${err.message}`);
     }
   }
 }
