@@ -62,7 +62,9 @@ globalThis.fetch = async (url) => {
   if (url.endsWith("/console/v1/overview")) overviews++;
   return new Response(JSON.stringify(overview.body), { status: overview.status });
 };
-const settle = async () => { for (let i = 0; i < 20; i++) await new Promise((r) => setImmediate(r)); };
+const settle = async () => {
+  for (let i = 0; i < 20; i++) await new Promise((r) => setImmediate(r));
+};
 const login = async () => {
   $("login-token").value = token(900_000);
   $("login-form").handlers.submit({ preventDefault() {} });

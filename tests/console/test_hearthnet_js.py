@@ -265,7 +265,11 @@ const busy = client.subscribe(["b"], {});
 await null;
 const frame = (ws, event, data = {}, seq) =>
   ws.onmessage({ data: JSON.stringify({ event, data, seq }) });
-const live = (ws) => { ws.onopen(); frame(ws, "auth.ok"); frame(ws, "subscribed", { epoch: "e", head_seq: 5 }); };
+const live = (ws) => {
+  ws.onopen();
+  frame(ws, "auth.ok");
+  frame(ws, "subscribed", { epoch: "e", head_seq: 5 });
+};
 live(sockets[0]);
 frame(sockets[0], "message", { id: "m6", ts: 1 }, 6);
 sockets[0].onclose({ code: 1006 });       // dropped: waits 0.5 s
@@ -316,7 +320,9 @@ def test_a_stream_refused_expired_at_its_start_is_opened_again() -> None:
     script = """
 globalThis.setTimeout = () => 0;
 globalThis.clearTimeout = () => {};
-const settle = async () => { for (let i = 0; i < 10; i++) await new Promise((r) => setImmediate(r)); };
+const settle = async () => {
+  for (let i = 0; i < 10; i++) await new Promise((r) => setImmediate(r));
+};
 const token = (n) => "hnt1:" + hn.bytesToBase64url(new TextEncoder().encode(
   JSON.stringify({ community: "c", exp_ms: Date.now() + 3_600_000 + n })));
 const sockets = [];
@@ -360,7 +366,9 @@ out.late = [lateFrames, sockets.length, refreshed];
 const sent = [];
 globalThis.fetch = async (url, init) => {
   sent.push(init.headers["X-HearthNet-Token"]);
-  if (sent.length === 1) return new Response(JSON.stringify({ error: "expired", message: "old" }), { status: 401 });
+  if (sent.length === 1) {
+    return new Response(JSON.stringify({ error: "expired", message: "old" }), { status: 401 });
+  }
   return new Response('event: token\\ndata: {"text":"b"}\\n\\nevent: done\\ndata: {}\\n\\n');
 };
 const sse = client("sse");
