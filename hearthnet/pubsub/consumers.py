@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from hearthnet.errors import CapacityExceeded, NotFound
 from hearthnet.pubsub.log import ConsumerRecord, MessageLog
-from hearthnet.pubsub.logread import held_span
+from hearthnet.pubsub.logread import TopicMask, held_span
 from hearthnet.pubsub.subscriber import Subscriber
 from hearthnet.pubsub.topics import TopicPattern
 from hearthnet.transport.keepalive import CLOSE_TAKEN_OVER
@@ -165,7 +165,7 @@ class DurableConsumers:
         event loop every :data:`HOLDS_SLICE_S`."""
         log = self.log
         reader, head = log.reader, log.head_seq
-        lists: dict[tuple[str, ...], list[Sequence[int]] | bytearray] = {}
+        lists: dict[tuple[str, ...], list[Sequence[int]] | TopicMask] = {}
         cols = log.index.cols
         holds = []
         since = time.monotonic()
@@ -183,8 +183,8 @@ class DurableConsumers:
             if isinstance(found, list):
                 first, limit = held_span(found, record.cursor, head, self.max_held)
             else:
-                found = reader.topic_mask(patterns, found)  # with topics new since
-                first, limit = cols.span(found, record.cursor, head, self.max_held)
+                found = lists[record.patterns] = reader.topic_mask(patterns, found)
+                first, limit = cols.span(found.bits, record.cursor, head, self.max_held)
             holds.append(
                 Hold(record, head + 1 if first is None else first, ALL if limit is None else limit)
             )

@@ -20,6 +20,7 @@ from hearthnet.caller import Caller
 from hearthnet.errors import BadRequest, Forbidden
 from hearthnet.pubsub.consumers import DurableConsumers
 from hearthnet.pubsub.consumerstate import ConsumerRecord
+from hearthnet.pubsub.logread import TopicMask
 from hearthnet.pubsub.topics import TopicPattern
 from hearthnet.pubsub.ws import PubSubDeps
 from hearthnet.shapes import Shape
@@ -47,7 +48,7 @@ def owner_asked(caller: Caller, asked: str | None, *, listing: bool) -> str | No
 
 
 def describe(
-    consumers: DurableConsumers, record: ConsumerRecord, masks: dict[tuple[str, ...], bytearray]
+    consumers: DurableConsumers, record: ConsumerRecord, masks: dict[tuple[str, ...], TopicMask]
 ) -> dict[str, Any]:
     """One consumer as the listing shows it: ``pending`` counts its matches after its
     cursor (those past their ttl included), from the indexes (``masks``: the topic masks
@@ -59,7 +60,7 @@ def describe(
         pending = sum(bisect_right(s, head) - bisect_right(s, after) for s in lists)
     else:  # too many topics to list a wildcard's: the seq columns, by topic number
         mask = masks[record.patterns] = log.reader.topic_mask(patterns, masks.get(record.patterns))
-        pending = log.index.cols.count_of(mask, after, head)
+        pending = log.index.cols.count_of(mask.bits, after, head)
     lost = record.lost
     return {
         "owner": record.identity,
@@ -93,7 +94,7 @@ class ConsumersHttp:
         owner = owner_asked(caller, request.query.get("owner"), listing=True)
         consumers = self.deps.service.consumers
         head = consumers.log.head_seq
-        rows, masks = [], dict[tuple[str, ...], bytearray]()
+        rows, masks = [], dict[tuple[str, ...], TopicMask]()
         for i, record in enumerate(consumers.listed(owner)):
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # a node's whole listing: up to max_consumers

@@ -112,11 +112,11 @@ class SeqColumns:
         self.base = end
         return held, topics
 
-    def compact(self) -> None:
+    def compact(self) -> bool:
         """Drop the tombstones once they are half the arrays (a cut prefix is sliced off;
-        scattered ones filtered out, at C speed)."""
+        scattered ones filtered out, at C speed); True when it did."""
         if self.dead * 2 <= len(self.seqs):
-            return
+            return False
         base = self.base
         if self.dead == base:  # every tombstone is in the cut prefix
             self.seqs, self.ts = self.seqs[base:], self.ts[base:]
@@ -128,6 +128,7 @@ class SeqColumns:
             self.expires = array("q", compress(self.expires, keep))
             self.topic = array("I", compress(self.topic, keep))
         self.dead = self.base = 0
+        return True
 
     # --- lookups ------------------------------------------------------------------
 

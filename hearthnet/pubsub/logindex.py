@@ -46,6 +46,10 @@ __all__ = [
 ]
 
 NOTHING = Removed(0)  # an origin retention removed nothing of
+# Numbers of topics no longer held are kept until there are more than this many topic
+# numbers and at least half of them name topics gone; the held ones are then numbered
+# afresh (so a node that sees many short-lived topics does not keep their names for ever).
+TOPIC_NUMBERS_SPARE = 4096
 
 
 class Head(NamedTuple):
@@ -85,7 +89,9 @@ class LogIndex:
     def __init__(self) -> None:
         self.rows = array("q")  # row keys (the seq of each row's first message), ascending
         self.cols = SeqColumns()
-        self.topic_names: list[str] = []  # by topic number (SeqColumns.topic)
+        # by topic number (SeqColumns.topic); a new list when the held topics are
+        # numbered afresh (:func:`_compact`)
+        self.topic_names: list[str] = []
         self.topic_numbers: dict[str, int] = {}  # the other way
         self.by_topic: dict[str, array[int]] = {}
         # Per origin: its origin_seqs ascending, and their seqs (ascending too, unless
@@ -312,7 +318,7 @@ class LogIndex:
                 del self._origins[origin]
                 self._unsorted.discard(origin)
         self.rows = _rows_without(self.rows, rows_gone)
-        cols.compact()
+        _compact(self)
 
     def cut_prefix(self, before_seq: int, rows_gone: Sequence[int]) -> int:
         """Every message with a seq below ``before_seq`` deleted (retention's oldest
@@ -350,7 +356,7 @@ class LogIndex:
                 del self._origins[origin]
                 self._unsorted.discard(origin)
         self.rows = _rows_without(self.rows, rows_gone)
-        self.cols.compact()
+        _compact(self)
         return held
 
     # --- lookups ------------------------------------------------------------------
@@ -446,6 +452,24 @@ def origin_start(held: Sequence[int], removed: Removed, above_max: int) -> Start
     good, though another peer holds it).
     """
     return start(held, removed, above_max)
+
+
+def _compact(index: LogIndex) -> None:
+    """Compact the seq columns (:meth:`SeqColumns.compact`); after a compaction, when
+    most topic numbers name topics no longer held (past :data:`TOPIC_NUMBERS_SPARE`),
+    number the held ones afresh, in their old order. The names and the columns' topic
+    array are new objects, so a walk that took the old ones (:meth:`LogIndex.live`)
+    goes on reading them consistently."""
+    cols, names = index.cols, index.topic_names
+    if not cols.compact() or len(names) <= max(TOPIC_NUMBERS_SPARE, 2 * len(index.by_topic)):
+        return
+    held = sorted(set(cols.topic))  # no tombstone after a compaction: every position is held
+    renumber = array("I", [0]) * len(names)
+    for new, old in enumerate(held):
+        renumber[old] = new
+    cols.topic = array("I", map(renumber.__getitem__, cols.topic))
+    index.topic_names = [names[n] for n in held]
+    index.topic_numbers = {t: n for n, t in enumerate(index.topic_names)}
 
 
 def _insert(seqs: array[int], seq: int) -> None:

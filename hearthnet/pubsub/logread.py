@@ -76,6 +76,15 @@ def held_span(
 
 
 @dataclass(slots=True)
+class TopicMask:
+    """Which topic numbers some patterns match (:meth:`LogReader.topic_mask`), and the
+    index's list of names it numbers (a new one when topics are numbered afresh)."""
+
+    names: list[str]
+    bits: bytearray
+
+
+@dataclass(slots=True)
 class _CachedRow:
     batch: SignedBatch | None
     messages: dict[int, tuple[Head, bytes]]
@@ -210,14 +219,16 @@ class LogReader:
                     picked.append(seq)
         return picked
 
-    def topic_mask(self, patterns: list[TopicPattern], mask: bytearray | None = None) -> bytearray:
-        """By topic number (:attr:`LogIndex.topic_names`, which only grows), 1 where a
-        pattern matches the topic, for :meth:`SeqColumns.span` where :meth:`topic_lists`
-        gives up; given ``mask``, made earlier for the same patterns, the topics new since
-        are added to it."""
+    def topic_mask(self, patterns: list[TopicPattern], mask: TopicMask | None = None) -> TopicMask:
+        """By topic number, 1 where a pattern matches the topic, for
+        :meth:`SeqColumns.span` where :meth:`topic_lists` gives up; given ``mask``, made
+        earlier for the same patterns, the topics new since are added to it (it is made
+        anew when the topics were numbered afresh meanwhile)."""
         names = self.index.topic_names
-        mask = bytearray() if mask is None else mask
-        mask.extend(any(p.matches(t) for p in patterns) for t in names[len(mask) :])
+        if mask is None or mask.names is not names:
+            mask = TopicMask(names, bytearray())
+        bits = mask.bits
+        bits.extend(any(p.matches(t) for p in patterns) for t in names[len(bits) :])
         return mask
 
     def topic_lists(self, patterns: list[TopicPattern]) -> list[Sequence[int]] | None:

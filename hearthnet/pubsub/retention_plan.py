@@ -113,8 +113,10 @@ def _per_topic(
     default_age = policy.default[1]
     ages: dict[float, bytearray] = {default_age: bytearray(b"\x01") * len(names)}
     for topic, stats in topics.items():
+        number = numbers.get(topic)
+        if number is None:  # nothing of it held
+            continue
         max_n, max_age = policy.limits_for(topic)
-        number = numbers[topic]
         if max_age != default_age:
             ages.setdefault(max_age, bytearray(len(names)))[number] = 1
             ages[default_age][number] = 0

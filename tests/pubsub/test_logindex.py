@@ -6,7 +6,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hearthnet.pubsub.floorruns import Removed
-from hearthnet.pubsub.logindex import NO_EXPIRY, Head, LogIndex, origin_start
+from hearthnet.pubsub.logindex import (
+    NO_EXPIRY,
+    TOPIC_NUMBERS_SPARE,
+    Head,
+    LogIndex,
+    origin_start,
+)
 
 
 def head(seq: int, topic: str = "t.a", origin: str = "o1", oseq: int = 0) -> Head:
@@ -60,6 +66,37 @@ def test_deleting_half_compacts_and_keeps_every_lookup() -> None:
         [s for s, _, _, _ in index.live()],
         index.ts_of(61),
         index.ts_of(60),
+    )
+
+
+def test_topics_no_longer_held_are_forgotten_and_the_rest_numbered_afresh() -> None:
+    """A topic per message, 5,000 of them, all but the last 10 cut: after the compaction
+    the index keeps 10 topic numbers, not 5,000; a walk begun before the cut reads on with
+    the old numbers (and without what the cut took), lookups and a topic seen again work,
+    a scan by topic mask too."""
+    n = TOPIC_NUMBERS_SPARE + 904
+    index = LogIndex()
+    index.add_row(1, [head(s, f"t.{s}") for s in range(1, n + 1)])
+    walk = index.live(n - 12)
+    before = next(walk)
+    index.cut_prefix(n - 9, [])
+    after_cut = [*walk]
+    index.add_row(n + 1, [head(n + 1, "t.1"), head(n + 2, f"t.{n}")])
+    mask = bytearray(t in ("t.1", f"t.{n}") for t in index.topic_names)
+    assert (
+        (n - 11, f"t.{n - 11}"),
+        [(s, f"t.{s}") for s in range(n - 9, n + 1)],
+        11,
+        [(s, f"t.{s}") for s in range(n - 9, n + 1)] + [(n + 1, "t.1"), (n + 2, f"t.{n}")],
+        [n, n + 2],
+        (n, n + 2),
+    ) == (
+        before[:2],
+        [(s, t) for s, t, _, _ in after_cut],
+        len(index.topic_names),
+        [(s, t) for s, t, _, _ in index.live()],
+        list(index.topic_range(f"t.{n}", 0, n + 2)),
+        index.cols.span(mask, 0, n + 2, 3),
     )
 
 

@@ -276,18 +276,32 @@ async def test_a_wildcard_consumer_over_more_topics_than_are_listed_holds_and_co
 ) -> None:
     """Over a log of more topics than a wildcard's are listed for (READ_LAST_SEARCH), a
     consumer of ``room.*.alert`` that acked nothing keeps its first 3 alerts past the cap
-    (and the last, among the cap's newest 100) and hears of the two between as lost; the
-    listing counts all 6 pending."""
+    (and those among the cap's newest) and hears of those between as lost; the listing
+    counts its pending before and after the pass, whose compaction numbered the topics
+    left afresh (a topic mask made before is made again)."""
+    cap = READ_LAST_SEARCH + 100
     async with opened(tmp_path / "log.db") as log:
-        service = make_service(log, PubSubSection(consumer_max_held=3), max_log_messages=100)
+        service = make_service(log, PubSubSection(consumer_max_held=3), max_log_messages=cap)
         log.save_consumer(ConsumerRecord("me", "alerts", ("room.*.alert",), 0))
-        topics = [
-            f"room.{i}.alert" if i % 2000 == 1 else f"room.{i}.msg"
-            for i in range(READ_LAST_SEARCH + 2)
-        ]
-        await asyncio.gather(*(log.publish(topic=t, msg_type="m", data=1) for t in topics))
-        record = log.consumers[("me", "alerts")]
-        pending = describe(service.consumers, record, {})["pending"]
+        topics = [f"room.{i}.{'alert' if i % 2000 == 1 else 'msg'}" for i in range(5 * cap // 2)]
+        for at in range(0, len(topics), 10_000):  # under the log's bound on waiting publishes
+            await asyncio.gather(
+                *(log.publish(topic=t, msg_type="m", data=1) for t in topics[at : at + 10_000])
+            )
+        record, masks = log.consumers[("me", "alerts")], {}
+        pending = describe(service.consumers, record, masks)["pending"]
         await service.apply_retention()
         kept = [seq for seq, *_ in log.index.live(0) if topics[seq - 1].endswith(".alert")]
-    assert (6, [2, 2002, 4002, 10002], (6002, 8002)) == (pending, kept, record.lost)
+        numbers = len(log.index.topic_names)
+        pending_after = describe(service.consumers, record, masks)["pending"]
+    alerts = [seq for seq, t in enumerate(topics, 1) if t.endswith(".alert")]
+    newest = [seq for seq in alerts if seq > len(topics) - cap]
+    lost = [seq for seq in alerts[3:] if seq not in newest]
+    # the topics left: the newest ``cap`` messages' and the 3 alerts held before them
+    assert (len(alerts), alerts[:3] + newest, (lost[0], lost[-1]), len(kept), cap + 3) == (
+        pending,
+        kept,
+        record.lost,
+        pending_after,
+        numbers,
+    )
