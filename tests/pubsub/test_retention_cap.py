@@ -12,7 +12,7 @@ from hearthnet.config import PubSubSection
 from hearthnet.pubsub.consumers_http import describe
 from hearthnet.pubsub.log import ConsumerRecord
 from hearthnet.pubsub.logprune import ChunkSize
-from hearthnet.pubsub.logread import READ_LAST_SEARCH
+from hearthnet.pubsub.logread import READ_LAST_SEARCH, TopicMask
 from tests.helpers import wait_until
 from tests.pubsub.test_log import make_service, opened, publish_many
 from tests.pubsub.test_log_batches import verified
@@ -288,7 +288,7 @@ async def test_a_wildcard_consumer_over_more_topics_than_are_listed_holds_and_co
             await asyncio.gather(
                 *(log.publish(topic=t, msg_type="m", data=1) for t in topics[at : at + 10_000])
             )
-        record, masks = log.consumers[("me", "alerts")], {}
+        record, masks = log.consumers[("me", "alerts")], dict[tuple[str, ...], TopicMask]()
         pending = describe(service.consumers, record, masks)["pending"]
         await service.apply_retention()
         kept = [seq for seq, *_ in log.index.live(0) if topics[seq - 1].endswith(".alert")]
