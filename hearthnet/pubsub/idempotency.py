@@ -87,21 +87,25 @@ class Receipt(NamedTuple):
 # Told the answer of the publish a duplicate stands for: its receipt (``duplicate``
 # true), or the error that refused it.
 Reply = Callable[[Receipt | Exception], None]
+# The duplicates waiting for a first publish in flight (a :meth:`PublishKeys.claim`
+# answer: the caller adds its reply).
+Waiting = list[Reply]
 
 
 class PublishKeys:
     """The publish keys of one node: those in flight (with the duplicates waiting for
-    them) and those committed within the window (with their receipts)."""
+    them) and those committed within the window (with their answers)."""
 
     __slots__ = ("_done", "_in_flight", "max_keys", "window_s")
 
     def __init__(self, *, window_s: float, max_keys: int) -> None:
         self.window_s = window_s
         self.max_keys = max_keys
-        # (owner, key) → (expiry, receipt), oldest first: entries are added at their
-        # commit with one window, so the order of insertion is the order of expiry.
-        self._done: OrderedDict[tuple[str, str], tuple[float, Receipt]] = OrderedDict()
-        self._in_flight: dict[tuple[str, str], list[Reply]] = {}
+        # (owner, key) → (expiry, id, seq, origin_seq, ts), oldest first: entries are
+        # added at their commit with one window, so the order of insertion is the order
+        # of expiry. One flat tuple each (a Receipt is made for a duplicate only).
+        self._done: OrderedDict[tuple[str, str], tuple[float, str, int, int, int]] = OrderedDict()
+        self._in_flight: dict[tuple[str, str], Waiting] = {}
 
     def __len__(self) -> int:
         """Keys remembered (committed, within the window), not counting those in flight."""
@@ -112,54 +116,62 @@ class PublishKeys:
         """Keys whose first publish is not decided yet."""
         return len(self._in_flight)
 
-    def claim(self, owner: str, key: str, reply: Reply, now: float) -> bool:
-        """Whether the publish with ``key`` is the first: True, and the caller queues it
-        and then calls :meth:`settle` with its outcome (always, whatever it is). False for
-        a duplicate, which is not to be published: ``reply`` gets the first's answer now
-        (committed within the window) or when the first is settled (in flight)."""
+    def claim(self, owner: str, key: str, now: float) -> Receipt | Waiting | None:
+        """Claim ``key`` for a publish of ``owner``. None: it is the first; the caller
+        queues it and then calls :meth:`settle` with its outcome (always, whatever it
+        is). A :class:`Receipt` (``duplicate`` true): the key was committed within the
+        window; the publish is answered with it, not published. A :data:`Waiting` list:
+        the first is in flight; the caller adds the reply that answers this duplicate
+        once the first is settled, and does not publish it."""
         done = self._done
         while done:  # drop what expired, oldest first
-            first = next(iter(done.values()))
-            if first[0] > now:
+            if next(iter(done.values()))[0] > now:
                 break
             done.popitem(last=False)
         name = (owner, key)
         entry = done.get(name)
         if entry is not None:
-            reply(entry[1]._replace(duplicate=True))
-            return False
+            return Receipt(entry[1], entry[2], entry[3], entry[4], True)
         waiting = self._in_flight.get(name)
         if waiting is not None:
-            waiting.append(reply)
-            return False
+            return waiting
         self._in_flight[name] = []
-        return True
+        return None
 
     def settle(
         self, owner: str, key: str, outcome: StoredMessage | Exception | None, now: float
-    ) -> Receipt | Exception:
-        """The first publish with ``key`` is decided: committed (its receipt is kept for
+    ) -> None:
+        """The first publish with ``key`` is decided: committed (its answer is kept for
         the window, and every duplicate that waited gets it) or refused (the key is
-        forgotten; every duplicate that waited gets the refusal). Returns the first's own
-        answer: its receipt, or the error."""
+        forgotten; every duplicate that waited gets the refusal)."""
         name = (owner, key)
-        waiting = self._in_flight.pop(name, ())
-        result: Receipt | Exception
+        waiting = self._in_flight.pop(name, None)
         if isinstance(outcome, StoredMessage):
-            result = Receipt.of(outcome)
+            fields = outcome.fields
+            if fields is not None:  # signed here: no Message made for the answer
+                msg_id, origin_seq, ts = fields["id"], fields["origin_seq"], fields["ts"]
+            else:
+                msg = outcome.message
+                msg_id, origin_seq, ts = msg.id, msg.origin_seq, msg.ts
             if self.max_keys > 0 and self.window_s > 0:
                 done = self._done
-                done[name] = (now + self.window_s, result)
-                done.move_to_end(name)
-                while len(done) > self.max_keys:
+                done[name] = (now + self.window_s, msg_id, outcome.seq, origin_seq, ts)
+                if len(done) > self.max_keys:
                     done.popitem(last=False)
-            copy: Receipt | Exception = result._replace(duplicate=True)
+            if not waiting:
+                return
+            told: Receipt | Exception = Receipt(msg_id, outcome.seq, origin_seq, ts, True)
+        elif not waiting:
+            return
         else:
-            result = copy = (
-                outcome
-                if outcome is not None  # None: the log held it already, never for a publish
-                else InternalError("the message log could not store this message")
-            )
+            told = refusal(outcome)
         for reply in waiting:
-            reply(copy)
-        return result
+            reply(told)
+
+
+def refusal(outcome: Exception | None) -> Exception:
+    """The error a refused first publish is answered with (None: the log held the message
+    already, which a new publish never is)."""
+    if outcome is None:
+        return InternalError("the message log could not store this message")
+    return outcome

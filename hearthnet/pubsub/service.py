@@ -33,7 +33,7 @@ from hearthnet.pubsub.envelope import Message, StoredMessage, validate_ttl, vali
 from hearthnet.pubsub.envelope_fields import check_payload
 from hearthnet.pubsub.fanout import FanOut, PubSubMetrics
 from hearthnet.pubsub.frames import Since
-from hearthnet.pubsub.idempotency import PublishKeys, Receipt, validate_key
+from hearthnet.pubsub.idempotency import PublishKeys, Receipt, refusal, validate_key
 from hearthnet.pubsub.index import SubscriptionIndex
 from hearthnet.pubsub.log import MessageLog, PublishItem
 from hearthnet.pubsub.logcommit import Answer, Outcome
@@ -73,6 +73,9 @@ async def publish_once(
     ttl = validate_ttl(ttl_s)
     service.authorize_publish(caller, topic, data)
     keys, owner = service.keys, caller.owner
+    claimed = keys.claim(owner, key, time.monotonic())
+    if isinstance(claimed, Receipt):
+        return claimed
     fut: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
 
     def reply(outcome: Receipt | Exception) -> None:
@@ -83,16 +86,20 @@ async def publish_once(
         else:
             fut.set_result(outcome)
 
-    if keys.claim(owner, key, reply, time.monotonic()):
+    if claimed is not None:  # the first is in flight: its answer is this one's
+        claimed.append(reply)
+        return await fut
 
-        def answer(outcomes: list[Outcome]) -> None:
-            reply(keys.settle(owner, key, outcomes[0], time.monotonic()))
+    def answer(outcomes: list[Outcome]) -> None:
+        outcome = outcomes[0]
+        keys.settle(owner, key, outcome, time.monotonic())
+        reply(Receipt.of(outcome) if isinstance(outcome, StoredMessage) else refusal(outcome))
 
-        try:
-            service.log.publish_many(((topic, msg_type, data, ttl, caller.sender),), answer=answer)
-        except Exception as exc:
-            keys.settle(owner, key, exc, time.monotonic())
-            raise
+    try:
+        service.log.publish_many(((topic, msg_type, data, ttl, caller.sender),), answer=answer)
+    except Exception as exc:
+        keys.settle(owner, key, exc, time.monotonic())
+        raise
     return await fut
 
 

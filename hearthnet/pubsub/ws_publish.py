@@ -151,6 +151,20 @@ def _reply_duplicate(sub: Subscriber, ref: str | None, outcome: Receipt | Except
     sub.wake()
 
 
+def _duplicate(keys: PublishKeys, caller: Caller, sub: Subscriber, frame: Publish) -> bool:
+    """Claim the key of a keyed publish: False for the first (it is published), True for
+    a duplicate, answered now (committed) or once the first is settled (in flight)."""
+    assert frame.key is not None
+    claimed = keys.claim(caller.owner, frame.key, time.monotonic())
+    if claimed is None:
+        return False
+    if isinstance(claimed, Receipt):
+        _reply_duplicate(sub, frame.ref, claimed)
+    else:
+        claimed.append(partial(_reply_duplicate, sub, frame.ref))
+    return True
+
+
 class _Turn:
     """One session's publishes of this loop turn, waiting to be queued as a group."""
 
@@ -188,11 +202,8 @@ class WsPublisher:
         assert caller is not None
         assert sub is not None
         self.service.authorize_publish(caller, frame.topic, frame.data, sub)
-        key = frame.key
-        if key is not None and not self.service.keys.claim(
-            caller.owner, key, partial(_reply_duplicate, sub, frame.ref), time.monotonic()
-        ):
-            return  # a duplicate: answered now, or once its first publish is decided
+        if frame.key is not None and _duplicate(self.service.keys, caller, sub, frame):
+            return  # answered now, or once its first publish is decided
         turn = self._turns.get(session)
         if turn is None:
             turn = self._turns[session] = _Turn(session, caller)
