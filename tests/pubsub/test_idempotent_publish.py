@@ -11,10 +11,13 @@ from typing import Any
 import orjson
 import pytest
 
+from hearthnet.caller import Caller
 from hearthnet.client import Client
+from hearthnet.community import Level
 from hearthnet.errors import BadRequest
 from hearthnet.identity import load_or_create_keys
 from hearthnet.node import Node
+from hearthnet.pubsub.service import publish_once
 from tests.conftest import MakeConfig
 from tests.helpers import free_port, token_for, wait_until
 from tests.pubsub.test_ws import auth_frame
@@ -217,3 +220,32 @@ async def test_a_bad_key_on_a_websocket_publish_is_an_error_with_its_ref(
         await raw.end()
     assert ("bad_request", "r9") == (error["data"]["code"], error["data"]["ref"])
     assert "1..64 printable ASCII" in error["data"]["message"]
+
+
+async def test_a_duplicate_in_flight_waits_and_a_cancelled_first_still_leaves_its_answer(
+    make_config: MakeConfig,
+) -> None:
+    """The node's publish path with a key (real log): a second publish started in the
+    same loop turn as the first, before any commit, waits for it and gets its seq,
+    marked duplicate; a first whose caller is cancelled once it is queued (an HTTP
+    handler whose client went away) is still committed, and the retry gets its answer."""
+    async with Node(make_config(pubsub={"sync": "normal"})) as node:
+        me = Caller(node.keys.node_id, "node", Level.ANCHOR, None, True)
+        first, second = await asyncio.gather(
+            publish_once(node.pubsub, me, "idem.f", "m", 1, ttl_s=None, key="a"),
+            publish_once(node.pubsub, me, "idem.f", "m", 1, ttl_s=None, key="a"),
+        )
+        gone = asyncio.get_running_loop().create_task(
+            publish_once(node.pubsub, me, "idem.f", "m", 2, ttl_s=None, key="b")
+        )
+        await asyncio.sleep(0)  # queued on the log, not committed yet
+        assert 1 == node.pubsub.keys.in_flight
+        gone.cancel()
+        await wait_until(lambda: node.message_log.head_seq >= 2, what="the second commit")
+        retry = await publish_once(node.pubsub, me, "idem.f", "m", 2, ttl_s=None, key="b")
+        page, _ = await node.message_log.reader.history(
+            "idem.f", since_seq=0, since_ts=None, before_seq=None, limit=10
+        )
+    assert (False, True, True) == (first.duplicate, second.duplicate, retry.duplicate)
+    assert (first.id, first.seq) == (second.id, second.seq)
+    assert [first.seq, retry.seq] == [row.seq for row in page]
