@@ -9,8 +9,11 @@ own CPU (another thread) is left out. That is the per-message work of the publis
 frame read and unmask, decode and parse, the checks (token scope, rate limit, size), the
 log's queueing, the commit hand-off and the answer; no subscriber.
 
+With ``--keyed`` every publish carries an ``idempotency_key`` of its own (the node then
+claims and remembers one key per publish: the cost of idempotent publishing).
+
 Run: python -m bench.bench_ws_publish [--messages 20000 --batch 64 --form json,cbor
-     --sync normal --repeat 5]
+     --sync normal --repeat 5 --keyed]
 """
 
 from __future__ import annotations
@@ -122,8 +125,12 @@ def thread_cpu_s(name_prefix: str) -> float:
     return total
 
 
-async def one_run(node: Node, token: str, form: str, messages: int, batch: int) -> dict[str, Any]:
-    """Publish ``messages`` in writes of ``batch``; the node's CPU per publish."""
+async def one_run(
+    node: Node, token: str, form: str, messages: int, batch: int, keyed: bool = False
+) -> dict[str, Any]:
+    """Publish ``messages`` in writes of ``batch``; the node's CPU per publish. With
+    ``keyed`` every publish carries an idempotency_key of its own (made before the
+    clock starts)."""
     loop = asyncio.get_running_loop()
 
     def connect() -> Client:  # blocking: never on the loop's thread
@@ -136,21 +143,27 @@ async def one_run(node: Node, token: str, form: str, messages: int, batch: int) 
 
     client = await loop.run_in_executor(None, connect)
     payload = "x" * 200
-    frames = [
-        client.encode(
-            {"type": "publish", "topic": TOPIC, "msg_type": "bench", "data": payload, "ref": str(i)}
+    base = {"type": "publish", "topic": TOPIC, "msg_type": "bench", "data": payload}
+    run_id = os.urandom(6).hex()
+    blobs = [
+        b"".join(
+            client.encode(
+                {**base, "ref": str(i), "idempotency_key": f"{run_id}-{n}-{i}"}
+                if keyed
+                else {**base, "ref": str(i)}
+            )
+            for i in range(batch)
         )
-        for i in range(batch)
+        for n in range(messages // batch if keyed else 1)
     ]
-    blob = b"".join(frames)
     errors: list[dict[str, Any]] = []
 
     def drive() -> None:
-        for _ in range(messages // batch):
-            client.sock.sendall(blob)
+        for n in range(messages // batch):
+            client.sock.sendall(blobs[n % len(blobs)])
             for raw in client.frames(batch):
                 obj = client.decode(raw)
-                if obj.get("event") != "published.ok":
+                if obj.get("event") != "published.ok" or "duplicate" in obj["data"]:
                     errors.append(obj)
 
     loop_cpu0, writer0, wall0 = (
@@ -206,7 +219,7 @@ async def _run_in(data: Path, opts: argparse.Namespace) -> dict[str, Any]:
         await one_run(node, token, forms[0], opts.batch * 20, opts.batch)  # warm-up
         for r in range(opts.repeat):
             for form in forms:
-                result = await one_run(node, token, form, opts.messages, opts.batch)
+                result = await one_run(node, token, form, opts.messages, opts.batch, opts.keyed)
                 result["round"] = r
                 runs.append(result)
                 print(
@@ -222,7 +235,13 @@ async def _run_in(data: Path, opts: argparse.Namespace) -> dict[str, Any]:
             key: statistics.median(r[key] for r in mine)
             for key in ("loop_cpu_us_per_publish", "writer_cpu_us_per_publish", "publishes_per_s")
         }
-    return {"sync": opts.sync, "load1": os.getloadavg()[0], "runs": runs, "median": summary}
+    return {
+        "sync": opts.sync,
+        "keyed": opts.keyed,
+        "load1": os.getloadavg()[0],
+        "runs": runs,
+        "median": summary,
+    }
 
 
 def main() -> None:
@@ -233,6 +252,9 @@ def main() -> None:
     parser.add_argument("--form", default="json,cbor", help="comma list of: json, cbor")
     parser.add_argument("--sync", default="normal", help="pubsub.sync: full or normal")
     parser.add_argument("--repeat", type=int, default=5, help="runs per form (medians kept)")
+    parser.add_argument(
+        "--keyed", action="store_true", help="every publish with an idempotency_key of its own"
+    )
     parser.add_argument("--name", default="ws_publish")
     opts = parser.parse_args()
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # as the node runs

@@ -15,6 +15,7 @@ its frames, the last being exactly one ``done`` or ``error``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -28,14 +29,18 @@ import orjson
 from hearthnet.call_stream import ACK_EVERY, Stream, raise_for_terminal
 from hearthnet.chat import ChatResult, ChatTool, ChatToolHandler, OnEvent, run_chat
 from hearthnet.datadir import start_command
-from hearthnet.errors import NodeNotRunning
+from hearthnet.errors import NodeNotRunning, Unavailable
 from hearthnet.identity import KeyPair
+from hearthnet.ids import new_ulid
 from hearthnet.node_http import NodeHttp, get_public_json, split_capability
 from hearthnet.publisher import Publisher
 from hearthnet.pubsub.envelope import Message
 from hearthnet.pubsub.payload import DATA_ENC, encode_bytes
 from hearthnet.pubsub.topics import validate_topic
 from hearthnet.subscription import Gap, Reset, Subscription
+
+RETRY_MS = 250  # a publish's retry after `unavailable` without retry_after_ms, times the attempt
+MAX_RETRY_MS = 5_000
 
 __all__ = [
     "ACK_EVERY",
@@ -129,21 +134,50 @@ class Client:
     # --- pub/sub ----------------------------------------------------------------------
 
     async def publish(
-        self, topic: str, msg_type: str, data: Any, *, ttl_s: int | None = None
+        self,
+        topic: str,
+        msg_type: str,
+        data: Any,
+        *,
+        ttl_s: int | None = None,
+        idempotency_key: str | None = None,
+        retries: int = 0,
     ) -> dict[str, Any]:
         """Publish; returns ``{"id", "seq", "origin_seq", "ts"}`` once the node has it durably.
 
         ``data`` may be bytes: it goes as base64url text with ``data_enc`` (HTTP is JSON);
-        :meth:`publisher` with ``cbor=True`` sends bytes as they are."""
+        :meth:`publisher` with ``cbor=True`` sends bytes as they are.
+
+        ``idempotency_key`` (1..64 printable ASCII characters): the node publishes a key
+        once within its window (docs/pubsub.md); sending it again gets the first answer
+        with ``"duplicate": true``. With ``retries`` the publish is sent again, up to that
+        many times, when it fails ``unavailable`` (no answer, a dropped connection, a full
+        node: after its ``retry_after_ms``), under the caller's key or, when none was
+        given, a fresh one for this publish, so a retry never publishes twice.
+
+        Raises:
+            WireError: the node refused it (the last refusal, after ``retries``)."""
         body: dict[str, Any] = {"type": msg_type, "data": data}
         if type(data) is bytes:
             body = {"type": msg_type, "data": encode_bytes(data), "data_enc": DATA_ENC}
         if ttl_s is not None:
             body["ttl_s"] = ttl_s
-        result: dict[str, Any] = await self.request_json(
-            "POST", f"/pubsub/v1/topics/{validate_topic(topic)}/messages", body
-        )
-        return result
+        if idempotency_key is None and retries > 0:
+            idempotency_key = new_ulid()
+        if idempotency_key is not None:
+            body["idempotency_key"] = idempotency_key
+        path = f"/pubsub/v1/topics/{validate_topic(topic)}/messages"
+        attempt = 0
+        while True:
+            try:
+                result: dict[str, Any] = await self.request_json("POST", path, body)
+                return result
+            except Unavailable as exc:
+                attempt += 1
+                if attempt > retries:
+                    raise
+                wait_ms = exc.retry_after_ms or RETRY_MS * attempt
+                await asyncio.sleep(min(wait_ms, MAX_RETRY_MS) / 1000)
 
     def publisher(self, *, cbor: bool = True) -> Publisher:
         """A WebSocket publish session (use ``async with``): ``await pub.publish(...)``.

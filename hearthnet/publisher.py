@@ -60,9 +60,18 @@ class Publisher:
         self._fail_all(Unavailable("the publisher was closed"))
 
     async def publish(
-        self, topic: str, msg_type: str, data: Any, *, ttl_s: int | None = None
+        self,
+        topic: str,
+        msg_type: str,
+        data: Any,
+        *,
+        ttl_s: int | None = None,
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Publish; returns ``{"ref", "id", "seq", "origin_seq", "ts"}`` once durable.
+        With ``idempotency_key`` the node publishes the key once within its window
+        (docs/pubsub.md): a publish sent again with it, on this session or another, gets
+        the first answer with ``"duplicate": true``.
 
         Raises:
             WireError: the node refused the publish (its error, e.g. ``forbidden``).
@@ -82,6 +91,8 @@ class Publisher:
                 frame["data"] = data
             if ttl_s is not None:
                 frame["ttl_s"] = ttl_s
+            if idempotency_key is not None:
+                frame["idempotency_key"] = idempotency_key
             frame["ref"] = ref
             fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
             self._waiting[ref] = fut

@@ -104,9 +104,13 @@ async def test_commit_latency_times_every_publish() -> None:
     assert ("off", True) == (row["checkpoint"], row["messages"] >= 2 and row["p50_ms"] > 0)
 
 
-async def test_ws_publish_answers_every_publish_of_both_forms() -> None:
-    """bench_ws_publish: every publish of a token client is answered published.ok."""
-    opts = argparse.Namespace(messages=96, batch=32, form="json,cbor", sync="normal", repeat=1)
+@pytest.mark.parametrize("keyed", [False, True])
+async def test_ws_publish_answers_every_publish_of_both_forms(keyed: bool) -> None:
+    """bench_ws_publish: every publish of a token client is answered published.ok, with
+    an idempotency key of its own too (none is a duplicate)."""
+    opts = argparse.Namespace(
+        messages=96, batch=32, form="json,cbor", sync="normal", repeat=1, keyed=keyed
+    )
     result = await bench_ws_publish.run(opts)
     assert [("json", 96, 0), ("cbor", 96, 0)] == [
         (r["form"], r["messages"], r["errors"]) for r in result["runs"]

@@ -335,6 +335,21 @@ class PubSubSection:
     publish_per_s_token: float = field(
         default=100.0, metadata=_doc("Publishes per second per token client.")
     )
+    idempotency_window_s: float = field(
+        default=120.0,
+        metadata=_doc(
+            "How long after its commit a publish's idempotency_key is remembered: a publish"
+            " with the same key (same publisher) gets the first answer, marked duplicate,"
+            " and is not published again. In memory: a restart forgets it."
+        ),
+    )
+    idempotency_max_keys: int = field(
+        default=100_000,
+        metadata=_doc(
+            "Idempotency keys remembered on this node, all publishers together (~300 bytes"
+            " each); when full, the oldest go first (0: none past their commit)."
+        ),
+    )
     presence_silence_s: float = field(
         default=30.0,
         metadata=_doc("A subscriber silent this long (no frame, no pong) leaves presence."),

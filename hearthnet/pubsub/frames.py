@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 from hearthnet.canonical import MAX_EXACT_INTEGER
 from hearthnet.errors import BadRequest
 from hearthnet.pubsub.envelope import validate_ttl, validate_type
+from hearthnet.pubsub.idempotency import validate_key
 from hearthnet.pubsub.payload import from_publish
 from hearthnet.pubsub.presence import validate_presence_fields
 from hearthnet.pubsub.topics import TopicPattern, validate_topic
@@ -59,7 +60,8 @@ class Unsubscribe:
 
 
 class Publish(NamedTuple):
-    """``{"type":"publish","topic","msg_type","data","data_enc"?,"ttl_s"?,"ref"?}``;
+    """``{"type":"publish","topic","msg_type","data","data_enc"?,"ttl_s"?,"ref"?,
+    "idempotency_key"?}`` (the key: :mod:`hearthnet.pubsub.idempotency`);
     ``data`` is bytes for a binary payload (a CBOR byte string, or base64url text with
     ``data_enc``). Immutable like the other frames, but a named tuple: one is made per
     publish, and a frozen dataclass costs ~1 µs to build (its ``__init__`` sets each field
@@ -70,6 +72,7 @@ class Publish(NamedTuple):
     data: Any
     ttl_s: int | None
     ref: str | None
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +119,12 @@ SHAPES: dict[str, Shape] = {
     "ack": Shape.of("ack frame", ("type", "upto"), {"seq": "did you mean upto?"}),
     "publish": Shape.of(
         "publish frame",
-        ("type", "topic", "msg_type", "data", "data_enc", "ttl_s", "ref"),
-        {"ttl": "did you mean ttl_s?", "payload": "did you mean data?"},
+        ("type", "topic", "msg_type", "data", "data_enc", "ttl_s", "ref", "idempotency_key"),
+        {
+            "ttl": "did you mean ttl_s?",
+            "payload": "did you mean data?",
+            "key": "did you mean idempotency_key?",
+        },
     ),
     "subscribe": Shape.of(
         "subscribe frame",
@@ -216,7 +223,7 @@ def _publish(obj: dict[str, Any]) -> ClientFrame:
         raise BadRequest("publish.topic must be a string")
     if not isinstance(msg_type, str):
         raise BadRequest("publish.msg_type must be a string (the message type)")
-    data_enc, ttl_s = obj.get("data_enc"), obj.get("ttl_s")
+    data_enc, ttl_s, key = obj.get("data_enc"), obj.get("ttl_s"), obj.get("idempotency_key")
     return _new_publish(
         Publish,
         (
@@ -225,6 +232,7 @@ def _publish(obj: dict[str, Any]) -> ClientFrame:
             obj["data"] if data_enc is None else from_publish(obj["data"], data_enc),
             None if ttl_s is None else validate_ttl(ttl_s),
             ref,
+            None if key is None else validate_key(key),
         ),
     )
 

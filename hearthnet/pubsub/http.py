@@ -21,6 +21,7 @@ from hearthnet.pubsub.channel import ChannelState, SubscriberChannel
 from hearthnet.pubsub.consumers_http import ConsumersHttp
 from hearthnet.pubsub.frames import Since, parse_fields
 from hearthnet.pubsub.payload import from_publish
+from hearthnet.pubsub.service import publish_once
 from hearthnet.pubsub.sinks import AiohttpSink, LongPollSink
 from hearthnet.pubsub.subscriber import Subscriber
 from hearthnet.pubsub.sweeper import sweep_token
@@ -46,14 +47,21 @@ LONG_POLL_LIMIT = 500
 # (``token`` everywhere: a browser EventSource cannot set headers, spec §2.2).
 PUBLISH_BODY = Shape.of(
     "publish body",
-    ("type", "data", "data_enc", "ttl_s"),
-    {"msg_type": "the HTTP body names it type", "ttl": "did you mean ttl_s?"},
+    ("type", "data", "data_enc", "ttl_s", "idempotency_key"),
+    {
+        "msg_type": "the HTTP body names it type",
+        "ttl": "did you mean ttl_s?",
+        "key": "did you mean idempotency_key?",
+    },
 )
-_BODY = '{"type", "data", "data_enc"?, "ttl_s"?}'
+_BODY = '{"type", "data", "data_enc"?, "ttl_s"?, "idempotency_key"?}'
 PUBLISH_QUERY = Shape(
     "publish query",
     frozenset({"token"}),
-    {f: f"the body carries it: {_BODY}" for f in ("type", "data", "data_enc", "ttl_s", "ttl")},
+    {
+        f: f"the body carries it: {_BODY}"
+        for f in ("type", "data", "data_enc", "ttl_s", "ttl", "idempotency_key")
+    },
     "parameter",
 )
 _SINCE = ("since_epoch", "since_seq", "since_ts", "last")
@@ -155,8 +163,10 @@ class PubSubHttp:
         )
 
     async def publish(self, request: web.Request) -> web.Response:
-        """``POST /pubsub/v1/topics/{topic}/messages`` ``{"type","data","data_enc"?,"ttl_s"?}``
-        (``data_enc: "base64url"``: data is bytes, sent as base64url text)."""
+        """``POST /pubsub/v1/topics/{topic}/messages``
+        ``{"type","data","data_enc"?,"ttl_s"?,"idempotency_key"?}`` (``data_enc:
+        "base64url"``: data is bytes, sent as base64url text; the key:
+        :mod:`hearthnet.pubsub.idempotency`)."""
         PUBLISH_QUERY.check(request.query)
         raw = await request.read()
         body = loads(raw) if raw else None
@@ -167,13 +177,15 @@ class PubSubHttp:
             if field not in body:
                 raise BadRequest(f"the body is {_BODY}: {field} is missing")
         caller = self.caller(request, body)
-        stored = await self.deps.service.publish(
-            caller,
-            request.match_info["topic"],
-            body.get("type"),
-            from_publish(body["data"], body.get("data_enc")),
-            body.get("ttl_s"),
-        )
+        data = from_publish(body["data"], body.get("data_enc"))
+        topic, msg_type, ttl_s = request.match_info["topic"], body.get("type"), body.get("ttl_s")
+        key = body.get("idempotency_key")
+        if key is not None:
+            receipt = await publish_once(
+                self.deps.service, caller, topic, msg_type, data, ttl_s=ttl_s, key=key
+            )
+            return json_response(receipt.answer())
+        stored = await self.deps.service.publish(caller, topic, msg_type, data, ttl_s)
         msg = stored.message
         return json_response(
             {"id": msg.id, "seq": stored.seq, "origin_seq": msg.origin_seq, "ts": msg.ts}

@@ -33,9 +33,10 @@ from hearthnet.pubsub.envelope import Message, StoredMessage, validate_ttl, vali
 from hearthnet.pubsub.envelope_fields import check_payload
 from hearthnet.pubsub.fanout import FanOut, PubSubMetrics
 from hearthnet.pubsub.frames import Since
+from hearthnet.pubsub.idempotency import PublishKeys, Receipt, refusal, validate_key
 from hearthnet.pubsub.index import SubscriptionIndex
 from hearthnet.pubsub.log import MessageLog, PublishItem
-from hearthnet.pubsub.logcommit import Answer
+from hearthnet.pubsub.logcommit import Answer, Outcome
 from hearthnet.pubsub.presence import PresenceTable
 from hearthnet.pubsub.presence_hub import PresenceHub
 from hearthnet.pubsub.retention import RetentionPolicy
@@ -43,6 +44,63 @@ from hearthnet.pubsub.retention_pass import RetentionPass
 from hearthnet.pubsub.subscriber import Subscriber
 from hearthnet.pubsub.topics import TopicPattern, validate_topic
 from hearthnet.ratelimit import RateLimiter
+
+
+async def publish_once(
+    service: PubSub,
+    caller: Caller,
+    topic: object,
+    msg_type: object,
+    data: Any,
+    *,
+    ttl_s: object,
+    key: object,
+) -> Receipt:
+    """:meth:`PubSub.publish` with an idempotency ``key``
+    (:mod:`hearthnet.pubsub.idempotency`): the same checks, then the publish is queued
+    unless the caller's key is known or in flight, in which case the answer is the first
+    publish's receipt (``duplicate`` true) or refusal. The key is settled from the log's
+    answer, not from this coroutine: a caller that goes away (an HTTP client that dropped
+    its connection, its handler cancelled) still leaves the receipt for its retry.
+
+    Raises:
+        BadRequest (the key too), PayloadTooLarge, Forbidden, RateLimited, Unavailable
+            (the log's queue is full: the key is forgotten); or the first's refusal, for
+            a duplicate that waited for it.
+    """
+    key = validate_key(key)
+    topic, msg_type = validate_topic(topic), validate_type(msg_type)
+    ttl = validate_ttl(ttl_s)
+    service.authorize_publish(caller, topic, data)
+    keys, owner = service.keys, caller.owner
+    claimed = keys.claim(owner, key, time.monotonic())
+    if isinstance(claimed, Receipt):
+        return claimed
+    fut: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
+
+    def reply(outcome: Receipt | Exception) -> None:
+        if fut.done():
+            return  # the caller went away
+        if isinstance(outcome, Exception):
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome)
+
+    if claimed is not None:  # the first is in flight: its answer is this one's
+        claimed.append(reply)
+        return await fut
+
+    def answer(outcomes: list[Outcome]) -> None:
+        outcome = outcomes[0]
+        keys.settle(owner, key, outcome, time.monotonic())
+        reply(Receipt.of(outcome) if isinstance(outcome, StoredMessage) else refusal(outcome))
+
+    try:
+        service.log.publish_many(((topic, msg_type, data, ttl, caller.sender),), answer=answer)
+    except Exception as exc:
+        keys.settle(owner, key, exc, time.monotonic())
+        raise
+    return await fut
 
 
 class PubSub:
@@ -98,6 +156,9 @@ class PubSub:
         self.retention_pass = RetentionPass(
             config=config, log_store=log_store, retention=retention, consumers=self.consumers
         )
+        self.keys = PublishKeys(
+            window_s=config.idempotency_window_s, max_keys=config.idempotency_max_keys
+        )
         self._member_limit = RateLimiter(config.publish_per_s_member)
         self._token_limit = RateLimiter(config.publish_per_s_token)
 
@@ -139,7 +200,8 @@ class PubSub:
     ) -> StoredMessage:
         """The one publish path of a lone publish (HTTP, the node's own services): check
         the fields, authorize (:meth:`authorize_publish`), queue it on the log; returns
-        once the message is durable (spec §6.4).
+        once the message is durable (spec §6.4). One with an idempotency key goes
+        through :func:`publish_once`.
 
         Raises:
             BadRequest, PayloadTooLarge, Forbidden, RateLimited, Unavailable (the log's

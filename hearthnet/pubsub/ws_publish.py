@@ -14,11 +14,18 @@ ahead of the deliveries of the same commit: at one publish in flight the publish
 next publish is on its way while the node writes to the subscribers. When the log's
 queue cannot take a group (``max_pending``), each of its publishes is answered
 ``unavailable`` with ``retry_after_ms``.
+
+A publish with an ``idempotency_key`` (:mod:`hearthnet.pubsub.idempotency`) claims its
+key when it is read: a duplicate is not queued, and gets ``published.ok`` with
+``duplicate: true`` and its own ``ref`` at once (a key committed within the window) or
+when the first publish with that key is committed (one in flight). A first publish goes
+with its group, which settles its key in the group's answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +34,7 @@ import orjson
 from hearthnet.errors import InternalError, WireError
 from hearthnet.pubsub.envelope import StoredMessage
 from hearthnet.pubsub.frames import Publish
+from hearthnet.pubsub.idempotency import PublishKeys, Receipt
 from hearthnet.pubsub.log import PublishItem
 from hearthnet.pubsub.logcommit import Outcome
 from hearthnet.pubsub.wire import control_frame
@@ -115,15 +123,58 @@ def answer(sub: Subscriber, refs: list[str | None], outcomes: list[Outcome]) -> 
     sub.wake()
 
 
+def answer_keyed(
+    keyed: tuple[PublishKeys, str, dict[int, str]],
+    sub: Subscriber,
+    refs: list[str | None],
+    outcomes: list[Outcome],
+) -> None:
+    """:func:`answer`, after settling the keys of the group's publishes that carried
+    one (``keyed``: the keys, the owner, and index in the group → key), whether or not
+    the session is still there: a duplicate waiting for one of them, maybe on another
+    session, gets its answer, and a retry after a lost answer finds the receipt."""
+    keys, owner, indexes = keyed
+    now = time.monotonic()
+    for index, key in indexes.items():
+        keys.settle(owner, key, outcomes[index], now)
+    answer(sub, refs, outcomes)
+
+
+def _reply_duplicate(sub: Subscriber, ref: str | None, outcome: Receipt | Exception) -> None:
+    """Answer a duplicate publish of ``sub`` with its first's receipt or refusal."""
+    if sub.closed:
+        return
+    if isinstance(outcome, Receipt):
+        sub.send_control("published.ok", {"ref": ref, **outcome.answer()})
+    else:
+        sub.send_control("error", _error(ref, outcome))
+    sub.wake()
+
+
+def _duplicate(keys: PublishKeys, caller: Caller, sub: Subscriber, frame: Publish) -> bool:
+    """Claim the key of a keyed publish: False for the first (it is published), True for
+    a duplicate, answered now (committed) or once the first is settled (in flight)."""
+    assert frame.key is not None
+    claimed = keys.claim(caller.owner, frame.key, time.monotonic())
+    if claimed is None:
+        return False
+    if isinstance(claimed, Receipt):
+        _reply_duplicate(sub, frame.ref, claimed)
+    else:
+        claimed.append(partial(_reply_duplicate, sub, frame.ref))
+    return True
+
+
 class _Turn:
     """One session's publishes of this loop turn, waiting to be queued as a group."""
 
-    __slots__ = ("caller", "items", "refs", "sender", "session")
+    __slots__ = ("caller", "items", "keyed", "refs", "sender", "session")
 
     def __init__(self, session: WsSession, caller: Caller) -> None:
         self.session = session
         self.refs: list[str | None] = []
         self.items: list[PublishItem] = []
+        self.keyed: dict[int, str] | None = None  # index → idempotency key, when any
         self.caller = caller
         self.sender = caller.sender  # one dict for the group (a token refresh makes another)
 
@@ -151,6 +202,8 @@ class WsPublisher:
         assert caller is not None
         assert sub is not None
         self.service.authorize_publish(caller, frame.topic, frame.data, sub)
+        if frame.key is not None and _duplicate(self.service.keys, caller, sub, frame):
+            return  # answered now, or once its first publish is decided
         turn = self._turns.get(session)
         if turn is None:
             turn = self._turns[session] = _Turn(session, caller)
@@ -159,7 +212,11 @@ class WsPublisher:
                 asyncio.get_running_loop().call_soon(self.flush)
         elif turn.caller is not caller:  # a refreshed token within the turn
             turn.caller, turn.sender = caller, caller.sender
-        topic, msg_type, data, ttl_s, ref = frame
+        topic, msg_type, data, ttl_s, ref, key = frame
+        if key is not None:
+            if turn.keyed is None:
+                turn.keyed = {}
+            turn.keyed[len(turn.refs)] = key
         turn.refs.append(ref)
         turn.items.append((topic, msg_type, data, ttl_s, turn.sender))
 
@@ -170,13 +227,21 @@ class WsPublisher:
         committed (they were accepted); only their answers go nowhere."""
         self._scheduled = False
         turns, self._turns = self._turns, {}
-        submit = self.service.submit_many
+        submit, keys = self.service.submit_many, self.service.keys
         for turn in turns.values():
             sub = turn.session.sub
             assert sub is not None
+            keyed = turn.keyed
             try:
-                submit(turn.items, answer=partial(answer, sub, turn.refs))
+                if keyed is None:
+                    submit(turn.items, answer=partial(answer, sub, turn.refs))
+                else:
+                    settles = (keys, turn.caller.owner, keyed)
+                    submit(turn.items, answer=partial(answer_keyed, settles, sub, turn.refs))
             except WireError as exc:  # unavailable: the queue is full or the node stops
+                if keyed is not None:
+                    for key in keyed.values():
+                        keys.settle(turn.caller.owner, key, exc, time.monotonic())
                 turn.session.deps.metrics.refused.inc(exc.code, "ws", amount=len(turn.refs))
                 if not sub.closed:
                     for ref in turn.refs:

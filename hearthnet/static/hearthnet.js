@@ -477,12 +477,18 @@ export class HearthNet {
   /**
    * Publish one message; resolves to {id, seq, origin_seq, ts} once it is durable. A
    * Uint8Array `data` is a binary payload (sent as base64url text with data_enc).
+   * `opts.idempotency_key` (1..64 printable ASCII characters): the node publishes a key
+   * once within its window; the same publish sent again (after a lost answer) resolves
+   * to the first's answer with `duplicate: true`. The one publish this client sends
+   * again by itself, after an `expired` refusal, needs none: the node refused it before
+   * publishing anything.
    */
   publish(topic, type, data, opts = {}) {
     const body = data instanceof Uint8Array
       ? { type, data: bytesToBase64url(data), data_enc: "base64url" }
       : { type, data };
     if (opts.ttl_s) body.ttl_s = opts.ttl_s;
+    if (opts.idempotency_key !== undefined) body.idempotency_key = opts.idempotency_key;
     return this.request("POST", `/pubsub/v1/topics/${encodeURIComponent(topic)}/messages`, body);
   }
 

@@ -324,6 +324,42 @@ def test_binary_payloads_decode_in_the_page(
     ) == (got, stored)
 
 
+IDEMPOTENT = """async ([node, token]) => {
+  const client = new hn.HearthNet(node, {token});
+  const opts = {idempotency_key: "page-order-1"};
+  const first = await client.publish("demo.idem", "note", {n: 1}, opts);
+  const again = await client.publish("demo.idem", "note", {n: 1}, opts);
+  let refused = null;
+  try {
+    await client.publish("demo.idem", "note", {n: 2}, {idempotency_key: ""});
+  } catch (err) {
+    refused = err.code;
+  }
+  return {first, again, refused};
+}"""
+
+
+def test_a_publish_sent_again_with_its_idempotency_key_is_published_once(
+    page: Any, pages: PageServer, restartable: list[NodeProcess]
+) -> None:
+    """hn.publish with idempotency_key: sent twice, the second resolves to the first's id
+    and seq with duplicate true, and the topic holds one message; an empty key is
+    refused bad_request."""
+    node = restartable[0]
+    token = process_token(node, *SCOPES)
+    open_client_page(page, pages, node.url)
+    got = page.evaluate(IDEMPOTENT, [node.url, token])
+    history = _token_json(node, token, "GET", "/pubsub/v1/topics/demo.idem/history")
+    first, again = got["first"], got["again"]
+    assert (None, True, "bad_request") == (
+        first.get("duplicate"),
+        again["duplicate"],
+        got["refused"],
+    )
+    assert (first["id"], first["seq"]) == (again["id"], again["seq"])
+    assert [first["seq"]] == [f["seq"] for f in history["messages"]]
+
+
 def _token_json(
     node: NodeProcess, token: str, method: str, path: str, body: Any = None
 ) -> dict[str, Any]:

@@ -768,6 +768,9 @@ async def test_every_documented_query_parameter_is_accepted(node: Node, client: 
     )
 
 
+BODY = '{"type", "data", "data_enc"?, "ttl_s"?, "idempotency_key"?}'
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -779,16 +782,21 @@ async def test_every_documented_query_parameter_is_accepted(node: Node, client: 
             {"type": "note", "data": 1, "ttl": 5},
             "unknown field 'ttl' in publish body (did you mean ttl_s?)",
         ),
-        ({"data": 1}, 'the body is {"type", "data", "data_enc"?, "ttl_s"?}: type is missing'),
-        ({"type": "note"}, 'the body is {"type", "data", "data_enc"?, "ttl_s"?}: data is missing'),
-        ([1, 2], 'the body is {"type", "data", "data_enc"?, "ttl_s"?}'),
+        ({"data": 1}, f"the body is {BODY}: type is missing"),
+        ({"type": "note"}, f"the body is {BODY}: data is missing"),
+        ([1, 2], f"the body is {BODY}"),
+        (
+            {"type": "note", "data": 1, "key": "k"},
+            "unknown field 'key' in publish body (did you mean idempotency_key?)",
+        ),
     ],
 )
 async def test_publish_body_with_an_unknown_or_missing_field_is_refused_naming_it(
     client: Client, body: dict[str, object], message: str
 ) -> None:
-    """The publish body is {type, data, data_enc?, ttl_s?}: another field, or one of the
-    two missing, is 400 naming it (and the message shows the whole body)."""
+    """The publish body is {type, data, data_enc?, ttl_s?, idempotency_key?}: another
+    field, or one of the two missing, is 400 naming it (and the message shows the whole
+    body)."""
     with pytest.raises(BadRequest) as refused:
         await client.request_json("POST", "/pubsub/v1/topics/lp.b/messages", body)
     assert message == refused.value.message
@@ -808,8 +816,7 @@ async def test_a_publish_query_parameter_other_than_token_is_refused_naming_it(
     async with http.post(url, json={"type": "m", "data": 2}) as resp:
         with_token = resp.status
     assert (
-        "unknown parameter 'ttl_s' in publish query (the body carries it: "
-        '{"type", "data", "data_enc"?, "ttl_s"?})',
+        f"unknown parameter 'ttl_s' in publish query (the body carries it: {BODY})",
         200,
     ) == (refused.value.message, with_token)
 
