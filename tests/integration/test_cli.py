@@ -352,6 +352,59 @@ def test_sub_says_when_its_start_was_not_honoured(node_proc: NodeProcess) -> Non
     )
 
 
+@pytest.mark.parametrize(
+    ("cursor", "why"),
+    [
+        ("1:2:3", "one ':' at most"),
+        (":5", "no EPOCH before ':'"),
+        (":", "no EPOCH before ':'"),
+        ("abc:", "SEQ is a whole number, 0 or more"),
+        ("", "SEQ is a whole number, 0 or more"),
+        ("-1", "SEQ is a whole number, 0 or more"),
+        ("abc:-1", "SEQ is a whole number, 0 or more"),
+        ("1.5", "SEQ is a whole number, 0 or more"),
+        ("+3", "SEQ is a whole number, 0 or more"),
+        ("\u0663", "SEQ is a whole number, 0 or more"),  # an Arabic-Indic 3: not ASCII
+        ("a b:1", "an EPOCH has no spaces"),
+        (str(2**53), "SEQ is at most 2^53-1"),
+    ],
+)
+def test_sub_since_takes_seq_or_epoch_seq_only(
+    node_proc: NodeProcess, cursor: str, why: str
+) -> None:
+    """`sub --since` takes `SEQ` or `EPOCH:SEQ` and refuses anything else as a usage
+    error that names both forms and what is wrong, before anything is sent (a cursor
+    `1:2:3` was sent as epoch `1:2` and got a reset; `:5` dropped its epoch; a seq past
+    2^53 ended in a traceback)."""
+    done = run_cli(
+        "sub", "cli.m", "--since", cursor, "--data-dir", str(node_proc.data_dir), timeout=30
+    )
+    err = done.stderr.splitlines()[-1] if done.stderr else ""
+    expected = f"hearthnet sub: error: argument --since: not SEQ or EPOCH:SEQ: {cursor!r} ({why};"
+    assert (2, expected, "") == (done.returncode, err[: len(expected)], done.stdout)
+
+
+def test_sub_since_takes_the_largest_seq(node_proc: NodeProcess) -> None:
+    """The largest seq the node takes (2^53-1) is passed on: the node answers
+    `cursor_ahead`, not a usage error or a traceback."""
+    d = str(node_proc.data_dir)
+    sub = subprocess.Popen(
+        hearthnet_cmd("sub", "cli.big", "--since", str(2**53 - 1), "--data-dir", d),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert sub.stdout is not None
+        ready, _, _ = select.select([sub.stdout], [], [], 30)
+        first = json.loads(sub.stdout.readline()) if ready else None
+    finally:
+        sub.kill()
+        sub.communicate(timeout=30)
+    assert first is not None
+    assert ("cursor_ahead", 2**53 - 1) == (first["reset"]["reason"], first["reset"]["since"]["seq"])
+
+
 def test_sub_full_carries_sig_only_with_verify(node_proc: NodeProcess) -> None:
     """`sub --full` prints envelopes without `sig`; with `--verify` they keep it (checked)."""
     d = str(node_proc.data_dir)
