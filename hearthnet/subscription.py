@@ -407,6 +407,8 @@ class Subscription:
                 wait = max(await anext(delays), retry_after_s)
                 await asyncio.sleep(wait)
                 retry_after_s = 0.0
+                if self.client.relocate():
+                    log.info("the node is now at %s", self.client.url)
                 try:
                     await self._connect()
                     delays = backoff_delays(self.first_backoff_s, self.max_backoff_s)

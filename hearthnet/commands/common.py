@@ -300,9 +300,7 @@ def config_of(args: argparse.Namespace) -> Config:
 def node_url(args: argparse.Namespace) -> str:
     if getattr(args, "url", None):
         return str(args.url)
-    from hearthnet.client import find_running_node
-
-    return str(find_running_node(data_dir_of(args))["url"])
+    return _run_file_url(data_dir_of(args))
 
 
 def existing_keys(data_dir: Path) -> Any:
@@ -325,8 +323,18 @@ def client_of(args: argparse.Namespace) -> Any:
     url = node_url(args)
     data_dir = data_dir_of(args)
     keys = existing_keys(data_dir)
-    community = _own_community(data_dir) if getattr(args, "url", None) else None
-    return Client(url, keys=keys, community=community)
+    if getattr(args, "url", None):
+        return Client(url, keys=keys, community=_own_community(data_dir))
+    # found by the data dir's run file: a reconnect looks there again (the node may have
+    # restarted on another port, with --port 0 or a changed configuration)
+    return Client(url, keys=keys, locate=partial(_run_file_url, data_dir))
+
+
+def _run_file_url(data_dir: Path) -> str:
+    """The URL of the node running with this data dir, from its run file."""
+    from hearthnet.client import find_running_node
+
+    return str(find_running_node(data_dir)["url"])
 
 
 def _own_community(data_dir: Path) -> str | None:
