@@ -577,6 +577,32 @@ def test_consumer_list_and_rm(node_proc: NodeProcess) -> None:
     assert "gone" not in [c["name"] for c in json.loads(after.stdout)["consumers"]]
 
 
+def test_sub_of_a_consumer_deleted_under_it_says_deleted(node_proc: NodeProcess) -> None:
+    """`consumer rm` of a consumer a `sub` holds ends that sub (exit 1) saying the consumer
+    was deleted, not "taken over by another connection" (both are close 4409)."""
+    d = str(node_proc.data_dir)
+    sub = subprocess.Popen(
+        hearthnet_cmd("sub", "cli.del", "--consumer", "held", "--data-dir", d),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # until the node holds it for the sub
+            listed = run_cli("consumer", "list", "--json", "--data-dir", d)
+            rows = json.loads(listed.stdout or "{}").get("consumers", [])
+            if any(c["name"] == "held" and c["held"] for c in rows):
+                break
+            time.sleep(0.2)
+        removed = run_cli("consumer", "rm", "held", "--data-dir", d)
+        _, err = sub.communicate(timeout=30)
+    finally:
+        sub.kill()
+    deleted = "hearthnet: unavailable: this durable consumer was deleted on the node"
+    assert (0, 1, deleted) == (removed.returncode, sub.returncode, err.strip()[: len(deleted)])
+
+
 def test_sub_says_when_the_node_went_away_and_when_it_is_back(tmp_path: Path) -> None:
     """`sub` keeps its stdout for messages, and says on stderr that the node went away
     and that it resumed (a user watching it otherwise sees nothing while it retries);
