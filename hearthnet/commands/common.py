@@ -206,6 +206,17 @@ def cursor_arg(text: str) -> dict[str, Any]:
     return {"seq": int(seq), **({"epoch": epoch} if epoch else {})}
 
 
+def unix_ms_arg(text: str) -> int:
+    """``--since-ts``: a Unix time in milliseconds, 0 to 2^53-1 (what the node takes),
+    checked now."""
+    if not _SEQ_RE.match(text) or int(text) > MAX_SAFE_INTEGER:
+        raise argparse.ArgumentTypeError(
+            f"not a time in Unix ms: {text!r} (a whole number, 0 to 2^53-1, e.g. the ts"
+            " of a hearthnet sub line)"
+        )
+    return int(text)
+
+
 def scope_arg(text: str) -> str:
     """``--scope sub:PATTERN``, ``pub:PATTERN`` or ``call:NAME[@MAJOR]``, checked now."""
     from hearthnet.tokens import Scope

@@ -384,6 +384,17 @@ def test_sub_since_takes_seq_or_epoch_seq_only(
     assert (2, expected, "") == (done.returncode, err[: len(expected)], done.stdout)
 
 
+@pytest.mark.parametrize("ts", ["-5", str(2**64), "1.5", ""])
+def test_sub_since_ts_takes_unix_ms_only(node_proc: NodeProcess, ts: str) -> None:
+    """`sub --since-ts` takes a Unix time in ms the node can take (0 to 2^53-1); anything
+    else is a usage error before anything is sent (a negative one was the node's
+    bad_request, one past 64 bits a traceback)."""
+    done = run_cli("sub", "cli.m", "--since-ts", ts, "--data-dir", str(node_proc.data_dir))
+    expected = f"hearthnet sub: error: argument --since-ts: not a time in Unix ms: {ts!r}"
+    err = done.stderr.splitlines()[-1] if done.stderr else ""
+    assert (2, expected) == (done.returncode, err[: len(expected)])
+
+
 def test_sub_since_takes_the_largest_seq(node_proc: NodeProcess) -> None:
     """The largest seq the node takes (2^53-1) is passed on: the node answers
     `cursor_ahead`, not a usage error or a traceback."""
