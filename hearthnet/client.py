@@ -99,10 +99,13 @@ class Client:
         token: str | None = None,
         community: str | None = None,
         http: NodeHttp | None = None,
+        locate: Callable[[], str] | None = None,
     ) -> None:
         # ``http``: another transport of the same API (through a relay, in a namespace)
         self.http = http or NodeHttp(url, keys=keys, token=token, community=community)
         self.url, self.keys, self.token = self.http.url, keys, token
+        # where the node is now (its data dir's run file): see relocate
+        self._locate = locate
         http = self.http
         self.get_json = http.get_json
         self.request_json = http.request_json
@@ -113,6 +116,22 @@ class Client:
 
     async def __aenter__(self) -> Client:
         return self
+
+    def relocate(self) -> bool:
+        """Look the node's address up again with ``locate`` (a node found by its data
+        dir's run file may have restarted on another port) and use it from now on; True
+        when it moved. Without ``locate``, or while no node runs there, nothing changes.
+        A subscription calls this before each reconnect."""
+        if self._locate is None:
+            return False
+        try:
+            url = self._locate().rstrip("/")
+        except NodeNotRunning:
+            return False
+        if url == self.url:
+            return False
+        self.url = self.http.url = url
+        return True
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()

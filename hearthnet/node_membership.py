@@ -124,14 +124,13 @@ class MembershipIntake:
             return token.voided_by_rotation(pattern, rotated_ms)
 
         grace_s = self.rotation_grace_s
-        warned = self.sessions.expire_tokens(voided, now_ms() + int(grace_s * 1000))
+        why = f"token voided by a key rotation of {pattern}"
+        warned = self.sessions.expire_tokens(voided, now_ms() + int(grace_s * 1000), why)
         log.info("topic key rotation of %s: %d sessions warned", pattern, warned)
 
         async def end_of_grace() -> None:
             await asyncio.sleep(grace_s)
-            self.sessions.close_voided(
-                voided, Expired(f"token voided by a key rotation of {pattern}")
-            )
+            self.sessions.close_voided(voided, Expired(why))
 
         if self.tasks.running:
             self.tasks.spawn(end_of_grace(), f"rotation-{pattern}")

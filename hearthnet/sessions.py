@@ -12,9 +12,10 @@ from hearthnet.errors import WireError
 from hearthnet.tokens import CapabilityToken
 
 Closer = Callable[[WireError], None]
-# A session that can be told its token ends at a wall-clock ms: it warns the client
-# (``auth.expiring``) and closes as at token expiry unless a fresh token arrives.
-Expirer = Callable[[int], None]
+# A session that can be told its token ends at a wall-clock ms, and why: it warns the
+# client (``auth.expiring``) and closes as at token expiry, with that reason, unless a
+# fresh token arrives.
+Expirer = Callable[[int, str], None]
 TokenTest = Callable[[CapabilityToken], bool]
 
 
@@ -50,16 +51,17 @@ class SessionRegistry:
         self._sessions.pop(key, None)
         self._expirers.pop(key, None)
 
-    def expire_tokens(self, voided: TokenTest, deadline_ms: int) -> int:
+    def expire_tokens(self, voided: TokenTest, deadline_ms: int, reason: str) -> int:
         """Give every session whose token ``voided`` says is void the deadline
-        ``deadline_ms``, where the session can take one; returns how many."""
+        ``deadline_ms`` (ending then for ``reason``), where the session can take one;
+        returns how many."""
         due = [
             expire
             for k, expire in self._expirers.items()
             if (token := self._sessions[k][0].token) is not None and voided(token)
         ]
         for expire in due:
-            expire(deadline_ms)
+            expire(deadline_ms, reason)
         return len(due)
 
     def close_voided(self, voided: TokenTest, error: WireError) -> int:

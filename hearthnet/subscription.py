@@ -36,6 +36,7 @@ from hearthnet.errors import (
 from hearthnet.pubsub.envelope import Message
 from hearthnet.pubsub.payload import payload_of
 from hearthnet.transport.codec import SUBPROTOCOL_CBOR, SUBPROTOCOL_JSON
+from hearthnet.transport.keepalive import CLOSE_TAKEN_OVER, DELETED_REASON
 
 if TYPE_CHECKING:
     from hearthnet.client import Client
@@ -238,6 +239,14 @@ def encode_frame(obj: dict[str, Any], cbor: bool) -> str | bytes:
     return cbor2.dumps(obj) if cbor else orjson.dumps(obj).decode()
 
 
+def consumer_closed(reason: str) -> str:
+    """What a durable consumer's session closed 4409 (spec §6.8) says: deleted on the node,
+    or taken over by a newer connection."""
+    if reason == DELETED_REASON:
+        return "this durable consumer was deleted on the node (hearthnet consumer rm)"
+    return "this durable consumer was taken over by another connection"
+
+
 def decode_frame(raw: str | bytes) -> Any:
     """A server frame: CBOR arrives in binary messages, JSON in text ones."""
     return cbor2.loads(raw) if isinstance(raw, bytes) else orjson.loads(raw)
@@ -407,6 +416,8 @@ class Subscription:
                 wait = max(await anext(delays), retry_after_s)
                 await asyncio.sleep(wait)
                 retry_after_s = 0.0
+                if self.client.relocate():
+                    log.info("the node is now at %s", self.client.url)
                 try:
                     await self._connect()
                     delays = backoff_delays(self.first_backoff_s, self.max_backoff_s)
@@ -423,10 +434,8 @@ class Subscription:
                 async for item in self._read(ws):
                     yield item
             except ConnectionClosed as exc:
-                if exc.rcvd is not None and exc.rcvd.code == 4409:
-                    raise Unavailable(
-                        "this durable consumer was taken over by another connection"
-                    ) from exc
+                if exc.rcvd is not None and exc.rcvd.code == CLOSE_TAKEN_OVER:
+                    raise Unavailable(consumer_closed(exc.rcvd.reason)) from exc
                 if not self._closed:
                     why = f"{exc.rcvd.code} {exc.rcvd.reason}".strip() if exc.rcvd else "dropped"
                     log.warning("the node closed the subscription (%s); reconnecting", why)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from hearthnet.canonical import MAX_SAFE_INTEGER
 from hearthnet.clock import now_ms
 from hearthnet.config import (
     Config,
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_RUNNING, EXIT_AUTH = 0, 1, 2, 3, 4
 Parents = list[argparse.ArgumentParser]
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?\Z")
+_SEQ_RE = re.compile(r"^[0-9]+\Z")
+_EPOCH_RE = re.compile(r"^[^\s:]+\Z")
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, None: 1000}
 # how often a record is signed again when the node took its chain place meanwhile
 _SIGN_TRIES = 3
@@ -180,11 +183,38 @@ def port_arg(text: str) -> int:
 
 
 def cursor_arg(text: str) -> dict[str, Any]:
-    """``--since SEQ`` or ``EPOCH:SEQ``."""
-    epoch, _, seq = text.rpartition(":")
-    if not seq.isdigit():
-        raise argparse.ArgumentTypeError(f"not SEQ or EPOCH:SEQ: {text!r}")
+    """``--since SEQ`` or ``EPOCH:SEQ`` (spec §6.5), as a ``hearthnet sub`` line's ``seq``
+    and ``epoch`` give them: a SEQ of ASCII digits (0 to 2^53-1), an EPOCH of no ``:`` and
+    no spaces."""
+    epoch, colon, seq = text.partition(":") if ":" in text else ("", "", text)
+    problem = None
+    if ":" in seq:
+        problem = "one ':' at most"
+    elif colon and not epoch:
+        problem = "no EPOCH before ':'"
+    elif not _EPOCH_RE.match(epoch or "-"):
+        problem = "an EPOCH has no spaces"
+    elif not _SEQ_RE.match(seq):
+        problem = "SEQ is a whole number, 0 or more"
+    elif int(seq) > MAX_SAFE_INTEGER:
+        problem = "SEQ is at most 2^53-1"
+    if problem is not None:
+        raise argparse.ArgumentTypeError(
+            f"not SEQ or EPOCH:SEQ: {text!r} ({problem}; e.g. 42 or 5f3a9c1e2b7d4a60:42,"
+            " the seq and epoch of a hearthnet sub line)"
+        )
     return {"seq": int(seq), **({"epoch": epoch} if epoch else {})}
+
+
+def unix_ms_arg(text: str) -> int:
+    """``--since-ts``: a Unix time in milliseconds, 0 to 2^53-1 (what the node takes),
+    checked now."""
+    if not _SEQ_RE.match(text) or int(text) > MAX_SAFE_INTEGER:
+        raise argparse.ArgumentTypeError(
+            f"not a time in Unix ms: {text!r} (a whole number, 0 to 2^53-1, e.g. the ts"
+            " of a hearthnet sub line)"
+        )
+    return int(text)
 
 
 def scope_arg(text: str) -> str:
@@ -281,9 +311,7 @@ def config_of(args: argparse.Namespace) -> Config:
 def node_url(args: argparse.Namespace) -> str:
     if getattr(args, "url", None):
         return str(args.url)
-    from hearthnet.client import find_running_node
-
-    return str(find_running_node(data_dir_of(args))["url"])
+    return _run_file_url(data_dir_of(args))
 
 
 def existing_keys(data_dir: Path) -> Any:
@@ -306,8 +334,18 @@ def client_of(args: argparse.Namespace) -> Any:
     url = node_url(args)
     data_dir = data_dir_of(args)
     keys = existing_keys(data_dir)
-    community = _own_community(data_dir) if getattr(args, "url", None) else None
-    return Client(url, keys=keys, community=community)
+    if getattr(args, "url", None):
+        return Client(url, keys=keys, community=_own_community(data_dir))
+    # found by the data dir's run file: a reconnect looks there again (the node may have
+    # restarted on another port, with --port 0 or a changed configuration)
+    return Client(url, keys=keys, locate=partial(_run_file_url, data_dir))
+
+
+def _run_file_url(data_dir: Path) -> str:
+    """The URL of the node running with this data dir, from its run file."""
+    from hearthnet.client import find_running_node
+
+    return str(find_running_node(data_dir)["url"])
 
 
 def _own_community(data_dir: Path) -> str | None:

@@ -31,6 +31,7 @@ from hearthnet.commands.common import (
 )
 from hearthnet.commands.output import Column, add_json_flag, emit, key, print_fields, print_table
 from hearthnet.commands.peers import add_forget_parser
+from hearthnet.datadir import NameFile
 from hearthnet.errors import ConfigError, NodeNotRunning, NotFound, Unavailable
 
 
@@ -399,13 +400,26 @@ def cmd_community_rules(args: argparse.Namespace) -> int:
 
 
 def cmd_community_show(args: argparse.Namespace) -> int:
-    """``hearthnet community show``: the community and its members."""
-    _, _, membership = local_identity(args)
+    """``hearthnet community show``: the community, its founder and its members.
+
+    The founding record names the community, not its founder's node, so the founder's row
+    shows this node's own name when this node founded it, else no name."""
+    keys, _, membership = local_identity(args)
+    founder = membership.community_id  # a community's id is its founder's NodeID
+
+    def member_name(node: str, recorded: str | None) -> str | None:
+        if node != founder:
+            return recorded
+        if node == keys.node_id:
+            return NameFile(data_dir_of(args)).name_of(config_of(args).node, node, remember=False)
+        return None
+
     info = {
         "community": membership.community_id,
         "name": membership.name,
+        "founder": founder,
         "members": [
-            {"node": n, "level": m.level.label, "role": m.role, "name": m.name}
+            {"node": n, "level": m.level.label, "role": m.role, "name": member_name(n, m.name)}
             for n, m in sorted(membership.members.items())
         ],
         "revoked": sorted(membership.revoked),
@@ -420,7 +434,8 @@ def cmd_community_show(args: argparse.Namespace) -> int:
     }
 
     def for_people() -> None:
-        print_fields({"community": info["community"], "name": info["name"]})
+        by = "this node" if founder == keys.node_id else founder
+        print_fields({"community": info["community"], "name": info["name"], "founder": by})
         print()
         print_table(info["members"], MEMBER_COLUMNS)
         if info["revoked"]:

@@ -19,6 +19,7 @@ from hearthnet.commands.common import (
     positive_int,
     run,
     topic_arg,
+    unix_ms_arg,
 )
 from hearthnet.commands.output import (
     STREAM_JSON_HELP,
@@ -221,7 +222,7 @@ def add_parsers(sub: Any, remote: Parents) -> None:
     )
     since = subp.add_mutually_exclusive_group()
     since.add_argument("--since", type=cursor_arg, help="resume after SEQ (or EPOCH:SEQ)")
-    since.add_argument("--since-ts", type=int, help="messages from this Unix ms on")
+    since.add_argument("--since-ts", type=unix_ms_arg, help="messages from this Unix ms on")
     since.add_argument("--last", type=count_arg, help="start with the last N messages")
     subp.add_argument("--consumer", type=consumer_arg, help="durable consumer name (at-least-once)")
     subp.add_argument("--count", type=positive_int, help="exit after N messages or gaps")

@@ -19,7 +19,7 @@ from hearthnet.pubsub.log import ConsumerRecord, MessageLog
 from hearthnet.pubsub.logread import TopicMask, held_span
 from hearthnet.pubsub.subscriber import Subscriber
 from hearthnet.pubsub.topics import TopicPattern
-from hearthnet.transport.keepalive import CLOSE_TAKEN_OVER
+from hearthnet.transport.keepalive import CLOSE_TAKEN_OVER, DELETED_REASON, TAKEN_OVER_REASON
 
 ALL = 1 << 62  # a hold's limit when the consumer has fewer than max_held messages
 HOLDS_SLICE_S = 0.005  # the event loop's time finding holds between yields
@@ -68,7 +68,7 @@ class DurableConsumers:
             # spec §6.8: the new connection takes over; the old one is closed with 4409
             detach(old)
             if old.on_taken_over is not None:
-                old.on_taken_over(CLOSE_TAKEN_OVER, "consumer taken over")
+                old.on_taken_over(CLOSE_TAKEN_OVER, TAKEN_OVER_REASON)
         record = self.log.consumers.get((owner, name))
         if record is None:
             cursor = self.log.head_seq if start is None else min(start, self.log.head_seq)
@@ -127,7 +127,7 @@ class DurableConsumers:
             detach(holder)
             holder.consumer = None
             if holder.on_taken_over is not None:
-                holder.on_taken_over(CLOSE_TAKEN_OVER, "consumer deleted")
+                holder.on_taken_over(CLOSE_TAKEN_OVER, DELETED_REASON)
         record.deleted = True
         self.log.save_consumer(record)
         await self.log.flush_consumers()

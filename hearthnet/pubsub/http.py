@@ -24,7 +24,7 @@ from hearthnet.pubsub.payload import from_publish
 from hearthnet.pubsub.service import publish_once
 from hearthnet.pubsub.sinks import AiohttpSink, LongPollSink
 from hearthnet.pubsub.subscriber import Subscriber
-from hearthnet.pubsub.sweeper import sweep_token
+from hearthnet.pubsub.sweeper import EXPIRY_REASON, sweep_token
 from hearthnet.pubsub.topics import TopicPattern
 from hearthnet.pubsub.wire import control_frame
 from hearthnet.pubsub.ws import PubSubDeps
@@ -33,6 +33,7 @@ from hearthnet.shapes import Shape
 from hearthnet.transport.codec import SSE_KEEPALIVE, loads
 from hearthnet.transport.frontdoor import RawUpgrade
 from hearthnet.transport.headers import parse_int, read_signed_headers
+from hearthnet.transport.keepalive import CLOSE_TOKEN_EXPIRED
 from hearthnet.transport.server import json_response
 
 SSE_HEADERS = {
@@ -428,6 +429,7 @@ class SseSession:
         self.caller = caller
         self.sub: Subscriber | None = None
         self.token_exp_ms = caller.token.exp_ms if caller.token is not None else None
+        self.token_end = EXPIRY_REASON  # why the stream ends at token_exp_ms
         self.warned = False
         self.closed = asyncio.Event()
         self.chunked = request.version >= (1, 1)  # we write the chunk framing ourselves
@@ -471,17 +473,18 @@ class SseSession:
             sub.channel.out.append(SSE_KEEPALIVE)
             sub.wake()
 
-    def expire_token_at(self, deadline_ms: int) -> None:
+    def expire_token_at(self, deadline_ms: int, reason: str) -> None:
         """A key rotation voided the token: ``auth.expiring`` now, the end of the stream at
-        ``deadline_ms`` (an SSE client reconnects with a fresh token)."""
+        ``deadline_ms`` for ``reason`` (an SSE client reconnects with a fresh token)."""
         if self.token_exp_ms is None or deadline_ms < self.token_exp_ms:
             self.token_exp_ms = deadline_ms
+            self.token_end = reason
             self.warned = False
 
     def hard_close(self, code: int, reason: str) -> None:
         """End the stream (an SSE client cannot be sent a close code; it gets an error event)."""
         if self.sub is not None:
-            error = Expired("token expired") if code == 4401 else WireError(reason)
+            error = Expired(reason) if code == CLOSE_TOKEN_EXPIRED else WireError(reason)
             self.sub.send_control("error", error.to_frame_data())
             self.sub.flush()
         self.closed.set()

@@ -13,6 +13,9 @@ from hearthnet.pubsub.service import PubSub
 from hearthnet.transport.keepalive import CLOSE_TOKEN_EXPIRED
 
 TOKEN_WARNING_MS = 60_000
+# Why a token session ends at its deadline: its own expiry, unless a key rotation set an
+# earlier deadline (then ``token_end`` says so; the close code is 4401 either way).
+EXPIRY_REASON = "token expired"
 
 
 class SweptSession(Protocol):
@@ -23,12 +26,13 @@ class SweptSession(Protocol):
 
 
 def sweep_token(session: Any, wall_ms: int) -> bool:
-    """Token expiry for any session with ``token_exp_ms``/``warned``/``sub``/``hard_close``
-    (spec §2.2: ``auth.expiring`` 60 s before, close 4401 at expiry). True if it closed."""
+    """Token expiry for any session with ``token_exp_ms``/``token_end``/``warned``/``sub``/
+    ``hard_close`` (spec §2.2: ``auth.expiring`` 60 s before, close 4401 at expiry, the
+    reason ``token_end``). True if it closed."""
     if session.token_exp_ms is None:
         return False
     if wall_ms >= session.token_exp_ms:
-        session.hard_close(CLOSE_TOKEN_EXPIRED, "token expired")
+        session.hard_close(CLOSE_TOKEN_EXPIRED, session.token_end)
         return True
     sub = session.sub
     if (

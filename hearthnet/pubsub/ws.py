@@ -22,7 +22,7 @@ from hearthnet.errors import WireError
 from hearthnet.pubsub.service import PubSub
 from hearthnet.pubsub.sinks import SocketSink
 from hearthnet.pubsub.subscriber import Subscriber
-from hearthnet.pubsub.sweeper import TOKEN_WARNING_MS, SessionSweeper, sweep_token
+from hearthnet.pubsub.sweeper import EXPIRY_REASON, TOKEN_WARNING_MS, SessionSweeper, sweep_token
 from hearthnet.sessions import SessionRegistry
 from hearthnet.transport import websocket as rfc6455
 from hearthnet.transport.codec import SUBPROTOCOL_CBOR, SUBPROTOCOLS, FrameCodec
@@ -94,6 +94,7 @@ class WsSession:
         "sink",
         "sub",
         "tasks",
+        "token_end",
         "token_exp_ms",
         "transport",
         "warned",
@@ -125,6 +126,7 @@ class WsSession:
         self.sub: Subscriber | None = None
         self.caller: Caller | None = None
         self.token_exp_ms: int | None = None
+        self.token_end = EXPIRY_REASON  # the close reason at token_exp_ms
         self.warned = False
         self.close_code: int | None = None
         self.closing = False  # our close frame is out: input is read and dropped
@@ -182,17 +184,20 @@ class WsSession:
         else:
             self._token_due_ms = exp if self.warned else exp - TOKEN_WARNING_MS
 
-    def expire_token_at(self, deadline_ms: int) -> None:
+    def expire_token_at(self, deadline_ms: int, reason: str) -> None:
         """A key rotation voided the token: it now ends at ``deadline_ms`` (warned at
-        once, closed 4401 then) unless the client sends a fresh one."""
+        once, closed 4401 then, saying ``reason``) unless the client sends a fresh one."""
         if self.token_exp_ms is None or deadline_ms < self.token_exp_ms:
             self.token_exp_ms = deadline_ms
             self.warned = False
             self.token_changed()
+            self.token_end = reason
 
     def token_changed(self) -> None:
-        """A (new) token: its deadlines are looked at on the next sweep."""
+        """A (new) token: its deadlines are looked at on the next sweep; it ends by its
+        own expiry (until a rotation says otherwise)."""
         self._token_due_ms = 0
+        self.token_end = EXPIRY_REASON
 
     def going_away(self) -> None:
         """Node shutdown (spec §9): what is queued, then close 1001, and the connection

@@ -17,6 +17,8 @@ CLOSE_TOO_BIG = 1009
 CLOSE_MISSED_PONGS = 4408
 CLOSE_TOKEN_EXPIRED = 4401
 CLOSE_TAKEN_OVER = 4409
+# 4409's reasons: a newer connection took the durable consumer, or it was deleted
+TAKEN_OVER_REASON, DELETED_REASON = "consumer taken over", "consumer deleted"
 CLOSE_TRY_AGAIN = 1013
 
 

@@ -352,6 +352,70 @@ def test_sub_says_when_its_start_was_not_honoured(node_proc: NodeProcess) -> Non
     )
 
 
+@pytest.mark.parametrize(
+    ("cursor", "why"),
+    [
+        ("1:2:3", "one ':' at most"),
+        (":5", "no EPOCH before ':'"),
+        (":", "no EPOCH before ':'"),
+        ("abc:", "SEQ is a whole number, 0 or more"),
+        ("", "SEQ is a whole number, 0 or more"),
+        ("-1", "SEQ is a whole number, 0 or more"),
+        ("abc:-1", "SEQ is a whole number, 0 or more"),
+        ("1.5", "SEQ is a whole number, 0 or more"),
+        ("+3", "SEQ is a whole number, 0 or more"),
+        ("\u0663", "SEQ is a whole number, 0 or more"),  # an Arabic-Indic 3: not ASCII
+        ("a b:1", "an EPOCH has no spaces"),
+        (str(2**53), "SEQ is at most 2^53-1"),
+    ],
+)
+def test_sub_since_takes_seq_or_epoch_seq_only(
+    node_proc: NodeProcess, cursor: str, why: str
+) -> None:
+    """`sub --since` takes `SEQ` or `EPOCH:SEQ` and refuses anything else as a usage
+    error that names both forms and what is wrong, before anything is sent (a cursor
+    `1:2:3` was sent as epoch `1:2` and got a reset; `:5` dropped its epoch; a seq past
+    2^53 ended in a traceback)."""
+    done = run_cli(
+        "sub", "cli.m", "--since", cursor, "--data-dir", str(node_proc.data_dir), timeout=30
+    )
+    err = done.stderr.splitlines()[-1] if done.stderr else ""
+    expected = f"hearthnet sub: error: argument --since: not SEQ or EPOCH:SEQ: {cursor!r} ({why};"
+    assert (2, expected, "") == (done.returncode, err[: len(expected)], done.stdout)
+
+
+@pytest.mark.parametrize("ts", ["-5", str(2**64), "1.5", ""])
+def test_sub_since_ts_takes_unix_ms_only(node_proc: NodeProcess, ts: str) -> None:
+    """`sub --since-ts` takes a Unix time in ms the node can take (0 to 2^53-1); anything
+    else is a usage error before anything is sent (a negative one was the node's
+    bad_request, one past 64 bits a traceback)."""
+    done = run_cli("sub", "cli.m", "--since-ts", ts, "--data-dir", str(node_proc.data_dir))
+    expected = f"hearthnet sub: error: argument --since-ts: not a time in Unix ms: {ts!r}"
+    err = done.stderr.splitlines()[-1] if done.stderr else ""
+    assert (2, expected) == (done.returncode, err[: len(expected)])
+
+
+def test_sub_since_takes_the_largest_seq(node_proc: NodeProcess) -> None:
+    """The largest seq the node takes (2^53-1) is passed on: the node answers
+    `cursor_ahead`, not a usage error or a traceback."""
+    d = str(node_proc.data_dir)
+    sub = subprocess.Popen(
+        hearthnet_cmd("sub", "cli.big", "--since", str(2**53 - 1), "--data-dir", d),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert sub.stdout is not None
+        ready, _, _ = select.select([sub.stdout], [], [], 30)
+        first = json.loads(sub.stdout.readline()) if ready else None
+    finally:
+        sub.kill()
+        sub.communicate(timeout=30)
+    assert first is not None
+    assert ("cursor_ahead", 2**53 - 1) == (first["reset"]["reason"], first["reset"]["since"]["seq"])
+
+
 def test_sub_full_carries_sig_only_with_verify(node_proc: NodeProcess) -> None:
     """`sub --full` prints envelopes without `sig`; with `--verify` they keep it (checked)."""
     d = str(node_proc.data_dir)
@@ -522,6 +586,32 @@ def test_consumer_list_and_rm(node_proc: NodeProcess) -> None:
         again.stderr.split(":")[1].strip(),
     )
     assert "gone" not in [c["name"] for c in json.loads(after.stdout)["consumers"]]
+
+
+def test_sub_of_a_consumer_deleted_under_it_says_deleted(node_proc: NodeProcess) -> None:
+    """`consumer rm` of a consumer a `sub` holds ends that sub (exit 1) saying the consumer
+    was deleted, not "taken over by another connection" (both are close 4409)."""
+    d = str(node_proc.data_dir)
+    sub = subprocess.Popen(
+        hearthnet_cmd("sub", "cli.del", "--consumer", "held", "--data-dir", d),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # until the node holds it for the sub
+            listed = run_cli("consumer", "list", "--json", "--data-dir", d)
+            rows = json.loads(listed.stdout or "{}").get("consumers", [])
+            if any(c["name"] == "held" and c["held"] for c in rows):
+                break
+            time.sleep(0.2)
+        removed = run_cli("consumer", "rm", "held", "--data-dir", d)
+        _, err = sub.communicate(timeout=30)
+    finally:
+        sub.kill()
+    deleted = "hearthnet: unavailable: this durable consumer was deleted on the node"
+    assert (0, 1, deleted) == (removed.returncode, sub.returncode, err.strip()[: len(deleted)])
 
 
 def test_sub_says_when_the_node_went_away_and_when_it_is_back(tmp_path: Path) -> None:

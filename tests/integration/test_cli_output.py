@@ -16,6 +16,7 @@ from hearthnet.cli import build_parser, main
 from hearthnet.identity import load_or_create_keys
 from spark_federation.cli import build_parser as mesh_health_parser
 from tests.helpers import NodeProcess, hearthnet_cmd, run_cli, start_node_process
+from tests.integration.mesh_cluster import MESH_ARGS, invite
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +97,7 @@ def test_people_get_tables_and_scripts_get_the_documented_json(
         "no peers known\n",
         {"node": node, "url": node_proc.url, "peers": []},
         ["node", "level", "role", "name"],
-        ["community", "members", "name", "pubsub_rules", "revoked"],
+        ["community", "founder", "members", "name", "pubsub_rules", "revoked"],
         (node, str(node_proc.data_dir)),
         ["community", "exp_ms", "iss", "jti", "scopes", "sub", "token"],
         ({"echo": {"a": 1}}, node),
@@ -107,7 +108,7 @@ def test_people_get_tables_and_scripts_get_the_documented_json(
         [(t["topic"], t["messages"]) for t in json.loads(topics_json)["topics"]],
         peers,
         json.loads(peers_json),
-        show.split("\n")[3].split(),
+        show.split("\n")[4].split(),
         sorted(json.loads(show_json)),
         (keys["node"], config["node"]["data_dir"]),
         sorted(token),
@@ -217,3 +218,41 @@ def test_mistakes_name_the_fix(
         "--data-dir" in bridge_err,
         "give --join the whole hn1:... that hearthnet community invite printed" in join_err,
     )
+
+
+def test_community_show_tells_the_founder_from_the_community(tmp_path: Path) -> None:
+    """`community show` after `community create "Smith Family"`: the community is named
+    Smith Family and founded by "this node", whose row carries the node's own name (the
+    founder's row was named "Smith Family", after the community); on a member's node the
+    founder is named by its NodeID and its row has no name (the founding record names
+    only the community), the member's row its own."""
+    a, m = tmp_path / "a", tmp_path / "m"
+    created = run_cli("community", "create", "Smith Family", "--data-dir", str(a))
+    assert created.returncode == 0, created.stderr
+    anchor = start_node_process(a, *MESH_ARGS, "--name", "kitchen")
+    try:
+        member = start_node_process(
+            m, *MESH_ARGS, "--name", "attic", "--join", invite(a, anchor.url)
+        )
+        try:
+            on_anchor = run_cli("community", "show", "--data-dir", str(a))
+            on_member = run_cli("community", "show", "--json", "--data-dir", str(m))
+        finally:
+            member.stop()
+    finally:
+        anchor.stop()
+    founder, joined = anchor.fields["node"], member.fields["node"]
+    lines = on_anchor.stdout.splitlines()
+    rows = {line.split()[0]: line.split()[-1] for line in lines[5:] if line.startswith("ed25519:")}
+    shown = json.loads(on_member.stdout)
+    assert (
+        ["name       Smith Family", "founder    this node"],
+        {founder: "kitchen", joined: "attic"},
+    ) == (lines[1:3], rows)
+    assert ("Smith Family", founder, {founder: None, joined: "attic"}) == (
+        shown["name"],
+        shown["founder"],
+        {row["node"]: row["name"] for row in shown["members"]},
+    )
+    member_lines = run_cli("community", "show", "--data-dir", str(m)).stdout.splitlines()
+    assert f"founder    {founder}" == member_lines[2]

@@ -5,14 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import select
 import signal
+import subprocess
 from pathlib import Path
 
 from hearthnet.client import Client
 from hearthnet.errors import HearthNetError
 from hearthnet.identity import load_or_create_keys
 from hearthnet.subscription import Delivery
-from tests.helpers import collect_numbers, free_port, start_node_process, wait_until
+from tests.helpers import (
+    collect_numbers,
+    free_port,
+    hearthnet_cmd,
+    run_cli,
+    start_node_process,
+    wait_until,
+)
 
 
 async def test_kill_9_loses_no_acknowledged_publish_and_subscribers_resume(tmp_path: Path) -> None:
@@ -114,3 +124,41 @@ async def test_subscriber_resumes_by_time_when_the_log_was_recreated(tmp_path: P
     assert got == [0, 1, 2, 3, 4]
     assert epoch_before is not None
     assert epoch_after not in (None, epoch_before)
+
+
+def test_cli_sub_follows_its_node_to_another_port(tmp_path: Path) -> None:
+    """`hearthnet sub` found its node by the data dir's run file: when the node restarts
+    on another port (it was started with --port 0), each reconnect reads the run file
+    again, and the sub resumes right after the last message it printed (it kept dialling
+    the old port)."""
+    data = tmp_path / "node"
+    d = str(data)
+    node = start_node_process(data)
+    sub = None
+    try:
+        assert run_cli("pub", "move.a", "--data", "1", "--data-dir", d).returncode == 0
+        sub = subprocess.Popen(
+            hearthnet_cmd("sub", "move.a", "--since", "0", "--count", "2", "--data-dir", d),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert sub.stdout is not None
+        ready, _, _ = select.select([sub.stdout], [], [], 30)
+        first = json.loads(sub.stdout.readline()) if ready else None
+        node.stop()
+        # below the kernel's range for port 0: surely not the port it had
+        node = start_node_process(data, "--port", str(free_port()))
+        assert run_cli("pub", "move.a", "--data", "2", "--data-dir", d).returncode == 0
+        rest, err = sub.communicate(timeout=90)
+    finally:
+        if sub is not None:
+            sub.kill()
+            sub.communicate(timeout=30)
+        node.stop()
+    assert first is not None
+    assert (0, [1, 2], f"the node is now at {node.url}") == (
+        sub.returncode,
+        [first["data"], *(json.loads(line)["data"] for line in rest.splitlines())],
+        f"the node is now at {node.url}" if f"now at {node.url}" in err else err,
+    )

@@ -3,6 +3,8 @@ until then are void on every node; live sessions get ``auth.expiring`` and a gra
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import pytest
 
@@ -16,7 +18,8 @@ from hearthnet.node import Node
 from hearthnet.tokens import CapabilityToken, Scope
 from tests.conftest import MakeConfig
 from tests.helpers import publish, token_for, wait_until
-from tests.pubsub.test_ws import data_of, session
+from tests.pubsub.test_http import RawSse
+from tests.pubsub.test_ws import Raw, data_of, session
 
 ISSUER = KeyPair.from_seed(b"\x71" * 32)
 
@@ -113,3 +116,52 @@ async def test_rotation_on_one_node_ends_voided_sessions_on_another(
             got = [data_of(await raw.messages(1)) for raw in (renewing, untouched)]
     assert 2 == len([w for w in warnings if w["data"]["expires_ms"] > rotation.ts])
     assert (4401, [[0], [0]]) == (code, got)
+
+
+async def test_a_session_ended_by_a_rotation_is_told_so_not_token_expired(
+    make_config: MakeConfig, http: aiohttp.ClientSession
+) -> None:
+    """A WebSocket session whose token a rotation voided is closed 4401 at the end of the
+    grace with the reason "token voided by a key rotation of chat.**", and an SSE stream
+    on it ends with an `expired` event saying the same (both said "token expired", though
+    the token itself had an hour left); a session that renewed its token after the
+    warning and let the new one run out is closed "token expired"."""
+    config = make_config(security={"rotation_grace_s": 3.0})
+    async with Node(config) as node:
+        hour = token_for(node, "sub:chat.**", sub="app", ttl_ms=3_600_000)
+        raws = [await session(http, node, token=hour) for _ in range(2)]
+        for raw in raws:
+            await raw.send({"type": "subscribe", "topics": ["chat.*"]})
+            await raw.next("subscribed")
+        sse = await RawSse.open(node, f"/pubsub/v1/subscribe?topics=chat.*&token={hour}")
+        assert "subscribed" == (await sse.event())["event"]
+        rotation = node.membership.sign(node.keys, "topic.rotated", "chat.**", now_ms=now_ms())
+        assert node.apply_membership(rotation)
+        for raw in raws:
+            await raw.next("auth.expiring")
+        await wait_until(lambda: now_ms() > rotation.ts, what="a later ms")
+        short = token_for(node, "sub:chat.**", sub="app", ttl_ms=1_500)
+        await raws[1].send({"type": "auth", "token": short})
+        await raws[1].next("auth.ok")
+        ends = [await closed_with_reason(raw, within_s=10) for raw in raws]
+        sse_end = await sse.event(within_s=10)
+        while sse_end["event"] == "auth.expiring":
+            sse_end = await sse.event(within_s=10)
+        sse.close()
+    voided = "token voided by a key rotation of chat.**"
+    assert [(4401, voided), (4401, "token expired")] == ends
+    assert ("error", "expired", voided) == (
+        sse_end["event"],
+        sse_end["data"]["code"],
+        sse_end["data"]["message"],
+    )
+
+
+async def closed_with_reason(raw: Raw, within_s: float) -> tuple[int, str]:
+    """Wait for the node's close frame: its code and reason."""
+    async with asyncio.timeout(within_s):
+        while True:
+            msg = await raw.ws.receive()
+            if msg.type == aiohttp.WSMsgType.CLOSE:
+                return int(msg.data), str(msg.extra)
+            assert msg.type not in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING), msg
