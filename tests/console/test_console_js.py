@@ -4,15 +4,11 @@ fake DOM, fake timers and a fake node (fetch): its polling follows the session."
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-NODE = shutil.which("node")
+from tests.console.nodejs import needs_node, run_module
 
 # A stand-in for the page: elements by id, window and document events, storage, fetch
 # answering the console's token trade and overview, setInterval counted.
@@ -81,18 +77,10 @@ def run_console(tmp_path: Path, script: str) -> Any:
     page = tmp_path / "console.mjs"
     page.write_text(source.replace('"/client/hearthnet.js"', json.dumps(client_url)))
     head = FAKE_PAGE + f"await import({json.dumps(page.as_uri())});\n"
-    assert NODE is not None
-    out = subprocess.run(
-        [NODE, "--input-type=module", "-e", head + script],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return json.loads(out.stdout)
+    return run_module(head + script)
 
 
-@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+@needs_node
 def test_polling_stops_with_the_session_and_one_timer_per_login(tmp_path: Path) -> None:
     """One poll timer however often one logs in; it stops when the node refuses the
     session (revoked), and when the token's refresh fails; no poll after that."""

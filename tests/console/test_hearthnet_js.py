@@ -4,19 +4,15 @@ token decoding, run in Node.js (no browser needed)."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from importlib import resources
 from typing import Any
-
-import pytest
 
 from hearthnet.identity import KeyPair
 from hearthnet.ids import is_ulid
 from hearthnet.pubsub.topics import TopicPattern
 from hearthnet.tokens import CapabilityToken, Scope
+from tests.console.nodejs import needs_node, run_module
 
-NODE = shutil.which("node")
 CASES = [
     ("a.b", "a.b"),
     ("a.*", "a.b"),
@@ -36,18 +32,10 @@ def run_with_hn(script: str) -> Any:
     JSON it prints."""
     source = resources.files("hearthnet") / "static" / "hearthnet.js"
     head = f"const hn = await import({json.dumps('file://' + str(source))});\n"
-    assert NODE is not None
-    out = subprocess.run(
-        [NODE, "--input-type=module", "-e", head + script],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return json.loads(out.stdout)
+    return run_module(head + script)
 
 
-@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+@needs_node
 def test_helpers_agree_with_the_node() -> None:
     """topicMatches gives the node's answers; ulid() makes ULIDs; decodeToken reads a token."""
     keys = KeyPair.generate()
@@ -70,7 +58,7 @@ console.log(JSON.stringify({{
     ) == (got["matches"], [is_ulid(u) for u in got["ulids"]], got["claims"])
 
 
-@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+@needs_node
 def test_lean_frames_in_hearthnet_js() -> None:
     """opts.fields goes into the subscribe frame; frames without id are delivered once each."""
     script = """
@@ -89,7 +77,7 @@ console.log(JSON.stringify({ sent, got }));
     } == run_with_hn(script)
 
 
-@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+@needs_node
 def test_token_refresh_is_planned_by_the_tokens_life() -> None:
     """refreshToken runs 65 s before expiry, or halfway through what is left of a token
     of less than 130 s (not once a second); the node's auth.expiring for the token's own
@@ -126,7 +114,7 @@ console.log(JSON.stringify({ waits: waits.slice(0, 2), refreshed }));
     )
 
 
-@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+@needs_node
 def test_reconnect_backoff_doubles_to_30_s_and_honours_retry_after() -> None:
     """A subscription's reconnects wait 0.5 s doubling to 30 s (+-20 %), never less than
     the node's retry_after_ms, and start at 0.5 s again once it was live."""
@@ -154,7 +142,7 @@ console.log(JSON.stringify(waits));
     ), waits
 
 
-@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+@needs_node
 def test_a_silent_socket_is_pinged_then_given_up() -> None:
     """A live subscription whose socket brings nothing for 25 s sends a ping frame; a
     pong keeps it; when nothing comes 10 s after a ping it closes that socket and
@@ -203,7 +191,7 @@ console.log(JSON.stringify({ sent: ws.sent, before, closed: ws.closed, states })
     } == run_with_hn(script)
 
 
-@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+@needs_node
 def test_one_socket_per_subscription() -> None:
     """subscribe() connects after it returned; a reconnect() before that, and a retry
     timer firing twice, still open one socket (two would both stay subscribed)."""
@@ -231,7 +219,7 @@ console.log(JSON.stringify(sockets.length));
     assert 1 == run_with_hn(script)
 
 
-@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+@needs_node
 def test_back_online_or_visible_retries_and_pings_at_once() -> None:
     """When the browser comes back (window `online`, the page visible again), a
     subscription waiting out its backoff reconnects at once and resumes from its cursor
@@ -311,7 +299,7 @@ console.log(JSON.stringify(out));
     } == run_with_hn(script)
 
 
-@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+@needs_node
 def test_a_stream_refused_expired_at_its_start_is_opened_again() -> None:
     """hn.chat and hn.stream refused `expired` before any frame of the stream are opened
     once more with a token from refreshToken, over WebSocket and over SSE (as publish and

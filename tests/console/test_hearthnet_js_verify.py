@@ -7,20 +7,18 @@ and altered fields, paths and batch statements do not."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from importlib import resources
 from typing import Any
 
 import orjson
-import pytest
 
 from hearthnet.canonical import canonicalize
 from hearthnet.identity import KeyPair
 from hearthnet.pubsub.envelope import Message, canonical_body
 from hearthnet.pubsub.envelope_fields import unsigned_fields
+from tests.console.nodejs import NODE, needs_node
 
-NODE = shutil.which("node")
 KEYS = KeyPair.from_seed(b"\x5a" * 32)
 VALUES: list[Any] = [
     {"b": 1, "a": [True, None, -0.0, 2.5, 1e21, 1e-7, 123456789012345], "": "x"},
@@ -70,7 +68,7 @@ def _altered(envelopes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
+@needs_node
 def test_hearthnet_js_verifies_batches_and_singles_and_refuses_alterations() -> None:
     """canonicalJson is the node's JCS; verifyMessage accepts every real message and
     refuses every altered one with invalid_signature."""
