@@ -14,7 +14,9 @@ A tool is run by, in order: its ``capability`` binding (``client.call(capability
 arguments)`` under this client's own identity: the node never calls for you), the
 ``tool_handler(name, arguments)`` you pass, or else it answers
 ``{"error": "no_handler"}``. A failing tool answers ``{"error": code, "message"}``; the
-model sees that and carries on.
+model sees that and carries on. So does a result whose JSON is over ``max_result_bytes``
+(``payload_too_large``): sent as it is, it would break the WebSocket (over its 1 MiB message
+limit) or the SSE re-call (over the 1 MiB body limit), ending the whole chat.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ if TYPE_CHECKING:
 CHAT_CAPABILITY = "llm.chat@2.0"
 # The node stops at its round limit (6 by default); this only bounds a misbehaving node.
 MAX_CALLS_PER_TURN = 64
+# A quarter of the node's default message and body limit (1 MiB), so that a round of a few
+# big results still fits an SSE re-call, and the conversation the next user turn sends.
+MAX_RESULT_BYTES = 256 * 1024
 
 ChatToolHandler = Callable[[str, dict[str, Any]], Awaitable[Any] | Any]
 OnEvent = Callable[[ChatEvent], None]
@@ -107,11 +112,16 @@ class ToolRunner:
     """Runs the model's tool calls for a client; never raises for a tool's failure."""
 
     def __init__(
-        self, client: Client, tools: Sequence[ChatTool], handler: ChatToolHandler | None
+        self,
+        client: Client,
+        tools: Sequence[ChatTool],
+        handler: ChatToolHandler | None,
+        max_result_bytes: int = MAX_RESULT_BYTES,
     ) -> None:
         self.client = client
         self.tools = {t.name: t for t in tools}
         self.handler = handler
+        self.max_result_bytes = max_result_bytes
 
     async def run(self, call: ToolCall) -> Any:
         """The tool's result, or ``{"error", "message"}``."""
@@ -125,11 +135,17 @@ class ToolRunner:
                     result = await result
             else:
                 return tool_error("no_handler", f"this client has no handler for {call.name}")
-            orjson.dumps(result)  # the result must travel as JSON
+            size = len(orjson.dumps(result))  # the result must travel as JSON
         except WireError as exc:
             return tool_error(exc.code, exc.message)
         except Exception as exc:  # a tool's failure goes to the model, not up the stack
             return tool_error("tool_failed", f"{type(exc).__name__}: {exc}")
+        if size > self.max_result_bytes:
+            return tool_error(
+                "payload_too_large",
+                f"the result of {call.name} is {size} bytes of JSON, over this client's"
+                f" max_result_bytes ({self.max_result_bytes}): return less",
+            )
         return result
 
     async def run_all(self, calls: list[ToolCall], *, timeout_ms: int, parallel: int) -> list[Any]:
@@ -167,6 +183,7 @@ async def run_chat(
     on_event: OnEvent | None = None,
     deadline_ms: int | None = None,
     target: str | None = None,
+    max_result_bytes: int = MAX_RESULT_BYTES,
 ) -> ChatResult:
     """Run one conversation turn to its answer (see the module docstring); ``target``
     pins ``llm.chat`` to one node, reached through the mesh (spec §2.3).
@@ -176,7 +193,7 @@ async def run_chat(
             ``Cancelled`` if this task was cancelled (the node was told).
     """
     chat_tools = [ChatTool.parse(t) for t in tools]
-    runner = ToolRunner(client, chat_tools, tool_handler)
+    runner = ToolRunner(client, chat_tools, tool_handler, max_result_bytes)
     call_params = dict(params or {})
     if model is not None:
         call_params["model"] = model
@@ -186,6 +203,7 @@ async def run_chat(
     notify = on_event or (lambda event: None)
     transport = ""
     tokens_out = 0  # over SSE each re-call counts its own turns; the answer's total is the sum
+    dropped = 0  # likewise the calls dropped (over max_calls_per_turn) in each re-call
     for calls in range(1, MAX_CALLS_PER_TURN + 1):
         value: dict[str, Any] = {"messages": transcript.messages, "stream": True}
         if chat_tools:
@@ -207,7 +225,10 @@ async def run_chat(
             raise error_from_wire(terminal.data)
         done = transcript.done or {}
         tokens_out += int(done.get("tokens_out", 0))
+        dropped += int(done.get("tool_calls_dropped", 0))
         if done.get("stop_reason") != "tool_calls":
+            if dropped:
+                done = {**done, "tool_calls_dropped": dropped}
             return ChatResult(
                 messages=transcript.messages,
                 text=transcript.text,

@@ -388,3 +388,46 @@ async def test_the_calls_deadline_ends_a_wait_for_a_tool(make_config: MakeConfig
         elapsed = time.monotonic() - started
         await wait_until(lambda: node.bus.metrics.streams_active == 0, what="stream end")
     assert 0.3 <= elapsed < 3
+
+
+@TRANSPORTS
+async def test_a_result_too_big_to_send_goes_to_the_model_as_an_error(
+    client: Client, prefer_ws: bool
+) -> None:
+    """A tool result over max_result_bytes (256 KiB) is not sent (it would break the
+    socket or the SSE re-call): the model gets payload_too_large and answers."""
+    script = [
+        {"tool_calls": [{"name": "clock"}, {"name": "lookup", "arguments": {"q": "x"}}]},
+        {"text": "ok"},
+    ]
+    result = await client.chat(
+        [USER],
+        tools=[CLOCK, LOOKUP],
+        tool_handler=lambda name, arguments: "x" * (1_100_000 if name == "clock" else 10),
+        params={"script": script},
+        prefer_ws=prefer_ws,
+    )
+    assert (
+        {
+            "error": "payload_too_large",
+            "message": "the result of clock is 1100002 bytes of JSON, over this client's"
+            " max_result_bytes (262144): return less",
+        },
+        "x" * 10,
+        "ok",
+    ) == (result.messages[2]["content"], result.messages[3]["content"], result.text)
+
+
+async def test_dropped_calls_are_reported_in_the_result_on_both_transports(
+    client: Client,
+) -> None:
+    """20 calls in one turn: 16 run, and result.done says 4 were dropped over SSE too (the
+    count comes in the first re-call's done, the result holds the last one)."""
+    script = [{"tool_calls": [{"name": "clock"}] * 20}, {"text": "ok"}]
+    results = await both(
+        client, [USER], tools=[CLOCK], tool_handler=lookup, params={"script": script}
+    )
+    assert [(4, 16, "ok")] * 2 == [
+        (r.done.get("tool_calls_dropped"), len(r.messages[1]["tool_calls"]), r.text)
+        for r in results
+    ]
