@@ -184,6 +184,7 @@ async def run_chat(
     deadline_ms: int | None = None,
     target: str | None = None,
     max_result_bytes: int = MAX_RESULT_BYTES,
+    publish_to: str | None = None,
 ) -> ChatResult:
     """Run one conversation turn to its answer (see the module docstring); ``target``
     pins ``llm.chat`` to one node, reached through the mesh (spec §2.3).
@@ -211,6 +212,8 @@ async def run_chat(
             value["tool_choice"] = tool_choice
         if max_tokens is not None:
             value["max_tokens"] = max_tokens
+        if publish_to is not None:
+            value["publish_to"] = publish_to  # on every SSE re-call: each streams a part
         async with client.stream(
             CHAT_CAPABILITY,
             value,

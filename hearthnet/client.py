@@ -401,6 +401,7 @@ class Client:
         deadline_ms: int | None = None,
         target: str | None = None,
         max_result_bytes: int = MAX_RESULT_BYTES,
+        publish_to: str | None = None,
     ) -> ChatResult:
         """Chat with ``llm.chat@2.0`` and run its tool calls until it answers (spec §5).
 
@@ -416,6 +417,8 @@ class Client:
             target: run ``llm.chat`` on this node (a NodeID), through the mesh.
             max_result_bytes: a tool result whose JSON is longer goes to the model as
                 ``{"error": "payload_too_large"}`` instead (256 KiB).
+            publish_to: also stream the answer to this pub/sub topic, as this client
+                (docs/llm.md "Answers on a topic").
         """
         return await run_chat(
             self,
@@ -432,6 +435,7 @@ class Client:
             deadline_ms=deadline_ms,
             target=target,
             max_result_bytes=max_result_bytes,
+            publish_to=publish_to,
         )
 
     def stream(

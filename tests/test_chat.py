@@ -17,7 +17,7 @@ from hearthnet.community import Level
 from hearthnet.errors import DeadlineExceeded, NotFound, SchemaMismatch
 from hearthnet.identity import KeyPair
 from hearthnet.node import Node
-from tests.capabilities.llm_chat.support import CLOCK, LOOKUP, USER, WhoAmI
+from tests.capabilities.llm_chat.support import CLOCK, LOOKUP, LOOKUP_SCRIPT, USER, WhoAmI
 from tests.conftest import MakeConfig
 from tests.helpers import wait_until
 
@@ -431,3 +431,27 @@ async def test_dropped_calls_are_reported_in_the_result_on_both_transports(
         (r.done.get("tool_calls_dropped"), len(r.messages[1]["tool_calls"]), r.text)
         for r in results
     ]
+
+
+@TRANSPORTS
+async def test_publish_to_sends_the_answer_to_a_topic(
+    node: Node, client: Client, prefer_ws: bool
+) -> None:
+    """client.chat(publish_to=) puts the answer on the topic (over SSE on every re-call):
+    one message.complete, after a tool round, ending with the answer (over WS it holds the
+    whole stream's text, the words before the tool call too)."""
+    result = await client.chat(
+        [USER],
+        tools=[LOOKUP],
+        tool_handler=lookup,
+        params={"script": LOOKUP_SCRIPT},
+        backend="demo",
+        prefer_ws=prefer_ws,
+        publish_to="chat.room.kitchen",
+    )
+    async with Client(node.url, keys=node.keys) as owner:
+        page = await owner.history("chat.room.kitchen", limit=500)
+    messages = [m["data"] for m in page["messages"]]
+    complete = [m["data"] for m in messages if m["type"] == "message.complete"]
+    streamed = "".join(e.data["text"] for e in result.events if e.kind == "token")
+    assert [streamed if prefer_ws else result.text] == [c["text"] for c in complete]
