@@ -12,7 +12,7 @@ events.
 
 A tool is run by, in order: its ``capability`` binding (``client.call(capability,
 arguments)`` under this client's own identity: the node never calls for you), the
-``tool_handler(name, arguments)`` you pass, or else it answers
+``tool_handler(name, arguments)`` you pass (a sync one in a worker thread), or else it answers
 ``{"error": "no_handler"}``. A failing tool answers ``{"error": code, "message"}``; the
 model sees that and carries on. So does a result whose JSON is over ``max_result_bytes``
 (``payload_too_large``): sent as it is, it would break the WebSocket (over its 1 MiB message
@@ -130,7 +130,12 @@ class ToolRunner:
             if tool is not None and tool.capability:
                 result: Any = await self.client.call(tool.capability, call.arguments)
             elif self.handler is not None:
-                result = self.handler(call.name, call.arguments)
+                if inspect.iscoroutinefunction(self.handler):
+                    result = await self.handler(call.name, call.arguments)
+                else:
+                    # A sync handler may block (time.sleep, blocking I/O): off the event
+                    # loop, the stream keeps being read and the tool timeout applies.
+                    result = await asyncio.to_thread(self.handler, call.name, call.arguments)
                 if inspect.isawaitable(result):
                     result = await result
             else:

@@ -4,6 +4,7 @@ same transcript either way (spec §5)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -163,6 +164,28 @@ async def test_slow_tool_gets_a_timeout_result_and_the_model_continues(client: C
         ws.text,
     )
     assert 0.6 <= elapsed < 5
+
+
+async def test_a_blocking_sync_tool_times_out_the_same_on_both_transports(
+    client: Client,
+) -> None:
+    """A sync handler that blocks (time.sleep, blocking I/O) runs off the event loop: the
+    0.3 s tool timeout applies over SSE as over WS, and the stream stays served."""
+    release = threading.Event()
+
+    def blocking(name: str, arguments: dict[str, Any]) -> Any:
+        release.wait(5)
+        return {"late": True}
+
+    script = [{"tool_calls": [{"name": "clock"}]}, {"text": "No clock: {results}"}]
+    try:
+        ws, sse = await both(
+            client, [USER], tools=[CLOCK], tool_handler=blocking, params={"script": script}
+        )
+    finally:
+        release.set()
+    timeout = {"error": "timeout", "message": "no result from tool clock within 0.3 s"}
+    assert [timeout, timeout] == [ws.messages[2]["content"], sse.messages[2]["content"]]
 
 
 @TRANSPORTS
