@@ -326,9 +326,11 @@ async def test_max_tokens_stops_the_answer(client: Client, prefer_ws: bool) -> N
 
 
 async def test_errors_raise_the_wire_error(make_config: MakeConfig, client: Client) -> None:
-    """A refused request raises its WireError; a node without llm.chat raises not_found."""
-    with pytest.raises(SchemaMismatch):
+    """A refused request raises its WireError, whose message names the limit (not the
+    whole value); a node without llm.chat raises not_found."""
+    with pytest.raises(SchemaMismatch) as refused:
         await client.chat([USER], tools=[{"name": f"t{i}"} for i in range(17)])
+    assert "input at tools: 17 items: fails maxItems 16" == refused.value.message
     async with Node(make_config()) as plain, Client(plain.url, keys=plain.keys) as c:
         with pytest.raises(NotFound):
             await c.chat([USER])
