@@ -198,6 +198,10 @@ async def run_chat(
         WireError: the node (or the model server behind it) ended a call with an error;
             ``Cancelled`` if this task was cancelled (the node was told).
     """
+    if isinstance(messages, str | bytes) or not all(isinstance(m, dict) for m in messages):
+        raise BadRequest(
+            'messages is a list of {role, content}, e.g. [{"role": "user", "content": "hi"}]'
+        )
     chat_tools = [ChatTool.parse(t) for t in tools]
     runner = ToolRunner(client, chat_tools, tool_handler, max_result_bytes)
     call_params = dict(params or {})

@@ -15,7 +15,7 @@ from hearthnet.bus.transcript import ChatEvent
 from hearthnet.chat import ChatResult, ChatTool
 from hearthnet.client import Client
 from hearthnet.community import Level
-from hearthnet.errors import DeadlineExceeded, NotFound, SchemaMismatch
+from hearthnet.errors import BadRequest, DeadlineExceeded, NotFound, SchemaMismatch
 from hearthnet.identity import KeyPair
 from hearthnet.node import Node
 from tests.capabilities.llm_chat.support import CLOCK, LOOKUP, LOOKUP_SCRIPT, USER, WhoAmI
@@ -331,6 +331,8 @@ async def test_errors_raise_the_wire_error(make_config: MakeConfig, client: Clie
     with pytest.raises(SchemaMismatch) as refused:
         await client.chat([USER], tools=[{"name": f"t{i}"} for i in range(17)])
     assert "input at tools: 17 items: fails maxItems 16" == refused.value.message
+    with pytest.raises(BadRequest, match=r"messages is a list of \{role, content\}"):
+        await client.chat("How do I make water safe?")  # type: ignore[arg-type]
     async with Node(make_config()) as plain, Client(plain.url, keys=plain.keys) as c:
         with pytest.raises(NotFound):
             await c.chat([USER])
