@@ -37,7 +37,13 @@ from hearthnet.bus.chatrequest import (
     tool_timeout_content,
 )
 from hearthnet.bus.transcript import ChatEvent, ToolCall, Transcript
-from hearthnet.errors import BadRequest, InternalError, WireError, error_from_wire
+from hearthnet.errors import (
+    BadRequest,
+    DeadlineExceeded,
+    InternalError,
+    WireError,
+    error_from_wire,
+)
 from hearthnet.frames import Frame
 
 if TYPE_CHECKING:
@@ -214,6 +220,9 @@ async def run_chat(
     transport = ""
     tokens_out = 0  # over SSE each re-call counts its own turns; the answer's total is the sum
     dropped = 0  # likewise the calls dropped (over max_calls_per_turn) in each re-call
+    # deadline_ms bounds the whole chat: over SSE the tools run between calls, so each
+    # re-call gets what is left and the tools' time counts, as it does over WS.
+    left = _Deadline(deadline_ms)
     for calls in range(1, MAX_CALLS_PER_TURN + 1):
         value: dict[str, Any] = {"messages": transcript.messages, "stream": True}
         if chat_tools:
@@ -228,7 +237,7 @@ async def run_chat(
             value,
             params=call_params or None,
             prefer_ws=prefer_ws,
-            deadline_ms=deadline_ms,
+            deadline_ms=left.ms(),
             target=target,
         ) as stream:
             transport = stream.transport or ""
@@ -252,16 +261,46 @@ async def run_chat(
                 calls=calls,
                 done=done,
             )
-        results = await runner.run_all(
-            handed_back,
-            timeout_ms=int(done.get("tool_timeout_ms", 30_000)),
-            parallel=int(done.get("max_parallel_tools", 4)),
-        )
+        try:
+            async with asyncio.timeout(left.seconds()):
+                results = await runner.run_all(
+                    handed_back,
+                    timeout_ms=int(done.get("tool_timeout_ms", 30_000)),
+                    parallel=int(done.get("max_parallel_tools", 4)),
+                )
+        except TimeoutError as exc:
+            raise left.passed() from exc
         for call, content in zip(handed_back, results, strict=True):
             transcript.record_result(call.id, content)
             notify(ChatEvent("tool_result", _result_event(call, content)))
         transcript.close_round()
     raise InternalError(f"llm.chat asked for tools {MAX_CALLS_PER_TURN} times in one turn")
+
+
+class _Deadline:
+    """What is left of a chat's ``deadline_ms`` (None: no deadline)."""
+
+    def __init__(self, deadline_ms: int | None) -> None:
+        self.deadline_ms = deadline_ms
+        now = asyncio.get_running_loop().time()
+        self.ends_at = None if deadline_ms is None else now + deadline_ms / 1000
+
+    def seconds(self) -> float | None:
+        if self.ends_at is None:
+            return None
+        return self.ends_at - asyncio.get_running_loop().time()
+
+    def ms(self) -> int | None:
+        """Milliseconds left for the next call; raises DeadlineExceeded when none are."""
+        seconds = self.seconds()
+        if seconds is None:
+            return None
+        if seconds * 1000 < 1:
+            raise self.passed()
+        return int(seconds * 1000)
+
+    def passed(self) -> DeadlineExceeded:
+        return DeadlineExceeded(f"the chat's deadline_ms ({self.deadline_ms}) passed")
 
 
 def _result_event(call: ToolCall, content: Any) -> dict[str, Any]:

@@ -415,6 +415,8 @@ class Client:
             on_event: called with each :class:`~hearthnet.bus.transcript.ChatEvent` as it
                 happens (tokens, tool calls, tool results).
             target: run ``llm.chat`` on this node (a NodeID), through the mesh.
+            deadline_ms: the whole chat's deadline, tool runs included (then
+                ``DeadlineExceeded``).
             max_result_bytes: a tool result whose JSON is longer goes to the model as
                 ``{"error": "payload_too_large"}`` instead (256 KiB).
             publish_to: also stream the answer to this pub/sub topic, as this client

@@ -482,3 +482,29 @@ async def test_publish_to_sends_the_answer_to_a_topic(
     complete = [m["data"] for m in messages if m["type"] == "message.complete"]
     streamed = "".join(e.data["text"] for e in result.events if e.kind == "token")
     assert [streamed if prefer_ws else result.text] == [c["text"] for c in complete]
+
+
+@TRANSPORTS
+async def test_deadline_ms_bounds_the_whole_chat(make_config: MakeConfig, prefer_ws: bool) -> None:
+    """chat(deadline_ms=300) ends with timeout while a tool is still running, over SSE
+    too, where the tool runs between calls and each re-call must get what is left."""
+    config = make_config(llm={"demo": True, "tool_timeout_s": 30})
+    never = asyncio.Event()
+
+    async def stuck(name: str, arguments: dict[str, Any]) -> Any:
+        await never.wait()
+
+    async with Node(config) as node, Client(node.url, keys=node.keys) as c:
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            async with asyncio.timeout(5):  # the bug: SSE waited 30 s for the tool
+                await c.chat(
+                    [USER],
+                    tools=[CLOCK],
+                    tool_handler=stuck,
+                    params={"script": [{"tool_calls": [{"name": "clock"}]}]},
+                    prefer_ws=prefer_ws,
+                    deadline_ms=300,
+                )
+        elapsed = time.monotonic() - started
+    assert 0.3 <= elapsed < 3
