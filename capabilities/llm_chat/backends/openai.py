@@ -209,7 +209,9 @@ class ChunkParser:
                     # some servers send a whole call with the arguments as an object
                     arguments = "" if arguments is None else orjson.dumps(arguments).decode()
                 index = piece.get("index")
-                call_id = piece.get("id") if isinstance(piece.get("id"), str) else None
+                call_id = piece.get("id")
+                if not isinstance(call_id, str) or not call_id:
+                    call_id = None  # some servers send "id": "" on later pieces
                 events.append(
                     ToolCallDelta(
                         self._our_index(index if isinstance(index, int) else position, call_id),

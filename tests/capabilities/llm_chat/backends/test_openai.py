@@ -483,8 +483,8 @@ def test_chunk_parser_events_and_junk() -> None:
 
 
 def test_chunk_parser_splits_reused_indexes_and_keeps_correct_ones() -> None:
-    """A new id at a used index gets the next free index; pieces without an id follow the
-    latest call at that index; correct indexes (and repeated ids) are kept."""
+    """A new id at a used index gets the next free index; pieces without an id (or with
+    an empty one) follow the latest call at that index; correct indexes are kept."""
     parser = ChunkParser(ToolNames(["a", "b"]))
     pieces = [
         tool_piece(0, "", "x", "a"),
@@ -493,9 +493,10 @@ def test_chunk_parser_splits_reused_indexes_and_keeps_correct_ones() -> None:
         tool_piece(0, "", "z", "a"),
         tool_piece(0, "{}"),
         tool_piece(1, "{}"),
+        chunk({"tool_calls": [{"index": 1, "id": "", "function": {"arguments": " "}}]}),
     ]
     events = [e for p in pieces for e in parser.feed(json.dumps(p))]
-    assert [0, 1, 0, 2, 2, 1] == [e.index for e in events if isinstance(e, ToolCallDelta)]
+    assert [0, 1, 0, 2, 2, 1, 1] == [e.index for e in events if isinstance(e, ToolCallDelta)]
     with pytest.raises(Unavailable, match="ended before the answer was complete"):
         parser.end()
 
