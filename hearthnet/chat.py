@@ -12,9 +12,11 @@ events.
 
 A tool is run by, in order: its ``capability`` binding (``client.call(capability,
 arguments)`` under this client's own identity: the node never calls for you), the
-``tool_handler(name, arguments)`` you pass, or else it answers
+``tool_handler(name, arguments)`` you pass (a sync one in a worker thread), or else it answers
 ``{"error": "no_handler"}``. A failing tool answers ``{"error": code, "message"}``; the
-model sees that and carries on.
+model sees that and carries on. So does a result whose JSON is over ``max_result_bytes``
+(``payload_too_large``): sent as it is, it would break the WebSocket (over its 1 MiB message
+limit) or the SSE re-call (over the 1 MiB body limit), ending the whole chat.
 """
 
 from __future__ import annotations
@@ -35,7 +37,13 @@ from hearthnet.bus.chatrequest import (
     tool_timeout_content,
 )
 from hearthnet.bus.transcript import ChatEvent, ToolCall, Transcript
-from hearthnet.errors import BadRequest, InternalError, WireError, error_from_wire
+from hearthnet.errors import (
+    BadRequest,
+    DeadlineExceeded,
+    InternalError,
+    WireError,
+    error_from_wire,
+)
 from hearthnet.frames import Frame
 
 if TYPE_CHECKING:
@@ -44,6 +52,9 @@ if TYPE_CHECKING:
 CHAT_CAPABILITY = "llm.chat@2.0"
 # The node stops at its round limit (6 by default); this only bounds a misbehaving node.
 MAX_CALLS_PER_TURN = 64
+# A quarter of the node's default message and body limit (1 MiB), so that a round of a few
+# big results still fits an SSE re-call, and the conversation the next user turn sends.
+MAX_RESULT_BYTES = 256 * 1024
 
 ChatToolHandler = Callable[[str, dict[str, Any]], Awaitable[Any] | Any]
 OnEvent = Callable[[ChatEvent], None]
@@ -107,11 +118,16 @@ class ToolRunner:
     """Runs the model's tool calls for a client; never raises for a tool's failure."""
 
     def __init__(
-        self, client: Client, tools: Sequence[ChatTool], handler: ChatToolHandler | None
+        self,
+        client: Client,
+        tools: Sequence[ChatTool],
+        handler: ChatToolHandler | None,
+        max_result_bytes: int = MAX_RESULT_BYTES,
     ) -> None:
         self.client = client
         self.tools = {t.name: t for t in tools}
         self.handler = handler
+        self.max_result_bytes = max_result_bytes
 
     async def run(self, call: ToolCall) -> Any:
         """The tool's result, or ``{"error", "message"}``."""
@@ -120,16 +136,27 @@ class ToolRunner:
             if tool is not None and tool.capability:
                 result: Any = await self.client.call(tool.capability, call.arguments)
             elif self.handler is not None:
-                result = self.handler(call.name, call.arguments)
+                if inspect.iscoroutinefunction(self.handler):
+                    result = await self.handler(call.name, call.arguments)
+                else:
+                    # A sync handler may block (time.sleep, blocking I/O): off the event
+                    # loop, the stream keeps being read and the tool timeout applies.
+                    result = await asyncio.to_thread(self.handler, call.name, call.arguments)
                 if inspect.isawaitable(result):
                     result = await result
             else:
                 return tool_error("no_handler", f"this client has no handler for {call.name}")
-            orjson.dumps(result)  # the result must travel as JSON
+            size = len(orjson.dumps(result))  # the result must travel as JSON
         except WireError as exc:
             return tool_error(exc.code, exc.message)
         except Exception as exc:  # a tool's failure goes to the model, not up the stack
             return tool_error("tool_failed", f"{type(exc).__name__}: {exc}")
+        if size > self.max_result_bytes:
+            return tool_error(
+                "payload_too_large",
+                f"the result of {call.name} is {size} bytes of JSON, over this client's"
+                f" max_result_bytes ({self.max_result_bytes}): return less",
+            )
         return result
 
     async def run_all(self, calls: list[ToolCall], *, timeout_ms: int, parallel: int) -> list[Any]:
@@ -167,6 +194,8 @@ async def run_chat(
     on_event: OnEvent | None = None,
     deadline_ms: int | None = None,
     target: str | None = None,
+    max_result_bytes: int = MAX_RESULT_BYTES,
+    publish_to: str | None = None,
 ) -> ChatResult:
     """Run one conversation turn to its answer (see the module docstring); ``target``
     pins ``llm.chat`` to one node, reached through the mesh (spec §2.3).
@@ -175,8 +204,12 @@ async def run_chat(
         WireError: the node (or the model server behind it) ended a call with an error;
             ``Cancelled`` if this task was cancelled (the node was told).
     """
+    if isinstance(messages, str | bytes) or not all(isinstance(m, dict) for m in messages):
+        raise BadRequest(
+            'messages is a list of {role, content}, e.g. [{"role": "user", "content": "hi"}]'
+        )
     chat_tools = [ChatTool.parse(t) for t in tools]
-    runner = ToolRunner(client, chat_tools, tool_handler)
+    runner = ToolRunner(client, chat_tools, tool_handler, max_result_bytes)
     call_params = dict(params or {})
     if model is not None:
         call_params["model"] = model
@@ -186,6 +219,10 @@ async def run_chat(
     notify = on_event or (lambda event: None)
     transport = ""
     tokens_out = 0  # over SSE each re-call counts its own turns; the answer's total is the sum
+    dropped = 0  # likewise the calls dropped (over max_calls_per_turn) in each re-call
+    # deadline_ms bounds the whole chat: over SSE the tools run between calls, so each
+    # re-call gets what is left and the tools' time counts, as it does over WS.
+    left = _Deadline(deadline_ms)
     for calls in range(1, MAX_CALLS_PER_TURN + 1):
         value: dict[str, Any] = {"messages": transcript.messages, "stream": True}
         if chat_tools:
@@ -193,12 +230,14 @@ async def run_chat(
             value["tool_choice"] = tool_choice
         if max_tokens is not None:
             value["max_tokens"] = max_tokens
+        if publish_to is not None:
+            value["publish_to"] = publish_to  # on every SSE re-call: each streams a part
         async with client.stream(
             CHAT_CAPABILITY,
             value,
             params=call_params or None,
             prefer_ws=prefer_ws,
-            deadline_ms=deadline_ms,
+            deadline_ms=left.ms(),
             target=target,
         ) as stream:
             transport = stream.transport or ""
@@ -207,7 +246,10 @@ async def run_chat(
             raise error_from_wire(terminal.data)
         done = transcript.done or {}
         tokens_out += int(done.get("tokens_out", 0))
+        dropped += int(done.get("tool_calls_dropped", 0))
         if done.get("stop_reason") != "tool_calls":
+            if dropped:
+                done = {**done, "tool_calls_dropped": dropped}
             return ChatResult(
                 messages=transcript.messages,
                 text=transcript.text,
@@ -219,16 +261,46 @@ async def run_chat(
                 calls=calls,
                 done=done,
             )
-        results = await runner.run_all(
-            handed_back,
-            timeout_ms=int(done.get("tool_timeout_ms", 30_000)),
-            parallel=int(done.get("max_parallel_tools", 4)),
-        )
+        try:
+            async with asyncio.timeout(left.seconds()):
+                results = await runner.run_all(
+                    handed_back,
+                    timeout_ms=int(done.get("tool_timeout_ms", 30_000)),
+                    parallel=int(done.get("max_parallel_tools", 4)),
+                )
+        except TimeoutError as exc:
+            raise left.passed() from exc
         for call, content in zip(handed_back, results, strict=True):
             transcript.record_result(call.id, content)
             notify(ChatEvent("tool_result", _result_event(call, content)))
         transcript.close_round()
     raise InternalError(f"llm.chat asked for tools {MAX_CALLS_PER_TURN} times in one turn")
+
+
+class _Deadline:
+    """What is left of a chat's ``deadline_ms`` (None: no deadline)."""
+
+    def __init__(self, deadline_ms: int | None) -> None:
+        self.deadline_ms = deadline_ms
+        now = asyncio.get_running_loop().time()
+        self.ends_at = None if deadline_ms is None else now + deadline_ms / 1000
+
+    def seconds(self) -> float | None:
+        if self.ends_at is None:
+            return None
+        return self.ends_at - asyncio.get_running_loop().time()
+
+    def ms(self) -> int | None:
+        """Milliseconds left for the next call; raises DeadlineExceeded when none are."""
+        seconds = self.seconds()
+        if seconds is None:
+            return None
+        if seconds * 1000 < 1:
+            raise self.passed()
+        return int(seconds * 1000)
+
+    def passed(self) -> DeadlineExceeded:
+        return DeadlineExceeded(f"the chat's deadline_ms ({self.deadline_ms}) passed")
 
 
 def _result_event(call: ToolCall, content: Any) -> dict[str, Any]:

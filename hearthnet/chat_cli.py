@@ -31,7 +31,7 @@ from typing import IO, Any
 
 from hearthnet.bus.transcript import ChatEvent
 from hearthnet.chat import ChatResult, ChatTool
-from hearthnet.errors import ConfigError, NotFound
+from hearthnet.errors import ConfigError, NotFound, WireError
 
 MAX_SHOWN = 300
 PROMPT = "you> "
@@ -222,6 +222,11 @@ class ChatSession:
                     if self.quit_requested.is_set():
                         raise
                     self.printer.note("[cancelled]")
+                except WireError as exc:
+                    if not interactive:
+                        raise  # a script learns of it by the exit code
+                    # at a terminal the conversation goes on: the user may try again
+                    self.printer.note(f"[{exc.code}: {exc.message}]")
         finally:
             loop.remove_signal_handler(signal.SIGINT)
         if interactive:

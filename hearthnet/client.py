@@ -27,7 +27,14 @@ import aiohttp
 import orjson
 
 from hearthnet.call_stream import ACK_EVERY, Stream, raise_for_terminal
-from hearthnet.chat import ChatResult, ChatTool, ChatToolHandler, OnEvent, run_chat
+from hearthnet.chat import (
+    MAX_RESULT_BYTES,
+    ChatResult,
+    ChatTool,
+    ChatToolHandler,
+    OnEvent,
+    run_chat,
+)
 from hearthnet.datadir import start_command
 from hearthnet.errors import NodeNotRunning, Unavailable
 from hearthnet.identity import KeyPair
@@ -393,6 +400,8 @@ class Client:
         on_event: OnEvent | None = None,
         deadline_ms: int | None = None,
         target: str | None = None,
+        max_result_bytes: int = MAX_RESULT_BYTES,
+        publish_to: str | None = None,
     ) -> ChatResult:
         """Chat with ``llm.chat@2.0`` and run its tool calls until it answers (spec §5).
 
@@ -406,6 +415,12 @@ class Client:
             on_event: called with each :class:`~hearthnet.bus.transcript.ChatEvent` as it
                 happens (tokens, tool calls, tool results).
             target: run ``llm.chat`` on this node (a NodeID), through the mesh.
+            deadline_ms: the whole chat's deadline, tool runs included (then
+                ``DeadlineExceeded``).
+            max_result_bytes: a tool result whose JSON is longer goes to the model as
+                ``{"error": "payload_too_large"}`` instead (256 KiB).
+            publish_to: also stream the answer to this pub/sub topic, as this client
+                (docs/llm.md "Answers on a topic").
         """
         return await run_chat(
             self,
@@ -421,6 +436,8 @@ class Client:
             on_event=on_event,
             deadline_ms=deadline_ms,
             target=target,
+            max_result_bytes=max_result_bytes,
+            publish_to=publish_to,
         )
 
     def stream(

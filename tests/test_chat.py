@@ -4,6 +4,7 @@ same transcript either way (spec §5)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,10 +15,10 @@ from hearthnet.bus.transcript import ChatEvent
 from hearthnet.chat import ChatResult, ChatTool
 from hearthnet.client import Client
 from hearthnet.community import Level
-from hearthnet.errors import DeadlineExceeded, NotFound, SchemaMismatch
+from hearthnet.errors import BadRequest, DeadlineExceeded, NotFound, SchemaMismatch
 from hearthnet.identity import KeyPair
 from hearthnet.node import Node
-from tests.capabilities.llm_chat.support import CLOCK, LOOKUP, USER, WhoAmI
+from tests.capabilities.llm_chat.support import CLOCK, LOOKUP, LOOKUP_SCRIPT, USER, WhoAmI
 from tests.conftest import MakeConfig
 from tests.helpers import wait_until
 
@@ -165,6 +166,28 @@ async def test_slow_tool_gets_a_timeout_result_and_the_model_continues(client: C
     assert 0.6 <= elapsed < 5
 
 
+async def test_a_blocking_sync_tool_times_out_the_same_on_both_transports(
+    client: Client,
+) -> None:
+    """A sync handler that blocks (time.sleep, blocking I/O) runs off the event loop: the
+    0.3 s tool timeout applies over SSE as over WS, and the stream stays served."""
+    release = threading.Event()
+
+    def blocking(name: str, arguments: dict[str, Any]) -> Any:
+        release.wait(5)
+        return {"late": True}
+
+    script = [{"tool_calls": [{"name": "clock"}]}, {"text": "No clock: {results}"}]
+    try:
+        ws, sse = await both(
+            client, [USER], tools=[CLOCK], tool_handler=blocking, params={"script": script}
+        )
+    finally:
+        release.set()
+    timeout = {"error": "timeout", "message": "no result from tool clock within 0.3 s"}
+    assert [timeout, timeout] == [ws.messages[2]["content"], sse.messages[2]["content"]]
+
+
 @TRANSPORTS
 async def test_invalid_arguments_go_back_to_the_model(client: Client, prefer_ws: bool) -> None:
     """A call with arguments the schema refuses is answered by the node; the model retries."""
@@ -303,9 +326,13 @@ async def test_max_tokens_stops_the_answer(client: Client, prefer_ws: bool) -> N
 
 
 async def test_errors_raise_the_wire_error(make_config: MakeConfig, client: Client) -> None:
-    """A refused request raises its WireError; a node without llm.chat raises not_found."""
-    with pytest.raises(SchemaMismatch):
+    """A refused request raises its WireError, whose message names the limit (not the
+    whole value); a node without llm.chat raises not_found."""
+    with pytest.raises(SchemaMismatch) as refused:
         await client.chat([USER], tools=[{"name": f"t{i}"} for i in range(17)])
+    assert "input at tools: 17 items: fails maxItems 16" == refused.value.message
+    with pytest.raises(BadRequest, match=r"messages is a list of \{role, content\}"):
+        await client.chat("How do I make water safe?")  # type: ignore[arg-type]
     async with Node(make_config()) as plain, Client(plain.url, keys=plain.keys) as c:
         with pytest.raises(NotFound):
             await c.chat([USER])
@@ -387,4 +414,97 @@ async def test_the_calls_deadline_ends_a_wait_for_a_tool(make_config: MakeConfig
             )
         elapsed = time.monotonic() - started
         await wait_until(lambda: node.bus.metrics.streams_active == 0, what="stream end")
+    assert 0.3 <= elapsed < 3
+
+
+@TRANSPORTS
+async def test_a_result_too_big_to_send_goes_to_the_model_as_an_error(
+    client: Client, prefer_ws: bool
+) -> None:
+    """A tool result over max_result_bytes (256 KiB) is not sent (it would break the
+    socket or the SSE re-call): the model gets payload_too_large and answers."""
+    script = [
+        {"tool_calls": [{"name": "clock"}, {"name": "lookup", "arguments": {"q": "x"}}]},
+        {"text": "ok"},
+    ]
+    result = await client.chat(
+        [USER],
+        tools=[CLOCK, LOOKUP],
+        tool_handler=lambda name, arguments: "x" * (1_100_000 if name == "clock" else 10),
+        params={"script": script},
+        prefer_ws=prefer_ws,
+    )
+    assert (
+        {
+            "error": "payload_too_large",
+            "message": "the result of clock is 1100002 bytes of JSON, over this client's"
+            " max_result_bytes (262144): return less",
+        },
+        "x" * 10,
+        "ok",
+    ) == (result.messages[2]["content"], result.messages[3]["content"], result.text)
+
+
+async def test_dropped_calls_are_reported_in_the_result_on_both_transports(
+    client: Client,
+) -> None:
+    """20 calls in one turn: 16 run, and result.done says 4 were dropped over SSE too (the
+    count comes in the first re-call's done, the result holds the last one)."""
+    script = [{"tool_calls": [{"name": "clock"}] * 20}, {"text": "ok"}]
+    results = await both(
+        client, [USER], tools=[CLOCK], tool_handler=lookup, params={"script": script}
+    )
+    assert [(4, 16, "ok")] * 2 == [
+        (r.done.get("tool_calls_dropped"), len(r.messages[1]["tool_calls"]), r.text)
+        for r in results
+    ]
+
+
+@TRANSPORTS
+async def test_publish_to_sends_the_answer_to_a_topic(
+    node: Node, client: Client, prefer_ws: bool
+) -> None:
+    """client.chat(publish_to=) puts the answer on the topic (over SSE on every re-call):
+    one message.complete, after a tool round, ending with the answer (over WS it holds the
+    whole stream's text, the words before the tool call too)."""
+    result = await client.chat(
+        [USER],
+        tools=[LOOKUP],
+        tool_handler=lookup,
+        params={"script": LOOKUP_SCRIPT},
+        backend="demo",
+        prefer_ws=prefer_ws,
+        publish_to="chat.room.kitchen",
+    )
+    async with Client(node.url, keys=node.keys) as owner:
+        page = await owner.history("chat.room.kitchen", limit=500)
+    messages = [m["data"] for m in page["messages"]]
+    complete = [m["data"] for m in messages if m["type"] == "message.complete"]
+    streamed = "".join(e.data["text"] for e in result.events if e.kind == "token")
+    assert [streamed if prefer_ws else result.text] == [c["text"] for c in complete]
+
+
+@TRANSPORTS
+async def test_deadline_ms_bounds_the_whole_chat(make_config: MakeConfig, prefer_ws: bool) -> None:
+    """chat(deadline_ms=300) ends with timeout while a tool is still running, over SSE
+    too, where the tool runs between calls and each re-call must get what is left."""
+    config = make_config(llm={"demo": True, "tool_timeout_s": 30})
+    never = asyncio.Event()
+
+    async def stuck(name: str, arguments: dict[str, Any]) -> Any:
+        await never.wait()
+
+    async with Node(config) as node, Client(node.url, keys=node.keys) as c:
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            async with asyncio.timeout(5):  # the bug: SSE waited 30 s for the tool
+                await c.chat(
+                    [USER],
+                    tools=[CLOCK],
+                    tool_handler=stuck,
+                    params={"script": [{"tool_calls": [{"name": "clock"}]}]},
+                    prefer_ws=prefer_ws,
+                    deadline_ms=300,
+                )
+        elapsed = time.monotonic() - started
     assert 0.3 <= elapsed < 3

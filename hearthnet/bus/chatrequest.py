@@ -15,7 +15,7 @@ from typing import Any
 
 import jsonschema
 
-from hearthnet.bus.descriptor import compiled_validator
+from hearthnet.bus.descriptor import compiled_validator, schema_error_text
 from hearthnet.errors import SchemaMismatch
 
 TOOL_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
@@ -99,7 +99,7 @@ class ToolSpec:
         if error is None:
             return None
         where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-        return f"arguments at {where}: {error.message}"
+        return f"arguments at {where}: {schema_error_text(error)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,26 @@ def _compiled(schema_json: bytes) -> Any:
     return Draft202012Validator(schema)
 
 
+MAX_SCHEMA_MESSAGE_CHARS = 200
+
+
+def schema_error_text(error: Any) -> str:
+    """A jsonschema error's message, short: one that quotes a big value (17 tools, a long
+    string) names its size and the rule instead, so the limit is not cut off."""
+    message: str = error.message
+    if len(message) <= MAX_SCHEMA_MESSAGE_CHARS:
+        return message
+    value = error.instance
+    if isinstance(value, list | dict):
+        what = f"{len(value)} items"
+    elif isinstance(value, str):
+        what = f"a string of {len(value)} characters"
+    else:
+        what = type(value).__name__
+    rule = orjson.dumps(error.validator_value, default=str).decode()[:80]
+    return f"{what}: fails {error.validator} {rule}"
+
+
 def compiled_validator(schema: dict[str, Any]) -> Any:
     """A checked, compiled validator for ``schema``; :class:`jsonschema.SchemaError` if the
     schema is invalid. Checking a schema against the meta-schema costs about a millisecond,
@@ -137,7 +157,7 @@ class CapabilityDescriptor:
         error = _best_match(validator.iter_errors(value))
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-            raise SchemaMismatch(f"input at {where}: {error.message}"[:500])
+            raise SchemaMismatch(f"input at {where}: {schema_error_text(error)}"[:500])
 
     def to_json(self) -> dict[str, Any]:
         """The descriptor as listed by ``/bus/v1/capabilities`` and the manifest."""

@@ -30,6 +30,17 @@ def test_tools_with_equal_schemas_share_one_compiled_validator() -> None:
     )
 
 
+def test_arguments_error_names_the_size_not_the_value() -> None:
+    """A long value that breaks a rule is described by its size and the rule: the model is
+    not sent its own 5,000 characters back."""
+    short = ToolSpec.parse(
+        {"name": "note", "parameters": {"type": "object", "properties": {"q": {"maxLength": 8}}}}
+    )
+    assert "arguments at q: a string of 5000 characters: fails maxLength 8" == (
+        short.check_arguments({"q": "x" * 5000})
+    )
+
+
 def test_history_rounds_and_ids_since_the_last_user_message() -> None:
     """Rounds and used ids count from the last user message on."""
     call = {"role": "assistant", "content": "", "tool_calls": [{"id": "a", "name": "clock"}]}

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
+import select
+import subprocess
+import threading
+import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import NodeProcess, run_cli, start_node_process
+from tests.helpers import NodeProcess, hearthnet_cmd, run_cli, start_node_process
 
 
 @pytest.fixture
@@ -99,3 +106,81 @@ def test_llm_url_flag_offers_llm_chat(tmp_path: Path) -> None:
     finally:
         node.stop()
     assert "llm.chat@2.0" in json.loads(status.stdout)["capabilities"]
+
+
+class FlakyModelServer(ThreadingHTTPServer):
+    """A chat-completions server on loopback whose first answer is a 500, then "hello"."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _FlakyHandler)
+        self.requests = 0
+        self.url = f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class _FlakyHandler(BaseHTTPRequestHandler):
+    server: FlakyModelServer
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.requests += 1
+        if self.server.requests == 1:
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(b'{"error": "model is loading"}')
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        delta = {"choices": [{"index": 0, "delta": {"content": "hello"}, "finish_reason": "stop"}]}
+        self.wfile.write(b"data: " + json.dumps(delta).encode() + b"\n\ndata: [DONE]\n\n")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _read_until(fd: int, marker: str, seen: list[str], within_s: float = 20.0) -> None:
+    """Read the terminal until ``marker`` shows (bounded)."""
+    deadline = time.monotonic() + within_s
+    while marker not in "".join(seen):
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {marker!r} in {''.join(seen)!r}"
+        if select.select([fd], [], [], left)[0]:
+            try:
+                seen.append(os.read(fd, 4096).decode(errors="replace"))
+            except OSError as exc:  # EIO: the command exited and closed the terminal
+                raise AssertionError(f"exited before {marker!r}: {''.join(seen)!r}") from exc
+
+
+def test_interactive_chat_survives_an_error(tmp_path: Path) -> None:
+    """At a terminal, a failed answer (the model server's 500) is printed and the prompt
+    comes back; the next line is answered (piped stdin still stops at the first error)."""
+    server = FlakyModelServer()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    node = start_node_process(tmp_path / "data", "--llm-url", server.url)
+    controller, terminal = pty.openpty()
+    chat = subprocess.Popen(
+        hearthnet_cmd("chat", "--data-dir", str(node.data_dir), "--no-tools"),
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+    )
+    os.close(terminal)
+    seen: list[str] = []
+    try:
+        _read_until(controller, "you> ", seen)
+        os.write(controller, b"hi\n")
+        _read_until(controller, "model is loading", seen)
+        os.write(controller, b"again\n")
+        _read_until(controller, "hello", seen)
+        os.write(controller, b"/quit\n")
+        code = chat.wait(20)
+    finally:
+        if chat.poll() is None:
+            chat.kill()
+            chat.wait(5)
+        os.close(controller)
+        node.stop()
+        server.shutdown()
+        server.server_close()
+    assert (0, 2) == (code, server.requests)

@@ -4,7 +4,9 @@
 server-sent events ``data: {chunk}`` and a final ``data: [DONE]``. Text arrives in
 ``choices[0].delta.content``; tool calls in ``choices[0].delta.tool_calls`` as pieces
 keyed by ``index`` (the first piece carries ``id`` and ``function.name``, later ones
-fragments of ``function.arguments``); ``finish_reason`` ends the turn.
+fragments of ``function.arguments``); ``finish_reason`` ends the turn. Ollama numbers
+every call of a turn ``index: 0``, so a piece with an ``id`` not yet seen at its index
+starts a new call.
 
 :func:`build_request` and :class:`ChunkParser` are pure; :class:`OpenAIBackend` is the
 aiohttp glue. Closing a turn early (a cancelled call) closes the HTTP response, so the
@@ -35,6 +37,9 @@ from hearthnet.transport.codec import SseParser
 _WIRE_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 MAX_ERROR_DETAIL = 300
 MAX_CHUNK_EVENT_BYTES = 1024 * 1024
+# Calls told apart by id within one turn; past this the server's index is taken as is
+# (the tool loop drops calls past max_calls_per_turn anyway).
+MAX_CALL_IDS = 256
 
 
 def chat_completions_url(url: str) -> str:
@@ -148,6 +153,21 @@ class ChunkParser:
         self.finished = False
         self.finish_reason: str | None = None
         self.tokens_out: int | None = None
+        self._ids: dict[int, str] = {}  # our index -> the server's id of that call
+        self._index: dict[int, int] = {}  # the server's index -> our index for it now
+
+    def _our_index(self, index: int, call_id: str | None) -> int:
+        """Our index of a piece: the server's, unless the server reuses an index for a
+        call with another id (Ollama's ``index: 0`` for every call, ollama#15457)."""
+        ours = self._index.get(index, index)
+        if call_id is None or len(self._ids) >= MAX_CALL_IDS:
+            return ours
+        seen = self._ids.get(ours)
+        if seen is not None and seen != call_id:
+            ours = max(*self._ids, *self._index.values(), index) + 1
+            self._index[index] = ours
+        self._ids.setdefault(ours, call_id)
+        return ours
 
     def feed(self, data: str) -> list[BackendEvent]:
         """One ``data:`` payload.
@@ -189,10 +209,13 @@ class ChunkParser:
                     # some servers send a whole call with the arguments as an object
                     arguments = "" if arguments is None else orjson.dumps(arguments).decode()
                 index = piece.get("index")
+                call_id = piece.get("id")
+                if not isinstance(call_id, str) or not call_id:
+                    call_id = None  # some servers send "id": "" on later pieces
                 events.append(
                     ToolCallDelta(
-                        index if isinstance(index, int) else position,
-                        piece.get("id") if isinstance(piece.get("id"), str) else None,
+                        self._our_index(index if isinstance(index, int) else position, call_id),
+                        call_id,
                         self.names.ours(name) if isinstance(name, str) and name else None,
                         arguments,
                     )
@@ -204,7 +227,18 @@ class ChunkParser:
 
     def end(self) -> TurnEnd:
         """The turn's end (``length`` stays ``length``; anything else is decided by
-        whether tool calls came, which the tool loop sees for itself)."""
+        whether tool calls came, which the tool loop sees for itself).
+
+        Raises:
+            Unavailable: the stream stopped with neither a ``finish_reason`` nor
+                ``[DONE]`` (the server died mid-answer): the answer is cut short.
+        """
+        if self.finish_reason is None and not self.finished:
+            raise Unavailable(
+                "the model server's stream ended before the answer was complete"
+                " (no finish_reason, no [DONE])",
+                retry_after_ms=1000,
+            )
         reason = self.finish_reason or "stop"
         return TurnEnd(reason if reason in ("tool_calls", "length") else "stop", self.tokens_out)
 
@@ -284,6 +318,12 @@ class OpenAIBackend:
             if resp.status != 200:
                 detail = (await resp.content.read(MAX_ERROR_DETAIL * 4)).decode(errors="replace")
                 raise upstream_error(resp.status, detail, resp.headers.get("Retry-After"))
+            if resp.content_type == "application/json":
+                # llm.md: the server must stream; one whole completion would read as empty
+                raise Unavailable(
+                    "the model server answered application/json, not an event stream:"
+                    ' it must support "stream": true'
+                )
             parser = ChunkParser(names)
             sse = SseParser(max_event_bytes=MAX_CHUNK_EVENT_BYTES)
             while not parser.finished:

@@ -92,10 +92,13 @@ class FakeModelServer:
     """A chat-completions server on loopback. ``rounds[i]`` is played for the i-th request
     (a list of chunks, or ``(status, body)`` for a refusal); it records what it was sent."""
 
-    def __init__(self, rounds: list[Any], *, pace_s: float = 0.0, endless: bool = False) -> None:
+    def __init__(
+        self, rounds: list[Any], *, pace_s: float = 0.0, endless: bool = False, done: bool = True
+    ) -> None:
         self.rounds = rounds
         self.pace_s = pace_s
         self.endless = endless
+        self.done = done  # False: the stream just stops (a server that died mid-answer)
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.disconnected_at: float | None = None
@@ -135,7 +138,8 @@ class FakeModelServer:
                 await self._send(response, item)
             while self.endless:  # a model that keeps talking until the caller hangs up
                 await self._send(response, chunk({"content": " more"}))
-            await response.write(b"data: [DONE]\n\n")
+            if self.done:
+                await response.write(b"data: [DONE]\n\n")
         except (asyncio.CancelledError, ConnectionResetError):
             self.disconnected_at = time.monotonic()
             raise
@@ -278,6 +282,68 @@ async def test_whole_tool_call_in_one_chunk_with_finish_stop(make_config: MakeCo
     )
 
 
+@pytest.mark.parametrize("prefer_ws", [True, False], ids=["ws", "sse"])
+async def test_parallel_calls_all_numbered_index_0_stay_apart(
+    make_config: MakeConfig, prefer_ws: bool
+) -> None:
+    """Ollama streams every call of a turn as `index: 0` (ollama#15457): a piece with a
+    new id is a new call, not more of the first one's name and arguments."""
+    same_index = [
+        chunk({"role": "assistant", "content": ""}),
+        tool_piece(0, '{"q": "water"}', "call_a", "notes_search"),
+        tool_piece(0, '{"q": "ice"}', "call_b", "notes_search"),
+        tool_piece(0, "", "call_c", "clock"),
+        tool_piece(0, "{}"),
+        chunk({}, "tool_calls"),
+    ]
+    async with (
+        FakeModelServer([same_index, ROUND_ANSWER]) as server,
+        llm_node(make_config, server) as node,
+        Client(node.url, keys=node.keys) as client,
+    ):
+        result = await client.chat(
+            [USER], tools=[NOTES, CLOCK], tool_handler=lookup, prefer_ws=prefer_ws
+        )
+    assert (
+        [
+            {"id": "call_a", "name": "notes.search", "arguments": {"q": "water"}},
+            {"id": "call_b", "name": "notes.search", "arguments": {"q": "ice"}},
+            {"id": "call_c", "name": "clock", "arguments": {}},
+        ],
+        ["call_a", "call_b", "call_c"],
+        "Boil it for one minute.",
+    ) == (
+        result.messages[1]["tool_calls"],
+        [m["tool_call_id"] for m in server.requests[1]["messages"][2:]],
+        result.text,
+    )
+
+
+async def test_stream_that_stops_before_the_end_is_unavailable(make_config: MakeConfig) -> None:
+    """A model server that dies mid-answer (no finish_reason, no [DONE]) is `unavailable`,
+    not a short answer that looks complete."""
+    async with (
+        FakeModelServer([[chunk({"content": "The answer is"})]], done=False) as server,
+        llm_node(make_config, server) as node,
+        Client(node.url, keys=node.keys) as client,
+    ):
+        with pytest.raises(Unavailable, match="ended before the answer was complete"):
+            await client.chat([USER])
+
+
+async def test_server_that_does_not_stream_is_unavailable(make_config: MakeConfig) -> None:
+    """A server that ignores `"stream": true` and answers one JSON completion is told
+    apart from an empty answer."""
+    whole = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}}]}
+    async with (
+        FakeModelServer([(200, whole)]) as server,
+        llm_node(make_config, server) as node,
+        Client(node.url, keys=node.keys) as client,
+    ):
+        with pytest.raises(Unavailable, match="not an event stream"):
+            await client.chat([USER])
+
+
 async def test_cancel_mid_answer_closes_the_model_servers_response(
     make_config: MakeConfig,
 ) -> None:
@@ -414,6 +480,25 @@ def test_chunk_parser_events_and_junk() -> None:
         events,
         parser.finished,
     )
+
+
+def test_chunk_parser_splits_reused_indexes_and_keeps_correct_ones() -> None:
+    """A new id at a used index gets the next free index; pieces without an id (or with
+    an empty one) follow the latest call at that index; correct indexes are kept."""
+    parser = ChunkParser(ToolNames(["a", "b"]))
+    pieces = [
+        tool_piece(0, "", "x", "a"),
+        tool_piece(1, "", "y", "b"),
+        tool_piece(0, "{}"),
+        tool_piece(0, "", "z", "a"),
+        tool_piece(0, "{}"),
+        tool_piece(1, "{}"),
+        chunk({"tool_calls": [{"index": 1, "id": "", "function": {"arguments": " "}}]}),
+    ]
+    events = [e for p in pieces for e in parser.feed(json.dumps(p))]
+    assert [0, 1, 0, 2, 2, 1, 1] == [e.index for e in events if isinstance(e, ToolCallDelta)]
+    with pytest.raises(Unavailable, match="ended before the answer was complete"):
+        parser.end()
 
 
 async def test_shutdown_closes_the_connection_pool(make_config: MakeConfig) -> None:
