@@ -13,6 +13,8 @@ import argparse
 import json
 import logging
 import os
+import re
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -123,6 +125,47 @@ def config_from_args(args: argparse.Namespace) -> JobConfig:
     )
 
 
+def java_problem(env: dict[str, str] | None = None) -> str | None:
+    """Why a local Spark JVM cannot start, in the admin's terms, or None when it can.
+
+    Spark's launcher runs ``$JAVA_HOME/bin/java`` when JAVA_HOME is set, else the first
+    ``java`` on the PATH; without one PySpark fails with "Java gateway process exited
+    before sending its port number", which names neither Java nor the fix.
+    """
+    env = dict(os.environ) if env is None else env
+    home = env.get("JAVA_HOME")
+    if home:
+        if shutil.which("java", path=os.path.join(home, "bin")) is None:
+            return f"JAVA_HOME={home} has no bin/java: set it to a Java 17 install, or unset it"
+        return None
+    if shutil.which("java", path=env.get("PATH", os.defpath)) is None:
+        return "Java not found (no java on the PATH, JAVA_HOME not set): install Java 17"
+    return None
+
+
+# Spark's own error messages start with their error class: [FAILED_READ_FILE.NO_HINT] ...
+_ERROR_CLASS = re.compile(r"\[[A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*\] [^\n]*")
+
+
+def spark_error_line(exc: BaseException) -> str:
+    """One line saying what went wrong in Spark: the first line of the error, unless that
+    is py4j's "An error occurred while calling o689.collectToPython." (every error the
+    JVM raised in an action), then Spark's first error-class message in it (it names the
+    file of a read error) and its root cause."""
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines[0].startswith("An error occurred while calling"):
+        return lines[0]
+    found = _ERROR_CLASS.search(text)
+    head = found.group(0).strip() if found else (lines[1:] or lines)[0].lstrip(": ")
+    causes = [line.removeprefix("Caused by: ") for line in lines if line.startswith("Caused by: ")]
+    if causes and causes[-1] not in head:
+        return f"{head} (cause: {causes[-1]})"
+    return head
+
+
 def _log_libraries_to(log_file: Path) -> None:
     """Send what the Python libraries log to the job's log file, with Spark's, instead of
     between the progress lines (matplotlib says so when it builds its font cache on a
@@ -150,6 +193,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "hearthnet mesh health")
         return 2
     if "://" not in args.input and not Path(args.input).exists():
         _fail(args, prog, "error", f"input {args.input} does not exist")
+        return 1
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ and args.master is None
+    if not under_submit and (java := java_problem()) is not None:
+        _fail(args, prog, "error", java)
         return 1
     _log_libraries_to(Path(args.out) / "spark.log")
     try:
@@ -186,8 +233,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "hearthnet mesh health")
         _fail(args, prog, "error", str(exc))
         return 1
     except Exception as exc:  # Spark/JVM failure: one line, full detail only on request
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        _fail(args, prog, "error", f"Spark job failed: {first}")
+        where = "" if under_submit else f" (Spark's own log: {Path(args.out) / 'spark.log'})"
+        _fail(args, prog, "error", f"Spark job failed: {spark_error_line(exc)}{where}")
         return 1
     finally:
         if spark is not None:

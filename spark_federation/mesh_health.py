@@ -35,6 +35,7 @@ from spark_federation import (
     cli,
     clock,
     exports,
+    graphs,
     links,
     partitions,
     propagation,
@@ -248,13 +249,22 @@ class _Job:
         # join broadcasting it a job): joins take it as it is, with no job
         self.node_ids = self.spark.createDataFrame(pa.table({"nid": pa.array(nodes, pa.int64())}))
         self.n_nodes = len(nodes)
-        ends = zip(np.minimum(nid, pid).tolist(), np.maximum(nid, pid).tolist(), strict=True)
-        self.n_links = len(set(ends))
+        ends = set(zip(np.minimum(nid, pid).tolist(), np.maximum(nid, pid).tolist(), strict=True))
+        self.n_links = len(ends)
         self.say(
             f"{self.n_nodes} nodes, {self.n_links} links,"
             f" {(self.last_win - self.first_win) // w + 1} windows of {w // 1000}s"
             f" from {_iso(self.first_win)} to {_iso(self.last_win + w)}"
         )
+        # nodes no record links, not even a missed ping: most likely exports of two
+        # communities in one input, whose every window then reads as a partition
+        groups = sorted((len(g) for g in graphs.components_of(nodes, ends)), reverse=True)
+        if len(groups) > 1:
+            self.say(
+                f"warning: {len(groups)} groups of nodes ({', '.join(map(str, groups))})"
+                " never pinged each other: exports of more than one community? Each window"
+                " will read as a partition; give each community its own --input"
+            )
 
     def availability(self) -> None:
         """node_availability and node_outages."""

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from spark_federation.cli import INSTALL_HINT, build_parser, main
+from spark_federation.cli import INSTALL_HINT, build_parser, main, spark_error_line
+from spark_federation.mesh_health import run
+from spark_federation.params import JobConfig
 
 
 def test_usage_error_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -93,3 +97,49 @@ def test_class_cache_default_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert args.class_cache == str(tmp_path / "hearthnet")
     off = build_parser().parse_args(["--input", "i", "--out", "o", "--class-cache", ""])
     assert off.class_cache == ""
+
+
+@pytest.mark.parametrize(
+    ("java_env", "says"),
+    [
+        ({"JAVA_HOME": "/nonexistent-java"}, "JAVA_HOME=/nonexistent-java has no bin/java"),
+        ({"PATH": "/nonexistent-bin"}, "Java not found"),
+    ],
+)
+def test_without_java_says_so_before_starting_spark(
+    tmp_path: Path, java_env: dict[str, str], says: str
+) -> None:
+    """No Java: one line naming Java and exit 1, instead of PySpark's "Java gateway
+    process exited before sending its port number"; no JVM is started."""
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"} | java_env
+    done = subprocess.run(
+        [sys.executable, "-m", "spark_federation.mesh_health", "--input", str(tmp_path),
+         "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, timeout=60, check=False, env=env,
+    )  # fmt: skip
+    assert (1, [says], False) == (
+        done.returncode,
+        [says for line in done.stderr.splitlines() if says in line],
+        (tmp_path / "o" / "spark.log").exists(),
+    )
+
+
+@pytest.mark.spark
+def test_a_cut_off_gzip_export_is_named_in_the_error(spark: Any, tmp_path: Path) -> None:
+    """A .jsonl.gz cut off in transfer fails the job (gzip cannot be read past the cut);
+    the one line the CLI prints names the file and the cause, not py4j's "An error
+    occurred while calling o123.collectToPython"."""
+    a, b = "ed25519:" + "A" * 43, "ed25519:" + "B" * 43
+    lines = [
+        json.dumps({"ts": 1_763_800_000_000 + 5000 * i, "node": a, "peer": b, "community": a,
+                    "kind": "pong", "seq": i, "rtt_ms": 1.5, "path": "direct"})
+        for i in range(200)
+    ]  # fmt: skip
+    packed = gzip.compress("\n".join(lines).encode(), mtime=0)
+    cut = tmp_path / "in" / "n0" / "heartbeats" / "2025-11-22.jsonl.gz"
+    cut.parent.mkdir(parents=True)
+    cut.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(Exception) as caught:  # whatever py4j raises
+        run(spark, JobConfig(str(tmp_path / "in"), str(tmp_path / "o")), lambda _: None)
+    line = spark_error_line(caught.value)
+    assert (1, True, True) == (len(line.splitlines()), str(cut) in line, "EOF" in line), line

@@ -10,7 +10,10 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from spark_federation.mesh_health import run
+from spark_federation.params import JobConfig
 from spark_federation.session import _diagnostic_command, quick_jit, scoped_conf
+from spark_federation.synth import SynthConfig, generate
 from tests.spark_federation.conftest import SYNTH, WINDOW_MS, JobRun
 from tests.spark_federation.verdicts import expected_flaps, match_outage, within_window
 
@@ -204,3 +207,26 @@ def test_quick_jit_directive_holds_inside_the_block_only(spark: Any) -> None:
     assert "Exclude:true" in c2.split("\n\n")[0]
     assert "Exclude:true" not in before
     assert _diagnostic_command(spark, "compilerDirectivesPrint") == before
+
+
+@pytest.mark.spark
+def test_two_communities_in_one_input_are_warned_about(spark: Any, tmp_path: Path) -> None:
+    """Exports of two communities (nobody in one ever pings anybody in the other) read as
+    a partition in every window; the job says so in a progress line that names the
+    groups' sizes."""
+    for name, nodes, seed in (("x", 3, 1), ("y", 2, 2)):
+        one = SynthConfig(
+            nodes=nodes, hours=0.1, seed=seed, traces=False,
+            down=0, flapping=0, relay_only=0, skewed=0, partitions=(),
+        )  # fmt: skip
+        generate(one, tmp_path / "in" / name)
+    said: list[str] = []
+    got = run(
+        spark, JobConfig(str(tmp_path / "in"), str(tmp_path / "out"), report=False), said.append
+    )
+    warned = [line for line in said if "warning:" in line]
+    assert (1, "2 groups of nodes (3, 2)", 5) == (
+        len(warned),
+        warned[0].split("warning: ")[1][:24] if warned else None,
+        got["nodes"],
+    ), said
