@@ -315,6 +315,13 @@ def test_no_node_is_exit_3(tmp_path: Path, node_proc: NodeProcess) -> None:
     assert (3, True, "") == (done.returncode, "hearthnet node start" in done.stderr, done.stdout)
 
 
+@pytest.mark.parametrize("value", ["nan", "-1"])
+def test_a_drain_timeout_that_is_no_duration_is_a_usage_error(value: str, tmp_path: Path) -> None:
+    """--drain-timeout nan (or below 0) is refused with the usage, exit 2."""
+    done = run_cli("bridge", "--data-dir", str(tmp_path), "--drain-timeout", value, stdin="")
+    assert (2, True, "") == (done.returncode, "--drain-timeout" in done.stderr, done.stdout)
+
+
 def test_a_reader_that_goes_away_ends_the_bridge_quietly(node_proc: NodeProcess) -> None:
     """stdout closed while a stream runs (``| head -2``): the bridge ends with exit 0 and
     nothing on stderr."""
