@@ -4,15 +4,18 @@ The asyncio side of :mod:`hearthnet.bridge.frames`: one pub/sub WebSocket sessio
 every pub/sub frame; each call runs through :class:`~hearthnet.client.Client` (unary calls
 over HTTP, streams over WebSocket with SSE as the fallback). Back-pressure both ways:
 
-- input: the next line is read only when the node has taken the last one: at most
-  ``max_publishes`` publishes wait for their answer and ``max_calls`` calls run at once;
-  a frame on the session waits for the socket to take it;
+- input: at most ``max_publishes`` publishes wait for their answer and ``max_calls`` calls
+  run at once; lines behind them wait in a backlog of ``max_calls`` lines, and past that
+  stdin is not read. ``cancel`` and ``tool_result`` lines skip the backlog: they answer
+  running calls, which may be what the waiting lines wait for;
 - output: every frame is written to stdout before the next one is read from the node, and
   deliveries are acked once written, so a reader that stops reading stops the node's
   sending at its window (the node then reports what it had to drop as a ``gap``).
 
 End of input ends the bridge once every publish is answered and every call has ended, or
-after ``drain_timeout_s``, when what is left gets an ``error`` frame (``timeout``).
+after ``drain_timeout_s``, when what is left gets an ``error`` frame (``timeout``). When
+the node closes the session, every call and publish read and not answered gets an
+``error`` frame (``unavailable``) before the session's own.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from hearthnet.bridge.frames import (
     AckPacer,
     CallCommand,
     CancelCommand,
+    Command,
     PublishLedger,
     PubSubCommand,
     Refusal,
@@ -214,11 +218,18 @@ class Bridge:
         self._answered = asyncio.Event()
         self._calls: dict[str, asyncio.Task[None]] = {}
         self._streams: dict[str, Stream] = {}
-        self._call_slots = asyncio.Semaphore(limits.max_calls)
+        # lines read while calls wait for a slot: cancel and tool_result lines pass them
+        self._backlog: asyncio.Queue[tuple[int, Command | Refusal] | None] = asyncio.Queue(
+            limits.max_calls
+        )
+        self._waiting: dict[str, list[CallCommand]] = {}  # calls in the backlog, by id
+        self._dropped: set[int] = set()  # id() of waiting calls cancelled before they ran
+        self._slot_freed = asyncio.Event()
+        self._held: dict[str, Any] | None = None  # a publish waiting for max_publishes
         self._streaming: dict[str, bool] | None = None
         self._ws: ClientConnection | None = None
         self._closing = False
-        self._timed_out = False
+        self._ending: WireError | None = None  # why running calls are cancelled, if not asked
 
     async def run(self, lines: LineSource) -> int:
         """Open the session, carry frames until the end of input and the drain; the exit
@@ -243,6 +254,12 @@ class Bridge:
                 await self._ack(self.pacer.idle())
             return 0 if drained else 1
         except SessionLost as exc:
+            work.cancel()
+            await asyncio.wait({work})  # nothing more is read or sent
+            self._ending = Unavailable(f"no answer: {exc}")
+            for ref in self.ledger.refs():  # sent, perhaps published: the node did not say
+                await self.out.write(error_frame(self._ending, ref=ref))
+            await self._drop_backlog(Unavailable(f"not sent: {exc}"))
             await self.out.write(error_frame(Unavailable(str(exc))))
             return 1
         finally:
@@ -266,35 +283,71 @@ class Bridge:
     async def _work(self, lines: LineSource, accepted: dict[str, Any]) -> bool:
         """Say the session is open, carry the script's lines, then drain."""
         await self.out.write({"event": "auth.ok", "data": accepted})
-        await self._read_commands(lines)
-        return await self._drain()
+        loop = asyncio.get_running_loop()
+        handler = loop.create_task(self._handle_commands())
+        reading = loop.create_task(self._read_commands(lines))
+        try:
+            await asyncio.wait({handler, reading}, return_when=asyncio.FIRST_COMPLETED)
+            if handler.done():
+                handler.result()  # SessionLost, or a bug: it only ends after the input
+            reading.result()
+            deadline = loop.time() + self.limits.drain_timeout_s
+            await self._backlog.put(None)
+            await asyncio.wait({handler}, timeout=self.limits.drain_timeout_s)
+            if handler.done():
+                handler.result()
+                return await self._drain(deadline)
+        finally:
+            handler.cancel()
+            reading.cancel()
+        await self._drain(deadline)
+        await self._drop_backlog(
+            DeadlineExceeded(
+                f"not sent within the bridge's drain time ({self.limits.drain_timeout_s:g} s)"
+            )
+        )
+        return False
 
     # --- input ----------------------------------------------------------------------
 
     async def _read_commands(self, lines: LineSource) -> None:
+        """Read lines: a cancel or tool_result acts at once (it must reach a running call
+        even while calls wait for a slot); anything else joins the backlog, in order, and
+        when the backlog is full (``max_calls`` lines) stdin waits."""
         number = 0
         while (raw := await lines.readline()) is not None:
             number += 1
             if isinstance(raw, bytes) and not raw.strip():
                 continue
             command = too_long(number) if isinstance(raw, _TooLong) else parse_command(raw, number)
+            if isinstance(command, ToolResultCommand):
+                await self._tool_result(command, number)
+            elif isinstance(command, CancelCommand):
+                await self._cancel(command, number)
+            else:
+                if isinstance(command, CallCommand):
+                    self._waiting.setdefault(command.id, []).append(command)
+                await self._backlog.put((number, command))
+
+    async def _handle_commands(self) -> None:
+        """The backlog, in order, until its end (None)."""
+        while (item := await self._backlog.get()) is not None:
+            number, command = item
             if isinstance(command, Refusal):
                 await self.out.write(command.frame)
             elif isinstance(command, PubSubCommand):
                 await self._send_pubsub(command.frame)
             elif isinstance(command, CallCommand):
                 await self._start_call(command, number)
-            elif isinstance(command, ToolResultCommand):
-                await self._tool_result(command, number)
-            else:
-                await self._cancel(command, number)
 
     async def _send_pubsub(self, frame: dict[str, Any]) -> None:
         assert self._ws is not None
         if frame["type"] == "publish":
+            self._held = frame
             while self.ledger.outstanding >= self.limits.max_publishes:
                 self._answered.clear()
                 await self._answered.wait()
+            self._held = None
             frame = self.ledger.sending(frame)
         try:
             await self._ws.send(orjson.dumps(frame).decode())
@@ -302,6 +355,17 @@ class Bridge:
             raise SessionLost("the node closed the session") from exc
 
     async def _start_call(self, command: CallCommand, line: int) -> None:
+        while len(self._calls) >= self.limits.max_calls and id(command) not in self._dropped:
+            self._slot_freed.clear()
+            await self._slot_freed.wait()
+        waiting = [c for c in self._waiting[command.id] if c is not command]
+        if waiting:
+            self._waiting[command.id] = waiting
+        else:
+            del self._waiting[command.id]
+        if id(command) in self._dropped:
+            self._dropped.discard(id(command))  # cancelled while it waited: answered then
+            return
         if command.id in self._calls:
             await self.out.write(
                 error_frame(
@@ -309,7 +373,6 @@ class Bridge:
                 )
             )
             return
-        await self._call_slots.acquire()
         task = asyncio.get_running_loop().create_task(self._call(command))
         self._calls[command.id] = task
 
@@ -330,6 +393,14 @@ class Bridge:
             await stream.cancel()  # the node ends the stream with error{cancelled}
         elif task is not None:
             task.cancel()  # a unary call: its task writes error{cancelled}
+        elif waiting := [
+            c for c in self._waiting.get(command.call, []) if id(c) not in self._dropped
+        ]:
+            self._dropped.add(id(waiting[0]))  # it never runs
+            self._slot_freed.set()
+            await self.out.write(
+                error_frame(Cancelled("cancelled before it ran"), call=command.call)
+            )
         else:
             await self.out.write(
                 error_frame(
@@ -359,18 +430,18 @@ class Bridge:
                 )
                 await self.out.write({"event": "done", "data": result["meta"], "call": command.id})
         except asyncio.CancelledError:
-            error: WireError = Cancelled("cancelled")
-            if self._timed_out:
-                error = DeadlineExceeded(
-                    f"not done within the bridge's drain time ({self.limits.drain_timeout_s:g} s)"
-                )
-            await self.out.write(error_frame(error, call=command.id))
+            with contextlib.suppress(BrokenPipeError):
+                error = self._ending or Cancelled("cancelled")
+                await self.out.write(error_frame(error, call=command.id))
         except WireError as exc:
-            await self.out.write(error_frame(exc, call=command.id))
+            with contextlib.suppress(BrokenPipeError):
+                await self.out.write(error_frame(exc, call=command.id))
+        except BrokenPipeError:
+            pass  # stdout went away: nobody is left to tell; the bridge is ending
         finally:
             self._calls.pop(command.id, None)
             self._streams.pop(command.id, None)
-            self._call_slots.release()
+            self._slot_freed.set()
 
     async def _stream(self, command: CallCommand) -> None:
         async with self.client.stream(
@@ -449,11 +520,27 @@ class Bridge:
 
     # --- end ------------------------------------------------------------------------
 
-    async def _drain(self) -> bool:
-        """After the end of input: wait (bounded) until every publish is answered and every
-        call has ended; what is left then gets an ``error{timeout}`` frame."""
+    async def _drop_backlog(self, error: WireError) -> None:
+        """Lines read and never sent (the drain timed out, or the node went away, while
+        calls waited for a slot or publishes for answers): each call and publish there gets
+        ``error`` with its call id or ref."""
+        publishes = [self._held] if self._held is not None else []
+        while not self._backlog.empty():
+            item = self._backlog.get_nowait()
+            if item is not None and isinstance(item[1], PubSubCommand):
+                publishes += [item[1].frame] if item[1].frame["type"] == "publish" else []
+        for frame in publishes:
+            ref = frame.get("ref")
+            await self.out.write(error_frame(error, ref=ref if isinstance(ref, str) else None))
+        for waiting in self._waiting.values():
+            for call in waiting:
+                if id(call) not in self._dropped:
+                    await self.out.write(error_frame(error, call=call.id))
+
+    async def _drain(self, deadline: float) -> bool:
+        """After the end of input: wait until ``deadline`` for every publish to be answered
+        and every call to end; what is left then gets an ``error{timeout}`` frame."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.limits.drain_timeout_s
         while self.ledger.outstanding and loop.time() < deadline:
             self._answered.clear()
             with contextlib.suppress(TimeoutError):
@@ -469,7 +556,9 @@ class Bridge:
         )
         for ref in late_refs:
             await self.out.write(error_frame(timeout, ref=ref))
-        self._timed_out = True
+        self._ending = DeadlineExceeded(
+            f"not done within the bridge's drain time ({self.limits.drain_timeout_s:g} s)"
+        )
         late = [self._calls[call_id] for call_id in late_calls]
         for task in late:
             task.cancel()  # each writes its error{timeout}

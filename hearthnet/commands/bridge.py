@@ -26,6 +26,16 @@ def _window(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"not a number of seconds >= 0: {text!r}")
+    return value
+
+
 def cmd_bridge(args: argparse.Namespace) -> int:
     """``hearthnet bridge``: until the end of stdin and the answers to what it asked."""
     from hearthnet.bridge.session import BridgeLimits, run_bridge
@@ -80,7 +90,7 @@ def add_parser(sub: Any, remote: Parents) -> None:
     )
     bridge.add_argument(
         "--drain-timeout",
-        type=float,
+        type=_seconds,
         default=30.0,
         help="at the end of stdin, seconds to wait for answers and calls (default 30)",
     )

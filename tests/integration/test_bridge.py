@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import queue
+import signal
 import subprocess
 import threading
 import time
@@ -314,8 +315,16 @@ def test_no_node_is_exit_3(tmp_path: Path, node_proc: NodeProcess) -> None:
     assert (3, True, "") == (done.returncode, "hearthnet node start" in done.stderr, done.stdout)
 
 
+@pytest.mark.parametrize("value", ["nan", "-1"])
+def test_a_drain_timeout_that_is_no_duration_is_a_usage_error(value: str, tmp_path: Path) -> None:
+    """--drain-timeout nan (or below 0) is refused with the usage, exit 2."""
+    done = run_cli("bridge", "--data-dir", str(tmp_path), "--drain-timeout", value, stdin="")
+    assert (2, True, "") == (done.returncode, "--drain-timeout" in done.stderr, done.stdout)
+
+
 def test_a_reader_that_goes_away_ends_the_bridge_quietly(node_proc: NodeProcess) -> None:
-    """stdout closed after the first line (``| head -1``): the bridge ends with exit 0."""
+    """stdout closed while a stream runs (``| head -2``): the bridge ends with exit 0 and
+    nothing on stderr."""
     proc = subprocess.Popen(
         hearthnet_cmd("bridge", "--data-dir", str(node_proc.data_dir)),
         stdin=subprocess.PIPE,
@@ -327,6 +336,12 @@ def test_a_reader_that_goes_away_ends_the_bridge_quietly(node_proc: NodeProcess)
         assert proc.stdout is not None
         assert proc.stdin is not None
         first = json.loads(proc.stdout.readline())
+        proc.stdin.write(
+            '{"type":"call","id":"s","capability":"echo.stream@1.0",'
+            '"input":{"count":1000000,"interval_ms":20}}\n'
+        )
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["call"] == "s"  # the stream runs
         proc.stdout.close()
         with contextlib.suppress(BrokenPipeError):  # it may be gone before all is written
             proc.stdin.write('{"type":"ping"}\n' * 50)
@@ -355,3 +370,127 @@ def test_a_session_the_node_ends_ends_the_bridge_with_exit_1(
     revoked = run_cli("token", "revoke", token, "--data-dir", str(node_proc.data_dir))
     errors = [f["data"]["code"] for f in bridge.rest() if f["event"] == "error"]
     assert (0, ["revoked", "unavailable"], 1) == (revoked.returncode, errors, bridge.wait())
+
+
+def test_a_cancel_gets_through_while_calls_wait_for_a_slot(
+    bridge_of: Callable[..., BridgeProcess],
+) -> None:
+    """--max-calls 1 with an endless stream running: calls behind it wait, but a cancel
+    still gets through, for the running stream and for a waiting call (which then never
+    runs); the call left runs once the slot is free."""
+    bridge = bridge_of("--max-calls", "1")
+    bridge.until(lambda f: f["event"] == "auth.ok")
+    endless = {"count": 1_000_000, "interval_ms": 50}
+    bridge.send({"type": "call", "id": "a", "capability": "echo.stream@1.0", "input": endless})
+    bridge.until(lambda f: f.get("call") == "a")
+    bridge.send(
+        {"type": "call", "id": "c", "capability": "echo@1.0", "input": {"c": 1}},
+        {"type": "call", "id": "d", "capability": "echo@1.0", "input": {"d": 1}},
+        {"type": "cancel", "call": "d"},
+        {"type": "cancel", "call": "a"},
+    )
+    frames = bridge.until(lambda f: f.get("call") == "c" and f["event"] in ("done", "error"))
+    bridge.close_input()
+    frames += bridge.rest()
+    ends = {
+        call: [(f["event"], f["data"].get("code")) for f in frames if f.get("call") == call]
+        for call in ("c", "d")
+    }
+    last_a = [f for f in frames if f.get("call") == "a"][-1]
+    assert (
+        [("output", None), ("done", None)],
+        [("error", "cancelled")],
+        ("error", "cancelled"),
+        0,
+    ) == (ends["c"], ends["d"], (last_a["event"], last_a["data"]["code"]), bridge.wait())
+
+
+def test_a_tool_result_gets_through_while_calls_wait_for_a_slot(
+    bridge_of: Callable[..., BridgeProcess],
+) -> None:
+    """--max-calls 1: a chat waits for its tool result while another call waits for the
+    slot; the tool_result line still reaches the chat, which ends, and the other call runs."""
+    bridge = bridge_of("--max-calls", "1")
+    bridge.until(lambda f: f["event"] == "auth.ok")
+    bridge.send(
+        {
+            "type": "call",
+            "id": "chat",
+            "capability": "llm.chat@2.0",
+            "input": {
+                "messages": [{"role": "user", "content": "what time is it?"}],
+                "tools": [{"name": "time", "parameters": {"type": "object"}}],
+            },
+        }
+    )
+    tool_call = bridge.until(lambda f: f["event"] == "tool_call")[-1]
+    bridge.send(
+        {"type": "call", "id": "next", "capability": "echo@1.0", "input": {"n": 1}},
+        {
+            "type": "tool_result",
+            "call": "chat",
+            "tool_call_id": tool_call["data"]["id"],
+            "body": {"now": "noon"},
+        },
+    )
+    frames = bridge.until(lambda f: f.get("call") == "next" and f["event"] in ("done", "error"))
+    bridge.close_input()
+    ends = [(f["call"], f["event"]) for f in frames if f["event"] in ("done", "error")]
+    assert ([("chat", "done"), ("next", "done")], 0) == (ends, bridge.wait())
+
+
+def test_the_node_going_away_answers_what_was_sent(tmp_path: Path) -> None:
+    """The node stops answering, then dies: a running stream and every publish sent and not
+    answered get an error frame (unavailable, with their call id or ref), then the session's
+    own; exit 1."""
+    node = start_node_process(tmp_path / "data", "--no-zeroconf")
+    bridge = BridgeProcess(node)
+    try:
+        bridge.until(lambda f: f["event"] == "auth.ok")
+        bridge.send(
+            {
+                "type": "call",
+                "id": "s",
+                "capability": "echo.stream@1.0",
+                "input": {"count": 1_000_000, "interval_ms": 50},
+            }
+        )
+        bridge.until(lambda f: f.get("call") == "s")
+        node.proc.send_signal(signal.SIGSTOP)
+        bridge.send(*(publish("gone.a", i, f"g{i}") for i in range(5)))
+        time.sleep(1.0)  # the bridge sends them to a node that does not answer
+        node.proc.kill()
+        frames = bridge.rest()
+        code = bridge.wait()
+    finally:
+        bridge.stop()
+        node.stop()
+    refs = [f["data"]["ref"] for f in frames if f["event"] == "error" and "ref" in f["data"]]
+    codes = {f["data"]["code"] for f in frames if f["event"] == "error"}
+    last_s = [f for f in frames if f.get("call") == "s"][-1]
+    assert (True, {"unavailable"}, ("error", "unavailable"), 1) == (
+        len(refs) > 0 and refs == [f"g{i}" for i in range(len(refs))],
+        codes,
+        (last_s["event"], last_s["data"]["code"]),
+        code,
+    )
+
+
+def test_the_drain_timeout_covers_calls_still_waiting_for_a_slot(
+    bridge_of: Callable[..., BridgeProcess],
+) -> None:
+    """--max-calls 1 --drain-timeout 1: at the end of input an endless stream runs and a
+    call waits behind it; both end with error{timeout} and the bridge exits 1."""
+    bridge = bridge_of("--max-calls", "1", "--drain-timeout", "1")
+    bridge.until(lambda f: f["event"] == "auth.ok")
+    endless = {"count": 1_000_000, "interval_ms": 50}
+    bridge.send({"type": "call", "id": "a", "capability": "echo.stream@1.0", "input": endless})
+    bridge.until(lambda f: f.get("call") == "a")
+    bridge.send({"type": "call", "id": "b", "capability": "echo@1.0"})
+    bridge.close_input()
+    frames = bridge.rest()
+    ends = {
+        call: [(f["event"], f["data"].get("code")) for f in frames if f.get("call") == call][-1]
+        for call in ("a", "b")
+    }
+    assert ({"a": ("error", "timeout"), "b": ("error", "timeout")}, 1) == (ends, bridge.wait())
