@@ -5,12 +5,15 @@ the end of input, exit codes."""
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
+import fcntl
 import json
 import queue
 import signal
 import subprocess
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -58,6 +61,19 @@ class BridgeProcess:
         while self.reading.wait() and (line := out.readline()):
             self.lines.put(line)
         self.lines.put(None)
+
+    def wait_read(self, timeout: float = 15.0) -> None:
+        """Until the bridge has read everything written to its stdin (the pipe holds no
+        unread byte: FIONREAD on the writing end), however loaded the machine is."""
+        assert self.proc.stdin is not None
+        unread = array.array("i", [0])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            fcntl.ioctl(self.proc.stdin.fileno(), termios.FIONREAD, unread)
+            if unread[0] == 0:
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"the bridge left {unread[0]} bytes of its input unread")
 
     def send(self, *frames: dict[str, Any]) -> None:
         """Write frames, one per line."""
@@ -458,7 +474,8 @@ def test_the_node_going_away_answers_what_was_sent(tmp_path: Path) -> None:
         bridge.until(lambda f: f.get("call") == "s")
         node.proc.send_signal(signal.SIGSTOP)
         bridge.send(*(publish("gone.a", i, f"g{i}") for i in range(5)))
-        time.sleep(1.0)  # the bridge sends them to a node that does not answer
+        bridge.wait_read()  # the bridge has read them, and sends them to a node that does
+        time.sleep(0.5)  # not answer
         node.proc.kill()
         frames = bridge.rest()
         code = bridge.wait()
