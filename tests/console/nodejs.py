@@ -14,14 +14,14 @@ NODE = shutil.which("node")
 needs_node = pytest.mark.skipif(NODE is None, reason="no node (apt-get install nodejs)")
 
 
-def run_module(script: str) -> Any:
+def run_module(script: str, timeout: float = 30) -> Any:
     """Run ``script`` as an ES module in Node.js; the JSON it prints."""
     assert NODE is not None
     out = subprocess.run(
         [NODE, "--input-type=module", "-e", script],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=timeout,
         check=True,
     )
     return json.loads(out.stdout)

@@ -7,7 +7,6 @@ and altered fields, paths and batch statements do not."""
 from __future__ import annotations
 
 import json
-import subprocess
 from importlib import resources
 from typing import Any
 
@@ -17,7 +16,7 @@ from hearthnet.canonical import canonicalize
 from hearthnet.identity import KeyPair
 from hearthnet.pubsub.envelope import Message, canonical_body
 from hearthnet.pubsub.envelope_fields import unsigned_fields
-from tests.console.nodejs import NODE, needs_node
+from tests.console.nodejs import needs_node, run_module
 
 KEYS = KeyPair.from_seed(b"\x5a" * 32)
 VALUES: list[Any] = [
@@ -91,15 +90,7 @@ console.log(JSON.stringify({{
   altered: await Promise.all(altered.map(outcome)),
 }}));
 """
-    assert NODE is not None
-    out = subprocess.run(
-        [NODE, "--input-type=module", "-e", script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    got = json.loads(out.stdout)
+    got = run_module(script, timeout=60)
     n = len(genuine) + 1
     assert (
         [canonicalize(v).decode() for v in VALUES],

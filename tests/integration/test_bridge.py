@@ -133,6 +133,18 @@ def bridge_of(node_proc: NodeProcess) -> Iterator[Callable[..., BridgeProcess]]:
         bridge.stop()
 
 
+# A chat call "chat" whose model asks for the "time" tool (the demo model does).
+TIME_CHAT: dict[str, Any] = {
+    "type": "call",
+    "id": "chat",
+    "capability": "llm.chat@2.0",
+    "input": {
+        "messages": [{"role": "user", "content": "what time is it?"}],
+        "tools": [{"name": "time", "parameters": {"type": "object"}}],
+    },
+}
+
+
 def publish(topic: str, i: int, ref: str | None = None) -> dict[str, Any]:
     """A publish frame, as on the pub/sub WebSocket."""
     frame = {"type": "publish", "topic": topic, "msg_type": "m", "data": {"i": i}}
@@ -187,17 +199,7 @@ def test_a_tool_call_is_answered_through_the_pipe(bridge_of: Callable[..., Bridg
     and the model's answer uses it."""
     bridge = bridge_of()
     bridge.until(lambda f: f["event"] == "auth.ok")
-    bridge.send(
-        {
-            "type": "call",
-            "id": "chat",
-            "capability": "llm.chat@2.0",
-            "input": {
-                "messages": [{"role": "user", "content": "what time is it?"}],
-                "tools": [{"name": "time", "parameters": {"type": "object"}}],
-            },
-        }
-    )
+    bridge.send(TIME_CHAT)
     tool_call = bridge.until(lambda f: f["event"] == "tool_call")[-1]
     bridge.send(
         {
@@ -428,17 +430,7 @@ def test_a_tool_result_gets_through_while_calls_wait_for_a_slot(
     slot; the tool_result line still reaches the chat, which ends, and the other call runs."""
     bridge = bridge_of("--max-calls", "1")
     bridge.until(lambda f: f["event"] == "auth.ok")
-    bridge.send(
-        {
-            "type": "call",
-            "id": "chat",
-            "capability": "llm.chat@2.0",
-            "input": {
-                "messages": [{"role": "user", "content": "what time is it?"}],
-                "tools": [{"name": "time", "parameters": {"type": "object"}}],
-            },
-        }
-    )
+    bridge.send(TIME_CHAT)
     tool_call = bridge.until(lambda f: f["event"] == "tool_call")[-1]
     bridge.send(
         {"type": "call", "id": "next", "capability": "echo@1.0", "input": {"n": 1}},
