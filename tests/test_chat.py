@@ -141,14 +141,14 @@ async def test_round_limit_forces_a_final_answer(client: Client, prefer_ws: bool
     )
 
 
+async def stuck(name: str, arguments: dict[str, Any]) -> Any:
+    """A tool handler that never answers."""
+    await asyncio.Event().wait()
+
+
 async def test_slow_tool_gets_a_timeout_result_and_the_model_continues(client: Client) -> None:
     """A tool slower than tool_timeout_s (0.3 s): the model is told it timed out and answers;
     WS and SSE agree."""
-    never = asyncio.Event()
-
-    async def stuck(name: str, arguments: dict[str, Any]) -> Any:
-        await never.wait()
-
     script = [{"tool_calls": [{"name": "clock"}]}, {"text": "No clock: {results}"}]
     started = time.monotonic()
     ws, sse = await both(
@@ -398,11 +398,6 @@ async def test_more_calls_than_the_parallel_limit_run_four_at_a_time(
 async def test_the_calls_deadline_ends_a_wait_for_a_tool(make_config: MakeConfig) -> None:
     """A call deadline shorter than the tool timeout ends the stream with error{timeout}."""
     config = make_config(llm={"demo": True, "timeout_s": 0.3, "tool_timeout_s": 30})
-    never = asyncio.Event()
-
-    async def stuck(name: str, arguments: dict[str, Any]) -> Any:
-        await never.wait()
-
     async with Node(config) as node, Client(node.url, keys=node.keys) as c:
         started = time.monotonic()
         with pytest.raises(DeadlineExceeded):
@@ -489,11 +484,6 @@ async def test_deadline_ms_bounds_the_whole_chat(make_config: MakeConfig, prefer
     """chat(deadline_ms=300) ends with timeout while a tool is still running, over SSE
     too, where the tool runs between calls and each re-call must get what is left."""
     config = make_config(llm={"demo": True, "tool_timeout_s": 30})
-    never = asyncio.Event()
-
-    async def stuck(name: str, arguments: dict[str, Any]) -> Any:
-        await never.wait()
-
     async with Node(config) as node, Client(node.url, keys=node.keys) as c:
         started = time.monotonic()
         with pytest.raises(DeadlineExceeded):

@@ -133,6 +133,16 @@ def bridge_of(node_proc: NodeProcess) -> Iterator[Callable[..., BridgeProcess]]:
         bridge.stop()
 
 
+def endless(call: str) -> dict[str, Any]:
+    """A call ``call`` of a stream that does not end by itself (a frame every 50 ms)."""
+    return {
+        "type": "call",
+        "id": call,
+        "capability": "echo.stream@1.0",
+        "input": {"count": 1_000_000, "interval_ms": 50},
+    }
+
+
 # A chat call "chat" whose model asks for the "time" tool (the demo model does).
 TIME_CHAT: dict[str, Any] = {
     "type": "call",
@@ -304,14 +314,7 @@ def test_end_of_input_waits_for_a_running_call_only_so_long(
     error{timeout} and the bridge exits 1."""
     bridge = bridge_of("--drain-timeout", "0.5")
     bridge.until(lambda f: f["event"] == "auth.ok")
-    bridge.send(
-        {
-            "type": "call",
-            "id": "slow",
-            "capability": "echo.stream@1.0",
-            "input": {"count": 1_000_000, "interval_ms": 50},
-        }
-    )
+    bridge.send(endless("slow"))
     bridge.until(lambda f: f.get("call") == "slow")
     bridge.close_input()
     last = [f for f in bridge.rest() if f.get("call") == "slow"][-1]
@@ -398,8 +401,7 @@ def test_a_cancel_gets_through_while_calls_wait_for_a_slot(
     runs); the call left runs once the slot is free."""
     bridge = bridge_of("--max-calls", "1")
     bridge.until(lambda f: f["event"] == "auth.ok")
-    endless = {"count": 1_000_000, "interval_ms": 50}
-    bridge.send({"type": "call", "id": "a", "capability": "echo.stream@1.0", "input": endless})
+    bridge.send(endless("a"))
     bridge.until(lambda f: f.get("call") == "a")
     bridge.send(
         {"type": "call", "id": "c", "capability": "echo@1.0", "input": {"c": 1}},
@@ -455,14 +457,7 @@ def test_the_node_going_away_answers_what_was_sent(tmp_path: Path) -> None:
     bridge = BridgeProcess(node)
     try:
         bridge.until(lambda f: f["event"] == "auth.ok")
-        bridge.send(
-            {
-                "type": "call",
-                "id": "s",
-                "capability": "echo.stream@1.0",
-                "input": {"count": 1_000_000, "interval_ms": 50},
-            }
-        )
+        bridge.send(endless("s"))
         bridge.until(lambda f: f.get("call") == "s")
         node.proc.send_signal(signal.SIGSTOP)
         bridge.send(*(publish("gone.a", i, f"g{i}") for i in range(5)))
@@ -492,8 +487,7 @@ def test_the_drain_timeout_covers_calls_still_waiting_for_a_slot(
     call waits behind it; both end with error{timeout} and the bridge exits 1."""
     bridge = bridge_of("--max-calls", "1", "--drain-timeout", "1")
     bridge.until(lambda f: f["event"] == "auth.ok")
-    endless = {"count": 1_000_000, "interval_ms": 50}
-    bridge.send({"type": "call", "id": "a", "capability": "echo.stream@1.0", "input": endless})
+    bridge.send(endless("a"))
     bridge.until(lambda f: f.get("call") == "a")
     bridge.send({"type": "call", "id": "b", "capability": "echo@1.0"})
     bridge.close_input()
