@@ -170,6 +170,7 @@ async def test_read_last_finds_the_newest_rooms() -> None:
         ("bench.bench_linkread", "--frames"),
         ("bench.bench_relay_keepalive", "--idle-s"),
         ("bench.bench_start", "--starts"),
+        ("bench.bench_topic_churn", "--per-round"),
     ],
 )
 def test_benches_run_by_hand_have_help(module: str, option: str) -> None:
